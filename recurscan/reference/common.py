@@ -1,0 +1,72 @@
+"""Shared pieces of the CPU oracle: sequence boundaries, head grouping, chunk bookkeeping.
+
+Every family's reference follows one pattern:
+
+    for each sequence (a batch row, or a cu_seqlens segment):
+        state = its initial state (zeros if none)
+        naive:   for each token:        state = step(state, token)      -> output row
+        chunked: for each chunk window: state = chunk(state, window)    -> output rows
+
+so the chunked form is the decomposition seed 000 defines (each window continues from the
+previous window's state), its memory is one window plus one state, and it has no length ceiling.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterator, NamedTuple
+
+import torch
+
+CHUNK_SIZE = 64
+
+
+class Segment(NamedTuple):
+    """One sequence: batch row ``b`` of the inputs, tokens ``start:end`` along time."""
+
+    index: int  # sequence number n: row of initial/final state, of state_indices
+    b: int
+    start: int
+    end: int
+
+
+def sequences(batch: int, length: int, cu_seqlens: torch.Tensor | None) -> list[Segment]:
+    """The sequences of a ``[B, T, ...]`` input: B rows, or the cu_seqlens segments of row 0."""
+    if cu_seqlens is None:
+        return [Segment(b, b, 0, length) for b in range(batch)]
+    bounds = [int(x) for x in cu_seqlens.tolist()]
+    return [Segment(n, 0, bounds[n], bounds[n + 1]) for n in range(len(bounds) - 1)]
+
+
+def num_chunks(length: int, chunk_size: int = CHUNK_SIZE) -> int:
+    return math.ceil(length / chunk_size)
+
+
+def chunk_offsets(segments: list[Segment], chunk_size: int = CHUNK_SIZE) -> list[int]:
+    """Prefix sums of per-sequence chunk counts: row ``offsets[n] + c`` of a chunk-state tensor is
+    sequence n's state entering its chunk c (after its first ``chunk_size * c`` tokens)."""
+    offsets = [0]
+    for seg in segments:
+        offsets.append(offsets[-1] + num_chunks(seg.end - seg.start, chunk_size))
+    return offsets
+
+
+def windows(length: int, chunk_size: int = CHUNK_SIZE) -> Iterator[tuple[int, int]]:
+    """The chunk windows ``(start, end)`` of a sequence of ``length`` tokens; the last may be short."""
+    for start in range(0, length, chunk_size):
+        yield start, min(start + chunk_size, length)
+
+
+def compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
+    """float64 if any input is float64, else float32: the oracle never computes below float32."""
+    return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x / sqrt(sum(x^2) + eps) over the last dimension (fla's in-kernel L2 norm)."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def repeat_heads(x: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
+    """Grouped value attention: head ``hv`` reads query/key head ``hv // (heads // H)``."""
+    groups = heads // x.shape[dim]
+    return x if groups == 1 else x.repeat_interleave(groups, dim=dim)
