@@ -1,0 +1,220 @@
+"""Public ops of the delta-rule family: Gated DeltaNet (GDN) and Gated Delta Product (GDP).
+
+Every op is thin: validate (problem.py) -> plan (plan.py) -> run the chosen backend. GDN is GDP
+with M = 1, so all four entry points share one driver, :func:`_run_delta`.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..plan import plan
+from ..problem import delta_problem
+from ..reference import delta as ref
+from . import _cache
+
+
+def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, output_final_state,
+               use_qk_l2norm_in_kernel, cu_seqlens, state, state_indices, return_chunk_states,
+               algorithm, chunk_size=None):
+    problem = delta_problem(q, k, v, g, beta, num_householder=num_householder, scale=scale,
+                            initial_state=initial_state, cu_seqlens=cu_seqlens, state=state,
+                            state_indices=state_indices)
+    schedule = plan("delta_rule", problem, q.device, algorithm)
+    # Only the PyTorch backend exists so far; plan() says so for every device.
+    S0 = initial_state
+    if problem.uses_cache:
+        S0 = _cache.gather(state, state_indices, torch.float64 if q.dtype == torch.float64 else torch.float32)
+    if schedule.algorithm == "recurrent":
+        fn = ref.gated_delta_product_naive if num_householder > 1 else ref.gated_delta_rule_naive
+    else:
+        fn = ref.gated_delta_product_chunked if num_householder > 1 else ref.gated_delta_rule_chunked
+    extra = (num_householder,) if num_householder > 1 else ()
+    o, final, *chunk_states = fn(
+        q, k, v, g, beta, *extra, scale=problem.scale, initial_state=S0,
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
+        chunk_size=chunk_size or schedule.chunk_size, return_chunk_states=return_chunk_states)
+    if not output_final_state and not problem.uses_cache:
+        final = None
+    if problem.uses_cache:
+        o = o.masked_fill(_cache.padding_token_mask(state_indices, o.shape[0], o.shape[1], cu_seqlens)
+                          [..., None, None], 0)
+        _cache.scatter(state, state_indices, final)
+        final = state
+        if chunk_states:  # a padding sequence has no states: its rows are zero, like its output
+            chunk_states = [_cache.zero_padding_rows(chunk_states[0], state_indices, o.shape[0], o.shape[1],
+                                                     cu_seqlens, chunk_size or schedule.chunk_size)]
+    return (o.to(q.dtype), final, *chunk_states)
+
+
+def chunk_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, initial_state=None,
+                           output_final_state=False, use_qk_l2norm_in_kernel=False, cu_seqlens=None,
+                           chunk_indices=None, chunk_offsets=None, state=None, state_indices=None,
+                           return_chunk_states=False):
+    """Chunked Gated DeltaNet forward (prefill and training), with fla's signature and returns.
+
+    Per value head: ``S <- exp(g_t) S;  S <- S + k_t (beta_t (v_t - S^T k_t))^T;  o_t = scale S^T q_t``.
+
+    Args:
+        q, k: ``[B, T, H, K]``.
+        v: ``[B, T, HV, V]``; HV a multiple of H (value head hv reads q/k head hv // (HV // H)).
+        g: ``[B, T, HV]`` natural-log decays (<= 0), or None for no decay.
+        beta: ``[B, T, HV]`` or ``[B, T, HV, V]`` (per value column), or None for ones.
+        scale: score scale, default ``K ** -0.5``.
+        initial_state: ``[N, HV, K, V]`` (float32), or None for zeros.
+        output_final_state: return the final state ``[N, HV, K, V]`` (float32), else None.
+        use_qk_l2norm_in_kernel: L2-normalise q and k (eps 1e-6) inside the op.
+        cu_seqlens: ``[N + 1]`` int32/int64 boundaries for variable-length input (B = 1).
+        chunk_indices, chunk_offsets: precomputed varlen descriptors (GPU path, issue 3); the CPU
+            path derives what it needs and ignores them.
+        state: ``[S, HV, K, V]`` state cache, read and written in place at ``state_indices``
+            (supersedes initial_state/output_final_state; the returned final state is ``state``).
+        state_indices: ``[N]`` cache slot per sequence; -1 marks padding (zero output, slot untouched).
+        return_chunk_states: also return ``[NT, HV, K, V]``; row ``chunk_offsets[n] + c`` is
+            sequence n's state entering its chunk c of 64 tokens.
+
+    Returns:
+        ``(o [B, T, HV, V] in q's dtype, final_state or None)``, plus chunk states when asked.
+
+    On CPU tensors this runs the oracle's chunked form in PyTorch (float32 accumulation, or
+    float64 for float64 inputs), and is differentiable through autograd.
+
+    Example:
+        >>> import torch, recurscan
+        >>> q, k = torch.randn(1, 100, 2, 32), torch.randn(1, 100, 2, 32)
+        >>> v = torch.randn(1, 100, 4, 32)
+        >>> g, beta = -torch.rand(1, 100, 4), torch.rand(1, 100, 4)
+        >>> o, S = recurscan.chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True,
+        ...                                         use_qk_l2norm_in_kernel=True)
+        >>> o.shape, S.shape
+        (torch.Size([1, 100, 4, 32]), torch.Size([1, 4, 32, 32]))
+    """
+    return _run_delta(q, k, v, g, beta, num_householder=1, scale=scale, initial_state=initial_state,
+                      output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                      cu_seqlens=cu_seqlens, state=state, state_indices=state_indices,
+                      return_chunk_states=return_chunk_states, algorithm="chunked")
+
+
+def chunk_gated_delta_product_varlen(q, k, v, g, beta, num_householder, cu_seqlens, scale=None,
+                                     initial_state=None, output_final_state=False,
+                                     use_qk_l2norm_in_kernel=False, chunk_indices=None,
+                                     chunk_indices_dp=None, chunk_offsets=None, state=None,
+                                     state_indices=None, return_chunk_states=False):
+    """Variable-length chunked Gated Delta Product forward (seed 003).
+
+    Per token: decay by ``exp(g_t)``, then M delta-rule writes with the token's Householder copies
+    ``(k, v, beta)[t*M + j]``, then the read ``o_t = scale S^T q_t``.
+
+    Args:
+        q: ``[1, T, H, K]``; k: ``[1, T*M, H, K]``; v: ``[1, T*M, HV, V]`` (expanded stream).
+        g: ``[1, T, HV]`` log decays (on the token stream); beta: ``[1, T*M, HV]`` (or ``[.., V]``).
+        num_householder: M >= 1 (M = 1 is Gated DeltaNet).
+        cu_seqlens: ``[N + 1]`` boundaries on the token stream.
+        chunk_indices, chunk_indices_dp, chunk_offsets: precomputed descriptors (GPU path).
+        Other arguments as :func:`chunk_gated_delta_rule`; chunk states are taken every 64 tokens
+        of the token stream.
+
+    Returns:
+        ``(o [1, T, HV, V], final_state)`` or ``(o, final_state, chunk_states [NT, HV, K, V])``.
+
+    Example:
+        >>> import torch, recurscan
+        >>> T, M = 70, 2
+        >>> q, g = torch.randn(1, T, 2, 16), -torch.rand(1, T, 2)
+        >>> k, v, beta = torch.randn(1, T * M, 2, 16), torch.randn(1, T * M, 2, 16), torch.rand(1, T * M, 2)
+        >>> cu = torch.tensor([0, 1, 70])
+        >>> o, S = recurscan.chunk_gated_delta_product_varlen(q, k, v, g, beta, M, cu,
+        ...                                                   output_final_state=True)
+        >>> o.shape, S.shape
+        (torch.Size([1, 70, 2, 16]), torch.Size([2, 2, 16, 16]))
+    """
+    if cu_seqlens is None:
+        raise ValueError("cu_seqlens: required by the varlen op; pass [0, T] for one sequence")
+    return _run_delta(q, k, v, g, beta, num_householder=num_householder, scale=scale,
+                      initial_state=initial_state, output_final_state=output_final_state,
+                      use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, state=state,
+                      state_indices=state_indices, return_chunk_states=return_chunk_states,
+                      algorithm="chunked")
+
+
+def fused_recurrent_gated_delta_rule_update(q, k, v, g=None, beta=None, scale=None, initial_state=None,
+                                            output_final_state=False, use_qk_l2norm_in_kernel=False,
+                                            cu_seqlens=None, state=None, state_indices=None,
+                                            intermediate_states=None, steps_per_token=1):
+    """Recurrent Gated DeltaNet (decode and speculative decoding), seed 002's signature.
+
+    Args:
+        q, k: ``[B, T, H, K]``; v: ``[B, T, HV, V]``; g: ``[B, T, HV]`` or None;
+        beta: ``[B, T, HV]`` or ``[B, T, HV, V]`` or None (ones); scale: default ``K ** -0.5``.
+        initial_state / output_final_state / cu_seqlens / state / state_indices: as
+            :func:`chunk_gated_delta_rule`.
+        intermediate_states: ``[S, T // steps_per_token, HV, K, V]`` snapshot buffer, written at the
+            cache slots: entry ``[slot, i]`` is the state after draft token i (after its
+            ``steps_per_token`` steps). Padding requests write nothing. Needs ``state``.
+        steps_per_token: recurrence steps per draft token (M when GDP is folded into the sequence).
+
+    Returns:
+        ``(o [B, T, HV, V], final_state)``; with ``state`` the final state is the cache itself.
+
+    Example:
+        >>> import torch, recurscan
+        >>> cache = torch.zeros(8, 4, 16, 16)
+        >>> q, k, v = torch.randn(3, 1, 2, 16), torch.randn(3, 1, 2, 16), torch.randn(3, 1, 4, 16)
+        >>> g, beta = -torch.rand(3, 1, 4), torch.rand(3, 1, 4)
+        >>> o, _ = recurscan.fused_recurrent_gated_delta_rule_update(
+        ...     q, k, v, g, beta, state=cache, state_indices=torch.tensor([5, -1, 2]))
+        >>> bool(o[1].eq(0).all()), bool(cache[0].eq(0).all())
+        (True, True)
+    """
+    if intermediate_states is None:
+        return _run_delta(q, k, v, g, beta, num_householder=1, scale=scale, initial_state=initial_state,
+                          output_final_state=output_final_state,
+                          use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
+                          state=state, state_indices=state_indices, return_chunk_states=False,
+                          algorithm="recurrent")
+    if isinstance(steps_per_token, bool) or not isinstance(steps_per_token, int) or steps_per_token < 1:
+        raise ValueError(f"steps_per_token: expected an int >= 1, got {steps_per_token!r}")
+    if state is None:
+        raise ValueError("intermediate_states: snapshots are written at cache slots; pass state and state_indices")
+    if not isinstance(intermediate_states, torch.Tensor) or intermediate_states.dim() != 5 \
+            or intermediate_states.shape[0] != state.shape[0] or intermediate_states.shape[2:] != state.shape[1:]:
+        raise ValueError(f"intermediate_states: expected shape [S, T // steps_per_token, HV, K, V] with "
+                         f"[S, HV, K, V] = {list(state.shape)}, got "
+                         f"{list(intermediate_states.shape) if isinstance(intermediate_states, torch.Tensor) else intermediate_states}")
+    # Snapshots are the states entering each "chunk" of steps_per_token steps, shifted by one.
+    o, final, snaps = _run_delta(q, k, v, g, beta, num_householder=1, scale=scale, initial_state=None,
+                                 output_final_state=True, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                                 cu_seqlens=cu_seqlens, state=state, state_indices=state_indices,
+                                 return_chunk_states=True, algorithm="recurrent", chunk_size=steps_per_token)
+    _write_snapshots(intermediate_states, snaps, state, state_indices, q.shape[0], q.shape[1], cu_seqlens,
+                     steps_per_token)
+    return o, final
+
+
+def _write_snapshots(buffer, entering, state, state_indices, batch, length, cu_seqlens, steps):
+    """Store, for each live sequence, the state after each of its complete draft tokens."""
+    if cu_seqlens is None:
+        lengths = [length] * batch
+    else:
+        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    row = 0
+    for n, L in enumerate(lengths):
+        chunks = -(-L // steps)
+        slot = int(state_indices[n])
+        if slot >= 0:
+            after = list(entering[row + 1 : row + chunks]) + [state[slot].to(entering.dtype)]
+            for i in range(L // steps):  # only complete draft tokens have a snapshot
+                buffer[slot, i] = after[i].to(buffer.dtype)
+        row += chunks
+
+
+def fused_recurrent_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, initial_state=None,
+                                     output_final_state=False, cu_seqlens=None,
+                                     use_qk_l2norm_in_kernel=False):
+    """fla's ``fused_recurrent_gated_delta_rule`` signature and returns: switch by changing an import.
+
+    Shapes and semantics as :func:`fused_recurrent_gated_delta_rule_update`; returns
+    ``(o, final_state or None)``.
+    """
+    return fused_recurrent_gated_delta_rule_update(
+        q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens)

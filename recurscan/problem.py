@@ -1,0 +1,190 @@
+"""Validation and shape conventions, in one place.
+
+Every public op turns its arguments into a Problem here before anything runs. A bad argument
+gets a ValueError or TypeError that names it and says what was expected, e.g.
+
+    ValueError: k: expected shape [B, T*M, H, K] = [1, 128, 4, 64], got [1, 128, 4, 32]
+
+Conventions (docs/architecture.md): inputs [B, T, heads, dim] with tokens before heads; varlen is
+B = 1 plus cu_seqlens [N + 1]; states [N, HV, K, V] (SSD: [N, H, P, Nstate]) in float32.
+
+Checks that read tensor *values* (cu_seqlens monotone, state slots unique) run only on CPU
+tensors: on a GPU they would synchronise the host, which a captured op must never do.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+STATE_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _names(dtypes) -> str:
+    return " or ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+class Dims:
+    """Named dimensions bound by the first argument that shows them, checked on every other.
+
+    >>> d = Dims(M=2)
+    >>> d.check("q", torch.zeros(1, 4, 2, 8), "B T H K")
+    >>> d.check("k", torch.zeros(1, 8, 2, 8), "B T*M H K")
+    >>> d["T"], d["K"]
+    (4, 8)
+    """
+
+    def __init__(self, **known: int):
+        self.sizes: dict[str, int] = dict(known)
+
+    def __getitem__(self, name: str) -> int:
+        return self.sizes[name]
+
+    def _expected(self, spec: list[str]) -> int | None:
+        """The size a spec term demands (a name, a literal, or a product a*b), if known yet."""
+        size = 1
+        for factor in spec:
+            if factor.isdigit():
+                size *= int(factor)
+            elif factor in self.sizes:
+                size *= self.sizes[factor]
+            else:
+                return None
+        return size
+
+    def check(self, name: str, x: torch.Tensor, spec: str) -> None:
+        terms = spec.split()
+        shown = "[" + ", ".join(terms) + "]"
+        if x.dim() != len(terms):
+            raise ValueError(f"{name}: expected {len(terms)} dimensions {shown}, got shape {list(x.shape)}")
+        for term, size in zip(terms, x.shape):
+            factors = term.split("*")
+            want = self._expected(factors)
+            if want is None and len(factors) == 1:
+                self.sizes[term] = size
+            elif want is None:  # a product with one unknown factor: solve for it
+                unknown = [f for f in factors if not f.isdigit() and f not in self.sizes]
+                known = self._expected([f for f in factors if f not in unknown]) or 1
+                if len(unknown) == 1 and size % known == 0:
+                    self.sizes[unknown[0]] = size // known
+                else:
+                    raise ValueError(f"{name}: dimension {term} = {size} is not a multiple of {known}")
+            elif want != size:
+                bound = "[" + ", ".join(str(self._expected(t.split("*"))) for t in terms) + "]"
+                raise ValueError(f"{name}: expected shape {shown} = {bound}, got {list(x.shape)}")
+
+
+def check_tensor(name, x, dtypes, device=None) -> None:
+    """x is a tensor of one of ``dtypes`` (on ``device`` when given)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in dtypes:
+        raise TypeError(f"{name}: expected dtype {_names(dtypes)}, got {str(x.dtype).replace('torch.', '')}")
+    if device is not None and x.device != device:
+        raise ValueError(f"{name}: expected a tensor on {device} (where q is), got {x.device}")
+
+
+def check_scale(scale) -> None:
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        raise TypeError(f"scale: expected a float or None, got {type(scale).__name__}")
+
+
+def check_cu_seqlens(cu_seqlens, batch: int, length: int, device) -> int:
+    """Validate ``cu_seqlens [N + 1]`` for an input of ``batch`` rows and ``length`` tokens; return N."""
+    check_tensor("cu_seqlens", cu_seqlens, INDEX_DTYPES, device)
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(f"cu_seqlens: expected shape [N + 1] with N >= 1, got {list(cu_seqlens.shape)}")
+    if batch != 1:
+        raise ValueError(f"cu_seqlens: variable-length input needs batch size B = 1, got B = {batch}")
+    if cu_seqlens.device.type == "cpu":
+        bounds = cu_seqlens.tolist()
+        if bounds[0] != 0 or bounds[-1] != length:
+            raise ValueError(f"cu_seqlens: expected to start at 0 and end at T = {length}, got {bounds[0]} .. {bounds[-1]}")
+        if any(b < a for a, b in zip(bounds, bounds[1:])):
+            raise ValueError("cu_seqlens: expected non-decreasing boundaries")
+    return cu_seqlens.numel() - 1
+
+
+def check_state_cache(state, state_indices, dims: Dims, spec: str, device) -> None:
+    """An in-place state cache ``state [S, ...]`` addressed by ``state_indices [N]`` (-1: padding)."""
+    if (state is None) != (state_indices is None):
+        missing = "state_indices" if state_indices is None else "state"
+        raise ValueError(f"{missing}: state and state_indices are given together (the cache and its slots)")
+    if state is None:
+        return
+    check_tensor("state", state, STATE_DTYPES, device)
+    dims.check("state", state, spec)
+    check_tensor("state_indices", state_indices, INDEX_DTYPES, device)
+    dims.check("state_indices", state_indices, "N")
+    if state_indices.device.type == "cpu":
+        slots = [s for s in state_indices.tolist() if s != -1]
+        if any(s < -1 or s >= state.shape[0] for s in state_indices.tolist()):
+            raise ValueError(f"state_indices: expected slots in [0, {state.shape[0]}) or -1 for padding")
+        if len(set(slots)) != len(slots):
+            raise ValueError("state_indices: a slot is named twice; each sequence must own its slot")
+
+
+@dataclass(frozen=True)
+class DeltaProblem:
+    """A validated Gated DeltaNet / Gated Delta Product call (GDN is M = 1)."""
+
+    batch: int
+    tokens: int  # T on the token stream
+    heads: int  # H (q, k)
+    value_heads: int  # HV (v, g, beta)
+    key_dim: int
+    value_dim: int
+    sequences: int  # N
+    householder: int  # M
+    beta_per_value: bool
+    scale: float
+    varlen: bool
+    uses_cache: bool
+    device: torch.device
+    dtype: torch.dtype
+
+
+def delta_problem(q, k, v, g, beta, *, num_householder=1, scale=None, initial_state=None,
+                  cu_seqlens=None, state=None, state_indices=None) -> DeltaProblem:
+    """Validate a delta-rule call: q ``[B, T, H, K]``, k ``[B, T*M, H, K]``, v ``[B, T*M, HV, V]``,
+    g ``[B, T, HV]`` or None, beta ``[B, T*M, HV]`` / ``[B, T*M, HV, V]`` or None."""
+    if isinstance(num_householder, bool) or not isinstance(num_householder, int) or num_householder < 1:
+        raise ValueError(f"num_householder: expected an int >= 1, got {num_householder!r}")
+    check_tensor("q", q, FLOAT_DTYPES)
+    device = q.device
+    for name, x in (("k", k), ("v", v)):
+        check_tensor(name, x, FLOAT_DTYPES, device)
+        if x.dtype != q.dtype:
+            raise TypeError(f"{name}: expected the dtype of q ({q.dtype}), got {x.dtype}")
+    dims = Dims(M=num_householder)
+    dims.check("q", q, "B T H K")
+    dims.check("k", k, "B T*M H K")
+    dims.check("v", v, "B T*M HV V")
+    if dims["HV"] % dims["H"] != 0:
+        raise ValueError(f"v: value heads HV = {dims['HV']} must be a multiple of the q/k heads H = {dims['H']}")
+    if g is not None:
+        check_tensor("g", g, FLOAT_DTYPES, device)
+        dims.check("g", g, "B T HV")
+    beta_per_value = False
+    if beta is not None:
+        check_tensor("beta", beta, FLOAT_DTYPES, device)
+        beta_per_value = beta.dim() == 4
+        dims.check("beta", beta, "B T*M HV V" if beta_per_value else "B T*M HV")
+    check_scale(scale)
+    if cu_seqlens is not None:
+        dims.sizes["N"] = check_cu_seqlens(cu_seqlens, dims["B"], dims["T"], device)
+    else:
+        dims.sizes["N"] = dims["B"]
+    if initial_state is not None:
+        if state is not None:
+            raise ValueError("initial_state: pass either initial_state or the state cache (state, state_indices)")
+        check_tensor("initial_state", initial_state, STATE_DTYPES, device)
+        dims.check("initial_state", initial_state, "N HV K V")
+    check_state_cache(state, state_indices, dims, "S HV K V", device)
+    return DeltaProblem(
+        batch=dims["B"], tokens=dims["T"], heads=dims["H"], value_heads=dims["HV"], key_dim=dims["K"],
+        value_dim=dims["V"], sequences=dims["N"], householder=num_householder, beta_per_value=beta_per_value,
+        scale=dims["K"] ** -0.5 if scale is None else float(scale), varlen=cu_seqlens is not None,
+        uses_cache=state is not None, device=device, dtype=q.dtype)
