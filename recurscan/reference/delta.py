@@ -121,16 +121,13 @@ def _run(q, k, v, g, beta, scale, initial_state, use_qk_l2norm_in_kernel, cu_seq
     # Fixed-length batches run their B sequences side by side; varlen runs one sequence at a time.
     groups = [segs] if cu_seqlens is None else [[s] for s in segs]
     for group in groups:
-        rows = [s.b for s in group]
-        start, end = group[0].start, group[0].end
-        sl = (rows, slice(start, end))
+        # Views, not copies: the oracle's memory is the inputs, the output and one window.
+        sl = (slice(group[0].b, group[-1].b + 1), slice(group[0].start, group[0].end))
         # [N, L, H, D] -> [N, H, L, D]: heads lead, time is the matrix dimension.
-        qs, ks, vs, bs = (x[sl].transpose(1, 2) for x in (q, k, v, beta))
-        gs = g[sl].transpose(1, 2)
-        S = S0[[s.index for s in group]]
+        qs, ks, vs, bs, gs, out = (x[sl].transpose(1, 2) for x in (q, k, v, beta, g, o))
+        S = S0[group[0].index : group[-1].index + 1]
         snapshots = []
-        L = end - start
-        out = torch.empty(len(group), HV, L, V, dtype=dtype)
+        L = group[0].end - group[0].start
         if chunked:
             for a, b in windows(L, chunk_size):
                 snapshots.append(S)
@@ -142,7 +139,6 @@ def _run(q, k, v, g, beta, scale, initial_state, use_qk_l2norm_in_kernel, cu_seq
                     snapshots.append(S)
                 out[:, :, t], S = gdn_step(S, qs[:, :, t], ks[:, :, t], vs[:, :, t], gs[:, :, t], bs[:, :, t],
                                            scale)
-        o[sl] = out.transpose(1, 2)
         finals.append(S)
         if snapshots:
             chunk_rows.append(torch.stack(snapshots, dim=1))  # [N, chunks, H, K, V]
