@@ -173,18 +173,135 @@ def delta_problem(q, k, v, g, beta, *, num_householder=1, scale=None, initial_st
         beta_per_value = beta.dim() == 4
         dims.check("beta", beta, "B T*M HV V" if beta_per_value else "B T*M HV")
     check_scale(scale)
-    if cu_seqlens is not None:
-        dims.sizes["N"] = check_cu_seqlens(cu_seqlens, dims["B"], dims["T"], device)
-    else:
-        dims.sizes["N"] = dims["B"]
-    if initial_state is not None:
-        if state is not None:
-            raise ValueError("initial_state: pass either initial_state or the state cache (state, state_indices)")
-        check_tensor("initial_state", initial_state, STATE_DTYPES, device)
-        dims.check("initial_state", initial_state, "N HV K V")
-    check_state_cache(state, state_indices, dims, "S HV K V", device)
+    _check_common(dims, device, "B", "T", cu_seqlens, initial_state, "HV K V", state, state_indices)
     return DeltaProblem(
         batch=dims["B"], tokens=dims["T"], heads=dims["H"], value_heads=dims["HV"], key_dim=dims["K"],
         value_dim=dims["V"], sequences=dims["N"], householder=num_householder, beta_per_value=beta_per_value,
         scale=dims["K"] ** -0.5 if scale is None else float(scale), varlen=cu_seqlens is not None,
         uses_cache=state is not None, device=device, dtype=q.dtype)
+
+
+def _check_common(dims: Dims, device, batch_dim: str, length_dim: str, cu_seqlens, initial_state, state_spec,
+                  state=None, state_indices=None) -> int:
+    """cu_seqlens, initial_state and the state cache, the same way for every family; returns N."""
+    if cu_seqlens is not None:
+        dims.sizes["N"] = check_cu_seqlens(cu_seqlens, dims[batch_dim], dims[length_dim], device)
+    else:
+        dims.sizes["N"] = dims[batch_dim]
+    if initial_state is not None:
+        if state is not None:
+            raise ValueError("initial_state: pass either initial_state or the state cache (state, state_indices)")
+        check_tensor("initial_state", initial_state, STATE_DTYPES, device)
+        dims.check("initial_state", initial_state, "N " + state_spec)
+    check_state_cache(state, state_indices, dims, "S " + state_spec, device)
+    return dims["N"]
+
+
+@dataclass(frozen=True)
+class GlaProblem:
+    """A validated gated-linear-attention call (scalar or per-key decay)."""
+
+    batch: int
+    tokens: int
+    heads: int
+    value_heads: int
+    key_dim: int
+    value_dim: int
+    sequences: int
+    per_key_decay: bool
+    scale: float
+    device: torch.device
+    dtype: torch.dtype
+
+
+def gla_problem(q, k, v, g, *, per_key_decay, scale=None, initial_state=None, cu_seqlens=None) -> GlaProblem:
+    """q, k ``[B, T, H, K]``; v ``[B, T, HV, V]``; g ``[B, T, HV, K]`` (per key) or ``[B, T, HV]``."""
+    check_tensor("q", q, FLOAT_DTYPES)
+    device = q.device
+    for name, x in (("k", k), ("v", v)):
+        check_tensor(name, x, FLOAT_DTYPES, device)
+        if x.dtype != q.dtype:
+            raise TypeError(f"{name}: expected the dtype of q ({q.dtype}), got {x.dtype}")
+    dims = Dims()
+    dims.check("q", q, "B T H K")
+    dims.check("k", k, "B T H K")
+    dims.check("v", v, "B T HV V")
+    if dims["HV"] % dims["H"] != 0:
+        raise ValueError(f"v: value heads HV = {dims['HV']} must be a multiple of the q/k heads H = {dims['H']}")
+    if g is not None:
+        check_tensor("g", g, FLOAT_DTYPES, device)
+        dims.check("g", g, "B T HV K" if per_key_decay else "B T HV")
+    check_scale(scale)
+    n = _check_common(dims, device, "B", "T", cu_seqlens, initial_state, "HV K V")
+    return GlaProblem(dims["B"], dims["T"], dims["H"], dims["HV"], dims["K"], dims["V"], n, per_key_decay,
+                      dims["K"] ** -0.5 if scale is None else float(scale), device, q.dtype)
+
+
+@dataclass(frozen=True)
+class SsdProblem:
+    """A validated Mamba2 SSD call (mamba_ssm's parameterisation)."""
+
+    batch: int
+    tokens: int
+    heads: int
+    head_dim: int  # P
+    groups: int  # G
+    state_dim: int  # Nstate
+    sequences: int
+    device: torch.device
+    dtype: torch.dtype
+
+
+def check_dt_limit(dt_limit) -> None:
+    if not (isinstance(dt_limit, (tuple, list)) and len(dt_limit) == 2
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in dt_limit)):
+        raise TypeError(f"dt_limit: expected a pair (min, max) of floats, got {dt_limit!r}")
+    if dt_limit[0] > dt_limit[1]:
+        raise ValueError(f"dt_limit: expected min <= max, got {tuple(dt_limit)}")
+
+
+def ssd_problem(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_limit=(0.0, float("inf")),
+                initial_state=None, cu_seqlens=None, state=None, state_indices=None) -> SsdProblem:
+    """x ``[Bt, T, H, P]``, dt ``[Bt, T, H]``, A ``[H]``, B/C ``[Bt, T, G, Nstate]`` (H % G == 0),
+    D ``[H]`` or ``[H, P]``, z ``[Bt, T, H, P]``, dt_bias ``[H]``; states ``[N, H, P, Nstate]``."""
+    check_tensor("x", x, FLOAT_DTYPES)
+    device = x.device
+    dims = Dims()
+    dims.check("x", x, "Bt T H P")
+    for name, t, spec in (("dt", dt, "Bt T H"), ("A", A, "H"), ("B", B, "Bt T G Nstate"),
+                          ("C", C, "Bt T G Nstate")):
+        check_tensor(name, t, FLOAT_DTYPES, device)
+        dims.check(name, t, spec)
+    if dims["H"] % dims["G"] != 0:
+        raise ValueError(f"B: groups G = {dims['G']} must divide the heads H = {dims['H']}")
+    if D is not None:
+        check_tensor("D", D, FLOAT_DTYPES, device)
+        dims.check("D", D, "H P" if D.dim() == 2 else "H")
+    for name, t, spec in (("z", z, "Bt T H P"), ("dt_bias", dt_bias, "H")):
+        if t is not None:
+            check_tensor(name, t, FLOAT_DTYPES, device)
+            dims.check(name, t, spec)
+    check_dt_limit(dt_limit)
+    n = _check_common(dims, device, "Bt", "T", cu_seqlens, initial_state, "H P Nstate", state, state_indices)
+    return SsdProblem(dims["Bt"], dims["T"], dims["H"], dims["P"], dims["G"], dims["Nstate"], n, device, x.dtype)
+
+
+@dataclass(frozen=True)
+class DiagonalProblem:
+    batch: int
+    tokens: int
+    width: int
+    sequences: int
+    device: torch.device
+    dtype: torch.dtype
+
+
+def diagonal_problem(a, b, *, initial_state=None, cu_seqlens=None) -> DiagonalProblem:
+    """a, b ``[B, T, D]``; initial state ``[N, D]``."""
+    check_tensor("b", b, FLOAT_DTYPES)
+    check_tensor("a", a, FLOAT_DTYPES, b.device)
+    dims = Dims()
+    dims.check("b", b, "B T D")
+    dims.check("a", a, "B T D")
+    n = _check_common(dims, b.device, "B", "T", cu_seqlens, initial_state, "D")
+    return DiagonalProblem(dims["B"], dims["T"], dims["D"], n, b.device, b.dtype)

@@ -1,0 +1,70 @@
+"""Public ops of gated linear attention: scalar decay per head (fla's chunk_simple_gla) and a
+decay per key dimension (fla's chunk_gla). validate -> plan -> backend, as every op."""
+from __future__ import annotations
+
+from ..plan import plan
+from ..problem import gla_problem
+from ..reference import gla as ref
+
+
+def _run_gla(q, k, v, g, *, per_key_decay, scale, initial_state, output_final_state, cu_seqlens):
+    problem = gla_problem(q, k, v, g, per_key_decay=per_key_decay, scale=scale, initial_state=initial_state,
+                          cu_seqlens=cu_seqlens)
+    schedule = plan("gla", problem, q.device)
+    if g is None:  # no decay: plain causal linear attention
+        g = q.new_zeros(problem.batch, problem.tokens, problem.value_heads).float()
+    o, final = ref.gla_chunked(q, k, v, g, scale=problem.scale, initial_state=initial_state,
+                               cu_seqlens=cu_seqlens, chunk_size=schedule.chunk_size)
+    return o.to(q.dtype), final if output_final_state else None
+
+
+def chunk_simple_gla(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False,
+                     cu_seqlens=None):
+    """Gated linear attention with one decay per head and token (fla's ``chunk_simple_gla``).
+
+    ``S_t = exp(g_t) S_{t-1} + k_t v_t^T``, ``o_t = scale * S_t^T q_t``.
+
+    Args:
+        q, k: ``[B, T, H, K]``; v: ``[B, T, HV, V]`` (HV a multiple of H).
+        g: ``[B, T, HV]`` natural-log decays, or None (no decay).
+        scale: default ``K ** -0.5``.
+        initial_state: ``[N, HV, K, V]`` or None; output_final_state: return the final state.
+        cu_seqlens: ``[N + 1]`` boundaries (B = 1) or None.
+
+    Returns:
+        ``(o [B, T, HV, V], final_state [N, HV, K, V] or None)``.
+
+    Example:
+        >>> import torch, recurscan
+        >>> q, k, v = torch.randn(1, 100, 2, 16), torch.randn(1, 100, 2, 16), torch.randn(1, 100, 2, 8)
+        >>> o, S = recurscan.chunk_simple_gla(q, k, v, -torch.rand(1, 100, 2), output_final_state=True)
+        >>> o.shape, S.shape
+        (torch.Size([1, 100, 2, 8]), torch.Size([1, 2, 16, 8]))
+    """
+    return _run_gla(q, k, v, g, per_key_decay=False, scale=scale, initial_state=initial_state,
+                    output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+
+
+def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+    """Gated linear attention with a decay per key dimension (fla's ``chunk_gla``).
+
+    ``S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T``, ``o_t = scale * S_t^T q_t``.
+
+    Args:
+        q, k: ``[B, T, H, K]``; v: ``[B, T, HV, V]``; g: ``[B, T, HV, K]`` natural-log decays.
+        Other arguments as :func:`chunk_simple_gla`.
+
+    Returns:
+        ``(o [B, T, HV, V], final_state [N, HV, K, V] or None)``.
+
+    Example:
+        >>> import torch, recurscan
+        >>> q, k, v = torch.randn(1, 70, 2, 16), torch.randn(1, 70, 2, 16), torch.randn(1, 70, 2, 8)
+        >>> o, _ = recurscan.chunk_gla(q, k, v, -torch.rand(1, 70, 2, 16))
+        >>> o.shape
+        torch.Size([1, 70, 2, 8])
+    """
+    if g is None:
+        raise ValueError("g: chunk_gla needs per-key log decays [B, T, HV, K]; use chunk_simple_gla for none")
+    return _run_gla(q, k, v, g, per_key_decay=True, scale=scale, initial_state=initial_state,
+                    output_final_state=output_final_state, cu_seqlens=cu_seqlens)

@@ -1,0 +1,72 @@
+"""Public ops of Mamba2 SSD in mamba_ssm's parameterisation and signatures."""
+from __future__ import annotations
+
+import torch
+
+from ..plan import plan
+from ..problem import ssd_problem
+from ..reference import ssd as ref
+from . import _cache
+
+
+def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, initial_states=None,
+                              seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                              return_final_states=False, return_varlen_states=False, state=None,
+                              state_indices=None):
+    """Chunked Mamba2 SSD forward, mamba_ssm's ``mamba_chunk_scan_combined`` signature and returns.
+
+    Per head: ``dt <- clamp(softplus?(dt + dt_bias), dt_limit)``,
+    ``h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T``, ``y_t = h_t C_t + D x_t``, ``y_t *= silu(z_t)``.
+
+    Args:
+        x: ``[Bt, T, H, P]``; dt: ``[Bt, T, H]``; A: ``[H]`` (negative rates).
+        B, C: ``[Bt, T, G, Nstate]`` with G dividing H (head h reads group h // (H // G)).
+        chunk_size: window length of the chunked algorithm (mamba's default 256).
+        D: ``[H]`` or ``[H, P]`` skip; z: ``[Bt, T, H, P]`` gate; dt_bias: ``[H]``.
+        initial_states: ``[N, H, P, Nstate]`` (N = Bt, or one per cu_seqlens sequence), or None.
+        seq_idx: accepted for mamba compatibility alongside cu_seqlens (which alone defines the
+            sequences here); given without cu_seqlens it is refused.
+        cu_seqlens: ``[N + 1]`` boundaries (Bt = 1) or None.
+        dt_softplus, dt_limit: as mamba_ssm (the clamp applies only when dt_limit is not (0, inf)).
+        return_final_states: also return the final states ``[N, H, P, Nstate]``.
+        return_varlen_states: also return the per-sequence final states (the same tensor here:
+            with cu_seqlens every final state is per sequence).
+        state, state_indices: an in-place state cache ``[S, H, P, Nstate]`` and ``[N]`` slots
+            (-1: padding, zero output, slot untouched), as the delta-rule ops.
+
+    Returns:
+        ``y [Bt, T, H, P]`` in x's dtype, or ``(y, final_states)``, ``(y, varlen_states)``,
+        ``(y, final_states, varlen_states)`` as mamba_ssm orders them.
+
+    Example:
+        >>> import torch, recurscan
+        >>> x, dt = torch.randn(1, 100, 4, 8), torch.randn(1, 100, 4)
+        >>> B, C = torch.randn(1, 100, 1, 16), torch.randn(1, 100, 1, 16)
+        >>> y, h = recurscan.mamba_chunk_scan_combined(x, dt, -torch.rand(4), B, C, chunk_size=64,
+        ...                                            dt_softplus=True, return_final_states=True)
+        >>> y.shape, h.shape
+        (torch.Size([1, 100, 4, 8]), torch.Size([1, 4, 8, 16]))
+    """
+    if seq_idx is not None and cu_seqlens is None:
+        raise ValueError("seq_idx: pass cu_seqlens [N + 1] to mark the sequences (seq_idx alone is not used)")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size: expected an int >= 1, got {chunk_size!r}")
+    problem = ssd_problem(x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_limit=dt_limit,
+                          initial_state=initial_states, cu_seqlens=cu_seqlens, state=state,
+                          state_indices=state_indices)
+    plan("ssd", problem, x.device)  # the PyTorch backend for every device so far
+    S0 = initial_states
+    if state is not None:
+        S0 = _cache.gather(state, state_indices, torch.float64 if x.dtype == torch.float64 else torch.float32)
+    y, final = ref.ssd_chunked(x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                               dt_limit=tuple(dt_limit), initial_state=S0, cu_seqlens=cu_seqlens,
+                               chunk_size=chunk_size)
+    if state is not None:
+        y = y.masked_fill(_cache.padding_token_mask(state_indices, y.shape[0], y.shape[1], cu_seqlens)
+                          [..., None, None], 0)
+        _cache.scatter(state, state_indices, final)
+        final = state
+    y = y.to(x.dtype)
+    extra = (final,) if return_final_states else ()
+    extra += (final,) if return_varlen_states else ()
+    return (y, *extra) if extra else y
