@@ -1,0 +1,123 @@
+"""Public CPU ops of SSD, GLA and the diagonal scan: peers' signatures and return conventions,
+results equal to the token loop, state caches, and clear errors naming the argument.
+
+Tolerance: the ops run the chunked oracle; in float64 they equal the token loop up to
+reassociation (1e-10 relative to the largest magnitude)."""
+import pytest
+import torch
+
+import recurscan
+from recurscan.cli import main
+from recurscan.reference.diagonal import diagonal_naive
+from recurscan.reference.gla import gla_naive
+from recurscan.reference.ssd import ssd_naive
+
+F64 = torch.float64
+
+
+def close(got, want):
+    assert got.shape == want.shape and not torch.isnan(got).any()
+    assert (got - want).abs().max() <= 1e-10 * (1 + want.abs().max())
+
+
+def ssd_inputs(T=130, H=4, P=12, G=2, N=10, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen, dtype=F64)  # noqa: E731
+    return dict(x=r(1, T, H, P), dt=r(1, T, H), A=-torch.rand(H, generator=gen, dtype=F64) * 3, B=r(1, T, G, N),
+                C=r(1, T, G, N), D=r(H, P), z=r(1, T, H, P), dt_bias=r(H))
+
+
+def test_ssd_mamba_returns_and_values():
+    x = ssd_inputs()
+    cu = torch.tensor([0, 1, 65, 130])
+    S0 = torch.randn(3, 4, 12, 10, dtype=F64)
+    y = recurscan.mamba_chunk_scan_combined(**x, chunk_size=64, dt_softplus=True)
+    assert isinstance(y, torch.Tensor)
+    y, final, varlen = recurscan.mamba_chunk_scan_combined(
+        **x, chunk_size=16, initial_states=S0, cu_seqlens=cu, seq_idx=torch.zeros(1, 130, dtype=torch.int32),
+        dt_softplus=True, dt_limit=(0.01, 5.0), return_final_states=True, return_varlen_states=True)
+    want_y, want_S = ssd_naive(**x, dt_softplus=True, dt_limit=(0.01, 5.0), initial_state=S0, cu_seqlens=cu)
+    close(y, want_y)
+    close(final, want_S)
+    assert varlen is final
+
+
+def test_ssd_state_cache_leaves_other_slots_bit_identical():
+    x = ssd_inputs()
+    cu = torch.tensor([0, 1, 65, 130])
+    cache = torch.full((5, 4, 12, 10), float("nan"), dtype=F64)
+    cache[4], cache[0] = torch.randn(4, 12, 10, dtype=F64), torch.randn(4, 12, 10, dtype=F64)
+    before = cache.clone()
+    y = recurscan.mamba_chunk_scan_combined(**x, chunk_size=64, cu_seqlens=cu, state=cache,
+                                            state_indices=torch.tensor([4, -1, 0]))
+    S0 = torch.zeros(3, 4, 12, 10, dtype=F64)
+    S0[0], S0[2] = before[4], before[0]
+    want_y, want_S = ssd_naive(**x, initial_state=S0, cu_seqlens=cu)
+    want_y[:, 1:65] = 0
+    close(y, want_y)
+    close(cache[4], want_S[0])
+    close(cache[0], want_S[2])
+    assert torch.equal(cache[1:4].view(torch.int64), before[1:4].view(torch.int64))
+
+
+@pytest.mark.parametrize("per_key", [False, True])
+def test_gla_ops_match_token_loop(per_key):
+    gen = torch.Generator().manual_seed(1)
+    q, k = torch.randn(1, 130, 2, 12, generator=gen, dtype=F64), torch.randn(1, 130, 2, 12, generator=gen, dtype=F64)
+    v = torch.randn(1, 130, 4, 20, generator=gen, dtype=F64)
+    g = torch.nn.functional.logsigmoid(torch.randn(1, 130, 4, *((12,) if per_key else ()), generator=gen, dtype=F64))
+    g[:, 70] = float("-inf")
+    cu = torch.tensor([0, 1, 2, 66, 130])
+    S0 = torch.randn(4, 4, 12, 20, dtype=F64)
+    op = recurscan.chunk_gla if per_key else recurscan.chunk_simple_gla
+    o, S = op(q, k, v, g, initial_state=S0, output_final_state=True, cu_seqlens=cu)
+    want = gla_naive(q, k, v, g, initial_state=S0, cu_seqlens=cu)
+    close(o, want[0])
+    close(S, want[1])
+    assert op(q, k, v, g)[1] is None
+
+
+def test_diagonal_scan_matches_token_loop():
+    gen = torch.Generator().manual_seed(2)
+    a = torch.randn(2, 130, 7, generator=gen, dtype=F64)  # negative, > 1, anything
+    a[:, 5], a[:, 6] = 0.0, 1.0
+    b = torch.randn(2, 130, 7, generator=gen, dtype=F64)
+    h, last = recurscan.diagonal_scan(a, b, initial_state=torch.ones(2, 7, dtype=F64), output_final_state=True)
+    want_h, want_last = diagonal_naive(a, b, initial_state=torch.ones(2, 7, dtype=F64))
+    close(h, want_h)
+    close(last, want_last)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda x: recurscan.mamba_chunk_scan_combined(**(x | dict(A=torch.randn(3))), chunk_size=64),
+     ValueError, r"A: expected shape \[H\] = \[4\], got \[3\]"),
+    (lambda x: recurscan.mamba_chunk_scan_combined(
+        **(x | dict(B=torch.randn(1, 130, 3, 10, dtype=F64), C=torch.randn(1, 130, 3, 10, dtype=F64))), chunk_size=64),
+     ValueError, r"B: groups G = 3 must divide the heads H = 4"),
+    (lambda x: recurscan.mamba_chunk_scan_combined(**x, chunk_size=64, dt_limit=(1.0,)),
+     TypeError, r"dt_limit: expected a pair"),
+    (lambda x: recurscan.mamba_chunk_scan_combined(**x, chunk_size=0), ValueError, r"chunk_size: expected an int >= 1"),
+    (lambda x: recurscan.mamba_chunk_scan_combined(**x, chunk_size=64, seq_idx=torch.zeros(1, 130)),
+     ValueError, r"seq_idx: pass cu_seqlens"),
+    (lambda x: recurscan.mamba_chunk_scan_combined(**(x | dict(D=torch.randn(4, 3, dtype=F64))), chunk_size=64),
+     ValueError, r"D: expected shape \[H, P\] = \[4, 12\]"),
+    (lambda x: recurscan.chunk_gla(torch.randn(1, 5, 2, 4), torch.randn(1, 5, 2, 4), torch.randn(1, 5, 2, 4),
+                                   torch.randn(1, 5, 2)), ValueError, r"g: expected 4 dimensions \[B, T, HV, K\]"),
+    (lambda x: recurscan.chunk_simple_gla(torch.randn(1, 5, 2, 4), torch.randn(1, 5, 2, 4), torch.randn(1, 5, 2, 4),
+                                          torch.randn(1, 5, 2), cu_seqlens=torch.tensor([0, 5]),
+                                          initial_state=torch.zeros(2, 2, 4, 4)),
+     ValueError, r"initial_state: expected shape \[N, HV, K, V\] = \[1, 2, 4, 4\]"),
+    (lambda x: recurscan.diagonal_scan(torch.randn(1, 5, 3), torch.randn(1, 5, 4)), ValueError, r"a: expected shape \[B, T, D\]"),
+    (lambda x: recurscan.diagonal_scan([1.0], torch.randn(1, 5, 4)), TypeError, r"a: expected a torch.Tensor"),
+])
+def test_bad_input_names_the_argument(call, error, match):
+    with pytest.raises(error, match=match):
+        call(ssd_inputs())
+
+
+def test_command_line_checks_every_family(capsys):
+    assert main(["--tokens", "70", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    for family in ("gdn", "gdp (M=2)", "ssd", "gla scalar", "gla per-key", "diagonal", "gdn decode"):
+        assert f"\n{family} " in out
+    assert "FAIL" not in out
