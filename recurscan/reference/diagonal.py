@@ -95,7 +95,8 @@ def _prepare(a, b, initial_state, cu_seqlens, chunk_size):
     else:
         state = initial_state.to(dtype).clone()
     blocks = sequence_blocks(Bsz, T, cu_seqlens)
-    return a.to(dtype), b.to(dtype), state, blocks, chunk_offsets(segments, chunk_size)
+    # a and b stay the caller's tensors (views, no copies); each window is cast on its own.
+    return dtype, state, blocks, chunk_offsets(segments, chunk_size)
 
 
 def diagonal_naive(
@@ -129,8 +130,8 @@ def diagonal_naive(
         >>> h[0, :, 0], final.shape
         (tensor([1.0000, 1.5000, 1.7500]), torch.Size([1, 2]))
     """
-    a, b, state, blocks, offsets = _prepare(a, b, initial_state, cu_seqlens, chunk_size)
-    h_all = torch.empty_like(b)
+    dtype, state, blocks, offsets = _prepare(a, b, initial_state, cu_seqlens, chunk_size)
+    h_all = state.new_empty(*b.shape)  # [B, T, D]
     final = state.clone()
     chunk_states = state.new_empty(offsets[-1], state.shape[1]) if return_chunk_states else None
 
@@ -138,9 +139,9 @@ def diagonal_naive(
         h = state[blk.seqs]  # [n, D]
         for t in range(blk.end - blk.start):
             if chunk_states is not None and t % chunk_size == 0:
-                chunk_states[[offsets[n] + t // chunk_size for n in blk.seqs]] = h
+                chunk_states[[offsets[n] + t // chunk_size for n in blk.sequence_numbers]] = h
             tok = blk.start + t
-            h = a[blk.rows, tok] * h + b[blk.rows, tok]
+            h = a[blk.rows, tok].to(dtype) * h + b[blk.rows, tok].to(dtype)
             h_all[blk.rows, tok] = h
         final[blk.seqs] = h
     return (h_all, final, chunk_states) if return_chunk_states else (h_all, final)
@@ -168,8 +169,8 @@ def diagonal_chunked(
         >>> h.shape, final.shape, chunks.shape  # NT = 1 + 3 + 1
         (torch.Size([1, 100, 3]), torch.Size([3, 3]), torch.Size([5, 3]))
     """
-    a, b, state, blocks, offsets = _prepare(a, b, initial_state, cu_seqlens, chunk_size)
-    h_all = torch.empty_like(b)
+    dtype, state, blocks, offsets = _prepare(a, b, initial_state, cu_seqlens, chunk_size)
+    h_all = state.new_empty(*b.shape)  # [B, T, D]
     final = state.clone()
     chunk_states = state.new_empty(offsets[-1], state.shape[1]) if return_chunk_states else None
 
@@ -177,8 +178,9 @@ def diagonal_chunked(
         h = state[blk.seqs]  # [n, D]
         for c, (s, e) in enumerate(windows(blk.end - blk.start, chunk_size)):
             if chunk_states is not None:
-                chunk_states[[offsets[n] + c for n in blk.seqs]] = h
+                chunk_states[[offsets[n] + c for n in blk.sequence_numbers]] = h
             span = slice(blk.start + s, blk.start + e)
-            h_all[blk.rows, span], h = diagonal_chunk(a[blk.rows, span], b[blk.rows, span], h)
+            a_c, b_c = a[blk.rows, span].to(dtype), b[blk.rows, span].to(dtype)  # [n, C, D]
+            h_all[blk.rows, span], h = diagonal_chunk(a_c, b_c, h)
         final[blk.seqs] = h
     return (h_all, final, chunk_states) if return_chunk_states else (h_all, final)

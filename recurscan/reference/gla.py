@@ -46,13 +46,17 @@ class SequenceBlock(NamedTuple):
     """Sequences the oracle advances together, because they share their token range.
 
     ``rows`` are batch rows of the inputs, ``start:end`` the tokens along time, ``seqs`` the
-    matching rows of the state tensors (sequence numbers n).
+    matching rows of the state tensors (sequence numbers n). Slices, so indexing gives views.
     """
 
     rows: slice
-    seqs: list[int]
+    seqs: slice
     start: int
     end: int
+
+    @property
+    def sequence_numbers(self) -> range:
+        return range(self.seqs.start, self.seqs.stop)
 
 
 def sequence_blocks(batch: int, length: int, cu_seqlens: torch.Tensor | None) -> list[SequenceBlock]:
@@ -60,14 +64,14 @@ def sequence_blocks(batch: int, length: int, cu_seqlens: torch.Tensor | None) ->
 
     Example:
         >>> sequence_blocks(2, 5, None)
-        [SequenceBlock(rows=slice(0, 2, None), seqs=[0, 1], start=0, end=5)]
+        [SequenceBlock(rows=slice(0, 2, None), seqs=slice(0, 2, None), start=0, end=5)]
         >>> sequence_blocks(1, 5, torch.tensor([0, 1, 5]))[1]
-        SequenceBlock(rows=slice(0, 1, None), seqs=[1], start=1, end=5)
+        SequenceBlock(rows=slice(0, 1, None), seqs=slice(1, 2, None), start=1, end=5)
     """
-    segments = sequences(batch, length, cu_seqlens)
     if cu_seqlens is None:
-        return [SequenceBlock(slice(0, batch), [s.index for s in segments], 0, length)]
-    return [SequenceBlock(slice(s.b, s.b + 1), [s.index], s.start, s.end) for s in segments]
+        return [SequenceBlock(slice(0, batch), slice(0, batch), 0, length)]
+    segments = sequences(batch, length, cu_seqlens)
+    return [SequenceBlock(slice(s.b, s.b + 1), slice(s.index, s.index + 1), s.start, s.end) for s in segments]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,11 +139,16 @@ def gla_chunk(
 
 
 class _Prepared(NamedTuple):
-    q: torch.Tensor  # [B, T, HV, K], scaled, compute dtype
-    k: torch.Tensor  # [B, T, HV, K]
+    """Validated inputs, still the caller's tensors (views, no copies): each window or token is
+    cast, scaled and repeated to HV heads on its own by :func:`_inputs_at`."""
+
+    q: torch.Tensor  # [B, T, H, K]
+    k: torch.Tensor  # [B, T, H, K]
     v: torch.Tensor  # [B, T, HV, V]
-    g: torch.Tensor  # [B, T, HV, Kg], Kg in {1, K}
-    state: torch.Tensor  # [N, HV, K, V] initial states, a fresh tensor
+    g: torch.Tensor  # [B, T, HV, Kg], Kg in {1, K} (a view of [B, T, HV] for scalar decay)
+    scale: float
+    dtype: torch.dtype  # the compute dtype
+    state: torch.Tensor  # [N, HV, K, V] initial states in the compute dtype, a fresh tensor
     blocks: list[SequenceBlock]
     offsets: list[int]  # chunk_offsets: row of chunk c of sequence n is offsets[n] + c
 
@@ -163,8 +172,6 @@ def _prepare(q, k, v, g, scale, initial_state, cu_seqlens, chunk_size) -> _Prepa
         raise ValueError(f"chunk_size must be positive; got {chunk_size}")
 
     dtype = compute_dtype(q, k, v, g, initial_state)
-    scale = K**-0.5 if scale is None else scale
-    blocks = sequence_blocks(B, T, cu_seqlens)
     segments = sequences(B, T, cu_seqlens)
     N = len(segments)
     if initial_state is None:
@@ -174,14 +181,24 @@ def _prepare(q, k, v, g, scale, initial_state, cu_seqlens, chunk_size) -> _Prepa
     else:
         state = initial_state.to(dtype).clone()
     return _Prepared(
-        q=repeat_heads(q.to(dtype), HV, dim=2) * scale,
-        k=repeat_heads(k.to(dtype), HV, dim=2),
-        v=v.to(dtype),
-        g=g.to(dtype),
+        q=q,
+        k=k,
+        v=v,
+        g=g,
+        scale=K**-0.5 if scale is None else scale,
+        dtype=dtype,
         state=state,
-        blocks=blocks,
+        blocks=sequence_blocks(B, T, cu_seqlens),
         offsets=chunk_offsets(segments, chunk_size),
     )
+
+
+def _inputs_at(p: _Prepared, rows: slice, span: slice):
+    """Tokens ``span`` of batch rows ``rows``, ready for the recurrence: compute dtype, q scaled,
+    q and k repeated to HV heads. Each ``[n, L, HV, .]``."""
+    q, k, v, g = (x[rows, span].to(p.dtype) for x in (p.q, p.k, p.v, p.g))
+    HV = v.shape[2]
+    return repeat_heads(q, HV, dim=2) * p.scale, repeat_heads(k, HV, dim=2), v, g
 
 
 def _finish(o, state, chunk_states, return_chunk_states):
@@ -234,8 +251,7 @@ def gla_naive(
         (torch.Size([1, 10, 4, 6]), torch.Size([1, 4, 8, 6]))
     """
     p = _prepare(q, k, v, g, scale, initial_state, cu_seqlens, chunk_size)
-    B, T, HV, V = p.v.shape
-    o = p.v.new_empty(B, T, HV, V)
+    o = p.state.new_empty(*v.shape)  # [B, T, HV, V]
     final = p.state.clone()
     chunk_states = p.state.new_empty(p.offsets[-1], *p.state.shape[1:]) if return_chunk_states else None
 
@@ -243,9 +259,9 @@ def gla_naive(
         S = p.state[blk.seqs]  # [n, HV, K, V]
         for t in range(blk.end - blk.start):
             if chunk_states is not None and t % chunk_size == 0:
-                chunk_states[[p.offsets[n] + t // chunk_size for n in blk.seqs]] = S
+                chunk_states[[p.offsets[n] + t // chunk_size for n in blk.sequence_numbers]] = S
             tok = blk.start + t
-            q_t, k_t, v_t, g_t = (x[blk.rows, tok] for x in (p.q, p.k, p.v, p.g))  # [n, HV, .]
+            q_t, k_t, v_t, g_t = (x[:, 0] for x in _inputs_at(p, blk.rows, slice(tok, tok + 1)))  # [n, HV, .]
             S = g_t.exp().unsqueeze(-1) * S + k_t.unsqueeze(-1) * v_t.unsqueeze(-2)
             o[blk.rows, tok] = torch.einsum("nhk,nhkv->nhv", q_t, S)
         final[blk.seqs] = S
@@ -284,8 +300,7 @@ def gla_chunked(
         (torch.Size([1, 100, 2, 6]), torch.Size([3, 2, 8, 6]), torch.Size([5, 2, 8, 6]))
     """
     p = _prepare(q, k, v, g, scale, initial_state, cu_seqlens, chunk_size)
-    B, T, HV, V = p.v.shape
-    o = p.v.new_empty(B, T, HV, V)
+    o = p.state.new_empty(*v.shape)  # [B, T, HV, V]
     final = p.state.clone()
     chunk_states = p.state.new_empty(p.offsets[-1], *p.state.shape[1:]) if return_chunk_states else None
 
@@ -293,9 +308,8 @@ def gla_chunked(
         S = p.state[blk.seqs]  # [n, HV, K, V]
         for c, (s, e) in enumerate(windows(blk.end - blk.start, chunk_size)):
             if chunk_states is not None:
-                chunk_states[[p.offsets[n] + c for n in blk.seqs]] = S
+                chunk_states[[p.offsets[n] + c for n in blk.sequence_numbers]] = S
             span = slice(blk.start + s, blk.start + e)
-            q_c, k_c, v_c, g_c = (x[blk.rows, span] for x in (p.q, p.k, p.v, p.g))  # [n, C, HV, .]
-            o[blk.rows, span], S = gla_chunk(q_c, k_c, v_c, g_c, S)
+            o[blk.rows, span], S = gla_chunk(*_inputs_at(p, blk.rows, span), S)  # window: [n, C, HV, .]
         final[blk.seqs] = S
     return _finish(o, final, chunk_states, return_chunk_states)

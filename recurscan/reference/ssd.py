@@ -164,14 +164,21 @@ def ssd_chunk(
 
 
 class _Prepared(NamedTuple):
-    x: torch.Tensor  # [Bt, T, H, P] compute dtype
-    dt: torch.Tensor  # [Bt, T, H] discretized
-    A: torch.Tensor  # [H]
-    B: torch.Tensor  # [Bt, T, H, N] repeated to heads
-    C: torch.Tensor  # [Bt, T, H, N]
-    D: torch.Tensor | None
-    z: torch.Tensor | None
-    state: torch.Tensor  # [N_seq, H, P, N] initial states, a fresh tensor
+    """Validated inputs, still the caller's tensors (views, no copies): each window or token is
+    cast, discretized and repeated to heads on its own by :func:`_inputs_at`."""
+
+    x: torch.Tensor  # [Bt, T, H, P]
+    dt: torch.Tensor  # [Bt, T, H] raw
+    A: torch.Tensor  # [H] compute dtype
+    B: torch.Tensor  # [Bt, T, G, N]
+    C: torch.Tensor  # [Bt, T, G, N]
+    D: torch.Tensor | None  # [H] or [H, P], compute dtype
+    z: torch.Tensor | None  # [Bt, T, H, P]
+    dt_bias: torch.Tensor | None  # [H], compute dtype
+    dt_softplus: bool
+    dt_limit: tuple[float, float]
+    dtype: torch.dtype
+    state: torch.Tensor  # [N_seq, H, P, N] initial states in the compute dtype, a fresh tensor
     blocks: list[SequenceBlock]
     offsets: list[int]
 
@@ -213,17 +220,31 @@ def _prepare(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_state
     else:
         state = initial_state.to(dtype).clone()
     return _Prepared(
-        x=cast(x),
-        dt=discretize_dt(cast(dt), cast(dt_bias), dt_softplus, dt_limit),
+        x=x,
+        dt=dt,
         A=cast(A),
-        B=repeat_heads(cast(B), H, dim=2),
-        C=repeat_heads(cast(C), H, dim=2),
+        B=B,
+        C=C,
         D=cast(D),
-        z=cast(z),
+        z=z,
+        dt_bias=cast(dt_bias),
+        dt_softplus=dt_softplus,
+        dt_limit=dt_limit,
+        dtype=dtype,
         state=state,
         blocks=sequence_blocks(Bt, T, cu_seqlens),
         offsets=chunk_offsets(segments, chunk_size),
     )
+
+
+def _inputs_at(p: _Prepared, rows: slice, span: slice):
+    """Tokens ``span`` of batch rows ``rows``, ready for the recurrence: compute dtype, dt
+    discretized, B and C repeated from groups to heads. x, B, C, z ``[n, L, H, .]``, dt ``[n, L, H]``."""
+    x, dt, B, C = (u[rows, span].to(p.dtype) for u in (p.x, p.dt, p.B, p.C))
+    z = None if p.z is None else p.z[rows, span].to(p.dtype)
+    H = x.shape[2]
+    dt = discretize_dt(dt, p.dt_bias, p.dt_softplus, p.dt_limit)
+    return x, dt, repeat_heads(B, H, dim=2), repeat_heads(C, H, dim=2), z
 
 
 def ssd_naive(
@@ -279,7 +300,7 @@ def ssd_naive(
         (torch.Size([2, 10, 4, 6]), torch.Size([2, 4, 6, 5]))
     """
     p = _prepare(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_state, cu_seqlens, chunk_size)
-    y = torch.empty_like(p.x)
+    y = p.state.new_empty(*x.shape)  # [Bt, T, H, P]
     final = p.state.clone()
     chunk_states = p.state.new_empty(p.offsets[-1], *p.state.shape[1:]) if return_chunk_states else None
 
@@ -287,14 +308,15 @@ def ssd_naive(
         h = p.state[blk.seqs]  # [n, H, P, N]
         for t in range(blk.end - blk.start):
             if chunk_states is not None and t % chunk_size == 0:
-                chunk_states[[p.offsets[n] + t // chunk_size for n in blk.seqs]] = h
+                chunk_states[[p.offsets[n] + t // chunk_size for n in blk.sequence_numbers]] = h
             tok = blk.start + t
-            x_t, dt_t, B_t, C_t = (u[blk.rows, tok] for u in (p.x, p.dt, p.B, p.C))
+            x_t, dt_t, B_t, C_t, z_t = _inputs_at(p, blk.rows, slice(tok, tok + 1))  # [n, 1, H, .]
+            x_t, dt_t, B_t, C_t = x_t[:, 0], dt_t[:, 0], B_t[:, 0], C_t[:, 0]  # [n, H, .]
             dA_t = torch.exp(dt_t * p.A)  # [n, H]
             h = dA_t[..., None, None] * h + (dt_t.unsqueeze(-1) * x_t).unsqueeze(-1) * B_t.unsqueeze(-2)
-            y[blk.rows, tok] = torch.einsum("nhps,nhs->nhp", h, C_t)
+            y_t = torch.einsum("nhps,nhs->nhp", h, C_t)
+            y[blk.rows, tok] = skip_and_gate(y_t, x_t, p.D, None if z_t is None else z_t[:, 0])
         final[blk.seqs] = h
-    y = skip_and_gate(y, p.x, p.D, p.z)
     return (y, final, chunk_states) if return_chunk_states else (y, final)
 
 
@@ -334,7 +356,7 @@ def ssd_chunked(
         (torch.Size([1, 100, 4, 6]), torch.Size([3, 4, 6, 5]), torch.Size([5, 4, 6, 5]))
     """
     p = _prepare(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_state, cu_seqlens, chunk_size)
-    y = torch.empty_like(p.x)
+    y = p.state.new_empty(*x.shape)  # [Bt, T, H, P]
     final = p.state.clone()
     chunk_states = p.state.new_empty(p.offsets[-1], *p.state.shape[1:]) if return_chunk_states else None
 
@@ -342,10 +364,10 @@ def ssd_chunked(
         h = p.state[blk.seqs]  # [n, H, P, N]
         for c, (s, e) in enumerate(windows(blk.end - blk.start, chunk_size)):
             if chunk_states is not None:
-                chunk_states[[p.offsets[n] + c for n in blk.seqs]] = h
+                chunk_states[[p.offsets[n] + c for n in blk.sequence_numbers]] = h
             span = slice(blk.start + s, blk.start + e)
-            x_c, dt_c, B_c, C_c = (u[blk.rows, span] for u in (p.x, p.dt, p.B, p.C))
-            y[blk.rows, span], h = ssd_chunk(x_c, dt_c, p.A, B_c, C_c, h)
+            x_c, dt_c, B_c, C_c, z_c = _inputs_at(p, blk.rows, span)  # [n, C, H, .]
+            y_c, h = ssd_chunk(x_c, dt_c, p.A, B_c, C_c, h)
+            y[blk.rows, span] = skip_and_gate(y_c, x_c, p.D, z_c)
         final[blk.seqs] = h
-    y = skip_and_gate(y, p.x, p.D, p.z)
     return (y, final, chunk_states) if return_chunk_states else (y, final)
