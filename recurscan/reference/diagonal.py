@@ -5,7 +5,7 @@
 ``diagonal_naive`` runs it token by token: the ground truth. ``diagonal_chunked`` takes one chunk
 window at a time, continuing from the previous window's state (seed 000): it folds the incoming
 state into the window's first step (``b_1 + a_1 h_0``, seed 001) and runs a parallel scan of the
-affine maps ``(a_t, b_t)`` over the window. Products of decays are built by multiplication only
+affine maps ``(a_t, b_t)`` over the window (``algebra.hillis_steele_scan``). Products of decays are built by multiplication only
 (no division, no logs), so ``a = 0`` and negative ``a`` are exact.
 
 Both forms compute in float32, or float64 if any input is float64, and return that dtype.
@@ -15,42 +15,11 @@ from __future__ import annotations
 
 import torch
 
+from recurscan.algebra import hillis_steele_scan
 from recurscan.reference.common import CHUNK_SIZE, chunk_offsets, compute_dtype, sequences, windows
 from recurscan.reference.gla import sequence_blocks
 
-__all__ = ["diagonal_naive", "diagonal_chunked", "diagonal_chunk", "hillis_steele_scan"]
-
-
-def hillis_steele_scan(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inclusive scan of affine maps ``h -> a_t h + b_t`` along dim 1 (Hillis & Steele 1986).
-
-    A small local scan: when ``recurscan.algebra`` grows its ``parallel_linear_scan`` (seed 001),
-    this can defer to it. Round r combines every position with the one ``2**r`` places earlier,
-    using only the previous round's values; the earlier map is applied first:
-    ``(a_e, b_e) then (a_l, b_l) = (a_l a_e, a_l b_e + b_l)``. After ``ceil(log2 L)`` rounds
-    position t holds the composition of steps 1..t, so ``b`` is ``h_t`` from ``h_0 = 0``.
-
-    Args:
-        a: ``[N, L, D]`` decays.
-        b: ``[N, L, D]`` inputs.
-
-    Returns:
-        ``(A, h)``, both ``[N, L, D]``: the prefix products ``a_t ... a_1`` and the states.
-
-    Example:
-        >>> a, b = torch.tensor([[[0.5], [0.5], [0.0]]]), torch.tensor([[[1.0], [0.0], [3.0]]])
-        >>> hillis_steele_scan(a, b)[1].flatten()
-        tensor([1.0000, 0.5000, 3.0000])
-    """
-    L = a.shape[1]
-    shift = 1
-    while shift < L:
-        a_earlier, b_earlier = a[:, :-shift], b[:, :-shift]
-        a_later, b_later = a[:, shift:], b[:, shift:]
-        a = torch.cat([a[:, :shift], a_later * a_earlier], dim=1)
-        b = torch.cat([b[:, :shift], a_later * b_earlier + b_later], dim=1)
-        shift *= 2
-    return a, b
+__all__ = ["diagonal_naive", "diagonal_chunked", "diagonal_chunk"]
 
 
 def diagonal_chunk(a: torch.Tensor, b: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,8 +40,12 @@ def diagonal_chunk(a: torch.Tensor, b: torch.Tensor, state: torch.Tensor) -> tup
     """
     # 1. Fold the incoming state into the first step: b_1 <- b_1 + a_1 h_0 (then h_0 acts as 0).
     b = torch.cat([b[:, :1] + a[:, :1] * state.unsqueeze(1), b[:, 1:]], dim=1)
-    # 2. Parallel scan of the affine maps over the window: position t gets h_t.
-    _, h = hillis_steele_scan(a, b)
+    # 2. Parallel scan of the affine maps (a_t, b_t) over the window (time on dim 0 for the scan):
+    #    position t gets the composition of steps 1..t, whose input part is h_t. Hillis-Steele
+    #    builds every round with torch.cat, so autograd flows through it (algebra's Blelloch
+    #    scan writes slices in place, which autograd refuses).
+    _, h = hillis_steele_scan(a.transpose(0, 1), b.transpose(0, 1))
+    h = h.transpose(0, 1)  # [N, L, D]
     # 3. The state leaving the window is the last position's.
     return h, h[:, -1]
 
