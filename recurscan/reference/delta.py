@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..algebra import segsum
-from .common import CHUNK_SIZE, chunk_offsets, compute_dtype, l2norm, repeat_heads, sequences, windows
+from .common import CHUNK_SIZE, chunk_offsets, compute_dtype, l2norm, repeat_heads, sequence_blocks, sequences, windows
 
 # ----------------------------------------------------------------------------------------------
 # One window of the chunkwise algorithm (the page to check against the maths)
@@ -119,15 +119,14 @@ def _run(q, k, v, g, beta, scale, initial_state, use_qk_l2norm_in_kernel, cu_seq
     o = torch.zeros(B, T, HV, V, dtype=dtype)
     finals, chunk_rows = [], []
     # Fixed-length batches run their B sequences side by side; varlen runs one sequence at a time.
-    groups = [segs] if cu_seqlens is None else [[s] for s in segs]
-    for group in groups:
+    for block in sequence_blocks(B, T, cu_seqlens):
         # Views, not copies: the oracle's memory is the inputs, the output and one window.
-        sl = (slice(group[0].b, group[-1].b + 1), slice(group[0].start, group[0].end))
+        sl = (block.rows, slice(block.start, block.end))
         # [N, L, H, D] -> [N, H, L, D]: heads lead, time is the matrix dimension.
         qs, ks, vs, bs, gs, out = (x[sl].transpose(1, 2) for x in (q, k, v, beta, g, o))
-        S = S0[group[0].index : group[-1].index + 1]
+        S = S0[block.seqs]
         snapshots = []
-        L = group[0].end - group[0].start
+        L = block.end - block.start
         if chunked:
             for a, b in windows(L, chunk_size):
                 snapshots.append(S)

@@ -16,8 +16,7 @@ from __future__ import annotations
 import torch
 
 from recurscan.algebra import hillis_steele_scan
-from recurscan.reference.common import CHUNK_SIZE, chunk_offsets, compute_dtype, sequences, windows
-from recurscan.reference.gla import sequence_blocks
+from recurscan.reference.common import CHUNK_SIZE, chunk_offsets, compute_dtype, sequence_blocks, sequences, windows
 
 __all__ = ["diagonal_naive", "diagonal_chunked", "diagonal_chunk"]
 

@@ -29,49 +29,16 @@ from recurscan.reference.common import (
     CHUNK_SIZE,
     chunk_offsets,
     compute_dtype,
+    SequenceBlock,
     repeat_heads,
+    sequence_blocks,
     sequences,
     windows,
 )
 
-__all__ = ["gla_naive", "gla_chunked", "gla_chunk", "SequenceBlock", "sequence_blocks"]
+__all__ = ["gla_naive", "gla_chunked", "gla_chunk"]
 
 
-# ---------------------------------------------------------------------------------------------
-# Sequence blocks (shared with ssd.py and diagonal.py; a candidate for common.py)
-# ---------------------------------------------------------------------------------------------
-
-
-class SequenceBlock(NamedTuple):
-    """Sequences the oracle advances together, because they share their token range.
-
-    ``rows`` are batch rows of the inputs, ``start:end`` the tokens along time, ``seqs`` the
-    matching rows of the state tensors (sequence numbers n). Slices, so indexing gives views.
-    """
-
-    rows: slice
-    seqs: slice
-    start: int
-    end: int
-
-    @property
-    def sequence_numbers(self) -> range:
-        return range(self.seqs.start, self.seqs.stop)
-
-
-def sequence_blocks(batch: int, length: int, cu_seqlens: torch.Tensor | None) -> list[SequenceBlock]:
-    """All B rows at once (equal lengths), or one cu_seqlens segment at a time (row 0).
-
-    Example:
-        >>> sequence_blocks(2, 5, None)
-        [SequenceBlock(rows=slice(0, 2, None), seqs=slice(0, 2, None), start=0, end=5)]
-        >>> sequence_blocks(1, 5, torch.tensor([0, 1, 5]))[1]
-        SequenceBlock(rows=slice(0, 1, None), seqs=slice(1, 2, None), start=1, end=5)
-    """
-    if cu_seqlens is None:
-        return [SequenceBlock(slice(0, batch), slice(0, batch), 0, length)]
-    segments = sequences(batch, length, cu_seqlens)
-    return [SequenceBlock(slice(s.b, s.b + 1), slice(s.index, s.index + 1), s.start, s.end) for s in segments]
 
 
 # ---------------------------------------------------------------------------------------------

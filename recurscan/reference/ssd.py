@@ -32,11 +32,12 @@ from recurscan.reference.common import (
     CHUNK_SIZE,
     chunk_offsets,
     compute_dtype,
+    SequenceBlock,
     repeat_heads,
+    sequence_blocks,
     sequences,
     windows,
 )
-from recurscan.reference.gla import SequenceBlock, sequence_blocks
 
 __all__ = ["ssd_naive", "ssd_chunked", "ssd_chunk", "discretize_dt", "skip_and_gate"]
 
