@@ -1,10 +1,6 @@
 """Public ops, one module per family; each is validate (problem) -> plan -> backend."""
-from .delta_rule import (
-    chunk_gated_delta_product_varlen,
-    chunk_gated_delta_rule,
-    fused_recurrent_gated_delta_rule,
-    fused_recurrent_gated_delta_rule_update,
-)
+from .decode import fused_recurrent_gated_delta_rule, fused_recurrent_gated_delta_rule_update
+from .delta_rule import chunk_gated_delta_product_varlen, chunk_gated_delta_rule
 from .diagonal import diagonal_scan
 from .gla import chunk_gla, chunk_simple_gla
 from .ssd import mamba_chunk_scan_combined
