@@ -1,0 +1,139 @@
+"""The benchmark runner's bookkeeping: registered workloads, FLOP and byte counts against figures
+worked out by hand, and the JSON record's fields. No timing is asserted."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from benchmarks import registry, runner
+
+
+def test_registered_workloads():
+    expected = {"gdn_b1_t16384_h16_hv32", "gdn_b1_t65536_h16_hv32", "gdn_b4_t4096_h16", "gdn_b4_t8192_h16_hv64",
+                "gdn_varlen16_32976_hv32", "gdp_m2_b4_t4096_h16", "gdn_decode_256", "gdn_decode_1024",
+                "ssd_decode_256", "cpu_gdn_b1_t4096_h16"}
+    assert expected <= set(registry.REGISTRY)
+    w = registry.get("gdn_varlen16_32976_hv32")
+    assert w.num_sequences == 16 and w.tokens == 32976 and w.varlen and w.batch == 1
+    with pytest.raises(KeyError, match="unknown workload"):
+        registry.get("no_such_workload")
+
+
+def test_gdn_chunk_flops_per_token_head():
+    # One window of 64 tokens, K = V = 128, per value head:
+    #   K K^T, T X, Q K^T, (G o QK^T) v_new: 4 x 2*64*64*128 = 4,194,304
+    #   K S, Q S, K^T v_new:                 3 x 2*64*128*128 = 6,291,456
+    #   unit lower-triangular inverse:       64 * (64^2 - 1) / 3 = 87,360
+    per_window = 4 * 2 * 64 * 64 * 128 + 3 * 2 * 64 * 128 * 128 + 87_360
+    assert registry.chunk_window_flops(64, 64, 128, 128) == per_window == 10_573_120
+    assert per_window // 64 == 165_205  # PERF-NOTES: ~164 kFLOP per token per value head, + the solve
+
+
+def test_cpu_workload_counts_by_hand():
+    w = registry.get("cpu_gdn_b1_t4096_h16")  # B1 T4096 H = HV = 16, K = V = 128, float32
+    assert w.tokens == 4096
+    assert w.flops() == 10_573_120 * 64 * 16  # 64 windows x 16 heads
+    by_hand = (4 * 4096 * 16 * 128 * 4  # q, k, v read and o written, float32
+               + 4096 * 16 * 4          # g, float32
+               + 4096 * 16 * 4          # beta, float32
+               + 16 * 128 * 128 * 4)    # final state written (no initial state)
+    assert w.hbm_bytes() == by_hand == 135_790_592
+
+
+def test_gpu_workload_bytes_per_token_head():
+    # bf16 q, k, v, o (256 B each per token-head at 128) + g fp32 + beta bf16: PERF-NOTES' ~1.03 KB floor.
+    w = registry.get("gdn_b4_t4096_h16")
+    parts = w.byte_breakdown()
+    per = (parts["q"] + parts["k"] + parts["v"] + parts["g"] + parts["beta"] + parts["o"]) / (w.tokens * 16)
+    assert per == 4 * 256 + 4 + 2
+    # A partial last window counts its own rows: 246 tokens = 3 full windows + 54.
+    assert sum(registry.chunk_window_flops(c, c, 128, 128) for c in (64, 64, 64, 54)) * 32 == \
+        registry.Workload("x", "gdn", (246,), heads=16, value_heads=32).flops()
+
+
+def test_decode_counts():
+    w = registry.get("gdn_decode_256")
+    state = 256 * 32 * 128 * 128 * 4
+    parts = w.byte_breakdown()
+    assert parts["state_read"] == parts["state_written"] == state
+    assert w.flops() == 7 * 128 * 128 * 32 * 256
+    s = registry.get("ssd_decode_256")
+    assert s.byte_breakdown()["state_read"] == 256 * 80 * 64 * 128 * 4
+    assert s.flops() == 5 * 64 * 128 * 80 * 256
+
+
+def test_gdp_query_rows():
+    # M = 2: every window of 64 expanded rows holds 32 token reads.
+    w = registry.get("gdp_m2_b4_t4096_h16")
+    windows = 4 * 4096 * 2 // 64
+    assert w.flops() == windows * 16 * registry.chunk_window_flops(64, 32, 128, 128)
+
+
+def test_make_inputs_shapes_and_determinism():
+    w = registry.get("cpu_gdn_smoke")
+    a, b = w.make_inputs("cpu", seed=3), w.make_inputs("cpu", seed=3)
+    assert a["q"].shape == (1, 200, 2, 32) and a["v"].shape == (1, 200, 4, 32) and a["g"].shape == (1, 200, 4)
+    assert torch.equal(a["q"], b["q"]) and torch.equal(a["g"], b["g"])
+    assert (a["g"] < 0).all() and ((a["beta"] > 0) & (a["beta"] < 1)).all()
+    v = registry.Workload("v", "gdn", (5, 1, 70), heads=1, value_heads=2, head_k=8, head_v=8, varlen=True,
+                          dtype="float32", device="cpu")
+    assert v.make_inputs("cpu")["cu_seqlens"].tolist() == [0, 5, 6, 76]
+
+
+def _fake_peer(name, role="peer", fail=None):
+    import recurscan
+
+    def load(w):
+        if fail:
+            raise fail
+
+        def fn(x):
+            return recurscan.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], output_final_state=True,
+                                                    use_qk_l2norm_in_kernel=x["use_qk_l2norm_in_kernel"])
+        return fn
+    return runner.Impl(name, role, load, "test double")
+
+
+def test_runner_record_fields(tmp_path):
+    rec = runner.run_workload(
+        "cpu_gdn_smoke", device="cpu", impls=["recurscan"], warmup=0, repeats=2,
+        extra_impls=[_fake_peer("same_op"), _fake_peer("absent", fail=runner.NotInstalled("import absent failed"))])
+    json.dumps(rec)  # serialisable as is
+    assert rec["workload"]["flops"] == registry.get("cpu_gdn_smoke").flops()
+    assert rec["workload"]["hbm_bytes"] == registry.get("cpu_gdn_smoke").hbm_bytes()
+    env = rec["environment"]
+    for key in ("device_name", "cpu_model", "cpu_cores", "torch_threads", "git", "python", "torch", "triton",
+                "timestamp_utc"):
+        assert key in env
+    assert rec["ceilings"] is None  # no ceiling claimed on CPU
+    by = {r["name"]: r for r in rec["results"]}
+    ours, peer, absent = by["recurscan"], by["same_op"], by["absent"]
+    assert ours["role"] == "ours" and ours["status"] == "ok"
+    for r in (ours, peer):
+        t = r["time_s"]
+        assert set(t) >= {"median", "p20", "p80"} and len(t["samples"]) == 2
+        assert r["tokens_per_s"] == pytest.approx(200 / t["median"])
+        assert r["flops_per_s"] == pytest.approx(rec["workload"]["flops"] / t["median"])
+        assert r["bytes_per_s"] == pytest.approx(rec["workload"]["hbm_bytes"] / t["median"])
+        assert "pct_peak_flops" not in r
+    assert peer["ratio_peer_over_ours"] == pytest.approx(peer["time_s"]["median"] / ours["time_s"]["median"])
+    assert peer["agreement_vs"] == "recurscan" and peer["agreement"]["output"]["max_abs_diff"] == 0.0
+    assert absent["status"] == "not installed" and "time_s" not in absent and "ratio_peer_over_ours" not in absent
+
+
+def test_cli_saves_json(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert runner.main(["--workload", "cpu_gdn_smoke", "--impl", "recurscan", "--warmup", "0", "--repeats", "1",
+                        "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert [r["workload"]["name"] for r in data["records"]] == ["cpu_gdn_smoke"]
+    assert "recurscan" in capsys.readouterr().out
+
+
+def test_quantile_matches_linear_interpolation():
+    xs = [5.0, 1.0, 3.0, 2.0, 4.0]
+    assert runner.quantile(xs, 0.5) == 3.0
+    assert runner.quantile(xs, 0.2) == pytest.approx(1.8)
+    assert runner.quantile(xs, 0.8) == pytest.approx(4.2)
