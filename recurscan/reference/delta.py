@@ -98,12 +98,12 @@ def _prepare(q, k, v, g, beta, scale, initial_state, use_qk_l2norm_in_kernel, cu
     if use_qk_l2norm_in_kernel:
         q, k = l2norm(q), l2norm(k)
     q, k = repeat_heads(q, HV, dim=2), repeat_heads(k, HV, dim=2)
-    g = torch.zeros(B, T, HV, dtype=dtype) if g is None else g.to(dtype)
-    beta = torch.ones(B, T, HV, dtype=dtype) if beta is None else beta.to(dtype)
+    g = torch.zeros(B, T, HV, dtype=dtype, device=v.device) if g is None else g.to(dtype)
+    beta = torch.ones(B, T, HV, dtype=dtype, device=v.device) if beta is None else beta.to(dtype)
     scale = K**-0.5 if scale is None else scale
     segs = sequences(B, T, cu_seqlens)
     if initial_state is None:
-        S0 = torch.zeros(len(segs), HV, K, V, dtype=dtype)
+        S0 = torch.zeros(len(segs), HV, K, V, dtype=dtype, device=v.device)
     else:
         S0 = initial_state.to(dtype)
     return q, k, v, g, beta, scale, S0, segs, dtype
@@ -116,7 +116,7 @@ def _run(q, k, v, g, beta, scale, initial_state, use_qk_l2norm_in_kernel, cu_seq
     q, k, v, g, beta, scale, S0, segs, dtype = _prepare(
         q, k, v, g, beta, scale, initial_state, use_qk_l2norm_in_kernel, cu_seqlens)
     B, T, HV, V = v.shape
-    o = torch.zeros(B, T, HV, V, dtype=dtype)
+    o = torch.zeros(B, T, HV, V, dtype=dtype, device=v.device)
     finals, chunk_rows = [], []
     # Fixed-length batches run their B sequences side by side; varlen runs one sequence at a time.
     for block in sequence_blocks(B, T, cu_seqlens):
@@ -129,12 +129,13 @@ def _run(q, k, v, g, beta, scale, initial_state, use_qk_l2norm_in_kernel, cu_seq
         L = block.end - block.start
         if chunked:
             for a, b in windows(L, chunk_size):
-                snapshots.append(S)
+                if return_chunk_states:
+                    snapshots.append(S)
                 out[:, :, a:b], S = gdn_chunk(S, qs[:, :, a:b], ks[:, :, a:b], vs[:, :, a:b], gs[:, :, a:b],
                                               bs[:, :, a:b], scale)
         else:
             for t in range(L):
-                if t % chunk_size == 0:
+                if return_chunk_states and t % chunk_size == 0:
                     snapshots.append(S)
                 out[:, :, t], S = gdn_step(S, qs[:, :, t], ks[:, :, t], vs[:, :, t], gs[:, :, t], bs[:, :, t],
                                            scale)
@@ -148,7 +149,7 @@ def _run(q, k, v, g, beta, scale, initial_state, use_qk_l2norm_in_kernel, cu_seq
     if return_chunk_states:
         # Sequence-major rows: row chunk_offsets[n] + c is sequence n's state entering chunk c.
         flat = [r for block in chunk_rows for r in block.unbind(0)]
-        states = torch.cat(flat) if flat else torch.zeros(0, HV, q.shape[-1], V, dtype=dtype)
+        states = torch.cat(flat) if flat else torch.zeros(0, HV, q.shape[-1], V, dtype=dtype, device=v.device)
         results += (states,)
     return results
 
@@ -251,16 +252,16 @@ def gated_delta_product_naive(q, k, v, g, beta, num_householder, scale=None, ini
         q, k, v, g, beta, scale, initial_state, use_qk_l2norm_in_kernel, None)
     B, TM, HV, V = v.shape
     T = TM // M
-    g = g if g.shape[1] == T else torch.zeros(B, T, HV, dtype=dtype)  # _prepare's default is on T*M rows
+    g = g if g.shape[1] == T else torch.zeros(B, T, HV, dtype=dtype, device=v.device)  # _prepare's default is on T*M rows
     segs = sequences(B, T, cu_seqlens)
     if initial_state is None:
-        S0 = torch.zeros(len(segs), HV, q.shape[-1], V, dtype=dtype)
-    o = torch.zeros(B, T, HV, V, dtype=dtype)
+        S0 = torch.zeros(len(segs), HV, q.shape[-1], V, dtype=dtype, device=v.device)
+    o = torch.zeros(B, T, HV, V, dtype=dtype, device=v.device)
     finals, snapshots = [], []
     for seg in segs:
         S = S0[seg.index : seg.index + 1]
         for t in range(seg.start, seg.end):
-            if (t - seg.start) % chunk_size == 0:
+            if return_chunk_states and (t - seg.start) % chunk_size == 0:
                 snapshots.append(S)
             S = g[seg.b, t].exp()[None, :, None, None] * S
             for e in range(t * M, (t + 1) * M):  # the Householder copies of token t
@@ -269,7 +270,7 @@ def gated_delta_product_naive(q, k, v, g, beta, num_householder, scale=None, ini
         finals.append(S)
     results = (o, torch.cat(finals))
     if return_chunk_states:
-        states = torch.cat(snapshots) if snapshots else torch.zeros(0, HV, q.shape[-1], V, dtype=dtype)
+        states = torch.cat(snapshots) if snapshots else torch.zeros(0, HV, q.shape[-1], V, dtype=dtype, device=v.device)
         results += (states,)
     return results
 
