@@ -9,12 +9,8 @@ import torch
 import recurscan
 from recurscan.reference.delta import gated_delta_product_naive, gated_delta_rule_naive
 
-from test_reference_delta import assert_reassociation_close, assert_rms_close, gdn_inputs, gdp_inputs
-
-
-def bits(x):
-    """Bit pattern view: NaN-poisoned slots compare equal to themselves."""
-    return x.view(torch.int32) if x.dtype == torch.float32 else x.view(torch.int64)
+from test_reference_delta import gdn_inputs, gdp_inputs
+from tolerances import assert_reassociation_close, assert_rms_close, bits
 
 
 def test_fla_return_convention():

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from recurscan.reference.common import chunk_offsets, sequences
+from tolerances import assert_reassociation_close, assert_rms_close
 from recurscan.reference.delta import (
     gated_delta_product_chunked,
     gated_delta_product_naive,
@@ -18,19 +19,6 @@ from recurscan.reference.delta import (
 )
 
 F64 = torch.float64
-
-
-def assert_reassociation_close(got, want):
-    assert got.shape == want.shape
-    assert not torch.isnan(got).any()
-    bound = 1e-10 * (1 + want.abs().max().item())
-    assert (got - want).abs().max().item() <= bound
-
-
-def assert_rms_close(got, want, rel=2e-5):
-    err = (got.double() - want).pow(2).mean().sqrt()
-    ref = want.pow(2).mean().sqrt()
-    assert err <= rel * ref + 1e-12, f"relative RMS error {(err / ref).item():.2e}"
 
 
 def gdn_inputs(B, T, H, HV, K, V, *, beta_per_value=False, resets=True, dtype=F64, seed=0):
@@ -109,7 +97,7 @@ def test_gdn_float32_chunked_against_float64_loop():
                                    use_qk_l2norm_in_kernel=True)
     assert got[0].dtype == torch.float32
     for a, b in zip(got, want):
-        assert_rms_close(a, b)
+        assert_rms_close(a, b, rel=2e-5)
 
 
 def test_reset_forgets_everything_before_it():

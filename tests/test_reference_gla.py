@@ -16,24 +16,13 @@ import pytest
 import torch
 
 from recurscan.reference.common import chunk_offsets, sequences
-from recurscan.reference.gla import gla_chunked, gla_naive, sequence_blocks
+from recurscan.reference.common import sequence_blocks
+from recurscan.reference.gla import gla_chunked, gla_naive
+from tolerances import assert_reassociation_close, relative_rms
 
 F64 = torch.float64
 INF = float("inf")
 CU = [0, 1, 2, 66, 67, 200]  # one-token sequences at both ends of a 64-token one
-
-
-def assert_close64(got: torch.Tensor, ref: torch.Tensor, what: str = "") -> None:
-    assert got.shape == ref.shape, what
-    assert torch.isfinite(got).all(), f"{what}: non-finite values"
-    err = (got - ref).abs().max().item() if ref.numel() else 0.0
-    bound = 1e-10 * (1 + ref.abs().max().item()) if ref.numel() else 0.0
-    assert err <= bound, f"{what}: max abs error {err:.3e} > {bound:.3e}"
-
-
-def rel_rms(got: torch.Tensor, ref: torch.Tensor) -> float:
-    diff = got.to(F64) - ref
-    return (diff.pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item()
 
 
 def make_inputs(B=2, T=65, H=2, HV=4, K=24, V=40, per_key=False, N=None, dtype=F64, seed=0):
@@ -66,7 +55,7 @@ def test_chunked_matches_naive_float64(T, per_key, chunk_size):
     assert ref[2].shape[0] == 2 * -(-T // chunk_size)
     for name, a, b in zip(["o", "final", "chunk_states"], got, ref):
         assert a.dtype == F64
-        assert_close64(a, b, name)
+        assert_reassociation_close(a, b, name)
 
 
 @pytest.mark.parametrize("chunk_size", [16, 64])
@@ -77,7 +66,7 @@ def test_varlen_matches_each_sequence_alone(per_key, chunk_size):
     ref = gla_naive(q, k, v, g, initial_state=s0, cu_seqlens=cu, chunk_size=chunk_size, return_chunk_states=True)
     got = gla_chunked(q, k, v, g, initial_state=s0, cu_seqlens=cu, chunk_size=chunk_size, return_chunk_states=True)
     for name, a, b in zip(["o", "final", "chunk_states"], got, ref):
-        assert_close64(a, b, f"varlen {name}")
+        assert_reassociation_close(a, b, f"varlen {name}")
 
     offsets = chunk_offsets(sequences(1, CU[-1], cu), chunk_size)
     assert got[2].shape[0] == offsets[-1] == sum(-(-(e - s) // chunk_size) for s, e in zip(CU[:-1], CU[1:]))
@@ -85,9 +74,9 @@ def test_varlen_matches_each_sequence_alone(per_key, chunk_size):
         one = [x[:, s:e] for x in (q, k, v, g)]
         for fn in (gla_naive, gla_chunked):
             o, fin, cs = fn(*one, initial_state=s0[n : n + 1], chunk_size=chunk_size, return_chunk_states=True)
-            assert_close64(got[0][:, s:e], o, f"seq {n} o ({fn.__name__})")
-            assert_close64(got[1][n : n + 1], fin, f"seq {n} final ({fn.__name__})")
-            assert_close64(got[2][offsets[n] : offsets[n + 1]], cs, f"seq {n} chunk states ({fn.__name__})")
+            assert_reassociation_close(got[0][:, s:e], o, f"seq {n} o ({fn.__name__})")
+            assert_reassociation_close(got[1][n : n + 1], fin, f"seq {n} final ({fn.__name__})")
+            assert_reassociation_close(got[2][offsets[n] : offsets[n + 1]], cs, f"seq {n} chunk states ({fn.__name__})")
 
 
 @pytest.mark.parametrize("per_key", [False, True], ids=["scalar", "per_key"])
@@ -100,7 +89,7 @@ def test_float32_chunked_against_float64_naive(per_key, chunk_size):
     for name, a, b in zip(["o", "final", "chunk_states"], got, ref):
         assert a.dtype == torch.float32
         assert torch.isfinite(a).all()
-        assert rel_rms(a, b) < 1e-6, f"{name}: rel RMS {rel_rms(a, b):.2e}"
+        assert relative_rms(a, b) < 1e-6, f"{name}: rel RMS {relative_rms(a, b):.2e}"
 
 
 def test_chunk_states_are_states_after_prefixes():
@@ -109,10 +98,10 @@ def test_chunk_states_are_states_after_prefixes():
     for fn in (gla_naive, gla_chunked):
         _, _, cs = fn(q, k, v, g, initial_state=s0, chunk_size=16, return_chunk_states=True)
         assert cs.shape[0] == 2 * 5
-        assert_close64(cs[0::5], s0, "row c = 0 is the initial state")
+        assert_reassociation_close(cs[0::5], s0, "row c = 0 is the initial state")
         for c in range(1, 5):
             _, fin = gla_naive(*(x[:, : 16 * c] for x in (q, k, v, g)), initial_state=s0)
-            assert_close64(cs[c::5], fin, f"{fn.__name__} chunk {c}")
+            assert_reassociation_close(cs[c::5], fin, f"{fn.__name__} chunk {c}")
 
 
 @pytest.mark.parametrize("fn", [gla_naive, gla_chunked])
@@ -121,8 +110,8 @@ def test_decay_one_is_plain_linear_attention(fn):
     g = torch.zeros(1, 65, 1, dtype=F64)
     o, fin = fn(q, k, v, g, scale=0.5, initial_state=s0, chunk_size=16)
     S = s0[:, None] + torch.cumsum(k[..., :, None] * v[..., None, :], dim=1)  # [1, T, 1, K, V]
-    assert_close64(o, 0.5 * torch.einsum("bthk,bthkv->bthv", q, S), "o")
-    assert_close64(fin, S[:, -1], "final")
+    assert_reassociation_close(o, 0.5 * torch.einsum("bthk,bthkv->bthv", q, S), "o")
+    assert_reassociation_close(fin, S[:, -1], "final")
 
 
 @pytest.mark.parametrize("per_key", [False, True], ids=["scalar", "per_key"])
@@ -133,8 +122,8 @@ def test_decay_zero_resets_every_token(fn, per_key):
     o, fin = fn(q, k, v, g, scale=1.0, initial_state=s0, chunk_size=16)
     kk = k.expand(1, 40, 2, 5)
     qq = q.expand(1, 40, 2, 5)
-    assert_close64(o, (qq * kk).sum(-1, keepdim=True) * v, "o")
-    assert_close64(fin, kk[:, -1, :, :, None] * v[:, -1, :, None, :], "final")
+    assert_reassociation_close(o, (qq * kk).sum(-1, keepdim=True) * v, "o")
+    assert_reassociation_close(fin, kk[:, -1, :, :, None] * v[:, -1, :, None, :], "final")
 
 
 def test_scalar_decay_equals_per_key_broadcast():
@@ -144,7 +133,7 @@ def test_scalar_decay_equals_per_key_broadcast():
         a = fn(q, k, v, g, initial_state=s0, chunk_size=16, return_chunk_states=True)
         b = fn(q, k, v, g_k, initial_state=s0, chunk_size=16, return_chunk_states=True)
         for x, y in zip(a, b):
-            assert_close64(x, y, fn.__name__)
+            assert_reassociation_close(x, y, fn.__name__)
 
 
 def test_defaults_scale_zero_state_and_chunk_size():
@@ -155,7 +144,7 @@ def test_defaults_scale_zero_state_and_chunk_size():
                   return_chunk_states=True)
     assert a[2].shape[0] == 2 * 2
     for x, y in zip(a, b):
-        assert_close64(x, y)
+        assert_reassociation_close(x, y)
 
 
 def test_gva_head_mapping():
@@ -166,7 +155,7 @@ def test_gva_head_mapping():
         a = fn(q, k, v, g, initial_state=s0, chunk_size=16)
         b = gla_naive(rep(q), rep(k), v, g, scale=q.shape[-1] ** -0.5, initial_state=s0)
         for x, y in zip(a, b):
-            assert_close64(x, y, fn.__name__)
+            assert_reassociation_close(x, y, fn.__name__)
 
 
 def test_dtypes_and_inputs_untouched():
@@ -213,4 +202,4 @@ def test_gradients_of_chunked_match_naive(per_key):
         return torch.autograd.grad(sum((o * c).sum() for o, c in zip(out, cot)), leaves)
 
     for name, a, b in zip(["dq", "dk", "dv", "dg", "ds0"], grads(gla_chunked), grads(gla_naive)):
-        assert_close64(a, b, name)
+        assert_reassociation_close(a, b, name)
