@@ -126,6 +126,16 @@ def check_state_cache(state, state_indices, dims: Dims, spec: str, device) -> No
             raise ValueError("state_indices: a slot is named twice; each sequence must own its slot")
 
 
+def _check_qkv(q, k, v) -> torch.device:
+    """q, k, v: floating tensors of one dtype on one device; returns the device."""
+    check_tensor("q", q, FLOAT_DTYPES)
+    for name, x in (("k", k), ("v", v)):
+        check_tensor(name, x, FLOAT_DTYPES, q.device)
+        if x.dtype != q.dtype:
+            raise TypeError(f"{name}: expected the dtype of q ({q.dtype}), got {x.dtype}")
+    return q.device
+
+
 @dataclass(frozen=True)
 class DeltaProblem:
     """A validated Gated DeltaNet / Gated Delta Product call (GDN is M = 1)."""
@@ -152,12 +162,7 @@ def delta_problem(q, k, v, g, beta, *, num_householder=1, scale=None, initial_st
     g ``[B, T, HV]`` or None, beta ``[B, T*M, HV]`` / ``[B, T*M, HV, V]`` or None."""
     if isinstance(num_householder, bool) or not isinstance(num_householder, int) or num_householder < 1:
         raise ValueError(f"num_householder: expected an int >= 1, got {num_householder!r}")
-    check_tensor("q", q, FLOAT_DTYPES)
-    device = q.device
-    for name, x in (("k", k), ("v", v)):
-        check_tensor(name, x, FLOAT_DTYPES, device)
-        if x.dtype != q.dtype:
-            raise TypeError(f"{name}: expected the dtype of q ({q.dtype}), got {x.dtype}")
+    device = _check_qkv(q, k, v)
     dims = Dims(M=num_householder)
     dims.check("q", q, "B T H K")
     dims.check("k", k, "B T*M H K")
@@ -216,12 +221,7 @@ class GlaProblem:
 
 def gla_problem(q, k, v, g, *, per_key_decay, scale=None, initial_state=None, cu_seqlens=None) -> GlaProblem:
     """q, k ``[B, T, H, K]``; v ``[B, T, HV, V]``; g ``[B, T, HV, K]`` (per key) or ``[B, T, HV]``."""
-    check_tensor("q", q, FLOAT_DTYPES)
-    device = q.device
-    for name, x in (("k", k), ("v", v)):
-        check_tensor(name, x, FLOAT_DTYPES, device)
-        if x.dtype != q.dtype:
-            raise TypeError(f"{name}: expected the dtype of q ({q.dtype}), got {x.dtype}")
+    device = _check_qkv(q, k, v)
     dims = Dims()
     dims.check("q", q, "B T H K")
     dims.check("k", k, "B T H K")
