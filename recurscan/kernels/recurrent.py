@@ -1,0 +1,437 @@
+"""The streaming recurrence: one Triton kernel for every family, token by token (seed 000).
+
+Schedule (seed 000, docs/kernels-decode.md)
+-------------------------------------------
+* A program per (sequence, value head, column block of BV state columns), flattened into grid
+  axis x (no 65535 cap on y/z). The program holds its ``[BK, BV]`` tile of the state in registers
+  for the whole run: each state column stays with the program that owns it from the first token to
+  the last, and the state is read once and written once per launch.
+* The loop over tokens is a runtime loop (``for t in range(t_begin, t_stop)``), so the compiled
+  kernel is the same at every length: decode (T = 1), speculative decode (T = drafts * steps) and
+  a whole prompt (streaming prefill, time linear in T).
+* The rows of a column are spread over the lanes of the program: the key reductions of the delta
+  rule (``S^T k``) and of the read (``S^T q``) are partial sums per lane, summed across lanes every
+  token. How many columns a program owns (BV) and how many warps share them is a rule on the
+  shape (:func:`stream_config`): many requests get wide 16 KB tiles (bandwidth), a long delta-rule
+  sequence over too few heads gets narrow tiles so that more programs run and each column's rows
+  are split over more lanes (latency).
+* A launch that would run more steps than the device's bound on one dispatch
+  (:data:`DISPATCH_STEP_BOUND`) is split into launches over token ranges that hand the state on
+  through a float32 buffer.
+* A state column that cannot stay on chip (``K`` rows beyond :data:`MAX_COLUMN_BYTES`) is refused
+  before launch with :class:`StateColumnTooLarge` (a ValueError that says so).
+
+Families are constexpr flags on one kernel (never copies):
+
+=========================  =======  =====================================  ======================
+family                     DELTA    GATE (decay before the write)          BETA (write strength)
+=========================  =======  =====================================  ======================
+Gated DeltaNet (GDN)       1        1: scalar log decay g [B, T, HV]       0 / 1 per head / 2 per
+                                                                           value column
+GDP (folded, seed 002)     1        1 (the decay on each token's 1st copy) as GDN
+GDN with per-key decay     1        2: log decay per key gk [B, T, HV, K]  as GDN
+GLA, scalar decay          0        1                                       0
+GLA, per-key decay         0        2                                       0
+Mamba2 SSD                 0        3: exp(A * dt), dt = softplus(dt +      dt (per head, or per
+                                    dt_bias); A per head or per element     value column)
+=========================  =======  =====================================  ======================
+
+Per token, in one pass over the tile held in registers::
+
+    S <- decay * S
+    DELTA:  u = beta * (v - S^T k);  S <- S + k u^T          else:  S <- S + k (beta * v)^T
+    o = scale * S^T q   (+ D * x, * silu(z) for SSD)
+
+State caches: ``slots [N]`` maps sequence n to its cache row (-1: padding, output zero, the
+state is neither read nor written); pool offsets are 64-bit. Snapshots for speculative decoding
+are stored at the request's slot every ``STEPS`` steps, from registers (one store per draft token,
+no re-read); ``accepted [N]`` starts a request from its snapshot ``accepted[n] - 1`` (0: from the
+cache row). Any state dtype is accumulated in float32.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+# ------------------------------------------------------------------------------------------------
+# The kernel
+# ------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _softplus(x):
+    # torch's softplus with threshold 20 (mamba's kernels): linear above 20; log1p(exp(x)) below,
+    # written so that it keeps its relative precision where exp(x) is tiny.
+    e = tl.exp(tl.minimum(x, 20.0))
+    return tl.where(x > 20.0, x, tl.where(x < -15.0, e, tl.log(1.0 + e)))
+
+
+@triton.jit
+def _token_inputs(p_q, p_k, p_v, p_g, p_b, p_z, o_k, o_v, m_k, m_v, live, sv_d, sg_d, sb_d, sz_v,
+                  b_dtb, scale,
+                  GATE: tl.constexpr, BETA: tl.constexpr, L2NORM: tl.constexpr, DT_TIED: tl.constexpr,
+                  DT_SOFTPLUS: tl.constexpr, HAS_Z: tl.constexpr):
+    """Everything of one token that does not depend on the state (loaded one token ahead).
+
+    Returns q [BK] (normalised, scaled), k [BK], v [BV], the gate (GATE 1: log decay; 2: [BK] log
+    decays; 3: dt, scalar or [BV], discretized), beta (scalar or [BV]) and z [BV].
+    """
+    mk = m_k & live
+    mv = m_v & live
+    b_q = tl.load(p_q + o_k, mask=mk, other=0.0).to(tl.float32)  # [BK]
+    b_k = tl.load(p_k + o_k, mask=mk, other=0.0).to(tl.float32)  # [BK]
+    b_v = tl.load(p_v + o_v * sv_d, mask=mv, other=0.0).to(tl.float32)  # [BV]
+    if L2NORM:
+        b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q) + 1e-6)
+        b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k) + 1e-6)
+    b_q = b_q * scale
+    b_g = 0.0
+    if GATE == 1:
+        b_g = tl.load(p_g, mask=live, other=0.0).to(tl.float32)
+    elif GATE == 2:
+        b_g = tl.load(p_g + o_k * sg_d, mask=mk, other=0.0).to(tl.float32)  # [BK]
+    elif GATE == 3:
+        if DT_TIED:
+            b_g = tl.load(p_g, mask=live, other=0.0).to(tl.float32) + b_dtb
+        else:
+            b_g = tl.load(p_g + o_v * sg_d, mask=mv, other=0.0).to(tl.float32) + b_dtb  # [BV]
+        if DT_SOFTPLUS:
+            b_g = _softplus(b_g)
+    b_beta = 1.0
+    if GATE == 3:
+        b_beta = b_g  # SSD writes dt * x
+    elif BETA == 1:
+        b_beta = tl.load(p_b, mask=live, other=0.0).to(tl.float32)
+    elif BETA == 2:
+        b_beta = tl.load(p_b + o_v * sb_d, mask=mv, other=0.0).to(tl.float32)  # [BV]
+    b_z = 0.0
+    if HAS_Z:
+        b_z = tl.load(p_z + o_v * sz_v, mask=mv, other=0.0).to(tl.float32)  # [BV]
+    return b_q, b_k, b_v, b_g, b_beta, b_z
+
+
+@triton.jit(do_not_specialize=["T", "t_begin", "t_end", "n_snap"])
+def streaming_recurrence_kernel(
+    q, k, v, g, beta, o, A, dt_bias, D, z,
+    h0, hin, ht, slots, snaps, accepted, cu_seqlens,
+    scale, T, t_begin, t_end, n_snap,
+    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sv_d,
+    sg_b, sg_t, sg_h, sg_d, sb_b, sb_t, sb_h, sb_d, so_b, so_t, so_h,
+    sz_b, sz_t, sz_h, sz_v, sA_h, sA_k, sA_v, sdb_h, sdb_v, sD_h, sD_v,
+    s0_n, s0_h, s0_k, s0_v, si_n, si_h, si_k, si_v, s1_n, s1_h, s1_k, s1_v,
+    ss_n, ss_t, ss_h, ss_k, ss_v,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+    DELTA: tl.constexpr, GATE: tl.constexpr, BETA: tl.constexpr, L2NORM: tl.constexpr,
+    DT_TIED: tl.constexpr, A_TIED: tl.constexpr, DT_SOFTPLUS: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
+    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, HT_BY_SLOT: tl.constexpr, HAS_SLOTS: tl.constexpr,
+    STEPS: tl.constexpr, HAS_ACCEPTED: tl.constexpr, VARLEN: tl.constexpr,
+):
+    NV: tl.constexpr = (V + BV - 1) // BV
+    pid = tl.program_id(0).to(tl.int64)
+    i_v = pid % NV
+    i_nh = pid // NV
+    i_n = i_nh // HV
+    i_hv = i_nh % HV
+    i_h = i_hv // (HV // H)  # grouped value heads: q/k head of this value head
+
+    if VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        L = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
+        row = i_n * 0
+    else:
+        bos = i_n * 0
+        L = i_n * 0 + T
+        row = i_n
+    t_stop = tl.minimum(L, t_end)
+
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    m_h = m_k[:, None] & m_v[None, :]
+
+    p_o = o + row * so_b + bos * so_t + i_hv * so_h + o_v  # [BV] at token 0 of the sequence
+
+    slot = i_n
+    if HAS_SLOTS:
+        slot = tl.load(slots + i_n).to(tl.int64)
+        if slot < 0:  # padding: zero output, no state access at all
+            for t in range(t_begin, t_stop):
+                tl.store(p_o + (i_n * 0 + t) * so_t, tl.zeros([BV], tl.float32).to(o.dtype.element_ty),
+                         mask=m_v)
+            return
+    # 1. The state tile, loaded first (it depends only on the slot).
+    b_h = tl.zeros([BK, BV], dtype=tl.float32)  # [BK, BV]
+    if t_begin == 0:
+        p_0 = h0 + slot * s0_n + i_hv * s0_h + o_k[:, None] * s0_k + o_v[None, :] * s0_v  # [BK, BV]
+        if HAS_ACCEPTED:  # start from the last accepted draft token's snapshot, if any
+            a = tl.minimum(tl.load(accepted + i_n).to(tl.int64), n_snap)
+            if a > 0:
+                p_s = snaps + slot * ss_n + (a - 1) * ss_t + i_hv * ss_h
+                b_h = tl.load(p_s + o_k[:, None] * ss_k + o_v[None, :] * ss_v, mask=m_h, other=0.0).to(tl.float32)
+            else:
+                if USE_H0:
+                    b_h = tl.load(p_0, mask=m_h, other=0.0).to(tl.float32)
+        else:
+            if USE_H0:
+                b_h = tl.load(p_0, mask=m_h, other=0.0).to(tl.float32)
+    else:  # handed on by the previous launch (float32, indexed by sequence)
+        p_i = hin + i_n * si_n + i_hv * si_h
+        b_h = tl.load(p_i + o_k[:, None] * si_k + o_v[None, :] * si_v, mask=m_h, other=0.0).to(tl.float32)
+
+    # 2. Per-head constants (SSD).
+    b_dtb = 0.0
+    if HAS_DT_BIAS:
+        if DT_TIED:
+            b_dtb = tl.load(dt_bias + i_hv * sdb_h).to(tl.float32)
+        else:
+            b_dtb = tl.load(dt_bias + i_hv * sdb_h + o_v * sdb_v, mask=m_v, other=0.0).to(tl.float32)
+    b_A = 0.0
+    if GATE == 3:
+        if A_TIED:
+            b_A = tl.load(A + i_hv * sA_h).to(tl.float32)
+        else:
+            b_A = tl.load(A + i_hv * sA_h + o_k[:, None] * sA_k + o_v[None, :] * sA_v, mask=m_h,
+                          other=0.0).to(tl.float32)  # [BK, BV]
+    b_D = 0.0
+    if HAS_D:
+        b_D = tl.load(D + i_hv * sD_h + o_v * sD_v, mask=m_v, other=0.0).to(tl.float32)  # [BV]
+
+    # 3. The token loop (runtime bounds), inputs loaded one token ahead.
+    p_q = q + row * sq_b + bos * sq_t + i_h * sq_h
+    p_k = k + row * sk_b + bos * sk_t + i_h * sk_h
+    p_v = v + row * sv_b + bos * sv_t + i_hv * sv_h
+    p_g = g + row * sg_b + bos * sg_t + i_hv * sg_h
+    p_b = beta + row * sb_b + bos * sb_t + i_hv * sb_h
+    p_z = z + row * sz_b + bos * sz_t + i_hv * sz_h
+    t0 = t_begin + i_n * 0  # int64
+    b_q, b_k, b_v, b_g, b_beta, b_z = _token_inputs(
+        p_q + t0 * sq_t, p_k + t0 * sk_t, p_v + t0 * sv_t, p_g + t0 * sg_t, p_b + t0 * sb_t, p_z + t0 * sz_t,
+        o_k, o_v, m_k, m_v, t0 < t_stop, sv_d, sg_d, sb_d, sz_v, b_dtb, scale,
+        GATE, BETA, L2NORM, DT_TIED, DT_SOFTPLUS, HAS_Z)
+    for t in range(t_begin, t_stop):
+        tn = i_n * 0 + t + 1  # int64 (pool and token offsets pass 2**31)
+        n_q, n_k, n_v, n_g, n_beta, n_z = _token_inputs(
+            p_q + tn * sq_t, p_k + tn * sk_t, p_v + tn * sv_t, p_g + tn * sg_t, p_b + tn * sb_t, p_z + tn * sz_t,
+            o_k, o_v, m_k, m_v, tn < t_stop, sv_d, sg_d, sb_d, sz_v, b_dtb, scale,
+            GATE, BETA, L2NORM, DT_TIED, DT_SOFTPLUS, HAS_Z)
+        # decay
+        if GATE == 1:
+            b_h *= tl.exp(b_g)
+        elif GATE == 2:
+            b_h *= tl.exp(b_g)[:, None]
+        elif GATE == 3:
+            if A_TIED:
+                if DT_TIED:
+                    b_h *= tl.exp(b_A * b_g)
+                else:
+                    b_h *= tl.exp(b_A * b_g)[None, :]
+            else:
+                if DT_TIED:
+                    b_h *= tl.exp(b_A * b_g)
+                else:
+                    b_h *= tl.exp(b_A * b_g[None, :])
+        # write
+        if DELTA:
+            b_u = b_beta * (b_v - tl.sum(b_h * b_k[:, None], 0))  # [BV]
+            b_h += b_k[:, None] * b_u[None, :]
+        else:
+            b_h += b_k[:, None] * (b_beta * b_v)[None, :]
+        # read
+        b_o = tl.sum(b_h * b_q[:, None], 0)  # [BV]
+        if HAS_D:
+            b_o += b_D * b_v
+        if HAS_Z:
+            b_o *= b_z * tl.sigmoid(b_z)
+        tl.store(p_o + (tn - 1) * so_t, b_o.to(o.dtype.element_ty), mask=m_v)
+        if STEPS > 0:  # speculative decoding: the state after each draft token, from registers
+            if (tn % STEPS == 0) & (tn // STEPS <= n_snap):
+                p_s = snaps + slot * ss_n + (tn // STEPS - 1) * ss_t + i_hv * ss_h
+                tl.store(p_s + o_k[:, None] * ss_k + o_v[None, :] * ss_v, b_h.to(snaps.dtype.element_ty), mask=m_h)
+        b_q, b_k, b_v, b_g, b_beta, b_z = n_q, n_k, n_v, n_g, n_beta, n_z
+
+    if STORE_HT:
+        if HT_BY_SLOT:
+            p_t = ht + slot * s1_n + i_hv * s1_h
+        else:
+            p_t = ht + i_n * s1_n + i_hv * s1_h
+        tl.store(p_t + o_k[:, None] * s1_k + o_v[None, :] * s1_v, b_h.to(ht.dtype.element_ty), mask=m_h)
+
+
+# ------------------------------------------------------------------------------------------------
+# Launch rules (data; the planner's part for the streaming kernel)
+# ------------------------------------------------------------------------------------------------
+
+#: Largest state column (K rows) a program keeps on chip, in float32 bytes: one column block of the
+#: narrowest tile (4 columns) must fit in the registers of 8 warps with room to spare.
+MAX_COLUMN_BYTES = 64 * 1024
+#: Bound on the steps (tokens per sequence) of one dispatch, by device type; None: no bound.
+#: CUDA reports none; a device with a watchdog (or a test) sets one, and the sequence is then run
+#: as several launches that hand the state on.
+DISPATCH_STEP_BOUND: dict[str, int | None] = {"cuda": None, "cpu": None}
+
+
+class StateColumnTooLarge(ValueError):
+    """A state column does not fit on chip: refused before launch."""
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    BK: int
+    BV: int
+    num_warps: int
+    num_stages: int
+    reason: str
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def check_column_fits(K: int, what: str = "k") -> int:
+    """BK for K key rows, or :class:`StateColumnTooLarge`."""
+    BK = triton.next_power_of_2(K)
+    if BK * 4 > MAX_COLUMN_BYTES:
+        raise StateColumnTooLarge(
+            f"{what}: a state column of {K} rows ({BK * 4 // 1024} KiB in float32) cannot fit on chip; the "
+            f"streaming kernel keeps each column in registers, at most {MAX_COLUMN_BYTES // 1024} KiB per "
+            f"column (K <= {MAX_COLUMN_BYTES // 4})")
+    return BK
+
+
+def stream_config(heads_total: int, K: int, V: int, tokens: int, state_bytes: int, delta: bool,
+                  device: torch.device) -> StreamConfig:
+    """The launch shape by rule (no autotuning). Rows read top to bottom, first match decides.
+
+    ``heads_total``: sequences x value heads (programs before the column split); ``tokens``: an
+    upper bound on the steps of a sequence (host-known: T, or the packed length for varlen).
+    """
+    BK = check_column_fits(K)
+    BVmax = triton.next_power_of_2(V)
+    if device.type != "cuda":
+        # The interpreter runs each program in Python: wide tiles, few programs.
+        return StreamConfig(BK, min(BVmax, 32), 4, 1, "interpreter: wide tiles, fewest programs")
+    sms = _sm_count(device)
+    if delta and tokens >= 64 and heads_total * triton.cdiv(V, 8) < 4 * sms:
+        # A long delta-rule sequence over too few heads: narrow column blocks so that more
+        # programs run, each column's rows split across the lanes of a small program (latency).
+        return StreamConfig(BK, min(BVmax, 4), 1, 1, "long delta-rule sequence over few heads: 4 columns a program, "
+                                                     "rows split over one warp's lanes")
+    if tokens >= 64:
+        return StreamConfig(BK, min(BVmax, 8), 2, 1, "streaming prefill: 8 columns a program, rows over two warps")
+    # Decode: bandwidth. ~16 KB state tiles (128-byte rows at least), narrower when there are
+    # too few programs to fill the GPU (>= 4 per SM).
+    BV = min(BVmax, max(8, (16384 // state_bytes) // BK))
+    while BV > 8 and heads_total * triton.cdiv(V, BV) < 4 * sms:
+        BV //= 2
+    return StreamConfig(BK, BV, 4, 1, f"decode: {BV}-column tiles of {BK * BV * state_bytes // 1024} KB, "
+                                       f">= 4 programs per SM where possible")
+
+
+# ------------------------------------------------------------------------------------------------
+# The launcher
+# ------------------------------------------------------------------------------------------------
+
+_GATES = {None: 0, "scalar": 1, "per_key": 2, "ssd": 3}
+_BETAS = {None: 0, "head": 1, "value": 2}
+
+
+def _s(t: torch.Tensor | None, dims: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(t.stride(d) for d in dims) if t is not None else (0,) * len(dims)
+
+
+def _state_strides(t: torch.Tensor | None, vk: bool, lead: int = 2) -> tuple[int, ...]:
+    """(row, [token,] head, key, value) strides of a state tensor [rows, (tokens,) heads, ., .]."""
+    if t is None:
+        return (0,) * (lead + 2)
+    n = t.dim()
+    kd, vd = (n - 1, n - 2) if vk else (n - 2, n - 1)
+    return tuple(t.stride(d) for d in range(lead)) + (t.stride(kd), t.stride(vd))
+
+
+def streaming_recurrence(q, k, v, o, *, scale: float, delta: bool, gate: str | None = None, g=None,
+                         beta=None, beta_mode: str | None = None, l2norm: bool = False, cu_seqlens=None,
+                         initial=None, final=None, final_by_slot: bool = False, slots=None, snaps=None,
+                         steps_per_token: int = 1, accepted=None, vk_layout: bool = False,
+                         A=None, dt_bias=None, D=None, z=None, dt_tied: bool = False, A_tied: bool = True,
+                         dt_softplus: bool = False, config: StreamConfig | None = None, num_sequences: int,
+                         ) -> None:
+    """Launch the streaming kernel (results written into ``o``, ``final``, ``snaps``).
+
+    Shapes (strided views are fine; q/k must be contiguous along their last dim):
+        q, k ``[B, T, H, K]``; v, o ``[B, T, HV, V]``; g ``[B, T, HV]`` (scalar gate / SSD dt
+        tied), ``[B, T, HV, K]`` (per key) or ``[B, T, HV, V]`` (SSD dt per column); beta
+        ``[B, T, HV]`` or ``[B, T, HV, V]``; z ``[B, T, HV, V]``; A ``[HV]`` or ``[HV, V, K]``;
+        dt_bias, D ``[HV, V]`` (stride 0 where tied).
+        initial ``[rows, HV, K, V]`` (``vk_layout``: ``[rows, HV, V, K]``), read at ``slots[n]``
+        (or n); final: written at ``slots[n]`` when ``final_by_slot`` else at n; snaps
+        ``[S, n_snap, HV, K, V]`` (same layout) at ``slots[n]``.
+    """
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    device = q.device
+    if config is None:
+        sbytes = max((t.element_size() for t in (initial, final) if t is not None), default=4)
+        config = stream_config(num_sequences * HV, K, V, T, sbytes, delta, device)
+    GATE, BETA = _GATES[gate], _BETAS[beta_mode]
+    steps = int(snaps is not None) and steps_per_token
+    n_snap = snaps.shape[1] if snaps is not None else 0
+    bound = DISPATCH_STEP_BOUND.get(device.type)
+    launches = 1 if bound is None or T <= bound else triton.cdiv(T, bound)
+    dummy = o  # any tensor stands for an absent pointer (its flag keeps it unread)
+    gate_dims = (0, 1, 2, 3) if (g is not None and g.dim() == 4) else (0, 1, 2)
+    sg = _s(g, gate_dims) + ((0,) if len(gate_dims) == 3 else ())
+    sb = _s(beta, (0, 1, 2)) + ((beta.stride(3),) if beta is not None and beta.dim() == 4 else (0,))
+    common = dict(
+        q=q, k=k, v=v, g=g if g is not None else dummy, beta=beta if beta is not None else dummy, o=o,
+        A=A if A is not None else dummy, dt_bias=dt_bias if dt_bias is not None else dummy,
+        D=D if D is not None else dummy, z=z if z is not None else dummy,
+        slots=slots if slots is not None else dummy, snaps=snaps if snaps is not None else dummy,
+        accepted=accepted if accepted is not None else dummy,
+        cu_seqlens=cu_seqlens if cu_seqlens is not None else dummy,
+        scale=float(scale), T=T, n_snap=n_snap,
+    )
+    strides = (_s(q, (0, 1, 2)) + _s(k, (0, 1, 2)) + _s(v, (0, 1, 2, 3)) + sg + sb + _s(o, (0, 1, 2))
+               + _s(z, (0, 1, 2, 3))
+               + ((A.stride(0),) + ((A.stride(2), A.stride(1)) if A.dim() == 3 else (0, 0)) if A is not None else (0, 0, 0))
+               + _s(dt_bias, (0, 1)) + _s(D, (0, 1)))
+    flags = dict(H=H, HV=HV, K=K, V=V, BK=config.BK, BV=config.BV, DELTA=bool(delta), GATE=GATE, BETA=BETA,
+                 L2NORM=bool(l2norm), DT_TIED=bool(dt_tied), A_TIED=bool(A_tied), DT_SOFTPLUS=bool(dt_softplus),
+                 HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None, HAS_Z=z is not None,
+                 HAS_SLOTS=slots is not None, STEPS=steps, HAS_ACCEPTED=accepted is not None,
+                 VARLEN=cu_seqlens is not None, num_warps=config.num_warps, num_stages=config.num_stages)
+    grid = (num_sequences * HV * triton.cdiv(V, config.BV),)
+    s_init = _state_strides(initial, vk_layout)
+    s_snap = _state_strides(snaps, vk_layout, lead=3)
+    handoff = None
+    if launches > 1:
+        handoff = torch.empty(num_sequences, HV, K, V, dtype=torch.float32, device=device)
+    s_hand = _state_strides(handoff, False)
+    for i in range(launches):
+        last = i == launches - 1
+        out = final if last else handoff
+        out_by_slot = final_by_slot if last else False
+        s_out = _state_strides(out, vk_layout if last else False)
+        streaming_recurrence_kernel[grid](
+            h0=initial if initial is not None else dummy, hin=handoff if handoff is not None else dummy,
+            ht=out if out is not None else dummy,
+            t_begin=0 if launches == 1 else i * bound, t_end=T if launches == 1 else (i + 1) * bound,
+            **common, **dict(zip(_STRIDE_NAMES, strides + s_init + s_hand + s_out + s_snap)),
+            USE_H0=initial is not None, STORE_HT=out is not None, HT_BY_SLOT=bool(out_by_slot), **flags)
+
+
+_STRIDE_NAMES = (
+    "sq_b sq_t sq_h sk_b sk_t sk_h sv_b sv_t sv_h sv_d sg_b sg_t sg_h sg_d sb_b sb_t sb_h sb_d so_b so_t so_h "
+    "sz_b sz_t sz_h sz_v sA_h sA_k sA_v sdb_h sdb_v sD_h sD_v s0_n s0_h s0_k s0_v si_n si_h si_k si_v "
+    "s1_n s1_h s1_k s1_v ss_n ss_t ss_h ss_k ss_v").split()
