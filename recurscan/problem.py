@@ -305,3 +305,104 @@ def diagonal_problem(a, b, *, initial_state=None, cu_seqlens=None) -> DiagonalPr
     dims.check("a", a, "B T D")
     n = _check_common(dims, b.device, "B", "T", cu_seqlens, initial_state, "D")
     return DiagonalProblem(dims["B"], dims["T"], dims["D"], n, b.device, b.dtype)
+
+
+def check_decode_extras(problem, state, intermediate_states, steps_per_token, num_accepted_tokens) -> None:
+    """The speculative-decoding arguments of a recurrent (decode) call (seed 002, plus
+    ``num_accepted_tokens``): ``intermediate_states [S, >= T // steps_per_token, HV, K, V]`` at the
+    cache slots, ``num_accepted_tokens [N]`` (int) read against that buffer. Reads no values."""
+    if isinstance(steps_per_token, bool) or not isinstance(steps_per_token, int) or steps_per_token < 1:
+        raise ValueError(f"steps_per_token: expected an int >= 1, got {steps_per_token!r}")
+    if intermediate_states is not None:
+        if state is None:
+            raise ValueError("intermediate_states: snapshots are written at cache slots; pass state and state_indices")
+        check_tensor("intermediate_states", intermediate_states, STATE_DTYPES, problem.device)
+        shape = list(intermediate_states.shape)
+        need = None if problem.varlen else problem.tokens // steps_per_token
+        if (len(shape) != 5 or shape[0] != state.shape[0] or shape[2:] != list(state.shape[1:])
+                or (need is not None and shape[1] < need)):
+            raise ValueError(f"intermediate_states: expected shape [S, T // steps_per_token, HV, K, V] with "
+                             f"[S, HV, K, V] = {list(state.shape)}"
+                             + (f" and T // steps_per_token = {need}" if need is not None else "")
+                             + f", got {shape}")
+    if num_accepted_tokens is not None:
+        if intermediate_states is None:
+            raise ValueError("num_accepted_tokens: requests restart from their snapshots; pass intermediate_states "
+                             "(and the state cache)")
+        check_tensor("num_accepted_tokens", num_accepted_tokens, INDEX_DTYPES, problem.device)
+        if list(num_accepted_tokens.shape) != [problem.sequences]:
+            raise ValueError(f"num_accepted_tokens: expected shape [N] = [{problem.sequences}], "
+                             f"got {list(num_accepted_tokens.shape)}")
+
+
+@dataclass(frozen=True)
+class SsdDecodeProblem:
+    """A validated Mamba2 decode call (mamba_ssm's selective_state_update shapes)."""
+
+    batch: int
+    tokens: int  # draft tokens per request (1 without a token dimension)
+    heads: int
+    head_dim: int  # P (dim)
+    groups: int
+    state_dim: int  # N (dstate)
+    slots: int  # S
+    sequences: int  # = batch
+    device: torch.device
+    dtype: torch.dtype
+
+
+def ssd_decode_problem(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, state_batch_indices=None,
+                       intermediate_states=None, num_accepted_tokens=None) -> SsdDecodeProblem:
+    """Validate a ``selective_state_update`` call: mamba_ssm's with-heads form (state
+    ``[S, H, P, N]``, x ``[b, H, P]``), its no-heads form (state ``[S, P, N]``, x ``[b, P]``), or
+    draft tokens (x ``[b, T, H, P]``, B/C ``[b, T, G, N]``). Reads values only on CPU tensors."""
+    check_tensor("state", state, STATE_DTYPES)
+    device = state.device
+    check_tensor("x", x, FLOAT_DTYPES, device)
+    if state.dim() not in (3, 4):
+        raise ValueError(f"state: expected [S, nheads, dim, dstate] or [S, dim, dstate], got shape {list(state.shape)}")
+    heads = state.dim() == 4
+    tokens = heads and x.dim() == 4
+    d = Dims(H=1, G=1) if not heads else Dims()
+    if heads:
+        tok = "b T " if tokens else "b "
+        specs = {"state": "S H P N", "x": tok + "H P", "dt": tok + "H P", "A": "H P N", "B": tok + "G N",
+                 "C": tok + "G N", "D": "H P", "z": tok + "H P", "dt_bias": "H P", "snap": "S T H P N"}
+    else:
+        specs = {"state": "S P N", "x": "b P", "dt": "b P", "A": "P N", "B": "b N", "C": "b N", "D": "P",
+                 "z": "b P", "dt_bias": "P", "snap": "S T P N"}
+    d.check("state", state, specs["state"])
+    d.check("x", x, specs["x"])
+    for name, t in (("dt", dt), ("A", A), ("B", B), ("C", C), ("D", D), ("z", z), ("dt_bias", dt_bias)):
+        if t is None and name in ("D", "z", "dt_bias"):
+            continue
+        check_tensor(name, t, FLOAT_DTYPES, device)
+        d.check(name, t, specs[name])
+    if d["H"] % d["G"] != 0:
+        raise ValueError(f"B: ngroups = {d['G']} must divide nheads = {d['H']}")
+    T = d["T"] if tokens else 1
+    b, S = d["b"], d["S"]
+    if state_batch_indices is None:
+        if S < b:
+            raise ValueError(f"state: without state_batch_indices request i uses slot i, so the cache needs "
+                             f">= {b} slots, got {S}")
+    else:
+        check_tensor("state_batch_indices", state_batch_indices, INDEX_DTYPES, device)
+        d.check("state_batch_indices", state_batch_indices, "b")
+        if state_batch_indices.device.type == "cpu":
+            vals = state_batch_indices.tolist()
+            if any(s < -1 or s >= S for s in vals):
+                raise ValueError(f"state_batch_indices: expected slots in [0, {S}) or -1 for padding")
+            live = [s for s in vals if s != -1]
+            if len(set(live)) != len(live):
+                raise ValueError("state_batch_indices: a slot is named twice; each request must own its slot")
+    if intermediate_states is not None:
+        check_tensor("intermediate_states", intermediate_states, STATE_DTYPES, device)
+        d.sizes.setdefault("T", T)
+        d.check("intermediate_states", intermediate_states, specs["snap"])
+    if num_accepted_tokens is not None:
+        if intermediate_states is None:
+            raise ValueError("num_accepted_tokens: requests restart from their snapshots; pass intermediate_states")
+        check_tensor("num_accepted_tokens", num_accepted_tokens, INDEX_DTYPES, device)
+        d.check("num_accepted_tokens", num_accepted_tokens, "b")
+    return SsdDecodeProblem(b, T, d["H"], d["P"], d["G"], d["N"], S, b, device, x.dtype)

@@ -1,8 +1,10 @@
 """Public ops, one module per family; each is validate (problem) -> plan -> backend."""
-from .decode import fused_recurrent_gated_delta_rule, fused_recurrent_gated_delta_rule_update
+from .decode import (fold_householder, fused_recurrent_gated_delta_product_update, fused_recurrent_gated_delta_rule,
+                     fused_recurrent_gated_delta_rule_update, unfold_householder)
 from .delta_rule import chunk_gated_delta_product_varlen, chunk_gated_delta_rule
 from .diagonal import diagonal_scan
 from .gla import chunk_gla, chunk_simple_gla
+from .mamba_decode import selective_state_update
 from .ssd import mamba_chunk_scan_combined
 
 __all__ = [
@@ -10,6 +12,10 @@ __all__ = [
     "chunk_gated_delta_product_varlen",
     "fused_recurrent_gated_delta_rule",
     "fused_recurrent_gated_delta_rule_update",
+    "fused_recurrent_gated_delta_product_update",
+    "fold_householder",
+    "unfold_householder",
+    "selective_state_update",
     "mamba_chunk_scan_combined",
     "chunk_gla",
     "chunk_simple_gla",

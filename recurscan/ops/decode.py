@@ -1,31 +1,103 @@
 """Public decode ops of the delta-rule family: the token-by-token (recurrent) form against a state
-cache, with speculative-decoding snapshots (seed 002). They share the validation and cache
-handling of :mod:`recurscan.ops.delta_rule`."""
+cache, with speculative-decoding snapshots (seed 002), and Gated Delta Product decode by folding
+its Householder copies into the sequence.
+
+Backends. CUDA tensors run the streaming Triton kernel (``recurscan/kernels/recurrent.py``).
+CPU tensors run the PyTorch oracle's token loop, unless ``backend="triton"`` is passed: then the
+same Triton kernel runs on the CPU tensors under the interpreter (``TRITON_INTERPRET=1`` must be
+set before triton is first imported; tests/conftest.py does it on machines without a GPU). This
+is the convention of the chunked prefill ops (``recurscan/kernels/chunk_delta.py``).
+
+The hot path (a CUDA call whose argument shapes were seen before) reads no device value on the
+host and does no planning: validation and the launch rule run once per distinct call signature
+(shapes, dtypes, devices, options) and are cached, so a call is a dictionary lookup, an output
+allocation and one launch, and captures in a CUDA graph.
+"""
 from __future__ import annotations
+
+import os
 
 import torch
 
-from .delta_rule import _run_delta
+from .. import plan as _plan
+from ..problem import check_decode_extras, check_scale, delta_problem
+from ..reference import delta as ref
+from . import _cache
+
+_BACKENDS = (None, "torch", "triton")
+
+
+def _sig(t):
+    return None if t is None else (t.shape, t.dtype, t.device)
+
+
+def _choose_backend(backend, device, problem) -> str:
+    """The backend for this call: the planner's rule, or the caller's explicit choice."""
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend: expected None, 'torch' or 'triton', got {backend!r}")
+    if backend is None:
+        return _plan.plan("stream", problem, device, "recurrent").backend
+    if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("backend: 'triton' on CPU tensors runs the Triton interpreter; set TRITON_INTERPRET=1 "
+                         "before triton is first imported")
+    return backend
+
+
+class _Prepared:
+    """What a validated call signature needs at launch: cached per signature for CUDA tensors."""
+
+    __slots__ = ("backend", "problem", "beta_mode")
+
+    def __init__(self, backend, problem, beta_mode):
+        self.backend, self.problem, self.beta_mode = backend, problem, beta_mode
+
+
+_PREPARED: dict[tuple, _Prepared] = {}
+
+
+def _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens, state, state_indices, intermediate_states,
+             steps_per_token, num_accepted_tokens, backend):
+    problem = delta_problem(q, k, v, g, beta, num_householder=1, scale=scale, initial_state=initial_state,
+                            cu_seqlens=cu_seqlens, state=state, state_indices=state_indices)
+    check_decode_extras(problem, state, intermediate_states, steps_per_token, num_accepted_tokens)
+    chosen = _choose_backend(backend, q.device, problem)
+    beta_mode = None if beta is None else ("value" if beta.dim() == 4 else "head")
+    return _Prepared(chosen, problem, beta_mode)
 
 
 def fused_recurrent_gated_delta_rule_update(q, k, v, g=None, beta=None, scale=None, initial_state=None,
                                             output_final_state=False, use_qk_l2norm_in_kernel=False,
                                             cu_seqlens=None, state=None, state_indices=None,
-                                            intermediate_states=None, steps_per_token=1):
+                                            intermediate_states=None, steps_per_token=1, *,
+                                            num_accepted_tokens=None, backend=None):
     """Recurrent Gated DeltaNet (decode and speculative decoding), seed 002's signature.
+
+    Per value head and token: ``S <- exp(g) S;  S <- S + k (beta (v - S^T k))^T;  o = scale S^T q``.
 
     Args:
         q, k: ``[B, T, H, K]``; v: ``[B, T, HV, V]``; g: ``[B, T, HV]`` or None;
         beta: ``[B, T, HV]`` or ``[B, T, HV, V]`` or None (ones); scale: default ``K ** -0.5``.
-        initial_state / output_final_state / cu_seqlens / state / state_indices: as
-            :func:`chunk_gated_delta_rule`.
+        initial_state: ``[N, HV, K, V]`` or None (zeros); output_final_state: return the final state
+            (float32 ``[N, HV, K, V]``).
+        use_qk_l2norm_in_kernel: L2-normalise q and k (eps 1e-6) in the kernel.
+        cu_seqlens: ``[N + 1]`` boundaries for packed variable-length input (B = 1).
+        state: ``[S, HV, K, V]`` cache (float32, bfloat16 or float64), read and written in place at
+            ``state_indices [N]``; -1 marks a padding request (zero output, its slot untouched).
+            Supersedes initial_state / output_final_state; the returned final state is ``state``.
         intermediate_states: ``[S, T // steps_per_token, HV, K, V]`` snapshot buffer, written at the
             cache slots: entry ``[slot, i]`` is the state after draft token i (after its
             ``steps_per_token`` steps). Padding requests write nothing. Needs ``state``.
         steps_per_token: recurrence steps per draft token (M when GDP is folded into the sequence).
+        num_accepted_tokens: ``[N]`` int (beyond seed 002): request n starts from
+            ``intermediate_states[slot, a - 1]`` where ``a = num_accepted_tokens[n] > 0`` (its last
+            accepted draft token of the previous step), else from ``state[slot]``. Needs
+            ``intermediate_states`` (read before it is overwritten, column block by column block).
+        backend: None (the planner's choice), "torch" or "triton" (CPU tensors: the interpreter).
+
+    Any state dtype accumulates in float32 (float64 on the torch backend for float64 inputs).
 
     Returns:
-        ``(o [B, T, HV, V], final_state)``; with ``state`` the final state is the cache itself.
+        ``(o [B, T, HV, V] in q's dtype, final_state)``; with ``state`` the final state is the cache.
 
     Example:
         >>> import torch, recurscan
@@ -37,32 +109,84 @@ def fused_recurrent_gated_delta_rule_update(q, k, v, g=None, beta=None, scale=No
         >>> bool(o[1].eq(0).all()), bool(cache[0].eq(0).all())
         (True, True)
     """
-    if intermediate_states is None:
-        return _run_delta(q, k, v, g, beta, num_householder=1, scale=scale, initial_state=initial_state,
-                          output_final_state=output_final_state,
-                          use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
-                          state=state, state_indices=state_indices, return_chunk_states=False,
-                          algorithm="recurrent")
-    if isinstance(steps_per_token, bool) or not isinstance(steps_per_token, int) or steps_per_token < 1:
-        raise ValueError(f"steps_per_token: expected an int >= 1, got {steps_per_token!r}")
-    if state is None:
-        raise ValueError("intermediate_states: snapshots are written at cache slots; pass state and state_indices")
-    if not isinstance(intermediate_states, torch.Tensor) or intermediate_states.dim() != 5 \
-            or intermediate_states.shape[0] != state.shape[0] or intermediate_states.shape[2:] != state.shape[1:]:
-        raise ValueError(f"intermediate_states: expected shape [S, T // steps_per_token, HV, K, V] with "
-                         f"[S, HV, K, V] = {list(state.shape)}, got "
-                         f"{list(intermediate_states.shape) if isinstance(intermediate_states, torch.Tensor) else intermediate_states}")
-    # Snapshots are the states entering each "chunk" of steps_per_token steps, shifted by one.
-    o, final, snaps = _run_delta(q, k, v, g, beta, num_householder=1, scale=scale, initial_state=None,
-                                 output_final_state=True, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                                 cu_seqlens=cu_seqlens, state=state, state_indices=state_indices,
-                                 return_chunk_states=True, algorithm="recurrent", chunk_size=steps_per_token)
-    _write_snapshots(intermediate_states, snaps, state, state_indices, q.shape[0], q.shape[1], cu_seqlens,
-                     steps_per_token)
+    on_gpu = q.device.type == "cuda" if isinstance(q, torch.Tensor) else False
+    prep = None
+    if on_gpu:
+        key = (_sig(q), _sig(k), _sig(v), _sig(g), _sig(beta), _sig(initial_state), _sig(cu_seqlens), _sig(state),
+               _sig(state_indices), _sig(intermediate_states), _sig(num_accepted_tokens), steps_per_token,
+               backend)
+        prep = _PREPARED.get(key)
+        if prep is not None:
+            check_scale(scale)
+    if prep is None:
+        prep = _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens, state, state_indices,
+                        intermediate_states, steps_per_token, num_accepted_tokens, backend)
+        if on_gpu:
+            _PREPARED[key] = prep
+    if prep.backend == "torch":
+        return _delta_torch(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                            cu_seqlens, state, state_indices, intermediate_states, steps_per_token,
+                            num_accepted_tokens)
+    return _delta_triton(prep, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                         cu_seqlens, state, state_indices, intermediate_states, steps_per_token,
+                         num_accepted_tokens)
+
+
+def _delta_triton(prep, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, cu_seqlens, state,
+                  state_indices, snaps, steps_per_token, accepted):
+    from ..kernels.recurrent import streaming_recurrence
+
+    p = prep.problem
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if k.stride(-1) != 1:
+        k = k.contiguous()
+    B, T, HV, V = v.shape
+    o = torch.empty(B, T, HV, V, dtype=q.dtype, device=q.device)
+    if state is not None:
+        initial, final, by_slot = state, state, True
+    else:
+        initial = initial_state
+        final = torch.empty(p.sequences, HV, p.key_dim, V, dtype=torch.float32, device=q.device) \
+            if output_final_state else None
+        by_slot = False
+    streaming_recurrence(q, k, v, o, scale=p.scale if scale is None else scale, delta=True,
+                         gate=None if g is None else "scalar", g=g, beta=beta, beta_mode=prep.beta_mode,
+                         l2norm=l2norm, cu_seqlens=cu_seqlens, initial=initial, final=final,
+                         final_by_slot=by_slot, slots=state_indices, snaps=snaps,
+                         steps_per_token=steps_per_token, accepted=accepted, num_sequences=p.sequences)
     return o, final
 
 
-def _write_snapshots(buffer, entering, state, state_indices, batch, length, cu_seqlens, steps):
+def _delta_torch(q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, cu_seqlens, state,
+                 state_indices, snaps, steps_per_token, accepted):
+    """The oracle's token loop (gated_delta_rule_naive), with the cache handled around it."""
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    B, T = q.shape[:2]
+    if state is not None:
+        S0 = _cache.gather(state, state_indices, compute)
+        if accepted is not None:  # start from the last accepted draft token's snapshot
+            slots = state_indices.long().clamp(min=0)
+            a = accepted.long().clamp(max=snaps.shape[1])
+            rows = snaps[slots, (a - 1).clamp(min=0)].to(compute)
+            use = ((a > 0) & (state_indices >= 0)).view(-1, 1, 1, 1)
+            S0 = torch.where(use, rows, S0)
+    else:
+        S0 = initial_state
+    chunk = steps_per_token if snaps is not None else T + 1
+    o, final, *entering = ref.gated_delta_rule_naive(
+        q, k, v, g, beta, scale=scale, initial_state=S0, use_qk_l2norm_in_kernel=l2norm, cu_seqlens=cu_seqlens,
+        chunk_size=max(chunk, 1), return_chunk_states=snaps is not None)
+    if state is None:
+        return o.to(q.dtype), (final if output_final_state else None)
+    o = o.masked_fill(_cache.padding_token_mask(state_indices, B, T, cu_seqlens)[..., None, None], 0)
+    if snaps is not None:
+        _write_snapshots(snaps, entering[0], final, state_indices, B, T, cu_seqlens, steps_per_token)
+    _cache.scatter(state, state_indices, final)
+    return o.to(q.dtype), state
+
+
+def _write_snapshots(buffer, entering, final, state_indices, batch, length, cu_seqlens, steps):
     """Store, for each live sequence, the state after each of its complete draft tokens."""
     if cu_seqlens is None:
         lengths = [length] * batch
@@ -73,20 +197,168 @@ def _write_snapshots(buffer, entering, state, state_indices, batch, length, cu_s
         chunks = -(-L // steps)
         slot = int(state_indices[n])
         if slot >= 0:
-            after = list(entering[row + 1 : row + chunks]) + [state[slot].to(entering.dtype)]
-            for i in range(L // steps):  # only complete draft tokens have a snapshot
+            after = list(entering[row + 1: row + chunks]) + [final[n]]
+            for i in range(min(L // steps, buffer.shape[1])):  # only complete draft tokens have a snapshot
                 buffer[slot, i] = after[i].to(buffer.dtype)
         row += chunks
 
 
 def fused_recurrent_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, initial_state=None,
                                      output_final_state=False, cu_seqlens=None,
-                                     use_qk_l2norm_in_kernel=False):
+                                     use_qk_l2norm_in_kernel=False, *, gk=None, state_v_first=False,
+                                     backend=None, **unsupported):
     """fla's ``fused_recurrent_gated_delta_rule`` signature and returns: switch by changing an import.
 
-    Shapes and semantics as :func:`fused_recurrent_gated_delta_rule_update`; returns
-    ``(o, final_state or None)``.
+    Shapes and semantics as :func:`fused_recurrent_gated_delta_rule_update` (no cache); returns
+    ``(o, final_state or None)``. fla 0.6's keyword options: ``gk [B, T, HV, K]`` (a log decay per
+    key, applied before the write, as fla) and ``state_v_first`` (states laid out ``[N, HV, V, K]``)
+    are supported; any other (gv, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
+    allow_neg_eigval) is refused with a ValueError rather than ignored.
     """
-    return fused_recurrent_gated_delta_rule_update(
-        q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens)
+    bad = {name: val for name, val in unsupported.items() if val not in (None, False)}
+    if bad:
+        raise ValueError(f"{', '.join(sorted(bad))}: fla option(s) not supported by recurscan's "
+                         f"fused_recurrent_gated_delta_rule")
+    if gk is None and not state_v_first:
+        return fused_recurrent_gated_delta_rule_update(
+            q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, backend=backend)
+    return _fla_extended(q, k, v, g, gk, beta, scale, initial_state, output_final_state, cu_seqlens,
+                         use_qk_l2norm_in_kernel, state_v_first, backend)
+
+
+def _fla_extended(q, k, v, g, gk, beta, scale, initial_state, output_final_state, cu_seqlens, l2norm,
+                  state_v_first, backend):
+    """fla's per-key decay and V-first state layout (no cache)."""
+    from ..problem import check_tensor, FLOAT_DTYPES, STATE_DTYPES
+    if g is not None and gk is not None:
+        raise ValueError("gk: pass either g (one log decay per head) or gk (one per key), not both")
+    init = initial_state
+    if init is not None and state_v_first:
+        check_tensor("initial_state", init, STATE_DTYPES, q.device)
+        init = init.transpose(-1, -2)  # [N, HV, K, V] view
+    problem = delta_problem(q, k, v, None, beta, scale=scale, initial_state=init, cu_seqlens=cu_seqlens)
+    if gk is not None:
+        check_tensor("gk", gk, FLOAT_DTYPES, q.device)
+        if tuple(gk.shape) != (problem.batch, problem.tokens, problem.value_heads, problem.key_dim):
+            raise ValueError(f"gk: expected shape [B, T, HV, K] = {[problem.batch, problem.tokens, problem.value_heads, problem.key_dim]}, "
+                             f"got {list(gk.shape)}")
+    chosen = _choose_backend(backend, q.device, problem)
+    N, HV, K, V = problem.sequences, problem.value_heads, problem.key_dim, problem.value_dim
+    if chosen == "torch":
+        o, final = _gated_delta_per_key_torch(q, k, v, g if gk is None else gk, beta, problem.scale, init,
+                                               l2norm, cu_seqlens)
+        o = o.to(q.dtype)
+    else:
+        from ..kernels.recurrent import streaming_recurrence
+        o = torch.empty(*v.shape, dtype=q.dtype, device=q.device)
+        final = torch.empty(N, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
+        streaming_recurrence(q.contiguous(), k.contiguous(), v, o, scale=problem.scale, delta=True,
+                             gate="per_key" if gk is not None else (None if g is None else "scalar"),
+                             g=gk if gk is not None else g, beta=beta,
+                             beta_mode=None if beta is None else ("value" if beta.dim() == 4 else "head"),
+                             l2norm=l2norm, cu_seqlens=cu_seqlens, initial=init, final=final,
+                             num_sequences=N)
+    if not output_final_state:
+        return o, None
+    return o, (final.transpose(-1, -2).contiguous() if state_v_first else final)
+
+
+def gated_delta_per_key_step(S, q, k, v, gk, beta, scale):
+    """One token of the gated delta rule with a log decay per key (fla's ``gk``): the reference.
+    S [N, H, K, V]; q, k, gk [N, H, K]; v [N, H, V]; beta [N, H] or [N, H, V]."""
+    S = ref.delta_write(gk.exp().unsqueeze(-1) * S, k, v, beta)
+    return scale * torch.einsum("nhk,nhkv->nhv", q, S), S
+
+
+def _gated_delta_per_key_torch(q, k, v, g, beta, scale, initial_state, l2norm, cu_seqlens):
+    """Token loop for the per-key (or scalar) gated delta rule, readable and slow (CPU backend)."""
+    from ..reference.common import compute_dtype, l2norm as _l2, repeat_heads, sequences
+    dt = compute_dtype(q, k, v, g, beta, initial_state)
+    B, T, HV, V = v.shape
+    K = q.shape[-1]
+    q, k, v = q.to(dt), k.to(dt), v.to(dt)
+    if l2norm:
+        q, k = _l2(q), _l2(k)
+    q, k = repeat_heads(q, HV, 2), repeat_heads(k, HV, 2)
+    if g is None:
+        g = torch.zeros(B, T, HV, K, dtype=dt, device=q.device)
+    elif g.dim() == 3:
+        g = g[..., None].expand(B, T, HV, K)
+    g = g.to(dt)
+    beta = torch.ones(B, T, HV, dtype=dt, device=q.device) if beta is None else beta.to(dt)
+    segs = sequences(B, T, cu_seqlens)
+    S0 = torch.zeros(len(segs), HV, K, V, dtype=dt, device=q.device) if initial_state is None else initial_state.to(dt)
+    o = torch.zeros(B, T, HV, V, dtype=dt, device=q.device)
+    finals = []
+    for s in segs:
+        S = S0[s.index: s.index + 1]
+        for t in range(s.start, s.end):
+            o_t, S = gated_delta_per_key_step(S, q[s.b, t][None], k[s.b, t][None], v[s.b, t][None], g[s.b, t][None],
+                                              beta[s.b, t][None], scale)
+            o[s.b, t] = o_t[0]
+        finals.append(S)
+    return o, torch.cat(finals)
+
+
+# ------------------------------------------------------------------------------------------------
+# Gated Delta Product decode: the M Householder copies folded into the sequence (seed 002)
+# ------------------------------------------------------------------------------------------------
+
+
+def fold_householder(q, g, num_householder, cu_seqlens=None):
+    """Fold GDP's token stream into its expanded stream for the recurrent kernel.
+
+    q ``[B, T, H, K]`` -> ``[B, T*M, H, K]`` with the query on each token's last copy (zeros on the
+    others); g ``[B, T, HV]`` -> ``[B, T*M, HV]`` with the decay on the first copy (0 = decay 1 on
+    the others); cu_seqlens -> ``cu_seqlens * M``. k, v and beta already live on the expanded
+    stream (seed 003's layout) and need no folding. One draft token is then ``steps_per_token = M``
+    recurrence steps.
+
+    Example:
+        >>> q, g = torch.ones(1, 2, 1, 2), -torch.ones(1, 2, 1)
+        >>> qf, gf, _ = fold_householder(q, g, 3)
+        >>> qf[0, :, 0, 0].tolist(), gf[0, :, 0].tolist()
+        ([0.0, 0.0, 1.0, 0.0, 0.0, 1.0], [-1.0, 0.0, 0.0, -1.0, 0.0, 0.0])
+    """
+    q_f, g_f = ref.expand_householder(q, g, num_householder)
+    return q_f, g_f, (None if cu_seqlens is None else cu_seqlens * num_householder)
+
+
+def unfold_householder(o, num_householder):
+    """The answer on the token stream: the output row of each token's last copy,
+    ``[B, T*M, HV, V]`` -> ``[B, T, HV, V]`` (a view)."""
+    return o[:, num_householder - 1:: num_householder]
+
+
+def fused_recurrent_gated_delta_product_update(q, k, v, g, beta, num_householder, scale=None, initial_state=None,
+                                               output_final_state=False, use_qk_l2norm_in_kernel=False,
+                                               cu_seqlens=None, state=None, state_indices=None,
+                                               intermediate_states=None, *, num_accepted_tokens=None,
+                                               backend=None):
+    """Gated Delta Product decode (and speculative decode) by folding (seed 002).
+
+    Args:
+        q: ``[B, T, H, K]``; k: ``[B, T*M, H, K]``; v: ``[B, T*M, HV, V]``; g: ``[B, T, HV]`` or None;
+        beta: ``[B, T*M, HV]`` / ``[B, T*M, HV, V]`` or None; num_householder: M.
+        cu_seqlens: boundaries on the token stream. intermediate_states: ``[S, T, HV, K, V]``, one
+        snapshot per token (after its M writes). Others as
+        :func:`fused_recurrent_gated_delta_rule_update`.
+
+    Returns:
+        ``(o [B, T, HV, V], final_state)``.
+    """
+    if isinstance(num_householder, bool) or not isinstance(num_householder, int) or num_householder < 1:
+        raise ValueError(f"num_householder: expected an int >= 1, got {num_householder!r}")
+    delta_problem(q, k, v, g, beta, num_householder=num_householder, scale=scale, initial_state=initial_state,
+                  cu_seqlens=cu_seqlens, state=state, state_indices=state_indices)
+    M = num_householder
+    # The in-kernel L2 norm normalises each folded row: a query row as the token's query, a zero
+    # row stays zero (0 * rsqrt(0 + eps)), and each Householder key copy on its own, as the oracle.
+    q_f, g_f, cu_f = fold_householder(q, g, M, cu_seqlens)
+    o, final = fused_recurrent_gated_delta_rule_update(
+        q_f, k, v, g_f, beta, scale=q.shape[-1] ** -0.5 if scale is None else scale, initial_state=initial_state,
+        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        cu_seqlens=cu_f, state=state, state_indices=state_indices, intermediate_states=intermediate_states,
+        steps_per_token=M, num_accepted_tokens=num_accepted_tokens, backend=backend)
+    return unfold_householder(o, M), final
