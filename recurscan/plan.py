@@ -1,17 +1,33 @@
 """The planner: from a validated problem and a device, a Schedule (data, never a launch).
 
-The rules are a table read top to bottom; the first rule whose condition holds decides. Each row
-says why. Later issues add the Triton rows (chunked prefill, streaming decode) above the
-fallback; the planner never launches anything and never autotunes.
+Two tables, each read top to bottom; the first row whose condition holds decides, and each row
+says why. ``RULES`` picks the backend; ``DELTA_LAUNCH`` picks the Triton launch shape of the
+delta-rule chunked kernels from the shape and the device. The planner never launches anything and
+never autotunes: the same problem on the same device always gets the same schedule.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable
 
 import torch
 
 from .reference.common import CHUNK_SIZE
+
+BACKENDS = ("torch", "triton")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Launch shape of the delta-rule chunked kernels (recurscan/kernels/chunk_delta.py)."""
+
+    block_v: int  # BV: value columns per sweep program
+    num_warps: int  # sweep kernel
+    num_stages: int  # software-pipelining depth of the sweep's chunk loop
+    prep_warps: int  # prep (WY) kernel
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -20,30 +36,113 @@ class Schedule:
     algorithm: str  # "chunked" or "recurrent"
     chunk_size: int
     reason: str
+    launch: Launch | None = None  # the Triton launch shape; None for the torch backend
 
 
 @dataclass(frozen=True)
 class Rule:
     reason: str
-    applies: Callable[[str, object, torch.device], bool]
+    applies: Callable[[str, object, torch.device, str], bool]  # (family, problem, device, algorithm)
     backend: str
 
 
+def interpreter_on() -> bool:
+    """Triton's interpreter runs kernels on CPU tensors (TRITON_INTERPRET=1 before triton's import)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def triton_delta_unsupported(problem) -> str | None:
+    """Why the delta-rule Triton kernels cannot take this problem, or None if they can."""
+    if problem.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"inputs in {problem.dtype}: the kernels take float16, bfloat16 or float32"
+    if problem.beta_per_value:
+        return "a beta per value column needs one triangular system per column; the kernels take beta per head"
+    if problem.key_dim > 256:
+        return f"K = {problem.key_dim} > 256: the sweep holds a [K, BV] state tile on chip"
+    return None
+
+
+def _triton_chunked_delta(family, problem, device, algorithm) -> bool:
+    return (family == "delta_rule" and algorithm == "chunked" and device.type == "cuda"
+            and triton_delta_unsupported(problem) is None)
+
+
 RULES: list[Rule] = [
+    Rule("a recurrent (decode / streaming) call on a CUDA device runs the streaming Triton kernel "
+         "(kernels/recurrent.py; its launch shape is stream_config's rule table there)",
+         lambda family, problem, device, algorithm: family == "stream" and device.type == "cuda", "triton"),
     Rule("a CPU tensor runs the PyTorch oracle's chunked form",
-         lambda family, problem, device: device.type == "cpu", "torch"),
+         lambda family, problem, device, algorithm: device.type == "cpu", "torch"),
+    Rule("chunked delta-rule prefill on a CUDA device runs the Triton kernels (prep + sweep)",
+         _triton_chunked_delta, "triton"),
     Rule("no Triton kernel for this family on this device yet: the PyTorch form runs there too",
-         lambda family, problem, device: True, "torch"),
+         lambda family, problem, device, algorithm: True, "torch"),
 ]
 
 
-def plan(family: str, problem, device: torch.device, algorithm: str = "chunked") -> Schedule:
+@lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+# Delta-rule launch shapes. ``pairs`` = sequences x value heads (independent state sweeps);
+# ``sms`` = multiprocessors. Each sweep program runs its sequence's chunks one after another, so
+# the GPU needs about one program per SM; more value blocks give more programs but re-read q, k,
+# wy and aqk once per block. Registers per thread on sm_90 (bf16, K = 128, compiled ahead of time
+# with ptxas): BV 16 / 4 warps 114, BV 32 / 4 warps 161, BV 64 / 8 warps 255, none spilling.
+DELTA_LAUNCH: list[tuple[Callable[[int, int, int], bool], Launch]] = [
+    (lambda pairs, sms, V: pairs * triton_cdiv(V, 64) >= sms,
+     Launch(64, 8, 2, 4, "pairs x V/64 fill the SMs: 64-column value blocks")),
+    (lambda pairs, sms, V: pairs * triton_cdiv(V, 32) >= sms,
+     Launch(32, 4, 2, 4, "pairs x V/32 fill the SMs: 32-column value blocks")),
+    (lambda pairs, sms, V: True,
+     Launch(16, 4, 2, 4, "few (sequence, head) pairs: 16-column value blocks for the most programs")),
+]
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def delta_launch(problem, device: torch.device) -> Launch:
+    pairs, sms = problem.sequences * problem.value_heads, _sm_count(device)
+    for applies, launch in DELTA_LAUNCH:
+        if applies(pairs, sms, problem.value_dim):
+            return launch
+    raise AssertionError("the last launch row always applies")
+
+
+def plan(family: str, problem, device: torch.device, algorithm: str = "chunked",
+         backend: str | None = None) -> Schedule:
     """Pick the backend and launch shape for ``problem`` of ``family`` on ``device``.
 
     ``algorithm`` is "chunked" for prefill/training ops and "recurrent" for the token-by-token
     (decode) ops, whose per-token order of operations the chunked form would not reproduce.
+    ``backend`` forces "torch" or "triton" (e.g. the Triton kernels on CPU tensors under
+    ``TRITON_INTERPRET=1``); None lets the rules decide.
     """
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS} or None, got {backend!r}")
+    if backend == "torch":
+        return Schedule("torch", algorithm, CHUNK_SIZE, "backend='torch' was asked for")
+    if backend == "triton":
+        if family != "delta_rule" or algorithm != "chunked":
+            raise ValueError(f"backend='triton': no Triton kernel for {family} ({algorithm}) yet")
+        why = triton_delta_unsupported(problem)
+        if why is not None:
+            raise ValueError(f"backend='triton': {why}")
+        if device.type == "cpu" and not interpreter_on():
+            raise ValueError("backend='triton' on CPU tensors runs under Triton's interpreter: set "
+                             "TRITON_INTERPRET=1 in the environment before triton is first imported")
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"backend='triton': no Triton kernels for device {device}")
+        return Schedule("triton", algorithm, CHUNK_SIZE, "backend='triton' was asked for",
+                        delta_launch(problem, device))
     for rule in RULES:
-        if rule.applies(family, problem, device):
-            return Schedule(backend=rule.backend, algorithm=algorithm, chunk_size=CHUNK_SIZE, reason=rule.reason)
+        if rule.applies(family, problem, device, algorithm):
+            launch = delta_launch(problem, device) if rule.backend == "triton" and family == "delta_rule" else None
+            return Schedule(backend=rule.backend, algorithm=algorithm, chunk_size=CHUNK_SIZE, reason=rule.reason,
+                            launch=launch)
     raise AssertionError("the last rule always applies")

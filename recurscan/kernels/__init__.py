@@ -1,0 +1,8 @@
+"""Triton kernels. They run on CUDA tensors, and on CPU tensors under Triton's interpreter
+(``TRITON_INTERPRET=1`` set before triton is first imported); they never import the public ops.
+
+- ``chunk_delta``: chunked prefill of the delta-rule family (Gated DeltaNet = Gated Delta Product
+  with M = 1): a prep kernel (gates, gate-free WY inverse, gated and stored) and a sweep kernel
+  (state across chunks, outputs, chunk and final states). See docs/kernels-chunk-delta.md.
+- ``recurrent``: the streaming (decode) kernel.
+"""

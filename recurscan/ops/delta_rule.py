@@ -2,6 +2,11 @@
 
 Every op is thin: validate (problem.py) -> plan (plan.py) -> run the chosen backend. GDN is GDP
 with M = 1, so all four entry points share one driver, :func:`_run_delta`.
+
+Backends: "torch" (the oracle's chunked form; CPU tensors by default) and "triton" (the chunked
+kernels of ``recurscan/kernels/chunk_delta.py``; CUDA tensors by default). ``backend="triton"``
+on CPU tensors runs those kernels under Triton's interpreter: set ``TRITON_INTERPRET=1`` in the
+environment before triton is first imported (CI does, see tests/conftest.py).
 """
 from __future__ import annotations
 
@@ -15,12 +20,19 @@ from . import _cache
 
 def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, output_final_state,
                use_qk_l2norm_in_kernel, cu_seqlens, state, state_indices, return_chunk_states,
-               algorithm, chunk_size=None):
+               algorithm, chunk_size=None, backend=None, chunk_indices=None, chunk_indices_dp=None,
+               chunk_offsets=None):
     problem = delta_problem(q, k, v, g, beta, num_householder=num_householder, scale=scale,
                             initial_state=initial_state, cu_seqlens=cu_seqlens, state=state,
                             state_indices=state_indices)
-    schedule = plan("delta_rule", problem, q.device, algorithm)
-    # Only the PyTorch backend exists so far; plan() says so for every device.
+    schedule = plan("delta_rule", problem, q.device, algorithm, backend)
+    if schedule.backend == "triton":
+        return _run_triton(q, k, v, g, beta, problem, schedule, initial_state=initial_state,
+                           output_final_state=output_final_state,
+                           use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
+                           chunk_indices=chunk_indices, chunk_indices_dp=chunk_indices_dp,
+                           chunk_offsets=chunk_offsets, state=state, state_indices=state_indices,
+                           return_chunk_states=return_chunk_states)
     S0 = initial_state
     if problem.uses_cache:
         S0 = _cache.gather(state, state_indices, torch.float64 if q.dtype == torch.float64 else torch.float32)
@@ -46,10 +58,52 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
     return (o.to(q.dtype), final, *chunk_states)
 
 
+def _run_triton(q, k, v, g, beta, problem, schedule, *, initial_state, output_final_state,
+                use_qk_l2norm_in_kernel, cu_seqlens, chunk_indices, chunk_indices_dp, chunk_offsets,
+                state, state_indices, return_chunk_states):
+    """The Triton backend: two launches, no host synchronisation when the varlen descriptors are
+    given (or the input is a dense batch)."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                       for t in (q, k, v, g, beta, initial_state)):
+        raise NotImplementedError(
+            "chunk_gated_delta_rule / chunk_gated_delta_product_varlen: the Triton path is forward-only "
+            "for now (its backward is a later issue); call it under torch.no_grad() / torch.inference_mode(), "
+            "or detach the inputs")
+    from ..kernels.chunk_delta import chunk_delta_fwd  # triton is imported only on this path
+
+    M = problem.householder
+    num_rows, exact_rows = None, None
+    if cu_seqlens is not None:
+        if chunk_indices_dp is None and M == 1:
+            chunk_indices_dp = chunk_indices
+        if chunk_indices_dp is None or (return_chunk_states and (chunk_offsets is None or chunk_indices is None)):
+            # Descriptors missing: build them here (reads cu_seqlens on the host: a sync). The
+            # chunk states then have exactly their rows; given descriptors, the padded count.
+            from ..descriptors import build_chunk_descriptors
+            built = build_chunk_descriptors(cu_seqlens, M, device=q.device)
+            chunk_indices = built.chunk_indices if chunk_indices is None else chunk_indices
+            chunk_indices_dp = built.chunk_indices_dp if chunk_indices_dp is None else chunk_indices_dp
+            chunk_offsets = built.chunk_offsets if chunk_offsets is None else chunk_offsets
+            exact_rows = int(built.chunk_offsets[-1])
+        if return_chunk_states:
+            num_rows = chunk_indices.shape[0]
+    launch = schedule.launch
+    out = chunk_delta_fwd(
+        q, k, v, g, beta, num_householder=M, scale=problem.scale, initial_state=initial_state,
+        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        cu_seqlens=cu_seqlens, chunk_indices_dp=chunk_indices_dp, chunk_offsets=chunk_offsets,
+        num_chunk_rows=num_rows, state=state, state_indices=state_indices,
+        return_chunk_states=return_chunk_states, block_v=launch.block_v, num_warps=launch.num_warps,
+        num_stages=launch.num_stages, prep_warps=launch.prep_warps)
+    if return_chunk_states and exact_rows is not None:
+        out = out[:2] + (out[2][:exact_rows],)
+    return out
+
+
 def chunk_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, initial_state=None,
                            output_final_state=False, use_qk_l2norm_in_kernel=False, cu_seqlens=None,
                            chunk_indices=None, chunk_offsets=None, state=None, state_indices=None,
-                           return_chunk_states=False):
+                           return_chunk_states=False, backend=None):
     """Chunked Gated DeltaNet forward (prefill and training), with fla's signature and returns.
 
     Per value head: ``S <- exp(g_t) S;  S <- S + k_t (beta_t (v_t - S^T k_t))^T;  o_t = scale S^T q_t``.
@@ -64,19 +118,28 @@ def chunk_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, initial_state
         output_final_state: return the final state ``[N, HV, K, V]`` (float32), else None.
         use_qk_l2norm_in_kernel: L2-normalise q and k (eps 1e-6) inside the op.
         cu_seqlens: ``[N + 1]`` int32/int64 boundaries for variable-length input (B = 1).
-        chunk_indices, chunk_offsets: precomputed varlen descriptors (GPU path, issue 3); the CPU
-            path derives what it needs and ignores them.
+        chunk_indices, chunk_offsets: precomputed varlen descriptors
+            (:func:`recurscan.descriptors.build_chunk_descriptors`, once per step, padded to a fixed
+            length). With them (or a dense batch) the Triton path never synchronises with the host
+            and can be captured in a CUDA graph; without them it builds them from cu_seqlens (one
+            sync). The torch backend derives what it needs and ignores them.
         state: ``[S, HV, K, V]`` state cache, read and written in place at ``state_indices``
             (supersedes initial_state/output_final_state; the returned final state is ``state``).
         state_indices: ``[N]`` cache slot per sequence; -1 marks padding (zero output, slot untouched).
         return_chunk_states: also return ``[NT, HV, K, V]``; row ``chunk_offsets[n] + c`` is
-            sequence n's state entering its chunk c of 64 tokens.
+            sequence n's state entering its chunk c of 64 tokens. With given descriptors on the
+            Triton path NT is the padded ``len(chunk_indices)`` and the rows past
+            ``chunk_offsets[N]`` are zero (no data-dependent size).
+        backend: None (the planner decides: CPU tensors -> "torch", CUDA -> "triton"), "torch",
+            or "triton" (on CPU tensors: under ``TRITON_INTERPRET=1``, set before triton's import).
 
     Returns:
         ``(o [B, T, HV, V] in q's dtype, final_state or None)``, plus chunk states when asked.
 
     On CPU tensors this runs the oracle's chunked form in PyTorch (float32 accumulation, or
-    float64 for float64 inputs), and is differentiable through autograd.
+    float64 for float64 inputs), and is differentiable through autograd. On CUDA tensors it runs
+    the Triton kernels (bf16/fp16/fp32 inputs, float32 state), forward only: inputs that require
+    grad raise NotImplementedError there.
 
     Example:
         >>> import torch, recurscan
@@ -91,14 +154,15 @@ def chunk_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, initial_state
     return _run_delta(q, k, v, g, beta, num_householder=1, scale=scale, initial_state=initial_state,
                       output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                       cu_seqlens=cu_seqlens, state=state, state_indices=state_indices,
-                      return_chunk_states=return_chunk_states, algorithm="chunked")
+                      return_chunk_states=return_chunk_states, algorithm="chunked", backend=backend,
+                      chunk_indices=chunk_indices, chunk_offsets=chunk_offsets)
 
 
 def chunk_gated_delta_product_varlen(q, k, v, g, beta, num_householder, cu_seqlens, scale=None,
                                      initial_state=None, output_final_state=False,
                                      use_qk_l2norm_in_kernel=False, chunk_indices=None,
                                      chunk_indices_dp=None, chunk_offsets=None, state=None,
-                                     state_indices=None, return_chunk_states=False):
+                                     state_indices=None, return_chunk_states=False, backend=None):
     """Variable-length chunked Gated Delta Product forward (seed 003).
 
     Per token: decay by ``exp(g_t)``, then M delta-rule writes with the token's Householder copies
@@ -109,7 +173,9 @@ def chunk_gated_delta_product_varlen(q, k, v, g, beta, num_householder, cu_seqle
         g: ``[1, T, HV]`` log decays (on the token stream); beta: ``[1, T*M, HV]`` (or ``[.., V]``).
         num_householder: M >= 1 (M = 1 is Gated DeltaNet).
         cu_seqlens: ``[N + 1]`` boundaries on the token stream.
-        chunk_indices, chunk_indices_dp, chunk_offsets: precomputed descriptors (GPU path).
+        chunk_indices, chunk_indices_dp, chunk_offsets: precomputed descriptors
+            (:func:`recurscan.descriptors.build_chunk_descriptors` with ``num_householder=M``);
+            see :func:`chunk_gated_delta_rule`.
         Other arguments as :func:`chunk_gated_delta_rule`; chunk states are taken every 64 tokens
         of the token stream.
 
@@ -133,4 +199,5 @@ def chunk_gated_delta_product_varlen(q, k, v, g, beta, num_householder, cu_seqle
                       initial_state=initial_state, output_final_state=output_final_state,
                       use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, state=state,
                       state_indices=state_indices, return_chunk_states=return_chunk_states,
-                      algorithm="chunked")
+                      algorithm="chunked", backend=backend, chunk_indices=chunk_indices,
+                      chunk_indices_dp=chunk_indices_dp, chunk_offsets=chunk_offsets)

@@ -1,0 +1,114 @@
+"""Chunk descriptors for varlen chunked prefill (seed 003), built once per step on the host.
+
+A varlen call needs, per step, three small index tensors:
+
+- ``chunk_indices [NT_pad, 2]`` int32: (sequence, chunk) for every 64-token chunk of the token
+  stream, sequence-major; rows past the real ones are ``(-1, -1)``.
+- ``chunk_indices_dp [NT_dp_pad, 2]`` int32: the same for the Householder-expanded stream, whose
+  sequences are M times longer. Not a rescaling of ``chunk_indices``: a sequence of L tokens has
+  ``ceil(L*M/64)`` expanded chunks, not ``M*ceil(L/64)``. For M = 1 it is ``chunk_indices``.
+- ``chunk_offsets [N + 1]`` int32: prefix sums of the token-stream chunk counts; row
+  ``chunk_offsets[n] + c`` of the chunk-state tensor is sequence n's state entering its chunk c.
+
+Deriving them inside the op would read ``cu_seqlens`` on the host (a synchronisation) and give
+data-dependent lengths that size the launch grids. Built here once per step and padded to a
+length that depends only on (total tokens, number of sequences), they keep every grid and every
+allocation fixed for a captured batch shape: the op then never synchronises and can be replayed
+from a CUDA graph.
+
+Padding bound: sum_n ceil(L_n / 64) <= floor(T / 64) + N for sum_n L_n = T (each sequence adds at
+most one partial chunk), so ``NT_pad = T // 64 + N`` and ``NT_dp_pad = T*M // 64 + N``.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import torch
+
+CHUNK_SIZE = 64
+
+
+class ChunkDescriptors(NamedTuple):
+    """The three descriptors, padded to fixed lengths (see the module docstring)."""
+
+    chunk_indices: torch.Tensor  # [T // 64 + N, 2] int32
+    chunk_indices_dp: torch.Tensor  # [T*M // 64 + N, 2] int32
+    chunk_offsets: torch.Tensor  # [N + 1] int32
+
+    def as_kwargs(self) -> dict:
+        """Keyword arguments for ``recurscan.chunk_gated_delta_product_varlen`` (and, without
+        ``chunk_indices_dp``, for ``recurscan.chunk_gated_delta_rule``)."""
+        return dict(chunk_indices=self.chunk_indices, chunk_indices_dp=self.chunk_indices_dp,
+                    chunk_offsets=self.chunk_offsets)
+
+
+def _lengths(cu_seqlens) -> list[int]:
+    if isinstance(cu_seqlens, torch.Tensor):
+        bounds = cu_seqlens.detach().to("cpu").tolist()  # a CUDA tensor syncs here: once per step
+    else:
+        bounds = [int(b) for b in cu_seqlens]
+    if len(bounds) < 2 or bounds[0] != 0 or any(b < a for a, b in zip(bounds, bounds[1:])):
+        raise ValueError(f"cu_seqlens: expected non-decreasing boundaries starting at 0, got {bounds}")
+    return [b - a for a, b in zip(bounds, bounds[1:])]
+
+
+def _indices(lengths: Sequence[int], chunk_size: int, rows: int) -> torch.Tensor:
+    pairs = [(n, c) for n, L in enumerate(lengths) for c in range(-(-L // chunk_size))]
+    if len(pairs) > rows:
+        raise ValueError(f"max_tokens: the sequences need {len(pairs)} chunks, more than the padded {rows}")
+    pairs += [(-1, -1)] * (rows - len(pairs))
+    return torch.tensor(pairs, dtype=torch.int32).reshape(rows, 2)
+
+
+def padded_chunk_count(total_tokens: int, num_sequences: int, num_householder: int = 1,
+                       chunk_size: int = CHUNK_SIZE) -> int:
+    """The fixed length of ``chunk_indices`` (M = 1) or ``chunk_indices_dp`` for a batch shape."""
+    return total_tokens * num_householder // chunk_size + num_sequences
+
+
+def build_chunk_descriptors(cu_seqlens, num_householder: int = 1, *, max_tokens: int | None = None,
+                            chunk_size: int = CHUNK_SIZE, device=None) -> ChunkDescriptors:
+    """Build the varlen descriptors for one step, padded to fixed lengths.
+
+    Args:
+        cu_seqlens: ``[N + 1]`` sequence boundaries on the token stream (list, or tensor; a CUDA
+            tensor is read on the host, one synchronisation per step: pass a CPU copy to avoid it).
+            Zero-length sequences are allowed (padding entries of a captured batch).
+        num_householder: M (1 for Gated DeltaNet).
+        max_tokens: the token count T the padded lengths are computed for (default
+            ``cu_seqlens[-1]``); give the captured batch's T so that every step has one shape.
+        chunk_size: 64 (the kernels' chunk).
+        device: where the tensors go (the op's device).
+
+    Returns:
+        :class:`ChunkDescriptors` (int32 tensors on ``device``).
+
+    Example:
+        >>> d = build_chunk_descriptors([0, 1, 70, 70, 200], num_householder=3)
+        >>> d.chunk_offsets.tolist()
+        [0, 1, 3, 3, 6]
+        >>> d.chunk_indices.shape, d.chunk_indices_dp.shape   # 200//64 + 4, 600//64 + 4
+        (torch.Size([7, 2]), torch.Size([13, 2]))
+        >>> d.chunk_indices_dp[:6].tolist()   # lengths 3, 207, 0, 390 on the expanded stream
+        [[0, 0], [1, 0], [1, 1], [1, 2], [1, 3], [3, 0]]
+    """
+    if isinstance(num_householder, bool) or not isinstance(num_householder, int) or num_householder < 1:
+        raise ValueError(f"num_householder: expected an int >= 1, got {num_householder!r}")
+    lengths = _lengths(cu_seqlens)
+    total = sum(lengths)
+    T = total if max_tokens is None else int(max_tokens)
+    if T < total:
+        raise ValueError(f"max_tokens: {T} is fewer than the {total} tokens of cu_seqlens")
+    N, M = len(lengths), num_householder
+    chunk_indices = _indices(lengths, chunk_size, padded_chunk_count(T, N, 1, chunk_size))
+    if M == 1:
+        chunk_indices_dp = chunk_indices
+    else:
+        chunk_indices_dp = _indices([L * M for L in lengths], chunk_size, padded_chunk_count(T, N, M, chunk_size))
+    counts = [-(-L // chunk_size) for L in lengths]
+    offsets = [0]
+    for c in counts:
+        offsets.append(offsets[-1] + c)
+    chunk_indices = chunk_indices.to(device)
+    chunk_indices_dp = chunk_indices if M == 1 else chunk_indices_dp.to(device)
+    return ChunkDescriptors(chunk_indices, chunk_indices_dp, torch.tensor(offsets, dtype=torch.int32, device=device))

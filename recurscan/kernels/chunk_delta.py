@@ -1,0 +1,474 @@
+"""Triton kernels: chunked prefill of the delta-rule family (Gated DeltaNet, Gated Delta Product).
+
+GDN is GDP with one Householder copy (M = 1), so one set of kernels serves both; M is a constexpr.
+The algebra is the oracle's (``reference/delta.py::gdn_chunk``), rearranged so that only two
+launches run and only the outputs (and the states asked for) go back to memory.
+
+Seed 003's four stages, and where each runs
+-------------------------------------------
+1. Log decays interleaved across the Householder copies (decay on each token's first copy), then
+   the within-chunk cumulative sum, in base 2. Runs inside :func:`chunk_delta_sweep_kernel`
+   (``_chunk_gates``): 64 loads and a ``tl.cumsum`` per chunk cost less than a round trip through
+   memory. A log2 decay below -150 (``-inf`` included) is a *reset* (its decay is 0 in float32):
+   positions are given segment ids (a cumulative sum of reset flags) and two positions in different
+   segments get decay exactly 0, so ``-inf - -inf`` never appears.
+2. The WY representation. :func:`chunk_delta_prep_kernel`, fully parallel over (chunk, value head),
+   computes the *gate-free* inverse ``Tinv = (I + strictLower(diag(beta) K K^T))^-1`` per chunk
+   (16x16 diagonal blocks by forward substitution in float32, merged 16 -> 64 by block products)
+   and stores it (float32, ``[rows, HV, 64]``). The gate is applied later, elementwise and exactly:
+   ``(I + diag(beta) (G o L))^-1 = G o Tinv`` with ``G_ij = 2^(gc_i - gc_j)`` (a diagonal
+   similarity ``D Tinv D^-1``); across a reset both sides are block diagonal and ``G`` is 0 there.
+   So w and u are never materialised: the sweep forms ``u - w S = (G o Tinv) diag(beta) X``.
+   Optionally (``STORE_QK``) it also stores ``scale * Q K^T`` so the sweep need not recompute it
+   for every value block.
+3. and 4. The inter-chunk state sweep and the outputs: :func:`chunk_delta_sweep_kernel`, one
+   program per (sequence, value head, block of BV value columns), holds its ``[K, BV]`` float32
+   state on chip across all chunks of its sequence (state columns are independent, so the value
+   split is exact). Per chunk of 64 expanded rows::
+
+       X     = diag(beta) (V - lam o (K S))                 lam_i: decay from chunk start to row i
+       U     = (G o Tinv) X                                 the chunk's writes (fla's v_new)
+       O     = lam o (Q S) + (G o scale Q K^T) U            rows of the token stream only
+       S    <- lam_last S + K^T (gam o U)                   gam_j: decay from row j to chunk end
+
+   and it writes the chunk-boundary states (token-stream chunk c starts at expanded chunk c*M),
+   the output rows, and the final state (into the cache slot, or a dense final-state tensor).
+
+The two chunkings of seed 003: k, v, beta and the WY blocks live on the expanded stream
+(``ceil(L*M/64)`` chunks per sequence); q, g and o on the token stream. The kernels walk the
+expanded stream and map row ``e`` to token ``e // M`` and copy ``e % M``: the decay is read on
+copy 0, the query on copy M-1 (where the output is written); other rows get 0. Token chunk c is
+expanded chunk c*M, so chunk states are the state entering every M-th expanded chunk.
+
+Conventions: inputs ``[B, T, heads, dim]`` contiguous (varlen: B = 1 and cu_seqlens); value head
+hv reads q/k head ``hv // (HV // H)``; states ``[N, HV, K, V]``; every offset that multiplies a
+row or a slot is int64.
+
+Running on CPU tensors (CI)
+---------------------------
+Set ``TRITON_INTERPRET=1`` in the environment *before* triton is first imported, then call the
+public op with ``backend="triton"`` on CPU tensors (or call :func:`chunk_delta_fwd` directly)::
+
+    TRITON_INTERPRET=1 python -c "import torch, recurscan; ...
+        recurscan.chunk_gated_delta_rule(q, k, v, g, beta, backend='triton')"
+
+Without ``backend="triton"``, CPU tensors keep running the PyTorch oracle; CUDA tensors take the
+Triton path whenever the planner has a row for the problem (``recurscan/plan.py``).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+CHUNK = 64  # BT: rows of the expanded stream per chunk (the WY blocks are 64 x 64)
+LOG2E = 1.4426950408889634
+# A base-2 log decay below this is 0 in float32 (2^-150 < the smallest subnormal): an exact reset.
+RESET_LOG2 = -150.0
+
+# Tests set this (or RECURSCAN_POISON_BUFFERS=1) so that every buffer the op allocates with
+# torch.empty starts as NaN: an element the kernels forget to write then shows up.
+POISON_BUFFERS = os.environ.get("RECURSCAN_POISON_BUFFERS", "0") == "1"
+
+
+def _empty(*shape, dtype, device):
+    if POISON_BUFFERS:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(*shape, dtype=dtype, device=device)
+
+
+# ----------------------------------------------------------------------------------------------
+# Helpers (inlined)
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _chunk_gates(g, tok, cp, m_r, i_hv, HV: tl.constexpr, M: tl.constexpr, BT: tl.constexpr,
+                 HAS_G: tl.constexpr):
+    """Stage 1 for one chunk of BT rows: (gc [BT], seg [BT] int32). gc_i sums the finite log2
+    decays of rows <= i; seg_i counts the resets at rows <= i. Rows past the sequence end carry
+    decay 1 (gc and seg flat), so the last row stands for the chunk end."""
+    if HAS_G:
+        b_g = tl.load(g + tok * HV + i_hv, mask=m_r & (cp == 0), other=0.0).to(tl.float32) * 1.4426950408889634
+    else:
+        b_g = tl.zeros([BT], dtype=tl.float32)
+    reset = b_g < -150.0
+    gc = tl.cumsum(tl.where(reset, 0.0, b_g), axis=0)
+    seg = tl.cumsum(reset.to(tl.int32), axis=0)
+    return gc, seg
+
+
+# ----------------------------------------------------------------------------------------------
+# Stages 1 and 2: gates, the gate-free WY inverse, gated and stored; parallel over chunks
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def chunk_delta_prep_kernel(
+    q, k, g, beta, wy, aqk, rnorm, cu_seqlens, chunk_indices,
+    scale, T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, M: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr,
+    USE_L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr,
+    INV_PRECISION: tl.constexpr, DT: tl.constexpr,
+):
+    """Grid (chunks of the expanded stream, HV). For the program's chunk and value head, writes
+    (rows of the expanded stream, BT = 64 columns within the chunk, zeros above the diagonal):
+
+    - ``wy[rows, hv, :]  = (G o Tinv) diag(beta)``, ``Tinv = (I + strictLower(diag(beta) K K^T))^-1``
+      computed gate-free, so ``U = wy X`` solves the chunk's gated triangular system;
+    - ``aqk[rows, hv, :] = G o (scale Q_exp K^T)``, causal (diagonal included);
+    - with USE_L2NORM, ``rnorm[rows, hv, 0:2] = (rk, scale * rq)``, the rows' norm factors (rq on
+      the query's row, the token's last copy), so the sweep reads q and k raw.
+
+    The inverse: the four 16 x 16 diagonal blocks by forward substitution in float32 (``D``), then
+    with ``N = D A_off`` (A_off: the strictly block-lower part; N^4 = 0) the finite block Neumann
+    product ``Tinv = (I - N)(I + N^2) D`` on the tensor cores. INV_PRECISION "tf32" for 16-bit
+    inputs: its rounding (2^-11) sits below that of the dtype wy is stored in (bf16: 2^-9), and
+    "tf32x3" would spill (255 registers + 1 KB of stack on sm_90); "ieee" for float32 inputs.
+
+    Varlen: ``chunk_indices [NT_pad, 2]`` holds (sequence, chunk) on the expanded stream; a row with
+    sequence -1 is padding and does nothing. Dense: program c covers chunk c % ceil(T*M/BT) of
+    sequence c // ceil(T*M/BT).
+    """
+    i_c = tl.program_id(0).to(tl.int64)
+    i_hv = tl.program_id(1).to(tl.int64)
+    i_h = i_hv // (HV // H)
+    if IS_VARLEN:
+        i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
+        i_t = tl.load(chunk_indices + i_c * 2 + 1).to(tl.int64)
+        if i_n < 0:
+            return
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64) * M
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64) * M
+    else:
+        NTs = tl.cdiv(T * M, BT)
+        i_n = i_c // NTs
+        i_t = i_c % NTs
+        bos = i_n * T * M
+        eos = bos + T * M
+    r0 = bos + i_t * BT
+
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    rows = r0 + o_t.to(tl.int64)  # [BT] rows of the expanded stream
+    m_r = rows < eos
+    m_q = m_r & (rows % M == M - 1)  # the query of row e is token e // M's, on its last copy only
+
+    # Stage 1: within-chunk cumulative log2 decays; G[i, j] = decay from row j to row i.
+    if HAS_G:
+        b_g = tl.load(g + (rows // M) * HV + i_hv, mask=m_r & (rows % M == 0), other=0.0).to(tl.float32)
+        b_g = b_g * 1.4426950408889634
+    else:
+        b_g = tl.zeros([BT], dtype=tl.float32)
+    reset = b_g < -150.0
+    gc = tl.cumsum(tl.where(reset, 0.0, b_g), axis=0)
+    seg = tl.cumsum(reset.to(tl.int32), axis=0)
+    same = (o_t[:, None] >= o_t[None, :]) & (seg[:, None] == seg[None, :])
+    b_G = tl.where(same, tl.exp2(tl.where(same, gc[:, None] - gc[None, :], 0.0)), 0.0)  # [BT, BT]
+
+    # Raw q, k tiles and their norm factors.
+    b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.0)
+    b_q = tl.load(q + ((rows // M) * H + i_h)[:, None] * K + o_k[None, :], mask=m_q[:, None] & m_k[None, :],
+                  other=0.0)
+    if USE_L2NORM:
+        b_kf = b_k.to(tl.float32)
+        rk = tl.rsqrt(tl.sum(b_kf * b_kf, axis=1) + 1e-6)
+        b_qf = b_q.to(tl.float32)
+        rq = tl.rsqrt(tl.sum(b_qf * b_qf, axis=1) + 1e-6) * scale
+        tl.store(rnorm + (rows * HV + i_hv) * 2, rk, mask=m_r)
+        tl.store(rnorm + (rows * HV + i_hv) * 2 + 1, rq, mask=m_r)
+    else:
+        rk = tl.full([BT], 1.0, tl.float32)
+        rq = tl.full([BT], 1.0, tl.float32) * scale
+    p_out = (rows * HV + i_hv)[:, None] * BT + o_t[None, :]
+
+    # aqk = G o (scale Q K^T) (normalised q, k: the factors scale the product's rows and columns).
+    b_qk = tl.dot(b_q.to(DT), tl.trans(b_k.to(DT))) * rq[:, None] * rk[None, :]
+    tl.store(aqk + p_out, (b_G * b_qk).to(aqk.dtype.element_ty), mask=m_r[:, None])
+
+    # Stage 2: A = diag(beta) strictLower(K K^T) for normalised keys.
+    b_beta = tl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(tl.float32)
+    b_A = tl.dot(b_k.to(DT), tl.trans(b_k.to(DT))) * (b_beta * rk)[:, None] * rk[None, :]
+    blk_r = o_t // 16
+    b_Aoff = tl.where(blk_r[:, None] > blk_r[None, :], b_A, 0.0)  # strictly block-lower part
+
+    # The four 16 x 16 diagonal blocks of A as a batch, transposed: At3[b, c, i] = A[16b+i, 16b+c]
+    # (c < i), read again as a [4, 16, BK] tile (from L1) so no register tile needs slicing.
+    o4 = tl.arange(0, 4)
+    o16 = tl.arange(0, 16)
+    rows3 = r0 + (o4[:, None, None] * 16 + o16[None, :, None]).to(tl.int64)  # [4, 16, 1]
+    kb = tl.load(k + (rows3 * H + i_h) * K + o_k[None, None, :], mask=(rows3 < eos) & m_k[None, None, :],
+                 other=0.0)  # [4, 16, BK]
+    rows2 = r0 + (o4[:, None] * 16 + o16[None, :]).to(tl.int64)  # [4, 16]
+    betab = tl.load(beta + rows2 * HV + i_hv, mask=rows2 < eos, other=0.0).to(tl.float32)
+    if USE_L2NORM:
+        kbf = kb.to(tl.float32)
+        rkb = tl.rsqrt(tl.sum(kbf * kbf, axis=2) + 1e-6)  # [4, 16]
+    else:
+        rkb = tl.full([4, 16], 1.0, tl.float32)
+    kb = kb.to(DT)
+    At3 = tl.dot(kb, tl.permute(kb, (0, 2, 1))) * (rkb * betab)[:, None, :] * rkb[:, :, None]
+    At3 = tl.where(o16[None, :, None] < o16[None, None, :], At3, 0.0)
+    # Forward substitution in float32, all four blocks per step: row r of each block's inverse is
+    # e_r - sum_{c<r} A_b[r, c] D_b[c, :] (rows c < r are final by then). Row r of A_b is read as
+    # a column of At3, so neither reduction needs a layout conversion.
+    D3 = (o16[None, :, None] == o16[None, None, :]).to(tl.float32) + tl.zeros([4, 16, 16], dtype=tl.float32)
+    for r in tl.static_range(1, 16):
+        a_r = tl.sum(tl.where(o16[None, None, :] == r, At3, 0.0), axis=2)  # [4, 16] over c
+        z = tl.sum(a_r[:, :, None] * D3, axis=1)  # [4, 16] over columns
+        row = (o16 == r).to(tl.float32)[None, :] - z
+        D3 = tl.where(o16[None, :, None] == r, row[:, None, :], D3)
+    # D = blockdiag(D_0 .. D_3) as a [BT, BT] tile.
+    D4 = tl.where(o4[:, None, None, None] == o4[None, None, :, None], D3[:, :, None, :], 0.0)  # [4, 16, 4, 16]
+    b_D = tl.reshape(D4, (BT, BT))
+
+    # Tinv = (I - N)(I + N^2) D with N = D A_off (strictly block-lower, N^4 = 0).
+    b_N = tl.dot(b_D, b_Aoff, input_precision=INV_PRECISION)
+    b_N2 = tl.dot(b_N, b_N, input_precision=INV_PRECISION)
+    eye = (o_t[:, None] == o_t[None, :]).to(tl.float32)
+    b_P = eye - b_N + b_N2 - tl.dot(b_N, b_N2, input_precision=INV_PRECISION)
+    b_T = tl.dot(b_P, b_D, input_precision=INV_PRECISION)
+    tl.store(wy + p_out, (b_G * b_T * b_beta[None, :]).to(wy.dtype.element_ty), mask=m_r[:, None])
+
+
+# ----------------------------------------------------------------------------------------------
+# Stages 3 and 4: the state sweep with the outputs, one program per (sequence, head, value block)
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def chunk_delta_sweep_kernel(
+    q, k, v, g, wy, aqk, rnorm, o,
+    h0, ht, state, state_indices, chunk_states, cu_seqlens, chunk_offsets,
+    scale, T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, HAS_H0: tl.constexpr,
+    STORE_FINAL: tl.constexpr, USE_CACHE: tl.constexpr, STORE_CHUNK_STATES: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr, DT: tl.constexpr,
+):
+    """Grid (N * HV * ceil(V / BV),): program -> (sequence n, value head hv, value block iv),
+    iv fastest so neighbouring programs share the q/k rows in L2.
+
+    Per chunk (q, k raw; rk, rq their norm factors, rq with the scale; lam, gam, lam_last the
+    decays from the chunk start to each row, from each row to the chunk end, and across it)::
+
+        X = V - (lam rk) o (K S);   U = wy X;   O = (lam rq) o (Q S) + aqk U
+        S <- lam_last S + K^T ((gam rk) o U)
+
+    The initial state is ``state[state_indices[n]]`` (USE_CACHE; slot -1: zero output, nothing
+    read or written), else ``h0[n]`` (HAS_H0), else zeros. The final state goes back to the cache
+    slot, or to ``ht[n]`` (STORE_FINAL). With STORE_CHUNK_STATES, row ``chunk_offsets[n] + c`` of
+    ``chunk_states`` receives the state entering token chunk c (dense: ``n * ceil(T/BT) + c``).
+    """
+    pid = tl.program_id(0).to(tl.int64)
+    NV: tl.constexpr = (V + BV - 1) // BV
+    i_v = pid % NV
+    i_hv = (pid // NV) % HV
+    i_n = pid // (NV * HV)
+    i_h = i_hv // (HV // H)
+    if IS_VARLEN:
+        bos_t = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos_t = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    else:
+        bos_t = i_n * T
+        eos_t = bos_t + T
+    L = (eos_t - bos_t) * M  # rows of this sequence on the expanded stream
+    bos = bos_t * M
+
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    m_kv = m_k[:, None] & m_v[None, :]
+    o_kv = o_k[:, None].to(tl.int64) * V + o_v[None, :]  # [BK, BV] offsets inside one [K, V] state
+
+    if USE_CACHE:
+        slot = tl.load(state_indices + i_n).to(tl.int64)
+        if slot < 0:  # padding: zero output rows, the cache is neither read nor written
+            for c in range(0, tl.cdiv(eos_t - bos_t, BT)):
+                o_tok = bos_t + c * BT + o_t.to(tl.int64)
+                p_o = o + (o_tok * HV + i_hv)[:, None] * V + o_v[None, :]
+                tl.store(p_o, tl.zeros([BT, BV], dtype=o.dtype.element_ty),
+                         mask=(o_tok < eos_t)[:, None] & m_v[None, :])
+            return
+        p_state = state + (slot * HV + i_hv) * K * V + o_kv
+        b_S = tl.load(p_state, mask=m_kv, other=0.0).to(tl.float32)
+    elif HAS_H0:
+        b_S = tl.load(h0 + (i_n * HV + i_hv) * K * V + o_kv, mask=m_kv, other=0.0).to(tl.float32)
+    else:
+        b_S = tl.zeros([BK, BV], dtype=tl.float32)
+
+    if STORE_CHUNK_STATES:
+        if IS_VARLEN:
+            cs0 = tl.load(chunk_offsets + i_n).to(tl.int64)
+        else:
+            cs0 = i_n * tl.cdiv(T, BT)
+
+    for c in tl.range(0, tl.cdiv(L, BT), num_stages=NUM_STAGES):
+        r = c * BT + o_t.to(tl.int64)  # [BT] row inside the sequence (expanded stream)
+        m_r = r < L
+        e = bos + r  # global expanded row
+        tok = bos_t + r // M  # its token
+        cp = r % M  # its Householder copy
+        m_q = m_r & (cp == M - 1)  # rows that carry a query (and an output)
+
+        if STORE_CHUNK_STATES:
+            if c % M == 0:  # expanded chunk c*M starts token chunk c
+                p_cs = chunk_states + ((cs0 + c // M) * HV + i_hv) * K * V + o_kv
+                tl.store(p_cs, b_S, mask=m_kv)
+
+        # Loads: raw tiles straight into the products (none depends on the state).
+        b_k = tl.load(k + (e * H + i_h)[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :],
+                      other=0.0).to(DT)
+        b_q = tl.load(q + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=m_q[:, None] & m_k[None, :],
+                      other=0.0).to(DT)
+        b_v = tl.load(v + (e * HV + i_hv)[:, None] * V + o_v[None, :], mask=m_r[:, None] & m_v[None, :],
+                      other=0.0).to(tl.float32)  # [BT, BV]
+        b_W = tl.load(wy + (e * HV + i_hv)[:, None] * BT + o_t[None, :], mask=m_r[:, None], other=0.0).to(DT)
+        b_A = tl.load(aqk + (e * HV + i_hv)[:, None] * BT + o_t[None, :], mask=m_r[:, None], other=0.0).to(DT)
+        if USE_L2NORM:
+            rk = tl.load(rnorm + (e * HV + i_hv) * 2, mask=m_r, other=0.0)
+            rq = tl.load(rnorm + (e * HV + i_hv) * 2 + 1, mask=m_q, other=0.0)
+        else:
+            rk = tl.full([BT], 1.0, tl.float32)
+            rq = tl.full([BT], 1.0, tl.float32) * scale
+
+        # Stage 1 (vectors only: the [BT, BT] decays are already inside wy and aqk).
+        gc, seg = _chunk_gates(g, tok, cp, m_r, i_hv, HV, M, BT, HAS_G)
+        gc_last = tl.sum(tl.where(o_t == BT - 1, gc, 0.0), axis=0)
+        seg_last = tl.sum(tl.where(o_t == BT - 1, seg, 0), axis=0)
+        lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
+        lam_last = tl.where(seg_last == 0, tl.exp2(gc_last), 0.0)
+        gam = tl.where(seg == seg_last, tl.exp2(tl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
+
+        # Stage 3: the chunk's writes U = wy (V - lam o K S).
+        b_Sd = b_S.to(DT)
+        b_X = b_v - (lam * rk)[:, None] * tl.dot(b_k, b_Sd, input_precision=DOT_PRECISION)
+        b_U = tl.dot(b_W, b_X.to(DT), input_precision=DOT_PRECISION)  # [BT, BV]
+
+        # Stage 4: outputs O = lam o (Q S) + aqk U, written on the token stream.
+        b_o = (lam * rq)[:, None] * tl.dot(b_q, b_Sd, input_precision=DOT_PRECISION)
+        b_o += tl.dot(b_A, b_U.to(DT), input_precision=DOT_PRECISION)
+        p_o = o + (tok * HV + i_hv)[:, None] * V + o_v[None, :]
+        tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_q[:, None] & m_v[None, :])
+
+        # Stage 3 (end): the state leaving the chunk.
+        b_S = b_S * lam_last + tl.dot(tl.trans(b_k), ((gam * rk)[:, None] * b_U).to(DT),
+                                      input_precision=DOT_PRECISION)
+
+    if USE_CACHE:
+        tl.store(p_state, b_S.to(state.dtype.element_ty), mask=m_kv)
+    elif STORE_FINAL:
+        tl.store(ht + (i_n * HV + i_hv) * K * V + o_kv, b_S, mask=m_kv)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launch wrapper
+# ----------------------------------------------------------------------------------------------
+
+
+def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_state=None,
+                    output_final_state=False, use_qk_l2norm_in_kernel=False, cu_seqlens=None,
+                    chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None, state=None,
+                    state_indices=None, return_chunk_states=False, block_v=32, num_warps=4,
+                    num_stages=2, prep_warps=4):
+    """Launch the two kernels. Arguments as the public ops (``recurscan.chunk_gated_delta_rule``,
+    ``recurscan.chunk_gated_delta_product_varlen``), with the descriptors already built:
+
+    - varlen (``cu_seqlens`` given): ``chunk_indices_dp [NT_pad, 2]`` (sequence, chunk) of the
+      expanded stream sizes the prep grid; with ``return_chunk_states``, ``chunk_offsets [N + 1]``
+      and ``num_chunk_rows`` (rows of the chunk-state tensor, >= chunk_offsets[N]) too.
+    - launch shape: ``block_v`` (BV), ``num_warps``/``num_stages`` of the sweep, ``prep_warps``;
+      the planner picks them (``recurscan.plan``).
+
+    Reads no device value on the host and sizes nothing from data: capturable in a CUDA graph.
+    Scratch: ``wy`` and ``aqk`` (``[B, T*M, HV, 64]`` in the input dtype) and the norm factors
+    (``[B, T*M, HV, 2]`` float32), all written by the prep kernel before the sweep reads them.
+    Returns ``(o, final_state or None[, chunk_states])``; with a cache, the final state is ``state``.
+    """
+    M = num_householder
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    scale = K ** -0.5 if scale is None else float(scale)
+    device = q.device
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    g = g.contiguous() if g is not None else None
+    if beta is None:
+        beta = torch.ones(B, T * M, HV, dtype=q.dtype, device=device)
+    beta = beta.contiguous()
+    varlen = cu_seqlens is not None
+    N = cu_seqlens.shape[0] - 1 if varlen else B
+    BT = CHUNK
+    BK = max(16, triton.next_power_of_2(K))
+    BV = min(block_v, max(16, triton.next_power_of_2(V)))
+    if varlen:
+        if chunk_indices_dp is None:
+            raise ValueError("chunk_delta_fwd: varlen input needs chunk_indices_dp (recurscan.descriptors)")
+        n_prep = chunk_indices_dp.shape[0]
+    else:
+        n_prep = B * triton.cdiv(T * M, BT)
+
+    wy = _empty(B, T * M, HV, BT, dtype=q.dtype, device=device)
+    aqk = _empty(B, T * M, HV, BT, dtype=q.dtype, device=device)
+    rnorm = _empty(B, T * M, HV, 2, dtype=torch.float32, device=device) if use_qk_l2norm_in_kernel else wy
+    o = _empty(B, T, HV, V, dtype=q.dtype, device=device)
+    use_cache = state is not None
+    final = None
+    if not use_cache and output_final_state:
+        final = _empty(N, HV, K, V, dtype=torch.float32, device=device)
+    chunk_states = None
+    if return_chunk_states:
+        if varlen:
+            if chunk_offsets is None or num_chunk_rows is None:
+                raise ValueError("chunk_delta_fwd: chunk states of varlen input need chunk_offsets and num_chunk_rows")
+            rows = num_chunk_rows
+        else:
+            rows = B * triton.cdiv(T, BT)
+        # Zeros: rows past the last sequence's (descriptor padding) and a padding sequence's rows.
+        chunk_states = torch.zeros(rows, HV, K, V, dtype=torch.float32, device=device)
+    dummy = o  # any tensor, for pointer arguments a flag switches off
+    dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    # The products take the input dtype (bf16/fp16 operands, float32 accumulation). Triton 3.6's
+    # interpreter multiplies bf16 tiles as raw uint16 bits, so there bf16 products run in float32.
+    dt = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[q.dtype]
+    if dt == tl.bfloat16 and os.environ.get("TRITON_INTERPRET", "0") == "1":
+        dt = tl.float32
+
+    if n_prep > 0:
+        chunk_delta_prep_kernel[(n_prep, HV)](
+            q, k, g if g is not None else dummy, beta, wy, aqk, rnorm,
+            cu_seqlens if varlen else dummy, chunk_indices_dp if varlen else dummy,
+            scale, T,
+            H=H, HV=HV, K=K, M=M, BT=BT, BK=BK,
+            USE_L2NORM=use_qk_l2norm_in_kernel, IS_VARLEN=varlen, HAS_G=g is not None,
+            INV_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DT=dt,
+            num_warps=prep_warps,
+        )
+    NV = triton.cdiv(V, BV)
+    chunk_delta_sweep_kernel[(N * HV * NV,)](
+        q, k, v, g if g is not None else dummy, wy, aqk, rnorm, o,
+        initial_state if initial_state is not None else dummy,
+        final if final is not None else dummy,
+        state if use_cache else dummy,
+        state_indices if use_cache else dummy,
+        chunk_states if chunk_states is not None else dummy,
+        cu_seqlens if varlen else dummy,
+        chunk_offsets if (varlen and chunk_states is not None) else dummy,
+        scale, T,
+        H=H, HV=HV, K=K, V=V, M=M, BT=BT, BK=BK, BV=BV,
+        USE_L2NORM=use_qk_l2norm_in_kernel, IS_VARLEN=varlen, HAS_G=g is not None,
+        HAS_H0=initial_state is not None, STORE_FINAL=final is not None, USE_CACHE=use_cache,
+        STORE_CHUNK_STATES=chunk_states is not None,
+        DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, DT=dt,
+        num_warps=num_warps,
+    )
+    out = (o, state if use_cache else final)
+    if chunk_states is not None:
+        out += (chunk_states,)
+    return out

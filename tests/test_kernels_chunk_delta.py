@@ -1,0 +1,211 @@
+"""The chunked delta-rule Triton kernels (recurscan/kernels/chunk_delta.py) under Triton's
+interpreter, on CPU tensors, against the float64 oracle.
+
+How they run here: tests/conftest.py sets TRITON_INTERPRET=1 on machines without a GPU before
+triton is imported, and the public ops take ``backend="triton"``. On a GPU machine these tests
+compile the kernels for real on CPU-built inputs moved to the GPU (``DEVICE`` below).
+
+Tolerance (float32 inputs): the oracle's float32 chunked form is held to a relative RMS error of
+2e-5 against its float64 token loop (tests/test_reference_delta.py); the kernels compute in
+float32 too, so they get the same bound, plus an elementwise bound: every element within
+1e-4 x max|reference| (float32 rounding gives ~1e-6; a wrong or unwritten element gives O(1)).
+Every buffer the op allocates starts as NaN (chunk_delta.POISON_BUFFERS).
+"""
+import pytest
+import torch
+
+import recurscan
+from recurscan.descriptors import build_chunk_descriptors, padded_chunk_count
+from recurscan.kernels import chunk_delta
+from recurscan.plan import RULES, plan
+from recurscan.problem import delta_problem
+from recurscan.reference.delta import gated_delta_product_naive, gated_delta_rule_naive
+
+from test_reference_delta import gdn_inputs, gdp_inputs
+from tolerances import bits, relative_rms
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+F32_RMS = 2e-5  # the float32 oracle's own bound (test_reference_delta)
+F32_ELEM = 1e-4
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    monkeypatch.setattr(chunk_delta, "POISON_BUFFERS", True)
+
+
+def f32(*xs):
+    return [None if x is None else x.float().to(DEVICE) for x in xs]
+
+
+def assert_f32_close(got, want, what):
+    got = got.detach().double().cpu()
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    assert torch.isfinite(got).all(), f"{what}: non-finite values"
+    err = relative_rms(got, want)
+    assert err <= F32_RMS, f"{what}: relative RMS error {err:.2e} > {F32_RMS:.0e}"
+    worst = (got - want).abs().max().item()
+    bound = F32_ELEM * want.abs().max().item() + 1e-12
+    assert worst <= bound, f"{what}: max abs error {worst:.2e} > {bound:.2e}"
+
+
+@pytest.mark.parametrize("T", [1, 63, 64, 65, 200])
+def test_gdn_dense_matches_oracle(T):
+    """GVA (H=2, HV=4), K and V not powers of two, an initial state, gates 0 and -inf."""
+    q, k, v, g, beta, S0 = gdn_inputs(2, T, 2, 4, 24, 40)
+    want = gated_delta_rule_naive(q, k, v, g, beta, initial_state=S0, use_qk_l2norm_in_kernel=True,
+                                  return_chunk_states=True)
+    got = recurscan.chunk_gated_delta_rule(*f32(q, k, v, g, beta), initial_state=f32(S0)[0],
+                                           output_final_state=True, use_qk_l2norm_in_kernel=True,
+                                           return_chunk_states=True, backend="triton")
+    assert got[0].dtype == torch.float32 and got[2].shape[0] == 2 * -(-T // 64)
+    for a, b, what in zip(got, want, ("o", "final state", "chunk states")):
+        assert_f32_close(a, b, what)
+
+
+@pytest.mark.parametrize("M", [1, 2, 3])
+def test_gdp_varlen_matches_oracle(M):
+    """One-token sequences beside ones crossing chunk boundaries on both streams; for M = 3 the
+    expanded chunks end mid-token (ceil(L*M/64) != M*ceil(L/64))."""
+    cu = [0, 1, 2, 66, 67, 130]
+    q, k, v, g, beta = gdp_inputs(130, M, 2, 4, 16, 24)
+    S0 = torch.randn(len(cu) - 1, 4, 16, 24, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    want = gated_delta_product_naive(q, k, v, g, beta, M, initial_state=S0, use_qk_l2norm_in_kernel=True,
+                                     cu_seqlens=torch.tensor(cu), return_chunk_states=True)
+    got = recurscan.chunk_gated_delta_product_varlen(
+        *f32(q, k, v, g, beta), M, torch.tensor(cu, device=DEVICE), initial_state=f32(S0)[0],
+        output_final_state=True, use_qk_l2norm_in_kernel=True, return_chunk_states=True, backend="triton")
+    assert got[2].shape[0] == 5  # lengths 1, 1, 64, 1, 64: exact rows when the op builds the descriptors
+    for a, b, what in zip(got, want, ("o", "final state", "chunk states")):
+        assert_f32_close(a, b, what)
+
+
+def test_state_cache_padding_and_untouched_slots():
+    """Slots named in state_indices are read and written in place; -1 is padding (zero output, zero
+    chunk-state rows, nothing read or written); unnamed slots keep their bits (NaN stays NaN)."""
+    M, cu = 2, [0, 1, 40, 41, 130]
+    q, k, v, g, beta = gdp_inputs(130, M, 2, 4, 16, 24)
+    cache = torch.full((9, 4, 16, 24), float("nan"))
+    slots = torch.tensor([7, -1, 0, 3], dtype=torch.int32)
+    for s in (7, 0, 3):
+        cache[s] = torch.randn(4, 16, 24)
+    before = cache.clone()
+    cache = cache.to(DEVICE)
+    o, final, chunks = recurscan.chunk_gated_delta_product_varlen(
+        *f32(q, k, v, g, beta), M, torch.tensor(cu, device=DEVICE), use_qk_l2norm_in_kernel=True, state=cache,
+        state_indices=slots.to(DEVICE), return_chunk_states=True, backend="triton")
+    assert final is cache
+    S0 = torch.zeros(4, 4, 16, 24, dtype=torch.float64)
+    S0[[0, 2, 3]] = before[[7, 0, 3]].double()
+    want_o, want_S, want_chunks = gated_delta_product_naive(q, k, v, g, beta, M, initial_state=S0,
+                                                             use_qk_l2norm_in_kernel=True,
+                                                             cu_seqlens=torch.tensor(cu), return_chunk_states=True)
+    want_o[:, 1:40] = 0
+    assert o[:, 1:40].eq(0).all()
+    assert_f32_close(o, want_o, "o")
+    cache = cache.cpu()
+    for n, s in ((0, 7), (2, 0), (3, 3)):
+        assert_f32_close(cache[s], want_S[n], f"slot {s}")
+    untouched = [s for s in range(9) if s not in (7, 0, 3)]
+    assert torch.equal(bits(cache[untouched]), bits(before[untouched]))
+    assert chunks[1].eq(0).all()
+    assert_f32_close(chunks[[0, 2, 3, 4]], want_chunks[[0, 2, 3, 4]], "chunk states")
+
+
+def test_padded_descriptors_and_empty_sequences():
+    """Descriptors built for a larger padded batch (more tokens, zero-length sequences): same
+    results, chunk states padded with zero rows past chunk_offsets[N]."""
+    M, cu = 2, [0, 5, 5, 70, 70]
+    T = cu[-1]
+    q, k, v, g, beta = gdp_inputs(T, M, 1, 2, 16, 16)
+    S0 = torch.randn(4, 2, 16, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    d = build_chunk_descriptors(cu, M, max_tokens=256, device=DEVICE)
+    assert d.chunk_indices.shape[0] == padded_chunk_count(256, 4) == 8
+    assert d.chunk_indices_dp.shape[0] == padded_chunk_count(256, 4, M) == 12
+    assert d.chunk_offsets.tolist() == [0, 1, 1, 3, 3]
+    got = recurscan.chunk_gated_delta_product_varlen(
+        *f32(q, k, v, g, beta), M, torch.tensor(cu, device=DEVICE), initial_state=f32(S0)[0],
+        output_final_state=True, return_chunk_states=True, backend="triton", **d.as_kwargs())
+    want = gated_delta_product_naive(q, k, v, g, beta, M, initial_state=S0, cu_seqlens=torch.tensor(cu),
+                                     return_chunk_states=True)
+    assert_f32_close(got[0], want[0], "o")
+    assert_f32_close(got[1], want[1], "final state (empty sequences keep their initial state)")
+    assert got[2].shape[0] == 8 and got[2][3:].eq(0).all()
+    assert_f32_close(got[2][:3], want[2], "chunk states")
+
+
+@pytest.mark.parametrize("gate", ["zero", "all_reset", "none"])
+def test_extreme_gates(gate):
+    """log a = 0 everywhere (no decay), -inf everywhere (every token starts from zero), and g=None
+    with beta=None (ones)."""
+    q, k, v, g, beta, S0 = gdn_inputs(1, 70, 1, 2, 16, 16, resets=False)
+    if gate == "zero":
+        g = torch.zeros_like(g)
+    elif gate == "all_reset":
+        g = torch.full_like(g, float("-inf"))
+    else:
+        g, beta = None, None
+    want = gated_delta_rule_naive(q, k, v, g, beta, initial_state=S0[:1], use_qk_l2norm_in_kernel=True)
+    got = recurscan.chunk_gated_delta_rule(*f32(q, k, v, g, beta), initial_state=f32(S0[:1])[0],
+                                           output_final_state=True, use_qk_l2norm_in_kernel=True,
+                                           backend="triton")
+    for a, b, what in zip(got, want, ("o", "final state")):
+        assert_f32_close(a, b, what)
+
+
+def test_no_l2norm_and_custom_scale():
+    q, k, v, g, beta, S0 = gdn_inputs(1, 100, 2, 2, 16, 16, resets=False)
+    k = torch.nn.functional.normalize(k, dim=-1)  # unit keys keep the un-normalised recurrence bounded
+    want = gated_delta_rule_naive(q, k, v, g, beta, scale=0.3)
+    got = recurscan.chunk_gated_delta_rule(*f32(q, k, v, g, beta), scale=0.3, output_final_state=True,
+                                           backend="triton")
+    for a, b, what in zip(got, want, ("o", "final state")):
+        assert_f32_close(a, b, what)
+
+
+def test_bfloat16_inputs():
+    """bf16 inputs: the products take bf16 operands (as fla's), so the error is bf16 rounding:
+    relative RMS <= 1e-2 (METHOD.md's band for bf16 operands), against float64 on the same
+    (bf16-rounded) inputs. Output in bf16, states in float32."""
+    q, k, v, g, beta, S0 = gdn_inputs(1, 130, 2, 4, 32, 32)
+    q, k, v, beta = (x.bfloat16() for x in (q, k, v, beta))
+    want = gated_delta_rule_naive(q.double(), k.double(), v.double(), g, beta.double(), initial_state=S0[:1],
+                                  use_qk_l2norm_in_kernel=True)
+    dev = lambda x: x.to(DEVICE)  # noqa: E731
+    o, S = recurscan.chunk_gated_delta_rule(dev(q), dev(k), dev(v), dev(g.float()), dev(beta),
+                                            initial_state=dev(S0[:1].float()), output_final_state=True,
+                                            use_qk_l2norm_in_kernel=True, backend="triton")
+    assert o.dtype == torch.bfloat16 and S.dtype == torch.float32
+    assert relative_rms(o.cpu(), want[0]) <= 1e-2 and relative_rms(S.cpu(), want[1]) <= 1e-2
+
+
+def test_grad_is_refused_on_the_triton_path():
+    q, k, v, g, beta, _ = gdn_inputs(1, 8, 1, 1, 16, 16)
+    q = q.float().to(DEVICE).requires_grad_()
+    with pytest.raises(NotImplementedError, match="forward-only"):
+        recurscan.chunk_gated_delta_rule(q, *f32(k, v, g, beta), backend="triton")
+    with torch.no_grad():
+        recurscan.chunk_gated_delta_rule(q, *f32(k, v, g, beta), backend="triton")
+
+
+def test_backend_argument_is_checked():
+    q, k, v, g, beta, _ = gdn_inputs(1, 8, 1, 1, 16, 16)
+    with pytest.raises(ValueError, match="backend: expected one of"):
+        recurscan.chunk_gated_delta_rule(q, k, v, g, beta, backend="cuda")
+    with pytest.raises(ValueError, match="beta per value column"):
+        recurscan.chunk_gated_delta_rule(*f32(q, k, v, g), torch.rand(1, 8, 1, 16), backend="triton")
+
+
+def test_planner_rows():
+    """CPU tensors take the oracle unless asked; chunked delta-rule problems on CUDA take Triton;
+    decode and unsupported problems do not."""
+    q, k, v, g, beta, _ = gdn_inputs(1, 8, 1, 2, 16, 16, dtype=torch.float32)
+    p = delta_problem(q, k, v, g, beta)
+    assert plan("delta_rule", p, torch.device("cpu")).backend == "torch"
+    cuda = torch.device("cuda")
+    first = lambda prob, alg="chunked": next(r for r in RULES if r.applies("delta_rule", prob, cuda, alg))  # noqa
+    assert first(p).backend == "triton"
+    assert first(p, "recurrent").backend == "torch"
+    per_value = delta_problem(q, k, v, g, torch.rand(1, 8, 2, 16))
+    assert first(per_value).backend == "torch"
+    assert first(delta_problem(*(x.double() for x in (q, k, v, g, beta)))).backend == "torch"
