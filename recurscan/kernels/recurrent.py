@@ -377,61 +377,137 @@ def streaming_recurrence(q, k, v, o, *, scale: float, delta: bool, gate: str | N
         initial ``[rows, HV, K, V]`` (``vk_layout``: ``[rows, HV, V, K]``), read at ``slots[n]``
         (or n); final: written at ``slots[n]`` when ``final_by_slot`` else at n; snaps
         ``[S, n_snap, HV, K, V]`` (same layout) at ``slots[n]``.
+
+    Host cost. A call whose tensors have the shapes, strides, dtypes, devices and 16-byte
+    alignments of an earlier call (everything Triton specializes on) reuses that call's launch
+    arguments and compiled kernel: a key, a list and the driver launch, no re-planning.
     """
+    tensors = (q, k, v, g, beta, o, A, dt_bias, D, z, initial, final, slots, snaps, accepted, cu_seqlens)
+    device = q.device
+    bound = DISPATCH_STEP_BOUND.get(device.type)
+    key = (tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0) for t in tensors),
+           device, delta, gate, beta_mode, l2norm, final_by_slot, steps_per_token, vk_layout, dt_tied, A_tied,
+           dt_softplus, config, num_sequences, bound)
+    hit = _LAUNCHES.get(key)
+    if hit is not None and hit.compiled is not None:
+        args = hit.template.copy()
+        for i, t in zip(_TENSOR_POS, tensors):
+            args[i] = o if t is None else t  # an absent pointer: any tensor (its flag keeps it unread)
+        args[_HIN_POS] = o
+        args[_SCALE_POS] = scale
+        global DIRECT_LAUNCH_ERROR
+        try:
+            hit.compiled[hit.grid](*args)
+            return
+        except Exception as exc:  # never silently: recorded here, asserted None by the GPU tests
+            DIRECT_LAUNCH_ERROR = f"{type(exc).__name__}: {exc}"
+            hit.compiled = None
+    if hit is None:
+        hit = _plan_launch(tensors, scale=scale, delta=delta, gate=gate, beta_mode=beta_mode, l2norm=l2norm,
+                           final_by_slot=final_by_slot, steps_per_token=steps_per_token, vk_layout=vk_layout,
+                           dt_tied=dt_tied, A_tied=A_tied, dt_softplus=dt_softplus, config=config,
+                           num_sequences=num_sequences, bound=bound)
+        if len(_LAUNCHES) > 4096:  # many distinct prompt lengths: start over rather than grow
+            _LAUNCHES.clear()
+        _LAUNCHES[key] = hit
+    compiled = _launch_jit(hit, tensors, scale)
+    hit.compiled = compiled if DIRECT_LAUNCH_ERROR is None else None
+
+
+#: Set if a cached direct launch ever failed (the JIT path is then used for good); None is expected.
+DIRECT_LAUNCH_ERROR: str | None = None
+
+
+class _Launch:
+    """The launch arguments of one call signature: grid, the kernel's full argument list with its
+    tensors left to fill, the number of launches, and the compiled kernel once known."""
+
+    __slots__ = ("grid", "template", "launches", "bound", "handoff_shape", "compiled", "vk_layout", "final_by_slot",
+                 "num_warps", "num_stages")
+
+
+def _plan_launch(tensors, *, scale, delta, gate, beta_mode, l2norm, final_by_slot, steps_per_token, vk_layout,
+                 dt_tied, A_tied, dt_softplus, config, num_sequences, bound) -> _Launch:
+    (q, k, v, g, beta, o, A, dt_bias, D, z, initial, final, slots, snaps, accepted, cu_seqlens) = tensors
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
-    device = q.device
     if config is None:
         sbytes = max((t.element_size() for t in (initial, final) if t is not None), default=4)
-        config = stream_config(num_sequences * HV, K, V, T, sbytes, delta, device)
-    GATE, BETA = _GATES[gate], _BETAS[beta_mode]
+        config = stream_config(num_sequences * HV, K, V, T, sbytes, delta, q.device)
     steps = int(snaps is not None) and steps_per_token
-    n_snap = snaps.shape[1] if snaps is not None else 0
-    bound = DISPATCH_STEP_BOUND.get(device.type)
-    launches = 1 if bound is None or T <= bound else triton.cdiv(T, bound)
-    dummy = o  # any tensor stands for an absent pointer (its flag keeps it unread)
     gate_dims = (0, 1, 2, 3) if (g is not None and g.dim() == 4) else (0, 1, 2)
     sg = _s(g, gate_dims) + ((0,) if len(gate_dims) == 3 else ())
     sb = _s(beta, (0, 1, 2)) + ((beta.stride(3),) if beta is not None and beta.dim() == 4 else (0,))
-    common = dict(
-        q=q, k=k, v=v, g=g if g is not None else dummy, beta=beta if beta is not None else dummy, o=o,
-        A=A if A is not None else dummy, dt_bias=dt_bias if dt_bias is not None else dummy,
-        D=D if D is not None else dummy, z=z if z is not None else dummy,
-        slots=slots if slots is not None else dummy, snaps=snaps if snaps is not None else dummy,
-        accepted=accepted if accepted is not None else dummy,
-        cu_seqlens=cu_seqlens if cu_seqlens is not None else dummy,
-        scale=float(scale), T=T, n_snap=n_snap,
-    )
+    sA = ((A.stride(0),) + ((A.stride(2), A.stride(1)) if A.dim() == 3 else (0, 0))) if A is not None else (0, 0, 0)
     strides = (_s(q, (0, 1, 2)) + _s(k, (0, 1, 2)) + _s(v, (0, 1, 2, 3)) + sg + sb + _s(o, (0, 1, 2))
-               + _s(z, (0, 1, 2, 3))
-               + ((A.stride(0),) + ((A.stride(2), A.stride(1)) if A.dim() == 3 else (0, 0)) if A is not None else (0, 0, 0))
-               + _s(dt_bias, (0, 1)) + _s(D, (0, 1)))
-    flags = dict(H=H, HV=HV, K=K, V=V, BK=config.BK, BV=config.BV, DELTA=bool(delta), GATE=GATE, BETA=BETA,
-                 L2NORM=bool(l2norm), DT_TIED=bool(dt_tied), A_TIED=bool(A_tied), DT_SOFTPLUS=bool(dt_softplus),
-                 HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None, HAS_Z=z is not None,
-                 HAS_SLOTS=slots is not None, STEPS=steps, HAS_ACCEPTED=accepted is not None,
-                 VARLEN=cu_seqlens is not None, num_warps=config.num_warps, num_stages=config.num_stages)
-    grid = (num_sequences * HV * triton.cdiv(V, config.BV),)
-    s_init = _state_strides(initial, vk_layout)
-    s_snap = _state_strides(snaps, vk_layout, lead=3)
-    handoff = None
-    if launches > 1:
-        handoff = torch.empty(num_sequences, HV, K, V, dtype=torch.float32, device=device)
-    s_hand = _state_strides(handoff, False)
-    for i in range(launches):
-        last = i == launches - 1
+               + _s(z, (0, 1, 2, 3)) + sA + _s(dt_bias, (0, 1)) + _s(D, (0, 1))
+               + _state_strides(initial, vk_layout) + (0, 0, 0, 0) + _state_strides(final, vk_layout)
+               + _state_strides(snaps, vk_layout, lead=3))
+    flags = dict(H=H, HV=HV, K=K, V=V, BK=config.BK, BV=config.BV, DELTA=bool(delta), GATE=_GATES[gate],
+                 BETA=_BETAS[beta_mode], L2NORM=bool(l2norm), DT_TIED=bool(dt_tied), A_TIED=bool(A_tied),
+                 DT_SOFTPLUS=bool(dt_softplus), HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None,
+                 HAS_Z=z is not None, USE_H0=initial is not None, STORE_HT=final is not None,
+                 HT_BY_SLOT=bool(final_by_slot), HAS_SLOTS=slots is not None, STEPS=steps,
+                 HAS_ACCEPTED=accepted is not None, VARLEN=cu_seqlens is not None)
+    kw = dict(zip(_STRIDE_NAMES, strides), **flags, scale=float(scale), T=T, t_begin=0, t_end=T,
+              n_snap=snaps.shape[1] if snaps is not None else 0)
+    for name in _TENSOR_NAMES:
+        kw[name] = o  # absent pointers: any tensor (its flag keeps it unread)
+    kw["hin"] = o
+    hit = _Launch()
+    hit.grid = (num_sequences * HV * triton.cdiv(V, config.BV),)
+    hit.template = [kw[n] for n in streaming_recurrence_kernel.arg_names]
+    for i in _TENSOR_POS + (_HIN_POS,):
+        hit.template[i] = None  # the cache keeps no tensor alive; each call fills its own
+    hit.launches = 1 if bound is None or T <= bound else triton.cdiv(T, bound)
+    hit.bound = bound
+    hit.handoff_shape = (num_sequences, HV, K, V)
+    hit.compiled = None
+    hit.vk_layout, hit.final_by_slot = vk_layout, final_by_slot
+    hit.num_warps, hit.num_stages = config.num_warps, config.num_stages
+    return hit
+
+
+def _launch_jit(hit: _Launch, tensors, scale):
+    """Launch through Triton's JIT (compiles on first use); returns the compiled kernel when one
+    launch covers the call (the cached fast path), else None."""
+    names = streaming_recurrence_kernel.arg_names
+    kw = dict(zip(names, hit.template))
+    o = tensors[5]
+    for name, t in zip(_TENSOR_NAMES, tensors):
+        kw[name] = o if t is None else t
+    kw["hin"] = o
+    kw["scale"] = float(scale)
+    final = tensors[11]
+    options = dict(num_warps=hit.num_warps, num_stages=hit.num_stages)
+    if hit.launches == 1:
+        compiled = streaming_recurrence_kernel[hit.grid](**kw, **options)
+        return compiled if (compiled is not None and hasattr(compiled, "run")) else None
+    # Launch splits: each launch covers [t_begin, t_end) of every sequence; the state is handed on
+    # through a float32 buffer indexed by sequence; only the last launch writes ``final``.
+    handoff = torch.empty(hit.handoff_shape, dtype=torch.float32, device=tensors[0].device)
+    sh = _state_strides(handoff, False)
+    for i in range(hit.launches):
+        last = i == hit.launches - 1
         out = final if last else handoff
-        out_by_slot = final_by_slot if last else False
-        s_out = _state_strides(out, vk_layout if last else False)
-        streaming_recurrence_kernel[grid](
-            h0=initial if initial is not None else dummy, hin=handoff if handoff is not None else dummy,
-            ht=out if out is not None else dummy,
-            t_begin=0 if launches == 1 else i * bound, t_end=T if launches == 1 else (i + 1) * bound,
-            **common, **dict(zip(_STRIDE_NAMES, strides + s_init + s_hand + s_out + s_snap)),
-            USE_H0=initial is not None, STORE_HT=out is not None, HT_BY_SLOT=bool(out_by_slot), **flags)
+        kw.update(t_begin=i * hit.bound, t_end=(i + 1) * hit.bound, hin=handoff,
+                  ht=out if out is not None else kw["o"], STORE_HT=out is not None,
+                  HT_BY_SLOT=hit.final_by_slot if last else False)
+        kw.update(zip(("si_n", "si_h", "si_k", "si_v"), sh))
+        kw.update(zip(("s1_n", "s1_h", "s1_k", "s1_v"),
+                      _state_strides(out, hit.vk_layout if last else False)))
+        streaming_recurrence_kernel[hit.grid](**kw, **options)
+    return None
 
 
 _STRIDE_NAMES = (
     "sq_b sq_t sq_h sk_b sk_t sk_h sv_b sv_t sv_h sv_d sg_b sg_t sg_h sg_d sb_b sb_t sb_h sb_d so_b so_t so_h "
     "sz_b sz_t sz_h sz_v sA_h sA_k sA_v sdb_h sdb_v sD_h sD_v s0_n s0_h s0_k s0_v si_n si_h si_k si_v "
     "s1_n s1_h s1_k s1_v ss_n ss_t ss_h ss_k ss_v").split()
+# The kernel's tensor arguments, in the order streaming_recurrence gathers them.
+_TENSOR_NAMES = ("q", "k", "v", "g", "beta", "o", "A", "dt_bias", "D", "z", "h0", "ht", "slots", "snaps",
+                 "accepted", "cu_seqlens")
+_TENSOR_POS = tuple(streaming_recurrence_kernel.arg_names.index(n) for n in _TENSOR_NAMES)
+_SCALE_POS = streaming_recurrence_kernel.arg_names.index("scale")
+_HIN_POS = streaming_recurrence_kernel.arg_names.index("hin")
+_LAUNCHES: dict[tuple, "_Launch"] = {}

@@ -1,0 +1,309 @@
+"""GPU benchmarks of the streaming kernel (issue 4): decode against a state cache, one-request
+latency (CUDA graph and eager), speculative decode, the launch-shape sweep behind the rules, and
+streaming prefill from 1K to 64K tokens. Peers (fla-core, mamba_ssm) run in the same process.
+
+    python -m benchmarks.gpu_decode --out benchmarks/results/gpu_decode.json
+
+Timing: ``triton.testing.do_bench`` (it zeroes a 256 MB buffer before every call: L2 flushed) for
+bandwidth figures; ``do_bench_cudagraph`` for graph replay (no flush; a rotated-buffer graph of
+64 calls over 64 distinct state pools is reported beside it); host time of an eager call as the
+wall time of 2000 back-to-back calls divided by 2000 (the GPU work per call is smaller, so the
+host is the bottleneck). Bytes are the minimum traffic (benchmarks/registry.py) and % are of the
+measured 4.27 TB/s device copy.
+
+fla 0.6's ``fused_recurrent_gated_delta_rule`` takes ``(q, k, v, g, gk, gv, beta, ...)``, so it
+is called with keywords here (a positional beta would land on gk).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+from . import registry, runner
+
+BW = 4.27e12
+
+
+def _fla_decode(w: registry.Workload):
+    mod = runner._import("fla.ops.gated_delta_rule")
+
+    def fn(x):  # the pool in slot order is fla's initial_state; it returns a new final state
+        return mod.fused_recurrent_gated_delta_rule(
+            x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"], initial_state=x["state"], output_final_state=True,
+            use_qk_l2norm_in_kernel=x["use_qk_l2norm_in_kernel"])
+    return fn
+
+
+FLA = runner.Impl("fla", "peer", _fla_decode, "fla-core fused_recurrent_gated_delta_rule (keyword call)",
+                  lambda: runner._dist_version("fla-core"))
+
+
+def bench(fn, rep=300):
+    import triton.testing as tt
+    ms = tt.do_bench(fn, warmup=50, rep=rep, quantiles=[0.5, 0.2, 0.8])
+    return {"median": ms[0] / 1e3, "p20": ms[1] / 1e3, "p80": ms[2] / 1e3}
+
+
+def bench_graph(fn, rep=300):
+    import triton.testing as tt
+    ms = tt.do_bench_cudagraph(fn, rep=rep, quantiles=[0.5, 0.2, 0.8])
+    return {"median": ms[0] / 1e3, "p20": ms[1] / 1e3, "p80": ms[2] / 1e3}
+
+
+def host_time(fn, n=2000):
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return {"host_per_call_s": (t1 - t0) / n, "wall_per_call_s": (t2 - t0) / n, "calls": n}
+
+
+def rotated_graph(make_call, copies=64, replays=20):
+    """Per-call time of a CUDA graph of ``copies`` calls, each on its own buffers (L2 cold-ish)."""
+    calls = [make_call(i) for i in range(copies)]
+    for c in calls:
+        c()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g, stream=s):
+            for c in calls:
+                c()
+    torch.cuda.current_stream().wait_stream(s)
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3 / copies)
+    times.sort()
+    return {"median": times[len(times) // 2], "min": times[0], "copies": copies}
+
+
+def pct(nbytes, t):
+    return {"bytes": nbytes, "time_s": t, "TB_per_s": nbytes / t / 1e12, "pct_of_4.27TBps": 100 * nbytes / t / BW}
+
+
+# ---- sections ---------------------------------------------------------------------------------------
+
+
+def registered(out):
+    wls = ["gdn_decode_256", "gdn_decode_1024"]
+    for name in wls:
+        out["workloads"].append(runner.run_workload(name, impls=["recurscan"], extra_impls=[FLA], rep_ms=300))
+        print(runner.format_table(out["workloads"][-1]), flush=True)
+    bf16 = registry.Workload("gdn_decode_256_bf16_state", "gdn_decode", (1,) * 256, heads=16, value_heads=32,
+                             state_dtype="bfloat16", note="256 requests, bf16 state cache (accumulated in fp32)")
+    out["workloads"].append(runner.run_workload(bf16, impls=["recurscan"], rep_ms=300))
+    print(runner.format_table(out["workloads"][-1]), flush=True)
+    out["workloads"].append(runner.run_workload("ssd_decode_256", impls=["recurscan", "mamba_ssm"], rep_ms=300))
+    print(runner.format_table(out["workloads"][-1]), flush=True)
+
+
+def one_request(out):
+    import recurscan
+    w = registry.Workload("gdn_decode_1", "gdn_decode", (1,), heads=16, value_heads=32)
+    x = w.make_inputs("cuda")
+    ours = lambda: recurscan.fused_recurrent_gated_delta_rule_update(  # noqa: E731
+        x["q"], x["k"], x["v"], x["g"], x["beta"], state=x["state"], state_indices=x["state_indices"],
+        use_qk_l2norm_in_kernel=True)
+    res = {"bytes": w.hbm_bytes(), "ours": {}, "fla": {}}
+    res["ours"]["graph_replay"] = bench_graph(ours)
+    res["ours"]["eager"] = host_time(ours)
+    # the same call through Triton's JIT dispatch (the op's cache bypassed) and the bare launcher
+    from recurscan.kernels import recurrent as R
+    saved = R._LAUNCHES.copy()
+    def jit_path():
+        R._LAUNCHES.clear()
+        ours()
+    res["ours"]["eager_without_launch_cache"] = host_time(jit_path, n=300)
+    R._LAUNCHES.update(saved)
+
+    def make(i):
+        y = w.make_inputs("cuda", seed=i)
+        return lambda: recurscan.fused_recurrent_gated_delta_rule_update(
+            y["q"], y["k"], y["v"], y["g"], y["beta"], state=y["state"], state_indices=y["state_indices"],
+            use_qk_l2norm_in_kernel=True)
+    res["ours"]["graph_rotated_64"] = rotated_graph(make)
+    try:
+        fla = _fla_decode(w)
+        f = lambda: fla(x)  # noqa: E731
+        res["fla"]["graph_replay"] = bench_graph(f)
+        res["fla"]["eager"] = host_time(f, n=500)
+
+        def makef(i):
+            y = w.make_inputs("cuda", seed=i)
+            return lambda: fla(y)
+        res["fla"]["graph_rotated_64"] = rotated_graph(makef)
+    except Exception as exc:
+        res["fla"] = {"status": f"{type(exc).__name__}: {exc}"}
+    out["one_request"] = res
+    print(json.dumps(res, indent=1), flush=True)
+
+
+def speculative(out):
+    import recurscan
+    N, D, H, HV, K, V = 256, 4, 16, 32, 128, 128
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=gen, device="cuda")  # noqa: E731
+    q, k, v = r(N, D, H, K).bfloat16(), r(N, D, H, K).bfloat16(), r(N, D, HV, V).bfloat16()
+    g, beta = torch.nn.functional.logsigmoid(r(N, D, HV) + 3), torch.sigmoid(r(N, D, HV)).bfloat16()
+    state = 0.1 * r(N, HV, K, V)
+    snaps = torch.zeros(N, D, HV, K, V, device="cuda")
+    slots = torch.arange(N, device="cuda", dtype=torch.int32)
+    acc = torch.randint(1, D + 1, (N,), generator=gen, device="cuda", dtype=torch.int32)
+    fn = lambda: recurscan.fused_recurrent_gated_delta_rule_update(  # noqa: E731
+        q, k, v, g, beta, use_qk_l2norm_in_kernel=True, state=state, state_indices=slots,
+        intermediate_states=snaps, steps_per_token=1, num_accepted_tokens=acc)
+    t = bench(fn)
+    sb = N * HV * K * V * 4
+    act = N * D * (2 * H * K * 2 + HV * V * 2 * 2 + HV * 4 + HV * 2)
+    nbytes = sb * (1 + 1 + D) + act  # state read, final written, D snapshots written
+    out["speculative_256x4"] = {"time": t, **pct(nbytes, t["median"]),
+                                "note": "256 requests x 4 draft tokens, fp32 state, a snapshot per token, "
+                                        "num_accepted_tokens restart; bytes = state read + final + 4 snapshots"}
+    print("speculative", out["speculative_256x4"], flush=True)
+
+
+def sweep(out):
+    """Launch shapes around the rule's choice (the data behind stream_config's rows)."""
+    from recurscan.kernels import recurrent as R
+    res = []
+    for name, state_dtype, cfgs in (("gdn_decode_256", "float32", [(16, 4), (32, 4), (32, 8), (64, 4), (64, 8)]),
+                                    ("gdn_decode_256", "bfloat16", [(32, 4), (64, 4), (128, 8)])):
+        w = registry.Workload(name, "gdn_decode", (1,) * 256, heads=16, value_heads=32, state_dtype=state_dtype)
+        x = w.make_inputs("cuda")
+        o = torch.empty_like(x["v"])
+        for BV, nw in cfgs:
+            cfg = R.StreamConfig(128, BV, nw, 1, "sweep")
+            fn = lambda: R.streaming_recurrence(  # noqa: E731
+                x["q"], x["k"], x["v"], o, scale=128 ** -0.5, delta=True, gate="scalar", g=x["g"], beta=x["beta"],
+                beta_mode="head", l2norm=True, initial=x["state"], final=x["state"], final_by_slot=True,
+                slots=x["state_indices"], num_sequences=256, config=cfg)
+            t = bench(fn, rep=200)
+            res.append({"workload": name, "state_dtype": state_dtype, "BV": BV, "num_warps": nw, **pct(w.hbm_bytes(), t["median"])})
+            print(res[-1], flush=True)
+    w = registry.get("ssd_decode_256")
+    x = w.make_inputs("cuda")
+    N, Hs, P, Ns = x["state"].shape
+    import recurscan  # noqa: F401
+    for BV, nw in [(8, 4), (16, 4), (32, 4), (64, 8)]:
+        cfg = R.StreamConfig(128, BV, nw, 1, "sweep")
+        y = torch.empty(N, 1, Hs, P, device="cuda", dtype=x["x"].dtype)
+        dt = x["dt"][:, None, :]  # [N, 1, H]: tied over headdim
+        fn = lambda: R.streaming_recurrence(  # noqa: E731
+            x["C"][:, None], x["B"][:, None], x["x"][:, None], y, scale=1.0, delta=False, gate="ssd", g=dt,
+            initial=x["state"], final=x["state"], final_by_slot=True, vk_layout=True, A=x["A"],
+            dt_bias=x["dt_bias"][:, None].expand(Hs, P), D=x["D"][:, None].expand(Hs, P), dt_tied=True,
+            dt_softplus=True, num_sequences=N, config=cfg)
+        t = bench(fn, rep=200)
+        res.append({"workload": "ssd_decode_256", "BV": BV, "num_warps": nw, **pct(w.hbm_bytes(), t["median"])})
+        print(res[-1], flush=True)
+    # streaming prefill at T = 4096, one sequence, 32 value heads
+    T = 4096
+    q, k, v, g, beta, S0 = prefill_inputs(T)
+    o = torch.empty_like(v)
+    fin = torch.empty_like(S0)
+    for BV, nw in [(4, 1), (8, 1), (8, 2), (16, 2), (16, 4), (32, 4)]:
+        cfg = R.StreamConfig(128, BV, nw, 1, "sweep")
+        fn = lambda: R.streaming_recurrence(  # noqa: E731
+            q, k, v, o, scale=128 ** -0.5, delta=True, gate="scalar", g=g, beta=beta, beta_mode="head", l2norm=True,
+            initial=S0, final=fin, num_sequences=1, config=cfg)
+        t = bench(fn, rep=200)
+        res.append({"workload": "prefill_T4096_hv32", "BV": BV, "num_warps": nw, "time_s": t["median"],
+                    "us_per_token": t["median"] / T * 1e6})
+        print(res[-1], flush=True)
+    out["launch_sweep"] = res
+
+
+def prefill_inputs(T, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen, device="cuda")  # noqa: E731
+    q, k, v = r(1, T, 16, 128).bfloat16(), r(1, T, 16, 128).bfloat16(), r(1, T, 32, 128).bfloat16()
+    g = torch.nn.functional.logsigmoid(r(1, T, 32) + 3)
+    beta = torch.sigmoid(r(1, T, 32)).bfloat16()
+    return q, k, v, g, beta, 0.1 * r(1, 32, 128, 128)
+
+
+def prefill(out, Ts=(1024, 4096, 16384, 65536)):
+    import recurscan
+    fla = None
+    try:
+        fla = runner._import("fla.ops.gated_delta_rule").fused_recurrent_gated_delta_rule
+    except Exception as exc:
+        out["prefill_fla_status"] = str(exc)
+    rows = []
+    for T in Ts:
+        q, k, v, g, beta, S0 = prefill_inputs(T)
+        ours = lambda: recurscan.fused_recurrent_gated_delta_rule_update(  # noqa: E731
+            q, k, v, g, beta, initial_state=S0, output_final_state=True, use_qk_l2norm_in_kernel=True)
+        row = {"T": T, "ours": bench(ours, rep=400)}
+        o1, s1 = ours()
+        if fla is not None:
+            f = lambda: fla(q, k, v, g=g, beta=beta, initial_state=S0, output_final_state=True,  # noqa: E731
+                            use_qk_l2norm_in_kernel=True)
+            row["fla"] = bench(f, rep=400)
+            o2, s2 = f()
+            row["agreement_rel_rms"] = {"o": ((o1.float() - o2.float()).pow(2).mean().sqrt()
+                                              / o2.float().pow(2).mean().sqrt()).item(),
+                                        "state": ((s1 - s2).pow(2).mean().sqrt() / s2.pow(2).mean().sqrt()).item()}
+        rows.append(row)
+        print(row, flush=True)
+    fit = {}
+    for who in ("ours", "fla"):
+        pts = [(r["T"], r[who]["median"]) for r in rows if who in r]
+        if len(pts) >= 2:
+            n = len(pts)
+            mx, my = sum(p[0] for p in pts) / n, sum(p[1] for p in pts) / n
+            sxx = sum((p[0] - mx) ** 2 for p in pts)
+            slope = sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx
+            icpt = my - slope * mx
+            ss_res = sum((p[1] - (icpt + slope * p[0])) ** 2 for p in pts)
+            ss_tot = sum((p[1] - my) ** 2 for p in pts)
+            fit[who] = {"slope_us_per_token": slope * 1e6, "intercept_us": icpt * 1e6, "r2": 1 - ss_res / ss_tot,
+                        "us_per_token_at_each_T": [p[1] / p[0] * 1e6 for p in pts]}
+    out["prefill"] = {"shape": "B1 H16 HV32 K=V=128, bf16 inputs, fp32 initial and final state, l2norm",
+                      "rows": rows, "linear_fit": fit}
+    print(json.dumps(fit, indent=1), flush=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="benchmarks/results/gpu_decode.json")
+    ap.add_argument("--sections", default="registered,one_request,speculative,sweep,prefill")
+    args = ap.parse_args(argv)
+    out = {"environment": runner.environment(torch.device("cuda")), "ceiling_bytes_per_s": BW,
+           "command": "python -m benchmarks.gpu_decode " + " ".join(argv or sys.argv[1:]), "workloads": []}
+    for sec in args.sections.split(","):
+        t0 = time.perf_counter()
+        try:
+            globals()[sec](out)
+        except Exception:
+            out.setdefault("errors", {})[sec] = traceback.format_exc()
+            print(out["errors"][sec], flush=True)
+        out.setdefault("section_seconds", {})[sec] = time.perf_counter() - t0
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1, default=str)
+    print("saved", args.out)
+
+
+if __name__ == "__main__":
+    main()
