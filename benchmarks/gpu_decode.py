@@ -124,17 +124,20 @@ def one_request(out):
     ours = lambda: recurscan.fused_recurrent_gated_delta_rule_update(  # noqa: E731
         x["q"], x["k"], x["v"], x["g"], x["beta"], state=x["state"], state_indices=x["state_indices"],
         use_qk_l2norm_in_kernel=True)
+    ours()
+    torch.cuda.synchronize()
     res = {"bytes": w.hbm_bytes(), "ours": {}, "fla": {}}
     res["ours"]["graph_replay"] = bench_graph(ours)
     res["ours"]["eager"] = host_time(ours)
     # the same call through Triton's JIT dispatch (the op's cache bypassed) and the bare launcher
     from recurscan.kernels import recurrent as R
-    saved = R._LAUNCHES.copy()
-    def jit_path():
-        R._LAUNCHES.clear()
+    from recurscan.ops import decode as D
+
+    def jit_path():  # the op's per-signature cache dropped: validation, planning and Triton's JIT launch
+        D._PREPARED.clear()
         ours()
-    res["ours"]["eager_without_launch_cache"] = host_time(jit_path, n=300)
-    R._LAUNCHES.update(saved)
+    res["ours"]["eager_without_signature_cache"] = host_time(jit_path, n=300)
+    res["ours"]["direct_launch_error"] = R.DIRECT_LAUNCH_ERROR
 
     def make(i):
         y = w.make_inputs("cuda", seed=i)
@@ -145,6 +148,7 @@ def one_request(out):
     try:
         fla = _fla_decode(w)
         f = lambda: fla(x)  # noqa: E731
+        f()
         res["fla"]["graph_replay"] = bench_graph(f)
         res["fla"]["eager"] = host_time(f, n=500)
 
@@ -186,8 +190,8 @@ def sweep(out):
     """Launch shapes around the rule's choice (the data behind stream_config's rows)."""
     from recurscan.kernels import recurrent as R
     res = []
-    for name, state_dtype, cfgs in (("gdn_decode_256", "float32", [(16, 4), (32, 4), (32, 8), (64, 4), (64, 8)]),
-                                    ("gdn_decode_256", "bfloat16", [(32, 4), (64, 4), (128, 8)])):
+    for name, state_dtype, cfgs in (("gdn_decode_256", "float32", [(8, 1), (16, 1), (32, 1), (32, 4)]),
+                                    ("gdn_decode_256", "bfloat16", [(16, 1), (32, 1), (64, 4)])):
         w = registry.Workload(name, "gdn_decode", (1,) * 256, heads=16, value_heads=32, state_dtype=state_dtype)
         x = w.make_inputs("cuda")
         o = torch.empty_like(x["v"])
@@ -204,7 +208,7 @@ def sweep(out):
     x = w.make_inputs("cuda")
     N, Hs, P, Ns = x["state"].shape
     import recurscan  # noqa: F401
-    for BV, nw in [(8, 4), (16, 4), (32, 4), (64, 8)]:
+    for BV, nw in [(32, 4), (64, 8)]:
         cfg = R.StreamConfig(128, BV, nw, 1, "sweep")
         y = torch.empty(N, 1, Hs, P, device="cuda", dtype=x["x"].dtype)
         dt = x["dt"][:, None, :]  # [N, 1, H]: tied over headdim
@@ -221,7 +225,7 @@ def sweep(out):
     q, k, v, g, beta, S0 = prefill_inputs(T)
     o = torch.empty_like(v)
     fin = torch.empty_like(S0)
-    for BV, nw in [(4, 1), (8, 1), (8, 2), (16, 2), (16, 4), (32, 4)]:
+    for BV, nw in [(2, 1), (4, 1), (8, 1)]:
         cfg = R.StreamConfig(128, BV, nw, 1, "sweep")
         fn = lambda: R.streaming_recurrence(  # noqa: E731
             q, k, v, o, scale=128 ** -0.5, delta=True, gate="scalar", g=g, beta=beta, beta_mode="head", l2norm=True,
@@ -229,6 +233,20 @@ def sweep(out):
         t = bench(fn, rep=200)
         res.append({"workload": "prefill_T4096_hv32", "BV": BV, "num_warps": nw, "time_s": t["median"],
                     "us_per_token": t["median"] / T * 1e6})
+        print(res[-1], flush=True)
+    # one request (32 heads): CUDA-graph replay per launch shape
+    w = registry.Workload("gdn_decode_1", "gdn_decode", (1,), heads=16, value_heads=32)
+    x = w.make_inputs("cuda")
+    o = torch.empty_like(x["v"])
+    for BV, nw in [(4, 1), (8, 1), (16, 1), (8, 4)]:
+        cfg = R.StreamConfig(128, BV, nw, 1, "sweep")
+        fn = lambda: R.streaming_recurrence(  # noqa: E731
+            x["q"], x["k"], x["v"], o, scale=128 ** -0.5, delta=True, gate="scalar", g=x["g"], beta=x["beta"],
+            beta_mode="head", l2norm=True, initial=x["state"], final=x["state"], final_by_slot=True,
+            slots=x["state_indices"], num_sequences=1, config=cfg)
+        fn()
+        t = bench_graph(fn, rep=100)
+        res.append({"workload": "gdn_decode_1_graph_replay", "BV": BV, "num_warps": nw, "time_s": t["median"]})
         print(res[-1], flush=True)
     out["launch_sweep"] = res
 

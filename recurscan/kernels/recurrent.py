@@ -130,6 +130,7 @@ def streaming_recurrence_kernel(
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, HT_BY_SLOT: tl.constexpr, HAS_SLOTS: tl.constexpr,
     STEPS: tl.constexpr, HAS_ACCEPTED: tl.constexpr, VARLEN: tl.constexpr,
+    HANDOFF: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     NV: tl.constexpr = (V + BV - 1) // BV
     pid = tl.program_id(0).to(tl.int64)
@@ -167,7 +168,7 @@ def streaming_recurrence_kernel(
             return
     # 1. The state tile, loaded first (it depends only on the slot).
     b_h = tl.zeros([BK, BV], dtype=tl.float32)  # [BK, BV]
-    if t_begin == 0:
+    if not HANDOFF:
         p_0 = h0 + slot * s0_n + i_hv * s0_h + o_k[:, None] * s0_k + o_v[None, :] * s0_v  # [BK, BV]
         if HAS_ACCEPTED:  # start from the last accepted draft token's snapshot, if any
             a = tl.minimum(tl.load(accepted + i_n).to(tl.int64), n_snap)
@@ -202,7 +203,8 @@ def streaming_recurrence_kernel(
     if HAS_D:
         b_D = tl.load(D + i_hv * sD_h + o_v * sD_v, mask=m_v, other=0.0).to(tl.float32)  # [BV]
 
-    # 3. The token loop (runtime bounds), inputs loaded one token ahead.
+    # 3. The token loop (runtime bounds). PREFETCH: the next token's inputs are loaded (and
+    #    normalised) while this token's state update runs, off the state's dependency chain.
     p_q = q + row * sq_b + bos * sq_t + i_h * sq_h
     p_k = k + row * sk_b + bos * sk_t + i_h * sk_h
     p_v = v + row * sv_b + bos * sv_t + i_hv * sv_h
@@ -210,16 +212,24 @@ def streaming_recurrence_kernel(
     p_b = beta + row * sb_b + bos * sb_t + i_hv * sb_h
     p_z = z + row * sz_b + bos * sz_t + i_hv * sz_h
     t0 = t_begin + i_n * 0  # int64
-    b_q, b_k, b_v, b_g, b_beta, b_z = _token_inputs(
-        p_q + t0 * sq_t, p_k + t0 * sk_t, p_v + t0 * sv_t, p_g + t0 * sg_t, p_b + t0 * sb_t, p_z + t0 * sz_t,
-        o_k, o_v, m_k, m_v, t0 < t_stop, sv_d, sg_d, sb_d, sz_v, b_dtb, scale,
-        GATE, BETA, L2NORM, DT_TIED, DT_SOFTPLUS, HAS_Z)
+    if PREFETCH:
+        b_q, b_k, b_v, b_g, b_beta, b_z = _token_inputs(
+            p_q + t0 * sq_t, p_k + t0 * sk_t, p_v + t0 * sv_t, p_g + t0 * sg_t, p_b + t0 * sb_t, p_z + t0 * sz_t,
+            o_k, o_v, m_k, m_v, t0 < t_stop, sv_d, sg_d, sb_d, sz_v, b_dtb, scale,
+            GATE, BETA, L2NORM, DT_TIED, DT_SOFTPLUS, HAS_Z)
     for t in range(t_begin, t_stop):
         tn = i_n * 0 + t + 1  # int64 (pool and token offsets pass 2**31)
-        n_q, n_k, n_v, n_g, n_beta, n_z = _token_inputs(
-            p_q + tn * sq_t, p_k + tn * sk_t, p_v + tn * sv_t, p_g + tn * sg_t, p_b + tn * sb_t, p_z + tn * sz_t,
-            o_k, o_v, m_k, m_v, tn < t_stop, sv_d, sg_d, sb_d, sz_v, b_dtb, scale,
-            GATE, BETA, L2NORM, DT_TIED, DT_SOFTPLUS, HAS_Z)
+        if PREFETCH:
+            n_q, n_k, n_v, n_g, n_beta, n_z = _token_inputs(
+                p_q + tn * sq_t, p_k + tn * sk_t, p_v + tn * sv_t, p_g + tn * sg_t, p_b + tn * sb_t,
+                p_z + tn * sz_t, o_k, o_v, m_k, m_v, tn < t_stop, sv_d, sg_d, sb_d, sz_v, b_dtb, scale,
+                GATE, BETA, L2NORM, DT_TIED, DT_SOFTPLUS, HAS_Z)
+        else:
+            tc = tn - 1
+            b_q, b_k, b_v, b_g, b_beta, b_z = _token_inputs(
+                p_q + tc * sq_t, p_k + tc * sk_t, p_v + tc * sv_t, p_g + tc * sg_t, p_b + tc * sb_t,
+                p_z + tc * sz_t, o_k, o_v, m_k, m_v, tc < t_stop, sv_d, sg_d, sb_d, sz_v, b_dtb, scale,
+                GATE, BETA, L2NORM, DT_TIED, DT_SOFTPLUS, HAS_Z)
         # decay
         if GATE == 1:
             b_h *= tl.exp(b_g)
@@ -253,7 +263,8 @@ def streaming_recurrence_kernel(
             if (tn % STEPS == 0) & (tn // STEPS <= n_snap):
                 p_s = snaps + slot * ss_n + (tn // STEPS - 1) * ss_t + i_hv * ss_h
                 tl.store(p_s + o_k[:, None] * ss_k + o_v[None, :] * ss_v, b_h.to(snaps.dtype.element_ty), mask=m_h)
-        b_q, b_k, b_v, b_g, b_beta, b_z = n_q, n_k, n_v, n_g, n_beta, n_z
+        if PREFETCH:
+            b_q, b_k, b_v, b_g, b_beta, b_z = n_q, n_k, n_v, n_g, n_beta, n_z
 
     if STORE_HT:
         if HT_BY_SLOT:
@@ -311,11 +322,13 @@ def check_column_fits(K: int, what: str = "k") -> int:
 
 
 def stream_config(heads_total: int, K: int, V: int, tokens: int, state_bytes: int, delta: bool,
-                  device: torch.device) -> StreamConfig:
+                  device: torch.device, vk_layout: bool = False) -> StreamConfig:
     """The launch shape by rule (no autotuning). Rows read top to bottom, first match decides.
 
     ``heads_total``: sequences x value heads (programs before the column split); ``tokens``: an
-    upper bound on the steps of a sequence (host-known: T, or the packed length for varlen).
+    upper bound on the steps of a sequence (host-known: T, or the packed length for varlen);
+    ``vk_layout``: the state's key rows are contiguous (``[.., V, K]``, mamba's ``[.., P, N]``).
+    The measurements behind each row are in docs/kernels-decode.md (H200, launch-shape sweep).
     """
     BK = check_column_fits(K)
     BVmax = triton.next_power_of_2(V)
@@ -323,20 +336,28 @@ def stream_config(heads_total: int, K: int, V: int, tokens: int, state_bytes: in
         # The interpreter runs each program in Python: wide tiles, few programs.
         return StreamConfig(BK, min(BVmax, 32), 4, 1, "interpreter: wide tiles, fewest programs")
     sms = _sm_count(device)
-    if delta and tokens >= 64 and heads_total * triton.cdiv(V, 8) < 4 * sms:
-        # A long delta-rule sequence over too few heads: narrow column blocks so that more
-        # programs run, each column's rows split across the lanes of a small program (latency).
-        return StreamConfig(BK, min(BVmax, 4), 1, 1, "long delta-rule sequence over few heads: 4 columns a program, "
-                                                     "rows split over one warp's lanes")
+
+    def narrowest(BV, floor):  # halve the column block until there are >= 4 programs per SM
+        while BV > floor and heads_total * triton.cdiv(V, BV) < 4 * sms:
+            BV //= 2
+        return BV
+
     if tokens >= 64:
-        return StreamConfig(BK, min(BVmax, 8), 2, 1, "streaming prefill: 8 columns a program, rows over two warps")
-    # Decode: bandwidth. ~16 KB state tiles (128-byte rows at least), narrower when there are
-    # too few programs to fill the GPU (>= 4 per SM).
-    BV = min(BVmax, max(8, (16384 // state_bytes) // BK))
-    while BV > 8 and heads_total * triton.cdiv(V, BV) < 4 * sms:
-        BV //= 2
-    return StreamConfig(BK, BV, 4, 1, f"decode: {BV}-column tiles of {BK * BV * state_bytes // 1024} KB, "
-                                       f">= 4 programs per SM where possible")
+        # Streaming prefill: per-token latency. One warp a program, so the key reductions are
+        # warp shuffles, and 4 columns a program, so that the most programs run side by side.
+        BV = min(BVmax, 4 if heads_total * triton.cdiv(V, 4) <= 16 * sms else 8)
+        return StreamConfig(BK, BV, 1, 1, f"streaming prefill: {BV} columns a program, a column's rows over one "
+                                          f"warp's lanes (shuffle reductions)")
+    if vk_layout:
+        # Key rows contiguous (mamba's [P, N]): each row is one 512-byte line; 32 KB tiles over 8 warps.
+        BV = narrowest(min(BVmax, max(4, (32768 // state_bytes) // BK)), 4)
+        return StreamConfig(BK, BV, 8 if BV * BK * state_bytes >= 32768 else 4, 1,
+                            f"decode, key-contiguous state: {BV}-row tiles of {BV * BK * state_bytes // 1024} KB")
+    # [K, V] state (value columns contiguous): a column's K rows must stay within one warp for the
+    # reductions to be shuffles, so one warp a program; 32 columns = 128-byte fp32 rows (16 KB).
+    BV = narrowest(min(BVmax, 32), 8)
+    return StreamConfig(BK, BV, 1, 1, f"decode, [K, V] state: {BV} columns a program on one warp "
+                                      f"({BK * BV * state_bytes // 1024} KB tiles)")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -383,33 +404,45 @@ def streaming_recurrence(q, k, v, o, *, scale: float, delta: bool, gate: str | N
     arguments and compiled kernel: a key, a list and the driver launch, no re-planning.
     """
     tensors = (q, k, v, g, beta, o, A, dt_bias, D, z, initial, final, slots, snaps, accepted, cu_seqlens)
-    device = q.device
-    bound = DISPATCH_STEP_BOUND.get(device.type)
-    key = (tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0) for t in tensors),
-           device, delta, gate, beta_mode, l2norm, final_by_slot, steps_per_token, vk_layout, dt_tied, A_tied,
-           dt_softplus, config, num_sequences, bound)
+    bound = DISPATCH_STEP_BOUND.get(q.device.type)
+    key = (launch_key(tensors), delta, gate, beta_mode, l2norm, final_by_slot, steps_per_token, vk_layout, dt_tied,
+           A_tied, dt_softplus, config, num_sequences, bound)
     hit = _LAUNCHES.get(key)
-    if hit is not None and hit.compiled is not None:
+    if hit is None:
+        hit = plan_stream(tensors, scale=scale, delta=delta, gate=gate, beta_mode=beta_mode, l2norm=l2norm,
+                          final_by_slot=final_by_slot, steps_per_token=steps_per_token, vk_layout=vk_layout,
+                          dt_tied=dt_tied, A_tied=A_tied, dt_softplus=dt_softplus, config=config,
+                          num_sequences=num_sequences)
+        if len(_LAUNCHES) > 4096:  # many distinct prompt lengths: start over rather than grow
+            _LAUNCHES.clear()
+        _LAUNCHES[key] = hit
+    run_stream(hit, tensors, scale)
+
+
+def launch_key(tensors) -> tuple:
+    """Everything Triton specializes a launch on, per tensor: shape, strides, dtype, device and
+    16-byte alignment. Two calls with equal keys can share launch arguments and compiled kernel."""
+    return tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+                 for t in tensors)
+
+
+def run_stream(hit: "_Launch", tensors, scale: float) -> None:
+    """Launch a planned call on ``tensors`` (the order of :func:`streaming_recurrence`; they must
+    match the tensors it was planned with in :func:`launch_key`)."""
+    global DIRECT_LAUNCH_ERROR
+    if hit.compiled is not None:
+        o = tensors[5]
         args = hit.template.copy()
         for i, t in zip(_TENSOR_POS, tensors):
             args[i] = o if t is None else t  # an absent pointer: any tensor (its flag keeps it unread)
         args[_HIN_POS] = o
         args[_SCALE_POS] = scale
-        global DIRECT_LAUNCH_ERROR
         try:
             hit.compiled[hit.grid](*args)
             return
         except Exception as exc:  # never silently: recorded here, asserted None by the GPU tests
             DIRECT_LAUNCH_ERROR = f"{type(exc).__name__}: {exc}"
             hit.compiled = None
-    if hit is None:
-        hit = _plan_launch(tensors, scale=scale, delta=delta, gate=gate, beta_mode=beta_mode, l2norm=l2norm,
-                           final_by_slot=final_by_slot, steps_per_token=steps_per_token, vk_layout=vk_layout,
-                           dt_tied=dt_tied, A_tied=A_tied, dt_softplus=dt_softplus, config=config,
-                           num_sequences=num_sequences, bound=bound)
-        if len(_LAUNCHES) > 4096:  # many distinct prompt lengths: start over rather than grow
-            _LAUNCHES.clear()
-        _LAUNCHES[key] = hit
     compiled = _launch_jit(hit, tensors, scale)
     hit.compiled = compiled if DIRECT_LAUNCH_ERROR is None else None
 
@@ -426,14 +459,18 @@ class _Launch:
                  "num_warps", "num_stages")
 
 
-def _plan_launch(tensors, *, scale, delta, gate, beta_mode, l2norm, final_by_slot, steps_per_token, vk_layout,
-                 dt_tied, A_tied, dt_softplus, config, num_sequences, bound) -> _Launch:
+def plan_stream(tensors, *, scale, delta, gate=None, beta_mode=None, l2norm=False, final_by_slot=False,
+                steps_per_token=1, vk_layout=False, dt_tied=False, A_tied=True, dt_softplus=False, config=None,
+                num_sequences) -> _Launch:
+    """Plan a launch (config by rule, argument list, splits) from the tensors' shapes and strides;
+    keeps no tensor. Arguments as :func:`streaming_recurrence`, tensors in its order."""
     (q, k, v, g, beta, o, A, dt_bias, D, z, initial, final, slots, snaps, accepted, cu_seqlens) = tensors
+    bound = DISPATCH_STEP_BOUND.get(q.device.type)
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     if config is None:
         sbytes = max((t.element_size() for t in (initial, final) if t is not None), default=4)
-        config = stream_config(num_sequences * HV, K, V, T, sbytes, delta, q.device)
+        config = stream_config(num_sequences * HV, K, V, T, sbytes, delta, q.device, vk_layout=vk_layout)
     steps = int(snaps is not None) and steps_per_token
     gate_dims = (0, 1, 2, 3) if (g is not None and g.dim() == 4) else (0, 1, 2)
     sg = _s(g, gate_dims) + ((0,) if len(gate_dims) == 3 else ())
@@ -448,14 +485,15 @@ def _plan_launch(tensors, *, scale, delta, gate, beta_mode, l2norm, final_by_slo
                  DT_SOFTPLUS=bool(dt_softplus), HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None,
                  HAS_Z=z is not None, USE_H0=initial is not None, STORE_HT=final is not None,
                  HT_BY_SLOT=bool(final_by_slot), HAS_SLOTS=slots is not None, STEPS=steps,
-                 HAS_ACCEPTED=accepted is not None, VARLEN=cu_seqlens is not None)
+                 HAS_ACCEPTED=accepted is not None, VARLEN=cu_seqlens is not None, HANDOFF=False,
+                 PREFETCH=T > 1)
     kw = dict(zip(_STRIDE_NAMES, strides), **flags, scale=float(scale), T=T, t_begin=0, t_end=T,
               n_snap=snaps.shape[1] if snaps is not None else 0)
     for name in _TENSOR_NAMES:
         kw[name] = o  # absent pointers: any tensor (its flag keeps it unread)
     kw["hin"] = o
     hit = _Launch()
-    hit.grid = (num_sequences * HV * triton.cdiv(V, config.BV),)
+    hit.grid = (num_sequences * HV * triton.cdiv(V, config.BV), 1, 1)  # the compiled launcher wants 3 dims
     hit.template = [kw[n] for n in streaming_recurrence_kernel.arg_names]
     for i in _TENSOR_POS + (_HIN_POS,):
         hit.template[i] = None  # the cache keeps no tensor alive; each call fills its own
@@ -490,7 +528,7 @@ def _launch_jit(hit: _Launch, tensors, scale):
     for i in range(hit.launches):
         last = i == hit.launches - 1
         out = final if last else handoff
-        kw.update(t_begin=i * hit.bound, t_end=(i + 1) * hit.bound, hin=handoff,
+        kw.update(t_begin=i * hit.bound, t_end=(i + 1) * hit.bound, hin=handoff, HANDOFF=i > 0,
                   ht=out if out is not None else kw["o"], STORE_HT=out is not None,
                   HT_BY_SLOT=hit.final_by_slot if last else False)
         kw.update(zip(("si_n", "si_h", "si_k", "si_v"), sh))

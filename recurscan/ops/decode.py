@@ -25,10 +25,30 @@ from ..reference import delta as ref
 from . import _cache
 
 _BACKENDS = (None, "torch", "triton")
+_KERNELS = None
 
 
-def _sig(t):
-    return None if t is None else (t.shape, t.dtype, t.device)
+def _kernels():
+    """kernels/recurrent.py, imported on first use: triton is imported only on the Triton path."""
+    global _KERNELS
+    if _KERNELS is None:
+        from ..kernels import recurrent
+        _KERNELS = recurrent
+    return _KERNELS
+
+
+def _dispatch_bound(device_type: str):
+    try:
+        return _kernels().DISPATCH_STEP_BOUND.get(device_type)
+    except ImportError:  # no triton here: only the torch backend runs
+        return None
+
+
+def _key(tensors) -> tuple:
+    """Per tensor, what validation and Triton's specialization depend on: shape, strides, dtype,
+    device, 16-byte alignment (kernels.recurrent.launch_key, without importing triton)."""
+    return tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+                 for t in tensors)
 
 
 def _choose_backend(backend, device, problem) -> str:
@@ -46,10 +66,11 @@ def _choose_backend(backend, device, problem) -> str:
 class _Prepared:
     """What a validated call signature needs at launch: cached per signature for CUDA tensors."""
 
-    __slots__ = ("backend", "problem", "beta_mode")
+    __slots__ = ("backend", "problem", "beta_mode", "launch")
 
     def __init__(self, backend, problem, beta_mode):
         self.backend, self.problem, self.beta_mode = backend, problem, beta_mode
+        self.launch = None  # the kernel's planned launch (kernels/recurrent.py), made on first use
 
 
 _PREPARED: dict[tuple, _Prepared] = {}
@@ -109,33 +130,26 @@ def fused_recurrent_gated_delta_rule_update(q, k, v, g=None, beta=None, scale=No
         >>> bool(o[1].eq(0).all()), bool(cache[0].eq(0).all())
         (True, True)
     """
-    on_gpu = q.device.type == "cuda" if isinstance(q, torch.Tensor) else False
+    on_gpu = isinstance(q, torch.Tensor) and q.device.type == "cuda"
     prep = None
-    if on_gpu:
-        key = (_sig(q), _sig(k), _sig(v), _sig(g), _sig(beta), _sig(initial_state), _sig(cu_seqlens), _sig(state),
-               _sig(state_indices), _sig(intermediate_states), _sig(num_accepted_tokens), steps_per_token,
-               backend)
+    if on_gpu:  # the hot path: one key over every argument, validated and planned once per key
+        key = (_key((q, k, v, g, beta, initial_state, cu_seqlens, state, state_indices, intermediate_states,
+                     num_accepted_tokens)), output_final_state, use_qk_l2norm_in_kernel, steps_per_token, backend,
+               _dispatch_bound("cuda"))
         prep = _PREPARED.get(key)
-        if prep is not None:
+        if prep is not None and scale is not None:
             check_scale(scale)
     if prep is None:
         prep = _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens, state, state_indices,
                         intermediate_states, steps_per_token, num_accepted_tokens, backend)
         if on_gpu:
+            if len(_PREPARED) > 4096:
+                _PREPARED.clear()
             _PREPARED[key] = prep
     if prep.backend == "torch":
         return _delta_torch(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                             cu_seqlens, state, state_indices, intermediate_states, steps_per_token,
                             num_accepted_tokens)
-    return _delta_triton(prep, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                         cu_seqlens, state, state_indices, intermediate_states, steps_per_token,
-                         num_accepted_tokens)
-
-
-def _delta_triton(prep, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, cu_seqlens, state,
-                  state_indices, snaps, steps_per_token, accepted):
-    from ..kernels.recurrent import streaming_recurrence
-
     p = prep.problem
     if q.stride(-1) != 1:
         q = q.contiguous()
@@ -146,15 +160,18 @@ def _delta_triton(prep, q, k, v, g, beta, scale, initial_state, output_final_sta
     if state is not None:
         initial, final, by_slot = state, state, True
     else:
-        initial = initial_state
+        initial, by_slot = initial_state, False
         final = torch.empty(p.sequences, HV, p.key_dim, V, dtype=torch.float32, device=q.device) \
             if output_final_state else None
-        by_slot = False
-    streaming_recurrence(q, k, v, o, scale=p.scale if scale is None else scale, delta=True,
-                         gate=None if g is None else "scalar", g=g, beta=beta, beta_mode=prep.beta_mode,
-                         l2norm=l2norm, cu_seqlens=cu_seqlens, initial=initial, final=final,
-                         final_by_slot=by_slot, slots=state_indices, snaps=snaps,
-                         steps_per_token=steps_per_token, accepted=accepted, num_sequences=p.sequences)
+    scale = p.scale if scale is None else scale
+    tensors = (q, k, v, g, beta, o, None, None, None, None, initial, final, state_indices, intermediate_states,
+               num_accepted_tokens, cu_seqlens)
+    K_ = _kernels()
+    if prep.launch is None:
+        prep.launch = K_.plan_stream(tensors, scale=scale, delta=True, gate=None if g is None else "scalar",
+                                  beta_mode=prep.beta_mode, l2norm=use_qk_l2norm_in_kernel, final_by_slot=by_slot,
+                                  steps_per_token=steps_per_token, num_sequences=p.sequences)
+    K_.run_stream(prep.launch, tensors, scale)
     return o, final
 
 

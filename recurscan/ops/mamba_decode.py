@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..problem import ssd_decode_problem
-from .decode import _choose_backend, _sig
+from .decode import _choose_backend, _dispatch_bound, _kernels, _key
 
 _PREPARED: dict[tuple, object] = {}
 
@@ -95,20 +95,21 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     """
     on_gpu = isinstance(x, torch.Tensor) and x.device.type == "cuda"
     prep = None
-    if on_gpu:
-        key = (_sig(state), _sig(x), _sig(dt), _sig(A), _sig(B), _sig(C), _sig(D), _sig(z), _sig(dt_bias),
-               bool(dt_softplus), _sig(state_batch_indices), _sig(intermediate_states), _sig(num_accepted_tokens),
-               backend)
+    if on_gpu:  # the hot path: one key over every argument, validated and planned once per key
+        key = (_key((state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices, intermediate_states,
+                     num_accepted_tokens)), bool(dt_softplus), backend, _dispatch_bound("cuda"))
         prep = _PREPARED.get(key)
     if prep is None:
         problem = ssd_decode_problem(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias,
                                      state_batch_indices=state_batch_indices,
                                      intermediate_states=intermediate_states,
                                      num_accepted_tokens=num_accepted_tokens)
-        prep = (_choose_backend(backend, x.device, problem), problem)
+        prep = [_choose_backend(backend, x.device, problem), problem, None]
         if on_gpu:
+            if len(_PREPARED) > 4096:
+                _PREPARED.clear()
             _PREPARED[key] = prep
-    chosen, problem = prep
+    chosen = prep[0]
     out_shape = x.shape
     (state4, x4, dt4, A3, B4, C4, D2, z4, db2, snaps, _, _) = _canonical(state, x, dt, A, B, C, D, z, dt_bias,
                                                                          intermediate_states)
@@ -117,22 +118,23 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
                                              state_batch_indices, intermediate_states=snaps,
                                              num_accepted_tokens=num_accepted_tokens)
         return y.reshape(out_shape)
-    from ..kernels.recurrent import streaming_recurrence
-
     b, T, H, P = x4.shape
     y = torch.empty(b, T, H, P, dtype=x.dtype, device=x.device)
+    # mamba's per-head numbers come as stride-0 broadcasts: load one number instead of a row
     dt_tied = dt4.stride(3) == 0 and (db2 is None or db2.stride(1) == 0)
     A_tied = A3.stride(1) == 0 and A3.stride(2) == 0
     if C4.stride(-1) != 1:
         C4 = C4.contiguous()
     if B4.stride(-1) != 1:
         B4 = B4.contiguous()
-    streaming_recurrence(
-        C4, B4, x4, y, scale=1.0, delta=False, gate="ssd", g=dt4[..., 0] if dt_tied else dt4,
-        initial=state4, final=state4, final_by_slot=True, slots=state_batch_indices, snaps=snaps,
-        steps_per_token=1, accepted=num_accepted_tokens, vk_layout=True,
-        A=A3[:, 0, 0] if A_tied else A3, dt_bias=db2, D=D2, z=z4, dt_tied=dt_tied, A_tied=A_tied,
-        dt_softplus=bool(dt_softplus), num_sequences=b)
+    tensors = (C4, B4, x4, dt4[..., 0] if dt_tied else dt4, None, y, A3[:, 0, 0] if A_tied else A3, db2, D2, z4,
+               state4, state4, state_batch_indices, snaps, num_accepted_tokens, None)
+    K_ = _kernels()
+    if prep[2] is None:
+        prep[2] = K_.plan_stream(tensors, scale=1.0, delta=False, gate="ssd", final_by_slot=True, steps_per_token=1,
+                                 vk_layout=True, dt_tied=dt_tied, A_tied=A_tied, dt_softplus=bool(dt_softplus),
+                                 num_sequences=b)
+    K_.run_stream(prep[2], tensors, 1.0)
     return y.reshape(out_shape)
 
 

@@ -226,4 +226,7 @@ def test_no_host_sync_and_cuda_graph_capture():
     assert torch.equal(captured[0], eager[0]) and torch.equal(captured[1], eager[1])
     assert torch.equal(cache, want_cache) and torch.equal(ssd_state, want_ssd)
     assert R.DIRECT_LAUNCH_ERROR is None
-    assert any(h.compiled is not None for h in R._LAUNCHES.values())  # the cached launch path ran
+    from recurscan.ops import decode as D, mamba_decode as MD
+    # the cached direct launch path ran for both ops
+    assert any(p.launch is not None and p.launch.compiled is not None for p in D._PREPARED.values())
+    assert any(p[2] is not None and p[2].compiled is not None for p in MD._PREPARED.values())
