@@ -190,26 +190,30 @@ def sweep(out):
     """Launch shapes around the rule's choice (the data behind stream_config's rows)."""
     from recurscan.kernels import recurrent as R
     res = []
-    for name, state_dtype, cfgs in (("gdn_decode_256", "float32", [(8, 1), (16, 1), (32, 1), (32, 4)]),
-                                    ("gdn_decode_256", "bfloat16", [(16, 1), (32, 1), (64, 4)])):
-        w = registry.Workload(name, "gdn_decode", (1,) * 256, heads=16, value_heads=32, state_dtype=state_dtype)
+    EF = "evict_first"
+    for name, n, state_dtype, cfgs in (
+            ("gdn_decode_256", 256, "float32", [(32, 1, ""), (32, 1, EF), (16, 1, EF)]),
+            ("gdn_decode_1024", 1024, "float32", [(32, 1, ""), (32, 1, EF)]),
+            ("gdn_decode_256", 256, "bfloat16", [(32, 1, ""), (32, 1, EF), (64, 2, "")])):
+        w = registry.Workload(name, "gdn_decode", (1,) * n, heads=16, value_heads=32, state_dtype=state_dtype)
         x = w.make_inputs("cuda")
         o = torch.empty_like(x["v"])
-        for BV, nw in cfgs:
-            cfg = R.StreamConfig(128, BV, nw, 1, "sweep")
+        for BV, nw, ev in cfgs:
+            cfg = R.StreamConfig(128, BV, nw, 1, "sweep", evict=ev)
             fn = lambda: R.streaming_recurrence(  # noqa: E731
                 x["q"], x["k"], x["v"], o, scale=128 ** -0.5, delta=True, gate="scalar", g=x["g"], beta=x["beta"],
                 beta_mode="head", l2norm=True, initial=x["state"], final=x["state"], final_by_slot=True,
-                slots=x["state_indices"], num_sequences=256, config=cfg)
+                slots=x["state_indices"], num_sequences=n, config=cfg)
             t = bench(fn, rep=200)
-            res.append({"workload": name, "state_dtype": state_dtype, "BV": BV, "num_warps": nw, **pct(w.hbm_bytes(), t["median"])})
+            res.append({"workload": name, "state_dtype": state_dtype, "BV": BV, "num_warps": nw, "evict": ev,
+                        **pct(w.hbm_bytes(), t["median"])})
             print(res[-1], flush=True)
     w = registry.get("ssd_decode_256")
     x = w.make_inputs("cuda")
     N, Hs, P, Ns = x["state"].shape
     import recurscan  # noqa: F401
-    for BV, nw in [(32, 4), (64, 8)]:
-        cfg = R.StreamConfig(128, BV, nw, 1, "sweep")
+    for BV, nw, ev in [(64, 8, ""), (64, 8, EF)]:
+        cfg = R.StreamConfig(128, BV, nw, 1, "sweep", evict=ev)
         y = torch.empty(N, 1, Hs, P, device="cuda", dtype=x["x"].dtype)
         dt = x["dt"][:, None, :]  # [N, 1, H]: tied over headdim
         fn = lambda: R.streaming_recurrence(  # noqa: E731
@@ -218,14 +222,15 @@ def sweep(out):
             dt_bias=x["dt_bias"][:, None].expand(Hs, P), D=x["D"][:, None].expand(Hs, P), dt_tied=True,
             dt_softplus=True, num_sequences=N, config=cfg)
         t = bench(fn, rep=200)
-        res.append({"workload": "ssd_decode_256", "BV": BV, "num_warps": nw, **pct(w.hbm_bytes(), t["median"])})
+        res.append({"workload": "ssd_decode_256", "BV": BV, "num_warps": nw, "evict": ev,
+                    **pct(w.hbm_bytes(), t["median"])})
         print(res[-1], flush=True)
     # streaming prefill at T = 4096, one sequence, 32 value heads
     T = 4096
     q, k, v, g, beta, S0 = prefill_inputs(T)
     o = torch.empty_like(v)
     fin = torch.empty_like(S0)
-    for BV, nw in [(2, 1), (4, 1), (8, 1)]:
+    for BV, nw in [(4, 1)]:
         cfg = R.StreamConfig(128, BV, nw, 1, "sweep")
         fn = lambda: R.streaming_recurrence(  # noqa: E731
             q, k, v, o, scale=128 ** -0.5, delta=True, gate="scalar", g=g, beta=beta, beta_mode="head", l2norm=True,
@@ -238,7 +243,7 @@ def sweep(out):
     w = registry.Workload("gdn_decode_1", "gdn_decode", (1,), heads=16, value_heads=32)
     x = w.make_inputs("cuda")
     o = torch.empty_like(x["v"])
-    for BV, nw in [(4, 1), (8, 1), (16, 1), (8, 4)]:
+    for BV, nw in [(8, 1), (16, 1), (32, 1)]:
         cfg = R.StreamConfig(128, BV, nw, 1, "sweep")
         fn = lambda: R.streaming_recurrence(  # noqa: E731
             x["q"], x["k"], x["v"], o, scale=128 ** -0.5, delta=True, gate="scalar", g=x["g"], beta=x["beta"],

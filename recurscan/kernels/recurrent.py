@@ -130,7 +130,7 @@ def streaming_recurrence_kernel(
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, HT_BY_SLOT: tl.constexpr, HAS_SLOTS: tl.constexpr,
     STEPS: tl.constexpr, HAS_ACCEPTED: tl.constexpr, VARLEN: tl.constexpr,
-    HANDOFF: tl.constexpr, PREFETCH: tl.constexpr,
+    HANDOFF: tl.constexpr, PREFETCH: tl.constexpr, EVICT: tl.constexpr,
 ):
     NV: tl.constexpr = (V + BV - 1) // BV
     pid = tl.program_id(0).to(tl.int64)
@@ -174,13 +174,14 @@ def streaming_recurrence_kernel(
             a = tl.minimum(tl.load(accepted + i_n).to(tl.int64), n_snap)
             if a > 0:
                 p_s = snaps + slot * ss_n + (a - 1) * ss_t + i_hv * ss_h
-                b_h = tl.load(p_s + o_k[:, None] * ss_k + o_v[None, :] * ss_v, mask=m_h, other=0.0).to(tl.float32)
+                b_h = tl.load(p_s + o_k[:, None] * ss_k + o_v[None, :] * ss_v, mask=m_h, other=0.0,
+                              eviction_policy=EVICT).to(tl.float32)
             else:
                 if USE_H0:
-                    b_h = tl.load(p_0, mask=m_h, other=0.0).to(tl.float32)
+                    b_h = tl.load(p_0, mask=m_h, other=0.0, eviction_policy=EVICT).to(tl.float32)
         else:
             if USE_H0:
-                b_h = tl.load(p_0, mask=m_h, other=0.0).to(tl.float32)
+                b_h = tl.load(p_0, mask=m_h, other=0.0, eviction_policy=EVICT).to(tl.float32)
     else:  # handed on by the previous launch (float32, indexed by sequence)
         p_i = hin + i_n * si_n + i_hv * si_h
         b_h = tl.load(p_i + o_k[:, None] * si_k + o_v[None, :] * si_v, mask=m_h, other=0.0).to(tl.float32)
@@ -262,7 +263,8 @@ def streaming_recurrence_kernel(
         if STEPS > 0:  # speculative decoding: the state after each draft token, from registers
             if (tn % STEPS == 0) & (tn // STEPS <= n_snap):
                 p_s = snaps + slot * ss_n + (tn // STEPS - 1) * ss_t + i_hv * ss_h
-                tl.store(p_s + o_k[:, None] * ss_k + o_v[None, :] * ss_v, b_h.to(snaps.dtype.element_ty), mask=m_h)
+                tl.store(p_s + o_k[:, None] * ss_k + o_v[None, :] * ss_v, b_h.to(snaps.dtype.element_ty), mask=m_h,
+                         eviction_policy=EVICT)
         if PREFETCH:
             b_q, b_k, b_v, b_g, b_beta, b_z = n_q, n_k, n_v, n_g, n_beta, n_z
 
@@ -271,7 +273,8 @@ def streaming_recurrence_kernel(
             p_t = ht + slot * s1_n + i_hv * s1_h
         else:
             p_t = ht + i_n * s1_n + i_hv * s1_h
-        tl.store(p_t + o_k[:, None] * s1_k + o_v[None, :] * s1_v, b_h.to(ht.dtype.element_ty), mask=m_h)
+        tl.store(p_t + o_k[:, None] * s1_k + o_v[None, :] * s1_v, b_h.to(ht.dtype.element_ty), mask=m_h,
+                 eviction_policy=EVICT)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -298,6 +301,7 @@ class StreamConfig:
     num_warps: int
     num_stages: int
     reason: str
+    evict: str = ""  # cache eviction policy of the state's loads and stores ("" or "evict_first")
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -355,7 +359,9 @@ def stream_config(heads_total: int, K: int, V: int, tokens: int, state_bytes: in
                             f"decode, key-contiguous state: {BV}-row tiles of {BV * BK * state_bytes // 1024} KB")
     # [K, V] state (value columns contiguous): a column's K rows must stay within one warp for the
     # reductions to be shuffles, so one warp a program; 32 columns = 128-byte fp32 rows (16 KB).
-    BV = narrowest(min(BVmax, 32), 8)
+    # Narrower than 16 columns (64-byte rows) is slower even for one request (H200: 3.7 us at 8
+    # columns, 3.1 us at 16, CUDA-graph replay of 32 heads).
+    BV = narrowest(min(BVmax, 32), min(BVmax, 16))
     return StreamConfig(BK, BV, 1, 1, f"decode, [K, V] state: {BV} columns a program on one warp "
                                       f"({BK * BV * state_bytes // 1024} KB tiles)")
 
@@ -456,7 +462,7 @@ class _Launch:
     tensors left to fill, the number of launches, and the compiled kernel once known."""
 
     __slots__ = ("grid", "template", "launches", "bound", "handoff_shape", "compiled", "vk_layout", "final_by_slot",
-                 "num_warps", "num_stages")
+                 "options")
 
 
 def plan_stream(tensors, *, scale, delta, gate=None, beta_mode=None, l2norm=False, final_by_slot=False,
@@ -486,7 +492,7 @@ def plan_stream(tensors, *, scale, delta, gate=None, beta_mode=None, l2norm=Fals
                  HAS_Z=z is not None, USE_H0=initial is not None, STORE_HT=final is not None,
                  HT_BY_SLOT=bool(final_by_slot), HAS_SLOTS=slots is not None, STEPS=steps,
                  HAS_ACCEPTED=accepted is not None, VARLEN=cu_seqlens is not None, HANDOFF=False,
-                 PREFETCH=T > 1)
+                 PREFETCH=T > 1, EVICT=config.evict)
     kw = dict(zip(_STRIDE_NAMES, strides), **flags, scale=float(scale), T=T, t_begin=0, t_end=T,
               n_snap=snaps.shape[1] if snaps is not None else 0)
     for name in _TENSOR_NAMES:
@@ -502,7 +508,7 @@ def plan_stream(tensors, *, scale, delta, gate=None, beta_mode=None, l2norm=Fals
     hit.handoff_shape = (num_sequences, HV, K, V)
     hit.compiled = None
     hit.vk_layout, hit.final_by_slot = vk_layout, final_by_slot
-    hit.num_warps, hit.num_stages = config.num_warps, config.num_stages
+    hit.options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
     return hit
 
 
@@ -517,7 +523,7 @@ def _launch_jit(hit: _Launch, tensors, scale):
     kw["hin"] = o
     kw["scale"] = float(scale)
     final = tensors[11]
-    options = dict(num_warps=hit.num_warps, num_stages=hit.num_stages)
+    options = hit.options
     if hit.launches == 1:
         compiled = streaming_recurrence_kernel[hit.grid](**kw, **options)
         return compiled if (compiled is not None and hasattr(compiled, "run")) else None
