@@ -90,11 +90,14 @@ def _sm_count(device: torch.device) -> int:
 # Delta-rule launch shapes. ``pairs`` = sequences x value heads (independent state sweeps);
 # ``sms`` = multiprocessors. Each sweep program runs its sequence's chunks one after another, so
 # the GPU needs about one program per SM; more value blocks give more programs but re-read q, k,
-# wy and aqk once per block. Registers per thread on sm_90 (bf16, K = 128, compiled ahead of time
-# with ptxas): BV 16 / 4 warps 114, BV 32 / 4 warps 161, BV 64 / 8 warps 255, none spilling.
+# wy and aqk once per block. The sweep's state is [BV, K]: BV >= 64 runs its products on wgmma
+# (BV 64 / 4 warps 255 registers, BV 128 / 8 warps 250, no spills on sm_90), BV 16 / 32 on
+# mma.sync (226 / 255 registers + 48 B of stack).
 DELTA_LAUNCH: list[tuple[Callable[[int, int, int], bool], Launch]] = [
+    (lambda pairs, sms, V: pairs * triton_cdiv(V, 128) >= sms,
+     Launch(128, 8, 2, 4, "pairs x V/128 fill the SMs: whole 128-column value blocks, q/k/wy read once")),
     (lambda pairs, sms, V: pairs * triton_cdiv(V, 64) >= sms,
-     Launch(64, 8, 2, 4, "pairs x V/64 fill the SMs: 64-column value blocks")),
+     Launch(64, 4, 2, 4, "pairs x V/64 fill the SMs: 64-column value blocks")),
     (lambda pairs, sms, V: pairs * triton_cdiv(V, 32) >= sms,
      Launch(32, 4, 2, 4, "pairs x V/32 fill the SMs: 32-column value blocks")),
     (lambda pairs, sms, V: True,

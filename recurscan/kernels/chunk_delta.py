@@ -123,11 +123,11 @@ def chunk_delta_prep_kernel(
     - with USE_L2NORM, ``rnorm[rows, hv, 0:2] = (rk, scale * rq)``, the rows' norm factors (rq on
       the query's row, the token's last copy), so the sweep reads q and k raw.
 
-    The inverse: the four 16 x 16 diagonal blocks by forward substitution in float32 (``D``), then
-    with ``N = D A_off`` (A_off: the strictly block-lower part; N^4 = 0) the finite block Neumann
-    product ``Tinv = (I - N)(I + N^2) D`` on the tensor cores. INV_PRECISION "tf32" for 16-bit
-    inputs: its rounding (2^-11) sits below that of the dtype wy is stored in (bf16: 2^-9), and
-    "tf32x3" would spill (255 registers + 1 KB of stack on sm_90); "ieee" for float32 inputs.
+    The inverse: recursive block doubling on the full 64 x 64 tile (2 -> 4 -> ... -> 64), ten
+    products on the tensor cores and no reductions. INV_PRECISION "tf32" for 16-bit inputs: its
+    error in Tinv (<= 8e-4 relative, simulated with strongly correlated keys) is at the level of
+    the bf16 rounding wy is stored with (9e-4); "ieee" for float32 inputs (every product of the
+    kernel then runs in float32).
 
     Varlen: ``chunk_indices [NT_pad, 2]`` holds (sequence, chunk) on the expanded stream; a row with
     sequence -1 is padding and does nothing. Dense: program c covers chunk c % ceil(T*M/BT) of
@@ -187,51 +187,24 @@ def chunk_delta_prep_kernel(
     p_out = (rows * HV + i_hv)[:, None] * BT + o_t[None, :]
 
     # aqk = G o (scale Q K^T) (normalised q, k: the factors scale the product's rows and columns).
-    b_qk = tl.dot(b_q.to(DT), tl.trans(b_k.to(DT))) * rq[:, None] * rk[None, :]
+    b_qk = tl.dot(b_q.to(DT), tl.trans(b_k.to(DT)), input_precision=INV_PRECISION) * rq[:, None] * rk[None, :]
     tl.store(aqk + p_out, (b_G * b_qk).to(aqk.dtype.element_ty), mask=m_r[:, None])
 
     # Stage 2: A = diag(beta) strictLower(K K^T) for normalised keys.
     b_beta = tl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(tl.float32)
-    b_A = tl.dot(b_k.to(DT), tl.trans(b_k.to(DT))) * (b_beta * rk)[:, None] * rk[None, :]
-    blk_r = o_t // 16
-    b_Aoff = tl.where(blk_r[:, None] > blk_r[None, :], b_A, 0.0)  # strictly block-lower part
+    b_A = tl.dot(b_k.to(DT), tl.trans(b_k.to(DT)), input_precision=INV_PRECISION) * (b_beta * rk)[:, None] * rk[None, :]
+    b_A = tl.where(o_t[:, None] > o_t[None, :], b_A, 0.0)
 
-    # The four 16 x 16 diagonal blocks of A as a batch, transposed: At3[b, c, i] = A[16b+i, 16b+c]
-    # (c < i), read again as a [4, 16, BK] tile (from L1) so no register tile needs slicing.
-    o4 = tl.arange(0, 4)
-    o16 = tl.arange(0, 16)
-    rows3 = r0 + (o4[:, None, None] * 16 + o16[None, :, None]).to(tl.int64)  # [4, 16, 1]
-    kb = tl.load(k + (rows3 * H + i_h) * K + o_k[None, None, :], mask=(rows3 < eos) & m_k[None, None, :],
-                 other=0.0)  # [4, 16, BK]
-    rows2 = r0 + (o4[:, None] * 16 + o16[None, :]).to(tl.int64)  # [4, 16]
-    betab = tl.load(beta + rows2 * HV + i_hv, mask=rows2 < eos, other=0.0).to(tl.float32)
-    if USE_L2NORM:
-        kbf = kb.to(tl.float32)
-        rkb = tl.rsqrt(tl.sum(kbf * kbf, axis=2) + 1e-6)  # [4, 16]
-    else:
-        rkb = tl.full([4, 16], 1.0, tl.float32)
-    kb = kb.to(DT)
-    At3 = tl.dot(kb, tl.permute(kb, (0, 2, 1))) * (rkb * betab)[:, None, :] * rkb[:, :, None]
-    At3 = tl.where(o16[None, :, None] < o16[None, None, :], At3, 0.0)
-    # Forward substitution in float32, all four blocks per step: row r of each block's inverse is
-    # e_r - sum_{c<r} A_b[r, c] D_b[c, :] (rows c < r are final by then). Row r of A_b is read as
-    # a column of At3, so neither reduction needs a layout conversion.
-    D3 = (o16[None, :, None] == o16[None, None, :]).to(tl.float32) + tl.zeros([4, 16, 16], dtype=tl.float32)
-    for r in tl.static_range(1, 16):
-        a_r = tl.sum(tl.where(o16[None, None, :] == r, At3, 0.0), axis=2)  # [4, 16] over c
-        z = tl.sum(a_r[:, :, None] * D3, axis=1)  # [4, 16] over columns
-        row = (o16 == r).to(tl.float32)[None, :] - z
-        D3 = tl.where(o16[None, :, None] == r, row[:, None, :], D3)
-    # D = blockdiag(D_0 .. D_3) as a [BT, BT] tile.
-    D4 = tl.where(o4[:, None, None, None] == o4[None, None, :, None], D3[:, :, None, :], 0.0)  # [4, 16, 4, 16]
-    b_D = tl.reshape(D4, (BT, BT))
-
-    # Tinv = (I - N)(I + N^2) D with N = D A_off (strictly block-lower, N^4 = 0).
-    b_N = tl.dot(b_D, b_Aoff, input_precision=INV_PRECISION)
-    b_N2 = tl.dot(b_N, b_N, input_precision=INV_PRECISION)
-    eye = (o_t[:, None] == o_t[None, :]).to(tl.float32)
-    b_P = eye - b_N + b_N2 - tl.dot(b_N, b_N2, input_precision=INV_PRECISION)
-    b_T = tl.dot(b_P, b_D, input_precision=INV_PRECISION)
+    # Tinv = (I + A)^-1 by recursive block doubling: with D_s the inverse of the s x s diagonal
+    # blocks, D_2s = D_s - D_s (A_s D_s), A_s the part of A inside the 2s-blocks but outside the
+    # s-blocks (the block formula [[Ta, 0], [-Tb A_ba Ta, Tb]], all blocks of a level at once).
+    # D_2 = I - A_1 exactly; then five levels, two products each, no reductions.
+    b_T = (o_t[:, None] == o_t[None, :]).to(tl.float32) - tl.where((o_t[:, None] >> 1) == (o_t[None, :] >> 1), b_A, 0.0)
+    for lvl in tl.static_range(1, 6):
+        inside = ((o_t[:, None] >> (lvl + 1)) == (o_t[None, :] >> (lvl + 1))) & \
+            ((o_t[:, None] >> lvl) != (o_t[None, :] >> lvl))
+        b_As = tl.where(inside, b_A, 0.0)
+        b_T = b_T - tl.dot(b_T, tl.dot(b_As, b_T, input_precision=INV_PRECISION), input_precision=INV_PRECISION)
     tl.store(wy + p_out, (b_G * b_T * b_beta[None, :]).to(wy.dtype.element_ty), mask=m_r[:, None])
 
 
@@ -260,6 +233,8 @@ def chunk_delta_sweep_kernel(
         X = V - (lam rk) o (K S);   U = wy X;   O = (lam rq) o (Q S) + aqk U
         S <- lam_last S + K^T ((gam rk) o U)
 
+    computed transposed (S^T, X^T, U^T, O^T) so that the chained values are left operands.
+
     The initial state is ``state[state_indices[n]]`` (USE_CACHE; slot -1: zero output, nothing
     read or written), else ``h0[n]`` (HAS_H0), else zeros. The final state goes back to the cache
     slot, or to ``ht[n]`` (STORE_FINAL). With STORE_CHUNK_STATES, row ``chunk_offsets[n] + c`` of
@@ -285,8 +260,11 @@ def chunk_delta_sweep_kernel(
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
     m_v = o_v < V
-    m_kv = m_k[:, None] & m_v[None, :]
-    o_kv = o_k[:, None].to(tl.int64) * V + o_v[None, :]  # [BK, BV] offsets inside one [K, V] state
+    # The state is held transposed, St = S^T [BV, BK]: every chained value (St, X^T, U^T) is then
+    # the left operand of its next product and stays in registers; the tiles read from memory
+    # (k, q, wy^T, aqk^T) are the right operands, in shared memory.
+    m_vk = m_v[:, None] & m_k[None, :]
+    o_vk = o_k[None, :].to(tl.int64) * V + o_v[:, None]  # [BV, BK] offsets of S[k, v] in a [K, V] state
 
     if USE_CACHE:
         slot = tl.load(state_indices + i_n).to(tl.int64)
@@ -297,12 +275,12 @@ def chunk_delta_sweep_kernel(
                 tl.store(p_o, tl.zeros([BT, BV], dtype=o.dtype.element_ty),
                          mask=(o_tok < eos_t)[:, None] & m_v[None, :])
             return
-        p_state = state + (slot * HV + i_hv) * K * V + o_kv
-        b_S = tl.load(p_state, mask=m_kv, other=0.0).to(tl.float32)
+        p_state = state + (slot * HV + i_hv) * K * V + o_vk
+        b_St = tl.load(p_state, mask=m_vk, other=0.0).to(tl.float32)
     elif HAS_H0:
-        b_S = tl.load(h0 + (i_n * HV + i_hv) * K * V + o_kv, mask=m_kv, other=0.0).to(tl.float32)
+        b_St = tl.load(h0 + (i_n * HV + i_hv) * K * V + o_vk, mask=m_vk, other=0.0).to(tl.float32)
     else:
-        b_S = tl.zeros([BK, BV], dtype=tl.float32)
+        b_St = tl.zeros([BV, BK], dtype=tl.float32)
 
     if STORE_CHUNK_STATES:
         if IS_VARLEN:
@@ -320,18 +298,19 @@ def chunk_delta_sweep_kernel(
 
         if STORE_CHUNK_STATES:
             if c % M == 0:  # expanded chunk c*M starts token chunk c
-                p_cs = chunk_states + ((cs0 + c // M) * HV + i_hv) * K * V + o_kv
-                tl.store(p_cs, b_S, mask=m_kv)
+                p_cs = chunk_states + ((cs0 + c // M) * HV + i_hv) * K * V + o_vk
+                tl.store(p_cs, b_St, mask=m_vk)
 
         # Loads: raw tiles straight into the products (none depends on the state).
         b_k = tl.load(k + (e * H + i_h)[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :],
-                      other=0.0).to(DT)
+                      other=0.0).to(DT)  # [BT, BK]
         b_q = tl.load(q + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=m_q[:, None] & m_k[None, :],
-                      other=0.0).to(DT)
-        b_v = tl.load(v + (e * HV + i_hv)[:, None] * V + o_v[None, :], mask=m_r[:, None] & m_v[None, :],
-                      other=0.0).to(tl.float32)  # [BT, BV]
-        b_W = tl.load(wy + (e * HV + i_hv)[:, None] * BT + o_t[None, :], mask=m_r[:, None], other=0.0).to(DT)
-        b_A = tl.load(aqk + (e * HV + i_hv)[:, None] * BT + o_t[None, :], mask=m_r[:, None], other=0.0).to(DT)
+                      other=0.0).to(DT)  # [BT, BK]
+        b_vt = tl.load(v + (e * HV + i_hv)[None, :] * V + o_v[:, None], mask=m_r[None, :] & m_v[:, None],
+                       other=0.0).to(tl.float32)  # [BV, BT] = V^T
+        # wy^T and aqk^T: [BT (j), BT (i)] = wy[i, j]
+        b_Wt = tl.load(wy + (e * HV + i_hv)[None, :] * BT + o_t[:, None], mask=m_r[None, :], other=0.0).to(DT)
+        b_At = tl.load(aqk + (e * HV + i_hv)[None, :] * BT + o_t[:, None], mask=m_r[None, :], other=0.0).to(DT)
         if USE_L2NORM:
             rk = tl.load(rnorm + (e * HV + i_hv) * 2, mask=m_r, other=0.0)
             rq = tl.load(rnorm + (e * HV + i_hv) * 2 + 1, mask=m_q, other=0.0)
@@ -347,25 +326,24 @@ def chunk_delta_sweep_kernel(
         lam_last = tl.where(seg_last == 0, tl.exp2(gc_last), 0.0)
         gam = tl.where(seg == seg_last, tl.exp2(tl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
 
-        # Stage 3: the chunk's writes U = wy (V - lam o K S).
-        b_Sd = b_S.to(DT)
-        b_X = b_v - (lam * rk)[:, None] * tl.dot(b_k, b_Sd, input_precision=DOT_PRECISION)
-        b_U = tl.dot(b_W, b_X.to(DT), input_precision=DOT_PRECISION)  # [BT, BV]
+        # Stage 3: the chunk's writes, transposed: U^T = (V - lam o K S)^T wy^T.
+        b_Sd = b_St.to(DT)
+        b_Xt = b_vt - (lam * rk)[None, :] * tl.dot(b_Sd, tl.trans(b_k), input_precision=DOT_PRECISION)
+        b_Ut = tl.dot(b_Xt.to(DT), b_Wt, input_precision=DOT_PRECISION)  # [BV, BT]
 
-        # Stage 4: outputs O = lam o (Q S) + aqk U, written on the token stream.
-        b_o = (lam * rq)[:, None] * tl.dot(b_q, b_Sd, input_precision=DOT_PRECISION)
-        b_o += tl.dot(b_A, b_U.to(DT), input_precision=DOT_PRECISION)
-        p_o = o + (tok * HV + i_hv)[:, None] * V + o_v[None, :]
-        tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_q[:, None] & m_v[None, :])
+        # Stage 4: outputs O^T = (S^T Q^T) o lam + U^T aqk^T, written on the token stream.
+        b_ot = (lam * rq)[None, :] * tl.dot(b_Sd, tl.trans(b_q), input_precision=DOT_PRECISION)
+        b_ot += tl.dot(b_Ut.to(DT), b_At, input_precision=DOT_PRECISION)
+        p_o = o + (tok * HV + i_hv)[None, :] * V + o_v[:, None]
+        tl.store(p_o, b_ot.to(o.dtype.element_ty), mask=m_q[None, :] & m_v[:, None])
 
-        # Stage 3 (end): the state leaving the chunk.
-        b_S = b_S * lam_last + tl.dot(tl.trans(b_k), ((gam * rk)[:, None] * b_U).to(DT),
-                                      input_precision=DOT_PRECISION)
+        # Stage 3 (end): the state leaving the chunk, S^T <- lam_last S^T + (U^T o gam) K.
+        b_St = b_St * lam_last + tl.dot((b_Ut * (gam * rk)[None, :]).to(DT), b_k, input_precision=DOT_PRECISION)
 
     if USE_CACHE:
-        tl.store(p_state, b_S.to(state.dtype.element_ty), mask=m_kv)
+        tl.store(p_state, b_St.to(state.dtype.element_ty), mask=m_vk)
     elif STORE_FINAL:
-        tl.store(ht + (i_n * HV + i_hv) * K * V + o_kv, b_S, mask=m_kv)
+        tl.store(ht + (i_n * HV + i_hv) * K * V + o_vk, b_St, mask=m_vk)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -377,7 +355,7 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
                     output_final_state=False, use_qk_l2norm_in_kernel=False, cu_seqlens=None,
                     chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None, state=None,
                     state_indices=None, return_chunk_states=False, block_v=32, num_warps=4,
-                    num_stages=2, prep_warps=4):
+                    num_stages=2, prep_warps=4, stages="both"):
     """Launch the two kernels. Arguments as the public ops (``recurscan.chunk_gated_delta_rule``,
     ``recurscan.chunk_gated_delta_product_varlen``), with the descriptors already built:
 
@@ -386,6 +364,8 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
       and ``num_chunk_rows`` (rows of the chunk-state tensor, >= chunk_offsets[N]) too.
     - launch shape: ``block_v`` (BV), ``num_warps``/``num_stages`` of the sweep, ``prep_warps``;
       the planner picks them (``recurscan.plan``).
+    - ``stages``: "both"; "prep" or "sweep" launch one kernel alone (benchmarks time each; the
+      sweep alone then reads scratch the prep kernel wrote in an earlier call, or poison).
 
     Reads no device value on the host and sizes nothing from data: capturable in a CUDA graph.
     Scratch: ``wy`` and ``aqk`` (``[B, T*M, HV, 64]`` in the input dtype) and the norm factors
@@ -440,7 +420,7 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
     if dt == tl.bfloat16 and os.environ.get("TRITON_INTERPRET", "0") == "1":
         dt = tl.float32
 
-    if n_prep > 0:
+    if n_prep > 0 and stages in ("both", "prep"):
         chunk_delta_prep_kernel[(n_prep, HV)](
             q, k, g if g is not None else dummy, beta, wy, aqk, rnorm,
             cu_seqlens if varlen else dummy, chunk_indices_dp if varlen else dummy,
@@ -451,6 +431,8 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
             num_warps=prep_warps,
         )
     NV = triton.cdiv(V, BV)
+    if stages == "prep":
+        return (o, final) + ((chunk_states,) if chunk_states is not None else ())
     chunk_delta_sweep_kernel[(N * HV * NV,)](
         q, k, v, g if g is not None else dummy, wy, aqk, rnorm, o,
         initial_state if initial_state is not None else dummy,

@@ -1,0 +1,223 @@
+"""Chunked GDN / GDP Triton kernels on the GPU at real sizes, against the float64 oracle.
+
+Run on the GPU machine: ``python -m pytest -m gpu tests/gpu/test_chunk_delta_gpu.py -s``
+(-s prints each case's measured errors).
+
+Tolerances, fixed before the first GPU run. bf16 / fp16 inputs: the kernels' products take
+16-bit operands with float32 accumulation (as fla's do: the state, the WY factor and the
+attention block are rounded to the input dtype before each product), and the output is stored in
+the input dtype. That is METHOD.md's band for 16-bit operands: relative RMS error <= 1e-2 for the
+output, the final state and the chunk states, against the float64 oracle on the same (16-bit)
+inputs. Every element: |error| <= 5e-2 x max|reference| (rounding gives ~1e-3 x max; a wrong or
+unwritten element gives O(1)). float32 inputs: the interpreter tests' bounds (2e-5 RMS, 1e-4
+elementwise). Buffers the op allocates start as NaN (chunk_delta.POISON_BUFFERS).
+"""
+import pytest
+import torch
+
+import recurscan
+from recurscan.descriptors import build_chunk_descriptors
+from recurscan.kernels import chunk_delta
+from recurscan.reference.delta import gated_delta_product_chunked, gated_delta_rule_chunked
+
+pytestmark = pytest.mark.gpu
+
+DEV = "cuda"
+RMS16, ELEM16 = 1e-2, 5e-2
+
+
+def rel_rms(got, want):
+    d = got.double() - want.double()
+    return (d.pow(2).mean().sqrt() / want.double().pow(2).mean().sqrt()).item()
+
+
+def check(got, want, what, rms=RMS16, elem=ELEM16):
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    assert torch.isfinite(got).all(), f"{what}: non-finite values"
+    r = rel_rms(got, want)
+    worst = (got.double() - want.double()).abs().max().item() / want.abs().max().item()
+    print(f"  {what:<28} rel RMS {r:.2e}  max|err|/max|ref| {worst:.2e}")
+    assert r <= rms, f"{what}: relative RMS {r:.2e} > {rms:.0e}"
+    assert worst <= elem, f"{what}: max abs error {worst:.2e} x max|ref| > {elem:.0e}"
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    monkeypatch.setattr(chunk_delta, "POISON_BUFFERS", True)
+
+
+def inputs(T, H, HV, K, V, *, M=1, dtype=torch.bfloat16, seed=0, correlated=False, B=1):
+    """q, k [B, T*, H, K], v [B, T*M, HV, V], g [B, T, HV] (logsigmoid, with a few resets and
+    zeros), beta [B, T*M, HV] in (0, 1). ``correlated``: keys of a head share a direction (cosine
+    ~0.7 after normalisation), as real models' keys do: the WY systems are then far from I."""
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    rn = lambda *s: torch.randn(*s, generator=gen, device=DEV)  # noqa: E731
+    q = rn(B, T, H, K)
+    k = rn(B, T * M, H, K)
+    if correlated:
+        k = k + 1.5 * rn(1, 1, H, K)
+    v = rn(B, T * M, HV, V)
+    g = torch.nn.functional.logsigmoid(rn(B, T, HV) + 3.0)
+    if T > 300:
+        g[:, 100, 0] = float("-inf")
+        g[:, 257, -1] = float("-inf")
+        g[:, 5:70] = 0.0
+    beta = torch.sigmoid(rn(B, T * M, HV))
+    return [x.to(dtype) for x in (q, k, v)] + [g, beta.to(dtype)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gdn_t65536(dtype):
+    """T = 65536 (1024 chunks through one state), an initial state, chunk states, resets."""
+    q, k, v, g, beta = inputs(65536, 2, 4, 128, 128, dtype=dtype)
+    S0 = torch.randn(1, 4, 128, 128, device=DEV)
+    o, S, C = recurscan.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=S0, output_final_state=True,
+                                               use_qk_l2norm_in_kernel=True, return_chunk_states=True)
+    wo, wS, wC = gated_delta_rule_chunked(q.double(), k.double(), v.double(), g.double(), beta.double(),
+                                          initial_state=S0.double(), use_qk_l2norm_in_kernel=True,
+                                          return_chunk_states=True)
+    assert o.dtype == dtype and S.dtype == torch.float32
+    check(o, wo, "o")
+    check(S, wS, "final state")
+    check(C, wC, "chunk states")
+
+
+@pytest.mark.parametrize("correlated", [False, True])
+def test_gdn_benchmark_shape(correlated):
+    """B1 T16384 H16 HV32 K=V=128 bf16 (the headline workload's shape), GVA."""
+    q, k, v, g, beta = inputs(16384, 16, 32, 128, 128, correlated=correlated, seed=1)
+    o, S = recurscan.chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    wo, wS = gated_delta_rule_chunked(q.double(), k.double(), v.double(), g.double(), beta.double(),
+                                      initial_state=torch.zeros(1, 32, 128, 128, dtype=torch.float64, device=DEV),
+                                      use_qk_l2norm_in_kernel=True)
+    check(o, wo, "o")
+    check(S, wS, "final state")
+
+
+def test_gdn_varlen_cache_padding_bf16():
+    """Varlen with one-token sequences, a state cache with padding (-1) and NaN in unnamed slots,
+    padded descriptors, chunk states; H16 HV32."""
+    lens = [1, 4000, 1, 63, 64, 65, 1, 2900, 200]
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), device=DEV)
+    T = int(cu[-1])
+    q, k, v, g, beta = inputs(T, 16, 32, 128, 128, seed=2)
+    slots = torch.tensor([5, 0, -1, 7, 2, 9, 3, -1, 11], dtype=torch.int32, device=DEV)
+    cache = torch.full((13, 32, 128, 128), float("nan"), device=DEV)
+    live = [int(s) for s in slots.tolist() if s >= 0]
+    cache[live] = torch.randn(len(live), 32, 128, 128, device=DEV)
+    before = cache.clone()
+    d = build_chunk_descriptors(cu.cpu(), max_tokens=T + 500, device=DEV)
+    o, final, C = recurscan.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
+                                                   state=cache, state_indices=slots, return_chunk_states=True,
+                                                   chunk_indices=d.chunk_indices, chunk_offsets=d.chunk_offsets)
+    S0 = torch.zeros(len(lens), 32, 128, 128, dtype=torch.float64, device=DEV)
+    for n, s in enumerate(slots.tolist()):
+        if s >= 0:
+            S0[n] = before[s].double()
+    wo, wS, wC = gated_delta_rule_chunked(q.double(), k.double(), v.double(), g.double(), beta.double(),
+                                          initial_state=S0, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
+                                          return_chunk_states=True)
+    bounds = cu.tolist()
+    offs = d.chunk_offsets.tolist()
+    for n, s in enumerate(slots.tolist()):
+        a, b = bounds[n], bounds[n + 1]
+        if s < 0:
+            assert o[:, a:b].eq(0).all() and C[offs[n]:offs[n + 1]].eq(0).all()
+            wo[:, a:b] = 0
+            wC[offs[n]:offs[n + 1]] = 0
+        else:
+            check(cache[s], wS[n], f"slot {s} (sequence {n})")
+    check(o, wo, "o")
+    assert C.shape[0] == d.chunk_indices.shape[0] and C[offs[-1]:].eq(0).all()
+    check(C[:offs[-1]], wC, "chunk states")
+    untouched = [s for s in range(13) if s not in live]
+    assert torch.equal(cache[untouched].view(torch.int32), before[untouched].view(torch.int32))
+
+
+@pytest.mark.parametrize("M", [2, 3])
+def test_gdp_varlen_bf16(M):
+    lens = [1, 3000, 65, 5000, 1, 130]
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), device=DEV)
+    T = int(cu[-1])
+    q, k, v, g, beta = inputs(T, 4, 8, 128, 128, M=M, seed=3)
+    S0 = torch.randn(len(lens), 8, 128, 128, device=DEV)
+    d = build_chunk_descriptors(cu.cpu(), M, device=DEV)
+    o, S, C = recurscan.chunk_gated_delta_product_varlen(q, k, v, g, beta, M, cu, initial_state=S0,
+                                                         output_final_state=True, use_qk_l2norm_in_kernel=True,
+                                                         return_chunk_states=True, **d.as_kwargs())
+    wo, wS, wC = gated_delta_product_chunked(q.double(), k.double(), v.double(), g.double(), beta.double(), M,
+                                             initial_state=S0.double(), use_qk_l2norm_in_kernel=True,
+                                             cu_seqlens=cu, return_chunk_states=True)
+    check(o, wo, "o")
+    check(S, wS, "final state")
+    n = int(d.chunk_offsets[-1])
+    assert C[n:].eq(0).all()
+    check(C[:n], wC, "chunk states")
+
+
+def test_float32_inputs():
+    q, k, v, g, beta = inputs(700, 2, 4, 64, 96, dtype=torch.float32, seed=4)
+    o, S = recurscan.chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    wo, wS = gated_delta_rule_chunked(q.double(), k.double(), v.double(), g.double(), beta.double(),
+                                      initial_state=torch.zeros(1, 4, 64, 96, dtype=torch.float64, device=DEV),
+                                      use_qk_l2norm_in_kernel=True)
+    check(o, wo, "o", rms=2e-5, elem=1e-4)
+    check(S, wS, "final state", rms=2e-5, elem=1e-4)
+
+
+def test_sync_free_and_cuda_graph_replay():
+    """Given descriptors the op does no host synchronisation (sync debug mode 'error'), and a CUDA
+    graph captured at a padded batch (zero-length sequences, slots -1) replays to the eager result
+    bit for bit, on new data copied into the captured inputs."""
+    H, HV, K, V, M = 4, 8, 128, 128, 2
+    T_pad, N_pad = 6000, 8
+
+    def batch(seed, lens):
+        cu = [0]
+        for L in lens + [0] * (N_pad - len(lens)):
+            cu.append(cu[-1] + L)
+        cu[-1] = T_pad  # the last (padding) sequence absorbs the padded tail: zero output, no state
+        q, k, v, g, beta = inputs(T_pad, H, HV, K, V, M=M, seed=seed)
+        slots = torch.tensor([3 * n if n < len(lens) else -1 for n in range(N_pad)], dtype=torch.int32, device=DEV)
+        return dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=torch.tensor(cu, device=DEV), state_indices=slots), cu
+
+    static, cu0 = batch(10, [1000, 1, 2500])
+    cache = torch.randn(32, HV, K, V, device=DEV)
+    desc = build_chunk_descriptors(cu0, M, max_tokens=T_pad, device=DEV)
+    dbuf = {name: t.clone() for name, t in desc.as_kwargs().items()}
+
+    def call(x, cache):
+        return recurscan.chunk_gated_delta_product_varlen(
+            x["q"], x["k"], x["v"], x["g"], x["beta"], M, x["cu_seqlens"], use_qk_l2norm_in_kernel=True,
+            state=cache, state_indices=x["state_indices"], return_chunk_states=True, **dbuf)
+
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        call(static, cache.clone())  # compiles; must not synchronise either
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph_cache = cache.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        call(static, graph_cache.clone())
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call(static, graph_cache)
+    for seed, lens in ((11, [1, 4000, 64]), (12, [700, 700, 700, 65, 1, 1, 2000])):
+        new, cu = batch(seed, lens)
+        new_desc = build_chunk_descriptors(cu, M, max_tokens=T_pad, device=DEV)
+        for name, t in new_desc.as_kwargs().items():
+            dbuf[name].copy_(t)
+        for name, t in new.items():
+            static[name].copy_(t)
+        start = torch.randn(32, HV, K, V, device=DEV)
+        graph_cache.copy_(start)
+        graph.replay()
+        eager_cache = start.clone()
+        want = call(static, eager_cache)
+        torch.cuda.synchronize()
+        assert torch.equal(out[0], want[0]) and torch.equal(out[2], want[2])
+        assert torch.equal(graph_cache, eager_cache)
