@@ -163,8 +163,9 @@ def _fla(w: registry.Workload):
         mod = _import("fla.ops.gated_delta_rule")
 
         def fn(x):  # the pool in slot order is fla's initial_state; it writes a new final state
+            # Keywords: in fla 0.6.0 the fifth positional argument is gk (a per-key decay), not beta.
             return mod.fused_recurrent_gated_delta_rule(
-                x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["state"], output_final_state=True,
+                x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"], initial_state=x["state"], output_final_state=True,
                 use_qk_l2norm_in_kernel=x["use_qk_l2norm_in_kernel"])
         return fn
     raise Unsupported(f"no fla op for family {w.family!r}")
