@@ -88,20 +88,21 @@ def _sm_count(device: torch.device) -> int:
 
 
 # Delta-rule launch shapes. ``pairs`` = sequences x value heads (independent state sweeps);
-# ``sms`` = multiprocessors. Each sweep program runs its sequence's chunks one after another, so
-# the GPU needs about one program per SM; more value blocks give more programs but re-read q, k,
-# wy and aqk once per block. The sweep's state is [BV, K]: BV >= 64 runs its products on wgmma
-# (BV 64 / 4 warps 255 registers, BV 128 / 8 warps 250, no spills on sm_90), BV 16 / 32 on
-# mma.sync (226 / 255 registers + 48 B of stack).
+# ``sms`` = multiprocessors. Each sweep program runs its sequence's chunks one after another;
+# more value blocks give more programs but re-read q, k, wy and aqk once per block. The sweep's
+# state is [BV, K]: BV 64 runs its products on wgmma (4 warps, 255 registers, no spills on sm_90),
+# BV 16 / 32 on mma.sync. Measured on the H200 (graph replay, benchmarks/results/gpu_chunk_delta.json,
+# "variants"; every variant's output bit-identical to the others'):
+#   B4 T8192 H16 HV64 (256 pairs): BV 64/4w 2.40 ms, 128/8w 2.59, 32/4w 3.39, 64/8w 3.46, 16/4w 4.42
+#   GDP M2 B4 T4096 H16 (64 pairs): BV 64/4w 0.82 ms, 64/8w 0.86, 128/8w 0.88, 32/4w 0.89, 16/4w 1.18
+#   B1 T16384 H16 HV32 (32 pairs): BV 32/4w 1.08 ms, 16/4w 1.11, 64/4w 1.11, 64/8w 1.32, 128/8w 1.35
 DELTA_LAUNCH: list[tuple[Callable[[int, int, int], bool], Launch]] = [
-    (lambda pairs, sms, V: pairs * triton_cdiv(V, 128) >= sms,
-     Launch(128, 8, 2, 4, "pairs x V/128 fill the SMs: whole 128-column value blocks, q/k/wy read once")),
-    (lambda pairs, sms, V: pairs * triton_cdiv(V, 64) >= sms,
-     Launch(64, 4, 2, 4, "pairs x V/64 fill the SMs: 64-column value blocks")),
-    (lambda pairs, sms, V: pairs * triton_cdiv(V, 32) >= sms,
-     Launch(32, 4, 2, 4, "pairs x V/32 fill the SMs: 32-column value blocks")),
+    (lambda pairs, sms, V: 2 * pairs * triton_cdiv(V, 64) >= sms,
+     Launch(64, 4, 2, 4, "at least half an SM's worth of 64-column programs: BV 64 on wgmma (fastest measured)")),
+    (lambda pairs, sms, V: 2 * pairs * triton_cdiv(V, 32) >= sms,
+     Launch(32, 4, 2, 4, "few (sequence, head) pairs: 32-column blocks double the programs")),
     (lambda pairs, sms, V: True,
-     Launch(16, 4, 2, 4, "few (sequence, head) pairs: 16-column value blocks for the most programs")),
+     Launch(16, 4, 2, 4, "very few pairs: 16-column blocks for the most programs")),
 ]
 
 
