@@ -170,3 +170,14 @@ def test_gdp_is_gdn_on_the_expanded_stream():
     o_exp, S_exp = gated_delta_rule_naive(q_exp, k, v, g_exp, beta)
     assert_reassociation_close(o, o_exp[:, M - 1 :: M])
     assert_reassociation_close(S, S_exp)
+
+
+def test_per_key_decay_with_equal_rows_is_the_scalar_decay():
+    q, k, v, g, beta, S0 = gdn_inputs(1, 70, 2, 4, 8, 8)
+    per_key = g[..., None].expand(*g.shape, 8)
+    scalar = gated_delta_rule_naive(q, k, v, g, beta, initial_state=S0[:1])
+    keyed = gated_delta_rule_naive(q, k, v, per_key, beta, initial_state=S0[:1])
+    for a, b in zip(keyed, scalar):
+        assert_reassociation_close(a, b)
+    with pytest.raises(ValueError, match="g: a decay per key"):
+        gated_delta_rule_chunked(q, k, v, per_key, beta)

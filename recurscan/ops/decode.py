@@ -263,8 +263,8 @@ def _fla_extended(q, k, v, g, gk, beta, scale, initial_state, output_final_state
     chosen = _choose_backend(backend, q.device, problem)
     N, HV, K, V = problem.sequences, problem.value_heads, problem.key_dim, problem.value_dim
     if chosen == "torch":
-        o, final = _gated_delta_per_key_torch(q, k, v, g if gk is None else gk, beta, problem.scale, init,
-                                               l2norm, cu_seqlens)
+        o, final = ref.gated_delta_rule_naive(q, k, v, g if gk is None else gk, beta, problem.scale, init,
+                                              use_qk_l2norm_in_kernel=l2norm, cu_seqlens=cu_seqlens)
         o = o.to(q.dtype)
     else:
         from ..kernels.recurrent import streaming_recurrence
@@ -279,43 +279,6 @@ def _fla_extended(q, k, v, g, gk, beta, scale, initial_state, output_final_state
     if not output_final_state:
         return o, None
     return o, (final.transpose(-1, -2).contiguous() if state_v_first else final)
-
-
-def gated_delta_per_key_step(S, q, k, v, gk, beta, scale):
-    """One token of the gated delta rule with a log decay per key (fla's ``gk``): the reference.
-    S [N, H, K, V]; q, k, gk [N, H, K]; v [N, H, V]; beta [N, H] or [N, H, V]."""
-    S = ref.delta_write(gk.exp().unsqueeze(-1) * S, k, v, beta)
-    return scale * torch.einsum("nhk,nhkv->nhv", q, S), S
-
-
-def _gated_delta_per_key_torch(q, k, v, g, beta, scale, initial_state, l2norm, cu_seqlens):
-    """Token loop for the per-key (or scalar) gated delta rule, readable and slow (CPU backend)."""
-    from ..reference.common import compute_dtype, l2norm as _l2, repeat_heads, sequences
-    dt = compute_dtype(q, k, v, g, beta, initial_state)
-    B, T, HV, V = v.shape
-    K = q.shape[-1]
-    q, k, v = q.to(dt), k.to(dt), v.to(dt)
-    if l2norm:
-        q, k = _l2(q), _l2(k)
-    q, k = repeat_heads(q, HV, 2), repeat_heads(k, HV, 2)
-    if g is None:
-        g = torch.zeros(B, T, HV, K, dtype=dt, device=q.device)
-    elif g.dim() == 3:
-        g = g[..., None].expand(B, T, HV, K)
-    g = g.to(dt)
-    beta = torch.ones(B, T, HV, dtype=dt, device=q.device) if beta is None else beta.to(dt)
-    segs = sequences(B, T, cu_seqlens)
-    S0 = torch.zeros(len(segs), HV, K, V, dtype=dt, device=q.device) if initial_state is None else initial_state.to(dt)
-    o = torch.zeros(B, T, HV, V, dtype=dt, device=q.device)
-    finals = []
-    for s in segs:
-        S = S0[s.index: s.index + 1]
-        for t in range(s.start, s.end):
-            o_t, S = gated_delta_per_key_step(S, q[s.b, t][None], k[s.b, t][None], v[s.b, t][None], g[s.b, t][None],
-                                              beta[s.b, t][None], scale)
-            o[s.b, t] = o_t[0]
-        finals.append(S)
-    return o, torch.cat(finals)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -79,8 +79,10 @@ def delta_write(S, k, v, beta):
 
 def gdn_step(S, q, k, v, g, beta, scale):
     """One token of Gated DeltaNet: decay, write, read. S [N, H, K, V]; q, k [N, H, K];
-    v [N, H, V]; g [N, H]; beta [N, H] or [N, H, V]. Returns (o [N, H, V], S)."""
-    S = delta_write(g.exp()[..., None, None] * S, k, v, beta)
+    v [N, H, V]; g [N, H] (a log decay per head) or [N, H, K] (per key row: fla's ``gk``);
+    beta [N, H] or [N, H, V]. Returns (o [N, H, V], S)."""
+    decay = g.exp()[..., None, None] if g.dim() == 2 else g.exp()[..., None]
+    S = delta_write(decay * S, k, v, beta)
     return scale * torch.einsum("nhk,nhkv->nhv", q, S), S
 
 
@@ -161,7 +163,8 @@ def gated_delta_rule_naive(q, k, v, g=None, beta=None, scale=None, initial_state
 
     Args:
         q, k: ``[B, T, H, K]``.  v: ``[B, T, HV, V]`` (HV a multiple of H).
-        g: ``[B, T, HV]`` natural-log decays, or None (no decay).
+        g: ``[B, T, HV]`` natural-log decays, or ``[B, T, HV, K]`` (a decay per key row, fla's
+            ``gk``; the token loop only), or None (no decay).
         beta: ``[B, T, HV]`` or ``[B, T, HV, V]``, or None (ones).
         scale: defaults to ``K ** -0.5``.
         initial_state: ``[N, HV, K, V]`` or None (zeros); N = B, or the number of sequences.
@@ -201,6 +204,9 @@ def gated_delta_rule_chunked(q, k, v, g=None, beta=None, scale=None, initial_sta
         >>> bool(torch.allclose(o, o2, atol=1e-5))
         True
     """
+    if g is not None and g.dim() == 4:
+        raise ValueError("g: a decay per key [B, T, HV, K] has a token-loop reference only "
+                         "(gated_delta_rule_naive); the chunked form takes [B, T, HV]")
     return _run(q, k, v, g, beta, scale, initial_state, use_qk_l2norm_in_kernel, cu_seqlens, chunk_size,
                 return_chunk_states, chunked=True)
 
