@@ -56,6 +56,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import launch_key
+
 # ------------------------------------------------------------------------------------------------
 # The kernel
 # ------------------------------------------------------------------------------------------------
@@ -423,13 +425,6 @@ def streaming_recurrence(q, k, v, o, *, scale: float, delta: bool, gate: str | N
             _LAUNCHES.clear()
         _LAUNCHES[key] = hit
     run_stream(hit, tensors, scale)
-
-
-def launch_key(tensors) -> tuple:
-    """Everything Triton specializes a launch on, per tensor: shape, strides, dtype, device and
-    16-byte alignment. Two calls with equal keys can share launch arguments and compiled kernel."""
-    return tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
-                 for t in tensors)
 
 
 def run_stream(hit: "_Launch", tensors, scale: float) -> None:

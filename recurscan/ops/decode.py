@@ -21,6 +21,7 @@ import torch
 
 from .. import plan as _plan
 from ..problem import check_decode_extras, check_scale, delta_problem
+from ..kernels import launch_key  # no triton import: kernels/__init__ has none
 from ..reference import delta as ref
 from . import _cache
 
@@ -42,13 +43,6 @@ def _dispatch_bound(device_type: str):
         return _kernels().DISPATCH_STEP_BOUND.get(device_type)
     except ImportError:  # no triton here: only the torch backend runs
         return None
-
-
-def _key(tensors) -> tuple:
-    """Per tensor, what validation and Triton's specialization depend on: shape, strides, dtype,
-    device, 16-byte alignment (kernels.recurrent.launch_key, without importing triton)."""
-    return tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
-                 for t in tensors)
 
 
 def _choose_backend(backend, device, problem) -> str:
@@ -133,7 +127,7 @@ def fused_recurrent_gated_delta_rule_update(q, k, v, g=None, beta=None, scale=No
     on_gpu = isinstance(q, torch.Tensor) and q.device.type == "cuda"
     prep = None
     if on_gpu:  # the hot path: one key over every argument, validated and planned once per key
-        key = (_key((q, k, v, g, beta, initial_state, cu_seqlens, state, state_indices, intermediate_states,
+        key = (launch_key((q, k, v, g, beta, initial_state, cu_seqlens, state, state_indices, intermediate_states,
                      num_accepted_tokens)), output_final_state, use_qk_l2norm_in_kernel, steps_per_token, backend,
                _dispatch_bound("cuda"))
         prep = _PREPARED.get(key)

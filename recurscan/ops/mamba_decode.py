@@ -31,7 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from ..problem import ssd_decode_problem
-from .decode import _choose_backend, _dispatch_bound, _kernels, _key
+from ..kernels import launch_key
+from .decode import _choose_backend, _dispatch_bound, _kernels
 
 _PREPARED: dict[tuple, object] = {}
 
@@ -96,7 +97,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     on_gpu = isinstance(x, torch.Tensor) and x.device.type == "cuda"
     prep = None
     if on_gpu:  # the hot path: one key over every argument, validated and planned once per key
-        key = (_key((state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices, intermediate_states,
+        key = (launch_key((state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices, intermediate_states,
                      num_accepted_tokens)), bool(dt_softplus), backend, _dispatch_bound("cuda"))
         prep = _PREPARED.get(key)
     if prep is None:
