@@ -28,6 +28,10 @@ class Launch:
     num_stages: int  # software-pipelining depth of the sweep's chunk loop
     prep_warps: int  # prep (WY) kernel
     reason: str
+    # Sweep segments per sequence (dense batches; kernels/chunk_delta.py, chunk_delta_fwd's
+    # ``segments``): 1 = one program walks the whole sequence; P > 1 = two parallel passes over
+    # P segments with a sequential fix-up between. Every row keeps 1 until the H200 measures it.
+    segments: int = 1
 
 
 @dataclass(frozen=True)

@@ -209,3 +209,88 @@ def test_planner_rows():
     per_value = delta_problem(q, k, v, g, torch.rand(1, 8, 2, 16))
     assert first(per_value).backend == "torch"
     assert first(delta_problem(*(x.double() for x in (q, k, v, g, beta)))).backend == "torch"
+
+
+# ----------------------------------------------------------------------------------------------
+# Segment-parallel sweep (chunk_delta_fwd(segments=P), dense batches)
+# ----------------------------------------------------------------------------------------------
+
+
+def _fwd(q, k, v, g, beta, M, P, **kw):
+    return chunk_delta.chunk_delta_fwd(*f32(q, k, v, g, beta), num_householder=M, use_qk_l2norm_in_kernel=True,
+                                       segments=P, block_v=16, **kw)
+
+
+@pytest.mark.parametrize("T,M,Ps", [(400, 1, (2, 3, 4)), (200, 2, (2, 4)), (65, 1, (2,))])
+def test_segments_match_oracle_and_single_pass(T, M, Ps):
+    """P segments (T=400: 7 token chunks, cut 4+3, 3+3+1, 2+2+2+1; T=200 GDP M=2: 2+2, 1+1+1+1;
+    T=65: 1+1) against the float64 oracle and the single pass: GVA, an initial state, chunk states,
+    gates 0 and -inf (a reset on a segment's first token and one inside a segment). The decays are
+    weak (log decay ~ -0.003 per token) so that states carry across segments: with the inputs'
+    usual decays (~0.88 per token) a wrong fix-up would hide under the tolerance."""
+    if M == 1:
+        q, k, v, g, beta, S0 = gdn_inputs(2, T, 2, 4, 24, 40)
+        g = g * 0.02  # -inf and 0 stay
+        if T > 192:
+            g[:, 192, 1] = float("-inf")  # the first token of token chunk 3 (a segment start for P = 3)
+            g[:, 130:140, 2] = 0.0
+        else:
+            g[:, 64, 1] = float("-inf")  # token chunk 1's first token (the segment start for P = 2)
+        want = gated_delta_rule_naive(q, k, v, g, beta, initial_state=S0, use_qk_l2norm_in_kernel=True,
+                                      return_chunk_states=True)
+    else:
+        q, k, v, g, beta = gdp_inputs(T, M, 2, 4, 24, 40)
+        g = g * 0.02
+        g[:, 128, 0] = float("-inf")  # token chunk 2's first token (a segment start for P = 2, 4)
+        S0 = torch.randn(1, 4, 24, 40, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+        want = gated_delta_product_naive(q, k, v, g, beta, M, initial_state=S0, use_qk_l2norm_in_kernel=True,
+                                         return_chunk_states=True)
+    kw = dict(initial_state=f32(S0)[0], output_final_state=True, return_chunk_states=True)
+    single = _fwd(q, k, v, g, beta, M, 1, **kw)
+    for P in Ps:
+        got = _fwd(q, k, v, g, beta, M, P, **kw)
+        for a, b, c, what in zip(got, want, single, ("o", "final state", "chunk states")):
+            assert_f32_close(a, b, f"P={P} {what}")
+            assert_f32_close(a, c.double().cpu(), f"P={P} {what} vs single pass")
+
+
+def test_segments_state_cache_padding_and_untouched_slots():
+    """Dense batch of 3 with a state cache: slot -1 (zero output and chunk states, nothing read or
+    written), NaN in unnamed slots (bit-identical after), the final state back in place by the
+    last segment while segment 0 read the slot (pass 1: no race)."""
+    T, M = 200, 1
+    q, k, v, g, beta, _ = gdn_inputs(3, T, 1, 2, 16, 24)
+    g = g * 0.02  # weak decays: the states carry across segments
+    cache = torch.full((6, 2, 16, 24), float("nan"))
+    slots = torch.tensor([4, -1, 1], dtype=torch.int32)
+    cache[4], cache[1] = torch.randn(2, 2, 16, 24, generator=torch.Generator().manual_seed(9))
+    before = cache.clone()
+    cache = cache.to(DEVICE)
+    o, final, chunks = _fwd(q, k, v, g, beta, M, 3, state=cache, state_indices=slots.to(DEVICE),
+                            return_chunk_states=True)
+    assert final is cache
+    S0 = torch.zeros(3, 2, 16, 24, dtype=torch.float64)
+    S0[[0, 2]] = before[[4, 1]].double()
+    want_o, want_S, want_c = gated_delta_rule_naive(q, k, v, g, beta, initial_state=S0, use_qk_l2norm_in_kernel=True,
+                                                    return_chunk_states=True)
+    o, chunks, cache = o.cpu(), chunks.cpu(), cache.cpu()
+    assert o[1].eq(0).all() and chunks[4:8].eq(0).all()
+    want_o[1] = 0
+    want_c[4:8] = 0
+    assert_f32_close(o, want_o, "o")
+    assert_f32_close(chunks, want_c, "chunk states")
+    assert_f32_close(cache[4], want_S[0], "slot 4")
+    assert_f32_close(cache[1], want_S[2], "slot 1")
+    untouched = [0, 2, 3, 5]
+    assert torch.equal(bits(cache[untouched]), bits(before[untouched]))
+
+
+def test_segments_varlen_runs_the_single_pass():
+    """Varlen input keeps the single sweep whatever ``segments`` says: bit-identical results."""
+    cu = torch.tensor([0, 70, 200], device=DEVICE)
+    q, k, v, g, beta = gdp_inputs(200, 1, 1, 2, 16, 16)
+    d = build_chunk_descriptors(cu.cpu(), 1, device=DEVICE)
+    kw = dict(cu_seqlens=cu, chunk_indices_dp=d.chunk_indices_dp, output_final_state=True)
+    a = _fwd(q, k, v, g, beta, 1, 1, **kw)
+    b = _fwd(q, k, v, g, beta, 1, 4, **kw)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))

@@ -217,12 +217,13 @@ def chunk_delta_prep_kernel(
 def chunk_delta_sweep_kernel(
     q, k, v, g, wy, aqk, rnorm, o,
     h0, ht, state, state_indices, chunk_states, cu_seqlens, chunk_offsets,
+    seg_n, seg_m, n_seg, seg_chunks,
     scale, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, HAS_H0: tl.constexpr,
     STORE_FINAL: tl.constexpr, USE_CACHE: tl.constexpr, STORE_CHUNK_STATES: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr, DT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr, DT: tl.constexpr, PASS: tl.constexpr = 0,
 ):
     """Grid (N * HV * ceil(V / BV),): program -> (sequence n, value head hv, value block iv),
     iv fastest so neighbouring programs share the q/k rows in L2.
@@ -239,12 +240,52 @@ def chunk_delta_sweep_kernel(
     read or written), else ``h0[n]`` (HAS_H0), else zeros. The final state goes back to the cache
     slot, or to ``ht[n]`` (STORE_FINAL). With STORE_CHUNK_STATES, row ``chunk_offsets[n] + c`` of
     ``chunk_states`` receives the state entering token chunk c (dense: ``n * ceil(T/BT) + c``).
+
+    Segments (``PASS`` 1 and 2, dense batches; the wrapper launches them, with
+    :func:`chunk_delta_fixup_kernel` between): each sequence's token chunks are cut into ``n_seg``
+    segments of ``seg_chunks`` token chunks (so of ``seg_chunks * M`` expanded chunks: no token and
+    no chunk state straddles two segments). Per value head a segment maps the state affinely,
+    ``S_out = M_i S_in + N_i``, with the same ``M_i [K, K]`` for every value column.
+    ``seg_n [N, n_seg, HV, K, V]`` and ``seg_m [N, n_seg, HV, K, K]`` are float32 scratch.
+
+    - PASS 1, grid ``(N * (n_seg - 1) * HV * (NV + NK),)``, NK = ceil(K / BV); program ->
+      (n, segment i < n_seg - 1, hv, column block j): for j < NV the sweep of segment i's chunks,
+      no outputs, from the sequence's initial state (i = 0; it also copies that state to row 0 of
+      ``seg_n``, so that pass 2 never reads the cache that its last segment writes) or from zero
+      (i > 0), ending in row i + 1 of ``seg_n`` (``N_i``, or for i = 0 the true ``S_in[1]``); for
+      j >= NV (i > 0 only) the same sweep with the value input switched off from the identity
+      state: the "value" columns are then K wide and the end state is ``M_i`` (row i of
+      ``seg_m``). Resets need nothing special: a reset zeroes ``lam``, so it zeroes M's columns as
+      it zeroes a state's.
+    - PASS 2, grid ``(N * n_seg * HV * NV,)``: the sweep of segment i from row i of ``seg_n`` (the
+      fixed-up ``S_in[i]``) with its outputs and chunk states; the last segment writes the final
+      state (or the cache slot).
     """
     pid = tl.program_id(0).to(tl.int64)
     NV: tl.constexpr = (V + BV - 1) // BV
-    i_v = pid % NV
-    i_hv = (pid // NV) % HV
-    i_n = pid // (NV * HV)
+    if PASS == 1:
+        NK: tl.constexpr = (K + BV - 1) // BV
+        i_j = pid % (NV + NK)
+        i_hv = (pid // (NV + NK)) % HV
+        i_s = (pid // ((NV + NK) * HV)) % (n_seg - 1)
+        i_n = pid // ((NV + NK) * HV * (n_seg - 1))
+        role_m = i_j >= NV  # this program computes columns of the transition M_i
+        if role_m:
+            if i_s == 0:  # segment 0 starts from the true state: no transition needed
+                return
+        i_v = tl.where(role_m, i_j - NV, i_j)
+        W = tl.where(role_m, K, V)  # width (and row stride) of the state this program carries
+    elif PASS == 2:
+        i_v = pid % NV
+        i_hv = (pid // NV) % HV
+        i_s = (pid // (NV * HV)) % n_seg
+        i_n = pid // (NV * HV * n_seg)
+        W = V
+    else:
+        i_v = pid % NV
+        i_hv = (pid // NV) % HV
+        i_n = pid // (NV * HV)
+        W = V
     i_h = i_hv // (HV // H)
     if IS_VARLEN:
         bos_t = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -254,33 +295,57 @@ def chunk_delta_sweep_kernel(
         eos_t = bos_t + T
     L = (eos_t - bos_t) * M  # rows of this sequence on the expanded stream
     bos = bos_t * M
+    if PASS == 0:
+        tc_lo = 0  # token chunks [tc_lo, tc_hi), expanded chunks [c_lo, c_hi) of this program
+        tc_hi = tl.cdiv(eos_t - bos_t, BT)
+        c_lo = 0
+        c_hi = tl.cdiv(L, BT)
+    else:
+        tc_lo = i_s * seg_chunks
+        tc_hi = tl.minimum(tc_lo + seg_chunks, tl.cdiv(eos_t - bos_t, BT))
+        c_lo = tc_lo * M
+        c_hi = tl.minimum(tc_hi * M, tl.cdiv(L, BT))
 
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
-    m_v = o_v < V
+    m_v = o_v < W
     # The state is held transposed, St = S^T [BV, BK]: every chained value (St, X^T, U^T) is then
     # the left operand of its next product and stays in registers; the tiles read from memory
     # (k, q, wy^T, aqk^T) are the right operands, in shared memory.
     m_vk = m_v[:, None] & m_k[None, :]
-    o_vk = o_k[None, :].to(tl.int64) * V + o_v[:, None]  # [BV, BK] offsets of S[k, v] in a [K, V] state
+    o_vk = o_k[None, :].to(tl.int64) * W + o_v[:, None]  # [BV, BK] offsets of S[k, v] in a [K, W] state
 
     if USE_CACHE:
         slot = tl.load(state_indices + i_n).to(tl.int64)
         if slot < 0:  # padding: zero output rows, the cache is neither read nor written
-            for c in range(0, tl.cdiv(eos_t - bos_t, BT)):
-                o_tok = bos_t + c * BT + o_t.to(tl.int64)
-                p_o = o + (o_tok * HV + i_hv)[:, None] * V + o_v[None, :]
-                tl.store(p_o, tl.zeros([BT, BV], dtype=o.dtype.element_ty),
-                         mask=(o_tok < eos_t)[:, None] & m_v[None, :])
+            if PASS != 1:
+                for c in range(tc_lo, tc_hi):
+                    o_tok = bos_t + c * BT + o_t.to(tl.int64)
+                    p_o = o + (o_tok * HV + i_hv)[:, None] * V + o_v[None, :]
+                    tl.store(p_o, tl.zeros([BT, BV], dtype=o.dtype.element_ty),
+                             mask=(o_tok < eos_t)[:, None] & m_v[None, :])
             return
         p_state = state + (slot * HV + i_hv) * K * V + o_vk
-        b_St = tl.load(p_state, mask=m_vk, other=0.0).to(tl.float32)
-    elif HAS_H0:
-        b_St = tl.load(h0 + (i_n * HV + i_hv) * K * V + o_vk, mask=m_vk, other=0.0).to(tl.float32)
+    if PASS == 2:
+        b_St = tl.load(seg_n + ((i_n * n_seg + i_s) * HV + i_hv) * K * V + o_vk, mask=m_vk, other=0.0)
     else:
-        b_St = tl.zeros([BV, BK], dtype=tl.float32)
+        if PASS == 1:
+            m_s0 = m_vk & (i_j < NV) & (i_s == 0)  # only segment 0's state programs read it
+        else:
+            m_s0 = m_vk
+        if USE_CACHE:
+            b_St = tl.load(p_state, mask=m_s0, other=0.0).to(tl.float32)
+        elif HAS_H0:
+            b_St = tl.load(h0 + (i_n * HV + i_hv) * K * V + o_vk, mask=m_s0, other=0.0).to(tl.float32)
+        else:
+            b_St = tl.zeros([BV, BK], dtype=tl.float32)
+        if PASS == 1:
+            if i_s == 0:  # a copy of S_in[0] for pass 2 (role_m programs returned above)
+                tl.store(seg_n + (i_n * n_seg * HV + i_hv) * K * V + o_vk, b_St, mask=m_vk)
+            b_St = tl.where(role_m, (o_v[:, None] == o_k[None, :]).to(tl.float32), b_St)
+            use_v = i_j < NV
 
     if STORE_CHUNK_STATES:
         if IS_VARLEN:
@@ -288,7 +353,7 @@ def chunk_delta_sweep_kernel(
         else:
             cs0 = i_n * tl.cdiv(T, BT)
 
-    for c in tl.range(0, tl.cdiv(L, BT), num_stages=NUM_STAGES):
+    for c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
         r = c * BT + o_t.to(tl.int64)  # [BT] row inside the sequence (expanded stream)
         m_r = r < L
         e = bos + r  # global expanded row
@@ -304,16 +369,22 @@ def chunk_delta_sweep_kernel(
         # Loads: raw tiles straight into the products (none depends on the state).
         b_k = tl.load(k + (e * H + i_h)[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :],
                       other=0.0).to(DT)  # [BT, BK]
-        b_q = tl.load(q + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=m_q[:, None] & m_k[None, :],
-                      other=0.0).to(DT)  # [BT, BK]
-        b_vt = tl.load(v + (e * HV + i_hv)[None, :] * V + o_v[:, None], mask=m_r[None, :] & m_v[:, None],
+        if PASS == 1:  # no outputs; the transition's programs read no values
+            m_vt = m_r[None, :] & m_v[:, None] & use_v
+        else:
+            m_vt = m_r[None, :] & m_v[:, None]
+            b_q = tl.load(q + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=m_q[:, None] & m_k[None, :],
+                          other=0.0).to(DT)  # [BT, BK]
+        b_vt = tl.load(v + (e * HV + i_hv)[None, :] * V + o_v[:, None], mask=m_vt,
                        other=0.0).to(tl.float32)  # [BV, BT] = V^T
         # wy^T and aqk^T: [BT (j), BT (i)] = wy[i, j]
         b_Wt = tl.load(wy + (e * HV + i_hv)[None, :] * BT + o_t[:, None], mask=m_r[None, :], other=0.0).to(DT)
-        b_At = tl.load(aqk + (e * HV + i_hv)[None, :] * BT + o_t[:, None], mask=m_r[None, :], other=0.0).to(DT)
+        if PASS != 1:
+            b_At = tl.load(aqk + (e * HV + i_hv)[None, :] * BT + o_t[:, None], mask=m_r[None, :], other=0.0).to(DT)
         if USE_L2NORM:
             rk = tl.load(rnorm + (e * HV + i_hv) * 2, mask=m_r, other=0.0)
-            rq = tl.load(rnorm + (e * HV + i_hv) * 2 + 1, mask=m_q, other=0.0)
+            if PASS != 1:
+                rq = tl.load(rnorm + (e * HV + i_hv) * 2 + 1, mask=m_q, other=0.0)
         else:
             rk = tl.full([BT], 1.0, tl.float32)
             rq = tl.full([BT], 1.0, tl.float32) * scale
@@ -332,18 +403,65 @@ def chunk_delta_sweep_kernel(
         b_Ut = tl.dot(b_Xt.to(DT), b_Wt, input_precision=DOT_PRECISION)  # [BV, BT]
 
         # Stage 4: outputs O^T = (S^T Q^T) o lam + U^T aqk^T, written on the token stream.
-        b_ot = (lam * rq)[None, :] * tl.dot(b_Sd, tl.trans(b_q), input_precision=DOT_PRECISION)
-        b_ot += tl.dot(b_Ut.to(DT), b_At, input_precision=DOT_PRECISION)
-        p_o = o + (tok * HV + i_hv)[None, :] * V + o_v[:, None]
-        tl.store(p_o, b_ot.to(o.dtype.element_ty), mask=m_q[None, :] & m_v[:, None])
+        if PASS != 1:
+            b_ot = (lam * rq)[None, :] * tl.dot(b_Sd, tl.trans(b_q), input_precision=DOT_PRECISION)
+            b_ot += tl.dot(b_Ut.to(DT), b_At, input_precision=DOT_PRECISION)
+            p_o = o + (tok * HV + i_hv)[None, :] * V + o_v[:, None]
+            tl.store(p_o, b_ot.to(o.dtype.element_ty), mask=m_q[None, :] & m_v[:, None])
 
         # Stage 3 (end): the state leaving the chunk, S^T <- lam_last S^T + (U^T o gam) K.
         b_St = b_St * lam_last + tl.dot((b_Ut * (gam * rk)[None, :]).to(DT), b_k, input_precision=DOT_PRECISION)
 
+    if PASS == 1:
+        if role_m:  # M_i: row i of seg_m ([K, K], row stride W = K)
+            tl.store(seg_m + ((i_n * n_seg + i_s) * HV + i_hv) * K * K + o_vk, b_St, mask=m_vk)
+        else:  # N_i (S_in[1] for segment 0): row i + 1 of seg_n
+            tl.store(seg_n + ((i_n * n_seg + i_s + 1) * HV + i_hv) * K * V + o_vk, b_St, mask=m_vk)
+    elif PASS == 2:
+        if i_s == n_seg - 1:  # the last segment ends the sequence
+            if USE_CACHE:
+                tl.store(p_state, b_St.to(state.dtype.element_ty), mask=m_vk)
+            elif STORE_FINAL:
+                tl.store(ht + (i_n * HV + i_hv) * K * V + o_vk, b_St, mask=m_vk)
+    else:
+        if USE_CACHE:
+            tl.store(p_state, b_St.to(state.dtype.element_ty), mask=m_vk)
+        elif STORE_FINAL:
+            tl.store(ht + (i_n * HV + i_hv) * K * V + o_vk, b_St, mask=m_vk)
+
+
+@triton.jit
+def chunk_delta_fixup_kernel(
+    seg_n, seg_m, state_indices, n_seg,
+    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_CACHE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """Grid (N * HV * ceil(V / BV),): the segments' sequential fix-up, in float32. For one
+    (sequence, value head, column block), in place in ``seg_n``: row 1 already holds ``S_in[1]``;
+    for i = 1 .. n_seg - 2, ``row i + 1 <- M_i row i + row i + 1`` (``S_in[i+1] = M_i S_in[i] + N_i``).
+    PRECISION "ieee" for float32 inputs, else "tf32x3" (float32-level error on the tensor cores).
+    One step is a [K, K] x [K, BV] product; at K = 128, BV 32, 8 warps, tf32x3 it compiles for
+    sm_90 to 255 registers, 40 B of stack, 160 KB of shared memory (one program per SM)."""
+    pid = tl.program_id(0).to(tl.int64)
+    NV: tl.constexpr = (V + BV - 1) // BV
+    i_v = pid % NV
+    i_hv = (pid // NV) % HV
+    i_n = pid // (NV * HV)
     if USE_CACHE:
-        tl.store(p_state, b_St.to(state.dtype.element_ty), mask=m_vk)
-    elif STORE_FINAL:
-        tl.store(ht + (i_n * HV + i_hv) * K * V + o_vk, b_St, mask=m_vk)
+        if tl.load(state_indices + i_n) < 0:  # padding: pass 2 writes zeros and reads nothing
+            return
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_kv = (o_k < K)[:, None] & (o_v < V)[None, :]
+    m_kk = (o_k < K)[:, None] & (o_k < K)[None, :]
+    o_kv = o_k[:, None].to(tl.int64) * V + o_v[None, :]
+    o_kk = o_k[:, None].to(tl.int64) * K + o_k[None, :]
+    b_S = tl.load(seg_n + ((i_n * n_seg + 1) * HV + i_hv) * K * V + o_kv, mask=m_kv, other=0.0)
+    for i in range(1, n_seg - 1):
+        b_M = tl.load(seg_m + ((i_n * n_seg + i) * HV + i_hv) * K * K + o_kk, mask=m_kk, other=0.0)
+        p_n = seg_n + ((i_n * n_seg + i + 1) * HV + i_hv) * K * V + o_kv
+        b_S = tl.dot(b_M, b_S, input_precision=PRECISION) + tl.load(p_n, mask=m_kv, other=0.0)
+        tl.store(p_n, b_S, mask=m_kv)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -355,7 +473,7 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
                     output_final_state=False, use_qk_l2norm_in_kernel=False, cu_seqlens=None,
                     chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None, state=None,
                     state_indices=None, return_chunk_states=False, block_v=32, num_warps=4,
-                    num_stages=2, prep_warps=4, stages="both"):
+                    num_stages=2, prep_warps=4, stages="both", segments=1):
     """Launch the two kernels. Arguments as the public ops (``recurscan.chunk_gated_delta_rule``,
     ``recurscan.chunk_gated_delta_product_varlen``), with the descriptors already built:
 
@@ -366,10 +484,16 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
       the planner picks them (``recurscan.plan``).
     - ``stages``: "both"; "prep" or "sweep" launch one kernel alone (benchmarks time each; the
       sweep alone then reads scratch the prep kernel wrote in an earlier call, or poison).
+    - ``segments``: 1 runs the single sweep (one program walks a whole sequence). P > 1 (dense
+      batches; varlen input ignores it and runs the single sweep) cuts each sequence into P
+      segments of ``ceil(ceil(T/64) / P)`` token chunks (fewer segments if some would be empty)
+      and runs the sweep in two parallel passes with a short fix-up between
+      (:func:`chunk_delta_sweep_kernel`, PASS 1 and 2; :func:`chunk_delta_fixup_kernel`).
 
     Reads no device value on the host and sizes nothing from data: capturable in a CUDA graph.
     Scratch: ``wy`` and ``aqk`` (``[B, T*M, HV, 64]`` in the input dtype) and the norm factors
-    (``[B, T*M, HV, 2]`` float32), all written by the prep kernel before the sweep reads them.
+    (``[B, T*M, HV, 2]`` float32), all written by the prep kernel before the sweep reads them;
+    with segments, ``[B, P, HV, K, V]`` and ``[B, P, HV, K, K]`` float32 (segment states, transitions).
     Returns ``(o, final_state or None[, chunk_states])``; with a cache, the final state is ``state``.
     """
     M = num_householder
@@ -433,23 +557,45 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
     NV = triton.cdiv(V, BV)
     if stages == "prep":
         return (o, final) + ((chunk_states,) if chunk_states is not None else ())
-    chunk_delta_sweep_kernel[(N * HV * NV,)](
-        q, k, v, g if g is not None else dummy, wy, aqk, rnorm, o,
-        initial_state if initial_state is not None else dummy,
-        final if final is not None else dummy,
-        state if use_cache else dummy,
-        state_indices if use_cache else dummy,
-        chunk_states if chunk_states is not None else dummy,
-        cu_seqlens if varlen else dummy,
-        chunk_offsets if (varlen and chunk_states is not None) else dummy,
-        scale, T,
-        H=H, HV=HV, K=K, V=V, M=M, BT=BT, BK=BK, BV=BV,
-        USE_L2NORM=use_qk_l2norm_in_kernel, IS_VARLEN=varlen, HAS_G=g is not None,
-        HAS_H0=initial_state is not None, STORE_FINAL=final is not None, USE_CACHE=use_cache,
-        STORE_CHUNK_STATES=chunk_states is not None,
-        DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, DT=dt,
-        num_warps=num_warps,
-    )
+    P, seg_chunks = 1, 0
+    if segments > 1 and not varlen and T > 0:
+        seg_chunks = triton.cdiv(triton.cdiv(T, BT), segments)
+        P = triton.cdiv(triton.cdiv(T, BT), seg_chunks)  # no empty segment
+    args = (q, k, v, g if g is not None else dummy, wy, aqk, rnorm, o,
+            initial_state if initial_state is not None else dummy,
+            final if final is not None else dummy,
+            state if use_cache else dummy,
+            state_indices if use_cache else dummy,
+            chunk_states if chunk_states is not None else dummy,
+            cu_seqlens if varlen else dummy,
+            chunk_offsets if (varlen and chunk_states is not None) else dummy)
+    consts = dict(H=H, HV=HV, K=K, V=V, M=M, BT=BT, BK=BK, BV=BV,
+                  USE_L2NORM=use_qk_l2norm_in_kernel, IS_VARLEN=varlen, HAS_G=g is not None,
+                  HAS_H0=initial_state is not None, USE_CACHE=use_cache,
+                  DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, DT=dt, num_warps=num_warps)
+    if P == 1:
+        chunk_delta_sweep_kernel[(N * HV * NV,)](
+            *args, dummy, dummy, 1, 0, scale, T,
+            STORE_FINAL=final is not None, STORE_CHUNK_STATES=chunk_states is not None, PASS=0, **consts)
+    else:
+        # Pass 1: segment end states from zero (segment 0: from the initial state) and the
+        # transitions M_i (identity state, no values); fix-up S_in[i+1] = M_i S_in[i] + N_i;
+        # pass 2: every segment's outputs from its S_in.
+        seg_n = _empty(N, P, HV, K, V, dtype=torch.float32, device=device)
+        seg_m = _empty(N, P, HV, K, K, dtype=torch.float32, device=device) if P > 2 else seg_n
+        NK = triton.cdiv(K, BV)
+        chunk_delta_sweep_kernel[(N * (P - 1) * HV * (NV + NK),)](
+            *args, seg_n, seg_m, P, seg_chunks, scale, T,
+            STORE_FINAL=False, STORE_CHUNK_STATES=False, PASS=1, **consts)
+        if P > 2:
+            BVF = min(32, max(16, triton.next_power_of_2(V)))
+            chunk_delta_fixup_kernel[(N * HV * triton.cdiv(V, BVF),)](
+                seg_n, seg_m, state_indices if use_cache else dummy, P,
+                HV=HV, K=K, V=V, BK=BK, BV=BVF, USE_CACHE=use_cache,
+                PRECISION="ieee" if q.dtype == torch.float32 else "tf32x3", num_warps=8)
+        chunk_delta_sweep_kernel[(N * P * HV * NV,)](
+            *args, seg_n, seg_m, P, seg_chunks, scale, T,
+            STORE_FINAL=final is not None, STORE_CHUNK_STATES=chunk_states is not None, PASS=2, **consts)
     out = (o, state if use_cache else final)
     if chunk_states is not None:
         out += (chunk_states,)

@@ -94,7 +94,7 @@ def _run_triton(q, k, v, g, beta, problem, schedule, *, initial_state, output_fi
         cu_seqlens=cu_seqlens, chunk_indices_dp=chunk_indices_dp, chunk_offsets=chunk_offsets,
         num_chunk_rows=num_rows, state=state, state_indices=state_indices,
         return_chunk_states=return_chunk_states, block_v=launch.block_v, num_warps=launch.num_warps,
-        num_stages=launch.num_stages, prep_warps=launch.prep_warps)
+        num_stages=launch.num_stages, prep_warps=launch.prep_warps, segments=launch.segments)
     if return_chunk_states and exact_rows is not None:
         out = out[:2] + (out[2][:exact_rows],)
     return out
