@@ -213,7 +213,9 @@ def chunk_delta_prep_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-@triton.jit
+# n_seg and seg_chunks are not specialised (divisibility by 16, == 1): one compiled kernel per
+# pass serves every segment count.
+@triton.jit(do_not_specialize=["n_seg", "seg_chunks"])
 def chunk_delta_sweep_kernel(
     q, k, v, g, wy, aqk, rnorm, o,
     h0, ht, state, state_indices, chunk_states, cu_seqlens, chunk_offsets,
@@ -430,7 +432,7 @@ def chunk_delta_sweep_kernel(
             tl.store(ht + (i_n * HV + i_hv) * K * V + o_vk, b_St, mask=m_vk)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_seg"])
 def chunk_delta_fixup_kernel(
     seg_n, seg_m, state_indices, n_seg,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
