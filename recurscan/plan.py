@@ -30,7 +30,7 @@ class Launch:
     reason: str
     # Sweep segments per sequence (dense batches; kernels/chunk_delta.py, chunk_delta_fwd's
     # ``segments``): 1 = one program walks the whole sequence; P > 1 = two parallel passes over
-    # P segments with a sequential fix-up between. Every row keeps 1 until the H200 measures it.
+    # P segments with a sequential fix-up between (chosen by the rows below, from H200 measurements).
     segments: int = 1
 
 
@@ -100,12 +100,32 @@ def _sm_count(device: torch.device) -> int:
 #   B4 T8192 H16 HV64 (256 pairs): BV 64/4w 2.40 ms, 128/8w 2.59, 32/4w 3.39, 64/8w 3.46, 16/4w 4.42
 #   GDP M2 B4 T4096 H16 (64 pairs): BV 64/4w 0.82 ms, 64/8w 0.86, 128/8w 0.88, 32/4w 0.89, 16/4w 1.18
 #   B1 T16384 H16 HV32 (32 pairs): BV 32/4w 1.08 ms, 16/4w 1.11, 64/4w 1.11, 64/8w 1.32, 128/8w 1.35
-DELTA_LAUNCH: list[tuple[Callable[[int, int, int], bool], Launch]] = [
-    (lambda pairs, sms, V: 2 * pairs * triton_cdiv(V, 64) >= sms,
+#   Segments (benchmarks/results/gpu_chunk_segments.json, commit 3181f3b; sweep split into P
+#   segments, two parallel passes and a fix-up; dense batches only):
+#   B1 T16384 HV32: P=1 BV 32 1.077 ms; BV 64 P=3 0.881, P=4 0.896, P=8 0.915 (BV 16/32 slower with P)
+#   B1 T65536 HV32: P=1 BV 32 4.349 ms; BV 64 P=3 3.508, P=4 3.547, P=8 3.600
+#   B4 T4096 H16 (64 pairs) and GDP M2 B4 T4096: P=1 fastest (0.390 / 0.773 ms; P=3 0.467 / 0.903)
+@dataclass(frozen=True)
+class LaunchShape:
+    """What the launch rows read: independent (sequence, head) sweeps, multiprocessors, V, the
+    expanded-stream length of one sequence, and whether the batch is varlen."""
+
+    pairs: int
+    sms: int
+    value_dim: int
+    tokens: int
+    varlen: bool
+
+
+DELTA_LAUNCH: list[tuple[Callable[[LaunchShape], bool], Launch]] = [
+    (lambda s: 2 * s.pairs * triton_cdiv(s.value_dim, 64) >= s.sms,
      Launch(64, 4, 2, 4, "at least half an SM's worth of 64-column programs: BV 64 on wgmma (fastest measured)")),
-    (lambda pairs, sms, V: 2 * pairs * triton_cdiv(V, 32) >= sms,
+    (lambda s: not s.varlen and s.tokens >= 16384,
+     Launch(64, 4, 2, 4, "few pairs over a long dense sequence: 3 segments at BV 64 fill the machine "
+                         "(measured 18-19% faster than one pass at T 16K and 64K)", segments=3)),
+    (lambda s: 2 * s.pairs * triton_cdiv(s.value_dim, 32) >= s.sms,
      Launch(32, 4, 2, 4, "few (sequence, head) pairs: 32-column blocks double the programs")),
-    (lambda pairs, sms, V: True,
+    (lambda s: True,
      Launch(16, 4, 2, 4, "very few pairs: 16-column blocks for the most programs")),
 ]
 
@@ -115,9 +135,11 @@ def triton_cdiv(a: int, b: int) -> int:
 
 
 def delta_launch(problem, device: torch.device) -> Launch:
-    pairs, sms = problem.sequences * problem.value_heads, _sm_count(device)
+    shape = LaunchShape(pairs=problem.sequences * problem.value_heads, sms=_sm_count(device),
+                        value_dim=problem.value_dim, tokens=problem.tokens * problem.householder,
+                        varlen=problem.varlen)
     for applies, launch in DELTA_LAUNCH:
-        if applies(pairs, sms, problem.value_dim):
+        if applies(shape):
             return launch
     raise AssertionError("the last launch row always applies")
 
