@@ -245,10 +245,10 @@ class Workload:
             "cu_seqlens": None,
             "initial_state": None,
         }
-        if self.varlen:
+        if self.varlen:  # boundaries on the token stream (seed 003), whatever M is
             bounds = [0]
             for L in self.seqlens:
-                bounds.append(bounds[-1] + L * M)
+                bounds.append(bounds[-1] + L)
             inputs["cu_seqlens"] = torch.tensor(bounds, dtype=torch.int64, device=device)
         if self.family == "gdn_decode":
             inputs["state"] = randn(N, HV, K, V, dtype=sdt) * 0.1
