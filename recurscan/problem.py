@@ -126,13 +126,19 @@ def check_state_cache(state, state_indices, dims: Dims, spec: str, device) -> No
             raise ValueError("state_indices: a slot is named twice; each sequence must own its slot")
 
 
-def _check_qkv(q, k, v) -> torch.device:
-    """q, k, v: floating tensors of one dtype on one device; returns the device."""
+def _check_qkv(q, k, v, dims: "Dims", k_spec: str, v_spec: str) -> torch.device:
+    """q ``[B, T, H, K]``, k and v by their specs: floating tensors of one dtype on one device, and
+    value heads a multiple of the q/k heads (grouped value attention). Returns the device."""
     check_tensor("q", q, FLOAT_DTYPES)
     for name, x in (("k", k), ("v", v)):
         check_tensor(name, x, FLOAT_DTYPES, q.device)
         if x.dtype != q.dtype:
             raise TypeError(f"{name}: expected the dtype of q ({q.dtype}), got {x.dtype}")
+    dims.check("q", q, "B T H K")
+    dims.check("k", k, k_spec)
+    dims.check("v", v, v_spec)
+    if dims["HV"] % dims["H"] != 0:
+        raise ValueError(f"v: value heads HV = {dims['HV']} must be a multiple of the q/k heads H = {dims['H']}")
     return q.device
 
 
@@ -162,13 +168,8 @@ def delta_problem(q, k, v, g, beta, *, num_householder=1, scale=None, initial_st
     g ``[B, T, HV]`` or None, beta ``[B, T*M, HV]`` / ``[B, T*M, HV, V]`` or None."""
     if isinstance(num_householder, bool) or not isinstance(num_householder, int) or num_householder < 1:
         raise ValueError(f"num_householder: expected an int >= 1, got {num_householder!r}")
-    device = _check_qkv(q, k, v)
     dims = Dims(M=num_householder)
-    dims.check("q", q, "B T H K")
-    dims.check("k", k, "B T*M H K")
-    dims.check("v", v, "B T*M HV V")
-    if dims["HV"] % dims["H"] != 0:
-        raise ValueError(f"v: value heads HV = {dims['HV']} must be a multiple of the q/k heads H = {dims['H']}")
+    device = _check_qkv(q, k, v, dims, "B T*M H K", "B T*M HV V")
     if g is not None:
         check_tensor("g", g, FLOAT_DTYPES, device)
         dims.check("g", g, "B T HV")
@@ -221,13 +222,8 @@ class GlaProblem:
 
 def gla_problem(q, k, v, g, *, per_key_decay, scale=None, initial_state=None, cu_seqlens=None) -> GlaProblem:
     """q, k ``[B, T, H, K]``; v ``[B, T, HV, V]``; g ``[B, T, HV, K]`` (per key) or ``[B, T, HV]``."""
-    device = _check_qkv(q, k, v)
     dims = Dims()
-    dims.check("q", q, "B T H K")
-    dims.check("k", k, "B T H K")
-    dims.check("v", v, "B T HV V")
-    if dims["HV"] % dims["H"] != 0:
-        raise ValueError(f"v: value heads HV = {dims['HV']} must be a multiple of the q/k heads H = {dims['H']}")
+    device = _check_qkv(q, k, v, dims, "B T H K", "B T HV V")
     if g is not None:
         check_tensor("g", g, FLOAT_DTYPES, device)
         dims.check("g", g, "B T HV K" if per_key_decay else "B T HV")
