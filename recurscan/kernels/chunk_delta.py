@@ -58,10 +58,13 @@ Triton path whenever the planner has a row for the problem (``recurscan/plan.py`
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+
+from ._launch import CallArg, DirectLaunch, jit_launch
 
 CHUNK = 64  # BT: rows of the expanded stream per chunk (the WY blocks are 64 x 64)
 LOG2E = 1.4426950408889634
@@ -471,12 +474,173 @@ def chunk_delta_fixup_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
+#: The per-call values of a planned call, in order: the inputs, then the buffers the call allocates.
+INPUT_NAMES = ("q", "k", "v", "g", "beta", "initial_state", "state", "state_indices", "cu_seqlens",
+               "chunk_indices_dp", "chunk_offsets")
+BUFFER_NAMES = ("o", "final", "chunk_states", "beta_ones", "wy", "aqk", "rnorm", "seg_n", "seg_m")
+CALL_NAMES = INPUT_NAMES + BUFFER_NAMES
+
+
+@dataclass
+class _Step:
+    """One kernel launch of a plan: per-call values in ``kwargs`` are ``CallArg`` names."""
+
+    kernel: object
+    grid: tuple
+    kwargs: dict
+    options: dict
+    direct: DirectLaunch | None = None  # the compiled kernel's direct launch, after the first call
+
+
+@dataclass
+class ChunkDeltaPlan:
+    """Everything a call of one signature needs but its tensors: the buffers to allocate
+    (name -> (shape, dtype, fill); fill None = uninitialised, else a constant), the launches in
+    order, and the names of the returned tensors. Built once per signature; keeps no tensor."""
+
+    buffers: dict
+    steps: list
+    outputs: tuple
+    device: torch.device
+
+
+def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial_state=None,
+                     output_final_state=False, use_qk_l2norm_in_kernel=False, cu_seqlens=None,
+                     chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None, state=None,
+                     state_indices=None, return_chunk_states=False, block_v=32, num_warps=4,
+                     num_stages=2, prep_warps=4, stages="both", segments=1) -> ChunkDeltaPlan:
+    """The launches of :func:`chunk_delta_fwd` for these tensors' shapes (read, never kept)."""
+    M = num_householder
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    scale = K ** -0.5 if scale is None else float(scale)
+    device = q.device
+    varlen = cu_seqlens is not None
+    N = cu_seqlens.shape[0] - 1 if varlen else B
+    BT = CHUNK
+    BK = max(16, triton.next_power_of_2(K))
+    BV = min(block_v, max(16, triton.next_power_of_2(V)))
+    if varlen:
+        if chunk_indices_dp is None:
+            raise ValueError("chunk_delta_fwd: varlen input needs chunk_indices_dp (recurscan.descriptors)")
+        n_prep = chunk_indices_dp.shape[0]
+    else:
+        n_prep = B * triton.cdiv(T * M, BT)
+    use_cache = state is not None
+    store_final = not use_cache and output_final_state
+
+    buffers = {
+        "o": ((B, T, HV, V), q.dtype, None),
+        "wy": ((B, T * M, HV, BT), q.dtype, None),
+        "aqk": ((B, T * M, HV, BT), q.dtype, None),
+    }
+    if use_qk_l2norm_in_kernel:
+        buffers["rnorm"] = ((B, T * M, HV, 2), torch.float32, None)
+    if beta is None:
+        buffers["beta_ones"] = ((B, T * M, HV), q.dtype, 1.0)
+    if store_final:
+        buffers["final"] = ((N, HV, K, V), torch.float32, None)
+    if return_chunk_states:
+        if varlen:
+            if chunk_offsets is None or num_chunk_rows is None:
+                raise ValueError("chunk_delta_fwd: chunk states of varlen input need chunk_offsets and num_chunk_rows")
+            rows = num_chunk_rows
+        else:
+            rows = B * triton.cdiv(T, BT)
+        # Zeros: rows past the last sequence's (descriptor padding) and a padding sequence's rows.
+        buffers["chunk_states"] = ((rows, HV, K, V), torch.float32, 0.0)
+
+    def arg(name, present=True):  # a per-call tensor; an absent one points at o (its flag keeps it unread)
+        return CallArg(name if present else "o")
+
+    dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    # The products take the input dtype (bf16/fp16 operands, float32 accumulation). Triton 3.6's
+    # interpreter multiplies bf16 tiles as raw uint16 bits, so there bf16 products run in float32.
+    dt = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[q.dtype]
+    if dt == tl.bfloat16 and os.environ.get("TRITON_INTERPRET", "0") == "1":
+        dt = tl.float32
+    beta_arg = arg("beta") if beta is not None else arg("beta_ones")
+    steps = []
+    if n_prep > 0 and stages in ("both", "prep"):
+        steps.append(_Step(chunk_delta_prep_kernel, (n_prep, HV), dict(
+            q=arg("q"), k=arg("k"), g=arg("g", g is not None), beta=beta_arg, wy=arg("wy"), aqk=arg("aqk"),
+            rnorm=arg("rnorm") if use_qk_l2norm_in_kernel else arg("wy"),
+            cu_seqlens=arg("cu_seqlens", varlen), chunk_indices=arg("chunk_indices_dp", varlen),
+            scale=scale, T=T, H=H, HV=HV, K=K, M=M, BT=BT, BK=BK,
+            USE_L2NORM=use_qk_l2norm_in_kernel, IS_VARLEN=varlen, HAS_G=g is not None,
+            INV_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DT=dt), dict(num_warps=prep_warps)))
+    outputs = ("o", "state" if use_cache else ("final" if store_final else None)) + \
+        (("chunk_states",) if return_chunk_states else ())
+    if stages == "prep":
+        return ChunkDeltaPlan(buffers, steps, outputs, device)
+    NV = triton.cdiv(V, BV)
+    P, seg_chunks = 1, 0
+    if segments > 1 and not varlen and T > 0:
+        seg_chunks = triton.cdiv(triton.cdiv(T, BT), segments)
+        P = triton.cdiv(triton.cdiv(T, BT), seg_chunks)  # no empty segment
+    sweep = dict(
+        q=arg("q"), k=arg("k"), v=arg("v"), g=arg("g", g is not None), wy=arg("wy"), aqk=arg("aqk"),
+        rnorm=arg("rnorm") if use_qk_l2norm_in_kernel else arg("wy"), o=arg("o"),
+        h0=arg("initial_state", initial_state is not None), ht=arg("final", store_final),
+        state=arg("state", use_cache), state_indices=arg("state_indices", use_cache),
+        chunk_states=arg("chunk_states", return_chunk_states), cu_seqlens=arg("cu_seqlens", varlen),
+        chunk_offsets=arg("chunk_offsets", varlen and return_chunk_states),
+        seg_n=arg("o"), seg_m=arg("o"), n_seg=1, seg_chunks=0, scale=scale, T=T,
+        H=H, HV=HV, K=K, V=V, M=M, BT=BT, BK=BK, BV=BV,
+        USE_L2NORM=use_qk_l2norm_in_kernel, IS_VARLEN=varlen, HAS_G=g is not None,
+        HAS_H0=initial_state is not None, USE_CACHE=use_cache, STORE_FINAL=store_final,
+        STORE_CHUNK_STATES=return_chunk_states, DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, DT=dt, PASS=0)
+    options = dict(num_warps=num_warps)
+    if P == 1:
+        steps.append(_Step(chunk_delta_sweep_kernel, (N * HV * NV,), sweep, options))
+    else:
+        # Pass 1: segment end states from zero (segment 0: from the initial state) and the
+        # transitions M_i (identity state, no values); fix-up S_in[i+1] = M_i S_in[i] + N_i;
+        # pass 2: every segment's outputs from its S_in.
+        buffers["seg_n"] = ((N, P, HV, K, V), torch.float32, None)
+        if P > 2:
+            buffers["seg_m"] = ((N, P, HV, K, K), torch.float32, None)
+        seg = dict(seg_n=arg("seg_n"), seg_m=arg("seg_m") if P > 2 else arg("seg_n"), n_seg=P, seg_chunks=seg_chunks)
+        NK = triton.cdiv(K, BV)
+        steps.append(_Step(chunk_delta_sweep_kernel, (N * (P - 1) * HV * (NV + NK),),
+                           dict(sweep, **seg, STORE_FINAL=False, STORE_CHUNK_STATES=False, PASS=1), options))
+        if P > 2:
+            BVF = min(32, max(16, triton.next_power_of_2(V)))
+            steps.append(_Step(chunk_delta_fixup_kernel, (N * HV * triton.cdiv(V, BVF),), dict(
+                seg_n=arg("seg_n"), seg_m=arg("seg_m"), state_indices=arg("state_indices", use_cache), n_seg=P,
+                HV=HV, K=K, V=V, BK=BK, BV=BVF, USE_CACHE=use_cache,
+                PRECISION="ieee" if q.dtype == torch.float32 else "tf32x3"), dict(num_warps=8)))
+        steps.append(_Step(chunk_delta_sweep_kernel, (N * P * HV * NV,), dict(sweep, **seg, PASS=2), options))
+    return ChunkDeltaPlan(buffers, steps, outputs, device)
+
+
+def run_chunk_delta(plan: ChunkDeltaPlan, inputs: tuple) -> tuple:
+    """Allocate the plan's buffers and launch its steps on ``inputs`` (tensors or None, in the
+    order of :data:`INPUT_NAMES`; they must have the signature the plan was made for). The first
+    call of a plan launches through Triton's JIT; later ones launch the compiled kernels directly."""
+    q, k, v, g, beta = inputs[:5]
+    inputs = (q.contiguous(), k.contiguous(), v.contiguous(), g if g is None else g.contiguous(),
+              beta if beta is None else beta.contiguous()) + tuple(inputs[5:])
+    made = {}
+    for name, (shape, dtype, fill) in plan.buffers.items():
+        made[name] = _empty(*shape, dtype=dtype, device=plan.device) if fill is None else \
+            torch.full(shape, fill, dtype=dtype, device=plan.device)
+    values = inputs + tuple(made.get(n) for n in BUFFER_NAMES)
+    for step in plan.steps:
+        if step.direct is not None:
+            step.direct(values)
+        else:
+            step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, CALL_NAMES, values)
+    out = tuple(None if n is None else values[CALL_NAMES.index(n)] for n in plan.outputs)
+    return out
+
+
 def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_state=None,
                     output_final_state=False, use_qk_l2norm_in_kernel=False, cu_seqlens=None,
                     chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None, state=None,
                     state_indices=None, return_chunk_states=False, block_v=32, num_warps=4,
                     num_stages=2, prep_warps=4, stages="both", segments=1):
-    """Launch the two kernels. Arguments as the public ops (``recurscan.chunk_gated_delta_rule``,
+    """Launch the kernels. Arguments as the public ops (``recurscan.chunk_gated_delta_rule``,
     ``recurscan.chunk_gated_delta_product_varlen``), with the descriptors already built:
 
     - varlen (``cu_seqlens`` given): ``chunk_indices_dp [NT_pad, 2]`` (sequence, chunk) of the
@@ -492,113 +656,21 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
       and runs the sweep in two parallel passes with a short fix-up between
       (:func:`chunk_delta_sweep_kernel`, PASS 1 and 2; :func:`chunk_delta_fixup_kernel`).
 
+    This plans and runs in one go (:func:`plan_chunk_delta`, :func:`run_chunk_delta`); the public
+    ops keep the plan of each call signature and only run it.
+
     Reads no device value on the host and sizes nothing from data: capturable in a CUDA graph.
     Scratch: ``wy`` and ``aqk`` (``[B, T*M, HV, 64]`` in the input dtype) and the norm factors
     (``[B, T*M, HV, 2]`` float32), all written by the prep kernel before the sweep reads them;
     with segments, ``[B, P, HV, K, V]`` and ``[B, P, HV, K, K]`` float32 (segment states, transitions).
     Returns ``(o, final_state or None[, chunk_states])``; with a cache, the final state is ``state``.
     """
-    M = num_householder
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    scale = K ** -0.5 if scale is None else float(scale)
-    device = q.device
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    g = g.contiguous() if g is not None else None
-    if beta is None:
-        beta = torch.ones(B, T * M, HV, dtype=q.dtype, device=device)
-    beta = beta.contiguous()
-    varlen = cu_seqlens is not None
-    N = cu_seqlens.shape[0] - 1 if varlen else B
-    BT = CHUNK
-    BK = max(16, triton.next_power_of_2(K))
-    BV = min(block_v, max(16, triton.next_power_of_2(V)))
-    if varlen:
-        if chunk_indices_dp is None:
-            raise ValueError("chunk_delta_fwd: varlen input needs chunk_indices_dp (recurscan.descriptors)")
-        n_prep = chunk_indices_dp.shape[0]
-    else:
-        n_prep = B * triton.cdiv(T * M, BT)
-
-    wy = _empty(B, T * M, HV, BT, dtype=q.dtype, device=device)
-    aqk = _empty(B, T * M, HV, BT, dtype=q.dtype, device=device)
-    rnorm = _empty(B, T * M, HV, 2, dtype=torch.float32, device=device) if use_qk_l2norm_in_kernel else wy
-    o = _empty(B, T, HV, V, dtype=q.dtype, device=device)
-    use_cache = state is not None
-    final = None
-    if not use_cache and output_final_state:
-        final = _empty(N, HV, K, V, dtype=torch.float32, device=device)
-    chunk_states = None
-    if return_chunk_states:
-        if varlen:
-            if chunk_offsets is None or num_chunk_rows is None:
-                raise ValueError("chunk_delta_fwd: chunk states of varlen input need chunk_offsets and num_chunk_rows")
-            rows = num_chunk_rows
-        else:
-            rows = B * triton.cdiv(T, BT)
-        # Zeros: rows past the last sequence's (descriptor padding) and a padding sequence's rows.
-        chunk_states = torch.zeros(rows, HV, K, V, dtype=torch.float32, device=device)
-    dummy = o  # any tensor, for pointer arguments a flag switches off
-    dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    # The products take the input dtype (bf16/fp16 operands, float32 accumulation). Triton 3.6's
-    # interpreter multiplies bf16 tiles as raw uint16 bits, so there bf16 products run in float32.
-    dt = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[q.dtype]
-    if dt == tl.bfloat16 and os.environ.get("TRITON_INTERPRET", "0") == "1":
-        dt = tl.float32
-
-    if n_prep > 0 and stages in ("both", "prep"):
-        chunk_delta_prep_kernel[(n_prep, HV)](
-            q, k, g if g is not None else dummy, beta, wy, aqk, rnorm,
-            cu_seqlens if varlen else dummy, chunk_indices_dp if varlen else dummy,
-            scale, T,
-            H=H, HV=HV, K=K, M=M, BT=BT, BK=BK,
-            USE_L2NORM=use_qk_l2norm_in_kernel, IS_VARLEN=varlen, HAS_G=g is not None,
-            INV_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DT=dt,
-            num_warps=prep_warps,
-        )
-    NV = triton.cdiv(V, BV)
-    if stages == "prep":
-        return (o, final) + ((chunk_states,) if chunk_states is not None else ())
-    P, seg_chunks = 1, 0
-    if segments > 1 and not varlen and T > 0:
-        seg_chunks = triton.cdiv(triton.cdiv(T, BT), segments)
-        P = triton.cdiv(triton.cdiv(T, BT), seg_chunks)  # no empty segment
-    args = (q, k, v, g if g is not None else dummy, wy, aqk, rnorm, o,
-            initial_state if initial_state is not None else dummy,
-            final if final is not None else dummy,
-            state if use_cache else dummy,
-            state_indices if use_cache else dummy,
-            chunk_states if chunk_states is not None else dummy,
-            cu_seqlens if varlen else dummy,
-            chunk_offsets if (varlen and chunk_states is not None) else dummy)
-    consts = dict(H=H, HV=HV, K=K, V=V, M=M, BT=BT, BK=BK, BV=BV,
-                  USE_L2NORM=use_qk_l2norm_in_kernel, IS_VARLEN=varlen, HAS_G=g is not None,
-                  HAS_H0=initial_state is not None, USE_CACHE=use_cache,
-                  DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, DT=dt, num_warps=num_warps)
-    if P == 1:
-        chunk_delta_sweep_kernel[(N * HV * NV,)](
-            *args, dummy, dummy, 1, 0, scale, T,
-            STORE_FINAL=final is not None, STORE_CHUNK_STATES=chunk_states is not None, PASS=0, **consts)
-    else:
-        # Pass 1: segment end states from zero (segment 0: from the initial state) and the
-        # transitions M_i (identity state, no values); fix-up S_in[i+1] = M_i S_in[i] + N_i;
-        # pass 2: every segment's outputs from its S_in.
-        seg_n = _empty(N, P, HV, K, V, dtype=torch.float32, device=device)
-        seg_m = _empty(N, P, HV, K, K, dtype=torch.float32, device=device) if P > 2 else seg_n
-        NK = triton.cdiv(K, BV)
-        chunk_delta_sweep_kernel[(N * (P - 1) * HV * (NV + NK),)](
-            *args, seg_n, seg_m, P, seg_chunks, scale, T,
-            STORE_FINAL=False, STORE_CHUNK_STATES=False, PASS=1, **consts)
-        if P > 2:
-            BVF = min(32, max(16, triton.next_power_of_2(V)))
-            chunk_delta_fixup_kernel[(N * HV * triton.cdiv(V, BVF),)](
-                seg_n, seg_m, state_indices if use_cache else dummy, P,
-                HV=HV, K=K, V=V, BK=BK, BV=BVF, USE_CACHE=use_cache,
-                PRECISION="ieee" if q.dtype == torch.float32 else "tf32x3", num_warps=8)
-        chunk_delta_sweep_kernel[(N * P * HV * NV,)](
-            *args, seg_n, seg_m, P, seg_chunks, scale, T,
-            STORE_FINAL=final is not None, STORE_CHUNK_STATES=chunk_states is not None, PASS=2, **consts)
-    out = (o, state if use_cache else final)
-    if chunk_states is not None:
-        out += (chunk_states,)
-    return out
+    plan = plan_chunk_delta(
+        q, k, v, g, beta, num_householder=num_householder, scale=scale, initial_state=initial_state,
+        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        cu_seqlens=cu_seqlens, chunk_indices_dp=chunk_indices_dp, chunk_offsets=chunk_offsets,
+        num_chunk_rows=num_chunk_rows, state=state, state_indices=state_indices,
+        return_chunk_states=return_chunk_states, block_v=block_v, num_warps=num_warps, num_stages=num_stages,
+        prep_warps=prep_warps, stages=stages, segments=segments)
+    return run_chunk_delta(plan, (q, k, v, g, beta, initial_state, state, state_indices, cu_seqlens,
+                                  chunk_indices_dp, chunk_offsets))

@@ -57,6 +57,7 @@ import triton
 import triton.language as tl
 
 from . import launch_key
+from ._launch import CallArg, jit_launch, resolve
 
 # ------------------------------------------------------------------------------------------------
 # The kernel
@@ -431,21 +432,17 @@ def run_stream(hit: "_Launch", tensors, scale: float) -> None:
     """Launch a planned call on ``tensors`` (the order of :func:`streaming_recurrence`; they must
     match the tensors it was planned with in :func:`launch_key`)."""
     global DIRECT_LAUNCH_ERROR
-    if hit.compiled is not None:
-        o = tensors[5]
-        args = hit.template.copy()
-        for i, t in zip(_TENSOR_POS, tensors):
-            args[i] = o if t is None else t  # an absent pointer: any tensor (its flag keeps it unread)
-        args[_HIN_POS] = o
-        args[_SCALE_POS] = scale
+    o = tensors[5]
+    values = tuple(o if t is None else t for t in tensors) + (float(scale),)  # absent: any tensor, unread
+    if hit.direct is not None:
         try:
-            hit.compiled[hit.grid](*args)
+            hit.direct(values)
             return
         except Exception as exc:  # never silently: recorded here, asserted None by the GPU tests
             DIRECT_LAUNCH_ERROR = f"{type(exc).__name__}: {exc}"
-            hit.compiled = None
-    compiled = _launch_jit(hit, tensors, scale)
-    hit.compiled = compiled if DIRECT_LAUNCH_ERROR is None else None
+            hit.direct = None
+    direct = _launch_jit(hit, tensors, values)
+    hit.direct = direct if DIRECT_LAUNCH_ERROR is None else None
 
 
 #: Set if a cached direct launch ever failed (the JIT path is then used for good); None is expected.
@@ -453,10 +450,10 @@ DIRECT_LAUNCH_ERROR: str | None = None
 
 
 class _Launch:
-    """The launch arguments of one call signature: grid, the kernel's full argument list with its
-    tensors left to fill, the number of launches, and the compiled kernel once known."""
+    """The launch arguments of one call signature: grid, the kernel's arguments (per-call values
+    as ``CallArg``), the number of launches, and the direct launch once compiled."""
 
-    __slots__ = ("grid", "template", "launches", "bound", "handoff_shape", "compiled", "vk_layout", "final_by_slot",
+    __slots__ = ("grid", "kwargs", "launches", "bound", "handoff_shape", "direct", "vk_layout", "final_by_slot",
                  "options")
 
 
@@ -488,42 +485,32 @@ def plan_stream(tensors, *, scale, delta, gate=None, beta_mode=None, l2norm=Fals
                  HT_BY_SLOT=bool(final_by_slot), HAS_SLOTS=slots is not None, STEPS=steps,
                  HAS_ACCEPTED=accepted is not None, VARLEN=cu_seqlens is not None, HANDOFF=False,
                  PREFETCH=T > 1, EVICT=config.evict)
-    kw = dict(zip(_STRIDE_NAMES, strides), **flags, scale=float(scale), T=T, t_begin=0, t_end=T,
+    kw = dict(zip(_STRIDE_NAMES, strides), **flags, scale=CallArg("scale"), T=T, t_begin=0, t_end=T,
               n_snap=snaps.shape[1] if snaps is not None else 0)
     for name in _TENSOR_NAMES:
-        kw[name] = o  # absent pointers: any tensor (its flag keeps it unread)
-    kw["hin"] = o
+        kw[name] = CallArg(name)
+    kw["hin"] = CallArg("o")  # the hand-off input of split launches; unread by a single launch
     hit = _Launch()
-    hit.grid = (num_sequences * HV * triton.cdiv(V, config.BV), 1, 1)  # the compiled launcher wants 3 dims
-    hit.template = [kw[n] for n in streaming_recurrence_kernel.arg_names]
-    for i in _TENSOR_POS + (_HIN_POS,):
-        hit.template[i] = None  # the cache keeps no tensor alive; each call fills its own
+    hit.grid = (num_sequences * HV * triton.cdiv(V, config.BV),)
+    hit.kwargs = kw
     hit.launches = 1 if bound is None or T <= bound else triton.cdiv(T, bound)
     hit.bound = bound
     hit.handoff_shape = (num_sequences, HV, K, V)
-    hit.compiled = None
+    hit.direct = None
     hit.vk_layout, hit.final_by_slot = vk_layout, final_by_slot
     hit.options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
     return hit
 
 
-def _launch_jit(hit: _Launch, tensors, scale):
-    """Launch through Triton's JIT (compiles on first use); returns the compiled kernel when one
+def _launch_jit(hit: _Launch, tensors, values):
+    """Launch through Triton's JIT (compiles on first use); returns the direct launch when one
     launch covers the call (the cached fast path), else None."""
-    names = streaming_recurrence_kernel.arg_names
-    kw = dict(zip(names, hit.template))
-    o = tensors[5]
-    for name, t in zip(_TENSOR_NAMES, tensors):
-        kw[name] = o if t is None else t
-    kw["hin"] = o
-    kw["scale"] = float(scale)
-    final = tensors[11]
-    options = hit.options
     if hit.launches == 1:
-        compiled = streaming_recurrence_kernel[hit.grid](**kw, **options)
-        return compiled if (compiled is not None and hasattr(compiled, "run")) else None
+        return jit_launch(streaming_recurrence_kernel, hit.grid, hit.kwargs, hit.options, _CALL_NAMES, values)
     # Launch splits: each launch covers [t_begin, t_end) of every sequence; the state is handed on
     # through a float32 buffer indexed by sequence; only the last launch writes ``final``.
+    kw = resolve(hit.kwargs, _CALL_NAMES, values)
+    final = tensors[11]
     handoff = torch.empty(hit.handoff_shape, dtype=torch.float32, device=tensors[0].device)
     sh = _state_strides(handoff, False)
     for i in range(hit.launches):
@@ -535,7 +522,7 @@ def _launch_jit(hit: _Launch, tensors, scale):
         kw.update(zip(("si_n", "si_h", "si_k", "si_v"), sh))
         kw.update(zip(("s1_n", "s1_h", "s1_k", "s1_v"),
                       _state_strides(out, hit.vk_layout if last else False)))
-        streaming_recurrence_kernel[hit.grid](**kw, **options)
+        streaming_recurrence_kernel[hit.grid](**kw, **hit.options)
     return None
 
 
@@ -546,7 +533,5 @@ _STRIDE_NAMES = (
 # The kernel's tensor arguments, in the order streaming_recurrence gathers them.
 _TENSOR_NAMES = ("q", "k", "v", "g", "beta", "o", "A", "dt_bias", "D", "z", "h0", "ht", "slots", "snaps",
                  "accepted", "cu_seqlens")
-_TENSOR_POS = tuple(streaming_recurrence_kernel.arg_names.index(n) for n in _TENSOR_NAMES)
-_SCALE_POS = streaming_recurrence_kernel.arg_names.index("scale")
-_HIN_POS = streaming_recurrence_kernel.arg_names.index("hin")
+_CALL_NAMES = _TENSOR_NAMES + ("scale",)  # the per-call values of a direct launch, in order
 _LAUNCHES: dict[tuple, "_Launch"] = {}

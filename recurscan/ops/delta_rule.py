@@ -12,16 +12,45 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels import launch_key  # no triton import: kernels/__init__ has none
 from ..plan import plan
 from ..problem import delta_problem
 from ..reference import delta as ref
 from . import _cache
 
 
+_KERNELS = None
+
+
+def _chunk_kernels():
+    """kernels/chunk_delta.py, imported on first use: triton is imported only on the Triton path."""
+    global _KERNELS
+    if _KERNELS is None:
+        from ..kernels import chunk_delta
+        _KERNELS = chunk_delta
+    return _KERNELS
+
+
+_PLANS: dict[tuple, object] = {}  # CUDA call signature -> its ChunkDeltaPlan (kernels/chunk_delta.py)
+
+
 def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, output_final_state,
                use_qk_l2norm_in_kernel, cu_seqlens, state, state_indices, return_chunk_states,
                algorithm, chunk_size=None, backend=None, chunk_indices=None, chunk_indices_dp=None,
                chunk_offsets=None):
+    if chunk_indices_dp is None and num_householder == 1:
+        chunk_indices_dp = chunk_indices  # GDN: the two chunkings coincide
+    inputs = (q, k, v, g, beta, initial_state, state, state_indices, cu_seqlens, chunk_indices_dp, chunk_offsets)
+    key = None
+    if isinstance(q, torch.Tensor) and q.device.type == "cuda" and chunk_size is None:
+        # The hot path: validation and planning ran for an earlier call of this signature (every
+        # tensor's shape, strides, dtype, device and alignment, and every option).
+        key = (launch_key(inputs + (chunk_indices,)), num_householder, scale, output_final_state,
+               use_qk_l2norm_in_kernel, return_chunk_states, algorithm, backend)
+        plan_ = _PLANS.get(key)
+        if plan_ is not None:
+            _refuse_grad(q, k, v, g, beta, initial_state)
+            return _chunk_kernels().run_chunk_delta(plan_, inputs)
     problem = delta_problem(q, k, v, g, beta, num_householder=num_householder, scale=scale,
                             initial_state=initial_state, cu_seqlens=cu_seqlens, state=state,
                             state_indices=state_indices)
@@ -32,7 +61,7 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
                            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
                            chunk_indices=chunk_indices, chunk_indices_dp=chunk_indices_dp,
                            chunk_offsets=chunk_offsets, state=state, state_indices=state_indices,
-                           return_chunk_states=return_chunk_states)
+                           return_chunk_states=return_chunk_states, key=key)
     S0 = initial_state
     if problem.uses_cache:
         S0 = _cache.gather(state, state_indices, torch.float64 if q.dtype == torch.float64 else torch.float32)
@@ -58,18 +87,22 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
     return (o.to(q.dtype), final, *chunk_states)
 
 
-def _run_triton(q, k, v, g, beta, problem, schedule, *, initial_state, output_final_state,
-                use_qk_l2norm_in_kernel, cu_seqlens, chunk_indices, chunk_indices_dp, chunk_offsets,
-                state, state_indices, return_chunk_states):
-    """The Triton backend: two launches, no host synchronisation when the varlen descriptors are
-    given (or the input is a dense batch)."""
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad
-                                       for t in (q, k, v, g, beta, initial_state)):
+def _refuse_grad(*tensors):
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         raise NotImplementedError(
             "chunk_gated_delta_rule / chunk_gated_delta_product_varlen: the Triton path is forward-only "
             "for now (its backward is a later issue); call it under torch.no_grad() / torch.inference_mode(), "
             "or detach the inputs")
-    from ..kernels.chunk_delta import chunk_delta_fwd  # triton is imported only on this path
+
+
+def _run_triton(q, k, v, g, beta, problem, schedule, *, initial_state, output_final_state,
+                use_qk_l2norm_in_kernel, cu_seqlens, chunk_indices, chunk_indices_dp, chunk_offsets,
+                state, state_indices, return_chunk_states, key=None):
+    """The Triton backend: no host synchronisation when the varlen descriptors are given (or the
+    input is a dense batch). With ``key`` (a CUDA call signature), the plan is kept for the next
+    call of that signature when it depends on no device value."""
+    _refuse_grad(q, k, v, g, beta, initial_state)
+    K_ = _chunk_kernels()
 
     M = problem.householder
     num_rows, exact_rows = None, None
@@ -85,16 +118,23 @@ def _run_triton(q, k, v, g, beta, problem, schedule, *, initial_state, output_fi
             chunk_indices_dp = built.chunk_indices_dp if chunk_indices_dp is None else chunk_indices_dp
             chunk_offsets = built.chunk_offsets if chunk_offsets is None else chunk_offsets
             exact_rows = int(built.chunk_offsets[-1])
+            key = None  # the plan's sizes came from device values: not reusable
         if return_chunk_states:
             num_rows = chunk_indices.shape[0]
     launch = schedule.launch
-    out = chunk_delta_fwd(
+    plan_ = K_.plan_chunk_delta(
         q, k, v, g, beta, num_householder=M, scale=problem.scale, initial_state=initial_state,
         output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
         cu_seqlens=cu_seqlens, chunk_indices_dp=chunk_indices_dp, chunk_offsets=chunk_offsets,
         num_chunk_rows=num_rows, state=state, state_indices=state_indices,
         return_chunk_states=return_chunk_states, block_v=launch.block_v, num_warps=launch.num_warps,
         num_stages=launch.num_stages, prep_warps=launch.prep_warps, segments=launch.segments)
+    out = K_.run_chunk_delta(plan_, (q, k, v, g, beta, initial_state, state, state_indices, cu_seqlens,
+                                  chunk_indices_dp, chunk_offsets))
+    if key is not None:
+        if len(_PLANS) > 4096:  # many distinct shapes: start over rather than grow
+            _PLANS.clear()
+        _PLANS[key] = plan_
     if return_chunk_states and exact_rows is not None:
         out = out[:2] + (out[2][:exact_rows],)
     return out

@@ -223,6 +223,36 @@ def test_sync_free_and_cuda_graph_replay():
         assert torch.equal(graph_cache, eager_cache)
 
 
+def test_cached_direct_launch_equals_jit_launch():
+    """A call signature seen before skips validation and planning and launches the compiled kernels
+    directly (kernels/_launch.py): its results equal the first, JIT-launched call's bit for bit,
+    with and without segments, and it does not synchronise."""
+    from recurscan.ops import delta_rule as DR
+    H, HV, K, V = 2, 4, 128, 128
+    for T in (200, 16384):  # T = 16384 over 4 pairs takes the planner's segments (prep, 3 sweeps, fix-up)
+        q, k, v, g, beta = inputs(T, H, HV, K, V, seed=T)
+        cache = torch.randn(8, HV, K, V, device=DEV)
+        slots = torch.tensor([5], dtype=torch.int32, device=DEV)
+        DR._PLANS.clear()
+
+        def call(c):
+            return recurscan.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, state=c,
+                                                    state_indices=slots, return_chunk_states=True)
+        c1, c2 = cache.clone(), cache.clone()
+        first = [t.clone() for t in call(c1)]
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            second = call(c2)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+        (plan_,) = DR._PLANS.values()
+        assert all(step.direct is not None for step in plan_.steps), "the second call did not launch directly"
+        assert len(plan_.steps) == (2 if T == 200 else 4)
+        assert torch.equal(first[0], second[0]) and torch.equal(first[2], second[2]) and torch.equal(c1, c2)
+
+
 @pytest.mark.parametrize("T", [16384, 65536])
 def test_segments_bf16(T):
     """The segment-parallel sweep (chunk_delta_fwd(segments=P), P in {2, 4, 8}; dense batch, GVA

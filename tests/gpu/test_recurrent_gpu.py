@@ -228,5 +228,5 @@ def test_no_host_sync_and_cuda_graph_capture():
     assert R.DIRECT_LAUNCH_ERROR is None
     from recurscan.ops import decode as D, mamba_decode as MD
     # the cached direct launch path ran for both ops
-    assert any(p.launch is not None and p.launch.compiled is not None for p in D._PREPARED.values())
-    assert any(p[2] is not None and p[2].compiled is not None for p in MD._PREPARED.values())
+    assert any(p.launch is not None and p.launch.direct is not None for p in D._PREPARED.values())
+    assert any(p[2] is not None and p[2].direct is not None for p in MD._PREPARED.values())
