@@ -115,7 +115,7 @@ def chunk_delta_prep_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr,
     USE_L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr,
-    INV_PRECISION: tl.constexpr, DT: tl.constexpr,
+    INV_PRECISION: tl.constexpr, DT: tl.constexpr, INV_FP16: tl.constexpr = False,
 ):
     """Grid (chunks of the expanded stream, HV). For the program's chunk and value head, writes
     (rows of the expanded stream, BT = 64 columns within the chunk, zeros above the diagonal):
@@ -207,7 +207,11 @@ def chunk_delta_prep_kernel(
         inside = ((o_t[:, None] >> (lvl + 1)) == (o_t[None, :] >> (lvl + 1))) & \
             ((o_t[:, None] >> lvl) != (o_t[None, :] >> lvl))
         b_As = tl.where(inside, b_A, 0.0)
-        b_T = b_T - tl.dot(b_T, tl.dot(b_As, b_T, input_precision=INV_PRECISION), input_precision=INV_PRECISION)
+        if INV_FP16:  # fp16 operands (tf32's mantissa, a narrower range), float32 accumulation
+            b_X = tl.dot(b_As.to(tl.float16), b_T.to(tl.float16))
+            b_T = b_T - tl.dot(b_T.to(tl.float16), b_X.to(tl.float16))
+        else:
+            b_T = b_T - tl.dot(b_T, tl.dot(b_As, b_T, input_precision=INV_PRECISION), input_precision=INV_PRECISION)
     tl.store(wy + p_out, (b_G * b_T * b_beta[None, :]).to(wy.dtype.element_ty), mask=m_r[:, None])
 
 
@@ -508,7 +512,8 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
                      output_final_state=False, use_qk_l2norm_in_kernel=False, cu_seqlens=None,
                      chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None, state=None,
                      state_indices=None, return_chunk_states=False, block_v=32, num_warps=4,
-                     num_stages=2, prep_warps=4, stages="both", segments=1) -> ChunkDeltaPlan:
+                     num_stages=2, prep_warps=4, stages="both", segments=1,
+                     inverse_fp16=False) -> ChunkDeltaPlan:
     """The launches of :func:`chunk_delta_fwd` for these tensors' shapes (read, never kept)."""
     M = num_householder
     B, T, H, K = q.shape
@@ -568,7 +573,8 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
             cu_seqlens=arg("cu_seqlens", varlen), chunk_indices=arg("chunk_indices_dp", varlen),
             scale=scale, T=T, H=H, HV=HV, K=K, M=M, BT=BT, BK=BK,
             USE_L2NORM=use_qk_l2norm_in_kernel, IS_VARLEN=varlen, HAS_G=g is not None,
-            INV_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DT=dt), dict(num_warps=prep_warps)))
+            INV_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DT=dt, INV_FP16=inverse_fp16),
+            dict(num_warps=prep_warps)))
     outputs = ("o", "state" if use_cache else ("final" if store_final else None)) + \
         (("chunk_states",) if return_chunk_states else ())
     if stages == "prep":
@@ -639,7 +645,7 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
                     output_final_state=False, use_qk_l2norm_in_kernel=False, cu_seqlens=None,
                     chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None, state=None,
                     state_indices=None, return_chunk_states=False, block_v=32, num_warps=4,
-                    num_stages=2, prep_warps=4, stages="both", segments=1):
+                    num_stages=2, prep_warps=4, stages="both", segments=1, inverse_fp16=False):
     """Launch the kernels. Arguments as the public ops (``recurscan.chunk_gated_delta_rule``,
     ``recurscan.chunk_gated_delta_product_varlen``), with the descriptors already built:
 
@@ -655,6 +661,8 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
       segments of ``ceil(ceil(T/64) / P)`` token chunks (fewer segments if some would be empty)
       and runs the sweep in two parallel passes with a short fix-up between
       (:func:`chunk_delta_sweep_kernel`, PASS 1 and 2; :func:`chunk_delta_fixup_kernel`).
+    - ``inverse_fp16``: the WY inverse's products on fp16 operands instead of tf32 (a measured
+      variant, benchmarks/gpu_prep_variants.py; the ops do not take it).
 
     This plans and runs in one go (:func:`plan_chunk_delta`, :func:`run_chunk_delta`); the public
     ops keep the plan of each call signature and only run it.
@@ -671,6 +679,6 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
         cu_seqlens=cu_seqlens, chunk_indices_dp=chunk_indices_dp, chunk_offsets=chunk_offsets,
         num_chunk_rows=num_chunk_rows, state=state, state_indices=state_indices,
         return_chunk_states=return_chunk_states, block_v=block_v, num_warps=num_warps, num_stages=num_stages,
-        prep_warps=prep_warps, stages=stages, segments=segments)
+        prep_warps=prep_warps, stages=stages, segments=segments, inverse_fp16=inverse_fp16)
     return run_chunk_delta(plan, (q, k, v, g, beta, initial_state, state, state_indices, cu_seqlens,
                                   chunk_indices_dp, chunk_offsets))
