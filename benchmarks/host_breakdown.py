@@ -47,13 +47,34 @@ def decode_pieces():
     out = torch.empty(N, 1, HV, V, dtype=q.dtype, device=dev)
     tensors = tensors[:5] + (out,) + tensors[6:]
     values = tuple(out if t is None else t for t in tensors) + (K ** -0.5,)
-    return {
+    direct = prep.launch.direct
+    res = {"driver path (cuLaunchKernel on a parameter block)": direct.driver is not None}
+    if direct.driver is not None:
+        filled = [(c, values[s].data_ptr() if isinstance(values[s], torch.Tensor) else values[s])
+                  for c, s in zip(direct.cells, direct.sources) if c is not None]
+        res["driver call alone (pointers already known)"] = per_call(lambda: direct.driver(filled))
+    else:
+        from recurscan.kernels import _launch
+        try:
+            _launch._DriverCall(direct.compiled, direct.grid, direct.template, set(direct.positions))
+        except Exception as exc:
+            res["why no driver path"] = f"{type(exc).__name__}: {exc}"
+    res.update({
         "op (eager, host per call)": per_call(op),
         "launch_key of 11 arguments": per_call(lambda: launch_key(keyed)),
         "output allocation (torch.empty)": per_call(lambda: torch.empty(N, 1, HV, V, dtype=q.dtype, device=dev)),
         "direct launch alone": per_call(lambda: prep.launch.direct(values)),
         "current stream lookup": per_call(lambda: torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())),
-    }
+    })
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        with torch.cuda.graph(graph, stream=side):
+            op()
+    torch.cuda.current_stream().wait_stream(side)
+    res["op (eager, host per call) after a CUDA-graph capture"] = per_call(op)
+    return res
 
 
 def prefill_pieces():
