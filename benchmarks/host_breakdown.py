@@ -50,13 +50,11 @@ def decode_pieces():
     direct = prep.launch.direct
     res = {"driver path (cuLaunchKernel on a parameter block)": direct.driver is not None}
     if direct.driver is not None:
-        filled = [(c, values[s].data_ptr() if isinstance(values[s], torch.Tensor) else values[s])
-                  for c, s in zip(direct.cells, direct.sources) if c is not None]
-        res["driver call alone (pointers already known)"] = per_call(lambda: direct.driver(filled))
+        res["driver call alone"] = per_call(lambda: direct.driver(values))
     else:
         from recurscan.kernels import _launch
         try:
-            _launch._DriverCall(direct.compiled, direct.grid, direct.template, set(direct.positions))
+            _launch._DriverCall(direct.compiled, direct.grid, direct.template, dict(zip(direct.positions, direct.sources)))
         except Exception as exc:
             res["why no driver path"] = f"{type(exc).__name__}: {exc}"
     res.update({

@@ -179,6 +179,35 @@ def test_bfloat16_inputs():
     assert relative_rms(o.cpu(), want[0]) <= 1e-2 and relative_rms(S.cpu(), want[1]) <= 1e-2
 
 
+@pytest.mark.parametrize("case", ["contraction", "beta_above_2", "negative_beta", "long_raw_keys"])
+def test_wy_inverse_on_fp16_operands_only_where_every_step_contracts(case):
+    """16-bit inputs run the WY inverse on fp16 operands in a chunk whose steps are all
+    contractions (0 <= beta |k|^2 <= 2; Tinv's entries are then at most 1), else on tf32, whose
+    range it needs. A chunk outside the bound takes exactly the tf32 path (bit-identical to
+    inverse_fp16=False); a contracting one takes the fp16 path (it differs in rounding) and stays
+    within the bf16 bound of test_bfloat16_inputs against float64."""
+    q, k, v, g, beta, S0 = gdn_inputs(1, 130, 2, 4, 32, 32)
+    l2norm = case != "long_raw_keys"
+    if case == "beta_above_2":
+        beta[:, ::16] = 2.5  # one expanding step in every 16 rows: every chunk is outside the bound
+    elif case == "negative_beta":
+        beta[:, ::16] = -0.5
+    elif case == "long_raw_keys":
+        k, q = k * 0.6, q * 0.2  # |k|^2 ~ 11.5 with beta in (0, 1): raw keys, no L2 norm
+    q, k, v, beta = (x.bfloat16().to(DEVICE) for x in (q, k, v, beta))
+    args = (q, k, v, g.float().to(DEVICE), beta)
+    kw = dict(initial_state=S0[:1].float().to(DEVICE), output_final_state=True, use_qk_l2norm_in_kernel=l2norm)
+    fast = chunk_delta.chunk_delta_fwd(*args, inverse_fp16=True, **kw)
+    tf32 = chunk_delta.chunk_delta_fwd(*args, inverse_fp16=False, **kw)
+    if case == "contraction":
+        assert not torch.equal(fast[0], tf32[0]), "the fp16 path did not run"
+        want = gated_delta_rule_naive(*(x.double().cpu() for x in args), initial_state=S0[:1],
+                                      use_qk_l2norm_in_kernel=True)
+        assert relative_rms(fast[0].cpu(), want[0]) <= 1e-2 and relative_rms(fast[1].cpu(), want[1]) <= 1e-2
+    else:
+        assert torch.equal(bits(fast[0]), bits(tf32[0])) and torch.equal(bits(fast[1]), bits(tf32[1]))
+
+
 def test_grad_is_refused_on_the_triton_path():
     q, k, v, g, beta, _ = gdn_inputs(1, 8, 1, 1, 16, 16)
     q = q.float().to(DEVICE).requires_grad_()

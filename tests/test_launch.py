@@ -66,6 +66,24 @@ def test_launches_needing_more_than_a_parameter_block_use_tritons_launcher(meta)
     assert d.driver is None
 
 
+def test_driver_errors_fall_back_to_tritons_launcher(monkeypatch):
+    """A failed driver launch (status != 0) is repeated through Triton's launcher, which raises
+    its own error for a real fault: never a silent no-op."""
+    monkeypatch.setattr(L, "_cu_launch_kernel", lambda: (lambda *args: 201))  # CUDA_ERROR_INVALID_CONTEXT
+    monkeypatch.setattr(L, "_current_stream", lambda: 0)
+    ran = []
+    base = fake_compiled(SIGNATURE)
+
+    class Compiled(SimpleNamespace):
+        def __getitem__(self, grid):  # Triton's runner: compiled[grid](*args)
+            return lambda *args: ran.append((grid, args))
+    compiled = Compiled(**vars(base))
+    template = [None, None, 1000, 1 << 40, None, 64, True]
+    a, b = torch.zeros(4), torch.zeros(8, dtype=torch.bfloat16)
+    L.DirectLaunch(compiled, (5, 1, 1), template, (0, 1, 4), (0, 1, 2))((a, b, 0.5))
+    assert ran == [((5, 1, 1), (a, b, 1000, 1 << 40, 0.5, 64, True))]
+
+
 def test_a_constant_pointer_is_refused():
     template = [torch.zeros(1), None, 1, 1, 1.0, 64, True]  # x constant: not filled per call
     d = L.DirectLaunch(fake_compiled(SIGNATURE), (1, 1, 1), template, (1, 4), (0, 1))

@@ -103,6 +103,26 @@ def _chunk_gates(g, tok, cp, m_r, i_hv, HV: tl.constexpr, M: tl.constexpr, BT: t
     return gc, seg
 
 
+@triton.jit
+def _wy_inverse(b_T, b_A, o_t, FP16: tl.constexpr, PRECISION: tl.constexpr):
+    """Tinv = (I + A)^-1 for strictly lower A [BT, BT], from b_T = D_2 = I - A_1 (the inverses of
+    the 2 x 2 diagonal blocks, exact). Recursive block doubling: with D_s the inverse of the s x s
+    diagonal blocks, D_2s = D_s - D_s (A_s D_s), A_s the part of A inside the 2s-blocks but outside
+    the s-blocks (the block formula [[Ta, 0], [-Tb A_ba Ta, Tb]], all blocks of a level at once):
+    five levels for BT = 64, two products each, no reductions. FP16: fp16 operands (tf32's 10-bit
+    mantissa, a narrower range; float32 accumulation), else float32 operands at PRECISION."""
+    for lvl in tl.static_range(1, 6):
+        inside = ((o_t[:, None] >> (lvl + 1)) == (o_t[None, :] >> (lvl + 1))) & \
+            ((o_t[:, None] >> lvl) != (o_t[None, :] >> lvl))
+        b_As = tl.where(inside, b_A, 0.0)
+        if FP16:
+            b_X = tl.dot(b_As.to(tl.float16), b_T.to(tl.float16))
+            b_T = b_T - tl.dot(b_T.to(tl.float16), b_X.to(tl.float16))
+        else:
+            b_T = b_T - tl.dot(b_T, tl.dot(b_As, b_T, input_precision=PRECISION), input_precision=PRECISION)
+    return b_T
+
+
 # ----------------------------------------------------------------------------------------------
 # Stages 1 and 2: gates, the gate-free WY inverse, gated and stored; parallel over chunks
 # ----------------------------------------------------------------------------------------------
@@ -127,10 +147,14 @@ def chunk_delta_prep_kernel(
       the query's row, the token's last copy), so the sweep reads q and k raw.
 
     The inverse: recursive block doubling on the full 64 x 64 tile (2 -> 4 -> ... -> 64), ten
-    products on the tensor cores and no reductions. INV_PRECISION "tf32" for 16-bit inputs: its
-    error in Tinv (<= 8e-4 relative, simulated with strongly correlated keys) is at the level of
-    the bf16 rounding wy is stored with (9e-4); "ieee" for float32 inputs (every product of the
-    kernel then runs in float32).
+    products on the tensor cores and no reductions (:func:`_wy_inverse`). INV_PRECISION "tf32" for
+    16-bit inputs: its error in Tinv (<= 8e-4 relative, simulated with strongly correlated keys) is
+    at the level of the bf16 rounding wy is stored with (9e-4); "ieee" for float32 inputs (every
+    product of the kernel then runs in float32). INV_FP16 (16-bit inputs): a chunk whose steps are
+    all contractions (0 <= beta_i |k_i|^2 <= 2, checked in the kernel) runs the inverse on fp16
+    operands, same mantissa as tf32, half the operand bytes and twice the tensor-core rate (H200,
+    B1 T16384 HV32: prep 0.355 -> 0.255 ms, output error vs float64 unchanged); any other chunk keeps
+    tf32, whose range it needs.
 
     Varlen: ``chunk_indices [NT_pad, 2]`` holds (sequence, chunk) on the expanded stream; a row with
     sequence -1 is padding and does nothing. Dense: program c covers chunk c % ceil(T*M/BT) of
@@ -196,22 +220,23 @@ def chunk_delta_prep_kernel(
     # Stage 2: A = diag(beta) strictLower(K K^T) for normalised keys.
     b_beta = tl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(tl.float32)
     b_A = tl.dot(b_k.to(DT), tl.trans(b_k.to(DT)), input_precision=INV_PRECISION) * (b_beta * rk)[:, None] * rk[None, :]
+    if INV_FP16:
+        # fp16 operands are safe when every step I - beta_i k_i k_i^T of the chunk is a contraction
+        # (0 <= beta_i |k_i|^2 <= 2): then every entry of Tinv and of the partial inverses is at
+        # most 1 in magnitude, and A_s D_s at most 2 * 64. Otherwise this chunk keeps tf32.
+        growth = tl.max(tl.sum(tl.where(o_t[:, None] == o_t[None, :], b_A, 0.0), axis=1), axis=0)
+        contraction = (growth <= 2.0) & (tl.min(b_beta, axis=0) >= 0.0)
     b_A = tl.where(o_t[:, None] > o_t[None, :], b_A, 0.0)
 
-    # Tinv = (I + A)^-1 by recursive block doubling: with D_s the inverse of the s x s diagonal
-    # blocks, D_2s = D_s - D_s (A_s D_s), A_s the part of A inside the 2s-blocks but outside the
-    # s-blocks (the block formula [[Ta, 0], [-Tb A_ba Ta, Tb]], all blocks of a level at once).
-    # D_2 = I - A_1 exactly; then five levels, two products each, no reductions.
+    # Tinv = (I + A)^-1 by recursive block doubling (_wy_inverse).
     b_T = (o_t[:, None] == o_t[None, :]).to(tl.float32) - tl.where((o_t[:, None] >> 1) == (o_t[None, :] >> 1), b_A, 0.0)
-    for lvl in tl.static_range(1, 6):
-        inside = ((o_t[:, None] >> (lvl + 1)) == (o_t[None, :] >> (lvl + 1))) & \
-            ((o_t[:, None] >> lvl) != (o_t[None, :] >> lvl))
-        b_As = tl.where(inside, b_A, 0.0)
-        if INV_FP16:  # fp16 operands (tf32's mantissa, a narrower range), float32 accumulation
-            b_X = tl.dot(b_As.to(tl.float16), b_T.to(tl.float16))
-            b_T = b_T - tl.dot(b_T.to(tl.float16), b_X.to(tl.float16))
+    if INV_FP16:
+        if contraction:
+            b_T = _wy_inverse(b_T, b_A, o_t, True, INV_PRECISION)
         else:
-            b_T = b_T - tl.dot(b_T, tl.dot(b_As, b_T, input_precision=INV_PRECISION), input_precision=INV_PRECISION)
+            b_T = _wy_inverse(b_T, b_A, o_t, False, INV_PRECISION)
+    else:
+        b_T = _wy_inverse(b_T, b_A, o_t, False, INV_PRECISION)
     tl.store(wy + p_out, (b_G * b_T * b_beta[None, :]).to(wy.dtype.element_ty), mask=m_r[:, None])
 
 
@@ -513,12 +538,14 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
                      chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None, state=None,
                      state_indices=None, return_chunk_states=False, block_v=32, num_warps=4,
                      num_stages=2, prep_warps=4, stages="both", segments=1,
-                     inverse_fp16=False) -> ChunkDeltaPlan:
+                     inverse_fp16=None) -> ChunkDeltaPlan:
     """The launches of :func:`chunk_delta_fwd` for these tensors' shapes (read, never kept)."""
     M = num_householder
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     scale = K ** -0.5 if scale is None else float(scale)
+    if inverse_fp16 is None:  # fp16 operands for the WY inverse where safe: 16-bit inputs
+        inverse_fp16 = q.dtype != torch.float32
     device = q.device
     varlen = cu_seqlens is not None
     N = cu_seqlens.shape[0] - 1 if varlen else B
@@ -645,7 +672,7 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
                     output_final_state=False, use_qk_l2norm_in_kernel=False, cu_seqlens=None,
                     chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None, state=None,
                     state_indices=None, return_chunk_states=False, block_v=32, num_warps=4,
-                    num_stages=2, prep_warps=4, stages="both", segments=1, inverse_fp16=False):
+                    num_stages=2, prep_warps=4, stages="both", segments=1, inverse_fp16=None):
     """Launch the kernels. Arguments as the public ops (``recurscan.chunk_gated_delta_rule``,
     ``recurscan.chunk_gated_delta_product_varlen``), with the descriptors already built:
 
@@ -661,8 +688,9 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
       segments of ``ceil(ceil(T/64) / P)`` token chunks (fewer segments if some would be empty)
       and runs the sweep in two parallel passes with a short fix-up between
       (:func:`chunk_delta_sweep_kernel`, PASS 1 and 2; :func:`chunk_delta_fixup_kernel`).
-    - ``inverse_fp16``: the WY inverse's products on fp16 operands instead of tf32 (a measured
-      variant, benchmarks/gpu_prep_variants.py; the ops do not take it).
+    - ``inverse_fp16``: None (default): True for 16-bit inputs. True: the WY inverse runs on fp16
+      operands in every chunk whose steps are contractions (checked in the kernel; other chunks
+      keep tf32); False: tf32 everywhere (benchmarks/gpu_prep_variants.py measures both).
 
     This plans and runs in one go (:func:`plan_chunk_delta`, :func:`run_chunk_delta`); the public
     ops keep the plan of each call signature and only run it.

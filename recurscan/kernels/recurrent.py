@@ -432,8 +432,7 @@ def run_stream(hit: "_Launch", tensors, scale: float) -> None:
     """Launch a planned call on ``tensors`` (the order of :func:`streaming_recurrence`; they must
     match the tensors it was planned with in :func:`launch_key`)."""
     global DIRECT_LAUNCH_ERROR
-    o = tensors[5]
-    values = tuple(o if t is None else t for t in tensors) + (float(scale),)  # absent: any tensor, unread
+    values = tensors + (float(scale),)  # absent tensors are never read: the plan points them at o
     if hit.direct is not None:
         try:
             hit.direct(values)
@@ -487,8 +486,8 @@ def plan_stream(tensors, *, scale, delta, gate=None, beta_mode=None, l2norm=Fals
                  PREFETCH=T > 1, EVICT=config.evict)
     kw = dict(zip(_STRIDE_NAMES, strides), **flags, scale=CallArg("scale"), T=T, t_begin=0, t_end=T,
               n_snap=snaps.shape[1] if snaps is not None else 0)
-    for name in _TENSOR_NAMES:
-        kw[name] = CallArg(name)
+    for name, t in zip(_TENSOR_NAMES, tensors):
+        kw[name] = CallArg(name if t is not None else "o")  # an absent pointer: o (its flag keeps it unread)
     kw["hin"] = CallArg("o")  # the hand-off input of split launches; unread by a single launch
     hit = _Launch()
     hit.grid = (num_sequences * HV * triton.cdiv(V, config.BV),)

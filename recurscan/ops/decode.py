@@ -124,7 +124,7 @@ def fused_recurrent_gated_delta_rule_update(q, k, v, g=None, beta=None, scale=No
         >>> bool(o[1].eq(0).all()), bool(cache[0].eq(0).all())
         (True, True)
     """
-    on_gpu = isinstance(q, torch.Tensor) and q.device.type == "cuda"
+    on_gpu = isinstance(q, torch.Tensor) and q.is_cuda
     prep = None
     if on_gpu:  # the hot path: one key over every argument, validated and planned once per key
         key = (launch_key((q, k, v, g, beta, initial_state, cu_seqlens, state, state_indices, intermediate_states,

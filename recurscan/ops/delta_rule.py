@@ -42,7 +42,7 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
         chunk_indices_dp = chunk_indices  # GDN: the two chunkings coincide
     inputs = (q, k, v, g, beta, initial_state, state, state_indices, cu_seqlens, chunk_indices_dp, chunk_offsets)
     key = None
-    if isinstance(q, torch.Tensor) and q.device.type == "cuda" and chunk_size is None:
+    if isinstance(q, torch.Tensor) and q.is_cuda and chunk_size is None:
         # The hot path: validation and planning ran for an earlier call of this signature (every
         # tensor's shape, strides, dtype, device and alignment, and every option).
         key = (launch_key(inputs + (chunk_indices,)), num_householder, scale, output_final_state,

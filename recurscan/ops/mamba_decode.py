@@ -94,7 +94,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
         >>> y.shape, bool(y[1].eq(0).all()), bool(state[:3].eq(0).all())
         (torch.Size([2, 2, 3]), True, True)
     """
-    on_gpu = isinstance(x, torch.Tensor) and x.device.type == "cuda"
+    on_gpu = isinstance(x, torch.Tensor) and x.is_cuda
     prep = None
     if on_gpu:  # the hot path: one key over every argument, validated and planned once per key
         key = (launch_key((state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices, intermediate_states,
