@@ -294,8 +294,12 @@ def cpu_cores() -> int:
 
 
 def git_commit() -> dict[str, Any]:
-    """HEAD and whether tracked files differ from it. Where the tree is a copy without .git (the GPU
-    machine), the commit comes from $RECURSCAN_COMMIT if set (``source`` says which)."""
+    """HEAD and whether tracked files differ from it. $RECURSCAN_COMMIT, when set, wins: the GPU
+    machine's copy of the tree may carry a stale .git of its own (runs at ed71d2d recorded
+    006bb40+dirty from it). ``source`` says which."""
+    if os.environ.get("RECURSCAN_COMMIT"):
+        return {"commit": os.environ["RECURSCAN_COMMIT"], "dirty": None, "source": "RECURSCAN_COMMIT"}
+
     def git(*args):
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10)
     try:
@@ -305,8 +309,6 @@ def git_commit() -> dict[str, Any]:
             return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip()), "source": "git"}
     except (OSError, subprocess.SubprocessError):
         pass
-    if os.environ.get("RECURSCAN_COMMIT"):
-        return {"commit": os.environ["RECURSCAN_COMMIT"], "dirty": None, "source": "RECURSCAN_COMMIT"}
     return {"commit": None, "dirty": None, "source": None}
 
 
