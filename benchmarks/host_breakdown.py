@@ -12,17 +12,12 @@ import time
 
 import torch
 
+from .gpu_decode import host_time
+
 
 def per_call(fn, n=3000):
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6
+    """Host microseconds per call, back to back (gpu_decode's host_time)."""
+    return host_time(fn, n)["host_per_call_s"] * 1e6
 
 
 def decode_pieces():

@@ -57,10 +57,13 @@ _LIBCUDA = None
 
 
 def _cu_launch_kernel():
-    """The driver's cuLaunchKernel, with its argument types declared once."""
+    """The driver's cuLaunchKernel, with its argument types declared once. Loaded through PyDLL,
+    which keeps the GIL held during the call: filling the shared parameter block and launching
+    from it are then one step that another Python thread cannot interleave (CDLL would release the
+    GIL inside the call, while the driver still reads the block)."""
     global _LIBCUDA
     if _LIBCUDA is None:
-        lib = ctypes.CDLL("libcuda.so.1")
+        lib = ctypes.PyDLL("libcuda.so.1")
         fn = lib.cuLaunchKernel
         fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
         fn.restype = ctypes.c_int
