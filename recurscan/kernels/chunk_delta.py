@@ -525,12 +525,16 @@ class _Step:
 class ChunkDeltaPlan:
     """Everything a call of one signature needs but its tensors: the buffers to allocate
     (name -> (shape, dtype, fill); fill None = uninitialised, else a constant), the launches in
-    order, and the names of the returned tensors. Built once per signature; keeps no tensor."""
+    order, and where each returned tensor sits in the call's values (None: a None output). Built
+    once per signature; keeps no tensor."""
 
     buffers: dict
     steps: list
     outputs: tuple
     device: torch.device
+
+    def __post_init__(self):  # names -> positions in CALL_NAMES, once rather than per call
+        self.outputs = tuple(None if n is None else CALL_NAMES.index(n) for n in self.outputs)
 
 
 def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial_state=None,
@@ -664,8 +668,7 @@ def run_chunk_delta(plan: ChunkDeltaPlan, inputs: tuple) -> tuple:
             step.direct(values)
         else:
             step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, CALL_NAMES, values)
-    out = tuple(None if n is None else values[CALL_NAMES.index(n)] for n in plan.outputs)
-    return out
+    return tuple(None if i is None else values[i] for i in plan.outputs)
 
 
 def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_state=None,
