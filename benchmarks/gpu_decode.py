@@ -256,6 +256,50 @@ def sweep(out):
     out["launch_sweep"] = res
 
 
+def column_lanes(out):
+    """The [K, V]-state decode with whole columns per lane (streaming_recurrence_kernel_column_lanes:
+    wide tiles over several warps, K reductions inside a thread) against the rule's one-warp tiles.
+    Each config starts from the same state; its outputs and state are compared with the baseline's."""
+    from recurscan.kernels import recurrent as R
+    res = []
+    for name, n, state_dtype, cfgs in (
+            ("gdn_decode_256", 256, "float32", [(32, 1, False), (32, 1, True), (64, 2, True), (128, 4, True)]),
+            ("gdn_decode_1024", 1024, "float32", [(32, 1, False), (32, 1, True), (64, 2, True), (128, 4, True)]),
+            ("gdn_decode_256", 256, "bfloat16", [(32, 1, False), (32, 1, True), (64, 2, True), (128, 4, True)]),
+            ("gdn_decode_1", 1, "float32", [(16, 1, False), (16, 1, True), (32, 1, True)])):
+        w = registry.Workload(name, "gdn_decode", (1,) * n, heads=16, value_heads=32, state_dtype=state_dtype)
+        x = w.make_inputs("cuda")
+        start = x["state"].clone()
+        reference = None
+        for BV, nw, lanes in cfgs:
+            cfg = R.StreamConfig(128, BV, nw, 1, "sweep", column_lanes=lanes)
+            o = torch.empty_like(x["v"])
+            fn = lambda: R.streaming_recurrence(  # noqa: E731
+                x["q"], x["k"], x["v"], o, scale=128 ** -0.5, delta=True, gate="scalar", g=x["g"], beta=x["beta"],
+                beta_mode="head", l2norm=True, initial=x["state"], final=x["state"], final_by_slot=True,
+                slots=x["state_indices"], num_sequences=n, config=cfg)
+            x["state"].copy_(start)
+            fn()
+            torch.cuda.synchronize()
+            got = (o.float().clone(), x["state"].float().clone())
+            if reference is None:
+                reference = got
+            diff = {"o_max_abs_diff_vs_first": (got[0] - reference[0]).abs().max().item(),
+                    "state_max_abs_diff_vs_first": (got[1] - reference[1]).abs().max().item()}
+            hit = [h for key, h in R._LAUNCHES.items() if cfg in key][0]
+            compiled = hit.direct.compiled if hit.direct is not None else None
+            regs = {"n_regs": getattr(compiled, "n_regs", None), "n_spills": getattr(compiled, "n_spills", None)}
+            row = {"workload": name, "state_dtype": state_dtype, "BV": BV, "num_warps": nw, "column_lanes": lanes,
+                   **regs, **diff}
+            if n == 1:
+                row["graph_replay_s"] = bench_graph(fn, rep=100)["median"]
+            else:
+                row.update(pct(w.hbm_bytes(), bench(fn, rep=200)["median"]))
+            res.append(row)
+            print(row, flush=True)
+    out["column_lanes"] = res
+
+
 def prefill_inputs(T, seed=0):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=gen, device="cuda")  # noqa: E731

@@ -43,21 +43,33 @@ def decode_pieces():
     tensors = tensors[:5] + (out,) + tensors[6:]
     values = tuple(out if t is None else t for t in tensors) + (K ** -0.5,)
     direct = prep.launch.direct
-    res = {"driver path (cuLaunchKernel on a parameter block)": direct.driver is not None}
+    from recurscan.kernels import _launch
+    res = {"driver path (cuLaunchKernel on a parameter block)": direct.driver is not None,
+           "kernel parameters": None if direct.driver is None else len(direct.driver.storage)}
     if direct.driver is not None:
+        res["parameters packed in one buffer (extra)"] = direct.driver.tail[1] is not None
         res["driver call alone"] = per_call(lambda: direct.driver(values))
+        _launch.PACKED_PARAMETERS = not _launch.PACKED_PARAMETERS
+        other = _launch._DriverCall(direct.compiled, direct.grid, direct.template,
+                                    dict(zip(direct.positions, direct.sources)))
+        _launch.PACKED_PARAMETERS = not _launch.PACKED_PARAMETERS
+        label = "packed buffer" if other.tail[1] is not None else "pointer array"
+        res[f"driver call alone, {label}"] = per_call(lambda: other(values))
+        res["driver error"] = _launch.DRIVER_ERROR
     else:
-        from recurscan.kernels import _launch
         try:
             _launch._DriverCall(direct.compiled, direct.grid, direct.template, dict(zip(direct.positions, direct.sources)))
         except Exception as exc:
             res["why no driver path"] = f"{type(exc).__name__}: {exc}"
+    tiny = torch.zeros(1, device=dev)
+    res["a torch launch for comparison (x.add_(1), 1 element)"] = per_call(lambda: tiny.add_(1))
     res.update({
         "op (eager, host per call)": per_call(op),
         "launch_key of 11 arguments": per_call(lambda: launch_key(keyed)),
         "output allocation (torch.empty)": per_call(lambda: torch.empty(N, 1, HV, V, dtype=q.dtype, device=dev)),
+        "output allocation (torch.empty_like(v), the op's)": per_call(lambda: torch.empty_like(v)),
         "direct launch alone": per_call(lambda: prep.launch.direct(values)),
-        "current stream lookup": per_call(lambda: torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())),
+        "current stream lookup": per_call(_launch._current_stream),
     })
     graph = torch.cuda.CUDAGraph()
     side = torch.cuda.Stream()

@@ -90,15 +90,18 @@ def test_gdn_matches_oracle(T, beta_mode, gate, l2norm, H):
     assert_like_fp32(S, wS, rS, "final state")
 
 
-def test_gdn_varlen_narrow_column_blocks_and_odd_sizes():
+@pytest.mark.parametrize("column_lanes", [False, True], ids=["rows_over_lanes", "column_lanes"])
+def test_gdn_varlen_narrow_column_blocks_and_odd_sizes(column_lanes):
     # K = 24 and V = 20 (not powers of two), 8-column blocks (3 blocks, the last one masked),
-    # one-token sequences beside longer ones, scale given, bf16 inputs.
+    # one-token sequences beside longer ones, scale given, bf16 inputs; both compilations of the
+    # kernel (column_lanes: the state's key strides unspecialized).
     cu = torch.tensor([0, 1, 2, 9, 10, 23])
     q, k, v, g, beta = inputs(1, 23, 2, 4, 24, 20, dtype=torch.bfloat16)
     S0 = torch.randn(5, 4, 24, 20)
     o = torch.full((1, 23, 4, 20), NAN, dtype=torch.bfloat16)
     final = torch.full((5, 4, 24, 20), NAN)
-    cfg = R.StreamConfig(BK=32, BV=8, num_warps=4, num_stages=1, reason="test: several column blocks")
+    cfg = R.StreamConfig(BK=32, BV=8, num_warps=4, num_stages=1, reason="test: several column blocks",
+                         column_lanes=column_lanes)
     R.streaming_recurrence(q, k, v, o, scale=0.3, delta=True, gate="scalar", g=g, beta=beta, beta_mode="head",
                            l2norm=True, cu_seqlens=cu, initial=S0, final=final, num_sequences=5, config=cfg)
     (wo, wS), (ro, rS) = both(gated_delta_rule_naive, q, k, v, g, beta, scale=0.3, initial_state=S0,

@@ -22,10 +22,12 @@ SIGNATURE = {"x": "*fp32", "y": "*bf16", "n": "i32", "stride": "i64", "scale": "
              "flag": "i1"}
 
 
-def launch_with(values, monkeypatch):
+def launch_with(values, monkeypatch, sources=(0, 1, 2)):
     calls = []
 
-    def cu_launch(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+    def cu_launch(*args):  # the launcher passes prebuilt ctypes objects (no argtypes): unwrap them
+        function, gx, gy, gz, bx, by, bz, shared, stream, params, extra = (getattr(a, "value", a) for a in args)
+        params = args[9]
         kinds = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_int8,
                  ctypes.c_uint64, ctypes.c_uint64]  # the non-constexpr arguments, then the two scratch pointers
         decoded = [ctypes.cast(params[i], ctypes.POINTER(kind)).contents.value for i, kind in enumerate(kinds)]
@@ -36,7 +38,7 @@ def launch_with(values, monkeypatch):
     monkeypatch.setattr(L, "_current_stream", lambda: 77)
     kwargs = dict(x=L.CallArg("a"), y=L.CallArg("b"), n=1000, stride=1 << 40, scale=L.CallArg("s"), BLOCK=64, flag=True)
     template = [None if isinstance(kwargs[n], L.CallArg) else kwargs[n] for n in SIGNATURE]
-    positions, sources = (0, 1, 4), (0, 1, 2)
+    positions = (0, 1, 4)
     d = L.DirectLaunch(fake_compiled(SIGNATURE), (5, 2, 1), template, positions, sources)
     assert d.driver is not None
     d(values)
@@ -49,6 +51,14 @@ def test_parameter_block_holds_constants_and_per_call_values(monkeypatch):
     assert call["params"] == [a.data_ptr(), b.data_ptr(), 1000, 1 << 40, 0.25, 1, 0, 0]
     assert call["grid"] == (5, 2, 1) and call["block"] == (128, 1, 1) and call["shared"] == 1024
     assert call["function"] == 0xF00 and call["stream"] == 77 and call["extra"] is None
+
+
+def test_pointer_arguments_sharing_a_value_are_filled_from_it(monkeypatch):
+    """Absent tensors all point at one present tensor (their flags keep them unread): the block
+    must hold that tensor's address in every such slot, read once."""
+    a = torch.zeros(4)
+    (call,) = launch_with((a, None, 0.5), monkeypatch, sources=(0, 0, 2))
+    assert call["params"][:2] == [a.data_ptr(), a.data_ptr()]
 
 
 def test_second_call_rewrites_only_its_own_values(monkeypatch):
@@ -80,8 +90,57 @@ def test_driver_errors_fall_back_to_tritons_launcher(monkeypatch):
     compiled = Compiled(**vars(base))
     template = [None, None, 1000, 1 << 40, None, 64, True]
     a, b = torch.zeros(4), torch.zeros(8, dtype=torch.bfloat16)
-    L.DirectLaunch(compiled, (5, 1, 1), template, (0, 1, 4), (0, 1, 2))((a, b, 0.5))
+    monkeypatch.setattr(L, "DRIVER_ERROR", None)
+    d = L.DirectLaunch(compiled, (5, 1, 1), template, (0, 1, 4), (0, 1, 2))
+    d((a, b, 0.5))
     assert ran == [((5, 1, 1), (a, b, 1000, 1 << 40, 0.5, 64, True))]
+    assert L.DRIVER_ERROR == 201 and d.driver is None  # recorded; this signature keeps Triton's launcher
+    d((a, b, 0.5))
+    assert len(ran) == 2
+
+
+# The parameters' offsets as a C compiler lays them out (what cuFuncGetParamInfo reports for them):
+# x, y at 0 and 8; n at 16; stride at 24 (8-aligned); scale at 32; flag at 36; the scratch pointers
+# at 40 and 48.
+PACKED_LAYOUT = [(0, 8), (8, 8), (16, 4), (24, 8), (32, 4), (36, 1), (40, 8), (48, 8)]
+
+
+def test_packed_parameter_buffer_at_the_drivers_offsets(monkeypatch):
+    """With the driver's offsets, the launcher passes one buffer through ``extra`` (no pointer
+    array); constants and per-call values must sit at those offsets, and a second call must
+    rewrite only its own values."""
+    calls = []
+
+    def cu_launch(*args):
+        assert args[9] is None  # kernelParams unused
+        extra = args[10]
+        assert [extra[0], extra[2], extra[4]] == [1, 2, None]  # BUFFER_POINTER, BUFFER_SIZE, END
+        size = ctypes.c_size_t.from_address(extra[3]).value
+        raw = ctypes.string_at(extra[1], size)
+        kinds = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_int8,
+                 ctypes.c_uint64, ctypes.c_uint64]
+        buf = ctypes.create_string_buffer(raw, size)
+        calls.append((size, [kind.from_buffer(buf, off).value for kind, (off, _) in zip(kinds, PACKED_LAYOUT)]))
+        return 0
+    monkeypatch.setattr(L, "_cu_launch_kernel", lambda: cu_launch)
+    monkeypatch.setattr(L, "_current_stream", lambda: 77)
+    monkeypatch.setattr(L, "_param_layout", lambda function, count: PACKED_LAYOUT if count == 8 else None)
+    template = [None, None, 1000, 1 << 40, None, 64, True]
+    d = L.DirectLaunch(fake_compiled(SIGNATURE), (5, 2, 1), template, (0, 1, 4), (0, 1, 2))
+    a, b, a2 = torch.zeros(4), torch.zeros(8, dtype=torch.bfloat16), torch.zeros(16)
+    d((a, b, 0.25))
+    d((a2, b, 2.0))
+    assert calls[0] == (56, [a.data_ptr(), b.data_ptr(), 1000, 1 << 40, 0.25, 1, 0, 0])
+    assert calls[1] == (56, [a2.data_ptr(), b.data_ptr(), 1000, 1 << 40, 2.0, 1, 0, 0])
+
+
+def test_a_layout_that_disagrees_with_the_signature_keeps_the_pointer_array(monkeypatch):
+    wrong = list(PACKED_LAYOUT)
+    wrong[2] = (16, 8)  # n reported 8 bytes wide: not the i32 the signature says
+    monkeypatch.setattr(L, "_param_layout", lambda function, count: wrong)
+    monkeypatch.setattr(L, "_cu_launch_kernel", lambda: (lambda *args: 0))
+    d = L.DirectLaunch(fake_compiled(SIGNATURE), (1, 1, 1), [None, None, 1, 1, None, 64, True], (0, 1, 4), (0, 1, 2))
+    assert d.driver is not None and d.driver.tail[0] is not None and d.driver.tail[1] is None
 
 
 def test_a_constant_pointer_is_refused():

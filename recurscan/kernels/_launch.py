@@ -57,23 +57,51 @@ _LIBCUDA = None
 
 
 def _cu_launch_kernel():
-    """The driver's cuLaunchKernel, with its argument types declared once. Loaded through PyDLL,
-    which keeps the GIL held during the call: filling the shared parameter block and launching
-    from it are then one step that another Python thread cannot interleave (CDLL would release the
-    GIL inside the call, while the driver still reads the block)."""
+    """The driver's cuLaunchKernel, loaded through PyDLL, which keeps the GIL held during the call:
+    filling the shared parameter block and launching from it are then one step that another Python
+    thread cannot interleave (CDLL would release the GIL inside the call, while the driver still
+    reads the block). No ``argtypes``: every argument is passed as a prebuilt ctypes object, which
+    skips ctypes' per-argument conversion (1.5 us of 3 on this machine's CPU)."""
     global _LIBCUDA
     if _LIBCUDA is None:
-        lib = ctypes.PyDLL("libcuda.so.1")
-        fn = lib.cuLaunchKernel
-        fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+        fn = ctypes.PyDLL("libcuda.so.1").cuLaunchKernel
         fn.restype = ctypes.c_int
         _LIBCUDA = fn
     return _LIBCUDA
 
 
 def _current_stream() -> int:
-    """The current CUDA stream of the current device (Triton launches on the same one)."""
-    return torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
+    """The current CUDA stream of the current device (Triton launches on the same one). The
+    device is read with ``_cuda_getDevice``: the signature's first launch initialised CUDA."""
+    return torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
+
+
+#: How the parameters reach the driver: one packed buffer laid out at the offsets the driver
+#: reports (``cuFuncGetParamInfo``, CUDA >= 12.4), or an array of one pointer per parameter (the
+#: fallback where the driver cannot report offsets). Module-level so that a benchmark can compare.
+PACKED_PARAMETERS = True
+#: The driver's status of the last direct launch that failed (that launch then went through
+#: Triton's launcher, which raises for a real fault, and the signature keeps Triton's launcher); None
+#: is expected and the GPU tests assert it.
+DRIVER_ERROR: int | None = None
+
+
+def _param_layout(function: int, count: int):
+    """``[(offset, size)]`` of the kernel's ``count`` parameters as the driver lays them out, or
+    None where the driver cannot say (older than CUDA 12.4) or the count differs."""
+    try:
+        info = ctypes.CDLL("libcuda.so.1").cuFuncGetParamInfo
+    except (OSError, AttributeError):
+        return None
+    offset, size = ctypes.c_size_t(), ctypes.c_size_t()
+    layout = []
+    for i in range(count + 1):  # one past the last must fail: the kernel has exactly ``count``
+        status = info(ctypes.c_void_p(function), ctypes.c_size_t(i), ctypes.byref(offset), ctypes.byref(size))
+        if i == count:
+            return layout if status != 0 else None
+        if status != 0:
+            return None
+        layout.append((offset.value, size.value))
 
 
 class _DriverCall:
@@ -82,7 +110,7 @@ class _DriverCall:
     driver call. Triton's own launcher would parse all of the kernel's arguments (about a hundred
     here) on every call: ~16 us measured on the H200's host for the streaming kernel."""
 
-    __slots__ = ("fn", "function", "grid", "block", "shared", "pointers", "scalars", "storage", "params")
+    __slots__ = ("fn", "head", "stream", "tail", "pointers", "scalars", "storage", "params", "extra")
 
     def __init__(self, compiled, grid, template, positions: dict):
         """``positions``: argument index -> index in the call's values, for the per-call arguments."""
@@ -94,7 +122,8 @@ class _DriverCall:
         kinds = list(compiled.src.signature.values())
         if len(kinds) != len(template):
             raise NotImplementedError("signature and arguments differ in length")
-        self.storage, self.pointers, self.scalars = [], [], []
+        self.storage, self.scalars = [], []
+        pointer_cells: dict[int, list] = {}  # value index -> the slots of the pointers taken from it
         for i, (kind, value) in enumerate(zip(kinds, template)):
             if kind == "constexpr":
                 continue
@@ -104,7 +133,7 @@ class _DriverCall:
                 if i not in positions:
                     raise NotImplementedError(f"pointer argument {i} is not filled per call")
                 cell = ctypes.c_uint64(0)
-                self.pointers.append((cell, positions[i]))
+                pointer_cells.setdefault(positions[i], []).append(cell)
             elif kind in _CTYPES:
                 cell = _CTYPES[kind](0 if value is None else value)
                 if i in positions:
@@ -112,22 +141,50 @@ class _DriverCall:
             else:
                 raise NotImplementedError(f"argument {i} of kind {kind!r}")
             self.storage.append(cell)
+        # one data_ptr() a tensor, however many arguments point at it (absent tensors all point at o)
+        self.pointers = tuple((source, tuple(cells)) for source, cells in pointer_cells.items())
         self.storage += [ctypes.c_uint64(0), ctypes.c_uint64(0)]  # global and profile scratch: none
-        self.params = (ctypes.c_void_p * len(self.storage))(*[ctypes.addressof(c) for c in self.storage])
+        layout = _param_layout(compiled.function, len(self.storage)) if PACKED_PARAMETERS else None
+        if layout is not None and all(ctypes.sizeof(c) == size for c, (_, size) in zip(self.storage, layout)):
+            self._pack(layout)
+        else:  # kernelParams: an array of pointers, one per parameter
+            self.params = (ctypes.c_void_p * len(self.storage))(*[ctypes.addressof(c) for c in self.storage])
+            self.tail = (self.params, None)
         self.fn = _cu_launch_kernel()
-        self.function, self.grid = compiled.function, grid
-        self.block = 32 * md.num_warps
-        self.shared = md.shared
+        u = ctypes.c_uint
+        self.head = (ctypes.c_void_p(compiled.function), u(grid[0]), u(grid[1]), u(grid[2]),
+                     u(32 * md.num_warps), u(1), u(1), u(md.shared))
+        self.stream = ctypes.c_void_p(0)
+
+    def _pack(self, layout):
+        """Move every parameter into one buffer at the driver's offsets (the cells are re-made as
+        views of the buffer, so a call's writes land in it) and launch with ``extra``: the driver
+        then copies one block instead of following a pointer per parameter."""
+        total = max(offset + size for offset, size in layout)
+        buffer = (ctypes.c_char * total)()
+        moved = {}
+        for cell, (offset, _) in zip(self.storage, layout):
+            view = type(cell).from_buffer(buffer, offset)
+            view.value = cell.value
+            moved[id(cell)] = view
+        self.storage = [moved[id(c)] for c in self.storage]
+        self.pointers = tuple((source, tuple(moved[id(c)] for c in cells)) for source, cells in self.pointers)
+        self.scalars = [(moved[id(c)], source) for c, source in self.scalars]
+        self.params = (buffer, ctypes.c_size_t(total))
+        # CU_LAUNCH_PARAM_BUFFER_POINTER, the buffer, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END
+        self.extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(buffer), 2, ctypes.addressof(self.params[1]), 0)
+        self.tail = (None, self.extra)
 
     def __call__(self, values) -> int:
         """Launch with the call's ``values``; returns the driver's status (0: launched)."""
-        for cell, source in self.pointers:
-            cell.value = values[source].data_ptr()
+        for source, cells in self.pointers:
+            ptr = values[source].data_ptr()
+            for cell in cells:
+                cell.value = ptr
         for cell, source in self.scalars:
             cell.value = values[source]
-        g = self.grid
-        return self.fn(self.function, g[0], g[1], g[2], self.block, 1, 1, self.shared, _current_stream(), self.params,
-                       None)
+        self.stream.value = _current_stream()
+        return self.fn(*self.head, self.stream, *self.tail)
 
 
 class DirectLaunch:
@@ -145,10 +202,14 @@ class DirectLaunch:
             self.driver = None
 
     def __call__(self, values) -> None:
+        global DRIVER_ERROR
         if self.driver is not None and not _hooked():
-            if self.driver(values) == 0:
+            status = self.driver(values)
+            if status == 0:
                 return
-            # A driver error: Triton's launcher below repeats the launch and raises its own error.
+            # A driver error: Triton's launcher below repeats the launch and raises its own error;
+            # the signature keeps Triton's launcher from now on (recorded, never silently).
+            DRIVER_ERROR, self.driver = status, None
         args = self.template.copy()
         for i, s in zip(self.positions, self.sources):
             args[i] = values[s]

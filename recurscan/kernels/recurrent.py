@@ -116,8 +116,7 @@ def _token_inputs(p_q, p_k, p_v, p_g, p_b, p_z, o_k, o_v, m_k, m_v, live, sv_d, 
     return b_q, b_k, b_v, b_g, b_beta, b_z
 
 
-@triton.jit(do_not_specialize=["T", "t_begin", "t_end", "n_snap"])
-def streaming_recurrence_kernel(
+def _streaming_recurrence(
     q, k, v, g, beta, o, A, dt_bias, D, z,
     h0, hin, ht, slots, snaps, accepted, cu_seqlens,
     scale, T, t_begin, t_end, n_snap,
@@ -280,6 +279,19 @@ def streaming_recurrence_kernel(
                  eviction_policy=EVICT)
 
 
+_RUNTIME_INTS = ["T", "t_begin", "t_end", "n_snap"]  # one compiled kernel at every length
+#: The kernel. Triton specializes the state's key stride (V for a [K, V] state: a multiple of 16),
+#: so the state tile's rows are known 16-byte aligned and loaded 4 columns a lane: a column's K rows
+#: then spread over lanes (and warps, when there are several), and the K reductions cross them.
+streaming_recurrence_kernel = triton.jit(do_not_specialize=_RUNTIME_INTS)(_streaming_recurrence)
+#: The same source with the state's key strides left unspecialized: Triton cannot prove the rows
+#: aligned, loads one column per lane, and lays whole columns in single lanes (K rows in registers)
+#: with the warps side by side along V. The K reductions stay inside a thread, so a program can
+#: own a wide contiguous tile over several warps (``StreamConfig.column_lanes``; [K, V] states).
+streaming_recurrence_kernel_column_lanes = triton.jit(
+    do_not_specialize=_RUNTIME_INTS + ["s0_k", "si_k", "s1_k", "ss_k"])(_streaming_recurrence)
+
+
 # ------------------------------------------------------------------------------------------------
 # Launch rules (data; the planner's part for the streaming kernel)
 # ------------------------------------------------------------------------------------------------
@@ -305,6 +317,7 @@ class StreamConfig:
     num_stages: int
     reason: str
     evict: str = ""  # cache eviction policy of the state's loads and stores ("" or "evict_first")
+    column_lanes: bool = False  # whole state columns per lane (streaming_recurrence_kernel_column_lanes)
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -452,7 +465,7 @@ class _Launch:
     """The launch arguments of one call signature: grid, the kernel's arguments (per-call values
     as ``CallArg``), the number of launches, and the direct launch once compiled."""
 
-    __slots__ = ("grid", "kwargs", "launches", "bound", "handoff_shape", "direct", "vk_layout", "final_by_slot",
+    __slots__ = ("kernel", "grid", "kwargs", "launches", "bound", "handoff_shape", "direct", "vk_layout", "final_by_slot",
                  "options")
 
 
@@ -490,6 +503,7 @@ def plan_stream(tensors, *, scale, delta, gate=None, beta_mode=None, l2norm=Fals
         kw[name] = CallArg(name if t is not None else "o")  # an absent pointer: o (its flag keeps it unread)
     kw["hin"] = CallArg("o")  # the hand-off input of split launches; unread by a single launch
     hit = _Launch()
+    hit.kernel = streaming_recurrence_kernel_column_lanes if config.column_lanes else streaming_recurrence_kernel
     hit.grid = (num_sequences * HV * triton.cdiv(V, config.BV),)
     hit.kwargs = kw
     hit.launches = 1 if bound is None or T <= bound else triton.cdiv(T, bound)
@@ -505,7 +519,7 @@ def _launch_jit(hit: _Launch, tensors, values):
     """Launch through Triton's JIT (compiles on first use); returns the direct launch when one
     launch covers the call (the cached fast path), else None."""
     if hit.launches == 1:
-        return jit_launch(streaming_recurrence_kernel, hit.grid, hit.kwargs, hit.options, _CALL_NAMES, values)
+        return jit_launch(hit.kernel, hit.grid, hit.kwargs, hit.options, _CALL_NAMES, values)
     # Launch splits: each launch covers [t_begin, t_end) of every sequence; the state is handed on
     # through a float32 buffer indexed by sequence; only the last launch writes ``final``.
     kw = resolve(hit.kwargs, _CALL_NAMES, values)
@@ -521,7 +535,7 @@ def _launch_jit(hit: _Launch, tensors, values):
         kw.update(zip(("si_n", "si_h", "si_k", "si_v"), sh))
         kw.update(zip(("s1_n", "s1_h", "s1_k", "s1_v"),
                       _state_strides(out, hit.vk_layout if last else False)))
-        streaming_recurrence_kernel[hit.grid](**kw, **hit.options)
+        hit.kernel[hit.grid](**kw, **hit.options)
     return None
 
 

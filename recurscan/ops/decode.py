@@ -58,13 +58,16 @@ def _choose_backend(backend, device, problem) -> str:
 
 
 class _Prepared:
-    """What a validated call signature needs at launch: cached per signature for CUDA tensors."""
+    """What a validated call signature needs at launch: cached per signature for CUDA tensors.
+    Everything decided from shapes, strides and dtypes is decided here once (the key holds them)."""
 
-    __slots__ = ("backend", "problem", "beta_mode", "launch")
+    __slots__ = ("backend", "problem", "beta_mode", "launch", "copy_q", "copy_k", "o_like_v")
 
-    def __init__(self, backend, problem, beta_mode):
+    def __init__(self, backend, problem, beta_mode, q, k, v):
         self.backend, self.problem, self.beta_mode = backend, problem, beta_mode
         self.launch = None  # the kernel's planned launch (kernels/recurrent.py), made on first use
+        self.copy_q, self.copy_k = q.stride(-1) != 1, k.stride(-1) != 1  # the kernel reads K contiguous
+        self.o_like_v = v.dtype == q.dtype and v.is_contiguous()  # empty_like(v) is o: the cheaper allocation
 
 
 _PREPARED: dict[tuple, _Prepared] = {}
@@ -77,7 +80,7 @@ def _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens, state, state_in
     check_decode_extras(problem, state, intermediate_states, steps_per_token, num_accepted_tokens)
     chosen = _choose_backend(backend, q.device, problem)
     beta_mode = None if beta is None else ("value" if beta.dim() == 4 else "head")
-    return _Prepared(chosen, problem, beta_mode)
+    return _Prepared(chosen, problem, beta_mode, q, k, v)
 
 
 def fused_recurrent_gated_delta_rule_update(q, k, v, g=None, beta=None, scale=None, initial_state=None,
@@ -145,17 +148,19 @@ def fused_recurrent_gated_delta_rule_update(q, k, v, g=None, beta=None, scale=No
                             cu_seqlens, state, state_indices, intermediate_states, steps_per_token,
                             num_accepted_tokens)
     p = prep.problem
-    if q.stride(-1) != 1:
+    if prep.copy_q:
         q = q.contiguous()
-    if k.stride(-1) != 1:
+    if prep.copy_k:
         k = k.contiguous()
-    B, T, HV, V = v.shape
-    o = torch.empty(B, T, HV, V, dtype=q.dtype, device=q.device)
+    if prep.o_like_v:
+        o = torch.empty_like(v)
+    else:
+        o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     if state is not None:
         initial, final, by_slot = state, state, True
     else:
         initial, by_slot = initial_state, False
-        final = torch.empty(p.sequences, HV, p.key_dim, V, dtype=torch.float32, device=q.device) \
+        final = torch.empty(p.sequences, v.shape[2], p.key_dim, v.shape[3], dtype=torch.float32, device=q.device) \
             if output_final_state else None
     scale = p.scale if scale is None else scale
     tensors = (q, k, v, g, beta, o, None, None, None, None, initial, final, state_indices, intermediate_states,

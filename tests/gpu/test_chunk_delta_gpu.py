@@ -249,6 +249,8 @@ def test_cached_direct_launch_equals_jit_launch():
         torch.cuda.synchronize()
         (plan_,) = DR._PLANS.values()
         assert all(step.direct is not None for step in plan_.steps), "the second call did not launch directly"
+        from recurscan.kernels import _launch
+        assert _launch.DRIVER_ERROR is None and all(step.direct.driver is not None for step in plan_.steps)
         assert len(plan_.steps) == (2 if T == 200 else 4)
         assert torch.equal(first[0], second[0]) and torch.equal(first[2], second[2]) and torch.equal(c1, c2)
 

@@ -226,7 +226,10 @@ def test_no_host_sync_and_cuda_graph_capture():
     assert torch.equal(captured[0], eager[0]) and torch.equal(captured[1], eager[1])
     assert torch.equal(cache, want_cache) and torch.equal(ssd_state, want_ssd)
     assert R.DIRECT_LAUNCH_ERROR is None
+    from recurscan.kernels import _launch
+    assert _launch.DRIVER_ERROR is None  # no direct launch fell back to Triton's launcher
     from recurscan.ops import decode as D, mamba_decode as MD
     # the cached direct launch path ran for both ops
-    assert any(p.launch is not None and p.launch.direct is not None for p in D._PREPARED.values())
+    assert any(p.launch is not None and p.launch.direct is not None and p.launch.direct.driver is not None
+               for p in D._PREPARED.values())
     assert any(p[2] is not None and p[2].direct is not None for p in MD._PREPARED.values())
