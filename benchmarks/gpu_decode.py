@@ -34,6 +34,11 @@ def _fla_decode(w: registry.Workload):
     mod = runner._import("fla.ops.gated_delta_rule")
 
     def fn(x):  # the pool in slot order is fla's initial_state; it returns a new final state
+        if w.state_layout == "vk":  # fla's state_v_first: the [N, HV, V, K] tensor itself
+            o, final = mod.fused_recurrent_gated_delta_rule(
+                x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"], initial_state=x["state"].transpose(-1, -2),
+                output_final_state=True, use_qk_l2norm_in_kernel=x["use_qk_l2norm_in_kernel"], state_v_first=True)
+            return o, final.transpose(-1, -2)
         return mod.fused_recurrent_gated_delta_rule(
             x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"], initial_state=x["state"], output_final_state=True,
             use_qk_l2norm_in_kernel=x["use_qk_l2norm_in_kernel"])
@@ -108,6 +113,12 @@ def registered(out):
     wls = ["gdn_decode_256", "gdn_decode_1024"]
     for name in wls:
         out["workloads"].append(runner.run_workload(name, impls=["recurscan"], extra_impls=[FLA], rep_ms=300))
+        print(runner.format_table(out["workloads"][-1]), flush=True)
+    for n in (256, 1024):  # the cache in the key-contiguous layout [S, HV, V, K] (vLLM, SGLang, FlashInfer)
+        vk = registry.Workload(f"gdn_decode_{n}_vk", "gdn_decode", (1,) * n, heads=16, value_heads=32,
+                               state_layout="vk", note=f"{n} requests, fp32 cache laid out [S, HV, V, K], passed "
+                                                   "as its transposed view; fla with state_v_first=True")
+        out["workloads"].append(runner.run_workload(vk, impls=["recurscan"], extra_impls=[FLA], rep_ms=300))
         print(runner.format_table(out["workloads"][-1]), flush=True)
     bf16 = registry.Workload("gdn_decode_256_bf16_state", "gdn_decode", (1,) * 256, heads=16, value_heads=32,
                              state_dtype="bfloat16", note="256 requests, bf16 state cache (accumulated in fp32)")
@@ -256,23 +267,19 @@ def sweep(out):
     out["launch_sweep"] = res
 
 
-def column_lanes(out):
-    """The [K, V]-state decode with whole columns per lane (streaming_recurrence_kernel_column_lanes:
-    wide tiles over several warps, K reductions inside a thread) against the rule's one-warp tiles.
-    Each config starts from the same state; its outputs and state are compared with the baseline's."""
+def register_cap(out):
+    """The one-warp [K, V] decode tile (BV 32) with a cap on registers per thread: 255 registers
+    allow 8 resident warps an SM (128 KB of state in flight); 216 / 200 / 184 / 168 allow 9 / 10 /
+    11 / 12, if the tile still fits without spilling. Outputs and states compared with the uncapped run."""
     from recurscan.kernels import recurrent as R
     res = []
-    for name, n, state_dtype, cfgs in (
-            ("gdn_decode_256", 256, "float32", [(32, 1, False), (32, 1, True), (64, 2, True), (128, 4, True)]),
-            ("gdn_decode_1024", 1024, "float32", [(32, 1, False), (32, 1, True), (64, 2, True), (128, 4, True)]),
-            ("gdn_decode_256", 256, "bfloat16", [(32, 1, False), (32, 1, True), (64, 2, True), (128, 4, True)]),
-            ("gdn_decode_1", 1, "float32", [(16, 1, False), (16, 1, True), (32, 1, True)])):
-        w = registry.Workload(name, "gdn_decode", (1,) * n, heads=16, value_heads=32, state_dtype=state_dtype)
+    for name, n in (("gdn_decode_256", 256), ("gdn_decode_1024", 1024)):
+        w = registry.Workload(name, "gdn_decode", (1,) * n, heads=16, value_heads=32)
         x = w.make_inputs("cuda")
         start = x["state"].clone()
         reference = None
-        for BV, nw, lanes in cfgs:
-            cfg = R.StreamConfig(128, BV, nw, 1, "sweep", column_lanes=lanes)
+        for cap in (None, 232, 216, 200, 184, 168):
+            cfg = R.StreamConfig(128, 32, 1, 1, "sweep", maxnreg=cap)
             o = torch.empty_like(x["v"])
             fn = lambda: R.streaming_recurrence(  # noqa: E731
                 x["q"], x["k"], x["v"], o, scale=128 ** -0.5, delta=True, gate="scalar", g=x["g"], beta=x["beta"],
@@ -281,23 +288,84 @@ def column_lanes(out):
             x["state"].copy_(start)
             fn()
             torch.cuda.synchronize()
-            got = (o.float().clone(), x["state"].float().clone())
-            if reference is None:
-                reference = got
-            diff = {"o_max_abs_diff_vs_first": (got[0] - reference[0]).abs().max().item(),
-                    "state_max_abs_diff_vs_first": (got[1] - reference[1]).abs().max().item()}
+            got = (o.float().clone(), x["state"].clone())
+            reference = reference or got
             hit = [h for key, h in R._LAUNCHES.items() if cfg in key][0]
             compiled = hit.direct.compiled if hit.direct is not None else None
-            regs = {"n_regs": getattr(compiled, "n_regs", None), "n_spills": getattr(compiled, "n_spills", None)}
-            row = {"workload": name, "state_dtype": state_dtype, "BV": BV, "num_warps": nw, "column_lanes": lanes,
-                   **regs, **diff}
-            if n == 1:
-                row["graph_replay_s"] = bench_graph(fn, rep=100)["median"]
-            else:
-                row.update(pct(w.hbm_bytes(), bench(fn, rep=200)["median"]))
+            row = {"workload": name, "maxnreg": cap, "n_regs": getattr(compiled, "n_regs", None),
+                   "n_spills": getattr(compiled, "n_spills", None),
+                   "o_max_abs_diff": (got[0] - reference[0]).abs().max().item(),
+                   "state_max_abs_diff": (got[1] - reference[1]).abs().max().item(),
+                   **pct(w.hbm_bytes(), bench(fn, rep=200)["median"])}
             res.append(row)
             print(row, flush=True)
-    out["column_lanes"] = res
+    out["register_cap"] = res
+
+
+def flush_effect(out):
+    """How the L2 flush between timed calls bears on a bandwidth figure. do_bench flushes by
+    zeroing 256 MB, which leaves L2 full of dirty lines that the timed kernel must write back while
+    it streams. Timed four ways, for the 256-request decode and for a device copy of the same size
+    (the ceiling's kind of kernel): do_bench (dirty flush), a read-only flush of 256 MB (L2 left
+    clean), no flush (L2 warm with the previous call's data), and a CUDA graph over 8 state pools
+    (each call's data cold; the previous call's writes dirty, as in serving)."""
+    res = {}
+    w = registry.Workload("gdn_decode_256", "gdn_decode", (1,) * 256, heads=16, value_heads=32)
+    pools = [w.make_inputs("cuda", seed=i) for i in range(8)]
+    x = pools[0]
+
+    def call(y):
+        return lambda: recurscan.fused_recurrent_gated_delta_rule_update(
+            y["q"], y["k"], y["v"], y["g"], y["beta"], state=y["state"], state_indices=y["state_indices"],
+            use_qk_l2norm_in_kernel=True)
+    import recurscan
+    src = torch.empty(w.hbm_bytes() // 8, dtype=torch.float32, device="cuda")  # copy: bytes read + written
+    dst = torch.empty_like(src)
+    copy_bytes = 2 * src.numel() * 4
+    scratch = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.float32, device="cuda")
+    for label, fn, nbytes in (("gdn_decode_256", call(x), w.hbm_bytes()),
+                              ("device_copy_same_bytes", lambda: dst.copy_(src), copy_bytes)):
+        fn()
+        torch.cuda.synchronize()
+        row = {"bytes": nbytes}
+        row["do_bench_dirty_flush"] = pct(nbytes, bench(fn, rep=200)["median"])
+        times = []
+        for _ in range(60):
+            scratch.sum()  # read-only flush: evicts L2 without leaving dirty lines
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        row["clean_flush_events"] = pct(nbytes, sorted(times)[len(times) // 2])
+        row["no_flush_graph"] = pct(nbytes, bench_graph(fn, rep=200)["median"])
+        res[label] = row
+        print(label, json.dumps(row), flush=True)
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    calls = [call(y) for y in pools]
+    with torch.cuda.stream(s):
+        for c in calls:
+            c()
+        with torch.cuda.graph(g, stream=s):
+            for c in calls:
+                c()
+    torch.cuda.current_stream().wait_stream(s)
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(20):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / 1e3 / len(calls))
+    res["gdn_decode_256"]["graph_over_8_pools"] = pct(w.hbm_bytes(), sorted(times)[len(times) // 2])
+    print("graph over 8 pools", res["gdn_decode_256"]["graph_over_8_pools"], flush=True)
+    out["flush_effect"] = res
 
 
 def prefill_inputs(T, seed=0):

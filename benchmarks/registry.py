@@ -102,6 +102,7 @@ class Workload:
     dtype: str = "bfloat16"
     gate_dtype: str = "float32"
     state_dtype: str = "float32"
+    state_layout: str = "kv"  # gdn_decode: the cache laid out [S, HV, K, V] ("kv") or [S, HV, V, K] ("vk")
     use_qk_l2norm: bool = True
     initial_state: bool = False
     output_final_state: bool = True
@@ -251,7 +252,10 @@ class Workload:
                 bounds.append(bounds[-1] + L)
             inputs["cu_seqlens"] = torch.tensor(bounds, dtype=torch.int64, device=device)
         if self.family == "gdn_decode":
-            inputs["state"] = randn(N, HV, K, V, dtype=sdt) * 0.1
+            if self.state_layout == "vk":  # a [S, HV, V, K] cache, passed as its [S, HV, K, V] view
+                inputs["state"] = (randn(N, HV, V, K, dtype=sdt) * 0.1).transpose(-1, -2)
+            else:
+                inputs["state"] = randn(N, HV, K, V, dtype=sdt) * 0.1
             inputs["state_indices"] = torch.arange(N, device=device, dtype=torch.int32)
             inputs["output_final_state"] = True
         elif self.initial_state:

@@ -90,18 +90,15 @@ def test_gdn_matches_oracle(T, beta_mode, gate, l2norm, H):
     assert_like_fp32(S, wS, rS, "final state")
 
 
-@pytest.mark.parametrize("column_lanes", [False, True], ids=["rows_over_lanes", "column_lanes"])
-def test_gdn_varlen_narrow_column_blocks_and_odd_sizes(column_lanes):
+def test_gdn_varlen_narrow_column_blocks_and_odd_sizes():
     # K = 24 and V = 20 (not powers of two), 8-column blocks (3 blocks, the last one masked),
-    # one-token sequences beside longer ones, scale given, bf16 inputs; both compilations of the
-    # kernel (column_lanes: the state's key strides unspecialized).
+    # one-token sequences beside longer ones, scale given, bf16 inputs.
     cu = torch.tensor([0, 1, 2, 9, 10, 23])
     q, k, v, g, beta = inputs(1, 23, 2, 4, 24, 20, dtype=torch.bfloat16)
     S0 = torch.randn(5, 4, 24, 20)
     o = torch.full((1, 23, 4, 20), NAN, dtype=torch.bfloat16)
     final = torch.full((5, 4, 24, 20), NAN)
-    cfg = R.StreamConfig(BK=32, BV=8, num_warps=4, num_stages=1, reason="test: several column blocks",
-                         column_lanes=column_lanes)
+    cfg = R.StreamConfig(BK=32, BV=8, num_warps=4, num_stages=1, reason="test: several column blocks")
     R.streaming_recurrence(q, k, v, o, scale=0.3, delta=True, gate="scalar", g=g, beta=beta, beta_mode="head",
                            l2norm=True, cu_seqlens=cu, initial=S0, final=final, num_sequences=5, config=cfg)
     (wo, wS), (ro, rS) = both(gated_delta_rule_naive, q, k, v, g, beta, scale=0.3, initial_state=S0,
@@ -125,14 +122,20 @@ def _cache(S, HV, K, V, slots, dtype, seed=1):
     return cache
 
 
+@pytest.mark.parametrize("layout", ["kv", "vk"])
 @pytest.mark.parametrize("state_dtype", [F32, torch.bfloat16])
-def test_gdn_state_cache_padding_and_random_slots(state_dtype):
+def test_gdn_state_cache_padding_and_random_slots(state_dtype, layout):
+    """layout "vk": the cache is a [S, HV, V, K] tensor passed as its [S, HV, K, V] transposed view
+    (vLLM's, SGLang's and FlashInfer's layout); the kernel reads it through its strides."""
     B, T, HV, K, V, S = 5, 2, 4, 16, 24, 11
     gen = torch.Generator().manual_seed(3)
     slots = torch.randperm(S, generator=gen)[:B]
     slots[1] = slots[3] = -1
     q, k, v, g, beta = inputs(B, T, 2, HV, K, V, beta_mode="value")
     cache = _cache(S, HV, K, V, slots.tolist(), state_dtype)
+    if layout == "vk":
+        cache = cache.transpose(-1, -2).contiguous().transpose(-1, -2)
+        assert cache.stride(-2) == 1 and R._key_contiguous(cache, K)
     before = cache.clone()
     o, final = recurscan.fused_recurrent_gated_delta_rule_update(
         q, k, v, g, beta, use_qk_l2norm_in_kernel=True, state=cache, state_indices=slots.int(), backend="triton")

@@ -116,7 +116,8 @@ def _token_inputs(p_q, p_k, p_v, p_g, p_b, p_z, o_k, o_v, m_k, m_v, live, sv_d, 
     return b_q, b_k, b_v, b_g, b_beta, b_z
 
 
-def _streaming_recurrence(
+@triton.jit(do_not_specialize=["T", "t_begin", "t_end", "n_snap"])
+def streaming_recurrence_kernel(
     q, k, v, g, beta, o, A, dt_bias, D, z,
     h0, hin, ht, slots, snaps, accepted, cu_seqlens,
     scale, T, t_begin, t_end, n_snap,
@@ -279,19 +280,6 @@ def _streaming_recurrence(
                  eviction_policy=EVICT)
 
 
-_RUNTIME_INTS = ["T", "t_begin", "t_end", "n_snap"]  # one compiled kernel at every length
-#: The kernel. Triton specializes the state's key stride (V for a [K, V] state: a multiple of 16),
-#: so the state tile's rows are known 16-byte aligned and loaded 4 columns a lane: a column's K rows
-#: then spread over lanes (and warps, when there are several), and the K reductions cross them.
-streaming_recurrence_kernel = triton.jit(do_not_specialize=_RUNTIME_INTS)(_streaming_recurrence)
-#: The same source with the state's key strides left unspecialized: Triton cannot prove the rows
-#: aligned, loads one column per lane, and lays whole columns in single lanes (K rows in registers)
-#: with the warps side by side along V. The K reductions stay inside a thread, so a program can
-#: own a wide contiguous tile over several warps (``StreamConfig.column_lanes``; [K, V] states).
-streaming_recurrence_kernel_column_lanes = triton.jit(
-    do_not_specialize=_RUNTIME_INTS + ["s0_k", "si_k", "s1_k", "ss_k"])(_streaming_recurrence)
-
-
 # ------------------------------------------------------------------------------------------------
 # Launch rules (data; the planner's part for the streaming kernel)
 # ------------------------------------------------------------------------------------------------
@@ -317,7 +305,7 @@ class StreamConfig:
     num_stages: int
     reason: str
     evict: str = ""  # cache eviction policy of the state's loads and stores ("" or "evict_first")
-    column_lanes: bool = False  # whole state columns per lane (streaming_recurrence_kernel_column_lanes)
+    maxnreg: int | None = None  # a cap on registers per thread (more resident warps), None: the compiler's choice
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -394,6 +382,13 @@ def _s(t: torch.Tensor | None, dims: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(t.stride(d) for d in dims) if t is not None else (0,) * len(dims)
 
 
+def _key_contiguous(state: torch.Tensor | None, K: int) -> bool:
+    """Whether a ``[.., K, V]`` state is a transposed view of a ``[.., V, K]`` tensor (key rows
+    contiguous: the layout of vLLM's, SGLang's and FlashInfer's caches). The launch rule then
+    gives it the key-contiguous tiles, whatever the caller's vk_layout flag says."""
+    return state is not None and K > 1 and state.stride(-2) == 1 and state.stride(-1) != 1
+
+
 def _state_strides(t: torch.Tensor | None, vk: bool, lead: int = 2) -> tuple[int, ...]:
     """(row, [token,] head, key, value) strides of a state tensor [rows, (tokens,) heads, ., .]."""
     if t is None:
@@ -465,7 +460,7 @@ class _Launch:
     """The launch arguments of one call signature: grid, the kernel's arguments (per-call values
     as ``CallArg``), the number of launches, and the direct launch once compiled."""
 
-    __slots__ = ("kernel", "grid", "kwargs", "launches", "bound", "handoff_shape", "direct", "vk_layout", "final_by_slot",
+    __slots__ = ("grid", "kwargs", "launches", "bound", "handoff_shape", "direct", "vk_layout", "final_by_slot",
                  "options")
 
 
@@ -480,7 +475,8 @@ def plan_stream(tensors, *, scale, delta, gate=None, beta_mode=None, l2norm=Fals
     HV, V = v.shape[2], v.shape[3]
     if config is None:
         sbytes = max((t.element_size() for t in (initial, final) if t is not None), default=4)
-        config = stream_config(num_sequences * HV, K, V, T, sbytes, delta, q.device, vk_layout=vk_layout)
+        config = stream_config(num_sequences * HV, K, V, T, sbytes, delta, q.device,
+                               vk_layout=vk_layout or _key_contiguous(initial if initial is not None else final, K))
     steps = int(snaps is not None) and steps_per_token
     gate_dims = (0, 1, 2, 3) if (g is not None and g.dim() == 4) else (0, 1, 2)
     sg = _s(g, gate_dims) + ((0,) if len(gate_dims) == 3 else ())
@@ -503,7 +499,6 @@ def plan_stream(tensors, *, scale, delta, gate=None, beta_mode=None, l2norm=Fals
         kw[name] = CallArg(name if t is not None else "o")  # an absent pointer: o (its flag keeps it unread)
     kw["hin"] = CallArg("o")  # the hand-off input of split launches; unread by a single launch
     hit = _Launch()
-    hit.kernel = streaming_recurrence_kernel_column_lanes if config.column_lanes else streaming_recurrence_kernel
     hit.grid = (num_sequences * HV * triton.cdiv(V, config.BV),)
     hit.kwargs = kw
     hit.launches = 1 if bound is None or T <= bound else triton.cdiv(T, bound)
@@ -512,6 +507,8 @@ def plan_stream(tensors, *, scale, delta, gate=None, beta_mode=None, l2norm=Fals
     hit.direct = None
     hit.vk_layout, hit.final_by_slot = vk_layout, final_by_slot
     hit.options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
+    if config.maxnreg is not None:
+        hit.options["maxnreg"] = config.maxnreg
     return hit
 
 
@@ -519,7 +516,7 @@ def _launch_jit(hit: _Launch, tensors, values):
     """Launch through Triton's JIT (compiles on first use); returns the direct launch when one
     launch covers the call (the cached fast path), else None."""
     if hit.launches == 1:
-        return jit_launch(hit.kernel, hit.grid, hit.kwargs, hit.options, _CALL_NAMES, values)
+        return jit_launch(streaming_recurrence_kernel, hit.grid, hit.kwargs, hit.options, _CALL_NAMES, values)
     # Launch splits: each launch covers [t_begin, t_end) of every sequence; the state is handed on
     # through a float32 buffer indexed by sequence; only the last launch writes ``final``.
     kw = resolve(hit.kwargs, _CALL_NAMES, values)
@@ -535,7 +532,7 @@ def _launch_jit(hit: _Launch, tensors, values):
         kw.update(zip(("si_n", "si_h", "si_k", "si_v"), sh))
         kw.update(zip(("s1_n", "s1_h", "s1_k", "s1_v"),
                       _state_strides(out, hit.vk_layout if last else False)))
-        hit.kernel[hit.grid](**kw, **hit.options)
+        streaming_recurrence_kernel[hit.grid](**kw, **hit.options)
     return None
 
 

@@ -102,6 +102,11 @@ def fused_recurrent_gated_delta_rule_update(q, k, v, g=None, beta=None, scale=No
         state: ``[S, HV, K, V]`` cache (float32, bfloat16 or float64), read and written in place at
             ``state_indices [N]``; -1 marks a padding request (zero output, its slot untouched).
             Supersedes initial_state / output_final_state; the returned final state is ``state``.
+            A cache laid out ``[S, HV, V, K]`` (key rows contiguous: vLLM's, SGLang's and
+            FlashInfer's layout) is passed as its view ``cache.transpose(-1, -2)``: the kernel
+            reads states through their strides, and the launch rule gives key-contiguous states
+            wide tiles (95% of HBM bandwidth against 90% for ``[K, V]`` on the H200; see
+            docs/kernels-decode.md).
         intermediate_states: ``[S, T // steps_per_token, HV, K, V]`` snapshot buffer, written at the
             cache slots: entry ``[slot, i]`` is the state after draft token i (after its
             ``steps_per_token`` steps). Padding requests write nothing. Needs ``state``.

@@ -39,14 +39,18 @@ def pool(S, HV, K, V, slots, dtype, seed=1):
     return cache
 
 
+@pytest.mark.parametrize("layout", ["kv", "vk"])
 @pytest.mark.parametrize("state_dtype", [F32, BF16])
-def test_gdn_decode_256_requests(state_dtype):
+def test_gdn_decode_256_requests(state_dtype, layout):
+    """layout "vk": a [S, HV, V, K] cache passed as its transposed view (key-contiguous tiles)."""
     N, H, HV, K, V, S = 256, 16, 32, 128, 128, 1024
     gen = torch.Generator(device=DEV).manual_seed(7)
     slots = torch.randperm(S, generator=gen, device=DEV)[:N].int()
     slots[::16] = -1
     q, k, v, g, beta = gdn_decode_inputs(N, 1, H, HV, K, V)
     cache = pool(S, HV, K, V, slots, state_dtype)
+    if layout == "vk":
+        cache = cache.transpose(-1, -2).contiguous().transpose(-1, -2)
     before = cache.clone()
     o, final = recurscan.fused_recurrent_gated_delta_rule_update(q, k, v, g, beta, use_qk_l2norm_in_kernel=True,
                                                                  state=cache, state_indices=slots)
@@ -61,6 +65,10 @@ def test_gdn_decode_256_requests(state_dtype):
     named = torch.zeros(S, dtype=torch.bool, device=DEV)
     named[slots[live].long()] = True
     assert torch.equal(bits(cache[~named]), bits(before[~named]))
+    if layout == "vk":  # the launch rule saw the key-contiguous layout
+        from recurscan.ops import decode as D
+        preps = [p for p in D._PREPARED.values() if p.launch is not None and p.launch.kwargs["s0_k"] == 1]
+        assert preps and all(p.launch.options["num_warps"] == 8 for p in preps)
 
 
 @pytest.mark.parametrize("M", [1, 2])
