@@ -302,6 +302,59 @@ def register_cap(out):
     out["register_cap"] = res
 
 
+def vk_sweep(out):
+    """Launch shapes for key-contiguous states (a [S, HV, V, K] GDN cache passed as its transposed
+    view, and mamba's [S, H, P, N]): tile rows of BV value rows x 128 keys, on 1-8 warps."""
+    from recurscan.kernels import recurrent as R
+    res = []
+    shapes = [(8, 1), (16, 1), (32, 1), (16, 2), (32, 2), (32, 4), (64, 4), (64, 8)]
+    for name, n, state_dtype in (("gdn_decode_256_vk", 256, "float32"), ("gdn_decode_1024_vk", 1024, "float32"),
+                                 ("gdn_decode_256_vk_bf16", 256, "bfloat16")):
+        w = registry.Workload(name, "gdn_decode", (1,) * n, heads=16, value_heads=32, state_dtype=state_dtype,
+                              state_layout="vk")
+        x = w.make_inputs("cuda")
+        start = x["state"].clone()
+        reference = None
+        for BV, nw in shapes:
+            cfg = R.StreamConfig(128, BV, nw, 1, "sweep")
+            o = torch.empty_like(x["v"])
+            fn = lambda: R.streaming_recurrence(  # noqa: E731
+                x["q"], x["k"], x["v"], o, scale=128 ** -0.5, delta=True, gate="scalar", g=x["g"], beta=x["beta"],
+                beta_mode="head", l2norm=True, initial=x["state"], final=x["state"], final_by_slot=True,
+                slots=x["state_indices"], num_sequences=n, config=cfg)
+            x["state"].copy_(start)
+            fn()
+            torch.cuda.synchronize()
+            got = (o.float().clone(), x["state"].float().clone())
+            reference = reference or got
+            hit = [h for key, h in R._LAUNCHES.items() if cfg in key][0]
+            compiled = hit.direct.compiled if hit.direct is not None else None
+            row = {"workload": name, "BV": BV, "num_warps": nw, "n_regs": getattr(compiled, "n_regs", None),
+                   "n_spills": getattr(compiled, "n_spills", None),
+                   "o_max_abs_diff": (got[0] - reference[0]).abs().max().item(),
+                   "state_max_abs_diff": (got[1] - reference[1]).abs().max().item(),
+                   **pct(w.hbm_bytes(), bench(fn, rep=200)["median"])}
+            res.append(row)
+            print(row, flush=True)
+    w = registry.get("ssd_decode_256")
+    x = w.make_inputs("cuda")
+    N, Hs, P, Ns = x["state"].shape
+    for BV, nw in shapes:
+        cfg = R.StreamConfig(128, BV, nw, 1, "sweep")
+        y = torch.empty(N, 1, Hs, P, device="cuda", dtype=x["x"].dtype)
+        dt = x["dt"][:, None, :]  # [N, 1, H]: tied over headdim
+        fn = lambda: R.streaming_recurrence(  # noqa: E731
+            x["C"][:, None], x["B"][:, None], x["x"][:, None], y, scale=1.0, delta=False, gate="ssd", g=dt,
+            initial=x["state"], final=x["state"], final_by_slot=True, vk_layout=True, A=x["A"],
+            dt_bias=x["dt_bias"][:, None].expand(Hs, P), D=x["D"][:, None].expand(Hs, P), dt_tied=True,
+            dt_softplus=True, num_sequences=N, config=cfg)
+        row = {"workload": "ssd_decode_256", "BV": BV, "num_warps": nw,
+               **pct(w.hbm_bytes(), bench(fn, rep=200)["median"])}
+        res.append(row)
+        print(row, flush=True)
+    out["vk_sweep"] = res
+
+
 def flush_effect(out):
     """How the L2 flush between timed calls bears on a bandwidth figure. do_bench flushes by
     zeroing 256 MB, which leaves L2 full of dirty lines that the timed kernel must write back while
