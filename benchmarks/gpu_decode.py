@@ -45,6 +45,20 @@ def _fla_decode(w: registry.Workload):
     return fn
 
 
+def _ours_dense(w: registry.Workload):
+    """Our op called as fla is here: the pool as initial_state, a new final state (no cache indices)."""
+    import recurscan
+
+    def fn(x):
+        return recurscan.fused_recurrent_gated_delta_rule_update(
+            x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["state"], output_final_state=True,
+            use_qk_l2norm_in_kernel=x["use_qk_l2norm_in_kernel"])
+    return fn
+
+
+OURS_DENSE = runner.Impl("recurscan dense", "variant", _ours_dense,
+                         "recurscan op with initial_state / output_final_state (fla's call: no cache indices)",
+                         lambda: None)
 FLA = runner.Impl("fla", "peer", _fla_decode, "fla-core fused_recurrent_gated_delta_rule (keyword call)",
                   lambda: runner._dist_version("fla-core"))
 
@@ -118,7 +132,8 @@ def registered(out):
         vk = registry.Workload(f"gdn_decode_{n}_vk", "gdn_decode", (1,) * n, heads=16, value_heads=32,
                                state_layout="vk", note=f"{n} requests, fp32 cache laid out [S, HV, V, K], passed "
                                                    "as its transposed view; fla with state_v_first=True")
-        out["workloads"].append(runner.run_workload(vk, impls=["recurscan"], extra_impls=[FLA], rep_ms=300))
+        out["workloads"].append(runner.run_workload(vk, impls=["recurscan"], extra_impls=[OURS_DENSE, FLA],
+                                                    rep_ms=300))
         print(runner.format_table(out["workloads"][-1]), flush=True)
     bf16 = registry.Workload("gdn_decode_256_bf16_state", "gdn_decode", (1,) * 256, heads=16, value_heads=32,
                              state_dtype="bfloat16", note="256 requests, bf16 state cache (accumulated in fp32)")

@@ -427,6 +427,21 @@ def test_state_column_too_large_is_refused_before_launch():
     assert issubclass(R.StateColumnTooLarge, ValueError)
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_final_state_laid_out_as_the_initial_state(backend):
+    """An initial state given as the transposed view of an [N, HV, V, K] tensor (fla's
+    state_v_first layout) gets its final state in the same layout, with the oracle's values."""
+    N, T, HV, K, V = 2, 3, 2, 16, 8
+    q, k, v, g, beta = inputs(N, T, 1, HV, K, V)
+    S0 = torch.randn(N, HV, V, K).transpose(-1, -2)
+    o, final = recurscan.fused_recurrent_gated_delta_rule_update(q, k, v, g, beta, initial_state=S0,
+                                                                 output_final_state=True, backend=backend)
+    assert final.shape == (N, HV, K, V) and final.stride(-2) == 1
+    (wo, wS), (ro, rS) = both(gated_delta_rule_naive, q, k, v, g, beta, initial_state=S0.contiguous())
+    assert_like_fp32(final, wS, rS, "final state")
+    assert_like_fp32(o, wo, ro, "o")
+
+
 def test_stream_config_rules():
     cpu = torch.device("cpu")
     assert R.stream_config(8, 128, 128, 1, 4, True, cpu).BV == 32

@@ -357,10 +357,13 @@ def stream_config(heads_total: int, K: int, V: int, tokens: int, state_bytes: in
         return StreamConfig(BK, BV, 1, 1, f"streaming prefill: {BV} columns a program, a column's rows over one "
                                           f"warp's lanes (shuffle reductions)")
     if vk_layout:
-        # Key rows contiguous (mamba's [P, N]): each row is one 512-byte line; 32 KB tiles over 8 warps.
-        BV = narrowest(min(BVmax, max(4, (32768 // state_bytes) // BK)), 4)
-        return StreamConfig(BK, BV, 8 if BV * BK * state_bytes >= 32768 else 4, 1,
-                            f"decode, key-contiguous state: {BV}-row tiles of {BV * BK * state_bytes // 1024} KB")
+        # Key rows contiguous (mamba's [P, N], a [V, K] cache): one warp a program, 8 value rows of
+        # K keys (4 KB fp32 tiles). The K reductions run along the lanes (shuffles), each load
+        # instruction covers whole rows, and the small tiles (64 registers) leave room for many
+        # resident warps: the most bytes in flight. Wider tiles or more warps were slower.
+        BV = narrowest(min(BVmax, 8), min(BVmax, 4))
+        return StreamConfig(BK, BV, 1, 1, f"decode, key-contiguous state: {BV} rows x {BK} keys on one warp "
+                                          f"({BV * BK * state_bytes // 1024} KB tiles)")
     # [K, V] state (value columns contiguous): a column's K rows must stay within one warp for the
     # reductions to be shuffles, so one warp a program; 32 columns = 128-byte fp32 rows (16 KB).
     # Narrower than 16 columns (64-byte rows) is slower even for one request (H200: 3.7 us at 8

@@ -165,7 +165,7 @@ def fused_recurrent_gated_delta_rule_update(q, k, v, g=None, beta=None, scale=No
         initial, final, by_slot = state, state, True
     else:
         initial, by_slot = initial_state, False
-        final = torch.empty(p.sequences, v.shape[2], p.key_dim, v.shape[3], dtype=torch.float32, device=q.device) \
+        final = _new_final_state(p.sequences, v.shape[2], p.key_dim, v.shape[3], q.device, initial_state) \
             if output_final_state else None
     scale = p.scale if scale is None else scale
     tensors = (q, k, v, g, beta, o, None, None, None, None, initial, final, state_indices, intermediate_states,
@@ -177,6 +177,14 @@ def fused_recurrent_gated_delta_rule_update(q, k, v, g=None, beta=None, scale=No
                                   steps_per_token=steps_per_token, num_sequences=p.sequences)
     K_.run_stream(prep.launch, tensors, scale)
     return o, final
+
+
+def _new_final_state(N, HV, K, V, device, like, dtype=torch.float32):
+    """A ``[N, HV, K, V]`` final state, laid out as the initial state is: a transposed view of an
+    ``[N, HV, V, K]`` tensor when the initial state is one (key rows contiguous)."""
+    if like is not None and like.stride(-2) == 1 and like.stride(-1) != 1:
+        return torch.empty(N, HV, V, K, dtype=dtype, device=device).transpose(-1, -2)
+    return torch.empty(N, HV, K, V, dtype=dtype, device=device)
 
 
 def _delta_torch(q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, cu_seqlens, state,
@@ -199,6 +207,9 @@ def _delta_torch(q, k, v, g, beta, scale, initial_state, output_final_state, l2n
         q, k, v, g, beta, scale=scale, initial_state=S0, use_qk_l2norm_in_kernel=l2norm, cu_seqlens=cu_seqlens,
         chunk_size=max(chunk, 1), return_chunk_states=snaps is not None)
     if state is None:
+        if output_final_state and initial_state is not None:  # laid out as the initial state, as on the GPU
+            N, HV, K, V = final.shape
+            final = _new_final_state(N, HV, K, V, final.device, initial_state, final.dtype).copy_(final)
         return o.to(q.dtype), (final if output_final_state else None)
     o = o.masked_fill(_cache.padding_token_mask(state_indices, B, T, cu_seqlens)[..., None, None], 0)
     if snaps is not None:

@@ -68,7 +68,7 @@ def test_gdn_decode_256_requests(state_dtype, layout):
     if layout == "vk":  # the launch rule saw the key-contiguous layout
         from recurscan.ops import decode as D
         preps = [p for p in D._PREPARED.values() if p.launch is not None and p.launch.kwargs["s0_k"] == 1]
-        assert preps and all(p.launch.options["num_warps"] == 8 for p in preps)
+        assert preps and all(p.launch.options["num_warps"] == 1 and p.launch.kwargs["BV"] == 8 for p in preps)
 
 
 @pytest.mark.parametrize("M", [1, 2])
