@@ -212,6 +212,20 @@ def speculative(out):
     print("speculative", out["speculative_256x4"], flush=True)
 
 
+def _ssd_decode_fn(x, cfg):
+    """The streaming kernel as mamba's selective_state_update on the ssd_decode_256 inputs ``x``
+    (dt, A, D, dt_bias per head), with launch shape ``cfg``."""
+    from recurscan.kernels import recurrent as R
+    N, Hs, P, Ns = x["state"].shape
+    y = torch.empty(N, 1, Hs, P, device="cuda", dtype=x["x"].dtype)
+    dt = x["dt"][:, None, :]  # [N, 1, H]: tied over headdim
+    return lambda: R.streaming_recurrence(
+        x["C"][:, None], x["B"][:, None], x["x"][:, None], y, scale=1.0, delta=False, gate="ssd", g=dt,
+        initial=x["state"], final=x["state"], final_by_slot=True, vk_layout=True, A=x["A"],
+        dt_bias=x["dt_bias"][:, None].expand(Hs, P), D=x["D"][:, None].expand(Hs, P), dt_tied=True,
+        dt_softplus=True, num_sequences=N, config=cfg)
+
+
 def sweep(out):
     """Launch shapes around the rule's choice (the data behind stream_config's rows)."""
     from recurscan.kernels import recurrent as R
@@ -236,18 +250,8 @@ def sweep(out):
             print(res[-1], flush=True)
     w = registry.get("ssd_decode_256")
     x = w.make_inputs("cuda")
-    N, Hs, P, Ns = x["state"].shape
-    import recurscan  # noqa: F401
     for BV, nw, ev in [(64, 8, ""), (64, 8, EF)]:
-        cfg = R.StreamConfig(128, BV, nw, 1, "sweep", evict=ev)
-        y = torch.empty(N, 1, Hs, P, device="cuda", dtype=x["x"].dtype)
-        dt = x["dt"][:, None, :]  # [N, 1, H]: tied over headdim
-        fn = lambda: R.streaming_recurrence(  # noqa: E731
-            x["C"][:, None], x["B"][:, None], x["x"][:, None], y, scale=1.0, delta=False, gate="ssd", g=dt,
-            initial=x["state"], final=x["state"], final_by_slot=True, vk_layout=True, A=x["A"],
-            dt_bias=x["dt_bias"][:, None].expand(Hs, P), D=x["D"][:, None].expand(Hs, P), dt_tied=True,
-            dt_softplus=True, num_sequences=N, config=cfg)
-        t = bench(fn, rep=200)
+        t = bench(_ssd_decode_fn(x, R.StreamConfig(128, BV, nw, 1, "sweep", evict=ev)), rep=200)
         res.append({"workload": "ssd_decode_256", "BV": BV, "num_warps": nw, "evict": ev,
                     **pct(w.hbm_bytes(), t["median"])})
         print(res[-1], flush=True)
@@ -282,6 +286,32 @@ def sweep(out):
     out["launch_sweep"] = res
 
 
+def _gdn_decode_config(w, x, cfg, start, reference):
+    """One launch shape of the GDN decode kernel on workload ``w`` (inputs ``x``): run from the
+    state ``start``, compared with ``reference`` (o, state) when given, and timed (do_bench).
+    Returns (row, (o, state))."""
+    from recurscan.kernels import recurrent as R
+    o = torch.empty_like(x["v"])
+    fn = lambda: R.streaming_recurrence(  # noqa: E731
+        x["q"], x["k"], x["v"], o, scale=128 ** -0.5, delta=True, gate="scalar", g=x["g"], beta=x["beta"],
+        beta_mode="head", l2norm=True, initial=x["state"], final=x["state"], final_by_slot=True,
+        slots=x["state_indices"], num_sequences=w.num_sequences, config=cfg)
+    x["state"].copy_(start)
+    fn()
+    torch.cuda.synchronize()
+    got = (o.float().clone(), x["state"].float().clone())
+    reference = reference or got
+    hit = [h for key, h in R._LAUNCHES.items() if cfg in key][0]
+    compiled = hit.direct.compiled if hit.direct is not None else None
+    row = {"workload": w.name, "BV": cfg.BV, "num_warps": cfg.num_warps, "maxnreg": cfg.maxnreg,
+           "n_regs": getattr(compiled, "n_regs", None), "n_spills": getattr(compiled, "n_spills", None),
+           "o_max_abs_diff": (got[0] - reference[0]).abs().max().item(),
+           "state_max_abs_diff": (got[1] - reference[1]).abs().max().item(),
+           **pct(w.hbm_bytes(), bench(fn, rep=200)["median"])}
+    print(row, flush=True)
+    return row, got
+
+
 def register_cap(out):
     """The one-warp [K, V] decode tile (BV 32) with a cap on registers per thread: 255 registers
     allow 8 resident warps an SM (128 KB of state in flight); 216 / 200 / 184 / 168 allow 9 / 10 /
@@ -291,29 +321,11 @@ def register_cap(out):
     for name, n in (("gdn_decode_256", 256), ("gdn_decode_1024", 1024)):
         w = registry.Workload(name, "gdn_decode", (1,) * n, heads=16, value_heads=32)
         x = w.make_inputs("cuda")
-        start = x["state"].clone()
-        reference = None
+        start, reference = x["state"].clone(), None
         for cap in (None, 232, 216, 200, 184, 168):
-            cfg = R.StreamConfig(128, 32, 1, 1, "sweep", maxnreg=cap)
-            o = torch.empty_like(x["v"])
-            fn = lambda: R.streaming_recurrence(  # noqa: E731
-                x["q"], x["k"], x["v"], o, scale=128 ** -0.5, delta=True, gate="scalar", g=x["g"], beta=x["beta"],
-                beta_mode="head", l2norm=True, initial=x["state"], final=x["state"], final_by_slot=True,
-                slots=x["state_indices"], num_sequences=n, config=cfg)
-            x["state"].copy_(start)
-            fn()
-            torch.cuda.synchronize()
-            got = (o.float().clone(), x["state"].clone())
+            row, got = _gdn_decode_config(w, x, R.StreamConfig(128, 32, 1, 1, "sweep", maxnreg=cap), start, reference)
             reference = reference or got
-            hit = [h for key, h in R._LAUNCHES.items() if cfg in key][0]
-            compiled = hit.direct.compiled if hit.direct is not None else None
-            row = {"workload": name, "maxnreg": cap, "n_regs": getattr(compiled, "n_regs", None),
-                   "n_spills": getattr(compiled, "n_spills", None),
-                   "o_max_abs_diff": (got[0] - reference[0]).abs().max().item(),
-                   "state_max_abs_diff": (got[1] - reference[1]).abs().max().item(),
-                   **pct(w.hbm_bytes(), bench(fn, rep=200)["median"])}
             res.append(row)
-            print(row, flush=True)
     out["register_cap"] = res
 
 
@@ -328,41 +340,15 @@ def vk_sweep(out):
         w = registry.Workload(name, "gdn_decode", (1,) * n, heads=16, value_heads=32, state_dtype=state_dtype,
                               state_layout="vk")
         x = w.make_inputs("cuda")
-        start = x["state"].clone()
-        reference = None
+        start, reference = x["state"].clone(), None
         for BV, nw in shapes:
-            cfg = R.StreamConfig(128, BV, nw, 1, "sweep")
-            o = torch.empty_like(x["v"])
-            fn = lambda: R.streaming_recurrence(  # noqa: E731
-                x["q"], x["k"], x["v"], o, scale=128 ** -0.5, delta=True, gate="scalar", g=x["g"], beta=x["beta"],
-                beta_mode="head", l2norm=True, initial=x["state"], final=x["state"], final_by_slot=True,
-                slots=x["state_indices"], num_sequences=n, config=cfg)
-            x["state"].copy_(start)
-            fn()
-            torch.cuda.synchronize()
-            got = (o.float().clone(), x["state"].float().clone())
+            row, got = _gdn_decode_config(w, x, R.StreamConfig(128, BV, nw, 1, "sweep"), start, reference)
             reference = reference or got
-            hit = [h for key, h in R._LAUNCHES.items() if cfg in key][0]
-            compiled = hit.direct.compiled if hit.direct is not None else None
-            row = {"workload": name, "BV": BV, "num_warps": nw, "n_regs": getattr(compiled, "n_regs", None),
-                   "n_spills": getattr(compiled, "n_spills", None),
-                   "o_max_abs_diff": (got[0] - reference[0]).abs().max().item(),
-                   "state_max_abs_diff": (got[1] - reference[1]).abs().max().item(),
-                   **pct(w.hbm_bytes(), bench(fn, rep=200)["median"])}
             res.append(row)
-            print(row, flush=True)
     w = registry.get("ssd_decode_256")
     x = w.make_inputs("cuda")
-    N, Hs, P, Ns = x["state"].shape
     for BV, nw in shapes:
-        cfg = R.StreamConfig(128, BV, nw, 1, "sweep")
-        y = torch.empty(N, 1, Hs, P, device="cuda", dtype=x["x"].dtype)
-        dt = x["dt"][:, None, :]  # [N, 1, H]: tied over headdim
-        fn = lambda: R.streaming_recurrence(  # noqa: E731
-            x["C"][:, None], x["B"][:, None], x["x"][:, None], y, scale=1.0, delta=False, gate="ssd", g=dt,
-            initial=x["state"], final=x["state"], final_by_slot=True, vk_layout=True, A=x["A"],
-            dt_bias=x["dt_bias"][:, None].expand(Hs, P), D=x["D"][:, None].expand(Hs, P), dt_tied=True,
-            dt_softplus=True, num_sequences=N, config=cfg)
+        fn = _ssd_decode_fn(x, R.StreamConfig(128, BV, nw, 1, "sweep"))
         row = {"workload": "ssd_decode_256", "BV": BV, "num_warps": nw,
                **pct(w.hbm_bytes(), bench(fn, rep=200)["median"])}
         res.append(row)
@@ -410,28 +396,8 @@ def flush_effect(out):
         row["no_flush_graph"] = pct(nbytes, bench_graph(fn, rep=200)["median"])
         res[label] = row
         print(label, json.dumps(row), flush=True)
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    calls = [call(y) for y in pools]
-    with torch.cuda.stream(s):
-        for c in calls:
-            c()
-        with torch.cuda.graph(g, stream=s):
-            for c in calls:
-                c()
-    torch.cuda.current_stream().wait_stream(s)
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(20):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / 1e3 / len(calls))
-    res["gdn_decode_256"]["graph_over_8_pools"] = pct(w.hbm_bytes(), sorted(times)[len(times) // 2])
+    over_pools = rotated_graph(lambda i: call(pools[i]), copies=len(pools))
+    res["gdn_decode_256"]["graph_over_8_pools"] = pct(w.hbm_bytes(), over_pools["median"])
     print("graph over 8 pools", res["gdn_decode_256"]["graph_over_8_pools"], flush=True)
     out["flush_effect"] = res
 
