@@ -39,8 +39,12 @@ Mamba2 SSD                 0        3: exp(A * dt), dt = softplus(dt +      dt (
 Per token, in one pass over the tile held in registers::
 
     S <- decay * S
-    DELTA:  u = beta * (v - S^T k);  S <- S + k u^T          else:  S <- S + k (beta * v)^T
-    o = scale * S^T q   (+ D * x, * silu(z) for SSD)
+    DELTA:  u = beta * (v - S^T k)                           else:  u = beta * v
+    o = scale * (S^T q + (k . q) u)   (+ D * x, * silu(z) for SSD)   = scale * S_new^T q
+    S <- S + k u^T
+
+(both reductions over the decayed tile side by side, then the rank-1 update: the read needs no
+pass over the updated tile).
 
 State caches: ``slots [N]`` maps sequence n to its cache row (-1: padding, output zero, the
 state is neither read nor written); pool offsets are 64-bit. Snapshots for speculative decoding
@@ -250,14 +254,16 @@ def streaming_recurrence_kernel(
                     b_h *= tl.exp(b_A * b_g)
                 else:
                     b_h *= tl.exp(b_A * b_g[None, :])
-        # write
+        # write and read. Both key reductions run on the decayed tile, side by side: the read
+        # o = S_new^T q = S^T q + (k.q) u needs no pass over the updated tile, so the chain per token
+        # is decay -> reductions -> rank-1 update, one pass shorter than reading after the write.
+        b_qh = tl.sum(b_h * b_q[:, None], 0)  # [BV]
         if DELTA:
             b_u = b_beta * (b_v - tl.sum(b_h * b_k[:, None], 0))  # [BV]
-            b_h += b_k[:, None] * b_u[None, :]
         else:
-            b_h += b_k[:, None] * (b_beta * b_v)[None, :]
-        # read
-        b_o = tl.sum(b_h * b_q[:, None], 0)  # [BV]
+            b_u = b_beta * b_v
+        b_h += b_k[:, None] * b_u[None, :]
+        b_o = b_qh + tl.sum(b_k * b_q) * b_u  # [BV]
         if HAS_D:
             b_o += b_D * b_v
         if HAS_Z:
