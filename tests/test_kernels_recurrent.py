@@ -75,7 +75,8 @@ def both(fn, *args, **kw):
 
 
 @pytest.mark.parametrize("T, beta_mode, gate, l2norm, H", [
-    (1, "head", True, True, 2), (5, "value", True, False, 1), (17, None, False, True, 2), (66, "head", True, True, 1),
+    (1, "head", True, True, 2), (1, "value", False, False, 1), (5, "value", True, False, 1), (17, None, False, True, 2),
+    (66, "head", True, True, 1),
 ])
 def test_gdn_matches_oracle(T, beta_mode, gate, l2norm, H):
     q, k, v, g, beta = inputs(2, T, H, 4, 24, 20, beta_mode=beta_mode, gate=gate)
@@ -262,15 +263,16 @@ def test_gdp_folded_decode(M):
 # ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("T", [1, 9])  # T = 1 reads o from the decayed tile (the decode order)
 @pytest.mark.parametrize("per_key", [False, True])
-def test_gla_families(per_key):
-    B, T, H, HV, K, V = 2, 9, 1, 2, 16, 12
+def test_gla_families(per_key, T):
+    B, H, HV, K, V = 2, 1, 2, 16, 12
     gen = torch.Generator().manual_seed(11)
     q, k = torch.randn(B, T, H, K, generator=gen), torch.randn(B, T, H, K, generator=gen)
     v = torch.randn(B, T, HV, V, generator=gen)
     shape = (B, T, HV, K) if per_key else (B, T, HV)
     g = torch.nn.functional.logsigmoid(torch.randn(*shape, generator=gen) + 1)
-    g[:, 3] = float("-inf")
+    g[:, min(3, T - 1)] = float("-inf")
     S0 = torch.randn(B, HV, K, V, generator=gen)
     o = torch.full((B, T, HV, V), NAN)
     final = torch.full((B, HV, K, V), NAN)
