@@ -444,11 +444,23 @@ def test_final_state_laid_out_as_the_initial_state(backend):
     assert_like_fp32(o, wo, ro, "o")
 
 
-def test_stream_config_rules():
+def test_stream_config_rules(monkeypatch):
     cpu = torch.device("cpu")
     assert R.stream_config(8, 128, 128, 1, 4, True, cpu).BV == 32
     with pytest.raises(R.StateColumnTooLarge):
         R.stream_config(8, 1 << 15, 128, 1, 4, True, cpu)
+    # The CUDA rows (the H200's 132 SMs; no GPU needed to read the table):
+    monkeypatch.setattr(R, "_sm_count", lambda device: 132)
+    cuda = torch.device("cuda")
+
+    def shape(heads_total, tokens, vk=False):
+        c = R.stream_config(heads_total, 128, 128, tokens, 4, True, cuda, vk_layout=vk)
+        return c.BV, c.num_warps
+    assert shape(256 * 32, 1) == (64, 4)  # many requests, one token, [K, V]: 64 columns on 4 warps
+    assert shape(256 * 32, 4) == (32, 1)  # draft tokens: one warp, 32 columns
+    assert shape(32, 1) == (16, 1)  # one request: too few 64-column programs; one warp, narrowed
+    assert shape(256 * 32, 1, vk=True) == (8, 1)  # key-contiguous: one warp, 8 rows
+    assert shape(32, 4096) == (4, 1)  # streaming prefill
 
 
 def _good(B=2, T=2):

@@ -383,6 +383,14 @@ def stream_config(heads_total: int, K: int, V: int, tokens: int, state_bytes: in
         BV = narrowest(min(BVmax, 8), min(BVmax, 4))
         return StreamConfig(BK, BV, 1, 1, f"decode, key-contiguous state: {BV} rows x {BK} keys on one warp "
                                           f"({BV * BK * state_bytes // 1024} KB tiles)")
+    if tokens == 1 and heads_total * triton.cdiv(V, 64) >= 4 * sms:
+        # [K, V] state, one token (decode of many requests): 64 columns on 4 warps (32 KB fp32
+        # tiles, 128 registers). The K rows spread over the warps, but with one token both key
+        # reductions read the same decayed tile side by side (the kernel's T = 1 order), so the
+        # cross-warp sums overlap: 93.4% of HBM bandwidth at 256 requests against 90.2% on one warp.
+        BV = min(BVmax, 64)
+        return StreamConfig(BK, BV, 4, 1, f"decode of one token, [K, V] state: {BV} columns on 4 warps "
+                                          f"({BK * BV * state_bytes // 1024} KB tiles)")
     # [K, V] state (value columns contiguous): a column's K rows must stay within one warp for the
     # reductions to be shuffles, so one warp a program; 32 columns = 128-byte fp32 rows (16 KB).
     # Narrower than 16 columns (64-byte rows) is slower even for one request (H200: 3.7 us at 8
