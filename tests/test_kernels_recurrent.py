@@ -453,10 +453,11 @@ def test_stream_config_rules(monkeypatch):
     monkeypatch.setattr(R, "_sm_count", lambda device: 132)
     cuda = torch.device("cuda")
 
-    def shape(heads_total, tokens, vk=False):
-        c = R.stream_config(heads_total, 128, 128, tokens, 4, True, cuda, vk_layout=vk)
+    def shape(heads_total, tokens, vk=False, state_bytes=4):
+        c = R.stream_config(heads_total, 128, 128, tokens, state_bytes, True, cuda, vk_layout=vk)
         return c.BV, c.num_warps
-    assert shape(256 * 32, 1) == (64, 4)  # many requests, one token, [K, V]: 64 columns on 4 warps
+    assert shape(256 * 32, 1) == (64, 4)  # many requests, one token, [K, V] fp32: 64 columns on 4 warps
+    assert shape(256 * 32, 1, state_bytes=2) == (32, 1)  # bf16 cache: one warp
     assert shape(256 * 32, 4) == (32, 1)  # draft tokens: one warp, 32 columns
     assert shape(32, 1) == (16, 1)  # one request: too few 64-column programs; one warp, narrowed
     assert shape(256 * 32, 1, vk=True) == (8, 1)  # key-contiguous: one warp, 8 rows

@@ -383,11 +383,12 @@ def stream_config(heads_total: int, K: int, V: int, tokens: int, state_bytes: in
         BV = narrowest(min(BVmax, 8), min(BVmax, 4))
         return StreamConfig(BK, BV, 1, 1, f"decode, key-contiguous state: {BV} rows x {BK} keys on one warp "
                                           f"({BV * BK * state_bytes // 1024} KB tiles)")
-    if tokens == 1 and heads_total * triton.cdiv(V, 64) >= 4 * sms:
-        # [K, V] state, one token (decode of many requests): 64 columns on 4 warps (32 KB fp32
+    if tokens == 1 and state_bytes == 4 and heads_total * triton.cdiv(V, 64) >= 4 * sms:
+        # [K, V] fp32 state, one token (decode of many requests): 64 columns on 4 warps (32 KB
         # tiles, 128 registers). The K rows spread over the warps, but with one token both key
         # reductions read the same decayed tile side by side (the kernel's T = 1 order), so the
-        # cross-warp sums overlap: 93.4% of HBM bandwidth at 256 requests against 90.2% on one warp.
+        # cross-warp sums overlap: 93.5-93.7% of HBM bandwidth at 256 requests against 90.1% on one
+        # warp (b0c636f). A bf16 state moves half the bytes per tile: 50% this way, 62.5% on one warp.
         BV = min(BVmax, 64)
         return StreamConfig(BK, BV, 4, 1, f"decode of one token, [K, V] state: {BV} columns on 4 warps "
                                           f"({BK * BV * state_bytes // 1024} KB tiles)")
