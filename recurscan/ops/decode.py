@@ -105,8 +105,7 @@ def fused_recurrent_gated_delta_rule_update(q, k, v, g=None, beta=None, scale=No
             A cache laid out ``[S, HV, V, K]`` (key rows contiguous: vLLM's, SGLang's and
             FlashInfer's layout) is passed as its view ``cache.transpose(-1, -2)``: the kernel
             reads states through their strides, and the launch rule gives key-contiguous states
-            wide tiles (95% of HBM bandwidth against 90% for ``[K, V]`` on the H200; see
-            docs/kernels-decode.md).
+            their own tiles (figures for both layouts in docs/kernels-decode.md).
         intermediate_states: ``[S, T // steps_per_token, HV, K, V]`` snapshot buffer, written at the
             cache slots: entry ``[slot, i]`` is the state after draft token i (after its
             ``steps_per_token`` steps). Padding requests write nothing. Needs ``state``.
