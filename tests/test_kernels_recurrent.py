@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import recurscan
-from recurscan.kernels import recurrent as R
+from recurscan.kernels import key_contiguous, recurrent as R
 from recurscan.ops.mamba_decode import selective_state_update_reference
 from recurscan.reference.delta import gated_delta_product_naive, gated_delta_rule_naive
 from recurscan.reference.gla import gla_naive
@@ -136,7 +136,7 @@ def test_gdn_state_cache_padding_and_random_slots(state_dtype, layout):
     cache = _cache(S, HV, K, V, slots.tolist(), state_dtype)
     if layout == "vk":
         cache = cache.transpose(-1, -2).contiguous().transpose(-1, -2)
-        assert cache.stride(-2) == 1 and R._key_contiguous(cache, K)
+        assert cache.stride(-2) == 1 and key_contiguous(cache)
     before = cache.clone()
     o, final = recurscan.fused_recurrent_gated_delta_rule_update(
         q, k, v, g, beta, use_qk_l2norm_in_kernel=True, state=cache, state_indices=slots.int(), backend="triton")

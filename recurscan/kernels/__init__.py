@@ -15,3 +15,11 @@ def launch_key(tensors) -> tuple:
     # a list comprehension, then one tuple: cheaper than a generator (this runs on every call)
     return tuple([None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15 == 0)
                   for t in tensors])
+
+
+def key_contiguous(state) -> bool:
+    """Whether a ``[.., K, V]`` state tensor is a transposed view of a ``[.., V, K]`` one (key rows
+    contiguous: the layout of vLLM's, SGLang's and FlashInfer's caches, and of fla's
+    ``state_v_first``). The streaming kernel's launch rule gives such states key-contiguous tiles,
+    and the decode op lays out a new final state like its initial state by it."""
+    return state is not None and state.shape[-2] > 1 and state.stride(-2) == 1 and state.stride(-1) != 1

@@ -60,7 +60,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import launch_key
+from . import key_contiguous, launch_key
 from ._launch import CallArg, jit_launch, resolve
 
 # ------------------------------------------------------------------------------------------------
@@ -266,10 +266,11 @@ def streaming_recurrence_kernel(
             b_o = tl.sum(b_h * b_q[:, None], 0)  # [BV]
         else:
             # One token (decode): the program's whole life is this chain, so read from the decayed
-            # tile, S^T q first and then S^T k, and o = S_new^T q = S^T q + (k.q) u: no pass over the
-            # updated tile (H200, 256 requests: 91.0% of HBM bandwidth against 89.4-90.4%; with
-            # S^T k first the compiler's schedule gave 88.5%; on the multi-token path the extra k.q
-            # reduction made streaming prefill 11% slower).
+            # tile, o = S_new^T q = S^T q + (k.q) u, beside the S^T k reduction: no pass over the
+            # updated tile, and on multi-warp tiles the two cross-warp sums overlap (stream_config's
+            # one-token row). S^T q is written first: the other order scheduled 2.5 points slower
+            # at 256 requests. On the multi-token path the extra k.q reduction made streaming
+            # prefill 11% slower, so it keeps the order above.
             b_qh = tl.sum(b_h * b_q[:, None], 0)  # [BV]
             if DELTA:
                 b_u = b_beta * (b_v - tl.sum(b_h * b_k[:, None], 0))  # [BV]
@@ -413,13 +414,6 @@ def _s(t: torch.Tensor | None, dims: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(t.stride(d) for d in dims) if t is not None else (0,) * len(dims)
 
 
-def _key_contiguous(state: torch.Tensor | None, K: int) -> bool:
-    """Whether a ``[.., K, V]`` state is a transposed view of a ``[.., V, K]`` tensor (key rows
-    contiguous: the layout of vLLM's, SGLang's and FlashInfer's caches). The launch rule then
-    gives it the key-contiguous tiles, whatever the caller's vk_layout flag says."""
-    return state is not None and K > 1 and state.stride(-2) == 1 and state.stride(-1) != 1
-
-
 def _state_strides(t: torch.Tensor | None, vk: bool, lead: int = 2) -> tuple[int, ...]:
     """(row, [token,] head, key, value) strides of a state tensor [rows, (tokens,) heads, ., .]."""
     if t is None:
@@ -507,7 +501,7 @@ def plan_stream(tensors, *, scale, delta, gate=None, beta_mode=None, l2norm=Fals
     if config is None:
         sbytes = max((t.element_size() for t in (initial, final) if t is not None), default=4)
         config = stream_config(num_sequences * HV, K, V, T, sbytes, delta, q.device,
-                               vk_layout=vk_layout or _key_contiguous(initial if initial is not None else final, K))
+                               vk_layout=vk_layout or key_contiguous(initial if initial is not None else final))
     steps = int(snaps is not None) and steps_per_token
     gate_dims = (0, 1, 2, 3) if (g is not None and g.dim() == 4) else (0, 1, 2)
     sg = _s(g, gate_dims) + ((0,) if len(gate_dims) == 3 else ())

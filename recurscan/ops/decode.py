@@ -21,7 +21,7 @@ import torch
 
 from .. import plan as _plan
 from ..problem import check_decode_extras, check_scale, delta_problem
-from ..kernels import launch_key  # no triton import: kernels/__init__ has none
+from ..kernels import key_contiguous, launch_key  # no triton import: kernels/__init__ has none
 from ..reference import delta as ref
 from . import _cache
 
@@ -181,7 +181,7 @@ def fused_recurrent_gated_delta_rule_update(q, k, v, g=None, beta=None, scale=No
 def _new_final_state(N, HV, K, V, device, like, dtype=torch.float32):
     """A ``[N, HV, K, V]`` final state, laid out as the initial state is: a transposed view of an
     ``[N, HV, V, K]`` tensor when the initial state is one (key rows contiguous)."""
-    if like is not None and like.stride(-2) == 1 and like.stride(-1) != 1:
+    if key_contiguous(like):
         return torch.empty(N, HV, V, K, dtype=dtype, device=device).transpose(-1, -2)
     return torch.empty(N, HV, K, V, dtype=dtype, device=device)
 
