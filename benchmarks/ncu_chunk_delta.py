@@ -1,0 +1,55 @@
+"""One call of the chunked delta-rule kernels inside an NVTX range, for Nsight Compute.
+
+    ncu --clock-control none --nvtx --nvtx-include "profiled/" --set detailed \\
+        --import-source yes -o prof python -m benchmarks.ncu_chunk_delta gdn_b1_t16384_h16_hv32 64 4 2 3
+    ncu -i prof.ncu-rep --page source --csv --print-source sass > sass.csv   # stalls per instruction
+
+Arguments: workload (benchmarks/registry.py), then the launch: BV, num_warps, num_stages, segments.
+A first call outside the range compiles the kernels, so only the second call's launches are profiled.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from . import registry
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    name = argv[0]
+    BV, warps, stages, P = (int(a) for a in argv[1:5])
+    from recurscan.descriptors import build_chunk_descriptors
+    from recurscan.kernels.chunk_delta import chunk_delta_fwd
+
+    w = registry.get(name)
+    x = w.make_inputs("cuda", 0)
+    q, k, v, g, beta, cu = x["q"], x["k"], x["v"], x["g"], x["beta"], x["cu_seqlens"]
+    M = w.num_householder
+    if w.family == "gdp" and cu is None:  # the kernels take GDP as a varlen batch
+        B, T = q.shape[:2]
+        cu = torch.arange(B + 1, device="cuda", dtype=torch.int64) * T
+        q, k, v, g, beta = (t.reshape(1, -1, *t.shape[2:]) for t in (q, k, v, g, beta))
+    kw = {}
+    if cu is not None:
+        d = build_chunk_descriptors(cu.cpu(), M, device="cuda")
+        kw = dict(cu_seqlens=cu, chunk_indices_dp=d.chunk_indices_dp)
+
+    def call():
+        return chunk_delta_fwd(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
+                               output_final_state=True, block_v=BV, num_warps=warps, num_stages=stages,
+                               segments=P, **kw)
+
+    with torch.no_grad():
+        call()
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_push("profiled")
+        call()
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_pop()
+    print("profiled", name, BV, warps, stages, P)
+
+
+if __name__ == "__main__":
+    main()
