@@ -7,20 +7,19 @@ launches run and only the outputs (and the states asked for) go back to memory.
 Seed 003's four stages, and where each runs
 -------------------------------------------
 1. Log decays interleaved across the Householder copies (decay on each token's first copy), then
-   the within-chunk cumulative sum, in base 2. Runs inside :func:`chunk_delta_sweep_kernel`
-   (``_chunk_gates``): 64 loads and a ``tl.cumsum`` per chunk cost less than a round trip through
-   memory. A log2 decay below -150 (``-inf`` included) is a *reset* (its decay is 0 in float32):
-   positions are given segment ids (a cumulative sum of reset flags) and two positions in different
-   segments get decay exactly 0, so ``-inf - -inf`` never appears.
+   the within-chunk cumulative sum, in base 2 (``_chunk_gates``, in the prep kernel). A log2 decay
+   below -150 (``-inf`` included) is a *reset* (its decay is 0 in float32): positions are given
+   segment ids (a cumulative sum of reset flags) and two positions in different segments get decay
+   exactly 0, so ``-inf - -inf`` never appears. The prep stores, per row, the decays the sweep needs
+   times the row's norm factors (``coef``), so the sweep's chunk loop runs no scan and no exp2.
 2. The WY representation. :func:`chunk_delta_prep_kernel`, fully parallel over (chunk, value head),
    computes the *gate-free* inverse ``Tinv = (I + strictLower(diag(beta) K K^T))^-1`` per chunk
-   (16x16 diagonal blocks by forward substitution in float32, merged 16 -> 64 by block products)
-   and stores it (float32, ``[rows, HV, 64]``). The gate is applied later, elementwise and exactly:
-   ``(I + diag(beta) (G o L))^-1 = G o Tinv`` with ``G_ij = 2^(gc_i - gc_j)`` (a diagonal
-   similarity ``D Tinv D^-1``); across a reset both sides are block diagonal and ``G`` is 0 there.
-   So w and u are never materialised: the sweep forms ``u - w S = (G o Tinv) diag(beta) X``.
-   Optionally (``STORE_QK``) it also stores ``scale * Q K^T`` so the sweep need not recompute it
-   for every value block.
+   (recursive block doubling on the tensor cores, :func:`_wy_inverse`). The gate is applied
+   elementwise and exactly: ``(I + diag(beta) (G o L))^-1 = G o Tinv`` with
+   ``G_ij = 2^(gc_i - gc_j)`` (a diagonal similarity ``D Tinv D^-1``); across a reset both sides
+   are block diagonal and ``G`` is 0 there. It stores ``wy = (G o Tinv) diag(beta)`` and
+   ``aqk = G o (scale Q K^T)`` in the input dtype, so w and u are never materialised: the sweep
+   forms ``u - w S = wy X``.
 3. and 4. The inter-chunk state sweep and the outputs: :func:`chunk_delta_sweep_kernel`, one
    program per (sequence, value head, block of BV value columns), holds its ``[K, BV]`` float32
    state on chip across all chunks of its sequence (state columns are independent, so the value
@@ -130,7 +129,7 @@ def _wy_inverse(b_T, b_A, o_t, FP16: tl.constexpr, PRECISION: tl.constexpr):
 
 @triton.jit
 def chunk_delta_prep_kernel(
-    q, k, g, beta, wy, aqk, rnorm, cu_seqlens, chunk_indices,
+    q, k, g, beta, wy, aqk, coef, cu_seqlens, chunk_indices,
     scale, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr,
@@ -143,8 +142,10 @@ def chunk_delta_prep_kernel(
     - ``wy[rows, hv, :]  = (G o Tinv) diag(beta)``, ``Tinv = (I + strictLower(diag(beta) K K^T))^-1``
       computed gate-free, so ``U = wy X`` solves the chunk's gated triangular system;
     - ``aqk[rows, hv, :] = G o (scale Q_exp K^T)``, causal (diagonal included);
-    - with USE_L2NORM, ``rnorm[rows, hv, 0:2] = (rk, scale * rq)``, the rows' norm factors (rq on
-      the query's row, the token's last copy), so the sweep reads q and k raw.
+    - ``coef[rows, hv, 0:4] = (lam rk, lam rq, gam rk, lam_last)`` float32: per row, the decay from
+      the chunk start (lam) and to the chunk end (gam) times the row's norm factors (rk, and rq with
+      the scale, on the query's row, the token's last copy; 1 and the scale without USE_L2NORM),
+      and the decay across the whole chunk; so the sweep reads q and k raw and derives no gate.
 
     The inverse: recursive block doubling on the full 64 x 64 tile (2 -> 4 -> ... -> 64), ten
     products on the tensor cores and no reductions (:func:`_wy_inverse`). INV_PRECISION "tf32" for
@@ -186,14 +187,7 @@ def chunk_delta_prep_kernel(
     m_q = m_r & (rows % M == M - 1)  # the query of row e is token e // M's, on its last copy only
 
     # Stage 1: within-chunk cumulative log2 decays; G[i, j] = decay from row j to row i.
-    if HAS_G:
-        b_g = tl.load(g + (rows // M) * HV + i_hv, mask=m_r & (rows % M == 0), other=0.0).to(tl.float32)
-        b_g = b_g * 1.4426950408889634
-    else:
-        b_g = tl.zeros([BT], dtype=tl.float32)
-    reset = b_g < -150.0
-    gc = tl.cumsum(tl.where(reset, 0.0, b_g), axis=0)
-    seg = tl.cumsum(reset.to(tl.int32), axis=0)
+    gc, seg = _chunk_gates(g, rows // M, rows % M, m_r, i_hv, HV, M, BT, HAS_G)
     same = (o_t[:, None] >= o_t[None, :]) & (seg[:, None] == seg[None, :])
     b_G = tl.where(same, tl.exp2(tl.where(same, gc[:, None] - gc[None, :], 0.0)), 0.0)  # [BT, BT]
 
@@ -206,11 +200,20 @@ def chunk_delta_prep_kernel(
         rk = tl.rsqrt(tl.sum(b_kf * b_kf, axis=1) + 1e-6)
         b_qf = b_q.to(tl.float32)
         rq = tl.rsqrt(tl.sum(b_qf * b_qf, axis=1) + 1e-6) * scale
-        tl.store(rnorm + (rows * HV + i_hv) * 2, rk, mask=m_r)
-        tl.store(rnorm + (rows * HV + i_hv) * 2 + 1, rq, mask=m_r)
     else:
         rk = tl.full([BT], 1.0, tl.float32)
         rq = tl.full([BT], 1.0, tl.float32) * scale
+    # The sweep's per-row coefficients: decays (0 across a reset) times the norm factors.
+    gc_last = tl.sum(tl.where(o_t == BT - 1, gc, 0.0), axis=0)
+    seg_last = tl.sum(tl.where(o_t == BT - 1, seg, 0), axis=0)
+    lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
+    gam = tl.where(seg == seg_last, tl.exp2(tl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
+    lam_last = tl.where(seg_last == 0, tl.exp2(gc_last), 0.0)
+    p_coef = coef + (rows * HV + i_hv) * 4
+    tl.store(p_coef, lam * rk, mask=m_r)
+    tl.store(p_coef + 1, lam * rq, mask=m_r)
+    tl.store(p_coef + 2, gam * rk, mask=m_r)
+    tl.store(p_coef + 3, tl.zeros([BT], dtype=tl.float32) + lam_last, mask=m_r)
     p_out = (rows * HV + i_hv)[:, None] * BT + o_t[None, :]
 
     # aqk = G o (scale Q K^T) (normalised q, k: the factors scale the product's rows and columns).
@@ -249,13 +252,12 @@ def chunk_delta_prep_kernel(
 # pass serves every segment count.
 @triton.jit(do_not_specialize=["n_seg", "seg_chunks"])
 def chunk_delta_sweep_kernel(
-    q, k, v, g, wy, aqk, rnorm, o,
+    q, k, v, wy, aqk, coef, o,
     h0, ht, state, state_indices, chunk_states, cu_seqlens, chunk_offsets,
-    seg_n, seg_m, n_seg, seg_chunks,
-    scale, T,
+    seg_n, seg_m, n_seg, seg_chunks, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, HAS_H0: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr,
     STORE_FINAL: tl.constexpr, USE_CACHE: tl.constexpr, STORE_CHUNK_STATES: tl.constexpr,
     DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr, DT: tl.constexpr, PASS: tl.constexpr = 0,
 ):
@@ -263,7 +265,8 @@ def chunk_delta_sweep_kernel(
     iv fastest so neighbouring programs share the q/k rows in L2.
 
     Per chunk (q, k raw; rk, rq their norm factors, rq with the scale; lam, gam, lam_last the
-    decays from the chunk start to each row, from each row to the chunk end, and across it)::
+    decays from the chunk start to each row, from each row to the chunk end, and across it; the
+    products lam rk, lam rq, gam rk and lam_last come from the prep kernel's ``coef``)::
 
         X = V - (lam rk) o (K S);   U = wy X;   O = (lam rq) o (Q S) + aqk U
         S <- lam_last S + K^T ((gam rk) o U)
@@ -410,41 +413,37 @@ def chunk_delta_sweep_kernel(
             b_q = tl.load(q + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=m_q[:, None] & m_k[None, :],
                           other=0.0).to(DT)  # [BT, BK]
         b_vt = tl.load(v + (e * HV + i_hv)[None, :] * V + o_v[:, None], mask=m_vt,
-                       other=0.0).to(tl.float32)  # [BV, BT] = V^T
+                       other=0.0).to(DT)  # [BV, BT] = V^T
         # wy^T and aqk^T: [BT (j), BT (i)] = wy[i, j]
         b_Wt = tl.load(wy + (e * HV + i_hv)[None, :] * BT + o_t[:, None], mask=m_r[None, :], other=0.0).to(DT)
         if PASS != 1:
             b_At = tl.load(aqk + (e * HV + i_hv)[None, :] * BT + o_t[:, None], mask=m_r[None, :], other=0.0).to(DT)
-        if USE_L2NORM:
-            rk = tl.load(rnorm + (e * HV + i_hv) * 2, mask=m_r, other=0.0)
-            if PASS != 1:
-                rq = tl.load(rnorm + (e * HV + i_hv) * 2 + 1, mask=m_q, other=0.0)
-        else:
-            rk = tl.full([BT], 1.0, tl.float32)
-            rq = tl.full([BT], 1.0, tl.float32) * scale
+        # Stage 1, precomputed by the prep kernel: the rows' decays times their norm factors, and
+        # the decay across the chunk (read on the chunk's last row: rows past the end stay flat).
+        p_coef = coef + (e * HV + i_hv) * 4
+        lam_rk = tl.load(p_coef, mask=m_r, other=0.0)
+        gam_rk = tl.load(p_coef + 2, mask=m_r, other=0.0)
+        lam_last = tl.load(coef + ((bos + tl.minimum(c * BT + BT, L) - 1) * HV + i_hv) * 4 + 3)
 
-        # Stage 1 (vectors only: the [BT, BT] decays are already inside wy and aqk).
-        gc, seg = _chunk_gates(g, tok, cp, m_r, i_hv, HV, M, BT, HAS_G)
-        gc_last = tl.sum(tl.where(o_t == BT - 1, gc, 0.0), axis=0)
-        seg_last = tl.sum(tl.where(o_t == BT - 1, seg, 0), axis=0)
-        lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
-        lam_last = tl.where(seg_last == 0, tl.exp2(gc_last), 0.0)
-        gam = tl.where(seg == seg_last, tl.exp2(tl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
-
-        # Stage 3: the chunk's writes, transposed: U^T = (V - lam o K S)^T wy^T.
+        # Stage 3: the chunk's writes, transposed: U^T = V^T wy^T - (lam o K S)^T wy^T. V^T wy^T
+        # does not depend on the state (it runs beside the chain) and, as a product operand, V^T
+        # is pipelined through shared memory like the other tiles (a register-held V^T waited on
+        # its load at every chunk: 21% of the sweep's stall samples on the H200).
         b_Sd = b_St.to(DT)
-        b_Xt = b_vt - (lam * rk)[None, :] * tl.dot(b_Sd, tl.trans(b_k), input_precision=DOT_PRECISION)
-        b_Ut = tl.dot(b_Xt.to(DT), b_Wt, input_precision=DOT_PRECISION)  # [BV, BT]
+        b_Ut = tl.dot(b_vt, b_Wt, input_precision=DOT_PRECISION)  # [BV, BT]
+        b_Xt = lam_rk[None, :] * tl.dot(b_Sd, tl.trans(b_k), input_precision=DOT_PRECISION)
+        b_Ut = tl.dot((-b_Xt).to(DT), b_Wt, b_Ut, input_precision=DOT_PRECISION)
 
         # Stage 4: outputs O^T = (S^T Q^T) o lam + U^T aqk^T, written on the token stream.
         if PASS != 1:
-            b_ot = (lam * rq)[None, :] * tl.dot(b_Sd, tl.trans(b_q), input_precision=DOT_PRECISION)
+            lam_rq = tl.load(p_coef + 1, mask=m_q, other=0.0)
+            b_ot = lam_rq[None, :] * tl.dot(b_Sd, tl.trans(b_q), input_precision=DOT_PRECISION)
             b_ot += tl.dot(b_Ut.to(DT), b_At, input_precision=DOT_PRECISION)
             p_o = o + (tok * HV + i_hv)[None, :] * V + o_v[:, None]
             tl.store(p_o, b_ot.to(o.dtype.element_ty), mask=m_q[None, :] & m_v[:, None])
 
         # Stage 3 (end): the state leaving the chunk, S^T <- lam_last S^T + (U^T o gam) K.
-        b_St = b_St * lam_last + tl.dot((b_Ut * (gam * rk)[None, :]).to(DT), b_k, input_precision=DOT_PRECISION)
+        b_St = b_St * lam_last + tl.dot((b_Ut * gam_rk[None, :]).to(DT), b_k, input_precision=DOT_PRECISION)
 
     if PASS == 1:
         if role_m:  # M_i: row i of seg_m ([K, K], row stride W = K)
@@ -506,7 +505,7 @@ def chunk_delta_fixup_kernel(
 #: The per-call values of a planned call, in order: the inputs, then the buffers the call allocates.
 INPUT_NAMES = ("q", "k", "v", "g", "beta", "initial_state", "state", "state_indices", "cu_seqlens",
                "chunk_indices_dp", "chunk_offsets")
-BUFFER_NAMES = ("o", "final", "chunk_states", "beta_ones", "wy", "aqk", "rnorm", "seg_n", "seg_m")
+BUFFER_NAMES = ("o", "final", "chunk_states", "beta_ones", "wy", "aqk", "coef", "seg_n", "seg_m")
 CALL_NAMES = INPUT_NAMES + BUFFER_NAMES
 
 
@@ -570,8 +569,7 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
         "wy": ((B, T * M, HV, BT), q.dtype, None),
         "aqk": ((B, T * M, HV, BT), q.dtype, None),
     }
-    if use_qk_l2norm_in_kernel:
-        buffers["rnorm"] = ((B, T * M, HV, 2), torch.float32, None)
+    buffers["coef"] = ((B, T * M, HV, 4), torch.float32, None)
     if beta is None:
         buffers["beta_ones"] = ((B, T * M, HV), q.dtype, 1.0)
     if store_final:
@@ -600,7 +598,7 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
     if n_prep > 0 and stages in ("both", "prep"):
         steps.append(_Step(chunk_delta_prep_kernel, (n_prep, HV), dict(
             q=arg("q"), k=arg("k"), g=arg("g", g is not None), beta=beta_arg, wy=arg("wy"), aqk=arg("aqk"),
-            rnorm=arg("rnorm") if use_qk_l2norm_in_kernel else arg("wy"),
+            coef=arg("coef"),
             cu_seqlens=arg("cu_seqlens", varlen), chunk_indices=arg("chunk_indices_dp", varlen),
             scale=scale, T=T, H=H, HV=HV, K=K, M=M, BT=BT, BK=BK,
             USE_L2NORM=use_qk_l2norm_in_kernel, IS_VARLEN=varlen, HAS_G=g is not None,
@@ -616,16 +614,14 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
         seg_chunks = triton.cdiv(triton.cdiv(T, BT), segments)
         P = triton.cdiv(triton.cdiv(T, BT), seg_chunks)  # no empty segment
     sweep = dict(
-        q=arg("q"), k=arg("k"), v=arg("v"), g=arg("g", g is not None), wy=arg("wy"), aqk=arg("aqk"),
-        rnorm=arg("rnorm") if use_qk_l2norm_in_kernel else arg("wy"), o=arg("o"),
+        q=arg("q"), k=arg("k"), v=arg("v"), wy=arg("wy"), aqk=arg("aqk"), coef=arg("coef"), o=arg("o"),
         h0=arg("initial_state", initial_state is not None), ht=arg("final", store_final),
         state=arg("state", use_cache), state_indices=arg("state_indices", use_cache),
         chunk_states=arg("chunk_states", return_chunk_states), cu_seqlens=arg("cu_seqlens", varlen),
         chunk_offsets=arg("chunk_offsets", varlen and return_chunk_states),
-        seg_n=arg("o"), seg_m=arg("o"), n_seg=1, seg_chunks=0, scale=scale, T=T,
+        seg_n=arg("o"), seg_m=arg("o"), n_seg=1, seg_chunks=0, T=T,
         H=H, HV=HV, K=K, V=V, M=M, BT=BT, BK=BK, BV=BV,
-        USE_L2NORM=use_qk_l2norm_in_kernel, IS_VARLEN=varlen, HAS_G=g is not None,
-        HAS_H0=initial_state is not None, USE_CACHE=use_cache, STORE_FINAL=store_final,
+        IS_VARLEN=varlen, HAS_H0=initial_state is not None, USE_CACHE=use_cache, STORE_FINAL=store_final,
         STORE_CHUNK_STATES=return_chunk_states, DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, DT=dt, PASS=0)
     options = dict(num_warps=num_warps)
     if P == 1:
