@@ -153,10 +153,11 @@ def bench_variants(names, rep_ms, shapes=None):
     from recurscan.plan import delta_launch
     from recurscan.problem import delta_problem
 
-    # Launch shapes (BV, num_warps, num_stages, segments). num_stages=1 is left out: on Triton 3.6 /
-    # H200 it raised an illegal memory access (2026-11-29). Segments apply to dense GDN only (varlen
-    # input, GDP here, runs the single sweep whatever is asked).
-    shapes = shapes or [(16, 4, 2, 1), (32, 4, 2, 1), (64, 4, 2, 1), (64, 8, 2, 1), (128, 8, 2, 1)]
+    # Launch shapes (BV, num_warps, num_stages, segments, v_product). num_stages=1 is left out: on
+    # Triton 3.6 / H200 it raised an illegal memory access (2026-11-29). Segments apply to dense GDN
+    # only (varlen input, GDP here, runs the single sweep whatever is asked).
+    shapes = [s_ + (1,) * (5 - len(s_)) for s_ in shapes or
+              [(16, 4, 2, 1), (32, 4, 2, 1), (64, 4, 2, 1), (64, 8, 2, 1), (128, 8, 2, 1)]]
     out = []
     for name in names:
         w = registry.get(name)
@@ -172,26 +173,26 @@ def bench_variants(names, rep_ms, shapes=None):
             d = build_chunk_descriptors(cu.cpu(), M, device="cuda")
             kw = dict(cu_seqlens=cu, chunk_indices_dp=d.chunk_indices_dp)
         L = delta_launch(delta_problem(q, k, v, g, beta, num_householder=M, cu_seqlens=cu), torch.device("cuda"))
-        planned = (L.block_v, L.num_warps, L.num_stages, L.segments)
+        planned = (L.block_v, L.num_warps, L.num_stages, L.segments, int(L.v_product))
 
-        def run(BV, warps, stages, P, stage="both"):
+        def run(BV, warps, stages, P, vp, stage="both"):
             return chunk_delta_fwd(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
                                    output_final_state=True, block_v=BV, num_warps=warps, num_stages=stages,
-                                   segments=P, stages=stage, **kw)
+                                   segments=P, v_product=bool(vp), stages=stage, **kw)
         with torch.no_grad():
             ref = [t.float().clone() for t in run(*planned)]
         todo = [(planned, "prep"), (planned, "sweep")] + [(s_, "both") for s_ in shapes]
-        for (BV, warps, stages, P), stage in todo:
+        for (BV, warps, stages, P, vp), stage in todo:
             row = {"workload": name, "block_v": BV, "num_warps": warps, "num_stages": stages, "segments": P,
-                   "stage": stage, "planned": (BV, warps, stages, P) == planned}
+                   "v_product": vp, "stage": stage, "planned": (BV, warps, stages, P, vp) == planned}
             try:
                 with torch.no_grad():
-                    res = run(BV, warps, stages, P, stage)
+                    res = run(BV, warps, stages, P, vp, stage)
                     if stage == "both":
                         row["rel_rms_vs_planned"] = [
                             ((a.float() - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt()).item()
                             for a, b in zip(res, ref)]
-                    ms = tt.do_bench_cudagraph(lambda: run(BV, warps, stages, P, stage), rep=rep_ms,
+                    ms = tt.do_bench_cudagraph(lambda: run(BV, warps, stages, P, vp, stage), rep=rep_ms,
                                                quantiles=[0.5, 0.2, 0.8])
                 row.update(median_ms=ms[0], p20_ms=ms[1], p80_ms=ms[2])
             except Exception as exc:  # recorded, never hidden
@@ -275,7 +276,7 @@ def main(argv=None):
     ap.add_argument("--workload", action="append", help="subset of the six workloads")
     ap.add_argument("--variant-workload", action="append")
     ap.add_argument("--variant-shape", action="append",
-                    help="BV:num_warps:num_stages:segments launch shapes for --only variants (repeatable)")
+                    help="BV:num_warps:num_stages:segments[:v_product] launch shapes for --only variants (repeatable)")
     ap.add_argument("--no-fla", action="store_true")
     ap.add_argument("--fla-workload", action="append",
                     help="run fla only on these workloads (its first call compiles and autotunes: 10-80 s each)")

@@ -4,7 +4,8 @@
         --import-source yes -o prof python -m benchmarks.ncu_chunk_delta gdn_b1_t16384_h16_hv32 64 4 2 3
     ncu -i prof.ncu-rep --page source --csv --print-source sass > sass.csv   # stalls per instruction
 
-Arguments: workload (benchmarks/registry.py), then the launch: BV, num_warps, num_stages, segments.
+Arguments: workload (benchmarks/registry.py), then the launch: BV, num_warps, num_stages, segments
+and optionally v_product (1, default, or 0).
 A first call outside the range compiles the kernels, so only the second call's launches are profiled.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     name = argv[0]
     BV, warps, stages, P = (int(a) for a in argv[1:5])
+    v_product = bool(int(argv[5])) if len(argv) > 5 else True
     from recurscan.descriptors import build_chunk_descriptors
     from recurscan.kernels.chunk_delta import chunk_delta_fwd
 
@@ -39,7 +41,7 @@ def main(argv=None):
     def call():
         return chunk_delta_fwd(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
                                output_final_state=True, block_v=BV, num_warps=warps, num_stages=stages,
-                               segments=P, **kw)
+                               segments=P, v_product=v_product, **kw)
 
     with torch.no_grad():
         call()

@@ -32,6 +32,9 @@ class Launch:
     # ``segments``): 1 = one program walks the whole sequence; P > 1 = two parallel passes over
     # P segments with a sequential fix-up between (chosen by the rows below, from H200 measurements).
     segments: int = 1
+    # The sweep forms V^T wy^T as its own product, so V is pipelined through shared memory
+    # (chunk_delta_fwd's ``v_product``); False keeps V in registers, 16 KB less shared memory.
+    v_product: bool = True
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,24 @@ def test_gdn_dense_matches_oracle(T):
         assert_f32_close(a, b, what)
 
 
+@pytest.mark.parametrize("v_product", [True, False])
+@pytest.mark.parametrize("P", [1, 3])
+def test_both_value_paths_match_oracle(v_product, P):
+    """The sweep's two ways of forming U = wy (V - lam o K S) (``v_product``: V^T wy^T as its own
+    product, V pipelined through shared memory; or V held in registers) in the single pass and in
+    the segment passes: GVA, an initial state, chunk states, gates 0 and -inf, weak decays so that
+    states carry across chunks."""
+    q, k, v, g, beta, S0 = gdn_inputs(2, 200, 2, 4, 24, 40)
+    g = g * 0.02  # -inf and 0 stay
+    want = gated_delta_rule_naive(q, k, v, g, beta, initial_state=S0, use_qk_l2norm_in_kernel=True,
+                                  return_chunk_states=True)
+    got = chunk_delta.chunk_delta_fwd(*f32(q, k, v, g, beta), use_qk_l2norm_in_kernel=True, initial_state=f32(S0)[0],
+                                      output_final_state=True, return_chunk_states=True, block_v=16,
+                                      segments=P, v_product=v_product)
+    for a, b, what in zip(got, want, ("o", "final state", "chunk states")):
+        assert_f32_close(a, b, what)
+
+
 @pytest.mark.parametrize("M", [1, 2, 3])
 def test_gdp_varlen_matches_oracle(M):
     """One-token sequences beside ones crossing chunk boundaries on both streams; for M = 3 the

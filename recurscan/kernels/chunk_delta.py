@@ -103,17 +103,17 @@ def _chunk_gates(g, tok, cp, m_r, i_hv, HV: tl.constexpr, M: tl.constexpr, BT: t
 
 
 @triton.jit
-def _wy_inverse(b_T, b_A, o_t, FP16: tl.constexpr, PRECISION: tl.constexpr):
+def _wy_inverse(b_T, b_A, o_x, FP16: tl.constexpr, PRECISION: tl.constexpr):
     """Tinv = (I + A)^-1 for strictly lower A [BT, BT], from b_T = D_2 = I - A_1 (the inverses of
     the 2 x 2 diagonal blocks, exact). Recursive block doubling: with D_s the inverse of the s x s
     diagonal blocks, D_2s = D_s - D_s (A_s D_s), A_s the part of A inside the 2s-blocks but outside
     the s-blocks (the block formula [[Ta, 0], [-Tb A_ba Ta, Tb]], all blocks of a level at once):
-    five levels for BT = 64, two products each, no reductions. FP16: fp16 operands (tf32's 10-bit
-    mantissa, a narrower range; float32 accumulation), else float32 operands at PRECISION."""
+    five levels for BT = 64, two products each, no reductions. ``o_x[i, j] = i ^ j``: entry (i, j)
+    lies in A_s (s = 2^lvl) exactly when the highest bit where i and j differ is bit lvl, i.e.
+    ``o_x >> lvl == 1``. FP16: fp16 operands (tf32's 10-bit mantissa, a narrower range; float32
+    accumulation), else float32 operands at PRECISION."""
     for lvl in tl.static_range(1, 6):
-        inside = ((o_t[:, None] >> (lvl + 1)) == (o_t[None, :] >> (lvl + 1))) & \
-            ((o_t[:, None] >> lvl) != (o_t[None, :] >> lvl))
-        b_As = tl.where(inside, b_A, 0.0)
+        b_As = tl.where((o_x >> lvl) == 1, b_A, 0.0)
         if FP16:
             b_X = tl.dot(b_As.to(tl.float16), b_T.to(tl.float16))
             b_T = b_T - tl.dot(b_T.to(tl.float16), b_X.to(tl.float16))
@@ -195,11 +195,14 @@ def chunk_delta_prep_kernel(
     b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.0)
     b_q = tl.load(q + ((rows // M) * H + i_h)[:, None] * K + o_k[None, :], mask=m_q[:, None] & m_k[None, :],
                   other=0.0)
+    eye = o_t[:, None] == o_t[None, :]
+    b_kk = tl.dot(b_k.to(DT), tl.trans(b_k.to(DT)), input_precision=INV_PRECISION)  # raw K K^T
     if USE_L2NORM:
-        b_kf = b_k.to(tl.float32)
-        rk = tl.rsqrt(tl.sum(b_kf * b_kf, axis=1) + 1e-6)
-        b_qf = b_q.to(tl.float32)
-        rq = tl.rsqrt(tl.sum(b_qf * b_qf, axis=1) + 1e-6) * scale
+        # Squared norms from the diagonals of K K^T and Q Q^T (tensor-core products of the raw
+        # tiles, float32 accumulation): fewer instructions than squaring the [BT, K] tiles.
+        rk = tl.rsqrt(tl.sum(tl.where(eye, b_kk, 0.0), axis=1) + 1e-6)
+        b_qq = tl.dot(b_q.to(DT), tl.trans(b_q.to(DT)), input_precision=INV_PRECISION)
+        rq = tl.rsqrt(tl.sum(tl.where(eye, b_qq, 0.0), axis=1) + 1e-6) * scale
     else:
         rk = tl.full([BT], 1.0, tl.float32)
         rq = tl.full([BT], 1.0, tl.float32) * scale
@@ -222,24 +225,25 @@ def chunk_delta_prep_kernel(
 
     # Stage 2: A = diag(beta) strictLower(K K^T) for normalised keys.
     b_beta = tl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(tl.float32)
-    b_A = tl.dot(b_k.to(DT), tl.trans(b_k.to(DT)), input_precision=INV_PRECISION) * (b_beta * rk)[:, None] * rk[None, :]
+    b_A = b_kk * (b_beta * rk)[:, None] * rk[None, :]
     if INV_FP16:
         # fp16 operands are safe when every step I - beta_i k_i k_i^T of the chunk is a contraction
         # (0 <= beta_i |k_i|^2 <= 2): then every entry of Tinv and of the partial inverses is at
         # most 1 in magnitude, and A_s D_s at most 2 * 64. Otherwise this chunk keeps tf32.
-        growth = tl.max(tl.sum(tl.where(o_t[:, None] == o_t[None, :], b_A, 0.0), axis=1), axis=0)
+        growth = tl.max(tl.sum(tl.where(eye, b_A, 0.0), axis=1), axis=0)
         contraction = (growth <= 2.0) & (tl.min(b_beta, axis=0) >= 0.0)
     b_A = tl.where(o_t[:, None] > o_t[None, :], b_A, 0.0)
 
     # Tinv = (I + A)^-1 by recursive block doubling (_wy_inverse).
-    b_T = (o_t[:, None] == o_t[None, :]).to(tl.float32) - tl.where((o_t[:, None] >> 1) == (o_t[None, :] >> 1), b_A, 0.0)
+    o_x = o_t[:, None] ^ o_t[None, :]
+    b_T = eye.to(tl.float32) - tl.where(o_x == 1, b_A, 0.0)
     if INV_FP16:
         if contraction:
-            b_T = _wy_inverse(b_T, b_A, o_t, True, INV_PRECISION)
+            b_T = _wy_inverse(b_T, b_A, o_x, True, INV_PRECISION)
         else:
-            b_T = _wy_inverse(b_T, b_A, o_t, False, INV_PRECISION)
+            b_T = _wy_inverse(b_T, b_A, o_x, False, INV_PRECISION)
     else:
-        b_T = _wy_inverse(b_T, b_A, o_t, False, INV_PRECISION)
+        b_T = _wy_inverse(b_T, b_A, o_x, False, INV_PRECISION)
     tl.store(wy + p_out, (b_G * b_T * b_beta[None, :]).to(wy.dtype.element_ty), mask=m_r[:, None])
 
 
@@ -260,6 +264,7 @@ def chunk_delta_sweep_kernel(
     IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr,
     STORE_FINAL: tl.constexpr, USE_CACHE: tl.constexpr, STORE_CHUNK_STATES: tl.constexpr,
     DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr, DT: tl.constexpr, PASS: tl.constexpr = 0,
+    V_PRODUCT: tl.constexpr = True,
 ):
     """Grid (N * HV * ceil(V / BV),): program -> (sequence n, value head hv, value block iv),
     iv fastest so neighbouring programs share the q/k rows in L2.
@@ -412,31 +417,36 @@ def chunk_delta_sweep_kernel(
             m_vt = m_r[None, :] & m_v[:, None]
             b_q = tl.load(q + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=m_q[:, None] & m_k[None, :],
                           other=0.0).to(DT)  # [BT, BK]
-        b_vt = tl.load(v + (e * HV + i_hv)[None, :] * V + o_v[:, None], mask=m_vt,
-                       other=0.0).to(DT)  # [BV, BT] = V^T
+        b_vt = tl.load(v + (e * HV + i_hv)[None, :] * V + o_v[:, None], mask=m_vt, other=0.0)  # [BV, BT] = V^T
         # wy^T and aqk^T: [BT (j), BT (i)] = wy[i, j]
         b_Wt = tl.load(wy + (e * HV + i_hv)[None, :] * BT + o_t[:, None], mask=m_r[None, :], other=0.0).to(DT)
         if PASS != 1:
             b_At = tl.load(aqk + (e * HV + i_hv)[None, :] * BT + o_t[:, None], mask=m_r[None, :], other=0.0).to(DT)
         # Stage 1, precomputed by the prep kernel: the rows' decays times their norm factors, and
         # the decay across the chunk (read on the chunk's last row: rows past the end stay flat).
-        p_coef = coef + (e * HV + i_hv) * 4
-        lam_rk = tl.load(p_coef, mask=m_r, other=0.0)
-        gam_rk = tl.load(p_coef + 2, mask=m_r, other=0.0)
-        lam_last = tl.load(coef + ((bos + tl.minimum(c * BT + BT, L) - 1) * HV + i_hv) * 4 + 3)
+        # One [BT, 4] tile: one pipelined buffer (four vectors took four, each 1 KB aligned).
+        o_4 = tl.arange(0, 4)
+        b_coef = tl.load(coef + (e * HV + i_hv)[:, None] * 4 + o_4[None, :], mask=m_r[:, None], other=0.0)
+        lam_rk = tl.sum(tl.where(o_4[None, :] == 0, b_coef, 0.0), axis=1)
+        gam_rk = tl.sum(tl.where(o_4[None, :] == 2, b_coef, 0.0), axis=1)
+        lam_last = tl.max(tl.where(o_4[None, :] == 3, b_coef, 0.0))  # the same on every row of the chunk
 
-        # Stage 3: the chunk's writes, transposed: U^T = V^T wy^T - (lam o K S)^T wy^T. V^T wy^T
-        # does not depend on the state (it runs beside the chain) and, as a product operand, V^T
-        # is pipelined through shared memory like the other tiles (a register-held V^T waited on
-        # its load at every chunk: 21% of the sweep's stall samples on the H200).
+        # Stage 3: the chunk's writes, transposed: U^T = (V - lam o K S)^T wy^T.
         b_Sd = b_St.to(DT)
-        b_Ut = tl.dot(b_vt, b_Wt, input_precision=DOT_PRECISION)  # [BV, BT]
-        b_Xt = lam_rk[None, :] * tl.dot(b_Sd, tl.trans(b_k), input_precision=DOT_PRECISION)
-        b_Ut = tl.dot((-b_Xt).to(DT), b_Wt, b_Ut, input_precision=DOT_PRECISION)
+        b_KSt = lam_rk[None, :] * tl.dot(b_Sd, tl.trans(b_k), input_precision=DOT_PRECISION)
+        if V_PRODUCT:
+            # U^T = V^T wy^T - (lam o K S)^T wy^T: as a product operand V^T is pipelined through
+            # shared memory like the other tiles (held in registers, it waited on its load at every
+            # chunk: 21% of the sweep's stall samples on the H200), at 16 KB more shared memory
+            # (two stages) and one more 64 x 64 product per chunk, beside the chain.
+            b_Ut = tl.dot(b_vt.to(DT), b_Wt, input_precision=DOT_PRECISION)  # [BV, BT]
+            b_Ut = tl.dot((-b_KSt).to(DT), b_Wt, b_Ut, input_precision=DOT_PRECISION)
+        else:
+            b_Ut = tl.dot((b_vt.to(tl.float32) - b_KSt).to(DT), b_Wt, input_precision=DOT_PRECISION)
 
         # Stage 4: outputs O^T = (S^T Q^T) o lam + U^T aqk^T, written on the token stream.
         if PASS != 1:
-            lam_rq = tl.load(p_coef + 1, mask=m_q, other=0.0)
+            lam_rq = tl.sum(tl.where((o_4[None, :] == 1) & m_q[:, None], b_coef, 0.0), axis=1)
             b_ot = lam_rq[None, :] * tl.dot(b_Sd, tl.trans(b_q), input_precision=DOT_PRECISION)
             b_ot += tl.dot(b_Ut.to(DT), b_At, input_precision=DOT_PRECISION)
             p_o = o + (tok * HV + i_hv)[None, :] * V + o_v[:, None]
@@ -541,7 +551,7 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
                      chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None, state=None,
                      state_indices=None, return_chunk_states=False, block_v=32, num_warps=4,
                      num_stages=2, prep_warps=4, stages="both", segments=1,
-                     inverse_fp16=None) -> ChunkDeltaPlan:
+                     inverse_fp16=None, v_product=True) -> ChunkDeltaPlan:
     """The launches of :func:`chunk_delta_fwd` for these tensors' shapes (read, never kept)."""
     M = num_householder
     B, T, H, K = q.shape
@@ -622,7 +632,8 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
         seg_n=arg("o"), seg_m=arg("o"), n_seg=1, seg_chunks=0, T=T,
         H=H, HV=HV, K=K, V=V, M=M, BT=BT, BK=BK, BV=BV,
         IS_VARLEN=varlen, HAS_H0=initial_state is not None, USE_CACHE=use_cache, STORE_FINAL=store_final,
-        STORE_CHUNK_STATES=return_chunk_states, DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, DT=dt, PASS=0)
+        STORE_CHUNK_STATES=return_chunk_states, DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, DT=dt, PASS=0,
+        V_PRODUCT=v_product)
     options = dict(num_warps=num_warps)
     if P == 1:
         steps.append(_Step(chunk_delta_sweep_kernel, (N * HV * NV,), sweep, options))
@@ -671,7 +682,8 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
                     output_final_state=False, use_qk_l2norm_in_kernel=False, cu_seqlens=None,
                     chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None, state=None,
                     state_indices=None, return_chunk_states=False, block_v=32, num_warps=4,
-                    num_stages=2, prep_warps=4, stages="both", segments=1, inverse_fp16=None):
+                    num_stages=2, prep_warps=4, stages="both", segments=1, inverse_fp16=None,
+                    v_product=True):
     """Launch the kernels. Arguments as the public ops (``recurscan.chunk_gated_delta_rule``,
     ``recurscan.chunk_gated_delta_product_varlen``), with the descriptors already built:
 
@@ -690,6 +702,10 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
     - ``inverse_fp16``: None (default): True for 16-bit inputs. True: the WY inverse runs on fp16
       operands in every chunk whose steps are contractions (checked in the kernel; other chunks
       keep tf32); False: tf32 everywhere (benchmarks/gpu_prep_variants.py measures both).
+    - ``v_product``: True: the sweep forms ``V^T wy^T`` as its own product, so V is pipelined
+      through shared memory (best with one program per SM: few programs, deep pipelines); False:
+      V is held in registers (16 KB less shared memory per program at BV 64 and two stages: two
+      programs per SM fit).
 
     This plans and runs in one go (:func:`plan_chunk_delta`, :func:`run_chunk_delta`); the public
     ops keep the plan of each call signature and only run it.
@@ -706,6 +722,7 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
         cu_seqlens=cu_seqlens, chunk_indices_dp=chunk_indices_dp, chunk_offsets=chunk_offsets,
         num_chunk_rows=num_chunk_rows, state=state, state_indices=state_indices,
         return_chunk_states=return_chunk_states, block_v=block_v, num_warps=num_warps, num_stages=num_stages,
-        prep_warps=prep_warps, stages=stages, segments=segments, inverse_fp16=inverse_fp16)
+        prep_warps=prep_warps, stages=stages, segments=segments, inverse_fp16=inverse_fp16,
+        v_product=v_product)
     return run_chunk_delta(plan, (q, k, v, g, beta, initial_state, state, state_indices, cu_seqlens,
                                   chunk_indices_dp, chunk_offsets))
