@@ -96,18 +96,20 @@ def _sm_count(device: torch.device) -> int:
 
 # Delta-rule launch shapes. ``pairs`` = sequences x value heads (independent state sweeps);
 # ``sms`` = multiprocessors. Each sweep program runs its sequence's chunks one after another;
-# more value blocks give more programs but re-read q, k, wy and aqk once per block. The sweep's
-# state is [BV, K]: BV 64 runs its products on wgmma (4 warps, 255 registers, no spills on sm_90),
-# BV 16 / 32 on mma.sync. Measured on the H200 (graph replay, benchmarks/results/gpu_chunk_delta.json,
-# "variants"; every variant's output bit-identical to the others'):
-#   B4 T8192 H16 HV64 (256 pairs): BV 64/4w 2.40 ms, 128/8w 2.59, 32/4w 3.39, 64/8w 3.46, 16/4w 4.42
-#   GDP M2 B4 T4096 H16 (64 pairs): BV 64/4w 0.82 ms, 64/8w 0.86, 128/8w 0.88, 32/4w 0.89, 16/4w 1.18
-#   B1 T16384 H16 HV32 (32 pairs): BV 32/4w 1.08 ms, 16/4w 1.11, 64/4w 1.11, 64/8w 1.32, 128/8w 1.35
-#   Segments (benchmarks/results/gpu_chunk_segments.json, commit 3181f3b; sweep split into P
-#   segments, two parallel passes and a fix-up; dense batches only):
-#   B1 T16384 HV32: P=1 BV 32 1.077 ms; BV 64 P=3 0.881, P=4 0.896, P=8 0.915 (BV 16/32 slower with P)
-#   B1 T65536 HV32: P=1 BV 32 4.349 ms; BV 64 P=3 3.508, P=4 3.547, P=8 3.600
-#   B4 T4096 H16 (64 pairs) and GDP M2 B4 T4096: P=1 fastest (0.390 / 0.773 ms; P=3 0.467 / 0.903)
+# more value blocks give more programs but re-read q, k, wy and aqk once per block. BV 64 runs the
+# sweep's products on wgmma (one warpgroup), BV 128 on two; BV 16 / 32 on mma.sync. Shared memory
+# decides programs per SM: BV 64 with V in registers and two stages is 101 KB (two per SM); with V
+# as a product operand (v_product) 117 KB (one per SM), three stages 176 KB; BV 128 / 8 warps with
+# three stages 203 KB. Measured on the H200 at 24e39f1 (graph replay, prep + sweep, ms;
+# benchmarks/results/gpu_chunk_variants_24e39f1.json; shape = BV/warps/stages/segments/v_product):
+#   B1 T16384 HV32 (32 pairs):  64/4/2/P3/reg 0.753, 64/4/3/1/vp 0.769, 64/4/3/P3/vp 0.778, 64/4/2/1/reg 0.973
+#   B1 T65536 HV32 (32 pairs):  64/4/2/P3/reg 3.03, 64/4/3/P3/vp 3.155, 64/4/3/1/vp 3.159, 64/4/2/1/reg 3.963
+#   B4 T4096 H=HV=16 (64):      64/4/3/1/vp 0.274, 64/4/2/1/reg 0.340, 128/8/3/1/vp 0.346
+#   GDP M2 B4 T4096 (64):       64/4/3/1/vp 0.642, 64/4/2/1/reg 0.685, 128/8/3/1/vp 0.703
+#   B4 T8192 HV64 (256 pairs):  128/8/3/1/vp 1.969, 64/4/2/1/reg 2.017, 64/4/3/1/vp 2.176
+#   varlen 16 x HV32 (512):     128/8/3/1/vp 1.018, 64/4/2/1/reg 1.051, 64/4/3/1/vp 1.256
+# BV 16 / 32 rows: from the measurements of 5941d22 (32 pairs: BV 32 1.08 ms, 16 1.11), V in
+# registers as then.
 @dataclass(frozen=True)
 class LaunchShape:
     """What the launch rows read: independent (sequence, head) sweeps, multiprocessors, V, the
@@ -121,15 +123,18 @@ class LaunchShape:
 
 
 DELTA_LAUNCH: list[tuple[Callable[[LaunchShape], bool], Launch]] = [
-    (lambda s: 2 * s.pairs * triton_cdiv(s.value_dim, 64) >= s.sms,
-     Launch(64, 4, 2, 4, "at least half an SM's worth of 64-column programs: BV 64 on wgmma (fastest measured)")),
+    (lambda s: s.pairs * triton_cdiv(s.value_dim, 64) > s.sms,
+     Launch(128, 8, 3, 4, "more 64-column programs than SMs: 128 columns on two warpgroups, three stages "
+                          "(one program per SM; q, k, wy, aqk tiles shared by both)")),
     (lambda s: not s.varlen and s.tokens >= 16384,
-     Launch(64, 4, 2, 4, "few pairs over a long dense sequence: 3 segments at BV 64 fill the machine "
-                         "(measured 18-19% faster than one pass at T 16K and 64K)", segments=3)),
+     Launch(64, 4, 2, 4, "few pairs over a long dense sequence: 3 segments at BV 64, V in registers "
+                         "(two programs per SM)", segments=3, v_product=False)),
+    (lambda s: 2 * s.pairs * triton_cdiv(s.value_dim, 64) >= s.sms,
+     Launch(64, 4, 3, 4, "at most one 64-column program per SM: three stages, V as a product operand")),
     (lambda s: 2 * s.pairs * triton_cdiv(s.value_dim, 32) >= s.sms,
-     Launch(32, 4, 2, 4, "few (sequence, head) pairs: 32-column blocks double the programs")),
+     Launch(32, 4, 2, 4, "few (sequence, head) pairs: 32-column blocks double the programs", v_product=False)),
     (lambda s: True,
-     Launch(16, 4, 2, 4, "very few pairs: 16-column blocks for the most programs")),
+     Launch(16, 4, 2, 4, "very few pairs: 16-column blocks for the most programs", v_product=False)),
 ]
 
 

@@ -258,6 +258,24 @@ def test_planner_rows():
     assert first(delta_problem(*(x.double() for x in (q, k, v, g, beta)))).backend == "torch"
 
 
+@pytest.mark.parametrize("pairs,tokens,varlen,want", [
+    (32, 16384, False, (64, 4, 2, 3, False)),   # B1 T16384 HV32: segments, V in registers
+    (32, 65536, False, (64, 4, 2, 3, False)),
+    (64, 4096, False, (64, 4, 3, 1, True)),     # B4 T4096 H=HV=16: one 64-column program per SM
+    (64, 8192, True, (64, 4, 3, 1, True)),      # GDP M2 B4 T4096 (varlen, expanded stream)
+    (256, 8192, False, (128, 8, 3, 1, True)),   # B4 T8192 HV64: more programs than SMs
+    (512, 2061, True, (128, 8, 3, 1, True)),    # varlen 16 sequences x HV32
+    (20, 4096, False, (32, 4, 2, 1, False)),
+    (4, 4096, False, (16, 4, 2, 1, False)),
+])
+def test_launch_rows_on_an_h200(pairs, tokens, varlen, want):
+    """The launch table's choice for the measured workloads on 132 SMs (plan.py cites the figures)."""
+    from recurscan.plan import DELTA_LAUNCH, LaunchShape
+    shape = LaunchShape(pairs=pairs, sms=132, value_dim=128, tokens=tokens, varlen=varlen)
+    L = next(launch for applies, launch in DELTA_LAUNCH if applies(shape))
+    assert (L.block_v, L.num_warps, L.num_stages, L.segments, L.v_product) == want, L.reason
+
+
 # ----------------------------------------------------------------------------------------------
 # Segment-parallel sweep (chunk_delta_fwd(segments=P), dense batches)
 # ----------------------------------------------------------------------------------------------
