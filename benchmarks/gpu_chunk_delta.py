@@ -143,12 +143,31 @@ def bench_host(impl_names, calls=50):
     return {"workload": w.describe(), "calls": calls, "results": res}
 
 
+def kernel_inputs(name):
+    """A workload's inputs as ``chunk_delta_fwd`` takes them: ``((q, k, v, g, beta), M, cu_seqlens,
+    descriptor kwargs)``; GDP goes in as a varlen batch (its public op is varlen-only)."""
+    from recurscan.descriptors import build_chunk_descriptors
+
+    w = registry.get(name)
+    x = w.make_inputs("cuda", 0)
+    q, k, v, g, beta, cu = x["q"], x["k"], x["v"], x["g"], x["beta"], x["cu_seqlens"]
+    M = w.num_householder
+    if w.family == "gdp" and cu is None:
+        B, T = q.shape[:2]
+        cu = torch.arange(B + 1, device="cuda", dtype=torch.int64) * T
+        q, k, v, g, beta = (t.reshape(1, -1, *t.shape[2:]) for t in (q, k, v, g, beta))
+    kw = {}
+    if cu is not None:
+        d = build_chunk_descriptors(cu.cpu(), M, device="cuda")
+        kw = dict(cu_seqlens=cu, chunk_indices_dp=d.chunk_indices_dp)
+    return (q, k, v, g, beta), M, cu, kw
+
+
 def bench_variants(names, rep_ms, shapes=None):
     """Our kernels at several launch shapes under graph replay, each variant's output compared with
     the planner's choice (relative RMS; the planner's choice is the one the GPU tests check against
     the oracle); and the planner's launch with one kernel alone (prep, sweep)."""
     import triton.testing as tt
-    from recurscan.descriptors import build_chunk_descriptors
     from recurscan.kernels.chunk_delta import chunk_delta_fwd
     from recurscan.plan import delta_launch
     from recurscan.problem import delta_problem
@@ -160,18 +179,7 @@ def bench_variants(names, rep_ms, shapes=None):
               [(16, 4, 2, 1), (32, 4, 2, 1), (64, 4, 2, 1), (64, 8, 2, 1), (128, 8, 2, 1)]]
     out = []
     for name in names:
-        w = registry.get(name)
-        x = w.make_inputs("cuda", 0)
-        q, k, v, g, beta, cu = x["q"], x["k"], x["v"], x["g"], x["beta"], x["cu_seqlens"]
-        M = w.num_householder
-        if w.family == "gdp" and cu is None:
-            B, T = q.shape[:2]
-            cu = torch.arange(B + 1, device="cuda", dtype=torch.int64) * T
-            q, k, v, g, beta = (t.reshape(1, -1, *t.shape[2:]) for t in (q, k, v, g, beta))
-        kw = {}
-        if cu is not None:
-            d = build_chunk_descriptors(cu.cpu(), M, device="cuda")
-            kw = dict(cu_seqlens=cu, chunk_indices_dp=d.chunk_indices_dp)
+        (q, k, v, g, beta), M, cu, kw = kernel_inputs(name)
         L = delta_launch(delta_problem(q, k, v, g, beta, num_householder=M, cu_seqlens=cu), torch.device("cuda"))
         planned = (L.block_v, L.num_warps, L.num_stages, L.segments, int(L.v_product))
 

@@ -14,29 +14,17 @@ import sys
 
 import torch
 
-from . import registry
-
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     name = argv[0]
     BV, warps, stages, P = (int(a) for a in argv[1:5])
     v_product = bool(int(argv[5])) if len(argv) > 5 else True
-    from recurscan.descriptors import build_chunk_descriptors
     from recurscan.kernels.chunk_delta import chunk_delta_fwd
 
-    w = registry.get(name)
-    x = w.make_inputs("cuda", 0)
-    q, k, v, g, beta, cu = x["q"], x["k"], x["v"], x["g"], x["beta"], x["cu_seqlens"]
-    M = w.num_householder
-    if w.family == "gdp" and cu is None:  # the kernels take GDP as a varlen batch
-        B, T = q.shape[:2]
-        cu = torch.arange(B + 1, device="cuda", dtype=torch.int64) * T
-        q, k, v, g, beta = (t.reshape(1, -1, *t.shape[2:]) for t in (q, k, v, g, beta))
-    kw = {}
-    if cu is not None:
-        d = build_chunk_descriptors(cu.cpu(), M, device="cuda")
-        kw = dict(cu_seqlens=cu, chunk_indices_dp=d.chunk_indices_dp)
+    from .gpu_chunk_delta import kernel_inputs
+
+    (q, k, v, g, beta), M, _, kw = kernel_inputs(name)
 
     def call():
         return chunk_delta_fwd(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
