@@ -1,0 +1,79 @@
+"""Registers, stack and shared memory of the chunked delta-rule kernels compiled for sm_90, with
+no GPU (Triton compiles for a named target; its bundled ptxas and cuobjdump do the rest).
+
+    python -m benchmarks.sm90_resources                     # the planner's launch shapes
+    python -m benchmarks.sm90_resources --sweep 64:4:3:1    # BV:warps:stages:v_product
+
+Pointers are declared 16-byte aligned (``tt.divisibility``), as the JIT specialises them for aligned
+tensors: without that, loads compile to 2-byte scalars and the figures mean nothing. Shapes of the
+headline workload: H 16, HV 32, K = V = 128, bf16, dense, L2 norm, gates, final state.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import tempfile
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from recurscan.kernels.chunk_delta import chunk_delta_prep_kernel, chunk_delta_sweep_kernel
+
+SHAPES = dict(H=16, HV=32, K=128, M=1, BT=64, BK=128)
+
+
+def _compile(kernel, sig, const, num_warps, num_stages=2):
+    names = kernel.arg_names
+    sig = dict(sig, **{k: "constexpr" for k in const})
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items() if t.startswith("*") or n == "T"}
+    src = ASTSource(kernel, sig, constexprs={(names.index(k),): v for k, v in const.items()}, attrs=attrs)
+    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(ck.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    line = next(l for l in usage.splitlines() if "REG:" in l).split()
+    regs = next(x for x in line if x.startswith("REG:"))
+    stack = next(x for x in line if x.startswith("STACK:"))
+    return f"{regs} {stack} shared {ck.metadata.shared} B"
+
+
+def sweep(BV, warps, stages, v_product, PASS=0):
+    p, f = "*bf16", "*fp32"
+    sig = dict(q=p, k=p, v=p, wy=p, aqk=p, coef=f, o=p, h0=f, ht=f, state=f, state_indices="*i32", chunk_states=f,
+               cu_seqlens="*i32", chunk_offsets="*i32", seg_n=f, seg_m=f, n_seg="i32", seg_chunks="i32", T="i32")
+    const = dict(SHAPES, V=128, BV=BV, IS_VARLEN=False, HAS_H0=False, STORE_FINAL=True, USE_CACHE=False,
+                 STORE_CHUNK_STATES=False, DOT_PRECISION="tf32", NUM_STAGES=stages, DT=tl.bfloat16, PASS=PASS,
+                 V_PRODUCT=v_product)
+    return _compile(chunk_delta_sweep_kernel, sig, const, warps, stages)
+
+
+def prep(warps=4, fp16=True):
+    p = "*bf16"
+    sig = dict(q=p, k=p, g="*fp32", beta=p, wy=p, aqk=p, coef="*fp32", cu_seqlens="*i32", chunk_indices="*i32",
+               scale="fp32", T="i32")
+    const = dict(SHAPES, USE_L2NORM=True, IS_VARLEN=False, HAS_G=True, INV_PRECISION="tf32", DT=tl.bfloat16,
+                 INV_FP16=fp16)
+    return _compile(chunk_delta_prep_kernel, sig, const, warps)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.sm90_resources")
+    ap.add_argument("--sweep", action="append", help="BV:warps:stages:v_product (repeatable)")
+    args = ap.parse_args(argv)
+    shapes = [tuple(int(x) for x in s.split(":")) for s in args.sweep or []] or \
+        [(128, 8, 3, 1), (64, 4, 3, 1), (64, 4, 2, 1), (64, 4, 2, 0), (32, 4, 2, 0), (16, 4, 2, 0)]
+    print(f"prep, 4 warps: {prep()}")
+    for BV, warps, stages, vp in shapes:
+        passes = (0, 1, 2) if (BV, vp) == (64, 0) else (0,)
+        for PASS in passes:
+            print(f"sweep BV {BV:3d} {warps} warps {stages} stages v_product {vp} PASS {PASS}: "
+                  f"{sweep(BV, warps, stages, bool(vp), PASS)}")
+
+
+if __name__ == "__main__":
+    main()
