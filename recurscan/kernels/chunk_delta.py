@@ -423,13 +423,14 @@ def chunk_delta_sweep_kernel(
         if PASS != 1:
             b_At = tl.load(aqk + (e * HV + i_hv)[None, :] * BT + o_t[:, None], mask=m_r[None, :], other=0.0).to(DT)
         # Stage 1, precomputed by the prep kernel: the rows' decays times their norm factors, and
-        # the decay across the chunk (read on the chunk's last row: rows past the end stay flat).
-        # One [BT, 4] tile: one pipelined buffer (four vectors took four, each 1 KB aligned).
+        # the decay across the chunk (stored on every valid row; rows past the end load 0 and
+        # lam_last >= 0, so the maximum reads it). One [BT, 4] tile: one pipelined buffer (four
+        # vectors took four, each 1 KB aligned).
         o_4 = tl.arange(0, 4)
         b_coef = tl.load(coef + (e * HV + i_hv)[:, None] * 4 + o_4[None, :], mask=m_r[:, None], other=0.0)
         lam_rk = tl.sum(tl.where(o_4[None, :] == 0, b_coef, 0.0), axis=1)
         gam_rk = tl.sum(tl.where(o_4[None, :] == 2, b_coef, 0.0), axis=1)
-        lam_last = tl.max(tl.where(o_4[None, :] == 3, b_coef, 0.0))  # the same on every row of the chunk
+        lam_last = tl.max(tl.where(o_4[None, :] == 3, b_coef, 0.0))
 
         # Stage 3: the chunk's writes, transposed: U^T = (V - lam o K S)^T wy^T.
         b_Sd = b_St.to(DT)
