@@ -1,9 +1,13 @@
-"""The prep (WY) kernel's variants on the H200: warps per program and the inverse's operand type
-(tf32, or fp16: the same 10-bit mantissa, a narrower range), timed alone and with the sweep under
-CUDA-graph replay, and their accuracy against the float64 oracle with strongly correlated keys
-(the hard case for the triangular inverse).
+"""The prep (WY) kernel's variants on the H200: warps per program, a register cap (ptxas spills
+above it; more programs per SM below it) and the inverse's operand type (tf32, or fp16: the same
+10-bit mantissa, a narrower range), timed alone and with the sweep under CUDA-graph replay, and
+their accuracy against the float64 oracle with strongly correlated keys (the hard case for the
+triangular inverse).
 
     python -m benchmarks.gpu_prep_variants --out benchmarks/results/gpu_prep_variants.json
+    python -m benchmarks.gpu_prep_variants --variant 4:0:1 --variant 4:168:1 --workload gdn_b1_t16384_h16_hv32
+
+A variant is ``warps:maxnreg:fp16`` (maxnreg 0: no cap; fp16 0 or 1).
 """
 from __future__ import annotations
 
@@ -12,29 +16,38 @@ import json
 
 import torch
 
-from . import registry
+from . import runner
+from .gpu_chunk_delta import kernel_inputs
 
 VARIANTS = [dict(prep_warps=4, inverse_fp16=False), dict(prep_warps=8, inverse_fp16=False),
             dict(prep_warps=4, inverse_fp16=True), dict(prep_warps=8, inverse_fp16=True)]
+WORKLOADS = ["gdn_b1_t16384_h16_hv32", "gdn_b4_t8192_h16_hv64"]
 
 
-def timing(names, rep_ms):
+def parse_variant(text):
+    warps, maxnreg, fp16 = (int(x) for x in text.split(":"))
+    var = dict(prep_warps=warps, inverse_fp16=bool(fp16))
+    if maxnreg:  # left out otherwise, so that commits before the cap existed can run this script
+        var["prep_maxnreg"] = maxnreg
+    return var
+
+
+def timing(names, rep_ms, variants=VARIANTS):
     import triton.testing as tt
     from recurscan.kernels.chunk_delta import chunk_delta_fwd
     from recurscan.plan import delta_launch
     from recurscan.problem import delta_problem
     rows = []
     for name in names:
-        w = registry.get(name)
-        x = w.make_inputs("cuda", 0)
-        q, k, v, g, beta = x["q"], x["k"], x["v"], x["g"], x["beta"]
-        L = delta_launch(delta_problem(q, k, v, g, beta), torch.device("cuda"))
-        for var in VARIANTS:
+        (q, k, v, g, beta), M, cu, extra = kernel_inputs(name)
+        L = delta_launch(delta_problem(q, k, v, g, beta, num_householder=M, cu_seqlens=cu), torch.device("cuda"))
+        for var in variants:
             for stage in ("prep", "both"):
                 def run():
-                    return chunk_delta_fwd(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, output_final_state=True,
-                                           block_v=L.block_v, num_warps=L.num_warps, num_stages=L.num_stages,
-                                           segments=L.segments, stages=stage, **var)
+                    return chunk_delta_fwd(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
+                                           output_final_state=True, block_v=L.block_v, num_warps=L.num_warps,
+                                           num_stages=L.num_stages, segments=L.segments, v_product=L.v_product,
+                                           stages=stage, **extra, **var)
                 with torch.no_grad():
                     run()
                     ms = tt.do_bench_cudagraph(run, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
@@ -44,7 +57,7 @@ def timing(names, rep_ms):
     return rows
 
 
-def accuracy():
+def accuracy(variants=VARIANTS):
     from recurscan.kernels.chunk_delta import chunk_delta_fwd
     from recurscan.reference.delta import gated_delta_rule_chunked
     T, H, HV, K, V = 4096, 16, 32, 128, 128
@@ -60,7 +73,7 @@ def accuracy():
                                                                         device="cuda"),
                                               use_qk_l2norm_in_kernel=True)
     rows = []
-    for var in VARIANTS:
+    for var in variants:
         with torch.no_grad():
             o, s = chunk_delta_fwd(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, output_final_state=True,
                                    block_v=32, **var)
@@ -76,9 +89,13 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu_prep_variants")
     ap.add_argument("--out", default="benchmarks/results/gpu_prep_variants.json")
     ap.add_argument("--rep-ms", type=int, default=200)
+    ap.add_argument("--variant", action="append", help="warps:maxnreg:fp16 (repeatable)")
+    ap.add_argument("--workload", action="append")
     args = ap.parse_args(argv)
-    res = {"accuracy_bf16_correlated_T4096": accuracy(),
-           "timing": timing(["gdn_b1_t16384_h16_hv32", "gdn_b4_t8192_h16_hv64"], args.rep_ms)}
+    variants = [parse_variant(v) for v in args.variant] if args.variant else VARIANTS
+    res = {"environment": runner.environment(torch.device("cuda")),
+           "accuracy_bf16_correlated_T4096": accuracy(variants),
+           "timing": timing(args.workload or WORKLOADS, args.rep_ms, variants)}
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
 

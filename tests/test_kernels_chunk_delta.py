@@ -197,13 +197,16 @@ def test_bfloat16_inputs():
     assert relative_rms(o.cpu(), want[0]) <= 1e-2 and relative_rms(S.cpu(), want[1]) <= 1e-2
 
 
-@pytest.mark.parametrize("case", ["contraction", "beta_above_2", "negative_beta", "long_raw_keys"])
+@pytest.mark.parametrize("case", ["contraction", "beta_above_2", "negative_beta", "long_raw_keys",
+                                  "one_value_head_of_a_group_above_2"])
 def test_wy_inverse_on_fp16_operands_only_where_every_step_contracts(case):
     """16-bit inputs run the WY inverse on fp16 operands in a chunk whose steps are all
     contractions (0 <= beta |k|^2 <= 2; Tinv's entries are then at most 1), else on tf32, whose
     range it needs. A chunk outside the bound takes exactly the tf32 path (bit-identical to
     inverse_fp16=False); a contracting one takes the fp16 path (it differs in rounding) and stays
-    within the bf16 bound of test_bfloat16_inputs against float64."""
+    within the bf16 bound of test_bfloat16_inputs against float64. The choice is per value head:
+    one prep program serves the value heads of a query/key head (GVA), and a head outside the
+    bound must not pull its group's other heads onto tf32, nor the reverse."""
     q, k, v, g, beta, S0 = gdn_inputs(1, 130, 2, 4, 32, 32)
     l2norm = case != "long_raw_keys"
     if case == "beta_above_2":
@@ -212,6 +215,8 @@ def test_wy_inverse_on_fp16_operands_only_where_every_step_contracts(case):
         beta[:, ::16] = -0.5
     elif case == "long_raw_keys":
         k, q = k * 0.6, q * 0.2  # |k|^2 ~ 11.5 with beta in (0, 1): raw keys, no L2 norm
+    elif case == "one_value_head_of_a_group_above_2":
+        beta[:, ::16, 1] = 2.5  # value heads 0 and 1 share q/k head 0: only head 1 leaves the bound
     q, k, v, beta = (x.bfloat16().to(DEVICE) for x in (q, k, v, beta))
     args = (q, k, v, g.float().to(DEVICE), beta)
     kw = dict(initial_state=S0[:1].float().to(DEVICE), output_final_state=True, use_qk_l2norm_in_kernel=l2norm)
@@ -222,6 +227,12 @@ def test_wy_inverse_on_fp16_operands_only_where_every_step_contracts(case):
         want = gated_delta_rule_naive(*(x.double().cpu() for x in args), initial_state=S0[:1],
                                       use_qk_l2norm_in_kernel=True)
         assert relative_rms(fast[0].cpu(), want[0]) <= 1e-2 and relative_rms(fast[1].cpu(), want[1]) <= 1e-2
+    elif case == "one_value_head_of_a_group_above_2":
+        assert k.shape[2] == 2 and v.shape[2] == 4  # groups of two value heads
+        for hv in range(4):
+            same = torch.equal(bits(fast[0][:, :, hv]), bits(tf32[0][:, :, hv])) and \
+                torch.equal(bits(fast[1][:, hv]), bits(tf32[1][:, hv]))
+            assert same == (hv == 1), f"value head {hv}: {'tf32' if same else 'fp16'} path"
     else:
         assert torch.equal(bits(fast[0]), bits(tf32[0])) and torch.equal(bits(fast[1]), bits(tf32[1]))
 
