@@ -1,13 +1,13 @@
-"""The prep (WY) kernel's variants on the H200: warps per program, a register cap (ptxas spills
-above it; more programs per SM below it) and the inverse's operand type (tf32, or fp16: the same
-10-bit mantissa, a narrower range), timed alone and with the sweep under CUDA-graph replay, and
-their accuracy against the float64 oracle with strongly correlated keys (the hard case for the
-triangular inverse).
+"""The prep (WY) kernel's variants on the H200: warps per program and the inverse's operand type
+(tf32, or fp16: the same 10-bit mantissa, a narrower range), timed alone and with the sweep under
+CUDA-graph replay, and their accuracy against the float64 oracle with strongly correlated keys
+(the hard case for the triangular inverse).
 
     python -m benchmarks.gpu_prep_variants --out benchmarks/results/gpu_prep_variants.json
-    python -m benchmarks.gpu_prep_variants --variant 4:0:1 --variant 4:168:1 --workload gdn_b1_t16384_h16_hv32
+    python -m benchmarks.gpu_prep_variants --variant 4:1 --variant 4:0 --workload gdn_b1_t16384_h16_hv32
 
-A variant is ``warps:maxnreg:fp16`` (maxnreg 0: no cap; fp16 0 or 1).
+A variant is ``warps:fp16`` (fp16 0 or 1). The JSON records the commit (RECURSCAN_COMMIT), so two
+commits can be compared by running this in both checkouts within one session on the GPU.
 """
 from __future__ import annotations
 
@@ -25,11 +25,8 @@ WORKLOADS = ["gdn_b1_t16384_h16_hv32", "gdn_b4_t8192_h16_hv64"]
 
 
 def parse_variant(text):
-    warps, maxnreg, fp16 = (int(x) for x in text.split(":"))
-    var = dict(prep_warps=warps, inverse_fp16=bool(fp16))
-    if maxnreg:  # left out otherwise, so that commits before the cap existed can run this script
-        var["prep_maxnreg"] = maxnreg
-    return var
+    warps, fp16 = (int(x) for x in text.split(":"))
+    return dict(prep_warps=warps, inverse_fp16=bool(fp16))
 
 
 def timing(names, rep_ms, variants=VARIANTS):
@@ -89,7 +86,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu_prep_variants")
     ap.add_argument("--out", default="benchmarks/results/gpu_prep_variants.json")
     ap.add_argument("--rep-ms", type=int, default=200)
-    ap.add_argument("--variant", action="append", help="warps:maxnreg:fp16 (repeatable)")
+    ap.add_argument("--variant", action="append", help="warps:fp16 (repeatable)")
     ap.add_argument("--workload", action="append")
     args = ap.parse_args(argv)
     variants = [parse_variant(v) for v in args.variant] if args.variant else VARIANTS

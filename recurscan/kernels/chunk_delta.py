@@ -103,26 +103,17 @@ def _chunk_gates(g, tok, cp, m_r, i_hv, HV: tl.constexpr, M: tl.constexpr, BT: t
 
 
 @triton.jit
-def _decay_matrix(gc, seg, o_t):
-    """G [BT, BT]: G[i, j] = 2^(gc_i - gc_j), the decay from row j to row i, for j <= i in the same
-    reset segment; 0 elsewhere (the exponent is masked first, so no -inf - -inf is formed)."""
-    same = (o_t[:, None] >= o_t[None, :]) & (seg[:, None] == seg[None, :])
-    return tl.where(same, tl.exp2(tl.where(same, gc[:, None] - gc[None, :], 0.0)), 0.0)
-
-
-@triton.jit
-def _wy_inverse(b_T, b_L, b_beta, o_x, FP16: tl.constexpr, PRECISION: tl.constexpr):
-    """Tinv = (I + A)^-1 for A = diag(b_beta) b_L, b_L [BT, BT] strictly lower, from b_T = D_2 =
-    I - A_1 (the inverses of the 2 x 2 diagonal blocks, exact). Recursive block doubling: with D_s
-    the inverse of the s x s diagonal blocks, D_2s = D_s - D_s (A_s D_s), A_s the part of A inside
-    the 2s-blocks but outside the s-blocks (the block formula [[Ta, 0], [-Tb A_ba Ta, Tb]], all
-    blocks of a level at once): five levels for BT = 64, two products each, no reductions.
-    ``o_x[i, j] = i ^ j``: entry (i, j) lies in A_s (s = 2^lvl) exactly when the highest bit where
-    i and j differ is bit lvl, i.e. ``o_x >> lvl == 1``. A is formed level by level (never held
-    whole: registers). FP16: fp16 operands (tf32's 10-bit mantissa, a narrower range; float32
+def _wy_inverse(b_T, b_A, o_x, FP16: tl.constexpr, PRECISION: tl.constexpr):
+    """Tinv = (I + A)^-1 for strictly lower A [BT, BT], from b_T = D_2 = I - A_1 (the inverses of
+    the 2 x 2 diagonal blocks, exact). Recursive block doubling: with D_s the inverse of the s x s
+    diagonal blocks, D_2s = D_s - D_s (A_s D_s), A_s the part of A inside the 2s-blocks but outside
+    the s-blocks (the block formula [[Ta, 0], [-Tb A_ba Ta, Tb]], all blocks of a level at once):
+    five levels for BT = 64, two products each, no reductions. ``o_x[i, j] = i ^ j``: entry (i, j)
+    lies in A_s (s = 2^lvl) exactly when the highest bit where i and j differ is bit lvl, i.e.
+    ``o_x >> lvl == 1``. FP16: fp16 operands (tf32's 10-bit mantissa, a narrower range; float32
     accumulation), else float32 operands at PRECISION."""
     for lvl in tl.static_range(1, 6):
-        b_As = tl.where((o_x >> lvl) == 1, b_L * b_beta[:, None], 0.0)
+        b_As = tl.where((o_x >> lvl) == 1, b_A, 0.0)
         if FP16:
             b_X = tl.dot(b_As.to(tl.float16), b_T.to(tl.float16))
             b_T = b_T - tl.dot(b_T.to(tl.float16), b_X.to(tl.float16))
@@ -145,11 +136,8 @@ def chunk_delta_prep_kernel(
     USE_L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr,
     INV_PRECISION: tl.constexpr, DT: tl.constexpr, INV_FP16: tl.constexpr = False,
 ):
-    """Grid (chunks of the expanded stream, H): one program per chunk and query/key head, looping
-    over the ``HV // H`` value heads that share it (GVA), so that the q and k tiles are read once
-    and ``K K^T``, ``Q K^T`` and the norms are computed once for the group. For each value head hv
-    of the group it writes (rows of the expanded stream, BT = 64 columns within the chunk, zeros
-    above the diagonal):
+    """Grid (chunks of the expanded stream, HV). For the program's chunk and value head, writes
+    (rows of the expanded stream, BT = 64 columns within the chunk, zeros above the diagonal):
 
     - ``wy[rows, hv, :]  = (G o Tinv) diag(beta)``, ``Tinv = (I + strictLower(diag(beta) K K^T))^-1``
       computed gate-free, so ``U = wy X`` solves the chunk's gated triangular system;
@@ -163,19 +151,19 @@ def chunk_delta_prep_kernel(
     products on the tensor cores and no reductions (:func:`_wy_inverse`). INV_PRECISION "tf32" for
     16-bit inputs: its error in Tinv (<= 8e-4 relative, simulated with strongly correlated keys) is
     at the level of the bf16 rounding wy is stored with (9e-4); "ieee" for float32 inputs (every
-    product of the kernel then runs in float32). INV_FP16 (16-bit inputs): a (chunk, value head)
-    whose steps are all contractions (0 <= beta_i |k_i|^2 <= 2, checked in the kernel) runs the
-    inverse on fp16 operands, same mantissa as tf32, half the operand bytes and twice the
-    tensor-core rate (H200, B1 T16384 HV32: prep 0.355 -> 0.255 ms, output error vs float64
-    unchanged); any other keeps tf32, whose range it needs.
+    product of the kernel then runs in float32). INV_FP16 (16-bit inputs): a chunk whose steps are
+    all contractions (0 <= beta_i |k_i|^2 <= 2, checked in the kernel) runs the inverse on fp16
+    operands, same mantissa as tf32, half the operand bytes and twice the tensor-core rate (H200,
+    B1 T16384 HV32: prep 0.355 -> 0.255 ms, output error vs float64 unchanged); any other chunk keeps
+    tf32, whose range it needs.
 
     Varlen: ``chunk_indices [NT_pad, 2]`` holds (sequence, chunk) on the expanded stream; a row with
     sequence -1 is padding and does nothing. Dense: program c covers chunk c % ceil(T*M/BT) of
     sequence c // ceil(T*M/BT).
     """
     i_c = tl.program_id(0).to(tl.int64)
-    i_h = tl.program_id(1).to(tl.int64)
-    GROUP: tl.constexpr = HV // H  # value heads per query/key head
+    i_hv = tl.program_id(1).to(tl.int64)
+    i_h = i_hv // (HV // H)
     if IS_VARLEN:
         i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
         i_t = tl.load(chunk_indices + i_c * 2 + 1).to(tl.int64)
@@ -197,12 +185,22 @@ def chunk_delta_prep_kernel(
     rows = r0 + o_t.to(tl.int64)  # [BT] rows of the expanded stream
     m_r = rows < eos
     m_q = m_r & (rows % M == M - 1)  # the query of row e is token e // M's, on its last copy only
-    eye = o_t[:, None] == o_t[None, :]
 
-    # Shared by the group: raw q, k tiles, their norm factors, the normalised products.
+    # Every load first: the q, k tiles, then beta and the gates. The gates' scan synchronises the
+    # warps, which the compiler does not move loads across; issued after it, the tiles' latency
+    # was paid a second time (ncu: the top stall sat on the gate load, then on the tiles).
     b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.0)
     b_q = tl.load(q + ((rows // M) * H + i_h)[:, None] * K + o_k[None, :], mask=m_q[:, None] & m_k[None, :],
                   other=0.0)
+    b_beta = tl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(tl.float32)
+
+    # Stage 1: within-chunk cumulative log2 decays; G[i, j] = decay from row j to row i.
+    gc, seg = _chunk_gates(g, rows // M, rows % M, m_r, i_hv, HV, M, BT, HAS_G)
+    same = (o_t[:, None] >= o_t[None, :]) & (seg[:, None] == seg[None, :])
+    b_G = tl.where(same, tl.exp2(tl.where(same, gc[:, None] - gc[None, :], 0.0)), 0.0)  # [BT, BT]
+
+    # Norm factors of the raw q, k.
+    eye = o_t[:, None] == o_t[None, :]
     b_kk = tl.dot(b_k.to(DT), tl.trans(b_k.to(DT)), input_precision=INV_PRECISION)  # raw K K^T
     if USE_L2NORM:
         # Squared norms from the diagonals of K K^T and Q Q^T (tensor-core products of the raw
@@ -213,55 +211,44 @@ def chunk_delta_prep_kernel(
     else:
         rk = tl.full([BT], 1.0, tl.float32)
         rq = tl.full([BT], 1.0, tl.float32) * scale
+    # The sweep's per-row coefficients: decays (0 across a reset) times the norm factors.
+    gc_last = tl.sum(tl.where(o_t == BT - 1, gc, 0.0), axis=0)
+    seg_last = tl.sum(tl.where(o_t == BT - 1, seg, 0), axis=0)
+    lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
+    gam = tl.where(seg == seg_last, tl.exp2(tl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
+    lam_last = tl.where(seg_last == 0, tl.exp2(gc_last), 0.0)
+    p_coef = coef + (rows * HV + i_hv) * 4
+    tl.store(p_coef, lam * rk, mask=m_r)
+    tl.store(p_coef + 1, lam * rq, mask=m_r)
+    tl.store(p_coef + 2, gam * rk, mask=m_r)
+    tl.store(p_coef + 3, tl.zeros([BT], dtype=tl.float32) + lam_last, mask=m_r)
+    p_out = (rows * HV + i_hv)[:, None] * BT + o_t[None, :]
+
+    # aqk = G o (scale Q K^T) (normalised q, k: the factors scale the product's rows and columns).
     b_qk = tl.dot(b_q.to(DT), tl.trans(b_k.to(DT)), input_precision=INV_PRECISION) * rq[:, None] * rk[None, :]
-    b_kk = b_kk * rk[:, None] * rk[None, :]  # K K^T of the normalised keys
-    kk_diag = tl.sum(tl.where(eye, b_kk, 0.0), axis=1)  # |k_i|^2 after the norm
-    b_kk = tl.where(o_t[:, None] > o_t[None, :], b_kk, 0.0)
+    tl.store(aqk + p_out, (b_G * b_qk).to(aqk.dtype.element_ty), mask=m_r[:, None])
+
+    # Stage 2: A = diag(beta) strictLower(K K^T) for normalised keys.
+    b_A = b_kk * (b_beta * rk)[:, None] * rk[None, :]
+    if INV_FP16:
+        # fp16 operands are safe when every step I - beta_i k_i k_i^T of the chunk is a contraction
+        # (0 <= beta_i |k_i|^2 <= 2): then every entry of Tinv and of the partial inverses is at
+        # most 1 in magnitude, and A_s D_s at most 2 * 64. Otherwise this chunk keeps tf32.
+        growth = tl.max(tl.sum(tl.where(eye, b_A, 0.0), axis=1), axis=0)
+        contraction = (growth <= 2.0) & (tl.min(b_beta, axis=0) >= 0.0)
+    b_A = tl.where(o_t[:, None] > o_t[None, :], b_A, 0.0)
+
+    # Tinv = (I + A)^-1 by recursive block doubling (_wy_inverse).
     o_x = o_t[:, None] ^ o_t[None, :]
-
-    # Two real loops over the group (not unrolled), so that one value head's tiles live at a time
-    # and Q K^T is dead before the inverse runs (registers: Q K^T, K K^T, G and the inverse's
-    # three tiles together spill at four warps). The gates and G are formed in both (cheap).
-    for j in range(GROUP):
-        i_hv = i_h * GROUP + j
-        # Stage 1: within-chunk cumulative log2 decays; the sweep's per-row coefficients (decays,
-        # 0 across a reset, times the norm factors); aqk = G o (scale Q K^T).
-        gc, seg = _chunk_gates(g, rows // M, rows % M, m_r, i_hv, HV, M, BT, HAS_G)
-        gc_last = tl.sum(tl.where(o_t == BT - 1, gc, 0.0), axis=0)
-        seg_last = tl.sum(tl.where(o_t == BT - 1, seg, 0), axis=0)
-        lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
-        gam = tl.where(seg == seg_last, tl.exp2(tl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
-        lam_last = tl.where(seg_last == 0, tl.exp2(gc_last), 0.0)
-        p_coef = coef + (rows * HV + i_hv) * 4
-        tl.store(p_coef, lam * rk, mask=m_r)
-        tl.store(p_coef + 1, lam * rq, mask=m_r)
-        tl.store(p_coef + 2, gam * rk, mask=m_r)
-        tl.store(p_coef + 3, tl.zeros([BT], dtype=tl.float32) + lam_last, mask=m_r)
-        b_G = _decay_matrix(gc, seg, o_t)
-        p_out = (rows * HV + i_hv)[:, None] * BT + o_t[None, :]
-        tl.store(aqk + p_out, (b_G * b_qk).to(aqk.dtype.element_ty), mask=m_r[:, None])
-
-    for j in range(GROUP):
-        i_hv = i_h * GROUP + j
-        # Stage 2: Tinv = (I + A)^-1, A = diag(beta) strictLower(K K^T) (_wy_inverse), then
-        # wy = (G o Tinv) diag(beta).
-        b_beta = tl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(tl.float32)
-        b_T = eye.to(tl.float32) - tl.where(o_x == 1, b_kk * b_beta[:, None], 0.0)
-        if INV_FP16:
-            # fp16 operands are safe when every step I - beta_i k_i k_i^T of the chunk is a
-            # contraction (0 <= beta_i |k_i|^2 <= 2): then every entry of Tinv and of the partial
-            # inverses is at most 1 in magnitude, and A_s D_s at most 2 * 64. Else tf32.
-            growth = tl.max(b_beta * kk_diag, axis=0)
-            if (growth <= 2.0) & (tl.min(b_beta, axis=0) >= 0.0):
-                b_T = _wy_inverse(b_T, b_kk, b_beta, o_x, True, INV_PRECISION)
-            else:
-                b_T = _wy_inverse(b_T, b_kk, b_beta, o_x, False, INV_PRECISION)
+    b_T = eye.to(tl.float32) - tl.where(o_x == 1, b_A, 0.0)
+    if INV_FP16:
+        if contraction:
+            b_T = _wy_inverse(b_T, b_A, o_x, True, INV_PRECISION)
         else:
-            b_T = _wy_inverse(b_T, b_kk, b_beta, o_x, False, INV_PRECISION)
-        gc, seg = _chunk_gates(g, rows // M, rows % M, m_r, i_hv, HV, M, BT, HAS_G)
-        b_G = _decay_matrix(gc, seg, o_t)
-        p_out = (rows * HV + i_hv)[:, None] * BT + o_t[None, :]
-        tl.store(wy + p_out, (b_G * b_T * b_beta[None, :]).to(wy.dtype.element_ty), mask=m_r[:, None])
+            b_T = _wy_inverse(b_T, b_A, o_x, False, INV_PRECISION)
+    else:
+        b_T = _wy_inverse(b_T, b_A, o_x, False, INV_PRECISION)
+    tl.store(wy + p_out, (b_G * b_T * b_beta[None, :]).to(wy.dtype.element_ty), mask=m_r[:, None])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -569,7 +556,7 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
                      chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None, state=None,
                      state_indices=None, return_chunk_states=False, block_v=32, num_warps=4,
                      num_stages=2, prep_warps=4, stages="both", segments=1,
-                     inverse_fp16=None, v_product=True, prep_maxnreg=None) -> ChunkDeltaPlan:
+                     inverse_fp16=None, v_product=True) -> ChunkDeltaPlan:
     """The launches of :func:`chunk_delta_fwd` for these tensors' shapes (read, never kept)."""
     M = num_householder
     B, T, H, K = q.shape
@@ -624,14 +611,14 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
     beta_arg = arg("beta") if beta is not None else arg("beta_ones")
     steps = []
     if n_prep > 0 and stages in ("both", "prep"):
-        steps.append(_Step(chunk_delta_prep_kernel, (n_prep, H), dict(
+        steps.append(_Step(chunk_delta_prep_kernel, (n_prep, HV), dict(
             q=arg("q"), k=arg("k"), g=arg("g", g is not None), beta=beta_arg, wy=arg("wy"), aqk=arg("aqk"),
             coef=arg("coef"),
             cu_seqlens=arg("cu_seqlens", varlen), chunk_indices=arg("chunk_indices_dp", varlen),
             scale=scale, T=T, H=H, HV=HV, K=K, M=M, BT=BT, BK=BK,
             USE_L2NORM=use_qk_l2norm_in_kernel, IS_VARLEN=varlen, HAS_G=g is not None,
             INV_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DT=dt, INV_FP16=inverse_fp16),
-            dict(num_warps=prep_warps) if prep_maxnreg is None else dict(num_warps=prep_warps, maxnreg=prep_maxnreg)))
+            dict(num_warps=prep_warps)))
     outputs = ("o", "state" if use_cache else ("final" if store_final else None)) + \
         (("chunk_states",) if return_chunk_states else ())
     if stages == "prep":
@@ -701,7 +688,7 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
                     chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None, state=None,
                     state_indices=None, return_chunk_states=False, block_v=32, num_warps=4,
                     num_stages=2, prep_warps=4, stages="both", segments=1, inverse_fp16=None,
-                    v_product=True, prep_maxnreg=None):
+                    v_product=True):
     """Launch the kernels. Arguments as the public ops (``recurscan.chunk_gated_delta_rule``,
     ``recurscan.chunk_gated_delta_product_varlen``), with the descriptors already built:
 
@@ -709,8 +696,7 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
       expanded stream sizes the prep grid; with ``return_chunk_states``, ``chunk_offsets [N + 1]``
       and ``num_chunk_rows`` (rows of the chunk-state tensor, >= chunk_offsets[N]) too.
     - launch shape: ``block_v`` (BV), ``num_warps``/``num_stages`` of the sweep, ``prep_warps``;
-      the planner picks them (``recurscan.plan``). ``prep_maxnreg``: a register cap per thread for
-      the prep (ptxas spills above it; None: no cap), so that more prep programs fit on an SM.
+      the planner picks them (``recurscan.plan``).
     - ``stages``: "both"; "prep" or "sweep" launch one kernel alone (benchmarks time each; the
       sweep alone then reads scratch the prep kernel wrote in an earlier call, or poison).
     - ``segments``: 1 runs the single sweep (one program walks a whole sequence). P > 1 (dense
@@ -742,6 +728,6 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
         num_chunk_rows=num_chunk_rows, state=state, state_indices=state_indices,
         return_chunk_states=return_chunk_states, block_v=block_v, num_warps=num_warps, num_stages=num_stages,
         prep_warps=prep_warps, stages=stages, segments=segments, inverse_fp16=inverse_fp16,
-        v_product=v_product, prep_maxnreg=prep_maxnreg)
+        v_product=v_product)
     return run_chunk_delta(plan, (q, k, v, g, beta, initial_state, state, state_indices, cu_seqlens,
                                   chunk_indices_dp, chunk_offsets))
