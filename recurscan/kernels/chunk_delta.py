@@ -202,10 +202,11 @@ def chunk_delta_prep_kernel(
     # Norm factors of the raw q, k.
     eye = o_t[:, None] == o_t[None, :]
     b_kk = tl.dot(b_k.to(DT), tl.trans(b_k.to(DT)), input_precision=INV_PRECISION)  # raw K K^T
+    # Squared norms from the diagonals of K K^T and Q Q^T (tensor-core products of the raw tiles,
+    # float32 accumulation): fewer instructions than squaring the [BT, K] tiles.
+    k_sq = tl.sum(tl.where(eye, b_kk, 0.0), axis=1)
     if USE_L2NORM:
-        # Squared norms from the diagonals of K K^T and Q Q^T (tensor-core products of the raw
-        # tiles, float32 accumulation): fewer instructions than squaring the [BT, K] tiles.
-        rk = tl.rsqrt(tl.sum(tl.where(eye, b_kk, 0.0), axis=1) + 1e-6)
+        rk = tl.rsqrt(k_sq + 1e-6)
         b_qq = tl.dot(b_q.to(DT), tl.trans(b_q.to(DT)), input_precision=INV_PRECISION)
         rq = tl.rsqrt(tl.sum(tl.where(eye, b_qq, 0.0), axis=1) + 1e-6) * scale
     else:
@@ -234,7 +235,7 @@ def chunk_delta_prep_kernel(
         # fp16 operands are safe when every step I - beta_i k_i k_i^T of the chunk is a contraction
         # (0 <= beta_i |k_i|^2 <= 2): then every entry of Tinv and of the partial inverses is at
         # most 1 in magnitude, and A_s D_s at most 2 * 64. Otherwise this chunk keeps tf32.
-        growth = tl.max(tl.sum(tl.where(eye, b_A, 0.0), axis=1), axis=0)
+        growth = tl.max(b_beta * (rk * rk * k_sq), axis=0)  # max_i beta_i |k_i|^2 (normalised)
         contraction = (growth <= 2.0) & (tl.min(b_beta, axis=0) >= 0.0)
     b_A = tl.where(o_t[:, None] > o_t[None, :], b_A, 0.0)
 
