@@ -427,15 +427,17 @@ def chunk_delta_sweep_kernel(
         b_Wt = tl.load(wy + (e * HV + i_hv)[None, :] * BT + o_t[:, None], mask=m_r[None, :], other=0.0).to(DT)
         if PASS != 1:
             b_At = tl.load(aqk + (e * HV + i_hv)[None, :] * BT + o_t[:, None], mask=m_r[None, :], other=0.0).to(DT)
-        # Stage 1, precomputed by the prep kernel: the rows' decays times their norm factors, and
-        # the decay across the chunk (stored on every valid row; rows past the end load 0 and
-        # lam_last >= 0, so the maximum reads it). One [BT, 4] tile: one pipelined buffer (four
-        # vectors took four, each 1 KB aligned).
+        # Stage 1, precomputed by the prep kernel: the rows' decays times their norm factors. One
+        # [BT, 4] tile: one pipelined buffer (four vectors took four, each 1 KB aligned; loaded as
+        # separate vectors, each element became its own 4-byte copy: 190 more instructions per
+        # chunk, sm_90 SASS).
         o_4 = tl.arange(0, 4)
         b_coef = tl.load(coef + (e * HV + i_hv)[:, None] * 4 + o_4[None, :], mask=m_r[:, None], other=0.0)
         lam_rk = tl.sum(tl.where(o_4[None, :] == 0, b_coef, 0.0), axis=1)
         gam_rk = tl.sum(tl.where(o_4[None, :] == 2, b_coef, 0.0), axis=1)
-        lam_last = tl.max(tl.where(o_4[None, :] == 3, b_coef, 0.0))
+        # The decay across the chunk, as a scalar load of the chunk's first row (always a row of the
+        # sequence): taken from the tile it was a block-wide max (shuffles, three barriers per chunk).
+        lam_last = tl.load(coef + ((bos + c * BT) * HV + i_hv) * 4 + 3)
 
         # Stage 3: the chunk's writes, transposed: U^T = (V - lam o K S)^T wy^T.
         b_Sd = b_St.to(DT)
