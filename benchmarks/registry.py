@@ -294,6 +294,8 @@ register(Workload("gdn_b4_t8192_h16_hv64", "gdn", (8192,) * 4, heads=16, value_h
 register(Workload("gdn_varlen16_32976_hv32", "gdn", VARLEN16_LENGTHS, heads=16, value_heads=32, varlen=True,
                   note="16 packed sequences (registry.VARLEN16_LENGTHS), B = 1 with cu_seqlens",
                   reference={"fla chunk_gated_delta_rule fwd": "1.95 ms", "source": _FLA_H200}))
+register(Workload("gdn_varlen16_32976_hv32_shortest_first", "gdn", VARLEN16_LENGTHS[::-1], heads=16, value_heads=32,
+                  varlen=True, note="the same 16 sequences packed shortest first (a serving batch is not sorted)"))
 # ---- chunked GDP forward (GPU) --------------------------------------------------------------------
 register(Workload("gdp_m2_b4_t4096_h16", "gdp", (4096,) * 4, heads=16, value_heads=16, num_householder=2,
                   note="k, v, beta on the expanded stream [B, T*M, ...]; recurscan runs it as varlen B = 1",

@@ -45,7 +45,8 @@ def _compile(kernel, sig, const, num_warps, num_stages=2):
 def sweep(BV, warps, stages, v_product, PASS=0):
     p, f = "*bf16", "*fp32"
     sig = dict(q=p, k=p, v=p, wy=p, aqk=p, coef=f, o=p, h0=f, ht=f, state=f, state_indices="*i32", chunk_states=f,
-               cu_seqlens="*i32", chunk_offsets="*i32", seg_n=f, seg_m=f, n_seg="i32", seg_chunks="i32", T="i32")
+               cu_seqlens="*i32", chunk_offsets="*i32", sequence_order="*i32", seg_n=f, seg_m=f, n_seg="i32",
+               seg_chunks="i32", T="i32")
     const = dict(SHAPES, V=128, BV=BV, IS_VARLEN=False, HAS_H0=False, STORE_FINAL=True, USE_CACHE=False,
                  STORE_CHUNK_STATES=False, DOT_PRECISION="tf32", NUM_STAGES=stages, DT=tl.bfloat16, PASS=PASS,
                  V_PRODUCT=v_product)

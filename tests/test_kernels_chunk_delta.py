@@ -98,6 +98,38 @@ def test_gdp_varlen_matches_oracle(M):
         assert_f32_close(a, b, what)
 
 
+@pytest.mark.parametrize("lengths", [
+    [5, 300, 0, 64, 300, 1],  # ties keep index order; an empty sequence goes last
+    [1] * 7 + [2],
+    list(range(300)),  # ascending, more sequences than one program ranks (BLOCK 128)
+    [17],
+])
+def test_sweep_sequence_order_is_longest_first(lengths):
+    """The varlen sweep launches its sequences longest first (ties in index order): exactly a
+    stable descending argsort of the lengths, for any N (one program ranks 128 sequences)."""
+    cu = torch.tensor([0] + lengths).cumsum(0).to(DEVICE)
+    order = torch.full((len(lengths),), -1, dtype=torch.int32, device=DEVICE)
+    grid = (-(-len(lengths) // 128),)
+    chunk_delta.sequence_order_kernel[grid](cu, order, len(lengths), BLOCK=128)
+    want = torch.sort(torch.tensor(lengths), descending=True, stable=True).indices
+    assert order.cpu().tolist() == want.tolist()
+
+
+def test_varlen_shortest_first_matches_oracle():
+    """Sequences given shortest first are swept in the opposite order: every output row, final state
+    and chunk state still lands on its own sequence."""
+    cu = [0, 1, 3, 40, 70, 200]
+    q, k, v, g, beta = gdp_inputs(200, 1, 2, 4, 16, 16)
+    S0 = torch.randn(5, 4, 16, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    want = gated_delta_product_naive(q, k, v, g, beta, 1, initial_state=S0, use_qk_l2norm_in_kernel=True,
+                                     cu_seqlens=torch.tensor(cu), return_chunk_states=True)
+    got = recurscan.chunk_gated_delta_product_varlen(
+        *f32(q, k, v, g, beta), 1, torch.tensor(cu, device=DEVICE), initial_state=f32(S0)[0],
+        output_final_state=True, use_qk_l2norm_in_kernel=True, return_chunk_states=True, backend="triton")
+    for a, b, what in zip(got, want, ("o", "final state", "chunk states")):
+        assert_f32_close(a, b, what)
+
+
 def test_state_cache_padding_and_untouched_slots():
     """Slots named in state_indices are read and written in place; -1 is padding (zero output, zero
     chunk-state rows, nothing read or written); unnamed slots keep their bits (NaN stays NaN)."""

@@ -76,8 +76,9 @@ POISON_BUFFERS = os.environ.get("RECURSCAN_POISON_BUFFERS", "0") == "1"
 
 
 def _empty(*shape, dtype, device):
-    if POISON_BUFFERS:
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    if POISON_BUFFERS:  # NaN, or -1 for integer buffers (an index no kernel may use)
+        poison = float("nan") if dtype.is_floating_point else -1
+        return torch.full(shape, poison, dtype=dtype, device=device)
     return torch.empty(*shape, dtype=dtype, device=device)
 
 
@@ -253,6 +254,36 @@ def chunk_delta_prep_kernel(
 
 
 # ----------------------------------------------------------------------------------------------
+# Varlen: the sweep's order of sequences, longest first
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["N"])
+def sequence_order_kernel(cu_seqlens, order, N, BLOCK: tl.constexpr):
+    """Grid (ceil(N / BLOCK),): ``order`` = the sequences sorted by length, longest first, ties in
+    index order (a stable descending argsort of ``cu_seqlens[1:] - cu_seqlens[:-1]``). Sequence i's
+    rank is the number of sequences that go before it; each program ranks BLOCK sequences against
+    all N (N^2 comparisons: 1/4 M at N = 512) and scatters them to their ranks.
+
+    Why: each sweep program walks its sequence's chunks one after another and programs start in
+    launch order, so the sweep lasts at least as long as the longest sequence and a long sequence
+    launched last adds the whole of its walk to the end (list scheduling; longest first is the
+    classic remedy). Measured on the H200 at the 16-sequence varlen workload launched shortest
+    first: docs/kernels-chunk-delta.md."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m_i = i < N
+    len_i = tl.load(cu_seqlens + i + 1, mask=m_i, other=0) - tl.load(cu_seqlens + i, mask=m_i, other=0)
+    rank = tl.zeros([BLOCK], dtype=tl.int32)
+    for j0 in range(0, N, BLOCK):
+        j = j0 + tl.arange(0, BLOCK)
+        m_j = j < N
+        len_j = tl.load(cu_seqlens + j + 1, mask=m_j, other=0) - tl.load(cu_seqlens + j, mask=m_j, other=0)
+        ahead = (len_j[None, :] > len_i[:, None]) | ((len_j[None, :] == len_i[:, None]) & (j[None, :] < i[:, None]))
+        rank += tl.sum((ahead & m_j[None, :]).to(tl.int32), axis=1)
+    tl.store(order + rank, i, mask=m_i)
+
+
+# ----------------------------------------------------------------------------------------------
 # Stages 3 and 4: the state sweep with the outputs, one program per (sequence, head, value block)
 # ----------------------------------------------------------------------------------------------
 
@@ -262,7 +293,7 @@ def chunk_delta_prep_kernel(
 @triton.jit(do_not_specialize=["n_seg", "seg_chunks"])
 def chunk_delta_sweep_kernel(
     q, k, v, wy, aqk, coef, o,
-    h0, ht, state, state_indices, chunk_states, cu_seqlens, chunk_offsets,
+    h0, ht, state, state_indices, chunk_states, cu_seqlens, chunk_offsets, sequence_order,
     seg_n, seg_m, n_seg, seg_chunks, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -282,6 +313,10 @@ def chunk_delta_sweep_kernel(
         S <- lam_last S + K^T ((gam rk) o U)
 
     computed transposed (S^T, X^T, U^T, O^T) so that the chained values are left operands.
+
+    Varlen: program block n (in launch order) sweeps sequence ``sequence_order[n]``, the longest
+    sequences first (:func:`sequence_order_kernel`): each program walks its sequence's chunks one
+    after another, so a long sequence launched last would end the kernel alone.
 
     The initial state is ``state[state_indices[n]]`` (USE_CACHE; slot -1: zero output, nothing
     read or written), else ``h0[n]`` (HAS_H0), else zeros. The final state goes back to the cache
@@ -332,6 +367,8 @@ def chunk_delta_sweep_kernel(
         i_v = pid % NV
         i_hv = (pid // NV) % HV
         i_n = pid // (NV * HV)
+        if IS_VARLEN:  # longest sequences first (sequence_order_kernel)
+            i_n = tl.load(sequence_order + i_n).to(tl.int64)
         W = V
     i_h = i_hv // (HV // H)
     if IS_VARLEN:
@@ -523,7 +560,8 @@ def chunk_delta_fixup_kernel(
 #: The per-call values of a planned call, in order: the inputs, then the buffers the call allocates.
 INPUT_NAMES = ("q", "k", "v", "g", "beta", "initial_state", "state", "state_indices", "cu_seqlens",
                "chunk_indices_dp", "chunk_offsets")
-BUFFER_NAMES = ("o", "final", "chunk_states", "beta_ones", "wy", "aqk", "coef", "seg_n", "seg_m")
+BUFFER_NAMES = ("o", "final", "chunk_states", "beta_ones", "wy", "aqk", "coef", "seg_n", "seg_m",
+                "sequence_order")
 CALL_NAMES = INPUT_NAMES + BUFFER_NAMES
 
 
@@ -637,12 +675,17 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
         state=arg("state", use_cache), state_indices=arg("state_indices", use_cache),
         chunk_states=arg("chunk_states", return_chunk_states), cu_seqlens=arg("cu_seqlens", varlen),
         chunk_offsets=arg("chunk_offsets", varlen and return_chunk_states),
+        sequence_order=arg("sequence_order", varlen),
         seg_n=arg("o"), seg_m=arg("o"), n_seg=1, seg_chunks=0, T=T,
         H=H, HV=HV, K=K, V=V, M=M, BT=BT, BK=BK, BV=BV,
         IS_VARLEN=varlen, HAS_H0=initial_state is not None, USE_CACHE=use_cache, STORE_FINAL=store_final,
         STORE_CHUNK_STATES=return_chunk_states, DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, DT=dt, PASS=0,
         V_PRODUCT=v_product)
     options = dict(num_warps=num_warps)
+    if varlen and N > 0:  # the sweep's sequences, longest first
+        buffers["sequence_order"] = ((N,), torch.int32, None)
+        steps.append(_Step(sequence_order_kernel, (triton.cdiv(N, 128),), dict(
+            cu_seqlens=arg("cu_seqlens"), order=arg("sequence_order"), N=N, BLOCK=128), dict(num_warps=4)))
     if P == 1:
         steps.append(_Step(chunk_delta_sweep_kernel, (N * HV * NV,), sweep, options))
     else:
