@@ -53,11 +53,11 @@ def sweep(BV, warps, stages, v_product, PASS=0):
     return _compile(chunk_delta_sweep_kernel, sig, const, warps, stages)
 
 
-def prep(warps=4, fp16=True):
+def prep(warps=4, fp16=True, varlen=False):
     p = "*bf16"
     sig = dict(q=p, k=p, g="*fp32", beta=p, wy=p, aqk=p, coef="*fp32", cu_seqlens="*i32", chunk_indices="*i32",
-               scale="fp32", T="i32")
-    const = dict(SHAPES, USE_L2NORM=True, IS_VARLEN=False, HAS_G=True, INV_PRECISION="tf32", DT=tl.bfloat16,
+               sequence_order="*i32", scale="fp32", T="i32", n_seq="i32")
+    const = dict(SHAPES, USE_L2NORM=True, IS_VARLEN=varlen, HAS_G=True, INV_PRECISION="tf32", DT=tl.bfloat16,
                  INV_FP16=fp16)
     return _compile(chunk_delta_prep_kernel, sig, const, warps)
 
@@ -68,7 +68,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     shapes = [tuple(int(x) for x in s.split(":")) for s in args.sweep or []] or \
         [(128, 8, 3, 1), (64, 4, 3, 1), (64, 4, 2, 1), (64, 4, 2, 0), (32, 4, 2, 0), (16, 4, 2, 0)]
-    print(f"prep, 4 warps: {prep()}")
+    print(f"prep, 4 warps: {prep()}; varlen {prep(varlen=True)}")
     for BV, warps, stages, vp in shapes:
         passes = (0, 1, 2) if (BV, vp) == (64, 0) else (0,)
         for PASS in passes:

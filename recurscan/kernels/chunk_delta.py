@@ -128,10 +128,10 @@ def _wy_inverse(b_T, b_A, o_x, FP16: tl.constexpr, PRECISION: tl.constexpr):
 # ----------------------------------------------------------------------------------------------
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_seq"])
 def chunk_delta_prep_kernel(
-    q, k, g, beta, wy, aqk, coef, cu_seqlens, chunk_indices,
-    scale, T,
+    q, k, g, beta, wy, aqk, coef, cu_seqlens, chunk_indices, sequence_order,
+    scale, T, n_seq,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr,
     USE_L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr,
@@ -159,13 +159,17 @@ def chunk_delta_prep_kernel(
     tf32, whose range it needs.
 
     Varlen: ``chunk_indices [NT_pad, 2]`` holds (sequence, chunk) on the expanded stream; a row with
-    sequence -1 is padding and does nothing. Dense: program c covers chunk c % ceil(T*M/BT) of
-    sequence c // ceil(T*M/BT).
+    sequence -1 is padding and does nothing. Programs (c, 0) with c < ceil(n_seq / 128) also write
+    the sweep's order of sequences, longest first (``sequence_order [n_seq]``, :func:`_rank_sequences`;
+    in this launch rather than one of its own, which cost ~20 us between the prep and the sweep).
+    Dense: program c covers chunk c % ceil(T*M/BT) of sequence c // ceil(T*M/BT).
     """
     i_c = tl.program_id(0).to(tl.int64)
     i_hv = tl.program_id(1).to(tl.int64)
     i_h = i_hv // (HV // H)
     if IS_VARLEN:
+        if (i_hv == 0) & (i_c * 128 < n_seq):
+            _rank_sequences(cu_seqlens, sequence_order, n_seq, i_c, 128, 16)
         i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
         i_t = tl.load(chunk_indices + i_c * 2 + 1).to(tl.int64)
         if i_n < 0:
@@ -258,29 +262,36 @@ def chunk_delta_prep_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-@triton.jit(do_not_specialize=["N"])
-def sequence_order_kernel(cu_seqlens, order, N, BLOCK: tl.constexpr):
-    """Grid (ceil(N / BLOCK),): ``order`` = the sequences sorted by length, longest first, ties in
-    index order (a stable descending argsort of ``cu_seqlens[1:] - cu_seqlens[:-1]``). Sequence i's
-    rank is the number of sequences that go before it; each program ranks BLOCK sequences against
-    all N (N^2 comparisons: 1/4 M at N = 512) and scatters them to their ranks.
-
-    Why: each sweep program walks its sequence's chunks one after another and programs start in
-    launch order, so the sweep lasts at least as long as the longest sequence and a long sequence
-    launched last adds the whole of its walk to the end (list scheduling; longest first is the
-    classic remedy). Measured on the H200 at the 16-sequence varlen workload launched shortest
-    first: docs/kernels-chunk-delta.md."""
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+@triton.jit
+def _rank_sequences(cu_seqlens, order, N, i_block, BLOCK: tl.constexpr, BLOCK_J: tl.constexpr):
+    """Sequences ``i_block * BLOCK + [0, BLOCK)`` ranked among all N by length, longest first, ties
+    in index order, and scattered to ``order[rank]``: over all blocks, ``order`` is a stable
+    descending argsort of ``cu_seqlens[1:] - cu_seqlens[:-1]``. BLOCK x N comparisons, BLOCK_J
+    columns at a time (few registers: it runs inside the prep kernel)."""
+    i = i_block * BLOCK + tl.arange(0, BLOCK)
     m_i = i < N
     len_i = tl.load(cu_seqlens + i + 1, mask=m_i, other=0) - tl.load(cu_seqlens + i, mask=m_i, other=0)
     rank = tl.zeros([BLOCK], dtype=tl.int32)
-    for j0 in range(0, N, BLOCK):
-        j = j0 + tl.arange(0, BLOCK)
+    for j0 in range(0, N, BLOCK_J):
+        j = j0 + tl.arange(0, BLOCK_J)
         m_j = j < N
         len_j = tl.load(cu_seqlens + j + 1, mask=m_j, other=0) - tl.load(cu_seqlens + j, mask=m_j, other=0)
         ahead = (len_j[None, :] > len_i[:, None]) | ((len_j[None, :] == len_i[:, None]) & (j[None, :] < i[:, None]))
         rank += tl.sum((ahead & m_j[None, :]).to(tl.int32), axis=1)
     tl.store(order + rank, i, mask=m_i)
+
+
+@triton.jit(do_not_specialize=["N"])
+def sequence_order_kernel(cu_seqlens, order, N, BLOCK: tl.constexpr):
+    """Grid (ceil(N / BLOCK),): ``order`` = the sequences by length, longest first, ties in index
+    order (:func:`_rank_sequences`). The prep kernel does this ranking itself (its first programs);
+    this launch serves a sweep run alone (benchmarks) and the tests.
+
+    Why the varlen sweep wants it: each sweep program walks its sequence's chunks one after
+    another and programs start in launch order, so a long sequence launched last adds the whole of
+    its walk to the end (list scheduling; longest first is the classic remedy). H200, the
+    16-sequence varlen workload packed shortest first: 1.095 -> 0.952 ms (docs/kernels-chunk-delta.md)."""
+    _rank_sequences(cu_seqlens, order, N, tl.program_id(0), BLOCK, 16)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -626,6 +637,8 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
         "aqk": ((B, T * M, HV, BT), q.dtype, None),
     }
     buffers["coef"] = ((B, T * M, HV, 4), torch.float32, None)
+    if varlen and N > 0:  # the sweep's order of sequences, longest first (written by the prep)
+        buffers["sequence_order"] = ((N,), torch.int32, None)
     if beta is None:
         buffers["beta_ones"] = ((B, T * M, HV), q.dtype, 1.0)
     if store_final:
@@ -656,7 +669,8 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
             q=arg("q"), k=arg("k"), g=arg("g", g is not None), beta=beta_arg, wy=arg("wy"), aqk=arg("aqk"),
             coef=arg("coef"),
             cu_seqlens=arg("cu_seqlens", varlen), chunk_indices=arg("chunk_indices_dp", varlen),
-            scale=scale, T=T, H=H, HV=HV, K=K, M=M, BT=BT, BK=BK,
+            sequence_order=arg("sequence_order", varlen and N > 0), scale=scale, T=T, n_seq=N if varlen else 0,
+            H=H, HV=HV, K=K, M=M, BT=BT, BK=BK,
             USE_L2NORM=use_qk_l2norm_in_kernel, IS_VARLEN=varlen, HAS_G=g is not None,
             INV_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DT=dt, INV_FP16=inverse_fp16),
             dict(num_warps=prep_warps)))
@@ -675,15 +689,14 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
         state=arg("state", use_cache), state_indices=arg("state_indices", use_cache),
         chunk_states=arg("chunk_states", return_chunk_states), cu_seqlens=arg("cu_seqlens", varlen),
         chunk_offsets=arg("chunk_offsets", varlen and return_chunk_states),
-        sequence_order=arg("sequence_order", varlen),
+        sequence_order=arg("sequence_order", varlen and N > 0),
         seg_n=arg("o"), seg_m=arg("o"), n_seg=1, seg_chunks=0, T=T,
         H=H, HV=HV, K=K, V=V, M=M, BT=BT, BK=BK, BV=BV,
         IS_VARLEN=varlen, HAS_H0=initial_state is not None, USE_CACHE=use_cache, STORE_FINAL=store_final,
         STORE_CHUNK_STATES=return_chunk_states, DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, DT=dt, PASS=0,
         V_PRODUCT=v_product)
     options = dict(num_warps=num_warps)
-    if varlen and N > 0:  # the sweep's sequences, longest first
-        buffers["sequence_order"] = ((N,), torch.int32, None)
+    if varlen and N > 0 and stages == "sweep":  # the sweep alone: its order of sequences (else the prep's)
         steps.append(_Step(sequence_order_kernel, (triton.cdiv(N, 128),), dict(
             cu_seqlens=arg("cu_seqlens"), order=arg("sequence_order"), N=N, BLOCK=128), dict(num_warps=4)))
     if P == 1:
