@@ -109,7 +109,8 @@ def _sm_count(device: torch.device) -> int:
 #   B4 T8192 HV64 (256 pairs):  128/8/3/1/vp 1.969, 64/4/2/1/reg 2.017, 64/4/3/1/vp 2.176
 #   varlen 16 x HV32 (512):     128/8/3/1/vp 1.018, 64/4/2/1/reg 1.051, 64/4/3/1/vp 1.256
 # BV 16 / 32 rows: from the measurements of 5941d22 (32 pairs: BV 32 1.08 ms, 16 1.11), V in
-# registers as then.
+# registers as then. Re-checked at a4ff2c9 for B1 (gpu_chunk_variants_a4ff2c9.json): T16384
+# 64/4/2/P3/reg 0.719, 64/4/3/1/vp 0.717, 64/4/3/P3/vp 0.718; T65536 2.823, 2.853, 2.811: within 1%.
 @dataclass(frozen=True)
 class LaunchShape:
     """What the launch rows read: independent (sequence, head) sweeps, multiprocessors, V, the
