@@ -109,18 +109,22 @@ def test_sweep_sequence_order_is_longest_first(lengths):
     stable descending argsort of the lengths, for any N (one program ranks 128 sequences)."""
     cu = torch.tensor([0] + lengths).cumsum(0).to(DEVICE)
     order = torch.full((len(lengths),), -1, dtype=torch.int32, device=DEVICE)
-    grid = (-(-len(lengths) // 128),)
-    chunk_delta.sequence_order_kernel[grid](cu, order, len(lengths), BLOCK=128)
+    block = chunk_delta.RANK_BLOCK.value
+    chunk_delta.sequence_order_kernel[(-(-len(lengths) // block),)](cu, order, len(lengths), BLOCK=block)
     want = torch.sort(torch.tensor(lengths), descending=True, stable=True).indices
     assert order.cpu().tolist() == want.tolist()
 
 
-def test_varlen_shortest_first_matches_oracle():
-    """Sequences given shortest first are swept in the opposite order: every output row, final state
-    and chunk state still lands on its own sequence."""
-    cu = [0, 1, 3, 40, 70, 200]
-    q, k, v, g, beta = gdp_inputs(200, 1, 2, 4, 16, 16)
-    S0 = torch.randn(5, 4, 16, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+@pytest.mark.parametrize("lengths", [
+    [1, 2, 37, 30, 130],  # shortest first, swept in the opposite order
+    [1 + n % 3 for n in range(130)] + [70],  # more sequences than one ranking program takes (128)
+])
+def test_varlen_sweep_order_matches_oracle(lengths):
+    """The sweep walks the sequences longest first (ranked by the prep's first programs): every
+    output row, final state and chunk state still lands on its own sequence."""
+    cu = torch.tensor([0] + lengths).cumsum(0).tolist()
+    q, k, v, g, beta = gdp_inputs(cu[-1], 1, 1, 2, 16, 16)
+    S0 = torch.randn(len(lengths), 2, 16, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
     want = gated_delta_product_naive(q, k, v, g, beta, 1, initial_state=S0, use_qk_l2norm_in_kernel=True,
                                      cu_seqlens=torch.tensor(cu), return_chunk_states=True)
     got = recurscan.chunk_gated_delta_product_varlen(

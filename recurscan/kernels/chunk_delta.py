@@ -69,6 +69,8 @@ CHUNK = 64  # BT: rows of the expanded stream per chunk (the WY blocks are 64 x 
 LOG2E = 1.4426950408889634
 # A base-2 log decay below this is 0 in float32 (2^-150 < the smallest subnormal): an exact reset.
 RESET_LOG2 = -150.0
+# Sequences one program ranks for the varlen sweep's order (_rank_sequences).
+RANK_BLOCK = tl.constexpr(128)
 
 # Tests set this (or RECURSCAN_POISON_BUFFERS=1) so that every buffer the op allocates with
 # torch.empty starts as NaN: an element the kernels forget to write then shows up.
@@ -159,7 +161,7 @@ def chunk_delta_prep_kernel(
     tf32, whose range it needs.
 
     Varlen: ``chunk_indices [NT_pad, 2]`` holds (sequence, chunk) on the expanded stream; a row with
-    sequence -1 is padding and does nothing. Programs (c, 0) with c < ceil(n_seq / 128) also write
+    sequence -1 is padding and does nothing. Programs (c, 0) with c < ceil(n_seq / RANK_BLOCK) write
     the sweep's order of sequences, longest first (``sequence_order [n_seq]``, :func:`_rank_sequences`;
     in this launch rather than one of its own, which cost ~20 us between the prep and the sweep).
     Dense: program c covers chunk c % ceil(T*M/BT) of sequence c // ceil(T*M/BT).
@@ -168,8 +170,8 @@ def chunk_delta_prep_kernel(
     i_hv = tl.program_id(1).to(tl.int64)
     i_h = i_hv // (HV // H)
     if IS_VARLEN:
-        if (i_hv == 0) & (i_c * 128 < n_seq):
-            _rank_sequences(cu_seqlens, sequence_order, n_seq, i_c, 128, 16)
+        if (i_hv == 0) & (i_c * RANK_BLOCK < n_seq):
+            _rank_sequences(cu_seqlens, sequence_order, n_seq, i_c, RANK_BLOCK, 16)
         i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
         i_t = tl.load(chunk_indices + i_c * 2 + 1).to(tl.int64)
         if i_n < 0:
@@ -290,7 +292,8 @@ def sequence_order_kernel(cu_seqlens, order, N, BLOCK: tl.constexpr):
     Why the varlen sweep wants it: each sweep program walks its sequence's chunks one after
     another and programs start in launch order, so a long sequence launched last adds the whole of
     its walk to the end (list scheduling; longest first is the classic remedy). H200, the
-    16-sequence varlen workload packed shortest first: 1.095 -> 0.952 ms (docs/kernels-chunk-delta.md)."""
+    16-sequence varlen workload packed shortest first: 1.096 -> 0.940 ms with the ranking in the
+    prep (docs/kernels-chunk-delta.md)."""
     _rank_sequences(cu_seqlens, order, N, tl.program_id(0), BLOCK, 16)
 
 
@@ -326,8 +329,9 @@ def chunk_delta_sweep_kernel(
     computed transposed (S^T, X^T, U^T, O^T) so that the chained values are left operands.
 
     Varlen: program block n (in launch order) sweeps sequence ``sequence_order[n]``, the longest
-    sequences first (:func:`sequence_order_kernel`): each program walks its sequence's chunks one
-    after another, so a long sequence launched last would end the kernel alone.
+    sequences first (ranked by the prep kernel's first programs, :func:`_rank_sequences`): each
+    program walks its sequence's chunks one after another, so a long sequence launched last would
+    end the kernel alone.
 
     The initial state is ``state[state_indices[n]]`` (USE_CACHE; slot -1: zero output, nothing
     read or written), else ``h0[n]`` (HAS_H0), else zeros. The final state goes back to the cache
@@ -378,7 +382,7 @@ def chunk_delta_sweep_kernel(
         i_v = pid % NV
         i_hv = (pid // NV) % HV
         i_n = pid // (NV * HV)
-        if IS_VARLEN:  # longest sequences first (sequence_order_kernel)
+        if IS_VARLEN:  # longest sequences first (ranked by the prep)
             i_n = tl.load(sequence_order + i_n).to(tl.int64)
         W = V
     i_h = i_hv // (HV // H)
@@ -697,8 +701,9 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
         V_PRODUCT=v_product)
     options = dict(num_warps=num_warps)
     if varlen and N > 0 and stages == "sweep":  # the sweep alone: its order of sequences (else the prep's)
-        steps.append(_Step(sequence_order_kernel, (triton.cdiv(N, 128),), dict(
-            cu_seqlens=arg("cu_seqlens"), order=arg("sequence_order"), N=N, BLOCK=128), dict(num_warps=4)))
+        steps.append(_Step(sequence_order_kernel, (triton.cdiv(N, RANK_BLOCK.value),), dict(
+            cu_seqlens=arg("cu_seqlens"), order=arg("sequence_order"), N=N, BLOCK=RANK_BLOCK.value),
+            dict(num_warps=4)))
     if P == 1:
         steps.append(_Step(chunk_delta_sweep_kernel, (N * HV * NV,), sweep, options))
     else:
