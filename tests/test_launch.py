@@ -70,10 +70,59 @@ def test_second_call_rewrites_only_its_own_values(monkeypatch):
     assert calls[0]["params"] == [a2.data_ptr(), b.data_ptr(), 1000, 1 << 40, 2.0, 1, 0, 0]
 
 
-@pytest.mark.parametrize("meta", [dict(global_scratch_size=64), dict(num_ctas=2), dict(launch_pdl=True)])
-def test_launches_needing_more_than_a_parameter_block_use_tritons_launcher(meta):
+@pytest.mark.parametrize("meta", [dict(profile_scratch_size=64), dict(num_ctas=2), dict(launch_pdl=True)])
+def test_launches_needing_more_than_a_parameter_block_use_tritons_launcher(meta, monkeypatch):
+    monkeypatch.setattr(L, "_cu_launch_kernel", lambda: (lambda *args: 0))
     d = L.DirectLaunch(fake_compiled(SIGNATURE, **meta), (1, 1, 1), [None] * 7, (0, 1, 4), (0, 1, 2))
     assert d.driver is None
+
+
+def test_global_scratch_is_allocated_per_call_for_the_whole_grid(monkeypatch):
+    """Kernels that build tensor descriptors on the device need global_scratch_size bytes per
+    program: each call allocates grid x size bytes (as Triton's launcher does) and passes its
+    address in the global-scratch slot; the profile slot stays 0."""
+    made = []
+
+    def scratch(nbytes):
+        made.append(torch.empty(nbytes, dtype=torch.uint8))
+        return made[-1]
+    monkeypatch.setattr(L, "_scratch", scratch)
+    calls = []
+
+    def cu_launch(*args):
+        params = args[9]
+        kinds = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_int8,
+                 ctypes.c_uint64, ctypes.c_uint64]
+        calls.append([ctypes.cast(params[i], ctypes.POINTER(k)).contents.value for i, k in enumerate(kinds)])
+        return 0
+    monkeypatch.setattr(L, "_cu_launch_kernel", lambda: cu_launch)
+    monkeypatch.setattr(L, "_current_stream", lambda: 0)
+    template = [None, None, 1000, 1 << 40, None, 64, True]
+    d = L.DirectLaunch(fake_compiled(SIGNATURE, global_scratch_size=128), (5, 2, 1), template, (0, 1, 4), (0, 1, 2))
+    assert d.driver is not None
+    a, b = torch.zeros(4), torch.zeros(8, dtype=torch.bfloat16)
+    d((a, b, 0.5))
+    d((a, b, 0.5))
+    assert [t.numel() for t in made] == [5 * 2 * 128] * 2
+    assert [c[6:] for c in calls] == [[made[0].data_ptr(), 0], [made[1].data_ptr(), 0]]
+    assert calls[0][:6] == [a.data_ptr(), b.data_ptr(), 1000, 1 << 40, 0.5, 1]
+
+
+def test_jit_launches_get_an_allocator_only_where_none_is_set():
+    """Triton's JIT launcher asks triton.set_allocator's allocator for device-side scratch; inside
+    scratch_allocator() PyTorch's serves where the caller set none, and a caller's stays."""
+    from triton.runtime import _allocation
+    assert _allocation._allocator.get() is _allocation._NULL_ALLOCATOR
+    with L.scratch_allocator():
+        assert _allocation._allocator.get() is L._torch_allocator
+    assert _allocation._allocator.get() is _allocation._NULL_ALLOCATOR
+    mine = lambda size, alignment, stream: None  # noqa: E731
+    token = _allocation._allocator.set(mine)
+    try:
+        with L.scratch_allocator():
+            assert _allocation._allocator.get() is mine
+    finally:
+        _allocation._allocator.reset(token)
 
 
 def test_driver_errors_fall_back_to_tritons_launcher(monkeypatch):
@@ -105,10 +154,13 @@ def test_driver_errors_fall_back_to_tritons_launcher(monkeypatch):
 PACKED_LAYOUT = [(0, 8), (8, 8), (16, 4), (24, 8), (32, 4), (36, 1), (40, 8), (48, 8)]
 
 
-def test_packed_parameter_buffer_at_the_drivers_offsets(monkeypatch):
+@pytest.mark.parametrize("scratch_size", [0, 64])
+def test_packed_parameter_buffer_at_the_drivers_offsets(monkeypatch, scratch_size):
     """With the driver's offsets, the launcher passes one buffer through ``extra`` (no pointer
-    array); constants and per-call values must sit at those offsets, and a second call must
-    rewrite only its own values."""
+    array); constants and per-call values (the global scratch's address among them) must sit at
+    those offsets, and a second call must rewrite only its own values."""
+    made = []
+    monkeypatch.setattr(L, "_scratch", lambda n: made.append(torch.empty(n, dtype=torch.uint8)) or made[-1])
     calls = []
 
     def cu_launch(*args):
@@ -126,12 +178,15 @@ def test_packed_parameter_buffer_at_the_drivers_offsets(monkeypatch):
     monkeypatch.setattr(L, "_current_stream", lambda: 77)
     monkeypatch.setattr(L, "_param_layout", lambda function, count: PACKED_LAYOUT if count == 8 else None)
     template = [None, None, 1000, 1 << 40, None, 64, True]
-    d = L.DirectLaunch(fake_compiled(SIGNATURE), (5, 2, 1), template, (0, 1, 4), (0, 1, 2))
+    d = L.DirectLaunch(fake_compiled(SIGNATURE, global_scratch_size=scratch_size), (5, 2, 1), template, (0, 1, 4),
+                       (0, 1, 2))
     a, b, a2 = torch.zeros(4), torch.zeros(8, dtype=torch.bfloat16), torch.zeros(16)
     d((a, b, 0.25))
     d((a2, b, 2.0))
-    assert calls[0] == (56, [a.data_ptr(), b.data_ptr(), 1000, 1 << 40, 0.25, 1, 0, 0])
-    assert calls[1] == (56, [a2.data_ptr(), b.data_ptr(), 1000, 1 << 40, 2.0, 1, 0, 0])
+    scratch = [t.data_ptr() for t in made] if scratch_size else [0, 0]
+    assert [t.numel() for t in made] == ([10 * scratch_size] * 2 if scratch_size else [])
+    assert calls[0] == (56, [a.data_ptr(), b.data_ptr(), 1000, 1 << 40, 0.25, 1, scratch[0], 0])
+    assert calls[1] == (56, [a2.data_ptr(), b.data_ptr(), 1000, 1 << 40, 2.0, 1, scratch[1], 0])
 
 
 def test_a_layout_that_disagrees_with_the_signature_keeps_the_pointer_array(monkeypatch):

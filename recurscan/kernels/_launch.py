@@ -9,8 +9,12 @@ that Triton specializes on), the compiled kernel, the grid and every constant ar
 only the per-call values change (data pointers, a scale). :class:`DirectLaunch` keeps the three;
 it packs the kernel's parameter block once and, per call, writes the data pointers into it and
 calls the driver's ``cuLaunchKernel`` (the pointers were checked by Triton on the signature's
-first, JIT, launch). Where that does not apply (a launch hook is set, the kernel needs scratch
-or launch attributes, an argument kind not handled here) it calls Triton's compiled launcher.
+first, JIT, launch). A kernel that builds tensor descriptors on the device needs a global scratch
+(``global_scratch_size`` bytes per program): the call allocates it from PyTorch's caching
+allocator on the launch stream, as Triton's launcher does through ``triton.set_allocator``
+(:func:`scratch_allocator` serves the JIT launches when no allocator is set). Where that does not
+apply (a launch hook is set, the kernel needs profile scratch, clusters or launch attributes, an
+argument kind not handled here) it calls Triton's compiled launcher.
 
 Per-call values are named: a kernel argument given as ``CallArg("q")`` is filled from the value
 named "q" of the call (``names`` says the order of the call's ``values``); anything else is a
@@ -27,6 +31,10 @@ try:  # Triton >= 3.2 keeps the launch hooks (profilers) in knobs
     from triton import knobs as _knobs
 except ImportError:  # pragma: no cover - older Triton: never take the direct path
     _knobs = None
+try:  # Triton >= 3.4: the allocator of device-side scratch is a context variable
+    from triton.runtime import _allocation
+except ImportError:  # pragma: no cover
+    _allocation = None
 
 
 class CallArg(str):
@@ -70,6 +78,34 @@ def _cu_launch_kernel():
     return _LIBCUDA
 
 
+def _scratch(nbytes: int) -> torch.Tensor:
+    """``nbytes`` of device memory for one launch's global scratch, from PyTorch's caching
+    allocator on the current stream (so reusing it after the launch is stream-ordered, and inside
+    a CUDA-graph capture it comes from the graph's pool). Its blocks are 512-byte aligned."""
+    return torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", torch._C._cuda_getDevice()))
+
+
+def _torch_allocator(size: int, alignment: int, stream):
+    buf = _scratch(size)
+    if buf.data_ptr() % alignment:  # pragma: no cover - the caching allocator aligns to 512
+        raise RuntimeError(f"scratch: {alignment}-byte alignment expected, got address {buf.data_ptr():#x}")
+    return buf
+
+
+class scratch_allocator:
+    """Context for a JIT launch: PyTorch's allocator serves Triton's device-side scratch where the
+    caller has set none (a user's ``triton.set_allocator`` is left in place)."""
+
+    def __enter__(self):
+        self.token = None
+        if _allocation is not None and _allocation._allocator.get() is _allocation._NULL_ALLOCATOR:
+            self.token = _allocation._allocator.set(_torch_allocator)
+
+    def __exit__(self, *exc):
+        if self.token is not None:
+            _allocation._allocator.reset(self.token)
+
+
 def _current_stream() -> int:
     """The current CUDA stream of the current device (Triton launches on the same one). The
     device is read with ``_cuda_getDevice``: the signature's first launch initialised CUDA."""
@@ -110,15 +146,18 @@ class _DriverCall:
     driver call. Triton's own launcher would parse all of the kernel's arguments (about a hundred
     here) on every call: ~16 us measured on the H200's host for the streaming kernel."""
 
-    __slots__ = ("fn", "head", "stream", "tail", "pointers", "scalars", "storage", "params", "extra")
+    __slots__ = ("fn", "head", "stream", "tail", "pointers", "scalars", "storage", "params", "extra",
+                 "scratch_bytes", "scratch_cell")
 
     def __init__(self, compiled, grid, template, positions: dict):
         """``positions``: argument index -> index in the call's values, for the per-call arguments."""
         md = compiled.metadata
-        if (getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0)
-                or getattr(md, "num_ctas", 1) != 1 or getattr(md, "launch_cooperative_grid", False)
-                or getattr(md, "launch_pdl", False)):
-            raise NotImplementedError("launch needs scratch, clusters or launch attributes")
+        if (getattr(md, "profile_scratch_size", 0) or getattr(md, "num_ctas", 1) != 1
+                or getattr(md, "launch_cooperative_grid", False) or getattr(md, "launch_pdl", False)):
+            raise NotImplementedError("launch needs profile scratch, clusters or launch attributes")
+        # Device-side tensor descriptors: global_scratch_size bytes per program (Triton's launcher
+        # allocates grid x num_ctas x size; num_ctas is 1 here).
+        self.scratch_bytes = grid[0] * grid[1] * grid[2] * getattr(md, "global_scratch_size", 0)
         kinds = list(compiled.src.signature.values())
         if len(kinds) != len(template):
             raise NotImplementedError("signature and arguments differ in length")
@@ -143,7 +182,8 @@ class _DriverCall:
             self.storage.append(cell)
         # one data_ptr() a tensor, however many arguments point at it (absent tensors all point at o)
         self.pointers = tuple((source, tuple(cells)) for source, cells in pointer_cells.items())
-        self.storage += [ctypes.c_uint64(0), ctypes.c_uint64(0)]  # global and profile scratch: none
+        self.scratch_cell = ctypes.c_uint64(0)
+        self.storage += [self.scratch_cell, ctypes.c_uint64(0)]  # global scratch (filled per call), profile: none
         layout = _param_layout(compiled.function, len(self.storage)) if PACKED_PARAMETERS else None
         if layout is not None and all(ctypes.sizeof(c) == size for c, (_, size) in zip(self.storage, layout)):
             self._pack(layout)
@@ -170,6 +210,7 @@ class _DriverCall:
         self.storage = [moved[id(c)] for c in self.storage]
         self.pointers = tuple((source, tuple(moved[id(c)] for c in cells)) for source, cells in self.pointers)
         self.scalars = [(moved[id(c)], source) for c, source in self.scalars]
+        self.scratch_cell = moved[id(self.scratch_cell)]
         self.params = (buffer, ctypes.c_size_t(total))
         # CU_LAUNCH_PARAM_BUFFER_POINTER, the buffer, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END
         self.extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(buffer), 2, ctypes.addressof(self.params[1]), 0)
@@ -184,6 +225,11 @@ class _DriverCall:
         for cell, source in self.scalars:
             cell.value = values[source]
         self.stream.value = _current_stream()
+        if self.scratch_bytes:
+            # Freed when this returns: the caching allocator hands it out again only to work
+            # enqueued later on this stream (or, in a capture, later in the same graph).
+            scratch = _scratch(self.scratch_bytes)
+            self.scratch_cell.value = scratch.data_ptr()
         return self.fn(*self.head, self.stream, *self.tail)
 
 
@@ -213,7 +259,8 @@ class DirectLaunch:
         args = self.template.copy()
         for i, s in zip(self.positions, self.sources):
             args[i] = values[s]
-        self.compiled[self.grid](*args)
+        with scratch_allocator():
+            self.compiled[self.grid](*args)
 
 
 def jit_launch(kernel, grid: tuple, kwargs: dict, options: dict, names: tuple, values: tuple) -> DirectLaunch | None:
@@ -221,7 +268,8 @@ def jit_launch(kernel, grid: tuple, kwargs: dict, options: dict, names: tuple, v
     kernel argument; :class:`CallArg` entries taken from ``values``, in the order of ``names``).
     Returns the :class:`DirectLaunch` that repeats it on other values of the same signature, or
     None where there is none (the interpreter, or an older Triton)."""
-    compiled = kernel[grid](**resolve(kwargs, names, values), **options)
+    with scratch_allocator():
+        compiled = kernel[grid](**resolve(kwargs, names, values), **options)
     if _knobs is None or compiled is None or not hasattr(compiled, "packed_metadata"):
         return None
     index = {n: i for i, n in enumerate(names)}
