@@ -35,6 +35,9 @@ class Launch:
     # The sweep forms V^T wy^T as its own product, so V is pipelined through shared memory
     # (chunk_delta_fwd's ``v_product``); False keeps V in registers, 16 KB less shared memory.
     v_product: bool = True
+    # Output tiles by bulk tensor stores (chunk_delta_fwd's ``tma_store``). No row sets it yet: not
+    # measured on the GPU (an sm_90 compile has 8 barriers per chunk instead of 15).
+    tma_store: bool = False
 
 
 @dataclass(frozen=True)

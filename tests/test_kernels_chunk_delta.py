@@ -81,6 +81,45 @@ def test_both_value_paths_match_oracle(v_product, P):
         assert_f32_close(a, b, what)
 
 
+@pytest.mark.parametrize("T,P", [(1, 1), (65, 1), (200, 1), (200, 3)])
+def test_output_by_bulk_tensor_store_matches_oracle(T, P):
+    """``tma_store``: the output tiles go out through a descriptor over each sequence's rows, which
+    clips the rows past its end (T not a multiple of 64, one-token sequences, the segment passes),
+    with V = 40 not a power of two (columns past V clipped too)."""
+    q, k, v, g, beta, S0 = gdn_inputs(2, T, 2, 4, 24, 40)
+    g = g * 0.02
+    want = gated_delta_rule_naive(q, k, v, g, beta, initial_state=S0, use_qk_l2norm_in_kernel=True)
+    got = chunk_delta.chunk_delta_fwd(*f32(q, k, v, g, beta), use_qk_l2norm_in_kernel=True, initial_state=f32(S0)[0],
+                                      output_final_state=True, block_v=16, segments=P, tma_store=True)
+    for a, b, what in zip(got, want, ("o", "final state")):
+        assert_f32_close(a, b, what)
+
+
+@pytest.mark.parametrize("M", [1, 2])
+def test_output_by_bulk_tensor_store_varlen_cache_and_padding(M):
+    """Varlen with a state cache and a padding slot, the bulk store asked for: M = 1 takes it (a
+    sequence's last chunk must not write into the next sequence's rows; the padding sequence's rows
+    are zeros), GDP (M = 2: query rows are every M-th expanded row) keeps the masked store."""
+    cu = [0, 1, 40, 41, 130]
+    q, k, v, g, beta = gdp_inputs(130, M, 2, 4, 16, 24)
+    cache = torch.randn(5, 4, 16, 24)
+    slots = torch.tensor([3, -1, 0, 1], dtype=torch.int32)
+    d = build_chunk_descriptors(cu, M, device=DEVICE)
+    o, final, chunks = chunk_delta.chunk_delta_fwd(
+        *f32(q, k, v, g, beta), num_householder=M, use_qk_l2norm_in_kernel=True, cu_seqlens=torch.tensor(cu),
+        chunk_indices_dp=d.chunk_indices_dp, chunk_offsets=d.chunk_offsets, num_chunk_rows=d.chunk_indices.shape[0],
+        state=cache.clone().to(DEVICE), state_indices=slots.to(DEVICE), return_chunk_states=True, tma_store=True)
+    S0 = torch.zeros(4, 4, 16, 24, dtype=torch.float64)
+    S0[[0, 2, 3]] = cache[[3, 0, 1]].double()
+    want_o, want_S, _ = gated_delta_product_naive(q, k, v, g, beta, M, initial_state=S0, use_qk_l2norm_in_kernel=True,
+                                                  cu_seqlens=torch.tensor(cu), return_chunk_states=True)
+    want_o[:, 1:40] = 0
+    assert o[:, 1:40].eq(0).all()
+    assert_f32_close(o, want_o, "o")
+    for n, slot in ((0, 3), (2, 0), (3, 1)):
+        assert_f32_close(final[slot], want_S[n], f"slot {slot}")
+
+
 @pytest.mark.parametrize("M", [1, 2, 3])
 def test_gdp_varlen_matches_oracle(M):
     """One-token sequences beside ones crossing chunk boundaries on both streams; for M = 3 the

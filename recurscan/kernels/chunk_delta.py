@@ -314,7 +314,7 @@ def chunk_delta_sweep_kernel(
     IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr,
     STORE_FINAL: tl.constexpr, USE_CACHE: tl.constexpr, STORE_CHUNK_STATES: tl.constexpr,
     DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr, DT: tl.constexpr, PASS: tl.constexpr = 0,
-    V_PRODUCT: tl.constexpr = True,
+    V_PRODUCT: tl.constexpr = True, TMA_STORE: tl.constexpr = False,
 ):
     """Grid (N * HV * ceil(V / BV),): program -> (sequence n, value head hv, value block iv),
     iv fastest so neighbouring programs share the q/k rows in L2.
@@ -327,6 +327,12 @@ def chunk_delta_sweep_kernel(
         S <- lam_last S + K^T ((gam rk) o U)
 
     computed transposed (S^T, X^T, U^T, O^T) so that the chained values are left operands.
+
+    TMA_STORE (M = 1 only; the plan checks): the output tile goes out as one bulk tensor store
+    through a descriptor made per program over its sequence's rows, which clips the rows past the
+    sequence's end, instead of a masked store (which moves the tile to a coalesced layout through
+    shared memory in four pieces, two barriers each). The descriptor needs 128 B of global scratch
+    per program (kernels/_launch.py passes it).
 
     Varlen: program block n (in launch order) sweeps sequence ``sequence_order[n]``, the longest
     sequences first (ranked by the prep kernel's first programs, :func:`_rank_sequences`): each
@@ -452,6 +458,9 @@ def chunk_delta_sweep_kernel(
         else:
             cs0 = i_n * tl.cdiv(T, BT)
 
+    if TMA_STORE and PASS != 1:  # the sequence's output rows [L, V] of value head hv; rows past L clipped
+        o_desc = tl.make_tensor_descriptor(o + (bos_t * HV + i_hv) * V, shape=[(eos_t - bos_t).to(tl.int32), V],
+                                           strides=[HV * V, 1], block_shape=[BT, BV])
     for c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
         r = c * BT + o_t.to(tl.int64)  # [BT] row inside the sequence (expanded stream)
         m_r = r < L
@@ -509,8 +518,12 @@ def chunk_delta_sweep_kernel(
             lam_rq = tl.sum(tl.where((o_4[None, :] == 1) & m_q[:, None], b_coef, 0.0), axis=1)
             b_ot = lam_rq[None, :] * tl.dot(b_Sd, tl.trans(b_q), input_precision=DOT_PRECISION)
             b_ot += tl.dot(b_Ut.to(DT), b_At, input_precision=DOT_PRECISION)
-            p_o = o + (tok * HV + i_hv)[None, :] * V + o_v[:, None]
-            tl.store(p_o, b_ot.to(o.dtype.element_ty), mask=m_q[None, :] & m_v[:, None])
+            if TMA_STORE:
+                o_desc.store([tl.cast(c * BT, tl.int32), tl.cast(i_v * BV, tl.int32)],
+                             tl.trans(b_ot.to(o.dtype.element_ty)))
+            else:
+                p_o = o + (tok * HV + i_hv)[None, :] * V + o_v[:, None]
+                tl.store(p_o, b_ot.to(o.dtype.element_ty), mask=m_q[None, :] & m_v[:, None])
 
         # Stage 3 (end): the state leaving the chunk, S^T <- lam_last S^T + (U^T o gam) K.
         b_St = b_St * lam_last + tl.dot((b_Ut * gam_rk[None, :]).to(DT), b_k, input_precision=DOT_PRECISION)
@@ -612,7 +625,7 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
                      chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None, state=None,
                      state_indices=None, return_chunk_states=False, block_v=32, num_warps=4,
                      num_stages=2, prep_warps=4, stages="both", segments=1,
-                     inverse_fp16=None, v_product=True) -> ChunkDeltaPlan:
+                     inverse_fp16=None, v_product=True, tma_store=False) -> ChunkDeltaPlan:
     """The launches of :func:`chunk_delta_fwd` for these tensors' shapes (read, never kept)."""
     M = num_householder
     B, T, H, K = q.shape
@@ -698,7 +711,7 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
         H=H, HV=HV, K=K, V=V, M=M, BT=BT, BK=BK, BV=BV,
         IS_VARLEN=varlen, HAS_H0=initial_state is not None, USE_CACHE=use_cache, STORE_FINAL=store_final,
         STORE_CHUNK_STATES=return_chunk_states, DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, DT=dt, PASS=0,
-        V_PRODUCT=v_product)
+        V_PRODUCT=v_product, TMA_STORE=tma_store and M == 1 and V * q.element_size() % 16 == 0)
     options = dict(num_warps=num_warps)
     if varlen and N > 0 and stages == "sweep":  # the sweep alone: its order of sequences (else the prep's)
         steps.append(_Step(sequence_order_kernel, (triton.cdiv(N, RANK_BLOCK.value),), dict(
@@ -752,7 +765,7 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
                     chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None, state=None,
                     state_indices=None, return_chunk_states=False, block_v=32, num_warps=4,
                     num_stages=2, prep_warps=4, stages="both", segments=1, inverse_fp16=None,
-                    v_product=True):
+                    v_product=True, tma_store=False):
     """Launch the kernels. Arguments as the public ops (``recurscan.chunk_gated_delta_rule``,
     ``recurscan.chunk_gated_delta_product_varlen``), with the descriptors already built:
 
@@ -775,6 +788,9 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
       through shared memory (best with one program per SM: few programs, deep pipelines); False:
       V is held in registers (16 KB less shared memory per program at BV 64 and two stages: two
       programs per SM fit).
+    - ``tma_store``: the sweep writes its output tiles with bulk tensor stores (M = 1 and output
+      rows a multiple of 16 bytes; elsewhere it keeps the masked store). Not measured on the GPU yet: the
+      planner does not choose it.
 
     This plans and runs in one go (:func:`plan_chunk_delta`, :func:`run_chunk_delta`); the public
     ops keep the plan of each call signature and only run it.
@@ -792,6 +808,6 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
         num_chunk_rows=num_chunk_rows, state=state, state_indices=state_indices,
         return_chunk_states=return_chunk_states, block_v=block_v, num_warps=num_warps, num_stages=num_stages,
         prep_warps=prep_warps, stages=stages, segments=segments, inverse_fp16=inverse_fp16,
-        v_product=v_product)
+        v_product=v_product, tma_store=tma_store)
     return run_chunk_delta(plan, (q, k, v, g, beta, initial_state, state, state_indices, cu_seqlens,
                                   chunk_indices_dp, chunk_offsets))

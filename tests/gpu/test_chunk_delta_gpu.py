@@ -294,3 +294,49 @@ def test_segments_bf16(T):
                 soft(a, w, f"P={P} {what}")
                 soft(a, s, f"P={P} {what} vs P=1")
     assert not failures, "; ".join(failures)
+
+
+@pytest.mark.parametrize("case", ["dense_segments", "varlen_cache"])
+def test_bulk_tensor_store_equals_masked_store(case):
+    """``tma_store=True`` (output tiles by bulk tensor stores through a per-program descriptor over
+    the sequence's rows) writes the same bf16 values as the masked store, bit for bit, in the
+    single pass, the segment passes and varlen with padding (a sequence's last chunk must not
+    write into the next sequence's rows); launched directly on the second call (global scratch
+    passed by kernels/_launch.py) and sync-free."""
+    from recurscan.kernels import _launch
+    if case == "dense_segments":
+        q, k, v, g, beta = inputs(16384, 2, 4, 128, 128, seed=11)
+        kw = dict(output_final_state=True, use_qk_l2norm_in_kernel=True, block_v=64, num_stages=2, segments=3,
+                  v_product=False)
+    else:
+        lens = [1, 4000, 1, 63, 64, 65, 1, 2900, 200]
+        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), device=DEV)
+        q, k, v, g, beta = inputs(int(cu[-1]), 16, 32, 128, 128, seed=12)
+        d = build_chunk_descriptors(cu.cpu(), device=DEV)
+        slots = torch.tensor([5, 0, -1, 7, 2, 9, 3, -1, 11], dtype=torch.int32, device=DEV)
+        cache = torch.randn(13, 32, 128, 128, device=DEV)
+        kw = dict(use_qk_l2norm_in_kernel=True, cu_seqlens=cu, chunk_indices_dp=d.chunk_indices_dp,
+                  state_indices=slots, block_v=128, num_warps=8, num_stages=3)
+    outs = {}
+    for tma in (False, True):
+        plan_ = chunk_delta.plan_chunk_delta(q, k, v, g, beta, tma_store=tma,
+                                             state=cache.clone() if case == "varlen_cache" else None, **kw)
+        for call in range(2):  # the first through Triton's JIT, the second directly
+            state = cache.clone() if case == "varlen_cache" else None
+            args = (q, k, v, g, beta, None, state, kw.get("state_indices"), kw.get("cu_seqlens"),
+                    kw.get("chunk_indices_dp"), None)
+            if call == 1:
+                torch.cuda.synchronize()
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                got = chunk_delta.run_chunk_delta(plan_, args)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            torch.cuda.synchronize()
+            outs[(tma, call)] = [t.clone() for t in got if t is not None]
+        assert all(step.direct is not None and step.direct.driver is not None for step in plan_.steps)
+    assert _launch.DRIVER_ERROR is None
+    for call in range(2):
+        for a, b in zip(outs[(True, call)], outs[(False, call)]):
+            assert torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a.view(torch.int32),
+                               b.view(torch.int16) if b.dtype == torch.bfloat16 else b.view(torch.int32))
