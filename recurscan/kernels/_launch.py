@@ -98,7 +98,8 @@ class scratch_allocator:
 
     def __enter__(self):
         self.token = None
-        if _allocation is not None and _allocation._allocator.get() is _allocation._NULL_ALLOCATOR:
+        null = getattr(_allocation, "_NULL_ALLOCATOR", None)
+        if null is not None and _allocation._allocator.get() is null:
             self.token = _allocation._allocator.set(_torch_allocator)
 
     def __exit__(self, *exc):
