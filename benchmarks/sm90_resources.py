@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import tempfile
 
@@ -25,6 +26,24 @@ from recurscan.kernels.chunk_delta import chunk_delta_prep_kernel, chunk_delta_s
 SHAPES = dict(H=16, HV=32, K=128, M=1, BT=64, BK=128)
 
 
+def loop_profile(sass: str) -> str:
+    """The chunk loop of a compiled sweep: the backward branch whose body holds the most HGMMA
+    (wgmma) instructions; its instruction, barrier and wgmma counts per iteration."""
+    lines = [(int(m.group(1), 16), m.group(2)) for m in
+             (re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", l) for l in sass.splitlines()) if m]
+    best = None
+    for addr, ins in lines:
+        b = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", ins)
+        if b and int(b.group(1), 16) < addr:
+            body = [i for a, i in lines if int(b.group(1), 16) <= a <= addr]
+            n_mma = sum("HGMMA" in i for i in body)
+            if best is None or n_mma > best[0]:
+                best = (n_mma, len(body), sum("BAR.SYNC" in i or "BAR.ARV" in i for i in body))
+    if best is None:
+        return "no loop"
+    return f"loop: {best[1]} instructions, {best[2]} barriers, {best[0]} HGMMA"
+
+
 def _compile(kernel, sig, const, num_warps, num_stages=2):
     names = kernel.arg_names
     sig = dict(sig, **{k: "constexpr" for k in const})
@@ -36,20 +55,21 @@ def _compile(kernel, sig, const, num_warps, num_stages=2):
         f.write(ck.asm["cubin"])
         f.flush()
         usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
     line = next(l for l in usage.splitlines() if "REG:" in l).split()
     regs = next(x for x in line if x.startswith("REG:"))
     stack = next(x for x in line if x.startswith("STACK:"))
-    return f"{regs} {stack} shared {ck.metadata.shared} B"
+    return f"{regs} {stack} shared {ck.metadata.shared} B; {loop_profile(sass)}"
 
 
-def sweep(BV, warps, stages, v_product, PASS=0):
+def sweep(BV, warps, stages, v_product, PASS=0, fold_wy=False, tma_store=False):
     p, f = "*bf16", "*fp32"
     sig = dict(q=p, k=p, v=p, wy=p, aqk=p, coef=f, o=p, h0=f, ht=f, state=f, state_indices="*i32", chunk_states=f,
                cu_seqlens="*i32", chunk_offsets="*i32", sequence_order="*i32", seg_n=f, seg_m=f, n_seg="i32",
                seg_chunks="i32", T="i32")
     const = dict(SHAPES, V=128, BV=BV, IS_VARLEN=False, HAS_H0=False, STORE_FINAL=True, USE_CACHE=False,
                  STORE_CHUNK_STATES=False, DOT_PRECISION="tf32", NUM_STAGES=stages, DT=tl.bfloat16, PASS=PASS,
-                 V_PRODUCT=v_product)
+                 V_PRODUCT=v_product, FOLD_WY=fold_wy, TMA_STORE=tma_store)
     return _compile(chunk_delta_sweep_kernel, sig, const, warps, stages)
 
 
@@ -64,16 +84,16 @@ def prep(warps=4, fp16=True, varlen=False):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m benchmarks.sm90_resources")
-    ap.add_argument("--sweep", action="append", help="BV:warps:stages:v_product (repeatable)")
+    ap.add_argument("--sweep", action="append", help="BV:warps:stages:v_product[:fold_wy[:tma_store]] (repeatable)")
     args = ap.parse_args(argv)
     shapes = [tuple(int(x) for x in s.split(":")) for s in args.sweep or []] or \
         [(128, 8, 3, 1), (64, 4, 3, 1), (64, 4, 2, 1), (64, 4, 2, 0), (32, 4, 2, 0), (16, 4, 2, 0)]
     print(f"prep, 4 warps: {prep()}; varlen {prep(varlen=True)}")
-    for BV, warps, stages, vp in shapes:
+    for BV, warps, stages, vp, fold, tma in (tuple(s_) + (0, 0)[len(s_) - 4:] for s_ in shapes):
         passes = (0, 1, 2) if (BV, vp) == (64, 0) else (0,)
         for PASS in passes:
-            print(f"sweep BV {BV:3d} {warps} warps {stages} stages v_product {vp} PASS {PASS}: "
-                  f"{sweep(BV, warps, stages, bool(vp), PASS)}")
+            print(f"sweep BV {BV:3d} {warps} warps {stages} stages v_product {vp} fold_wy {fold} tma_store {tma} "
+                  f"PASS {PASS}: {sweep(BV, warps, stages, bool(vp), PASS, bool(fold), bool(tma))}")
 
 
 if __name__ == "__main__":

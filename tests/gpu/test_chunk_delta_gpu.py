@@ -340,3 +340,52 @@ def test_bulk_tensor_store_equals_masked_store(case):
         for a, b in zip(outs[(True, call)], outs[(False, call)]):
             assert torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a.view(torch.int32),
                                b.view(torch.int16) if b.dtype == torch.bfloat16 else b.view(torch.int32))
+
+
+@pytest.mark.parametrize("case", ["dense_bv64", "segments", "gdp_varlen_bv128"])
+def test_folded_wy_matches_oracle(case):
+    """``fold_wy=True`` (U^T = V^T wy^T - S^T P, P = K^T diag(lam rk) wy^T rounded to the input
+    dtype as a product operand) at real sizes against the float64 oracle, at the tolerances above,
+    at each launch shape it may be planned for: BV 64 / three stages on the headline shape with
+    correlated keys, the segment passes (long memory, as test_segments_bf16), and GDP varlen at
+    BV 128 on eight warps with chunk states. Errors of the unfolded sweep are printed beside."""
+    M, cu, S0, extra = 1, None, None, {}
+    if case == "dense_bv64":
+        q, k, v, g, beta = inputs(16384, 16, 32, 128, 128, correlated=True, seed=21)
+        kw = dict(block_v=64, num_warps=4, num_stages=3)
+    elif case == "segments":
+        q, k, v, g, beta = inputs(16384, 2, 4, 128, 128, seed=22)
+        g = g * 0.01
+        beta = (beta.float() * 0.1).to(beta.dtype)
+        S0 = torch.randn(1, 4, 128, 128, device=DEV)
+        kw = dict(block_v=64, num_warps=4, num_stages=2, segments=3, v_product=False)
+    else:
+        M = 2
+        lens = [1, 3000, 65, 5000, 1, 130]
+        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), device=DEV)
+        q, k, v, g, beta = inputs(int(cu[-1]), 4, 8, 128, 128, M=M, seed=23)
+        S0 = torch.randn(len(lens), 8, 128, 128, device=DEV)
+        d = build_chunk_descriptors(cu.cpu(), M, device=DEV)
+        kw = dict(block_v=128, num_warps=8, num_stages=3)
+        extra = dict(cu_seqlens=cu, chunk_indices_dp=d.chunk_indices_dp, chunk_offsets=d.chunk_offsets,
+                     num_chunk_rows=d.chunk_indices.shape[0])
+    HV = v.shape[2]
+    N = 1 if cu is None else cu.numel() - 1
+    S0_ = S0 if S0 is not None else torch.zeros(N, HV, 128, 128, device=DEV)
+    if M == 1:
+        want = gated_delta_rule_chunked(q.double(), k.double(), v.double(), g.double(), beta.double(),
+                                        initial_state=S0_.double(), use_qk_l2norm_in_kernel=True,
+                                        return_chunk_states=True)
+    else:
+        want = gated_delta_product_chunked(q.double(), k.double(), v.double(), g.double(), beta.double(), M,
+                                           initial_state=S0_.double(), use_qk_l2norm_in_kernel=True,
+                                           cu_seqlens=cu, return_chunk_states=True)
+    with torch.no_grad():
+        for fold in (False, True):
+            print(f" fold_wy={fold}")
+            o, S, C = chunk_delta.chunk_delta_fwd(q, k, v, g, beta, num_householder=M, initial_state=S0,
+                                                  output_final_state=True, use_qk_l2norm_in_kernel=True,
+                                                  return_chunk_states=True, fold_wy=fold, **kw, **extra)
+            C = C[:want[2].shape[0]]
+            for got, w, what in zip((o, S, C), want, ("o", "final state", "chunk states")):
+                check(got, w, what)
