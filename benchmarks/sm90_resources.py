@@ -2,7 +2,9 @@
 no GPU (Triton compiles for a named target; its bundled ptxas and cuobjdump do the rest).
 
     python -m benchmarks.sm90_resources                     # the planner's launch shapes
-    python -m benchmarks.sm90_resources --sweep 64:4:3:1    # BV:warps:stages:v_product
+    python -m benchmarks.sm90_resources --sweep 64:4:3:1:1  # BV:warps:stages:v_product[:tma_store]
+
+Each sweep line also profiles the chunk loop in the SASS (instructions, barriers, wgmmas per chunk).
 
 Pointers are declared 16-byte aligned (``tt.divisibility``), as the JIT specialises them for aligned
 tensors: without that, loads compile to 2-byte scalars and the figures mean nothing. Shapes of the
@@ -62,14 +64,14 @@ def _compile(kernel, sig, const, num_warps, num_stages=2):
     return f"{regs} {stack} shared {ck.metadata.shared} B; {loop_profile(sass)}"
 
 
-def sweep(BV, warps, stages, v_product, PASS=0, fold_wy=False, tma_store=False):
+def sweep(BV, warps, stages, v_product, PASS=0, tma_store=False):
     p, f = "*bf16", "*fp32"
     sig = dict(q=p, k=p, v=p, wy=p, aqk=p, coef=f, o=p, h0=f, ht=f, state=f, state_indices="*i32", chunk_states=f,
                cu_seqlens="*i32", chunk_offsets="*i32", sequence_order="*i32", seg_n=f, seg_m=f, n_seg="i32",
                seg_chunks="i32", T="i32")
     const = dict(SHAPES, V=128, BV=BV, IS_VARLEN=False, HAS_H0=False, STORE_FINAL=True, USE_CACHE=False,
                  STORE_CHUNK_STATES=False, DOT_PRECISION="tf32", NUM_STAGES=stages, DT=tl.bfloat16, PASS=PASS,
-                 V_PRODUCT=v_product, FOLD_WY=fold_wy, TMA_STORE=tma_store)
+                 V_PRODUCT=v_product, TMA_STORE=tma_store)
     return _compile(chunk_delta_sweep_kernel, sig, const, warps, stages)
 
 
@@ -84,16 +86,16 @@ def prep(warps=4, fp16=True, varlen=False):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m benchmarks.sm90_resources")
-    ap.add_argument("--sweep", action="append", help="BV:warps:stages:v_product[:fold_wy[:tma_store]] (repeatable)")
+    ap.add_argument("--sweep", action="append", help="BV:warps:stages:v_product[:tma_store] (repeatable)")
     args = ap.parse_args(argv)
     shapes = [tuple(int(x) for x in s.split(":")) for s in args.sweep or []] or \
         [(128, 8, 3, 1), (64, 4, 3, 1), (64, 4, 2, 1), (64, 4, 2, 0), (32, 4, 2, 0), (16, 4, 2, 0)]
     print(f"prep, 4 warps: {prep()}; varlen {prep(varlen=True)}")
-    for BV, warps, stages, vp, fold, tma in (tuple(s_) + (0, 0)[len(s_) - 4:] for s_ in shapes):
+    for BV, warps, stages, vp, tma in (tuple(s_) + (0,)[len(s_) - 4:] for s_ in shapes):
         passes = (0, 1, 2) if (BV, vp) == (64, 0) else (0,)
         for PASS in passes:
-            print(f"sweep BV {BV:3d} {warps} warps {stages} stages v_product {vp} fold_wy {fold} tma_store {tma} "
-                  f"PASS {PASS}: {sweep(BV, warps, stages, bool(vp), PASS, bool(fold), bool(tma))}")
+            print(f"sweep BV {BV:3d} {warps} warps {stages} stages v_product {vp} tma_store {tma} "
+                  f"PASS {PASS}: {sweep(BV, warps, stages, bool(vp), PASS, bool(tma))}")
 
 
 if __name__ == "__main__":

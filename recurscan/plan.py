@@ -38,8 +38,6 @@ class Launch:
     # Output tiles by bulk tensor stores (chunk_delta_fwd's ``tma_store``). No row sets it yet: not
     # measured on the GPU (an sm_90 compile has 8 barriers per chunk instead of 15).
     tma_store: bool = False
-    # The sweep's state chain shortened to two products per chunk (chunk_delta_fwd's ``fold_wy``).
-    fold_wy: bool = False
 
 
 @dataclass(frozen=True)

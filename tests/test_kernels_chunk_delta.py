@@ -63,25 +63,20 @@ def test_gdn_dense_matches_oracle(T):
         assert_f32_close(a, b, what)
 
 
-VALUE_PATHS = {"v_product": dict(v_product=True), "v_in_registers": dict(v_product=False),
-               "fold_wy": dict(fold_wy=True), "fold_wy_and_bulk_store": dict(fold_wy=True, tma_store=True)}
-
-
-@pytest.mark.parametrize("path", list(VALUE_PATHS))
+@pytest.mark.parametrize("v_product", [True, False])
 @pytest.mark.parametrize("P", [1, 3])
-def test_every_value_path_matches_oracle(path, P):
-    """The sweep's ways of forming U = wy (V - lam o K S): ``v_product`` (V^T wy^T as its own
-    product, V pipelined through shared memory), V held in registers, ``fold_wy`` (U^T = V^T wy^T -
-    S^T P with P = K^T diag(lam rk) wy^T formed beside the state's chain), in the single pass and
-    in the segment passes (pass 1's transition programs included): GVA, an initial state, chunk
-    states, gates 0 and -inf, weak decays so that states carry across chunks."""
+def test_both_value_paths_match_oracle(v_product, P):
+    """The sweep's two ways of forming U = wy (V - lam o K S) (``v_product``: V^T wy^T as its own
+    product, V pipelined through shared memory; or V held in registers) in the single pass and in
+    the segment passes: GVA, an initial state, chunk states, gates 0 and -inf, weak decays so that
+    states carry across chunks."""
     q, k, v, g, beta, S0 = gdn_inputs(2, 200, 2, 4, 24, 40)
     g = g * 0.02  # -inf and 0 stay
     want = gated_delta_rule_naive(q, k, v, g, beta, initial_state=S0, use_qk_l2norm_in_kernel=True,
                                   return_chunk_states=True)
     got = chunk_delta.chunk_delta_fwd(*f32(q, k, v, g, beta), use_qk_l2norm_in_kernel=True, initial_state=f32(S0)[0],
                                       output_final_state=True, return_chunk_states=True, block_v=16,
-                                      segments=P, **VALUE_PATHS[path])
+                                      segments=P, v_product=v_product)
     for a, b, what in zip(got, want, ("o", "final state", "chunk states")):
         assert_f32_close(a, b, what)
 
@@ -100,13 +95,11 @@ def test_output_by_bulk_tensor_store_matches_oracle(T, P):
         assert_f32_close(a, b, what)
 
 
-@pytest.mark.parametrize("option", ["tma_store", "fold_wy"])
 @pytest.mark.parametrize("M", [1, 2])
-def test_sweep_options_varlen_cache_and_padding(M, option):
-    """Varlen with a state cache and a padding slot, under each sweep option. The bulk store: M = 1
-    takes it (a sequence's last chunk must not write into the next sequence's rows; the padding
-    sequence's rows are zeros), GDP (M = 2: query rows are every M-th expanded row) keeps the
-    masked store. ``fold_wy``: one-token sequences, GDP's expanded stream."""
+def test_output_by_bulk_tensor_store_varlen_cache_and_padding(M):
+    """Varlen with a state cache and a padding slot, the bulk store asked for: M = 1 takes it (a
+    sequence's last chunk must not write into the next sequence's rows; the padding sequence's rows
+    are zeros), GDP (M = 2: query rows are every M-th expanded row) keeps the masked store."""
     cu = [0, 1, 40, 41, 130]
     q, k, v, g, beta = gdp_inputs(130, M, 2, 4, 16, 24)
     cache = torch.randn(5, 4, 16, 24)
@@ -115,7 +108,7 @@ def test_sweep_options_varlen_cache_and_padding(M, option):
     o, final, chunks = chunk_delta.chunk_delta_fwd(
         *f32(q, k, v, g, beta), num_householder=M, use_qk_l2norm_in_kernel=True, cu_seqlens=torch.tensor(cu),
         chunk_indices_dp=d.chunk_indices_dp, chunk_offsets=d.chunk_offsets, num_chunk_rows=d.chunk_indices.shape[0],
-        state=cache.clone().to(DEVICE), state_indices=slots.to(DEVICE), return_chunk_states=True, **{option: True})
+        state=cache.clone().to(DEVICE), state_indices=slots.to(DEVICE), return_chunk_states=True, tma_store=True)
     S0 = torch.zeros(4, 4, 16, 24, dtype=torch.float64)
     S0[[0, 2, 3]] = cache[[3, 0, 1]].double()
     want_o, want_S, _ = gated_delta_product_naive(q, k, v, g, beta, M, initial_state=S0, use_qk_l2norm_in_kernel=True,

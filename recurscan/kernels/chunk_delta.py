@@ -314,7 +314,7 @@ def chunk_delta_sweep_kernel(
     IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr,
     STORE_FINAL: tl.constexpr, USE_CACHE: tl.constexpr, STORE_CHUNK_STATES: tl.constexpr,
     DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr, DT: tl.constexpr, PASS: tl.constexpr = 0,
-    V_PRODUCT: tl.constexpr = True, TMA_STORE: tl.constexpr = False, FOLD_WY: tl.constexpr = False,
+    V_PRODUCT: tl.constexpr = True, TMA_STORE: tl.constexpr = False,
 ):
     """Grid (N * HV * ceil(V / BV),): program -> (sequence n, value head hv, value block iv),
     iv fastest so neighbouring programs share the q/k rows in L2.
@@ -502,15 +502,8 @@ def chunk_delta_sweep_kernel(
 
         # Stage 3: the chunk's writes, transposed: U^T = (V - lam o K S)^T wy^T.
         b_Sd = b_St.to(DT)
-        if FOLD_WY:
-            # U^T = V^T wy^T - S^T P with P = K^T diag(lam rk) wy^T [BK, BT]: P and V^T wy^T need
-            # no state, so the state's chain through the chunk is two products instead of three.
-            # (-P: the sign rides on the row scale, not on a tile.)
-            b_nP = tl.dot(tl.trans(b_k), (b_Wt * -lam_rk[:, None]).to(DT), input_precision=DOT_PRECISION)
-            b_Ut = tl.dot(b_vt.to(DT), b_Wt, input_precision=DOT_PRECISION)  # [BV, BT]
-            b_Ut = tl.dot(b_Sd, b_nP.to(DT), b_Ut, input_precision=DOT_PRECISION)
-        elif V_PRODUCT:
-            b_KSt = lam_rk[None, :] * tl.dot(b_Sd, tl.trans(b_k), input_precision=DOT_PRECISION)
+        b_KSt = lam_rk[None, :] * tl.dot(b_Sd, tl.trans(b_k), input_precision=DOT_PRECISION)
+        if V_PRODUCT:
             # U^T = V^T wy^T - (lam o K S)^T wy^T: as a product operand V^T is pipelined through
             # shared memory like the other tiles (held in registers, it waited on its load at every
             # chunk: 21% of the sweep's stall samples on the H200), at 16 KB more shared memory
@@ -518,7 +511,6 @@ def chunk_delta_sweep_kernel(
             b_Ut = tl.dot(b_vt.to(DT), b_Wt, input_precision=DOT_PRECISION)  # [BV, BT]
             b_Ut = tl.dot((-b_KSt).to(DT), b_Wt, b_Ut, input_precision=DOT_PRECISION)
         else:
-            b_KSt = lam_rk[None, :] * tl.dot(b_Sd, tl.trans(b_k), input_precision=DOT_PRECISION)
             b_Ut = tl.dot((b_vt.to(tl.float32) - b_KSt).to(DT), b_Wt, input_precision=DOT_PRECISION)
 
         # Stage 4: outputs O^T = (S^T Q^T) o lam + U^T aqk^T, written on the token stream.
@@ -633,7 +625,7 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
                      chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None, state=None,
                      state_indices=None, return_chunk_states=False, block_v=32, num_warps=4,
                      num_stages=2, prep_warps=4, stages="both", segments=1,
-                     inverse_fp16=None, v_product=True, tma_store=False, fold_wy=False) -> ChunkDeltaPlan:
+                     inverse_fp16=None, v_product=True, tma_store=False) -> ChunkDeltaPlan:
     """The launches of :func:`chunk_delta_fwd` for these tensors' shapes (read, never kept)."""
     M = num_householder
     B, T, H, K = q.shape
@@ -719,7 +711,7 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
         H=H, HV=HV, K=K, V=V, M=M, BT=BT, BK=BK, BV=BV,
         IS_VARLEN=varlen, HAS_H0=initial_state is not None, USE_CACHE=use_cache, STORE_FINAL=store_final,
         STORE_CHUNK_STATES=return_chunk_states, DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, DT=dt, PASS=0,
-        V_PRODUCT=v_product, TMA_STORE=tma_store and M == 1 and V * q.element_size() % 16 == 0, FOLD_WY=fold_wy)
+        V_PRODUCT=v_product, TMA_STORE=tma_store and M == 1 and V * q.element_size() % 16 == 0)
     options = dict(num_warps=num_warps)
     if varlen and N > 0 and stages == "sweep":  # the sweep alone: its order of sequences (else the prep's)
         steps.append(_Step(sequence_order_kernel, (triton.cdiv(N, RANK_BLOCK.value),), dict(
@@ -773,7 +765,7 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
                     chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None, state=None,
                     state_indices=None, return_chunk_states=False, block_v=32, num_warps=4,
                     num_stages=2, prep_warps=4, stages="both", segments=1, inverse_fp16=None,
-                    v_product=True, tma_store=False, fold_wy=False):
+                    v_product=True, tma_store=False):
     """Launch the kernels. Arguments as the public ops (``recurscan.chunk_gated_delta_rule``,
     ``recurscan.chunk_gated_delta_product_varlen``), with the descriptors already built:
 
@@ -798,9 +790,6 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
       programs per SM fit).
     - ``tma_store``: the sweep writes its output tiles with bulk tensor stores (M = 1 and output
       rows a multiple of 16 bytes; elsewhere it keeps the masked store).
-    - ``fold_wy``: the sweep forms ``P = K^T diag(lam rk) wy^T`` beside the state's chain and
-      takes ``U^T = V^T wy^T - S^T P``: two dependent products per chunk instead of three, for one
-      more product off the chain (V is then a product operand whatever ``v_product`` says).
 
     This plans and runs in one go (:func:`plan_chunk_delta`, :func:`run_chunk_delta`); the public
     ops keep the plan of each call signature and only run it.
@@ -818,6 +807,6 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
         num_chunk_rows=num_chunk_rows, state=state, state_indices=state_indices,
         return_chunk_states=return_chunk_states, block_v=block_v, num_warps=num_warps, num_stages=num_stages,
         prep_warps=prep_warps, stages=stages, segments=segments, inverse_fp16=inverse_fp16,
-        v_product=v_product, tma_store=tma_store, fold_wy=fold_wy)
+        v_product=v_product, tma_store=tma_store)
     return run_chunk_delta(plan, (q, k, v, g, beta, initial_state, state, state_indices, cu_seqlens,
                                   chunk_indices_dp, chunk_offsets))
