@@ -302,6 +302,88 @@ def sequence_order_kernel(cu_seqlens, order, N, BLOCK: tl.constexpr):
 # ----------------------------------------------------------------------------------------------
 
 
+@triton.jit
+def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, bos, bos_t, L,
+                 i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
+                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
+                 BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PASS: tl.constexpr,
+                 V_PRODUCT: tl.constexpr, TMA_STORE: tl.constexpr, STORE_CHUNK_STATES: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr, DT: tl.constexpr, FULL: tl.constexpr):
+    """One expanded chunk c of :func:`chunk_delta_sweep_kernel` (its docstring has the algebra):
+    returns the state S^T leaving the chunk, having written the chunk's outputs (PASS != 1) and,
+    when it starts a token chunk, the state entering it (STORE_CHUNK_STATES). FULL: all 64 rows
+    lie in the sequence, so nothing is masked by row."""
+    r = c * BT + o_t.to(tl.int64)  # [BT] row inside the sequence (expanded stream)
+    if FULL:  # every row lies in the sequence: the loads and stores below go unpredicated
+        m_r = tl.full([BT], True, tl.int1)
+    else:
+        m_r = r < L
+    e = bos + r  # global expanded row
+    tok = bos_t + r // M  # its token
+    cp = r % M  # its Householder copy
+    m_q = m_r & (cp == M - 1)  # rows that carry a query (and an output)
+
+    if STORE_CHUNK_STATES:
+        if c % M == 0:  # expanded chunk c*M starts token chunk c
+            p_cs = chunk_states + ((cs0 + c // M) * HV + i_hv) * K * V + o_vk
+            tl.store(p_cs, b_St, mask=m_vk)
+
+    # Loads: raw tiles straight into the products (none depends on the state).
+    b_k = tl.load(k + (e * H + i_h)[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :],
+                  other=0.0).to(DT)  # [BT, BK]
+    if PASS == 1:  # no outputs; the transition's programs read no values
+        m_vt = m_r[None, :] & m_v[:, None] & use_v
+    else:
+        m_vt = m_r[None, :] & m_v[:, None]
+        b_q = tl.load(q + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=m_q[:, None] & m_k[None, :],
+                      other=0.0).to(DT)  # [BT, BK]
+    b_vt = tl.load(v + (e * HV + i_hv)[None, :] * V + o_v[:, None], mask=m_vt, other=0.0)  # [BV, BT] = V^T
+    # wy^T and aqk^T: [BT (j), BT (i)] = wy[i, j]
+    b_Wt = tl.load(wy + (e * HV + i_hv)[None, :] * BT + o_t[:, None], mask=m_r[None, :], other=0.0).to(DT)
+    if PASS != 1:
+        b_At = tl.load(aqk + (e * HV + i_hv)[None, :] * BT + o_t[:, None], mask=m_r[None, :], other=0.0).to(DT)
+    # Stage 1, precomputed by the prep kernel: the rows' decays times their norm factors. One
+    # [BT, 4] tile: one pipelined buffer (four vectors took four, each 1 KB aligned; loaded as
+    # separate vectors, each element became its own 4-byte copy: 190 more instructions per
+    # chunk, sm_90 SASS).
+    o_4 = tl.arange(0, 4)
+    b_coef = tl.load(coef + (e * HV + i_hv)[:, None] * 4 + o_4[None, :], mask=m_r[:, None], other=0.0)
+    lam_rk = tl.sum(tl.where(o_4[None, :] == 0, b_coef, 0.0), axis=1)
+    gam_rk = tl.sum(tl.where(o_4[None, :] == 2, b_coef, 0.0), axis=1)
+    # The decay across the chunk, as a scalar load of the chunk's first row (always a row of the
+    # sequence): taken from the tile it was a block-wide max (shuffles, three barriers per chunk).
+    lam_last = tl.load(coef + ((bos + c * BT) * HV + i_hv) * 4 + 3)
+
+    # Stage 3: the chunk's writes, transposed: U^T = (V - lam o K S)^T wy^T.
+    b_Sd = b_St.to(DT)
+    b_KSt = lam_rk[None, :] * tl.dot(b_Sd, tl.trans(b_k), input_precision=DOT_PRECISION)
+    if V_PRODUCT:
+        # U^T = V^T wy^T - (lam o K S)^T wy^T: as a product operand V^T is pipelined through
+        # shared memory like the other tiles (held in registers, it waited on its load at every
+        # chunk: 21% of the sweep's stall samples on the H200), at 16 KB more shared memory
+        # (two stages) and one more 64 x 64 product per chunk, beside the chain.
+        b_Ut = tl.dot(b_vt.to(DT), b_Wt, input_precision=DOT_PRECISION)  # [BV, BT]
+        b_Ut = tl.dot((-b_KSt).to(DT), b_Wt, b_Ut, input_precision=DOT_PRECISION)
+    else:
+        b_Ut = tl.dot((b_vt.to(tl.float32) - b_KSt).to(DT), b_Wt, input_precision=DOT_PRECISION)
+
+    # Stage 4: outputs O^T = (S^T Q^T) o lam + U^T aqk^T, written on the token stream.
+    if PASS != 1:
+        lam_rq = tl.sum(tl.where((o_4[None, :] == 1) & m_q[:, None], b_coef, 0.0), axis=1)
+        b_ot = lam_rq[None, :] * tl.dot(b_Sd, tl.trans(b_q), input_precision=DOT_PRECISION)
+        b_ot += tl.dot(b_Ut.to(DT), b_At, input_precision=DOT_PRECISION)
+        if TMA_STORE:
+            o_desc.store([tl.cast(c * BT, tl.int32), tl.cast(i_v * BV, tl.int32)],
+                         tl.trans(b_ot.to(o.dtype.element_ty)))
+        else:
+            p_o = o + (tok * HV + i_hv)[None, :] * V + o_v[:, None]
+            tl.store(p_o, b_ot.to(o.dtype.element_ty), mask=m_q[None, :] & m_v[:, None])
+
+    # Stage 3 (end): the state leaving the chunk, S^T <- lam_last S^T + (U^T o gam) K.
+    b_St = b_St * lam_last + tl.dot((b_Ut * gam_rk[None, :]).to(DT), b_k, input_precision=DOT_PRECISION)
+    return b_St
+
+
 # n_seg and seg_chunks are not specialised (divisibility by 16, == 1): one compiled kernel per
 # pass serves every segment count.
 @triton.jit(do_not_specialize=["n_seg", "seg_chunks"])
@@ -461,72 +543,26 @@ def chunk_delta_sweep_kernel(
     if TMA_STORE and PASS != 1:  # the sequence's output rows [L, V] of value head hv; rows past L clipped
         o_desc = tl.make_tensor_descriptor(o + (bos_t * HV + i_hv) * V, shape=[(eos_t - bos_t).to(tl.int32), V],
                                            strides=[HV * V, 1], block_shape=[BT, BV])
-    for c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
-        r = c * BT + o_t.to(tl.int64)  # [BT] row inside the sequence (expanded stream)
-        m_r = r < L
-        e = bos + r  # global expanded row
-        tok = bos_t + r // M  # its token
-        cp = r % M  # its Householder copy
-        m_q = m_r & (cp == M - 1)  # rows that carry a query (and an output)
-
-        if STORE_CHUNK_STATES:
-            if c % M == 0:  # expanded chunk c*M starts token chunk c
-                p_cs = chunk_states + ((cs0 + c // M) * HV + i_hv) * K * V + o_vk
-                tl.store(p_cs, b_St, mask=m_vk)
-
-        # Loads: raw tiles straight into the products (none depends on the state).
-        b_k = tl.load(k + (e * H + i_h)[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :],
-                      other=0.0).to(DT)  # [BT, BK]
-        if PASS == 1:  # no outputs; the transition's programs read no values
-            m_vt = m_r[None, :] & m_v[:, None] & use_v
-        else:
-            m_vt = m_r[None, :] & m_v[:, None]
-            b_q = tl.load(q + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=m_q[:, None] & m_k[None, :],
-                          other=0.0).to(DT)  # [BT, BK]
-        b_vt = tl.load(v + (e * HV + i_hv)[None, :] * V + o_v[:, None], mask=m_vt, other=0.0)  # [BV, BT] = V^T
-        # wy^T and aqk^T: [BT (j), BT (i)] = wy[i, j]
-        b_Wt = tl.load(wy + (e * HV + i_hv)[None, :] * BT + o_t[:, None], mask=m_r[None, :], other=0.0).to(DT)
-        if PASS != 1:
-            b_At = tl.load(aqk + (e * HV + i_hv)[None, :] * BT + o_t[:, None], mask=m_r[None, :], other=0.0).to(DT)
-        # Stage 1, precomputed by the prep kernel: the rows' decays times their norm factors. One
-        # [BT, 4] tile: one pipelined buffer (four vectors took four, each 1 KB aligned; loaded as
-        # separate vectors, each element became its own 4-byte copy: 190 more instructions per
-        # chunk, sm_90 SASS).
-        o_4 = tl.arange(0, 4)
-        b_coef = tl.load(coef + (e * HV + i_hv)[:, None] * 4 + o_4[None, :], mask=m_r[:, None], other=0.0)
-        lam_rk = tl.sum(tl.where(o_4[None, :] == 0, b_coef, 0.0), axis=1)
-        gam_rk = tl.sum(tl.where(o_4[None, :] == 2, b_coef, 0.0), axis=1)
-        # The decay across the chunk, as a scalar load of the chunk's first row (always a row of the
-        # sequence): taken from the tile it was a block-wide max (shuffles, three barriers per chunk).
-        lam_last = tl.load(coef + ((bos + c * BT) * HV + i_hv) * 4 + 3)
-
-        # Stage 3: the chunk's writes, transposed: U^T = (V - lam o K S)^T wy^T.
-        b_Sd = b_St.to(DT)
-        b_KSt = lam_rk[None, :] * tl.dot(b_Sd, tl.trans(b_k), input_precision=DOT_PRECISION)
-        if V_PRODUCT:
-            # U^T = V^T wy^T - (lam o K S)^T wy^T: as a product operand V^T is pipelined through
-            # shared memory like the other tiles (held in registers, it waited on its load at every
-            # chunk: 21% of the sweep's stall samples on the H200), at 16 KB more shared memory
-            # (two stages) and one more 64 x 64 product per chunk, beside the chain.
-            b_Ut = tl.dot(b_vt.to(DT), b_Wt, input_precision=DOT_PRECISION)  # [BV, BT]
-            b_Ut = tl.dot((-b_KSt).to(DT), b_Wt, b_Ut, input_precision=DOT_PRECISION)
-        else:
-            b_Ut = tl.dot((b_vt.to(tl.float32) - b_KSt).to(DT), b_Wt, input_precision=DOT_PRECISION)
-
-        # Stage 4: outputs O^T = (S^T Q^T) o lam + U^T aqk^T, written on the token stream.
-        if PASS != 1:
-            lam_rq = tl.sum(tl.where((o_4[None, :] == 1) & m_q[:, None], b_coef, 0.0), axis=1)
-            b_ot = lam_rq[None, :] * tl.dot(b_Sd, tl.trans(b_q), input_precision=DOT_PRECISION)
-            b_ot += tl.dot(b_Ut.to(DT), b_At, input_precision=DOT_PRECISION)
-            if TMA_STORE:
-                o_desc.store([tl.cast(c * BT, tl.int32), tl.cast(i_v * BV, tl.int32)],
-                             tl.trans(b_ot.to(o.dtype.element_ty)))
-            else:
-                p_o = o + (tok * HV + i_hv)[None, :] * V + o_v[:, None]
-                tl.store(p_o, b_ot.to(o.dtype.element_ty), mask=m_q[None, :] & m_v[:, None])
-
-        # Stage 3 (end): the state leaving the chunk, S^T <- lam_last S^T + (U^T o gam) K.
-        b_St = b_St * lam_last + tl.dot((b_Ut * gam_rk[None, :]).to(DT), b_k, input_precision=DOT_PRECISION)
+    else:
+        o_desc = o  # unused
+    if PASS != 1:
+        use_v = True
+    if not STORE_CHUNK_STATES:
+        cs0 = 0
+    # Chunks whose 64 rows all lie in the sequence run unmasked (masks were a sixth of the chunk
+    # loop's instructions, sm_90 SASS); the sequence's last chunk, when partial, runs masked after.
+    c_full = tl.minimum(c_hi, L // BT)
+    for c in tl.range(c_lo, c_full, num_stages=NUM_STAGES):
+        b_St = _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, bos, bos_t, L,
+                            i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
+                            H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
+                            DOT_PRECISION, DT, True)
+    c_tail = tl.maximum(c_lo, c_full)
+    if c_tail < c_hi:
+        b_St = _sweep_chunk(c_tail, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, bos, bos_t, L,
+                            i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
+                            H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
+                            DOT_PRECISION, DT, False)
 
     if PASS == 1:
         if role_m:  # M_i: row i of seg_m ([K, K], row stride W = K)
