@@ -29,13 +29,14 @@ SHAPES = dict(H=16, HV=32, K=128, M=1, BT=64, BK=128)
 
 
 def loop_profile(sass: str) -> str:
-    """The chunk loop of a compiled sweep: the backward branch whose body holds the most HGMMA
-    (wgmma) instructions; its instruction, barrier and wgmma counts per iteration."""
+    """The chunk loop of a compiled sweep: the conditional backward branch whose body holds the
+    most HGMMA (wgmma) instructions (unconditional ones jump back from out-of-line wait loops);
+    its instruction, barrier and wgmma counts per iteration."""
     lines = [(int(m.group(1), 16), m.group(2)) for m in
              (re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", l) for l in sass.splitlines()) if m]
     best = None
     for addr, ins in lines:
-        b = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", ins)
+        b = re.search(r"^@!?U?P\w+\s+BRA\b.*?(0x[0-9a-f]+)", ins)  # conditional: a loop's back edge
         if b and int(b.group(1), 16) < addr:
             body = [i for a, i in lines if int(b.group(1), 16) <= a <= addr]
             n_mma = sum("HGMMA" in i for i in body)
