@@ -35,8 +35,8 @@ class Launch:
     # The sweep forms V^T wy^T as its own product, so V is pipelined through shared memory
     # (chunk_delta_fwd's ``v_product``); False keeps V in registers, 16 KB less shared memory.
     v_product: bool = True
-    # Output tiles by bulk tensor stores (chunk_delta_fwd's ``tma_store``). No row sets it yet: not
-    # measured on the GPU (an sm_90 compile has 8 barriers per chunk instead of 15).
+    # Output tiles by bulk tensor stores (chunk_delta_fwd's ``tma_store``; M = 1 only, the kernel
+    # keeps the masked store elsewhere): 8 barriers per chunk instead of 15 at BV 64.
     tma_store: bool = False
 
 
@@ -103,37 +103,56 @@ def _sm_count(device: torch.device) -> int:
 # sweep's products on wgmma (one warpgroup), BV 128 on two; BV 16 / 32 on mma.sync. Shared memory
 # decides programs per SM: BV 64 with V in registers and two stages is 101 KB (two per SM); with V
 # as a product operand (v_product) 117 KB (one per SM), three stages 176 KB; BV 128 / 8 warps with
-# three stages 203 KB. Measured on the H200 at 24e39f1 (graph replay, prep + sweep, ms;
-# benchmarks/results/gpu_chunk_variants_24e39f1.json; shape = BV/warps/stages/segments/v_product):
-#   B1 T16384 HV32 (32 pairs):  64/4/2/P3/reg 0.753, 64/4/3/1/vp 0.769, 64/4/3/P3/vp 0.778, 64/4/2/1/reg 0.973
-#   B1 T65536 HV32 (32 pairs):  64/4/2/P3/reg 3.03, 64/4/3/P3/vp 3.155, 64/4/3/1/vp 3.159, 64/4/2/1/reg 3.963
-#   B4 T4096 H=HV=16 (64):      64/4/3/1/vp 0.274, 64/4/2/1/reg 0.340, 128/8/3/1/vp 0.346
-#   GDP M2 B4 T4096 (64):       64/4/3/1/vp 0.642, 64/4/2/1/reg 0.685, 128/8/3/1/vp 0.703
-#   B4 T8192 HV64 (256 pairs):  128/8/3/1/vp 1.969, 64/4/2/1/reg 2.017, 64/4/3/1/vp 2.176
-#   varlen 16 x HV32 (512):     128/8/3/1/vp 1.018, 64/4/2/1/reg 1.051, 64/4/3/1/vp 1.256
-# BV 16 / 32 rows: from the measurements of 5941d22 (32 pairs: BV 32 1.08 ms, 16 1.11), V in
-# registers as then. Re-checked at a4ff2c9 for B1 (gpu_chunk_variants_a4ff2c9.json): T16384
-# 64/4/2/P3/reg 0.719, 64/4/3/1/vp 0.717, 64/4/3/P3/vp 0.718; T65536 2.823, 2.853, 2.811: within 1%.
+# three stages 203 KB. The bulk output store (tma_store) builds a descriptor per program: it pays
+# over long sequences and cost 5% at B4 T4096 (64 chunks per program, one program per SM).
+# Measured on the H200 (graph replay, prep + sweep, ms; shape = BV/warps/stages/segments/v_product
+# [/tma]; benchmarks/results/gpu_chunk_variants_24e39f1.json, then _unmasked_2775e77.json):
+#   B1 T16384 HV32 (32 pairs):  64/4/3/1/vp/tma 0.685, 64/4/3/1/vp 0.695, 64/4/2/P3/reg/tma 0.697, 64/4/2/P3/reg 0.699
+#   B1 T65536 HV32 (32 pairs):  64/4/3/1/vp/tma 2.736, 64/4/2/P3/reg/tma 2.736, 64/4/2/P3/reg 2.744, 64/4/3/1/vp 2.785
+#   B4 T4096 H=HV=16 (64):      64/4/3/1/vp 0.253, 64/4/3/1/vp/tma 0.265 (24e39f1: 64/4/2/1/reg 0.340, 128/8/3/1/vp 0.346)
+#   GDP M2 B4 T4096 (64):       64/4/3/1/vp 0.493 (24e39f1: 64/4/2/1/reg 0.685, 128/8/3/1/vp 0.703; no bulk store at M > 1)
+#   B4 T8192 HV64 (256 pairs):  128/8/3/1/vp/tma 1.778, 128/8/3/1/vp 1.814 (24e39f1: 64/4/2/1/reg 2.017, 64/4/3/1/vp 2.176)
+#   varlen 16 x HV32 (512):     128/8/3/1/vp/tma 0.921, 128/8/3/1/vp 0.943 (24e39f1: 64/4/2/1/reg 1.051, 64/4/3/1/vp 1.256)
+# Not measured, reasoned: with fewer than a third of the SMs' worth of 64-column programs over a
+# long dense sequence (B1 with 16 value heads, say), one pass leaves most SMs idle, so the
+# segments stay there (at 64 programs, B1 HV32, they tie with one pass). BV 16 / 32 rows: from
+# the measurements of 5941d22 (32 pairs: BV 32 1.08 ms, 16 1.11), V in registers as then.
 @dataclass(frozen=True)
 class LaunchShape:
     """What the launch rows read: independent (sequence, head) sweeps, multiprocessors, V, the
-    expanded-stream length of one sequence, and whether the batch is varlen."""
+    expanded-stream length of one sequence (varlen: of the whole batch), whether the batch is
+    varlen, and its number of sequences."""
 
     pairs: int
     sms: int
     value_dim: int
     tokens: int
     varlen: bool
+    sequences: int = 1
+
+    @property
+    def programs_64(self) -> int:  # sweep programs at 64 value columns each
+        return self.pairs * triton_cdiv(self.value_dim, 64)
+
+    @property
+    def mean_tokens(self) -> float:  # expanded tokens per sequence
+        return self.tokens / max(self.sequences, 1) if self.varlen else self.tokens
 
 
 DELTA_LAUNCH: list[tuple[Callable[[LaunchShape], bool], Launch]] = [
-    (lambda s: s.pairs * triton_cdiv(s.value_dim, 64) > s.sms,
+    (lambda s: s.programs_64 > s.sms and s.mean_tokens >= 2048,
+     Launch(128, 8, 3, 4, "more 64-column programs than SMs, long sequences: 128 columns on two warpgroups, "
+                          "three stages, output tiles by bulk tensor stores", tma_store=True)),
+    (lambda s: s.programs_64 > s.sms,
      Launch(128, 8, 3, 4, "more 64-column programs than SMs: 128 columns on two warpgroups, three stages "
                           "(one program per SM; q, k, wy, aqk tiles shared by both)")),
+    (lambda s: not s.varlen and s.tokens >= 16384 and 3 * s.programs_64 >= s.sms,
+     Launch(64, 4, 3, 4, "a third of the SMs or more in 64-column programs over a long dense sequence: one pass, "
+                         "three stages, V as a product operand, output tiles by bulk tensor stores", tma_store=True)),
     (lambda s: not s.varlen and s.tokens >= 16384,
      Launch(64, 4, 2, 4, "few pairs over a long dense sequence: 3 segments at BV 64, V in registers "
                          "(two programs per SM)", segments=3, v_product=False)),
-    (lambda s: 2 * s.pairs * triton_cdiv(s.value_dim, 64) >= s.sms,
+    (lambda s: 2 * s.programs_64 >= s.sms,
      Launch(64, 4, 3, 4, "at most one 64-column program per SM: three stages, V as a product operand")),
     (lambda s: 2 * s.pairs * triton_cdiv(s.value_dim, 32) >= s.sms,
      Launch(32, 4, 2, 4, "few (sequence, head) pairs: 32-column blocks double the programs", v_product=False)),
@@ -149,7 +168,7 @@ def triton_cdiv(a: int, b: int) -> int:
 def delta_launch(problem, device: torch.device) -> Launch:
     shape = LaunchShape(pairs=problem.sequences * problem.value_heads, sms=_sm_count(device),
                         value_dim=problem.value_dim, tokens=problem.tokens * problem.householder,
-                        varlen=problem.varlen)
+                        varlen=problem.varlen, sequences=problem.sequences)
     for applies, launch in DELTA_LAUNCH:
         if applies(shape):
             return launch

@@ -120,10 +120,11 @@ def test_output_by_bulk_tensor_store_varlen_cache_and_padding(M):
         assert_f32_close(final[slot], want_S[n], f"slot {slot}")
 
 
-@pytest.mark.parametrize("M", [1, 2, 3])
+@pytest.mark.parametrize("M", [1, 2, 3, 4])
 def test_gdp_varlen_matches_oracle(M):
     """One-token sequences beside ones crossing chunk boundaries on both streams; for M = 3 the
-    expanded chunks end mid-token (ceil(L*M/64) != M*ceil(L/64))."""
+    expanded chunks end mid-token (ceil(L*M/64) != M*ceil(L/64)); for M = 2 and 4 the full chunks
+    form their outputs on their query rows alone."""
     cu = [0, 1, 2, 66, 67, 130]
     q, k, v, g, beta = gdp_inputs(130, M, 2, 4, 16, 24)
     S0 = torch.randn(len(cu) - 1, 4, 16, 24, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
@@ -344,22 +345,24 @@ def test_planner_rows():
     assert first(delta_problem(*(x.double() for x in (q, k, v, g, beta)))).backend == "torch"
 
 
-@pytest.mark.parametrize("pairs,tokens,varlen,want", [
-    (32, 16384, False, (64, 4, 2, 3, False)),   # B1 T16384 HV32: segments, V in registers
-    (32, 65536, False, (64, 4, 2, 3, False)),
-    (64, 4096, False, (64, 4, 3, 1, True)),     # B4 T4096 H=HV=16: one 64-column program per SM
-    (64, 8192, True, (64, 4, 3, 1, True)),      # GDP M2 B4 T4096 (varlen, expanded stream)
-    (256, 8192, False, (128, 8, 3, 1, True)),   # B4 T8192 HV64: more programs than SMs
-    (512, 2061, True, (128, 8, 3, 1, True)),    # varlen 16 sequences x HV32
-    (20, 4096, False, (32, 4, 2, 1, False)),
-    (4, 4096, False, (16, 4, 2, 1, False)),
+@pytest.mark.parametrize("pairs,tokens,varlen,sequences,want", [
+    (32, 16384, False, 1, (64, 4, 3, 1, True, True)),     # B1 T16384 HV32: one pass, bulk store
+    (32, 65536, False, 1, (64, 4, 3, 1, True, True)),
+    (16, 65536, False, 1, (64, 4, 2, 3, False, False)),   # B1 HV16: too few programs, segments
+    (64, 4096, False, 4, (64, 4, 3, 1, True, False)),     # B4 T4096 H=HV=16: one 64-column program per SM
+    (64, 8192, True, 4, (64, 4, 3, 1, True, False)),      # GDP M2 B4 T4096 (varlen, expanded stream)
+    (256, 8192, False, 4, (128, 8, 3, 1, True, True)),    # B4 T8192 HV64: more programs than SMs
+    (512, 32976, True, 16, (128, 8, 3, 1, True, True)),   # varlen 16 sequences x HV32 (mean 2061 tokens)
+    (2048, 32768, True, 64, (128, 8, 3, 1, True, False)),  # 64 sequences of 512: no bulk store
+    (20, 4096, False, 1, (32, 4, 2, 1, False, False)),
+    (4, 4096, False, 1, (16, 4, 2, 1, False, False)),
 ])
-def test_launch_rows_on_an_h200(pairs, tokens, varlen, want):
+def test_launch_rows_on_an_h200(pairs, tokens, varlen, sequences, want):
     """The launch table's choice for the measured workloads on 132 SMs (plan.py cites the figures)."""
     from recurscan.plan import DELTA_LAUNCH, LaunchShape
-    shape = LaunchShape(pairs=pairs, sms=132, value_dim=128, tokens=tokens, varlen=varlen)
+    shape = LaunchShape(pairs=pairs, sms=132, value_dim=128, tokens=tokens, varlen=varlen, sequences=sequences)
     L = next(launch for applies, launch in DELTA_LAUNCH if applies(shape))
-    assert (L.block_v, L.num_warps, L.num_stages, L.segments, L.v_product) == want, L.reason
+    assert (L.block_v, L.num_warps, L.num_stages, L.segments, L.v_product, L.tma_store) == want, L.reason
 
 
 # ----------------------------------------------------------------------------------------------

@@ -165,12 +165,20 @@ def test_float32_inputs():
     check(S, wS, "final state", rms=2e-5, elem=1e-4)
 
 
-def test_sync_free_and_cuda_graph_replay():
+@pytest.mark.parametrize("case", ["gdp", "gdn_bulk_store"])
+def test_sync_free_and_cuda_graph_replay(case):
     """Given descriptors the op does no host synchronisation (sync debug mode 'error'), and a CUDA
     graph captured at a padded batch (zero-length sequences, slots -1) replays to the eager result
-    bit for bit, on new data copied into the captured inputs."""
-    H, HV, K, V, M = 4, 8, 128, 128, 2
-    T_pad, N_pad = 6000, 8
+    bit for bit, on new data copied into the captured inputs. GDP M = 2, and GDN at a shape whose
+    planned launch writes its outputs by bulk tensor stores (descriptors built on the device)."""
+    from recurscan.plan import delta_launch
+    from recurscan.problem import delta_problem
+    if case == "gdp":
+        H, HV, K, V, M = 4, 8, 128, 128, 2
+        T_pad, N_pad = 6000, 8
+    else:
+        H, HV, K, V, M = 4, 16, 128, 128, 1
+        T_pad, N_pad = 20000, 8
 
     def batch(seed, lens):
         cu = [0]
@@ -182,6 +190,10 @@ def test_sync_free_and_cuda_graph_replay():
         return dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=torch.tensor(cu, device=DEV), state_indices=slots), cu
 
     static, cu0 = batch(10, [1000, 1, 2500])
+    x = static
+    launch = delta_launch(delta_problem(x["q"], x["k"], x["v"], x["g"], x["beta"], num_householder=M,
+                                        cu_seqlens=x["cu_seqlens"]), torch.device(DEV))
+    assert launch.tma_store == (case == "gdn_bulk_store"), launch
     cache = torch.randn(32, HV, K, V, device=DEV)
     desc = build_chunk_descriptors(cu0, M, max_tokens=T_pad, device=DEV)
     dbuf = {name: t.clone() for name, t in desc.as_kwargs().items()}
