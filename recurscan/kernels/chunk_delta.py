@@ -312,7 +312,8 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, 
     """One expanded chunk c of :func:`chunk_delta_sweep_kernel` (its docstring has the algebra):
     returns the state S^T leaving the chunk, having written the chunk's outputs (PASS != 1) and,
     when it starts a token chunk, the state entering it (STORE_CHUNK_STATES). FULL: all 64 rows
-    lie in the sequence, so nothing is masked by row."""
+    lie in the sequence, so nothing is masked by row; a full chunk of GDP with M | 64 forms its
+    outputs on its query rows alone."""
     r = c * BT + o_t.to(tl.int64)  # [BT] row inside the sequence (expanded stream)
     if FULL:  # every row lies in the sequence: the loads and stores below go unpredicated
         m_r = tl.full([BT], True, tl.int1)
@@ -322,6 +323,14 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, 
     tok = bos_t + r // M  # its token
     cp = r % M  # its Householder copy
     m_q = m_r & (cp == M - 1)  # rows that carry a query (and an output)
+    # GDP with M | BT, a chunk of whole tokens: the outputs are formed on the chunk's BT // M query
+    # rows alone (every M-th row) rather than on all BT rows with the others masked.
+    COMPACT_Q: tl.constexpr = FULL and (PASS != 1) and (M > 1) and (BT % M == 0)
+    if COMPACT_Q:
+        BTQ: tl.constexpr = BT // M
+        o_tq = tl.arange(0, BTQ).to(tl.int64)
+        tok_q = bos_t + c * BTQ + o_tq  # the chunk's tokens
+        e_q = bos + c * BT + o_tq * M + (M - 1)  # their query rows on the expanded stream
 
     if STORE_CHUNK_STATES:
         if c % M == 0:  # expanded chunk c*M starts token chunk c
@@ -335,12 +344,18 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, 
         m_vt = m_r[None, :] & m_v[:, None] & use_v
     else:
         m_vt = m_r[None, :] & m_v[:, None]
-        b_q = tl.load(q + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=m_q[:, None] & m_k[None, :],
-                      other=0.0).to(DT)  # [BT, BK]
+        if COMPACT_Q:  # the chunk's BT // M tokens, one query each
+            b_q = tl.load(q + (tok_q * H + i_h)[:, None] * K + o_k[None, :], mask=m_k[None, :],
+                          other=0.0).to(DT)  # [BTQ, BK]
+        else:
+            b_q = tl.load(q + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=m_q[:, None] & m_k[None, :],
+                          other=0.0).to(DT)  # [BT, BK]
     b_vt = tl.load(v + (e * HV + i_hv)[None, :] * V + o_v[:, None], mask=m_vt, other=0.0)  # [BV, BT] = V^T
     # wy^T and aqk^T: [BT (j), BT (i)] = wy[i, j]
     b_Wt = tl.load(wy + (e * HV + i_hv)[None, :] * BT + o_t[:, None], mask=m_r[None, :], other=0.0).to(DT)
-    if PASS != 1:
+    if COMPACT_Q:  # aqk^T on the query rows only: [BT (j), BTQ (i)]
+        b_At = tl.load(aqk + (e_q * HV + i_hv)[None, :] * BT + o_t[:, None]).to(DT)
+    elif PASS != 1:
         b_At = tl.load(aqk + (e * HV + i_hv)[None, :] * BT + o_t[:, None], mask=m_r[None, :], other=0.0).to(DT)
     # Stage 1, precomputed by the prep kernel: the rows' decays times their norm factors. One
     # [BT, 4] tile: one pipelined buffer (four vectors took four, each 1 KB aligned; loaded as
@@ -368,7 +383,13 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, 
         b_Ut = tl.dot((b_vt.to(tl.float32) - b_KSt).to(DT), b_Wt, input_precision=DOT_PRECISION)
 
     # Stage 4: outputs O^T = (S^T Q^T) o lam + U^T aqk^T, written on the token stream.
-    if PASS != 1:
+    if COMPACT_Q:
+        lam_rq = tl.load(coef + (e_q * HV + i_hv) * 4 + 1)
+        b_ot = lam_rq[None, :] * tl.dot(b_Sd, tl.trans(b_q), input_precision=DOT_PRECISION)
+        b_ot += tl.dot(b_Ut.to(DT), b_At, input_precision=DOT_PRECISION)  # [BV, BTQ]
+        tl.store(o + (tok_q * HV + i_hv)[None, :] * V + o_v[:, None], b_ot.to(o.dtype.element_ty),
+                 mask=m_v[:, None])
+    elif PASS != 1:
         lam_rq = tl.sum(tl.where((o_4[None, :] == 1) & m_q[:, None], b_coef, 0.0), axis=1)
         b_ot = lam_rq[None, :] * tl.dot(b_Sd, tl.trans(b_q), input_precision=DOT_PRECISION)
         b_ot += tl.dot(b_Ut.to(DT), b_At, input_precision=DOT_PRECISION)
