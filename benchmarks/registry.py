@@ -287,6 +287,8 @@ register(Workload("gdn_b1_t16384_h16_hv32", "gdn", (16384,), heads=16, value_hea
                   reference={"fla chunk_gated_delta_rule fwd": "1.03 ms", "source": _FLA_H200}))
 register(Workload("gdn_b1_t65536_h16_hv32", "gdn", (65536,), heads=16, value_heads=32,
                   reference={"fla chunk_gated_delta_rule fwd": "4.15 ms", "source": _FLA_H200}))
+register(Workload("gdn_b1_t16384_h8_hv16", "gdn", (16384,), heads=8, value_heads=16,
+                  note="half the heads of the headline workload: where the launch rows switch to segments"))
 register(Workload("gdn_b4_t4096_h16", "gdn", (4096,) * 4, heads=16, value_heads=16,
                   reference={"fla chunk_gated_delta_rule fwd": "1.20 ms", "source": _FLA_H200}))
 register(Workload("gdn_b4_t8192_h16_hv64", "gdn", (8192,) * 4, heads=16, value_heads=64,
