@@ -109,14 +109,15 @@ def _sm_count(device: torch.device) -> int:
 # [/tma]; benchmarks/results/gpu_chunk_variants_24e39f1.json, then _unmasked_2775e77.json):
 #   B1 T16384 HV32 (32 pairs):  64/4/3/1/vp/tma 0.685, 64/4/3/1/vp 0.695, 64/4/2/P3/reg/tma 0.697, 64/4/2/P3/reg 0.699
 #   B1 T65536 HV32 (32 pairs):  64/4/3/1/vp/tma 2.736, 64/4/2/P3/reg/tma 2.736, 64/4/2/P3/reg 2.744, 64/4/3/1/vp 2.785
+#     (31a8e14, gpu_chunk_variants_seg_vp_tma_31a8e14.json: 64/4/3/P3/vp/tma 0.698 at T16384, 2.734 at T65536)
+#   B1 T16384 H8 HV16 (16):     64/4/3/P3/vp/tma 0.373, 64/4/2/P3/reg 0.510, 64/4/3/1/vp/tma 0.537 (31a8e14)
 #   B4 T4096 H=HV=16 (64):      64/4/3/1/vp 0.253, 64/4/3/1/vp/tma 0.265 (24e39f1: 64/4/2/1/reg 0.340, 128/8/3/1/vp 0.346)
 #   GDP M2 B4 T4096 (64):       64/4/3/1/vp 0.493 (24e39f1: 64/4/2/1/reg 0.685, 128/8/3/1/vp 0.703; no bulk store at M > 1)
 #   B4 T8192 HV64 (256 pairs):  128/8/3/1/vp/tma 1.778, 128/8/3/1/vp 1.814 (24e39f1: 64/4/2/1/reg 2.017, 64/4/3/1/vp 2.176)
 #   varlen 16 x HV32 (512):     128/8/3/1/vp/tma 0.921, 128/8/3/1/vp 0.943 (24e39f1: 64/4/2/1/reg 1.051, 64/4/3/1/vp 1.256)
-# Not measured, reasoned: with fewer than a third of the SMs' worth of 64-column programs over a
-# long dense sequence (B1 with 16 value heads, say), one pass leaves most SMs idle, so the
-# segments stay there (at 64 programs, B1 HV32, they tie with one pass). BV 16 / 32 rows: from
-# the measurements of 5941d22 (32 pairs: BV 32 1.08 ms, 16 1.11), V in registers as then.
+# The switch from one pass to segments sits between 32 programs (B1 HV16: segments 1.44x faster)
+# and 64 (B1 HV32: a tie); where exactly is not measured. BV 16 / 32 rows: from the measurements
+# of 5941d22 (32 pairs: BV 32 1.08 ms, 16 1.11), V in registers as then.
 @dataclass(frozen=True)
 class LaunchShape:
     """What the launch rows read: independent (sequence, head) sweeps, multiprocessors, V, the
@@ -150,8 +151,8 @@ DELTA_LAUNCH: list[tuple[Callable[[LaunchShape], bool], Launch]] = [
      Launch(64, 4, 3, 4, "a third of the SMs or more in 64-column programs over a long dense sequence: one pass, "
                          "three stages, V as a product operand, output tiles by bulk tensor stores", tma_store=True)),
     (lambda s: not s.varlen and s.tokens >= 16384,
-     Launch(64, 4, 2, 4, "few pairs over a long dense sequence: 3 segments at BV 64, V in registers "
-                         "(two programs per SM)", segments=3, v_product=False)),
+     Launch(64, 4, 3, 4, "few pairs over a long dense sequence: 3 segments at BV 64, three stages, V as a product "
+                         "operand, output tiles by bulk tensor stores", segments=3, tma_store=True)),
     (lambda s: 2 * s.programs_64 >= s.sms,
      Launch(64, 4, 3, 4, "at most one 64-column program per SM: three stages, V as a product operand")),
     (lambda s: 2 * s.pairs * triton_cdiv(s.value_dim, 32) >= s.sms,

@@ -348,7 +348,7 @@ def test_planner_rows():
 @pytest.mark.parametrize("pairs,tokens,varlen,sequences,want", [
     (32, 16384, False, 1, (64, 4, 3, 1, True, True)),     # B1 T16384 HV32: one pass, bulk store
     (32, 65536, False, 1, (64, 4, 3, 1, True, True)),
-    (16, 65536, False, 1, (64, 4, 2, 3, False, False)),   # B1 HV16: too few programs, segments
+    (16, 16384, False, 1, (64, 4, 3, 3, True, True)),     # B1 HV16: too few programs, segments
     (64, 4096, False, 4, (64, 4, 3, 1, True, False)),     # B4 T4096 H=HV=16: one 64-column program per SM
     (64, 8192, True, 4, (64, 4, 3, 1, True, False)),      # GDP M2 B4 T4096 (varlen, expanded stream)
     (256, 8192, False, 4, (128, 8, 3, 1, True, True)),    # B4 T8192 HV64: more programs than SMs
