@@ -308,7 +308,7 @@ def test_segments_bf16(T):
     assert not failures, "; ".join(failures)
 
 
-@pytest.mark.parametrize("case", ["dense_segments", "varlen_cache"])
+@pytest.mark.parametrize("case", ["dense_segments", "dense_segments_v_operand", "varlen_cache"])
 def test_bulk_tensor_store_equals_masked_store(case):
     """``tma_store=True`` (output tiles by bulk tensor stores through a per-program descriptor over
     the sequence's rows) writes the same bf16 values as the masked store, bit for bit, in the
@@ -320,6 +320,10 @@ def test_bulk_tensor_store_equals_masked_store(case):
         q, k, v, g, beta = inputs(16384, 2, 4, 128, 128, seed=11)
         kw = dict(output_final_state=True, use_qk_l2norm_in_kernel=True, block_v=64, num_stages=2, segments=3,
                   v_product=False)
+    elif case == "dense_segments_v_operand":  # the few-pairs launch row (f60266e)
+        q, k, v, g, beta = inputs(16384, 2, 4, 128, 128, seed=13)
+        kw = dict(output_final_state=True, use_qk_l2norm_in_kernel=True, block_v=64, num_stages=3, segments=3,
+                  v_product=True)
     else:
         lens = [1, 4000, 1, 63, 64, 65, 1, 2900, 200]
         cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), device=DEV)
