@@ -437,6 +437,10 @@ def chunk_delta_sweep_kernel(
     shared memory in four pieces, two barriers each). The descriptor needs 128 B of global scratch
     per program (kernels/_launch.py passes it).
 
+    The chunk body is :func:`_sweep_chunk`: unmasked over the chunks whose 64 rows lie in the
+    sequence (the pipelined loop), masked once for a partial last chunk; a full chunk of GDP with
+    M | 64 forms its outputs on its query rows alone.
+
     Varlen: program block n (in launch order) sweeps sequence ``sequence_order[n]``, the longest
     sequences first (ranked by the prep kernel's first programs, :func:`_rank_sequences`): each
     program walks its sequence's chunks one after another, so a long sequence launched last would
@@ -564,8 +568,8 @@ def chunk_delta_sweep_kernel(
     if TMA_STORE and PASS != 1:  # the sequence's output rows [L, V] of value head hv; rows past L clipped
         o_desc = tl.make_tensor_descriptor(o + (bos_t * HV + i_hv) * V, shape=[(eos_t - bos_t).to(tl.int32), V],
                                            strides=[HV * V, 1], block_shape=[BT, BV])
-    else:
-        o_desc = o  # unused
+    else:  # _sweep_chunk takes every name; the flags below keep these placeholders unread
+        o_desc = o
     if PASS != 1:
         use_v = True
     if not STORE_CHUNK_STATES:
