@@ -77,12 +77,13 @@ def sweep(BV, warps, stages, v_product, PASS=0, tma_store=False, M=1, varlen=Fal
     return _compile(chunk_delta_sweep_kernel, sig, const, warps, stages)
 
 
-def prep(warps=4, fp16=True, varlen=False):
+def prep(warps=4, fp16=True, varlen=False, M=1):
     p = "*bf16"
     sig = dict(q=p, k=p, g="*fp32", beta=p, wy=p, aqk=p, coef="*fp32", cu_seqlens="*i32", chunk_indices="*i32",
                sequence_order="*i32", scale="fp32", T="i32", n_seq="i32")
     const = dict(SHAPES, USE_L2NORM=True, IS_VARLEN=varlen, HAS_G=True, INV_PRECISION="tf32", DT=tl.bfloat16,
                  INV_FP16=fp16)
+    const["M"] = M
     return _compile(chunk_delta_prep_kernel, sig, const, warps)
 
 
@@ -93,7 +94,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
     shapes = [tuple(int(x) for x in s.split(":")) for s in args.sweep or []] or \
         [(128, 8, 3, 1), (64, 4, 3, 1), (64, 4, 2, 1), (64, 4, 2, 0), (32, 4, 2, 0), (16, 4, 2, 0)]
-    print(f"prep, 4 warps: {prep()}; varlen {prep(varlen=True)}")
+    if args.gdp:
+        print(f"prep, 4 warps, varlen GDP M = 2: {prep(varlen=True, M=2)}")
+    else:
+        print(f"prep, 4 warps: {prep()}; varlen {prep(varlen=True)}")
     for BV, warps, stages, vp, tma in (tuple(s_) + (0,)[len(s_) - 4:] for s_ in shapes):
         passes = (0, 1, 2) if (BV, vp) == (64, 0) else (0,)
         for PASS in passes:

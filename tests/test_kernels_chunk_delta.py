@@ -120,13 +120,16 @@ def test_output_by_bulk_tensor_store_varlen_cache_and_padding(M):
         assert_f32_close(final[slot], want_S[n], f"slot {slot}")
 
 
-@pytest.mark.parametrize("M", [1, 2, 3, 4])
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 8])
 def test_gdp_varlen_matches_oracle(M):
     """One-token sequences beside ones crossing chunk boundaries on both streams; for M = 3 the
-    expanded chunks end mid-token (ceil(L*M/64) != M*ceil(L/64)); for M = 2 and 4 the full chunks
-    form their outputs on their query rows alone."""
+    expanded chunks end mid-token (ceil(L*M/64) != M*ceil(L/64)); for M = 2 and 4 the query side
+    (prep and sweep) is formed on the chunks' query rows alone; M = 8 (8 tokens a chunk, too few
+    for a product) keeps the masked form. A reset inside a chunk (token 40) checks the decays of
+    the query rows."""
     cu = [0, 1, 2, 66, 67, 130]
     q, k, v, g, beta = gdp_inputs(130, M, 2, 4, 16, 24)
+    g[:, 40] = float("-inf")
     S0 = torch.randn(len(cu) - 1, 4, 16, 24, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     want = gated_delta_product_naive(q, k, v, g, beta, M, initial_state=S0, use_qk_l2norm_in_kernel=True,
                                      cu_seqlens=torch.tensor(cu), return_chunk_states=True)

@@ -89,6 +89,14 @@ def _empty(*shape, dtype, device):
 # ----------------------------------------------------------------------------------------------
 
 
+@triton.constexpr_function
+def _compact_queries(M, BT):
+    """Whether a full chunk of BT expanded rows is BT // M whole tokens whose query rows the sweep
+    can handle alone: M | BT, M > 1, and BT // M rows still make a tensor-core product (>= 16)."""
+    M, BT = getattr(M, "value", M), getattr(BT, "value", BT)
+    return M > 1 and BT % M == 0 and BT // M >= 16
+
+
 @triton.jit
 def _chunk_gates(g, tok, cp, m_r, i_hv, HV: tl.constexpr, M: tl.constexpr, BT: tl.constexpr,
                  HAS_G: tl.constexpr):
@@ -144,8 +152,10 @@ def chunk_delta_prep_kernel(
 
     - ``wy[rows, hv, :]  = (G o Tinv) diag(beta)``, ``Tinv = (I + strictLower(diag(beta) K K^T))^-1``
       computed gate-free, so ``U = wy X`` solves the chunk's gated triangular system;
-    - ``aqk[rows, hv, :] = G o (scale Q_exp K^T)``, causal (diagonal included);
-    - ``coef[rows, hv, 0:4] = (lam rk, lam rq, gam rk, lam_last)`` float32: per row, the decay from
+    - ``aqk[rows, hv, :] = G o (scale Q_exp K^T)``, causal (diagonal included), on the query rows
+      (each token's last copy) only: the sweep reads no other;
+    - ``coef[rows, hv, 0:4] = (lam rk, lam rq, gam rk, lam_last)`` float32 (lam rq on the query
+      rows only): per row, the decay from
       the chunk start (lam) and to the chunk end (gam) times the row's norm factors (rk, and rq with
       the scale, on the query's row, the token's last copy; 1 and the scale without USE_L2NORM),
       and the decay across the whole chunk; so the sweep reads q and k raw and derives no gate.
@@ -227,14 +237,16 @@ def chunk_delta_prep_kernel(
     lam_last = tl.where(seg_last == 0, tl.exp2(gc_last), 0.0)
     p_coef = coef + (rows * HV + i_hv) * 4
     tl.store(p_coef, lam * rk, mask=m_r)
-    tl.store(p_coef + 1, lam * rq, mask=m_r)
+    tl.store(p_coef + 1, lam * rq, mask=m_q)
     tl.store(p_coef + 2, gam * rk, mask=m_r)
     tl.store(p_coef + 3, tl.zeros([BT], dtype=tl.float32) + lam_last, mask=m_r)
     p_out = (rows * HV + i_hv)[:, None] * BT + o_t[None, :]
 
     # aqk = G o (scale Q K^T) (normalised q, k: the factors scale the product's rows and columns).
+    # It and lam rq are stored on the query rows only (every M-th row), the only ones the sweep
+    # reads; for GDP that halves the aqk bytes written (M = 2).
     b_qk = tl.dot(b_q.to(DT), tl.trans(b_k.to(DT)), input_precision=INV_PRECISION) * rq[:, None] * rk[None, :]
-    tl.store(aqk + p_out, (b_G * b_qk).to(aqk.dtype.element_ty), mask=m_r[:, None])
+    tl.store(aqk + p_out, (b_G * b_qk).to(aqk.dtype.element_ty), mask=m_q[:, None])
 
     # Stage 2: A = diag(beta) strictLower(K K^T) for normalised keys.
     b_A = b_kk * (b_beta * rk)[:, None] * rk[None, :]
@@ -324,8 +336,9 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, 
     cp = r % M  # its Householder copy
     m_q = m_r & (cp == M - 1)  # rows that carry a query (and an output)
     # GDP with M | BT, a chunk of whole tokens: the outputs are formed on the chunk's BT // M query
-    # rows alone (every M-th row) rather than on all BT rows with the others masked.
-    COMPACT_Q: tl.constexpr = FULL and (PASS != 1) and (M > 1) and (BT % M == 0)
+    # rows alone (every M-th row) rather than on all BT rows with the others masked (M = 2, 4: the
+    # query rows must still make a product of >= 16 rows).
+    COMPACT_Q: tl.constexpr = FULL and (PASS != 1) and _compact_queries(M, BT)
     if COMPACT_Q:
         BTQ: tl.constexpr = BT // M
         o_tq = tl.arange(0, BTQ).to(tl.int64)
