@@ -38,6 +38,9 @@ class Launch:
     # Output tiles by bulk tensor stores (chunk_delta_fwd's ``tma_store``; M = 1 only, the kernel
     # keeps the masked store elsewhere): 8 barriers per chunk instead of 15 at BV 64.
     tma_store: bool = False
+    # The single sweep starts on the SMs the prep's last programs leave and waits per chunk on
+    # ready flags (chunk_delta_fwd's ``overlap``; segment passes run after the prep as before).
+    overlap: bool = True
 
 
 @dataclass(frozen=True)

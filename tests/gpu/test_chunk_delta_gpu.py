@@ -356,3 +356,64 @@ def test_bulk_tensor_store_equals_masked_store(case):
         for a, b in zip(outs[(True, call)], outs[(False, call)]):
             assert torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a.view(torch.int32),
                                b.view(torch.int16) if b.dtype == torch.bfloat16 else b.view(torch.int32))
+
+
+@pytest.mark.parametrize("case", ["dense_b1_hv32", "gdp_varlen_cache", "varlen_300_sequences"])
+def test_overlapped_sweep_equals_serial(case):
+    """``overlap=True`` (the default: the sweep launched as the prep's programmatic dependent,
+    waiting per chunk on ready flags) gives the same bits as the serial launch (``overlap=False``:
+    the sweep starts after the prep), over five calls each (a missed wait or a stale read would
+    show as a difference in some call): dense B1 HV32 (the headline launch), varlen GDP with a
+    cache, padding slots and chunk states, and 300 sequences (three ranking programs, whose count
+    the sweep waits for before reading its order). Direct launches through ``cuLaunchKernelEx``
+    from the second call, sync-free."""
+    from recurscan.kernels import _launch
+    cache = None
+    if case == "dense_b1_hv32":
+        q, k, v, g, beta = inputs(16384, 16, 32, 128, 128, seed=21)
+        M, kw = 1, dict(output_final_state=True, block_v=64, num_stages=3, v_product=True, tma_store=True)
+    elif case == "gdp_varlen_cache":
+        lens = [1, 3000, 65, 5000, 1, 130, 64]
+        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), device=DEV)
+        M = 2
+        q, k, v, g, beta = inputs(int(cu[-1]), 4, 16, 128, 128, M=M, seed=22)
+        d = build_chunk_descriptors(cu.cpu(), M, device=DEV)
+        cache = torch.randn(9, 16, 128, 128, device=DEV)
+        kw = dict(cu_seqlens=cu, chunk_indices_dp=d.chunk_indices_dp, chunk_offsets=d.chunk_offsets,
+                  num_chunk_rows=d.chunk_indices.shape[0], return_chunk_states=True,
+                  state_indices=torch.tensor([3, -1, 0, 8, 5, -1, 1], dtype=torch.int32, device=DEV),
+                  block_v=64, num_stages=3, v_product=True)
+    else:
+        gen = torch.Generator().manual_seed(23)
+        lens = torch.randint(1, 200, (300,), generator=gen)
+        cu = torch.tensor([0] + lens.cumsum(0).tolist(), device=DEV)
+        M = 1
+        q, k, v, g, beta = inputs(int(cu[-1]), 8, 16, 128, 128, seed=24)
+        d = build_chunk_descriptors(cu.cpu(), device=DEV)
+        kw = dict(cu_seqlens=cu, chunk_indices_dp=d.chunk_indices_dp, output_final_state=True,
+                  block_v=128, num_warps=8, num_stages=3)
+    outs = {}
+    for overlap in (False, True):
+        plan_ = chunk_delta.plan_chunk_delta(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
+                                             overlap=overlap, state=cache, **kw)
+        for call in range(5):  # the first through Triton's JIT, then directly
+            state = None if cache is None else cache.clone()
+            args = (q, k, v, g, beta, None, state, kw.get("state_indices"), kw.get("cu_seqlens"),
+                    kw.get("chunk_indices_dp"), kw.get("chunk_offsets"))
+            if call:
+                torch.cuda.synchronize()
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                got = chunk_delta.run_chunk_delta(plan_, args)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            torch.cuda.synchronize()
+            outs[(overlap, call)] = [t.clone() for t in got if t is not None]
+        assert all(step.direct is not None and step.direct.driver is not None for step in plan_.steps)
+        sweep_options = plan_.steps[-1].options
+        assert sweep_options.get("launch_pdl", False) == overlap
+    assert _launch.DRIVER_ERROR is None
+    bits = lambda t: t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)  # noqa: E731
+    for call in range(5):
+        for i, (a, b) in enumerate(zip(outs[(True, call)], outs[(False, 0)])):
+            assert torch.equal(bits(a), bits(b)), f"call {call}, output {i}: overlapped != serial"
