@@ -211,9 +211,9 @@ def test_state_cache_padding_and_untouched_slots():
 
 @pytest.mark.parametrize("M", [1, 2])
 def test_overlapped_and_serial_sweeps_agree(M):
-    """``overlap=True`` (the default: ready flags per chunk, which here, where each kernel runs to
-    completion, the sweep checks and poisons its state on any it finds unset) and ``overlap=False``
-    give the same bits; varlen with a padding slot, one-token sequences and chunk states."""
+    """``overlap=True`` (ready flags per chunk, which here, where each kernel runs to completion,
+    the sweep checks and poisons its state on any it finds unset) and ``overlap=False`` (the
+    default) give the same bits; varlen with a padding slot, one-token sequences and chunk states."""
     cu = torch.tensor([0, 1, 70, 71, 200], device=DEVICE)
     q, k, v, g, beta = f32(*gdp_inputs(200, M, 2, 4, 16, 24))
     d = build_chunk_descriptors(cu.cpu(), M, device=DEVICE)

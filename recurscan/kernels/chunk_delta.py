@@ -816,7 +816,7 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
                      chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None, state=None,
                      state_indices=None, return_chunk_states=False, block_v=32, num_warps=4,
                      num_stages=2, prep_warps=4, stages="both", segments=1,
-                     inverse_fp16=None, v_product=True, tma_store=False, overlap=True) -> ChunkDeltaPlan:
+                     inverse_fp16=None, v_product=True, tma_store=False, overlap=False) -> ChunkDeltaPlan:
     """The launches of :func:`chunk_delta_fwd` for these tensors' shapes (read, never kept)."""
     M = num_householder
     B, T, H, K = q.shape
@@ -968,7 +968,7 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
                     chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None, state=None,
                     state_indices=None, return_chunk_states=False, block_v=32, num_warps=4,
                     num_stages=2, prep_warps=4, stages="both", segments=1, inverse_fp16=None,
-                    v_product=True, tma_store=False, overlap=True):
+                    v_product=True, tma_store=False, overlap=False):
     """Launch the kernels. Arguments as the public ops (``recurscan.chunk_gated_delta_rule``,
     ``recurscan.chunk_gated_delta_product_varlen``), with the descriptors already built:
 
@@ -996,7 +996,8 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
     - ``overlap`` (single sweep, ``stages="both"``): the sweep waits on per-chunk ready flags that
       the prep releases, not on the prep's end, and on sm_90+ is launched as the prep's
       programmatic dependent, so it starts on the SMs the prep's last programs leave
-      (``chunk_delta_sweep_kernel``, READY). False: the sweep starts after the prep, as before.
+      (``chunk_delta_sweep_kernel``, READY). False (default, and every planner row: on the H200
+      the overlapped form measured slower): the sweep starts after the prep.
 
     This plans and runs in one go (:func:`plan_chunk_delta`, :func:`run_chunk_delta`); the public
     ops keep the plan of each call signature and only run it.

@@ -360,9 +360,9 @@ def test_bulk_tensor_store_equals_masked_store(case):
 
 @pytest.mark.parametrize("case", ["dense_b1_hv32", "gdp_varlen_cache", "varlen_300_sequences"])
 def test_overlapped_sweep_equals_serial(case):
-    """``overlap=True`` (the default: the sweep launched as the prep's programmatic dependent,
-    waiting per chunk on ready flags) gives the same bits as the serial launch (``overlap=False``:
-    the sweep starts after the prep), over five calls each (a missed wait or a stale read would
+    """``overlap=True`` (the sweep launched as the prep's programmatic dependent, waiting per chunk
+    on ready flags) gives the same bits as the serial launch (``overlap=False``, the default: the
+    sweep starts after the prep), over five calls each (a missed wait or a stale read would
     show as a difference in some call): dense B1 HV32 (the headline launch), varlen GDP with a
     cache, padding slots and chunk states, and 300 sequences (three ranking programs, whose count
     the sweep waits for before reading its order). Direct launches through ``cuLaunchKernelEx``
