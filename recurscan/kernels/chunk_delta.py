@@ -221,10 +221,11 @@ def chunk_delta_prep_kernel(
     - ``aqk[rows, hv, :] = G o (scale Q_exp K^T)``, causal (diagonal included), on the query rows
       (each token's last copy) only: the sweep reads no other;
     - ``coef[slot, hv, 0:64, 0:4] = (lam rk, lam rq, gam rk, lam_last)`` float32 for the chunk's 64
-      rows, slot = :func:`_ready_slot` (lam rq on the query rows only): per row, the decay from
-      the chunk start (lam) and to the chunk end (gam) times the row's norm factors (rk, and rq with
-      the scale, on the query's row, the token's last copy; 1 and the scale without USE_L2NORM),
-      and the decay across the whole chunk; so the sweep reads q and k raw and derives no gate.
+      rows, slot = :func:`_ready_slot` (lam rq on the query rows only, lam_last on row 0 only): per
+      row, the decay from the chunk start (lam) and to the chunk end (gam) times the row's norm
+      factors (rk, and rq with the scale, on the query's row, the token's last copy; 1 and the
+      scale without USE_L2NORM), and the decay across the whole chunk; so the sweep reads q and k
+      raw and derives no gate.
 
     The inverse: recursive block doubling on the full 64 x 64 tile (2 -> 4 -> ... -> 64), ten
     products on the tensor cores and no reductions (:func:`_wy_inverse`). INV_PRECISION "tf32" for
@@ -319,7 +320,7 @@ def chunk_delta_prep_kernel(
     tl.store(p_coef, lam * rk, mask=m_r)
     tl.store(p_coef + 1, lam * rq, mask=m_q)
     tl.store(p_coef + 2, gam * rk, mask=m_r)
-    tl.store(p_coef + 3, tl.zeros([BT], dtype=tl.float32) + lam_last, mask=m_r)
+    tl.store(p_coef + 3, tl.zeros([BT], dtype=tl.float32) + lam_last, mask=o_t == 0)  # row 0 only: the sweep reads it there
     p_out = (rows * HV + i_hv)[:, None] * BT + o_t[None, :]
 
     # aqk = G o (scale Q K^T) (normalised q, k: the factors scale the product's rows and columns).
