@@ -173,10 +173,11 @@ def bench_variants(names, rep_ms, shapes=None):
     from recurscan.problem import delta_problem
 
     # Launch shapes (BV, num_warps, num_stages, segments, v_product, tma_store, overlap); v_product
-    # defaults to 1, tma_store to 0, overlap to 1. num_stages=1 is left out: on Triton 3.6 / H200 it
+    # defaults to 1, tma_store to 0, overlap to 0 (1: the sweep overlapping the prep; 2: the same,
+    # the sweep launched only once every prep program has written its chunk). num_stages=1 is left out: on Triton 3.6 / H200 it
     # raised an illegal memory access (2026-11-29). Segments apply to dense GDN only (varlen input,
     # GDP here, runs the single sweep whatever is asked); tma_store to M = 1; overlap to one pass.
-    shapes = [tuple(s_) + (1, 0, 1)[len(s_) - 4:] for s_ in shapes or
+    shapes = [tuple(s_) + (1, 0, 0)[len(s_) - 4:] for s_ in shapes or
               [(16, 4, 2, 1), (32, 4, 2, 1), (64, 4, 2, 1), (64, 8, 2, 1), (128, 8, 2, 1)]]
     out = []
     for name in names:
@@ -188,11 +189,14 @@ def bench_variants(names, rep_ms, shapes=None):
         def run(BV, warps, stages, P, vp, tma, ov, stage="both"):
             return chunk_delta_fwd(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
                                    output_final_state=True, block_v=BV, num_warps=warps, num_stages=stages,
-                                   segments=P, v_product=bool(vp), tma_store=bool(tma), overlap=bool(ov),
+                                   segments=P, v_product=bool(vp), tma_store=bool(tma),
+                                   overlap={0: False, 1: True, 2: "late"}[ov],
                                    stages=stage, **kw)
         with torch.no_grad():
             ref = [t.float().clone() for t in run(*planned)]
-        todo = [(planned, "prep"), (planned, "sweep")] + [(s_, "both") for s_ in shapes]
+        # overlap 1 also times its sweep alone with every ready flag set (the checks' own cost)
+        todo = [(planned, "prep"), (planned, "sweep")] + [(s_, "both") for s_ in shapes] + \
+            [(s_, "sweep") for s_ in shapes if s_[6] == 1]
         for (BV, warps, stages, P, vp, tma, ov), stage in todo:
             row = {"workload": name, "block_v": BV, "num_warps": warps, "num_stages": stages, "segments": P,
                    "v_product": vp, "tma_store": tma, "overlap": ov, "stage": stage,

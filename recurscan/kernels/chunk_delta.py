@@ -209,7 +209,7 @@ def chunk_delta_prep_kernel(
     BT: tl.constexpr, BK: tl.constexpr,
     USE_L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr,
     INV_PRECISION: tl.constexpr, DT: tl.constexpr, INV_FP16: tl.constexpr = False,
-    READY: tl.constexpr = False, PDL: tl.constexpr = False,
+    READY: tl.constexpr = False, PDL: tl.constexpr = False, EARLY_TRIGGER: tl.constexpr = True,
 ):
     """Grid (chunks of the expanded stream x HV,), chunk-major: program -> (chunk pid // HV, value
     head pid % HV), so the last programs to run hold the last chunks, which the sweep needs last.
@@ -247,9 +247,10 @@ def chunk_delta_prep_kernel(
     ends by a release of its chunk's flag, row :func:`_ready_slot` x HV + hv; the ranking programs
     count themselves in ``ready[0]`` after the order is written (flag rows start at 1). PDL: this
     kernel lets the sweep launch as soon as all its programs have started (programmatic dependent
-    launch, sm_90+), and the sweep waits on the flags instead of on this kernel's end.
+    launch, sm_90+; EARLY_TRIGGER False: as soon as all have written their chunk, a diagnostic), and
+    the sweep waits on the flags instead of on this kernel's end.
     """
-    if PDL:
+    if PDL and EARLY_TRIGGER:
         tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0).to(tl.int64)
     i_c = pid // HV
@@ -352,6 +353,8 @@ def chunk_delta_prep_kernel(
     tl.store(wy + p_out, (b_G * b_T * b_beta[None, :]).to(wy.dtype.element_ty), mask=m_r[:, None])
     if READY:
         _signal_ready(ready + (1 + _ready_slot(bos, i_t, i_n, BT)) * HV + i_hv)
+    if PDL and not EARLY_TRIGGER:
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -880,10 +883,12 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
     # The single sweep overlaps the prep's last programs: per-chunk ready flags (zeroed per call),
     # and on sm_90+ the sweep launched as the prep's programmatic dependent (PDL). Under the
     # interpreter the flags are kept and checked, with no early launch.
-    ready = overlap and P == 1 and stages == "both" and n_prep > 0 and N > 0
+    if overlap not in (False, True, "late"):
+        raise ValueError(f"overlap: expected False, True or 'late', got {overlap!r}")
+    ready = bool(overlap) and P == 1 and stages in ("both", "sweep") and n_prep > 0 and N > 0
     pdl = ready and not INTERPRET and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-    if ready:
-        buffers["ready"] = (((1 + (B * T * M) // BT + N) * HV,), torch.int32, 0)
+    if ready:  # the sweep alone (benchmarks) finds every flag set: it times the checks alone
+        buffers["ready"] = (((1 + (B * T * M) // BT + N) * HV,), torch.int32, 0 if stages == "both" else 1 << 30)
     steps = []
     if n_prep > 0 and stages in ("both", "prep"):
         steps.append(_Step(chunk_delta_prep_kernel, (n_prep * HV,), dict(
@@ -895,7 +900,7 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
             H=H, HV=HV, K=K, M=M, BT=BT, BK=BK,
             USE_L2NORM=use_qk_l2norm_in_kernel, IS_VARLEN=varlen, HAS_G=g is not None,
             INV_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DT=dt, INV_FP16=inverse_fp16,
-            READY=ready, PDL=pdl),
+            READY=ready, PDL=pdl, EARLY_TRIGGER=overlap != "late"),
             dict(num_warps=prep_warps)))
     outputs = ("o", "state" if use_cache else ("final" if store_final else None)) + \
         (("chunk_states",) if return_chunk_states else ())
@@ -994,10 +999,11 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
       programs per SM fit).
     - ``tma_store``: the sweep writes its output tiles with bulk tensor stores (M = 1 and output
       rows a multiple of 16 bytes; elsewhere it keeps the masked store).
-    - ``overlap`` (single sweep, ``stages="both"``): the sweep waits on per-chunk ready flags that
-      the prep releases, not on the prep's end, and on sm_90+ is launched as the prep's
-      programmatic dependent, so it starts on the SMs the prep's last programs leave
-      (``chunk_delta_sweep_kernel``, READY). False (default, and every planner row: on the H200
+    - ``overlap`` (single sweep): the sweep waits on per-chunk ready flags that the prep releases,
+      not on the prep's end, and on sm_90+ is launched as the prep's programmatic dependent, so it
+      starts on the SMs the prep's last programs leave (``chunk_delta_sweep_kernel``, READY).
+      Diagnostics: ``"late"`` lets the sweep launch only once every prep program has written its
+      chunk; with ``stages="sweep"`` every flag starts set, which times the checks alone. False (default, and every planner row: on the H200
       the overlapped form measured slower): the sweep starts after the prep.
 
     This plans and runs in one go (:func:`plan_chunk_delta`, :func:`run_chunk_delta`); the public
