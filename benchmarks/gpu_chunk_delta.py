@@ -172,43 +172,37 @@ def bench_variants(names, rep_ms, shapes=None):
     from recurscan.plan import delta_launch
     from recurscan.problem import delta_problem
 
-    # Launch shapes (BV, num_warps, num_stages, segments, v_product, tma_store, overlap); v_product
-    # defaults to 1, tma_store to 0, overlap to 0 (1: the sweep overlapping the prep; 2: the same,
-    # the sweep launched only once every prep program has written its chunk). num_stages=1 is left out: on Triton 3.6 / H200 it
-    # raised an illegal memory access (2026-11-29). Segments apply to dense GDN only (varlen input,
-    # GDP here, runs the single sweep whatever is asked); tma_store to M = 1; overlap to one pass.
-    shapes = [tuple(s_) + (1, 0, 0)[len(s_) - 4:] for s_ in shapes or
+    # Launch shapes (BV, num_warps, num_stages, segments, v_product, tma_store); v_product defaults
+    # to 1, tma_store to 0. num_stages=1 is left out: on Triton 3.6 / H200 it raised an illegal
+    # memory access (2026-11-29). Segments apply to dense GDN only (varlen input, GDP here, runs the
+    # single sweep whatever is asked); tma_store to M = 1.
+    shapes = [tuple(s_) + (1, 0)[len(s_) - 4:] for s_ in shapes or
               [(16, 4, 2, 1), (32, 4, 2, 1), (64, 4, 2, 1), (64, 8, 2, 1), (128, 8, 2, 1)]]
     out = []
     for name in names:
         (q, k, v, g, beta), M, cu, kw = kernel_inputs(name)
         L = delta_launch(delta_problem(q, k, v, g, beta, num_householder=M, cu_seqlens=cu), torch.device("cuda"))
-        planned = (L.block_v, L.num_warps, L.num_stages, L.segments, int(L.v_product), int(L.tma_store),
-                   int(L.overlap))
+        planned = (L.block_v, L.num_warps, L.num_stages, L.segments, int(L.v_product), int(L.tma_store))
 
-        def run(BV, warps, stages, P, vp, tma, ov, stage="both"):
+        def run(BV, warps, stages, P, vp, tma, stage="both"):
             return chunk_delta_fwd(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
                                    output_final_state=True, block_v=BV, num_warps=warps, num_stages=stages,
-                                   segments=P, v_product=bool(vp), tma_store=bool(tma),
-                                   overlap={0: False, 1: True, 2: "late"}[ov],
-                                   stages=stage, **kw)
+                                   segments=P, v_product=bool(vp), tma_store=bool(tma), stages=stage, **kw)
         with torch.no_grad():
             ref = [t.float().clone() for t in run(*planned)]
-        # overlap 1 also times its sweep alone with every ready flag set (the checks' own cost)
-        todo = [(planned, "prep"), (planned, "sweep")] + [(s_, "both") for s_ in shapes] + \
-            [(s_, "sweep") for s_ in shapes if s_[6] == 1]
-        for (BV, warps, stages, P, vp, tma, ov), stage in todo:
+        todo = [(planned, "prep"), (planned, "sweep")] + [(s_, "both") for s_ in shapes]
+        for (BV, warps, stages, P, vp, tma), stage in todo:
             row = {"workload": name, "block_v": BV, "num_warps": warps, "num_stages": stages, "segments": P,
-                   "v_product": vp, "tma_store": tma, "overlap": ov, "stage": stage,
-                   "planned": (BV, warps, stages, P, vp, tma, ov) == planned}
+                   "v_product": vp, "tma_store": tma, "stage": stage,
+                   "planned": (BV, warps, stages, P, vp, tma) == planned}
             try:
                 with torch.no_grad():
-                    res = run(BV, warps, stages, P, vp, tma, ov, stage)
+                    res = run(BV, warps, stages, P, vp, tma, stage)
                     if stage == "both":
                         row["rel_rms_vs_planned"] = [
                             ((a.float() - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt()).item()
                             for a, b in zip(res, ref)]
-                    ms = tt.do_bench_cudagraph(lambda: run(BV, warps, stages, P, vp, tma, ov, stage), rep=rep_ms,
+                    ms = tt.do_bench_cudagraph(lambda: run(BV, warps, stages, P, vp, tma, stage), rep=rep_ms,
                                                quantiles=[0.5, 0.2, 0.8])
                 row.update(median_ms=ms[0], p20_ms=ms[1], p80_ms=ms[2])
             except Exception as exc:  # recorded, never hidden
@@ -292,7 +286,7 @@ def main(argv=None):
     ap.add_argument("--workload", action="append", help="subset of the six workloads")
     ap.add_argument("--variant-workload", action="append")
     ap.add_argument("--variant-shape", action="append",
-                    help="BV:num_warps:num_stages:segments[:v_product[:tma_store[:overlap]]] launch shapes for --only variants "
+                    help="BV:num_warps:num_stages:segments[:v_product[:tma_store]] launch shapes for --only variants "
                          "(repeatable)")
     ap.add_argument("--no-fla", action="store_true")
     ap.add_argument("--fla-workload", action="append",

@@ -65,24 +65,24 @@ def _compile(kernel, sig, const, num_warps, num_stages=2):
     return f"{regs} {stack} shared {ck.metadata.shared} B; {loop_profile(sass)}"
 
 
-def sweep(BV, warps, stages, v_product, PASS=0, tma_store=False, M=1, varlen=False, overlap=False):
+def sweep(BV, warps, stages, v_product, PASS=0, tma_store=False, M=1, varlen=False):
     p, f = "*bf16", "*fp32"
     sig = dict(q=p, k=p, v=p, wy=p, aqk=p, coef=f, o=p, h0=f, ht=f, state=f, state_indices="*i32", chunk_states=f,
-               cu_seqlens="*i32", chunk_offsets="*i32", sequence_order="*i32", ready="*i32", seg_n=f, seg_m=f,
-               n_seg="i32", seg_chunks="i32", T="i32", n_rank="i32")
+               cu_seqlens="*i32", chunk_offsets="*i32", sequence_order="*i32", seg_n=f, seg_m=f, n_seg="i32",
+               seg_chunks="i32", T="i32")
     const = dict(SHAPES, V=128, BV=BV, IS_VARLEN=varlen, HAS_H0=False, STORE_FINAL=True, USE_CACHE=False,
                  STORE_CHUNK_STATES=False, DOT_PRECISION="tf32", NUM_STAGES=stages, DT=tl.bfloat16, PASS=PASS,
-                 V_PRODUCT=v_product, TMA_STORE=tma_store, READY=overlap and PASS == 0, PDL=overlap and PASS == 0)
+                 V_PRODUCT=v_product, TMA_STORE=tma_store)
     const["M"] = M
     return _compile(chunk_delta_sweep_kernel, sig, const, warps, stages)
 
 
-def prep(warps=4, fp16=True, varlen=False, M=1, overlap=False):
+def prep(warps=4, fp16=True, varlen=False, M=1):
     p = "*bf16"
     sig = dict(q=p, k=p, g="*fp32", beta=p, wy=p, aqk=p, coef="*fp32", cu_seqlens="*i32", chunk_indices="*i32",
-               sequence_order="*i32", ready="*i32", scale="fp32", T="i32", n_seq="i32")
+               sequence_order="*i32", scale="fp32", T="i32", n_seq="i32")
     const = dict(SHAPES, USE_L2NORM=True, IS_VARLEN=varlen, HAS_G=True, INV_PRECISION="tf32", DT=tl.bfloat16,
-                 INV_FP16=fp16, READY=overlap, PDL=overlap)
+                 INV_FP16=fp16)
     const["M"] = M
     return _compile(chunk_delta_prep_kernel, sig, const, warps)
 
@@ -91,20 +91,18 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m benchmarks.sm90_resources")
     ap.add_argument("--sweep", action="append", help="BV:warps:stages:v_product[:tma_store] (repeatable)")
     ap.add_argument("--gdp", action="store_true", help="the sweeps of varlen GDP (M = 2) instead of dense GDN")
-    ap.add_argument("--overlap", action="store_true", help="compile with the ready flags and PDL (one pass)")
     args = ap.parse_args(argv)
     shapes = [tuple(int(x) for x in s.split(":")) for s in args.sweep or []] or \
         [(128, 8, 3, 1), (64, 4, 3, 1), (64, 4, 2, 1), (64, 4, 2, 0), (32, 4, 2, 0), (16, 4, 2, 0)]
-    ov = args.overlap
     if args.gdp:
-        print(f"prep, 4 warps, varlen GDP M = 2: {prep(varlen=True, M=2, overlap=ov)}")
+        print(f"prep, 4 warps, varlen GDP M = 2: {prep(varlen=True, M=2)}")
     else:
-        print(f"prep, 4 warps: {prep(overlap=ov)}; varlen {prep(varlen=True, overlap=ov)}")
+        print(f"prep, 4 warps: {prep()}; varlen {prep(varlen=True)}")
     for BV, warps, stages, vp, tma in (tuple(s_) + (0,)[len(s_) - 4:] for s_ in shapes):
         passes = (0, 1, 2) if (BV, vp) == (64, 0) else (0,)
         for PASS in passes:
             print(f"sweep BV {BV:3d} {warps} warps {stages} stages v_product {vp} tma_store {tma} "
-                  f"PASS {PASS}: {sweep(BV, warps, stages, bool(vp), PASS, bool(tma), *((2, True) if args.gdp else (1, False)), overlap=ov)}")
+                  f"PASS {PASS}: {sweep(BV, warps, stages, bool(vp), PASS, bool(tma), *((2, True) if args.gdp else ()))}")
 
 
 if __name__ == "__main__":

@@ -38,10 +38,6 @@ class Launch:
     # Output tiles by bulk tensor stores (chunk_delta_fwd's ``tma_store``; M = 1 only, the kernel
     # keeps the masked store elsewhere): 8 barriers per chunk instead of 15 at BV 64.
     tma_store: bool = False
-    # The single sweep launched as the prep's programmatic dependent, waiting per chunk on ready
-    # flags (chunk_delta_fwd's ``overlap``). Off in every row: measured slower on the H200 at
-    # e7fec24 (B1 T16384 0.675 -> 0.809 ms, GDP 0.454 -> 0.499; docs/kernels-chunk-delta.md).
-    overlap: bool = False
 
 
 @dataclass(frozen=True)

@@ -209,30 +209,6 @@ def test_state_cache_padding_and_untouched_slots():
     assert_f32_close(chunks[[0, 2, 3, 4]], want_chunks[[0, 2, 3, 4]], "chunk states")
 
 
-@pytest.mark.parametrize("M", [1, 2])
-def test_overlapped_and_serial_sweeps_agree(M):
-    """``overlap=True`` (ready flags per chunk, which here, where each kernel runs to completion,
-    the sweep checks and poisons its state on any it finds unset) and ``overlap=False`` (the
-    default) give the same bits; varlen with a padding slot, one-token sequences and chunk states."""
-    cu = torch.tensor([0, 1, 70, 71, 200], device=DEVICE)
-    q, k, v, g, beta = f32(*gdp_inputs(200, M, 2, 4, 16, 24))
-    d = build_chunk_descriptors(cu.cpu(), M, device=DEVICE)
-    cache = torch.randn(5, 4, 16, 24, device=DEVICE)
-    slots = torch.tensor([4, -1, 0, 2], dtype=torch.int32, device=DEVICE)
-    got = {}
-    for overlap in (False, True):
-        state = cache.clone()
-        o, _, chunks = chunk_delta.chunk_delta_fwd(
-            q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
-            chunk_indices_dp=d.chunk_indices_dp, chunk_offsets=d.chunk_offsets,
-            num_chunk_rows=d.chunk_indices.shape[0], state=state, state_indices=slots,
-            return_chunk_states=True, overlap=overlap)
-        got[overlap] = (o, state, chunks)
-    assert torch.isfinite(got[True][0]).all()
-    for a, b in zip(got[True], got[False]):
-        assert torch.equal(bits(a), bits(b))
-
-
 def test_padded_descriptors_and_empty_sequences():
     """Descriptors built for a larger padded batch (more tokens, zero-length sequences): same
     results, chunk states padded with zero rows past chunk_offsets[N]."""

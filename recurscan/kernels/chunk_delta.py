@@ -75,7 +75,7 @@ RANK_BLOCK = tl.constexpr(128)
 # Tests set this (or RECURSCAN_POISON_BUFFERS=1) so that every buffer the op allocates with
 # torch.empty starts as NaN: an element the kernels forget to write then shows up.
 POISON_BUFFERS = os.environ.get("RECURSCAN_POISON_BUFFERS", "0") == "1"
-# Triton's interpreter (CPU tensors): no inline assembly, no programmatic dependent launch.
+# Triton's interpreter (CPU tensors).
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
@@ -136,64 +136,12 @@ def _wy_inverse(b_T, b_A, o_x, FP16: tl.constexpr, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _ready_slot(bos, c, i_n, BT: tl.constexpr):
-    """Row of the ready flags of expanded chunk c of sequence i_n (its rows start at bos):
-    ``(bos + c * BT) // BT + i_n``, distinct for every chunk of every sequence (the + i_n separates
-    two sequences whose chunks start in the same 64-row block) and < T*M // BT + N."""
+def _chunk_slot(bos, c, i_n, BT: tl.constexpr):
+    """Slot of expanded chunk c of sequence i_n (its rows start at bos) in the per-chunk scratch
+    (``coef``): ``(bos + c * BT) // BT + i_n``, distinct for every chunk of every sequence (the
+    + i_n separates two sequences whose chunks start in the same 64-row block) and
+    < T*M // BT + N."""
     return (bos + c * BT) // BT + i_n
-
-
-@triton.jit
-def _signal_ready(flag):
-    """The prep's release of one chunk: every thread's stores are done (the block barrier), then
-    one release-ordered increment of the chunk's flag at GPU scope."""
-    tl.debug_barrier()
-    tl.atomic_add(flag, 1, sem="release", scope="gpu")
-
-
-@triton.jit
-def _peek_ready(flag, valid, PDL: tl.constexpr):
-    """A relaxed read of a ready flag at GPU scope (L2), or 1 where not ``valid``. Inline
-    assembly on the GPU: a ``tl.load`` in the chunk loop is turned by the pipeliner into an
-    asynchronous copy through L1, issued iterations early."""
-    if PDL:
-        return tl.inline_asm_elementwise(
-            """{
-            .reg .pred %p;
-            setp.ne.s32 %p, $2, 0;
-            mov.b32 $0, 1;
-            @%p ld.relaxed.gpu.global.b32 $0, [$1];
-            }""",
-            "=r,l,r", [flag, valid.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        return tl.load(flag, mask=valid, other=1)
-
-
-@triton.jit
-def _wait_ready(flag, seen, target, PDL: tl.constexpr):
-    """Block until ``*flag >= target``, ``seen`` being a value of it read earlier (a relaxed load
-    issued ahead, so that the usual case, already set, costs no load latency here). On the GPU
-    (PDL) an inline spin: the loop lives inside one asm statement, so the sweep's chunk loop has no
-    nested loop and stays software-pipelined. Returns the flag's value. Under the interpreter,
-    where every kernel runs to completion before the next, a flag found unset is a bookkeeping
-    error: ``seen`` is returned as is and the caller poisons its state with it."""
-    if PDL:
-        return tl.inline_asm_elementwise(
-            """{
-            .reg .pred %p;
-            mov.b32 $0, $1;
-            setp.ge.s32 %p, $0, $3;
-            @%p bra DONE;
-            SPIN:
-            nanosleep.u32 64;
-            ld.acquire.gpu.global.b32 $0, [$2];
-            setp.lt.s32 %p, $0, $3;
-            @%p bra SPIN;
-            DONE:
-            }""",
-            "=r,r,l,r", [seen, flag, target], dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        return seen
 
 
 # ----------------------------------------------------------------------------------------------
@@ -203,17 +151,16 @@ def _wait_ready(flag, seen, target, PDL: tl.constexpr):
 
 @triton.jit(do_not_specialize=["n_seq"])
 def chunk_delta_prep_kernel(
-    q, k, g, beta, wy, aqk, coef, cu_seqlens, chunk_indices, sequence_order, ready,
+    q, k, g, beta, wy, aqk, coef, cu_seqlens, chunk_indices, sequence_order,
     scale, T, n_seq,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr,
     USE_L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr,
     INV_PRECISION: tl.constexpr, DT: tl.constexpr, INV_FP16: tl.constexpr = False,
-    READY: tl.constexpr = False, PDL: tl.constexpr = False, EARLY_TRIGGER: tl.constexpr = True,
 ):
     """Grid (chunks of the expanded stream x HV,), chunk-major: program -> (chunk pid // HV, value
-    head pid % HV), so the last programs to run hold the last chunks, which the sweep needs last.
-    For the program's chunk and value head, writes
+    head pid % HV), so that the value heads of a GVA group, which share their q/k tiles, run side by
+    side. For the program's chunk and value head, writes
     (rows of the expanded stream, BT = 64 columns within the chunk, zeros above the diagonal):
 
     - ``wy[rows, hv, :]  = (G o Tinv) diag(beta)``, ``Tinv = (I + strictLower(diag(beta) K K^T))^-1``
@@ -221,7 +168,7 @@ def chunk_delta_prep_kernel(
     - ``aqk[rows, hv, :] = G o (scale Q_exp K^T)``, causal (diagonal included), on the query rows
       (each token's last copy) only: the sweep reads no other;
     - ``coef[slot, hv, 0:64, 0:4] = (lam rk, lam rq, gam rk, lam_last)`` float32 for the chunk's 64
-      rows, slot = :func:`_ready_slot` (lam rq on the query rows only, lam_last on row 0 only): per
+      rows, slot = :func:`_chunk_slot` (lam rq on the query rows only, lam_last on row 0 only): per
       row, the decay from the chunk start (lam) and to the chunk end (gam) times the row's norm
       factors (rk, and rq with the scale, on the query's row, the token's last copy; 1 and the
       scale without USE_L2NORM), and the decay across the whole chunk; so the sweep reads q and k
@@ -242,16 +189,7 @@ def chunk_delta_prep_kernel(
     the sweep's order of sequences, longest first (``sequence_order [n_seq]``, :func:`_rank_sequences`;
     in this launch rather than one of its own, which cost ~20 us between the prep and the sweep).
     Dense: program c covers chunk c % ceil(T*M/BT) of sequence c // ceil(T*M/BT).
-
-    READY (the sweep overlaps this kernel's last programs; ``ready`` int32 zeros): each program
-    ends by a release of its chunk's flag, row :func:`_ready_slot` x HV + hv; the ranking programs
-    count themselves in ``ready[0]`` after the order is written (flag rows start at 1). PDL: this
-    kernel lets the sweep launch as soon as all its programs have started (programmatic dependent
-    launch, sm_90+; EARLY_TRIGGER False: as soon as all have written their chunk, a diagnostic), and
-    the sweep waits on the flags instead of on this kernel's end.
     """
-    if PDL and EARLY_TRIGGER:
-        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0).to(tl.int64)
     i_c = pid // HV
     i_hv = pid % HV
@@ -259,8 +197,6 @@ def chunk_delta_prep_kernel(
     if IS_VARLEN:
         if (i_hv == 0) & (i_c * RANK_BLOCK < n_seq):
             _rank_sequences(cu_seqlens, sequence_order, n_seq, i_c, RANK_BLOCK, 16)
-            if READY:
-                _signal_ready(ready)
         i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
         i_t = tl.load(chunk_indices + i_c * 2 + 1).to(tl.int64)
         if i_n < 0:
@@ -314,10 +250,9 @@ def chunk_delta_prep_kernel(
     lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
     gam = tl.where(seg == seg_last, tl.exp2(tl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
     lam_last = tl.where(seg_last == 0, tl.exp2(gc_last), 0.0)
-    # coef by (chunk, head), 1 KB each: the sweep reads a chunk's coefficients through L1 (copies
-    # under 16 bytes), so no 128-byte line may hold another chunk's or head's, which could still be
-    # unwritten when the overlapped sweep reads this one (READY).
-    p_coef = coef + ((_ready_slot(bos, i_t, i_n, BT) * HV + i_hv) * BT + o_t) * 4
+    # coef by (chunk, head): one contiguous 1 KB tile, whole lines written here and read by the
+    # sweep (rows of 16 B at a stride of HV x 16 B were slower on the H200, docs "Latest").
+    p_coef = coef + ((_chunk_slot(bos, i_t, i_n, BT) * HV + i_hv) * BT + o_t) * 4
     tl.store(p_coef, lam * rk, mask=m_r)
     tl.store(p_coef + 1, lam * rq, mask=m_q)
     tl.store(p_coef + 2, gam * rk, mask=m_r)
@@ -351,10 +286,6 @@ def chunk_delta_prep_kernel(
     else:
         b_T = _wy_inverse(b_T, b_A, o_x, False, INV_PRECISION)
     tl.store(wy + p_out, (b_G * b_T * b_beta[None, :]).to(wy.dtype.element_ty), mask=m_r[:, None])
-    if READY:
-        _signal_ready(ready + (1 + _ready_slot(bos, i_t, i_n, BT)) * HV + i_hv)
-    if PDL and not EARLY_TRIGGER:
-        tl.extra.cuda.gdc_launch_dependents()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -461,7 +392,7 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, 
     # separate vectors, each element became its own 4-byte copy: 190 more instructions per
     # chunk, sm_90 SASS).
     o_4 = tl.arange(0, 4)
-    p_coef = coef + (_ready_slot(bos, c, i_n, BT) * HV + i_hv) * BT * 4  # the chunk's [BT, 4] tile
+    p_coef = coef + (_chunk_slot(bos, c, i_n, BT) * HV + i_hv) * BT * 4  # the chunk's [BT, 4] tile
     b_coef = tl.load(p_coef + o_t[:, None] * 4 + o_4[None, :], mask=m_r[:, None], other=0.0)
     lam_rk = tl.sum(tl.where(o_4[None, :] == 0, b_coef, 0.0), axis=1)
     gam_rk = tl.sum(tl.where(o_4[None, :] == 2, b_coef, 0.0), axis=1)
@@ -507,18 +438,17 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, 
 
 # n_seg and seg_chunks are not specialised (divisibility by 16, == 1): one compiled kernel per
 # pass serves every segment count.
-@triton.jit(do_not_specialize=["n_seg", "seg_chunks", "n_rank"])
+@triton.jit(do_not_specialize=["n_seg", "seg_chunks"])
 def chunk_delta_sweep_kernel(
     q, k, v, wy, aqk, coef, o,
-    h0, ht, state, state_indices, chunk_states, cu_seqlens, chunk_offsets, sequence_order, ready,
-    seg_n, seg_m, n_seg, seg_chunks, T, n_rank,
+    h0, ht, state, state_indices, chunk_states, cu_seqlens, chunk_offsets, sequence_order,
+    seg_n, seg_m, n_seg, seg_chunks, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr,
     STORE_FINAL: tl.constexpr, USE_CACHE: tl.constexpr, STORE_CHUNK_STATES: tl.constexpr,
     DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr, DT: tl.constexpr, PASS: tl.constexpr = 0,
     V_PRODUCT: tl.constexpr = True, TMA_STORE: tl.constexpr = False,
-    READY: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """Grid (N * HV * ceil(V / BV),): program -> (sequence n, value head hv, value block iv),
     iv fastest so neighbouring programs share the q/k rows in L2.
@@ -551,17 +481,6 @@ def chunk_delta_sweep_kernel(
     read or written), else ``h0[n]`` (HAS_H0), else zeros. The final state goes back to the cache
     slot, or to ``ht[n]`` (STORE_FINAL). With STORE_CHUNK_STATES, row ``chunk_offsets[n] + c`` of
     ``chunk_states`` receives the state entering token chunk c (dense: ``n * ceil(T/BT) + c``).
-
-    READY (PASS 0; the prep ran with READY): the sweep starts before the prep has finished (PDL:
-    launched as the prep's programmatic dependent, so its programs take SMs as the prep's last
-    programs leave them) and waits, per chunk, for that chunk's flag rather than for the whole prep
-    (:func:`_wait_ready`; varlen: first for the ranking programs' count, ``n_rank``). A chunk's
-    flag is read a pipeline depth (NUM_STAGES chunks) ahead of its use: the loop's loads of chunk
-    c + NUM_STAGES - 1, issued during iteration c, were cleared at the end of iteration c - 1 (the
-    first NUM_STAGES chunks before the loop). Every load of prep output bypasses L1 (asynchronous
-    16-byte copies, ``.cg`` loads), which another program on the SM may have filled before the prep
-    wrote it. Each program ends by waiting for the whole prep (``griddepcontrol.wait``), so that
-    the sweep's end implies the prep's, as a stream-ordered successor expects.
 
     Segments (``PASS`` 1 and 2, dense batches; the wrapper launches them, with
     :func:`chunk_delta_fixup_kernel` between): each sequence's token chunks are cut into ``n_seg``
@@ -608,9 +527,7 @@ def chunk_delta_sweep_kernel(
         i_hv = (pid // NV) % HV
         i_n = pid // (NV * HV)
         if IS_VARLEN:  # longest sequences first (ranked by the prep)
-            if READY:  # the ranking programs have all written the order
-                ranked = _wait_ready(ready, _peek_ready(ready, n_rank > 0, PDL), n_rank, PDL)
-            i_n = tl.load(sequence_order + i_n, cache_modifier=".cg").to(tl.int64)
+            i_n = tl.load(sequence_order + i_n).to(tl.int64)
         W = V
     i_h = i_hv // (HV // H)
     if IS_VARLEN:
@@ -652,8 +569,6 @@ def chunk_delta_sweep_kernel(
                     p_o = o + (o_tok * HV + i_hv)[:, None] * V + o_v[None, :]
                     tl.store(p_o, tl.zeros([BT, BV], dtype=o.dtype.element_ty),
                              mask=(o_tok < eos_t)[:, None] & m_v[None, :])
-            if PDL:
-                tl.extra.cuda.gdc_wait()
             return
         p_state = state + (slot * HV + i_hv) * K * V + o_vk
     if PASS == 2:
@@ -693,27 +608,11 @@ def chunk_delta_sweep_kernel(
     # Chunks whose 64 rows all lie in the sequence run unmasked (masks were a sixth of the chunk
     # loop's instructions, sm_90 SASS); the sequence's last chunk, when partial, runs masked after.
     c_full = tl.minimum(c_hi, L // BT)
-    if READY:  # the chunks the pipeline's prologue loads; then each iteration clears a chunk ahead
-        p_ready = ready + (1 + _ready_slot(bos, 0, i_n, BT)) * HV + i_hv  # chunk c: + c * HV
-        if IS_VARLEN:
-            if not PDL:  # the interpreter: an unset flag poisons the state
-                b_St = tl.where(ranked >= n_rank, b_St, float("nan"))
-        for c in range(c_lo, tl.minimum(c_lo + NUM_STAGES, c_hi)):
-            got = _wait_ready(p_ready + c * HV, _peek_ready(p_ready + c * HV, c < c_hi, PDL), 1, PDL)
-            if not PDL:
-                b_St = tl.where(got >= 1, b_St, float("nan"))
     for c in tl.range(c_lo, c_full, num_stages=NUM_STAGES):
-        if READY:  # issued now, tested after the chunk: its latency hides behind the chunk's work
-            ahead = c + NUM_STAGES < c_hi
-            seen = _peek_ready(p_ready + (c + NUM_STAGES) * HV, ahead, PDL)
         b_St = _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, bos, bos_t, L, i_n,
                             i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
                             DOT_PRECISION, DT, True)
-        if READY:
-            got = _wait_ready(p_ready + (c + NUM_STAGES) * HV, seen, 1, PDL)
-            if not PDL:
-                b_St = tl.where(got >= 1, b_St, float("nan"))
     c_tail = tl.maximum(c_lo, c_full)
     if c_tail < c_hi:
         b_St = _sweep_chunk(c_tail, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, bos, bos_t, L, i_n,
@@ -737,8 +636,6 @@ def chunk_delta_sweep_kernel(
             tl.store(p_state, b_St.to(state.dtype.element_ty), mask=m_vk)
         elif STORE_FINAL:
             tl.store(ht + (i_n * HV + i_hv) * K * V + o_vk, b_St, mask=m_vk)
-    if PDL:  # the sweep ends after the prep (see READY above)
-        tl.extra.cuda.gdc_wait()
 
 
 @triton.jit(do_not_specialize=["n_seg"])
@@ -784,7 +681,7 @@ def chunk_delta_fixup_kernel(
 INPUT_NAMES = ("q", "k", "v", "g", "beta", "initial_state", "state", "state_indices", "cu_seqlens",
                "chunk_indices_dp", "chunk_offsets")
 BUFFER_NAMES = ("o", "final", "chunk_states", "beta_ones", "wy", "aqk", "coef", "seg_n", "seg_m",
-                "sequence_order", "ready")
+                "sequence_order")
 CALL_NAMES = INPUT_NAMES + BUFFER_NAMES
 
 
@@ -820,7 +717,7 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
                      chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None, state=None,
                      state_indices=None, return_chunk_states=False, block_v=32, num_warps=4,
                      num_stages=2, prep_warps=4, stages="both", segments=1,
-                     inverse_fp16=None, v_product=True, tma_store=False, overlap=False) -> ChunkDeltaPlan:
+                     inverse_fp16=None, v_product=True, tma_store=False) -> ChunkDeltaPlan:
     """The launches of :func:`chunk_delta_fwd` for these tensors' shapes (read, never kept)."""
     M = num_householder
     B, T, H, K = q.shape
@@ -848,7 +745,7 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
         "wy": ((B, T * M, HV, BT), q.dtype, None),
         "aqk": ((B, T * M, HV, BT), q.dtype, None),
     }
-    # per (chunk slot, head): slots (bos + 64 c) // 64 + n < B*T*M // 64 + N (_ready_slot)
+    # per (chunk slot, head): slots (bos + 64 c) // 64 + n < B*T*M // 64 + N (_chunk_slot)
     buffers["coef"] = (((B * T * M) // BT + N, HV, BT, 4), torch.float32, None)
     if varlen and N > 0:  # the sweep's order of sequences, longest first (written by the prep)
         buffers["sequence_order"] = ((N,), torch.int32, None)
@@ -880,27 +777,16 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
     if segments > 1 and not varlen and T > 0:
         seg_chunks = triton.cdiv(triton.cdiv(T, BT), segments)
         P = triton.cdiv(triton.cdiv(T, BT), seg_chunks)  # no empty segment
-    # The single sweep overlaps the prep's last programs: per-chunk ready flags (zeroed per call),
-    # and on sm_90+ the sweep launched as the prep's programmatic dependent (PDL). Under the
-    # interpreter the flags are kept and checked, with no early launch.
-    if overlap not in (False, True, "late"):
-        raise ValueError(f"overlap: expected False, True or 'late', got {overlap!r}")
-    ready = bool(overlap) and P == 1 and stages in ("both", "sweep") and n_prep > 0 and N > 0
-    pdl = ready and not INTERPRET and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-    if ready:  # the sweep alone (benchmarks) finds every flag set: it times the checks alone
-        buffers["ready"] = (((1 + (B * T * M) // BT + N) * HV,), torch.int32, 0 if stages == "both" else 1 << 30)
     steps = []
     if n_prep > 0 and stages in ("both", "prep"):
         steps.append(_Step(chunk_delta_prep_kernel, (n_prep * HV,), dict(
             q=arg("q"), k=arg("k"), g=arg("g", g is not None), beta=beta_arg, wy=arg("wy"), aqk=arg("aqk"),
             coef=arg("coef"),
             cu_seqlens=arg("cu_seqlens", varlen), chunk_indices=arg("chunk_indices_dp", varlen),
-            sequence_order=arg("sequence_order", varlen and N > 0), ready=arg("ready", ready),
-            scale=scale, T=T, n_seq=N if varlen else 0,
+            sequence_order=arg("sequence_order", varlen and N > 0), scale=scale, T=T, n_seq=N if varlen else 0,
             H=H, HV=HV, K=K, M=M, BT=BT, BK=BK,
             USE_L2NORM=use_qk_l2norm_in_kernel, IS_VARLEN=varlen, HAS_G=g is not None,
-            INV_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DT=dt, INV_FP16=inverse_fp16,
-            READY=ready, PDL=pdl, EARLY_TRIGGER=overlap != "late"),
+            INV_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DT=dt, INV_FP16=inverse_fp16),
             dict(num_warps=prep_warps)))
     outputs = ("o", "state" if use_cache else ("final" if store_final else None)) + \
         (("chunk_states",) if return_chunk_states else ())
@@ -913,15 +799,13 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
         state=arg("state", use_cache), state_indices=arg("state_indices", use_cache),
         chunk_states=arg("chunk_states", return_chunk_states), cu_seqlens=arg("cu_seqlens", varlen),
         chunk_offsets=arg("chunk_offsets", varlen and return_chunk_states),
-        sequence_order=arg("sequence_order", varlen and N > 0), ready=arg("ready", ready),
+        sequence_order=arg("sequence_order", varlen and N > 0),
         seg_n=arg("o"), seg_m=arg("o"), n_seg=1, seg_chunks=0, T=T,
-        n_rank=triton.cdiv(N, RANK_BLOCK.value) if varlen else 0,
         H=H, HV=HV, K=K, V=V, M=M, BT=BT, BK=BK, BV=BV,
         IS_VARLEN=varlen, HAS_H0=initial_state is not None, USE_CACHE=use_cache, STORE_FINAL=store_final,
         STORE_CHUNK_STATES=return_chunk_states, DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, DT=dt, PASS=0,
-        V_PRODUCT=v_product, TMA_STORE=tma_store and M == 1 and V * q.element_size() % 16 == 0,
-        READY=ready, PDL=pdl)
-    options = dict(num_warps=num_warps, **({"launch_pdl": True} if pdl else {}))
+        V_PRODUCT=v_product, TMA_STORE=tma_store and M == 1 and V * q.element_size() % 16 == 0)
+    options = dict(num_warps=num_warps)
     if varlen and N > 0 and stages == "sweep":  # the sweep alone: its order of sequences (else the prep's)
         steps.append(_Step(sequence_order_kernel, (triton.cdiv(N, RANK_BLOCK.value),), dict(
             cu_seqlens=arg("cu_seqlens"), order=arg("sequence_order"), N=N, BLOCK=RANK_BLOCK.value),
@@ -974,7 +858,7 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
                     chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None, state=None,
                     state_indices=None, return_chunk_states=False, block_v=32, num_warps=4,
                     num_stages=2, prep_warps=4, stages="both", segments=1, inverse_fp16=None,
-                    v_product=True, tma_store=False, overlap=False):
+                    v_product=True, tma_store=False):
     """Launch the kernels. Arguments as the public ops (``recurscan.chunk_gated_delta_rule``,
     ``recurscan.chunk_gated_delta_product_varlen``), with the descriptors already built:
 
@@ -999,12 +883,6 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
       programs per SM fit).
     - ``tma_store``: the sweep writes its output tiles with bulk tensor stores (M = 1 and output
       rows a multiple of 16 bytes; elsewhere it keeps the masked store).
-    - ``overlap`` (single sweep): the sweep waits on per-chunk ready flags that the prep releases,
-      not on the prep's end, and on sm_90+ is launched as the prep's programmatic dependent, so it
-      starts on the SMs the prep's last programs leave (``chunk_delta_sweep_kernel``, READY).
-      Diagnostics: ``"late"`` lets the sweep launch only once every prep program has written its
-      chunk; with ``stages="sweep"`` every flag starts set, which times the checks alone. False (default, and every planner row: on the H200
-      the overlapped form measured slower): the sweep starts after the prep.
 
     This plans and runs in one go (:func:`plan_chunk_delta`, :func:`run_chunk_delta`); the public
     ops keep the plan of each call signature and only run it.
@@ -1012,8 +890,7 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
     Reads no device value on the host and sizes nothing from data: capturable in a CUDA graph.
     Scratch: ``wy`` and ``aqk`` (``[B, T*M, HV, 64]`` in the input dtype) and the per-row
     coefficients (``coef [B*T*M // 64 + N, HV, 64, 4]`` float32, by chunk), all written by the prep
-    kernel before the sweep reads them (with ``overlap``, chunk by chunk: ``ready [(1 + B*T*M // 64
-    + N) * HV]`` int32, zeroed per call);
+    kernel before the sweep reads them;
     with segments, ``[B, P, HV, K, V]`` and ``[B, P, HV, K, K]`` float32 (segment states, transitions).
     Returns ``(o, final_state or None[, chunk_states])``; with a cache, the final state is ``state``.
     """
@@ -1024,6 +901,6 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
         num_chunk_rows=num_chunk_rows, state=state, state_indices=state_indices,
         return_chunk_states=return_chunk_states, block_v=block_v, num_warps=num_warps, num_stages=num_stages,
         prep_warps=prep_warps, stages=stages, segments=segments, inverse_fp16=inverse_fp16,
-        v_product=v_product, tma_store=tma_store, overlap=overlap)
+        v_product=v_product, tma_store=tma_store)
     return run_chunk_delta(plan, (q, k, v, g, beta, initial_state, state, state_indices, cu_seqlens,
                                   chunk_indices_dp, chunk_offsets))
