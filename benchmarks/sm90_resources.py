@@ -90,7 +90,7 @@ def prep(warps=4, fp16=True, varlen=False, M=1):
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m benchmarks.sm90_resources")
     ap.add_argument("--sweep", action="append", help="BV:warps:stages:v_product[:tma_store] (repeatable)")
-    ap.add_argument("--gdp", action="store_true", help="the sweeps of varlen GDP (M = 2) instead of dense GDN")
+    ap.add_argument("--gdp", action="store_true", help="the prep and sweeps of varlen GDP (M = 2) instead of dense GDN")
     args = ap.parse_args(argv)
     shapes = [tuple(int(x) for x in s.split(":")) for s in args.sweep or []] or \
         [(128, 8, 3, 1), (64, 4, 3, 1), (64, 4, 2, 1), (64, 4, 2, 0), (32, 4, 2, 0), (16, 4, 2, 0)]

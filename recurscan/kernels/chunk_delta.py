@@ -256,7 +256,7 @@ def chunk_delta_prep_kernel(
     tl.store(p_coef, lam * rk, mask=m_r)
     tl.store(p_coef + 1, lam * rq, mask=m_q)
     tl.store(p_coef + 2, gam * rk, mask=m_r)
-    tl.store(p_coef + 3, tl.zeros([BT], dtype=tl.float32) + lam_last, mask=o_t == 0)  # row 0 only: the sweep reads it there
+    tl.store(p_coef + 3, tl.zeros([BT], dtype=tl.float32) + lam_last, mask=o_t == 0)  # read on row 0 only
     p_out = (rows * HV + i_hv)[:, None] * BT + o_t[None, :]
 
     # aqk = G o (scale Q K^T) (normalised q, k: the factors scale the product's rows and columns).
@@ -773,10 +773,6 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
     if dt == tl.bfloat16 and INTERPRET:
         dt = tl.float32
     beta_arg = arg("beta") if beta is not None else arg("beta_ones")
-    P, seg_chunks = 1, 0
-    if segments > 1 and not varlen and T > 0:
-        seg_chunks = triton.cdiv(triton.cdiv(T, BT), segments)
-        P = triton.cdiv(triton.cdiv(T, BT), seg_chunks)  # no empty segment
     steps = []
     if n_prep > 0 and stages in ("both", "prep"):
         steps.append(_Step(chunk_delta_prep_kernel, (n_prep * HV,), dict(
@@ -793,6 +789,10 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
     if stages == "prep":
         return ChunkDeltaPlan(buffers, steps, outputs, device)
     NV = triton.cdiv(V, BV)
+    P, seg_chunks = 1, 0
+    if segments > 1 and not varlen and T > 0:
+        seg_chunks = triton.cdiv(triton.cdiv(T, BT), segments)
+        P = triton.cdiv(triton.cdiv(T, BT), seg_chunks)  # no empty segment
     sweep = dict(
         q=arg("q"), k=arg("k"), v=arg("v"), wy=arg("wy"), aqk=arg("aqk"), coef=arg("coef"), o=arg("o"),
         h0=arg("initial_state", initial_state is not None), ht=arg("final", store_final),
