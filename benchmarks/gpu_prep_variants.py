@@ -5,6 +5,7 @@ CUDA-graph replay, and their accuracy against the float64 oracle with strongly c
 
     python -m benchmarks.gpu_prep_variants --out benchmarks/results/gpu_prep_variants.json
     python -m benchmarks.gpu_prep_variants --variant 4:1 --variant 4:0 --workload gdn_b1_t16384_h16_hv32
+    python -m benchmarks.gpu_prep_variants --variant 4:1 --no-accuracy --workload gdp_m2_b4_t4096_h16
 
 A variant is ``warps:fp16`` (fp16 0 or 1). The JSON records the commit (RECURSCAN_COMMIT), so two
 commits can be compared by running this in both checkouts within one session on the GPU.
@@ -44,6 +45,7 @@ def timing(names, rep_ms, variants=VARIANTS):
                     return chunk_delta_fwd(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
                                            output_final_state=True, block_v=L.block_v, num_warps=L.num_warps,
                                            num_stages=L.num_stages, segments=L.segments, v_product=L.v_product,
+                                           tma_store=L.tma_store,
                                            stages=stage, **extra, **var)
                 with torch.no_grad():
                     run()
@@ -88,10 +90,11 @@ def main(argv=None):
     ap.add_argument("--rep-ms", type=int, default=200)
     ap.add_argument("--variant", action="append", help="warps:fp16 (repeatable)")
     ap.add_argument("--workload", action="append")
+    ap.add_argument("--no-accuracy", action="store_true", help="timing only")
     args = ap.parse_args(argv)
     variants = [parse_variant(v) for v in args.variant] if args.variant else VARIANTS
     res = {"environment": runner.environment(torch.device("cuda")),
-           "accuracy_bf16_correlated_T4096": accuracy(variants),
+           "accuracy_bf16_correlated_T4096": [] if args.no_accuracy else accuracy(variants),
            "timing": timing(args.workload or WORKLOADS, args.rep_ms, variants)}
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)

@@ -43,16 +43,17 @@ def loop_profile(sass: str) -> str:
             if best is None or n_mma > best[0]:
                 best = (n_mma, len(body), sum("BAR.SYNC" in i or "BAR.ARV" in i for i in body))
     if best is None:
-        return "no loop"
+        return f"no loop ({len(lines)} instructions)"
     return f"loop: {best[1]} instructions, {best[2]} barriers, {best[0]} HGMMA"
 
 
-def _compile(kernel, sig, const, num_warps, num_stages=2):
+def _compile(kernel, sig, const, num_warps, num_stages=2, maxnreg=None):
     names = kernel.arg_names
     sig = dict(sig, **{k: "constexpr" for k in const})
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items() if t.startswith("*") or n == "T"}
     src = ASTSource(kernel, sig, constexprs={(names.index(k),): v for k, v in const.items()}, attrs=attrs)
-    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
+    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=num_stages,
+                                                                                 **({"maxnreg": maxnreg} if maxnreg else {})))
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(ck.asm["cubin"])
@@ -77,21 +78,27 @@ def sweep(BV, warps, stages, v_product, PASS=0, tma_store=False, M=1, varlen=Fal
     return _compile(chunk_delta_sweep_kernel, sig, const, warps, stages)
 
 
-def prep(warps=4, fp16=True, varlen=False, M=1):
+def prep(warps=4, fp16=True, varlen=False, M=1, maxnreg=None):
     p = "*bf16"
     sig = dict(q=p, k=p, g="*fp32", beta=p, wy=p, aqk=p, coef="*fp32", cu_seqlens="*i32", chunk_indices="*i32",
                sequence_order="*i32", scale="fp32", T="i32", n_seq="i32")
     const = dict(SHAPES, USE_L2NORM=True, IS_VARLEN=varlen, HAS_G=True, INV_PRECISION="tf32", DT=tl.bfloat16,
                  INV_FP16=fp16)
     const["M"] = M
-    return _compile(chunk_delta_prep_kernel, sig, const, warps)
+    return _compile(chunk_delta_prep_kernel, sig, const, warps, maxnreg=maxnreg)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m benchmarks.sm90_resources")
     ap.add_argument("--sweep", action="append", help="BV:warps:stages:v_product[:tma_store] (repeatable)")
     ap.add_argument("--gdp", action="store_true", help="the prep and sweeps of varlen GDP (M = 2) instead of dense GDN")
+    ap.add_argument("--prep", action="append", help="maxnreg: the prep alone under a register cap, 0 for "
+                                                   "none (repeatable)")
     args = ap.parse_args(argv)
+    if args.prep:
+        for text in args.prep:
+            print(f"prep, 4 warps, maxnreg {int(text) or '-'}: {prep(maxnreg=int(text) or None)}")
+        return
     shapes = [tuple(int(x) for x in s.split(":")) for s in args.sweep or []] or \
         [(128, 8, 3, 1), (64, 4, 3, 1), (64, 4, 2, 1), (64, 4, 2, 0), (32, 4, 2, 0), (16, 4, 2, 0)]
     if args.gdp:
