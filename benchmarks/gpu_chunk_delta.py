@@ -172,37 +172,38 @@ def bench_variants(names, rep_ms, shapes=None):
     from recurscan.plan import delta_launch
     from recurscan.problem import delta_problem
 
-    # Launch shapes (BV, num_warps, num_stages, segments, v_product, tma_store); v_product defaults
-    # to 1, tma_store to 0. num_stages=1 is left out: on Triton 3.6 / H200 it raised an illegal
+    # Launch shapes (BV, num_warps, num_stages, segments, v_product, tma_store, phases); v_product
+    # defaults to 1, tma_store to 0, phases to 1. num_stages=1 is left out: on Triton 3.6 / H200 it raised an illegal
     # memory access (2026-11-29). Segments apply to dense GDN only (varlen input, GDP here, runs the
     # single sweep whatever is asked); tma_store to M = 1.
-    shapes = [tuple(s_) + (1, 0)[len(s_) - 4:] for s_ in shapes or
+    shapes = [tuple(s_) + (1, 0, 1)[len(s_) - 4:] for s_ in shapes or
               [(16, 4, 2, 1), (32, 4, 2, 1), (64, 4, 2, 1), (64, 8, 2, 1), (128, 8, 2, 1)]]
     out = []
     for name in names:
         (q, k, v, g, beta), M, cu, kw = kernel_inputs(name)
         L = delta_launch(delta_problem(q, k, v, g, beta, num_householder=M, cu_seqlens=cu), torch.device("cuda"))
-        planned = (L.block_v, L.num_warps, L.num_stages, L.segments, int(L.v_product), int(L.tma_store))
+        planned = (L.block_v, L.num_warps, L.num_stages, L.segments, int(L.v_product), int(L.tma_store), L.phases)
 
-        def run(BV, warps, stages, P, vp, tma, stage="both"):
+        def run(BV, warps, stages, P, vp, tma, ph, stage="both"):
             return chunk_delta_fwd(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
                                    output_final_state=True, block_v=BV, num_warps=warps, num_stages=stages,
-                                   segments=P, v_product=bool(vp), tma_store=bool(tma), stages=stage, **kw)
+                                   segments=P, v_product=bool(vp), tma_store=bool(tma), phases=ph, stages=stage,
+                                   **kw)
         with torch.no_grad():
             ref = [t.float().clone() for t in run(*planned)]
         todo = [(planned, "prep"), (planned, "sweep")] + [(s_, "both") for s_ in shapes]
-        for (BV, warps, stages, P, vp, tma), stage in todo:
+        for (BV, warps, stages, P, vp, tma, ph), stage in todo:
             row = {"workload": name, "block_v": BV, "num_warps": warps, "num_stages": stages, "segments": P,
-                   "v_product": vp, "tma_store": tma, "stage": stage,
-                   "planned": (BV, warps, stages, P, vp, tma) == planned}
+                   "v_product": vp, "tma_store": tma, "phases": ph, "stage": stage,
+                   "planned": (BV, warps, stages, P, vp, tma, ph) == planned}
             try:
                 with torch.no_grad():
-                    res = run(BV, warps, stages, P, vp, tma, stage)
+                    res = run(BV, warps, stages, P, vp, tma, ph, stage)
                     if stage == "both":
                         row["rel_rms_vs_planned"] = [
                             ((a.float() - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt()).item()
                             for a, b in zip(res, ref)]
-                    ms = tt.do_bench_cudagraph(lambda: run(BV, warps, stages, P, vp, tma, stage), rep=rep_ms,
+                    ms = tt.do_bench_cudagraph(lambda: run(BV, warps, stages, P, vp, tma, ph, stage), rep=rep_ms,
                                                quantiles=[0.5, 0.2, 0.8])
                 row.update(median_ms=ms[0], p20_ms=ms[1], p80_ms=ms[2])
             except Exception as exc:  # recorded, never hidden
@@ -286,18 +287,23 @@ def main(argv=None):
     ap.add_argument("--workload", action="append", help="subset of the six workloads")
     ap.add_argument("--variant-workload", action="append")
     ap.add_argument("--variant-shape", action="append",
-                    help="BV:num_warps:num_stages:segments[:v_product[:tma_store]] launch shapes for --only variants "
+                    help="BV:num_warps:num_stages:segments[:v_product[:tma_store[:phases]]] launch shapes for --only variants "
                          "(repeatable)")
+    ap.add_argument("--phase-ratio", type=float, help="chunk_delta.PHASE_RATIO for this run (phased variants)")
     ap.add_argument("--no-fla", action="store_true")
     ap.add_argument("--fla-workload", action="append",
                     help="run fla only on these workloads (its first call compiles and autotunes: 10-80 s each)")
     ap.add_argument("--rep-ms", type=int, default=300)
     args = ap.parse_args(argv)
+    from recurscan.kernels import chunk_delta
+    if args.phase_ratio is not None:
+        chunk_delta.PHASE_RATIO = args.phase_ratio
     sections = args.only or ["cold", "workloads", "host", "variants"]
     # With --no-fla, name an implementation that declines every prefill workload at once
     # (recorded as "unsupported"), so that only ours (passed as an extra implementation) runs.
     impls = ["fla"] if not args.no_fla else ["mamba_ssm"]
-    result = {"environment": runner.environment(torch.device("cuda")), "sections": sections}
+    result = {"environment": runner.environment(torch.device("cuda")), "sections": sections,
+              "phase_ratio": chunk_delta.PHASE_RATIO}
     # The benchmark writes as it goes: a section that fails leaves the earlier ones saved.
     def save():
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)

@@ -38,6 +38,9 @@ class Launch:
     # Output tiles by bulk tensor stores (chunk_delta_fwd's ``tma_store``; M = 1 only, the kernel
     # keeps the masked store elsewhere): 8 barriers per chunk instead of 15 at BV 64.
     tma_store: bool = False
+    # Phases of the single pass (dense; chunk_delta_fwd's ``phases``): the prep of each phase's
+    # chunks runs beside the sweep of the phase before, on the SMs that few sweep programs leave free.
+    phases: int = 1
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,11 @@ def _sm_count(device: torch.device) -> int:
 #   GDP M2 B4 T4096 (64):       64/4/3/1/vp 0.493 (24e39f1: 64/4/2/1/reg 0.685, 128/8/3/1/vp 0.703; no bulk store at M > 1)
 #   B4 T8192 HV64 (256 pairs):  128/8/3/1/vp/tma 1.778, 128/8/3/1/vp 1.814 (24e39f1: 64/4/2/1/reg 2.017, 64/4/3/1/vp 2.176)
 #   varlen 16 x HV32 (512):     128/8/3/1/vp/tma 0.921, 128/8/3/1/vp 0.943 (24e39f1: 64/4/2/1/reg 1.051, 64/4/3/1/vp 1.256)
+# Phases (chunk_delta_fwd's ``phases``; gpu_chunk_variants_phases_r08.json, _ph_*.json; the one-pass
+# row's shape, ratio 0.8 between phases): B1 T16384 HV32 one phase 0.674, 2: 0.576, 3: 0.548,
+# 4: 0.537-0.542, 6: 0.536-0.540, 8: 0.550; T65536 one phase 2.653, 4: 2.028, 6: 1.981, 8: 1.966,
+# 12: 1.966, 16: 1.987; ratio 0.7 / 0.9 slower (T16384 4 phases 0.553 / 0.549). Only where the
+# sweep leaves half the SMs or more to the prep (B1 HV32: 64 programs); not measured in between.
 # The switch from one pass to segments sits between 32 programs (B1 HV16: segments 1.44x faster)
 # and 64 (B1 HV32: a tie); where exactly is not measured. BV 16 / 32 rows: from the measurements
 # of 5941d22 (32 pairs: BV 32 1.08 ms, 16 1.11), V in registers as then.
@@ -147,8 +155,16 @@ DELTA_LAUNCH: list[tuple[Callable[[LaunchShape], bool], Launch]] = [
     (lambda s: s.programs_64 > s.sms,
      Launch(128, 8, 3, 4, "more 64-column programs than SMs: 128 columns on two warpgroups, three stages "
                           "(one program per SM; q, k, wy, aqk tiles shared by both)")),
+    (lambda s: not s.varlen and s.tokens >= 32768 and 3 * s.programs_64 >= s.sms and 2 * s.programs_64 <= s.sms,
+     Launch(64, 4, 3, 4, "a third to half of the SMs in 64-column programs over a long dense sequence: one pass "
+                         "in 8 phases (each phase's prep beside the previous phase's sweep), three stages, V as a "
+                         "product operand, output tiles by bulk tensor stores", tma_store=True, phases=8)),
+    (lambda s: not s.varlen and s.tokens >= 16384 and 3 * s.programs_64 >= s.sms and 2 * s.programs_64 <= s.sms,
+     Launch(64, 4, 3, 4, "a third to half of the SMs in 64-column programs over a dense sequence of 16k-32k "
+                         "tokens: one pass in 6 phases, three stages, V as a product operand, bulk stores",
+                         tma_store=True, phases=6)),
     (lambda s: not s.varlen and s.tokens >= 16384 and 3 * s.programs_64 >= s.sms,
-     Launch(64, 4, 3, 4, "a third of the SMs or more in 64-column programs over a long dense sequence: one pass, "
+     Launch(64, 4, 3, 4, "half the SMs or more in 64-column programs over a long dense sequence: one pass, "
                          "three stages, V as a product operand, output tiles by bulk tensor stores", tma_store=True)),
     (lambda s: not s.varlen and s.tokens >= 16384,
      Launch(64, 4, 3, 4, "few pairs over a long dense sequence: 3 segments at BV 64, three stages, V as a product "

@@ -349,23 +349,24 @@ def test_planner_rows():
 
 
 @pytest.mark.parametrize("pairs,tokens,varlen,sequences,want", [
-    (32, 16384, False, 1, (64, 4, 3, 1, True, True)),     # B1 T16384 HV32: one pass, bulk store
-    (32, 65536, False, 1, (64, 4, 3, 1, True, True)),
-    (16, 16384, False, 1, (64, 4, 3, 3, True, True)),     # B1 HV16: too few programs, segments
-    (64, 4096, False, 4, (64, 4, 3, 1, True, False)),     # B4 T4096 H=HV=16: one 64-column program per SM
-    (64, 8192, True, 4, (64, 4, 3, 1, True, False)),      # GDP M2 B4 T4096 (varlen, expanded stream)
-    (256, 8192, False, 4, (128, 8, 3, 1, True, True)),    # B4 T8192 HV64: more programs than SMs
-    (512, 32976, True, 16, (128, 8, 3, 1, True, True)),   # varlen 16 sequences x HV32 (mean 2061 tokens)
-    (2048, 32768, True, 64, (128, 8, 3, 1, True, False)),  # 64 sequences of 512: no bulk store
-    (20, 4096, False, 1, (32, 4, 2, 1, False, False)),
-    (4, 4096, False, 1, (16, 4, 2, 1, False, False)),
+    (32, 16384, False, 1, (64, 4, 3, 1, True, True, 6)),    # B1 T16384 HV32: one pass in phases, bulk store
+    (32, 65536, False, 1, (64, 4, 3, 1, True, True, 8)),
+    (64, 16384, False, 2, (64, 4, 3, 1, True, True, 1)),    # B2 HV32: the sweep takes most SMs, no phases
+    (16, 16384, False, 1, (64, 4, 3, 3, True, True, 1)),    # B1 HV16: too few programs, segments
+    (64, 4096, False, 4, (64, 4, 3, 1, True, False, 1)),    # B4 T4096 H=HV=16: one 64-column program per SM
+    (64, 8192, True, 4, (64, 4, 3, 1, True, False, 1)),     # GDP M2 B4 T4096 (varlen, expanded stream)
+    (256, 8192, False, 4, (128, 8, 3, 1, True, True, 1)),   # B4 T8192 HV64: more programs than SMs
+    (512, 32976, True, 16, (128, 8, 3, 1, True, True, 1)),  # varlen 16 sequences x HV32 (mean 2061 tokens)
+    (2048, 32768, True, 64, (128, 8, 3, 1, True, False, 1)),  # 64 sequences of 512: no bulk store
+    (20, 4096, False, 1, (32, 4, 2, 1, False, False, 1)),
+    (4, 4096, False, 1, (16, 4, 2, 1, False, False, 1)),
 ])
 def test_launch_rows_on_an_h200(pairs, tokens, varlen, sequences, want):
     """The launch table's choice for the measured workloads on 132 SMs (plan.py cites the figures)."""
     from recurscan.plan import DELTA_LAUNCH, LaunchShape
     shape = LaunchShape(pairs=pairs, sms=132, value_dim=128, tokens=tokens, varlen=varlen, sequences=sequences)
     L = next(launch for applies, launch in DELTA_LAUNCH if applies(shape))
-    assert (L.block_v, L.num_warps, L.num_stages, L.segments, L.v_product, L.tma_store) == want, L.reason
+    assert (L.block_v, L.num_warps, L.num_stages, L.segments, L.v_product, L.tma_store, L.phases) == want, L.reason
 
 
 # ----------------------------------------------------------------------------------------------
@@ -451,3 +452,91 @@ def test_segments_varlen_runs_the_single_pass():
     a = _fwd(q, k, v, g, beta, 1, 1, **kw)
     b = _fwd(q, k, v, g, beta, 1, 4, **kw)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("T,M,phases", [(300, 1, (2, 3, 5)), (200, 2, (2, 4)), (65, 1, (2,)), (64, 1, (2,))])
+def test_phases_equal_the_single_pass_bit_for_bit(T, M, phases):
+    """The phased sweep (prep and sweep of each phase in turn, the state carried between phases)
+    walks the single pass's chunks in its order: the same bits for outputs, final and chunk states,
+    and the oracle's values; with a reset at a phase boundary and in a partial last chunk. T = 64:
+    one token chunk, so one phase whatever is asked."""
+    if M == 1:
+        q, k, v, g, beta, S0 = gdn_inputs(2, T, 2, 4, 16, 24)
+        S0 = S0[:2]
+        g[:, min(87, T - 1), 1] = float("-inf")
+        g[:, T - 1, 2] = float("-inf")
+        want = gated_delta_rule_naive(q, k, v, g, beta, initial_state=S0, use_qk_l2norm_in_kernel=True,
+                                      return_chunk_states=True)
+    else:
+        q, k, v, g, beta = gdp_inputs(T, M, 2, 4, 16, 24)
+        g[:, 128, 0] = float("-inf")
+        S0 = torch.randn(1, 4, 16, 24, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+        want = gated_delta_product_naive(q, k, v, g, beta, M, initial_state=S0, use_qk_l2norm_in_kernel=True,
+                                         return_chunk_states=True)
+    kw = dict(num_householder=M, initial_state=f32(S0)[0], output_final_state=True, use_qk_l2norm_in_kernel=True,
+              return_chunk_states=True, block_v=16)
+    single = chunk_delta.chunk_delta_fwd(*f32(q, k, v, g, beta), **kw)
+    for a, b, what in zip(single, want, ("o", "final state", "chunk states")):
+        assert_f32_close(a, b, what)
+    for n in phases:
+        got = chunk_delta.chunk_delta_fwd(*f32(q, k, v, g, beta), phases=n, **kw)
+        for a, b, what in zip(got, single, ("o", "final state", "chunk states")):
+            assert torch.equal(bits(a), bits(b)), f"phases={n}: {what} differs from the single pass"
+
+
+def test_phases_state_cache_padding_and_untouched_slots():
+    """Phases with a state cache: the first phase reads the slot, the last writes it back; slot -1
+    gets zero outputs and chunk states in every phase and no access; unnamed slots (NaN) keep
+    their bits."""
+    T, M = 200, 1
+    q, k, v, g, beta, _ = gdn_inputs(3, T, 1, 2, 16, 24)
+    cache = torch.full((6, 2, 16, 24), float("nan"))
+    slots = torch.tensor([4, -1, 1], dtype=torch.int32)
+    cache[4], cache[1] = torch.randn(2, 2, 16, 24, generator=torch.Generator().manual_seed(9))
+    before = cache.clone()
+    cache = cache.to(DEVICE)
+    o, final, chunks = chunk_delta.chunk_delta_fwd(*f32(q, k, v, g, beta), use_qk_l2norm_in_kernel=True,
+                                                   state=cache, state_indices=slots.to(DEVICE),
+                                                   return_chunk_states=True, phases=3)
+    assert final is cache
+    S0 = torch.zeros(3, 2, 16, 24, dtype=torch.float64)
+    S0[[0, 2]] = before[[4, 1]].double()
+    want_o, want_S, want_c = gated_delta_rule_naive(q, k, v, g, beta, initial_state=S0, use_qk_l2norm_in_kernel=True,
+                                                    return_chunk_states=True)
+    o, chunks, cache = o.cpu(), chunks.cpu(), cache.cpu()
+    assert o[1].eq(0).all() and chunks[4:8].eq(0).all()
+    want_o[1] = 0
+    want_c[4:8] = 0
+    assert_f32_close(o, want_o, "o")
+    assert_f32_close(chunks, want_c, "chunk states")
+    assert_f32_close(cache[4], want_S[0], "slot 4")
+    assert_f32_close(cache[1], want_S[2], "slot 1")
+    untouched = [0, 2, 3, 5]
+    assert torch.equal(bits(cache[untouched]), bits(before[untouched]))
+
+
+def test_phases_launch_order():
+    """The plan of a phased call: prep and sweep alternate, each phase's prep over its own chunks;
+    under the interpreter no launch is a programmatic dependent (the GPU's launches are checked in
+    tests/gpu)."""
+    q, k, v, g, beta, _ = gdn_inputs(1, 300, 1, 2, 16, 24)
+    plan_ = chunk_delta.plan_chunk_delta(*f32(q, k, v, g, beta), phases=3)
+    names = [s.kernel.fn.__name__ if hasattr(s.kernel, "fn") else s.kernel.__name__ for s in plan_.steps]
+    assert names == ["chunk_delta_prep_kernel", "chunk_delta_sweep_kernel"] * 3
+    spans = [(s.kwargs["chunk_lo"], s.kwargs["chunk_span"]) for s in plan_.steps[::2]]
+    bounds = chunk_delta.phase_bounds(5, 3)
+    assert spans == [(a, b - a) for a, b in zip(bounds[:-1], bounds[1:])]
+    assert [(s.kwargs["tc_first"], s.kwargs["tc_count"]) for s in plan_.steps[1::2]] == spans
+
+
+@pytest.mark.parametrize("kw", [{}, {"phases": 3}, {"segments": 3}, {"tma_store": True, "phases": 2}])
+def test_every_planned_launch_names_every_kernel_argument(kw):
+    """The direct launcher (kernels/_launch.py) builds its parameter block from the step's
+    arguments by the kernel's argument names, defaults included: a step that leaves one to its
+    default fails on the GPU's first call only, never under the interpreter."""
+    q, k, v, g, beta, _ = gdn_inputs(1, 300, 2, 4, 16, 24)
+    plan_ = chunk_delta.plan_chunk_delta(*f32(q, k, v, g, beta), **kw)
+    for step in plan_.steps:
+        fn = getattr(step.kernel, "fn", step.kernel)
+        missing = [a for a in step.kernel.arg_names if a not in step.kwargs]
+        assert not missing, f"{fn.__name__}: {missing}"

@@ -12,9 +12,11 @@ calls the driver's ``cuLaunchKernel`` (the pointers were checked by Triton on th
 first, JIT, launch). A kernel that builds tensor descriptors on the device needs a global scratch
 (``global_scratch_size`` bytes per program): the call allocates it from PyTorch's caching
 allocator on the launch stream, as Triton's launcher does through ``triton.set_allocator``
-(:func:`scratch_allocator` serves the JIT launches when no allocator is set). Where that does not
-apply (a launch hook is set, the kernel needs profile scratch, clusters or launch attributes, an
-argument kind not handled here) it calls Triton's compiled launcher.
+(:func:`scratch_allocator` serves the JIT launches when no allocator is set). A kernel compiled
+with ``launch_pdl`` (a programmatic dependent of the previous launch) goes through
+``cuLaunchKernelEx`` with that attribute. Where none of this applies (a launch hook is set, the
+kernel needs profile scratch, clusters or a cooperative grid, an argument kind not handled here)
+it calls Triton's compiled launcher.
 
 Per-call values are named: a kernel argument given as ``CallArg("q")`` is filled from the value
 named "q" of the call (``names`` says the order of the call's ``values``); anything else is a
@@ -76,6 +78,35 @@ def _cu_launch_kernel():
         fn.restype = ctypes.c_int
         _LIBCUDA = fn
     return _LIBCUDA
+
+
+_LIBCUDA_EX = None
+#: CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h): the launch may begin once every
+#: program of the previous kernel in the stream has started (or called launch_dependents).
+_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: id, padding, a 64-byte value union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int),
+                ("value_rest", ctypes.c_char * 60)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
+def _cu_launch_kernel_ex():
+    """The driver's cuLaunchKernelEx (launches with attributes: programmatic dependent launch),
+    through PyDLL like :func:`_cu_launch_kernel`."""
+    global _LIBCUDA_EX
+    if _LIBCUDA_EX is None:
+        fn = ctypes.PyDLL("libcuda.so.1").cuLaunchKernelEx
+        fn.restype = ctypes.c_int
+        _LIBCUDA_EX = fn
+    return _LIBCUDA_EX
 
 
 def _scratch(nbytes: int) -> torch.Tensor:
@@ -148,14 +179,14 @@ class _DriverCall:
     here) on every call: ~16 us measured on the H200's host for the streaming kernel."""
 
     __slots__ = ("fn", "head", "stream", "tail", "pointers", "scalars", "storage", "params", "extra",
-                 "scratch_bytes", "scratch_cell")
+                 "scratch_bytes", "scratch_cell", "config", "attribute")
 
     def __init__(self, compiled, grid, template, positions: dict):
         """``positions``: argument index -> index in the call's values, for the per-call arguments."""
         md = compiled.metadata
         if (getattr(md, "profile_scratch_size", 0) or getattr(md, "num_ctas", 1) != 1
-                or getattr(md, "launch_cooperative_grid", False) or getattr(md, "launch_pdl", False)):
-            raise NotImplementedError("launch needs profile scratch, clusters or launch attributes")
+                or getattr(md, "launch_cooperative_grid", False)):
+            raise NotImplementedError("launch needs profile scratch, clusters or a cooperative grid")
         # Device-side tensor descriptors: global_scratch_size bytes per program (Triton's launcher
         # allocates grid x num_ctas x size; num_ctas is 1 here).
         self.scratch_bytes = grid[0] * grid[1] * grid[2] * getattr(md, "global_scratch_size", 0)
@@ -191,10 +222,18 @@ class _DriverCall:
         else:  # kernelParams: an array of pointers, one per parameter
             self.params = (ctypes.c_void_p * len(self.storage))(*[ctypes.addressof(c) for c in self.storage])
             self.tail = (self.params, None)
-        self.fn = _cu_launch_kernel()
         u = ctypes.c_uint
-        self.head = (ctypes.c_void_p(compiled.function), u(grid[0]), u(grid[1]), u(grid[2]),
-                     u(32 * md.num_warps), u(1), u(1), u(md.shared))
+        self.config = None
+        if getattr(md, "launch_pdl", False):  # cuLaunchKernelEx(&config, kernelParams, extra)
+            self.attribute = _LaunchAttribute(id=_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
+            self.config = _LaunchConfig(grid[0], grid[1], grid[2], 32 * md.num_warps, 1, 1, md.shared, None,
+                                        ctypes.pointer(self.attribute), 1)
+            self.fn = _cu_launch_kernel_ex()
+            self.head = (ctypes.c_void_p(compiled.function),)
+        else:
+            self.fn = _cu_launch_kernel()
+            self.head = (ctypes.c_void_p(compiled.function), u(grid[0]), u(grid[1]), u(grid[2]),
+                         u(32 * md.num_warps), u(1), u(1), u(md.shared))
         self.stream = ctypes.c_void_p(0)
 
     def _pack(self, layout):
@@ -231,6 +270,9 @@ class _DriverCall:
             # enqueued later on this stream (or, in a capture, later in the same graph).
             scratch = _scratch(self.scratch_bytes)
             self.scratch_cell.value = scratch.data_ptr()
+        if self.config is not None:
+            self.config.hStream = self.stream.value
+            return self.fn(ctypes.byref(self.config), self.head[0], *self.tail)
         return self.fn(*self.head, self.stream, *self.tail)
 
 

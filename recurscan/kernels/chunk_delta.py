@@ -149,14 +149,15 @@ def _chunk_slot(bos, c, i_n, BT: tl.constexpr):
 # ----------------------------------------------------------------------------------------------
 
 
-@triton.jit(do_not_specialize=["n_seq"])
+@triton.jit(do_not_specialize=["n_seq", "chunk_lo", "chunk_span"])
 def chunk_delta_prep_kernel(
     q, k, g, beta, wy, aqk, coef, cu_seqlens, chunk_indices, sequence_order,
-    scale, T, n_seq,
+    scale, T, n_seq, chunk_lo, chunk_span,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr,
     USE_L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr,
     INV_PRECISION: tl.constexpr, DT: tl.constexpr, INV_FP16: tl.constexpr = False,
+    WAIT_PRIMARY: tl.constexpr = False,
 ):
     """Grid (chunks of the expanded stream x HV,), chunk-major: program -> (chunk pid // HV, value
     head pid % HV), so that the value heads of a GVA group, which share their q/k tiles, run side by
@@ -188,7 +189,14 @@ def chunk_delta_prep_kernel(
     sequence -1 is padding and does nothing. Programs (c, 0) with c < ceil(n_seq / RANK_BLOCK) write
     the sweep's order of sequences, longest first (``sequence_order [n_seq]``, :func:`_rank_sequences`;
     in this launch rather than one of its own, which cost ~20 us between the prep and the sweep).
-    Dense: program c covers chunk c % ceil(T*M/BT) of sequence c // ceil(T*M/BT).
+    Dense: program c covers expanded chunk ``chunk_lo + c % chunk_span`` of sequence
+    ``c // chunk_span`` (all chunks: 0 and ceil(T*M/BT); a phase of the phased sweep: its range).
+
+    WAIT_PRIMARY (a phase after the first, launched as the programmatic dependent of the previous
+    phase's sweep, so that it runs beside it on the SMs that sweep leaves free): the last program
+    ends by waiting for that sweep (``griddepcontrol.wait``), so that this kernel's end implies the
+    sweep's, as the next launch in the stream expects; the others run freely (they read only the
+    op's inputs and write only their own phase's scratch).
     """
     pid = tl.program_id(0).to(tl.int64)
     i_c = pid // HV
@@ -204,9 +212,8 @@ def chunk_delta_prep_kernel(
         bos = tl.load(cu_seqlens + i_n).to(tl.int64) * M
         eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64) * M
     else:
-        NTs = tl.cdiv(T * M, BT)
-        i_n = i_c // NTs
-        i_t = i_c % NTs
+        i_n = i_c // chunk_span
+        i_t = chunk_lo + i_c % chunk_span
         bos = i_n * T * M
         eos = bos + T * M
     r0 = bos + i_t * BT
@@ -286,6 +293,9 @@ def chunk_delta_prep_kernel(
     else:
         b_T = _wy_inverse(b_T, b_A, o_x, False, INV_PRECISION)
     tl.store(wy + p_out, (b_G * b_T * b_beta[None, :]).to(wy.dtype.element_ty), mask=m_r[:, None])
+    if WAIT_PRIMARY:
+        if pid == tl.num_programs(0) - 1:
+            tl.extra.cuda.gdc_wait()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -438,17 +448,17 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, 
 
 # n_seg and seg_chunks are not specialised (divisibility by 16, == 1): one compiled kernel per
 # pass serves every segment count.
-@triton.jit(do_not_specialize=["n_seg", "seg_chunks"])
+@triton.jit(do_not_specialize=["n_seg", "seg_chunks", "tc_first", "tc_count"])
 def chunk_delta_sweep_kernel(
     q, k, v, wy, aqk, coef, o,
     h0, ht, state, state_indices, chunk_states, cu_seqlens, chunk_offsets, sequence_order,
-    seg_n, seg_m, n_seg, seg_chunks, T,
+    seg_n, seg_m, n_seg, seg_chunks, tc_first, tc_count, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr,
     STORE_FINAL: tl.constexpr, USE_CACHE: tl.constexpr, STORE_CHUNK_STATES: tl.constexpr,
     DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr, DT: tl.constexpr, PASS: tl.constexpr = 0,
-    V_PRODUCT: tl.constexpr = True, TMA_STORE: tl.constexpr = False,
+    V_PRODUCT: tl.constexpr = True, TMA_STORE: tl.constexpr = False, TRIGGER_DEPENDENTS: tl.constexpr = False,
 ):
     """Grid (N * HV * ceil(V / BV),): program -> (sequence n, value head hv, value block iv),
     iv fastest so neighbouring programs share the q/k rows in L2.
@@ -501,7 +511,18 @@ def chunk_delta_sweep_kernel(
     - PASS 2, grid ``(N * n_seg * HV * NV,)``: the sweep of segment i from row i of ``seg_n`` (the
       fixed-up ``S_in[i]``) with its outputs and chunk states; the last segment writes the final
       state (or the cache slot).
+
+    Phases (``PASS`` 3, dense batches): the single pass cut in time, so that the prep of the next
+    phase's chunks runs beside this phase's sweep (the wrapper launches prep 0, sweep 0, prep 1,
+    sweep 1, ...; each prep after the first as the programmatic dependent of the sweep before it,
+    TRIGGER_DEPENDENTS letting it start as soon as every program of this sweep has). Grid as
+    PASS 0; the phase covers token chunks ``[tc_first, tc_first + tc_count)`` of every sequence,
+    from the sequence's initial state (first phase) or from its state in ``seg_n [N, HV, K, V]``,
+    to the final state or cache slot (last phase) or back into ``seg_n``. The chunks and their
+    order are the single pass's, so the results are its bits.
     """
+    if TRIGGER_DEPENDENTS:  # the next phase's prep may start once every program here has
+        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0).to(tl.int64)
     NV: tl.constexpr = (V + BV - 1) // BV
     if PASS == 1:
@@ -543,6 +564,13 @@ def chunk_delta_sweep_kernel(
         tc_hi = tl.cdiv(eos_t - bos_t, BT)
         c_lo = 0
         c_hi = tl.cdiv(L, BT)
+    elif PASS == 3:
+        tc_lo = tc_first
+        tc_hi = tl.minimum(tc_first + tc_count, tl.cdiv(eos_t - bos_t, BT))
+        c_lo = tc_lo * M
+        c_hi = tl.minimum(tc_hi * M, tl.cdiv(L, BT))
+        first_phase = tc_lo == 0
+        last_phase = tc_hi == tl.cdiv(eos_t - bos_t, BT)
     else:
         tc_lo = i_s * seg_chunks
         tc_hi = tl.minimum(tc_lo + seg_chunks, tl.cdiv(eos_t - bos_t, BT))
@@ -576,6 +604,8 @@ def chunk_delta_sweep_kernel(
     else:
         if PASS == 1:
             m_s0 = m_vk & (i_j < NV) & (i_s == 0)  # only segment 0's state programs read it
+        elif PASS == 3:
+            m_s0 = m_vk & first_phase  # later phases start from the state the phase before left
         else:
             m_s0 = m_vk
         if USE_CACHE:
@@ -589,6 +619,10 @@ def chunk_delta_sweep_kernel(
                 tl.store(seg_n + (i_n * n_seg * HV + i_hv) * K * V + o_vk, b_St, mask=m_vk)
             b_St = tl.where(role_m, (o_v[:, None] == o_k[None, :]).to(tl.float32), b_St)
             use_v = i_j < NV
+        if PASS == 3:
+            p_carry = seg_n + (i_n * HV + i_hv) * K * V + o_vk  # the state between phases
+            if not first_phase:
+                b_St = tl.load(p_carry, mask=m_vk, other=0.0)
 
     if STORE_CHUNK_STATES:
         if IS_VARLEN:
@@ -631,6 +665,14 @@ def chunk_delta_sweep_kernel(
                 tl.store(p_state, b_St.to(state.dtype.element_ty), mask=m_vk)
             elif STORE_FINAL:
                 tl.store(ht + (i_n * HV + i_hv) * K * V + o_vk, b_St, mask=m_vk)
+    elif PASS == 3:
+        if last_phase:
+            if USE_CACHE:
+                tl.store(p_state, b_St.to(state.dtype.element_ty), mask=m_vk)
+            elif STORE_FINAL:
+                tl.store(ht + (i_n * HV + i_hv) * K * V + o_vk, b_St, mask=m_vk)
+        else:
+            tl.store(p_carry, b_St, mask=m_vk)
     else:
         if USE_CACHE:
             tl.store(p_state, b_St.to(state.dtype.element_ty), mask=m_vk)
@@ -717,7 +759,7 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
                      chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None, state=None,
                      state_indices=None, return_chunk_states=False, block_v=32, num_warps=4,
                      num_stages=2, prep_warps=4, stages="both", segments=1,
-                     inverse_fp16=None, v_product=True, tma_store=False) -> ChunkDeltaPlan:
+                     inverse_fp16=None, v_product=True, tma_store=False, phases=1) -> ChunkDeltaPlan:
     """The launches of :func:`chunk_delta_fwd` for these tensors' shapes (read, never kept)."""
     M = num_householder
     B, T, H, K = q.shape
@@ -774,16 +816,20 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
         dt = tl.float32
     beta_arg = arg("beta") if beta is not None else arg("beta_ones")
     steps = []
-    if n_prep > 0 and stages in ("both", "prep"):
-        steps.append(_Step(chunk_delta_prep_kernel, (n_prep * HV,), dict(
-            q=arg("q"), k=arg("k"), g=arg("g", g is not None), beta=beta_arg, wy=arg("wy"), aqk=arg("aqk"),
-            coef=arg("coef"),
-            cu_seqlens=arg("cu_seqlens", varlen), chunk_indices=arg("chunk_indices_dp", varlen),
-            sequence_order=arg("sequence_order", varlen and N > 0), scale=scale, T=T, n_seq=N if varlen else 0,
-            H=H, HV=HV, K=K, M=M, BT=BT, BK=BK,
-            USE_L2NORM=use_qk_l2norm_in_kernel, IS_VARLEN=varlen, HAS_G=g is not None,
-            INV_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DT=dt, INV_FP16=inverse_fp16),
-            dict(num_warps=prep_warps)))
+    NTe = triton.cdiv(T * M, BT)  # expanded chunks of a dense sequence
+    prep = dict(
+        q=arg("q"), k=arg("k"), g=arg("g", g is not None), beta=beta_arg, wy=arg("wy"), aqk=arg("aqk"),
+        coef=arg("coef"),
+        cu_seqlens=arg("cu_seqlens", varlen), chunk_indices=arg("chunk_indices_dp", varlen),
+        sequence_order=arg("sequence_order", varlen and N > 0), scale=scale, T=T, n_seq=N if varlen else 0,
+        chunk_lo=0, chunk_span=0 if varlen else NTe,
+        H=H, HV=HV, K=K, M=M, BT=BT, BK=BK,
+        USE_L2NORM=use_qk_l2norm_in_kernel, IS_VARLEN=varlen, HAS_G=g is not None,
+        INV_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DT=dt, INV_FP16=inverse_fp16,
+        WAIT_PRIMARY=False)
+    phased = phases > 1 and stages == "both" and not varlen and segments <= 1 and T > 0
+    if n_prep > 0 and stages in ("both", "prep") and not phased:
+        steps.append(_Step(chunk_delta_prep_kernel, (n_prep * HV,), prep, dict(num_warps=prep_warps)))
     outputs = ("o", "state" if use_cache else ("final" if store_final else None)) + \
         (("chunk_states",) if return_chunk_states else ())
     if stages == "prep":
@@ -800,17 +846,34 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
         chunk_states=arg("chunk_states", return_chunk_states), cu_seqlens=arg("cu_seqlens", varlen),
         chunk_offsets=arg("chunk_offsets", varlen and return_chunk_states),
         sequence_order=arg("sequence_order", varlen and N > 0),
-        seg_n=arg("o"), seg_m=arg("o"), n_seg=1, seg_chunks=0, T=T,
+        seg_n=arg("o"), seg_m=arg("o"), n_seg=1, seg_chunks=0, tc_first=0, tc_count=0, T=T,
         H=H, HV=HV, K=K, V=V, M=M, BT=BT, BK=BK, BV=BV,
         IS_VARLEN=varlen, HAS_H0=initial_state is not None, USE_CACHE=use_cache, STORE_FINAL=store_final,
         STORE_CHUNK_STATES=return_chunk_states, DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, DT=dt, PASS=0,
-        V_PRODUCT=v_product, TMA_STORE=tma_store and M == 1 and V * q.element_size() % 16 == 0)
+        V_PRODUCT=v_product, TMA_STORE=tma_store and M == 1 and V * q.element_size() % 16 == 0,
+        TRIGGER_DEPENDENTS=False)
     options = dict(num_warps=num_warps)
     if varlen and N > 0 and stages == "sweep":  # the sweep alone: its order of sequences (else the prep's)
         steps.append(_Step(sequence_order_kernel, (triton.cdiv(N, RANK_BLOCK.value),), dict(
             cu_seqlens=arg("cu_seqlens"), order=arg("sequence_order"), N=N, BLOCK=RANK_BLOCK.value),
             dict(num_warps=4)))
-    if P == 1:
+    if phased:
+        # prep 0, sweep 0, prep 1, sweep 1, ...: each prep after the first is the programmatic
+        # dependent of the sweep before it, so it runs on the SMs that sweep leaves free.
+        buffers["seg_n"] = ((N, HV, K, V), torch.float32, None)  # the state between phases
+        bounds = phase_bounds(triton.cdiv(T, BT), phases)
+        pdl = not INTERPRET  # the interpreter runs each launch to its end, in order
+        for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+            c_lo, c_hi = lo * M, min(hi * M, NTe)
+            steps.append(_Step(chunk_delta_prep_kernel, (N * (c_hi - c_lo) * HV,),
+                               dict(prep, chunk_lo=c_lo, chunk_span=c_hi - c_lo, WAIT_PRIMARY=pdl and i > 0),
+                               dict(num_warps=prep_warps, **({"launch_pdl": True} if pdl and i > 0 else {}))))
+            # The sweep after its prep's end (as a programmatic dependent of the prep, its programs
+            # placed early and waiting: no faster on the H200, gpu_chunk_variants_ph_nopdl.json).
+            steps.append(_Step(chunk_delta_sweep_kernel, (N * HV * NV,),
+                               dict(sweep, seg_n=arg("seg_n"), tc_first=lo, tc_count=hi - lo, PASS=3,
+                                    TRIGGER_DEPENDENTS=pdl and i < len(bounds) - 2), options))
+    elif P == 1:
         steps.append(_Step(chunk_delta_sweep_kernel, (N * HV * NV,), sweep, options))
     else:
         # Pass 1: segment end states from zero (segment 0: from the initial state) and the
@@ -831,6 +894,33 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
                 PRECISION="ieee" if q.dtype == torch.float32 else "tf32x3"), dict(num_warps=8)))
         steps.append(_Step(chunk_delta_sweep_kernel, (N * P * HV * NV,), dict(sweep, **seg, PASS=2), options))
     return ChunkDeltaPlan(buffers, steps, outputs, device)
+
+
+#: Each phase of the phased sweep is this fraction of the one before (phase_bounds): the prep of
+#: phase i + 1 runs beside the sweep of phase i on the SMs it leaves free, so it covers fewer chunks
+#: in that time than the sweep does (see docs/kernels-chunk-delta.md for the measurement).
+PHASE_RATIO = 0.8
+
+
+def phase_bounds(n_chunks: int, phases: int, ratio: float | None = None) -> list[int]:
+    """Token-chunk boundaries ``[0, b_1, ..., n_chunks]`` of ``phases`` phases (fewer if there are
+    fewer chunks) whose lengths fall geometrically by ``ratio``, each at least one chunk.
+
+    >>> phase_bounds(256, 4)
+    [0, 87, 156, 212, 256]
+    >>> phase_bounds(2, 4)
+    [0, 1, 2]
+    """
+    ratio = PHASE_RATIO if ratio is None else ratio
+    phases = max(1, min(phases, n_chunks))
+    weights = [ratio ** i for i in range(phases)]
+    total = sum(weights)
+    bounds, acc = [0], 0.0
+    for i, w in enumerate(weights[:-1]):
+        acc += w
+        bounds.append(min(max(round(n_chunks * acc / total), bounds[-1] + 1), n_chunks - (phases - 1 - i)))
+    bounds.append(n_chunks)
+    return bounds
 
 
 def run_chunk_delta(plan: ChunkDeltaPlan, inputs: tuple) -> tuple:
@@ -858,7 +948,7 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
                     chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None, state=None,
                     state_indices=None, return_chunk_states=False, block_v=32, num_warps=4,
                     num_stages=2, prep_warps=4, stages="both", segments=1, inverse_fp16=None,
-                    v_product=True, tma_store=False):
+                    v_product=True, tma_store=False, phases=1):
     """Launch the kernels. Arguments as the public ops (``recurscan.chunk_gated_delta_rule``,
     ``recurscan.chunk_gated_delta_product_varlen``), with the descriptors already built:
 
@@ -883,6 +973,11 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
       programs per SM fit).
     - ``tma_store``: the sweep writes its output tiles with bulk tensor stores (M = 1 and output
       rows a multiple of 16 bytes; elsewhere it keeps the masked store).
+    - ``phases``: 1 (default) runs the prep over every chunk, then the sweep. K > 1 (dense batches,
+      single pass; varlen input and segments ignore it) cuts the token chunks into K phases
+      (:func:`phase_bounds`) and launches prep 0, sweep 0, prep 1, sweep 1, ...: the prep of phase
+      i + 1 runs beside the sweep of phase i, on the SMs that sweep leaves free (few sequence-head
+      pairs). Same results, bit for bit, as one phase.
 
     This plans and runs in one go (:func:`plan_chunk_delta`, :func:`run_chunk_delta`); the public
     ops keep the plan of each call signature and only run it.
@@ -901,6 +996,6 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
         num_chunk_rows=num_chunk_rows, state=state, state_indices=state_indices,
         return_chunk_states=return_chunk_states, block_v=block_v, num_warps=num_warps, num_stages=num_stages,
         prep_warps=prep_warps, stages=stages, segments=segments, inverse_fp16=inverse_fp16,
-        v_product=v_product, tma_store=tma_store)
+        v_product=v_product, tma_store=tma_store, phases=phases)
     return run_chunk_delta(plan, (q, k, v, g, beta, initial_state, state, state_indices, cu_seqlens,
                                   chunk_indices_dp, chunk_offsets))

@@ -356,3 +356,54 @@ def test_bulk_tensor_store_equals_masked_store(case):
         for a, b in zip(outs[(True, call)], outs[(False, call)]):
             assert torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a.view(torch.int32),
                                b.view(torch.int16) if b.dtype == torch.bfloat16 else b.view(torch.int32))
+
+
+@pytest.mark.parametrize("T", [16384, 65536])
+def test_phases_equal_single_pass_direct_and_graph(T):
+    """The phased sweep (chunk_delta_fwd(phases=K): prep 0, sweep 0, prep 1, ...; each prep after
+    the first a programmatic dependent of the sweep before it, running beside it) gives the single
+    pass's bits at the headline launch (B1, H16 HV32, BV 64, three stages, V as a product operand,
+    bulk stores) with an initial state and chunk states: over five calls (the first through
+    Triton's JIT, then direct launches through cuLaunchKernelEx, sync-free) and under CUDA-graph
+    replay. A prep racing the sweep it runs beside, or a later launch overtaking a sweep, would
+    show as a difference in some call."""
+    from recurscan.kernels import _launch
+    q, k, v, g, beta = inputs(T, 16, 32, 128, 128, seed=31)
+    S0 = torch.randn(1, 32, 128, 128, device=DEV)
+    kw = dict(initial_state=S0, output_final_state=True, use_qk_l2norm_in_kernel=True, return_chunk_states=True,
+              block_v=64, num_warps=4, num_stages=3, v_product=True, tma_store=True)
+    args = (q, k, v, g, beta, S0, None, None, None, None, None)
+    with torch.no_grad():
+        single = [t.clone() for t in chunk_delta.chunk_delta_fwd(q, k, v, g, beta, **kw)]
+        for phases in (2, 4):
+            plan_ = chunk_delta.plan_chunk_delta(q, k, v, g, beta, phases=phases, **kw)
+            assert len(plan_.steps) == 2 * phases
+            assert [s.options.get("launch_pdl", False) for s in plan_.steps[::2]] == [False] + [True] * (phases - 1)
+            assert not any(s.options.get("launch_pdl", False) for s in plan_.steps[1::2])
+            for call in range(5):
+                if call:
+                    torch.cuda.synchronize()
+                    torch.cuda.set_sync_debug_mode("error")
+                try:
+                    got = chunk_delta.run_chunk_delta(plan_, args)
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+                for a, b, what in zip(got, single, ("o", "final state", "chunk states")):
+                    assert torch.equal(a, b), f"phases={phases}, call {call}: {what} differs from the single pass"
+            assert _launch.DRIVER_ERROR is None
+            assert all(s.direct is not None and s.direct.driver is not None for s in plan_.steps)
+        plan_ = chunk_delta.plan_chunk_delta(q, k, v, g, beta, phases=4, **kw)
+        chunk_delta.run_chunk_delta(plan_, args)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            chunk_delta.run_chunk_delta(plan_, args)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = chunk_delta.run_chunk_delta(plan_, args)
+        for _ in range(3):
+            graph.replay()
+            torch.cuda.synchronize()
+            for a, b, what in zip(out, single, ("o", "final state", "chunk states")):
+                assert torch.equal(a, b), f"graph replay: {what} differs from the single pass"
