@@ -70,10 +70,10 @@ def sweep(BV, warps, stages, v_product, PASS=0, tma_store=False, M=1, varlen=Fal
     p, f = "*bf16", "*fp32"
     sig = dict(q=p, k=p, v=p, wy=p, aqk=p, coef=f, o=p, h0=f, ht=f, state=f, state_indices="*i32", chunk_states=f,
                cu_seqlens="*i32", chunk_offsets="*i32", sequence_order="*i32", seg_n=f, seg_m=f, n_seg="i32",
-               seg_chunks="i32", tc_first="i32", tc_count="i32", T="i32")
+               seg_chunks="i32", tc_first="i32", tc_count="i32", trigger_dependents="i32", T="i32")
     const = dict(SHAPES, V=128, BV=BV, IS_VARLEN=varlen, HAS_H0=False, STORE_FINAL=True, USE_CACHE=False,
                  STORE_CHUNK_STATES=False, DOT_PRECISION="tf32", NUM_STAGES=stages, DT=tl.bfloat16, PASS=PASS,
-                 V_PRODUCT=v_product, TMA_STORE=tma_store)
+                 V_PRODUCT=v_product, TMA_STORE=tma_store, PDL=True)
     const["M"] = M
     return _compile(chunk_delta_sweep_kernel, sig, const, warps, stages)
 
@@ -82,9 +82,9 @@ def prep(warps=4, fp16=True, varlen=False, M=1, maxnreg=None):
     p = "*bf16"
     sig = dict(q=p, k=p, g="*fp32", beta=p, wy=p, aqk=p, coef="*fp32", cu_seqlens="*i32", chunk_indices="*i32",
                sequence_order="*i32", scale="fp32", T="i32", n_seq="i32", chunk_lo="i32",
-               chunk_span="i32")
+               chunk_span="i32", wait_primary="i32")
     const = dict(SHAPES, USE_L2NORM=True, IS_VARLEN=varlen, HAS_G=True, INV_PRECISION="tf32", DT=tl.bfloat16,
-                 INV_FP16=fp16)
+                 INV_FP16=fp16, PDL=True)
     const["M"] = M
     return _compile(chunk_delta_prep_kernel, sig, const, warps, maxnreg=maxnreg)
 

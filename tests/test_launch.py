@@ -70,11 +70,39 @@ def test_second_call_rewrites_only_its_own_values(monkeypatch):
     assert calls[0]["params"] == [a2.data_ptr(), b.data_ptr(), 1000, 1 << 40, 2.0, 1, 0, 0]
 
 
-@pytest.mark.parametrize("meta", [dict(profile_scratch_size=64), dict(num_ctas=2), dict(launch_pdl=True)])
+@pytest.mark.parametrize("meta", [dict(profile_scratch_size=64), dict(num_ctas=2)])
 def test_launches_needing_more_than_a_parameter_block_use_tritons_launcher(meta, monkeypatch):
     monkeypatch.setattr(L, "_cu_launch_kernel", lambda: (lambda *args: 0))
     d = L.DirectLaunch(fake_compiled(SIGNATURE, **meta), (1, 1, 1), [None] * 7, (0, 1, 4), (0, 1, 2))
     assert d.driver is None
+
+
+@pytest.mark.parametrize("how", ["programmatic", "compiled_launch_pdl"])
+def test_programmatic_dependent_launch_goes_through_cuLaunchKernelEx(how, monkeypatch):
+    """A launch asked to be programmatic (or a kernel compiled with launch_pdl) calls
+    cuLaunchKernelEx with the grid, block, shared memory and stream in its config and one
+    attribute, programmatic stream serialization (id 6) = 1; the parameter block is the same."""
+    calls = []
+
+    def cu_launch_ex(config, function, params, extra):
+        c = config._obj
+        attr = c.attrs.contents
+        calls.append(dict(grid=(c.gridDimX, c.gridDimY, c.gridDimZ), block=(c.blockDimX, c.blockDimY, c.blockDimZ),
+                          shared=c.sharedMemBytes, stream=c.hStream, attr=(attr.id, attr.value), n=c.numAttrs,
+                          function=function.value))
+        return 0
+    monkeypatch.setattr(L, "_cu_launch_kernel_ex", lambda: cu_launch_ex)
+    monkeypatch.setattr(L, "_cu_launch_kernel", lambda: (lambda *args: pytest.fail("plain launch")))
+    monkeypatch.setattr(L, "_current_stream", lambda: 77)
+    monkeypatch.setattr(L, "PACKED_PARAMETERS", False)
+    meta = dict(launch_pdl=True) if how == "compiled_launch_pdl" else {}
+    template = [None, None, 1000, 1 << 40, None, 64, True]
+    d = L.DirectLaunch(fake_compiled(SIGNATURE, **meta), (5, 2, 1), template, (0, 1, 4), (0, 1, 2),
+                       programmatic=how == "programmatic")
+    assert d.driver is not None
+    d((torch.zeros(4), torch.zeros(4), 0.5))
+    assert calls == [dict(grid=(5, 2, 1), block=(128, 1, 1), shared=1024, stream=77, attr=(6, 1), n=1,
+                          function=0xF00)]
 
 
 def test_global_scratch_is_allocated_per_call_for_the_whole_grid(monkeypatch):

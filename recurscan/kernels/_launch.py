@@ -13,8 +13,9 @@ first, JIT, launch). A kernel that builds tensor descriptors on the device needs
 (``global_scratch_size`` bytes per program): the call allocates it from PyTorch's caching
 allocator on the launch stream, as Triton's launcher does through ``triton.set_allocator``
 (:func:`scratch_allocator` serves the JIT launches when no allocator is set). A kernel compiled
-with ``launch_pdl`` (a programmatic dependent of the previous launch) goes through
-``cuLaunchKernelEx`` with that attribute. Where none of this applies (a launch hook is set, the
+with ``launch_pdl``, or a launch asked to be ``programmatic`` (a programmatic dependent of the
+previous launch in the stream), goes through ``cuLaunchKernelEx`` with that attribute; the same
+compiled kernel serves both kinds of launch. Where none of this applies (a launch hook is set, the
 kernel needs profile scratch, clusters or a cooperative grid, an argument kind not handled here)
 it calls Triton's compiled launcher.
 
@@ -181,8 +182,9 @@ class _DriverCall:
     __slots__ = ("fn", "head", "stream", "tail", "pointers", "scalars", "storage", "params", "extra",
                  "scratch_bytes", "scratch_cell", "config", "attribute")
 
-    def __init__(self, compiled, grid, template, positions: dict):
-        """``positions``: argument index -> index in the call's values, for the per-call arguments."""
+    def __init__(self, compiled, grid, template, positions: dict, programmatic: bool = False):
+        """``positions``: argument index -> index in the call's values, for the per-call arguments;
+        ``programmatic``: launch as a programmatic dependent of the stream's previous kernel."""
         md = compiled.metadata
         if (getattr(md, "profile_scratch_size", 0) or getattr(md, "num_ctas", 1) != 1
                 or getattr(md, "launch_cooperative_grid", False)):
@@ -224,7 +226,7 @@ class _DriverCall:
             self.tail = (self.params, None)
         u = ctypes.c_uint
         self.config = None
-        if getattr(md, "launch_pdl", False):  # cuLaunchKernelEx(&config, kernelParams, extra)
+        if programmatic or getattr(md, "launch_pdl", False):  # cuLaunchKernelEx(&config, kernelParams, extra)
             self.attribute = _LaunchAttribute(id=_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
             self.config = _LaunchConfig(grid[0], grid[1], grid[2], 32 * md.num_warps, 1, 1, md.shared, None,
                                         ctypes.pointer(self.attribute), 1)
@@ -282,11 +284,14 @@ class DirectLaunch:
 
     __slots__ = ("compiled", "grid", "template", "positions", "sources", "driver")
 
-    def __init__(self, compiled, grid, template, positions, sources):
+    def __init__(self, compiled, grid, template, positions, sources, programmatic=False):
+        """``programmatic``: later launches are programmatic dependents of the stream's previous
+        kernel (where this falls back to Triton's launcher they are plain launches: correct, only
+        serial)."""
         self.compiled, self.grid, self.template = compiled, grid, template
         self.positions, self.sources = positions, sources
         try:
-            self.driver = _DriverCall(compiled, grid, template, dict(zip(positions, sources)))
+            self.driver = _DriverCall(compiled, grid, template, dict(zip(positions, sources)), programmatic)
         except (NotImplementedError, AttributeError, OSError):
             self.driver = None
 
@@ -306,11 +311,14 @@ class DirectLaunch:
             self.compiled[self.grid](*args)
 
 
-def jit_launch(kernel, grid: tuple, kwargs: dict, options: dict, names: tuple, values: tuple) -> DirectLaunch | None:
+def jit_launch(kernel, grid: tuple, kwargs: dict, options: dict, names: tuple, values: tuple,
+               programmatic: bool = False) -> DirectLaunch | None:
     """Launch ``kernel`` through Triton's JIT (compiling on first use) with ``kwargs`` (every
     kernel argument; :class:`CallArg` entries taken from ``values``, in the order of ``names``).
     Returns the :class:`DirectLaunch` that repeats it on other values of the same signature, or
-    None where there is none (the interpreter, or an older Triton)."""
+    None where there is none (the interpreter, or an older Triton). ``programmatic``: the direct
+    launches go as programmatic dependents of the stream's previous kernel (this first one is a
+    plain launch)."""
     with scratch_allocator():
         compiled = kernel[grid](**resolve(kwargs, names, values), **options)
     if _knobs is None or compiled is None or not hasattr(compiled, "packed_metadata"):
@@ -325,4 +333,4 @@ def jit_launch(kernel, grid: tuple, kwargs: dict, options: dict, names: tuple, v
             a = None
         template.append(a)
     grid3 = tuple(grid) + (1,) * (3 - len(grid))
-    return DirectLaunch(compiled, grid3, template, tuple(positions), tuple(sources))
+    return DirectLaunch(compiled, grid3, template, tuple(positions), tuple(sources), programmatic)

@@ -149,15 +149,15 @@ def _chunk_slot(bos, c, i_n, BT: tl.constexpr):
 # ----------------------------------------------------------------------------------------------
 
 
-@triton.jit(do_not_specialize=["n_seq", "chunk_lo", "chunk_span"])
+@triton.jit(do_not_specialize=["n_seq", "chunk_lo", "chunk_span", "wait_primary"])
 def chunk_delta_prep_kernel(
     q, k, g, beta, wy, aqk, coef, cu_seqlens, chunk_indices, sequence_order,
-    scale, T, n_seq, chunk_lo, chunk_span,
+    scale, T, n_seq, chunk_lo, chunk_span, wait_primary,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr,
     USE_L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr,
     INV_PRECISION: tl.constexpr, DT: tl.constexpr, INV_FP16: tl.constexpr = False,
-    WAIT_PRIMARY: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """Grid (chunks of the expanded stream x HV,), chunk-major: program -> (chunk pid // HV, value
     head pid % HV), so that the value heads of a GVA group, which share their q/k tiles, run side by
@@ -192,11 +192,13 @@ def chunk_delta_prep_kernel(
     Dense: program c covers expanded chunk ``chunk_lo + c % chunk_span`` of sequence
     ``c // chunk_span`` (all chunks: 0 and ceil(T*M/BT); a phase of the phased sweep: its range).
 
-    WAIT_PRIMARY (a phase after the first, launched as the programmatic dependent of the previous
-    phase's sweep, so that it runs beside it on the SMs that sweep leaves free): the last program
-    ends by waiting for that sweep (``griddepcontrol.wait``), so that this kernel's end implies the
-    sweep's, as the next launch in the stream expects; the others run freely (they read only the
-    op's inputs and write only their own phase's scratch).
+    ``wait_primary`` != 0 (a phase after the first, launched as the programmatic dependent of the
+    previous phase's sweep, so that it runs beside it on the SMs that sweep leaves free): the last
+    program ends by waiting for that sweep (``griddepcontrol.wait``), so that this kernel's end
+    implies the sweep's, as the next launch in the stream expects; the others run freely (they read
+    only the op's inputs and write only their own phase's scratch). A runtime value, so that one
+    compiled kernel serves every launch; PDL (a constexpr: False under the interpreter, which has
+    no grid dependency control) compiles the wait in.
     """
     pid = tl.program_id(0).to(tl.int64)
     i_c = pid // HV
@@ -293,8 +295,8 @@ def chunk_delta_prep_kernel(
     else:
         b_T = _wy_inverse(b_T, b_A, o_x, False, INV_PRECISION)
     tl.store(wy + p_out, (b_G * b_T * b_beta[None, :]).to(wy.dtype.element_ty), mask=m_r[:, None])
-    if WAIT_PRIMARY:
-        if pid == tl.num_programs(0) - 1:
+    if PDL:
+        if (wait_primary != 0) & (pid == tl.num_programs(0) - 1):
             tl.extra.cuda.gdc_wait()
 
 
@@ -448,17 +450,17 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, 
 
 # n_seg and seg_chunks are not specialised (divisibility by 16, == 1): one compiled kernel per
 # pass serves every segment count.
-@triton.jit(do_not_specialize=["n_seg", "seg_chunks", "tc_first", "tc_count"])
+@triton.jit(do_not_specialize=["n_seg", "seg_chunks", "tc_first", "tc_count", "trigger_dependents"])
 def chunk_delta_sweep_kernel(
     q, k, v, wy, aqk, coef, o,
     h0, ht, state, state_indices, chunk_states, cu_seqlens, chunk_offsets, sequence_order,
-    seg_n, seg_m, n_seg, seg_chunks, tc_first, tc_count, T,
+    seg_n, seg_m, n_seg, seg_chunks, tc_first, tc_count, trigger_dependents, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr,
     STORE_FINAL: tl.constexpr, USE_CACHE: tl.constexpr, STORE_CHUNK_STATES: tl.constexpr,
     DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr, DT: tl.constexpr, PASS: tl.constexpr = 0,
-    V_PRODUCT: tl.constexpr = True, TMA_STORE: tl.constexpr = False, TRIGGER_DEPENDENTS: tl.constexpr = False,
+    V_PRODUCT: tl.constexpr = True, TMA_STORE: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """Grid (N * HV * ceil(V / BV),): program -> (sequence n, value head hv, value block iv),
     iv fastest so neighbouring programs share the q/k rows in L2.
@@ -515,14 +517,16 @@ def chunk_delta_sweep_kernel(
     Phases (``PASS`` 3, dense batches): the single pass cut in time, so that the prep of the next
     phase's chunks runs beside this phase's sweep (the wrapper launches prep 0, sweep 0, prep 1,
     sweep 1, ...; each prep after the first as the programmatic dependent of the sweep before it,
-    TRIGGER_DEPENDENTS letting it start as soon as every program of this sweep has). Grid as
+    ``trigger_dependents`` != 0 letting it start as soon as every program of this sweep has; PDL, a
+    constexpr, compiles the trigger in). Grid as
     PASS 0; the phase covers token chunks ``[tc_first, tc_first + tc_count)`` of every sequence,
     from the sequence's initial state (first phase) or from its state in ``seg_n [N, HV, K, V]``,
     to the final state or cache slot (last phase) or back into ``seg_n``. The chunks and their
     order are the single pass's, so the results are its bits.
     """
-    if TRIGGER_DEPENDENTS:  # the next phase's prep may start once every program here has
-        tl.extra.cuda.gdc_launch_dependents()
+    if PDL:
+        if trigger_dependents != 0:  # the next phase's prep may start once every program here has
+            tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0).to(tl.int64)
     NV: tl.constexpr = (V + BV - 1) // BV
     if PASS == 1:
@@ -620,9 +624,8 @@ def chunk_delta_sweep_kernel(
             b_St = tl.where(role_m, (o_v[:, None] == o_k[None, :]).to(tl.float32), b_St)
             use_v = i_j < NV
         if PASS == 3:
-            p_carry = seg_n + (i_n * HV + i_hv) * K * V + o_vk  # the state between phases
-            if not first_phase:
-                b_St = tl.load(p_carry, mask=m_vk, other=0.0)
+            if not first_phase:  # the state the phase before left (seg_n [N, HV, K, V])
+                b_St = tl.load(seg_n + (i_n * HV + i_hv) * K * V + o_vk, mask=m_vk, other=0.0)
 
     if STORE_CHUNK_STATES:
         if IS_VARLEN:
@@ -672,7 +675,7 @@ def chunk_delta_sweep_kernel(
             elif STORE_FINAL:
                 tl.store(ht + (i_n * HV + i_hv) * K * V + o_vk, b_St, mask=m_vk)
         else:
-            tl.store(p_carry, b_St, mask=m_vk)
+            tl.store(seg_n + (i_n * HV + i_hv) * K * V + o_vk, b_St, mask=m_vk)
     else:
         if USE_CACHE:
             tl.store(p_state, b_St.to(state.dtype.element_ty), mask=m_vk)
@@ -735,6 +738,10 @@ class _Step:
     grid: tuple
     kwargs: dict
     options: dict
+    # A programmatic dependent of the previous launch (the direct launches; the first, through
+    # Triton's JIT, is plain): it may start once every program of that launch has started or
+    # triggered. Not a compile option, so one compiled kernel serves both kinds of launch.
+    programmatic: bool = False
     direct: DirectLaunch | None = None  # the compiled kernel's direct launch, after the first call
 
 
@@ -826,7 +833,7 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
         H=H, HV=HV, K=K, M=M, BT=BT, BK=BK,
         USE_L2NORM=use_qk_l2norm_in_kernel, IS_VARLEN=varlen, HAS_G=g is not None,
         INV_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DT=dt, INV_FP16=inverse_fp16,
-        WAIT_PRIMARY=False)
+        wait_primary=0, PDL=not INTERPRET)
     phased = phases > 1 and stages == "both" and not varlen and segments <= 1 and T > 0
     if n_prep > 0 and stages in ("both", "prep") and not phased:
         steps.append(_Step(chunk_delta_prep_kernel, (n_prep * HV,), prep, dict(num_warps=prep_warps)))
@@ -846,12 +853,12 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
         chunk_states=arg("chunk_states", return_chunk_states), cu_seqlens=arg("cu_seqlens", varlen),
         chunk_offsets=arg("chunk_offsets", varlen and return_chunk_states),
         sequence_order=arg("sequence_order", varlen and N > 0),
-        seg_n=arg("o"), seg_m=arg("o"), n_seg=1, seg_chunks=0, tc_first=0, tc_count=0, T=T,
+        seg_n=arg("o"), seg_m=arg("o"), n_seg=1, seg_chunks=0, tc_first=0, tc_count=0, trigger_dependents=0, T=T,
         H=H, HV=HV, K=K, V=V, M=M, BT=BT, BK=BK, BV=BV,
         IS_VARLEN=varlen, HAS_H0=initial_state is not None, USE_CACHE=use_cache, STORE_FINAL=store_final,
         STORE_CHUNK_STATES=return_chunk_states, DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, DT=dt, PASS=0,
         V_PRODUCT=v_product, TMA_STORE=tma_store and M == 1 and V * q.element_size() % 16 == 0,
-        TRIGGER_DEPENDENTS=False)
+        PDL=not INTERPRET)
     options = dict(num_warps=num_warps)
     if varlen and N > 0 and stages == "sweep":  # the sweep alone: its order of sequences (else the prep's)
         steps.append(_Step(sequence_order_kernel, (triton.cdiv(N, RANK_BLOCK.value),), dict(
@@ -862,17 +869,16 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
         # dependent of the sweep before it, so it runs on the SMs that sweep leaves free.
         buffers["seg_n"] = ((N, HV, K, V), torch.float32, None)  # the state between phases
         bounds = phase_bounds(triton.cdiv(T, BT), phases)
-        pdl = not INTERPRET  # the interpreter runs each launch to its end, in order
         for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
             c_lo, c_hi = lo * M, min(hi * M, NTe)
             steps.append(_Step(chunk_delta_prep_kernel, (N * (c_hi - c_lo) * HV,),
-                               dict(prep, chunk_lo=c_lo, chunk_span=c_hi - c_lo, WAIT_PRIMARY=pdl and i > 0),
-                               dict(num_warps=prep_warps, **({"launch_pdl": True} if pdl and i > 0 else {}))))
+                               dict(prep, chunk_lo=c_lo, chunk_span=c_hi - c_lo, wait_primary=int(i > 0)),
+                               dict(num_warps=prep_warps), programmatic=i > 0))
             # The sweep after its prep's end (as a programmatic dependent of the prep, its programs
             # placed early and waiting: no faster on the H200, gpu_chunk_variants_ph_nopdl.json).
             steps.append(_Step(chunk_delta_sweep_kernel, (N * HV * NV,),
                                dict(sweep, seg_n=arg("seg_n"), tc_first=lo, tc_count=hi - lo, PASS=3,
-                                    TRIGGER_DEPENDENTS=pdl and i < len(bounds) - 2), options))
+                                    trigger_dependents=int(i < len(bounds) - 2)), options))
     elif P == 1:
         steps.append(_Step(chunk_delta_sweep_kernel, (N * HV * NV,), sweep, options))
     else:
@@ -939,7 +945,8 @@ def run_chunk_delta(plan: ChunkDeltaPlan, inputs: tuple) -> tuple:
         if step.direct is not None:
             step.direct(values)
         else:
-            step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, CALL_NAMES, values)
+            step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, CALL_NAMES, values,
+                                     step.programmatic)
     return tuple(None if i is None else values[i] for i in plan.outputs)
 
 

@@ -378,8 +378,7 @@ def test_phases_equal_single_pass_direct_and_graph(T):
         for phases in (2, 4):
             plan_ = chunk_delta.plan_chunk_delta(q, k, v, g, beta, phases=phases, **kw)
             assert len(plan_.steps) == 2 * phases
-            assert [s.options.get("launch_pdl", False) for s in plan_.steps[::2]] == [False] + [True] * (phases - 1)
-            assert not any(s.options.get("launch_pdl", False) for s in plan_.steps[1::2])
+            assert [s.programmatic for s in plan_.steps] == [False, False] + [True, False] * (phases - 1)
             for call in range(5):
                 if call:
                     torch.cuda.synchronize()
@@ -392,6 +391,8 @@ def test_phases_equal_single_pass_direct_and_graph(T):
                     assert torch.equal(a, b), f"phases={phases}, call {call}: {what} differs from the single pass"
             assert _launch.DRIVER_ERROR is None
             assert all(s.direct is not None and s.direct.driver is not None for s in plan_.steps)
+            # the programmatic launches went through cuLaunchKernelEx, the others cuLaunchKernel
+            assert [s.direct.driver.config is not None for s in plan_.steps] == [s.programmatic for s in plan_.steps]
         plan_ = chunk_delta.plan_chunk_delta(q, k, v, g, beta, phases=4, **kw)
         chunk_delta.run_chunk_delta(plan_, args)
         s = torch.cuda.Stream()
