@@ -168,7 +168,7 @@ def bench_variants(names, rep_ms, shapes=None):
     the planner's choice (relative RMS; the planner's choice is the one the GPU tests check against
     the oracle); and the planner's launch with one kernel alone (prep, sweep)."""
     import triton.testing as tt
-    from recurscan.kernels.chunk_delta import chunk_delta_fwd
+    from recurscan.kernels.chunk_delta import plan_chunk_delta, run_chunk_delta
     from recurscan.plan import delta_launch
     from recurscan.problem import delta_problem
 
@@ -184,11 +184,19 @@ def bench_variants(names, rep_ms, shapes=None):
         L = delta_launch(delta_problem(q, k, v, g, beta, num_householder=M, cu_seqlens=cu), torch.device("cuda"))
         planned = (L.block_v, L.num_warps, L.num_stages, L.segments, int(L.v_product), int(L.tma_store), L.phases)
 
+        plans = {}
+
         def run(BV, warps, stages, P, vp, tma, ph, stage="both"):
-            return chunk_delta_fwd(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
-                                   output_final_state=True, block_v=BV, num_warps=warps, num_stages=stages,
-                                   segments=P, v_product=bool(vp), tma_store=bool(tma), phases=ph, stages=stage,
-                                   **kw)
+            # One plan per launch shape, kept as the public ops keep theirs: after its first call
+            # (through Triton's JIT) it launches directly, programmatic launches included.
+            key = (BV, warps, stages, P, vp, tma, ph, stage)
+            if key not in plans:
+                plans[key] = plan_chunk_delta(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
+                                              output_final_state=True, block_v=BV, num_warps=warps,
+                                              num_stages=stages, segments=P, v_product=bool(vp), tma_store=bool(tma),
+                                              phases=ph, stages=stage, **kw)
+            return run_chunk_delta(plans[key], (q, k, v, g, beta, None, None, None, kw.get("cu_seqlens"),
+                                                kw.get("chunk_indices_dp"), None))
         with torch.no_grad():
             ref = [t.float().clone() for t in run(*planned)]
         todo = [(planned, "prep"), (planned, "sweep")] + [(s_, "both") for s_ in shapes]

@@ -984,7 +984,10 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
       single pass; varlen input and segments ignore it) cuts the token chunks into K phases
       (:func:`phase_bounds`) and launches prep 0, sweep 0, prep 1, sweep 1, ...: the prep of phase
       i + 1 runs beside the sweep of phase i, on the SMs that sweep leaves free (few sequence-head
-      pairs). Same results, bit for bit, as one phase.
+      pairs). Same results, bit for bit, as one phase. The overlap comes from programmatic
+      launches, which a kept plan makes from its second call on (:func:`run_chunk_delta`; the
+      public ops keep one per call signature): this function plans anew at every call, so its
+      launches go through Triton's JIT and the phases run one after another.
 
     This plans and runs in one go (:func:`plan_chunk_delta`, :func:`run_chunk_delta`); the public
     ops keep the plan of each call signature and only run it.
