@@ -237,8 +237,13 @@ def chunk_delta_prep_kernel(
 
     # Stage 1: within-chunk cumulative log2 decays; G[i, j] = decay from row j to row i.
     gc, seg = _chunk_gates(g, rows // M, rows % M, m_r, i_hv, HV, M, BT, HAS_G)
-    same = (o_t[:, None] >= o_t[None, :]) & (seg[:, None] == seg[None, :])
-    b_G = tl.where(same, tl.exp2(tl.where(same, gc[:, None] - gc[None, :], 0.0)), 0.0)  # [BT, BT]
+    # gc is finite (resets are kept out of the sum), so 2^(gc_i - gc_j) is finite, or inf where
+    # the select drops it (above the diagonal, or across a reset): no mask inside the exp2.
+    causal = o_t[:, None] >= o_t[None, :]
+    if tl.max(seg, axis=0) == 0:
+        b_G = tl.where(causal, tl.exp2(gc[:, None] - gc[None, :]), 0.0)  # [BT, BT]
+    else:
+        b_G = tl.where(causal & (seg[:, None] == seg[None, :]), tl.exp2(gc[:, None] - gc[None, :]), 0.0)
 
     # Norm factors of the raw q, k.
     eye = o_t[:, None] == o_t[None, :]
