@@ -2,7 +2,8 @@
 
 GDN is GDP with one Householder copy (M = 1), so one set of kernels serves both; M is a constexpr.
 The algebra is the oracle's (``reference/delta.py::gdn_chunk``), rearranged so that only two
-launches run and only the outputs (and the states asked for) go back to memory.
+launches run (prep, sweep; more for segments or phases) and only the outputs (and the states asked
+for) go back to memory.
 
 Seed 003's four stages, and where each runs
 -------------------------------------------
