@@ -412,20 +412,20 @@ def test_segments_match_oracle_and_single_pass(T, M, Ps):
             assert_f32_close(a, c.double().cpu(), f"P={P} {what} vs single pass")
 
 
-def test_segments_state_cache_padding_and_untouched_slots():
-    """Dense batch of 3 with a state cache: slot -1 (zero output and chunk states, nothing read or
-    written), NaN in unnamed slots (bit-identical after), the final state back in place by the
-    last segment while segment 0 read the slot (pass 1: no race)."""
-    T, M = 200, 1
+def _check_dense_cache_batch(run):
+    """A dense batch of 3 with a state cache, through ``run(q, k, v, g, beta, cache, slots) ->
+    (o, final, chunk states)``: slot -1 (zero output and chunk states, nothing read or written),
+    NaN in unnamed slots (bit-identical after), the final states back in place; weak decays, so
+    that the states carry across segments or phases."""
+    T = 200
     q, k, v, g, beta, _ = gdn_inputs(3, T, 1, 2, 16, 24)
-    g = g * 0.02  # weak decays: the states carry across segments
+    g = g * 0.02
     cache = torch.full((6, 2, 16, 24), float("nan"))
     slots = torch.tensor([4, -1, 1], dtype=torch.int32)
     cache[4], cache[1] = torch.randn(2, 2, 16, 24, generator=torch.Generator().manual_seed(9))
     before = cache.clone()
     cache = cache.to(DEVICE)
-    o, final, chunks = _fwd(q, k, v, g, beta, M, 3, state=cache, state_indices=slots.to(DEVICE),
-                            return_chunk_states=True)
+    o, final, chunks = run(q, k, v, g, beta, cache, slots.to(DEVICE))
     assert final is cache
     S0 = torch.zeros(3, 2, 16, 24, dtype=torch.float64)
     S0[[0, 2]] = before[[4, 1]].double()
@@ -441,6 +441,13 @@ def test_segments_state_cache_padding_and_untouched_slots():
     assert_f32_close(cache[1], want_S[2], "slot 1")
     untouched = [0, 2, 3, 5]
     assert torch.equal(bits(cache[untouched]), bits(before[untouched]))
+
+
+def test_segments_state_cache_padding_and_untouched_slots():
+    """Segments with a state cache (_check_dense_cache_batch): the final state goes back in place
+    by the last segment while segment 0 read the slot (pass 1: no race)."""
+    _check_dense_cache_batch(lambda q, k, v, g, beta, cache, slots: _fwd(
+        q, k, v, g, beta, 1, 3, state=cache, state_indices=slots, return_chunk_states=True))
 
 
 def test_segments_varlen_runs_the_single_pass():
@@ -485,34 +492,11 @@ def test_phases_equal_the_single_pass_bit_for_bit(T, M, phases):
 
 
 def test_phases_state_cache_padding_and_untouched_slots():
-    """Phases with a state cache: the first phase reads the slot, the last writes it back; slot -1
-    gets zero outputs and chunk states in every phase and no access; unnamed slots (NaN) keep
-    their bits."""
-    T, M = 200, 1
-    q, k, v, g, beta, _ = gdn_inputs(3, T, 1, 2, 16, 24)
-    cache = torch.full((6, 2, 16, 24), float("nan"))
-    slots = torch.tensor([4, -1, 1], dtype=torch.int32)
-    cache[4], cache[1] = torch.randn(2, 2, 16, 24, generator=torch.Generator().manual_seed(9))
-    before = cache.clone()
-    cache = cache.to(DEVICE)
-    o, final, chunks = chunk_delta.chunk_delta_fwd(*f32(q, k, v, g, beta), use_qk_l2norm_in_kernel=True,
-                                                   state=cache, state_indices=slots.to(DEVICE),
-                                                   return_chunk_states=True, phases=3)
-    assert final is cache
-    S0 = torch.zeros(3, 2, 16, 24, dtype=torch.float64)
-    S0[[0, 2]] = before[[4, 1]].double()
-    want_o, want_S, want_c = gated_delta_rule_naive(q, k, v, g, beta, initial_state=S0, use_qk_l2norm_in_kernel=True,
-                                                    return_chunk_states=True)
-    o, chunks, cache = o.cpu(), chunks.cpu(), cache.cpu()
-    assert o[1].eq(0).all() and chunks[4:8].eq(0).all()
-    want_o[1] = 0
-    want_c[4:8] = 0
-    assert_f32_close(o, want_o, "o")
-    assert_f32_close(chunks, want_c, "chunk states")
-    assert_f32_close(cache[4], want_S[0], "slot 4")
-    assert_f32_close(cache[1], want_S[2], "slot 1")
-    untouched = [0, 2, 3, 5]
-    assert torch.equal(bits(cache[untouched]), bits(before[untouched]))
+    """Phases with a state cache (_check_dense_cache_batch): the first phase reads the slot, the
+    last writes it back; slot -1 gets zero outputs and chunk states in every phase."""
+    _check_dense_cache_batch(lambda q, k, v, g, beta, cache, slots: chunk_delta.chunk_delta_fwd(
+        *f32(q, k, v, g, beta), use_qk_l2norm_in_kernel=True, state=cache, state_indices=slots,
+        return_chunk_states=True, phases=3))
 
 
 def test_phases_launch_order():

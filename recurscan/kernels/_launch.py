@@ -64,24 +64,30 @@ _CTYPES = {"i1": ctypes.c_int8, "i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32
            "i64": ctypes.c_int64, "u1": ctypes.c_uint8, "u8": ctypes.c_uint8, "u16": ctypes.c_uint16,
            "u32": ctypes.c_uint32, "u64": ctypes.c_uint64, "fp32": ctypes.c_float, "f32": ctypes.c_float,
            "fp64": ctypes.c_double}
-_LIBCUDA = None
 
 
-def _cu_launch_kernel():
-    """The driver's cuLaunchKernel, loaded through PyDLL, which keeps the GIL held during the call:
+_DRIVER_FUNCTIONS: dict = {}
+
+
+def _driver_function(name: str):
+    """A driver entry point, loaded through PyDLL, which keeps the GIL held during the call:
     filling the shared parameter block and launching from it are then one step that another Python
     thread cannot interleave (CDLL would release the GIL inside the call, while the driver still
     reads the block). No ``argtypes``: every argument is passed as a prebuilt ctypes object, which
     skips ctypes' per-argument conversion (1.5 us of 3 on this machine's CPU)."""
-    global _LIBCUDA
-    if _LIBCUDA is None:
-        fn = ctypes.PyDLL("libcuda.so.1").cuLaunchKernel
+    fn = _DRIVER_FUNCTIONS.get(name)
+    if fn is None:
+        fn = getattr(ctypes.PyDLL("libcuda.so.1"), name)
         fn.restype = ctypes.c_int
-        _LIBCUDA = fn
-    return _LIBCUDA
+        _DRIVER_FUNCTIONS[name] = fn
+    return fn
 
 
-_LIBCUDA_EX = None
+def _cu_launch_kernel():
+    """The driver's cuLaunchKernel (:func:`_driver_function`)."""
+    return _driver_function("cuLaunchKernel")
+
+
 #: CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h): the launch may begin once every
 #: program of the previous kernel in the stream has started (or called launch_dependents).
 _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
@@ -100,14 +106,8 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
 
 
 def _cu_launch_kernel_ex():
-    """The driver's cuLaunchKernelEx (launches with attributes: programmatic dependent launch),
-    through PyDLL like :func:`_cu_launch_kernel`."""
-    global _LIBCUDA_EX
-    if _LIBCUDA_EX is None:
-        fn = ctypes.PyDLL("libcuda.so.1").cuLaunchKernelEx
-        fn.restype = ctypes.c_int
-        _LIBCUDA_EX = fn
-    return _LIBCUDA_EX
+    """The driver's cuLaunchKernelEx (launches with attributes: programmatic dependent launch)."""
+    return _driver_function("cuLaunchKernelEx")
 
 
 def _scratch(nbytes: int) -> torch.Tensor:

@@ -41,6 +41,18 @@ def check(got, want, what, rms=RMS16, elem=ELEM16):
     assert worst <= elem, f"{what}: max abs error {worst:.2e} x max|ref| > {elem:.0e}"
 
 
+def run_plan(plan_, args, sync_free):
+    """One call of a kept plan; ``sync_free``: under sync debug mode "error" (a host
+    synchronisation raises), after a synchronize so that earlier work does not count."""
+    if sync_free:
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        return chunk_delta.run_chunk_delta(plan_, args)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 @pytest.fixture(autouse=True)
 def poison(monkeypatch):
     monkeypatch.setattr(chunk_delta, "POISON_BUFFERS", True)
@@ -341,13 +353,7 @@ def test_bulk_tensor_store_equals_masked_store(case):
             state = cache.clone() if case == "varlen_cache" else None
             args = (q, k, v, g, beta, None, state, kw.get("state_indices"), kw.get("cu_seqlens"),
                     kw.get("chunk_indices_dp"), None)
-            if call == 1:
-                torch.cuda.synchronize()
-                torch.cuda.set_sync_debug_mode("error")
-            try:
-                got = chunk_delta.run_chunk_delta(plan_, args)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
+            got = run_plan(plan_, args, sync_free=call == 1)
             torch.cuda.synchronize()
             outs[(tma, call)] = [t.clone() for t in got if t is not None]
         assert all(step.direct is not None and step.direct.driver is not None for step in plan_.steps)
@@ -380,13 +386,7 @@ def test_phases_equal_single_pass_direct_and_graph(T):
             assert len(plan_.steps) == 2 * phases
             assert [s.programmatic for s in plan_.steps] == [False, False] + [True, False] * (phases - 1)
             for call in range(5):
-                if call:
-                    torch.cuda.synchronize()
-                    torch.cuda.set_sync_debug_mode("error")
-                try:
-                    got = chunk_delta.run_chunk_delta(plan_, args)
-                finally:
-                    torch.cuda.set_sync_debug_mode("default")
+                got = run_plan(plan_, args, sync_free=call > 0)
                 for a, b, what in zip(got, single, ("o", "final state", "chunk states")):
                     assert torch.equal(a, b), f"phases={phases}, call {call}: {what} differs from the single pass"
             assert _launch.DRIVER_ERROR is None
