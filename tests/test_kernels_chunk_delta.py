@@ -524,3 +524,24 @@ def test_every_planned_launch_names_every_kernel_argument(kw):
         fn = getattr(step.kernel, "fn", step.kernel)
         missing = [a for a in step.kernel.arg_names if a not in step.kwargs]
         assert not missing, f"{fn.__name__}: {missing}"
+
+
+def test_phases_without_initial_or_final_state_and_ignored_where_they_do_not_apply():
+    """Phases with no initial state and no final state asked for (the state still passes between
+    phases) equal the single pass bit for bit; varlen input and segments ignore ``phases``."""
+    q, k, v, g, beta, _ = gdn_inputs(2, 200, 2, 4, 16, 24)
+    args = f32(q, k, v, g, beta)
+    one = chunk_delta.chunk_delta_fwd(*args, use_qk_l2norm_in_kernel=True)
+    three = chunk_delta.chunk_delta_fwd(*args, use_qk_l2norm_in_kernel=True, phases=3)
+    assert one[1] is None and three[1] is None and torch.equal(bits(one[0]), bits(three[0]))
+    seg = chunk_delta.plan_chunk_delta(*args, segments=2, phases=3)
+    assert not any(s.kwargs.get("PASS") == 3 for s in seg.steps)
+    cu = torch.tensor([0, 70, 200], device=DEVICE)
+    qv, kv, vv, gv, bv = f32(*gdp_inputs(200, 1, 1, 2, 16, 16))
+    d = build_chunk_descriptors(cu.cpu(), 1, device=DEVICE)
+    kw = dict(cu_seqlens=cu, chunk_indices_dp=d.chunk_indices_dp, output_final_state=True)
+    plan_ = chunk_delta.plan_chunk_delta(qv, kv, vv, gv, bv, phases=3, **kw)
+    assert len(plan_.steps) == 2
+    a = chunk_delta.chunk_delta_fwd(qv, kv, vv, gv, bv, **kw)
+    b = chunk_delta.chunk_delta_fwd(qv, kv, vv, gv, bv, phases=3, **kw)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
