@@ -545,3 +545,10 @@ def test_phases_without_initial_or_final_state_and_ignored_where_they_do_not_app
     a = chunk_delta.chunk_delta_fwd(qv, kv, vv, gv, bv, **kw)
     b = chunk_delta.chunk_delta_fwd(qv, kv, vv, gv, bv, phases=3, **kw)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("phases", [0, -1, 2.0, True])
+def test_phases_must_be_a_positive_int(phases):
+    q, k, v, g, beta, _ = gdn_inputs(1, 8, 1, 2, 16, 16)
+    with pytest.raises(ValueError, match="phases"):
+        chunk_delta.plan_chunk_delta(*f32(q, k, v, g, beta), phases=phases)
