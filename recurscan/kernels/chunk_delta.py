@@ -117,47 +117,23 @@ def _chunk_gates(g, tok, cp, m_r, i_hv, HV: tl.constexpr, M: tl.constexpr, BT: t
 
 
 @triton.jit
-def _wy_inverse(b_T, b_N, level_masks, FP16: tl.constexpr, PRECISION: tl.constexpr):
-    """Tinv = (I - N)^-1 for strictly lower N = -A [BT, BT], from b_T = D_2 = I + N_1 (the inverses
-    of the 2 x 2 diagonal blocks, exact). Recursive block doubling: with D_s the inverse of the
-    s x s diagonal blocks, D_2s = D_s + D_s (N_s D_s), N_s the part of N inside the 2s-blocks but
-    outside the s-blocks (the block formula [[Ta, 0], [-Tb A_ba Ta, Tb]], all blocks of a level at
-    once): five levels for BT = 64, two products each, no reductions.
-
-    N_s = N o mask_s, the masks read from ``level_masks`` ([5, BT, BT] of 0 and 1 in fp16,
-    :func:`inverse_level_masks`: entry (i, j) lies in N_s, s = 2^lvl, exactly when the highest bit
-    where i and j differ is bit lvl). Computed in the kernel they were a predicate per element
-    and level, which the compiler packs into registers and unpacks (~50 instructions a level, and
-    ~190 more once the sums below moved into the products); loaded, a mask is four 16-byte loads
-    and a packed fp16 multiply. N is -A so that each level's sum is its second product's
-    accumulator (no separate 64 x 64 subtraction). FP16: fp16 operands (tf32's 10-bit mantissa, a
-    narrower range; float32 accumulation), else float32 operands at PRECISION."""
-    BT: tl.constexpr = b_T.shape[0]
-    o_t = tl.arange(0, BT)
-    p_mask = level_masks + o_t[:, None] * BT + o_t[None, :]
-    if FP16:
-        b_N16 = b_N.to(tl.float16)
+def _wy_inverse(b_T, b_A, o_x, FP16: tl.constexpr, PRECISION: tl.constexpr):
+    """Tinv = (I + A)^-1 for strictly lower A [BT, BT], from b_T = D_2 = I - A_1 (the inverses of
+    the 2 x 2 diagonal blocks, exact). Recursive block doubling: with D_s the inverse of the s x s
+    diagonal blocks, D_2s = D_s - D_s (A_s D_s), A_s the part of A inside the 2s-blocks but outside
+    the s-blocks (the block formula [[Ta, 0], [-Tb A_ba Ta, Tb]], all blocks of a level at once):
+    five levels for BT = 64, two products each, no reductions. ``o_x[i, j] = i ^ j``: entry (i, j)
+    lies in A_s (s = 2^lvl) exactly when the highest bit where i and j differ is bit lvl, i.e.
+    ``o_x >> lvl == 1``. FP16: fp16 operands (tf32's 10-bit mantissa, a narrower range; float32
+    accumulation), else float32 operands at PRECISION."""
     for lvl in tl.static_range(1, 6):
-        mask = tl.load(p_mask + (lvl - 1) * BT * BT)
+        b_As = tl.where((o_x >> lvl) == 1, b_A, 0.0)
         if FP16:
-            b_X = tl.dot(b_N16 * mask, b_T.to(tl.float16))
-            b_T = tl.dot(b_T.to(tl.float16), b_X.to(tl.float16), b_T)
+            b_X = tl.dot(b_As.to(tl.float16), b_T.to(tl.float16))
+            b_T = b_T - tl.dot(b_T.to(tl.float16), b_X.to(tl.float16))
         else:
-            b_X = tl.dot(b_N * mask.to(tl.float32), b_T, input_precision=PRECISION)
-            b_T = tl.dot(b_T, b_X, b_T, input_precision=PRECISION)
+            b_T = b_T - tl.dot(b_T, tl.dot(b_As, b_T, input_precision=PRECISION), input_precision=PRECISION)
     return b_T
-
-
-@triton.jit
-def _load_once(ptrs, mask):
-    """``tl.load(ptrs, mask, other=0)`` for a [BT] vector used in several layouts (rows and columns
-    of a product). Triton re-issues a load of fewer elements than threads in every layout that
-    uses it, as if it were free: beta in the prep's column layout was 16 scalar loads a thread,
-    each with its 64-bit address (130 instructions of 2440, sm_90 SASS). Loaded as a [BT, 2] tile
-    (each element twice), it is issued once and its layouts are made in shared memory."""
-    BT: tl.constexpr = ptrs.shape[0]
-    tile = tl.load(tl.broadcast_to(ptrs[:, None], [BT, 2]), mask=tl.broadcast_to(mask[:, None], [BT, 2]), other=0.0)
-    return tl.max(tile, axis=1)
 
 
 @triton.jit
@@ -176,7 +152,7 @@ def _chunk_slot(bos, c, i_n, BT: tl.constexpr):
 
 @triton.jit(do_not_specialize=["n_seq", "chunk_lo", "chunk_span", "wait_primary"])
 def chunk_delta_prep_kernel(
-    q, k, g, beta, wy, aqk, coef, cu_seqlens, chunk_indices, sequence_order, level_masks,
+    q, k, g, beta, wy, aqk, coef, cu_seqlens, chunk_indices, sequence_order,
     scale, T, n_seq, chunk_lo, chunk_span, wait_primary,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr,
@@ -258,7 +234,7 @@ def chunk_delta_prep_kernel(
     b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.0)
     b_q = tl.load(q + ((rows // M) * H + i_h)[:, None] * K + o_k[None, :], mask=m_q[:, None] & m_k[None, :],
                   other=0.0)
-    b_beta = _load_once(beta + rows * HV + i_hv, m_r).to(tl.float32)
+    b_beta = tl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(tl.float32)
 
     # Stage 1: within-chunk cumulative log2 decays; G[i, j] = decay from row j to row i.
     gc, seg = _chunk_gates(g, rows // M, rows % M, m_r, i_hv, HV, M, BT, HAS_G)
@@ -304,26 +280,26 @@ def chunk_delta_prep_kernel(
     b_qk = tl.dot(b_q.to(DT), tl.trans(b_k.to(DT)), input_precision=INV_PRECISION) * rq[:, None] * rk[None, :]
     tl.store(aqk + p_out, (b_G * b_qk).to(aqk.dtype.element_ty), mask=m_q[:, None])
 
-    # Stage 2: A = diag(beta) strictLower(K K^T) for normalised keys, held negated (N = -A; the
-    # inverse accumulates each level's sum in its product, _wy_inverse).
-    b_N = b_kk * (-b_beta * rk)[:, None] * rk[None, :]
+    # Stage 2: A = diag(beta) strictLower(K K^T) for normalised keys.
+    b_A = b_kk * (b_beta * rk)[:, None] * rk[None, :]
     if INV_FP16:
         # fp16 operands are safe when every step I - beta_i k_i k_i^T of the chunk is a contraction
         # (0 <= beta_i |k_i|^2 <= 2): then every entry of Tinv and of the partial inverses is at
         # most 1 in magnitude, and A_s D_s at most 2 * 64. Otherwise this chunk keeps tf32.
         growth = tl.max(b_beta * (rk * rk * k_sq), axis=0)  # max_i beta_i |k_i|^2 (normalised)
         contraction = (growth <= 2.0) & (tl.min(b_beta, axis=0) >= 0.0)
-    b_N = tl.where(o_t[:, None] > o_t[None, :], b_N, 0.0)
+    b_A = tl.where(o_t[:, None] > o_t[None, :], b_A, 0.0)
 
-    # Tinv = (I + A)^-1 = (I - N)^-1 by recursive block doubling (_wy_inverse).
-    b_T = eye.to(tl.float32) + tl.where((o_t[:, None] ^ o_t[None, :]) == 1, b_N, 0.0)
+    # Tinv = (I + A)^-1 by recursive block doubling (_wy_inverse).
+    o_x = o_t[:, None] ^ o_t[None, :]
+    b_T = eye.to(tl.float32) - tl.where(o_x == 1, b_A, 0.0)
     if INV_FP16:
         if contraction:
-            b_T = _wy_inverse(b_T, b_N, level_masks, True, INV_PRECISION)
+            b_T = _wy_inverse(b_T, b_A, o_x, True, INV_PRECISION)
         else:
-            b_T = _wy_inverse(b_T, b_N, level_masks, False, INV_PRECISION)
+            b_T = _wy_inverse(b_T, b_A, o_x, False, INV_PRECISION)
     else:
-        b_T = _wy_inverse(b_T, b_N, level_masks, False, INV_PRECISION)
+        b_T = _wy_inverse(b_T, b_A, o_x, False, INV_PRECISION)
     tl.store(wy + p_out, (b_G * b_T * b_beta[None, :]).to(wy.dtype.element_ty), mask=m_r[:, None])
     if PDL:
         if (wait_primary != 0) & (pid == tl.num_programs(0) - 1):
@@ -756,7 +732,7 @@ def chunk_delta_fixup_kernel(
 INPUT_NAMES = ("q", "k", "v", "g", "beta", "initial_state", "state", "state_indices", "cu_seqlens",
                "chunk_indices_dp", "chunk_offsets")
 BUFFER_NAMES = ("o", "final", "chunk_states", "beta_ones", "wy", "aqk", "coef", "seg_n", "seg_m",
-                "sequence_order", "level_masks")
+                "sequence_order")
 CALL_NAMES = INPUT_NAMES + BUFFER_NAMES
 
 
@@ -858,8 +834,7 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
         q=arg("q"), k=arg("k"), g=arg("g", g is not None), beta=beta_arg, wy=arg("wy"), aqk=arg("aqk"),
         coef=arg("coef"),
         cu_seqlens=arg("cu_seqlens", varlen), chunk_indices=arg("chunk_indices_dp", varlen),
-        sequence_order=arg("sequence_order", varlen and N > 0), level_masks=arg("level_masks"), scale=scale, T=T,
-        n_seq=N if varlen else 0,
+        sequence_order=arg("sequence_order", varlen and N > 0), scale=scale, T=T, n_seq=N if varlen else 0,
         chunk_lo=0, chunk_span=0 if varlen else NTe,
         H=H, HV=HV, K=K, M=M, BT=BT, BK=BK,
         USE_L2NORM=use_qk_l2norm_in_kernel, IS_VARLEN=varlen, HAS_G=g is not None,
@@ -962,29 +937,6 @@ def phase_bounds(n_chunks: int, phases: int, ratio: float | None = None) -> list
     return bounds
 
 
-_LEVEL_MASKS: dict = {}
-
-
-def inverse_level_masks(device: torch.device) -> torch.Tensor:
-    """The WY inverse's level masks (:func:`_wy_inverse`): ``[5, 64, 64]`` float16, entry
-    ``[lvl - 1, i, j]`` 1 where the highest bit in which i and j differ is bit lvl, else 0. Made
-    once per device; a first call inside CUDA-graph capture makes its own (the graph then fills
-    it at every replay) and keeps none, since its contents exist only once a replay has run.
-
-    >>> m = inverse_level_masks(torch.device("cpu"))
-    >>> m.shape, m[0, 2, 0].item(), m[0, 1, 0].item(), m[4, 63, 0].item(), m[4, 31, 0].item()
-    (torch.Size([5, 64, 64]), 1.0, 0.0, 1.0, 0.0)
-    """
-    masks = _LEVEL_MASKS.get(device)
-    if masks is None:
-        o = torch.arange(CHUNK, device=device)
-        x = o[:, None] ^ o[None, :]
-        masks = torch.stack([(x >> lvl) == 1 for lvl in range(1, 6)]).to(torch.float16)
-        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-            _LEVEL_MASKS[device] = masks
-    return masks
-
-
 def run_chunk_delta(plan: ChunkDeltaPlan, inputs: tuple) -> tuple:
     """Allocate the plan's buffers and launch its steps on ``inputs`` (tensors or None, in the
     order of :data:`INPUT_NAMES`; they must have the signature the plan was made for). The first
@@ -996,7 +948,6 @@ def run_chunk_delta(plan: ChunkDeltaPlan, inputs: tuple) -> tuple:
     for name, (shape, dtype, fill) in plan.buffers.items():
         made[name] = _empty(*shape, dtype=dtype, device=plan.device) if fill is None else \
             torch.full(shape, fill, dtype=dtype, device=plan.device)
-    made["level_masks"] = inverse_level_masks(plan.device)
     values = inputs + tuple(made.get(n) for n in BUFFER_NAMES)
     for step in plan.steps:
         if step.direct is not None:
