@@ -3,6 +3,7 @@ no GPU (Triton compiles for a named target; its bundled ptxas and cuobjdump do t
 
     python -m benchmarks.sm90_resources                     # the planner's launch shapes
     python -m benchmarks.sm90_resources --sweep 64:4:3:1:1  # BV:warps:stages:v_product[:tma_store]
+    python -m benchmarks.sm90_resources --prep 0 --lines 12  # the prep's source lines by SASS count
 
 Each sweep line also profiles the chunk loop in the SASS (instructions, barriers, wgmmas per chunk).
 
@@ -47,7 +48,31 @@ def loop_profile(sass: str) -> str:
     return f"loop: {best[1]} instructions, {best[2]} barriers, {best[0]} HGMMA or HMMA"
 
 
-def _compile(kernel, sig, const, num_warps, num_stages=2, maxnreg=None):
+def source_lines(cubin: bytes, top: int) -> str:
+    """The ``top`` source lines with the most SASS instructions (static counts; ``nvdisasm -gi``
+    attributes each instruction to the source line it came from), with their commonest opcodes.
+    Where a kernel's instructions go; not what its time is (the prep's executed path went from
+    2440 to 2016 instructions a warp and got slower, docs/kernels-chunk-delta.md)."""
+    import collections
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([tool, "-gi", "-c", f.name], capture_output=True, text=True).stdout
+    where, count, ops = None, collections.Counter(), collections.defaultdict(collections.Counter)
+    for line in text.splitlines():
+        loc = re.search(r'//##.*"([^"]+)", line (\d+)', line)
+        if loc:
+            where = f"{os.path.basename(loc.group(1))}:{loc.group(2)}"
+            continue
+        ins = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+        if ins:
+            count[where] += 1
+            ops[where][ins.group(1)] += 1
+    return "\n".join(f"  {n:5d} {w}  {dict(ops[w].most_common(5))}" for w, n in count.most_common(top))
+
+
+def _compile(kernel, sig, const, num_warps, num_stages=2, maxnreg=None, lines=0):
     names = kernel.arg_names
     sig = dict(sig, **{k: "constexpr" for k in const})
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items() if t.startswith("*") or n == "T"}
@@ -63,7 +88,8 @@ def _compile(kernel, sig, const, num_warps, num_stages=2, maxnreg=None):
     line = next(l for l in usage.splitlines() if "REG:" in l).split()
     regs = next(x for x in line if x.startswith("REG:"))
     stack = next(x for x in line if x.startswith("STACK:"))
-    return f"{regs} {stack} shared {ck.metadata.shared} B; {loop_profile(sass)}"
+    out = f"{regs} {stack} shared {ck.metadata.shared} B; {loop_profile(sass)}"
+    return out + ("\n" + source_lines(ck.asm["cubin"], lines) if lines else "")
 
 
 def sweep(BV, warps, stages, v_product, PASS=0, tma_store=False, M=1, varlen=False):
@@ -78,7 +104,7 @@ def sweep(BV, warps, stages, v_product, PASS=0, tma_store=False, M=1, varlen=Fal
     return _compile(chunk_delta_sweep_kernel, sig, const, warps, stages)
 
 
-def prep(warps=4, fp16=True, varlen=False, M=1, maxnreg=None):
+def prep(warps=4, fp16=True, varlen=False, M=1, maxnreg=None, lines=0):
     p = "*bf16"
     sig = dict(q=p, k=p, g="*fp32", beta=p, wy=p, aqk=p, coef="*fp32", cu_seqlens="*i32", chunk_indices="*i32",
                sequence_order="*i32", scale="fp32", T="i32", n_seq="i32", chunk_lo="i32",
@@ -86,7 +112,7 @@ def prep(warps=4, fp16=True, varlen=False, M=1, maxnreg=None):
     const = dict(SHAPES, USE_L2NORM=True, IS_VARLEN=varlen, HAS_G=True, INV_PRECISION="tf32", DT=tl.bfloat16,
                  INV_FP16=fp16, PDL=True)
     const["M"] = M
-    return _compile(chunk_delta_prep_kernel, sig, const, warps, maxnreg=maxnreg)
+    return _compile(chunk_delta_prep_kernel, sig, const, warps, maxnreg=maxnreg, lines=lines)
 
 
 def main(argv=None):
@@ -95,10 +121,12 @@ def main(argv=None):
     ap.add_argument("--gdp", action="store_true", help="the prep and sweeps of varlen GDP (M = 2) instead of dense GDN")
     ap.add_argument("--prep", action="append", help="maxnreg: the prep alone under a register cap, 0 for "
                                                    "none (repeatable)")
+    ap.add_argument("--lines", type=int, default=0, help="with --prep: the N source lines with the most "
+                                                          "SASS instructions")
     args = ap.parse_args(argv)
     if args.prep:
         for text in args.prep:
-            print(f"prep, 4 warps, maxnreg {int(text) or '-'}: {prep(maxnreg=int(text) or None)}")
+            print(f"prep, 4 warps, maxnreg {int(text) or '-'}: {prep(maxnreg=int(text) or None, lines=args.lines)}")
         return
     shapes = [tuple(int(x) for x in s.split(":")) for s in args.sweep or []] or \
         [(128, 8, 3, 1), (64, 4, 3, 1), (64, 4, 2, 1), (64, 4, 2, 0), (32, 4, 2, 0), (16, 4, 2, 0)]
