@@ -552,3 +552,11 @@ def test_phases_must_be_a_positive_int(phases):
     q, k, v, g, beta, _ = gdn_inputs(1, 8, 1, 2, 16, 16)
     with pytest.raises(ValueError, match="phases"):
         chunk_delta.plan_chunk_delta(*f32(q, k, v, g, beta), phases=phases)
+
+
+@pytest.mark.parametrize("name,value", [("segments", 0), ("segments", "3"), ("segments", 2.0),
+                                        ("v_product", 1), ("v_product", None), ("tma_store", "yes")])
+def test_launch_options_are_checked_and_named(name, value):
+    q, k, v, g, beta, _ = gdn_inputs(1, 8, 1, 2, 16, 16)
+    with pytest.raises(ValueError, match=name):
+        chunk_delta.plan_chunk_delta(*f32(q, k, v, g, beta), **{name: value})

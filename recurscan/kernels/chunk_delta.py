@@ -840,8 +840,12 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
         USE_L2NORM=use_qk_l2norm_in_kernel, IS_VARLEN=varlen, HAS_G=g is not None,
         INV_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DT=dt, INV_FP16=inverse_fp16,
         wait_primary=0, PDL=not INTERPRET)
-    if not isinstance(phases, int) or isinstance(phases, bool) or phases < 1:
-        raise ValueError(f"chunk_delta_fwd: phases must be an int >= 1, got {phases!r}")
+    for name, value in (("segments", segments), ("phases", phases)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"chunk_delta_fwd: {name} must be an int >= 1, got {value!r}")
+    for name, value in (("v_product", v_product), ("tma_store", tma_store)):
+        if not isinstance(value, bool):
+            raise ValueError(f"chunk_delta_fwd: {name} must be a bool, got {value!r}")
     phased = phases > 1 and stages == "both" and not varlen and segments <= 1 and T > 0
     if n_prep > 0 and stages in ("both", "prep") and not phased:
         steps.append(_Step(chunk_delta_prep_kernel, (n_prep * HV,), prep, dict(num_warps=prep_warps)))
