@@ -172,46 +172,48 @@ def bench_variants(names, rep_ms, shapes=None):
     from recurscan.plan import delta_launch
     from recurscan.problem import delta_problem
 
-    # Launch shapes (BV, num_warps, num_stages, segments, v_product, tma_store, phases); v_product
-    # defaults to 1, tma_store to 0, phases to 1. num_stages=1 is left out: on Triton 3.6 / H200 it raised an illegal
+    # Launch shapes (BV, num_warps, num_stages, segments, v_product, tma_store, phases, prep_maxnreg);
+    # v_product defaults to 1, tma_store to 0, phases to 1, prep_maxnreg to 0 (no cap). num_stages=1 is left out: on Triton 3.6 / H200 it raised an illegal
     # memory access (2026-11-29). Segments apply to dense GDN only (varlen input, GDP here, runs the
     # single sweep whatever is asked); tma_store to M = 1.
-    shapes = [tuple(s_) + (1, 0, 1)[len(s_) - 4:] for s_ in shapes or
+    shapes = [tuple(s_) + (1, 0, 1, 0)[len(s_) - 4:] for s_ in shapes or
               [(16, 4, 2, 1), (32, 4, 2, 1), (64, 4, 2, 1), (64, 8, 2, 1), (128, 8, 2, 1)]]
     out = []
     for name in names:
         (q, k, v, g, beta), M, cu, kw = kernel_inputs(name)
         L = delta_launch(delta_problem(q, k, v, g, beta, num_householder=M, cu_seqlens=cu), torch.device("cuda"))
-        planned = (L.block_v, L.num_warps, L.num_stages, L.segments, int(L.v_product), int(L.tma_store), L.phases)
+        planned = (L.block_v, L.num_warps, L.num_stages, L.segments, int(L.v_product), int(L.tma_store), L.phases,
+                   L.prep_maxnreg or 0)
 
         plans = {}
 
-        def run(BV, warps, stages, P, vp, tma, ph, stage="both"):
+        def run(BV, warps, stages, P, vp, tma, ph, maxnreg, stage="both"):
             # One plan per launch shape, kept as the public ops keep theirs: after its first call
             # (through Triton's JIT) it launches directly, programmatic launches included.
-            key = (BV, warps, stages, P, vp, tma, ph, stage)
+            key = (BV, warps, stages, P, vp, tma, ph, maxnreg, stage)
             if key not in plans:
                 plans[key] = plan_chunk_delta(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
                                               output_final_state=True, block_v=BV, num_warps=warps,
                                               num_stages=stages, segments=P, v_product=bool(vp), tma_store=bool(tma),
-                                              phases=ph, stages=stage, **kw)
+                                              phases=ph, prep_maxnreg=maxnreg or None, stages=stage, **kw)
             return run_chunk_delta(plans[key], (q, k, v, g, beta, None, None, None, kw.get("cu_seqlens"),
                                                 kw.get("chunk_indices_dp"), None))
         with torch.no_grad():
             ref = [t.float().clone() for t in run(*planned)]
         todo = [(planned, "prep"), (planned, "sweep")] + [(s_, "both") for s_ in shapes]
-        for (BV, warps, stages, P, vp, tma, ph), stage in todo:
+        for shape, stage in todo:
+            BV, warps, stages, P, vp, tma, ph, maxnreg = shape
             row = {"workload": name, "block_v": BV, "num_warps": warps, "num_stages": stages, "segments": P,
-                   "v_product": vp, "tma_store": tma, "phases": ph, "stage": stage,
-                   "planned": (BV, warps, stages, P, vp, tma, ph) == planned}
+                   "v_product": vp, "tma_store": tma, "phases": ph, "prep_maxnreg": maxnreg, "stage": stage,
+                   "planned": shape == planned}
             try:
                 with torch.no_grad():
-                    res = run(BV, warps, stages, P, vp, tma, ph, stage)
+                    res = run(*shape, stage)
                     if stage == "both":
                         row["rel_rms_vs_planned"] = [
                             ((a.float() - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt()).item()
                             for a, b in zip(res, ref)]
-                    ms = tt.do_bench_cudagraph(lambda: run(BV, warps, stages, P, vp, tma, ph, stage), rep=rep_ms,
+                    ms = tt.do_bench_cudagraph(lambda: run(*shape, stage), rep=rep_ms,
                                                quantiles=[0.5, 0.2, 0.8])
                 row.update(median_ms=ms[0], p20_ms=ms[1], p80_ms=ms[2])
             except Exception as exc:  # recorded, never hidden
@@ -295,7 +297,7 @@ def main(argv=None):
     ap.add_argument("--workload", action="append", help="subset of the six workloads")
     ap.add_argument("--variant-workload", action="append")
     ap.add_argument("--variant-shape", action="append",
-                    help="BV:num_warps:num_stages:segments[:v_product[:tma_store[:phases]]] launch shapes for --only variants "
+                    help="BV:num_warps:num_stages:segments[:v_product[:tma_store[:phases[:prep_maxnreg]]]] launch shapes for --only variants "
                          "(repeatable)")
     ap.add_argument("--phase-ratio", type=float, help="chunk_delta.PHASE_RATIO for this run (phased variants)")
     ap.add_argument("--no-fla", action="store_true")

@@ -7,7 +7,8 @@ CUDA-graph replay, and their accuracy against the float64 oracle with strongly c
     python -m benchmarks.gpu_prep_variants --variant 4:1 --variant 4:0 --workload gdn_b1_t16384_h16_hv32
     python -m benchmarks.gpu_prep_variants --variant 4:1 --no-accuracy --workload gdp_m2_b4_t4096_h16
 
-A variant is ``warps:fp16`` (fp16 0 or 1). The JSON records the commit (RECURSCAN_COMMIT), so two
+A variant is ``warps:fp16[:maxnreg]`` (fp16 0 or 1; maxnreg a register cap on the prep, which
+sets how many of its programs share a multiprocessor). The JSON records the commit (RECURSCAN_COMMIT), so two
 commits can be compared by running this in both checkouts within one session on the GPU.
 """
 from __future__ import annotations
@@ -26,8 +27,9 @@ WORKLOADS = ["gdn_b1_t16384_h16_hv32", "gdn_b4_t8192_h16_hv64"]
 
 
 def parse_variant(text):
-    warps, fp16 = (int(x) for x in text.split(":"))
-    return dict(prep_warps=warps, inverse_fp16=bool(fp16))
+    """``warps:fp16[:maxnreg]`` (maxnreg 0 or absent: no register cap)."""
+    warps, fp16, maxnreg = (tuple(int(x) for x in text.split(":")) + (0,))[:3]
+    return dict(prep_warps=warps, inverse_fp16=bool(fp16), prep_maxnreg=maxnreg or None)
 
 
 def timing(names, rep_ms, variants=VARIANTS):

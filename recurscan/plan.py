@@ -41,6 +41,12 @@ class Launch:
     # Phases of the single pass (dense; chunk_delta_fwd's ``phases``): the prep of each phase's
     # chunks runs beside the sweep of the phase before, on the SMs that few sweep programs leave free.
     phases: int = 1
+    # A register cap on the prep (a compile option; None: none), which sets how many of its programs
+    # share a multiprocessor (chunk_delta_fwd's ``prep_maxnreg``). 168: three 4-warp programs a
+    # multiprocessor instead of two, for 48-88 B of spills (sm_90); prep alone, H200, graph replay:
+    # B1 T16384 0.266 -> 0.244 ms, B4 T8192 HV64 1.032 -> 0.962, GDP M2 0.270 -> 0.249; 128 (four
+    # a multiprocessor, 400 B of spills) was slower than none (gpu_prep_ab_regs.json).
+    prep_maxnreg: int | None = 168
 
 
 @dataclass(frozen=True)

@@ -367,6 +367,7 @@ def test_launch_rows_on_an_h200(pairs, tokens, varlen, sequences, want):
     shape = LaunchShape(pairs=pairs, sms=132, value_dim=128, tokens=tokens, varlen=varlen, sequences=sequences)
     L = next(launch for applies, launch in DELTA_LAUNCH if applies(shape))
     assert (L.block_v, L.num_warps, L.num_stages, L.segments, L.v_product, L.tma_store, L.phases) == want, L.reason
+    assert L.prep_maxnreg == 168, L.reason  # three prep programs a multiprocessor
 
 
 # ----------------------------------------------------------------------------------------------
@@ -511,6 +512,9 @@ def test_phases_launch_order():
     bounds = chunk_delta.phase_bounds(5, 3)
     assert spans == [(a, b - a) for a, b in zip(bounds[:-1], bounds[1:])]
     assert [(s.kwargs["tc_first"], s.kwargs["tc_count"]) for s in plan_.steps[1::2]] == spans
+    # Each prep reserves 48 KB of shared memory, so that none of its programs fits beside a sweep program.
+    assert [s.min_shared for s in plan_.steps[::2]] == [48 * 1024] * 3
+    assert [s.min_shared for s in plan_.steps[1::2]] == [0] * 3
 
 
 @pytest.mark.parametrize("kw", [{}, {"phases": 3}, {"segments": 3}, {"tma_store": True, "phases": 2}])
@@ -555,7 +559,8 @@ def test_phases_must_be_a_positive_int(phases):
 
 
 @pytest.mark.parametrize("name,value", [("segments", 0), ("segments", "3"), ("segments", 2.0),
-                                        ("v_product", 1), ("v_product", None), ("tma_store", "yes")])
+                                        ("v_product", 1), ("v_product", None), ("tma_store", "yes"),
+                                        ("prep_maxnreg", 100), ("prep_maxnreg", "168"), ("prep_maxnreg", 168.0)])
 def test_launch_options_are_checked_and_named(name, value):
     q, k, v, g, beta, _ = gdn_inputs(1, 8, 1, 2, 16, 16)
     with pytest.raises(ValueError, match=name):

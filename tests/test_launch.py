@@ -230,3 +230,20 @@ def test_a_constant_pointer_is_refused():
     template = [torch.zeros(1), None, 1, 1, 1.0, 64, True]  # x constant: not filled per call
     d = L.DirectLaunch(fake_compiled(SIGNATURE), (1, 1, 1), template, (1, 4), (0, 1))
     assert d.driver is None
+
+
+@pytest.mark.parametrize("programmatic", [False, True])
+@pytest.mark.parametrize("kernel_shared,min_shared,want", [(1024, 0, 1024), (1024, 49152, 49152), (60000, 49152, 60000)])
+def test_a_launch_reserves_at_least_its_min_shared(programmatic, kernel_shared, min_shared, want, monkeypatch):
+    """``min_shared`` raises the shared memory a program reserves (so that it cannot share a
+    multiprocessor with another kernel's large programs), plain or programmatic; never lowers it."""
+    got = []
+    monkeypatch.setattr(L, "_cu_launch_kernel_ex", lambda: lambda config, *rest: got.append(config._obj.sharedMemBytes) or 0)
+    monkeypatch.setattr(L, "_cu_launch_kernel", lambda: lambda *args: got.append(args[7].value) or 0)
+    monkeypatch.setattr(L, "_current_stream", lambda: 77)
+    template = [None, None, 1000, 1 << 40, None, 64, True]
+    d = L.DirectLaunch(fake_compiled(SIGNATURE, shared=kernel_shared), (5, 2, 1), template, (0, 1, 4), (0, 1, 2),
+                       programmatic=programmatic, min_shared=min_shared)
+    assert d.driver is not None
+    d((torch.zeros(4), torch.zeros(4), 0.5))
+    assert got == [want]

@@ -182,10 +182,12 @@ class _DriverCall:
     __slots__ = ("fn", "head", "stream", "tail", "pointers", "scalars", "storage", "params", "extra",
                  "scratch_bytes", "scratch_cell", "config", "attribute")
 
-    def __init__(self, compiled, grid, template, positions: dict, programmatic: bool = False):
+    def __init__(self, compiled, grid, template, positions: dict, programmatic: bool = False, min_shared: int = 0):
         """``positions``: argument index -> index in the call's values, for the per-call arguments;
-        ``programmatic``: launch as a programmatic dependent of the stream's previous kernel."""
+        ``programmatic``: launch as a programmatic dependent of the stream's previous kernel;
+        ``min_shared``: shared memory reserved per program, at least (<= 48 KB, which needs no opt-in)."""
         md = compiled.metadata
+        shared = max(md.shared, min_shared)
         if (getattr(md, "profile_scratch_size", 0) or getattr(md, "num_ctas", 1) != 1
                 or getattr(md, "launch_cooperative_grid", False)):
             raise NotImplementedError("launch needs profile scratch, clusters or a cooperative grid")
@@ -228,14 +230,14 @@ class _DriverCall:
         self.config = None
         if programmatic or getattr(md, "launch_pdl", False):  # cuLaunchKernelEx(&config, kernelParams, extra)
             self.attribute = _LaunchAttribute(id=_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
-            self.config = _LaunchConfig(grid[0], grid[1], grid[2], 32 * md.num_warps, 1, 1, md.shared, None,
+            self.config = _LaunchConfig(grid[0], grid[1], grid[2], 32 * md.num_warps, 1, 1, shared, None,
                                         ctypes.pointer(self.attribute), 1)
             self.fn = _cu_launch_kernel_ex()
             self.head = (ctypes.c_void_p(compiled.function),)
         else:
             self.fn = _cu_launch_kernel()
             self.head = (ctypes.c_void_p(compiled.function), u(grid[0]), u(grid[1]), u(grid[2]),
-                         u(32 * md.num_warps), u(1), u(1), u(md.shared))
+                         u(32 * md.num_warps), u(1), u(1), u(shared))
         self.stream = ctypes.c_void_p(0)
 
     def _pack(self, layout):
@@ -284,14 +286,17 @@ class DirectLaunch:
 
     __slots__ = ("compiled", "grid", "template", "positions", "sources", "driver")
 
-    def __init__(self, compiled, grid, template, positions, sources, programmatic=False):
+    def __init__(self, compiled, grid, template, positions, sources, programmatic=False, min_shared=0):
         """``programmatic``: later launches are programmatic dependents of the stream's previous
         kernel (where this falls back to Triton's launcher they are plain launches: correct, only
-        serial)."""
+        serial). ``min_shared``: bytes of shared memory reserved per program at least, whatever the
+        kernel needs (so that its programs do not share a multiprocessor with another kernel's
+        large ones; Triton's launcher, the fallback, reserves only what the kernel needs)."""
         self.compiled, self.grid, self.template = compiled, grid, template
         self.positions, self.sources = positions, sources
         try:
-            self.driver = _DriverCall(compiled, grid, template, dict(zip(positions, sources)), programmatic)
+            self.driver = _DriverCall(compiled, grid, template, dict(zip(positions, sources)), programmatic,
+                                      min_shared)
         except (NotImplementedError, AttributeError, OSError):
             self.driver = None
 
@@ -312,13 +317,13 @@ class DirectLaunch:
 
 
 def jit_launch(kernel, grid: tuple, kwargs: dict, options: dict, names: tuple, values: tuple,
-               programmatic: bool = False) -> DirectLaunch | None:
+               programmatic: bool = False, min_shared: int = 0) -> DirectLaunch | None:
     """Launch ``kernel`` through Triton's JIT (compiling on first use) with ``kwargs`` (every
     kernel argument; :class:`CallArg` entries taken from ``values``, in the order of ``names``).
     Returns the :class:`DirectLaunch` that repeats it on other values of the same signature, or
     None where there is none (the interpreter, or an older Triton). ``programmatic``: the direct
     launches go as programmatic dependents of the stream's previous kernel (this first one is a
-    plain launch)."""
+    plain launch). ``min_shared``: the direct launches' shared memory per program, at least."""
     with scratch_allocator():
         compiled = kernel[grid](**resolve(kwargs, names, values), **options)
     if _knobs is None or compiled is None or not hasattr(compiled, "packed_metadata"):
@@ -333,4 +338,4 @@ def jit_launch(kernel, grid: tuple, kwargs: dict, options: dict, names: tuple, v
             a = None
         template.append(a)
     grid3 = tuple(grid) + (1,) * (3 - len(grid))
-    return DirectLaunch(compiled, grid3, template, tuple(positions), tuple(sources), programmatic)
+    return DirectLaunch(compiled, grid3, template, tuple(positions), tuple(sources), programmatic, min_shared)

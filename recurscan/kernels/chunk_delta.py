@@ -117,19 +117,34 @@ def _chunk_gates(g, tok, cp, m_r, i_hv, HV: tl.constexpr, M: tl.constexpr, BT: t
 
 
 @triton.jit
-def _wy_inverse(b_T, b_A, o_x, FP16: tl.constexpr, PRECISION: tl.constexpr):
+def _gate_tile(gc, seg, causal, has_reset):
+    """G [BT, BT]: G_ij = 2^(gc_i - gc_j) for j <= i in the same segment, else 0. gc is finite
+    (resets are kept out of the sum), so the exp2 is finite, or inf where the select drops it: no
+    mask inside the exp2; a chunk without a reset skips the segment comparison."""
+    if has_reset:
+        return tl.where(causal & (seg[:, None] == seg[None, :]), tl.exp2(gc[:, None] - gc[None, :]), 0.0)
+    else:
+        return tl.where(causal, tl.exp2(gc[:, None] - gc[None, :]), 0.0)
+
+
+@triton.jit
+def _wy_inverse(b_T, b_A, o_t, FP16: tl.constexpr, PRECISION: tl.constexpr):
     """Tinv = (I + A)^-1 for strictly lower A [BT, BT], from b_T = D_2 = I - A_1 (the inverses of
     the 2 x 2 diagonal blocks, exact). Recursive block doubling: with D_s the inverse of the s x s
     diagonal blocks, D_2s = D_s - D_s (A_s D_s), A_s the part of A inside the 2s-blocks but outside
     the s-blocks (the block formula [[Ta, 0], [-Tb A_ba Ta, Tb]], all blocks of a level at once):
-    five levels for BT = 64, two products each, no reductions. ``o_x[i, j] = i ^ j``: entry (i, j)
+    five levels for BT = 64, two products each, no reductions. ``o_t = arange(BT)``: entry (i, j)
     lies in A_s (s = 2^lvl) exactly when the highest bit where i and j differ is bit lvl, i.e.
-    ``o_x >> lvl == 1``. FP16: fp16 operands (tf32's 10-bit mantissa, a narrower range; float32
+    ``(i >> lvl) ^ (j >> lvl) == 1``. FP16: fp16 operands (tf32's 10-bit mantissa, a narrower range; float32
     accumulation), else float32 operands at PRECISION."""
+    if FP16:
+        b_A = b_A.to(tl.float16)
     for lvl in tl.static_range(1, 6):
-        b_As = tl.where((o_x >> lvl) == 1, b_A, 0.0)
+        # (i >> lvl) ^ (j >> lvl) == 1 from the row and column vectors: no [BT, BT] index tile
+        # shared by the levels, so none stays live across them.
+        b_As = tl.where(((o_t[:, None] >> lvl) ^ (o_t[None, :] >> lvl)) == 1, b_A, 0.0)
         if FP16:
-            b_X = tl.dot(b_As.to(tl.float16), b_T.to(tl.float16))
+            b_X = tl.dot(b_As, b_T.to(tl.float16))
             b_T = b_T - tl.dot(b_T.to(tl.float16), b_X.to(tl.float16))
         else:
             b_T = b_T - tl.dot(b_T, tl.dot(b_As, b_T, input_precision=PRECISION), input_precision=PRECISION)
@@ -241,10 +256,7 @@ def chunk_delta_prep_kernel(
     # gc is finite (resets are kept out of the sum), so 2^(gc_i - gc_j) is finite, or inf where
     # the select drops it (above the diagonal, or across a reset): no mask inside the exp2.
     causal = o_t[:, None] >= o_t[None, :]
-    if tl.max(seg, axis=0) == 0:
-        b_G = tl.where(causal, tl.exp2(gc[:, None] - gc[None, :]), 0.0)  # [BT, BT]
-    else:
-        b_G = tl.where(causal & (seg[:, None] == seg[None, :]), tl.exp2(gc[:, None] - gc[None, :]), 0.0)
+    has_reset = tl.max(seg, axis=0) != 0
 
     # Norm factors of the raw q, k.
     eye = o_t[:, None] == o_t[None, :]
@@ -278,7 +290,12 @@ def chunk_delta_prep_kernel(
     # It and lam rq are stored on the query rows only (every M-th row), the only ones the sweep
     # reads; for GDP that halves the aqk bytes written (M = 2).
     b_qk = tl.dot(b_q.to(DT), tl.trans(b_k.to(DT)), input_precision=INV_PRECISION) * rq[:, None] * rk[None, :]
+    b_G = _gate_tile(gc, seg, causal, has_reset)
     tl.store(aqk + p_out, (b_G * b_qk).to(aqk.dtype.element_ty), mask=m_q[:, None])
+    # G diag(beta), wy's factor besides Tinv, held across the inverse at 16 bits for 16-bit inputs
+    # (16 registers a thread, not the 48 of the gate and beta vectors in the product's layout):
+    # fp16 rounds it to 2^-11, under the 2^-9 that wy is stored with in bf16.
+    b_Gb = (b_G * b_beta[None, :]).to(tl.float16 if wy.dtype.element_ty != tl.float32 else tl.float32)
 
     # Stage 2: A = diag(beta) strictLower(K K^T) for normalised keys.
     b_A = b_kk * (b_beta * rk)[:, None] * rk[None, :]
@@ -291,16 +308,18 @@ def chunk_delta_prep_kernel(
     b_A = tl.where(o_t[:, None] > o_t[None, :], b_A, 0.0)
 
     # Tinv = (I + A)^-1 by recursive block doubling (_wy_inverse).
-    o_x = o_t[:, None] ^ o_t[None, :]
-    b_T = eye.to(tl.float32) - tl.where(o_x == 1, b_A, 0.0)
+    b_T = eye.to(tl.float32) - tl.where((o_t[:, None] ^ o_t[None, :]) == 1, b_A, 0.0)
     if INV_FP16:
         if contraction:
-            b_T = _wy_inverse(b_T, b_A, o_x, True, INV_PRECISION)
+            b_T = _wy_inverse(b_T, b_A, o_t, True, INV_PRECISION)
         else:
-            b_T = _wy_inverse(b_T, b_A, o_x, False, INV_PRECISION)
+            b_T = _wy_inverse(b_T, b_A, o_t, False, INV_PRECISION)
     else:
-        b_T = _wy_inverse(b_T, b_A, o_x, False, INV_PRECISION)
-    tl.store(wy + p_out, (b_G * b_T * b_beta[None, :]).to(wy.dtype.element_ty), mask=m_r[:, None])
+        b_T = _wy_inverse(b_T, b_A, o_t, False, INV_PRECISION)
+    # p_out and m_r formed anew from scalars and o_t: the same expressions would be one value, held
+    # in registers across the inverse (the stores' addresses are 64-bit).
+    p_wy = wy + (r0 * HV + i_hv) * BT + (o_t * (HV * BT))[:, None] + o_t[None, :]
+    tl.store(p_wy, (b_Gb.to(tl.float32) * b_T).to(wy.dtype.element_ty), mask=(o_t < eos - r0)[:, None])
     if PDL:
         if (wait_primary != 0) & (pid == tl.num_programs(0) - 1):
             tl.extra.cuda.gdc_wait()
@@ -748,6 +767,7 @@ class _Step:
     # Triton's JIT, is plain): it may start once every program of that launch has started or
     # triggered. Not a compile option, so one compiled kernel serves both kinds of launch.
     programmatic: bool = False
+    min_shared: int = 0  # shared memory its direct launches reserve per program, at least
     direct: DirectLaunch | None = None  # the compiled kernel's direct launch, after the first call
 
 
@@ -772,7 +792,8 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
                      chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None, state=None,
                      state_indices=None, return_chunk_states=False, block_v=32, num_warps=4,
                      num_stages=2, prep_warps=4, stages="both", segments=1,
-                     inverse_fp16=None, v_product=True, tma_store=False, phases=1) -> ChunkDeltaPlan:
+                     inverse_fp16=None, v_product=True, tma_store=False, phases=1,
+                     prep_maxnreg=None) -> ChunkDeltaPlan:
     """The launches of :func:`chunk_delta_fwd` for these tensors' shapes (read, never kept)."""
     M = num_householder
     B, T, H, K = q.shape
@@ -846,9 +867,14 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
     for name, value in (("v_product", v_product), ("tma_store", tma_store)):
         if not isinstance(value, bool):
             raise ValueError(f"chunk_delta_fwd: {name} must be a bool, got {value!r}")
+    if prep_maxnreg is not None and (not isinstance(prep_maxnreg, int) or isinstance(prep_maxnreg, bool)
+                                     or not 128 <= prep_maxnreg <= 255):
+        raise ValueError(f"chunk_delta_fwd: prep_maxnreg must be None or an int in [128, 255], got {prep_maxnreg!r}")
     phased = phases > 1 and stages == "both" and not varlen and segments <= 1 and T > 0
+    # A register cap (compile option) sets how many prep programs share a multiprocessor.
+    prep_options = dict(num_warps=prep_warps, **({} if prep_maxnreg is None else {"maxnreg": prep_maxnreg}))
     if n_prep > 0 and stages in ("both", "prep") and not phased:
-        steps.append(_Step(chunk_delta_prep_kernel, (n_prep * HV,), prep, dict(num_warps=prep_warps)))
+        steps.append(_Step(chunk_delta_prep_kernel, (n_prep * HV,), prep, prep_options))
     outputs = ("o", "state" if use_cache else ("final" if store_final else None)) + \
         (("chunk_states",) if return_chunk_states else ())
     if stages == "prep":
@@ -885,7 +911,7 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
             c_lo, c_hi = lo * M, min(hi * M, NTe)
             steps.append(_Step(chunk_delta_prep_kernel, (N * (c_hi - c_lo) * HV,),
                                dict(prep, chunk_lo=c_lo, chunk_span=c_hi - c_lo, wait_primary=int(i > 0)),
-                               dict(num_warps=prep_warps), programmatic=i > 0))
+                               prep_options, programmatic=i > 0, min_shared=PREP_SHARED_BESIDE_SWEEP))
             # The sweep after its prep's end (as a programmatic dependent of the prep, its programs
             # placed early and waiting: no faster on the H200, gpu_chunk_variants_ph_nopdl.json).
             steps.append(_Step(chunk_delta_sweep_kernel, (N * HV * NV,),
@@ -912,6 +938,14 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
                 PRECISION="ieee" if q.dtype == torch.float32 else "tf32x3"), dict(num_warps=8)))
         steps.append(_Step(chunk_delta_sweep_kernel, (N * P * HV * NV,), dict(sweep, **seg, PASS=2), options))
     return ChunkDeltaPlan(buffers, steps, outputs, device)
+
+
+#: Shared memory a phased prep program reserves, at least: a prep program beside a sweep program
+#: slows the sweep's chain more than it adds (measured: B1 T16384 0.536 -> 0.584 ms, and 0.577
+#: with a 33 KB prep), and 48 KB does not fit beside the phased sweep's 182.5 KB (the H200 has
+#: 228 KB a multiprocessor, 1 KB of it reserved per program), while three still fit where no sweep
+#: runs. 48 KB is also the most a launch may ask for without the kernel's opt-in.
+PREP_SHARED_BESIDE_SWEEP = 48 * 1024
 
 
 #: Each phase of the phased sweep is this fraction of the one before (phase_bounds): the prep of
@@ -958,7 +992,7 @@ def run_chunk_delta(plan: ChunkDeltaPlan, inputs: tuple) -> tuple:
             step.direct(values)
         else:
             step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, CALL_NAMES, values,
-                                     step.programmatic)
+                                     step.programmatic, step.min_shared)
     return tuple(None if i is None else values[i] for i in plan.outputs)
 
 
@@ -967,7 +1001,7 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
                     chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None, state=None,
                     state_indices=None, return_chunk_states=False, block_v=32, num_warps=4,
                     num_stages=2, prep_warps=4, stages="both", segments=1, inverse_fp16=None,
-                    v_product=True, tma_store=False, phases=1):
+                    v_product=True, tma_store=False, phases=1, prep_maxnreg=None):
     """Launch the kernels. Arguments as the public ops (``recurscan.chunk_gated_delta_rule``,
     ``recurscan.chunk_gated_delta_product_varlen``), with the descriptors already built:
 
@@ -990,6 +1024,9 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
       through shared memory (best with one program per SM: few programs, deep pipelines); False:
       V is held in registers (16 KB less shared memory per program at BV 64 and two stages: two
       programs per SM fit).
+    - ``prep_maxnreg``: a register cap on the prep kernel (None: the compiler's choice, 235-253 at
+      sm_90), which sets how many of its programs share a multiprocessor; the planner asks 168
+      (three), ``recurscan.plan.Launch``.
     - ``tma_store``: the sweep writes its output tiles with bulk tensor stores (M = 1 and output
       rows a multiple of 16 bytes; elsewhere it keeps the masked store).
     - ``phases``: 1 (default) runs the prep over every chunk, then the sweep. K > 1 (dense batches,
@@ -1018,6 +1055,6 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
         num_chunk_rows=num_chunk_rows, state=state, state_indices=state_indices,
         return_chunk_states=return_chunk_states, block_v=block_v, num_warps=num_warps, num_stages=num_stages,
         prep_warps=prep_warps, stages=stages, segments=segments, inverse_fp16=inverse_fp16,
-        v_product=v_product, tma_store=tma_store, phases=phases)
+        v_product=v_product, tma_store=tma_store, phases=phases, prep_maxnreg=prep_maxnreg)
     return run_chunk_delta(plan, (q, k, v, g, beta, initial_state, state, state_indices, cu_seqlens,
                                   chunk_indices_dp, chunk_offsets))

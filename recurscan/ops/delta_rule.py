@@ -129,7 +129,8 @@ def _run_triton(q, k, v, g, beta, problem, schedule, *, initial_state, output_fi
         num_chunk_rows=num_rows, state=state, state_indices=state_indices,
         return_chunk_states=return_chunk_states, block_v=launch.block_v, num_warps=launch.num_warps,
         num_stages=launch.num_stages, prep_warps=launch.prep_warps, segments=launch.segments,
-        v_product=launch.v_product, tma_store=launch.tma_store, phases=launch.phases)
+        v_product=launch.v_product, tma_store=launch.tma_store, phases=launch.phases,
+        prep_maxnreg=launch.prep_maxnreg)
     out = K_.run_chunk_delta(plan_, (q, k, v, g, beta, initial_state, state, state_indices, cu_seqlens,
                                   chunk_indices_dp, chunk_offsets))
     if key is not None:
