@@ -951,7 +951,7 @@ PREP_SHARED_BESIDE_SWEEP = 48 * 1024
 #: Each phase of the phased sweep is this fraction of the one before (phase_bounds): the prep of
 #: phase i + 1 runs beside the sweep of phase i on the SMs it leaves free, so it covers fewer chunks
 #: in that time than the sweep does (see docs/kernels-chunk-delta.md for the measurement).
-PHASE_RATIO = 0.8
+PHASE_RATIO = 0.9
 
 
 def phase_bounds(n_chunks: int, phases: int, ratio: float | None = None) -> list[int]:
@@ -959,7 +959,7 @@ def phase_bounds(n_chunks: int, phases: int, ratio: float | None = None) -> list
     fewer chunks) whose lengths fall geometrically by ``ratio``, each at least one chunk.
 
     >>> phase_bounds(256, 4)
-    [0, 87, 156, 212, 256]
+    [0, 74, 141, 202, 256]
     >>> phase_bounds(2, 4)
     [0, 1, 2]
     """
