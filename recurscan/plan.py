@@ -129,6 +129,9 @@ def _sm_count(device: torch.device) -> int:
 # 4: 0.537-0.542, 6: 0.536-0.540, 8: 0.550; T65536 one phase 2.653, 4: 2.028, 6: 1.981, 8: 1.966,
 # 12: 1.966, 16: 1.987; ratio 0.7 / 0.9 slower (T16384 4 phases 0.553 / 0.549). Only where the
 # sweep leaves half the SMs or more to the prep (B1 HV32: 64 programs); not measured in between.
+# With the prep at three programs a SM (b9e5cd0; gpu_chunk_variants_ratio_*.json), ratio 0.9 is
+# best: T16384 4 / 6 / 8 phases 0.519 / 0.519 / 0.527 (0.8: 0.528 / 0.524 / 0.534; 0.85, 0.95 and
+# 1.0 slower), T65536 8 / 12 phases 1.905 / 1.905 (0.8: 1.951 / 1.957).
 # The switch from one pass to segments sits between 32 programs (B1 HV16: segments 1.44x faster)
 # and 64 (B1 HV32: a tie); where exactly is not measured. BV 16 / 32 rows: from the measurements
 # of 5941d22 (32 pairs: BV 32 1.08 ms, 16 1.11), V in registers as then.
