@@ -173,8 +173,9 @@ def bench_variants(names, rep_ms, shapes=None):
     from recurscan.problem import delta_problem
 
     # Launch shapes (BV, num_warps, num_stages, segments, v_product, tma_store, phases, prep_maxnreg);
-    # v_product defaults to 1, tma_store to 0, phases to 1, prep_maxnreg to 0 (no cap). num_stages=1 is left out: on Triton 3.6 / H200 it raised an illegal
-    # memory access (2026-11-29). Segments apply to dense GDN only (varlen input, GDP here, runs the
+    # v_product defaults to 1, tma_store to 0, phases to 1, prep_maxnreg to 0 (no cap; the planner
+    # asks 168, so the planned shape is compared under its own cap). num_stages=1 is left out: on
+    # Triton 3.6 / H200 it raised an illegal memory access (2026-11-29). Segments apply to dense GDN only (varlen input, GDP here, runs the
     # single sweep whatever is asked); tma_store to M = 1.
     shapes = [tuple(s_) + (1, 0, 1, 0)[len(s_) - 4:] for s_ in shapes or
               [(16, 4, 2, 1), (32, 4, 2, 1), (64, 4, 2, 1), (64, 8, 2, 1), (128, 8, 2, 1)]]
