@@ -294,7 +294,9 @@ def chunk_delta_prep_kernel(
     tl.store(aqk + p_out, (b_G * b_qk).to(aqk.dtype.element_ty), mask=m_q[:, None])
     # G diag(beta), wy's factor besides Tinv, held across the inverse at 16 bits for 16-bit inputs
     # (16 registers a thread, not the 48 of the gate and beta vectors in the product's layout):
-    # fp16 rounds it to 2^-11, under the 2^-9 that wy is stored with in bf16.
+    # fp16 rounds it to 2^-11 relative (under the 2^-9 that wy is stored with in bf16), and entries
+    # under 2^-14 to 2^-25 absolute (fp16's subnormals), far under the rounding of the sums they
+    # enter. Float32 inputs keep it in float32.
     b_Gb = (b_G * b_beta[None, :]).to(tl.float16 if wy.dtype.element_ty != tl.float32 else tl.float32)
 
     # Stage 2: A = diag(beta) strictLower(K K^T) for normalised keys.
