@@ -47,6 +47,8 @@ def measure(name: str, rep_ms: int) -> dict:
 
     sweep = plan(tma_store=L.tma_store)
     chain = plan(segments=2)
+    if chain.steps[0].kwargs.get("PASS") != 1:  # the plan's order is what this measures
+        raise RuntimeError(f"{name}: the two-segment plan does not start with pass 1")
     chain.steps = chain.steps[:1]  # pass 1 alone: segment 0's chain, no outputs
     n_chunks = triton.cdiv(q.shape[1], 64)
     row = {"workload": name, "launch": {**shape, "tma_store": L.tma_store}, "chunks_per_program": n_chunks,
