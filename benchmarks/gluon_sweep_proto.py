@@ -36,10 +36,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
@@ -71,6 +69,69 @@ def _issue_loads(j, n_chunks, row_c0, col_qk, col_v, col_w, k_desc, q_desc, v_de
 
 
 @gluon.jit
+def _program(T, tc_first, tc_count, trigger_dependents, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
+             V: gl.constexpr):
+    """This program's (sequence, value head, value block), its chunk count and the coordinates of
+    its tiles; lets the next launch start first when ``trigger_dependents`` != 0."""
+    if trigger_dependents != 0:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+    NV: gl.constexpr = V // BV
+    pid = gl.program_id(0)
+    i_v = pid % NV
+    i_hv = (pid // NV) % HV
+    i_n = pid // (NV * HV)
+    i_h = i_hv // (HV // H)
+    n_total = T // BT
+    n_chunks = gl.minimum(tc_count, n_total - tc_first)
+    row_c0 = i_n * T + tc_first * BT  # the first row of the program's first chunk
+    return i_n, i_hv, i_v, n_total, n_chunks, row_c0, i_h * K, i_hv * V + i_v * BV, i_hv * BT
+
+
+@gluon.jit
+def _tile_buffers(k_desc, q_desc, v_desc, wy_desc, aqk_desc, o_desc, STAGES: gl.constexpr):
+    """Shared memory for STAGES stages of the five input tiles, and one output tile."""
+    k_s = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    q_s = gl.allocate_shared_memory(q_desc.dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+    v_s = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    wy_s = gl.allocate_shared_memory(wy_desc.dtype, [STAGES] + wy_desc.block_type.shape, wy_desc.layout)
+    aqk_s = gl.allocate_shared_memory(aqk_desc.dtype, [STAGES] + aqk_desc.block_type.shape, aqk_desc.layout)
+    o_s = gl.allocate_shared_memory(o_desc.dtype, o_desc.block_type.shape, o_desc.layout)
+    return k_s, q_s, v_s, wy_s, aqk_s, o_s
+
+
+@gluon.jit
+def _initial_state(seg_n, i_n, i_hv, i_v, tc_first, layout: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
+                   V: gl.constexpr):
+    """S^T [BV, K] entering the program's first chunk: zero (tc_first = 0) or the state the phase
+    before left in ``seg_n [B, HV, K, V]``. Loaded in a layout of its own and converted once: index
+    vectors in the state's layout would be the final store's too, held across the chunk loop
+    (spilled)."""
+    S_t = gl.zeros([BV, K], gl.float32, layout=layout)
+    if tc_first > 0:
+        blk: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
+        ov_b = gl.arange(0, BV, layout=gl.SliceLayout(1, blk))
+        ok_b = gl.arange(0, K, layout=gl.SliceLayout(0, blk))
+        S_b = gl.load(seg_n + (i_n * HV + i_hv) * (K * V) + ok_b[None, :] * V + (i_v * BV + ov_b)[:, None])
+        S_t = gl.convert_layout(S_b, layout)
+    return S_t
+
+
+@gluon.jit
+def _store_state(S_t, ht, seg_n, i_n, i_hv, i_v, last, layout: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
+                 V: gl.constexpr):
+    """S^T leaving the program's last chunk: to ``ht`` at the sequence's end (``last``), else to
+    ``seg_n`` for the next phase."""
+    o_v = gl.arange(0, BV, layout=gl.SliceLayout(1, layout))
+    o_k = gl.arange(0, K, layout=gl.SliceLayout(0, layout))
+    offs = (o_v[:, None] + i_v * BV) + (o_k * V)[None, :] + (i_n * HV + i_hv) * (K * V)
+    if last:
+        gl.store(ht + offs, S_t)
+    else:
+        gl.store(seg_n + offs, S_t)
+
+
+@gluon.jit
 def _load_coef(coef, i_n, c, i_hv, T, o_t, HV: gl.constexpr):
     """Chunk c's (lam rk, gam rk, lam rq) along the chunk's rows, in o_t's layout, and lam_last."""
     p_coef = coef + ((i_n * (T // BT) + c + i_n) * HV + i_hv) * (BT * 4)
@@ -96,21 +157,8 @@ def gluon_sweep_kernel(k_desc, q_desc, v_desc, wy_desc, aqk_desc, o_desc, coef, 
     and PASS 3 (one phase of the phased plan, chunk_delta.plan_chunk_delta). trigger_dependents != 0
     lets the next launch, a programmatic dependent (the next phase's prep), start beside this one.
     """
-    if trigger_dependents != 0:
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
-    NV: gl.constexpr = V // BV
-    pid = gl.program_id(0)
-    i_v = pid % NV
-    i_hv = (pid // NV) % HV
-    i_n = pid // (NV * HV)
-    i_h = i_hv // (HV // H)
-    n_total = T // BT
-    n_chunks = gl.minimum(tc_count, n_total - tc_first)
-    row_c0 = i_n * T + tc_first * BT  # the first row of the program's first chunk
-    col_qk = i_h * K
-    col_v = i_hv * V + i_v * BV
-    col_w = i_hv * BT
+    i_n, i_hv, i_v, n_total, n_chunks, row_c0, col_qk, col_v, col_w = _program(T, tc_first, tc_count,
+                                                                                trigger_dependents, H, HV, K, V)
 
     # Layouts: one warpgroup; results of N = 64 (chunk columns) and N = K (the state).
     mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
@@ -119,12 +167,7 @@ def gluon_sweep_kernel(k_desc, q_desc, v_desc, wy_desc, aqk_desc, o_desc, coef, 
     aK: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mmaK, k_width=2)
     col64: gl.constexpr = gl.SliceLayout(0, mma64)  # a vector along a [BV, 64] tile's columns (rows t)
 
-    k_s = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-    q_s = gl.allocate_shared_memory(q_desc.dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
-    v_s = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    wy_s = gl.allocate_shared_memory(wy_desc.dtype, [STAGES] + wy_desc.block_type.shape, wy_desc.layout)
-    aqk_s = gl.allocate_shared_memory(aqk_desc.dtype, [STAGES] + aqk_desc.block_type.shape, aqk_desc.layout)
-    o_s = gl.allocate_shared_memory(o_desc.dtype, o_desc.block_type.shape, o_desc.layout)
+    k_s, q_s, v_s, wy_s, aqk_s, o_s = _tile_buffers(k_desc, q_desc, v_desc, wy_desc, aqk_desc, o_desc, STAGES)
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(bars.index(i), count=1)
@@ -132,15 +175,7 @@ def gluon_sweep_kernel(k_desc, q_desc, v_desc, wy_desc, aqk_desc, o_desc, coef, 
         _issue_loads(i, n_chunks, row_c0, col_qk, col_v, col_w, k_desc, q_desc, v_desc, wy_desc, aqk_desc,
                      k_s, q_s, v_s, wy_s, aqk_s, bars, STAGES)
 
-    S_t = gl.zeros([BV, K], gl.float32, layout=mmaK)
-    if tc_first > 0:  # the state the phase before left; S^T[v, k] = S[k, v]
-        # Loaded in a layout of its own and converted once: index vectors in the state's layout
-        # would be shared with the final store's and held across the chunk loop (spilled).
-        blk: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
-        ov_b = gl.arange(0, BV, layout=gl.SliceLayout(1, blk))
-        ok_b = gl.arange(0, K, layout=gl.SliceLayout(0, blk))
-        S_b = gl.load(seg_n + (i_n * HV + i_hv) * (K * V) + ok_b[None, :] * V + (i_v * BV + ov_b)[:, None])
-        S_t = gl.convert_layout(S_b, mmaK)
+    S_t = _initial_state(seg_n, i_n, i_hv, i_v, tc_first, mmaK, HV, K, V)
 
     o_t = gl.arange(0, BT, layout=col64)
     zero64 = gl.zeros([BV, BT], gl.float32, layout=mma64)
@@ -188,13 +223,7 @@ def gluon_sweep_kernel(k_desc, q_desc, v_desc, wy_desc, aqk_desc, o_desc, coef, 
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
 
-    o_v = gl.arange(0, BV, layout=gl.SliceLayout(1, mmaK))
-    o_k = gl.arange(0, K, layout=gl.SliceLayout(0, mmaK))
-    offs_end = (o_v[:, None] + i_v * BV) + (o_k * V)[None, :] + (i_n * HV + i_hv) * (K * V)
-    if tc_first + n_chunks >= n_total:
-        gl.store(ht + offs_end, S_t)
-    else:
-        gl.store(seg_n + offs_end, S_t)
+    _store_state(S_t, ht, seg_n, i_n, i_hv, i_v, tc_first + n_chunks >= n_total, mmaK, HV, K, V)
 
 
 @gluon.jit
@@ -211,13 +240,7 @@ def _ws_chain(k_desc, q_desc, v_desc, wy_desc, aqk_desc, k_s, q_s, v_s, wy_s, aq
     aK: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mmaK, k_width=2)
     col64: gl.constexpr = gl.SliceLayout(0, mma64)
 
-    S_t = gl.zeros([BV, K], gl.float32, layout=mmaK)
-    if tc_first > 0:
-        blk: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
-        ov_b = gl.arange(0, BV, layout=gl.SliceLayout(1, blk))
-        ok_b = gl.arange(0, K, layout=gl.SliceLayout(0, blk))
-        S_b = gl.load(seg_n + (i_n * HV + i_hv) * (K * V) + ok_b[None, :] * V + (i_v * BV + ov_b)[:, None])
-        S_t = gl.convert_layout(S_b, mmaK)
+    S_t = _initial_state(seg_n, i_n, i_hv, i_v, tc_first, mmaK, HV, K, V)
     o_t = gl.arange(0, BT, layout=col64)
     zero64 = gl.zeros([BV, BT], gl.float32, layout=mma64)
     p_last = coef + ((i_n * (T // BT) + i_n) * HV + i_hv) * (BT * 4) + 3  # chunk c's lam_last: + c * HV * BT * 4
@@ -262,13 +285,7 @@ def _ws_chain(k_desc, q_desc, v_desc, wy_desc, aqk_desc, k_s, q_s, v_s, wy_s, aq
         S_t = warpgroup_mma_wait(num_outstanding=0, deps=(S_t,))
         mbarrier.arrive(stage_empty.index(s), count=1)
 
-    o_v = gl.arange(0, BV, layout=gl.SliceLayout(1, mmaK))
-    o_k = gl.arange(0, K, layout=gl.SliceLayout(0, mmaK))
-    offs_end = (o_v[:, None] + i_v * BV) + (o_k * V)[None, :] + (i_n * HV + i_hv) * (K * V)
-    if tc_first + n_chunks >= n_total:
-        gl.store(ht + offs_end, S_t)
-    else:
-        gl.store(seg_n + offs_end, S_t)
+    _store_state(S_t, ht, seg_n, i_n, i_hv, i_v, tc_first + n_chunks >= n_total, mmaK, HV, K, V)
 
 
 @gluon.jit
@@ -314,28 +331,10 @@ def gluon_ws_sweep_kernel(k_desc, q_desc, v_desc, wy_desc, aqk_desc, o_desc, coe
     of between its products. Shared memory: the tile stages, one slot each for S^T and U^T in bf16,
     one output tile. mbarriers: tiles ready (per stage), stage free (two arrivals: both warpgroups),
     and full / free for each slot."""
-    if trigger_dependents != 0:
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
-    NV: gl.constexpr = V // BV
-    pid = gl.program_id(0)
-    i_v = pid % NV
-    i_hv = (pid // NV) % HV
-    i_n = pid // (NV * HV)
-    i_h = i_hv // (HV // H)
-    n_total = T // BT
-    n_chunks = gl.minimum(tc_count, n_total - tc_first)
-    row_c0 = i_n * T + tc_first * BT
-    col_qk = i_h * K
-    col_v = i_hv * V + i_v * BV
-    col_w = i_hv * BT
+    i_n, i_hv, i_v, n_total, n_chunks, row_c0, col_qk, col_v, col_w = _program(T, tc_first, tc_count,
+                                                                                trigger_dependents, H, HV, K, V)
 
-    k_s = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-    q_s = gl.allocate_shared_memory(q_desc.dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
-    v_s = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    wy_s = gl.allocate_shared_memory(wy_desc.dtype, [STAGES] + wy_desc.block_type.shape, wy_desc.layout)
-    aqk_s = gl.allocate_shared_memory(aqk_desc.dtype, [STAGES] + aqk_desc.block_type.shape, aqk_desc.layout)
-    o_s = gl.allocate_shared_memory(o_desc.dtype, o_desc.block_type.shape, o_desc.layout)
+    k_s, q_s, v_s, wy_s, aqk_s, o_s = _tile_buffers(k_desc, q_desc, v_desc, wy_desc, aqk_desc, o_desc, STAGES)
     sd_s = gl.allocate_shared_memory(gl.bfloat16, [BV, K], gl.NVMMASharedLayout.get_default_for([BV, K], gl.bfloat16))
     u_s = gl.allocate_shared_memory(gl.bfloat16, [BV, BT], gl.NVMMASharedLayout.get_default_for([BV, BT], gl.bfloat16))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -533,7 +532,7 @@ def main(argv=None):
     ap.add_argument("--sweep-alone", action="store_true", help="the sweep alone on the prep's scratch instead")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
-    from .runner import environment
+    from .runner import save_rows
     names = args.workload or ["gdn_b1_t16384_h16_hv32"]
     if args.sweep_alone:
         rows = [measure_sweep_alone(n, args.rep_ms, args.stages) for n in names]
@@ -541,9 +540,7 @@ def main(argv=None):
         rows = [measure(n, args.rep_ms, args.stages, ph, r) for n in names for ph in args.phases or [None]
                 for r in args.phase_ratio or [None]]
     if args.out:
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump({"environment": environment(torch.device("cuda")), "rows": rows}, f, indent=1)
+        save_rows(rows, args.out, torch.device("cuda"))
 
 
 if __name__ == "__main__":

@@ -96,9 +96,8 @@ def main(argv=None):
         print(json.dumps(row), flush=True)
         rows.append(row)
     if a.out:
-        from . import runner
-        with open(a.out, "w") as f:
-            json.dump({"environment": runner.environment(torch.device("cuda")), "rows": rows}, f, indent=1)
+        from .runner import save_rows
+        save_rows(rows, a.out, torch.device("cuda"))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 import torch
 
@@ -69,12 +68,10 @@ def main(argv=None):
     ap.add_argument("--rep-ms", type=int, default=100)
     ap.add_argument("--out")
     args = ap.parse_args(argv)
-    from .runner import environment
+    from .runner import save_rows
     rows = [measure(n, args.rep_ms) for n in args.workload or WORKLOADS]
     if args.out:
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump({"environment": environment(torch.device("cuda")), "rows": rows}, f, indent=1)
+        save_rows(rows, args.out, torch.device("cuda"))
 
 
 if __name__ == "__main__":

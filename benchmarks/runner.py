@@ -565,6 +565,13 @@ def save(records: list[dict[str, Any]], path: str | os.PathLike) -> None:
     path.write_text(json.dumps({"records": records}, indent=2) + "\n")
 
 
+def save_rows(rows: list[dict[str, Any]], path: str | os.PathLike, device: torch.device) -> None:
+    """A benchmark's rows with the environment they were measured in, as JSON at ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"environment": environment(device), "rows": rows}, indent=1) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.runner", description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", action="append", help="registered workload name (repeatable)")

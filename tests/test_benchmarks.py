@@ -137,3 +137,11 @@ def test_quantile_matches_linear_interpolation():
     assert runner.quantile(xs, 0.5) == 3.0
     assert runner.quantile(xs, 0.2) == pytest.approx(1.8)
     assert runner.quantile(xs, 0.8) == pytest.approx(4.2)
+
+
+def test_save_rows_keeps_rows_and_environment(tmp_path):
+    path = tmp_path / "sub" / "rows.json"
+    runner.save_rows([{"workload": "w", "median_ms": 1.5}], path, torch.device("cpu"))
+    saved = json.loads(path.read_text())
+    assert saved["rows"] == [{"workload": "w", "median_ms": 1.5}]
+    assert saved["environment"]["device_type"] == "cpu"
