@@ -100,7 +100,9 @@ RULES: list[Rule] = [
 
 
 @lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of a CUDA device (1 for any other device), read once per device. The launch
+    rules here and the streaming kernel's (kernels/recurrent.py ``stream_config``) size grids by it."""
     if device.type != "cuda":
         return 1
     return torch.cuda.get_device_properties(device).multi_processor_count
@@ -192,7 +194,7 @@ def triton_cdiv(a: int, b: int) -> int:
 
 
 def delta_launch(problem, device: torch.device) -> Launch:
-    shape = LaunchShape(pairs=problem.sequences * problem.value_heads, sms=_sm_count(device),
+    shape = LaunchShape(pairs=problem.sequences * problem.value_heads, sms=sm_count(device),
                         value_dim=problem.value_dim, tokens=problem.tokens * problem.householder,
                         varlen=problem.varlen, sequences=problem.sequences)
     for applies, launch in DELTA_LAUNCH:

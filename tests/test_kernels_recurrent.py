@@ -450,7 +450,7 @@ def test_stream_config_rules(monkeypatch):
     with pytest.raises(R.StateColumnTooLarge):
         R.stream_config(8, 1 << 15, 128, 1, 4, True, cpu)
     # The CUDA rows (the H200's 132 SMs; no GPU needed to read the table):
-    monkeypatch.setattr(R, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(R, "sm_count", lambda device: 132)
     cuda = torch.device("cuda")
 
     def shape(heads_total, tokens, vk=False, state_bytes=4):

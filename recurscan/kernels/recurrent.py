@@ -61,6 +61,7 @@ import triton
 import triton.language as tl
 
 from . import key_contiguous, launch_key
+from ..plan import sm_count
 from ._launch import CallArg, jit_launch, resolve
 
 # ------------------------------------------------------------------------------------------------
@@ -328,16 +329,6 @@ class StreamConfig:
     maxnreg: int | None = None  # a cap on registers per thread (more resident warps), None: the compiler's choice
 
 
-_SM_COUNT: dict[int, int] = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SM_COUNT[idx]
-
-
 def check_column_fits(K: int, what: str = "k") -> int:
     """BK for K key rows, or :class:`StateColumnTooLarge`."""
     BK = triton.next_power_of_2(K)
@@ -363,7 +354,7 @@ def stream_config(heads_total: int, K: int, V: int, tokens: int, state_bytes: in
     if device.type != "cuda":
         # The interpreter runs each program in Python: wide tiles, few programs.
         return StreamConfig(BK, min(BVmax, 32), 4, 1, "interpreter: wide tiles, fewest programs")
-    sms = _sm_count(device)
+    sms = sm_count(device)
 
     def narrowest(BV, floor):  # halve the column block until there are >= 4 programs per SM
         while BV > floor and heads_total * triton.cdiv(V, BV) < 4 * sms:
