@@ -8,6 +8,7 @@ never autotunes: the same problem on the same device always gets the same schedu
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable
@@ -65,9 +66,51 @@ class Rule:
     backend: str
 
 
+def interpreter_off_reason() -> str | None:
+    """Why Triton's interpreter cannot run kernels on CPU tensors in this process, or None if it can.
+
+    Asking for it is ``TRITON_INTERPRET=1`` in the environment. Triton also reads that variable
+    when its ``@triton.jit`` decorators run: for its own library functions (``triton.language``)
+    when triton is first imported, and for recurscan's kernels when ``recurscan.kernels.*`` is
+    first imported. A function decorated while the variable was unset is built for the GPU
+    compiler and fails inside the interpreter ("Cannot call @triton.jit'd outside of the scope of
+    a kernel"), so the variable set only after that import is not enough: this looks at what
+    the decorators already built.
+    """
+    if os.environ.get("TRITON_INTERPRET", "0") != "1":
+        return "TRITON_INTERPRET is not 1 in the environment"
+    if "triton" not in sys.modules:
+        return None  # the decorators will run under the interpreter
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+        import triton.language.standard as triton_standard
+    except ImportError:  # a Triton without these modules: trust the environment
+        return None
+    if not isinstance(triton_standard.cdiv, InterpretedFunction):
+        return "TRITON_INTERPRET=1 was set after triton was imported (triton's functions were built for the GPU)"
+    for name in ("recurscan.kernels.chunk_delta", "recurscan.kernels.recurrent"):
+        module = sys.modules.get(name)
+        jitted = [f for f in vars(module).values() if type(f).__name__ == "JITFunction"] if module else []
+        if jitted:
+            return f"TRITON_INTERPRET=1 was set after {name} was imported (its kernels were built for the GPU)"
+    return None
+
+
 def interpreter_on() -> bool:
-    """Triton's interpreter runs kernels on CPU tensors (TRITON_INTERPRET=1 before triton's import)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """Triton's interpreter runs kernels on CPU tensors here (see :func:`interpreter_off_reason`)."""
+    return interpreter_off_reason() is None
+
+
+def check_triton_device(device: torch.device) -> None:
+    """``backend="triton"`` can run on ``device``: CUDA, or CPU under a working interpreter."""
+    if device.type == "cuda":
+        return
+    if device.type != "cpu":
+        raise ValueError(f"backend='triton': no Triton kernels for device {device}")
+    why = interpreter_off_reason()
+    if why is not None:
+        raise ValueError(f"backend='triton' on CPU tensors runs under Triton's interpreter, but {why}: set "
+                         "TRITON_INTERPRET=1 in the environment before triton is first imported")
 
 
 def triton_delta_unsupported(problem) -> str | None:
@@ -222,11 +265,7 @@ def plan(family: str, problem, device: torch.device, algorithm: str = "chunked",
         why = triton_delta_unsupported(problem)
         if why is not None:
             raise ValueError(f"backend='triton': {why}")
-        if device.type == "cpu" and not interpreter_on():
-            raise ValueError("backend='triton' on CPU tensors runs under Triton's interpreter: set "
-                             "TRITON_INTERPRET=1 in the environment before triton is first imported")
-        if device.type not in ("cpu", "cuda"):
-            raise ValueError(f"backend='triton': no Triton kernels for device {device}")
+        check_triton_device(device)
         return Schedule("triton", algorithm, CHUNK_SIZE, "backend='triton' was asked for",
                         delta_launch(problem, device))
     for rule in RULES:

@@ -15,8 +15,6 @@ allocation and one launch, and captures in a CUDA graph.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
 from .. import plan as _plan
@@ -51,9 +49,8 @@ def _choose_backend(backend, device, problem) -> str:
         raise ValueError(f"backend: expected None, 'torch' or 'triton', got {backend!r}")
     if backend is None:
         return _plan.plan("stream", problem, device, "recurrent").backend
-    if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError("backend: 'triton' on CPU tensors runs the Triton interpreter; set TRITON_INTERPRET=1 "
-                         "before triton is first imported")
+    if backend == "triton":
+        _plan.check_triton_device(device)  # CUDA, or CPU under a working interpreter
     return backend
 
 
