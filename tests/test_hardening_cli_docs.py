@@ -26,6 +26,50 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 # ------------------------------------------------------------------------------------------------
+# 3. fused_recurrent_gated_delta_rule: an unknown keyword is a TypeError whatever its value
+# ------------------------------------------------------------------------------------------------
+
+def decode_inputs():
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 3, 2, 8, generator=gen), torch.randn(1, 3, 2, 8, generator=gen)
+    v = torch.randn(1, 3, 2, 8, generator=gen)
+    return q, k, v, -torch.rand(1, 3, 2, generator=gen), torch.rand(1, 3, 2, generator=gen)
+
+
+@pytest.mark.parametrize("name, value", [
+    ("use_qk_l2norm_in_kernal", False),  # a misspelling, at a "harmless" value
+    ("use_qk_l2norm_in_kernal", None),
+    ("use_qk_l2norm_in_kernal", True),
+    ("initial_states", None),
+    ("x", 1),
+])
+def test_an_unknown_keyword_is_a_type_error_whatever_its_value(name, value):
+    message = f"fused_recurrent_gated_delta_rule() got an unexpected keyword argument '{name}'"
+    with pytest.raises(TypeError, match=re.escape(message)):
+        recurscan.fused_recurrent_gated_delta_rule(*decode_inputs(), **{name: value})
+
+
+FLA_OPTIONS = [
+    # fla 0.6's options that recurscan does not implement: (name, its no-op default, a value that acts)
+    ("gv", None, torch.zeros(1, 3, 2, 8)),
+    ("use_gate_in_kernel", False, True),
+    ("A_log", None, torch.zeros(2)),
+    ("dt_bias", None, torch.zeros(2)),
+    ("use_beta_sigmoid_in_kernel", False, True),
+    ("allow_neg_eigval", False, True),
+]
+
+
+@pytest.mark.parametrize("name, default, acting", FLA_OPTIONS, ids=[o[0] for o in FLA_OPTIONS])
+def test_fla_options_are_accepted_at_their_no_op_default_and_refused_when_set(name, default, acting):
+    want, _ = recurscan.fused_recurrent_gated_delta_rule(*decode_inputs())
+    got, _ = recurscan.fused_recurrent_gated_delta_rule(*decode_inputs(), **{name: default})
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match=f"{name}: fla option"):
+        recurscan.fused_recurrent_gated_delta_rule(*decode_inputs(), **{name: acting})
+
+
+# ------------------------------------------------------------------------------------------------
 # 4. backend="triton" on CPU tensors needs the interpreter on before triton was imported
 # ------------------------------------------------------------------------------------------------
 

@@ -231,6 +231,17 @@ def _write_snapshots(buffer, entering, final, state_indices, batch, length, cu_s
         row += chunks
 
 
+# fla 0.6's keyword options of fused_recurrent_gated_delta_rule that recurscan does not implement,
+# with the default that makes each a no-op: accepted at that default, refused (ValueError) otherwise.
+_FLA_NOOP_OPTIONS = dict(gv=None, use_gate_in_kernel=False, A_log=None, dt_bias=None,
+                         use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False)
+
+
+def _is_noop(value, default) -> bool:
+    """None is a no-op for every option (fla tests the flags for truth); False only for the flags."""
+    return value is None or (default is False and value is False)
+
+
 def fused_recurrent_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, initial_state=None,
                                      output_final_state=False, cu_seqlens=None,
                                      use_qk_l2norm_in_kernel=False, *, gk=None, state_v_first=False,
@@ -240,10 +251,28 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, ini
     Shapes and semantics as :func:`fused_recurrent_gated_delta_rule_update` (no cache); returns
     ``(o, final_state or None)``. fla 0.6's keyword options: ``gk [B, T, HV, K]`` (a log decay per
     key, applied before the write, as fla) and ``state_v_first`` (states laid out ``[N, HV, V, K]``)
-    are supported; any other (gv, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
-    allow_neg_eigval) is refused with a ValueError rather than ignored.
+    are supported; the others (gv, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
+    allow_neg_eigval) are accepted at their no-op default (None, or False for the flags) and refused
+    with a ValueError when set, rather than ignored. Any other keyword is a TypeError, as Python's
+    own (a misspelled option is never silently dropped).
+
+    Example:
+        >>> import torch, recurscan
+        >>> q, k = torch.randn(1, 5, 2, 16), torch.randn(1, 5, 2, 16)
+        >>> v, g, beta = torch.randn(1, 5, 4, 32), -torch.rand(1, 5, 4), torch.rand(1, 5, 4)
+        >>> o, final = recurscan.fused_recurrent_gated_delta_rule(
+        ...     q, k, v, g, beta, output_final_state=True, use_qk_l2norm_in_kernel=True)
+        >>> o.shape, final.shape
+        (torch.Size([1, 5, 4, 32]), torch.Size([1, 4, 16, 32]))
+        >>> recurscan.fused_recurrent_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernal=True)
+        Traceback (most recent call last):
+            ...
+        TypeError: fused_recurrent_gated_delta_rule() got an unexpected keyword argument 'use_qk_l2norm_in_kernal'
     """
-    bad = {name: val for name, val in unsupported.items() if val not in (None, False)}
+    unknown = [name for name in unsupported if name not in _FLA_NOOP_OPTIONS]  # in the caller's order
+    if unknown:
+        raise TypeError(f"fused_recurrent_gated_delta_rule() got an unexpected keyword argument {unknown[0]!r}")
+    bad = {name: val for name, val in unsupported.items() if not _is_noop(val, _FLA_NOOP_OPTIONS[name])}
     if bad:
         raise ValueError(f"{', '.join(sorted(bad))}: fla option(s) not supported by recurscan's "
                          f"fused_recurrent_gated_delta_rule")
