@@ -21,6 +21,7 @@ most one partial chunk), so ``NT_pad = T // 64 + N`` and ``NT_dp_pad = T*M // 64
 """
 from __future__ import annotations
 
+import numbers
 from typing import NamedTuple, Sequence
 
 import torch
@@ -42,11 +43,38 @@ class ChunkDescriptors(NamedTuple):
                     chunk_offsets=self.chunk_offsets)
 
 
+def _is_int(value) -> bool:
+    """A Python or NumPy integer; never a bool (True is not a length)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_int(name: str, value, minimum: int) -> int:
+    if not _is_int(value):
+        raise TypeError(f"{name}: expected an int >= {minimum}, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
+    return int(value)
+
+
 def _lengths(cu_seqlens) -> list[int]:
+    """Sequence lengths from ``[N + 1]`` boundaries: a list or tuple of ints, or a 1-D int32 /
+    int64 tensor on any device."""
     if isinstance(cu_seqlens, torch.Tensor):
+        if cu_seqlens.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"cu_seqlens: expected an int32 or int64 tensor, got "
+                            f"{str(cu_seqlens.dtype).replace('torch.', '')}")
+        if cu_seqlens.dim() != 1:
+            raise ValueError(f"cu_seqlens: expected a 1-D tensor [N + 1], got shape {list(cu_seqlens.shape)}")
         bounds = cu_seqlens.detach().to("cpu").tolist()  # a CUDA tensor syncs here: once per step
-    else:
+    elif isinstance(cu_seqlens, (list, tuple)):
+        for i, b in enumerate(cu_seqlens):
+            if not _is_int(b):
+                raise TypeError(f"cu_seqlens: expected integer boundaries, got {b!r} ({type(b).__name__}) "
+                                f"at position {i}")
         bounds = [int(b) for b in cu_seqlens]
+    else:
+        raise TypeError(f"cu_seqlens: expected a list or tuple of ints or a 1-D int32/int64 tensor, "
+                        f"got {type(cu_seqlens).__name__}")
     if len(bounds) < 2 or bounds[0] != 0 or any(b < a for a, b in zip(bounds, bounds[1:])):
         raise ValueError(f"cu_seqlens: expected non-decreasing boundaries starting at 0, got {bounds}")
     return [b - a for a, b in zip(bounds, bounds[1:])]
@@ -63,6 +91,10 @@ def _indices(lengths: Sequence[int], chunk_size: int, rows: int) -> torch.Tensor
 def padded_chunk_count(total_tokens: int, num_sequences: int, num_householder: int = 1,
                        chunk_size: int = CHUNK_SIZE) -> int:
     """The fixed length of ``chunk_indices`` (M = 1) or ``chunk_indices_dp`` for a batch shape."""
+    _check_int("total_tokens", total_tokens, 0)
+    _check_int("num_sequences", num_sequences, 0)
+    _check_int("num_householder", num_householder, 1)
+    _check_int("chunk_size", chunk_size, 1)
     return total_tokens * num_householder // chunk_size + num_sequences
 
 
@@ -71,17 +103,25 @@ def build_chunk_descriptors(cu_seqlens, num_householder: int = 1, *, max_tokens:
     """Build the varlen descriptors for one step, padded to fixed lengths.
 
     Args:
-        cu_seqlens: ``[N + 1]`` sequence boundaries on the token stream (list, or tensor; a CUDA
-            tensor is read on the host, one synchronisation per step: pass a CPU copy to avoid it).
-            Zero-length sequences are allowed (padding entries of a captured batch).
-        num_householder: M (1 for Gated DeltaNet).
-        max_tokens: the token count T the padded lengths are computed for (default
-            ``cu_seqlens[-1]``); give the captured batch's T so that every step has one shape.
-        chunk_size: 64 (the kernels' chunk).
+        cu_seqlens: ``[N + 1]`` sequence boundaries on the token stream, non-decreasing from 0:
+            a list or tuple of ints, or a 1-D int32 / int64 tensor (a CUDA tensor is read on the
+            host, one synchronisation per step: pass a CPU copy to avoid it). Zero-length
+            sequences are allowed (padding entries of a captured batch).
+        num_householder: M, an int >= 1 (1 for Gated DeltaNet).
+        max_tokens: the token count T (an int >= ``cu_seqlens[-1]``) the padded lengths are
+            computed for (default ``cu_seqlens[-1]``); give the captured batch's T so that every
+            step has one shape.
+        chunk_size: 64 (the kernels' chunk); any int >= 1.
         device: where the tensors go (the op's device).
 
     Returns:
         :class:`ChunkDescriptors` (int32 tensors on ``device``).
+
+    Raises:
+        TypeError: an argument of the wrong type (a float or bool boundary, a string, a float
+            tensor; a non-int num_householder, max_tokens or chunk_size).
+        ValueError: a value out of range (boundaries not non-decreasing from 0, a tensor not 1-D,
+            num_householder or chunk_size < 1, max_tokens negative or fewer than the tokens).
 
     Example:
         >>> d = build_chunk_descriptors([0, 1, 70, 70, 200], num_householder=3)
@@ -92,11 +132,13 @@ def build_chunk_descriptors(cu_seqlens, num_householder: int = 1, *, max_tokens:
         >>> d.chunk_indices_dp[:6].tolist()   # lengths 3, 207, 0, 390 on the expanded stream
         [[0, 0], [1, 0], [1, 1], [1, 2], [1, 3], [3, 0]]
     """
-    if isinstance(num_householder, bool) or not isinstance(num_householder, int) or num_householder < 1:
-        raise ValueError(f"num_householder: expected an int >= 1, got {num_householder!r}")
+    num_householder = _check_int("num_householder", num_householder, 1)
+    chunk_size = _check_int("chunk_size", chunk_size, 1)
+    if max_tokens is not None:
+        max_tokens = _check_int("max_tokens", max_tokens, 0)
     lengths = _lengths(cu_seqlens)
     total = sum(lengths)
-    T = total if max_tokens is None else int(max_tokens)
+    T = total if max_tokens is None else max_tokens
     if T < total:
         raise ValueError(f"max_tokens: {T} is fewer than the {total} tokens of cu_seqlens")
     N, M = len(lengths), num_householder

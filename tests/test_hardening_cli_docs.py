@@ -26,6 +26,60 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 # ------------------------------------------------------------------------------------------------
+# 2. build_chunk_descriptors: a wrong argument is refused, naming the argument
+# ------------------------------------------------------------------------------------------------
+
+BAD_DESCRIPTOR_ARGUMENTS = [
+    # (id, arguments, error type, how the message starts: the argument's name)
+    ("fractional boundary", dict(cu_seqlens=[0, 1.5, 70]), TypeError, "cu_seqlens: "),
+    ("float boundary", dict(cu_seqlens=[0, 64.0]), TypeError, "cu_seqlens: "),
+    ("bool boundary", dict(cu_seqlens=[0, True, 70]), TypeError, "cu_seqlens: "),
+    ("boundaries as a string", dict(cu_seqlens="0,64"), TypeError, "cu_seqlens: "),
+    ("a 2-D tensor", dict(cu_seqlens=torch.tensor([[0, 64], [64, 128]])), ValueError, "cu_seqlens: expected a 1-D"),
+    ("a float tensor", dict(cu_seqlens=torch.tensor([0.0, 64.0])), TypeError, "cu_seqlens: "),
+    ("a bool tensor", dict(cu_seqlens=torch.tensor([False, True])), TypeError, "cu_seqlens: "),
+    ("decreasing boundaries", dict(cu_seqlens=[0, 64, 10]), ValueError, "cu_seqlens: "),
+    ("negative chunk_size", dict(cu_seqlens=[0, 70], chunk_size=-64), ValueError, "chunk_size: "),
+    ("zero chunk_size", dict(cu_seqlens=[0, 70], chunk_size=0), ValueError, "chunk_size: "),
+    ("float chunk_size", dict(cu_seqlens=[0, 70], chunk_size=64.0), TypeError, "chunk_size: "),
+    ("zero num_householder", dict(cu_seqlens=[0, 70], num_householder=0), ValueError, "num_householder: "),
+    ("float num_householder", dict(cu_seqlens=[0, 70], num_householder=2.0), TypeError, "num_householder: "),
+    ("bool num_householder", dict(cu_seqlens=[0, 70], num_householder=True), TypeError, "num_householder: "),
+    ("negative max_tokens", dict(cu_seqlens=[0, 70], max_tokens=-1), ValueError, "max_tokens: "),
+    ("float max_tokens", dict(cu_seqlens=[0, 70], max_tokens=100.5), TypeError, "max_tokens: "),
+    ("max_tokens as a string", dict(cu_seqlens=[0, 70], max_tokens="100"), TypeError, "max_tokens: "),
+    ("max_tokens below the tokens", dict(cu_seqlens=[0, 70], max_tokens=69), ValueError, "max_tokens: "),
+]
+
+
+@pytest.mark.parametrize("arguments, error, starts", [case[1:] for case in BAD_DESCRIPTOR_ARGUMENTS],
+                         ids=[case[0] for case in BAD_DESCRIPTOR_ARGUMENTS])
+def test_build_chunk_descriptors_refuses_a_wrong_argument_by_name(arguments, error, starts):
+    with pytest.raises(error, match=f"^{starts}"):
+        build_chunk_descriptors(**arguments)
+
+
+BOUNDARIES = [0, 1, 70, 70, 200]
+ACCEPTED_BOUNDARIES = {
+    "list": BOUNDARIES,
+    "tuple": tuple(BOUNDARIES),
+    "int32 tensor": torch.tensor(BOUNDARIES, dtype=torch.int32),
+    "int64 tensor": torch.tensor(BOUNDARIES, dtype=torch.int64),
+}
+if torch.cuda.is_available():
+    ACCEPTED_BOUNDARIES["CUDA int32 tensor"] = torch.tensor(BOUNDARIES, dtype=torch.int32, device="cuda")
+
+
+@pytest.mark.parametrize("cu_seqlens", ACCEPTED_BOUNDARIES.values(), ids=ACCEPTED_BOUNDARIES.keys())
+def test_build_chunk_descriptors_takes_int_sequences_and_1d_int_tensors_alike(cu_seqlens):
+    got = build_chunk_descriptors(cu_seqlens, num_householder=3, max_tokens=256)
+    want = build_chunk_descriptors(BOUNDARIES, num_householder=3, max_tokens=256)
+    for name, a, b in zip(got._fields, got, want):
+        assert torch.equal(a, b), name
+    assert got.chunk_offsets.tolist() == [0, 1, 3, 3, 6]
+
+
+# ------------------------------------------------------------------------------------------------
 # 3. fused_recurrent_gated_delta_rule: an unknown keyword is a TypeError whatever its value
 # ------------------------------------------------------------------------------------------------
 
