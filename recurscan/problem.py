@@ -13,6 +13,7 @@ tensors: on a GPU they would synchronise the host, which a captured op must neve
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +30,8 @@ def _names(dtypes) -> str:
 class Dims:
     """Named dimensions bound by the first argument that shows them, checked on every other.
 
+    >>> import torch
+    >>> from recurscan.problem import Dims
     >>> d = Dims(M=2)
     >>> d.check("q", torch.zeros(1, 4, 2, 8), "B T H K")
     >>> d.check("k", torch.zeros(1, 8, 2, 8), "B T*M H K")
@@ -54,6 +57,11 @@ class Dims:
                 return None
         return size
 
+    def _shown(self, term: str) -> str:
+        """A spec term as an error message shows it: its size if known yet, else its name."""
+        want = self._expected(term.split("*"))
+        return term if want is None else str(want)
+
     def check(self, name: str, x: torch.Tensor, spec: str) -> None:
         terms = spec.split()
         shown = "[" + ", ".join(terms) + "]"
@@ -72,7 +80,7 @@ class Dims:
                 else:
                     raise ValueError(f"{name}: dimension {term} = {size} is not a multiple of {known}")
             elif want != size:
-                bound = "[" + ", ".join(str(self._expected(t.split("*"))) for t in terms) + "]"
+                bound = "[" + ", ".join(self._shown(t) for t in terms) + "]"
                 raise ValueError(f"{name}: expected shape {shown} = {bound}, got {list(x.shape)}")
 
 
@@ -119,11 +127,18 @@ def check_state_cache(state, state_indices, dims: Dims, spec: str, device) -> No
     check_tensor("state_indices", state_indices, INDEX_DTYPES, device)
     dims.check("state_indices", state_indices, "N")
     if state_indices.device.type == "cpu":
-        slots = [s for s in state_indices.tolist() if s != -1]
-        if any(s < -1 or s >= state.shape[0] for s in state_indices.tolist()):
-            raise ValueError(f"state_indices: expected slots in [0, {state.shape[0]}) or -1 for padding")
-        if len(set(slots)) != len(slots):
-            raise ValueError("state_indices: a slot is named twice; each sequence must own its slot")
+        check_slots("state_indices", state_indices, state.shape[0])
+
+
+def check_slots(name: str, slots: torch.Tensor, num_slots: int) -> None:
+    """Cache slots (a CPU tensor) in ``[0, num_slots)`` or -1 for padding, no slot named twice."""
+    values = slots.tolist()
+    for i, s in enumerate(values):
+        if s < -1 or s >= num_slots:
+            raise ValueError(f"{name}: expected slots in [0, {num_slots}) or -1 for padding; entry {i} is {s}")
+    live = [s for s in values if s != -1]
+    if len(set(live)) != len(live):
+        raise ValueError(f"{name}: a slot is named twice; each sequence must own its slot")
 
 
 def _check_qkv(q, k, v, dims: "Dims", k_spec: str, v_spec: str) -> torch.device:
@@ -402,3 +417,59 @@ def ssd_decode_problem(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, s
         check_tensor("num_accepted_tokens", num_accepted_tokens, INDEX_DTYPES, device)
         d.check("num_accepted_tokens", num_accepted_tokens, "b")
     return SsdDecodeProblem(b, T, d["H"], d["P"], d["G"], d["N"], S, b, device, x.dtype)
+
+
+def debug_checks() -> bool:
+    """``RECURSCAN_CHECK=1``: validate device-resident descriptors too (one host sync a call)."""
+    return os.environ.get("RECURSCAN_CHECK", "0") == "1"
+
+
+def check_chunk_descriptors(cu_seqlens, chunk_indices, chunk_indices_dp, chunk_offsets, num_householder: int,
+                            device) -> None:
+    """Varlen descriptors given by the caller (``recurscan.descriptors``): int tensors on ``device``
+    of shapes ``[R, 2]``, ``[R_dp, 2]`` and ``[N + 1]``. Their values are compared with the
+    descriptors of ``cu_seqlens`` (every real chunk once, sequence-major, then padding rows whose
+    sequence is -1) when they are on the CPU, or on any device under ``RECURSCAN_CHECK=1`` (one
+    host sync); on a GPU without it the kernels bound every index, so a wrong descriptor gives
+    wrong numbers but never reads or writes outside a tensor."""
+    named = (("chunk_indices", chunk_indices, 2), ("chunk_indices_dp", chunk_indices_dp, 2),
+             ("chunk_offsets", chunk_offsets, 1))
+    for name, x, dim in named:
+        if x is None:
+            continue
+        check_tensor(name, x, INDEX_DTYPES, device)
+        if dim == 2 and (x.dim() != 2 or x.shape[1] != 2):
+            raise ValueError(f"{name}: expected shape [chunks, 2] of (sequence, chunk) rows, got {list(x.shape)}")
+        if dim == 1 and list(x.shape) != [cu_seqlens.numel()]:
+            raise ValueError(f"{name}: expected shape [N + 1] = [{cu_seqlens.numel()}], got {list(x.shape)}")
+    given = [(n, x) for n, x, _ in named if x is not None]
+    if not given or not (debug_checks() or all(x.device.type == "cpu" for _, x in given)):
+        return
+    bounds = cu_seqlens.tolist()
+    lengths = [b - a for a, b in zip(bounds, bounds[1:])]
+    if any(L < 0 for L in lengths) or bounds[0] != 0:  # only reachable for device tensors
+        raise ValueError(f"cu_seqlens: expected non-decreasing boundaries from 0, got {bounds}")
+    from .descriptors import CHUNK_SIZE
+    for name, x in given:
+        M = num_householder if name == "chunk_indices_dp" else 1
+        counts = [-(-L * M // CHUNK_SIZE) for L in lengths]
+        if name == "chunk_offsets":
+            want = [0]
+            for c in counts:
+                want.append(want[-1] + c)
+            got = x.tolist()
+            for i, (a, b) in enumerate(zip(got, want)):
+                if a != b:
+                    raise ValueError(f"chunk_offsets: entry {i} is {a}, expected {b} for cu_seqlens {bounds}")
+            continue
+        want = [(n, c) for n, k in enumerate(counts) for c in range(k)]
+        rows = [tuple(r) for r in x.tolist()]
+        if len(rows) < len(want):
+            raise ValueError(f"{name}: {len(rows)} rows, fewer than the {len(want)} chunks of cu_seqlens "
+                             f"{bounds} (chunks of {CHUNK_SIZE} rows" + (f", stream x{M})" if M > 1 else ")"))
+        for i, r in enumerate(rows):
+            expected = want[i] if i < len(want) else None
+            if (expected is not None and r != expected) or (expected is None and r[0] != -1):
+                raise ValueError(f"{name}: row {i} is {list(r)}, expected "
+                                 + (f"{list(expected)} (sequence, chunk)" if expected else "[-1, -1] (padding)")
+                                 + f" for cu_seqlens {bounds}")

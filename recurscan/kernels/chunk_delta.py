@@ -70,6 +70,11 @@ CHUNK = 64  # BT: rows of the expanded stream per chunk (the WY blocks are 64 x 
 LOG2E = 1.4426950408889634
 # A base-2 log decay below this is 0 in float32 (2^-150 < the smallest subnormal): an exact reset.
 RESET_LOG2 = -150.0
+# Growth (g > 0) summed within a chunk, in log2, past which a factor 2^(gc_i - gc_j) of the chunk
+# may overflow float32 (2^127.99 is its largest): rows from there on are poisoned rather than
+# overflowing into a product that would carry the inf back to earlier rows. Overflow further on
+# (in the products) is caught by the sweep's rare path (_outputs_causal).
+GROWTH_LOG2_LIMIT = tl.constexpr(127.0)
 # Sequences one program ranks for the varlen sweep's order (_rank_sequences).
 RANK_BLOCK = tl.constexpr(128)
 
@@ -101,30 +106,39 @@ def _compact_queries(M, BT):
 
 
 @triton.jit
+def _add3(a0, a1, a2, b0, b1, b2):
+    return a0 + b0, a1 + b1, a2 + b2
+
+
+@triton.jit
 def _chunk_gates(g, tok, cp, m_r, i_hv, HV: tl.constexpr, M: tl.constexpr, BT: tl.constexpr,
                  HAS_G: tl.constexpr):
-    """Stage 1 for one chunk of BT rows: (gc [BT], seg [BT] int32). gc_i sums the finite log2
-    decays of rows <= i; seg_i counts the resets at rows <= i. Rows past the sequence end carry
-    decay 1 (gc and seg flat), so the last row stands for the chunk end."""
+    """Stage 1 for one chunk of BT rows: (gc [BT], seg [BT] int32, bad [BT] bool). gc_i sums the
+    finite log2 decays of rows <= i; seg_i counts the resets at rows <= i. Rows past the sequence
+    end carry decay 1 (gc and seg flat), so the last row stands for the chunk end. ``bad``: the
+    row's decay is NaN or +inf (it counts as 1 in gc; the caller poisons the rows from there), or
+    the growth (g > 0) summed up to the row passes 2^GROWTH_LOG2_LIMIT, past which a factor
+    2^(gc_i - gc_j) of the chunk may overflow float32."""
     if HAS_G:
         b_g = tl.load(g + tok * HV + i_hv, mask=m_r & (cp == 0), other=0.0).to(tl.float32) * 1.4426950408889634
     else:
         b_g = tl.zeros([BT], dtype=tl.float32)
+    bad = (b_g != b_g) | (b_g == float("inf"))
+    b_g = tl.where(bad, 0.0, b_g)
     reset = b_g < -150.0
-    gc = tl.cumsum(tl.where(reset, 0.0, b_g), axis=0)
-    seg = tl.cumsum(reset.to(tl.int32), axis=0)
-    return gc, seg
+    gc, seg, growth = tl.associative_scan((tl.where(reset, 0.0, b_g), reset.to(tl.int32), tl.maximum(b_g, 0.0)),
+                                          0, _add3)
+    return gc, seg, bad | (growth >= GROWTH_LOG2_LIMIT)
 
 
 @triton.jit
-def _gate_tile(gc, seg, causal, has_reset):
-    """G [BT, BT]: G_ij = 2^(gc_i - gc_j) for j <= i in the same segment, else 0. gc is finite
-    (resets are kept out of the sum), so the exp2 is finite, or inf where the select drops it: no
-    mask inside the exp2; a chunk without a reset skips the segment comparison."""
+def _gate_mask(seg, causal, has_reset):
+    """Where G [BT, BT] is not zero: j <= i (``causal``, clean rows only) in the same segment; a
+    chunk without a reset skips the segment comparison."""
     if has_reset:
-        return tl.where(causal & (seg[:, None] == seg[None, :]), tl.exp2(gc[:, None] - gc[None, :]), 0.0)
+        return causal & (seg[:, None] == seg[None, :])
     else:
-        return tl.where(causal, tl.exp2(gc[:, None] - gc[None, :]), 0.0)
+        return causal
 
 
 @triton.jit
@@ -225,10 +239,15 @@ def chunk_delta_prep_kernel(
             _rank_sequences(cu_seqlens, sequence_order, n_seq, i_c, RANK_BLOCK, 16)
         i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
         i_t = tl.load(chunk_indices + i_c * 2 + 1).to(tl.int64)
-        if i_n < 0:
+        if (i_n < 0) | (i_n >= n_seq):  # padding (or no sequence): nothing to do
             return
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64) * M
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64) * M
+        # Clamped to [0, T] and the chunk to the sequence: a wrong descriptor writes nothing outside.
+        bos_t = tl.minimum(tl.maximum(tl.load(cu_seqlens + i_n).to(tl.int64), 0), T)
+        eos_t = tl.minimum(tl.maximum(tl.load(cu_seqlens + i_n + 1).to(tl.int64), bos_t), T)
+        bos = bos_t * M
+        eos = eos_t * M
+        if (i_t < 0) | (i_t * BT >= eos - bos):
+            return
     else:
         i_n = i_c // chunk_span
         i_t = chunk_lo + i_c % chunk_span
@@ -252,10 +271,7 @@ def chunk_delta_prep_kernel(
     b_beta = tl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(tl.float32)
 
     # Stage 1: within-chunk cumulative log2 decays; G[i, j] = decay from row j to row i.
-    gc, seg = _chunk_gates(g, rows // M, rows % M, m_r, i_hv, HV, M, BT, HAS_G)
-    # gc is finite (resets are kept out of the sum), so 2^(gc_i - gc_j) is finite, or inf where
-    # the select drops it (above the diagonal, or across a reset): no mask inside the exp2.
-    causal = o_t[:, None] >= o_t[None, :]
+    gc, seg, bad_g = _chunk_gates(g, rows // M, rows % M, m_r, i_hv, HV, M, BT, HAS_G)
     has_reset = tl.max(seg, axis=0) != 0
 
     # Norm factors of the raw q, k.
@@ -264,6 +280,18 @@ def chunk_delta_prep_kernel(
     # Squared norms from the diagonals of K K^T and Q Q^T (tensor-core products of the raw tiles,
     # float32 accumulation): fewer instructions than squaring the [BT, K] tiles.
     k_sq = tl.sum(tl.where(eye, b_kk, 0.0), axis=1)
+    # Causality under non-finite input: a row whose k, beta or decay is NaN or inf (or whose growth
+    # may overflow) is selected out of every product below, so that no 0 * inf reaches an earlier
+    # row; its output and every later one are poisoned instead (NaN in lam rq, and in lam_last for
+    # the state), as the token loop's are.
+    bad = bad_g | (k_sq * 0.0 != 0.0) | (b_beta * 0.0 != 0.0)
+    first_bad = tl.min(tl.where(bad & m_r, o_t, BT), axis=0)
+    clean = o_t < first_bad
+    k_sq = tl.where(clean, k_sq, 0.0)
+    b_beta = tl.where(clean, b_beta, 0.0)
+    # gc is finite (resets and bad rows are kept out of the sum) and its growth bounded on clean
+    # rows, so 2^(gc_i - gc_j) is finite there: no mask inside the exp2, the selects drop the rest.
+    causal = (o_t[:, None] >= o_t[None, :]) & clean[:, None]
     if USE_L2NORM:
         rk = tl.rsqrt(k_sq + 1e-6)
         b_qq = tl.dot(b_q.to(DT), tl.trans(b_q.to(DT)), input_precision=INV_PRECISION)
@@ -274,9 +302,11 @@ def chunk_delta_prep_kernel(
     # The sweep's per-row coefficients: decays (0 across a reset) times the norm factors.
     gc_last = tl.sum(tl.where(o_t == BT - 1, gc, 0.0), axis=0)
     seg_last = tl.sum(tl.where(o_t == BT - 1, seg, 0), axis=0)
-    lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
-    gam = tl.where(seg == seg_last, tl.exp2(tl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
-    lam_last = tl.where(seg_last == 0, tl.exp2(gc_last), 0.0)
+    lam = tl.where((seg == 0) & clean, tl.exp2(gc), 0.0)
+    gam = tl.where((seg == seg_last) & clean & (first_bad == BT),
+                   tl.exp2(tl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
+    lam_last = tl.where(first_bad < BT, float("nan"), tl.where(seg_last == 0, tl.exp2(gc_last), 0.0))
+    rq = tl.where(clean, rq, float("nan"))
     # coef by (chunk, head): one contiguous 1 KB tile, whole lines written here and read by the
     # sweep (rows of 16 B at a stride of HV x 16 B were slower on the H200, docs "Latest").
     p_coef = coef + ((_chunk_slot(bos, i_t, i_n, BT) * HV + i_hv) * BT + o_t) * 4
@@ -290,8 +320,9 @@ def chunk_delta_prep_kernel(
     # It and lam rq are stored on the query rows only (every M-th row), the only ones the sweep
     # reads; for GDP that halves the aqk bytes written (M = 2).
     b_qk = tl.dot(b_q.to(DT), tl.trans(b_k.to(DT)), input_precision=INV_PRECISION) * rq[:, None] * rk[None, :]
-    b_G = _gate_tile(gc, seg, causal, has_reset)
-    tl.store(aqk + p_out, (b_G * b_qk).to(aqk.dtype.element_ty), mask=m_q[:, None])
+    m_G = _gate_mask(seg, causal, has_reset)
+    b_G = tl.where(m_G, tl.exp2(gc[:, None] - gc[None, :]), 0.0)
+    tl.store(aqk + p_out, tl.where(m_G, b_G * b_qk, 0.0).to(aqk.dtype.element_ty), mask=m_q[:, None])
     # G diag(beta), wy's factor besides Tinv, held across the inverse at 16 bits for 16-bit inputs
     # (16 registers a thread, not the 48 of the gate and beta vectors in the product's layout):
     # fp16 rounds it to 2^-11 relative (under the 2^-9 that wy is stored with in bf16), and entries
@@ -307,7 +338,7 @@ def chunk_delta_prep_kernel(
         # most 1 in magnitude, and A_s D_s at most 2 * 64. Otherwise this chunk keeps tf32.
         growth = tl.max(b_beta * (rk * rk * k_sq), axis=0)  # max_i beta_i |k_i|^2 (normalised)
         contraction = (growth <= 2.0) & (tl.min(b_beta, axis=0) >= 0.0)
-    b_A = tl.where(o_t[:, None] > o_t[None, :], b_A, 0.0)
+    b_A = tl.where((o_t[:, None] > o_t[None, :]) & clean[:, None], b_A, 0.0)
 
     # Tinv = (I + A)^-1 by recursive block doubling (_wy_inverse).
     b_T = eye.to(tl.float32) - tl.where((o_t[:, None] ^ o_t[None, :]) == 1, b_A, 0.0)
@@ -371,7 +402,40 @@ def sequence_order_kernel(cu_seqlens, order, N, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, bos, bos_t, L, i_n,
+def _outputs_causal(b_Sd, b_q, b_Wt, b_At, lam_rk, lam_rq, out_rows, k, v, e, m_r, i_h, i_hv, o_t, o_k, o_v, m_k,
+                    m_vt, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                    V_PRODUCT: tl.constexpr, DOT_PRECISION: tl.constexpr, DT: tl.constexpr):
+    """O^T of a chunk whose outputs came out non-finite somewhere (a rare path, off the state's
+    chain): in the products over the chunk's rows a NaN or inf at row t reaches every earlier row
+    as 0 * inf. Here U = wy (V - lam rk o (K S)) is formed from k and v with their non-finite
+    entries (and those of K S) selected out, U's non-finite entries are selected out before the
+    next product, and
+    each value column's outputs from its first non-finite row of X or U on are NaN, as the token
+    loop's are; earlier rows get the clean run's bits (the products add exact zeros).
+    ``out_rows`` [BT or BT // M]: the chunk row of each output column of O^T."""
+    b_k = tl.load(k + (e * H + i_h)[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.0)
+    b_k = tl.where(b_k * 0.0 == 0.0, b_k, 0.0).to(DT)  # [BT, BK]
+    b_vt = tl.load(v + (e * HV + i_hv)[None, :] * V + o_v[:, None], mask=m_vt, other=0.0)  # [BV, BT]
+    b_KSt = lam_rk[None, :] * tl.dot(b_Sd, tl.trans(b_k), input_precision=DOT_PRECISION)
+    bad = (b_vt * 0.0 != 0.0) | (b_KSt * 0.0 != 0.0)
+    b_vt = tl.where(bad, 0.0, b_vt)
+    b_KSt = tl.where(bad, 0.0, b_KSt)
+    # The same products, in the same order, as the chunk's own (_sweep_chunk): the same bits.
+    if V_PRODUCT:
+        b_Ut = tl.dot(b_vt.to(DT), b_Wt, input_precision=DOT_PRECISION)
+        b_Ut = tl.dot((-b_KSt).to(DT), b_Wt, b_Ut, input_precision=DOT_PRECISION)
+    else:
+        b_Ut = tl.dot((b_vt.to(tl.float32) - b_KSt).to(DT), b_Wt, input_precision=DOT_PRECISION)
+    bad |= b_Ut * 0.0 != 0.0
+    first_bad = tl.min(tl.where(bad, o_t[None, :], BT), axis=1)  # [BV]
+    b_Ut = tl.where(o_t[None, :] < first_bad[:, None], b_Ut, 0.0)
+    b_ot = lam_rq[None, :] * tl.dot(b_Sd, tl.trans(b_q), input_precision=DOT_PRECISION)
+    b_ot += tl.dot(b_Ut.to(DT), b_At, input_precision=DOT_PRECISION)
+    return tl.where(out_rows[None, :] < first_bad[:, None], b_ot, float("nan"))
+
+
+@triton.jit
+def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, n_cs_rows, bos, bos_t, L, i_n,
                  i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
                  BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PASS: tl.constexpr,
@@ -403,8 +467,9 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, 
 
     if STORE_CHUNK_STATES:
         if c % M == 0:  # expanded chunk c*M starts token chunk c
-            p_cs = chunk_states + ((cs0 + c // M) * HV + i_hv) * K * V + o_vk
-            tl.store(p_cs, b_St, mask=m_vk)
+            cs_row = cs0 + c // M
+            p_cs = chunk_states + (cs_row * HV + i_hv) * K * V + o_vk
+            tl.store(p_cs, b_St, mask=m_vk & (cs_row >= 0) & (cs_row < n_cs_rows))
 
     # Loads: raw tiles straight into the products (none depends on the state).
     b_k = tl.load(k + (e * H + i_h)[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :],
@@ -457,12 +522,18 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, 
         lam_rq = tl.load(p_coef + (o_tq * M + (M - 1)) * 4 + 1)
         b_ot = lam_rq[None, :] * tl.dot(b_Sd, tl.trans(b_q), input_precision=DOT_PRECISION)
         b_ot += tl.dot(b_Ut.to(DT), b_At, input_precision=DOT_PRECISION)  # [BV, BTQ]
+        if tl.max(tl.where(b_ot * 0.0 == 0.0, 0, 1)) != 0:
+            b_ot = _outputs_causal(b_Sd, b_q, b_Wt, b_At, lam_rk, lam_rq, o_tq * M + (M - 1), k, v, e, m_r, i_h,
+                                   i_hv, o_t, o_k, o_v, m_k, m_vt, H, HV, K, V, BT, V_PRODUCT, DOT_PRECISION, DT)
         tl.store(o + (tok_q * HV + i_hv)[None, :] * V + o_v[:, None], b_ot.to(o.dtype.element_ty),
                  mask=m_v[:, None])
     elif PASS != 1:
         lam_rq = tl.sum(tl.where((o_4[None, :] == 1) & m_q[:, None], b_coef, 0.0), axis=1)
         b_ot = lam_rq[None, :] * tl.dot(b_Sd, tl.trans(b_q), input_precision=DOT_PRECISION)
         b_ot += tl.dot(b_Ut.to(DT), b_At, input_precision=DOT_PRECISION)
+        if tl.max(tl.where(b_ot * 0.0 == 0.0, 0, 1)) != 0:
+            b_ot = _outputs_causal(b_Sd, b_q, b_Wt, b_At, lam_rk, lam_rq, o_t, k, v, e, m_r, i_h, i_hv, o_t, o_k,
+                                   o_v, m_k, m_vt, H, HV, K, V, BT, V_PRODUCT, DOT_PRECISION, DT)
         if TMA_STORE:
             o_desc.store([tl.cast(c * BT, tl.int32), tl.cast(i_v * BV, tl.int32)],
                          tl.trans(b_ot.to(o.dtype.element_ty)))
@@ -477,11 +548,13 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, 
 
 # n_seg and seg_chunks are not specialised (divisibility by 16, == 1): one compiled kernel per
 # pass serves every segment count.
-@triton.jit(do_not_specialize=["n_seg", "seg_chunks", "tc_first", "tc_count", "trigger_dependents"])
+@triton.jit(do_not_specialize=["n_seg", "seg_chunks", "tc_first", "tc_count", "trigger_dependents", "n_slots",
+                               "n_cs_rows"])
 def chunk_delta_sweep_kernel(
     q, k, v, wy, aqk, coef, o,
     h0, ht, state, state_indices, chunk_states, cu_seqlens, chunk_offsets, sequence_order,
     seg_n, seg_m, n_seg, seg_chunks, tc_first, tc_count, trigger_dependents, T,
+    s0_n, s0_h, s0_k, s0_v, n_slots, n_cs_rows,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr,
@@ -517,7 +590,11 @@ def chunk_delta_sweep_kernel(
     end the kernel alone.
 
     The initial state is ``state[state_indices[n]]`` (USE_CACHE; slot -1: zero output, nothing
-    read or written), else ``h0[n]`` (HAS_H0), else zeros. The final state goes back to the cache
+    read or written), else ``h0[n]`` (HAS_H0), else zeros. Both are read and the cache written
+    through their strides ``s0_n, s0_h, s0_k, s0_v`` (a slot-strided pool, a transposed
+    ``[S, HV, V, K]`` cache). Descriptors are bounded: a slot outside ``[0, n_slots)`` is treated
+    as padding, sequence bounds are clamped to ``[0, T]``, and a chunk-state row at or past
+    ``n_cs_rows`` is not written, so no descriptor, however wrong, reaches outside a tensor. The final state goes back to the cache
     slot, or to ``ht[n]`` (STORE_FINAL). With STORE_CHUNK_STATES, row ``chunk_offsets[n] + c`` of
     ``chunk_states`` receives the state entering token chunk c (dense: ``n * ceil(T/BT) + c``).
 
@@ -582,9 +659,9 @@ def chunk_delta_sweep_kernel(
             i_n = tl.load(sequence_order + i_n).to(tl.int64)
         W = V
     i_h = i_hv // (HV // H)
-    if IS_VARLEN:
-        bos_t = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos_t = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    if IS_VARLEN:  # clamped to [0, T]: a wrong cu_seqlens reads and writes no row outside the inputs
+        bos_t = tl.minimum(tl.maximum(tl.load(cu_seqlens + i_n).to(tl.int64), 0), T)
+        eos_t = tl.minimum(tl.maximum(tl.load(cu_seqlens + i_n + 1).to(tl.int64), bos_t), T)
     else:
         bos_t = i_n * T
         eos_t = bos_t + T
@@ -618,10 +695,11 @@ def chunk_delta_sweep_kernel(
     # (k, q, wy^T, aqk^T) are the right operands, in shared memory.
     m_vk = m_v[:, None] & m_k[None, :]
     o_vk = o_k[None, :].to(tl.int64) * W + o_v[:, None]  # [BV, BK] offsets of S[k, v] in a [K, W] state
+    o_s0 = o_k[None, :].to(tl.int64) * s0_k + o_v[:, None].to(tl.int64) * s0_v  # the same in state / h0
 
     if USE_CACHE:
         slot = tl.load(state_indices + i_n).to(tl.int64)
-        if slot < 0:  # padding: zero output rows, the cache is neither read nor written
+        if (slot < 0) | (slot >= n_slots):  # padding (or no slot of the cache): zero output, no state access
             if PASS != 1:
                 for c in range(tc_lo, tc_hi):
                     o_tok = bos_t + c * BT + o_t.to(tl.int64)
@@ -629,7 +707,7 @@ def chunk_delta_sweep_kernel(
                     tl.store(p_o, tl.zeros([BT, BV], dtype=o.dtype.element_ty),
                              mask=(o_tok < eos_t)[:, None] & m_v[None, :])
             return
-        p_state = state + (slot * HV + i_hv) * K * V + o_vk
+        p_state = state + slot * s0_n + i_hv * s0_h + o_s0
     if PASS == 2:
         b_St = tl.load(seg_n + ((i_n * n_seg + i_s) * HV + i_hv) * K * V + o_vk, mask=m_vk, other=0.0)
     else:
@@ -642,7 +720,7 @@ def chunk_delta_sweep_kernel(
         if USE_CACHE:
             b_St = tl.load(p_state, mask=m_s0, other=0.0).to(tl.float32)
         elif HAS_H0:
-            b_St = tl.load(h0 + (i_n * HV + i_hv) * K * V + o_vk, mask=m_s0, other=0.0).to(tl.float32)
+            b_St = tl.load(h0 + i_n * s0_n + i_hv * s0_h + o_s0, mask=m_s0, other=0.0).to(tl.float32)
         else:
             b_St = tl.zeros([BV, BK], dtype=tl.float32)
         if PASS == 1:
@@ -673,13 +751,14 @@ def chunk_delta_sweep_kernel(
     # loop's instructions, sm_90 SASS); the sequence's last chunk, when partial, runs masked after.
     c_full = tl.minimum(c_hi, L // BT)
     for c in tl.range(c_lo, c_full, num_stages=NUM_STAGES):
-        b_St = _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, bos, bos_t, L, i_n,
+        b_St = _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, n_cs_rows, bos, bos_t, L, i_n,
                             i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
                             DOT_PRECISION, DT, True)
     c_tail = tl.maximum(c_lo, c_full)
     if c_tail < c_hi:
-        b_St = _sweep_chunk(c_tail, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, bos, bos_t, L, i_n,
+        b_St = _sweep_chunk(c_tail, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, n_cs_rows, bos, bos_t,
+                            L, i_n,
                             i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
                             DOT_PRECISION, DT, False)
@@ -710,9 +789,9 @@ def chunk_delta_sweep_kernel(
             tl.store(ht + (i_n * HV + i_hv) * K * V + o_vk, b_St, mask=m_vk)
 
 
-@triton.jit(do_not_specialize=["n_seg"])
+@triton.jit(do_not_specialize=["n_seg", "n_slots"])
 def chunk_delta_fixup_kernel(
-    seg_n, seg_m, state_indices, n_seg,
+    seg_n, seg_m, state_indices, n_seg, n_slots,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_CACHE: tl.constexpr, PRECISION: tl.constexpr,
 ):
@@ -728,7 +807,8 @@ def chunk_delta_fixup_kernel(
     i_hv = (pid // NV) % HV
     i_n = pid // (NV * HV)
     if USE_CACHE:
-        if tl.load(state_indices + i_n) < 0:  # padding: pass 2 writes zeros and reads nothing
+        slot = tl.load(state_indices + i_n)
+        if (slot < 0) | (slot >= n_slots):  # padding: pass 2 writes zeros and reads nothing
             return
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -886,6 +966,8 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
     if segments > 1 and not varlen and T > 0:
         seg_chunks = triton.cdiv(triton.cdiv(T, BT), segments)
         P = triton.cdiv(triton.cdiv(T, BT), seg_chunks)  # no empty segment
+    # The initial state's source (the cache, or initial_state) is read and written through its strides.
+    s0 = state.stride() if use_cache else initial_state.stride() if initial_state is not None else (0, 0, 0, 0)
     sweep = dict(
         q=arg("q"), k=arg("k"), v=arg("v"), wy=arg("wy"), aqk=arg("aqk"), coef=arg("coef"), o=arg("o"),
         h0=arg("initial_state", initial_state is not None), ht=arg("final", store_final),
@@ -894,6 +976,8 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
         chunk_offsets=arg("chunk_offsets", varlen and return_chunk_states),
         sequence_order=arg("sequence_order", varlen and N > 0),
         seg_n=arg("o"), seg_m=arg("o"), n_seg=1, seg_chunks=0, tc_first=0, tc_count=0, trigger_dependents=0, T=T,
+        s0_n=s0[0], s0_h=s0[1], s0_k=s0[2], s0_v=s0[3], n_slots=state.shape[0] if use_cache else 0,
+        n_cs_rows=buffers["chunk_states"][0][0] if return_chunk_states else 0,
         H=H, HV=HV, K=K, V=V, M=M, BT=BT, BK=BK, BV=BV,
         IS_VARLEN=varlen, HAS_H0=initial_state is not None, USE_CACHE=use_cache, STORE_FINAL=store_final,
         STORE_CHUNK_STATES=return_chunk_states, DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, DT=dt, PASS=0,
@@ -936,6 +1020,7 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
             BVF = min(32, max(16, triton.next_power_of_2(V)))
             steps.append(_Step(chunk_delta_fixup_kernel, (N * HV * triton.cdiv(V, BVF),), dict(
                 seg_n=arg("seg_n"), seg_m=arg("seg_m"), state_indices=arg("state_indices", use_cache), n_seg=P,
+                n_slots=state.shape[0] if use_cache else 0,
                 HV=HV, K=K, V=V, BK=BK, BV=BVF, USE_CACHE=use_cache,
                 PRECISION="ieee" if q.dtype == torch.float32 else "tf32x3"), dict(num_warps=8)))
         steps.append(_Step(chunk_delta_sweep_kernel, (N * P * HV * NV,), dict(sweep, **seg, PASS=2), options))

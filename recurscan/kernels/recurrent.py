@@ -121,11 +121,11 @@ def _token_inputs(p_q, p_k, p_v, p_g, p_b, p_z, o_k, o_v, m_k, m_v, live, sv_d, 
     return b_q, b_k, b_v, b_g, b_beta, b_z
 
 
-@triton.jit(do_not_specialize=["T", "t_begin", "t_end", "n_snap"])
+@triton.jit(do_not_specialize=["T", "t_begin", "t_end", "n_snap", "n_slots"])
 def streaming_recurrence_kernel(
     q, k, v, g, beta, o, A, dt_bias, D, z,
     h0, hin, ht, slots, snaps, accepted, cu_seqlens,
-    scale, T, t_begin, t_end, n_snap,
+    scale, T, t_begin, t_end, n_snap, n_slots,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sv_d,
     sg_b, sg_t, sg_h, sg_d, sb_b, sb_t, sb_h, sb_d, so_b, so_t, so_h,
     sz_b, sz_t, sz_h, sz_v, sA_h, sA_k, sA_v, sdb_h, sdb_v, sD_h, sD_v,
@@ -148,9 +148,9 @@ def streaming_recurrence_kernel(
     i_hv = i_nh % HV
     i_h = i_hv // (HV // H)  # grouped value heads: q/k head of this value head
 
-    if VARLEN:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        L = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
+    if VARLEN:  # clamped to [0, T]: a wrong cu_seqlens reads and writes no token outside the inputs
+        bos = tl.minimum(tl.maximum(tl.load(cu_seqlens + i_n).to(tl.int64), 0), T)
+        L = tl.minimum(tl.maximum(tl.load(cu_seqlens + i_n + 1).to(tl.int64), bos), T) - bos
         row = i_n * 0
     else:
         bos = i_n * 0
@@ -169,7 +169,7 @@ def streaming_recurrence_kernel(
     slot = i_n
     if HAS_SLOTS:
         slot = tl.load(slots + i_n).to(tl.int64)
-        if slot < 0:  # padding: zero output, no state access at all
+        if (slot < 0) | (slot >= n_slots):  # padding (or no slot of the cache): zero output, no state access
             for t in range(t_begin, t_stop):
                 tl.store(p_o + (i_n * 0 + t) * so_t, tl.zeros([BV], tl.float32).to(o.dtype.element_ty),
                          mask=m_v)
@@ -509,8 +509,11 @@ def plan_stream(tensors, *, scale, delta, gate=None, beta_mode=None, l2norm=Fals
                  HT_BY_SLOT=bool(final_by_slot), HAS_SLOTS=slots is not None, STEPS=steps,
                  HAS_ACCEPTED=accepted is not None, VARLEN=cu_seqlens is not None, HANDOFF=False,
                  PREFETCH=T > 1, EVICT=config.evict)
+    # Slots index the cache, its snapshots and (by slot) the final state: bounded by the fewest rows.
+    n_slots = min([t.shape[0] for t in (initial, final if final_by_slot else None, snaps) if t is not None],
+                  default=0)
     kw = dict(zip(_STRIDE_NAMES, strides), **flags, scale=CallArg("scale"), T=T, t_begin=0, t_end=T,
-              n_snap=snaps.shape[1] if snaps is not None else 0)
+              n_snap=snaps.shape[1] if snaps is not None else 0, n_slots=n_slots)
     for name, t in zip(_TENSOR_NAMES, tensors):
         kw[name] = CallArg(name if t is not None else "o")  # an absent pointer: o (its flag keeps it unread)
     kw["hin"] = CallArg("o")  # the hand-off input of split launches; unread by a single launch

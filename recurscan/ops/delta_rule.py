@@ -14,7 +14,7 @@ import torch
 
 from ..kernels import launch_key  # no triton import: kernels/__init__ has none
 from ..plan import plan
-from ..problem import delta_problem
+from ..problem import check_chunk_descriptors, debug_checks, delta_problem
 from ..reference import delta as ref
 from . import _cache
 
@@ -48,12 +48,17 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
         key = (launch_key(inputs + (chunk_indices,)), num_householder, scale, output_final_state,
                use_qk_l2norm_in_kernel, return_chunk_states, algorithm, backend)
         plan_ = _PLANS.get(key)
-        if plan_ is not None:
+        if plan_ is not None and not debug_checks():
             _refuse_grad(q, k, v, g, beta, initial_state)
             return _chunk_kernels().run_chunk_delta(plan_, inputs)
     problem = delta_problem(q, k, v, g, beta, num_householder=num_householder, scale=scale,
                             initial_state=initial_state, cu_seqlens=cu_seqlens, state=state,
                             state_indices=state_indices)
+    if cu_seqlens is not None:
+        check_chunk_descriptors(cu_seqlens, chunk_indices, chunk_indices_dp, chunk_offsets, num_householder,
+                                problem.device)
+    if debug_checks():
+        _check_device_values(problem, cu_seqlens, state, state_indices)
     schedule = plan("delta_rule", problem, q.device, algorithm, backend)
     if schedule.backend == "triton":
         return _run_triton(q, k, v, g, beta, problem, schedule, initial_state=initial_state,
@@ -85,6 +90,16 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
             chunk_states = [_cache.zero_padding_rows(chunk_states[0], state_indices, o.shape[0], o.shape[1],
                                                      cu_seqlens, chunk_size or schedule.chunk_size)]
     return (o.to(q.dtype), final, *chunk_states)
+
+
+def _check_device_values(problem, cu_seqlens, state, state_indices):
+    """``RECURSCAN_CHECK=1`` on device tensors: the value checks that CPU tensors always get
+    (cu_seqlens monotone from 0 to T, cache slots in range and unshared), at one host sync."""
+    from ..problem import check_cu_seqlens, check_slots
+    if cu_seqlens is not None and cu_seqlens.device.type != "cpu":
+        check_cu_seqlens(cu_seqlens.cpu(), 1, problem.tokens, torch.device("cpu"))
+    if state is not None and state_indices.device.type != "cpu":
+        check_slots("state_indices", state_indices.cpu(), state.shape[0])
 
 
 def _refuse_grad(*tensors):
@@ -205,7 +220,7 @@ def chunk_gated_delta_product_varlen(q, k, v, g, beta, num_householder, cu_seqle
                                      use_qk_l2norm_in_kernel=False, chunk_indices=None,
                                      chunk_indices_dp=None, chunk_offsets=None, state=None,
                                      state_indices=None, return_chunk_states=False, backend=None):
-    """Variable-length chunked Gated Delta Product forward (seed 003).
+    """Variable-length chunked Gated Delta Product forward.
 
     Per token: decay by ``exp(g_t)``, then M delta-rule writes with the token's Householder copies
     ``(k, v, beta)[t*M + j]``, then the read ``o_t = scale S^T q_t``.

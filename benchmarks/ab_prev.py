@@ -1,0 +1,69 @@
+"""Same-process A/B of recurscan against an older commit's package, on every registered workload
+named, eager (L2 flushed) and graph replay: the check that a change left the figures of record
+unchanged. The older package is imported as ``recurscan_prev`` from a folder holding it:
+
+    git archive OLD recurscan | tar -x -C build/prev && mv build/prev/recurscan build/prev/recurscan_prev
+    RECURSCAN_COMMIT=NEW python -m benchmarks.ab_prev --prev build/prev --label OLD \\
+        --workload gdn_b1_t16384_h16_hv32 --workload gdn_decode_256 --out benchmarks/results/ab.json
+
+Each row: the workload, the timing mode, both medians and ``ratio_prev_over_ours`` (> 1: ours is
+faster), and the agreement of the two outputs. Order alternates per workload so that neither
+version always runs on a warmer GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from . import registry, runner
+
+
+def prev_impl(path: str, label: str) -> runner.Impl:
+    """The older package as a peer: runner's own loader for ours, importing ``recurscan_prev``."""
+    sys.path.insert(0, path)
+
+    def load(w):
+        real = runner._import
+        runner._import = lambda m: real("recurscan_prev" if m == "recurscan" else m)
+        try:
+            return runner._ours(w)
+        finally:
+            runner._import = real
+
+    return runner.Impl("recurscan_prev", "peer", load, f"recurscan at {label}", lambda: label)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.ab_prev", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prev", required=True, help="folder holding the older package as recurscan_prev/")
+    ap.add_argument("--label", required=True, help="the older commit, recorded in the rows")
+    ap.add_argument("--workload", action="append", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--rep-ms", type=int, default=500)
+    args = ap.parse_args(argv)
+    prev = prev_impl(args.prev, args.label)
+    device = torch.device("cuda")
+    rows = []
+    for name in args.workload:
+        for graph in (False, True):
+            rec = runner.run_workload(name, impls=["recurscan"], extra_impls=[prev], cuda_graph=graph,
+                                      rep_ms=args.rep_ms)
+            res = {r["name"]: r for r in rec["results"]}
+            ours, old = res.get("recurscan", {}), res.get("recurscan_prev", {})
+            row = dict(workload=name, mode="graph" if graph else "eager",
+                       ours_ms=ours.get("time_s", {}).get("median", float("nan")) * 1e3,
+                       prev_ms=old.get("time_s", {}).get("median", float("nan")) * 1e3,
+                       ours_first_call_s=ours.get("first_call_s"), prev_first_call_s=old.get("first_call_s"),
+                       ratio_prev_over_ours=old.get("ratio_peer_over_ours"), agreement=old.get("agreement"),
+                       status=(ours.get("status"), old.get("status"), ours.get("detail"), old.get("detail")))
+            rows.append(row)
+            print(f"{name:<28} {row['mode']:<6} ours {row['ours_ms']:.4f} ms  prev {row['prev_ms']:.4f} ms  "
+                  f"prev/ours {row['ratio_prev_over_ours']}", flush=True)
+    runner.save_rows(rows, args.out, device)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
