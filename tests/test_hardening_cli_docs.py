@@ -26,6 +26,89 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 # ------------------------------------------------------------------------------------------------
+# 1. The command line: a usage mistake is one line on stderr and exit status 2
+# ------------------------------------------------------------------------------------------------
+
+FAMILY_NAMES = ("gdn", "gdp", "ssd", "gla-scalar", "gla-per-key", "diagonal", "gdn-decode")  # for --family
+FAST = ["--tokens", "3", "--repeats", "1", "--family", "diagonal"]
+
+USAGE_MISTAKES = {
+    "no repeats": ["--repeats", "0"],
+    "negative repeats": ["--repeats", "-2"],
+    "no tokens": ["--tokens", "0"],
+    "tokens not a number": ["--tokens", "many"],
+    "device that does not exist": ["--device", "banana"],
+    "device kind without kernels": ["--device", "meta"],
+    "family by substring": ["--family", "gla"],
+    "family misspelled": ["--family", "gdnn"],
+    "unknown option": ["--tokenz", "4"],
+}
+
+
+def run_cli_expecting_usage_error(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{captured.err}"
+    assert "Traceback" not in captured.err
+    assert captured.out == ""
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv", USAGE_MISTAKES.values(), ids=USAGE_MISTAKES.keys())
+def test_a_usage_mistake_is_one_line_on_stderr_and_exit_status_2(argv, capsys):
+    line = run_cli_expecting_usage_error(FAST + argv, capsys)
+    assert line.startswith("recurscan: error: ")
+    option = argv[0]
+    assert option in line  # the line names the option that was wrong
+
+
+def test_repeats_must_be_at_least_one(capsys):
+    line = run_cli_expecting_usage_error(FAST + ["--repeats", "0"], capsys)
+    assert "--repeats" in line and ">= 1" in line
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", "cuda:3"])
+def test_cuda_without_a_gpu_is_a_usage_error(device, capsys):
+    line = run_cli_expecting_usage_error(FAST + ["--device", device], capsys)
+    assert "no CUDA GPU" in line and "--device cpu" in line
+
+
+def test_an_unknown_family_lists_the_valid_names(capsys):
+    line = run_cli_expecting_usage_error(FAST + ["--family", "gla"], capsys)
+    for name in FAMILY_NAMES:
+        assert name in line
+
+
+def test_family_matches_exactly_not_by_substring(capsys):
+    assert main(["--device", "cpu", "--tokens", "3", "--repeats", "1", "--family", "gdn"]) == 0
+    rows = [line.split()[0:2] for line in capsys.readouterr().out.splitlines()]
+    assert ["gdn", "T3"] in rows
+    assert ["gdn", "decode"] not in rows  # "gdn decode" is a family of its own: --family gdn-decode
+
+
+@pytest.mark.parametrize("tokens", [1, 2, 3, 4])
+def test_tiny_token_counts_run_every_workload(tokens, capsys):
+    """The gdp workload packs three sequences into T tokens: below T = 3 the later ones are empty."""
+    assert main(["--device", "cpu", "--tokens", str(tokens), "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "FAIL" not in out
+    for family in ("gdn", "gdp (M=2)", "ssd", "gla scalar", "gla per-key", "diagonal", "gdn decode"):
+        assert f"\n{family} " in out
+
+
+def test_the_header_names_the_backend_and_device_that_ran(capsys):
+    argv = ["--device", "cpu", "--tokens", "3", "--repeats", "1", "--family", "gdn", "--family", "gdn-decode"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "backend torch (PyTorch oracle, chunked form) on cpu: gdn" in out
+    assert "backend torch (PyTorch oracle, token loop) on cpu: gdn decode" in out
+
+
+# ------------------------------------------------------------------------------------------------
 # 2. build_chunk_descriptors: a wrong argument is refused, naming the argument
 # ------------------------------------------------------------------------------------------------
 
