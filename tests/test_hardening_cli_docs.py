@@ -239,3 +239,15 @@ def test_interpreter_switched_on_after_triton_was_imported_is_a_clear_error(impo
         assert "ValueError:" in line and "set TRITON_INTERPRET=1 in the environment before triton is first " \
                                          "imported" in line, line
         assert "after" in line and "was imported" in line, line
+
+
+# ------------------------------------------------------------------------------------------------
+# 5. What a user reads: error messages, docstring examples, no internal references
+# ------------------------------------------------------------------------------------------------
+
+def test_a_shape_error_names_the_dimensions_not_yet_known_instead_of_none():
+    dims = Dims()
+    dims.check("q", torch.zeros(1, 4, 2, 8), "B T H K")
+    with pytest.raises(ValueError) as error:
+        dims.check("v", torch.zeros(1, 5, 3, 8), "B T HV V")
+    assert str(error.value) == "v: expected shape [B, T, HV, V] = [1, 4, HV, V], got [1, 5, 3, 8]"
