@@ -98,6 +98,30 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
+def causal_matmul(P: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+    """``P @ X`` over a window's tokens, causal even where ``X`` is not finite.
+
+    ``P [..., C, C]`` is lower triangular with exact zeros above the diagonal (a masked score
+    matrix: row i reads tokens j <= i); ``X [..., C, D]`` has one row per token and independent
+    columns. A plain product is not causal under non-finite input: row i < t multiplies a NaN or
+    inf ``X[t]`` by its exact zero ``P[i, t]`` and gets NaN (0 * NaN = NaN). So rows before the
+    first non-finite entry of a column take the product with non-finite entries replaced by 0
+    (0 * finite adds an exact zero: the clean run's bits), and rows at or after it take the plain
+    product, which is non-finite there (a NaN is never hidden). Both products are computed and
+    selected, so nothing is read back on the host.
+
+    Example:
+        >>> import torch
+        >>> from recurscan.reference.common import causal_matmul
+        >>> P = torch.tril(torch.ones(3, 3))
+        >>> causal_matmul(P, torch.tensor([[1.0], [float("nan")], [2.0]])).flatten().tolist()
+        [1.0, nan, nan]
+    """
+    finite = torch.isfinite(X)
+    poisoned = (~finite).cumsum(dim=-2) > 0  # [..., C, D]: a non-finite X[j, d] with j <= i
+    return torch.where(poisoned, P @ X, P @ torch.where(finite, X, 0))
+
+
 def repeat_heads(x: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
     """Grouped value attention: head ``hv`` reads query/key head ``hv // (heads // H)``."""
     groups = heads // x.shape[dim]

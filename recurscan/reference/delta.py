@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 
 from ..algebra import segsum
-from .common import CHUNK_SIZE, chunk_offsets, compute_dtype, l2norm, repeat_heads, sequence_blocks, sequences, windows
+from .common import (CHUNK_SIZE, causal_matmul, chunk_offsets, compute_dtype, l2norm, repeat_heads, sequence_blocks,
+                     sequences, windows)
 
 # ----------------------------------------------------------------------------------------------
 # One window of the chunkwise algorithm (the page to check against the maths)
@@ -34,6 +35,12 @@ def gdn_chunk(S, q, k, v, g, beta, scale):
         S [N, H, K, V]; q, k [N, H, C, K]; v [N, H, C, V]; g [N, H, C];
         beta [N, H, C] (per head) or [N, H, C, V] (per value column).
     Returns (o [N, H, C, V], S_next [N, H, K, V]).
+
+    Causal under non-finite input: a NaN or inf at token t leaves the outputs before t exactly as
+    a clean window computes them (masks are selections, and the product over tokens is
+    :func:`~recurscan.reference.common.causal_matmul`); the outputs from t on are non-finite where
+    the token loop's are. Under growth (g > 0) the outputs are right until the true values leave
+    the dtype's range, and non-finite from there.
     """
     C = q.shape[2]
     # 1. Decays, from each segment's own terms (seed 001): Gam[i, j] = a_i ... a_{j+1} (i >= j),
@@ -42,28 +49,34 @@ def gdn_chunk(S, q, k, v, g, beta, scale):
     Gam = segsum(g).exp()  # [N, H, C, C], zero above the diagonal
     lam = torch.cumsum(g, dim=-1).exp()  # [N, H, C]; a sum of at most C logs, never subtracted
     gam = Gam[..., -1, :]  # [N, H, C]
+    lower = torch.tril(torch.ones(C, C, dtype=torch.bool, device=q.device))
     strict = torch.tril(torch.ones(C, C, dtype=torch.bool, device=q.device), diagonal=-1)
+    # Masks below are selections (torch.where), never products: 0 * NaN = NaN would carry a
+    # non-finite token t into the rows before it.
 
     # 2. Token i's write is u_i = beta_i (v_i - S'_i^T k_i), where S'_i (decayed, before i's write)
     #    = lam_i S + sum_{j<i} Gam[i, j] k_j u_j^T. Collecting the u_j gives the unit lower
     #    triangular system (I + diag(beta) A) U = diag(beta) (V - diag(lam) K S),
     #    A = Gam o strictly_lower(K K^T): the WY form of the chunk's Householder products.
-    A = (k @ k.transpose(-1, -2)) * Gam * strict  # [N, H, C, C]
+    A = torch.where(strict, (k @ k.transpose(-1, -2)) * Gam, 0)  # [N, H, C, C]
     rhs = v - lam.unsqueeze(-1) * (k @ S)  # [N, H, C, V]
     eye = torch.eye(C, dtype=q.dtype, device=q.device)
     if beta.dim() == 3:  # one beta per head: one system for every value column
-        system = eye + beta.unsqueeze(-1) * A
+        system = torch.where(strict, beta.unsqueeze(-1) * A, eye)  # I + diag(beta) A
         U = torch.linalg.solve_triangular(system, beta.unsqueeze(-1) * rhs, upper=False, unitriangular=True)
     else:  # a beta per value column: one system per column
         b = beta.transpose(-1, -2).unsqueeze(-1)  # [N, H, V, C, 1]
-        system = eye + b * A.unsqueeze(2)  # [N, H, V, C, C]
+        system = torch.where(strict, b * A.unsqueeze(2), eye)  # [N, H, V, C, C]
         col = (b * rhs.transpose(-1, -2).unsqueeze(-1))  # [N, H, V, C, 1]
         U = torch.linalg.solve_triangular(system, col, upper=False, unitriangular=True)
         U = U.squeeze(-1).transpose(-1, -2)  # [N, H, C, V]
 
     # 3. Outputs read S_i = lam_i S + sum_{j<=i} Gam[i, j] k_j u_j^T: the state entering the
-    #    window, plus the window's own writes through a masked attention matrix.
-    o = scale * (lam.unsqueeze(-1) * (q @ S) + ((q @ k.transpose(-1, -2)) * Gam) @ U)
+    #    window, plus the window's own writes through a masked attention matrix. Its product
+    #    with U runs over tokens, so it is taken causally: a non-finite u_t (a bad input at t, or
+    #    growth past the dtype's range) reaches rows >= t only, not through the zeros of rows < t.
+    scores = torch.where(lower, (q @ k.transpose(-1, -2)) * Gam, 0)  # [N, H, C, C]
+    o = scale * (lam.unsqueeze(-1) * (q @ S) + causal_matmul(scores, U))
 
     # 4. The state leaving the window.
     S_next = lam[..., -1, None, None] * S + k.transpose(-1, -2) @ (gam.unsqueeze(-1) * U)

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from recurscan.algebra import segsum
 from recurscan.reference.common import (
     CHUNK_SIZE,
+    causal_matmul,
     chunk_offsets,
     compute_dtype,
     SequenceBlock,
@@ -83,11 +84,15 @@ def gla_chunk(
     whole = ss[..., C, 0].exp()  # [N, HV, Kg]  a_{C:0}, the whole window's decay
 
     # 2. Intra-chunk: a small causal attention, each score decayed from its write to its read.
+    #    The causal mask is a selection (0 * NaN = NaN would carry a non-finite token t into the
+    #    rows before it), and the product over tokens is taken causally (causal_matmul): a
+    #    non-finite v_t reaches rows >= t only.
     if mask.shape[2] == 1:  # one decay per head: the mask factors out of the key sum
         scores = (q @ k.transpose(-1, -2)) * mask[:, :, 0]  # [N, HV, C, C]
     else:  # one decay per key dimension: it stays inside the key sum
         scores = torch.einsum("nhik,nhjk,nhkij->nhij", q, k, mask)  # [N, HV, C, C]
-    o = scores @ v  # [N, HV, C, V]
+    lower = torch.tril(torch.ones(C, C, dtype=torch.bool, device=q.device))
+    o = causal_matmul(torch.where(lower, scores, 0), v)  # [N, HV, C, V]
 
     # 3. Inter-chunk: each query reads the incoming state, decayed from the window start to it.
     o = o + (q * from_start.transpose(-1, -2)) @ state  # [N, HV, C, K] @ [N, HV, K, V]

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from recurscan.algebra import segsum
 from recurscan.reference.common import (
     CHUNK_SIZE,
+    causal_matmul,
     chunk_offsets,
     compute_dtype,
     SequenceBlock,
@@ -144,9 +145,13 @@ def ssd_chunk(
     to_end = ss[..., L, 1:].exp()  # [Ns, H, L]  write j -> window end (excludes dA_j)
     whole = ss[..., L, 0].exp()  # [Ns, H]  incoming state -> window end
 
-    # 2. Diagonal block (outputs from writes inside the window): masked C B^T "attention".
-    scores = torch.einsum("nihs,njhs->nhij", C, B) * decay  # [Ns, H, L, L]
-    y_diag = torch.einsum("nhij,njhp->nihp", scores, xdt)  # [Ns, L, H, P]
+    # 2. Diagonal block (outputs from writes inside the window): masked C B^T "attention". The
+    #    mask is a selection (0 * NaN = NaN would carry a non-finite token t into the rows before
+    #    it), and the product over tokens is taken causally (causal_matmul): a non-finite write
+    #    dt_t x_t reaches rows >= t only.
+    lower = torch.tril(torch.ones(L, L, dtype=torch.bool, device=x.device))
+    scores = torch.where(lower, torch.einsum("nihs,njhs->nhij", C, B) * decay, 0)  # [Ns, H, L, L]
+    y_diag = causal_matmul(scores, xdt.transpose(1, 2)).transpose(1, 2)  # [Ns, L, H, P]
 
     # 3. Off-diagonal block (outputs from everything before the window): read the incoming state.
     y_off = torch.einsum("nihs,nhps,nhi->nihp", C, state, from_start)  # [Ns, L, H, P]
