@@ -2,7 +2,8 @@
 linear attention, diagonal scans), with a CPU oracle anyone can read.
 
 PyTorch tensors in and out; CPU tensors run the PyTorch oracle's chunked form. The scan algebra
-of seed 001 is :mod:`recurscan.algebra`; the oracle is :mod:`recurscan.reference`.
+(affine maps, scans, the chunkwise algorithm) is :mod:`recurscan.algebra`; the oracle is
+:mod:`recurscan.reference`.
 """
 from .ops import *  # noqa: F401,F403  (the public ops, listed in ops.__all__)
 from .ops import __all__ as _ops

@@ -1,10 +1,10 @@
-"""The scan algebra of seed 001: affine maps, scans, their backward passes, stable segment sums,
+"""The scan algebra: affine maps, scans, their backward passes, stable segment sums,
 the chunkwise algorithm and its cost model.
 
 This is the textbook layer. It imports nothing else from recurscan, so anyone can check it
 against the mathematics without reading the rest of the library.
 
-Conventions (seed 001):
+Conventions:
 
 * One step is the affine map ``h -> a h + b``, written as the pair ``(a, b)``. ``a`` is a scalar,
   a diagonal (a tensor shaped like ``b``, or broadcastable to it) or a dense matrix (``b``'s shape
@@ -97,7 +97,8 @@ def compose(p1, p2):
     Returns:
         The pair ``(a, b)`` of the composed map.
 
-    Example (seed 001: "multiply by 0.5 and add 1", then "multiply by 0.5"):
+    Example ("multiply by 0.5 and add 1", then "multiply by 0.5"):
+        >>> from recurscan.algebra import compose
         >>> a, b = compose((0.5, 1.0), (0.5, 0.0))
         >>> float(a), float(b)
         (0.25, 0.5)
@@ -116,6 +117,7 @@ def compose_all(maps):
         The pair ``(a, b)`` of the whole chain.
 
     Example:
+        >>> from recurscan.algebra import compose_all
         >>> a, b = compose_all([(0.5, 1.0), (0.5, 0.0), (2.0, 1.0)])
         >>> float(a), float(b)
         (0.5, 2.0)
@@ -159,6 +161,7 @@ def sequential_scan(a, b, return_count: bool = False):
         ``h_0 = 0``), or ``(A, B, count)``.
 
     Example:
+        >>> from recurscan.algebra import sequential_scan
         >>> A, B, n = sequential_scan([0.5, 0.5, 0.5], [1.0, 1.0, 1.0], return_count=True)
         >>> B.tolist(), n
         ([1.0, 1.5, 1.75], 2)
@@ -182,6 +185,7 @@ def hillis_steele_scan(a, b, return_count: bool = False):
     Args, returns: as :func:`sequential_scan`. At ``T = 1000`` the count is 8977.
 
     Example:
+        >>> from recurscan.algebra import hillis_steele_scan
         >>> A, B, n = hillis_steele_scan([0.5, 0.5, 0.5], [1.0, 1.0, 1.0], return_count=True)
         >>> B.tolist(), n
         ([1.0, 1.5, 1.75], 3)
@@ -209,6 +213,7 @@ def blelloch_scan(a, b, return_count: bool = False):
     Args, returns: as :func:`sequential_scan`.
 
     Example:
+        >>> from recurscan.algebra import blelloch_scan
         >>> A, B, n = blelloch_scan([0.5, 0.5, 0.5], [1.0, 1.0, 1.0], return_count=True)
         >>> B.tolist(), n
         ([1.0, 1.5, 1.75], 9)
@@ -267,7 +272,8 @@ def parallel_linear_scan(a, b, h0=None, return_count: bool = False):
     Returns:
         ``h: [T, N]``, or ``(h, count)``.
 
-    Example (seed 001: h0 = 2 and first step (0.5, 1) give h1 = 2):
+    Example (h0 = 2 and first step (0.5, 1) give h1 = 2):
+        >>> from recurscan.algebra import parallel_linear_scan
         >>> parallel_linear_scan([0.5, 0.5], [1.0, 0.0], h0=2.0).tolist()
         [2.0, 1.0]
     """
@@ -299,6 +305,7 @@ def linear_recurrence_backward(a, b, h0, g):
         ``(da, db, dh0)`` shaped like ``a``, ``b`` and one step of ``b``.
 
     Example (L = h_2 with h_1 = 0.5*1 + 1, h_2 = 0.5 h_1 + 1):
+        >>> from recurscan.algebra import linear_recurrence_backward
         >>> da, db, dh0 = linear_recurrence_backward([0.5, 0.5], [1.0, 1.0], 1.0, [0.0, 1.0])
         >>> da.tolist(), db.tolist(), float(dh0)
         ([0.5, 1.5], [0.5, 1.0], 0.25)
@@ -325,7 +332,7 @@ def linear_attention_backward(Q, K, V, log_a, dO):
     ``Sbar_t = q_t do_t^T + a_{t+1} Sbar_{t+1}`` in a backward sweep: ``dk_t = Sbar_t v_t``,
     ``dv_t = Sbar_t^T k_t``. Each sweep holds one ``d_k x d_v`` state at a time.
 
-    The decay gradient uses seed 001's closed form: raising ``log_a_u`` scales exactly the
+    The decay gradient has a closed form: raising ``log_a_u`` scales exactly the
     write-to-read paths that cross step ``u``, which are the reads from ``u`` on minus the writes
     from ``u`` on, ``dlog_a_u = sum_{t>=u} (q_t . dq_t - k_t . dk_t)``. No ``S_{t-1}`` is needed.
 
@@ -337,6 +344,7 @@ def linear_attention_backward(Q, K, V, log_a, dO):
         ``(dQ, dK, dV, dlog_a)`` shaped like ``Q``, ``K``, ``V``, ``log_a``.
 
     Example (one token: o = (q . k) v):
+        >>> from recurscan.algebra import linear_attention_backward
         >>> dQ, dK, dV, dl = linear_attention_backward([[2.0]], [[3.0]], [[1.0]], [0.0], [[1.0]])
         >>> dQ.tolist(), dK.tolist(), dV.tolist(), dl.tolist()
         ([[3.0]], [[2.0]], [[6.0]], [0.0])
@@ -379,6 +387,8 @@ def segsum(log_a: torch.Tensor) -> torch.Tensor:
         (a product of 0), never ``-inf - (-inf) = NaN``.
 
     Example:
+        >>> import torch
+        >>> from recurscan.algebra import segsum
         >>> segsum(torch.log(torch.tensor([0.5, 0.5, 0.5]))).exp()
         tensor([[1.0000, 0.0000, 0.0000],
                 [0.5000, 1.0000, 0.0000],
@@ -398,7 +408,7 @@ def segsum(log_a: torch.Tensor) -> torch.Tensor:
 
 
 def chunked_gla(Q, K, V, log_a, T_c: int, S0=None):
-    """Linear attention with a scalar decay per step, by the chunkwise algorithm of seed 001.
+    """Linear attention with a scalar decay per step, by the chunkwise algorithm.
 
     The sequence is cut into ``ceil(T / T_c)`` chunks (the last may be short). Inside a chunk of
     length ``c`` starting after step ``t0``, with local positions ``r, s = 1..c``:
@@ -422,6 +432,7 @@ def chunked_gla(Q, K, V, log_a, T_c: int, S0=None):
         ``(O, S_T)``: ``O: [..., T, d_v]`` with ``o_t = S_t^T q_t``, and the final state.
 
     Example (no decay, one chunk: o_t = sum_{s<=t} (q_t . k_s) v_s):
+        >>> from recurscan.algebra import chunked_gla
         >>> O, S = chunked_gla([[1.0], [1.0]], [[1.0], [2.0]], [[1.0], [1.0]], [0.0, 0.0], T_c=2)
         >>> O.tolist(), S.tolist()
         ([[1.0], [3.0]], [[3.0]])
@@ -480,6 +491,7 @@ def chunk_cost(T: int, T_c: int, d_k: int, d_v: int) -> ChunkCost:
         :class:`ChunkCost` ``(flops, sequential_steps, state_numbers)``.
 
     Example (two full chunks of 64 at d_k = d_v = 64):
+        >>> from recurscan.algebra import chunk_cost
         >>> chunk_cost(128, 64, 64, 64)
         ChunkCost(flops=4194304, sequential_steps=2, state_numbers=8192)
     """
@@ -516,6 +528,7 @@ def step_time(T: int, T_c: int, d_k: int, d_v: int, heads: int,
         ``heads * max(matmul time, scalar time) + ceil(T / T_c) * latency``.
 
     Example (matmul-bound: 2 heads x 4194304 FLOPs at 1 TFLOP/s, plus 2 steps of 1 us):
+        >>> from recurscan.algebra import step_time
         >>> round(step_time(128, 64, 64, 64, 2, 1e12, 1e11, 1e-6) * 1e6, 6)
         10.388608
     """

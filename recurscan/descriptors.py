@@ -1,4 +1,4 @@
-"""Chunk descriptors for varlen chunked prefill (seed 003), built once per step on the host.
+"""Chunk descriptors for varlen chunked prefill, built once per step on the host.
 
 A varlen call needs, per step, three small index tensors:
 
@@ -124,6 +124,7 @@ def build_chunk_descriptors(cu_seqlens, num_householder: int = 1, *, max_tokens:
             num_householder or chunk_size < 1, max_tokens negative or fewer than the tokens).
 
     Example:
+        >>> from recurscan import build_chunk_descriptors
         >>> d = build_chunk_descriptors([0, 1, 70, 70, 200], num_householder=3)
         >>> d.chunk_offsets.tolist()
         [0, 1, 3, 3, 6]

@@ -251,3 +251,65 @@ def test_a_shape_error_names_the_dimensions_not_yet_known_instead_of_none():
     with pytest.raises(ValueError) as error:
         dims.check("v", torch.zeros(1, 5, 3, 8), "B T HV V")
     assert str(error.value) == "v: expected shape [B, T, HV, V] = [1, 4, HV, V], got [1, 5, 3, 8]"
+
+
+INTERNAL_MODULES = ("recurscan.kernels", "recurscan.problem")  # the Triton kernels, the ops' argument checks
+
+
+def user_facing_modules():
+    """recurscan and the modules a user imports or reads about (every one but the internal ones)."""
+    names = ["recurscan"] + [m.name for m in pkgutil.walk_packages(recurscan.__path__, "recurscan.")]
+    return [name for name in names if not name.startswith(INTERNAL_MODULES)]
+
+
+def docstring_examples():
+    finder = doctest.DocTestFinder()
+    tests = []
+    for name in user_facing_modules():
+        tests += [t for t in finder.find(importlib.import_module(name), name) if t.examples]
+    return sorted(tests, key=lambda t: t.name)
+
+
+EXAMPLES = docstring_examples()
+
+
+def test_the_public_decode_functions_have_examples():
+    documented = {t.name for t in EXAMPLES}
+    for name in ("fused_recurrent_gated_delta_rule", "fused_recurrent_gated_delta_product_update",
+                 "unfold_householder", "fold_householder"):
+        assert f"recurscan.ops.decode.{name}" in documented
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[t.name for t in EXAMPLES])
+def test_a_docstring_example_runs_pasted_into_a_fresh_interpreter(example):
+    """Doctest runs an example among its module's globals, which hides a missing import; here it
+    runs with none, as in a fresh interpreter: the example imports what it uses."""
+    example.globs = {}
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    report = []
+    result = runner.run(example, out=report.append)
+    assert result.failed == 0, "".join(report)
+
+
+INTERNAL_REFERENCES = re.compile(r"\bseeds? 00\d|\bshared/")
+
+
+@pytest.mark.parametrize("module", user_facing_modules())
+def test_docstrings_do_not_point_users_at_internal_seeds_or_a_shared_folder(module):
+    found = []
+    for test in doctest.DocTestFinder(exclude_empty=False).find(importlib.import_module(module), module):
+        if test.docstring and INTERNAL_REFERENCES.search(test.docstring):
+            found.append(f"{test.name}: {INTERNAL_REFERENCES.search(test.docstring).group()}")
+    assert not found
+
+
+def test_readme_does_not_point_users_at_internal_seeds_or_a_shared_folder():
+    assert not INTERNAL_REFERENCES.search((ROOT / "README.md").read_text())
+
+
+def test_readme_says_how_to_get_the_cpu_build_of_pytorch():
+    readme = (ROOT / "README.md").read_text()
+    assert "--index-url https://download.pytorch.org/whl/cpu" in readme
+    # The two set-up commands CI runs (.ci/run) are unchanged.
+    assert "    python3 -m pip install -r requirements/cpu.txt -e . && recurscan\n" in readme
+    assert '    python3 -m pip install -r requirements/cpu.txt -e ".[test]" && python3 -m pytest -q\n' in readme

@@ -1,4 +1,4 @@
-"""The in-place state cache shared by every family (seeds 002 and 003).
+"""The in-place state cache shared by every family (decode and chunked prefill alike).
 
 A cache ``state [S, ...]`` is addressed by ``state_indices [N]``: sequence n reads and writes slot
 ``state_indices[n]``; -1 marks a padding request, whose output is zero and whose slot is never

@@ -1,6 +1,6 @@
 """Public decode ops of the delta-rule family: the token-by-token (recurrent) form against a state
-cache, with speculative-decoding snapshots (seed 002), and Gated Delta Product decode by folding
-its Householder copies into the sequence.
+cache, with speculative-decoding snapshots, and Gated Delta Product decode by folding its
+Householder copies into the sequence.
 
 Backends. CUDA tensors run the streaming Triton kernel (``recurscan/kernels/recurrent.py``).
 CPU tensors run the PyTorch oracle's token loop, unless ``backend="triton"`` is passed: then the
@@ -85,7 +85,7 @@ def fused_recurrent_gated_delta_rule_update(q, k, v, g=None, beta=None, scale=No
                                             cu_seqlens=None, state=None, state_indices=None,
                                             intermediate_states=None, steps_per_token=1, *,
                                             num_accepted_tokens=None, backend=None):
-    """Recurrent Gated DeltaNet (decode and speculative decoding), seed 002's signature.
+    """Recurrent Gated DeltaNet (decode and speculative decoding) against an in-place state cache.
 
     Per value head and token: ``S <- exp(g) S;  S <- S + k (beta (v - S^T k))^T;  o = scale S^T q``.
 
@@ -107,7 +107,7 @@ def fused_recurrent_gated_delta_rule_update(q, k, v, g=None, beta=None, scale=No
             cache slots: entry ``[slot, i]`` is the state after draft token i (after its
             ``steps_per_token`` steps). Padding requests write nothing. Needs ``state``.
         steps_per_token: recurrence steps per draft token (M when GDP is folded into the sequence).
-        num_accepted_tokens: ``[N]`` int (beyond seed 002): request n starts from
+        num_accepted_tokens: ``[N]`` int (an extension): request n starts from
             ``intermediate_states[slot, a - 1]`` where ``a = num_accepted_tokens[n] > 0`` (its last
             accepted draft token of the previous step), else from ``state[slot]``. Needs
             ``intermediate_states`` (read before it is overwritten, column block by column block).
@@ -332,10 +332,12 @@ def fold_householder(q, g, num_householder, cu_seqlens=None):
     q ``[B, T, H, K]`` -> ``[B, T*M, H, K]`` with the query on each token's last copy (zeros on the
     others); g ``[B, T, HV]`` -> ``[B, T*M, HV]`` with the decay on the first copy (0 = decay 1 on
     the others); cu_seqlens -> ``cu_seqlens * M``. k, v and beta already live on the expanded
-    stream (seed 003's layout) and need no folding. One draft token is then ``steps_per_token = M``
-    recurrence steps.
+    stream (the layout of :func:`recurscan.chunk_gated_delta_product_varlen`) and need no
+    folding. One draft token is then ``steps_per_token = M`` recurrence steps.
 
     Example:
+        >>> import torch
+        >>> from recurscan import fold_householder
         >>> q, g = torch.ones(1, 2, 1, 2), -torch.ones(1, 2, 1)
         >>> qf, gf, _ = fold_householder(q, g, 3)
         >>> qf[0, :, 0, 0].tolist(), gf[0, :, 0].tolist()
@@ -347,7 +349,15 @@ def fold_householder(q, g, num_householder, cu_seqlens=None):
 
 def unfold_householder(o, num_householder):
     """The answer on the token stream: the output row of each token's last copy,
-    ``[B, T*M, HV, V]`` -> ``[B, T, HV, V]`` (a view)."""
+    ``[B, T*M, HV, V]`` -> ``[B, T, HV, V]`` (a view).
+
+    Example:
+        >>> import torch
+        >>> from recurscan import unfold_householder
+        >>> o = torch.arange(6.0).reshape(1, 6, 1, 1)   # T = 2 tokens, M = 3 copies each
+        >>> unfold_householder(o, 3).flatten().tolist()
+        [2.0, 5.0]
+    """
     return o[:, num_householder - 1:: num_householder]
 
 
@@ -356,7 +366,8 @@ def fused_recurrent_gated_delta_product_update(q, k, v, g, beta, num_householder
                                                cu_seqlens=None, state=None, state_indices=None,
                                                intermediate_states=None, *, num_accepted_tokens=None,
                                                backend=None):
-    """Gated Delta Product decode (and speculative decode) by folding (seed 002).
+    """Gated Delta Product decode (and speculative decode) by folding its Householder copies into
+    the sequence (:func:`fold_householder`).
 
     Args:
         q: ``[B, T, H, K]``; k: ``[B, T*M, H, K]``; v: ``[B, T*M, HV, V]``; g: ``[B, T, HV]`` or None;
@@ -367,6 +378,17 @@ def fused_recurrent_gated_delta_product_update(q, k, v, g, beta, num_householder
 
     Returns:
         ``(o [B, T, HV, V], final_state)``.
+
+    Example:
+        >>> import torch, recurscan
+        >>> T, M = 1, 2   # one new token per request, two Householder copies each
+        >>> cache = torch.zeros(4, 2, 16, 16)
+        >>> q, g = torch.randn(3, T, 2, 16), -torch.rand(3, T, 2)
+        >>> k, v, beta = torch.randn(3, T * M, 2, 16), torch.randn(3, T * M, 2, 16), torch.rand(3, T * M, 2)
+        >>> o, state = recurscan.fused_recurrent_gated_delta_product_update(
+        ...     q, k, v, g, beta, M, state=cache, state_indices=torch.tensor([3, -1, 0]))
+        >>> o.shape, state is cache, bool(o[1].eq(0).all()), bool(cache[1].eq(0).all())
+        (torch.Size([3, 1, 2, 16]), True, True, True)
     """
     if isinstance(num_householder, bool) or not isinstance(num_householder, int) or num_householder < 1:
         raise ValueError(f"num_householder: expected an int >= 1, got {num_householder!r}")

@@ -7,7 +7,7 @@ Every family's reference follows one pattern:
         naive:   for each token:        state = step(state, token)      -> output row
         chunked: for each chunk window: state = chunk(state, window)    -> output rows
 
-so the chunked form is the decomposition seed 000 defines (each window continues from the
+so the chunked form is a chunk-window decomposition (each window continues from the
 previous window's state), its memory is one window plus one state, and it has no length ceiling.
 """
 from __future__ import annotations
@@ -58,6 +58,8 @@ def sequence_blocks(batch: int, length: int, cu_seqlens: torch.Tensor | None) ->
     """All B rows at once (equal lengths), or one cu_seqlens segment at a time (row 0).
 
     Example:
+        >>> import torch
+        >>> from recurscan.reference.common import sequence_blocks
         >>> sequence_blocks(2, 5, None)
         [SequenceBlock(rows=slice(0, 2, None), seqs=slice(0, 2, None), start=0, end=5)]
         >>> sequence_blocks(1, 5, torch.tensor([0, 1, 5]))[1]

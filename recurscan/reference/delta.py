@@ -12,7 +12,7 @@ beta is per head ([.., HV]) or per value column ([.., HV, V]); q, k may be L2-no
 
 GDP applies M such writes per token (M Householder copies of k, v, beta, laid out on an expanded
 stream of T*M rows), with the token's decay before the first copy and its read after the last.
-The chunked GDP *is* the chunked GDN run on the expanded stream (seed 003), so GDP's chunk
+The chunked GDP *is* the chunked GDN run on the expanded stream, so GDP's chunk
 windows are windows of the expanded stream: ceil(L*M/64) of them, not M*ceil(L/64).
 """
 from __future__ import annotations
@@ -192,6 +192,8 @@ def gated_delta_rule_naive(q, k, v, g=None, beta=None, scale=None, initial_state
         any input is float64).
 
     Example:
+        >>> import torch
+        >>> from recurscan.reference.delta import gated_delta_rule_naive
         >>> q, k = torch.randn(1, 5, 2, 8), torch.randn(1, 5, 2, 8)
         >>> v, g, beta = torch.randn(1, 5, 4, 6), -torch.rand(1, 5, 4), torch.rand(1, 5, 4)
         >>> o, S = gated_delta_rule_naive(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
@@ -210,6 +212,8 @@ def gated_delta_rule_chunked(q, k, v, g=None, beta=None, scale=None, initial_sta
     Same arguments and results as :func:`gated_delta_rule_naive`.
 
     Example:
+        >>> import torch
+        >>> from recurscan.reference.delta import gated_delta_rule_chunked, gated_delta_rule_naive
         >>> q, k, v = torch.randn(1, 100, 2, 8), torch.randn(1, 100, 2, 8), torch.randn(1, 100, 2, 8)
         >>> g, beta = -torch.rand(1, 100, 2), torch.rand(1, 100, 2)
         >>> o, S = gated_delta_rule_chunked(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
@@ -260,6 +264,8 @@ def gated_delta_product_naive(q, k, v, g, beta, num_householder, scale=None, ini
         ``(o [B, T, HV, V], final_state [N, HV, K, V])`` (+ chunk states).
 
     Example:
+        >>> import torch
+        >>> from recurscan.reference.delta import gated_delta_product_naive
         >>> q, g = torch.randn(1, 4, 2, 8), -torch.rand(1, 4, 2)
         >>> k, v, beta = torch.randn(1, 8, 2, 8), torch.randn(1, 8, 2, 8), torch.rand(1, 8, 2)
         >>> o, S = gated_delta_product_naive(q, k, v, g, beta, num_householder=2)

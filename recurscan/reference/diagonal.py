@@ -3,10 +3,10 @@
     h_t = a_t * h_{t-1} + b_t        (elementwise over D channels; a_t raw, may be 0, 1, negative)
 
 ``diagonal_naive`` runs it token by token: the ground truth. ``diagonal_chunked`` takes one chunk
-window at a time, continuing from the previous window's state (seed 000): it folds the incoming
-state into the window's first step (``b_1 + a_1 h_0``, seed 001) and runs a parallel scan of the
-affine maps ``(a_t, b_t)`` over the window (``algebra.hillis_steele_scan``). Products of decays are built by multiplication only
-(no division, no logs), so ``a = 0`` and negative ``a`` are exact.
+window at a time, continuing from the previous window's state: it folds the incoming state into
+the window's first step (``b_1 + a_1 h_0``) and runs a parallel scan of the affine maps
+``(a_t, b_t)`` over the window (``algebra.hillis_steele_scan``). Products of decays are built by
+multiplication only (no division, no logs), so ``a = 0`` and negative ``a`` are exact.
 
 Both forms compute in float32, or float64 if any input is float64, and return that dtype.
 Layout: ``a, b: [B, T, D]``; varlen is ``B == 1`` plus ``cu_seqlens``; states ``[N, D]``.
@@ -33,6 +33,8 @@ def diagonal_chunk(a: torch.Tensor, b: torch.Tensor, state: torch.Tensor) -> tup
         ``h`` ``[N, L, D]`` and the state leaving the window ``[N, D]``.
 
     Example:
+        >>> import torch
+        >>> from recurscan.reference.diagonal import diagonal_chunk
         >>> h, s = diagonal_chunk(torch.full((1, 3, 1), 0.5), torch.ones(1, 3, 1), torch.full((1, 1), 8.0))
         >>> h.flatten(), s.flatten()
         (tensor([5.0000, 3.5000, 2.7500]), tensor([2.7500]))
@@ -98,6 +100,8 @@ def diagonal_naive(
         compute dtype (float32, or float64 if any input is float64).
 
     Example:
+        >>> import torch
+        >>> from recurscan.reference.diagonal import diagonal_naive
         >>> h, final = diagonal_naive(torch.full((1, 3, 2), 0.5), torch.ones(1, 3, 2))
         >>> h[0, :, 0], final.shape
         (tensor([1.0000, 1.5000, 1.7500]), torch.Size([1, 2]))
@@ -135,6 +139,8 @@ def diagonal_chunked(
     state. Agrees with :func:`diagonal_naive` up to reassociation.
 
     Example:
+        >>> import torch
+        >>> from recurscan.reference.diagonal import diagonal_chunked
         >>> a, b = torch.rand(1, 100, 3), torch.randn(1, 100, 3)
         >>> h, final, chunks = diagonal_chunked(a, b, cu_seqlens=torch.tensor([0, 1, 70, 100]),
         ...                                     chunk_size=32, return_chunk_states=True)

@@ -6,12 +6,12 @@ The recurrence, per value head, with a key-by-value state ``S`` (rows: keys, col
     S_t = exp(g_t) S_{t-1} + k_t v_t^T              (scalar decay per head, g_t: a number)
     o_t = scale * S_t^T q_t                         (the state is updated first, then read)
 
-``gla_naive`` runs it token by token: the ground truth. ``gla_chunked`` is seed 001's chunkwise
-algorithm, one chunk window at a time, each window continuing from the previous window's state
-(seed 000): a small masked attention inside the window plus one read of and one update to the
-carried state. Every decay inside a window comes from ``segsum`` (additions of the window's own
-log decays, never a difference of long cumulative sums), so ``g = 0`` (decay 1) and
-``g = -inf`` (a reset, decay 0) are exact and never produce NaN.
+``gla_naive`` runs it token by token: the ground truth. ``gla_chunked`` is the chunkwise
+algorithm (:func:`recurscan.algebra.chunked_gla` for a scalar decay), one chunk window at a time,
+each window continuing from the previous window's state: a small masked attention inside the
+window plus one read of and one update to the carried state. Every decay inside a window comes
+from ``segsum`` (additions of the window's own log decays, never a difference of long cumulative
+sums), so ``g = 0`` (decay 1) and ``g = -inf`` (a reset, decay 0) are exact and never produce NaN.
 
 Both forms compute in float32, or float64 if any input is float64, and return results in that
 dtype. Layout: inputs ``[B, T, H, D]`` (tokens before heads); varlen is ``B == 1`` plus
@@ -63,6 +63,8 @@ def gla_chunk(
         ``o`` ``[N, C, HV, V]`` and the state leaving the window ``[N, HV, K, V]``.
 
     Example:
+        >>> import torch
+        >>> from recurscan.reference.gla import gla_chunk
         >>> q, k, v = torch.randn(1, 8, 2, 3), torch.randn(1, 8, 2, 3), torch.randn(1, 8, 2, 5)
         >>> o, s = gla_chunk(q, k, v, -torch.rand(1, 8, 2, 1), torch.zeros(1, 2, 3, 5))
         >>> o.shape, s.shape
@@ -215,6 +217,8 @@ def gla_naive(
         compute dtype (float32, or float64 if any input is float64).
 
     Example:
+        >>> import torch
+        >>> from recurscan.reference.gla import gla_naive
         >>> B, T, H, HV, K, V = 1, 10, 2, 4, 8, 6
         >>> q, k = torch.randn(B, T, H, K), torch.randn(B, T, H, K)
         >>> v, g = torch.randn(B, T, HV, V), -torch.rand(B, T, HV)
@@ -251,7 +255,7 @@ def gla_chunked(
     chunk_size: int = CHUNK_SIZE,
     return_chunk_states: bool = False,
 ):
-    """Gated linear attention, chunk window by chunk window (seed 001's chunkwise algorithm).
+    """Gated linear attention, chunk window by chunk window (the chunkwise algorithm).
 
     Same arguments, results and conventions as :func:`gla_naive`; each window of
     ``chunk_size`` tokens (the last may be short) is one call of :func:`gla_chunk`, continuing
@@ -263,6 +267,8 @@ def gla_chunked(
     ``[B, T, HV, V]``. Defaults: scale ``K ** -0.5``, zero initial state, chunk_size 64.
 
     Example:
+        >>> import torch
+        >>> from recurscan.reference.gla import gla_chunked
         >>> q, k = torch.randn(1, 100, 2, 8), torch.randn(1, 100, 2, 8)
         >>> v, g = torch.randn(1, 100, 2, 6), -torch.rand(1, 100, 2, 8)
         >>> cu = torch.tensor([0, 1, 70, 100])

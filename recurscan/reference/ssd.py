@@ -9,8 +9,9 @@ layout of mamba_ssm's state caches)::
     y_t  = y_t * silu(z_t)                            (if z is given)
 
 Head h reads B/C group ``h // (H // G)``. This is gated linear attention with ``q = C``,
-``k = B``, ``v = dt * x``, log decay ``A * dt``, scale 1 (seed 001); the chunk page below is written
-on its own in mamba's ssd_minimal style so it can be checked against the SSD paper directly.
+``k = B``, ``v = dt * x``, log decay ``A * dt``, scale 1 (see :mod:`recurscan.algebra`); the chunk
+page below is written on its own in mamba's ssd_minimal style so it can be checked against the
+SSD paper directly.
 
 dt semantics follow mamba_ssm's ``mamba_chunk_scan_combined`` reference path and
 ``selective_state_update``: bias, then softplus (torch's, linear above 20 like mamba's kernels),
@@ -63,6 +64,8 @@ def discretize_dt(
         ``[..., H]`` in the dtype of ``dt`` (cast it first).
 
     Example:
+        >>> import torch
+        >>> from recurscan.reference.ssd import discretize_dt
         >>> discretize_dt(torch.tensor([-1.0, 0.0, 30.0]), dt_softplus=True)
         tensor([ 0.3133,  0.6931, 30.0000])
         >>> discretize_dt(torch.tensor([-1.0, 2.0]))  # raw dt, default limit: not clamped
@@ -89,6 +92,8 @@ def skip_and_gate(
         z: ``[..., H, P]`` gate, or None.
 
     Example:
+        >>> import torch
+        >>> from recurscan.reference.ssd import skip_and_gate
         >>> skip_and_gate(torch.ones(1, 2, 3), torch.ones(1, 2, 3), torch.tensor([1.0, 2.0]), None)[0, :, 0]
         tensor([2., 3.])
     """
@@ -127,6 +132,8 @@ def ssd_chunk(
         ``[Ns, H, P, N]``.
 
     Example:
+        >>> import torch
+        >>> from recurscan.reference.ssd import ssd_chunk
         >>> x, dt = torch.randn(1, 8, 2, 4), torch.rand(1, 8, 2)
         >>> B, C = torch.randn(1, 8, 2, 3), torch.randn(1, 8, 2, 3)
         >>> y, s = ssd_chunk(x, dt, -torch.rand(2), B, C, torch.zeros(1, 2, 4, 3))
@@ -298,6 +305,8 @@ def ssd_naive(
         compute dtype (float32, or float64 if any input is float64).
 
     Example:
+        >>> import torch
+        >>> from recurscan.reference.ssd import ssd_naive
         >>> Bt, T, H, P, G, N = 2, 10, 4, 6, 2, 5
         >>> x, dt = torch.randn(Bt, T, H, P), torch.randn(Bt, T, H)
         >>> A, B, C = -torch.rand(H), torch.randn(Bt, T, G, N), torch.randn(Bt, T, G, N)
@@ -354,6 +363,8 @@ def ssd_chunked(
     ``[NT, H, P, N]``; y ``[Bt, T, H, P]``. Defaults as :func:`ssd_naive` (chunk_size 64).
 
     Example:
+        >>> import torch
+        >>> from recurscan.reference.ssd import ssd_chunked
         >>> x, dt = torch.randn(1, 100, 4, 6), torch.randn(1, 100, 4)
         >>> A, B, C = -torch.rand(4), torch.randn(1, 100, 1, 5), torch.randn(1, 100, 1, 5)
         >>> y, final, chunks = ssd_chunked(x, dt, A, B, C, dt_softplus=True, chunk_size=32,
