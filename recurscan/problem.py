@@ -13,6 +13,7 @@ tensors: on a GPU they would synchronise the host, which a captured op must neve
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -97,6 +98,8 @@ def check_tensor(name, x, dtypes, device=None) -> None:
 def check_scale(scale) -> None:
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
         raise TypeError(f"scale: expected a float or None, got {type(scale).__name__}")
+    if scale is not None and not math.isfinite(scale):  # NaN or inf: every output would be NaN or inf
+        raise ValueError(f"scale: expected a finite number, got {scale}")
 
 
 def check_cu_seqlens(cu_seqlens, batch: int, length: int, device) -> int:
@@ -321,7 +324,8 @@ def diagonal_problem(a, b, *, initial_state=None, cu_seqlens=None) -> DiagonalPr
 def check_decode_extras(problem, state, intermediate_states, steps_per_token, num_accepted_tokens) -> None:
     """The speculative-decoding arguments of a recurrent (decode) call (seed 002, plus
     ``num_accepted_tokens``): ``intermediate_states [S, >= T // steps_per_token, HV, K, V]`` at the
-    cache slots, ``num_accepted_tokens [N]`` (int) read against that buffer. Reads no values."""
+    cache slots, ``num_accepted_tokens [N]`` (int) read against that buffer. Reads values only on
+    CPU tensors (:func:`check_accepted_tokens`)."""
     if isinstance(steps_per_token, bool) or not isinstance(steps_per_token, int) or steps_per_token < 1:
         raise ValueError(f"steps_per_token: expected an int >= 1, got {steps_per_token!r}")
     if intermediate_states is not None:
@@ -344,6 +348,21 @@ def check_decode_extras(problem, state, intermediate_states, steps_per_token, nu
         if list(num_accepted_tokens.shape) != [problem.sequences]:
             raise ValueError(f"num_accepted_tokens: expected shape [N] = [{problem.sequences}], "
                              f"got {list(num_accepted_tokens.shape)}")
+        check_accepted_tokens(num_accepted_tokens, intermediate_states.shape[1])
+
+
+def check_accepted_tokens(num_accepted_tokens, snapshots: int) -> None:
+    """``num_accepted_tokens`` against a snapshot buffer of ``snapshots`` entries a request: each
+    value a in ``[0, snapshots]`` (0: start from the cache slot's state; a > 0: from snapshot
+    a - 1), every entry, padding requests' included. Read on CPU tensors only (on a GPU it would
+    synchronise the host; the kernel treats a < 0 as 0 and clamps a > snapshots to snapshots,
+    reading nothing outside the buffer)."""
+    if num_accepted_tokens.device.type != "cpu":
+        return
+    for i, a in enumerate(num_accepted_tokens.tolist()):
+        if not 0 <= a <= snapshots:
+            raise ValueError(f"num_accepted_tokens: expected values in [0, {snapshots}] (0: the cache slot's state, "
+                             f"a: snapshot a - 1 of intermediate_states, which holds {snapshots}); entry {i} is {a}")
 
 
 @dataclass(frozen=True)
@@ -416,6 +435,7 @@ def ssd_decode_problem(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, s
             raise ValueError("num_accepted_tokens: requests restart from their snapshots; pass intermediate_states")
         check_tensor("num_accepted_tokens", num_accepted_tokens, INDEX_DTYPES, device)
         d.check("num_accepted_tokens", num_accepted_tokens, "b")
+        check_accepted_tokens(num_accepted_tokens, intermediate_states.shape[1])
     return SsdDecodeProblem(b, T, d["H"], d["P"], d["G"], d["N"], S, b, device, x.dtype)
 
 
