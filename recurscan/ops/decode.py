@@ -111,6 +111,9 @@ def fused_recurrent_gated_delta_rule_update(q, k, v, g=None, beta=None, scale=No
             ``intermediate_states[slot, a - 1]`` where ``a = num_accepted_tokens[n] > 0`` (its last
             accepted draft token of the previous step), else from ``state[slot]``. Needs
             ``intermediate_states`` (read before it is overwritten, column block by column block).
+            Each value must lie in ``[0, intermediate_states.shape[1]]``: on CPU tensors anything
+            else is a ValueError; on CUDA tensors (not read on the host) the kernel reads a value
+            below 0 as 0 and one above the buffer as its last snapshot, never outside the buffer.
         backend: None (the planner's choice), "torch" or "triton" (CPU tensors: the interpreter).
 
     Any state dtype accumulates in float32 (float64 on the torch backend for float64 inputs).

@@ -168,7 +168,11 @@ def chunk_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, initial_state
     Args:
         q, k: ``[B, T, H, K]``.
         v: ``[B, T, HV, V]``; HV a multiple of H (value head hv reads q/k head hv // (HV // H)).
-        g: ``[B, T, HV]`` natural-log decays (<= 0), or None for no decay.
+        g: ``[B, T, HV]`` natural-log decays (<= 0), or None for no decay; ``-inf`` is a decay of
+            exactly 0 (a reset). On the torch backend ``g > 0`` (growth) is computed right until
+            the true values leave float32's range (float64's for float64 inputs), and the outputs
+            are non-finite from there, as the token loop's; a NaN or inf in any input at token t
+            leaves the outputs before t, and every other sequence, bit-identical.
         beta: ``[B, T, HV]`` or ``[B, T, HV, V]`` (per value column), or None for ones.
         scale: score scale, default ``K ** -0.5``.
         initial_state: ``[N, HV, K, V]`` (float32), or None for zeros.
@@ -227,7 +231,8 @@ def chunk_gated_delta_product_varlen(q, k, v, g, beta, num_householder, cu_seqle
 
     Args:
         q: ``[1, T, H, K]``; k: ``[1, T*M, H, K]``; v: ``[1, T*M, HV, V]`` (expanded stream).
-        g: ``[1, T, HV]`` log decays (on the token stream); beta: ``[1, T*M, HV]`` (or ``[.., V]``).
+        g: ``[1, T, HV]`` log decays (on the token stream; ``-inf``, ``g > 0`` and non-finite input
+            as :func:`chunk_gated_delta_rule`'s); beta: ``[1, T*M, HV]`` (or ``[.., V]``).
         num_householder: M >= 1 (M = 1 is Gated DeltaNet).
         cu_seqlens: ``[N + 1]`` boundaries on the token stream.
         chunk_indices, chunk_indices_dp, chunk_offsets: precomputed descriptors

@@ -26,7 +26,11 @@ def chunk_simple_gla(q, k, v, g=None, scale=None, initial_state=None, output_fin
 
     Args:
         q, k: ``[B, T, H, K]``; v: ``[B, T, HV, V]`` (HV a multiple of H).
-        g: ``[B, T, HV]`` natural-log decays, or None (no decay).
+        g: ``[B, T, HV]`` natural-log decays, or None (no decay); ``-inf`` is a decay of exactly 0
+            (a reset). ``g > 0`` (growth) is computed right until the true values leave float32's
+            range (float64's for float64 inputs), and is non-finite from there; a NaN or inf in
+            any input at token t leaves the outputs before t, and every other sequence,
+            bit-identical.
         scale: default ``K ** -0.5``.
         initial_state: ``[N, HV, K, V]`` or None; output_final_state: return the final state.
         cu_seqlens: ``[N + 1]`` boundaries (B = 1) or None.
@@ -51,7 +55,8 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
     ``S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T``, ``o_t = scale * S_t^T q_t``.
 
     Args:
-        q, k: ``[B, T, H, K]``; v: ``[B, T, HV, V]``; g: ``[B, T, HV, K]`` natural-log decays.
+        q, k: ``[B, T, H, K]``; v: ``[B, T, HV, V]``; g: ``[B, T, HV, K]`` natural-log decays
+            (``-inf``, ``g > 0`` and non-finite input as :func:`chunk_simple_gla`'s).
         Other arguments as :func:`chunk_simple_gla`.
 
     Returns:

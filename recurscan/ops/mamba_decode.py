@@ -78,7 +78,10 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
         intermediate_states: ``[S, T, nheads, dim, dstate]``: ``[slot, t]`` receives the state after
             token t (speculative decoding); padding writes nothing.
         num_accepted_tokens: ``[batch]`` int: request i starts from ``intermediate_states[slot,
-            a - 1]`` for ``a = num_accepted_tokens[i] > 0``, else from ``state[slot]``.
+            a - 1]`` for ``a = num_accepted_tokens[i] > 0``, else from ``state[slot]``. Each value
+            must lie in ``[0, T]`` (T: the snapshots a request holds): on CPU tensors anything
+            else is a ValueError; on CUDA tensors (not read on the host) the kernel reads a value
+            below 0 as 0 and one above T as T, never outside the buffer.
         backend: None (CUDA: the Triton kernel; CPU: the PyTorch token step), "torch" or "triton".
 
     Returns:

@@ -19,7 +19,11 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt
     ``h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T``, ``y_t = h_t C_t + D x_t``, ``y_t *= silu(z_t)``.
 
     Args:
-        x: ``[Bt, T, H, P]``; dt: ``[Bt, T, H]``; A: ``[H]`` (negative rates).
+        x: ``[Bt, T, H, P]``; dt: ``[Bt, T, H]``; A: ``[H]`` (negative rates). The log decay is
+            ``A * dt``: where it is > 0 (growth) the outputs are right until the true values leave
+            float32's range (float64's for float64 inputs), and non-finite from there; a NaN or
+            inf in any input at token t leaves the outputs before t, and every other sequence,
+            bit-identical.
         B, C: ``[Bt, T, G, Nstate]`` with G dividing H (head h reads group h // (H // G)).
         chunk_size: window length of the chunked algorithm (mamba's default 256).
         D: ``[H]`` or ``[H, P]`` skip; z: ``[Bt, T, H, P]`` gate; dt_bias: ``[H]``.
