@@ -35,6 +35,36 @@ def prev_impl(path: str, label: str) -> runner.Impl:
     return runner.Impl("recurscan_prev", "peer", load, f"recurscan at {label}", lambda: label)
 
 
+COLD = """
+import sys, time, torch
+sys.path.insert(0, {prev!r})
+from benchmarks import registry, runner
+real = runner._import
+runner._import = lambda m: real({module!r} if m == "recurscan" else m)
+w = registry.get({workload!r})
+x = w.make_inputs("cuda", 0)
+fn = runner._ours(w)
+torch.cuda.synchronize()
+t0 = time.perf_counter()
+with torch.no_grad():
+    fn(x)
+torch.cuda.synchronize()
+print(time.perf_counter() - t0)
+"""
+
+
+def cold_first_call(prev: str, module: str, workload: str) -> float:
+    """Seconds of the first call in a fresh process with an empty Triton cache (compiles included)."""
+    import os
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as cache:
+        out = subprocess.run([sys.executable, "-c", COLD.format(prev=prev, module=module, workload=workload)],
+                             env=dict(os.environ, TRITON_CACHE_DIR=cache), capture_output=True, text=True,
+                             check=True)
+    return float(out.stdout.split()[-1])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.ab_prev", description=__doc__.split("\n\n")[0])
     ap.add_argument("--prev", required=True, help="folder holding the older package as recurscan_prev/")
@@ -42,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workload", action="append", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--rep-ms", type=int, default=500)
+    ap.add_argument("--cold", type=int, default=0, help="cold first calls per version, alternating (fresh processes)")
     args = ap.parse_args(argv)
     prev = prev_impl(args.prev, args.label)
     device = torch.device("cuda")
@@ -61,6 +92,11 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(f"{name:<28} {row['mode']:<6} ours {row['ours_ms']:.4f} ms  prev {row['prev_ms']:.4f} ms  "
                   f"prev/ours {row['ratio_prev_over_ours']}", flush=True)
+    for i in range(args.cold):  # alternating, so that neither version always runs second
+        for module in (("recurscan", "recurscan_prev") if i % 2 == 0 else ("recurscan_prev", "recurscan")):
+            secs = cold_first_call(args.prev, module, args.workload[0])
+            rows.append(dict(workload=args.workload[0], mode="cold first call", version=module, seconds=secs))
+            print(f"cold first call {module:<15} {secs:.2f} s", flush=True)
     runner.save_rows(rows, args.out, device)
     return 0
 

@@ -30,22 +30,27 @@ SHAPES = dict(H=16, HV=32, K=128, M=1, BT=64, BK=128)
 
 
 def loop_profile(sass: str) -> str:
-    """The chunk loop of a compiled sweep: the conditional backward branch whose body holds the
-    most HGMMA (wgmma) instructions (unconditional ones jump back from out-of-line wait loops);
-    its instruction, barrier and wgmma counts per iteration."""
+    """The loops of a compiled sweep that hold wgmma instructions: each conditional backward branch
+    (unconditional ones jump back from out-of-line wait loops) whose body holds HGMMA (wgmma) or
+    HMMA; per iteration its instruction, barrier, wgmma and local-memory (spill) instruction
+    counts, the biggest loop first (the sweep's chunk loop; a second is the rare replay loop)."""
     lines = [(int(m.group(1), 16), m.group(2)) for m in
              (re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", l) for l in sass.splitlines()) if m]
-    best = None
+    loops = []
     for addr, ins in lines:
         b = re.search(r"^@!?U?P\w+\s+BRA\b.*?(0x[0-9a-f]+)", ins)  # conditional: a loop's back edge
         if b and int(b.group(1), 16) < addr:
             body = [i for a, i in lines if int(b.group(1), 16) <= a <= addr]
             n_mma = sum("HGMMA" in i or "HMMA" in i for i in body)
-            if best is None or n_mma > best[0]:
-                best = (n_mma, len(body), sum("BAR.SYNC" in i or "BAR.ARV" in i for i in body))
-    if best is None:
+            if n_mma:
+                loops.append((len(body), sum("BAR.SYNC" in i or "BAR.ARV" in i for i in body), n_mma,
+                              sum(i.split()[0].startswith(("LDL", "STL")) or " LDL" in i or " STL" in i
+                                  for i in body)))
+    if not loops:
         return f"no loop ({len(lines)} instructions)"
-    return f"loop: {best[1]} instructions, {best[2]} barriers, {best[0]} HGMMA or HMMA"
+    loops.sort(key=lambda x: -x[2])
+    return "; ".join(f"loop: {n} instructions, {bars} barriers, {mma} HGMMA or HMMA, {spill} local ld/st"
+                     for n, bars, mma, spill in loops[:2])
 
 
 def source_lines(cubin: bytes, top: int) -> str:
@@ -75,7 +80,7 @@ def source_lines(cubin: bytes, top: int) -> str:
 def _compile(kernel, sig, const, num_warps, num_stages=2, maxnreg=None, lines=0):
     names = kernel.arg_names
     sig = dict(sig, **{k: "constexpr" for k in const})
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items() if t.startswith("*") or n == "T"}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items() if t.startswith("*") or n in ("T", "s0_n", "s0_h", "s0_k")}
     src = ASTSource(kernel, sig, constexprs={(names.index(k),): v for k, v in const.items()}, attrs=attrs)
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=num_stages,
                                                                                  **({"maxnreg": maxnreg} if maxnreg else {})))
@@ -96,8 +101,10 @@ def sweep(BV, warps, stages, v_product, PASS=0, tma_store=False, M=1, varlen=Fal
     p, f = "*bf16", "*fp32"
     sig = dict(q=p, k=p, v=p, wy=p, aqk=p, coef=f, o=p, h0=f, ht=f, state=f, state_indices="*i32", chunk_states=f,
                cu_seqlens="*i32", chunk_offsets="*i32", sequence_order="*i32", seg_n=f, seg_m=f, n_seg="i32",
-               seg_chunks="i32", tc_first="i32", tc_count="i32", trigger_dependents="i32", T="i32")
-    const = dict(SHAPES, V=128, BV=BV, IS_VARLEN=varlen, HAS_H0=False, STORE_FINAL=True, USE_CACHE=False,
+               seg_chunks="i32", tc_first="i32", tc_count="i32", trigger_dependents="i32", T="i32",
+               s0_n="i32", s0_h="i32", s0_k="i32", n_slots="i32", n_cs_rows="i32", replay_flags="*i32")
+    # A contiguous state's last stride is 1, which the JIT specialises as a constant.
+    const = dict(SHAPES, V=128, BV=BV, s0_v=1, IS_VARLEN=varlen, HAS_H0=False, STORE_FINAL=True, USE_CACHE=False,
                  STORE_CHUNK_STATES=False, DOT_PRECISION="tf32", NUM_STAGES=stages, DT=tl.bfloat16, PASS=PASS,
                  V_PRODUCT=v_product, TMA_STORE=tma_store, PDL=True)
     const["M"] = M

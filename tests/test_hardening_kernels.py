@@ -272,3 +272,69 @@ def test_growth_is_right_where_float32_holds_it(device, growth):
     err = (o[0, :ours].double().cpu() - want[0, :ours]).abs().flatten(1).amax(-1)
     scale = want[0, :ours].abs().flatten(1).amax(-1)
     assert (err <= 1e-4 * scale).all()
+
+
+BACKENDS = [("cpu", "torch"), ("cpu", "triton"), pytest.param("cuda", "triton", marks=pytest.mark.gpu)]
+
+
+def _check_pool(base, before, view_rows):
+    changed = (base != before).reshape(base.shape[0], -1).any(-1)
+    owned = torch.zeros_like(changed)
+    owned[view_rows] = True
+    assert not (changed & ~owned).any(), f"rows {(changed & ~owned).nonzero().flatten().tolist()} were written"
+
+
+VIEW_ROWS = {"contiguous": [0, 2], "transposed_vk": [0, 2], "pool_every_other": [0, 4], "slice_of_pool": [1, 3]}
+
+
+@pytest.mark.parametrize("device, backend", BACKENDS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_decode_cache_and_snapshots_through_strides(device, backend, layout):
+    """Speculative decode (2 draft tokens) against a strided cache and a strided snapshot pool."""
+    d = dims(device)
+    gen = torch.Generator().manual_seed(3)
+    r = lambda *s: torch.randn(*s, generator=gen).to(device)  # noqa: E731
+    N, T = 3, 2
+    q, k, v = r(N, T, d["H"], d["K"]), r(N, T, d["H"], d["K"]), r(N, T, d["HV"], d["V"])
+    g, beta = -torch.rand(N, T, d["HV"], generator=gen).to(device), torch.rand(N, T, d["HV"], generator=gen).to(device)
+    base, cache = make_pool(device, layout, 4, d["HV"], d["K"], d["V"])
+    snap_base = torch.randn(8, T, d["HV"], d["K"], d["V"], generator=gen).to(device)
+    snaps = snap_base[::2]  # [4, T, HV, K, V], slot-strided
+    idx = torch.tensor([2, -1, 0], device=device)
+    before, snap_before = base.clone(), snap_base.clone()
+    want_cache = torch.empty(cache.shape, device=device).copy_(cache)
+    want_snaps = snaps.clone()
+    kw = dict(state_indices=idx, use_qk_l2norm_in_kernel=True, backend=backend)
+    o_ref, _ = recurscan.fused_recurrent_gated_delta_rule_update(q, k, v, g, beta, state=want_cache,
+                                                                 intermediate_states=want_snaps, **kw)
+    o, S = recurscan.fused_recurrent_gated_delta_rule_update(q, k, v, g, beta, state=cache, intermediate_states=snaps,
+                                                             **kw)
+    assert S is cache
+    assert torch.equal(o, o_ref) and torch.equal(cache, want_cache) and torch.equal(snaps, want_snaps)
+    _check_pool(base, before, VIEW_ROWS[layout])
+    _check_pool(snap_base, snap_before, [0, 4])
+
+
+@pytest.mark.parametrize("device, backend", BACKENDS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_ssd_decode_cache_through_strides(device, backend, layout):
+    gen = torch.Generator().manual_seed(4)
+    H, P, Nst = (2, 8, 16) if device == "cpu" else (8, 64, 128)
+    r = lambda *s: torch.randn(*s, generator=gen).to(device)  # noqa: E731
+    b = 3
+    if layout == "transposed_vk":
+        base = r(4, H, Nst, P)
+        cache = base.transpose(-1, -2)
+    else:
+        base = r(10, H, P, Nst)
+        cache = {"contiguous": base[:4], "pool_every_other": base[::2][:4], "slice_of_pool": base[1:5]}[layout]
+    x, dt = r(b, H, P), torch.rand(b, H, P, generator=gen).to(device)
+    A = -torch.rand(H, generator=gen).to(device)[:, None, None].expand(H, P, Nst)
+    B, C = r(b, 1, Nst), r(b, 1, Nst)
+    idx = torch.tensor([2, -1, 0], device=device)
+    before = base.clone()
+    want_cache = torch.empty(cache.shape, device=device).copy_(cache)
+    y_ref = recurscan.selective_state_update(want_cache, x, dt, A, B, C, state_batch_indices=idx, backend=backend)
+    y = recurscan.selective_state_update(cache, x, dt, A, B, C, state_batch_indices=idx, backend=backend)
+    assert torch.equal(y, y_ref) and torch.equal(cache, want_cache)
+    _check_pool(base, before, VIEW_ROWS[layout])

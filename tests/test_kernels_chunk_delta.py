@@ -501,13 +501,16 @@ def test_phases_state_cache_padding_and_untouched_slots():
 
 
 def test_phases_launch_order():
-    """The plan of a phased call: prep and sweep alternate, each phase's prep over its own chunks;
-    under the interpreter no launch is a programmatic dependent (the GPU's launches are checked in
-    tests/gpu)."""
+    """The plan of a phased call: prep and sweep alternate, each phase's prep over its own chunks,
+    then the replay launch (a sweep over whole sequences, for programs whose state came out
+    non-finite); under the interpreter no launch is a programmatic dependent (the GPU's launches
+    are checked in tests/gpu)."""
     q, k, v, g, beta, _ = gdn_inputs(1, 300, 1, 2, 16, 24)
     plan_ = chunk_delta.plan_chunk_delta(*f32(q, k, v, g, beta), phases=3)
     names = [s.kernel.fn.__name__ if hasattr(s.kernel, "fn") else s.kernel.__name__ for s in plan_.steps]
-    assert names == ["chunk_delta_prep_kernel", "chunk_delta_sweep_kernel"] * 3
+    assert names == ["chunk_delta_prep_kernel", "chunk_delta_sweep_kernel"] * 3 + ["chunk_delta_sweep_kernel"]
+    replay = plan_.steps.pop()
+    assert replay.kwargs["REPLAY"] and replay.kwargs["PASS"] == 0 and replay.programmatic
     spans = [(s.kwargs["chunk_lo"], s.kwargs["chunk_span"]) for s in plan_.steps[::2]]
     bounds = chunk_delta.phase_bounds(5, 3)
     assert spans == [(a, b - a) for a, b in zip(bounds[:-1], bounds[1:])]
@@ -545,7 +548,7 @@ def test_phases_without_initial_or_final_state_and_ignored_where_they_do_not_app
     d = build_chunk_descriptors(cu.cpu(), 1, device=DEVICE)
     kw = dict(cu_seqlens=cu, chunk_indices_dp=d.chunk_indices_dp, output_final_state=True)
     plan_ = chunk_delta.plan_chunk_delta(qv, kv, vv, gv, bv, phases=3, **kw)
-    assert len(plan_.steps) == 2
+    assert len(plan_.steps) == 3  # prep, sweep, replay
     a = chunk_delta.chunk_delta_fwd(qv, kv, vv, gv, bv, **kw)
     b = chunk_delta.chunk_delta_fwd(qv, kv, vv, gv, bv, phases=3, **kw)
     assert all(torch.equal(x, y) for x, y in zip(a, b))

@@ -435,17 +435,40 @@ def _outputs_causal(b_Sd, b_q, b_Wt, b_At, lam_rk, lam_rq, out_rows, k, v, e, m_
 
 
 @triton.jit
+def _start_state(p_state, h0, seg_n, m_s0, m_vk, o_vk, o_s0, s0_n, s0_h, i_n, i_s, n_seg, i_hv, first_phase,
+                 HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
+                 PASS: tl.constexpr, USE_CACHE: tl.constexpr, HAS_H0: tl.constexpr):
+    """S^T [BV, BK] that a sweep program starts from: its segment's fixed-up S_in (PASS 2), the
+    state the phase before left (PASS 3 after the first phase), else the cache slot, h0 or zeros
+    (masked by ``m_s0``)."""
+    if PASS == 2:
+        b_St = tl.load(seg_n + ((i_n * n_seg + i_s) * HV + i_hv) * K * V + o_vk, mask=m_vk, other=0.0)
+    else:
+        if USE_CACHE:
+            b_St = tl.load(p_state, mask=m_s0, other=0.0).to(tl.float32)
+        elif HAS_H0:
+            b_St = tl.load(h0 + i_n * s0_n + i_hv * s0_h + o_s0, mask=m_s0, other=0.0).to(tl.float32)
+        else:
+            b_St = tl.zeros([BV, BK], dtype=tl.float32)
+        if PASS == 3:
+            if not first_phase:  # the state the phase before left (seg_n [N, HV, K, V])
+                b_St = tl.load(seg_n + (i_n * HV + i_hv) * K * V + o_vk, mask=m_vk, other=0.0)
+    return b_St
+
+
+@triton.jit
 def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, n_cs_rows, bos, bos_t, L, i_n,
                  i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
                  BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PASS: tl.constexpr,
                  V_PRODUCT: tl.constexpr, TMA_STORE: tl.constexpr, STORE_CHUNK_STATES: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr, DT: tl.constexpr, FULL: tl.constexpr):
+                 DOT_PRECISION: tl.constexpr, DT: tl.constexpr, FULL: tl.constexpr, CAREFUL: tl.constexpr):
     """One expanded chunk c of :func:`chunk_delta_sweep_kernel` (its docstring has the algebra):
     returns the state S^T leaving the chunk, having written the chunk's outputs (PASS != 1) and,
     when it starts a token chunk, the state entering it (STORE_CHUNK_STATES). FULL: all 64 rows
     lie in the sequence, so nothing is masked by row; a full chunk of GDP with M | 64 forms its
-    outputs on its query rows alone."""
+    outputs on its query rows alone. CAREFUL: the outputs by :func:`_outputs_causal` (the replay
+    of a program whose state came out non-finite); the state the same either way."""
     r = c * BT + o_t.to(tl.int64)  # [BT] row inside the sequence (expanded stream)
     if FULL:  # every row lies in the sequence: the loads and stores below go unpredicated
         m_r = tl.full([BT], True, tl.int1)
@@ -522,7 +545,7 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, 
         lam_rq = tl.load(p_coef + (o_tq * M + (M - 1)) * 4 + 1)
         b_ot = lam_rq[None, :] * tl.dot(b_Sd, tl.trans(b_q), input_precision=DOT_PRECISION)
         b_ot += tl.dot(b_Ut.to(DT), b_At, input_precision=DOT_PRECISION)  # [BV, BTQ]
-        if tl.max(tl.where(b_ot * 0.0 == 0.0, 0, 1)) != 0:
+        if CAREFUL:
             b_ot = _outputs_causal(b_Sd, b_q, b_Wt, b_At, lam_rk, lam_rq, o_tq * M + (M - 1), k, v, e, m_r, i_h,
                                    i_hv, o_t, o_k, o_v, m_k, m_vt, H, HV, K, V, BT, V_PRODUCT, DOT_PRECISION, DT)
         tl.store(o + (tok_q * HV + i_hv)[None, :] * V + o_v[:, None], b_ot.to(o.dtype.element_ty),
@@ -531,7 +554,7 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, 
         lam_rq = tl.sum(tl.where((o_4[None, :] == 1) & m_q[:, None], b_coef, 0.0), axis=1)
         b_ot = lam_rq[None, :] * tl.dot(b_Sd, tl.trans(b_q), input_precision=DOT_PRECISION)
         b_ot += tl.dot(b_Ut.to(DT), b_At, input_precision=DOT_PRECISION)
-        if tl.max(tl.where(b_ot * 0.0 == 0.0, 0, 1)) != 0:
+        if CAREFUL:
             b_ot = _outputs_causal(b_Sd, b_q, b_Wt, b_At, lam_rk, lam_rq, o_t, k, v, e, m_r, i_h, i_hv, o_t, o_k,
                                    o_v, m_k, m_vt, H, HV, K, V, BT, V_PRODUCT, DOT_PRECISION, DT)
         if TMA_STORE:
@@ -554,13 +577,14 @@ def chunk_delta_sweep_kernel(
     q, k, v, wy, aqk, coef, o,
     h0, ht, state, state_indices, chunk_states, cu_seqlens, chunk_offsets, sequence_order,
     seg_n, seg_m, n_seg, seg_chunks, tc_first, tc_count, trigger_dependents, T,
-    s0_n, s0_h, s0_k, s0_v, n_slots, n_cs_rows,
+    s0_n, s0_h, s0_k, s0_v, n_slots, n_cs_rows, replay_flags,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr,
     STORE_FINAL: tl.constexpr, USE_CACHE: tl.constexpr, STORE_CHUNK_STATES: tl.constexpr,
     DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr, DT: tl.constexpr, PASS: tl.constexpr = 0,
     V_PRODUCT: tl.constexpr = True, TMA_STORE: tl.constexpr = False, PDL: tl.constexpr = False,
+    REPLAY: tl.constexpr = False,
 ):
     """Grid (N * HV * ceil(V / BV),): program -> (sequence n, value head hv, value block iv),
     iv fastest so neighbouring programs share the q/k rows in L2.
@@ -628,10 +652,15 @@ def chunk_delta_sweep_kernel(
     to the final state or cache slot (last phase) or back into ``seg_n``. The chunks and their
     order are the single pass's, so the results are its bits.
     """
+    pid = tl.program_id(0).to(tl.int64)
+    if REPLAY:  # the replay launch: only the programs the pass before flagged (see the end)
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        if tl.load(replay_flags + pid) != 1:
+            return
     if PDL:
         if trigger_dependents != 0:  # the next phase's prep may start once every program here has
             tl.extra.cuda.gdc_launch_dependents()
-    pid = tl.program_id(0).to(tl.int64)
     NV: tl.constexpr = (V + BV - 1) // BV
     if PASS == 1:
         NK: tl.constexpr = (K + BV - 1) // BV
@@ -655,6 +684,7 @@ def chunk_delta_sweep_kernel(
         i_v = pid % NV
         i_hv = (pid // NV) % HV
         i_n = pid // (NV * HV)
+        i_s = 0  # one segment
         if IS_VARLEN:  # longest sequences first (ranked by the prep)
             i_n = tl.load(sequence_order + i_n).to(tl.int64)
         W = V
@@ -667,6 +697,8 @@ def chunk_delta_sweep_kernel(
         eos_t = bos_t + T
     L = (eos_t - bos_t) * M  # rows of this sequence on the expanded stream
     bos = bos_t * M
+    first_phase = True  # PASS 3 sets both
+    last_phase = True
     if PASS == 0:
         tc_lo = 0  # token chunks [tc_lo, tc_hi), expanded chunks [c_lo, c_hi) of this program
         tc_hi = tl.cdiv(eos_t - bos_t, BT)
@@ -697,6 +729,7 @@ def chunk_delta_sweep_kernel(
     o_vk = o_k[None, :].to(tl.int64) * W + o_v[:, None]  # [BV, BK] offsets of S[k, v] in a [K, W] state
     o_s0 = o_k[None, :].to(tl.int64) * s0_k + o_v[:, None].to(tl.int64) * s0_v  # the same in state / h0
 
+    p_state = state  # the cache slot's tile with USE_CACHE (below); unread otherwise
     if USE_CACHE:
         slot = tl.load(state_indices + i_n).to(tl.int64)
         if (slot < 0) | (slot >= n_slots):  # padding (or no slot of the cache): zero output, no state access
@@ -706,31 +739,24 @@ def chunk_delta_sweep_kernel(
                     p_o = o + (o_tok * HV + i_hv)[:, None] * V + o_v[None, :]
                     tl.store(p_o, tl.zeros([BT, BV], dtype=o.dtype.element_ty),
                              mask=(o_tok < eos_t)[:, None] & m_v[None, :])
+                if not REPLAY:
+                    if last_phase:
+                        tl.store(replay_flags + pid, 0)
             return
         p_state = state + slot * s0_n + i_hv * s0_h + o_s0
-    if PASS == 2:
-        b_St = tl.load(seg_n + ((i_n * n_seg + i_s) * HV + i_hv) * K * V + o_vk, mask=m_vk, other=0.0)
+    if PASS == 1:
+        m_s0 = m_vk & (i_j < NV) & (i_s == 0)  # only segment 0's state programs read it
+    elif PASS == 3:
+        m_s0 = m_vk & first_phase  # later phases start from the state the phase before left
     else:
-        if PASS == 1:
-            m_s0 = m_vk & (i_j < NV) & (i_s == 0)  # only segment 0's state programs read it
-        elif PASS == 3:
-            m_s0 = m_vk & first_phase  # later phases start from the state the phase before left
-        else:
-            m_s0 = m_vk
-        if USE_CACHE:
-            b_St = tl.load(p_state, mask=m_s0, other=0.0).to(tl.float32)
-        elif HAS_H0:
-            b_St = tl.load(h0 + i_n * s0_n + i_hv * s0_h + o_s0, mask=m_s0, other=0.0).to(tl.float32)
-        else:
-            b_St = tl.zeros([BV, BK], dtype=tl.float32)
-        if PASS == 1:
-            if i_s == 0:  # a copy of S_in[0] for pass 2 (role_m programs returned above)
-                tl.store(seg_n + (i_n * n_seg * HV + i_hv) * K * V + o_vk, b_St, mask=m_vk)
-            b_St = tl.where(role_m, (o_v[:, None] == o_k[None, :]).to(tl.float32), b_St)
-            use_v = i_j < NV
-        if PASS == 3:
-            if not first_phase:  # the state the phase before left (seg_n [N, HV, K, V])
-                b_St = tl.load(seg_n + (i_n * HV + i_hv) * K * V + o_vk, mask=m_vk, other=0.0)
+        m_s0 = m_vk
+    b_St = _start_state(p_state, h0, seg_n, m_s0, m_vk, o_vk, o_s0, s0_n, s0_h, i_n, i_s, n_seg, i_hv, first_phase,
+                        HV, K, V, BV, BK, PASS, USE_CACHE, HAS_H0)
+    if PASS == 1:
+        if i_s == 0:  # a copy of S_in[0] for pass 2 (role_m programs returned above)
+            tl.store(seg_n + (i_n * n_seg * HV + i_hv) * K * V + o_vk, b_St, mask=m_vk)
+        b_St = tl.where(role_m, (o_v[:, None] == o_k[None, :]).to(tl.float32), b_St)
+        use_v = i_j < NV
 
     if STORE_CHUNK_STATES:
         if IS_VARLEN:
@@ -754,15 +780,26 @@ def chunk_delta_sweep_kernel(
         b_St = _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, n_cs_rows, bos, bos_t, L, i_n,
                             i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
-                            DOT_PRECISION, DT, True)
+                            DOT_PRECISION, DT, True, REPLAY)
     c_tail = tl.maximum(c_lo, c_full)
     if c_tail < c_hi:
         b_St = _sweep_chunk(c_tail, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, n_cs_rows, bos, bos_t,
                             L, i_n,
                             i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
-                            DOT_PRECISION, DT, False)
-
+                            DOT_PRECISION, DT, False, REPLAY)
+    # Causality under non-finite input. A NaN or inf in U reaches every earlier row of its chunk
+    # through the products over the chunk's rows (0 * inf), and it always leaves the state
+    # non-finite (nothing in the state's path selects it out). So a program whose state comes out
+    # finite wrote right outputs; one whose does not raises its flag, and the replay launch
+    # (REPLAY, after this one) runs its chunks again from the state it started with, each chunk's
+    # outputs formed with the bad entries selected out (_outputs_causal). The cache slot it starts
+    # from is left for the replay to write.
+    replay = False
+    if (PASS != 1) and (not REPLAY):
+        if last_phase:
+            replay = tl.max(tl.max(tl.where(b_St * 0.0 == 0.0, 0, 1), axis=1), axis=0) != 0
+            tl.store(replay_flags + pid, replay.to(tl.int32))
     if PASS == 1:
         if role_m:  # M_i: row i of seg_m ([K, K], row stride W = K)
             tl.store(seg_m + ((i_n * n_seg + i_s) * HV + i_hv) * K * K + o_vk, b_St, mask=m_vk)
@@ -771,20 +808,20 @@ def chunk_delta_sweep_kernel(
     elif PASS == 2:
         if i_s == n_seg - 1:  # the last segment ends the sequence
             if USE_CACHE:
-                tl.store(p_state, b_St.to(state.dtype.element_ty), mask=m_vk)
+                tl.store(p_state, b_St.to(state.dtype.element_ty), mask=m_vk & (not replay))
             elif STORE_FINAL:
                 tl.store(ht + (i_n * HV + i_hv) * K * V + o_vk, b_St, mask=m_vk)
     elif PASS == 3:
         if last_phase:
             if USE_CACHE:
-                tl.store(p_state, b_St.to(state.dtype.element_ty), mask=m_vk)
+                tl.store(p_state, b_St.to(state.dtype.element_ty), mask=m_vk & (not replay))
             elif STORE_FINAL:
                 tl.store(ht + (i_n * HV + i_hv) * K * V + o_vk, b_St, mask=m_vk)
         else:
             tl.store(seg_n + (i_n * HV + i_hv) * K * V + o_vk, b_St, mask=m_vk)
     else:
         if USE_CACHE:
-            tl.store(p_state, b_St.to(state.dtype.element_ty), mask=m_vk)
+            tl.store(p_state, b_St.to(state.dtype.element_ty), mask=m_vk & (not replay))
         elif STORE_FINAL:
             tl.store(ht + (i_n * HV + i_hv) * K * V + o_vk, b_St, mask=m_vk)
 
@@ -833,7 +870,7 @@ def chunk_delta_fixup_kernel(
 INPUT_NAMES = ("q", "k", "v", "g", "beta", "initial_state", "state", "state_indices", "cu_seqlens",
                "chunk_indices_dp", "chunk_offsets")
 BUFFER_NAMES = ("o", "final", "chunk_states", "beta_ones", "wy", "aqk", "coef", "seg_n", "seg_m",
-                "sequence_order")
+                "sequence_order", "replay_flags")
 CALL_NAMES = INPUT_NAMES + BUFFER_NAMES
 
 
@@ -977,12 +1014,12 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
         sequence_order=arg("sequence_order", varlen and N > 0),
         seg_n=arg("o"), seg_m=arg("o"), n_seg=1, seg_chunks=0, tc_first=0, tc_count=0, trigger_dependents=0, T=T,
         s0_n=s0[0], s0_h=s0[1], s0_k=s0[2], s0_v=s0[3], n_slots=state.shape[0] if use_cache else 0,
-        n_cs_rows=buffers["chunk_states"][0][0] if return_chunk_states else 0,
+        n_cs_rows=buffers["chunk_states"][0][0] if return_chunk_states else 0, replay_flags=arg("replay_flags"),
         H=H, HV=HV, K=K, V=V, M=M, BT=BT, BK=BK, BV=BV,
         IS_VARLEN=varlen, HAS_H0=initial_state is not None, USE_CACHE=use_cache, STORE_FINAL=store_final,
         STORE_CHUNK_STATES=return_chunk_states, DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, DT=dt, PASS=0,
         V_PRODUCT=v_product, TMA_STORE=tma_store and M == 1 and V * q.element_size() % 16 == 0,
-        PDL=not INTERPRET)
+        PDL=not INTERPRET, REPLAY=False)
     options = dict(num_warps=num_warps)
     if varlen and N > 0 and stages == "sweep":  # the sweep alone: its order of sequences (else the prep's)
         steps.append(_Step(sequence_order_kernel, (triton.cdiv(N, RANK_BLOCK.value),), dict(
@@ -1003,8 +1040,10 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
             steps.append(_Step(chunk_delta_sweep_kernel, (N * HV * NV,),
                                dict(sweep, seg_n=arg("seg_n"), tc_first=lo, tc_count=hi - lo, PASS=3,
                                     trigger_dependents=int(i < len(bounds) - 2)), options))
+        replay = (N * HV * NV,), sweep  # the whole sequence again: the phases' bits are the single pass's
     elif P == 1:
         steps.append(_Step(chunk_delta_sweep_kernel, (N * HV * NV,), sweep, options))
+        replay = (N * HV * NV,), sweep
     else:
         # Pass 1: segment end states from zero (segment 0: from the initial state) and the
         # transitions M_i (identity state, no values); fix-up S_in[i+1] = M_i S_in[i] + N_i;
@@ -1024,6 +1063,14 @@ def plan_chunk_delta(q, k, v, g, beta, *, num_householder=1, scale=None, initial
                 HV=HV, K=K, V=V, BK=BK, BV=BVF, USE_CACHE=use_cache,
                 PRECISION="ieee" if q.dtype == torch.float32 else "tf32x3"), dict(num_warps=8)))
         steps.append(_Step(chunk_delta_sweep_kernel, (N * P * HV * NV,), dict(sweep, **seg, PASS=2), options))
+        replay = (N * P * HV * NV,), dict(sweep, **seg, PASS=2)
+    if N * HV * NV > 0:
+        # The programs whose state came out non-finite, again (their flags, their outputs only): a
+        # programmatic dependent of the last sweep, whose programs wait for it and mostly just exit.
+        grid, kwargs = replay
+        buffers["replay_flags"] = (grid, torch.int32, None)
+        steps.append(_Step(chunk_delta_sweep_kernel, grid, dict(kwargs, REPLAY=True, NUM_STAGES=1), options,
+                           programmatic=True))
     return ChunkDeltaPlan(buffers, steps, outputs, device)
 
 

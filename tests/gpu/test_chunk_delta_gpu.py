@@ -275,7 +275,7 @@ def test_cached_direct_launch_equals_jit_launch():
         assert all(step.direct is not None for step in plan_.steps), "the second call did not launch directly"
         from recurscan.kernels import _launch
         assert _launch.DRIVER_ERROR is None and all(step.direct.driver is not None for step in plan_.steps)
-        assert len(plan_.steps) == (2 if T == 200 else 4)
+        assert len(plan_.steps) == (2 if T == 200 else 4) + 1  # the last: the replay launch
         assert torch.equal(first[0], second[0]) and torch.equal(first[2], second[2]) and torch.equal(c1, c2)
 
 
@@ -383,8 +383,8 @@ def test_phases_equal_single_pass_direct_and_graph(T):
         single = [t.clone() for t in chunk_delta.chunk_delta_fwd(q, k, v, g, beta, **kw)]
         for phases in (2, 4):
             plan_ = chunk_delta.plan_chunk_delta(q, k, v, g, beta, phases=phases, **kw)
-            assert len(plan_.steps) == 2 * phases
-            assert [s.programmatic for s in plan_.steps] == [False, False] + [True, False] * (phases - 1)
+            assert len(plan_.steps) == 2 * phases + 1  # the last: the replay launch
+            assert [s.programmatic for s in plan_.steps] == [False, False] + [True, False] * (phases - 1) + [True]
             for call in range(5):
                 got = run_plan(plan_, args, sync_free=call > 0)
                 for a, b, what in zip(got, single, ("o", "final state", "chunk states")):
