@@ -70,11 +70,6 @@ CHUNK = 64  # BT: rows of the expanded stream per chunk (the WY blocks are 64 x 
 LOG2E = 1.4426950408889634
 # A base-2 log decay below this is 0 in float32 (2^-150 < the smallest subnormal): an exact reset.
 RESET_LOG2 = -150.0
-# Growth (g > 0) summed within a chunk, in log2, past which a factor 2^(gc_i - gc_j) of the chunk
-# may overflow float32 (2^127.99 is its largest): rows from there on are poisoned rather than
-# overflowing into a product that would carry the inf back to earlier rows. Overflow further on
-# (in the products) is caught by the sweep's rare path (_outputs_causal).
-GROWTH_LOG2_LIMIT = tl.constexpr(127.0)
 # Sequences one program ranks for the varlen sweep's order (_rank_sequences).
 RANK_BLOCK = tl.constexpr(128)
 
@@ -106,19 +101,12 @@ def _compact_queries(M, BT):
 
 
 @triton.jit
-def _add3(a0, a1, a2, b0, b1, b2):
-    return a0 + b0, a1 + b1, a2 + b2
-
-
-@triton.jit
 def _chunk_gates(g, tok, cp, m_r, i_hv, HV: tl.constexpr, M: tl.constexpr, BT: tl.constexpr,
                  HAS_G: tl.constexpr):
     """Stage 1 for one chunk of BT rows: (gc [BT], seg [BT] int32, bad [BT] bool). gc_i sums the
     finite log2 decays of rows <= i; seg_i counts the resets at rows <= i. Rows past the sequence
     end carry decay 1 (gc and seg flat), so the last row stands for the chunk end. ``bad``: the
-    row's decay is NaN or +inf (it counts as 1 in gc; the caller poisons the rows from there), or
-    the growth (g > 0) summed up to the row passes 2^GROWTH_LOG2_LIMIT, past which a factor
-    2^(gc_i - gc_j) of the chunk may overflow float32."""
+    row's decay is NaN or +inf; it counts as 1 here, and the caller poisons the rows from it on."""
     if HAS_G:
         b_g = tl.load(g + tok * HV + i_hv, mask=m_r & (cp == 0), other=0.0).to(tl.float32) * 1.4426950408889634
     else:
@@ -126,19 +114,21 @@ def _chunk_gates(g, tok, cp, m_r, i_hv, HV: tl.constexpr, M: tl.constexpr, BT: t
     bad = (b_g != b_g) | (b_g == float("inf"))
     b_g = tl.where(bad, 0.0, b_g)
     reset = b_g < -150.0
-    gc, seg, growth = tl.associative_scan((tl.where(reset, 0.0, b_g), reset.to(tl.int32), tl.maximum(b_g, 0.0)),
-                                          0, _add3)
-    return gc, seg, bad | (growth >= GROWTH_LOG2_LIMIT)
+    gc = tl.cumsum(tl.where(reset, 0.0, b_g), axis=0)
+    seg = tl.cumsum(reset.to(tl.int32), axis=0)
+    return gc, seg, bad
 
 
 @triton.jit
-def _gate_mask(seg, causal, has_reset):
-    """Where G [BT, BT] is not zero: j <= i (``causal``, clean rows only) in the same segment; a
-    chunk without a reset skips the segment comparison."""
+def _gate_tile(gc, seg, causal, has_reset):
+    """G [BT, BT]: G_ij = 2^(gc_i - gc_j) for j <= i in the same segment, else 0. gc is finite
+    (resets and non-finite decays are kept out of the sum), so the exp2 is finite (or overflows
+    with a growth past 2^128, which the sweep's replay catches), or inf where the select drops it:
+    no mask inside the exp2; a chunk without a reset skips the segment comparison."""
     if has_reset:
-        return causal & (seg[:, None] == seg[None, :])
+        return tl.where(causal & (seg[:, None] == seg[None, :]), tl.exp2(gc[:, None] - gc[None, :]), 0.0)
     else:
-        return causal
+        return tl.where(causal, tl.exp2(gc[:, None] - gc[None, :]), 0.0)
 
 
 @triton.jit
@@ -272,7 +262,7 @@ def chunk_delta_prep_kernel(
 
     # Stage 1: within-chunk cumulative log2 decays; G[i, j] = decay from row j to row i.
     gc, seg, bad_g = _chunk_gates(g, rows // M, rows % M, m_r, i_hv, HV, M, BT, HAS_G)
-    has_reset = tl.max(seg, axis=0) != 0
+    causal = o_t[:, None] >= o_t[None, :]
 
     # Norm factors of the raw q, k.
     eye = o_t[:, None] == o_t[None, :]
@@ -280,18 +270,22 @@ def chunk_delta_prep_kernel(
     # Squared norms from the diagonals of K K^T and Q Q^T (tensor-core products of the raw tiles,
     # float32 accumulation): fewer instructions than squaring the [BT, K] tiles.
     k_sq = tl.sum(tl.where(eye, b_kk, 0.0), axis=1)
-    # Causality under non-finite input: a row whose k, beta or decay is NaN or inf (or whose growth
-    # may overflow) is selected out of every product below, so that no 0 * inf reaches an earlier
-    # row; its output and every later one are poisoned instead (NaN in lam rq, and in lam_last for
-    # the state), as the token loop's are.
+    # Causality under non-finite input: a row whose k, beta or decay is NaN or inf is selected out
+    # of every product below (its decay counts as 1, its k and beta as 0), so that no 0 * inf
+    # reaches an earlier row; its output and every later one are poisoned instead (NaN in lam rq,
+    # and in lam_last for the state), as the token loop's are. One reduction gives both chunk
+    # flags: any reset (seg_last != 0) and, rarely, any such row (then has_reset may be a false
+    # positive, which only costs the segment comparison).
     bad = bad_g | (k_sq * 0.0 != 0.0) | (b_beta * 0.0 != 0.0)
-    first_bad = tl.min(tl.where(bad & m_r, o_t, BT), axis=0)
-    clean = o_t < first_bad
-    k_sq = tl.where(clean, k_sq, 0.0)
-    b_beta = tl.where(clean, b_beta, 0.0)
-    # gc is finite (resets and bad rows are kept out of the sum) and its growth bounded on clean
-    # rows, so 2^(gc_i - gc_j) is finite there: no mask inside the exp2, the selects drop the rest.
-    causal = (o_t[:, None] >= o_t[None, :]) & clean[:, None]
+    flags = tl.max(seg + 128 * bad.to(tl.int32), axis=0)
+    has_reset = flags != 0
+    any_bad = flags >= 128
+    first_bad = flags * 0 + BT
+    if any_bad:
+        first_bad = tl.min(tl.where(bad, o_t, BT), axis=0)
+        b_kk = tl.where(bad[:, None] | bad[None, :], 0.0, b_kk)
+    k_sq = tl.where(bad, 0.0, k_sq)
+    b_beta = tl.where(bad, 0.0, b_beta)
     if USE_L2NORM:
         rk = tl.rsqrt(k_sq + 1e-6)
         b_qq = tl.dot(b_q.to(DT), tl.trans(b_q.to(DT)), input_precision=INV_PRECISION)
@@ -302,11 +296,10 @@ def chunk_delta_prep_kernel(
     # The sweep's per-row coefficients: decays (0 across a reset) times the norm factors.
     gc_last = tl.sum(tl.where(o_t == BT - 1, gc, 0.0), axis=0)
     seg_last = tl.sum(tl.where(o_t == BT - 1, seg, 0), axis=0)
-    lam = tl.where((seg == 0) & clean, tl.exp2(gc), 0.0)
-    gam = tl.where((seg == seg_last) & clean & (first_bad == BT),
-                   tl.exp2(tl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
-    lam_last = tl.where(first_bad < BT, float("nan"), tl.where(seg_last == 0, tl.exp2(gc_last), 0.0))
-    rq = tl.where(clean, rq, float("nan"))
+    lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
+    gam = tl.where(seg == seg_last, tl.exp2(tl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
+    lam_last = tl.where(any_bad, float("nan"), tl.where(seg_last == 0, tl.exp2(gc_last), 0.0))
+    rq = tl.where(o_t < first_bad, rq, float("nan"))
     # coef by (chunk, head): one contiguous 1 KB tile, whole lines written here and read by the
     # sweep (rows of 16 B at a stride of HV x 16 B were slower on the H200, docs "Latest").
     p_coef = coef + ((_chunk_slot(bos, i_t, i_n, BT) * HV + i_hv) * BT + o_t) * 4
@@ -320,9 +313,10 @@ def chunk_delta_prep_kernel(
     # It and lam rq are stored on the query rows only (every M-th row), the only ones the sweep
     # reads; for GDP that halves the aqk bytes written (M = 2).
     b_qk = tl.dot(b_q.to(DT), tl.trans(b_k.to(DT)), input_precision=INV_PRECISION) * rq[:, None] * rk[None, :]
-    m_G = _gate_mask(seg, causal, has_reset)
-    b_G = tl.where(m_G, tl.exp2(gc[:, None] - gc[None, :]), 0.0)
-    tl.store(aqk + p_out, tl.where(m_G, b_G * b_qk, 0.0).to(aqk.dtype.element_ty), mask=m_q[:, None])
+    if any_bad:  # a non-finite key's column
+        b_qk = tl.where(bad[None, :], 0.0, b_qk)
+    b_G = _gate_tile(gc, seg, causal, has_reset)
+    tl.store(aqk + p_out, (b_G * b_qk).to(aqk.dtype.element_ty), mask=m_q[:, None])
     # G diag(beta), wy's factor besides Tinv, held across the inverse at 16 bits for 16-bit inputs
     # (16 registers a thread, not the 48 of the gate and beta vectors in the product's layout):
     # fp16 rounds it to 2^-11 relative (under the 2^-9 that wy is stored with in bf16), and entries
@@ -338,7 +332,7 @@ def chunk_delta_prep_kernel(
         # most 1 in magnitude, and A_s D_s at most 2 * 64. Otherwise this chunk keeps tf32.
         growth = tl.max(b_beta * (rk * rk * k_sq), axis=0)  # max_i beta_i |k_i|^2 (normalised)
         contraction = (growth <= 2.0) & (tl.min(b_beta, axis=0) >= 0.0)
-    b_A = tl.where((o_t[:, None] > o_t[None, :]) & clean[:, None], b_A, 0.0)
+    b_A = tl.where(o_t[:, None] > o_t[None, :], b_A, 0.0)
 
     # Tinv = (I + A)^-1 by recursive block doubling (_wy_inverse).
     b_T = eye.to(tl.float32) - tl.where((o_t[:, None] ^ o_t[None, :]) == 1, b_A, 0.0)
@@ -405,13 +399,13 @@ def sequence_order_kernel(cu_seqlens, order, N, BLOCK: tl.constexpr):
 def _outputs_causal(b_Sd, b_q, b_Wt, b_At, lam_rk, lam_rq, out_rows, k, v, e, m_r, i_h, i_hv, o_t, o_k, o_v, m_k,
                     m_vt, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                     V_PRODUCT: tl.constexpr, DOT_PRECISION: tl.constexpr, DT: tl.constexpr):
-    """O^T of a chunk whose outputs came out non-finite somewhere (a rare path, off the state's
-    chain): in the products over the chunk's rows a NaN or inf at row t reaches every earlier row
-    as 0 * inf. Here U = wy (V - lam rk o (K S)) is formed from k and v with their non-finite
-    entries (and those of K S) selected out, U's non-finite entries are selected out before the
-    next product, and
-    each value column's outputs from its first non-finite row of X or U on are NaN, as the token
-    loop's are; earlier rows get the clean run's bits (the products add exact zeros).
+    """O^T of a chunk in the replay of a program whose state came out non-finite: in the products
+    over the chunk's rows a NaN or inf at row t reaches every earlier row as 0 * inf. Here
+    U = wy (V - lam rk o (K S)) is formed from k and v with their non-finite entries (and those of
+    K S) selected out, U's non-finite entries are selected out before the next product, and each
+    value column's outputs from its first non-finite row of X or U on are NaN, as the token loop's
+    are; earlier rows get the clean run's bits (the same products in the same order, adding exact
+    zeros).
     ``out_rows`` [BT or BT // M]: the chunk row of each output column of O^T."""
     b_k = tl.load(k + (e * H + i_h)[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.0)
     b_k = tl.where(b_k * 0.0 == 0.0, b_k, 0.0).to(DT)  # [BT, BK]
@@ -618,9 +612,17 @@ def chunk_delta_sweep_kernel(
     through their strides ``s0_n, s0_h, s0_k, s0_v`` (a slot-strided pool, a transposed
     ``[S, HV, V, K]`` cache). Descriptors are bounded: a slot outside ``[0, n_slots)`` is treated
     as padding, sequence bounds are clamped to ``[0, T]``, and a chunk-state row at or past
-    ``n_cs_rows`` is not written, so no descriptor, however wrong, reaches outside a tensor. The final state goes back to the cache
-    slot, or to ``ht[n]`` (STORE_FINAL). With STORE_CHUNK_STATES, row ``chunk_offsets[n] + c`` of
-    ``chunk_states`` receives the state entering token chunk c (dense: ``n * ceil(T/BT) + c``).
+    ``n_cs_rows`` is not written, so no descriptor, however wrong, reaches outside a tensor. The
+    final state goes back to the cache slot, or to ``ht[n]`` (STORE_FINAL). With
+    STORE_CHUNK_STATES, row ``chunk_offsets[n] + c`` of ``chunk_states`` receives the state entering
+    token chunk c (dense: ``n * ceil(T/BT) + c``).
+
+    Non-finite input (NaN or inf in q, k, v, beta or a decay; growth past float32's range): the
+    prep selects bad rows out of its products and poisons the outputs from them on and the state;
+    a program whose state comes out non-finite raises ``replay_flags[pid]`` and leaves its cache
+    slot, and the REPLAY launch of this kernel (the same grid, after this one) runs those
+    programs again with each chunk's outputs formed causally (:func:`_outputs_causal`), writing
+    the outputs and the slot. Outputs before a bad token keep the clean run's bits.
 
     Segments (``PASS`` 1 and 2, dense batches; the wrapper launches them, with
     :func:`chunk_delta_fixup_kernel` between): each sequence's token chunks are cut into ``n_seg``
