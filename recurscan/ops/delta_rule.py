@@ -169,10 +169,13 @@ def chunk_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, initial_state
         q, k: ``[B, T, H, K]``.
         v: ``[B, T, HV, V]``; HV a multiple of H (value head hv reads q/k head hv // (HV // H)).
         g: ``[B, T, HV]`` natural-log decays (<= 0), or None for no decay; ``-inf`` is a decay of
-            exactly 0 (a reset). On the torch backend ``g > 0`` (growth) is computed right until
-            the true values leave float32's range (float64's for float64 inputs), and the outputs
-            are non-finite from there, as the token loop's; a NaN or inf in any input at token t
-            leaves the outputs before t, and every other sequence, bit-identical.
+            exactly 0 (a reset). ``g > 0`` (growth) is computed right until the true values leave
+            float32's range (float64's for float64 inputs on the torch backend), and the outputs
+            are non-finite from there, as the token loop's (the Triton kernels with 16-bit inputs
+            hold a chunk's decay factors at 16 bits: growth past 2^16 within 64 tokens gives NaN
+            from that row on). On both backends a NaN or inf in any input at token t leaves the
+            outputs before t, and every other sequence, bit-identical to the clean run; the
+            outputs from t on (in the value columns it reaches) and the state are non-finite.
         beta: ``[B, T, HV]`` or ``[B, T, HV, V]`` (per value column), or None for ones.
         scale: score scale, default ``K ** -0.5``.
         initial_state: ``[N, HV, K, V]`` (float32), or None for zeros.
@@ -183,7 +186,10 @@ def chunk_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, initial_state
             (:func:`recurscan.descriptors.build_chunk_descriptors`, once per step, padded to a fixed
             length). With them (or a dense batch) the Triton path never synchronises with the host
             and can be captured in a CUDA graph; without them it builds them from cu_seqlens (one
-            sync). The torch backend derives what it needs and ignores them.
+            sync). The torch backend derives what it needs and ignores them. On CPU tensors their
+            values are checked against cu_seqlens (a ValueError names the wrong entry); on CUDA
+            they are not read on the host, and wrong ones give wrong numbers but never a read or
+            write outside a tensor; ``RECURSCAN_CHECK=1`` checks them there too (one sync a call).
         state: ``[S, HV, K, V]`` state cache, read and written in place at ``state_indices``
             (supersedes initial_state/output_final_state; the returned final state is ``state``).
         state_indices: ``[N]`` cache slot per sequence; -1 marks padding (zero output, slot untouched).
