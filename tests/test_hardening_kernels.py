@@ -347,3 +347,57 @@ def test_ssd_decode_cache_through_strides(device, backend, layout):
     y = recurscan.selective_state_update(cache, x, dt, A, B, C, state_batch_indices=idx, backend=backend)
     assert torch.equal(y, y_ref) and torch.equal(cache, want_cache)
     _check_pool(base, before, VIEW_ROWS[layout])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_ssd_chunked_cache_through_strides(layout):
+    """Mamba2's chunked prefill (the PyTorch form) against a strided cache: the same bits as on a
+    contiguous copy, its own slots written, every other row of the pool untouched."""
+    gen = torch.Generator().manual_seed(5)
+    H, P, Nst, T = 2, 8, 16, 100
+    r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    if layout == "transposed_vk":
+        base = r(4, H, Nst, P)
+        cache = base.transpose(-1, -2)
+    else:
+        base = r(10, H, P, Nst)
+        cache = {"contiguous": base[:4], "pool_every_other": base[::2][:4], "slice_of_pool": base[1:5]}[layout]
+    x, dt = r(1, T, H, P), torch.rand(1, T, H, generator=gen)
+    A, B, C = -torch.rand(H, generator=gen), r(1, T, 1, Nst), r(1, T, 1, Nst)
+    cu, idx = torch.tensor([0, 30, 60, 100]), torch.tensor([2, -1, 0])
+    before = base.clone()
+    want_cache = torch.empty(cache.shape).copy_(cache)
+    y_ref = recurscan.mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=64, cu_seqlens=cu, state=want_cache,
+                                                state_indices=idx)
+    y = recurscan.mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=64, cu_seqlens=cu, state=cache,
+                                            state_indices=idx)
+    assert torch.equal(y, y_ref) and torch.equal(cache, want_cache)
+    _check_pool(base, before, VIEW_ROWS[layout])
+
+
+@pytest.mark.parametrize("family", ["gla", "simple_gla", "diagonal", "ssd"])
+@pytest.mark.parametrize("layout", ["transposed_vk", "pool_every_other"])
+def test_initial_states_through_strides(family, layout):
+    """Every family's initial state may arrive strided: the same bits as a contiguous copy."""
+    gen = torch.Generator().manual_seed(6)
+    r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    T, H, K, V = 70, 2, 8, 12
+    shape = {"diagonal": (2, 12), "ssd": (2, H, V, K)}.get(family, (2, H, K, V))
+    base = r(2 * shape[0], *shape[1:-2], shape[-1], shape[-2]) if layout == "transposed_vk" and len(shape) > 2 \
+        else r(2 * shape[0], *shape[1:])
+    h0 = base[:shape[0]].transpose(-1, -2) if layout == "transposed_vk" and len(shape) > 2 else base[::2]
+    if family == "diagonal":
+        a, b = torch.rand(2, T, 12, generator=gen), r(2, T, 12)
+        run = lambda h: recurscan.diagonal_scan(a, b, initial_state=h, output_final_state=True)  # noqa: E731
+    elif family == "ssd":
+        x, dt, B, C = r(2, T, H, V), torch.rand(2, T, H, generator=gen), r(2, T, 1, K), r(2, T, 1, K)
+        A = -torch.rand(H, generator=gen)
+        run = lambda h: recurscan.mamba_chunk_scan_combined(  # noqa: E731
+            x, dt, A, B, C, chunk_size=64, initial_states=h, return_final_states=True)
+    else:
+        q, k, v = r(2, T, H, K), r(2, T, H, K), r(2, T, H, V)
+        g = -torch.rand(2, T, H, K, generator=gen) if family == "gla" else -torch.rand(2, T, H, generator=gen)
+        op = recurscan.chunk_gla if family == "gla" else recurscan.chunk_simple_gla
+        run = lambda h: op(q, k, v, g, initial_state=h, output_final_state=True)  # noqa: E731
+    got, want = run(h0), run(h0.contiguous())
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
