@@ -331,12 +331,7 @@ def test_ssd_decode_cache_through_strides(device, backend, layout):
     H, P, Nst = (2, 8, 16) if device == "cpu" else (8, 64, 128)
     r = lambda *s: torch.randn(*s, generator=gen).to(device)  # noqa: E731
     b = 3
-    if layout == "transposed_vk":
-        base = r(4, H, Nst, P)
-        cache = base.transpose(-1, -2)
-    else:
-        base = r(10, H, P, Nst)
-        cache = {"contiguous": base[:4], "pool_every_other": base[::2][:4], "slice_of_pool": base[1:5]}[layout]
+    base, cache = make_pool(device, layout, 4, H, P, Nst)  # [S, nheads, dim, dstate]
     x, dt = r(b, H, P), torch.rand(b, H, P, generator=gen).to(device)
     A = -torch.rand(H, generator=gen).to(device)[:, None, None].expand(H, P, Nst)
     B, C = r(b, 1, Nst), r(b, 1, Nst)
@@ -356,12 +351,7 @@ def test_ssd_chunked_cache_through_strides(layout):
     gen = torch.Generator().manual_seed(5)
     H, P, Nst, T = 2, 8, 16, 100
     r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
-    if layout == "transposed_vk":
-        base = r(4, H, Nst, P)
-        cache = base.transpose(-1, -2)
-    else:
-        base = r(10, H, P, Nst)
-        cache = {"contiguous": base[:4], "pool_every_other": base[::2][:4], "slice_of_pool": base[1:5]}[layout]
+    base, cache = make_pool("cpu", layout, 4, H, P, Nst)  # [S, H, P, Nstate]
     x, dt = r(1, T, H, P), torch.rand(1, T, H, generator=gen)
     A, B, C = -torch.rand(H, generator=gen), r(1, T, 1, Nst), r(1, T, 1, Nst)
     cu, idx = torch.tensor([0, 30, 60, 100]), torch.tensor([2, -1, 0])
