@@ -247,3 +247,40 @@ def test_a_launch_reserves_at_least_its_min_shared(programmatic, kernel_shared, 
     assert d.driver is not None
     d((torch.zeros(4), torch.zeros(4), 0.5))
     assert got == [want]
+
+
+def test_compile_together_warms_every_kernel_before_the_first_launch(monkeypatch):
+    """A first call's kernels are all submitted for compilation (warmup, under Triton's
+    AsyncCompileMode) before the first launch, each with the call's own values for its CallArgs
+    and its launch options; one kernel, or no AsyncCompileMode, is a plain context."""
+    events = []
+
+    class Mode:  # stands in for triton.runtime._async_compile.AsyncCompileMode
+        def __init__(self, executor):
+            events.append("mode")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            events.append("finalised")
+
+    def kernel(name):
+        return SimpleNamespace(warmup=lambda grid, **kw: events.append((name, grid, kw)))
+
+    monkeypatch.setattr(L, "AsyncCompileMode", Mode)
+    names, values = ("x", "y"), ("X", "Y")
+    launches = [(kernel("prep"), (4,), {"a": L.CallArg("x"), "B": 2}, {"num_warps": 4}),
+                (kernel("sweep"), (8,), {"a": L.CallArg("y"), "B": 3}, {"num_warps": 8})]
+    with L.compile_together(launches, names, values):
+        events.append("launches")
+    assert events == ["mode", ("prep", (4,), {"a": "X", "B": 2, "num_warps": 4}),
+                      ("sweep", (8,), {"a": "Y", "B": 3, "num_warps": 8}), "launches", "finalised"]
+    events.clear()
+    with L.compile_together(launches[:1], names, values):
+        events.append("launches")
+    assert events == ["launches"]
+    monkeypatch.setattr(L, "AsyncCompileMode", None)
+    with L.compile_together(launches, names, values):
+        events.append("plain")
+    assert events == ["launches", "plain"]

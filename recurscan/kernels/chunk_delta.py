@@ -64,7 +64,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import CallArg, DirectLaunch, jit_launch
+from ._launch import CallArg, DirectLaunch, compile_together, jit_launch
 
 CHUNK = 64  # BT: rows of the expanded stream per chunk (the WY blocks are 64 x 64)
 LOG2E = 1.4426950408889634
@@ -1123,12 +1123,14 @@ def run_chunk_delta(plan: ChunkDeltaPlan, inputs: tuple) -> tuple:
         made[name] = _empty(*shape, dtype=dtype, device=plan.device) if fill is None else \
             torch.full(shape, fill, dtype=dtype, device=plan.device)
     values = inputs + tuple(made.get(n) for n in BUFFER_NAMES)
-    for step in plan.steps:
-        if step.direct is not None:
-            step.direct(values)
-        else:
-            step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, CALL_NAMES, values,
-                                     step.programmatic, step.min_shared)
+    first = [(s.kernel, s.grid, s.kwargs, s.options) for s in plan.steps if s.direct is None]
+    with compile_together(first if not INTERPRET else [], CALL_NAMES, values):
+        for step in plan.steps:
+            if step.direct is not None:
+                step.direct(values)
+            else:
+                step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, CALL_NAMES, values,
+                                         step.programmatic, step.min_shared)
     return tuple(None if i is None else values[i] for i in plan.outputs)
 
 
