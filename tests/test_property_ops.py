@@ -8,7 +8,8 @@ Each case draws: the op, batch or varlen layout (with empty and one-token sequen
 dtype, a state source (none, a dense initial state, or an in-place cache with padding slots), and
 for every tensor a layout: contiguous, a slice of a wider buffer, or a permuted storage order.
 Tolerance: float32 computation against float64, relative RMS 2e-4 for outputs and states (the
-oracle tests' float32 band, with l2-normalised keys and decays in (0, 1]).
+oracle tests' float32 band, with l2-normalised keys and decays in (0, 1]); 1e-2 where the prefill's
+inputs are bfloat16 (its band for 16-bit operands; the oracle runs on the same rounded inputs).
 """
 import os
 import time
@@ -23,6 +24,7 @@ from tolerances import relative_rms
 BUDGET = float(os.environ.get("RECURSCAN_PROPERTY_SECONDS", "40"))
 ONE_SEED = os.environ.get("RECURSCAN_PROPERTY_SEED")
 RMS = 2e-4
+RMS16 = 1e-2  # 16-bit inputs and outputs (the GPU tests' band: products on 16-bit operands)
 
 
 def strided(x: torch.Tensor, rng) -> torch.Tensor:
@@ -78,9 +80,12 @@ def case_delta(rng, backend):
     H = int(pick(rng, [1, 2])); HV = H * int(pick(rng, [1, 2]))
     K, V = int(pick(rng, [8, 16, 24])), int(pick(rng, [8, 16, 24]))
     r = lambda *s: strided(torch.randn(*s, generator=rng), rng)  # noqa: E731
+    dtype = pick(rng, [torch.float32, torch.float32, torch.bfloat16])
+    rms = RMS if dtype == torch.float32 else RMS16
     x = dict(q=r(B, T, H, K), k=r(B, T * M, H, K), v=r(B, T * M, HV, V),
              g=strided(torch.nn.functional.logsigmoid(torch.randn(B, T, HV, generator=rng) + 2), rng),
              beta=strided(torch.rand(B, T * M, HV, generator=rng), rng))
+    x = {n: t if n == "g" else t.to(dtype) for n, t in x.items()}
     st, cache = state_source(rng, N, (HV, K, V))
     S0 = None
     if cache is not None:
@@ -112,12 +117,12 @@ def case_delta(rng, backend):
         want_o = want_o.masked_fill(pad[..., None, None], 0)
         for n, s in enumerate(slots):
             if s >= 0:
-                assert relative_rms(cache[s], want_S[n]) <= RMS, f"cache slot {s}"
+                assert relative_rms(cache[s], want_S[n]) <= rms, f"cache slot {s}"
         untouched = [i for i in range(cache.shape[0]) if i not in slots]
         assert torch.equal(cache[untouched], before[untouched]), "a slot no sequence owns changed"
     else:
-        assert relative_rms(S, want_S) <= RMS, "final state"
-    assert relative_rms(o, want_o) <= RMS, "output"
+        assert relative_rms(S, want_S) <= rms, "final state"
+    assert relative_rms(o, want_o) <= rms, "output"
 
 
 def case_decode(rng, backend):
