@@ -80,8 +80,22 @@ def _lengths(cu_seqlens) -> list[int]:
     return [b - a for a, b in zip(bounds, bounds[1:])]
 
 
+def chunk_pairs(lengths: Sequence[int], chunk_size: int = CHUNK_SIZE) -> list[tuple[int, int]]:
+    """The real rows of a chunk index: (sequence, chunk) for every chunk of every sequence of
+    ``lengths``, sequence-major."""
+    return [(n, c) for n, L in enumerate(lengths) for c in range(-(-L // chunk_size))]
+
+
+def chunk_offsets_of(lengths: Sequence[int], chunk_size: int = CHUNK_SIZE) -> list[int]:
+    """``[N + 1]`` prefix sums of the sequences' chunk counts (the values of ``chunk_offsets``)."""
+    offsets = [0]
+    for L in lengths:
+        offsets.append(offsets[-1] - (-L // chunk_size))
+    return offsets
+
+
 def _indices(lengths: Sequence[int], chunk_size: int, rows: int) -> torch.Tensor:
-    pairs = [(n, c) for n, L in enumerate(lengths) for c in range(-(-L // chunk_size))]
+    pairs = chunk_pairs(lengths, chunk_size)
     if len(pairs) > rows:
         raise ValueError(f"max_tokens: the sequences need {len(pairs)} chunks, more than the padded {rows}")
     pairs += [(-1, -1)] * (rows - len(pairs))
@@ -148,10 +162,7 @@ def build_chunk_descriptors(cu_seqlens, num_householder: int = 1, *, max_tokens:
         chunk_indices_dp = chunk_indices
     else:
         chunk_indices_dp = _indices([L * M for L in lengths], chunk_size, padded_chunk_count(T, N, M, chunk_size))
-    counts = [-(-L // chunk_size) for L in lengths]
-    offsets = [0]
-    for c in counts:
-        offsets.append(offsets[-1] + c)
+    offsets = chunk_offsets_of(lengths, chunk_size)
     chunk_indices = chunk_indices.to(device)
     chunk_indices_dp = chunk_indices if M == 1 else chunk_indices_dp.to(device)
     return ChunkDescriptors(chunk_indices, chunk_indices_dp, torch.tensor(offsets, dtype=torch.int32, device=device))

@@ -328,9 +328,8 @@ def compile_together(launches: list, names: tuple, values: tuple):
     (``(kernel, grid, kwargs, options)``, arguments as :func:`jit_launch` takes them) starts
     compiling at once, in threads (Triton's AsyncCompileMode; the compiler and ptxas run outside
     Python's lock), and each launch inside waits for its own kernel only: the call waits for its
-    slowest compile rather than for their sum (offline sm_90, the sweep and its replay variant:
-    2.2-2.6 s together against 3.5-4.2 s in turn). A plain context on a Triton without it, or for
-    one kernel."""
+    slowest compile rather than for their sum (docs/perf-history.md). A plain context on a Triton
+    without it, or for one kernel."""
     if AsyncCompileMode is None or len(launches) < 2:
         yield
         return

@@ -779,15 +779,14 @@ def chunk_delta_sweep_kernel(
     # loop's instructions, sm_90 SASS); the sequence's last chunk, when partial, runs masked after.
     c_full = tl.minimum(c_hi, L // BT)
     for c in tl.range(c_lo, c_full, num_stages=NUM_STAGES):
-        b_St = _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, n_cs_rows, bos, bos_t, L, i_n,
-                            i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
+        b_St = _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, n_cs_rows, bos, bos_t, L,
+                            i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
                             DOT_PRECISION, DT, True, REPLAY)
     c_tail = tl.maximum(c_lo, c_full)
     if c_tail < c_hi:
         b_St = _sweep_chunk(c_tail, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, n_cs_rows, bos, bos_t,
-                            L, i_n,
-                            i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
+                            L, i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
                             DOT_PRECISION, DT, False, REPLAY)
     # Causality under non-finite input. A NaN or inf in U reaches every earlier row of its chunk
@@ -897,12 +896,14 @@ class ChunkDeltaPlan:
     """Everything a call of one signature needs but its tensors: the buffers to allocate
     (name -> (shape, dtype, fill); fill None = uninitialised, else a constant), the launches in
     order, and where each returned tensor sits in the call's values (None: a None output). Built
-    once per signature; keeps no tensor."""
+    once per signature; keeps no tensor. ``launched``: its first call has run (and compiled every
+    kernel it launches)."""
 
     buffers: dict
     steps: list
     outputs: tuple
     device: torch.device
+    launched: bool = False
 
     def __post_init__(self):  # names -> positions in CALL_NAMES, once rather than per call
         self.outputs = tuple(None if n is None else CALL_NAMES.index(n) for n in self.outputs)
@@ -1123,15 +1124,22 @@ def run_chunk_delta(plan: ChunkDeltaPlan, inputs: tuple) -> tuple:
         made[name] = _empty(*shape, dtype=dtype, device=plan.device) if fill is None else \
             torch.full(shape, fill, dtype=dtype, device=plan.device)
     values = inputs + tuple(made.get(n) for n in BUFFER_NAMES)
-    first = [(s.kernel, s.grid, s.kwargs, s.options) for s in plan.steps if s.direct is None]
-    with compile_together(first if not INTERPRET else [], CALL_NAMES, values):
-        for step in plan.steps:
-            if step.direct is not None:
-                step.direct(values)
-            else:
-                step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, CALL_NAMES, values,
-                                         step.programmatic, step.min_shared)
+    if plan.launched or INTERPRET:
+        _launch_steps(plan, values)
+    else:  # the first call: every kernel compiles at once
+        with compile_together([(s.kernel, s.grid, s.kwargs, s.options) for s in plan.steps], CALL_NAMES, values):
+            _launch_steps(plan, values)
+        plan.launched = True
     return tuple(None if i is None else values[i] for i in plan.outputs)
+
+
+def _launch_steps(plan: ChunkDeltaPlan, values: tuple) -> None:
+    for step in plan.steps:
+        if step.direct is not None:
+            step.direct(values)
+        else:
+            step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, CALL_NAMES, values,
+                                     step.programmatic, step.min_shared)
 
 
 def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_state=None,

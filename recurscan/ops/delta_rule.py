@@ -14,7 +14,7 @@ import torch
 
 from ..kernels import launch_key  # no triton import: kernels/__init__ has none
 from ..plan import plan
-from ..problem import check_chunk_descriptors, debug_checks, delta_problem
+from ..problem import check_chunk_descriptors, check_cu_seqlens, check_slots, debug_checks, delta_problem
 from ..reference import delta as ref
 from . import _cache
 
@@ -95,7 +95,6 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
 def _check_device_values(problem, cu_seqlens, state, state_indices):
     """``RECURSCAN_CHECK=1`` on device tensors: the value checks that CPU tensors always get
     (cu_seqlens monotone from 0 to T, cache slots in range and unshared), at one host sync."""
-    from ..problem import check_cu_seqlens, check_slots
     if cu_seqlens is not None and cu_seqlens.device.type != "cpu":
         check_cu_seqlens(cu_seqlens.cpu(), 1, problem.tokens, torch.device("cpu"))
     if state is not None and state_indices.device.type != "cpu":
