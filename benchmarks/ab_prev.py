@@ -65,6 +65,27 @@ def cold_first_call(prev: str, module: str, workload: str) -> float:
     return float(out.stdout.split()[-1])
 
 
+def kernel_times(impl: runner.Impl, workload: str, calls: int = 20) -> dict[str, float]:
+    """Mean device microseconds per call of each kernel (torch.profiler over ``calls`` eager calls)."""
+    from torch.profiler import ProfilerActivity, profile
+    w = registry.get(workload)
+    x = w.make_inputs("cuda", 0)
+    fn = impl.load(w)
+    with torch.no_grad():
+        for _ in range(3):
+            fn(x)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn(x)
+            torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for e in prof.key_averages():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.count:
+            out[e.key] = getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0.0)) / calls
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.ab_prev", description=__doc__.split("\n\n")[0])
     ap.add_argument("--prev", required=True, help="folder holding the older package as recurscan_prev/")
@@ -73,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--rep-ms", type=int, default=500)
     ap.add_argument("--cold", type=int, default=0, help="cold first calls per version, alternating (fresh processes)")
+    ap.add_argument("--kernels", action="store_true", help="also each kernel's device time (torch.profiler)")
     args = ap.parse_args(argv)
     prev = prev_impl(args.prev, args.label)
     device = torch.device("cuda")
@@ -92,11 +114,22 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(f"{name:<28} {row['mode']:<6} ours {row['ours_ms']:.4f} ms  prev {row['prev_ms']:.4f} ms  "
                   f"prev/ours {row['ratio_prev_over_ours']}", flush=True)
+            for who, r in (("ours", ours), ("prev", old)):
+                if r.get("status") != "ok":
+                    print(f"  {who}: {r.get('status')}: {r.get('detail')}", flush=True)
+            runner.save_rows(rows, args.out, device)  # after every row: a run cut short keeps what it measured
+        if args.kernels:
+            ours_k, prev_k = kernel_times(runner.IMPLS[0], name), kernel_times(prev, name)
+            rows.append(dict(workload=name, mode="kernels", ours_us=ours_k, prev_us=prev_k))
+            for kname in sorted(set(ours_k) | set(prev_k)):
+                print(f"  {kname[:60]:<60} ours {ours_k.get(kname, 0):8.1f} us  prev {prev_k.get(kname, 0):8.1f} us",
+                      flush=True)
     for i in range(args.cold):  # alternating, so that neither version always runs second
         for module in (("recurscan", "recurscan_prev") if i % 2 == 0 else ("recurscan_prev", "recurscan")):
             secs = cold_first_call(args.prev, module, args.workload[0])
             rows.append(dict(workload=args.workload[0], mode="cold first call", version=module, seconds=secs))
             print(f"cold first call {module:<15} {secs:.2f} s", flush=True)
+            runner.save_rows(rows, args.out, device)
     runner.save_rows(rows, args.out, device)
     return 0
 

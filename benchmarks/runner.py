@@ -493,6 +493,9 @@ def run_workload(workload: registry.Workload | str, *, device: str | torch.devic
             res["first_call_s"] = time.perf_counter() - t0
             if w.is_decode:  # compare the first call's results: restore the state before timing
                 x = _clone_inputs(inputs)
+                # do_bench_cudagraph calls fn first on a stream of its own, which does not wait for
+                # these copies: unsynchronised, that call read a cache and slots still being copied.
+                _sync(dev)
             with torch.no_grad():
                 call = lambda: fn(x)  # noqa: E731
                 t = time_cuda(call, warmup_ms, rep_ms, cuda_graph) if dev.type == "cuda" else \

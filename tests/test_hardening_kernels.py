@@ -5,7 +5,9 @@ under the interpreter (CI) and, marked ``gpu``, on the H200 at real head sizes
 1. Strides: every state argument is read and written through its strides: a contiguous cache, a
    ``[S, HV, V, K]`` cache passed transposed, a slot-strided ``pool[::2]`` and a slice of a larger
    pool give the bits of the same call on a contiguous copy, write exactly their own rows, and
-   leave every other row of the pool untouched.
+   leave every other row of the pool untouched. (Decode on the GPU runs a key-contiguous cache
+   with a launch shape of its own, so there the reference is a contiguous cache of the same memory
+   order, and the [K, V] run agrees to float32 rounding.)
 2. Descriptors: wrong varlen descriptors on the CPU are a ValueError naming the entry; handed to
    the kernels anyway, they never write outside a tensor.
 3. Causality: a NaN or inf at token t leaves every output before t, and every other sequence,
@@ -311,17 +313,29 @@ def test_decode_cache_and_snapshots_through_strides(device, backend, layout):
     snaps = snap_base[::2]  # [4, T, HV, K, V], slot-strided
     idx = torch.tensor([2, -1, 0], device=device)
     before, snap_before = base.clone(), snap_base.clone()
-    want_cache = torch.empty(cache.shape, device=device).copy_(cache)
-    want_snaps = snaps.clone()
     kw = dict(state_indices=idx, use_qk_l2norm_in_kernel=True, backend=backend)
-    o_ref, _ = recurscan.fused_recurrent_gated_delta_rule_update(q, k, v, g, beta, state=want_cache,
-                                                                 intermediate_states=want_snaps, **kw)
-    o, S = recurscan.fused_recurrent_gated_delta_rule_update(q, k, v, g, beta, state=cache, intermediate_states=snaps,
-                                                             **kw)
+
+    def run(state, snapshots):
+        return recurscan.fused_recurrent_gated_delta_rule_update(q, k, v, g, beta, state=state,
+                                                                 intermediate_states=snapshots, **kw)
+
+    # The reference: a fresh contiguous tensor of the same memory order (a key-contiguous cache,
+    # [S, HV, V, K] transposed, runs its own launch shape by rule on the GPU).
+    fresh = (lambda c: c.transpose(-1, -2).contiguous().transpose(-1, -2)) if layout == "transposed_vk" \
+        else (lambda c: c.contiguous())
+    want_cache, want_snaps = fresh(cache.clone()), snaps.clone()
+    o_ref, _ = run(want_cache, want_snaps)
+    o, S = run(cache, snaps)
     assert S is cache
     assert torch.equal(o, o_ref) and torch.equal(cache, want_cache) and torch.equal(snaps, want_snaps)
     _check_pool(base, before, VIEW_ROWS[layout])
     _check_pool(snap_base, snap_before, [0, 4])
+    if layout == "transposed_vk":  # and the key-contiguous shape agrees with the [K, V] one to fp32 rounding
+        kv_cache, kv_snaps = before[:4].transpose(-1, -2).contiguous(), snap_before[::2].clone()
+        o_kv, _ = run(kv_cache, kv_snaps)
+        torch.testing.assert_close(o, o_kv, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(cache, kv_cache, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(snaps, kv_snaps, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("device, backend", BACKENDS)
