@@ -9,7 +9,7 @@ Scope: dense GDN (M = 1), bf16, T a multiple of 64, K = 128, V a multiple of 64,
 initial state, final state stored. It reads the prep kernel's scratch (wy, aqk, coef) and runs the
 single pass or each phase of a phased plan (:func:`run_plan_with_gluon_sweep`: the plan's own prep
 launches, the sweeps replaced). The algebra is the Triton sweep's
-(:func:`recurscan.kernels.chunk_delta.chunk_delta_sweep_kernel`), per chunk, transposed (S^T
+(:func:`recurscan.kernels.delta.sweep.chunk_delta_sweep_kernel`), per chunk, transposed (S^T
 [BV, K] float32 in registers), with the same roundings; on the H200 its outputs and states are the
 Triton sweep's bits::
 
@@ -29,8 +29,8 @@ Two kernels:
   shared memory.
 
 What ptxas does with them (sm_90) is in docs/kernels-chunk-delta.md. Gluon kernels do not run
-under TRITON_INTERPRET=1: tests/test_gluon_proto.py compiles both for sm_90 on the CPU, and this
-benchmark compares their results with the Triton sweep's on the GPU.
+under TRITON_INTERPRET=1: benchmarks/test_gluon_proto.py (run by hand, not in the default test run)
+compiles both for sm_90 on the CPU, and this benchmark compares their results with the Triton sweep's on the GPU.
 """
 from __future__ import annotations
 
@@ -154,7 +154,7 @@ def gluon_sweep_kernel(k_desc, q_desc, v_desc, wy_desc, aqk_desc, o_desc, coef, 
     Chunks [tc_first, tc_first + tc_count) of each sequence (clipped at its end): from a zero state
     (tc_first = 0) or from the state in ``seg_n [B, HV, K, V]``; to ``ht [B, HV, K, V]`` (the
     sequence's last chunk) or back to ``seg_n``: the Triton sweep's PASS 0 (one range of every chunk)
-    and PASS 3 (one phase of the phased plan, chunk_delta.plan_chunk_delta). trigger_dependents != 0
+    and PASS 3 (one phase of the phased launches, launch/delta.py). trigger_dependents != 0
     lets the next launch, a programmatic dependent (the next phase's prep), start beside this one.
     """
     i_n, i_hv, i_v, n_total, n_chunks, row_c0, col_qk, col_v, col_w = _program(T, tc_first, tc_count,
@@ -392,11 +392,12 @@ def gluon_sweep(q, k, v, wy, aqk, coef, o, ht, seg_n=None, tc_first=0, tc_count=
 
 
 def run_plan_with_gluon_sweep(plan, inputs, stages=3, ws=False):
-    """:func:`recurscan.kernels.chunk_delta.run_chunk_delta` with every sweep launch (single pass,
+    """:func:`recurscan.launch.delta.run_delta_launches` with every sweep launch (single pass,
     or each phase of a phased plan) replaced by the prototype; the preps are the plan's own
     launches (programmatic ones included, from the second call on). Returns (o, final state)."""
-    from recurscan.kernels._launch import jit_launch
-    from recurscan.kernels.chunk_delta import (BUFFER_NAMES, CALL_NAMES, _empty, chunk_delta_sweep_kernel)
+    from recurscan.kernels.delta.sweep import chunk_delta_sweep_kernel
+    from recurscan.launch.delta import BUFFER_NAMES, CALL_NAMES, _empty
+    from recurscan.runtime.launcher import jit_launch
 
     made = {n: (_empty(*shape, dtype=dt, device=plan.device) if fill is None else
                 torch.full(shape, fill, dtype=dt, device=plan.device))
@@ -430,30 +431,31 @@ def measure_sweep_alone(name, rep_ms, stages=3, ws_stages=3):
     program, and the outputs compared with the Triton sweep's."""
     import triton.testing as tt
 
-    from recurscan.kernels.chunk_delta import plan_chunk_delta, run_chunk_delta
+    from recurscan.launch.delta import run_delta_launches
 
+    from .delta_variants import variant_launches
     from .gpu_chunk_delta import kernel_inputs
 
     (q, k, v, g, beta), M, cu, kw = kernel_inputs(name)
     inputs = (q, k, v, g, beta, None, None, None, None, None, None)
     shape = dict(block_v=64, num_warps=4, num_stages=3, tma_store=True)
-    full = plan_chunk_delta(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, output_final_state=True, **shape)
-    sweep = plan_chunk_delta(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, output_final_state=True,
-                             stages="sweep", **shape)
+    full = variant_launches(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, output_final_state=True, **shape)
+    sweep = variant_launches(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, output_final_state=True,
+                             stage="sweep", **shape)
     n_chunks = q.shape[1] // HOST_BT
     row = {"workload": name, "triton_launch": shape, "times": {}}
     with torch.no_grad():
-        ref_o, ref_ht = (t.clone() for t in run_chunk_delta(full, inputs))
-        # The prep's scratch, kept: the same plan's buffers, filled by its prep launch.
-        from recurscan.kernels._launch import jit_launch
-        from recurscan.kernels.chunk_delta import BUFFER_NAMES, CALL_NAMES, _empty
+        ref_o, ref_ht = (t.clone() for t in run_delta_launches(full, inputs))
+        # The prep's scratch, kept: the same launches' buffers, filled by its prep launch.
+        from recurscan.launch.delta import BUFFER_NAMES, CALL_NAMES, _empty
+        from recurscan.runtime.launcher import jit_launch
         made = {n: (_empty(*sh, dtype=dt, device=full.device) if fill is None else
                     torch.full(sh, fill, dtype=dt, device=full.device)) for n, (sh, dt, fill) in full.buffers.items()}
         values = inputs + tuple(made.get(n) for n in BUFFER_NAMES)
         for step in full.steps[:1]:  # the prep
             jit_launch(step.kernel, step.grid, step.kwargs, step.options, CALL_NAMES, values)
         o, ht = torch.empty_like(ref_o), torch.empty_like(ref_ht)
-        runs = {"triton": lambda: run_chunk_delta(sweep, inputs),
+        runs = {"triton": lambda: run_delta_launches(sweep, inputs),
                 "gluon": lambda: gluon_sweep(q, k, v, made["wy"], made["aqk"], made["coef"], o, ht, stages=stages),
                 "gluon_ws": lambda: gluon_sweep(q, k, v, made["wy"], made["aqk"], made["coef"], o, ht,
                                                 stages=ws_stages, ws=True)}
@@ -477,29 +479,30 @@ def measure(name, rep_ms, stages, phases=None, phase_ratio=None, ws_stages=3):
     the planned one), same process; outputs compared (relative RMS; 0 = the same bits)."""
     import triton.testing as tt
 
-    from recurscan.kernels.chunk_delta import plan_chunk_delta, run_chunk_delta
-    from recurscan.plan import delta_launch
+    from recurscan.launch.delta import run_delta_launches
+    from recurscan.plan import delta_shape
     from recurscan.problem import delta_problem
 
+    from .delta_variants import variant_launches
     from .gpu_chunk_delta import kernel_inputs
 
     (q, k, v, g, beta), M, cu, kw = kernel_inputs(name)
     if M != 1 or cu is not None:
         raise ValueError(f"{name}: the prototype takes dense GDN")
-    L = delta_launch(delta_problem(q, k, v, g, beta, num_householder=M, cu_seqlens=cu), torch.device("cuda"))
+    L = delta_shape(delta_problem(q, k, v, g, beta, num_householder=M, cu_seqlens=cu), torch.device("cuda"))
     inputs = (q, k, v, g, beta, None, None, None, None, None, None)
 
     def plan(**shape):
-        return plan_chunk_delta(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, output_final_state=True, **shape)
+        return variant_launches(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, output_final_state=True, **shape)
 
     planned = dict(block_v=L.block_v, num_warps=L.num_warps, num_stages=L.num_stages, segments=L.segments,
                    v_product=L.v_product, tma_store=L.tma_store, phases=phases or L.phases, prep_maxnreg=L.prep_maxnreg)
-    if phase_ratio is not None:  # for the plans made here (phase_bounds reads it when planning)
-        from recurscan.kernels import chunk_delta
-        chunk_delta.PHASE_RATIO = phase_ratio
+    if phase_ratio is not None:  # for the launches built here (phase_bounds reads it when building)
+        from recurscan.launch import delta as launch_delta
+        launch_delta.PHASE_RATIO = phase_ratio
     bv64 = dict(planned, block_v=64, num_warps=4, num_stages=3, segments=1, v_product=True, tma_store=True)
-    runs = {"triton_planned": (plan(**planned), run_chunk_delta),
-            "triton_bv64": (plan(**bv64), run_chunk_delta),
+    runs = {"triton_planned": (plan(**planned), run_delta_launches),
+            "triton_bv64": (plan(**bv64), run_delta_launches),
             "gluon_bv64": (plan(**bv64), lambda p, x: run_plan_with_gluon_sweep(p, x, stages)),
             "gluon_ws_bv64": (plan(**bv64), lambda p, x: run_plan_with_gluon_sweep(p, x, ws_stages, ws=True))}
     if planned == bv64:
@@ -529,7 +532,8 @@ def main(argv=None):
     ap.add_argument("--workload", action="append", help="default: gdn_b1_t16384_h16_hv32")
     ap.add_argument("--stages", type=int, default=3)
     ap.add_argument("--phases", type=int, action="append", help="phase counts to run (default: the planner's)")
-    ap.add_argument("--phase-ratio", type=float, action="append", help="chunk_delta.PHASE_RATIO values to run")
+    ap.add_argument("--phase-ratio", type=float, action="append",
+                    help="recurscan.launch.delta.PHASE_RATIO values to run")
     ap.add_argument("--rep-ms", type=int, default=100)
     ap.add_argument("--sweep-alone", action="store_true", help="the sweep alone on the prep's scratch instead")
     ap.add_argument("--out")

@@ -12,7 +12,8 @@ Sections (each saved in the JSON, a table printed last):
 - ``host``: one eager call of GDN B1 T64 H16 HV32 (host time included): median of N calls, each
   timed with perf_counter around call + synchronize.
 - ``variants``: our launch shapes (BV, warps, stages) under graph replay, and the two kernels
-  alone (prep, sweep), for the rule table in recurscan/plan.py and the "what bounds it" notes.
+  alone (prep, sweep: benchmarks/delta_variants.py), for the rule table in recurscan/plan/delta.py
+  and the "what bounds it" notes.
 - ``cold``: the first call in a fresh process with an empty Triton cache (compile included).
 
 Counts: FLOPs are the registry's (the fused chunk form, useful work); HBM bytes both the
@@ -168,9 +169,11 @@ def bench_variants(names, rep_ms, shapes=None):
     the planner's choice (relative RMS; the planner's choice is the one the GPU tests check against
     the oracle); and the planner's launch with one kernel alone (prep, sweep)."""
     import triton.testing as tt
-    from recurscan.kernels.chunk_delta import plan_chunk_delta, run_chunk_delta
-    from recurscan.plan import delta_launch
+    from recurscan.launch.delta import run_delta_launches
+    from recurscan.plan import delta_shape
     from recurscan.problem import delta_problem
+
+    from .delta_variants import variant_launches
 
     # Launch shapes (BV, num_warps, num_stages, segments, v_product, tma_store, phases, prep_maxnreg);
     # v_product defaults to 1, tma_store to 0, phases to 1, prep_maxnreg to 0 (no cap; the planner
@@ -182,23 +185,23 @@ def bench_variants(names, rep_ms, shapes=None):
     out = []
     for name in names:
         (q, k, v, g, beta), M, cu, kw = kernel_inputs(name)
-        L = delta_launch(delta_problem(q, k, v, g, beta, num_householder=M, cu_seqlens=cu), torch.device("cuda"))
+        L = delta_shape(delta_problem(q, k, v, g, beta, num_householder=M, cu_seqlens=cu), torch.device("cuda"))
         planned = (L.block_v, L.num_warps, L.num_stages, L.segments, int(L.v_product), int(L.tma_store), L.phases,
                    L.prep_maxnreg or 0)
 
         plans = {}
 
         def run(BV, warps, stages, P, vp, tma, ph, maxnreg, stage="both"):
-            # One plan per launch shape, kept as the public ops keep theirs: after its first call
-            # (through Triton's JIT) it launches directly, programmatic launches included.
+            # One set of launches per launch shape, kept as the public ops keep theirs: after its
+            # first call (through Triton's JIT) it launches directly, programmatic launches included.
             key = (BV, warps, stages, P, vp, tma, ph, maxnreg, stage)
             if key not in plans:
-                plans[key] = plan_chunk_delta(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
+                plans[key] = variant_launches(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
                                               output_final_state=True, block_v=BV, num_warps=warps,
                                               num_stages=stages, segments=P, v_product=bool(vp), tma_store=bool(tma),
-                                              phases=ph, prep_maxnreg=maxnreg or None, stages=stage, **kw)
-            return run_chunk_delta(plans[key], (q, k, v, g, beta, None, None, None, kw.get("cu_seqlens"),
-                                                kw.get("chunk_indices_dp"), None))
+                                              phases=ph, prep_maxnreg=maxnreg or None, stage=stage, **kw)
+            return run_delta_launches(plans[key], (q, k, v, g, beta, None, None, None, kw.get("cu_seqlens"),
+                                                   kw.get("chunk_indices_dp"), None))
         with torch.no_grad():
             ref = [t.float().clone() for t in run(*planned)]
         todo = [(planned, "prep"), (planned, "sweep")] + [(s_, "both") for s_ in shapes]
@@ -300,21 +303,22 @@ def main(argv=None):
     ap.add_argument("--variant-shape", action="append",
                     help="BV:num_warps:num_stages:segments[:v_product[:tma_store[:phases[:prep_maxnreg]]]] launch shapes for --only variants "
                          "(repeatable)")
-    ap.add_argument("--phase-ratio", type=float, help="chunk_delta.PHASE_RATIO for this run (phased variants)")
+    ap.add_argument("--phase-ratio", type=float,
+                    help="recurscan.launch.delta.PHASE_RATIO for this run (phased variants)")
     ap.add_argument("--no-fla", action="store_true")
     ap.add_argument("--fla-workload", action="append",
                     help="run fla only on these workloads (its first call compiles and autotunes: 10-80 s each)")
     ap.add_argument("--rep-ms", type=int, default=300)
     args = ap.parse_args(argv)
-    from recurscan.kernels import chunk_delta
+    from recurscan.launch import delta as launch_delta
     if args.phase_ratio is not None:
-        chunk_delta.PHASE_RATIO = args.phase_ratio
+        launch_delta.PHASE_RATIO = args.phase_ratio
     sections = args.only or ["cold", "workloads", "host", "variants"]
     # With --no-fla, name an implementation that declines every prefill workload at once
     # (recorded as "unsupported"), so that only ours (passed as an extra implementation) runs.
     impls = ["fla"] if not args.no_fla else ["mamba_ssm"]
     result = {"environment": runner.environment(torch.device("cuda")), "sections": sections,
-              "phase_ratio": chunk_delta.PHASE_RATIO}
+              "phase_ratio": launch_delta.PHASE_RATIO}
     # The benchmark writes as it goes: a section that fails leaves the earlier ones saved.
     def save():
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)

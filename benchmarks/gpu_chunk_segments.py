@@ -3,7 +3,7 @@
     python -m benchmarks.gpu_chunk_segments --out benchmarks/results/gpu_chunk_segments.json
 
 For each workload (bf16, K = V = 128, L2 norm in the kernel, float32 final state) it times
-``recurscan.kernels.chunk_delta.chunk_delta_fwd`` (prep + sweep; with segments P > 1 the sweep is
+``recurscan.launch.delta.chunk_delta_fwd`` (prep + sweep; with segments P > 1 the sweep is
 pass 1 + fix-up + pass 2) at ``segments`` in {1, 2, 3, 4, 8} and several value blocks BV, by
 CUDA-graph replay (``triton.testing.do_bench_cudagraph``, median), plus the prep kernel alone once per
 workload (so sweep = total - prep). Every variant's output and final state are compared with the
@@ -67,9 +67,10 @@ def main(argv=None):
 
     import triton.testing as tt
 
-    from recurscan.kernels.chunk_delta import chunk_delta_fwd
-    from recurscan.plan import delta_launch
+    from recurscan.plan import delta_shape
     from recurscan.problem import delta_problem
+
+    from .delta_variants import variant_fwd
 
     result = {"environment": runner.environment(torch.device("cuda")), "rep_ms": args.rep_ms,
               "method": "do_bench_cudagraph median (device time), prep + sweep", "rows": []}
@@ -96,13 +97,13 @@ def main(argv=None):
             x = w.make_inputs(DEVICE, 0)
             q, k, v, g, beta = x["q"], x["k"], x["v"], x["g"], x["beta"]
             M = w.num_householder
-            L = delta_launch(delta_problem(q, k, v, g, beta, num_householder=M), torch.device("cuda"))
+            L = delta_shape(delta_problem(q, k, v, g, beta, num_householder=M), torch.device("cuda"))
             planned = (L.block_v, L.num_warps)
 
             def run(BV, warps, P, stage="both"):
-                return chunk_delta_fwd(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
-                                       output_final_state=True, block_v=BV, num_warps=warps, num_stages=2,
-                                       segments=P, stages=stage)
+                return variant_fwd(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
+                                   output_final_state=True, block_v=BV, num_warps=warps, num_stages=2,
+                                   segments=P, stage=stage)
 
             with torch.no_grad():
                 ref = [t.float().clone() for t in run(*planned, 1)]

@@ -28,20 +28,22 @@ WORKLOADS = ["gdn_b1_t16384_h16_hv32", "gdn_b4_t4096_h16", "gdp_m2_b4_t4096_h16"
 
 
 def stage_plans(name):
-    from recurscan.kernels.chunk_delta import plan_chunk_delta, run_chunk_delta
-    from recurscan.plan import delta_launch
+    from recurscan.launch.delta import run_delta_launches
+    from recurscan.plan import delta_shape
     from recurscan.problem import delta_problem
 
+    from .delta_variants import variant_launches
+
     (q, k, v, g, beta), M, cu, kw = kernel_inputs(name)
-    L = delta_launch(delta_problem(q, k, v, g, beta, num_householder=M, cu_seqlens=cu), torch.device("cuda"))
+    L = delta_shape(delta_problem(q, k, v, g, beta, num_householder=M, cu_seqlens=cu), torch.device("cuda"))
     inputs = (q, k, v, g, beta, None, None, None, cu, kw.get("chunk_indices_dp"), None)
 
     def runner(stage):
-        plan = plan_chunk_delta(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
+        plan = variant_launches(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
                                 output_final_state=True, block_v=L.block_v, num_warps=L.num_warps,
                                 num_stages=L.num_stages, segments=L.segments, v_product=L.v_product,
-                                stages=stage, **kw)
-        return lambda: run_chunk_delta(plan, inputs)
+                                stage=stage, **kw)
+        return lambda: run_delta_launches(plan, inputs)
     return runner("prep"), runner("sweep"), runner("both"), L
 
 

@@ -156,11 +156,11 @@ def one_request(out):
     res["ours"]["graph_replay"] = bench_graph(ours)
     res["ours"]["eager"] = host_time(ours)
     # the same call through Triton's JIT dispatch (the op's cache bypassed) and the bare launcher
-    from recurscan.kernels import recurrent as R
+    from recurscan.launch import stream as R
     from recurscan.ops import decode as D
 
     def jit_path():  # the op's per-signature cache dropped: validation, planning and Triton's JIT launch
-        D._PREPARED.clear()
+        D.PREPARED.clear()
         ours()
     res["ours"]["eager_without_signature_cache"] = host_time(jit_path, n=300)
     res["ours"]["direct_launch_error"] = R.DIRECT_LAUNCH_ERROR
@@ -215,7 +215,7 @@ def speculative(out):
 def _ssd_decode_fn(x, cfg):
     """The streaming kernel as mamba's selective_state_update on the ssd_decode_256 inputs ``x``
     (dt, A, D, dt_bias per head), with launch shape ``cfg``."""
-    from recurscan.kernels import recurrent as R
+    from recurscan.launch import stream as R
     N, Hs, P, Ns = x["state"].shape
     y = torch.empty(N, 1, Hs, P, device="cuda", dtype=x["x"].dtype)
     dt = x["dt"][:, None, :]  # [N, 1, H]: tied over headdim
@@ -223,12 +223,13 @@ def _ssd_decode_fn(x, cfg):
         x["C"][:, None], x["B"][:, None], x["x"][:, None], y, scale=1.0, delta=False, gate="ssd", g=dt,
         initial=x["state"], final=x["state"], final_by_slot=True, vk_layout=True, A=x["A"],
         dt_bias=x["dt_bias"][:, None].expand(Hs, P), D=x["D"][:, None].expand(Hs, P), dt_tied=True,
-        dt_softplus=True, num_sequences=N, config=cfg)
+        dt_softplus=True, num_sequences=N, shape=cfg)
 
 
 def sweep(out):
-    """Launch shapes around the rule's choice (the data behind stream_config's rows)."""
-    from recurscan.kernels import recurrent as R
+    """Launch shapes around the rule's choice (the data behind the rows of plan/stream.py's stream_shape)."""
+    from recurscan.launch import stream as R
+    from recurscan.plan import StreamShape
     res = []
     EF = "evict_first"
     for name, n, state_dtype, cfgs in (
@@ -239,11 +240,11 @@ def sweep(out):
         x = w.make_inputs("cuda")
         o = torch.empty_like(x["v"])
         for BV, nw, ev in cfgs:
-            cfg = R.StreamConfig(128, BV, nw, 1, "sweep", evict=ev)
+            cfg = StreamShape(128, BV, nw, 1, "sweep", evict=ev)
             fn = lambda: R.streaming_recurrence(  # noqa: E731
                 x["q"], x["k"], x["v"], o, scale=128 ** -0.5, delta=True, gate="scalar", g=x["g"], beta=x["beta"],
                 beta_mode="head", l2norm=True, initial=x["state"], final=x["state"], final_by_slot=True,
-                slots=x["state_indices"], num_sequences=n, config=cfg)
+                slots=x["state_indices"], num_sequences=n, shape=cfg)
             t = bench(fn, rep=200)
             res.append({"workload": name, "state_dtype": state_dtype, "BV": BV, "num_warps": nw, "evict": ev,
                         **pct(w.hbm_bytes(), t["median"])})
@@ -251,7 +252,7 @@ def sweep(out):
     w = registry.get("ssd_decode_256")
     x = w.make_inputs("cuda")
     for BV, nw, ev in [(64, 8, ""), (64, 8, EF)]:
-        t = bench(_ssd_decode_fn(x, R.StreamConfig(128, BV, nw, 1, "sweep", evict=ev)), rep=200)
+        t = bench(_ssd_decode_fn(x, StreamShape(128, BV, nw, 1, "sweep", evict=ev)), rep=200)
         res.append({"workload": "ssd_decode_256", "BV": BV, "num_warps": nw, "evict": ev,
                     **pct(w.hbm_bytes(), t["median"])})
         print(res[-1], flush=True)
@@ -261,10 +262,10 @@ def sweep(out):
     o = torch.empty_like(v)
     fin = torch.empty_like(S0)
     for BV, nw in [(4, 1)]:
-        cfg = R.StreamConfig(128, BV, nw, 1, "sweep")
+        cfg = StreamShape(128, BV, nw, 1, "sweep")
         fn = lambda: R.streaming_recurrence(  # noqa: E731
             q, k, v, o, scale=128 ** -0.5, delta=True, gate="scalar", g=g, beta=beta, beta_mode="head", l2norm=True,
-            initial=S0, final=fin, num_sequences=1, config=cfg)
+            initial=S0, final=fin, num_sequences=1, shape=cfg)
         t = bench(fn, rep=200)
         res.append({"workload": "prefill_T4096_hv32", "BV": BV, "num_warps": nw, "time_s": t["median"],
                     "us_per_token": t["median"] / T * 1e6})
@@ -274,11 +275,11 @@ def sweep(out):
     x = w.make_inputs("cuda")
     o = torch.empty_like(x["v"])
     for BV, nw in [(8, 1), (16, 1), (32, 1)]:
-        cfg = R.StreamConfig(128, BV, nw, 1, "sweep")
+        cfg = StreamShape(128, BV, nw, 1, "sweep")
         fn = lambda: R.streaming_recurrence(  # noqa: E731
             x["q"], x["k"], x["v"], o, scale=128 ** -0.5, delta=True, gate="scalar", g=x["g"], beta=x["beta"],
             beta_mode="head", l2norm=True, initial=x["state"], final=x["state"], final_by_slot=True,
-            slots=x["state_indices"], num_sequences=1, config=cfg)
+            slots=x["state_indices"], num_sequences=1, shape=cfg)
         fn()
         t = bench_graph(fn, rep=100)
         res.append({"workload": "gdn_decode_1_graph_replay", "BV": BV, "num_warps": nw, "time_s": t["median"]})
@@ -290,18 +291,18 @@ def _gdn_decode_config(w, x, cfg, start, reference):
     """One launch shape of the GDN decode kernel on workload ``w`` (inputs ``x``): run from the
     state ``start``, compared with ``reference`` (o, state) when given, and timed (do_bench).
     Returns (row, (o, state))."""
-    from recurscan.kernels import recurrent as R
+    from recurscan.launch import stream as R
     o = torch.empty_like(x["v"])
     fn = lambda: R.streaming_recurrence(  # noqa: E731
         x["q"], x["k"], x["v"], o, scale=128 ** -0.5, delta=True, gate="scalar", g=x["g"], beta=x["beta"],
         beta_mode="head", l2norm=True, initial=x["state"], final=x["state"], final_by_slot=True,
-        slots=x["state_indices"], num_sequences=w.num_sequences, config=cfg)
+        slots=x["state_indices"], num_sequences=w.num_sequences, shape=cfg)
     x["state"].copy_(start)
     fn()
     torch.cuda.synchronize()
     got = (o.float().clone(), x["state"].float().clone())
     reference = reference or got
-    hit = [h for key, h in R._LAUNCHES.items() if cfg in key][0]
+    hit = [h for key, h in R.LAUNCHES.items() if cfg in key][0]
     compiled = hit.direct.compiled if hit.direct is not None else None
     row = {"workload": w.name, "BV": cfg.BV, "num_warps": cfg.num_warps, "maxnreg": cfg.maxnreg,
            "n_regs": getattr(compiled, "n_regs", None), "n_spills": getattr(compiled, "n_spills", None),
@@ -316,14 +317,14 @@ def register_cap(out):
     """The one-warp [K, V] decode tile (BV 32) with a cap on registers per thread: 255 registers
     allow 8 resident warps an SM (128 KB of state in flight); 216 / 200 / 184 / 168 allow 9 / 10 /
     11 / 12, if the tile still fits without spilling. Outputs and states compared with the uncapped run."""
-    from recurscan.kernels import recurrent as R
+    from recurscan.plan import StreamShape
     res = []
     for name, n in (("gdn_decode_256", 256), ("gdn_decode_1024", 1024)):
         w = registry.Workload(name, "gdn_decode", (1,) * n, heads=16, value_heads=32)
         x = w.make_inputs("cuda")
         start, reference = x["state"].clone(), None
         for cap in (None, 232, 216, 200, 184, 168):
-            row, got = _gdn_decode_config(w, x, R.StreamConfig(128, 32, 1, 1, "sweep", maxnreg=cap), start, reference)
+            row, got = _gdn_decode_config(w, x, StreamShape(128, 32, 1, 1, "sweep", maxnreg=cap), start, reference)
             reference = reference or got
             res.append(row)
     out["register_cap"] = res
@@ -332,7 +333,7 @@ def register_cap(out):
 def vk_sweep(out):
     """Launch shapes for key-contiguous states (a [S, HV, V, K] GDN cache passed as its transposed
     view, and mamba's [S, H, P, N]): tile rows of BV value rows x 128 keys, on 1-8 warps."""
-    from recurscan.kernels import recurrent as R
+    from recurscan.plan import StreamShape
     res = []
     shapes = [(8, 1), (16, 1), (32, 1), (16, 2), (32, 2), (32, 4), (64, 4), (64, 8)]
     for name, n, state_dtype in (("gdn_decode_256_vk", 256, "float32"), ("gdn_decode_1024_vk", 1024, "float32"),
@@ -342,13 +343,13 @@ def vk_sweep(out):
         x = w.make_inputs("cuda")
         start, reference = x["state"].clone(), None
         for BV, nw in shapes:
-            row, got = _gdn_decode_config(w, x, R.StreamConfig(128, BV, nw, 1, "sweep"), start, reference)
+            row, got = _gdn_decode_config(w, x, StreamShape(128, BV, nw, 1, "sweep"), start, reference)
             reference = reference or got
             res.append(row)
     w = registry.get("ssd_decode_256")
     x = w.make_inputs("cuda")
     for BV, nw in shapes:
-        fn = _ssd_decode_fn(x, R.StreamConfig(128, BV, nw, 1, "sweep"))
+        fn = _ssd_decode_fn(x, StreamShape(128, BV, nw, 1, "sweep"))
         row = {"workload": "ssd_decode_256", "BV": BV, "num_warps": nw,
                **pct(w.hbm_bytes(), bench(fn, rep=200)["median"])}
         res.append(row)

@@ -34,21 +34,22 @@ def parse_variant(text):
 
 def timing(names, rep_ms, variants=VARIANTS):
     import triton.testing as tt
-    from recurscan.kernels.chunk_delta import chunk_delta_fwd
-    from recurscan.plan import delta_launch
+    from recurscan.plan import delta_shape
     from recurscan.problem import delta_problem
+
+    from .delta_variants import variant_fwd
     rows = []
     for name in names:
         (q, k, v, g, beta), M, cu, extra = kernel_inputs(name)
-        L = delta_launch(delta_problem(q, k, v, g, beta, num_householder=M, cu_seqlens=cu), torch.device("cuda"))
+        L = delta_shape(delta_problem(q, k, v, g, beta, num_householder=M, cu_seqlens=cu), torch.device("cuda"))
         for var in variants:
             for stage in ("prep", "both"):
                 def run():
-                    return chunk_delta_fwd(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
-                                           output_final_state=True, block_v=L.block_v, num_warps=L.num_warps,
-                                           num_stages=L.num_stages, segments=L.segments, v_product=L.v_product,
-                                           tma_store=L.tma_store,
-                                           stages=stage, **extra, **var)
+                    return variant_fwd(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
+                                       output_final_state=True, block_v=L.block_v, num_warps=L.num_warps,
+                                       num_stages=L.num_stages, segments=L.segments, v_product=L.v_product,
+                                       tma_store=L.tma_store,
+                                       stage=stage, **extra, **var)
                 with torch.no_grad():
                     run()
                     ms = tt.do_bench_cudagraph(run, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
@@ -59,8 +60,9 @@ def timing(names, rep_ms, variants=VARIANTS):
 
 
 def accuracy(variants=VARIANTS):
-    from recurscan.kernels.chunk_delta import chunk_delta_fwd
     from recurscan.reference.delta import gated_delta_rule_chunked
+
+    from .delta_variants import variant_fwd
     T, H, HV, K, V = 4096, 16, 32, 128, 128
     gen = torch.Generator(device="cuda").manual_seed(0)
     rn = lambda *s: torch.randn(*s, generator=gen, device="cuda")  # noqa: E731
@@ -76,8 +78,8 @@ def accuracy(variants=VARIANTS):
     rows = []
     for var in variants:
         with torch.no_grad():
-            o, s = chunk_delta_fwd(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, output_final_state=True,
-                                   block_v=32, **var)
+            o, s = variant_fwd(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, output_final_state=True,
+                               block_v=32, **var)
         rel = lambda a, b: ((a.double() - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt()).item()  # noqa: E731
         row = dict(**var, o_rel_rms=rel(o, want_o), state_rel_rms=rel(s, want_s),
                    o_max_abs_err=(o.double() - want_o).abs().max().item(), finite=bool(torch.isfinite(o).all()))

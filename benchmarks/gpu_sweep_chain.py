@@ -29,33 +29,35 @@ def measure(name: str, rep_ms: int) -> dict:
     import triton
     import triton.testing as tt
 
-    from recurscan.kernels.chunk_delta import plan_chunk_delta, run_chunk_delta
-    from recurscan.plan import delta_launch
+    from recurscan.launch.delta import run_delta_launches
+    from recurscan.plan import delta_shape
     from recurscan.problem import delta_problem
 
+    from .delta_variants import variant_launches
     from .gpu_chunk_delta import kernel_inputs
 
     (q, k, v, g, beta), M, cu, kw = kernel_inputs(name)
-    L = delta_launch(delta_problem(q, k, v, g, beta, num_householder=M, cu_seqlens=cu), torch.device("cuda"))
+    L = delta_shape(delta_problem(q, k, v, g, beta, num_householder=M, cu_seqlens=cu), torch.device("cuda"))
     shape = dict(block_v=L.block_v, num_warps=L.num_warps, num_stages=L.num_stages, v_product=L.v_product)
     inputs = (q, k, v, g, beta, None, None, None, kw.get("cu_seqlens"), kw.get("chunk_indices_dp"), None)
 
     def plan(**extra):
-        return plan_chunk_delta(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
-                                output_final_state=True, stages="sweep", **shape, **extra, **kw)
+        return variant_launches(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
+                                output_final_state=True, stage="sweep", **shape, **extra, **kw)
 
     sweep = plan(tma_store=L.tma_store)
     chain = plan(segments=2)
     if chain.steps[0].kwargs.get("PASS") != 1:  # the plan's order is what this measures
         raise RuntimeError(f"{name}: the two-segment plan does not start with pass 1")
-    chain.steps = chain.steps[:1]  # pass 1 alone: segment 0's chain, no outputs
+    chain.steps = chain.steps[:1]  # pass 1 alone (of this copy): segment 0's chain, no outputs
     n_chunks = triton.cdiv(q.shape[1], 64)
     row = {"workload": name, "launch": {**shape, "tma_store": L.tma_store}, "chunks_per_program": n_chunks,
            "chain_chunks_per_program": triton.cdiv(n_chunks, 2)}
     with torch.no_grad():
         for key, p, chunks in (("sweep", sweep, n_chunks), ("chain", chain, triton.cdiv(n_chunks, 2))):
-            run_chunk_delta(p, inputs)  # first call through Triton's JIT; then direct launches
-            ms = tt.do_bench_cudagraph(lambda: run_chunk_delta(p, inputs), rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
+            run_delta_launches(p, inputs)  # first call through Triton's JIT; then direct launches
+            ms = tt.do_bench_cudagraph(lambda: run_delta_launches(p, inputs), rep=rep_ms,
+                                       quantiles=[0.5, 0.2, 0.8])
             row[key] = {"median_ms": ms[0], "p20_ms": ms[1], "p80_ms": ms[2], "us_per_chunk": ms[0] * 1e3 / chunks}
     row["outputs_share_of_chunk_step"] = 1 - row["chain"]["us_per_chunk"] / row["sweep"]["us_per_chunk"]
     print(json.dumps(row), flush=True)

@@ -22,8 +22,8 @@ def per_call(fn, n=3000):
 
 def decode_pieces():
     import recurscan
-    from recurscan.kernels import launch_key
     from recurscan.ops import decode as D
+    from recurscan.runtime import launch_key, launcher
     N, H, HV, K, V = 1, 16, 32, 128, 128
     dev = "cuda"
     q, k = torch.randn(N, 1, H, K, device=dev).bfloat16(), torch.randn(N, 1, H, K, device=dev).bfloat16()
@@ -36,29 +36,29 @@ def decode_pieces():
         recurscan.fused_recurrent_gated_delta_rule_update(q, k, v, g, beta, state=state, state_indices=slots,
                                                          use_qk_l2norm_in_kernel=True)
     op()
-    (prep,) = [p for p in D._PREPARED.values()]
+    (prep,) = [p for p in D.PREPARED.values()]
     tensors = (q, k, v, g, beta, None, None, None, None, None, state, state, slots, None, None, None)
     keyed = (q, k, v, g, beta, None, None, state, slots, None, None)
     out = torch.empty(N, 1, HV, V, dtype=q.dtype, device=dev)
     tensors = tensors[:5] + (out,) + tensors[6:]
     values = tuple(out if t is None else t for t in tensors) + (K ** -0.5,)
-    direct = prep.launch.direct
-    from recurscan.kernels import _launch
+    direct = prep.launches.direct
     res = {"driver path (cuLaunchKernel on a parameter block)": direct.driver is not None,
            "kernel parameters": None if direct.driver is None else len(direct.driver.storage)}
     if direct.driver is not None:
         res["parameters packed in one buffer (extra)"] = direct.driver.tail[1] is not None
         res["driver call alone"] = per_call(lambda: direct.driver(values))
-        _launch.PACKED_PARAMETERS = not _launch.PACKED_PARAMETERS
-        other = _launch._DriverCall(direct.compiled, direct.grid, direct.template,
-                                    dict(zip(direct.positions, direct.sources)))
-        _launch.PACKED_PARAMETERS = not _launch.PACKED_PARAMETERS
+        launcher.PACKED_PARAMETERS = not launcher.PACKED_PARAMETERS
+        other = launcher._DriverCall(direct.compiled, direct.grid, direct.template,
+                                     dict(zip(direct.positions, direct.sources)))
+        launcher.PACKED_PARAMETERS = not launcher.PACKED_PARAMETERS
         label = "packed buffer" if other.tail[1] is not None else "pointer array"
         res[f"driver call alone, {label}"] = per_call(lambda: other(values))
-        res["driver error"] = _launch.DRIVER_ERROR
+        res["driver error"] = launcher.DRIVER_ERROR
     else:
         try:
-            _launch._DriverCall(direct.compiled, direct.grid, direct.template, dict(zip(direct.positions, direct.sources)))
+            launcher._DriverCall(direct.compiled, direct.grid, direct.template,
+                                 dict(zip(direct.positions, direct.sources)))
         except Exception as exc:
             res["why no driver path"] = f"{type(exc).__name__}: {exc}"
     tiny = torch.zeros(1, device=dev)
@@ -68,8 +68,8 @@ def decode_pieces():
         "launch_key of 11 arguments": per_call(lambda: launch_key(keyed)),
         "output allocation (torch.empty)": per_call(lambda: torch.empty(N, 1, HV, V, dtype=q.dtype, device=dev)),
         "output allocation (torch.empty_like(v), the op's)": per_call(lambda: torch.empty_like(v)),
-        "direct launch alone": per_call(lambda: prep.launch.direct(values)),
-        "current stream lookup": per_call(_launch._current_stream),
+        "direct launch alone": per_call(lambda: prep.launches.direct(values)),
+        "current stream lookup": per_call(launcher._current_stream),
     })
     graph = torch.cuda.CUDAGraph()
     side = torch.cuda.Stream()
@@ -84,6 +84,7 @@ def decode_pieces():
 
 def prefill_pieces():
     import recurscan
+    from recurscan.launch.delta import run_delta_launches
     from recurscan.ops import delta_rule as DR
     T, H, HV, K, V = 64, 16, 32, 128, 128
     dev = "cuda"
@@ -95,11 +96,11 @@ def prefill_pieces():
         recurscan.chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, use_qk_l2norm_in_kernel=True)
     with torch.no_grad():
         op()
-        (plan_,) = list(DR._PLANS.values())
+        (plan_,) = list(DR.LAUNCHES.values())
         inputs = (q, k, v, g, beta, None, None, None, None, None, None)
         res = {"op (eager, host per call)": per_call(op),
-               "run_chunk_delta alone (allocations + launches)":
-                   per_call(lambda: DR._chunk_kernels().run_chunk_delta(plan_, inputs))}
+               "run_delta_launches alone (allocations + launches)":
+                   per_call(lambda: run_delta_launches(plan_, inputs))}
         t = []
         for _ in range(200):
             torch.cuda.synchronize()

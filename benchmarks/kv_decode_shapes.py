@@ -5,7 +5,7 @@ state and compared with the first; bandwidth under do_bench (L2 flushed).
 """
 import json, sys, torch
 from benchmarks import gpu_decode as G, registry
-from recurscan.kernels import recurrent as R
+from recurscan.plan import StreamShape
 rows = []
 for name, n, sd in (("gdn_decode_256", 256, "float32"), ("gdn_decode_1024", 1024, "float32"),
                     ("gdn_decode_256_bf16", 256, "bfloat16")):
@@ -13,7 +13,7 @@ for name, n, sd in (("gdn_decode_256", 256, "float32"), ("gdn_decode_1024", 1024
     x = w.make_inputs("cuda")
     start, ref = x["state"].clone(), None
     for BV, nw in [(32, 1), (64, 4), (64, 8), (128, 4), (128, 8), (32, 2)]:
-        row, got = G._gdn_decode_config(w, x, R.StreamConfig(128, BV, nw, 1, "sweep"), start, ref)
+        row, got = G._gdn_decode_config(w, x, StreamShape(128, BV, nw, 1, "sweep"), start, ref)
         ref = ref or got
         rows.append(row)
 json.dump({"command": "python /tmp/kvcfg.py (benchmarks.gpu_decode._gdn_decode_config, [K, V] shapes at T = 1)",

@@ -20,7 +20,7 @@ def main(argv=None):
     name = argv[0]
     BV, warps, stages, P = (int(a) for a in argv[1:5])
     v_product = bool(int(argv[5])) if len(argv) > 5 else True
-    from recurscan.kernels.chunk_delta import chunk_delta_fwd
+    from recurscan.launch.delta import chunk_delta_fwd
 
     from .gpu_chunk_delta import kernel_inputs
 

@@ -1,5 +1,5 @@
 """Compile time of the chunked sweep and its REPLAY variant for sm_90, with no GPU: one after the
-other, or together in two threads (what ``kernels._launch.compile_together`` does on a first
+other, or together in two threads (what ``runtime.launcher.compile_together`` does on a first
 call). Run each mode in a fresh process with an empty cache:
 
     TRITON_CACHE_DIR=$(mktemp -d) python -m benchmarks.offline_compile_time seq
@@ -11,7 +11,7 @@ import time
 
 import triton.language as tl
 
-from recurscan.kernels.chunk_delta import chunk_delta_sweep_kernel
+from recurscan.kernels.delta.sweep import chunk_delta_sweep_kernel
 
 from . import sm90_resources as r
 

@@ -24,7 +24,8 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from recurscan.kernels.chunk_delta import chunk_delta_prep_kernel, chunk_delta_sweep_kernel
+from recurscan.kernels.delta.prep import chunk_delta_prep_kernel
+from recurscan.kernels.delta.sweep import chunk_delta_sweep_kernel
 
 SHAPES = dict(H=16, HV=32, K=128, M=1, BT=64, BK=128)
 

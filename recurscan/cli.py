@@ -92,7 +92,7 @@ def _f64(inputs):
     return {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in inputs.items()}
 
 
-# What each op plans (recurscan/plan.py) for the workload's inputs: the CLI reports the backend
+# What each op plans (recurscan/plan/) for the workload's inputs: the CLI reports the backend
 # that ran from the same call the op makes.
 def _plan_delta(x, device):
     problem = delta_problem(x["q"], x["k"], x["v"], x["g"], x["beta"], num_householder=x.get("num_householder", 1),
@@ -102,7 +102,7 @@ def _plan_delta(x, device):
 
 def _plan_decode(x, device):
     problem = delta_problem(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"])
-    return plan("stream", problem, device, "recurrent")
+    return plan("delta_rule", problem, device, "recurrent")
 
 
 def _plan_ssd(x, device):

@@ -178,14 +178,29 @@ class DeltaProblem:
     uses_cache: bool
     device: torch.device
     dtype: torch.dtype
+    state_bytes: int = 4  # element size of the state read (the cache, or initial_state)
+    state_key_contiguous: bool = False  # that state is a [.., V, K] tensor seen transposed
+
+
+def key_contiguous(state) -> bool:
+    """Whether a ``[.., K, V]`` state tensor is a transposed view of a ``[.., V, K]`` one (key rows
+    contiguous: the layout of vLLM's, SGLang's and FlashInfer's caches, and of fla's
+    ``state_v_first``). The streaming kernel's launch rule gives such states key-contiguous tiles,
+    and the decode op lays out a new final state like its initial state by it."""
+    return state is not None and state.shape[-2] > 1 and state.stride(-2) == 1 and state.stride(-1) != 1
+
+
+def check_householder(num_householder) -> None:
+    """M, the Householder copies of Gated Delta Product: an int >= 1 (1 is Gated DeltaNet)."""
+    if isinstance(num_householder, bool) or not isinstance(num_householder, int) or num_householder < 1:
+        raise ValueError(f"num_householder: expected an int >= 1, got {num_householder!r}")
 
 
 def delta_problem(q, k, v, g, beta, *, num_householder=1, scale=None, initial_state=None,
-                  cu_seqlens=None, state=None, state_indices=None) -> DeltaProblem:
+                  cu_seqlens=None, state=None, state_indices=None, output_final_state=False) -> DeltaProblem:
     """Validate a delta-rule call: q ``[B, T, H, K]``, k ``[B, T*M, H, K]``, v ``[B, T*M, HV, V]``,
     g ``[B, T, HV]`` or None, beta ``[B, T*M, HV]`` / ``[B, T*M, HV, V]`` or None."""
-    if isinstance(num_householder, bool) or not isinstance(num_householder, int) or num_householder < 1:
-        raise ValueError(f"num_householder: expected an int >= 1, got {num_householder!r}")
+    check_householder(num_householder)
     dims = Dims(M=num_householder)
     device = _check_qkv(q, k, v, dims, "B T*M H K", "B T*M HV V")
     if g is not None:
@@ -198,11 +213,16 @@ def delta_problem(q, k, v, g, beta, *, num_householder=1, scale=None, initial_st
         dims.check("beta", beta, "B T*M HV V" if beta_per_value else "B T*M HV")
     check_scale(scale)
     _check_common(dims, device, "B", "T", cu_seqlens, initial_state, "HV K V", state, state_indices)
+    read_state = state if state is not None else initial_state
     return DeltaProblem(
         batch=dims["B"], tokens=dims["T"], heads=dims["H"], value_heads=dims["HV"], key_dim=dims["K"],
         value_dim=dims["V"], sequences=dims["N"], householder=num_householder, beta_per_value=beta_per_value,
         scale=dims["K"] ** -0.5 if scale is None else float(scale), varlen=cu_seqlens is not None,
-        uses_cache=state is not None, device=device, dtype=q.dtype)
+        uses_cache=state is not None, device=device, dtype=q.dtype,
+        # the widest state the call reads or writes (a new final state is float32)
+        state_bytes=max([t.element_size() for t in (read_state,) if t is not None]
+                        + ([4] if (output_final_state and state is None) or read_state is None else [])),
+        state_key_contiguous=key_contiguous(read_state))
 
 
 def _check_common(dims: Dims, device, batch_dim: str, length_dim: str, cu_seqlens, initial_state, state_spec,
@@ -322,7 +342,7 @@ def diagonal_problem(a, b, *, initial_state=None, cu_seqlens=None) -> DiagonalPr
 
 
 def check_decode_extras(problem, state, intermediate_states, steps_per_token, num_accepted_tokens) -> None:
-    """The speculative-decoding arguments of a recurrent (decode) call (seed 002, plus
+    """The speculative-decoding arguments of a recurrent (decode) call (fla's, plus
     ``num_accepted_tokens``): ``intermediate_states [S, >= T // steps_per_token, HV, K, V]`` at the
     cache slots, ``num_accepted_tokens [N]`` (int) read against that buffer. Reads values only on
     CPU tensors (:func:`check_accepted_tokens`)."""
@@ -379,6 +399,7 @@ class SsdDecodeProblem:
     sequences: int  # = batch
     device: torch.device
     dtype: torch.dtype
+    state_bytes: int = 4
 
 
 def ssd_decode_problem(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, state_batch_indices=None,
@@ -436,7 +457,7 @@ def ssd_decode_problem(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, s
         check_tensor("num_accepted_tokens", num_accepted_tokens, INDEX_DTYPES, device)
         d.check("num_accepted_tokens", num_accepted_tokens, "b")
         check_accepted_tokens(num_accepted_tokens, intermediate_states.shape[1])
-    return SsdDecodeProblem(b, T, d["H"], d["P"], d["G"], d["N"], S, b, device, x.dtype)
+    return SsdDecodeProblem(b, T, d["H"], d["P"], d["G"], d["N"], S, b, device, x.dtype, state.element_size())
 
 
 def debug_checks() -> bool:

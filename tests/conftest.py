@@ -1,5 +1,4 @@
 import os
-import sys
 
 import torch
 
@@ -8,5 +7,5 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# Tests import each other's input builders (test_ops_delta uses test_reference_delta's).
-sys.path.insert(0, os.path.dirname(__file__))
+# What tests share (tolerances, input builders) lives in tests/helpers: ``from tests.helpers...``
+# (tests/ is a package, so pytest puts the repository root on sys.path).

@@ -145,3 +145,65 @@ def test_save_rows_keeps_rows_and_environment(tmp_path):
     saved = json.loads(path.read_text())
     assert saved["rows"] == [{"workload": "w", "median_ms": 1.5}]
     assert saved["environment"]["device_type"] == "cpu"
+
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_delta_variants_stages_alone_make_the_whole(varlen):
+    """benchmarks/delta_variants.py: the prep alone, then the sweep alone on the prep's buffers,
+    give the whole call's bits; the varlen sweep alone ranks the sequences itself first
+    (sequence_order_kernel: the prep's ranking is poisoned before it runs). Each stage keeps its
+    own kernels' launches, in new Step records: the launches copied from are left as they were."""
+    import dataclasses
+
+    from benchmarks.delta_variants import only_stage, sequence_order_kernel, with_constants
+    from recurscan.descriptors import build_chunk_descriptors
+    from recurscan.launch.delta import (BUFFER_NAMES, CALL_NAMES, TEST_SHAPE, DeltaInputs, build_delta_launches,
+                                        run_delta_launches)
+    from recurscan.runtime.launcher import jit_launch
+    from tests.helpers.inputs import gdp_inputs
+    from tests.helpers.tolerances import bits
+
+    q, k, v, g, beta = (x.float() for x in gdp_inputs(200, 1, 1, 2, 16, 16))
+    if varlen:
+        cu = torch.tensor([0, 1, 70, 71, 200])  # longest last: the ranking reorders the sweep
+        d = build_chunk_descriptors(cu, 1)
+        kw = dict(cu_seqlens=cu, chunk_indices_dp=d.chunk_indices_dp)
+        shape = TEST_SHAPE
+    else:
+        kw = {}
+        shape = dataclasses.replace(TEST_SHAPE, block_v=16, segments=3)  # pass 1, fix-up, pass 2
+    inputs = DeltaInputs(q, k, v, g, beta, **kw)
+    launches = build_delta_launches(q, k, v, g, beta, shape, output_final_state=True, **kw)
+    before = [dataclasses.replace(s, kwargs=dict(s.kwargs)) for s in launches.steps]
+    whole = run_delta_launches(build_delta_launches(q, k, v, g, beta, shape, output_final_state=True, **kw), inputs)
+    prep, sweep = only_stage(launches, "prep"), only_stage(launches, "sweep")
+
+    def names(p):
+        return [getattr(s.kernel, "fn", s.kernel).__name__ for s in p.steps]
+    assert names(prep) == ["chunk_delta_prep_kernel"]
+    assert names(sweep) == ["sequence_order_kernel"] * varlen + names(launches)[1:]
+    assert (sweep.steps[0].kernel is sequence_order_kernel) == varlen
+    assert not any(a is b for a in prep.steps + sweep.steps for b in launches.steps)
+
+    made = {n: torch.full(shp, float("nan") if dtype.is_floating_point else -1, dtype=dtype) if fill is None
+            else torch.full(shp, fill, dtype=dtype) for n, (shp, dtype, fill) in launches.buffers.items()}
+    values = tuple(inputs) + tuple(made.get(n) for n in BUFFER_NAMES)
+    for stage in (prep, sweep):
+        if stage is sweep and varlen:
+            made["sequence_order"].fill_(-1)  # the sweep alone must not read the prep's ranking
+        for s in stage.steps:
+            jit_launch(s.kernel, s.grid, s.kwargs, s.options, CALL_NAMES, values, s.programmatic, s.min_shared)
+    got = [None if i is None else values[i] for i in launches.outputs]
+    assert len(got) == len(whole) == 2 and got[1] is not None
+    for a, b in zip(got, whole):
+        assert torch.equal(bits(a), bits(b))
+    run_delta_launches(sweep, inputs)  # runs as launches of its own too (on fresh scratch)
+    assert launches.steps == before
+
+    fp16 = with_constants(launches, "prep", INV_FP16=True)
+    assert [s.kwargs["INV_FP16"] for s in fp16.steps if s.kernel is launches.steps[0].kernel] == [True]
+    assert launches.steps[0].kwargs["INV_FP16"] is False  # float32 inputs: the launches' own choice, kept
+    assert [s.kwargs for s in fp16.steps[1:]] == [s.kwargs for s in launches.steps[1:]]
+    with pytest.raises(ValueError, match="NO_SUCH"):
+        with_constants(launches, "prep", NO_SUCH=1)

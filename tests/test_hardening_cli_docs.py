@@ -226,7 +226,7 @@ for op in (recurscan.chunk_gated_delta_rule, recurscan.fused_recurrent_gated_del
 """
 
 
-@pytest.mark.parametrize("imported_first", ["triton", "recurscan.kernels.chunk_delta"])
+@pytest.mark.parametrize("imported_first", ["triton", "recurscan.kernels.delta.prep"])
 def test_interpreter_switched_on_after_triton_was_imported_is_a_clear_error(imported_first):
     pytest.importorskip("triton")
     env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
@@ -253,7 +253,8 @@ def test_a_shape_error_names_the_dimensions_not_yet_known_instead_of_none():
     assert str(error.value) == "v: expected shape [B, T, HV, V] = [1, 4, HV, V], got [1, 5, 3, 8]"
 
 
-INTERNAL_MODULES = ("recurscan.kernels", "recurscan.problem")  # the Triton kernels, the ops' argument checks
+# The Triton kernels and their launches (host side), the direct launcher, the ops' argument checks.
+INTERNAL_MODULES = ("recurscan.kernels", "recurscan.launch", "recurscan.runtime.launcher", "recurscan.problem")
 
 
 def user_facing_modules():

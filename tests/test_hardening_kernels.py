@@ -19,7 +19,7 @@ import torch
 
 import recurscan
 from recurscan.descriptors import build_chunk_descriptors
-from recurscan.kernels import chunk_delta
+from recurscan.launch.delta import chunk_delta_fwd
 from recurscan.reference.delta import gated_delta_rule_naive
 
 CPU = "cpu"
@@ -174,9 +174,9 @@ def test_bad_descriptors_never_write_outside(device, case):
         cu = torch.tensor([0, 500, -7, 200], device=device)
     else:
         idx = torch.tensor([0, 1 << 30, 2], device=device)
-    out = chunk_delta.chunk_delta_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], cu_seqlens=cu, chunk_indices_dp=ci,
-                                      chunk_offsets=co, num_chunk_rows=desc.chunk_indices.shape[0], state=state,
-                                      state_indices=idx, return_chunk_states=True, use_qk_l2norm_in_kernel=True)
+    out = chunk_delta_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], cu_seqlens=cu, chunk_indices_dp=ci,
+                          chunk_offsets=co, num_chunk_rows=desc.chunk_indices.shape[0], state=state,
+                          state_indices=idx, return_chunk_states=True, use_qk_l2norm_in_kernel=True)
     if device == "cuda":
         torch.cuda.synchronize()
     assert out[2].shape[0] == desc.chunk_indices.shape[0]
@@ -252,10 +252,10 @@ def test_nonfinite_input_leaves_other_sequences(device):
 @pytest.mark.parametrize("schedule", [dict(segments=3), dict(phases=3)])
 def test_nonfinite_input_is_causal_in_every_schedule(device, schedule):
     x = delta_inputs(device, T=400)
-    o, _ = chunk_delta.chunk_delta_fwd(**x, use_qk_l2norm_in_kernel=True, **schedule)
+    o, _ = chunk_delta_fwd(**x, use_qk_l2norm_in_kernel=True, **schedule)
     bad = _poison(x, "v", 200, 1, float("nan"))
-    o_bad, S_bad = chunk_delta.chunk_delta_fwd(**bad, use_qk_l2norm_in_kernel=True, output_final_state=True,
-                                               **schedule)
+    o_bad, S_bad = chunk_delta_fwd(**bad, use_qk_l2norm_in_kernel=True, output_final_state=True,
+                                   **schedule)
     assert torch.equal(o_bad[0, :200], o[0, :200])
     assert not torch.isfinite(o_bad[0, 200:, :, 3]).any() and not torch.isfinite(S_bad[..., 3]).any()
 

@@ -1,5 +1,5 @@
-"""The chunked delta-rule Triton kernels (recurscan/kernels/chunk_delta.py) under Triton's
-interpreter, on CPU tensors, against the float64 oracle.
+"""The chunked delta-rule Triton kernels (recurscan/kernels/delta/, launched by
+recurscan/launch/delta.py) under Triton's interpreter, on CPU tensors, against the float64 oracle.
 
 How they run here: tests/conftest.py sets TRITON_INTERPRET=1 on machines without a GPU before
 triton is imported, and the public ops take ``backend="triton"``. On a GPU machine these tests
@@ -9,20 +9,24 @@ Tolerance (float32 inputs): the oracle's float32 chunked form is held to a relat
 2e-5 against its float64 token loop (tests/test_reference_delta.py); the kernels compute in
 float32 too, so they get the same bound, plus an elementwise bound: every element within
 1e-4 x max|reference| (float32 rounding gives ~1e-6; a wrong or unwritten element gives O(1)).
-Every buffer the op allocates starts as NaN (chunk_delta.POISON_BUFFERS).
+Every buffer the op allocates starts as NaN (recurscan.launch.delta.POISON_BUFFERS).
 """
 import pytest
 import torch
 
 import recurscan
 from recurscan.descriptors import build_chunk_descriptors, padded_chunk_count
-from recurscan.kernels import chunk_delta
+from recurscan.kernels.delta.common import RANK_BLOCK
+from recurscan.launch import delta as launch_delta
+from recurscan.launch.delta import chunk_delta_fwd, phase_bounds, run_delta_launches
 from recurscan.plan import RULES, plan
 from recurscan.problem import delta_problem
 from recurscan.reference.delta import gated_delta_product_naive, gated_delta_rule_naive
 
-from test_reference_delta import gdn_inputs, gdp_inputs
-from tolerances import bits, relative_rms
+from benchmarks.delta_variants import sequence_order_kernel, with_constants
+from tests.helpers.inputs import gdn_inputs, gdp_inputs
+from tests.helpers.launches import delta_launches
+from tests.helpers.tolerances import bits, relative_rms
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 F32_RMS = 2e-5  # the float32 oracle's own bound (test_reference_delta)
@@ -31,7 +35,7 @@ F32_ELEM = 1e-4
 
 @pytest.fixture(autouse=True)
 def poison(monkeypatch):
-    monkeypatch.setattr(chunk_delta, "POISON_BUFFERS", True)
+    monkeypatch.setattr(launch_delta, "POISON_BUFFERS", True)
 
 
 def f32(*xs):
@@ -74,9 +78,9 @@ def test_both_value_paths_match_oracle(v_product, P):
     g = g * 0.02  # -inf and 0 stay
     want = gated_delta_rule_naive(q, k, v, g, beta, initial_state=S0, use_qk_l2norm_in_kernel=True,
                                   return_chunk_states=True)
-    got = chunk_delta.chunk_delta_fwd(*f32(q, k, v, g, beta), use_qk_l2norm_in_kernel=True, initial_state=f32(S0)[0],
-                                      output_final_state=True, return_chunk_states=True, block_v=16,
-                                      segments=P, v_product=v_product)
+    got = chunk_delta_fwd(*f32(q, k, v, g, beta), use_qk_l2norm_in_kernel=True, initial_state=f32(S0)[0],
+                          output_final_state=True, return_chunk_states=True, block_v=16,
+                          segments=P, v_product=v_product)
     for a, b, what in zip(got, want, ("o", "final state", "chunk states")):
         assert_f32_close(a, b, what)
 
@@ -89,8 +93,8 @@ def test_output_by_bulk_tensor_store_matches_oracle(T, P):
     q, k, v, g, beta, S0 = gdn_inputs(2, T, 2, 4, 24, 40)
     g = g * 0.02
     want = gated_delta_rule_naive(q, k, v, g, beta, initial_state=S0, use_qk_l2norm_in_kernel=True)
-    got = chunk_delta.chunk_delta_fwd(*f32(q, k, v, g, beta), use_qk_l2norm_in_kernel=True, initial_state=f32(S0)[0],
-                                      output_final_state=True, block_v=16, segments=P, tma_store=True)
+    got = chunk_delta_fwd(*f32(q, k, v, g, beta), use_qk_l2norm_in_kernel=True, initial_state=f32(S0)[0],
+                          output_final_state=True, block_v=16, segments=P, tma_store=True)
     for a, b, what in zip(got, want, ("o", "final state")):
         assert_f32_close(a, b, what)
 
@@ -105,7 +109,7 @@ def test_output_by_bulk_tensor_store_varlen_cache_and_padding(M):
     cache = torch.randn(5, 4, 16, 24)
     slots = torch.tensor([3, -1, 0, 1], dtype=torch.int32)
     d = build_chunk_descriptors(cu, M, device=DEVICE)
-    o, final, chunks = chunk_delta.chunk_delta_fwd(
+    o, final, chunks = chunk_delta_fwd(
         *f32(q, k, v, g, beta), num_householder=M, use_qk_l2norm_in_kernel=True, cu_seqlens=torch.tensor(cu),
         chunk_indices_dp=d.chunk_indices_dp, chunk_offsets=d.chunk_offsets, num_chunk_rows=d.chunk_indices.shape[0],
         state=cache.clone().to(DEVICE), state_indices=slots.to(DEVICE), return_chunk_states=True, tma_store=True)
@@ -152,8 +156,8 @@ def test_sweep_sequence_order_is_longest_first(lengths):
     stable descending argsort of the lengths, for any N (one program ranks 128 sequences)."""
     cu = torch.tensor([0] + lengths).cumsum(0).to(DEVICE)
     order = torch.full((len(lengths),), -1, dtype=torch.int32, device=DEVICE)
-    block = chunk_delta.RANK_BLOCK.value
-    chunk_delta.sequence_order_kernel[(-(-len(lengths) // block),)](cu, order, len(lengths), BLOCK=block)
+    block = RANK_BLOCK.value
+    sequence_order_kernel[(-(-len(lengths) // block),)](cu, order, len(lengths), BLOCK=block)
     want = torch.sort(torch.tensor(lengths), descending=True, stable=True).indices
     assert order.cpu().tolist() == want.tolist()
 
@@ -281,11 +285,12 @@ def test_bfloat16_inputs():
 def test_wy_inverse_on_fp16_operands_only_where_every_step_contracts(case):
     """16-bit inputs run the WY inverse on fp16 operands in a chunk whose steps are all
     contractions (0 <= beta |k|^2 <= 2; Tinv's entries are then at most 1), else on tf32, whose
-    range it needs. A chunk outside the bound takes exactly the tf32 path (bit-identical to
-    inverse_fp16=False); a contracting one takes the fp16 path (it differs in rounding) and stays
-    within the bf16 bound of test_bfloat16_inputs against float64. The choice is per value head:
-    one prep program serves the value heads of a query/key head (GVA), and a head outside the
-    bound must not pull its group's other heads onto tf32, nor the reverse."""
+    range it needs. A chunk outside the bound takes exactly the tf32 path (bit-identical to the
+    prep's ``INV_FP16=False``, set by benchmarks/delta_variants.py's ``with_constants``); a
+    contracting one takes the fp16 path (it differs in rounding) and stays within the bf16 bound of
+    test_bfloat16_inputs against float64. The choice is per value head: one prep program serves the
+    value heads of a query/key head (GVA), and a head outside the bound must not pull its group's
+    other heads onto tf32, nor the reverse."""
     q, k, v, g, beta, S0 = gdn_inputs(1, 130, 2, 4, 32, 32)
     l2norm = case != "long_raw_keys"
     if case == "beta_above_2":
@@ -299,8 +304,10 @@ def test_wy_inverse_on_fp16_operands_only_where_every_step_contracts(case):
     q, k, v, beta = (x.bfloat16().to(DEVICE) for x in (q, k, v, beta))
     args = (q, k, v, g.float().to(DEVICE), beta)
     kw = dict(initial_state=S0[:1].float().to(DEVICE), output_final_state=True, use_qk_l2norm_in_kernel=l2norm)
-    fast = chunk_delta.chunk_delta_fwd(*args, inverse_fp16=True, **kw)
-    tf32 = chunk_delta.chunk_delta_fwd(*args, inverse_fp16=False, **kw)
+    launches = delta_launches(*args, **kw)
+    inputs = launch_delta.DeltaInputs(*args, initial_state=kw["initial_state"])
+    fast = run_delta_launches(with_constants(launches, "prep", INV_FP16=True), inputs)
+    tf32 = run_delta_launches(with_constants(launches, "prep", INV_FP16=False), inputs)
     if case == "contraction":
         assert not torch.equal(fast[0], tf32[0]), "the fp16 path did not run"
         want = gated_delta_rule_naive(*(x.double().cpu() for x in args), initial_state=S0[:1],
@@ -327,7 +334,7 @@ def test_grad_is_refused_on_the_triton_path():
 
 def test_backend_argument_is_checked():
     q, k, v, g, beta, _ = gdn_inputs(1, 8, 1, 1, 16, 16)
-    with pytest.raises(ValueError, match="backend: expected one of"):
+    with pytest.raises(ValueError, match="backend: expected None, 'torch' or 'triton', got 'cuda'"):
         recurscan.chunk_gated_delta_rule(q, k, v, g, beta, backend="cuda")
     with pytest.raises(ValueError, match="beta per value column"):
         recurscan.chunk_gated_delta_rule(*f32(q, k, v, g), torch.rand(1, 8, 1, 16), backend="triton")
@@ -342,7 +349,8 @@ def test_planner_rows():
     cuda = torch.device("cuda")
     first = lambda prob, alg="chunked": next(r for r in RULES if r.applies("delta_rule", prob, cuda, alg))  # noqa
     assert first(p).backend == "triton"
-    assert first(p, "recurrent").backend == "torch"
+    decode = first(p, "recurrent")  # decode takes the streaming kernel, never the chunked ones
+    assert decode.backend == "triton" and decode is not first(p) and "streaming" in decode.reason
     per_value = delta_problem(q, k, v, g, torch.rand(1, 8, 2, 16))
     assert first(per_value).backend == "torch"
     assert first(delta_problem(*(x.double() for x in (q, k, v, g, beta)))).backend == "torch"
@@ -362,22 +370,22 @@ def test_planner_rows():
     (4, 4096, False, 1, (16, 4, 2, 1, False, False, 1)),
 ])
 def test_launch_rows_on_an_h200(pairs, tokens, varlen, sequences, want):
-    """The launch table's choice for the measured workloads on 132 SMs (plan.py cites the figures)."""
-    from recurscan.plan import DELTA_LAUNCH, LaunchShape
-    shape = LaunchShape(pairs=pairs, sms=132, value_dim=128, tokens=tokens, varlen=varlen, sequences=sequences)
+    """The launch table's choice for the measured workloads on 132 SMs (plan/delta.py cites the figures)."""
+    from recurscan.plan import DELTA_LAUNCH, DeltaSizes
+    shape = DeltaSizes(pairs=pairs, sms=132, value_dim=128, tokens=tokens, varlen=varlen, sequences=sequences)
     L = next(launch for applies, launch in DELTA_LAUNCH if applies(shape))
     assert (L.block_v, L.num_warps, L.num_stages, L.segments, L.v_product, L.tma_store, L.phases) == want, L.reason
     assert L.prep_maxnreg == 168, L.reason  # three prep programs a multiprocessor
 
 
 # ----------------------------------------------------------------------------------------------
-# Segment-parallel sweep (chunk_delta_fwd(segments=P), dense batches)
+# Segment-parallel sweep (chunk_delta_fwd(segments=P): DeltaShape.segments, dense batches)
 # ----------------------------------------------------------------------------------------------
 
 
 def _fwd(q, k, v, g, beta, M, P, **kw):
-    return chunk_delta.chunk_delta_fwd(*f32(q, k, v, g, beta), num_householder=M, use_qk_l2norm_in_kernel=True,
-                                       segments=P, block_v=16, **kw)
+    return chunk_delta_fwd(*f32(q, k, v, g, beta), num_householder=M, use_qk_l2norm_in_kernel=True,
+                           segments=P, block_v=16, **kw)
 
 
 @pytest.mark.parametrize("T,M,Ps", [(400, 1, (2, 3, 4)), (200, 2, (2, 4)), (65, 1, (2,))])
@@ -483,11 +491,11 @@ def test_phases_equal_the_single_pass_bit_for_bit(T, M, phases):
                                          return_chunk_states=True)
     kw = dict(num_householder=M, initial_state=f32(S0)[0], output_final_state=True, use_qk_l2norm_in_kernel=True,
               return_chunk_states=True, block_v=16)
-    single = chunk_delta.chunk_delta_fwd(*f32(q, k, v, g, beta), **kw)
+    single = chunk_delta_fwd(*f32(q, k, v, g, beta), **kw)
     for a, b, what in zip(single, want, ("o", "final state", "chunk states")):
         assert_f32_close(a, b, what)
     for n in phases:
-        got = chunk_delta.chunk_delta_fwd(*f32(q, k, v, g, beta), phases=n, **kw)
+        got = chunk_delta_fwd(*f32(q, k, v, g, beta), phases=n, **kw)
         for a, b, what in zip(got, single, ("o", "final state", "chunk states")):
             assert torch.equal(bits(a), bits(b)), f"phases={n}: {what} differs from the single pass"
 
@@ -495,7 +503,7 @@ def test_phases_equal_the_single_pass_bit_for_bit(T, M, phases):
 def test_phases_state_cache_padding_and_untouched_slots():
     """Phases with a state cache (_check_dense_cache_batch): the first phase reads the slot, the
     last writes it back; slot -1 gets zero outputs and chunk states in every phase."""
-    _check_dense_cache_batch(lambda q, k, v, g, beta, cache, slots: chunk_delta.chunk_delta_fwd(
+    _check_dense_cache_batch(lambda q, k, v, g, beta, cache, slots: chunk_delta_fwd(
         *f32(q, k, v, g, beta), use_qk_l2norm_in_kernel=True, state=cache, state_indices=slots,
         return_chunk_states=True, phases=3))
 
@@ -506,13 +514,13 @@ def test_phases_launch_order():
     non-finite); under the interpreter no launch is a programmatic dependent (the GPU's launches
     are checked in tests/gpu)."""
     q, k, v, g, beta, _ = gdn_inputs(1, 300, 1, 2, 16, 24)
-    plan_ = chunk_delta.plan_chunk_delta(*f32(q, k, v, g, beta), phases=3)
+    plan_ = delta_launches(*f32(q, k, v, g, beta), phases=3)
     names = [s.kernel.fn.__name__ if hasattr(s.kernel, "fn") else s.kernel.__name__ for s in plan_.steps]
     assert names == ["chunk_delta_prep_kernel", "chunk_delta_sweep_kernel"] * 3 + ["chunk_delta_sweep_kernel"]
     replay = plan_.steps.pop()
     assert replay.kwargs["REPLAY"] and replay.kwargs["PASS"] == 0 and replay.programmatic
     spans = [(s.kwargs["chunk_lo"], s.kwargs["chunk_span"]) for s in plan_.steps[::2]]
-    bounds = chunk_delta.phase_bounds(5, 3)
+    bounds = phase_bounds(5, 3)
     assert spans == [(a, b - a) for a, b in zip(bounds[:-1], bounds[1:])]
     assert [(s.kwargs["tc_first"], s.kwargs["tc_count"]) for s in plan_.steps[1::2]] == spans
     # Each prep reserves 48 KB of shared memory, so that none of its programs fits beside a sweep program.
@@ -522,11 +530,11 @@ def test_phases_launch_order():
 
 @pytest.mark.parametrize("kw", [{}, {"phases": 3}, {"segments": 3}, {"tma_store": True, "phases": 2}])
 def test_every_planned_launch_names_every_kernel_argument(kw):
-    """The direct launcher (kernels/_launch.py) builds its parameter block from the step's
+    """The direct launcher (runtime/launcher.py) builds its parameter block from the step's
     arguments by the kernel's argument names, defaults included: a step that leaves one to its
     default fails on the GPU's first call only, never under the interpreter."""
     q, k, v, g, beta, _ = gdn_inputs(1, 300, 2, 4, 16, 24)
-    plan_ = chunk_delta.plan_chunk_delta(*f32(q, k, v, g, beta), **kw)
+    plan_ = delta_launches(*f32(q, k, v, g, beta), **kw)
     for step in plan_.steps:
         fn = getattr(step.kernel, "fn", step.kernel)
         missing = [a for a in step.kernel.arg_names if a not in step.kwargs]
@@ -538,19 +546,19 @@ def test_phases_without_initial_or_final_state_and_ignored_where_they_do_not_app
     phases) equal the single pass bit for bit; varlen input and segments ignore ``phases``."""
     q, k, v, g, beta, _ = gdn_inputs(2, 200, 2, 4, 16, 24)
     args = f32(q, k, v, g, beta)
-    one = chunk_delta.chunk_delta_fwd(*args, use_qk_l2norm_in_kernel=True)
-    three = chunk_delta.chunk_delta_fwd(*args, use_qk_l2norm_in_kernel=True, phases=3)
+    one = chunk_delta_fwd(*args, use_qk_l2norm_in_kernel=True)
+    three = chunk_delta_fwd(*args, use_qk_l2norm_in_kernel=True, phases=3)
     assert one[1] is None and three[1] is None and torch.equal(bits(one[0]), bits(three[0]))
-    seg = chunk_delta.plan_chunk_delta(*args, segments=2, phases=3)
+    seg = delta_launches(*args, segments=2, phases=3)
     assert not any(s.kwargs.get("PASS") == 3 for s in seg.steps)
     cu = torch.tensor([0, 70, 200], device=DEVICE)
     qv, kv, vv, gv, bv = f32(*gdp_inputs(200, 1, 1, 2, 16, 16))
     d = build_chunk_descriptors(cu.cpu(), 1, device=DEVICE)
     kw = dict(cu_seqlens=cu, chunk_indices_dp=d.chunk_indices_dp, output_final_state=True)
-    plan_ = chunk_delta.plan_chunk_delta(qv, kv, vv, gv, bv, phases=3, **kw)
+    plan_ = delta_launches(qv, kv, vv, gv, bv, phases=3, **kw)
     assert len(plan_.steps) == 3  # prep, sweep, replay
-    a = chunk_delta.chunk_delta_fwd(qv, kv, vv, gv, bv, **kw)
-    b = chunk_delta.chunk_delta_fwd(qv, kv, vv, gv, bv, phases=3, **kw)
+    a = chunk_delta_fwd(qv, kv, vv, gv, bv, **kw)
+    b = chunk_delta_fwd(qv, kv, vv, gv, bv, phases=3, **kw)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
@@ -558,7 +566,7 @@ def test_phases_without_initial_or_final_state_and_ignored_where_they_do_not_app
 def test_phases_must_be_a_positive_int(phases):
     q, k, v, g, beta, _ = gdn_inputs(1, 8, 1, 2, 16, 16)
     with pytest.raises(ValueError, match="phases"):
-        chunk_delta.plan_chunk_delta(*f32(q, k, v, g, beta), phases=phases)
+        delta_launches(*f32(q, k, v, g, beta), phases=phases)
 
 
 @pytest.mark.parametrize("name,value", [("segments", 0), ("segments", "3"), ("segments", 2.0),
@@ -567,4 +575,4 @@ def test_phases_must_be_a_positive_int(phases):
 def test_launch_options_are_checked_and_named(name, value):
     q, k, v, g, beta, _ = gdn_inputs(1, 8, 1, 2, 16, 16)
     with pytest.raises(ValueError, match=name):
-        chunk_delta.plan_chunk_delta(*f32(q, k, v, g, beta), **{name: value})
+        delta_launches(*f32(q, k, v, g, beta), **{name: value})

@@ -1,4 +1,5 @@
-"""The streaming Triton kernel (kernels/recurrent.py) under the interpreter, against the oracle.
+"""The streaming Triton kernel (kernels/stream/recurrence.py, launched by launch/stream.py) under the
+interpreter, against the oracle.
 
 Every family flag (GDN, GDP folded, GLA scalar / per key, SSD tied / untied), the state cache with
 padding and duplicate-free random slots, speculative-decoding snapshots (steps_per_token 1, 2, 3),
@@ -17,12 +18,14 @@ import pytest
 import torch
 
 import recurscan
-from recurscan.kernels import key_contiguous, recurrent as R
+from recurscan.launch import stream as R
+from recurscan.plan import stream as P
+from recurscan.problem import key_contiguous
 from recurscan.ops.mamba_decode import selective_state_update_reference
 from recurscan.reference.delta import gated_delta_product_naive, gated_delta_rule_naive
 from recurscan.reference.gla import gla_naive
 from recurscan.reference.ssd import ssd_naive
-from tolerances import bits, relative_rms
+from tests.helpers.tolerances import assert_like_fp32, bits, both
 
 triton_only = pytest.mark.skipif(
     not torch.cuda.is_available() and __import__("os").environ.get("TRITON_INTERPRET") != "1",
@@ -31,19 +34,6 @@ pytestmark = triton_only
 
 F32, F64 = torch.float32, torch.float64
 NAN = float("nan")
-
-
-def assert_like_fp32(got, want64, ref32, what="", factor=4.0, floor=1e-6):
-    """got (float32 kernel) vs want64 (float64 oracle), bounded by the float32 oracle ref32's error."""
-    assert got.shape == want64.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want64.shape)}"
-    assert torch.isfinite(got).all(), f"{what}: non-finite values"
-    got, want64, ref32 = got.double(), want64.double(), ref32.double()
-    rms_bound = factor * relative_rms(ref32, want64) + floor
-    assert relative_rms(got, want64) <= rms_bound, f"{what}: rel RMS {relative_rms(got, want64):.2e} > {rms_bound:.2e}"
-    scale = want64.abs().max().item() if want64.numel() else 0.0
-    max_bound = factor * (ref32 - want64).abs().max().item() + floor * (1 + scale)
-    err = (got - want64).abs().max().item()
-    assert err <= max_bound, f"{what}: max abs error {err:.2e} > {max_bound:.2e}"
 
 
 def inputs(B, T, H, HV, K, V, *, beta_mode="head", gate=True, seed=0, dtype=F32):
@@ -58,15 +48,6 @@ def inputs(B, T, H, HV, K, V, *, beta_mode="head", gate=True, seed=0, dtype=F32)
     beta = {"head": torch.rand(B, T, HV, generator=gen), "value": torch.rand(B, T, HV, V, generator=gen),
             None: None}[beta_mode]
     return [x if x is None else x.to(dtype) for x in (q, k, v, g, beta)]
-
-
-def both(fn, *args, **kw):
-    """The oracle in float64 and in float32 on the same inputs."""
-    d = [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
-    f = [a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
-    kw64 = {n: (a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a) for n, a in kw.items()}
-    kw32 = {n: (a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a) for n, a in kw.items()}
-    return fn(*d, **kw64), fn(*f, **kw32)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -99,9 +80,9 @@ def test_gdn_varlen_narrow_column_blocks_and_odd_sizes():
     S0 = torch.randn(5, 4, 24, 20)
     o = torch.full((1, 23, 4, 20), NAN, dtype=torch.bfloat16)
     final = torch.full((5, 4, 24, 20), NAN)
-    cfg = R.StreamConfig(BK=32, BV=8, num_warps=4, num_stages=1, reason="test: several column blocks")
+    cfg = P.StreamShape(BK=32, BV=8, num_warps=4, num_stages=1, reason="test: several column blocks")
     R.streaming_recurrence(q, k, v, o, scale=0.3, delta=True, gate="scalar", g=g, beta=beta, beta_mode="head",
-                           l2norm=True, cu_seqlens=cu, initial=S0, final=final, num_sequences=5, config=cfg)
+                           l2norm=True, cu_seqlens=cu, initial=S0, final=final, num_sequences=5, shape=cfg)
     (wo, wS), (ro, rS) = both(gated_delta_rule_naive, q, k, v, g, beta, scale=0.3, initial_state=S0,
                               use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
     assert_like_fp32(final, wS, rS, "final state")
@@ -414,7 +395,7 @@ def test_launch_split_hands_the_state_on(monkeypatch):
     kw = dict(use_qk_l2norm_in_kernel=True, cu_seqlens=cu, state_indices=slots, steps_per_token=1, backend="triton")
     c1, s1 = cache.clone(), snaps.clone()
     o1, _ = recurscan.fused_recurrent_gated_delta_rule_update(q, k, v, g, beta, state=c1, intermediate_states=s1, **kw)
-    monkeypatch.setitem(R.DISPATCH_STEP_BOUND, "cpu", 4)  # 13 packed tokens: 4 launches of <= 4 steps
+    monkeypatch.setitem(P.DISPATCH_STEP_BOUND, "cpu", 4)  # 13 packed tokens: 4 launches of <= 4 steps
     c2, s2 = cache.clone(), snaps.clone()
     o2, _ = recurscan.fused_recurrent_gated_delta_rule_update(q, k, v, g, beta, state=c2, intermediate_states=s2, **kw)
     # float32 hand-off of a float32 state: bit-identical to one launch
@@ -422,11 +403,11 @@ def test_launch_split_hands_the_state_on(monkeypatch):
 
 
 def test_state_column_too_large_is_refused_before_launch():
-    K = R.MAX_COLUMN_BYTES // 4 + 1
+    K = P.MAX_COLUMN_BYTES // 4 + 1
     q = torch.randn(1, 1, 1, K)
-    with pytest.raises(R.StateColumnTooLarge, match="cannot fit on chip"):
+    with pytest.raises(P.StateColumnTooLarge, match="cannot fit on chip"):
         recurscan.fused_recurrent_gated_delta_rule_update(q, q, torch.randn(1, 1, 1, 4), backend="triton")
-    assert issubclass(R.StateColumnTooLarge, ValueError)
+    assert issubclass(P.StateColumnTooLarge, ValueError)
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
@@ -444,17 +425,17 @@ def test_final_state_laid_out_as_the_initial_state(backend):
     assert_like_fp32(o, wo, ro, "o")
 
 
-def test_stream_config_rules(monkeypatch):
+def test_stream_shape_rules(monkeypatch):
     cpu = torch.device("cpu")
-    assert R.stream_config(8, 128, 128, 1, 4, True, cpu).BV == 32
-    with pytest.raises(R.StateColumnTooLarge):
-        R.stream_config(8, 1 << 15, 128, 1, 4, True, cpu)
+    assert P.stream_shape(P.StreamSizes(8, 128, 128, 1, 4), cpu).BV == 32
+    with pytest.raises(P.StateColumnTooLarge):
+        P.stream_shape(P.StreamSizes(8, 1 << 15, 128, 1, 4), cpu)
     # The CUDA rows (the H200's 132 SMs; no GPU needed to read the table):
-    monkeypatch.setattr(R, "sm_count", lambda device: 132)
+    monkeypatch.setattr(P, "sm_count", lambda device: 132)
     cuda = torch.device("cuda")
 
     def shape(heads_total, tokens, vk=False, state_bytes=4):
-        c = R.stream_config(heads_total, 128, 128, tokens, state_bytes, True, cuda, vk_layout=vk)
+        c = P.stream_shape(P.StreamSizes(heads_total, 128, 128, tokens, state_bytes, key_contiguous=vk), cuda)
         return c.BV, c.num_warps
     assert shape(256 * 32, 1) == (64, 4)  # many requests, one token, [K, V] fp32: 64 columns on 4 warps
     assert shape(256 * 32, 1, state_bytes=2) == (32, 1)  # bf16 cache: one warp

@@ -1,4 +1,4 @@
-"""The direct launcher's parameter block (recurscan/kernels/_launch.py), checked without a GPU:
+"""The direct launcher's parameter block (recurscan/runtime/launcher.py), checked without a GPU:
 a stand-in compiled kernel and a stand-in cuLaunchKernel that decodes the block it is given.
 (On the H200, tests/gpu check that direct launches compute what Triton's JIT launches compute.)"""
 import ctypes
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
-from recurscan.kernels import _launch as L  # noqa: E402
+from recurscan.runtime import launcher as L  # noqa: E402
 
 
 def fake_compiled(signature, num_warps=4, shared=1024, **meta):

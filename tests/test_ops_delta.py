@@ -9,8 +9,8 @@ import torch
 import recurscan
 from recurscan.reference.delta import gated_delta_product_naive, gated_delta_rule_naive
 
-from test_reference_delta import gdn_inputs, gdp_inputs
-from tolerances import assert_reassociation_close, assert_rms_close, bits
+from tests.helpers.inputs import gdn_inputs, gdp_inputs
+from tests.helpers.tolerances import assert_reassociation_close, assert_rms_close, bits
 
 
 def test_fla_return_convention():

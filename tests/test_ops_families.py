@@ -11,7 +11,7 @@ from recurscan.cli import main
 from recurscan.reference.diagonal import diagonal_naive
 from recurscan.reference.gla import gla_naive
 from recurscan.reference.ssd import ssd_naive
-from tolerances import assert_reassociation_close, bits
+from tests.helpers.tolerances import assert_reassociation_close, bits
 
 F64 = torch.float64
 

@@ -19,7 +19,7 @@ import torch
 
 import recurscan
 from recurscan.reference import delta, diagonal, gla, ssd
-from tolerances import relative_rms
+from tests.helpers.tolerances import relative_rms
 
 BUDGET = float(os.environ.get("RECURSCAN_PROPERTY_SECONDS", "40"))
 ONE_SEED = os.environ.get("RECURSCAN_PROPERTY_SEED")

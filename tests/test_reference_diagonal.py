@@ -15,7 +15,7 @@ import torch
 
 from recurscan.reference.common import chunk_offsets, sequences
 from recurscan.reference.diagonal import diagonal_chunk, diagonal_chunked, diagonal_naive
-from tolerances import assert_reassociation_close, relative_rms
+from tests.helpers.tolerances import assert_reassociation_close, relative_rms
 
 F64 = torch.float64
 CU = [0, 1, 2, 66, 67, 200]

@@ -18,7 +18,7 @@ import torch
 from recurscan.reference.common import chunk_offsets, sequences
 from recurscan.reference.common import sequence_blocks
 from recurscan.reference.gla import gla_chunked, gla_naive
-from tolerances import assert_reassociation_close, relative_rms
+from tests.helpers.tolerances import assert_reassociation_close, relative_rms
 
 F64 = torch.float64
 INF = float("inf")

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from recurscan.reference.common import chunk_offsets, sequences
 from recurscan.reference.gla import gla_naive
 from recurscan.reference.ssd import discretize_dt, skip_and_gate, ssd_chunked, ssd_naive
-from tolerances import assert_reassociation_close, relative_rms
+from tests.helpers.tolerances import assert_reassociation_close, relative_rms
 
 F64 = torch.float64
 INF = float("inf")

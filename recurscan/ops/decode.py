@@ -17,67 +17,50 @@ from __future__ import annotations
 
 import torch
 
-from .. import plan as _plan
-from ..problem import check_decode_extras, check_scale, delta_problem
-from ..kernels import key_contiguous, launch_key  # no triton import: kernels/__init__ has none
+from ..plan import DISPATCH_STEP_BOUND, plan
+from ..problem import check_decode_extras, check_householder, check_scale, delta_problem, key_contiguous
 from ..reference import delta as ref
+from ..runtime.cache import SignatureCache, launch_key
 from . import _cache
 
-_BACKENDS = (None, "torch", "triton")
-_KERNELS = None
+_LAUNCH = None
 
 
-def _kernels():
-    """kernels/recurrent.py, imported on first use: triton is imported only on the Triton path."""
-    global _KERNELS
-    if _KERNELS is None:
-        from ..kernels import recurrent
-        _KERNELS = recurrent
-    return _KERNELS
-
-
-def _dispatch_bound(device_type: str):
-    try:
-        return _kernels().DISPATCH_STEP_BOUND.get(device_type)
-    except ImportError:  # no triton here: only the torch backend runs
-        return None
-
-
-def _choose_backend(backend, device, problem) -> str:
-    """The backend for this call: the planner's rule, or the caller's explicit choice."""
-    if backend not in _BACKENDS:
-        raise ValueError(f"backend: expected None, 'torch' or 'triton', got {backend!r}")
-    if backend is None:
-        return _plan.plan("stream", problem, device, "recurrent").backend
-    if backend == "triton":
-        _plan.check_triton_device(device)  # CUDA, or CPU under a working interpreter
-    return backend
+def _launch():
+    """launch/stream.py, imported on first use: triton is imported only on the Triton path."""
+    global _LAUNCH
+    if _LAUNCH is None:
+        from ..launch import stream
+        _LAUNCH = stream
+    return _LAUNCH
 
 
 class _Prepared:
     """What a validated call signature needs at launch: cached per signature for CUDA tensors.
     Everything decided from shapes, strides and dtypes is decided here once (the key holds them)."""
 
-    __slots__ = ("backend", "problem", "beta_mode", "launch", "copy_q", "copy_k", "o_like_v")
+    __slots__ = ("schedule", "problem", "beta_mode", "launches", "copy_q", "copy_k", "o_like_v")
 
-    def __init__(self, backend, problem, beta_mode, q, k, v):
-        self.backend, self.problem, self.beta_mode = backend, problem, beta_mode
-        self.launch = None  # the kernel's planned launch (kernels/recurrent.py), made on first use
+    def __init__(self, schedule, problem, beta_mode, q, k, v):
+        self.schedule, self.problem, self.beta_mode = schedule, problem, beta_mode
+        self.launches = None  # launch/stream.py's StreamLaunches, built on the first Triton call
         self.copy_q, self.copy_k = q.stride(-1) != 1, k.stride(-1) != 1  # the kernel reads K contiguous
         self.o_like_v = v.dtype == q.dtype and v.is_contiguous()  # empty_like(v) is o: the cheaper allocation
 
 
-_PREPARED: dict[tuple, _Prepared] = {}
+#: CUDA call signature -> its _Prepared.
+PREPARED = SignatureCache("recurrent delta rule")
 
 
-def _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens, state, state_indices, intermediate_states,
-             steps_per_token, num_accepted_tokens, backend):
+def _prepare(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, state, state_indices,
+             intermediate_states, steps_per_token, num_accepted_tokens, backend):
     problem = delta_problem(q, k, v, g, beta, num_householder=1, scale=scale, initial_state=initial_state,
-                            cu_seqlens=cu_seqlens, state=state, state_indices=state_indices)
+                            cu_seqlens=cu_seqlens, state=state, state_indices=state_indices,
+                            output_final_state=output_final_state)
     check_decode_extras(problem, state, intermediate_states, steps_per_token, num_accepted_tokens)
-    chosen = _choose_backend(backend, q.device, problem)
+    schedule = plan("delta_rule", problem, q.device, "recurrent", backend)
     beta_mode = None if beta is None else ("value" if beta.dim() == 4 else "head")
-    return _Prepared(chosen, problem, beta_mode, q, k, v)
+    return _Prepared(schedule, problem, beta_mode, q, k, v)
 
 
 def fused_recurrent_gated_delta_rule_update(q, k, v, g=None, beta=None, scale=None, initial_state=None,
@@ -136,18 +119,16 @@ def fused_recurrent_gated_delta_rule_update(q, k, v, g=None, beta=None, scale=No
     if on_gpu:  # the hot path: one key over every argument, validated and planned once per key
         key = (launch_key((q, k, v, g, beta, initial_state, cu_seqlens, state, state_indices, intermediate_states,
                      num_accepted_tokens)), output_final_state, use_qk_l2norm_in_kernel, steps_per_token, backend,
-               _dispatch_bound("cuda"))
-        prep = _PREPARED.get(key)
+               DISPATCH_STEP_BOUND["cuda"])
+        prep = PREPARED.get(key)
         if prep is not None and scale is not None:
             check_scale(scale)
     if prep is None:
-        prep = _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens, state, state_indices,
-                        intermediate_states, steps_per_token, num_accepted_tokens, backend)
+        prep = _prepare(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, state,
+                        state_indices, intermediate_states, steps_per_token, num_accepted_tokens, backend)
         if on_gpu:
-            if len(_PREPARED) > 4096:
-                _PREPARED.clear()
-            _PREPARED[key] = prep
-    if prep.backend == "torch":
+            PREPARED.put(key, prep)
+    if prep.schedule.backend == "torch":
         return _delta_torch(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                             cu_seqlens, state, state_indices, intermediate_states, steps_per_token,
                             num_accepted_tokens)
@@ -167,14 +148,15 @@ def fused_recurrent_gated_delta_rule_update(q, k, v, g=None, beta=None, scale=No
         final = _new_final_state(p.sequences, v.shape[2], p.key_dim, v.shape[3], q.device, initial_state) \
             if output_final_state else None
     scale = p.scale if scale is None else scale
-    tensors = (q, k, v, g, beta, o, None, None, None, None, initial, final, state_indices, intermediate_states,
-               num_accepted_tokens, cu_seqlens)
-    K_ = _kernels()
-    if prep.launch is None:
-        prep.launch = K_.plan_stream(tensors, scale=scale, delta=True, gate=None if g is None else "scalar",
-                                  beta_mode=prep.beta_mode, l2norm=use_qk_l2norm_in_kernel, final_by_slot=by_slot,
-                                  steps_per_token=steps_per_token, num_sequences=p.sequences)
-    K_.run_stream(prep.launch, tensors, scale)
+    L_ = _launch()
+    tensors = L_.StreamTensors(q, k, v, g, beta, o, None, None, None, None, initial, final, state_indices,
+                               intermediate_states, num_accepted_tokens, cu_seqlens)
+    if prep.launches is None:
+        prep.launches = L_.build_stream_launches(
+            tensors, prep.schedule.launch, scale=scale, delta=True, gate=None if g is None else "scalar",
+            beta_mode=prep.beta_mode, l2norm=use_qk_l2norm_in_kernel, final_by_slot=by_slot,
+            steps_per_token=steps_per_token, num_sequences=p.sequences)
+    L_.run_stream(prep.launches, tensors, scale)
     return o, final
 
 
@@ -297,20 +279,21 @@ def _fla_extended(q, k, v, g, gk, beta, scale, initial_state, output_final_state
     if init is not None and state_v_first:
         check_tensor("initial_state", init, STATE_DTYPES, q.device)
         init = init.transpose(-1, -2)  # [N, HV, K, V] view
-    problem = delta_problem(q, k, v, None, beta, scale=scale, initial_state=init, cu_seqlens=cu_seqlens)
+    problem = delta_problem(q, k, v, None, beta, scale=scale, initial_state=init, cu_seqlens=cu_seqlens,
+                            output_final_state=output_final_state)
     if gk is not None:
         check_tensor("gk", gk, FLOAT_DTYPES, q.device)
         if tuple(gk.shape) != (problem.batch, problem.tokens, problem.value_heads, problem.key_dim):
             raise ValueError(f"gk: expected shape [B, T, HV, K] = {[problem.batch, problem.tokens, problem.value_heads, problem.key_dim]}, "
                              f"got {list(gk.shape)}")
-    chosen = _choose_backend(backend, q.device, problem)
+    schedule = plan("delta_rule", problem, q.device, "recurrent", backend)
     N, HV, K, V = problem.sequences, problem.value_heads, problem.key_dim, problem.value_dim
-    if chosen == "torch":
+    if schedule.backend == "torch":
         o, final = ref.gated_delta_rule_naive(q, k, v, g if gk is None else gk, beta, problem.scale, init,
                                               use_qk_l2norm_in_kernel=l2norm, cu_seqlens=cu_seqlens)
         o = o.to(q.dtype)
     else:
-        from ..kernels.recurrent import streaming_recurrence
+        streaming_recurrence = _launch().streaming_recurrence
         o = torch.empty(*v.shape, dtype=q.dtype, device=q.device)
         final = torch.empty(N, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
         streaming_recurrence(q.contiguous(), k.contiguous(), v, o, scale=problem.scale, delta=True,
@@ -318,14 +301,14 @@ def _fla_extended(q, k, v, g, gk, beta, scale, initial_state, output_final_state
                              g=gk if gk is not None else g, beta=beta,
                              beta_mode=None if beta is None else ("value" if beta.dim() == 4 else "head"),
                              l2norm=l2norm, cu_seqlens=cu_seqlens, initial=init, final=final,
-                             num_sequences=N)
+                             shape=schedule.launch, num_sequences=N)
     if not output_final_state:
         return o, None
     return o, (final.transpose(-1, -2).contiguous() if state_v_first else final)
 
 
 # ------------------------------------------------------------------------------------------------
-# Gated Delta Product decode: the M Householder copies folded into the sequence (seed 002)
+# Gated Delta Product decode: the M Householder copies folded into the sequence
 # ------------------------------------------------------------------------------------------------
 
 
@@ -393,8 +376,7 @@ def fused_recurrent_gated_delta_product_update(q, k, v, g, beta, num_householder
         >>> o.shape, state is cache, bool(o[1].eq(0).all()), bool(cache[1].eq(0).all())
         (torch.Size([3, 1, 2, 16]), True, True, True)
     """
-    if isinstance(num_householder, bool) or not isinstance(num_householder, int) or num_householder < 1:
-        raise ValueError(f"num_householder: expected an int >= 1, got {num_householder!r}")
+    check_householder(num_householder)
     delta_problem(q, k, v, g, beta, num_householder=num_householder, scale=scale, initial_state=initial_state,
                   cu_seqlens=cu_seqlens, state=state, state_indices=state_indices)
     M = num_householder

@@ -1,10 +1,11 @@
 """Public ops of the delta-rule family: Gated DeltaNet (GDN) and Gated Delta Product (GDP).
 
-Every op is thin: validate (problem.py) -> plan (plan.py) -> run the chosen backend. GDN is GDP
+Every op is thin: validate (problem.py) -> plan (plan/) -> run the chosen backend. GDN is GDP
 with M = 1, so all four entry points share one driver, :func:`_run_delta`.
 
 Backends: "torch" (the oracle's chunked form; CPU tensors by default) and "triton" (the chunked
-kernels of ``recurscan/kernels/chunk_delta.py``; CUDA tensors by default). ``backend="triton"``
+kernels of ``recurscan/kernels/delta/``, launched by ``recurscan/launch/delta.py``; CUDA tensors
+by default). ``backend="triton"``
 on CPU tensors runs those kernels under Triton's interpreter: set ``TRITON_INTERPRET=1`` in the
 environment before triton is first imported (CI does, see tests/conftest.py).
 """
@@ -12,32 +13,32 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels import launch_key  # no triton import: kernels/__init__ has none
 from ..plan import plan
 from ..problem import check_chunk_descriptors, check_cu_seqlens, check_slots, debug_checks, delta_problem
 from ..reference import delta as ref
+from ..runtime.cache import SignatureCache, launch_key
 from . import _cache
 
 
-_KERNELS = None
+_LAUNCH = None
 
 
-def _chunk_kernels():
-    """kernels/chunk_delta.py, imported on first use: triton is imported only on the Triton path."""
-    global _KERNELS
-    if _KERNELS is None:
-        from ..kernels import chunk_delta
-        _KERNELS = chunk_delta
-    return _KERNELS
+def _launch():
+    """launch/delta.py, imported on first use: triton is imported only on the Triton path."""
+    global _LAUNCH
+    if _LAUNCH is None:
+        from ..launch import delta
+        _LAUNCH = delta
+    return _LAUNCH
 
 
-_PLANS: dict[tuple, object] = {}  # CUDA call signature -> its ChunkDeltaPlan (kernels/chunk_delta.py)
+#: CUDA call signature -> its DeltaLaunches (launch/delta.py).
+LAUNCHES = SignatureCache("chunked delta rule")
 
 
 def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, output_final_state,
                use_qk_l2norm_in_kernel, cu_seqlens, state, state_indices, return_chunk_states,
-               algorithm, chunk_size=None, backend=None, chunk_indices=None, chunk_indices_dp=None,
-               chunk_offsets=None):
+               chunk_size=None, backend=None, chunk_indices=None, chunk_indices_dp=None, chunk_offsets=None):
     if chunk_indices_dp is None and num_householder == 1:
         chunk_indices_dp = chunk_indices  # GDN: the two chunkings coincide
     inputs = (q, k, v, g, beta, initial_state, state, state_indices, cu_seqlens, chunk_indices_dp, chunk_offsets)
@@ -46,11 +47,11 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
         # The hot path: validation and planning ran for an earlier call of this signature (every
         # tensor's shape, strides, dtype, device and alignment, and every option).
         key = (launch_key(inputs + (chunk_indices,)), num_householder, scale, output_final_state,
-               use_qk_l2norm_in_kernel, return_chunk_states, algorithm, backend)
-        plan_ = _PLANS.get(key)
-        if plan_ is not None and not debug_checks():
+               use_qk_l2norm_in_kernel, return_chunk_states, backend)
+        launches = LAUNCHES.get(key)
+        if launches is not None and not debug_checks():
             _refuse_grad(q, k, v, g, beta, initial_state)
-            return _chunk_kernels().run_chunk_delta(plan_, inputs)
+            return _LAUNCH.run_delta_launches(launches, inputs)  # a cached entry implies _launch() ran
     problem = delta_problem(q, k, v, g, beta, num_householder=num_householder, scale=scale,
                             initial_state=initial_state, cu_seqlens=cu_seqlens, state=state,
                             state_indices=state_indices)
@@ -59,7 +60,7 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
                                 problem.device)
     if debug_checks():
         _check_device_values(problem, cu_seqlens, state, state_indices)
-    schedule = plan("delta_rule", problem, q.device, algorithm, backend)
+    schedule = plan("delta_rule", problem, q.device, "chunked", backend)
     if schedule.backend == "triton":
         return _run_triton(q, k, v, g, beta, problem, schedule, initial_state=initial_state,
                            output_final_state=output_final_state,
@@ -70,10 +71,7 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
     S0 = initial_state
     if problem.uses_cache:
         S0 = _cache.gather(state, state_indices, torch.float64 if q.dtype == torch.float64 else torch.float32)
-    if schedule.algorithm == "recurrent":
-        fn = ref.gated_delta_product_naive if num_householder > 1 else ref.gated_delta_rule_naive
-    else:
-        fn = ref.gated_delta_product_chunked if num_householder > 1 else ref.gated_delta_rule_chunked
+    fn = ref.gated_delta_product_chunked if num_householder > 1 else ref.gated_delta_rule_chunked
     extra = (num_householder,) if num_householder > 1 else ()
     o, final, *chunk_states = fn(
         q, k, v, g, beta, *extra, scale=problem.scale, initial_state=S0,
@@ -116,7 +114,7 @@ def _run_triton(q, k, v, g, beta, problem, schedule, *, initial_state, output_fi
     input is a dense batch). With ``key`` (a CUDA call signature), the plan is kept for the next
     call of that signature when it depends on no device value."""
     _refuse_grad(q, k, v, g, beta, initial_state)
-    K_ = _chunk_kernels()
+    L_ = _launch()
 
     M = problem.householder
     num_rows, exact_rows = None, None
@@ -135,22 +133,16 @@ def _run_triton(q, k, v, g, beta, problem, schedule, *, initial_state, output_fi
             key = None  # the plan's sizes came from device values: not reusable
         if return_chunk_states:
             num_rows = chunk_indices.shape[0]
-    launch = schedule.launch
-    plan_ = K_.plan_chunk_delta(
-        q, k, v, g, beta, num_householder=M, scale=problem.scale, initial_state=initial_state,
+    launches = L_.build_delta_launches(
+        q, k, v, g, beta, schedule.launch, num_householder=M, scale=problem.scale, initial_state=initial_state,
         output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
         cu_seqlens=cu_seqlens, chunk_indices_dp=chunk_indices_dp, chunk_offsets=chunk_offsets,
         num_chunk_rows=num_rows, state=state, state_indices=state_indices,
-        return_chunk_states=return_chunk_states, block_v=launch.block_v, num_warps=launch.num_warps,
-        num_stages=launch.num_stages, prep_warps=launch.prep_warps, segments=launch.segments,
-        v_product=launch.v_product, tma_store=launch.tma_store, phases=launch.phases,
-        prep_maxnreg=launch.prep_maxnreg)
-    out = K_.run_chunk_delta(plan_, (q, k, v, g, beta, initial_state, state, state_indices, cu_seqlens,
-                                  chunk_indices_dp, chunk_offsets))
+        return_chunk_states=return_chunk_states)
+    out = L_.run_delta_launches(launches, L_.DeltaInputs(q, k, v, g, beta, initial_state, state, state_indices,
+                                                         cu_seqlens, chunk_indices_dp, chunk_offsets))
     if key is not None:
-        if len(_PLANS) > 4096:  # many distinct shapes: start over rather than grow
-            _PLANS.clear()
-        _PLANS[key] = plan_
+        LAUNCHES.put(key, launches)
     if return_chunk_states and exact_rows is not None:
         out = out[:2] + (out[2][:exact_rows],)
     return out
@@ -220,7 +212,7 @@ def chunk_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, initial_state
     return _run_delta(q, k, v, g, beta, num_householder=1, scale=scale, initial_state=initial_state,
                       output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                       cu_seqlens=cu_seqlens, state=state, state_indices=state_indices,
-                      return_chunk_states=return_chunk_states, algorithm="chunked", backend=backend,
+                      return_chunk_states=return_chunk_states, backend=backend,
                       chunk_indices=chunk_indices, chunk_offsets=chunk_offsets)
 
 
@@ -266,5 +258,5 @@ def chunk_gated_delta_product_varlen(q, k, v, g, beta, num_householder, cu_seqle
                       initial_state=initial_state, output_final_state=output_final_state,
                       use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, state=state,
                       state_indices=state_indices, return_chunk_states=return_chunk_states,
-                      algorithm="chunked", backend=backend, chunk_indices=chunk_indices,
+                      backend=backend, chunk_indices=chunk_indices,
                       chunk_indices_dp=chunk_indices_dp, chunk_offsets=chunk_offsets)

@@ -30,11 +30,23 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..plan import DISPATCH_STEP_BOUND, plan
 from ..problem import ssd_decode_problem
-from ..kernels import launch_key
-from .decode import _choose_backend, _dispatch_bound, _kernels
+from ..runtime.cache import SignatureCache, launch_key
+from .decode import _launch
 
-_PREPARED: dict[tuple, object] = {}
+
+class _Prepared:
+    """A validated call signature: its schedule, and its launches once built (CUDA tensors)."""
+
+    __slots__ = ("schedule", "launches")
+
+    def __init__(self, schedule):
+        self.schedule, self.launches = schedule, None
+
+
+#: CUDA call signature -> its _Prepared.
+PREPARED = SignatureCache("selective_state_update")
 
 
 def _canonical(state, x, dt, A, B, C, D, z, dt_bias, intermediate_states):
@@ -101,23 +113,20 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     prep = None
     if on_gpu:  # the hot path: one key over every argument, validated and planned once per key
         key = (launch_key((state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices, intermediate_states,
-                     num_accepted_tokens)), bool(dt_softplus), backend, _dispatch_bound("cuda"))
-        prep = _PREPARED.get(key)
+                     num_accepted_tokens)), bool(dt_softplus), backend, DISPATCH_STEP_BOUND["cuda"])
+        prep = PREPARED.get(key)
     if prep is None:
         problem = ssd_decode_problem(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias,
                                      state_batch_indices=state_batch_indices,
                                      intermediate_states=intermediate_states,
                                      num_accepted_tokens=num_accepted_tokens)
-        prep = [_choose_backend(backend, x.device, problem), problem, None]
+        prep = _Prepared(plan("ssd", problem, x.device, "recurrent", backend))
         if on_gpu:
-            if len(_PREPARED) > 4096:
-                _PREPARED.clear()
-            _PREPARED[key] = prep
-    chosen = prep[0]
+            PREPARED.put(key, prep)
     out_shape = x.shape
     (state4, x4, dt4, A3, B4, C4, D2, z4, db2, snaps, _, _) = _canonical(state, x, dt, A, B, C, D, z, dt_bias,
                                                                          intermediate_states)
-    if chosen == "torch":
+    if prep.schedule.backend == "torch":
         y = selective_state_update_reference(state4, x4, dt4, A3, B4, C4, D2, z4, db2, dt_softplus,
                                              state_batch_indices, intermediate_states=snaps,
                                              num_accepted_tokens=num_accepted_tokens)
@@ -131,14 +140,14 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
         C4 = C4.contiguous()
     if B4.stride(-1) != 1:
         B4 = B4.contiguous()
-    tensors = (C4, B4, x4, dt4[..., 0] if dt_tied else dt4, None, y, A3[:, 0, 0] if A_tied else A3, db2, D2, z4,
-               state4, state4, state_batch_indices, snaps, num_accepted_tokens, None)
-    K_ = _kernels()
-    if prep[2] is None:
-        prep[2] = K_.plan_stream(tensors, scale=1.0, delta=False, gate="ssd", final_by_slot=True, steps_per_token=1,
-                                 vk_layout=True, dt_tied=dt_tied, A_tied=A_tied, dt_softplus=bool(dt_softplus),
-                                 num_sequences=b)
-    K_.run_stream(prep[2], tensors, 1.0)
+    L_ = _launch()
+    tensors = L_.StreamTensors(C4, B4, x4, dt4[..., 0] if dt_tied else dt4, None, y, A3[:, 0, 0] if A_tied else A3,
+                               db2, D2, z4, state4, state4, state_batch_indices, snaps, num_accepted_tokens, None)
+    if prep.launches is None:
+        prep.launches = L_.build_stream_launches(
+            tensors, prep.schedule.launch, scale=1.0, delta=False, gate="ssd", final_by_slot=True, steps_per_token=1,
+            vk_layout=True, dt_tied=dt_tied, A_tied=A_tied, dt_softplus=bool(dt_softplus), num_sequences=b)
+    L_.run_stream(prep.launches, tensors, 1.0)
     return y.reshape(out_shape)
 
 

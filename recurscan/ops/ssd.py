@@ -58,7 +58,17 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt
     problem = ssd_problem(x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_limit=dt_limit,
                           initial_state=initial_states, cu_seqlens=cu_seqlens, state=state,
                           state_indices=state_indices)
-    plan("ssd", problem, x.device)  # the PyTorch backend for every device so far
+    schedule = plan("ssd", problem, x.device)
+    y, final = _BACKENDS[schedule.backend](x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states,
+                                           cu_seqlens, state, state_indices, chunk_size)
+    extra = (final,) if return_final_states else ()
+    extra += (final,) if return_varlen_states else ()
+    return (y, *extra) if extra else y
+
+
+def _ssd_torch(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens, state,
+               state_indices, chunk_size):
+    """The oracle's chunked form, with the cache gathered before and scattered after."""
     S0 = initial_states
     if state is not None:
         S0 = _cache.gather(state, state_indices, torch.float64 if x.dtype == torch.float64 else torch.float32)
@@ -70,7 +80,8 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt
                           [..., None, None], 0)
         _cache.scatter(state, state_indices, final)
         final = state
-    y = y.to(x.dtype)
-    extra = (final,) if return_final_states else ()
-    extra += (final,) if return_varlen_states else ()
-    return (y, *extra) if extra else y
+    return y.to(x.dtype), final
+
+
+#: The backends the planner can choose for the chunked SSD (plan/__init__.py RULES).
+_BACKENDS = {"torch": _ssd_torch}

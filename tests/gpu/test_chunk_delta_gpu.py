@@ -10,15 +10,19 @@ the input dtype. That is METHOD.md's band for 16-bit operands: relative RMS erro
 output, the final state and the chunk states, against the float64 oracle on the same (16-bit)
 inputs. Every element: |error| <= 5e-2 x max|reference| (rounding gives ~1e-3 x max; a wrong or
 unwritten element gives O(1)). float32 inputs: the interpreter tests' bounds (2e-5 RMS, 1e-4
-elementwise). Buffers the op allocates start as NaN (chunk_delta.POISON_BUFFERS).
+elementwise). Buffers the op allocates start as NaN (recurscan.launch.delta.POISON_BUFFERS).
 """
 import pytest
 import torch
 
 import recurscan
 from recurscan.descriptors import build_chunk_descriptors
-from recurscan.kernels import chunk_delta
+from recurscan.launch import delta as launch_delta
+from recurscan.launch.delta import chunk_delta_fwd, run_delta_launches
 from recurscan.reference.delta import gated_delta_product_chunked, gated_delta_rule_chunked
+from recurscan.runtime import launcher
+
+from tests.helpers.launches import delta_launches
 
 pytestmark = pytest.mark.gpu
 
@@ -42,20 +46,20 @@ def check(got, want, what, rms=RMS16, elem=ELEM16):
 
 
 def run_plan(plan_, args, sync_free):
-    """One call of a kept plan; ``sync_free``: under sync debug mode "error" (a host
+    """One call of kept launches (a DeltaLaunches); ``sync_free``: under sync debug mode "error" (a host
     synchronisation raises), after a synchronize so that earlier work does not count."""
     if sync_free:
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
     try:
-        return chunk_delta.run_chunk_delta(plan_, args)
+        return run_delta_launches(plan_, args)
     finally:
         torch.cuda.set_sync_debug_mode("default")
 
 
 @pytest.fixture(autouse=True)
 def poison(monkeypatch):
-    monkeypatch.setattr(chunk_delta, "POISON_BUFFERS", True)
+    monkeypatch.setattr(launch_delta, "POISON_BUFFERS", True)
 
 
 def inputs(T, H, HV, K, V, *, M=1, dtype=torch.bfloat16, seed=0, correlated=False, B=1):
@@ -183,7 +187,7 @@ def test_sync_free_and_cuda_graph_replay(case):
     graph captured at a padded batch (zero-length sequences, slots -1) replays to the eager result
     bit for bit, on new data copied into the captured inputs. GDP M = 2, and GDN at a shape whose
     planned launch writes its outputs by bulk tensor stores (descriptors built on the device)."""
-    from recurscan.plan import delta_launch
+    from recurscan.plan import delta_shape
     from recurscan.problem import delta_problem
     if case == "gdp":
         H, HV, K, V, M = 4, 8, 128, 128, 2
@@ -203,7 +207,7 @@ def test_sync_free_and_cuda_graph_replay(case):
 
     static, cu0 = batch(10, [1000, 1, 2500])
     x = static
-    launch = delta_launch(delta_problem(x["q"], x["k"], x["v"], x["g"], x["beta"], num_householder=M,
+    launch = delta_shape(delta_problem(x["q"], x["k"], x["v"], x["g"], x["beta"], num_householder=M,
                                         cu_seqlens=x["cu_seqlens"]), torch.device(DEV))
     assert launch.tma_store == (case == "gdn_bulk_store"), launch
     cache = torch.randn(32, HV, K, V, device=DEV)
@@ -249,15 +253,16 @@ def test_sync_free_and_cuda_graph_replay(case):
 
 def test_cached_direct_launch_equals_jit_launch():
     """A call signature seen before skips validation and planning and launches the compiled kernels
-    directly (kernels/_launch.py): its results equal the first, JIT-launched call's bit for bit,
+    directly (runtime/launcher.py): its results equal the first, JIT-launched call's bit for bit,
     with and without segments, and it does not synchronise."""
     from recurscan.ops import delta_rule as DR
+    from recurscan.runtime import clear_caches
     H, HV, K, V = 2, 4, 128, 128
     for T in (200, 16384):  # T = 16384 over 4 pairs takes the planner's segments (prep, 3 sweeps, fix-up)
         q, k, v, g, beta = inputs(T, H, HV, K, V, seed=T)
         cache = torch.randn(8, HV, K, V, device=DEV)
         slots = torch.tensor([5], dtype=torch.int32, device=DEV)
-        DR._PLANS.clear()
+        clear_caches()  # the first call of this signature plans and launches through Triton's JIT
 
         def call(c):
             return recurscan.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, state=c,
@@ -271,10 +276,9 @@ def test_cached_direct_launch_equals_jit_launch():
         finally:
             torch.cuda.set_sync_debug_mode("default")
         torch.cuda.synchronize()
-        (plan_,) = DR._PLANS.values()
+        (plan_,) = DR.LAUNCHES.values()
         assert all(step.direct is not None for step in plan_.steps), "the second call did not launch directly"
-        from recurscan.kernels import _launch
-        assert _launch.DRIVER_ERROR is None and all(step.direct.driver is not None for step in plan_.steps)
+        assert launcher.DRIVER_ERROR is None and all(step.direct.driver is not None for step in plan_.steps)
         assert len(plan_.steps) == (2 if T == 200 else 4) + 1  # the last: the replay launch
         assert torch.equal(first[0], second[0]) and torch.equal(first[2], second[2]) and torch.equal(c1, c2)
 
@@ -309,11 +313,11 @@ def test_segments_bf16(T):
             failures.append(str(exc))
 
     with torch.no_grad():
-        single = [t.clone() for t in chunk_delta.chunk_delta_fwd(q, k, v, g, beta, segments=1, **kw)]
+        single = [t.clone() for t in chunk_delta_fwd(q, k, v, g, beta, segments=1, **kw)]
         for a, w, what in zip(single, (wo, wS, wC), names):
             soft(a, w, f"P=1 {what}")
         for P in (2, 4, 8):
-            got = chunk_delta.chunk_delta_fwd(q, k, v, g, beta, segments=P, **kw)
+            got = chunk_delta_fwd(q, k, v, g, beta, segments=P, **kw)
             for a, w, s, what in zip(got, (wo, wS, wC), single, names):
                 soft(a, w, f"P={P} {what}")
                 soft(a, s, f"P={P} {what} vs P=1")
@@ -326,8 +330,7 @@ def test_bulk_tensor_store_equals_masked_store(case):
     the sequence's rows) writes the same bf16 values as the masked store, bit for bit, in the
     single pass, the segment passes and varlen with padding (a sequence's last chunk must not
     write into the next sequence's rows); launched directly on the second call (global scratch
-    passed by kernels/_launch.py) and sync-free."""
-    from recurscan.kernels import _launch
+    passed by runtime/launcher.py) and sync-free."""
     if case == "dense_segments":
         q, k, v, g, beta = inputs(16384, 2, 4, 128, 128, seed=11)
         kw = dict(output_final_state=True, use_qk_l2norm_in_kernel=True, block_v=64, num_stages=2, segments=3,
@@ -347,8 +350,8 @@ def test_bulk_tensor_store_equals_masked_store(case):
                   state_indices=slots, block_v=128, num_warps=8, num_stages=3)
     outs = {}
     for tma in (False, True):
-        plan_ = chunk_delta.plan_chunk_delta(q, k, v, g, beta, tma_store=tma,
-                                             state=cache.clone() if case == "varlen_cache" else None, **kw)
+        plan_ = delta_launches(q, k, v, g, beta, tma_store=tma,
+                               state=cache.clone() if case == "varlen_cache" else None, **kw)
         for call in range(2):  # the first through Triton's JIT, the second directly
             state = cache.clone() if case == "varlen_cache" else None
             args = (q, k, v, g, beta, None, state, kw.get("state_indices"), kw.get("cu_seqlens"),
@@ -357,7 +360,7 @@ def test_bulk_tensor_store_equals_masked_store(case):
             torch.cuda.synchronize()
             outs[(tma, call)] = [t.clone() for t in got if t is not None]
         assert all(step.direct is not None and step.direct.driver is not None for step in plan_.steps)
-    assert _launch.DRIVER_ERROR is None
+    assert launcher.DRIVER_ERROR is None
     for call in range(2):
         for a, b in zip(outs[(True, call)], outs[(False, call)]):
             assert torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a.view(torch.int32),
@@ -373,36 +376,35 @@ def test_phases_equal_single_pass_direct_and_graph(T):
     Triton's JIT, then direct launches through cuLaunchKernelEx, sync-free) and under CUDA-graph
     replay. A prep racing the sweep it runs beside, or a later launch overtaking a sweep, would
     show as a difference in some call."""
-    from recurscan.kernels import _launch
     q, k, v, g, beta = inputs(T, 16, 32, 128, 128, seed=31)
     S0 = torch.randn(1, 32, 128, 128, device=DEV)
     kw = dict(initial_state=S0, output_final_state=True, use_qk_l2norm_in_kernel=True, return_chunk_states=True,
               block_v=64, num_warps=4, num_stages=3, v_product=True, tma_store=True)
     args = (q, k, v, g, beta, S0, None, None, None, None, None)
     with torch.no_grad():
-        single = [t.clone() for t in chunk_delta.chunk_delta_fwd(q, k, v, g, beta, **kw)]
+        single = [t.clone() for t in chunk_delta_fwd(q, k, v, g, beta, **kw)]
         for phases in (2, 4):
-            plan_ = chunk_delta.plan_chunk_delta(q, k, v, g, beta, phases=phases, **kw)
+            plan_ = delta_launches(q, k, v, g, beta, phases=phases, **kw)
             assert len(plan_.steps) == 2 * phases + 1  # the last: the replay launch
             assert [s.programmatic for s in plan_.steps] == [False, False] + [True, False] * (phases - 1) + [True]
             for call in range(5):
                 got = run_plan(plan_, args, sync_free=call > 0)
                 for a, b, what in zip(got, single, ("o", "final state", "chunk states")):
                     assert torch.equal(a, b), f"phases={phases}, call {call}: {what} differs from the single pass"
-            assert _launch.DRIVER_ERROR is None
+            assert launcher.DRIVER_ERROR is None
             assert all(s.direct is not None and s.direct.driver is not None for s in plan_.steps)
             # the programmatic launches went through cuLaunchKernelEx, the others cuLaunchKernel
             assert [s.direct.driver.config is not None for s in plan_.steps] == [s.programmatic for s in plan_.steps]
-        plan_ = chunk_delta.plan_chunk_delta(q, k, v, g, beta, phases=4, **kw)
-        chunk_delta.run_chunk_delta(plan_, args)
+        plan_ = delta_launches(q, k, v, g, beta, phases=4, **kw)
+        run_delta_launches(plan_, args)
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
-            chunk_delta.run_chunk_delta(plan_, args)
+            run_delta_launches(plan_, args)
         torch.cuda.current_stream().wait_stream(s)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out = chunk_delta.run_chunk_delta(plan_, args)
+            out = run_delta_launches(plan_, args)
         for _ in range(3):
             graph.replay()
             torch.cuda.synchronize()

@@ -1,6 +1,6 @@
 """The streaming kernel and the decode ops on a CUDA GPU at real sizes (``pytest -m gpu``).
 
-Same tolerance rule as tests/test_kernels_recurrent.py: against the float64 oracle, at most 4x
+Same tolerance rule as tests/test_kernels_recurrent.py (tests/helpers/tolerances.py): against the float64 oracle, at most 4x
 the error of the float32 oracle on the same inputs (RMS and max abs), plus a 1e-6 floor; bf16
 outputs / states against the float32 oracle rounded the same way. Slots not named are compared
 bit for bit.
@@ -11,11 +11,11 @@ import pytest
 import torch
 
 import recurscan
-from recurscan.kernels import recurrent as R
+from recurscan.launch import stream as R
+from recurscan.plan import DISPATCH_STEP_BOUND
 from recurscan.ops.mamba_decode import selective_state_update_reference
 from recurscan.reference.delta import gated_delta_product_naive, gated_delta_rule_chunked, gated_delta_rule_naive
-from test_kernels_recurrent import assert_like_fp32, both
-from tolerances import bits
+from tests.helpers.tolerances import assert_like_fp32, bits, both
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 DEV = "cuda"
@@ -67,8 +67,8 @@ def test_gdn_decode_256_requests(state_dtype, layout):
     assert torch.equal(bits(cache[~named]), bits(before[~named]))
     if layout == "vk":  # the launch rule saw the key-contiguous layout
         from recurscan.ops import decode as D
-        preps = [p for p in D._PREPARED.values() if p.launch is not None and p.launch.kwargs["s0_k"] == 1]
-        assert preps and all(p.launch.options["num_warps"] == 1 and p.launch.kwargs["BV"] == 8 for p in preps)
+        preps = [p for p in D.PREPARED.values() if p.launches is not None and p.launches.kwargs["s0_k"] == 1]
+        assert preps and all(p.launches.options["num_warps"] == 1 and p.launches.kwargs["BV"] == 8 for p in preps)
 
 
 @pytest.mark.parametrize("M", [1, 2])
@@ -147,7 +147,7 @@ def test_launch_split_on_the_gpu(monkeypatch):
     S0 = torch.randn(3, 8, 128, 128, device=DEV)
     kw = dict(initial_state=S0, output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
     o1, S1 = recurscan.fused_recurrent_gated_delta_rule_update(q, k, v, g, beta, **kw)
-    monkeypatch.setitem(R.DISPATCH_STEP_BOUND, "cuda", 64)
+    monkeypatch.setitem(DISPATCH_STEP_BOUND, "cuda", 64)
     o2, S2 = recurscan.fused_recurrent_gated_delta_rule_update(q, k, v, g, beta, **kw)
     assert torch.equal(bits(o1), bits(o2)) and torch.equal(bits(S1), bits(S2))
 
@@ -234,10 +234,10 @@ def test_no_host_sync_and_cuda_graph_capture():
     assert torch.equal(captured[0], eager[0]) and torch.equal(captured[1], eager[1])
     assert torch.equal(cache, want_cache) and torch.equal(ssd_state, want_ssd)
     assert R.DIRECT_LAUNCH_ERROR is None
-    from recurscan.kernels import _launch
-    assert _launch.DRIVER_ERROR is None  # no direct launch fell back to Triton's launcher
+    from recurscan.runtime import launcher
+    assert launcher.DRIVER_ERROR is None  # no direct launch fell back to Triton's launcher
     from recurscan.ops import decode as D, mamba_decode as MD
     # the cached direct launch path ran for both ops
-    assert any(p.launch is not None and p.launch.direct is not None and p.launch.direct.driver is not None
-               for p in D._PREPARED.values())
-    assert any(p[2] is not None and p[2].direct is not None for p in MD._PREPARED.values())
+    assert any(p.launches is not None and p.launches.direct is not None and p.launches.direct.driver is not None
+               for p in D.PREPARED.values())
+    assert any(p.launches is not None and p.launches.direct is not None for p in MD.PREPARED.values())

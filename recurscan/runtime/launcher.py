@@ -19,6 +19,13 @@ compiled kernel serves both kinds of launch. Where none of this applies (a launc
 kernel needs profile scratch, clusters or a cooperative grid, an argument kind not handled here)
 it calls Triton's compiled launcher.
 
+The seam. This module is the one place that reads Triton's internals (a compiled kernel's metadata
+and launcher, the launch hooks, the scratch allocator): it does so only on the Triton versions in
+:data:`TESTED_TRITON`, and elsewhere every launch goes through Triton's own launcher. The driver's
+definitions (the programmatic-launch attribute, each kernel's parameter layout) come from
+``cuda.bindings.driver`` where it is installed, else from libcuda; the per-call launch is libcuda's
+entry point called with prebuilt ctypes arguments (the path measured at 8-14 us a launch).
+
 Per-call values are named: a kernel argument given as ``CallArg("q")`` is filled from the value
 named "q" of the call (``names`` says the order of the call's ``values``); anything else is a
 constant of the signature. Under the interpreter (CPU tensors) there is no compiled kernel and
@@ -44,6 +51,28 @@ try:  # Triton >= 3.5: compiles submitted to an executor, each launch waiting fo
     from triton.runtime._async_compile import AsyncCompileMode
 except ImportError:  # pragma: no cover - older Triton: a first call compiles its kernels in turn
     AsyncCompileMode = None
+try:  # NVIDIA's Python bindings: the driver's own definitions, where installed
+    from cuda.bindings import driver as _cuda_driver
+except ImportError:
+    _cuda_driver = None
+
+#: The Triton versions the direct launch reads the internals of (a compiled kernel's metadata and
+#: launcher, the launch hooks, the scratch allocator) and was tested on. On any other version every
+#: launch goes through Triton's own launcher: correct, 10-15 us slower a launch.
+TESTED_TRITON = ((3, 4), (3, 5), (3, 6))
+
+
+def _triton_tested() -> bool:
+    import triton
+    try:
+        major, minor = (int(p) for p in triton.__version__.split(".")[:2])
+    except ValueError:  # pragma: no cover - a version string we cannot read
+        return False
+    return (major, minor) in TESTED_TRITON
+
+
+#: Whether this process launches kernels of a known signature directly (see the module docstring).
+DIRECT_LAUNCH = _triton_tested() and _knobs is not None
 
 
 class CallArg(str):
@@ -54,7 +83,7 @@ class CallArg(str):
 def _hooked() -> bool:
     """Whether a launch hook is set (a profiler's). Triton 3.6 keeps the hooks in a HookChain that
     is never None: an empty chain is no hook (and passing it to the launcher costs a Python call
-    per launch, plus Triton's launch metadata: ~20 us a launch measured on the H200's host)."""
+    per launch, plus Triton's launch metadata)."""
     rt = _knobs.runtime
     enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
     return bool(getattr(enter, "calls", enter)) or bool(getattr(leave, "calls", leave))
@@ -80,7 +109,7 @@ def _driver_function(name: str):
     filling the shared parameter block and launching from it are then one step that another Python
     thread cannot interleave (CDLL would release the GIL inside the call, while the driver still
     reads the block). No ``argtypes``: every argument is passed as a prebuilt ctypes object, which
-    skips ctypes' per-argument conversion (1.5 us of 3 on this machine's CPU)."""
+    skips ctypes' per-argument conversion (half of the call's host time)."""
     fn = _DRIVER_FUNCTIONS.get(name)
     if fn is None:
         fn = getattr(ctypes.PyDLL("libcuda.so.1"), name)
@@ -94,9 +123,12 @@ def _cu_launch_kernel():
     return _driver_function("cuLaunchKernel")
 
 
-#: CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h): the launch may begin once every
-#: program of the previous kernel in the stream has started (or called launch_dependents).
-_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+#: CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: the launch may begin once every program
+#: of the previous kernel in the stream has started (or called launch_dependents). From
+#: cuda.bindings where installed, else cuda.h's value.
+_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = (
+    int(_cuda_driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+    if _cuda_driver is not None else 6)
 
 
 class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: id, padding, a 64-byte value union
@@ -161,9 +193,28 @@ PACKED_PARAMETERS = True
 DRIVER_ERROR: int | None = None
 
 
+def _param_info_bindings(function: int, index: int):
+    """(status, offset, size) of parameter ``index`` through cuda.bindings."""
+    err, offset, size = _cuda_driver.cuFuncGetParamInfo(_cuda_driver.CUfunction(function), index)
+    return int(err), int(offset), int(size)
+
+
 def _param_layout(function: int, count: int):
     """``[(offset, size)]`` of the kernel's ``count`` parameters as the driver lays them out, or
-    None where the driver cannot say (older than CUDA 12.4) or the count differs."""
+    None where the driver cannot say (older than CUDA 12.4) or the count differs. Asked through
+    cuda.bindings where installed, else libcuda's entry point."""
+    if _cuda_driver is not None:
+        try:
+            layout = []
+            for i in range(count + 1):  # one past the last must fail: the kernel has exactly ``count``
+                status, offset, size = _param_info_bindings(function, i)
+                if i == count:
+                    return layout if status != 0 else None
+                if status != 0:
+                    return None
+                layout.append((offset, size))
+        except (AttributeError, TypeError):  # bindings without cuFuncGetParamInfo: ask libcuda
+            pass
     try:
         info = ctypes.CDLL("libcuda.so.1").cuFuncGetParamInfo
     except (OSError, AttributeError):
@@ -183,7 +234,7 @@ class _DriverCall:
     """The kernel's parameter block, built once (every constant packed where the kernel reads it)
     and launched with ``cuLaunchKernel``: a call writes its pointers into their slots and makes one
     driver call. Triton's own launcher would parse all of the kernel's arguments (about a hundred
-    here) on every call: ~16 us measured on the H200's host for the streaming kernel."""
+    here) on every call."""
 
     __slots__ = ("fn", "head", "stream", "tail", "pointers", "scalars", "storage", "params", "extra",
                  "scratch_bytes", "scratch_cell", "config", "attribute")
@@ -349,7 +400,7 @@ def jit_launch(kernel, grid: tuple, kwargs: dict, options: dict, names: tuple, v
     plain launch). ``min_shared``: the direct launches' shared memory per program, at least."""
     with scratch_allocator():
         compiled = kernel[grid](**resolve(kwargs, names, values), **options)
-    if _knobs is None or compiled is None or not hasattr(compiled, "packed_metadata"):
+    if not DIRECT_LAUNCH or compiled is None or not hasattr(compiled, "packed_metadata"):
         return None
     index = {n: i for i, n in enumerate(names)}
     template, positions, sources = [], [], []

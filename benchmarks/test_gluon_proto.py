@@ -4,6 +4,10 @@ Gluon kernels do not run under the Triton interpreter, so CI cannot run them; th
 compiling (a layout or API mistake fails here) and checks what ptxas made of them: no spills, and
 the shared memory within the H200's 227 KB a program. Their results are checked on the GPU, against
 the Triton sweep, by the benchmark itself.
+
+Not part of the default test run (pyproject's testpaths are tests/ and recurscan/): it sits next to
+the prototype and runs by hand, with or without a GPU,
+``python -m pytest benchmarks/test_gluon_proto.py`` from the repository root.
 """
 from __future__ import annotations
 

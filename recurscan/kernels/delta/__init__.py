@@ -1,0 +1,1 @@
+"""Chunked delta-rule kernels: prep, sweep, fixup (and their shared device helpers)."""

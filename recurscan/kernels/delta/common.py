@@ -1,0 +1,104 @@
+"""Device helpers shared by the delta-rule stages (inlined into the kernels that call them).
+
+The algebra of the stages is described in docs/kernels-chunk-delta.md: stage 1 (gates, resets),
+the gate-free WY inverse of stage 2, the per-chunk scratch slot, and the varlen ranking of
+sequences (longest first) that the prep writes for the sweep.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# Sequences one program ranks for the varlen sweep's order (_rank_sequences).
+RANK_BLOCK = tl.constexpr(128)
+
+
+@triton.constexpr_function
+def _compact_queries(M, BT):
+    """Whether a full chunk of BT expanded rows is BT // M whole tokens whose query rows the sweep
+    can handle alone: M | BT, M > 1, and BT // M rows still make a tensor-core product (>= 16)."""
+    M, BT = getattr(M, "value", M), getattr(BT, "value", BT)
+    return M > 1 and BT % M == 0 and BT // M >= 16
+
+
+@triton.jit
+def _chunk_gates(g, tok, cp, m_r, i_hv, HV: tl.constexpr, M: tl.constexpr, BT: tl.constexpr,
+                 HAS_G: tl.constexpr):
+    """Stage 1 for one chunk of BT rows: (gc [BT], seg [BT] int32, bad [BT] bool). gc_i sums the
+    finite log2 decays of rows <= i; seg_i counts the resets at rows <= i. Rows past the sequence
+    end carry decay 1 (gc and seg flat), so the last row stands for the chunk end. ``bad``: the
+    row's decay is NaN or +inf; it counts as 1 here, and the caller poisons the rows from it on."""
+    if HAS_G:
+        b_g = tl.load(g + tok * HV + i_hv, mask=m_r & (cp == 0), other=0.0).to(tl.float32) * 1.4426950408889634
+    else:
+        b_g = tl.zeros([BT], dtype=tl.float32)
+    bad = (b_g != b_g) | (b_g == float("inf"))
+    b_g = tl.where(bad, 0.0, b_g)
+    reset = b_g < -150.0
+    gc = tl.cumsum(tl.where(reset, 0.0, b_g), axis=0)
+    seg = tl.cumsum(reset.to(tl.int32), axis=0)
+    return gc, seg, bad
+
+
+@triton.jit
+def _gate_tile(gc, seg, causal, has_reset):
+    """G [BT, BT]: G_ij = 2^(gc_i - gc_j) for j <= i in the same segment, else 0. gc is finite
+    (resets and non-finite decays are kept out of the sum), so the exp2 is finite (or overflows
+    with a growth past 2^128, which the sweep's replay catches), or inf where the select drops it:
+    no mask inside the exp2; a chunk without a reset skips the segment comparison."""
+    if has_reset:
+        return tl.where(causal & (seg[:, None] == seg[None, :]), tl.exp2(gc[:, None] - gc[None, :]), 0.0)
+    else:
+        return tl.where(causal, tl.exp2(gc[:, None] - gc[None, :]), 0.0)
+
+
+@triton.jit
+def _wy_inverse(b_T, b_A, o_t, FP16: tl.constexpr, PRECISION: tl.constexpr):
+    """Tinv = (I + A)^-1 for strictly lower A [BT, BT], from b_T = D_2 = I - A_1 (the inverses of
+    the 2 x 2 diagonal blocks, exact). Recursive block doubling: with D_s the inverse of the s x s
+    diagonal blocks, D_2s = D_s - D_s (A_s D_s), A_s the part of A inside the 2s-blocks but outside
+    the s-blocks (the block formula [[Ta, 0], [-Tb A_ba Ta, Tb]], all blocks of a level at once):
+    five levels for BT = 64, two products each, no reductions. ``o_t = arange(BT)``: entry (i, j)
+    lies in A_s (s = 2^lvl) exactly when the highest bit where i and j differ is bit lvl, i.e.
+    ``(i >> lvl) ^ (j >> lvl) == 1``. FP16: fp16 operands (tf32's 10-bit mantissa, a narrower range; float32
+    accumulation), else float32 operands at PRECISION."""
+    if FP16:
+        b_A = b_A.to(tl.float16)
+    for lvl in tl.static_range(1, 6):
+        # (i >> lvl) ^ (j >> lvl) == 1 from the row and column vectors: no [BT, BT] index tile
+        # shared by the levels, so none stays live across them.
+        b_As = tl.where(((o_t[:, None] >> lvl) ^ (o_t[None, :] >> lvl)) == 1, b_A, 0.0)
+        if FP16:
+            b_X = tl.dot(b_As, b_T.to(tl.float16))
+            b_T = b_T - tl.dot(b_T.to(tl.float16), b_X.to(tl.float16))
+        else:
+            b_T = b_T - tl.dot(b_T, tl.dot(b_As, b_T, input_precision=PRECISION), input_precision=PRECISION)
+    return b_T
+
+
+@triton.jit
+def _chunk_slot(bos, c, i_n, BT: tl.constexpr):
+    """Slot of expanded chunk c of sequence i_n (its rows start at bos) in the per-chunk scratch
+    (``coef``): ``(bos + c * BT) // BT + i_n``, distinct for every chunk of every sequence (the
+    + i_n separates two sequences whose chunks start in the same 64-row block) and
+    < T*M // BT + N."""
+    return (bos + c * BT) // BT + i_n
+
+
+@triton.jit
+def _rank_sequences(cu_seqlens, order, N, i_block, BLOCK: tl.constexpr, BLOCK_J: tl.constexpr):
+    """Sequences ``i_block * BLOCK + [0, BLOCK)`` ranked among all N by length, longest first, ties
+    in index order, and scattered to ``order[rank]``: over all blocks, ``order`` is a stable
+    descending argsort of ``cu_seqlens[1:] - cu_seqlens[:-1]``. BLOCK x N comparisons, BLOCK_J
+    columns at a time (few registers: it runs inside the prep kernel)."""
+    i = i_block * BLOCK + tl.arange(0, BLOCK)
+    m_i = i < N
+    len_i = tl.load(cu_seqlens + i + 1, mask=m_i, other=0) - tl.load(cu_seqlens + i, mask=m_i, other=0)
+    rank = tl.zeros([BLOCK], dtype=tl.int32)
+    for j0 in range(0, N, BLOCK_J):
+        j = j0 + tl.arange(0, BLOCK_J)
+        m_j = j < N
+        len_j = tl.load(cu_seqlens + j + 1, mask=m_j, other=0) - tl.load(cu_seqlens + j, mask=m_j, other=0)
+        ahead = (len_j[None, :] > len_i[:, None]) | ((len_j[None, :] == len_i[:, None]) & (j[None, :] < i[:, None]))
+        rank += tl.sum((ahead & m_j[None, :]).to(tl.int32), axis=1)
+    tl.store(order + rank, i, mask=m_i)

@@ -1,0 +1,1 @@
+"""The streaming kernel: every family token by token, flags on one kernel."""

@@ -1,0 +1,369 @@
+"""The launches of the chunked delta rule, built from the planner's DeltaShape: buffers, grids,
+argument records and the launch sequence (prep, sweep; segments with a fix-up, or phases; then the
+replay of programs whose state came out non-finite). No decisions here: the shape decides, and
+this file turns it into launches. The design is in docs/kernels-chunk-delta.md.
+
+A call signature's launches are built once (:func:`build_delta_launches`, kept by the op's
+signature cache) and run on each call's tensors (:func:`run_delta_launches`): the first run
+launches through Triton's JIT (every kernel compiled together), later runs launch the compiled
+kernels directly (runtime/launcher.py).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ..descriptors import CHUNK_SIZE
+from ..kernels.delta.fixup import chunk_delta_fixup_kernel
+from ..kernels.delta.prep import chunk_delta_prep_kernel
+from ..kernels.delta.sweep import chunk_delta_sweep_kernel
+from ..plan.delta import DeltaShape
+from ..runtime.launcher import CallArg, DirectLaunch, compile_together, jit_launch
+
+# Tests set this (or RECURSCAN_POISON_BUFFERS=1) so that every buffer the op allocates with
+# torch.empty starts as NaN: an element the kernels forget to write then shows up.
+POISON_BUFFERS = os.environ.get("RECURSCAN_POISON_BUFFERS", "0") == "1"
+# Triton's interpreter (CPU tensors).
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _empty(*shape, dtype, device):
+    if POISON_BUFFERS:  # NaN, or -1 for integer buffers (an index no kernel may use)
+        poison = float("nan") if dtype.is_floating_point else -1
+        return torch.full(shape, poison, dtype=dtype, device=device)
+    return torch.empty(*shape, dtype=dtype, device=device)
+
+
+class DeltaInputs(NamedTuple):
+    """The per-call tensors of a delta-rule call, in the order the launches read them (None where absent)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor | None
+    beta: torch.Tensor | None
+    initial_state: torch.Tensor | None = None
+    state: torch.Tensor | None = None
+    state_indices: torch.Tensor | None = None
+    cu_seqlens: torch.Tensor | None = None
+    chunk_indices_dp: torch.Tensor | None = None
+    chunk_offsets: torch.Tensor | None = None
+
+
+def check_shape(shape: DeltaShape) -> None:
+    """A launch shape the kernels can take (the planner's always are; a hand-made one may not be)."""
+    for name in ("segments", "phases", "block_v", "num_warps", "num_stages", "prep_warps"):
+        value = getattr(shape, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"DeltaShape.{name}: expected an int >= 1, got {value!r}")
+    for name in ("v_product", "tma_store"):
+        if not isinstance(getattr(shape, name), bool):
+            raise ValueError(f"DeltaShape.{name}: expected a bool, got {getattr(shape, name)!r}")
+    m = shape.prep_maxnreg
+    if m is not None and (not isinstance(m, int) or isinstance(m, bool) or not 128 <= m <= 255):
+        raise ValueError(f"DeltaShape.prep_maxnreg: expected None or an int in [128, 255], got {m!r}")
+
+
+
+
+#: The per-call values of a call, in order: the inputs, then the buffers the call allocates.
+INPUT_NAMES = DeltaInputs._fields
+BUFFER_NAMES = ("o", "final", "chunk_states", "beta_ones", "wy", "aqk", "coef", "seg_n", "seg_m",
+                "sequence_order", "replay_flags")
+CALL_NAMES = INPUT_NAMES + BUFFER_NAMES
+
+
+@dataclass
+class Step:
+    """One kernel launch: per-call values in ``kwargs`` are ``CallArg`` names."""
+
+    kernel: object
+    grid: tuple
+    kwargs: dict
+    options: dict
+    # A programmatic dependent of the previous launch (the direct launches; the first, through
+    # Triton's JIT, is plain): it may start once every program of that launch has started or
+    # triggered. Not a compile option, so one compiled kernel serves both kinds of launch.
+    programmatic: bool = False
+    min_shared: int = 0  # shared memory its direct launches reserve per program, at least
+    direct: DirectLaunch | None = None  # the compiled kernel's direct launch, after the first call
+
+
+@dataclass
+class DeltaLaunches:
+    """Everything a call of one signature needs but its tensors: the buffers to allocate
+    (name -> (shape, dtype, fill); fill None = uninitialised, else a constant), the launches in
+    order, and where each returned tensor sits in the call's values (None: a None output). Built
+    once per signature; keeps no tensor. ``launched``: its first call has run (and compiled every
+    kernel it launches)."""
+
+    buffers: dict
+    steps: list
+    outputs: tuple
+    device: torch.device
+    launched: bool = False
+
+    def __post_init__(self):  # names -> positions in CALL_NAMES, once rather than per call
+        self.outputs = tuple(CALL_NAMES.index(n) if isinstance(n, str) else n for n in self.outputs)
+
+
+def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder=1, scale=None,
+                         initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False,
+                         cu_seqlens=None, chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None,
+                         state=None, state_indices=None, return_chunk_states=False) -> DeltaLaunches:
+    """The launches of one call signature, in the launch ``shape`` the planner chose (the tensors'
+    shapes and strides are read, never kept); arguments as :func:`chunk_delta_fwd`."""
+    check_shape(shape)
+    M = num_householder
+    block_v, num_warps, num_stages, prep_warps = shape.block_v, shape.num_warps, shape.num_stages, shape.prep_warps
+    segments, v_product, tma_store, phases = shape.segments, shape.v_product, shape.tma_store, shape.phases
+    prep_maxnreg = shape.prep_maxnreg
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    scale = K ** -0.5 if scale is None else float(scale)
+    device = q.device
+    varlen = cu_seqlens is not None
+    N = cu_seqlens.shape[0] - 1 if varlen else B
+    BT = CHUNK_SIZE
+    BK = max(16, triton.next_power_of_2(K))
+    BV = min(block_v, max(16, triton.next_power_of_2(V)))
+    if varlen:
+        if chunk_indices_dp is None:
+            raise ValueError("chunk_delta_fwd: varlen input needs chunk_indices_dp (recurscan.descriptors)")
+        n_prep = chunk_indices_dp.shape[0]
+    else:
+        n_prep = B * triton.cdiv(T * M, BT)
+    use_cache = state is not None
+    store_final = not use_cache and output_final_state
+
+    buffers = {
+        "o": ((B, T, HV, V), q.dtype, None),
+        "wy": ((B, T * M, HV, BT), q.dtype, None),
+        "aqk": ((B, T * M, HV, BT), q.dtype, None),
+    }
+    # per (chunk slot, head): slots (bos + 64 c) // 64 + n < B*T*M // 64 + N (_chunk_slot)
+    buffers["coef"] = (((B * T * M) // BT + N, HV, BT, 4), torch.float32, None)
+    if varlen and N > 0:  # the sweep's order of sequences, longest first (written by the prep)
+        buffers["sequence_order"] = ((N,), torch.int32, None)
+    if beta is None:
+        buffers["beta_ones"] = ((B, T * M, HV), q.dtype, 1.0)
+    if store_final:
+        buffers["final"] = ((N, HV, K, V), torch.float32, None)
+    if return_chunk_states:
+        if varlen:
+            if chunk_offsets is None or num_chunk_rows is None:
+                raise ValueError("chunk_delta_fwd: chunk states of varlen input need chunk_offsets and num_chunk_rows")
+            rows = num_chunk_rows
+        else:
+            rows = B * triton.cdiv(T, BT)
+        # Zeros: rows past the last sequence's (descriptor padding) and a padding sequence's rows.
+        buffers["chunk_states"] = ((rows, HV, K, V), torch.float32, 0.0)
+
+    def arg(name, present=True):  # a per-call tensor; an absent one points at o (its flag keeps it unread)
+        return CallArg(name if present else "o")
+
+    dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    # The products take the input dtype (bf16/fp16 operands, float32 accumulation). Triton 3.6's
+    # interpreter multiplies bf16 tiles as raw uint16 bits, so there bf16 products run in float32.
+    dt = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[q.dtype]
+    if dt == tl.bfloat16 and INTERPRET:
+        dt = tl.float32
+    beta_arg = arg("beta") if beta is not None else arg("beta_ones")
+    steps = []
+    NTe = triton.cdiv(T * M, BT)  # expanded chunks of a dense sequence
+    prep = dict(
+        q=arg("q"), k=arg("k"), g=arg("g", g is not None), beta=beta_arg, wy=arg("wy"), aqk=arg("aqk"),
+        coef=arg("coef"),
+        cu_seqlens=arg("cu_seqlens", varlen), chunk_indices=arg("chunk_indices_dp", varlen),
+        sequence_order=arg("sequence_order", varlen and N > 0), scale=scale, T=T, n_seq=N if varlen else 0,
+        chunk_lo=0, chunk_span=0 if varlen else NTe,
+        H=H, HV=HV, K=K, M=M, BT=BT, BK=BK,
+        USE_L2NORM=use_qk_l2norm_in_kernel, IS_VARLEN=varlen, HAS_G=g is not None,
+        INV_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DT=dt, INV_FP16=q.dtype != torch.float32,
+        wait_primary=0, PDL=not INTERPRET)
+    phased = phases > 1 and not varlen and segments <= 1 and T > 0
+    # A register cap (compile option) sets how many prep programs share a multiprocessor.
+    prep_options = dict(num_warps=prep_warps, **({} if prep_maxnreg is None else {"maxnreg": prep_maxnreg}))
+    if n_prep > 0 and not phased:
+        steps.append(Step(chunk_delta_prep_kernel, (n_prep * HV,), prep, prep_options))
+    outputs = ("o", "state" if use_cache else ("final" if store_final else None)) + \
+        (("chunk_states",) if return_chunk_states else ())
+    NV = triton.cdiv(V, BV)
+    P, seg_chunks = 1, 0
+    if segments > 1 and not varlen and T > 0:
+        seg_chunks = triton.cdiv(triton.cdiv(T, BT), segments)
+        P = triton.cdiv(triton.cdiv(T, BT), seg_chunks)  # no empty segment
+    # The initial state's source (the cache, or initial_state) is read and written through its strides.
+    s0 = state.stride() if use_cache else initial_state.stride() if initial_state is not None else (0, 0, 0, 0)
+    sweep = dict(
+        q=arg("q"), k=arg("k"), v=arg("v"), wy=arg("wy"), aqk=arg("aqk"), coef=arg("coef"), o=arg("o"),
+        h0=arg("initial_state", initial_state is not None), ht=arg("final", store_final),
+        state=arg("state", use_cache), state_indices=arg("state_indices", use_cache),
+        chunk_states=arg("chunk_states", return_chunk_states), cu_seqlens=arg("cu_seqlens", varlen),
+        chunk_offsets=arg("chunk_offsets", varlen and return_chunk_states),
+        sequence_order=arg("sequence_order", varlen and N > 0),
+        seg_n=arg("o"), seg_m=arg("o"), n_seg=1, seg_chunks=0, tc_first=0, tc_count=0, trigger_dependents=0, T=T,
+        s0_n=s0[0], s0_h=s0[1], s0_k=s0[2], s0_v=s0[3], n_slots=state.shape[0] if use_cache else 0,
+        n_cs_rows=buffers["chunk_states"][0][0] if return_chunk_states else 0, replay_flags=arg("replay_flags"),
+        H=H, HV=HV, K=K, V=V, M=M, BT=BT, BK=BK, BV=BV,
+        IS_VARLEN=varlen, HAS_H0=initial_state is not None, USE_CACHE=use_cache, STORE_FINAL=store_final,
+        STORE_CHUNK_STATES=return_chunk_states, DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, DT=dt, PASS=0,
+        V_PRODUCT=v_product, TMA_STORE=tma_store and M == 1 and V * q.element_size() % 16 == 0,
+        PDL=not INTERPRET, REPLAY=False)
+    options = dict(num_warps=num_warps)
+    if phased:
+        # prep 0, sweep 0, prep 1, sweep 1, ...: each prep after the first is the programmatic
+        # dependent of the sweep before it, so it runs on the SMs that sweep leaves free.
+        buffers["seg_n"] = ((N, HV, K, V), torch.float32, None)  # the state between phases
+        bounds = phase_bounds(triton.cdiv(T, BT), phases)
+        for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+            c_lo, c_hi = lo * M, min(hi * M, NTe)
+            steps.append(Step(chunk_delta_prep_kernel, (N * (c_hi - c_lo) * HV,),
+                               dict(prep, chunk_lo=c_lo, chunk_span=c_hi - c_lo, wait_primary=int(i > 0)),
+                               prep_options, programmatic=i > 0, min_shared=PREP_SHARED_BESIDE_SWEEP))
+            # The sweep after its prep's end (a programmatic dependent of the prep was no faster).
+            steps.append(Step(chunk_delta_sweep_kernel, (N * HV * NV,),
+                               dict(sweep, seg_n=arg("seg_n"), tc_first=lo, tc_count=hi - lo, PASS=3,
+                                    trigger_dependents=int(i < len(bounds) - 2)), options))
+        replay = (N * HV * NV,), sweep  # the whole sequence again: the phases' bits are the single pass's
+    elif P == 1:
+        steps.append(Step(chunk_delta_sweep_kernel, (N * HV * NV,), sweep, options))
+        replay = (N * HV * NV,), sweep
+    else:
+        # Pass 1: segment end states from zero (segment 0: from the initial state) and the
+        # transitions M_i (identity state, no values); fix-up S_in[i+1] = M_i S_in[i] + N_i;
+        # pass 2: every segment's outputs from its S_in.
+        buffers["seg_n"] = ((N, P, HV, K, V), torch.float32, None)
+        if P > 2:
+            buffers["seg_m"] = ((N, P, HV, K, K), torch.float32, None)
+        seg = dict(seg_n=arg("seg_n"), seg_m=arg("seg_m") if P > 2 else arg("seg_n"), n_seg=P, seg_chunks=seg_chunks)
+        NK = triton.cdiv(K, BV)
+        steps.append(Step(chunk_delta_sweep_kernel, (N * (P - 1) * HV * (NV + NK),),
+                           dict(sweep, **seg, STORE_FINAL=False, STORE_CHUNK_STATES=False, PASS=1), options))
+        if P > 2:
+            BVF = min(32, max(16, triton.next_power_of_2(V)))
+            steps.append(Step(chunk_delta_fixup_kernel, (N * HV * triton.cdiv(V, BVF),), dict(
+                seg_n=arg("seg_n"), seg_m=arg("seg_m"), state_indices=arg("state_indices", use_cache), n_seg=P,
+                n_slots=state.shape[0] if use_cache else 0,
+                HV=HV, K=K, V=V, BK=BK, BV=BVF, USE_CACHE=use_cache,
+                PRECISION="ieee" if q.dtype == torch.float32 else "tf32x3"), dict(num_warps=8)))
+        steps.append(Step(chunk_delta_sweep_kernel, (N * P * HV * NV,), dict(sweep, **seg, PASS=2), options))
+        replay = (N * P * HV * NV,), dict(sweep, **seg, PASS=2)
+    if N * HV * NV > 0:
+        # The programs whose state came out non-finite, again (their flags, their outputs only): a
+        # programmatic dependent of the last sweep, whose programs wait for it and mostly just exit.
+        grid, kwargs = replay
+        buffers["replay_flags"] = (grid, torch.int32, None)
+        steps.append(Step(chunk_delta_sweep_kernel, grid, dict(kwargs, REPLAY=True, NUM_STAGES=1), options,
+                           programmatic=True))
+    return DeltaLaunches(buffers, steps, outputs, device)
+
+
+#: Shared memory a phased prep program reserves, at least: a prep program beside a sweep program
+#: slows the sweep's chain more than it adds, and 48 KB does not fit beside the phased sweep's
+#: 182.5 KB (228 KB a multiprocessor on the H200, 1 KB of it reserved per program), while three
+#: still fit where no sweep runs. 48 KB is also the most a launch may ask for without opt-in.
+PREP_SHARED_BESIDE_SWEEP = 48 * 1024
+
+
+#: Each phase of the phased sweep is this fraction of the one before (phase_bounds): the prep of
+#: phase i + 1 runs beside the sweep of phase i on the SMs it leaves free, so it covers fewer chunks
+#: in that time than the sweep does (docs/perf-history.md has the measurement).
+PHASE_RATIO = 0.9
+
+
+def phase_bounds(n_chunks: int, phases: int, ratio: float | None = None) -> list[int]:
+    """Token-chunk boundaries ``[0, b_1, ..., n_chunks]`` of ``phases`` phases (fewer if there are
+    fewer chunks) whose lengths fall geometrically by ``ratio``, each at least one chunk.
+
+    >>> phase_bounds(256, 4)
+    [0, 74, 141, 202, 256]
+    >>> phase_bounds(2, 4)
+    [0, 1, 2]
+    """
+    ratio = PHASE_RATIO if ratio is None else ratio
+    phases = max(1, min(phases, n_chunks))
+    weights = [ratio ** i for i in range(phases)]
+    total = sum(weights)
+    bounds, acc = [0], 0.0
+    for i, w in enumerate(weights[:-1]):
+        acc += w
+        bounds.append(min(max(round(n_chunks * acc / total), bounds[-1] + 1), n_chunks - (phases - 1 - i)))
+    bounds.append(n_chunks)
+    return bounds
+
+
+def run_delta_launches(launches: DeltaLaunches, inputs: "DeltaInputs") -> tuple:
+    """Allocate the buffers and launch the steps on ``inputs`` (tensors or None, in the order of
+    :class:`DeltaInputs`; they must have the signature the launches were built for). The first run
+    launches through Triton's JIT; later ones launch the compiled kernels directly."""
+    q, k, v, g, beta = inputs[:5]
+    inputs = (q.contiguous(), k.contiguous(), v.contiguous(), g if g is None else g.contiguous(),
+              beta if beta is None else beta.contiguous()) + tuple(inputs[5:])
+    made = {}
+    for name, (shape, dtype, fill) in launches.buffers.items():
+        made[name] = _empty(*shape, dtype=dtype, device=launches.device) if fill is None else \
+            torch.full(shape, fill, dtype=dtype, device=launches.device)
+    values = inputs + tuple(made.get(n) for n in BUFFER_NAMES)
+    if launches.launched or INTERPRET:
+        _launch_steps(launches, values)
+    else:  # the first call: every kernel compiles at once
+        with compile_together([(s.kernel, s.grid, s.kwargs, s.options) for s in launches.steps], CALL_NAMES, values):
+            _launch_steps(launches, values)
+        launches.launched = True
+    return tuple(None if i is None else values[i] for i in launches.outputs)
+
+
+def _launch_steps(launches: DeltaLaunches, values: tuple) -> None:
+    for step in launches.steps:
+        if step.direct is not None:
+            step.direct(values)
+        else:
+            step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, CALL_NAMES, values,
+                                     step.programmatic, step.min_shared)
+
+
+#: The launch shape :func:`chunk_delta_fwd` takes where none is given: narrow tiles, no register cap.
+TEST_SHAPE = DeltaShape(32, 4, 2, 4, "chunk_delta_fwd's default (tests)", prep_maxnreg=None)
+
+
+def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_state=None,
+                    output_final_state=False, use_qk_l2norm_in_kernel=False, cu_seqlens=None,
+                    chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None, state=None,
+                    state_indices=None, return_chunk_states=False, shape: DeltaShape | None = None, **fields):
+    """Build and run the launches in one go (the public ops keep the launches of each call
+    signature and only run them). Arguments as the public ops (``recurscan.chunk_gated_delta_rule``,
+    ``recurscan.chunk_gated_delta_product_varlen``), with the descriptors already built:
+
+    - varlen (``cu_seqlens`` given): ``chunk_indices_dp [NT_pad, 2]`` (sequence, chunk) of the
+      expanded stream sizes the prep grid; with ``return_chunk_states``, ``chunk_offsets [N + 1]``
+      and ``num_chunk_rows`` (rows of the chunk-state tensor, >= chunk_offsets[N]) too.
+    - ``shape``: the launch shape (:class:`recurscan.plan.DeltaShape`; the planner's choice in the
+      ops), default :data:`TEST_SHAPE`; ``fields`` replace single fields of it, e.g.
+      ``block_v=64, segments=3``. Segments apply to dense batches (varlen runs the single sweep);
+      phases to dense single-pass batches. The phases overlap only through programmatic launches,
+      which kept launches make from their second run on: here every call builds anew, so its
+      launches go through Triton's JIT and the phases run one after another (same bits).
+
+    Reads no device value on the host and sizes nothing from data: capturable in a CUDA graph.
+    Scratch: ``wy`` and ``aqk`` (``[B, T*M, HV, 64]`` in the input dtype) and the per-row
+    coefficients (``coef [B*T*M // 64 + N, HV, 64, 4]`` float32, by chunk), all written by the prep
+    kernel before the sweep reads them; with segments, ``[B, P, HV, K, V]`` and ``[B, P, HV, K, K]``
+    float32 (segment states, transitions).
+    Returns ``(o, final_state or None[, chunk_states])``; with a cache, the final state is ``state``.
+    """
+    import dataclasses
+    shape = dataclasses.replace(shape or TEST_SHAPE, **fields)
+    launches = build_delta_launches(
+        q, k, v, g, beta, shape, num_householder=num_householder, scale=scale, initial_state=initial_state,
+        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        cu_seqlens=cu_seqlens, chunk_indices_dp=chunk_indices_dp, chunk_offsets=chunk_offsets,
+        num_chunk_rows=num_chunk_rows, state=state, state_indices=state_indices,
+        return_chunk_states=return_chunk_states)
+    return run_delta_launches(launches, DeltaInputs(q, k, v, g, beta, initial_state, state, state_indices,
+                                                    cu_seqlens, chunk_indices_dp, chunk_offsets))

@@ -1,0 +1,119 @@
+"""The planner: the only place that decides. From a validated problem and a device, a Schedule
+(data, never a launch): the backend, the algorithm, and the Triton launch shape.
+
+``RULES`` picks the backend, read top to bottom, the first row whose condition holds decides,
+each with its reason; the launch shapes come from the rule tables of :mod:`.delta` (chunked
+delta rule) and :mod:`.stream` (the streaming kernel). Never autotunes: the same problem on the
+same device always gets the same schedule.
+
+    >>> import torch
+    >>> from recurscan.plan import plan
+    >>> from recurscan.problem import delta_problem
+    >>> q = k = torch.randn(1, 100, 2, 32); v = torch.randn(1, 100, 2, 32)
+    >>> plan("delta_rule", delta_problem(q, k, v, None, None), torch.device("cpu")).backend
+    'torch'
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..descriptors import CHUNK_SIZE
+from .delta import DELTA_LAUNCH, DeltaShape, DeltaSizes, delta_shape, triton_delta_unsupported
+from .device import check_triton_device, interpreter_off_reason, interpreter_on, sm_count
+from .stream import (DISPATCH_STEP_BOUND, StateColumnTooLarge, StreamShape, StreamSizes, check_column_fits,
+                     stream_shape)
+
+__all__ = ["plan", "Schedule", "Rule", "RULES", "BACKENDS", "DeltaShape", "DeltaSizes", "DELTA_LAUNCH",
+           "delta_shape", "StreamShape", "StreamSizes", "stream_shape", "DISPATCH_STEP_BOUND",
+           "StateColumnTooLarge", "check_column_fits", "sm_count", "interpreter_off_reason", "interpreter_on",
+           "check_triton_device", "triton_delta_unsupported"]
+
+BACKENDS = ("torch", "triton")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    backend: str  # "torch": the oracle's form in PyTorch; "triton": the kernels
+    algorithm: str  # "chunked" (prefill, training) or "recurrent" (token by token: decode)
+    chunk_size: int
+    reason: str
+    # The Triton launch shape: DeltaShape (chunked delta rule), StreamShape (recurrent); None for torch.
+    launch: DeltaShape | StreamShape | None = None
+
+
+@dataclass(frozen=True)
+class Rule:
+    reason: str
+    applies: Callable[[str, object, torch.device, str], bool]  # (family, problem, device, algorithm)
+    backend: str
+
+
+def _triton_chunked_delta(family, problem, device, algorithm) -> bool:
+    return (family == "delta_rule" and algorithm == "chunked" and device.type == "cuda"
+            and triton_delta_unsupported(problem) is None)
+
+
+#: The families the streaming kernel runs token by token (flags on one kernel).
+STREAM_FAMILIES = ("delta_rule", "ssd")
+
+RULES: list[Rule] = [
+    Rule("a recurrent (decode / streaming) call on a CUDA device runs the streaming Triton kernel "
+         "(kernels/stream/recurrence.py; its launch shape is plan/stream.py's rule table)",
+         lambda family, problem, device, algorithm: (algorithm == "recurrent" and family in STREAM_FAMILIES
+                                                     and device.type == "cuda"), "triton"),
+    Rule("a CPU tensor runs the PyTorch oracle",
+         lambda family, problem, device, algorithm: device.type == "cpu", "torch"),
+    Rule("chunked delta-rule prefill on a CUDA device runs the Triton kernels (prep + sweep)",
+         _triton_chunked_delta, "triton"),
+    Rule("no Triton kernel for this family on this device yet: the PyTorch form runs there too",
+         lambda family, problem, device, algorithm: True, "torch"),
+]
+
+
+def stream_sizes(family: str, problem) -> StreamSizes:
+    """The streaming rule table's view of a recurrent problem (DeltaProblem or SsdDecodeProblem)."""
+    if family == "ssd":  # mamba's state [S, H, P, N]: the key (dstate) rows are contiguous
+        return StreamSizes(problem.batch * problem.heads, problem.state_dim, problem.head_dim, problem.tokens,
+                           problem.state_bytes, key_contiguous=True)
+    return StreamSizes(problem.sequences * problem.value_heads, problem.key_dim, problem.value_dim,
+                       problem.tokens * problem.householder, problem.state_bytes, problem.state_key_contiguous)
+
+
+def _triton_launch(family, problem, device, algorithm):
+    if algorithm == "recurrent":
+        return stream_shape(stream_sizes(family, problem), device)
+    return delta_shape(problem, device)
+
+
+def plan(family: str, problem, device: torch.device, algorithm: str = "chunked",
+         backend: str | None = None) -> Schedule:
+    """Pick the backend and launch shape for ``problem`` of ``family`` on ``device``.
+
+    ``family``: "delta_rule", "ssd", "gla" or "diagonal". ``algorithm``: "chunked" for the
+    prefill/training ops, "recurrent" for the token-by-token (decode) ops, whose per-token order of
+    operations the chunked form would not reproduce. ``backend`` forces "torch" or "triton" (the
+    Triton kernels on CPU tensors run under ``TRITON_INTERPRET=1``); None lets the rules decide.
+    A forced backend that cannot run is a ValueError that says why.
+    """
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend: expected None, 'torch' or 'triton', got {backend!r}")
+    if backend == "torch":
+        return Schedule("torch", algorithm, CHUNK_SIZE, "backend='torch' was asked for")
+    if backend == "triton":
+        if algorithm == "recurrent" and family not in STREAM_FAMILIES or \
+                algorithm == "chunked" and family != "delta_rule":
+            raise ValueError(f"backend='triton': no Triton kernel for {family} ({algorithm}) yet")
+        why = triton_delta_unsupported(problem) if algorithm == "chunked" else None
+        if why is not None:
+            raise ValueError(f"backend='triton': {why}")
+        check_triton_device(device)
+        return Schedule("triton", algorithm, CHUNK_SIZE, "backend='triton' was asked for",
+                        _triton_launch(family, problem, device, algorithm))
+    for rule in RULES:
+        if rule.applies(family, problem, device, algorithm):
+            launch = _triton_launch(family, problem, device, algorithm) if rule.backend == "triton" else None
+            return Schedule(rule.backend, algorithm, CHUNK_SIZE, rule.reason, launch)
+    raise AssertionError("the last rule always applies")

@@ -1,0 +1,115 @@
+"""Launch shapes of the chunked delta-rule kernels (kernels/delta/): a rule table read top to
+bottom, the first row whose condition holds decides, each row with its reason. No autotuning: the
+same problem on the same device always gets the same shape. The measurements behind the rows are
+in docs/perf-history.md ("the delta launch-shape table")."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .device import sm_count
+
+
+@dataclass(frozen=True)
+class DeltaShape:
+    """How the prep and sweep kernels launch (launch/delta.py builds the launches from it)."""
+
+    block_v: int  # BV: value columns per sweep program
+    num_warps: int  # sweep
+    num_stages: int  # software-pipelining depth of the sweep's chunk loop
+    prep_warps: int
+    reason: str
+    # 1: one program walks a whole sequence; P > 1 (dense): two parallel passes over P segments
+    # with a sequential fix-up between.
+    segments: int = 1
+    # V pipelined through shared memory as a product operand; False keeps it in registers
+    # (16 KB less shared memory a program).
+    v_product: bool = True
+    # Output tiles by bulk tensor stores (M = 1; elsewhere the masked store).
+    tma_store: bool = False
+    # Phases of the single pass (dense): each phase's prep runs beside the previous phase's sweep,
+    # on the SMs that few sweep programs leave free.
+    phases: int = 1
+    # A register cap on the prep (a compile option), which sets how many of its programs share a
+    # multiprocessor: 168 gives three instead of two. None: the compiler's choice.
+    prep_maxnreg: int | None = 168
+
+
+@dataclass(frozen=True)
+class DeltaSizes:
+    """What the rows read: independent (sequence, value head) sweeps, multiprocessors, V, the
+    expanded-stream length of one sequence (varlen: of the whole batch), whether the batch is
+    varlen, and its number of sequences."""
+
+    pairs: int
+    sms: int
+    value_dim: int
+    tokens: int
+    varlen: bool
+    sequences: int = 1
+
+    @property
+    def programs_64(self) -> int:  # sweep programs at 64 value columns each
+        return self.pairs * -(-self.value_dim // 64)
+
+    @property
+    def mean_tokens(self) -> float:  # expanded tokens per sequence
+        return self.tokens / max(self.sequences, 1) if self.varlen else self.tokens
+
+
+# BV 64 runs the sweep's products on wgmma (one warpgroup), BV 128 on two, BV 16 / 32 on mma.sync;
+# shared memory decides the programs a multiprocessor holds (BV 64, V as an operand, 3 stages:
+# one; BV 64, V in registers, 2 stages: two).
+DELTA_LAUNCH: list[tuple[Callable[[DeltaSizes], bool], DeltaShape]] = [
+    (lambda s: s.programs_64 > s.sms and s.mean_tokens >= 2048,
+     DeltaShape(128, 8, 3, 4, "more 64-column programs than SMs, long sequences: 128 columns on two warpgroups, "
+                          "three stages, output tiles by bulk tensor stores", tma_store=True)),
+    (lambda s: s.programs_64 > s.sms,
+     DeltaShape(128, 8, 3, 4, "more 64-column programs than SMs: 128 columns on two warpgroups, three stages "
+                          "(one program per SM; q, k, wy, aqk tiles shared by both)")),
+    (lambda s: not s.varlen and s.tokens >= 32768 and 3 * s.programs_64 >= s.sms and 2 * s.programs_64 <= s.sms,
+     DeltaShape(64, 4, 3, 4, "a third to half of the SMs in 64-column programs over a long dense sequence: one pass "
+                         "in 8 phases (each phase's prep beside the previous phase's sweep), three stages, V as a "
+                         "product operand, output tiles by bulk tensor stores", tma_store=True, phases=8)),
+    (lambda s: not s.varlen and s.tokens >= 16384 and 3 * s.programs_64 >= s.sms and 2 * s.programs_64 <= s.sms,
+     DeltaShape(64, 4, 3, 4, "a third to half of the SMs in 64-column programs over a dense sequence of 16k-32k "
+                         "tokens: one pass in 6 phases, three stages, V as a product operand, bulk stores",
+                         tma_store=True, phases=6)),
+    (lambda s: not s.varlen and s.tokens >= 16384 and 3 * s.programs_64 >= s.sms,
+     DeltaShape(64, 4, 3, 4, "half the SMs or more in 64-column programs over a long dense sequence: one pass, "
+                         "three stages, V as a product operand, output tiles by bulk tensor stores", tma_store=True)),
+    (lambda s: not s.varlen and s.tokens >= 16384,
+     DeltaShape(64, 4, 3, 4, "few pairs over a long dense sequence: 3 segments at BV 64, three stages, V as a product "
+                         "operand, output tiles by bulk tensor stores", segments=3, tma_store=True)),
+    (lambda s: 2 * s.programs_64 >= s.sms,
+     DeltaShape(64, 4, 3, 4, "at most one 64-column program per SM: three stages, V as a product operand")),
+    (lambda s: 2 * s.pairs * -(-s.value_dim // 32) >= s.sms,
+     DeltaShape(32, 4, 2, 4, "few (sequence, head) pairs: 32-column blocks double the programs", v_product=False)),
+    (lambda s: True,
+     DeltaShape(16, 4, 2, 4, "very few pairs: 16-column blocks for the most programs", v_product=False)),
+]
+
+
+
+def delta_shape(problem, device: torch.device) -> DeltaShape:
+    """The first row of :data:`DELTA_LAUNCH` that holds for ``problem`` (a DeltaProblem) on ``device``."""
+    sizes = DeltaSizes(pairs=problem.sequences * problem.value_heads, sms=sm_count(device),
+                       value_dim=problem.value_dim, tokens=problem.tokens * problem.householder,
+                       varlen=problem.varlen, sequences=problem.sequences)
+    for applies, shape in DELTA_LAUNCH:
+        if applies(sizes):
+            return shape
+    raise AssertionError("the last launch row always applies")
+
+
+def triton_delta_unsupported(problem) -> str | None:
+    """Why the delta-rule Triton kernels cannot take this problem, or None if they can."""
+    if problem.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"inputs in {problem.dtype}: the kernels take float16, bfloat16 or float32"
+    if problem.beta_per_value:
+        return "a beta per value column needs one triangular system per column; the kernels take beta per head"
+    if problem.key_dim > 256:
+        return f"K = {problem.key_dim} > 256: the sweep holds a [K, BV] state tile on chip"
+    return None

@@ -1,0 +1,69 @@
+"""What the planner asks of the device: multiprocessors, and whether Triton can run at all
+(CUDA, or CPU tensors under a working interpreter)."""
+from __future__ import annotations
+
+import os
+import sys
+from functools import lru_cache
+
+import torch
+
+#: The modules whose kernels a late ``TRITON_INTERPRET=1`` would find built for the GPU.
+KERNEL_MODULES = ("recurscan.kernels.delta.prep", "recurscan.kernels.delta.sweep", "recurscan.kernels.delta.fixup",
+                  "recurscan.kernels.stream.recurrence")
+
+
+@lru_cache(maxsize=None)
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of a CUDA device (1 for any other device), read once per device; the
+    launch rules size grids by it."""
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def interpreter_off_reason() -> str | None:
+    """Why Triton's interpreter cannot run kernels on CPU tensors in this process, or None if it can.
+
+    Asking for it is ``TRITON_INTERPRET=1`` in the environment. Triton also reads that variable
+    when its ``@triton.jit`` decorators run: for its own library functions (``triton.language``)
+    when triton is first imported, and for recurscan's kernels when ``recurscan.kernels.*`` is
+    first imported. A function decorated while the variable was unset is built for the GPU
+    compiler and fails inside the interpreter ("Cannot call @triton.jit'd outside of the scope of
+    a kernel"), so the variable set only after that import is not enough: this looks at what
+    the decorators already built.
+    """
+    if os.environ.get("TRITON_INTERPRET", "0") != "1":
+        return "TRITON_INTERPRET is not 1 in the environment"
+    if "triton" not in sys.modules:
+        return None  # the decorators will run under the interpreter
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+        import triton.language.standard as triton_standard
+    except ImportError:  # a Triton without these modules: trust the environment
+        return None
+    if not isinstance(triton_standard.cdiv, InterpretedFunction):
+        return "TRITON_INTERPRET=1 was set after triton was imported (triton's functions were built for the GPU)"
+    for name in KERNEL_MODULES:
+        module = sys.modules.get(name)
+        jitted = [f for f in vars(module).values() if type(f).__name__ == "JITFunction"] if module else []
+        if jitted:
+            return f"TRITON_INTERPRET=1 was set after {name} was imported (its kernels were built for the GPU)"
+    return None
+
+
+def interpreter_on() -> bool:
+    """Triton's interpreter runs kernels on CPU tensors here (see :func:`interpreter_off_reason`)."""
+    return interpreter_off_reason() is None
+
+
+def check_triton_device(device: torch.device) -> None:
+    """``backend="triton"`` can run on ``device``: CUDA, or CPU under a working interpreter."""
+    if device.type == "cuda":
+        return
+    if device.type != "cpu":
+        raise ValueError(f"backend='triton': no Triton kernels for device {device}")
+    why = interpreter_off_reason()
+    if why is not None:
+        raise ValueError(f"backend='triton' on CPU tensors runs under Triton's interpreter, but {why}: set "
+                         "TRITON_INTERPRET=1 in the environment before triton is first imported")
