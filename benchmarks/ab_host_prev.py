@@ -3,7 +3,7 @@ ab_prev.py), same process, alternating: calls small enough that the host is the 
 request; a 64-token prefill). Per call: N calls back to back without a sync, then one sync; median
 of the rounds.
 
-    PYTHONPATH=$PWD python benchmarks/ab_host_prev.py [--out FILE]
+    PYTHONPATH=$PWD python benchmarks/ab_host_prev.py [--prev build/prev] [--out FILE]
 """
 import argparse
 import json
@@ -13,9 +13,7 @@ import time
 
 import torch
 
-sys.path.insert(0, "build/prev")
-import recurscan  # noqa: E402
-import recurscan_prev  # noqa: E402
+import recurscan
 
 
 def cases(mod):
@@ -56,7 +54,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--prev", default="build/prev", help="folder holding the older package as recurscan_prev/")
     args = ap.parse_args()
+    sys.path.insert(0, args.prev)
+    import recurscan_prev
     mods = {"ours": recurscan, "prev": recurscan_prev}
     fns = {name: cases(mod) for name, mod in mods.items()}
     rows = []
@@ -74,8 +75,8 @@ def main():
             rows.append(row)
             print(f"{case:<26} ours {row['ours_us']:.2f} us  prev {row['prev_us']:.2f} us a call", flush=True)
     if args.out:
-        json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), open(args.out, "w"),
-                  indent=1)
+        json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, prev=args.prev, rows=rows),
+                  open(args.out, "w"), indent=1)
 
 
 if __name__ == "__main__":

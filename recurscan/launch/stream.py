@@ -103,8 +103,8 @@ def streaming_recurrence(q, k, v, o, *, scale: float, delta: bool, gate: str | N
 
 
 def run_stream(hit: "StreamLaunches", tensors: "StreamTensors", scale: float) -> None:
-    """Launch ``hit`` on ``tensors`` (they must match the tensors it was built for, in
-    :func:`launch_key`)."""
+    """Launch ``hit`` on ``tensors`` (a StreamTensors, or a plain tuple in its order; they must match
+    the tensors it was built for, in :func:`launch_key`)."""
     global DIRECT_LAUNCH_ERROR
     values = tensors + (float(scale),)  # absent tensors are never read: the launch points them at o
     if hit.direct is not None:
@@ -185,7 +185,7 @@ def _launch_jit(hit: StreamLaunches, tensors: StreamTensors, values):
     # Launch splits: each launch covers [t_begin, t_end) of every sequence; the state is handed on
     # through a float32 buffer indexed by sequence; only the last launch writes ``final``.
     kw = resolve(hit.kwargs, _CALL_NAMES, values)
-    final = tensors.ht
+    final = tensors[_HT]
     handoff = torch.empty(hit.handoff_shape, dtype=torch.float32, device=tensors[0].device)
     sh = _state_strides(handoff, False)
     for i in range(hit.launches):
@@ -206,6 +206,7 @@ _STRIDE_NAMES = (
     "sz_b sz_t sz_h sz_v sA_h sA_k sA_v sdb_h sdb_v sD_h sD_v s0_n s0_h s0_k s0_v si_n si_h si_k si_v "
     "s1_n s1_h s1_k s1_v ss_n ss_t ss_h ss_k ss_v").split()
 _TENSOR_NAMES = StreamTensors._fields
+_HT = _TENSOR_NAMES.index("ht")
 _CALL_NAMES = _TENSOR_NAMES + ("scale",)  # the per-call values of a direct launch, in order
 #: streaming_recurrence's launches by call signature.
 LAUNCHES = SignatureCache("stream launches")
