@@ -48,10 +48,15 @@ def decode_pieces():
     if direct.driver is not None:
         res["parameters packed in one buffer (extra)"] = direct.driver.tail[1] is not None
         res["driver call alone"] = per_call(lambda: direct.driver(values))
-        launcher.PACKED_PARAMETERS = not launcher.PACKED_PARAMETERS
-        other = launcher._DriverCall(direct.compiled, direct.grid, direct.template,
-                                     dict(zip(direct.positions, direct.sources)))
-        launcher.PACKED_PARAMETERS = not launcher.PACKED_PARAMETERS
+        # the other parameter passing: a pointer array where the driver packs, else packed
+        packed = direct.driver.tail[1] is not None
+        real_layout = launcher._param_layout
+        launcher._param_layout = (lambda function, count: None) if packed else real_layout
+        try:
+            other = launcher._DriverCall(direct.compiled, direct.grid, direct.template,
+                                         dict(zip(direct.positions, direct.sources)))
+        finally:
+            launcher._param_layout = real_layout
         label = "packed buffer" if other.tail[1] is not None else "pointer array"
         res[f"driver call alone, {label}"] = per_call(lambda: other(values))
         res["driver error"] = launcher.DRIVER_ERROR

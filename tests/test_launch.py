@@ -94,7 +94,7 @@ def test_programmatic_dependent_launch_goes_through_cuLaunchKernelEx(how, monkey
     monkeypatch.setattr(L, "_cu_launch_kernel_ex", lambda: cu_launch_ex)
     monkeypatch.setattr(L, "_cu_launch_kernel", lambda: (lambda *args: pytest.fail("plain launch")))
     monkeypatch.setattr(L, "_current_stream", lambda: 77)
-    monkeypatch.setattr(L, "PACKED_PARAMETERS", False)
+    monkeypatch.setattr(L, "_param_layout", lambda function, count: None)  # a driver that cannot report offsets
     meta = dict(launch_pdl=True) if how == "compiled_launch_pdl" else {}
     template = [None, None, 1000, 1 << 40, None, 64, True]
     d = L.DirectLaunch(fake_compiled(SIGNATURE, **meta), (5, 2, 1), template, (0, 1, 4), (0, 1, 2),

@@ -146,7 +146,7 @@ def build_stream_launches(tensors: StreamTensors, shape: StreamShape, *, scale, 
     sA = ((A.stride(0),) + ((A.stride(2), A.stride(1)) if A.dim() == 3 else (0, 0))) if A is not None else (0, 0, 0)
     strides = (_s(q, (0, 1, 2)) + _s(k, (0, 1, 2)) + _s(v, (0, 1, 2, 3)) + sg + sb + _s(o, (0, 1, 2))
                + _s(z, (0, 1, 2, 3)) + sA + _s(dt_bias, (0, 1)) + _s(D, (0, 1))
-               + _state_strides(initial, vk_layout) + (0, 0, 0, 0) + _state_strides(final, vk_layout)
+               + _state_strides(initial, vk_layout) + _state_strides(final, vk_layout)
                + _state_strides(snaps, vk_layout, lead=3))
     flags = dict(H=H, HV=HV, K=K, V=V, BK=shape.BK, BV=shape.BV, DELTA=bool(delta), GATE=_GATES[gate],
                  BETA=_BETAS[beta_mode], L2NORM=bool(l2norm), DT_TIED=bool(dt_tied), A_TIED=bool(A_tied),
@@ -187,14 +187,12 @@ def _launch_jit(hit: StreamLaunches, tensors: StreamTensors, values):
     kw = resolve(hit.kwargs, _CALL_NAMES, values)
     final = tensors[_HT]
     handoff = torch.empty(hit.handoff_shape, dtype=torch.float32, device=tensors[0].device)
-    sh = _state_strides(handoff, False)
     for i in range(hit.launches):
         last = i == hit.launches - 1
         out = final if last else handoff
         kw.update(t_begin=i * hit.bound, t_end=(i + 1) * hit.bound, hin=handoff, HANDOFF=i > 0,
                   ht=out if out is not None else kw["o"], STORE_HT=out is not None,
                   HT_BY_SLOT=hit.final_by_slot if last else False)
-        kw.update(zip(("si_n", "si_h", "si_k", "si_v"), sh))
         kw.update(zip(("s1_n", "s1_h", "s1_k", "s1_v"),
                       _state_strides(out, hit.vk_layout if last else False)))
         streaming_recurrence_kernel[hit.grid](**kw, **hit.options)
@@ -203,7 +201,7 @@ def _launch_jit(hit: StreamLaunches, tensors: StreamTensors, values):
 
 _STRIDE_NAMES = (
     "sq_b sq_t sq_h sk_b sk_t sk_h sv_b sv_t sv_h sv_d sg_b sg_t sg_h sg_d sb_b sb_t sb_h sb_d so_b so_t so_h "
-    "sz_b sz_t sz_h sz_v sA_h sA_k sA_v sdb_h sdb_v sD_h sD_v s0_n s0_h s0_k s0_v si_n si_h si_k si_v "
+    "sz_b sz_t sz_h sz_v sA_h sA_k sA_v sdb_h sdb_v sD_h sD_v s0_n s0_h s0_k s0_v "
     "s1_n s1_h s1_k s1_v ss_n ss_t ss_h ss_k ss_v").split()
 _TENSOR_NAMES = StreamTensors._fields
 _HT = _TENSOR_NAMES.index("ht")

@@ -183,10 +183,6 @@ def _current_stream() -> int:
     return torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
 
 
-#: How the parameters reach the driver: one packed buffer laid out at the offsets the driver
-#: reports (``cuFuncGetParamInfo``, CUDA >= 12.4), or an array of one pointer per parameter (the
-#: fallback where the driver cannot report offsets). Module-level so that a benchmark can compare.
-PACKED_PARAMETERS = True
 #: The driver's status of the last direct launch that failed (that launch then went through
 #: Triton's launcher, which raises for a real fault, and the signature keeps Triton's launcher); None
 #: is expected and the GPU tests assert it.
@@ -277,7 +273,9 @@ class _DriverCall:
         self.pointers = tuple((source, tuple(cells)) for source, cells in pointer_cells.items())
         self.scratch_cell = ctypes.c_uint64(0)
         self.storage += [self.scratch_cell, ctypes.c_uint64(0)]  # global scratch (filled per call), profile: none
-        layout = _param_layout(compiled.function, len(self.storage)) if PACKED_PARAMETERS else None
+        # One packed buffer at the driver's offsets, or (where it cannot report them) an array of
+        # one pointer per parameter.
+        layout = _param_layout(compiled.function, len(self.storage))
         if layout is not None and all(ctypes.sizeof(c) == size for c, (_, size) in zip(self.storage, layout)):
             self._pack(layout)
         else:  # kernelParams: an array of pointers, one per parameter

@@ -123,7 +123,7 @@ def streaming_recurrence_kernel(
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sv_d,
     sg_b, sg_t, sg_h, sg_d, sb_b, sb_t, sb_h, sb_d, so_b, so_t, so_h,
     sz_b, sz_t, sz_h, sz_v, sA_h, sA_k, sA_v, sdb_h, sdb_v, sD_h, sD_v,
-    s0_n, s0_h, s0_k, s0_v, si_n, si_h, si_k, si_v, s1_n, s1_h, s1_k, s1_v,
+    s0_n, s0_h, s0_k, s0_v, s1_n, s1_h, s1_k, s1_v,
     ss_n, ss_t, ss_h, ss_k, ss_v,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
@@ -184,9 +184,9 @@ def streaming_recurrence_kernel(
         else:
             if USE_H0:
                 b_h = tl.load(p_0, mask=m_h, other=0.0, eviction_policy=EVICT).to(tl.float32)
-    else:  # handed on by the previous launch (float32, indexed by sequence)
-        p_i = hin + i_n * si_n + i_hv * si_h
-        b_h = tl.load(p_i + o_k[:, None] * si_k + o_v[None, :] * si_v, mask=m_h, other=0.0).to(tl.float32)
+    else:  # handed on by the previous launch: a contiguous float32 [N, HV, K, V] buffer of this module's own
+        p_i = hin + (i_n * HV + i_hv) * (K * V)
+        b_h = tl.load(p_i + o_k[:, None] * V + o_v[None, :], mask=m_h, other=0.0).to(tl.float32)
 
     # 2. Per-head constants (SSD).
     b_dtb = 0.0
