@@ -17,7 +17,7 @@ from typing import Iterator, NamedTuple
 
 import torch
 
-CHUNK_SIZE = 64
+from ..descriptors import CHUNK_SIZE  # noqa: F401  (the oracle's default window, the kernels' chunk)
 
 
 class Segment(NamedTuple):
