@@ -323,13 +323,53 @@ def test_wy_inverse_on_fp16_operands_only_where_every_step_contracts(case):
         assert torch.equal(bits(fast[0]), bits(tf32[0])) and torch.equal(bits(fast[1]), bits(tf32[1]))
 
 
-def test_grad_is_refused_on_the_triton_path():
+@pytest.mark.parametrize("M, cu", [(1, None), (1, [0, 1, 70, 130]), (2, [0, 40, 90])])
+def test_gradients_through_the_triton_path(M, cu):
+    """Inputs that require grad: the Triton forward, the written-out chunkwise backward
+    (autograd/delta.py). Every gradient against autograd through the float64 oracle, bounded by
+    what the float32 oracle (the torch backend) gets."""
+    from tests.helpers.tolerances import assert_like_fp32
+    T = 130 if M == 1 else 90
+    if M == 1:
+        q, k, v, g, beta, S0 = gdn_inputs(1, T, 2, 4, 16, 16, seed=11)
+    else:
+        q, k, v, g, beta = gdp_inputs(T, M, 2, 4, 16, 16, seed=12)
+    cu_t = None if cu is None else torch.tensor(cu)
+    N = 1 if cu is None else len(cu) - 1
+    S0 = torch.randn(N, 4, 16, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(13))
+    gen = torch.Generator().manual_seed(14)
+    do = torch.randn(1, T, 4, 16, dtype=torch.float64, generator=gen)
+    dht = torch.randn(N, 4, 16, 16, dtype=torch.float64, generator=gen)
+
+    def grads(dtype, backend, device):
+        leaves = [x.to(device=device, dtype=dtype).requires_grad_() for x in (q, k, v, g, beta, S0)]
+        kw = dict(initial_state=leaves[5], output_final_state=True, use_qk_l2norm_in_kernel=True, backend=backend)
+        if M == 1:
+            o, S = recurscan.chunk_gated_delta_rule(*leaves[:5], cu_seqlens=None if cu_t is None else cu_t.to(device),
+                                                    **kw)
+        else:
+            o, S = recurscan.chunk_gated_delta_product_varlen(*leaves[:5], M, cu_t.to(device), **kw)
+        return torch.autograd.grad((o, S), leaves, (do.to(device, o.dtype), dht.to(device, S.dtype)))
+
+    want64 = grads(torch.float64, "torch", "cpu")
+    ref32 = grads(torch.float32, "torch", "cpu")
+    got = grads(torch.float32, "triton", DEVICE)
+    for name, a, b, r in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), got, want64, ref32):
+        assert a.dtype == torch.float32
+        assert_like_fp32(a.cpu(), b, r, name)
+
+
+def test_cache_and_chunk_states_are_inference_only():
     q, k, v, g, beta, _ = gdn_inputs(1, 8, 1, 1, 16, 16)
     q = q.float().to(DEVICE).requires_grad_()
-    with pytest.raises(NotImplementedError, match="forward-only"):
-        recurscan.chunk_gated_delta_rule(q, *f32(k, v, g, beta), backend="triton")
+    cache, slots = torch.zeros(2, 1, 16, 16, device=DEVICE), torch.tensor([1], device=DEVICE)
+    with pytest.raises(NotImplementedError, match="inference-only"):
+        recurscan.chunk_gated_delta_rule(q, *f32(k, v, g, beta), state=cache, state_indices=slots, backend="triton")
+    with pytest.raises(NotImplementedError, match="inference-only"):
+        recurscan.chunk_gated_delta_rule(q, *f32(k, v, g, beta), return_chunk_states=True, backend="triton")
+    assert cache.eq(0).all()
     with torch.no_grad():
-        recurscan.chunk_gated_delta_rule(q, *f32(k, v, g, beta), backend="triton")
+        recurscan.chunk_gated_delta_rule(q, *f32(k, v, g, beta), state=cache, state_indices=slots, backend="triton")
 
 
 def test_backend_argument_is_checked():

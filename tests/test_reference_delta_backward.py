@@ -86,3 +86,15 @@ def test_gated_delta_product(M, cu):
                                                use_qk_l2norm_in_kernel=True, cu_seqlens=cu_t)
     for name, a, b in zip(NAMES, got, want):
         assert relative_rms(a, b) < 1e-10, f"{name}: relative RMS {relative_rms(a, b):.2e}"
+
+
+def test_gradcheck_of_the_cpu_path():
+    """torch.autograd.gradcheck in float64 through the public op on CPU tensors (the oracle)."""
+    import recurscan
+    q, k, v, g, beta, S0 = (x.requires_grad_() for x in gdn_inputs(1, 10, 1, 2, 4, 3, resets=False, seed=20))
+
+    def op(q, k, v, g, beta, S0):
+        return recurscan.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=S0, output_final_state=True,
+                                                use_qk_l2norm_in_kernel=True)
+
+    assert torch.autograd.gradcheck(op, (q, k, v, g, beta, S0))

@@ -43,14 +43,14 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
         chunk_indices_dp = chunk_indices  # GDN: the two chunkings coincide
     inputs = (q, k, v, g, beta, initial_state, state, state_indices, cu_seqlens, chunk_indices_dp, chunk_offsets)
     key = None
-    if isinstance(q, torch.Tensor) and q.is_cuda and chunk_size is None:
+    grad = _needs_grad(q, k, v, g, beta, initial_state)
+    if isinstance(q, torch.Tensor) and q.is_cuda and chunk_size is None and not grad:
         # The hot path: validation and planning ran for an earlier call of this signature (every
         # tensor's shape, strides, dtype, device and alignment, and every option).
         key = (launch_key(inputs + (chunk_indices,)), num_householder, scale, output_final_state,
                use_qk_l2norm_in_kernel, return_chunk_states, backend)
         launches = LAUNCHES.get(key)
         if launches is not None and not debug_checks():
-            _refuse_grad(q, k, v, g, beta, initial_state)
             return _LAUNCH.run_delta_launches(launches, inputs)  # a cached entry implies _launch() ran
     problem = delta_problem(q, k, v, g, beta, num_householder=num_householder, scale=scale,
                             initial_state=initial_state, cu_seqlens=cu_seqlens, state=state,
@@ -61,6 +61,13 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
     if debug_checks():
         _check_device_values(problem, cu_seqlens, state, state_indices)
     schedule = plan("delta_rule", problem, q.device, "chunked", backend)
+    if schedule.backend == "triton" and grad:
+        return _run_triton_with_grad(q, k, v, g, beta, problem, schedule, initial_state=initial_state,
+                                     output_final_state=output_final_state,
+                                     use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
+                                     chunk_indices=chunk_indices, chunk_indices_dp=chunk_indices_dp,
+                                     chunk_offsets=chunk_offsets, uses_cache=problem.uses_cache,
+                                     return_chunk_states=return_chunk_states)
     if schedule.backend == "triton":
         return _run_triton(q, k, v, g, beta, problem, schedule, initial_state=initial_state,
                            output_final_state=output_final_state,
@@ -99,12 +106,34 @@ def _check_device_values(problem, cu_seqlens, state, state_indices):
         check_slots("state_indices", state_indices.cpu(), state.shape[0])
 
 
-def _refuse_grad(*tensors):
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+def _needs_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+def _run_triton_with_grad(q, k, v, g, beta, problem, schedule, *, initial_state, output_final_state,
+                          use_qk_l2norm_in_kernel, cu_seqlens, chunk_indices, chunk_indices_dp, chunk_offsets,
+                          uses_cache, return_chunk_states):
+    """Inputs that require grad: the Triton forward inside autograd/delta.py's ChunkDelta, whose
+    backward is the written-out chunkwise backward. Training takes no cache and no chunk states."""
+    if uses_cache or return_chunk_states:
         raise NotImplementedError(
-            "chunk_gated_delta_rule / chunk_gated_delta_product_varlen: the Triton path is forward-only "
-            "for now (its backward is a later issue); call it under torch.no_grad() / torch.inference_mode(), "
-            "or detach the inputs")
+            "chunk_gated_delta_rule / chunk_gated_delta_product_varlen: gradients flow through o, the final "
+            "state and initial_state; a state cache (state, state_indices) and return_chunk_states are "
+            "inference-only: pass initial_state / output_final_state, or call under torch.no_grad()")
+    from ..autograd.delta import ChunkDelta
+
+    def forward():
+        return _run_triton(q.detach(), k.detach(), v.detach(), *(None if t is None else t.detach()
+                                                                for t in (g, beta)),
+                           problem, schedule, initial_state=None if initial_state is None else initial_state.detach(),
+                           output_final_state=True, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                           cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_indices_dp=chunk_indices_dp,
+                           chunk_offsets=chunk_offsets, state=None, state_indices=None, return_chunk_states=False)[:2]
+
+    options = dict(num_householder=problem.householder, scale=problem.scale,
+                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens)
+    o, final = ChunkDelta.apply(q, k, v, g, beta, initial_state, forward, options)
+    return o, (final if output_final_state else None)
 
 
 def _run_triton(q, k, v, g, beta, problem, schedule, *, initial_state, output_final_state,
@@ -113,7 +142,6 @@ def _run_triton(q, k, v, g, beta, problem, schedule, *, initial_state, output_fi
     """The Triton backend: no host synchronisation when the varlen descriptors are given (or the
     input is a dense batch). With ``key`` (a CUDA call signature), the plan is kept for the next
     call of that signature when it depends on no device value."""
-    _refuse_grad(q, k, v, g, beta, initial_state)
     L_ = _launch()
 
     M = problem.householder
@@ -196,8 +224,11 @@ def chunk_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, initial_state
 
     On CPU tensors this runs the oracle's chunked form in PyTorch (float32 accumulation, or
     float64 for float64 inputs), and is differentiable through autograd. On CUDA tensors it runs
-    the Triton kernels (bf16/fp16/fp32 inputs, float32 state), forward only: inputs that require
-    grad raise NotImplementedError there.
+    the Triton kernels (bf16/fp16/fp32 inputs, float32 state). Inputs that require grad get
+    gradients for q, k, v, g, beta and initial_state, with a gradient into the final state, from
+    the written-out chunkwise backward in PyTorch (``recurscan.reference.delta_backward``; it saves
+    only the inputs, reads cu_seqlens on the host, and is not yet the fast Triton backward); a
+    state cache and ``return_chunk_states`` are inference-only (NotImplementedError with grad).
 
     Example:
         >>> import torch, recurscan

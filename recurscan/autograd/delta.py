@@ -1,0 +1,45 @@
+"""Training through the delta-rule Triton path: a ``torch.autograd.Function`` whose forward is the
+Triton kernels and whose backward is the written-out chunkwise backward
+(:mod:`recurscan.reference.delta_backward`) in PyTorch.
+
+Saved for the backward: the inputs (q, k, v, g, beta, initial_state) only. The states entering the
+windows are recomputed there from the initial state, not kept from the forward. The backward runs
+the reference's window loop on the inputs' device in float32: correct on every device, not yet
+fast (the Triton backward stages replace it), and it reads ``cu_seqlens`` on the host (one sync).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..reference.delta_backward import gated_delta_product_chunked_backward, gated_delta_rule_chunked_backward
+
+
+class ChunkDelta(torch.autograd.Function):
+    """``apply(q, k, v, g, beta, initial_state, forward, options) -> (o, final_state)``.
+
+    ``forward()``: the no-grad forward (the Triton launches), returning ``(o, final_state)``;
+    ``options``: num_householder, scale, use_qk_l2norm_in_kernel, cu_seqlens.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, initial_state, forward, options):
+        with torch.no_grad():
+            o, final = forward()
+        ctx.save_for_backward(q, k, v, g, beta, initial_state)
+        ctx.options = options
+        return o, final
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, g, beta, h0 = ctx.saved_tensors
+        opt = ctx.options
+        common = dict(scale=opt["scale"], initial_state=h0, use_qk_l2norm_in_kernel=opt["use_qk_l2norm_in_kernel"],
+                      cu_seqlens=opt["cu_seqlens"])
+        if opt["num_householder"] > 1:
+            grads = gated_delta_product_chunked_backward(q, k, v, g, beta, opt["num_householder"], do, dht, **common)
+        else:
+            grads = gated_delta_rule_chunked_backward(q, k, v, g, beta, do, dht, **common)
+        inputs = (q, k, v, g, beta, h0)
+        out = tuple(None if d is None or not ctx.needs_input_grad[i] else d.to(inputs[i].dtype)
+                    for i, d in enumerate(grads))
+        return (*out, None, None)
