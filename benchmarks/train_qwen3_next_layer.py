@@ -1,0 +1,149 @@
+"""A training run people recognise: transformers' Qwen3-Next GatedDeltaNet layer (Qwen3-Next's head
+sizes: 16 key heads, 32 value heads, 128 x 128) in a small language model, trained with AdamW on
+a synthetic copy task, twice from the same initial weights and batches:
+
+- ``recurscan``: the layer's ``torch_chunk_gated_delta_rule`` replaced by
+  ``recurscan.chunk_gated_delta_rule`` (Triton forward, chunkwise backward), model in bf16;
+- ``torch``: the layer's own PyTorch path, model in float32.
+
+The loss curves are saved (JSON) and plotted (PNG). On the GPU machine:
+
+    PYTHONPATH=$PWD python benchmarks/train_qwen3_next_layer.py --out benchmarks/results/train_qwen3_next
+    python benchmarks/train_qwen3_next_layer.py --smoke      # tiny, CPU, a few steps: the script runs
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+
+import recurscan
+
+
+def layer_module():
+    from transformers.models.qwen3_next import modeling_qwen3_next
+    return modeling_qwen3_next
+
+
+def recurscan_chunk(query, key, value, g, beta, initial_state=None, output_final_state=False,
+                    use_qk_l2norm_in_kernel=False, cu_seqlens=None, **unused):
+    """transformers' torch_chunk_gated_delta_rule's signature, on recurscan's op."""
+    return recurscan.chunk_gated_delta_rule(query, key, value, g=g, beta=beta, initial_state=initial_state,
+                                            output_final_state=output_final_state,
+                                            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens)
+
+
+class TinyLM(torch.nn.Module):
+    """Embedding, one Qwen3-Next GatedDeltaNet layer with a residual, RMS norm, LM head."""
+
+    def __init__(self, config, vocab):
+        super().__init__()
+        m = layer_module()
+        self.embed = torch.nn.Embedding(vocab, config.hidden_size)
+        self.mixer = m.Qwen3NextGatedDeltaNet(config, layer_idx=0)
+        self.norm = torch.nn.RMSNorm(config.hidden_size)
+        self.head = torch.nn.Linear(config.hidden_size, vocab, bias=False)
+
+    def forward(self, tokens):
+        h = self.embed(tokens)
+        h = h + self.mixer(h)
+        return self.head(self.norm(h))
+
+
+def copy_batches(steps, batch, length, vocab, seed):
+    """Token sequences whose second half repeats the first: the model must carry the first half in
+    its state to predict the second."""
+    gen = torch.Generator().manual_seed(seed)
+    half = length // 2
+    out = []
+    for _ in range(steps):
+        first = torch.randint(1, vocab, (batch, half), generator=gen)
+        out.append(torch.cat([first, first], dim=1))
+    return out
+
+
+def train(kind, config, vocab, batches, steps, device, lr, seed):
+    m = layer_module()
+    torch.manual_seed(seed)
+    model = TinyLM(config, vocab)
+    dtype = torch.bfloat16 if kind == "recurscan" else torch.float32
+    model = model.to(device=device, dtype=dtype)
+    original = m.torch_chunk_gated_delta_rule
+    m.torch_chunk_gated_delta_rule = recurscan_chunk if kind == "recurscan" else original
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    losses, times = [], []
+    try:
+        for step in range(steps):
+            tokens = batches[step].to(device)
+            t0 = time.perf_counter()
+            logits = model(tokens[:, :-1])
+            half = tokens.shape[1] // 2
+            # the loss of the copied half: predicting token t + 1 from tokens <= t
+            loss = F.cross_entropy(logits[:, half - 1:].float().reshape(-1, vocab), tokens[:, half:].reshape(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+            losses.append(loss.item())
+    finally:
+        m.torch_chunk_gated_delta_rule = original
+    return losses, times
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=None, help="path prefix of the .json and .png")
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--length", type=int, default=1024)
+    ap.add_argument("--vocab", type=int, default=256)
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU, 3 steps")
+    args = ap.parse_args()
+    from transformers import Qwen3NextConfig
+    if args.smoke:
+        args.steps, args.batch, args.length, args.vocab, args.hidden = 3, 2, 64, 32, 64
+        config = Qwen3NextConfig(hidden_size=64, linear_num_value_heads=4, linear_num_key_heads=2,
+                                 linear_key_head_dim=16, linear_value_head_dim=16)
+    else:
+        config = Qwen3NextConfig(hidden_size=args.hidden)  # Qwen3-Next's linear-attention head sizes
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
+    batches = copy_batches(args.steps, args.batch, args.length, args.vocab, args.seed)
+    runs = {}
+    for kind in ("torch", "recurscan"):
+        losses, times = train(kind, config, args.vocab, batches, args.steps, device, args.lr, args.seed)
+        runs[kind] = dict(losses=losses, step_seconds=times)
+        print(f"{kind:<10} loss {losses[0]:.4f} -> {losses[-1]:.4f}   median step {sorted(times)[len(times) // 2] * 1e3:.1f} ms",
+              flush=True)
+    diff = [abs(a - b) for a, b in zip(runs["recurscan"]["losses"], runs["torch"]["losses"])]
+    print(f"largest |loss difference| over the run: {max(diff):.4f}")
+    if args.out:
+        record = dict(config=dict(hidden=config.hidden_size, value_heads=config.linear_num_value_heads,
+                                  key_heads=config.linear_num_key_heads, head_k=config.linear_key_head_dim,
+                                  head_v=config.linear_value_head_dim),
+                      steps=args.steps, batch=args.batch, length=args.length, vocab=args.vocab, lr=args.lr,
+                      device=str(device), runs=runs, max_abs_loss_difference=max(diff))
+        json.dump(record, open(args.out + ".json", "w"), indent=1)
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(runs["torch"]["losses"], label="transformers' torch path, float32")
+        ax.plot(runs["recurscan"]["losses"], label="recurscan, bf16", linestyle="--")
+        ax.set_xlabel("step (AdamW)")
+        ax.set_ylabel("copy-task loss")
+        ax.set_title("Qwen3-Next GatedDeltaNet layer")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(args.out + ".png", dpi=120)
+
+
+if __name__ == "__main__":
+    main()
