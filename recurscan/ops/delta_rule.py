@@ -44,12 +44,12 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
     inputs = (q, k, v, g, beta, initial_state, state, state_indices, cu_seqlens, chunk_indices_dp, chunk_offsets)
     key = None
     grad = _needs_grad(q, k, v, g, beta, initial_state)
-    if isinstance(q, torch.Tensor) and q.is_cuda and chunk_size is None and not grad:
+    if isinstance(q, torch.Tensor) and q.is_cuda and chunk_size is None:
         # The hot path: validation and planning ran for an earlier call of this signature (every
         # tensor's shape, strides, dtype, device and alignment, and every option).
         key = (launch_key(inputs + (chunk_indices,)), num_householder, scale, output_final_state,
-               use_qk_l2norm_in_kernel, return_chunk_states, backend)
-        launches = LAUNCHES.get(key)
+               use_qk_l2norm_in_kernel, return_chunk_states, backend, grad)
+        launches = None if grad else LAUNCHES.get(key)
         if launches is not None and not debug_checks():
             return _LAUNCH.run_delta_launches(launches, inputs)  # a cached entry implies _launch() ran
     problem = delta_problem(q, k, v, g, beta, num_householder=num_householder, scale=scale,
@@ -67,7 +67,7 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
                                      use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
                                      chunk_indices=chunk_indices, chunk_indices_dp=chunk_indices_dp,
                                      chunk_offsets=chunk_offsets, uses_cache=problem.uses_cache,
-                                     return_chunk_states=return_chunk_states)
+                                     return_chunk_states=return_chunk_states, key=key)
     if schedule.backend == "triton":
         return _run_triton(q, k, v, g, beta, problem, schedule, initial_state=initial_state,
                            output_final_state=output_final_state,
@@ -112,9 +112,10 @@ def _needs_grad(*tensors) -> bool:
 
 def _run_triton_with_grad(q, k, v, g, beta, problem, schedule, *, initial_state, output_final_state,
                           use_qk_l2norm_in_kernel, cu_seqlens, chunk_indices, chunk_indices_dp, chunk_offsets,
-                          uses_cache, return_chunk_states):
+                          uses_cache, return_chunk_states, key=None):
     """Inputs that require grad: the Triton forward inside autograd/delta.py's ChunkDelta, whose
-    backward is the written-out chunkwise backward. Training takes no cache and no chunk states."""
+    backward is the written-out chunkwise backward. Training takes no cache and no chunk states.
+    ``key`` (the signature, marked for grad): the forward's launches are kept under it."""
     if uses_cache or return_chunk_states:
         raise NotImplementedError(
             "chunk_gated_delta_rule / chunk_gated_delta_product_varlen: gradients flow through o, the final "
@@ -128,7 +129,8 @@ def _run_triton_with_grad(q, k, v, g, beta, problem, schedule, *, initial_state,
                            problem, schedule, initial_state=None if initial_state is None else initial_state.detach(),
                            output_final_state=True, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                            cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_indices_dp=chunk_indices_dp,
-                           chunk_offsets=chunk_offsets, state=None, state_indices=None, return_chunk_states=False)[:2]
+                           chunk_offsets=chunk_offsets, state=None, state_indices=None, return_chunk_states=False,
+                           key=key)[:2]
 
     options = dict(num_householder=problem.householder, scale=problem.scale,
                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens)
