@@ -2,8 +2,8 @@
 launches (ops -> autograd -> launch).
 
 - ``delta``: ``ChunkDelta``, the chunked delta rule (GDN, GDP) on the Triton path: the Triton
-  forward, the written-out chunkwise backward of ``reference/delta_backward.py`` in PyTorch (the
-  Triton backward stages will replace it).
+  forward, and the backward by the Triton stages of ``launch/delta_backward.py`` (GDP as GDN on
+  its expanded stream).
 
 CPU tensors on the torch backend are differentiated through the oracle by PyTorch's autograd.
 """

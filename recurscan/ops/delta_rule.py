@@ -132,8 +132,13 @@ def _run_triton_with_grad(q, k, v, g, beta, problem, schedule, *, initial_state,
                            chunk_offsets=chunk_offsets, state=None, state_indices=None, return_chunk_states=False,
                            key=key)[:2]
 
+    if cu_seqlens is not None and (chunk_indices is None or chunk_offsets is None):
+        from ..descriptors import build_chunk_descriptors  # for the backward's chunk states (a host sync)
+        built = build_chunk_descriptors(cu_seqlens, problem.householder, device=q.device)
+        chunk_indices, chunk_offsets = built.chunk_indices, built.chunk_offsets
     options = dict(num_householder=problem.householder, scale=problem.scale,
-                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens)
+                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, shape=schedule.launch,
+                   chunk_indices=chunk_indices, chunk_offsets=chunk_offsets)
     o, final = ChunkDelta.apply(q, k, v, g, beta, initial_state, forward, options)
     return o, (final if output_final_state else None)
 
@@ -228,9 +233,10 @@ def chunk_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, initial_state
     float64 for float64 inputs), and is differentiable through autograd. On CUDA tensors it runs
     the Triton kernels (bf16/fp16/fp32 inputs, float32 state). Inputs that require grad get
     gradients for q, k, v, g, beta and initial_state, with a gradient into the final state, from
-    the written-out chunkwise backward in PyTorch (``recurscan.reference.delta_backward``; it saves
-    only the inputs, reads cu_seqlens on the host, and is not yet the fast Triton backward); a
-    state cache and ``return_chunk_states`` are inference-only (NotImplementedError with grad).
+    Triton backward stages (``recurscan.launch.delta_backward``, a first, untuned version; GDP as
+    GDN on its expanded stream, building that stream's descriptors with one host sync). They save
+    only the inputs. A state cache and ``return_chunk_states`` are inference-only
+    (NotImplementedError with grad).
 
     Example:
         >>> import torch, recurscan

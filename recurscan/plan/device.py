@@ -10,6 +10,7 @@ import torch
 
 #: The modules whose kernels a late ``TRITON_INTERPRET=1`` would find built for the GPU.
 KERNEL_MODULES = ("recurscan.kernels.delta.prep", "recurscan.kernels.delta.sweep", "recurscan.kernels.delta.fixup",
+                  "recurscan.kernels.delta.backward",
                   "recurscan.kernels.stream.recurrence")
 
 

@@ -16,7 +16,7 @@ def chunk_delta_prep_kernel(
     BT: tl.constexpr, BK: tl.constexpr,
     USE_L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr,
     INV_PRECISION: tl.constexpr, DT: tl.constexpr, INV_FP16: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, STORE_INV: tl.constexpr = False,
 ):
     """Grid (chunks of the expanded stream x HV,), chunk-major: program -> (chunk pid // HV, value
     head pid % HV), so that the value heads of a GVA group, which share their q/k tiles, run side by
@@ -24,7 +24,8 @@ def chunk_delta_prep_kernel(
     (rows of the expanded stream, BT = 64 columns within the chunk, zeros above the diagonal):
 
     - ``wy[rows, hv, :]  = (G o Tinv) diag(beta)``, ``Tinv = (I + strictLower(diag(beta) K K^T))^-1``
-      computed gate-free, so ``U = wy X`` solves the chunk's gated triangular system;
+      computed gate-free, so ``U = wy X`` solves the chunk's gated triangular system (with
+      STORE_INV, for the backward: ``G o Tinv``, the inverse itself);
     - ``aqk[rows, hv, :] = G o (scale Q_exp K^T)``, causal (diagonal included), on the query rows
       (each token's last copy) only: the sweep reads no other;
     - ``coef[slot, hv, 0:64, 0:4] = (lam rk, lam rq, gam rk, lam_last)`` float32 for the chunk's 64
@@ -160,7 +161,10 @@ def chunk_delta_prep_kernel(
     # fp16 rounds it to 2^-11 relative (under the 2^-9 that wy is stored with in bf16), and entries
     # under 2^-14 to 2^-25 absolute (fp16's subnormals), far under the rounding of the sums they
     # enter. Float32 inputs keep it in float32.
-    b_Gb = (b_G * b_beta[None, :]).to(tl.float16 if wy.dtype.element_ty != tl.float32 else tl.float32)
+    if STORE_INV:  # the backward's G o Tinv = (I + diag(beta) A)^-1, without the beta columns
+        b_Gb = b_G.to(tl.float16 if wy.dtype.element_ty != tl.float32 else tl.float32)
+    else:
+        b_Gb = (b_G * b_beta[None, :]).to(tl.float16 if wy.dtype.element_ty != tl.float32 else tl.float32)
 
     # Stage 2: A = diag(beta) strictLower(K K^T) for normalised keys.
     b_A = b_kk * (b_beta * rk)[:, None] * rk[None, :]

@@ -1,0 +1,76 @@
+"""The Triton backward stages of the chunked delta rule (launch/delta_backward.py,
+kernels/delta/backward.py) under the interpreter, against the written-out reference
+(reference/delta_backward.py): every gradient against the float64 reference, bounded by what the
+same reference gets in float32."""
+import pytest
+import torch
+
+from recurscan.descriptors import build_chunk_descriptors
+from recurscan.launch.delta_backward import chunk_delta_bwd
+from recurscan.reference.delta_backward import gated_delta_rule_chunked_backward
+from tests.helpers.inputs import gdn_inputs
+from tests.helpers.tolerances import assert_like_fp32
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
+
+CASES = {
+    "dense, l2norm, resets": dict(B=2, T=130, H=2, HV=2, cu=None, l2norm=True),
+    "GVA, T 64": dict(B=1, T=64, H=1, HV=2, cu=None, l2norm=True),
+    "varlen, one-token sequences": dict(B=1, T=200, H=2, HV=4, cu=[0, 1, 2, 66, 67, 200], l2norm=True),
+    "no l2norm, short": dict(B=1, T=5, H=1, HV=1, cu=None, l2norm=False),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("optional", ["all", "no_g_beta_h0"])
+def test_triton_backward_matches_the_reference(case, optional):
+    c = CASES[case]
+    q, k, v, g, beta, _ = gdn_inputs(c["B"], c["T"], c["H"], c["HV"], 16, 16, seed=len(case))
+    cu = None if c["cu"] is None else torch.tensor(c["cu"])
+    N = c["B"] if cu is None else len(c["cu"]) - 1
+    gen = torch.Generator().manual_seed(7)
+    S0 = torch.randn(N, c["HV"], 16, 16, dtype=torch.float64, generator=gen)
+    do = torch.randn(c["B"], c["T"], c["HV"], 16, dtype=torch.float64, generator=gen)
+    dht = torch.randn(N, c["HV"], 16, 16, dtype=torch.float64, generator=gen)
+    if optional == "no_g_beta_h0":
+        g = beta = S0 = None
+    args = dict(scale=0.2, use_qk_l2norm_in_kernel=c["l2norm"], cu_seqlens=cu)
+    want64 = gated_delta_rule_chunked_backward(q, k, v, g, beta, do, dht, initial_state=S0, **args)
+    f32 = lambda x: None if x is None else x.float()  # noqa: E731
+    ref32 = gated_delta_rule_chunked_backward(*map(f32, (q, k, v, g, beta, do, dht)), initial_state=f32(S0), **args)
+    dev = lambda x: None if x is None else x.float().to(DEVICE)  # noqa: E731
+    desc = {} if cu is None else dict(zip(("chunk_indices", "chunk_offsets"),
+                                          (lambda d: (d.chunk_indices, d.chunk_offsets))(
+                                              build_chunk_descriptors(cu, device=DEVICE))))
+    got = chunk_delta_bwd(*map(dev, (q, k, v, g, beta, do, dht)), initial_state=dev(S0),
+                          **dict(args, cu_seqlens=None if cu is None else cu.to(DEVICE)), **desc)
+    for name, a, b, r in zip(NAMES, got, want64, ref32):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert_like_fp32(a.cpu(), b, r, name)
+
+
+@pytest.mark.parametrize("M, cu", [(2, None), (3, [0, 1, 40, 41, 90])])
+def test_gated_delta_product_on_the_expanded_stream(M, cu):
+    from recurscan.launch.delta_backward import chunk_delta_product_bwd
+    from recurscan.reference.delta_backward import gated_delta_product_chunked_backward
+    from tests.helpers.inputs import gdp_inputs
+    T = 90
+    q, k, v, g, beta = gdp_inputs(T, M, 2, 4, 16, 16, seed=M)[:5]
+    cu_t = None if cu is None else torch.tensor(cu)
+    N = 1 if cu is None else len(cu) - 1
+    gen = torch.Generator().manual_seed(8)
+    S0 = torch.randn(N, 4, 16, 16, dtype=torch.float64, generator=gen)
+    do = torch.randn(1, T, 4, 16, dtype=torch.float64, generator=gen)
+    dht = torch.randn(N, 4, 16, 16, dtype=torch.float64, generator=gen)
+    args = dict(use_qk_l2norm_in_kernel=True, cu_seqlens=cu_t)
+    want64 = gated_delta_product_chunked_backward(q, k, v, g, beta, M, do, dht, initial_state=S0, **args)
+    f32 = lambda x: x.float()  # noqa: E731
+    ref32 = gated_delta_product_chunked_backward(*map(f32, (q, k, v, g, beta)), M, f32(do), f32(dht),
+                                                 initial_state=f32(S0), **args)
+    dev = lambda x: x.float().to(DEVICE)  # noqa: E731
+    got = chunk_delta_product_bwd(*map(dev, (q, k, v, g, beta)), M, dev(do), dev(dht), initial_state=dev(S0),
+                                  use_qk_l2norm_in_kernel=True, cu_seqlens=None if cu_t is None else cu_t.to(DEVICE))
+    for name, a, b, r in zip(NAMES, got, want64, ref32):
+        assert_like_fp32(a.cpu(), b, r, name)
