@@ -1,0 +1,131 @@
+"""Forward + backward of the chunked delta rule on the GPU (issue 19's table): recurscan, and the
+peers that import here (fla-core, FlashQLA), in one process, eager with the L2 flushed
+(``triton.testing.do_bench``), bf16 inputs, l2norm in the kernel.
+
+Per workload: the median of forward + backward (gradients of q, k, v, g, beta), the forward alone,
+the first call in a fresh process with an empty Triton cache (``--cold``), and the bytes the
+autograd graph holds between forward and backward (allocated after the forward, minus before it,
+outputs excluded), against the bytes of q, k, v, g and beta.
+
+    PYTHONPATH=$PWD python benchmarks/gpu_delta_train.py --out benchmarks/results/gpu_delta_train.json [--cold]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+import triton.testing as tt
+
+from benchmarks import registry, runner
+
+WORKLOADS = ["gdn_b4_t4096_h16", "gdn_b1_t16384_h16_hv32", "gdp_m2_b4_t4096_h16"]
+TARGETS_MS = {"gdn_b4_t4096_h16": 0.90, "gdn_b1_t16384_h16_hv32": 1.30, "gdp_m2_b4_t4096_h16": 1.8}
+
+
+def leaves(w, seed=0):
+    x = w.make_inputs("cuda", seed)
+    out = {n: x[n].detach().requires_grad_() for n in ("q", "k", "v", "g", "beta")}
+    return out, x
+
+
+def recurscan_step(w, x, t):
+    import recurscan
+    M = w.num_householder
+    if M == 1 and x["cu_seqlens"] is None:
+        o, _ = recurscan.chunk_gated_delta_rule(t["q"], t["k"], t["v"], t["g"], t["beta"], use_qk_l2norm_in_kernel=True)
+    else:
+        B, T = t["q"].shape[:2]
+        cu = torch.arange(B + 1, device="cuda") * T
+        flat = {n: v.reshape(1, -1, *v.shape[2:]) for n, v in t.items()}
+        o, _ = recurscan.chunk_gated_delta_product_varlen(flat["q"], flat["k"], flat["v"], flat["g"], flat["beta"], M,
+                                                          cu, use_qk_l2norm_in_kernel=True)
+    return o
+
+
+def fla_step(w, x, t):
+    if w.num_householder != 1:
+        raise runner.Unsupported("fla's chunk_gated_delta_product takes another layout; not wired")
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    o, _ = chunk_gated_delta_rule(t["q"], t["k"], t["v"], t["g"], t["beta"], use_qk_l2norm_in_kernel=True)
+    return o
+
+
+PEERS = {"recurscan": recurscan_step, "fla": fla_step}
+
+
+def measure(name, step, w):
+    t, x = leaves(w)
+    do = torch.randn(w.batch, w.seqlen, w.value_heads, w.head_v, device="cuda", dtype=t["v"].dtype)
+
+    def fwd_bwd():
+        o = step(w, x, t)
+        torch.autograd.grad(o.reshape(do.shape), list(t.values()), do)
+
+    def fwd():
+        with torch.no_grad():
+            step(w, x, t)
+
+    fwd_bwd()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    o = step(w, x, t)
+    held = torch.cuda.memory_allocated() - before - o.numel() * o.element_size()
+    del o
+    inputs = sum(v.numel() * v.element_size() for v in t.values())
+    res = dict(impl=name, fwd_bwd_ms=tt.do_bench(fwd_bwd, rep=300), fwd_ms=tt.do_bench(fwd, rep=200),
+               saved_bytes=held, input_bytes=inputs, saved_over_inputs=held / inputs)
+    print(f"{w.name:<26} {name:<10} fwd+bwd {res['fwd_bwd_ms']:.3f} ms  fwd {res['fwd_ms']:.3f} ms  "
+          f"saved {held / 2**20:.1f} MiB = {res['saved_over_inputs']:.2f}x inputs", flush=True)
+    return res
+
+
+COLD = """
+import torch
+from benchmarks import registry
+from benchmarks.gpu_delta_train import leaves, recurscan_step
+import time
+w = registry.get({name!r})
+t, x = leaves(w)
+do = torch.randn(w.batch, w.seqlen, w.value_heads, w.head_v, device="cuda", dtype=t["v"].dtype)
+torch.cuda.synchronize(); t0 = time.perf_counter()
+o = recurscan_step(w, x, t)
+torch.autograd.grad(o.reshape(do.shape), list(t.values()), do)
+torch.cuda.synchronize(); print(time.perf_counter() - t0)
+"""
+
+
+def cold(name):
+    with tempfile.TemporaryDirectory() as cache:
+        out = subprocess.run([sys.executable, "-c", COLD.format(name=name)], capture_output=True, text=True,
+                             env=dict(os.environ, TRITON_CACHE_DIR=cache), check=True)
+    return float(out.stdout.split()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out")
+    ap.add_argument("--workload", action="append")
+    ap.add_argument("--cold", action="store_true")
+    args = ap.parse_args()
+    rows = []
+    for name in args.workload or WORKLOADS:
+        w = registry.get(name)
+        for impl, step in PEERS.items():
+            try:
+                rows.append(dict(workload=name, target_ms=TARGETS_MS.get(name), **measure(impl, step, w)))
+            except Exception as exc:  # recorded, never hidden
+                rows.append(dict(workload=name, impl=impl, status=f"{type(exc).__name__}: {exc}"))
+                print(f"{name:<26} {impl:<10} {rows[-1]['status']}", flush=True)
+        if args.cold:
+            rows.append(dict(workload=name, impl="recurscan", cold_first_call_s=cold(name)))
+            print(f"{name:<26} recurscan  cold first call {rows[-1]['cold_first_call_s']:.1f} s", flush=True)
+    if args.out:
+        runner.save_rows(rows, args.out, torch.device("cuda"))
+
+
+if __name__ == "__main__":
+    main()
