@@ -20,6 +20,7 @@ from ..descriptors import CHUNK_SIZE
 from ..kernels.delta.backward import chunk_delta_bwd_grads_kernel, chunk_delta_bwd_sweep_kernel
 from ..kernels.delta.prep import chunk_delta_prep_kernel
 from ..plan.delta import DeltaShape
+from ..reference.delta import expand_householder
 from .delta import TEST_SHAPE, DeltaInputs, build_delta_launches, run_delta_launches
 
 
@@ -92,15 +93,8 @@ def chunk_delta_product_bwd(q, k, v, g, beta, num_householder, do, dht=None, *, 
     descriptors on the host (one sync)."""
     from ..descriptors import build_chunk_descriptors
     M = num_householder
-    B, T = q.shape[:2]
-    q_exp = q.new_zeros(B, T * M, *q.shape[2:])
-    q_exp[:, M - 1::M] = q
-    g_exp = None
-    if g is not None:
-        g_exp = g.new_zeros(B, T * M, *g.shape[2:])
-        g_exp[:, ::M] = g
-    do_exp = do.new_zeros(B, T * M, *do.shape[2:])
-    do_exp[:, M - 1::M] = do
+    q_exp, g_exp = expand_householder(q, g, M)
+    do_exp = expand_householder(do, None, M)[0]  # the output is read on the last copy, as q
     desc = {}
     cu_exp = None
     if cu_seqlens is not None:
