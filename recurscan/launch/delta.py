@@ -185,7 +185,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         H=H, HV=HV, K=K, M=M, BT=BT, BK=BK,
         USE_L2NORM=use_qk_l2norm_in_kernel, IS_VARLEN=varlen, HAS_G=g is not None,
         INV_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DT=dt, INV_FP16=q.dtype != torch.float32,
-        wait_primary=0, PDL=not INTERPRET)
+        wait_primary=0, PDL=not INTERPRET, STORE_INV=False)
     phased = phases > 1 and not varlen and segments <= 1 and T > 0
     # A register cap (compile option) sets how many prep programs share a multiprocessor.
     prep_options = dict(num_warps=prep_warps, **({} if prep_maxnreg is None else {"maxnreg": prep_maxnreg}))
