@@ -74,3 +74,18 @@ def test_gated_delta_product_on_the_expanded_stream(M, cu):
                                   use_qk_l2norm_in_kernel=True, cu_seqlens=None if cu_t is None else cu_t.to(DEVICE))
     for name, a, b, r in zip(NAMES, got, want64, ref32):
         assert_like_fp32(a.cpu(), b, r, name)
+
+
+def test_strided_inputs_and_gradient_give_the_contiguous_bits():
+    """q, k, v, g, beta, dO and dht arriving as strided views: the same gradients as contiguous copies."""
+    q, k, v, g, beta, S0 = (x.float().to(DEVICE) for x in gdn_inputs(1, 80, 2, 2, 16, 16, seed=21))
+    gen = torch.Generator().manual_seed(22)
+    do = torch.randn(1, 80, 2, 16, generator=gen).to(DEVICE)
+    dht = torch.randn(1, 2, 16, 16, generator=gen).to(DEVICE)
+    strided = lambda x: x.transpose(-1, -2).contiguous().transpose(-1, -2) if x.dim() == 4 else \
+        torch.stack([x, x], -1)[..., 0]  # noqa: E731
+    a = chunk_delta_bwd(q, k, v, g, beta, do, dht, initial_state=S0, use_qk_l2norm_in_kernel=True)
+    b = chunk_delta_bwd(*map(strided, (q, k, v, g, beta, do, dht)), initial_state=S0, use_qk_l2norm_in_kernel=True)
+    assert not strided(g).is_contiguous() and not strided(q).is_contiguous()
+    for name, x, y in zip(NAMES, a, b):
+        assert torch.equal(x, y), name

@@ -61,7 +61,10 @@ def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, scale=None, initial_state
     dstates = torch.empty_like(states)
     dh0 = torch.empty(N, HV, K, V, **f32) if initial_state is not None else None
     u, dy, dv = (torch.empty(B, T, HV, V, **f32) for _ in range(3))
-    qc, kc, vc, doc = (x.contiguous() for x in (q, k, v, do))
+    # The stages index these as dense [B, T, heads, dim] (and dht as [N, HV, K, V]): any strided input is copied.
+    qc, kc, vc, doc, beta_t = (x.contiguous() for x in (q, k, v, do, beta_t))
+    g = None if g is None else g.contiguous()
+    dht = None if dht is None else dht.float().contiguous()
     chunk_delta_bwd_sweep_kernel[(N * HV * triton.cdiv(V, BV),)](
         qc, kc, vc, beta_t, doc, winv, aqk, coef, states, dstates, dht if dht is not None else dstates,
         dh0 if dh0 is not None else dstates, u, dy, dv,
