@@ -24,6 +24,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from recurscan.kernels.delta.backward import chunk_delta_bwd_grads_kernel, chunk_delta_bwd_sweep_kernel
 from recurscan.kernels.delta.prep import chunk_delta_prep_kernel
 from recurscan.kernels.delta.sweep import chunk_delta_sweep_kernel
 
@@ -123,6 +124,23 @@ def prep(warps=4, fp16=True, varlen=False, M=1, maxnreg=None, lines=0):
     return _compile(chunk_delta_prep_kernel, sig, const, warps, maxnreg=maxnreg, lines=lines)
 
 
+def backward(BV=32, warps=8):
+    """The backward's reverse sweep and parallel stage (value blocks of BV), dense GDN."""
+    p, f = "*bf16", "*fp32"
+    sig = dict(q=p, k=p, v=p, beta=p, do=p, winv=p, aqk=p, coef=f, states=f, dstates=f, dht=f, dh0=f, u_out=f,
+               dy_out=f, dv=f, cu_seqlens="*i32", chunk_offsets="*i32", T="i32")
+    const = dict(H=16, HV=32, K=128, V=128, BT=64, BK=128, BV=BV, IS_VARLEN=False, HAS_DHT=True, STORE_DH0=True,
+                 DOT_PRECISION="tf32", DT=tl.bfloat16)
+    swept = _compile(chunk_delta_bwd_sweep_kernel, sig, const, warps)
+    sig = dict(q=p, k=p, v=p, g="*fp32", beta=p, do=p, u=f, dy=f, states=f, dstates=f, dq=f, dk=f, dg=f, dbeta=f,
+               cu_seqlens="*i32", chunk_indices="*i32", chunk_offsets="*i32", T="i32", n_seq="i32", scale="fp32",
+               part_rows="i32")
+    const = dict(H=16, HV=32, K=128, V=128, BT=64, BK=128, BV=BV, IS_VARLEN=False, HAS_G=True, USE_L2NORM=True,
+                 DOT_PRECISION="tf32", DT=tl.bfloat16)
+    return f"reverse sweep BV {BV}, {warps} warps: {swept}\nparallel stage BV {BV}, {warps} warps: " \
+           f"{_compile(chunk_delta_bwd_grads_kernel, sig, const, warps)}"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m benchmarks.sm90_resources")
     ap.add_argument("--sweep", action="append", help="BV:warps:stages:v_product[:tma_store] (repeatable)")
@@ -131,7 +149,11 @@ def main(argv=None):
                                                    "none (repeatable)")
     ap.add_argument("--lines", type=int, default=0, help="with --prep: the N source lines with the most "
                                                           "SASS instructions")
+    ap.add_argument("--backward", action="store_true", help="the backward's two kernels")
     args = ap.parse_args(argv)
+    if args.backward:
+        print(backward())
+        return
     if args.prep:
         for text in args.prep:
             print(f"prep, 4 warps, maxnreg {int(text) or '-'}: {prep(maxnreg=int(text) or None, lines=args.lines)}")

@@ -19,6 +19,7 @@ CASES = {
     "GVA, T 64": dict(B=1, T=64, H=1, HV=2, cu=None, l2norm=True),
     "varlen, one-token sequences": dict(B=1, T=200, H=2, HV=4, cu=[0, 1, 2, 66, 67, 200], l2norm=True),
     "no l2norm, short": dict(B=1, T=5, H=1, HV=1, cu=None, l2norm=False),
+    "two value blocks, V 40": dict(B=1, T=100, H=1, HV=2, cu=[0, 30, 100], l2norm=True, V=40),
 }
 
 
@@ -26,13 +27,14 @@ CASES = {
 @pytest.mark.parametrize("optional", ["all", "no_g_beta_h0"])
 def test_triton_backward_matches_the_reference(case, optional):
     c = CASES[case]
-    q, k, v, g, beta, _ = gdn_inputs(c["B"], c["T"], c["H"], c["HV"], 16, 16, seed=len(case))
+    V = c.get("V", 16)
+    q, k, v, g, beta, _ = gdn_inputs(c["B"], c["T"], c["H"], c["HV"], 16, V, seed=len(case))
     cu = None if c["cu"] is None else torch.tensor(c["cu"])
     N = c["B"] if cu is None else len(c["cu"]) - 1
     gen = torch.Generator().manual_seed(7)
-    S0 = torch.randn(N, c["HV"], 16, 16, dtype=torch.float64, generator=gen)
-    do = torch.randn(c["B"], c["T"], c["HV"], 16, dtype=torch.float64, generator=gen)
-    dht = torch.randn(N, c["HV"], 16, 16, dtype=torch.float64, generator=gen)
+    S0 = torch.randn(N, c["HV"], 16, V, dtype=torch.float64, generator=gen)
+    do = torch.randn(c["B"], c["T"], c["HV"], V, dtype=torch.float64, generator=gen)
+    dht = torch.randn(N, c["HV"], 16, V, dtype=torch.float64, generator=gen)
     if optional == "no_g_beta_h0":
         g = beta = S0 = None
     args = dict(scale=0.2, use_qk_l2norm_in_kernel=c["l2norm"], cu_seqlens=cu)

@@ -15,13 +15,14 @@ import dataclasses
 
 import torch
 import triton
+import triton.language as tl
 
 from ..descriptors import CHUNK_SIZE
 from ..kernels.delta.backward import chunk_delta_bwd_grads_kernel, chunk_delta_bwd_sweep_kernel
 from ..kernels.delta.prep import chunk_delta_prep_kernel
 from ..plan.delta import DeltaShape
 from ..reference.delta import expand_householder
-from .delta import TEST_SHAPE, DeltaInputs, build_delta_launches, run_delta_launches
+from .delta import INTERPRET, TEST_SHAPE, DeltaInputs, build_delta_launches, run_delta_launches
 
 
 def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, scale=None, initial_state=None,
@@ -54,8 +55,12 @@ def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, scale=None, initial_state
     winv, aqk, coef = run_delta_launches(prep, inputs)
     beta_t = beta if beta is not None else torch.ones(B, T, HV, dtype=q.dtype, device=q.device)
     dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    # Product operands in the inputs' dtype (the interpreter multiplies bf16 tiles wrongly: float32 there).
+    dt = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[q.dtype]
+    dt = tl.float32 if INTERPRET and dt == tl.bfloat16 else dt
     f32 = dict(dtype=torch.float32, device=q.device)
-    # 3. The reverse sweep.
+    # 3. The reverse sweep. 32 value columns on 8 warps: offline for sm_90 (benchmarks/sm90_resources.py
+    #    --backward) both stages then fit the H200's shared memory, the sweep's loop without spills.
     BK = max(16, triton.next_power_of_2(K))
     BV = min(32, max(16, triton.next_power_of_2(V)))
     dstates = torch.empty_like(states)
@@ -70,18 +75,21 @@ def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, scale=None, initial_state
         dh0 if dh0 is not None else dstates, u, dy, dv,
         cu_seqlens if varlen else dv, chunk_offsets if varlen else dv, T,
         H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=varlen, HAS_DHT=dht is not None,
-        STORE_DH0=dh0 is not None, DOT_PRECISION=dot_precision, num_warps=4)
-    # 4. The parallel stage.
-    dq, dk = (torch.empty(B, T, HV, K, **f32) for _ in range(2))
-    dg = torch.empty(B, T, HV, **f32) if g is not None else None
-    dbeta = torch.empty(B, T, HV, **f32)
+        STORE_DH0=dh0 is not None, DOT_PRECISION=dot_precision, DT=dt, num_warps=8)
+    # 4. The parallel stage, a part per value block (zeros where a padding chunk writes none).
+    NVp = triton.cdiv(V, BV)
+    dq, dk = (torch.zeros(NVp, B, T, HV, K, **f32) for _ in range(2))
+    dg = torch.zeros(NVp, B, T, HV, **f32) if g is not None else None
+    dbeta = torch.zeros(NVp, B, T, HV, **f32)
     chunks = chunk_indices.shape[0] if varlen else B * triton.cdiv(T, BT)
-    chunk_delta_bwd_grads_kernel[(chunks * HV,)](
+    chunk_delta_bwd_grads_kernel[(chunks * HV * NVp,)](
         qc, kc, vc, g if g is not None else dbeta, beta_t, doc, u, dy, states, dstates, dq, dk,
         dg if dg is not None else dbeta, dbeta, cu_seqlens if varlen else dv, chunk_indices if varlen else dv,
-        chunk_offsets if varlen else dv, T, N, scale,
-        H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=max(16, triton.next_power_of_2(V)), IS_VARLEN=varlen,
-        HAS_G=g is not None, USE_L2NORM=use_qk_l2norm_in_kernel, DOT_PRECISION=dot_precision, num_warps=4)
+        chunk_offsets if varlen else dv, T, N, scale, B * T * HV,
+        H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=varlen,
+        HAS_G=g is not None, USE_L2NORM=use_qk_l2norm_in_kernel, DOT_PRECISION=dot_precision, DT=dt, num_warps=8)
+    dq, dk, dbeta = (d.sum(0) for d in (dq, dk, dbeta))
+    dg = None if dg is None else dg.sum(0)
     # 5. GVA: value head hv read q/k head hv // (HV / H).
     dq, dk = (d.view(B, T, H, HV // H, K).sum(3) for d in (dq, dk))
     return dq, dk, dv, dg, dbeta if beta is not None else None, dh0

@@ -14,6 +14,13 @@ from .common import _chunk_gates, _chunk_slot, _gate_tile
 
 
 @triton.jit
+def _mm(a, b, DT: tl.constexpr, PRECISION: tl.constexpr):
+    """a @ b on DT operands (the inputs' dtype: 16-bit tiles halve the shared memory the products
+    stage through), float32 accumulation."""
+    return tl.dot(a.to(DT), b.to(DT), input_precision=PRECISION)
+
+
+@triton.jit
 def _sequence(cu_seqlens, i_n, T, IS_VARLEN: tl.constexpr):
     """(bos, length) of sequence i_n, clamped to [0, T]."""
     if IS_VARLEN:
@@ -31,7 +38,7 @@ def chunk_delta_bwd_sweep_kernel(
     cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DT: tl.constexpr,
 ):
     """Grid (N * HV * ceil(V / BV),): one program per (sequence, value head, value block) holds
     dS [K, BV] (the gradient of the state leaving the chunk) and walks the chunks last to first.
@@ -92,36 +99,41 @@ def chunk_delta_bwd_sweep_kernel(
         b_S = tl.load(states + p_state, mask=m_kv, other=0.0)
         tl.store(dstates + p_state, b_dS, mask=m_kv)
 
-        b_X = b_v - lam_rk[:, None] * tl.dot(b_k, b_S, input_precision=DOT_PRECISION)
-        b_U = tl.dot(b_W, b_beta[:, None] * b_X, input_precision=DOT_PRECISION)
-        b_dU = tl.dot(tl.trans(b_Aqk), b_do, input_precision=DOT_PRECISION) + \
-            gam_rk[:, None] * tl.dot(b_k, b_dS, input_precision=DOT_PRECISION)
-        b_dY = tl.dot(tl.trans(b_W), b_dU, input_precision=DOT_PRECISION)
+        b_X = b_v - lam_rk[:, None] * _mm(b_k, b_S, DT, DOT_PRECISION)
+        b_U = _mm(b_W, b_beta[:, None] * b_X, DT, DOT_PRECISION)
+        b_dU = _mm(tl.trans(b_Aqk), b_do, DT, DOT_PRECISION) + \
+            gam_rk[:, None] * _mm(b_k, b_dS, DT, DOT_PRECISION)
+        b_dY = _mm(tl.trans(b_W), b_dU, DT, DOT_PRECISION)
         b_dv = b_beta[:, None] * b_dY
         tl.store(u_out + p_rv, b_U, mask=m_rv)
         tl.store(dy_out + p_rv, b_dY, mask=m_rv)
         tl.store(dv + p_rv, b_dv, mask=m_rv)
-        b_dS = tl.dot(tl.trans(b_q), lam_rq[:, None] * b_do, input_precision=DOT_PRECISION) + lam_last * b_dS \
-            - tl.dot(tl.trans(b_k), lam_rk[:, None] * b_dv, input_precision=DOT_PRECISION)
+        b_dS = _mm(tl.trans(b_q), lam_rq[:, None] * b_do, DT, DOT_PRECISION) + lam_last * b_dS \
+            - _mm(tl.trans(b_k), lam_rk[:, None] * b_dv, DT, DOT_PRECISION)
     if STORE_DH0:
         tl.store(dh0 + (i_n * HV + i_hv) * K * V + o_kv, b_dS, mask=m_kv)
 
 
-@triton.jit(do_not_specialize=["T", "n_seq"])
+@triton.jit(do_not_specialize=["T", "n_seq", "part_rows"])
 def chunk_delta_bwd_grads_kernel(
     q, k, v, g, beta, do, u, dy, states, dstates, dq, dk, dg, dbeta,
-    cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, scale,
+    cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, scale, part_rows,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, USE_L2NORM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DT: tl.constexpr,
 ):
-    """Grid (chunks x HV,): one program per (chunk, value head), every value column (BV >= V).
-    From U, dY (the sweep's), S entering the chunk and dS leaving it, the steps 2-5 of
-    ``reference.delta_backward.gdn_chunk_backward`` on the normalised q, k: dq and dk of this
-    value head (float32, before the GVA sum), dg and dbeta; then the L2 norm's backward."""
+    """Grid (chunks x HV x ceil(V / BV),): one program per (chunk, value head, value block). From U,
+    dY (the sweep's), S entering the chunk and dS leaving it, the steps 2-5 of
+    ``reference.delta_backward.gdn_chunk_backward`` on the normalised q, k, over the block's value
+    columns: every gradient here is a sum over the value columns of terms linear in them (the L2
+    norm's backward too, for fixed q and k), so each block writes its part, ``dq[i_v]``,
+    ``dk[i_v]``, ``dg[i_v]``, ``dbeta[i_v]`` (float32, before the GVA sum), and the launch sums
+    the parts."""
     pid = tl.program_id(0).to(tl.int64)
-    i_c = pid // HV
-    i_hv = pid % HV
+    NV: tl.constexpr = (V + BV - 1) // BV
+    i_v = pid % NV
+    i_c = pid // (NV * HV)
+    i_hv = (pid // NV) % HV
     i_h = i_hv // (HV // H)
     if IS_VARLEN:
         i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
@@ -142,7 +154,7 @@ def chunk_delta_bwd_grads_kernel(
     r0 = bos + i_t * BT
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
-    o_v = tl.arange(0, BV)
+    o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
     m_v = o_v < V
     rows = r0 + o_t.to(tl.int64)
@@ -180,35 +192,34 @@ def chunk_delta_bwd_grads_kernel(
     gam = tl.where(seg == seg_last, tl.exp2(tl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
 
     # 2. Through the outputs and the state leaving the chunk.
-    b_QK = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)
-    b_KK = tl.dot(b_k, tl.trans(b_k), input_precision=DOT_PRECISION)
-    b_ds = tl.where(causal, scale * tl.dot(b_do, tl.trans(b_U), input_precision=DOT_PRECISION), 0.0)
+    b_QK = _mm(b_q, tl.trans(b_k), DT, DOT_PRECISION)
+    b_KK = _mm(b_k, tl.trans(b_k), DT, DOT_PRECISION)
+    b_ds = tl.where(causal, scale * _mm(b_do, tl.trans(b_U), DT, DOT_PRECISION), 0.0)
     b_dsG = b_ds * b_G
-    b_dq = tl.dot(b_dsG, b_k, input_precision=DOT_PRECISION) + \
-        scale * lam[:, None] * tl.dot(b_do, tl.trans(b_S), input_precision=DOT_PRECISION)
-    b_KdS = tl.dot(b_k, b_dSn, input_precision=DOT_PRECISION)
-    b_dk = tl.dot(tl.trans(b_dsG), b_q, input_precision=DOT_PRECISION) + \
-        gam[:, None] * tl.dot(b_U, tl.trans(b_dSn), input_precision=DOT_PRECISION)
+    b_dq = _mm(b_dsG, b_k, DT, DOT_PRECISION) + \
+        scale * lam[:, None] * _mm(b_do, tl.trans(b_S), DT, DOT_PRECISION)
+    b_KdS = _mm(b_k, b_dSn, DT, DOT_PRECISION)
+    b_dk = _mm(tl.trans(b_dsG), b_q, DT, DOT_PRECISION) + \
+        gam[:, None] * _mm(b_U, tl.trans(b_dSn), DT, DOT_PRECISION)
     b_dG = b_ds * b_QK
     b_dG += tl.where(o_t[:, None] == BT - 1, tl.sum(b_KdS * b_U, axis=1)[None, :], 0.0)  # gam = G[last, :]
-    b_KS = tl.dot(b_k, b_S, input_precision=DOT_PRECISION)
-    dlam = scale * tl.sum(b_do * tl.dot(b_q, b_S, input_precision=DOT_PRECISION), axis=1)
+    b_KS = _mm(b_k, b_S, DT, DOT_PRECISION)
+    dlam = scale * tl.sum(b_do * _mm(b_q, b_S, DT, DOT_PRECISION), axis=1)
     dlam += tl.where(o_t == BT - 1, tl.sum(tl.sum(b_S * b_dSn, axis=1), axis=0), 0.0)
 
     # 3. Through the solve: dA = -strict(drhs U^T), drhs = beta o dY; dbeta = dY . (rhs - A U).
     b_drhs = b_beta[:, None] * b_dY
     b_A = tl.where(strict, b_KK * b_G, 0.0)
-    b_dA = tl.where(strict, -tl.dot(b_drhs, tl.trans(b_U), input_precision=DOT_PRECISION), 0.0)
+    b_dA = tl.where(strict, -_mm(b_drhs, tl.trans(b_U), DT, DOT_PRECISION), 0.0)
     b_dAG = b_dA * b_G
-    b_dk += tl.dot(b_dAG, b_k, input_precision=DOT_PRECISION) + tl.dot(tl.trans(b_dAG), b_k,
-                                                                         input_precision=DOT_PRECISION)
+    b_dk += _mm(b_dAG, b_k, DT, DOT_PRECISION) + _mm(tl.trans(b_dAG), b_k, DT, DOT_PRECISION)
     b_dG += b_dA * b_KK
     b_rhs = b_v - lam[:, None] * b_KS
-    d_beta = tl.sum(b_dY * (b_rhs - tl.dot(b_A, b_U, input_precision=DOT_PRECISION)), axis=1)
+    d_beta = tl.sum(b_dY * (b_rhs - _mm(b_A, b_U, DT, DOT_PRECISION)), axis=1)
 
     # 4. Through rhs = V - diag(lam) K S.
     dlam -= tl.sum(b_drhs * b_KS, axis=1)
-    b_dk -= lam[:, None] * tl.dot(b_drhs, tl.trans(b_S), input_precision=DOT_PRECISION)
+    b_dk -= lam[:, None] * _mm(b_drhs, tl.trans(b_S), DT, DOT_PRECISION)
 
     # 5. dg_m = sum_{i >= m} dlam_i lam_i + sum_{i >= m > j} dG[i, j] G[i, j].
     b_dSeg = tl.where(causal, b_dG * b_G, 0.0)
@@ -218,9 +229,10 @@ def chunk_delta_bwd_grads_kernel(
     if USE_L2NORM:  # y = x r: dx = r (dy - y (y . dy))
         b_dq = rq[:, None] * (b_dq - b_q * tl.sum(b_q * b_dq, axis=1)[:, None])
         b_dk = rk[:, None] * (b_dk - b_k * tl.sum(b_k * b_dk, axis=1)[:, None])
-    p_rk = (rows * HV + i_hv)[:, None] * K + o_k[None, :]
+    part = i_v * part_rows  # the value block's part of [NV, B * T * HV, .]: part_rows = B * T * HV
+    p_rk = (part + rows * HV + i_hv)[:, None] * K + o_k[None, :]
     tl.store(dq + p_rk, b_dq, mask=m_rk)
     tl.store(dk + p_rk, b_dk, mask=m_rk)
-    tl.store(dbeta + rows * HV + i_hv, d_beta, mask=m_r)
+    tl.store(dbeta + part + rows * HV + i_hv, d_beta, mask=m_r)
     if HAS_G:
-        tl.store(dg + rows * HV + i_hv, d_g, mask=m_r)
+        tl.store(dg + part + rows * HV + i_hv, d_g, mask=m_r)
