@@ -128,13 +128,13 @@ def backward(BV=32, warps=8):
     """The backward's reverse sweep and parallel stage (value blocks of BV), dense GDN."""
     p, f = "*bf16", "*fp32"
     sig = dict(q=p, k=p, v=p, beta=p, do=p, winv=p, aqk=p, coef=f, states=f, dstates=f, dht=f, dh0=f, u_out=f,
-               dy_out=f, dv=f, cu_seqlens="*i32", chunk_offsets="*i32", T="i32")
+               dy_out=f, dv=f, cu_seqlens="*i32", chunk_offsets="*i32", T="i32", n_cs_rows="i32")
     const = dict(H=16, HV=32, K=128, V=128, BT=64, BK=128, BV=BV, IS_VARLEN=False, HAS_DHT=True, STORE_DH0=True,
                  DOT_PRECISION="tf32", DT=tl.bfloat16)
     swept = _compile(chunk_delta_bwd_sweep_kernel, sig, const, warps)
     sig = dict(q=p, k=p, v=p, g="*fp32", beta=p, do=p, u=f, dy=f, states=f, dstates=f, dq=f, dk=f, dg=f, dbeta=f,
                cu_seqlens="*i32", chunk_indices="*i32", chunk_offsets="*i32", T="i32", n_seq="i32", scale="fp32",
-               part_rows="i32")
+               part_rows="i32", n_cs_rows="i32")
     const = dict(H=16, HV=32, K=128, V=128, BT=64, BK=128, BV=BV, IS_VARLEN=False, HAS_G=True, USE_L2NORM=True,
                  DOT_PRECISION="tf32", DT=tl.bfloat16)
     return f"reverse sweep BV {BV}, {warps} warps: {swept}\nparallel stage BV {BV}, {warps} warps: " \

@@ -91,3 +91,16 @@ def test_strided_inputs_and_gradient_give_the_contiguous_bits():
     assert not strided(g).is_contiguous() and not strided(q).is_contiguous()
     for name, x, y in zip(NAMES, a, b):
         assert torch.equal(x, y), name
+
+
+def test_wrong_chunk_offsets_read_and_write_nothing_outside():
+    """A chunk_offsets entry past the chunk-state rows: wrong gradients, never an access outside a
+    tensor (the stages bound every chunk-state row they take from it)."""
+    q, k, v, g, beta, _ = (x.float().to(DEVICE) for x in gdn_inputs(1, 130, 1, 1, 16, 16, seed=30))
+    cu = torch.tensor([0, 60, 130], device=DEVICE)
+    d = build_chunk_descriptors(cu.cpu(), device=DEVICE)
+    bad = d.chunk_offsets.clone()
+    bad[1] = 1 << 20
+    do = torch.ones(1, 130, 1, 16, device=DEVICE)
+    got = chunk_delta_bwd(q, k, v, g, beta, do, cu_seqlens=cu, chunk_indices=d.chunk_indices, chunk_offsets=bad)
+    assert got[2].shape == v.shape

@@ -51,7 +51,9 @@ def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, scale=None, initial_state
     prep = build_delta_launches(q, k, v, g, beta, shape, **common)
     steps = [dataclasses.replace(s, kwargs=dict(s.kwargs, STORE_INV=True), direct=None)
              for s in prep.steps if s.kernel is chunk_delta_prep_kernel]
-    prep = dataclasses.replace(prep, steps=steps, outputs=("wy", "aqk", "coef"), launched=False)
+    written = ("wy", "aqk", "coef", "sequence_order", "beta_ones")  # what the prep reads or writes
+    prep = dataclasses.replace(prep, buffers={n: b for n, b in prep.buffers.items() if n in written}, steps=steps,
+                               outputs=("wy", "aqk", "coef"), launched=False)
     winv, aqk, coef = run_delta_launches(prep, inputs)
     beta_t = beta if beta is not None else torch.ones(B, T, HV, dtype=q.dtype, device=q.device)
     dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"
@@ -73,7 +75,7 @@ def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, scale=None, initial_state
     chunk_delta_bwd_sweep_kernel[(N * HV * triton.cdiv(V, BV),)](
         qc, kc, vc, beta_t, doc, winv, aqk, coef, states, dstates, dht if dht is not None else dstates,
         dh0 if dh0 is not None else dstates, u, dy, dv,
-        cu_seqlens if varlen else dv, chunk_offsets if varlen else dv, T,
+        cu_seqlens if varlen else dv, chunk_offsets if varlen else dv, T, states.shape[0],
         H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=varlen, HAS_DHT=dht is not None,
         STORE_DH0=dh0 is not None, DOT_PRECISION=dot_precision, DT=dt, num_warps=8)
     # 4. The parallel stage, a part per value block (zeros where a padding chunk writes none).
@@ -85,7 +87,7 @@ def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, scale=None, initial_state
     chunk_delta_bwd_grads_kernel[(chunks * HV * NVp,)](
         qc, kc, vc, g if g is not None else dbeta, beta_t, doc, u, dy, states, dstates, dq, dk,
         dg if dg is not None else dbeta, dbeta, cu_seqlens if varlen else dv, chunk_indices if varlen else dv,
-        chunk_offsets if varlen else dv, T, N, scale, B * T * HV,
+        chunk_offsets if varlen else dv, T, N, scale, B * T * HV, states.shape[0],
         H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=varlen,
         HAS_G=g is not None, USE_L2NORM=use_qk_l2norm_in_kernel, DOT_PRECISION=dot_precision, DT=dt, num_warps=8)
     dq, dk, dbeta = (d.sum(0) for d in (dq, dk, dbeta))

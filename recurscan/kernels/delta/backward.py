@@ -32,10 +32,10 @@ def _sequence(cu_seqlens, i_n, T, IS_VARLEN: tl.constexpr):
     return bos, eos
 
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "n_cs_rows"])
 def chunk_delta_bwd_sweep_kernel(
     q, k, v, beta, do, winv, aqk, coef, states, dstates, dht, dh0, u_out, dy_out, dv,
-    cu_seqlens, chunk_offsets, T,
+    cu_seqlens, chunk_offsets, T, n_cs_rows,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DT: tl.constexpr,
@@ -96,8 +96,9 @@ def chunk_delta_bwd_sweep_kernel(
         b_W = tl.load(winv + p_tt, mask=m_r[:, None], other=0.0).to(tl.float32)  # [BT, BT] G o Tinv
         b_Aqk = tl.load(aqk + p_tt, mask=m_r[:, None], other=0.0).to(tl.float32)
         p_state = ((cs0 + c) * HV + i_hv) * K * V + o_kv
-        b_S = tl.load(states + p_state, mask=m_kv, other=0.0)
-        tl.store(dstates + p_state, b_dS, mask=m_kv)
+        m_row = m_kv & (cs0 + c >= 0) & (cs0 + c < n_cs_rows)  # no chunk_offsets reaches past the rows
+        b_S = tl.load(states + p_state, mask=m_row, other=0.0)
+        tl.store(dstates + p_state, b_dS, mask=m_row)
 
         b_X = b_v - lam_rk[:, None] * _mm(b_k, b_S, DT, DOT_PRECISION)
         b_U = _mm(b_W, b_beta[:, None] * b_X, DT, DOT_PRECISION)
@@ -114,10 +115,10 @@ def chunk_delta_bwd_sweep_kernel(
         tl.store(dh0 + (i_n * HV + i_hv) * K * V + o_kv, b_dS, mask=m_kv)
 
 
-@triton.jit(do_not_specialize=["T", "n_seq", "part_rows"])
+@triton.jit(do_not_specialize=["T", "n_seq", "part_rows", "n_cs_rows"])
 def chunk_delta_bwd_grads_kernel(
     q, k, v, g, beta, do, u, dy, states, dstates, dq, dk, dg, dbeta,
-    cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, scale, part_rows,
+    cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, scale, part_rows, n_cs_rows,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, USE_L2NORM: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DT: tl.constexpr,
@@ -179,8 +180,9 @@ def chunk_delta_bwd_grads_kernel(
     b_dY = tl.load(dy + p_rv, mask=m_rv, other=0.0)
     b_beta = tl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(tl.float32)
     o_kv = o_k[:, None] * V + o_v[None, :]
-    b_S = tl.load(states + (cs * HV + i_hv) * K * V + o_kv, mask=m_kv, other=0.0)
-    b_dSn = tl.load(dstates + (cs * HV + i_hv) * K * V + o_kv, mask=m_kv, other=0.0)
+    m_row = m_kv & (cs >= 0) & (cs < n_cs_rows)  # no chunk_offsets reaches past the rows
+    b_S = tl.load(states + (cs * HV + i_hv) * K * V + o_kv, mask=m_row, other=0.0)
+    b_dSn = tl.load(dstates + (cs * HV + i_hv) * K * V + o_kv, mask=m_row, other=0.0)
 
     # 1. The decays (the prep's stage 1): rows past the sequence carry decay 1, so the last row
     #    stands for the chunk's end.
