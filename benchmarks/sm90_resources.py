@@ -124,21 +124,21 @@ def prep(warps=4, fp16=True, varlen=False, M=1, maxnreg=None, lines=0):
     return _compile(chunk_delta_prep_kernel, sig, const, warps, maxnreg=maxnreg, lines=lines)
 
 
-def backward(BV=32, warps=8):
+def backward(BV=32, warps=8, grads_warps=8):
     """The backward's reverse sweep and parallel stage (value blocks of BV), dense GDN."""
     p, f = "*bf16", "*fp32"
-    sig = dict(q=p, k=p, v=p, beta=p, do=p, winv=p, aqk=p, coef=f, states=f, dstates=f, dht=f, dh0=f, u_out=f,
-               dy_out=f, dv=f, cu_seqlens="*i32", chunk_offsets="*i32", T="i32", n_cs_rows="i32")
+    sig = dict(q=p, k=p, v=p, beta=p, do=p, winv=p, aqk=p, coef=f, states=p, dstates=p, dht=f, dh0=f, u_out=p,
+               dy_out=p, dv=f, cu_seqlens="*i32", chunk_offsets="*i32", T="i32", n_cs_rows="i32")
     const = dict(H=16, HV=32, K=128, V=128, BT=64, BK=128, BV=BV, IS_VARLEN=False, HAS_DHT=True, STORE_DH0=True,
                  DOT_PRECISION="tf32", DT=tl.bfloat16)
     swept = _compile(chunk_delta_bwd_sweep_kernel, sig, const, warps)
-    sig = dict(q=p, k=p, v=p, g="*fp32", beta=p, do=p, u=f, dy=f, states=f, dstates=f, dq=f, dk=f, dg=f, dbeta=f,
-               cu_seqlens="*i32", chunk_indices="*i32", chunk_offsets="*i32", T="i32", n_seq="i32", scale="fp32",
-               part_rows="i32", n_cs_rows="i32")
+    sig = dict(q=p, k=p, v=p, g="*fp32", beta=p, do=p, u=p, dy=p, states=p, dstates=p, dq=f, dk=f, dg=f, dbeta=f,
+               scratch=p, cu_seqlens="*i32", chunk_indices="*i32", chunk_offsets="*i32", T="i32", n_seq="i32",
+               scale="fp32", n_cs_rows="i32")
     const = dict(H=16, HV=32, K=128, V=128, BT=64, BK=128, BV=BV, IS_VARLEN=False, HAS_G=True, USE_L2NORM=True,
                  DOT_PRECISION="tf32", DT=tl.bfloat16)
-    return f"reverse sweep BV {BV}, {warps} warps: {swept}\nparallel stage BV {BV}, {warps} warps: " \
-           f"{_compile(chunk_delta_bwd_grads_kernel, sig, const, warps)}"
+    return f"reverse sweep BV {BV}, {warps} warps: {swept}\nparallel stage BV {BV}, {grads_warps} warps: " \
+           f"{_compile(chunk_delta_bwd_grads_kernel, sig, const, grads_warps)}"
 
 
 def main(argv=None):
@@ -149,10 +149,11 @@ def main(argv=None):
                                                    "none (repeatable)")
     ap.add_argument("--lines", type=int, default=0, help="with --prep: the N source lines with the most "
                                                           "SASS instructions")
-    ap.add_argument("--backward", action="store_true", help="the backward's two kernels")
+    ap.add_argument("--backward", nargs="?", const="32:8:8", help="the backward's two kernels "
+                                                                    "(BV:sweep warps:parallel-stage warps)")
     args = ap.parse_args(argv)
     if args.backward:
-        print(backward())
+        print(backward(*map(int, args.backward.split(":"))))
         return
     if args.prep:
         for text in args.prep:

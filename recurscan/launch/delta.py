@@ -115,9 +115,12 @@ class DeltaLaunches:
 def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder=1, scale=None,
                          initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False,
                          cu_seqlens=None, chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None,
-                         state=None, state_indices=None, return_chunk_states=False) -> DeltaLaunches:
+                         state=None, state_indices=None, return_chunk_states=False,
+                         chunk_states_dtype=torch.float32) -> DeltaLaunches:
     """The launches of one call signature, in the launch ``shape`` the planner chose (the tensors'
-    shapes and strides are read, never kept); arguments as :func:`chunk_delta_fwd`."""
+    shapes and strides are read, never kept); arguments as :func:`chunk_delta_fwd`.
+    ``chunk_states_dtype``: the backward keeps the chunk states in the inputs' dtype, which is the
+    product operand the sweep took them as."""
     check_shape(shape)
     M = num_householder
     block_v, num_warps, num_stages, prep_warps = shape.block_v, shape.num_warps, shape.num_stages, shape.prep_warps
@@ -162,7 +165,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         else:
             rows = B * triton.cdiv(T, BT)
         # Zeros: rows past the last sequence's (descriptor padding) and a padding sequence's rows.
-        buffers["chunk_states"] = ((rows, HV, K, V), torch.float32, 0.0)
+        buffers["chunk_states"] = ((rows, HV, K, V), chunk_states_dtype, 0.0)
 
     def arg(name, present=True):  # a per-call tensor; an absent one points at o (its flag keeps it unread)
         return CallArg(name if present else "o")

@@ -104,6 +104,21 @@ def delta_shape(problem, device: torch.device) -> DeltaShape:
     raise AssertionError("the last launch row always applies")
 
 
+@dataclass(frozen=True)
+class DeltaBackwardShape:
+    """How the backward's stages launch (launch/delta_backward.py)."""
+
+    block_v: int  # value columns a reverse-sweep program carries; the parallel stage's V step
+    sweep_warps: int
+    grads_warps: int
+    reason: str
+
+
+DELTA_BACKWARD_LAUNCH = DeltaBackwardShape(
+    32, 8, 8, "32 value columns: both stages fit the H200's shared memory and the sweep's loop keeps dS in "
+    "registers (benchmarks/sm90_resources.py --backward)")
+
+
 def triton_delta_unsupported(problem) -> str | None:
     """Why the delta-rule Triton kernels cannot take this problem, or None if they can."""
     if problem.dtype not in (torch.float16, torch.bfloat16, torch.float32):

@@ -115,26 +115,32 @@ def chunk_delta_bwd_sweep_kernel(
         tl.store(dh0 + (i_n * HV + i_hv) * K * V + o_kv, b_dS, mask=m_kv)
 
 
-@triton.jit(do_not_specialize=["T", "n_seq", "part_rows", "n_cs_rows"])
+@triton.jit(do_not_specialize=["T", "n_seq", "n_cs_rows"])
 def chunk_delta_bwd_grads_kernel(
-    q, k, v, g, beta, do, u, dy, states, dstates, dq, dk, dg, dbeta,
-    cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, scale, part_rows, n_cs_rows,
+    q, k, v, g, beta, do, u, dy, states, dstates, dq, dk, dg, dbeta, scratch,
+    cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, scale, n_cs_rows,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, USE_L2NORM: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DT: tl.constexpr,
 ):
-    """Grid (chunks x HV x ceil(V / BV),): one program per (chunk, value head, value block). From U,
-    dY (the sweep's), S entering the chunk and dS leaving it, the steps 2-5 of
-    ``reference.delta_backward.gdn_chunk_backward`` on the normalised q, k, over the block's value
-    columns: every gradient here is a sum over the value columns of terms linear in them (the L2
-    norm's backward too, for fixed q and k), so each block writes its part, ``dq[i_v]``,
-    ``dk[i_v]``, ``dg[i_v]``, ``dbeta[i_v]`` (float32, before the GVA sum), and the launch sums
-    the parts."""
+    """Grid (chunks x HV,): one program per (chunk, value head). From U, dY (the sweep's), S
+    entering the chunk and dS leaving it, the steps 2-5 of
+    ``reference.delta_backward.gdn_chunk_backward`` on the normalised q, k; dq and dk per value
+    head (float32, before the GVA sum).
+
+    Every V-sum is accumulated over value blocks of BV columns first, as products:
+    dO S^T and (gam o U) dS^T - (lam beta o dY) S^T [BT, K]; dO U^T and dY U^T [BT, BT]; and the
+    row sums (K dS) . U, dY . (K S), dY . V and S . dS. The rest follows from these:
+    dlam's scale dO . (Q S) is scale q . (dO S^T), and dbeta's dY . (A U) is the row sum of
+    A o (dY U^T).
+
+    No operand is the transpose of a product's result: on Hopper, Triton 3.4 to 3.7.0 miscompile
+    ``tl.dot(tl.trans(x), ...)`` when x is in the product's output layout (fla issue 640). The two
+    transposed products, (dscores o G)^T Q and (dA o G)^T K, read their left operands back
+    transposed through a per-program scratch of 2 [BT, BT] tiles in DT."""
     pid = tl.program_id(0).to(tl.int64)
-    NV: tl.constexpr = (V + BV - 1) // BV
-    i_v = pid % NV
-    i_c = pid // (NV * HV)
-    i_hv = (pid // NV) % HV
+    i_c = pid // HV
+    i_hv = pid % HV
     i_h = i_hv // (HV // H)
     if IS_VARLEN:
         i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
@@ -155,75 +161,108 @@ def chunk_delta_bwd_grads_kernel(
     r0 = bos + i_t * BT
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
-    m_v = o_v < V
     rows = r0 + o_t.to(tl.int64)
     m_r = rows < eos
     m_rk = m_r[:, None] & m_k[None, :]
-    m_rv = m_r[:, None] & m_v[None, :]
-    m_kv = m_k[:, None] & m_v[None, :]
     causal = o_t[:, None] >= o_t[None, :]
     strict = o_t[:, None] > o_t[None, :]
+    cs_ok = (cs >= 0) & (cs < n_cs_rows)  # no chunk_offsets reaches past the rows
+    p_s = states + (cs * HV + i_hv) * K * V
+    p_ds = dstates + (cs * HV + i_hv) * K * V
 
-    b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
     b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
     if USE_L2NORM:
-        rq = tl.rsqrt(tl.sum(b_q * b_q, axis=1) + 1e-6)
         rk = tl.rsqrt(tl.sum(b_k * b_k, axis=1) + 1e-6)
-        b_q = b_q * rq[:, None]
         b_k = b_k * rk[:, None]
-    p_rv = (rows * HV + i_hv)[:, None] * V + o_v[None, :]
-    b_v = tl.load(v + p_rv, mask=m_rv, other=0.0).to(tl.float32)
-    b_do = tl.load(do + p_rv, mask=m_rv, other=0.0).to(tl.float32)
-    b_U = tl.load(u + p_rv, mask=m_rv, other=0.0)
-    b_dY = tl.load(dy + p_rv, mask=m_rv, other=0.0)
     b_beta = tl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(tl.float32)
-    o_kv = o_k[:, None] * V + o_v[None, :]
-    m_row = m_kv & (cs >= 0) & (cs < n_cs_rows)  # no chunk_offsets reaches past the rows
-    b_S = tl.load(states + (cs * HV + i_hv) * K * V + o_kv, mask=m_row, other=0.0)
-    b_dSn = tl.load(dstates + (cs * HV + i_hv) * K * V + o_kv, mask=m_row, other=0.0)
 
     # 1. The decays (the prep's stage 1): rows past the sequence carry decay 1, so the last row
     #    stands for the chunk's end.
     gc, seg, bad = _chunk_gates(g, rows, rows * 0, m_r, i_hv, HV, 1, BT, HAS_G)
     seg_last = tl.sum(tl.where(o_t == BT - 1, seg, 0), axis=0)
     gc_last = tl.sum(tl.where(o_t == BT - 1, gc, 0.0), axis=0)
-    b_G = _gate_tile(gc, seg, causal, seg_last != 0)
     lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
     gam = tl.where(seg == seg_last, tl.exp2(tl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
 
-    # 2. Through the outputs and the state leaving the chunk.
-    b_QK = _mm(b_q, tl.trans(b_k), DT, DOT_PRECISION)
-    b_KK = _mm(b_k, tl.trans(b_k), DT, DOT_PRECISION)
-    b_ds = tl.where(causal, scale * _mm(b_do, tl.trans(b_U), DT, DOT_PRECISION), 0.0)
-    b_dsG = b_ds * b_G
-    b_dq = _mm(b_dsG, b_k, DT, DOT_PRECISION) + \
-        scale * lam[:, None] * _mm(b_do, tl.trans(b_S), DT, DOT_PRECISION)
-    b_KdS = _mm(b_k, b_dSn, DT, DOT_PRECISION)
-    b_dk = _mm(tl.trans(b_dsG), b_q, DT, DOT_PRECISION) + \
-        gam[:, None] * _mm(b_U, tl.trans(b_dSn), DT, DOT_PRECISION)
-    b_dG = b_ds * b_QK
-    b_dG += tl.where(o_t[:, None] == BT - 1, tl.sum(b_KdS * b_U, axis=1)[None, :], 0.0)  # gam = G[last, :]
-    b_KS = _mm(b_k, b_S, DT, DOT_PRECISION)
-    dlam = scale * tl.sum(b_do * _mm(b_q, b_S, DT, DOT_PRECISION), axis=1)
-    dlam += tl.where(o_t == BT - 1, tl.sum(tl.sum(b_S * b_dSn, axis=1), axis=0), 0.0)
+    # 2. The sums over value columns, a block of BV at a time.
+    b_dOS = tl.zeros([BT, BK], dtype=tl.float32)  # dO S^T
+    b_dkS = tl.zeros([BT, BK], dtype=tl.float32)  # (gam o U) dS^T - (lam beta o dY) S^T
+    b_dOU = tl.zeros([BT, BT], dtype=tl.float32)  # dO U^T
+    b_dYU = tl.zeros([BT, BT], dtype=tl.float32)  # dY U^T
+    kdsu = tl.zeros([BT], dtype=tl.float32)  # (K dS) . U
+    dyks = tl.zeros([BT], dtype=tl.float32)  # dY . (K S)
+    dyv = tl.zeros([BT], dtype=tl.float32)  # dY . V
+    sds = tl.zeros([BK], dtype=tl.float32)  # S . dS, by key row
+    for i_v in range(0, (V + BV - 1) // BV):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        m_rv = m_r[:, None] & m_v[None, :]
+        m_kv = m_k[:, None] & m_v[None, :] & cs_ok
+        p_rv = (rows * HV + i_hv)[:, None] * V + o_v[None, :]
+        b_v = tl.load(v + p_rv, mask=m_rv, other=0.0).to(tl.float32)
+        b_do = tl.load(do + p_rv, mask=m_rv, other=0.0)
+        b_U = tl.load(u + p_rv, mask=m_rv, other=0.0).to(tl.float32)
+        b_dY = tl.load(dy + p_rv, mask=m_rv, other=0.0).to(tl.float32)
+        o_kv = o_k[:, None] * V + o_v[None, :]
+        b_S = tl.load(p_s + o_kv, mask=m_kv, other=0.0)
+        b_dS = tl.load(p_ds + o_kv, mask=m_kv, other=0.0)
+        b_St = tl.trans(b_S.to(DT))
+        b_dSt = tl.trans(b_dS.to(DT))
+        b_Ut = tl.trans(b_U.to(DT))
+        b_dOS = tl.dot(b_do.to(DT), b_St, b_dOS, input_precision=DOT_PRECISION)
+        b_dkS = tl.dot((gam[:, None] * b_U).to(DT), b_dSt, b_dkS, input_precision=DOT_PRECISION)
+        b_dkS = tl.dot((-(lam * b_beta)[:, None] * b_dY).to(DT), b_St, b_dkS, input_precision=DOT_PRECISION)
+        b_dOU = tl.dot(b_do.to(DT), b_Ut, b_dOU, input_precision=DOT_PRECISION)
+        b_dYU = tl.dot(b_dY.to(DT), b_Ut, b_dYU, input_precision=DOT_PRECISION)
+        kdsu += tl.sum(_mm(b_k, b_dS, DT, DOT_PRECISION) * b_U, axis=1)
+        dyks += tl.sum(_mm(b_k, b_S, DT, DOT_PRECISION) * b_dY, axis=1)
+        dyv += tl.sum(b_dY * b_v, axis=1)
+        sds += tl.sum(b_S.to(tl.float32) * b_dS.to(tl.float32), axis=1)
 
-    # 3. Through the solve: dA = -strict(drhs U^T), drhs = beta o dY; dbeta = dY . (rhs - A U).
-    b_drhs = b_beta[:, None] * b_dY
+    b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
+    if USE_L2NORM:
+        rq = tl.rsqrt(tl.sum(b_q * b_q, axis=1) + 1e-6)
+        b_q = b_q * rq[:, None]
+    b_G = _gate_tile(gc, seg, causal, seg_last != 0)
+    b_kt = tl.trans(b_k.to(DT))
+    b_QK = tl.dot(b_q.to(DT), b_kt, input_precision=DOT_PRECISION)
+    b_KK = tl.dot(b_k.to(DT), b_kt, input_precision=DOT_PRECISION)
+
+    # 3. Through the outputs and the state leaving the chunk.
+    b_dscores = tl.where(causal, scale * b_dOU, 0.0)
+    b_dsG = b_dscores * b_G
+    b_dq = _mm(b_dsG, b_k, DT, DOT_PRECISION) + scale * lam[:, None] * b_dOS
+    b_dG = b_dscores * b_QK
+    b_dG += tl.where(o_t[:, None] == BT - 1, kdsu[None, :], 0.0)  # gam = G[last, :]
+    dlam = scale * tl.sum(b_q * b_dOS, axis=1)
+    dlam += tl.where(o_t == BT - 1, tl.sum(sds, axis=0), 0.0)
+
+    # 4. Through the solve: d(system) = -strict(dY U^T), dA = beta o d(system);
+    #    dbeta = d(system) . A + dY . rhs, rhs = V - lam o (K S); and rhs's own dlam term.
     b_A = tl.where(strict, b_KK * b_G, 0.0)
-    b_dA = tl.where(strict, -_mm(b_drhs, tl.trans(b_U), DT, DOT_PRECISION), 0.0)
+    b_dsys = tl.where(strict, -b_dYU, 0.0)
+    d_beta = tl.sum(b_dsys * b_A, axis=1) + dyv - lam * dyks
+    b_dA = b_beta[:, None] * b_dsys
     b_dAG = b_dA * b_G
-    b_dk += _mm(b_dAG, b_k, DT, DOT_PRECISION) + _mm(tl.trans(b_dAG), b_k, DT, DOT_PRECISION)
     b_dG += b_dA * b_KK
-    b_rhs = b_v - lam[:, None] * b_KS
-    d_beta = tl.sum(b_dY * (b_rhs - _mm(b_A, b_U, DT, DOT_PRECISION)), axis=1)
+    dlam -= b_beta * dyks
 
-    # 4. Through rhs = V - diag(lam) K S.
-    dlam -= tl.sum(b_drhs * b_KS, axis=1)
-    b_dk -= lam[:, None] * _mm(b_drhs, tl.trans(b_S), DT, DOT_PRECISION)
+    # 5. dk = (dscores o G)^T Q + (dA o G) K + (dA o G)^T K + b_dkS; the two transposed left
+    #    operands through the scratch (see above).
+    p_scr = scratch + pid * 2 * BT * BT + o_t[:, None] * BT + o_t[None, :]
+    p_scr_t = scratch + pid * 2 * BT * BT + o_t[None, :] * BT + o_t[:, None]
+    tl.store(p_scr, b_dsG.to(DT))
+    tl.store(p_scr + BT * BT, b_dAG.to(DT))
+    tl.debug_barrier()
+    b_dsGt = tl.load(p_scr_t, cache_modifier=".cg")
+    b_dAGt = tl.load(p_scr_t + BT * BT, cache_modifier=".cg")
+    b_kd = b_k.to(DT)
+    b_dk = b_dkS + tl.dot(b_dAG.to(DT), b_kd, input_precision=DOT_PRECISION)
+    b_dk = tl.dot(b_dAGt, b_kd, b_dk, input_precision=DOT_PRECISION)
+    b_dk = tl.dot(b_dsGt, b_q.to(DT), b_dk, input_precision=DOT_PRECISION)
 
-    # 5. dg_m = sum_{i >= m} dlam_i lam_i + sum_{i >= m > j} dG[i, j] G[i, j].
+    # 6. dg_m = sum_{i >= m} dlam_i lam_i + sum_{i >= m > j} dG[i, j] G[i, j].
     b_dSeg = tl.where(causal, b_dG * b_G, 0.0)
     below = tl.cumsum(b_dSeg, axis=0, reverse=True)  # row m: the rows i >= m, summed
     d_g = tl.sum(tl.where(strict, below, 0.0), axis=1) + tl.cumsum(dlam * lam, axis=0, reverse=True)
@@ -231,10 +270,9 @@ def chunk_delta_bwd_grads_kernel(
     if USE_L2NORM:  # y = x r: dx = r (dy - y (y . dy))
         b_dq = rq[:, None] * (b_dq - b_q * tl.sum(b_q * b_dq, axis=1)[:, None])
         b_dk = rk[:, None] * (b_dk - b_k * tl.sum(b_k * b_dk, axis=1)[:, None])
-    part = i_v * part_rows  # the value block's part of [NV, B * T * HV, .]: part_rows = B * T * HV
-    p_rk = (part + rows * HV + i_hv)[:, None] * K + o_k[None, :]
+    p_rk = (rows * HV + i_hv)[:, None] * K + o_k[None, :]
     tl.store(dq + p_rk, b_dq, mask=m_rk)
     tl.store(dk + p_rk, b_dk, mask=m_rk)
-    tl.store(dbeta + part + rows * HV + i_hv, d_beta, mask=m_r)
+    tl.store(dbeta + rows * HV + i_hv, d_beta, mask=m_r)
     if HAS_G:
-        tl.store(dg + part + rows * HV + i_hv, d_g, mask=m_r)
+        tl.store(dg + rows * HV + i_hv, d_g, mask=m_r)
