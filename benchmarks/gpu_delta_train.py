@@ -71,16 +71,48 @@ def measure(name, step, w):
 
     fwd_bwd()
     torch.cuda.synchronize()
+    storages = {}  # every tensor the graph saves, by storage (the inputs count: they are kept alive)
+
+    def pack(x):
+        storages[x.untyped_storage().data_ptr()] = x.untyped_storage().nbytes()
+        return x
+
     before = torch.cuda.memory_allocated()
-    o = step(w, x, t)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        o = step(w, x, t)
     held = torch.cuda.memory_allocated() - before - o.numel() * o.element_size()
     del o
+    saved = sum(storages.values())
     inputs = sum(v.numel() * v.element_size() for v in t.values())
     res = dict(impl=name, fwd_bwd_ms=tt.do_bench(fwd_bwd, rep=300), fwd_ms=tt.do_bench(fwd, rep=200),
-               saved_bytes=held, input_bytes=inputs, saved_over_inputs=held / inputs)
+               saved_bytes=saved, held_beyond_inputs_bytes=held, input_bytes=inputs, saved_over_inputs=saved / inputs)
     print(f"{w.name:<26} {name:<10} fwd+bwd {res['fwd_bwd_ms']:.3f} ms  fwd {res['fwd_ms']:.3f} ms  "
-          f"saved {held / 2**20:.1f} MiB = {res['saved_over_inputs']:.2f}x inputs", flush=True)
+          f"saved {saved / 2**20:.1f} MiB = {res['saved_over_inputs']:.2f}x inputs (+{held / 2**20:.1f} MiB allocated "
+          f"beyond them)", flush=True)
+    if PROFILE:
+        res["kernels_us"] = kernel_times(fwd_bwd)
     return res
+
+
+PROFILE = False
+
+
+def kernel_times(fn, top=12):
+    """GPU time by kernel over one call (torch.profiler), microseconds, the largest first."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    times = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            times[e.name[:60]] = times.get(e.name[:60], 0.0) + e.device_time
+    rows = sorted(times.items(), key=lambda kv: -kv[1])[:top]
+    for n, us in rows:
+        print(f"    {us:9.1f} us  {n}", flush=True)
+    return dict(rows)
 
 
 COLD = """
@@ -110,11 +142,17 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--workload", action="append")
     ap.add_argument("--cold", action="store_true")
+    ap.add_argument("--impl", action="append", help="limit the implementations (recurscan, fla)")
+    ap.add_argument("--profile", action="store_true", help="GPU time by kernel of one forward + backward")
     args = ap.parse_args()
+    global PROFILE
+    PROFILE = args.profile
     rows = []
     for name in args.workload or WORKLOADS:
         w = registry.get(name)
         for impl, step in PEERS.items():
+            if args.impl and impl not in args.impl:
+                continue
             try:
                 rows.append(dict(workload=name, target_ms=TARGETS_MS.get(name), **measure(impl, step, w)))
             except Exception as exc:  # recorded, never hidden
