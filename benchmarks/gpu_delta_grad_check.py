@@ -60,16 +60,17 @@ def run(case, shape, dtype=torch.bfloat16):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", action="append", help="BV:sweep warps:parallel-stage warps (repeatable)")
+    ap.add_argument("--shape", action="append", help="BV:sweep warps:parallel-stage warps[:its BV] (repeatable)")
     ap.add_argument("--case", action="append")
     ap.add_argument("--out")
     args = ap.parse_args()
-    shapes = [DELTA_BACKWARD_LAUNCH] + [DeltaBackwardShape(*map(int, s.split(":")), "variant")
+    shapes = [DELTA_BACKWARD_LAUNCH] + [DeltaBackwardShape(*map(int, s.split(":")[:3]), "variant",
+                                                                           *map(int, s.split(":")[3:]))
                                         for s in args.shape or []]
     rows = []
     for case in args.case or CASES:
         for shape in shapes:
-            tag = f"{shape.block_v}:{shape.sweep_warps}:{shape.grads_warps}"
+            tag = f"{shape.block_v}:{shape.sweep_warps}:{shape.grads_warps}:{shape.grads_block_v or shape.block_v}"
             try:
                 r = run(case, shape)
                 print(f"{case:<34} {tag:<8} " + "  ".join(f"{n} {x:.1e}" for n, x in r.items()), flush=True)

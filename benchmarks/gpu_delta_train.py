@@ -95,6 +95,16 @@ def measure(name, step, w):
 
 
 PROFILE = False
+PLANNED = None
+
+
+def set_backward_shape(text):
+    """The planner's backward launch shape, or ``BV:sweep warps:parallel-stage warps``."""
+    from recurscan.plan import delta as plan_delta
+    global PLANNED
+    PLANNED = PLANNED or plan_delta.DELTA_BACKWARD_LAUNCH
+    plan_delta.DELTA_BACKWARD_LAUNCH = PLANNED if text is None else plan_delta.DeltaBackwardShape(
+        *map(int, text.split(":")[:3]), "variant", *map(int, text.split(":")[3:]))
 
 
 def kernel_times(fn, top=12):
@@ -144,15 +154,21 @@ def main():
     ap.add_argument("--cold", action="store_true")
     ap.add_argument("--impl", action="append", help="limit the implementations (recurscan, fla)")
     ap.add_argument("--profile", action="store_true", help="GPU time by kernel of one forward + backward")
+    ap.add_argument("--backward-shape", action="append", help="BV:sweep warps:parallel-stage warps[:its BV]: recurscan "
+                                                               "again in this backward launch shape (repeatable)")
     args = ap.parse_args()
     global PROFILE
     PROFILE = args.profile
     rows = []
     for name in args.workload or WORKLOADS:
         w = registry.get(name)
-        for impl, step in PEERS.items():
+        variants = [(impl, step, None) for impl, step in PEERS.items()] + \
+            [("recurscan", recurscan_step, bs) for bs in args.backward_shape or []]
+        for impl, step, bshape in variants:
             if args.impl and impl not in args.impl:
                 continue
+            set_backward_shape(bshape)
+            impl = impl if bshape is None else f"{impl} {bshape}"
             try:
                 rows.append(dict(workload=name, target_ms=TARGETS_MS.get(name), **measure(impl, step, w)))
             except Exception as exc:  # recorded, never hidden

@@ -18,7 +18,8 @@ class ChunkDelta(torch.autograd.Function):
 
     ``forward()``: the no-grad forward (the Triton launches), returning ``(o, final_state)``;
     ``options``: num_householder, scale, use_qk_l2norm_in_kernel, cu_seqlens, and for the Triton
-    backward the launch shape and the varlen descriptors (chunk_indices, chunk_offsets).
+    backward the launch shape and the varlen descriptors (chunk_indices, chunk_indices_dp,
+    chunk_offsets).
     """
 
     @staticmethod
@@ -37,7 +38,7 @@ class ChunkDelta(torch.autograd.Function):
                       cu_seqlens=opt["cu_seqlens"])
         if opt["num_householder"] > 1:
             grads = chunk_delta_product_bwd(q, k, v, g, beta, opt["num_householder"], do, dht, shape=opt["shape"],
-                                            **common)
+                                            chunk_indices_dp=opt["chunk_indices_dp"], **common)
         else:
             grads = chunk_delta_bwd(q, k, v, g, beta, do, dht, shape=opt["shape"], chunk_indices=opt["chunk_indices"],
                                     chunk_offsets=opt["chunk_offsets"], **common)

@@ -34,6 +34,8 @@ def _launch():
 
 #: CUDA call signature -> its DeltaLaunches (launch/delta.py).
 LAUNCHES = SignatureCache("chunked delta rule")
+#: Signature (inputs that require grad) -> (problem, schedule): validated and planned once.
+GRAD_PLANS = SignatureCache("chunked delta rule, training")
 
 
 def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, output_final_state,
@@ -52,6 +54,14 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
         launches = None if grad else LAUNCHES.get(key)
         if launches is not None and not debug_checks():
             return _LAUNCH.run_delta_launches(launches, inputs)  # a cached entry implies _launch() ran
+        planned = GRAD_PLANS.get(key) if grad else None
+        if planned is not None and not debug_checks():
+            return _run_triton_with_grad(q, k, v, g, beta, *planned, initial_state=initial_state,
+                                         output_final_state=output_final_state,
+                                         use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
+                                         chunk_indices=chunk_indices, chunk_indices_dp=chunk_indices_dp,
+                                         chunk_offsets=chunk_offsets, uses_cache=planned[0].uses_cache,
+                                         return_chunk_states=return_chunk_states, key=key)
     problem = delta_problem(q, k, v, g, beta, num_householder=num_householder, scale=scale,
                             initial_state=initial_state, cu_seqlens=cu_seqlens, state=state,
                             state_indices=state_indices)
@@ -62,6 +72,8 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
         _check_device_values(problem, cu_seqlens, state, state_indices)
     schedule = plan("delta_rule", problem, q.device, "chunked", backend)
     if schedule.backend == "triton" and grad:
+        if key is not None:
+            GRAD_PLANS.put(key, (problem, schedule))
         return _run_triton_with_grad(q, k, v, g, beta, problem, schedule, initial_state=initial_state,
                                      output_final_state=output_final_state,
                                      use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
@@ -132,13 +144,15 @@ def _run_triton_with_grad(q, k, v, g, beta, problem, schedule, *, initial_state,
                            chunk_offsets=chunk_offsets, state=None, state_indices=None, return_chunk_states=False,
                            key=key)[:2]
 
-    if cu_seqlens is not None and (chunk_indices is None or chunk_offsets is None):
+    if cu_seqlens is not None and (chunk_indices is None or chunk_offsets is None or chunk_indices_dp is None):
         from ..descriptors import build_chunk_descriptors  # for the backward's chunk states (a host sync)
         built = build_chunk_descriptors(cu_seqlens, problem.householder, device=q.device)
-        chunk_indices, chunk_offsets = built.chunk_indices, built.chunk_offsets
+        chunk_indices = built.chunk_indices if chunk_indices is None else chunk_indices
+        chunk_indices_dp = built.chunk_indices_dp if chunk_indices_dp is None else chunk_indices_dp
+        chunk_offsets = built.chunk_offsets if chunk_offsets is None else chunk_offsets
     options = dict(num_householder=problem.householder, scale=problem.scale,
                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, shape=schedule.launch,
-                   chunk_indices=chunk_indices, chunk_offsets=chunk_offsets)
+                   chunk_indices=chunk_indices, chunk_indices_dp=chunk_indices_dp, chunk_offsets=chunk_offsets)
     o, final = ChunkDelta.apply(q, k, v, g, beta, initial_state, forward, options)
     return o, (final if output_final_state else None)
 
@@ -168,7 +182,8 @@ def _run_triton(q, k, v, g, beta, problem, schedule, *, initial_state, output_fi
             key = None  # the plan's sizes came from device values: not reusable
         if return_chunk_states:
             num_rows = chunk_indices.shape[0]
-    launches = L_.build_delta_launches(
+    launches = None if key is None else LAUNCHES.get(key)  # the training path's forward, planned before
+    launches = launches or L_.build_delta_launches(
         q, k, v, g, beta, schedule.launch, num_householder=M, scale=problem.scale, initial_state=initial_state,
         output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
         cu_seqlens=cu_seqlens, chunk_indices_dp=chunk_indices_dp, chunk_offsets=chunk_offsets,

@@ -108,10 +108,11 @@ def delta_shape(problem, device: torch.device) -> DeltaShape:
 class DeltaBackwardShape:
     """How the backward's stages launch (launch/delta_backward.py)."""
 
-    block_v: int  # value columns a reverse-sweep program carries; the parallel stage's V step
+    block_v: int  # value columns a reverse-sweep program carries
     sweep_warps: int
     grads_warps: int
     reason: str
+    grads_block_v: int | None = None  # the parallel stage's step over V (None: block_v)
 
 
 DELTA_BACKWARD_LAUNCH = DeltaBackwardShape(

@@ -34,7 +34,7 @@ def _sequence(cu_seqlens, i_n, T, IS_VARLEN: tl.constexpr):
 
 @triton.jit(do_not_specialize=["T", "n_cs_rows"])
 def chunk_delta_bwd_sweep_kernel(
-    q, k, v, beta, do, winv, aqk, coef, states, dstates, dht, dh0, u_out, dy_out, dv,
+    q, k, beta, do, winv, aqk, coef, dstates, dht, dh0, dy_out, dv,
     cu_seqlens, chunk_offsets, T, n_cs_rows,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
@@ -42,15 +42,16 @@ def chunk_delta_bwd_sweep_kernel(
 ):
     """Grid (N * HV * ceil(V / BV),): one program per (sequence, value head, value block) holds
     dS [K, BV] (the gradient of the state leaving the chunk) and walks the chunks last to first.
-    Per chunk, from the state S entering it (``states``) and raw q, k:
+    Per chunk, from raw q, k:
 
-        X  = V - (lam rk) o (K S);   U = winv (beta o X)              the chunk's writes, again
         dU = aqk^T dO + (gam rk) o (K dS)
         dY = winv^T dU;              dv = beta o dY
         dS <- (lam rq)^T-weighted Q^T dO + lam_C dS - K^T ((lam rk) o dv)
 
-    and writes dv, U and dY (the parallel stage's inputs) and dS leaving the chunk
-    (``dstates``, the chunk-state rows); dh0 is dS entering the first chunk."""
+    and writes dY and dv (the parallel stage's inputs) and dS leaving the chunk (``dstates``, the
+    chunk-state rows); dh0 is dS entering the first chunk. The chain from dS to dS is three
+    products (K dS, winv^T dU, K^T dv); the state itself is not read here (the parallel stage
+    recomputes the chunk's U from it)."""
     pid = tl.program_id(0).to(tl.int64)
     NV: tl.constexpr = (V + BV - 1) // BV
     i_v = pid % NV
@@ -84,7 +85,6 @@ def chunk_delta_bwd_sweep_kernel(
         b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
         b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
         p_rv = (rows * HV + i_hv)[:, None] * V + o_v[None, :]
-        b_v = tl.load(v + p_rv, mask=m_rv, other=0.0).to(tl.float32)
         b_do = tl.load(do + p_rv, mask=m_rv, other=0.0).to(tl.float32)
         b_beta = tl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(tl.float32)
         p_coef = coef + ((_chunk_slot(bos, c, i_n, BT) * HV + i_hv) * BT + o_t) * 4
@@ -97,16 +97,12 @@ def chunk_delta_bwd_sweep_kernel(
         b_Aqk = tl.load(aqk + p_tt, mask=m_r[:, None], other=0.0).to(tl.float32)
         p_state = ((cs0 + c) * HV + i_hv) * K * V + o_kv
         m_row = m_kv & (cs0 + c >= 0) & (cs0 + c < n_cs_rows)  # no chunk_offsets reaches past the rows
-        b_S = tl.load(states + p_state, mask=m_row, other=0.0)
         tl.store(dstates + p_state, b_dS, mask=m_row)
 
-        b_X = b_v - lam_rk[:, None] * _mm(b_k, b_S, DT, DOT_PRECISION)
-        b_U = _mm(b_W, b_beta[:, None] * b_X, DT, DOT_PRECISION)
         b_dU = _mm(tl.trans(b_Aqk), b_do, DT, DOT_PRECISION) + \
             gam_rk[:, None] * _mm(b_k, b_dS, DT, DOT_PRECISION)
         b_dY = _mm(tl.trans(b_W), b_dU, DT, DOT_PRECISION)
         b_dv = b_beta[:, None] * b_dY
-        tl.store(u_out + p_rv, b_U, mask=m_rv)
         tl.store(dy_out + p_rv, b_dY, mask=m_rv)
         tl.store(dv + p_rv, b_dv, mask=m_rv)
         b_dS = _mm(tl.trans(b_q), lam_rq[:, None] * b_do, DT, DOT_PRECISION) + lam_last * b_dS \
@@ -117,14 +113,15 @@ def chunk_delta_bwd_sweep_kernel(
 
 @triton.jit(do_not_specialize=["T", "n_seq", "n_cs_rows"])
 def chunk_delta_bwd_grads_kernel(
-    q, k, v, g, beta, do, u, dy, states, dstates, dq, dk, dg, dbeta, scratch,
+    q, k, v, g, beta, do, winv, dy, states, dstates, dq, dk, dg, dbeta, scratch,
     cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, scale, n_cs_rows,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, USE_L2NORM: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DT: tl.constexpr,
 ):
-    """Grid (chunks x HV,): one program per (chunk, value head). From U, dY (the sweep's), S
-    entering the chunk and dS leaving it, the steps 2-5 of
+    """Grid (chunks x HV,): one program per (chunk, value head). From dY (the sweep's), S entering
+    the chunk, dS leaving it and the chunk's U = winv (beta o (V - lam o (K S))) recomputed from S,
+    the steps 2-5 of
     ``reference.delta_backward.gdn_chunk_backward`` on the normalised q, k; dq and dk per value
     head (float32, before the GVA sum).
 
@@ -176,6 +173,7 @@ def chunk_delta_bwd_grads_kernel(
         rk = tl.rsqrt(tl.sum(b_k * b_k, axis=1) + 1e-6)
         b_k = b_k * rk[:, None]
     b_beta = tl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(tl.float32)
+    b_W = tl.load(winv + (rows * HV + i_hv)[:, None] * BT + o_t[None, :], mask=m_r[:, None], other=0.0).to(DT)
 
     # 1. The decays (the prep's stage 1): rows past the sequence carry decay 1, so the last row
     #    stands for the chunk's end.
@@ -202,11 +200,12 @@ def chunk_delta_bwd_grads_kernel(
         p_rv = (rows * HV + i_hv)[:, None] * V + o_v[None, :]
         b_v = tl.load(v + p_rv, mask=m_rv, other=0.0).to(tl.float32)
         b_do = tl.load(do + p_rv, mask=m_rv, other=0.0)
-        b_U = tl.load(u + p_rv, mask=m_rv, other=0.0).to(tl.float32)
         b_dY = tl.load(dy + p_rv, mask=m_rv, other=0.0).to(tl.float32)
         o_kv = o_k[:, None] * V + o_v[None, :]
         b_S = tl.load(p_s + o_kv, mask=m_kv, other=0.0)
         b_dS = tl.load(p_ds + o_kv, mask=m_kv, other=0.0)
+        b_KS = _mm(b_k, b_S, DT, DOT_PRECISION)
+        b_U = _mm(b_W, b_beta[:, None] * (b_v - lam[:, None] * b_KS), DT, DOT_PRECISION)
         b_St = tl.trans(b_S.to(DT))
         b_dSt = tl.trans(b_dS.to(DT))
         b_Ut = tl.trans(b_U.to(DT))
@@ -216,7 +215,7 @@ def chunk_delta_bwd_grads_kernel(
         b_dOU = tl.dot(b_do.to(DT), b_Ut, b_dOU, input_precision=DOT_PRECISION)
         b_dYU = tl.dot(b_dY.to(DT), b_Ut, b_dYU, input_precision=DOT_PRECISION)
         kdsu += tl.sum(_mm(b_k, b_dS, DT, DOT_PRECISION) * b_U, axis=1)
-        dyks += tl.sum(_mm(b_k, b_S, DT, DOT_PRECISION) * b_dY, axis=1)
+        dyks += tl.sum(b_KS * b_dY, axis=1)
         dyv += tl.sum(b_dY * b_v, axis=1)
         sds += tl.sum(b_S.to(tl.float32) * b_dS.to(tl.float32), axis=1)
 
