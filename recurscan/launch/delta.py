@@ -74,7 +74,7 @@ def check_shape(shape: DeltaShape) -> None:
 #: The per-call values of a call, in order: the inputs, then the buffers the call allocates.
 INPUT_NAMES = DeltaInputs._fields
 BUFFER_NAMES = ("o", "final", "chunk_states", "beta_ones", "wy", "aqk", "coef", "seg_n", "seg_m",
-                "sequence_order", "replay_flags")
+                "sequence_order", "replay_flags", "winv")
 CALL_NAMES = INPUT_NAMES + BUFFER_NAMES
 
 
@@ -181,7 +181,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     NTe = triton.cdiv(T * M, BT)  # expanded chunks of a dense sequence
     prep = dict(
         q=arg("q"), k=arg("k"), g=arg("g", g is not None), beta=beta_arg, wy=arg("wy"), aqk=arg("aqk"),
-        coef=arg("coef"),
+        coef=arg("coef"), winv=arg("winv", False),
         cu_seqlens=arg("cu_seqlens", varlen), chunk_indices=arg("chunk_indices_dp", varlen),
         sequence_order=arg("sequence_order", varlen and N > 0), scale=scale, T=T, n_seq=N if varlen else 0,
         chunk_lo=0, chunk_span=0 if varlen else NTe,

@@ -2,10 +2,10 @@
 its expanded stream, :func:`chunk_delta_product_bwd`):
 
 1. the forward again, for the states entering every chunk (its chunk states, in the inputs' dtype);
-2. the forward's prep with STORE_INV, for ``G o Tinv``, ``aqk`` and ``coef``;
+2. in it, the prep with STORE_INV, which writes ``G o Tinv`` beside wy (``aqk``, ``coef`` kept);
 3. the reverse sweep (dS carried last chunk to first; dv, dY, dS per chunk, dh0);
-4. the parallel stage (dq, dk per value head, dg, dbeta), one program per chunk and value head;
-5. the GVA sum of dq and dk over each group's value heads.
+4. the parallel stage (dq, dk, dg, dbeta), one program per chunk and q/k head, which sums dq and dk
+   over its GVA group's value heads.
 
 Saved from the forward: nothing but the inputs; every scratch here lives for the call. What a call
 of one signature launches is built once (:func:`build_delta_backward`) and kept in
@@ -40,16 +40,14 @@ BACKWARD_LAUNCHES = SignatureCache("delta backward")
 
 @dataclasses.dataclass
 class DeltaBackwardLaunches:
-    """A backward call's launches for one signature: the forward again (chunk states), the prep
-    with STORE_INV, then ``steps`` (the reverse sweep and the parallel stage, per-call tensors by
-    :data:`NAMES`) on ``buffers`` (name -> (shape, dtype)); ``gva``: dq and dk are summed over
-    each group's value heads afterwards, as ``[B, T, H, HV / H, K]``."""
+    """A backward call's launches for one signature: the forward again (chunk states; its prep
+    with STORE_INV also writes G o Tinv), then ``steps`` (the reverse sweep and the parallel stage, per-call tensors by
+    :data:`NAMES`) on ``buffers`` (name -> (shape, dtype)). dq and dk come out summed over each
+    GVA group's value heads (float32 then)."""
 
     forward: DeltaLaunches
-    prep: DeltaLaunches
     steps: list
     buffers: dict
-    gva: tuple | None
 
 
 def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use_qk_l2norm_in_kernel,
@@ -65,16 +63,14 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
     rows = chunk_indices.shape[0] if varlen else B * triton.cdiv(T, BT)
     common = dict(initial_state=initial_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, scale=scale,
                   cu_seqlens=cu_seqlens, chunk_indices_dp=chunk_indices, chunk_offsets=chunk_offsets)
-    # 1. The states entering every chunk, in the inputs' dtype: the product operand they become.
+    # 1-2. The forward again, for the states entering every chunk (in the inputs' dtype: the product
+    #      operand they become), its prep storing G o Tinv beside wy.
     forward = build_delta_launches(q, k, v, g, beta, shape, return_chunk_states=True, num_chunk_rows=rows,
                                    chunk_states_dtype=q.dtype, **common)
-    # 2. The prep again, storing G o Tinv in place of wy.
-    prep = build_delta_launches(q, k, v, g, beta, shape, **common)
-    steps = [dataclasses.replace(s, kwargs=dict(s.kwargs, STORE_INV=True), direct=None)
-             for s in prep.steps if s.kernel is chunk_delta_prep_kernel]
-    written = ("wy", "aqk", "coef", "sequence_order", "beta_ones")  # what the prep reads or writes
-    prep = dataclasses.replace(prep, buffers={n: b for n, b in prep.buffers.items() if n in written}, steps=steps,
-                               outputs=("wy", "aqk", "coef"), launched=False)
+    steps = [dataclasses.replace(s, kwargs=dict(s.kwargs, STORE_INV=True, winv=CallArg("winv")))
+             if s.kernel is chunk_delta_prep_kernel else s for s in forward.steps]
+    forward = dataclasses.replace(forward, steps=steps, buffers=dict(forward.buffers, winv=forward.buffers["wy"]),
+                                  outputs=("chunk_states", "winv", "aqk", "coef"))
     dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"
     # Product operands in the inputs' dtype (the interpreter multiplies bf16 tiles wrongly: float32 there).
     dt = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[q.dtype]
@@ -88,8 +84,8 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
     # dY and dS per chunk in the inputs' dtype: the parallel stage takes them as product operands.
     # Uninitialised: every row of a sequence is written (padding chunks cover no row).
     buffers = dict(dstates=((rows, HV, K, V), q.dtype), dy=((B, T, HV, V), q.dtype), dv=((B, T, HV, V), v.dtype),
-                   dq=((B, T, HV, K), f32 if gva else q.dtype), dk=((B, T, HV, K), f32 if gva else k.dtype),
-                   dbeta=((B, T, HV), f32), scratch=((chunks * HV, 2, BT, BT), q.dtype))
+                   dq=((B, T, H, K), f32 if gva else q.dtype), dk=((B, T, H, K), f32 if gva else k.dtype),
+                   dbeta=((B, T, HV), f32), scratch=((chunks * H, 2, BT, BT), q.dtype))
     if g is not None:
         buffers["dg"] = ((B, T, HV), f32)
     if initial_state is not None:
@@ -103,7 +99,7 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
         H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=varlen, HAS_DHT=dht is not None,
         STORE_DH0=initial_state is not None, DOT_PRECISION=dot_precision, DT=dt),
         dict(num_warps=backward_shape.sweep_warps))
-    grads = Step(chunk_delta_bwd_grads_kernel, (chunks * HV,), dict(
+    grads = Step(chunk_delta_bwd_grads_kernel, (chunks * H,), dict(
         q=arg("q"), k=arg("k"), v=arg("v"), g=arg("g", g is not None), beta=arg("beta"), do=arg("do"),
         winv=arg("winv"), dy=arg("dy"), states=arg("states"), dstates=arg("dstates"), dq=arg("dq"), dk=arg("dk"),
         dg=arg("dg", g is not None), dbeta=arg("dbeta"), scratch=arg("scratch"),
@@ -112,7 +108,7 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
         H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BVg, IS_VARLEN=varlen, HAS_G=g is not None,
         USE_L2NORM=use_qk_l2norm_in_kernel, DOT_PRECISION=dot_precision, DT=dt),
         dict(num_warps=backward_shape.grads_warps))
-    return DeltaBackwardLaunches(forward, prep, [sweep, grads], buffers, (B, T, H, HV // H, K) if gva else None)
+    return DeltaBackwardLaunches(forward, [sweep, grads], buffers)
 
 
 def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, scale=None, initial_state=None,
@@ -143,8 +139,7 @@ def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, scale=None, initial_state
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
             chunk_offsets=chunk_offsets, shape=shape, backward_shape=backward_shape))
     inputs = DeltaInputs(q, k, v, g, beta, initial_state, None, None, cu_seqlens, chunk_indices, chunk_offsets)
-    states = run_delta_launches(launches.forward, inputs)[2]
-    winv, aqk, coef = run_delta_launches(launches.prep, inputs)
+    states, winv, aqk, coef = run_delta_launches(launches.forward, inputs)
     made = {n: torch.empty(s, dtype=d, device=q.device) for n, (s, d) in launches.buffers.items()}
     given = dict(q=q, k=k, v=v, g=g, beta=beta, do=do, dht=dht, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
                  chunk_offsets=chunk_offsets, winv=winv, aqk=aqk, coef=coef, states=states)
@@ -154,10 +149,7 @@ def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, scale=None, initial_state
             step.direct(values)
         else:
             step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, NAMES, values)
-    dq, dk = made["dq"], made["dk"]
-    if launches.gva is not None:  # value head hv read q/k head hv // (HV / H)
-        dq, dk = (d.view(launches.gva).sum(3) for d in (dq, dk))
-    return dq, dk, made["dv"], made.get("dg"), made["dbeta"] if beta_given else None, made.get("dh0")
+    return made["dq"], made["dk"], made["dv"], made.get("dg"), made["dbeta"] if beta_given else None, made.get("dh0")
 
 
 def expanded_chunk_offsets(cu_seqlens: torch.Tensor, num_householder: int) -> torch.Tensor:

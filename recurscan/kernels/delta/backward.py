@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import _chunk_gates, _chunk_slot, _gate_tile
+from .common import _chunk_gates, _chunk_slot
 
 
 @triton.jit
@@ -119,11 +119,12 @@ def chunk_delta_bwd_grads_kernel(
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, USE_L2NORM: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DT: tl.constexpr,
 ):
-    """Grid (chunks x HV,): one program per (chunk, value head). From dY (the sweep's), S entering
-    the chunk, dS leaving it and the chunk's U = winv (beta o (V - lam o (K S))) recomputed from S,
-    the steps 2-5 of
-    ``reference.delta_backward.gdn_chunk_backward`` on the normalised q, k; dq and dk per value
-    head (float32, before the GVA sum).
+    """Grid (chunks x H,): one program per (chunk, q/k head), which walks the value heads of its
+    group (GVA: HV / H of them) and sums their dq and dk in the outputs (read back and added, in
+    float32 when there is more than one; the L2 norm's backward is linear in dq, dk, so it runs per
+    value head). For each value head, from dY (the sweep's), S entering the chunk, dS leaving it and
+    the chunk's U = winv (beta o (V - lam o (K S))) recomputed from S: the steps 2-5 of
+    ``reference.delta_backward.gdn_chunk_backward`` on the normalised q, k.
 
     Every V-sum is accumulated over value blocks of BV columns first, as products:
     dO S^T and (gam o U) dS^T - (lam beta o dY) S^T [BT, K]; dO U^T and dY U^T [BT, BT]; and the
@@ -136,9 +137,8 @@ def chunk_delta_bwd_grads_kernel(
     transposed products, (dscores o G)^T Q and (dA o G)^T K, read their left operands back
     transposed through a per-program scratch of 2 [BT, BT] tiles in DT."""
     pid = tl.program_id(0).to(tl.int64)
-    i_c = pid // HV
-    i_hv = pid % HV
-    i_h = i_hv // (HV // H)
+    i_c = pid // H
+    i_h = pid % H
     if IS_VARLEN:
         i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
         i_t = tl.load(chunk_indices + i_c * 2 + 1).to(tl.int64)
@@ -165,113 +165,124 @@ def chunk_delta_bwd_grads_kernel(
     causal = o_t[:, None] >= o_t[None, :]
     strict = o_t[:, None] > o_t[None, :]
     cs_ok = (cs >= 0) & (cs < n_cs_rows)  # no chunk_offsets reaches past the rows
-    p_s = states + (cs * HV + i_hv) * K * V
-    p_ds = dstates + (cs * HV + i_hv) * K * V
+    GROUP: tl.constexpr = HV // H
+    p_rk = (rows * H + i_h)[:, None] * K + o_k[None, :]
 
-    b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
+    b_k = tl.load(k + p_rk, mask=m_rk, other=0.0).to(tl.float32)
+    b_q = tl.load(q + p_rk, mask=m_rk, other=0.0).to(tl.float32)
     if USE_L2NORM:
         rk = tl.rsqrt(tl.sum(b_k * b_k, axis=1) + 1e-6)
         b_k = b_k * rk[:, None]
-    b_beta = tl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(tl.float32)
-    b_W = tl.load(winv + (rows * HV + i_hv)[:, None] * BT + o_t[None, :], mask=m_r[:, None], other=0.0).to(DT)
-
-    # 1. The decays (the prep's stage 1): rows past the sequence carry decay 1, so the last row
-    #    stands for the chunk's end.
-    gc, seg, bad = _chunk_gates(g, rows, rows * 0, m_r, i_hv, HV, 1, BT, HAS_G)
-    seg_last = tl.sum(tl.where(o_t == BT - 1, seg, 0), axis=0)
-    gc_last = tl.sum(tl.where(o_t == BT - 1, gc, 0.0), axis=0)
-    lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
-    gam = tl.where(seg == seg_last, tl.exp2(tl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
-
-    # 2. The sums over value columns, a block of BV at a time.
-    b_dOS = tl.zeros([BT, BK], dtype=tl.float32)  # dO S^T
-    b_dkS = tl.zeros([BT, BK], dtype=tl.float32)  # (gam o U) dS^T - (lam beta o dY) S^T
-    b_dOU = tl.zeros([BT, BT], dtype=tl.float32)  # dO U^T
-    b_dYU = tl.zeros([BT, BT], dtype=tl.float32)  # dY U^T
-    kdsu = tl.zeros([BT], dtype=tl.float32)  # (K dS) . U
-    dyks = tl.zeros([BT], dtype=tl.float32)  # dY . (K S)
-    dyv = tl.zeros([BT], dtype=tl.float32)  # dY . V
-    sds = tl.zeros([BK], dtype=tl.float32)  # S . dS, by key row
-    for i_v in range(0, (V + BV - 1) // BV):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_v = o_v < V
-        m_rv = m_r[:, None] & m_v[None, :]
-        m_kv = m_k[:, None] & m_v[None, :] & cs_ok
-        p_rv = (rows * HV + i_hv)[:, None] * V + o_v[None, :]
-        b_v = tl.load(v + p_rv, mask=m_rv, other=0.0).to(tl.float32)
-        b_do = tl.load(do + p_rv, mask=m_rv, other=0.0)
-        b_dY = tl.load(dy + p_rv, mask=m_rv, other=0.0).to(tl.float32)
-        o_kv = o_k[:, None] * V + o_v[None, :]
-        b_S = tl.load(p_s + o_kv, mask=m_kv, other=0.0)
-        b_dS = tl.load(p_ds + o_kv, mask=m_kv, other=0.0)
-        b_KS = _mm(b_k, b_S, DT, DOT_PRECISION)
-        b_U = _mm(b_W, b_beta[:, None] * (b_v - lam[:, None] * b_KS), DT, DOT_PRECISION)
-        b_St = tl.trans(b_S.to(DT))
-        b_dSt = tl.trans(b_dS.to(DT))
-        b_Ut = tl.trans(b_U.to(DT))
-        b_dOS = tl.dot(b_do.to(DT), b_St, b_dOS, input_precision=DOT_PRECISION)
-        b_dkS = tl.dot((gam[:, None] * b_U).to(DT), b_dSt, b_dkS, input_precision=DOT_PRECISION)
-        b_dkS = tl.dot((-(lam * b_beta)[:, None] * b_dY).to(DT), b_St, b_dkS, input_precision=DOT_PRECISION)
-        b_dOU = tl.dot(b_do.to(DT), b_Ut, b_dOU, input_precision=DOT_PRECISION)
-        b_dYU = tl.dot(b_dY.to(DT), b_Ut, b_dYU, input_precision=DOT_PRECISION)
-        kdsu += tl.sum(_mm(b_k, b_dS, DT, DOT_PRECISION) * b_U, axis=1)
-        dyks += tl.sum(b_KS * b_dY, axis=1)
-        dyv += tl.sum(b_dY * b_v, axis=1)
-        sds += tl.sum(b_S.to(tl.float32) * b_dS.to(tl.float32), axis=1)
-
-    b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
-    if USE_L2NORM:
         rq = tl.rsqrt(tl.sum(b_q * b_q, axis=1) + 1e-6)
         b_q = b_q * rq[:, None]
-    b_G = _gate_tile(gc, seg, causal, seg_last != 0)
-    b_kt = tl.trans(b_k.to(DT))
-    b_QK = tl.dot(b_q.to(DT), b_kt, input_precision=DOT_PRECISION)
-    b_KK = tl.dot(b_k.to(DT), b_kt, input_precision=DOT_PRECISION)
 
-    # 3. Through the outputs and the state leaving the chunk.
-    b_dscores = tl.where(causal, scale * b_dOU, 0.0)
-    b_dsG = b_dscores * b_G
-    b_dq = _mm(b_dsG, b_k, DT, DOT_PRECISION) + scale * lam[:, None] * b_dOS
-    b_dG = b_dscores * b_QK
-    b_dG += tl.where(o_t[:, None] == BT - 1, kdsu[None, :], 0.0)  # gam = G[last, :]
-    dlam = scale * tl.sum(b_q * b_dOS, axis=1)
-    dlam += tl.where(o_t == BT - 1, tl.sum(sds, axis=0), 0.0)
+    for j in range(0, GROUP):
+        i_hv = i_h * GROUP + j
+        p_s = states + (cs * HV + i_hv) * K * V
+        p_ds = dstates + (cs * HV + i_hv) * K * V
+        b_beta = tl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(tl.float32)
+        b_W = tl.load(winv + (rows * HV + i_hv)[:, None] * BT + o_t[None, :], mask=m_r[:, None], other=0.0).to(DT)
 
-    # 4. Through the solve: d(system) = -strict(dY U^T), dA = beta o d(system);
-    #    dbeta = d(system) . A + dY . rhs, rhs = V - lam o (K S); and rhs's own dlam term.
-    b_A = tl.where(strict, b_KK * b_G, 0.0)
-    b_dsys = tl.where(strict, -b_dYU, 0.0)
-    d_beta = tl.sum(b_dsys * b_A, axis=1) + dyv - lam * dyks
-    b_dA = b_beta[:, None] * b_dsys
-    b_dAG = b_dA * b_G
-    b_dG += b_dA * b_KK
-    dlam -= b_beta * dyks
+        # 1. The decays (the prep's stage 1): rows past the sequence carry decay 1, so the last row
+        #    stands for the chunk's end.
+        gc, seg, bad = _chunk_gates(g, rows, rows * 0, m_r, i_hv, HV, 1, BT, HAS_G)
+        seg_last = tl.sum(tl.where(o_t == BT - 1, seg, 0), axis=0)
+        gc_last = tl.sum(tl.where(o_t == BT - 1, gc, 0.0), axis=0)
+        lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
+        gam = tl.where(seg == seg_last, tl.exp2(tl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
 
-    # 5. dk = (dscores o G)^T Q + (dA o G) K + (dA o G)^T K + b_dkS; the two transposed left
-    #    operands through the scratch (see above).
-    p_scr = scratch + pid * 2 * BT * BT + o_t[:, None] * BT + o_t[None, :]
-    p_scr_t = scratch + pid * 2 * BT * BT + o_t[None, :] * BT + o_t[:, None]
-    tl.store(p_scr, b_dsG.to(DT))
-    tl.store(p_scr + BT * BT, b_dAG.to(DT))
-    tl.debug_barrier()
-    b_dsGt = tl.load(p_scr_t, cache_modifier=".cg")
-    b_dAGt = tl.load(p_scr_t + BT * BT, cache_modifier=".cg")
-    b_kd = b_k.to(DT)
-    b_dk = b_dkS + tl.dot(b_dAG.to(DT), b_kd, input_precision=DOT_PRECISION)
-    b_dk = tl.dot(b_dAGt, b_kd, b_dk, input_precision=DOT_PRECISION)
-    b_dk = tl.dot(b_dsGt, b_q.to(DT), b_dk, input_precision=DOT_PRECISION)
+        # 2. The sums over value columns, a block of BV at a time.
+        b_dOS = tl.zeros([BT, BK], dtype=tl.float32)  # dO S^T
+        b_dkS = tl.zeros([BT, BK], dtype=tl.float32)  # (gam o U) dS^T - (lam beta o dY) S^T
+        b_dOU = tl.zeros([BT, BT], dtype=tl.float32)  # dO U^T
+        b_dYU = tl.zeros([BT, BT], dtype=tl.float32)  # dY U^T
+        kdsu = tl.zeros([BT], dtype=tl.float32)  # (K dS) . U
+        dyks = tl.zeros([BT], dtype=tl.float32)  # dY . (K S)
+        dyv = tl.zeros([BT], dtype=tl.float32)  # dY . V
+        sds = tl.zeros([BK], dtype=tl.float32)  # S . dS, by key row
+        for i_v in range(0, (V + BV - 1) // BV):
+            o_v = i_v * BV + tl.arange(0, BV)
+            m_v = o_v < V
+            m_rv = m_r[:, None] & m_v[None, :]
+            m_kv = m_k[:, None] & m_v[None, :] & cs_ok
+            p_rv = (rows * HV + i_hv)[:, None] * V + o_v[None, :]
+            b_v = tl.load(v + p_rv, mask=m_rv, other=0.0).to(tl.float32)
+            b_do = tl.load(do + p_rv, mask=m_rv, other=0.0)
+            b_dY = tl.load(dy + p_rv, mask=m_rv, other=0.0).to(tl.float32)
+            o_kv = o_k[:, None] * V + o_v[None, :]
+            b_S = tl.load(p_s + o_kv, mask=m_kv, other=0.0)
+            b_dS = tl.load(p_ds + o_kv, mask=m_kv, other=0.0)
+            b_KS = _mm(b_k, b_S, DT, DOT_PRECISION)
+            b_U = _mm(b_W, b_beta[:, None] * (b_v - lam[:, None] * b_KS), DT, DOT_PRECISION)
+            b_St = tl.trans(b_S.to(DT))
+            b_dSt = tl.trans(b_dS.to(DT))
+            b_Ut = tl.trans(b_U.to(DT))
+            b_dOS = tl.dot(b_do.to(DT), b_St, b_dOS, input_precision=DOT_PRECISION)
+            b_dkS = tl.dot((gam[:, None] * b_U).to(DT), b_dSt, b_dkS, input_precision=DOT_PRECISION)
+            b_dkS = tl.dot((-(lam * b_beta)[:, None] * b_dY).to(DT), b_St, b_dkS, input_precision=DOT_PRECISION)
+            b_dOU = tl.dot(b_do.to(DT), b_Ut, b_dOU, input_precision=DOT_PRECISION)
+            b_dYU = tl.dot(b_dY.to(DT), b_Ut, b_dYU, input_precision=DOT_PRECISION)
+            kdsu += tl.sum(_mm(b_k, b_dS, DT, DOT_PRECISION) * b_U, axis=1)
+            dyks += tl.sum(b_KS * b_dY, axis=1)
+            dyv += tl.sum(b_dY * b_v, axis=1)
+            sds += tl.sum(b_S.to(tl.float32) * b_dS.to(tl.float32), axis=1)
 
-    # 6. dg_m = sum_{i >= m} dlam_i lam_i + sum_{i >= m > j} dG[i, j] G[i, j].
-    b_dSeg = tl.where(causal, b_dG * b_G, 0.0)
-    below = tl.cumsum(b_dSeg, axis=0, reverse=True)  # row m: the rows i >= m, summed
-    d_g = tl.sum(tl.where(strict, below, 0.0), axis=1) + tl.cumsum(dlam * lam, axis=0, reverse=True)
+        # With the segment comparison always: _gate_tile's branch on a scalar, inside this loop,
+        # fails Triton 3.6's lowering (ConvertTritonToTritonGPU).
+        b_G = tl.where(causal & (seg[:, None] == seg[None, :]), tl.exp2(gc[:, None] - gc[None, :]), 0.0)
+        b_kt = tl.trans(b_k.to(DT))
+        b_QK = tl.dot(b_q.to(DT), b_kt, input_precision=DOT_PRECISION)
+        b_KK = tl.dot(b_k.to(DT), b_kt, input_precision=DOT_PRECISION)
 
-    if USE_L2NORM:  # y = x r: dx = r (dy - y (y . dy))
-        b_dq = rq[:, None] * (b_dq - b_q * tl.sum(b_q * b_dq, axis=1)[:, None])
-        b_dk = rk[:, None] * (b_dk - b_k * tl.sum(b_k * b_dk, axis=1)[:, None])
-    p_rk = (rows * HV + i_hv)[:, None] * K + o_k[None, :]
-    tl.store(dq + p_rk, b_dq, mask=m_rk)
-    tl.store(dk + p_rk, b_dk, mask=m_rk)
-    tl.store(dbeta + rows * HV + i_hv, d_beta, mask=m_r)
-    if HAS_G:
-        tl.store(dg + rows * HV + i_hv, d_g, mask=m_r)
+        # 3. Through the outputs and the state leaving the chunk.
+        b_dscores = tl.where(causal, scale * b_dOU, 0.0)
+        b_dsG = b_dscores * b_G
+        b_dq = _mm(b_dsG, b_k, DT, DOT_PRECISION) + scale * lam[:, None] * b_dOS
+        b_dG = b_dscores * b_QK
+        b_dG += tl.where(o_t[:, None] == BT - 1, kdsu[None, :], 0.0)  # gam = G[last, :]
+        dlam = scale * tl.sum(b_q * b_dOS, axis=1)
+        dlam += tl.where(o_t == BT - 1, tl.sum(sds, axis=0), 0.0)
+
+        # 4. Through the solve: d(system) = -strict(dY U^T), dA = beta o d(system);
+        #    dbeta = d(system) . A + dY . rhs, rhs = V - lam o (K S); and rhs's own dlam term.
+        b_A = tl.where(strict, b_KK * b_G, 0.0)
+        b_dsys = tl.where(strict, -b_dYU, 0.0)
+        d_beta = tl.sum(b_dsys * b_A, axis=1) + dyv - lam * dyks
+        b_dA = b_beta[:, None] * b_dsys
+        b_dAG = b_dA * b_G
+        b_dG += b_dA * b_KK
+        dlam -= b_beta * dyks
+
+        # 5. dk = (dscores o G)^T Q + (dA o G) K + (dA o G)^T K + b_dkS; the two transposed left
+        #    operands through the scratch (see above).
+        p_scr = scratch + pid * 2 * BT * BT + o_t[:, None] * BT + o_t[None, :]
+        p_scr_t = scratch + pid * 2 * BT * BT + o_t[None, :] * BT + o_t[:, None]
+        tl.store(p_scr, b_dsG.to(DT))
+        tl.store(p_scr + BT * BT, b_dAG.to(DT))
+        tl.debug_barrier()
+        b_dsGt = tl.load(p_scr_t, cache_modifier=".cg")
+        b_dAGt = tl.load(p_scr_t + BT * BT, cache_modifier=".cg")
+        b_kd = b_k.to(DT)
+        b_dk = b_dkS + tl.dot(b_dAG.to(DT), b_kd, input_precision=DOT_PRECISION)
+        b_dk = tl.dot(b_dAGt, b_kd, b_dk, input_precision=DOT_PRECISION)
+        b_dk = tl.dot(b_dsGt, b_q.to(DT), b_dk, input_precision=DOT_PRECISION)
+
+        # 6. dg_m = sum_{i >= m} dlam_i lam_i + sum_{i >= m > j} dG[i, j] G[i, j].
+        b_dSeg = tl.where(causal, b_dG * b_G, 0.0)
+        below = tl.cumsum(b_dSeg, axis=0, reverse=True)  # row m: the rows i >= m, summed
+        d_g = tl.sum(tl.where(strict, below, 0.0), axis=1) + tl.cumsum(dlam * lam, axis=0, reverse=True)
+
+
+        if USE_L2NORM:  # y = x r: dx = r (dy - y (y . dy)), linear in dy
+            b_dq = rq[:, None] * (b_dq - b_q * tl.sum(b_q * b_dq, axis=1)[:, None])
+            b_dk = rk[:, None] * (b_dk - b_k * tl.sum(b_k * b_dk, axis=1)[:, None])
+        if GROUP > 1:
+            if j > 0:  # the group's earlier value heads, written by this program
+                b_dq += tl.load(dq + p_rk, mask=m_rk, other=0.0)
+                b_dk += tl.load(dk + p_rk, mask=m_rk, other=0.0)
+        tl.store(dq + p_rk, b_dq, mask=m_rk)
+        tl.store(dk + p_rk, b_dk, mask=m_rk)
+        tl.store(dbeta + rows * HV + i_hv, d_beta, mask=m_r)
+        if HAS_G:
+            tl.store(dg + rows * HV + i_hv, d_g, mask=m_r)
+        tl.debug_barrier()  # the scratch and the partial sums are read by other threads next

@@ -10,7 +10,7 @@ from .common import RANK_BLOCK, _chunk_gates, _chunk_slot, _gate_tile, _rank_seq
 
 @triton.jit(do_not_specialize=["n_seq", "chunk_lo", "chunk_span", "wait_primary"])
 def chunk_delta_prep_kernel(
-    q, k, g, beta, wy, aqk, coef, cu_seqlens, chunk_indices, sequence_order,
+    q, k, g, beta, wy, aqk, coef, winv, cu_seqlens, chunk_indices, sequence_order,
     scale, T, n_seq, chunk_lo, chunk_span, wait_primary,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr,
@@ -25,7 +25,7 @@ def chunk_delta_prep_kernel(
 
     - ``wy[rows, hv, :]  = (G o Tinv) diag(beta)``, ``Tinv = (I + strictLower(diag(beta) K K^T))^-1``
       computed gate-free, so ``U = wy X`` solves the chunk's gated triangular system (with
-      STORE_INV, for the backward: ``G o Tinv``, the inverse itself);
+      with STORE_INV, for the backward, also ``winv[rows, hv, :] = G o Tinv``, the inverse itself);
     - ``aqk[rows, hv, :] = G o (scale Q_exp K^T)``, causal (diagonal included), on the query rows
       (each token's last copy) only: the sweep reads no other;
     - ``coef[slot, hv, 0:64, 0:4] = (lam rk, lam rq, gam rk, lam_last)`` float32 for the chunk's 64
@@ -162,9 +162,8 @@ def chunk_delta_prep_kernel(
     # under 2^-14 to 2^-25 absolute (fp16's subnormals), far under the rounding of the sums they
     # enter. Float32 inputs keep it in float32.
     if STORE_INV:  # the backward's G o Tinv = (I + diag(beta) A)^-1, without the beta columns
-        b_Gb = b_G.to(tl.float16 if wy.dtype.element_ty != tl.float32 else tl.float32)
-    else:
-        b_Gb = (b_G * b_beta[None, :]).to(tl.float16 if wy.dtype.element_ty != tl.float32 else tl.float32)
+        b_Gi = b_G.to(tl.float16 if wy.dtype.element_ty != tl.float32 else tl.float32)
+    b_Gb = (b_G * b_beta[None, :]).to(tl.float16 if wy.dtype.element_ty != tl.float32 else tl.float32)
 
     # Stage 2: A = diag(beta) strictLower(K K^T) for normalised keys.
     b_A = b_kk * (b_beta * rk)[:, None] * rk[None, :]
@@ -189,6 +188,9 @@ def chunk_delta_prep_kernel(
     # in registers across the inverse (the stores' addresses are 64-bit).
     p_wy = wy + (r0 * HV + i_hv) * BT + (o_t * (HV * BT))[:, None] + o_t[None, :]
     tl.store(p_wy, (b_Gb.to(tl.float32) * b_T).to(wy.dtype.element_ty), mask=(o_t < eos - r0)[:, None])
+    if STORE_INV:
+        p_winv = winv + (r0 * HV + i_hv) * BT + (o_t * (HV * BT))[:, None] + o_t[None, :]
+        tl.store(p_winv, (b_Gi.to(tl.float32) * b_T).to(winv.dtype.element_ty), mask=(o_t < eos - r0)[:, None])
     if PDL:
         if (wait_primary != 0) & (pid == tl.num_programs(0) - 1):
             tl.extra.cuda.gdc_wait()
