@@ -135,7 +135,7 @@ def backward(BV=32, warps=8, grads_warps=8):
                scratch=p, cu_seqlens="*i32", chunk_indices="*i32", chunk_offsets="*i32", T="i32", n_seq="i32",
                scale="fp32", n_cs_rows="i32")
     const = dict(H=16, HV=32, K=128, V=128, BT=64, BK=128, BV=BV, IS_VARLEN=False, HAS_G=True, USE_L2NORM=True,
-                 DOT_PRECISION="tf32", DT=tl.bfloat16)
+                 DOT_PRECISION="tf32", DT=tl.bfloat16, HEADS=1)
     return f"reverse sweep BV {BV}, {warps} warps: {swept}\nparallel stage BV {BV}, {grads_warps} warps: " \
            f"{_compile(chunk_delta_bwd_grads_kernel, sig, const, grads_warps)}"
 

@@ -7,9 +7,10 @@ import torch
 
 from recurscan.descriptors import build_chunk_descriptors
 from recurscan.launch.delta_backward import chunk_delta_bwd
+from recurscan.plan.delta import DeltaBackwardShape
 from recurscan.reference.delta_backward import gated_delta_rule_chunked_backward
 from tests.helpers.inputs import gdn_inputs
-from tests.helpers.tolerances import assert_like_fp32
+from tests.helpers.tolerances import assert_like_fp32, relative_rms
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
@@ -20,12 +21,28 @@ CASES = {
     "varlen, one-token sequences": dict(B=1, T=200, H=2, HV=4, cu=[0, 1, 2, 66, 67, 200], l2norm=True),
     "no l2norm, short": dict(B=1, T=5, H=1, HV=1, cu=None, l2norm=False),
     "two value blocks, V 40": dict(B=1, T=100, H=1, HV=2, cu=[0, 30, 100], l2norm=True, V=40),
+    "T 1": dict(B=2, T=1, H=1, HV=1, cu=None, l2norm=True),
+    "T 63, GVA": dict(B=2, T=63, H=1, HV=2, cu=None, l2norm=True),
+    "T 65": dict(B=1, T=65, H=2, HV=2, cu=None, l2norm=True),
+    "T 300, GVA 4": dict(B=1, T=300, H=1, HV=4, cu=None, l2norm=True),
 }
+GROUP_IN_KERNEL = DeltaBackwardShape(32, 4, 4, "tests: a GVA group summed in the kernel", sum_group_in_kernel=True)
 
 
-@pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("optional", ["all", "no_g_beta_h0"])
-def test_triton_backward_matches_the_reference(case, optional):
+def _cases():
+    for case, c in CASES.items():
+        for optional in ("all", "no_g_beta_h0"):
+            yield pytest.param(case, optional, None, id=f"{case}-{optional}")
+            if c["HV"] > c["H"]:  # GVA: the group's sum in the kernel too
+                yield pytest.param(case, optional, GROUP_IN_KERNEL, id=f"{case}-{optional}-group in kernel")
+
+
+@pytest.mark.parametrize("case, optional, backward_shape", list(_cases()))
+def test_triton_backward_matches_the_reference(case, optional, backward_shape):
+    """Every gradient under the interpreter against the float64 chunkwise reference: T in
+    {1, 5, 63, 64, 65, 100, 130, 200, 300}, GVA (a group's dq, dk summed after or in the kernel),
+    varlen with one-token sequences, decays exactly 0 and -inf (gdn_inputs), with and without g,
+    beta and an initial state."""
     c = CASES[case]
     V = c.get("V", 16)
     q, k, v, g, beta, _ = gdn_inputs(c["B"], c["T"], c["H"], c["HV"], 16, V, seed=len(case))
@@ -46,7 +63,8 @@ def test_triton_backward_matches_the_reference(case, optional):
                                           (lambda d: (d.chunk_indices, d.chunk_offsets))(
                                               build_chunk_descriptors(cu, device=DEVICE))))
     got = chunk_delta_bwd(*map(dev, (q, k, v, g, beta, do, dht)), initial_state=dev(S0),
-                          **dict(args, cu_seqlens=None if cu is None else cu.to(DEVICE)), **desc)
+                          **dict(args, cu_seqlens=None if cu is None else cu.to(DEVICE)), **desc,
+                          backward_shape=backward_shape)
     for name, a, b, r in zip(NAMES, got, want64, ref32):
         assert (a is None) == (b is None), name
         if a is not None:
@@ -104,3 +122,37 @@ def test_wrong_chunk_offsets_read_and_write_nothing_outside():
     do = torch.ones(1, 130, 1, 16, device=DEVICE)
     got = chunk_delta_bwd(q, k, v, g, beta, do, cu_seqlens=cu, chunk_indices=d.chunk_indices, chunk_offsets=bad)
     assert got[2].shape == v.shape
+
+
+@pytest.mark.parametrize("M", [1, 2, 3])
+def test_expanded_chunk_offsets_on_the_device_equal_the_host_descriptors(M):
+    from recurscan.launch.delta_backward import expanded_chunk_offsets
+    cu = torch.tensor([0, 1, 2, 66, 67, 200, 200, 331])
+    want = build_chunk_descriptors(cu * M).chunk_offsets
+    assert torch.equal(expanded_chunk_offsets(cu, M).cpu(), want.cpu())
+
+
+def test_gdp_training_with_descriptors_builds_none(monkeypatch):
+    """Gated Delta Product through autograd with the forward's descriptors: the backward takes the
+    expanded stream's from them (no host read of cu_seqlens), and its gradients are the reference's."""
+    import recurscan
+    import recurscan.descriptors as descriptors
+    from tests.helpers.inputs import gdp_inputs
+    M, T = 2, 70
+    cu = torch.tensor([0, 1, 40, 70])
+    d = build_chunk_descriptors(cu, M, device=DEVICE)
+    x = [t.float().to(DEVICE).requires_grad_() for t in gdp_inputs(T, M, 1, 2, 16, 16, seed=4)[:5]]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("descriptors built although the call passed them")
+
+    monkeypatch.setattr(descriptors, "build_chunk_descriptors", refuse)
+    o, _ = recurscan.chunk_gated_delta_product_varlen(*x, M, cu.to(DEVICE), use_qk_l2norm_in_kernel=True,
+                                                      backend="triton", **d.as_kwargs())
+    do = torch.randn_like(o)
+    got = torch.autograd.grad(o, x, do)
+    from recurscan.reference.delta_backward import gated_delta_product_chunked_backward
+    want = gated_delta_product_chunked_backward(*(t.detach().double().cpu() for t in x), M, do.double().cpu(),
+                                                use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+    for name, a, b in zip(NAMES, got, want):
+        assert relative_rms(a.double().cpu(), b) < 1e-5, name

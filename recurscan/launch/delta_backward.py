@@ -4,8 +4,9 @@ its expanded stream, :func:`chunk_delta_product_bwd`):
 1. the forward again, for the states entering every chunk (its chunk states, in the inputs' dtype);
 2. in it, the prep with STORE_INV, which writes ``G o Tinv`` beside wy (``aqk``, ``coef`` kept);
 3. the reverse sweep (dS carried last chunk to first; dv, dY, dS per chunk, dh0);
-4. the parallel stage (dq, dk, dg, dbeta), one program per chunk and q/k head, which sums dq and dk
-   over its GVA group's value heads.
+4. the parallel stage (dq, dk, dg, dbeta), one program per chunk and value head (or per GVA group,
+   summing the group's dq and dk itself);
+5. under GVA, the sum of dq and dk over each group's value heads (unless the kernel summed them).
 
 Saved from the forward: nothing but the inputs; every scratch here lives for the call. What a call
 of one signature launches is built once (:func:`build_delta_backward`) and kept in
@@ -26,7 +27,7 @@ from ..plan import delta as _plan
 from ..plan.delta import DeltaBackwardShape, DeltaShape
 from ..reference.delta import expand_householder
 from ..runtime.cache import SignatureCache, launch_key
-from ..runtime.launcher import CallArg, jit_launch
+from ..runtime.launcher import CallArg, compile_together, jit_launch
 from .delta import (INTERPRET, TEST_SHAPE, DeltaInputs, DeltaLaunches, Step, build_delta_launches,
                     run_delta_launches)
 
@@ -42,12 +43,13 @@ BACKWARD_LAUNCHES = SignatureCache("delta backward")
 class DeltaBackwardLaunches:
     """A backward call's launches for one signature: the forward again (chunk states; its prep
     with STORE_INV also writes G o Tinv), then ``steps`` (the reverse sweep and the parallel stage, per-call tensors by
-    :data:`NAMES`) on ``buffers`` (name -> (shape, dtype)). dq and dk come out summed over each
-    GVA group's value heads (float32 then)."""
+    :data:`NAMES`) on ``buffers`` (name -> (shape, dtype)). Under GVA, dq and dk come out in
+    float32, per value head (summed after) or summed in the kernel (the planner's choice)."""
 
     forward: DeltaLaunches
     steps: list
     buffers: dict
+    group_sum: tuple | None  # dq, dk per value head, viewed so to sum over dim 3; None: summed in the kernel
 
 
 def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use_qk_l2norm_in_kernel,
@@ -80,12 +82,15 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
     BVg = min(backward_shape.grads_block_v or backward_shape.block_v, max(16, triton.next_power_of_2(V)))
     chunks = chunk_indices.shape[0] if varlen else B * triton.cdiv(T, BT)
     gva = HV != H
+    heads = HV // H if backward_shape.sum_group_in_kernel else 1  # value heads a parallel-stage program takes
+    out_heads = H if heads > 1 or not gva else HV  # dq, dk per q/k head, or per value head (summed after)
     f32 = torch.float32
     # dY and dS per chunk in the inputs' dtype: the parallel stage takes them as product operands.
     # Uninitialised: every row of a sequence is written (padding chunks cover no row).
     buffers = dict(dstates=((rows, HV, K, V), q.dtype), dy=((B, T, HV, V), q.dtype), dv=((B, T, HV, V), v.dtype),
-                   dq=((B, T, H, K), f32 if gva else q.dtype), dk=((B, T, H, K), f32 if gva else k.dtype),
-                   dbeta=((B, T, HV), f32), scratch=((chunks * H, 2, BT, BT), q.dtype))
+                   dq=((B, T, out_heads, K), f32 if gva else q.dtype),
+                   dk=((B, T, out_heads, K), f32 if gva else k.dtype),
+                   dbeta=((B, T, HV), f32), scratch=((chunks * HV // heads, 2, BT, BT), q.dtype))
     if g is not None:
         buffers["dg"] = ((B, T, HV), f32)
     if initial_state is not None:
@@ -99,16 +104,17 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
         H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=varlen, HAS_DHT=dht is not None,
         STORE_DH0=initial_state is not None, DOT_PRECISION=dot_precision, DT=dt),
         dict(num_warps=backward_shape.sweep_warps))
-    grads = Step(chunk_delta_bwd_grads_kernel, (chunks * H,), dict(
+    grads = Step(chunk_delta_bwd_grads_kernel, (chunks * HV // heads,), dict(
         q=arg("q"), k=arg("k"), v=arg("v"), g=arg("g", g is not None), beta=arg("beta"), do=arg("do"),
         winv=arg("winv"), dy=arg("dy"), states=arg("states"), dstates=arg("dstates"), dq=arg("dq"), dk=arg("dk"),
         dg=arg("dg", g is not None), dbeta=arg("dbeta"), scratch=arg("scratch"),
         cu_seqlens=arg("cu_seqlens", varlen), chunk_indices=arg("chunk_indices", varlen),
         chunk_offsets=arg("chunk_offsets", varlen), T=T, n_seq=N, scale=scale, n_cs_rows=rows,
         H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BVg, IS_VARLEN=varlen, HAS_G=g is not None,
-        USE_L2NORM=use_qk_l2norm_in_kernel, DOT_PRECISION=dot_precision, DT=dt),
+        USE_L2NORM=use_qk_l2norm_in_kernel, DOT_PRECISION=dot_precision, DT=dt, HEADS=heads),
         dict(num_warps=backward_shape.grads_warps))
-    return DeltaBackwardLaunches(forward, [sweep, grads], buffers)
+    group_sum = (B, T, H, HV // H, K) if out_heads != H else None
+    return DeltaBackwardLaunches(forward, [sweep, grads], buffers, group_sum)
 
 
 def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, scale=None, initial_state=None,
@@ -144,12 +150,17 @@ def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, scale=None, initial_state
     given = dict(q=q, k=k, v=v, g=g, beta=beta, do=do, dht=dht, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
                  chunk_offsets=chunk_offsets, winv=winv, aqk=aqk, coef=coef, states=states)
     values = tuple(given[n] if n in given else made.get(n) for n in NAMES)
-    for step in launches.steps:
-        if step.direct is not None:
+    if all(step.direct is not None for step in launches.steps):
+        for step in launches.steps:
             step.direct(values)
-        else:
-            step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, NAMES, values)
-    return made["dq"], made["dk"], made["dv"], made.get("dg"), made["dbeta"] if beta_given else None, made.get("dh0")
+    else:  # the first call: both stages compile at once
+        with compile_together([(s.kernel, s.grid, s.kwargs, s.options) for s in launches.steps], NAMES, values):
+            for step in launches.steps:
+                step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, NAMES, values)
+    dq, dk = made["dq"], made["dk"]
+    if launches.group_sum is not None:  # value head hv read q/k head hv // (HV / H)
+        dq, dk = (d.view(launches.group_sum).sum(3) for d in (dq, dk))
+    return dq, dk, made["dv"], made.get("dg"), made["dbeta"] if beta_given else None, made.get("dh0")
 
 
 def expanded_chunk_offsets(cu_seqlens: torch.Tensor, num_householder: int) -> torch.Tensor:

@@ -113,11 +113,16 @@ class DeltaBackwardShape:
     grads_warps: int
     reason: str
     grads_block_v: int | None = None  # the parallel stage's step over V (None: block_v)
+    # GVA: the parallel stage sums a group's dq, dk in one program (True), or writes them per value
+    # head for a sum after (False).
+    sum_group_in_kernel: bool = False
 
 
 DELTA_BACKWARD_LAUNCH = DeltaBackwardShape(
     32, 8, 8, "32 value columns: both stages fit the H200's shared memory and the sweep's loop keeps dS in "
-    "registers (benchmarks/sm90_resources.py --backward)")
+    "registers (benchmarks/sm90_resources.py --backward); GVA per value head, summed after: at B1 T16384 "
+    "H16 HV32 the parallel stage took 2.61 ms + 0.30 ms of sum that way, 3.32 ms summing in the kernel "
+    "(half the programs, each twice as long; docs/perf-history.md)")
 
 
 def triton_delta_unsupported(problem) -> str | None:

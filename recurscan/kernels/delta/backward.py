@@ -117,12 +117,13 @@ def chunk_delta_bwd_grads_kernel(
     cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, scale, n_cs_rows,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, USE_L2NORM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DT: tl.constexpr, HEADS: tl.constexpr = 1,
 ):
-    """Grid (chunks x H,): one program per (chunk, q/k head), which walks the value heads of its
-    group (GVA: HV / H of them) and sums their dq and dk in the outputs (read back and added, in
-    float32 when there is more than one; the L2 norm's backward is linear in dq, dk, so it runs per
-    value head). For each value head, from dY (the sweep's), S entering the chunk, dS leaving it and
+    """Grid (chunks x HV / HEADS,): one program per chunk and HEADS value heads, walked in turn.
+    HEADS = 1: dq and dk per value head (``[B, T, HV, K]``, summed over each GVA group after);
+    HEADS = HV / H: a whole GVA group, whose dq and dk the program sums in the outputs
+    (``[B, T, H, K]``: read back and added, in float32; the L2 norm's backward is linear in dq and
+    dk, so it runs per value head). For each value head, from dY (the sweep's), S entering the chunk, dS leaving it and
     the chunk's U = winv (beta o (V - lam o (K S))) recomputed from S: the steps 2-5 of
     ``reference.delta_backward.gdn_chunk_backward`` on the normalised q, k.
 
@@ -137,8 +138,10 @@ def chunk_delta_bwd_grads_kernel(
     transposed products, (dscores o G)^T Q and (dA o G)^T K, read their left operands back
     transposed through a per-program scratch of 2 [BT, BT] tiles in DT."""
     pid = tl.program_id(0).to(tl.int64)
-    i_c = pid // H
-    i_h = pid % H
+    GROUP: tl.constexpr = HV // H
+    i_c = pid // (HV // HEADS)
+    i_hv0 = (pid % (HV // HEADS)) * HEADS  # the program's first value head
+    i_h = i_hv0 // GROUP
     if IS_VARLEN:
         i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
         i_t = tl.load(chunk_indices + i_c * 2 + 1).to(tl.int64)
@@ -165,7 +168,6 @@ def chunk_delta_bwd_grads_kernel(
     causal = o_t[:, None] >= o_t[None, :]
     strict = o_t[:, None] > o_t[None, :]
     cs_ok = (cs >= 0) & (cs < n_cs_rows)  # no chunk_offsets reaches past the rows
-    GROUP: tl.constexpr = HV // H
     p_rk = (rows * H + i_h)[:, None] * K + o_k[None, :]
 
     b_k = tl.load(k + p_rk, mask=m_rk, other=0.0).to(tl.float32)
@@ -176,8 +178,8 @@ def chunk_delta_bwd_grads_kernel(
         rq = tl.rsqrt(tl.sum(b_q * b_q, axis=1) + 1e-6)
         b_q = b_q * rq[:, None]
 
-    for j in range(0, GROUP):
-        i_hv = i_h * GROUP + j
+    for j in range(0, HEADS):
+        i_hv = i_hv0 + j
         p_s = states + (cs * HV + i_hv) * K * V
         p_ds = dstates + (cs * HV + i_hv) * K * V
         b_beta = tl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(tl.float32)
@@ -276,12 +278,15 @@ def chunk_delta_bwd_grads_kernel(
         if USE_L2NORM:  # y = x r: dx = r (dy - y (y . dy)), linear in dy
             b_dq = rq[:, None] * (b_dq - b_q * tl.sum(b_q * b_dq, axis=1)[:, None])
             b_dk = rk[:, None] * (b_dk - b_k * tl.sum(b_k * b_dk, axis=1)[:, None])
-        if GROUP > 1:
+        if HEADS > 1:
+            p_out = p_rk
             if j > 0:  # the group's earlier value heads, written by this program
-                b_dq += tl.load(dq + p_rk, mask=m_rk, other=0.0)
-                b_dk += tl.load(dk + p_rk, mask=m_rk, other=0.0)
-        tl.store(dq + p_rk, b_dq, mask=m_rk)
-        tl.store(dk + p_rk, b_dk, mask=m_rk)
+                b_dq += tl.load(dq + p_out, mask=m_rk, other=0.0)
+                b_dk += tl.load(dk + p_out, mask=m_rk, other=0.0)
+        else:
+            p_out = (rows * HV + i_hv)[:, None] * K + o_k[None, :]
+        tl.store(dq + p_out, b_dq, mask=m_rk)
+        tl.store(dk + p_out, b_dk, mask=m_rk)
         tl.store(dbeta + rows * HV + i_hv, d_beta, mask=m_r)
         if HAS_G:
             tl.store(dg + rows * HV + i_hv, d_g, mask=m_r)
