@@ -1,5 +1,6 @@
 """Forward + backward of the chunked delta rule on the GPU (issue 19's table): recurscan, and the
-peers that import here (fla-core, FlashQLA), in one process, eager with the L2 flushed
+peers that import here (fla-core; FlashQLA 0.1.3, whose wheels install in two calls:
+benchmarks/README.md), in one process, eager with the L2 flushed
 (``triton.testing.do_bench``), bf16 inputs, l2norm in the kernel.
 
 Per workload: the median of forward + backward (gradients of q, k, v, g, beta), the forward alone,
@@ -57,7 +58,15 @@ def fla_step(w, x, t):
     return o
 
 
-PEERS = {"recurscan": recurscan_step, "fla": fla_step}
+def flashqla_step(w, x, t):
+    if w.num_householder != 1:
+        raise runner.Unsupported("FlashQLA has no Gated Delta Product")
+    from flash_qla import chunk_gated_delta_rule
+    o, _ = chunk_gated_delta_rule(t["q"], t["k"], t["v"], t["g"], t["beta"], use_qk_l2norm_in_kernel=True)
+    return o
+
+
+PEERS = {"recurscan": recurscan_step, "fla": fla_step, "flashqla": flashqla_step}
 
 
 def measure(name, step, w):

@@ -1,7 +1,7 @@
 """Public ops, one module per family; each is validate (problem) -> plan -> backend."""
 from .decode import (fold_householder, fused_recurrent_gated_delta_product_update, fused_recurrent_gated_delta_rule,
                      fused_recurrent_gated_delta_rule_update, unfold_householder)
-from .delta_rule import chunk_gated_delta_product_varlen, chunk_gated_delta_rule
+from .delta_rule import chunk_gated_delta_product, chunk_gated_delta_product_varlen, chunk_gated_delta_rule
 from .diagonal import diagonal_scan
 from .gla import chunk_gla, chunk_simple_gla
 from .mamba_decode import selective_state_update
@@ -9,6 +9,7 @@ from .ssd import mamba_chunk_scan_combined
 
 __all__ = [
     "chunk_gated_delta_rule",
+    "chunk_gated_delta_product",
     "chunk_gated_delta_product_varlen",
     "fused_recurrent_gated_delta_rule",
     "fused_recurrent_gated_delta_rule_update",

@@ -314,3 +314,63 @@ def chunk_gated_delta_product_varlen(q, k, v, g, beta, num_householder, cu_seqle
                       state_indices=state_indices, return_chunk_states=return_chunk_states,
                       backend=backend, chunk_indices=chunk_indices,
                       chunk_indices_dp=chunk_indices_dp, chunk_offsets=chunk_offsets)
+
+
+#: (B, T, M, device) -> (cu_seqlens, descriptor kwargs) of a dense Gated Delta Product batch as varlen.
+_DENSE_GDP = SignatureCache("dense gated delta product")
+
+
+def chunk_gated_delta_product(q, k, v, g, beta, num_householder, scale=None, initial_state=None,
+                              output_final_state=False, use_qk_l2norm_in_kernel=False, cu_seqlens=None,
+                              cu_seqlens_cpu=None, backend=None):
+    """Chunked Gated Delta Product with fla's signature (``fla.ops.gated_delta_product``): dense
+    batches, or varlen with ``cu_seqlens`` (B = 1). Runs :func:`chunk_gated_delta_product_varlen`
+    (a dense batch as B sequences of T tokens, its descriptors built from the shape alone: no host
+    synchronisation); trains through the same autograd.
+
+    Args:
+        q: ``[B, T, H, K]``; k: ``[B, T*M, H, K]``; v: ``[B, T*M, HV, V]`` (each token's M
+            Householder copies in a row); g: ``[B, T, HV]`` log decays or None; beta:
+            ``[B, T*M, HV]`` or None.
+        num_householder: M >= 1.
+        scale: default ``K ** -0.5``. initial_state: ``[N, HV, K, V]`` (N = B, or the number of
+            sequences) or None. output_final_state: return the final states (else None).
+        use_qk_l2norm_in_kernel: L2-normalise q and k first.
+        cu_seqlens: ``[N + 1]`` token-stream boundaries (B = 1), or None for a dense batch.
+        cu_seqlens_cpu: the same boundaries on the host: the varlen descriptors are built from them
+            without reading the device tensor.
+        backend: as :func:`chunk_gated_delta_rule`.
+
+    Returns:
+        ``(o [B, T, HV, V], final_state [N, HV, K, V] or None)``.
+
+    Example:
+        >>> import torch, recurscan
+        >>> B, T, M = 2, 70, 2
+        >>> q, g = torch.randn(B, T, 2, 16), -torch.rand(B, T, 2)
+        >>> k, v, beta = torch.randn(B, T * M, 2, 16), torch.randn(B, T * M, 2, 16), torch.rand(B, T * M, 2)
+        >>> o, S = recurscan.chunk_gated_delta_product(q, k, v, g, beta, M, output_final_state=True)
+        >>> o.shape, S.shape
+        (torch.Size([2, 70, 2, 16]), torch.Size([2, 2, 16, 16]))
+    """
+    from ..descriptors import build_chunk_descriptors
+    common = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, backend=backend)
+    if cu_seqlens is not None:
+        desc = {}
+        if cu_seqlens_cpu is not None:
+            desc = build_chunk_descriptors(cu_seqlens_cpu, num_householder, device=q.device).as_kwargs()
+        return chunk_gated_delta_product_varlen(q, k, v, g, beta, num_householder, cu_seqlens, **desc, **common)
+    # The dense shapes checked as such (the varlen call below checks the flattened ones).
+    delta_problem(q, k, v, g, beta, num_householder=num_householder, scale=scale, initial_state=initial_state)
+    B, T = q.shape[:2]
+    key = (B, T, num_householder, q.device)
+    dense = _DENSE_GDP.get(key)
+    if dense is None:
+        cu = torch.arange(B + 1, dtype=torch.int32) * T
+        dense = _DENSE_GDP.put(key, (cu.to(q.device), build_chunk_descriptors(
+            cu, num_householder, device=q.device).as_kwargs()))
+    cu, desc = dense
+    flat = [None if x is None else x.reshape(1, -1, *x.shape[2:]) for x in (q, k, v, g, beta)]
+    o, final = chunk_gated_delta_product_varlen(*flat, num_householder, cu, **desc, **common)
+    return o.view(B, T, *o.shape[2:]), final
