@@ -14,7 +14,8 @@ import torch
 
 from recurscan.descriptors import build_chunk_descriptors
 from recurscan.launch.delta_backward import chunk_delta_bwd, chunk_delta_product_bwd
-from recurscan.plan.delta import DELTA_BACKWARD_LAUNCH, DeltaBackwardShape
+from benchmarks.gpu_delta_train import parse_backward_shape
+from recurscan.plan.delta import DELTA_BACKWARD_LAUNCH
 from recurscan.reference.delta_backward import (gated_delta_product_chunked_backward,
                                                 gated_delta_rule_chunked_backward)
 
@@ -60,17 +61,16 @@ def run(case, shape, dtype=torch.bfloat16):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", action="append", help="BV:sweep warps:parallel-stage warps[:its BV] (repeatable)")
+    ap.add_argument("--shape", action="append", help="BV:sweep warps:parallel-stage warps[:its BV][:split][:group] (repeatable)")
     ap.add_argument("--case", action="append")
     ap.add_argument("--out")
     args = ap.parse_args()
-    shapes = [DELTA_BACKWARD_LAUNCH] + [DeltaBackwardShape(*map(int, s.split(":")[:3]), "variant",
-                                                                           *map(int, s.split(":")[3:]))
-                                        for s in args.shape or []]
+    shapes = [DELTA_BACKWARD_LAUNCH] + [parse_backward_shape(s) for s in args.shape or []]
     rows = []
     for case in args.case or CASES:
         for shape in shapes:
-            tag = f"{shape.block_v}:{shape.sweep_warps}:{shape.grads_warps}:{shape.grads_block_v or shape.block_v}"
+            tag = f"{shape.block_v}:{shape.sweep_warps}:{shape.grads_warps}:{shape.grads_block_v or shape.block_v}" + \
+                (":split" if shape.split_parallel_stage else "") + (":group" if shape.sum_group_in_kernel else "")
             try:
                 r = run(case, shape)
                 print(f"{case:<34} {tag:<8} " + "  ".join(f"{n} {x:.1e}" for n, x in r.items()), flush=True)

@@ -110,13 +110,25 @@ PROFILE = False
 PLANNED = None
 
 
+def parse_backward_shape(text):
+    """``BV:sweep warps:parallel-stage warps[:its BV][:split][:group]`` -> a DeltaBackwardShape
+    (``split``: the parallel stage as two kernels; ``group``: a GVA group summed in the kernel)."""
+    from recurscan.plan.delta import DeltaBackwardShape
+    parts = text.split(":")
+    numbers = [int(x) for x in parts if x.isdigit()]
+    flags = {x for x in parts if not x.isdigit()}
+    if len(numbers) not in (3, 4) or flags - {"split", "group"}:
+        raise ValueError(f"backward shape: expected BV:sweep warps:stage warps[:stage BV][:split][:group], got {text!r}")
+    return DeltaBackwardShape(*numbers[:3], "variant", *numbers[3:], sum_group_in_kernel="group" in flags,
+                              split_parallel_stage="split" in flags)
+
+
 def set_backward_shape(text):
     """The planner's backward launch shape, or ``BV:sweep warps:parallel-stage warps``."""
     from recurscan.plan import delta as plan_delta
     global PLANNED
     PLANNED = PLANNED or plan_delta.DELTA_BACKWARD_LAUNCH
-    plan_delta.DELTA_BACKWARD_LAUNCH = PLANNED if text is None else plan_delta.DeltaBackwardShape(
-        *map(int, text.split(":")[:3]), "variant", *map(int, text.split(":")[3:]))
+    plan_delta.DELTA_BACKWARD_LAUNCH = PLANNED if text is None else parse_backward_shape(text)
 
 
 def kernel_times(fn, top=12):
@@ -166,7 +178,7 @@ def main():
     ap.add_argument("--cold", action="store_true")
     ap.add_argument("--impl", action="append", help="limit the implementations (recurscan, fla)")
     ap.add_argument("--profile", action="store_true", help="GPU time by kernel of one forward + backward")
-    ap.add_argument("--backward-shape", action="append", help="BV:sweep warps:parallel-stage warps[:its BV]: recurscan "
+    ap.add_argument("--backward-shape", action="append", help="BV:sweep warps:parallel-stage warps[:its BV][:split][:group]: recurscan "
                                                                "again in this backward launch shape (repeatable)")
     args = ap.parse_args()
     global PROFILE

@@ -3,7 +3,7 @@ state and compared with the first; bandwidth under do_bench (L2 flushed).
 
     python benchmarks/kv_decode_shapes.py benchmarks/results/kv_decode_shapes.json
 """
-import json, sys, torch
+import json, sys
 from benchmarks import gpu_decode as G, registry
 from recurscan.plan import StreamShape
 rows = []

@@ -24,7 +24,8 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from recurscan.kernels.delta.backward import chunk_delta_bwd_grads_kernel, chunk_delta_bwd_sweep_kernel
+from recurscan.kernels.delta.backward import (chunk_delta_bwd_dqdk_kernel, chunk_delta_bwd_grads_kernel,
+                                              chunk_delta_bwd_scores_kernel, chunk_delta_bwd_sweep_kernel)
 from recurscan.kernels.delta.prep import chunk_delta_prep_kernel
 from recurscan.kernels.delta.sweep import chunk_delta_sweep_kernel
 
@@ -136,8 +137,17 @@ def backward(BV=32, warps=8, grads_warps=8):
                scale="fp32", n_cs_rows="i32")
     const = dict(H=16, HV=32, K=128, V=128, BT=64, BK=128, BV=BV, IS_VARLEN=False, HAS_G=True, USE_L2NORM=True,
                  DOT_PRECISION="tf32", DT=tl.bfloat16, HEADS=1)
+    one_pass = _compile(chunk_delta_bwd_grads_kernel, sig, const, grads_warps)
+    del const["HEADS"]
+    scores_sig = dict(q=p, k=p, v=p, g="*fp32", beta=p, do=p, winv=p, dy=p, states=p, dstates=p, u_out=p, dg=f,
+                      dbeta=f, scratch=p, cu_seqlens="*i32", chunk_indices="*i32", chunk_offsets="*i32", T="i32",
+                      n_seq="i32", scale="fp32", n_cs_rows="i32")
+    dqdk_sig = dict(q=p, k=p, g="*fp32", beta=p, do=p, u=p, dy=p, states=p, dstates=p, dq=p, dk=p, scratch=p,
+                    cu_seqlens="*i32", chunk_indices="*i32", chunk_offsets="*i32", T="i32", n_seq="i32",
+                    scale="fp32", n_cs_rows="i32")
     return f"reverse sweep BV {BV}, {warps} warps: {swept}\nparallel stage BV {BV}, {grads_warps} warps: " \
-           f"{_compile(chunk_delta_bwd_grads_kernel, sig, const, grads_warps)}"
+           f"{one_pass}\n  split, first half: {_compile(chunk_delta_bwd_scores_kernel, scores_sig, const, grads_warps)}" \
+           f"\n  split, second half: {_compile(chunk_delta_bwd_dqdk_kernel, dqdk_sig, const, grads_warps)}"
 
 
 def main(argv=None):

@@ -27,6 +27,7 @@ CASES = {
     "T 300, GVA 4": dict(B=1, T=300, H=1, HV=4, cu=None, l2norm=True),
 }
 GROUP_IN_KERNEL = DeltaBackwardShape(32, 4, 4, "tests: a GVA group summed in the kernel", sum_group_in_kernel=True)
+SPLIT = DeltaBackwardShape(32, 4, 4, "tests: the parallel stage as two kernels", split_parallel_stage=True)
 
 
 def _cases():
@@ -35,12 +36,15 @@ def _cases():
             yield pytest.param(case, optional, None, id=f"{case}-{optional}")
             if c["HV"] > c["H"]:  # GVA: the group's sum in the kernel too
                 yield pytest.param(case, optional, GROUP_IN_KERNEL, id=f"{case}-{optional}-group in kernel")
+            if optional == "all":
+                yield pytest.param(case, optional, SPLIT, id=f"{case}-{optional}-split stage")
 
 
 @pytest.mark.parametrize("case, optional, backward_shape", list(_cases()))
 def test_triton_backward_matches_the_reference(case, optional, backward_shape):
     """Every gradient under the interpreter against the float64 chunkwise reference: T in
     {1, 5, 63, 64, 65, 100, 130, 200, 300}, GVA (a group's dq, dk summed after or in the kernel),
+    the parallel stage in one kernel or two,
     varlen with one-token sequences, decays exactly 0 and -inf (gdn_inputs), with and without g,
     beta and an initial state."""
     c = CASES[case]

@@ -14,7 +14,6 @@ inputs are bfloat16 (its band for 16-bit operands; the oracle runs on the same r
 import os
 import time
 
-import pytest
 import torch
 
 import recurscan

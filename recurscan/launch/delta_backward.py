@@ -21,7 +21,8 @@ import triton
 import triton.language as tl
 
 from ..descriptors import CHUNK_SIZE
-from ..kernels.delta.backward import chunk_delta_bwd_grads_kernel, chunk_delta_bwd_sweep_kernel
+from ..kernels.delta.backward import (chunk_delta_bwd_dqdk_kernel, chunk_delta_bwd_grads_kernel,
+                                      chunk_delta_bwd_scores_kernel, chunk_delta_bwd_sweep_kernel)
 from ..kernels.delta.prep import chunk_delta_prep_kernel
 from ..plan import delta as _plan
 from ..plan.delta import DeltaBackwardShape, DeltaShape
@@ -33,7 +34,7 @@ from .delta import (INTERPRET, TEST_SHAPE, DeltaInputs, DeltaLaunches, Step, bui
 
 #: The per-call tensors of the two backward stages, by name (their launches' CallArgs).
 NAMES = ("q", "k", "v", "g", "beta", "do", "dht", "cu_seqlens", "chunk_indices", "chunk_offsets",
-         "winv", "aqk", "coef", "states", "dstates", "dh0", "dy", "dv", "dq", "dk", "dg", "dbeta", "scratch")
+         "winv", "aqk", "coef", "states", "dstates", "dh0", "dy", "dv", "dq", "dk", "dg", "dbeta", "scratch", "u")
 
 #: Signature -> :class:`DeltaBackwardLaunches`.
 BACKWARD_LAUNCHES = SignatureCache("delta backward")
@@ -104,6 +105,24 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
         H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=varlen, HAS_DHT=dht is not None,
         STORE_DH0=initial_state is not None, DOT_PRECISION=dot_precision, DT=dt),
         dict(num_warps=backward_shape.sweep_warps))
+    if backward_shape.split_parallel_stage:
+        if heads != 1:
+            raise ValueError("backward_shape: the split parallel stage writes dq, dk per value head "
+                             "(sum_group_in_kernel=False)")
+        buffers["u"] = ((B, T, HV, V), q.dtype)
+        shared = dict(q=arg("q"), g=arg("g", g is not None), beta=arg("beta"), do=arg("do"), dy=arg("dy"),
+                      states=arg("states"), dstates=arg("dstates"), scratch=arg("scratch"),
+                      cu_seqlens=arg("cu_seqlens", varlen), chunk_indices=arg("chunk_indices", varlen),
+                      chunk_offsets=arg("chunk_offsets", varlen), T=T, n_seq=N, scale=scale, n_cs_rows=rows,
+                      H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BVg, IS_VARLEN=varlen, HAS_G=g is not None,
+                      USE_L2NORM=use_qk_l2norm_in_kernel, DOT_PRECISION=dot_precision, DT=dt)
+        scores = Step(chunk_delta_bwd_scores_kernel, (chunks * HV,), dict(
+            shared, k=arg("k"), v=arg("v"), winv=arg("winv"), u_out=arg("u"), dg=arg("dg", g is not None),
+            dbeta=arg("dbeta")), dict(num_warps=backward_shape.grads_warps))
+        dqdk = Step(chunk_delta_bwd_dqdk_kernel, (chunks * HV,), dict(
+            shared, k=arg("k"), u=arg("u"), dq=arg("dq"), dk=arg("dk")), dict(num_warps=backward_shape.grads_warps))
+        group_sum = (B, T, H, HV // H, K) if out_heads != H else None
+        return DeltaBackwardLaunches(forward, [sweep, scores, dqdk], buffers, group_sum)
     grads = Step(chunk_delta_bwd_grads_kernel, (chunks * HV // heads,), dict(
         q=arg("q"), k=arg("k"), v=arg("v"), g=arg("g", g is not None), beta=arg("beta"), do=arg("do"),
         winv=arg("winv"), dy=arg("dy"), states=arg("states"), dstates=arg("dstates"), dq=arg("dq"), dk=arg("dk"),

@@ -116,6 +116,9 @@ class DeltaBackwardShape:
     # GVA: the parallel stage sums a group's dq, dk in one program (True), or writes them per value
     # head for a sum after (False).
     sum_group_in_kernel: bool = False
+    # The parallel stage as two kernels (the [BT, BT] side with dg and dbeta, then dq and dk), each
+    # with half the accumulators of the one-pass kernel; False: the one pass.
+    split_parallel_stage: bool = False
 
 
 DELTA_BACKWARD_LAUNCH = DeltaBackwardShape(

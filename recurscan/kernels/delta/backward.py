@@ -133,10 +133,12 @@ def chunk_delta_bwd_grads_kernel(
     dlam's scale dO . (Q S) is scale q . (dO S^T), and dbeta's dY . (A U) is the row sum of
     A o (dY U^T).
 
-    No operand is the transpose of a product's result: on Hopper, Triton 3.4 to 3.7.0 miscompile
-    ``tl.dot(tl.trans(x), ...)`` when x is in the product's output layout (fla issue 640). The two
-    transposed products, (dscores o G)^T Q and (dA o G)^T K, read their left operands back
-    transposed through a per-program scratch of 2 [BT, BT] tiles in DT."""
+    fla's issue 640 reports ``tl.dot(tl.trans(x), ...)``, x a product's result, miscompiled on
+    Hopper by Triton 3.4 to 3.7.0 in a kernel of this kind. Here the two [BT, BT] left operands,
+    (dscores o G)^T and (dA o G)^T, are read back transposed through a per-program scratch of
+    2 [BT, BT] tiles in DT, as fla's fix does. U^T (the right operand of dO U^T and dY U^T) is the
+    transpose of U's product: with it the stage is right on the H200 with Triton 3.6.0 at K = V =
+    128 (benchmarks/gpu_delta_grad_check.py, docs/perf-history.md)."""
     pid = tl.program_id(0).to(tl.int64)
     GROUP: tl.constexpr = HV // H
     i_c = pid // (HV // HEADS)
@@ -291,3 +293,207 @@ def chunk_delta_bwd_grads_kernel(
         if HAS_G:
             tl.store(dg + rows * HV + i_hv, d_g, mask=m_r)
         tl.debug_barrier()  # the scratch and the partial sums are read by other threads next
+
+
+@triton.jit
+def _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """(valid, bos, eos, r0, cs) of parallel-stage chunk i_c: its sequence's rows [bos, eos), its
+    first row r0 and its chunk-state row cs; valid is False for a padding chunk (which does nothing)."""
+    if IS_VARLEN:
+        i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
+        i_t = tl.load(chunk_indices + i_c * 2 + 1).to(tl.int64)
+        n_ok = (i_n >= 0) & (i_n < n_seq)
+        i_n = tl.where(n_ok, i_n, 0)
+        bos, eos = _sequence(cu_seqlens, i_n, T, True)
+        valid = n_ok & (i_t >= 0) & (i_t * BT < eos - bos)
+        cs = tl.load(chunk_offsets + i_n).to(tl.int64) + i_t
+    else:
+        NTd = (T + BT - 1) // BT
+        i_n = i_c // NTd
+        i_t = i_c % NTd
+        bos = i_n * T
+        eos = bos + T
+        valid = i_c >= 0
+        cs = i_c
+    return valid, bos, eos, bos + i_t * BT, cs
+
+
+@triton.jit(do_not_specialize=["T", "n_seq", "n_cs_rows"])
+def chunk_delta_bwd_scores_kernel(
+    q, k, v, g, beta, do, winv, dy, states, dstates, u_out, dg, dbeta, scratch,
+    cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, scale, n_cs_rows,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, USE_L2NORM: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DT: tl.constexpr,
+):
+    """The parallel stage in two kernels, first half. Grid (chunks x HV,): per (chunk, value head),
+    the [BT, BT] side of :func:`chunk_delta_bwd_grads_kernel`: U recomputed from S (written to
+    ``u_out`` for the second half), the V-sums dO U^T and dY U^T and the row sums, then dg and
+    dbeta in full, and (dscores o G), (dA o G) into ``scratch [chunks * HV, 2, BT, BT]`` (DT), from
+    which :func:`chunk_delta_bwd_dqdk_kernel` takes them and their transposes. dlam's
+    scale dO . (Q S) is summed here from Q S, a product a value block."""
+    pid = tl.program_id(0).to(tl.int64)
+    i_c = pid // HV
+    i_hv = pid % HV
+    i_h = i_hv // (HV // H)
+    valid, bos, eos, r0, cs = _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT, IS_VARLEN)
+    if not valid:
+        return
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    rows = r0 + o_t.to(tl.int64)
+    m_r = rows < eos
+    m_rk = m_r[:, None] & m_k[None, :]
+    causal = o_t[:, None] >= o_t[None, :]
+    strict = o_t[:, None] > o_t[None, :]
+    cs_ok = (cs >= 0) & (cs < n_cs_rows)  # no chunk_offsets reaches past the rows
+    p_s = states + (cs * HV + i_hv) * K * V
+    p_ds = dstates + (cs * HV + i_hv) * K * V
+    p_rk = (rows * H + i_h)[:, None] * K + o_k[None, :]
+    b_k = tl.load(k + p_rk, mask=m_rk, other=0.0).to(tl.float32)
+    b_q = tl.load(q + p_rk, mask=m_rk, other=0.0).to(tl.float32)
+    if USE_L2NORM:
+        b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, axis=1) + 1e-6)[:, None]
+        b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, axis=1) + 1e-6)[:, None]
+    b_kd = b_k.to(DT)
+    b_qd = b_q.to(DT)
+    b_beta = tl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(tl.float32)
+    b_W = tl.load(winv + (rows * HV + i_hv)[:, None] * BT + o_t[None, :], mask=m_r[:, None], other=0.0).to(DT)
+    gc, seg, bad = _chunk_gates(g, rows, rows * 0, m_r, i_hv, HV, 1, BT, HAS_G)
+    lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
+
+    b_dOU = tl.zeros([BT, BT], dtype=tl.float32)  # dO U^T
+    b_dYU = tl.zeros([BT, BT], dtype=tl.float32)  # dY U^T
+    kdsu = tl.zeros([BT], dtype=tl.float32)  # (K dS) . U
+    dyks = tl.zeros([BT], dtype=tl.float32)  # dY . (K S)
+    dyv = tl.zeros([BT], dtype=tl.float32)  # dY . V
+    doqs = tl.zeros([BT], dtype=tl.float32)  # dO . (Q S)
+    sds = tl.zeros([BK], dtype=tl.float32)  # S . dS, by key row
+    for i_v in range(0, (V + BV - 1) // BV):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        m_rv = m_r[:, None] & m_v[None, :]
+        m_kv = m_k[:, None] & m_v[None, :] & cs_ok
+        p_rv = (rows * HV + i_hv)[:, None] * V + o_v[None, :]
+        b_v = tl.load(v + p_rv, mask=m_rv, other=0.0).to(tl.float32)
+        b_do = tl.load(do + p_rv, mask=m_rv, other=0.0).to(tl.float32)
+        b_dY = tl.load(dy + p_rv, mask=m_rv, other=0.0).to(tl.float32)
+        o_kv = o_k[:, None] * V + o_v[None, :]
+        b_S = tl.load(p_s + o_kv, mask=m_kv, other=0.0).to(DT)
+        b_dS = tl.load(p_ds + o_kv, mask=m_kv, other=0.0).to(DT)
+        b_KS = tl.dot(b_kd, b_S, input_precision=DOT_PRECISION)
+        b_U = tl.dot(b_W, (b_beta[:, None] * (b_v - lam[:, None] * b_KS)).to(DT), input_precision=DOT_PRECISION)
+        tl.store(u_out + p_rv, b_U.to(u_out.dtype.element_ty), mask=m_rv)
+        b_Ut = tl.trans(b_U.to(DT))  # as the one-pass kernel's (right on the H200: see its docstring)
+        b_dOU = tl.dot(b_do.to(DT), b_Ut, b_dOU, input_precision=DOT_PRECISION)
+        b_dYU = tl.dot(b_dY.to(DT), b_Ut, b_dYU, input_precision=DOT_PRECISION)
+        kdsu += tl.sum(tl.dot(b_kd, b_dS, input_precision=DOT_PRECISION) * b_U, axis=1)
+        doqs += tl.sum(tl.dot(b_qd, b_S, input_precision=DOT_PRECISION) * b_do, axis=1)
+        dyks += tl.sum(b_KS * b_dY, axis=1)
+        dyv += tl.sum(b_dY * b_v, axis=1)
+        sds += tl.sum(b_S.to(tl.float32) * b_dS.to(tl.float32), axis=1)
+
+    b_G = tl.where(causal & (seg[:, None] == seg[None, :]), tl.exp2(gc[:, None] - gc[None, :]), 0.0)
+    b_kt = tl.trans(b_kd)
+    b_QK = tl.dot(b_qd, b_kt, input_precision=DOT_PRECISION)
+    b_KK = tl.dot(b_kd, b_kt, input_precision=DOT_PRECISION)
+    b_dscores = tl.where(causal, scale * b_dOU, 0.0)
+    b_dG = b_dscores * b_QK
+    b_dG += tl.where(o_t[:, None] == BT - 1, kdsu[None, :], 0.0)  # gam = G[last, :]
+    dlam = scale * doqs + tl.where(o_t == BT - 1, tl.sum(sds, axis=0), 0.0)
+    b_A = tl.where(strict, b_KK * b_G, 0.0)
+    b_dsys = tl.where(strict, -b_dYU, 0.0)
+    d_beta = tl.sum(b_dsys * b_A, axis=1) + dyv - lam * dyks
+    b_dA = b_beta[:, None] * b_dsys
+    b_dG += b_dA * b_KK
+    dlam -= b_beta * dyks
+    b_dSeg = tl.where(causal, b_dG * b_G, 0.0)
+    below = tl.cumsum(b_dSeg, axis=0, reverse=True)  # row m: the rows i >= m, summed
+    d_g = tl.sum(tl.where(strict, below, 0.0), axis=1) + tl.cumsum(dlam * lam, axis=0, reverse=True)
+    p_scr = scratch + pid * 2 * BT * BT + o_t[:, None] * BT + o_t[None, :]
+    tl.store(p_scr, (b_dscores * b_G).to(scratch.dtype.element_ty))
+    tl.store(p_scr + BT * BT, (b_dA * b_G).to(scratch.dtype.element_ty))
+    tl.store(dbeta + rows * HV + i_hv, d_beta, mask=m_r)
+    if HAS_G:
+        tl.store(dg + rows * HV + i_hv, d_g, mask=m_r)
+
+
+@triton.jit(do_not_specialize=["T", "n_seq", "n_cs_rows"])
+def chunk_delta_bwd_dqdk_kernel(
+    q, k, g, beta, do, u, dy, states, dstates, dq, dk, scratch,
+    cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, scale, n_cs_rows,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, USE_L2NORM: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DT: tl.constexpr,
+):
+    """The parallel stage in two kernels, second half. Grid (chunks x HV,): per (chunk, value head),
+    the V-sums dO S^T and (gam o U) dS^T - (lam beta o dY) S^T [BT, K] (U from the first half),
+    then dq = (dscores o G) K + scale lam o dO S^T and dk = (dscores o G)^T Q + (dA o G) K +
+    (dA o G)^T K + the second sum, with the [BT, BT] tiles and their transposes loaded from the
+    first half's scratch; the L2 norm's backward; dq and dk per value head."""
+    pid = tl.program_id(0).to(tl.int64)
+    i_c = pid // HV
+    i_hv = pid % HV
+    i_h = i_hv // (HV // H)
+    valid, bos, eos, r0, cs = _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT, IS_VARLEN)
+    if not valid:
+        return
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    rows = r0 + o_t.to(tl.int64)
+    m_r = rows < eos
+    m_rk = m_r[:, None] & m_k[None, :]
+    cs_ok = (cs >= 0) & (cs < n_cs_rows)
+    p_s = states + (cs * HV + i_hv) * K * V
+    p_ds = dstates + (cs * HV + i_hv) * K * V
+    b_beta = tl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(tl.float32)
+    gc, seg, bad = _chunk_gates(g, rows, rows * 0, m_r, i_hv, HV, 1, BT, HAS_G)
+    seg_last = tl.sum(tl.where(o_t == BT - 1, seg, 0), axis=0)
+    gc_last = tl.sum(tl.where(o_t == BT - 1, gc, 0.0), axis=0)
+    lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
+    gam = tl.where(seg == seg_last, tl.exp2(tl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
+
+    b_dOS = tl.zeros([BT, BK], dtype=tl.float32)  # dO S^T
+    b_dkS = tl.zeros([BT, BK], dtype=tl.float32)  # (gam o U) dS^T - (lam beta o dY) S^T
+    for i_v in range(0, (V + BV - 1) // BV):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        m_rv = m_r[:, None] & m_v[None, :]
+        m_kv = m_k[:, None] & m_v[None, :] & cs_ok
+        p_rv = (rows * HV + i_hv)[:, None] * V + o_v[None, :]
+        b_do = tl.load(do + p_rv, mask=m_rv, other=0.0)
+        b_U = tl.load(u + p_rv, mask=m_rv, other=0.0).to(tl.float32)
+        b_dY = tl.load(dy + p_rv, mask=m_rv, other=0.0).to(tl.float32)
+        o_kv = o_k[:, None] * V + o_v[None, :]
+        b_St = tl.trans(tl.load(p_s + o_kv, mask=m_kv, other=0.0).to(DT))
+        b_dSt = tl.trans(tl.load(p_ds + o_kv, mask=m_kv, other=0.0).to(DT))
+        b_dOS = tl.dot(b_do.to(DT), b_St, b_dOS, input_precision=DOT_PRECISION)
+        b_dkS = tl.dot((gam[:, None] * b_U).to(DT), b_dSt, b_dkS, input_precision=DOT_PRECISION)
+        b_dkS = tl.dot((-(lam * b_beta)[:, None] * b_dY).to(DT), b_St, b_dkS, input_precision=DOT_PRECISION)
+
+    p_rk = (rows * H + i_h)[:, None] * K + o_k[None, :]
+    b_k = tl.load(k + p_rk, mask=m_rk, other=0.0).to(tl.float32)
+    b_q = tl.load(q + p_rk, mask=m_rk, other=0.0).to(tl.float32)
+    if USE_L2NORM:
+        rk = tl.rsqrt(tl.sum(b_k * b_k, axis=1) + 1e-6)
+        b_k = b_k * rk[:, None]
+        rq = tl.rsqrt(tl.sum(b_q * b_q, axis=1) + 1e-6)
+        b_q = b_q * rq[:, None]
+    p_scr = scratch + pid * 2 * BT * BT
+    b_dsG = tl.load(p_scr + o_t[:, None] * BT + o_t[None, :])
+    b_dsGt = tl.load(p_scr + o_t[None, :] * BT + o_t[:, None])
+    b_dAG = tl.load(p_scr + BT * BT + o_t[:, None] * BT + o_t[None, :])
+    b_dAGt = tl.load(p_scr + BT * BT + o_t[None, :] * BT + o_t[:, None])
+    b_kd = b_k.to(DT)
+    b_dq = tl.dot(b_dsG.to(DT), b_kd, input_precision=DOT_PRECISION) + scale * lam[:, None] * b_dOS
+    b_dk = tl.dot(b_dAG.to(DT), b_kd, b_dkS, input_precision=DOT_PRECISION)
+    b_dk = tl.dot(b_dAGt.to(DT), b_kd, b_dk, input_precision=DOT_PRECISION)
+    b_dk = tl.dot(b_dsGt.to(DT), b_q.to(DT), b_dk, input_precision=DOT_PRECISION)
+    if USE_L2NORM:  # y = x r: dx = r (dy - y (y . dy))
+        b_dq = rq[:, None] * (b_dq - b_q * tl.sum(b_q * b_dq, axis=1)[:, None])
+        b_dk = rk[:, None] * (b_dk - b_k * tl.sum(b_k * b_dk, axis=1)[:, None])
+    p_out = (rows * HV + i_hv)[:, None] * K + o_k[None, :]
+    tl.store(dq + p_out, b_dq, mask=m_rk)
+    tl.store(dk + p_out, b_dk, mask=m_rk)
