@@ -67,3 +67,74 @@ def test_gdp_gradients_bf16():
     for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), got, want):
         assert torch.isfinite(a).all(), name
         assert relative_rms(a.double().cpu(), b) < 1e-2, f"{name}: relative RMS {relative_rms(a.double().cpu(), b):.2e}"
+
+
+def _gdp_batch(M, B=1, T=600, H=2, HV=4, K=128, seed=2):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    rn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+    return [rn(B, T, H, K).bfloat16(), rn(B, T * M, H, K).bfloat16(), rn(B, T * M, HV, K).bfloat16(),
+            torch.nn.functional.logsigmoid(rn(B, T, HV) + 3),
+            torch.rand(B, T * M, HV, device="cuda", generator=gen).bfloat16()]
+
+
+@pytest.mark.parametrize("M", [1, 2])
+def test_training_step_with_descriptors_is_sync_free(M):
+    """Forward + backward through the varlen ops with the descriptors passed: no host
+    synchronisation after the first call (which compiles)."""
+    cu = torch.tensor([0, 1, 250, 600], device="cuda", dtype=torch.int32)
+    desc = recurscan.build_chunk_descriptors(cu, M, device="cuda").as_kwargs()
+    x = [t.requires_grad_() for t in _gdp_batch(M)]
+
+    def step():
+        o, S = recurscan.chunk_gated_delta_product_varlen(*x, M, cu, use_qk_l2norm_in_kernel=True,
+                                                          output_final_state=True, **desc)
+        torch.autograd.grad((o.float().sum() + S.sum()), x)
+
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def test_split_parallel_stage_on_the_gpu():
+    """The parallel stage as two kernels (a launch-shape flag) against the float64 oracle at the
+    models' head sizes, GVA and varlen: the numbers the planner's choice between them rests on."""
+    from recurscan.descriptors import build_chunk_descriptors
+    from recurscan.launch.delta_backward import chunk_delta_bwd
+    from recurscan.plan.delta import DeltaBackwardShape
+    from recurscan.reference.delta_backward import gated_delta_rule_chunked_backward
+    q, k, v, g, beta = _gdp_batch(1, T=1000, seed=3)
+    cu = torch.tensor([0, 1, 300, 1000], device="cuda")
+    d = build_chunk_descriptors(cu, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    do = torch.randn(v.shape, device="cuda", generator=gen).bfloat16()
+    h0 = torch.randn(3, 4, 128, 128, device="cuda", generator=gen) * 0.1
+    args = dict(initial_state=h0, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+    for warps in (8, 4):
+        shape = DeltaBackwardShape(32, 8, warps, "test", split_parallel_stage=True)
+        got = chunk_delta_bwd(q, k, v, g, beta, do, None, chunk_indices=d.chunk_indices, chunk_offsets=d.chunk_offsets,
+                              backward_shape=shape, **args)
+        want = gated_delta_rule_chunked_backward(*(t.double() for t in (q, k, v, g, beta, do)), None,
+                                                 **dict(args, initial_state=h0.double()))
+        for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), got, want):
+            assert torch.isfinite(a).all(), name
+            assert relative_rms(a.double(), b) < 1e-2, f"{warps} warps, {name}: {relative_rms(a.double(), b):.2e}"
+
+
+def test_dense_gated_delta_product_trains_on_the_gpu():
+    """fla's dense signature at B = 2 against the float64 token loop: output and gradients."""
+    from recurscan.reference.delta import gated_delta_product_naive
+    M = 2
+    x = [t.requires_grad_() for t in _gdp_batch(M, B=2, T=300, seed=5)]
+    o, _ = recurscan.chunk_gated_delta_product(*x, M, use_qk_l2norm_in_kernel=True)
+    do = torch.randn_like(o)
+    got = torch.autograd.grad(o, x, do)
+    y = [t.detach().double().cpu().requires_grad_() for t in x]
+    want_o = gated_delta_product_naive(*y, M, use_qk_l2norm_in_kernel=True)[0]
+    want = torch.autograd.grad(want_o, y, do.double().cpu())
+    assert relative_rms(o.double().cpu(), want_o.detach()) < 1e-2
+    for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta"), got, want):
+        assert relative_rms(a.double().cpu(), b) < 1e-2, name
