@@ -24,7 +24,7 @@ def sweep(replay: bool, stages: int, bv: int = 64):
                s0_n="i32", s0_h="i32", s0_k="i32", n_slots="i32", n_cs_rows="i32", replay_flags="*i32")
     const = dict(r.SHAPES, V=128, BV=bv, s0_v=1, IS_VARLEN=False, HAS_H0=False, STORE_FINAL=True, USE_CACHE=False,
                  STORE_CHUNK_STATES=False, DOT_PRECISION="tf32", NUM_STAGES=stages, DT=tl.bfloat16, PASS=0,
-                 V_PRODUCT=True, TMA_STORE=True, PDL=True, REPLAY=replay)
+                 V_PRODUCT=True, TMA_STORE=True, PDL=True, REPLAY=replay, OUTPUTS=True)
     return r._compile(chunk_delta_sweep_kernel, sig, const, 4, stages)
 
 

@@ -109,7 +109,7 @@ def sweep(BV, warps, stages, v_product, PASS=0, tma_store=False, M=1, varlen=Fal
     # A contiguous state's last stride is 1, which the JIT specialises as a constant.
     const = dict(SHAPES, V=128, BV=BV, s0_v=1, IS_VARLEN=varlen, HAS_H0=False, STORE_FINAL=True, USE_CACHE=False,
                  STORE_CHUNK_STATES=False, DOT_PRECISION="tf32", NUM_STAGES=stages, DT=tl.bfloat16, PASS=PASS,
-                 V_PRODUCT=v_product, TMA_STORE=tma_store, PDL=True)
+                 V_PRODUCT=v_product, TMA_STORE=tma_store, PDL=True, REPLAY=False, OUTPUTS=True)
     const["M"] = M
     return _compile(chunk_delta_sweep_kernel, sig, const, warps, stages)
 

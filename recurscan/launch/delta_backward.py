@@ -1,7 +1,8 @@
 """The launches of the chunked delta rule's backward, kernels/delta/backward.py (GDN; GDP as GDN on
 its expanded stream, :func:`chunk_delta_product_bwd`):
 
-1. the forward again, for the states entering every chunk (its chunk states, in the inputs' dtype);
+1. the forward again for the states entering every chunk alone (its chunk states, in the inputs'
+   dtype; no outputs);
 2. in it, the prep with STORE_INV, which writes ``G o Tinv`` beside wy (``aqk``, ``coef`` kept);
 3. the reverse sweep (dS carried last chunk to first; dv, dY, dS per chunk, dh0);
 4. the parallel stage (dq, dk, dg, dbeta), one program per chunk and value head (or per GVA group,
@@ -70,8 +71,11 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
     #      operand they become), its prep storing G o Tinv beside wy.
     forward = build_delta_launches(q, k, v, g, beta, shape, return_chunk_states=True, num_chunk_rows=rows,
                                    chunk_states_dtype=q.dtype, **common)
+    # The sweep for the states alone (no outputs, so no replay of non-finite outputs either).
     steps = [dataclasses.replace(s, kwargs=dict(s.kwargs, STORE_INV=True, winv=CallArg("winv")))
-             if s.kernel is chunk_delta_prep_kernel else s for s in forward.steps]
+             if s.kernel is chunk_delta_prep_kernel else
+             dataclasses.replace(s, kwargs=dict(s.kwargs, OUTPUTS=False, TMA_STORE=False))
+             for s in forward.steps if not s.kwargs.get("REPLAY")]
     forward = dataclasses.replace(forward, steps=steps, buffers=dict(forward.buffers, winv=forward.buffers["wy"]),
                                   outputs=("chunk_states", "winv", "aqk", "coef"))
     dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"

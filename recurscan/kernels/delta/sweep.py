@@ -69,13 +69,15 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, 
                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
                  BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PASS: tl.constexpr,
                  V_PRODUCT: tl.constexpr, TMA_STORE: tl.constexpr, STORE_CHUNK_STATES: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr, DT: tl.constexpr, FULL: tl.constexpr, CAREFUL: tl.constexpr):
+                 DOT_PRECISION: tl.constexpr, DT: tl.constexpr, FULL: tl.constexpr, CAREFUL: tl.constexpr,
+                 OUTPUTS: tl.constexpr):
     """One expanded chunk c of :func:`chunk_delta_sweep_kernel` (its docstring has the algebra):
     returns the state S^T leaving the chunk, having written the chunk's outputs (PASS != 1) and,
     when it starts a token chunk, the state entering it (STORE_CHUNK_STATES). FULL: all 64 rows
     lie in the sequence, so nothing is masked by row; a full chunk of GDP with M | 64 forms its
     outputs on its query rows alone. CAREFUL: the outputs by :func:`_outputs_causal` (the replay
-    of a program whose state came out non-finite); the state the same either way."""
+    of a program whose state came out non-finite); the state the same either way. OUTPUTS False:
+    the state alone (the backward's recompute of the chunk states), no query or output touched."""
     r = c * BT + o_t.to(tl.int64)  # [BT] row inside the sequence (expanded stream)
     if FULL:  # every row lies in the sequence: the loads and stores below go unpredicated
         m_r = tl.full([BT], True, tl.int1)
@@ -88,7 +90,7 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, 
     # GDP with M | BT, a chunk of whole tokens: the outputs are formed on the chunk's BT // M query
     # rows alone (every M-th row) rather than on all BT rows with the others masked (M = 2, 4: the
     # query rows must still make a product of >= 16 rows).
-    COMPACT_Q: tl.constexpr = FULL and (PASS != 1) and _compact_queries(M, BT)
+    COMPACT_Q: tl.constexpr = FULL and (PASS != 1) and OUTPUTS and _compact_queries(M, BT)
     if COMPACT_Q:
         BTQ: tl.constexpr = BT // M
         o_tq = tl.arange(0, BTQ).to(tl.int64)
@@ -111,7 +113,7 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, 
         if COMPACT_Q:  # the chunk's BT // M tokens, one query each
             b_q = tl.load(q + (tok_q * H + i_h)[:, None] * K + o_k[None, :], mask=m_k[None, :],
                           other=0.0).to(DT)  # [BTQ, BK]
-        else:
+        elif OUTPUTS:
             b_q = tl.load(q + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=m_q[:, None] & m_k[None, :],
                           other=0.0).to(DT)  # [BT, BK]
     b_vt = tl.load(v + (e * HV + i_hv)[None, :] * V + o_v[:, None], mask=m_vt, other=0.0)  # [BV, BT] = V^T
@@ -119,7 +121,7 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, 
     b_Wt = tl.load(wy + (e * HV + i_hv)[None, :] * BT + o_t[:, None], mask=m_r[None, :], other=0.0).to(DT)
     if COMPACT_Q:  # aqk^T on the query rows only: [BT (j), BTQ (i)]
         b_At = tl.load(aqk + (e_q * HV + i_hv)[None, :] * BT + o_t[:, None]).to(DT)
-    elif PASS != 1:
+    elif (PASS != 1) and OUTPUTS:
         b_At = tl.load(aqk + (e * HV + i_hv)[None, :] * BT + o_t[:, None], mask=m_r[None, :], other=0.0).to(DT)
     # Stage 1, precomputed by the prep kernel: the rows' decays times their norm factors. One
     # [BT, 4] tile: one pipelined buffer (four vectors took four, each 1 KB aligned; loaded as
@@ -156,7 +158,7 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, 
                                    i_hv, o_t, o_k, o_v, m_k, m_vt, H, HV, K, V, BT, V_PRODUCT, DOT_PRECISION, DT)
         tl.store(o + (tok_q * HV + i_hv)[None, :] * V + o_v[:, None], b_ot.to(o.dtype.element_ty),
                  mask=m_v[:, None])
-    elif PASS != 1:
+    elif (PASS != 1) and OUTPUTS:
         lam_rq = tl.sum(tl.where((o_4[None, :] == 1) & m_q[:, None], b_coef, 0.0), axis=1)
         b_ot = lam_rq[None, :] * tl.dot(b_Sd, tl.trans(b_q), input_precision=DOT_PRECISION)
         b_ot += tl.dot(b_Ut.to(DT), b_At, input_precision=DOT_PRECISION)
@@ -190,7 +192,7 @@ def chunk_delta_sweep_kernel(
     STORE_FINAL: tl.constexpr, USE_CACHE: tl.constexpr, STORE_CHUNK_STATES: tl.constexpr,
     DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr, DT: tl.constexpr, PASS: tl.constexpr = 0,
     V_PRODUCT: tl.constexpr = True, TMA_STORE: tl.constexpr = False, PDL: tl.constexpr = False,
-    REPLAY: tl.constexpr = False,
+    REPLAY: tl.constexpr = False, OUTPUTS: tl.constexpr = True,
 ):
     """Grid (N * HV * ceil(V / BV),): program -> (sequence n, value head hv, value block iv),
     iv fastest so neighbouring programs share the q/k rows in L2.
@@ -265,6 +267,9 @@ def chunk_delta_sweep_kernel(
     from the sequence's initial state (first phase) or from its state in ``seg_n [N, HV, K, V]``,
     to the final state or cache slot (last phase) or back into ``seg_n``. The chunks and their
     order are the single pass's, so the results are its bits.
+
+    OUTPUTS False (the backward's recompute): the chunk states and final state alone; no query,
+    ``aqk`` or output is read or written, and no replay flag is raised.
     """
     pid = tl.program_id(0).to(tl.int64)
     if REPLAY:  # the replay launch: only the programs the pass before flagged (see the end)
@@ -378,7 +383,7 @@ def chunk_delta_sweep_kernel(
         else:
             cs0 = i_n * tl.cdiv(T, BT)
 
-    if TMA_STORE and PASS != 1:  # the sequence's output rows [L, V] of value head hv; rows past L clipped
+    if TMA_STORE and (PASS != 1) and OUTPUTS:  # the sequence's output rows [L, V] of value head hv; rows past L clipped
         o_desc = tl.make_tensor_descriptor(o + (bos_t * HV + i_hv) * V, shape=[(eos_t - bos_t).to(tl.int32), V],
                                            strides=[HV * V, 1], block_shape=[BT, BV])
     else:  # _sweep_chunk takes every name; the flags below keep these placeholders unread
@@ -394,13 +399,13 @@ def chunk_delta_sweep_kernel(
         b_St = _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, n_cs_rows, bos, bos_t, L,
                             i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
-                            DOT_PRECISION, DT, True, REPLAY)
+                            DOT_PRECISION, DT, True, REPLAY, OUTPUTS)
     c_tail = tl.maximum(c_lo, c_full)
     if c_tail < c_hi:
         b_St = _sweep_chunk(c_tail, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, n_cs_rows, bos, bos_t,
                             L, i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
-                            DOT_PRECISION, DT, False, REPLAY)
+                            DOT_PRECISION, DT, False, REPLAY, OUTPUTS)
     # Causality under non-finite input. A NaN or inf in U reaches every earlier row of its chunk
     # through the products over the chunk's rows (0 * inf), and it always leaves the state
     # non-finite (nothing in the state's path selects it out). So a program whose state comes out
@@ -409,7 +414,7 @@ def chunk_delta_sweep_kernel(
     # outputs formed with the bad entries selected out (_outputs_causal). The cache slot it starts
     # from is left for the replay to write.
     replay = False
-    if (PASS != 1) and (not REPLAY):
+    if (PASS != 1) and (not REPLAY) and OUTPUTS:
         if last_phase:
             replay = tl.max(tl.max(tl.where(b_St * 0.0 == 0.0, 0, 1), axis=1), axis=0) != 0
             tl.store(replay_flags + pid, replay.to(tl.int32))
