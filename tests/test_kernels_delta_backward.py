@@ -160,3 +160,24 @@ def test_gdp_training_with_descriptors_builds_none(monkeypatch):
                                                 use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
     for name, a, b in zip(NAMES, got, want):
         assert relative_rms(a.double().cpu(), b) < 1e-5, name
+
+
+@pytest.mark.parametrize("backward_shape", [None, GROUP_IN_KERNEL, SPLIT], ids=["planned", "group", "split"])
+def test_every_backward_launch_names_every_kernel_argument(backward_shape):
+    """The direct launcher fills a kernel's parameters by name, defaults included: every launch of
+    the backward (its forward recompute too) names every argument of its kernel."""
+    from recurscan.launch.delta_backward import build_delta_backward
+    from recurscan.launch.delta import TEST_SHAPE
+    from recurscan.plan.delta import DELTA_BACKWARD_LAUNCH
+    q, k, v, g, beta, S0 = (x.float() for x in gdn_inputs(1, 130, 1, 2, 16, 16, seed=9))
+    cu = torch.tensor([0, 60, 130])
+    d = build_chunk_descriptors(cu)
+    h0 = S0.expand(2, -1, -1, -1).contiguous()  # two sequences
+    launches = build_delta_backward(q, k, v, g, beta, torch.zeros_like(v), torch.zeros_like(h0), scale=0.25,
+                                    initial_state=h0, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
+                                    chunk_indices=d.chunk_indices,
+                                    chunk_offsets=d.chunk_offsets, shape=TEST_SHAPE,
+                                    backward_shape=backward_shape or DELTA_BACKWARD_LAUNCH)
+    for step in launches.forward.steps + launches.steps:
+        missing = [a for a in step.kernel.arg_names if a not in step.kwargs]
+        assert not missing, f"{getattr(step.kernel, 'fn', step.kernel).__name__}: {missing}"

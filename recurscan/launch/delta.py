@@ -217,7 +217,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         IS_VARLEN=varlen, HAS_H0=initial_state is not None, USE_CACHE=use_cache, STORE_FINAL=store_final,
         STORE_CHUNK_STATES=return_chunk_states, DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, DT=dt, PASS=0,
         V_PRODUCT=v_product, TMA_STORE=tma_store and M == 1 and V * q.element_size() % 16 == 0,
-        PDL=not INTERPRET, REPLAY=False)
+        PDL=not INTERPRET, REPLAY=False, OUTPUTS=True)
     options = dict(num_warps=num_warps)
     if phased:
         # prep 0, sweep 0, prep 1, sweep 1, ...: each prep after the first is the programmatic
