@@ -28,6 +28,7 @@ CASES = {
 }
 GROUP_IN_KERNEL = DeltaBackwardShape(32, 4, 4, "tests: a GVA group summed in the kernel", sum_group_in_kernel=True)
 SPLIT = DeltaBackwardShape(32, 4, 4, "tests: the parallel stage as two kernels", split_parallel_stage=True)
+SWEEP_T = DeltaBackwardShape(32, 4, 4, "tests: the reverse sweep holding dS^T", sweep_transposed=True)
 
 
 def _cases():
@@ -38,13 +39,14 @@ def _cases():
                 yield pytest.param(case, optional, GROUP_IN_KERNEL, id=f"{case}-{optional}-group in kernel")
             if optional == "all":
                 yield pytest.param(case, optional, SPLIT, id=f"{case}-{optional}-split stage")
+            yield pytest.param(case, optional, SWEEP_T, id=f"{case}-{optional}-sweep transposed")
 
 
 @pytest.mark.parametrize("case, optional, backward_shape", list(_cases()))
 def test_triton_backward_matches_the_reference(case, optional, backward_shape):
     """Every gradient under the interpreter against the float64 chunkwise reference: T in
     {1, 5, 63, 64, 65, 100, 130, 200, 300}, GVA (a group's dq, dk summed after or in the kernel),
-    the parallel stage in one kernel or two,
+    the parallel stage in one kernel or two, the reverse sweep holding dS or dS^T,
     varlen with one-token sequences, decays exactly 0 and -inf (gdn_inputs), with and without g,
     beta and an initial state."""
     c = CASES[case]
@@ -162,7 +164,8 @@ def test_gdp_training_with_descriptors_builds_none(monkeypatch):
         assert relative_rms(a.double().cpu(), b) < 1e-5, name
 
 
-@pytest.mark.parametrize("backward_shape", [None, GROUP_IN_KERNEL, SPLIT], ids=["planned", "group", "split"])
+@pytest.mark.parametrize("backward_shape", [None, GROUP_IN_KERNEL, SPLIT, SWEEP_T],
+                         ids=["planned", "group", "split", "sweep transposed"])
 def test_every_backward_launch_names_every_kernel_argument(backward_shape):
     """The direct launcher fills a kernel's parameters by name, defaults included: every launch of
     the backward (its forward recompute too) names every argument of its kernel."""

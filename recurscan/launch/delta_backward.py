@@ -107,7 +107,8 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
         dy_out=arg("dy"), dv=arg("dv"), cu_seqlens=arg("cu_seqlens", varlen),
         chunk_offsets=arg("chunk_offsets", varlen), T=T, n_cs_rows=rows,
         H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=varlen, HAS_DHT=dht is not None,
-        STORE_DH0=initial_state is not None, DOT_PRECISION=dot_precision, DT=dt),
+        STORE_DH0=initial_state is not None, DOT_PRECISION=dot_precision, DT=dt,
+        STATE_T=backward_shape.sweep_transposed),
         dict(num_warps=backward_shape.sweep_warps))
     if backward_shape.split_parallel_stage:
         if heads != 1:

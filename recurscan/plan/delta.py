@@ -119,6 +119,9 @@ class DeltaBackwardShape:
     # The parallel stage as two kernels (the [BT, BT] side with dg and dbeta, then dq and dk), each
     # with half the accumulators of the one-pass kernel; False: the one pass.
     split_parallel_stage: bool = False
+    # The reverse sweep holds dS^T [BV, K] (its chain's products take it from registers), as the
+    # forward sweep holds S^T; False: dS [K, BV].
+    sweep_transposed: bool = False
 
 
 DELTA_BACKWARD_LAUNCH = DeltaBackwardShape(

@@ -38,7 +38,7 @@ def chunk_delta_bwd_sweep_kernel(
     cu_seqlens, chunk_offsets, T, n_cs_rows,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DT: tl.constexpr, STATE_T: tl.constexpr = False,
 ):
     """Grid (N * HV * ceil(V / BV),): one program per (sequence, value head, value block) holds
     dS [K, BV] (the gradient of the state leaving the chunk) and walks the chunks last to first.
@@ -51,7 +51,11 @@ def chunk_delta_bwd_sweep_kernel(
     and writes dY and dv (the parallel stage's inputs) and dS leaving the chunk (``dstates``, the
     chunk-state rows); dh0 is dS entering the first chunk. The chain from dS to dS is three
     products (K dS, winv^T dU, K^T dv); the state itself is not read here (the parallel stage
-    recomputes the chunk's U from it)."""
+    recomputes the chunk's U from it).
+
+    STATE_T: the same sums with everything transposed (dS^T [BV, K] held, as the forward sweep holds
+    S^T): the held gradient and the chain's products are then the left operands, which wgmma takes
+    from registers, and only loaded tiles go through shared memory."""
     pid = tl.program_id(0).to(tl.int64)
     NV: tl.constexpr = (V + BV - 1) // BV
     i_v = pid % NV
@@ -68,10 +72,16 @@ def chunk_delta_bwd_sweep_kernel(
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
     m_v = o_v < V
-    m_kv = m_k[:, None] & m_v[None, :]
-    o_kv = o_k[:, None] * V + o_v[None, :]
+    if STATE_T:
+        m_kv = m_v[:, None] & m_k[None, :]  # [BV, BK]
+        o_kv = o_k[None, :] * V + o_v[:, None]  # S[k, v] of a [K, V] state, as a [BV, BK] tile
+    else:
+        m_kv = m_k[:, None] & m_v[None, :]
+        o_kv = o_k[:, None] * V + o_v[None, :]
     if HAS_DHT:
         b_dS = tl.load(dht + (i_n * HV + i_hv) * K * V + o_kv, mask=m_kv, other=0.0).to(tl.float32)
+    elif STATE_T:
+        b_dS = tl.zeros([BV, BK], dtype=tl.float32)
     else:
         b_dS = tl.zeros([BK, BV], dtype=tl.float32)
     n_chunks = (eos - bos + BT - 1) // BT
@@ -81,11 +91,6 @@ def chunk_delta_bwd_sweep_kernel(
         rows = r0 + o_t.to(tl.int64)
         m_r = rows < eos
         m_rk = m_r[:, None] & m_k[None, :]
-        m_rv = m_r[:, None] & m_v[None, :]
-        b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
-        b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
-        p_rv = (rows * HV + i_hv)[:, None] * V + o_v[None, :]
-        b_do = tl.load(do + p_rv, mask=m_rv, other=0.0).to(tl.float32)
         b_beta = tl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(tl.float32)
         p_coef = coef + ((_chunk_slot(bos, c, i_n, BT) * HV + i_hv) * BT + o_t) * 4
         lam_rk = tl.load(p_coef, mask=m_r, other=0.0)
@@ -93,20 +98,43 @@ def chunk_delta_bwd_sweep_kernel(
         gam_rk = tl.load(p_coef + 2, mask=m_r, other=0.0)
         lam_last = tl.sum(tl.load(p_coef + 3, mask=o_t == 0, other=0.0), axis=0)
         p_tt = (rows * HV + i_hv)[:, None] * BT + o_t[None, :]
-        b_W = tl.load(winv + p_tt, mask=m_r[:, None], other=0.0).to(tl.float32)  # [BT, BT] G o Tinv
-        b_Aqk = tl.load(aqk + p_tt, mask=m_r[:, None], other=0.0).to(tl.float32)
         p_state = ((cs0 + c) * HV + i_hv) * K * V + o_kv
         m_row = m_kv & (cs0 + c >= 0) & (cs0 + c < n_cs_rows)  # no chunk_offsets reaches past the rows
         tl.store(dstates + p_state, b_dS, mask=m_row)
-
-        b_dU = _mm(tl.trans(b_Aqk), b_do, DT, DOT_PRECISION) + \
-            gam_rk[:, None] * _mm(b_k, b_dS, DT, DOT_PRECISION)
-        b_dY = _mm(tl.trans(b_W), b_dU, DT, DOT_PRECISION)
-        b_dv = b_beta[:, None] * b_dY
-        tl.store(dy_out + p_rv, b_dY, mask=m_rv)
-        tl.store(dv + p_rv, b_dv, mask=m_rv)
-        b_dS = _mm(tl.trans(b_q), lam_rq[:, None] * b_do, DT, DOT_PRECISION) + lam_last * b_dS \
-            - _mm(tl.trans(b_k), lam_rk[:, None] * b_dv, DT, DOT_PRECISION)
+        if STATE_T:
+            b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(DT)
+            b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(DT)
+            m_vr = m_v[:, None] & m_r[None, :]
+            p_vr = (rows * HV + i_hv)[None, :] * V + o_v[:, None]  # [BV, BT] tiles of [rows, V] tensors
+            b_dot = tl.load(do + p_vr, mask=m_vr, other=0.0).to(tl.float32)  # dO^T
+            b_W = tl.load(winv + p_tt, mask=m_r[:, None], other=0.0).to(DT)  # [BT, BT] G o Tinv
+            b_Aqk = tl.load(aqk + p_tt, mask=m_r[:, None], other=0.0).to(DT)
+            # dU^T = dO^T aqk + (gam rk) o (dS^T K^T); dY^T = dU^T winv; dv^T = beta o dY^T
+            b_dUt = tl.dot(b_dot.to(DT), b_Aqk, input_precision=DOT_PRECISION) + \
+                gam_rk[None, :] * tl.dot(b_dS.to(DT), tl.trans(b_k), input_precision=DOT_PRECISION)
+            b_dYt = tl.dot(b_dUt.to(DT), b_W, input_precision=DOT_PRECISION)
+            b_dvt = b_beta[None, :] * b_dYt
+            tl.store(dy_out + p_vr, b_dYt.to(dy_out.dtype.element_ty), mask=m_vr)
+            tl.store(dv + p_vr, b_dvt.to(dv.dtype.element_ty), mask=m_vr)
+            # dS^T <- (lam rq o dO)^T Q + lam_C dS^T - (lam rk o dv)^T K
+            b_dS = tl.dot((lam_rq[None, :] * b_dot).to(DT), b_q, input_precision=DOT_PRECISION) + \
+                lam_last * b_dS - tl.dot((lam_rk[None, :] * b_dvt).to(DT), b_k, input_precision=DOT_PRECISION)
+        else:
+            m_rv = m_r[:, None] & m_v[None, :]
+            b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
+            b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
+            p_rv = (rows * HV + i_hv)[:, None] * V + o_v[None, :]
+            b_do = tl.load(do + p_rv, mask=m_rv, other=0.0).to(tl.float32)
+            b_W = tl.load(winv + p_tt, mask=m_r[:, None], other=0.0).to(tl.float32)  # [BT, BT] G o Tinv
+            b_Aqk = tl.load(aqk + p_tt, mask=m_r[:, None], other=0.0).to(tl.float32)
+            b_dU = _mm(tl.trans(b_Aqk), b_do, DT, DOT_PRECISION) + \
+                gam_rk[:, None] * _mm(b_k, b_dS, DT, DOT_PRECISION)
+            b_dY = _mm(tl.trans(b_W), b_dU, DT, DOT_PRECISION)
+            b_dv = b_beta[:, None] * b_dY
+            tl.store(dy_out + p_rv, b_dY, mask=m_rv)
+            tl.store(dv + p_rv, b_dv, mask=m_rv)
+            b_dS = _mm(tl.trans(b_q), lam_rq[:, None] * b_do, DT, DOT_PRECISION) + lam_last * b_dS \
+                - _mm(tl.trans(b_k), lam_rk[:, None] * b_dv, DT, DOT_PRECISION)
     if STORE_DH0:
         tl.store(dh0 + (i_n * HV + i_hv) * K * V + o_kv, b_dS, mask=m_kv)
 
