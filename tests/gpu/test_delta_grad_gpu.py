@@ -138,3 +138,23 @@ def test_dense_gated_delta_product_trains_on_the_gpu():
     assert relative_rms(o.double().cpu(), want_o.detach()) < 1e-2
     for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta"), got, want):
         assert relative_rms(a.double().cpu(), b) < 1e-2, name
+
+
+def test_gdn_gradients_at_the_benchmark_size():
+    """B1 T4096 H=HV=16 K=V=128, bf16, through the public op: every gradient against the float64
+    chunkwise reference run on the GPU (the size the benchmarks time, where a miscompile that
+    small shapes miss would show)."""
+    from recurscan.reference.delta_backward import gated_delta_rule_chunked_backward
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    rn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+    B, T, H, K = 1, 4096, 16, 128
+    x = [rn(B, T, H, K).bfloat16(), rn(B, T, H, K).bfloat16(), rn(B, T, H, K).bfloat16(),
+         torch.nn.functional.logsigmoid(rn(B, T, H) + 3), torch.rand(B, T, H, device="cuda", generator=gen).bfloat16()]
+    leaves = [t.clone().requires_grad_() for t in x]
+    o, _ = recurscan.chunk_gated_delta_rule(*leaves, use_qk_l2norm_in_kernel=True)
+    do = rn(B, T, H, K).bfloat16()
+    got = torch.autograd.grad(o, leaves, do)
+    want = gated_delta_rule_chunked_backward(*(t.double() for t in x), do.double(), use_qk_l2norm_in_kernel=True)
+    for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta"), got, want):
+        assert torch.isfinite(a).all(), name
+        assert relative_rms(a.double(), b) < 1e-2, f"{name}: relative RMS {relative_rms(a.double(), b):.2e}"
