@@ -29,7 +29,7 @@ from ..plan import delta as _plan
 from ..plan.delta import DeltaBackwardShape, DeltaShape
 from ..reference.delta import expand_householder
 from ..runtime.cache import SignatureCache, launch_key
-from ..runtime.launcher import CallArg, compile_together, jit_launch
+from ..runtime.launcher import CallArg, compile_in_background, jit_launch
 from .delta import (INTERPRET, TEST_SHAPE, DeltaInputs, DeltaLaunches, Step, build_delta_launches,
                     run_delta_launches)
 
@@ -52,6 +52,7 @@ class DeltaBackwardLaunches:
     steps: list
     buffers: dict
     group_sum: tuple | None  # dq, dk per value head, viewed so to sum over dim 3; None: summed in the kernel
+    compiled: bool = False  # a call has run (and compiled every kernel)
 
 
 def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use_qk_l2norm_in_kernel,
@@ -169,18 +170,28 @@ def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, scale=None, initial_state
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
             chunk_offsets=chunk_offsets, shape=shape, backward_shape=backward_shape))
     inputs = DeltaInputs(q, k, v, g, beta, initial_state, None, None, cu_seqlens, chunk_indices, chunk_offsets)
-    states, winv, aqk, coef = run_delta_launches(launches.forward, inputs)
     made = {n: torch.empty(s, dtype=d, device=q.device) for n, (s, d) in launches.buffers.items()}
     given = dict(q=q, k=k, v=v, g=g, beta=beta, do=do, dht=dht, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
-                 chunk_offsets=chunk_offsets, winv=winv, aqk=aqk, coef=coef, states=states)
+                 chunk_offsets=chunk_offsets)
+    first = not launches.compiled
+    wait = lambda: None  # noqa: E731
+    if first and not INTERPRET:  # the stages compile beside the recompute's kernels
+        recomputed = launches.forward.buffers
+        stand_in = {n: torch.empty(16, dtype=recomputed[b][1], device=q.device)
+                    for n, b in (("states", "chunk_states"), ("winv", "winv"), ("aqk", "aqk"), ("coef", "coef"))}
+        early = tuple({**given, **stand_in}.get(n, made.get(n)) for n in NAMES)
+        wait = compile_in_background([(s.kernel, s.grid, s.kwargs, s.options) for s in launches.steps], NAMES, early,
+                                     q.device)
+    states, winv, aqk, coef = run_delta_launches(launches.forward, inputs)
+    given.update(winv=winv, aqk=aqk, coef=coef, states=states)
     values = tuple(given[n] if n in given else made.get(n) for n in NAMES)
-    if all(step.direct is not None for step in launches.steps):
-        for step in launches.steps:
+    wait()
+    for step in launches.steps:
+        if step.direct is not None:
             step.direct(values)
-    else:  # the first call: both stages compile at once
-        with compile_together([(s.kernel, s.grid, s.kwargs, s.options) for s in launches.steps], NAMES, values):
-            for step in launches.steps:
-                step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, NAMES, values)
+        else:  # the first call, or a launch the direct path does not take (through the JIT, compiled)
+            step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, NAMES, values)
+    launches.compiled = True
     dq, dk = made["dq"], made["dk"]
     if launches.group_sum is not None:  # value head hv read q/k head hv // (HV / H)
         dq, dk = (d.view(launches.group_sum).sum(3) for d in (dq, dk))

@@ -388,6 +388,31 @@ def compile_together(launches: list, names: tuple, values: tuple):
         yield
 
 
+def compile_in_background(launches: list, names: tuple, values: tuple, device: torch.device):
+    """Start compiling ``launches`` (as :func:`compile_together` takes them) on a thread of their
+    own, beside whatever the calling thread compiles meanwhile (Triton's AsyncCompileMode is per
+    thread); returns a function that waits for them. For a first call whose later kernels need
+    the earlier ones' outputs: those kernels' compiles need only their arguments' dtypes and
+    alignment, so placeholders stand in for the outputs. A compile that fails here is left to the
+    launch that follows, which compiles again and raises there."""
+    if AsyncCompileMode is None or not launches:
+        return lambda: None
+    import threading
+
+    def work():
+        try:
+            with torch.cuda.device(device), ThreadPoolExecutor(len(launches)) as pool, \
+                    AsyncCompileMode(pool, ignore_errors=True):
+                for kernel, grid, kwargs, options in launches:
+                    kernel.warmup(grid=grid, **resolve(kwargs, names, values), **options)
+        except Exception:  # noqa: BLE001 (the launch compiles again and reports it)
+            pass
+
+    thread = threading.Thread(target=work, name="recurscan-compile", daemon=True)
+    thread.start()
+    return thread.join
+
+
 def jit_launch(kernel, grid: tuple, kwargs: dict, options: dict, names: tuple, values: tuple,
                programmatic: bool = False, min_shared: int = 0) -> DirectLaunch | None:
     """Launch ``kernel`` through Triton's JIT (compiling on first use) with ``kwargs`` (every
