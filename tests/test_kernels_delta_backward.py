@@ -77,8 +77,12 @@ def test_triton_backward_matches_the_reference(case, optional, backward_shape):
             assert_like_fp32(a.cpu(), b, r, name)
 
 
+@pytest.mark.parametrize("backward_shape", [None, GROUP_IN_KERNEL, SPLIT, SWEEP_T],
+                         ids=["planned", "group", "split", "sweep transposed"])
 @pytest.mark.parametrize("M, cu", [(2, None), (3, [0, 1, 40, 41, 90])])
-def test_gated_delta_product_on_the_expanded_stream(M, cu):
+def test_gated_delta_product_on_the_expanded_stream(M, cu, backward_shape):
+    """GDP: the stages on the expanded stream with q, dO (last copies) and g (first copies) read
+    from the token stream, dq and dg written there; every launch shape."""
     from recurscan.launch.delta_backward import chunk_delta_product_bwd
     from recurscan.reference.delta_backward import gated_delta_product_chunked_backward
     from tests.helpers.inputs import gdp_inputs
@@ -97,7 +101,8 @@ def test_gated_delta_product_on_the_expanded_stream(M, cu):
                                                  initial_state=f32(S0), **args)
     dev = lambda x: x.float().to(DEVICE)  # noqa: E731
     got = chunk_delta_product_bwd(*map(dev, (q, k, v, g, beta)), M, dev(do), dev(dht), initial_state=dev(S0),
-                                  use_qk_l2norm_in_kernel=True, cu_seqlens=None if cu_t is None else cu_t.to(DEVICE))
+                                  use_qk_l2norm_in_kernel=True, cu_seqlens=None if cu_t is None else cu_t.to(DEVICE),
+                                  backward_shape=backward_shape)
     for name, a, b, r in zip(NAMES, got, want64, ref32):
         assert_like_fp32(a.cpu(), b, r, name)
 

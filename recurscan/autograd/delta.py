@@ -1,6 +1,6 @@
 """Training through the delta-rule Triton path: a ``torch.autograd.Function`` whose forward is the
 Triton kernels and whose backward is the Triton backward stages
-(:mod:`recurscan.launch.delta_backward`; GDP as GDN on its expanded stream), checked against the
+(:mod:`recurscan.launch.delta_backward`; GDP on its expanded stream), checked against the
 written-out chunkwise backward (:mod:`recurscan.reference.delta_backward`).
 
 Saved for the backward: the inputs (q, k, v, g, beta, initial_state) only. The states entering the

@@ -116,11 +116,12 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
                          initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False,
                          cu_seqlens=None, chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None,
                          state=None, state_indices=None, return_chunk_states=False,
-                         chunk_states_dtype=torch.float32) -> DeltaLaunches:
+                         chunk_states_dtype=torch.float32, expanded_chunk_states=False) -> DeltaLaunches:
     """The launches of one call signature, in the launch ``shape`` the planner chose (the tensors'
     shapes and strides are read, never kept); arguments as :func:`chunk_delta_fwd`.
     ``chunk_states_dtype``: the backward keeps the chunk states in the inputs' dtype, which is the
-    product operand the sweep took them as."""
+    product operand the sweep took them as. ``expanded_chunk_states``: a state at every chunk of the
+    expanded stream (rows from ``chunk_offsets`` of the expanded stream; GDP's backward)."""
     check_shape(shape)
     M = num_householder
     block_v, num_warps, num_stages, prep_warps = shape.block_v, shape.num_warps, shape.num_stages, shape.prep_warps
@@ -163,7 +164,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
                 raise ValueError("chunk_delta_fwd: chunk states of varlen input need chunk_offsets and num_chunk_rows")
             rows = num_chunk_rows
         else:
-            rows = B * triton.cdiv(T, BT)
+            rows = B * triton.cdiv(T * (M if expanded_chunk_states else 1), BT)
         # Zeros: rows past the last sequence's (descriptor padding) and a padding sequence's rows.
         buffers["chunk_states"] = ((rows, HV, K, V), chunk_states_dtype, 0.0)
 
@@ -215,7 +216,8 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         n_cs_rows=buffers["chunk_states"][0][0] if return_chunk_states else 0, replay_flags=arg("replay_flags"),
         H=H, HV=HV, K=K, V=V, M=M, BT=BT, BK=BK, BV=BV,
         IS_VARLEN=varlen, HAS_H0=initial_state is not None, USE_CACHE=use_cache, STORE_FINAL=store_final,
-        STORE_CHUNK_STATES=return_chunk_states, DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, DT=dt, PASS=0,
+        STORE_CHUNK_STATES=(2 if expanded_chunk_states else True) if return_chunk_states else False,
+        DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, DT=dt, PASS=0,
         V_PRODUCT=v_product, TMA_STORE=tma_store and M == 1 and V * q.element_size() % 16 == 0,
         PDL=not INTERPRET, REPLAY=False, OUTPUTS=True)
     options = dict(num_warps=num_warps)

@@ -1,5 +1,5 @@
-"""The launches of the chunked delta rule's backward, kernels/delta/backward.py (GDN; GDP as GDN on
-its expanded stream, :func:`chunk_delta_product_bwd`):
+"""The launches of the chunked delta rule's backward, kernels/delta/backward.py (GDN, and GDP on its
+expanded stream, :func:`chunk_delta_product_bwd`):
 
 1. the forward again for the states entering every chunk alone (its chunk states, in the inputs'
    dtype; no outputs);
@@ -27,7 +27,6 @@ from ..kernels.delta.backward import (chunk_delta_bwd_dqdk_kernel, chunk_delta_b
 from ..kernels.delta.prep import chunk_delta_prep_kernel
 from ..plan import delta as _plan
 from ..plan.delta import DeltaBackwardShape, DeltaShape
-from ..reference.delta import expand_householder
 from ..runtime.cache import SignatureCache, launch_key
 from ..runtime.launcher import CallArg, compile_in_background, jit_launch
 from .delta import (INTERPRET, TEST_SHAPE, DeltaInputs, DeltaLaunches, Step, build_delta_launches,
@@ -51,27 +50,29 @@ class DeltaBackwardLaunches:
     forward: DeltaLaunches
     steps: list
     buffers: dict
-    group_sum: tuple | None  # dq, dk per value head, viewed so to sum over dim 3; None: summed in the kernel
+    group_sum: int | None  # dq, dk per value head, summed over groups of this many; None: summed in the kernel
     compiled: bool = False  # a call has run (and compiled every kernel)
 
 
 def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use_qk_l2norm_in_kernel,
                          cu_seqlens, chunk_indices, chunk_offsets, shape: DeltaShape,
-                         backward_shape: DeltaBackwardShape) -> DeltaBackwardLaunches:
+                         backward_shape: DeltaBackwardShape, num_householder: int = 1) -> DeltaBackwardLaunches:
     """What :func:`chunk_delta_bwd` launches for these tensors' signature (none is kept)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
+    M = num_householder
     BT = CHUNK_SIZE
     varlen = cu_seqlens is not None
     N = cu_seqlens.shape[0] - 1 if varlen else B
     shape = dataclasses.replace(shape, segments=1, phases=1)
-    rows = chunk_indices.shape[0] if varlen else B * triton.cdiv(T, BT)
+    rows = chunk_indices.shape[0] if varlen else B * triton.cdiv(T * M, BT)  # chunks of the expanded stream
     common = dict(initial_state=initial_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, scale=scale,
                   cu_seqlens=cu_seqlens, chunk_indices_dp=chunk_indices, chunk_offsets=chunk_offsets)
     # 1-2. The forward again, for the states entering every chunk (in the inputs' dtype: the product
     #      operand they become), its prep storing G o Tinv beside wy.
-    forward = build_delta_launches(q, k, v, g, beta, shape, return_chunk_states=True, num_chunk_rows=rows,
-                                   chunk_states_dtype=q.dtype, **common)
+    forward = build_delta_launches(q, k, v, g, beta, shape, num_householder=M, return_chunk_states=True,
+                                   num_chunk_rows=rows, chunk_states_dtype=q.dtype, expanded_chunk_states=M > 1,
+                                   **common)
     # The sweep for the states alone (no outputs, so no replay of non-finite outputs either).
     steps = [dataclasses.replace(s, kwargs=dict(s.kwargs, STORE_INV=True, winv=CallArg("winv")))
              if s.kernel is chunk_delta_prep_kernel else
@@ -86,17 +87,18 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
     BK = max(16, triton.next_power_of_2(K))
     BV = min(backward_shape.block_v, max(16, triton.next_power_of_2(V)))
     BVg = min(backward_shape.grads_block_v or backward_shape.block_v, max(16, triton.next_power_of_2(V)))
-    chunks = chunk_indices.shape[0] if varlen else B * triton.cdiv(T, BT)
+    chunks = rows
     gva = HV != H
     heads = HV // H if backward_shape.sum_group_in_kernel else 1  # value heads a parallel-stage program takes
     out_heads = H if heads > 1 or not gva else HV  # dq, dk per q/k head, or per value head (summed after)
     f32 = torch.float32
     # dY and dS per chunk in the inputs' dtype: the parallel stage takes them as product operands.
     # Uninitialised: every row of a sequence is written (padding chunks cover no row).
-    buffers = dict(dstates=((rows, HV, K, V), q.dtype), dy=((B, T, HV, V), q.dtype), dv=((B, T, HV, V), v.dtype),
-                   dq=((B, T, out_heads, K), f32 if gva else q.dtype),
-                   dk=((B, T, out_heads, K), f32 if gva else k.dtype),
-                   dbeta=((B, T, HV), f32), scratch=((chunks * HV // heads, 2, BT, BT), q.dtype))
+    # dq and dg on the token stream [B, T, ...]; the rest on the expanded one [B, T * M, ...].
+    buffers = dict(dstates=((rows, HV, K, V), q.dtype), dy=((B, T * M, HV, V), q.dtype),
+                   dv=((B, T * M, HV, V), v.dtype), dq=((B, T, out_heads, K), f32 if gva else q.dtype),
+                   dk=((B, T * M, out_heads, K), f32 if gva else k.dtype),
+                   dbeta=((B, T * M, HV), f32), scratch=((chunks * HV // heads, 2, BT, BT), q.dtype))
     if g is not None:
         buffers["dg"] = ((B, T, HV), f32)
     if initial_state is not None:
@@ -109,25 +111,25 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
         chunk_offsets=arg("chunk_offsets", varlen), T=T, n_cs_rows=rows,
         H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=varlen, HAS_DHT=dht is not None,
         STORE_DH0=initial_state is not None, DOT_PRECISION=dot_precision, DT=dt,
-        STATE_T=backward_shape.sweep_transposed),
+        STATE_T=backward_shape.sweep_transposed, M=M),
         dict(num_warps=backward_shape.sweep_warps))
     if backward_shape.split_parallel_stage:
         if heads != 1:
             raise ValueError("backward_shape: the split parallel stage writes dq, dk per value head "
                              "(sum_group_in_kernel=False)")
-        buffers["u"] = ((B, T, HV, V), q.dtype)
+        buffers["u"] = ((B, T * M, HV, V), q.dtype)
         shared = dict(q=arg("q"), g=arg("g", g is not None), beta=arg("beta"), do=arg("do"), dy=arg("dy"),
                       states=arg("states"), dstates=arg("dstates"), scratch=arg("scratch"),
                       cu_seqlens=arg("cu_seqlens", varlen), chunk_indices=arg("chunk_indices", varlen),
                       chunk_offsets=arg("chunk_offsets", varlen), T=T, n_seq=N, scale=scale, n_cs_rows=rows,
                       H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BVg, IS_VARLEN=varlen, HAS_G=g is not None,
-                      USE_L2NORM=use_qk_l2norm_in_kernel, DOT_PRECISION=dot_precision, DT=dt)
+                      USE_L2NORM=use_qk_l2norm_in_kernel, DOT_PRECISION=dot_precision, DT=dt, M=M)
         scores = Step(chunk_delta_bwd_scores_kernel, (chunks * HV,), dict(
             shared, k=arg("k"), v=arg("v"), winv=arg("winv"), u_out=arg("u"), dg=arg("dg", g is not None),
             dbeta=arg("dbeta")), dict(num_warps=backward_shape.grads_warps))
         dqdk = Step(chunk_delta_bwd_dqdk_kernel, (chunks * HV,), dict(
             shared, k=arg("k"), u=arg("u"), dq=arg("dq"), dk=arg("dk")), dict(num_warps=backward_shape.grads_warps))
-        group_sum = (B, T, H, HV // H, K) if out_heads != H else None
+        group_sum = HV // H if out_heads != H else None
         return DeltaBackwardLaunches(forward, [sweep, scores, dqdk], buffers, group_sum)
     grads = Step(chunk_delta_bwd_grads_kernel, (chunks * HV // heads,), dict(
         q=arg("q"), k=arg("k"), v=arg("v"), g=arg("g", g is not None), beta=arg("beta"), do=arg("do"),
@@ -136,20 +138,22 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
         cu_seqlens=arg("cu_seqlens", varlen), chunk_indices=arg("chunk_indices", varlen),
         chunk_offsets=arg("chunk_offsets", varlen), T=T, n_seq=N, scale=scale, n_cs_rows=rows,
         H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BVg, IS_VARLEN=varlen, HAS_G=g is not None,
-        USE_L2NORM=use_qk_l2norm_in_kernel, DOT_PRECISION=dot_precision, DT=dt, HEADS=heads),
+        USE_L2NORM=use_qk_l2norm_in_kernel, DOT_PRECISION=dot_precision, DT=dt, HEADS=heads, M=M),
         dict(num_warps=backward_shape.grads_warps))
-    group_sum = (B, T, H, HV // H, K) if out_heads != H else None
+    group_sum = HV // H if out_heads != H else None
     return DeltaBackwardLaunches(forward, [sweep, grads], buffers, group_sum)
 
 
-def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, scale=None, initial_state=None,
+def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, num_householder=1, scale=None, initial_state=None,
                     use_qk_l2norm_in_kernel=False, cu_seqlens=None, chunk_indices=None, chunk_offsets=None,
                     shape: DeltaShape | None = None, backward_shape: DeltaBackwardShape | None = None):
     """Gradients ``(dq, dk, dv, dg, dbeta, dh0)`` of ``chunk_delta_fwd``'s ``(o, final_state)``
-    for GDN (M = 1), given ``do [B, T, HV, V]`` and ``dht [N, HV, K, V]`` (None: zeros). Shapes and
-    the varlen descriptors as the forward's (``chunk_indices`` and ``chunk_offsets`` required with
-    ``cu_seqlens``); ``shape`` is the forward's launch shape, ``backward_shape`` the stages' (None:
-    the planner's, ``plan.delta.DELTA_BACKWARD_LAUNCH``).
+    given ``do [B, T, HV, V]`` and ``dht [N, HV, K, V]`` (None: zeros). Shapes as the forward's:
+    q, g and do on the token stream, k, v and beta on the expanded one (``T * M`` rows, M =
+    ``num_householder``). With ``cu_seqlens`` (token boundaries), ``chunk_indices`` and
+    ``chunk_offsets`` of the expanded stream (``chunk_indices_dp`` and
+    :func:`expanded_chunk_offsets`) are required. ``shape`` is the forward's launch shape,
+    ``backward_shape`` the stages' (None: the planner's, ``plan.delta.DELTA_BACKWARD_LAUNCH``).
     dq, dk and dv in the inputs' dtypes (float32 under GVA), dg, dbeta and dh0 float32; None where
     the input was None (g, beta, initial_state). No host synchronisation."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
@@ -162,13 +166,13 @@ def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, scale=None, initial_state
     beta = torch.ones(v.shape[:3], dtype=q.dtype, device=q.device) if beta is None else beta.contiguous()
     dht = None if dht is None else dht.float().contiguous()
     tensors = (q, k, v, g, beta, do, dht, initial_state, cu_seqlens, chunk_indices, chunk_offsets)
-    key = (launch_key(tensors), scale, use_qk_l2norm_in_kernel, shape, backward_shape)
+    key = (launch_key(tensors), num_householder, scale, use_qk_l2norm_in_kernel, shape, backward_shape)
     launches = BACKWARD_LAUNCHES.get(key)
     if launches is None:
         launches = BACKWARD_LAUNCHES.put(key, build_delta_backward(
             q, k, v, g, beta, do, dht, scale=scale, initial_state=initial_state,
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
-            chunk_offsets=chunk_offsets, shape=shape, backward_shape=backward_shape))
+            chunk_offsets=chunk_offsets, shape=shape, backward_shape=backward_shape, num_householder=num_householder))
     inputs = DeltaInputs(q, k, v, g, beta, initial_state, None, None, cu_seqlens, chunk_indices, chunk_offsets)
     made = {n: torch.empty(s, dtype=d, device=q.device) for n, (s, d) in launches.buffers.items()}
     given = dict(q=q, k=k, v=v, g=g, beta=beta, do=do, dht=dht, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
@@ -194,7 +198,7 @@ def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, scale=None, initial_state
     launches.compiled = True
     dq, dk = made["dq"], made["dk"]
     if launches.group_sum is not None:  # value head hv read q/k head hv // (HV / H)
-        dq, dk = (d.view(launches.group_sum).sum(3) for d in (dq, dk))
+        dq, dk = (d.view(*d.shape[:2], -1, launches.group_sum, d.shape[3]).sum(3) for d in (dq, dk))
     return dq, dk, made["dv"], made.get("dg"), made["dbeta"] if beta_given else None, made.get("dh0")
 
 
@@ -208,25 +212,19 @@ def expanded_chunk_offsets(cu_seqlens: torch.Tensor, num_householder: int) -> to
 
 def chunk_delta_product_bwd(q, k, v, g, beta, num_householder, do, dht=None, *, scale=None, initial_state=None,
                             use_qk_l2norm_in_kernel=False, cu_seqlens=None, chunk_indices_dp=None,
-                            shape: DeltaShape | None = None,
-                            backward_shape: DeltaBackwardShape | None = None):
-    """Gated Delta Product's gradients: GDN's backward on the expanded stream, where q sits on each
-    token's last copy and g on its first (zeros elsewhere; a zero row of q stays zero under the
-    L2 norm, and its gradient is not read), then dq read back from the last copies and dg from the
-    first. Shapes as ``chunk_gated_delta_product_varlen``'s; ``chunk_indices_dp``: the expanded
-    stream's chunk pairs (the forward's descriptors; None: built here, one host sync)."""
+                            shape: DeltaShape | None = None, backward_shape: DeltaBackwardShape | None = None):
+    """Gated Delta Product's gradients: the stages run on the expanded stream (each token's M
+    Householder copies), reading q and dO on each token's last copy and g on its first, and write
+    dq and dg on the token stream. Shapes as ``chunk_gated_delta_product_varlen``'s;
+    ``chunk_indices_dp``: the expanded stream's chunk pairs (the forward's descriptors; None: built
+    here, one host sync); its chunk offsets are computed on the device."""
     M = num_householder
-    q_exp, g_exp = expand_householder(q, g, M)
-    do_exp = expand_householder(do, None, M)[0]  # the output is read on the last copy, as q
-    desc, cu_exp = {}, None
+    desc = {}
     if cu_seqlens is not None:
-        cu_exp = cu_seqlens * M
         if chunk_indices_dp is None:
             from ..descriptors import build_chunk_descriptors
-            chunk_indices_dp = build_chunk_descriptors(cu_exp, device=q.device).chunk_indices
+            chunk_indices_dp = build_chunk_descriptors(cu_seqlens, M, device=q.device).chunk_indices_dp
         desc = dict(chunk_indices=chunk_indices_dp, chunk_offsets=expanded_chunk_offsets(cu_seqlens, M))
-    dq, dk, dv, dg, dbeta, dh0 = chunk_delta_bwd(
-        q_exp, k, v, g_exp, beta, do_exp, dht, scale=q.shape[-1] ** -0.5 if scale is None else scale,
-        initial_state=initial_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_exp,
-        shape=shape, backward_shape=backward_shape, **desc)
-    return dq[:, M - 1::M], dk, dv, None if dg is None else dg[:, ::M], dbeta, dh0
+    return chunk_delta_bwd(q, k, v, g, beta, do, dht, num_householder=M, scale=scale, initial_state=initial_state,
+                           use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, shape=shape,
+                           backward_shape=backward_shape, **desc)

@@ -38,7 +38,7 @@ def chunk_delta_bwd_sweep_kernel(
     cu_seqlens, chunk_offsets, T, n_cs_rows,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DT: tl.constexpr, STATE_T: tl.constexpr = False,
+    DOT_PRECISION: tl.constexpr, DT: tl.constexpr, STATE_T: tl.constexpr = False, M: tl.constexpr = 1,
 ):
     """Grid (N * HV * ceil(V / BV),): one program per (sequence, value head, value block) holds
     dS [K, BV] (the gradient of the state leaving the chunk) and walks the chunks last to first.
@@ -63,10 +63,11 @@ def chunk_delta_bwd_sweep_kernel(
     i_n = pid // (NV * HV)
     i_h = i_hv // (HV // H)
     bos, eos = _sequence(cu_seqlens, i_n, T, IS_VARLEN)
+    bos, eos = bos * M, eos * M  # rows of the expanded stream (GDP: M copies of each token)
     if IS_VARLEN:
         cs0 = tl.load(chunk_offsets + i_n).to(tl.int64)
     else:
-        cs0 = i_n * ((T + BT - 1) // BT)
+        cs0 = i_n * ((T * M + BT - 1) // BT)
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -91,10 +92,13 @@ def chunk_delta_bwd_sweep_kernel(
         rows = r0 + o_t.to(tl.int64)
         m_r = rows < eos
         m_rk = m_r[:, None] & m_k[None, :]
+        tok = rows // M  # a row's token: q and dO live on the token stream, on each token's last copy
+        m_q = m_r & (rows % M == M - 1)
+        m_qk = m_q[:, None] & m_k[None, :]
         b_beta = tl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(tl.float32)
         p_coef = coef + ((_chunk_slot(bos, c, i_n, BT) * HV + i_hv) * BT + o_t) * 4
         lam_rk = tl.load(p_coef, mask=m_r, other=0.0)
-        lam_rq = tl.load(p_coef + 1, mask=m_r, other=0.0)
+        lam_rq = tl.load(p_coef + 1, mask=m_q, other=0.0)
         gam_rk = tl.load(p_coef + 2, mask=m_r, other=0.0)
         lam_last = tl.sum(tl.load(p_coef + 3, mask=o_t == 0, other=0.0), axis=0)
         p_tt = (rows * HV + i_hv)[:, None] * BT + o_t[None, :]
@@ -103,12 +107,13 @@ def chunk_delta_bwd_sweep_kernel(
         tl.store(dstates + p_state, b_dS, mask=m_row)
         if STATE_T:
             b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(DT)
-            b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(DT)
+            b_q = tl.load(q + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=m_qk, other=0.0).to(DT)
             m_vr = m_v[:, None] & m_r[None, :]
             p_vr = (rows * HV + i_hv)[None, :] * V + o_v[:, None]  # [BV, BT] tiles of [rows, V] tensors
-            b_dot = tl.load(do + p_vr, mask=m_vr, other=0.0).to(tl.float32)  # dO^T
+            b_dot = tl.load(do + (tok * HV + i_hv)[None, :] * V + o_v[:, None], mask=m_v[:, None] & m_q[None, :],
+                            other=0.0).to(tl.float32)  # dO^T
             b_W = tl.load(winv + p_tt, mask=m_r[:, None], other=0.0).to(DT)  # [BT, BT] G o Tinv
-            b_Aqk = tl.load(aqk + p_tt, mask=m_r[:, None], other=0.0).to(DT)
+            b_Aqk = tl.load(aqk + p_tt, mask=m_q[:, None], other=0.0).to(DT)  # written on the query rows
             # dU^T = dO^T aqk + (gam rk) o (dS^T K^T); dY^T = dU^T winv; dv^T = beta o dY^T
             b_dUt = tl.dot(b_dot.to(DT), b_Aqk, input_precision=DOT_PRECISION) + \
                 gam_rk[None, :] * tl.dot(b_dS.to(DT), tl.trans(b_k), input_precision=DOT_PRECISION)
@@ -122,11 +127,12 @@ def chunk_delta_bwd_sweep_kernel(
         else:
             m_rv = m_r[:, None] & m_v[None, :]
             b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
-            b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
+            b_q = tl.load(q + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=m_qk, other=0.0).to(tl.float32)
             p_rv = (rows * HV + i_hv)[:, None] * V + o_v[None, :]
-            b_do = tl.load(do + p_rv, mask=m_rv, other=0.0).to(tl.float32)
+            b_do = tl.load(do + (tok * HV + i_hv)[:, None] * V + o_v[None, :], mask=m_q[:, None] & m_v[None, :],
+                           other=0.0).to(tl.float32)
             b_W = tl.load(winv + p_tt, mask=m_r[:, None], other=0.0).to(tl.float32)  # [BT, BT] G o Tinv
-            b_Aqk = tl.load(aqk + p_tt, mask=m_r[:, None], other=0.0).to(tl.float32)
+            b_Aqk = tl.load(aqk + p_tt, mask=m_q[:, None], other=0.0).to(tl.float32)  # written on the query rows
             b_dU = _mm(tl.trans(b_Aqk), b_do, DT, DOT_PRECISION) + \
                 gam_rk[:, None] * _mm(b_k, b_dS, DT, DOT_PRECISION)
             b_dY = _mm(tl.trans(b_W), b_dU, DT, DOT_PRECISION)
@@ -145,7 +151,7 @@ def chunk_delta_bwd_grads_kernel(
     cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, scale, n_cs_rows,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, USE_L2NORM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DT: tl.constexpr, HEADS: tl.constexpr = 1,
+    DOT_PRECISION: tl.constexpr, DT: tl.constexpr, HEADS: tl.constexpr = 1, M: tl.constexpr = 1,
 ):
     """Grid (chunks x HV / HEADS,): one program per chunk and HEADS value heads, walked in turn.
     HEADS = 1: dq and dk per value head (``[B, T, HV, K]``, summed over each GVA group after);
@@ -178,15 +184,16 @@ def chunk_delta_bwd_grads_kernel(
         if (i_n < 0) | (i_n >= n_seq):
             return
         bos, eos = _sequence(cu_seqlens, i_n, T, True)
+        bos, eos = bos * M, eos * M  # rows of the expanded stream
         if (i_t < 0) | (i_t * BT >= eos - bos):
             return
         cs = tl.load(chunk_offsets + i_n).to(tl.int64) + i_t
     else:
-        NTd = (T + BT - 1) // BT
+        NTd = (T * M + BT - 1) // BT
         i_n = i_c // NTd
         i_t = i_c % NTd
-        bos = i_n * T
-        eos = bos + T
+        bos = i_n * T * M
+        eos = bos + T * M
         cs = i_c
     r0 = bos + i_t * BT
     o_t = tl.arange(0, BT)
@@ -199,9 +206,13 @@ def chunk_delta_bwd_grads_kernel(
     strict = o_t[:, None] > o_t[None, :]
     cs_ok = (cs >= 0) & (cs < n_cs_rows)  # no chunk_offsets reaches past the rows
     p_rk = (rows * H + i_h)[:, None] * K + o_k[None, :]
+    tok = rows // M  # a row's token: q, dO, g (and dq, dg) live on the token stream
+    m_q = m_r & (rows % M == M - 1)  # the query sits on each token's last copy
+    m_qk = m_q[:, None] & m_k[None, :]
+    p_qk = (tok * H + i_h)[:, None] * K + o_k[None, :]
 
     b_k = tl.load(k + p_rk, mask=m_rk, other=0.0).to(tl.float32)
-    b_q = tl.load(q + p_rk, mask=m_rk, other=0.0).to(tl.float32)
+    b_q = tl.load(q + p_qk, mask=m_qk, other=0.0).to(tl.float32)
     if USE_L2NORM:
         rk = tl.rsqrt(tl.sum(b_k * b_k, axis=1) + 1e-6)
         b_k = b_k * rk[:, None]
@@ -217,7 +228,7 @@ def chunk_delta_bwd_grads_kernel(
 
         # 1. The decays (the prep's stage 1): rows past the sequence carry decay 1, so the last row
         #    stands for the chunk's end.
-        gc, seg, bad = _chunk_gates(g, rows, rows * 0, m_r, i_hv, HV, 1, BT, HAS_G)
+        gc, seg, bad = _chunk_gates(g, tok, rows % M, m_r, i_hv, HV, M, BT, HAS_G)
         seg_last = tl.sum(tl.where(o_t == BT - 1, seg, 0), axis=0)
         gc_last = tl.sum(tl.where(o_t == BT - 1, gc, 0.0), axis=0)
         lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
@@ -239,7 +250,8 @@ def chunk_delta_bwd_grads_kernel(
             m_kv = m_k[:, None] & m_v[None, :] & cs_ok
             p_rv = (rows * HV + i_hv)[:, None] * V + o_v[None, :]
             b_v = tl.load(v + p_rv, mask=m_rv, other=0.0).to(tl.float32)
-            b_do = tl.load(do + p_rv, mask=m_rv, other=0.0)
+            b_do = tl.load(do + (tok * HV + i_hv)[:, None] * V + o_v[None, :], mask=m_q[:, None] & m_v[None, :],
+                           other=0.0)
             b_dY = tl.load(dy + p_rv, mask=m_rv, other=0.0).to(tl.float32)
             o_kv = o_k[:, None] * V + o_v[None, :]
             b_S = tl.load(p_s + o_kv, mask=m_kv, other=0.0)
@@ -309,38 +321,43 @@ def chunk_delta_bwd_grads_kernel(
             b_dq = rq[:, None] * (b_dq - b_q * tl.sum(b_q * b_dq, axis=1)[:, None])
             b_dk = rk[:, None] * (b_dk - b_k * tl.sum(b_k * b_dk, axis=1)[:, None])
         if HEADS > 1:
-            p_out = p_rk
+            p_dq = p_qk
+            p_dk = p_rk
             if j > 0:  # the group's earlier value heads, written by this program
-                b_dq += tl.load(dq + p_out, mask=m_rk, other=0.0)
-                b_dk += tl.load(dk + p_out, mask=m_rk, other=0.0)
+                b_dq += tl.load(dq + p_dq, mask=m_qk, other=0.0)
+                b_dk += tl.load(dk + p_dk, mask=m_rk, other=0.0)
         else:
-            p_out = (rows * HV + i_hv)[:, None] * K + o_k[None, :]
-        tl.store(dq + p_out, b_dq, mask=m_rk)
-        tl.store(dk + p_out, b_dk, mask=m_rk)
+            p_dq = (tok * HV + i_hv)[:, None] * K + o_k[None, :]
+            p_dk = (rows * HV + i_hv)[:, None] * K + o_k[None, :]
+        tl.store(dq + p_dq, b_dq, mask=m_qk)
+        tl.store(dk + p_dk, b_dk, mask=m_rk)
         tl.store(dbeta + rows * HV + i_hv, d_beta, mask=m_r)
-        if HAS_G:
-            tl.store(dg + rows * HV + i_hv, d_g, mask=m_r)
+        if HAS_G:  # g sits on each token's first copy
+            tl.store(dg + tok * HV + i_hv, d_g, mask=m_r & (rows % M == 0))
         tl.debug_barrier()  # the scratch and the partial sums are read by other threads next
 
 
 @triton.jit
-def _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """(valid, bos, eos, r0, cs) of parallel-stage chunk i_c: its sequence's rows [bos, eos), its
-    first row r0 and its chunk-state row cs; valid is False for a padding chunk (which does nothing)."""
+def _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT: tl.constexpr, IS_VARLEN: tl.constexpr,
+                M: tl.constexpr):
+    """(valid, bos, eos, r0, cs) of parallel-stage chunk i_c: its sequence's rows [bos, eos) of the
+    expanded stream, its first row r0 and its chunk-state row cs; valid is False for a padding
+    chunk (which does nothing)."""
     if IS_VARLEN:
         i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
         i_t = tl.load(chunk_indices + i_c * 2 + 1).to(tl.int64)
         n_ok = (i_n >= 0) & (i_n < n_seq)
         i_n = tl.where(n_ok, i_n, 0)
         bos, eos = _sequence(cu_seqlens, i_n, T, True)
+        bos, eos = bos * M, eos * M
         valid = n_ok & (i_t >= 0) & (i_t * BT < eos - bos)
         cs = tl.load(chunk_offsets + i_n).to(tl.int64) + i_t
     else:
-        NTd = (T + BT - 1) // BT
+        NTd = (T * M + BT - 1) // BT
         i_n = i_c // NTd
         i_t = i_c % NTd
-        bos = i_n * T
-        eos = bos + T
+        bos = i_n * T * M
+        eos = bos + T * M
         valid = i_c >= 0
         cs = i_c
     return valid, bos, eos, bos + i_t * BT, cs
@@ -352,7 +369,7 @@ def chunk_delta_bwd_scores_kernel(
     cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, scale, n_cs_rows,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, USE_L2NORM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DT: tl.constexpr, M: tl.constexpr = 1,
 ):
     """The parallel stage in two kernels, first half. Grid (chunks x HV,): per (chunk, value head),
     the [BT, BT] side of :func:`chunk_delta_bwd_grads_kernel`: U recomputed from S (written to
@@ -364,7 +381,7 @@ def chunk_delta_bwd_scores_kernel(
     i_c = pid // HV
     i_hv = pid % HV
     i_h = i_hv // (HV // H)
-    valid, bos, eos, r0, cs = _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT, IS_VARLEN)
+    valid, bos, eos, r0, cs = _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT, IS_VARLEN, M)
     if not valid:
         return
     o_t = tl.arange(0, BT)
@@ -379,8 +396,11 @@ def chunk_delta_bwd_scores_kernel(
     p_s = states + (cs * HV + i_hv) * K * V
     p_ds = dstates + (cs * HV + i_hv) * K * V
     p_rk = (rows * H + i_h)[:, None] * K + o_k[None, :]
+    tok = rows // M  # a row's token: q, dO and g live on the token stream
+    m_q = m_r & (rows % M == M - 1)  # the query sits on each token's last copy
     b_k = tl.load(k + p_rk, mask=m_rk, other=0.0).to(tl.float32)
-    b_q = tl.load(q + p_rk, mask=m_rk, other=0.0).to(tl.float32)
+    b_q = tl.load(q + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=m_q[:, None] & m_k[None, :],
+                  other=0.0).to(tl.float32)
     if USE_L2NORM:
         b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, axis=1) + 1e-6)[:, None]
         b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, axis=1) + 1e-6)[:, None]
@@ -388,7 +408,7 @@ def chunk_delta_bwd_scores_kernel(
     b_qd = b_q.to(DT)
     b_beta = tl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(tl.float32)
     b_W = tl.load(winv + (rows * HV + i_hv)[:, None] * BT + o_t[None, :], mask=m_r[:, None], other=0.0).to(DT)
-    gc, seg, bad = _chunk_gates(g, rows, rows * 0, m_r, i_hv, HV, 1, BT, HAS_G)
+    gc, seg, bad = _chunk_gates(g, tok, rows % M, m_r, i_hv, HV, M, BT, HAS_G)
     lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
 
     b_dOU = tl.zeros([BT, BT], dtype=tl.float32)  # dO U^T
@@ -405,7 +425,8 @@ def chunk_delta_bwd_scores_kernel(
         m_kv = m_k[:, None] & m_v[None, :] & cs_ok
         p_rv = (rows * HV + i_hv)[:, None] * V + o_v[None, :]
         b_v = tl.load(v + p_rv, mask=m_rv, other=0.0).to(tl.float32)
-        b_do = tl.load(do + p_rv, mask=m_rv, other=0.0).to(tl.float32)
+        b_do = tl.load(do + (tok * HV + i_hv)[:, None] * V + o_v[None, :], mask=m_q[:, None] & m_v[None, :],
+                       other=0.0).to(tl.float32)
         b_dY = tl.load(dy + p_rv, mask=m_rv, other=0.0).to(tl.float32)
         o_kv = o_k[:, None] * V + o_v[None, :]
         b_S = tl.load(p_s + o_kv, mask=m_kv, other=0.0).to(DT)
@@ -443,8 +464,8 @@ def chunk_delta_bwd_scores_kernel(
     tl.store(p_scr, (b_dscores * b_G).to(scratch.dtype.element_ty))
     tl.store(p_scr + BT * BT, (b_dA * b_G).to(scratch.dtype.element_ty))
     tl.store(dbeta + rows * HV + i_hv, d_beta, mask=m_r)
-    if HAS_G:
-        tl.store(dg + rows * HV + i_hv, d_g, mask=m_r)
+    if HAS_G:  # g sits on each token's first copy
+        tl.store(dg + tok * HV + i_hv, d_g, mask=m_r & (rows % M == 0))
 
 
 @triton.jit(do_not_specialize=["T", "n_seq", "n_cs_rows"])
@@ -453,7 +474,7 @@ def chunk_delta_bwd_dqdk_kernel(
     cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, scale, n_cs_rows,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, USE_L2NORM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DT: tl.constexpr, M: tl.constexpr = 1,
 ):
     """The parallel stage in two kernels, second half. Grid (chunks x HV,): per (chunk, value head),
     the V-sums dO S^T and (gam o U) dS^T - (lam beta o dY) S^T [BT, K] (U from the first half),
@@ -464,7 +485,7 @@ def chunk_delta_bwd_dqdk_kernel(
     i_c = pid // HV
     i_hv = pid % HV
     i_h = i_hv // (HV // H)
-    valid, bos, eos, r0, cs = _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT, IS_VARLEN)
+    valid, bos, eos, r0, cs = _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT, IS_VARLEN, M)
     if not valid:
         return
     o_t = tl.arange(0, BT)
@@ -477,7 +498,10 @@ def chunk_delta_bwd_dqdk_kernel(
     p_s = states + (cs * HV + i_hv) * K * V
     p_ds = dstates + (cs * HV + i_hv) * K * V
     b_beta = tl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(tl.float32)
-    gc, seg, bad = _chunk_gates(g, rows, rows * 0, m_r, i_hv, HV, 1, BT, HAS_G)
+    tok = rows // M  # a row's token: q, dO, g and dq live on the token stream
+    m_q = m_r & (rows % M == M - 1)  # the query sits on each token's last copy
+    m_qk = m_q[:, None] & m_k[None, :]
+    gc, seg, bad = _chunk_gates(g, tok, rows % M, m_r, i_hv, HV, M, BT, HAS_G)
     seg_last = tl.sum(tl.where(o_t == BT - 1, seg, 0), axis=0)
     gc_last = tl.sum(tl.where(o_t == BT - 1, gc, 0.0), axis=0)
     lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
@@ -491,7 +515,8 @@ def chunk_delta_bwd_dqdk_kernel(
         m_rv = m_r[:, None] & m_v[None, :]
         m_kv = m_k[:, None] & m_v[None, :] & cs_ok
         p_rv = (rows * HV + i_hv)[:, None] * V + o_v[None, :]
-        b_do = tl.load(do + p_rv, mask=m_rv, other=0.0)
+        b_do = tl.load(do + (tok * HV + i_hv)[:, None] * V + o_v[None, :], mask=m_q[:, None] & m_v[None, :],
+                       other=0.0)
         b_U = tl.load(u + p_rv, mask=m_rv, other=0.0).to(tl.float32)
         b_dY = tl.load(dy + p_rv, mask=m_rv, other=0.0).to(tl.float32)
         o_kv = o_k[:, None] * V + o_v[None, :]
@@ -503,7 +528,7 @@ def chunk_delta_bwd_dqdk_kernel(
 
     p_rk = (rows * H + i_h)[:, None] * K + o_k[None, :]
     b_k = tl.load(k + p_rk, mask=m_rk, other=0.0).to(tl.float32)
-    b_q = tl.load(q + p_rk, mask=m_rk, other=0.0).to(tl.float32)
+    b_q = tl.load(q + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=m_qk, other=0.0).to(tl.float32)
     if USE_L2NORM:
         rk = tl.rsqrt(tl.sum(b_k * b_k, axis=1) + 1e-6)
         b_k = b_k * rk[:, None]
@@ -522,6 +547,5 @@ def chunk_delta_bwd_dqdk_kernel(
     if USE_L2NORM:  # y = x r: dx = r (dy - y (y . dy))
         b_dq = rq[:, None] * (b_dq - b_q * tl.sum(b_q * b_dq, axis=1)[:, None])
         b_dk = rk[:, None] * (b_dk - b_k * tl.sum(b_k * b_dk, axis=1)[:, None])
-    p_out = (rows * HV + i_hv)[:, None] * K + o_k[None, :]
-    tl.store(dq + p_out, b_dq, mask=m_rk)
-    tl.store(dk + p_out, b_dk, mask=m_rk)
+    tl.store(dq + (tok * HV + i_hv)[:, None] * K + o_k[None, :], b_dq, mask=m_qk)
+    tl.store(dk + (rows * HV + i_hv)[:, None] * K + o_k[None, :], b_dk, mask=m_rk)

@@ -97,7 +97,11 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, 
         tok_q = bos_t + c * BTQ + o_tq  # the chunk's tokens
         e_q = bos + c * BT + o_tq * M + (M - 1)  # their query rows on the expanded stream
 
-    if STORE_CHUNK_STATES:
+    if STORE_CHUNK_STATES == 2:  # every expanded chunk's (the GDP backward's recompute)
+        cs_row = cs0 + c
+        p_cs = chunk_states + (cs_row * HV + i_hv) * K * V + o_vk
+        tl.store(p_cs, b_St, mask=m_vk & (cs_row >= 0) & (cs_row < n_cs_rows))
+    elif STORE_CHUNK_STATES:
         if c % M == 0:  # expanded chunk c*M starts token chunk c
             cs_row = cs0 + c // M
             p_cs = chunk_states + (cs_row * HV + i_hv) * K * V + o_vk
@@ -229,7 +233,9 @@ def chunk_delta_sweep_kernel(
     ``n_cs_rows`` is not written, so no descriptor, however wrong, reaches outside a tensor. The
     final state goes back to the cache slot, or to ``ht[n]`` (STORE_FINAL). With
     STORE_CHUNK_STATES, row ``chunk_offsets[n] + c`` of ``chunk_states`` receives the state entering
-    token chunk c (dense: ``n * ceil(T/BT) + c``).
+    token chunk c (dense: ``n * ceil(T/BT) + c``); STORE_CHUNK_STATES = 2, the state entering every
+    chunk c of the expanded stream, row ``chunk_offsets[n] + c`` (dense: ``n * ceil(T M / BT) + c``),
+    which the GDP backward reads.
 
     Non-finite input (NaN or inf in q, k, v, beta or a decay; growth past float32's range): the
     prep selects bad rows out of its products and poisons the outputs from them on and the state;
@@ -380,6 +386,8 @@ def chunk_delta_sweep_kernel(
     if STORE_CHUNK_STATES:
         if IS_VARLEN:
             cs0 = tl.load(chunk_offsets + i_n).to(tl.int64)
+        elif STORE_CHUNK_STATES == 2:
+            cs0 = i_n * tl.cdiv(T * M, BT)
         else:
             cs0 = i_n * tl.cdiv(T, BT)
 
