@@ -189,3 +189,25 @@ def test_every_backward_launch_names_every_kernel_argument(backward_shape):
     for step in launches.forward.steps + launches.steps:
         missing = [a for a in step.kernel.arg_names if a not in step.kwargs]
         assert not missing, f"{getattr(step.kernel, 'fn', step.kernel).__name__}: {missing}"
+
+
+@pytest.mark.parametrize("backward_shape", [None, GROUP_IN_KERNEL, SPLIT, SWEEP_T],
+                         ids=["planned", "group", "split", "sweep transposed"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16_bit_inputs(dtype, backward_shape):
+    """bf16 / fp16 inputs (the buffers the stages hand each other then are 16-bit too), GVA and
+    varlen with a one-token sequence: every gradient within the 16-bit band of the float64 reference."""
+    q, k, v, g, beta, _ = gdn_inputs(1, 130, 1, 2, 32, 48, seed=3)
+    cu = torch.tensor([0, 1, 70, 130])
+    d = build_chunk_descriptors(cu, device=DEVICE)
+    gen = torch.Generator().manual_seed(4)
+    h0 = torch.randn(3, 2, 32, 48, dtype=torch.float64, generator=gen) * 0.1
+    do = torch.randn(1, 130, 2, 48, dtype=torch.float64, generator=gen)
+    want = gated_delta_rule_chunked_backward(q, k, v, g, beta, do, None, initial_state=h0,
+                                             use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+    low = lambda x: x.to(DEVICE, dtype)  # noqa: E731
+    got = chunk_delta_bwd(low(q), low(k), low(v), g.float().to(DEVICE), low(beta), low(do), None,
+                          initial_state=h0.float().to(DEVICE), use_qk_l2norm_in_kernel=True, cu_seqlens=cu.to(DEVICE),
+                          chunk_indices=d.chunk_indices, chunk_offsets=d.chunk_offsets, backward_shape=backward_shape)
+    for name, a, b in zip(NAMES, got, want):
+        assert relative_rms(a.double().cpu(), b) < 1e-2, name
