@@ -27,6 +27,25 @@ WORKLOADS = ["gdn_b4_t4096_h16", "gdn_b1_t16384_h16_hv32", "gdp_m2_b4_t4096_h16"
 TARGETS_MS = {"gdn_b4_t4096_h16": 0.90, "gdn_b1_t16384_h16_hv32": 1.30, "gdp_m2_b4_t4096_h16": 1.8}
 
 
+#: The bf16 matmul ceiling measured on the H200 (shared/DESIGN.md: 8192^3), TFLOP/s.
+MATMUL_CEILING_TFLOPS = 782.0
+
+
+def stage_flops(w) -> int:
+    """FLOPs the forward + backward compute as the stages do, per 64-row chunk of the expanded
+    stream and value head (docs/perf-history.md, issue 19): the forward (the registry's count), the
+    recompute's prep and states (K K^T, the inverse, K S, winv X, K^T U), the reverse sweep
+    (aqk^T dO, K dS, winv^T dU, Q^T dO, K^T dv) and the parallel stage (K S, U, dO S^T, U dS^T,
+    dY S^T, dO U^T, dY U^T, K dS, Q K^T, K K^T and the four dq / dk products)."""
+    K, V, C = w.head_k, w.head_v, w.chunk_size
+    mm = lambda m, n, k: 2 * m * n * k  # noqa: E731
+    per_chunk = (mm(C, C, K) + C * (C * C - 1) // 3 + mm(C, K, V) + mm(C, C, V) + mm(C, K, V)  # recompute
+                 + 2 * mm(C, C, V) + mm(C, K, V) + 2 * mm(K, C, V)  # reverse sweep
+                 + 5 * mm(C, K, V) + 3 * mm(C, C, V) + 6 * mm(C, C, K))  # parallel stage
+    chunks = sum(-(-L * w.num_householder // C) for L in w.seqlens)
+    return w.flops() + per_chunk * chunks * w.value_heads
+
+
 def leaves(w, seed=0):
     x = w.make_inputs("cuda", seed)
     out = {n: x[n].detach().requires_grad_() for n in ("q", "k", "v", "g", "beta")}
@@ -98,7 +117,11 @@ def measure(name, step, w):
     inputs = sum(v.numel() * v.element_size() for v in t.values())
     res = dict(impl=name, fwd_bwd_ms=tt.do_bench(fwd_bwd, rep=300), fwd_ms=tt.do_bench(fwd, rep=200),
                saved_bytes=saved, held_beyond_inputs_bytes=held, input_bytes=inputs, saved_over_inputs=saved / inputs)
-    print(f"{w.name:<26} {name:<10} fwd+bwd {res['fwd_bwd_ms']:.3f} ms  fwd {res['fwd_ms']:.3f} ms  "
+    res["fwd_bwd_flops"] = stage_flops(w)  # recurscan's stages' count, for every implementation alike
+    res["fwd_bwd_tflops"] = res["fwd_bwd_flops"] / res["fwd_bwd_ms"] / 1e9
+    res["pct_of_matmul_ceiling"] = 100 * res["fwd_bwd_tflops"] / MATMUL_CEILING_TFLOPS
+    print(f"{w.name:<26} {name:<10} fwd+bwd {res['fwd_bwd_ms']:.3f} ms ({res['fwd_bwd_tflops']:.0f} TFLOP/s, "
+          f"{res['pct_of_matmul_ceiling']:.0f}% of {MATMUL_CEILING_TFLOPS:.0f})  fwd {res['fwd_ms']:.3f} ms  "
           f"saved {saved / 2**20:.1f} MiB = {res['saved_over_inputs']:.2f}x inputs (+{held / 2**20:.1f} MiB allocated "
           f"beyond them)", flush=True)
     if PROFILE:
