@@ -130,13 +130,13 @@ def backward(BV=32, warps=8, grads_warps=8, state_t=False):
     p, f = "*bf16", "*fp32"
     sig = dict(q=p, k=p, beta=p, do=p, winv=p, aqk=p, coef=f, dstates=p, dht=f, dh0=f, dy_out=p, dv=p, cu_seqlens="*i32", chunk_offsets="*i32", T="i32", n_cs_rows="i32")
     const = dict(H=16, HV=32, K=128, V=128, BT=64, BK=128, BV=BV, IS_VARLEN=False, HAS_DHT=True, STORE_DH0=True,
-                 DOT_PRECISION="tf32", DT=tl.bfloat16, STATE_T=state_t)
+                 DOT_PRECISION="tf32", DT=tl.bfloat16, STATE_T=state_t, M=1)
     swept = _compile(chunk_delta_bwd_sweep_kernel, sig, const, warps)
     sig = dict(q=p, k=p, v=p, g="*fp32", beta=p, do=p, winv=p, dy=p, states=p, dstates=p, dq=p, dk=p, dg=f, dbeta=f,
                scratch=p, cu_seqlens="*i32", chunk_indices="*i32", chunk_offsets="*i32", T="i32", n_seq="i32",
                scale="fp32", n_cs_rows="i32")
     const = dict(H=16, HV=32, K=128, V=128, BT=64, BK=128, BV=BV, IS_VARLEN=False, HAS_G=True, USE_L2NORM=True,
-                 DOT_PRECISION="tf32", DT=tl.bfloat16, HEADS=1)
+                 DOT_PRECISION="tf32", DT=tl.bfloat16, HEADS=1, M=1)
     one_pass = _compile(chunk_delta_bwd_grads_kernel, sig, const, grads_warps)
     del const["HEADS"]
     scores_sig = dict(q=p, k=p, v=p, g="*fp32", beta=p, do=p, winv=p, dy=p, states=p, dstates=p, u_out=p, dg=f,

@@ -145,6 +145,32 @@ def chunk_delta_bwd_sweep_kernel(
         tl.store(dh0 + (i_n * HV + i_hv) * K * V + o_kv, b_dS, mask=m_kv)
 
 
+@triton.jit
+def _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT: tl.constexpr, IS_VARLEN: tl.constexpr,
+                M: tl.constexpr):
+    """(valid, bos, eos, r0, cs) of parallel-stage chunk i_c: its sequence's rows [bos, eos) of the
+    expanded stream, its first row r0 and its chunk-state row cs; valid is False for a padding
+    chunk (which does nothing)."""
+    if IS_VARLEN:
+        i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
+        i_t = tl.load(chunk_indices + i_c * 2 + 1).to(tl.int64)
+        n_ok = (i_n >= 0) & (i_n < n_seq)
+        i_n = tl.where(n_ok, i_n, 0)
+        bos, eos = _sequence(cu_seqlens, i_n, T, True)
+        bos, eos = bos * M, eos * M
+        valid = n_ok & (i_t >= 0) & (i_t * BT < eos - bos)
+        cs = tl.load(chunk_offsets + i_n).to(tl.int64) + i_t
+    else:
+        NTd = (T * M + BT - 1) // BT
+        i_n = i_c // NTd
+        i_t = i_c % NTd
+        bos = i_n * T * M
+        eos = bos + T * M
+        valid = i_c >= 0
+        cs = i_c
+    return valid, bos, eos, bos + i_t * BT, cs
+
+
 @triton.jit(do_not_specialize=["T", "n_seq", "n_cs_rows"])
 def chunk_delta_bwd_grads_kernel(
     q, k, v, g, beta, do, winv, dy, states, dstates, dq, dk, dg, dbeta, scratch,
@@ -178,24 +204,9 @@ def chunk_delta_bwd_grads_kernel(
     i_c = pid // (HV // HEADS)
     i_hv0 = (pid % (HV // HEADS)) * HEADS  # the program's first value head
     i_h = i_hv0 // GROUP
-    if IS_VARLEN:
-        i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
-        i_t = tl.load(chunk_indices + i_c * 2 + 1).to(tl.int64)
-        if (i_n < 0) | (i_n >= n_seq):
-            return
-        bos, eos = _sequence(cu_seqlens, i_n, T, True)
-        bos, eos = bos * M, eos * M  # rows of the expanded stream
-        if (i_t < 0) | (i_t * BT >= eos - bos):
-            return
-        cs = tl.load(chunk_offsets + i_n).to(tl.int64) + i_t
-    else:
-        NTd = (T * M + BT - 1) // BT
-        i_n = i_c // NTd
-        i_t = i_c % NTd
-        bos = i_n * T * M
-        eos = bos + T * M
-        cs = i_c
-    r0 = bos + i_t * BT
+    valid, bos, eos, r0, cs = _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT, IS_VARLEN, M)
+    if not valid:
+        return
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     m_k = o_k < K
@@ -335,32 +346,6 @@ def chunk_delta_bwd_grads_kernel(
         if HAS_G:  # g sits on each token's first copy
             tl.store(dg + tok * HV + i_hv, d_g, mask=m_r & (rows % M == 0))
         tl.debug_barrier()  # the scratch and the partial sums are read by other threads next
-
-
-@triton.jit
-def _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT: tl.constexpr, IS_VARLEN: tl.constexpr,
-                M: tl.constexpr):
-    """(valid, bos, eos, r0, cs) of parallel-stage chunk i_c: its sequence's rows [bos, eos) of the
-    expanded stream, its first row r0 and its chunk-state row cs; valid is False for a padding
-    chunk (which does nothing)."""
-    if IS_VARLEN:
-        i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
-        i_t = tl.load(chunk_indices + i_c * 2 + 1).to(tl.int64)
-        n_ok = (i_n >= 0) & (i_n < n_seq)
-        i_n = tl.where(n_ok, i_n, 0)
-        bos, eos = _sequence(cu_seqlens, i_n, T, True)
-        bos, eos = bos * M, eos * M
-        valid = n_ok & (i_t >= 0) & (i_t * BT < eos - bos)
-        cs = tl.load(chunk_offsets + i_n).to(tl.int64) + i_t
-    else:
-        NTd = (T * M + BT - 1) // BT
-        i_n = i_c // NTd
-        i_t = i_c % NTd
-        bos = i_n * T * M
-        eos = bos + T * M
-        valid = i_c >= 0
-        cs = i_c
-    return valid, bos, eos, bos + i_t * BT, cs
 
 
 @triton.jit(do_not_specialize=["T", "n_seq", "n_cs_rows"])

@@ -1,0 +1,102 @@
+"""Compile every launch of the delta-rule backward (its forward recompute included) for sm_90 with
+no GPU, exactly as the launch layer builds them. Run as a module in a process without
+TRITON_INTERPRET (tests/test_sm90_compile.py does): under the interpreter the kernels are not
+compilable objects.
+
+    python -m tests.helpers.sm90 "GDP M 2 varlen" split
+"""
+import sys
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from recurscan.descriptors import build_chunk_descriptors
+from recurscan.launch.delta import CALL_NAMES, DeltaInputs, DeltaShape
+from recurscan.launch.delta_backward import NAMES, build_delta_backward, expanded_chunk_offsets
+from recurscan.plan.delta import DELTA_BACKWARD_LAUNCH, DeltaBackwardShape
+from recurscan.runtime.launcher import CallArg
+
+H200_SHARED = 227 * 1024
+PLANNED_FORWARD = DeltaShape(64, 4, 3, 4, "tests: a planner row (BV 64, 4 warps, 3 stages)")
+SHAPES = {
+    "planned": DELTA_BACKWARD_LAUNCH,
+    "split": DeltaBackwardShape(32, 8, 8, "tests", split_parallel_stage=True),
+    "sweep transposed": DeltaBackwardShape(32, 8, 8, "tests", sweep_transposed=True),
+    "group in kernel": DeltaBackwardShape(32, 8, 8, "tests", sum_group_in_kernel=True),
+}
+CASES = {"GDN dense, H = HV": (1, None), "GDN varlen, GVA": (1, [0, 1, 300, 1000]),
+         "GDP M 2 varlen": (2, [0, 1, 300, 1000])}
+_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32",
+          torch.int64: "*i64"}
+
+
+def compile_for_sm90(step, names, values):
+    """Compile one launch record (kernel, its kwargs with CallArgs, options) for sm_90; a KeyError
+    names an argument the launch leaves to its default."""
+    index = {n: i for i, n in enumerate(names)}
+    sig, const = {}, {}
+    for p in step.kernel.params:
+        a = step.kwargs[p.name]
+        a = values[index[a]] if isinstance(a, CallArg) else a
+        if p.is_constexpr:
+            const[p.name] = a
+        elif isinstance(a, torch.Tensor):
+            sig[p.name] = _TYPES[a.dtype]
+        elif isinstance(a, bool):
+            sig[p.name] = "i1"
+        elif isinstance(a, int):
+            sig[p.name] = "i32" if -2**31 <= a < 2**31 else "i64"
+        else:
+            sig[p.name] = "fp32"
+    arg_names = step.kernel.arg_names
+    sig.update({k: "constexpr" for k in const})
+    attrs = {(arg_names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items() if t.startswith("*")}
+    src = ASTSource(step.kernel, sig, constexprs={(arg_names.index(k),): v for k, v in const.items()}, attrs=attrs)
+    options = {k: v for k, v in step.options.items() if k in ("num_warps", "num_stages", "maxnreg")}
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def compile_case(case: str, shape: str) -> list[str]:
+    """One line per compiled kernel: its name and shared memory; raises where one does not compile
+    or does not fit."""
+    M, cu = CASES[case]
+    B, T, H, HV, K = (1, 1000, 2, 4, 128) if cu is not None else (2, 300, 2, 2, 128)
+    bf = dict(dtype=torch.bfloat16)
+    q, k, v = torch.zeros(B, T, H, K, **bf), torch.zeros(B, T * M, H, K, **bf), torch.zeros(B, T * M, HV, K, **bf)
+    g, beta = torch.zeros(B, T, HV), torch.zeros(B, T * M, HV, **bf)
+    N = B if cu is None else len(cu) - 1
+    h0, dht = torch.zeros(N, HV, K, K), torch.zeros(N, HV, K, K)
+    do = torch.zeros(B, T, HV, K, **bf)
+    desc, cu_t = dict(chunk_indices=None, chunk_offsets=None), None
+    if cu is not None:
+        cu_t = torch.tensor(cu, dtype=torch.int32)
+        desc = dict(chunk_indices=build_chunk_descriptors(cu_t, M).chunk_indices_dp,
+                    chunk_offsets=expanded_chunk_offsets(cu_t, M))
+    launches = build_delta_backward(q, k, v, g, beta, do, dht, scale=K ** -0.5, initial_state=h0,
+                                    use_qk_l2norm_in_kernel=True, cu_seqlens=cu_t, shape=PLANNED_FORWARD,
+                                    backward_shape=SHAPES[shape], num_householder=M, **desc)
+    # The recompute's launches take the forward's call values, the stages NAMES'; only the
+    # values' dtypes and alignment matter to a compile.
+    inputs = DeltaInputs(q, k, v, g, beta, h0, None, None, cu_t, desc["chunk_indices"], desc["chunk_offsets"])
+    made = {n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.forward.buffers.items()}
+    forward_values = tuple(x if x is not None else torch.zeros(1) for x in
+                           tuple(inputs) + tuple(made.get(n) for n in CALL_NAMES[len(inputs):]))
+    stage = dict(q=q, k=k, v=v, g=g, beta=beta, do=do, dht=dht, cu_seqlens=cu_t, **desc, winv=torch.zeros(1, **bf),
+                 aqk=torch.zeros(1, **bf), coef=torch.zeros(1), states=torch.zeros(1, **bf),
+                 **{n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.buffers.items()})
+    stage_values = tuple(stage.get(n) if stage.get(n) is not None else torch.zeros(1) for n in NAMES)
+    lines = []
+    for step, names, values in [(s, CALL_NAMES, forward_values) for s in launches.forward.steps] + \
+                               [(s, NAMES, stage_values) for s in launches.steps]:
+        compiled = compile_for_sm90(step, names, values)
+        fn = getattr(step.kernel, "fn", step.kernel).__name__
+        if compiled.metadata.shared > H200_SHARED:
+            raise AssertionError(f"{fn}: {compiled.metadata.shared} B of shared memory")
+        lines.append(f"{fn}: shared {compiled.metadata.shared} B")
+    return lines
+
+
+if __name__ == "__main__":
+    print("\n".join(compile_case(*sys.argv[1:3])))

@@ -1,0 +1,24 @@
+"""Every launch of the delta-rule backward (its forward recompute included) compiles for sm_90 with
+no GPU, exactly as the launch layer builds it (tests/helpers/sm90.py, in a process of its own
+without the interpreter): some kernels that run under the interpreter fail Triton's GPU lowering
+(a branch on a scalar inside a loop did, in the parallel stage), and a kernel argument left to its
+default reaches the GPU's first call only. Each must also fit the H200's shared memory."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers.sm90 import CASES, SHAPES
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("case, shape", [(c, s) for c in CASES for s in SHAPES])
+def test_every_backward_launch_compiles_for_sm90(case, shape):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    run = subprocess.run([sys.executable, "-m", "tests.helpers.sm90", case, shape], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "chunk_delta_bwd_sweep_kernel" in run.stdout, run.stdout
