@@ -15,6 +15,14 @@ from tests.helpers.tolerances import assert_like_fp32, relative_rms
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
 
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    """Every buffer the forward recompute and the stages allocate starts as NaN (-1 for integers):
+    an element no kernel writes shows up in the gradients."""
+    import recurscan.launch.delta as launch_delta
+    monkeypatch.setattr(launch_delta, "POISON_BUFFERS", True)
+
 CASES = {
     "dense, l2norm, resets": dict(B=2, T=130, H=2, HV=2, cu=None, l2norm=True),
     "GVA, T 64": dict(B=1, T=64, H=1, HV=2, cu=None, l2norm=True),
@@ -25,6 +33,7 @@ CASES = {
     "T 63, GVA": dict(B=2, T=63, H=1, HV=2, cu=None, l2norm=True),
     "T 65": dict(B=1, T=65, H=2, HV=2, cu=None, l2norm=True),
     "T 300, GVA 4": dict(B=1, T=300, H=1, HV=4, cu=None, l2norm=True),
+    "K 24, V 40 (not powers of two), varlen": dict(B=1, T=150, H=1, HV=2, cu=[0, 1, 150], l2norm=True, K=24, V=40),
 }
 GROUP_IN_KERNEL = DeltaBackwardShape(32, 4, 4, "tests: a GVA group summed in the kernel", sum_group_in_kernel=True)
 SPLIT = DeltaBackwardShape(32, 4, 4, "tests: the parallel stage as two kernels", split_parallel_stage=True)
@@ -45,19 +54,20 @@ def _cases():
 @pytest.mark.parametrize("case, optional, backward_shape", list(_cases()))
 def test_triton_backward_matches_the_reference(case, optional, backward_shape):
     """Every gradient under the interpreter against the float64 chunkwise reference: T in
-    {1, 5, 63, 64, 65, 100, 130, 200, 300}, GVA (a group's dq, dk summed after or in the kernel),
+    {1, 5, 63, 64, 65, 100, 130, 150, 200, 300}, head sizes that are not powers of two, GVA (a group's dq, dk summed after or in the kernel),
     the parallel stage in one kernel or two, the reverse sweep holding dS or dS^T,
     varlen with one-token sequences, decays exactly 0 and -inf (gdn_inputs), with and without g,
     beta and an initial state."""
     c = CASES[case]
     V = c.get("V", 16)
-    q, k, v, g, beta, _ = gdn_inputs(c["B"], c["T"], c["H"], c["HV"], 16, V, seed=len(case))
+    K = c.get("K", 16)
+    q, k, v, g, beta, _ = gdn_inputs(c["B"], c["T"], c["H"], c["HV"], K, V, seed=len(case))
     cu = None if c["cu"] is None else torch.tensor(c["cu"])
     N = c["B"] if cu is None else len(c["cu"]) - 1
     gen = torch.Generator().manual_seed(7)
-    S0 = torch.randn(N, c["HV"], 16, V, dtype=torch.float64, generator=gen)
+    S0 = torch.randn(N, c["HV"], K, V, dtype=torch.float64, generator=gen)
     do = torch.randn(c["B"], c["T"], c["HV"], V, dtype=torch.float64, generator=gen)
-    dht = torch.randn(N, c["HV"], 16, V, dtype=torch.float64, generator=gen)
+    dht = torch.randn(N, c["HV"], K, V, dtype=torch.float64, generator=gen)
     if optional == "no_g_beta_h0":
         g = beta = S0 = None
     args = dict(scale=0.2, use_qk_l2norm_in_kernel=c["l2norm"], cu_seqlens=cu)

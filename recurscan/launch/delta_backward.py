@@ -29,7 +29,7 @@ from ..plan import delta as _plan
 from ..plan.delta import DeltaBackwardShape, DeltaShape
 from ..runtime.cache import SignatureCache, launch_key
 from ..runtime.launcher import CallArg, compile_in_background, jit_launch
-from .delta import (INTERPRET, TEST_SHAPE, DeltaInputs, DeltaLaunches, Step, build_delta_launches,
+from .delta import (INTERPRET, TEST_SHAPE, DeltaInputs, DeltaLaunches, Step, _empty, build_delta_launches,
                     run_delta_launches)
 
 #: The per-call tensors of the two backward stages, by name (their launches' CallArgs).
@@ -174,7 +174,7 @@ def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, num_householder=1, scale=
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
             chunk_offsets=chunk_offsets, shape=shape, backward_shape=backward_shape, num_householder=num_householder))
     inputs = DeltaInputs(q, k, v, g, beta, initial_state, None, None, cu_seqlens, chunk_indices, chunk_offsets)
-    made = {n: torch.empty(s, dtype=d, device=q.device) for n, (s, d) in launches.buffers.items()}
+    made = {n: _empty(*s, dtype=d, device=q.device) for n, (s, d) in launches.buffers.items()}
     given = dict(q=q, k=k, v=v, g=g, beta=beta, do=do, dht=dht, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
                  chunk_offsets=chunk_offsets)
     first = not launches.compiled
