@@ -2,15 +2,26 @@
 decay per key dimension (fla's chunk_gla). validate -> plan -> backend, as every op."""
 from __future__ import annotations
 
+import torch
+
 from ..plan import plan
 from ..problem import gla_problem
 from ..reference import gla as ref
 
 
-def _run_gla(q, k, v, g, *, per_key_decay, scale, initial_state, output_final_state, cu_seqlens):
+def _run_gla(q, k, v, g, *, per_key_decay, scale, initial_state, output_final_state, cu_seqlens, backend=None):
     problem = gla_problem(q, k, v, g, per_key_decay=per_key_decay, scale=scale, initial_state=initial_state,
                           cu_seqlens=cu_seqlens)
-    schedule = plan("gla", problem, q.device)
+    schedule = plan("gla", problem, q.device, "chunked", backend)
+    if schedule.backend == "triton":
+        if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                           for t in (q, k, v, g, initial_state)):
+            raise NotImplementedError("chunk_simple_gla: the Triton path is forward-only for now; train with "
+                                      "backend='torch' (autograd through the PyTorch form) or under torch.no_grad()")
+        from ..launch.gla import chunk_simple_gla_fwd
+        return chunk_simple_gla_fwd(q, k, v, g, scale=problem.scale, initial_state=initial_state,
+                                    output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                                    shape=schedule.launch)
     if g is None:  # no decay: plain causal linear attention
         g = q.new_zeros(problem.batch, problem.tokens, problem.value_heads).float()
     o, final = ref.gla_chunked(q, k, v, g, scale=problem.scale, initial_state=initial_state,
@@ -19,7 +30,7 @@ def _run_gla(q, k, v, g, *, per_key_decay, scale, initial_state, output_final_st
 
 
 def chunk_simple_gla(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False,
-                     cu_seqlens=None):
+                     cu_seqlens=None, backend=None):
     """Gated linear attention with one decay per head and token (fla's ``chunk_simple_gla``).
 
     ``S_t = exp(g_t) S_{t-1} + k_t v_t^T``, ``o_t = scale * S_t^T q_t``.
@@ -34,6 +45,9 @@ def chunk_simple_gla(q, k, v, g=None, scale=None, initial_state=None, output_fin
         scale: default ``K ** -0.5``.
         initial_state: ``[N, HV, K, V]`` or None; output_final_state: return the final state.
         cu_seqlens: ``[N + 1]`` boundaries (B = 1) or None.
+        backend: None (the planner's choice), "torch" (the PyTorch form, which trains through
+            autograd) or "triton" (kernels/gla/, forward only for now; on CPU tensors under
+            ``TRITON_INTERPRET=1``).
 
     Returns:
         ``(o [B, T, HV, V], final_state [N, HV, K, V] or None)``.
@@ -46,10 +60,11 @@ def chunk_simple_gla(q, k, v, g=None, scale=None, initial_state=None, output_fin
         (torch.Size([1, 100, 2, 8]), torch.Size([1, 2, 16, 8]))
     """
     return _run_gla(q, k, v, g, per_key_decay=False, scale=scale, initial_state=initial_state,
-                    output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+                    output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend=backend)
 
 
-def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
+              backend=None):
     """Gated linear attention with a decay per key dimension (fla's ``chunk_gla``).
 
     ``S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T``, ``o_t = scale * S_t^T q_t``.
@@ -57,7 +72,7 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
     Args:
         q, k: ``[B, T, H, K]``; v: ``[B, T, HV, V]``; g: ``[B, T, HV, K]`` natural-log decays
             (``-inf``, ``g > 0`` and non-finite input as :func:`chunk_simple_gla`'s).
-        Other arguments as :func:`chunk_simple_gla`.
+        Other arguments as :func:`chunk_simple_gla` (``backend="triton"``: not yet, a ValueError).
 
     Returns:
         ``(o [B, T, HV, V], final_state [N, HV, K, V] or None)``.
@@ -72,4 +87,4 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
     if g is None:
         raise ValueError("g: chunk_gla needs per-key log decays [B, T, HV, K]; use chunk_simple_gla for none")
     return _run_gla(q, k, v, g, per_key_decay=True, scale=scale, initial_state=initial_state,
-                    output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+                    output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend=backend)

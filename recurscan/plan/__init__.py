@@ -22,6 +22,7 @@ import torch
 
 from ..descriptors import CHUNK_SIZE
 from .delta import DELTA_LAUNCH, DeltaShape, DeltaSizes, delta_shape, triton_delta_unsupported
+from .gla import GLA_LAUNCH, GlaShape, triton_gla_unsupported
 from .device import check_triton_device, interpreter_off_reason, interpreter_on, sm_count
 from .stream import (DISPATCH_STEP_BOUND, StateColumnTooLarge, StreamShape, StreamSizes, check_column_fits,
                      stream_shape)
@@ -29,7 +30,7 @@ from .stream import (DISPATCH_STEP_BOUND, StateColumnTooLarge, StreamShape, Stre
 __all__ = ["plan", "Schedule", "Rule", "RULES", "BACKENDS", "DeltaShape", "DeltaSizes", "DELTA_LAUNCH",
            "delta_shape", "StreamShape", "StreamSizes", "stream_shape", "DISPATCH_STEP_BOUND",
            "StateColumnTooLarge", "check_column_fits", "sm_count", "interpreter_off_reason", "interpreter_on",
-           "check_triton_device", "triton_delta_unsupported"]
+           "check_triton_device", "triton_delta_unsupported", "GlaShape", "GLA_LAUNCH", "triton_gla_unsupported"]
 
 BACKENDS = ("torch", "triton")
 
@@ -40,8 +41,9 @@ class Schedule:
     algorithm: str  # "chunked" (prefill, training) or "recurrent" (token by token: decode)
     chunk_size: int
     reason: str
-    # The Triton launch shape: DeltaShape (chunked delta rule), StreamShape (recurrent); None for torch.
-    launch: DeltaShape | StreamShape | None = None
+    # The Triton launch shape: DeltaShape (chunked delta rule), GlaShape (chunked GLA), StreamShape
+    # (recurrent); None for torch.
+    launch: DeltaShape | GlaShape | StreamShape | None = None
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,9 @@ RULES: list[Rule] = [
          lambda family, problem, device, algorithm: device.type == "cpu", "torch"),
     Rule("chunked delta-rule prefill on a CUDA device runs the Triton kernels (prep + sweep)",
          _triton_chunked_delta, "triton"),
-    Rule("no Triton kernel for this family on this device yet: the PyTorch form runs there too",
+    Rule("no Triton kernel measured for this family on this device yet: the PyTorch form runs there too "
+         "(chunked GLA with a scalar decay has one, kernels/gla/, run where backend='triton' asks for it "
+         "until the H200 has timed it)",
          lambda family, problem, device, algorithm: True, "torch"),
 ]
 
@@ -85,6 +89,8 @@ def stream_sizes(family: str, problem) -> StreamSizes:
 def _triton_launch(family, problem, device, algorithm):
     if algorithm == "recurrent":
         return stream_shape(stream_sizes(family, problem), device)
+    if family == "gla":
+        return GLA_LAUNCH
     return delta_shape(problem, device)
 
 
@@ -104,9 +110,11 @@ def plan(family: str, problem, device: torch.device, algorithm: str = "chunked",
         return Schedule("torch", algorithm, CHUNK_SIZE, "backend='torch' was asked for")
     if backend == "triton":
         if algorithm == "recurrent" and family not in STREAM_FAMILIES or \
-                algorithm == "chunked" and family != "delta_rule":
+                algorithm == "chunked" and family not in ("delta_rule", "gla"):
             raise ValueError(f"backend='triton': no Triton kernel for {family} ({algorithm}) yet")
-        why = triton_delta_unsupported(problem) if algorithm == "chunked" else None
+        why = None
+        if algorithm == "chunked":
+            why = (triton_delta_unsupported if family == "delta_rule" else triton_gla_unsupported)(problem)
         if why is not None:
             raise ValueError(f"backend='triton': {why}")
         check_triton_device(device)

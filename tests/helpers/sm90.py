@@ -1,9 +1,10 @@
-"""Compile every launch of the delta-rule backward (its forward recompute included) for sm_90 with
-no GPU, exactly as the launch layer builds them. Run as a module in a process without
+"""Compile every launch of the delta-rule backward (its forward recompute included), and the GLA
+forward's, for sm_90 with no GPU, exactly as the launch layer builds them. Run as a module in a process without
 TRITON_INTERPRET (tests/test_sm90_compile.py does): under the interpreter the kernels are not
 compilable objects.
 
     python -m tests.helpers.sm90 "GDP M 2 varlen" split
+    python -m tests.helpers.sm90 gla "GDN varlen, GVA"
 """
 import sys
 
@@ -98,5 +99,26 @@ def compile_case(case: str, shape: str) -> list[str]:
     return lines
 
 
+def compile_gla(case: str) -> list[str]:
+    """The scalar-decay GLA forward's launch (launch/gla.py) for a case of :data:`CASES` (M = 1
+    ones; bf16, the plan's shape)."""
+    from recurscan.launch.gla import NAMES as GLA_NAMES
+    from recurscan.launch.gla import build_gla_forward
+    from recurscan.plan.gla import GLA_LAUNCH
+    _, cu = CASES[case]
+    B, T, H, HV, K = (1, 1000, 2, 4, 128) if cu is not None else (2, 300, 2, 2, 128)
+    bf = dict(dtype=torch.bfloat16)
+    q, k, v = torch.zeros(B, T, H, K, **bf), torch.zeros(B, T, H, K, **bf), torch.zeros(B, T, HV, 64, **bf)
+    g, h0 = torch.zeros(B, T, HV), torch.zeros(B if cu is None else len(cu) - 1, HV, K, 64)
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+    launch = build_gla_forward(q, k, v, g, h0, cu_t, scale=K ** -0.5, output_final_state=True, shape=GLA_LAUNCH)
+    values = dict(q=q, k=k, v=v, g=g, h0=h0, cu_seqlens=cu_t if cu_t is not None else torch.zeros(1),
+                  **{n: torch.zeros(1, dtype=spec[1]) for n, spec in launch.buffers.items()})
+    compiled = compile_for_sm90(launch.step, GLA_NAMES, tuple(values[n] for n in GLA_NAMES))
+    if compiled.metadata.shared > H200_SHARED:
+        raise AssertionError(f"chunk_simple_gla_fwd_kernel: {compiled.metadata.shared} B of shared memory")
+    return [f"chunk_simple_gla_fwd_kernel: shared {compiled.metadata.shared} B"]
+
+
 if __name__ == "__main__":
-    print("\n".join(compile_case(*sys.argv[1:3])))
+    print("\n".join(compile_gla(sys.argv[2]) if sys.argv[1] == "gla" else compile_case(*sys.argv[1:3])))

@@ -1,0 +1,92 @@
+"""The chunked forward of gated linear attention with one decay per head and token, in one kernel
+(docs/kernels-gla-plan.md). The algebra is ``reference.gla.gla_chunk``'s, transposed: the program
+holds S^T [BV, K], as the delta sweep does (kernels/delta/sweep.py)."""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..delta.common import _chunk_gates
+
+
+@triton.jit(do_not_specialize=["T"])
+def chunk_simple_gla_fwd_kernel(
+    q, k, v, g, o, h0, ht, cu_seqlens, T, scale,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, HAS_H0: tl.constexpr,
+    STORE_FINAL: tl.constexpr, DOT_PRECISION: tl.constexpr, DT: tl.constexpr,
+):
+    """Grid (N * HV * ceil(V / BV),): one program per (sequence, value head, value block) walks the
+    chunks first to last. Per chunk of BT rows, with G[i, j] = exp(g_{j+1} + ... + g_i) for j <= i
+    in the same segment (0 across a reset, g = -inf), lam_i = G[i, start], gam_j = G[end, j]:
+
+        O^T = scale (S^T Q^T) o lam  +  V^T A,      A[j, i] = G[i, j] scale (k_j . q_i)
+        S^T <- lam_C S^T + (V^T o gam) K
+
+    A is formed as K Q^T (no transpose of a product result). Causality under non-finite input: a
+    row whose q, k or decay is NaN or inf is selected out of every product (its q and k as 0, its
+    decay as 1), and so is a non-finite value element; the outputs from that row on (in that value
+    column, for a value) and the state leaving the chunk are NaN instead, as the token loop's are.
+    So the outputs before it, and every other sequence, keep the bits they have without it."""
+    pid = tl.program_id(0).to(tl.int64)
+    NV: tl.constexpr = (V + BV - 1) // BV
+    i_v = pid % NV
+    i_hv = (pid // NV) % HV
+    i_n = pid // (NV * HV)
+    i_h = i_hv // (HV // H)
+    if IS_VARLEN:  # clamped to [0, T]: a wrong boundary reads and writes nothing outside
+        bos = tl.minimum(tl.maximum(tl.load(cu_seqlens + i_n).to(tl.int64), 0), T)
+        eos = tl.minimum(tl.maximum(tl.load(cu_seqlens + i_n + 1).to(tl.int64), bos), T)
+    else:
+        bos = i_n * T
+        eos = bos + T
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    m_vk = m_v[:, None] & m_k[None, :]
+    o_vk = o_k[None, :] * V + o_v[:, None]  # S[k, v] of a [K, V] state, as a [BV, BK] tile
+    if HAS_H0:
+        b_St = tl.load(h0 + (i_n * HV + i_hv) * K * V + o_vk, mask=m_vk, other=0.0).to(tl.float32)
+    else:
+        b_St = tl.zeros([BV, BK], dtype=tl.float32)
+    # A^T's mask: row j (key), column i (query), i >= j.
+    upper = o_t[:, None] <= o_t[None, :]
+    for c in range(0, (eos - bos + BT - 1) // BT):
+        rows = bos + c * BT + o_t.to(tl.int64)
+        m_r = rows < eos
+        m_rk = m_r[:, None] & m_k[None, :]
+        b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
+        b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
+        b_vt = tl.load(v + (rows * HV + i_hv)[None, :] * V + o_v[:, None], mask=m_v[:, None] & m_r[None, :],
+                       other=0.0).to(tl.float32)  # V^T [BV, BT]
+        gc, seg, bad_g = _chunk_gates(g, rows, rows * 0, m_r, i_hv, HV, 1, BT, HAS_G)
+        # Non-finite rows and value elements, selected out; the first one poisons what follows.
+        bad = bad_g | (tl.max((b_q * 0.0 != 0.0).to(tl.int32), axis=1) != 0) | \
+            (tl.max((b_k * 0.0 != 0.0).to(tl.int32), axis=1) != 0)
+        b_q = tl.where(bad[:, None], 0.0, b_q)
+        b_k = tl.where(bad[:, None], 0.0, b_k)
+        bad_v = b_vt * 0.0 != 0.0
+        b_vt = tl.where(bad_v, 0.0, b_vt)
+        first = tl.minimum(tl.min(tl.where(bad_v, o_t[None, :], BT), axis=1),
+                           tl.min(tl.where(bad, o_t, BT), axis=0))  # [BV]: the first poisoned row
+        gc_last = tl.sum(tl.where(o_t == BT - 1, gc, 0.0), axis=0)
+        seg_last = tl.sum(tl.where(o_t == BT - 1, seg, 0), axis=0)
+        lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
+        gam = tl.where(seg == seg_last, tl.exp2(tl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
+        lam_last = tl.where(seg_last == 0, tl.exp2(gc_last), 0.0)
+        # A[j, i] = G[i, j] scale (k_j . q_i): the gate from row j to row i, i >= j, same segment.
+        b_Gt = tl.where(upper & (seg[:, None] == seg[None, :]), tl.exp2(gc[None, :] - gc[:, None]), 0.0)
+        b_kd = b_k.to(DT)
+        b_A = b_Gt * scale * tl.dot(b_kd, tl.trans(b_q.to(DT)), input_precision=DOT_PRECISION)
+        b_Sd = b_St.to(DT)
+        b_ot = (scale * lam)[None, :] * tl.dot(b_Sd, tl.trans(b_q.to(DT)), input_precision=DOT_PRECISION)
+        b_ot += tl.dot(b_vt.to(DT), b_A.to(DT), input_precision=DOT_PRECISION)
+        b_ot = tl.where(o_t[None, :] >= first[:, None], float("nan"), b_ot)
+        tl.store(o + (rows * HV + i_hv)[None, :] * V + o_v[:, None], b_ot.to(o.dtype.element_ty),
+                 mask=m_v[:, None] & m_r[None, :])
+        b_St = lam_last * b_St + tl.dot((b_vt * gam[None, :]).to(DT), b_kd, input_precision=DOT_PRECISION)
+        b_St = tl.where((first < tl.minimum(eos - bos - c * BT, BT))[:, None], float("nan"), b_St)
+    if STORE_FINAL:
+        tl.store(ht + (i_n * HV + i_hv) * K * V + o_vk, b_St, mask=m_vk)

@@ -1,0 +1,76 @@
+"""The launch of the scalar-decay GLA forward (kernels/gla/forward.py): one kernel, built once per
+call signature (:func:`build_gla_forward`, kept in :data:`GLA_LAUNCHES`) and then launched
+directly. Decides nothing: the launch shape is the plan's."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from ..descriptors import CHUNK_SIZE
+from ..kernels.gla.forward import chunk_simple_gla_fwd_kernel
+from ..plan.gla import GlaShape
+from ..runtime.cache import SignatureCache, launch_key
+from ..runtime.launcher import CallArg, jit_launch
+from .delta import INTERPRET, Step, _empty
+
+#: The per-call tensors of the launch, by name (its CallArgs).
+NAMES = ("q", "k", "v", "g", "h0", "cu_seqlens", "o", "ht")
+
+#: Signature -> :class:`GlaForward`.
+GLA_LAUNCHES = SignatureCache("chunked GLA forward")
+
+
+@dataclasses.dataclass
+class GlaForward:
+    """The launch of one call signature and the buffers it writes (name -> (shape, dtype))."""
+
+    step: Step
+    buffers: dict
+
+
+def build_gla_forward(q, k, v, g, h0, cu_seqlens, *, scale, output_final_state, shape: GlaShape) -> GlaForward:
+    """What :func:`chunk_simple_gla_fwd` launches for these tensors' signature (none is kept)."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    varlen = cu_seqlens is not None
+    N = cu_seqlens.shape[0] - 1 if varlen else B
+    dt = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[q.dtype]
+    dt = tl.float32 if INTERPRET and dt == tl.bfloat16 else dt  # the interpreter multiplies bf16 tiles wrongly
+    BV = min(shape.block_v, max(16, triton.next_power_of_2(V)))
+    buffers = {"o": ((B, T, HV, V), q.dtype)}
+    if output_final_state:
+        buffers["ht"] = ((N, HV, K, V), torch.float32)
+    arg = lambda name, present=True: CallArg(name if present else "o")  # noqa: E731 (absent: a placeholder)
+    step = Step(chunk_simple_gla_fwd_kernel, (N * HV * triton.cdiv(V, BV),), dict(
+        q=arg("q"), k=arg("k"), v=arg("v"), g=arg("g", g is not None), o=arg("o"), h0=arg("h0", h0 is not None),
+        ht=arg("ht", output_final_state), cu_seqlens=arg("cu_seqlens", varlen), T=T, scale=float(scale),
+        H=H, HV=HV, K=K, V=V, BT=CHUNK_SIZE, BK=max(16, triton.next_power_of_2(K)), BV=BV, IS_VARLEN=varlen,
+        HAS_G=g is not None, HAS_H0=h0 is not None, STORE_FINAL=output_final_state,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DT=dt), dict(num_warps=shape.num_warps))
+    return GlaForward(step, buffers)
+
+
+def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_state=False, cu_seqlens=None,
+                         shape: GlaShape):
+    """``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] float32 or None)`` of
+    ``S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = scale S_t^T q_t`` (g ``[B, T, HV]`` or None).
+    Strided inputs are copied to the dense layout the kernel indexes. No host synchronisation."""
+    q, k, v = (x.contiguous() for x in (q, k, v))
+    g = None if g is None else g.contiguous()
+    h0 = None if initial_state is None else initial_state.float().contiguous()
+    key = (launch_key((q, k, v, g, h0, cu_seqlens)), float(scale), output_final_state, shape)
+    launch = GLA_LAUNCHES.get(key)
+    if launch is None:
+        launch = GLA_LAUNCHES.put(key, build_gla_forward(q, k, v, g, h0, cu_seqlens, scale=scale,
+                                                         output_final_state=output_final_state, shape=shape))
+    made = {n: _empty(*s, dtype=d, device=q.device) for n, (s, d) in launch.buffers.items()}
+    values = (q, k, v, g, h0, cu_seqlens, made["o"], made.get("ht"))
+    step = launch.step
+    if step.direct is not None:
+        step.direct(values)
+    else:  # the first call (compiles), or a launch the direct path does not take
+        step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, NAMES, values)
+    return made["o"], made.get("ht")

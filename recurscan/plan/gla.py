@@ -1,0 +1,28 @@
+"""Launch shapes of the GLA engine (kernels/gla/): one row for now, not yet measured on a GPU
+(docs/kernels-gla-plan.md); the rules in plan/__init__.py run it only where asked for."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GlaShape:
+    block_v: int  # value columns a program carries
+    num_warps: int
+    reason: str
+
+
+GLA_LAUNCH = GlaShape(64, 8, "64 value columns on 8 warps: offline for sm_90 the chunk loop spills 40 local "
+                              "loads and stores against 193 on 4 warps; not timed on a GPU yet")
+
+
+def triton_gla_unsupported(problem) -> str | None:
+    """Why the GLA Triton kernel cannot take this problem, or None if it can."""
+    import torch
+    if problem.per_key_decay:
+        return "a decay per key dimension: the Triton kernel takes a scalar decay per head (chunk_simple_gla)"
+    if problem.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"inputs in {problem.dtype}: the kernel takes float16, bfloat16 or float32"
+    if problem.key_dim > 256:
+        return f"K = {problem.key_dim} > 256: a program holds a [BV, K] state tile on chip"
+    return None

@@ -1,0 +1,106 @@
+"""The scalar-decay GLA forward kernel (kernels/gla/forward.py, through ``chunk_simple_gla(...,
+backend="triton")``) under the interpreter: outputs and final states against the float64 token
+loop, bounded by what the float32 chunked oracle gets, over the hostile cases; causality under
+non-finite input; strided and 16-bit inputs; what the Triton path refuses."""
+import pytest
+import torch
+
+import recurscan
+from recurscan.reference.gla import gla_chunked, gla_naive
+from tests.helpers.tolerances import assert_like_fp32, relative_rms
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    """Every buffer the op allocates starts as NaN: an element the kernel does not write shows."""
+    import recurscan.launch.delta as launch_delta
+    monkeypatch.setattr(launch_delta, "POISON_BUFFERS", True)
+
+CASES = {
+    "T 1": dict(B=2, T=1, H=1, HV=1, cu=None),
+    "T 63, GVA": dict(B=2, T=63, H=1, HV=2, cu=None),
+    "T 64": dict(B=1, T=64, H=2, HV=2, cu=None),
+    "T 65, V 40": dict(B=1, T=65, H=1, HV=1, cu=None, V=40),
+    "T 300, GVA 4": dict(B=1, T=300, H=1, HV=4, cu=None),
+    "varlen, one-token sequences": dict(B=1, T=200, H=2, HV=4, cu=[0, 1, 2, 66, 67, 200]),
+    "K 24 (not a power of two), varlen": dict(B=1, T=150, H=1, HV=2, cu=[0, 90, 150], K=24),
+}
+
+
+def gla_inputs(B, T, H, HV, K, V, seed):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, K, generator=gen, dtype=torch.float64)
+    k = torch.randn(B, T, H, K, generator=gen, dtype=torch.float64)
+    v = torch.randn(B, T, HV, V, generator=gen, dtype=torch.float64)
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, generator=gen, dtype=torch.float64) + 2)
+    if T > 3:
+        g[:, T // 2, 0] = float("-inf")  # decay exactly 0: a reset mid-sequence
+        g[:, 1] = 0.0  # decay exactly 1
+    return q, k, v, g
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("optional", ["all", "no_g_no_h0"])
+def test_triton_forward_matches_the_token_loop(case, optional):
+    c = CASES[case]
+    K, V = c.get("K", 16), c.get("V", 16)
+    q, k, v, g = gla_inputs(c["B"], c["T"], c["H"], c["HV"], K, V, seed=len(case))
+    cu = None if c["cu"] is None else torch.tensor(c["cu"])
+    N = c["B"] if cu is None else len(c["cu"]) - 1
+    h0 = torch.randn(N, c["HV"], K, V, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    if optional == "no_g_no_h0":
+        g = h0 = None
+    g_ref = torch.zeros(v.shape[:3], dtype=torch.float64) if g is None else g
+    args = dict(scale=0.3, initial_state=h0, cu_seqlens=cu)
+    want = gla_naive(q, k, v, g_ref, **args)
+    f32 = lambda x: None if x is None else x.float()  # noqa: E731
+    ref32 = gla_chunked(*map(f32, (q, k, v, g_ref)), **dict(args, initial_state=f32(h0)))
+    dev = lambda x: None if x is None else x.float().to(DEVICE)  # noqa: E731
+    got = recurscan.chunk_simple_gla(*map(dev, (q, k, v, g)), scale=0.3, initial_state=dev(h0),
+                                     output_final_state=True, cu_seqlens=None if cu is None else cu.to(DEVICE),
+                                     backend="triton")
+    for what, a, b, r in zip(("o", "final state"), got, want, ref32):
+        assert_like_fp32(a.cpu(), b, r, what)
+
+
+@pytest.mark.parametrize("name", ["q", "k", "v", "g"])
+def test_a_non_finite_input_leaves_earlier_outputs_and_other_sequences_bit_identical(name):
+    q, k, v, g = (x.float().to(DEVICE) for x in gla_inputs(1, 200, 1, 2, 16, 16, seed=11))
+    cu = torch.tensor([0, 130, 200], device=DEVICE)
+    clean = recurscan.chunk_simple_gla(q, k, v, g, output_final_state=True, cu_seqlens=cu, backend="triton")
+    x = dict(q=q, k=k, v=v, g=g)
+    bad = x[name].clone()
+    bad[0, 95, 0] = float("nan")  # in the first sequence, mid-chunk (rows 64-127)
+    x[name] = bad
+    o, S = recurscan.chunk_simple_gla(*x.values(), output_final_state=True, cu_seqlens=cu, backend="triton")
+    assert torch.equal(o[:, :95], clean[0][:, :95]), "an output before the NaN changed"
+    assert torch.equal(o[:, 130:], clean[0][:, 130:]) and torch.equal(S[1], clean[1][1]), "the other sequence changed"
+    assert torch.isnan(o[0, 95, 0]).any() and torch.isnan(S[0, 0]).any(), "the NaN vanished"
+
+
+def test_strided_and_16_bit_inputs():
+    q, k, v, g = gla_inputs(1, 130, 2, 2, 16, 16, seed=5)
+    want = gla_naive(q, k, v, g)[0]
+    strided = lambda x: x.transpose(-1, -2).contiguous().transpose(-1, -2) if x.dim() == 4 else \
+        torch.stack([x, x], -1)[..., 0]  # noqa: E731
+    dev = lambda x: strided(x.float()).to(DEVICE)  # noqa: E731
+    a = recurscan.chunk_simple_gla(*map(dev, (q, k, v, g)), backend="triton")[0]
+    b = recurscan.chunk_simple_gla(*(x.float().to(DEVICE) for x in (q, k, v, g)), backend="triton")[0]
+    assert torch.equal(a, b)
+    for dtype in (torch.bfloat16, torch.float16):
+        low = recurscan.chunk_simple_gla(*(x.to(DEVICE, dtype) for x in (q, k, v)), g.float().to(DEVICE),
+                                         backend="triton")[0]
+        assert low.dtype == dtype and relative_rms(low.double().cpu(), want) < 1e-2
+
+
+def test_what_the_triton_path_refuses():
+    q, k, v, g = (x.float() for x in gla_inputs(1, 10, 1, 1, 16, 16, seed=1))
+    with pytest.raises(ValueError, match="per key"):
+        recurscan.chunk_gla(q, k, v, g[..., None].expand(-1, -1, -1, 16), backend="triton")
+    with pytest.raises(NotImplementedError, match="forward-only"):
+        recurscan.chunk_simple_gla(q.requires_grad_(), k, v, g, backend="triton")
+    o, _ = recurscan.chunk_simple_gla(q, k, v, g, backend="torch")  # the PyTorch form still trains
+    o.sum().backward()
+    assert q.grad is not None
