@@ -158,4 +158,3 @@ def test_gdn_gradients_at_the_benchmark_size():
     for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta"), got, want):
         assert torch.isfinite(a).all(), name
         assert relative_rms(a.double(), b) < 1e-2, f"{name}: relative RMS {relative_rms(a.double(), b):.2e}"
-
