@@ -284,6 +284,7 @@ class SsdProblem:
     sequences: int
     device: torch.device
     dtype: torch.dtype
+    uses_cache: bool = False  # a state cache (state, state_indices) in place of initial / final states
 
 
 def check_dt_limit(dt_limit) -> None:
@@ -317,7 +318,8 @@ def ssd_problem(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_limit=(0.0, 
             dims.check(name, t, spec)
     check_dt_limit(dt_limit)
     n = _check_common(dims, device, "Bt", "T", cu_seqlens, initial_state, "H P Nstate", state, state_indices)
-    return SsdProblem(dims["Bt"], dims["T"], dims["H"], dims["P"], dims["G"], dims["Nstate"], n, device, x.dtype)
+    return SsdProblem(dims["Bt"], dims["T"], dims["H"], dims["P"], dims["G"], dims["Nstate"], n, device, x.dtype,
+                      uses_cache=state is not None)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from . import _cache
 def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, initial_states=None,
                               seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
                               return_final_states=False, return_varlen_states=False, state=None,
-                              state_indices=None):
+                              state_indices=None, backend=None):
     """Chunked Mamba2 SSD forward, mamba_ssm's ``mamba_chunk_scan_combined`` signature and returns.
 
     Per head: ``dt <- clamp(softplus?(dt + dt_bias), dt_limit)``,
@@ -37,6 +37,10 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt
             with cu_seqlens every final state is per sequence).
         state, state_indices: an in-place state cache ``[S, H, P, Nstate]`` and ``[N]`` slots
             (-1: padding, zero output, slot untouched), as the delta-rule ops.
+        backend: None (the planner's choice), "torch" (the PyTorch form, which trains through
+            autograd) or "triton" (the GLA engine's kernel with q = C, k = B, v = dt x: forward
+            only, no state cache yet, any ``chunk_size`` run as 64-token chunks; on CPU tensors
+            under ``TRITON_INTERPRET=1``).
 
     Returns:
         ``y [Bt, T, H, P]`` in x's dtype, or ``(y, final_states)``, ``(y, varlen_states)``,
@@ -58,7 +62,7 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt
     problem = ssd_problem(x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_limit=dt_limit,
                           initial_state=initial_states, cu_seqlens=cu_seqlens, state=state,
                           state_indices=state_indices)
-    schedule = plan("ssd", problem, x.device)
+    schedule = plan("ssd", problem, x.device, "chunked", backend)
     y, final = _BACKENDS[schedule.backend](x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states,
                                            cu_seqlens, state, state_indices, chunk_size)
     extra = (final,) if return_final_states else ()
@@ -83,5 +87,30 @@ def _ssd_torch(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_sta
     return y.to(x.dtype), final
 
 
+def _ssd_triton(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens, state,
+                state_indices, chunk_size):
+    """SSD as gated linear attention on the GLA kernel: q = C, k = B (the groups as GVA), v = dt x,
+    log decay dt A, scale 1, states transposed to [N, H, Nstate, P]; the step sizes before and the
+    skip and gate after, elementwise."""
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                       for t in (x, dt, A, B, C, D, z, dt_bias, initial_states)):
+        raise NotImplementedError("mamba_chunk_scan_combined: the Triton path is forward-only for now; train "
+                                  "with backend='torch' (autograd through the PyTorch form) or under torch.no_grad()")
+    from ..launch.gla import chunk_simple_gla_fwd
+    from ..plan.gla import GLA_LAUNCH
+    work = torch.float64 if x.dtype == torch.float64 else torch.float32
+    step = ref.discretize_dt(dt.to(work), None if dt_bias is None else dt_bias.to(work), dt_softplus, dt_limit)
+    v = (x.to(work) * step[..., None]).to(x.dtype if x.dtype != torch.float64 else torch.float32)
+    g = step * A.to(work)
+    kernel_dtype = v.dtype
+    h0 = None if initial_states is None else initial_states.transpose(-1, -2)
+    o, final = chunk_simple_gla_fwd(C.to(kernel_dtype), B.to(kernel_dtype), v, g.float(), scale=1.0,
+                                    initial_state=h0, output_final_state=True, cu_seqlens=cu_seqlens,
+                                    shape=GLA_LAUNCH)
+    y = ref.skip_and_gate(o.to(work), x.to(work), None if D is None else D.to(work),
+                          None if z is None else z.to(work))
+    return y.to(x.dtype), final.transpose(-1, -2).contiguous()
+
+
 #: The backends the planner can choose for the chunked SSD (plan/__init__.py RULES).
-_BACKENDS = {"torch": _ssd_torch}
+_BACKENDS = {"torch": _ssd_torch, "triton": _ssd_triton}

@@ -22,7 +22,7 @@ import torch
 
 from ..descriptors import CHUNK_SIZE
 from .delta import DELTA_LAUNCH, DeltaShape, DeltaSizes, delta_shape, triton_delta_unsupported
-from .gla import GLA_LAUNCH, GlaShape, triton_gla_unsupported
+from .gla import GLA_LAUNCH, GlaShape, triton_gla_unsupported, triton_ssd_unsupported
 from .device import check_triton_device, interpreter_off_reason, interpreter_on, sm_count
 from .stream import (DISPATCH_STEP_BOUND, StateColumnTooLarge, StreamShape, StreamSizes, check_column_fits,
                      stream_shape)
@@ -71,8 +71,8 @@ RULES: list[Rule] = [
     Rule("chunked delta-rule prefill on a CUDA device runs the Triton kernels (prep + sweep)",
          _triton_chunked_delta, "triton"),
     Rule("no Triton kernel measured for this family on this device yet: the PyTorch form runs there too "
-         "(chunked GLA with a scalar decay has one, kernels/gla/, run where backend='triton' asks for it "
-         "until the H200 has timed it)",
+         "(chunked GLA with a scalar decay, and SSD on it, have one, kernels/gla/, run where "
+         "backend='triton' asks for it until the H200 has timed it)",
          lambda family, problem, device, algorithm: True, "torch"),
 ]
 
@@ -89,7 +89,7 @@ def stream_sizes(family: str, problem) -> StreamSizes:
 def _triton_launch(family, problem, device, algorithm):
     if algorithm == "recurrent":
         return stream_shape(stream_sizes(family, problem), device)
-    if family == "gla":
+    if family in ("gla", "ssd"):
         return GLA_LAUNCH
     return delta_shape(problem, device)
 
@@ -110,11 +110,12 @@ def plan(family: str, problem, device: torch.device, algorithm: str = "chunked",
         return Schedule("torch", algorithm, CHUNK_SIZE, "backend='torch' was asked for")
     if backend == "triton":
         if algorithm == "recurrent" and family not in STREAM_FAMILIES or \
-                algorithm == "chunked" and family not in ("delta_rule", "gla"):
+                algorithm == "chunked" and family not in ("delta_rule", "gla", "ssd"):
             raise ValueError(f"backend='triton': no Triton kernel for {family} ({algorithm}) yet")
         why = None
         if algorithm == "chunked":
-            why = (triton_delta_unsupported if family == "delta_rule" else triton_gla_unsupported)(problem)
+            why = {"delta_rule": triton_delta_unsupported, "gla": triton_gla_unsupported,
+                   "ssd": triton_ssd_unsupported}[family](problem)
         if why is not None:
             raise ValueError(f"backend='triton': {why}")
         check_triton_device(device)

@@ -1,5 +1,6 @@
-"""Launch shapes of the GLA engine (kernels/gla/): one row for now, not yet measured on a GPU
-(docs/kernels-gla-plan.md); the rules in plan/__init__.py run it only where asked for."""
+"""Launch shapes of the GLA engine (kernels/gla/; chunked SSD runs on it too): one row for now, not
+yet measured on a GPU (docs/kernels-gla-plan.md); the rules in plan/__init__.py run it only where
+asked for."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,4 +26,16 @@ def triton_gla_unsupported(problem) -> str | None:
         return f"inputs in {problem.dtype}: the kernel takes float16, bfloat16 or float32"
     if problem.key_dim > 256:
         return f"K = {problem.key_dim} > 256: a program holds a [BV, K] state tile on chip"
+    return None
+
+
+def triton_ssd_unsupported(problem) -> str | None:
+    """Why the chunked SSD cannot run on the GLA kernel (q = C, k = B, v = dt x), or None."""
+    import torch
+    if problem.uses_cache:
+        return "a state cache (state, state_indices): the Triton SSD path takes initial / final states for now"
+    if problem.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"inputs in {problem.dtype}: the kernel takes float16, bfloat16 or float32"
+    if problem.state_dim > 256:
+        return f"dstate = {problem.state_dim} > 256: a program holds a [BV, dstate] state tile on chip"
     return None

@@ -1,0 +1,77 @@
+"""Mamba2 SSD on the GLA engine's kernel (``mamba_chunk_scan_combined(..., backend="triton")``:
+q = C, k = B, v = dt x) under the interpreter, against the float64 token loop (ssd_naive),
+bounded by what the float32 chunked oracle gets: the hostile cases of issue 20."""
+import pytest
+import torch
+
+import recurscan
+from recurscan.reference.ssd import ssd_chunked, ssd_naive
+from tests.helpers.tolerances import assert_like_fp32
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+CASES = {
+    "T 1": dict(Bt=2, T=1, H=2, G=1, cu=None),
+    "T 63, groups 2": dict(Bt=1, T=63, H=4, G=2, cu=None),
+    "T 64, groups H": dict(Bt=1, T=64, H=2, G=2, cu=None),
+    "T 65": dict(Bt=2, T=65, H=2, G=1, cu=None),
+    "T 300": dict(Bt=1, T=300, H=2, G=1, cu=None),
+    "varlen, one-token sequences": dict(Bt=1, T=200, H=4, G=2, cu=[0, 1, 2, 66, 67, 200]),
+}
+
+
+def ssd_inputs(Bt, T, H, G, P=8, N=16, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+    A = -torch.rand(H, generator=gen, dtype=torch.float64)
+    A[0] = 0.0  # decay exactly 1
+    return dict(x=r(Bt, T, H, P), dt=r(Bt, T, H), A=A, B=r(Bt, T, G, N), C=r(Bt, T, G, N))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("extras", ["D per head, z, dt_bias, softplus, h0", "D per channel, dt_limit", "none"])
+def test_triton_ssd_matches_the_token_loop(case, extras):
+    c = CASES[case]
+    x = ssd_inputs(c["Bt"], c["T"], c["H"], c["G"], seed=len(case))
+    H, P, N = c["H"], 8, 16
+    gen = torch.Generator().manual_seed(9)
+    r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+    cu = None if c["cu"] is None else torch.tensor(c["cu"])
+    n = c["Bt"] if cu is None else len(c["cu"]) - 1
+    kw = dict(cu_seqlens=cu)
+    if extras.startswith("D per head"):
+        kw.update(D=r(H), z=r(c["Bt"], c["T"], H, P), dt_bias=r(H), dt_softplus=True, initial_states=r(n, H, P, N))
+    elif extras.startswith("D per channel"):
+        kw.update(D=r(H, P), dt_softplus=True, dt_limit=(0.1, 0.5))
+    ref_kw = {("initial_state" if k == "initial_states" else k): v for k, v in kw.items()}
+    want = ssd_naive(*x.values(), **ref_kw)
+    f32 = lambda t: t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
+    ref32 = ssd_chunked(*map(f32, x.values()), **{k: f32(v) for k, v in ref_kw.items()})
+    dev = lambda t: f32(t).to(DEVICE) if isinstance(t, torch.Tensor) else t  # noqa: E731
+    got = recurscan.mamba_chunk_scan_combined(*map(dev, x.values()), **{k: dev(v) for k, v in kw.items()},
+                                              return_final_states=True, backend="triton")
+    for what, a, b, ref in zip(("y", "final state"), got, want, ref32):
+        assert_like_fp32(a.cpu(), b, ref, what)
+
+
+def test_a_nan_leaves_earlier_outputs_and_other_sequences_bit_identical():
+    x = {k: v.float().to(DEVICE) for k, v in ssd_inputs(1, 200, 2, 1, seed=4).items()}
+    cu = torch.tensor([0, 130, 200], device=DEVICE)
+    clean = recurscan.mamba_chunk_scan_combined(*x.values(), cu_seqlens=cu, dt_softplus=True,
+                                                return_final_states=True, backend="triton")
+    x["dt"] = x["dt"].clone()
+    x["dt"][0, 95, 1] = float("nan")
+    y, h = recurscan.mamba_chunk_scan_combined(*x.values(), cu_seqlens=cu, dt_softplus=True,
+                                               return_final_states=True, backend="triton")
+    assert torch.equal(y[:, :95], clean[0][:, :95]) and torch.equal(y[:, 130:], clean[0][:, 130:])
+    assert torch.equal(h[1], clean[1][1]) and torch.isnan(y[0, 95, 1]).any()
+
+
+def test_what_the_triton_path_refuses():
+    x = {k: v.float() for k, v in ssd_inputs(1, 10, 2, 1).items()}
+    with pytest.raises(ValueError, match="state cache"):
+        recurscan.mamba_chunk_scan_combined(*x.values(), state=torch.zeros(2, 2, 8, 16),
+                                            state_indices=torch.tensor([0], dtype=torch.int32), backend="triton")
+    x["x"].requires_grad_()
+    with pytest.raises(NotImplementedError, match="forward-only"):
+        recurscan.mamba_chunk_scan_combined(*x.values(), backend="triton")
