@@ -205,14 +205,15 @@ def _transformers(w: registry.Workload):
     return fn
 
 
-def load_mamba_selective_state_update():
-    """mamba_ssm's Triton ``selective_state_update``. Its package ``__init__`` imports CUDA
-    extensions, so when a plain import fails and ``MAMBA_SSM_SRC`` names an unpacked source tree
-    (the folder holding ``mamba_ssm/``), only ``mamba_ssm/ops/triton`` and ``mamba_ssm/utils`` are
-    loaded under stub parent packages (DESIGN.md, Benchmarks)."""
-    name = "mamba_ssm.ops.triton.selective_state_update"
+def load_mamba(module: str, attr: str):
+    """``attr`` of mamba_ssm's Triton module ``module`` (e.g. ``selective_state_update``). Its
+    package ``__init__`` imports CUDA extensions, so when a plain import fails and
+    ``MAMBA_SSM_SRC`` names an unpacked source tree (the folder holding ``mamba_ssm/``), only
+    ``mamba_ssm/ops/triton`` and ``mamba_ssm/utils`` are loaded under stub parent packages
+    (DESIGN.md, Benchmarks)."""
+    name = f"mamba_ssm.ops.triton.{module}"
     try:
-        return importlib.import_module(name).selective_state_update
+        return getattr(importlib.import_module(name), attr)
     except Exception as exc:
         first = exc
     src = os.environ.get("MAMBA_SSM_SRC")
@@ -225,10 +226,15 @@ def load_mamba_selective_state_update():
         stub.__path__ = [str(Path(src, *pkg.split(".")))]
         sys.modules[pkg] = stub
     try:
-        return importlib.import_module(name).selective_state_update
+        return getattr(importlib.import_module(name), attr)
     except Exception as exc:
         raise NotInstalled(f"{name} from MAMBA_SSM_SRC={src} failed ({type(exc).__name__}: {exc})") \
             from None
+
+
+def load_mamba_selective_state_update():
+    """mamba_ssm's Triton ``selective_state_update`` (:func:`load_mamba`)."""
+    return load_mamba("selective_state_update", "selective_state_update")
 
 
 def _ssd_update_fn(op):
