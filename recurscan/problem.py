@@ -258,13 +258,18 @@ class GlaProblem:
     dtype: torch.dtype
 
 
-def gla_problem(q, k, v, g, *, per_key_decay, scale=None, initial_state=None, cu_seqlens=None) -> GlaProblem:
-    """q, k ``[B, T, H, K]``; v ``[B, T, HV, V]``; g ``[B, T, HV, K]`` (per key) or ``[B, T, HV]``."""
+def gla_problem(q, k, v, g, *, per_key_decay, scale=None, initial_state=None, cu_seqlens=None,
+                g_gamma=None) -> GlaProblem:
+    """q, k ``[B, T, H, K]``; v ``[B, T, HV, V]``; g ``[B, T, HV, K]`` (per key) or ``[B, T, HV]``;
+    g_gamma ``[HV]`` (a constant log decay per head, scalar decay only)."""
     dims = Dims()
     device = _check_qkv(q, k, v, dims, "B T H K", "B T HV V")
     if g is not None:
         check_tensor("g", g, FLOAT_DTYPES, device)
         dims.check("g", g, "B T HV K" if per_key_decay else "B T HV")
+    if g_gamma is not None:
+        check_tensor("g_gamma", g_gamma, FLOAT_DTYPES, device)
+        dims.check("g_gamma", g_gamma, "HV")
     check_scale(scale)
     n = _check_common(dims, device, "B", "T", cu_seqlens, initial_state, "HV K V")
     return GlaProblem(dims["B"], dims["T"], dims["H"], dims["HV"], dims["K"], dims["V"], n, per_key_decay,

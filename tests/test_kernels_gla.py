@@ -104,3 +104,20 @@ def test_what_the_triton_path_refuses():
     o, _ = recurscan.chunk_simple_gla(q, k, v, g, backend="torch")  # the PyTorch form still trains
     o.sum().backward()
     assert q.grad is not None
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_g_gamma_is_a_constant_decay_per_head(backend):
+    """fla's ``g_gamma`` (RetNet's fixed decays): the same as g holding it at every token, and
+    added to a g given with it."""
+    q, k, v, g = (x.float().to(DEVICE) for x in gla_inputs(1, 100, 1, 2, 16, 16, seed=2))
+    gamma = torch.tensor([-0.1, -0.5], device=DEVICE)
+    a = recurscan.chunk_simple_gla(q, k, v, g_gamma=gamma, output_final_state=True, backend=backend)
+    b = recurscan.chunk_simple_gla(q, k, v, gamma.expand(1, 100, 2).contiguous(), output_final_state=True,
+                                   backend=backend)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    c = recurscan.chunk_simple_gla(q, k, v, g, g_gamma=gamma, backend=backend)[0]
+    d = recurscan.chunk_simple_gla(q, k, v, g + gamma, backend=backend)[0]
+    assert torch.equal(c, d)
+    with pytest.raises(ValueError, match="g_gamma"):
+        recurscan.chunk_simple_gla(q, k, v, g_gamma=torch.zeros(3, device=DEVICE), backend=backend)

@@ -9,10 +9,14 @@ from ..problem import gla_problem
 from ..reference import gla as ref
 
 
-def _run_gla(q, k, v, g, *, per_key_decay, scale, initial_state, output_final_state, cu_seqlens, backend=None):
+def _run_gla(q, k, v, g, *, per_key_decay, scale, initial_state, output_final_state, cu_seqlens, backend=None,
+             g_gamma=None):
     problem = gla_problem(q, k, v, g, per_key_decay=per_key_decay, scale=scale, initial_state=initial_state,
-                          cu_seqlens=cu_seqlens)
+                          cu_seqlens=cu_seqlens, g_gamma=g_gamma)
     schedule = plan("gla", problem, q.device, "chunked", backend)
+    if g_gamma is not None:  # a constant log decay per head, on top of g's
+        dtype = g.dtype if g is not None else (torch.float64 if q.dtype == torch.float64 else torch.float32)
+        g = g_gamma.to(dtype).expand(problem.batch, problem.tokens, problem.value_heads) + (0 if g is None else g)
     if schedule.backend == "triton":
         if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                            for t in (q, k, v, g, initial_state)):
@@ -29,7 +33,7 @@ def _run_gla(q, k, v, g, *, per_key_decay, scale, initial_state, output_final_st
     return o.to(q.dtype), final if output_final_state else None
 
 
-def chunk_simple_gla(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False,
+def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
                      cu_seqlens=None, backend=None):
     """Gated linear attention with one decay per head and token (fla's ``chunk_simple_gla``).
 
@@ -42,6 +46,8 @@ def chunk_simple_gla(q, k, v, g=None, scale=None, initial_state=None, output_fin
             range (float64's for float64 inputs), and is non-finite from there; a NaN or inf in
             any input at token t leaves the outputs before t, and every other sequence,
             bit-identical.
+        g_gamma: ``[HV]`` a constant log decay per head (fla's data-independent decay, RetNet's),
+            added to g's where both are given; or None.
         scale: default ``K ** -0.5``.
         initial_state: ``[N, HV, K, V]`` or None; output_final_state: return the final state.
         cu_seqlens: ``[N + 1]`` boundaries (B = 1) or None.
@@ -60,7 +66,7 @@ def chunk_simple_gla(q, k, v, g=None, scale=None, initial_state=None, output_fin
         (torch.Size([1, 100, 2, 8]), torch.Size([1, 2, 16, 8]))
     """
     return _run_gla(q, k, v, g, per_key_decay=False, scale=scale, initial_state=initial_state,
-                    output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend=backend)
+                    output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend=backend, g_gamma=g_gamma)
 
 
 def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
