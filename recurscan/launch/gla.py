@@ -17,7 +17,29 @@ from ..runtime.launcher import CallArg, jit_launch
 from .delta import INTERPRET, Step, _empty
 
 #: The per-call tensors of the launch, by name (its CallArgs).
-NAMES = ("q", "k", "v", "g", "h0", "cu_seqlens", "o", "ht")
+NAMES = ("q", "k", "v", "g", "h0", "cu_seqlens", "o", "ht", "dt", "A", "dt_bias", "D", "z")
+
+
+@dataclasses.dataclass(frozen=True)
+class SsdPrologue:
+    """Mamba2 SSD on the kernel: raw step sizes ``dt [B, T, HV]``, rates ``A [HV]``, ``dt_bias
+    [HV]`` or None, skip ``D [HV]`` / ``[HV, V]`` or None, gate ``z [B, T, HV, V]`` or None, and
+    the step-size options (the clamp where ``dt_limit`` is not (0, inf))."""
+
+    dt: torch.Tensor
+    A: torch.Tensor
+    dt_bias: torch.Tensor | None
+    D: torch.Tensor | None
+    z: torch.Tensor | None
+    dt_softplus: bool
+    dt_limit: tuple
+
+    def tensors(self):
+        return (self.dt, self.A, self.dt_bias, self.D, self.z)
+
+    @property
+    def clamps(self) -> bool:
+        return tuple(self.dt_limit) != (0.0, float("inf"))
 
 #: Signature -> :class:`GlaForward`.
 GLA_LAUNCHES = SignatureCache("chunked GLA forward")
@@ -31,7 +53,8 @@ class GlaForward:
     buffers: dict
 
 
-def build_gla_forward(q, k, v, g, h0, cu_seqlens, *, scale, output_final_state, shape: GlaShape) -> GlaForward:
+def build_gla_forward(q, k, v, g, h0, cu_seqlens, *, scale, output_final_state, shape: GlaShape,
+                      ssd: SsdPrologue | None = None) -> GlaForward:
     """What :func:`chunk_simple_gla_fwd` launches for these tensors' signature (none is kept)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -40,34 +63,50 @@ def build_gla_forward(q, k, v, g, h0, cu_seqlens, *, scale, output_final_state, 
     dt = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[q.dtype]
     dt = tl.float32 if INTERPRET and dt == tl.bfloat16 else dt  # the interpreter multiplies bf16 tiles wrongly
     BV = min(shape.block_v, max(16, triton.next_power_of_2(V)))
-    buffers = {"o": ((B, T, HV, V), q.dtype)}
+    buffers = {"o": ((B, T, HV, V), v.dtype if ssd is not None else q.dtype)}
     if output_final_state:
         buffers["ht"] = ((N, HV, K, V), torch.float32)
     arg = lambda name, present=True: CallArg(name if present else "o")  # noqa: E731 (absent: a placeholder)
     step = Step(chunk_simple_gla_fwd_kernel, (N * HV * triton.cdiv(V, BV),), dict(
         q=arg("q"), k=arg("k"), v=arg("v"), g=arg("g", g is not None), o=arg("o"), h0=arg("h0", h0 is not None),
-        ht=arg("ht", output_final_state), cu_seqlens=arg("cu_seqlens", varlen), T=T, scale=float(scale),
+        ht=arg("ht", output_final_state), cu_seqlens=arg("cu_seqlens", varlen),
+        dt=arg("dt", ssd is not None), A=arg("A", ssd is not None),
+        dt_bias=arg("dt_bias", ssd is not None and ssd.dt_bias is not None),
+        D=arg("D", ssd is not None and ssd.D is not None), z=arg("z", ssd is not None and ssd.z is not None),
+        T=T, scale=float(scale), dt_min=float(ssd.dt_limit[0]) if ssd is not None and ssd.clamps else 0.0,
+        dt_max=float(ssd.dt_limit[1]) if ssd is not None and ssd.clamps else 0.0,
         H=H, HV=HV, K=K, V=V, BT=CHUNK_SIZE, BK=max(16, triton.next_power_of_2(K)), BV=BV, IS_VARLEN=varlen,
         HAS_G=g is not None, HAS_H0=h0 is not None, STORE_FINAL=output_final_state,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DT=dt), dict(num_warps=shape.num_warps))
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DT=dt,
+        SSD=ssd is not None, HAS_DT_BIAS=ssd is not None and ssd.dt_bias is not None,
+        DT_SOFTPLUS=ssd is not None and ssd.dt_softplus, DT_LIMIT=ssd is not None and ssd.clamps,
+        HAS_D=ssd is not None and ssd.D is not None, D_PER_CHANNEL=ssd is not None and ssd.D is not None
+        and ssd.D.dim() == 2, HAS_Z=ssd is not None and ssd.z is not None), dict(num_warps=shape.num_warps))
     return GlaForward(step, buffers)
 
 
 def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_state=False, cu_seqlens=None,
-                         shape: GlaShape):
+                         shape: GlaShape, ssd: SsdPrologue | None = None):
     """``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] float32 or None)`` of
     ``S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = scale S_t^T q_t`` (g ``[B, T, HV]`` or None).
-    Strided inputs are copied to the dense layout the kernel indexes. No host synchronisation."""
+    With ``ssd``: Mamba2 SSD, ``v`` holding x (:class:`SsdPrologue`), the output ``y`` in x's
+    dtype. Strided inputs are copied to the dense layout the kernel indexes. No host
+    synchronisation."""
     q, k, v = (x.contiguous() for x in (q, k, v))
     g = None if g is None else g.contiguous()
     h0 = None if initial_state is None else initial_state.float().contiguous()
-    key = (launch_key((q, k, v, g, h0, cu_seqlens)), float(scale), output_final_state, shape)
+    extra = (None,) * 5 if ssd is None else tuple(None if t is None else t.contiguous() for t in ssd.tensors())
+    if ssd is not None:
+        ssd = dataclasses.replace(ssd, **dict(zip(("dt", "A", "dt_bias", "D", "z"), extra)))
+    options = None if ssd is None else (ssd.dt_softplus, tuple(ssd.dt_limit))
+    key = (launch_key((q, k, v, g, h0, cu_seqlens) + extra), float(scale), output_final_state, shape, options)
     launch = GLA_LAUNCHES.get(key)
     if launch is None:
         launch = GLA_LAUNCHES.put(key, build_gla_forward(q, k, v, g, h0, cu_seqlens, scale=scale,
-                                                         output_final_state=output_final_state, shape=shape))
+                                                         output_final_state=output_final_state, shape=shape,
+                                                         ssd=ssd))
     made = {n: _empty(*s, dtype=d, device=q.device) for n, (s, d) in launch.buffers.items()}
-    values = (q, k, v, g, h0, cu_seqlens, made["o"], made.get("ht"))
+    values = (q, k, v, g, h0, cu_seqlens, made["o"], made.get("ht")) + extra
     step = launch.step
     if step.direct is not None:
         step.direct(values)

@@ -89,26 +89,21 @@ def _ssd_torch(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_sta
 
 def _ssd_triton(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens, state,
                 state_indices, chunk_size):
-    """SSD as gated linear attention on the GLA kernel: q = C, k = B (the groups as GVA), v = dt x,
-    log decay dt A, scale 1, states transposed to [N, H, Nstate, P]; the step sizes before and the
-    skip and gate after, elementwise."""
+    """SSD as gated linear attention on the GLA kernel, its prologue and epilogue in the kernel:
+    q = C, k = B (the groups as GVA), v = dt x, log decay dt A, scale 1, y = (o + D x) silu(z);
+    states transposed to [N, H, Nstate, P]."""
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                        for t in (x, dt, A, B, C, D, z, dt_bias, initial_states)):
         raise NotImplementedError("mamba_chunk_scan_combined: the Triton path is forward-only for now; train "
                                   "with backend='torch' (autograd through the PyTorch form) or under torch.no_grad()")
-    from ..launch.gla import chunk_simple_gla_fwd
+    from ..launch.gla import SsdPrologue, chunk_simple_gla_fwd
     from ..plan.gla import GLA_LAUNCH
-    work = torch.float64 if x.dtype == torch.float64 else torch.float32
-    step = ref.discretize_dt(dt.to(work), None if dt_bias is None else dt_bias.to(work), dt_softplus, dt_limit)
-    v = (x.to(work) * step[..., None]).to(x.dtype if x.dtype != torch.float64 else torch.float32)
-    g = step * A.to(work)
-    kernel_dtype = v.dtype
+    kernel_dtype = torch.float32 if x.dtype == torch.float64 else x.dtype
     h0 = None if initial_states is None else initial_states.transpose(-1, -2)
-    o, final = chunk_simple_gla_fwd(C.to(kernel_dtype), B.to(kernel_dtype), v, g.float(), scale=1.0,
+    prologue = SsdPrologue(dt, A, dt_bias, D, z, bool(dt_softplus), tuple(dt_limit))
+    y, final = chunk_simple_gla_fwd(C.to(kernel_dtype), B.to(kernel_dtype), x.to(kernel_dtype), None, scale=1.0,
                                     initial_state=h0, output_final_state=True, cu_seqlens=cu_seqlens,
-                                    shape=GLA_LAUNCH)
-    y = ref.skip_and_gate(o.to(work), x.to(work), None if D is None else D.to(work),
-                          None if z is None else z.to(work))
+                                    shape=GLA_LAUNCH, ssd=prologue)
     return y.to(x.dtype), final.transpose(-1, -2).contiguous()
 
 

@@ -99,11 +99,12 @@ def compile_case(case: str, shape: str) -> list[str]:
     return lines
 
 
-def compile_gla(case: str) -> list[str]:
+def compile_gla(case: str, ssd: bool = False) -> list[str]:
     """The scalar-decay GLA forward's launch (launch/gla.py) for a case of :data:`CASES` (M = 1
-    ones; bf16, the plan's shape)."""
+    ones; bf16, the plan's shape); ``ssd``: as Mamba2 SSD runs it (every prologue and epilogue
+    part on: dt_bias, softplus, dt_limit, D per channel, z)."""
     from recurscan.launch.gla import NAMES as GLA_NAMES
-    from recurscan.launch.gla import build_gla_forward
+    from recurscan.launch.gla import SsdPrologue, build_gla_forward
     from recurscan.plan.gla import GLA_LAUNCH
     _, cu = CASES[case]
     B, T, H, HV, K = (1, 1000, 2, 4, 128) if cu is not None else (2, 300, 2, 2, 128)
@@ -111,9 +112,18 @@ def compile_gla(case: str) -> list[str]:
     q, k, v = torch.zeros(B, T, H, K, **bf), torch.zeros(B, T, H, K, **bf), torch.zeros(B, T, HV, 64, **bf)
     g, h0 = torch.zeros(B, T, HV), torch.zeros(B if cu is None else len(cu) - 1, HV, K, 64)
     cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
-    launch = build_gla_forward(q, k, v, g, h0, cu_t, scale=K ** -0.5, output_final_state=True, shape=GLA_LAUNCH)
-    values = dict(q=q, k=k, v=v, g=g, h0=h0, cu_seqlens=cu_t if cu_t is not None else torch.zeros(1),
+    prologue = None
+    if ssd:
+        prologue = SsdPrologue(torch.zeros(B, T, HV), torch.zeros(HV), torch.zeros(HV), torch.zeros(HV, 64),
+                               torch.zeros(B, T, HV, 64, **bf), True, (0.1, 5.0))
+        g = None
+    launch = build_gla_forward(q, k, v, g, h0, cu_t, scale=K ** -0.5, output_final_state=True, shape=GLA_LAUNCH,
+                               ssd=prologue)
+    values = dict(q=q, k=k, v=v, g=g if g is not None else torch.zeros(1), h0=h0,
+                  cu_seqlens=cu_t if cu_t is not None else torch.zeros(1),
+                  **({} if prologue is None else dict(zip(("dt", "A", "dt_bias", "D", "z"), prologue.tensors()))),
                   **{n: torch.zeros(1, dtype=spec[1]) for n, spec in launch.buffers.items()})
+    values = {n: values.get(n, torch.zeros(1)) for n in GLA_NAMES}
     compiled = compile_for_sm90(launch.step, GLA_NAMES, tuple(values[n] for n in GLA_NAMES))
     if compiled.metadata.shared > H200_SHARED:
         raise AssertionError(f"chunk_simple_gla_fwd_kernel: {compiled.metadata.shared} B of shared memory")
@@ -121,4 +131,7 @@ def compile_gla(case: str) -> list[str]:
 
 
 if __name__ == "__main__":
-    print("\n".join(compile_gla(sys.argv[2]) if sys.argv[1] == "gla" else compile_case(*sys.argv[1:3])))
+    if sys.argv[1] in ("gla", "ssd"):
+        print("\n".join(compile_gla(sys.argv[2], ssd=sys.argv[1] == "ssd")))
+    else:
+        print("\n".join(compile_case(*sys.argv[1:3])))

@@ -32,6 +32,12 @@ def _chunk_gates(g, tok, cp, m_r, i_hv, HV: tl.constexpr, M: tl.constexpr, BT: t
         b_g = tl.load(g + tok * HV + i_hv, mask=m_r & (cp == 0), other=0.0).to(tl.float32) * 1.4426950408889634
     else:
         b_g = tl.zeros([BT], dtype=tl.float32)
+    return _gates_of(b_g)
+
+
+@triton.jit
+def _gates_of(b_g):
+    """:func:`_chunk_gates` from the chunk's log2 decays ``b_g [BT]`` (0 on rows past the end)."""
     bad = (b_g != b_g) | (b_g == float("inf"))
     b_g = tl.where(bad, 0.0, b_g)
     reset = b_g < -150.0

@@ -6,15 +6,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..delta.common import _chunk_gates
+from ..delta.common import _chunk_gates, _gates_of
 
 
 @triton.jit(do_not_specialize=["T"])
 def chunk_simple_gla_fwd_kernel(
-    q, k, v, g, o, h0, ht, cu_seqlens, T, scale,
+    q, k, v, g, o, h0, ht, cu_seqlens, dt, A, dt_bias, D, z, T, scale, dt_min, dt_max,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, HAS_H0: tl.constexpr,
     STORE_FINAL: tl.constexpr, DOT_PRECISION: tl.constexpr, DT: tl.constexpr,
+    SSD: tl.constexpr = False, HAS_DT_BIAS: tl.constexpr = False, DT_SOFTPLUS: tl.constexpr = False,
+    DT_LIMIT: tl.constexpr = False, HAS_D: tl.constexpr = False, D_PER_CHANNEL: tl.constexpr = False,
+    HAS_Z: tl.constexpr = False,
 ):
     """Grid (N * HV * ceil(V / BV),): one program per (sequence, value head, value block) walks the
     chunks first to last. Per chunk of BT rows, with G[i, j] = exp(g_{j+1} + ... + g_i) for j <= i
@@ -27,7 +30,12 @@ def chunk_simple_gla_fwd_kernel(
     row whose q, k or decay is NaN or inf is selected out of every product (its q and k as 0, its
     decay as 1), and so is a non-finite value element; the outputs from that row on (in that value
     column, for a value) and the state leaving the chunk are NaN instead, as the token loop's are.
-    So the outputs before it, and every other sequence, keep the bits they have without it."""
+    So the outputs before it, and every other sequence, keep the bits they have without it.
+
+    SSD (Mamba2, mamba_ssm's parameterisation): q = C, k = B (the groups as GVA), ``v`` holds x,
+    and per token the step size dt <- clamp(softplus?(dt + dt_bias), [dt_min, dt_max]) (each part
+    where its flag is set) gives the value dt x and the log decay dt A; the output is
+    (o + D x) silu(z) (D per head or per channel). ``g`` is unused then."""
     pid = tl.program_id(0).to(tl.int64)
     NV: tl.constexpr = (V + BV - 1) // BV
     i_v = pid % NV
@@ -59,9 +67,23 @@ def chunk_simple_gla_fwd_kernel(
         m_rk = m_r[:, None] & m_k[None, :]
         b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
         b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
-        b_vt = tl.load(v + (rows * HV + i_hv)[None, :] * V + o_v[:, None], mask=m_v[:, None] & m_r[None, :],
-                       other=0.0).to(tl.float32)  # V^T [BV, BT]
-        gc, seg, bad_g = _chunk_gates(g, rows, rows * 0, m_r, i_hv, HV, 1, BT, HAS_G)
+        p_vr = (rows * HV + i_hv)[None, :] * V + o_v[:, None]  # [BV, BT] tiles of [rows, HV, V] tensors
+        m_vr = m_v[:, None] & m_r[None, :]
+        b_vt = tl.load(v + p_vr, mask=m_vr, other=0.0).to(tl.float32)  # V^T [BV, BT] (SSD: x^T)
+        if SSD:
+            b_dt = tl.load(dt + rows * HV + i_hv, mask=m_r, other=0.0).to(tl.float32)
+            if HAS_DT_BIAS:
+                b_dt += tl.load(dt_bias + i_hv).to(tl.float32)
+            if DT_SOFTPLUS:  # torch's softplus: linear above 20
+                b_dt = tl.where(b_dt > 20.0, b_dt, tl.log(1.0 + tl.exp(tl.minimum(b_dt, 20.0))))
+            if DT_LIMIT:
+                b_dt = tl.minimum(tl.maximum(b_dt, dt_min), dt_max)
+            b_xt = b_vt
+            b_vt = b_xt * b_dt[None, :]
+            b_ga = tl.load(A + i_hv).to(tl.float32) * b_dt  # natural-log decay dt A
+            gc, seg, bad_g = _gates_of(tl.where(m_r, b_ga * 1.4426950408889634, 0.0))
+        else:
+            gc, seg, bad_g = _chunk_gates(g, rows, rows * 0, m_r, i_hv, HV, 1, BT, HAS_G)
         # Non-finite rows and value elements, selected out; the first one poisons what follows.
         bad = bad_g | (tl.max((b_q * 0.0 != 0.0).to(tl.int32), axis=1) != 0) | \
             (tl.max((b_k * 0.0 != 0.0).to(tl.int32), axis=1) != 0)
@@ -84,8 +106,16 @@ def chunk_simple_gla_fwd_kernel(
         b_ot = (scale * lam)[None, :] * tl.dot(b_Sd, tl.trans(b_q.to(DT)), input_precision=DOT_PRECISION)
         b_ot += tl.dot(b_vt.to(DT), b_A.to(DT), input_precision=DOT_PRECISION)
         b_ot = tl.where(o_t[None, :] >= first[:, None], float("nan"), b_ot)
-        tl.store(o + (rows * HV + i_hv)[None, :] * V + o_v[:, None], b_ot.to(o.dtype.element_ty),
-                 mask=m_v[:, None] & m_r[None, :])
+        if SSD:
+            if HAS_D:
+                if D_PER_CHANNEL:
+                    b_ot += tl.load(D + i_hv * V + o_v, mask=m_v, other=0.0).to(tl.float32)[:, None] * b_xt
+                else:
+                    b_ot += tl.load(D + i_hv).to(tl.float32) * b_xt
+            if HAS_Z:
+                b_zt = tl.load(z + p_vr, mask=m_vr, other=0.0).to(tl.float32)
+                b_ot = b_ot * (b_zt * tl.sigmoid(b_zt))
+        tl.store(o + p_vr, b_ot.to(o.dtype.element_ty), mask=m_vr)
         b_St = lam_last * b_St + tl.dot((b_vt * gam[None, :]).to(DT), b_kd, input_precision=DOT_PRECISION)
         b_St = tl.where((first < tl.minimum(eos - bos - c * BT, BT))[:, None], float("nan"), b_St)
     if STORE_FINAL:
