@@ -1,0 +1,85 @@
+"""A real client of the SSD ops: transformers' Mamba2 model (tiny, float32) generating greedily with
+its own PyTorch path, then with recurscan's ``mamba_chunk_scan_combined`` (prefill) and
+``selective_state_update`` (each generated token) in place of it: the tokens must be identical and
+the logits close. ``--backend triton`` runs the chunked prefill on the GLA kernel (under the
+Triton interpreter on a CPU). Exits 1 where they differ.
+
+    python -m benchmarks.cpu_transformers_mamba2 [--backend torch|triton] [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+if not torch.cuda.is_available():  # the Triton kernels run on CPU tensors under the interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import recurscan  # noqa: E402
+
+
+def model_and_prompt(seed=0):
+    from transformers import Mamba2Config, Mamba2ForCausalLM
+    torch.manual_seed(seed)
+    config = Mamba2Config(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_heads=8, head_dim=16,
+                          state_size=16, n_groups=2, expand=2, chunk_size=32, conv_kernel=4)
+    model = Mamba2ForCausalLM(config).float().eval()
+    prompt = torch.randint(0, config.vocab_size, (2, 45))
+    return model, prompt
+
+
+def generate(model, prompt, steps):
+    with torch.no_grad():
+        out = model.generate(prompt, max_new_tokens=steps, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True, pad_token_id=0)
+    return out.sequences, torch.stack(out.logits, 1)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--backend", default="torch", choices=["torch", "triton"])
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    from transformers.models.mamba2 import modeling_mamba2 as m
+    model, prompt = model_and_prompt()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model, prompt = model.to(device), prompt.to(device)
+    want_tokens, want_logits = generate(model, prompt, args.steps)
+    calls = {"chunk_scan": 0, "state_update": 0}
+
+    def chunk_scan(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=None, initial_states=None,
+                   dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False, **unused):
+        calls["chunk_scan"] += 1
+        return recurscan.mamba_chunk_scan_combined(hidden_states, dt, A, B, C, chunk_size=chunk_size, D=D,
+                                                   dt_bias=dt_bias, initial_states=initial_states,
+                                                   dt_softplus=dt_softplus, dt_limit=tuple(dt_limit),
+                                                   return_final_states=return_final_states, backend=args.backend)
+
+    def state_update(state, x, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False, z=None, **unused):
+        calls["state_update"] += 1
+        return recurscan.selective_state_update(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias,
+                                                dt_softplus=dt_softplus)
+
+    originals = m.mamba2_chunk_scan, m.mamba2_selective_state_update
+    m.mamba2_chunk_scan, m.mamba2_selective_state_update = chunk_scan, state_update
+    try:
+        got_tokens, got_logits = generate(model, prompt, args.steps)
+    finally:
+        m.mamba2_chunk_scan, m.mamba2_selective_state_update = originals
+    same = torch.equal(got_tokens, want_tokens)
+    err = ((got_logits - want_logits).norm() / want_logits.norm()).item()
+    record = dict(backend=args.backend, device=str(device), steps=args.steps, calls=calls, tokens_identical=same,
+                  logits_relative_error=err)
+    print(json.dumps(record))
+    if args.out:
+        json.dump(record, open(args.out, "w"), indent=1)
+    if not same or err > 1e-4 or not calls["chunk_scan"] or not calls["state_update"]:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
