@@ -17,7 +17,8 @@ from ..runtime.launcher import CallArg, jit_launch
 from .delta import INTERPRET, Step, _empty
 
 #: The per-call tensors of the launch, by name (its CallArgs).
-NAMES = ("q", "k", "v", "g", "h0", "cu_seqlens", "o", "ht", "dt", "A", "dt_bias", "D", "z")
+NAMES = ("q", "k", "v", "g", "h0", "cu_seqlens", "o", "ht", "dt", "A", "dt_bias", "D", "z", "chunk_states",
+         "chunk_offsets")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,8 +55,10 @@ class GlaForward:
 
 
 def build_gla_forward(q, k, v, g, h0, cu_seqlens, *, scale, output_final_state, shape: GlaShape,
-                      ssd: SsdPrologue | None = None) -> GlaForward:
-    """What :func:`chunk_simple_gla_fwd` launches for these tensors' signature (none is kept)."""
+                      ssd: SsdPrologue | None = None, chunk_offsets=None, num_chunk_rows=None) -> GlaForward:
+    """What :func:`chunk_simple_gla_fwd` launches for these tensors' signature (none is kept).
+    ``num_chunk_rows``: also the state entering every chunk, in q's dtype (the backward's
+    recompute; varlen needs ``chunk_offsets``)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     varlen = cu_seqlens is not None
@@ -66,6 +69,9 @@ def build_gla_forward(q, k, v, g, h0, cu_seqlens, *, scale, output_final_state, 
     buffers = {"o": ((B, T, HV, V), v.dtype if ssd is not None else q.dtype)}
     if output_final_state:
         buffers["ht"] = ((N, HV, K, V), torch.float32)
+    states = num_chunk_rows is not None
+    if states:
+        buffers["chunk_states"] = ((num_chunk_rows, HV, K, V), q.dtype)
     arg = lambda name, present=True: CallArg(name if present else "o")  # noqa: E731 (absent: a placeholder)
     step = Step(chunk_simple_gla_fwd_kernel, (N * HV * triton.cdiv(V, BV),), dict(
         q=arg("q"), k=arg("k"), v=arg("v"), g=arg("g", g is not None), o=arg("o"), h0=arg("h0", h0 is not None),
@@ -73,6 +79,7 @@ def build_gla_forward(q, k, v, g, h0, cu_seqlens, *, scale, output_final_state, 
         dt=arg("dt", ssd is not None), A=arg("A", ssd is not None),
         dt_bias=arg("dt_bias", ssd is not None and ssd.dt_bias is not None),
         D=arg("D", ssd is not None and ssd.D is not None), z=arg("z", ssd is not None and ssd.z is not None),
+        chunk_states=arg("chunk_states", states), chunk_offsets=arg("chunk_offsets", states and varlen),
         T=T, scale=float(scale), dt_min=float(ssd.dt_limit[0]) if ssd is not None and ssd.clamps else 0.0,
         dt_max=float(ssd.dt_limit[1]) if ssd is not None and ssd.clamps else 0.0,
         H=H, HV=HV, K=K, V=V, BT=CHUNK_SIZE, BK=max(16, triton.next_power_of_2(K)), BV=BV, IS_VARLEN=varlen,
@@ -81,8 +88,17 @@ def build_gla_forward(q, k, v, g, h0, cu_seqlens, *, scale, output_final_state, 
         SSD=ssd is not None, HAS_DT_BIAS=ssd is not None and ssd.dt_bias is not None,
         DT_SOFTPLUS=ssd is not None and ssd.dt_softplus, DT_LIMIT=ssd is not None and ssd.clamps,
         HAS_D=ssd is not None and ssd.D is not None, D_PER_CHANNEL=ssd is not None and ssd.D is not None
-        and ssd.D.dim() == 2, HAS_Z=ssd is not None and ssd.z is not None), dict(num_warps=shape.num_warps))
+        and ssd.D.dim() == 2, HAS_Z=ssd is not None and ssd.z is not None, STORE_CHUNK_STATES=states),
+        dict(num_warps=shape.num_warps))
     return GlaForward(step, buffers)
+
+
+def _launch(launch: GlaForward, values: tuple) -> None:
+    step = launch.step
+    if step.direct is not None:
+        step.direct(values)
+    else:  # the first call (compiles), or a launch the direct path does not take
+        step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, NAMES, values)
 
 
 def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_state=False, cu_seqlens=None,
@@ -106,10 +122,99 @@ def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_
                                                          output_final_state=output_final_state, shape=shape,
                                                          ssd=ssd))
     made = {n: _empty(*s, dtype=d, device=q.device) for n, (s, d) in launch.buffers.items()}
-    values = (q, k, v, g, h0, cu_seqlens, made["o"], made.get("ht")) + extra
-    step = launch.step
-    if step.direct is not None:
-        step.direct(values)
-    else:  # the first call (compiles), or a launch the direct path does not take
-        step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, NAMES, values)
+    values = (q, k, v, g, h0, cu_seqlens, made["o"], made.get("ht")) + extra + (None, None)
+    _launch(launch, values)
     return made["o"], made.get("ht")
+
+
+#: The per-call tensors of the backward's two stages, by name.
+BWD_NAMES = ("q", "k", "v", "g", "do", "dht", "h0", "cu_seqlens", "chunk_indices", "chunk_offsets", "states",
+             "dstates", "dh0", "dv", "dq", "dk", "dg", "scratch")
+
+#: Signature -> :class:`GlaBackward`.
+GLA_BACKWARD_LAUNCHES = SignatureCache("chunked GLA backward")
+
+
+@dataclasses.dataclass
+class GlaBackward:
+    """A backward call's launches for one signature: the forward again for the chunk states, then
+    ``steps`` (the reverse sweep and the parallel stage, per-call tensors by :data:`BWD_NAMES`) on
+    ``buffers`` (name -> (shape, dtype)); ``group``: dq, dk per value head, summed over groups of
+    this many afterwards (None: no GVA)."""
+
+    forward: GlaForward
+    steps: list
+    buffers: dict
+    group: int | None
+
+
+def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets, *, scale,
+                       shape: GlaShape) -> GlaBackward:
+    """What :func:`chunk_simple_gla_bwd` launches for these tensors' signature (none is kept)."""
+    from ..kernels.gla.backward import chunk_simple_gla_bwd_grads_kernel, chunk_simple_gla_bwd_sweep_kernel
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    varlen = cu_seqlens is not None
+    N = cu_seqlens.shape[0] - 1 if varlen else B
+    BT = CHUNK_SIZE
+    rows = chunk_indices.shape[0] if varlen else B * triton.cdiv(T, BT)
+    forward = build_gla_forward(q, k, v, g, h0, cu_seqlens, scale=scale, output_final_state=False, shape=shape,
+                                chunk_offsets=chunk_offsets, num_chunk_rows=rows)
+    dt, precision = forward.step.kwargs["DT"], forward.step.kwargs["DOT_PRECISION"]
+    BK, BV = max(16, triton.next_power_of_2(K)), min(32, max(16, triton.next_power_of_2(V)))
+    f32 = torch.float32
+    buffers = dict(dstates=((rows, HV, K, V), q.dtype), dv=((B, T, HV, V), f32), dq=((B, T, HV, K), f32),
+                   dk=((B, T, HV, K), f32), scratch=((rows * HV, BT, BT), q.dtype))
+    if g is not None:
+        buffers["dg"] = ((B, T, HV), f32)
+    if h0 is not None:
+        buffers["dh0"] = ((N, HV, K, V), f32)
+    arg = lambda name, present=True: CallArg(name if present else "dv")  # noqa: E731 (absent: a placeholder)
+    common = dict(cu_seqlens=arg("cu_seqlens", varlen), chunk_offsets=arg("chunk_offsets", varlen), T=T,
+                  scale=float(scale), n_cs_rows=rows, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=varlen,
+                  HAS_G=g is not None, DOT_PRECISION=precision, DT=dt)
+    sweep = Step(chunk_simple_gla_bwd_sweep_kernel, (N * HV * triton.cdiv(V, BV),), dict(
+        common, q=arg("q"), k=arg("k"), g=arg("g", g is not None), do=arg("do"), dstates=arg("dstates"),
+        dht=arg("dht", dht is not None), dh0=arg("dh0", h0 is not None), dv=arg("dv"), HAS_DHT=dht is not None,
+        STORE_DH0=h0 is not None), dict(num_warps=4))
+    grads = Step(chunk_simple_gla_bwd_grads_kernel, (rows * HV,), dict(
+        common, q=arg("q"), k=arg("k"), v=arg("v"), g=arg("g", g is not None), do=arg("do"), states=arg("states"),
+        dstates=arg("dstates"), dq=arg("dq"), dk=arg("dk"), dg=arg("dg", g is not None), scratch=arg("scratch"),
+        chunk_indices=arg("chunk_indices", varlen), n_seq=N), dict(num_warps=8))
+    return GlaBackward(forward, [sweep, grads], buffers, HV // H if HV != H else None)
+
+
+def chunk_simple_gla_bwd(q, k, v, g, do, dht, *, scale, initial_state=None, cu_seqlens=None, chunk_indices=None,
+                         chunk_offsets=None, shape: GlaShape):
+    """Gradients ``(dq, dk, dv, dg, dh0)`` of :func:`chunk_simple_gla_fwd`'s ``(o, final_state)``
+    (no SSD prologue) given ``do [B, T, HV, V]`` and ``dht [N, HV, K, V]`` (None: zeros); float32,
+    None where the input was None. The states entering every chunk are recomputed by the forward
+    kernel (in q's dtype); varlen needs ``chunk_indices`` and ``chunk_offsets``
+    (:func:`recurscan.build_chunk_descriptors`). No host synchronisation."""
+    q, k, v, do = (x.contiguous() for x in (q, k, v, do))
+    g = None if g is None else g.contiguous()
+    h0 = None if initial_state is None else initial_state.float().contiguous()
+    dht = None if dht is None else dht.float().contiguous()
+    tensors = (q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets)
+    key = (launch_key(tensors), float(scale), shape)
+    launches = GLA_BACKWARD_LAUNCHES.get(key)
+    if launches is None:
+        launches = GLA_BACKWARD_LAUNCHES.put(key, build_gla_backward(*tensors, scale=scale, shape=shape))
+    # 1. The states entering every chunk.
+    fwd = {n: _empty(*s, dtype=d, device=q.device) for n, (s, d) in launches.forward.buffers.items()}
+    _launch(launches.forward, (q, k, v, g, h0, cu_seqlens, fwd["o"], None) + (None,) * 5 +
+            (fwd["chunk_states"], chunk_offsets))
+    # 2-3. The reverse sweep, then the parallel stage.
+    made = {n: _empty(*s, dtype=d, device=q.device) for n, (s, d) in launches.buffers.items()}
+    given = dict(q=q, k=k, v=v, g=g, do=do, dht=dht, h0=h0, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
+                 chunk_offsets=chunk_offsets, states=fwd["chunk_states"])
+    values = tuple(given[n] if n in given else made.get(n) for n in BWD_NAMES)
+    for step in launches.steps:
+        if step.direct is not None:
+            step.direct(values)
+        else:
+            step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, BWD_NAMES, values)
+    dq, dk = made["dq"], made["dk"]
+    if launches.group is not None:  # value head hv read q/k head hv // (HV / H)
+        dq, dk = (d.view(*d.shape[:2], -1, launches.group, d.shape[3]).sum(3) for d in (dq, dk))
+    return dq, dk, made["dv"], made.get("dg"), made.get("dh0")

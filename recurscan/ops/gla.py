@@ -20,8 +20,8 @@ def _run_gla(q, k, v, g, *, per_key_decay, scale, initial_state, output_final_st
     if schedule.backend == "triton":
         if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                            for t in (q, k, v, g, initial_state)):
-            raise NotImplementedError("chunk_simple_gla: the Triton path is forward-only for now; train with "
-                                      "backend='torch' (autograd through the PyTorch form) or under torch.no_grad()")
+            return _run_triton_with_grad(q, k, v, g, problem, schedule, initial_state=initial_state,
+                                         output_final_state=output_final_state, cu_seqlens=cu_seqlens)
         from ..launch.gla import chunk_simple_gla_fwd
         return chunk_simple_gla_fwd(q, k, v, g, scale=problem.scale, initial_state=initial_state,
                                     output_final_state=output_final_state, cu_seqlens=cu_seqlens,
@@ -31,6 +31,21 @@ def _run_gla(q, k, v, g, *, per_key_decay, scale, initial_state, output_final_st
     o, final = ref.gla_chunked(q, k, v, g, scale=problem.scale, initial_state=initial_state,
                                cu_seqlens=cu_seqlens, chunk_size=schedule.chunk_size)
     return o.to(q.dtype), final if output_final_state else None
+
+
+def _run_triton_with_grad(q, k, v, g, problem, schedule, *, initial_state, output_final_state, cu_seqlens):
+    """Inputs that require grad: autograd/gla.py's ChunkSimpleGla (Triton forward and backward).
+    Varlen without descriptors builds them here (one host read of cu_seqlens)."""
+    from ..autograd.gla import ChunkSimpleGla
+    chunk_indices = chunk_offsets = None
+    if cu_seqlens is not None:
+        from ..descriptors import build_chunk_descriptors
+        built = build_chunk_descriptors(cu_seqlens, device=q.device)
+        chunk_indices, chunk_offsets = built.chunk_indices, built.chunk_offsets
+    options = dict(scale=problem.scale, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
+                   chunk_offsets=chunk_offsets, shape=schedule.launch)
+    o, final = ChunkSimpleGla.apply(q, k, v, g, initial_state, options)
+    return o, (final if output_final_state else None)
 
 
 def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
@@ -51,8 +66,8 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=No
         scale: default ``K ** -0.5``.
         initial_state: ``[N, HV, K, V]`` or None; output_final_state: return the final state.
         cu_seqlens: ``[N + 1]`` boundaries (B = 1) or None.
-        backend: None (the planner's choice), "torch" (the PyTorch form, which trains through
-            autograd) or "triton" (kernels/gla/, forward only for now; on CPU tensors under
+        backend: None (the planner's choice), "torch" (the PyTorch form, through autograd) or
+            "triton" (kernels/gla/, forward and backward; on CPU tensors under
             ``TRITON_INTERPRET=1``).
 
     Returns:

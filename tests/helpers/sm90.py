@@ -130,8 +130,43 @@ def compile_gla(case: str, ssd: bool = False) -> list[str]:
     return [f"chunk_simple_gla_fwd_kernel: shared {compiled.metadata.shared} B"]
 
 
+def compile_gla_backward(case: str) -> list[str]:
+    """The scalar-decay GLA backward's launches (launch/gla.py: the forward for the chunk states, the
+    reverse sweep, the parallel stage) for a case of :data:`CASES` (M = 1 ones; bf16)."""
+    from recurscan.launch.gla import BWD_NAMES, NAMES as GLA_NAMES, build_gla_backward
+    from recurscan.plan.gla import GLA_LAUNCH
+    _, cu = CASES[case]
+    B, T, H, HV, K = (1, 1000, 2, 4, 128) if cu is not None else (2, 300, 2, 2, 128)
+    bf = dict(dtype=torch.bfloat16)
+    q, k, v = torch.zeros(B, T, H, K, **bf), torch.zeros(B, T, H, K, **bf), torch.zeros(B, T, HV, 64, **bf)
+    N = B if cu is None else len(cu) - 1
+    g, h0, do, dht = torch.zeros(B, T, HV), torch.zeros(N, HV, K, 64), torch.zeros(B, T, HV, 64, **bf), \
+        torch.zeros(N, HV, K, 64)
+    cu_t = ci = co = None
+    if cu is not None:
+        cu_t = torch.tensor(cu, dtype=torch.int32)
+        d = build_chunk_descriptors(cu_t)
+        ci, co = d.chunk_indices, d.chunk_offsets
+    launches = build_gla_backward(q, k, v, g, do, dht, h0, cu_t, ci, co, scale=K ** -0.5, shape=GLA_LAUNCH)
+    z = torch.zeros(1)
+    fwd = dict(q=q, k=k, v=v, g=g, h0=h0, cu_seqlens=cu_t, chunk_offsets=co,
+               **{n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.forward.buffers.items()})
+    bwd = dict(q=q, k=k, v=v, g=g, do=do, dht=dht, h0=h0, cu_seqlens=cu_t, chunk_indices=ci, chunk_offsets=co,
+               states=torch.zeros(1, **bf), **{n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.buffers.items()})
+    lines = []
+    for step, names, values in [(launches.forward.step, GLA_NAMES, fwd)] + [(st, BWD_NAMES, bwd) for st in launches.steps]:
+        compiled = compile_for_sm90(step, names, tuple(values.get(n) if values.get(n) is not None else z for n in names))
+        fn = getattr(step.kernel, "fn", step.kernel).__name__
+        if compiled.metadata.shared > H200_SHARED:
+            raise AssertionError(f"{fn}: {compiled.metadata.shared} B of shared memory")
+        lines.append(f"{fn}: shared {compiled.metadata.shared} B")
+    return lines
+
+
 if __name__ == "__main__":
-    if sys.argv[1] in ("gla", "ssd"):
+    if sys.argv[1] == "gla-backward":
+        print("\n".join(compile_gla_backward(sys.argv[2])))
+    elif sys.argv[1] in ("gla", "ssd"):
         print("\n".join(compile_gla(sys.argv[2], ssd=sys.argv[1] == "ssd")))
     else:
         print("\n".join(compile_case(*sys.argv[1:3])))

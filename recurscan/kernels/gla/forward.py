@@ -11,13 +11,13 @@ from ..delta.common import _chunk_gates, _gates_of
 
 @triton.jit(do_not_specialize=["T"])
 def chunk_simple_gla_fwd_kernel(
-    q, k, v, g, o, h0, ht, cu_seqlens, dt, A, dt_bias, D, z, T, scale, dt_min, dt_max,
+    q, k, v, g, o, h0, ht, cu_seqlens, dt, A, dt_bias, D, z, chunk_states, chunk_offsets, T, scale, dt_min, dt_max,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, HAS_H0: tl.constexpr,
     STORE_FINAL: tl.constexpr, DOT_PRECISION: tl.constexpr, DT: tl.constexpr,
     SSD: tl.constexpr = False, HAS_DT_BIAS: tl.constexpr = False, DT_SOFTPLUS: tl.constexpr = False,
     DT_LIMIT: tl.constexpr = False, HAS_D: tl.constexpr = False, D_PER_CHANNEL: tl.constexpr = False,
-    HAS_Z: tl.constexpr = False,
+    HAS_Z: tl.constexpr = False, STORE_CHUNK_STATES: tl.constexpr = False,
 ):
     """Grid (N * HV * ceil(V / BV),): one program per (sequence, value head, value block) walks the
     chunks first to last. Per chunk of BT rows, with G[i, j] = exp(g_{j+1} + ... + g_i) for j <= i
@@ -35,7 +35,10 @@ def chunk_simple_gla_fwd_kernel(
     SSD (Mamba2, mamba_ssm's parameterisation): q = C, k = B (the groups as GVA), ``v`` holds x,
     and per token the step size dt <- clamp(softplus?(dt + dt_bias), [dt_min, dt_max]) (each part
     where its flag is set) gives the value dt x and the log decay dt A; the output is
-    (o + D x) silu(z) (D per head or per channel). ``g`` is unused then."""
+    (o + D x) silu(z) (D per head or per channel). ``g`` is unused then.
+
+    STORE_CHUNK_STATES (the backward's recompute): row ``chunk_offsets[n] + c`` (dense:
+    ``n * ceil(T / BT) + c``) of ``chunk_states [rows, HV, K, V]`` receives the state entering chunk c."""
     pid = tl.program_id(0).to(tl.int64)
     NV: tl.constexpr = (V + BV - 1) // BV
     i_v = pid % NV
@@ -61,7 +64,15 @@ def chunk_simple_gla_fwd_kernel(
         b_St = tl.zeros([BV, BK], dtype=tl.float32)
     # A^T's mask: row j (key), column i (query), i >= j.
     upper = o_t[:, None] <= o_t[None, :]
+    if STORE_CHUNK_STATES:
+        if IS_VARLEN:
+            cs0 = tl.load(chunk_offsets + i_n).to(tl.int64)
+        else:
+            cs0 = i_n * ((T + BT - 1) // BT)
     for c in range(0, (eos - bos + BT - 1) // BT):
+        if STORE_CHUNK_STATES:
+            tl.store(chunk_states + ((cs0 + c) * HV + i_hv) * K * V + o_vk, b_St.to(chunk_states.dtype.element_ty),
+                     mask=m_vk)
         rows = bos + c * BT + o_t.to(tl.int64)
         m_r = rows < eos
         m_rk = m_r[:, None] & m_k[None, :]

@@ -1,0 +1,36 @@
+"""Training through the scalar-decay GLA Triton path: a ``torch.autograd.Function`` whose forward
+is kernels/gla/forward.py and whose backward is kernels/gla/backward.py
+(:func:`recurscan.launch.gla.chunk_simple_gla_bwd`), checked against autograd through the token
+loop (``reference.gla.gla_naive``). Saved for the backward: the inputs only; the states entering
+the chunks are recomputed there."""
+from __future__ import annotations
+
+import torch
+
+from ..launch.gla import chunk_simple_gla_bwd, chunk_simple_gla_fwd
+
+
+class ChunkSimpleGla(torch.autograd.Function):
+    """``apply(q, k, v, g, initial_state, options) -> (o, final_state)``; ``options``: scale,
+    cu_seqlens, chunk_indices, chunk_offsets (varlen descriptors) and the launch shape."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, initial_state, options):
+        with torch.no_grad():
+            o, final = chunk_simple_gla_fwd(q, k, v, g, scale=options["scale"], initial_state=initial_state,
+                                            output_final_state=True, cu_seqlens=options["cu_seqlens"],
+                                            shape=options["shape"])
+        ctx.save_for_backward(q, k, v, g, initial_state)
+        ctx.options = options
+        return o, final
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, g, h0 = ctx.saved_tensors
+        opt = ctx.options
+        grads = chunk_simple_gla_bwd(q, k, v, g, do, dht, scale=opt["scale"], initial_state=h0,
+                                     cu_seqlens=opt["cu_seqlens"], chunk_indices=opt["chunk_indices"],
+                                     chunk_offsets=opt["chunk_offsets"], shape=opt["shape"])
+        inputs = (q, k, v, g, h0)
+        return (*(None if d is None or not ctx.needs_input_grad[i] else d.to(inputs[i].dtype)
+                  for i, d in enumerate(grads)), None)
