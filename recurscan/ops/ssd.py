@@ -38,9 +38,9 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt
         state, state_indices: an in-place state cache ``[S, H, P, Nstate]`` and ``[N]`` slots
             (-1: padding, zero output, slot untouched), as the delta-rule ops.
         backend: None (the planner's choice), "torch" (the PyTorch form, which trains through
-            autograd) or "triton" (the GLA engine's kernel with q = C, k = B, v = dt x: forward
-            only, no state cache yet, any ``chunk_size`` run as 64-token chunks; on CPU tensors
-            under ``TRITON_INTERPRET=1``).
+            autograd) or "triton" (the GLA engine's kernels with q = C, k = B, v = dt x, forward
+            and backward; no state cache yet; any ``chunk_size`` runs as 64-token chunks; on CPU
+            tensors under ``TRITON_INTERPRET=1``).
 
     Returns:
         ``y [Bt, T, H, P]`` in x's dtype, or ``(y, final_states)``, ``(y, varlen_states)``,
@@ -94,8 +94,7 @@ def _ssd_triton(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_st
     states transposed to [N, H, Nstate, P]."""
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                        for t in (x, dt, A, B, C, D, z, dt_bias, initial_states)):
-        raise NotImplementedError("mamba_chunk_scan_combined: the Triton path is forward-only for now; train "
-                                  "with backend='torch' (autograd through the PyTorch form) or under torch.no_grad()")
+        return _ssd_triton_with_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens)
     from ..launch.gla import SsdPrologue, chunk_simple_gla_fwd
     from ..plan.gla import GLA_LAUNCH
     kernel_dtype = torch.float32 if x.dtype == torch.float64 else x.dtype
@@ -105,6 +104,29 @@ def _ssd_triton(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_st
                                     initial_state=h0, output_final_state=True, cu_seqlens=cu_seqlens,
                                     shape=GLA_LAUNCH, ssd=prologue)
     return y.to(x.dtype), final.transpose(-1, -2).contiguous()
+
+
+def _ssd_triton_with_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens):
+    """Training on the Triton path: the step sizes, v = dt x, the log decay dt A and the skip and
+    gate in PyTorch (autograd takes their chain rules), the recurrence through the GLA kernels'
+    autograd Function (forward and backward in Triton). Not fused as the inference path is."""
+    from ..autograd.gla import ChunkSimpleGla
+    from ..plan.gla import GLA_LAUNCH
+    kernel_dtype = torch.float32 if x.dtype == torch.float64 else x.dtype
+    step = ref.discretize_dt(dt.float(), None if dt_bias is None else dt_bias.float(), dt_softplus, dt_limit)
+    v = (x.float() * step[..., None]).to(kernel_dtype)
+    g = step * A.float()
+    chunk_indices = chunk_offsets = None
+    if cu_seqlens is not None:  # the backward's chunk states need the descriptors (one host read)
+        from ..descriptors import build_chunk_descriptors
+        built = build_chunk_descriptors(cu_seqlens, device=x.device)
+        chunk_indices, chunk_offsets = built.chunk_indices, built.chunk_offsets
+    options = dict(scale=1.0, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
+                   shape=GLA_LAUNCH)
+    h0 = None if initial_states is None else initial_states.transpose(-1, -2)
+    o, final = ChunkSimpleGla.apply(C.to(kernel_dtype), B.to(kernel_dtype), v, g, h0, options)
+    y = ref.skip_and_gate(o.float(), x.float(), None if D is None else D.float(), None if z is None else z.float())
+    return y.to(x.dtype), final.transpose(-1, -2)
 
 
 #: The backends the planner can choose for the chunked SSD (plan/__init__.py RULES).
