@@ -1,0 +1,148 @@
+"""A training run of the Mamba2 mixer (issue 20): transformers' Mamba2Mixer in a small language
+model, trained with AdamW on a synthetic copy task, three times from the same initial weights and
+batches:
+
+- ``torch``: the mixer's own PyTorch path, model in float32;
+- ``torch_bf16``: the same in bf16: the noise band (bf16 alone moves the curve this far);
+- ``recurscan``: the mixer's ``mamba2_chunk_scan`` replaced by ``recurscan.mamba_chunk_scan_combined``
+  on the Triton path (forward and backward), model in bf16.
+
+The loss curves are saved (JSON) and plotted (PNG). On the GPU machine:
+
+    PYTHONPATH=$PWD python benchmarks/train_mamba2_mixer.py --out benchmarks/results/train_mamba2_mixer
+    python benchmarks/train_mamba2_mixer.py --smoke      # tiny, CPU (interpreter), a few steps
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+if not torch.cuda.is_available():  # the Triton kernels run on CPU tensors under the interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import recurscan  # noqa: E402
+from benchmarks.train_qwen3_next_layer import copy_batches  # noqa: E402
+
+
+def mixer_module():
+    from transformers.models.mamba2 import modeling_mamba2
+    return modeling_mamba2
+
+
+def recurscan_chunk_scan(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=None, initial_states=None,
+                         dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False, **unused):
+    """transformers' mamba2_chunk_scan signature, on recurscan's op (Triton path)."""
+    return recurscan.mamba_chunk_scan_combined(hidden_states, dt, A, B, C, chunk_size=chunk_size, D=D,
+                                               dt_bias=dt_bias, initial_states=initial_states,
+                                               dt_softplus=dt_softplus, dt_limit=tuple(dt_limit),
+                                               return_final_states=return_final_states, backend="triton")
+
+
+class TinyLM(torch.nn.Module):
+    """Embedding, one Mamba2 mixer with a residual, RMS norm, LM head."""
+
+    def __init__(self, config, vocab):
+        super().__init__()
+        m = mixer_module()
+        self.embed = torch.nn.Embedding(vocab, config.hidden_size)
+        self.mixer = m.Mamba2Mixer(config, layer_idx=0)
+        self.norm = torch.nn.RMSNorm(config.hidden_size)
+        self.head = torch.nn.Linear(config.hidden_size, vocab, bias=False)
+
+    def forward(self, tokens):
+        h = self.embed(tokens)
+        h = h + self.mixer(h)
+        return self.head(self.norm(h))
+
+
+def train(kind, config, vocab, batches, steps, device, lr, seed):
+    m = mixer_module()
+    torch.manual_seed(seed)
+    model = TinyLM(config, vocab).to(device=device, dtype=torch.float32 if kind == "torch" else torch.bfloat16)
+    model.train()
+    original = m.mamba2_chunk_scan
+    m.mamba2_chunk_scan = recurscan_chunk_scan if kind == "recurscan" else inspect.unwrap(original)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    losses, times = [], []
+    try:
+        for step in range(steps):
+            tokens = batches[step].to(device)
+            t0 = time.perf_counter()
+            logits = model(tokens[:, :-1])
+            half = tokens.shape[1] // 2
+            loss = F.cross_entropy(logits[:, half - 1:].float().reshape(-1, vocab), tokens[:, half:].reshape(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+            losses.append(loss.item())
+    finally:
+        m.mamba2_chunk_scan = original
+    return losses, times
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=None, help="path prefix of the .json and .png")
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--length", type=int, default=1024)
+    ap.add_argument("--vocab", type=int, default=256)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU, 3 steps")
+    args = ap.parse_args()
+    from transformers import Mamba2Config
+    if args.smoke:
+        args.steps, args.batch, args.length, args.vocab = 3, 2, 64, 32
+        config = Mamba2Config(hidden_size=64, num_heads=8, head_dim=16, state_size=16, n_groups=2, expand=2,
+                              chunk_size=32)
+    else:  # Mamba2-130m's mixer sizes: 24 heads x 64, dstate 128, one group
+        config = Mamba2Config(hidden_size=768, num_heads=24, head_dim=64, state_size=128, n_groups=1, expand=2,
+                              chunk_size=256)
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
+    batches = copy_batches(args.steps, args.batch, args.length, args.vocab, args.seed)
+    runs = {}
+    for kind in ("torch", "torch_bf16", "recurscan"):
+        losses, times = train(kind, config, args.vocab, batches, args.steps, device, args.lr, args.seed)
+        runs[kind] = dict(losses=losses, step_seconds=times)
+        print(f"{kind:<10} loss {losses[0]:.4f} -> {losses[-1]:.4f}   median step "
+              f"{sorted(times)[len(times) // 2] * 1e3:.1f} ms", flush=True)
+
+    def distance(kind):  # from the float32 run: the largest and the mean |loss difference|
+        d = [abs(a - b) for a, b in zip(runs[kind]["losses"], runs["torch"]["losses"])]
+        return dict(max=max(d), mean=sum(d) / len(d))
+    distances = {kind: distance(kind) for kind in ("torch_bf16", "recurscan")}
+    for kind, d in distances.items():
+        print(f"{kind:<10} |loss - float32 loss|: max {d['max']:.4f}, mean {d['mean']:.4f}")
+    if args.out:
+        record = dict(config=dict(hidden=config.hidden_size, heads=config.num_heads, head_dim=config.head_dim,
+                                  state_size=config.state_size, groups=config.n_groups),
+                      steps=args.steps, batch=args.batch, length=args.length, vocab=args.vocab, lr=args.lr,
+                      device=str(device), runs=runs, distance_from_float32=distances)
+        json.dump(record, open(args.out + ".json", "w"), indent=1)
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(runs["torch"]["losses"], label="transformers' torch path, float32")
+        ax.plot(runs["torch_bf16"]["losses"], label="transformers' torch path, bf16", linestyle=":")
+        ax.plot(runs["recurscan"]["losses"], label="recurscan Triton, bf16", linestyle="--")
+        ax.set_xlabel("step (AdamW)")
+        ax.set_ylabel("copy-task loss")
+        ax.set_title("Mamba2 mixer")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(args.out + ".png", dpi=120)
+
+
+if __name__ == "__main__":
+    main()
