@@ -67,9 +67,31 @@ def test_a_nan_leaves_earlier_outputs_and_other_sequences_bit_identical():
     assert torch.equal(h[1], clean[1][1]) and torch.isnan(y[0, 95, 1]).any()
 
 
+@pytest.mark.parametrize("cu", [None, [0, 1, 70, 130]])
+def test_state_cache_equals_the_torch_path(cu):
+    """The state cache on the Triton path: slots read and written in place through mamba's
+    [S, H, P, Nstate] layout, a padding sequence (slot -1) with zero outputs and its slot untouched,
+    slots no sequence names untouched: the same as the PyTorch path, with the same cache."""
+    Bt = 3 if cu is None else 1
+    x = {k: v.float().to(DEVICE) for k, v in ssd_inputs(Bt, 130, 4, 2, seed=12).items()}
+    n = Bt if cu is None else len(cu) - 1
+    gen = torch.Generator().manual_seed(13)
+    cache = torch.randn(6, 4, 8, 16, generator=gen).to(DEVICE)
+    slots = torch.tensor([4, -1, 1][:n], dtype=torch.int32, device=DEVICE)
+    kw = dict(D=torch.randn(4, generator=gen).to(DEVICE), dt_softplus=True, state_indices=slots,
+              cu_seqlens=None if cu is None else torch.tensor(cu, device=DEVICE))
+    mine, theirs = cache.clone(), cache.clone()
+    y = recurscan.mamba_chunk_scan_combined(*x.values(), state=mine, backend="triton", **kw)
+    want = recurscan.mamba_chunk_scan_combined(*x.values(), state=theirs, backend="torch", **kw)
+    assert (y - want).abs().max() < 1e-4 and (mine - theirs).abs().max() < 1e-4
+    untouched = [i for i in range(6) if i not in slots.tolist()]
+    assert torch.equal(mine[untouched], cache[untouched])
+
+
 def test_what_the_triton_path_refuses():
     x = {k: v.float() for k, v in ssd_inputs(1, 10, 2, 1).items()}
-    with pytest.raises(ValueError, match="state cache"):
+    x["x"].requires_grad_()
+    with pytest.raises(NotImplementedError, match="inference-only"):
         recurscan.mamba_chunk_scan_combined(*x.values(), state=torch.zeros(2, 2, 8, 16),
                                             state_indices=torch.tensor([0], dtype=torch.int32), backend="triton")
 

@@ -18,7 +18,7 @@ from .delta import INTERPRET, Step, _empty
 
 #: The per-call tensors of the launch, by name (its CallArgs).
 NAMES = ("q", "k", "v", "g", "h0", "cu_seqlens", "o", "ht", "dt", "A", "dt_bias", "D", "z", "chunk_states",
-         "chunk_offsets")
+         "chunk_offsets", "state_indices")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,10 +55,13 @@ class GlaForward:
 
 
 def build_gla_forward(q, k, v, g, h0, cu_seqlens, *, scale, output_final_state, shape: GlaShape,
-                      ssd: SsdPrologue | None = None, chunk_offsets=None, num_chunk_rows=None) -> GlaForward:
+                      ssd: SsdPrologue | None = None, chunk_offsets=None, num_chunk_rows=None,
+                      state_indices=None, state_v_first=False) -> GlaForward:
     """What :func:`chunk_simple_gla_fwd` launches for these tensors' signature (none is kept).
     ``num_chunk_rows``: also the state entering every chunk, in q's dtype (the backward's
-    recompute; varlen needs ``chunk_offsets``)."""
+    recompute; varlen needs ``chunk_offsets``). ``h0``: the initial states ``[N, HV, K, V]``, or
+    with ``state_indices`` a state cache ``[S, HV, K, V]``; ``state_v_first``: either is laid out
+    ``[., HV, V, K]`` (mamba's [., H, P, Nstate]); read and written through its strides."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     varlen = cu_seqlens is not None
@@ -69,26 +72,37 @@ def build_gla_forward(q, k, v, g, h0, cu_seqlens, *, scale, output_final_state, 
     buffers = {"o": ((B, T, HV, V), v.dtype if ssd is not None else q.dtype)}
     if output_final_state:
         buffers["ht"] = ((N, HV, K, V), torch.float32)
+    cache = state_indices is not None
+    if cache:
+        buffers.pop("ht", None)  # the final states go back into the cache
+    if h0 is not None:
+        s0 = h0.stride()
+        s0_n, s0_h, s0_k, s0_v = (s0[0], s0[1], s0[3], s0[2]) if state_v_first else s0
+    else:
+        s0_n = s0_h = s0_k = s0_v = 0
     states = num_chunk_rows is not None
     if states:
         buffers["chunk_states"] = ((num_chunk_rows, HV, K, V), q.dtype)
     arg = lambda name, present=True: CallArg(name if present else "o")  # noqa: E731 (absent: a placeholder)
     step = Step(chunk_simple_gla_fwd_kernel, (N * HV * triton.cdiv(V, BV),), dict(
         q=arg("q"), k=arg("k"), v=arg("v"), g=arg("g", g is not None), o=arg("o"), h0=arg("h0", h0 is not None),
-        ht=arg("ht", output_final_state), cu_seqlens=arg("cu_seqlens", varlen),
+        ht=arg("ht", output_final_state and not cache), cu_seqlens=arg("cu_seqlens", varlen),
         dt=arg("dt", ssd is not None), A=arg("A", ssd is not None),
         dt_bias=arg("dt_bias", ssd is not None and ssd.dt_bias is not None),
         D=arg("D", ssd is not None and ssd.D is not None), z=arg("z", ssd is not None and ssd.z is not None),
         chunk_states=arg("chunk_states", states), chunk_offsets=arg("chunk_offsets", states and varlen),
+        state_indices=arg("state_indices", cache), s0_n=s0_n, s0_h=s0_h, s0_k=s0_k, s0_v=s0_v,
+        n_slots=h0.shape[0] if cache else 0,
         T=T, scale=float(scale), dt_min=float(ssd.dt_limit[0]) if ssd is not None and ssd.clamps else 0.0,
         dt_max=float(ssd.dt_limit[1]) if ssd is not None and ssd.clamps else 0.0,
         H=H, HV=HV, K=K, V=V, BT=CHUNK_SIZE, BK=max(16, triton.next_power_of_2(K)), BV=BV, IS_VARLEN=varlen,
-        HAS_G=g is not None, HAS_H0=h0 is not None, STORE_FINAL=output_final_state,
+        HAS_G=g is not None, HAS_H0=h0 is not None, STORE_FINAL=output_final_state and not cache,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DT=dt,
         SSD=ssd is not None, HAS_DT_BIAS=ssd is not None and ssd.dt_bias is not None,
         DT_SOFTPLUS=ssd is not None and ssd.dt_softplus, DT_LIMIT=ssd is not None and ssd.clamps,
         HAS_D=ssd is not None and ssd.D is not None, D_PER_CHANNEL=ssd is not None and ssd.D is not None
-        and ssd.D.dim() == 2, HAS_Z=ssd is not None and ssd.z is not None, STORE_CHUNK_STATES=states),
+        and ssd.D.dim() == 2, HAS_Z=ssd is not None and ssd.z is not None, STORE_CHUNK_STATES=states,
+        USE_CACHE=cache),
         dict(num_warps=shape.num_warps))
     return GlaForward(step, buffers)
 
@@ -102,29 +116,34 @@ def _launch(launch: GlaForward, values: tuple) -> None:
 
 
 def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_state=False, cu_seqlens=None,
-                         shape: GlaShape, ssd: SsdPrologue | None = None):
+                         shape: GlaShape, ssd: SsdPrologue | None = None, state=None, state_indices=None,
+                         state_v_first=False):
     """``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] float32 or None)`` of
     ``S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = scale S_t^T q_t`` (g ``[B, T, HV]`` or None).
     With ``ssd``: Mamba2 SSD, ``v`` holding x (:class:`SsdPrologue`), the output ``y`` in x's
-    dtype. Strided inputs are copied to the dense layout the kernel indexes. No host
-    synchronisation."""
+    dtype. ``state, state_indices``: an in-place state cache in place of initial / final states
+    (the final state returned is ``state``); ``state_v_first``: the initial states or the cache are
+    laid out ``[., HV, V, K]``. Strided q, k, v, g (and the SSD tensors) are copied to the dense
+    layout the kernel indexes; states are read through their strides. No host synchronisation."""
     q, k, v = (x.contiguous() for x in (q, k, v))
     g = None if g is None else g.contiguous()
-    h0 = None if initial_state is None else initial_state.float().contiguous()
+    h0 = state if state is not None else (None if initial_state is None else initial_state.float())
     extra = (None,) * 5 if ssd is None else tuple(None if t is None else t.contiguous() for t in ssd.tensors())
     if ssd is not None:
         ssd = dataclasses.replace(ssd, **dict(zip(("dt", "A", "dt_bias", "D", "z"), extra)))
     options = None if ssd is None else (ssd.dt_softplus, tuple(ssd.dt_limit))
-    key = (launch_key((q, k, v, g, h0, cu_seqlens) + extra), float(scale), output_final_state, shape, options)
+    key = (launch_key((q, k, v, g, h0, cu_seqlens, state_indices) + extra), float(scale), output_final_state, shape,
+           options, state_v_first)
     launch = GLA_LAUNCHES.get(key)
     if launch is None:
         launch = GLA_LAUNCHES.put(key, build_gla_forward(q, k, v, g, h0, cu_seqlens, scale=scale,
                                                          output_final_state=output_final_state, shape=shape,
-                                                         ssd=ssd))
+                                                         ssd=ssd, state_indices=state_indices,
+                                                         state_v_first=state_v_first))
     made = {n: _empty(*s, dtype=d, device=q.device) for n, (s, d) in launch.buffers.items()}
-    values = (q, k, v, g, h0, cu_seqlens, made["o"], made.get("ht")) + extra + (None, None)
+    values = (q, k, v, g, h0, cu_seqlens, made["o"], made.get("ht")) + extra + (None, None, state_indices)
     _launch(launch, values)
-    return made["o"], made.get("ht")
+    return made["o"], (state if state is not None else made.get("ht"))
 
 
 #: The per-call tensors of the backward's two stages, by name.
@@ -203,7 +222,7 @@ def chunk_simple_gla_bwd(q, k, v, g, do, dht, *, scale, initial_state=None, cu_s
     # 1. The states entering every chunk.
     fwd = {n: _empty(*s, dtype=d, device=q.device) for n, (s, d) in launches.forward.buffers.items()}
     _launch(launches.forward, (q, k, v, g, h0, cu_seqlens, fwd["o"], None) + (None,) * 5 +
-            (fwd["chunk_states"], chunk_offsets))
+            (fwd["chunk_states"], chunk_offsets, None))
     # 2-3. The reverse sweep, then the parallel stage.
     made = {n: _empty(*s, dtype=d, device=q.device) for n, (s, d) in launches.buffers.items()}
     given = dict(q=q, k=k, v=v, g=g, do=do, dht=dht, h0=h0, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,

@@ -39,8 +39,8 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt
             (-1: padding, zero output, slot untouched), as the delta-rule ops.
         backend: None (the planner's choice), "torch" (the PyTorch form, which trains through
             autograd) or "triton" (the GLA engine's kernels with q = C, k = B, v = dt x, forward
-            and backward; no state cache yet; any ``chunk_size`` runs as 64-token chunks; on CPU
-            tensors under ``TRITON_INTERPRET=1``).
+            and backward, the state cache for inference; any ``chunk_size`` runs as 64-token
+            chunks; on CPU tensors under ``TRITON_INTERPRET=1``).
 
     Returns:
         ``y [Bt, T, H, P]`` in x's dtype, or ``(y, final_states)``, ``(y, varlen_states)``,
@@ -94,16 +94,22 @@ def _ssd_triton(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_st
     states transposed to [N, H, Nstate, P]."""
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                        for t in (x, dt, A, B, C, D, z, dt_bias, initial_states)):
+        if state is not None:
+            raise NotImplementedError("mamba_chunk_scan_combined: a state cache (state, state_indices) is "
+                                      "inference-only; train with initial_states / return_final_states, or call "
+                                      "under torch.no_grad()")
         return _ssd_triton_with_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens)
     from ..launch.gla import SsdPrologue, chunk_simple_gla_fwd
     from ..plan.gla import GLA_LAUNCH
     kernel_dtype = torch.float32 if x.dtype == torch.float64 else x.dtype
-    h0 = None if initial_states is None else initial_states.transpose(-1, -2)
     prologue = SsdPrologue(dt, A, dt_bias, D, z, bool(dt_softplus), tuple(dt_limit))
+    # mamba's states [., H, P, Nstate] are the kernel's [., HV, V, K]: read (and the cache written)
+    # through their strides.
     y, final = chunk_simple_gla_fwd(C.to(kernel_dtype), B.to(kernel_dtype), x.to(kernel_dtype), None, scale=1.0,
-                                    initial_state=h0, output_final_state=True, cu_seqlens=cu_seqlens,
-                                    shape=GLA_LAUNCH, ssd=prologue)
-    return y.to(x.dtype), final.transpose(-1, -2).contiguous()
+                                    initial_state=initial_states, output_final_state=True, cu_seqlens=cu_seqlens,
+                                    shape=GLA_LAUNCH, ssd=prologue, state=state, state_indices=state_indices,
+                                    state_v_first=True)
+    return y.to(x.dtype), (state if state is not None else final.transpose(-1, -2).contiguous())
 
 
 def _ssd_triton_with_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens):

@@ -32,8 +32,6 @@ def triton_gla_unsupported(problem) -> str | None:
 def triton_ssd_unsupported(problem) -> str | None:
     """Why the chunked SSD cannot run on the GLA kernel (q = C, k = B, v = dt x), or None."""
     import torch
-    if problem.uses_cache:
-        return "a state cache (state, state_indices): the Triton SSD path takes initial / final states for now"
     if problem.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return f"inputs in {problem.dtype}: the kernel takes float16, bfloat16 or float32"
     if problem.state_dim > 256:

@@ -99,10 +99,11 @@ def compile_case(case: str, shape: str) -> list[str]:
     return lines
 
 
-def compile_gla(case: str, ssd: bool = False) -> list[str]:
+def compile_gla(case: str, ssd: bool = False, cache: bool = False) -> list[str]:
     """The scalar-decay GLA forward's launch (launch/gla.py) for a case of :data:`CASES` (M = 1
     ones; bf16, the plan's shape); ``ssd``: as Mamba2 SSD runs it (every prologue and epilogue
-    part on: dt_bias, softplus, dt_limit, D per channel, z)."""
+    part on: dt_bias, softplus, dt_limit, D per channel, z); ``cache``: with a state cache in
+    mamba's [S, H, P, Nstate] layout."""
     from recurscan.launch.gla import NAMES as GLA_NAMES
     from recurscan.launch.gla import SsdPrologue, build_gla_forward
     from recurscan.plan.gla import GLA_LAUNCH
@@ -117,10 +118,13 @@ def compile_gla(case: str, ssd: bool = False) -> list[str]:
         prologue = SsdPrologue(torch.zeros(B, T, HV), torch.zeros(HV), torch.zeros(HV), torch.zeros(HV, 64),
                                torch.zeros(B, T, HV, 64, **bf), True, (0.1, 5.0))
         g = None
+    slots = None
+    if cache:
+        h0, slots = torch.zeros(8, HV, 64, K), torch.zeros(h0.shape[0], dtype=torch.int32)
     launch = build_gla_forward(q, k, v, g, h0, cu_t, scale=K ** -0.5, output_final_state=True, shape=GLA_LAUNCH,
-                               ssd=prologue)
+                               ssd=prologue, state_indices=slots, state_v_first=cache)
     values = dict(q=q, k=k, v=v, g=g if g is not None else torch.zeros(1), h0=h0,
-                  cu_seqlens=cu_t if cu_t is not None else torch.zeros(1),
+                  cu_seqlens=cu_t if cu_t is not None else torch.zeros(1), state_indices=slots,
                   **({} if prologue is None else dict(zip(("dt", "A", "dt_bias", "D", "z"), prologue.tensors()))),
                   **{n: torch.zeros(1, dtype=spec[1]) for n, spec in launch.buffers.items()})
     values = {n: values.get(n, torch.zeros(1)) for n in GLA_NAMES}
@@ -166,7 +170,7 @@ def compile_gla_backward(case: str) -> list[str]:
 if __name__ == "__main__":
     if sys.argv[1] == "gla-backward":
         print("\n".join(compile_gla_backward(sys.argv[2])))
-    elif sys.argv[1] in ("gla", "ssd"):
-        print("\n".join(compile_gla(sys.argv[2], ssd=sys.argv[1] == "ssd")))
+    elif sys.argv[1] in ("gla", "ssd", "ssd-cache"):
+        print("\n".join(compile_gla(sys.argv[2], ssd=sys.argv[1] != "gla", cache=sys.argv[1] == "ssd-cache")))
     else:
         print("\n".join(compile_case(*sys.argv[1:3])))

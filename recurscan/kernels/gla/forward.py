@@ -11,13 +11,14 @@ from ..delta.common import _chunk_gates, _gates_of
 
 @triton.jit(do_not_specialize=["T"])
 def chunk_simple_gla_fwd_kernel(
-    q, k, v, g, o, h0, ht, cu_seqlens, dt, A, dt_bias, D, z, chunk_states, chunk_offsets, T, scale, dt_min, dt_max,
+    q, k, v, g, o, h0, ht, cu_seqlens, dt, A, dt_bias, D, z, chunk_states, chunk_offsets, state_indices,
+    T, scale, dt_min, dt_max, s0_n, s0_h, s0_k, s0_v, n_slots,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, HAS_H0: tl.constexpr,
     STORE_FINAL: tl.constexpr, DOT_PRECISION: tl.constexpr, DT: tl.constexpr,
     SSD: tl.constexpr = False, HAS_DT_BIAS: tl.constexpr = False, DT_SOFTPLUS: tl.constexpr = False,
     DT_LIMIT: tl.constexpr = False, HAS_D: tl.constexpr = False, D_PER_CHANNEL: tl.constexpr = False,
-    HAS_Z: tl.constexpr = False, STORE_CHUNK_STATES: tl.constexpr = False,
+    HAS_Z: tl.constexpr = False, STORE_CHUNK_STATES: tl.constexpr = False, USE_CACHE: tl.constexpr = False,
 ):
     """Grid (N * HV * ceil(V / BV),): one program per (sequence, value head, value block) walks the
     chunks first to last. Per chunk of BT rows, with G[i, j] = exp(g_{j+1} + ... + g_i) for j <= i
@@ -38,7 +39,12 @@ def chunk_simple_gla_fwd_kernel(
     (o + D x) silu(z) (D per head or per channel). ``g`` is unused then.
 
     STORE_CHUNK_STATES (the backward's recompute): row ``chunk_offsets[n] + c`` (dense:
-    ``n * ceil(T / BT) + c``) of ``chunk_states [rows, HV, K, V]`` receives the state entering chunk c."""
+    ``n * ceil(T / BT) + c``) of ``chunk_states [rows, HV, K, V]`` receives the state entering chunk c.
+
+    The initial state is read through its strides ``s0_n, s0_h, s0_k, s0_v`` (element [n, hv, k, v];
+    so mamba's [N, H, P, Nstate] states need no copy): ``h0[n]`` (HAS_H0), or with USE_CACHE the
+    slot ``state_indices[n]`` of the cache ``h0`` (a slot outside ``[0, n_slots)`` is padding: zero
+    outputs, nothing read or written), whose slot then receives the final state (cast to its dtype)."""
     pid = tl.program_id(0).to(tl.int64)
     NV: tl.constexpr = (V + BV - 1) // BV
     i_v = pid % NV
@@ -58,8 +64,15 @@ def chunk_simple_gla_fwd_kernel(
     m_v = o_v < V
     m_vk = m_v[:, None] & m_k[None, :]
     o_vk = o_k[None, :] * V + o_v[:, None]  # S[k, v] of a [K, V] state, as a [BV, BK] tile
-    if HAS_H0:
-        b_St = tl.load(h0 + (i_n * HV + i_hv) * K * V + o_vk, mask=m_vk, other=0.0).to(tl.float32)
+    o_s0 = o_k[None, :].to(tl.int64) * s0_k + o_v[:, None].to(tl.int64) * s0_v  # the same through h0's strides
+    live = True
+    if USE_CACHE:
+        slot = tl.load(state_indices + i_n).to(tl.int64)
+        live = (slot >= 0) & (slot < n_slots)
+        p_h0 = h0 + tl.where(live, slot, 0) * s0_n + i_hv * s0_h + o_s0
+        b_St = tl.load(p_h0, mask=m_vk & live, other=0.0).to(tl.float32)
+    elif HAS_H0:
+        b_St = tl.load(h0 + i_n * s0_n + i_hv * s0_h + o_s0, mask=m_vk, other=0.0).to(tl.float32)
     else:
         b_St = tl.zeros([BV, BK], dtype=tl.float32)
     # A^T's mask: row j (key), column i (query), i >= j.
@@ -126,8 +139,12 @@ def chunk_simple_gla_fwd_kernel(
             if HAS_Z:
                 b_zt = tl.load(z + p_vr, mask=m_vr, other=0.0).to(tl.float32)
                 b_ot = b_ot * (b_zt * tl.sigmoid(b_zt))
+        if USE_CACHE:  # a padding sequence's outputs are zeros
+            b_ot = tl.where(live, b_ot, 0.0)
         tl.store(o + p_vr, b_ot.to(o.dtype.element_ty), mask=m_vr)
         b_St = lam_last * b_St + tl.dot((b_vt * gam[None, :]).to(DT), b_kd, input_precision=DOT_PRECISION)
         b_St = tl.where((first < tl.minimum(eos - bos - c * BT, BT))[:, None], float("nan"), b_St)
-    if STORE_FINAL:
+    if USE_CACHE:
+        tl.store(p_h0, b_St.to(h0.dtype.element_ty), mask=m_vk & live)
+    elif STORE_FINAL:
         tl.store(ht + (i_n * HV + i_hv) * K * V + o_vk, b_St, mask=m_vk)
