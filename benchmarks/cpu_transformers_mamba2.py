@@ -1,10 +1,11 @@
-"""A real client of the SSD ops: transformers' Mamba2 model (tiny, float32) generating greedily with
-its own PyTorch path, then with recurscan's ``mamba_chunk_scan_combined`` (prefill) and
-``selective_state_update`` (each generated token) in place of it: the tokens must be identical and
-the logits close. ``--backend triton`` runs the chunked prefill on the GLA kernel (under the
-Triton interpreter on a CPU). Exits 1 where they differ.
+"""A real client of the SSD ops: transformers' Mamba2 model, or the hybrid Bamba (attention and
+Mamba2 layers), tiny, float32, generating greedily with its own PyTorch path, then with recurscan's
+``mamba_chunk_scan_combined`` (prefill) and ``selective_state_update`` (each generated token) in
+place of it: the tokens must be identical and the logits close. ``--backend triton`` runs the
+chunked prefill on the GLA kernel (under the Triton interpreter on a CPU). Exits 1 where they
+differ.
 
-    python -m benchmarks.cpu_transformers_mamba2 [--backend torch|triton] [--out FILE]
+    python -m benchmarks.cpu_transformers_mamba2 [--model mamba2|bamba] [--backend torch|triton] [--out FILE]
 """
 from __future__ import annotations
 
@@ -21,14 +22,55 @@ if not torch.cuda.is_available():  # the Triton kernels run on CPU tensors under
 import recurscan  # noqa: E402
 
 
-def model_and_prompt(seed=0):
-    from transformers import Mamba2Config, Mamba2ForCausalLM
+def model_and_prompt(name="mamba2", seed=0):
+    """(model, prompt, the transformers module whose Mamba2 functions the model calls)."""
     torch.manual_seed(seed)
-    config = Mamba2Config(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_heads=8, head_dim=16,
-                          state_size=16, n_groups=2, expand=2, chunk_size=32, conv_kernel=4)
-    model = Mamba2ForCausalLM(config).float().eval()
+    if name == "bamba":
+        from transformers import BambaConfig, BambaForCausalLM
+        from transformers.models.bamba import modeling_bamba as module
+        config = BambaConfig(vocab_size=128, hidden_size=64, num_hidden_layers=3, attn_layer_indices=[1],
+                             num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, mamba_n_heads=8,
+                             mamba_d_head=16, mamba_d_state=16, mamba_n_groups=2, mamba_expand=2,
+                             mamba_chunk_size=32, mamba_d_conv=4)
+        model = BambaForCausalLM(config)
+    else:
+        from transformers import Mamba2Config, Mamba2ForCausalLM
+        from transformers.models.mamba2 import modeling_mamba2 as module
+        config = Mamba2Config(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_heads=8, head_dim=16,
+                              state_size=16, n_groups=2, expand=2, chunk_size=32, conv_kernel=4)
+        model = Mamba2ForCausalLM(config)
+    # At init the mixers' B, C and x are small and D is 1, so y = h C + D x is nearly D x and the
+    # recurrence barely shows in the logits; wider input projections and D = 0.1 make it carry
+    # them (scan_share).
+    with torch.no_grad():
+        for mixer in model.modules():
+            if hasattr(mixer, "in_proj") and hasattr(mixer, "A_log"):
+                mixer.in_proj.weight.normal_(0.0, 0.3)
+                mixer.D.fill_(0.1)
     prompt = torch.randint(0, config.vocab_size, (2, 45))
-    return model, prompt
+    return model.float().eval(), prompt, module
+
+
+def scan_share(model, prompt, module):
+    """||h C|| / ||h C + D x|| of the first prefill scan: how much of the mixer's output the
+    recurrence carries (the rest is the D skip)."""
+    captured = []
+    original = module.mamba2_chunk_scan
+
+    def capture(*args, **kwargs):
+        out = original(*args, **kwargs)
+        captured.append((args, kwargs, out[0] if isinstance(out, tuple) else out))
+        return out
+
+    module.mamba2_chunk_scan = capture
+    try:
+        with torch.no_grad():
+            model(prompt)
+    finally:
+        module.mamba2_chunk_scan = original
+    args, kwargs, y = captured[0]
+    skip = kwargs["D"][None, None, :, None] * args[0] if kwargs.get("D") is not None else torch.zeros_like(y)
+    return ((y - skip).norm() / y.norm()).item()
 
 
 def generate(model, prompt, steps):
@@ -40,14 +82,15 @@ def generate(model, prompt, steps):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="mamba2", choices=["mamba2", "bamba"])
     ap.add_argument("--backend", default="torch", choices=["torch", "triton"])
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--out")
     args = ap.parse_args()
-    from transformers.models.mamba2 import modeling_mamba2 as m
-    model, prompt = model_and_prompt()
+    model, prompt, m = model_and_prompt(args.model)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model, prompt = model.to(device), prompt.to(device)
+    share = scan_share(model, prompt, m)
     want_tokens, want_logits = generate(model, prompt, args.steps)
     calls = {"chunk_scan": 0, "state_update": 0}
 
@@ -72,7 +115,7 @@ def main():
         m.mamba2_chunk_scan, m.mamba2_selective_state_update = originals
     same = torch.equal(got_tokens, want_tokens)
     err = ((got_logits - want_logits).norm() / want_logits.norm()).item()
-    record = dict(backend=args.backend, device=str(device), steps=args.steps, calls=calls, tokens_identical=same,
+    record = dict(model=args.model, scan_share=share, backend=args.backend, device=str(device), steps=args.steps, calls=calls, tokens_identical=same,
                   logits_relative_error=err)
     print(json.dumps(record))
     if args.out:
