@@ -256,12 +256,14 @@ class GlaProblem:
     scale: float
     device: torch.device
     dtype: torch.dtype
+    uses_cache: bool = False  # a state cache (state, state_indices) in place of initial / final states
 
 
 def gla_problem(q, k, v, g, *, per_key_decay, scale=None, initial_state=None, cu_seqlens=None,
-                g_gamma=None) -> GlaProblem:
+                g_gamma=None, state=None, state_indices=None) -> GlaProblem:
     """q, k ``[B, T, H, K]``; v ``[B, T, HV, V]``; g ``[B, T, HV, K]`` (per key) or ``[B, T, HV]``;
-    g_gamma ``[HV]`` (a constant log decay per head, scalar decay only)."""
+    g_gamma ``[HV]`` (a constant log decay per head, scalar decay only); states ``[N, HV, K, V]``,
+    a cache ``[S, HV, K, V]`` with ``state_indices [N]``."""
     dims = Dims()
     device = _check_qkv(q, k, v, dims, "B T H K", "B T HV V")
     if g is not None:
@@ -271,9 +273,10 @@ def gla_problem(q, k, v, g, *, per_key_decay, scale=None, initial_state=None, cu
         check_tensor("g_gamma", g_gamma, FLOAT_DTYPES, device)
         dims.check("g_gamma", g_gamma, "HV")
     check_scale(scale)
-    n = _check_common(dims, device, "B", "T", cu_seqlens, initial_state, "HV K V")
+    n = _check_common(dims, device, "B", "T", cu_seqlens, initial_state, "HV K V", state, state_indices)
     return GlaProblem(dims["B"], dims["T"], dims["H"], dims["HV"], dims["K"], dims["V"], n, per_key_decay,
-                      dims["K"] ** -0.5 if scale is None else float(scale), device, q.dtype)
+                      dims["K"] ** -0.5 if scale is None else float(scale), device, q.dtype,
+                      uses_cache=state is not None)
 
 
 @dataclass(frozen=True)

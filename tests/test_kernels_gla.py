@@ -157,3 +157,39 @@ def test_g_gamma_is_a_constant_decay_per_head(backend):
     assert torch.equal(c, d)
     with pytest.raises(ValueError, match="g_gamma"):
         recurscan.chunk_simple_gla(q, k, v, g_gamma=torch.zeros(3, device=DEVICE), backend=backend)
+
+
+@pytest.mark.parametrize("cu", [None, [0, 1, 70, 130]])
+def test_state_cache_on_both_backends(cu):
+    """chunk_simple_gla's state cache: slots read and written in place, a padding sequence (slot -1)
+    with zero outputs and its slot untouched, the other slots untouched; the Triton path equals the
+    PyTorch one, which equals the initial / final-state call."""
+    B = 3 if cu is None else 1
+    q, k, v, g = (x.float().to(DEVICE) for x in gla_inputs(B, 130, 1, 2, 16, 16, seed=14))
+    n = B if cu is None else len(cu) - 1
+    cache = torch.randn(5, 2, 16, 16, generator=torch.Generator().manual_seed(15)).to(DEVICE)
+    slots = torch.tensor([3, -1, 0], dtype=torch.int32, device=DEVICE)[:n]
+    cu_t = None if cu is None else torch.tensor(cu, device=DEVICE)
+    got = {}
+    for backend in ("torch", "triton"):
+        mine = cache.clone()
+        o, S = recurscan.chunk_simple_gla(q, k, v, g, cu_seqlens=cu_t, state=mine, state_indices=slots,
+                                          backend=backend)
+        assert S is mine
+        got[backend] = (o, mine)
+    assert (got["triton"][0] - got["torch"][0]).abs().max() < 1e-4
+    assert (got["triton"][1] - got["torch"][1]).abs().max() < 1e-4
+    o, mine = got["torch"]
+    h0 = cache[slots.clamp_min(0).long()]
+    want_o, want_S = recurscan.chunk_simple_gla(q, k, v, g, initial_state=h0, output_final_state=True,
+                                                cu_seqlens=cu_t, backend="torch")
+    live = (slots >= 0).tolist()
+    for i, is_live in enumerate(live):
+        rows = (i, slice(0, 130)) if cu is None else (0, slice(cu[i], cu[i + 1]))
+        assert o[rows].numel() > 0
+        if is_live:
+            assert torch.allclose(o[rows], want_o[rows], atol=1e-5) and torch.allclose(mine[slots[i]], want_S[i], atol=1e-5)
+        else:
+            assert (o[rows] == 0).all()
+    untouched = [s for s in range(5) if s not in [x for x in slots.tolist() if x >= 0]]
+    assert torch.equal(mine[untouched], cache[untouched])

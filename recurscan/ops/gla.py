@@ -7,29 +7,43 @@ import torch
 from ..plan import plan
 from ..problem import gla_problem
 from ..reference import gla as ref
+from . import _cache
 
 
 def _run_gla(q, k, v, g, *, per_key_decay, scale, initial_state, output_final_state, cu_seqlens, backend=None,
-             g_gamma=None):
+             g_gamma=None, state=None, state_indices=None):
     problem = gla_problem(q, k, v, g, per_key_decay=per_key_decay, scale=scale, initial_state=initial_state,
-                          cu_seqlens=cu_seqlens, g_gamma=g_gamma)
+                          cu_seqlens=cu_seqlens, g_gamma=g_gamma, state=state, state_indices=state_indices)
     schedule = plan("gla", problem, q.device, "chunked", backend)
     if g_gamma is not None:  # a constant log decay per head, on top of g's
         dtype = g.dtype if g is not None else (torch.float64 if q.dtype == torch.float64 else torch.float32)
         g = g_gamma.to(dtype).expand(problem.batch, problem.tokens, problem.value_heads) + (0 if g is None else g)
+    training = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                               for t in (q, k, v, g, initial_state))
+    if state is not None and training:
+        raise NotImplementedError("chunk_simple_gla / chunk_gla: a state cache (state, state_indices) is "
+                                  "inference-only; train with initial_state / output_final_state, or call under "
+                                  "torch.no_grad()")
     if schedule.backend == "triton":
-        if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
-                                           for t in (q, k, v, g, initial_state)):
+        if training:
             return _run_triton_with_grad(q, k, v, g, problem, schedule, initial_state=initial_state,
                                          output_final_state=output_final_state, cu_seqlens=cu_seqlens)
         from ..launch.gla import chunk_simple_gla_fwd
-        return chunk_simple_gla_fwd(q, k, v, g, scale=problem.scale, initial_state=initial_state,
-                                    output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-                                    shape=schedule.launch)
+        o, final = chunk_simple_gla_fwd(q, k, v, g, scale=problem.scale, initial_state=initial_state,
+                                        output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                                        shape=schedule.launch, state=state, state_indices=state_indices)
+        return o, (final if output_final_state or state is not None else None)
     if g is None:  # no decay: plain causal linear attention
         g = q.new_zeros(problem.batch, problem.tokens, problem.value_heads).float()
+    if state is not None:  # the cache gathered before and scattered after
+        initial_state = _cache.gather(state, state_indices, torch.float64 if q.dtype == torch.float64 else torch.float32)
     o, final = ref.gla_chunked(q, k, v, g, scale=problem.scale, initial_state=initial_state,
                                cu_seqlens=cu_seqlens, chunk_size=schedule.chunk_size)
+    if state is not None:
+        o = o.masked_fill(_cache.padding_token_mask(state_indices, o.shape[0], o.shape[1], cu_seqlens)
+                          [..., None, None], 0)
+        _cache.scatter(state, state_indices, final)
+        return o.to(q.dtype), state
     return o.to(q.dtype), final if output_final_state else None
 
 
@@ -49,7 +63,7 @@ def _run_triton_with_grad(q, k, v, g, problem, schedule, *, initial_state, outpu
 
 
 def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
-                     cu_seqlens=None, backend=None):
+                     cu_seqlens=None, backend=None, state=None, state_indices=None):
     """Gated linear attention with one decay per head and token (fla's ``chunk_simple_gla``).
 
     ``S_t = exp(g_t) S_{t-1} + k_t v_t^T``, ``o_t = scale * S_t^T q_t``.
@@ -69,6 +83,9 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=No
         backend: None (the planner's choice), "torch" (the PyTorch form, through autograd) or
             "triton" (kernels/gla/, forward and backward; on CPU tensors under
             ``TRITON_INTERPRET=1``).
+        state, state_indices: an in-place state cache ``[S, HV, K, V]`` and ``[N]`` int slots
+            (-1: padding, zero outputs, its slot untouched), as the delta-rule ops; inference
+            only. The final state returned is then ``state``.
 
     Returns:
         ``(o [B, T, HV, V], final_state [N, HV, K, V] or None)``.
@@ -81,11 +98,12 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=No
         (torch.Size([1, 100, 2, 8]), torch.Size([1, 2, 16, 8]))
     """
     return _run_gla(q, k, v, g, per_key_decay=False, scale=scale, initial_state=initial_state,
-                    output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend=backend, g_gamma=g_gamma)
+                    output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend=backend, g_gamma=g_gamma,
+                    state=state, state_indices=state_indices)
 
 
 def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-              backend=None):
+              backend=None, state=None, state_indices=None):
     """Gated linear attention with a decay per key dimension (fla's ``chunk_gla``).
 
     ``S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T``, ``o_t = scale * S_t^T q_t``.
@@ -108,4 +126,5 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
     if g is None:
         raise ValueError("g: chunk_gla needs per-key log decays [B, T, HV, K]; use chunk_simple_gla for none")
     return _run_gla(q, k, v, g, per_key_decay=True, scale=scale, initial_state=initial_state,
-                    output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend=backend)
+                    output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend=backend,
+                    state=state, state_indices=state_indices)
