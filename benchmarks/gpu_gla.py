@@ -36,6 +36,24 @@ def inputs(s, seed=0):
 SSD_SHAPES = {"ssd_b1_t16384_h80": (1, 16384), "ssd_b4_t4096_h80": (4, 4096)}
 
 
+def time_impls(name, impls, want):
+    """One row per implementation: its time (eager, L2 flushed) and its relative RMS error against
+    ``want``; an implementation that raises is recorded, never hidden."""
+    rows = []
+    for impl, fn in impls.items():
+        try:
+            with torch.no_grad():
+                out = fn()
+                err = ((out.float() - want).pow(2).mean().sqrt() / want.pow(2).mean().sqrt()).item()
+                ms = tt.do_bench(fn, rep=200)
+            rows.append(dict(shape=name, impl=impl, ms=ms, rel_rms_vs_torch_fp32=err))
+            print(f"{name:<26} {impl:<17} {ms:8.3f} ms  rel RMS {err:.1e}", flush=True)
+        except Exception as exc:  # recorded, never hidden
+            rows.append(dict(shape=name, impl=impl, status=f"{type(exc).__name__}: {exc}"))
+            print(f"{name:<26} {impl:<17} {rows[-1]['status']}", flush=True)
+    return rows
+
+
 def ssd_rows():
     from benchmarks.runner import NotInstalled, load_mamba
     rows = []
@@ -55,17 +73,7 @@ def ssd_rows():
             impls["mamba_ssm"] = lambda: mamba(*args, **kw)
         except NotInstalled as exc:
             rows.append(dict(shape=name, impl="mamba_ssm", status=f"not installed: {exc}"))
-        for impl, fn in impls.items():
-            try:
-                with torch.no_grad():
-                    out = fn()
-                    err = ((out.float() - want).pow(2).mean().sqrt() / want.pow(2).mean().sqrt()).item()
-                    ms = tt.do_bench(fn, rep=200)
-                rows.append(dict(shape=name, impl=impl, ms=ms, rel_rms_vs_torch_fp32=err))
-                print(f"{name:<26} {impl:<17} {ms:8.3f} ms  rel RMS {err:.1e}", flush=True)
-            except Exception as exc:  # recorded, never hidden
-                rows.append(dict(shape=name, impl=impl, status=f"{type(exc).__name__}: {exc}"))
-                print(f"{name:<26} {impl:<17} {rows[-1]['status']}", flush=True)
+        rows += time_impls(name, impls, want)
     return rows
 
 
@@ -85,17 +93,7 @@ def main():
                 impls["fla"] = lambda: fla_gla(q, k, v, g, scale=s["scale"])[0]
         except Exception as exc:  # recorded, never hidden
             rows.append(dict(shape=name, impl="fla", status=f"not installed: {exc}"))
-        for impl, fn in impls.items():
-            try:
-                with torch.no_grad():
-                    out = fn()
-                    err = ((out.float() - want).pow(2).mean().sqrt() / want.pow(2).mean().sqrt()).item()
-                    ms = tt.do_bench(fn, rep=200)
-                rows.append(dict(shape=name, impl=impl, ms=ms, rel_rms_vs_torch_fp32=err))
-                print(f"{name:<26} {impl:<17} {ms:8.3f} ms  rel RMS {err:.1e}", flush=True)
-            except Exception as exc:  # recorded, never hidden
-                rows.append(dict(shape=name, impl=impl, status=f"{type(exc).__name__}: {exc}"))
-                print(f"{name:<26} {impl:<17} {rows[-1]['status']}", flush=True)
+        rows += time_impls(name, impls, want)
     rows += ssd_rows()
     if args.out:
         json.dump(dict(torch=torch.__version__, device=torch.cuda.get_device_name(), rows=rows), open(args.out, "w"),

@@ -16,18 +16,15 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import os
-import time
 
 import torch
-import torch.nn.functional as F
 
 if not torch.cuda.is_available():  # the Triton kernels run on CPU tensors under the interpreter
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import recurscan  # noqa: E402
-from benchmarks.train_qwen3_next_layer import copy_batches  # noqa: E402
+from benchmarks.train_qwen3_next_layer import copy_batches, fit, report  # noqa: E402
 
 
 def mixer_module():
@@ -68,22 +65,8 @@ def train(kind, config, vocab, batches, steps, device, lr, seed):
     model.train()
     original = m.mamba2_chunk_scan
     m.mamba2_chunk_scan = recurscan_chunk_scan if kind == "recurscan" else inspect.unwrap(original)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    losses, times = [], []
     try:
-        for step in range(steps):
-            tokens = batches[step].to(device)
-            t0 = time.perf_counter()
-            logits = model(tokens[:, :-1])
-            half = tokens.shape[1] // 2
-            loss = F.cross_entropy(logits[:, half - 1:].float().reshape(-1, vocab), tokens[:, half:].reshape(-1))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-            losses.append(loss.item())
+        losses, times = fit(model, batches, steps, device, lr, vocab)
     finally:
         m.mamba2_chunk_scan = original
     return losses, times
@@ -117,32 +100,11 @@ def main():
         print(f"{kind:<10} loss {losses[0]:.4f} -> {losses[-1]:.4f}   median step "
               f"{sorted(times)[len(times) // 2] * 1e3:.1f} ms", flush=True)
 
-    def distance(kind):  # from the float32 run: the largest and the mean |loss difference|
-        d = [abs(a - b) for a, b in zip(runs[kind]["losses"], runs["torch"]["losses"])]
-        return dict(max=max(d), mean=sum(d) / len(d))
-    distances = {kind: distance(kind) for kind in ("torch_bf16", "recurscan")}
-    for kind, d in distances.items():
-        print(f"{kind:<10} |loss - float32 loss|: max {d['max']:.4f}, mean {d['mean']:.4f}")
-    if args.out:
-        record = dict(config=dict(hidden=config.hidden_size, heads=config.num_heads, head_dim=config.head_dim,
-                                  state_size=config.state_size, groups=config.n_groups),
-                      steps=args.steps, batch=args.batch, length=args.length, vocab=args.vocab, lr=args.lr,
-                      device=str(device), runs=runs, distance_from_float32=distances)
-        json.dump(record, open(args.out + ".json", "w"), indent=1)
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot(runs["torch"]["losses"], label="transformers' torch path, float32")
-        ax.plot(runs["torch_bf16"]["losses"], label="transformers' torch path, bf16", linestyle=":")
-        ax.plot(runs["recurscan"]["losses"], label="recurscan Triton, bf16", linestyle="--")
-        ax.set_xlabel("step (AdamW)")
-        ax.set_ylabel("copy-task loss")
-        ax.set_title("Mamba2 mixer")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(args.out + ".png", dpi=120)
-
+    record = dict(config=dict(hidden=config.hidden_size, heads=config.num_heads, head_dim=config.head_dim,
+                              state_size=config.state_size, groups=config.n_groups),
+                  steps=args.steps, batch=args.batch, length=args.length, vocab=args.vocab, lr=args.lr,
+                  device=str(device))
+    report(runs, record, args.out, "Mamba2 mixer", "recurscan Triton, bf16")
 
 if __name__ == "__main__":
     main()

@@ -69,6 +69,52 @@ def copy_batches(steps, batch, length, vocab, seed):
     return out
 
 
+def fit(model, batches, steps, device, lr, vocab):
+    """AdamW on the copy task's batches: (losses, seconds a step). Shared with the Mamba2 run."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    losses, times = [], []
+    for step in range(steps):
+        tokens = batches[step].to(device)
+        t0 = time.perf_counter()
+        logits = model(tokens[:, :-1])
+        half = tokens.shape[1] // 2
+        # the loss of the copied half: predicting token t + 1 from tokens <= t
+        loss = F.cross_entropy(logits[:, half - 1:].float().reshape(-1, vocab), tokens[:, half:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        losses.append(loss.item())
+    return losses, times
+
+
+def report(runs, record, out, title, recurscan_label):
+    """Print each bf16 run's distance from the float32 one; save the JSON and the plot under ``out``."""
+    def distance(kind):  # from the float32 run: the largest and the mean |loss difference|
+        d = [abs(a - b) for a, b in zip(runs[kind]["losses"], runs["torch"]["losses"])]
+        return dict(max=max(d), mean=sum(d) / len(d))
+    distances = {kind: distance(kind) for kind in ("torch_bf16", "recurscan")}
+    for kind, d in distances.items():
+        print(f"{kind:<10} |loss - float32 loss|: max {d['max']:.4f}, mean {d['mean']:.4f}")
+    if out:
+        json.dump(dict(record, runs=runs, distance_from_float32=distances), open(out + ".json", "w"), indent=1)
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(runs["torch"]["losses"], label="transformers' torch path, float32")
+        ax.plot(runs["torch_bf16"]["losses"], label="transformers' torch path, bf16", linestyle=":")
+        ax.plot(runs["recurscan"]["losses"], label=recurscan_label, linestyle="--")
+        ax.set_xlabel("step (AdamW)")
+        ax.set_ylabel("copy-task loss")
+        ax.set_title(title)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out + ".png", dpi=120)
+
+
 def train(kind, config, vocab, batches, steps, device, lr, seed):
     m = layer_module()
     torch.manual_seed(seed)
@@ -79,23 +125,8 @@ def train(kind, config, vocab, batches, steps, device, lr, seed):
     # The PyTorch path itself: transformers wraps it to dispatch to fla where fla imports.
     torch_path = inspect.unwrap(original)
     m.torch_chunk_gated_delta_rule = recurscan_chunk if kind == "recurscan" else torch_path
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    losses, times = [], []
     try:
-        for step in range(steps):
-            tokens = batches[step].to(device)
-            t0 = time.perf_counter()
-            logits = model(tokens[:, :-1])
-            half = tokens.shape[1] // 2
-            # the loss of the copied half: predicting token t + 1 from tokens <= t
-            loss = F.cross_entropy(logits[:, half - 1:].float().reshape(-1, vocab), tokens[:, half:].reshape(-1))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-            losses.append(loss.item())
+        losses, times = fit(model, batches, steps, device, lr, vocab)
     finally:
         m.torch_chunk_gated_delta_rule = original
     return losses, times
@@ -128,33 +159,12 @@ def main():
         runs[kind] = dict(losses=losses, step_seconds=times)
         print(f"{kind:<10} loss {losses[0]:.4f} -> {losses[-1]:.4f}   median step {sorted(times)[len(times) // 2] * 1e3:.1f} ms",
               flush=True)
-    def distance(kind):  # from the float32 run: the largest and the mean |loss difference|
-        d = [abs(a - b) for a, b in zip(runs[kind]["losses"], runs["torch"]["losses"])]
-        return dict(max=max(d), mean=sum(d) / len(d))
-    distances = {kind: distance(kind) for kind in ("torch_bf16", "recurscan")}
-    for kind, d in distances.items():
-        print(f"{kind:<10} |loss - float32 loss|: max {d['max']:.4f}, mean {d['mean']:.4f}")
-    if args.out:
-        record = dict(config=dict(hidden=config.hidden_size, value_heads=config.linear_num_value_heads,
-                                  key_heads=config.linear_num_key_heads, head_k=config.linear_key_head_dim,
-                                  head_v=config.linear_value_head_dim),
-                      steps=args.steps, batch=args.batch, length=args.length, vocab=args.vocab, lr=args.lr,
-                      device=str(device), runs=runs, distance_from_float32=distances)
-        json.dump(record, open(args.out + ".json", "w"), indent=1)
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot(runs["torch"]["losses"], label="transformers' torch path, float32")
-        ax.plot(runs["torch_bf16"]["losses"], label="transformers' torch path, bf16", linestyle=":")
-        ax.plot(runs["recurscan"]["losses"], label="recurscan, bf16", linestyle="--")
-        ax.set_xlabel("step (AdamW)")
-        ax.set_ylabel("copy-task loss")
-        ax.set_title("Qwen3-Next GatedDeltaNet layer")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(args.out + ".png", dpi=120)
-
+    record = dict(config=dict(hidden=config.hidden_size, value_heads=config.linear_num_value_heads,
+                              key_heads=config.linear_num_key_heads, head_k=config.linear_key_head_dim,
+                              head_v=config.linear_value_head_dim),
+                  steps=args.steps, batch=args.batch, length=args.length, vocab=args.vocab, lr=args.lr,
+                  device=str(device))
+    report(runs, record, args.out, "Qwen3-Next GatedDeltaNet layer", "recurscan, bf16")
 
 if __name__ == "__main__":
     main()

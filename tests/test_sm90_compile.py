@@ -14,12 +14,17 @@ from tests.helpers.sm90 import CASES, SHAPES
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.parametrize("case, shape", [(c, s) for c in CASES for s in SHAPES])
-def test_every_backward_launch_compiles_for_sm90(case, shape):
+def compile_offline(*argv):
+    """tests/helpers/sm90.py with ``argv``, in a process without the interpreter."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    run = subprocess.run([sys.executable, "-m", "tests.helpers.sm90", case, shape], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", "tests.helpers.sm90", *argv], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("case, shape", [(c, s) for c in CASES for s in SHAPES])
+def test_every_backward_launch_compiles_for_sm90(case, shape):
+    run = compile_offline(case, shape)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "chunk_delta_bwd_sweep_kernel" in run.stdout, run.stdout
 
@@ -27,10 +32,7 @@ def test_every_backward_launch_compiles_for_sm90(case, shape):
 @pytest.mark.parametrize("family", ["gla", "ssd", "ssd-cache", "gla-backward"])
 @pytest.mark.parametrize("case", [c for c, (M, _) in CASES.items() if M == 1])
 def test_the_gla_forward_compiles_for_sm90(case, family):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    run = subprocess.run([sys.executable, "-m", "tests.helpers.sm90", family, case], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=600)
+    run = compile_offline(family, case)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "chunk_simple_gla_fwd_kernel" in run.stdout, run.stdout
     if family == "gla-backward":

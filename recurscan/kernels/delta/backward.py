@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import _chunk_gates, _chunk_slot
+from .common import _chunk_gates, _chunk_rows, _chunk_slot, _sequence
 
 
 @triton.jit
@@ -18,18 +18,6 @@ def _mm(a, b, DT: tl.constexpr, PRECISION: tl.constexpr):
     """a @ b on DT operands (the inputs' dtype: 16-bit tiles halve the shared memory the products
     stage through), float32 accumulation."""
     return tl.dot(a.to(DT), b.to(DT), input_precision=PRECISION)
-
-
-@triton.jit
-def _sequence(cu_seqlens, i_n, T, IS_VARLEN: tl.constexpr):
-    """(bos, length) of sequence i_n, clamped to [0, T]."""
-    if IS_VARLEN:
-        bos = tl.minimum(tl.maximum(tl.load(cu_seqlens + i_n).to(tl.int64), 0), T)
-        eos = tl.minimum(tl.maximum(tl.load(cu_seqlens + i_n + 1).to(tl.int64), bos), T)
-    else:
-        bos = i_n * T
-        eos = bos + T
-    return bos, eos
 
 
 @triton.jit(do_not_specialize=["T", "n_cs_rows"])
@@ -143,32 +131,6 @@ def chunk_delta_bwd_sweep_kernel(
                 - _mm(tl.trans(b_k), lam_rk[:, None] * b_dv, DT, DOT_PRECISION)
     if STORE_DH0:
         tl.store(dh0 + (i_n * HV + i_hv) * K * V + o_kv, b_dS, mask=m_kv)
-
-
-@triton.jit
-def _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT: tl.constexpr, IS_VARLEN: tl.constexpr,
-                M: tl.constexpr):
-    """(valid, bos, eos, r0, cs) of parallel-stage chunk i_c: its sequence's rows [bos, eos) of the
-    expanded stream, its first row r0 and its chunk-state row cs; valid is False for a padding
-    chunk (which does nothing)."""
-    if IS_VARLEN:
-        i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
-        i_t = tl.load(chunk_indices + i_c * 2 + 1).to(tl.int64)
-        n_ok = (i_n >= 0) & (i_n < n_seq)
-        i_n = tl.where(n_ok, i_n, 0)
-        bos, eos = _sequence(cu_seqlens, i_n, T, True)
-        bos, eos = bos * M, eos * M
-        valid = n_ok & (i_t >= 0) & (i_t * BT < eos - bos)
-        cs = tl.load(chunk_offsets + i_n).to(tl.int64) + i_t
-    else:
-        NTd = (T * M + BT - 1) // BT
-        i_n = i_c // NTd
-        i_t = i_c % NTd
-        bos = i_n * T * M
-        eos = bos + T * M
-        valid = i_c >= 0
-        cs = i_c
-    return valid, bos, eos, bos + i_t * BT, cs
 
 
 @triton.jit(do_not_specialize=["T", "n_seq", "n_cs_rows"])

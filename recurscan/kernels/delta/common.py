@@ -108,3 +108,41 @@ def _rank_sequences(cu_seqlens, order, N, i_block, BLOCK: tl.constexpr, BLOCK_J:
         ahead = (len_j[None, :] > len_i[:, None]) | ((len_j[None, :] == len_i[:, None]) & (j[None, :] < i[:, None]))
         rank += tl.sum((ahead & m_j[None, :]).to(tl.int32), axis=1)
     tl.store(order + rank, i, mask=m_i)
+
+
+@triton.jit
+def _sequence(cu_seqlens, i_n, T, IS_VARLEN: tl.constexpr):
+    """(bos, length) of sequence i_n, clamped to [0, T]."""
+    if IS_VARLEN:
+        bos = tl.minimum(tl.maximum(tl.load(cu_seqlens + i_n).to(tl.int64), 0), T)
+        eos = tl.minimum(tl.maximum(tl.load(cu_seqlens + i_n + 1).to(tl.int64), bos), T)
+    else:
+        bos = i_n * T
+        eos = bos + T
+    return bos, eos
+
+
+@triton.jit
+def _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT: tl.constexpr, IS_VARLEN: tl.constexpr,
+                M: tl.constexpr):
+    """(valid, bos, eos, r0, cs) of parallel-stage chunk i_c: its sequence's rows [bos, eos) of the
+    expanded stream, its first row r0 and its chunk-state row cs; valid is False for a padding
+    chunk (which does nothing)."""
+    if IS_VARLEN:
+        i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
+        i_t = tl.load(chunk_indices + i_c * 2 + 1).to(tl.int64)
+        n_ok = (i_n >= 0) & (i_n < n_seq)
+        i_n = tl.where(n_ok, i_n, 0)
+        bos, eos = _sequence(cu_seqlens, i_n, T, True)
+        bos, eos = bos * M, eos * M
+        valid = n_ok & (i_t >= 0) & (i_t * BT < eos - bos)
+        cs = tl.load(chunk_offsets + i_n).to(tl.int64) + i_t
+    else:
+        NTd = (T * M + BT - 1) // BT
+        i_n = i_c // NTd
+        i_t = i_c % NTd
+        bos = i_n * T * M
+        eos = bos + T * M
+        valid = i_c >= 0
+        cs = i_c
+    return valid, bos, eos, bos + i_t * BT, cs

@@ -15,18 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..delta.common import _chunk_gates
-
-
-@triton.jit
-def _bounds(cu_seqlens, i_n, T, IS_VARLEN: tl.constexpr):
-    if IS_VARLEN:
-        bos = tl.minimum(tl.maximum(tl.load(cu_seqlens + i_n).to(tl.int64), 0), T)
-        eos = tl.minimum(tl.maximum(tl.load(cu_seqlens + i_n + 1).to(tl.int64), bos), T)
-    else:
-        bos = i_n * T
-        eos = bos + T
-    return bos, eos
+from ..delta.common import _chunk_gates, _chunk_rows, _sequence
 
 
 @triton.jit(do_not_specialize=["T", "n_cs_rows"])
@@ -45,7 +34,7 @@ def chunk_simple_gla_bwd_sweep_kernel(
     i_hv = (pid // NV) % HV
     i_n = pid // (NV * HV)
     i_h = i_hv // (HV // H)
-    bos, eos = _bounds(cu_seqlens, i_n, T, IS_VARLEN)
+    bos, eos = _sequence(cu_seqlens, i_n, T, IS_VARLEN)
     if IS_VARLEN:
         cs0 = tl.load(chunk_offsets + i_n).to(tl.int64)
     else:
@@ -109,26 +98,13 @@ def chunk_simple_gla_bwd_grads_kernel(
     i_c = pid // HV
     i_hv = pid % HV
     i_h = i_hv // (HV // H)
-    if IS_VARLEN:
-        i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
-        i_t = tl.load(chunk_indices + i_c * 2 + 1).to(tl.int64)
-        if (i_n < 0) | (i_n >= n_seq):
-            return
-        bos, eos = _bounds(cu_seqlens, i_n, T, True)
-        if (i_t < 0) | (i_t * BT >= eos - bos):
-            return
-        cs = tl.load(chunk_offsets + i_n).to(tl.int64) + i_t
-    else:
-        NTd = (T + BT - 1) // BT
-        i_n = i_c // NTd
-        i_t = i_c % NTd
-        bos = i_n * T
-        eos = bos + T
-        cs = i_c
+    valid, bos, eos, r0, cs = _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT, IS_VARLEN, 1)
+    if not valid:
+        return
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    rows = bos + i_t * BT + o_t.to(tl.int64)
+    rows = r0 + o_t.to(tl.int64)
     m_r = rows < eos
     m_rk = m_r[:, None] & m_k[None, :]
     causal = o_t[:, None] >= o_t[None, :]

@@ -6,13 +6,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..delta.common import _chunk_gates, _gates_of
+from ..delta.common import _chunk_gates, _gates_of, _sequence
 
 
 @triton.jit(do_not_specialize=["T"])
 def chunk_simple_gla_fwd_kernel(
     q, k, v, g, o, h0, ht, cu_seqlens, dt, A, dt_bias, D, z, chunk_states, chunk_offsets, state_indices,
-    T, scale, dt_min, dt_max, s0_n, s0_h, s0_k, s0_v, n_slots,
+    T, scale, dt_min, dt_max, s0_n, s0_h, s0_k, s0_v, n_slots, n_cs_rows,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, HAS_H0: tl.constexpr,
     STORE_FINAL: tl.constexpr, DOT_PRECISION: tl.constexpr, DT: tl.constexpr,
@@ -39,7 +39,8 @@ def chunk_simple_gla_fwd_kernel(
     (o + D x) silu(z) (D per head or per channel). ``g`` is unused then.
 
     STORE_CHUNK_STATES (the backward's recompute): row ``chunk_offsets[n] + c`` (dense:
-    ``n * ceil(T / BT) + c``) of ``chunk_states [rows, HV, K, V]`` receives the state entering chunk c.
+    ``n * ceil(T / BT) + c``) of ``chunk_states [n_cs_rows, HV, K, V]`` receives the state entering
+    chunk c (a row outside it is not written).
 
     The initial state is read through its strides ``s0_n, s0_h, s0_k, s0_v`` (element [n, hv, k, v];
     so mamba's [N, H, P, Nstate] states need no copy): ``h0[n]`` (HAS_H0), or with USE_CACHE the
@@ -51,12 +52,7 @@ def chunk_simple_gla_fwd_kernel(
     i_hv = (pid // NV) % HV
     i_n = pid // (NV * HV)
     i_h = i_hv // (HV // H)
-    if IS_VARLEN:  # clamped to [0, T]: a wrong boundary reads and writes nothing outside
-        bos = tl.minimum(tl.maximum(tl.load(cu_seqlens + i_n).to(tl.int64), 0), T)
-        eos = tl.minimum(tl.maximum(tl.load(cu_seqlens + i_n + 1).to(tl.int64), bos), T)
-    else:
-        bos = i_n * T
-        eos = bos + T
+    bos, eos = _sequence(cu_seqlens, i_n, T, IS_VARLEN)  # clamped: a wrong boundary reaches nothing outside
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -85,7 +81,7 @@ def chunk_simple_gla_fwd_kernel(
     for c in range(0, (eos - bos + BT - 1) // BT):
         if STORE_CHUNK_STATES:
             tl.store(chunk_states + ((cs0 + c) * HV + i_hv) * K * V + o_vk, b_St.to(chunk_states.dtype.element_ty),
-                     mask=m_vk)
+                     mask=m_vk & (cs0 + c >= 0) & (cs0 + c < n_cs_rows))  # no chunk_offsets reaches past the rows
         rows = bos + c * BT + o_t.to(tl.int64)
         m_r = rows < eos
         m_rk = m_r[:, None] & m_k[None, :]
