@@ -10,6 +10,7 @@ differ.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -80,6 +81,33 @@ def generate(model, prompt, steps):
     return out.sequences, torch.stack(out.logits, 1)
 
 
+@contextlib.contextmanager
+def recurscan_in_place(module, backend):
+    """transformers' Mamba2 functions in ``module`` (prefill scan and decode update) replaced by
+    recurscan's ops while the block runs; yields the count of calls to each."""
+    calls = {"chunk_scan": 0, "state_update": 0}
+
+    def chunk_scan(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=None, initial_states=None,
+                   dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False, **unused):
+        calls["chunk_scan"] += 1
+        return recurscan.mamba_chunk_scan_combined(hidden_states, dt, A, B, C, chunk_size=chunk_size, D=D,
+                                                   dt_bias=dt_bias, initial_states=initial_states,
+                                                   dt_softplus=dt_softplus, dt_limit=tuple(dt_limit),
+                                                   return_final_states=return_final_states, backend=backend)
+
+    def state_update(state, x, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False, z=None, **unused):
+        calls["state_update"] += 1
+        return recurscan.selective_state_update(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias,
+                                                dt_softplus=dt_softplus)
+
+    originals = module.mamba2_chunk_scan, module.mamba2_selective_state_update
+    module.mamba2_chunk_scan, module.mamba2_selective_state_update = chunk_scan, state_update
+    try:
+        yield calls
+    finally:
+        module.mamba2_chunk_scan, module.mamba2_selective_state_update = originals
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="mamba2", choices=["mamba2", "bamba"])
@@ -92,27 +120,8 @@ def main():
     model, prompt = model.to(device), prompt.to(device)
     share = scan_share(model, prompt, m)
     want_tokens, want_logits = generate(model, prompt, args.steps)
-    calls = {"chunk_scan": 0, "state_update": 0}
-
-    def chunk_scan(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=None, initial_states=None,
-                   dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False, **unused):
-        calls["chunk_scan"] += 1
-        return recurscan.mamba_chunk_scan_combined(hidden_states, dt, A, B, C, chunk_size=chunk_size, D=D,
-                                                   dt_bias=dt_bias, initial_states=initial_states,
-                                                   dt_softplus=dt_softplus, dt_limit=tuple(dt_limit),
-                                                   return_final_states=return_final_states, backend=args.backend)
-
-    def state_update(state, x, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False, z=None, **unused):
-        calls["state_update"] += 1
-        return recurscan.selective_state_update(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias,
-                                                dt_softplus=dt_softplus)
-
-    originals = m.mamba2_chunk_scan, m.mamba2_selective_state_update
-    m.mamba2_chunk_scan, m.mamba2_selective_state_update = chunk_scan, state_update
-    try:
+    with recurscan_in_place(m, args.backend) as calls:
         got_tokens, got_logits = generate(model, prompt, args.steps)
-    finally:
-        m.mamba2_chunk_scan, m.mamba2_selective_state_update = originals
     same = torch.equal(got_tokens, want_tokens)
     err = ((got_logits - want_logits).norm() / want_logits.norm()).item()
     record = dict(model=args.model, scan_share=share, backend=args.backend, device=str(device), steps=args.steps, calls=calls, tokens_identical=same,

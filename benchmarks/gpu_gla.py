@@ -8,12 +8,19 @@ and SSD's core (B1 T16384, one key group, 80 value heads x 64, K = dstate 128, s
 
 And Mamba2 SSD itself (``mamba_chunk_scan_combined``: B1 T16384 and B4 T4096, 80 heads x 64,
 dstate 128, one group, chunk 256, D, dt_softplus), recurscan's Triton path against mamba_ssm's
-(``MAMBA_SSM_SRC``: an unpacked mamba-ssm 2.3.2.post1 source tree, benchmarks/README.md).
+(``MAMBA_SSM_SRC``: an unpacked mamba-ssm 2.3.2.post1 source tree, benchmarks/README.md), the
+forward alone and the forward + backward (every input's gradient, one fixed dY); and the simple
+GLA's forward + backward against fla's. ``--cold``: the first SSD forward + backward in a fresh
+process with an empty Triton cache (issue 20: <= 10 s).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
+import tempfile
 
 import torch
 import triton.testing as tt
@@ -54,32 +61,104 @@ def time_impls(name, impls, want):
     return rows
 
 
+def ssd_inputs(Bt, T, H=80, P=64, G=1, N=128, seed=1):
+    """mamba_chunk_scan_combined's (x, dt, A, B, C) in bf16 / fp32 as Mamba2 passes them, and its
+    keyword arguments (chunk 256, D per head, dt_bias, dt_softplus)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    rn = lambda *sh: torch.randn(*sh, device="cuda", generator=gen)  # noqa: E731
+    x, dt = rn(Bt, T, H, P).bfloat16(), rn(Bt, T, H)
+    A, D, dt_bias = -torch.rand(H, device="cuda", generator=gen), rn(H), rn(H)
+    B, C = rn(Bt, T, G, N).bfloat16(), rn(Bt, T, G, N).bfloat16()
+    return (x, dt, A, B, C), dict(chunk_size=256, D=D, dt_bias=dt_bias, dt_softplus=True)
+
+
+def train_step(op, args, kw, grad_names, dy):
+    """op's forward + backward: the gradients of the leaves named in grad_names (positional
+    indices or keyword names), dy fixed."""
+    leaves = [a.detach().requires_grad_() if i in grad_names else a for i, a in enumerate(args)]
+    kws = {k: (v.detach().requires_grad_() if k in grad_names else v) for k, v in kw.items()}
+    wrt = [leaves[i] for i in grad_names if isinstance(i, int)] + [kws[k] for k in grad_names if isinstance(k, str)]
+    out = op(*leaves, **kws)
+    return torch.autograd.grad(out, wrt, dy)
+
+
+SSD_GRADS = (0, 1, 2, 3, 4, "D", "dt_bias")
+
+
+def time_train(name, impls):
+    """One row per implementation: forward + backward, eager, L2 flushed."""
+    rows = []
+    for impl, fn in impls.items():
+        try:
+            fn()
+            ms = tt.do_bench(fn, rep=200)
+            rows.append(dict(shape=name, impl=impl, pass_="forward+backward", ms=ms))
+            print(f"{name:<26} {impl:<17} {ms:8.3f} ms  forward + backward", flush=True)
+        except Exception as exc:  # recorded, never hidden
+            rows.append(dict(shape=name, impl=impl, pass_="forward+backward", status=f"{type(exc).__name__}: {exc}"))
+            print(f"{name:<26} {impl:<17} forward + backward: {rows[-1]['status']}", flush=True)
+    return rows
+
+
 def ssd_rows():
     from benchmarks.runner import NotInstalled, load_mamba
     rows = []
     for name, (Bt, T) in SSD_SHAPES.items():
-        gen = torch.Generator(device="cuda").manual_seed(1)
-        rn = lambda *sh: torch.randn(*sh, device="cuda", generator=gen)  # noqa: E731
-        H, P, G, N = 80, 64, 1, 128
-        x, dt = rn(Bt, T, H, P).bfloat16(), rn(Bt, T, H)
-        A, D, dt_bias = -torch.rand(H, device="cuda", generator=gen), rn(H), rn(H)
-        B, C = rn(Bt, T, G, N).bfloat16(), rn(Bt, T, G, N).bfloat16()
-        args = (x, dt, A, B, C)
-        kw = dict(chunk_size=256, D=D, dt_bias=dt_bias, dt_softplus=True)
+        args, kw = ssd_inputs(Bt, T)
         want = recurscan.mamba_chunk_scan_combined(*(t.float() for t in args), **kw, backend="torch")
-        impls = {"recurscan triton": lambda: recurscan.mamba_chunk_scan_combined(*args, **kw, backend="triton")}
+        ours = lambda *a, **k: recurscan.mamba_chunk_scan_combined(*a, **k, backend="triton")  # noqa: E731
+        ops = {"recurscan triton": ours}
         try:
-            mamba = load_mamba("ssd_combined", "mamba_chunk_scan_combined")
-            impls["mamba_ssm"] = lambda: mamba(*args, **kw)
+            ops["mamba_ssm"] = load_mamba("ssd_combined", "mamba_chunk_scan_combined")
         except NotInstalled as exc:
             rows.append(dict(shape=name, impl="mamba_ssm", status=f"not installed: {exc}"))
-        rows += time_impls(name, impls, want)
+        rows += time_impls(name, {impl: (lambda op=op: op(*args, **kw)) for impl, op in ops.items()}, want)
+        dy = torch.randn_like(args[0])
+        rows += time_train(name, {impl: (lambda op=op: train_step(op, args, kw, SSD_GRADS, dy)) for impl, op in ops.items()})
     return rows
+
+
+def gla_train_rows(name, s, q, k, v, g):
+    impls = {"recurscan triton": lambda *a: recurscan.chunk_simple_gla(*a, scale=s["scale"], backend="triton")[0]}
+    try:
+        from fla.ops.simple_gla import chunk_simple_gla as fla_gla
+        if s["H"] == s["HV"]:
+            impls["fla"] = lambda *a: fla_gla(*a, scale=s["scale"])[0]
+    except Exception:  # already recorded by the forward rows
+        pass
+    dy = torch.randn_like(v)
+    return time_train(name, {impl: (lambda op=op: train_step(op, (q, k, v, g), {}, (0, 1, 2, 3), dy))
+                             for impl, op in impls.items()})
+
+
+COLD = """
+import time, torch
+t0 = time.perf_counter()
+import recurscan
+from benchmarks.gpu_gla import SSD_GRADS, ssd_inputs, train_step
+args, kw = ssd_inputs(1, 16384)
+dy = torch.randn_like(args[0])
+torch.cuda.synchronize(); t1 = time.perf_counter()
+train_step(lambda *a, **k: recurscan.mamba_chunk_scan_combined(*a, **k, backend="triton"), args, kw, SSD_GRADS, dy)
+torch.cuda.synchronize(); t2 = time.perf_counter()
+print(t1 - t0, t2 - t1)
+"""
+
+
+def cold():
+    """(import and inputs, first forward + backward) seconds in a fresh process, empty Triton cache."""
+    with tempfile.TemporaryDirectory() as cache:
+        out = subprocess.run([sys.executable, "-c", COLD], capture_output=True, text=True,
+                             env=dict(os.environ, TRITON_CACHE_DIR=cache), check=True)
+    setup, first = map(float, out.stdout.split()[-2:])
+    print(f"ssd_b1_t16384_h80 cold: import + inputs {setup:.1f} s, first forward + backward {first:.1f} s", flush=True)
+    return dict(shape="ssd_b1_t16384_h80", impl="recurscan triton", cold_import_s=setup, cold_first_call_s=first)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out")
+    ap.add_argument("--cold", action="store_true")
     args = ap.parse_args()
     rows = []
     for name, s in SHAPES.items():
@@ -94,7 +173,10 @@ def main():
         except Exception as exc:  # recorded, never hidden
             rows.append(dict(shape=name, impl="fla", status=f"not installed: {exc}"))
         rows += time_impls(name, impls, want)
+        rows += gla_train_rows(name, s, q, k, v, g)
     rows += ssd_rows()
+    if args.cold:
+        rows.append(cold())
     if args.out:
         json.dump(dict(torch=torch.__version__, device=torch.cuda.get_device_name(), rows=rows), open(args.out, "w"),
                   indent=1)
