@@ -61,7 +61,7 @@ def run(case, shape, dtype=torch.bfloat16):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", action="append", help="BV:sweep warps:parallel-stage warps[:its BV][:split][:group][:t] (repeatable)")
+    ap.add_argument("--shape", action="append", help="BV:sweep warps:parallel-stage warps[:its BV] (repeatable)")
     ap.add_argument("--case", action="append")
     ap.add_argument("--out")
     args = ap.parse_args()
@@ -69,9 +69,7 @@ def main():
     rows = []
     for case in args.case or CASES:
         for shape in shapes:
-            tag = f"{shape.block_v}:{shape.sweep_warps}:{shape.grads_warps}:{shape.grads_block_v or shape.block_v}" + \
-                (":split" if shape.split_parallel_stage else "") + (":group" if shape.sum_group_in_kernel else "") + \
-                (":t" if shape.sweep_transposed else "")
+            tag = f"{shape.block_v}:{shape.sweep_warps}:{shape.grads_warps}:{shape.grads_block_v or shape.block_v}"
             try:
                 r = run(case, shape)
                 print(f"{case:<34} {tag:<8} " + "  ".join(f"{n} {x:.1e}" for n, x in r.items()), flush=True)

@@ -134,18 +134,12 @@ PLANNED = None
 
 
 def parse_backward_shape(text):
-    """``BV:sweep warps:parallel-stage warps[:its BV][:split][:group][:t]`` -> a DeltaBackwardShape
-    (``split``: the parallel stage as two kernels; ``group``: a GVA group summed in the kernel;
-    ``t``: the reverse sweep holding dS transposed)."""
+    """``BV:sweep warps:parallel-stage warps[:its BV]`` -> a DeltaBackwardShape."""
     from recurscan.plan.delta import DeltaBackwardShape
     parts = text.split(":")
-    numbers = [int(x) for x in parts if x.isdigit()]
-    flags = {x for x in parts if not x.isdigit()}
-    if len(numbers) not in (3, 4) or flags - {"split", "group", "t"}:
-        raise ValueError(f"backward shape: expected BV:sweep warps:stage warps[:stage BV][:split][:group][:t], "
-                         f"got {text!r}")
-    return DeltaBackwardShape(*numbers[:3], "variant", *numbers[3:], sum_group_in_kernel="group" in flags,
-                              split_parallel_stage="split" in flags, sweep_transposed="t" in flags)
+    if len(parts) not in (3, 4) or not all(x.isdigit() for x in parts):
+        raise ValueError(f"backward shape: expected BV:sweep warps:stage warps[:stage BV], got {text!r}")
+    return DeltaBackwardShape(*map(int, parts[:3]), "variant", *map(int, parts[3:]))
 
 
 def set_backward_shape(text):
@@ -203,7 +197,7 @@ def main():
     ap.add_argument("--cold", action="store_true")
     ap.add_argument("--impl", action="append", help="limit the implementations (recurscan, fla)")
     ap.add_argument("--profile", action="store_true", help="GPU time by kernel of one forward + backward")
-    ap.add_argument("--backward-shape", action="append", help="BV:sweep warps:parallel-stage warps[:its BV][:split][:group][:t]: recurscan "
+    ap.add_argument("--backward-shape", action="append", help="BV:sweep warps:parallel-stage warps[:its BV]: recurscan "
                                                                "again in this backward launch shape (repeatable)")
     args = ap.parse_args()
     global PROFILE

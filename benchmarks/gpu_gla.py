@@ -11,7 +11,8 @@ dstate 128, one group, chunk 256, D, dt_softplus), recurscan's Triton path again
 (``MAMBA_SSM_SRC``: an unpacked mamba-ssm 2.3.2.post1 source tree, benchmarks/README.md), the
 forward alone and the forward + backward (every input's gradient, one fixed dY); and the simple
 GLA's forward + backward against fla's. ``--cold``: the first SSD forward + backward in a fresh
-process with an empty Triton cache (issue 20: <= 10 s).
+process with an empty Triton cache (issue 20: <= 10 s). ``--gla-shape BV:warps`` (repeatable): the
+recurscan rows again in that launch shape of the GLA kernels (the planner's is plan/gla.py's).
 """
 from __future__ import annotations
 
@@ -118,7 +119,7 @@ def ssd_rows():
     return rows
 
 
-def gla_train_rows(name, s, q, k, v, g):
+def gla_train_rows(name, s, q, k, v, g, keep=lambda impls: impls):
     impls = {"recurscan triton": lambda *a: recurscan.chunk_simple_gla(*a, scale=s["scale"], backend="triton")[0]}
     try:
         from fla.ops.simple_gla import chunk_simple_gla as fla_gla
@@ -128,7 +129,7 @@ def gla_train_rows(name, s, q, k, v, g):
         pass
     dy = torch.randn_like(v)
     return time_train(name, {impl: (lambda op=op: train_step(op, (q, k, v, g), {}, (0, 1, 2, 3), dy))
-                             for impl, op in impls.items()})
+                             for impl, op in keep(impls).items()})
 
 
 COLD = """
@@ -155,12 +156,45 @@ def cold():
     return dict(shape="ssd_b1_t16384_h80", impl="recurscan triton", cold_import_s=setup, cold_first_call_s=first)
 
 
+def recurscan_only(impls):
+    return {n: f for n, f in impls.items() if n == "recurscan triton"}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out")
     ap.add_argument("--cold", action="store_true")
+    ap.add_argument("--gla-shape", action="append", default=[], help="BV:warps: the recurscan rows again in this "
+                                                                       "launch shape of the GLA kernels (repeatable)")
+    ap.add_argument("--only-shapes", action="store_true", help="the --gla-shape rows (and the planner's) alone")
     args = ap.parse_args()
+    from recurscan.plan import gla as plan_gla
+    planned = plan_gla.GLA_LAUNCH
     rows = []
+    for text in (["planned"] + args.gla_shape) if args.gla_shape else []:
+        bv, warps = (planned.block_v, planned.num_warps) if text == "planned" else map(int, text.split(":"))
+        plan_gla.GLA_LAUNCH = plan_gla.GlaShape(bv, warps, "benchmark variant")
+        tag = f" {bv}:{warps}"
+        for name, s in SHAPES.items():
+            q, k, v, g = inputs(s)
+            want = recurscan.chunk_simple_gla(*(x.float() for x in (q, k, v)), g, scale=s["scale"], backend="torch")[0]
+            fwd = {"recurscan triton": lambda: recurscan.chunk_simple_gla(q, k, v, g, scale=s["scale"])[0]}
+            rows += time_impls(name + tag, fwd, want)
+            rows += gla_train_rows(name + tag, s, q, k, v, g, recurscan_only)
+        for name, (Bt, T) in SSD_SHAPES.items():
+            a, kw = ssd_inputs(Bt, T)
+            want = recurscan.mamba_chunk_scan_combined(*(t.float() for t in a), **kw, backend="torch")
+            rows += time_impls(name + tag, {"recurscan triton": lambda: recurscan.mamba_chunk_scan_combined(*a, **kw)},
+                               want)
+            dy = torch.randn_like(a[0])
+            rows += time_train(name + tag, {"recurscan triton": lambda: train_step(
+                recurscan.mamba_chunk_scan_combined, a, kw, SSD_GRADS, dy)})
+    plan_gla.GLA_LAUNCH = planned
+    if args.only_shapes:
+        if args.out:
+            json.dump(dict(torch=torch.__version__, device=torch.cuda.get_device_name(), rows=rows),
+                      open(args.out, "w"), indent=1)
+        return
     for name, s in SHAPES.items():
         q, k, v, g = inputs(s)
         want = recurscan.chunk_simple_gla(*(x.float() for x in (q, k, v)), g, scale=s["scale"], backend="torch")[0]

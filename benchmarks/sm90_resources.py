@@ -24,7 +24,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from recurscan.kernels.delta.backward import (chunk_delta_bwd_dqdk_kernel, chunk_delta_bwd_grads_kernel,
+from recurscan.kernels.delta.backward import (chunk_delta_bwd_dqdk_kernel,
                                               chunk_delta_bwd_scores_kernel, chunk_delta_bwd_sweep_kernel)
 from recurscan.kernels.delta.prep import chunk_delta_prep_kernel
 from recurscan.kernels.delta.sweep import chunk_delta_sweep_kernel
@@ -125,29 +125,24 @@ def prep(warps=4, fp16=True, varlen=False, M=1, maxnreg=None, lines=0):
     return _compile(chunk_delta_prep_kernel, sig, const, warps, maxnreg=maxnreg, lines=lines)
 
 
-def backward(BV=32, warps=8, grads_warps=8, state_t=False):
+def backward(BV=32, warps=8, grads_warps=8):
     """The backward's reverse sweep and parallel stage (value blocks of BV), dense GDN."""
     p, f = "*bf16", "*fp32"
     sig = dict(q=p, k=p, beta=p, do=p, winv=p, aqk=p, coef=f, dstates=p, dht=f, dh0=f, dy_out=p, dv=p, cu_seqlens="*i32", chunk_offsets="*i32", T="i32", n_cs_rows="i32")
     const = dict(H=16, HV=32, K=128, V=128, BT=64, BK=128, BV=BV, IS_VARLEN=False, HAS_DHT=True, STORE_DH0=True,
-                 DOT_PRECISION="tf32", DT=tl.bfloat16, STATE_T=state_t, M=1)
+                 DOT_PRECISION="tf32", DT=tl.bfloat16, M=1)
     swept = _compile(chunk_delta_bwd_sweep_kernel, sig, const, warps)
-    sig = dict(q=p, k=p, v=p, g="*fp32", beta=p, do=p, winv=p, dy=p, states=p, dstates=p, dq=p, dk=p, dg=f, dbeta=f,
-               scratch=p, cu_seqlens="*i32", chunk_indices="*i32", chunk_offsets="*i32", T="i32", n_seq="i32",
-               scale="fp32", n_cs_rows="i32")
     const = dict(H=16, HV=32, K=128, V=128, BT=64, BK=128, BV=BV, IS_VARLEN=False, HAS_G=True, USE_L2NORM=True,
-                 DOT_PRECISION="tf32", DT=tl.bfloat16, HEADS=1, M=1)
-    one_pass = _compile(chunk_delta_bwd_grads_kernel, sig, const, grads_warps)
-    del const["HEADS"]
+                 DOT_PRECISION="tf32", DT=tl.bfloat16, M=1)
     scores_sig = dict(q=p, k=p, v=p, g="*fp32", beta=p, do=p, winv=p, dy=p, states=p, dstates=p, u_out=p, dg=f,
                       dbeta=f, scratch=p, cu_seqlens="*i32", chunk_indices="*i32", chunk_offsets="*i32", T="i32",
                       n_seq="i32", scale="fp32", n_cs_rows="i32")
     dqdk_sig = dict(q=p, k=p, g="*fp32", beta=p, do=p, u=p, dy=p, states=p, dstates=p, dq=p, dk=p, scratch=p,
                     cu_seqlens="*i32", chunk_indices="*i32", chunk_offsets="*i32", T="i32", n_seq="i32",
                     scale="fp32", n_cs_rows="i32")
-    return f"reverse sweep BV {BV}, {warps} warps{', dS transposed' if state_t else ''}: {swept}\nparallel stage BV {BV}, {grads_warps} warps: " \
-           f"{one_pass}\n  split, first half: {_compile(chunk_delta_bwd_scores_kernel, scores_sig, const, grads_warps)}" \
-           f"\n  split, second half: {_compile(chunk_delta_bwd_dqdk_kernel, dqdk_sig, const, grads_warps)}"
+    return f"reverse sweep BV {BV}, {warps} warps: {swept}\nparallel stage BV {BV}, {grads_warps} warps:" \
+           f"\n  scores: {_compile(chunk_delta_bwd_scores_kernel, scores_sig, const, grads_warps)}" \
+           f"\n  dq, dk: {_compile(chunk_delta_bwd_dqdk_kernel, dqdk_sig, const, grads_warps)}"
 
 
 def main(argv=None):
@@ -159,11 +154,11 @@ def main(argv=None):
     ap.add_argument("--lines", type=int, default=0, help="with --prep: the N source lines with the most "
                                                           "SASS instructions")
     ap.add_argument("--backward", nargs="?", const="32:8:8", help="the backward's kernels "
-                                                                    "(BV:sweep warps:parallel-stage warps[:t])")
+                                                                    "(BV:sweep warps:parallel-stage warps)")
     args = ap.parse_args(argv)
     if args.backward:
         parts = args.backward.split(":")
-        print(backward(*map(int, parts[:3]), state_t=parts[3:] == ["t"]))
+        print(backward(*map(int, parts[:3])))
         return
     if args.prep:
         for text in args.prep:

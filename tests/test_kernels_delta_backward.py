@@ -35,20 +35,16 @@ CASES = {
     "T 300, GVA 4": dict(B=1, T=300, H=1, HV=4, cu=None, l2norm=True),
     "K 24, V 40 (not powers of two), varlen": dict(B=1, T=150, H=1, HV=2, cu=[0, 1, 150], l2norm=True, K=24, V=40),
 }
-GROUP_IN_KERNEL = DeltaBackwardShape(32, 4, 4, "tests: a GVA group summed in the kernel", sum_group_in_kernel=True)
-SPLIT = DeltaBackwardShape(32, 4, 4, "tests: the parallel stage as two kernels", split_parallel_stage=True)
-SWEEP_T = DeltaBackwardShape(32, 4, 4, "tests: the reverse sweep holding dS^T", sweep_transposed=True)
+#: Another launch shape than the planner's: 4 warps, and a parallel stage stepping 16 value columns.
+NARROW = DeltaBackwardShape(32, 4, 4, "tests: 4 warps, the parallel stage over 16-column steps", grads_block_v=16)
 
 
 def _cases():
     for case, c in CASES.items():
         for optional in ("all", "no_g_beta_h0"):
             yield pytest.param(case, optional, None, id=f"{case}-{optional}")
-            if c["HV"] > c["H"]:  # GVA: the group's sum in the kernel too
-                yield pytest.param(case, optional, GROUP_IN_KERNEL, id=f"{case}-{optional}-group in kernel")
             if optional == "all":
-                yield pytest.param(case, optional, SPLIT, id=f"{case}-{optional}-split stage")
-            yield pytest.param(case, optional, SWEEP_T, id=f"{case}-{optional}-sweep transposed")
+                yield pytest.param(case, optional, NARROW, id=f"{case}-{optional}-narrow")
 
 
 @pytest.mark.parametrize("case, optional, backward_shape", list(_cases()))
@@ -87,8 +83,7 @@ def test_triton_backward_matches_the_reference(case, optional, backward_shape):
             assert_like_fp32(a.cpu(), b, r, name)
 
 
-@pytest.mark.parametrize("backward_shape", [None, GROUP_IN_KERNEL, SPLIT, SWEEP_T],
-                         ids=["planned", "group", "split", "sweep transposed"])
+@pytest.mark.parametrize("backward_shape", [None, NARROW], ids=["planned", "narrow"])
 @pytest.mark.parametrize("M, cu", [(2, None), (3, [0, 1, 40, 41, 90])])
 def test_gated_delta_product_on_the_expanded_stream(M, cu, backward_shape):
     """GDP: the stages on the expanded stream with q, dO (last copies) and g (first copies) read
@@ -179,8 +174,7 @@ def test_gdp_training_with_descriptors_builds_none(monkeypatch):
         assert relative_rms(a.double().cpu(), b) < 1e-5, name
 
 
-@pytest.mark.parametrize("backward_shape", [None, GROUP_IN_KERNEL, SPLIT, SWEEP_T],
-                         ids=["planned", "group", "split", "sweep transposed"])
+@pytest.mark.parametrize("backward_shape", [None, NARROW], ids=["planned", "narrow"])
 def test_every_backward_launch_names_every_kernel_argument(backward_shape):
     """The direct launcher fills a kernel's parameters by name, defaults included: every launch of
     the backward (its forward recompute too) names every argument of its kernel."""
@@ -201,8 +195,7 @@ def test_every_backward_launch_names_every_kernel_argument(backward_shape):
         assert not missing, f"{getattr(step.kernel, 'fn', step.kernel).__name__}: {missing}"
 
 
-@pytest.mark.parametrize("backward_shape", [None, GROUP_IN_KERNEL, SPLIT, SWEEP_T],
-                         ids=["planned", "group", "split", "sweep transposed"])
+@pytest.mark.parametrize("backward_shape", [None, NARROW], ids=["planned", "narrow"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_16_bit_inputs(dtype, backward_shape):
     """bf16 / fp16 inputs (the buffers the stages hand each other then are 16-bit too), GVA and
@@ -221,3 +214,64 @@ def test_16_bit_inputs(dtype, backward_shape):
                           chunk_indices=d.chunk_indices, chunk_offsets=d.chunk_offsets, backward_shape=backward_shape)
     for name, a, b in zip(NAMES, got, want):
         assert relative_rms(a.double().cpu(), b) < 1e-2, name
+
+
+@pytest.mark.parametrize("M, cu", [(1, None), (1, [0, 1, 130]), (2, [0, 1, 130])], ids=["GDN dense", "GDN varlen",
+                                                                                          "GDP varlen"])
+def test_the_forward_starts_the_backward_compiling(monkeypatch, M, cu):
+    """On a signature's first forward under autograd, compile_backward_early builds the backward's
+    launches and hands every kernel of them (the recompute's and the stages') to the background
+    compiler; the backward then finds those launches (none built twice), waits for the compiles
+    and gives the gradients the reference does. The compiler itself is recorded here: the
+    interpreter compiles nothing."""
+    import recurscan.launch.delta_backward as lb
+    from recurscan.launch.delta import TEST_SHAPE
+    handed, waited = [], []
+    monkeypatch.setattr(lb, "INTERPRET", False)
+    monkeypatch.setattr(lb, "compile_in_background",
+                        lambda launches, names, values, device: handed.append((launches, names, values))
+                        or (lambda: waited.append(1)))
+    q, k, v, g, beta, S0 = (x.float() for x in gdn_inputs(1, 130, 1, 2, 16, 16, seed=11))
+    if M > 1:
+        k, v, beta = (x.repeat_interleave(M, dim=1) * (0.9 if x is k else 1.0) for x in (k, v, beta))
+    cu_t = None if cu is None else torch.tensor(cu)
+    N = 1 if cu is None else len(cu) - 1
+    h0 = S0.expand(N, -1, -1, -1).contiguous()
+    d = None if cu is None else build_chunk_descriptors(cu_t, M)
+    desc = {} if d is None else dict(chunk_indices=d.chunk_indices_dp if M > 1 else d.chunk_indices,
+                                     chunk_offsets=d.chunk_offsets)
+    o, final = torch.zeros(1, 130, 2, 16), torch.zeros(N, 2, 16, 16)
+    signature = ("test", M, cu is None)
+    lb.EARLY_SIGNATURES.discard(signature)
+    before = len(lb.BACKWARD_LAUNCHES)
+    lb.compile_backward_early(signature, q, k, v, g, beta, o, final, num_householder=M, scale=0.25,
+                              initial_state=h0, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_t, shape=TEST_SHAPE,
+                              **desc)
+    assert len(lb.BACKWARD_LAUNCHES) == before + 1 and len(handed) == 2
+    built = list(lb.BACKWARD_LAUNCHES.values())[-1]
+    assert [launch[0] for launch in handed[0][0]] == [s.kernel for s in built.forward.steps]
+    assert [launch[0] for launch in handed[1][0]] == [s.kernel for s in built.steps]
+    buffers = set(built.forward.buffers) | set(built.buffers) | {"states", "winv", "aqk", "coef"}
+    for launches, names, values in handed:  # every buffer a kernel reads or writes has a stand-in
+        for kernel, grid, kwargs, options in launches:
+            for arg in kwargs.values():
+                if isinstance(arg, lb.CallArg):
+                    assert arg in names and (arg not in buffers or values[names.index(arg)] is not None), arg
+    lb.compile_backward_early(signature, q, k, v, g, beta, o, final, num_householder=M, scale=0.25, initial_state=h0,
+                              use_qk_l2norm_in_kernel=True, cu_seqlens=cu_t, shape=TEST_SHAPE, **desc)
+    assert len(handed) == 2  # a signature's later forwards start nothing
+    do, dht = torch.randn(1, 130, 2, 16), torch.randn(N, 2, 16, 16)
+    if M > 1:
+        got = lb.chunk_delta_product_bwd(q, k, v, g, beta, M, do, dht, scale=0.25, initial_state=h0,
+                                         use_qk_l2norm_in_kernel=True, cu_seqlens=cu_t, shape=TEST_SHAPE,
+                                         chunk_indices_dp=d.chunk_indices_dp)
+    else:
+        got = lb.chunk_delta_bwd(q, k, v, g, beta, do, dht, scale=0.25, initial_state=h0, use_qk_l2norm_in_kernel=True,
+                                 cu_seqlens=cu_t, shape=TEST_SHAPE, **desc)
+    assert len(lb.BACKWARD_LAUNCHES) == before + 1 and waited == [1, 1] and built.pending is None
+    if M == 1:
+        want = gated_delta_rule_chunked_backward(*(t.double() for t in (q, k, v, g, beta, do)), dht.double(),
+                                                 scale=0.25, initial_state=h0.double(), use_qk_l2norm_in_kernel=True,
+                                                 cu_seqlens=cu_t)
+        for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), got, want):
+            assert relative_rms(a.double(), b) < 1e-4, name

@@ -193,3 +193,54 @@ def test_state_cache_on_both_backends(cu):
             assert (o[rows] == 0).all()
     untouched = [s for s in range(5) if s not in [x for x in slots.tolist() if x >= 0]]
     assert torch.equal(mine[untouched], cache[untouched])
+
+
+def test_planner_rows_for_the_gla_engine():
+    """On CUDA, chunked GLA with a scalar decay and SSD take the GLA kernels (the rule names the
+    measurement); GLA with a decay per key dimension, and float64 inputs, keep the PyTorch form;
+    CPU tensors take the oracle unless asked."""
+    from recurscan.plan import RULES, plan
+    from recurscan.problem import gla_problem, ssd_problem
+    cuda = torch.device("cuda")
+    first = lambda family, prob: next(r for r in RULES if r.applies(family, prob, cuda, "chunked"))  # noqa: E731
+    q, k, v = torch.randn(1, 8, 2, 16), torch.randn(1, 8, 2, 16), torch.randn(1, 8, 2, 16)
+    scalar = gla_problem(q, k, v, torch.full((1, 8, 2), -0.1), per_key_decay=False)
+    per_key = gla_problem(q, k, v, torch.full((1, 8, 2, 16), -0.1), per_key_decay=True)
+    assert first("gla", scalar).backend == "triton" and "ms" in first("gla", scalar).reason
+    assert first("gla", per_key).backend == "torch"
+    assert first("gla", gla_problem(q.double(), k.double(), v.double(), torch.full((1, 8, 2), -0.1).double(),
+                                    per_key_decay=False)).backend == "torch"
+    assert plan("gla", scalar, torch.device("cpu")).backend == "torch"
+    x, dt, A, B, C = torch.randn(1, 8, 2, 16), torch.rand(1, 8, 2), -torch.rand(2), torch.randn(1, 8, 1, 16), \
+        torch.randn(1, 8, 1, 16)
+    assert first("ssd", ssd_problem(x, dt, A, B, C)).backend == "triton"
+    assert plan("ssd", ssd_problem(x, dt, A, B, C), torch.device("cpu")).backend == "torch"
+
+
+def test_the_forward_starts_the_backward_compiling(monkeypatch):
+    """A signature's first forward under autograd hands the backward's kernels (the forward again
+    for the chunk states, the sweep, the parallel stage) to the background compiler; the backward
+    finds those launches (none built twice), waits for the compiles, and its gradients are the
+    PyTorch form's. The compiler itself is recorded here: the interpreter compiles nothing."""
+    import recurscan.launch.gla as lg
+    handed, waited = [], []
+    monkeypatch.setattr(lg, "INTERPRET", False)
+    monkeypatch.setattr(lg, "compile_in_background", lambda launches, names, values, device:
+                        handed.append((launches, names, values)) or (lambda: waited.append(1)))
+    gen = torch.Generator().manual_seed(12)
+    x = [torch.randn(1, 77, 2, 16, generator=gen), torch.randn(1, 77, 2, 16, generator=gen),
+         torch.randn(1, 77, 2, 24, generator=gen), -torch.rand(1, 77, 2, generator=gen)]
+    before = len(lg.GLA_BACKWARD_LAUNCHES)
+    mine = [t.clone().requires_grad_() for t in x]
+    o, _ = recurscan.chunk_simple_gla(*mine, scale=0.3, backend="triton")
+    assert len(handed) == 2 and len(lg.GLA_BACKWARD_LAUNCHES) == before + 1
+    built = list(lg.GLA_BACKWARD_LAUNCHES.values())[-1]
+    assert [launch[0] for launch in handed[0][0]] == [built.forward.step.kernel]
+    assert [launch[0] for launch in handed[1][0]] == [s.kernel for s in built.steps]
+    do = torch.randn_like(o)
+    got = torch.autograd.grad(o, mine, do)
+    assert waited == [1, 1] and built.pending is None and len(lg.GLA_BACKWARD_LAUNCHES) == before + 1
+    ref = [t.clone().requires_grad_() for t in x]
+    want = torch.autograd.grad(recurscan.chunk_simple_gla(*ref, scale=0.3, backend="torch")[0], ref, do)
+    for name, a, b in zip(("dq", "dk", "dv", "dg"), got, want):
+        assert relative_rms(a, b) < 1e-4, name

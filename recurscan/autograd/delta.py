@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..launch.delta_backward import chunk_delta_bwd, chunk_delta_product_bwd
+from ..launch.delta_backward import chunk_delta_bwd, chunk_delta_product_bwd, compile_backward_early
 
 
 class ChunkDelta(torch.autograd.Function):
@@ -19,13 +19,20 @@ class ChunkDelta(torch.autograd.Function):
     ``forward()``: the no-grad forward (the Triton launches), returning ``(o, final_state)``;
     ``options``: num_householder, scale, use_qk_l2norm_in_kernel, cu_seqlens, and for the Triton
     backward the launch shape and the varlen descriptors (chunk_indices, chunk_indices_dp,
-    chunk_offsets).
+    chunk_offsets); ``signature``: the forward call's signature (None: not kept), on whose first
+    call the backward's kernels start compiling beside the forward's.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, initial_state, forward, options):
         with torch.no_grad():
             o, final = forward()
+            opt = options
+            compile_backward_early(
+                opt["signature"], q, k, v, g, beta, o, final, num_householder=opt["num_householder"],
+                scale=opt["scale"], initial_state=initial_state, use_qk_l2norm_in_kernel=opt["use_qk_l2norm_in_kernel"],
+                cu_seqlens=opt["cu_seqlens"], shape=opt["shape"], chunk_offsets=opt["chunk_offsets"],
+                chunk_indices=opt["chunk_indices_dp" if opt["num_householder"] > 1 else "chunk_indices"])
         ctx.save_for_backward(q, k, v, g, beta, initial_state)
         ctx.options = options
         return o, final

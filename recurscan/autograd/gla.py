@@ -19,7 +19,9 @@ class ChunkSimpleGla(torch.autograd.Function):
         with torch.no_grad():
             o, final = chunk_simple_gla_fwd(q, k, v, g, scale=options["scale"], initial_state=initial_state,
                                             output_final_state=True, cu_seqlens=options["cu_seqlens"],
-                                            shape=options["shape"])
+                                            shape=options["shape"],
+                                            backward=dict(chunk_indices=options["chunk_indices"],
+                                                          chunk_offsets=options["chunk_offsets"]))
         ctx.save_for_backward(q, k, v, g, initial_state)
         ctx.options = options
         return o, final

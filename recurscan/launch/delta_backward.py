@@ -5,9 +5,10 @@ expanded stream, :func:`chunk_delta_product_bwd`):
    dtype; no outputs);
 2. in it, the prep with STORE_INV, which writes ``G o Tinv`` beside wy (``aqk``, ``coef`` kept);
 3. the reverse sweep (dS carried last chunk to first; dv, dY, dS per chunk, dh0);
-4. the parallel stage (dq, dk, dg, dbeta), one program per chunk and value head (or per GVA group,
-   summing the group's dq and dk itself);
-5. under GVA, the sum of dq and dk over each group's value heads (unless the kernel summed them).
+4. the parallel stage (dq, dk, dg, dbeta) in two kernels, one program per chunk and value head: the
+   [BT, BT] side with dg and dbeta (``scores``), then dq and dk;
+5. under GVA, the sum of dq and dk over each group's value heads, cast to q's and k's dtypes
+   (kernels/group_sum.py).
 
 Saved from the forward: nothing but the inputs; every scratch here lives for the call. What a call
 of one signature launches is built once (:func:`build_delta_backward`) and kept in
@@ -22,19 +23,24 @@ import triton
 import triton.language as tl
 
 from ..descriptors import CHUNK_SIZE
-from ..kernels.delta.backward import (chunk_delta_bwd_dqdk_kernel, chunk_delta_bwd_grads_kernel,
-                                      chunk_delta_bwd_scores_kernel, chunk_delta_bwd_sweep_kernel)
+from ..kernels.delta.backward import (chunk_delta_bwd_dqdk_kernel, chunk_delta_bwd_scores_kernel,
+                                      chunk_delta_bwd_sweep_kernel)
 from ..kernels.delta.prep import chunk_delta_prep_kernel
+from ..kernels.group_sum import group_sum_kernel
 from ..plan import delta as _plan
 from ..plan.delta import DeltaBackwardShape, DeltaShape
 from ..runtime.cache import SignatureCache, launch_key
 from ..runtime.launcher import CallArg, compile_in_background, jit_launch
-from .delta import (INTERPRET, TEST_SHAPE, DeltaInputs, DeltaLaunches, Step, _empty, build_delta_launches,
-                    run_delta_launches)
+from .delta import (BUFFER_NAMES, CALL_NAMES, INTERPRET, TEST_SHAPE, DeltaInputs, DeltaLaunches, Step, _empty,
+                    build_delta_launches, run_delta_launches)
 
 #: The per-call tensors of the two backward stages, by name (their launches' CallArgs).
 NAMES = ("q", "k", "v", "g", "beta", "do", "dht", "cu_seqlens", "chunk_indices", "chunk_offsets",
-         "winv", "aqk", "coef", "states", "dstates", "dh0", "dy", "dv", "dq", "dk", "dg", "dbeta", "scratch", "u")
+         "winv", "aqk", "coef", "states", "dstates", "dh0", "dy", "dv", "dq", "dk", "dg", "dbeta", "scratch", "u",
+         "dq_sum", "dk_sum")
+
+#: Rows (token x q/k head) a program of the GVA group sum takes.
+GROUP_SUM_ROWS = 32
 
 #: Signature -> :class:`DeltaBackwardLaunches`.
 BACKWARD_LAUNCHES = SignatureCache("delta backward")
@@ -44,14 +50,16 @@ BACKWARD_LAUNCHES = SignatureCache("delta backward")
 class DeltaBackwardLaunches:
     """A backward call's launches for one signature: the forward again (chunk states; its prep
     with STORE_INV also writes G o Tinv), then ``steps`` (the reverse sweep and the parallel stage, per-call tensors by
-    :data:`NAMES`) on ``buffers`` (name -> (shape, dtype)). Under GVA, dq and dk come out in
-    float32, per value head (summed after) or summed in the kernel (the planner's choice)."""
+    :data:`NAMES`) on ``buffers`` (name -> (shape, dtype)). Under GVA (``gva``), the stages write
+    dq and dk per value head in float32 and the last two steps sum them over each group into
+    ``dq_sum`` and ``dk_sum``."""
 
     forward: DeltaLaunches
     steps: list
     buffers: dict
-    group_sum: int | None  # dq, dk per value head, summed over groups of this many; None: summed in the kernel
+    gva: bool
     compiled: bool = False  # a call has run (and compiled every kernel)
+    pending: object = None  # waits for the compiles a forward started (compile_backward_early), or None
 
 
 def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use_qk_l2norm_in_kernel,
@@ -89,16 +97,14 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
     BVg = min(backward_shape.grads_block_v or backward_shape.block_v, max(16, triton.next_power_of_2(V)))
     chunks = rows
     gva = HV != H
-    heads = HV // H if backward_shape.sum_group_in_kernel else 1  # value heads a parallel-stage program takes
-    out_heads = H if heads > 1 or not gva else HV  # dq, dk per q/k head, or per value head (summed after)
     f32 = torch.float32
     # dY and dS per chunk in the inputs' dtype: the parallel stage takes them as product operands.
     # Uninitialised: every row of a sequence is written (padding chunks cover no row).
     # dq and dg on the token stream [B, T, ...]; the rest on the expanded one [B, T * M, ...].
     buffers = dict(dstates=((rows, HV, K, V), q.dtype), dy=((B, T * M, HV, V), q.dtype),
-                   dv=((B, T * M, HV, V), v.dtype), dq=((B, T, out_heads, K), f32 if gva else q.dtype),
-                   dk=((B, T * M, out_heads, K), f32 if gva else k.dtype),
-                   dbeta=((B, T * M, HV), f32), scratch=((chunks * HV // heads, 2, BT, BT), q.dtype))
+                   dv=((B, T * M, HV, V), v.dtype), dq=((B, T, HV, K), f32 if gva else q.dtype),
+                   dk=((B, T * M, HV, K), f32 if gva else k.dtype), u=((B, T * M, HV, V), q.dtype),
+                   dbeta=((B, T * M, HV), f32), scratch=((chunks * HV, 2, BT, BT), q.dtype))
     if g is not None:
         buffers["dg"] = ((B, T, HV), f32)
     if initial_state is not None:
@@ -110,38 +116,99 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
         dy_out=arg("dy"), dv=arg("dv"), cu_seqlens=arg("cu_seqlens", varlen),
         chunk_offsets=arg("chunk_offsets", varlen), T=T, n_cs_rows=rows,
         H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=varlen, HAS_DHT=dht is not None,
-        STORE_DH0=initial_state is not None, DOT_PRECISION=dot_precision, DT=dt,
-        STATE_T=backward_shape.sweep_transposed, M=M),
+        STORE_DH0=initial_state is not None, DOT_PRECISION=dot_precision, DT=dt, M=M),
         dict(num_warps=backward_shape.sweep_warps))
-    if backward_shape.split_parallel_stage:
-        if heads != 1:
-            raise ValueError("backward_shape: the split parallel stage writes dq, dk per value head "
-                             "(sum_group_in_kernel=False)")
-        buffers["u"] = ((B, T * M, HV, V), q.dtype)
-        shared = dict(q=arg("q"), g=arg("g", g is not None), beta=arg("beta"), do=arg("do"), dy=arg("dy"),
-                      states=arg("states"), dstates=arg("dstates"), scratch=arg("scratch"),
-                      cu_seqlens=arg("cu_seqlens", varlen), chunk_indices=arg("chunk_indices", varlen),
-                      chunk_offsets=arg("chunk_offsets", varlen), T=T, n_seq=N, scale=scale, n_cs_rows=rows,
-                      H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BVg, IS_VARLEN=varlen, HAS_G=g is not None,
-                      USE_L2NORM=use_qk_l2norm_in_kernel, DOT_PRECISION=dot_precision, DT=dt, M=M)
-        scores = Step(chunk_delta_bwd_scores_kernel, (chunks * HV,), dict(
-            shared, k=arg("k"), v=arg("v"), winv=arg("winv"), u_out=arg("u"), dg=arg("dg", g is not None),
-            dbeta=arg("dbeta")), dict(num_warps=backward_shape.grads_warps))
-        dqdk = Step(chunk_delta_bwd_dqdk_kernel, (chunks * HV,), dict(
-            shared, k=arg("k"), u=arg("u"), dq=arg("dq"), dk=arg("dk")), dict(num_warps=backward_shape.grads_warps))
-        group_sum = HV // H if out_heads != H else None
-        return DeltaBackwardLaunches(forward, [sweep, scores, dqdk], buffers, group_sum)
-    grads = Step(chunk_delta_bwd_grads_kernel, (chunks * HV // heads,), dict(
-        q=arg("q"), k=arg("k"), v=arg("v"), g=arg("g", g is not None), beta=arg("beta"), do=arg("do"),
-        winv=arg("winv"), dy=arg("dy"), states=arg("states"), dstates=arg("dstates"), dq=arg("dq"), dk=arg("dk"),
-        dg=arg("dg", g is not None), dbeta=arg("dbeta"), scratch=arg("scratch"),
-        cu_seqlens=arg("cu_seqlens", varlen), chunk_indices=arg("chunk_indices", varlen),
-        chunk_offsets=arg("chunk_offsets", varlen), T=T, n_seq=N, scale=scale, n_cs_rows=rows,
-        H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BVg, IS_VARLEN=varlen, HAS_G=g is not None,
-        USE_L2NORM=use_qk_l2norm_in_kernel, DOT_PRECISION=dot_precision, DT=dt, HEADS=heads, M=M),
-        dict(num_warps=backward_shape.grads_warps))
-    group_sum = HV // H if out_heads != H else None
-    return DeltaBackwardLaunches(forward, [sweep, grads], buffers, group_sum)
+    shared = dict(q=arg("q"), g=arg("g", g is not None), beta=arg("beta"), do=arg("do"), dy=arg("dy"),
+                  states=arg("states"), dstates=arg("dstates"), scratch=arg("scratch"),
+                  cu_seqlens=arg("cu_seqlens", varlen), chunk_indices=arg("chunk_indices", varlen),
+                  chunk_offsets=arg("chunk_offsets", varlen), T=T, n_seq=N, scale=scale, n_cs_rows=rows,
+                  H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BVg, IS_VARLEN=varlen, HAS_G=g is not None,
+                  USE_L2NORM=use_qk_l2norm_in_kernel, DOT_PRECISION=dot_precision, DT=dt, M=M)
+    scores = Step(chunk_delta_bwd_scores_kernel, (chunks * HV,), dict(
+        shared, k=arg("k"), v=arg("v"), winv=arg("winv"), u_out=arg("u"), dg=arg("dg", g is not None),
+        dbeta=arg("dbeta")), dict(num_warps=backward_shape.grads_warps))
+    dqdk = Step(chunk_delta_bwd_dqdk_kernel, (chunks * HV,), dict(
+        shared, k=arg("k"), u=arg("u"), dq=arg("dq"), dk=arg("dk")), dict(num_warps=backward_shape.grads_warps))
+    steps = [sweep, scores, dqdk]
+    if gva:  # dq, dk per value head -> per q/k head, in q's and k's dtypes
+        buffers.update(dq_sum=((B, T, H, K), q.dtype), dk_sum=((B, T * M, H, K), k.dtype))
+        for name, rows_of in (("dq", B * T * H), ("dk", B * T * M * H)):
+            steps.append(Step(group_sum_kernel, (triton.cdiv(rows_of, GROUP_SUM_ROWS),), dict(
+                x=arg(name), out=arg(name + "_sum"), rows=rows_of, GROUP=HV // H, K=K, BK=BK, BR=GROUP_SUM_ROWS),
+                dict(num_warps=4)))
+    return DeltaBackwardLaunches(forward, steps, buffers, gva)
+
+
+def _backward_call(q, k, v, g, beta, do, dht, *, num_householder, scale, initial_state, use_qk_l2norm_in_kernel,
+                   cu_seqlens, chunk_indices, chunk_offsets, shape, backward_shape):
+    """The tensors as the stages index them (dense; beta of ones where None), the scale, and the
+    launches of their signature (built on the signature's first call)."""
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    shape = shape or TEST_SHAPE
+    backward_shape = backward_shape or _plan.DELTA_BACKWARD_LAUNCH
+    # The stages index these as dense [B, T, heads, dim] (and dht as [N, HV, K, V]): any strided input is copied.
+    q, k, v, do = (x.contiguous() for x in (q, k, v, do))
+    g = None if g is None else g.contiguous()
+    beta = torch.ones(v.shape[:3], dtype=q.dtype, device=q.device) if beta is None else beta.contiguous()
+    dht = None if dht is None else dht.float().contiguous()
+    tensors = (q, k, v, g, beta, do, dht, initial_state, cu_seqlens, chunk_indices, chunk_offsets)
+    key = (launch_key(tensors), num_householder, scale, use_qk_l2norm_in_kernel, shape, backward_shape)
+    launches = BACKWARD_LAUNCHES.get(key)
+    if launches is None:
+        launches = BACKWARD_LAUNCHES.put(key, build_delta_backward(
+            q, k, v, g, beta, do, dht, scale=scale, initial_state=initial_state,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
+            chunk_offsets=chunk_offsets, shape=shape, backward_shape=backward_shape, num_householder=num_householder))
+    given = dict(q=q, k=k, v=v, g=g, beta=beta, do=do, dht=dht, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
+                 chunk_offsets=chunk_offsets)
+    return launches, given
+
+
+def _stand_ins(buffers: dict, device) -> dict:
+    """16-element tensors of each buffer's dtype: what a compile needs of a pointer argument (its
+    dtype, and an alignment every allocation has) without the buffer's memory."""
+    return {n: torch.empty(16, dtype=spec[1], device=device) for n, spec in buffers.items()}
+
+
+#: The forward signatures whose backward :func:`compile_backward_early` has seen.
+EARLY_SIGNATURES: set = set()
+
+
+def compile_backward_early(signature, q, k, v, g, beta, o, final, *, num_householder=1, scale=None,
+                           initial_state=None, use_qk_l2norm_in_kernel=False, cu_seqlens=None, chunk_indices=None,
+                           chunk_offsets=None, shape: DeltaShape | None = None,
+                           backward_shape: DeltaBackwardShape | None = None):
+    """Called by a forward under autograd with its outputs ``o`` and ``final`` (the backward's
+    dO and dht have their signatures): on the first call of the forward's ``signature`` (a
+    hashable key; None: nothing is done), build the backward's launches and start compiling
+    every kernel they launch (the recompute's and the stages') on background threads, beside the
+    forward's own compiles; the backward's first call waits for them. Other arguments as
+    :func:`chunk_delta_bwd` takes them (GDP: the expanded stream's descriptors). Later calls of
+    the signature return at once."""
+    if INTERPRET or signature is None or signature in EARLY_SIGNATURES:
+        return
+    EARLY_SIGNATURES.add(signature)
+    if num_householder > 1 and cu_seqlens is not None:  # as chunk_delta_product_bwd passes them
+        chunk_offsets = expanded_chunk_offsets(cu_seqlens, num_householder)
+    launches, given = _backward_call(q, k, v, g, beta, torch.empty_like(o), final, num_householder=num_householder,
+                                     scale=scale, initial_state=initial_state,
+                                     use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
+                                     chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, shape=shape,
+                                     backward_shape=backward_shape)
+    if launches.compiled or launches.pending is not None:
+        return
+    recompute = launches.forward
+    inputs = DeltaInputs(given["q"], given["k"], given["v"], given["g"], given["beta"], initial_state, None, None,
+                         cu_seqlens, chunk_indices, chunk_offsets)
+    fake = _stand_ins({n: spec[:2] for n, spec in recompute.buffers.items()}, q.device)
+    waits = [compile_in_background([(s.kernel, s.grid, s.kwargs, s.options) for s in recompute.steps], CALL_NAMES,
+                                   tuple(inputs) + tuple(fake.get(n) for n in BUFFER_NAMES), q.device)]
+    fake = {**_stand_ins(launches.buffers, q.device),
+            **{n: torch.empty(16, dtype=recompute.buffers[b][1], device=q.device)
+               for n, b in (("states", "chunk_states"), ("winv", "winv"), ("aqk", "aqk"), ("coef", "coef"))}}
+    waits.append(compile_in_background([(s.kernel, s.grid, s.kwargs, s.options) for s in launches.steps], NAMES,
+                                       tuple(given[n] if n in given else fake.get(n) for n in NAMES), q.device))
+    launches.pending = lambda: [w() for w in waits]
 
 
 def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, num_householder=1, scale=None, initial_state=None,
@@ -154,32 +221,22 @@ def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, num_householder=1, scale=
     ``chunk_offsets`` of the expanded stream (``chunk_indices_dp`` and
     :func:`expanded_chunk_offsets`) are required. ``shape`` is the forward's launch shape,
     ``backward_shape`` the stages' (None: the planner's, ``plan.delta.DELTA_BACKWARD_LAUNCH``).
-    dq, dk and dv in the inputs' dtypes (float32 under GVA), dg, dbeta and dh0 float32; None where
+    dq, dk and dv in the inputs' dtypes, dg, dbeta and dh0 float32; None where
     the input was None (g, beta, initial_state). No host synchronisation."""
-    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    shape = shape or TEST_SHAPE
-    backward_shape = backward_shape or _plan.DELTA_BACKWARD_LAUNCH
-    # The stages index these as dense [B, T, heads, dim] (and dht as [N, HV, K, V]): any strided input is copied.
-    q, k, v, do = (x.contiguous() for x in (q, k, v, do))
-    g = None if g is None else g.contiguous()
     beta_given = beta is not None
-    beta = torch.ones(v.shape[:3], dtype=q.dtype, device=q.device) if beta is None else beta.contiguous()
-    dht = None if dht is None else dht.float().contiguous()
-    tensors = (q, k, v, g, beta, do, dht, initial_state, cu_seqlens, chunk_indices, chunk_offsets)
-    key = (launch_key(tensors), num_householder, scale, use_qk_l2norm_in_kernel, shape, backward_shape)
-    launches = BACKWARD_LAUNCHES.get(key)
-    if launches is None:
-        launches = BACKWARD_LAUNCHES.put(key, build_delta_backward(
-            q, k, v, g, beta, do, dht, scale=scale, initial_state=initial_state,
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
-            chunk_offsets=chunk_offsets, shape=shape, backward_shape=backward_shape, num_householder=num_householder))
-    inputs = DeltaInputs(q, k, v, g, beta, initial_state, None, None, cu_seqlens, chunk_indices, chunk_offsets)
+    launches, given = _backward_call(q, k, v, g, beta, do, dht, num_householder=num_householder, scale=scale,
+                                     initial_state=initial_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                                     cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
+                                     shape=shape, backward_shape=backward_shape)
+    q = given["q"]
+    inputs = DeltaInputs(q, given["k"], given["v"], given["g"], given["beta"], initial_state, None, None, cu_seqlens,
+                         chunk_indices, chunk_offsets)
     made = {n: _empty(*s, dtype=d, device=q.device) for n, (s, d) in launches.buffers.items()}
-    given = dict(q=q, k=k, v=v, g=g, beta=beta, do=do, dht=dht, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
-                 chunk_offsets=chunk_offsets)
-    first = not launches.compiled
     wait = lambda: None  # noqa: E731
-    if first and not INTERPRET:  # the stages compile beside the recompute's kernels
+    if launches.pending is not None:  # compiling since the forward (compile_backward_early)
+        launches.pending()
+        launches.pending = None
+    elif not launches.compiled and not INTERPRET:  # the stages compile beside the recompute's kernels
         recomputed = launches.forward.buffers
         stand_in = {n: torch.empty(16, dtype=recomputed[b][1], device=q.device)
                     for n, b in (("states", "chunk_states"), ("winv", "winv"), ("aqk", "aqk"), ("coef", "coef"))}
@@ -196,9 +253,7 @@ def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, num_householder=1, scale=
         else:  # the first call, or a launch the direct path does not take (through the JIT, compiled)
             step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, NAMES, values)
     launches.compiled = True
-    dq, dk = made["dq"], made["dk"]
-    if launches.group_sum is not None:  # value head hv read q/k head hv // (HV / H)
-        dq, dk = (d.view(*d.shape[:2], -1, launches.group_sum, d.shape[3]).sum(3) for d in (dq, dk))
+    dq, dk = (made["dq_sum"], made["dk_sum"]) if launches.gva else (made["dq"], made["dk"])
     return dq, dk, made["dv"], made.get("dg"), made["dbeta"] if beta_given else None, made.get("dh0")
 
 

@@ -11,10 +11,12 @@ import triton.language as tl
 
 from ..descriptors import CHUNK_SIZE
 from ..kernels.gla.forward import chunk_simple_gla_fwd_kernel
+from ..kernels.group_sum import group_sum_kernel
 from ..plan.gla import GlaShape
 from ..runtime.cache import SignatureCache, launch_key
-from ..runtime.launcher import CallArg, jit_launch
+from ..runtime.launcher import CallArg, compile_in_background, jit_launch
 from .delta import INTERPRET, Step, _empty
+from .delta_backward import GROUP_SUM_ROWS
 
 #: The per-call tensors of the launch, by name (its CallArgs).
 NAMES = ("q", "k", "v", "g", "h0", "cu_seqlens", "o", "ht", "dt", "A", "dt_bias", "D", "z", "chunk_states",
@@ -116,6 +118,7 @@ def _launch(launch: GlaForward, values: tuple) -> None:
 
 
 def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_state=False, cu_seqlens=None,
+                         backward=None,
                          shape: GlaShape, ssd: SsdPrologue | None = None, state=None, state_indices=None,
                          state_v_first=False):
     """``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] float32 or None)`` of
@@ -124,7 +127,10 @@ def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_
     dtype. ``state, state_indices``: an in-place state cache in place of initial / final states
     (the final state returned is ``state``); ``state_v_first``: the initial states or the cache are
     laid out ``[., HV, V, K]``. Strided q, k, v, g (and the SSD tensors) are copied to the dense
-    layout the kernel indexes; states are read through their strides. No host synchronisation."""
+    layout the kernel indexes; states are read through their strides. ``backward`` (a forward under
+    autograd: its ``chunk_indices`` and ``chunk_offsets``): on the signature's first call the
+    backward's kernels start compiling beside this one (:func:`compile_gla_backward_early`). No
+    host synchronisation."""
     q, k, v = (x.contiguous() for x in (q, k, v))
     g = None if g is None else g.contiguous()
     h0 = state if state is not None else (None if initial_state is None else initial_state.float())
@@ -140,6 +146,9 @@ def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_
                                                          output_final_state=output_final_state, shape=shape,
                                                          ssd=ssd, state_indices=state_indices,
                                                          state_v_first=state_v_first))
+        if backward is not None and ssd is None and not INTERPRET:
+            compile_gla_backward_early(q, k, v, g, h0, cu_seqlens, scale=scale, shape=shape,
+                                       out=launch.buffers["o"], final=launch.buffers.get("ht"), **backward)
     made = {n: _empty(*s, dtype=d, device=q.device) for n, (s, d) in launch.buffers.items()}
     values = (q, k, v, g, h0, cu_seqlens, made["o"], made.get("ht")) + extra + (None, None, state_indices)
     _launch(launch, values)
@@ -148,7 +157,7 @@ def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_
 
 #: The per-call tensors of the backward's two stages, by name.
 BWD_NAMES = ("q", "k", "v", "g", "do", "dht", "h0", "cu_seqlens", "chunk_indices", "chunk_offsets", "states",
-             "dstates", "dh0", "dv", "dq", "dk", "dg", "scratch")
+             "dstates", "dh0", "dv", "dq", "dk", "dg", "scratch", "dq_sum", "dk_sum")
 
 #: Signature -> :class:`GlaBackward`.
 GLA_BACKWARD_LAUNCHES = SignatureCache("chunked GLA backward")
@@ -158,13 +167,14 @@ GLA_BACKWARD_LAUNCHES = SignatureCache("chunked GLA backward")
 class GlaBackward:
     """A backward call's launches for one signature: the forward again for the chunk states, then
     ``steps`` (the reverse sweep and the parallel stage, per-call tensors by :data:`BWD_NAMES`) on
-    ``buffers`` (name -> (shape, dtype)); ``group``: dq, dk per value head, summed over groups of
-    this many afterwards (None: no GVA)."""
+    ``buffers`` (name -> (shape, dtype)); under GVA (``gva``) two more steps sum dq and dk over
+    each group of value heads into ``dq_sum`` and ``dk_sum`` (kernels/group_sum.py)."""
 
     forward: GlaForward
     steps: list
     buffers: dict
-    group: int | None
+    gva: bool
+    pending: object = None  # waits for the compiles a forward started (compile_gla_backward_early), or None
 
 
 def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets, *, scale,
@@ -200,7 +210,57 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
         common, q=arg("q"), k=arg("k"), v=arg("v"), g=arg("g", g is not None), do=arg("do"), states=arg("states"),
         dstates=arg("dstates"), dq=arg("dq"), dk=arg("dk"), dg=arg("dg", g is not None), scratch=arg("scratch"),
         chunk_indices=arg("chunk_indices", varlen), n_seq=N), dict(num_warps=8))
-    return GlaBackward(forward, [sweep, grads], buffers, HV // H if HV != H else None)
+    steps = [sweep, grads]
+    if HV != H:  # dq, dk per value head -> per q/k head
+        buffers.update(dq_sum=((B, T, H, K), f32), dk_sum=((B, T, H, K), f32))
+        for name in ("dq", "dk"):
+            steps.append(Step(group_sum_kernel, (triton.cdiv(B * T * H, GROUP_SUM_ROWS),), dict(
+                x=arg(name), out=arg(name + "_sum"), rows=B * T * H, GROUP=HV // H, K=K, BK=BK, BR=GROUP_SUM_ROWS),
+                dict(num_warps=4)))
+    return GlaBackward(forward, steps, buffers, HV != H)
+
+
+def _gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets, *, scale, shape):
+    """The tensors as the stages index them, and the launches of their signature (built on its
+    first call)."""
+    q, k, v, do = (x.contiguous() for x in (q, k, v, do))
+    g = None if g is None else g.contiguous()
+    h0 = None if h0 is None else h0.float().contiguous()
+    dht = None if dht is None else dht.float().contiguous()
+    tensors = (q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets)
+    key = (launch_key(tensors), float(scale), shape)
+    launches = GLA_BACKWARD_LAUNCHES.get(key)
+    if launches is None:
+        launches = GLA_BACKWARD_LAUNCHES.put(key, build_gla_backward(*tensors, scale=scale, shape=shape))
+    return launches, tensors
+
+
+def compile_gla_backward_early(q, k, v, g, h0, cu_seqlens, *, scale, shape, out, final, chunk_indices=None,
+                               chunk_offsets=None):
+    """From a forward signature's first call under autograd (``out``, ``final``: its outputs'
+    (shape, dtype), which dO and dht take): build the backward's launches and start compiling
+    their kernels (the forward again for the chunk states, the sweep, the parallel stage) on
+    background threads, beside the forward's compile; the backward's first call waits for them."""
+    device = q.device
+    stand_in = lambda spec: torch.empty(16, dtype=spec[1], device=device)  # noqa: E731 (dtype and alignment)
+    do = torch.empty(out[0], dtype=out[1], device=device)
+    dht = None if final is None else torch.empty(final[0], dtype=final[1], device=device)
+    launches, (q, k, v, g, do, dht, h0, cu, ci, co) = _gla_backward(q, k, v, g, do, dht, h0, cu_seqlens,
+                                                                  chunk_indices, chunk_offsets, scale=scale,
+                                                                  shape=shape)
+    if launches.pending is not None or launches.steps[0].direct is not None:
+        return
+    recompute = launches.forward
+    fwd_values = (q, k, v, g, h0, cu, stand_in(recompute.buffers["o"]), None) + (None,) * 5 + \
+        (stand_in(recompute.buffers["chunk_states"]), co, None)
+    given = dict(q=q, k=k, v=v, g=g, do=do, dht=dht, h0=h0, cu_seqlens=cu, chunk_indices=ci, chunk_offsets=co,
+                 states=stand_in(recompute.buffers["chunk_states"]))
+    made = {n: stand_in(spec) for n, spec in launches.buffers.items()}
+    waits = [compile_in_background([(recompute.step.kernel, recompute.step.grid, recompute.step.kwargs,
+                                     recompute.step.options)], NAMES, fwd_values, device),
+             compile_in_background([(st.kernel, st.grid, st.kwargs, st.options) for st in launches.steps], BWD_NAMES,
+                                   tuple(given[n] if n in given else made.get(n) for n in BWD_NAMES), device)]
+    launches.pending = lambda: [w() for w in waits]
 
 
 def chunk_simple_gla_bwd(q, k, v, g, do, dht, *, scale, initial_state=None, cu_seqlens=None, chunk_indices=None,
@@ -210,15 +270,11 @@ def chunk_simple_gla_bwd(q, k, v, g, do, dht, *, scale, initial_state=None, cu_s
     None where the input was None. The states entering every chunk are recomputed by the forward
     kernel (in q's dtype); varlen needs ``chunk_indices`` and ``chunk_offsets``
     (:func:`recurscan.build_chunk_descriptors`). No host synchronisation."""
-    q, k, v, do = (x.contiguous() for x in (q, k, v, do))
-    g = None if g is None else g.contiguous()
-    h0 = None if initial_state is None else initial_state.float().contiguous()
-    dht = None if dht is None else dht.float().contiguous()
-    tensors = (q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets)
-    key = (launch_key(tensors), float(scale), shape)
-    launches = GLA_BACKWARD_LAUNCHES.get(key)
-    if launches is None:
-        launches = GLA_BACKWARD_LAUNCHES.put(key, build_gla_backward(*tensors, scale=scale, shape=shape))
+    launches, (q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets) = _gla_backward(
+        q, k, v, g, do, dht, initial_state, cu_seqlens, chunk_indices, chunk_offsets, scale=scale, shape=shape)
+    if launches.pending is not None:  # compiling since the forward
+        launches.pending()
+        launches.pending = None
     # 1. The states entering every chunk.
     fwd = {n: _empty(*s, dtype=d, device=q.device) for n, (s, d) in launches.forward.buffers.items()}
     _launch(launches.forward, (q, k, v, g, h0, cu_seqlens, fwd["o"], None) + (None,) * 5 +
@@ -233,7 +289,5 @@ def chunk_simple_gla_bwd(q, k, v, g, do, dht, *, scale, initial_state=None, cu_s
             step.direct(values)
         else:
             step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, BWD_NAMES, values)
-    dq, dk = made["dq"], made["dk"]
-    if launches.group is not None:  # value head hv read q/k head hv // (HV / H)
-        dq, dk = (d.view(*d.shape[:2], -1, launches.group, d.shape[3]).sum(3) for d in (dq, dk))
+    dq, dk = (made["dq_sum"], made["dk_sum"]) if launches.gva else (made["dq"], made["dk"])
     return dq, dk, made["dv"], made.get("dg"), made.get("dh0")

@@ -64,14 +64,14 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt
                           state_indices=state_indices)
     schedule = plan("ssd", problem, x.device, "chunked", backend)
     y, final = _BACKENDS[schedule.backend](x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states,
-                                           cu_seqlens, state, state_indices, chunk_size)
+                                           cu_seqlens, state, state_indices, chunk_size, schedule.launch)
     extra = (final,) if return_final_states else ()
     extra += (final,) if return_varlen_states else ()
     return (y, *extra) if extra else y
 
 
 def _ssd_torch(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens, state,
-               state_indices, chunk_size):
+               state_indices, chunk_size, launch=None):
     """The oracle's chunked form, with the cache gathered before and scattered after."""
     S0 = initial_states
     if state is not None:
@@ -88,7 +88,7 @@ def _ssd_torch(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_sta
 
 
 def _ssd_triton(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens, state,
-                state_indices, chunk_size):
+                state_indices, chunk_size, launch):
     """SSD as gated linear attention on the GLA kernel, its prologue and epilogue in the kernel:
     q = C, k = B (the groups as GVA), v = dt x, log decay dt A, scale 1, y = (o + D x) silu(z);
     states transposed to [N, H, Nstate, P]."""
@@ -98,26 +98,25 @@ def _ssd_triton(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_st
             raise NotImplementedError("mamba_chunk_scan_combined: a state cache (state, state_indices) is "
                                       "inference-only; train with initial_states / return_final_states, or call "
                                       "under torch.no_grad()")
-        return _ssd_triton_with_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens)
+        return _ssd_triton_with_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens,
+                                     launch)
     from ..launch.gla import SsdPrologue, chunk_simple_gla_fwd
-    from ..plan.gla import GLA_LAUNCH
     kernel_dtype = torch.float32 if x.dtype == torch.float64 else x.dtype
     prologue = SsdPrologue(dt, A, dt_bias, D, z, bool(dt_softplus), tuple(dt_limit))
     # mamba's states [., H, P, Nstate] are the kernel's [., HV, V, K]: read (and the cache written)
     # through their strides.
     y, final = chunk_simple_gla_fwd(C.to(kernel_dtype), B.to(kernel_dtype), x.to(kernel_dtype), None, scale=1.0,
                                     initial_state=initial_states, output_final_state=True, cu_seqlens=cu_seqlens,
-                                    shape=GLA_LAUNCH, ssd=prologue, state=state, state_indices=state_indices,
+                                    shape=launch, ssd=prologue, state=state, state_indices=state_indices,
                                     state_v_first=True)
     return y.to(x.dtype), (state if state is not None else final.transpose(-1, -2).contiguous())
 
 
-def _ssd_triton_with_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens):
+def _ssd_triton_with_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens, launch):
     """Training on the Triton path: the step sizes, v = dt x, the log decay dt A and the skip and
     gate in PyTorch (autograd takes their chain rules), the recurrence through the GLA kernels'
     autograd Function (forward and backward in Triton). Not fused as the inference path is."""
     from ..autograd.gla import ChunkSimpleGla
-    from ..plan.gla import GLA_LAUNCH
     kernel_dtype = torch.float32 if x.dtype == torch.float64 else x.dtype
     step = ref.discretize_dt(dt.float(), None if dt_bias is None else dt_bias.float(), dt_softplus, dt_limit)
     v = (x.float() * step[..., None]).to(kernel_dtype)
@@ -128,7 +127,7 @@ def _ssd_triton_with_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, 
         built = build_chunk_descriptors(cu_seqlens, device=x.device)
         chunk_indices, chunk_offsets = built.chunk_indices, built.chunk_offsets
     options = dict(scale=1.0, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
-                   shape=GLA_LAUNCH)
+                   shape=launch)
     h0 = None if initial_states is None else initial_states.transpose(-1, -2)
     o, final = ChunkSimpleGla.apply(C.to(kernel_dtype), B.to(kernel_dtype), v, g, h0, options)
     y = ref.skip_and_gate(o.float(), x.float(), None if D is None else D.float(), None if z is None else z.float())

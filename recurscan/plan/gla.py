@@ -17,6 +17,11 @@ GLA_LAUNCH = GlaShape(64, 8, "64 value columns on 8 warps: offline for sm_90 the
                               "loads and stores against 193 on 4 warps; not timed on a GPU yet")
 
 
+def gla_shape(problem, device) -> GlaShape:
+    """The GLA kernels' launch shape for ``problem`` (a GlaProblem or SsdProblem) on ``device``."""
+    return GLA_LAUNCH
+
+
 def triton_gla_unsupported(problem) -> str | None:
     """Why the GLA Triton kernel cannot take this problem, or None if it can."""
     import torch

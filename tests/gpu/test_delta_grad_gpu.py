@@ -99,8 +99,8 @@ def test_training_step_with_descriptors_is_sync_free(M):
         torch.cuda.set_sync_debug_mode("default")
 
 
-def test_split_parallel_stage_on_the_gpu():
-    """The parallel stage as two kernels (a launch-shape flag) against the float64 oracle at the
+def test_parallel_stage_warps_on_the_gpu():
+    """The parallel stage at 8 warps (the planner's) and 4, against the float64 oracle at the
     models' head sizes, GVA and varlen: the numbers the planner's choice between them rests on."""
     from recurscan.descriptors import build_chunk_descriptors
     from recurscan.launch.delta_backward import chunk_delta_bwd
@@ -114,7 +114,7 @@ def test_split_parallel_stage_on_the_gpu():
     h0 = torch.randn(3, 4, 128, 128, device="cuda", generator=gen) * 0.1
     args = dict(initial_state=h0, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
     for warps in (8, 4):
-        shape = DeltaBackwardShape(32, 8, warps, "test", split_parallel_stage=True)
+        shape = DeltaBackwardShape(32, 8, warps, "test")
         got = chunk_delta_bwd(q, k, v, g, beta, do, None, chunk_indices=d.chunk_indices, chunk_offsets=d.chunk_offsets,
                               backward_shape=shape, **args)
         want = gated_delta_rule_chunked_backward(*(t.double() for t in (q, k, v, g, beta, do)), None,

@@ -23,9 +23,7 @@ H200_SHARED = 227 * 1024
 PLANNED_FORWARD = DeltaShape(64, 4, 3, 4, "tests: a planner row (BV 64, 4 warps, 3 stages)")
 SHAPES = {
     "planned": DELTA_BACKWARD_LAUNCH,
-    "split": DeltaBackwardShape(32, 8, 8, "tests", split_parallel_stage=True),
-    "sweep transposed": DeltaBackwardShape(32, 8, 8, "tests", sweep_transposed=True),
-    "group in kernel": DeltaBackwardShape(32, 8, 8, "tests", sum_group_in_kernel=True),
+    "4 warps": DeltaBackwardShape(32, 8, 4, "tests: the parallel stage on 4 warps"),
 }
 CASES = {"GDN dense, H = HV": (1, None), "GDN varlen, GVA": (1, [0, 1, 300, 1000]),
          "GDP M 2 varlen": (2, [0, 1, 300, 1000])}

@@ -13,24 +13,17 @@ import triton.language as tl
 from .common import _chunk_gates, _chunk_rows, _chunk_slot, _sequence
 
 
-@triton.jit
-def _mm(a, b, DT: tl.constexpr, PRECISION: tl.constexpr):
-    """a @ b on DT operands (the inputs' dtype: 16-bit tiles halve the shared memory the products
-    stage through), float32 accumulation."""
-    return tl.dot(a.to(DT), b.to(DT), input_precision=PRECISION)
-
-
 @triton.jit(do_not_specialize=["T", "n_cs_rows"])
 def chunk_delta_bwd_sweep_kernel(
     q, k, beta, do, winv, aqk, coef, dstates, dht, dh0, dy_out, dv,
     cu_seqlens, chunk_offsets, T, n_cs_rows,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DT: tl.constexpr, STATE_T: tl.constexpr = False, M: tl.constexpr = 1,
+    DOT_PRECISION: tl.constexpr, DT: tl.constexpr, M: tl.constexpr = 1,
 ):
     """Grid (N * HV * ceil(V / BV),): one program per (sequence, value head, value block) holds
-    dS [K, BV] (the gradient of the state leaving the chunk) and walks the chunks last to first.
-    Per chunk, from raw q, k:
+    dS (the gradient of the state leaving the chunk) and walks the chunks last to first. Per chunk,
+    from raw q, k:
 
         dU = aqk^T dO + (gam rk) o (K dS)
         dY = winv^T dU;              dv = beta o dY
@@ -41,9 +34,10 @@ def chunk_delta_bwd_sweep_kernel(
     products (K dS, winv^T dU, K^T dv); the state itself is not read here (the parallel stage
     recomputes the chunk's U from it).
 
-    STATE_T: the same sums with everything transposed (dS^T [BV, K] held, as the forward sweep holds
-    S^T): the held gradient and the chain's products are then the left operands, which wgmma takes
-    from registers, and only loaded tiles go through shared memory."""
+    The program computes these sums transposed, holding dS^T [BV, K] as the forward sweep holds
+    S^T: the held gradient and the chain's products are then the left operands, which wgmma takes
+    from registers, and only loaded tiles go through shared memory (measured against dS [K, BV]:
+    docs/perf-history.md)."""
     pid = tl.program_id(0).to(tl.int64)
     NV: tl.constexpr = (V + BV - 1) // BV
     i_v = pid % NV
@@ -61,18 +55,12 @@ def chunk_delta_bwd_sweep_kernel(
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
     m_v = o_v < V
-    if STATE_T:
-        m_kv = m_v[:, None] & m_k[None, :]  # [BV, BK]
-        o_kv = o_k[None, :] * V + o_v[:, None]  # S[k, v] of a [K, V] state, as a [BV, BK] tile
-    else:
-        m_kv = m_k[:, None] & m_v[None, :]
-        o_kv = o_k[:, None] * V + o_v[None, :]
+    m_kv = m_v[:, None] & m_k[None, :]  # [BV, BK]
+    o_kv = o_k[None, :] * V + o_v[:, None]  # S[k, v] of a [K, V] state, as a [BV, BK] tile
     if HAS_DHT:
         b_dS = tl.load(dht + (i_n * HV + i_hv) * K * V + o_kv, mask=m_kv, other=0.0).to(tl.float32)
-    elif STATE_T:
-        b_dS = tl.zeros([BV, BK], dtype=tl.float32)
     else:
-        b_dS = tl.zeros([BK, BV], dtype=tl.float32)
+        b_dS = tl.zeros([BV, BK], dtype=tl.float32)
     n_chunks = (eos - bos + BT - 1) // BT
     for cc in range(0, n_chunks):
         c = n_chunks - 1 - cc
@@ -93,221 +81,26 @@ def chunk_delta_bwd_sweep_kernel(
         p_state = ((cs0 + c) * HV + i_hv) * K * V + o_kv
         m_row = m_kv & (cs0 + c >= 0) & (cs0 + c < n_cs_rows)  # no chunk_offsets reaches past the rows
         tl.store(dstates + p_state, b_dS, mask=m_row)
-        if STATE_T:
-            b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(DT)
-            b_q = tl.load(q + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=m_qk, other=0.0).to(DT)
-            m_vr = m_v[:, None] & m_r[None, :]
-            p_vr = (rows * HV + i_hv)[None, :] * V + o_v[:, None]  # [BV, BT] tiles of [rows, V] tensors
-            b_dot = tl.load(do + (tok * HV + i_hv)[None, :] * V + o_v[:, None], mask=m_v[:, None] & m_q[None, :],
-                            other=0.0).to(tl.float32)  # dO^T
-            b_W = tl.load(winv + p_tt, mask=m_r[:, None], other=0.0).to(DT)  # [BT, BT] G o Tinv
-            b_Aqk = tl.load(aqk + p_tt, mask=m_q[:, None], other=0.0).to(DT)  # written on the query rows
-            # dU^T = dO^T aqk + (gam rk) o (dS^T K^T); dY^T = dU^T winv; dv^T = beta o dY^T
-            b_dUt = tl.dot(b_dot.to(DT), b_Aqk, input_precision=DOT_PRECISION) + \
-                gam_rk[None, :] * tl.dot(b_dS.to(DT), tl.trans(b_k), input_precision=DOT_PRECISION)
-            b_dYt = tl.dot(b_dUt.to(DT), b_W, input_precision=DOT_PRECISION)
-            b_dvt = b_beta[None, :] * b_dYt
-            tl.store(dy_out + p_vr, b_dYt.to(dy_out.dtype.element_ty), mask=m_vr)
-            tl.store(dv + p_vr, b_dvt.to(dv.dtype.element_ty), mask=m_vr)
-            # dS^T <- (lam rq o dO)^T Q + lam_C dS^T - (lam rk o dv)^T K
-            b_dS = tl.dot((lam_rq[None, :] * b_dot).to(DT), b_q, input_precision=DOT_PRECISION) + \
-                lam_last * b_dS - tl.dot((lam_rk[None, :] * b_dvt).to(DT), b_k, input_precision=DOT_PRECISION)
-        else:
-            m_rv = m_r[:, None] & m_v[None, :]
-            b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
-            b_q = tl.load(q + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=m_qk, other=0.0).to(tl.float32)
-            p_rv = (rows * HV + i_hv)[:, None] * V + o_v[None, :]
-            b_do = tl.load(do + (tok * HV + i_hv)[:, None] * V + o_v[None, :], mask=m_q[:, None] & m_v[None, :],
-                           other=0.0).to(tl.float32)
-            b_W = tl.load(winv + p_tt, mask=m_r[:, None], other=0.0).to(tl.float32)  # [BT, BT] G o Tinv
-            b_Aqk = tl.load(aqk + p_tt, mask=m_q[:, None], other=0.0).to(tl.float32)  # written on the query rows
-            b_dU = _mm(tl.trans(b_Aqk), b_do, DT, DOT_PRECISION) + \
-                gam_rk[:, None] * _mm(b_k, b_dS, DT, DOT_PRECISION)
-            b_dY = _mm(tl.trans(b_W), b_dU, DT, DOT_PRECISION)
-            b_dv = b_beta[:, None] * b_dY
-            tl.store(dy_out + p_rv, b_dY, mask=m_rv)
-            tl.store(dv + p_rv, b_dv, mask=m_rv)
-            b_dS = _mm(tl.trans(b_q), lam_rq[:, None] * b_do, DT, DOT_PRECISION) + lam_last * b_dS \
-                - _mm(tl.trans(b_k), lam_rk[:, None] * b_dv, DT, DOT_PRECISION)
+        b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(DT)
+        b_q = tl.load(q + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=m_qk, other=0.0).to(DT)
+        m_vr = m_v[:, None] & m_r[None, :]
+        p_vr = (rows * HV + i_hv)[None, :] * V + o_v[:, None]  # [BV, BT] tiles of [rows, V] tensors
+        b_dot = tl.load(do + (tok * HV + i_hv)[None, :] * V + o_v[:, None], mask=m_v[:, None] & m_q[None, :],
+                        other=0.0).to(tl.float32)  # dO^T
+        b_W = tl.load(winv + p_tt, mask=m_r[:, None], other=0.0).to(DT)  # [BT, BT] G o Tinv
+        b_Aqk = tl.load(aqk + p_tt, mask=m_q[:, None], other=0.0).to(DT)  # written on the query rows
+        # dU^T = dO^T aqk + (gam rk) o (dS^T K^T); dY^T = dU^T winv; dv^T = beta o dY^T
+        b_dUt = tl.dot(b_dot.to(DT), b_Aqk, input_precision=DOT_PRECISION) + \
+            gam_rk[None, :] * tl.dot(b_dS.to(DT), tl.trans(b_k), input_precision=DOT_PRECISION)
+        b_dYt = tl.dot(b_dUt.to(DT), b_W, input_precision=DOT_PRECISION)
+        b_dvt = b_beta[None, :] * b_dYt
+        tl.store(dy_out + p_vr, b_dYt.to(dy_out.dtype.element_ty), mask=m_vr)
+        tl.store(dv + p_vr, b_dvt.to(dv.dtype.element_ty), mask=m_vr)
+        # dS^T <- (lam rq o dO)^T Q + lam_C dS^T - (lam rk o dv)^T K
+        b_dS = tl.dot((lam_rq[None, :] * b_dot).to(DT), b_q, input_precision=DOT_PRECISION) + \
+            lam_last * b_dS - tl.dot((lam_rk[None, :] * b_dvt).to(DT), b_k, input_precision=DOT_PRECISION)
     if STORE_DH0:
         tl.store(dh0 + (i_n * HV + i_hv) * K * V + o_kv, b_dS, mask=m_kv)
-
-
-@triton.jit(do_not_specialize=["T", "n_seq", "n_cs_rows"])
-def chunk_delta_bwd_grads_kernel(
-    q, k, v, g, beta, do, winv, dy, states, dstates, dq, dk, dg, dbeta, scratch,
-    cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, scale, n_cs_rows,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, USE_L2NORM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DT: tl.constexpr, HEADS: tl.constexpr = 1, M: tl.constexpr = 1,
-):
-    """Grid (chunks x HV / HEADS,): one program per chunk and HEADS value heads, walked in turn.
-    HEADS = 1: dq and dk per value head (``[B, T, HV, K]``, summed over each GVA group after);
-    HEADS = HV / H: a whole GVA group, whose dq and dk the program sums in the outputs
-    (``[B, T, H, K]``: read back and added, in float32; the L2 norm's backward is linear in dq and
-    dk, so it runs per value head). For each value head, from dY (the sweep's), S entering the chunk, dS leaving it and
-    the chunk's U = winv (beta o (V - lam o (K S))) recomputed from S: the steps 2-5 of
-    ``reference.delta_backward.gdn_chunk_backward`` on the normalised q, k.
-
-    Every V-sum is accumulated over value blocks of BV columns first, as products:
-    dO S^T and (gam o U) dS^T - (lam beta o dY) S^T [BT, K]; dO U^T and dY U^T [BT, BT]; and the
-    row sums (K dS) . U, dY . (K S), dY . V and S . dS. The rest follows from these:
-    dlam's scale dO . (Q S) is scale q . (dO S^T), and dbeta's dY . (A U) is the row sum of
-    A o (dY U^T).
-
-    fla's issue 640 reports ``tl.dot(tl.trans(x), ...)``, x a product's result, miscompiled on
-    Hopper by Triton 3.4 to 3.7.0 in a kernel of this kind. Here the two [BT, BT] left operands,
-    (dscores o G)^T and (dA o G)^T, are read back transposed through a per-program scratch of
-    2 [BT, BT] tiles in DT, as fla's fix does. U^T (the right operand of dO U^T and dY U^T) is the
-    transpose of U's product: with it the stage is right on the H200 with Triton 3.6.0 at K = V =
-    128 (benchmarks/gpu_delta_grad_check.py, docs/perf-history.md)."""
-    pid = tl.program_id(0).to(tl.int64)
-    GROUP: tl.constexpr = HV // H
-    i_c = pid // (HV // HEADS)
-    i_hv0 = (pid % (HV // HEADS)) * HEADS  # the program's first value head
-    i_h = i_hv0 // GROUP
-    valid, bos, eos, r0, cs = _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT, IS_VARLEN, M)
-    if not valid:
-        return
-    o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
-    rows = r0 + o_t.to(tl.int64)
-    m_r = rows < eos
-    m_rk = m_r[:, None] & m_k[None, :]
-    causal = o_t[:, None] >= o_t[None, :]
-    strict = o_t[:, None] > o_t[None, :]
-    cs_ok = (cs >= 0) & (cs < n_cs_rows)  # no chunk_offsets reaches past the rows
-    p_rk = (rows * H + i_h)[:, None] * K + o_k[None, :]
-    tok = rows // M  # a row's token: q, dO, g (and dq, dg) live on the token stream
-    m_q = m_r & (rows % M == M - 1)  # the query sits on each token's last copy
-    m_qk = m_q[:, None] & m_k[None, :]
-    p_qk = (tok * H + i_h)[:, None] * K + o_k[None, :]
-
-    b_k = tl.load(k + p_rk, mask=m_rk, other=0.0).to(tl.float32)
-    b_q = tl.load(q + p_qk, mask=m_qk, other=0.0).to(tl.float32)
-    if USE_L2NORM:
-        rk = tl.rsqrt(tl.sum(b_k * b_k, axis=1) + 1e-6)
-        b_k = b_k * rk[:, None]
-        rq = tl.rsqrt(tl.sum(b_q * b_q, axis=1) + 1e-6)
-        b_q = b_q * rq[:, None]
-
-    for j in range(0, HEADS):
-        i_hv = i_hv0 + j
-        p_s = states + (cs * HV + i_hv) * K * V
-        p_ds = dstates + (cs * HV + i_hv) * K * V
-        b_beta = tl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(tl.float32)
-        b_W = tl.load(winv + (rows * HV + i_hv)[:, None] * BT + o_t[None, :], mask=m_r[:, None], other=0.0).to(DT)
-
-        # 1. The decays (the prep's stage 1): rows past the sequence carry decay 1, so the last row
-        #    stands for the chunk's end.
-        gc, seg, bad = _chunk_gates(g, tok, rows % M, m_r, i_hv, HV, M, BT, HAS_G)
-        seg_last = tl.sum(tl.where(o_t == BT - 1, seg, 0), axis=0)
-        gc_last = tl.sum(tl.where(o_t == BT - 1, gc, 0.0), axis=0)
-        lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
-        gam = tl.where(seg == seg_last, tl.exp2(tl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
-
-        # 2. The sums over value columns, a block of BV at a time.
-        b_dOS = tl.zeros([BT, BK], dtype=tl.float32)  # dO S^T
-        b_dkS = tl.zeros([BT, BK], dtype=tl.float32)  # (gam o U) dS^T - (lam beta o dY) S^T
-        b_dOU = tl.zeros([BT, BT], dtype=tl.float32)  # dO U^T
-        b_dYU = tl.zeros([BT, BT], dtype=tl.float32)  # dY U^T
-        kdsu = tl.zeros([BT], dtype=tl.float32)  # (K dS) . U
-        dyks = tl.zeros([BT], dtype=tl.float32)  # dY . (K S)
-        dyv = tl.zeros([BT], dtype=tl.float32)  # dY . V
-        sds = tl.zeros([BK], dtype=tl.float32)  # S . dS, by key row
-        for i_v in range(0, (V + BV - 1) // BV):
-            o_v = i_v * BV + tl.arange(0, BV)
-            m_v = o_v < V
-            m_rv = m_r[:, None] & m_v[None, :]
-            m_kv = m_k[:, None] & m_v[None, :] & cs_ok
-            p_rv = (rows * HV + i_hv)[:, None] * V + o_v[None, :]
-            b_v = tl.load(v + p_rv, mask=m_rv, other=0.0).to(tl.float32)
-            b_do = tl.load(do + (tok * HV + i_hv)[:, None] * V + o_v[None, :], mask=m_q[:, None] & m_v[None, :],
-                           other=0.0)
-            b_dY = tl.load(dy + p_rv, mask=m_rv, other=0.0).to(tl.float32)
-            o_kv = o_k[:, None] * V + o_v[None, :]
-            b_S = tl.load(p_s + o_kv, mask=m_kv, other=0.0)
-            b_dS = tl.load(p_ds + o_kv, mask=m_kv, other=0.0)
-            b_KS = _mm(b_k, b_S, DT, DOT_PRECISION)
-            b_U = _mm(b_W, b_beta[:, None] * (b_v - lam[:, None] * b_KS), DT, DOT_PRECISION)
-            b_St = tl.trans(b_S.to(DT))
-            b_dSt = tl.trans(b_dS.to(DT))
-            b_Ut = tl.trans(b_U.to(DT))
-            b_dOS = tl.dot(b_do.to(DT), b_St, b_dOS, input_precision=DOT_PRECISION)
-            b_dkS = tl.dot((gam[:, None] * b_U).to(DT), b_dSt, b_dkS, input_precision=DOT_PRECISION)
-            b_dkS = tl.dot((-(lam * b_beta)[:, None] * b_dY).to(DT), b_St, b_dkS, input_precision=DOT_PRECISION)
-            b_dOU = tl.dot(b_do.to(DT), b_Ut, b_dOU, input_precision=DOT_PRECISION)
-            b_dYU = tl.dot(b_dY.to(DT), b_Ut, b_dYU, input_precision=DOT_PRECISION)
-            kdsu += tl.sum(_mm(b_k, b_dS, DT, DOT_PRECISION) * b_U, axis=1)
-            dyks += tl.sum(b_KS * b_dY, axis=1)
-            dyv += tl.sum(b_dY * b_v, axis=1)
-            sds += tl.sum(b_S.to(tl.float32) * b_dS.to(tl.float32), axis=1)
-
-        # With the segment comparison always: _gate_tile's branch on a scalar, inside this loop,
-        # fails Triton 3.6's lowering (ConvertTritonToTritonGPU).
-        b_G = tl.where(causal & (seg[:, None] == seg[None, :]), tl.exp2(gc[:, None] - gc[None, :]), 0.0)
-        b_kt = tl.trans(b_k.to(DT))
-        b_QK = tl.dot(b_q.to(DT), b_kt, input_precision=DOT_PRECISION)
-        b_KK = tl.dot(b_k.to(DT), b_kt, input_precision=DOT_PRECISION)
-
-        # 3. Through the outputs and the state leaving the chunk.
-        b_dscores = tl.where(causal, scale * b_dOU, 0.0)
-        b_dsG = b_dscores * b_G
-        b_dq = _mm(b_dsG, b_k, DT, DOT_PRECISION) + scale * lam[:, None] * b_dOS
-        b_dG = b_dscores * b_QK
-        b_dG += tl.where(o_t[:, None] == BT - 1, kdsu[None, :], 0.0)  # gam = G[last, :]
-        dlam = scale * tl.sum(b_q * b_dOS, axis=1)
-        dlam += tl.where(o_t == BT - 1, tl.sum(sds, axis=0), 0.0)
-
-        # 4. Through the solve: d(system) = -strict(dY U^T), dA = beta o d(system);
-        #    dbeta = d(system) . A + dY . rhs, rhs = V - lam o (K S); and rhs's own dlam term.
-        b_A = tl.where(strict, b_KK * b_G, 0.0)
-        b_dsys = tl.where(strict, -b_dYU, 0.0)
-        d_beta = tl.sum(b_dsys * b_A, axis=1) + dyv - lam * dyks
-        b_dA = b_beta[:, None] * b_dsys
-        b_dAG = b_dA * b_G
-        b_dG += b_dA * b_KK
-        dlam -= b_beta * dyks
-
-        # 5. dk = (dscores o G)^T Q + (dA o G) K + (dA o G)^T K + b_dkS; the two transposed left
-        #    operands through the scratch (see above).
-        p_scr = scratch + pid * 2 * BT * BT + o_t[:, None] * BT + o_t[None, :]
-        p_scr_t = scratch + pid * 2 * BT * BT + o_t[None, :] * BT + o_t[:, None]
-        tl.store(p_scr, b_dsG.to(DT))
-        tl.store(p_scr + BT * BT, b_dAG.to(DT))
-        tl.debug_barrier()
-        b_dsGt = tl.load(p_scr_t, cache_modifier=".cg").to(DT)
-        b_dAGt = tl.load(p_scr_t + BT * BT, cache_modifier=".cg").to(DT)
-        b_kd = b_k.to(DT)
-        b_dk = b_dkS + tl.dot(b_dAG.to(DT), b_kd, input_precision=DOT_PRECISION)
-        b_dk = tl.dot(b_dAGt, b_kd, b_dk, input_precision=DOT_PRECISION)
-        b_dk = tl.dot(b_dsGt, b_q.to(DT), b_dk, input_precision=DOT_PRECISION)
-
-        # 6. dg_m = sum_{i >= m} dlam_i lam_i + sum_{i >= m > j} dG[i, j] G[i, j].
-        b_dSeg = tl.where(causal, b_dG * b_G, 0.0)
-        below = tl.cumsum(b_dSeg, axis=0, reverse=True)  # row m: the rows i >= m, summed
-        d_g = tl.sum(tl.where(strict, below, 0.0), axis=1) + tl.cumsum(dlam * lam, axis=0, reverse=True)
-
-
-        if USE_L2NORM:  # y = x r: dx = r (dy - y (y . dy)), linear in dy
-            b_dq = rq[:, None] * (b_dq - b_q * tl.sum(b_q * b_dq, axis=1)[:, None])
-            b_dk = rk[:, None] * (b_dk - b_k * tl.sum(b_k * b_dk, axis=1)[:, None])
-        if HEADS > 1:
-            p_dq = p_qk
-            p_dk = p_rk
-            if j > 0:  # the group's earlier value heads, written by this program
-                b_dq += tl.load(dq + p_dq, mask=m_qk, other=0.0)
-                b_dk += tl.load(dk + p_dk, mask=m_rk, other=0.0)
-        else:
-            p_dq = (tok * HV + i_hv)[:, None] * K + o_k[None, :]
-            p_dk = (rows * HV + i_hv)[:, None] * K + o_k[None, :]
-        tl.store(dq + p_dq, b_dq, mask=m_qk)
-        tl.store(dk + p_dk, b_dk, mask=m_rk)
-        tl.store(dbeta + rows * HV + i_hv, d_beta, mask=m_r)
-        if HAS_G:  # g sits on each token's first copy
-            tl.store(dg + tok * HV + i_hv, d_g, mask=m_r & (rows % M == 0))
-        tl.debug_barrier()  # the scratch and the partial sums are read by other threads next
 
 
 @triton.jit(do_not_specialize=["T", "n_seq", "n_cs_rows"])
@@ -318,12 +111,24 @@ def chunk_delta_bwd_scores_kernel(
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, USE_L2NORM: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DT: tl.constexpr, M: tl.constexpr = 1,
 ):
-    """The parallel stage in two kernels, first half. Grid (chunks x HV,): per (chunk, value head),
-    the [BT, BT] side of :func:`chunk_delta_bwd_grads_kernel`: U recomputed from S (written to
-    ``u_out`` for the second half), the V-sums dO U^T and dY U^T and the row sums, then dg and
-    dbeta in full, and (dscores o G), (dA o G) into ``scratch [chunks * HV, 2, BT, BT]`` (DT), from
-    which :func:`chunk_delta_bwd_dqdk_kernel` takes them and their transposes. dlam's
-    scale dO . (Q S) is summed here from Q S, a product a value block."""
+    """The parallel stage, first half. Grid (chunks x HV,): per (chunk, value head), from dY (the
+    sweep's), S entering the chunk, dS leaving it and the chunk's U = winv (beta o (V - lam o
+    (K S))) recomputed from S (written to ``u_out`` for the second half): the steps 2-5 of
+    ``reference.delta_backward.gdn_chunk_backward`` on the normalised q, k that need the [BT, BT]
+    side. dg and dbeta come out in full, and (dscores o G), (dA o G) go into
+    ``scratch [chunks * HV, 2, BT, BT]`` (DT), from which :func:`chunk_delta_bwd_dqdk_kernel`
+    takes them and their transposes.
+
+    Every V-sum is accumulated over value blocks of BV columns, as products: dO U^T and dY U^T
+    [BT, BT], and the row sums (K dS) . U, dY . (K S), dY . V, S . dS and dO . (Q S) (dlam's
+    scale dO . (Q S)); dbeta's dY . (A U) is the row sum of A o (dY U^T).
+
+    fla's issue 640 reports ``tl.dot(tl.trans(x), ...)``, x a product's result, miscompiled on
+    Hopper by Triton 3.4 to 3.7.0 in a kernel of this kind. Here the two [BT, BT] left operands of
+    the second half, (dscores o G)^T and (dA o G)^T, are read back transposed through the scratch,
+    as fla's fix does. U^T (the right operand of dO U^T and dY U^T) is the transpose of U's
+    product: with it the stage is right on the H200 with Triton 3.6.0 at K = V = 128
+    (benchmarks/gpu_delta_grad_check.py, docs/perf-history.md)."""
     pid = tl.program_id(0).to(tl.int64)
     i_c = pid // HV
     i_hv = pid % HV
@@ -381,7 +186,7 @@ def chunk_delta_bwd_scores_kernel(
         b_KS = tl.dot(b_kd, b_S, input_precision=DOT_PRECISION)
         b_U = tl.dot(b_W, (b_beta[:, None] * (b_v - lam[:, None] * b_KS)).to(DT), input_precision=DOT_PRECISION)
         tl.store(u_out + p_rv, b_U.to(u_out.dtype.element_ty), mask=m_rv)
-        b_Ut = tl.trans(b_U.to(DT))  # as the one-pass kernel's (right on the H200: see its docstring)
+        b_Ut = tl.trans(b_U.to(DT))  # right on the H200 (the docstring)
         b_dOU = tl.dot(b_do.to(DT), b_Ut, b_dOU, input_precision=DOT_PRECISION)
         b_dYU = tl.dot(b_dY.to(DT), b_Ut, b_dYU, input_precision=DOT_PRECISION)
         kdsu += tl.sum(tl.dot(b_kd, b_dS, input_precision=DOT_PRECISION) * b_U, axis=1)
@@ -423,7 +228,7 @@ def chunk_delta_bwd_dqdk_kernel(
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, USE_L2NORM: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DT: tl.constexpr, M: tl.constexpr = 1,
 ):
-    """The parallel stage in two kernels, second half. Grid (chunks x HV,): per (chunk, value head),
+    """The parallel stage, second half. Grid (chunks x HV,): per (chunk, value head),
     the V-sums dO S^T and (gam o U) dS^T - (lam beta o dY) S^T [BT, K] (U from the first half),
     then dq = (dscores o G) K + scale lam o dO S^T and dk = (dscores o G)^T Q + (dA o G) K +
     (dA o G)^T K + the second sum, with the [BT, BT] tiles and their transposes loaded from the
