@@ -164,13 +164,19 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out")
     ap.add_argument("--cold", action="store_true")
+    ap.add_argument("--cold-only", action="store_true", help="the cold first call alone")
     ap.add_argument("--gla-shape", action="append", default=[], help="BV:warps: the recurscan rows again in this "
                                                                        "launch shape of the GLA kernels (repeatable)")
     ap.add_argument("--only-shapes", action="store_true", help="the --gla-shape rows (and the planner's) alone")
     args = ap.parse_args()
     from recurscan.plan import gla as plan_gla
     planned = plan_gla.GLA_LAUNCH
-    rows = []
+    rows = [cold()] if args.cold_only else []
+    if args.cold_only:
+        if args.out:
+            json.dump(dict(torch=torch.__version__, device=torch.cuda.get_device_name(), rows=rows),
+                      open(args.out, "w"), indent=1)
+        return
     for text in (["planned"] + args.gla_shape) if args.gla_shape else []:
         bv, warps = (planned.block_v, planned.num_warps) if text == "planned" else map(int, text.split(":"))
         plan_gla.GLA_LAUNCH = plan_gla.GlaShape(bv, warps, "benchmark variant")

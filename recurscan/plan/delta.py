@@ -117,11 +117,11 @@ class DeltaBackwardShape:
 
 
 DELTA_BACKWARD_LAUNCH = DeltaBackwardShape(
-    32, 8, 8, "32 value columns: both stages fit the H200's shared memory and the sweep keeps dS^T in "
-    "registers (benchmarks/sm90_resources.py --backward). Measured at fa89d4d against the one-pass "
-    "parallel stage and the sweep holding dS [K, BV] (docs/perf-history.md): forward + backward 1.97 / "
-    "4.57 / 3.87 ms at GDN B4 T4096, B1 T16384 HV32, GDP M2 B4 against 2.27 / 5.21 / 4.28; GVA per "
-    "value head, summed after (2.61 + 0.30 ms against 3.32 ms summing in the kernel at B1)")
+    32, 8, 4, "the sweep: 32 value columns on 8 warps, dS^T in registers (benchmarks/sm90_resources.py "
+    "--backward). The parallel stage: 4 warps stepping 16 value columns, two programs an SM (255 registers "
+    "on 128 threads, 76 KB shared): forward + backward 1.70 / 3.85 / 3.31 ms at GDN B4 T4096, B1 T16384 "
+    "HV32, GDP M2 B4, against 1.96 / 4.36 / 3.88 on 8 warps over 32 columns, 1.91 / 4.28 / 3.79 on 4 warps "
+    "over 32 and 2.38 / 5.15 / 4.62 on 8 warps over 16 (2b617d8; docs/perf-history.md)", grads_block_v=16)
 
 
 def triton_delta_unsupported(problem) -> str | None:
