@@ -58,12 +58,13 @@ class GlaForward:
 
 def build_gla_forward(q, k, v, g, h0, cu_seqlens, *, scale, output_final_state, shape: GlaShape,
                       ssd: SsdPrologue | None = None, chunk_offsets=None, num_chunk_rows=None,
-                      state_indices=None, state_v_first=False) -> GlaForward:
+                      state_indices=None, state_v_first=False, outputs=True) -> GlaForward:
     """What :func:`chunk_simple_gla_fwd` launches for these tensors' signature (none is kept).
     ``num_chunk_rows``: also the state entering every chunk, in q's dtype (the backward's
     recompute; varlen needs ``chunk_offsets``). ``h0``: the initial states ``[N, HV, K, V]``, or
     with ``state_indices`` a state cache ``[S, HV, K, V]``; ``state_v_first``: either is laid out
-    ``[., HV, V, K]`` (mamba's [., H, P, Nstate]); read and written through its strides."""
+    ``[., HV, V, K]`` (mamba's [., H, P, Nstate]); read and written through its strides.
+    ``outputs=False``: the states alone (the recompute; ``o`` is then a one-element placeholder)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     varlen = cu_seqlens is not None
@@ -71,7 +72,7 @@ def build_gla_forward(q, k, v, g, h0, cu_seqlens, *, scale, output_final_state, 
     dt = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[q.dtype]
     dt = tl.float32 if INTERPRET and dt == tl.bfloat16 else dt  # the interpreter multiplies bf16 tiles wrongly
     BV = min(shape.block_v, max(16, triton.next_power_of_2(V)))
-    buffers = {"o": ((B, T, HV, V), v.dtype if ssd is not None else q.dtype)}
+    buffers = {"o": ((B, T, HV, V) if outputs else (1,), v.dtype if ssd is not None else q.dtype)}
     if output_final_state:
         buffers["ht"] = ((N, HV, K, V), torch.float32)
     cache = state_indices is not None
@@ -104,7 +105,7 @@ def build_gla_forward(q, k, v, g, h0, cu_seqlens, *, scale, output_final_state, 
         DT_SOFTPLUS=ssd is not None and ssd.dt_softplus, DT_LIMIT=ssd is not None and ssd.clamps,
         HAS_D=ssd is not None and ssd.D is not None, D_PER_CHANNEL=ssd is not None and ssd.D is not None
         and ssd.D.dim() == 2, HAS_Z=ssd is not None and ssd.z is not None, STORE_CHUNK_STATES=states,
-        USE_CACHE=cache),
+        USE_CACHE=cache, OUTPUTS=outputs),
         dict(num_warps=shape.num_warps))
     return GlaForward(step, buffers)
 
@@ -188,7 +189,7 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
     BT = CHUNK_SIZE
     rows = chunk_indices.shape[0] if varlen else B * triton.cdiv(T, BT)
     forward = build_gla_forward(q, k, v, g, h0, cu_seqlens, scale=scale, output_final_state=False, shape=shape,
-                                chunk_offsets=chunk_offsets, num_chunk_rows=rows)
+                                chunk_offsets=chunk_offsets, num_chunk_rows=rows, outputs=False)
     dt, precision = forward.step.kwargs["DT"], forward.step.kwargs["DOT_PRECISION"]
     BK, BV = max(16, triton.next_power_of_2(K)), min(32, max(16, triton.next_power_of_2(V)))
     f32 = torch.float32
@@ -268,7 +269,7 @@ def chunk_simple_gla_bwd(q, k, v, g, do, dht, *, scale, initial_state=None, cu_s
     """Gradients ``(dq, dk, dv, dg, dh0)`` of :func:`chunk_simple_gla_fwd`'s ``(o, final_state)``
     (no SSD prologue) given ``do [B, T, HV, V]`` and ``dht [N, HV, K, V]`` (None: zeros); float32,
     None where the input was None. The states entering every chunk are recomputed by the forward
-    kernel (in q's dtype); varlen needs ``chunk_indices`` and ``chunk_offsets``
+    kernel, for the states alone (``OUTPUTS=False``; in q's dtype); varlen needs ``chunk_indices`` and ``chunk_offsets``
     (:func:`recurscan.build_chunk_descriptors`). No host synchronisation."""
     launches, (q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets) = _gla_backward(
         q, k, v, g, do, dht, initial_state, cu_seqlens, chunk_indices, chunk_offsets, scale=scale, shape=shape)

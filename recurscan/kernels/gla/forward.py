@@ -19,6 +19,7 @@ def chunk_simple_gla_fwd_kernel(
     SSD: tl.constexpr = False, HAS_DT_BIAS: tl.constexpr = False, DT_SOFTPLUS: tl.constexpr = False,
     DT_LIMIT: tl.constexpr = False, HAS_D: tl.constexpr = False, D_PER_CHANNEL: tl.constexpr = False,
     HAS_Z: tl.constexpr = False, STORE_CHUNK_STATES: tl.constexpr = False, USE_CACHE: tl.constexpr = False,
+    OUTPUTS: tl.constexpr = True,
 ):
     """Grid (N * HV * ceil(V / BV),): one program per (sequence, value head, value block) walks the
     chunks first to last. Per chunk of BT rows, with G[i, j] = exp(g_{j+1} + ... + g_i) for j <= i
@@ -40,7 +41,9 @@ def chunk_simple_gla_fwd_kernel(
 
     STORE_CHUNK_STATES (the backward's recompute): row ``chunk_offsets[n] + c`` (dense:
     ``n * ceil(T / BT) + c``) of ``chunk_states [n_cs_rows, HV, K, V]`` receives the state entering
-    chunk c (a row outside it is not written).
+    chunk c (a row outside it is not written). OUTPUTS=False (the recompute): the states alone; q is
+    not read, A and the outputs not formed (so a non-finite q, which enters no state, poisons
+    nothing there).
 
     The initial state is read through its strides ``s0_n, s0_h, s0_k, s0_v`` (element [n, hv, k, v];
     so mamba's [N, H, P, Nstate] states need no copy): ``h0[n]`` (HAS_H0), or with USE_CACHE the
@@ -85,7 +88,6 @@ def chunk_simple_gla_fwd_kernel(
         rows = bos + c * BT + o_t.to(tl.int64)
         m_r = rows < eos
         m_rk = m_r[:, None] & m_k[None, :]
-        b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
         b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
         p_vr = (rows * HV + i_hv)[None, :] * V + o_v[:, None]  # [BV, BT] tiles of [rows, HV, V] tensors
         m_vr = m_v[:, None] & m_r[None, :]
@@ -105,9 +107,11 @@ def chunk_simple_gla_fwd_kernel(
         else:
             gc, seg, bad_g = _chunk_gates(g, rows, rows * 0, m_r, i_hv, HV, 1, BT, HAS_G)
         # Non-finite rows and value elements, selected out; the first one poisons what follows.
-        bad = bad_g | (tl.max((b_q * 0.0 != 0.0).to(tl.int32), axis=1) != 0) | \
-            (tl.max((b_k * 0.0 != 0.0).to(tl.int32), axis=1) != 0)
-        b_q = tl.where(bad[:, None], 0.0, b_q)
+        bad = bad_g | (tl.max((b_k * 0.0 != 0.0).to(tl.int32), axis=1) != 0)
+        if OUTPUTS:
+            b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
+            bad = bad | (tl.max((b_q * 0.0 != 0.0).to(tl.int32), axis=1) != 0)
+            b_q = tl.where(bad[:, None], 0.0, b_q)
         b_k = tl.where(bad[:, None], 0.0, b_k)
         bad_v = b_vt * 0.0 != 0.0
         b_vt = tl.where(bad_v, 0.0, b_vt)
@@ -115,29 +119,30 @@ def chunk_simple_gla_fwd_kernel(
                            tl.min(tl.where(bad, o_t, BT), axis=0))  # [BV]: the first poisoned row
         gc_last = tl.sum(tl.where(o_t == BT - 1, gc, 0.0), axis=0)
         seg_last = tl.sum(tl.where(o_t == BT - 1, seg, 0), axis=0)
-        lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
         gam = tl.where(seg == seg_last, tl.exp2(tl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
         lam_last = tl.where(seg_last == 0, tl.exp2(gc_last), 0.0)
-        # A[j, i] = G[i, j] scale (k_j . q_i): the gate from row j to row i, i >= j, same segment.
-        b_Gt = tl.where(upper & (seg[:, None] == seg[None, :]), tl.exp2(gc[None, :] - gc[:, None]), 0.0)
         b_kd = b_k.to(DT)
-        b_A = b_Gt * scale * tl.dot(b_kd, tl.trans(b_q.to(DT)), input_precision=DOT_PRECISION)
-        b_Sd = b_St.to(DT)
-        b_ot = (scale * lam)[None, :] * tl.dot(b_Sd, tl.trans(b_q.to(DT)), input_precision=DOT_PRECISION)
-        b_ot += tl.dot(b_vt.to(DT), b_A.to(DT), input_precision=DOT_PRECISION)
-        b_ot = tl.where(o_t[None, :] >= first[:, None], float("nan"), b_ot)
-        if SSD:
-            if HAS_D:
-                if D_PER_CHANNEL:
-                    b_ot += tl.load(D + i_hv * V + o_v, mask=m_v, other=0.0).to(tl.float32)[:, None] * b_xt
-                else:
-                    b_ot += tl.load(D + i_hv).to(tl.float32) * b_xt
-            if HAS_Z:
-                b_zt = tl.load(z + p_vr, mask=m_vr, other=0.0).to(tl.float32)
-                b_ot = b_ot * (b_zt * tl.sigmoid(b_zt))
-        if USE_CACHE:  # a padding sequence's outputs are zeros
-            b_ot = tl.where(live, b_ot, 0.0)
-        tl.store(o + p_vr, b_ot.to(o.dtype.element_ty), mask=m_vr)
+        if OUTPUTS:
+            lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
+            # A[j, i] = G[i, j] scale (k_j . q_i): the gate from row j to row i, i >= j, same segment.
+            b_Gt = tl.where(upper & (seg[:, None] == seg[None, :]), tl.exp2(gc[None, :] - gc[:, None]), 0.0)
+            b_A = b_Gt * scale * tl.dot(b_kd, tl.trans(b_q.to(DT)), input_precision=DOT_PRECISION)
+            b_Sd = b_St.to(DT)
+            b_ot = (scale * lam)[None, :] * tl.dot(b_Sd, tl.trans(b_q.to(DT)), input_precision=DOT_PRECISION)
+            b_ot += tl.dot(b_vt.to(DT), b_A.to(DT), input_precision=DOT_PRECISION)
+            b_ot = tl.where(o_t[None, :] >= first[:, None], float("nan"), b_ot)
+            if SSD:
+                if HAS_D:
+                    if D_PER_CHANNEL:
+                        b_ot += tl.load(D + i_hv * V + o_v, mask=m_v, other=0.0).to(tl.float32)[:, None] * b_xt
+                    else:
+                        b_ot += tl.load(D + i_hv).to(tl.float32) * b_xt
+                if HAS_Z:
+                    b_zt = tl.load(z + p_vr, mask=m_vr, other=0.0).to(tl.float32)
+                    b_ot = b_ot * (b_zt * tl.sigmoid(b_zt))
+            if USE_CACHE:  # a padding sequence's outputs are zeros
+                b_ot = tl.where(live, b_ot, 0.0)
+            tl.store(o + p_vr, b_ot.to(o.dtype.element_ty), mask=m_vr)
         b_St = lam_last * b_St + tl.dot((b_vt * gam[None, :]).to(DT), b_kd, input_precision=DOT_PRECISION)
         b_St = tl.where((first < tl.minimum(eos - bos - c * BT, BT))[:, None], float("nan"), b_St)
     if USE_CACHE:
