@@ -28,11 +28,12 @@ def chunk_simple_gla_fwd_kernel(
         O^T = scale (S^T Q^T) o lam  +  V^T A,      A[j, i] = G[i, j] scale (k_j . q_i)
         S^T <- lam_C S^T + (V^T o gam) K
 
-    A is formed as K Q^T (no transpose of a product result). Causality under non-finite input: a
-    row whose q, k or decay is NaN or inf is selected out of every product (its q and k as 0, its
-    decay as 1), and so is a non-finite value element; the outputs from that row on (in that value
-    column, for a value) and the state leaving the chunk are NaN instead, as the token loop's are.
-    So the outputs before it, and every other sequence, keep the bits they have without it.
+    A is formed as K Q^T (no transpose of a product result). Non-finite input, as the token loop
+    has it: a row whose k or decay is NaN or inf is selected out of every product (its q and k as 0,
+    its decay as 1), and so is a non-finite value element; the outputs from that row on (in that
+    value column, for a value) and the state leaving the chunk are NaN instead. A non-finite query
+    enters no state: its row's output alone is NaN. So the outputs before it, and every other
+    sequence, keep the bits they have without it.
 
     SSD (Mamba2, mamba_ssm's parameterisation): q = C, k = B (the groups as GVA), ``v`` holds x,
     and per token the step size dt <- clamp(softplus?(dt + dt_bias), [dt_min, dt_max]) (each part
@@ -42,8 +43,7 @@ def chunk_simple_gla_fwd_kernel(
     STORE_CHUNK_STATES (the backward's recompute): row ``chunk_offsets[n] + c`` (dense:
     ``n * ceil(T / BT) + c``) of ``chunk_states [n_cs_rows, HV, K, V]`` receives the state entering
     chunk c (a row outside it is not written). OUTPUTS=False (the recompute): the states alone; q is
-    not read, A and the outputs not formed (so a non-finite q, which enters no state, poisons
-    nothing there).
+    not read, A and the outputs not formed.
 
     The initial state is read through its strides ``s0_n, s0_h, s0_k, s0_v`` (element [n, hv, k, v];
     so mamba's [N, H, P, Nstate] states need no copy): ``h0[n]`` (HAS_H0), or with USE_CACHE the
@@ -108,11 +108,11 @@ def chunk_simple_gla_fwd_kernel(
             gc, seg, bad_g = _chunk_gates(g, rows, rows * 0, m_r, i_hv, HV, 1, BT, HAS_G)
         # Non-finite rows and value elements, selected out; the first one poisons what follows.
         bad = bad_g | (tl.max((b_k * 0.0 != 0.0).to(tl.int32), axis=1) != 0)
-        if OUTPUTS:
-            b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
-            bad = bad | (tl.max((b_q * 0.0 != 0.0).to(tl.int32), axis=1) != 0)
-            b_q = tl.where(bad[:, None], 0.0, b_q)
         b_k = tl.where(bad[:, None], 0.0, b_k)
+        if OUTPUTS:  # a non-finite query enters its own output alone
+            b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
+            bad_q = tl.max((b_q * 0.0 != 0.0).to(tl.int32), axis=1) != 0
+            b_q = tl.where((bad | bad_q)[:, None], 0.0, b_q)
         bad_v = b_vt * 0.0 != 0.0
         b_vt = tl.where(bad_v, 0.0, b_vt)
         first = tl.minimum(tl.min(tl.where(bad_v, o_t[None, :], BT), axis=1),
@@ -130,7 +130,7 @@ def chunk_simple_gla_fwd_kernel(
             b_Sd = b_St.to(DT)
             b_ot = (scale * lam)[None, :] * tl.dot(b_Sd, tl.trans(b_q.to(DT)), input_precision=DOT_PRECISION)
             b_ot += tl.dot(b_vt.to(DT), b_A.to(DT), input_precision=DOT_PRECISION)
-            b_ot = tl.where(o_t[None, :] >= first[:, None], float("nan"), b_ot)
+            b_ot = tl.where((o_t[None, :] >= first[:, None]) | bad_q[None, :], float("nan"), b_ot)
             if SSD:
                 if HAS_D:
                     if D_PER_CHANNEL:
