@@ -88,10 +88,11 @@ def recurscan_in_place(module, backend):
     calls = {"chunk_scan": 0, "state_update": 0}
 
     def chunk_scan(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=None, initial_states=None,
-                   dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False, **unused):
+                   dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False, seq_idx=None,
+                   **unused):
         calls["chunk_scan"] += 1
         return recurscan.mamba_chunk_scan_combined(hidden_states, dt, A, B, C, chunk_size=chunk_size, D=D,
-                                                   dt_bias=dt_bias, initial_states=initial_states,
+                                                   dt_bias=dt_bias, initial_states=initial_states, seq_idx=seq_idx,
                                                    dt_softplus=dt_softplus, dt_limit=tuple(dt_limit),
                                                    return_final_states=return_final_states, backend=backend)
 

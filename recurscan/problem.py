@@ -304,9 +304,10 @@ def check_dt_limit(dt_limit) -> None:
 
 
 def ssd_problem(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_limit=(0.0, float("inf")),
-                initial_state=None, cu_seqlens=None, state=None, state_indices=None) -> SsdProblem:
+                initial_state=None, cu_seqlens=None, state=None, state_indices=None, seq_idx=None) -> SsdProblem:
     """x ``[Bt, T, H, P]``, dt ``[Bt, T, H]``, A ``[H]``, B/C ``[Bt, T, G, Nstate]`` (H % G == 0),
-    D ``[H]`` or ``[H, P]``, z ``[Bt, T, H, P]``, dt_bias ``[H]``; states ``[N, H, P, Nstate]``."""
+    D ``[H]`` or ``[H, P]``, z ``[Bt, T, H, P]``, dt_bias ``[H]``; states ``[N, H, P, Nstate]``;
+    seq_idx ``[Bt, T]`` integer (without cu_seqlens: a state cache is refused with it)."""
     check_tensor("x", x, FLOAT_DTYPES)
     device = x.device
     dims = Dims()
@@ -325,6 +326,12 @@ def ssd_problem(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_limit=(0.0, 
             check_tensor(name, t, FLOAT_DTYPES, device)
             dims.check(name, t, spec)
     check_dt_limit(dt_limit)
+    if seq_idx is not None:
+        check_tensor("seq_idx", seq_idx, INDEX_DTYPES, device)
+        dims.check("seq_idx", seq_idx, "Bt T")
+        if state is not None and cu_seqlens is None:
+            raise ValueError("seq_idx: a state cache (state, state_indices) takes one sequence a row; pass "
+                             "cu_seqlens to pack sequences with a cache")
     n = _check_common(dims, device, "Bt", "T", cu_seqlens, initial_state, "H P Nstate", state, state_indices)
     return SsdProblem(dims["Bt"], dims["T"], dims["H"], dims["P"], dims["G"], dims["Nstate"], n, device, x.dtype,
                       uses_cache=state is not None)

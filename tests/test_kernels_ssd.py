@@ -124,3 +124,80 @@ def test_triton_gradients_match_autograd_through_the_token_loop(cu):
     from tests.helpers.tolerances import relative_rms
     for name, a, b in zip(names, got, want):
         assert relative_rms(a.double().cpu(), b) < 2e-5, f"{name}: {relative_rms(a.double().cpu(), b):.2e}"
+
+
+SEQ_IDX = [[0, 0, 0, 1, 1, 1, 1, 1] + [1] * 62 + [2] + [5] * 59,  # a one-token sequence; ids need not be consecutive
+           [7] * 64 + [8] * 66]  # a start on a chunk boundary
+
+
+def _per_sequence(x, seq_idx, h0, **kw):
+    """The ground truth for packed rows: each sequence of each row through the float64 token loop
+    alone, the row's initial state entering its first; (y, each row's last final state)."""
+    ys, finals = [], []
+    for b, ids in enumerate(seq_idx):
+        starts = [t for t in range(1, len(ids)) if ids[t] != ids[t - 1]]
+        cu = torch.tensor([0, *starts, len(ids)])
+        row = {k: v[b:b + 1] if v.dim() > 1 else v for k, v in x.items()}
+        H, P, N = row["x"].shape[2], row["x"].shape[3], row["B"].shape[3]
+        s0 = torch.cat([h0[b:b + 1], h0.new_zeros(len(starts), H, P, N)])
+        row_kw = {k: v[b:b + 1] if k == "z" else v for k, v in kw.items()}
+        y, final = ssd_naive(*row.values(), initial_state=s0, cu_seqlens=cu, **row_kw)
+        ys.append(y)
+        finals.append(final[-1:])
+    return torch.cat(ys), torch.cat(finals)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_seq_idx_packs_sequences_in_a_row(backend):
+    """mamba_ssm's seq_idx [Bt, T]: the state resets wherever it changes (a one-token sequence, a
+    start on a chunk boundary, ids that skip), initial states enter each row's first sequence and
+    the final states are each row's last sequence's; against each sequence through the float64
+    token loop alone."""
+    x = ssd_inputs(2, 130, 4, 2, seed=21)
+    gen = torch.Generator().manual_seed(22)
+    D, z, h0 = torch.randn(4, generator=gen).double(), torch.randn(2, 130, 4, 8, generator=gen).double(), \
+        torch.randn(2, 4, 8, 16, generator=gen).double()
+    kw = dict(D=D, z=z, dt_softplus=True)
+    want_y, want_h = _per_sequence(x, SEQ_IDX, h0, **kw)
+    f32 = lambda t: t.float().to(DEVICE)  # noqa: E731
+    seq_idx = torch.tensor(SEQ_IDX, dtype=torch.int32, device=DEVICE)
+    y, h = recurscan.mamba_chunk_scan_combined(*map(f32, x.values()), D=f32(D), z=f32(z), dt_softplus=True,
+                                               initial_states=f32(h0), seq_idx=seq_idx, chunk_size=64,
+                                               return_final_states=True, backend=backend)
+    ref32 = _per_sequence({k: v.float() for k, v in x.items()}, SEQ_IDX, h0.float(), D=D.float(), z=z.float(),
+                          dt_softplus=True)
+    assert_like_fp32(y.cpu(), want_y, ref32[0], "y")
+    assert_like_fp32(h.cpu(), want_h, ref32[1], "final state")
+
+
+def test_seq_idx_trains_on_the_triton_path():
+    """Gradients with seq_idx on the Triton path (the resets as -inf log decays inside the GLA
+    kernels' autograd) equal the PyTorch form's through autograd."""
+    x = {k: v.float() for k, v in ssd_inputs(2, 130, 4, 2, seed=23).items()}
+    gen = torch.Generator().manual_seed(24)
+    h0, dy = torch.randn(2, 4, 8, 16, generator=gen), torch.randn(2, 130, 4, 8, generator=gen)
+    seq_idx = torch.tensor(SEQ_IDX, dtype=torch.int64, device=DEVICE)
+
+    def grads(backend):
+        leaves = [t.clone().to(DEVICE).requires_grad_() for t in (*x.values(), h0)]
+        y, h = recurscan.mamba_chunk_scan_combined(*leaves[:5], initial_states=leaves[5], seq_idx=seq_idx,
+                                                   dt_softplus=True, return_final_states=True, backend=backend)
+        return torch.autograd.grad((y, h), leaves, (dy.to(DEVICE), torch.ones_like(h)))
+
+    for name, a, b in zip(("dx", "ddt", "dA", "dB", "dC", "dh0"), grads("triton"), grads("torch")):
+        assert torch.isfinite(a).all(), name
+        assert (a - b).norm() <= 1e-4 * b.norm(), f"{name}: {((a - b).norm() / b.norm()).item():.2e}"
+
+
+def test_seq_idx_is_validated():
+    x = {k: v.float() for k, v in ssd_inputs(2, 10, 2, 1).items()}
+    with pytest.raises(TypeError, match="seq_idx: expected dtype"):
+        recurscan.mamba_chunk_scan_combined(*x.values(), seq_idx=torch.zeros(2, 10))
+    with pytest.raises(ValueError, match="seq_idx: expected shape"):
+        recurscan.mamba_chunk_scan_combined(*x.values(), seq_idx=torch.zeros(2, 9, dtype=torch.int32))
+    with pytest.raises(ValueError, match="return_varlen_states: needs cu_seqlens"):
+        recurscan.mamba_chunk_scan_combined(*x.values(), seq_idx=torch.zeros(2, 10, dtype=torch.int32),
+                                            return_varlen_states=True)
+    with pytest.raises(ValueError, match="seq_idx: a state cache"):
+        recurscan.mamba_chunk_scan_combined(*x.values(), seq_idx=torch.zeros(2, 10, dtype=torch.int32),
+                                            state=torch.zeros(4, 2, 8, 16), state_indices=torch.tensor([0, 1]))

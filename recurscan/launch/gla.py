@@ -124,7 +124,8 @@ def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_
                          state_v_first=False):
     """``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] float32 or None)`` of
     ``S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = scale S_t^T q_t`` (g ``[B, T, HV]`` or None).
-    With ``ssd``: Mamba2 SSD, ``v`` holding x (:class:`SsdPrologue`), the output ``y`` in x's
+    With ``ssd``: Mamba2 SSD, ``v`` holding x (:class:`SsdPrologue`), ``g`` None or ``[B, T]``
+    (a log decay added per token: mamba's seq_idx as -inf resets), the output ``y`` in x's
     dtype. ``state, state_indices``: an in-place state cache in place of initial / final states
     (the final state returned is ``state``); ``state_v_first``: the initial states or the cache are
     laid out ``[., HV, V, K]``. Strided q, k, v, g (and the SSD tensors) are copied to the dense

@@ -28,8 +28,11 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt
         chunk_size: window length of the chunked algorithm (mamba's default 256).
         D: ``[H]`` or ``[H, P]`` skip; z: ``[Bt, T, H, P]`` gate; dt_bias: ``[H]``.
         initial_states: ``[N, H, P, Nstate]`` (N = Bt, or one per cu_seqlens sequence), or None.
-        seq_idx: accepted for mamba compatibility alongside cu_seqlens (which alone defines the
-            sequences here); given without cu_seqlens it is refused.
+        seq_idx: ``[Bt, T]`` integer, as mamba_ssm: several sequences packed in a row, a new one
+            starting wherever seq_idx changes from the token before (the state is reset there;
+            initial_states apply to each row's first sequence, final states are each row's last
+            sequence's). With cu_seqlens, cu_seqlens alone marks the sequences. No host
+            synchronisation on the Triton path (the PyTorch form reads it on the host).
         cu_seqlens: ``[N + 1]`` boundaries (Bt = 1) or None.
         dt_softplus, dt_limit: as mamba_ssm (the clamp applies only when dt_limit is not (0, inf)).
         return_final_states: also return the final states ``[N, H, P, Nstate]``.
@@ -55,24 +58,57 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt
         >>> y.shape, h.shape
         (torch.Size([1, 100, 4, 8]), torch.Size([1, 4, 8, 16]))
     """
-    if seq_idx is not None and cu_seqlens is None:
-        raise ValueError("seq_idx: pass cu_seqlens [N + 1] to mark the sequences (seq_idx alone is not used)")
+    if return_varlen_states and cu_seqlens is None:
+        raise ValueError("return_varlen_states: needs cu_seqlens [N + 1] (as mamba_ssm)")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size: expected an int >= 1, got {chunk_size!r}")
     problem = ssd_problem(x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_limit=dt_limit,
                           initial_state=initial_states, cu_seqlens=cu_seqlens, state=state,
-                          state_indices=state_indices)
+                          state_indices=state_indices, seq_idx=seq_idx)
     schedule = plan("ssd", problem, x.device, "chunked", backend)
+    resets = None if seq_idx is None or cu_seqlens is not None else sequence_resets(seq_idx)
     y, final = _BACKENDS[schedule.backend](x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states,
-                                           cu_seqlens, state, state_indices, chunk_size, schedule.launch)
+                                           cu_seqlens, state, state_indices, chunk_size, schedule.launch, resets)
     extra = (final,) if return_final_states else ()
     extra += (final,) if return_varlen_states else ()
     return (y, *extra) if extra else y
 
 
+def sequence_resets(seq_idx: torch.Tensor) -> torch.Tensor:
+    """``[Bt, T]`` float32 log decays to add per token: -inf where seq_idx changes from the token
+    before (the state resets there), 0 elsewhere; computed on the device."""
+    resets = torch.zeros(seq_idx.shape, dtype=torch.float32, device=seq_idx.device)
+    resets[:, 1:].masked_fill_(seq_idx[:, 1:] != seq_idx[:, :-1], float("-inf"))
+    return resets
+
+
+def _ssd_torch_packed(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, resets, chunk_size):
+    """seq_idx on the PyTorch form: each row's sequences as cu_seqlens (read on the host), the
+    row's initial state entering its first sequence; the final state is its last sequence's."""
+    ys, finals = [], []
+    for b in range(x.shape[0]):
+        starts = torch.nonzero(torch.isinf(resets[b])).flatten().tolist()
+        cu = torch.tensor([0, *starts, x.shape[1]], device=x.device)
+        H, P, N = x.shape[2], x.shape[3], B.shape[3]
+        h0 = None
+        if initial_states is not None:
+            h0 = torch.cat([initial_states[b:b + 1], initial_states.new_zeros(len(starts), H, P, N)])
+        row = lambda t: None if t is None else t[b:b + 1]  # noqa: E731
+        y, final = ref.ssd_chunked(row(x), row(dt), A, row(B), row(C), D=D, z=row(z), dt_bias=dt_bias,
+                                   dt_softplus=dt_softplus, dt_limit=tuple(dt_limit), initial_state=h0,
+                                   cu_seqlens=cu, chunk_size=chunk_size)
+        ys.append(y)
+        finals.append(final[-1:])
+    return torch.cat(ys), torch.cat(finals)
+
+
 def _ssd_torch(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens, state,
-               state_indices, chunk_size, launch=None):
+               state_indices, chunk_size, launch=None, resets=None):
     """The oracle's chunked form, with the cache gathered before and scattered after."""
+    if resets is not None:
+        y, final = _ssd_torch_packed(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, resets,
+                                     chunk_size)
+        return y.to(x.dtype), final
     S0 = initial_states
     if state is not None:
         S0 = _cache.gather(state, state_indices, torch.float64 if x.dtype == torch.float64 else torch.float32)
@@ -88,7 +124,7 @@ def _ssd_torch(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_sta
 
 
 def _ssd_triton(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens, state,
-                state_indices, chunk_size, launch):
+                state_indices, chunk_size, launch, resets=None):
     """SSD as gated linear attention on the GLA kernel, its prologue and epilogue in the kernel:
     q = C, k = B (the groups as GVA), v = dt x, log decay dt A, scale 1, y = (o + D x) silu(z);
     states transposed to [N, H, Nstate, P]."""
@@ -99,20 +135,21 @@ def _ssd_triton(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_st
                                       "inference-only; train with initial_states / return_final_states, or call "
                                       "under torch.no_grad()")
         return _ssd_triton_with_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens,
-                                     launch)
+                                     launch, resets)
     from ..launch.gla import SsdPrologue, chunk_simple_gla_fwd
     kernel_dtype = torch.float32 if x.dtype == torch.float64 else x.dtype
     prologue = SsdPrologue(dt, A, dt_bias, D, z, bool(dt_softplus), tuple(dt_limit))
     # mamba's states [., H, P, Nstate] are the kernel's [., HV, V, K]: read (and the cache written)
     # through their strides.
-    y, final = chunk_simple_gla_fwd(C.to(kernel_dtype), B.to(kernel_dtype), x.to(kernel_dtype), None, scale=1.0,
+    y, final = chunk_simple_gla_fwd(C.to(kernel_dtype), B.to(kernel_dtype), x.to(kernel_dtype), resets, scale=1.0,
                                     initial_state=initial_states, output_final_state=True, cu_seqlens=cu_seqlens,
                                     shape=launch, ssd=prologue, state=state, state_indices=state_indices,
                                     state_v_first=True)
     return y.to(x.dtype), (state if state is not None else final.transpose(-1, -2).contiguous())
 
 
-def _ssd_triton_with_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens, launch):
+def _ssd_triton_with_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens, launch,
+                          resets=None):
     """Training on the Triton path: the step sizes, v = dt x, the log decay dt A and the skip and
     gate in PyTorch (autograd takes their chain rules), the recurrence through the GLA kernels'
     autograd Function (forward and backward in Triton). Not fused as the inference path is."""
@@ -121,6 +158,8 @@ def _ssd_triton_with_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, 
     step = ref.discretize_dt(dt.float(), None if dt_bias is None else dt_bias.float(), dt_softplus, dt_limit)
     v = (x.float() * step[..., None]).to(kernel_dtype)
     g = step * A.float()
+    if resets is not None:  # seq_idx: -inf where a sequence starts (its gradient is 0 there)
+        g = g + resets[..., None]
     chunk_indices = chunk_offsets = None
     if cu_seqlens is not None:  # the backward's chunk states need the descriptors (one host read)
         from ..descriptors import build_chunk_descriptors

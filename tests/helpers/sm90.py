@@ -97,11 +97,11 @@ def compile_case(case: str, shape: str) -> list[str]:
     return lines
 
 
-def compile_gla(case: str, ssd: bool = False, cache: bool = False) -> list[str]:
+def compile_gla(case: str, ssd: bool = False, cache: bool = False, seq_idx: bool = False) -> list[str]:
     """The scalar-decay GLA forward's launch (launch/gla.py) for a case of :data:`CASES` (M = 1
     ones; bf16, the plan's shape); ``ssd``: as Mamba2 SSD runs it (every prologue and epilogue
     part on: dt_bias, softplus, dt_limit, D per channel, z); ``cache``: with a state cache in
-    mamba's [S, H, P, Nstate] layout."""
+    mamba's [S, H, P, Nstate] layout; ``seq_idx``: SSD with mamba's seq_idx (per-token resets)."""
     from recurscan.launch.gla import NAMES as GLA_NAMES
     from recurscan.launch.gla import SsdPrologue, build_gla_forward
     from recurscan.plan.gla import GLA_LAUNCH
@@ -115,7 +115,7 @@ def compile_gla(case: str, ssd: bool = False, cache: bool = False) -> list[str]:
     if ssd:
         prologue = SsdPrologue(torch.zeros(B, T, HV), torch.zeros(HV), torch.zeros(HV), torch.zeros(HV, 64),
                                torch.zeros(B, T, HV, 64, **bf), True, (0.1, 5.0))
-        g = None
+        g = torch.zeros(B, T) if seq_idx else None
     slots = None
     if cache:
         h0, slots = torch.zeros(8, HV, 64, K), torch.zeros(h0.shape[0], dtype=torch.int32)
@@ -168,7 +168,8 @@ def compile_gla_backward(case: str) -> list[str]:
 if __name__ == "__main__":
     if sys.argv[1] == "gla-backward":
         print("\n".join(compile_gla_backward(sys.argv[2])))
-    elif sys.argv[1] in ("gla", "ssd", "ssd-cache"):
-        print("\n".join(compile_gla(sys.argv[2], ssd=sys.argv[1] != "gla", cache=sys.argv[1] == "ssd-cache")))
+    elif sys.argv[1] in ("gla", "ssd", "ssd-cache", "ssd-seq-idx"):
+        print("\n".join(compile_gla(sys.argv[2], ssd=sys.argv[1] != "gla", cache=sys.argv[1] == "ssd-cache",
+                                    seq_idx=sys.argv[1] == "ssd-seq-idx")))
     else:
         print("\n".join(compile_case(*sys.argv[1:3])))

@@ -38,7 +38,8 @@ def chunk_simple_gla_fwd_kernel(
     SSD (Mamba2, mamba_ssm's parameterisation): q = C, k = B (the groups as GVA), ``v`` holds x,
     and per token the step size dt <- clamp(softplus?(dt + dt_bias), [dt_min, dt_max]) (each part
     where its flag is set) gives the value dt x and the log decay dt A; the output is
-    (o + D x) silu(z) (D per head or per channel). ``g`` is unused then.
+    (o + D x) silu(z) (D per head or per channel). ``g`` is then ``[B * T]`` (HAS_G): a log decay
+    added per token, whatever the head (-inf where a sequence of mamba's seq_idx starts).
 
     STORE_CHUNK_STATES (the backward's recompute): row ``chunk_offsets[n] + c`` (dense:
     ``n * ceil(T / BT) + c``) of ``chunk_states [n_cs_rows, HV, K, V]`` receives the state entering
@@ -103,6 +104,8 @@ def chunk_simple_gla_fwd_kernel(
             b_xt = b_vt
             b_vt = b_xt * b_dt[None, :]
             b_ga = tl.load(A + i_hv).to(tl.float32) * b_dt  # natural-log decay dt A
+            if HAS_G:  # seq_idx: -inf where a sequence starts, per token
+                b_ga += tl.load(g + rows, mask=m_r, other=0.0).to(tl.float32)
             gc, seg, bad_g = _gates_of(tl.where(m_r, b_ga * 1.4426950408889634, 0.0))
         else:
             gc, seg, bad_g = _chunk_gates(g, rows, rows * 0, m_r, i_hv, HV, 1, BT, HAS_G)
