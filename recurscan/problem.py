@@ -260,10 +260,11 @@ class GlaProblem:
 
 
 def gla_problem(q, k, v, g, *, per_key_decay, scale=None, initial_state=None, cu_seqlens=None,
-                g_gamma=None, state=None, state_indices=None) -> GlaProblem:
+                g_gamma=None, state=None, state_indices=None, chunk_indices=None, chunk_offsets=None) -> GlaProblem:
     """q, k ``[B, T, H, K]``; v ``[B, T, HV, V]``; g ``[B, T, HV, K]`` (per key) or ``[B, T, HV]``;
     g_gamma ``[HV]`` (a constant log decay per head, scalar decay only); states ``[N, HV, K, V]``,
-    a cache ``[S, HV, K, V]`` with ``state_indices [N]``."""
+    a cache ``[S, HV, K, V]`` with ``state_indices [N]``; varlen descriptors as
+    :func:`check_chunk_descriptors` takes them (unused without cu_seqlens)."""
     dims = Dims()
     device = _check_qkv(q, k, v, dims, "B T H K", "B T HV V")
     if g is not None:
@@ -274,6 +275,8 @@ def gla_problem(q, k, v, g, *, per_key_decay, scale=None, initial_state=None, cu
         dims.check("g_gamma", g_gamma, "HV")
     check_scale(scale)
     n = _check_common(dims, device, "B", "T", cu_seqlens, initial_state, "HV K V", state, state_indices)
+    if cu_seqlens is not None:
+        check_chunk_descriptors(cu_seqlens, chunk_indices, None, chunk_offsets, 1, device)
     return GlaProblem(dims["B"], dims["T"], dims["H"], dims["HV"], dims["K"], dims["V"], n, per_key_decay,
                       dims["K"] ** -0.5 if scale is None else float(scale), device, q.dtype,
                       uses_cache=state is not None)
@@ -304,7 +307,8 @@ def check_dt_limit(dt_limit) -> None:
 
 
 def ssd_problem(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_limit=(0.0, float("inf")),
-                initial_state=None, cu_seqlens=None, state=None, state_indices=None, seq_idx=None) -> SsdProblem:
+                initial_state=None, cu_seqlens=None, state=None, state_indices=None, seq_idx=None,
+                chunk_indices=None, chunk_offsets=None) -> SsdProblem:
     """x ``[Bt, T, H, P]``, dt ``[Bt, T, H]``, A ``[H]``, B/C ``[Bt, T, G, Nstate]`` (H % G == 0),
     D ``[H]`` or ``[H, P]``, z ``[Bt, T, H, P]``, dt_bias ``[H]``; states ``[N, H, P, Nstate]``;
     seq_idx ``[Bt, T]`` integer (without cu_seqlens: a state cache is refused with it)."""
@@ -333,6 +337,8 @@ def ssd_problem(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_limit=(0.0, 
             raise ValueError("seq_idx: a state cache (state, state_indices) takes one sequence a row; pass "
                              "cu_seqlens to pack sequences with a cache")
     n = _check_common(dims, device, "Bt", "T", cu_seqlens, initial_state, "H P Nstate", state, state_indices)
+    if cu_seqlens is not None:
+        check_chunk_descriptors(cu_seqlens, chunk_indices, None, chunk_offsets, 1, device)
     return SsdProblem(dims["Bt"], dims["T"], dims["H"], dims["P"], dims["G"], dims["Nstate"], n, device, x.dtype,
                       uses_cache=state is not None)
 

@@ -251,3 +251,48 @@ def test_the_forward_starts_the_backward_compiling(monkeypatch):
     want = torch.autograd.grad(recurscan.chunk_simple_gla(*ref, scale=0.3, backend="torch")[0], ref, do)
     for name, a, b in zip(("dq", "dk", "dv", "dg"), got, want):
         assert relative_rms(a, b) < 1e-4, name
+
+
+@pytest.mark.parametrize("cu", [None, [0, 1, 70, 200]], ids=["dense", "varlen"])
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_chunk_states_are_the_delta_ops_rows(cu, backend):
+    """return_chunk_states: the state entering each 64-token chunk of each sequence, at row
+    chunk_offsets[n] + c (dense: n * ceil(T / 64) + c), float32, against the float64 token loop."""
+    B = 2 if cu is None else 1
+    q, k, v, g = gla_inputs(B, 200, 1, 2, 16, 24, seed=31)
+    h0 = torch.randn(B if cu is None else 3, 2, 16, 24, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    cu_t = None if cu is None else torch.tensor(cu)
+    want = gla_naive(q, k, v, g, initial_state=h0, cu_seqlens=cu_t, return_chunk_states=True)
+    ref32 = gla_chunked(*(t.float() for t in (q, k, v, g)), initial_state=h0.float(), cu_seqlens=cu_t,
+                        return_chunk_states=True)
+    dev = lambda t: None if t is None else (t.float() if t.is_floating_point() else t).to(DEVICE)  # noqa: E731
+    o, S, chunks = recurscan.chunk_simple_gla(*map(dev, (q, k, v, g)), initial_state=dev(h0), output_final_state=True,
+                                              cu_seqlens=dev(cu_t), return_chunk_states=True, backend=backend)
+    assert chunks.dtype == torch.float32 and chunks.shape == want[2].shape
+    for what, a, b, r in zip(("o", "final state", "chunk states"), (o, S, chunks), want, ref32):
+        assert_like_fp32(a.cpu(), b, r, what)
+
+
+def test_chunk_states_with_padded_descriptors_and_training_without_a_sync(monkeypatch):
+    """Given descriptors padded for a larger batch, the Triton path returns len(chunk_indices) rows,
+    the padding ones zero, and builds no descriptors; training with them builds none either."""
+    import recurscan.descriptors as descriptors
+    q, k, v, g = (t.float().to(DEVICE) for t in gla_inputs(1, 200, 1, 2, 16, 16, seed=32))
+    cu = torch.tensor([0, 1, 70, 200], device=DEVICE)
+    d = recurscan.build_chunk_descriptors(cu, max_tokens=400, device=DEVICE)
+    want = recurscan.chunk_simple_gla(q, k, v, g, cu_seqlens=cu, return_chunk_states=True, backend="torch")[2]
+    monkeypatch.setattr(descriptors, "build_chunk_descriptors", lambda *a, **kw: pytest.fail("built descriptors"))
+    got = recurscan.chunk_simple_gla(q, k, v, g, cu_seqlens=cu, chunk_indices=d.chunk_indices,
+                                     chunk_offsets=d.chunk_offsets, return_chunk_states=True, backend="triton")[2]
+    assert got.shape[0] == d.chunk_indices.shape[0] > want.shape[0]
+    assert (got[want.shape[0]:] == 0).all()
+    assert (got[:want.shape[0]] - want).norm() <= 1e-5 * want.norm()
+    x = [t.clone().requires_grad_() for t in (q, k, v, g)]
+    o, _ = recurscan.chunk_simple_gla(*x, cu_seqlens=cu, chunk_indices=d.chunk_indices, chunk_offsets=d.chunk_offsets,
+                                      backend="triton")
+    torch.autograd.grad(o.sum(), x)
+    with pytest.raises(NotImplementedError, match="return_chunk_states are inference-only"):
+        recurscan.chunk_simple_gla(*x, cu_seqlens=cu, return_chunk_states=True, backend="triton")
+    with pytest.raises(ValueError, match="chunk_offsets"):
+        recurscan.chunk_simple_gla(q, k, v, g, cu_seqlens=cu, chunk_indices=d.chunk_indices,
+                                   chunk_offsets=d.chunk_offsets[:-1], backend="triton")

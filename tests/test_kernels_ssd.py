@@ -201,3 +201,39 @@ def test_seq_idx_is_validated():
     with pytest.raises(ValueError, match="seq_idx: a state cache"):
         recurscan.mamba_chunk_scan_combined(*x.values(), seq_idx=torch.zeros(2, 10, dtype=torch.int32),
                                             state=torch.zeros(4, 2, 8, 16), state_indices=torch.tensor([0, 1]))
+
+
+@pytest.mark.parametrize("cu", [None, [0, 1, 70, 200]], ids=["dense", "varlen"])
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_chunk_states_every_64_tokens_in_mambas_layout(cu, backend):
+    """return_chunk_states: [NT, H, P, Nstate] float32, the state entering each 64-token chunk of
+    each sequence at the delta ops' rows whatever chunk_size is, against the float64 token loop."""
+    Bt = 2 if cu is None else 1
+    x = ssd_inputs(Bt, 200, 4, 2, seed=41)
+    cu_t = None if cu is None else torch.tensor(cu)
+    want = ssd_naive(*x.values(), dt_softplus=True, cu_seqlens=cu_t, return_chunk_states=True)
+    ref32 = ssd_chunked(*(t.float() for t in x.values()), dt_softplus=True, cu_seqlens=cu_t, return_chunk_states=True)
+    dev = lambda t: None if t is None else (t.float() if t.is_floating_point() else t).to(DEVICE)  # noqa: E731
+    y, h, chunks = recurscan.mamba_chunk_scan_combined(*map(dev, x.values()), chunk_size=256, dt_softplus=True,
+                                                       cu_seqlens=dev(cu_t), return_final_states=True,
+                                                       return_chunk_states=True, backend=backend)
+    assert chunks.dtype == torch.float32 and chunks.shape == want[2].shape
+    for what, a, b, r in zip(("y", "final state", "chunk states"), (y, h, chunks), want, ref32):
+        assert_like_fp32(a.cpu(), b, r, what)
+
+
+def test_ssd_training_with_descriptors_builds_none(monkeypatch):
+    import recurscan.descriptors as descriptors
+    x = {k: v.float().to(DEVICE) for k, v in ssd_inputs(1, 200, 4, 2, seed=42).items()}
+    cu = torch.tensor([0, 1, 70, 200], device=DEVICE)
+    d = recurscan.build_chunk_descriptors(cu, device=DEVICE)
+    monkeypatch.setattr(descriptors, "build_chunk_descriptors", lambda *a, **kw: pytest.fail("built descriptors"))
+    leaves = [t.clone().requires_grad_() for t in x.values()]
+    y = recurscan.mamba_chunk_scan_combined(*leaves, cu_seqlens=cu, chunk_indices=d.chunk_indices,
+                                            chunk_offsets=d.chunk_offsets, dt_softplus=True, backend="triton")
+    assert all(torch.isfinite(gr).all() for gr in torch.autograd.grad(y.sum(), leaves))
+    with pytest.raises(NotImplementedError, match="return_chunk_states is inference-only"):
+        recurscan.mamba_chunk_scan_combined(*leaves, cu_seqlens=cu, return_chunk_states=True, backend="triton")
+    with pytest.raises(ValueError, match="return_chunk_states: chunk states are per sequence"):
+        recurscan.mamba_chunk_scan_combined(*x.values(), seq_idx=torch.zeros(1, 200, dtype=torch.int32, device=DEVICE),
+                                            return_chunk_states=True)

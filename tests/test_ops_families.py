@@ -94,7 +94,7 @@ def test_diagonal_scan_matches_token_loop():
      TypeError, r"dt_limit: expected a pair"),
     (lambda x: recurscan.mamba_chunk_scan_combined(**x, chunk_size=0), ValueError, r"chunk_size: expected an int >= 1"),
     (lambda x: recurscan.mamba_chunk_scan_combined(**x, chunk_size=64, seq_idx=torch.zeros(1, 130)),
-     ValueError, r"seq_idx: pass cu_seqlens"),
+     TypeError, r"seq_idx: expected dtype"),
     (lambda x: recurscan.mamba_chunk_scan_combined(**(x | dict(D=torch.randn(4, 3, dtype=F64))), chunk_size=64),
      ValueError, r"D: expected shape \[H, P\] = \[4, 12\]"),
     (lambda x: recurscan.chunk_gla(torch.randn(1, 5, 2, 4), torch.randn(1, 5, 2, 4), torch.randn(1, 5, 2, 4),

@@ -29,7 +29,7 @@ def test_every_backward_launch_compiles_for_sm90(case, shape):
     assert "chunk_delta_bwd_sweep_kernel" in run.stdout, run.stdout
 
 
-@pytest.mark.parametrize("family", ["gla", "ssd", "ssd-cache", "ssd-seq-idx", "gla-backward"])
+@pytest.mark.parametrize("family", ["gla", "gla-chunk-states", "ssd", "ssd-cache", "ssd-seq-idx", "gla-backward"])
 @pytest.mark.parametrize("case", [c for c, (M, _) in CASES.items() if M == 1])
 def test_the_gla_forward_compiles_for_sm90(case, family):
     run = compile_offline(family, case)

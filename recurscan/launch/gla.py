@@ -58,13 +58,15 @@ class GlaForward:
 
 def build_gla_forward(q, k, v, g, h0, cu_seqlens, *, scale, output_final_state, shape: GlaShape,
                       ssd: SsdPrologue | None = None, chunk_offsets=None, num_chunk_rows=None,
-                      state_indices=None, state_v_first=False, outputs=True) -> GlaForward:
+                      state_indices=None, state_v_first=False, outputs=True,
+                      chunk_states_dtype=None) -> GlaForward:
     """What :func:`chunk_simple_gla_fwd` launches for these tensors' signature (none is kept).
     ``num_chunk_rows``: also the state entering every chunk, in q's dtype (the backward's
     recompute; varlen needs ``chunk_offsets``). ``h0``: the initial states ``[N, HV, K, V]``, or
     with ``state_indices`` a state cache ``[S, HV, K, V]``; ``state_v_first``: either is laid out
     ``[., HV, V, K]`` (mamba's [., H, P, Nstate]); read and written through its strides.
-    ``outputs=False``: the states alone (the recompute; ``o`` is then a one-element placeholder)."""
+    ``outputs=False``: the states alone (the recompute; ``o`` is then a one-element placeholder).
+    ``chunk_states_dtype``: the chunk states' dtype (default q's)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     varlen = cu_seqlens is not None
@@ -85,7 +87,7 @@ def build_gla_forward(q, k, v, g, h0, cu_seqlens, *, scale, output_final_state, 
         s0_n = s0_h = s0_k = s0_v = 0
     states = num_chunk_rows is not None
     if states:
-        buffers["chunk_states"] = ((num_chunk_rows, HV, K, V), q.dtype)
+        buffers["chunk_states"] = ((num_chunk_rows, HV, K, V), chunk_states_dtype or q.dtype)
     arg = lambda name, present=True: CallArg(name if present else "o")  # noqa: E731 (absent: a placeholder)
     step = Step(chunk_simple_gla_fwd_kernel, (N * HV * triton.cdiv(V, BV),), dict(
         q=arg("q"), k=arg("k"), v=arg("v"), g=arg("g", g is not None), o=arg("o"), h0=arg("h0", h0 is not None),
@@ -119,7 +121,7 @@ def _launch(launch: GlaForward, values: tuple) -> None:
 
 
 def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_state=False, cu_seqlens=None,
-                         backward=None,
+                         backward=None, chunk_state_rows=None, chunk_offsets=None,
                          shape: GlaShape, ssd: SsdPrologue | None = None, state=None, state_indices=None,
                          state_v_first=False):
     """``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] float32 or None)`` of
@@ -131,8 +133,10 @@ def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_
     laid out ``[., HV, V, K]``. Strided q, k, v, g (and the SSD tensors) are copied to the dense
     layout the kernel indexes; states are read through their strides. ``backward`` (a forward under
     autograd: its ``chunk_indices`` and ``chunk_offsets``): on the signature's first call the
-    backward's kernels start compiling beside this one (:func:`compile_gla_backward_early`). No
-    host synchronisation."""
+    backward's kernels start compiling beside this one (:func:`compile_gla_backward_early`).
+    ``chunk_state_rows``: also return the state entering every chunk, ``[rows, HV, K, V]`` float32
+    (row ``chunk_offsets[n] + c``, dense ``n * ceil(T / 64) + c``; varlen rows past the last
+    offset are zeros); returned third. No host synchronisation."""
     q, k, v = (x.contiguous() for x in (q, k, v))
     g = None if g is None else g.contiguous()
     h0 = state if state is not None else (None if initial_state is None else initial_state.float())
@@ -140,21 +144,27 @@ def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_
     if ssd is not None:
         ssd = dataclasses.replace(ssd, **dict(zip(("dt", "A", "dt_bias", "D", "z"), extra)))
     options = None if ssd is None else (ssd.dt_softplus, tuple(ssd.dt_limit))
-    key = (launch_key((q, k, v, g, h0, cu_seqlens, state_indices) + extra), float(scale), output_final_state, shape,
-           options, state_v_first)
+    key = (launch_key((q, k, v, g, h0, cu_seqlens, state_indices, chunk_offsets) + extra), float(scale),
+           output_final_state, shape, options, state_v_first, chunk_state_rows)
     launch = GLA_LAUNCHES.get(key)
     if launch is None:
         launch = GLA_LAUNCHES.put(key, build_gla_forward(q, k, v, g, h0, cu_seqlens, scale=scale,
                                                          output_final_state=output_final_state, shape=shape,
                                                          ssd=ssd, state_indices=state_indices,
-                                                         state_v_first=state_v_first))
+                                                         state_v_first=state_v_first, chunk_offsets=chunk_offsets,
+                                                         num_chunk_rows=chunk_state_rows,
+                                                         chunk_states_dtype=torch.float32))
         if backward is not None and ssd is None and not INTERPRET:
             compile_gla_backward_early(q, k, v, g, h0, cu_seqlens, scale=scale, shape=shape,
                                        out=launch.buffers["o"], final=launch.buffers.get("ht"), **backward)
     made = {n: _empty(*s, dtype=d, device=q.device) for n, (s, d) in launch.buffers.items()}
-    values = (q, k, v, g, h0, cu_seqlens, made["o"], made.get("ht")) + extra + (None, None, state_indices)
+    if chunk_state_rows is not None and cu_seqlens is not None:  # padding rows stay zero
+        made["chunk_states"] = made["chunk_states"].zero_()
+    values = (q, k, v, g, h0, cu_seqlens, made["o"], made.get("ht")) + extra + \
+        (made.get("chunk_states"), chunk_offsets, state_indices)
     _launch(launch, values)
-    return made["o"], (state if state is not None else made.get("ht"))
+    final = state if state is not None else made.get("ht")
+    return (made["o"], final) if chunk_state_rows is None else (made["o"], final, made["chunk_states"])
 
 
 #: The per-call tensors of the backward's two stages, by name.

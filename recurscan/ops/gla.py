@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..descriptors import CHUNK_SIZE
 from ..plan import plan
 from ..problem import gla_problem
 from ..reference import gla as ref
@@ -11,48 +12,71 @@ from . import _cache
 
 
 def _run_gla(q, k, v, g, *, per_key_decay, scale, initial_state, output_final_state, cu_seqlens, backend=None,
-             g_gamma=None, state=None, state_indices=None):
+             g_gamma=None, state=None, state_indices=None, chunk_indices=None, chunk_offsets=None,
+             return_chunk_states=False):
     problem = gla_problem(q, k, v, g, per_key_decay=per_key_decay, scale=scale, initial_state=initial_state,
-                          cu_seqlens=cu_seqlens, g_gamma=g_gamma, state=state, state_indices=state_indices)
+                          cu_seqlens=cu_seqlens, g_gamma=g_gamma, state=state, state_indices=state_indices,
+                          chunk_indices=chunk_indices, chunk_offsets=chunk_offsets)
     schedule = plan("gla", problem, q.device, "chunked", backend)
     if g_gamma is not None:  # a constant log decay per head, on top of g's
         dtype = g.dtype if g is not None else (torch.float64 if q.dtype == torch.float64 else torch.float32)
         g = g_gamma.to(dtype).expand(problem.batch, problem.tokens, problem.value_heads) + (0 if g is None else g)
     training = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                                for t in (q, k, v, g, initial_state))
-    if state is not None and training:
-        raise NotImplementedError("chunk_simple_gla / chunk_gla: a state cache (state, state_indices) is "
-                                  "inference-only; train with initial_state / output_final_state, or call under "
-                                  "torch.no_grad()")
+    if (state is not None or return_chunk_states) and training:
+        raise NotImplementedError("chunk_simple_gla / chunk_gla: a state cache (state, state_indices) and "
+                                  "return_chunk_states are inference-only; train with initial_state / "
+                                  "output_final_state, or call under torch.no_grad()")
     if schedule.backend == "triton":
         if training:
             return _run_triton_with_grad(q, k, v, g, problem, schedule, initial_state=initial_state,
-                                         output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+                                         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                                         chunk_indices=chunk_indices, chunk_offsets=chunk_offsets)
         from ..launch.gla import chunk_simple_gla_fwd
-        o, final = chunk_simple_gla_fwd(q, k, v, g, scale=problem.scale, initial_state=initial_state,
-                                        output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-                                        shape=schedule.launch, state=state, state_indices=state_indices)
-        return o, (final if output_final_state or state is not None else None)
+        rows = None
+        if return_chunk_states:
+            rows, chunk_offsets = chunk_state_rows(q.shape[0], q.shape[1], cu_seqlens, chunk_indices, chunk_offsets,
+                                                   q.device)
+        out = chunk_simple_gla_fwd(q, k, v, g, scale=problem.scale, initial_state=initial_state,
+                                   output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                                   shape=schedule.launch, state=state, state_indices=state_indices,
+                                   chunk_state_rows=rows, chunk_offsets=chunk_offsets)
+        final = out[1] if output_final_state or state is not None else None
+        return (out[0], final, *out[2:])
     if g is None:  # no decay: plain causal linear attention
         g = q.new_zeros(problem.batch, problem.tokens, problem.value_heads).float()
     if state is not None:  # the cache gathered before and scattered after
         initial_state = _cache.gather(state, state_indices, torch.float64 if q.dtype == torch.float64 else torch.float32)
-    o, final = ref.gla_chunked(q, k, v, g, scale=problem.scale, initial_state=initial_state,
-                               cu_seqlens=cu_seqlens, chunk_size=schedule.chunk_size)
+    o, final, *chunks = ref.gla_chunked(q, k, v, g, scale=problem.scale, initial_state=initial_state,
+                                        cu_seqlens=cu_seqlens, chunk_size=schedule.chunk_size,
+                                        return_chunk_states=return_chunk_states)
     if state is not None:
         o = o.masked_fill(_cache.padding_token_mask(state_indices, o.shape[0], o.shape[1], cu_seqlens)
                           [..., None, None], 0)
         _cache.scatter(state, state_indices, final)
-        return o.to(q.dtype), state
-    return o.to(q.dtype), final if output_final_state else None
+        return (o.to(q.dtype), state, *chunks)
+    return (o.to(q.dtype), final if output_final_state else None, *chunks)
 
 
-def _run_triton_with_grad(q, k, v, g, problem, schedule, *, initial_state, output_final_state, cu_seqlens):
+def chunk_state_rows(B, T, cu_seqlens, chunk_indices, chunk_offsets, device):
+    """(rows, chunk_offsets) of the chunk states the Triton path returns: dense ``B * ceil(T / 64)``;
+    varlen ``len(chunk_indices)`` (the padded count: no data-dependent size), the descriptors built
+    here where not given (one host read of cu_seqlens)."""
+    if cu_seqlens is None:
+        return B * -(-T // CHUNK_SIZE), None
+    if chunk_indices is None or chunk_offsets is None:
+        from ..descriptors import build_chunk_descriptors
+        built = build_chunk_descriptors(cu_seqlens, device=device)
+        chunk_indices, chunk_offsets = built.chunk_indices, built.chunk_offsets
+    return chunk_indices.shape[0], chunk_offsets
+
+
+def _run_triton_with_grad(q, k, v, g, problem, schedule, *, initial_state, output_final_state, cu_seqlens,
+                          chunk_indices=None, chunk_offsets=None):
     """Inputs that require grad: autograd/gla.py's ChunkSimpleGla (Triton forward and backward).
     Varlen without descriptors builds them here (one host read of cu_seqlens)."""
     from ..autograd.gla import ChunkSimpleGla
-    chunk_indices = chunk_offsets = None
-    if cu_seqlens is not None:
+    if cu_seqlens is not None and (chunk_indices is None or chunk_offsets is None):
         from ..descriptors import build_chunk_descriptors
         built = build_chunk_descriptors(cu_seqlens, device=q.device)
         chunk_indices, chunk_offsets = built.chunk_indices, built.chunk_offsets
@@ -63,7 +87,8 @@ def _run_triton_with_grad(q, k, v, g, problem, schedule, *, initial_state, outpu
 
 
 def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
-                     cu_seqlens=None, backend=None, state=None, state_indices=None):
+                     cu_seqlens=None, backend=None, state=None, state_indices=None, chunk_indices=None,
+                     chunk_offsets=None, return_chunk_states=False):
     """Gated linear attention with one decay per head and token (fla's ``chunk_simple_gla``).
 
     ``S_t = exp(g_t) S_{t-1} + k_t v_t^T``, ``o_t = scale * S_t^T q_t``.
@@ -86,9 +111,16 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=No
         state, state_indices: an in-place state cache ``[S, HV, K, V]`` and ``[N]`` int slots
             (-1: padding, zero outputs, its slot untouched), as the delta-rule ops; inference
             only. The final state returned is then ``state``.
+        chunk_indices, chunk_offsets: precomputed varlen descriptors
+            (:func:`recurscan.build_chunk_descriptors`), as the delta-rule ops take them: with them
+            the Triton path (training included) never synchronises with the host.
+        return_chunk_states: also return ``[NT, HV, K, V]`` float32 (inference only); row
+            ``chunk_offsets[n] + c`` is sequence n's state entering its chunk c of 64 tokens, as
+            the delta-rule ops lay them out (with given descriptors on the Triton path NT is the
+            padded ``len(chunk_indices)`` and the rows past ``chunk_offsets[N]`` are zero).
 
     Returns:
-        ``(o [B, T, HV, V], final_state [N, HV, K, V] or None)``.
+        ``(o [B, T, HV, V], final_state [N, HV, K, V] or None)``, plus chunk states when asked.
 
     Example:
         >>> import torch, recurscan
@@ -99,11 +131,13 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=No
     """
     return _run_gla(q, k, v, g, per_key_decay=False, scale=scale, initial_state=initial_state,
                     output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend=backend, g_gamma=g_gamma,
-                    state=state, state_indices=state_indices)
+                    state=state, state_indices=state_indices, chunk_indices=chunk_indices,
+                    chunk_offsets=chunk_offsets, return_chunk_states=return_chunk_states)
 
 
 def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-              backend=None, state=None, state_indices=None):
+              backend=None, state=None, state_indices=None, chunk_indices=None, chunk_offsets=None,
+              return_chunk_states=False):
     """Gated linear attention with a decay per key dimension (fla's ``chunk_gla``).
 
     ``S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T``, ``o_t = scale * S_t^T q_t``.
@@ -114,7 +148,7 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
         Other arguments as :func:`chunk_simple_gla` (``backend="triton"``: not yet, a ValueError).
 
     Returns:
-        ``(o [B, T, HV, V], final_state [N, HV, K, V] or None)``.
+        ``(o [B, T, HV, V], final_state [N, HV, K, V] or None)``, plus chunk states when asked.
 
     Example:
         >>> import torch, recurscan
@@ -127,4 +161,5 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
         raise ValueError("g: chunk_gla needs per-key log decays [B, T, HV, K]; use chunk_simple_gla for none")
     return _run_gla(q, k, v, g, per_key_decay=True, scale=scale, initial_state=initial_state,
                     output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend=backend,
-                    state=state, state_indices=state_indices)
+                    state=state, state_indices=state_indices, chunk_indices=chunk_indices,
+                    chunk_offsets=chunk_offsets, return_chunk_states=return_chunk_states)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ..descriptors import CHUNK_SIZE
 from ..plan import plan
 from ..problem import ssd_problem
 from ..reference import ssd as ref
@@ -12,7 +13,8 @@ from . import _cache
 def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, initial_states=None,
                               seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
                               return_final_states=False, return_varlen_states=False, state=None,
-                              state_indices=None, backend=None):
+                              state_indices=None, chunk_indices=None, chunk_offsets=None,
+                              return_chunk_states=False, backend=None):
     """Chunked Mamba2 SSD forward, mamba_ssm's ``mamba_chunk_scan_combined`` signature and returns.
 
     Per head: ``dt <- clamp(softplus?(dt + dt_bias), dt_limit)``,
@@ -40,6 +42,12 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt
             with cu_seqlens every final state is per sequence).
         state, state_indices: an in-place state cache ``[S, H, P, Nstate]`` and ``[N]`` slots
             (-1: padding, zero output, slot untouched), as the delta-rule ops.
+        chunk_indices, chunk_offsets: precomputed varlen descriptors
+            (:func:`recurscan.build_chunk_descriptors`): with them the Triton path (training
+            included) never synchronises with the host.
+        return_chunk_states: also return ``[NT, H, P, Nstate]`` float32 (inference only, not with
+            seq_idx alone), last: row ``chunk_offsets[n] + c`` is sequence n's state entering its
+            chunk c of 64 tokens whatever ``chunk_size`` is, as the delta-rule ops lay them out.
         backend: None (the planner's choice), "torch" (the PyTorch form, which trains through
             autograd) or "triton" (the GLA engine's kernels with q = C, k = B, v = dt x, forward
             and backward, the state cache for inference; any ``chunk_size`` runs as 64-token
@@ -47,7 +55,7 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt
 
     Returns:
         ``y [Bt, T, H, P]`` in x's dtype, or ``(y, final_states)``, ``(y, varlen_states)``,
-        ``(y, final_states, varlen_states)`` as mamba_ssm orders them.
+        ``(y, final_states, varlen_states)`` as mamba_ssm orders them; the chunk states last.
 
     Example:
         >>> import torch, recurscan
@@ -60,17 +68,26 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt
     """
     if return_varlen_states and cu_seqlens is None:
         raise ValueError("return_varlen_states: needs cu_seqlens [N + 1] (as mamba_ssm)")
+    if return_chunk_states and seq_idx is not None and cu_seqlens is None:
+        raise ValueError("return_chunk_states: chunk states are per sequence; with seq_idx pass cu_seqlens too")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size: expected an int >= 1, got {chunk_size!r}")
     problem = ssd_problem(x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_limit=dt_limit,
                           initial_state=initial_states, cu_seqlens=cu_seqlens, state=state,
-                          state_indices=state_indices, seq_idx=seq_idx)
+                          state_indices=state_indices, seq_idx=seq_idx, chunk_indices=chunk_indices,
+                          chunk_offsets=chunk_offsets)
     schedule = plan("ssd", problem, x.device, "chunked", backend)
+    if return_chunk_states and torch.is_grad_enabled() and any(
+            isinstance(t, torch.Tensor) and t.requires_grad for t in (x, dt, A, B, C, D, z, dt_bias, initial_states)):
+        raise NotImplementedError("mamba_chunk_scan_combined: return_chunk_states is inference-only; call under "
+                                  "torch.no_grad()")
     resets = None if seq_idx is None or cu_seqlens is not None else sequence_resets(seq_idx)
-    y, final = _BACKENDS[schedule.backend](x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states,
-                                           cu_seqlens, state, state_indices, chunk_size, schedule.launch, resets)
+    y, final, *chunks = _BACKENDS[schedule.backend](
+        x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens, state, state_indices,
+        chunk_size, schedule.launch, resets, (chunk_indices, chunk_offsets), return_chunk_states)
     extra = (final,) if return_final_states else ()
     extra += (final,) if return_varlen_states else ()
+    extra += tuple(chunks)
     return (y, *extra) if extra else y
 
 
@@ -103,8 +120,9 @@ def _ssd_torch_packed(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, init
 
 
 def _ssd_torch(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens, state,
-               state_indices, chunk_size, launch=None, resets=None):
-    """The oracle's chunked form, with the cache gathered before and scattered after."""
+               state_indices, chunk_size, launch=None, resets=None, descriptors=None, return_chunk_states=False):
+    """The oracle's chunked form, with the cache gathered before and scattered after (chunk states
+    every 64 tokens: the window is 64 then)."""
     if resets is not None:
         y, final = _ssd_torch_packed(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, resets,
                                      chunk_size)
@@ -112,19 +130,20 @@ def _ssd_torch(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_sta
     S0 = initial_states
     if state is not None:
         S0 = _cache.gather(state, state_indices, torch.float64 if x.dtype == torch.float64 else torch.float32)
-    y, final = ref.ssd_chunked(x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
-                               dt_limit=tuple(dt_limit), initial_state=S0, cu_seqlens=cu_seqlens,
-                               chunk_size=chunk_size)
+    y, final, *chunks = ref.ssd_chunked(x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                                        dt_limit=tuple(dt_limit), initial_state=S0, cu_seqlens=cu_seqlens,
+                                        chunk_size=CHUNK_SIZE if return_chunk_states else chunk_size,
+                                        return_chunk_states=return_chunk_states)
     if state is not None:
         y = y.masked_fill(_cache.padding_token_mask(state_indices, y.shape[0], y.shape[1], cu_seqlens)
                           [..., None, None], 0)
         _cache.scatter(state, state_indices, final)
         final = state
-    return y.to(x.dtype), final
+    return (y.to(x.dtype), final, *chunks)
 
 
 def _ssd_triton(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens, state,
-                state_indices, chunk_size, launch, resets=None):
+                state_indices, chunk_size, launch, resets=None, descriptors=(None, None), return_chunk_states=False):
     """SSD as gated linear attention on the GLA kernel, its prologue and epilogue in the kernel:
     q = C, k = B (the groups as GVA), v = dt x, log decay dt A, scale 1, y = (o + D x) silu(z);
     states transposed to [N, H, Nstate, P]."""
@@ -135,21 +154,26 @@ def _ssd_triton(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_st
                                       "inference-only; train with initial_states / return_final_states, or call "
                                       "under torch.no_grad()")
         return _ssd_triton_with_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens,
-                                     launch, resets)
+                                     launch, resets, descriptors)
     from ..launch.gla import SsdPrologue, chunk_simple_gla_fwd
+    from .gla import chunk_state_rows
+    rows = chunk_offsets = None
+    if return_chunk_states:
+        rows, chunk_offsets = chunk_state_rows(x.shape[0], x.shape[1], cu_seqlens, *descriptors, x.device)
     kernel_dtype = torch.float32 if x.dtype == torch.float64 else x.dtype
     prologue = SsdPrologue(dt, A, dt_bias, D, z, bool(dt_softplus), tuple(dt_limit))
     # mamba's states [., H, P, Nstate] are the kernel's [., HV, V, K]: read (and the cache written)
     # through their strides.
-    y, final = chunk_simple_gla_fwd(C.to(kernel_dtype), B.to(kernel_dtype), x.to(kernel_dtype), resets, scale=1.0,
-                                    initial_state=initial_states, output_final_state=True, cu_seqlens=cu_seqlens,
-                                    shape=launch, ssd=prologue, state=state, state_indices=state_indices,
-                                    state_v_first=True)
-    return y.to(x.dtype), (state if state is not None else final.transpose(-1, -2).contiguous())
+    y, final, *chunks = chunk_simple_gla_fwd(
+        C.to(kernel_dtype), B.to(kernel_dtype), x.to(kernel_dtype), resets, scale=1.0, initial_state=initial_states,
+        output_final_state=True, cu_seqlens=cu_seqlens, shape=launch, ssd=prologue, state=state,
+        state_indices=state_indices, state_v_first=True, chunk_state_rows=rows, chunk_offsets=chunk_offsets)
+    return (y.to(x.dtype), state if state is not None else final.transpose(-1, -2).contiguous(),
+            *(c.transpose(-1, -2).contiguous() for c in chunks))
 
 
 def _ssd_triton_with_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens, launch,
-                          resets=None):
+                          resets=None, descriptors=(None, None)):
     """Training on the Triton path: the step sizes, v = dt x, the log decay dt A and the skip and
     gate in PyTorch (autograd takes their chain rules), the recurrence through the GLA kernels'
     autograd Function (forward and backward in Triton). Not fused as the inference path is."""
@@ -160,8 +184,8 @@ def _ssd_triton_with_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, 
     g = step * A.float()
     if resets is not None:  # seq_idx: -inf where a sequence starts (its gradient is 0 there)
         g = g + resets[..., None]
-    chunk_indices = chunk_offsets = None
-    if cu_seqlens is not None:  # the backward's chunk states need the descriptors (one host read)
+    chunk_indices, chunk_offsets = descriptors
+    if cu_seqlens is not None and (chunk_indices is None or chunk_offsets is None):  # one host read
         from ..descriptors import build_chunk_descriptors
         built = build_chunk_descriptors(cu_seqlens, device=x.device)
         chunk_indices, chunk_offsets = built.chunk_indices, built.chunk_offsets
