@@ -9,8 +9,8 @@ and SSD's core (B1 T16384, one key group, 80 value heads x 64, K = dstate 128, s
 And Mamba2 SSD itself (``mamba_chunk_scan_combined``: B1 T16384 and B4 T4096, 80 heads x 64,
 dstate 128, one group, chunk 256, D, dt_softplus), recurscan's Triton path against mamba_ssm's
 (``MAMBA_SSM_SRC``: an unpacked mamba-ssm 2.3.2.post1 source tree, benchmarks/README.md), the
-forward alone and the forward + backward (every input's gradient, one fixed dY); and the simple
-GLA's forward + backward against fla's. ``--cold``: the first SSD forward + backward in a fresh
+forward alone and the forward + backward (every input's gradient, one fixed dY); the simple
+GLA's forward + backward against fla's; chunk_gla (a decay per key dimension) forward against fla's. ``--cold``: the first SSD forward + backward in a fresh
 process with an empty Triton cache (issue 20: <= 10 s). ``--gla-shape BV:warps`` (repeatable): the
 recurscan rows again in that launch shape of the GLA kernels (the planner's is plan/gla.py's).
 """
@@ -119,6 +119,24 @@ def ssd_rows():
     return rows
 
 
+def per_key_rows():
+    """chunk_gla (a decay per key dimension) at fla's shape, forward: recurscan's prep + sweep
+    (backend="triton"; the planner keeps the PyTorch form until this row is timed) and fla's."""
+    s = SHAPES["simple_gla_b4_t4096_h16"]
+    q, k, v, _ = inputs(s)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    gk = torch.nn.functional.logsigmoid(torch.randn(s["B"], s["T"], s["HV"], s["K"], device="cuda", generator=gen)) / 16
+    want = recurscan.chunk_gla(*(x.float() for x in (q, k, v)), gk, backend="torch")[0]
+    impls = {"recurscan triton": lambda: recurscan.chunk_gla(q, k, v, gk, backend="triton")[0]}
+    try:
+        from fla.ops.gla import chunk_gla as fla_chunk_gla
+        impls["fla"] = lambda: fla_chunk_gla(q, k, v, gk)[0]
+    except Exception as exc:  # recorded, never hidden
+        return [dict(shape="gla_per_key_b4_t4096_h16", impl="fla", status=f"not installed: {exc}")] + \
+            time_impls("gla_per_key_b4_t4096_h16", impls, want)
+    return time_impls("gla_per_key_b4_t4096_h16", impls, want)
+
+
 def gla_train_rows(name, s, q, k, v, g, keep=lambda impls: impls):
     impls = {"recurscan triton": lambda *a: recurscan.chunk_simple_gla(*a, scale=s["scale"], backend="triton")[0]}
     try:
@@ -214,6 +232,7 @@ def main():
             rows.append(dict(shape=name, impl="fla", status=f"not installed: {exc}"))
         rows += time_impls(name, impls, want)
         rows += gla_train_rows(name, s, q, k, v, g)
+    rows += per_key_rows()
     rows += ssd_rows()
     if args.cold:
         rows.append(cold())

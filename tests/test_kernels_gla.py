@@ -103,9 +103,12 @@ def test_strided_and_16_bit_inputs():
 
 
 def test_what_the_triton_path_refuses():
-    q, k, v, g = (x.float() for x in gla_inputs(1, 10, 1, 1, 16, 16, seed=1))
-    with pytest.raises(ValueError, match="per key"):
+    q, k, v, g = gla_inputs(1, 10, 1, 1, 16, 16, seed=1)
+    with pytest.raises(ValueError, match="float64"):
         recurscan.chunk_gla(q, k, v, g[..., None].expand(-1, -1, -1, 16), backend="triton")
+    wide = torch.zeros(1, 10, 1, 300)
+    with pytest.raises(ValueError, match="K = 300 > 256"):
+        recurscan.chunk_simple_gla(wide, wide, v.float(), g.float(), backend="triton")
 
 
 GRAD_CASES = {
@@ -296,3 +299,80 @@ def test_chunk_states_with_padded_descriptors_and_training_without_a_sync(monkey
     with pytest.raises(ValueError, match="chunk_offsets"):
         recurscan.chunk_simple_gla(q, k, v, g, cu_seqlens=cu, chunk_indices=d.chunk_indices,
                                    chunk_offsets=d.chunk_offsets[:-1], backend="triton")
+
+
+def per_key_decays(B, T, HV, K, seed):
+    """Per-key log decays with the hostile values: a reset (-inf) in one key mid-sequence, decay
+    exactly 1 in a row, and a long run of strong decay (e^-30 a token) in another key, where a
+    factor split across rows would overflow."""
+    gen = torch.Generator().manual_seed(seed)
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, K, generator=gen, dtype=torch.float64) + 2)
+    if T > 3:
+        g[:, T // 2, 0, 0] = float("-inf")
+        g[:, 1] = 0.0
+        g[:, T // 4:T // 4 + 40, -1, K // 2] = -30.0
+    return g
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_per_key_triton_forward_matches_the_token_loop(case):
+    """chunk_gla on the Triton path (the prep, kernels/gla/prep.py, then the sweep with PER_KEY):
+    output and final state against the float64 token loop, over the hostile cases."""
+    c = CASES[case]
+    K, V = c.get("K", 16), c.get("V", 16)
+    q, k, v, _ = gla_inputs(c["B"], c["T"], c["H"], c["HV"], K, V, seed=len(case) + 50)
+    g = per_key_decays(c["B"], c["T"], c["HV"], K, seed=len(case))
+    cu = None if c["cu"] is None else torch.tensor(c["cu"])
+    N = c["B"] if cu is None else len(c["cu"]) - 1
+    h0 = torch.randn(N, c["HV"], K, V, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    args = dict(scale=0.3, initial_state=h0, cu_seqlens=cu)
+    want = gla_naive(q, k, v, g, **args)
+    ref32 = gla_chunked(*(x.float() for x in (q, k, v, g)), **dict(args, initial_state=h0.float()))
+    dev = lambda x: None if x is None else (x.float() if x.is_floating_point() else x).to(DEVICE)  # noqa: E731
+    got = recurscan.chunk_gla(*map(dev, (q, k, v, g)), scale=0.3, initial_state=dev(h0), output_final_state=True,
+                              cu_seqlens=dev(cu), backend="triton")
+    for what, a, b, r in zip(("o", "final state"), got, want, ref32):
+        assert_like_fp32(a.cpu(), b, r, what)
+
+
+@pytest.mark.parametrize("name", ["q", "k", "v", "g"])
+def test_per_key_non_finite_input_stays_causal(name):
+    """A NaN at token 95 (one key of g, one element of the others): the outputs before it and the
+    other sequence keep their bits; a query's NaN reaches its own row alone."""
+    q, k, v, _ = (x.float().to(DEVICE) for x in gla_inputs(1, 200, 1, 2, 16, 16, seed=61))
+    g = per_key_decays(1, 200, 2, 16, seed=62).float().to(DEVICE)
+    cu = torch.tensor([0, 130, 200], device=DEVICE)
+    clean = recurscan.chunk_gla(q, k, v, g, output_final_state=True, cu_seqlens=cu, backend="triton")
+    x = dict(q=q, k=k, v=v, g=g)
+    bad = x[name].clone()
+    bad[0, 95, 0, 3 if name == "g" else 0] = float("nan")
+    x[name] = bad
+    o, S = recurscan.chunk_gla(*x.values(), output_final_state=True, cu_seqlens=cu, backend="triton")
+    assert torch.equal(o[:, :95], clean[0][:, :95]), "an output before the NaN changed"
+    assert torch.equal(o[:, 130:], clean[0][:, 130:]) and torch.equal(S[1], clean[1][1]), "the other sequence changed"
+    if name == "q":
+        assert torch.isnan(o[0, 95]).all() and torch.equal(o[:, 96:130], clean[0][:, 96:130])
+        assert torch.equal(S[0], clean[1][0])
+    else:
+        assert torch.isnan(o[0, 95, 0]).any() and torch.isnan(S[0, 0]).any(), "the NaN vanished"
+
+
+def test_per_key_cache_chunk_states_and_what_it_refuses():
+    """The per-key path with a state cache (-1 padding) and chunk states equals the PyTorch form;
+    with grad it is refused; the planner keeps the PyTorch form for it on CUDA (not yet timed)."""
+    q, k, v, _ = (x.float().to(DEVICE) for x in gla_inputs(1, 150, 1, 2, 16, 16, seed=63))
+    g = per_key_decays(1, 150, 2, 16, seed=64).float().to(DEVICE)
+    cu = torch.tensor([0, 1, 90, 150], device=DEVICE)
+    cache = torch.randn(5, 2, 16, 16, device=DEVICE)
+    slots = torch.tensor([3, -1, 0], device=DEVICE)
+    outs = {}
+    for backend in ("torch", "triton"):
+        c = cache.clone()
+        outs[backend] = recurscan.chunk_gla(q, k, v, g, cu_seqlens=cu, state=c, state_indices=slots,
+                                            return_chunk_states=True, backend=backend)
+    (o1, c1, ch1), (o2, c2, ch2) = outs["torch"], outs["triton"]
+    assert relative_rms(o2, o1) < 1e-5 and relative_rms(c2, c1) < 1e-5 and torch.equal(c2[1], cache[1])
+    assert relative_rms(ch2[:ch1.shape[0]], ch1) < 1e-5 and (ch2[ch1.shape[0]:] == 0).all()
+    x = [t.clone().requires_grad_() for t in (q, k, v, g)]
+    with pytest.raises(NotImplementedError, match="chunk_gla: the Triton path is inference-only"):
+        recurscan.chunk_gla(*x, cu_seqlens=cu, backend="triton")

@@ -11,6 +11,7 @@ import triton.language as tl
 
 from ..descriptors import CHUNK_SIZE
 from ..kernels.gla.forward import chunk_simple_gla_fwd_kernel
+from ..kernels.gla.prep import chunk_gla_prep_kernel
 from ..kernels.group_sum import group_sum_kernel
 from ..plan.gla import GlaShape
 from ..runtime.cache import SignatureCache, launch_key
@@ -20,7 +21,12 @@ from .delta_backward import GROUP_SUM_ROWS
 
 #: The per-call tensors of the launch, by name (its CallArgs).
 NAMES = ("q", "k", "v", "g", "h0", "cu_seqlens", "o", "ht", "dt", "A", "dt_bias", "D", "z", "chunk_states",
-         "chunk_offsets", "state_indices")
+         "chunk_offsets", "state_indices", "qg", "kg", "aqk", "dl", "chunk_indices")
+
+
+def call_values(**named) -> tuple:
+    """A forward call's tensors in the order of :data:`NAMES` (None where not given)."""
+    return tuple(named.get(n) for n in NAMES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,23 +56,27 @@ GLA_LAUNCHES = SignatureCache("chunked GLA forward")
 
 @dataclasses.dataclass
 class GlaForward:
-    """The launch of one call signature and the buffers it writes (name -> (shape, dtype))."""
+    """The launch of one call signature and the buffers it writes (name -> (shape, dtype));
+    ``prep``: the per-key decay's prep (kernels/gla/prep.py), launched first, or None."""
 
     step: Step
     buffers: dict
+    prep: Step | None = None
 
 
 def build_gla_forward(q, k, v, g, h0, cu_seqlens, *, scale, output_final_state, shape: GlaShape,
                       ssd: SsdPrologue | None = None, chunk_offsets=None, num_chunk_rows=None,
                       state_indices=None, state_v_first=False, outputs=True,
-                      chunk_states_dtype=None) -> GlaForward:
+                      chunk_states_dtype=None, per_key_rows=None) -> GlaForward:
     """What :func:`chunk_simple_gla_fwd` launches for these tensors' signature (none is kept).
     ``num_chunk_rows``: also the state entering every chunk, in q's dtype (the backward's
     recompute; varlen needs ``chunk_offsets``). ``h0``: the initial states ``[N, HV, K, V]``, or
     with ``state_indices`` a state cache ``[S, HV, K, V]``; ``state_v_first``: either is laid out
     ``[., HV, V, K]`` (mamba's [., H, P, Nstate]); read and written through its strides.
     ``outputs=False``: the states alone (the recompute; ``o`` is then a one-element placeholder).
-    ``chunk_states_dtype``: the chunk states' dtype (default q's)."""
+    ``chunk_states_dtype``: the chunk states' dtype (default q's). ``per_key_rows``: g is a decay
+    per key dimension ``[B, T, HV, K]`` and the prep runs first, one program per chunk (this many:
+    dense ``B * ceil(T / 64)``, varlen ``len(chunk_indices)``) and value head."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     varlen = cu_seqlens is not None
@@ -88,40 +98,60 @@ def build_gla_forward(q, k, v, g, h0, cu_seqlens, *, scale, output_final_state, 
     states = num_chunk_rows is not None
     if states:
         buffers["chunk_states"] = ((num_chunk_rows, HV, K, V), chunk_states_dtype or q.dtype)
+    per_key = per_key_rows is not None
+    prep = None
+    if per_key:
+        # A in float32: the sweep rounds it to its product operand once.
+        buffers.update(qg=((B, T, HV, K), q.dtype), kg=((B, T, HV, K), q.dtype),
+                       aqk=((B, T, HV, CHUNK_SIZE), torch.float32), dl=((per_key_rows, HV, K), torch.float32))
     arg = lambda name, present=True: CallArg(name if present else "o")  # noqa: E731 (absent: a placeholder)
+    BK = max(16, triton.next_power_of_2(K))
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    if per_key:
+        prep = Step(chunk_gla_prep_kernel, (per_key_rows * HV,), dict(
+            q=arg("q"), k=arg("k"), g=arg("g"), qg=arg("qg"), kg=arg("kg"), aqk=arg("aqk"), dl=arg("dl"),
+            cu_seqlens=arg("cu_seqlens", varlen),
+            chunk_indices=arg("chunk_indices", varlen), chunk_offsets=arg("chunk_offsets", varlen), T=T, n_seq=N,
+            scale=float(scale), n_cs_rows=per_key_rows, H=H, HV=HV, K=K, BT=CHUNK_SIZE, BK=BK, IS_VARLEN=varlen,
+            DT=dt, DOT_PRECISION=precision), dict(num_warps=8))
     step = Step(chunk_simple_gla_fwd_kernel, (N * HV * triton.cdiv(V, BV),), dict(
         q=arg("q"), k=arg("k"), v=arg("v"), g=arg("g", g is not None), o=arg("o"), h0=arg("h0", h0 is not None),
         ht=arg("ht", output_final_state and not cache), cu_seqlens=arg("cu_seqlens", varlen),
         dt=arg("dt", ssd is not None), A=arg("A", ssd is not None),
         dt_bias=arg("dt_bias", ssd is not None and ssd.dt_bias is not None),
         D=arg("D", ssd is not None and ssd.D is not None), z=arg("z", ssd is not None and ssd.z is not None),
-        chunk_states=arg("chunk_states", states), chunk_offsets=arg("chunk_offsets", states and varlen),
-        state_indices=arg("state_indices", cache), s0_n=s0_n, s0_h=s0_h, s0_k=s0_k, s0_v=s0_v,
-        n_slots=h0.shape[0] if cache else 0, n_cs_rows=num_chunk_rows if states else 0,
+        chunk_states=arg("chunk_states", states), chunk_offsets=arg("chunk_offsets", (states or per_key) and varlen),
+        state_indices=arg("state_indices", cache), qg=arg("qg", per_key), kg=arg("kg", per_key),
+        aqk=arg("aqk", per_key), dl=arg("dl", per_key), s0_n=s0_n, s0_h=s0_h, s0_k=s0_k, s0_v=s0_v,
+        n_slots=h0.shape[0] if cache else 0,
+        n_cs_rows=num_chunk_rows if states else (per_key_rows if per_key else 0),
         T=T, scale=float(scale), dt_min=float(ssd.dt_limit[0]) if ssd is not None and ssd.clamps else 0.0,
         dt_max=float(ssd.dt_limit[1]) if ssd is not None and ssd.clamps else 0.0,
-        H=H, HV=HV, K=K, V=V, BT=CHUNK_SIZE, BK=max(16, triton.next_power_of_2(K)), BV=BV, IS_VARLEN=varlen,
-        HAS_G=g is not None, HAS_H0=h0 is not None, STORE_FINAL=output_final_state and not cache,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DT=dt,
+        H=H, HV=HV, K=K, V=V, BT=CHUNK_SIZE, BK=BK, BV=BV, IS_VARLEN=varlen,
+        HAS_G=g is not None and not per_key, HAS_H0=h0 is not None, STORE_FINAL=output_final_state and not cache,
+        DOT_PRECISION=precision, DT=dt,
         SSD=ssd is not None, HAS_DT_BIAS=ssd is not None and ssd.dt_bias is not None,
         DT_SOFTPLUS=ssd is not None and ssd.dt_softplus, DT_LIMIT=ssd is not None and ssd.clamps,
         HAS_D=ssd is not None and ssd.D is not None, D_PER_CHANNEL=ssd is not None and ssd.D is not None
         and ssd.D.dim() == 2, HAS_Z=ssd is not None and ssd.z is not None, STORE_CHUNK_STATES=states,
-        USE_CACHE=cache, OUTPUTS=outputs),
+        USE_CACHE=cache, OUTPUTS=outputs, PER_KEY=per_key),
         dict(num_warps=shape.num_warps))
-    return GlaForward(step, buffers)
+    return GlaForward(step, buffers, prep)
 
 
 def _launch(launch: GlaForward, values: tuple) -> None:
-    step = launch.step
-    if step.direct is not None:
-        step.direct(values)
-    else:  # the first call (compiles), or a launch the direct path does not take
-        step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, NAMES, values)
+    for step in (launch.prep, launch.step):
+        if step is None:
+            continue
+        if step.direct is not None:
+            step.direct(values)
+        else:  # the first call (compiles), or a launch the direct path does not take
+            step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, NAMES, values)
 
 
 def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_state=False, cu_seqlens=None,
-                         backward=None, chunk_state_rows=None, chunk_offsets=None,
+                         backward=None, chunk_state_rows=None, chunk_offsets=None, per_key_rows=None,
+                         chunk_indices=None,
                          shape: GlaShape, ssd: SsdPrologue | None = None, state=None, state_indices=None,
                          state_v_first=False):
     """``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] float32 or None)`` of
@@ -136,7 +166,9 @@ def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_
     backward's kernels start compiling beside this one (:func:`compile_gla_backward_early`).
     ``chunk_state_rows``: also return the state entering every chunk, ``[rows, HV, K, V]`` float32
     (row ``chunk_offsets[n] + c``, dense ``n * ceil(T / 64) + c``; varlen rows past the last
-    offset are zeros); returned third. No host synchronisation."""
+    offset are zeros); returned third. ``per_key_rows``: g ``[B, T, HV, K]``, a decay per key
+    dimension (fla's chunk_gla), through the prep (:func:`build_gla_forward`); varlen then needs
+    ``chunk_indices`` and ``chunk_offsets``. No host synchronisation."""
     q, k, v = (x.contiguous() for x in (q, k, v))
     g = None if g is None else g.contiguous()
     h0 = state if state is not None else (None if initial_state is None else initial_state.float())
@@ -144,8 +176,8 @@ def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_
     if ssd is not None:
         ssd = dataclasses.replace(ssd, **dict(zip(("dt", "A", "dt_bias", "D", "z"), extra)))
     options = None if ssd is None else (ssd.dt_softplus, tuple(ssd.dt_limit))
-    key = (launch_key((q, k, v, g, h0, cu_seqlens, state_indices, chunk_offsets) + extra), float(scale),
-           output_final_state, shape, options, state_v_first, chunk_state_rows)
+    key = (launch_key((q, k, v, g, h0, cu_seqlens, state_indices, chunk_offsets, chunk_indices) + extra),
+           float(scale), output_final_state, shape, options, state_v_first, chunk_state_rows, per_key_rows)
     launch = GLA_LAUNCHES.get(key)
     if launch is None:
         launch = GLA_LAUNCHES.put(key, build_gla_forward(q, k, v, g, h0, cu_seqlens, scale=scale,
@@ -153,15 +185,17 @@ def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_
                                                          ssd=ssd, state_indices=state_indices,
                                                          state_v_first=state_v_first, chunk_offsets=chunk_offsets,
                                                          num_chunk_rows=chunk_state_rows,
-                                                         chunk_states_dtype=torch.float32))
-        if backward is not None and ssd is None and not INTERPRET:
+                                                         chunk_states_dtype=torch.float32,
+                                                         per_key_rows=per_key_rows))
+        if backward is not None and ssd is None and per_key_rows is None and not INTERPRET:
             compile_gla_backward_early(q, k, v, g, h0, cu_seqlens, scale=scale, shape=shape,
                                        out=launch.buffers["o"], final=launch.buffers.get("ht"), **backward)
     made = {n: _empty(*s, dtype=d, device=q.device) for n, (s, d) in launch.buffers.items()}
     if chunk_state_rows is not None and cu_seqlens is not None:  # padding rows stay zero
         made["chunk_states"] = made["chunk_states"].zero_()
-    values = (q, k, v, g, h0, cu_seqlens, made["o"], made.get("ht")) + extra + \
-        (made.get("chunk_states"), chunk_offsets, state_indices)
+    values = call_values(q=q, k=k, v=v, g=g, h0=h0, cu_seqlens=cu_seqlens,
+                         **dict(zip(("dt", "A", "dt_bias", "D", "z"), extra)), chunk_offsets=chunk_offsets,
+                         state_indices=state_indices, chunk_indices=chunk_indices, **made)
     _launch(launch, values)
     final = state if state is not None else made.get("ht")
     return (made["o"], final) if chunk_state_rows is None else (made["o"], final, made["chunk_states"])
@@ -263,8 +297,8 @@ def compile_gla_backward_early(q, k, v, g, h0, cu_seqlens, *, scale, shape, out,
     if launches.pending is not None or launches.steps[0].direct is not None:
         return
     recompute = launches.forward
-    fwd_values = (q, k, v, g, h0, cu, stand_in(recompute.buffers["o"]), None) + (None,) * 5 + \
-        (stand_in(recompute.buffers["chunk_states"]), co, None)
+    fwd_values = call_values(q=q, k=k, v=v, g=g, h0=h0, cu_seqlens=cu, o=stand_in(recompute.buffers["o"]),
+                             chunk_states=stand_in(recompute.buffers["chunk_states"]), chunk_offsets=co)
     given = dict(q=q, k=k, v=v, g=g, do=do, dht=dht, h0=h0, cu_seqlens=cu, chunk_indices=ci, chunk_offsets=co,
                  states=stand_in(recompute.buffers["chunk_states"]))
     made = {n: stand_in(spec) for n, spec in launches.buffers.items()}
@@ -289,8 +323,8 @@ def chunk_simple_gla_bwd(q, k, v, g, do, dht, *, scale, initial_state=None, cu_s
         launches.pending = None
     # 1. The states entering every chunk.
     fwd = {n: _empty(*s, dtype=d, device=q.device) for n, (s, d) in launches.forward.buffers.items()}
-    _launch(launches.forward, (q, k, v, g, h0, cu_seqlens, fwd["o"], None) + (None,) * 5 +
-            (fwd["chunk_states"], chunk_offsets, None))
+    _launch(launches.forward, call_values(q=q, k=k, v=v, g=g, h0=h0, cu_seqlens=cu_seqlens, o=fwd["o"],
+                                          chunk_states=fwd["chunk_states"], chunk_offsets=chunk_offsets))
     # 2-3. The reverse sweep, then the parallel stage.
     made = {n: _empty(*s, dtype=d, device=q.device) for n, (s, d) in launches.buffers.items()}
     given = dict(q=q, k=k, v=v, g=g, do=do, dht=dht, h0=h0, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,

@@ -28,19 +28,25 @@ def _run_gla(q, k, v, g, *, per_key_decay, scale, initial_state, output_final_st
                                   "return_chunk_states are inference-only; train with initial_state / "
                                   "output_final_state, or call under torch.no_grad()")
     if schedule.backend == "triton":
+        if training and per_key_decay:
+            raise NotImplementedError("chunk_gla: the Triton path is inference-only for now (no backward for a "
+                                      "decay per key dimension yet); train with backend='torch' or call under "
+                                      "torch.no_grad()")
         if training:
             return _run_triton_with_grad(q, k, v, g, problem, schedule, initial_state=initial_state,
                                          output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                                          chunk_indices=chunk_indices, chunk_offsets=chunk_offsets)
         from ..launch.gla import chunk_simple_gla_fwd
-        rows = None
-        if return_chunk_states:
-            rows, chunk_offsets = chunk_state_rows(q.shape[0], q.shape[1], cu_seqlens, chunk_indices, chunk_offsets,
-                                                   q.device)
+        rows = per_key_rows = None
+        if return_chunk_states or per_key_decay:
+            rows, chunk_indices, chunk_offsets = chunk_rows(q.shape[0], q.shape[1], cu_seqlens, chunk_indices,
+                                                            chunk_offsets, q.device)
+            rows, per_key_rows = (rows if return_chunk_states else None), (rows if per_key_decay else None)
         out = chunk_simple_gla_fwd(q, k, v, g, scale=problem.scale, initial_state=initial_state,
                                    output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                                    shape=schedule.launch, state=state, state_indices=state_indices,
-                                   chunk_state_rows=rows, chunk_offsets=chunk_offsets)
+                                   chunk_state_rows=rows, chunk_offsets=chunk_offsets, per_key_rows=per_key_rows,
+                                   chunk_indices=chunk_indices)
         final = out[1] if output_final_state or state is not None else None
         return (out[0], final, *out[2:])
     if g is None:  # no decay: plain causal linear attention
@@ -58,17 +64,18 @@ def _run_gla(q, k, v, g, *, per_key_decay, scale, initial_state, output_final_st
     return (o.to(q.dtype), final if output_final_state else None, *chunks)
 
 
-def chunk_state_rows(B, T, cu_seqlens, chunk_indices, chunk_offsets, device):
-    """(rows, chunk_offsets) of the chunk states the Triton path returns: dense ``B * ceil(T / 64)``;
-    varlen ``len(chunk_indices)`` (the padded count: no data-dependent size), the descriptors built
-    here where not given (one host read of cu_seqlens)."""
+def chunk_rows(B, T, cu_seqlens, chunk_indices, chunk_offsets, device):
+    """(rows, chunk_indices, chunk_offsets) of the Triton path's per-chunk tensors (the chunk
+    states it returns, the per-key prep's programs): dense ``B * ceil(T / 64)``; varlen
+    ``len(chunk_indices)`` (the padded count: no data-dependent size), the descriptors built here
+    where not given (one host read of cu_seqlens)."""
     if cu_seqlens is None:
-        return B * -(-T // CHUNK_SIZE), None
+        return B * -(-T // CHUNK_SIZE), None, None
     if chunk_indices is None or chunk_offsets is None:
         from ..descriptors import build_chunk_descriptors
         built = build_chunk_descriptors(cu_seqlens, device=device)
         chunk_indices, chunk_offsets = built.chunk_indices, built.chunk_offsets
-    return chunk_indices.shape[0], chunk_offsets
+    return chunk_indices.shape[0], chunk_indices, chunk_offsets
 
 
 def _run_triton_with_grad(q, k, v, g, problem, schedule, *, initial_state, output_final_state, cu_seqlens,
@@ -145,7 +152,9 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
     Args:
         q, k: ``[B, T, H, K]``; v: ``[B, T, HV, V]``; g: ``[B, T, HV, K]`` natural-log decays
             (``-inf``, ``g > 0`` and non-finite input as :func:`chunk_simple_gla`'s).
-        Other arguments as :func:`chunk_simple_gla` (``backend="triton"``: not yet, a ValueError).
+        Other arguments as :func:`chunk_simple_gla`. ``backend="triton"``: a prep and the GLA
+            sweep (kernels/gla/prep.py), inference only (with grad, NotImplementedError); the
+            planner keeps the PyTorch form until the H200 has timed it.
 
     Returns:
         ``(o [B, T, HV, V], final_state [N, HV, K, V] or None)``, plus chunk states when asked.

@@ -156,10 +156,10 @@ def _ssd_triton(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_st
         return _ssd_triton_with_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens,
                                      launch, resets, descriptors)
     from ..launch.gla import SsdPrologue, chunk_simple_gla_fwd
-    from .gla import chunk_state_rows
+    from .gla import chunk_rows
     rows = chunk_offsets = None
     if return_chunk_states:
-        rows, chunk_offsets = chunk_state_rows(x.shape[0], x.shape[1], cu_seqlens, *descriptors, x.device)
+        rows, _, chunk_offsets = chunk_rows(x.shape[0], x.shape[1], cu_seqlens, *descriptors, x.device)
     kernel_dtype = torch.float32 if x.dtype == torch.float64 else x.dtype
     prologue = SsdPrologue(dt, A, dt_bias, D, z, bool(dt_softplus), tuple(dt_limit))
     # mamba's states [., H, P, Nstate] are the kernel's [., HV, V, K]: read (and the cache written)

@@ -25,8 +25,6 @@ def gla_shape(problem, device) -> GlaShape:
 def triton_gla_unsupported(problem) -> str | None:
     """Why the GLA Triton kernel cannot take this problem, or None if it can."""
     import torch
-    if problem.per_key_decay:
-        return "a decay per key dimension: the Triton kernel takes a scalar decay per head (chunk_simple_gla)"
     if problem.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return f"inputs in {problem.dtype}: the kernel takes float16, bfloat16 or float32"
     if problem.key_dim > 256:

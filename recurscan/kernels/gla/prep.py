@@ -1,0 +1,143 @@
+"""The prep of gated linear attention with a decay per key dimension (fla's chunk_gla), parallel
+over (chunk, value head): everything of a chunk that does not need the state entering it, so the
+sweep (kernels/gla/forward.py with PER_KEY) carries only the state's chain.
+
+Per chunk of BT rows and key k, with gl[i, k] the sum of the finite log2 decays of rows <= i and
+seg[i, k] the count of resets (decay exactly 0) at rows <= i (rows past the end: decay 1):
+
+    qg[i]  = scale q_i o [seg_i = 0] 2^gl_i                         (the query, decayed from the chunk start)
+    kg[j]  = k_j o [seg_j = seg_last] 2^(gl_last - gl_j)            (the key, decayed to the chunk end)
+    dl     = [seg_last = 0] 2^gl_last                                (the state's decay over the chunk)
+    A[i, j] = scale sum_k q_ik k_jk [seg_ik = seg_jk] 2^(gl_ik - gl_jk),  j <= i
+
+Every factor is at most 1 for decays <= 1. A is formed in blocks of 16 rows: between blocks
+through the factor split at the row before the query's block (both factors <= 1), within a block
+pair by pair (no split whose factors could overflow), as fla's secondary chunking. Each exponent
+is summed over the rows it spans (within a block, or from the blocks' totals), never taken as the
+difference of two long prefix sums, whose rounding would swamp a normal decay after a run of
+strong ones.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..delta.common import _chunk_rows
+
+#: Rows of the blocks A is formed in.
+SUB = tl.constexpr(16)
+
+
+@triton.jit(do_not_specialize=["T", "n_seq", "n_cs_rows"])
+def chunk_gla_prep_kernel(
+    q, k, g, qg, kg, aqk, dl, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, scale, n_cs_rows,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Grid (chunks x HV,): one program per (chunk, value head). Writes ``qg``, ``kg`` ``[B, T, HV,
+X, ``dl [n_cs_rows, HV, K]``
+    (float32, at the chunk-state row: ``chunk_offsets[n] + c``, dense ``n * ceil(T / BT) + c``).
+
+    Non-finite input, as the token loop has it: a row whose k or decay (one key's) is NaN or +inf
+    takes part in no product (its decay counts as 1) and its ``kg`` row is NaN, the sweep's mark to
+    poison the outputs from it on and the state; a row whose q is NaN or inf takes part in no
+    product and its ``qg`` row is NaN (its own output alone is poisoned)."""
+    pid = tl.program_id(0).to(tl.int64)
+    i_c = pid // HV
+    i_hv = pid % HV
+    i_h = i_hv // (HV // H)
+    valid, bos, eos, r0, cs = _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT, IS_VARLEN, 1)
+    if not valid:
+        return
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    rows = r0 + o_t.to(tl.int64)
+    m_r = rows < eos
+    m_rk = m_r[:, None] & m_k[None, :]
+    p_qk = (rows * H + i_h)[:, None] * K + o_k[None, :]
+    p_vk = (rows * HV + i_hv)[:, None] * K + o_k[None, :]
+    b_q = tl.load(q + p_qk, mask=m_rk, other=0.0).to(tl.float32)
+    b_k = tl.load(k + p_qk, mask=m_rk, other=0.0).to(tl.float32)
+    b_g = tl.load(g + p_vk, mask=m_rk, other=0.0).to(tl.float32) * 1.4426950408889634
+    # 1. Gates per key: bad decays count as 1 (their rows are marked), resets start a segment.
+    #    Every exponent below is a sum of the decays it spans, taken within a block of SUB rows or
+    #    from the blocks' totals, never a difference of two long prefix sums (which loses the
+    #    bits of a normal decay after a run of strong ones).
+    bad_gk = (b_g != b_g) | (b_g == float("inf"))
+    bad_g = tl.max(bad_gk.to(tl.int32), axis=1) != 0
+    b_g = tl.where(bad_gk, 0.0, b_g)
+    reset = b_g < -150.0
+    b_g = tl.where(reset, 0.0, b_g)
+    seg = tl.cumsum(reset.to(tl.int32), axis=0)
+    last = o_t[:, None] == BT - 1
+    seg_last = tl.sum(tl.where(last, seg, 0), axis=0)
+    NB: tl.constexpr = BT // SUB
+    blk = o_t // SUB
+    g3 = tl.reshape(b_g, (NB, SUB, BK))
+    bl = tl.reshape(tl.cumsum(g3, axis=1), (BT, BK))  # within the row's block, rows <= i
+    bs = tl.reshape(tl.cumsum(g3, axis=1, reverse=True), (BT, BK)) - b_g  # within the block, rows > j
+    end = o_t[:, None] % SUB == SUB - 1
+    before = tl.zeros([BT, BK], dtype=tl.float32)  # the blocks before the row's
+    after = tl.zeros([BT, BK], dtype=tl.float32)  # the blocks after the row's
+    for m in tl.static_range(0, NB):
+        tot = tl.sum(tl.where(end & (blk == m)[:, None], bl, 0.0), axis=0)
+        before += tl.where((blk > m)[:, None], tot[None, :], 0.0)
+        after += tl.where((blk < m)[:, None], tot[None, :], 0.0)
+    gl_last = tl.sum(tl.where(last, before + bl, 0.0), axis=0)
+    bad_k = bad_g | (tl.max((b_k * 0.0 != 0.0).to(tl.int32), axis=1) != 0)
+    bad_q = tl.max((b_q * 0.0 != 0.0).to(tl.int32), axis=1) != 0
+    b_q = tl.where((bad_q | bad_k)[:, None], 0.0, b_q)
+    b_k = tl.where(bad_k[:, None], 0.0, b_k)
+    # 2. The decayed query and key, and the chunk's decay.
+    b_qg = scale * b_q * tl.where(seg == 0, tl.exp2(before + bl), 0.0)
+    to_end = seg == seg_last[None, :]
+    b_kg = b_k * tl.where(to_end, tl.exp2(tl.where(to_end, bs + after, 0.0)), 0.0)
+    tl.store(qg + p_vk, tl.where(bad_q[:, None], float("nan"), b_qg).to(qg.dtype.element_ty), mask=m_rk)
+    tl.store(kg + p_vk, tl.where(bad_k[:, None], float("nan"), b_kg).to(kg.dtype.element_ty), mask=m_rk)
+    cs_ok = (cs >= 0) & (cs < n_cs_rows)
+    tl.store(dl + (cs * HV + i_hv) * K + o_k, tl.where(seg_last == 0, tl.exp2(gl_last), 0.0), mask=m_k & cs_ok)
+    # 3. A between blocks: for the queries of block b, the keys of the blocks before it, split at
+    #    the end of block b - 1 (both factors <= 1): the query's decay since its block began, the
+    #    key's until block b begins.
+    b_A = tl.zeros([BT, BT], dtype=tl.float32)
+    for b in tl.static_range(1, NB):
+        at = o_t[:, None] == b * SUB - 1
+        sref = tl.sum(tl.where(at, seg, 0), axis=0)
+        mid = tl.zeros([BT, BK], dtype=tl.float32)  # the blocks between the key's and b
+        for m in tl.static_range(1, b):
+            tot = tl.sum(tl.where(end & (blk == m)[:, None], bl, 0.0), axis=0)
+            mid += tl.where((blk < m)[:, None], tot[None, :], 0.0)
+        in_b = (blk == b)[:, None] & (seg == sref[None, :])
+        earlier = (blk < b)[:, None] & (seg == sref[None, :])
+        b_qs = tl.where(in_b, b_q * tl.exp2(tl.where(in_b, bl, 0.0)), 0.0)
+        b_ks = tl.where(earlier, b_k * tl.exp2(tl.where(earlier, bs + mid, 0.0)), 0.0)
+        b_A += tl.dot(b_qs.to(DT), tl.trans(b_ks.to(DT)), input_precision=DOT_PRECISION)
+    # 4. A within each block, pair by pair: row i with column j = its block's row jj, jj from the
+    #    block's end down, so that the exponent (the decays of rows j+1..i) and whether a reset
+    #    lies among them grow by one gathered row a step; k_j and g_j are gathered from memory (a
+    #    row of a register tile cannot be indexed).
+    span = tl.zeros([BT, BK], dtype=tl.float32)
+    cut = tl.zeros([BT, BK], dtype=tl.int32)
+    for t in range(0, SUB):
+        jj = SUB - 1 - t
+        col = blk * SUB + jj  # [BT]: row i's column in its block
+        m_n = (o_t % SUB >= jj + 1) & (r0 + col + 1 < eos)  # rows whose span now includes row j + 1
+        m_nk = m_n[:, None] & m_k[None, :]
+        g_n = tl.load(g + ((r0 + col + 1) * HV + i_hv)[:, None] * K + o_k[None, :], mask=m_nk,
+                      other=0.0).to(tl.float32) * 1.4426950408889634
+        g_n = tl.where((g_n != g_n) | (g_n == float("inf")), 0.0, g_n)
+        cut = cut | (m_nk & (g_n < -150.0)).to(tl.int32)
+        span += tl.where(m_nk & (g_n >= -150.0), g_n, 0.0)
+        m_j = (o_t % SUB >= jj) & (r0 + col < eos)
+        m_jk = m_j[:, None] & m_k[None, :]
+        p_j = (r0 + col)[:, None]
+        k_j = tl.load(k + (p_j * H + i_h) * K + o_k[None, :], mask=m_jk, other=0.0).to(tl.float32)
+        g_j = tl.load(g + (p_j * HV + i_hv) * K + o_k[None, :], mask=m_jk, other=0.0).to(tl.float32)
+        bad_j = (tl.max((k_j * 0.0 != 0.0).to(tl.int32), axis=1) != 0) | \
+            (tl.max(((g_j != g_j) | (g_j == float("inf"))).to(tl.int32), axis=1) != 0)
+        pair = m_jk & ~bad_j[:, None] & (cut == 0)
+        term = tl.where(pair, b_q * k_j * tl.exp2(tl.where(pair, span, 0.0)), 0.0)
+        b_A = tl.where(o_t[None, :] == col[:, None], tl.sum(term, axis=1)[:, None], b_A)
+    tl.store(aqk + (rows * HV + i_hv)[:, None] * BT + o_t[None, :], (scale * b_A).to(aqk.dtype.element_ty),
+             mask=m_r[:, None])
