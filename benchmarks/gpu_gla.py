@@ -11,8 +11,9 @@ dstate 128, one group, chunk 256, D, dt_softplus), recurscan's Triton path again
 (``MAMBA_SSM_SRC``: an unpacked mamba-ssm 2.3.2.post1 source tree, benchmarks/README.md), the
 forward alone and the forward + backward (every input's gradient, one fixed dY); the simple
 GLA's forward + backward against fla's; chunk_gla (a decay per key dimension) forward against fla's. ``--cold``: the first SSD forward + backward in a fresh
-process with an empty Triton cache (issue 20: <= 10 s). ``--gla-shape BV:warps`` (repeatable): the
-recurscan rows again in that launch shape of the GLA kernels (the planner's is plan/gla.py's).
+process with an empty Triton cache (issue 20: <= 10 s). ``--gla-shape BV:warps[:split]`` (repeatable):
+the recurscan rows again in that launch shape of the GLA kernels (the planner's is plan/gla.py's;
+``split``: the prep, then the sweep with PER_KEY).
 """
 from __future__ import annotations
 
@@ -183,8 +184,8 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--cold", action="store_true")
     ap.add_argument("--cold-only", action="store_true", help="the cold first call alone")
-    ap.add_argument("--gla-shape", action="append", default=[], help="BV:warps: the recurscan rows again in this "
-                                                                       "launch shape of the GLA kernels (repeatable)")
+    ap.add_argument("--gla-shape", action="append", default=[], help="BV:warps[:split]: the recurscan rows again "
+                                                                       "in this launch shape of the GLA kernels (repeatable)")
     ap.add_argument("--only-shapes", action="store_true", help="the --gla-shape rows (and the planner's) alone")
     args = ap.parse_args()
     from recurscan.plan import gla as plan_gla
@@ -196,9 +197,13 @@ def main():
                       open(args.out, "w"), indent=1)
         return
     for text in (["planned"] + args.gla_shape) if args.gla_shape else []:
-        bv, warps = (planned.block_v, planned.num_warps) if text == "planned" else map(int, text.split(":"))
-        plan_gla.GLA_LAUNCH = plan_gla.GlaShape(bv, warps, "benchmark variant")
-        tag = f" {bv}:{warps}"
+        if text == "planned":
+            shape = planned
+        else:
+            parts = text.split(":")
+            shape = plan_gla.GlaShape(int(parts[0]), int(parts[1]), "benchmark variant", split="split" in parts[2:])
+        plan_gla.GLA_LAUNCH = shape
+        tag = f" {shape.block_v}:{shape.num_warps}" + (":split" if shape.split else "")
         for name, s in SHAPES.items():
             q, k, v, g = inputs(s)
             want = recurscan.chunk_simple_gla(*(x.float() for x in (q, k, v)), g, scale=s["scale"], backend="torch")[0]

@@ -12,6 +12,14 @@ from tests.helpers.tolerances import assert_like_fp32, relative_rms
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def use_form(form, monkeypatch):
+    """The GLA kernels' launch: the planner's (one fused kernel), or the split one (the prep, then
+    the sweep with PER_KEY; plan.gla.GlaShape.split)."""
+    if form == "split":
+        from recurscan.plan import gla as plan_gla
+        monkeypatch.setattr(plan_gla, "GLA_LAUNCH", plan_gla.GlaShape(64, 8, "tests: the split launch", split=True))
+
+
 @pytest.fixture(autouse=True)
 def poison(monkeypatch):
     """Every buffer the op allocates starts as NaN: an element the kernel does not write shows."""
@@ -43,7 +51,9 @@ def gla_inputs(B, T, H, HV, K, V, seed):
 
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("optional", ["all", "no_g_no_h0"])
-def test_triton_forward_matches_the_token_loop(case, optional):
+@pytest.mark.parametrize("form", ["fused", "split"])
+def test_triton_forward_matches_the_token_loop(case, optional, form, monkeypatch):
+    use_form(form, monkeypatch)
     c = CASES[case]
     K, V = c.get("K", 16), c.get("V", 16)
     q, k, v, g = gla_inputs(c["B"], c["T"], c["H"], c["HV"], K, V, seed=len(case))
@@ -66,7 +76,9 @@ def test_triton_forward_matches_the_token_loop(case, optional):
 
 
 @pytest.mark.parametrize("name", ["q", "k", "v", "g"])
-def test_a_non_finite_input_leaves_earlier_outputs_and_other_sequences_bit_identical(name):
+@pytest.mark.parametrize("form", ["fused", "split"])
+def test_a_non_finite_input_leaves_earlier_outputs_and_other_sequences_bit_identical(name, form, monkeypatch):
+    use_form(form, monkeypatch)
     q, k, v, g = (x.float().to(DEVICE) for x in gla_inputs(1, 200, 1, 2, 16, 16, seed=11))
     cu = torch.tensor([0, 130, 200], device=DEVICE)
     clean = recurscan.chunk_simple_gla(q, k, v, g, output_final_state=True, cu_seqlens=cu, backend="triton")
@@ -258,9 +270,11 @@ def test_the_forward_starts_the_backward_compiling(monkeypatch):
 
 @pytest.mark.parametrize("cu", [None, [0, 1, 70, 200]], ids=["dense", "varlen"])
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_chunk_states_are_the_delta_ops_rows(cu, backend):
+@pytest.mark.parametrize("form", ["fused", "split"])
+def test_chunk_states_are_the_delta_ops_rows(cu, backend, form, monkeypatch):
     """return_chunk_states: the state entering each 64-token chunk of each sequence, at row
     chunk_offsets[n] + c (dense: n * ceil(T / 64) + c), float32, against the float64 token loop."""
+    use_form(form, monkeypatch)
     B = 2 if cu is None else 1
     q, k, v, g = gla_inputs(B, 200, 1, 2, 16, 24, seed=31)
     h0 = torch.randn(B if cu is None else 3, 2, 16, 24, dtype=torch.float64, generator=torch.Generator().manual_seed(3))

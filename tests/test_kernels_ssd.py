@@ -10,6 +10,14 @@ from tests.helpers.tolerances import assert_like_fp32
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
+
+def use_form(form, monkeypatch):
+    """The GLA kernels' launch: the planner's (one fused kernel), or the split one (the prep, then
+    the sweep with PER_KEY; plan.gla.GlaShape.split)."""
+    if form == "split":
+        from recurscan.plan import gla as plan_gla
+        monkeypatch.setattr(plan_gla, "GLA_LAUNCH", plan_gla.GlaShape(64, 8, "tests: the split launch", split=True))
+
 CASES = {
     "T 1": dict(Bt=2, T=1, H=2, G=1, cu=None),
     "T 63, groups 2": dict(Bt=1, T=63, H=4, G=2, cu=None),
@@ -30,7 +38,9 @@ def ssd_inputs(Bt, T, H, G, P=8, N=16, seed=0):
 
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("extras", ["D per head, z, dt_bias, softplus, h0", "D per channel, dt_limit", "none"])
-def test_triton_ssd_matches_the_token_loop(case, extras):
+@pytest.mark.parametrize("form", ["fused", "split"])
+def test_triton_ssd_matches_the_token_loop(case, extras, form, monkeypatch):
+    use_form(form, monkeypatch)
     c = CASES[case]
     x = ssd_inputs(c["Bt"], c["T"], c["H"], c["G"], seed=len(case))
     H, P, N = c["H"], 8, 16
@@ -148,11 +158,13 @@ def _per_sequence(x, seq_idx, h0, **kw):
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_seq_idx_packs_sequences_in_a_row(backend):
+@pytest.mark.parametrize("form", ["fused", "split"])
+def test_seq_idx_packs_sequences_in_a_row(backend, form, monkeypatch):
     """mamba_ssm's seq_idx [Bt, T]: the state resets wherever it changes (a one-token sequence, a
     start on a chunk boundary, ids that skip), initial states enter each row's first sequence and
     the final states are each row's last sequence's; against each sequence through the float64
     token loop alone."""
+    use_form(form, monkeypatch)
     x = ssd_inputs(2, 130, 4, 2, seed=21)
     gen = torch.Generator().manual_seed(22)
     D, z, h0 = torch.randn(4, generator=gen).double(), torch.randn(2, 130, 4, 8, generator=gen).double(), \
@@ -205,9 +217,11 @@ def test_seq_idx_is_validated():
 
 @pytest.mark.parametrize("cu", [None, [0, 1, 70, 200]], ids=["dense", "varlen"])
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_chunk_states_every_64_tokens_in_mambas_layout(cu, backend):
+@pytest.mark.parametrize("form", ["fused", "split"])
+def test_chunk_states_every_64_tokens_in_mambas_layout(cu, backend, form, monkeypatch):
     """return_chunk_states: [NT, H, P, Nstate] float32, the state entering each 64-token chunk of
     each sequence at the delta ops' rows whatever chunk_size is, against the float64 token loop."""
+    use_form(form, monkeypatch)
     Bt = 2 if cu is None else 1
     x = ssd_inputs(Bt, 200, 4, 2, seed=41)
     cu_t = None if cu is None else torch.tensor(cu)

@@ -67,16 +67,18 @@ class GlaForward:
 def build_gla_forward(q, k, v, g, h0, cu_seqlens, *, scale, output_final_state, shape: GlaShape,
                       ssd: SsdPrologue | None = None, chunk_offsets=None, num_chunk_rows=None,
                       state_indices=None, state_v_first=False, outputs=True,
-                      chunk_states_dtype=None, per_key_rows=None) -> GlaForward:
+                      chunk_states_dtype=None, prep_rows=None) -> GlaForward:
     """What :func:`chunk_simple_gla_fwd` launches for these tensors' signature (none is kept).
     ``num_chunk_rows``: also the state entering every chunk, in q's dtype (the backward's
     recompute; varlen needs ``chunk_offsets``). ``h0``: the initial states ``[N, HV, K, V]``, or
     with ``state_indices`` a state cache ``[S, HV, K, V]``; ``state_v_first``: either is laid out
     ``[., HV, V, K]`` (mamba's [., H, P, Nstate]); read and written through its strides.
     ``outputs=False``: the states alone (the recompute; ``o`` is then a one-element placeholder).
-    ``chunk_states_dtype``: the chunk states' dtype (default q's). ``per_key_rows``: g is a decay
-    per key dimension ``[B, T, HV, K]`` and the prep runs first, one program per chunk (this many:
-    dense ``B * ceil(T / 64)``, varlen ``len(chunk_indices)``) and value head."""
+    ``chunk_states_dtype``: the chunk states' dtype (default q's). ``prep_rows``: the prep
+    (kernels/gla/prep.py) runs first, one program per chunk (this many: dense ``B * ceil(T / 64)``,
+    varlen ``len(chunk_indices)``) and value head, and the sweep takes its gates (PER_KEY): always
+    for g ``[B, T, HV, K]`` (a decay per key dimension); for a scalar decay or SSD, the split
+    launch (``GlaShape.split``)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     varlen = cu_seqlens is not None
@@ -98,22 +100,28 @@ def build_gla_forward(q, k, v, g, h0, cu_seqlens, *, scale, output_final_state, 
     states = num_chunk_rows is not None
     if states:
         buffers["chunk_states"] = ((num_chunk_rows, HV, K, V), chunk_states_dtype or q.dtype)
-    per_key = per_key_rows is not None
+    per_key = prep_rows is not None  # the sweep takes its gates from the prep
+    scalar = g is None or g.dim() == 3  # one decay a head and token (or SSD's dt A)
     prep = None
     if per_key:
         # A in float32: the sweep rounds it to its product operand once.
         buffers.update(qg=((B, T, HV, K), q.dtype), kg=((B, T, HV, K), q.dtype),
-                       aqk=((B, T, HV, CHUNK_SIZE), torch.float32), dl=((per_key_rows, HV, K), torch.float32))
+                       aqk=((B, T, HV, CHUNK_SIZE), torch.float32), dl=((prep_rows, HV, K), torch.float32))
     arg = lambda name, present=True: CallArg(name if present else "o")  # noqa: E731 (absent: a placeholder)
     BK = max(16, triton.next_power_of_2(K))
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     if per_key:
-        prep = Step(chunk_gla_prep_kernel, (per_key_rows * HV,), dict(
-            q=arg("q"), k=arg("k"), g=arg("g"), qg=arg("qg"), kg=arg("kg"), aqk=arg("aqk"), dl=arg("dl"),
-            cu_seqlens=arg("cu_seqlens", varlen),
-            chunk_indices=arg("chunk_indices", varlen), chunk_offsets=arg("chunk_offsets", varlen), T=T, n_seq=N,
-            scale=float(scale), n_cs_rows=per_key_rows, H=H, HV=HV, K=K, BT=CHUNK_SIZE, BK=BK, IS_VARLEN=varlen,
-            DT=dt, DOT_PRECISION=precision), dict(num_warps=8))
+        prep = Step(chunk_gla_prep_kernel, (prep_rows * HV,), dict(
+            q=arg("q"), k=arg("k"), g=arg("g", g is not None), qg=arg("qg"), kg=arg("kg"), aqk=arg("aqk"),
+            dl=arg("dl"), cu_seqlens=arg("cu_seqlens", varlen), chunk_indices=arg("chunk_indices", varlen),
+            chunk_offsets=arg("chunk_offsets", varlen), dt=arg("dt", ssd is not None), A=arg("A", ssd is not None),
+            dt_bias=arg("dt_bias", ssd is not None and ssd.dt_bias is not None), T=T, n_seq=N, scale=float(scale),
+            n_cs_rows=prep_rows, dt_min=float(ssd.dt_limit[0]) if ssd is not None and ssd.clamps else 0.0,
+            dt_max=float(ssd.dt_limit[1]) if ssd is not None and ssd.clamps else 0.0,
+            H=H, HV=HV, K=K, BT=CHUNK_SIZE, BK=BK, IS_VARLEN=varlen, DT=dt, DOT_PRECISION=precision,
+            HAS_G=g is not None, SCALAR=scalar and ssd is None, SSD=ssd is not None,
+            HAS_DT_BIAS=ssd is not None and ssd.dt_bias is not None, DT_SOFTPLUS=ssd is not None and ssd.dt_softplus,
+            DT_LIMIT=ssd is not None and ssd.clamps), dict(num_warps=8))
     step = Step(chunk_simple_gla_fwd_kernel, (N * HV * triton.cdiv(V, BV),), dict(
         q=arg("q"), k=arg("k"), v=arg("v"), g=arg("g", g is not None), o=arg("o"), h0=arg("h0", h0 is not None),
         ht=arg("ht", output_final_state and not cache), cu_seqlens=arg("cu_seqlens", varlen),
@@ -124,7 +132,7 @@ def build_gla_forward(q, k, v, g, h0, cu_seqlens, *, scale, output_final_state, 
         state_indices=arg("state_indices", cache), qg=arg("qg", per_key), kg=arg("kg", per_key),
         aqk=arg("aqk", per_key), dl=arg("dl", per_key), s0_n=s0_n, s0_h=s0_h, s0_k=s0_k, s0_v=s0_v,
         n_slots=h0.shape[0] if cache else 0,
-        n_cs_rows=num_chunk_rows if states else (per_key_rows if per_key else 0),
+        n_cs_rows=num_chunk_rows if states else (prep_rows if per_key else 0),
         T=T, scale=float(scale), dt_min=float(ssd.dt_limit[0]) if ssd is not None and ssd.clamps else 0.0,
         dt_max=float(ssd.dt_limit[1]) if ssd is not None and ssd.clamps else 0.0,
         H=H, HV=HV, K=K, V=V, BT=CHUNK_SIZE, BK=BK, BV=BV, IS_VARLEN=varlen,
@@ -150,7 +158,7 @@ def _launch(launch: GlaForward, values: tuple) -> None:
 
 
 def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_state=False, cu_seqlens=None,
-                         backward=None, chunk_state_rows=None, chunk_offsets=None, per_key_rows=None,
+                         backward=None, chunk_state_rows=None, chunk_offsets=None, prep_rows=None,
                          chunk_indices=None,
                          shape: GlaShape, ssd: SsdPrologue | None = None, state=None, state_indices=None,
                          state_v_first=False):
@@ -166,9 +174,9 @@ def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_
     backward's kernels start compiling beside this one (:func:`compile_gla_backward_early`).
     ``chunk_state_rows``: also return the state entering every chunk, ``[rows, HV, K, V]`` float32
     (row ``chunk_offsets[n] + c``, dense ``n * ceil(T / 64) + c``; varlen rows past the last
-    offset are zeros); returned third. ``per_key_rows``: g ``[B, T, HV, K]``, a decay per key
-    dimension (fla's chunk_gla), through the prep (:func:`build_gla_forward`); varlen then needs
-    ``chunk_indices`` and ``chunk_offsets``. No host synchronisation."""
+    offset are zeros); returned third. ``prep_rows``: through the prep (:func:`build_gla_forward`;
+    g ``[B, T, HV, K]``, a decay per key dimension, needs it); varlen then needs ``chunk_indices``
+    and ``chunk_offsets``. No host synchronisation."""
     q, k, v = (x.contiguous() for x in (q, k, v))
     g = None if g is None else g.contiguous()
     h0 = state if state is not None else (None if initial_state is None else initial_state.float())
@@ -177,7 +185,7 @@ def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_
         ssd = dataclasses.replace(ssd, **dict(zip(("dt", "A", "dt_bias", "D", "z"), extra)))
     options = None if ssd is None else (ssd.dt_softplus, tuple(ssd.dt_limit))
     key = (launch_key((q, k, v, g, h0, cu_seqlens, state_indices, chunk_offsets, chunk_indices) + extra),
-           float(scale), output_final_state, shape, options, state_v_first, chunk_state_rows, per_key_rows)
+           float(scale), output_final_state, shape, options, state_v_first, chunk_state_rows, prep_rows)
     launch = GLA_LAUNCHES.get(key)
     if launch is None:
         launch = GLA_LAUNCHES.put(key, build_gla_forward(q, k, v, g, h0, cu_seqlens, scale=scale,
@@ -186,8 +194,8 @@ def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_
                                                          state_v_first=state_v_first, chunk_offsets=chunk_offsets,
                                                          num_chunk_rows=chunk_state_rows,
                                                          chunk_states_dtype=torch.float32,
-                                                         per_key_rows=per_key_rows))
-        if backward is not None and ssd is None and per_key_rows is None and not INTERPRET:
+                                                         prep_rows=prep_rows))
+        if backward is not None and ssd is None and prep_rows is None and not INTERPRET:
             compile_gla_backward_early(q, k, v, g, h0, cu_seqlens, scale=scale, shape=shape,
                                        out=launch.buffers["o"], final=launch.buffers.get("ht"), **backward)
     made = {n: _empty(*s, dtype=d, device=q.device) for n, (s, d) in launch.buffers.items()}

@@ -37,15 +37,16 @@ def _run_gla(q, k, v, g, *, per_key_decay, scale, initial_state, output_final_st
                                          output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                                          chunk_indices=chunk_indices, chunk_offsets=chunk_offsets)
         from ..launch.gla import chunk_simple_gla_fwd
-        rows = per_key_rows = None
-        if return_chunk_states or per_key_decay:
+        rows = prep_rows = None
+        prepped = per_key_decay or schedule.launch.split
+        if return_chunk_states or prepped:
             rows, chunk_indices, chunk_offsets = chunk_rows(q.shape[0], q.shape[1], cu_seqlens, chunk_indices,
                                                             chunk_offsets, q.device)
-            rows, per_key_rows = (rows if return_chunk_states else None), (rows if per_key_decay else None)
+            rows, prep_rows = (rows if return_chunk_states else None), (rows if prepped else None)
         out = chunk_simple_gla_fwd(q, k, v, g, scale=problem.scale, initial_state=initial_state,
                                    output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                                    shape=schedule.launch, state=state, state_indices=state_indices,
-                                   chunk_state_rows=rows, chunk_offsets=chunk_offsets, per_key_rows=per_key_rows,
+                                   chunk_state_rows=rows, chunk_offsets=chunk_offsets, prep_rows=prep_rows,
                                    chunk_indices=chunk_indices)
         final = out[1] if output_final_state or state is not None else None
         return (out[0], final, *out[2:])

@@ -157,9 +157,10 @@ def _ssd_triton(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_st
                                      launch, resets, descriptors)
     from ..launch.gla import SsdPrologue, chunk_simple_gla_fwd
     from .gla import chunk_rows
-    rows = chunk_offsets = None
-    if return_chunk_states:
-        rows, _, chunk_offsets = chunk_rows(x.shape[0], x.shape[1], cu_seqlens, *descriptors, x.device)
+    rows = chunk_indices = chunk_offsets = prep_rows = None
+    if return_chunk_states or launch.split:
+        rows, chunk_indices, chunk_offsets = chunk_rows(x.shape[0], x.shape[1], cu_seqlens, *descriptors, x.device)
+        rows, prep_rows = (rows if return_chunk_states else None), (rows if launch.split else None)
     kernel_dtype = torch.float32 if x.dtype == torch.float64 else x.dtype
     prologue = SsdPrologue(dt, A, dt_bias, D, z, bool(dt_softplus), tuple(dt_limit))
     # mamba's states [., H, P, Nstate] are the kernel's [., HV, V, K]: read (and the cache written)
@@ -167,7 +168,8 @@ def _ssd_triton(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_st
     y, final, *chunks = chunk_simple_gla_fwd(
         C.to(kernel_dtype), B.to(kernel_dtype), x.to(kernel_dtype), resets, scale=1.0, initial_state=initial_states,
         output_final_state=True, cu_seqlens=cu_seqlens, shape=launch, ssd=prologue, state=state,
-        state_indices=state_indices, state_v_first=True, chunk_state_rows=rows, chunk_offsets=chunk_offsets)
+        state_indices=state_indices, state_v_first=True, chunk_state_rows=rows, chunk_offsets=chunk_offsets,
+        prep_rows=prep_rows, chunk_indices=chunk_indices)
     return (y.to(x.dtype), state if state is not None else final.transpose(-1, -2).contiguous(),
             *(c.transpose(-1, -2).contiguous() for c in chunks))
 

@@ -11,6 +11,10 @@ class GlaShape:
     block_v: int  # value columns a program carries
     num_warps: int
     reason: str
+    # A scalar decay (and SSD) through the prep and the sweep with PER_KEY, as a decay per key
+    # runs (kernels/gla/prep.py): the chunk's A and gates parallel over chunks, the sweep's loop
+    # the state's chain alone; False: one fused kernel. Not timed on a GPU yet (an A/B flag).
+    split: bool = False
 
 
 GLA_LAUNCH = GlaShape(64, 8, "64 value columns on 8 warps: offline for sm_90 the chunk loop spills 40 local "

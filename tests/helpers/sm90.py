@@ -98,13 +98,14 @@ def compile_case(case: str, shape: str) -> list[str]:
 
 
 def compile_gla(case: str, ssd: bool = False, cache: bool = False, seq_idx: bool = False,
-                chunk_states: bool = False, per_key: bool = False) -> list[str]:
+                chunk_states: bool = False, per_key: bool = False, split: bool = False) -> list[str]:
     """The scalar-decay GLA forward's launch (launch/gla.py) for a case of :data:`CASES` (M = 1
     ones; bf16, the plan's shape); ``ssd``: as Mamba2 SSD runs it (every prologue and epilogue
     part on: dt_bias, softplus, dt_limit, D per channel, z); ``cache``: with a state cache in
     mamba's [S, H, P, Nstate] layout; ``seq_idx``: SSD with mamba's seq_idx (per-token resets);
     ``chunk_states``: with the serving chunk states (float32, beside the outputs); ``per_key``: a
-    decay per key dimension (chunk_gla: the prep, then the sweep)."""
+    decay per key dimension (chunk_gla: the prep, then the sweep); ``split``: a scalar decay (or SSD)
+    through the prep and the sweep too (plan.gla.GlaShape.split)."""
     from recurscan.launch.gla import NAMES as GLA_NAMES
     from recurscan.launch.gla import SsdPrologue, build_gla_forward
     from recurscan.plan.gla import GLA_LAUNCH
@@ -122,14 +123,15 @@ def compile_gla(case: str, ssd: bool = False, cache: bool = False, seq_idx: bool
     slots = None
     if cache:
         h0, slots = torch.zeros(8, HV, 64, K), torch.zeros(h0.shape[0], dtype=torch.int32)
-    offsets = None if cu is None or not (chunk_states or per_key) else torch.zeros(len(cu), dtype=torch.int32)
-    indices = None if cu is None or not per_key else torch.zeros(40, 2, dtype=torch.int32)
+    prepped = per_key or split
+    offsets = None if cu is None or not (chunk_states or prepped) else torch.zeros(len(cu), dtype=torch.int32)
+    indices = None if cu is None or not prepped else torch.zeros(40, 2, dtype=torch.int32)
     if per_key:
         g = torch.zeros(B, T, HV, K)
     launch = build_gla_forward(q, k, v, g, h0, cu_t, scale=K ** -0.5, output_final_state=True, shape=GLA_LAUNCH,
                                ssd=prologue, state_indices=slots, state_v_first=cache, chunk_offsets=offsets,
                                num_chunk_rows=40 if chunk_states else None, chunk_states_dtype=torch.float32,
-                               per_key_rows=40 if per_key else None)
+                               prep_rows=40 if prepped else None)
     values = dict(q=q, k=k, v=v, g=g if g is not None else torch.zeros(1), h0=h0,
                   cu_seqlens=cu_t if cu_t is not None else torch.zeros(1), state_indices=slots,
                   chunk_offsets=offsets if offsets is not None else torch.zeros(1),
@@ -185,10 +187,11 @@ def compile_gla_backward(case: str) -> list[str]:
 if __name__ == "__main__":
     if sys.argv[1] == "gla-backward":
         print("\n".join(compile_gla_backward(sys.argv[2])))
-    elif sys.argv[1] in ("gla", "gla-chunk-states", "gla-per-key", "ssd", "ssd-cache", "ssd-seq-idx"):
+    elif sys.argv[1] in ("gla", "gla-chunk-states", "gla-per-key", "gla-split", "ssd", "ssd-cache", "ssd-seq-idx",
+                         "ssd-split"):
         print("\n".join(compile_gla(sys.argv[2], ssd=sys.argv[1].startswith("ssd"), cache=sys.argv[1] == "ssd-cache",
-                                    seq_idx=sys.argv[1] == "ssd-seq-idx",
+                                    seq_idx=sys.argv[1] in ("ssd-seq-idx", "ssd-split"),
                                     chunk_states=sys.argv[1] == "gla-chunk-states",
-                                    per_key=sys.argv[1] == "gla-per-key")))
+                                    per_key=sys.argv[1] == "gla-per-key", split=sys.argv[1].endswith("split"))))
     else:
         print("\n".join(compile_case(*sys.argv[1:3])))

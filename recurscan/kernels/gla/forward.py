@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from ..delta.common import _chunk_gates, _gates_of, _sequence
+from .common import _ssd_steps
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -42,8 +43,8 @@ def chunk_simple_gla_fwd_kernel(
     (o + D x) silu(z) (D per head or per channel). ``g`` is then ``[B * T]`` (HAS_G): a log decay
     added per token, whatever the head (-inf where a sequence of mamba's seq_idx starts).
 
-    PER_KEY (a decay per key dimension, fla's chunk_gla): the chunk's gates come from the prep
-    (kernels/gla/prep.py): the decayed queries ``qg`` and keys ``kg`` ``[B, T, HV, K]`` (a NaN row
+    PER_KEY (a decay per key dimension, fla's chunk_gla; or any decay, the split launch of
+    plan/gla.py): the chunk's gates come from the prep (kernels/gla/prep.py): the decayed queries ``qg`` and keys ``kg`` ``[B, T, HV, K]`` (a NaN row
     marks a non-finite query, resp. key or decay), ``aqk [B, T, HV, BT]`` (A, row i: query i) and
     the chunk's decay ``dl [n_cs_rows, HV, K]`` at its chunk-state row; per chunk then
     O^T = S^T qg^T + V^T A^T and S^T <- S^T o dl + V^T kg (q, k and g are not read).
@@ -105,21 +106,16 @@ def chunk_simple_gla_fwd_kernel(
         m_vr = m_v[:, None] & m_r[None, :]
         b_vt = tl.load(v + p_vr, mask=m_vr, other=0.0).to(tl.float32)  # V^T [BV, BT] (SSD: x^T)
         if SSD:
-            b_dt = tl.load(dt + rows * HV + i_hv, mask=m_r, other=0.0).to(tl.float32)
-            if HAS_DT_BIAS:
-                b_dt += tl.load(dt_bias + i_hv).to(tl.float32)
-            if DT_SOFTPLUS:  # torch's softplus: linear above 20
-                b_dt = tl.where(b_dt > 20.0, b_dt, tl.log(1.0 + tl.exp(tl.minimum(b_dt, 20.0))))
-            if DT_LIMIT:
-                b_dt = tl.minimum(tl.maximum(b_dt, dt_min), dt_max)
+            b_dt = _ssd_steps(dt, dt_bias, rows, m_r, i_hv, HV, dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS, DT_LIMIT)
             b_xt = b_vt
             b_vt = b_xt * b_dt[None, :]
+        if PER_KEY:  # the prep marked non-finite decays in kg
+            bad_g = o_t < 0
+        elif SSD:
             b_ga = tl.load(A + i_hv).to(tl.float32) * b_dt  # natural-log decay dt A
             if HAS_G:  # seq_idx: -inf where a sequence starts, per token
                 b_ga += tl.load(g + rows, mask=m_r, other=0.0).to(tl.float32)
             gc, seg, bad_g = _gates_of(tl.where(m_r, b_ga * 1.4426950408889634, 0.0))
-        elif PER_KEY:  # the prep marked non-finite decays in kg
-            bad_g = o_t < 0
         else:
             gc, seg, bad_g = _chunk_gates(g, rows, rows * 0, m_r, i_hv, HV, 1, BT, HAS_G)
         # Non-finite rows and value elements, selected out; the first one poisons what follows.
@@ -142,22 +138,18 @@ def chunk_simple_gla_fwd_kernel(
             gam = tl.where(seg == seg_last, tl.exp2(tl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
             lam_last = tl.where(seg_last == 0, tl.exp2(gc_last), 0.0)
         b_kd = b_k.to(DT)
-        if OUTPUTS and PER_KEY:
-            b_At = tl.load(aqk + (rows * HV + i_hv)[None, :] * BT + o_t[:, None], mask=m_r[None, :], other=0.0)
-            b_ot = tl.dot(b_St.to(DT), tl.trans(b_q.to(DT)), input_precision=DOT_PRECISION)
-            b_ot += tl.dot(b_vt.to(DT), b_At.to(DT), input_precision=DOT_PRECISION)
-            b_ot = tl.where((o_t[None, :] >= first[:, None]) | bad_q[None, :], float("nan"), b_ot)
-            if USE_CACHE:  # a padding sequence's outputs are zeros
-                b_ot = tl.where(live, b_ot, 0.0)
-            tl.store(o + p_vr, b_ot.to(o.dtype.element_ty), mask=m_vr)
-        elif OUTPUTS:
-            lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
-            # A[j, i] = G[i, j] scale (k_j . q_i): the gate from row j to row i, i >= j, same segment.
-            b_Gt = tl.where(upper & (seg[:, None] == seg[None, :]), tl.exp2(gc[None, :] - gc[:, None]), 0.0)
-            b_A = b_Gt * scale * tl.dot(b_kd, tl.trans(b_q.to(DT)), input_precision=DOT_PRECISION)
-            b_Sd = b_St.to(DT)
-            b_ot = (scale * lam)[None, :] * tl.dot(b_Sd, tl.trans(b_q.to(DT)), input_precision=DOT_PRECISION)
-            b_ot += tl.dot(b_vt.to(DT), b_A.to(DT), input_precision=DOT_PRECISION)
+        if OUTPUTS:
+            if PER_KEY:
+                b_At = tl.load(aqk + (rows * HV + i_hv)[None, :] * BT + o_t[:, None], mask=m_r[None, :], other=0.0)
+                b_ot = tl.dot(b_St.to(DT), tl.trans(b_q.to(DT)), input_precision=DOT_PRECISION)
+                b_ot += tl.dot(b_vt.to(DT), b_At.to(DT), input_precision=DOT_PRECISION)
+            else:
+                lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
+                # A[j, i] = G[i, j] scale (k_j . q_i): the gate from row j to row i, i >= j, same segment.
+                b_Gt = tl.where(upper & (seg[:, None] == seg[None, :]), tl.exp2(gc[None, :] - gc[:, None]), 0.0)
+                b_A = b_Gt * scale * tl.dot(b_kd, tl.trans(b_q.to(DT)), input_precision=DOT_PRECISION)
+                b_ot = (scale * lam)[None, :] * tl.dot(b_St.to(DT), tl.trans(b_q.to(DT)), input_precision=DOT_PRECISION)
+                b_ot += tl.dot(b_vt.to(DT), b_A.to(DT), input_precision=DOT_PRECISION)
             b_ot = tl.where((o_t[None, :] >= first[:, None]) | bad_q[None, :], float("nan"), b_ot)
             if SSD:
                 if HAS_D:

@@ -23,16 +23,45 @@ import triton
 import triton.language as tl
 
 from ..delta.common import _chunk_rows
+from .common import _ssd_steps
 
 #: Rows of the blocks A is formed in.
 SUB = tl.constexpr(16)
 
 
+@triton.jit
+def _log2_decays(g, dt, A, dt_bias, r, m_r, i_hv, o_k, m_k, dt_min, dt_max, HV: tl.constexpr, K: tl.constexpr,
+                 BK: tl.constexpr, HAS_G: tl.constexpr, SCALAR: tl.constexpr, SSD: tl.constexpr,
+                 HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, DT_LIMIT: tl.constexpr):
+    """The log2 decays of rows ``r`` ([len(r), BK]; 0 where not ``m_r``): per key from g
+    ``[B, T, HV, K]``; SCALAR: one a head from g ``[B, T, HV]`` (none without g); SSD: dt A from the
+    raw step sizes, plus g ``[B * T]`` where given (seq_idx's resets)."""
+    if SSD:
+        b_dt = _ssd_steps(dt, dt_bias, r, m_r, i_hv, HV, dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS, DT_LIMIT)
+        gv = tl.load(A + i_hv).to(tl.float32) * b_dt
+        if HAS_G:
+            gv += tl.load(g + r, mask=m_r, other=0.0).to(tl.float32)
+        gv = tl.where(m_r, gv, 0.0)
+        return (gv * 1.4426950408889634)[:, None] + tl.zeros([BK], dtype=tl.float32)[None, :]
+    elif SCALAR:
+        if HAS_G:
+            gv = tl.load(g + r * HV + i_hv, mask=m_r, other=0.0).to(tl.float32)
+        else:
+            gv = tl.zeros(r.shape, dtype=tl.float32)
+        return (gv * 1.4426950408889634)[:, None] + tl.zeros([BK], dtype=tl.float32)[None, :]
+    else:
+        return tl.load(g + (r * HV + i_hv)[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :],
+                       other=0.0).to(tl.float32) * 1.4426950408889634
+
+
 @triton.jit(do_not_specialize=["T", "n_seq", "n_cs_rows"])
 def chunk_gla_prep_kernel(
-    q, k, g, qg, kg, aqk, dl, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, scale, n_cs_rows,
+    q, k, g, qg, kg, aqk, dl, cu_seqlens, chunk_indices, chunk_offsets, dt, A, dt_bias, T, n_seq, scale, n_cs_rows,
+    dt_min, dt_max,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    IS_VARLEN: tl.constexpr, DT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DT: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_G: tl.constexpr = True,
+    SCALAR: tl.constexpr = False, SSD: tl.constexpr = False, HAS_DT_BIAS: tl.constexpr = False,
+    DT_SOFTPLUS: tl.constexpr = False, DT_LIMIT: tl.constexpr = False,
 ):
     """Grid (chunks x HV,): one program per (chunk, value head). Writes ``qg``, ``kg`` ``[B, T, HV,
 X, ``dl [n_cs_rows, HV, K]``
@@ -41,7 +70,10 @@ X, ``dl [n_cs_rows, HV, K]``
     Non-finite input, as the token loop has it: a row whose k or decay (one key's) is NaN or +inf
     takes part in no product (its decay counts as 1) and its ``kg`` row is NaN, the sweep's mark to
     poison the outputs from it on and the state; a row whose q is NaN or inf takes part in no
-    product and its ``qg`` row is NaN (its own output alone is poisoned)."""
+    product and its ``qg`` row is NaN (its own output alone is poisoned).
+
+    SCALAR / SSD (the split launch of a scalar decay, plan/gla.py): the decays are one a head and
+    token, as :func:`_log2_decays` reads them, the same for every key."""
     pid = tl.program_id(0).to(tl.int64)
     i_c = pid // HV
     i_hv = pid % HV
@@ -59,7 +91,8 @@ X, ``dl [n_cs_rows, HV, K]``
     p_vk = (rows * HV + i_hv)[:, None] * K + o_k[None, :]
     b_q = tl.load(q + p_qk, mask=m_rk, other=0.0).to(tl.float32)
     b_k = tl.load(k + p_qk, mask=m_rk, other=0.0).to(tl.float32)
-    b_g = tl.load(g + p_vk, mask=m_rk, other=0.0).to(tl.float32) * 1.4426950408889634
+    b_g = _log2_decays(g, dt, A, dt_bias, rows, m_r, i_hv, o_k, m_k, dt_min, dt_max, HV, K, BK, HAS_G, SCALAR, SSD,
+                       HAS_DT_BIAS, DT_SOFTPLUS, DT_LIMIT)
     # 1. Gates per key: bad decays count as 1 (their rows are marked), resets start a segment.
     #    Every exponent below is a sum of the decays it spans, taken within a block of SUB rows or
     #    from the blocks' totals, never a difference of two long prefix sums (which loses the
@@ -124,8 +157,8 @@ X, ``dl [n_cs_rows, HV, K]``
         col = blk * SUB + jj  # [BT]: row i's column in its block
         m_n = (o_t % SUB >= jj + 1) & (r0 + col + 1 < eos)  # rows whose span now includes row j + 1
         m_nk = m_n[:, None] & m_k[None, :]
-        g_n = tl.load(g + ((r0 + col + 1) * HV + i_hv)[:, None] * K + o_k[None, :], mask=m_nk,
-                      other=0.0).to(tl.float32) * 1.4426950408889634
+        g_n = _log2_decays(g, dt, A, dt_bias, r0 + col + 1, m_n, i_hv, o_k, m_k, dt_min, dt_max, HV, K, BK, HAS_G,
+                           SCALAR, SSD, HAS_DT_BIAS, DT_SOFTPLUS, DT_LIMIT)
         g_n = tl.where((g_n != g_n) | (g_n == float("inf")), 0.0, g_n)
         cut = cut | (m_nk & (g_n < -150.0)).to(tl.int32)
         span += tl.where(m_nk & (g_n >= -150.0), g_n, 0.0)
@@ -133,7 +166,8 @@ X, ``dl [n_cs_rows, HV, K]``
         m_jk = m_j[:, None] & m_k[None, :]
         p_j = (r0 + col)[:, None]
         k_j = tl.load(k + (p_j * H + i_h) * K + o_k[None, :], mask=m_jk, other=0.0).to(tl.float32)
-        g_j = tl.load(g + (p_j * HV + i_hv) * K + o_k[None, :], mask=m_jk, other=0.0).to(tl.float32)
+        g_j = _log2_decays(g, dt, A, dt_bias, r0 + col, m_j, i_hv, o_k, m_k, dt_min, dt_max, HV, K, BK, HAS_G,
+                           SCALAR, SSD, HAS_DT_BIAS, DT_SOFTPLUS, DT_LIMIT)
         bad_j = (tl.max((k_j * 0.0 != 0.0).to(tl.int32), axis=1) != 0) | \
             (tl.max(((g_j != g_j) | (g_j == float("inf"))).to(tl.int32), axis=1) != 0)
         pair = m_jk & ~bad_j[:, None] & (cut == 0)
