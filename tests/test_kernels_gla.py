@@ -182,10 +182,12 @@ def test_g_gamma_is_a_constant_decay_per_head(backend):
 
 
 @pytest.mark.parametrize("cu", [None, [0, 1, 70, 130]])
-def test_state_cache_on_both_backends(cu):
+@pytest.mark.parametrize("form", ["fused", "split"])
+def test_state_cache_on_both_backends(cu, form, monkeypatch):
     """chunk_simple_gla's state cache: slots read and written in place, a padding sequence (slot -1)
     with zero outputs and its slot untouched, the other slots untouched; the Triton path equals the
     PyTorch one, which equals the initial / final-state call."""
+    use_form(form, monkeypatch)
     B = 3 if cu is None else 1
     q, k, v, g = (x.float().to(DEVICE) for x in gla_inputs(B, 130, 1, 2, 16, 16, seed=14))
     n = B if cu is None else len(cu) - 1

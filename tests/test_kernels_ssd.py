@@ -78,10 +78,12 @@ def test_a_nan_leaves_earlier_outputs_and_other_sequences_bit_identical():
 
 
 @pytest.mark.parametrize("cu", [None, [0, 1, 70, 130]])
-def test_state_cache_equals_the_torch_path(cu):
+@pytest.mark.parametrize("form", ["fused", "split"])
+def test_state_cache_equals_the_torch_path(cu, form, monkeypatch):
     """The state cache on the Triton path: slots read and written in place through mamba's
     [S, H, P, Nstate] layout, a padding sequence (slot -1) with zero outputs and its slot untouched,
     slots no sequence names untouched: the same as the PyTorch path, with the same cache."""
+    use_form(form, monkeypatch)
     Bt = 3 if cu is None else 1
     x = {k: v.float().to(DEVICE) for k, v in ssd_inputs(Bt, 130, 4, 2, seed=12).items()}
     n = Bt if cu is None else len(cu) - 1
