@@ -77,3 +77,48 @@ def test_ssd_triton_forward_and_gradients_at_real_sizes(cu):
     for name, a, b in zip(("dx", "ddt", "dA", "dB", "dC", "dD", "dz", "ddt_bias", "dh0"), got, want):
         assert torch.isfinite(a).all(), name
         assert relative_rms(a.double(), b) < 1e-2, f"{name}: {relative_rms(a.double(), b):.2e}"
+
+
+def test_per_key_gla_triton_forward_at_real_sizes():
+    """chunk_gla's Triton forward (the prep, then the sweep with PER_KEY) at fla's head sizes, bf16,
+    GVA and varlen with a one-token sequence, GLA's decays (logsigmoid / 16) and a run of strong
+    ones: output and final state against the float64 chunked oracle on the GPU."""
+    from recurscan.reference.gla import gla_chunked
+    gen = torch.Generator(device="cuda").manual_seed(10)
+    rn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+    B, T, H, HV, K, V = 1, 2048, 2, 4, 128, 128
+    q, k, v = rn(B, T, H, K).bfloat16(), rn(B, T, H, K).bfloat16(), rn(B, T, HV, V).bfloat16()
+    g = torch.nn.functional.logsigmoid(rn(B, T, HV, K)) / 16
+    g[:, 300:340, 1, :8] = -30.0
+    cu = torch.tensor([0, 1, 700, 2048], device="cuda", dtype=torch.int32)
+    h0 = rn(3, HV, K, V) * 0.1
+    o, S = recurscan.chunk_gla(q, k, v, g, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                               backend="triton")
+    wo, wS = gla_chunked(q.double(), k.double(), v.double(), g.double(), initial_state=h0.double(), cu_seqlens=cu)
+    assert relative_rms(o.double(), wo) < 1e-2 and relative_rms(S.double(), wS) < 1e-2
+
+
+@pytest.mark.parametrize("family", ["gla", "ssd"])
+def test_the_split_launch_at_real_sizes(family, monkeypatch):
+    """The split launch (plan.gla.GlaShape.split: the prep, then the sweep with PER_KEY) of a scalar
+    decay and of SSD at real sizes, bf16, against the float64 PyTorch form on the GPU."""
+    from recurscan.plan import gla as plan_gla
+    monkeypatch.setattr(plan_gla, "GLA_LAUNCH", plan_gla.GlaShape(64, 8, "test: split", split=True))
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    rn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+    if family == "gla":
+        q, k, v = rn(2, 2048, 4, 128).bfloat16(), rn(2, 2048, 4, 128).bfloat16(), rn(2, 2048, 4, 128).bfloat16()
+        g = torch.nn.functional.logsigmoid(rn(2, 2048, 4) + 4)
+        got = recurscan.chunk_simple_gla(q, k, v, g, output_final_state=True)
+        want = recurscan.chunk_simple_gla(q.double(), k.double(), v.double(), g.double(), output_final_state=True,
+                                          backend="torch")
+    else:
+        x, dt, A = rn(1, 4096, 8, 64).bfloat16(), rn(1, 4096, 8), -torch.rand(8, device="cuda", generator=gen) * 4
+        B, C, D, z = rn(1, 4096, 2, 128).bfloat16(), rn(1, 4096, 2, 128).bfloat16(), rn(8, 64), rn(1, 4096, 8, 64)
+        seq_idx = torch.cat([torch.zeros(1, 1000), torch.ones(1, 3096)], 1).int().cuda()
+        kw = dict(D=D, z=z.bfloat16(), dt_softplus=True, dt_limit=(0.0, 2.0), seq_idx=seq_idx, return_final_states=True)
+        got = recurscan.mamba_chunk_scan_combined(x, dt, A, B, C, **kw)
+        want = recurscan.mamba_chunk_scan_combined(*(t.double() for t in (x, dt, A, B, C)),
+                                                   **dict(kw, D=D.double(), z=z.double()), backend="torch")
+    for a, b in zip(got, want):
+        assert relative_rms(a.double(), b) < 1e-2
