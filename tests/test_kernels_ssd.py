@@ -36,9 +36,11 @@ def ssd_inputs(Bt, T, H, G, P=8, N=16, seed=0):
     return dict(x=r(Bt, T, H, P), dt=r(Bt, T, H), A=A, B=r(Bt, T, G, N), C=r(Bt, T, G, N))
 
 
+EXTRAS = ["D per head, z, dt_bias, softplus, h0", "D per channel, dt_limit", "none"]
+
+
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("extras", ["D per head, z, dt_bias, softplus, h0", "D per channel, dt_limit", "none"])
-@pytest.mark.parametrize("form", ["fused", "split"])
+@pytest.mark.parametrize("extras, form", [(e, "fused") for e in EXTRAS] + [(e, "split") for e in EXTRAS[:2]])
 def test_triton_ssd_matches_the_token_loop(case, extras, form, monkeypatch):
     use_form(form, monkeypatch)
     c = CASES[case]
