@@ -170,6 +170,20 @@ def _stand_ins(buffers: dict, device) -> dict:
     return {n: torch.empty(16, dtype=spec[1], device=device) for n, spec in buffers.items()}
 
 
+#: The recompute's outputs the stages read: (the stages' name, the recompute's buffer).
+RECOMPUTED = (("states", "chunk_states"), ("winv", "winv"), ("aqk", "aqk"), ("coef", "coef"))
+
+
+def _compile_stages(launches: DeltaBackwardLaunches, given: dict, buffers: dict, device):
+    """Start compiling the stages on a thread of their own (:func:`compile_in_background`), stand-ins
+    in place of the recompute's outputs; ``buffers``: the stages' own buffers (or stand-ins).
+    Returns the wait."""
+    recomputed = _stand_ins({n: launches.forward.buffers[b] for n, b in RECOMPUTED}, device)
+    values = tuple(given[n] if n in given else recomputed.get(n, buffers.get(n)) for n in NAMES)
+    return compile_in_background([(s.kernel, s.grid, s.kwargs, s.options) for s in launches.steps], NAMES, values,
+                                 device)
+
+
 #: The forward signatures whose backward :func:`compile_backward_early` has seen.
 EARLY_SIGNATURES: set = set()
 
@@ -200,14 +214,10 @@ def compile_backward_early(signature, q, k, v, g, beta, o, final, *, num_househo
     recompute = launches.forward
     inputs = DeltaInputs(given["q"], given["k"], given["v"], given["g"], given["beta"], initial_state, None, None,
                          cu_seqlens, chunk_indices, chunk_offsets)
-    fake = _stand_ins({n: spec[:2] for n, spec in recompute.buffers.items()}, q.device)
+    fake = _stand_ins(recompute.buffers, q.device)
     waits = [compile_in_background([(s.kernel, s.grid, s.kwargs, s.options) for s in recompute.steps], CALL_NAMES,
                                    tuple(inputs) + tuple(fake.get(n) for n in BUFFER_NAMES), q.device)]
-    fake = {**_stand_ins(launches.buffers, q.device),
-            **{n: torch.empty(16, dtype=recompute.buffers[b][1], device=q.device)
-               for n, b in (("states", "chunk_states"), ("winv", "winv"), ("aqk", "aqk"), ("coef", "coef"))}}
-    waits.append(compile_in_background([(s.kernel, s.grid, s.kwargs, s.options) for s in launches.steps], NAMES,
-                                       tuple(given[n] if n in given else fake.get(n) for n in NAMES), q.device))
+    waits.append(_compile_stages(launches, given, _stand_ins(launches.buffers, q.device), q.device))
     launches.pending = lambda: [w() for w in waits]
 
 
@@ -237,12 +247,7 @@ def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, num_householder=1, scale=
         launches.pending()
         launches.pending = None
     elif not launches.compiled and not INTERPRET:  # the stages compile beside the recompute's kernels
-        recomputed = launches.forward.buffers
-        stand_in = {n: torch.empty(16, dtype=recomputed[b][1], device=q.device)
-                    for n, b in (("states", "chunk_states"), ("winv", "winv"), ("aqk", "aqk"), ("coef", "coef"))}
-        early = tuple({**given, **stand_in}.get(n, made.get(n)) for n in NAMES)
-        wait = compile_in_background([(s.kernel, s.grid, s.kwargs, s.options) for s in launches.steps], NAMES, early,
-                                     q.device)
+        wait = _compile_stages(launches, given, made, q.device)
     states, winv, aqk, coef = run_delta_launches(launches.forward, inputs)
     given.update(winv=winv, aqk=aqk, coef=coef, states=states)
     values = tuple(given[n] if n in given else made.get(n) for n in NAMES)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import _chunk_gates, _chunk_rows, _chunk_slot, _sequence
+from .common import _chunk_gates, _chunk_head, _chunk_rows, _chunk_slot, _chunk_tiles, _sequence
 
 
 @triton.jit(do_not_specialize=["T", "n_cs_rows"])
@@ -129,19 +129,11 @@ def chunk_delta_bwd_scores_kernel(
     as fla's fix does. U^T (the right operand of dO U^T and dY U^T) is the transpose of U's
     product: with it the stage is right on the H200 with Triton 3.6.0 at K = V = 128
     (benchmarks/gpu_delta_grad_check.py, docs/perf-history.md)."""
-    pid = tl.program_id(0).to(tl.int64)
-    i_c = pid // HV
-    i_hv = pid % HV
-    i_h = i_hv // (HV // H)
+    i_c, i_hv, i_h = _chunk_head(H, HV)
     valid, bos, eos, r0, cs = _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT, IS_VARLEN, M)
     if not valid:
         return
-    o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
-    rows = r0 + o_t.to(tl.int64)
-    m_r = rows < eos
-    m_rk = m_r[:, None] & m_k[None, :]
+    o_t, o_k, m_k, rows, m_r, m_rk = _chunk_tiles(r0, eos, BT, BK, K)
     causal = o_t[:, None] >= o_t[None, :]
     strict = o_t[:, None] > o_t[None, :]
     cs_ok = (cs >= 0) & (cs < n_cs_rows)  # no chunk_offsets reaches past the rows
@@ -212,7 +204,7 @@ def chunk_delta_bwd_scores_kernel(
     b_dSeg = tl.where(causal, b_dG * b_G, 0.0)
     below = tl.cumsum(b_dSeg, axis=0, reverse=True)  # row m: the rows i >= m, summed
     d_g = tl.sum(tl.where(strict, below, 0.0), axis=1) + tl.cumsum(dlam * lam, axis=0, reverse=True)
-    p_scr = scratch + pid * 2 * BT * BT + o_t[:, None] * BT + o_t[None, :]
+    p_scr = scratch + (i_c * HV + i_hv) * 2 * BT * BT + o_t[:, None] * BT + o_t[None, :]
     tl.store(p_scr, (b_dscores * b_G).to(scratch.dtype.element_ty))
     tl.store(p_scr + BT * BT, (b_dA * b_G).to(scratch.dtype.element_ty))
     tl.store(dbeta + rows * HV + i_hv, d_beta, mask=m_r)
@@ -233,19 +225,11 @@ def chunk_delta_bwd_dqdk_kernel(
     then dq = (dscores o G) K + scale lam o dO S^T and dk = (dscores o G)^T Q + (dA o G) K +
     (dA o G)^T K + the second sum, with the [BT, BT] tiles and their transposes loaded from the
     first half's scratch; the L2 norm's backward; dq and dk per value head."""
-    pid = tl.program_id(0).to(tl.int64)
-    i_c = pid // HV
-    i_hv = pid % HV
-    i_h = i_hv // (HV // H)
+    i_c, i_hv, i_h = _chunk_head(H, HV)
     valid, bos, eos, r0, cs = _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT, IS_VARLEN, M)
     if not valid:
         return
-    o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
-    rows = r0 + o_t.to(tl.int64)
-    m_r = rows < eos
-    m_rk = m_r[:, None] & m_k[None, :]
+    o_t, o_k, m_k, rows, m_r, m_rk = _chunk_tiles(r0, eos, BT, BK, K)
     cs_ok = (cs >= 0) & (cs < n_cs_rows)
     p_s = states + (cs * HV + i_hv) * K * V
     p_ds = dstates + (cs * HV + i_hv) * K * V
@@ -286,7 +270,7 @@ def chunk_delta_bwd_dqdk_kernel(
         b_k = b_k * rk[:, None]
         rq = tl.rsqrt(tl.sum(b_q * b_q, axis=1) + 1e-6)
         b_q = b_q * rq[:, None]
-    p_scr = scratch + pid * 2 * BT * BT
+    p_scr = scratch + (i_c * HV + i_hv) * 2 * BT * BT
     b_dsG = tl.load(p_scr + o_t[:, None] * BT + o_t[None, :])
     b_dsGt = tl.load(p_scr + o_t[None, :] * BT + o_t[:, None])
     b_dAG = tl.load(p_scr + BT * BT + o_t[:, None] * BT + o_t[None, :])

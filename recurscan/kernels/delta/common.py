@@ -123,6 +123,27 @@ def _sequence(cu_seqlens, i_n, T, IS_VARLEN: tl.constexpr):
 
 
 @triton.jit
+def _chunk_head(H: tl.constexpr, HV: tl.constexpr):
+    """(i_c, i_hv, i_h) of a program of a (chunk, value head) grid: its chunk, its value head and
+    the q/k head that value head reads."""
+    pid = tl.program_id(0).to(tl.int64)
+    i_hv = pid % HV
+    return pid // HV, i_hv, i_hv // (HV // H)
+
+
+@triton.jit
+def _chunk_tiles(r0, eos, BT: tl.constexpr, BK: tl.constexpr, K: tl.constexpr):
+    """(o_t, o_k, m_k, rows, m_r, m_rk): a chunk's row and key offsets and masks, its first row r0
+    and its sequence ending at row eos."""
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    rows = r0 + o_t.to(tl.int64)
+    m_r = rows < eos
+    return o_t, o_k, m_k, rows, m_r, m_r[:, None] & m_k[None, :]
+
+
+@triton.jit
 def _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT: tl.constexpr, IS_VARLEN: tl.constexpr,
                 M: tl.constexpr):
     """(valid, bos, eos, r0, cs) of parallel-stage chunk i_c: its sequence's rows [bos, eos) of the

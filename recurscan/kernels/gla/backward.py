@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..delta.common import _chunk_gates, _chunk_rows, _sequence
+from ..delta.common import _chunk_gates, _chunk_head, _chunk_rows, _chunk_tiles, _sequence
 
 
 @triton.jit(do_not_specialize=["T", "n_cs_rows"])
@@ -94,19 +94,11 @@ def chunk_simple_gla_bwd_grads_kernel(
     block of BV columns at a time (dO S^T and V dS'^T [BT, K], dO V^T [BT, BT]), then dq, dk (per
     value head) and dg. (dscores o G)^T, the left operand of dk's intra-chunk product, is read back
     transposed through a per-program scratch [BT, BT] (no product result is transposed)."""
-    pid = tl.program_id(0).to(tl.int64)
-    i_c = pid // HV
-    i_hv = pid % HV
-    i_h = i_hv // (HV // H)
+    i_c, i_hv, i_h = _chunk_head(H, HV)
     valid, bos, eos, r0, cs = _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT, IS_VARLEN, 1)
     if not valid:
         return
-    o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
-    rows = r0 + o_t.to(tl.int64)
-    m_r = rows < eos
-    m_rk = m_r[:, None] & m_k[None, :]
+    o_t, o_k, m_k, rows, m_r, m_rk = _chunk_tiles(r0, eos, BT, BK, K)
     causal = o_t[:, None] >= o_t[None, :]
     strict = o_t[:, None] > o_t[None, :]
     cs_ok = (cs >= 0) & (cs < n_cs_rows)
@@ -146,7 +138,7 @@ def chunk_simple_gla_bwd_grads_kernel(
     b_dscores = tl.where(causal, scale * b_dOV, 0.0)
     b_dsG = b_dscores * b_G
     b_dq = tl.dot(b_dsG.to(DT), b_kd, input_precision=DOT_PRECISION) + scale * lam[:, None] * b_dOS
-    p_scr = scratch + pid * BT * BT
+    p_scr = scratch + (i_c * HV + i_hv) * BT * BT
     tl.store(p_scr + o_t[:, None] * BT + o_t[None, :], b_dsG.to(scratch.dtype.element_ty))
     tl.debug_barrier()
     b_dsGt = tl.load(p_scr + o_t[None, :] * BT + o_t[:, None], cache_modifier=".cg").to(DT)

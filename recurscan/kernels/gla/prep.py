@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..delta.common import _chunk_rows
+from ..delta.common import _chunk_head, _chunk_rows, _chunk_tiles
 from .common import _ssd_steps
 
 #: Rows of the blocks A is formed in.
@@ -74,19 +74,11 @@ X, ``dl [n_cs_rows, HV, K]``
 
     SCALAR / SSD (the split launch of a scalar decay, plan/gla.py): the decays are one a head and
     token, as :func:`_log2_decays` reads them, the same for every key."""
-    pid = tl.program_id(0).to(tl.int64)
-    i_c = pid // HV
-    i_hv = pid % HV
-    i_h = i_hv // (HV // H)
+    i_c, i_hv, i_h = _chunk_head(H, HV)
     valid, bos, eos, r0, cs = _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT, IS_VARLEN, 1)
     if not valid:
         return
-    o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
-    rows = r0 + o_t.to(tl.int64)
-    m_r = rows < eos
-    m_rk = m_r[:, None] & m_k[None, :]
+    o_t, o_k, m_k, rows, m_r, m_rk = _chunk_tiles(r0, eos, BT, BK, K)
     p_qk = (rows * H + i_h)[:, None] * K + o_k[None, :]
     p_vk = (rows * HV + i_hv)[:, None] * K + o_k[None, :]
     b_q = tl.load(q + p_qk, mask=m_rk, other=0.0).to(tl.float32)
