@@ -14,8 +14,6 @@ The loss curves are saved (JSON) and plotted (PNG). On the GPU machine:
 """
 from __future__ import annotations
 
-import argparse
-import inspect
 import os
 
 import torch
@@ -24,7 +22,7 @@ if not torch.cuda.is_available():  # the Triton kernels run on CPU tensors under
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import recurscan  # noqa: E402
-from benchmarks.train_qwen3_next_layer import copy_batches, fit, report  # noqa: E402
+from benchmarks.train_qwen3_next_layer import copy_batches, fit_with, report, training_arguments  # noqa: E402
 
 
 def mixer_module():
@@ -64,26 +62,11 @@ def train(kind, config, vocab, batches, steps, device, lr, seed):
     torch.manual_seed(seed)
     model = TinyLM(config, vocab).to(device=device, dtype=torch.float32 if kind == "torch" else torch.bfloat16)
     model.train()
-    original = m.mamba2_chunk_scan
-    m.mamba2_chunk_scan = recurscan_chunk_scan if kind == "recurscan" else inspect.unwrap(original)
-    try:
-        losses, times = fit(model, batches, steps, device, lr, vocab)
-    finally:
-        m.mamba2_chunk_scan = original
-    return losses, times
+    return fit_with(m, "mamba2_chunk_scan", recurscan_chunk_scan, kind, model, batches, steps, device, lr, vocab)
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=None, help="path prefix of the .json and .png")
-    ap.add_argument("--steps", type=int, default=50)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--length", type=int, default=1024)
-    ap.add_argument("--vocab", type=int, default=256)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU, 3 steps")
-    args = ap.parse_args()
+    args = training_arguments(__doc__.split("\n\n")[0]).parse_args()
     from transformers import Mamba2Config
     if args.smoke:
         args.steps, args.batch, args.length, args.vocab = 3, 2, 64, 32

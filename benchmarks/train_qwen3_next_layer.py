@@ -90,6 +90,32 @@ def fit(model, batches, steps, device, lr, vocab):
     return losses, times
 
 
+def fit_with(module, name, recurscan_fn, kind, model, batches, steps, device, lr, vocab):
+    """:func:`fit` with ``module.name`` (the layer's recurrence) replaced for the run: by
+    ``recurscan_fn`` where kind is "recurscan", else by the layer's own PyTorch path (transformers
+    wraps it to dispatch to a hub kernel where one imports: unwrapped here)."""
+    original = getattr(module, name)
+    setattr(module, name, recurscan_fn if kind == "recurscan" else inspect.unwrap(original))
+    try:
+        return fit(model, batches, steps, device, lr, vocab)
+    finally:
+        setattr(module, name, original)
+
+
+def training_arguments(description):
+    """The options both training runs take (the model's sizes are each script's)."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--out", default=None, help="path prefix of the .json and .png")
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--length", type=int, default=1024)
+    ap.add_argument("--vocab", type=int, default=256)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU, 3 steps")
+    return ap
+
+
 def report(runs, record, out, title, recurscan_label):
     """Print each bf16 run's distance from the float32 one; save the JSON and the plot under ``out``."""
     def distance(kind):  # from the float32 run: the largest and the mean |loss difference|
@@ -121,28 +147,12 @@ def train(kind, config, vocab, batches, steps, device, lr, seed):
     model = TinyLM(config, vocab)
     dtype = torch.float32 if kind == "torch" else torch.bfloat16
     model = model.to(device=device, dtype=dtype)
-    original = m.torch_chunk_gated_delta_rule
-    # The PyTorch path itself: transformers wraps it to dispatch to fla where fla imports.
-    torch_path = inspect.unwrap(original)
-    m.torch_chunk_gated_delta_rule = recurscan_chunk if kind == "recurscan" else torch_path
-    try:
-        losses, times = fit(model, batches, steps, device, lr, vocab)
-    finally:
-        m.torch_chunk_gated_delta_rule = original
-    return losses, times
+    return fit_with(m, "torch_chunk_gated_delta_rule", recurscan_chunk, kind, model, batches, steps, device, lr, vocab)
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=None, help="path prefix of the .json and .png")
-    ap.add_argument("--steps", type=int, default=50)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--length", type=int, default=1024)
-    ap.add_argument("--vocab", type=int, default=256)
+    ap = training_arguments(__doc__.split("\n\n")[0])
     ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU, 3 steps")
     args = ap.parse_args()
     from transformers import Qwen3NextConfig
     if args.smoke:
