@@ -87,6 +87,12 @@ def _compile(kernel, sig, const, num_warps, num_stages=2, maxnreg=None, lines=0)
     src = ASTSource(kernel, sig, constexprs={(names.index(k),): v for k, v in const.items()}, attrs=attrs)
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=num_stages,
                                                                                  **({"maxnreg": maxnreg} if maxnreg else {})))
+    return resources(ck, lines)
+
+
+def resources(ck, lines=0) -> str:
+    """Registers, stack (spills), shared memory and the chunk loop's profile of a compiled kernel;
+    with ``lines``, the source lines with the most SASS instructions."""
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(ck.asm["cubin"])
@@ -145,6 +151,18 @@ def backward(BV=32, warps=8, grads_warps=8):
            f"\n  dq, dk: {_compile(chunk_delta_bwd_dqdk_kernel, dqdk_sig, const, grads_warps)}"
 
 
+def gla(form: str) -> str:
+    """The GLA engine's kernels for sm_90 as tests/helpers/sm90.py compiles them (dense GDN-sized
+    case, bf16, the plan's shape): ``form`` one of that helper's families (``gla``, ``ssd``,
+    ``gla-split``, ``ssd-split``, ``gla-per-key``, ``gla-backward``, ...)."""
+    from tests.helpers import sm90
+    case = "GDN dense, H = HV"
+    if form == "gla-backward":
+        return "\n".join(sm90.compile_gla_backward(case, describe=resources))
+    return "\n".join(sm90.compile_gla(case, ssd=form.startswith("ssd"), split=form.endswith("split"),
+                                       per_key=form == "gla-per-key", describe=resources))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m benchmarks.sm90_resources")
     ap.add_argument("--sweep", action="append", help="BV:warps:stages:v_product[:tma_store] (repeatable)")
@@ -155,7 +173,13 @@ def main(argv=None):
                                                           "SASS instructions")
     ap.add_argument("--backward", nargs="?", const="32:8:8", help="the backward's kernels "
                                                                     "(BV:sweep warps:parallel-stage warps)")
+    ap.add_argument("--gla", action="append", help="the GLA engine's kernels in this form (gla, ssd, gla-split, "
+                                                   "ssd-split, gla-per-key, gla-backward; repeatable)")
     args = ap.parse_args(argv)
+    if args.gla:
+        for form in args.gla:
+            print(f"{form}:\n{gla(form)}")
+        return
     if args.backward:
         parts = args.backward.split(":")
         print(backward(*map(int, parts[:3])))

@@ -79,8 +79,8 @@ RULES: list[Rule] = [
     Rule("chunked delta-rule prefill on a CUDA device runs the Triton kernels (prep + sweep)",
          _triton_chunked_delta, "triton"),
     Rule("chunked GLA with a scalar decay, and SSD on it, on a CUDA device run the GLA kernels (kernels/gla/): "
-         "on the H200 at fa89d4d, chunk_simple_gla B4 T4096 H16 0.49 ms against 51.4 ms for the PyTorch form; "
-         "SSD B1 T16384 80 x 64 forward 1.94 ms, forward + backward 11.5 ms, against 134 and 276-292 ms "
+         "on the H200 at fa89d4d, chunk_simple_gla B4 T4096 H16 0.49 ms against 51.4 ms for the PyTorch form, and "
+         "SSD's recurrence at B1 T16384 (80 heads x 64, dstate 128) 1.91 ms against 198 ms "
          "(benchmarks/results/gpu_gla_fa89d4d.json)",
          _triton_chunked_gla, "triton"),
     Rule("no Triton kernel measured for this problem on this device: the PyTorch form runs there too "

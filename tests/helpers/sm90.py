@@ -98,14 +98,15 @@ def compile_case(case: str, shape: str) -> list[str]:
 
 
 def compile_gla(case: str, ssd: bool = False, cache: bool = False, seq_idx: bool = False,
-                chunk_states: bool = False, per_key: bool = False, split: bool = False) -> list[str]:
+                chunk_states: bool = False, per_key: bool = False, split: bool = False, describe=None) -> list[str]:
     """The scalar-decay GLA forward's launch (launch/gla.py) for a case of :data:`CASES` (M = 1
     ones; bf16, the plan's shape); ``ssd``: as Mamba2 SSD runs it (every prologue and epilogue
     part on: dt_bias, softplus, dt_limit, D per channel, z); ``cache``: with a state cache in
     mamba's [S, H, P, Nstate] layout; ``seq_idx``: SSD with mamba's seq_idx (per-token resets);
     ``chunk_states``: with the serving chunk states (float32, beside the outputs); ``per_key``: a
     decay per key dimension (chunk_gla: the prep, then the sweep); ``split``: a scalar decay (or SSD)
-    through the prep and the sweep too (plan.gla.GlaShape.split)."""
+    through the prep and the sweep too (plan.gla.GlaShape.split). ``describe``: a function of the
+    compiled kernel whose text is added to its line (benchmarks/sm90_resources.py's resources)."""
     from recurscan.launch.gla import NAMES as GLA_NAMES
     from recurscan.launch.gla import SsdPrologue, build_gla_forward
     from recurscan.plan.gla import GLA_LAUNCH
@@ -147,11 +148,11 @@ def compile_gla(case: str, ssd: bool = False, cache: bool = False, seq_idx: bool
         fn = getattr(step.kernel, "fn", step.kernel).__name__
         if compiled.metadata.shared > H200_SHARED:
             raise AssertionError(f"{fn}: {compiled.metadata.shared} B of shared memory")
-        lines.append(f"{fn}: shared {compiled.metadata.shared} B")
+        lines.append(f"{fn}: shared {compiled.metadata.shared} B" + (f"; {describe(compiled)}" if describe else ""))
     return lines
 
 
-def compile_gla_backward(case: str) -> list[str]:
+def compile_gla_backward(case: str, describe=None) -> list[str]:
     """The scalar-decay GLA backward's launches (launch/gla.py: the forward for the chunk states, the
     reverse sweep, the parallel stage) for a case of :data:`CASES` (M = 1 ones; bf16)."""
     from recurscan.launch.gla import BWD_NAMES, NAMES as GLA_NAMES, build_gla_backward
@@ -180,7 +181,7 @@ def compile_gla_backward(case: str) -> list[str]:
         fn = getattr(step.kernel, "fn", step.kernel).__name__
         if compiled.metadata.shared > H200_SHARED:
             raise AssertionError(f"{fn}: {compiled.metadata.shared} B of shared memory")
-        lines.append(f"{fn}: shared {compiled.metadata.shared} B")
+        lines.append(f"{fn}: shared {compiled.metadata.shared} B" + (f"; {describe(compiled)}" if describe else ""))
     return lines
 
 
