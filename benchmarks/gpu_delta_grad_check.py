@@ -61,7 +61,8 @@ def run(case, shape, dtype=torch.bfloat16):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", action="append", help="BV:sweep warps:parallel-stage warps[:its BV] (repeatable)")
+    ap.add_argument("--shape", action="append", help="BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]] "
+                                                    "(repeatable)")
     ap.add_argument("--case", action="append")
     ap.add_argument("--out")
     args = ap.parse_args()

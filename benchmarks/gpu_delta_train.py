@@ -13,6 +13,8 @@ outputs excluded), against the bytes of q, k, v, g and beta.
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib
 import os
 import subprocess
 import sys
@@ -35,13 +37,13 @@ def stage_flops(w) -> int:
     """FLOPs the forward + backward compute as the stages do, per 64-row chunk of the expanded
     stream and value head (docs/perf-history.md, issue 19): the forward (the registry's count), the
     recompute's prep and states (K K^T, the inverse, K S, winv X, K^T U), the reverse sweep
-    (aqk^T dO, K dS, winv^T dU, Q^T dO, K^T dv) and the parallel stage (K S, U, dO S^T, U dS^T,
-    dY S^T, dO U^T, dY U^T, K dS, Q K^T, K K^T and the four dq / dk products)."""
+    (aqk^T dO, K dS, winv^T dU, Q^T dO, K^T dv) and the parallel stage (dO S^T, U dS^T, dY S^T,
+    dO U^T, dY U^T, Q K^T, K K^T and the four dq / dk products)."""
     K, V, C = w.head_k, w.head_v, w.chunk_size
     mm = lambda m, n, k: 2 * m * n * k  # noqa: E731
     per_chunk = (mm(C, C, K) + C * (C * C - 1) // 3 + mm(C, K, V) + mm(C, C, V) + mm(C, K, V)  # recompute
                  + 2 * mm(C, C, V) + mm(C, K, V) + 2 * mm(K, C, V)  # reverse sweep
-                 + 5 * mm(C, K, V) + 3 * mm(C, C, V) + 6 * mm(C, C, K))  # parallel stage
+                 + 3 * mm(C, K, V) + 2 * mm(C, C, V) + 6 * mm(C, C, K))  # parallel stage
     chunks = sum(-(-L * w.num_householder // C) for L in w.seqlens)
     return w.flops() + per_chunk * chunks * w.value_heads
 
@@ -52,17 +54,17 @@ def leaves(w, seed=0):
     return out, x
 
 
-def recurscan_step(w, x, t):
-    import recurscan
+def recurscan_step(w, x, t, package="recurscan"):
+    recurscan = importlib.import_module(package)
     M = w.num_householder
     if M == 1 and x["cu_seqlens"] is None:
         o, _ = recurscan.chunk_gated_delta_rule(t["q"], t["k"], t["v"], t["g"], t["beta"], use_qk_l2norm_in_kernel=True)
     else:
         B, T = t["q"].shape[:2]
-        if "descriptors" not in x:  # built once, as a training loop would per batch shape
+        if ("descriptors", package) not in x:  # built once, as a training loop would per batch shape
             cu = torch.arange(B + 1, device="cuda", dtype=torch.int32) * T
-            x["descriptors"] = cu, recurscan.build_chunk_descriptors(cu, M, device="cuda").as_kwargs()
-        cu, desc = x["descriptors"]
+            x["descriptors", package] = cu, recurscan.build_chunk_descriptors(cu, M, device="cuda").as_kwargs()
+        cu, desc = x["descriptors", package]
         flat = {n: v.reshape(1, -1, *v.shape[2:]) for n, v in t.items()}
         o, _ = recurscan.chunk_gated_delta_product_varlen(flat["q"], flat["k"], flat["v"], flat["g"], flat["beta"], M,
                                                           cu, use_qk_l2norm_in_kernel=True, **desc)
@@ -134,11 +136,12 @@ PLANNED = None
 
 
 def parse_backward_shape(text):
-    """``BV:sweep warps:parallel-stage warps[:its BV]`` -> a DeltaBackwardShape."""
+    """``BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]]`` -> a DeltaBackwardShape."""
     from recurscan.plan.delta import DeltaBackwardShape
     parts = text.split(":")
-    if len(parts) not in (3, 4) or not all(x.isdigit() for x in parts):
-        raise ValueError(f"backward shape: expected BV:sweep warps:stage warps[:stage BV], got {text!r}")
+    if len(parts) not in (3, 4, 6) or not all(x.isdigit() for x in parts):
+        raise ValueError("backward shape: expected BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]], "
+                         f"got {text!r}")
     return DeltaBackwardShape(*map(int, parts[:3]), "variant", *map(int, parts[3:]))
 
 
@@ -195,17 +198,25 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--workload", action="append")
     ap.add_argument("--cold", action="store_true")
-    ap.add_argument("--impl", action="append", help="limit the implementations (recurscan, fla)")
+    ap.add_argument("--impl", action="append", help="limit the implementations (recurscan, fla, "
+                                                                    "flashqla, prev)")
     ap.add_argument("--profile", action="store_true", help="GPU time by kernel of one forward + backward")
-    ap.add_argument("--backward-shape", action="append", help="BV:sweep warps:parallel-stage warps[:its BV]: recurscan "
-                                                               "again in this backward launch shape (repeatable)")
+    ap.add_argument("--prev", help="a folder holding an older commit's package as recurscan_prev (benchmarks/"
+                                   "ab_prev.py says how): measured as 'prev' in the same process")
+    ap.add_argument("--backward-shape", action="append", help="BV:sweep warps:dq-dk warps[:its BV[:scores warps:"
+                                                               "its BV]]: recurscan again in this backward launch "
+                                                               "shape (repeatable)")
     args = ap.parse_args()
     global PROFILE
     PROFILE = args.profile
     rows = []
     for name in args.workload or WORKLOADS:
         w = registry.get(name)
-        variants = [(impl, step, None) for impl, step in PEERS.items()] + \
+        peers = dict(PEERS)
+        if args.prev:
+            sys.path.insert(0, args.prev)
+            peers["prev"] = functools.partial(recurscan_step, package="recurscan_prev")
+        variants = [(impl, step, None) for impl, step in peers.items()] + \
             [("recurscan", recurscan_step, bs) for bs in args.backward_shape or []]
         for impl, step, bshape in variants:
             if args.impl and impl not in args.impl:

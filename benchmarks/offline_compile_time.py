@@ -21,7 +21,8 @@ def sweep(replay: bool, stages: int, bv: int = 64):
     sig = dict(q=p, k=p, v=p, wy=p, aqk=p, coef=f, o=p, h0=f, ht=f, state=f, state_indices="*i32", chunk_states=f,
                cu_seqlens="*i32", chunk_offsets="*i32", sequence_order="*i32", seg_n=f, seg_m=f, n_seg="i32",
                seg_chunks="i32", tc_first="i32", tc_count="i32", trigger_dependents="i32", T="i32",
-               s0_n="i32", s0_h="i32", s0_k="i32", n_slots="i32", n_cs_rows="i32", replay_flags="*i32")
+               s0_n="i32", s0_h="i32", s0_k="i32", n_slots="i32", n_cs_rows="i32", replay_flags="*i32",
+               u_out=p, ks_out=f)
     const = dict(r.SHAPES, V=128, BV=bv, s0_v=1, IS_VARLEN=False, HAS_H0=False, STORE_FINAL=True, USE_CACHE=False,
                  STORE_CHUNK_STATES=False, DOT_PRECISION="tf32", NUM_STAGES=stages, DT=tl.bfloat16, PASS=0,
                  V_PRODUCT=True, TMA_STORE=True, PDL=True, REPLAY=replay, OUTPUTS=True)

@@ -111,7 +111,8 @@ def sweep(BV, warps, stages, v_product, PASS=0, tma_store=False, M=1, varlen=Fal
     sig = dict(q=p, k=p, v=p, wy=p, aqk=p, coef=f, o=p, h0=f, ht=f, state=f, state_indices="*i32", chunk_states=f,
                cu_seqlens="*i32", chunk_offsets="*i32", sequence_order="*i32", seg_n=f, seg_m=f, n_seg="i32",
                seg_chunks="i32", tc_first="i32", tc_count="i32", trigger_dependents="i32", T="i32",
-               s0_n="i32", s0_h="i32", s0_k="i32", n_slots="i32", n_cs_rows="i32", replay_flags="*i32")
+               s0_n="i32", s0_h="i32", s0_k="i32", n_slots="i32", n_cs_rows="i32", replay_flags="*i32",
+               u_out=p, ks_out=f)
     # A contiguous state's last stride is 1, which the JIT specialises as a constant.
     const = dict(SHAPES, V=128, BV=BV, s0_v=1, IS_VARLEN=varlen, HAS_H0=False, STORE_FINAL=True, USE_CACHE=False,
                  STORE_CHUNK_STATES=False, DOT_PRECISION="tf32", NUM_STAGES=stages, DT=tl.bfloat16, PASS=PASS,
@@ -131,20 +132,22 @@ def prep(warps=4, fp16=True, varlen=False, M=1, maxnreg=None, lines=0):
     return _compile(chunk_delta_prep_kernel, sig, const, warps, maxnreg=maxnreg, lines=lines)
 
 
-def backward(BV=32, warps=8, grads_warps=8):
-    """The backward's reverse sweep and parallel stage (value blocks of BV), dense GDN."""
+def backward(BV=32, warps=8, grads_warps=8, grads_BV=None):
+    """The backward's reverse sweep (value blocks of BV) and parallel stage (of grads_BV, default
+    BV), dense GDN."""
     p, f = "*bf16", "*fp32"
     sig = dict(q=p, k=p, beta=p, do=p, winv=p, aqk=p, coef=f, dstates=p, dht=f, dh0=f, dy_out=p, dv=p, cu_seqlens="*i32", chunk_offsets="*i32", T="i32", n_cs_rows="i32")
     const = dict(H=16, HV=32, K=128, V=128, BT=64, BK=128, BV=BV, IS_VARLEN=False, HAS_DHT=True, STORE_DH0=True,
                  DOT_PRECISION="tf32", DT=tl.bfloat16, M=1)
     swept = _compile(chunk_delta_bwd_sweep_kernel, sig, const, warps)
+    BV = grads_BV or BV
     const = dict(H=16, HV=32, K=128, V=128, BT=64, BK=128, BV=BV, IS_VARLEN=False, HAS_G=True, USE_L2NORM=True,
                  DOT_PRECISION="tf32", DT=tl.bfloat16, M=1)
-    scores_sig = dict(q=p, k=p, v=p, g="*fp32", beta=p, do=p, winv=p, dy=p, states=p, dstates=p, u_out=p, dg=f,
-                      dbeta=f, scratch=p, cu_seqlens="*i32", chunk_indices="*i32", chunk_offsets="*i32", T="i32",
-                      n_seq="i32", scale="fp32", n_cs_rows="i32")
-    dqdk_sig = dict(q=p, k=p, g="*fp32", beta=p, do=p, u=p, dy=p, states=p, dstates=p, dq=p, dk=p, scratch=p,
-                    cu_seqlens="*i32", chunk_indices="*i32", chunk_offsets="*i32", T="i32", n_seq="i32",
+    scores_sig = dict(q=p, k=p, v=p, g="*fp32", beta=p, do=p, dy=p, u=p, ks=f, dg=f, dbeta=f, bdyks=f, scratch=p,
+                      cu_seqlens="*i32", chunk_indices="*i32", chunk_offsets="*i32", T="i32", n_seq="i32",
+                      scale="fp32")
+    dqdk_sig = dict(q=p, k=p, g="*fp32", beta=p, do=p, u=p, dy=p, states=p, dstates=p, dq=p, dk=p, dg=f, bdyks=f,
+                    scratch=p, cu_seqlens="*i32", chunk_indices="*i32", chunk_offsets="*i32", T="i32", n_seq="i32",
                     scale="fp32", n_cs_rows="i32")
     return f"reverse sweep BV {BV}, {warps} warps: {swept}\nparallel stage BV {BV}, {grads_warps} warps:" \
            f"\n  scores: {_compile(chunk_delta_bwd_scores_kernel, scores_sig, const, grads_warps)}" \
@@ -182,7 +185,7 @@ def main(argv=None):
         return
     if args.backward:
         parts = args.backward.split(":")
-        print(backward(*map(int, parts[:3])))
+        print(backward(*map(int, parts[:4])))
         return
     if args.prep:
         for text in args.prep:

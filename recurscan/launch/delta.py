@@ -74,7 +74,7 @@ def check_shape(shape: DeltaShape) -> None:
 #: The per-call values of a call, in order: the inputs, then the buffers the call allocates.
 INPUT_NAMES = DeltaInputs._fields
 BUFFER_NAMES = ("o", "final", "chunk_states", "beta_ones", "wy", "aqk", "coef", "seg_n", "seg_m",
-                "sequence_order", "replay_flags", "winv")
+                "sequence_order", "replay_flags", "winv", "u", "ks")
 CALL_NAMES = INPUT_NAMES + BUFFER_NAMES
 
 
@@ -214,12 +214,13 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         seg_n=arg("o"), seg_m=arg("o"), n_seg=1, seg_chunks=0, tc_first=0, tc_count=0, trigger_dependents=0, T=T,
         s0_n=s0[0], s0_h=s0[1], s0_k=s0[2], s0_v=s0[3], n_slots=state.shape[0] if use_cache else 0,
         n_cs_rows=buffers["chunk_states"][0][0] if return_chunk_states else 0, replay_flags=arg("replay_flags"),
+        u_out=arg("u", False), ks_out=arg("ks", False),
         H=H, HV=HV, K=K, V=V, M=M, BT=BT, BK=BK, BV=BV,
         IS_VARLEN=varlen, HAS_H0=initial_state is not None, USE_CACHE=use_cache, STORE_FINAL=store_final,
         STORE_CHUNK_STATES=(2 if expanded_chunk_states else True) if return_chunk_states else False,
         DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, DT=dt, PASS=0,
         V_PRODUCT=v_product, TMA_STORE=tma_store and M == 1 and V * q.element_size() % 16 == 0,
-        PDL=not INTERPRET, REPLAY=False, OUTPUTS=True)
+        PDL=not INTERPRET, REPLAY=False, OUTPUTS=True, STORE_U=False)
     options = dict(num_warps=num_warps)
     if phased:
         # prep 0, sweep 0, prep 1, sweep 1, ...: each prep after the first is the programmatic

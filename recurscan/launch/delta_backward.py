@@ -36,8 +36,8 @@ from .delta import (BUFFER_NAMES, CALL_NAMES, INTERPRET, TEST_SHAPE, DeltaInputs
 
 #: The per-call tensors of the two backward stages, by name (their launches' CallArgs).
 NAMES = ("q", "k", "v", "g", "beta", "do", "dht", "cu_seqlens", "chunk_indices", "chunk_offsets",
-         "winv", "aqk", "coef", "states", "dstates", "dh0", "dy", "dv", "dq", "dk", "dg", "dbeta", "scratch", "u",
-         "dq_sum", "dk_sum")
+         "winv", "aqk", "coef", "states", "u", "ks", "dstates", "dh0", "dy", "dv", "dq", "dk", "dg", "dbeta", "bdyks",
+         "scratch", "dq_sum", "dk_sum")
 
 #: Rows (token x q/k head) a program of the GVA group sum takes.
 GROUP_SUM_ROWS = 32
@@ -76,25 +76,33 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
     rows = chunk_indices.shape[0] if varlen else B * triton.cdiv(T * M, BT)  # chunks of the expanded stream
     common = dict(initial_state=initial_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, scale=scale,
                   cu_seqlens=cu_seqlens, chunk_indices_dp=chunk_indices, chunk_offsets=chunk_offsets)
+    dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    # Product operands in the inputs' dtype (the interpreter multiplies bf16 tiles wrongly: float32 there).
+    dt = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[q.dtype]
+    dt = tl.float32 if INTERPRET and dt == tl.bfloat16 else dt
+    operand_dtype = torch.float32 if dt == tl.float32 else q.dtype
     # 1-2. The forward again, for the states entering every chunk (in the inputs' dtype: the product
     #      operand they become), its prep storing G o Tinv beside wy.
     forward = build_delta_launches(q, k, v, g, beta, shape, num_householder=M, return_chunk_states=True,
                                    num_chunk_rows=rows, chunk_states_dtype=q.dtype, expanded_chunk_states=M > 1,
                                    **common)
     # The sweep for the states alone (no outputs, so no replay of non-finite outputs either).
+    # It also stores each chunk's U and lam o (K S), which the parallel stage would otherwise
+    # recompute from the states (U in the products' operand dtype; lam o (K S) in float32: the
+    # stage subtracts its row sums from dY . V).
     steps = [dataclasses.replace(s, kwargs=dict(s.kwargs, STORE_INV=True, winv=CallArg("winv")))
              if s.kernel is chunk_delta_prep_kernel else
-             dataclasses.replace(s, kwargs=dict(s.kwargs, OUTPUTS=False, TMA_STORE=False))
+             dataclasses.replace(s, kwargs=dict(s.kwargs, OUTPUTS=False, TMA_STORE=False, STORE_U=True,
+                                                u_out=CallArg("u"), ks_out=CallArg("ks")))
              for s in forward.steps if not s.kwargs.get("REPLAY")]
-    forward = dataclasses.replace(forward, steps=steps, buffers=dict(forward.buffers, winv=forward.buffers["wy"]),
-                                  outputs=("chunk_states", "winv", "aqk", "coef"))
-    dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    # Product operands in the inputs' dtype (the interpreter multiplies bf16 tiles wrongly: float32 there).
-    dt = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[q.dtype]
-    dt = tl.float32 if INTERPRET and dt == tl.bfloat16 else dt
+    per_row = (B, T * M, HV, V)
+    forward = dataclasses.replace(forward, steps=steps, buffers=dict(
+        forward.buffers, winv=forward.buffers["wy"], u=(per_row, operand_dtype, None), ks=(per_row, torch.float32, None)),
+        outputs=("chunk_states", "winv", "aqk", "coef", "u", "ks"))
     BK = max(16, triton.next_power_of_2(K))
     BV = min(backward_shape.block_v, max(16, triton.next_power_of_2(V)))
     BVg = min(backward_shape.grads_block_v or backward_shape.block_v, max(16, triton.next_power_of_2(V)))
+    BVs = min(backward_shape.scores_block_v or BVg, max(16, triton.next_power_of_2(V)))
     chunks = rows
     gva = HV != H
     f32 = torch.float32
@@ -103,8 +111,8 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
     # dq and dg on the token stream [B, T, ...]; the rest on the expanded one [B, T * M, ...].
     buffers = dict(dstates=((rows, HV, K, V), q.dtype), dy=((B, T * M, HV, V), q.dtype),
                    dv=((B, T * M, HV, V), v.dtype), dq=((B, T, HV, K), f32 if gva else q.dtype),
-                   dk=((B, T * M, HV, K), f32 if gva else k.dtype), u=((B, T * M, HV, V), q.dtype),
-                   dbeta=((B, T * M, HV), f32), scratch=((chunks * HV, 2, BT, BT), q.dtype))
+                   dk=((B, T * M, HV, K), f32 if gva else k.dtype), dbeta=((B, T * M, HV), f32),
+                   bdyks=((B, T * M, HV), f32), scratch=((chunks * HV, 2, BT, BT), q.dtype))
     if g is not None:
         buffers["dg"] = ((B, T, HV), f32)
     if initial_state is not None:
@@ -118,17 +126,18 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
         H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=varlen, HAS_DHT=dht is not None,
         STORE_DH0=initial_state is not None, DOT_PRECISION=dot_precision, DT=dt, M=M),
         dict(num_warps=backward_shape.sweep_warps))
-    shared = dict(q=arg("q"), g=arg("g", g is not None), beta=arg("beta"), do=arg("do"), dy=arg("dy"),
-                  states=arg("states"), dstates=arg("dstates"), scratch=arg("scratch"),
+    shared = dict(q=arg("q"), k=arg("k"), g=arg("g", g is not None), beta=arg("beta"), do=arg("do"), dy=arg("dy"),
+                  u=arg("u"), dg=arg("dg", g is not None), bdyks=arg("bdyks"), scratch=arg("scratch"),
                   cu_seqlens=arg("cu_seqlens", varlen), chunk_indices=arg("chunk_indices", varlen),
-                  chunk_offsets=arg("chunk_offsets", varlen), T=T, n_seq=N, scale=scale, n_cs_rows=rows,
+                  chunk_offsets=arg("chunk_offsets", varlen), T=T, n_seq=N, scale=scale,
                   H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BVg, IS_VARLEN=varlen, HAS_G=g is not None,
                   USE_L2NORM=use_qk_l2norm_in_kernel, DOT_PRECISION=dot_precision, DT=dt, M=M)
     scores = Step(chunk_delta_bwd_scores_kernel, (chunks * HV,), dict(
-        shared, k=arg("k"), v=arg("v"), winv=arg("winv"), u_out=arg("u"), dg=arg("dg", g is not None),
-        dbeta=arg("dbeta")), dict(num_warps=backward_shape.grads_warps))
+        shared, v=arg("v"), ks=arg("ks"), dbeta=arg("dbeta"), BV=BVs),
+        dict(num_warps=backward_shape.scores_warps or backward_shape.grads_warps))
     dqdk = Step(chunk_delta_bwd_dqdk_kernel, (chunks * HV,), dict(
-        shared, k=arg("k"), u=arg("u"), dq=arg("dq"), dk=arg("dk")), dict(num_warps=backward_shape.grads_warps))
+        shared, states=arg("states"), dstates=arg("dstates"), dq=arg("dq"), dk=arg("dk"), n_cs_rows=rows),
+        dict(num_warps=backward_shape.grads_warps))
     steps = [sweep, scores, dqdk]
     if gva:  # dq, dk per value head -> per q/k head, in q's and k's dtypes
         buffers.update(dq_sum=((B, T, H, K), q.dtype), dk_sum=((B, T * M, H, K), k.dtype))
@@ -171,7 +180,8 @@ def _stand_ins(buffers: dict, device) -> dict:
 
 
 #: The recompute's outputs the stages read: (the stages' name, the recompute's buffer).
-RECOMPUTED = (("states", "chunk_states"), ("winv", "winv"), ("aqk", "aqk"), ("coef", "coef"))
+RECOMPUTED = (("states", "chunk_states"), ("winv", "winv"), ("aqk", "aqk"), ("coef", "coef"), ("u", "u"),
+              ("ks", "ks"))
 
 
 def _compile_stages(launches: DeltaBackwardLaunches, given: dict, buffers: dict, device):
@@ -248,8 +258,8 @@ def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, num_householder=1, scale=
         launches.pending = None
     elif not launches.compiled and not INTERPRET:  # the stages compile beside the recompute's kernels
         wait = _compile_stages(launches, given, made, q.device)
-    states, winv, aqk, coef = run_delta_launches(launches.forward, inputs)
-    given.update(winv=winv, aqk=aqk, coef=coef, states=states)
+    states, winv, aqk, coef, u, ks = run_delta_launches(launches.forward, inputs)
+    given.update(winv=winv, aqk=aqk, coef=coef, states=states, u=u, ks=ks)
     values = tuple(given[n] if n in given else made.get(n) for n in NAMES)
     wait()
     for step in launches.steps:

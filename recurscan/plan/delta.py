@@ -111,9 +111,11 @@ class DeltaBackwardShape:
 
     block_v: int  # value columns a reverse-sweep program carries
     sweep_warps: int
-    grads_warps: int  # each parallel-stage kernel's
+    grads_warps: int  # the parallel stage's dq, dk kernel's (and the scores kernel's, unless scores_warps)
     reason: str
     grads_block_v: int | None = None  # the parallel stage's step over V (None: block_v)
+    scores_warps: int | None = None  # the scores kernel's (None: grads_warps)
+    scores_block_v: int | None = None  # the scores kernel's step over V (None: grads_block_v)
 
 
 DELTA_BACKWARD_LAUNCH = DeltaBackwardShape(

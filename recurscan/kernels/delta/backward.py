@@ -103,32 +103,35 @@ def chunk_delta_bwd_sweep_kernel(
         tl.store(dh0 + (i_n * HV + i_hv) * K * V + o_kv, b_dS, mask=m_kv)
 
 
-@triton.jit(do_not_specialize=["T", "n_seq", "n_cs_rows"])
+@triton.jit(do_not_specialize=["T", "n_seq"])
 def chunk_delta_bwd_scores_kernel(
-    q, k, v, g, beta, do, winv, dy, states, dstates, u_out, dg, dbeta, scratch,
-    cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, scale, n_cs_rows,
+    q, k, v, g, beta, do, dy, u, ks, dg, dbeta, bdyks, scratch,
+    cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, USE_L2NORM: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DT: tl.constexpr, M: tl.constexpr = 1,
 ):
-    """The parallel stage, first half. Grid (chunks x HV,): per (chunk, value head), from dY (the
-    sweep's), S entering the chunk, dS leaving it and the chunk's U = winv (beta o (V - lam o
-    (K S))) recomputed from S (written to ``u_out`` for the second half): the steps 2-5 of
-    ``reference.delta_backward.gdn_chunk_backward`` on the normalised q, k that need the [BT, BT]
-    side. dg and dbeta come out in full, and (dscores o G), (dA o G) go into
-    ``scratch [chunks * HV, 2, BT, BT]`` (DT), from which :func:`chunk_delta_bwd_dqdk_kernel`
-    takes them and their transposes.
+    """The parallel stage, first half: the [BT, BT] side. Grid (chunks x HV,): per (chunk, value
+    head), from dY (the reverse sweep's), and U and lam o (K S) (the recompute's, ``u`` and ``ks``),
+    the steps 2-5 of ``reference.delta_backward.gdn_chunk_backward`` on the normalised q, k that
+    need no state:
 
-    Every V-sum is accumulated over value blocks of BV columns, as products: dO U^T and dY U^T
-    [BT, BT], and the row sums (K dS) . U, dY . (K S), dY . V, S . dS and dO . (Q S) (dlam's
-    scale dO . (Q S)); dbeta's dY . (A U) is the row sum of A o (dY U^T).
+        dscores = lower(scale dO U^T);  dsys = -strict(dY U^T);  dA = beta o dsys
+        dbeta = rowsum(dsys o A) + dY . V - dY . (lam o K S)
+        dg    = the [BT, BT] tile's part (dscores o QK^T + dA o KK^T, through G) - the reverse
+                cumulative sum of beta o dY . (lam o K S)
+
+    dbeta comes out in full; dg's state terms (dO . (Q S), (K dS) . U, S . dS) are added by
+    :func:`chunk_delta_bwd_dqdk_kernel`, which also takes ``bdyks = beta o dY . (lam o K S)``
+    (float32, per row) and (dscores o G), (dA o G) from ``scratch [chunks * HV, 2, BT, BT]`` (DT).
+
+    Its loop over value blocks of BV columns reads four [BT, BV] tiles and makes two products
+    (dO U^T, dY U^T); nothing of the state or the key dimension is touched there.
 
     fla's issue 640 reports ``tl.dot(tl.trans(x), ...)``, x a product's result, miscompiled on
-    Hopper by Triton 3.4 to 3.7.0 in a kernel of this kind. Here the two [BT, BT] left operands of
-    the second half, (dscores o G)^T and (dA o G)^T, are read back transposed through the scratch,
-    as fla's fix does. U^T (the right operand of dO U^T and dY U^T) is the transpose of U's
-    product: with it the stage is right on the H200 with Triton 3.6.0 at K = V = 128
-    (benchmarks/gpu_delta_grad_check.py, docs/perf-history.md)."""
+    Hopper by Triton 3.4 to 3.7.0 in a kernel of this kind. Here no product result is a transposed
+    operand: U^T is a loaded tile, and the second half reads (dscores o G)^T and (dA o G)^T back
+    transposed through the scratch, as fla's fix does."""
     i_c, i_hv, i_h = _chunk_head(H, HV)
     valid, bos, eos, r0, cs = _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT, IS_VARLEN, M)
     if not valid:
@@ -136,95 +139,81 @@ def chunk_delta_bwd_scores_kernel(
     o_t, o_k, m_k, rows, m_r, m_rk = _chunk_tiles(r0, eos, BT, BK, K)
     causal = o_t[:, None] >= o_t[None, :]
     strict = o_t[:, None] > o_t[None, :]
-    cs_ok = (cs >= 0) & (cs < n_cs_rows)  # no chunk_offsets reaches past the rows
-    p_s = states + (cs * HV + i_hv) * K * V
-    p_ds = dstates + (cs * HV + i_hv) * K * V
-    p_rk = (rows * H + i_h)[:, None] * K + o_k[None, :]
     tok = rows // M  # a row's token: q, dO and g live on the token stream
     m_q = m_r & (rows % M == M - 1)  # the query sits on each token's last copy
-    b_k = tl.load(k + p_rk, mask=m_rk, other=0.0).to(tl.float32)
+    b_beta = tl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(tl.float32)
+    gc, seg, bad = _chunk_gates(g, tok, rows % M, m_r, i_hv, HV, M, BT, HAS_G)
+
+    b_dOU = tl.zeros([BT, BT], dtype=tl.float32)  # dO U^T
+    b_dYU = tl.zeros([BT, BT], dtype=tl.float32)  # dY U^T
+    dyv = tl.zeros([BT], dtype=tl.float32)  # dY . V
+    dyks = tl.zeros([BT], dtype=tl.float32)  # dY . (lam o K S)
+    for i_v in range(0, (V + BV - 1) // BV):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_rv = m_r[:, None] & (o_v < V)[None, :]
+        p_rv = (rows * HV + i_hv)[:, None] * V + o_v[None, :]
+        b_do = tl.load(do + (tok * HV + i_hv)[:, None] * V + o_v[None, :], mask=m_q[:, None] & (o_v < V)[None, :],
+                       other=0.0).to(DT)
+        b_dY = tl.load(dy + p_rv, mask=m_rv, other=0.0)
+        b_Ut = tl.trans(tl.load(u + p_rv, mask=m_rv, other=0.0).to(DT))
+        b_dOU = tl.dot(b_do, b_Ut, b_dOU, input_precision=DOT_PRECISION)
+        b_dYU = tl.dot(b_dY.to(DT), b_Ut, b_dYU, input_precision=DOT_PRECISION)
+        b_dY = b_dY.to(tl.float32)
+        dyv += tl.sum(b_dY * tl.load(v + p_rv, mask=m_rv, other=0.0).to(tl.float32), axis=1)
+        dyks += tl.sum(b_dY * tl.load(ks + p_rv, mask=m_rv, other=0.0).to(tl.float32), axis=1)
+
+    b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
     b_q = tl.load(q + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=m_q[:, None] & m_k[None, :],
                   other=0.0).to(tl.float32)
     if USE_L2NORM:
         b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, axis=1) + 1e-6)[:, None]
         b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, axis=1) + 1e-6)[:, None]
     b_kd = b_k.to(DT)
-    b_qd = b_q.to(DT)
-    b_beta = tl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(tl.float32)
-    b_W = tl.load(winv + (rows * HV + i_hv)[:, None] * BT + o_t[None, :], mask=m_r[:, None], other=0.0).to(DT)
-    gc, seg, bad = _chunk_gates(g, tok, rows % M, m_r, i_hv, HV, M, BT, HAS_G)
-    lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
-
-    b_dOU = tl.zeros([BT, BT], dtype=tl.float32)  # dO U^T
-    b_dYU = tl.zeros([BT, BT], dtype=tl.float32)  # dY U^T
-    kdsu = tl.zeros([BT], dtype=tl.float32)  # (K dS) . U
-    dyks = tl.zeros([BT], dtype=tl.float32)  # dY . (K S)
-    dyv = tl.zeros([BT], dtype=tl.float32)  # dY . V
-    doqs = tl.zeros([BT], dtype=tl.float32)  # dO . (Q S)
-    sds = tl.zeros([BK], dtype=tl.float32)  # S . dS, by key row
-    for i_v in range(0, (V + BV - 1) // BV):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_v = o_v < V
-        m_rv = m_r[:, None] & m_v[None, :]
-        m_kv = m_k[:, None] & m_v[None, :] & cs_ok
-        p_rv = (rows * HV + i_hv)[:, None] * V + o_v[None, :]
-        b_v = tl.load(v + p_rv, mask=m_rv, other=0.0).to(tl.float32)
-        b_do = tl.load(do + (tok * HV + i_hv)[:, None] * V + o_v[None, :], mask=m_q[:, None] & m_v[None, :],
-                       other=0.0).to(tl.float32)
-        b_dY = tl.load(dy + p_rv, mask=m_rv, other=0.0).to(tl.float32)
-        o_kv = o_k[:, None] * V + o_v[None, :]
-        b_S = tl.load(p_s + o_kv, mask=m_kv, other=0.0).to(DT)
-        b_dS = tl.load(p_ds + o_kv, mask=m_kv, other=0.0).to(DT)
-        b_KS = tl.dot(b_kd, b_S, input_precision=DOT_PRECISION)
-        b_U = tl.dot(b_W, (b_beta[:, None] * (b_v - lam[:, None] * b_KS)).to(DT), input_precision=DOT_PRECISION)
-        tl.store(u_out + p_rv, b_U.to(u_out.dtype.element_ty), mask=m_rv)
-        b_Ut = tl.trans(b_U.to(DT))  # right on the H200 (the docstring)
-        b_dOU = tl.dot(b_do.to(DT), b_Ut, b_dOU, input_precision=DOT_PRECISION)
-        b_dYU = tl.dot(b_dY.to(DT), b_Ut, b_dYU, input_precision=DOT_PRECISION)
-        kdsu += tl.sum(tl.dot(b_kd, b_dS, input_precision=DOT_PRECISION) * b_U, axis=1)
-        doqs += tl.sum(tl.dot(b_qd, b_S, input_precision=DOT_PRECISION) * b_do, axis=1)
-        dyks += tl.sum(b_KS * b_dY, axis=1)
-        dyv += tl.sum(b_dY * b_v, axis=1)
-        sds += tl.sum(b_S.to(tl.float32) * b_dS.to(tl.float32), axis=1)
-
-    b_G = tl.where(causal & (seg[:, None] == seg[None, :]), tl.exp2(gc[:, None] - gc[None, :]), 0.0)
     b_kt = tl.trans(b_kd)
-    b_QK = tl.dot(b_qd, b_kt, input_precision=DOT_PRECISION)
+    b_QK = tl.dot(b_q.to(DT), b_kt, input_precision=DOT_PRECISION)
     b_KK = tl.dot(b_kd, b_kt, input_precision=DOT_PRECISION)
+    b_G = tl.where(causal & (seg[:, None] == seg[None, :]), tl.exp2(gc[:, None] - gc[None, :]), 0.0)
     b_dscores = tl.where(causal, scale * b_dOU, 0.0)
-    b_dG = b_dscores * b_QK
-    b_dG += tl.where(o_t[:, None] == BT - 1, kdsu[None, :], 0.0)  # gam = G[last, :]
-    dlam = scale * doqs + tl.where(o_t == BT - 1, tl.sum(sds, axis=0), 0.0)
     b_A = tl.where(strict, b_KK * b_G, 0.0)
     b_dsys = tl.where(strict, -b_dYU, 0.0)
-    d_beta = tl.sum(b_dsys * b_A, axis=1) + dyv - lam * dyks
+    d_beta = tl.sum(b_dsys * b_A, axis=1) + dyv - dyks
     b_dA = b_beta[:, None] * b_dsys
-    b_dG += b_dA * b_KK
-    dlam -= b_beta * dyks
-    b_dSeg = tl.where(causal, b_dG * b_G, 0.0)
+    b_dSeg = tl.where(causal, (b_dscores * b_QK + b_dA * b_KK) * b_G, 0.0)
     below = tl.cumsum(b_dSeg, axis=0, reverse=True)  # row m: the rows i >= m, summed
-    d_g = tl.sum(tl.where(strict, below, 0.0), axis=1) + tl.cumsum(dlam * lam, axis=0, reverse=True)
+    b_bdyks = b_beta * dyks
+    d_g = tl.sum(tl.where(strict, below, 0.0), axis=1) - tl.cumsum(b_bdyks, axis=0, reverse=True)
     p_scr = scratch + (i_c * HV + i_hv) * 2 * BT * BT + o_t[:, None] * BT + o_t[None, :]
     tl.store(p_scr, (b_dscores * b_G).to(scratch.dtype.element_ty))
     tl.store(p_scr + BT * BT, (b_dA * b_G).to(scratch.dtype.element_ty))
     tl.store(dbeta + rows * HV + i_hv, d_beta, mask=m_r)
+    tl.store(bdyks + rows * HV + i_hv, b_bdyks, mask=m_r)
     if HAS_G:  # g sits on each token's first copy
         tl.store(dg + tok * HV + i_hv, d_g, mask=m_r & (rows % M == 0))
 
 
 @triton.jit(do_not_specialize=["T", "n_seq", "n_cs_rows"])
 def chunk_delta_bwd_dqdk_kernel(
-    q, k, g, beta, do, u, dy, states, dstates, dq, dk, scratch,
+    q, k, g, beta, do, u, dy, states, dstates, dq, dk, dg, bdyks, scratch,
     cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, scale, n_cs_rows,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, USE_L2NORM: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DT: tl.constexpr, M: tl.constexpr = 1,
 ):
-    """The parallel stage, second half. Grid (chunks x HV,): per (chunk, value head),
-    the V-sums dO S^T and (gam o U) dS^T - (lam beta o dY) S^T [BT, K] (U from the first half),
+    """The parallel stage, second half: the state side. Grid (chunks x HV,): per (chunk, value
+    head), from S entering the chunk and dS leaving it, the V-sums
+
+        dO S^T,   (gam o U) dS^T - (lam beta o dY) S^T   [BT, K],   S . dS
+
     then dq = (dscores o G) K + scale lam o dO S^T and dk = (dscores o G)^T Q + (dA o G) K +
     (dA o G)^T K + the second sum, with the [BT, BT] tiles and their transposes loaded from the
-    first half's scratch; the L2 norm's backward; dq and dk per value head."""
+    first half's scratch; the L2 norm's backward; dq and dk per value head. dg's state terms
+    finish what the first half wrote in ``dg``, from the sums' projections on the keys and queries:
+
+        scale lam o dO . (Q S) = scale lam o rowsum(Q o dO S^T)
+        gam o (K dS) . U       = rowsum(K o the second sum) + bdyks
+
+    the first entering dg through lam's reverse cumulative sum (with S . dS at the chunk's last
+    row), the second through gam's (G's last row: an exclusive cumulative sum)."""
     i_c, i_hv, i_h = _chunk_head(H, HV)
     valid, bos, eos, r0, cs = _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT, IS_VARLEN, M)
     if not valid:
@@ -245,6 +234,7 @@ def chunk_delta_bwd_dqdk_kernel(
 
     b_dOS = tl.zeros([BT, BK], dtype=tl.float32)  # dO S^T
     b_dkS = tl.zeros([BT, BK], dtype=tl.float32)  # (gam o U) dS^T - (lam beta o dY) S^T
+    sds = tl.zeros([BK], dtype=tl.float32)  # S . dS, by key row
     for i_v in range(0, (V + BV - 1) // BV):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
@@ -256,32 +246,50 @@ def chunk_delta_bwd_dqdk_kernel(
         b_U = tl.load(u + p_rv, mask=m_rv, other=0.0).to(tl.float32)
         b_dY = tl.load(dy + p_rv, mask=m_rv, other=0.0).to(tl.float32)
         o_kv = o_k[:, None] * V + o_v[None, :]
-        b_St = tl.trans(tl.load(p_s + o_kv, mask=m_kv, other=0.0).to(DT))
-        b_dSt = tl.trans(tl.load(p_ds + o_kv, mask=m_kv, other=0.0).to(DT))
+        b_S = tl.load(p_s + o_kv, mask=m_kv, other=0.0)
+        b_dS = tl.load(p_ds + o_kv, mask=m_kv, other=0.0)
+        sds += tl.sum(b_S.to(tl.float32) * b_dS.to(tl.float32), axis=1)
+        b_St = tl.trans(b_S.to(DT))
         b_dOS = tl.dot(b_do.to(DT), b_St, b_dOS, input_precision=DOT_PRECISION)
-        b_dkS = tl.dot((gam[:, None] * b_U).to(DT), b_dSt, b_dkS, input_precision=DOT_PRECISION)
+        b_dkS = tl.dot((gam[:, None] * b_U).to(DT), tl.trans(b_dS.to(DT)), b_dkS, input_precision=DOT_PRECISION)
         b_dkS = tl.dot((-(lam * b_beta)[:, None] * b_dY).to(DT), b_St, b_dkS, input_precision=DOT_PRECISION)
 
-    p_rk = (rows * H + i_h)[:, None] * K + o_k[None, :]
-    b_k = tl.load(k + p_rk, mask=m_rk, other=0.0).to(tl.float32)
-    b_q = tl.load(q + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=m_qk, other=0.0).to(tl.float32)
+    # The epilogue keeps q and k raw (16-bit) and forms their normalised float32 rows where used:
+    # the two [BT, K] accumulators already take half the registers.
+    b_kr = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0)
+    b_qr = tl.load(q + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=m_qk, other=0.0)
     if USE_L2NORM:
-        rk = tl.rsqrt(tl.sum(b_k * b_k, axis=1) + 1e-6)
-        b_k = b_k * rk[:, None]
-        rq = tl.rsqrt(tl.sum(b_q * b_q, axis=1) + 1e-6)
-        b_q = b_q * rq[:, None]
+        rk = tl.rsqrt(tl.sum(b_kr.to(tl.float32) * b_kr.to(tl.float32), axis=1) + 1e-6)
+        rq = tl.rsqrt(tl.sum(b_qr.to(tl.float32) * b_qr.to(tl.float32), axis=1) + 1e-6)
+    else:
+        rk = tl.full([BT], 1.0, tl.float32)
+        rq = tl.full([BT], 1.0, tl.float32)
+    b_kd = (b_kr.to(tl.float32) * rk[:, None]).to(DT)
+    b_qd = (b_qr.to(tl.float32) * rq[:, None]).to(DT)
+    if HAS_G:
+        gkdsu = tl.sum(b_kr.to(tl.float32) * rk[:, None] * b_dkS, axis=1) + \
+            tl.load(bdyks + rows * HV + i_hv, mask=m_r, other=0.0)
+        dlam = scale * lam * tl.sum(b_qr.to(tl.float32) * rq[:, None] * b_dOS, axis=1)
+        dlam += tl.where(o_t == BT - 1, lam * tl.sum(sds, axis=0), 0.0)
+        m_g = m_r & (rows % M == 0)  # g sits on each token's first copy
+        p_dg = dg + tok * HV + i_hv
+        d_g = tl.load(p_dg, mask=m_g, other=0.0) + (tl.cumsum(gkdsu, axis=0) - gkdsu) + \
+            tl.cumsum(dlam, axis=0, reverse=True)
+        tl.store(p_dg, d_g, mask=m_g)
     p_scr = scratch + (i_c * HV + i_hv) * 2 * BT * BT
-    b_dsG = tl.load(p_scr + o_t[:, None] * BT + o_t[None, :])
-    b_dsGt = tl.load(p_scr + o_t[None, :] * BT + o_t[:, None])
-    b_dAG = tl.load(p_scr + BT * BT + o_t[:, None] * BT + o_t[None, :])
-    b_dAGt = tl.load(p_scr + BT * BT + o_t[None, :] * BT + o_t[:, None])
-    b_kd = b_k.to(DT)
-    b_dq = tl.dot(b_dsG.to(DT), b_kd, input_precision=DOT_PRECISION) + scale * lam[:, None] * b_dOS
-    b_dk = tl.dot(b_dAG.to(DT), b_kd, b_dkS, input_precision=DOT_PRECISION)
-    b_dk = tl.dot(b_dAGt.to(DT), b_kd, b_dk, input_precision=DOT_PRECISION)
-    b_dk = tl.dot(b_dsGt.to(DT), b_q.to(DT), b_dk, input_precision=DOT_PRECISION)
+    b_dk = tl.dot(tl.load(p_scr + BT * BT + o_t[:, None] * BT + o_t[None, :]).to(DT), b_kd, b_dkS,
+                  input_precision=DOT_PRECISION)  # (dA o G) K
+    b_dk = tl.dot(tl.load(p_scr + BT * BT + o_t[None, :] * BT + o_t[:, None]).to(DT), b_kd, b_dk,
+                  input_precision=DOT_PRECISION)  # (dA o G)^T K
+    b_dk = tl.dot(tl.load(p_scr + o_t[None, :] * BT + o_t[:, None]).to(DT), b_qd, b_dk,
+                  input_precision=DOT_PRECISION)  # (dscores o G)^T Q
     if USE_L2NORM:  # y = x r: dx = r (dy - y (y . dy))
-        b_dq = rq[:, None] * (b_dq - b_q * tl.sum(b_q * b_dq, axis=1)[:, None])
+        b_k = b_kr.to(tl.float32) * rk[:, None]
         b_dk = rk[:, None] * (b_dk - b_k * tl.sum(b_k * b_dk, axis=1)[:, None])
-    tl.store(dq + (tok * HV + i_hv)[:, None] * K + o_k[None, :], b_dq, mask=m_qk)
     tl.store(dk + (rows * HV + i_hv)[:, None] * K + o_k[None, :], b_dk, mask=m_rk)
+    b_dq = tl.dot(tl.load(p_scr + o_t[:, None] * BT + o_t[None, :]).to(DT), b_kd,
+                  input_precision=DOT_PRECISION) + scale * lam[:, None] * b_dOS  # (dscores o G) K + ...
+    if USE_L2NORM:
+        b_q = b_qr.to(tl.float32) * rq[:, None]
+        b_dq = rq[:, None] * (b_dq - b_q * tl.sum(b_q * b_dq, axis=1)[:, None])
+    tl.store(dq + (tok * HV + i_hv)[:, None] * K + o_k[None, :], b_dq, mask=m_qk)

@@ -64,20 +64,22 @@ def _start_state(p_state, h0, seg_n, m_s0, m_vk, o_vk, o_s0, s0_n, s0_h, i_n, i_
 
 
 @triton.jit
-def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, n_cs_rows, bos, bos_t, L, i_n,
-                 i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
+def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, u_out, ks_out, cs0, n_cs_rows, bos, bos_t,
+                 L, i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
                  BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PASS: tl.constexpr,
                  V_PRODUCT: tl.constexpr, TMA_STORE: tl.constexpr, STORE_CHUNK_STATES: tl.constexpr,
                  DOT_PRECISION: tl.constexpr, DT: tl.constexpr, FULL: tl.constexpr, CAREFUL: tl.constexpr,
-                 OUTPUTS: tl.constexpr):
+                 OUTPUTS: tl.constexpr, STORE_U: tl.constexpr):
     """One expanded chunk c of :func:`chunk_delta_sweep_kernel` (its docstring has the algebra):
     returns the state S^T leaving the chunk, having written the chunk's outputs (PASS != 1) and,
     when it starts a token chunk, the state entering it (STORE_CHUNK_STATES). FULL: all 64 rows
     lie in the sequence, so nothing is masked by row; a full chunk of GDP with M | 64 forms its
     outputs on its query rows alone. CAREFUL: the outputs by :func:`_outputs_causal` (the replay
     of a program whose state came out non-finite); the state the same either way. OUTPUTS False:
-    the state alone (the backward's recompute of the chunk states), no query or output touched."""
+    the state alone (the backward's recompute of the chunk states), no query or output touched.
+    STORE_U: the chunk's U and lam o (K S) (rows of ``u_out`` and ``ks_out``, laid out as v), which
+    the backward's parallel stage takes instead of recomputing them from the state."""
     r = c * BT + o_t.to(tl.int64)  # [BT] row inside the sequence (expanded stream)
     if FULL:  # every row lies in the sequence: the loads and stores below go unpredicated
         m_r = tl.full([BT], True, tl.int1)
@@ -152,6 +154,11 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, 
     else:
         b_Ut = tl.dot((b_vt.to(tl.float32) - b_KSt).to(DT), b_Wt, input_precision=DOT_PRECISION)
 
+    if STORE_U:
+        p_u = (e * HV + i_hv)[None, :] * V + o_v[:, None]
+        tl.store(u_out + p_u, b_Ut.to(u_out.dtype.element_ty), mask=m_vt)
+        tl.store(ks_out + p_u, b_KSt.to(ks_out.dtype.element_ty), mask=m_vt)
+
     # Stage 4: outputs O^T = (S^T Q^T) o lam + U^T aqk^T, written on the token stream.
     if COMPACT_Q:
         lam_rq = tl.load(p_coef + (o_tq * M + (M - 1)) * 4 + 1)
@@ -189,14 +196,14 @@ def chunk_delta_sweep_kernel(
     q, k, v, wy, aqk, coef, o,
     h0, ht, state, state_indices, chunk_states, cu_seqlens, chunk_offsets, sequence_order,
     seg_n, seg_m, n_seg, seg_chunks, tc_first, tc_count, trigger_dependents, T,
-    s0_n, s0_h, s0_k, s0_v, n_slots, n_cs_rows, replay_flags,
+    s0_n, s0_h, s0_k, s0_v, n_slots, n_cs_rows, replay_flags, u_out, ks_out,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr,
     STORE_FINAL: tl.constexpr, USE_CACHE: tl.constexpr, STORE_CHUNK_STATES: tl.constexpr,
     DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr, DT: tl.constexpr, PASS: tl.constexpr = 0,
     V_PRODUCT: tl.constexpr = True, TMA_STORE: tl.constexpr = False, PDL: tl.constexpr = False,
-    REPLAY: tl.constexpr = False, OUTPUTS: tl.constexpr = True,
+    REPLAY: tl.constexpr = False, OUTPUTS: tl.constexpr = True, STORE_U: tl.constexpr = False,
 ):
     """Grid (N * HV * ceil(V / BV),): program -> (sequence n, value head hv, value block iv),
     iv fastest so neighbouring programs share the q/k rows in L2.
@@ -275,7 +282,8 @@ def chunk_delta_sweep_kernel(
     order are the single pass's, so the results are its bits.
 
     OUTPUTS False (the backward's recompute): the chunk states and final state alone; no query,
-    ``aqk`` or output is read or written, and no replay flag is raised.
+    ``aqk`` or output is read or written, and no replay flag is raised. STORE_U (with it): each
+    chunk's U and lam o (K S) into ``u_out`` and ``ks_out`` (v's layout), for the backward.
     """
     pid = tl.program_id(0).to(tl.int64)
     if REPLAY:  # the replay launch: only the programs the pass before flagged (see the end)
@@ -404,16 +412,16 @@ def chunk_delta_sweep_kernel(
     # loop's instructions, sm_90 SASS); the sequence's last chunk, when partial, runs masked after.
     c_full = tl.minimum(c_hi, L // BT)
     for c in tl.range(c_lo, c_full, num_stages=NUM_STAGES):
-        b_St = _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, n_cs_rows, bos, bos_t, L,
-                            i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
+        b_St = _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, u_out, ks_out, cs0,
+                            n_cs_rows, bos, bos_t, L, i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
-                            DOT_PRECISION, DT, True, REPLAY, OUTPUTS)
+                            DOT_PRECISION, DT, True, REPLAY, OUTPUTS, STORE_U)
     c_tail = tl.maximum(c_lo, c_full)
     if c_tail < c_hi:
-        b_St = _sweep_chunk(c_tail, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, cs0, n_cs_rows, bos, bos_t,
-                            L, i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
+        b_St = _sweep_chunk(c_tail, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, u_out, ks_out, cs0,
+                            n_cs_rows, bos, bos_t, L, i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
-                            DOT_PRECISION, DT, False, REPLAY, OUTPUTS)
+                            DOT_PRECISION, DT, False, REPLAY, OUTPUTS, STORE_U)
     # Causality under non-finite input. A NaN or inf in U reaches every earlier row of its chunk
     # through the products over the chunk's rows (0 * inf), and it always leaves the state
     # non-finite (nothing in the state's path selects it out). So a program whose state comes out
