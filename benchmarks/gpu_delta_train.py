@@ -136,13 +136,20 @@ PLANNED = None
 
 
 def parse_backward_shape(text):
-    """``BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]]`` -> a DeltaBackwardShape."""
-    from recurscan.plan.delta import DeltaBackwardShape
-    parts = text.split(":")
-    if len(parts) not in (3, 4, 6) or not all(x.isdigit() for x in parts):
-        raise ValueError("backward shape: expected BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]], "
-                         f"got {text!r}")
-    return DeltaBackwardShape(*map(int, parts[:3]), "variant", *map(int, parts[3:]))
+    """``BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]][/BV:warps:stages:phases:segments]``
+    -> a DeltaBackwardShape; after the slash, the recompute's prep and sweep (V as a product operand
+    from 64 columns, as the forward's table has it)."""
+    from recurscan.plan.delta import DeltaBackwardShape, DeltaShape
+    stages, _, recompute = text.partition("/")
+    parts, rparts = stages.split(":"), recompute.split(":") if recompute else []
+    if len(parts) not in (3, 4, 6) or len(rparts) not in (0, 5) or not all(x.isdigit() for x in parts + rparts):
+        raise ValueError("backward shape: expected BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]]"
+                         f"[/BV:warps:stages:phases:segments], got {text!r}")
+    if rparts:
+        bv, warps, n_stages, phases, segments = map(int, rparts)
+        recompute = DeltaShape(bv, warps, n_stages, 4, "variant", segments=segments, phases=phases,
+                               v_product=bv >= 64)
+    return DeltaBackwardShape(*map(int, parts[:3]), "variant", *map(int, parts[3:]), recompute=recompute or None)
 
 
 def set_backward_shape(text):

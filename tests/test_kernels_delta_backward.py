@@ -7,7 +7,7 @@ import torch
 
 from recurscan.descriptors import build_chunk_descriptors
 from recurscan.launch.delta_backward import chunk_delta_bwd
-from recurscan.plan.delta import DeltaBackwardShape
+from recurscan.plan.delta import DeltaBackwardShape, DeltaShape
 from recurscan.reference.delta_backward import gated_delta_rule_chunked_backward
 from tests.helpers.inputs import gdn_inputs
 from tests.helpers.tolerances import assert_like_fp32, relative_rms
@@ -37,6 +37,11 @@ CASES = {
 }
 #: Another launch shape than the planner's: 4 warps, and a parallel stage stepping 16 value columns.
 NARROW = DeltaBackwardShape(32, 4, 4, "tests: 4 warps, the parallel stage over 16-column steps", grads_block_v=16)
+#: The recompute in three phases, and in three segments (pass 1, the fix-up, pass 2), its scores kernel at 64 columns.
+PHASED = DeltaBackwardShape(32, 8, 4, "tests: the recompute in phases", grads_block_v=16, scores_warps=4,
+                            scores_block_v=64, recompute=DeltaShape(32, 4, 2, 4, "tests", phases=3))
+SEGMENTED = DeltaBackwardShape(16, 4, 4, "tests: the recompute in segments",
+                               recompute=DeltaShape(16, 4, 2, 4, "tests", segments=3, v_product=False))
 
 
 def _cases():
@@ -45,13 +50,16 @@ def _cases():
             yield pytest.param(case, optional, None, id=f"{case}-{optional}")
             if optional == "all":
                 yield pytest.param(case, optional, NARROW, id=f"{case}-{optional}-narrow")
+            if optional == "all" and c["cu"] is None and c["T"] > 64:  # phases and segments: dense, several chunks
+                yield pytest.param(case, optional, PHASED, id=f"{case}-{optional}-recompute-phased")
+                yield pytest.param(case, optional, SEGMENTED, id=f"{case}-{optional}-recompute-segmented")
 
 
 @pytest.mark.parametrize("case, optional, backward_shape", list(_cases()))
 def test_triton_backward_matches_the_reference(case, optional, backward_shape):
     """Every gradient under the interpreter against the float64 chunkwise reference: T in
     {1, 5, 63, 64, 65, 100, 130, 150, 200, 300}, head sizes that are not powers of two, GVA (a group's dq, dk summed after or in the kernel),
-    the parallel stage in one kernel or two, the reverse sweep holding dS or dS^T,
+    the stages' launch shapes, the recompute in phases or segments,
     varlen with one-token sequences, decays exactly 0 and -inf (gdn_inputs), with and without g,
     beta and an initial state."""
     c = CASES[case]

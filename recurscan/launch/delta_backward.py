@@ -72,7 +72,7 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
     BT = CHUNK_SIZE
     varlen = cu_seqlens is not None
     N = cu_seqlens.shape[0] - 1 if varlen else B
-    shape = dataclasses.replace(shape, segments=1, phases=1)
+    shape = backward_shape.recompute or dataclasses.replace(shape, segments=1, phases=1)
     rows = chunk_indices.shape[0] if varlen else B * triton.cdiv(T * M, BT)  # chunks of the expanded stream
     common = dict(initial_state=initial_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, scale=scale,
                   cu_seqlens=cu_seqlens, chunk_indices_dp=chunk_indices, chunk_offsets=chunk_offsets)
@@ -88,16 +88,17 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
                                    **common)
     # The sweep for the states alone (no outputs, so no replay of non-finite outputs either).
     # It also stores each chunk's U and lam o (K S), which the parallel stage would otherwise
-    # recompute from the states (U in the products' operand dtype; lam o (K S) in float32: the
-    # stage subtracts its row sums from dY . V).
+    # recompute from the states (in the products' operand dtype).
     steps = [dataclasses.replace(s, kwargs=dict(s.kwargs, STORE_INV=True, winv=CallArg("winv")))
              if s.kernel is chunk_delta_prep_kernel else
              dataclasses.replace(s, kwargs=dict(s.kwargs, OUTPUTS=False, TMA_STORE=False, STORE_U=True,
                                                 u_out=CallArg("u"), ks_out=CallArg("ks")))
              for s in forward.steps if not s.kwargs.get("REPLAY")]
+    # Every chunk state a stage reads is written (a padding chunk's program reads none): no fill.
     per_row = (B, T * M, HV, V)
     forward = dataclasses.replace(forward, steps=steps, buffers=dict(
-        forward.buffers, winv=forward.buffers["wy"], u=(per_row, operand_dtype, None), ks=(per_row, torch.float32, None)),
+        forward.buffers, chunk_states=forward.buffers["chunk_states"][:2] + (None,), winv=forward.buffers["wy"],
+        u=(per_row, operand_dtype, None), ks=(per_row, operand_dtype, None)),
         outputs=("chunk_states", "winv", "aqk", "coef", "u", "ks"))
     BK = max(16, triton.next_power_of_2(K))
     BV = min(backward_shape.block_v, max(16, triton.next_power_of_2(V)))

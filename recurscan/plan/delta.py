@@ -116,6 +116,9 @@ class DeltaBackwardShape:
     grads_block_v: int | None = None  # the parallel stage's step over V (None: block_v)
     scores_warps: int | None = None  # the scores kernel's (None: grads_warps)
     scores_block_v: int | None = None  # the scores kernel's step over V (None: grads_block_v)
+    # The recompute's prep and sweep (the chunk states, U, lam o (K S)); None: the forward's shape
+    # in a single pass.
+    recompute: DeltaShape | None = None
 
 
 DELTA_BACKWARD_LAUNCH = DeltaBackwardShape(

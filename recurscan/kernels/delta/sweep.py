@@ -154,7 +154,7 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, u_out
     else:
         b_Ut = tl.dot((b_vt.to(tl.float32) - b_KSt).to(DT), b_Wt, input_precision=DOT_PRECISION)
 
-    if STORE_U:
+    if STORE_U and (PASS != 1):  # pass 1's programs sweep from stand-in states
         p_u = (e * HV + i_hv)[None, :] * V + o_v[:, None]
         tl.store(u_out + p_u, b_Ut.to(u_out.dtype.element_ty), mask=m_vt)
         tl.store(ks_out + p_u, b_KSt.to(ks_out.dtype.element_ty), mask=m_vt)
