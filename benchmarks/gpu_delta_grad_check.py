@@ -15,7 +15,6 @@ import torch
 from recurscan.descriptors import build_chunk_descriptors
 from recurscan.launch.delta_backward import chunk_delta_bwd, chunk_delta_product_bwd
 from benchmarks.gpu_delta_train import parse_backward_shape
-from recurscan.plan.delta import DELTA_BACKWARD_LAUNCH
 from recurscan.reference.delta_backward import (gated_delta_product_chunked_backward,
                                                 gated_delta_rule_chunked_backward)
 
@@ -61,22 +60,21 @@ def run(case, shape, dtype=torch.bfloat16):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", action="append", help="BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]] "
-                                                    "(repeatable)")
+    ap.add_argument("--shape", action="append", help="a backward launch shape as gpu_delta_train.py's "
+                                                    "--backward-shape takes it (repeatable)")
     ap.add_argument("--case", action="append")
     ap.add_argument("--out")
     args = ap.parse_args()
-    shapes = [DELTA_BACKWARD_LAUNCH] + [parse_backward_shape(s) for s in args.shape or []]
+    shapes = [("planned", None)] + [(s, parse_backward_shape(s)) for s in args.shape or []]
     rows = []
     for case in args.case or CASES:
-        for shape in shapes:
-            tag = f"{shape.block_v}:{shape.sweep_warps}:{shape.grads_warps}:{shape.grads_block_v or shape.block_v}"
+        for tag, shape in shapes:
             try:
                 r = run(case, shape)
-                print(f"{case:<34} {tag:<8} " + "  ".join(f"{n} {x:.1e}" for n, x in r.items()), flush=True)
+                print(f"{case:<34} {tag:<10} " + "  ".join(f"{n} {x:.1e}" for n, x in r.items()), flush=True)
             except Exception as exc:  # recorded: an illegal address ends the process anyway
                 r = dict(error=f"{type(exc).__name__}: {exc}")
-                print(f"{case:<34} {tag:<8} {r['error']}", flush=True)
+                print(f"{case:<34} {tag:<10} {r['error']}", flush=True)
             rows.append(dict(case=case, shape=tag, **r))
     if args.out:
         json.dump(dict(torch=torch.__version__, triton=__import__("triton").__version__,

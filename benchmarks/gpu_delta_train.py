@@ -136,28 +136,31 @@ PLANNED = None
 
 
 def parse_backward_shape(text):
-    """``BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]][/BV:warps:stages:phases:segments]``
-    -> a DeltaBackwardShape; after the slash, the recompute's prep and sweep (V as a product operand
-    from 64 columns, as the forward's table has it)."""
+    """``BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]][+split][/BV:warps:stages:phases:segments]``
+    -> a DeltaBackwardShape: ``+split``, dq and dk in two launches; after the slash, the
+    recompute's prep and sweep (V as a product operand from 64 columns, as the forward's table has it)."""
     from recurscan.plan.delta import DeltaBackwardShape, DeltaShape
     stages, _, recompute = text.partition("/")
+    stages, split = (stages[:-len("+split")], True) if stages.endswith("+split") else (stages, False)
     parts, rparts = stages.split(":"), recompute.split(":") if recompute else []
     if len(parts) not in (3, 4, 6) or len(rparts) not in (0, 5) or not all(x.isdigit() for x in parts + rparts):
-        raise ValueError("backward shape: expected BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]]"
+        raise ValueError("backward shape: expected BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]][+split]"
                          f"[/BV:warps:stages:phases:segments], got {text!r}")
     if rparts:
         bv, warps, n_stages, phases, segments = map(int, rparts)
         recompute = DeltaShape(bv, warps, n_stages, 4, "variant", segments=segments, phases=phases,
                                v_product=bv >= 64)
-    return DeltaBackwardShape(*map(int, parts[:3]), "variant", *map(int, parts[3:]), recompute=recompute or None)
+    return DeltaBackwardShape(*map(int, parts[:3]), "variant", *map(int, parts[3:]), recompute=recompute or None,
+                              split_dqdk=split)
 
 
 def set_backward_shape(text):
-    """The planner's backward launch shape, or ``BV:sweep warps:parallel-stage warps``."""
+    """The planner's backward launch table, or one shape for every problem (``text`` as
+    :func:`parse_backward_shape` takes it)."""
     from recurscan.plan import delta as plan_delta
     global PLANNED
     PLANNED = PLANNED or plan_delta.DELTA_BACKWARD_LAUNCH
-    plan_delta.DELTA_BACKWARD_LAUNCH = PLANNED if text is None else parse_backward_shape(text)
+    plan_delta.DELTA_BACKWARD_LAUNCH = PLANNED if text is None else [(lambda *_: True, parse_backward_shape(text))]
 
 
 def kernel_times(fn, top=12):

@@ -151,7 +151,9 @@ def backward(BV=32, warps=8, grads_warps=8, grads_BV=None):
                     scale="fp32", n_cs_rows="i32")
     return f"reverse sweep BV {BV}, {warps} warps: {swept}\nparallel stage BV {BV}, {grads_warps} warps:" \
            f"\n  scores: {_compile(chunk_delta_bwd_scores_kernel, scores_sig, const, grads_warps)}" \
-           f"\n  dq, dk: {_compile(chunk_delta_bwd_dqdk_kernel, dqdk_sig, const, grads_warps)}"
+           f"\n  dq, dk: {_compile(chunk_delta_bwd_dqdk_kernel, dqdk_sig, const, grads_warps)}" \
+           f"\n  dk alone: {_compile(chunk_delta_bwd_dqdk_kernel, dqdk_sig, dict(const, PART=1), grads_warps)}" \
+           f"\n  dq alone: {_compile(chunk_delta_bwd_dqdk_kernel, dqdk_sig, dict(const, PART=2), grads_warps)}"
 
 
 def gla(form: str) -> str:

@@ -40,7 +40,8 @@ NARROW = DeltaBackwardShape(32, 4, 4, "tests: 4 warps, the parallel stage over 1
 #: The recompute in three phases, and in three segments (pass 1, the fix-up, pass 2), its scores kernel at 64 columns.
 PHASED = DeltaBackwardShape(32, 8, 4, "tests: the recompute in phases", grads_block_v=16, scores_warps=4,
                             scores_block_v=64, recompute=DeltaShape(32, 4, 2, 4, "tests", phases=3))
-SEGMENTED = DeltaBackwardShape(16, 4, 4, "tests: the recompute in segments",
+SEGMENTED = DeltaBackwardShape(16, 4, 4, "tests: the recompute in segments, dq and dk in two launches",
+                               split_dqdk=True,
                                recompute=DeltaShape(16, 4, 2, 4, "tests", segments=3, v_product=False))
 
 
@@ -91,7 +92,7 @@ def test_triton_backward_matches_the_reference(case, optional, backward_shape):
             assert_like_fp32(a.cpu(), b, r, name)
 
 
-@pytest.mark.parametrize("backward_shape", [None, NARROW], ids=["planned", "narrow"])
+@pytest.mark.parametrize("backward_shape", [None, NARROW, SEGMENTED], ids=["planned", "narrow", "split"])
 @pytest.mark.parametrize("M, cu", [(2, None), (3, [0, 1, 40, 41, 90])])
 def test_gated_delta_product_on_the_expanded_stream(M, cu, backward_shape):
     """GDP: the stages on the expanded stream with q, dO (last copies) and g (first copies) read
@@ -182,13 +183,13 @@ def test_gdp_training_with_descriptors_builds_none(monkeypatch):
         assert relative_rms(a.double().cpu(), b) < 1e-5, name
 
 
-@pytest.mark.parametrize("backward_shape", [None, NARROW], ids=["planned", "narrow"])
+@pytest.mark.parametrize("backward_shape", [None, NARROW, SEGMENTED], ids=["planned", "narrow", "split"])
 def test_every_backward_launch_names_every_kernel_argument(backward_shape):
     """The direct launcher fills a kernel's parameters by name, defaults included: every launch of
     the backward (its forward recompute too) names every argument of its kernel."""
     from recurscan.launch.delta_backward import build_delta_backward
     from recurscan.launch.delta import TEST_SHAPE
-    from recurscan.plan.delta import DELTA_BACKWARD_LAUNCH
+    from recurscan.plan.delta import delta_backward_shape
     q, k, v, g, beta, S0 = (x.float() for x in gdn_inputs(1, 130, 1, 2, 16, 16, seed=9))
     cu = torch.tensor([0, 60, 130])
     d = build_chunk_descriptors(cu)
@@ -197,13 +198,13 @@ def test_every_backward_launch_names_every_kernel_argument(backward_shape):
                                     initial_state=h0, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
                                     chunk_indices=d.chunk_indices,
                                     chunk_offsets=d.chunk_offsets, shape=TEST_SHAPE,
-                                    backward_shape=backward_shape or DELTA_BACKWARD_LAUNCH)
+                                    backward_shape=backward_shape or delta_backward_shape(4, 16, q.device))
     for step in launches.forward.steps + launches.steps:
         missing = [a for a in step.kernel.arg_names if a not in step.kwargs]
         assert not missing, f"{getattr(step.kernel, 'fn', step.kernel).__name__}: {missing}"
 
 
-@pytest.mark.parametrize("backward_shape", [None, NARROW], ids=["planned", "narrow"])
+@pytest.mark.parametrize("backward_shape", [None, NARROW, SEGMENTED], ids=["planned", "narrow", "split"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_16_bit_inputs(dtype, backward_shape):
     """bf16 / fp16 inputs (the buffers the stages hand each other then are 16-bit too), GVA and

@@ -5,8 +5,9 @@ expanded stream, :func:`chunk_delta_product_bwd`):
    dtype; no outputs);
 2. in it, the prep with STORE_INV, which writes ``G o Tinv`` beside wy (``aqk``, ``coef`` kept);
 3. the reverse sweep (dS carried last chunk to first; dv, dY, dS per chunk, dh0);
-4. the parallel stage (dq, dk, dg, dbeta) in two kernels, one program per chunk and value head: the
-   [BT, BT] side with dg and dbeta (``scores``), then dq and dk;
+4. the parallel stage (dq, dk, dg, dbeta), one program per chunk and value head: the [BT, BT] side
+   with dbeta and dg's part (``scores``), then dq and dk with dg's state terms (one launch, or one
+   for dk and one for dq);
 5. under GVA, the sum of dq and dk over each group's value heads, cast to q's and k's dtypes
    (kernels/group_sum.py).
 
@@ -23,9 +24,10 @@ import triton
 import triton.language as tl
 
 from ..descriptors import CHUNK_SIZE
-from ..kernels.delta.backward import (chunk_delta_bwd_dqdk_kernel, chunk_delta_bwd_scores_kernel,
-                                      chunk_delta_bwd_sweep_kernel)
+from ..kernels.delta.backward import (DQDK_BOTH, DQDK_DK, DQDK_DQ, chunk_delta_bwd_dqdk_kernel,
+                                      chunk_delta_bwd_scores_kernel, chunk_delta_bwd_sweep_kernel)
 from ..kernels.delta.prep import chunk_delta_prep_kernel
+from ..kernels.delta.sweep import chunk_delta_sweep_kernel
 from ..kernels.group_sum import group_sum_kernel
 from ..plan import delta as _plan
 from ..plan.delta import DeltaBackwardShape, DeltaShape
@@ -72,7 +74,7 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
     BT = CHUNK_SIZE
     varlen = cu_seqlens is not None
     N = cu_seqlens.shape[0] - 1 if varlen else B
-    shape = backward_shape.recompute or dataclasses.replace(shape, segments=1, phases=1)
+    shape = backward_shape.recompute or dataclasses.replace(shape, segments=1)
     rows = chunk_indices.shape[0] if varlen else B * triton.cdiv(T * M, BT)  # chunks of the expanded stream
     common = dict(initial_state=initial_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, scale=scale,
                   cu_seqlens=cu_seqlens, chunk_indices_dp=chunk_indices, chunk_offsets=chunk_offsets)
@@ -93,6 +95,7 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
              if s.kernel is chunk_delta_prep_kernel else
              dataclasses.replace(s, kwargs=dict(s.kwargs, OUTPUTS=False, TMA_STORE=False, STORE_U=True,
                                                 u_out=CallArg("u"), ks_out=CallArg("ks")))
+             if s.kernel is chunk_delta_sweep_kernel else s
              for s in forward.steps if not s.kwargs.get("REPLAY")]
     # Every chunk state a stage reads is written (a padding chunk's program reads none): no fill.
     per_row = (B, T * M, HV, V)
@@ -136,10 +139,10 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
     scores = Step(chunk_delta_bwd_scores_kernel, (chunks * HV,), dict(
         shared, v=arg("v"), ks=arg("ks"), dbeta=arg("dbeta"), BV=BVs),
         dict(num_warps=backward_shape.scores_warps or backward_shape.grads_warps))
-    dqdk = Step(chunk_delta_bwd_dqdk_kernel, (chunks * HV,), dict(
-        shared, states=arg("states"), dstates=arg("dstates"), dq=arg("dq"), dk=arg("dk"), n_cs_rows=rows),
-        dict(num_warps=backward_shape.grads_warps))
-    steps = [sweep, scores, dqdk]
+    dqdk = dict(shared, states=arg("states"), dstates=arg("dstates"), dq=arg("dq"), dk=arg("dk"), n_cs_rows=rows)
+    parts = (DQDK_DK, DQDK_DQ) if backward_shape.split_dqdk else (DQDK_BOTH,)
+    steps = [sweep, scores] + [Step(chunk_delta_bwd_dqdk_kernel, (chunks * HV,), dict(dqdk, PART=part),
+                                    dict(num_warps=backward_shape.grads_warps)) for part in parts]
     if gva:  # dq, dk per value head -> per q/k head, in q's and k's dtypes
         buffers.update(dq_sum=((B, T, H, K), q.dtype), dk_sum=((B, T * M, H, K), k.dtype))
         for name, rows_of in (("dq", B * T * H), ("dk", B * T * M * H)):
@@ -155,7 +158,9 @@ def _backward_call(q, k, v, g, beta, do, dht, *, num_householder, scale, initial
     launches of their signature (built on the signature's first call)."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     shape = shape or TEST_SHAPE
-    backward_shape = backward_shape or _plan.DELTA_BACKWARD_LAUNCH
+    if backward_shape is None:
+        pairs = (cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]) * v.shape[2]
+        backward_shape = _plan.delta_backward_shape(pairs, v.shape[3], q.device)
     # The stages index these as dense [B, T, heads, dim] (and dht as [N, HV, K, V]): any strided input is copied.
     q, k, v, do = (x.contiguous() for x in (q, k, v, do))
     g = None if g is None else g.contiguous()
@@ -241,7 +246,7 @@ def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, num_householder=1, scale=
     ``num_householder``). With ``cu_seqlens`` (token boundaries), ``chunk_indices`` and
     ``chunk_offsets`` of the expanded stream (``chunk_indices_dp`` and
     :func:`expanded_chunk_offsets`) are required. ``shape`` is the forward's launch shape,
-    ``backward_shape`` the stages' (None: the planner's, ``plan.delta.DELTA_BACKWARD_LAUNCH``).
+    ``backward_shape`` the stages' (None: the planner's, ``plan.delta.delta_backward_shape``).
     dq, dk and dv in the inputs' dtypes, dg, dbeta and dh0 float32; None where
     the input was None (g, beta, initial_state). No host synchronisation."""
     beta_given = beta is not None

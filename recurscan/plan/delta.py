@@ -116,17 +116,35 @@ class DeltaBackwardShape:
     grads_block_v: int | None = None  # the parallel stage's step over V (None: block_v)
     scores_warps: int | None = None  # the scores kernel's (None: grads_warps)
     scores_block_v: int | None = None  # the scores kernel's step over V (None: grads_block_v)
-    # The recompute's prep and sweep (the chunk states, U, lam o (K S)); None: the forward's shape
-    # in a single pass.
+    # The recompute's prep and sweep (the chunk states, U, lam o (K S)); None: the forward's shape,
+    # its phases kept, in one segment.
     recompute: DeltaShape | None = None
+    # dq and dk in two launches of their kernel (one [BT, K] accumulator a program) instead of one.
+    split_dqdk: bool = False
 
 
-DELTA_BACKWARD_LAUNCH = DeltaBackwardShape(
-    32, 8, 4, "the sweep: 32 value columns on 8 warps, dS^T in registers (benchmarks/sm90_resources.py "
-    "--backward). The parallel stage: 4 warps stepping 16 value columns, two programs an SM (255 registers "
-    "on 128 threads, 76 KB shared): forward + backward 1.70 / 3.85 / 3.31 ms at GDN B4 T4096, B1 T16384 "
-    "HV32, GDP M2 B4, against 1.96 / 4.36 / 3.88 on 8 warps over 32 columns, 1.91 / 4.28 / 3.79 on 4 warps "
-    "over 32 and 2.38 / 5.15 / 4.62 on 8 warps over 16 (2b617d8; docs/perf-history.md)", grads_block_v=16)
+# The parallel stage's rows share their shape: the scores kernel steps 64 value columns on 4 warps
+# (its loop reads four tiles and makes two products), the dq, dk kernel 16 on 4 warps.
+_STAGE = dict(grads_block_v=16, scores_warps=4, scores_block_v=64)
+
+#: The backward's launch shape: the first row whose condition holds on (sequence x value head
+#: pairs, V, SMs) decides. Measured in benchmarks/results/gpu_delta_train_*.json (docs/perf-history.md).
+DELTA_BACKWARD_LAUNCH: list[tuple[Callable[[int, int, int], bool], DeltaBackwardShape]] = [
+    (lambda pairs, v, sms: pairs * -(-v // 32) < sms,
+     DeltaBackwardShape(16, 4, 4, "fewer 32-column reverse-sweep programs than SMs: 16 columns on 4 warps double "
+                        "them (B1 T16384 HV32: the reverse sweep 0.72 against 0.77 ms at 32 columns on 8 warps)",
+                        **_STAGE)),
+    (lambda pairs, v, sms: True,
+     DeltaBackwardShape(32, 8, 4, "the reverse sweep: 32 value columns on 8 warps, dS^T in registers (64 columns on "
+                        "8 warps, one wave at B4 T4096: 0.39 against 0.37 ms)", **_STAGE)),
+]
+
+
+def delta_backward_shape(pairs: int, value_dim: int, device: torch.device) -> DeltaBackwardShape:
+    """The first row of :data:`DELTA_BACKWARD_LAUNCH` that holds for ``pairs`` (sequences x value
+    heads) independent reverse sweeps over V = ``value_dim`` columns on ``device``."""
+    sms = sm_count(device)
+    return next(shape for applies, shape in DELTA_BACKWARD_LAUNCH if applies(pairs, value_dim, sms))
 
 
 def triton_delta_unsupported(problem) -> str | None:

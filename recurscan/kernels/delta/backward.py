@@ -191,29 +191,47 @@ def chunk_delta_bwd_scores_kernel(
         tl.store(dg + tok * HV + i_hv, d_g, mask=m_r & (rows % M == 0))
 
 
+@triton.jit
+def _sds_term(lam, sds, o_t, BT: tl.constexpr):
+    """S . dS enters dlam at the chunk's last row, so every row's dg through lam's reverse
+    cumulative sum: lam[BT - 1] (S . dS) on every row."""
+    return tl.sum(tl.where(o_t == BT - 1, lam, 0.0), axis=0) * tl.sum(sds, axis=0)
+
+
+#: What a launch of :func:`chunk_delta_bwd_dqdk_kernel` computes (its PART).
+DQDK_BOTH, DQDK_DK, DQDK_DQ = 0, 1, 2
+
+
 @triton.jit(do_not_specialize=["T", "n_seq", "n_cs_rows"])
 def chunk_delta_bwd_dqdk_kernel(
     q, k, g, beta, do, u, dy, states, dstates, dq, dk, dg, bdyks, scratch,
     cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, scale, n_cs_rows,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, USE_L2NORM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DT: tl.constexpr, M: tl.constexpr = 1,
+    DOT_PRECISION: tl.constexpr, DT: tl.constexpr, M: tl.constexpr = 1, PART: tl.constexpr = 0,
 ):
     """The parallel stage, second half: the state side. Grid (chunks x HV,): per (chunk, value
     head), from S entering the chunk and dS leaving it, the V-sums
 
-        dO S^T,   (gam o U) dS^T - (lam beta o dY) S^T   [BT, K],   S . dS
+        dO S^T   [BT, K]                                          (dq)
+        (gam o U) dS^T - (lam beta o dY) S^T   [BT, K],  S . dS    (dk)
 
     then dq = (dscores o G) K + scale lam o dO S^T and dk = (dscores o G)^T Q + (dA o G) K +
     (dA o G)^T K + the second sum, with the [BT, BT] tiles and their transposes loaded from the
-    first half's scratch; the L2 norm's backward; dq and dk per value head. dg's state terms
-    finish what the first half wrote in ``dg``, from the sums' projections on the keys and queries:
+    first half's scratch; the L2 norm's backward; dq and dk per value head. dg's state terms are
+    added to what the first half wrote in ``dg``, from the sums' projections on the queries and keys:
 
         scale lam o dO . (Q S) = scale lam o rowsum(Q o dO S^T)
         gam o (K dS) . U       = rowsum(K o the second sum) + bdyks
 
-    the first entering dg through lam's reverse cumulative sum (with S . dS at the chunk's last
-    row), the second through gam's (G's last row: an exclusive cumulative sum)."""
+    the first through lam's reverse cumulative sum (with S . dS at the chunk's last row), the
+    second through gam's (G's last row: an exclusive cumulative sum).
+
+    PART (:data:`DQDK_BOTH`, :data:`DQDK_DK`, :data:`DQDK_DQ`): both gradients in one program, or
+    one of them, the other in a second launch after it (each program then holds one [BT, K]
+    accumulator instead of two, and reads S again)."""
+    DO_DQ: tl.constexpr = PART != 1
+    DO_DK: tl.constexpr = PART != 2
     i_c, i_hv, i_h = _chunk_head(H, HV)
     valid, bos, eos, r0, cs = _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT, IS_VARLEN, M)
     if not valid:
@@ -241,21 +259,23 @@ def chunk_delta_bwd_dqdk_kernel(
         m_rv = m_r[:, None] & m_v[None, :]
         m_kv = m_k[:, None] & m_v[None, :] & cs_ok
         p_rv = (rows * HV + i_hv)[:, None] * V + o_v[None, :]
-        b_do = tl.load(do + (tok * HV + i_hv)[:, None] * V + o_v[None, :], mask=m_q[:, None] & m_v[None, :],
-                       other=0.0)
-        b_U = tl.load(u + p_rv, mask=m_rv, other=0.0).to(tl.float32)
-        b_dY = tl.load(dy + p_rv, mask=m_rv, other=0.0).to(tl.float32)
         o_kv = o_k[:, None] * V + o_v[None, :]
         b_S = tl.load(p_s + o_kv, mask=m_kv, other=0.0)
-        b_dS = tl.load(p_ds + o_kv, mask=m_kv, other=0.0)
-        sds += tl.sum(b_S.to(tl.float32) * b_dS.to(tl.float32), axis=1)
         b_St = tl.trans(b_S.to(DT))
-        b_dOS = tl.dot(b_do.to(DT), b_St, b_dOS, input_precision=DOT_PRECISION)
-        b_dkS = tl.dot((gam[:, None] * b_U).to(DT), tl.trans(b_dS.to(DT)), b_dkS, input_precision=DOT_PRECISION)
-        b_dkS = tl.dot((-(lam * b_beta)[:, None] * b_dY).to(DT), b_St, b_dkS, input_precision=DOT_PRECISION)
+        if DO_DQ:
+            b_do = tl.load(do + (tok * HV + i_hv)[:, None] * V + o_v[None, :], mask=m_q[:, None] & m_v[None, :],
+                           other=0.0)
+            b_dOS = tl.dot(b_do.to(DT), b_St, b_dOS, input_precision=DOT_PRECISION)
+        if DO_DK:
+            b_U = tl.load(u + p_rv, mask=m_rv, other=0.0).to(tl.float32)
+            b_dY = tl.load(dy + p_rv, mask=m_rv, other=0.0).to(tl.float32)
+            b_dS = tl.load(p_ds + o_kv, mask=m_kv, other=0.0)
+            sds += tl.sum(b_S.to(tl.float32) * b_dS.to(tl.float32), axis=1)
+            b_dkS = tl.dot((gam[:, None] * b_U).to(DT), tl.trans(b_dS.to(DT)), b_dkS, input_precision=DOT_PRECISION)
+            b_dkS = tl.dot((-(lam * b_beta)[:, None] * b_dY).to(DT), b_St, b_dkS, input_precision=DOT_PRECISION)
 
     # The epilogue keeps q and k raw (16-bit) and forms their normalised float32 rows where used:
-    # the two [BT, K] accumulators already take half the registers.
+    # the [BT, K] accumulators already take half the registers.
     b_kr = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0)
     b_qr = tl.load(q + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=m_qk, other=0.0)
     if USE_L2NORM:
@@ -265,31 +285,36 @@ def chunk_delta_bwd_dqdk_kernel(
         rk = tl.full([BT], 1.0, tl.float32)
         rq = tl.full([BT], 1.0, tl.float32)
     b_kd = (b_kr.to(tl.float32) * rk[:, None]).to(DT)
-    b_qd = (b_qr.to(tl.float32) * rq[:, None]).to(DT)
     if HAS_G:
-        gkdsu = tl.sum(b_kr.to(tl.float32) * rk[:, None] * b_dkS, axis=1) + \
-            tl.load(bdyks + rows * HV + i_hv, mask=m_r, other=0.0)
-        dlam = scale * lam * tl.sum(b_qr.to(tl.float32) * rq[:, None] * b_dOS, axis=1)
-        dlam += tl.where(o_t == BT - 1, lam * tl.sum(sds, axis=0), 0.0)
+        d_g = tl.zeros([BT], dtype=tl.float32)
+        if DO_DK:
+            gkdsu = tl.sum(b_kr.to(tl.float32) * rk[:, None] * b_dkS, axis=1) + \
+                tl.load(bdyks + rows * HV + i_hv, mask=m_r, other=0.0)
+            d_g += (tl.cumsum(gkdsu, axis=0) - gkdsu) + _sds_term(lam, sds, o_t, BT)
+        if DO_DQ:
+            d_g += tl.cumsum(scale * lam * tl.sum(b_qr.to(tl.float32) * rq[:, None] * b_dOS, axis=1), axis=0,
+                             reverse=True)
         m_g = m_r & (rows % M == 0)  # g sits on each token's first copy
         p_dg = dg + tok * HV + i_hv
-        d_g = tl.load(p_dg, mask=m_g, other=0.0) + (tl.cumsum(gkdsu, axis=0) - gkdsu) + \
-            tl.cumsum(dlam, axis=0, reverse=True)
-        tl.store(p_dg, d_g, mask=m_g)
+        tl.store(p_dg, tl.load(p_dg, mask=m_g, other=0.0) + d_g, mask=m_g)
     p_scr = scratch + (i_c * HV + i_hv) * 2 * BT * BT
-    b_dk = tl.dot(tl.load(p_scr + BT * BT + o_t[:, None] * BT + o_t[None, :]).to(DT), b_kd, b_dkS,
-                  input_precision=DOT_PRECISION)  # (dA o G) K
-    b_dk = tl.dot(tl.load(p_scr + BT * BT + o_t[None, :] * BT + o_t[:, None]).to(DT), b_kd, b_dk,
-                  input_precision=DOT_PRECISION)  # (dA o G)^T K
-    b_dk = tl.dot(tl.load(p_scr + o_t[None, :] * BT + o_t[:, None]).to(DT), b_qd, b_dk,
-                  input_precision=DOT_PRECISION)  # (dscores o G)^T Q
-    if USE_L2NORM:  # y = x r: dx = r (dy - y (y . dy))
-        b_k = b_kr.to(tl.float32) * rk[:, None]
-        b_dk = rk[:, None] * (b_dk - b_k * tl.sum(b_k * b_dk, axis=1)[:, None])
-    tl.store(dk + (rows * HV + i_hv)[:, None] * K + o_k[None, :], b_dk, mask=m_rk)
-    b_dq = tl.dot(tl.load(p_scr + o_t[:, None] * BT + o_t[None, :]).to(DT), b_kd,
-                  input_precision=DOT_PRECISION) + scale * lam[:, None] * b_dOS  # (dscores o G) K + ...
-    if USE_L2NORM:
-        b_q = b_qr.to(tl.float32) * rq[:, None]
-        b_dq = rq[:, None] * (b_dq - b_q * tl.sum(b_q * b_dq, axis=1)[:, None])
-    tl.store(dq + (tok * HV + i_hv)[:, None] * K + o_k[None, :], b_dq, mask=m_qk)
+    if DO_DK:
+        b_qd = (b_qr.to(tl.float32) * rq[:, None]).to(DT)
+        b_dk = tl.dot(tl.load(p_scr + BT * BT + o_t[:, None] * BT + o_t[None, :]).to(DT), b_kd, b_dkS,
+                      input_precision=DOT_PRECISION)  # (dA o G) K
+        b_dk = tl.dot(tl.load(p_scr + BT * BT + o_t[None, :] * BT + o_t[:, None]).to(DT), b_kd, b_dk,
+                      input_precision=DOT_PRECISION)  # (dA o G)^T K
+        b_dk = tl.dot(tl.load(p_scr + o_t[None, :] * BT + o_t[:, None]).to(DT), b_qd, b_dk,
+                      input_precision=DOT_PRECISION)  # (dscores o G)^T Q
+        if USE_L2NORM:  # y = x r: dx = r (dy - y (y . dy))
+            b_k = b_kr.to(tl.float32) * rk[:, None]
+            b_dk = rk[:, None] * (b_dk - b_k * tl.sum(b_k * b_dk, axis=1)[:, None])
+        tl.store(dk + (rows * HV + i_hv)[:, None] * K + o_k[None, :], b_dk, mask=m_rk)
+    if DO_DQ:
+        b_dq = tl.dot(tl.load(p_scr + o_t[:, None] * BT + o_t[None, :]).to(DT), b_kd,
+                      input_precision=DOT_PRECISION) + scale * lam[:, None] * b_dOS  # (dscores o G) K + ...
+        if USE_L2NORM:
+            b_q = b_qr.to(tl.float32) * rq[:, None]
+            b_dq = rq[:, None] * (b_dq - b_q * tl.sum(b_q * b_dq, axis=1)[:, None])
+        tl.store(dq + (tok * HV + i_hv)[:, None] * K + o_k[None, :], b_dq, mask=m_qk)
+
