@@ -157,6 +157,48 @@ def test_expanded_chunk_offsets_on_the_device_equal_the_host_descriptors(M):
     assert torch.equal(expanded_chunk_offsets(cu, M).cpu(), want.cpu())
 
 
+@pytest.mark.parametrize("M, cu", [(1, None), (1, [0, 1, 70, 130]), (2, [0, 1, 40, 70])],
+                         ids=["GDN dense", "GDN varlen", "GDP varlen"])
+def test_the_prep_kept_by_the_forward_gives_the_recomputed_bits(monkeypatch, M, cu):
+    """Through autograd, the forward keeping its prep's outputs for the backward (the planner's
+    keep_prep_for_backward, forced either way here): the same gradients, bit for bit, with the
+    recompute's prep launched only where nothing was kept, and the kept tensors saved beside the
+    inputs."""
+    import recurscan
+    import recurscan.plan.delta as plan_delta
+    from recurscan.kernels.delta.prep import chunk_delta_prep_kernel
+    from recurscan.launch.delta_backward import BACKWARD_LAUNCHES
+    from recurscan.runtime.cache import clear_caches
+    from tests.helpers.inputs import gdp_inputs
+    T = 130 if cu is None else cu[-1]
+    x = [t.float().to(DEVICE) for t in (gdn_inputs(2 if cu is None else 1, T, 1, 2, 16, 16, seed=5)[:5] if M == 1
+                                        else gdp_inputs(T, M, 1, 2, 16, 16, seed=5)[:5])]
+    kw = dict(use_qk_l2norm_in_kernel=True, backend="triton")
+    if cu is not None:
+        d = build_chunk_descriptors(torch.tensor(cu), M, device=DEVICE)
+        kw.update(cu_seqlens=torch.tensor(cu, device=DEVICE), chunk_indices=d.chunk_indices,
+                  chunk_offsets=d.chunk_offsets, **({"chunk_indices_dp": d.chunk_indices_dp} if M > 1 else {}))
+    grads, saved = {}, {}
+    for keep in (False, True):
+        clear_caches()  # the signature's launches, planned the other way
+        monkeypatch.setattr(plan_delta, "keep_prep_for_backward", lambda problem: keep)
+        leaves = [t.clone().requires_grad_() for t in x]
+        count = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: count.append(t) or t, lambda t: t):
+            if M == 1:
+                o, _ = recurscan.chunk_gated_delta_rule(*leaves, **kw)
+            else:
+                o, _ = recurscan.chunk_gated_delta_product_varlen(*leaves, M, **kw)
+        saved[keep] = len(count)
+        grads[keep] = torch.autograd.grad(o, leaves, torch.ones_like(o))
+        (launches,) = BACKWARD_LAUNCHES.values()
+        preps = [s for s in launches.forward.steps if s.kernel is chunk_delta_prep_kernel]
+        assert bool(preps) != keep
+    assert saved[True] == saved[False] + (4 if cu is None else 5)  # wy, G o Tinv, aqk, coef[, sequence order]
+    for name, a, b in zip(NAMES, grads[False], grads[True]):
+        assert torch.equal(a, b), name
+
+
 def test_gdp_training_with_descriptors_builds_none(monkeypatch):
     """Gated Delta Product through autograd with the forward's descriptors: the backward takes the
     expanded stream's from them (no host read of cu_seqlens), and its gradients are the reference's."""

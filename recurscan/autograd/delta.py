@@ -3,8 +3,10 @@ Triton kernels and whose backward is the Triton backward stages
 (:mod:`recurscan.launch.delta_backward`; GDP on its expanded stream), checked against the
 written-out chunkwise backward (:mod:`recurscan.reference.delta_backward`).
 
-Saved for the backward: the inputs (q, k, v, g, beta, initial_state) only. The states entering the
-chunks are recomputed there from the initial state, not kept from the forward.
+Saved for the backward: the inputs (q, k, v, g, beta, initial_state), and where the planner keeps
+them (``plan.delta.keep_prep_for_backward``), the prep's outputs (wy, G o Tinv, aqk, coef), which
+spare the backward's recompute its prep. The states entering the chunks are recomputed there from
+the initial state, not kept from the forward.
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ from ..launch.delta_backward import chunk_delta_bwd, chunk_delta_product_bwd, co
 class ChunkDelta(torch.autograd.Function):
     """``apply(q, k, v, g, beta, initial_state, forward, options) -> (o, final_state)``.
 
-    ``forward()``: the no-grad forward (the Triton launches), returning ``(o, final_state)``;
+    ``forward()``: the no-grad forward (the Triton launches), returning ``(o, final_state, *prep)``
+    (``prep``: the prep's outputs when ``options["keep_prep"]``, else nothing);
     ``options``: num_householder, scale, use_qk_l2norm_in_kernel, cu_seqlens, and for the Triton
     backward the launch shape and the varlen descriptors (chunk_indices, chunk_indices_dp,
     chunk_offsets); ``signature``: the forward call's signature (None: not kept), on whose first
@@ -26,23 +29,24 @@ class ChunkDelta(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, initial_state, forward, options):
         with torch.no_grad():
-            o, final = forward()
+            o, final, *prep = forward()
             opt = options
             compile_backward_early(
                 opt["signature"], q, k, v, g, beta, o, final, num_householder=opt["num_householder"],
                 scale=opt["scale"], initial_state=initial_state, use_qk_l2norm_in_kernel=opt["use_qk_l2norm_in_kernel"],
                 cu_seqlens=opt["cu_seqlens"], shape=opt["shape"], chunk_offsets=opt["chunk_offsets"],
-                chunk_indices=opt["chunk_indices_dp" if opt["num_householder"] > 1 else "chunk_indices"])
-        ctx.save_for_backward(q, k, v, g, beta, initial_state)
+                chunk_indices=opt["chunk_indices_dp" if opt["num_householder"] > 1 else "chunk_indices"],
+                prep_kept=bool(prep))
+        ctx.save_for_backward(q, k, v, g, beta, initial_state, *prep)
         ctx.options = options
         return o, final
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, beta, h0 = ctx.saved_tensors
+        q, k, v, g, beta, h0, *prep = ctx.saved_tensors
         opt = ctx.options
         common = dict(scale=opt["scale"], initial_state=h0, use_qk_l2norm_in_kernel=opt["use_qk_l2norm_in_kernel"],
-                      cu_seqlens=opt["cu_seqlens"])
+                      cu_seqlens=opt["cu_seqlens"], prep=tuple(prep) or None)
         if opt["num_householder"] > 1:
             grads = chunk_delta_product_bwd(q, k, v, g, beta, opt["num_householder"], do, dht, shape=opt["shape"],
                                             chunk_indices_dp=opt["chunk_indices_dp"], **common)

@@ -76,6 +76,14 @@ INPUT_NAMES = DeltaInputs._fields
 BUFFER_NAMES = ("o", "final", "chunk_states", "beta_ones", "wy", "aqk", "coef", "seg_n", "seg_m",
                 "sequence_order", "replay_flags", "winv", "u", "ks")
 CALL_NAMES = INPUT_NAMES + BUFFER_NAMES
+#: The prep's outputs, which a forward under autograd may keep for the backward (``keep_prep``).
+PREP_NAMES = ("wy", "winv", "aqk", "coef")
+
+
+def kept_prep_names(ranked: bool) -> tuple:
+    """The buffers a kept prep hands the backward: :data:`PREP_NAMES`, and for a varlen batch
+    (``ranked``) the sweep's order of sequences, which the prep writes too."""
+    return PREP_NAMES + (("sequence_order",) if ranked else ())
 
 
 @dataclass
@@ -116,12 +124,15 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
                          initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False,
                          cu_seqlens=None, chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None,
                          state=None, state_indices=None, return_chunk_states=False,
-                         chunk_states_dtype=torch.float32, expanded_chunk_states=False) -> DeltaLaunches:
+                         chunk_states_dtype=torch.float32, expanded_chunk_states=False,
+                         keep_prep=False) -> DeltaLaunches:
     """The launches of one call signature, in the launch ``shape`` the planner chose (the tensors'
     shapes and strides are read, never kept); arguments as :func:`chunk_delta_fwd`.
     ``chunk_states_dtype``: the backward keeps the chunk states in the inputs' dtype, which is the
     product operand the sweep took them as. ``expanded_chunk_states``: a state at every chunk of the
-    expanded stream (rows from ``chunk_offsets`` of the expanded stream; GDP's backward)."""
+    expanded stream (rows from ``chunk_offsets`` of the expanded stream; GDP's backward).
+    ``keep_prep``: the prep also writes G o Tinv, and the call returns the prep's outputs
+    (:data:`PREP_NAMES`) after its own, for the backward (a forward under autograd)."""
     check_shape(shape)
     M = num_householder
     block_v, num_warps, num_stages, prep_warps = shape.block_v, shape.num_warps, shape.num_stages, shape.prep_warps
@@ -182,21 +193,23 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     NTe = triton.cdiv(T * M, BT)  # expanded chunks of a dense sequence
     prep = dict(
         q=arg("q"), k=arg("k"), g=arg("g", g is not None), beta=beta_arg, wy=arg("wy"), aqk=arg("aqk"),
-        coef=arg("coef"), winv=arg("winv", False),
+        coef=arg("coef"), winv=arg("winv", keep_prep),
         cu_seqlens=arg("cu_seqlens", varlen), chunk_indices=arg("chunk_indices_dp", varlen),
         sequence_order=arg("sequence_order", varlen and N > 0), scale=scale, T=T, n_seq=N if varlen else 0,
         chunk_lo=0, chunk_span=0 if varlen else NTe,
         H=H, HV=HV, K=K, M=M, BT=BT, BK=BK,
         USE_L2NORM=use_qk_l2norm_in_kernel, IS_VARLEN=varlen, HAS_G=g is not None,
         INV_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DT=dt, INV_FP16=q.dtype != torch.float32,
-        wait_primary=0, PDL=not INTERPRET, STORE_INV=False)
+        wait_primary=0, PDL=not INTERPRET, STORE_INV=keep_prep)
     phased = phases > 1 and not varlen and segments <= 1 and T > 0
     # A register cap (compile option) sets how many prep programs share a multiprocessor.
     prep_options = dict(num_warps=prep_warps, **({} if prep_maxnreg is None else {"maxnreg": prep_maxnreg}))
     if n_prep > 0 and not phased:
         steps.append(Step(chunk_delta_prep_kernel, (n_prep * HV,), prep, prep_options))
     outputs = ("o", "state" if use_cache else ("final" if store_final else None)) + \
-        (("chunk_states",) if return_chunk_states else ())
+        (("chunk_states",) if return_chunk_states else ()) + (kept_prep_names(varlen and N > 0) if keep_prep else ())
+    if keep_prep:
+        buffers["winv"] = buffers["wy"]
     NV = triton.cdiv(V, BV)
     P, seg_chunks = 1, 0
     if segments > 1 and not varlen and T > 0:
@@ -304,15 +317,19 @@ def phase_bounds(n_chunks: int, phases: int, ratio: float | None = None) -> list
     return bounds
 
 
-def run_delta_launches(launches: DeltaLaunches, inputs: "DeltaInputs") -> tuple:
+def run_delta_launches(launches: DeltaLaunches, inputs: "DeltaInputs", given: dict | None = None) -> tuple:
     """Allocate the buffers and launch the steps on ``inputs`` (tensors or None, in the order of
-    :class:`DeltaInputs`; they must have the signature the launches were built for). The first run
-    launches through Triton's JIT; later ones launch the compiled kernels directly."""
+    :class:`DeltaInputs`; they must have the signature the launches were built for). ``given``:
+    buffers by name that a caller already holds (the backward's recompute takes the prep's outputs
+    the forward kept), used instead of new ones. The first run launches through Triton's JIT; later
+    ones launch the compiled kernels directly."""
     q, k, v, g, beta = inputs[:5]
     inputs = (q.contiguous(), k.contiguous(), v.contiguous(), g if g is None else g.contiguous(),
               beta if beta is None else beta.contiguous()) + tuple(inputs[5:])
-    made = {}
+    made = dict(given or {})
     for name, (shape, dtype, fill) in launches.buffers.items():
+        if name in made:
+            continue
         made[name] = _empty(*shape, dtype=dtype, device=launches.device) if fill is None else \
             torch.full(shape, fill, dtype=dtype, device=launches.device)
     values = inputs + tuple(made.get(n) for n in BUFFER_NAMES)

@@ -33,8 +33,8 @@ from ..plan import delta as _plan
 from ..plan.delta import DeltaBackwardShape, DeltaShape
 from ..runtime.cache import SignatureCache, launch_key
 from ..runtime.launcher import CallArg, compile_in_background, jit_launch
-from .delta import (BUFFER_NAMES, CALL_NAMES, INTERPRET, TEST_SHAPE, DeltaInputs, DeltaLaunches, Step, _empty,
-                    build_delta_launches, run_delta_launches)
+from .delta import (BUFFER_NAMES, CALL_NAMES, INTERPRET, PREP_NAMES, TEST_SHAPE, DeltaInputs, DeltaLaunches, Step,
+                    _empty, build_delta_launches, kept_prep_names, run_delta_launches)
 
 #: The per-call tensors of the two backward stages, by name (their launches' CallArgs).
 NAMES = ("q", "k", "v", "g", "beta", "do", "dht", "cu_seqlens", "chunk_indices", "chunk_offsets",
@@ -66,8 +66,10 @@ class DeltaBackwardLaunches:
 
 def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use_qk_l2norm_in_kernel,
                          cu_seqlens, chunk_indices, chunk_offsets, shape: DeltaShape,
-                         backward_shape: DeltaBackwardShape, num_householder: int = 1) -> DeltaBackwardLaunches:
-    """What :func:`chunk_delta_bwd` launches for these tensors' signature (none is kept)."""
+                         backward_shape: DeltaBackwardShape, num_householder: int = 1,
+                         prep_kept: bool = False) -> DeltaBackwardLaunches:
+    """What :func:`chunk_delta_bwd` launches for these tensors' signature (none is kept).
+    ``prep_kept``: the forward kept its prep's outputs, so the recompute runs its sweep alone."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     M = num_householder
@@ -96,7 +98,8 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
              dataclasses.replace(s, kwargs=dict(s.kwargs, OUTPUTS=False, TMA_STORE=False, STORE_U=True,
                                                 u_out=CallArg("u"), ks_out=CallArg("ks")))
              if s.kernel is chunk_delta_sweep_kernel else s
-             for s in forward.steps if not s.kwargs.get("REPLAY")]
+             for s in forward.steps if not s.kwargs.get("REPLAY")
+             and not (prep_kept and s.kernel is chunk_delta_prep_kernel)]
     # Every chunk state a stage reads is written (a padding chunk's program reads none): no fill.
     per_row = (B, T * M, HV, V)
     forward = dataclasses.replace(forward, steps=steps, buffers=dict(
@@ -153,7 +156,7 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
 
 
 def _backward_call(q, k, v, g, beta, do, dht, *, num_householder, scale, initial_state, use_qk_l2norm_in_kernel,
-                   cu_seqlens, chunk_indices, chunk_offsets, shape, backward_shape):
+                   cu_seqlens, chunk_indices, chunk_offsets, shape, backward_shape, prep_kept):
     """The tensors as the stages index them (dense; beta of ones where None), the scale, and the
     launches of their signature (built on the signature's first call)."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
@@ -167,13 +170,14 @@ def _backward_call(q, k, v, g, beta, do, dht, *, num_householder, scale, initial
     beta = torch.ones(v.shape[:3], dtype=q.dtype, device=q.device) if beta is None else beta.contiguous()
     dht = None if dht is None else dht.float().contiguous()
     tensors = (q, k, v, g, beta, do, dht, initial_state, cu_seqlens, chunk_indices, chunk_offsets)
-    key = (launch_key(tensors), num_householder, scale, use_qk_l2norm_in_kernel, shape, backward_shape)
+    key = (launch_key(tensors), num_householder, scale, use_qk_l2norm_in_kernel, shape, backward_shape, prep_kept)
     launches = BACKWARD_LAUNCHES.get(key)
     if launches is None:
         launches = BACKWARD_LAUNCHES.put(key, build_delta_backward(
             q, k, v, g, beta, do, dht, scale=scale, initial_state=initial_state,
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
-            chunk_offsets=chunk_offsets, shape=shape, backward_shape=backward_shape, num_householder=num_householder))
+            chunk_offsets=chunk_offsets, shape=shape, backward_shape=backward_shape, num_householder=num_householder,
+            prep_kept=prep_kept))
     given = dict(q=q, k=k, v=v, g=g, beta=beta, do=do, dht=dht, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
                  chunk_offsets=chunk_offsets)
     return launches, given
@@ -207,7 +211,7 @@ EARLY_SIGNATURES: set = set()
 def compile_backward_early(signature, q, k, v, g, beta, o, final, *, num_householder=1, scale=None,
                            initial_state=None, use_qk_l2norm_in_kernel=False, cu_seqlens=None, chunk_indices=None,
                            chunk_offsets=None, shape: DeltaShape | None = None,
-                           backward_shape: DeltaBackwardShape | None = None):
+                           backward_shape: DeltaBackwardShape | None = None, prep_kept: bool = False):
     """Called by a forward under autograd with its outputs ``o`` and ``final`` (the backward's
     dO and dht have their signatures): on the first call of the forward's ``signature`` (a
     hashable key; None: nothing is done), build the backward's launches and start compiling
@@ -224,7 +228,7 @@ def compile_backward_early(signature, q, k, v, g, beta, o, final, *, num_househo
                                      scale=scale, initial_state=initial_state,
                                      use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
                                      chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, shape=shape,
-                                     backward_shape=backward_shape)
+                                     backward_shape=backward_shape, prep_kept=prep_kept)
     if launches.compiled or launches.pending is not None:
         return
     recompute = launches.forward
@@ -239,7 +243,8 @@ def compile_backward_early(signature, q, k, v, g, beta, o, final, *, num_househo
 
 def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, num_householder=1, scale=None, initial_state=None,
                     use_qk_l2norm_in_kernel=False, cu_seqlens=None, chunk_indices=None, chunk_offsets=None,
-                    shape: DeltaShape | None = None, backward_shape: DeltaBackwardShape | None = None):
+                    shape: DeltaShape | None = None, backward_shape: DeltaBackwardShape | None = None,
+                    prep: tuple | None = None):
     """Gradients ``(dq, dk, dv, dg, dbeta, dh0)`` of ``chunk_delta_fwd``'s ``(o, final_state)``
     given ``do [B, T, HV, V]`` and ``dht [N, HV, K, V]`` (None: zeros). Shapes as the forward's:
     q, g and do on the token stream, k, v and beta on the expanded one (``T * M`` rows, M =
@@ -248,12 +253,15 @@ def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, num_householder=1, scale=
     :func:`expanded_chunk_offsets`) are required. ``shape`` is the forward's launch shape,
     ``backward_shape`` the stages' (None: the planner's, ``plan.delta.delta_backward_shape``).
     dq, dk and dv in the inputs' dtypes, dg, dbeta and dh0 float32; None where
-    the input was None (g, beta, initial_state). No host synchronisation."""
+    the input was None (g, beta, initial_state). ``prep``: the forward's prep outputs ``(wy, winv,
+    aqk, coef[, sequence_order])`` (``build_delta_launches(..., keep_prep=True)``, the last one
+    varlen), which the recompute then takes instead of running its prep; None: it runs it. No host
+    synchronisation."""
     beta_given = beta is not None
     launches, given = _backward_call(q, k, v, g, beta, do, dht, num_householder=num_householder, scale=scale,
                                      initial_state=initial_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                                      cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
-                                     shape=shape, backward_shape=backward_shape)
+                                     shape=shape, backward_shape=backward_shape, prep_kept=prep is not None)
     q = given["q"]
     inputs = DeltaInputs(q, given["k"], given["v"], given["g"], given["beta"], initial_state, None, None, cu_seqlens,
                          chunk_indices, chunk_offsets)
@@ -264,7 +272,8 @@ def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, num_householder=1, scale=
         launches.pending = None
     elif not launches.compiled and not INTERPRET:  # the stages compile beside the recompute's kernels
         wait = _compile_stages(launches, given, made, q.device)
-    states, winv, aqk, coef, u, ks = run_delta_launches(launches.forward, inputs)
+    kept = None if prep is None else dict(zip(kept_prep_names(len(prep) > len(PREP_NAMES)), prep))
+    states, winv, aqk, coef, u, ks = run_delta_launches(launches.forward, inputs, given=kept)
     given.update(winv=winv, aqk=aqk, coef=coef, states=states, u=u, ks=ks)
     values = tuple(given[n] if n in given else made.get(n) for n in NAMES)
     wait()
@@ -288,7 +297,8 @@ def expanded_chunk_offsets(cu_seqlens: torch.Tensor, num_householder: int) -> to
 
 def chunk_delta_product_bwd(q, k, v, g, beta, num_householder, do, dht=None, *, scale=None, initial_state=None,
                             use_qk_l2norm_in_kernel=False, cu_seqlens=None, chunk_indices_dp=None,
-                            shape: DeltaShape | None = None, backward_shape: DeltaBackwardShape | None = None):
+                            shape: DeltaShape | None = None, backward_shape: DeltaBackwardShape | None = None,
+                            prep: tuple | None = None):
     """Gated Delta Product's gradients: the stages run on the expanded stream (each token's M
     Householder copies), reading q and dO on each token's last copy and g on its first, and write
     dq and dg on the token stream. Shapes as ``chunk_gated_delta_product_varlen``'s;
@@ -303,4 +313,4 @@ def chunk_delta_product_bwd(q, k, v, g, beta, num_householder, do, dht=None, *, 
         desc = dict(chunk_indices=chunk_indices_dp, chunk_offsets=expanded_chunk_offsets(cu_seqlens, M))
     return chunk_delta_bwd(q, k, v, g, beta, do, dht, num_householder=M, scale=scale, initial_state=initial_state,
                            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, shape=shape,
-                           backward_shape=backward_shape, **desc)
+                           backward_shape=backward_shape, prep=prep, **desc)

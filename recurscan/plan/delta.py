@@ -9,6 +9,7 @@ from typing import Callable
 
 import torch
 
+from ..descriptors import CHUNK_SIZE
 from .device import sm_count
 
 
@@ -117,26 +118,33 @@ class DeltaBackwardShape:
     scores_warps: int | None = None  # the scores kernel's (None: grads_warps)
     scores_block_v: int | None = None  # the scores kernel's step over V (None: grads_block_v)
     # The recompute's prep and sweep (the chunk states, U, lam o (K S)); None: the forward's shape,
-    # its phases kept, in one segment.
+    # its phases kept, in one segment (B1 T16384 HV32, whose forward runs in 6 phases: 3.66 against
+    # 3.75 ms in one pass; BV 32 in one pass or in phases, 3.90; gpu_delta_train_variants_3650ad7_*.json).
     recompute: DeltaShape | None = None
     # dq and dk in two launches of their kernel (one [BT, K] accumulator a program) instead of one.
     split_dqdk: bool = False
 
 
 # The parallel stage's rows share their shape: the scores kernel steps 64 value columns on 4 warps
-# (its loop reads four tiles and makes two products), the dq, dk kernel 16 on 4 warps.
-_STAGE = dict(grads_block_v=16, scores_warps=4, scores_block_v=64)
+# (its loop reads four tiles and makes two products: 0.236 against 0.244 ms at 16 columns, B4
+# T4096), and dq, dk run as two launches of their kernel, 16 columns on 4 warps, one [BT, K]
+# accumulator a program (no spills; fused, two accumulators spill 744 B a thread): forward +
+# backward 1.59 / 3.53 / 3.04 ms against 1.61 / 3.72 / 3.10 fused at GDN B4 T4096, B1 T16384 HV32,
+# GDP M2 B4 (gpu_delta_train_2e9b1fa_*.json). The split costs the first call 2.5 s more compile
+# (12.4 against 9.9 s at B4: gpu_delta_train_cold_2e9b1fa_split.json).
+_STAGE = dict(grads_block_v=16, scores_warps=4, scores_block_v=64, split_dqdk=True)
 
 #: The backward's launch shape: the first row whose condition holds on (sequence x value head
 #: pairs, V, SMs) decides. Measured in benchmarks/results/gpu_delta_train_*.json (docs/perf-history.md).
 DELTA_BACKWARD_LAUNCH: list[tuple[Callable[[int, int, int], bool], DeltaBackwardShape]] = [
     (lambda pairs, v, sms: pairs * -(-v // 32) < sms,
      DeltaBackwardShape(16, 4, 4, "fewer 32-column reverse-sweep programs than SMs: 16 columns on 4 warps double "
-                        "them (B1 T16384 HV32: the reverse sweep 0.72 against 0.77 ms at 32 columns on 8 warps)",
-                        **_STAGE)),
+                        "them (B1 T16384 HV32: the reverse sweep 0.71 against 0.77 ms at 32 columns on 8 warps, "
+                        "gpu_delta_train_shapes_357d748.json, gpu_delta_train_2e9b1fa_b1.json)", **_STAGE)),
     (lambda pairs, v, sms: True,
-     DeltaBackwardShape(32, 8, 4, "the reverse sweep: 32 value columns on 8 warps, dS^T in registers (64 columns on "
-                        "8 warps, one wave at B4 T4096: 0.39 against 0.37 ms)", **_STAGE)),
+     DeltaBackwardShape(32, 8, 4, "the reverse sweep: 32 value columns on 8 warps, dS^T in registers (B4 T4096: "
+                        "0.37 ms; 64 columns on 8 warps, one wave, 0.40; 16 on 4, 0.37; 32 on 4, 0.55: "
+                        "gpu_delta_train_shapes_357d748.json)", **_STAGE)),
 ]
 
 
@@ -145,6 +153,21 @@ def delta_backward_shape(pairs: int, value_dim: int, device: torch.device) -> De
     heads) independent reverse sweeps over V = ``value_dim`` columns on ``device``."""
     sms = sm_count(device)
     return next(shape for applies, shape in DELTA_BACKWARD_LAUNCH if applies(pairs, value_dim, sms))
+
+
+def keep_prep_for_backward(problem) -> bool:
+    """Whether a forward under autograd keeps its prep's outputs for the backward, which then skips
+    the recompute's prep: when they take at most the bytes of q, k and v, so that what the backward
+    keeps stays within twice the inputs (issue 19's bound). Per expanded row and value head they are
+    wy, G o Tinv and aqk (64 elements each, in the inputs' dtype) and coef (4 float32): 0.52x q, k, v
+    at K = V = 128, H = HV (GDN B4 T4096: the prep is 0.14 of 1.59 ms); 1.04x at K = V = 64, kept no
+    more."""
+    size = problem.dtype.itemsize
+    rows = problem.batch * problem.tokens * problem.householder
+    prep = rows * problem.value_heads * (3 * CHUNK_SIZE * size + 4 * 4)
+    qkv = problem.batch * problem.tokens * size * (problem.heads * problem.key_dim * (1 + problem.householder)
+                                                   + problem.householder * problem.value_heads * problem.value_dim)
+    return prep <= qkv
 
 
 def triton_delta_unsupported(problem) -> str | None:

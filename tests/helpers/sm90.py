@@ -24,7 +24,7 @@ PLANNED_FORWARD = DeltaShape(64, 4, 3, 4, "tests: a planner row (BV 64, 4 warps,
 SHAPES = {
     **{f"planned row {i}": shape for i, (_, shape) in enumerate(DELTA_BACKWARD_LAUNCH)},
     "4 warps": DeltaBackwardShape(32, 8, 4, "tests: the parallel stage on 4 warps"),
-    "dq, dk split": DeltaBackwardShape(32, 8, 4, "tests: dq and dk in two launches", split_dqdk=True),
+    "dq, dk fused": DeltaBackwardShape(32, 8, 4, "tests: dq and dk in one launch", grads_block_v=16),
 }
 CASES = {"GDN dense, H = HV": (1, None), "GDN varlen, GVA": (1, [0, 1, 300, 1000]),
          "GDP M 2 varlen": (2, [0, 1, 300, 1000])}
