@@ -1,9 +1,10 @@
 """The launches of the chunked delta rule's backward, kernels/delta/backward.py (GDN, and GDP on its
 expanded stream, :func:`chunk_delta_product_bwd`):
 
-1. the forward again for the states entering every chunk alone (its chunk states, in the inputs'
-   dtype; no outputs);
-2. in it, the prep with STORE_INV, which writes ``G o Tinv`` beside wy (``aqk``, ``coef`` kept);
+1. the forward's sweep again for the states entering every chunk (its chunk states, in the
+   inputs' dtype), each chunk's U and lam o (K S); no outputs;
+2. before it, unless the forward kept its prep's outputs (``prep``), the prep with STORE_INV, which
+   writes ``G o Tinv`` beside wy (``aqk``, ``coef`` kept);
 3. the reverse sweep (dS carried last chunk to first; dv, dY, dS per chunk, dh0);
 4. the parallel stage (dq, dk, dg, dbeta), one program per chunk and value head: the [BT, BT] side
    with dbeta and dg's part (``scores``), then dq and dk with dg's state terms (one launch, or one
@@ -11,7 +12,8 @@ expanded stream, :func:`chunk_delta_product_bwd`):
 5. under GVA, the sum of dq and dk over each group's value heads, cast to q's and k's dtypes
    (kernels/group_sum.py).
 
-Saved from the forward: nothing but the inputs; every scratch here lives for the call. What a call
+Saved from the forward: the inputs, and the prep's outputs where the planner keeps them
+(``plan.delta.keep_prep_for_backward``); every scratch here lives for the call. What a call
 of one signature launches is built once (:func:`build_delta_backward`) and kept in
 :data:`BACKWARD_LAUNCHES`: later calls allocate and launch, through the compiled kernels directly.
 """

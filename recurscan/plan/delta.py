@@ -160,8 +160,10 @@ def keep_prep_for_backward(problem) -> bool:
     the recompute's prep: when they take at most the bytes of q, k and v, so that what the backward
     keeps stays within twice the inputs (issue 19's bound). Per expanded row and value head they are
     wy, G o Tinv and aqk (64 elements each, in the inputs' dtype) and coef (4 float32): 0.52x q, k, v
-    at K = V = 128, H = HV (GDN B4 T4096: the prep is 0.14 of 1.59 ms); 1.04x at K = V = 64, kept no
-    more."""
+    at K = V = 128, H = HV; 1.04x at K = V = 64, kept no more. Forward + backward 1.47 / 3.42 /
+    2.80 ms kept, 1.59 / 3.53 / 3.04 recomputed, at GDN B4 T4096, B1 T16384 HV32, GDP M2 B4
+    (gpu_delta_train_58a8062.json, gpu_delta_train_2e9b1fa_*.json); 1.52x / 1.77x / 1.62x the
+    inputs kept for the backward."""
     size = problem.dtype.itemsize
     rows = problem.batch * problem.tokens * problem.householder
     prep = rows * problem.value_heads * (3 * CHUNK_SIZE * size + 4 * 4)

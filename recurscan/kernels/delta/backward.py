@@ -2,8 +2,9 @@
 dS, then a stage parallel over chunks for dq, dk, dg and dbeta. The algebra is
 ``reference/delta_backward.py``'s, the identities and the plan are docs/kernels-delta-backward.md.
 
-Both read what the forward's prep writes, with STORE_INV (``winv = G o Tinv``, ``aqk``, ``coef``),
-and the states entering each chunk (the forward's chunk states).
+They read what the forward's prep writes, with STORE_INV (``winv = G o Tinv``, ``aqk``, ``coef``),
+and what the recompute's sweep writes: the states entering each chunk, and each chunk's U and
+lam o (K S).
 """
 from __future__ import annotations
 
