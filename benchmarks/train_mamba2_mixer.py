@@ -22,7 +22,7 @@ if not torch.cuda.is_available():  # the Triton kernels run on CPU tensors under
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import recurscan  # noqa: E402
-from benchmarks.train_qwen3_next_layer import copy_batches, fit_with, report, training_arguments  # noqa: E402
+from benchmarks.train_qwen3_next_layer import fit_with, report, run_all, training_arguments  # noqa: E402
 
 
 def mixer_module():
@@ -76,18 +76,9 @@ def main():
         config = Mamba2Config(hidden_size=768, num_heads=24, head_dim=64, state_size=128, n_groups=1, expand=2,
                               chunk_size=256)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
-    batches = copy_batches(args.steps, args.batch, args.length, args.vocab, args.seed)
-    runs = {}
-    for kind in ("torch", "torch_bf16", "recurscan"):
-        losses, times = train(kind, config, args.vocab, batches, args.steps, device, args.lr, args.seed)
-        runs[kind] = dict(losses=losses, step_seconds=times)
-        print(f"{kind:<10} loss {losses[0]:.4f} -> {losses[-1]:.4f}   median step "
-              f"{sorted(times)[len(times) // 2] * 1e3:.1f} ms", flush=True)
-
+    runs, fields = run_all(train, config, args, device)
     record = dict(config=dict(hidden=config.hidden_size, heads=config.num_heads, head_dim=config.head_dim,
-                              state_size=config.state_size, groups=config.n_groups),
-                  steps=args.steps, batch=args.batch, length=args.length, vocab=args.vocab, lr=args.lr,
-                  device=str(device))
+                              state_size=config.state_size, groups=config.n_groups), **fields)
     report(runs, record, args.out, "Mamba2 mixer", "recurscan Triton, bf16")
 
 if __name__ == "__main__":

@@ -116,6 +116,21 @@ def training_arguments(description):
     return ap
 
 
+def run_all(train, config, args, device):
+    """The three runs (the torch path in float32 and bf16, recurscan's in bf16) of ``train`` on the
+    same batches, each printed as it ends; returns them and the record's run fields."""
+    batches = copy_batches(args.steps, args.batch, args.length, args.vocab, args.seed)
+    runs = {}
+    for kind in ("torch", "torch_bf16", "recurscan"):
+        losses, times = train(kind, config, args.vocab, batches, args.steps, device, args.lr, args.seed)
+        runs[kind] = dict(losses=losses, step_seconds=times)
+        print(f"{kind:<10} loss {losses[0]:.4f} -> {losses[-1]:.4f}   median step "
+              f"{sorted(times)[len(times) // 2] * 1e3:.1f} ms", flush=True)
+    fields = dict(steps=args.steps, batch=args.batch, length=args.length, vocab=args.vocab, lr=args.lr,
+                  device=str(device))
+    return runs, fields
+
+
 def report(runs, record, out, title, recurscan_label):
     """Print each bf16 run's distance from the float32 one; save the JSON and the plot under ``out``."""
     def distance(kind):  # from the float32 run: the largest and the mean |loss difference|
@@ -162,18 +177,10 @@ def main():
     else:
         config = Qwen3NextConfig(hidden_size=args.hidden)  # Qwen3-Next's linear-attention head sizes
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
-    batches = copy_batches(args.steps, args.batch, args.length, args.vocab, args.seed)
-    runs = {}
-    for kind in ("torch", "torch_bf16", "recurscan"):
-        losses, times = train(kind, config, args.vocab, batches, args.steps, device, args.lr, args.seed)
-        runs[kind] = dict(losses=losses, step_seconds=times)
-        print(f"{kind:<10} loss {losses[0]:.4f} -> {losses[-1]:.4f}   median step {sorted(times)[len(times) // 2] * 1e3:.1f} ms",
-              flush=True)
+    runs, fields = run_all(train, config, args, device)
     record = dict(config=dict(hidden=config.hidden_size, value_heads=config.linear_num_value_heads,
                               key_heads=config.linear_num_key_heads, head_k=config.linear_key_head_dim,
-                              head_v=config.linear_value_head_dim),
-                  steps=args.steps, batch=args.batch, length=args.length, vocab=args.vocab, lr=args.lr,
-                  device=str(device))
+                              head_v=config.linear_value_head_dim), **fields)
     report(runs, record, args.out, "Qwen3-Next GatedDeltaNet layer", "recurscan, bf16")
 
 if __name__ == "__main__":
