@@ -136,22 +136,27 @@ PLANNED = None
 
 
 def parse_backward_shape(text):
-    """``BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]][+split][/BV:warps:stages:phases:segments]``
-    -> a DeltaBackwardShape: ``+split``, dq and dk in two launches; after the slash, the
-    recompute's prep and sweep (V as a product operand from 64 columns, as the forward's table has it)."""
+    """``BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]][+split][+sN][/BV:warps:stages:phases:segments]``
+    -> a DeltaBackwardShape: ``+split``, dq and dk in two launches; ``+sN``, the reverse sweep's
+    loop pipelined N stages deep; after the slash, the recompute's prep and sweep (V as a product
+    operand from 64 columns, as the forward's table has it)."""
     from recurscan.plan.delta import DeltaBackwardShape, DeltaShape
     stages, _, recompute = text.partition("/")
-    stages, split = (stages[:-len("+split")], True) if stages.endswith("+split") else (stages, False)
+    stages, *flags = stages.split("+")
+    split = "split" in flags
+    sweep_stages = [int(f[1:]) for f in flags if f[:1] == "s" and f[1:].isdigit()]
     parts, rparts = stages.split(":"), recompute.split(":") if recompute else []
-    if len(parts) not in (3, 4, 6) or len(rparts) not in (0, 5) or not all(x.isdigit() for x in parts + rparts):
+    if len(parts) not in (3, 4, 6) or len(rparts) not in (0, 5) or not all(x.isdigit() for x in parts + rparts) \
+            or len(flags) != split + len(sweep_stages):
         raise ValueError("backward shape: expected BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]][+split]"
-                         f"[/BV:warps:stages:phases:segments], got {text!r}")
+                         f"[+sN][/BV:warps:stages:phases:segments], got {text!r}")
     if rparts:
         bv, warps, n_stages, phases, segments = map(int, rparts)
         recompute = DeltaShape(bv, warps, n_stages, 4, "variant", segments=segments, phases=phases,
                                v_product=bv >= 64)
+    extra = dict(sweep_stages=sweep_stages[0]) if sweep_stages else {}
     return DeltaBackwardShape(*map(int, parts[:3]), "variant", *map(int, parts[3:]), recompute=recompute or None,
-                              split_dqdk=split)
+                              split_dqdk=split, **extra)
 
 
 def set_backward_shape(text):
@@ -209,10 +214,11 @@ def main():
     ap.add_argument("--workload", action="append")
     ap.add_argument("--cold", action="store_true")
     ap.add_argument("--impl", action="append", help="limit the implementations (recurscan, fla, "
-                                                                    "flashqla, prev)")
+                                                                    "flashqla, prev or another --prev package's NAME)")
     ap.add_argument("--profile", action="store_true", help="GPU time by kernel of one forward + backward")
-    ap.add_argument("--prev", help="a folder holding an older commit's package as recurscan_prev (benchmarks/"
-                                   "ab_prev.py says how): measured as 'prev' in the same process")
+    ap.add_argument("--prev", action="append", help="a folder holding another commit's package as recurscan_NAME "
+                                                    "(benchmarks/ab_prev.py says how; recurscan_prev for an older "
+                                                    "one): measured as NAME in the same process (repeatable)")
     ap.add_argument("--backward-shape", action="append", help="BV:sweep warps:dq-dk warps[:its BV[:scores warps:"
                                                                "its BV]]: recurscan again in this backward launch "
                                                                "shape (repeatable)")
@@ -223,9 +229,10 @@ def main():
     for name in args.workload or WORKLOADS:
         w = registry.get(name)
         peers = dict(PEERS)
-        if args.prev:
-            sys.path.insert(0, args.prev)
-            peers["prev"] = functools.partial(recurscan_step, package="recurscan_prev")
+        for folder in args.prev or []:
+            sys.path.insert(0, folder)
+            for package in sorted(p for p in os.listdir(folder) if p.startswith("recurscan_")):
+                peers[package[len("recurscan_"):]] = functools.partial(recurscan_step, package=package)
         variants = [(impl, step, None) for impl, step in peers.items()] + \
             [("recurscan", recurscan_step, bs) for bs in args.backward_shape or []]
         for impl, step, bshape in variants:

@@ -133,7 +133,8 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
         dy_out=arg("dy"), dv=arg("dv"), cu_seqlens=arg("cu_seqlens", varlen),
         chunk_offsets=arg("chunk_offsets", varlen), T=T, n_cs_rows=rows,
         H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=varlen, HAS_DHT=dht is not None,
-        STORE_DH0=initial_state is not None, DOT_PRECISION=dot_precision, DT=dt, M=M),
+        STORE_DH0=initial_state is not None, DOT_PRECISION=dot_precision, DT=dt, M=M,
+        NUM_STAGES=backward_shape.sweep_stages),
         dict(num_warps=backward_shape.sweep_warps))
     shared = dict(q=arg("q"), k=arg("k"), g=arg("g", g is not None), beta=arg("beta"), do=arg("do"), dy=arg("dy"),
                   u=arg("u"), dg=arg("dg", g is not None), bdyks=arg("bdyks"), scratch=arg("scratch"),

@@ -123,6 +123,7 @@ class DeltaBackwardShape:
     recompute: DeltaShape | None = None
     # dq and dk in two launches of their kernel (one [BT, K] accumulator a program) instead of one.
     split_dqdk: bool = False
+    sweep_stages: int = 3  # software-pipelining depth of the reverse sweep's chunk loop
 
 
 # The parallel stage's rows share their shape: the scores kernel steps 64 value columns on 4 warps

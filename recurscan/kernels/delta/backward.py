@@ -14,13 +14,73 @@ import triton.language as tl
 from .common import _chunk_gates, _chunk_head, _chunk_rows, _chunk_slot, _chunk_tiles, _sequence
 
 
+@triton.jit
+def _bwd_sweep_chunk(c, b_dS, q, k, beta, do, winv, aqk, coef, dstates, dy_out, dv, bos, L, i_n, i_h, i_hv, cs0,
+                     n_cs_rows, o_t, o_k, o_v, m_k, m_v, m_kv, o_kv, H: tl.constexpr, HV: tl.constexpr,
+                     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                     DT: tl.constexpr, M: tl.constexpr, FULL: tl.constexpr):
+    """Chunk c of :func:`chunk_delta_bwd_sweep_kernel` (its docstring has the algebra): writes dS
+    leaving the chunk, the chunk's dY and dv, and returns dS^T entering it. FULL: the chunk's BT
+    rows all lie in the sequence, so no tile is masked by row.
+
+    Every address is a 64-bit scalar base (the chunk's first row) plus 32-bit offsets in the tile:
+    per-lane 64-bit row arithmetic was a third of the chunk loop's instructions (sm_90 SASS)."""
+    r0 = bos + c * BT  # the chunk's first row of the expanded stream
+    tok0 = r0 // M  # q and dO live on the token stream, on each token's last copy
+    o_tok = (r0 % M + o_t) // M  # a row's token, from tok0
+    if FULL:
+        m_r = tl.full([BT], True, tl.int1)
+    else:
+        m_r = c * BT + o_t < L
+    if M == 1:
+        m_q = m_r
+    else:
+        m_q = m_r & ((r0 % M + o_t) % M == M - 1)
+    # The rows' decays times their norm factors, one [BT, 4] tile (lam rk, lam rq, gam rk, lam_C);
+    # lam_C as a scalar load of the chunk's first row, always a row of the sequence.
+    o_4 = tl.arange(0, 4)
+    p_coef = coef + (_chunk_slot(bos, c, i_n, BT) * HV + i_hv) * BT * 4
+    b_coef = tl.load(p_coef + o_t[:, None] * 4 + o_4[None, :], mask=m_r[:, None], other=0.0)
+    lam_rk = tl.sum(tl.where(o_4[None, :] == 0, b_coef, 0.0), axis=1)
+    lam_rq = tl.sum(tl.where((o_4[None, :] == 1) & m_q[:, None], b_coef, 0.0), axis=1)
+    gam_rk = tl.sum(tl.where(o_4[None, :] == 2, b_coef, 0.0), axis=1)
+    lam_last = tl.load(p_coef + 3)
+    b_beta = tl.load(beta + r0 * HV + i_hv + o_t * HV, mask=m_r, other=0.0).to(tl.float32)
+
+    cs = cs0 + c
+    tl.store(dstates + (cs * HV + i_hv) * K * V + o_kv, b_dS.to(dstates.dtype.element_ty),
+             mask=m_kv & (cs >= 0) & (cs < n_cs_rows))  # no chunk_offsets reaches past the rows
+    b_k = tl.load(k + (r0 * H + i_h) * K + o_t[:, None] * (H * K) + o_k[None, :], mask=m_r[:, None] & m_k[None, :],
+                  other=0.0).to(DT)
+    b_q = tl.load(q + (tok0 * H + i_h) * K + o_tok[:, None] * (H * K) + o_k[None, :],
+                  mask=m_q[:, None] & m_k[None, :], other=0.0).to(DT)
+    b_dot = tl.load(do + (tok0 * HV + i_hv) * V + o_tok[None, :] * (HV * V) + o_v[:, None],
+                    mask=m_v[:, None] & m_q[None, :], other=0.0).to(DT)  # dO^T [BV, BT]
+    o_tt = (r0 * HV + i_hv) * BT + o_t[:, None] * (HV * BT) + o_t[None, :]
+    b_W = tl.load(winv + o_tt, mask=m_r[:, None], other=0.0).to(DT)  # [BT, BT] G o Tinv
+    b_Aqk = tl.load(aqk + o_tt, mask=m_q[:, None], other=0.0).to(DT)  # written on the query rows
+    # dU^T = dO^T aqk + (gam rk) o (dS^T K^T); dY^T = dU^T winv; dv^T = beta o dY^T
+    b_dUt = tl.dot(b_dot, b_Aqk, input_precision=DOT_PRECISION) + \
+        gam_rk[None, :] * tl.dot(b_dS.to(DT), tl.trans(b_k), input_precision=DOT_PRECISION)
+    b_dYt = tl.dot(b_dUt.to(DT), b_W, input_precision=DOT_PRECISION)
+    b_dvt = b_beta[None, :] * b_dYt
+    o_vr = (r0 * HV + i_hv) * V + o_t[None, :] * (HV * V) + o_v[:, None]  # [BV, BT] tiles of [rows, V] tensors
+    m_vr = m_v[:, None] & m_r[None, :]
+    tl.store(dy_out + o_vr, b_dYt.to(dy_out.dtype.element_ty), mask=m_vr)
+    tl.store(dv + o_vr, b_dvt.to(dv.dtype.element_ty), mask=m_vr)
+    # dS^T <- lam_C dS^T + (lam rq o dO)^T Q - (lam rk o dv)^T K, accumulated in the products
+    b_dS = tl.dot((lam_rq[None, :] * b_dot.to(tl.float32)).to(DT), b_q, lam_last * b_dS,
+                  input_precision=DOT_PRECISION)
+    return tl.dot((-lam_rk[None, :] * b_dvt).to(DT), b_k, b_dS, input_precision=DOT_PRECISION)
+
+
 @triton.jit(do_not_specialize=["T", "n_cs_rows"])
 def chunk_delta_bwd_sweep_kernel(
     q, k, beta, do, winv, aqk, coef, dstates, dht, dh0, dy_out, dv,
     cu_seqlens, chunk_offsets, T, n_cs_rows,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DT: tl.constexpr, M: tl.constexpr = 1,
+    DOT_PRECISION: tl.constexpr, DT: tl.constexpr, M: tl.constexpr = 1, NUM_STAGES: tl.constexpr = 3,
 ):
     """Grid (N * HV * ceil(V / BV),): one program per (sequence, value head, value block) holds
     dS (the gradient of the state leaving the chunk) and walks the chunks last to first. Per chunk,
@@ -32,13 +92,13 @@ def chunk_delta_bwd_sweep_kernel(
 
     and writes dY and dv (the parallel stage's inputs) and dS leaving the chunk (``dstates``, the
     chunk-state rows); dh0 is dS entering the first chunk. The chain from dS to dS is three
-    products (K dS, winv^T dU, K^T dv); the state itself is not read here (the parallel stage
-    recomputes the chunk's U from it).
+    products (K dS, winv^T dU, K^T dv); the state itself is not read here.
 
     The program computes these sums transposed, holding dS^T [BV, K] as the forward sweep holds
     S^T: the held gradient and the chain's products are then the left operands, which wgmma takes
     from registers, and only loaded tiles go through shared memory (measured against dS [K, BV]:
-    docs/perf-history.md)."""
+    docs/perf-history.md). A sequence's last chunk, when partial, runs first and masked; the full
+    chunks before it run unmasked, their loads pipelined NUM_STAGES deep."""
     pid = tl.program_id(0).to(tl.int64)
     NV: tl.constexpr = (V + BV - 1) // BV
     i_v = pid % NV
@@ -47,6 +107,7 @@ def chunk_delta_bwd_sweep_kernel(
     i_h = i_hv // (HV // H)
     bos, eos = _sequence(cu_seqlens, i_n, T, IS_VARLEN)
     bos, eos = bos * M, eos * M  # rows of the expanded stream (GDP: M copies of each token)
+    L = eos - bos
     if IS_VARLEN:
         cs0 = tl.load(chunk_offsets + i_n).to(tl.int64)
     else:
@@ -58,50 +119,22 @@ def chunk_delta_bwd_sweep_kernel(
     m_v = o_v < V
     m_kv = m_v[:, None] & m_k[None, :]  # [BV, BK]
     o_kv = o_k[None, :] * V + o_v[:, None]  # S[k, v] of a [K, V] state, as a [BV, BK] tile
+    p_h = (i_n * HV + i_hv) * K * V
     if HAS_DHT:
-        b_dS = tl.load(dht + (i_n * HV + i_hv) * K * V + o_kv, mask=m_kv, other=0.0).to(tl.float32)
+        b_dS = tl.load(dht + p_h + o_kv, mask=m_kv, other=0.0).to(tl.float32)
     else:
         b_dS = tl.zeros([BV, BK], dtype=tl.float32)
-    n_chunks = (eos - bos + BT - 1) // BT
-    for cc in range(0, n_chunks):
-        c = n_chunks - 1 - cc
-        r0 = bos + c * BT
-        rows = r0 + o_t.to(tl.int64)
-        m_r = rows < eos
-        m_rk = m_r[:, None] & m_k[None, :]
-        tok = rows // M  # a row's token: q and dO live on the token stream, on each token's last copy
-        m_q = m_r & (rows % M == M - 1)
-        m_qk = m_q[:, None] & m_k[None, :]
-        b_beta = tl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(tl.float32)
-        p_coef = coef + ((_chunk_slot(bos, c, i_n, BT) * HV + i_hv) * BT + o_t) * 4
-        lam_rk = tl.load(p_coef, mask=m_r, other=0.0)
-        lam_rq = tl.load(p_coef + 1, mask=m_q, other=0.0)
-        gam_rk = tl.load(p_coef + 2, mask=m_r, other=0.0)
-        lam_last = tl.sum(tl.load(p_coef + 3, mask=o_t == 0, other=0.0), axis=0)
-        p_tt = (rows * HV + i_hv)[:, None] * BT + o_t[None, :]
-        p_state = ((cs0 + c) * HV + i_hv) * K * V + o_kv
-        m_row = m_kv & (cs0 + c >= 0) & (cs0 + c < n_cs_rows)  # no chunk_offsets reaches past the rows
-        tl.store(dstates + p_state, b_dS, mask=m_row)
-        b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(DT)
-        b_q = tl.load(q + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=m_qk, other=0.0).to(DT)
-        m_vr = m_v[:, None] & m_r[None, :]
-        p_vr = (rows * HV + i_hv)[None, :] * V + o_v[:, None]  # [BV, BT] tiles of [rows, V] tensors
-        b_dot = tl.load(do + (tok * HV + i_hv)[None, :] * V + o_v[:, None], mask=m_v[:, None] & m_q[None, :],
-                        other=0.0).to(tl.float32)  # dO^T
-        b_W = tl.load(winv + p_tt, mask=m_r[:, None], other=0.0).to(DT)  # [BT, BT] G o Tinv
-        b_Aqk = tl.load(aqk + p_tt, mask=m_q[:, None], other=0.0).to(DT)  # written on the query rows
-        # dU^T = dO^T aqk + (gam rk) o (dS^T K^T); dY^T = dU^T winv; dv^T = beta o dY^T
-        b_dUt = tl.dot(b_dot.to(DT), b_Aqk, input_precision=DOT_PRECISION) + \
-            gam_rk[None, :] * tl.dot(b_dS.to(DT), tl.trans(b_k), input_precision=DOT_PRECISION)
-        b_dYt = tl.dot(b_dUt.to(DT), b_W, input_precision=DOT_PRECISION)
-        b_dvt = b_beta[None, :] * b_dYt
-        tl.store(dy_out + p_vr, b_dYt.to(dy_out.dtype.element_ty), mask=m_vr)
-        tl.store(dv + p_vr, b_dvt.to(dv.dtype.element_ty), mask=m_vr)
-        # dS^T <- (lam rq o dO)^T Q + lam_C dS^T - (lam rk o dv)^T K
-        b_dS = tl.dot((lam_rq[None, :] * b_dot).to(DT), b_q, input_precision=DOT_PRECISION) + \
-            lam_last * b_dS - tl.dot((lam_rk[None, :] * b_dvt).to(DT), b_k, input_precision=DOT_PRECISION)
+    c_full = L // BT
+    if c_full * BT < L:  # the partial last chunk
+        b_dS = _bwd_sweep_chunk(c_full, b_dS, q, k, beta, do, winv, aqk, coef, dstates, dy_out, dv, bos, L, i_n,
+                                i_h, i_hv, cs0, n_cs_rows, o_t, o_k, o_v, m_k, m_v, m_kv, o_kv, H, HV, K, V, BT,
+                                DOT_PRECISION, DT, M, False)
+    for cc in tl.range(0, c_full, num_stages=NUM_STAGES):
+        b_dS = _bwd_sweep_chunk(c_full - 1 - cc, b_dS, q, k, beta, do, winv, aqk, coef, dstates, dy_out, dv, bos, L,
+                                i_n, i_h, i_hv, cs0, n_cs_rows, o_t, o_k, o_v, m_k, m_v, m_kv, o_kv, H, HV, K, V,
+                                BT, DOT_PRECISION, DT, M, True)
     if STORE_DH0:
-        tl.store(dh0 + (i_n * HV + i_hv) * K * V + o_kv, b_dS, mask=m_kv)
+        tl.store(dh0 + p_h + o_kv, b_dS, mask=m_kv)
 
 
 @triton.jit(do_not_specialize=["T", "n_seq"])
