@@ -136,22 +136,25 @@ PLANNED = None
 
 
 def parse_backward_shape(text):
-    """``BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]][+split][/BV:warps:stages:phases:segments]``
-    -> a DeltaBackwardShape: ``+split``, dq and dk in two launches; after the slash, the
-    recompute's prep and sweep (V as a product operand from 64 columns, as the forward's table has it)."""
+    """``BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]][+split][+group]`` and optionally
+    ``/BV:warps:stages:phases:segments`` -> a DeltaBackwardShape: ``+split``, dq and dk in two launches; ``+group``, GVA groups summed
+    in their kernel; after the slash, the recompute's prep and sweep (V as a product operand from
+    64 columns, as the forward's table has it)."""
     from recurscan.plan.delta import DeltaBackwardShape, DeltaShape
     stages, _, recompute = text.partition("/")
-    stages, split = (stages[:-len("+split")], True) if stages.endswith("+split") else (stages, False)
+    stages, *flags = stages.split("+")
     parts, rparts = stages.split(":"), recompute.split(":") if recompute else []
+    if not set(flags) <= {"split", "group"}:
+        raise ValueError(f"backward shape: the flags after '+' are split and group, got {text!r}")
     if len(parts) not in (3, 4, 6) or len(rparts) not in (0, 5) or not all(x.isdigit() for x in parts + rparts):
-        raise ValueError("backward shape: expected BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]][+split]"
+        raise ValueError("backward shape: expected BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]][+flag]"
                          f"[/BV:warps:stages:phases:segments], got {text!r}")
     if rparts:
         bv, warps, n_stages, phases, segments = map(int, rparts)
         recompute = DeltaShape(bv, warps, n_stages, 4, "variant", segments=segments, phases=phases,
                                v_product=bv >= 64)
     return DeltaBackwardShape(*map(int, parts[:3]), "variant", *map(int, parts[3:]), recompute=recompute or None,
-                              split_dqdk=split)
+                              split_dqdk="split" in flags, group_in_kernel="group" in flags)
 
 
 def set_backward_shape(text):

@@ -123,6 +123,10 @@ class DeltaBackwardShape:
     recompute: DeltaShape | None = None
     # dq and dk in two launches of their kernel (one [BT, K] accumulator a program) instead of one.
     split_dqdk: bool = False
+    # GVA: a dq, dk program sums its group's value heads into one accumulator and writes dq and dk
+    # per q/k head in the inputs' dtypes (no float32 per-value-head gradients, no group sum
+    # launch). Interpreter-tested, not timed on a GPU yet.
+    group_in_kernel: bool = False
 
 
 # The parallel stage's rows share their shape: the scores kernel steps 64 value columns on 4 warps
