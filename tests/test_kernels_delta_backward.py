@@ -45,12 +45,22 @@ SEGMENTED = DeltaBackwardShape(16, 4, 4, "tests: the recompute in segments, dq a
                                recompute=DeltaShape(16, 4, 2, 4, "tests", segments=3, v_product=False))
 
 
+#: GVA summed in the dq, dk kernel (fused, and in two launches).
+GROUPED = DeltaBackwardShape(32, 8, 4, "tests: GVA summed in the dq, dk kernel", grads_block_v=16,
+                             group_in_kernel=True)
+GROUPED_SPLIT = DeltaBackwardShape(32, 8, 4, "tests: GVA summed in the dq, dk launches", grads_block_v=16,
+                                   split_dqdk=True, group_in_kernel=True)
+
+
 def _cases():
     for case, c in CASES.items():
         for optional in ("all", "no_g_beta_h0"):
             yield pytest.param(case, optional, None, id=f"{case}-{optional}")
             if optional == "all":
                 yield pytest.param(case, optional, NARROW, id=f"{case}-{optional}-narrow")
+            if c["HV"] != c["H"]:  # GVA summed in the kernel
+                yield pytest.param(case, optional, GROUPED_SPLIT if optional == "all" else GROUPED,
+                                   id=f"{case}-{optional}-grouped")
             if optional == "all" and c["cu"] is None and c["T"] > 64:  # phases and segments: dense, several chunks
                 yield pytest.param(case, optional, PHASED, id=f"{case}-{optional}-recompute-phased")
                 yield pytest.param(case, optional, SEGMENTED, id=f"{case}-{optional}-recompute-segmented")
@@ -92,7 +102,8 @@ def test_triton_backward_matches_the_reference(case, optional, backward_shape):
             assert_like_fp32(a.cpu(), b, r, name)
 
 
-@pytest.mark.parametrize("backward_shape", [None, NARROW, SEGMENTED], ids=["planned", "narrow", "split"])
+@pytest.mark.parametrize("backward_shape", [None, NARROW, SEGMENTED, GROUPED_SPLIT],
+                         ids=["planned", "narrow", "split", "grouped"])
 @pytest.mark.parametrize("M, cu", [(2, None), (3, [0, 1, 40, 41, 90])])
 def test_gated_delta_product_on_the_expanded_stream(M, cu, backward_shape):
     """GDP: the stages on the expanded stream with q, dO (last copies) and g (first copies) read
@@ -225,7 +236,8 @@ def test_gdp_training_with_descriptors_builds_none(monkeypatch):
         assert relative_rms(a.double().cpu(), b) < 1e-5, name
 
 
-@pytest.mark.parametrize("backward_shape", [None, NARROW, SEGMENTED], ids=["planned", "narrow", "split"])
+@pytest.mark.parametrize("backward_shape", [None, NARROW, SEGMENTED, GROUPED_SPLIT],
+                         ids=["planned", "narrow", "split", "grouped"])
 def test_every_backward_launch_names_every_kernel_argument(backward_shape):
     """The direct launcher fills a kernel's parameters by name, defaults included: every launch of
     the backward (its forward recompute too) names every argument of its kernel."""
@@ -246,7 +258,8 @@ def test_every_backward_launch_names_every_kernel_argument(backward_shape):
         assert not missing, f"{getattr(step.kernel, 'fn', step.kernel).__name__}: {missing}"
 
 
-@pytest.mark.parametrize("backward_shape", [None, NARROW, SEGMENTED], ids=["planned", "narrow", "split"])
+@pytest.mark.parametrize("backward_shape", [None, NARROW, SEGMENTED, GROUPED_SPLIT],
+                         ids=["planned", "narrow", "split", "grouped"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_16_bit_inputs(dtype, backward_shape):
     """bf16 / fp16 inputs (the buffers the stages hand each other then are 16-bit too), GVA and

@@ -10,7 +10,8 @@ expanded stream, :func:`chunk_delta_product_bwd`):
    with dbeta and dg's part (``scores``), then dq and dk with dg's state terms (one launch, or one
    for dk and one for dq);
 5. under GVA, the sum of dq and dk over each group's value heads, cast to q's and k's dtypes
-   (kernels/group_sum.py).
+   (kernels/group_sum.py), unless the dq and dk kernel sums the group itself
+   (``DeltaBackwardShape.group_in_kernel``).
 
 Saved from the forward: the inputs, and the prep's outputs where the planner keeps them
 (``plan.delta.keep_prep_for_backward``); every scratch here lives for the call. What a call
@@ -113,14 +114,17 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
     BVg = min(backward_shape.grads_block_v or backward_shape.block_v, max(16, triton.next_power_of_2(V)))
     BVs = min(backward_shape.scores_block_v or BVg, max(16, triton.next_power_of_2(V)))
     chunks = rows
-    gva = HV != H
+    # GVA: dq and dk summed over each group's value heads inside their kernel (GROUP), or written
+    # per value head in float32 and summed after (group_sum_kernel).
+    group = HV // H if backward_shape.group_in_kernel else 1
+    gva = HV != H and group == 1
     f32 = torch.float32
     # dY and dS per chunk in the inputs' dtype: the parallel stage takes them as product operands.
     # Uninitialised: every row of a sequence is written (padding chunks cover no row).
     # dq and dg on the token stream [B, T, ...]; the rest on the expanded one [B, T * M, ...].
     buffers = dict(dstates=((rows, HV, K, V), q.dtype), dy=((B, T * M, HV, V), q.dtype),
-                   dv=((B, T * M, HV, V), v.dtype), dq=((B, T, HV, K), f32 if gva else q.dtype),
-                   dk=((B, T * M, HV, K), f32 if gva else k.dtype), dbeta=((B, T * M, HV), f32),
+                   dv=((B, T * M, HV, V), v.dtype), dq=((B, T, HV // group, K), f32 if gva else q.dtype),
+                   dk=((B, T * M, HV // group, K), f32 if gva else k.dtype), dbeta=((B, T * M, HV), f32),
                    bdyks=((B, T * M, HV), f32), scratch=((chunks * HV, 2, BT, BT), q.dtype))
     if g is not None:
         buffers["dg"] = ((B, T, HV), f32)
@@ -147,8 +151,9 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
         dict(num_warps=backward_shape.scores_warps or backward_shape.grads_warps))
     dqdk = dict(shared, states=arg("states"), dstates=arg("dstates"), dq=arg("dq"), dk=arg("dk"), n_cs_rows=rows)
     parts = (DQDK_DK, DQDK_DQ) if backward_shape.split_dqdk else (DQDK_BOTH,)
-    steps = [sweep, scores] + [Step(chunk_delta_bwd_dqdk_kernel, (chunks * HV,), dict(dqdk, PART=part),
-                                    dict(num_warps=backward_shape.grads_warps)) for part in parts]
+    steps = [sweep, scores] + [Step(chunk_delta_bwd_dqdk_kernel, (chunks * (HV // group),),
+                                    dict(dqdk, PART=part, GROUP=group), dict(num_warps=backward_shape.grads_warps))
+                               for part in parts]
     if gva:  # dq, dk per value head -> per q/k head, in q's and k's dtypes
         buffers.update(dq_sum=((B, T, H, K), q.dtype), dk_sum=((B, T * M, H, K), k.dtype))
         for name, rows_of in (("dq", B * T * H), ("dk", B * T * M * H)):

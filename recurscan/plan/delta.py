@@ -124,6 +124,10 @@ class DeltaBackwardShape:
     # dq and dk in two launches of their kernel (one [BT, K] accumulator a program) instead of one.
     split_dqdk: bool = False
     sweep_stages: int = 3  # software-pipelining depth of the reverse sweep's chunk loop
+    # GVA: a dq, dk program sums its group's value heads into one accumulator and writes dq and dk
+    # per q/k head in the inputs' dtypes (no float32 per-value-head gradients, no group sum
+    # launch). Interpreter-tested, not timed on a GPU yet.
+    group_in_kernel: bool = False
 
 
 # The parallel stage's rows share their shape: the scores kernel steps 64 value columns on 4 warps
@@ -133,7 +137,7 @@ class DeltaBackwardShape:
 # backward 1.59 / 3.53 / 3.04 ms against 1.61 / 3.72 / 3.10 fused at GDN B4 T4096, B1 T16384 HV32,
 # GDP M2 B4 (gpu_delta_train_2e9b1fa_*.json). The split costs the first call 2.5 s more compile
 # (12.4 against 9.9 s at B4: gpu_delta_train_cold_2e9b1fa_split.json).
-_STAGE = dict(grads_block_v=16, scores_warps=4, scores_block_v=64, split_dqdk=True)
+_STAGE = dict(grads_block_v=16, scores_warps=4, scores_block_v=64, split_dqdk=True, group_in_kernel=True)
 
 #: The backward's launch shape: the first row whose condition holds on (sequence x value head
 #: pairs, V, SMs) decides. Measured in benchmarks/results/gpu_delta_train_*.json (docs/perf-history.md).

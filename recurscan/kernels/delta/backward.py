@@ -243,17 +243,18 @@ def chunk_delta_bwd_dqdk_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, USE_L2NORM: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DT: tl.constexpr, M: tl.constexpr = 1, PART: tl.constexpr = 0,
+    GROUP: tl.constexpr = 1,
 ):
-    """The parallel stage, second half: the state side. Grid (chunks x HV,): per (chunk, value
-    head), from S entering the chunk and dS leaving it, the V-sums
+    """The parallel stage, second half: the state side. Grid (chunks x HV / GROUP,): per (chunk,
+    value head), from S entering the chunk and dS leaving it, the V-sums
 
         dO S^T   [BT, K]                                          (dq)
         (gam o U) dS^T - (lam beta o dY) S^T   [BT, K],  S . dS    (dk)
 
     then dq = (dscores o G) K + scale lam o dO S^T and dk = (dscores o G)^T Q + (dA o G) K +
     (dA o G)^T K + the second sum, with the [BT, BT] tiles and their transposes loaded from the
-    first half's scratch; the L2 norm's backward; dq and dk per value head. dg's state terms are
-    added to what the first half wrote in ``dg``, from the sums' projections on the queries and keys:
+    first half's scratch; the L2 norm's backward. dg's state terms are added to what the first half
+    wrote in ``dg``, from the sums' projections on the queries and keys:
 
         scale lam o dO . (Q S) = scale lam o rowsum(Q o dO S^T)
         gam o (K dS) . U       = rowsum(K o the second sum) + bdyks
@@ -263,53 +264,30 @@ def chunk_delta_bwd_dqdk_kernel(
 
     PART (:data:`DQDK_BOTH`, :data:`DQDK_DK`, :data:`DQDK_DQ`): both gradients in one program, or
     one of them, the other in a second launch after it (each program then holds one [BT, K]
-    accumulator instead of two, and reads S again)."""
+    accumulator instead of two, and reads S again).
+
+    GROUP: value heads a program takes, one after another. 1: dq and dk per value head
+    ``[.., HV, K]`` (GVA sums them after). HV / H: a GVA group's, summed in the accumulator, and
+    written per q/k head in q's and k's dtypes; dO comes into dq's sum scaled by scale lam (each
+    head its own), and each head's projections are the differences of the sum's projections
+    before and after it."""
     DO_DQ: tl.constexpr = PART != 1
     DO_DK: tl.constexpr = PART != 2
-    i_c, i_hv, i_h = _chunk_head(H, HV)
+    NG: tl.constexpr = HV // GROUP
+    pid = tl.program_id(0).to(tl.int64)
+    i_g = pid % NG
+    i_c = pid // NG
+    i_h = (i_g * GROUP) // (HV // H)  # the q/k head of the program's value heads
     valid, bos, eos, r0, cs = _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT, IS_VARLEN, M)
     if not valid:
         return
     o_t, o_k, m_k, rows, m_r, m_rk = _chunk_tiles(r0, eos, BT, BK, K)
     cs_ok = (cs >= 0) & (cs < n_cs_rows)
-    p_s = states + (cs * HV + i_hv) * K * V
-    p_ds = dstates + (cs * HV + i_hv) * K * V
-    b_beta = tl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(tl.float32)
     tok = rows // M  # a row's token: q, dO, g and dq live on the token stream
     m_q = m_r & (rows % M == M - 1)  # the query sits on each token's last copy
     m_qk = m_q[:, None] & m_k[None, :]
-    gc, seg, bad = _chunk_gates(g, tok, rows % M, m_r, i_hv, HV, M, BT, HAS_G)
-    seg_last = tl.sum(tl.where(o_t == BT - 1, seg, 0), axis=0)
-    gc_last = tl.sum(tl.where(o_t == BT - 1, gc, 0.0), axis=0)
-    lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
-    gam = tl.where(seg == seg_last, tl.exp2(tl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
-
-    b_dOS = tl.zeros([BT, BK], dtype=tl.float32)  # dO S^T
-    b_dkS = tl.zeros([BT, BK], dtype=tl.float32)  # (gam o U) dS^T - (lam beta o dY) S^T
-    sds = tl.zeros([BK], dtype=tl.float32)  # S . dS, by key row
-    for i_v in range(0, (V + BV - 1) // BV):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_v = o_v < V
-        m_rv = m_r[:, None] & m_v[None, :]
-        m_kv = m_k[:, None] & m_v[None, :] & cs_ok
-        p_rv = (rows * HV + i_hv)[:, None] * V + o_v[None, :]
-        o_kv = o_k[:, None] * V + o_v[None, :]
-        b_S = tl.load(p_s + o_kv, mask=m_kv, other=0.0)
-        b_St = tl.trans(b_S.to(DT))
-        if DO_DQ:
-            b_do = tl.load(do + (tok * HV + i_hv)[:, None] * V + o_v[None, :], mask=m_q[:, None] & m_v[None, :],
-                           other=0.0)
-            b_dOS = tl.dot(b_do.to(DT), b_St, b_dOS, input_precision=DOT_PRECISION)
-        if DO_DK:
-            b_U = tl.load(u + p_rv, mask=m_rv, other=0.0).to(tl.float32)
-            b_dY = tl.load(dy + p_rv, mask=m_rv, other=0.0).to(tl.float32)
-            b_dS = tl.load(p_ds + o_kv, mask=m_kv, other=0.0)
-            sds += tl.sum(b_S.to(tl.float32) * b_dS.to(tl.float32), axis=1)
-            b_dkS = tl.dot((gam[:, None] * b_U).to(DT), tl.trans(b_dS.to(DT)), b_dkS, input_precision=DOT_PRECISION)
-            b_dkS = tl.dot((-(lam * b_beta)[:, None] * b_dY).to(DT), b_St, b_dkS, input_precision=DOT_PRECISION)
-
-    # The epilogue keeps q and k raw (16-bit) and forms their normalised float32 rows where used:
-    # the [BT, K] accumulators already take half the registers.
+    # q and k raw (16-bit), their normalised float32 rows formed where used: the [BT, K]
+    # accumulators take half the registers.
     b_kr = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0)
     b_qr = tl.load(q + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=m_qk, other=0.0)
     if USE_L2NORM:
@@ -319,36 +297,91 @@ def chunk_delta_bwd_dqdk_kernel(
         rk = tl.full([BT], 1.0, tl.float32)
         rq = tl.full([BT], 1.0, tl.float32)
     b_kd = (b_kr.to(tl.float32) * rk[:, None]).to(DT)
-    if HAS_G:
-        d_g = tl.zeros([BT], dtype=tl.float32)
+    b_qd = (b_qr.to(tl.float32) * rq[:, None]).to(DT)
+
+    b_dq = tl.zeros([BT, BK], dtype=tl.float32)  # GROUP 1: dO S^T, then dq; else the group's dq so far
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)  # dk's state sum, then dk (the group's so far)
+    proj_q = tl.zeros([BT], dtype=tl.float32)  # rowsum(Q o b_dq) after the heads before (GROUP > 1)
+    proj_k = tl.zeros([BT], dtype=tl.float32)  # rowsum(K o b_dk) after the heads before
+    for j in range(0, GROUP):
+        i_hv = i_g * GROUP + j
+        p_s = states + (cs * HV + i_hv) * K * V
+        p_ds = dstates + (cs * HV + i_hv) * K * V
+        b_beta = tl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(tl.float32)
+        gc, seg, bad = _chunk_gates(g, tok, rows % M, m_r, i_hv, HV, M, BT, HAS_G)
+        seg_last = tl.sum(tl.where(o_t == BT - 1, seg, 0), axis=0)
+        gc_last = tl.sum(tl.where(o_t == BT - 1, gc, 0.0), axis=0)
+        lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
+        gam = tl.where(seg == seg_last, tl.exp2(tl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
+        sds = tl.zeros([BK], dtype=tl.float32)  # S . dS, by key row
+        for i_v in range(0, (V + BV - 1) // BV):
+            o_v = i_v * BV + tl.arange(0, BV)
+            m_v = o_v < V
+            m_rv = m_r[:, None] & m_v[None, :]
+            m_kv = m_k[:, None] & m_v[None, :] & cs_ok
+            p_rv = (rows * HV + i_hv)[:, None] * V + o_v[None, :]
+            o_kv = o_k[:, None] * V + o_v[None, :]
+            b_S = tl.load(p_s + o_kv, mask=m_kv, other=0.0)
+            b_St = tl.trans(b_S.to(DT))
+            if DO_DQ:
+                b_do = tl.load(do + (tok * HV + i_hv)[:, None] * V + o_v[None, :],
+                               mask=m_q[:, None] & m_v[None, :], other=0.0)
+                if GROUP == 1:
+                    b_dq = tl.dot(b_do.to(DT), b_St, b_dq, input_precision=DOT_PRECISION)
+                else:
+                    b_dq = tl.dot(((scale * lam)[:, None] * b_do.to(tl.float32)).to(DT), b_St, b_dq,
+                                  input_precision=DOT_PRECISION)
+            if DO_DK:
+                b_U = tl.load(u + p_rv, mask=m_rv, other=0.0).to(tl.float32)
+                b_dY = tl.load(dy + p_rv, mask=m_rv, other=0.0).to(tl.float32)
+                b_dS = tl.load(p_ds + o_kv, mask=m_kv, other=0.0)
+                sds += tl.sum(b_S.to(tl.float32) * b_dS.to(tl.float32), axis=1)
+                b_dk = tl.dot((gam[:, None] * b_U).to(DT), tl.trans(b_dS.to(DT)), b_dk, input_precision=DOT_PRECISION)
+                b_dk = tl.dot((-(lam * b_beta)[:, None] * b_dY).to(DT), b_St, b_dk, input_precision=DOT_PRECISION)
+        if HAS_G:
+            d_g = tl.zeros([BT], dtype=tl.float32)
+            if DO_DK:
+                gkdsu = tl.sum(b_kr.to(tl.float32) * rk[:, None] * b_dk, axis=1) - proj_k + \
+                    tl.load(bdyks + rows * HV + i_hv, mask=m_r, other=0.0)
+                d_g += (tl.cumsum(gkdsu, axis=0) - gkdsu) + _sds_term(lam, sds, o_t, BT)
+            if DO_DQ:
+                doqs = tl.sum(b_qr.to(tl.float32) * rq[:, None] * b_dq, axis=1)
+                if GROUP == 1:
+                    doqs = scale * lam * doqs
+                else:
+                    doqs = doqs - proj_q
+                d_g += tl.cumsum(doqs, axis=0, reverse=True)
+            m_g = m_r & (rows % M == 0)  # g sits on each token's first copy
+            p_dg = dg + tok * HV + i_hv
+            tl.store(p_dg, tl.load(p_dg, mask=m_g, other=0.0) + d_g, mask=m_g)
+        p_scr = scratch + (i_c * HV + i_hv) * 2 * BT * BT
         if DO_DK:
-            gkdsu = tl.sum(b_kr.to(tl.float32) * rk[:, None] * b_dkS, axis=1) + \
-                tl.load(bdyks + rows * HV + i_hv, mask=m_r, other=0.0)
-            d_g += (tl.cumsum(gkdsu, axis=0) - gkdsu) + _sds_term(lam, sds, o_t, BT)
+            b_dk = tl.dot(tl.load(p_scr + BT * BT + o_t[:, None] * BT + o_t[None, :]).to(DT), b_kd, b_dk,
+                          input_precision=DOT_PRECISION)  # (dA o G) K
+            b_dk = tl.dot(tl.load(p_scr + BT * BT + o_t[None, :] * BT + o_t[:, None]).to(DT), b_kd, b_dk,
+                          input_precision=DOT_PRECISION)  # (dA o G)^T K
+            b_dk = tl.dot(tl.load(p_scr + o_t[None, :] * BT + o_t[:, None]).to(DT), b_qd, b_dk,
+                          input_precision=DOT_PRECISION)  # (dscores o G)^T Q
+            if HAS_G and GROUP > 1:
+                proj_k = tl.sum(b_kr.to(tl.float32) * rk[:, None] * b_dk, axis=1)
         if DO_DQ:
-            d_g += tl.cumsum(scale * lam * tl.sum(b_qr.to(tl.float32) * rq[:, None] * b_dOS, axis=1), axis=0,
-                             reverse=True)
-        m_g = m_r & (rows % M == 0)  # g sits on each token's first copy
-        p_dg = dg + tok * HV + i_hv
-        tl.store(p_dg, tl.load(p_dg, mask=m_g, other=0.0) + d_g, mask=m_g)
-    p_scr = scratch + (i_c * HV + i_hv) * 2 * BT * BT
+            b_dsG = tl.load(p_scr + o_t[:, None] * BT + o_t[None, :]).to(DT)
+            if GROUP == 1:
+                b_dq = tl.dot(b_dsG, b_kd, input_precision=DOT_PRECISION) + scale * lam[:, None] * b_dq
+            else:
+                b_dq = tl.dot(b_dsG, b_kd, b_dq, input_precision=DOT_PRECISION)
+                if HAS_G:
+                    proj_q = tl.sum(b_qr.to(tl.float32) * rq[:, None] * b_dq, axis=1)
+
+    NO: tl.constexpr = HV if GROUP == 1 else H  # the heads dq and dk are written per
+    i_o = i_g if GROUP == 1 else i_h
     if DO_DK:
-        b_qd = (b_qr.to(tl.float32) * rq[:, None]).to(DT)
-        b_dk = tl.dot(tl.load(p_scr + BT * BT + o_t[:, None] * BT + o_t[None, :]).to(DT), b_kd, b_dkS,
-                      input_precision=DOT_PRECISION)  # (dA o G) K
-        b_dk = tl.dot(tl.load(p_scr + BT * BT + o_t[None, :] * BT + o_t[:, None]).to(DT), b_kd, b_dk,
-                      input_precision=DOT_PRECISION)  # (dA o G)^T K
-        b_dk = tl.dot(tl.load(p_scr + o_t[None, :] * BT + o_t[:, None]).to(DT), b_qd, b_dk,
-                      input_precision=DOT_PRECISION)  # (dscores o G)^T Q
         if USE_L2NORM:  # y = x r: dx = r (dy - y (y . dy))
             b_k = b_kr.to(tl.float32) * rk[:, None]
             b_dk = rk[:, None] * (b_dk - b_k * tl.sum(b_k * b_dk, axis=1)[:, None])
-        tl.store(dk + (rows * HV + i_hv)[:, None] * K + o_k[None, :], b_dk, mask=m_rk)
+        tl.store(dk + (rows * NO + i_o)[:, None] * K + o_k[None, :], b_dk.to(dk.dtype.element_ty), mask=m_rk)
     if DO_DQ:
-        b_dq = tl.dot(tl.load(p_scr + o_t[:, None] * BT + o_t[None, :]).to(DT), b_kd,
-                      input_precision=DOT_PRECISION) + scale * lam[:, None] * b_dOS  # (dscores o G) K + ...
         if USE_L2NORM:
             b_q = b_qr.to(tl.float32) * rq[:, None]
             b_dq = rq[:, None] * (b_dq - b_q * tl.sum(b_q * b_dq, axis=1)[:, None])
-        tl.store(dq + (tok * HV + i_hv)[:, None] * K + o_k[None, :], b_dq, mask=m_qk)
-
+        tl.store(dq + (tok * NO + i_o)[:, None] * K + o_k[None, :], b_dq.to(dq.dtype.element_ty), mask=m_qk)
