@@ -126,7 +126,8 @@ class DeltaBackwardShape:
     sweep_stages: int = 3  # software-pipelining depth of the reverse sweep's chunk loop
     # GVA: a dq, dk program sums its group's value heads into one accumulator and writes dq and dk
     # per q/k head in the inputs' dtypes (no float32 per-value-head gradients, no group sum
-    # launch). Interpreter-tested, not timed on a GPU yet.
+    # launch). B1 T16384 HV32: dq, dk 0.803 ms against 1.007 + 0.197 (group sum), forward + backward
+    # 3.02 against 3.42 (gpu_delta_train_sweep_63b9ddd_b1.json).
     group_in_kernel: bool = False
 
 
@@ -142,14 +143,13 @@ _STAGE = dict(grads_block_v=16, scores_warps=4, scores_block_v=64, split_dqdk=Tr
 #: The backward's launch shape: the first row whose condition holds on (sequence x value head
 #: pairs, V, SMs) decides. Measured in benchmarks/results/gpu_delta_train_*.json (docs/perf-history.md).
 DELTA_BACKWARD_LAUNCH: list[tuple[Callable[[int, int, int], bool], DeltaBackwardShape]] = [
-    (lambda pairs, v, sms: pairs * -(-v // 32) < sms,
-     DeltaBackwardShape(16, 4, 4, "fewer 32-column reverse-sweep programs than SMs: 16 columns on 4 warps double "
-                        "them (B1 T16384 HV32: the reverse sweep 0.71 against 0.77 ms at 32 columns on 8 warps, "
-                        "gpu_delta_train_shapes_357d748.json, gpu_delta_train_2e9b1fa_b1.json)", **_STAGE)),
     (lambda pairs, v, sms: True,
-     DeltaBackwardShape(32, 8, 4, "the reverse sweep: 32 value columns on 8 warps, dS^T in registers (B4 T4096: "
-                        "0.37 ms; 64 columns on 8 warps, one wave, 0.40; 16 on 4, 0.37; 32 on 4, 0.55: "
-                        "gpu_delta_train_shapes_357d748.json)", **_STAGE)),
+     DeltaBackwardShape(64, 4, 4, "the reverse sweep: 64 value columns on one warpgroup (wgmma), dS^T in registers, "
+                        "three stages: 0.218 ms at B4 T4096 (32 columns on 8 warps 0.364, 64 on 8 0.274, 16 on 4 "
+                        "0.366, 64 on 4 at two stages 0.261), 0.676 at B1 T16384 HV32 (16 on 4 0.721, 32 on 8 0.759, "
+                        "64 on 8 1.155), 0.507 at GDP M2 B4 (32 on 8 0.762, 64 on 8 0.643): "
+                        "gpu_delta_train_sweep_63b9ddd_*.json. Fewer pairs than measured here would have more "
+                        "programs at 16 columns; not measured", **_STAGE)),
 ]
 
 
