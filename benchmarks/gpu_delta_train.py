@@ -136,20 +136,19 @@ PLANNED = None
 
 
 def parse_backward_shape(text):
-    """``BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]][+split][+group][+sN][/BV:warps:stages:phases:segments]``
-    -> a DeltaBackwardShape: ``+split``, dq and dk in two launches; ``+group``, GVA groups summed in
-    their kernel; ``+sN``, the reverse sweep's
-    loop pipelined N stages deep; after the slash, the recompute's prep and sweep (V as a product
-    operand from 64 columns, as the forward's table has it)."""
+    """``BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]][+group][+sN][/BV:warps:stages:phases:segments]``
+    -> a DeltaBackwardShape: ``+group``, GVA groups summed in the dq, dk kernels; ``+sN``, the
+    reverse sweep's loop pipelined N stages deep; after the slash, the recompute's prep and sweep
+    (V as a product operand from 64 columns, as the forward's table has it)."""
     from recurscan.plan.delta import DeltaBackwardShape, DeltaShape
     stages, _, recompute = text.partition("/")
     stages, *flags = stages.split("+")
-    split = "split" in flags
+    group = "group" in flags
     sweep_stages = [int(f[1:]) for f in flags if f[:1] == "s" and f[1:].isdigit()]
     parts, rparts = stages.split(":"), recompute.split(":") if recompute else []
     if len(parts) not in (3, 4, 6) or len(rparts) not in (0, 5) or not all(x.isdigit() for x in parts + rparts) \
-            or len(flags) != split + len(sweep_stages) + ("group" in flags):
-        raise ValueError("backward shape: expected BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]][+split]"
+            or len(flags) != group + len(sweep_stages):
+        raise ValueError("backward shape: expected BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]][+group]"
                          f"[+sN][/BV:warps:stages:phases:segments], got {text!r}")
     if rparts:
         bv, warps, n_stages, phases, segments = map(int, rparts)
@@ -157,7 +156,7 @@ def parse_backward_shape(text):
                                v_product=bv >= 64)
     extra = dict(sweep_stages=sweep_stages[0]) if sweep_stages else {}
     return DeltaBackwardShape(*map(int, parts[:3]), "variant", *map(int, parts[3:]), recompute=recompute or None,
-                              split_dqdk=split, group_in_kernel="group" in flags, **extra)
+                              group_in_kernel=group, **extra)
 
 
 def set_backward_shape(text):

@@ -143,7 +143,7 @@ def backward(BV=32, warps=8, grads_warps=8, grads_BV=None):
     BV = grads_BV or BV
     const = dict(H=16, HV=32, K=128, V=128, BT=64, BK=128, BV=BV, IS_VARLEN=False, HAS_G=True, USE_L2NORM=True,
                  DOT_PRECISION="tf32", DT=tl.bfloat16, M=1)
-    dqdk_const = dict(const, PART=0, GROUP=1)
+    dqdk_const = dict(const, PART=1, GROUP=1)
     scores_sig = dict(q=p, k=p, v=p, g="*fp32", beta=p, do=p, dy=p, u=p, ks=f, dg=f, dbeta=f, bdyks=f, scratch=p,
                       cu_seqlens="*i32", chunk_indices="*i32", chunk_offsets="*i32", T="i32", n_seq="i32",
                       scale="fp32")
@@ -152,7 +152,6 @@ def backward(BV=32, warps=8, grads_warps=8, grads_BV=None):
                     scale="fp32", n_cs_rows="i32")
     return f"reverse sweep BV {BV}, {warps} warps: {swept}\nparallel stage BV {BV}, {grads_warps} warps:" \
            f"\n  scores: {_compile(chunk_delta_bwd_scores_kernel, scores_sig, const, grads_warps)}" \
-           f"\n  dq, dk: {_compile(chunk_delta_bwd_dqdk_kernel, dqdk_sig, dqdk_const, grads_warps)}" \
            f"\n  dk alone: {_compile(chunk_delta_bwd_dqdk_kernel, dqdk_sig, dict(dqdk_const, PART=1), grads_warps)}" \
            f"\n  dq alone: {_compile(chunk_delta_bwd_dqdk_kernel, dqdk_sig, dict(dqdk_const, PART=2), grads_warps)}" \
            f"\n  dk alone, GVA summed: " \

@@ -40,16 +40,13 @@ NARROW = DeltaBackwardShape(32, 4, 4, "tests: 4 warps, the parallel stage over 1
 #: The recompute in three phases, and in three segments (pass 1, the fix-up, pass 2), its scores kernel at 64 columns.
 PHASED = DeltaBackwardShape(32, 8, 4, "tests: the recompute in phases", grads_block_v=16, scores_warps=4,
                             scores_block_v=64, recompute=DeltaShape(32, 4, 2, 4, "tests", phases=3))
-SEGMENTED = DeltaBackwardShape(16, 4, 4, "tests: the recompute in segments, dq and dk in two launches",
-                               split_dqdk=True,
+SEGMENTED = DeltaBackwardShape(16, 4, 4, "tests: the recompute in segments",
                                recompute=DeltaShape(16, 4, 2, 4, "tests", segments=3, v_product=False))
 
 
-#: GVA summed in the dq, dk kernel (fused, and in two launches).
-GROUPED = DeltaBackwardShape(32, 8, 4, "tests: GVA summed in the dq, dk kernel", grads_block_v=16,
+#: GVA summed in the dq, dk kernels over 16-column steps (NARROW sums a group's dq, dk after them).
+GROUPED = DeltaBackwardShape(32, 8, 4, "tests: GVA summed in the dq, dk kernels", grads_block_v=16,
                              group_in_kernel=True)
-GROUPED_SPLIT = DeltaBackwardShape(32, 8, 4, "tests: GVA summed in the dq, dk launches", grads_block_v=16,
-                                   split_dqdk=True, group_in_kernel=True)
 
 
 def _cases():
@@ -59,7 +56,7 @@ def _cases():
             if optional == "all":
                 yield pytest.param(case, optional, NARROW, id=f"{case}-{optional}-narrow")
             if c["HV"] != c["H"]:  # GVA summed in the kernel
-                yield pytest.param(case, optional, GROUPED_SPLIT if optional == "all" else GROUPED,
+                yield pytest.param(case, optional, GROUPED,
                                    id=f"{case}-{optional}-grouped")
             if optional == "all" and c["cu"] is None and c["T"] > 64:  # phases and segments: dense, several chunks
                 yield pytest.param(case, optional, PHASED, id=f"{case}-{optional}-recompute-phased")
@@ -102,7 +99,7 @@ def test_triton_backward_matches_the_reference(case, optional, backward_shape):
             assert_like_fp32(a.cpu(), b, r, name)
 
 
-@pytest.mark.parametrize("backward_shape", [None, NARROW, SEGMENTED, GROUPED_SPLIT],
+@pytest.mark.parametrize("backward_shape", [None, NARROW, SEGMENTED, GROUPED],
                          ids=["planned", "narrow", "split", "grouped"])
 @pytest.mark.parametrize("M, cu", [(2, None), (3, [0, 1, 40, 41, 90])])
 def test_gated_delta_product_on_the_expanded_stream(M, cu, backward_shape):
@@ -236,7 +233,7 @@ def test_gdp_training_with_descriptors_builds_none(monkeypatch):
         assert relative_rms(a.double().cpu(), b) < 1e-5, name
 
 
-@pytest.mark.parametrize("backward_shape", [None, NARROW, SEGMENTED, GROUPED_SPLIT],
+@pytest.mark.parametrize("backward_shape", [None, NARROW, SEGMENTED, GROUPED],
                          ids=["planned", "narrow", "split", "grouped"])
 def test_every_backward_launch_names_every_kernel_argument(backward_shape):
     """The direct launcher fills a kernel's parameters by name, defaults included: every launch of
@@ -258,7 +255,7 @@ def test_every_backward_launch_names_every_kernel_argument(backward_shape):
         assert not missing, f"{getattr(step.kernel, 'fn', step.kernel).__name__}: {missing}"
 
 
-@pytest.mark.parametrize("backward_shape", [None, NARROW, SEGMENTED, GROUPED_SPLIT],
+@pytest.mark.parametrize("backward_shape", [None, NARROW, SEGMENTED, GROUPED],
                          ids=["planned", "narrow", "split", "grouped"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_16_bit_inputs(dtype, backward_shape):

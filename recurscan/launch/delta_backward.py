@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from ..descriptors import CHUNK_SIZE
-from ..kernels.delta.backward import (DQDK_BOTH, DQDK_DK, DQDK_DQ, chunk_delta_bwd_dqdk_kernel,
+from ..kernels.delta.backward import (DQDK_DK, DQDK_DQ, chunk_delta_bwd_dqdk_kernel,
                                       chunk_delta_bwd_scores_kernel, chunk_delta_bwd_sweep_kernel)
 from ..kernels.delta.prep import chunk_delta_prep_kernel
 from ..kernels.delta.sweep import chunk_delta_sweep_kernel
@@ -150,10 +150,9 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
         shared, v=arg("v"), ks=arg("ks"), dbeta=arg("dbeta"), BV=BVs),
         dict(num_warps=backward_shape.scores_warps or backward_shape.grads_warps))
     dqdk = dict(shared, states=arg("states"), dstates=arg("dstates"), dq=arg("dq"), dk=arg("dk"), n_cs_rows=rows)
-    parts = (DQDK_DK, DQDK_DQ) if backward_shape.split_dqdk else (DQDK_BOTH,)
     steps = [sweep, scores] + [Step(chunk_delta_bwd_dqdk_kernel, (chunks * (HV // group),),
                                     dict(dqdk, PART=part, GROUP=group), dict(num_warps=backward_shape.grads_warps))
-                               for part in parts]
+                               for part in (DQDK_DK, DQDK_DQ)]
     if gva:  # dq, dk per value head -> per q/k head, in q's and k's dtypes
         buffers.update(dq_sum=((B, T, H, K), q.dtype), dk_sum=((B, T * M, H, K), k.dtype))
         for name, rows_of in (("dq", B * T * H), ("dk", B * T * M * H)):

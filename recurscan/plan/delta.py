@@ -121,8 +121,6 @@ class DeltaBackwardShape:
     # its phases kept, in one segment (B1 T16384 HV32, whose forward runs in 6 phases: 3.66 against
     # 3.75 ms in one pass; BV 32 in one pass or in phases, 3.90; gpu_delta_train_variants_3650ad7_*.json).
     recompute: DeltaShape | None = None
-    # dq and dk in two launches of their kernel (one [BT, K] accumulator a program) instead of one.
-    split_dqdk: bool = False
     sweep_stages: int = 3  # software-pipelining depth of the reverse sweep's chunk loop
     # GVA: a dq, dk program sums its group's value heads into one accumulator and writes dq and dk
     # per q/k head in the inputs' dtypes (no float32 per-value-head gradients, no group sum
@@ -132,13 +130,12 @@ class DeltaBackwardShape:
 
 
 # The parallel stage's rows share their shape: the scores kernel steps 64 value columns on 4 warps
-# (its loop reads four tiles and makes two products: 0.236 against 0.244 ms at 16 columns, B4
-# T4096), and dq, dk run as two launches of their kernel, 16 columns on 4 warps, one [BT, K]
-# accumulator a program (no spills; fused, two accumulators spill 744 B a thread): forward +
-# backward 1.59 / 3.53 / 3.04 ms against 1.61 / 3.72 / 3.10 fused at GDN B4 T4096, B1 T16384 HV32,
-# GDP M2 B4 (gpu_delta_train_2e9b1fa_*.json). The split costs the first call 2.5 s more compile
-# (12.4 against 9.9 s at B4: gpu_delta_train_cold_2e9b1fa_split.json).
-_STAGE = dict(grads_block_v=16, scores_warps=4, scores_block_v=64, split_dqdk=True, group_in_kernel=True)
+# (B4 T4096: 0.235 ms; at 8 warps 0.320; 128 columns 0.215, not taken: measured at B4 alone), and
+# dq, dk run as two launches of their kernel (one [BT, K] accumulator a program), 32 columns on 4
+# warps: dq, dk 0.386 / 0.686 / 0.708 ms against 0.437 / 0.799 / 0.817 at 16 columns at GDN B4
+# T4096, B1 T16384 HV32, GDP M2 B4 (gpu_delta_train_variants_d990650_*.json); a GVA group summed
+# in their kernel.
+_STAGE = dict(grads_block_v=32, scores_warps=4, scores_block_v=64, group_in_kernel=True)
 
 #: The backward's launch shape: the first row whose condition holds on (sequence x value head
 #: pairs, V, SMs) decides. Measured in benchmarks/results/gpu_delta_train_*.json (docs/perf-history.md).

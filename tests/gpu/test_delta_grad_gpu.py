@@ -101,7 +101,7 @@ def test_training_step_with_descriptors_is_sync_free(M):
 
 
 def test_parallel_stage_warps_on_the_gpu():
-    """The parallel stage at 8 warps (the planner's) and 4, against the float64 oracle at the
+    """The parallel stage at 4 warps (the planner's) and 8, against the float64 oracle at the
     models' head sizes, GVA and varlen: the numbers the planner's choice between them rests on."""
     from recurscan.descriptors import build_chunk_descriptors
     from recurscan.launch.delta_backward import chunk_delta_bwd

@@ -24,10 +24,8 @@ PLANNED_FORWARD = DeltaShape(64, 4, 3, 4, "tests: a planner row (BV 64, 4 warps,
 SHAPES = {
     **{f"planned row {i}": shape for i, (_, shape) in enumerate(DELTA_BACKWARD_LAUNCH)},
     "4 warps": DeltaBackwardShape(32, 8, 4, "tests: the parallel stage on 4 warps"),
-    "dq, dk fused": DeltaBackwardShape(32, 8, 4, "tests: dq and dk in one launch", grads_block_v=16),
     "GVA in the kernel": DeltaBackwardShape(32, 8, 4, "tests: GVA summed in the dq, dk launches", grads_block_v=16,
-                                            scores_warps=4, scores_block_v=64, split_dqdk=True,
-                                            group_in_kernel=True),
+                                            scores_warps=4, scores_block_v=64, group_in_kernel=True),
 }
 CASES = {"GDN dense, H = HV": (1, None), "GDN varlen, GVA": (1, [0, 1, 300, 1000]),
          "GDP M 2 varlen": (2, [0, 1, 300, 1000])}

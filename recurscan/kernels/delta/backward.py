@@ -18,20 +18,16 @@ from .common import _chunk_gates, _chunk_head, _chunk_rows, _chunk_slot, _chunk_
 def _bwd_sweep_chunk(c, b_dS, q, k, beta, do, winv, aqk, coef, dstates, dy_out, dv, bos, L, i_n, i_h, i_hv, cs0,
                      n_cs_rows, o_t, o_k, o_v, m_k, m_v, m_kv, o_kv, H: tl.constexpr, HV: tl.constexpr,
                      K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                     DT: tl.constexpr, M: tl.constexpr, FULL: tl.constexpr):
+                     DT: tl.constexpr, M: tl.constexpr):
     """Chunk c of :func:`chunk_delta_bwd_sweep_kernel` (its docstring has the algebra): writes dS
-    leaving the chunk, the chunk's dY and dv, and returns dS^T entering it. FULL: the chunk's BT
-    rows all lie in the sequence, so no tile is masked by row.
+    leaving the chunk, the chunk's dY and dv, and returns dS^T entering it.
 
     Every address is a 64-bit scalar base (the chunk's first row) plus 32-bit offsets in the tile:
     per-lane 64-bit row arithmetic was a third of the chunk loop's instructions (sm_90 SASS)."""
     r0 = bos + c * BT  # the chunk's first row of the expanded stream
     tok0 = r0 // M  # q and dO live on the token stream, on each token's last copy
     o_tok = (r0 % M + o_t) // M  # a row's token, from tok0
-    if FULL:
-        m_r = tl.full([BT], True, tl.int1)
-    else:
-        m_r = c * BT + o_t < L
+    m_r = c * BT + o_t < L
     if M == 1:
         m_q = m_r
     else:
@@ -97,8 +93,9 @@ def chunk_delta_bwd_sweep_kernel(
     The program computes these sums transposed, holding dS^T [BV, K] as the forward sweep holds
     S^T: the held gradient and the chain's products are then the left operands, which wgmma takes
     from registers, and only loaded tiles go through shared memory (measured against dS [K, BV]:
-    docs/perf-history.md). A sequence's last chunk, when partial, runs first and masked; the full
-    chunks before it run unmasked, their loads pipelined NUM_STAGES deep."""
+    docs/perf-history.md). Every chunk runs masked by row, its loads pipelined NUM_STAGES deep (an
+    unmasked copy of the loop for full chunks cut the loop's instructions by a tenth and doubled
+    the kernel's compile time, which the cold first call waits on)."""
     pid = tl.program_id(0).to(tl.int64)
     NV: tl.constexpr = (V + BV - 1) // BV
     i_v = pid % NV
@@ -124,15 +121,11 @@ def chunk_delta_bwd_sweep_kernel(
         b_dS = tl.load(dht + p_h + o_kv, mask=m_kv, other=0.0).to(tl.float32)
     else:
         b_dS = tl.zeros([BV, BK], dtype=tl.float32)
-    c_full = L // BT
-    if c_full * BT < L:  # the partial last chunk
-        b_dS = _bwd_sweep_chunk(c_full, b_dS, q, k, beta, do, winv, aqk, coef, dstates, dy_out, dv, bos, L, i_n,
-                                i_h, i_hv, cs0, n_cs_rows, o_t, o_k, o_v, m_k, m_v, m_kv, o_kv, H, HV, K, V, BT,
-                                DOT_PRECISION, DT, M, False)
-    for cc in tl.range(0, c_full, num_stages=NUM_STAGES):
-        b_dS = _bwd_sweep_chunk(c_full - 1 - cc, b_dS, q, k, beta, do, winv, aqk, coef, dstates, dy_out, dv, bos, L,
+    n_chunks = (L + BT - 1) // BT
+    for cc in tl.range(0, n_chunks, num_stages=NUM_STAGES):
+        b_dS = _bwd_sweep_chunk(n_chunks - 1 - cc, b_dS, q, k, beta, do, winv, aqk, coef, dstates, dy_out, dv, bos, L,
                                 i_n, i_h, i_hv, cs0, n_cs_rows, o_t, o_k, o_v, m_k, m_v, m_kv, o_kv, H, HV, K, V,
-                                BT, DOT_PRECISION, DT, M, True)
+                                BT, DOT_PRECISION, DT, M)
     if STORE_DH0:
         tl.store(dh0 + p_h + o_kv, b_dS, mask=m_kv)
 
@@ -233,7 +226,7 @@ def _sds_term(lam, sds, o_t, BT: tl.constexpr):
 
 
 #: What a launch of :func:`chunk_delta_bwd_dqdk_kernel` computes (its PART).
-DQDK_BOTH, DQDK_DK, DQDK_DQ = 0, 1, 2
+DQDK_DK, DQDK_DQ = 1, 2
 
 
 @triton.jit(do_not_specialize=["T", "n_seq", "n_cs_rows"])
@@ -242,7 +235,7 @@ def chunk_delta_bwd_dqdk_kernel(
     cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, scale, n_cs_rows,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, USE_L2NORM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DT: tl.constexpr, M: tl.constexpr = 1, PART: tl.constexpr = 0,
+    DOT_PRECISION: tl.constexpr, DT: tl.constexpr, M: tl.constexpr = 1, PART: tl.constexpr = 1,
     GROUP: tl.constexpr = 1,
 ):
     """The parallel stage, second half: the state side. Grid (chunks x HV / GROUP,): per (chunk,
@@ -262,17 +255,19 @@ def chunk_delta_bwd_dqdk_kernel(
     the first through lam's reverse cumulative sum (with S . dS at the chunk's last row), the
     second through gam's (G's last row: an exclusive cumulative sum).
 
-    PART (:data:`DQDK_BOTH`, :data:`DQDK_DK`, :data:`DQDK_DQ`): both gradients in one program, or
-    one of them, the other in a second launch after it (each program then holds one [BT, K]
-    accumulator instead of two, and reads S again).
+    PART (:data:`DQDK_DK`, :data:`DQDK_DQ`): the gradient a launch computes; dk's launch runs first
+    (it reads what the first half wrote in ``dg`` and adds to it, as dq's then does). Each program
+    holds one [BT, K] accumulator: both in one program spilled at 4 warps (744 B a thread), and with
+    q and k held across the value loop gave dg 2.1e-2 off the float64 oracle on the H200 at 4 warps
+    over 32 columns (right under the interpreter and at 8 warps; docs/perf-history.md).
 
     GROUP: value heads a program takes, one after another. 1: dq and dk per value head
     ``[.., HV, K]`` (GVA sums them after). HV / H: a GVA group's, summed in the accumulator, and
     written per q/k head in q's and k's dtypes; dO comes into dq's sum scaled by scale lam (each
     head its own), and each head's projections are the differences of the sum's projections
     before and after it."""
-    DO_DQ: tl.constexpr = PART != 1
-    DO_DK: tl.constexpr = PART != 2
+    DO_DQ: tl.constexpr = PART == 2
+    DO_DK: tl.constexpr = PART == 1
     NG: tl.constexpr = HV // GROUP
     pid = tl.program_id(0).to(tl.int64)
     i_g = pid % NG
