@@ -111,7 +111,7 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
         outputs=("chunk_states", "winv", "aqk", "coef", "u", "ks"))
     BK = max(16, triton.next_power_of_2(K))
     BV = min(backward_shape.block_v, max(16, triton.next_power_of_2(V)))
-    BVg = min(backward_shape.grads_block_v or backward_shape.block_v, max(16, triton.next_power_of_2(V)))
+    BVg = min(backward_shape.grads_block_v, max(16, triton.next_power_of_2(V)))
     BVs = min(backward_shape.scores_block_v or BVg, max(16, triton.next_power_of_2(V)))
     chunks = rows
     # GVA: dq and dk summed over each group's value heads inside their kernel (GROUP), or written

@@ -114,7 +114,9 @@ class DeltaBackwardShape:
     sweep_warps: int
     grads_warps: int  # the parallel stage's dq, dk kernel's (and the scores kernel's, unless scores_warps)
     reason: str
-    grads_block_v: int | None = None  # the parallel stage's step over V (None: block_v)
+    # The dq, dk kernel's step over V: at most 16 (32 made dk and dg 1.1e-2 / 1.7e-2 off the float64
+    # oracle on the H200 at 4 warps, right under the interpreter: gpu_delta_grad_check_9e04778.json).
+    grads_block_v: int = 16
     scores_warps: int | None = None  # the scores kernel's (None: grads_warps)
     scores_block_v: int | None = None  # the scores kernel's step over V (None: grads_block_v)
     # The recompute's prep and sweep (the chunk states, U, lam o (K S)); None: the forward's shape,
@@ -128,14 +130,21 @@ class DeltaBackwardShape:
     # 3.02 against 3.42 (gpu_delta_train_sweep_63b9ddd_b1.json).
     group_in_kernel: bool = False
 
+    def __post_init__(self):
+        if self.grads_block_v > 16:
+            raise ValueError(f"DeltaBackwardShape: grads_block_v = {self.grads_block_v}; the dq, dk kernel steps at "
+                             "most 16 value columns (wider steps gave wrong dk and dg on the H200)")
+
 
 # The parallel stage's rows share their shape: the scores kernel steps 64 value columns on 4 warps
-# (B4 T4096: 0.235 ms; at 8 warps 0.320; 128 columns 0.215, not taken: measured at B4 alone), and
-# dq, dk run as two launches of their kernel (one [BT, K] accumulator a program), 32 columns on 4
-# warps: dq, dk 0.386 / 0.686 / 0.708 ms against 0.437 / 0.799 / 0.817 at 16 columns at GDN B4
-# T4096, B1 T16384 HV32, GDP M2 B4 (gpu_delta_train_variants_d990650_*.json); a GVA group summed
-# in their kernel.
-_STAGE = dict(grads_block_v=32, scores_warps=4, scores_block_v=64, group_in_kernel=True)
+# (B4 T4096: 0.235 ms; at 8 warps 0.320; 128 columns 0.211-0.215, 0.440 against 0.457 at B1 HV32,
+# 0.418 against 0.416 at GDP: gpu_delta_train_9e04778.json), and dq, dk run as two launches of
+# their kernel (one [BT, K] accumulator a program), 16 columns on 4 warps, a GVA group summed in
+# their kernel. At 32 columns they took 0.386 / 0.686 / 0.708 ms against 0.437 / 0.799 / 0.817 at
+# GDN B4, B1 HV32, GDP M2 (gpu_delta_train_variants_d990650_*.json), but dk and dg came out
+# 1.1e-2 and 1.7e-2 off the float64 oracle on the H200 (3.3e-3 and 3.0e-3 at 16 columns; right
+# under the interpreter): gpu_delta_grad_check_9e04778.json.
+_STAGE = dict(grads_block_v=16, scores_warps=4, scores_block_v=64, group_in_kernel=True)
 
 #: The backward's launch shape: the first row whose condition holds on (sequence x value head
 #: pairs, V, SMs) decides. Measured in benchmarks/results/gpu_delta_train_*.json (docs/perf-history.md).

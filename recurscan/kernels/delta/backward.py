@@ -18,16 +18,20 @@ from .common import _chunk_gates, _chunk_head, _chunk_rows, _chunk_slot, _chunk_
 def _bwd_sweep_chunk(c, b_dS, q, k, beta, do, winv, aqk, coef, dstates, dy_out, dv, bos, L, i_n, i_h, i_hv, cs0,
                      n_cs_rows, o_t, o_k, o_v, m_k, m_v, m_kv, o_kv, H: tl.constexpr, HV: tl.constexpr,
                      K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                     DT: tl.constexpr, M: tl.constexpr):
+                     DT: tl.constexpr, M: tl.constexpr, FULL: tl.constexpr):
     """Chunk c of :func:`chunk_delta_bwd_sweep_kernel` (its docstring has the algebra): writes dS
-    leaving the chunk, the chunk's dY and dv, and returns dS^T entering it.
+    leaving the chunk, the chunk's dY and dv, and returns dS^T entering it. FULL: the chunk's BT
+    rows all lie in the sequence, so no tile is masked by row.
 
     Every address is a 64-bit scalar base (the chunk's first row) plus 32-bit offsets in the tile:
     per-lane 64-bit row arithmetic was a third of the chunk loop's instructions (sm_90 SASS)."""
     r0 = bos + c * BT  # the chunk's first row of the expanded stream
     tok0 = r0 // M  # q and dO live on the token stream, on each token's last copy
     o_tok = (r0 % M + o_t) // M  # a row's token, from tok0
-    m_r = c * BT + o_t < L
+    if FULL:
+        m_r = tl.full([BT], True, tl.int1)
+    else:
+        m_r = c * BT + o_t < L
     if M == 1:
         m_q = m_r
     else:
@@ -93,9 +97,8 @@ def chunk_delta_bwd_sweep_kernel(
     The program computes these sums transposed, holding dS^T [BV, K] as the forward sweep holds
     S^T: the held gradient and the chain's products are then the left operands, which wgmma takes
     from registers, and only loaded tiles go through shared memory (measured against dS [K, BV]:
-    docs/perf-history.md). Every chunk runs masked by row, its loads pipelined NUM_STAGES deep (an
-    unmasked copy of the loop for full chunks cut the loop's instructions by a tenth and doubled
-    the kernel's compile time, which the cold first call waits on)."""
+    docs/perf-history.md). A sequence's last chunk, when partial, runs first and masked; the full
+    chunks before it run unmasked, their loads pipelined NUM_STAGES deep."""
     pid = tl.program_id(0).to(tl.int64)
     NV: tl.constexpr = (V + BV - 1) // BV
     i_v = pid % NV
@@ -121,11 +124,15 @@ def chunk_delta_bwd_sweep_kernel(
         b_dS = tl.load(dht + p_h + o_kv, mask=m_kv, other=0.0).to(tl.float32)
     else:
         b_dS = tl.zeros([BV, BK], dtype=tl.float32)
-    n_chunks = (L + BT - 1) // BT
-    for cc in tl.range(0, n_chunks, num_stages=NUM_STAGES):
-        b_dS = _bwd_sweep_chunk(n_chunks - 1 - cc, b_dS, q, k, beta, do, winv, aqk, coef, dstates, dy_out, dv, bos, L,
+    c_full = L // BT
+    if c_full * BT < L:  # the partial last chunk
+        b_dS = _bwd_sweep_chunk(c_full, b_dS, q, k, beta, do, winv, aqk, coef, dstates, dy_out, dv, bos, L, i_n,
+                                i_h, i_hv, cs0, n_cs_rows, o_t, o_k, o_v, m_k, m_v, m_kv, o_kv, H, HV, K, V, BT,
+                                DOT_PRECISION, DT, M, False)
+    for cc in tl.range(0, c_full, num_stages=NUM_STAGES):
+        b_dS = _bwd_sweep_chunk(c_full - 1 - cc, b_dS, q, k, beta, do, winv, aqk, coef, dstates, dy_out, dv, bos, L,
                                 i_n, i_h, i_hv, cs0, n_cs_rows, o_t, o_k, o_v, m_k, m_v, m_kv, o_kv, H, HV, K, V,
-                                BT, DOT_PRECISION, DT, M)
+                                BT, DOT_PRECISION, DT, M, True)
     if STORE_DH0:
         tl.store(dh0 + p_h + o_kv, b_dS, mask=m_kv)
 
