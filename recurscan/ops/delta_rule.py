@@ -155,7 +155,7 @@ def _run_triton_with_grad(q, k, v, g, beta, problem, schedule, *, initial_state,
     options = dict(num_householder=problem.householder, scale=problem.scale,
                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, shape=schedule.launch,
                    chunk_indices=chunk_indices, chunk_indices_dp=chunk_indices_dp, chunk_offsets=chunk_offsets,
-                   signature=key)
+                   signature=key, keep_prep=keep_prep)
     o, final = ChunkDelta.apply(q, k, v, g, beta, initial_state, forward, options)
     return o, (final if output_final_state else None)
 
