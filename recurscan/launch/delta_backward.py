@@ -6,12 +6,12 @@ expanded stream, :func:`chunk_delta_product_bwd`):
 2. before it, unless the forward kept its prep's outputs (``prep``), the prep with STORE_INV, which
    writes ``G o Tinv`` beside wy (``aqk``, ``coef`` kept);
 3. the reverse sweep (dS carried last chunk to first; dv, dY, dS per chunk, dh0);
-4. the parallel stage (dq, dk, dg, dbeta), one program per chunk and value head: the [BT, BT] side
-   with dbeta and dg's part (``scores``), then dq and dk with dg's state terms (one launch, or one
-   for dk and one for dq);
-5. under GVA, the sum of dq and dk over each group's value heads, cast to q's and k's dtypes
-   (kernels/group_sum.py), unless the dq and dk kernel sums the group itself
-   (``DeltaBackwardShape.group_in_kernel``).
+4. the parallel stage (dq, dk, dg, dbeta): the [BT, BT] side with dbeta and dg's part
+   (``scores``, one program per chunk and value head), then dk and dq with dg's state terms (one
+   launch each, one program per chunk and value head, or per chunk and q/k head where it sums a
+   GVA group itself: ``DeltaBackwardShape.group_in_kernel``, the planner's);
+5. under GVA without that, the sum of dq and dk over each group's value heads, cast to q's and k's
+   dtypes (kernels/group_sum.py).
 
 Saved from the forward: the inputs, and the prep's outputs where the planner keeps them
 (``plan.delta.keep_prep_for_backward``); every scratch here lives for the call. What a call
