@@ -343,3 +343,39 @@ def test_a_dq_dk_step_wider_than_16_columns_is_refused():
     right under the interpreter: a shape that asks for it is refused before anything launches."""
     with pytest.raises(ValueError, match="grads_block_v"):
         DeltaBackwardShape(64, 4, 4, "tests", grads_block_v=32)
+
+
+
+@pytest.mark.parametrize("M, cu, HV", [(1, None, 2), (1, [0, 1, 70, 130], 4), (2, [0, 1, 40, 70], 2)],
+                         ids=["GDN dense", "GDN varlen, GVA", "GDP varlen"])
+def test_the_backward_starts_compiling_from_stand_ins_of_the_outputs(monkeypatch, M, cu, HV):
+    """Through the public ops: the forward starts the backward compiling before it runs, from
+    stand-ins of its outputs, so the stand-ins must have the outputs' signature (shape, strides,
+    dtype, device), the one dO and dht then carry: else the backward builds its launches again
+    and the early compiles are lost (the cold first call: docs/kernels-delta-backward.md)."""
+    import recurscan
+    import recurscan.autograd.delta as autograd_delta
+    from recurscan.runtime.cache import launch_key
+    from tests.helpers.inputs import gdp_inputs
+    seen = []
+    monkeypatch.setattr(autograd_delta, "compile_backward_early", lambda signature, q, k, v, g, beta, o, final,
+                        **kw: seen.append((o, final, kw["prep_kept"])))
+    T = 130 if cu is None else cu[-1]
+    x = [t.float().to(DEVICE).requires_grad_() for t in (
+        gdn_inputs(2 if cu is None else 1, T, 1, HV, 16, 16, seed=6)[:5] if M == 1
+        else gdp_inputs(T, M, 1, HV, 16, 16, seed=6)[:5])]
+    kw = dict(use_qk_l2norm_in_kernel=True, backend="triton", output_final_state=True)
+    if cu is not None:
+        d = build_chunk_descriptors(torch.tensor(cu), M, device=DEVICE)
+        kw.update(cu_seqlens=torch.tensor(cu, device=DEVICE), chunk_indices=d.chunk_indices,
+                  chunk_offsets=d.chunk_offsets, **({"chunk_indices_dp": d.chunk_indices_dp} if M > 1 else {}))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        if M == 1:
+            o, final = recurscan.chunk_gated_delta_rule(*x, **kw)
+        else:
+            o, final = recurscan.chunk_gated_delta_product_varlen(*x, M, **kw)
+    ((o_like, final_like, prep_kept),) = seen
+    assert launch_key((o_like, final_like)) == launch_key((o.detach(), final.detach()))
+    assert prep_kept == (len(saved) > 6)  # the forward kept its prep exactly when it said it would
+
