@@ -165,6 +165,28 @@ def test_expanded_chunk_offsets_on_the_device_equal_the_host_descriptors(M):
     assert torch.equal(expanded_chunk_offsets(cu, M).cpu(), want.cpu())
 
 
+def _op_call(M, cu, HV, seed):
+    """Inputs (float32, on DEVICE) and keyword arguments of the public GDN (M = 1) or GDP op on the
+    Triton path: a dense batch of two 130-token sequences, or one varlen batch ``cu`` with its
+    descriptors."""
+    from tests.helpers.inputs import gdp_inputs
+    T = 130 if cu is None else cu[-1]
+    x = [t.float().to(DEVICE) for t in (gdn_inputs(2 if cu is None else 1, T, 1, HV, 16, 16, seed=seed)[:5] if M == 1
+                                        else gdp_inputs(T, M, 1, HV, 16, 16, seed=seed)[:5])]
+    kw = dict(use_qk_l2norm_in_kernel=True, backend="triton")
+    if cu is not None:
+        d = build_chunk_descriptors(torch.tensor(cu), M, device=DEVICE)
+        kw.update(cu_seqlens=torch.tensor(cu, device=DEVICE), chunk_indices=d.chunk_indices,
+                  chunk_offsets=d.chunk_offsets, **({"chunk_indices_dp": d.chunk_indices_dp} if M > 1 else {}))
+    return x, kw
+
+
+def _op(M):
+    import recurscan
+    return recurscan.chunk_gated_delta_rule if M == 1 else \
+        lambda *x, **kw: recurscan.chunk_gated_delta_product_varlen(*x, M, **kw)
+
+
 @pytest.mark.parametrize("M, cu", [(1, None), (1, [0, 1, 70, 130]), (2, [0, 1, 40, 70])],
                          ids=["GDN dense", "GDN varlen", "GDP varlen"])
 def test_the_prep_kept_by_the_forward_gives_the_recomputed_bits(monkeypatch, M, cu):
@@ -172,20 +194,11 @@ def test_the_prep_kept_by_the_forward_gives_the_recomputed_bits(monkeypatch, M, 
     keep_prep_for_backward, forced either way here): the same gradients, bit for bit, with the
     recompute's prep launched only where nothing was kept, and the kept tensors saved beside the
     inputs."""
-    import recurscan
     import recurscan.plan.delta as plan_delta
     from recurscan.kernels.delta.prep import chunk_delta_prep_kernel
     from recurscan.launch.delta_backward import BACKWARD_LAUNCHES
     from recurscan.runtime.cache import clear_caches
-    from tests.helpers.inputs import gdp_inputs
-    T = 130 if cu is None else cu[-1]
-    x = [t.float().to(DEVICE) for t in (gdn_inputs(2 if cu is None else 1, T, 1, 2, 16, 16, seed=5)[:5] if M == 1
-                                        else gdp_inputs(T, M, 1, 2, 16, 16, seed=5)[:5])]
-    kw = dict(use_qk_l2norm_in_kernel=True, backend="triton")
-    if cu is not None:
-        d = build_chunk_descriptors(torch.tensor(cu), M, device=DEVICE)
-        kw.update(cu_seqlens=torch.tensor(cu, device=DEVICE), chunk_indices=d.chunk_indices,
-                  chunk_offsets=d.chunk_offsets, **({"chunk_indices_dp": d.chunk_indices_dp} if M > 1 else {}))
+    x, kw = _op_call(M, cu, 2, seed=5)
     grads, saved = {}, {}
     for keep in (False, True):
         clear_caches()  # the signature's launches, planned the other way
@@ -193,10 +206,7 @@ def test_the_prep_kept_by_the_forward_gives_the_recomputed_bits(monkeypatch, M, 
         leaves = [t.clone().requires_grad_() for t in x]
         count = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t: count.append(t) or t, lambda t: t):
-            if M == 1:
-                o, _ = recurscan.chunk_gated_delta_rule(*leaves, **kw)
-            else:
-                o, _ = recurscan.chunk_gated_delta_product_varlen(*leaves, M, **kw)
+            o, _ = _op(M)(*leaves, **kw)
         saved[keep] = len(count)
         grads[keep] = torch.autograd.grad(o, leaves, torch.ones_like(o))
         (launches,) = BACKWARD_LAUNCHES.values()
@@ -353,28 +363,15 @@ def test_the_backward_starts_compiling_from_stand_ins_of_the_outputs(monkeypatch
     stand-ins of its outputs, so the stand-ins must have the outputs' signature (shape, strides,
     dtype, device), the one dO and dht then carry: else the backward builds its launches again
     and the early compiles are lost (the cold first call: docs/kernels-delta-backward.md)."""
-    import recurscan
     import recurscan.autograd.delta as autograd_delta
     from recurscan.runtime.cache import launch_key
-    from tests.helpers.inputs import gdp_inputs
     seen = []
     monkeypatch.setattr(autograd_delta, "compile_backward_early", lambda signature, q, k, v, g, beta, o, final,
                         **kw: seen.append((o, final, kw["prep_kept"])))
-    T = 130 if cu is None else cu[-1]
-    x = [t.float().to(DEVICE).requires_grad_() for t in (
-        gdn_inputs(2 if cu is None else 1, T, 1, HV, 16, 16, seed=6)[:5] if M == 1
-        else gdp_inputs(T, M, 1, HV, 16, 16, seed=6)[:5])]
-    kw = dict(use_qk_l2norm_in_kernel=True, backend="triton", output_final_state=True)
-    if cu is not None:
-        d = build_chunk_descriptors(torch.tensor(cu), M, device=DEVICE)
-        kw.update(cu_seqlens=torch.tensor(cu, device=DEVICE), chunk_indices=d.chunk_indices,
-                  chunk_offsets=d.chunk_offsets, **({"chunk_indices_dp": d.chunk_indices_dp} if M > 1 else {}))
+    x, kw = _op_call(M, cu, HV, seed=6)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        if M == 1:
-            o, final = recurscan.chunk_gated_delta_rule(*x, **kw)
-        else:
-            o, final = recurscan.chunk_gated_delta_product_varlen(*x, M, **kw)
+        o, final = _op(M)(*(t.requires_grad_() for t in x), output_final_state=True, **kw)
     ((o_like, final_like, prep_kept),) = seen
     assert launch_key((o_like, final_like)) == launch_key((o.detach(), final.detach()))
     assert prep_kept == (len(saved) > 6)  # the forward kept its prep exactly when it said it would
