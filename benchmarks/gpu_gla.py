@@ -13,7 +13,8 @@ forward alone and the forward + backward (every input's gradient, one fixed dY);
 GLA's forward + backward against fla's; chunk_gla (a decay per key dimension) forward against fla's. ``--cold``: the first SSD forward + backward in a fresh
 process with an empty Triton cache (issue 20: <= 10 s). ``--gla-shape BV:warps[:split]`` (repeatable):
 the recurscan rows again in that launch shape of the GLA kernels (the planner's is plan/gla.py's;
-``split``: the prep, then the sweep with PER_KEY).
+``split``: the prep, then the sweep with PER_KEY). ``--profile``: each recurscan row also records its
+GPU time by kernel (one call, torch.profiler).
 """
 from __future__ import annotations
 
@@ -44,6 +45,18 @@ def inputs(s, seed=0):
 
 SSD_SHAPES = {"ssd_b1_t16384_h80": (1, 16384), "ssd_b4_t4096_h80": (4, 4096)}
 
+#: ``--profile``: the recurscan rows also record GPU time by kernel (torch.profiler, one call).
+PROFILE = False
+
+
+def profiled(row, impl, fn):
+    """``row`` with the GPU time by kernel of one call of ``fn`` (microseconds, the largest first)
+    where ``--profile`` asks for it and ``impl`` is recurscan's."""
+    if PROFILE and impl.startswith("recurscan"):
+        from benchmarks.gpu_delta_train import kernel_times
+        row["kernels_us"] = kernel_times(fn)
+    return row
+
 
 def time_impls(name, impls, want):
     """One row per implementation: its time (eager, L2 flushed) and its relative RMS error against
@@ -55,8 +68,9 @@ def time_impls(name, impls, want):
                 out = fn()
                 err = ((out.float() - want).pow(2).mean().sqrt() / want.pow(2).mean().sqrt()).item()
                 ms = tt.do_bench(fn, rep=200)
-            rows.append(dict(shape=name, impl=impl, ms=ms, rel_rms_vs_torch_fp32=err))
             print(f"{name:<26} {impl:<17} {ms:8.3f} ms  rel RMS {err:.1e}", flush=True)
+            with torch.no_grad():
+                rows.append(profiled(dict(shape=name, impl=impl, ms=ms, rel_rms_vs_torch_fp32=err), impl, fn))
         except Exception as exc:  # recorded, never hidden
             rows.append(dict(shape=name, impl=impl, status=f"{type(exc).__name__}: {exc}"))
             print(f"{name:<26} {impl:<17} {rows[-1]['status']}", flush=True)
@@ -94,8 +108,8 @@ def time_train(name, impls):
         try:
             fn()
             ms = tt.do_bench(fn, rep=200)
-            rows.append(dict(shape=name, impl=impl, pass_="forward+backward", ms=ms))
             print(f"{name:<26} {impl:<17} {ms:8.3f} ms  forward + backward", flush=True)
+            rows.append(profiled(dict(shape=name, impl=impl, pass_="forward+backward", ms=ms), impl, fn))
         except Exception as exc:  # recorded, never hidden
             rows.append(dict(shape=name, impl=impl, pass_="forward+backward", status=f"{type(exc).__name__}: {exc}"))
             print(f"{name:<26} {impl:<17} forward + backward: {rows[-1]['status']}", flush=True)
@@ -187,7 +201,10 @@ def main():
     ap.add_argument("--gla-shape", action="append", default=[], help="BV:warps[:split]: the recurscan rows again "
                                                                        "in this launch shape of the GLA kernels (repeatable)")
     ap.add_argument("--only-shapes", action="store_true", help="the --gla-shape rows (and the planner's) alone")
+    ap.add_argument("--profile", action="store_true", help="GPU time by kernel of one call of each recurscan row")
     args = ap.parse_args()
+    global PROFILE
+    PROFILE = args.profile
     from recurscan.plan import gla as plan_gla
     planned = plan_gla.GLA_LAUNCH
     rows = [cold()] if args.cold_only else []
