@@ -140,7 +140,7 @@ def backward(BV=32, warps=8, grads_warps=8, grads_BV=None):
     const = dict(H=16, HV=32, K=128, V=128, BT=64, BK=128, BV=BV, IS_VARLEN=False, HAS_DHT=True, STORE_DH0=True,
                  DOT_PRECISION="tf32", DT=tl.bfloat16, M=1)
     swept = _compile(chunk_delta_bwd_sweep_kernel, sig, const, warps)
-    BV = grads_BV or BV
+    sweep_BV, BV = BV, grads_BV or BV
     const = dict(H=16, HV=32, K=128, V=128, BT=64, BK=128, BV=BV, IS_VARLEN=False, HAS_G=True, USE_L2NORM=True,
                  DOT_PRECISION="tf32", DT=tl.bfloat16, M=1)
     dqdk_const = dict(const, PART=1, GROUP=1)
@@ -150,7 +150,7 @@ def backward(BV=32, warps=8, grads_warps=8, grads_BV=None):
     dqdk_sig = dict(q=p, k=p, g="*fp32", beta=p, do=p, u=p, dy=p, states=p, dstates=p, dq=p, dk=p, dg=f, bdyks=f,
                     scratch=p, cu_seqlens="*i32", chunk_indices="*i32", chunk_offsets="*i32", T="i32", n_seq="i32",
                     scale="fp32", n_cs_rows="i32")
-    return f"reverse sweep BV {BV}, {warps} warps: {swept}\nparallel stage BV {BV}, {grads_warps} warps:" \
+    return f"reverse sweep BV {sweep_BV}, {warps} warps: {swept}\nparallel stage BV {BV}, {grads_warps} warps:" \
            f"\n  scores: {_compile(chunk_delta_bwd_scores_kernel, scores_sig, const, grads_warps)}" \
            f"\n  dk alone: {_compile(chunk_delta_bwd_dqdk_kernel, dqdk_sig, dict(dqdk_const, PART=1), grads_warps)}" \
            f"\n  dq alone: {_compile(chunk_delta_bwd_dqdk_kernel, dqdk_sig, dict(dqdk_const, PART=2), grads_warps)}" \

@@ -364,15 +364,16 @@ def test_the_backward_starts_compiling_from_stand_ins_of_the_outputs(monkeypatch
     dtype, device), the one dO and dht then carry: else the backward builds its launches again
     and the early compiles are lost (the cold first call: docs/kernels-delta-backward.md)."""
     import recurscan.autograd.delta as autograd_delta
+    from recurscan.launch.delta_backward import output_stand_ins
     from recurscan.runtime.cache import launch_key
     seen = []
-    monkeypatch.setattr(autograd_delta, "compile_backward_early", lambda signature, q, k, v, g, beta, o, final,
-                        **kw: seen.append((o, final, kw["prep_kept"])))
+    monkeypatch.setattr(autograd_delta, "compile_backward_early", lambda signature, q, k, v, g, beta, **kw: seen.append(
+        (output_stand_ins(q, k, v, kw["cu_seqlens"]), kw["prep_kept"])))
     x, kw = _op_call(M, cu, HV, seed=6)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         o, final = _op(M)(*(t.requires_grad_() for t in x), output_final_state=True, **kw)
-    ((o_like, final_like, prep_kept),) = seen
+    (((o_like, final_like), prep_kept),) = seen
     assert launch_key((o_like, final_like)) == launch_key((o.detach(), final.detach()))
     assert prep_kept == (len(saved) > 6)  # the forward kept its prep exactly when it said it would
 

@@ -31,14 +31,11 @@ class ChunkDelta(torch.autograd.Function):
         with torch.no_grad():
             opt = options
             # The backward's kernels start compiling before the forward's first call compiles its
-            # own, beside them (stand-ins of o [B, T, HV, V] in q's dtype and the float32 final
-            # state carry the signatures of dO and dht).
-            N = q.shape[0] if opt["cu_seqlens"] is None else opt["cu_seqlens"].shape[0] - 1
+            # own, beside them.
             compile_backward_early(
-                opt["signature"], q, k, v, g, beta, q.new_empty(q.shape[:2] + v.shape[2:]),
-                q.new_empty((N, v.shape[2], k.shape[3], v.shape[3]), dtype=torch.float32),
-                num_householder=opt["num_householder"], scale=opt["scale"], initial_state=initial_state,
-                use_qk_l2norm_in_kernel=opt["use_qk_l2norm_in_kernel"], cu_seqlens=opt["cu_seqlens"],
+                opt["signature"], q, k, v, g, beta, num_householder=opt["num_householder"], scale=opt["scale"],
+                initial_state=initial_state, use_qk_l2norm_in_kernel=opt["use_qk_l2norm_in_kernel"],
+                cu_seqlens=opt["cu_seqlens"],
                 shape=opt["shape"], chunk_offsets=opt["chunk_offsets"],
                 chunk_indices=opt["chunk_indices_dp" if opt["num_householder"] > 1 else "chunk_indices"],
                 prep_kept=opt["keep_prep"])

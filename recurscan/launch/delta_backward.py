@@ -215,20 +215,31 @@ def _compile_stages(launches: DeltaBackwardLaunches, given: dict, buffers: dict,
 EARLY_SIGNATURES: set = set()
 
 
-def compile_backward_early(signature, q, k, v, g, beta, o, final, *, num_householder=1, scale=None,
+def output_stand_ins(q, k, v, cu_seqlens) -> tuple:
+    """Empty tensors with the signature of the forward's outputs, which the backward's dO and dht
+    take: o [B, T, HV, V] in q's dtype (on the token stream) and the final state [N, HV, K, V] in
+    float32."""
+    N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    return (q.new_empty(q.shape[:2] + v.shape[2:]),
+            q.new_empty((N, v.shape[2], k.shape[3], v.shape[3]), dtype=torch.float32))
+
+
+def compile_backward_early(signature, q, k, v, g, beta, o=None, final=None, *, num_householder=1, scale=None,
                            initial_state=None, use_qk_l2norm_in_kernel=False, cu_seqlens=None, chunk_indices=None,
                            chunk_offsets=None, shape: DeltaShape | None = None,
                            backward_shape: DeltaBackwardShape | None = None, prep_kept: bool = False):
-    """Called by a forward under autograd with its outputs ``o`` and ``final`` (the backward's
-    dO and dht have their signatures): on the first call of the forward's ``signature`` (a
-    hashable key; None: nothing is done), build the backward's launches and start compiling
-    every kernel they launch (the recompute's and the stages') on background threads, beside the
-    forward's own compiles; the backward's first call waits for them. Other arguments as
-    :func:`chunk_delta_bwd` takes them (GDP: the expanded stream's descriptors). Later calls of
-    the signature return at once."""
+    """Called by a forward under autograd before it runs: on the first call of the forward's
+    ``signature`` (a hashable key; None: nothing is done), build the backward's launches and
+    start compiling every kernel they launch (the recompute's and the stages') on background
+    threads, beside the forward's own compiles; the backward's first call waits for them. ``o``
+    and ``final`` carry the signatures of dO and dht (None: :func:`output_stand_ins`, made only on
+    a signature's first call). Other arguments as :func:`chunk_delta_bwd` takes them (GDP: the
+    expanded stream's descriptors). Later calls of the signature return at once."""
     if INTERPRET or signature is None or signature in EARLY_SIGNATURES:
         return
     EARLY_SIGNATURES.add(signature)
+    if o is None or final is None:
+        o, final = output_stand_ins(q, k, v, cu_seqlens)
     if num_householder > 1 and cu_seqlens is not None:  # as chunk_delta_product_bwd passes them
         chunk_offsets = expanded_chunk_offsets(cu_seqlens, num_householder)
     launches, given = _backward_call(q, k, v, g, beta, torch.empty_like(o), final, num_householder=num_householder,

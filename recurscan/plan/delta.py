@@ -108,7 +108,7 @@ def delta_shape(problem, device: torch.device) -> DeltaShape:
 @dataclass(frozen=True)
 class DeltaBackwardShape:
     """How the backward's stages launch (launch/delta_backward.py): the reverse sweep, then the
-    parallel stage in two kernels (scores, then dq and dk)."""
+    parallel stage (the scores kernel, then dk and dq, one launch each)."""
 
     block_v: int  # value columns a reverse-sweep program carries
     sweep_warps: int

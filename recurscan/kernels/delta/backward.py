@@ -264,9 +264,8 @@ def chunk_delta_bwd_dqdk_kernel(
 
     PART (:data:`DQDK_DK`, :data:`DQDK_DQ`): the gradient a launch computes; dk's launch runs first
     (it reads what the first half wrote in ``dg`` and adds to it, as dq's then does). Each program
-    holds one [BT, K] accumulator: both in one program spilled at 4 warps (744 B a thread), and with
-    q and k held across the value loop gave dg 2.1e-2 off the float64 oracle on the H200 at 4 warps
-    over 32 columns (right under the interpreter and at 8 warps; docs/perf-history.md).
+    holds one [BT, K] accumulator (both in one program spilled at 4 warps and was wrong on the H200:
+    docs/perf-history.md).
 
     GROUP: value heads a program takes, one after another. 1: dq and dk per value head
     ``[.., HV, K]`` (GVA sums them after). HV / H: a GVA group's, summed in the accumulator, and
