@@ -168,6 +168,19 @@ def set_backward_shape(text):
     plan_delta.DELTA_BACKWARD_LAUNCH = PLANNED if text is None else [(lambda *_: True, parse_backward_shape(text))]
 
 
+PLANNED_CHECKPOINTS = None
+
+
+def set_checkpoint_chunks(every):
+    """The planner's checkpoint rule (``plan.delta.checkpoint_chunks_for_backward``), or E for
+    every dense GDN problem (0: none)."""
+    from recurscan.plan import delta as plan_delta
+    global PLANNED_CHECKPOINTS
+    PLANNED_CHECKPOINTS = PLANNED_CHECKPOINTS or plan_delta.checkpoint_chunks_for_backward
+    plan_delta.checkpoint_chunks_for_backward = PLANNED_CHECKPOINTS if every is None else \
+        (lambda problem, device: 0 if problem.varlen or problem.householder > 1 else every)
+
+
 def kernel_times(fn, top=12):
     """GPU time by kernel over one call (torch.profiler), microseconds, the largest first."""
     from torch.profiler import ProfilerActivity, profile
@@ -222,6 +235,9 @@ def main():
     ap.add_argument("--backward-shape", action="append", help="BV:sweep warps:dq-dk warps[:its BV[:scores warps:"
                                                                "its BV]]: recurscan again in this backward launch "
                                                                "shape (repeatable)")
+    ap.add_argument("--checkpoint-chunks", type=int, action="append", help="recurscan again with the forward "
+                                                                           "keeping every Nth chunk's state for "
+                                                                           "the backward (0: none; repeatable)")
     args = ap.parse_args()
     global PROFILE
     PROFILE = args.profile
@@ -233,13 +249,16 @@ def main():
             sys.path.insert(0, folder)
             for package in sorted(p for p in os.listdir(folder) if p.startswith("recurscan_")):
                 peers[package[len("recurscan_"):]] = functools.partial(recurscan_step, package=package)
-        variants = [(impl, step, None) for impl, step in peers.items()] + \
-            [("recurscan", recurscan_step, bs) for bs in args.backward_shape or []]
-        for impl, step, bshape in variants:
+        variants = [(impl, step, None, None) for impl, step in peers.items()] + \
+            [("recurscan", recurscan_step, bs, None) for bs in args.backward_shape or []] + \
+            [("recurscan", recurscan_step, None, e) for e in args.checkpoint_chunks or []]
+        for impl, step, bshape, every in variants:
             if args.impl and impl not in args.impl:
                 continue
             set_backward_shape(bshape)
+            set_checkpoint_chunks(every)
             impl = impl if bshape is None else f"{impl} {bshape}"
+            impl = impl if every is None else f"{impl} checkpoints {every}"
             try:
                 rows.append(dict(workload=name, target_ms=TARGETS_MS.get(name), **measure(impl, step, w)))
             except Exception as exc:  # recorded, never hidden

@@ -217,6 +217,80 @@ def test_the_prep_kept_by_the_forward_gives_the_recomputed_bits(monkeypatch, M, 
         assert torch.equal(a, b), name
 
 
+@pytest.mark.parametrize("every", [1, 2, 3])
+@pytest.mark.parametrize("fields", [{}, dict(phases=3), dict(segments=2)], ids=["one pass", "phases", "segments"])
+def test_the_forward_checkpoints_the_states_entering_every_eth_chunk(every, fields):
+    """``checkpoint_chunks`` E: the float32 state entering token chunk c E is row c of the
+    checkpoints, the state the sweep itself carried there (its chunk states, float32), whichever
+    way the forward runs (one pass, phases, segments)."""
+    from recurscan.launch.delta import DeltaInputs, TEST_SHAPE, build_delta_launches, run_delta_launches
+    import dataclasses
+    q, k, v, g, beta, _ = (x.float().to(DEVICE) for x in gdn_inputs(2, 300, 1, 2, 16, 16, seed=9))
+    h0 = torch.randn(2, 2, 16, 16, device=DEVICE)
+    launches = build_delta_launches(q, k, v, g, beta, dataclasses.replace(TEST_SHAPE, **fields), initial_state=h0,
+                                    use_qk_l2norm_in_kernel=True, return_chunk_states=True, checkpoint_chunks=every)
+    o, _, chunk_states, checkpoints = run_delta_launches(launches, DeltaInputs(q, k, v, g, beta, h0, *[None] * 5))
+    chunks = 5  # ceil(300 / 64)
+    assert checkpoints.shape == (2, -(-chunks // every), 2, 16, 16)
+    want = chunk_states.view(2, chunks, 2, 16, 16)[:, ::every]
+    assert torch.equal(checkpoints, want)
+
+
+@pytest.mark.parametrize("keep_prep", [False, True])
+@pytest.mark.parametrize("every", [1, 2, 4])
+def test_the_recompute_from_checkpoints_gives_the_same_gradients(monkeypatch, every, keep_prep):
+    """Through autograd on a dense batch, the forward keeping every E-th chunk's state (the
+    planner's checkpoint_chunks_for_backward, forced here) and the backward recomputing the chunk
+    states every segment at once (one PASS 2 sweep launch, no single pass): the gradients of the
+    recompute from the initial state, bit for bit, and the checkpoints saved beside the inputs."""
+    import recurscan.plan.delta as plan_delta
+    from recurscan.launch.delta_backward import BACKWARD_LAUNCHES
+    from recurscan.kernels.delta.sweep import chunk_delta_sweep_kernel
+    from recurscan.runtime.cache import clear_caches
+    x, kw = _op_call(1, None, 2, seed=6)
+    x = [torch.cat([t, t.flip(1)], 1) for t in x]  # 260 tokens: 5 chunks, the last partial
+    monkeypatch.setattr(plan_delta, "keep_prep_for_backward", lambda problem: keep_prep)
+    grads, saved = {}, {}
+    for e in (0, every):
+        clear_caches()
+        monkeypatch.setattr(plan_delta, "checkpoint_chunks_for_backward", lambda problem, device: e)
+        leaves = [t.clone().requires_grad_() for t in x]
+        count = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: count.append(t) or t, lambda t: t):
+            o, ht = _op(1)(*leaves, output_final_state=True, **kw)
+        saved[e] = len(count)
+        grads[e] = torch.autograd.grad((o, ht), leaves, (torch.ones_like(o), torch.ones_like(ht)))
+        (launches,) = BACKWARD_LAUNCHES.values()
+        (sweep,) = [s for s in launches.forward.steps if s.kernel is chunk_delta_sweep_kernel]
+        assert sweep.kwargs["PASS"] == (2 if e else 0)
+        assert sweep.grid[0] == 2 * 2 * (-(-5 // e) if e else 1)  # sequences x value heads x segments
+    assert saved[every] == saved[0] + 1
+    for name, a, b in zip(NAMES, grads[0], grads[every]):
+        assert torch.equal(a, b), name
+
+
+def test_checkpoints_are_planned_where_the_single_pass_leaves_sms_idle_and_memory_allows():
+    """checkpoint_chunks_for_backward on a 132-SM device: B1 T16384 HV32 (64 programs) keeps every
+    16th chunk (32 MB beside 210 MB of prep, within q, k, v's 268 MB); B4 T4096 HV16 (128
+    programs, the SMs filled) none; varlen and GDP none."""
+    from recurscan.plan import delta as plan_delta
+    from recurscan.problem import DeltaProblem
+    base = dict(heads=16, key_dim=128, value_dim=128, householder=1, beta_per_value=False, scale=1.0,
+                varlen=False, uses_cache=False, device=torch.device("cuda"), dtype=torch.bfloat16)
+    b1 = DeltaProblem(batch=1, tokens=16384, value_heads=32, sequences=1, **base)
+    b4 = DeltaProblem(batch=4, tokens=4096, value_heads=16, sequences=4, **base)
+    sms = plan_delta.sm_count
+    try:
+        plan_delta.sm_count = lambda device: 132
+        assert plan_delta.checkpoint_chunks_for_backward(b1, b1.device) == 16
+        assert plan_delta.checkpoint_chunks_for_backward(b4, b4.device) == 0
+        import dataclasses
+        assert plan_delta.checkpoint_chunks_for_backward(dataclasses.replace(b1, varlen=True), b1.device) == 0
+        assert plan_delta.checkpoint_chunks_for_backward(dataclasses.replace(b1, householder=2), b1.device) == 0
+    finally:
+        plan_delta.sm_count = sms
+
+
 def test_gdp_training_with_descriptors_builds_none(monkeypatch):
     """Gated Delta Product through autograd with the forward's descriptors: the backward takes the
     expanded stream's from them (no host read of cu_seqlens), and its gradients are the reference's."""

@@ -5,8 +5,9 @@ written-out chunkwise backward (:mod:`recurscan.reference.delta_backward`).
 
 Saved for the backward: the inputs (q, k, v, g, beta, initial_state), and where the planner keeps
 them (``plan.delta.keep_prep_for_backward``), the prep's outputs (wy, G o Tinv, aqk, coef), which
-spare the backward's recompute its prep. The states entering the chunks are recomputed there from
-the initial state, not kept from the forward.
+spare the backward's recompute its prep. The states entering the chunks are recomputed there, from
+the initial state, or where the planner keeps them (``plan.delta.checkpoint_chunks_for_backward``)
+from the float32 states entering every E-th chunk, every segment of E chunks at once.
 """
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from ..launch.delta_backward import chunk_delta_bwd, chunk_delta_product_bwd, co
 class ChunkDelta(torch.autograd.Function):
     """``apply(q, k, v, g, beta, initial_state, forward, options) -> (o, final_state)``.
 
-    ``forward()``: the no-grad forward (the Triton launches), returning ``(o, final_state, *prep)``
-    (``prep``: the prep's outputs when ``options["keep_prep"]``, else nothing);
+    ``forward()``: the no-grad forward (the Triton launches), returning ``(o, final_state, *kept)``
+    (``kept``: the prep's outputs when ``options["keep_prep"]``, then the checkpoint states when
+    ``options["checkpoint_chunks"]``);
     ``options``: num_householder, scale, use_qk_l2norm_in_kernel, cu_seqlens, and for the Triton
     backward the launch shape and the varlen descriptors (chunk_indices, chunk_indices_dp,
     chunk_offsets); ``signature``: the forward call's signature (None: not kept), on whose first
@@ -38,7 +40,7 @@ class ChunkDelta(torch.autograd.Function):
                 cu_seqlens=opt["cu_seqlens"],
                 shape=opt["shape"], chunk_offsets=opt["chunk_offsets"],
                 chunk_indices=opt["chunk_indices_dp" if opt["num_householder"] > 1 else "chunk_indices"],
-                prep_kept=opt["keep_prep"])
+                prep_kept=opt["keep_prep"], checkpoint_chunks=opt["checkpoint_chunks"])
             o, final, *prep = forward()
         ctx.save_for_backward(q, k, v, g, beta, initial_state, *prep)
         ctx.options = options
@@ -48,6 +50,10 @@ class ChunkDelta(torch.autograd.Function):
     def backward(ctx, do, dht):
         q, k, v, g, beta, h0, *prep = ctx.saved_tensors
         opt = ctx.options
+        extra = {}
+        if opt["checkpoint_chunks"]:
+            *prep, checkpoints = prep
+            extra = dict(checkpoints=checkpoints, checkpoint_chunks=opt["checkpoint_chunks"])
         common = dict(scale=opt["scale"], initial_state=h0, use_qk_l2norm_in_kernel=opt["use_qk_l2norm_in_kernel"],
                       cu_seqlens=opt["cu_seqlens"], prep=tuple(prep) or None)
         if opt["num_householder"] > 1:
@@ -55,7 +61,7 @@ class ChunkDelta(torch.autograd.Function):
                                             chunk_indices_dp=opt["chunk_indices_dp"], **common)
         else:
             grads = chunk_delta_bwd(q, k, v, g, beta, do, dht, shape=opt["shape"], chunk_indices=opt["chunk_indices"],
-                                    chunk_offsets=opt["chunk_offsets"], **common)
+                                    chunk_offsets=opt["chunk_offsets"], **common, **extra)
         inputs = (q, k, v, g, beta, h0)
         out = tuple(None if d is None or not ctx.needs_input_grad[i] else d.to(inputs[i].dtype)
                     for i, d in enumerate(grads))

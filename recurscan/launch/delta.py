@@ -74,7 +74,7 @@ def check_shape(shape: DeltaShape) -> None:
 #: The per-call values of a call, in order: the inputs, then the buffers the call allocates.
 INPUT_NAMES = DeltaInputs._fields
 BUFFER_NAMES = ("o", "final", "chunk_states", "beta_ones", "wy", "aqk", "coef", "seg_n", "seg_m",
-                "sequence_order", "replay_flags", "winv", "u", "ks")
+                "sequence_order", "replay_flags", "winv", "u", "ks", "checkpoints")
 CALL_NAMES = INPUT_NAMES + BUFFER_NAMES
 #: The prep's outputs, which a forward under autograd may keep for the backward (``keep_prep``).
 PREP_NAMES = ("wy", "winv", "aqk", "coef")
@@ -125,14 +125,17 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
                          cu_seqlens=None, chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None,
                          state=None, state_indices=None, return_chunk_states=False,
                          chunk_states_dtype=torch.float32, expanded_chunk_states=False,
-                         keep_prep=False) -> DeltaLaunches:
+                         keep_prep=False, checkpoint_chunks=0) -> DeltaLaunches:
     """The launches of one call signature, in the launch ``shape`` the planner chose (the tensors'
     shapes and strides are read, never kept); arguments as :func:`chunk_delta_fwd`.
     ``chunk_states_dtype``: the backward keeps the chunk states in the inputs' dtype, which is the
     product operand the sweep took them as. ``expanded_chunk_states``: a state at every chunk of the
     expanded stream (rows from ``chunk_offsets`` of the expanded stream; GDP's backward).
     ``keep_prep``: the prep also writes G o Tinv, and the call returns the prep's outputs
-    (:data:`PREP_NAMES`) after its own, for the backward (a forward under autograd)."""
+    (:data:`PREP_NAMES`) after its own, for the backward (a forward under autograd).
+    ``checkpoint_chunks`` E > 0 (dense only): the sweep also writes the float32 state entering every
+    E-th token chunk, ``checkpoints [B, ceil(T / 64 / E), HV, K, V]``, returned last, from which the
+    backward recomputes every segment of E chunks at once (:func:`checkpoint_recompute`)."""
     check_shape(shape)
     M = num_householder
     block_v, num_warps, num_stages, prep_warps = shape.block_v, shape.num_warps, shape.num_stages, shape.prep_warps
@@ -179,6 +182,12 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         # Zeros: rows past the last sequence's (descriptor padding) and a padding sequence's rows.
         buffers["chunk_states"] = ((rows, HV, K, V), chunk_states_dtype, 0.0)
 
+    if checkpoint_chunks:
+        if varlen:
+            raise ValueError("chunk_delta_fwd: checkpoint_chunks takes a dense batch")
+        buffers["checkpoints"] = ((B, triton.cdiv(triton.cdiv(T, BT), checkpoint_chunks), HV, K, V), torch.float32,
+                                  None)
+
     def arg(name, present=True):  # a per-call tensor; an absent one points at o (its flag keeps it unread)
         return CallArg(name if present else "o")
 
@@ -207,7 +216,8 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     if n_prep > 0 and not phased:
         steps.append(Step(chunk_delta_prep_kernel, (n_prep * HV,), prep, prep_options))
     outputs = ("o", "state" if use_cache else ("final" if store_final else None)) + \
-        (("chunk_states",) if return_chunk_states else ()) + (kept_prep_names(varlen and N > 0) if keep_prep else ())
+        (("chunk_states",) if return_chunk_states else ()) + (kept_prep_names(varlen and N > 0) if keep_prep else ()) + \
+        (("checkpoints",) if checkpoint_chunks else ())
     if keep_prep:
         buffers["winv"] = buffers["wy"]
     NV = triton.cdiv(V, BV)
@@ -227,13 +237,14 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         seg_n=arg("o"), seg_m=arg("o"), n_seg=1, seg_chunks=0, tc_first=0, tc_count=0, trigger_dependents=0, T=T,
         s0_n=s0[0], s0_h=s0[1], s0_k=s0[2], s0_v=s0[3], n_slots=state.shape[0] if use_cache else 0,
         n_cs_rows=buffers["chunk_states"][0][0] if return_chunk_states else 0, replay_flags=arg("replay_flags"),
-        u_out=arg("u", False), ks_out=arg("ks", False),
+        u_out=arg("u", False), ks_out=arg("ks", False), checkpoints=arg("checkpoints", checkpoint_chunks > 0),
+        n_ckpt=buffers["checkpoints"][0][1] if checkpoint_chunks else 0,
         H=H, HV=HV, K=K, V=V, M=M, BT=BT, BK=BK, BV=BV,
         IS_VARLEN=varlen, HAS_H0=initial_state is not None, USE_CACHE=use_cache, STORE_FINAL=store_final,
         STORE_CHUNK_STATES=(2 if expanded_chunk_states else True) if return_chunk_states else False,
         DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, DT=dt, PASS=0,
         V_PRODUCT=v_product, TMA_STORE=tma_store and M == 1 and V * q.element_size() % 16 == 0,
-        PDL=not INTERPRET, REPLAY=False, OUTPUTS=True, STORE_U=False)
+        PDL=not INTERPRET, REPLAY=False, OUTPUTS=True, STORE_U=False, CKPT_CHUNKS=checkpoint_chunks)
     options = dict(num_warps=num_warps)
     if phased:
         # prep 0, sweep 0, prep 1, sweep 1, ...: each prep after the first is the programmatic

@@ -70,9 +70,11 @@ class DeltaBackwardLaunches:
 def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use_qk_l2norm_in_kernel,
                          cu_seqlens, chunk_indices, chunk_offsets, shape: DeltaShape,
                          backward_shape: DeltaBackwardShape, num_householder: int = 1,
-                         prep_kept: bool = False) -> DeltaBackwardLaunches:
+                         prep_kept: bool = False, checkpoint_chunks: int = 0) -> DeltaBackwardLaunches:
     """What :func:`chunk_delta_bwd` launches for these tensors' signature (none is kept).
-    ``prep_kept``: the forward kept its prep's outputs, so the recompute runs its sweep alone."""
+    ``prep_kept``: the forward kept its prep's outputs, so the recompute runs its sweep alone.
+    ``checkpoint_chunks`` E > 0: the forward kept the state entering every E-th token chunk
+    (``checkpoints``), so the recompute sweeps every segment of E chunks at once (PASS 2)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     M = num_householder
@@ -80,6 +82,8 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
     varlen = cu_seqlens is not None
     N = cu_seqlens.shape[0] - 1 if varlen else B
     shape = backward_shape.recompute or dataclasses.replace(shape, segments=1)
+    if checkpoint_chunks:  # one prep (unless kept), then one sweep launch over every segment
+        shape = dataclasses.replace(shape, phases=1)
     rows = chunk_indices.shape[0] if varlen else B * triton.cdiv(T * M, BT)  # chunks of the expanded stream
     common = dict(initial_state=initial_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, scale=scale,
                   cu_seqlens=cu_seqlens, chunk_indices_dp=chunk_indices, chunk_offsets=chunk_offsets)
@@ -103,6 +107,9 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
              if s.kernel is chunk_delta_sweep_kernel else s
              for s in forward.steps if not s.kwargs.get("REPLAY")
              and not (prep_kept and s.kernel is chunk_delta_prep_kernel)]
+    if checkpoint_chunks:
+        steps = [_from_checkpoints(s, N, T, HV, V, checkpoint_chunks) if s.kernel is chunk_delta_sweep_kernel else s
+                 for s in steps]
     # Every chunk state a stage reads is written (a padding chunk's program reads none): no fill.
     per_row = (B, T * M, HV, V)
     forward = dataclasses.replace(forward, steps=steps, buffers=dict(
@@ -162,8 +169,18 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
     return DeltaBackwardLaunches(forward, steps, buffers, gva)
 
 
+def _from_checkpoints(sweep, N: int, T: int, HV: int, V: int, every: int):
+    """The recompute's sweep as one PASS 2 launch over segments of ``every`` token chunks, each from
+    the forward's checkpoint of its first chunk (``seg_n``, :func:`build_delta_launches`'s
+    ``checkpoint_chunks``): the chain is ``every`` chunks long instead of the sequence's."""
+    segments = triton.cdiv(triton.cdiv(T, CHUNK_SIZE), every)
+    NV = triton.cdiv(V, sweep.kwargs["BV"])
+    kwargs = dict(sweep.kwargs, PASS=2, seg_n=CallArg("checkpoints"), n_seg=segments, seg_chunks=every)
+    return dataclasses.replace(sweep, grid=(N * segments * HV * NV,), kwargs=kwargs)
+
+
 def _backward_call(q, k, v, g, beta, do, dht, *, num_householder, scale, initial_state, use_qk_l2norm_in_kernel,
-                   cu_seqlens, chunk_indices, chunk_offsets, shape, backward_shape, prep_kept):
+                   cu_seqlens, chunk_indices, chunk_offsets, shape, backward_shape, prep_kept, checkpoint_chunks=0):
     """The tensors as the stages index them (dense; beta of ones where None), the scale, and the
     launches of their signature (built on the signature's first call)."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
@@ -177,14 +194,15 @@ def _backward_call(q, k, v, g, beta, do, dht, *, num_householder, scale, initial
     beta = torch.ones(v.shape[:3], dtype=q.dtype, device=q.device) if beta is None else beta.contiguous()
     dht = None if dht is None else dht.float().contiguous()
     tensors = (q, k, v, g, beta, do, dht, initial_state, cu_seqlens, chunk_indices, chunk_offsets)
-    key = (launch_key(tensors), num_householder, scale, use_qk_l2norm_in_kernel, shape, backward_shape, prep_kept)
+    key = (launch_key(tensors), num_householder, scale, use_qk_l2norm_in_kernel, shape, backward_shape, prep_kept,
+           checkpoint_chunks)
     launches = BACKWARD_LAUNCHES.get(key)
     if launches is None:
         launches = BACKWARD_LAUNCHES.put(key, build_delta_backward(
             q, k, v, g, beta, do, dht, scale=scale, initial_state=initial_state,
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
             chunk_offsets=chunk_offsets, shape=shape, backward_shape=backward_shape, num_householder=num_householder,
-            prep_kept=prep_kept))
+            prep_kept=prep_kept, checkpoint_chunks=checkpoint_chunks))
     given = dict(q=q, k=k, v=v, g=g, beta=beta, do=do, dht=dht, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
                  chunk_offsets=chunk_offsets)
     return launches, given
@@ -227,7 +245,8 @@ def output_stand_ins(q, k, v, cu_seqlens) -> tuple:
 def compile_backward_early(signature, q, k, v, g, beta, o=None, final=None, *, num_householder=1, scale=None,
                            initial_state=None, use_qk_l2norm_in_kernel=False, cu_seqlens=None, chunk_indices=None,
                            chunk_offsets=None, shape: DeltaShape | None = None,
-                           backward_shape: DeltaBackwardShape | None = None, prep_kept: bool = False):
+                           backward_shape: DeltaBackwardShape | None = None, prep_kept: bool = False,
+                           checkpoint_chunks: int = 0):
     """Called by a forward under autograd before it runs: on the first call of the forward's
     ``signature`` (a hashable key; None: nothing is done), build the backward's launches and
     start compiling every kernel they launch (the recompute's and the stages') on background
@@ -246,7 +265,8 @@ def compile_backward_early(signature, q, k, v, g, beta, o=None, final=None, *, n
                                      scale=scale, initial_state=initial_state,
                                      use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
                                      chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, shape=shape,
-                                     backward_shape=backward_shape, prep_kept=prep_kept)
+                                     backward_shape=backward_shape, prep_kept=prep_kept,
+                                     checkpoint_chunks=checkpoint_chunks)
     if launches.compiled or launches.pending is not None:
         return
     recompute = launches.forward
@@ -262,7 +282,7 @@ def compile_backward_early(signature, q, k, v, g, beta, o=None, final=None, *, n
 def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, num_householder=1, scale=None, initial_state=None,
                     use_qk_l2norm_in_kernel=False, cu_seqlens=None, chunk_indices=None, chunk_offsets=None,
                     shape: DeltaShape | None = None, backward_shape: DeltaBackwardShape | None = None,
-                    prep: tuple | None = None):
+                    prep: tuple | None = None, checkpoints: torch.Tensor | None = None, checkpoint_chunks: int = 0):
     """Gradients ``(dq, dk, dv, dg, dbeta, dh0)`` of ``chunk_delta_fwd``'s ``(o, final_state)``
     given ``do [B, T, HV, V]`` and ``dht [N, HV, K, V]`` (None: zeros). Shapes as the forward's:
     q, g and do on the token stream, k, v and beta on the expanded one (``T * M`` rows, M =
@@ -273,13 +293,17 @@ def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, num_householder=1, scale=
     dq, dk and dv in the inputs' dtypes, dg, dbeta and dh0 float32; None where
     the input was None (g, beta, initial_state). ``prep``: the forward's prep outputs ``(wy, winv,
     aqk, coef[, sequence_order])`` (``build_delta_launches(..., keep_prep=True)``, the last one
-    varlen), which the recompute then takes instead of running its prep; None: it runs it. No host
+    varlen), which the recompute then takes instead of running its prep; None: it runs it.
+    ``checkpoints`` (dense only): the forward's float32 states entering every ``checkpoint_chunks``-th
+    token chunk (``build_delta_launches(..., checkpoint_chunks=E)``), from which the recompute sweeps
+    every segment at once; None: it sweeps each sequence from its initial state. No host
     synchronisation."""
     beta_given = beta is not None
     launches, given = _backward_call(q, k, v, g, beta, do, dht, num_householder=num_householder, scale=scale,
                                      initial_state=initial_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                                      cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
-                                     shape=shape, backward_shape=backward_shape, prep_kept=prep is not None)
+                                     shape=shape, backward_shape=backward_shape, prep_kept=prep is not None,
+                                     checkpoint_chunks=checkpoint_chunks if checkpoints is not None else 0)
     q = given["q"]
     inputs = DeltaInputs(q, given["k"], given["v"], given["g"], given["beta"], initial_state, None, None, cu_seqlens,
                          chunk_indices, chunk_offsets)
@@ -290,7 +314,9 @@ def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, num_householder=1, scale=
         launches.pending = None
     elif not launches.compiled and not INTERPRET:  # the stages compile beside the recompute's kernels
         wait = _compile_stages(launches, given, made, q.device)
-    kept = None if prep is None else dict(zip(kept_prep_names(len(prep) > len(PREP_NAMES)), prep))
+    kept = {} if prep is None else dict(zip(kept_prep_names(len(prep) > len(PREP_NAMES)), prep))
+    if checkpoints is not None:
+        kept["checkpoints"] = checkpoints
     states, winv, aqk, coef, u, ks = run_delta_launches(launches.forward, inputs, given=kept)
     given.update(winv=winv, aqk=aqk, coef=coef, states=states, u=u, ks=ks)
     values = tuple(given[n] if n in given else made.get(n) for n in NAMES)

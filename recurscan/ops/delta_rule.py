@@ -134,8 +134,9 @@ def _run_triton_with_grad(q, k, v, g, beta, problem, schedule, *, initial_state,
             "state and initial_state; a state cache (state, state_indices) and return_chunk_states are "
             "inference-only: pass initial_state / output_final_state, or call under torch.no_grad()")
     from ..autograd.delta import ChunkDelta
-    from ..plan.delta import keep_prep_for_backward
-    keep_prep = keep_prep_for_backward(problem)
+    from ..plan import delta as plan_delta
+    keep_prep = plan_delta.keep_prep_for_backward(problem)
+    checkpoint_chunks = plan_delta.checkpoint_chunks_for_backward(problem, q.device)
 
     def forward():  # (o, final, *the prep's outputs where they are kept)
         return _run_triton(q.detach(), k.detach(), v.detach(), *(None if t is None else t.detach()
@@ -144,7 +145,7 @@ def _run_triton_with_grad(q, k, v, g, beta, problem, schedule, *, initial_state,
                            output_final_state=True, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                            cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_indices_dp=chunk_indices_dp,
                            chunk_offsets=chunk_offsets, state=None, state_indices=None, return_chunk_states=False,
-                           key=key, keep_prep=keep_prep)
+                           key=key, keep_prep=keep_prep, checkpoint_chunks=checkpoint_chunks)
 
     if cu_seqlens is not None and (chunk_indices is None or chunk_offsets is None or chunk_indices_dp is None):
         from ..descriptors import build_chunk_descriptors  # for the backward's chunk states (a host sync)
@@ -155,18 +156,19 @@ def _run_triton_with_grad(q, k, v, g, beta, problem, schedule, *, initial_state,
     options = dict(num_householder=problem.householder, scale=problem.scale,
                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, shape=schedule.launch,
                    chunk_indices=chunk_indices, chunk_indices_dp=chunk_indices_dp, chunk_offsets=chunk_offsets,
-                   signature=key, keep_prep=keep_prep)
+                   signature=key, keep_prep=keep_prep, checkpoint_chunks=checkpoint_chunks)
     o, final = ChunkDelta.apply(q, k, v, g, beta, initial_state, forward, options)
     return o, (final if output_final_state else None)
 
 
 def _run_triton(q, k, v, g, beta, problem, schedule, *, initial_state, output_final_state,
                 use_qk_l2norm_in_kernel, cu_seqlens, chunk_indices, chunk_indices_dp, chunk_offsets,
-                state, state_indices, return_chunk_states, key=None, keep_prep=False):
+                state, state_indices, return_chunk_states, key=None, keep_prep=False, checkpoint_chunks=0):
     """The Triton backend: no host synchronisation when the varlen descriptors are given (or the
     input is a dense batch). With ``key`` (a CUDA call signature), the plan is kept for the next
     call of that signature when it depends on no device value. ``keep_prep``: the prep's outputs
-    follow the call's own (for the backward)."""
+    follow the call's own (for the backward), and then, with ``checkpoint_chunks``, the states the
+    backward's recompute starts its segments from."""
     L_ = _launch()
 
     M = problem.householder
@@ -192,7 +194,7 @@ def _run_triton(q, k, v, g, beta, problem, schedule, *, initial_state, output_fi
         output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
         cu_seqlens=cu_seqlens, chunk_indices_dp=chunk_indices_dp, chunk_offsets=chunk_offsets,
         num_chunk_rows=num_rows, state=state, state_indices=state_indices,
-        return_chunk_states=return_chunk_states, keep_prep=keep_prep)
+        return_chunk_states=return_chunk_states, keep_prep=keep_prep, checkpoint_chunks=checkpoint_chunks)
     out = L_.run_delta_launches(launches, L_.DeltaInputs(q, k, v, g, beta, initial_state, state, state_indices,
                                                          cu_seqlens, chunk_indices_dp, chunk_offsets))
     if key is not None:

@@ -114,8 +114,8 @@ class DeltaBackwardShape:
     sweep_warps: int
     grads_warps: int  # the parallel stage's dq, dk kernel's (and the scores kernel's, unless scores_warps)
     reason: str
-    # The dq, dk kernel's step over V: at most 16 (32 made dk and dg 1.1e-2 / 1.7e-2 off the float64
-    # oracle on the H200 at 4 warps, right under the interpreter: gpu_delta_grad_check_9e04778.json).
+    # The dq, dk kernel's step over V: at most 16 (at 32, Triton 3.6's pipelined loop made dk and dg
+    # up to 1.2e-2 off the float64 oracle on the H200; right under the interpreter: see _STAGE).
     grads_block_v: int = 16
     scores_warps: int | None = None  # the scores kernel's (None: grads_warps)
     scores_block_v: int | None = None  # the scores kernel's step over V (None: grads_block_v)
@@ -136,15 +136,17 @@ class DeltaBackwardShape:
                              "most 16 value columns (wider steps gave wrong dk and dg on the H200)")
 
 
-# The parallel stage's rows share their shape: the scores kernel steps 64 value columns on 4 warps
-# (B4 T4096: 0.235 ms; at 8 warps 0.320; 128 columns 0.211-0.215, 0.440 against 0.457 at B1 HV32,
-# 0.418 against 0.416 at GDP: gpu_delta_train_9e04778.json), and dq, dk run as two launches of
-# their kernel (one [BT, K] accumulator a program), 16 columns on 4 warps, a GVA group summed in
-# their kernel. At 32 columns they took 0.386 / 0.686 / 0.708 ms against 0.437 / 0.799 / 0.817 at
-# GDN B4, B1 HV32, GDP M2 (gpu_delta_train_variants_d990650_*.json), but dk and dg came out
-# 1.1e-2 and 1.7e-2 off the float64 oracle on the H200 (3.3e-3 and 3.0e-3 at 16 columns; right
-# under the interpreter): gpu_delta_grad_check_9e04778.json.
-_STAGE = dict(grads_block_v=16, scores_warps=4, scores_block_v=64, group_in_kernel=True)
+# The parallel stage's rows share their shape: the scores kernel steps 128 value columns on 4 warps
+# (B4 T4096: 0.211 ms against 0.234 at 64 columns, B1 HV32 0.439 against 0.454, GDP M2 0.416 both;
+# every gradient's error as at 64: gpu_delta_train_variants_c637f3b.json, gpu_delta_grad_check_c637f3b.json;
+# 8 warps at 64 columns: 0.320), and dq, dk run as two launches of their kernel (one [BT, K]
+# accumulator a program), 16 columns on 4 warps, a GVA group summed in their kernel. At 32 columns
+# they take 0.383 / 0.693 / 0.707 ms against 0.435 / 0.800 / 0.812 at GDN B4, B1 HV32, GDP M2, but
+# Triton 3.6 pipelines that loop wrongly on the H200: dk and dg come out 4e-3 to 1.2e-2 off the
+# float64 oracle at 2 or 3 stages (3.3e-3 and 3.0e-3 at 16 columns), right at 1 stage, where the
+# kernel takes 0.50 ms (gpu_delta_grad_check_453c419.json; right under the interpreter). 64 columns
+# are right and slower (0.513 ms).
+_STAGE = dict(grads_block_v=16, scores_warps=4, scores_block_v=128, group_in_kernel=True)
 
 #: The backward's launch shape: the first row whose condition holds on (sequence x value head
 #: pairs, V, SMs) decides. Measured in benchmarks/results/gpu_delta_train_*.json (docs/perf-history.md).
@@ -175,12 +177,48 @@ def keep_prep_for_backward(problem) -> bool:
     2.80 ms kept, 1.59 / 3.53 / 3.04 recomputed, at GDN B4 T4096, B1 T16384 HV32, GDP M2 B4
     (gpu_delta_train_58a8062.json, gpu_delta_train_2e9b1fa_*.json); 1.52x / 1.77x / 1.62x the
     inputs kept for the backward."""
+    qkv, prep = _qkv_and_prep_bytes(problem)
+    return prep <= qkv
+
+
+#: Token chunks between the states a forward under autograd keeps for the backward's recompute,
+#: the fewest that fit first (checkpoint_chunks_for_backward).
+CHECKPOINT_CHUNKS = (4, 8, 16, 32, 64)
+
+
+def _qkv_and_prep_bytes(problem) -> tuple[int, int]:
+    """The bytes of q, k and v, and of the prep's outputs (wy, G o Tinv, aqk, coef) per call."""
     size = problem.dtype.itemsize
     rows = problem.batch * problem.tokens * problem.householder
     prep = rows * problem.value_heads * (3 * CHUNK_SIZE * size + 4 * 4)
     qkv = problem.batch * problem.tokens * size * (problem.heads * problem.key_dim * (1 + problem.householder)
                                                    + problem.householder * problem.value_heads * problem.value_dim)
-    return prep <= qkv
+    return qkv, prep
+
+
+def checkpoint_chunks_for_backward(problem, device: torch.device) -> int:
+    """E > 0: a forward under autograd keeps the float32 state entering every E-th token chunk, and
+    the backward recomputes the chunk states from them, every segment of E chunks at once (one
+    launch) rather than each sequence's chunks one after another. 0: none kept.
+
+    Taken for dense GDN batches whose single pass (one program per sequence, value head and 64
+    value columns) leaves half the SMs or more idle, with the smallest E of :data:`CHECKPOINT_CHUNKS`
+    whose checkpoints fit, beside the prep's outputs if kept, in the bytes of q, k and v (the
+    backward's memory stays within twice the inputs, issue 19's bound)."""
+    if problem.varlen or problem.householder > 1:
+        return 0
+    programs = problem.sequences * problem.value_heads * -(-problem.value_dim // 64)
+    if 2 * programs > sm_count(device):
+        return 0
+    qkv, prep = _qkv_and_prep_bytes(problem)
+    budget = qkv - (prep if keep_prep_for_backward(problem) else 0)
+    chunks = -(-problem.tokens // CHUNK_SIZE)
+    per_row = problem.sequences * problem.value_heads * problem.key_dim * problem.value_dim * 4
+    for every in CHECKPOINT_CHUNKS:
+        rows = -(-chunks // every)
+        if rows >= 2 and rows * per_row <= budget:
+            return every
+    return 0
 
 
 def triton_delta_unsupported(problem) -> str | None:

@@ -196,7 +196,7 @@ def chunk_delta_sweep_kernel(
     q, k, v, wy, aqk, coef, o,
     h0, ht, state, state_indices, chunk_states, cu_seqlens, chunk_offsets, sequence_order,
     seg_n, seg_m, n_seg, seg_chunks, tc_first, tc_count, trigger_dependents, T,
-    s0_n, s0_h, s0_k, s0_v, n_slots, n_cs_rows, replay_flags, u_out, ks_out,
+    s0_n, s0_h, s0_k, s0_v, n_slots, n_cs_rows, replay_flags, u_out, ks_out, checkpoints, n_ckpt,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr,
@@ -204,6 +204,7 @@ def chunk_delta_sweep_kernel(
     DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr, DT: tl.constexpr, PASS: tl.constexpr = 0,
     V_PRODUCT: tl.constexpr = True, TMA_STORE: tl.constexpr = False, PDL: tl.constexpr = False,
     REPLAY: tl.constexpr = False, OUTPUTS: tl.constexpr = True, STORE_U: tl.constexpr = False,
+    CKPT_CHUNKS: tl.constexpr = 0,
 ):
     """Grid (N * HV * ceil(V / BV),): program -> (sequence n, value head hv, value block iv),
     iv fastest so neighbouring programs share the q/k rows in L2.
@@ -284,6 +285,11 @@ def chunk_delta_sweep_kernel(
     OUTPUTS False (the backward's recompute): the chunk states and final state alone; no query,
     ``aqk`` or output is read or written, and no replay flag is raised. STORE_U (with it): each
     chunk's U and lam o (K S) into ``u_out`` and ``ks_out`` (v's layout), for the backward.
+
+    CKPT_CHUNKS > 0 (a forward under autograd, dense batches; PASS 0, 2 or 3): the float32 state
+    entering every CKPT_CHUNKS-th token chunk goes to row ``c // CKPT_CHUNKS`` of ``checkpoints
+    [N, n_ckpt, HV, K, V]``, the ``seg_n`` of a PASS 2 launch with ``seg_chunks = CKPT_CHUNKS``:
+    the backward recomputes the chunk states as that launch, every segment at once.
     """
     pid = tl.program_id(0).to(tl.int64)
     if REPLAY:  # the replay launch: only the programs the pass before flagged (see the end)
@@ -411,13 +417,21 @@ def chunk_delta_sweep_kernel(
     # Chunks whose 64 rows all lie in the sequence run unmasked (masks were a sixth of the chunk
     # loop's instructions, sm_90 SASS); the sequence's last chunk, when partial, runs masked after.
     c_full = tl.minimum(c_hi, L // BT)
+    STORE_CKPT: tl.constexpr = (CKPT_CHUNKS > 0) and (PASS != 1) and (not REPLAY)
+    p_ckpt = checkpoints + (i_n * n_ckpt * HV + i_hv) * K * V + o_vk
     for c in tl.range(c_lo, c_full, num_stages=NUM_STAGES):
+        if STORE_CKPT:
+            if c % (CKPT_CHUNKS * M) == 0:
+                tl.store(p_ckpt + (c // (CKPT_CHUNKS * M)) * HV * K * V, b_St, mask=m_vk)
         b_St = _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, u_out, ks_out, cs0,
                             n_cs_rows, bos, bos_t, L, i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
                             DOT_PRECISION, DT, True, REPLAY, OUTPUTS, STORE_U)
     c_tail = tl.maximum(c_lo, c_full)
     if c_tail < c_hi:
+        if STORE_CKPT:
+            if c_tail % (CKPT_CHUNKS * M) == 0:
+                tl.store(p_ckpt + (c_tail // (CKPT_CHUNKS * M)) * HV * K * V, b_St, mask=m_vk)
         b_St = _sweep_chunk(c_tail, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, u_out, ks_out, cs0,
                             n_cs_rows, bos, bos_t, L, i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
