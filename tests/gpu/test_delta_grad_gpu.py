@@ -12,8 +12,16 @@ from tests.helpers.tolerances import relative_rms
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("cu", [None, [0, 1, 300, 1000]])
-def test_gdn_gradients_bf16(cu):
+@pytest.mark.parametrize("cu, every", [(None, None), (None, 4), ([0, 1, 300, 1000], None)],
+                         ids=["dense", "dense from checkpoints", "varlen"])
+def test_gdn_gradients_bf16(monkeypatch, cu, every):
+    """``every``: the forward keeps every 4th chunk's state and the backward recomputes the chunk
+    states from them (plan.delta.checkpoint_chunks_for_backward, forced here)."""
+    from recurscan.plan import delta as plan_delta
+    from recurscan.runtime.cache import clear_caches
+    if every is not None:
+        clear_caches()  # the signature's launches, planned with the checkpoints
+        monkeypatch.setattr(plan_delta, "checkpoint_chunks_for_backward", lambda problem, device: every)
     gen = torch.Generator().manual_seed(0)
     T, H, HV, K, V = 1000, 4, 8, 128, 128
     N = 1 if cu is None else len(cu) - 1
@@ -34,6 +42,12 @@ def test_gdn_gradients_bf16(cu):
 
     got = grads("cuda", lambda t: t.dtype, lambda *a, **kw: recurscan.chunk_gated_delta_rule(
         *a, output_final_state=True, **kw))
+    if every is not None:  # it did recompute from them: one PASS 2 sweep over the segments
+        from recurscan.kernels.delta.sweep import chunk_delta_sweep_kernel
+        from recurscan.launch.delta_backward import BACKWARD_LAUNCHES
+        (launches,) = BACKWARD_LAUNCHES.values()
+        assert [s.kwargs["PASS"] for s in launches.forward.steps if s.kernel is chunk_delta_sweep_kernel] == [2]
+        clear_caches()
     want = grads("cuda", lambda t: torch.float64, gated_delta_rule_naive)
     for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), got, want):
         assert torch.isfinite(a).all(), name
