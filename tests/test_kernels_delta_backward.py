@@ -361,14 +361,16 @@ def test_16_bit_inputs(dtype, backward_shape):
         assert relative_rms(a.double().cpu(), b) < 1e-2, name
 
 
-@pytest.mark.parametrize("M, cu", [(1, None), (1, [0, 1, 130]), (2, [0, 1, 130])], ids=["GDN dense", "GDN varlen",
-                                                                                          "GDP varlen"])
-def test_the_forward_starts_the_backward_compiling(monkeypatch, M, cu):
+@pytest.mark.parametrize("M, cu, every", [(1, None, 0), (1, None, 2), (1, [0, 1, 130], 0), (2, [0, 1, 130], 0)],
+                         ids=["GDN dense", "GDN dense from checkpoints", "GDN varlen", "GDP varlen"])
+def test_the_forward_starts_the_backward_compiling(monkeypatch, M, cu, every):
     """On a signature's first forward under autograd, compile_backward_early builds the backward's
     launches and hands every kernel of them (the recompute's and the stages') to the background
-    compiler; the backward then finds those launches (none built twice), waits for the compiles
-    and gives the gradients the reference does. The compiler itself is recorded here: the
-    interpreter compiles nothing."""
+    compiler, every buffer they take with a stand-in (the forward's checkpoints too: a compile
+    handed None for them compiled another kernel, and the first backward compiled its own, 2 s
+    later at B1 T16384 on the H200); the backward then finds those launches (none built twice),
+    waits for the compiles and gives the gradients the reference does. The compiler itself is
+    recorded here: the interpreter compiles nothing."""
     import recurscan.launch.delta_backward as lb
     from recurscan.launch.delta import TEST_SHAPE
     handed, waited = [], []
@@ -386,25 +388,33 @@ def test_the_forward_starts_the_backward_compiling(monkeypatch, M, cu):
     desc = {} if d is None else dict(chunk_indices=d.chunk_indices_dp if M > 1 else d.chunk_indices,
                                      chunk_offsets=d.chunk_offsets)
     o, final = torch.zeros(1, 130, 2, 16), torch.zeros(N, 2, 16, 16)
-    signature = ("test", M, cu is None)
+    signature = ("test", M, cu is None, every)
     lb.EARLY_SIGNATURES.discard(signature)
     before = len(lb.BACKWARD_LAUNCHES)
     lb.compile_backward_early(signature, q, k, v, g, beta, o, final, num_householder=M, scale=0.25,
                               initial_state=h0, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_t, shape=TEST_SHAPE,
-                              **desc)
+                              checkpoint_chunks=every, **desc)
     assert len(lb.BACKWARD_LAUNCHES) == before + 1 and len(handed) == 2
     built = list(lb.BACKWARD_LAUNCHES.values())[-1]
     assert [launch[0] for launch in handed[0][0]] == [s.kernel for s in built.forward.steps]
     assert [launch[0] for launch in handed[1][0]] == [s.kernel for s in built.steps]
-    buffers = set(built.forward.buffers) | set(built.buffers) | {"states", "winv", "aqk", "coef"}
+    buffers = set(built.forward.buffers) | set(built.buffers) | {"states", "winv", "aqk", "coef", "checkpoints"}
     for launches, names, values in handed:  # every buffer a kernel reads or writes has a stand-in
         for kernel, grid, kwargs, options in launches:
             for arg in kwargs.values():
                 if isinstance(arg, lb.CallArg):
                     assert arg in names and (arg not in buffers or values[names.index(arg)] is not None), arg
     lb.compile_backward_early(signature, q, k, v, g, beta, o, final, num_householder=M, scale=0.25, initial_state=h0,
-                              use_qk_l2norm_in_kernel=True, cu_seqlens=cu_t, shape=TEST_SHAPE, **desc)
+                              use_qk_l2norm_in_kernel=True, cu_seqlens=cu_t, shape=TEST_SHAPE,
+                              checkpoint_chunks=every, **desc)
     assert len(handed) == 2  # a signature's later forwards start nothing
+    ckpt = {}
+    if every:  # the forward's checkpoints, as a forward under autograd keeps them
+        from recurscan.launch.delta import DeltaInputs, build_delta_launches, run_delta_launches
+        fwd = build_delta_launches(q, k, v, g, beta, TEST_SHAPE, scale=0.25, initial_state=h0,
+                                   use_qk_l2norm_in_kernel=True, checkpoint_chunks=every)
+        ckpt = dict(checkpoints=run_delta_launches(fwd, DeltaInputs(q, k, v, g, beta, h0, *[None] * 5))[-1],
+                    checkpoint_chunks=every)
     do, dht = torch.randn(1, 130, 2, 16), torch.randn(N, 2, 16, 16)
     if M > 1:
         got = lb.chunk_delta_product_bwd(q, k, v, g, beta, M, do, dht, scale=0.25, initial_state=h0,
@@ -412,7 +422,7 @@ def test_the_forward_starts_the_backward_compiling(monkeypatch, M, cu):
                                          chunk_indices_dp=d.chunk_indices_dp)
     else:
         got = lb.chunk_delta_bwd(q, k, v, g, beta, do, dht, scale=0.25, initial_state=h0, use_qk_l2norm_in_kernel=True,
-                                 cu_seqlens=cu_t, shape=TEST_SHAPE, **desc)
+                                 cu_seqlens=cu_t, shape=TEST_SHAPE, **desc, **ckpt)
     assert len(lb.BACKWARD_LAUNCHES) == before + 1 and waited == [1, 1] and built.pending is None
     if M == 1:
         want = gated_delta_rule_chunked_backward(*(t.double() for t in (q, k, v, g, beta, do)), dht.double(),

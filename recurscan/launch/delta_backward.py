@@ -272,7 +272,8 @@ def compile_backward_early(signature, q, k, v, g, beta, o=None, final=None, *, n
     recompute = launches.forward
     inputs = DeltaInputs(given["q"], given["k"], given["v"], given["g"], given["beta"], initial_state, None, None,
                          cu_seqlens, chunk_indices, chunk_offsets)
-    fake = _stand_ins(recompute.buffers, q.device)
+    fake = _stand_ins(dict(recompute.buffers, **({"checkpoints": (None, torch.float32)} if checkpoint_chunks else {})),
+                      q.device)  # the checkpoints come from the forward: a stand-in carries their signature
     waits = [compile_in_background([(s.kernel, s.grid, s.kwargs, s.options) for s in recompute.steps], CALL_NAMES,
                                    tuple(inputs) + tuple(fake.get(n) for n in BUFFER_NAMES), q.device)]
     waits.append(_compile_stages(launches, given, _stand_ins(launches.buffers, q.device), q.device))
