@@ -204,7 +204,12 @@ def checkpoint_chunks_for_backward(problem, device: torch.device) -> int:
     Taken for dense GDN batches whose single pass (one program per sequence, value head and 64
     value columns) leaves half the SMs or more idle, with the smallest E of :data:`CHECKPOINT_CHUNKS`
     whose checkpoints fit, beside the prep's outputs if kept, in the bytes of q, k and v (the
-    backward's memory stays within twice the inputs, issue 19's bound)."""
+    backward's memory stays within twice the inputs, issue 19's bound).
+
+    Measured on the H200 (gpu_delta_train_checkpoints_dd04c30.json, gpu_delta_train_eba2139.json):
+    B1 T16384 H16 HV32 (64 programs) forward + backward 2.753 ms at E = 16 (1.90x the inputs kept)
+    against 2.976 without (1.77x), E = 4 2.768; B4 T4096 H = HV = 16 (128 programs, the SMs
+    filled) 1.315 at E = 4 and 1.287 at E = 16 against 1.257 without."""
     if problem.varlen or problem.householder > 1:
         return 0
     programs = problem.sequences * problem.value_heads * -(-problem.value_dim // 64)
