@@ -269,6 +269,27 @@ def test_the_recompute_from_checkpoints_gives_the_same_gradients(monkeypatch, ev
         assert torch.equal(a, b), name
 
 
+@pytest.mark.parametrize("bad", ["rows", "dtype", "every 0", "varlen"])
+def test_checkpoints_of_another_call_are_refused(bad):
+    """The recompute reads the checkpoints at offsets from the call's sizes: checkpoints of another
+    shape, dtype or chunk interval, or any with a varlen call, are refused before a launch."""
+    q, k, v, g, beta, _ = (x.float().to(DEVICE) for x in gdn_inputs(1, 300, 1, 2, 16, 16, seed=3))
+    every, ckpt, kw = 2, torch.zeros(1, 3, 2, 16, 16, device=DEVICE), {}
+    if bad == "rows":
+        ckpt = ckpt[:, :2]
+    elif bad == "dtype":
+        ckpt = ckpt.bfloat16()
+    elif bad == "every 0":
+        every = 0
+    else:
+        d = build_chunk_descriptors(torch.tensor([0, 300]), device=DEVICE)
+        kw = dict(cu_seqlens=torch.tensor([0, 300], device=DEVICE), chunk_indices=d.chunk_indices,
+                  chunk_offsets=d.chunk_offsets)
+    with pytest.raises(ValueError, match="checkpoints"):
+        chunk_delta_bwd(q, k, v, g, beta, torch.ones(1, 300, 2, 16, device=DEVICE), checkpoints=ckpt,
+                        checkpoint_chunks=every, **kw)
+
+
 def test_checkpoints_are_planned_where_the_single_pass_leaves_sms_idle_and_memory_allows():
     """checkpoint_chunks_for_backward on a 132-SM device: B1 T16384 HV32 (64 programs) keeps every
     16th chunk (32 MB beside 210 MB of prep, within q, k, v's 268 MB); B4 T4096 HV16 (128

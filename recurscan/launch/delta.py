@@ -135,7 +135,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     (:data:`PREP_NAMES`) after its own, for the backward (a forward under autograd).
     ``checkpoint_chunks`` E > 0 (dense only): the sweep also writes the float32 state entering every
     E-th token chunk, ``checkpoints [B, ceil(T / 64 / E), HV, K, V]``, returned last, from which the
-    backward recomputes every segment of E chunks at once (:func:`checkpoint_recompute`)."""
+    backward recomputes every segment of E chunks at once (launch/delta_backward.py)."""
     check_shape(shape)
     M = num_householder
     block_v, num_warps, num_stages, prep_warps = shape.block_v, shape.num_warps, shape.num_stages, shape.prep_warps

@@ -300,6 +300,16 @@ def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, num_householder=1, scale=
     every segment at once; None: it sweeps each sequence from its initial state. No host
     synchronisation."""
     beta_given = beta is not None
+    if checkpoints is not None:  # read by row and column offsets from these sizes: checked, not trusted
+        every = checkpoint_chunks
+        rows = triton.cdiv(triton.cdiv(q.shape[1], CHUNK_SIZE), every) if isinstance(every, int) and every > 0 else None
+        want = (q.shape[0], rows, v.shape[2], k.shape[3], v.shape[3])
+        if cu_seqlens is not None or rows is None or tuple(checkpoints.shape) != want or \
+                checkpoints.dtype != torch.float32 or not checkpoints.is_contiguous():
+            raise ValueError(f"chunk_delta_bwd: checkpoints must be the dense forward's float32 states every "
+                             f"checkpoint_chunks = E > 0 chunks, contiguous {list(want)} (E = {every!r}), got "
+                             f"{tuple(checkpoints.shape)} {checkpoints.dtype}"
+                             + (" with cu_seqlens" if cu_seqlens is not None else ""))
     launches, given = _backward_call(q, k, v, g, beta, do, dht, num_householder=num_householder, scale=scale,
                                      initial_state=initial_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                                      cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,

@@ -287,9 +287,9 @@ def chunk_delta_sweep_kernel(
     chunk's U and lam o (K S) into ``u_out`` and ``ks_out`` (v's layout), for the backward.
 
     CKPT_CHUNKS > 0 (a forward under autograd, dense batches; PASS 0, 2 or 3): the float32 state
-    entering every CKPT_CHUNKS-th token chunk goes to row ``c // CKPT_CHUNKS`` of ``checkpoints
-    [N, n_ckpt, HV, K, V]``, the ``seg_n`` of a PASS 2 launch with ``seg_chunks = CKPT_CHUNKS``:
-    the backward recomputes the chunk states as that launch, every segment at once.
+    entering token chunk j, for every j a multiple of CKPT_CHUNKS, goes to row ``j // CKPT_CHUNKS``
+    of ``checkpoints [N, n_ckpt, HV, K, V]``, the ``seg_n`` of a PASS 2 launch with ``seg_chunks =
+    CKPT_CHUNKS``: the backward recomputes the chunk states as that launch, every segment at once.
     """
     pid = tl.program_id(0).to(tl.int64)
     if REPLAY:  # the replay launch: only the programs the pass before flagged (see the end)
