@@ -372,9 +372,43 @@ def test_per_key_non_finite_input_stays_causal(name):
         assert torch.isnan(o[0, 95, 0]).any() and torch.isnan(S[0, 0]).any(), "the NaN vanished"
 
 
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("optional", ["all", "no_h0"])
+def test_per_key_triton_gradients_match_autograd_through_the_token_loop(case, optional):
+    """chunk_gla's Triton backward (the prep and the states again, the reverse sweep and the
+    parallel stage with PER_KEY): every gradient (q, k, v, g per key, the initial state; a gradient
+    into the final state too) against autograd through the float64 token loop, over the hostile
+    cases and decays (a reset, a decay of exactly 1, a run of e^-30 a token), bounded by the
+    float32 band; a reset's dg is exactly 0, as autograd's."""
+    c = CASES[case]
+    K, V = c.get("K", 16), c.get("V", 16)
+    q, k, v, _ = gla_inputs(c["B"], c["T"], c["H"], c["HV"], K, V, seed=len(case) + 70)
+    g = per_key_decays(c["B"], c["T"], c["HV"], K, seed=len(case) + 1)
+    cu = None if c["cu"] is None else torch.tensor(c["cu"])
+    N = c["B"] if cu is None else len(c["cu"]) - 1
+    h0 = None if optional == "no_h0" else \
+        torch.randn(N, c["HV"], K, V, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    ref = [t.clone().requires_grad_() for t in (q, k, v, g, h0) if t is not None]
+    o, S = gla_naive(*ref[:4], scale=0.3, initial_state=ref[4] if h0 is not None else None, cu_seqlens=cu)
+    gen = torch.Generator().manual_seed(7)
+    do = torch.randn(o.shape, generator=gen, dtype=torch.float64)
+    dht = torch.randn(S.shape, generator=gen, dtype=torch.float64)
+    want = torch.autograd.grad((o, S), ref, (do, dht))
+    mine = [t.detach().float().to(DEVICE).requires_grad_() for t in ref]
+    o2, S2 = recurscan.chunk_gla(*mine[:4], scale=0.3, initial_state=mine[4] if h0 is not None else None,
+                                 output_final_state=True, cu_seqlens=None if cu is None else cu.to(DEVICE),
+                                 backend="triton")
+    got = torch.autograd.grad((o2, S2), mine, (do.float().to(DEVICE), dht.float().to(DEVICE)))
+    for name, a, b in zip(("q", "k", "v", "g", "h0"), got, want):
+        assert torch.isfinite(a).all() and torch.isfinite(b).all(), name
+        assert relative_rms(a.double().cpu(), b) < 2e-5, f"{name}: {relative_rms(a.double().cpu(), b):.2e}"
+    assert (got[3][g.isinf().to(DEVICE)] == 0).all(), "a reset's dg"
+
+
 def test_per_key_cache_chunk_states_and_what_it_refuses():
     """The per-key path with a state cache (-1 padding) and chunk states equals the PyTorch form;
-    with grad it is refused; the planner keeps the PyTorch form for it on CUDA (not yet timed)."""
+    with grad and a cache it is refused; the planner keeps the PyTorch form for it on CUDA (not yet
+    timed)."""
     q, k, v, _ = (x.float().to(DEVICE) for x in gla_inputs(1, 150, 1, 2, 16, 16, seed=63))
     g = per_key_decays(1, 150, 2, 16, seed=64).float().to(DEVICE)
     cu = torch.tensor([0, 1, 90, 150], device=DEVICE)
@@ -389,5 +423,5 @@ def test_per_key_cache_chunk_states_and_what_it_refuses():
     assert relative_rms(o2, o1) < 1e-5 and relative_rms(c2, c1) < 1e-5 and torch.equal(c2[1], cache[1])
     assert relative_rms(ch2[:ch1.shape[0]], ch1) < 1e-5 and (ch2[ch1.shape[0]:] == 0).all()
     x = [t.clone().requires_grad_() for t in (q, k, v, g)]
-    with pytest.raises(NotImplementedError, match="chunk_gla: the Triton path is inference-only"):
-        recurscan.chunk_gla(*x, cu_seqlens=cu, backend="triton")
+    with pytest.raises(NotImplementedError, match="inference-only"):
+        recurscan.chunk_gla(*x, cu_seqlens=cu, state=cache.clone(), state_indices=slots, backend="triton")

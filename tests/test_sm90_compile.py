@@ -30,7 +30,7 @@ def test_every_backward_launch_compiles_for_sm90(case, shape):
 
 
 @pytest.mark.parametrize("family", ["gla", "gla-chunk-states", "gla-per-key", "gla-split", "ssd", "ssd-cache",
-                                    "ssd-seq-idx", "ssd-split", "gla-backward"])
+                                    "ssd-seq-idx", "ssd-split", "gla-backward", "gla-per-key-backward"])
 @pytest.mark.parametrize("case", [c for c, (M, _) in CASES.items() if M == 1])
 def test_the_gla_forward_compiles_for_sm90(case, family):
     run = compile_offline(family, case)
@@ -38,5 +38,7 @@ def test_the_gla_forward_compiles_for_sm90(case, family):
     assert "chunk_simple_gla_fwd_kernel" in run.stdout, run.stdout
     if family in ("gla-per-key", "gla-split", "ssd-split"):
         assert "chunk_gla_prep_kernel" in run.stdout, run.stdout
-    if family == "gla-backward":
+    if family in ("gla-backward", "gla-per-key-backward"):
         assert "chunk_simple_gla_bwd_grads_kernel" in run.stdout, run.stdout
+    if family == "gla-per-key-backward":
+        assert "chunk_gla_prep_kernel" in run.stdout, run.stdout

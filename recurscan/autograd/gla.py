@@ -1,4 +1,4 @@
-"""Training through the scalar-decay GLA Triton path: a ``torch.autograd.Function`` whose forward
+"""Training through the GLA Triton path (a decay per head, or per key dimension): a ``torch.autograd.Function`` whose forward
 is kernels/gla/forward.py and whose backward is kernels/gla/backward.py
 (:func:`recurscan.launch.gla.chunk_simple_gla_bwd`), checked against autograd through the token
 loop (``reference.gla.gla_naive``). Saved for the backward: the inputs only; the states entering
@@ -12,14 +12,18 @@ from ..launch.gla import chunk_simple_gla_bwd, chunk_simple_gla_fwd
 
 class ChunkSimpleGla(torch.autograd.Function):
     """``apply(q, k, v, g, initial_state, options) -> (o, final_state)``; ``options``: scale,
-    cu_seqlens, chunk_indices, chunk_offsets (varlen descriptors) and the launch shape."""
+    cu_seqlens, chunk_indices, chunk_offsets (varlen descriptors), the launch shape and
+    ``prep_rows`` (g per key dimension: the prep's programs per value head; None: g per head)."""
 
     @staticmethod
     def forward(ctx, q, k, v, g, initial_state, options):
         with torch.no_grad():
+            per_key = options["prep_rows"] is not None  # through the prep (kernels/gla/prep.py)
             o, final = chunk_simple_gla_fwd(q, k, v, g, scale=options["scale"], initial_state=initial_state,
                                             output_final_state=True, cu_seqlens=options["cu_seqlens"],
-                                            shape=options["shape"],
+                                            shape=options["shape"], prep_rows=options["prep_rows"],
+                                            chunk_indices=options["chunk_indices"] if per_key else None,
+                                            chunk_offsets=options["chunk_offsets"] if per_key else None,
                                             backward=dict(chunk_indices=options["chunk_indices"],
                                                           chunk_offsets=options["chunk_offsets"]))
         ctx.save_for_backward(q, k, v, g, initial_state)

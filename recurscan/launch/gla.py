@@ -211,7 +211,7 @@ def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_
 
 #: The per-call tensors of the backward's two stages, by name.
 BWD_NAMES = ("q", "k", "v", "g", "do", "dht", "h0", "cu_seqlens", "chunk_indices", "chunk_offsets", "states",
-             "dstates", "dh0", "dv", "dq", "dk", "dg", "scratch", "dq_sum", "dk_sum")
+             "dstates", "dh0", "dv", "dq", "dk", "dg", "scratch", "dq_sum", "dk_sum", "qg", "kg", "aqk", "dl")
 
 #: Signature -> :class:`GlaBackward`.
 GLA_BACKWARD_LAUNCHES = SignatureCache("chunked GLA backward")
@@ -233,7 +233,9 @@ class GlaBackward:
 
 def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets, *, scale,
                        shape: GlaShape) -> GlaBackward:
-    """What :func:`chunk_simple_gla_bwd` launches for these tensors' signature (none is kept)."""
+    """What :func:`chunk_simple_gla_bwd` launches for these tensors' signature (none is kept). A
+    decay per key dimension (g ``[B, T, HV, K]``) runs the prep again with the recompute, whose
+    outputs (qg, kg, aqk, dl) the reverse sweep takes, and the parallel stage's per-key form."""
     from ..kernels.gla.backward import chunk_simple_gla_bwd_grads_kernel, chunk_simple_gla_bwd_sweep_kernel
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -241,15 +243,17 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
     N = cu_seqlens.shape[0] - 1 if varlen else B
     BT = CHUNK_SIZE
     rows = chunk_indices.shape[0] if varlen else B * triton.cdiv(T, BT)
+    per_key = g is not None and g.dim() == 4
     forward = build_gla_forward(q, k, v, g, h0, cu_seqlens, scale=scale, output_final_state=False, shape=shape,
-                                chunk_offsets=chunk_offsets, num_chunk_rows=rows, outputs=False)
+                                chunk_offsets=chunk_offsets, num_chunk_rows=rows, outputs=False,
+                                prep_rows=rows if per_key else None)
     dt, precision = forward.step.kwargs["DT"], forward.step.kwargs["DOT_PRECISION"]
     BK, BV = max(16, triton.next_power_of_2(K)), min(32, max(16, triton.next_power_of_2(V)))
     f32 = torch.float32
     buffers = dict(dstates=((rows, HV, K, V), q.dtype), dv=((B, T, HV, V), f32), dq=((B, T, HV, K), f32),
                    dk=((B, T, HV, K), f32), scratch=((rows * HV, BT, BT), q.dtype))
     if g is not None:
-        buffers["dg"] = ((B, T, HV), f32)
+        buffers["dg"] = ((B, T, HV, K) if per_key else (B, T, HV), f32)
     if h0 is not None:
         buffers["dh0"] = ((N, HV, K, V), f32)
     arg = lambda name, present=True: CallArg(name if present else "dv")  # noqa: E731 (absent: a placeholder)
@@ -259,11 +263,12 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
     sweep = Step(chunk_simple_gla_bwd_sweep_kernel, (N * HV * triton.cdiv(V, BV),), dict(
         common, q=arg("q"), k=arg("k"), g=arg("g", g is not None), do=arg("do"), dstates=arg("dstates"),
         dht=arg("dht", dht is not None), dh0=arg("dh0", h0 is not None), dv=arg("dv"), HAS_DHT=dht is not None,
-        STORE_DH0=h0 is not None), dict(num_warps=4))
+        STORE_DH0=h0 is not None, qg=arg("qg", per_key), kg=arg("kg", per_key), aqk=arg("aqk", per_key),
+        dl=arg("dl", per_key), PER_KEY=per_key), dict(num_warps=4))
     grads = Step(chunk_simple_gla_bwd_grads_kernel, (rows * HV,), dict(
         common, q=arg("q"), k=arg("k"), v=arg("v"), g=arg("g", g is not None), do=arg("do"), states=arg("states"),
         dstates=arg("dstates"), dq=arg("dq"), dk=arg("dk"), dg=arg("dg", g is not None), scratch=arg("scratch"),
-        chunk_indices=arg("chunk_indices", varlen), n_seq=N), dict(num_warps=8))
+        chunk_indices=arg("chunk_indices", varlen), n_seq=N, PER_KEY=per_key), dict(num_warps=8))
     steps = [sweep, grads]
     if HV != H:  # dq, dk per value head -> per q/k head
         buffers.update(dq_sum=((B, T, H, K), f32), dk_sum=((B, T, H, K), f32))
@@ -321,7 +326,8 @@ def chunk_simple_gla_bwd(q, k, v, g, do, dht, *, scale, initial_state=None, cu_s
                          chunk_offsets=None, shape: GlaShape):
     """Gradients ``(dq, dk, dv, dg, dh0)`` of :func:`chunk_simple_gla_fwd`'s ``(o, final_state)``
     (no SSD prologue) given ``do [B, T, HV, V]`` and ``dht [N, HV, K, V]`` (None: zeros); float32,
-    None where the input was None. The states entering every chunk are recomputed by the forward
+    None where the input was None; g ``[B, T, HV]`` or, a decay per key dimension, ``[B, T, HV, K]``
+    (dg of its shape). The states entering every chunk are recomputed by the forward
     kernel, for the states alone (``OUTPUTS=False``; in q's dtype); varlen needs ``chunk_indices`` and ``chunk_offsets``
     (:func:`recurscan.build_chunk_descriptors`). No host synchronisation."""
     launches, (q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets) = _gla_backward(
@@ -331,12 +337,13 @@ def chunk_simple_gla_bwd(q, k, v, g, do, dht, *, scale, initial_state=None, cu_s
         launches.pending = None
     # 1. The states entering every chunk.
     fwd = {n: _empty(*s, dtype=d, device=q.device) for n, (s, d) in launches.forward.buffers.items()}
-    _launch(launches.forward, call_values(q=q, k=k, v=v, g=g, h0=h0, cu_seqlens=cu_seqlens, o=fwd["o"],
-                                          chunk_states=fwd["chunk_states"], chunk_offsets=chunk_offsets))
+    _launch(launches.forward, call_values(q=q, k=k, v=v, g=g, h0=h0, cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets,
+                                          chunk_indices=chunk_indices, **fwd))
     # 2-3. The reverse sweep, then the parallel stage.
     made = {n: _empty(*s, dtype=d, device=q.device) for n, (s, d) in launches.buffers.items()}
     given = dict(q=q, k=k, v=v, g=g, do=do, dht=dht, h0=h0, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
-                 chunk_offsets=chunk_offsets, states=fwd["chunk_states"])
+                 chunk_offsets=chunk_offsets, states=fwd["chunk_states"],
+                 **{n: fwd[n] for n in ("qg", "kg", "aqk", "dl") if n in fwd})
     values = tuple(given[n] if n in given else made.get(n) for n in BWD_NAMES)
     for step in launches.steps:
         if step.direct is not None:

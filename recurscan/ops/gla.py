@@ -28,10 +28,6 @@ def _run_gla(q, k, v, g, *, per_key_decay, scale, initial_state, output_final_st
                                   "return_chunk_states are inference-only; train with initial_state / "
                                   "output_final_state, or call under torch.no_grad()")
     if schedule.backend == "triton":
-        if training and per_key_decay:
-            raise NotImplementedError("chunk_gla: the Triton path is inference-only for now (no backward for a "
-                                      "decay per key dimension yet); train with backend='torch' or call under "
-                                      "torch.no_grad()")
         if training:
             return _run_triton_with_grad(q, k, v, g, problem, schedule, initial_state=initial_state,
                                          output_final_state=output_final_state, cu_seqlens=cu_seqlens,
@@ -81,15 +77,19 @@ def chunk_rows(B, T, cu_seqlens, chunk_indices, chunk_offsets, device):
 
 def _run_triton_with_grad(q, k, v, g, problem, schedule, *, initial_state, output_final_state, cu_seqlens,
                           chunk_indices=None, chunk_offsets=None):
-    """Inputs that require grad: autograd/gla.py's ChunkSimpleGla (Triton forward and backward).
-    Varlen without descriptors builds them here (one host read of cu_seqlens)."""
+    """Inputs that require grad: autograd/gla.py's ChunkSimpleGla (Triton forward and backward; g
+    per head or per key dimension). Varlen without descriptors builds them here (one host read of
+    cu_seqlens)."""
     from ..autograd.gla import ChunkSimpleGla
     if cu_seqlens is not None and (chunk_indices is None or chunk_offsets is None):
         from ..descriptors import build_chunk_descriptors
         built = build_chunk_descriptors(cu_seqlens, device=q.device)
         chunk_indices, chunk_offsets = built.chunk_indices, built.chunk_offsets
+    per_key = g is not None and g.dim() == 4  # the prep runs first, one program per chunk and value head
     options = dict(scale=problem.scale, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
-                   chunk_offsets=chunk_offsets, shape=schedule.launch)
+                   chunk_offsets=chunk_offsets, shape=schedule.launch,
+                   prep_rows=chunk_rows(q.shape[0], q.shape[1], cu_seqlens, chunk_indices, chunk_offsets,
+                                        q.device)[0] if per_key else None)
     o, final = ChunkSimpleGla.apply(q, k, v, g, initial_state, options)
     return o, (final if output_final_state else None)
 
@@ -154,8 +154,9 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
         q, k: ``[B, T, H, K]``; v: ``[B, T, HV, V]``; g: ``[B, T, HV, K]`` natural-log decays
             (``-inf``, ``g > 0`` and non-finite input as :func:`chunk_simple_gla`'s).
         Other arguments as :func:`chunk_simple_gla`. ``backend="triton"``: a prep and the GLA
-            sweep (kernels/gla/prep.py), inference only (with grad, NotImplementedError); the
-            planner keeps the PyTorch form until the H200 has timed it.
+            sweep (kernels/gla/prep.py); with grad, the backward of kernels/gla/backward.py (every
+            gradient, dg per key; under the interpreter to float32 rounding; not yet run on a GPU);
+            the planner keeps the PyTorch form until the H200 has timed it.
 
     Returns:
         ``(o [B, T, HV, V], final_state [N, HV, K, V] or None)``, plus chunk states when asked.

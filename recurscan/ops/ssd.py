@@ -192,7 +192,7 @@ def _ssd_triton_with_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, 
         built = build_chunk_descriptors(cu_seqlens, device=x.device)
         chunk_indices, chunk_offsets = built.chunk_indices, built.chunk_offsets
     options = dict(scale=1.0, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
-                   shape=launch)
+                   shape=launch, prep_rows=None)
     h0 = None if initial_states is None else initial_states.transpose(-1, -2)
     o, final = ChunkSimpleGla.apply(C.to(kernel_dtype), B.to(kernel_dtype), v, g, h0, options)
     y = ref.skip_and_gate(o.float(), x.float(), None if D is None else D.float(), None if z is None else z.float())

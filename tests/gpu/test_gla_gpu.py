@@ -98,6 +98,31 @@ def test_per_key_gla_triton_forward_at_real_sizes():
     assert relative_rms(o.double(), wo) < 1e-2 and relative_rms(S.double(), wS) < 1e-2
 
 
+def test_per_key_gla_triton_gradients_at_real_sizes():
+    """chunk_gla's Triton backward (kernels/gla/backward.py with PER_KEY) at fla's head sizes,
+    bf16, GVA and varlen with a one-token sequence, GLA's decays and a run of strong ones: every
+    gradient against autograd through the float64 chunked oracle on the GPU."""
+    from recurscan.reference.gla import gla_chunked
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    rn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+    B, T, H, HV, K, V = 1, 2048, 2, 4, 128, 128
+    g = torch.nn.functional.logsigmoid(rn(B, T, HV, K)) / 16
+    g[:, 300:340, 1, :8] = -30.0
+    cu = torch.tensor([0, 1, 700, 2048], device="cuda", dtype=torch.int32)
+    x = [rn(B, T, H, K).bfloat16(), rn(B, T, H, K).bfloat16(), rn(B, T, HV, V).bfloat16(), g, rn(3, HV, K, V) * 0.1]
+    mine = [t.clone().requires_grad_() for t in x]
+    o, S = recurscan.chunk_gla(*mine[:4], initial_state=mine[4], output_final_state=True, cu_seqlens=cu,
+                               backend="triton")
+    do, dht = rn(*o.shape).bfloat16(), rn(*S.shape)
+    got = torch.autograd.grad((o, S), mine, (do, dht))
+    ref = [t.double().requires_grad_() for t in x]
+    wo, wS = gla_chunked(*ref[:4], initial_state=ref[4], cu_seqlens=cu)
+    want = torch.autograd.grad((wo, wS), ref, (do.double(), dht.double()))
+    for name, a, b in zip(("dq", "dk", "dv", "dg", "dh0"), got, want):
+        assert torch.isfinite(a).all(), name
+        assert relative_rms(a.double(), b) < 1e-2, f"{name}: {relative_rms(a.double(), b):.2e}"
+
+
 @pytest.mark.parametrize("family", ["gla", "ssd"])
 def test_the_split_launch_at_real_sizes(family, monkeypatch):
     """The split launch (plan.gla.GlaShape.split: the prep, then the sweep with PER_KEY) of a scalar

@@ -154,9 +154,10 @@ def compile_gla(case: str, ssd: bool = False, cache: bool = False, seq_idx: bool
     return lines
 
 
-def compile_gla_backward(case: str, describe=None) -> list[str]:
-    """The scalar-decay GLA backward's launches (launch/gla.py: the forward for the chunk states, the
-    reverse sweep, the parallel stage) for a case of :data:`CASES` (M = 1 ones; bf16)."""
+def compile_gla_backward(case: str, describe=None, per_key: bool = False) -> list[str]:
+    """The GLA backward's launches (launch/gla.py: the forward for the chunk states, the reverse
+    sweep, the parallel stage) for a case of :data:`CASES` (M = 1 ones; bf16); ``per_key``: a decay
+    per key dimension (the prep runs with the recompute; the stages' PER_KEY forms)."""
     from recurscan.launch.gla import BWD_NAMES, NAMES as GLA_NAMES, build_gla_backward
     from recurscan.plan.gla import GLA_LAUNCH
     _, cu = CASES[case]
@@ -166,6 +167,8 @@ def compile_gla_backward(case: str, describe=None) -> list[str]:
     N = B if cu is None else len(cu) - 1
     g, h0, do, dht = torch.zeros(B, T, HV), torch.zeros(N, HV, K, 64), torch.zeros(B, T, HV, 64, **bf), \
         torch.zeros(N, HV, K, 64)
+    if per_key:
+        g = torch.zeros(B, T, HV, K)
     cu_t = ci = co = None
     if cu is not None:
         cu_t = torch.tensor(cu, dtype=torch.int32)
@@ -173,12 +176,15 @@ def compile_gla_backward(case: str, describe=None) -> list[str]:
         ci, co = d.chunk_indices, d.chunk_offsets
     launches = build_gla_backward(q, k, v, g, do, dht, h0, cu_t, ci, co, scale=K ** -0.5, shape=GLA_LAUNCH)
     z = torch.zeros(1)
-    fwd = dict(q=q, k=k, v=v, g=g, h0=h0, cu_seqlens=cu_t, chunk_offsets=co,
-               **{n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.forward.buffers.items()})
+    made = {n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.forward.buffers.items()}
+    fwd = dict(q=q, k=k, v=v, g=g, h0=h0, cu_seqlens=cu_t, chunk_offsets=co, chunk_indices=ci, **made)
     bwd = dict(q=q, k=k, v=v, g=g, do=do, dht=dht, h0=h0, cu_seqlens=cu_t, chunk_indices=ci, chunk_offsets=co,
-               states=torch.zeros(1, **bf), **{n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.buffers.items()})
+               states=torch.zeros(1, **bf), **{n: made[n] for n in ("qg", "kg", "aqk", "dl") if n in made},
+               **{n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.buffers.items()})
     lines = []
-    for step, names, values in [(launches.forward.step, GLA_NAMES, fwd)] + [(st, BWD_NAMES, bwd) for st in launches.steps]:
+    forward = [launches.forward.prep] if launches.forward.prep is not None else []
+    for step, names, values in [(st, GLA_NAMES, fwd) for st in forward + [launches.forward.step]] + \
+            [(st, BWD_NAMES, bwd) for st in launches.steps]:
         compiled = compile_for_sm90(step, names, tuple(values.get(n) if values.get(n) is not None else z for n in names))
         fn = getattr(step.kernel, "fn", step.kernel).__name__
         if compiled.metadata.shared > H200_SHARED:
@@ -188,8 +194,8 @@ def compile_gla_backward(case: str, describe=None) -> list[str]:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "gla-backward":
-        print("\n".join(compile_gla_backward(sys.argv[2])))
+    if sys.argv[1] in ("gla-backward", "gla-per-key-backward"):
+        print("\n".join(compile_gla_backward(sys.argv[2], per_key=sys.argv[1] == "gla-per-key-backward")))
     elif sys.argv[1] in ("gla", "gla-chunk-states", "gla-per-key", "gla-split", "ssd", "ssd-cache", "ssd-seq-idx",
                          "ssd-split"):
         print("\n".join(compile_gla(sys.argv[2], ssd=sys.argv[1].startswith("ssd"), cache=sys.argv[1] == "ssd-cache",

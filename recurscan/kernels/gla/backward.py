@@ -16,18 +16,23 @@ import triton
 import triton.language as tl
 
 from ..delta.common import _chunk_gates, _chunk_head, _chunk_rows, _chunk_tiles, _sequence
+from .prep import SUB, _key_gates, _log2_decays
 
 
 @triton.jit(do_not_specialize=["T", "n_cs_rows"])
 def chunk_simple_gla_bwd_sweep_kernel(
-    q, k, g, do, dstates, dht, dh0, dv, cu_seqlens, chunk_offsets, T, scale, n_cs_rows,
+    q, k, g, do, dstates, dht, dh0, dv, cu_seqlens, chunk_offsets, T, scale, n_cs_rows, qg, kg, aqk, dl,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, HAS_DHT: tl.constexpr,
-    STORE_DH0: tl.constexpr, DOT_PRECISION: tl.constexpr, DT: tl.constexpr,
+    STORE_DH0: tl.constexpr, DOT_PRECISION: tl.constexpr, DT: tl.constexpr, PER_KEY: tl.constexpr = False,
 ):
     """Grid (N * HV * ceil(V / BV),): one program per (sequence, value head, value block) holds
     dS^T [BV, K] (the gradient of the state leaving the chunk) and walks the chunks last to first:
-    writes dS' per chunk (``dstates``, the chunk-state rows) and dV; dh0 is dS entering the first."""
+    writes dS' per chunk (``dstates``, the chunk-state rows) and dV; dh0 is dS entering the first.
+
+    PER_KEY (a decay per key dimension): the chunk's gates come from the prep (kernels/gla/prep.py:
+    the decayed query ``qg`` with the scale, key ``kg``, ``aqk`` = A and the state's decay ``dl``
+    per key), so dV^T = dO^T A + (kg dS')^T and dS^T = dO^T qg + dl o dS'^T."""
     pid = tl.program_id(0).to(tl.int64)
     NV: tl.constexpr = (V + BV - 1) // BV
     i_v = pid % NV
@@ -60,26 +65,174 @@ def chunk_simple_gla_bwd_sweep_kernel(
         row_ok = (cs0 + c >= 0) & (cs0 + c < n_cs_rows)  # no chunk_offsets reaches past the rows
         tl.store(dstates + ((cs0 + c) * HV + i_hv) * K * V + o_vk, b_dSt.to(dstates.dtype.element_ty),
                  mask=m_vk & row_ok)
-        b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(DT)
-        b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(DT)
         p_vr = (rows * HV + i_hv)[None, :] * V + o_v[:, None]
         m_vr = m_v[:, None] & m_r[None, :]
         b_dot = tl.load(do + p_vr, mask=m_vr, other=0.0).to(tl.float32)  # dO^T [BV, BT]
-        gc, seg, bad = _chunk_gates(g, rows, rows * 0, m_r, i_hv, HV, 1, BT, HAS_G)
-        gc_last = tl.sum(tl.where(o_t == BT - 1, gc, 0.0), axis=0)
-        seg_last = tl.sum(tl.where(o_t == BT - 1, seg, 0), axis=0)
-        lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
-        gam = tl.where(seg == seg_last, tl.exp2(tl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
-        lam_last = tl.where(seg_last == 0, tl.exp2(gc_last), 0.0)
-        # A^T[i, j] = G[i, j] scale (q_i . k_j): dV^T = dO^T A^T + (gam o (K dS'))^T
-        b_G = tl.where(lower & (seg[:, None] == seg[None, :]), tl.exp2(gc[:, None] - gc[None, :]), 0.0)
-        b_At = b_G * scale * tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)
-        b_dvt = tl.dot(b_dot.to(DT), b_At.to(DT), input_precision=DOT_PRECISION) + \
-            gam[None, :] * tl.dot(b_dSt.to(DT), tl.trans(b_k), input_precision=DOT_PRECISION)
+        if PER_KEY:
+            p_g = (rows * HV + i_hv)[:, None] * K + o_k[None, :]
+            b_qg = tl.load(qg + p_g, mask=m_rk, other=0.0).to(DT)
+            b_kg = tl.load(kg + p_g, mask=m_rk, other=0.0).to(DT)
+            b_A = tl.load(aqk + (rows * HV + i_hv)[:, None] * BT + o_t[None, :], mask=m_r[:, None], other=0.0)
+            b_dl = tl.load(dl + ((cs0 + c) * HV + i_hv) * K + o_k, mask=m_k & row_ok, other=0.0)
+            b_dvt = tl.dot(b_dot.to(DT), b_A.to(DT), input_precision=DOT_PRECISION) + \
+                tl.dot(b_dSt.to(DT), tl.trans(b_kg), input_precision=DOT_PRECISION)
+            b_dSt = tl.dot(b_dot.to(DT), b_qg, input_precision=DOT_PRECISION) + b_dl[None, :] * b_dSt
+        else:
+            b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(DT)
+            b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(DT)
+            gc, seg, bad = _chunk_gates(g, rows, rows * 0, m_r, i_hv, HV, 1, BT, HAS_G)
+            gc_last = tl.sum(tl.where(o_t == BT - 1, gc, 0.0), axis=0)
+            seg_last = tl.sum(tl.where(o_t == BT - 1, seg, 0), axis=0)
+            lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
+            gam = tl.where(seg == seg_last, tl.exp2(tl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
+            lam_last = tl.where(seg_last == 0, tl.exp2(gc_last), 0.0)
+            # A^T[i, j] = G[i, j] scale (q_i . k_j): dV^T = dO^T A^T + (gam o (K dS'))^T
+            b_G = tl.where(lower & (seg[:, None] == seg[None, :]), tl.exp2(gc[:, None] - gc[None, :]), 0.0)
+            b_At = b_G * scale * tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)
+            b_dvt = tl.dot(b_dot.to(DT), b_At.to(DT), input_precision=DOT_PRECISION) + \
+                gam[None, :] * tl.dot(b_dSt.to(DT), tl.trans(b_k), input_precision=DOT_PRECISION)
+            b_dSt = tl.dot((scale * lam[None, :] * b_dot).to(DT), b_q, input_precision=DOT_PRECISION) + \
+                lam_last * b_dSt
         tl.store(dv + p_vr, b_dvt.to(dv.dtype.element_ty), mask=m_vr)
-        b_dSt = tl.dot((scale * lam[None, :] * b_dot).to(DT), b_q, input_precision=DOT_PRECISION) + lam_last * b_dSt
     if STORE_DH0:
         tl.store(dh0 + (i_n * HV + i_hv) * K * V + o_vk, b_dSt, mask=m_vk)
+
+
+@triton.jit
+def _segment_sum(v1, c1, v2, c2):
+    """A reverse scan's step that stops at a cut: v2 + (v1 unless c2)."""
+    return v2 + tl.where(c2, 0.0, v1), c1 | c2
+
+
+@triton.jit
+def _row_decays(g, r, m_r, i_hv, o_k, m_k, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr):
+    """Rows ``r``'s log2 decays per key ``[len(r), BK]``, a bad one (NaN, +inf) as 0, and whether
+    each row has one."""
+    b_g = _log2_decays(g, g, g, g, r, m_r, i_hv, o_k, m_k, 0.0, 0.0, HV, K, BK, True, False, False, False, False,
+                       False)
+    bad = (b_g != b_g) | (b_g == float("inf"))
+    return tl.where(bad, 0.0, b_g), tl.max(bad.to(tl.int32), axis=1) != 0
+
+
+@triton.jit
+def _per_key_grads(q, k, g, b_q, b_k, b_dOS, b_VdS, b_dOV, b_VdO, sds, r0, eos, rows, m_r, i_h, i_hv, o_t, o_k, m_k,
+                   scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                   DT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """dq, dk and dg ``[BT, BK]`` of a chunk with a decay per key dimension (value head i_hv's
+    part), from dO S^T, V dS'^T, dO V^T, V dO^T and S . dS' by key row. With b_i the cumulative
+    log decay to row i (per key, within the chunk), E_ij = 2^(b_i - b_j) where i and j share a
+    segment (no reset in rows j+1..i), and dA = causal(dO V^T):
+
+        dq_i = scale (e_q o dO S^T + sum_j<=i dA_ij k_j o E_ij)       e_q = [seg = 0] 2^b_i
+        dk_j = e_k o V dS'^T + scale sum_i>=j dA_ij q_i o E_ij        e_k = [seg = seg_last] 2^(b_last - b_j)
+        dg_u = sum_{i >= u, same segment} (q_i o dq_i - k_i o dk_i) + [seg_u = seg_last] sum_v S' o dS'
+
+    (the log decays enter only through q_i 2^b_i and k_j 2^-b_j, and the state leaving the chunk
+    through 2^b_last; sum_v S' o dS' = dl o (S . dS') + sum_j kg_j o V dS'^T; a reset's dg is 0).
+    fla's chunk_gla takes dg the same way.
+    The sums over j (over i) are formed as the prep forms A (kernels/gla/prep.py): between blocks
+    of SUB rows through the factor split at a block's end (both factors <= 1), within a block pair
+    by pair with the other row gathered from memory."""
+    b_graw = _log2_decays(g, g, g, g, rows, m_r, i_hv, o_k, m_k, 0.0, 0.0, HV, K, BK, True, False, False, False,
+                          False, False)
+    bad_g, _gz, seg, seg_last, bl, bs, before, after, gl_last = _key_gates(b_graw, o_t, BT, BK)
+    bad_k = bad_g | (tl.max((b_k * 0.0 != 0.0).to(tl.int32), axis=1) != 0)
+    bad_q = tl.max((b_q * 0.0 != 0.0).to(tl.int32), axis=1) != 0
+    b_q = tl.where((bad_q | bad_k)[:, None], 0.0, b_q)
+    b_k = tl.where(bad_k[:, None], 0.0, b_k)
+    NB: tl.constexpr = BT // SUB
+    blk = o_t // SUB
+    end = o_t[:, None] % SUB == SUB - 1
+    e_q = tl.where(seg == 0, tl.exp2(before + bl), 0.0)
+    to_end = seg == seg_last[None, :]
+    e_k = tl.where(to_end, tl.exp2(tl.where(to_end, bs + after, 0.0)), 0.0)
+    dl = tl.where(seg_last == 0, tl.exp2(gl_last), 0.0)
+    dA = tl.where(o_t[:, None] >= o_t[None, :], b_dOV, 0.0).to(DT)  # [i, j]
+    dAt = tl.where(o_t[:, None] <= o_t[None, :], b_VdO, 0.0).to(DT)  # [j, i]
+    Dq = tl.zeros([BT, BK], dtype=tl.float32)
+    Dk = tl.zeros([BT, BK], dtype=tl.float32)
+    # Between blocks. dq: queries of block b, keys of the blocks before, split at row b SUB - 1.
+    # dk: keys of block m, queries of the blocks after, split at row (m + 1) SUB - 1.
+    for b in tl.static_range(1, NB):
+        sref = tl.sum(tl.where(o_t[:, None] == b * SUB - 1, seg, 0), axis=0)
+        mid = tl.zeros([BT, BK], dtype=tl.float32)  # the blocks between the key's and b
+        for m in tl.static_range(1, b):
+            tot = tl.sum(tl.where(end & (blk == m)[:, None], bl, 0.0), axis=0)
+            mid += tl.where((blk < m)[:, None], tot[None, :], 0.0)
+        in_b = (blk == b)[:, None] & (seg == sref[None, :])
+        earlier = (blk < b)[:, None] & (seg == sref[None, :])
+        b_ks = tl.where(earlier, b_k * tl.exp2(tl.where(earlier, bs + mid, 0.0)), 0.0)
+        Dq += tl.where(in_b, tl.exp2(tl.where(in_b, bl, 0.0)), 0.0) * \
+            tl.dot(dA, b_ks.to(DT), input_precision=DOT_PRECISION)
+    for m in tl.static_range(0, NB - 1):
+        sref = tl.sum(tl.where(o_t[:, None] == (m + 1) * SUB - 1, seg, 0), axis=0)
+        mid = tl.zeros([BT, BK], dtype=tl.float32)  # the blocks between m and the query's
+        for m2 in tl.static_range(m + 1, NB):
+            tot = tl.sum(tl.where(end & (blk == m2)[:, None], bl, 0.0), axis=0)
+            mid += tl.where((blk > m2)[:, None], tot[None, :], 0.0)
+        in_m = (blk == m)[:, None] & (seg == sref[None, :])
+        later = (blk > m)[:, None] & (seg == sref[None, :])
+        b_qs = tl.where(later, b_q * tl.exp2(tl.where(later, bl + mid, 0.0)), 0.0)
+        Dk += tl.where(in_m, tl.exp2(tl.where(in_m, bs, 0.0)), 0.0) * \
+            tl.dot(dAt, b_qs.to(DT), input_precision=DOT_PRECISION)
+    # Within a block, pair by pair. dq: row i with key j = its block's row jj, jj from the
+    # block's end down (the span, rows j+1..i, grows by one gathered row a step); dk: row j with
+    # query i = j + t, t up from 0 (the span, rows j+1..i, grows likewise).
+    dAf = dA.to(tl.float32)
+    dAtf = dAt.to(tl.float32)
+    span_q = tl.zeros([BT, BK], dtype=tl.float32)
+    cut_q = tl.zeros([BT, BK], dtype=tl.int32)
+    span_k = tl.zeros([BT, BK], dtype=tl.float32)
+    cut_k = tl.zeros([BT, BK], dtype=tl.int32)
+    for t in range(0, SUB):
+        jj = SUB - 1 - t
+        col = blk * SUB + jj  # [BT]: row i's key in its block
+        m_n = (o_t % SUB >= jj + 1) & (r0 + col + 1 < eos)  # rows whose span now includes row j + 1
+        m_nk = m_n[:, None] & m_k[None, :]
+        g_n, _bn = _row_decays(g, r0 + col + 1, m_n, i_hv, o_k, m_k, HV, K, BK)
+        cut_q = cut_q | (m_nk & (g_n < -150.0)).to(tl.int32)
+        span_q += tl.where(m_nk & (g_n >= -150.0), g_n, 0.0)
+        m_j = (o_t % SUB > jj) & (r0 + col < eos)  # j < i: the diagonal pair is added after
+        k_j = tl.load(k + ((r0 + col) * H + i_h)[:, None] * K + o_k[None, :], mask=m_j[:, None] & m_k[None, :],
+                      other=0.0).to(tl.float32)
+        _gj, bad_gj = _row_decays(g, r0 + col, m_j, i_hv, o_k, m_k, HV, K, BK)
+        bad_j = bad_gj | (tl.max((k_j * 0.0 != 0.0).to(tl.int32), axis=1) != 0)
+        pair = (m_j & ~bad_j)[:, None] & m_k[None, :] & (cut_q == 0)
+        dA_col = tl.sum(tl.where(o_t[None, :] == col[:, None], dAf, 0.0), axis=1)
+        Dq += tl.where(pair, dA_col[:, None] * k_j * tl.exp2(tl.where(pair, span_q, 0.0)), 0.0)
+        ii = o_t + t + 1  # [BT]: row j's query, i > j
+        m_i = (o_t % SUB + t + 1 < SUB) & (r0 + ii < eos)
+        m_ik = m_i[:, None] & m_k[None, :]
+        g_i, bad_gi = _row_decays(g, r0 + ii, m_i, i_hv, o_k, m_k, HV, K, BK)
+        grow = m_ik
+        cut_k = cut_k | (grow & (g_i < -150.0)).to(tl.int32)
+        span_k += tl.where(grow & (g_i >= -150.0), g_i, 0.0)
+        p_i = ((r0 + ii) * H + i_h)[:, None] * K + o_k[None, :]
+        q_i = tl.load(q + p_i, mask=m_ik, other=0.0).to(tl.float32)
+        k_i = tl.load(k + p_i, mask=m_ik, other=0.0).to(tl.float32)
+        bad_i = bad_gi | (tl.max(((q_i * 0.0 != 0.0) | (k_i * 0.0 != 0.0)).to(tl.int32), axis=1) != 0)
+        pair = (m_i & ~bad_i)[:, None] & m_k[None, :] & (cut_k == 0)
+        dA_row = tl.sum(tl.where(o_t[None, :] == ii[:, None], dAtf, 0.0), axis=1)
+        Dk += tl.where(pair, dA_row[:, None] * q_i * tl.exp2(tl.where(pair, span_k, 0.0)), 0.0)
+    diag = tl.sum(tl.where(o_t[:, None] == o_t[None, :], dAf, 0.0), axis=1)  # dA_ii
+    b_dq = scale * (e_q * b_dOS + Dq + diag[:, None] * b_k)
+    b_dk = e_k * b_VdS + scale * (Dk + diag[:, None] * b_q)
+    # dg: within each segment, the reverse sum of q o dq - k o dk from the row on, and on the last
+    # segment's rows sum_v S' o dS'. Written without the terms that cancel exactly (the diagonal
+    # pairs; kg o V dS'^T of the rows from u on, against the same in S'), so that a gradient that
+    # is 0 comes out 0: q o dq - k o dk without them, and dl o (S . dS') + the rows before u of
+    # kg o V dS'^T.
+    kgvds = b_k * e_k * b_VdS
+    dB = b_q * scale * (e_q * b_dOS + Dq) - b_k * scale * Dk
+    carry = dl[None, :] * sds[None, :] + tl.cumsum(kgvds, axis=0) - kgvds
+    nxt = rows + 1
+    m_nx = m_r & (o_t < BT - 1) & (nxt < eos)
+    g_nx, _bx = _row_decays(g, nxt, m_nx, i_hv, o_k, m_k, HV, K, BK)
+    cut = m_nx[:, None] & (g_nx < -150.0)  # the next row starts a segment
+    d_g, _c = tl.associative_scan((dB, cut), 0, _segment_sum, reverse=True)
+    d_g += tl.where(seg == seg_last[None, :], carry, 0.0)
+    d_g = tl.where((b_graw < -150.0) | bad_g[:, None], 0.0, d_g)  # a reset's, and a bad decay's row
+    return b_dq, b_dk, d_g
 
 
 @triton.jit(do_not_specialize=["T", "n_seq", "n_cs_rows"])
@@ -88,12 +241,15 @@ def chunk_simple_gla_bwd_grads_kernel(
     T, n_seq, scale, n_cs_rows,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    DT: tl.constexpr,
+    DT: tl.constexpr, PER_KEY: tl.constexpr = False,
 ):
     """Grid (chunks x HV,): one program per (chunk, value head): the sums over V accumulated a
     block of BV columns at a time (dO S^T and V dS'^T [BT, K], dO V^T [BT, BT]), then dq, dk (per
     value head) and dg. (dscores o G)^T, the left operand of dk's intra-chunk product, is read back
-    transposed through a per-program scratch [BT, BT] (no product result is transposed)."""
+    transposed through a per-program scratch [BT, BT] (no product result is transposed).
+
+    PER_KEY (g ``[B, T, HV, K]``, a decay per key dimension): :func:`_per_key_grads` from the same
+    sums (and V dO^T, the transpose accumulated as a product of its own); dg ``[B, T, HV, K]``."""
     i_c, i_hv, i_h = _chunk_head(H, HV)
     valid, bos, eos, r0, cs = _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT, IS_VARLEN, 1)
     if not valid:
@@ -106,15 +262,10 @@ def chunk_simple_gla_bwd_grads_kernel(
     p_ds = dstates + (cs * HV + i_hv) * K * V
     b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
     b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
-    gc, seg, bad = _chunk_gates(g, rows, rows * 0, m_r, i_hv, HV, 1, BT, HAS_G)
-    seg_last = tl.sum(tl.where(o_t == BT - 1, seg, 0), axis=0)
-    gc_last = tl.sum(tl.where(o_t == BT - 1, gc, 0.0), axis=0)
-    lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
-    gam = tl.where(seg == seg_last, tl.exp2(tl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
-
     b_dOS = tl.zeros([BT, BK], dtype=tl.float32)  # dO S^T
     b_VdS = tl.zeros([BT, BK], dtype=tl.float32)  # V dS'^T
     b_dOV = tl.zeros([BT, BT], dtype=tl.float32)  # dO V^T
+    b_VdO = tl.zeros([BT, BT], dtype=tl.float32)  # V dO^T (PER_KEY)
     sds = tl.zeros([BK], dtype=tl.float32)  # S . dS', by key row
     for i_v in range(0, (V + BV - 1) // BV):
         o_v = i_v * BV + tl.arange(0, BV)
@@ -130,8 +281,23 @@ def chunk_simple_gla_bwd_grads_kernel(
         b_dOS = tl.dot(b_do, tl.trans(b_S), b_dOS, input_precision=DOT_PRECISION)
         b_VdS = tl.dot(b_v, tl.trans(b_dS), b_VdS, input_precision=DOT_PRECISION)
         b_dOV = tl.dot(b_do, tl.trans(b_v), b_dOV, input_precision=DOT_PRECISION)
+        if PER_KEY:
+            b_VdO = tl.dot(b_v, tl.trans(b_do), b_VdO, input_precision=DOT_PRECISION)
         sds += tl.sum(b_S.to(tl.float32) * b_dS.to(tl.float32), axis=1)
 
+    p_out = (rows * HV + i_hv)[:, None] * K + o_k[None, :]
+    if PER_KEY:
+        b_dq, b_dk, d_g = _per_key_grads(q, k, g, b_q, b_k, b_dOS, b_VdS, b_dOV, b_VdO, sds, r0, eos, rows, m_r, i_h,
+                                         i_hv, o_t, o_k, m_k, scale, H, HV, K, BT, BK, DT, DOT_PRECISION)
+        tl.store(dq + p_out, b_dq, mask=m_rk)
+        tl.store(dk + p_out, b_dk, mask=m_rk)
+        tl.store(dg + p_out, d_g, mask=m_rk)
+        return
+    gc, seg, bad = _chunk_gates(g, rows, rows * 0, m_r, i_hv, HV, 1, BT, HAS_G)
+    seg_last = tl.sum(tl.where(o_t == BT - 1, seg, 0), axis=0)
+    gc_last = tl.sum(tl.where(o_t == BT - 1, gc, 0.0), axis=0)
+    lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
+    gam = tl.where(seg == seg_last, tl.exp2(tl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
     b_G = tl.where(causal & (seg[:, None] == seg[None, :]), tl.exp2(gc[:, None] - gc[None, :]), 0.0)
     b_kd = b_k.to(DT)
     b_QK = tl.dot(b_q.to(DT), tl.trans(b_kd), input_precision=DOT_PRECISION)
@@ -151,7 +317,6 @@ def chunk_simple_gla_bwd_grads_kernel(
     b_dSeg = tl.where(causal, b_dG * b_G, 0.0)
     below = tl.cumsum(b_dSeg, axis=0, reverse=True)  # row m: the rows i >= m, summed
     d_g = tl.sum(tl.where(strict, below, 0.0), axis=1) + tl.cumsum(dlam * lam, axis=0, reverse=True)
-    p_out = (rows * HV + i_hv)[:, None] * K + o_k[None, :]
     tl.store(dq + p_out, b_dq, mask=m_rk)
     tl.store(dk + p_out, b_dk, mask=m_rk)
     if HAS_G:

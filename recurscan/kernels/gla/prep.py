@@ -54,6 +54,40 @@ def _log2_decays(g, dt, A, dt_bias, r, m_r, i_hv, o_k, m_k, dt_min, dt_max, HV: 
                        other=0.0).to(tl.float32) * 1.4426950408889634
 
 
+@triton.jit
+def _key_gates(b_g, o_t, BT: tl.constexpr, BK: tl.constexpr):
+    """A chunk's gates per key from its log2 decays ``b_g [BT, BK]``: a bad decay (NaN, +inf)
+    counts as 1 (``bad_g [BT]`` marks its row), a reset (decay exactly 0) starts a segment
+    (``seg``, the resets at rows <= i; ``seg_last`` the last row's). Exponents, each a sum of the
+    decays it spans, within a block of SUB rows or from the blocks' totals (never the difference
+    of two long prefix sums, which loses the bits of a normal decay after a run of strong ones):
+    ``bl`` (rows of the row's block up to it), ``bs`` (rows of its block after it), ``before`` /
+    ``after`` (the blocks before / after the row's), ``gl_last`` (the whole chunk). Returns
+    ``(bad_g, b_g with bad decays and resets as 0, seg, seg_last, bl, bs, before, after, gl_last)``."""
+    bad_gk = (b_g != b_g) | (b_g == float("inf"))
+    bad_g = tl.max(bad_gk.to(tl.int32), axis=1) != 0
+    b_g = tl.where(bad_gk, 0.0, b_g)
+    reset = b_g < -150.0
+    b_g = tl.where(reset, 0.0, b_g)
+    seg = tl.cumsum(reset.to(tl.int32), axis=0)
+    last = o_t[:, None] == BT - 1
+    seg_last = tl.sum(tl.where(last, seg, 0), axis=0)
+    NB: tl.constexpr = BT // SUB
+    blk = o_t // SUB
+    g3 = tl.reshape(b_g, (NB, SUB, BK))
+    bl = tl.reshape(tl.cumsum(g3, axis=1), (BT, BK))  # within the row's block, rows <= i
+    bs = tl.reshape(tl.cumsum(g3, axis=1, reverse=True), (BT, BK)) - b_g  # within the block, rows > j
+    end = o_t[:, None] % SUB == SUB - 1
+    before = tl.zeros([BT, BK], dtype=tl.float32)  # the blocks before the row's
+    after = tl.zeros([BT, BK], dtype=tl.float32)  # the blocks after the row's
+    for m in tl.static_range(0, NB):
+        tot = tl.sum(tl.where(end & (blk == m)[:, None], bl, 0.0), axis=0)
+        before += tl.where((blk > m)[:, None], tot[None, :], 0.0)
+        after += tl.where((blk < m)[:, None], tot[None, :], 0.0)
+    gl_last = tl.sum(tl.where(last, before + bl, 0.0), axis=0)
+    return bad_g, b_g, seg, seg_last, bl, bs, before, after, gl_last
+
+
 @triton.jit(do_not_specialize=["T", "n_seq", "n_cs_rows"])
 def chunk_gla_prep_kernel(
     q, k, g, qg, kg, aqk, dl, cu_seqlens, chunk_indices, chunk_offsets, dt, A, dt_bias, T, n_seq, scale, n_cs_rows,
@@ -89,27 +123,10 @@ X, ``dl [n_cs_rows, HV, K]``
     #    Every exponent below is a sum of the decays it spans, taken within a block of SUB rows or
     #    from the blocks' totals, never a difference of two long prefix sums (which loses the
     #    bits of a normal decay after a run of strong ones).
-    bad_gk = (b_g != b_g) | (b_g == float("inf"))
-    bad_g = tl.max(bad_gk.to(tl.int32), axis=1) != 0
-    b_g = tl.where(bad_gk, 0.0, b_g)
-    reset = b_g < -150.0
-    b_g = tl.where(reset, 0.0, b_g)
-    seg = tl.cumsum(reset.to(tl.int32), axis=0)
-    last = o_t[:, None] == BT - 1
-    seg_last = tl.sum(tl.where(last, seg, 0), axis=0)
+    bad_g, b_g, seg, seg_last, bl, bs, before, after, gl_last = _key_gates(b_g, o_t, BT, BK)
     NB: tl.constexpr = BT // SUB
     blk = o_t // SUB
-    g3 = tl.reshape(b_g, (NB, SUB, BK))
-    bl = tl.reshape(tl.cumsum(g3, axis=1), (BT, BK))  # within the row's block, rows <= i
-    bs = tl.reshape(tl.cumsum(g3, axis=1, reverse=True), (BT, BK)) - b_g  # within the block, rows > j
     end = o_t[:, None] % SUB == SUB - 1
-    before = tl.zeros([BT, BK], dtype=tl.float32)  # the blocks before the row's
-    after = tl.zeros([BT, BK], dtype=tl.float32)  # the blocks after the row's
-    for m in tl.static_range(0, NB):
-        tot = tl.sum(tl.where(end & (blk == m)[:, None], bl, 0.0), axis=0)
-        before += tl.where((blk > m)[:, None], tot[None, :], 0.0)
-        after += tl.where((blk < m)[:, None], tot[None, :], 0.0)
-    gl_last = tl.sum(tl.where(last, before + bl, 0.0), axis=0)
     bad_k = bad_g | (tl.max((b_k * 0.0 != 0.0).to(tl.int32), axis=1) != 0)
     bad_q = tl.max((b_q * 0.0 != 0.0).to(tl.int32), axis=1) != 0
     b_q = tl.where((bad_q | bad_k)[:, None], 0.0, b_q)
