@@ -363,8 +363,9 @@ def chunk_delta_product_bwd(q, k, v, g, beta, num_householder, do, dht=None, *, 
     desc = {}
     if cu_seqlens is not None:
         if chunk_indices_dp is None:
-            from ..descriptors import build_chunk_descriptors
-            chunk_indices_dp = build_chunk_descriptors(cu_seqlens, M, device=q.device).chunk_indices_dp
+            from ..descriptors import descriptors_for_call
+            chunk_indices_dp = descriptors_for_call(cu_seqlens, M, device=q.device,
+                                                    op="chunk_delta_product_bwd").chunk_indices_dp
         desc = dict(chunk_indices=chunk_indices_dp, chunk_offsets=expanded_chunk_offsets(cu_seqlens, M))
     return chunk_delta_bwd(q, k, v, g, beta, do, dht, num_householder=M, scale=scale, initial_state=initial_state,
                            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, shape=shape,

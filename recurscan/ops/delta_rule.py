@@ -118,6 +118,10 @@ def _check_device_values(problem, cu_seqlens, state, state_indices):
         check_slots("state_indices", state_indices.cpu(), state.shape[0])
 
 
+def _op_name(problem) -> str:
+    return "chunk_gated_delta_rule" if problem.householder == 1 else "chunk_gated_delta_product_varlen"
+
+
 def _needs_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
@@ -148,8 +152,8 @@ def _run_triton_with_grad(q, k, v, g, beta, problem, schedule, *, initial_state,
                            key=key, keep_prep=keep_prep, checkpoint_chunks=checkpoint_chunks)
 
     if cu_seqlens is not None and (chunk_indices is None or chunk_offsets is None or chunk_indices_dp is None):
-        from ..descriptors import build_chunk_descriptors  # for the backward's chunk states (a host sync)
-        built = build_chunk_descriptors(cu_seqlens, problem.householder, device=q.device)
+        from ..descriptors import descriptors_for_call  # for the backward's chunk states (a host sync)
+        built = descriptors_for_call(cu_seqlens, problem.householder, device=q.device, op=_op_name(problem))
         chunk_indices = built.chunk_indices if chunk_indices is None else chunk_indices
         chunk_indices_dp = built.chunk_indices_dp if chunk_indices_dp is None else chunk_indices_dp
         chunk_offsets = built.chunk_offsets if chunk_offsets is None else chunk_offsets
@@ -179,8 +183,8 @@ def _run_triton(q, k, v, g, beta, problem, schedule, *, initial_state, output_fi
         if chunk_indices_dp is None or (return_chunk_states and (chunk_offsets is None or chunk_indices is None)):
             # Descriptors missing: build them here (reads cu_seqlens on the host: a sync). The
             # chunk states then have exactly their rows; given descriptors, the padded count.
-            from ..descriptors import build_chunk_descriptors
-            built = build_chunk_descriptors(cu_seqlens, M, device=q.device)
+            from ..descriptors import descriptors_for_call
+            built = descriptors_for_call(cu_seqlens, M, device=q.device, op=_op_name(problem))
             chunk_indices = built.chunk_indices if chunk_indices is None else chunk_indices
             chunk_indices_dp = built.chunk_indices_dp if chunk_indices_dp is None else chunk_indices_dp
             chunk_offsets = built.chunk_offsets if chunk_offsets is None else chunk_offsets

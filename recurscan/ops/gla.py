@@ -69,8 +69,8 @@ def chunk_rows(B, T, cu_seqlens, chunk_indices, chunk_offsets, device):
     if cu_seqlens is None:
         return B * -(-T // CHUNK_SIZE), None, None
     if chunk_indices is None or chunk_offsets is None:
-        from ..descriptors import build_chunk_descriptors
-        built = build_chunk_descriptors(cu_seqlens, device=device)
+        from ..descriptors import descriptors_for_call
+        built = descriptors_for_call(cu_seqlens, device=device, op="chunk_simple_gla / chunk_gla")
         chunk_indices, chunk_offsets = built.chunk_indices, built.chunk_offsets
     return chunk_indices.shape[0], chunk_indices, chunk_offsets
 
@@ -82,8 +82,8 @@ def _run_triton_with_grad(q, k, v, g, problem, schedule, *, initial_state, outpu
     cu_seqlens)."""
     from ..autograd.gla import ChunkSimpleGla
     if cu_seqlens is not None and (chunk_indices is None or chunk_offsets is None):
-        from ..descriptors import build_chunk_descriptors
-        built = build_chunk_descriptors(cu_seqlens, device=q.device)
+        from ..descriptors import descriptors_for_call
+        built = descriptors_for_call(cu_seqlens, device=q.device, op="chunk_simple_gla / chunk_gla")
         chunk_indices, chunk_offsets = built.chunk_indices, built.chunk_offsets
     per_key = g is not None and g.dim() == 4  # the prep runs first, one program per chunk and value head
     options = dict(scale=problem.scale, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,

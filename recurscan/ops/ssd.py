@@ -188,8 +188,8 @@ def _ssd_triton_with_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, 
         g = g + resets[..., None]
     chunk_indices, chunk_offsets = descriptors
     if cu_seqlens is not None and (chunk_indices is None or chunk_offsets is None):  # one host read
-        from ..descriptors import build_chunk_descriptors
-        built = build_chunk_descriptors(cu_seqlens, device=x.device)
+        from ..descriptors import descriptors_for_call
+        built = descriptors_for_call(cu_seqlens, device=x.device, op="mamba_chunk_scan_combined")
         chunk_indices, chunk_offsets = built.chunk_indices, built.chunk_offsets
     options = dict(scale=1.0, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
                    shape=launch, prep_rows=None)

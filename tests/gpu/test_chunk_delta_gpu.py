@@ -410,3 +410,27 @@ def test_phases_equal_single_pass_direct_and_graph(T):
             torch.cuda.synchronize()
             for a, b, what in zip(out, single, ("o", "final state", "chunk states")):
                 assert torch.equal(a, b), f"graph replay: {what} differs from the single pass"
+
+
+@pytest.mark.parametrize("op", ["gdn", "gla"])
+def test_varlen_without_descriptors_under_graph_capture_is_refused_by_name(op):
+    """A varlen call without chunk_indices / chunk_offsets inside a CUDA graph capture: a ValueError
+    that names build_chunk_descriptors (before: torch's "Cannot copy between CPU and CUDA tensors
+    during CUDA graph capture"); outside the capture the same call runs."""
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    rn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+    T = 256
+    cu = torch.tensor([0, 100, T], device="cuda", dtype=torch.int32)
+    q, k, v = rn(1, T, 2, 128).bfloat16(), rn(1, T, 2, 128).bfloat16(), rn(1, T, 2, 128).bfloat16()
+    if op == "gdn":
+        call = lambda: recurscan.chunk_gated_delta_rule(  # noqa: E731
+            q, k, v, torch.nn.functional.logsigmoid(rn(1, T, 2)), torch.rand(1, T, 2, device="cuda").bfloat16(),
+            cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+    else:
+        g = torch.nn.functional.logsigmoid(rn(1, T, 2, 128)) / 16
+        call = lambda: recurscan.chunk_gla(q, k, v, g, cu_seqlens=cu, backend="triton")  # noqa: E731
+    call()
+    torch.cuda.synchronize()
+    with pytest.raises(ValueError, match="build_chunk_descriptors"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            call()
