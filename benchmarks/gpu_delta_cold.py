@@ -10,33 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
-import tempfile
 
-CODE = """
-import time
-import torch
-from recurscan.plan import delta as plan_delta
-if {off}:
-    plan_delta.checkpoint_chunks_for_backward = lambda problem, device: 0
-from benchmarks import registry
-from benchmarks.gpu_delta_train import leaves, recurscan_step
-w = registry.get({name!r})
-t, x = leaves(w)
-do = torch.randn(w.batch, w.seqlen, w.value_heads, w.head_v, device="cuda", dtype=t["v"].dtype)
-torch.cuda.synchronize(); t0 = time.perf_counter()
-o = recurscan_step(w, x, t)
-torch.autograd.grad(o.reshape(do.shape), list(t.values()), do)
-torch.cuda.synchronize(); print(time.perf_counter() - t0)
-"""
-
-
-def cold(name: str, checkpoints: bool) -> float:
-    with tempfile.TemporaryDirectory() as cache:
-        out = subprocess.run([sys.executable, "-c", CODE.format(name=name, off=not checkpoints)], capture_output=True,
-                             text=True, env=dict(os.environ, TRITON_CACHE_DIR=cache), check=True)
-    return float(out.stdout.split()[-1])
+from benchmarks.gpu_delta_train import cold
 
 
 def main():
@@ -48,7 +23,7 @@ def main():
     seconds = {"on": [], "off": []}
     for i in range(args.runs):
         for mode in ("on", "off") if i % 2 == 0 else ("off", "on"):
-            seconds[mode].append(round(cold(args.workload, mode == "on"), 2))
+            seconds[mode].append(round(cold(args.workload, checkpoints=mode == "on"), 2))
             print(f"{args.workload} checkpoints {mode}: cold first call {seconds[mode][-1]:.2f} s", flush=True)
     if args.out:
         json.dump(dict(workload=args.workload, commit=os.environ.get("RECURSCAN_COMMIT"), seconds=seconds),

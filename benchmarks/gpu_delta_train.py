@@ -201,6 +201,9 @@ def kernel_times(fn, top=12):
 
 COLD = """
 import torch
+if not {checkpoints}:
+    from recurscan.plan import delta as plan_delta
+    plan_delta.checkpoint_chunks_for_backward = lambda problem, device: 0
 from benchmarks import registry
 from benchmarks.gpu_delta_train import leaves, recurscan_step
 import time
@@ -214,10 +217,12 @@ torch.cuda.synchronize(); print(time.perf_counter() - t0)
 """
 
 
-def cold(name):
+def cold(name, checkpoints=True):
+    """Seconds of the first forward + backward of workload ``name`` in a fresh process with an
+    empty Triton cache; ``checkpoints=False``: with the planner's checkpoints switched off."""
     with tempfile.TemporaryDirectory() as cache:
-        out = subprocess.run([sys.executable, "-c", COLD.format(name=name)], capture_output=True, text=True,
-                             env=dict(os.environ, TRITON_CACHE_DIR=cache), check=True)
+        out = subprocess.run([sys.executable, "-c", COLD.format(name=name, checkpoints=checkpoints)],
+                             capture_output=True, text=True, env=dict(os.environ, TRITON_CACHE_DIR=cache), check=True)
     return float(out.stdout.split()[-1])
 
 
