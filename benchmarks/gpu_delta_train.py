@@ -136,27 +136,29 @@ PLANNED = None
 
 
 def parse_backward_shape(text):
-    """``BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]][+group][+sN][/BV:warps:stages:phases:segments]``
+    """``BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]][+group][+sN][+corun][/BV:warps:stages:phases:segments]``
     -> a DeltaBackwardShape: ``+group``, GVA groups summed in the dq, dk kernels; ``+sN``, the
-    reverse sweep's loop pipelined N stages deep; after the slash, the recompute's prep and sweep
+    reverse sweep's loop pipelined N stages deep; ``+corun``, the recompute on a side stream beside
+    the reverse sweep; after the slash, the recompute's prep and sweep
     (V as a product operand from 64 columns, as the forward's table has it)."""
     from recurscan.plan.delta import DeltaBackwardShape, DeltaShape
     stages, _, recompute = text.partition("/")
     stages, *flags = stages.split("+")
     group = "group" in flags
+    corun = "corun" in flags
     sweep_stages = [int(f[1:]) for f in flags if f[:1] == "s" and f[1:].isdigit()]
     parts, rparts = stages.split(":"), recompute.split(":") if recompute else []
     if len(parts) not in (3, 4, 6) or len(rparts) not in (0, 5) or not all(x.isdigit() for x in parts + rparts) \
-            or len(flags) != group + len(sweep_stages):
+            or len(flags) != group + corun + len(sweep_stages):
         raise ValueError("backward shape: expected BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]][+group]"
-                         f"[+sN][/BV:warps:stages:phases:segments], got {text!r}")
+                         f"[+sN][+corun][/BV:warps:stages:phases:segments], got {text!r}")
     if rparts:
         bv, warps, n_stages, phases, segments = map(int, rparts)
         recompute = DeltaShape(bv, warps, n_stages, 4, "variant", segments=segments, phases=phases,
                                v_product=bv >= 64)
     extra = dict(sweep_stages=sweep_stages[0]) if sweep_stages else {}
     return DeltaBackwardShape(*map(int, parts[:3]), "variant", *map(int, parts[3:]), recompute=recompute or None,
-                              group_in_kernel=group, **extra)
+                              group_in_kernel=group, corun=corun, **extra)
 
 
 def set_backward_shape(text):
@@ -227,6 +229,7 @@ def cold(name, checkpoints=True):
 
 
 def main():
+    from recurscan.runtime.cache import clear_caches
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out")
     ap.add_argument("--workload", action="append")
@@ -238,8 +241,9 @@ def main():
                                                     "(benchmarks/ab_prev.py says how; recurscan_prev for an older "
                                                     "one): measured as NAME in the same process (repeatable)")
     ap.add_argument("--backward-shape", action="append", help="BV:sweep warps:dq-dk warps[:its BV[:scores warps:"
-                                                               "its BV]]: recurscan again in this backward launch "
-                                                               "shape (repeatable)")
+                                                               "its BV]][@E]: recurscan again in this backward "
+                                                               "launch shape (@E: with E as --checkpoint-chunks; "
+                                                               "repeatable)")
     ap.add_argument("--checkpoint-chunks", type=int, action="append", help="recurscan again with the forward "
                                                                            "keeping every Nth chunk's state for "
                                                                            "the backward (0: none; repeatable)")
@@ -255,13 +259,15 @@ def main():
             for package in sorted(p for p in os.listdir(folder) if p.startswith("recurscan_")):
                 peers[package[len("recurscan_"):]] = functools.partial(recurscan_step, package=package)
         variants = [(impl, step, None, None) for impl, step in peers.items()] + \
-            [("recurscan", recurscan_step, bs, None) for bs in args.backward_shape or []] + \
+            [("recurscan", recurscan_step, bs, int(e) if e else None)
+             for bs, _, e in (text.partition("@") for text in args.backward_shape or [])] + \
             [("recurscan", recurscan_step, None, e) for e in args.checkpoint_chunks or []]
         for impl, step, bshape, every in variants:
             if args.impl and impl not in args.impl:
                 continue
             set_backward_shape(bshape)
             set_checkpoint_chunks(every)
+            clear_caches()  # the forward's launches are kept by signature: planned again for this variant
             impl = impl if bshape is None else f"{impl} {bshape}"
             impl = impl if every is None else f"{impl} checkpoints {every}"
             try:

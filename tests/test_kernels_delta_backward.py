@@ -269,6 +269,38 @@ def test_the_recompute_from_checkpoints_gives_the_same_gradients(monkeypatch, ev
         assert torch.equal(a, b), name
 
 
+@pytest.mark.parametrize("M, cu, every", [(1, None, 0), (1, None, 2), (1, [0, 1, 70, 130], 0), (2, [0, 1, 40, 70], 0)],
+                         ids=["GDN dense", "GDN dense, checkpoints", "GDN varlen", "GDP varlen"])
+@pytest.mark.parametrize("keep_prep", [True, False], ids=["prep kept", "prep recomputed"])
+def test_the_recompute_beside_the_reverse_sweep_gives_the_same_bits(monkeypatch, M, cu, every, keep_prep):
+    """Through autograd, ``DeltaBackwardShape.corun`` (the recompute on a side stream, launched after
+    the reverse sweep; here on one stream in that order): taken only where the forward kept its
+    prep (the reverse sweep reads G o Tinv, which the recompute's prep would write), and then the
+    reverse sweep runs while every buffer the recompute fills is still NaN (poisoned), so it reads
+    none of them: the gradients of the serial order, bit for bit."""
+    import dataclasses
+    import recurscan.plan.delta as plan_delta
+    from recurscan.launch.delta_backward import BACKWARD_LAUNCHES
+    from recurscan.runtime.cache import clear_caches
+    x, kw = _op_call(M, cu, 2, seed=8)
+    monkeypatch.setattr(plan_delta, "keep_prep_for_backward", lambda problem: keep_prep)
+    monkeypatch.setattr(plan_delta, "checkpoint_chunks_for_backward", lambda problem, device: every)
+    planned = plan_delta.delta_backward_shape
+    grads = {}
+    for corun in (False, True):
+        clear_caches()
+        monkeypatch.setattr(plan_delta, "delta_backward_shape",
+                            lambda *a: dataclasses.replace(planned(*a), corun=corun))
+        leaves = [t.clone().requires_grad_() for t in x]
+        o, _ = _op(M)(*leaves, **kw)
+        grads[corun] = torch.autograd.grad(o, leaves, torch.ones_like(o))
+        (launches,) = BACKWARD_LAUNCHES.values()
+        assert launches.corun == (corun and keep_prep)
+    for name, a, b in zip(NAMES, grads[False], grads[True]):
+        assert torch.equal(a, b), name
+        assert torch.isfinite(a).all(), name
+
+
 @pytest.mark.parametrize("bad", ["rows", "dtype", "every 0", "varlen"])
 def test_checkpoints_of_another_call_are_refused(bad):
     """The recompute reads the checkpoints at offsets from the call's sizes: checkpoints of another
@@ -290,24 +322,31 @@ def test_checkpoints_of_another_call_are_refused(bad):
                         checkpoint_chunks=every, **kw)
 
 
-def test_checkpoints_are_planned_where_the_single_pass_leaves_sms_idle_and_memory_allows():
-    """checkpoint_chunks_for_backward on a 132-SM device: B1 T16384 HV32 (64 programs) keeps every
-    16th chunk (32 MB beside 210 MB of prep, within q, k, v's 268 MB); B4 T4096 HV16 (128
-    programs, the SMs filled) none; varlen and GDP none."""
+def test_the_planner_overlaps_or_checkpoints_the_recompute_where_the_reverse_sweep_leaves_sms_idle():
+    """On a 132-SM device. B1 T16384 HV32 K = V = 128 (64 reverse-sweep programs, the prep kept):
+    the recompute beside the reverse sweep (corun), no checkpoints. The same at K = V = 64 (the prep
+    not kept, so the reverse sweep waits for the recompute's G o Tinv): every 4th chunk's state kept
+    (34 MB within q, k, v's 134 MB). B4 T4096 HV16 (128 programs, the SMs filled): neither; varlen
+    and GDP: no checkpoints."""
+    import dataclasses
     from recurscan.plan import delta as plan_delta
     from recurscan.problem import DeltaProblem
     base = dict(heads=16, key_dim=128, value_dim=128, householder=1, beta_per_value=False, scale=1.0,
                 varlen=False, uses_cache=False, device=torch.device("cuda"), dtype=torch.bfloat16)
     b1 = DeltaProblem(batch=1, tokens=16384, value_heads=32, sequences=1, **base)
+    b1_64 = dataclasses.replace(b1, key_dim=64, value_dim=64)
     b4 = DeltaProblem(batch=4, tokens=4096, value_heads=16, sequences=4, **base)
     sms = plan_delta.sm_count
     try:
         plan_delta.sm_count = lambda device: 132
-        assert plan_delta.checkpoint_chunks_for_backward(b1, b1.device) == 16
+        assert plan_delta.delta_backward_shape(32, 128, b1.device).corun
+        assert not plan_delta.delta_backward_shape(64, 128, b4.device).corun
+        assert plan_delta.keep_prep_for_backward(b1) and not plan_delta.keep_prep_for_backward(b1_64)
+        assert plan_delta.checkpoint_chunks_for_backward(b1, b1.device) == 0
+        assert plan_delta.checkpoint_chunks_for_backward(b1_64, b1.device) == 4
         assert plan_delta.checkpoint_chunks_for_backward(b4, b4.device) == 0
-        import dataclasses
-        assert plan_delta.checkpoint_chunks_for_backward(dataclasses.replace(b1, varlen=True), b1.device) == 0
-        assert plan_delta.checkpoint_chunks_for_backward(dataclasses.replace(b1, householder=2), b1.device) == 0
+        assert plan_delta.checkpoint_chunks_for_backward(dataclasses.replace(b1_64, varlen=True), b1.device) == 0
+        assert plan_delta.checkpoint_chunks_for_backward(dataclasses.replace(b1_64, householder=2), b1.device) == 0
     finally:
         plan_delta.sm_count = sms
 
@@ -451,14 +490,6 @@ def test_the_forward_starts_the_backward_compiling(monkeypatch, M, cu, every):
                                                  cu_seqlens=cu_t)
         for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), got, want):
             assert relative_rms(a.double(), b) < 1e-4, name
-
-
-def test_a_dq_dk_step_wider_than_16_columns_is_refused():
-    """The dq, dk kernel over 32-column steps gave dk and dg 1e-2 off the oracle on the H200 while
-    right under the interpreter: a shape that asks for it is refused before anything launches."""
-    with pytest.raises(ValueError, match="grads_block_v"):
-        DeltaBackwardShape(64, 4, 4, "tests", grads_block_v=32)
-
 
 
 @pytest.mark.parametrize("M, cu, HV", [(1, None, 2), (1, [0, 1, 70, 130], 4), (2, [0, 1, 40, 70], 2)],

@@ -337,12 +337,7 @@ def run_delta_launches(launches: DeltaLaunches, inputs: "DeltaInputs", given: di
     q, k, v, g, beta = inputs[:5]
     inputs = (q.contiguous(), k.contiguous(), v.contiguous(), g if g is None else g.contiguous(),
               beta if beta is None else beta.contiguous()) + tuple(inputs[5:])
-    made = dict(given or {})
-    for name, (shape, dtype, fill) in launches.buffers.items():
-        if name in made:
-            continue
-        made[name] = _empty(*shape, dtype=dtype, device=launches.device) if fill is None else \
-            torch.full(shape, fill, dtype=dtype, device=launches.device)
+    made = allocate_buffers(launches, given)
     values = inputs + tuple(made.get(n) for n in BUFFER_NAMES)
     if launches.launched or INTERPRET:
         _launch_steps(launches, values)
@@ -351,6 +346,17 @@ def run_delta_launches(launches: DeltaLaunches, inputs: "DeltaInputs", given: di
             _launch_steps(launches, values)
         launches.launched = True
     return tuple(None if i is None else values[i] for i in launches.outputs)
+
+
+def allocate_buffers(launches: DeltaLaunches, given: dict | None = None) -> dict:
+    """Every buffer of ``launches`` by name: those in ``given`` as given, the rest new (on the
+    current stream)."""
+    made = dict(given or {})
+    for name, (shape, dtype, fill) in launches.buffers.items():
+        if name not in made:
+            made[name] = _empty(*shape, dtype=dtype, device=launches.device) if fill is None else \
+                torch.full(shape, fill, dtype=dtype, device=launches.device)
+    return made
 
 
 def _launch_steps(launches: DeltaLaunches, values: tuple) -> None:

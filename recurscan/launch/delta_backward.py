@@ -5,7 +5,9 @@ expanded stream, :func:`chunk_delta_product_bwd`):
    inputs' dtype), each chunk's U and lam o (K S); no outputs;
 2. before it, unless the forward kept its prep's outputs (``prep``), the prep with STORE_INV, which
    writes ``G o Tinv`` beside wy (``aqk``, ``coef`` kept);
-3. the reverse sweep (dS carried last chunk to first; dv, dY, dS per chunk, dh0);
+3. the reverse sweep (dS carried last chunk to first; dv, dY, dS per chunk, dh0), which reads none
+   of 1's outputs: with ``DeltaBackwardShape.corun`` (the planner's) and the prep kept, it is
+   launched first and 1 runs beside it on a side stream, joined before 4;
 4. the parallel stage (dq, dk, dg, dbeta): the [BT, BT] side with dbeta and dg's part
    (``scores``, one program per chunk and value head), then dk and dq with dg's state terms (one
    launch each, one program per chunk and value head, or per chunk and q/k head where it sums a
@@ -20,6 +22,7 @@ of one signature launches is built once (:func:`build_delta_backward`) and kept 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import torch
@@ -37,7 +40,7 @@ from ..plan.delta import DeltaBackwardShape, DeltaShape
 from ..runtime.cache import SignatureCache, launch_key
 from ..runtime.launcher import CallArg, compile_in_background, jit_launch
 from .delta import (BUFFER_NAMES, CALL_NAMES, INTERPRET, PREP_NAMES, TEST_SHAPE, DeltaInputs, DeltaLaunches, Step,
-                    _empty, build_delta_launches, kept_prep_names, run_delta_launches)
+                    _empty, allocate_buffers, build_delta_launches, kept_prep_names, run_delta_launches)
 
 #: The per-call tensors of the two backward stages, by name (their launches' CallArgs).
 NAMES = ("q", "k", "v", "g", "beta", "do", "dht", "cu_seqlens", "chunk_indices", "chunk_offsets",
@@ -63,6 +66,7 @@ class DeltaBackwardLaunches:
     steps: list
     buffers: dict
     gva: bool
+    corun: bool = False  # the recompute on a side stream beside the reverse sweep (DeltaBackwardShape.corun)
     compiled: bool = False  # a call has run (and compiled every kernel)
     pending: object = None  # waits for the compiles a forward started (compile_backward_early), or None
 
@@ -112,8 +116,10 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
                  for s in steps]
     # Every chunk state a stage reads is written (a padding chunk's program reads none): no fill.
     per_row = (B, T * M, HV, V)
+    # The output is never written (OUTPUTS=False): one element carries its dtype to the kernel.
     forward = dataclasses.replace(forward, steps=steps, buffers=dict(
-        forward.buffers, chunk_states=forward.buffers["chunk_states"][:2] + (None,), winv=forward.buffers["wy"],
+        forward.buffers, o=((1,),) + forward.buffers["o"][1:],
+        chunk_states=forward.buffers["chunk_states"][:2] + (None,), winv=forward.buffers["wy"],
         u=(per_row, operand_dtype, None), ks=(per_row, operand_dtype, None)),
         outputs=("chunk_states", "winv", "aqk", "coef", "u", "ks"))
     BK = max(16, triton.next_power_of_2(K))
@@ -166,7 +172,7 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
             steps.append(Step(group_sum_kernel, (triton.cdiv(rows_of, GROUP_SUM_ROWS),), dict(
                 x=arg(name), out=arg(name + "_sum"), rows=rows_of, GROUP=HV // H, K=K, BK=BK, BR=GROUP_SUM_ROWS),
                 dict(num_warps=4)))
-    return DeltaBackwardLaunches(forward, steps, buffers, gva)
+    return DeltaBackwardLaunches(forward, steps, buffers, gva, corun=backward_shape.corun and prep_kept)
 
 
 def _from_checkpoints(sweep, N: int, T: int, HV: int, V: int, every: int):
@@ -328,18 +334,51 @@ def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, num_householder=1, scale=
     kept = {} if prep is None else dict(zip(kept_prep_names(len(prep) > len(PREP_NAMES)), prep))
     if checkpoints is not None:
         kept["checkpoints"] = checkpoints
-    states, winv, aqk, coef, u, ks = run_delta_launches(launches.forward, inputs, given=kept)
-    given.update(winv=winv, aqk=aqk, coef=coef, states=states, u=u, ks=ks)
+    # The recompute's buffers are allocated here, on the calling stream, even when a side stream
+    # fills them: the join below orders every later use and reuse of them after its work.
+    recompute_buffers = allocate_buffers(launches.forward, kept)
+    given.update({n: recompute_buffers[b] for n, b in RECOMPUTED})
     values = tuple(given[n] if n in given else made.get(n) for n in NAMES)
-    wait()
-    for step in launches.steps:
+    if launches.corun:  # the reverse sweep first, then the recompute beside it (it reads none of its outputs)
+        wait()
+        side = _fork(q.device)  # before the reverse sweep's launch, which it must not wait for
+        _launch_stage_steps(launches.steps[:1], values)
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            run_delta_launches(launches.forward, inputs, given=recompute_buffers)
+        if side is not None:
+            torch.cuda.current_stream(q.device).wait_stream(side)
+        _launch_stage_steps(launches.steps[1:], values)
+    else:
+        run_delta_launches(launches.forward, inputs, given=recompute_buffers)
+        wait()
+        _launch_stage_steps(launches.steps, values)
+    launches.compiled = True
+    dq, dk = (made["dq_sum"], made["dk_sum"]) if launches.gva else (made["dq"], made["dk"])
+    return dq, dk, made["dv"], made.get("dg"), made["dbeta"] if beta_given else None, made.get("dh0")
+
+
+def _launch_stage_steps(steps, values: tuple) -> None:
+    for step in steps:
         if step.direct is not None:
             step.direct(values)
         else:  # the first call, or a launch the direct path does not take (through the JIT, compiled)
             step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, NAMES, values)
-    launches.compiled = True
-    dq, dk = (made["dq_sum"], made["dk_sum"]) if launches.gva else (made["dq"], made["dk"])
-    return dq, dk, made["dv"], made.get("dg"), made["dbeta"] if beta_given else None, made.get("dh0")
+
+
+#: Device -> the stream the recompute runs on beside the reverse sweep.
+SIDE_STREAMS: dict = {}
+
+
+def _fork(device: torch.device):
+    """The side stream of ``device``, made to wait for the work queued so far on the current
+    stream; None on the CPU and under the interpreter (one stream)."""
+    if device.type != "cuda" or INTERPRET:
+        return None
+    side = SIDE_STREAMS.get(device)
+    if side is None:
+        side = SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    return side
 
 
 def expanded_chunk_offsets(cu_seqlens: torch.Tensor, num_householder: int) -> torch.Tensor:

@@ -114,9 +114,7 @@ class DeltaBackwardShape:
     sweep_warps: int
     grads_warps: int  # the parallel stage's dq, dk kernel's (and the scores kernel's, unless scores_warps)
     reason: str
-    # The dq, dk kernel's step over V: at most 16 (at 32, Triton 3.6's pipelined loop made dk and dg
-    # up to 1.2e-2 off the float64 oracle on the H200; right under the interpreter: see _STAGE).
-    grads_block_v: int = 16
+    grads_block_v: int = 16  # the dq, dk kernel's step over V
     scores_warps: int | None = None  # the scores kernel's (None: grads_warps)
     scores_block_v: int | None = None  # the scores kernel's step over V (None: grads_block_v)
     # The recompute's prep and sweep (the chunk states, U, lam o (K S)); None: the forward's shape,
@@ -129,28 +127,32 @@ class DeltaBackwardShape:
     # launch). B1 T16384 HV32: dq, dk 0.803 ms against 1.007 + 0.197 (group sum), forward + backward
     # 3.02 against 3.42 (gpu_delta_train_sweep_63b9ddd_b1.json).
     group_in_kernel: bool = False
-
-    def __post_init__(self):
-        if self.grads_block_v > 16:
-            raise ValueError(f"DeltaBackwardShape: grads_block_v = {self.grads_block_v}; the dq, dk kernel steps at "
-                             "most 16 value columns (wider steps gave wrong dk and dg on the H200)")
+    # The recompute's sweep on a stream of its own beside the reverse sweep (which reads none of
+    # its outputs), launched after it, when the forward kept its prep (else the prep's G o Tinv,
+    # which the reverse sweep reads, would come first). On the CPU and under the interpreter the
+    # two run in that order on one stream.
+    corun: bool = False
 
 
 # The parallel stage's rows share their shape: the scores kernel steps 128 value columns on 4 warps
 # (B4 T4096: 0.211 ms against 0.234 at 64 columns, B1 HV32 0.439 against 0.454, GDP M2 0.416 both;
 # every gradient's error as at 64: gpu_delta_train_variants_c637f3b.json, gpu_delta_grad_check_c637f3b.json;
 # 8 warps at 64 columns: 0.320), and dq, dk run as two launches of their kernel (one [BT, K]
-# accumulator a program), 16 columns on 4 warps, a GVA group summed in their kernel. At 32 columns
-# they take 0.383 / 0.693 / 0.707 ms against 0.435 / 0.800 / 0.812 at GDN B4, B1 HV32, GDP M2, but
-# Triton 3.6 pipelines that loop wrongly on the H200: dk and dg come out 4e-3 to 1.2e-2 off the
-# float64 oracle at 2 or 3 stages (3.3e-3 and 3.0e-3 at 16 columns), right at 1 stage, where the
-# kernel takes 0.50 ms (gpu_delta_grad_check_453c419.json; right under the interpreter). 64 columns
-# are right and slower (0.513 ms).
-_STAGE = dict(grads_block_v=16, scores_warps=4, scores_block_v=128, group_in_kernel=True)
+# accumulator a program), 32 columns on 4 warps, a GVA group summed in their kernel. Forward +
+# backward in one process (dk_variants_*.json): B4 T4096 1.251 ms at 32 columns against 1.336 at
+# 16, B1 HV32 2.546 against 2.693; every gradient as at 16 against the float64 oracle
+# (gpu_delta_grad_check_dqdk32_*.json) and the same bits run after run.
+_STAGE = dict(grads_block_v=32, scores_warps=4, scores_block_v=128, group_in_kernel=True)
 
 #: The backward's launch shape: the first row whose condition holds on (sequence x value head
 #: pairs, V, SMs) decides. Measured in benchmarks/results/gpu_delta_train_*.json (docs/perf-history.md).
 DELTA_BACKWARD_LAUNCH: list[tuple[Callable[[int, int, int], bool], DeltaBackwardShape]] = [
+    (lambda pairs, v, sms: 2 * pairs * -(-v // 64) <= sms,
+     DeltaBackwardShape(64, 4, 4, "half the SMs or more idle under the reverse sweep's programs: the recompute "
+                        "beside it on a side stream, from the sequence's start (no checkpoints): B1 T16384 HV32 "
+                        "2.613 ms against 2.758 with the recompute from checkpoints after it (2.675 with "
+                        "checkpoints beside it). Where the SMs are full it loses: B4 T4096 1.305 against "
+                        "1.268, GDP M2 2.610 against 2.526 (gpu_delta_train_corun_wip.json)", corun=True, **_STAGE)),
     (lambda pairs, v, sms: True,
      DeltaBackwardShape(64, 4, 4, "the reverse sweep: 64 value columns on one warpgroup (wgmma), dS^T in registers, "
                         "three stages: 0.218 ms at B4 T4096 (32 columns on 8 warps 0.364, 64 on 8 0.274, 16 on 4 "
@@ -202,21 +204,22 @@ def checkpoint_chunks_for_backward(problem, device: torch.device) -> int:
     launch) rather than each sequence's chunks one after another. 0: none kept.
 
     Taken for dense GDN batches whose single pass (one program per sequence, value head and 64
-    value columns) leaves half the SMs or more idle, with the smallest E of :data:`CHECKPOINT_CHUNKS`
-    whose checkpoints fit, beside the prep's outputs if kept, in the bytes of q, k and v (the
-    backward's memory stays within twice the inputs, issue 19's bound).
+    value columns) leaves half the SMs or more idle and whose forward does not keep its prep (where
+    it does, the recompute runs beside the reverse sweep instead: :data:`DELTA_BACKWARD_LAUNCH`'s
+    first row, faster without checkpoints), with the smallest E of :data:`CHECKPOINT_CHUNKS`
+    whose checkpoints fit in the bytes of q, k and v (the backward's memory stays within twice the
+    inputs, issue 19's bound).
 
     Measured on the H200 (gpu_delta_train_checkpoints_dd04c30.json, gpu_delta_train_eba2139.json):
     B1 T16384 H16 HV32 (64 programs) forward + backward 2.753 ms at E = 16 (1.90x the inputs kept)
     against 2.976 without (1.77x), E = 4 2.768; B4 T4096 H = HV = 16 (128 programs, the SMs
     filled) 1.315 at E = 4 and 1.287 at E = 16 against 1.257 without."""
-    if problem.varlen or problem.householder > 1:
+    if problem.varlen or problem.householder > 1 or keep_prep_for_backward(problem):
         return 0
     programs = problem.sequences * problem.value_heads * -(-problem.value_dim // 64)
     if 2 * programs > sm_count(device):
         return 0
-    qkv, prep = _qkv_and_prep_bytes(problem)
-    budget = qkv - (prep if keep_prep_for_backward(problem) else 0)
+    budget, _ = _qkv_and_prep_bytes(problem)
     chunks = -(-problem.tokens // CHUNK_SIZE)
     per_row = problem.sequences * problem.value_heads * problem.key_dim * problem.value_dim * 4
     for every in CHECKPOINT_CHUNKS:

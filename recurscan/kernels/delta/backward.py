@@ -264,8 +264,7 @@ def chunk_delta_bwd_dqdk_kernel(
 
     PART (:data:`DQDK_DK`, :data:`DQDK_DQ`): the gradient a launch computes; dk's launch runs first
     (it reads what the first half wrote in ``dg`` and adds to it, as dq's then does). Each program
-    holds one [BT, K] accumulator (both in one program spilled at 4 warps and was wrong on the H200:
-    docs/perf-history.md).
+    holds one [BT, K] accumulator (both in one program spilled at 4 warps: docs/perf-history.md).
 
     GROUP: value heads a program takes, one after another. 1: dq and dk per value head
     ``[.., HV, K]`` (GVA sums them after). HV / H: a GVA group's, summed in the accumulator, and
@@ -336,7 +335,13 @@ def chunk_delta_bwd_dqdk_kernel(
                 b_U = tl.load(u + p_rv, mask=m_rv, other=0.0).to(tl.float32)
                 b_dY = tl.load(dy + p_rv, mask=m_rv, other=0.0).to(tl.float32)
                 b_dS = tl.load(p_ds + o_kv, mask=m_kv, other=0.0)
-                sds += tl.sum(b_S.to(tl.float32) * b_dS.to(tl.float32), axis=1)
+                # S . dS from loads of their own (another cache modifier, so no pass merges them with
+                # the products' loads): a load that fed a product's operand and this sum as well made
+                # Triton 3.6's software-pipelined loop race on the H200 (the next stage's copy
+                # overwrote the operand's shared memory under the product; dk and dg changed from
+                # run to run, by up to 1.2e-2 at 32 columns a step).
+                sds += tl.sum(tl.load(p_s + o_kv, mask=m_kv, other=0.0, cache_modifier=".cg").to(tl.float32) *
+                              tl.load(p_ds + o_kv, mask=m_kv, other=0.0, cache_modifier=".cg").to(tl.float32), axis=1)
                 b_dk = tl.dot((gam[:, None] * b_U).to(DT), tl.trans(b_dS.to(DT)), b_dk, input_precision=DOT_PRECISION)
                 b_dk = tl.dot((-(lam * b_beta)[:, None] * b_dY).to(DT), b_St, b_dk, input_precision=DOT_PRECISION)
         if HAS_G:
