@@ -139,9 +139,9 @@ class DeltaBackwardShape:
 # every gradient's error as at 64: gpu_delta_train_variants_c637f3b.json, gpu_delta_grad_check_c637f3b.json;
 # 8 warps at 64 columns: 0.320), and dq, dk run as two launches of their kernel (one [BT, K]
 # accumulator a program), 32 columns on 4 warps, a GVA group summed in their kernel. Forward +
-# backward in one process (dk_variants_*.json): B4 T4096 1.251 ms at 32 columns against 1.336 at
-# 16, B1 HV32 2.546 against 2.693; every gradient as at 16 against the float64 oracle
-# (gpu_delta_grad_check_dqdk32_*.json) and the same bits run after run.
+# backward in one process (gpu_delta_dk_race_wip.log): B4 T4096 1.251 ms at 32 columns against
+# 1.336 at 16, B1 HV32 2.546 against 2.693; every gradient as at 16 against the float64 oracle
+# (gpu_delta_grad_check_dqdk32_wip.json) and the same bits run after run.
 _STAGE = dict(grads_block_v=32, scores_warps=4, scores_block_v=128, group_in_kernel=True)
 
 #: The backward's launch shape: the first row whose condition holds on (sequence x value head
@@ -152,7 +152,8 @@ DELTA_BACKWARD_LAUNCH: list[tuple[Callable[[int, int, int], bool], DeltaBackward
                         "beside it on a side stream, from the sequence's start (no checkpoints): B1 T16384 HV32 "
                         "2.613 ms against 2.758 with the recompute from checkpoints after it (2.675 with "
                         "checkpoints beside it). Where the SMs are full it loses: B4 T4096 1.305 against "
-                        "1.268, GDP M2 2.610 against 2.526 (gpu_delta_train_corun_wip.json)", corun=True, **_STAGE)),
+                        "1.268, GDP M2 2.610 against 2.526 (gpu_delta_train_corun_wip.json). With the 32-column dq/dk step: "
+                        "B1 2.540 against 60f978f's 2.755 (gpu_delta_train_c2ee13b.json)", corun=True, **_STAGE)),
     (lambda pairs, v, sms: True,
      DeltaBackwardShape(64, 4, 4, "the reverse sweep: 64 value columns on one warpgroup (wgmma), dS^T in registers, "
                         "three stages: 0.218 ms at B4 T4096 (32 columns on 8 warps 0.364, 64 on 8 0.274, 16 on 4 "

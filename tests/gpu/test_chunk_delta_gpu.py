@@ -422,10 +422,10 @@ def test_varlen_without_descriptors_under_graph_capture_is_refused_by_name(op):
     T = 256
     cu = torch.tensor([0, 100, T], device="cuda", dtype=torch.int32)
     q, k, v = rn(1, T, 2, 128).bfloat16(), rn(1, T, 2, 128).bfloat16(), rn(1, T, 2, 128).bfloat16()
-    if op == "gdn":
+    if op == "gdn":  # the inputs made before the capture (a generator's draw inside one fails first)
+        g, beta = torch.nn.functional.logsigmoid(rn(1, T, 2)), torch.rand(1, T, 2, device="cuda").bfloat16()
         call = lambda: recurscan.chunk_gated_delta_rule(  # noqa: E731
-            q, k, v, torch.nn.functional.logsigmoid(rn(1, T, 2)), torch.rand(1, T, 2, device="cuda").bfloat16(),
-            cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+            q, k, v, g, beta, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
     else:
         g = torch.nn.functional.logsigmoid(rn(1, T, 2, 128)) / 16
         call = lambda: recurscan.chunk_gla(q, k, v, g, cu_seqlens=cu, backend="triton")  # noqa: E731
