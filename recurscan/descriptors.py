@@ -116,12 +116,28 @@ def descriptors_for_call(cu_seqlens: torch.Tensor, num_householder: int = 1, *, 
     captured, where neither that read nor the descriptors' upload can happen (torch would fail with
     "Cannot copy between CPU and CUDA tensors during CUDA graph capture"): build them before the
     capture and pass them."""
+    refuse_under_capture(op)
+    return build_chunk_descriptors(cu_seqlens, num_householder, device=device)
+
+
+def padded_descriptors(cu_host: torch.Tensor, num_householder: int, *, tokens: int,
+                       device=None) -> tuple[ChunkDescriptors, int]:
+    """The descriptors of the (validated, host) boundaries ``cu_host``, padded to ``tokens`` (the
+    call's T), so that they have the shapes of every other batch of that many tokens and the
+    launches kept for a call's signature serve a call that derived them as one given them; and the
+    exact count of token chunks (what a call's chunk states are trimmed to)."""
+    lengths = _lengths(cu_host)
+    return (build_chunk_descriptors(cu_host, num_householder, max_tokens=tokens, device=device),
+            chunk_offsets_of(lengths)[-1])
+
+
+def refuse_under_capture(op: str) -> None:
+    """The error of a varlen call without descriptors inside a CUDA graph capture (above)."""
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         raise ValueError(f"cu_seqlens: {op} was called without chunk_indices / chunk_offsets while a CUDA graph is "
                          "being captured; deriving them reads cu_seqlens on the host, which a capture cannot do. "
                          "Build them before the capture with recurscan.build_chunk_descriptors(cu_seqlens, "
                          "num_householder) and pass them (.as_kwargs())")
-    return build_chunk_descriptors(cu_seqlens, num_householder, device=device)
 
 
 def padded_chunk_count(total_tokens: int, num_sequences: int, num_householder: int = 1,

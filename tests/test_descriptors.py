@@ -44,3 +44,37 @@ def test_deriving_descriptors_under_capture_is_refused_by_name(monkeypatch, op):
         else:
             recurscan.chunk_gla(q, k, v, -torch.rand(1, T, 1, 16), cu_seqlens=cu, return_chunk_states=True,
                                 backend="triton")
+
+
+@pytest.mark.parametrize("M", [1, 2], ids=["gdn", "gdp"])
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
+def test_a_call_without_descriptors_is_the_call_with_them(M, grad):
+    """A varlen call that derives its descriptors (one read of cu_seqlens, padded to q's T, the
+    launches then those of a call given them): the outputs, final states and gradients of the call
+    given build_chunk_descriptors(cu, M), bit for bit, with a one-token and an empty sequence; its
+    chunk states trimmed to the batch's own chunks (the padded call's rows past them are padding)."""
+    from tests.helpers.inputs import gdn_inputs, gdp_inputs
+    cu = torch.tensor([0, 1, 1, 70, 130])
+    T = int(cu[-1])
+    x = [t.float() for t in (gdn_inputs(1, T, 1, 2, 16, 16, seed=4)[:5] if M == 1
+                             else gdp_inputs(T, M, 1, 2, 16, 16, seed=4)[:5])]
+    op = recurscan.chunk_gated_delta_rule if M == 1 else \
+        (lambda *a, **kw: recurscan.chunk_gated_delta_product_varlen(*a[:5], M, *a[5:], **kw))
+    given = recurscan.build_chunk_descriptors(cu, M).as_kwargs()
+    if M == 1:
+        del given["chunk_indices_dp"]
+    outs = {}
+    for name, kw in (("derived", {}), ("given", given)):
+        leaves = [t.clone().requires_grad_(grad) for t in x]
+        with torch.set_grad_enabled(grad):
+            o, ht, *cs = op(*leaves, cu_seqlens=cu, use_qk_l2norm_in_kernel=True, output_final_state=True,
+                            return_chunk_states=not grad, backend="triton", **kw)
+        grads = torch.autograd.grad((o, ht), leaves, (torch.ones_like(o), torch.ones_like(ht))) if grad else ()
+        outs[name] = (o, ht, *cs, *grads)
+    derived, padded = outs["derived"], outs["given"]
+    if not grad:
+        chunks = 1 + 0 + 2 + 1  # ceil(L / 64) for L in 1, 0, 69, 60
+        assert derived[2].shape[0] == chunks and padded[2].shape[0] >= chunks
+        padded = padded[:2] + (padded[2][:chunks],)
+    for i, (a, b) in enumerate(zip(derived, padded)):
+        assert torch.equal(a, b), i

@@ -43,6 +43,25 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
                chunk_size=None, backend=None, chunk_indices=None, chunk_indices_dp=None, chunk_offsets=None):
     if chunk_indices_dp is None and num_householder == 1:
         chunk_indices_dp = chunk_indices  # GDN: the two chunkings coincide
+    if isinstance(cu_seqlens, torch.Tensor) and isinstance(q, torch.Tensor) and q.dim() == 4 and chunk_size is None \
+            and None in (chunk_indices, chunk_indices_dp, chunk_offsets):
+        # Varlen without descriptors: one host read of cu_seqlens (validated as a CPU tensor's would
+        # be) derives them, padded to q's T, and the call goes on as one given them (its launches
+        # kept by signature); chunk states trimmed to the batch's own chunks.
+        from ..descriptors import padded_descriptors, refuse_under_capture
+        check_cu_seqlens(cu_seqlens, q.shape[0], q.shape[1], q.device)
+        refuse_under_capture(_op_name(num_householder))
+        host = cu_seqlens.to("cpu")
+        check_cu_seqlens(host, q.shape[0], q.shape[1], host.device)
+        built, chunks = padded_descriptors(host, num_householder, tokens=q.shape[1], device=q.device)
+        out = _run_delta(q, k, v, g, beta, num_householder=num_householder, scale=scale, initial_state=initial_state,
+                         output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                         cu_seqlens=cu_seqlens, state=state, state_indices=state_indices,
+                         return_chunk_states=return_chunk_states, backend=backend,
+                         chunk_indices=built.chunk_indices if chunk_indices is None else chunk_indices,
+                         chunk_indices_dp=built.chunk_indices_dp if chunk_indices_dp is None else chunk_indices_dp,
+                         chunk_offsets=built.chunk_offsets if chunk_offsets is None else chunk_offsets)
+        return out[:2] + (out[2][:chunks],) if return_chunk_states else out
     inputs = (q, k, v, g, beta, initial_state, state, state_indices, cu_seqlens, chunk_indices_dp, chunk_offsets)
     key = None
     grad = _needs_grad(q, k, v, g, beta, initial_state)
@@ -118,8 +137,8 @@ def _check_device_values(problem, cu_seqlens, state, state_indices):
         check_slots("state_indices", state_indices.cpu(), state.shape[0])
 
 
-def _op_name(problem) -> str:
-    return "chunk_gated_delta_rule" if problem.householder == 1 else "chunk_gated_delta_product_varlen"
+def _op_name(num_householder: int) -> str:
+    return "chunk_gated_delta_rule" if num_householder == 1 else "chunk_gated_delta_product_varlen"
 
 
 def _needs_grad(*tensors) -> bool:
@@ -151,12 +170,6 @@ def _run_triton_with_grad(q, k, v, g, beta, problem, schedule, *, initial_state,
                            chunk_offsets=chunk_offsets, state=None, state_indices=None, return_chunk_states=False,
                            key=key, keep_prep=keep_prep, checkpoint_chunks=checkpoint_chunks)
 
-    if cu_seqlens is not None and (chunk_indices is None or chunk_offsets is None or chunk_indices_dp is None):
-        from ..descriptors import descriptors_for_call  # for the backward's chunk states (a host sync)
-        built = descriptors_for_call(cu_seqlens, problem.householder, device=q.device, op=_op_name(problem))
-        chunk_indices = built.chunk_indices if chunk_indices is None else chunk_indices
-        chunk_indices_dp = built.chunk_indices_dp if chunk_indices_dp is None else chunk_indices_dp
-        chunk_offsets = built.chunk_offsets if chunk_offsets is None else chunk_offsets
     options = dict(num_householder=problem.householder, scale=problem.scale,
                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, shape=schedule.launch,
                    chunk_indices=chunk_indices, chunk_indices_dp=chunk_indices_dp, chunk_offsets=chunk_offsets,
@@ -176,22 +189,7 @@ def _run_triton(q, k, v, g, beta, problem, schedule, *, initial_state, output_fi
     L_ = _launch()
 
     M = problem.householder
-    num_rows, exact_rows = None, None
-    if cu_seqlens is not None:
-        if chunk_indices_dp is None and M == 1:
-            chunk_indices_dp = chunk_indices
-        if chunk_indices_dp is None or (return_chunk_states and (chunk_offsets is None or chunk_indices is None)):
-            # Descriptors missing: build them here (reads cu_seqlens on the host: a sync). The
-            # chunk states then have exactly their rows; given descriptors, the padded count.
-            from ..descriptors import descriptors_for_call
-            built = descriptors_for_call(cu_seqlens, M, device=q.device, op=_op_name(problem))
-            chunk_indices = built.chunk_indices if chunk_indices is None else chunk_indices
-            chunk_indices_dp = built.chunk_indices_dp if chunk_indices_dp is None else chunk_indices_dp
-            chunk_offsets = built.chunk_offsets if chunk_offsets is None else chunk_offsets
-            exact_rows = int(built.chunk_offsets[-1])
-            key = None  # the plan's sizes came from device values: not reusable
-        if return_chunk_states:
-            num_rows = chunk_indices.shape[0]
+    num_rows = chunk_indices.shape[0] if cu_seqlens is not None and return_chunk_states else None
     launches = None if key is None else LAUNCHES.get(key)  # the training path's forward, planned before
     launches = launches or L_.build_delta_launches(
         q, k, v, g, beta, schedule.launch, num_householder=M, scale=problem.scale, initial_state=initial_state,
@@ -203,8 +201,6 @@ def _run_triton(q, k, v, g, beta, problem, schedule, *, initial_state, output_fi
                                                          cu_seqlens, chunk_indices_dp, chunk_offsets))
     if key is not None:
         LAUNCHES.put(key, launches)
-    if return_chunk_states and exact_rows is not None:
-        out = out[:2] + (out[2][:exact_rows],)
     return out
 
 

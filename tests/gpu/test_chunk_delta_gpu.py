@@ -434,3 +434,27 @@ def test_varlen_without_descriptors_under_graph_capture_is_refused_by_name(op):
     with pytest.raises(ValueError, match="build_chunk_descriptors"):
         with torch.cuda.graph(torch.cuda.CUDAGraph()):
             call()
+
+
+def test_varlen_without_descriptors_reuses_the_launches_of_its_signature():
+    """GDP M = 2 varlen on the GPU without descriptors: each call reads cu_seqlens once and derives
+    the descriptors padded to q's T, so a second call, even with other boundaries, plans and builds
+    nothing (the signature's launches serve it) and equals the call given its descriptors."""
+    from recurscan.runtime.cache import cache_stats
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    rn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+    T, M, H = 1000, 2, 4
+    q, k, v = rn(1, T, H, 128).bfloat16(), rn(1, T * M, H, 128).bfloat16(), rn(1, T * M, H, 128).bfloat16()
+    g, beta = torch.nn.functional.logsigmoid(rn(1, T, H)), torch.rand(1, T * M, H, device="cuda").bfloat16()
+    for i, cu in enumerate(([0, 1, 400, 1000], [0, 600, 601, 1000])):
+        cu = torch.tensor(cu, device="cuda", dtype=torch.int32)
+        stored = cache_stats()["chunked delta rule"]["stored"]
+        got = recurscan.chunk_gated_delta_product_varlen(q, k, v, g, beta, M, cu, use_qk_l2norm_in_kernel=True,
+                                                         output_final_state=True)
+        if i > 0:
+            assert cache_stats()["chunked delta rule"]["stored"] == stored
+        want = recurscan.chunk_gated_delta_product_varlen(
+            q, k, v, g, beta, M, cu, use_qk_l2norm_in_kernel=True, output_final_state=True,
+            **recurscan.build_chunk_descriptors(cu, M, max_tokens=T, device="cuda").as_kwargs())
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
