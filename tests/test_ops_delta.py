@@ -166,3 +166,39 @@ def test_snapshot_buffer_is_checked():
         recurscan.fused_recurrent_gated_delta_rule_update(
             **args, state=torch.zeros(2, 4, 8, 8), state_indices=torch.tensor([0]),
             intermediate_states=torch.zeros(2, 10, 4, 8, 8), steps_per_token=0)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_a_varlen_batch_of_one_sequence_runs_as_the_dense_batch_of_one(monkeypatch, backend):
+    """cu_seqlens = [0, T] (plan.delta.varlen_as_dense): outputs, final state and gradients are the
+    dense call's, bit for bit, with or without descriptors, and no varlen launch is built; the
+    descriptors are still checked (a wrong-shaped one is refused by name); chunk states keep the
+    varlen call's rows (not routed)."""
+    import recurscan.launch.delta as launch_delta
+    built = []
+    real = launch_delta.build_delta_launches
+    monkeypatch.setattr(launch_delta, "build_delta_launches",
+                        lambda *a, **kw: built.append(kw.get("cu_seqlens")) or real(*a, **kw))
+    x = [t.float() for t in gdn_inputs(1, 150, 1, 2, 16, 16, seed=3)[:5]]
+    cu = torch.tensor([0, 150])
+    d = recurscan.build_chunk_descriptors(cu)
+    outs = []
+    for kw in (dict(cu_seqlens=cu), dict(cu_seqlens=cu, chunk_indices=d.chunk_indices, chunk_offsets=d.chunk_offsets),
+               {}):
+        leaves = [t.clone().requires_grad_() for t in x]
+        o, ht = recurscan.chunk_gated_delta_rule(*leaves, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                                                 backend=backend, **kw)
+        outs.append((o, ht, *torch.autograd.grad((o, ht), leaves, (torch.ones_like(o), torch.ones_like(ht)))))
+    for got in outs[:2]:
+        for i, (a, b) in enumerate(zip(got, outs[2])):
+            assert torch.equal(a, b), i
+    assert all(c is None for c in built)
+    with pytest.raises(ValueError, match="chunk_offsets"):
+        recurscan.chunk_gated_delta_rule(*x, cu_seqlens=cu, chunk_indices=d.chunk_indices,
+                                         chunk_offsets=d.chunk_offsets[:1], backend=backend)
+    with torch.no_grad():
+        o, _, cs = recurscan.chunk_gated_delta_rule(*x, cu_seqlens=cu, return_chunk_states=True, backend=backend,
+                                                    use_qk_l2norm_in_kernel=True, chunk_indices=d.chunk_indices,
+                                                    chunk_offsets=d.chunk_offsets)
+    assert torch.allclose(o, outs[2][0].detach(), rtol=1e-5, atol=1e-6)  # the varlen launches: other bits
+    assert cs.shape[0] == (d.chunk_indices.shape[0] if backend == "triton" else 3)

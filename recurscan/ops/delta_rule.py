@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from ..plan import delta as plan_delta
 from ..plan import plan
 from ..problem import check_chunk_descriptors, check_cu_seqlens, check_slots, debug_checks, delta_problem
 from ..reference import delta as ref
@@ -43,6 +44,17 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
                chunk_size=None, backend=None, chunk_indices=None, chunk_indices_dp=None, chunk_offsets=None):
     if chunk_indices_dp is None and num_householder == 1:
         chunk_indices_dp = chunk_indices  # GDN: the two chunkings coincide
+    if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.dim() == 1 and isinstance(q, torch.Tensor) \
+            and q.dim() == 4 and plan_delta.varlen_as_dense(cu_seqlens.numel() - 1, num_householder,
+                                                            return_chunk_states):
+        # One sequence: the dense batch of one (its descriptors, checked, are not needed).
+        check_cu_seqlens(cu_seqlens, q.shape[0], q.shape[1], q.device)
+        check_chunk_descriptors(cu_seqlens, chunk_indices, chunk_indices_dp, chunk_offsets, num_householder,
+                                q.device)
+        return _run_delta(q, k, v, g, beta, num_householder=num_householder, scale=scale, initial_state=initial_state,
+                          output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                          cu_seqlens=None, state=state, state_indices=state_indices,
+                          return_chunk_states=return_chunk_states, chunk_size=chunk_size, backend=backend)
     if isinstance(cu_seqlens, torch.Tensor) and isinstance(q, torch.Tensor) and q.dim() == 4 and chunk_size is None \
             and None in (chunk_indices, chunk_indices_dp, chunk_offsets):
         # Varlen without descriptors: one host read of cu_seqlens (validated as a CPU tensor's would

@@ -94,6 +94,16 @@ DELTA_LAUNCH: list[tuple[Callable[[DeltaSizes], bool], DeltaShape]] = [
 
 
 
+def varlen_as_dense(sequences: int, householder: int, return_chunk_states: bool) -> bool:
+    """Whether a GDN varlen batch runs as the dense batch it equals: one sequence (``cu_seqlens``
+    is ``[0, T]`` by the ops' contract, checked on the host for CPU tensors) is the dense batch of
+    one, and the dense launches cut it into segments or phases, which the varlen launches do not
+    (issue 21: B1 T16384 as one varlen sequence 0.843 ms against 0.534 dense at b47c7e4). Not with
+    chunk states: the varlen call returns the descriptors' padded row count, the dense one its
+    own. GDP's dense batches run as varlen ones (chunk_gated_delta_product), so M > 1 stays."""
+    return sequences == 1 and householder == 1 and not return_chunk_states
+
+
 def delta_shape(problem, device: torch.device) -> DeltaShape:
     """The first row of :data:`DELTA_LAUNCH` that holds for ``problem`` (a DeltaProblem) on ``device``."""
     sizes = DeltaSizes(pairs=problem.sequences * problem.value_heads, sms=sm_count(device),
