@@ -147,3 +147,35 @@ def test_the_split_launch_at_real_sizes(family, monkeypatch):
                                                    **dict(kw, D=D.double(), z=z.double()), backend="torch")
     for a, b in zip(got, want):
         assert relative_rms(a.double(), b) < 1e-2
+
+
+@pytest.mark.parametrize("family", ["simple", "per_key", "ssd"])
+def test_the_gla_backward_gives_the_same_bits_every_run(family):
+    """Four forward + backward runs of one input, B2 T2048 bf16 at fla's and mamba's head sizes:
+    every gradient bit for bit the same (the delta rule's dk kernel gave run-to-run differences
+    from a pipelined load used both as a product's shared-memory operand and elsewhere; the GLA
+    parallel stage keeps such loads to one use since)."""
+    gen = torch.Generator(device="cuda").manual_seed(17)
+    rn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+    B, T, H, K, V = 2, 2048, 4, 128, 128
+    if family == "ssd":
+        P, N = 64, 128
+        x = [rn(B, T, H, P).bfloat16(), rn(B, T, H) - 1, -torch.rand(H, device="cuda", generator=gen) - 0.5,
+             rn(B, T, 1, N).bfloat16(), rn(B, T, 1, N).bfloat16()]
+        run = lambda t: recurscan.mamba_chunk_scan_combined(*t, chunk_size=256, dt_softplus=True,  # noqa: E731
+                                                            backend="triton")
+    else:
+        g = torch.nn.functional.logsigmoid(rn(B, T, H, K)) / 16 if family == "per_key" else \
+            torch.nn.functional.logsigmoid(rn(B, T, H) + 4)
+        x = [rn(B, T, H, K).bfloat16(), rn(B, T, H, K).bfloat16(), rn(B, T, H, V).bfloat16(), g]
+        op = recurscan.chunk_gla if family == "per_key" else recurscan.chunk_simple_gla
+        run = lambda t: op(*t, backend="triton")[0]  # noqa: E731
+    leaves = [t.clone().requires_grad_() for t in x]
+    runs = []
+    for _ in range(4):
+        out = run(leaves)
+        out = out[0] if isinstance(out, tuple) else out
+        runs.append(torch.autograd.grad(out, leaves, torch.ones_like(out)))
+    for r in runs[1:]:
+        for i, (a, b) in enumerate(zip(runs[0], r)):
+            assert torch.equal(a, b), f"gradient {i}: {int((a != b).sum())} elements differ"

@@ -273,17 +273,24 @@ def chunk_simple_gla_bwd_grads_kernel(
         m_rv = m_r[:, None] & m_v[None, :]
         m_kv = m_k[:, None] & m_v[None, :] & cs_ok
         p_rv = (rows * HV + i_hv)[:, None] * V + o_v[None, :]
+        # A pipelined load that is a product's shared-memory operand (the transposed ones here) has
+        # that one use; every other use loads again, with another cache modifier so that no pass
+        # merges the two: a load with both uses raced on the H200 with Triton 3.6 (the delta
+        # rule's dk kernel, docs/kernels-delta-backward.md).
         b_v = tl.load(v + p_rv, mask=m_rv, other=0.0).to(DT)
         b_do = tl.load(do + p_rv, mask=m_rv, other=0.0).to(DT)
         o_kv = o_k[:, None] * V + o_v[None, :]
         b_S = tl.load(p_s + o_kv, mask=m_kv, other=0.0).to(DT)
         b_dS = tl.load(p_ds + o_kv, mask=m_kv, other=0.0).to(DT)
+        b_vt = tl.trans(tl.load(v + p_rv, mask=m_rv, other=0.0, cache_modifier=".cg").to(DT))
         b_dOS = tl.dot(b_do, tl.trans(b_S), b_dOS, input_precision=DOT_PRECISION)
         b_VdS = tl.dot(b_v, tl.trans(b_dS), b_VdS, input_precision=DOT_PRECISION)
-        b_dOV = tl.dot(b_do, tl.trans(b_v), b_dOV, input_precision=DOT_PRECISION)
+        b_dOV = tl.dot(b_do, b_vt, b_dOV, input_precision=DOT_PRECISION)
         if PER_KEY:
-            b_VdO = tl.dot(b_v, tl.trans(b_do), b_VdO, input_precision=DOT_PRECISION)
-        sds += tl.sum(b_S.to(tl.float32) * b_dS.to(tl.float32), axis=1)
+            b_dot = tl.trans(tl.load(do + p_rv, mask=m_rv, other=0.0, cache_modifier=".cg").to(DT))
+            b_VdO = tl.dot(b_v, b_dot, b_VdO, input_precision=DOT_PRECISION)
+        sds += tl.sum(tl.load(p_s + o_kv, mask=m_kv, other=0.0, cache_modifier=".cg").to(tl.float32) *
+                      tl.load(p_ds + o_kv, mask=m_kv, other=0.0, cache_modifier=".cg").to(tl.float32), axis=1)
 
     p_out = (rows * HV + i_hv)[:, None] * K + o_k[None, :]
     if PER_KEY:
