@@ -290,19 +290,17 @@ def test_the_recompute_beside_the_reverse_sweep_gives_the_same_bits(monkeypatch,
     prep (the reverse sweep reads G o Tinv, which the recompute's prep would write), and then the
     reverse sweep runs while every buffer the recompute fills is still NaN (poisoned), so it reads
     none of them: the gradients of the serial order, bit for bit."""
-    import dataclasses
     import recurscan.plan.delta as plan_delta
     from recurscan.launch.delta_backward import BACKWARD_LAUNCHES
     from recurscan.runtime.cache import clear_caches
+    from tests.helpers.plan import force_backward_shape
     x, kw = _op_call(M, cu, 2, seed=8)
     monkeypatch.setattr(plan_delta, "keep_prep_for_backward", lambda problem: keep_prep)
     monkeypatch.setattr(plan_delta, "checkpoint_chunks_for_backward", lambda problem, device: every)
-    planned = plan_delta.delta_backward_shape
     grads = {}
     for corun in (False, True):
         clear_caches()
-        monkeypatch.setattr(plan_delta, "delta_backward_shape",
-                            lambda *a: dataclasses.replace(planned(*a), corun=corun, reverse_segments=reverse))
+        force_backward_shape(monkeypatch, corun=corun, reverse_segments=reverse)
         leaves = [t.clone().requires_grad_() for t in x]
         o, _ = _op(M)(*leaves, **kw)
         grads[corun] = torch.autograd.grad(o, leaves, torch.ones_like(o))

@@ -19,17 +19,15 @@ def test_gdn_gradients_bf16(monkeypatch, cu, every, reverse):
     """``every``: the forward keeps every 4th chunk's state and the backward recomputes the chunk
     states from them (plan.delta.checkpoint_chunks_for_backward, forced here); ``reverse``: the
     reverse sweep in that many segments (DeltaBackwardShape.reverse_segments, forced here)."""
-    import dataclasses
     from recurscan.plan import delta as plan_delta
     from recurscan.runtime.cache import clear_caches
+    from tests.helpers.plan import force_backward_shape
     if every is not None or reverse > 1:
         clear_caches()  # the signature's launches, planned with the checkpoints or segments
     if every is not None:
         monkeypatch.setattr(plan_delta, "checkpoint_chunks_for_backward", lambda problem, device: every)
     if reverse > 1:
-        planned = plan_delta.delta_backward_shape
-        monkeypatch.setattr(plan_delta, "delta_backward_shape",
-                            lambda *a: dataclasses.replace(planned(*a), reverse_segments=reverse))
+        force_backward_shape(monkeypatch, reverse_segments=reverse)
     gen = torch.Generator().manual_seed(0)
     T, H, HV, K, V = 1000, 4, 8, 128, 128
     N = 1 if cu is None else len(cu) - 1
@@ -194,10 +192,10 @@ def test_the_recompute_on_a_side_stream_gives_the_serial_bits(monkeypatch, every
     stream beside the reverse sweep, really concurrent here): every gradient bit for bit as the
     serial order's, eager, and replayed from a CUDA graph captured with it (the fork and the join
     captured as the graph's edges)."""
-    import dataclasses
     from recurscan.launch.delta_backward import BACKWARD_LAUNCHES
     from recurscan.plan import delta as plan_delta
     from recurscan.runtime.cache import clear_caches
+    from tests.helpers.plan import force_backward_shape
     gen = torch.Generator(device="cuda").manual_seed(9)
     rn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
     B, T, H, HV, K = 1, 16384, 16, 32, 128
@@ -205,12 +203,10 @@ def test_the_recompute_on_a_side_stream_gives_the_serial_bits(monkeypatch, every
          torch.nn.functional.logsigmoid(rn(B, T, HV) + 3), torch.rand(B, T, HV, device="cuda", generator=gen).bfloat16()]
     do = rn(B, T, HV, K).bfloat16()
     monkeypatch.setattr(plan_delta, "checkpoint_chunks_for_backward", lambda problem, device: every)
-    planned = plan_delta.delta_backward_shape
     grads = {}
     for corun in (False, True):
         clear_caches()
-        monkeypatch.setattr(plan_delta, "delta_backward_shape",
-                            lambda *a: dataclasses.replace(planned(*a), corun=corun))
+        force_backward_shape(monkeypatch, corun=corun)
         leaves = [t.clone().requires_grad_() for t in x]
         o, _ = recurscan.chunk_gated_delta_rule(*leaves, use_qk_l2norm_in_kernel=True)
         grads[corun] = torch.autograd.grad(o, leaves, do)
