@@ -136,9 +136,9 @@ PLANNED = None
 
 
 def parse_backward_shape(text):
-    """``BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]][+group][+sN][+rN][+corun][/BV:warps:stages:phases:segments]``
+    """``BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]][+group][+sN][+corun][/BV:warps:stages:phases:segments]``
     -> a DeltaBackwardShape: ``+group``, GVA groups summed in the dq, dk kernels; ``+sN``, the
-    reverse sweep's loop pipelined N stages deep; ``+rN``, the reverse sweep in N segments; ``+corun``, the recompute on a side stream beside
+    reverse sweep's loop pipelined N stages deep; ``+corun``, the recompute on a side stream beside
     the reverse sweep; after the slash, the recompute's prep and sweep
     (V as a product operand from 64 columns, as the forward's table has it)."""
     from recurscan.plan.delta import DeltaBackwardShape, DeltaShape
@@ -147,19 +147,16 @@ def parse_backward_shape(text):
     group = "group" in flags
     corun = "corun" in flags
     sweep_stages = [int(f[1:]) for f in flags if f[:1] == "s" and f[1:].isdigit()]
-    reverse = [int(f[1:]) for f in flags if f[:1] == "r" and f[1:].isdigit()]
     parts, rparts = stages.split(":"), recompute.split(":") if recompute else []
     if len(parts) not in (3, 4, 6) or len(rparts) not in (0, 5) or not all(x.isdigit() for x in parts + rparts) \
-            or len(flags) != group + corun + len(sweep_stages) + len(reverse):
+            or len(flags) != group + corun + len(sweep_stages):
         raise ValueError("backward shape: expected BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]][+group]"
-                         f"[+sN][+rN][+corun][/BV:warps:stages:phases:segments], got {text!r}")
+                         f"[+sN][+corun][/BV:warps:stages:phases:segments], got {text!r}")
     if rparts:
         bv, warps, n_stages, phases, segments = map(int, rparts)
         recompute = DeltaShape(bv, warps, n_stages, 4, "variant", segments=segments, phases=phases,
                                v_product=bv >= 64)
     extra = dict(sweep_stages=sweep_stages[0]) if sweep_stages else {}
-    if reverse:
-        extra["reverse_segments"] = reverse[0]
     return DeltaBackwardShape(*map(int, parts[:3]), "variant", *map(int, parts[3:]), recompute=recompute or None,
                               group_in_kernel=group, corun=corun, **extra)
 

@@ -136,13 +136,10 @@ def backward(BV=32, warps=8, grads_warps=8, grads_BV=None):
     """The backward's reverse sweep (value blocks of BV) and parallel stage (of grads_BV, default
     BV), dense GDN."""
     p, f = "*bf16", "*fp32"
-    sig = dict(q=p, k=p, beta=p, do=p, winv=p, aqk=p, coef=f, dstates=p, dht=f, dh0=f, dy_out=p, dv=p, cu_seqlens="*i32",
-               chunk_offsets="*i32", T="i32", n_cs_rows="i32", seg_n=f, seg_m=f, n_seg="i32", seg_chunks="i32")
+    sig = dict(q=p, k=p, beta=p, do=p, winv=p, aqk=p, coef=f, dstates=p, dht=f, dh0=f, dy_out=p, dv=p, cu_seqlens="*i32", chunk_offsets="*i32", T="i32", n_cs_rows="i32")
     const = dict(H=16, HV=32, K=128, V=128, BT=64, BK=128, BV=BV, IS_VARLEN=False, HAS_DHT=True, STORE_DH0=True,
                  DOT_PRECISION="tf32", DT=tl.bfloat16, M=1)
     swept = _compile(chunk_delta_bwd_sweep_kernel, sig, const, warps)
-    swept += "".join(f"\n  in segments, pass {n}: {_compile(chunk_delta_bwd_sweep_kernel, sig, dict(const, PASS=n), warps)}"
-                     for n in (1, 2))
     sweep_BV, BV = BV, grads_BV or BV
     const = dict(H=16, HV=32, K=128, V=128, BT=64, BK=128, BV=BV, IS_VARLEN=False, HAS_G=True, USE_L2NORM=True,
                  DOT_PRECISION="tf32", DT=tl.bfloat16, M=1)

@@ -43,11 +43,6 @@ PHASED = DeltaBackwardShape(32, 8, 4, "tests: the recompute in phases", grads_bl
 SEGMENTED = DeltaBackwardShape(16, 4, 4, "tests: the recompute in segments",
                                recompute=DeltaShape(16, 4, 2, 4, "tests", segments=3, v_product=False))
 
-#: The reverse sweep in three segments (pass 1, the fix-up, pass 2) and in two (no fix-up), at 16
-#: value columns (V = 40: three blocks, the last masked; the transitions' rows K = 16 or 24 wide).
-REVERSED3 = DeltaBackwardShape(16, 4, 4, "tests: the reverse sweep in three segments", reverse_segments=3)
-REVERSED2 = DeltaBackwardShape(16, 4, 4, "tests: the reverse sweep in two segments", reverse_segments=2)
-
 
 #: GVA summed in the dq, dk kernels over 16-column steps (NARROW sums a group's dq, dk after them).
 GROUPED = DeltaBackwardShape(32, 8, 4, "tests: GVA summed in the dq, dk kernels", grads_block_v=16,
@@ -66,10 +61,6 @@ def _cases():
             if optional == "all" and c["cu"] is None and c["T"] > 64:  # phases and segments: dense, several chunks
                 yield pytest.param(case, optional, PHASED, id=f"{case}-{optional}-recompute-phased")
                 yield pytest.param(case, optional, SEGMENTED, id=f"{case}-{optional}-recompute-segmented")
-            if c["cu"] is None and c["T"] > 64:
-                yield pytest.param(case, optional, REVERSED3, id=f"{case}-{optional}-reverse-3-segments")
-                if optional == "all":
-                    yield pytest.param(case, optional, REVERSED2, id=f"{case}-{optional}-reverse-2-segments")
 
 
 @pytest.mark.parametrize("case, optional, backward_shape", list(_cases()))
@@ -278,15 +269,12 @@ def test_the_recompute_from_checkpoints_gives_the_same_gradients(monkeypatch, ev
         assert torch.equal(a, b), name
 
 
-@pytest.mark.parametrize("M, cu, every, reverse", [(1, None, 0, 1), (1, None, 2, 1), (1, None, 0, 3),
-                                                    (1, [0, 1, 70, 130], 0, 1), (2, [0, 1, 40, 70], 0, 1)],
-                         ids=["GDN dense", "GDN dense, checkpoints", "GDN dense, the reverse sweep in segments",
-                              "GDN varlen", "GDP varlen"])
+@pytest.mark.parametrize("M, cu, every", [(1, None, 0), (1, None, 2), (1, [0, 1, 70, 130], 0), (2, [0, 1, 40, 70], 0)],
+                         ids=["GDN dense", "GDN dense, checkpoints", "GDN varlen", "GDP varlen"])
 @pytest.mark.parametrize("keep_prep", [True, False], ids=["prep kept", "prep recomputed"])
-def test_the_recompute_beside_the_reverse_sweep_gives_the_same_bits(monkeypatch, M, cu, every, reverse, keep_prep):
+def test_the_recompute_beside_the_reverse_sweep_gives_the_same_bits(monkeypatch, M, cu, every, keep_prep):
     """Through autograd, ``DeltaBackwardShape.corun`` (the recompute on a side stream, launched after
-    the reverse sweep, in one launch or three with segments; here on one stream in that order):
-    taken only where the forward kept its
+    the reverse sweep; here on one stream in that order): taken only where the forward kept its
     prep (the reverse sweep reads G o Tinv, which the recompute's prep would write), and then the
     reverse sweep runs while every buffer the recompute fills is still NaN (poisoned), so it reads
     none of them: the gradients of the serial order, bit for bit."""
@@ -300,13 +288,12 @@ def test_the_recompute_beside_the_reverse_sweep_gives_the_same_bits(monkeypatch,
     grads = {}
     for corun in (False, True):
         clear_caches()
-        force_backward_shape(monkeypatch, corun=corun, reverse_segments=reverse)
+        force_backward_shape(monkeypatch, corun=corun)
         leaves = [t.clone().requires_grad_() for t in x]
         o, _ = _op(M)(*leaves, **kw)
         grads[corun] = torch.autograd.grad(o, leaves, torch.ones_like(o))
         (launches,) = BACKWARD_LAUNCHES.values()
         assert launches.corun == (corun and keep_prep)
-        assert launches.reverse_steps == (3 if reverse == 3 else 1)  # pass 1, the fix-up, pass 2
     for name, a, b in zip(NAMES, grads[False], grads[True]):
         assert torch.equal(a, b), name
         assert torch.isfinite(a).all(), name

@@ -32,7 +32,6 @@ import triton.language as tl
 from ..descriptors import CHUNK_SIZE
 from ..kernels.delta.backward import (DQDK_DK, DQDK_DQ, chunk_delta_bwd_dqdk_kernel,
                                       chunk_delta_bwd_scores_kernel, chunk_delta_bwd_sweep_kernel)
-from ..kernels.delta.fixup import chunk_delta_fixup_kernel
 from ..kernels.delta.prep import chunk_delta_prep_kernel
 from ..kernels.delta.sweep import chunk_delta_sweep_kernel
 from ..kernels.group_sum import group_sum_kernel
@@ -46,7 +45,7 @@ from .delta import (BUFFER_NAMES, CALL_NAMES, INTERPRET, PREP_NAMES, TEST_SHAPE,
 #: The per-call tensors of the two backward stages, by name (their launches' CallArgs).
 NAMES = ("q", "k", "v", "g", "beta", "do", "dht", "cu_seqlens", "chunk_indices", "chunk_offsets",
          "winv", "aqk", "coef", "states", "u", "ks", "dstates", "dh0", "dy", "dv", "dq", "dk", "dg", "dbeta", "bdyks",
-         "scratch", "dq_sum", "dk_sum", "rseg_n", "rseg_m")
+         "scratch", "dq_sum", "dk_sum")
 
 #: Rows (token x q/k head) a program of the GVA group sum takes.
 GROUP_SUM_ROWS = 32
@@ -68,7 +67,6 @@ class DeltaBackwardLaunches:
     buffers: dict
     gva: bool
     corun: bool = False  # the recompute on a side stream beside the reverse sweep (DeltaBackwardShape.corun)
-    reverse_steps: int = 1  # the first steps that make the reverse sweep (3 with segments: pass 1, fix-up, pass 2)
     compiled: bool = False  # a call has run (and compiled every kernel)
     pending: object = None  # waits for the compiles a forward started (compile_backward_early), or None
 
@@ -146,17 +144,15 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
     if initial_state is not None:
         buffers["dh0"] = ((N, HV, K, V), f32)
     arg = lambda name, present=True: CallArg(name if present else "dv")  # noqa: E731 (absent: a placeholder)
-    sweep_kwargs = dict(
+    sweep = Step(chunk_delta_bwd_sweep_kernel, (N * HV * triton.cdiv(V, BV),), dict(
         q=arg("q"), k=arg("k"), beta=arg("beta"), do=arg("do"), winv=arg("winv"), aqk=arg("aqk"), coef=arg("coef"),
         dstates=arg("dstates"), dht=arg("dht", dht is not None), dh0=arg("dh0", initial_state is not None),
         dy_out=arg("dy"), dv=arg("dv"), cu_seqlens=arg("cu_seqlens", varlen),
         chunk_offsets=arg("chunk_offsets", varlen), T=T, n_cs_rows=rows,
-        seg_n=arg("rseg_n", False), seg_m=arg("rseg_m", False), n_seg=1, seg_chunks=0,
         H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=varlen, HAS_DHT=dht is not None,
         STORE_DH0=initial_state is not None, DOT_PRECISION=dot_precision, DT=dt, M=M,
-        NUM_STAGES=backward_shape.sweep_stages, PASS=0)
-    reverse = _reverse_sweep(sweep_kwargs, dict(num_warps=backward_shape.sweep_warps), buffers, arg, N, T * M, HV,
-                             K, V, BV, BK, 1 if varlen else backward_shape.reverse_segments, q.dtype)
+        NUM_STAGES=backward_shape.sweep_stages),
+        dict(num_warps=backward_shape.sweep_warps))
     shared = dict(q=arg("q"), k=arg("k"), g=arg("g", g is not None), beta=arg("beta"), do=arg("do"), dy=arg("dy"),
                   u=arg("u"), dg=arg("dg", g is not None), bdyks=arg("bdyks"), scratch=arg("scratch"),
                   cu_seqlens=arg("cu_seqlens", varlen), chunk_indices=arg("chunk_indices", varlen),
@@ -167,7 +163,7 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
         shared, v=arg("v"), ks=arg("ks"), dbeta=arg("dbeta"), BV=BVs),
         dict(num_warps=backward_shape.scores_warps or backward_shape.grads_warps))
     dqdk = dict(shared, states=arg("states"), dstates=arg("dstates"), dq=arg("dq"), dk=arg("dk"), n_cs_rows=rows)
-    steps = reverse + [scores] + [Step(chunk_delta_bwd_dqdk_kernel, (chunks * (HV // group),),
+    steps = [sweep, scores] + [Step(chunk_delta_bwd_dqdk_kernel, (chunks * (HV // group),),
                                     dict(dqdk, PART=part, GROUP=group), dict(num_warps=backward_shape.grads_warps))
                                for part in (DQDK_DK, DQDK_DQ)]
     if gva:  # dq, dk per value head -> per q/k head, in q's and k's dtypes
@@ -176,34 +172,7 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
             steps.append(Step(group_sum_kernel, (triton.cdiv(rows_of, GROUP_SUM_ROWS),), dict(
                 x=arg(name), out=arg(name + "_sum"), rows=rows_of, GROUP=HV // H, K=K, BK=BK, BR=GROUP_SUM_ROWS),
                 dict(num_warps=4)))
-    return DeltaBackwardLaunches(forward, steps, buffers, gva, corun=backward_shape.corun and prep_kept,
-                                 reverse_steps=len(reverse))
-
-
-def _reverse_sweep(kwargs: dict, options: dict, buffers: dict, arg, N: int, rows: int, HV: int, K: int, V: int,
-                   BV: int, BK: int, segments: int, dtype) -> list:
-    """The reverse sweep's steps: one launch, or with ``segments`` > 1 (a dense batch of ``rows``
-    rows a sequence) pass 1, the fix-up (from three segments) and pass 2 over segments numbered
-    from the end (:func:`chunk_delta_bwd_sweep_kernel`), their scratch added to ``buffers``."""
-    NV, chunks = triton.cdiv(V, BV), triton.cdiv(rows, CHUNK_SIZE)
-    if segments <= 1 or chunks <= 1:
-        return [Step(chunk_delta_bwd_sweep_kernel, (N * HV * NV,), kwargs, options)]
-    seg_chunks = triton.cdiv(chunks, segments)
-    P = triton.cdiv(chunks, seg_chunks)  # no empty segment
-    buffers["rseg_n"] = ((N, P, HV, K, V), torch.float32)
-    if P > 2:
-        buffers["rseg_m"] = ((N, P, HV, K, K), torch.float32)
-    seg = dict(seg_n=arg("rseg_n"), seg_m=arg("rseg_m", P > 2), n_seg=P, seg_chunks=seg_chunks)
-    steps = [Step(chunk_delta_bwd_sweep_kernel, (N * (P - 1) * HV * (NV + triton.cdiv(K, BV)),),
-                  dict(kwargs, **seg, PASS=1), options)]
-    if P > 2:
-        BVF = min(32, max(16, triton.next_power_of_2(V)))
-        steps.append(Step(chunk_delta_fixup_kernel, (N * HV * triton.cdiv(V, BVF),), dict(
-            seg_n=arg("rseg_n"), seg_m=arg("rseg_m"), state_indices=arg("rseg_n", False), n_seg=P, n_slots=0,
-            HV=HV, K=K, V=V, BK=BK, BV=BVF, USE_CACHE=False,
-            PRECISION="ieee" if dtype == torch.float32 else "tf32x3"), dict(num_warps=8)))
-    steps.append(Step(chunk_delta_bwd_sweep_kernel, (N * P * HV * NV,), dict(kwargs, **seg, PASS=2), options))
-    return steps
+    return DeltaBackwardLaunches(forward, steps, buffers, gva, corun=backward_shape.corun and prep_kept)
 
 
 def _from_checkpoints(sweep, N: int, T: int, HV: int, V: int, every: int):
@@ -373,12 +342,12 @@ def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, num_householder=1, scale=
     if launches.corun:  # the reverse sweep first, then the recompute beside it (it reads none of its outputs)
         wait()
         side = _fork(q.device)  # before the reverse sweep's launch, which it must not wait for
-        _launch_stage_steps(launches.steps[:launches.reverse_steps], values)
+        _launch_stage_steps(launches.steps[:1], values)
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             run_delta_launches(launches.forward, inputs, given=recompute_buffers)
         if side is not None:
             torch.cuda.current_stream(q.device).wait_stream(side)
-        _launch_stage_steps(launches.steps[launches.reverse_steps:], values)
+        _launch_stage_steps(launches.steps[1:], values)
     else:
         run_delta_launches(launches.forward, inputs, given=recompute_buffers)
         wait()

@@ -142,10 +142,6 @@ class DeltaBackwardShape:
     # which the reverse sweep reads, would come first). On the CPU and under the interpreter the
     # two run in that order on one stream.
     corun: bool = False
-    # The reverse sweep cut into this many segments per sequence (dense batches; the forward's
-    # segment scheme numbered from the end: a pass for each segment's map, the fix-up, a pass with
-    # the outputs). 1: one walk per sequence.
-    reverse_segments: int = 1
 
 
 # The parallel stage's rows share their shape: the scores kernel steps 128 value columns on 4 warps

@@ -12,22 +12,16 @@ from tests.helpers.tolerances import relative_rms
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("cu, every, reverse", [(None, None, 1), (None, 4, 1), (None, None, 4),
-                                                ([0, 1, 300, 1000], None, 1)],
-                         ids=["dense", "dense from checkpoints", "dense, the reverse sweep in 4 segments", "varlen"])
-def test_gdn_gradients_bf16(monkeypatch, cu, every, reverse):
+@pytest.mark.parametrize("cu, every", [(None, None), (None, 4), ([0, 1, 300, 1000], None)],
+                         ids=["dense", "dense from checkpoints", "varlen"])
+def test_gdn_gradients_bf16(monkeypatch, cu, every):
     """``every``: the forward keeps every 4th chunk's state and the backward recomputes the chunk
-    states from them (plan.delta.checkpoint_chunks_for_backward, forced here); ``reverse``: the
-    reverse sweep in that many segments (DeltaBackwardShape.reverse_segments, forced here)."""
+    states from them (plan.delta.checkpoint_chunks_for_backward, forced here)."""
     from recurscan.plan import delta as plan_delta
     from recurscan.runtime.cache import clear_caches
-    from tests.helpers.plan import force_backward_shape
-    if every is not None or reverse > 1:
-        clear_caches()  # the signature's launches, planned with the checkpoints or segments
     if every is not None:
+        clear_caches()  # the signature's launches, planned with the checkpoints
         monkeypatch.setattr(plan_delta, "checkpoint_chunks_for_backward", lambda problem, device: every)
-    if reverse > 1:
-        force_backward_shape(monkeypatch, reverse_segments=reverse)
     gen = torch.Generator().manual_seed(0)
     T, H, HV, K, V = 1000, 4, 8, 128, 128
     N = 1 if cu is None else len(cu) - 1
@@ -53,11 +47,6 @@ def test_gdn_gradients_bf16(monkeypatch, cu, every, reverse):
         from recurscan.launch.delta_backward import BACKWARD_LAUNCHES
         (launches,) = BACKWARD_LAUNCHES.values()
         assert [s.kwargs["PASS"] for s in launches.forward.steps if s.kernel is chunk_delta_sweep_kernel] == [2]
-        clear_caches()
-    if reverse > 1:  # it did walk in segments: pass 1, the fix-up, pass 2
-        from recurscan.launch.delta_backward import BACKWARD_LAUNCHES
-        (launches,) = BACKWARD_LAUNCHES.values()
-        assert launches.reverse_steps == 3
         clear_caches()
     want = grads("cuda", lambda t: torch.float64, gated_delta_rule_naive)
     for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), got, want):

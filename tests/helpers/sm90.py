@@ -26,9 +26,6 @@ SHAPES = {
     "4 warps": DeltaBackwardShape(32, 8, 4, "tests: the parallel stage on 4 warps"),
     "GVA in the kernel": DeltaBackwardShape(32, 8, 4, "tests: GVA summed in the dq, dk launches", grads_block_v=16,
                                             scores_warps=4, scores_block_v=64, group_in_kernel=True),
-    "reverse segments": DeltaBackwardShape(64, 4, 4, "tests: the reverse sweep in three segments (dense cases)",
-                                           grads_block_v=32, scores_warps=4, scores_block_v=128,
-                                           group_in_kernel=True, reverse_segments=3),
 }
 CASES = {"GDN dense, H = HV": (1, None), "GDN varlen, GVA": (1, [0, 1, 300, 1000]),
          "GDP M 2 varlen": (2, [0, 1, 300, 1000])}

@@ -16,13 +16,12 @@ from .common import _chunk_gates, _chunk_head, _chunk_rows, _chunk_slot, _chunk_
 
 @triton.jit
 def _bwd_sweep_chunk(c, b_dS, q, k, beta, do, winv, aqk, coef, dstates, dy_out, dv, bos, L, i_n, i_h, i_hv, cs0,
-                     n_cs_rows, o_t, o_k, o_v, m_k, m_v, m_kv, o_kv, use_do, H: tl.constexpr, HV: tl.constexpr,
+                     n_cs_rows, o_t, o_k, o_v, m_k, m_v, m_kv, o_kv, H: tl.constexpr, HV: tl.constexpr,
                      K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                     DT: tl.constexpr, M: tl.constexpr, FULL: tl.constexpr, STORE: tl.constexpr):
+                     DT: tl.constexpr, M: tl.constexpr, FULL: tl.constexpr):
     """Chunk c of :func:`chunk_delta_bwd_sweep_kernel` (its docstring has the algebra): writes dS
-    leaving the chunk, the chunk's dY and dv (STORE), and returns dS^T entering it. FULL: the
-    chunk's BT rows all lie in the sequence, so no tile is masked by row. ``use_do`` False: dO read
-    as zeros (a segment's transition, whose rows are not value columns).
+    leaving the chunk, the chunk's dY and dv, and returns dS^T entering it. FULL: the chunk's BT
+    rows all lie in the sequence, so no tile is masked by row.
 
     Every address is a 64-bit scalar base (the chunk's first row) plus 32-bit offsets in the tile:
     per-lane 64-bit row arithmetic was a third of the chunk loop's instructions (sm_90 SASS)."""
@@ -49,15 +48,14 @@ def _bwd_sweep_chunk(c, b_dS, q, k, beta, do, winv, aqk, coef, dstates, dy_out, 
     b_beta = tl.load(beta + r0 * HV + i_hv + o_t * HV, mask=m_r, other=0.0).to(tl.float32)
 
     cs = cs0 + c
-    if STORE:
-        tl.store(dstates + (cs * HV + i_hv) * K * V + o_kv, b_dS.to(dstates.dtype.element_ty),
-                 mask=m_kv & (cs >= 0) & (cs < n_cs_rows))  # no chunk_offsets reaches past the rows
+    tl.store(dstates + (cs * HV + i_hv) * K * V + o_kv, b_dS.to(dstates.dtype.element_ty),
+             mask=m_kv & (cs >= 0) & (cs < n_cs_rows))  # no chunk_offsets reaches past the rows
     b_k = tl.load(k + (r0 * H + i_h) * K + o_t[:, None] * (H * K) + o_k[None, :], mask=m_r[:, None] & m_k[None, :],
                   other=0.0).to(DT)
     b_q = tl.load(q + (tok0 * H + i_h) * K + o_tok[:, None] * (H * K) + o_k[None, :],
                   mask=m_q[:, None] & m_k[None, :], other=0.0).to(DT)
     b_dot = tl.load(do + (tok0 * HV + i_hv) * V + o_tok[None, :] * (HV * V) + o_v[:, None],
-                    mask=(m_v & use_do)[:, None] & m_q[None, :], other=0.0).to(DT)  # dO^T [BV, BT]
+                    mask=m_v[:, None] & m_q[None, :], other=0.0).to(DT)  # dO^T [BV, BT]
     o_tt = (r0 * HV + i_hv) * BT + o_t[:, None] * (HV * BT) + o_t[None, :]
     b_W = tl.load(winv + o_tt, mask=m_r[:, None], other=0.0).to(DT)  # [BT, BT] G o Tinv
     b_Aqk = tl.load(aqk + o_tt, mask=m_q[:, None], other=0.0).to(DT)  # written on the query rows
@@ -68,23 +66,21 @@ def _bwd_sweep_chunk(c, b_dS, q, k, beta, do, winv, aqk, coef, dstates, dy_out, 
     b_dvt = b_beta[None, :] * b_dYt
     o_vr = (r0 * HV + i_hv) * V + o_t[None, :] * (HV * V) + o_v[:, None]  # [BV, BT] tiles of [rows, V] tensors
     m_vr = m_v[:, None] & m_r[None, :]
-    if STORE:
-        tl.store(dy_out + o_vr, b_dYt.to(dy_out.dtype.element_ty), mask=m_vr)
-        tl.store(dv + o_vr, b_dvt.to(dv.dtype.element_ty), mask=m_vr)
+    tl.store(dy_out + o_vr, b_dYt.to(dy_out.dtype.element_ty), mask=m_vr)
+    tl.store(dv + o_vr, b_dvt.to(dv.dtype.element_ty), mask=m_vr)
     # dS^T <- lam_C dS^T + (lam rq o dO)^T Q - (lam rk o dv)^T K, accumulated in the products
     b_dS = tl.dot((lam_rq[None, :] * b_dot.to(tl.float32)).to(DT), b_q, lam_last * b_dS,
                   input_precision=DOT_PRECISION)
     return tl.dot((-lam_rk[None, :] * b_dvt).to(DT), b_k, b_dS, input_precision=DOT_PRECISION)
 
 
-@triton.jit(do_not_specialize=["T", "n_cs_rows", "n_seg", "seg_chunks"])
+@triton.jit(do_not_specialize=["T", "n_cs_rows"])
 def chunk_delta_bwd_sweep_kernel(
     q, k, beta, do, winv, aqk, coef, dstates, dht, dh0, dy_out, dv,
-    cu_seqlens, chunk_offsets, T, n_cs_rows, seg_n, seg_m, n_seg, seg_chunks,
+    cu_seqlens, chunk_offsets, T, n_cs_rows,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DT: tl.constexpr, M: tl.constexpr = 1, NUM_STAGES: tl.constexpr = 3,
-    PASS: tl.constexpr = 0,
 ):
     """Grid (N * HV * ceil(V / BV),): one program per (sequence, value head, value block) holds
     dS (the gradient of the state leaving the chunk) and walks the chunks last to first. Per chunk,
@@ -102,51 +98,12 @@ def chunk_delta_bwd_sweep_kernel(
     S^T: the held gradient and the chain's products are then the left operands, which wgmma takes
     from registers, and only loaded tiles go through shared memory (measured against dS [K, BV]:
     docs/perf-history.md). A sequence's last chunk, when partial, runs first and masked; the full
-    chunks before it run unmasked, their loads pipelined NUM_STAGES deep.
-
-    Segments (``PASS`` 1 and 2, dense batches; the wrapper launches them with
-    :func:`chunk_delta_fixup_kernel` between), as the forward sweep's but numbered from the end:
-    each sequence's chunks are cut into ``n_seg`` segments of ``seg_chunks``, and segment r covers
-    the r-th span from the last one (r = 0 holds the sequence's last chunks). A segment maps the
-    gradient leaving it to the gradient entering it affinely, dS_in = P_r^T dS_out + R_r, with one
-    [K, K] P_r for every value column, so the forward's fix-up (``row r + 1 <- M_r row r + row r +
-    1`` in ``seg_n [N, n_seg, HV, K, V]``, ``seg_m [N, n_seg, HV, K, K]``) chains them.
-
-    - PASS 1, grid ``(N * (n_seg - 1) * HV * (NV + NK),)``, NK = ceil(K / BV): for a column block
-      j < NV the walk of segment r without outputs, from dht (r = 0) or zero, its end to row r + 1
-      of ``seg_n``; for j >= NV (r > 0) the same walk with dO read as zeros from the identity (the
-      rows of dS^T are then K wide), its end P_r^T to row r of ``seg_m``.
-    - PASS 2, grid ``(N * n_seg * HV * NV,)``: segment r's walk with its outputs from dht (r = 0)
-      or the fixed-up row r of ``seg_n``; the first segment in time writes dh0."""
+    chunks before it run unmasked, their loads pipelined NUM_STAGES deep."""
     pid = tl.program_id(0).to(tl.int64)
     NV: tl.constexpr = (V + BV - 1) // BV
-    if PASS == 1:
-        NK: tl.constexpr = (K + BV - 1) // BV
-        i_j = pid % (NV + NK)
-        i_hv = (pid // (NV + NK)) % HV
-        i_r = (pid // ((NV + NK) * HV)) % (n_seg - 1)
-        i_n = pid // ((NV + NK) * HV * (n_seg - 1))
-        role_m = i_j >= NV  # this program carries rows of a transition, not value columns
-        if role_m:
-            if i_r == 0:  # the last segment starts from dht: no transition needed
-                return
-        i_v = tl.where(role_m, i_j - NV, i_j)
-        W = tl.where(role_m, K, V)  # width of the rows this program carries
-        use_do = i_j < NV
-    elif PASS == 2:
-        i_v = pid % NV
-        i_hv = (pid // NV) % HV
-        i_r = (pid // (NV * HV)) % n_seg
-        i_n = pid // (NV * HV * n_seg)
-        W = V
-        use_do = True
-    else:
-        i_v = pid % NV
-        i_hv = (pid // NV) % HV
-        i_n = pid // (NV * HV)
-        i_r = 0
-        W = V
-        use_do = True
+    i_v = pid % NV
+    i_hv = (pid // NV) % HV
+    i_n = pid // (NV * HV)
     i_h = i_hv // (HV // H)
     bos, eos = _sequence(cu_seqlens, i_n, T, IS_VARLEN)
     bos, eos = bos * M, eos * M  # rows of the expanded stream (GDP: M copies of each token)
@@ -155,51 +112,29 @@ def chunk_delta_bwd_sweep_kernel(
         cs0 = tl.load(chunk_offsets + i_n).to(tl.int64)
     else:
         cs0 = i_n * ((T * M + BT - 1) // BT)
-    c_lo = 0  # the chunks [c_lo, c_hi) this program walks, last to first
-    c_hi = (L + BT - 1) // BT
-    if PASS != 0:
-        i_s = n_seg - 1 - i_r  # the segment's place in time
-        c_lo = i_s * seg_chunks
-        c_hi = tl.minimum(c_lo + seg_chunks, c_hi)
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
-    m_v = o_v < W
+    m_v = o_v < V
     m_kv = m_v[:, None] & m_k[None, :]  # [BV, BK]
     o_kv = o_k[None, :] * V + o_v[:, None]  # S[k, v] of a [K, V] state, as a [BV, BK] tile
     p_h = (i_n * HV + i_hv) * K * V
-    from_dht = i_r == 0  # the last segment (or the whole sequence) starts from dht
     if HAS_DHT:
-        b_dS = tl.load(dht + p_h + o_kv, mask=m_kv & from_dht & use_do, other=0.0).to(tl.float32)
+        b_dS = tl.load(dht + p_h + o_kv, mask=m_kv, other=0.0).to(tl.float32)
     else:
         b_dS = tl.zeros([BV, BK], dtype=tl.float32)
-    if PASS == 2:  # later segments from their fixed-up row
-        b_seg = tl.load(seg_n + ((i_n * n_seg + i_r) * HV + i_hv) * K * V + o_kv, mask=m_kv & (i_r > 0), other=0.0)
-        b_dS = tl.where(from_dht, b_dS, b_seg)
-    elif PASS == 1:  # a transition's rows start as the identity's
-        b_dS = tl.where(use_do, b_dS, (o_v[:, None] == o_k[None, :]).to(tl.float32))
-    STORE: tl.constexpr = PASS != 1
-    c_full = tl.minimum(c_hi, L // BT)  # chunks before it are full
-    if c_full < c_hi:  # the sequence's partial last chunk
+    c_full = L // BT
+    if c_full * BT < L:  # the partial last chunk
         b_dS = _bwd_sweep_chunk(c_full, b_dS, q, k, beta, do, winv, aqk, coef, dstates, dy_out, dv, bos, L, i_n,
-                                i_h, i_hv, cs0, n_cs_rows, o_t, o_k, o_v, m_k, m_v, m_kv, o_kv, use_do, H, HV, K, V,
-                                BT, DOT_PRECISION, DT, M, False, STORE)
-    for cc in tl.range(0, c_full - c_lo, num_stages=NUM_STAGES):
+                                i_h, i_hv, cs0, n_cs_rows, o_t, o_k, o_v, m_k, m_v, m_kv, o_kv, H, HV, K, V, BT,
+                                DOT_PRECISION, DT, M, False)
+    for cc in tl.range(0, c_full, num_stages=NUM_STAGES):
         b_dS = _bwd_sweep_chunk(c_full - 1 - cc, b_dS, q, k, beta, do, winv, aqk, coef, dstates, dy_out, dv, bos, L,
-                                i_n, i_h, i_hv, cs0, n_cs_rows, o_t, o_k, o_v, m_k, m_v, m_kv, o_kv, use_do, H, HV, K,
-                                V, BT, DOT_PRECISION, DT, M, True, STORE)
-    if PASS == 1:
-        if role_m:  # P_r^T: row r of seg_m ([K, K], row stride K)
-            tl.store(seg_m + ((i_n * n_seg + i_r) * HV + i_hv) * K * K + o_k[None, :] * K + o_v[:, None], b_dS,
-                     mask=m_kv)
-        else:  # R_r (the true dS entering the last segment for r = 0): row r + 1 of seg_n
-            tl.store(seg_n + ((i_n * n_seg + i_r + 1) * HV + i_hv) * K * V + o_kv, b_dS, mask=m_kv)
-    elif STORE_DH0:
-        if PASS == 0:
-            tl.store(dh0 + p_h + o_kv, b_dS, mask=m_kv)
-        elif i_r == n_seg - 1:  # the first segment in time
-            tl.store(dh0 + p_h + o_kv, b_dS, mask=m_kv)
+                                i_n, i_h, i_hv, cs0, n_cs_rows, o_t, o_k, o_v, m_k, m_v, m_kv, o_kv, H, HV, K, V,
+                                BT, DOT_PRECISION, DT, M, True)
+    if STORE_DH0:
+        tl.store(dh0 + p_h + o_kv, b_dS, mask=m_kv)
 
 
 @triton.jit(do_not_specialize=["T", "n_seq"])
