@@ -34,7 +34,8 @@ def inputs(T: int, H=16, HV=32, K=128):
 
 def measure(package: str, x: dict) -> dict:
     mod = importlib.import_module(package)
-    desc = mod.build_chunk_descriptors(x["cu"], 1, device="cuda").as_kwargs()
+    built = mod.build_chunk_descriptors(x["cu"], 1, device="cuda")
+    desc = dict(chunk_indices=built.chunk_indices, chunk_offsets=built.chunk_offsets)  # GDN's descriptors
 
     def call(**kw):
         return mod.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], use_qk_l2norm_in_kernel=True,
