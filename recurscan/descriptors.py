@@ -1,4 +1,5 @@
-"""Chunk descriptors for varlen chunked prefill, built once per step on the host.
+"""Chunk descriptors for varlen chunked prefill: built once per step on the host, or formed on
+the device by the op that is called without them.
 
 A varlen call needs, per step, three small index tensors:
 
@@ -10,11 +11,12 @@ A varlen call needs, per step, three small index tensors:
 - ``chunk_offsets [N + 1]`` int32: prefix sums of the token-stream chunk counts; row
   ``chunk_offsets[n] + c`` of the chunk-state tensor is sequence n's state entering its chunk c.
 
-Deriving them inside the op would read ``cu_seqlens`` on the host (a synchronisation) and give
-data-dependent lengths that size the launch grids. Built here once per step and padded to a
-length that depends only on (total tokens, number of sequences), they keep every grid and every
-allocation fixed for a captured batch shape: the op then never synchronises and can be replayed
-from a CUDA graph.
+Exact lengths would be data-dependent and size the launch grids. Padded to a length that depends
+only on (total tokens, number of sequences), they keep every grid and every allocation fixed for a
+captured batch shape: the op then never synchronises and can be replayed from a CUDA graph. Built
+on the host (:func:`build_chunk_descriptors`, which checks the boundaries' values), or formed where
+``cu_seqlens`` lives by tensor operations of those fixed shapes (:func:`device_descriptors`, what a
+GPU call without descriptors does: no host read).
 
 Padding bound: sum_n ceil(L_n / 64) <= floor(T / 64) + N for sum_n L_n = T (each sequence adds at
 most one partial chunk), so ``NT_pad = T // 64 + N`` and ``NT_dp_pad = T*M // 64 + N``.
@@ -129,6 +131,39 @@ def padded_descriptors(cu_host: torch.Tensor, num_householder: int, *, tokens: i
     lengths = _lengths(cu_host)
     return (build_chunk_descriptors(cu_host, num_householder, max_tokens=tokens, device=device),
             chunk_offsets_of(lengths)[-1])
+
+
+def _device_indices(lengths: torch.Tensor, chunk_size: int, rows: int) -> torch.Tensor:
+    """:func:`_indices` from lengths on any device, by tensor operations of fixed shapes: sequence
+    ``n`` owns rows ``[ends[n] - counts[n], ends[n])``, so a row's sequence is the first ``n`` whose
+    end is past it (zero-length sequences own no row); rows past the last end are (-1, -1)."""
+    counts = (lengths + chunk_size - 1).div(chunk_size, rounding_mode="floor")
+    ends = counts.cumsum(0)
+    row = torch.arange(rows, device=lengths.device, dtype=ends.dtype)
+    seq = torch.searchsorted(ends, row, right=True).clamp_(max=lengths.numel() - 1)
+    chunk = row - (ends - counts)[seq]
+    real = row < ends[-1]
+    return torch.stack((torch.where(real, seq, -1), torch.where(real, chunk, -1)), 1).to(torch.int32)
+
+
+def device_descriptors(cu_seqlens: torch.Tensor, num_householder: int, *, tokens: int,
+                       chunk_size: int = CHUNK_SIZE) -> ChunkDescriptors:
+    """The descriptors of ``cu_seqlens`` padded to ``tokens`` (the call's T), formed where
+    ``cu_seqlens`` lives by tensor operations of fixed shapes: no host read, so no synchronisation,
+    and a CUDA graph captures them. What a varlen call on a GPU without descriptors derives; the
+    same values as :func:`build_chunk_descriptors` with ``max_tokens=tokens`` for valid boundaries
+    (``tests/test_descriptors.py``). The boundaries' values are not checked (a host read would be
+    needed): as with descriptors given on a GPU, the kernels bound every index, so wrong boundaries
+    give wrong numbers and never an access outside a tensor (``RECURSCAN_CHECK=1`` checks them)."""
+    cu = cu_seqlens.detach().to(torch.int64)
+    lengths = (cu[1:] - cu[:-1]).clamp_(min=0)
+    N, M = lengths.numel(), num_householder
+    chunk_indices = _device_indices(lengths, chunk_size, padded_chunk_count(tokens, N, 1, chunk_size))
+    chunk_indices_dp = chunk_indices if M == 1 else \
+        _device_indices(lengths * M, chunk_size, padded_chunk_count(tokens, N, M, chunk_size))
+    counts = (lengths + chunk_size - 1).div(chunk_size, rounding_mode="floor")
+    offsets = torch.cat((counts.new_zeros(1), counts.cumsum(0))).to(torch.int32)
+    return ChunkDescriptors(chunk_indices, chunk_indices_dp, offsets)
 
 
 def refuse_under_capture(op: str) -> None:

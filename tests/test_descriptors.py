@@ -1,13 +1,15 @@
 """The varlen descriptors (recurscan/descriptors.py): the padded chunk index formed with array
-operations equals the readable list of (sequence, chunk) pairs, and a call that would derive them
-while a CUDA graph is being captured is refused by name before anything runs."""
+operations equals the readable list of (sequence, chunk) pairs, so do the descriptors formed by
+tensor operations where cu_seqlens lives (what a GPU call without them derives, with no host
+read), and a call that would read cu_seqlens on the host while a CUDA graph is being captured is
+refused by name before anything runs."""
 import random
 
 import pytest
 import torch
 
 import recurscan
-from recurscan.descriptors import _indices, chunk_pairs
+from recurscan.descriptors import _indices, build_chunk_descriptors, chunk_pairs, device_descriptors
 
 
 @pytest.mark.parametrize("chunk_size", [1, 7, 64])
@@ -25,11 +27,31 @@ def test_the_chunk_index_equals_the_list_of_pairs(chunk_size):
         _indices([65], chunk_size, -(-65 // chunk_size) - 1)
 
 
+@pytest.mark.parametrize("M", [1, 2, 3])
+def test_descriptors_formed_where_the_boundaries_live_equal_the_host_built_ones(M):
+    """Random batches with the hostile lengths (0, 1, 63, 64, 65), 1 to 12 sequences, T at or past
+    the tokens: :func:`device_descriptors` (tensor operations of fixed shapes) gives the tensors of
+    ``build_chunk_descriptors(cu, M, max_tokens=T)``, dtype, shape and every entry."""
+    rng = random.Random(M)
+    for _ in range(200):
+        lengths = [rng.choice([0, 1, 63, 64, 65, rng.randint(0, 500)]) for _ in range(rng.randint(1, 12))]
+        cu = [0]
+        for L in lengths:
+            cu.append(cu[-1] + L)
+        T = cu[-1] + rng.choice([0, 0, 1, 64, 200])
+        want = build_chunk_descriptors(cu, M, max_tokens=T)
+        got = device_descriptors(torch.tensor(cu, dtype=rng.choice([torch.int32, torch.int64])), M, tokens=T)
+        for name, a, b in zip(want._fields, want, got):
+            assert a.dtype == b.dtype and torch.equal(a, b), (name, cu)
+
+
 @pytest.mark.parametrize("op", ["gdn", "gdp", "gla"])
-def test_deriving_descriptors_under_capture_is_refused_by_name(monkeypatch, op):
-    """A varlen call without chunk_indices / chunk_offsets on the Triton path while a CUDA graph is
-    being captured (simulated: the check is torch's is_current_stream_capturing): a ValueError that
-    names build_chunk_descriptors, not torch's copy error from inside the capture."""
+def test_deriving_descriptors_on_the_host_under_capture_is_refused_by_name(monkeypatch, op):
+    """A varlen call without chunk_indices / chunk_offsets that reads cu_seqlens on the host (chunk
+    states, which are trimmed to the batch's chunks; GLA) while a CUDA graph is being captured
+    (simulated: the check is torch's is_current_stream_capturing): a ValueError that names
+    build_chunk_descriptors, not torch's copy error from inside the capture. A GPU call without
+    chunk states forms them on the device, and a capture takes it (tests/gpu)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     T, cu = 70, torch.tensor([0, 30, 70])
@@ -37,10 +59,12 @@ def test_deriving_descriptors_under_capture_is_refused_by_name(monkeypatch, op):
     g, beta = -torch.rand(1, T, 1), torch.rand(1, T, 1)
     with torch.no_grad(), pytest.raises(ValueError, match="build_chunk_descriptors"):
         if op == "gdn":
-            recurscan.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, backend="triton")
+            recurscan.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, return_chunk_states=True,
+                                             backend="triton")
         elif op == "gdp":
             recurscan.chunk_gated_delta_product_varlen(q, torch.cat([k, k], 1), torch.cat([v, v], 1), g,
-                                                       torch.cat([beta, beta], 1), 2, cu, backend="triton")
+                                                       torch.cat([beta, beta], 1), 2, cu, return_chunk_states=True,
+                                                       backend="triton")
         else:
             recurscan.chunk_gla(q, k, v, -torch.rand(1, T, 1, 16), cu_seqlens=cu, return_chunk_states=True,
                                 backend="triton")

@@ -396,15 +396,14 @@ def chunk_delta_product_bwd(q, k, v, g, beta, num_householder, do, dht=None, *, 
     """Gated Delta Product's gradients: the stages run on the expanded stream (each token's M
     Householder copies), reading q and dO on each token's last copy and g on its first, and write
     dq and dg on the token stream. Shapes as ``chunk_gated_delta_product_varlen``'s;
-    ``chunk_indices_dp``: the expanded stream's chunk pairs (the forward's descriptors; None: built
-    here, one host sync); its chunk offsets are computed on the device."""
+    ``chunk_indices_dp``: the expanded stream's chunk pairs (the forward's descriptors; None: formed
+    here on the device, padded to q's T); its chunk offsets are computed on the device."""
     M = num_householder
     desc = {}
     if cu_seqlens is not None:
         if chunk_indices_dp is None:
-            from ..descriptors import descriptors_for_call
-            chunk_indices_dp = descriptors_for_call(cu_seqlens, M, device=q.device,
-                                                    op="chunk_delta_product_bwd").chunk_indices_dp
+            from ..descriptors import device_descriptors
+            chunk_indices_dp = device_descriptors(cu_seqlens, M, tokens=q.shape[1]).chunk_indices_dp
         desc = dict(chunk_indices=chunk_indices_dp, chunk_offsets=expanded_chunk_offsets(cu_seqlens, M))
     return chunk_delta_bwd(q, k, v, g, beta, do, dht, num_householder=M, scale=scale, initial_state=initial_state,
                            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, shape=shape,

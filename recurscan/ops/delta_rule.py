@@ -57,15 +57,21 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
                           return_chunk_states=return_chunk_states, chunk_size=chunk_size, backend=backend)
     if isinstance(cu_seqlens, torch.Tensor) and isinstance(q, torch.Tensor) and q.dim() == 4 and chunk_size is None \
             and None in (chunk_indices, chunk_indices_dp, chunk_offsets):
-        # Varlen without descriptors: one host read of cu_seqlens (validated as a CPU tensor's would
-        # be) derives them, padded to q's T, and the call goes on as one given them (its launches
-        # kept by signature); chunk states trimmed to the batch's own chunks.
-        from ..descriptors import padded_descriptors, refuse_under_capture
+        # Varlen without descriptors: derived padded to q's T, and the call goes on as one given
+        # them (its launches kept by signature). On a GPU by tensor operations (no host read, so no
+        # sync, and a capture takes them); on the CPU, or with chunk states (trimmed to the batch's
+        # own chunks, a count only the host read gives), from the boundaries read on the host and
+        # validated as a CPU tensor's are.
+        from ..descriptors import device_descriptors, padded_descriptors, refuse_under_capture
         check_cu_seqlens(cu_seqlens, q.shape[0], q.shape[1], q.device)
-        refuse_under_capture(_op_name(num_householder))
-        host = cu_seqlens.to("cpu")
-        check_cu_seqlens(host, q.shape[0], q.shape[1], host.device)
-        built, chunks = padded_descriptors(host, num_householder, tokens=q.shape[1], device=q.device)
+        chunks = None
+        if q.is_cuda and not return_chunk_states:
+            built = device_descriptors(cu_seqlens, num_householder, tokens=q.shape[1])
+        else:
+            refuse_under_capture(_op_name(num_householder))
+            host = cu_seqlens.to("cpu")
+            check_cu_seqlens(host, q.shape[0], q.shape[1], host.device)
+            built, chunks = padded_descriptors(host, num_householder, tokens=q.shape[1], device=q.device)
         out = _run_delta(q, k, v, g, beta, num_householder=num_householder, scale=scale, initial_state=initial_state,
                          output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                          cu_seqlens=cu_seqlens, state=state, state_indices=state_indices,
@@ -244,8 +250,9 @@ def chunk_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, initial_state
         chunk_indices, chunk_offsets: precomputed varlen descriptors
             (:func:`recurscan.descriptors.build_chunk_descriptors`, once per step, padded to a fixed
             length). With them (or a dense batch) the Triton path never synchronises with the host
-            and can be captured in a CUDA graph; without them it builds them from cu_seqlens (one
-            sync). The torch backend derives what it needs and ignores them. On CPU tensors their
+            and can be captured in a CUDA graph; without them it forms them from cu_seqlens on the
+            device, padded to T (no sync either; with ``return_chunk_states`` from one host read,
+            the chunk states then trimmed to the batch's chunks). The torch backend derives what it needs and ignores them. On CPU tensors their
             values are checked against cu_seqlens (a ValueError names the wrong entry); on CUDA
             they are not read on the host, and wrong ones give wrong numbers but never a read or
             write outside a tensor; ``RECURSCAN_CHECK=1`` checks them there too (one sync a call).
@@ -267,7 +274,7 @@ def chunk_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, initial_state
     the Triton kernels (bf16/fp16/fp32 inputs, float32 state). Inputs that require grad get
     gradients for q, k, v, g, beta and initial_state, with a gradient into the final state, from
     Triton backward stages (``recurscan.launch.delta_backward``, a first, untuned version; GDP as
-    GDN on its expanded stream, building that stream's descriptors with one host sync). They save
+    GDN on its expanded stream). They save
     only the inputs. A state cache and ``return_chunk_states`` are inference-only
     (NotImplementedError with grad).
 

@@ -412,20 +412,21 @@ def test_phases_equal_single_pass_direct_and_graph(T):
                 assert torch.equal(a, b), f"graph replay: {what} differs from the single pass"
 
 
-@pytest.mark.parametrize("op", ["gdn", "gla"])
+@pytest.mark.parametrize("op", ["gdn with chunk states", "gla"])
 def test_varlen_without_descriptors_under_graph_capture_is_refused_by_name(op):
-    """A varlen call without chunk_indices / chunk_offsets inside a CUDA graph capture: a ValueError
-    that names build_chunk_descriptors (before: torch's "Cannot copy between CPU and CUDA tensors
-    during CUDA graph capture"); outside the capture the same call runs."""
+    """A varlen call without chunk_indices / chunk_offsets that reads cu_seqlens on the host (GDN
+    with chunk states, GLA) inside a CUDA graph capture: a ValueError that names
+    build_chunk_descriptors (before: torch's "Cannot copy between CPU and CUDA tensors during CUDA
+    graph capture"); outside the capture the same call runs."""
     gen = torch.Generator(device="cuda").manual_seed(12)
     rn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
     T = 256
     cu = torch.tensor([0, 100, T], device="cuda", dtype=torch.int32)
     q, k, v = rn(1, T, 2, 128).bfloat16(), rn(1, T, 2, 128).bfloat16(), rn(1, T, 2, 128).bfloat16()
-    if op == "gdn":  # the inputs made before the capture (a generator's draw inside one fails first)
+    if op.startswith("gdn"):  # the inputs made before the capture (a generator's draw inside one fails first)
         g, beta = torch.nn.functional.logsigmoid(rn(1, T, 2)), torch.rand(1, T, 2, device="cuda").bfloat16()
         call = lambda: recurscan.chunk_gated_delta_rule(  # noqa: E731
-            q, k, v, g, beta, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+            q, k, v, g, beta, cu_seqlens=cu, use_qk_l2norm_in_kernel=True, return_chunk_states=True)
     else:
         g = torch.nn.functional.logsigmoid(rn(1, T, 2, 128)) / 16
         call = lambda: recurscan.chunk_gla(q, k, v, g, cu_seqlens=cu, backend="triton")  # noqa: E731
@@ -436,9 +437,54 @@ def test_varlen_without_descriptors_under_graph_capture_is_refused_by_name(op):
             call()
 
 
+@pytest.mark.parametrize("M", [1, 2], ids=["gdn", "gdp"])
+def test_varlen_without_descriptors_is_sync_free_and_captured(M):
+    """A varlen call without descriptors (no chunk states) forms them on the GPU: no host
+    synchronisation (torch's sync debug mode set to error), a CUDA graph captures the call, and its
+    replay, after new boundaries are copied into cu_seqlens, equals the call given those boundaries'
+    descriptors, bit for bit."""
+    gen = torch.Generator(device="cuda").manual_seed(14)
+    rn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+    T, H = 1000, 4
+    q, k, v = rn(1, T, H, 128).bfloat16(), rn(1, T * M, H, 128).bfloat16(), rn(1, T * M, H, 128).bfloat16()
+    g, beta = torch.nn.functional.logsigmoid(rn(1, T, H)), torch.rand(1, T * M, H, device="cuda").bfloat16()
+    cu = torch.tensor([0, 1, 400, 1000], device="cuda", dtype=torch.int32)
+
+    def call(**kw):
+        if M == 1:
+            return recurscan.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, use_qk_l2norm_in_kernel=True,
+                                                    output_final_state=True, **kw)
+        return recurscan.chunk_gated_delta_product_varlen(q, k, v, g, beta, M, cu, use_qk_l2norm_in_kernel=True,
+                                                          output_final_state=True, **kw)
+
+    call()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        eager = call()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = call()
+    for bounds in ([0, 1, 400, 1000], [0, 600, 600, 1000]):
+        cu.copy_(torch.tensor(bounds, dtype=torch.int32))
+        graph.replay()
+        built = recurscan.build_chunk_descriptors(cu, M, max_tokens=T, device="cuda")
+        kw = dict(chunk_indices=built.chunk_indices, chunk_offsets=built.chunk_offsets)
+        if M > 1:
+            kw["chunk_indices_dp"] = built.chunk_indices_dp
+        want = call(**kw)
+        for a, b in zip(replayed, want):
+            assert torch.equal(a, b), bounds
+        if bounds[2] == 400:
+            for a, b in zip(eager, want):
+                assert torch.equal(a, b)
+
+
 def test_varlen_without_descriptors_reuses_the_launches_of_its_signature():
-    """GDP M = 2 varlen on the GPU without descriptors: each call reads cu_seqlens once and derives
-    the descriptors padded to q's T, so a second call, even with other boundaries, plans and builds
+    """GDP M = 2 varlen on the GPU without descriptors: each call derives the descriptors padded to
+    q's T, so a second call, even with other boundaries, plans and builds
     nothing (the signature's launches serve it) and equals the call given its descriptors."""
     from recurscan.runtime.cache import cache_stats
     gen = torch.Generator(device="cuda").manual_seed(13)
