@@ -146,15 +146,10 @@ def _device_indices(lengths: torch.Tensor, chunk_size: int, rows: int) -> torch.
     return torch.stack((torch.where(real, seq, -1), torch.where(real, chunk, -1)), 1).to(torch.int32)
 
 
-def device_descriptors(cu_seqlens: torch.Tensor, num_householder: int, *, tokens: int,
-                       chunk_size: int = CHUNK_SIZE) -> ChunkDescriptors:
-    """The descriptors of ``cu_seqlens`` padded to ``tokens`` (the call's T), formed where
-    ``cu_seqlens`` lives by tensor operations of fixed shapes: no host read, so no synchronisation,
-    and a CUDA graph captures them. What a varlen call on a GPU without descriptors derives; the
-    same values as :func:`build_chunk_descriptors` with ``max_tokens=tokens`` for valid boundaries
-    (``tests/test_descriptors.py``). The boundaries' values are not checked (a host read would be
-    needed): as with descriptors given on a GPU, the kernels bound every index, so wrong boundaries
-    give wrong numbers and never an access outside a tensor (``RECURSCAN_CHECK=1`` checks them)."""
+def reference_device_descriptors(cu_seqlens: torch.Tensor, num_householder: int, *, tokens: int,
+                                 chunk_size: int = CHUNK_SIZE) -> ChunkDescriptors:
+    """:func:`device_descriptors` by PyTorch operations of fixed shapes (the readable form of the
+    Triton kernel, ``recurscan/kernels/descriptors.py``; the form taken on the CPU)."""
     cu = cu_seqlens.detach().to(torch.int64)
     lengths = (cu[1:] - cu[:-1]).clamp_(min=0)
     N, M = lengths.numel(), num_householder
@@ -164,6 +159,23 @@ def device_descriptors(cu_seqlens: torch.Tensor, num_householder: int, *, tokens
     counts = (lengths + chunk_size - 1).div(chunk_size, rounding_mode="floor")
     offsets = torch.cat((counts.new_zeros(1), counts.cumsum(0))).to(torch.int32)
     return ChunkDescriptors(chunk_indices, chunk_indices_dp, offsets)
+
+
+def device_descriptors(cu_seqlens: torch.Tensor, num_householder: int, *, tokens: int) -> ChunkDescriptors:
+    """The descriptors of ``cu_seqlens`` padded to ``tokens`` (the call's T), formed where
+    ``cu_seqlens`` lives with no host read: no synchronisation, and a CUDA graph captures them. What
+    a varlen call on a GPU without descriptors derives; for valid boundaries the tensors of
+    ``build_chunk_descriptors(cu_seqlens, num_householder, max_tokens=tokens)``
+    (``tests/test_descriptors.py``). On CUDA one Triton kernel forms them (launch/descriptors.py:
+    one allocation and one launch, where PyTorch operations took ~0.6 ms of host time on the
+    H200's host); elsewhere :func:`reference_device_descriptors`. The boundaries' values are not
+    checked (a host read would be needed): as with descriptors given on a GPU, the kernels bound
+    every index, so wrong boundaries give wrong numbers and never an access outside a tensor
+    (``RECURSCAN_CHECK=1`` checks them)."""
+    if cu_seqlens.is_cuda:
+        from .launch.descriptors import form_descriptors
+        return form_descriptors(cu_seqlens, num_householder, tokens)
+    return reference_device_descriptors(cu_seqlens, num_householder, tokens=tokens)
 
 
 def refuse_under_capture(op: str) -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import recurscan
-from recurscan.descriptors import _indices, build_chunk_descriptors, chunk_pairs, device_descriptors
+from recurscan.descriptors import _indices, build_chunk_descriptors, chunk_pairs, reference_device_descriptors
 
 
 @pytest.mark.parametrize("chunk_size", [1, 7, 64])
@@ -27,20 +27,26 @@ def test_the_chunk_index_equals_the_list_of_pairs(chunk_size):
         _indices([65], chunk_size, -(-65 // chunk_size) - 1)
 
 
+@pytest.mark.parametrize("form", ["pytorch", "triton"])
 @pytest.mark.parametrize("M", [1, 2, 3])
-def test_descriptors_formed_where_the_boundaries_live_equal_the_host_built_ones(M):
-    """Random batches with the hostile lengths (0, 1, 63, 64, 65), 1 to 12 sequences, T at or past
-    the tokens: :func:`device_descriptors` (tensor operations of fixed shapes) gives the tensors of
+def test_descriptors_formed_on_the_device_equal_the_host_built_ones(M, form):
+    """Random batches with the hostile lengths (0, 1, 63, 64, 65), 1 to 70 sequences (the kernel
+    takes 32 a step), T at or past the tokens (the kernel takes 256 rows a program): the descriptors
+    formed without a host read (:func:`reference_device_descriptors`, PyTorch; the Triton kernel
+    that ``device_descriptors`` launches on CUDA, here under the interpreter) are the tensors of
     ``build_chunk_descriptors(cu, M, max_tokens=T)``, dtype, shape and every entry."""
+    from recurscan.launch.descriptors import form_descriptors
     rng = random.Random(M)
-    for _ in range(200):
-        lengths = [rng.choice([0, 1, 63, 64, 65, rng.randint(0, 500)]) for _ in range(rng.randint(1, 12))]
+    for _ in range(200 if form == "pytorch" else 40):
+        lengths = [rng.choice([0, 1, 63, 64, 65, rng.randint(0, 500)])
+                   for _ in range(rng.choice([1, 2, rng.randint(1, 12), 32, 33, 70]))]
         cu = [0]
         for L in lengths:
             cu.append(cu[-1] + L)
-        T = cu[-1] + rng.choice([0, 0, 1, 64, 200])
+        T = cu[-1] + rng.choice([0, 0, 1, 64, 200, 20000])
         want = build_chunk_descriptors(cu, M, max_tokens=T)
-        got = device_descriptors(torch.tensor(cu, dtype=rng.choice([torch.int32, torch.int64])), M, tokens=T)
+        cu_t = torch.tensor(cu, dtype=rng.choice([torch.int32, torch.int64]))
+        got = reference_device_descriptors(cu_t, M, tokens=T) if form == "pytorch" else form_descriptors(cu_t, M, T)
         for name, a, b in zip(want._fields, want, got):
             assert a.dtype == b.dtype and torch.equal(a, b), (name, cu)
 

@@ -42,3 +42,9 @@ def test_the_gla_forward_compiles_for_sm90(case, family):
         assert "chunk_simple_gla_bwd_grads_kernel" in run.stdout, run.stdout
     if family == "gla-per-key-backward":
         assert "chunk_gla_prep_kernel" in run.stdout, run.stdout
+
+
+def test_the_descriptor_kernel_compiles_for_sm90():
+    run = compile_offline("descriptors")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("chunk_descriptors_kernel") == 4, run.stdout

@@ -437,6 +437,30 @@ def test_varlen_without_descriptors_under_graph_capture_is_refused_by_name(op):
             call()
 
 
+@pytest.mark.parametrize("M", [1, 2])
+def test_the_descriptor_kernel_equals_the_host_built_descriptors(M):
+    """The Triton kernel that forms the descriptors on the GPU (launch/descriptors.py) at serving
+    sizes: 1 to 1024 sequences (empty and one-token ones among them), T up to 65536 plus padding;
+    the tensors of build_chunk_descriptors, every entry, and a second call of the same signature
+    (the direct launch) too."""
+    import random
+
+    from recurscan.descriptors import build_chunk_descriptors
+    from recurscan.launch.descriptors import form_descriptors
+    rng = random.Random(M)
+    for N in (1, 7, 100, 1024):
+        for _ in range(2):
+            lengths = [rng.choice([0, 1, 64, 65, rng.randint(0, 65536 // N)]) for _ in range(N)]
+            cu = [0]
+            for L in lengths:
+                cu.append(cu[-1] + L)
+            T = cu[-1] + rng.choice([0, 3000])
+            want = build_chunk_descriptors(cu, M, max_tokens=T)
+            got = form_descriptors(torch.tensor(cu, device="cuda", dtype=torch.int32), M, T)
+            for name, a, b in zip(want._fields, want, got):
+                assert torch.equal(a, b.cpu()), (name, N)
+
+
 @pytest.mark.parametrize("M", [1, 2], ids=["gdn", "gdp"])
 def test_varlen_without_descriptors_is_sync_free_and_captured(M):
     """A varlen call without descriptors (no chunk states) forms them on the GPU: no host

@@ -193,8 +193,29 @@ def compile_gla_backward(case: str, describe=None, per_key: bool = False) -> lis
     return lines
 
 
+def compile_descriptors() -> list[str]:
+    """The device-side descriptor kernel (launch/descriptors.py's arguments), M = 1 and M = 2, int32
+    and int64 boundaries."""
+    from types import SimpleNamespace
+
+    from recurscan.kernels.descriptors import chunk_descriptors_kernel
+    from recurscan.launch.descriptors import _NAMES, BLOCK_N, BLOCK_R
+    lines = []
+    for M in (1, 2):
+        for dtype in (torch.int32, torch.int64):
+            values = (torch.zeros(5, dtype=dtype),) + (torch.zeros(8, dtype=torch.int32),) * 3
+            kwargs = dict(zip(_NAMES, map(CallArg, _NAMES)), N=4, R=70, R_DP=130, M=M, CHUNK=64, BLOCK_R=BLOCK_R,
+                          BLOCK_N=BLOCK_N)
+            step = SimpleNamespace(kernel=chunk_descriptors_kernel, kwargs=kwargs, options=dict(num_warps=4))
+            compiled = compile_for_sm90(step, _NAMES, values)
+            lines.append(f"chunk_descriptors_kernel M {M} {dtype}: shared {compiled.metadata.shared} B")
+    return lines
+
+
 if __name__ == "__main__":
-    if sys.argv[1] in ("gla-backward", "gla-per-key-backward"):
+    if sys.argv[1] == "descriptors":
+        print("\n".join(compile_descriptors()))
+    elif sys.argv[1] in ("gla-backward", "gla-per-key-backward"):
         print("\n".join(compile_gla_backward(sys.argv[2], per_key=sys.argv[1] == "gla-per-key-backward")))
     elif sys.argv[1] in ("gla", "gla-chunk-states", "gla-per-key", "gla-split", "ssd", "ssd-cache", "ssd-seq-idx",
                          "ssd-split"):
