@@ -135,21 +135,28 @@ def ssd_rows():
 
 
 def per_key_rows():
-    """chunk_gla (a decay per key dimension) at fla's shape, forward: recurscan's prep + sweep
-    (backend="triton"; the planner keeps the PyTorch form until this row is timed) and fla's."""
+    """chunk_gla (a decay per key dimension) at fla's shape: the forward through recurscan's prep +
+    sweep (Triton), recurscan's PyTorch form and fla's; forward + backward (q, k, v, g) through
+    both recurscan forms (fla's backward refuses on Triton 3.6 without TileLang)."""
+    name = "gla_per_key_b4_t4096_h16"
     s = SHAPES["simple_gla_b4_t4096_h16"]
     q, k, v, _ = inputs(s)
     gen = torch.Generator(device="cuda").manual_seed(5)
     gk = torch.nn.functional.logsigmoid(torch.randn(s["B"], s["T"], s["HV"], s["K"], device="cuda", generator=gen)) / 16
     want = recurscan.chunk_gla(*(x.float() for x in (q, k, v)), gk, backend="torch")[0]
-    impls = {"recurscan triton": lambda: recurscan.chunk_gla(q, k, v, gk, backend="triton")[0]}
+    forms = {"recurscan triton": "triton", "recurscan torch": "torch"}
+    impls = {impl: (lambda b=b: recurscan.chunk_gla(q, k, v, gk, backend=b)[0]) for impl, b in forms.items()}
+    rows = []
     try:
         from fla.ops.gla import chunk_gla as fla_chunk_gla
         impls["fla"] = lambda: fla_chunk_gla(q, k, v, gk)[0]
     except Exception as exc:  # recorded, never hidden
-        return [dict(shape="gla_per_key_b4_t4096_h16", impl="fla", status=f"not installed: {exc}")] + \
-            time_impls("gla_per_key_b4_t4096_h16", impls, want)
-    return time_impls("gla_per_key_b4_t4096_h16", impls, want)
+        rows.append(dict(shape=name, impl="fla", status=f"not installed: {exc}"))
+    rows += time_impls(name, impls, want)
+    do = torch.randn_like(v)
+    train = {impl: (lambda b=b: train_step(lambda *a: recurscan.chunk_gla(*a, backend=b)[0], (q, k, v, gk),
+                                           {}, (0, 1, 2, 3), do)) for impl, b in forms.items()}
+    return rows + time_train(name, train)
 
 
 def gla_train_rows(name, s, q, k, v, g, keep=lambda impls: impls):
@@ -202,13 +209,14 @@ def main():
                                                                        "in this launch shape of the GLA kernels (repeatable)")
     ap.add_argument("--only-shapes", action="store_true", help="the --gla-shape rows (and the planner's) alone")
     ap.add_argument("--profile", action="store_true", help="GPU time by kernel of one call of each recurscan row")
+    ap.add_argument("--only-per-key", action="store_true", help="the chunk_gla rows alone")
     args = ap.parse_args()
     global PROFILE
     PROFILE = args.profile
     from recurscan.plan import gla as plan_gla
     planned = plan_gla.GLA_LAUNCH
-    rows = [cold()] if args.cold_only else []
-    if args.cold_only:
+    rows = [cold()] if args.cold_only else (per_key_rows() if args.only_per_key else [])
+    if args.cold_only or args.only_per_key:
         if args.out:
             json.dump(dict(torch=torch.__version__, device=torch.cuda.get_device_name(), rows=rows),
                       open(args.out, "w"), indent=1)
