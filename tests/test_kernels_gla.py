@@ -219,9 +219,9 @@ def test_state_cache_on_both_backends(cu, form, monkeypatch):
 
 
 def test_planner_rows_for_the_gla_engine():
-    """On CUDA, chunked GLA with a scalar decay and SSD take the GLA kernels (the rule names the
-    measurement); GLA with a decay per key dimension, and float64 inputs, keep the PyTorch form;
-    CPU tensors take the oracle unless asked."""
+    """On CUDA, chunked GLA with a scalar decay or a decay per key dimension, and SSD, take the GLA
+    kernels (the rule names the measurements); float64 inputs keep the PyTorch form; CPU tensors take
+    the oracle unless asked."""
     from recurscan.plan import RULES, plan
     from recurscan.problem import gla_problem, ssd_problem
     cuda = torch.device("cuda")
@@ -230,7 +230,7 @@ def test_planner_rows_for_the_gla_engine():
     scalar = gla_problem(q, k, v, torch.full((1, 8, 2), -0.1), per_key_decay=False)
     per_key = gla_problem(q, k, v, torch.full((1, 8, 2, 16), -0.1), per_key_decay=True)
     assert first("gla", scalar).backend == "triton" and "ms" in first("gla", scalar).reason
-    assert first("gla", per_key).backend == "torch"
+    assert first("gla", per_key).backend == "triton"
     assert first("gla", gla_problem(q.double(), k.double(), v.double(), torch.full((1, 8, 2), -0.1).double(),
                                     per_key_decay=False)).backend == "torch"
     assert plan("gla", scalar, torch.device("cpu")).backend == "torch"
@@ -407,8 +407,7 @@ def test_per_key_triton_gradients_match_autograd_through_the_token_loop(case, op
 
 def test_per_key_cache_chunk_states_and_what_it_refuses():
     """The per-key path with a state cache (-1 padding) and chunk states equals the PyTorch form;
-    with grad and a cache it is refused; the planner keeps the PyTorch form for it on CUDA (not yet
-    timed)."""
+    with grad and a cache it is refused."""
     q, k, v, _ = (x.float().to(DEVICE) for x in gla_inputs(1, 150, 1, 2, 16, 16, seed=63))
     g = per_key_decays(1, 150, 2, 16, seed=64).float().to(DEVICE)
     cu = torch.tensor([0, 1, 90, 150], device=DEVICE)

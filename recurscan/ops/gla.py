@@ -153,10 +153,11 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
     Args:
         q, k: ``[B, T, H, K]``; v: ``[B, T, HV, V]``; g: ``[B, T, HV, K]`` natural-log decays
             (``-inf``, ``g > 0`` and non-finite input as :func:`chunk_simple_gla`'s).
-        Other arguments as :func:`chunk_simple_gla`. ``backend="triton"``: a prep and the GLA
-            sweep (kernels/gla/prep.py); with grad, the backward of kernels/gla/backward.py (every
-            gradient, dg per key; under the interpreter to float32 rounding; not yet run on a GPU);
-            the planner keeps the PyTorch form until the H200 has timed it.
+        Other arguments as :func:`chunk_simple_gla`. On CUDA (the planner's choice, or
+            ``backend="triton"``): a prep and the GLA sweep (kernels/gla/prep.py); with grad, the
+            backward of kernels/gla/backward.py (every gradient, dg per key). On the H200, B4 T4096
+            H16 K = V = 128 bf16: forward 2.50 ms (the PyTorch form 100 ms, fla 0.72), forward +
+            backward 18.2 ms (the PyTorch form 425).
 
     Returns:
         ``(o [B, T, HV, V], final_state [N, HV, K, V] or None)``, plus chunk states when asked.
