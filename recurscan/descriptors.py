@@ -15,8 +15,9 @@ Exact lengths would be data-dependent and size the launch grids. Padded to a len
 only on (total tokens, number of sequences), they keep every grid and every allocation fixed for a
 captured batch shape: the op then never synchronises and can be replayed from a CUDA graph. Built
 on the host (:func:`build_chunk_descriptors`, which checks the boundaries' values), or formed where
-``cu_seqlens`` lives by tensor operations of those fixed shapes (:func:`device_descriptors`, what a
-GPU call without descriptors does: no host read).
+``cu_seqlens`` lives by tensor operations of those fixed shapes
+(``launch.descriptors.device_descriptors``, what a GPU call without descriptors does: no host
+read).
 
 Padding bound: sum_n ceil(L_n / 64) <= floor(T / 64) + N for sum_n L_n = T (each sequence adds at
 most one partial chunk), so ``NT_pad = T // 64 + N`` and ``NT_dp_pad = T*M // 64 + N``.
@@ -148,8 +149,8 @@ def _device_indices(lengths: torch.Tensor, chunk_size: int, rows: int) -> torch.
 
 def reference_device_descriptors(cu_seqlens: torch.Tensor, num_householder: int, *, tokens: int,
                                  chunk_size: int = CHUNK_SIZE) -> ChunkDescriptors:
-    """:func:`device_descriptors` by PyTorch operations of fixed shapes (the readable form of the
-    Triton kernel, ``recurscan/kernels/descriptors.py``; the form taken on the CPU)."""
+    """``launch.descriptors.device_descriptors`` by PyTorch operations of fixed shapes (the readable
+    form of the Triton kernel, ``recurscan/kernels/descriptors.py``; the form taken on the CPU)."""
     cu = cu_seqlens.detach().to(torch.int64)
     lengths = (cu[1:] - cu[:-1]).clamp_(min=0)
     N, M = lengths.numel(), num_householder
@@ -159,23 +160,6 @@ def reference_device_descriptors(cu_seqlens: torch.Tensor, num_householder: int,
     counts = (lengths + chunk_size - 1).div(chunk_size, rounding_mode="floor")
     offsets = torch.cat((counts.new_zeros(1), counts.cumsum(0))).to(torch.int32)
     return ChunkDescriptors(chunk_indices, chunk_indices_dp, offsets)
-
-
-def device_descriptors(cu_seqlens: torch.Tensor, num_householder: int, *, tokens: int) -> ChunkDescriptors:
-    """The descriptors of ``cu_seqlens`` padded to ``tokens`` (the call's T), formed where
-    ``cu_seqlens`` lives with no host read: no synchronisation, and a CUDA graph captures them. What
-    a varlen call on a GPU without descriptors derives; for valid boundaries the tensors of
-    ``build_chunk_descriptors(cu_seqlens, num_householder, max_tokens=tokens)``
-    (``tests/test_descriptors.py``). On CUDA one Triton kernel forms them (launch/descriptors.py:
-    one allocation and one launch, where PyTorch operations took ~0.6 ms of host time on the
-    H200's host); elsewhere :func:`reference_device_descriptors`. The boundaries' values are not
-    checked (a host read would be needed): as with descriptors given on a GPU, the kernels bound
-    every index, so wrong boundaries give wrong numbers and never an access outside a tensor
-    (``RECURSCAN_CHECK=1`` checks them)."""
-    if cu_seqlens.is_cuda:
-        from .launch.descriptors import form_descriptors
-        return form_descriptors(cu_seqlens, num_householder, tokens)
-    return reference_device_descriptors(cu_seqlens, num_householder, tokens=tokens)
 
 
 def refuse_under_capture(op: str) -> None:

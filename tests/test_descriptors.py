@@ -33,7 +33,7 @@ def test_descriptors_formed_on_the_device_equal_the_host_built_ones(M, form):
     """Random batches with the hostile lengths (0, 1, 63, 64, 65), 1 to 70 sequences (the kernel
     takes 32 a step), T at or past the tokens (the kernel takes 256 rows a program): the descriptors
     formed without a host read (:func:`reference_device_descriptors`, PyTorch; the Triton kernel
-    that ``device_descriptors`` launches on CUDA, here under the interpreter) are the tensors of
+    that ``launch.descriptors.device_descriptors`` launches on CUDA, here under the interpreter) are the tensors of
     ``build_chunk_descriptors(cu, M, max_tokens=T)``, dtype, shape and every entry."""
     from recurscan.launch.descriptors import form_descriptors
     rng = random.Random(M)

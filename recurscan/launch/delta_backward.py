@@ -402,7 +402,7 @@ def chunk_delta_product_bwd(q, k, v, g, beta, num_householder, do, dht=None, *, 
     desc = {}
     if cu_seqlens is not None:
         if chunk_indices_dp is None:
-            from ..descriptors import device_descriptors
+            from .descriptors import device_descriptors
             chunk_indices_dp = device_descriptors(cu_seqlens, M, tokens=q.shape[1]).chunk_indices_dp
         desc = dict(chunk_indices=chunk_indices_dp, chunk_offsets=expanded_chunk_offsets(cu_seqlens, M))
     return chunk_delta_bwd(q, k, v, g, beta, do, dht, num_householder=M, scale=scale, initial_state=initial_state,

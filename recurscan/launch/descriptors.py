@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from ..descriptors import CHUNK_SIZE, ChunkDescriptors, padded_chunk_count
+from ..descriptors import CHUNK_SIZE, ChunkDescriptors, padded_chunk_count, reference_device_descriptors
 from ..kernels.descriptors import chunk_descriptors_kernel
 from ..runtime.cache import SignatureCache, launch_key
 from ..runtime.launcher import CallArg, jit_launch
@@ -24,7 +24,7 @@ def _aligned(n: int) -> int:
 
 
 def form_descriptors(cu_seqlens: torch.Tensor, num_householder: int, tokens: int) -> ChunkDescriptors:
-    """``recurscan.descriptors.device_descriptors`` by the Triton kernel: the same tensors."""
+    """:func:`device_descriptors` by the Triton kernel: the same tensors."""
     cu = cu_seqlens.detach().contiguous()
     N, M = cu.numel() - 1, num_householder
     R, R_dp = padded_chunk_count(tokens, N, 1), padded_chunk_count(tokens, N, M)
@@ -47,3 +47,19 @@ def form_descriptors(cu_seqlens: torch.Tensor, num_householder: int, tokens: int
         if direct is not None:
             LAUNCHES.put(key, direct)
     return ChunkDescriptors(chunk_indices, chunk_indices_dp, chunk_offsets)
+
+
+def device_descriptors(cu_seqlens: torch.Tensor, num_householder: int, *, tokens: int) -> ChunkDescriptors:
+    """The descriptors of ``cu_seqlens`` padded to ``tokens`` (the call's T), formed where
+    ``cu_seqlens`` lives with no host read: no synchronisation, and a CUDA graph captures them. What
+    a varlen call on a GPU without descriptors derives; for valid boundaries the tensors of
+    ``build_chunk_descriptors(cu_seqlens, num_householder, max_tokens=tokens)``
+    (``tests/test_descriptors.py``). On CUDA one Triton kernel forms them (:func:`form_descriptors`:
+    one allocation and one launch, where PyTorch operations took ~0.6 ms of host time on the
+    H200's host); elsewhere ``descriptors.reference_device_descriptors``. The boundaries' values
+    are not checked (a host read would be needed): as with descriptors given on a GPU, the kernels bound
+    every index, so wrong boundaries give wrong numbers and never an access outside a tensor
+    (``RECURSCAN_CHECK=1`` checks them)."""
+    if cu_seqlens.is_cuda:
+        return form_descriptors(cu_seqlens, num_householder, tokens)
+    return reference_device_descriptors(cu_seqlens, num_householder, tokens=tokens)

@@ -62,10 +62,11 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
         # sync, and a capture takes them); on the CPU, or with chunk states (trimmed to the batch's
         # own chunks, a count only the host read gives), from the boundaries read on the host and
         # validated as a CPU tensor's are.
-        from ..descriptors import device_descriptors, padded_descriptors, refuse_under_capture
+        from ..descriptors import padded_descriptors, refuse_under_capture
         check_cu_seqlens(cu_seqlens, q.shape[0], q.shape[1], q.device)
         chunks = None
         if q.is_cuda and not return_chunk_states:
+            from ..launch.descriptors import device_descriptors
             built = device_descriptors(cu_seqlens, num_householder, tokens=q.shape[1])
         else:
             refuse_under_capture(_op_name(num_householder))
