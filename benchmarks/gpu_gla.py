@@ -11,10 +11,9 @@ dstate 128, one group, chunk 256, D, dt_softplus), recurscan's Triton path again
 (``MAMBA_SSM_SRC``: an unpacked mamba-ssm 2.3.2.post1 source tree, benchmarks/README.md), the
 forward alone and the forward + backward (every input's gradient, one fixed dY); the simple
 GLA's forward + backward against fla's; chunk_gla (a decay per key dimension) forward against fla's. ``--cold``: the first SSD forward + backward in a fresh
-process with an empty Triton cache (issue 20: <= 10 s). ``--gla-shape BV:warps[:split][:segE][:sbvN][:swN]``
-(repeatable): the recurscan rows again in that launch shape of the GLA kernels (the planner's is
-plan/gla.py's; ``split``: the prep, then the sweep with PER_KEY; ``segE``: the segmented form,
-segments of E blocks, :func:`parse_shape`). ``--profile``: each recurscan row also records its
+process with an empty Triton cache (issue 20: <= 10 s). ``--gla-shape BV:warps[:split]`` (repeatable):
+the recurscan rows again in that launch shape of the GLA kernels (the planner's is plan/gla.py's;
+``split``: the prep, then the sweep with PER_KEY). ``--profile``: each recurscan row also records its
 GPU time by kernel (one call, torch.profiler).
 """
 from __future__ import annotations
@@ -201,20 +200,6 @@ def recurscan_only(impls):
     return {n: f for n, f in impls.items() if n == "recurscan triton"}
 
 
-def parse_shape(text):
-    """``BV:warps[:split][:segE][:sbvN][:swN]`` as a GlaShape: the fused kernel's value columns and
-    warps, the split launch, or segments of E blocks (kernels/gla/segments.py) with N value columns
-    a program (sbv) and N warps (sw)."""
-    from recurscan.plan import gla as plan_gla
-    parts = text.split(":")
-    fields = dict(split="split" in parts[2:])
-    for p in parts[2:]:
-        for prefix, name in (("seg", "segments"), ("sbv", "segment_block_v"), ("sw", "segment_warps")):
-            if p.startswith(prefix) and p[len(prefix):].isdigit():
-                fields[name] = int(p[len(prefix):])
-    return plan_gla.GlaShape(int(parts[0]), int(parts[1]), "benchmark variant", **fields)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out")
@@ -240,9 +225,10 @@ def main():
         if text == "planned":
             shape = planned
         else:
-            shape = parse_shape(text)
+            parts = text.split(":")
+            shape = plan_gla.GlaShape(int(parts[0]), int(parts[1]), "benchmark variant", split="split" in parts[2:])
         plan_gla.GLA_LAUNCH = shape
-        tag = f" {text}"
+        tag = f" {shape.block_v}:{shape.num_warps}" + (":split" if shape.split else "")
         for name, s in SHAPES.items():
             q, k, v, g = inputs(s)
             want = recurscan.chunk_simple_gla(*(x.float() for x in (q, k, v)), g, scale=s["scale"], backend="torch")[0]

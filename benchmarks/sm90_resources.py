@@ -169,7 +169,6 @@ def gla(form: str) -> str:
     if form == "gla-backward":
         return "\n".join(sm90.compile_gla_backward(case, describe=resources))
     return "\n".join(sm90.compile_gla(case, ssd=form.startswith("ssd"), split=form.endswith("split"),
-                                       segmented=form.endswith("segmented"),
                                        per_key=form == "gla-per-key", describe=resources))
 
 

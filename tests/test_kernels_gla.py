@@ -13,18 +13,11 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def use_form(form, monkeypatch):
-    """The GLA kernels' launch: one fused kernel, the split one (the prep, then the sweep with
-    PER_KEY; plan.gla.GlaShape.split), or the segmented one (kernels/gla/segments.py: segments of two
-    64-row blocks, 16 value columns a program; dense batches without chunk states or a cache, the
-    others taking the fused kernel)."""
-    from recurscan.plan import gla as plan_gla
-    if form == "fused":
-        monkeypatch.setattr(plan_gla, "GLA_LAUNCH", plan_gla.GlaShape(64, 8, "tests: the fused launch"))
+    """The GLA kernels' launch: the planner's (one fused kernel), or the split one (the prep, then
+    the sweep with PER_KEY; plan.gla.GlaShape.split)."""
     if form == "split":
+        from recurscan.plan import gla as plan_gla
         monkeypatch.setattr(plan_gla, "GLA_LAUNCH", plan_gla.GlaShape(64, 8, "tests: the split launch", split=True))
-    if form == "segmented":
-        monkeypatch.setattr(plan_gla, "GLA_LAUNCH", plan_gla.GlaShape(64, 8, "tests: the segmented launch",
-                                                                      segments=2, segment_block_v=16))
 
 
 @pytest.fixture(autouse=True)
@@ -58,7 +51,7 @@ def gla_inputs(B, T, H, HV, K, V, seed):
 
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("optional", ["all", "no_g_no_h0"])
-@pytest.mark.parametrize("form", ["fused", "split", "segmented"])
+@pytest.mark.parametrize("form", ["fused", "split"])
 def test_triton_forward_matches_the_token_loop(case, optional, form, monkeypatch):
     use_form(form, monkeypatch)
     c = CASES[case]
@@ -103,33 +96,6 @@ def test_a_non_finite_input_leaves_earlier_outputs_and_other_sequences_bit_ident
         assert torch.equal(torch.isnan(o), torch.isnan(want_o)) and torch.isfinite(want_S).all()
     else:
         assert torch.isnan(o[0, 95, 0]).any() and torch.isnan(S[0, 0]).any(), "the NaN vanished"
-
-
-@pytest.mark.parametrize("name", ["q", "k", "v", "g"])
-@pytest.mark.parametrize("where", ["in the query's block", "in an earlier block", "in an earlier segment"])
-def test_the_segmented_form_keeps_a_non_finite_input_causal(name, where, monkeypatch):
-    """Dense B2 T300 in segments of two 64-row blocks, a NaN in the first sequence at token 150
-    (block 2, segment 1), a reset (decay 0) after it: the outputs before it and the other sequence
-    keep the bits of the clean run, and the NaN positions are those of the one-kernel form (the
-    same as the token loop's): from the NaN on, across the reset, in the value column it reaches."""
-    q, k, v, g = (x.float().to(DEVICE) for x in gla_inputs(2, 300, 1, 2, 16, 16, seed=12))
-    t = {"in the query's block": 150, "in an earlier block": 130, "in an earlier segment": 100}[where]
-    g[0, 200] = float("-inf")
-    x = dict(q=q, k=k, v=v, g=g)
-    bad = x[name].clone()
-    bad[0, t, 0] = float("nan")
-    x[name] = bad
-    runs = {}
-    for form in ("fused", "segmented"):
-        use_form(form, monkeypatch)
-        clean = recurscan.chunk_simple_gla(q, k, v, g, output_final_state=True, backend="triton")
-        runs[form] = recurscan.chunk_simple_gla(*x.values(), output_final_state=True, backend="triton") + clean
-    o, S, o_clean, S_clean = runs["segmented"]
-    assert torch.equal(o[:, :t], o_clean[:, :t]), "an output before the NaN changed"
-    assert torch.equal(o[1], o_clean[1]) and torch.equal(S[1], S_clean[1]), "the other sequence changed"
-    assert torch.equal(torch.isnan(o), torch.isnan(runs["fused"][0])), "NaN positions differ from the fused form's"
-    assert torch.equal(torch.isnan(S), torch.isnan(runs["fused"][1]))
-    assert torch.isnan(o[0, t:]).any() if name == "q" else torch.isnan(o[0, 250]).any(), "the NaN vanished"
 
 
 def test_strided_and_16_bit_inputs():

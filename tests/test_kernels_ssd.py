@@ -12,18 +12,11 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def use_form(form, monkeypatch):
-    """The GLA kernels' launch: one fused kernel, the split one (the prep, then the sweep with
-    PER_KEY; plan.gla.GlaShape.split), or the segmented one (kernels/gla/segments.py: segments of two
-    64-row blocks, 16 value columns a program; dense batches without chunk states or a cache, the
-    others taking the fused kernel)."""
-    from recurscan.plan import gla as plan_gla
-    if form == "fused":
-        monkeypatch.setattr(plan_gla, "GLA_LAUNCH", plan_gla.GlaShape(64, 8, "tests: the fused launch"))
+    """The GLA kernels' launch: the planner's (one fused kernel), or the split one (the prep, then
+    the sweep with PER_KEY; plan.gla.GlaShape.split)."""
     if form == "split":
+        from recurscan.plan import gla as plan_gla
         monkeypatch.setattr(plan_gla, "GLA_LAUNCH", plan_gla.GlaShape(64, 8, "tests: the split launch", split=True))
-    if form == "segmented":
-        monkeypatch.setattr(plan_gla, "GLA_LAUNCH", plan_gla.GlaShape(64, 8, "tests: the segmented launch",
-                                                                      segments=2, segment_block_v=16))
 
 CASES = {
     "T 1": dict(Bt=2, T=1, H=2, G=1, cu=None),
@@ -47,8 +40,7 @@ EXTRAS = ["D per head, z, dt_bias, softplus, h0", "D per channel, dt_limit", "no
 
 
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("extras, form", [(e, "fused") for e in EXTRAS] + [(e, "split") for e in EXTRAS[:2]] +
-                         [(e, "segmented") for e in EXTRAS])
+@pytest.mark.parametrize("extras, form", [(e, "fused") for e in EXTRAS] + [(e, "split") for e in EXTRAS[:2]])
 def test_triton_ssd_matches_the_token_loop(case, extras, form, monkeypatch):
     use_form(form, monkeypatch)
     c = CASES[case]
@@ -170,7 +162,7 @@ def _per_sequence(x, seq_idx, h0, **kw):
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-@pytest.mark.parametrize("form", ["fused", "split", "segmented"])
+@pytest.mark.parametrize("form", ["fused", "split"])
 def test_seq_idx_packs_sequences_in_a_row(backend, form, monkeypatch):
     """mamba_ssm's seq_idx [Bt, T]: the state resets wherever it changes (a one-token sequence, a
     start on a chunk boundary, ids that skip), initial states enter each row's first sequence and

@@ -12,7 +12,6 @@ import triton.language as tl
 from ..descriptors import CHUNK_SIZE
 from ..kernels.gla.forward import chunk_simple_gla_fwd_kernel
 from ..kernels.gla.prep import chunk_gla_prep_kernel
-from ..kernels.gla.segments import gla_segment_output_kernel, gla_segment_pass_kernel, gla_segment_states_kernel
 from ..kernels.group_sum import group_sum_kernel
 from ..plan.gla import GlaShape
 from ..runtime.cache import SignatureCache, launch_key
@@ -22,7 +21,7 @@ from .delta_backward import GROUP_SUM_ROWS
 
 #: The per-call tensors of the launch, by name (its CallArgs).
 NAMES = ("q", "k", "v", "g", "h0", "cu_seqlens", "o", "ht", "dt", "A", "dt_bias", "D", "z", "chunk_states",
-         "chunk_offsets", "state_indices", "qg", "kg", "aqk", "dl", "chunk_indices", "seg_states", "seg_decay")
+         "chunk_offsets", "state_indices", "qg", "kg", "aqk", "dl", "chunk_indices")
 
 
 def call_values(**named) -> tuple:
@@ -58,13 +57,11 @@ GLA_LAUNCHES = SignatureCache("chunked GLA forward")
 @dataclasses.dataclass
 class GlaForward:
     """The launch of one call signature and the buffers it writes (name -> (shape, dtype));
-    ``prep``: the per-key decay's prep (kernels/gla/prep.py), launched first, or None; ``before``:
-    the segmented form's first two stages (kernels/gla/segments.py), whose outputs ``step`` reads."""
+    ``prep``: the per-key decay's prep (kernels/gla/prep.py), launched first, or None."""
 
     step: Step
     buffers: dict
     prep: Step | None = None
-    before: tuple = ()
 
 
 def build_gla_forward(q, k, v, g, h0, cu_seqlens, *, scale, output_final_state, shape: GlaShape,
@@ -150,64 +147,8 @@ def build_gla_forward(q, k, v, g, h0, cu_seqlens, *, scale, output_final_state, 
     return GlaForward(step, buffers, prep)
 
 
-def segmented_applies(shape: GlaShape, *, varlen, per_key, chunk_states, cache, outputs) -> bool:
-    """Whether the plan's segments (``GlaShape.segments``) take a call: dense batches with outputs,
-    a scalar decay, no chunk states and no state cache (those run the one-kernel form)."""
-    return shape.segments > 0 and not (varlen or per_key or chunk_states or cache or not outputs or shape.split)
-
-
-def build_gla_segments(q, k, v, g, h0, *, scale, output_final_state, shape: GlaShape, ssd=None,
-                       state_v_first=False) -> GlaForward:
-    """The segmented form's three launches (kernels/gla/segments.py) for these tensors' signature:
-    segments of ``shape.segments`` blocks of 64 rows; scratch: the segments' states ``[B, n_seg, HV,
-    K, V]`` and decays ``[B, n_seg, HV]``, float32."""
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    E = shape.segments
-    n_seg = max(1, triton.cdiv(T, E * CHUNK_SIZE))
-    dt = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[q.dtype]
-    dt = tl.float32 if INTERPRET and dt == tl.bfloat16 else dt
-    BV = min(shape.segment_block_v, max(16, triton.next_power_of_2(V)))
-    BK = max(16, triton.next_power_of_2(K))
-    NV = triton.cdiv(V, BV)
-    buffers = {"o": ((B, T, HV, V), v.dtype if ssd is not None else q.dtype),
-               "seg_states": ((B, n_seg, HV, K, V), torch.float32), "seg_decay": ((B, n_seg, HV), torch.float32)}
-    if output_final_state:
-        buffers["ht"] = ((B, HV, K, V), torch.float32)
-    if h0 is not None:
-        s0 = h0.stride()
-        s0_n, s0_h, s0_k, s0_v = (s0[0], s0[1], s0[3], s0[2]) if state_v_first else s0
-    else:
-        s0_n = s0_h = s0_k = s0_v = 0
-    arg = lambda name, present=True: CallArg(name if present else "o")  # noqa: E731 (absent: a placeholder)
-    clamps = ssd is not None and ssd.clamps
-    common = dict(v=arg("v"), g=arg("g", g is not None), dt=arg("dt", ssd is not None), A=arg("A", ssd is not None),
-                  dt_bias=arg("dt_bias", ssd is not None and ssd.dt_bias is not None), seg_states=arg("seg_states"),
-                  T=T, n_seg=n_seg, dt_min=float(ssd.dt_limit[0]) if clamps else 0.0,
-                  dt_max=float(ssd.dt_limit[1]) if clamps else 0.0, H=H, HV=HV, K=K, V=V, BT=CHUNK_SIZE, BK=BK,
-                  BV=BV, E=E, HAS_G=g is not None, DT=dt,
-                  DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", SSD=ssd is not None,
-                  HAS_DT_BIAS=ssd is not None and ssd.dt_bias is not None,
-                  DT_SOFTPLUS=ssd is not None and ssd.dt_softplus, DT_LIMIT=clamps)
-    options = dict(num_warps=shape.segment_warps)
-    states = Step(gla_segment_states_kernel, (B * n_seg * HV * NV,),
-                  dict(common, k=arg("k"), seg_decay=arg("seg_decay")), options)
-    block = min(1024, triton.next_power_of_2(K * V))
-    chain = Step(gla_segment_pass_kernel, (B * HV * triton.cdiv(K * V, block),), dict(
-        seg_states=arg("seg_states"), seg_decay=arg("seg_decay"), h0=arg("h0", h0 is not None),
-        ht=arg("ht", output_final_state), n_seg=n_seg, s0_n=s0_n, s0_h=s0_h, s0_k=s0_k, s0_v=s0_v, HV=HV, K=K, V=V,
-        BLOCK=block, HAS_H0=h0 is not None, STORE_FINAL=output_final_state), dict(num_warps=4))
-    out = Step(gla_segment_output_kernel, (B * n_seg * HV * NV * E,), dict(
-        common, q=arg("q"), k=arg("k"), o=arg("o"), D=arg("D", ssd is not None and ssd.D is not None),
-        z=arg("z", ssd is not None and ssd.z is not None), scale=float(scale),
-        HAS_D=ssd is not None and ssd.D is not None,
-        D_PER_CHANNEL=ssd is not None and ssd.D is not None and ssd.D.dim() == 2,
-        HAS_Z=ssd is not None and ssd.z is not None), options)
-    return GlaForward(out, buffers, before=(states, chain))
-
-
 def _launch(launch: GlaForward, values: tuple) -> None:
-    for step in (*launch.before, launch.prep, launch.step):
+    for step in (launch.prep, launch.step):
         if step is None:
             continue
         if step.direct is not None:
@@ -247,18 +188,13 @@ def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_
            float(scale), output_final_state, shape, options, state_v_first, chunk_state_rows, prep_rows)
     launch = GLA_LAUNCHES.get(key)
     if launch is None:
-        if segmented_applies(shape, varlen=cu_seqlens is not None, per_key=prep_rows is not None,
-                             chunk_states=chunk_state_rows is not None, cache=state_indices is not None,
-                             outputs=True):
-            built = build_gla_segments(q, k, v, g, h0, scale=scale, output_final_state=output_final_state,
-                                       shape=shape, ssd=ssd, state_v_first=state_v_first)
-        else:
-            built = build_gla_forward(q, k, v, g, h0, cu_seqlens, scale=scale, output_final_state=output_final_state,
-                                      shape=shape, ssd=ssd, state_indices=state_indices,
-                                      state_v_first=state_v_first, chunk_offsets=chunk_offsets,
-                                      num_chunk_rows=chunk_state_rows, chunk_states_dtype=torch.float32,
-                                      prep_rows=prep_rows)
-        launch = GLA_LAUNCHES.put(key, built)
+        launch = GLA_LAUNCHES.put(key, build_gla_forward(q, k, v, g, h0, cu_seqlens, scale=scale,
+                                                         output_final_state=output_final_state, shape=shape,
+                                                         ssd=ssd, state_indices=state_indices,
+                                                         state_v_first=state_v_first, chunk_offsets=chunk_offsets,
+                                                         num_chunk_rows=chunk_state_rows,
+                                                         chunk_states_dtype=torch.float32,
+                                                         prep_rows=prep_rows))
         if backward is not None and ssd is None and prep_rows is None and not INTERPRET:
             compile_gla_backward_early(q, k, v, g, h0, cu_seqlens, scale=scale, shape=shape,
                                        out=launch.buffers["o"], final=launch.buffers.get("ht"), **backward)

@@ -17,12 +17,6 @@ class GlaShape:
     # gpu_gla_split_shapes_357d748.json), as the per-key path itself is (chunk_gla 2.49 ms, fla
     # 0.72); kept to run a scalar decay through that path in its tests.
     split: bool = False
-    # The segmented form (kernels/gla/segments.py: parallel over the sequence in segments of this
-    # many 64-row blocks; 0: the one-kernel form), for dense batches without chunk states or a
-    # state cache; its value columns a program and warps.
-    segments: int = 0
-    segment_block_v: int = 64
-    segment_warps: int = 4
 
 
 GLA_LAUNCH = GlaShape(64, 8, "64 value columns on 8 warps: offline for sm_90 the chunk loop spills 40 local "

@@ -100,20 +100,18 @@ def compile_case(case: str, shape: str) -> list[str]:
 
 
 def compile_gla(case: str, ssd: bool = False, cache: bool = False, seq_idx: bool = False,
-                chunk_states: bool = False, per_key: bool = False, split: bool = False, segmented: bool = False,
-                describe=None) -> list[str]:
+                chunk_states: bool = False, per_key: bool = False, split: bool = False, describe=None) -> list[str]:
     """The scalar-decay GLA forward's launch (launch/gla.py) for a case of :data:`CASES` (M = 1
     ones; bf16, the plan's shape); ``ssd``: as Mamba2 SSD runs it (every prologue and epilogue
     part on: dt_bias, softplus, dt_limit, D per channel, z); ``cache``: with a state cache in
     mamba's [S, H, P, Nstate] layout; ``seq_idx``: SSD with mamba's seq_idx (per-token resets);
     ``chunk_states``: with the serving chunk states (float32, beside the outputs); ``per_key``: a
     decay per key dimension (chunk_gla: the prep, then the sweep); ``split``: a scalar decay (or SSD)
-    through the prep and the sweep too (plan.gla.GlaShape.split); ``segmented``: the segmented form's
-    three launches (kernels/gla/segments.py; dense cases). ``describe``: a function of the
+    through the prep and the sweep too (plan.gla.GlaShape.split). ``describe``: a function of the
     compiled kernel whose text is added to its line (benchmarks/sm90_resources.py's resources)."""
     from recurscan.launch.gla import NAMES as GLA_NAMES
-    from recurscan.launch.gla import SsdPrologue, build_gla_forward, build_gla_segments
-    from recurscan.plan.gla import GLA_LAUNCH, GlaShape
+    from recurscan.launch.gla import SsdPrologue, build_gla_forward
+    from recurscan.plan.gla import GLA_LAUNCH
     _, cu = CASES[case]
     B, T, H, HV, K = (1, 1000, 2, 4, 128) if cu is not None else (2, 300, 2, 2, 128)
     bf = dict(dtype=torch.bfloat16)
@@ -133,14 +131,10 @@ def compile_gla(case: str, ssd: bool = False, cache: bool = False, seq_idx: bool
     indices = None if cu is None or not prepped else torch.zeros(40, 2, dtype=torch.int32)
     if per_key:
         g = torch.zeros(B, T, HV, K)
-    if segmented:
-        launch = build_gla_segments(q, k, v, g, h0, scale=K ** -0.5, output_final_state=True, ssd=prologue,
-                                    shape=GlaShape(64, 8, "sm90: segmented", segments=4), state_v_first=ssd)
-    else:
-        launch = build_gla_forward(q, k, v, g, h0, cu_t, scale=K ** -0.5, output_final_state=True, shape=GLA_LAUNCH,
-                                   ssd=prologue, state_indices=slots, state_v_first=cache, chunk_offsets=offsets,
-                                   num_chunk_rows=40 if chunk_states else None, chunk_states_dtype=torch.float32,
-                                   prep_rows=40 if prepped else None)
+    launch = build_gla_forward(q, k, v, g, h0, cu_t, scale=K ** -0.5, output_final_state=True, shape=GLA_LAUNCH,
+                               ssd=prologue, state_indices=slots, state_v_first=cache, chunk_offsets=offsets,
+                               num_chunk_rows=40 if chunk_states else None, chunk_states_dtype=torch.float32,
+                               prep_rows=40 if prepped else None)
     values = dict(q=q, k=k, v=v, g=g if g is not None else torch.zeros(1), h0=h0,
                   cu_seqlens=cu_t if cu_t is not None else torch.zeros(1), state_indices=slots,
                   chunk_offsets=offsets if offsets is not None else torch.zeros(1),
@@ -149,7 +143,7 @@ def compile_gla(case: str, ssd: bool = False, cache: bool = False, seq_idx: bool
                   **{n: torch.zeros(1, dtype=spec[1]) for n, spec in launch.buffers.items()})
     values = {n: values.get(n, torch.zeros(1)) for n in GLA_NAMES}
     lines = []
-    for step in (*launch.before, launch.prep, launch.step):
+    for step in (launch.prep, launch.step):
         if step is None:
             continue
         compiled = compile_for_sm90(step, GLA_NAMES, tuple(values[n] for n in GLA_NAMES))
@@ -224,11 +218,10 @@ if __name__ == "__main__":
     elif sys.argv[1] in ("gla-backward", "gla-per-key-backward"):
         print("\n".join(compile_gla_backward(sys.argv[2], per_key=sys.argv[1] == "gla-per-key-backward")))
     elif sys.argv[1] in ("gla", "gla-chunk-states", "gla-per-key", "gla-split", "ssd", "ssd-cache", "ssd-seq-idx",
-                         "ssd-split", "gla-segmented", "ssd-segmented"):
+                         "ssd-split"):
         print("\n".join(compile_gla(sys.argv[2], ssd=sys.argv[1].startswith("ssd"), cache=sys.argv[1] == "ssd-cache",
                                     seq_idx=sys.argv[1] in ("ssd-seq-idx", "ssd-split"),
                                     chunk_states=sys.argv[1] == "gla-chunk-states",
-                                    per_key=sys.argv[1] == "gla-per-key", split=sys.argv[1].endswith("split"),
-                                    segmented=sys.argv[1].endswith("segmented"))))
+                                    per_key=sys.argv[1] == "gla-per-key", split=sys.argv[1].endswith("split"))))
     else:
         print("\n".join(compile_case(*sys.argv[1:3])))
