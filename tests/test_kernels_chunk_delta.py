@@ -499,15 +499,59 @@ def test_segments_state_cache_padding_and_untouched_slots():
         q, k, v, g, beta, 1, 3, state=cache, state_indices=slots, return_chunk_states=True))
 
 
-def test_segments_varlen_runs_the_single_pass():
-    """Varlen input keeps the single sweep whatever ``segments`` says: bit-identical results."""
-    cu = torch.tensor([0, 70, 200], device=DEVICE)
-    q, k, v, g, beta = gdp_inputs(200, 1, 1, 2, 16, 16)
-    d = build_chunk_descriptors(cu.cpu(), 1, device=DEVICE)
-    kw = dict(cu_seqlens=cu, chunk_indices_dp=d.chunk_indices_dp, output_final_state=True)
-    a = _fwd(q, k, v, g, beta, 1, 1, **kw)
-    b = _fwd(q, k, v, g, beta, 1, 4, **kw)
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
+@pytest.mark.parametrize("M, P", [(1, 2), (1, 3), (2, 4)])
+@pytest.mark.parametrize("cache", [False, True], ids=["initial states", "a state cache with padding"])
+def test_segments_cut_each_varlen_sequence_by_its_own_length(M, P, cache):
+    """Varlen in P segments: each sequence in P segments of its own chunks (an empty, a one-token
+    and a one-chunk sequence, whose segments are empty or one chunk; a long one cut across
+    resets), weak decays so that states carry across segments: outputs, final states and chunk
+    states against the float64 oracle per sequence and equal, within float32 rounding, to the
+    single pass; a state cache with a padding slot keeps its unnamed slots' bits."""
+    cu = [0, 0, 1, 65, 400] if M == 1 else [0, 0, 1, 65, 200]
+    T, N = cu[-1], len(cu) - 1
+    q, k, v, g, beta = gdp_inputs(T, M, 2, 4, 24, 40)
+    g = g * 0.02
+    g[:, 130, 1] = float("-inf")
+    cu_t = torch.tensor(cu, device=DEVICE)
+    d = build_chunk_descriptors(cu, M, device=DEVICE)
+    gen = torch.Generator().manual_seed(5)
+    S0 = torch.randn(N, 4, 24, 40, dtype=torch.float64, generator=gen)
+    kw = dict(cu_seqlens=cu_t, chunk_indices_dp=d.chunk_indices_dp, chunk_offsets=d.chunk_offsets,
+              num_chunk_rows=d.chunk_indices.shape[0], return_chunk_states=True)
+    if cache:
+        slots = torch.tensor([3, -1, 0, 5], dtype=torch.int32)
+        pool = torch.full((7, 4, 24, 40), float("nan"))
+        pool[[3, 0, 5]] = f32(S0[[0, 2, 3]])[0].cpu()
+        S0[1] = 0
+        runs = {}
+        for p in (1, P):
+            c = pool.clone().to(DEVICE)
+            runs[p] = _fwd(q, k, v, g, beta, M, p, state=c, state_indices=slots.to(DEVICE), **kw)
+        untouched = [1, 2, 4, 6]
+        assert torch.equal(bits(runs[P][1].cpu()[untouched]), bits(pool[untouched]))
+    else:
+        runs = {p: _fwd(q, k, v, g, beta, M, p, initial_state=f32(S0)[0], output_final_state=True, **kw)
+                for p in (1, P)}
+    naive = gated_delta_rule_naive if M == 1 else (lambda *a, **k_: gated_delta_product_naive(*a[:5], M, *a[5:], **k_))
+    want = naive(q, k, v, g, beta, initial_state=S0, use_qk_l2norm_in_kernel=True, cu_seqlens=torch.tensor(cu),
+                 return_chunk_states=True)
+    got, single = runs[P], runs[1]
+    o, final, chunks = got[0].cpu(), got[1].cpu(), got[2].cpu()
+    rows = want[2].shape[0]
+    if cache:  # the padding sequence (1): zero outputs and chunk states; the others' finals in their slots
+        assert o[:, cu[1]:cu[2]].eq(0).all() and chunks[d.chunk_offsets[1]:d.chunk_offsets[2]].eq(0).all()
+        want[0][:, cu[1]:cu[2]] = 0
+        want[2][d.chunk_offsets[1]:d.chunk_offsets[2]] = 0
+        final, want_final = final[[3, 0, 5]], want[1][[0, 2, 3]]
+    else:
+        want_final = want[1]
+    assert_f32_close(o, want[0], f"P={P} o")
+    assert_f32_close(final, want_final, f"P={P} final states")
+    assert_f32_close(chunks[:rows], want[2], f"P={P} chunk states")
+    for i, (a, b) in enumerate(zip(got, single)):
+        if cache and i == 1:  # the pool: its live slots (NaN elsewhere), in both runs
+            a, b = a[[3, 0, 5]], b[[3, 0, 5]]
+        assert_f32_close(a.cpu(), b.double().cpu(), f"P={P} against the single pass")
 
 
 @pytest.mark.parametrize("T,M,phases", [(300, 1, (2, 3, 5)), (200, 2, (2, 4)), (65, 1, (2,)), (64, 1, (2,))])

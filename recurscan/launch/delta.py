@@ -222,7 +222,9 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         buffers["winv"] = buffers["wy"]
     NV = triton.cdiv(V, BV)
     P, seg_chunks = 1, 0
-    if segments > 1 and not varlen and T > 0:
+    if segments > 1 and varlen and T > 0:  # each sequence cut by its own length (the sweep kernel)
+        P = segments
+    elif segments > 1 and T > 0:
         seg_chunks = triton.cdiv(triton.cdiv(T, BT), segments)
         P = triton.cdiv(triton.cdiv(T, BT), seg_chunks)  # no empty segment
     # The initial state's source (the cache, or initial_state) is read and written through its strides.
@@ -385,8 +387,8 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
       and ``num_chunk_rows`` (rows of the chunk-state tensor, >= chunk_offsets[N]) too.
     - ``shape``: the launch shape (:class:`recurscan.plan.DeltaShape`; the planner's choice in the
       ops), default :data:`TEST_SHAPE`; ``fields`` replace single fields of it, e.g.
-      ``block_v=64, segments=3``. Segments apply to dense batches (varlen runs the single sweep);
-      phases to dense single-pass batches. The phases overlap only through programmatic launches,
+      ``block_v=64, segments=3``. Segments cut every sequence into that many parts (varlen: each
+      by its own length); phases apply to dense single-pass batches. The phases overlap only through programmatic launches,
       which kept launches make from their second run on: here every call builds anew, so its
       launches go through Triton's JIT and the phases run one after another (same bits).
 

@@ -22,8 +22,8 @@ class DeltaShape:
     num_stages: int  # software-pipelining depth of the sweep's chunk loop
     prep_warps: int
     reason: str
-    # 1: one program walks a whole sequence; P > 1 (dense): two parallel passes over P segments
-    # with a sequential fix-up between.
+    # 1: one program walks a whole sequence; P > 1: two parallel passes over P segments of each
+    # sequence (varlen: each cut by its own length) with a sequential fix-up between.
     segments: int = 1
     # V pipelined through shared memory as a product operand; False keeps it in registers
     # (16 KB less shared memory a program).

@@ -252,10 +252,11 @@ def chunk_delta_sweep_kernel(
     programs again with each chunk's outputs formed causally (:func:`_outputs_causal`), writing
     the outputs and the slot. Outputs before a bad token keep the clean run's bits.
 
-    Segments (``PASS`` 1 and 2, dense batches; the wrapper launches them, with
-    :func:`chunk_delta_fixup_kernel` between): each sequence's token chunks are cut into ``n_seg``
-    segments of ``seg_chunks`` token chunks (so of ``seg_chunks * M`` expanded chunks: no token and
-    no chunk state straddles two segments). Per value head a segment maps the state affinely,
+    Segments (``PASS`` 1 and 2; the wrapper launches them, with :func:`chunk_delta_fixup_kernel`
+    between): each sequence's token chunks are cut into ``n_seg`` segments of ``seg_chunks`` token
+    chunks (so of ``seg_chunks * M`` expanded chunks: no token and no chunk state straddles two
+    segments); varlen: of ``ceil(chunks / n_seg)`` of the sequence's own chunks, the last ones
+    empty for a sequence of fewer than ``n_seg`` chunks (an empty segment maps the state to itself). Per value head a segment maps the state affinely,
     ``S_out = M_i S_in + N_i``, with the same ``M_i [K, K]`` for every value column.
     ``seg_n [N, n_seg, HV, K, V]`` and ``seg_m [N, n_seg, HV, K, K]`` are float32 scratch.
 
@@ -351,6 +352,8 @@ def chunk_delta_sweep_kernel(
         first_phase = tc_lo == 0
         last_phase = tc_hi == tl.cdiv(eos_t - bos_t, BT)
     else:
+        if IS_VARLEN:  # each sequence in n_seg segments of its own length (some empty if it is short)
+            seg_chunks = tl.cdiv(tl.cdiv(eos_t - bos_t, BT), n_seg)
         tc_lo = i_s * seg_chunks
         tc_hi = tl.minimum(tc_lo + seg_chunks, tl.cdiv(eos_t - bos_t, BT))
         c_lo = tc_lo * M
