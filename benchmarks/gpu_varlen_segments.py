@@ -1,8 +1,9 @@
 """Varlen GDN prefill with few (sequence, value head) pairs, each sequence cut into P segments of
 its own length (DeltaShape.segments on varlen input, kernels/delta/sweep.py) against the single
-pass (P = 1, the planner's launch shape; P > 1 in the dense few-pairs row's shape, BV 64); a dense batch of the same sequences beside
-(the dense rows' segments). CUDA-graph replay (device time) and eager (L2 flushed), inference, bf16,
-l2norm in the kernel, descriptors built once outside timing.
+pass (P = 1: the launch table's first row without segments; P > 1: BV 64, bulk stores); a dense
+batch of the same sequences beside (the planner's dense rows). CUDA-graph replay (device time)
+and eager (L2 flushed), inference, bf16, l2norm in the kernel, descriptors built once outside
+timing.
 
     PYTHONPATH=$PWD python benchmarks/gpu_varlen_segments.py --out benchmarks/results/gpu_varlen_segments.json
 """
@@ -34,6 +35,14 @@ def inputs(N, L, H, HV, K=128):
                 cu=torch.arange(N + 1, device="cuda", dtype=torch.int32) * L)
 
 
+def one_pass(problem, device):
+    """The launch table's first row without segments that holds for ``problem``."""
+    sizes = plan.DeltaSizes(pairs=problem.sequences * problem.value_heads, sms=plan.sm_count(device),
+                            value_dim=problem.value_dim, tokens=problem.tokens * problem.householder,
+                            varlen=problem.varlen, sequences=problem.sequences)
+    return next(shape for applies, shape in plan.DELTA_LAUNCH if applies(sizes) and shape.segments == 1)
+
+
 def timed(call):
     with torch.inference_mode():
         out = call()
@@ -53,9 +62,9 @@ def main():
         name = f"gdn_varlen{N}x{L}_h{H}_hv{HV}"
         base = None
         for P in SEGMENTS:
-            # P = 1: the planner's shape; P > 1: the dense few-pairs row's (BV 64, bulk stores) in P segments.
-            plan.delta_shape = planned if P == 1 else (lambda problem, device, P=P: dataclasses.replace(
-                FEW_PAIRS, segments=P))
+            # P = 1: the table's first row without segments; P > 1: BV 64, bulk stores, in P segments.
+            plan.delta_shape = (lambda problem, device: one_pass(problem, device)) if P == 1 else (
+                lambda problem, device, P=P: dataclasses.replace(FEW_PAIRS, segments=P))
             clear_caches()
             call = lambda: recurscan.chunk_gated_delta_rule(  # noqa: E731
                 x["q"], x["k"], x["v"], x["g"], x["beta"], cu_seqlens=x["cu"], chunk_indices=d.chunk_indices,

@@ -408,6 +408,9 @@ def test_planner_rows():
     (2048, 32768, True, 64, (128, 8, 3, 1, True, False, 1)),  # 64 sequences of 512: no bulk store
     (20, 4096, False, 1, (32, 4, 2, 1, False, False, 1)),
     (4, 4096, False, 1, (16, 4, 2, 1, False, False, 1)),
+    (16, 32768, True, 2, (64, 4, 3, 4, True, True, 1)),     # varlen 2 x 16384 HV8: each sequence in 4 segments
+    (16, 32768, True, 4, (64, 4, 3, 4, True, True, 1)),     # varlen 4 x 8192 HV4
+    (16, 8192, True, 4, (16, 4, 2, 1, False, False, 1)),    # varlen 4 x 2048: too short to cut
 ])
 def test_launch_rows_on_an_h200(pairs, tokens, varlen, sequences, want):
     """The launch table's choice for the measured workloads on 132 SMs (plan/delta.py cites the figures)."""
