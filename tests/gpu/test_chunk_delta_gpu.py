@@ -23,6 +23,7 @@ from recurscan.reference.delta import gated_delta_product_chunked, gated_delta_r
 from recurscan.runtime import launcher
 
 from tests.helpers.launches import delta_launches
+from tests.helpers.tolerances import relative_rms
 
 pytestmark = pytest.mark.gpu
 
@@ -504,6 +505,32 @@ def test_varlen_without_descriptors_is_sync_free_and_captured(M):
         if bounds[2] == 400:
             for a, b in zip(eager, want):
                 assert torch.equal(a, b)
+
+
+def test_varlen_segments_at_real_sizes():
+    """A varlen batch the planner cuts into segments (two sequences of 8192 tokens, H = HV = 4,
+    K = V = 128: 4 segments of each sequence, plan.delta's varlen row), bf16, l2norm, initial
+    states: outputs and final states against the float64 PyTorch form on the GPU."""
+    from recurscan.plan import delta_shape
+    from recurscan.problem import delta_problem
+    gen = torch.Generator(device="cuda").manual_seed(15)
+    rn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+    T, H = 16384, 4
+    q, k, v = rn(1, T, H, 128).bfloat16(), rn(1, T, H, 128).bfloat16(), rn(1, T, H, 128).bfloat16()
+    g, beta = torch.nn.functional.logsigmoid(rn(1, T, H) + 6), torch.rand(1, T, H, device="cuda").bfloat16()
+    h0 = rn(2, H, 128, 128) * 0.1
+    cu = torch.tensor([0, 8192, T], device="cuda", dtype=torch.int32)
+    d = recurscan.build_chunk_descriptors(cu, 1, device="cuda")
+    shape = delta_shape(delta_problem(q, k, v, g, beta, initial_state=h0, cu_seqlens=cu), torch.device("cuda"))
+    assert shape.segments == 4, shape.reason
+    got = recurscan.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                                           chunk_indices=d.chunk_indices, chunk_offsets=d.chunk_offsets,
+                                           use_qk_l2norm_in_kernel=True)
+    want = recurscan.chunk_gated_delta_rule(*(t.double() for t in (q, k, v, g, beta)), initial_state=h0.double(),
+                                            output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=True,
+                                            backend="torch")
+    for a, b in zip(got, want):
+        assert relative_rms(a.double(), b) < 1e-2
 
 
 def test_varlen_without_descriptors_reuses_the_launches_of_its_signature():
