@@ -86,9 +86,9 @@ DELTA_LAUNCH: list[tuple[Callable[[DeltaSizes], bool], DeltaShape]] = [
                          "operand, output tiles by bulk tensor stores", segments=3, tma_store=True)),
     (lambda s: s.varlen and s.mean_tokens >= 8192 and 4 * s.programs_64 <= s.sms,
      DeltaShape(64, 4, 3, 4, "few pairs over long varlen sequences: each sequence in 4 segments of its own length "
-                         "at BV 64, bulk stores (H200: 2 x 16384 tokens HV8 0.346 ms against 0.626 in one pass, "
-                         "2 x 32768 0.662 against 1.225, 4 x 8192 HV4 0.189 against 0.323; "
-                         "gpu_varlen_segments_800f862.json)", segments=4, tma_store=True)),
+                         "at BV 64, bulk stores (H200: 2 x 16384 tokens HV8 0.347 ms against 0.622 in one pass, "
+                         "2 x 32768 0.665 against 1.222, 4 x 8192 HV4 0.188 against 0.319; "
+                         "gpu_varlen_segments_ca14896.json)", segments=4, tma_store=True)),
     (lambda s: 2 * s.programs_64 >= s.sms,
      DeltaShape(64, 4, 3, 4, "at most one 64-column program per SM: three stages, V as a product operand")),
     (lambda s: 2 * s.pairs * -(-s.value_dim // 32) >= s.sms,
