@@ -53,6 +53,9 @@ def timed(call):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out")
+    ap.add_argument("--dense-segments", type=int, action="append", default=[],
+                    help="the dense batch again in P segments at BV 64 (repeatable)")
+    ap.add_argument("--skip-varlen", action="store_true", help="the dense rows alone")
     args = ap.parse_args()
     planned = plan.delta_shape  # the name the planner calls
     rows = []
@@ -61,7 +64,7 @@ def main():
         d = recurscan.build_chunk_descriptors(x["cu"], 1, device="cuda")
         name = f"gdn_varlen{N}x{L}_h{H}_hv{HV}"
         base = None
-        for P in SEGMENTS:
+        for P in [] if args.skip_varlen else SEGMENTS:
             # P = 1: the table's first row without segments; P > 1: BV 64, bulk stores, in P segments.
             plan.delta_shape = (lambda problem, device: one_pass(problem, device)) if P == 1 else (
                 lambda problem, device, P=P: dataclasses.replace(FEW_PAIRS, segments=P))
@@ -88,6 +91,15 @@ def main():
                          graph_ms=graph_ms, eager_ms=eager_ms))
         print(f"{name.replace('varlen', 'dense'):<28} planned ({shape.segments} segments, {shape.phases} phases): "
               f"graph {graph_ms:.3f} ms, eager {eager_ms:.3f} ms", flush=True)
+        for P in args.dense_segments:
+            plan.delta_shape = lambda problem, device, P=P: dataclasses.replace(FEW_PAIRS, segments=P)
+            clear_caches()
+            _, graph_ms, eager_ms = timed(call)
+            rows.append(dict(workload=name.replace("varlen", "dense"), segments=P, phases=1, graph_ms=graph_ms,
+                             eager_ms=eager_ms))
+            print(f"{name.replace('varlen', 'dense'):<28} {P} segments at BV 64: graph {graph_ms:.3f} ms, "
+                  f"eager {eager_ms:.3f} ms", flush=True)
+        plan.delta_shape = planned
     if args.out:
         runner.save_rows(rows, args.out, torch.device("cuda"))
 
