@@ -44,6 +44,14 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
                chunk_size=None, backend=None, chunk_indices=None, chunk_indices_dp=None, chunk_offsets=None):
     if chunk_indices_dp is None and num_householder == 1:
         chunk_indices_dp = chunk_indices  # GDN: the two chunkings coincide
+    if torch.compiler.is_compiling() and state is None and not return_chunk_states and chunk_size is None:
+        # Being traced (torch.compile, torch.export): one scan node with a packed result (ops/scan.py).
+        from .scan import traced_delta
+        return traced_delta(q, k, v, g, beta, num_householder=num_householder, scale=scale,
+                            initial_state=initial_state, output_final_state=output_final_state,
+                            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
+                            chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
+                            chunk_indices_dp=chunk_indices_dp)
     if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.dim() == 1 and isinstance(q, torch.Tensor) \
             and q.dim() == 4 and plan_delta.varlen_as_dense(cu_seqlens.numel() - 1, num_householder,
                                                             return_chunk_states):

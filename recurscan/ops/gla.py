@@ -14,6 +14,12 @@ from . import _cache
 def _run_gla(q, k, v, g, *, per_key_decay, scale, initial_state, output_final_state, cu_seqlens, backend=None,
              g_gamma=None, state=None, state_indices=None, chunk_indices=None, chunk_offsets=None,
              return_chunk_states=False):
+    if torch.compiler.is_compiling() and state is None and not return_chunk_states:
+        # Being traced (torch.compile, torch.export): one scan node with a packed result (ops/scan.py).
+        from .scan import traced_gla
+        return traced_gla(q, k, v, g, per_key_decay=per_key_decay, scale=scale, initial_state=initial_state,
+                          output_final_state=output_final_state, g_gamma=g_gamma, cu_seqlens=cu_seqlens,
+                          chunk_indices=chunk_indices, chunk_offsets=chunk_offsets)
     problem = gla_problem(q, k, v, g, per_key_decay=per_key_decay, scale=scale, initial_state=initial_state,
                           cu_seqlens=cu_seqlens, g_gamma=g_gamma, state=state, state_indices=state_indices,
                           chunk_indices=chunk_indices, chunk_offsets=chunk_offsets)

@@ -68,6 +68,14 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt
     """
     if return_varlen_states and cu_seqlens is None:
         raise ValueError("return_varlen_states: needs cu_seqlens [N + 1] (as mamba_ssm)")
+    if torch.compiler.is_compiling() and state is None and not return_chunk_states and chunk_indices is None:
+        # Being traced (torch.compile, torch.export): one scan node with a packed result (ops/scan.py).
+        from .scan import traced_ssd
+        y, final = traced_ssd(x, dt, A, B, C, chunk_size=chunk_size, D=D, z=z, dt_bias=dt_bias,
+                              initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens,
+                              dt_softplus=dt_softplus, dt_limit=dt_limit)
+        extra = (final,) * (int(bool(return_final_states)) + int(bool(return_varlen_states)))
+        return (y, *extra) if extra else y
     if return_chunk_states and seq_idx is not None and cu_seqlens is None:
         raise ValueError("return_chunk_states: chunk states are per sequence; with seq_idx pass cu_seqlens too")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:

@@ -1,0 +1,399 @@
+"""The scan as one traced equation (seed 000, issue 22): ``torch.library`` custom ops whose one
+result is a packed tensor ``[1, H, L + S, W]``, so that ``torch.export`` and ``torch.compile`` see
+a prefill as a single node of constant size at every prompt length.
+
+Layout (:class:`ScanLayout`): H is the value heads (HV); W is the value width V; rows ``[0, L)``
+are the output y, one row per token of the flattened batch (``L = B * T``; varlen: the token
+stream), and rows ``[L, L + S)`` are the carried state, ``S = N * K``: sequence n's ``[K, V]``
+state is rows ``L + n K .. L + (n + 1) K``. The packed tensor is float32 (float64 for float64
+inputs) so that the state keeps its precision; y is cast back to q's dtype by the public op.
+
+The forward is the op's own (the oracle on CPU tensors, the Triton kernels on CUDA); the
+backward is a second custom op that recomputes the forward under autograd and differentiates it
+(the oracle's autograd on the CPU, the Triton backward on CUDA), so the traced backward is one
+node too. The public ops take this path while they are being traced
+(``torch.compiler.is_compiling()``); eager calls keep their direct path.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+@dataclass(frozen=True)
+class ScanLayout:
+    """The two row ranges of a packed scan result ``[1, heads, rows_y + rows_state, width]``."""
+
+    heads: int
+    rows_y: int  # L: one per token
+    rows_state: int  # S: N sequences x K state rows
+    width: int  # W: the value width
+
+    @property
+    def shape(self) -> tuple:
+        return (1, self.heads, self.rows_y + self.rows_state, self.width)
+
+    def y(self, packed: torch.Tensor) -> torch.Tensor:
+        """``[H, L, W]``: the output rows (a view)."""
+        return packed[0, :, :self.rows_y]
+
+    def state(self, packed: torch.Tensor) -> torch.Tensor:
+        """``[H, S, W]``: the carried-state rows (a view)."""
+        return packed[0, :, self.rows_y:]
+
+
+def delta_layout(q: torch.Tensor, v: torch.Tensor, sequences: int) -> ScanLayout:
+    """The layout of a delta-rule scan of q ``[B, T, H, K]``, v ``[B, T*M, HV, V]`` over
+    ``sequences`` sequences."""
+    B, T, _, K = q.shape
+    return ScanLayout(heads=v.shape[2], rows_y=B * T, rows_state=sequences * K, width=v.shape[3])
+
+
+def packed_dtype(q: torch.Tensor) -> torch.dtype:
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+def unpack_delta(packed: torch.Tensor, layout: ScanLayout, batch: int, key_dim: int):
+    """``(y [B, T, HV, V], state [N, HV, K, V])`` of a packed delta-rule result, as views."""
+    L = layout.rows_y
+    y = layout.y(packed).unflatten(1, (batch, L // batch)).permute(1, 2, 0, 3)
+    state = layout.state(packed).unflatten(1, (layout.rows_state // key_dim, key_dim)).permute(1, 0, 2, 3)
+    return y, state
+
+
+def _sequences(q: torch.Tensor, cu_seqlens: Optional[torch.Tensor]) -> int:
+    return q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+
+
+def _delta_forward(q, k, v, g, beta, num_householder, scale, initial_state, use_qk_l2norm, cu_seqlens,
+                   chunk_indices, chunk_offsets, chunk_indices_dp):
+    from .delta_rule import _run_delta
+    return _run_delta(q, k, v, g, beta, num_householder=num_householder, scale=scale, initial_state=initial_state,
+                      output_final_state=True, use_qk_l2norm_in_kernel=use_qk_l2norm, cu_seqlens=cu_seqlens,
+                      state=None, state_indices=None, return_chunk_states=False, chunk_indices=chunk_indices,
+                      chunk_offsets=chunk_offsets, chunk_indices_dp=chunk_indices_dp)
+
+
+@torch.library.custom_op("recurscan::delta_rule_scan", mutates_args=())
+def delta_rule_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
+                    beta: Optional[torch.Tensor], num_householder: int, scale: float,
+                    initial_state: Optional[torch.Tensor], use_qk_l2norm: bool, cu_seqlens: Optional[torch.Tensor],
+                    chunk_indices: Optional[torch.Tensor], chunk_offsets: Optional[torch.Tensor],
+                    chunk_indices_dp: Optional[torch.Tensor]) -> torch.Tensor:
+    """The delta-rule scan (GDN: ``num_householder`` 1; GDP: M > 1) with its packed result
+    ``[1, HV, B*T + N*K, V]`` (:class:`ScanLayout`). Arguments as ``chunk_gated_delta_product_varlen``
+    (q ``[B, T, H, K]``, k, v, beta on the expanded stream ``[B, T*M, ...]``, g ``[B, T, HV]``);
+    ``scale`` a float (the public ops resolve its default)."""
+    with torch.no_grad():
+        o, final = _delta_forward(q, k, v, g, beta, num_householder, scale, initial_state, use_qk_l2norm, cu_seqlens,
+                                  chunk_indices, chunk_offsets, chunk_indices_dp)
+    layout = delta_layout(q, v, _sequences(q, cu_seqlens))
+    packed = q.new_empty(layout.shape, dtype=packed_dtype(q))
+    y, state = unpack_delta(packed, layout, q.shape[0], q.shape[3])
+    y.copy_(o)
+    state.copy_(final)
+    return packed
+
+
+@delta_rule_scan.register_fake
+def _(q, k, v, g, beta, num_householder, scale, initial_state, use_qk_l2norm, cu_seqlens, chunk_indices,
+      chunk_offsets, chunk_indices_dp):
+    return q.new_empty(delta_layout(q, v, _sequences(q, cu_seqlens)).shape, dtype=packed_dtype(q))
+
+
+@torch.library.custom_op("recurscan::delta_rule_scan_backward", mutates_args=())
+def delta_rule_scan_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             g: Optional[torch.Tensor], beta: Optional[torch.Tensor], num_householder: int,
+                             scale: float, initial_state: Optional[torch.Tensor], use_qk_l2norm: bool,
+                             cu_seqlens: Optional[torch.Tensor], chunk_indices: Optional[torch.Tensor],
+                             chunk_offsets: Optional[torch.Tensor], chunk_indices_dp: Optional[torch.Tensor]
+                             ) -> list[torch.Tensor]:
+    """The gradients ``[dq, dk, dv, dg, dbeta, dinitial_state]`` of :func:`delta_rule_scan` for the
+    gradient ``grad`` of its packed result (an absent input's entry is an empty tensor): the
+    forward again under autograd, differentiated (the oracle on CPU tensors, the Triton backward
+    on CUDA)."""
+    layout = delta_layout(q, v, _sequences(q, cu_seqlens))
+    do, dht = unpack_delta(grad, layout, q.shape[0], q.shape[3])
+    inputs = (q, k, v, g, beta, initial_state)
+    if q.is_cuda:
+        grads = _triton_delta_backward(q, k, v, g, beta, num_householder, scale, initial_state, use_qk_l2norm,
+                                       cu_seqlens, chunk_indices, chunk_offsets, chunk_indices_dp,
+                                       do.to(q.dtype).contiguous(), dht.float().contiguous())
+        if grads is not None:
+            return [q.new_empty(0) if t is None else d.to(t.dtype).contiguous() for t, d in zip(inputs, grads)]
+    present = [i for i, t in enumerate(inputs) if t is not None]
+
+    def forward(*xs):
+        full = list(inputs)
+        for i, x in zip(present, xs):
+            full[i] = x
+        return _delta_forward(*full[:5], num_householder, scale, full[5], use_qk_l2norm, cu_seqlens, chunk_indices,
+                              chunk_offsets, chunk_indices_dp)
+
+    # torch.func.vjp: the op's implementation runs below autograd's dispatch key, where a plain
+    # autograd graph would not be recorded.
+    (o, final), pullback = torch.func.vjp(forward, *(inputs[i] for i in present))
+    grads = dict(zip(present, pullback((do.to(o.dtype), dht.to(final.dtype)))))
+    return [q.new_empty(0) if t is None else grads[i].to(t.dtype).contiguous() for i, t in enumerate(inputs)]
+
+
+def _triton_delta_backward(q, k, v, g, beta, num_householder, scale, initial_state, use_qk_l2norm, cu_seqlens,
+                           chunk_indices, chunk_offsets, chunk_indices_dp, do, dht):
+    """The Triton backward stages of the planned launch, recomputing from the inputs (the traced
+    forward keeps none of the prep's outputs), or None where the planner runs the PyTorch form."""
+    from ..launch.delta_backward import chunk_delta_bwd, chunk_delta_product_bwd
+    from ..plan import plan
+    from ..problem import delta_problem
+    M = num_householder
+    problem = delta_problem(q, k, v, g, beta, num_householder=M, scale=scale, initial_state=initial_state,
+                            cu_seqlens=cu_seqlens)
+    schedule = plan("delta_rule", problem, q.device, "chunked")
+    if schedule.backend != "triton":
+        return None
+    common = dict(scale=scale, initial_state=initial_state, use_qk_l2norm_in_kernel=use_qk_l2norm,
+                  cu_seqlens=cu_seqlens, shape=schedule.launch)
+    if cu_seqlens is not None and (chunk_indices_dp if M > 1 else chunk_indices) is None:
+        from ..launch.descriptors import device_descriptors
+        built = device_descriptors(cu_seqlens, M, tokens=q.shape[1])
+        chunk_indices, chunk_indices_dp, chunk_offsets = built.chunk_indices, built.chunk_indices_dp, \
+            built.chunk_offsets
+    if M > 1:
+        return chunk_delta_product_bwd(q, k, v, g, beta, M, do, dht, chunk_indices_dp=chunk_indices_dp, **common)
+    return chunk_delta_bwd(q, k, v, g, beta, do, dht, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
+                           **common)
+
+
+@delta_rule_scan_backward.register_fake
+def _(grad, q, k, v, g, beta, num_householder, scale, initial_state, use_qk_l2norm, cu_seqlens, chunk_indices,
+      chunk_offsets, chunk_indices_dp):
+    return [q.new_empty(0) if t is None else t.new_empty(t.shape) for t in (q, k, v, g, beta, initial_state)]
+
+
+def _setup_context(ctx, inputs, output):
+    (q, k, v, g, beta, M, scale, h0, l2, cu, ci, co, cidp) = inputs
+    ctx.save_for_backward(q, k, v, g, beta, h0, cu, ci, co, cidp)
+    ctx.options = (M, scale, l2)
+
+
+def _backward(ctx, grad):
+    q, k, v, g, beta, h0, cu, ci, co, cidp = ctx.saved_tensors
+    M, scale, l2 = ctx.options
+    dq, dk, dv, dg, dbeta, dh0 = torch.ops.recurscan.delta_rule_scan_backward(grad, q, k, v, g, beta, M, scale, h0,
+                                                                               l2, cu, ci, co, cidp)
+    absent = lambda t, d: None if t is None else d  # noqa: E731
+    return (dq, dk, dv, absent(g, dg), absent(beta, dbeta), None, None, absent(h0, dh0), None, None, None, None, None)
+
+
+torch.library.register_autograd("recurscan::delta_rule_scan", _backward, setup_context=_setup_context)
+
+
+def traced_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, output_final_state,
+                 use_qk_l2norm_in_kernel, cu_seqlens, chunk_indices, chunk_offsets, chunk_indices_dp):
+    """What a public delta-rule op returns while it is being traced: one ``delta_rule_scan`` node,
+    its packed result unpacked into views (y cast to q's dtype)."""
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    packed = torch.ops.recurscan.delta_rule_scan(q, k, v, g, beta, num_householder, scale, initial_state,
+                                                 bool(use_qk_l2norm_in_kernel), cu_seqlens, chunk_indices,
+                                                 chunk_offsets, chunk_indices_dp)
+    layout = delta_layout(q, v, _sequences(q, cu_seqlens))
+    y, state = unpack_delta(packed, layout, q.shape[0], q.shape[3])
+    return y.to(q.dtype), (state if output_final_state else None)
+
+
+def ssd_layout(x: torch.Tensor, B: torch.Tensor, sequences: int) -> ScanLayout:
+    """The layout of a Mamba2 SSD scan of x ``[Bt, T, H, P]`` with B ``[Bt, T, G, Nstate]``: the
+    state of each sequence is Nstate rows of width P (the kernels' ``[K, V]``; mamba's ``[H, P,
+    Nstate]`` is its transpose)."""
+    Bt, T, H, P = x.shape
+    return ScanLayout(heads=H, rows_y=Bt * T, rows_state=sequences * B.shape[3], width=P)
+
+
+def unpack_ssd(packed: torch.Tensor, layout: ScanLayout, batch: int, state_dim: int):
+    """``(y [Bt, T, H, P], final states [N, H, P, Nstate])`` of a packed SSD result, as views."""
+    y, state = unpack_delta(packed, layout, batch, state_dim)
+    return y, state.transpose(-1, -2)
+
+
+def _ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus,
+                 dt_min, dt_max):
+    from .ssd import mamba_chunk_scan_combined
+    return mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=chunk_size, D=D, z=z, dt_bias=dt_bias,
+                                     initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens,
+                                     dt_softplus=dt_softplus, dt_limit=(dt_min, dt_max), return_final_states=True)
+
+
+@torch.library.custom_op("recurscan::ssd_scan", mutates_args=())
+def ssd_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk_size: int,
+             D: Optional[torch.Tensor], z: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
+             initial_states: Optional[torch.Tensor], seq_idx: Optional[torch.Tensor],
+             cu_seqlens: Optional[torch.Tensor], dt_softplus: bool, dt_min: float, dt_max: float) -> torch.Tensor:
+    """Mamba2 SSD (``mamba_chunk_scan_combined``'s arguments) with its packed result
+    ``[1, H, Bt*T + N*Nstate, P]`` (:func:`ssd_layout`)."""
+    with torch.no_grad():
+        y, final = _ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                                dt_softplus, dt_min, dt_max)
+    layout = ssd_layout(x, B, _sequences(x, cu_seqlens))
+    packed = x.new_empty(layout.shape, dtype=packed_dtype(x))
+    y_view, state_view = unpack_ssd(packed, layout, x.shape[0], B.shape[3])
+    y_view.copy_(y)
+    state_view.copy_(final)
+    return packed
+
+
+@ssd_scan.register_fake
+def _(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus, dt_min, dt_max):
+    return x.new_empty(ssd_layout(x, B, _sequences(x, cu_seqlens)).shape, dtype=packed_dtype(x))
+
+
+#: The differentiable inputs of ssd_scan, by position.
+_SSD_GRAD_INPUTS = (0, 1, 2, 3, 4, 6, 7, 8, 9)  # x, dt, A, B, C, D, z, dt_bias, initial_states
+
+
+@torch.library.custom_op("recurscan::ssd_scan_backward", mutates_args=())
+def ssd_scan_backward(grad: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                      C: torch.Tensor, chunk_size: int, D: Optional[torch.Tensor], z: Optional[torch.Tensor],
+                      dt_bias: Optional[torch.Tensor], initial_states: Optional[torch.Tensor],
+                      seq_idx: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor], dt_softplus: bool,
+                      dt_min: float, dt_max: float) -> list[torch.Tensor]:
+    """The gradients of :func:`ssd_scan` for x, dt, A, B, C, D, z, dt_bias and initial_states (an
+    absent input's entry is an empty tensor): the forward again, differentiated by
+    ``torch.func.vjp`` (the oracle on CPU tensors, the GLA kernels' backward on CUDA)."""
+    args = [x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus, dt_min,
+            dt_max]
+    layout = ssd_layout(x, B, _sequences(x, cu_seqlens))
+    dy, dfinal = unpack_ssd(grad, layout, x.shape[0], B.shape[3])
+    present = [i for i in _SSD_GRAD_INPUTS if args[i] is not None]
+
+    def forward(*xs):
+        full = list(args)
+        for i, t in zip(present, xs):
+            full[i] = t
+        return _ssd_forward(*full)
+
+    (y, final), pullback = torch.func.vjp(forward, *(args[i] for i in present))
+    grads = dict(zip(present, pullback((dy.to(y.dtype), dfinal.to(final.dtype)))))
+    return [x.new_empty(0) if args[i] is None else grads[i].to(args[i].dtype).contiguous() for i in _SSD_GRAD_INPUTS]
+
+
+@ssd_scan_backward.register_fake
+def _(grad, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus, dt_min,
+      dt_max):
+    args = [x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states]
+    return [x.new_empty(0) if args[i] is None else args[i].new_empty(args[i].shape) for i in _SSD_GRAD_INPUTS]
+
+
+def _ssd_setup_context(ctx, inputs, output):
+    tensors = [inputs[i] for i in (0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11)]
+    ctx.save_for_backward(*tensors)
+    ctx.options = (inputs[5], inputs[12], inputs[13], inputs[14])
+
+
+def _ssd_backward(ctx, grad):
+    x, dt, A, B, C, D, z, dt_bias, h0, seq_idx, cu = ctx.saved_tensors
+    chunk_size, softplus, dt_min, dt_max = ctx.options
+    grads = torch.ops.recurscan.ssd_scan_backward(grad, x, dt, A, B, C, chunk_size, D, z, dt_bias, h0, seq_idx, cu,
+                                                  softplus, dt_min, dt_max)
+    inputs = (x, dt, A, B, C, D, z, dt_bias, h0)
+    dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dh0 = (None if t is None else d for t, d in zip(inputs, grads))
+    return dx, ddt, dA, dB, dC, None, dD, dz, ddt_bias, dh0, None, None, None, None, None
+
+
+torch.library.register_autograd("recurscan::ssd_scan", _ssd_backward, setup_context=_ssd_setup_context)
+
+
+def traced_ssd(x, dt, A, B, C, *, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus,
+               dt_limit):
+    """What ``mamba_chunk_scan_combined`` returns while it is being traced: ``(y, final states)``
+    from one ``ssd_scan`` node (y cast to x's dtype)."""
+    packed = torch.ops.recurscan.ssd_scan(x, dt, A, B, C, int(chunk_size), D, z, dt_bias, initial_states, seq_idx,
+                                          cu_seqlens, bool(dt_softplus), float(dt_limit[0]), float(dt_limit[1]))
+    y, final = unpack_ssd(packed, ssd_layout(x, B, _sequences(x, cu_seqlens)), x.shape[0], B.shape[3])
+    return y.to(x.dtype), final
+
+
+def _gla_forward(q, k, v, g, per_key_decay, scale, initial_state, g_gamma, cu_seqlens, chunk_indices, chunk_offsets):
+    from .gla import _run_gla
+    return _run_gla(q, k, v, g, per_key_decay=per_key_decay, scale=scale, initial_state=initial_state,
+                    output_final_state=True, cu_seqlens=cu_seqlens, g_gamma=g_gamma, chunk_indices=chunk_indices,
+                    chunk_offsets=chunk_offsets)
+
+
+@torch.library.custom_op("recurscan::gla_scan", mutates_args=())
+def gla_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor], per_key_decay: bool,
+             scale: float, initial_state: Optional[torch.Tensor], g_gamma: Optional[torch.Tensor],
+             cu_seqlens: Optional[torch.Tensor], chunk_indices: Optional[torch.Tensor],
+             chunk_offsets: Optional[torch.Tensor]) -> torch.Tensor:
+    """Gated linear attention (``chunk_simple_gla``, or ``chunk_gla`` with ``per_key_decay``) with
+    its packed result ``[1, HV, B*T + N*K, V]`` (the delta rule's layout)."""
+    with torch.no_grad():
+        o, final = _gla_forward(q, k, v, g, per_key_decay, scale, initial_state, g_gamma, cu_seqlens, chunk_indices,
+                                chunk_offsets)
+    layout = delta_layout(q, v, _sequences(q, cu_seqlens))
+    packed = q.new_empty(layout.shape, dtype=packed_dtype(q))
+    y, state = unpack_delta(packed, layout, q.shape[0], q.shape[3])
+    y.copy_(o)
+    state.copy_(final)
+    return packed
+
+
+@gla_scan.register_fake
+def _(q, k, v, g, per_key_decay, scale, initial_state, g_gamma, cu_seqlens, chunk_indices, chunk_offsets):
+    return q.new_empty(delta_layout(q, v, _sequences(q, cu_seqlens)).shape, dtype=packed_dtype(q))
+
+
+@torch.library.custom_op("recurscan::gla_scan_backward", mutates_args=())
+def gla_scan_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
+                      per_key_decay: bool, scale: float, initial_state: Optional[torch.Tensor],
+                      g_gamma: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+                      chunk_indices: Optional[torch.Tensor], chunk_offsets: Optional[torch.Tensor]
+                      ) -> list[torch.Tensor]:
+    """The gradients ``[dq, dk, dv, dg, dinitial_state, dg_gamma]`` of :func:`gla_scan` (an absent
+    input's entry is an empty tensor), by ``torch.func.vjp`` of the forward."""
+    inputs = [q, k, v, g, initial_state, g_gamma]
+    layout = delta_layout(q, v, _sequences(q, cu_seqlens))
+    do, dht = unpack_delta(grad, layout, q.shape[0], q.shape[3])
+    present = [i for i, t in enumerate(inputs) if t is not None]
+
+    def forward(*xs):
+        full = list(inputs)
+        for i, t in zip(present, xs):
+            full[i] = t
+        return _gla_forward(*full[:4], per_key_decay, scale, full[4], full[5], cu_seqlens, chunk_indices,
+                            chunk_offsets)
+
+    (o, final), pullback = torch.func.vjp(forward, *(inputs[i] for i in present))
+    grads = dict(zip(present, pullback((do.to(o.dtype), dht.to(final.dtype)))))
+    return [q.new_empty(0) if t is None else grads[i].to(t.dtype).contiguous() for i, t in enumerate(inputs)]
+
+
+@gla_scan_backward.register_fake
+def _(grad, q, k, v, g, per_key_decay, scale, initial_state, g_gamma, cu_seqlens, chunk_indices, chunk_offsets):
+    return [q.new_empty(0) if t is None else t.new_empty(t.shape) for t in (q, k, v, g, initial_state, g_gamma)]
+
+
+def _gla_setup_context(ctx, inputs, output):
+    q, k, v, g, per_key, scale, h0, g_gamma, cu, ci, co = inputs
+    ctx.save_for_backward(q, k, v, g, h0, g_gamma, cu, ci, co)
+    ctx.options = (per_key, scale)
+
+
+def _gla_backward(ctx, grad):
+    q, k, v, g, h0, g_gamma, cu, ci, co = ctx.saved_tensors
+    per_key, scale = ctx.options
+    grads = torch.ops.recurscan.gla_scan_backward(grad, q, k, v, g, per_key, scale, h0, g_gamma, cu, ci, co)
+    dq, dk, dv, dg, dh0, dgamma = (None if t is None else d for t, d in zip((q, k, v, g, h0, g_gamma), grads))
+    return dq, dk, dv, dg, None, None, dh0, dgamma, None, None, None
+
+
+torch.library.register_autograd("recurscan::gla_scan", _gla_backward, setup_context=_gla_setup_context)
+
+
+def traced_gla(q, k, v, g, *, per_key_decay, scale, initial_state, output_final_state, g_gamma, cu_seqlens,
+               chunk_indices, chunk_offsets):
+    """What ``chunk_simple_gla`` / ``chunk_gla`` return while being traced: one ``gla_scan`` node."""
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    packed = torch.ops.recurscan.gla_scan(q, k, v, g, bool(per_key_decay), scale, initial_state, g_gamma, cu_seqlens,
+                                          chunk_indices, chunk_offsets)
+    y, state = unpack_delta(packed, delta_layout(q, v, _sequences(q, cu_seqlens)), q.shape[0], q.shape[3])
+    return y.to(q.dtype), (state if output_final_state else None)

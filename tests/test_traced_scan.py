@@ -1,0 +1,180 @@
+"""The scan as one traced equation (recurscan/ops/scan.py, issue 22) on the CPU: a GDN layer's, a
+Mamba2 mixer's and a GLA layer's prefill exported with a dynamic sequence length give one scan node and the same
+graph at every length, and their outputs equal eager; ``torch.compile(fullgraph=True)`` runs them
+forward and backward with no graph break and matches eager; the packed result's two row ranges
+are views of it; the custom ops pass ``torch.library.opcheck``."""
+import pytest
+import torch
+from torch.export import Dim, export
+
+import recurscan
+from recurscan.ops.scan import ScanLayout, delta_layout, unpack_delta
+
+
+class GdnLayer(torch.nn.Module):
+    """Projections, recurscan's chunked GDN (l2norm in the op), an output projection."""
+
+    def __init__(self, dim=32, heads=2, head_dim=16, num_householder=1):
+        super().__init__()
+        self.h, self.d, self.m = heads, head_dim, num_householder
+        self.q = torch.nn.Linear(dim, heads * head_dim)
+        self.kv = torch.nn.Linear(dim, 2 * num_householder * heads * head_dim)
+        self.gb = torch.nn.Linear(dim, heads + num_householder * heads)
+        self.out = torch.nn.Linear(heads * head_dim, dim)
+
+    def forward(self, x, cu_seqlens=None):
+        B, L, _ = x.shape
+        M, H, D = self.m, self.h, self.d
+        q = self.q(x).view(B, L, H, D)
+        k, v = self.kv(x).view(B, L * M, 2, H, D).unbind(2)
+        g, beta = self.gb(x).split([H, M * H], -1)
+        g, beta = torch.nn.functional.logsigmoid(g), beta.reshape(B, L * M, H).sigmoid()
+        if M == 1:
+            o, _ = recurscan.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True,
+                                                    output_final_state=True, cu_seqlens=cu_seqlens)
+        else:
+            o, _ = recurscan.chunk_gated_delta_product_varlen(q, k, v, g, beta, M, cu_seqlens,
+                                                              use_qk_l2norm_in_kernel=True, output_final_state=True)
+        return self.out(o.reshape(B, L, -1))
+
+
+class Mamba2Mixer(torch.nn.Module):
+    """Mamba2's in-projection split into x, z, B, C, dt; recurscan's mamba_chunk_scan_combined (D,
+    dt_bias, softplus, z gate); the out-projection."""
+
+    def __init__(self, dim=32, heads=4, head_dim=8, state=16):
+        super().__init__()
+        self.h, self.p, self.n = heads, head_dim, state
+        self.inp = torch.nn.Linear(dim, 2 * heads * head_dim + 2 * state + heads)
+        self.A = torch.nn.Parameter(-torch.rand(heads))
+        self.D = torch.nn.Parameter(torch.randn(heads))
+        self.dt_bias = torch.nn.Parameter(torch.randn(heads))
+        self.out = torch.nn.Linear(heads * head_dim, dim)
+
+    def forward(self, u):
+        Bt, L, _ = u.shape
+        H, P, N = self.h, self.p, self.n
+        x, z, B, C, dt = self.inp(u).split([H * P, H * P, N, N, H], -1)
+        y = recurscan.mamba_chunk_scan_combined(x.view(Bt, L, H, P), dt, self.A, B.view(Bt, L, 1, N),
+                                                C.view(Bt, L, 1, N), chunk_size=64, D=self.D, z=z.view(Bt, L, H, P),
+                                                dt_bias=self.dt_bias, dt_softplus=True)
+        return self.out(y.reshape(Bt, L, -1))
+
+
+class GlaLayer(torch.nn.Module):
+    """Projections, recurscan's chunk_simple_gla (a decay per head) or chunk_gla (per key)."""
+
+    def __init__(self, dim=32, heads=2, head_dim=16, per_key=False):
+        super().__init__()
+        self.h, self.d, self.per_key = heads, head_dim, per_key
+        self.qkv = torch.nn.Linear(dim, 3 * heads * head_dim)
+        self.g = torch.nn.Linear(dim, heads * (head_dim if per_key else 1))
+        self.out = torch.nn.Linear(heads * head_dim, dim)
+
+    def forward(self, x):
+        B, L, _ = x.shape
+        q, k, v = self.qkv(x).view(B, L, 3, self.h, self.d).unbind(2)
+        g = torch.nn.functional.logsigmoid(self.g(x)) / 8
+        if self.per_key:
+            o, _ = recurscan.chunk_gla(q, k, v, g.view(B, L, self.h, self.d), output_final_state=True)
+        else:
+            o, _ = recurscan.chunk_simple_gla(q, k, v, g, output_final_state=True)
+        return self.out(o.reshape(B, L, -1))
+
+
+LAYERS = {"gdn": (GdnLayer, "delta_rule_scan", "x"), "mamba2": (Mamba2Mixer, "ssd_scan", "u"),
+          "gla": (GlaLayer, "gla_scan", "x")}
+
+
+def scan_nodes(graph, name):
+    return [n for n in graph.nodes if name in str(n.target)]
+
+
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_export_gives_one_scan_node_at_every_length(layer):
+    """torch.export with a dynamic sequence length, at L = 64 and L = 65536: the same graph, one
+    scan node and nothing unrolled; the exported program's outputs equal eager at L = 64 and 300
+    (and at a length it was not exported at)."""
+    torch.manual_seed(0)
+    cls, op, arg = LAYERS[layer]
+    model = cls().eval()
+    graphs = []
+    for L in (64, 65536):
+        x = torch.randn(2, L, 32)
+        ep = export(model, (x,), dynamic_shapes={arg: {1: Dim("L", min=2, max=1 << 20)}})
+        assert len(scan_nodes(ep.graph, op)) == 1
+        graphs.append([str(n.target) for n in ep.graph.nodes])
+    assert graphs[0] == graphs[1]
+    run = ep.module()
+    for L in (64, 300):
+        x = torch.randn(2, L, 32)
+        with torch.no_grad():
+            assert torch.equal(run(x), model(x))
+
+
+@pytest.mark.parametrize("layer", ["gdn", "gdp varlen", "mamba2", "gla", "gla per key"])
+def test_compile_fullgraph_forward_and_backward_match_eager(layer):
+    """torch.compile(fullgraph=True) (inductor): no graph break, the outputs and every parameter's
+    and the input's gradient equal eager's to float32 rounding; one scan node forward and one
+    backward node."""
+    torch.manual_seed(1)
+    if layer == "mamba2":
+        model, args = Mamba2Mixer(), (torch.randn(2, 130, 32),)
+    elif layer.startswith("gla"):
+        model, args = GlaLayer(per_key=layer.endswith("key")), (torch.randn(2, 130, 32),)
+    elif layer == "gdn":
+        model, args = GdnLayer(), (torch.randn(2, 130, 32),)
+    else:
+        model, args = GdnLayer(num_householder=2), (torch.randn(1, 130, 32), torch.tensor([0, 1, 70, 130]))
+    compiled = torch.compile(model, fullgraph=True)
+    results = []
+    for run in (compiled, model):
+        model.zero_grad()
+        x = args[0].clone().requires_grad_()
+        y = run(x, *args[1:])
+        y.square().sum().backward()
+        results.append([y.detach(), x.grad] + [p.grad.clone() for p in model.parameters()])
+    for a, b in zip(*results):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), (a - b).abs().max()
+
+
+def test_the_packed_result_and_its_views():
+    """delta_rule_scan's packed result [1, HV, B*T + N*K, V]: y and the final states are views of
+    it (no copy), equal to the eager op's outputs; varlen lays out the N states in order."""
+    torch.manual_seed(2)
+    B, T, H, HV, K, V = 1, 100, 1, 2, 8, 4
+    q, k = torch.randn(B, T, H, K), torch.randn(B, T, H, K)
+    v, g, beta = torch.randn(B, T, HV, V), -torch.rand(B, T, HV), torch.rand(B, T, HV)
+    cu = torch.tensor([0, 1, 64, 100])
+    packed = torch.ops.recurscan.delta_rule_scan(q, k, v, g, beta, 1, K ** -0.5, None, True, cu, None, None, None)
+    layout = delta_layout(q, v, 3)
+    assert layout == ScanLayout(heads=HV, rows_y=T, rows_state=3 * K, width=V) and packed.shape == layout.shape
+    y, state = unpack_delta(packed, layout, B, K)
+    assert y.data_ptr() == packed.data_ptr() and state.untyped_storage().data_ptr() == packed.untyped_storage().data_ptr()
+    o, final = recurscan.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, output_final_state=True,
+                                                cu_seqlens=cu)
+    assert torch.equal(y, o) and torch.equal(state, final)
+    assert torch.equal(packed[0, 1, T + 2 * K:T + 3 * K], final[2, 1])  # sequence 2's state, head 1: its K rows
+
+
+@pytest.mark.parametrize("op", ["delta_rule_scan", "ssd_scan", "gla_scan"])
+def test_the_custom_ops_pass_opcheck(op):
+    """torch.library.opcheck: the fake implementation's shapes, strides and dtypes are the real
+    one's, the schema is right, and autograd is registered (float64 inputs)."""
+    torch.manual_seed(3)
+    d = dict(dtype=torch.float64)
+    if op == "delta_rule_scan":
+        args = (torch.randn(1, 70, 1, 8, **d), torch.randn(1, 70, 1, 8, **d), torch.randn(1, 70, 2, 4, **d),
+                -torch.rand(1, 70, 2, **d), torch.rand(1, 70, 2, **d), 1, 0.5, torch.randn(2, 2, 8, 4, **d), True,
+                torch.tensor([0, 30, 70]), None, None, None)
+    elif op == "gla_scan":
+        args = (torch.randn(1, 70, 1, 8, **d), torch.randn(1, 70, 1, 8, **d), torch.randn(1, 70, 2, 4, **d),
+                -torch.rand(1, 70, 2, 8, **d), True, 0.5, torch.randn(2, 2, 8, 4, **d), None, torch.tensor([0, 30, 70]),
+                None, None)
+    else:
+        args = (torch.randn(2, 70, 2, 4, **d), torch.randn(2, 70, 2, **d), -torch.rand(2, **d),
+                torch.randn(2, 70, 1, 8, **d), torch.randn(2, 70, 1, 8, **d), 64, torch.randn(2, **d),
+                torch.randn(2, 70, 2, 4, **d), torch.randn(2, **d), torch.randn(2, 2, 4, 8, **d), None, None, True, 0.0,
+                float("inf"))
+    args = tuple(a.requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+    torch.library.opcheck(getattr(torch.ops.recurscan, op).default, args)
