@@ -138,6 +138,29 @@ def test_compile_fullgraph_forward_and_backward_match_eager(layer):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), (a - b).abs().max()
 
 
+@pytest.mark.parametrize("layer", ["gdn", "mamba2", "gla"])
+def test_the_backward_ops_run_the_triton_path_under_autograd(layer, monkeypatch):
+    """The ops' implementations on the Triton path (under the interpreter here; on CUDA the
+    planner's): the backward custom op recomputes the forward under autograd on a thread of its
+    own (a custom op runs below autograd's dispatch key) and differentiates the Triton path (its
+    autograd.Function, or the delta rule's backward stages): compiled (aot_eager) forward and
+    backward against the eager PyTorch form, to float32 rounding of the chunked kernels."""
+    import recurscan.ops.scan as scan
+    torch.manual_seed(4)
+    model = {"gdn": GdnLayer, "mamba2": Mamba2Mixer, "gla": GlaLayer}[layer]()
+    x = torch.randn(1, 100, 32)
+    results = []
+    for backend, run in (("triton", torch.compile(model, fullgraph=True, backend="aot_eager")), (None, model)):
+        monkeypatch.setattr(scan, "BACKEND", backend)
+        model.zero_grad()
+        xi = x.clone().requires_grad_()
+        y = run(xi)
+        y.square().sum().backward()
+        results.append([y.detach(), xi.grad] + [p.grad.clone() for p in model.parameters()])
+    for a, b in zip(*results):
+        assert torch.allclose(a, b, rtol=2e-3, atol=2e-4), (a - b).abs().max()
+
+
 def test_the_packed_result_and_its_views():
     """delta_rule_scan's packed result [1, HV, B*T + N*K, V]: y and the final states are views of
     it (no copy), equal to the eager op's outputs; varlen lays out the N states in order."""

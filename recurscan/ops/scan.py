@@ -10,8 +10,8 @@ inputs) so that the state keeps its precision; y is cast back to q's dtype by th
 
 The forward is the op's own (the oracle on CPU tensors, the Triton kernels on CUDA); the
 backward is a second custom op that recomputes the forward under autograd and differentiates it
-(the oracle's autograd on the CPU, the Triton backward on CUDA), so the traced backward is one
-node too. The public ops take this path while they are being traced
+(the oracle's autograd on the CPU, the Triton backward on CUDA; :func:`grads_by_autograd`), so
+the traced backward is one node too. The public ops take this path while they are being traced
 (``torch.compiler.is_compiling()``); eager calls keep their direct path.
 """
 from __future__ import annotations
@@ -20,6 +20,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+
+#: The backend the ops' implementations ask for (None: the planner's); the tests set "triton" to
+#: run the Triton path on CPU tensors under the interpreter.
+BACKEND = None
+
 
 @dataclass(frozen=True)
 class ScanLayout:
@@ -72,7 +77,38 @@ def _delta_forward(q, k, v, g, beta, num_householder, scale, initial_state, use_
     return _run_delta(q, k, v, g, beta, num_householder=num_householder, scale=scale, initial_state=initial_state,
                       output_final_state=True, use_qk_l2norm_in_kernel=use_qk_l2norm, cu_seqlens=cu_seqlens,
                       state=None, state_indices=None, return_chunk_states=False, chunk_indices=chunk_indices,
-                      chunk_offsets=chunk_offsets, chunk_indices_dp=chunk_indices_dp)
+                      chunk_offsets=chunk_offsets, chunk_indices_dp=chunk_indices_dp, backend=BACKEND)
+
+
+def grads_by_autograd(forward, inputs, cotangents) -> list:
+    """The gradients of ``forward(*inputs)`` (a tuple of tensors) for ``cotangents``, one per input
+    (None where an input is None or unused), by autograd on a thread of its own: a custom op's
+    implementation runs below autograd's dispatch key, a thread-local state, so no graph would be
+    recorded on the calling thread (``torch.func.vjp`` would record one, but wraps the tensors, and
+    the Triton path's signature caches read data pointers). The thread runs on the caller's CUDA
+    stream and device."""
+    import concurrent.futures
+    stream = torch.cuda.current_stream() if torch.cuda.is_available() and any(
+        t is not None and t.is_cuda for t in inputs) else None
+
+    def work():
+        with torch.enable_grad(), (torch.cuda.stream(stream) if stream is not None else _nothing()):
+            leaves = [None if t is None else t.detach().requires_grad_() for t in inputs]
+            outputs = forward(*leaves)
+            wrt = [t for t in leaves if t is not None]
+            grads = iter(torch.autograd.grad(outputs, wrt, cotangents, allow_unused=True))
+            return [None if t is None else next(grads) for t in leaves]
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(work).result()
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
 
 
 @torch.library.custom_op("recurscan::delta_rule_scan", mutates_args=())
@@ -116,52 +152,13 @@ def delta_rule_scan_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tenso
     layout = delta_layout(q, v, _sequences(q, cu_seqlens))
     do, dht = unpack_delta(grad, layout, q.shape[0], q.shape[3])
     inputs = (q, k, v, g, beta, initial_state)
-    if q.is_cuda:
-        grads = _triton_delta_backward(q, k, v, g, beta, num_householder, scale, initial_state, use_qk_l2norm,
-                                       cu_seqlens, chunk_indices, chunk_offsets, chunk_indices_dp,
-                                       do.to(q.dtype).contiguous(), dht.float().contiguous())
-        if grads is not None:
-            return [q.new_empty(0) if t is None else d.to(t.dtype).contiguous() for t, d in zip(inputs, grads)]
-    present = [i for i, t in enumerate(inputs) if t is not None]
-
-    def forward(*xs):
-        full = list(inputs)
-        for i, x in zip(present, xs):
-            full[i] = x
-        return _delta_forward(*full[:5], num_householder, scale, full[5], use_qk_l2norm, cu_seqlens, chunk_indices,
-                              chunk_offsets, chunk_indices_dp)
-
-    # torch.func.vjp: the op's implementation runs below autograd's dispatch key, where a plain
-    # autograd graph would not be recorded.
-    (o, final), pullback = torch.func.vjp(forward, *(inputs[i] for i in present))
-    grads = dict(zip(present, pullback((do.to(o.dtype), dht.to(final.dtype)))))
-    return [q.new_empty(0) if t is None else grads[i].to(t.dtype).contiguous() for i, t in enumerate(inputs)]
-
-
-def _triton_delta_backward(q, k, v, g, beta, num_householder, scale, initial_state, use_qk_l2norm, cu_seqlens,
-                           chunk_indices, chunk_offsets, chunk_indices_dp, do, dht):
-    """The Triton backward stages of the planned launch, recomputing from the inputs (the traced
-    forward keeps none of the prep's outputs), or None where the planner runs the PyTorch form."""
-    from ..launch.delta_backward import chunk_delta_bwd, chunk_delta_product_bwd
-    from ..plan import plan
-    from ..problem import delta_problem
-    M = num_householder
-    problem = delta_problem(q, k, v, g, beta, num_householder=M, scale=scale, initial_state=initial_state,
-                            cu_seqlens=cu_seqlens)
-    schedule = plan("delta_rule", problem, q.device, "chunked")
-    if schedule.backend != "triton":
-        return None
-    common = dict(scale=scale, initial_state=initial_state, use_qk_l2norm_in_kernel=use_qk_l2norm,
-                  cu_seqlens=cu_seqlens, shape=schedule.launch)
-    if cu_seqlens is not None and (chunk_indices_dp if M > 1 else chunk_indices) is None:
-        from ..launch.descriptors import device_descriptors
-        built = device_descriptors(cu_seqlens, M, tokens=q.shape[1])
-        chunk_indices, chunk_indices_dp, chunk_offsets = built.chunk_indices, built.chunk_indices_dp, \
-            built.chunk_offsets
-    if M > 1:
-        return chunk_delta_product_bwd(q, k, v, g, beta, M, do, dht, chunk_indices_dp=chunk_indices_dp, **common)
-    return chunk_delta_bwd(q, k, v, g, beta, do, dht, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
-                           **common)
+    grads = grads_by_autograd(
+        lambda q_, k_, v_, g_, beta_, h0_: _delta_forward(q_, k_, v_, g_, beta_, num_householder, scale, h0_,
+                                                          use_qk_l2norm, cu_seqlens, chunk_indices, chunk_offsets,
+                                                          chunk_indices_dp),
+        inputs, (do.to(q.dtype), dht))
+    return [q.new_empty(0) if t is None else (torch.zeros_like(t) if d is None else d.to(t.dtype)).contiguous()
+            for t, d in zip(inputs, grads)]
 
 
 @delta_rule_scan_backward.register_fake
@@ -220,7 +217,8 @@ def _ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_
     from .ssd import mamba_chunk_scan_combined
     return mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=chunk_size, D=D, z=z, dt_bias=dt_bias,
                                      initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens,
-                                     dt_softplus=dt_softplus, dt_limit=(dt_min, dt_max), return_final_states=True)
+                                     dt_softplus=dt_softplus, dt_limit=(dt_min, dt_max), return_final_states=True,
+                                     backend=BACKEND)
 
 
 @torch.library.custom_op("recurscan::ssd_scan", mutates_args=())
@@ -257,23 +255,23 @@ def ssd_scan_backward(grad: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: 
                       seq_idx: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor], dt_softplus: bool,
                       dt_min: float, dt_max: float) -> list[torch.Tensor]:
     """The gradients of :func:`ssd_scan` for x, dt, A, B, C, D, z, dt_bias and initial_states (an
-    absent input's entry is an empty tensor): the forward again, differentiated by
-    ``torch.func.vjp`` (the oracle on CPU tensors, the GLA kernels' backward on CUDA)."""
+    absent input's entry is an empty tensor): the forward again under autograd
+    (:func:`grads_by_autograd`; the oracle on CPU tensors, the GLA kernels' backward on CUDA)."""
     args = [x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus, dt_min,
             dt_max]
     layout = ssd_layout(x, B, _sequences(x, cu_seqlens))
     dy, dfinal = unpack_ssd(grad, layout, x.shape[0], B.shape[3])
-    present = [i for i in _SSD_GRAD_INPUTS if args[i] is not None]
 
     def forward(*xs):
         full = list(args)
-        for i, t in zip(present, xs):
+        for i, t in zip(_SSD_GRAD_INPUTS, xs):
             full[i] = t
         return _ssd_forward(*full)
 
-    (y, final), pullback = torch.func.vjp(forward, *(args[i] for i in present))
-    grads = dict(zip(present, pullback((dy.to(y.dtype), dfinal.to(final.dtype)))))
-    return [x.new_empty(0) if args[i] is None else grads[i].to(args[i].dtype).contiguous() for i in _SSD_GRAD_INPUTS]
+    grads = grads_by_autograd(forward, [args[i] for i in _SSD_GRAD_INPUTS], (dy.to(x.dtype), dfinal))
+    return [x.new_empty(0) if args[i] is None else (torch.zeros_like(args[i]) if d is None else
+                                                    d.to(args[i].dtype)).contiguous()
+            for i, d in zip(_SSD_GRAD_INPUTS, grads)]
 
 
 @ssd_scan_backward.register_fake
@@ -316,7 +314,7 @@ def _gla_forward(q, k, v, g, per_key_decay, scale, initial_state, g_gamma, cu_se
     from .gla import _run_gla
     return _run_gla(q, k, v, g, per_key_decay=per_key_decay, scale=scale, initial_state=initial_state,
                     output_final_state=True, cu_seqlens=cu_seqlens, g_gamma=g_gamma, chunk_indices=chunk_indices,
-                    chunk_offsets=chunk_offsets)
+                    chunk_offsets=chunk_offsets, backend=BACKEND)
 
 
 @torch.library.custom_op("recurscan::gla_scan", mutates_args=())
@@ -349,22 +347,16 @@ def gla_scan_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: t
                       chunk_indices: Optional[torch.Tensor], chunk_offsets: Optional[torch.Tensor]
                       ) -> list[torch.Tensor]:
     """The gradients ``[dq, dk, dv, dg, dinitial_state, dg_gamma]`` of :func:`gla_scan` (an absent
-    input's entry is an empty tensor), by ``torch.func.vjp`` of the forward."""
+    input's entry is an empty tensor): the forward again under autograd (:func:`grads_by_autograd`)."""
     inputs = [q, k, v, g, initial_state, g_gamma]
     layout = delta_layout(q, v, _sequences(q, cu_seqlens))
     do, dht = unpack_delta(grad, layout, q.shape[0], q.shape[3])
-    present = [i for i, t in enumerate(inputs) if t is not None]
-
-    def forward(*xs):
-        full = list(inputs)
-        for i, t in zip(present, xs):
-            full[i] = t
-        return _gla_forward(*full[:4], per_key_decay, scale, full[4], full[5], cu_seqlens, chunk_indices,
-                            chunk_offsets)
-
-    (o, final), pullback = torch.func.vjp(forward, *(inputs[i] for i in present))
-    grads = dict(zip(present, pullback((do.to(o.dtype), dht.to(final.dtype)))))
-    return [q.new_empty(0) if t is None else grads[i].to(t.dtype).contiguous() for i, t in enumerate(inputs)]
+    grads = grads_by_autograd(
+        lambda q_, k_, v_, g_, h0_, gamma_: _gla_forward(q_, k_, v_, g_, per_key_decay, scale, h0_, gamma_, cu_seqlens,
+                                                         chunk_indices, chunk_offsets),
+        inputs, (do.to(q.dtype), dht))
+    return [q.new_empty(0) if t is None else (torch.zeros_like(t) if d is None else d.to(t.dtype)).contiguous()
+            for t, d in zip(inputs, grads)]
 
 
 @gla_scan_backward.register_fake
