@@ -201,3 +201,40 @@ def test_the_custom_ops_pass_opcheck(op):
                 float("inf"))
     args = tuple(a.requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
     torch.library.opcheck(getattr(torch.ops.recurscan, op).default, args)
+
+
+class _VarlenGdn(torch.nn.Module):
+    def forward(self, q, k, v, g, beta, cu_seqlens):
+        return recurscan.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=True,
+                                                output_final_state=True)
+
+
+class _DenseGdp(torch.nn.Module):
+    def forward(self, q, k, v, g, beta):
+        return recurscan.chunk_gated_delta_product(q, k, v, g, beta, 2, use_qk_l2norm_in_kernel=True,
+                                                   output_final_state=True)
+
+
+def test_export_of_varlen_and_of_dense_gdp_calls():
+    """Varlen GDN with a dynamic token count and a dynamic number of sequences (N >= 2: one
+    sequence is the dense route), and fla's dense chunk_gated_delta_product (its boundaries made
+    from the shape on the device while traced): one scan node, outputs and final states equal to
+    eager at other sizes than the example's."""
+    torch.manual_seed(5)
+    H, K = 2, 8
+    rn = torch.randn
+    L, N1 = Dim("L", min=2, max=1 << 20), Dim("N1", min=3, max=4096)
+    example = (rn(1, 100, H, K), rn(1, 100, H, K), rn(1, 100, H, K), -torch.rand(1, 100, H), torch.rand(1, 100, H),
+               torch.tensor([0, 30, 100]))
+    ep = export(_VarlenGdn(), example, dynamic_shapes=({1: L}, {1: L}, {1: L}, {1: L}, {1: L}, {0: N1}))
+    assert len(scan_nodes(ep.graph, "delta_rule_scan")) == 1
+    other = (rn(1, 300, H, K), rn(1, 300, H, K), rn(1, 300, H, K), -torch.rand(1, 300, H), torch.rand(1, 300, H),
+             torch.tensor([0, 1, 64, 200, 300]))
+    for a, b in zip(ep.module()(*other), _VarlenGdn()(*other)):
+        assert torch.equal(a, b)
+    gdp = (rn(2, 100, H, K), rn(2, 200, H, K), rn(2, 200, H, K), -torch.rand(2, 100, H), torch.rand(2, 200, H))
+    ep = export(_DenseGdp(), gdp, dynamic_shapes=({1: L}, {1: 2 * L}, {1: 2 * L}, {1: L}, {1: 2 * L}))
+    assert len(scan_nodes(ep.graph, "delta_rule_scan")) == 1
+    other = (rn(2, 70, H, K), rn(2, 140, H, K), rn(2, 140, H, K), -torch.rand(2, 70, H), torch.rand(2, 140, H))
+    for a, b in zip(ep.module()(*other), _DenseGdp()(*other)):
+        assert torch.equal(a, b)

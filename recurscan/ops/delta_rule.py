@@ -395,9 +395,14 @@ def chunk_gated_delta_product(q, k, v, g, beta, num_householder, scale=None, ini
         if cu_seqlens_cpu is not None:
             desc = build_chunk_descriptors(cu_seqlens_cpu, num_householder, device=q.device).as_kwargs()
         return chunk_gated_delta_product_varlen(q, k, v, g, beta, num_householder, cu_seqlens, **desc, **common)
+    B, T = q.shape[:2]
+    if torch.compiler.is_compiling():  # traced: boundaries from the shape on the device, no cache (T may be symbolic)
+        cu = torch.arange(B + 1, dtype=torch.int32, device=q.device) * T
+        flat = [None if x is None else x.reshape(1, -1, *x.shape[2:]) for x in (q, k, v, g, beta)]
+        o, final = chunk_gated_delta_product_varlen(*flat, num_householder, cu, **common)
+        return o.view(B, T, *o.shape[2:]), final
     # The dense shapes checked as such (the varlen call below checks the flattened ones).
     delta_problem(q, k, v, g, beta, num_householder=num_householder, scale=scale, initial_state=initial_state)
-    B, T = q.shape[:2]
     key = (B, T, num_householder, q.device)
     dense = _DENSE_GDP.get(key)
     if dense is None:
