@@ -241,6 +241,10 @@ def _family(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["plan"]:  # recurscan plan ...: the schedules and the cost model (cli_plan.py)
+        from .cli_plan import main as plan_main
+        return plan_main(argv[1:])
     parser = _Parser(prog="recurscan", description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", type=_device, default="cuda" if torch.cuda.is_available() else "cpu",
                         help="where the public ops run: cpu or cuda[:N] (default: the best present)")

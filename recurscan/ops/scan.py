@@ -1,4 +1,4 @@
-"""The scan as one traced equation (seed 000, issue 22): ``torch.library`` custom ops whose one
+"""The scan as one traced equation (issue 22): ``torch.library`` custom ops whose one
 result is a packed tensor ``[1, H, L + S, W]``, so that ``torch.export`` and ``torch.compile`` see
 a prefill as a single node of constant size at every prompt length.
 

@@ -45,6 +45,16 @@ class Schedule:
     # (recurrent); None for torch.
     launch: DeltaShape | GlaShape | StreamShape | None = None
 
+    def describe(self) -> str:
+        """The schedule as printable lines: algorithm, backend, why, and every launch field."""
+        lines = [f"{self.algorithm} on {self.backend}, chunks of {self.chunk_size}: {self.reason}"]
+        if self.launch is not None:
+            import dataclasses
+            fields = [f"{f.name} {getattr(self.launch, f.name)}" for f in dataclasses.fields(self.launch)
+                      if f.name != "reason"]
+            lines += [f"  launch: {', '.join(fields)}", f"  launch row: {self.launch.reason}"]
+        return "\n".join(lines)
+
 
 @dataclass(frozen=True)
 class Rule:
