@@ -20,6 +20,18 @@ import torch
 from . import registry, runner
 
 
+def packages_with(prev: str | None) -> list[str]:
+    """``["recurscan"]`` and, with ``prev`` (a folder holding other commits' packages as
+    ``recurscan_NAME``), those packages' names, importable once the folder is on the path."""
+    import os
+    import sys
+    packages = ["recurscan"]
+    if prev:
+        sys.path.insert(0, prev)
+        packages += sorted(p for p in os.listdir(prev) if p.startswith("recurscan_"))
+    return packages
+
+
 def prev_impl(path: str, label: str) -> runner.Impl:
     """The older package as a peer: runner's own loader for ours, importing ``recurscan_prev``."""
     sys.path.insert(0, path)

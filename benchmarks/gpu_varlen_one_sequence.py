@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
-import sys
 
 import torch
 import triton.testing as tt
 
 from benchmarks import runner
+from benchmarks.ab_prev import packages_with
 
 TOLERANCE = 0.05  # the varlen row may be at most 5% slower than the dense one
 
@@ -73,10 +72,7 @@ def main():
     ap.add_argument("--tokens", type=int, action="append", help="default: 16384 and 65536")
     ap.add_argument("--out")
     args = ap.parse_args()
-    packages = ["recurscan"]
-    if args.prev:
-        sys.path.insert(0, args.prev)
-        packages += sorted(p for p in os.listdir(args.prev) if p.startswith("recurscan_"))
+    packages = packages_with(args.prev)
     rows = []
     for T in args.tokens or [16384, 65536]:
         x = inputs(T)

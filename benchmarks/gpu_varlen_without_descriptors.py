@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
-import sys
 
 import torch
 import triton.testing as tt
 
 from benchmarks import runner
+from benchmarks.ab_prev import packages_with
 
 TARGET_MS = 0.60
 
@@ -52,10 +51,7 @@ def main():
     ap.add_argument("--prev", help="a folder holding another commit's package as recurscan_NAME")
     ap.add_argument("--out")
     args = ap.parse_args()
-    packages = ["recurscan"]
-    if args.prev:
-        sys.path.insert(0, args.prev)
-        packages += sorted(p for p in os.listdir(args.prev) if p.startswith("recurscan_"))
+    packages = packages_with(args.prev)
     x = inputs()
     rows = []
     for round_ in range(2):  # alternating, so that neither package always runs on a warmer GPU

@@ -67,6 +67,16 @@ def unpack_delta(packed: torch.Tensor, layout: ScanLayout, batch: int, key_dim: 
     return y, state
 
 
+def _packed(layout: ScanLayout, like: torch.Tensor, y: torch.Tensor, state: torch.Tensor, unpack) -> torch.Tensor:
+    """A new packed result of ``layout`` (in :func:`packed_dtype` of ``like``) holding ``y`` and
+    ``state``, written through the views ``unpack(packed)`` gives."""
+    packed = like.new_empty(layout.shape, dtype=packed_dtype(like))
+    y_view, state_view = unpack(packed)
+    y_view.copy_(y)
+    state_view.copy_(state)
+    return packed
+
+
 def _sequences(q: torch.Tensor, cu_seqlens: Optional[torch.Tensor]) -> int:
     return q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
 
@@ -125,11 +135,7 @@ def delta_rule_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Option
         o, final = _delta_forward(q, k, v, g, beta, num_householder, scale, initial_state, use_qk_l2norm, cu_seqlens,
                                   chunk_indices, chunk_offsets, chunk_indices_dp)
     layout = delta_layout(q, v, _sequences(q, cu_seqlens))
-    packed = q.new_empty(layout.shape, dtype=packed_dtype(q))
-    y, state = unpack_delta(packed, layout, q.shape[0], q.shape[3])
-    y.copy_(o)
-    state.copy_(final)
-    return packed
+    return _packed(layout, q, o, final, lambda p: unpack_delta(p, layout, q.shape[0], q.shape[3]))
 
 
 @delta_rule_scan.register_fake
@@ -232,11 +238,7 @@ def ssd_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor
         y, final = _ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                                 dt_softplus, dt_min, dt_max)
     layout = ssd_layout(x, B, _sequences(x, cu_seqlens))
-    packed = x.new_empty(layout.shape, dtype=packed_dtype(x))
-    y_view, state_view = unpack_ssd(packed, layout, x.shape[0], B.shape[3])
-    y_view.copy_(y)
-    state_view.copy_(final)
-    return packed
+    return _packed(layout, x, y, final, lambda p: unpack_ssd(p, layout, x.shape[0], B.shape[3]))
 
 
 @ssd_scan.register_fake
@@ -328,11 +330,7 @@ def gla_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torc
         o, final = _gla_forward(q, k, v, g, per_key_decay, scale, initial_state, g_gamma, cu_seqlens, chunk_indices,
                                 chunk_offsets)
     layout = delta_layout(q, v, _sequences(q, cu_seqlens))
-    packed = q.new_empty(layout.shape, dtype=packed_dtype(q))
-    y, state = unpack_delta(packed, layout, q.shape[0], q.shape[3])
-    y.copy_(o)
-    state.copy_(final)
-    return packed
+    return _packed(layout, q, o, final, lambda p: unpack_delta(p, layout, q.shape[0], q.shape[3]))
 
 
 @gla_scan.register_fake
