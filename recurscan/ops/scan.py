@@ -28,7 +28,22 @@ BACKEND = None
 
 @dataclass(frozen=True)
 class ScanLayout:
-    """The two row ranges of a packed scan result ``[1, heads, rows_y + rows_state, width]``."""
+    """The two row ranges of a packed scan result ``[1, heads, rows_y + rows_state, width]``.
+
+    Example (GDN over two sequences of a varlen batch of 100 tokens, K = 8, V = 4, two value heads):
+        >>> import torch, recurscan
+        >>> from recurscan.ops.scan import delta_layout, unpack_delta
+        >>> q, k, v = torch.randn(1, 100, 1, 8), torch.randn(1, 100, 1, 8), torch.randn(1, 100, 2, 4)
+        >>> g, beta, cu = -torch.rand(1, 100, 2), torch.rand(1, 100, 2), torch.tensor([0, 40, 100])
+        >>> packed = torch.ops.recurscan.delta_rule_scan(q, k, v, g, beta, 1, 8 ** -0.5, None, True, cu,
+        ...                                              None, None, None)
+        >>> layout = delta_layout(q, v, sequences=2)
+        >>> layout, packed.shape
+        (ScanLayout(heads=2, rows_y=100, rows_state=16, width=4), torch.Size([1, 2, 116, 4]))
+        >>> y, state = unpack_delta(packed, layout, batch=1, key_dim=8)
+        >>> y.shape, state.shape   # views of packed: [B, T, HV, V] and [N, HV, K, V]
+        (torch.Size([1, 100, 2, 4]), torch.Size([2, 2, 8, 4]))
+    """
 
     heads: int
     rows_y: int  # L: one per token

@@ -46,7 +46,16 @@ class Schedule:
     launch: DeltaShape | GlaShape | StreamShape | None = None
 
     def describe(self) -> str:
-        """The schedule as printable lines: algorithm, backend, why, and every launch field."""
+        """The schedule as printable lines: algorithm, backend, why, and every launch field.
+
+        Example:
+            >>> import torch
+            >>> from recurscan.plan import plan
+            >>> from recurscan.problem import delta_problem
+            >>> x = torch.randn(1, 64, 2, 16)
+            >>> print(plan("delta_rule", delta_problem(x, x, x, None, None), torch.device("cpu")).describe())
+            chunked on torch, chunks of 64: a CPU tensor runs the PyTorch oracle
+        """
         lines = [f"{self.algorithm} on {self.backend}, chunks of {self.chunk_size}: {self.reason}"]
         if self.launch is not None:
             import dataclasses

@@ -75,7 +75,15 @@ def _bytes(tokens: int, heads: int, value_heads: int, key_dim: int, value_dim: i
 
 def predict_chunked(tokens: int, sequences: int, heads: int, value_heads: int, key_dim: int, value_dim: int,
                     ceilings: DeviceCeilings, householder: int = 1) -> Prediction:
-    """The chunked kernels on ``tokens`` tokens in ``sequences`` equal sequences."""
+    """The chunked kernels on ``tokens`` tokens in ``sequences`` equal sequences (``householder``:
+    GDP's M, 1 for GDN).
+
+    Example (GDN B1 T16384 H16 HV32 K = V = 128 on the H200's ceilings; measured 0.517 ms):
+        >>> from recurscan.plan.cost import CEILINGS, predict_chunked
+        >>> p = predict_chunked(16384, 1, 16, 32, 128, 128, CEILINGS["H200"])
+        >>> round(p.seconds * 1e3, 3), p.bound
+        (0.476, 'chain')
+    """
     T = -(-tokens // max(sequences, 1)) * householder
     pairs = sequences * value_heads
     full = step_time(T, CHUNK, key_dim, value_dim, pairs, ceilings.matmul_flops, ceilings.scalar_ops,
@@ -90,7 +98,13 @@ def predict_chunked(tokens: int, sequences: int, heads: int, value_heads: int, k
 
 def predict_streaming(tokens: int, sequences: int, heads: int, value_heads: int, key_dim: int, value_dim: int,
                       ceilings: DeviceCeilings, householder: int = 1) -> Prediction:
-    """The streaming kernel on the same tokens: each program walks its sequence's tokens."""
+    """The streaming kernel on the same tokens: each program walks its sequence's tokens.
+
+    Example (as :func:`predict_chunked`'s; measured 9.50 ms):
+        >>> from recurscan.plan.cost import CEILINGS, predict_streaming
+        >>> round(predict_streaming(16384, 1, 16, 32, 128, 128, CEILINGS["H200"]).seconds * 1e3, 2)
+        9.83
+    """
     T = -(-tokens // max(sequences, 1)) * householder
     chain = T * ceilings.token_step_s
     memory = _bytes(tokens, heads, value_heads, key_dim, value_dim, sequences, householder) / ceilings.bytes_per_s
