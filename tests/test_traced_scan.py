@@ -164,3 +164,21 @@ def test_export_of_varlen_and_of_dense_gdp_calls():
     other = (rn(2, 70, H, K), rn(2, 140, H, K), rn(2, 140, H, K), -torch.rand(2, 70, H), torch.rand(2, 140, H))
     for a, b in zip(ep.module()(*other), _DenseGdp()(*other)):
         assert torch.equal(a, b)
+
+
+def test_record_schedules_gives_each_planned_call_as_printable_data():
+    """recurscan.record_schedules: the family, problem and schedule of each call signature planned
+    inside the block (the caches cleared on entry, so a signature planned before is planned
+    again), printable; the blocks do not nest."""
+    q, k, v = torch.randn(1, 100, 2, 16), torch.randn(1, 100, 2, 16), torch.randn(1, 100, 2, 16)
+    g, beta = -torch.rand(1, 100, 2), torch.rand(1, 100, 2)
+    recurscan.chunk_gated_delta_rule(q, k, v, g, beta)
+    with recurscan.record_schedules() as log:
+        recurscan.chunk_gated_delta_rule(q, k, v, g, beta)
+        recurscan.chunk_simple_gla(q, k, v, g)
+        with pytest.raises(RuntimeError, match="already recording"):
+            with recurscan.record_schedules():
+                pass
+    assert [(r.family, r.schedule.algorithm, r.problem.tokens) for r in log] == [("delta_rule", "chunked", 100),
+                                                                                 ("gla", "chunked", 100)]
+    assert str(log[0]).startswith("delta_rule (batch 1, tokens 100, heads 2") and "on torch" in str(log[0])

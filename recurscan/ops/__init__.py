@@ -5,6 +5,7 @@ from .delta_rule import chunk_gated_delta_product, chunk_gated_delta_product_var
 from .diagonal import diagonal_scan
 from .gla import chunk_gla, chunk_simple_gla
 from .mamba_decode import selective_state_update
+from .schedules import record_schedules
 from .ssd import mamba_chunk_scan_combined
 
 __all__ = [
@@ -21,4 +22,5 @@ __all__ = [
     "chunk_gla",
     "chunk_simple_gla",
     "diagonal_scan",
+    "record_schedules",
 ]

@@ -125,6 +125,11 @@ def _triton_launch(family, problem, device, algorithm):
     return delta_shape(problem, device)
 
 
+#: Where :func:`plan` appends ``(family, problem, schedule)`` while a caller records them
+#: (``recurscan.record_schedules``, ops/schedules.py); None: not recording.
+RECORDER: list | None = None
+
+
 def plan(family: str, problem, device: torch.device, algorithm: str = "chunked",
          backend: str | None = None) -> Schedule:
     """Pick the backend and launch shape for ``problem`` of ``family`` on ``device``.
@@ -135,6 +140,15 @@ def plan(family: str, problem, device: torch.device, algorithm: str = "chunked",
     Triton kernels on CPU tensors run under ``TRITON_INTERPRET=1``); None lets the rules decide.
     A forced backend that cannot run is a ValueError that says why.
     """
+    schedule = _plan(family, problem, device, algorithm, backend)
+    if RECORDER is not None:
+        RECORDER.append((family, problem, schedule))
+    return schedule
+
+
+def _plan(family: str, problem, device: torch.device, algorithm: str = "chunked",
+          backend: str | None = None) -> Schedule:
+    """The rules behind :func:`plan`."""
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend: expected None, 'torch' or 'triton', got {backend!r}")
     if backend == "torch":
