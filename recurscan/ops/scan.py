@@ -110,14 +110,16 @@ def grads_by_autograd(forward, inputs, cotangents) -> list:
     (None where an input is None or unused), by autograd on a thread of its own: a custom op's
     implementation runs below autograd's dispatch key, a thread-local state, so no graph would be
     recorded on the calling thread (``torch.func.vjp`` would record one, but wraps the tensors, and
-    the Triton path's signature caches read data pointers). The thread runs on the caller's CUDA
-    stream and device."""
+    the Triton path's signature caches read data pointers). The thread runs on the inputs' CUDA
+    device and the caller's stream there."""
     import concurrent.futures
-    stream = torch.cuda.current_stream() if torch.cuda.is_available() and any(
-        t is not None and t.is_cuda for t in inputs) else None
+    import contextlib
+    cuda = [t.device for t in inputs if t is not None and t.is_cuda]
+    stream = torch.cuda.current_stream(cuda[0]) if cuda else None
 
     def work():
-        with torch.enable_grad(), (torch.cuda.stream(stream) if stream is not None else _nothing()):
+        with torch.enable_grad(), (torch.cuda.device(cuda[0]) if cuda else contextlib.nullcontext()), \
+                (torch.cuda.stream(stream) if cuda else contextlib.nullcontext()):
             leaves = [None if t is None else t.detach().requires_grad_() for t in inputs]
             outputs = forward(*leaves)
             wrt = [t for t in leaves if t is not None]
@@ -126,14 +128,6 @@ def grads_by_autograd(forward, inputs, cotangents) -> list:
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(work).result()
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 @torch.library.custom_op("recurscan::delta_rule_scan", mutates_args=())
