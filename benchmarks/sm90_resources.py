@@ -160,16 +160,19 @@ def backward(BV=32, warps=8, grads_warps=8, grads_BV=None):
            f"{_compile(chunk_delta_bwd_dqdk_kernel, dqdk_sig, dict(dqdk_const, PART=2, GROUP=2), grads_warps)}"
 
 
-def gla(form: str) -> str:
+def gla(form: str, lines: int = 0) -> str:
     """The GLA engine's kernels for sm_90 as tests/helpers/sm90.py compiles them (dense GDN-sized
     case, bf16, the plan's shape): ``form`` one of that helper's families (``gla``, ``ssd``,
-    ``gla-split``, ``ssd-split``, ``gla-per-key``, ``gla-backward``, ...)."""
+    ``gla-split``, ``ssd-split``, ``gla-per-key``, ``gla-backward``, ...); ``lines``: also the source
+    lines with the most SASS instructions."""
+    from functools import partial
+    describe = partial(resources, lines=lines)
     from tests.helpers import sm90
     case = "GDN dense, H = HV"
     if form == "gla-backward":
-        return "\n".join(sm90.compile_gla_backward(case, describe=resources))
+        return "\n".join(sm90.compile_gla_backward(case, describe=describe))
     return "\n".join(sm90.compile_gla(case, ssd=form.startswith("ssd"), split=form.endswith("split"),
-                                       per_key=form == "gla-per-key", describe=resources))
+                                       per_key=form == "gla-per-key", describe=describe))
 
 
 def main(argv=None):
@@ -178,7 +181,7 @@ def main(argv=None):
     ap.add_argument("--gdp", action="store_true", help="the prep and sweeps of varlen GDP (M = 2) instead of dense GDN")
     ap.add_argument("--prep", action="append", help="maxnreg: the prep alone under a register cap, 0 for "
                                                    "none (repeatable)")
-    ap.add_argument("--lines", type=int, default=0, help="with --prep: the N source lines with the most "
+    ap.add_argument("--lines", type=int, default=0, help="with --prep or --gla: the N source lines with the most "
                                                           "SASS instructions")
     ap.add_argument("--backward", nargs="?", const="32:8:8", help="the backward's kernels "
                                                                     "(BV:sweep warps:parallel-stage warps)")
@@ -187,7 +190,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.gla:
         for form in args.gla:
-            print(f"{form}:\n{gla(form)}")
+            print(f"{form}:\n{gla(form, args.lines)}")
         return
     if args.backward:
         parts = args.backward.split(":")

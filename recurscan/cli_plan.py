@@ -19,7 +19,7 @@ def _problem(args, device):
     H, HV, D = args.heads, args.value_heads, args.head_dim
     cu = None if args.sequences == 1 else torch.arange(args.sequences + 1, device=device) * (T // args.sequences)
     tensors = (m(1, T, H, D), m(1, T, H, D), m(1, T, HV, D), m(1, T, HV, dtype=torch.float32), m(1, T, HV))
-    return T, cu, tensors, delta_problem(*tensors, cu_seqlens=cu)
+    return T, cu, delta_problem(*tensors, cu_seqlens=cu)
 
 
 def _measure(op, repeats: int) -> float:
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     ceilings = CEILINGS[args.ceilings] if args.ceilings else (ceilings_for(name) or CEILINGS["H200"])
-    T, cu, _, problem = _problem(args, "meta")
+    T, cu, problem = _problem(args, "meta")
     H, HV, D, N = args.heads, args.value_heads, args.head_dim, args.sequences
     print(f"recurscan plan: Gated DeltaNet, {T} tokens in {N} sequence(s), H {H}, HV {HV}, K = V = {D}, on {name}; "
           f"predictions with the {ceilings.name}'s measured ceilings ({ceilings.source})")

@@ -279,21 +279,13 @@ def test_the_recompute_beside_the_reverse_sweep_gives_the_same_bits(monkeypatch,
     reverse sweep runs while every buffer the recompute fills is still NaN (poisoned), so it reads
     none of them: the gradients of the serial order, bit for bit."""
     import recurscan.plan.delta as plan_delta
-    from recurscan.launch.delta_backward import BACKWARD_LAUNCHES
-    from recurscan.runtime.cache import clear_caches
-    from tests.helpers.plan import force_backward_shape
+    from tests.helpers.plan import grads_serial_and_corun
     x, kw = _op_call(M, cu, 2, seed=8)
     monkeypatch.setattr(plan_delta, "keep_prep_for_backward", lambda problem: keep_prep)
     monkeypatch.setattr(plan_delta, "checkpoint_chunks_for_backward", lambda problem, device: every)
-    grads = {}
-    for corun in (False, True):
-        clear_caches()
-        force_backward_shape(monkeypatch, corun=corun)
-        leaves = [t.clone().requires_grad_() for t in x]
-        o, _ = _op(M)(*leaves, **kw)
-        grads[corun] = torch.autograd.grad(o, leaves, torch.ones_like(o))
-        (launches,) = BACKWARD_LAUNCHES.values()
-        assert launches.corun == (corun and keep_prep)
+    runs = grads_serial_and_corun(monkeypatch, lambda *t: _op(M)(*t, **kw), x, torch.ones_like)
+    grads = {corun: g for corun, (g, _) in runs.items()}
+    assert [taken for _, taken in runs.values()] == [False, keep_prep]
     for name, a, b in zip(NAMES, grads[False], grads[True]):
         assert torch.equal(a, b), name
         assert torch.isfinite(a).all(), name

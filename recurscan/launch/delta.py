@@ -388,9 +388,10 @@ def chunk_delta_fwd(q, k, v, g, beta, *, num_householder=1, scale=None, initial_
     - ``shape``: the launch shape (:class:`recurscan.plan.DeltaShape`; the planner's choice in the
       ops), default :data:`TEST_SHAPE`; ``fields`` replace single fields of it, e.g.
       ``block_v=64, segments=3``. Segments cut every sequence into that many parts (varlen: each
-      by its own length); phases apply to dense single-pass batches. The phases overlap only through programmatic launches,
-      which kept launches make from their second run on: here every call builds anew, so its
-      launches go through Triton's JIT and the phases run one after another (same bits).
+      by its own length); phases apply to dense single-pass batches. The phases overlap only
+      through programmatic launches, which kept launches make from their second run on: here
+      every call builds anew, so its launches go through Triton's JIT and the phases run one
+      after another (same bits).
 
     Reads no device value on the host and sizes nothing from data: capturable in a CUDA graph.
     Scratch: ``wy`` and ``aqk`` (``[B, T*M, HV, 64]`` in the input dtype) and the per-row

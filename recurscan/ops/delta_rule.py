@@ -66,8 +66,8 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
     if isinstance(cu_seqlens, torch.Tensor) and isinstance(q, torch.Tensor) and q.dim() == 4 and chunk_size is None \
             and None in (chunk_indices, chunk_indices_dp, chunk_offsets):
         # Varlen without descriptors: derived padded to q's T, and the call goes on as one given
-        # them (its launches kept by signature). On a GPU by tensor operations (no host read, so no
-        # sync, and a capture takes them); on the CPU, or with chunk states (trimmed to the batch's
+        # them (its launches kept by signature). On a GPU by one kernel (launch/descriptors.py: no
+        # host read, so no sync, and a capture takes it); on the CPU, or with chunk states (trimmed to the batch's
         # own chunks, a count only the host read gives), from the boundaries read on the host and
         # validated as a CPU tensor's are.
         from ..descriptors import padded_descriptors, refuse_under_capture

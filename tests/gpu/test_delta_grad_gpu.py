@@ -181,10 +181,8 @@ def test_the_recompute_on_a_side_stream_gives_the_serial_bits(monkeypatch, every
     stream beside the reverse sweep, really concurrent here): every gradient bit for bit as the
     serial order's, eager, and replayed from a CUDA graph captured with it (the fork and the join
     captured as the graph's edges)."""
-    from recurscan.launch.delta_backward import BACKWARD_LAUNCHES
     from recurscan.plan import delta as plan_delta
-    from recurscan.runtime.cache import clear_caches
-    from tests.helpers.plan import force_backward_shape
+    from tests.helpers.plan import grads_serial_and_corun
     gen = torch.Generator(device="cuda").manual_seed(9)
     rn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
     B, T, H, HV, K = 1, 16384, 16, 32, 128
@@ -192,18 +190,14 @@ def test_the_recompute_on_a_side_stream_gives_the_serial_bits(monkeypatch, every
          torch.nn.functional.logsigmoid(rn(B, T, HV) + 3), torch.rand(B, T, HV, device="cuda", generator=gen).bfloat16()]
     do = rn(B, T, HV, K).bfloat16()
     monkeypatch.setattr(plan_delta, "checkpoint_chunks_for_backward", lambda problem, device: every)
-    grads = {}
-    for corun in (False, True):
-        clear_caches()
-        force_backward_shape(monkeypatch, corun=corun)
-        leaves = [t.clone().requires_grad_() for t in x]
-        o, _ = recurscan.chunk_gated_delta_rule(*leaves, use_qk_l2norm_in_kernel=True)
-        grads[corun] = torch.autograd.grad(o, leaves, do)
-        (launches,) = BACKWARD_LAUNCHES.values()
-        assert launches.corun == corun
+    runs = grads_serial_and_corun(
+        monkeypatch, lambda *t: recurscan.chunk_gated_delta_rule(*t, use_qk_l2norm_in_kernel=True), x, lambda o: do)
+    grads = {corun: g for corun, (g, _) in runs.items()}
+    assert [taken for _, taken in runs.values()] == [False, True]
     for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta"), grads[False], grads[True]):
         assert torch.equal(a, b), name
-    # Forward and backward captured (still planned with corun), as whole-network capture does.
+    # Forward and backward captured (still planned with corun, the helper's last run), as
+    # whole-network capture does.
     leaves = [t.clone().requires_grad_() for t in x]
 
     def step():
