@@ -22,7 +22,7 @@ class ChunkSimpleGla(torch.autograd.Function):
             o, final = chunk_simple_gla_fwd(q, k, v, g, scale=options["scale"], initial_state=initial_state,
                                             output_final_state=True, cu_seqlens=options["cu_seqlens"],
                                             shape=options["shape"], prep_rows=options["prep_rows"],
-                                            chunk_indices=options["chunk_indices"] if per_key else None,
+                                            chunk_indices=options["chunk_indices"],
                                             chunk_offsets=options["chunk_offsets"] if per_key else None,
                                             backward=dict(chunk_indices=options["chunk_indices"],
                                                           chunk_offsets=options["chunk_offsets"]))

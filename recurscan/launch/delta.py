@@ -53,6 +53,12 @@ class DeltaInputs(NamedTuple):
     cu_seqlens: torch.Tensor | None = None
     chunk_indices_dp: torch.Tensor | None = None
     chunk_offsets: torch.Tensor | None = None
+    # Mamba2 SSD on the sweep (build_delta_launches' ``ssd``): raw step sizes, rates, bias, skip, gate.
+    dt: torch.Tensor | None = None
+    A: torch.Tensor | None = None
+    dt_bias: torch.Tensor | None = None
+    D: torch.Tensor | None = None
+    z: torch.Tensor | None = None
 
 
 def check_shape(shape: DeltaShape) -> None:
@@ -125,7 +131,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
                          cu_seqlens=None, chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None,
                          state=None, state_indices=None, return_chunk_states=False,
                          chunk_states_dtype=torch.float32, expanded_chunk_states=False,
-                         keep_prep=False, checkpoint_chunks=0) -> DeltaLaunches:
+                         keep_prep=False, checkpoint_chunks=0, wy=True, ssd=None) -> DeltaLaunches:
     """The launches of one call signature, in the launch ``shape`` the planner chose (the tensors'
     shapes and strides are read, never kept); arguments as :func:`chunk_delta_fwd`.
     ``chunk_states_dtype``: the backward keeps the chunk states in the inputs' dtype, which is the
@@ -135,8 +141,17 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     (:data:`PREP_NAMES`) after its own, for the backward (a forward under autograd).
     ``checkpoint_chunks`` E > 0 (dense only): the sweep also writes the float32 state entering every
     E-th token chunk, ``checkpoints [B, ceil(T / 64 / E), HV, K, V]``, returned last, from which the
-    backward recomputes every segment of E chunks at once (launch/delta_backward.py)."""
+    backward recomputes every segment of E chunks at once (launch/delta_backward.py).
+    ``wy=False``: gated linear attention on these kernels (U = V: no beta, no inverse, no ``wy``;
+    M = 1, no l2norm, forward only); with ``ssd`` (launch/gla.py's SsdPrologue: its flags are read
+    here, its tensors passed per call as DeltaInputs' dt, A, dt_bias, D, z) Mamba2 SSD, v holding x,
+    g None or ``[B, T]`` (seq_idx's resets), the outputs in v's dtype."""
     check_shape(shape)
+    if not wy and (num_householder != 1 or use_qk_l2norm_in_kernel or beta is not None or keep_prep
+                   or checkpoint_chunks or expanded_chunk_states):
+        raise ValueError("build_delta_launches: wy=False takes M = 1, no l2norm, no beta, forward only")
+    if ssd is not None and wy:
+        raise ValueError("build_delta_launches: ssd needs wy=False")
     M = num_householder
     block_v, num_warps, num_stages, prep_warps = shape.block_v, shape.num_warps, shape.num_stages, shape.prep_warps
     segments, v_product, tma_store, phases = shape.segments, shape.v_product, shape.tma_store, shape.phases
@@ -160,15 +175,16 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     store_final = not use_cache and output_final_state
 
     buffers = {
-        "o": ((B, T, HV, V), q.dtype, None),
-        "wy": ((B, T * M, HV, BT), q.dtype, None),
+        "o": ((B, T, HV, V), v.dtype if ssd is not None else q.dtype, None),
         "aqk": ((B, T * M, HV, BT), q.dtype, None),
     }
+    if wy:
+        buffers["wy"] = ((B, T * M, HV, BT), q.dtype, None)
     # per (chunk slot, head): slots (bos + 64 c) // 64 + n < B*T*M // 64 + N (_chunk_slot)
     buffers["coef"] = (((B * T * M) // BT + N, HV, BT, 4), torch.float32, None)
     if varlen and N > 0:  # the sweep's order of sequences, longest first (written by the prep)
         buffers["sequence_order"] = ((N,), torch.int32, None)
-    if beta is None:
+    if beta is None and wy:
         buffers["beta_ones"] = ((B, T * M, HV), q.dtype, 1.0)
     if store_final:
         buffers["final"] = ((N, HV, K, V), torch.float32, None)
@@ -197,11 +213,20 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     dt = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[q.dtype]
     if dt == tl.bfloat16 and INTERPRET:
         dt = tl.float32
-    beta_arg = arg("beta") if beta is not None else arg("beta_ones")
+    beta_arg = arg("beta") if beta is not None else arg("beta_ones", wy)
+    clamps = ssd is not None and tuple(ssd.dt_limit) != (0.0, float("inf"))
+    has_d = ssd is not None and ssd.D is not None
+    ssd_prep = dict(dt=arg("dt", ssd is not None), A=arg("A", ssd is not None),
+                    dt_bias=arg("dt_bias", ssd is not None and ssd.dt_bias is not None),
+                    dt_min=float(ssd.dt_limit[0]) if clamps else 0.0, dt_max=float(ssd.dt_limit[1]) if clamps else 0.0,
+                    WY=wy, SSD=ssd is not None, HAS_DT_BIAS=ssd is not None and ssd.dt_bias is not None,
+                    DT_SOFTPLUS=ssd is not None and bool(ssd.dt_softplus), DT_LIMIT=clamps)
+    ssd_sweep = dict(D=arg("D", has_d), z=arg("z", ssd is not None and ssd.z is not None), WY=wy, HAS_D=has_d,
+                     D_PER_CHANNEL=has_d and ssd.D.dim() == 2, HAS_Z=ssd is not None and ssd.z is not None)
     steps = []
     NTe = triton.cdiv(T * M, BT)  # expanded chunks of a dense sequence
     prep = dict(
-        q=arg("q"), k=arg("k"), g=arg("g", g is not None), beta=beta_arg, wy=arg("wy"), aqk=arg("aqk"),
+        q=arg("q"), k=arg("k"), g=arg("g", g is not None), beta=beta_arg, wy=arg("wy", wy), aqk=arg("aqk"),
         coef=arg("coef"), winv=arg("winv", keep_prep),
         cu_seqlens=arg("cu_seqlens", varlen), chunk_indices=arg("chunk_indices_dp", varlen),
         sequence_order=arg("sequence_order", varlen and N > 0), scale=scale, T=T, n_seq=N if varlen else 0,
@@ -209,7 +234,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         H=H, HV=HV, K=K, M=M, BT=BT, BK=BK,
         USE_L2NORM=use_qk_l2norm_in_kernel, IS_VARLEN=varlen, HAS_G=g is not None,
         INV_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DT=dt, INV_FP16=q.dtype != torch.float32,
-        wait_primary=0, PDL=not INTERPRET, STORE_INV=keep_prep)
+        wait_primary=0, PDL=not INTERPRET, STORE_INV=keep_prep, **ssd_prep)
     phased = phases > 1 and not varlen and segments <= 1 and T > 0
     # A register cap (compile option) sets how many prep programs share a multiprocessor.
     prep_options = dict(num_warps=prep_warps, **({} if prep_maxnreg is None else {"maxnreg": prep_maxnreg}))
@@ -230,7 +255,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     # The initial state's source (the cache, or initial_state) is read and written through its strides.
     s0 = state.stride() if use_cache else initial_state.stride() if initial_state is not None else (0, 0, 0, 0)
     sweep = dict(
-        q=arg("q"), k=arg("k"), v=arg("v"), wy=arg("wy"), aqk=arg("aqk"), coef=arg("coef"), o=arg("o"),
+        q=arg("q"), k=arg("k"), v=arg("v"), wy=arg("wy", wy), aqk=arg("aqk"), coef=arg("coef"), o=arg("o"),
         h0=arg("initial_state", initial_state is not None), ht=arg("final", store_final),
         state=arg("state", use_cache), state_indices=arg("state_indices", use_cache),
         chunk_states=arg("chunk_states", return_chunk_states), cu_seqlens=arg("cu_seqlens", varlen),
@@ -245,8 +270,8 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         IS_VARLEN=varlen, HAS_H0=initial_state is not None, USE_CACHE=use_cache, STORE_FINAL=store_final,
         STORE_CHUNK_STATES=(2 if expanded_chunk_states else True) if return_chunk_states else False,
         DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, DT=dt, PASS=0,
-        V_PRODUCT=v_product, TMA_STORE=tma_store and M == 1 and V * q.element_size() % 16 == 0,
-        PDL=not INTERPRET, REPLAY=False, OUTPUTS=True, STORE_U=False, CKPT_CHUNKS=checkpoint_chunks)
+        V_PRODUCT=v_product, TMA_STORE=tma_store and M == 1 and V * buffers["o"][1].itemsize % 16 == 0,
+        PDL=not INTERPRET, REPLAY=False, OUTPUTS=True, STORE_U=False, CKPT_CHUNKS=checkpoint_chunks, **ssd_sweep)
     options = dict(num_warps=num_warps)
     if phased:
         # prep 0, sweep 0, prep 1, sweep 1, ...: each prep after the first is the programmatic

@@ -16,7 +16,7 @@ from ..kernels.group_sum import group_sum_kernel
 from ..plan.gla import GlaShape
 from ..runtime.cache import SignatureCache, launch_key
 from ..runtime.launcher import CallArg, compile_in_background, jit_launch
-from .delta import INTERPRET, Step, _empty
+from .delta import INTERPRET, DeltaInputs, Step, _empty, build_delta_launches, run_delta_launches
 from .delta_backward import GROUP_SUM_ROWS
 
 #: The per-call tensors of the launch, by name (its CallArgs).
@@ -52,6 +52,8 @@ class SsdPrologue:
 
 #: Signature -> :class:`GlaForward`.
 GLA_LAUNCHES = SignatureCache("chunked GLA forward")
+#: Signature -> the delta sweep's launches (launch/delta.py's DeltaLaunches) of a scalar decay.
+GLA_SWEEP_LAUNCHES = SignatureCache("chunked GLA forward on the delta sweep")
 
 
 @dataclasses.dataclass
@@ -177,6 +179,12 @@ def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_
     offset are zeros); returned third. ``prep_rows``: through the prep (:func:`build_gla_forward`;
     g ``[B, T, HV, K]``, a decay per key dimension, needs it); varlen then needs ``chunk_indices``
     and ``chunk_offsets``. No host synchronisation."""
+    if shape.sweep is not None and prep_rows is None:
+        return _gla_on_sweep(q, k, v, g, scale=scale, initial_state=initial_state,
+                             output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                             chunk_state_rows=chunk_state_rows, chunk_offsets=chunk_offsets,
+                             chunk_indices=chunk_indices, shape=shape, ssd=ssd, state=state,
+                             state_indices=state_indices, state_v_first=state_v_first, backward=backward)
     q, k, v = (x.contiguous() for x in (q, k, v))
     g = None if g is None else g.contiguous()
     h0 = state if state is not None else (None if initial_state is None else initial_state.float())
@@ -207,6 +215,51 @@ def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_
     _launch(launch, values)
     final = state if state is not None else made.get("ht")
     return (made["o"], final) if chunk_state_rows is None else (made["o"], final, made["chunk_states"])
+
+
+def _gla_on_sweep(q, k, v, g, *, scale, initial_state, output_final_state, cu_seqlens, chunk_state_rows,
+                  chunk_offsets, chunk_indices, shape: GlaShape, ssd, state, state_indices, state_v_first,
+                  backward=None):
+    """:func:`chunk_simple_gla_fwd` of a scalar decay (or SSD) on the delta rule's prep and sweep
+    with the WY step off, launched in ``shape.sweep`` (launch/delta.py builds the launches; varlen
+    needs ``chunk_indices``). Returns as :func:`chunk_simple_gla_fwd`."""
+    if cu_seqlens is not None and chunk_indices is None:
+        raise ValueError("chunk_simple_gla_fwd: varlen input on the sweep needs chunk_indices "
+                         "(recurscan.build_chunk_descriptors)")
+    # The states [., HV, V, K] seen as [., HV, K, V]: the sweep reads and writes them through their strides.
+    h0 = None if initial_state is None else initial_state.float()
+    if state_v_first:
+        h0 = None if h0 is None else h0.transpose(-1, -2)
+        state = None if state is None else state.transpose(-1, -2)
+    extra = (None,) * 5 if ssd is None else tuple(None if t is None else t.contiguous() for t in ssd.tensors())
+    if ssd is not None:
+        ssd = dataclasses.replace(ssd, **dict(zip(("dt", "A", "dt_bias", "D", "z"), extra)))
+    options = None if ssd is None else (ssd.dt_softplus, tuple(ssd.dt_limit))
+    key = (launch_key((q, k, v, g, h0, state, state_indices, cu_seqlens, chunk_indices, chunk_offsets) + extra),
+           float(scale), output_final_state, shape, options, chunk_state_rows)
+    launches = GLA_SWEEP_LAUNCHES.get(key)
+    if launches is None:
+        launches = GLA_SWEEP_LAUNCHES.put(key, build_delta_launches(
+            q, k, v, g, None, shape.sweep, scale=scale, initial_state=h0, output_final_state=output_final_state,
+            cu_seqlens=cu_seqlens, chunk_indices_dp=chunk_indices, chunk_offsets=chunk_offsets,
+            num_chunk_rows=chunk_state_rows, state=state, state_indices=state_indices,
+            return_chunk_states=chunk_state_rows is not None, wy=False, ssd=ssd))
+        if backward is not None and ssd is None and not INTERPRET:
+            N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+            compile_gla_backward_early(q, k, v, g, h0, cu_seqlens, scale=scale, shape=shape,
+                                       out=launches.buffers["o"][:2], final=((N,) + h0_shape(q, v), torch.float32)
+                                       if output_final_state else None, **backward)
+    out = run_delta_launches(launches, DeltaInputs(q, k, v, g, None, h0, state, state_indices, cu_seqlens,
+                                                   chunk_indices, chunk_offsets, *extra))
+    o, final = out[0], out[1]
+    if state is not None:
+        final = state.transpose(-1, -2) if state_v_first else state
+    return (o, final) if chunk_state_rows is None else (o, final, out[2])
+
+
+def h0_shape(q, v) -> tuple:
+    """(HV, K, V) of a state of these inputs."""
+    return v.shape[2], q.shape[3], v.shape[3]
 
 
 #: The per-call tensors of the backward's two stages, by name.

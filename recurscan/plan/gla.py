@@ -2,7 +2,10 @@
 (docs/kernels-gla-plan.md; the H200 figures in docs/perf-history.md)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from .delta import DeltaShape, DeltaSizes, DELTA_LAUNCH
+from .device import sm_count
 
 
 @dataclass(frozen=True)
@@ -17,6 +20,11 @@ class GlaShape:
     # gpu_gla_split_shapes_357d748.json), as the per-key path itself is (chunk_gla 2.49 ms, fla
     # 0.72); kept to run a scalar decay through that path in its tests.
     split: bool = False
+    # A scalar decay (and SSD) on the delta rule's prep and sweep with their WY step off
+    # (kernels/delta/, WY=False): the chunk's gates and A parallel over chunks in the prep, the
+    # sweep's chain one product a chunk, and the sweep's segments, phases and bulk stores; this
+    # shape says how they launch. None: the fused kernel above.
+    sweep: DeltaShape | None = None
 
 
 GLA_LAUNCH = GlaShape(64, 8, "64 value columns on 8 warps: offline for sm_90 the chunk loop spills 40 local "
@@ -26,8 +34,28 @@ GLA_LAUNCH = GlaShape(64, 8, "64 value columns on 8 warps: offline for sm_90 the
 
 
 def gla_shape(problem, device) -> GlaShape:
-    """The GLA kernels' launch shape for ``problem`` (a GlaProblem or SsdProblem) on ``device``."""
-    return GLA_LAUNCH
+    """The GLA kernels' launch shape for ``problem`` (a GlaProblem or SsdProblem) on ``device``:
+    :data:`GLA_LAUNCH`, and for a scalar decay (and SSD) the delta sweep's launch shape
+    (:func:`gla_sweep_shape`) where :data:`SCALAR_ON_SWEEP`."""
+    if getattr(problem, "per_key_decay", False) or not SCALAR_ON_SWEEP or GLA_LAUNCH.split:
+        return GLA_LAUNCH
+    return replace(GLA_LAUNCH, sweep=gla_sweep_shape(problem, device))
+
+
+#: Whether a scalar decay runs on the delta rule's prep and sweep (WY off) rather than the fused kernel.
+SCALAR_ON_SWEEP = True
+
+
+def gla_sweep_shape(problem, device) -> DeltaShape:
+    """The delta sweep's launch shape for a scalar-decay GLA or SSD ``problem``: the first row of
+    the delta rule's table (plan/delta.py) that holds for its sizes, a varlen batch being one whose
+    sequences are not its batch rows."""
+    value_heads = getattr(problem, "value_heads", None) or problem.heads  # SsdProblem: heads
+    value_dim = getattr(problem, "value_dim", None) or problem.head_dim
+    varlen = problem.sequences != problem.batch
+    sizes = DeltaSizes(pairs=problem.sequences * value_heads, sms=sm_count(device), value_dim=value_dim,
+                       tokens=problem.tokens, varlen=varlen, sequences=problem.sequences)
+    return next(shape for applies, shape in DELTA_LAUNCH if applies(sizes))
 
 
 def triton_gla_unsupported(problem) -> str | None:

@@ -11,15 +11,23 @@ from .common import _chunk_slot, _compact_queries
 @triton.jit
 def _outputs_causal(b_Sd, b_q, b_Wt, b_At, lam_rk, lam_rq, out_rows, k, v, e, m_r, i_h, i_hv, o_t, o_k, o_v, m_k,
                     m_vt, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                    V_PRODUCT: tl.constexpr, DOT_PRECISION: tl.constexpr, DT: tl.constexpr):
+                    V_PRODUCT: tl.constexpr, DOT_PRECISION: tl.constexpr, DT: tl.constexpr, WY: tl.constexpr):
     """O^T of a chunk in the replay of a program whose state came out non-finite: in the products
     over the chunk's rows a NaN or inf at row t reaches every earlier row as 0 * inf. Here
     U = wy (V - lam rk o (K S)) is formed from k and v with their non-finite entries (and those of
     K S) selected out, U's non-finite entries are selected out before the next product, and each
     value column's outputs from its first non-finite row of X or U on are NaN, as the token loop's
     are; earlier rows get the clean run's bits (the same products in the same order, adding exact
-    zeros).
+    zeros). WY False (U = V): V's non-finite entries alone are selected out.
     ``out_rows`` [BT or BT // M]: the chunk row of each output column of O^T."""
+    if not WY:
+        b_vt = tl.load(v + (e * HV + i_hv)[None, :] * V + o_v[:, None], mask=m_vt, other=0.0)  # [BV, BT]
+        bad = b_vt * 0.0 != 0.0
+        first_bad = tl.min(tl.where(bad, o_t[None, :], BT), axis=1)  # [BV]
+        b_Ut = tl.where(o_t[None, :] < first_bad[:, None], b_vt, 0.0)
+        b_ot = lam_rq[None, :] * tl.dot(b_Sd, tl.trans(b_q), input_precision=DOT_PRECISION)
+        b_ot += tl.dot(b_Ut.to(DT), b_At, input_precision=DOT_PRECISION)
+        return tl.where(out_rows[None, :] < first_bad[:, None], b_ot, float("nan"))
     b_k = tl.load(k + (e * H + i_h)[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.0)
     b_k = tl.where(b_k * 0.0 == 0.0, b_k, 0.0).to(DT)  # [BT, BK]
     b_vt = tl.load(v + (e * HV + i_hv)[None, :] * V + o_v[:, None], mask=m_vt, other=0.0)  # [BV, BT]
@@ -64,13 +72,14 @@ def _start_state(p_state, h0, seg_n, m_s0, m_vk, o_vk, o_s0, s0_n, s0_h, i_n, i_
 
 
 @triton.jit
-def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, u_out, ks_out, cs0, n_cs_rows, bos, bos_t,
-                 L, i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
+def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, u_out, ks_out, D, z, cs0, n_cs_rows, bos,
+                 bos_t, L, i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
                  BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PASS: tl.constexpr,
                  V_PRODUCT: tl.constexpr, TMA_STORE: tl.constexpr, STORE_CHUNK_STATES: tl.constexpr,
                  DOT_PRECISION: tl.constexpr, DT: tl.constexpr, FULL: tl.constexpr, CAREFUL: tl.constexpr,
-                 OUTPUTS: tl.constexpr, STORE_U: tl.constexpr):
+                 OUTPUTS: tl.constexpr, STORE_U: tl.constexpr, WY: tl.constexpr, HAS_D: tl.constexpr,
+                 D_PER_CHANNEL: tl.constexpr, HAS_Z: tl.constexpr):
     """One expanded chunk c of :func:`chunk_delta_sweep_kernel` (its docstring has the algebra):
     returns the state S^T leaving the chunk, having written the chunk's outputs (PASS != 1) and,
     when it starts a token chunk, the state entering it (STORE_CHUNK_STATES). FULL: all 64 rows
@@ -79,7 +88,8 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, u_out
     of a program whose state came out non-finite); the state the same either way. OUTPUTS False:
     the state alone (the backward's recompute of the chunk states), no query or output touched.
     STORE_U: the chunk's U and lam o (K S) (rows of ``u_out`` and ``ks_out``, laid out as v), which
-    the backward's parallel stage takes instead of recomputing them from the state."""
+    the backward's parallel stage takes instead of recomputing them from the state. WY False and
+    the SSD epilogue (HAS_D, HAS_Z): see :func:`chunk_delta_sweep_kernel`."""
     r = c * BT + o_t.to(tl.int64)  # [BT] row inside the sequence (expanded stream)
     if FULL:  # every row lies in the sequence: the loads and stores below go unpredicated
         m_r = tl.full([BT], True, tl.int1)
@@ -124,7 +134,10 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, u_out
                           other=0.0).to(DT)  # [BT, BK]
     b_vt = tl.load(v + (e * HV + i_hv)[None, :] * V + o_v[:, None], mask=m_vt, other=0.0)  # [BV, BT] = V^T
     # wy^T and aqk^T: [BT (j), BT (i)] = wy[i, j]
-    b_Wt = tl.load(wy + (e * HV + i_hv)[None, :] * BT + o_t[:, None], mask=m_r[None, :], other=0.0).to(DT)
+    if WY:
+        b_Wt = tl.load(wy + (e * HV + i_hv)[None, :] * BT + o_t[:, None], mask=m_r[None, :], other=0.0).to(DT)
+    else:  # _outputs_causal takes the name; unread
+        b_Wt = b_vt
     if COMPACT_Q:  # aqk^T on the query rows only: [BT (j), BTQ (i)]
         b_At = tl.load(aqk + (e_q * HV + i_hv)[None, :] * BT + o_t[:, None]).to(DT)
     elif (PASS != 1) and OUTPUTS:
@@ -144,14 +157,17 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, u_out
 
     # Stage 3: the chunk's writes, transposed: U^T = (V - lam o K S)^T wy^T.
     b_Sd = b_St.to(DT)
-    b_KSt = lam_rk[None, :] * tl.dot(b_Sd, tl.trans(b_k), input_precision=DOT_PRECISION)
-    if V_PRODUCT:
+    if not WY:  # gated linear attention: U = V
+        b_Ut = b_vt.to(tl.float32)
+    elif V_PRODUCT:
         # U^T = V^T wy^T - (lam o K S)^T wy^T: as a product operand V^T is pipelined through
         # shared memory like the other tiles (in registers it waits on its load every chunk), at
         # 16 KB more shared memory (two stages) and one more 64 x 64 product per chunk.
+        b_KSt = lam_rk[None, :] * tl.dot(b_Sd, tl.trans(b_k), input_precision=DOT_PRECISION)
         b_Ut = tl.dot(b_vt.to(DT), b_Wt, input_precision=DOT_PRECISION)  # [BV, BT]
         b_Ut = tl.dot((-b_KSt).to(DT), b_Wt, b_Ut, input_precision=DOT_PRECISION)
     else:
+        b_KSt = lam_rk[None, :] * tl.dot(b_Sd, tl.trans(b_k), input_precision=DOT_PRECISION)
         b_Ut = tl.dot((b_vt.to(tl.float32) - b_KSt).to(DT), b_Wt, input_precision=DOT_PRECISION)
 
     if STORE_U and (PASS != 1):  # pass 1's programs sweep from stand-in states
@@ -166,7 +182,7 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, u_out
         b_ot += tl.dot(b_Ut.to(DT), b_At, input_precision=DOT_PRECISION)  # [BV, BTQ]
         if CAREFUL:
             b_ot = _outputs_causal(b_Sd, b_q, b_Wt, b_At, lam_rk, lam_rq, o_tq * M + (M - 1), k, v, e, m_r, i_h,
-                                   i_hv, o_t, o_k, o_v, m_k, m_vt, H, HV, K, V, BT, V_PRODUCT, DOT_PRECISION, DT)
+                                   i_hv, o_t, o_k, o_v, m_k, m_vt, H, HV, K, V, BT, V_PRODUCT, DOT_PRECISION, DT, WY)
         tl.store(o + (tok_q * HV + i_hv)[None, :] * V + o_v[:, None], b_ot.to(o.dtype.element_ty),
                  mask=m_v[:, None])
     elif (PASS != 1) and OUTPUTS:
@@ -175,7 +191,15 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, u_out
         b_ot += tl.dot(b_Ut.to(DT), b_At, input_precision=DOT_PRECISION)
         if CAREFUL:
             b_ot = _outputs_causal(b_Sd, b_q, b_Wt, b_At, lam_rk, lam_rq, o_t, k, v, e, m_r, i_h, i_hv, o_t, o_k,
-                                   o_v, m_k, m_vt, H, HV, K, V, BT, V_PRODUCT, DOT_PRECISION, DT)
+                                   o_v, m_k, m_vt, H, HV, K, V, BT, V_PRODUCT, DOT_PRECISION, DT, WY)
+        if HAS_D:  # Mamba2's skip D x (v holds x), then its gate silu(z)
+            if D_PER_CHANNEL:
+                b_ot += tl.load(D + i_hv * V + o_v, mask=m_v, other=0.0).to(tl.float32)[:, None] * b_vt
+            else:
+                b_ot += tl.load(D + i_hv).to(tl.float32) * b_vt
+        if HAS_Z:
+            b_zt = tl.load(z + (tok * HV + i_hv)[None, :] * V + o_v[:, None], mask=m_vt, other=0.0).to(tl.float32)
+            b_ot = b_ot * (b_zt * tl.sigmoid(b_zt))
         if TMA_STORE:
             o_desc.store([tl.cast(c * BT, tl.int32), tl.cast(i_v * BV, tl.int32)],
                          tl.trans(b_ot.to(o.dtype.element_ty)))
@@ -196,7 +220,7 @@ def chunk_delta_sweep_kernel(
     q, k, v, wy, aqk, coef, o,
     h0, ht, state, state_indices, chunk_states, cu_seqlens, chunk_offsets, sequence_order,
     seg_n, seg_m, n_seg, seg_chunks, tc_first, tc_count, trigger_dependents, T,
-    s0_n, s0_h, s0_k, s0_v, n_slots, n_cs_rows, replay_flags, u_out, ks_out, checkpoints, n_ckpt,
+    s0_n, s0_h, s0_k, s0_v, n_slots, n_cs_rows, replay_flags, u_out, ks_out, checkpoints, n_ckpt, D, z,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr,
@@ -204,7 +228,8 @@ def chunk_delta_sweep_kernel(
     DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr, DT: tl.constexpr, PASS: tl.constexpr = 0,
     V_PRODUCT: tl.constexpr = True, TMA_STORE: tl.constexpr = False, PDL: tl.constexpr = False,
     REPLAY: tl.constexpr = False, OUTPUTS: tl.constexpr = True, STORE_U: tl.constexpr = False,
-    CKPT_CHUNKS: tl.constexpr = 0,
+    CKPT_CHUNKS: tl.constexpr = 0, WY: tl.constexpr = True, HAS_D: tl.constexpr = False,
+    D_PER_CHANNEL: tl.constexpr = False, HAS_Z: tl.constexpr = False,
 ):
     """Grid (N * HV * ceil(V / BV),): program -> (sequence n, value head hv, value block iv),
     iv fastest so neighbouring programs share the q/k rows in L2.
@@ -291,6 +316,12 @@ def chunk_delta_sweep_kernel(
     entering token chunk j, for every j a multiple of CKPT_CHUNKS, goes to row ``j // CKPT_CHUNKS``
     of ``checkpoints [N, n_ckpt, HV, K, V]``, the ``seg_n`` of a PASS 2 launch with ``seg_chunks =
     CKPT_CHUNKS``: the backward recomputes the chunk states as that launch, every segment at once.
+
+    WY False (gated linear attention and Mamba2 SSD on this sweep, docs/kernels-gla-plan.md; the
+    prep with WY False writes aqk and coef): U = V, so per chunk O = (lam rq) o (Q S) + aqk V and
+    S <- lam_last S + K^T ((gam rk) o V); no ``wy`` is read and K S is not formed. With HAS_D /
+    HAS_Z (SSD, ``v`` holding x): the outputs become (O + D x) silu(z), D ``[HV]`` or
+    ``[HV, V]`` (D_PER_CHANNEL), z laid out as v.
     """
     pid = tl.program_id(0).to(tl.int64)
     if REPLAY:  # the replay launch: only the programs the pass before flagged (see the end)
@@ -426,19 +457,21 @@ def chunk_delta_sweep_kernel(
         if STORE_CKPT:
             if c % (CKPT_CHUNKS * M) == 0:
                 tl.store(p_ckpt + (c // (CKPT_CHUNKS * M)) * HV * K * V, b_St, mask=m_vk)
-        b_St = _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, u_out, ks_out, cs0,
+        b_St = _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, u_out, ks_out, D, z, cs0,
                             n_cs_rows, bos, bos_t, L, i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
-                            DOT_PRECISION, DT, True, REPLAY, OUTPUTS, STORE_U)
+                            DOT_PRECISION, DT, True, REPLAY, OUTPUTS, STORE_U, WY, HAS_D, D_PER_CHANNEL,
+                            HAS_Z)
     c_tail = tl.maximum(c_lo, c_full)
     if c_tail < c_hi:
         if STORE_CKPT:
             if c_tail % (CKPT_CHUNKS * M) == 0:
                 tl.store(p_ckpt + (c_tail // (CKPT_CHUNKS * M)) * HV * K * V, b_St, mask=m_vk)
-        b_St = _sweep_chunk(c_tail, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, u_out, ks_out, cs0,
+        b_St = _sweep_chunk(c_tail, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, u_out, ks_out, D, z, cs0,
                             n_cs_rows, bos, bos_t, L, i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
-                            DOT_PRECISION, DT, False, REPLAY, OUTPUTS, STORE_U)
+                            DOT_PRECISION, DT, False, REPLAY, OUTPUTS, STORE_U, WY, HAS_D, D_PER_CHANNEL,
+                            HAS_Z)
     # Causality under non-finite input. A NaN or inf in U reaches every earlier row of its chunk
     # through the products over the chunk's rows (0 * inf), and it always leaves the state
     # non-finite (nothing in the state's path selects it out). So a program whose state comes out
