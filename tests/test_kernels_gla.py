@@ -7,17 +7,11 @@ import torch
 
 import recurscan
 from recurscan.reference.gla import gla_chunked, gla_naive
+from tests.helpers.gla_forms import use_form
 from tests.helpers.tolerances import assert_like_fp32, relative_rms
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
-
-def use_form(form, monkeypatch):
-    """The GLA kernels' launch: the planner's (one fused kernel), or the split one (the prep, then
-    the sweep with PER_KEY; plan.gla.GlaShape.split)."""
-    if form == "split":
-        from recurscan.plan import gla as plan_gla
-        monkeypatch.setattr(plan_gla, "GLA_LAUNCH", plan_gla.GlaShape(64, 8, "tests: the split launch", split=True))
 
 
 @pytest.fixture(autouse=True)
@@ -51,7 +45,7 @@ def gla_inputs(B, T, H, HV, K, V, seed):
 
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("optional", ["all", "no_g_no_h0"])
-@pytest.mark.parametrize("form", ["fused", "split"])
+@pytest.mark.parametrize("form", ["sweep", "fused", "split", "sweep segments", "sweep phases"])
 def test_triton_forward_matches_the_token_loop(case, optional, form, monkeypatch):
     use_form(form, monkeypatch)
     c = CASES[case]
@@ -75,7 +69,8 @@ def test_triton_forward_matches_the_token_loop(case, optional, form, monkeypatch
         assert_like_fp32(a.cpu(), b, r, what)
 
 
-@pytest.mark.parametrize("name, form", [(n, "fused") for n in "qkvg"] + [("q", "split"), ("g", "split")])
+@pytest.mark.parametrize("name, form", [(n, "sweep") for n in "qkvg"] + [(n, "fused") for n in "qkvg"] +
+                         [("q", "split"), ("g", "split"), ("v", "sweep segments")])
 def test_a_non_finite_input_leaves_earlier_outputs_and_other_sequences_bit_identical(name, form, monkeypatch):
     use_form(form, monkeypatch)
     q, k, v, g = (x.float().to(DEVICE) for x in gla_inputs(1, 200, 1, 2, 16, 16, seed=11))
@@ -181,7 +176,7 @@ def test_g_gamma_is_a_constant_decay_per_head(backend):
 
 
 @pytest.mark.parametrize("cu", [None, [0, 1, 70, 130]])
-@pytest.mark.parametrize("form", ["fused", "split"])
+@pytest.mark.parametrize("form", ["sweep", "fused", "split"])
 def test_state_cache_on_both_backends(cu, form, monkeypatch):
     """chunk_simple_gla's state cache: slots read and written in place, a padding sequence (slot -1)
     with zero outputs and its slot untouched, the other slots untouched; the Triton path equals the
@@ -271,7 +266,7 @@ def test_the_forward_starts_the_backward_compiling(monkeypatch):
 
 @pytest.mark.parametrize("cu", [None, [0, 1, 70, 200]], ids=["dense", "varlen"])
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-@pytest.mark.parametrize("form", ["fused", "split"])
+@pytest.mark.parametrize("form", ["sweep", "fused", "split"])
 def test_chunk_states_are_the_delta_ops_rows(cu, backend, form, monkeypatch):
     """return_chunk_states: the state entering each 64-token chunk of each sequence, at row
     chunk_offsets[n] + c (dense: n * ceil(T / 64) + c), float32, against the float64 token loop."""

@@ -6,17 +6,11 @@ import torch
 
 import recurscan
 from recurscan.reference.ssd import ssd_chunked, ssd_naive
+from tests.helpers.gla_forms import use_form
 from tests.helpers.tolerances import assert_like_fp32
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
-
-def use_form(form, monkeypatch):
-    """The GLA kernels' launch: the planner's (one fused kernel), or the split one (the prep, then
-    the sweep with PER_KEY; plan.gla.GlaShape.split)."""
-    if form == "split":
-        from recurscan.plan import gla as plan_gla
-        monkeypatch.setattr(plan_gla, "GLA_LAUNCH", plan_gla.GlaShape(64, 8, "tests: the split launch", split=True))
 
 CASES = {
     "T 1": dict(Bt=2, T=1, H=2, G=1, cu=None),
@@ -40,7 +34,8 @@ EXTRAS = ["D per head, z, dt_bias, softplus, h0", "D per channel, dt_limit", "no
 
 
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("extras, form", [(e, "fused") for e in EXTRAS] + [(e, "split") for e in EXTRAS[:2]])
+@pytest.mark.parametrize("extras, form", [(e, "sweep") for e in EXTRAS] + [(e, "fused") for e in EXTRAS[:2]] +
+                         [(e, "split") for e in EXTRAS[:2]] + [(EXTRAS[0], "sweep segments"), (EXTRAS[0], "sweep phases")])
 def test_triton_ssd_matches_the_token_loop(case, extras, form, monkeypatch):
     use_form(form, monkeypatch)
     c = CASES[case]
@@ -80,7 +75,7 @@ def test_a_nan_leaves_earlier_outputs_and_other_sequences_bit_identical():
 
 
 @pytest.mark.parametrize("cu", [None, [0, 1, 70, 130]])
-@pytest.mark.parametrize("form", ["fused", "split"])
+@pytest.mark.parametrize("form", ["sweep", "fused", "split"])
 def test_state_cache_equals_the_torch_path(cu, form, monkeypatch):
     """The state cache on the Triton path: slots read and written in place through mamba's
     [S, H, P, Nstate] layout, a padding sequence (slot -1) with zero outputs and its slot untouched,
@@ -162,7 +157,7 @@ def _per_sequence(x, seq_idx, h0, **kw):
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-@pytest.mark.parametrize("form", ["fused", "split"])
+@pytest.mark.parametrize("form", ["sweep", "fused", "split"])
 def test_seq_idx_packs_sequences_in_a_row(backend, form, monkeypatch):
     """mamba_ssm's seq_idx [Bt, T]: the state resets wherever it changes (a one-token sequence, a
     start on a chunk boundary, ids that skip), initial states enter each row's first sequence and
@@ -221,7 +216,7 @@ def test_seq_idx_is_validated():
 
 @pytest.mark.parametrize("cu", [None, [0, 1, 70, 200]], ids=["dense", "varlen"])
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-@pytest.mark.parametrize("form", ["fused", "split"])
+@pytest.mark.parametrize("form", ["sweep", "fused", "split"])
 def test_chunk_states_every_64_tokens_in_mambas_layout(cu, backend, form, monkeypatch):
     """return_chunk_states: [NT, H, P, Nstate] float32, the state entering each 64-token chunk of
     each sequence at the delta ops' rows whatever chunk_size is, against the float64 token loop."""

@@ -1,0 +1,99 @@
+"""Scalar-decay GLA and Mamba2 SSD forwards on the delta rule's prep and sweep (WY off) against the
+fused GLA kernel and the peers, one process, eager, L2 flushed, bf16 (issue 20's forward rows):
+``chunk_simple_gla`` B4 T4096 H16 K=V=128 (fla's shape) and ``mamba_chunk_scan_combined`` B1 T16384
+and B4 T4096 (80 heads x 64, dstate 128, one group, chunk 256, D, dt_bias, dt_softplus). Each row's
+output against the float32 PyTorch form (relative RMS). Variants of the sweep's launch shape
+(``--sweep BV:warps:stages[:segN][:phN][:tma]``, repeatable) beside the planner's; ``--profile``
+adds GPU time by kernel.
+
+    PYTHONPATH=$PWD:/tmp/site MAMBA_SSM_SRC=/tmp/mamba python benchmarks/gpu_gla_sweep.py \
+        --out benchmarks/results/gpu_gla_sweep_<commit>.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+
+import recurscan
+from benchmarks import gpu_gla
+from benchmarks.gpu_gla import SHAPES, SSD_SHAPES, inputs, ssd_inputs, time_impls
+from recurscan.plan import gla as plan_gla
+from recurscan.plan.delta import DeltaShape
+
+
+def parse_sweep(text: str) -> DeltaShape:
+    """``BV:warps:stages[:segN][:phN][:tma]`` -> a DeltaShape."""
+    parts = text.split(":")
+    fields = dict(segments=1, phases=1, tma_store=False)
+    for p in parts[3:]:
+        if p.startswith("seg"):
+            fields["segments"] = int(p[3:])
+        elif p.startswith("ph"):
+            fields["phases"] = int(p[2:])
+        elif p == "tma":
+            fields["tma_store"] = True
+    bv = int(parts[0])
+    return DeltaShape(bv, int(parts[1]), int(parts[2]), 4, f"benchmark variant {text}", v_product=bv >= 64,
+                      **fields)
+
+
+def variants(sweeps):
+    """(tag, how the planner is set) for the fused kernel, the planned sweep and each variant."""
+    planned = plan_gla.gla_sweep_shape
+    out = [("fused", dict(on=False, shape=planned)), ("sweep planned", dict(on=True, shape=planned))]
+    for text in sweeps:
+        shape = parse_sweep(text)
+        out.append((f"sweep {text}", dict(on=True, shape=lambda problem, device, s=shape: s)))
+    return out
+
+
+def rows_for(name, make_call, want, tagged, peers):
+    rows = []
+    for tag, how in tagged:
+        plan_gla.SCALAR_ON_SWEEP, plan_gla.gla_sweep_shape = how["on"], how["shape"]
+        rows += time_impls(f"{name} {tag}", {"recurscan triton": make_call}, want)
+    plan_gla.SCALAR_ON_SWEEP, plan_gla.gla_sweep_shape = True, tagged[1][1]["shape"]
+    return rows + time_impls(name, peers, want)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out")
+    ap.add_argument("--sweep", action="append", default=[])
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    gpu_gla.PROFILE = args.profile
+    tagged = variants(args.sweep)
+    rows = []
+    s = SHAPES["simple_gla_b4_t4096_h16"]
+    q, k, v, g = inputs(s)
+    want = recurscan.chunk_simple_gla(*(x.float() for x in (q, k, v)), g, scale=s["scale"], backend="torch")[0]
+    peers = {}
+    try:
+        from fla.ops.simple_gla import chunk_simple_gla as fla_gla
+        peers["fla"] = lambda: fla_gla(q, k, v, g, scale=s["scale"])[0]
+    except Exception as exc:  # recorded, never hidden
+        rows.append(dict(shape="simple_gla_b4_t4096_h16", impl="fla", status=f"not installed: {exc}"))
+    rows += rows_for("simple_gla_b4_t4096_h16", lambda: recurscan.chunk_simple_gla(q, k, v, g, scale=s["scale"])[0],
+                     want, tagged, peers)
+    from benchmarks.runner import NotInstalled, load_mamba
+    for name, (Bt, T) in SSD_SHAPES.items():
+        a, kw = ssd_inputs(Bt, T)
+        want = recurscan.mamba_chunk_scan_combined(*(t.float() for t in a), **kw, backend="torch")
+        peers = {}
+        try:
+            mamba = load_mamba("ssd_combined", "mamba_chunk_scan_combined")
+            peers["mamba_ssm"] = lambda: mamba(*a, **kw)
+        except NotInstalled as exc:
+            rows.append(dict(shape=name, impl="mamba_ssm", status=f"not installed: {exc}"))
+        rows += rows_for(name, lambda: recurscan.mamba_chunk_scan_combined(*a, **kw), want, tagged, peers)
+    if args.out:
+        json.dump(dict(torch=torch.__version__, device=torch.cuda.get_device_name(),
+                       commit=os.environ.get("RECURSCAN_COMMIT"), rows=rows), open(args.out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+"""The launch forms of the scalar-decay GLA and SSD forward that the interpreter tests run through
+the public ops: the planner's (the delta rule's prep and sweep with the WY step off), the same in
+segments or phases, the fused GLA kernel, and the split one (the per-key prep, then the GLA sweep
+with PER_KEY)."""
+from recurscan.plan import gla as plan_gla
+from recurscan.plan.delta import DeltaShape
+
+SWEEP_VARIANTS = {
+    "sweep segments": DeltaShape(32, 4, 2, 4, "tests: the sweep in 3 segments", segments=3, v_product=False),
+    "sweep phases": DeltaShape(16, 4, 2, 4, "tests: the sweep in 3 phases", phases=3, v_product=False),
+}
+
+
+def use_form(form, monkeypatch):
+    """Set the planner so that a scalar decay runs in ``form``: "sweep" (the planner's), "sweep
+    segments", "sweep phases", "fused" or "split"."""
+    if form == "fused":
+        monkeypatch.setattr(plan_gla, "SCALAR_ON_SWEEP", False)
+    elif form == "split":
+        monkeypatch.setattr(plan_gla, "GLA_LAUNCH", plan_gla.GlaShape(64, 8, "tests: the split launch", split=True))
+    elif form in SWEEP_VARIANTS:
+        monkeypatch.setattr(plan_gla, "gla_sweep_shape", lambda problem, device: SWEEP_VARIANTS[form])
+    else:
+        assert form == "sweep", form
