@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.helpers.sm90 import CASES, SHAPES
+from tests.helpers.sm90 import CASES, SHAPES, SWEEP_SHAPES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -42,6 +42,15 @@ def test_the_gla_forward_compiles_for_sm90(case, family):
         assert "chunk_simple_gla_bwd_grads_kernel" in run.stdout, run.stdout
     if family == "gla-per-key-backward":
         assert "chunk_gla_prep_kernel" in run.stdout, run.stdout
+
+
+@pytest.mark.parametrize("family", ["gla-sweep", "ssd-sweep"])
+@pytest.mark.parametrize("shape", list(SWEEP_SHAPES))
+@pytest.mark.parametrize("case", [c for c, (M, _) in CASES.items() if M == 1])
+def test_gla_and_ssd_on_the_delta_sweep_compile_for_sm90(case, shape, family):
+    run = compile_offline(family, case, shape)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "chunk_delta_prep_kernel" in run.stdout and "chunk_delta_sweep_kernel" in run.stdout, run.stdout
 
 
 def test_the_descriptor_kernel_compiles_for_sm90():

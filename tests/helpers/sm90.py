@@ -154,6 +154,53 @@ def compile_gla(case: str, ssd: bool = False, cache: bool = False, seq_idx: bool
     return lines
 
 
+SWEEP_SHAPES = {
+    "one pass": DeltaShape(64, 4, 3, 4, "tests: BV 64, 4 warps, 3 stages, bulk stores", tma_store=True),
+    "segments": DeltaShape(64, 4, 3, 4, "tests: 3 segments", segments=3, tma_store=True),
+    "phases": DeltaShape(64, 4, 3, 4, "tests: 6 phases", phases=6, tma_store=True),
+    "two warpgroups": DeltaShape(128, 8, 3, 4, "tests: BV 128 on 8 warps", tma_store=True),
+}
+
+
+def compile_gla_sweep(case: str, shape: str, ssd: bool) -> list[str]:
+    """A scalar-decay GLA (or, ``ssd``, Mamba2 SSD with every prologue and epilogue part on, mamba's
+    seq_idx and a state cache in its [S, H, P, Nstate] layout) forward on the delta rule's prep and
+    sweep with the WY step off (launch/delta.py, ``wy=False``), in a shape of :data:`SWEEP_SHAPES`,
+    for an M = 1 case of :data:`CASES` (bf16)."""
+    from recurscan.launch.delta import build_delta_launches
+    from recurscan.launch.gla import SsdPrologue
+    _, cu = CASES[case]
+    B, T, H, HV, K = (1, 1000, 2, 4, 128) if cu is not None else (2, 300, 2, 2, 128)
+    bf = dict(dtype=torch.bfloat16)
+    q, k, v = torch.zeros(B, T, H, K, **bf), torch.zeros(B, T, H, K, **bf), torch.zeros(B, T, HV, 64, **bf)
+    N = B if cu is None else len(cu) - 1
+    g, h0, slots, state, prologue = torch.zeros(B, T, HV), torch.zeros(N, HV, K, 64), None, None, None
+    if ssd:
+        prologue = SsdPrologue(torch.zeros(B, T, HV), torch.zeros(HV), torch.zeros(HV), torch.zeros(HV, 64),
+                               torch.zeros(B, T, HV, 64, **bf), True, (0.1, 5.0))
+        g, h0 = torch.zeros(B, T), None
+        state, slots = torch.zeros(8, HV, 64, K).transpose(-1, -2), torch.zeros(N, dtype=torch.int32)
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+    indices = None if cu is None else build_chunk_descriptors(cu_t, 1).chunk_indices
+    launches = build_delta_launches(q, k, v, g, None, SWEEP_SHAPES[shape], scale=K ** -0.5, initial_state=h0,
+                                    output_final_state=True, cu_seqlens=cu_t, chunk_indices_dp=indices,
+                                    state=state, state_indices=slots, wy=False, ssd=prologue)
+    inputs = DeltaInputs(q, k, v, g, None, h0, state, slots, cu_t, indices, None,
+                         *((None,) * 5 if prologue is None else prologue.tensors()))
+    made = {n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.buffers.items()}
+    names = DeltaInputs._fields
+    values = tuple(x if x is not None else torch.zeros(1) for x in
+                   tuple(inputs) + tuple(made.get(n) for n in CALL_NAMES[len(names):]))
+    lines = []
+    for step in launches.steps:
+        compiled = compile_for_sm90(step, CALL_NAMES, values)
+        fn = getattr(step.kernel, "fn", step.kernel).__name__
+        if compiled.metadata.shared > H200_SHARED:
+            raise AssertionError(f"{fn}: {compiled.metadata.shared} B of shared memory")
+        lines.append(f"{fn}: shared {compiled.metadata.shared} B")
+    return lines
+
+
 def compile_gla_backward(case: str, describe=None, per_key: bool = False) -> list[str]:
     """The GLA backward's launches (launch/gla.py: the forward for the chunk states, the reverse
     sweep, the parallel stage) for a case of :data:`CASES` (M = 1 ones; bf16); ``per_key``: a decay
@@ -213,7 +260,9 @@ def compile_descriptors() -> list[str]:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "descriptors":
+    if sys.argv[1] in ("gla-sweep", "ssd-sweep"):
+        print("\n".join(compile_gla_sweep(sys.argv[2], sys.argv[3], ssd=sys.argv[1] == "ssd-sweep")))
+    elif sys.argv[1] == "descriptors":
         print("\n".join(compile_descriptors()))
     elif sys.argv[1] in ("gla-backward", "gla-per-key-backward"):
         print("\n".join(compile_gla_backward(sys.argv[2], per_key=sys.argv[1] == "gla-per-key-backward")))
