@@ -284,3 +284,26 @@ def test_compile_together_warms_every_kernel_before_the_first_launch(monkeypatch
     with L.compile_together(launches, names, values):
         events.append("plain")
     assert events == ["launches", "plain"]
+
+
+@pytest.mark.skipif(L.AsyncCompileMode is None, reason="this Triton has no AsyncCompileMode")
+def test_a_failed_compile_leaves_no_async_compile_mode_active():
+    """A kernel that fails to compile inside a first call raises there, and the next first call
+    in the same thread still compiles: Triton's AsyncCompileMode re-raises the failure on its exit
+    before it resets itself, which left every later call in the process failing."""
+    def failing_compile():
+        raise RuntimeError("the kernel does not compile")
+
+    def kernel(key):  # warmup submits its compile to the active mode, as Triton's JIT does under it
+        return SimpleNamespace(warmup=lambda grid, **kw: L.active_mode.get().submit(key, failing_compile,
+                                                                                     lambda k: None))
+
+    launches = [(kernel("a"), (1,), {}, {}), (kernel("b"), (1,), {}, {})]
+    with pytest.raises(RuntimeError, match="does not compile"):
+        with L.compile_together(launches, (), ()):
+            pass
+    assert L.active_mode.get() is None
+    ok = [(SimpleNamespace(warmup=lambda grid, **kw: None), (1,), {}, {})] * 2
+    with L.compile_together(ok, (), ()):
+        assert L.active_mode.get() is not None
+    assert L.active_mode.get() is None

@@ -48,7 +48,7 @@ try:  # Triton >= 3.4: the allocator of device-side scratch is a context variabl
 except ImportError:  # pragma: no cover
     _allocation = None
 try:  # Triton >= 3.5: compiles submitted to an executor, each launch waiting for its own
-    from triton.runtime._async_compile import AsyncCompileMode
+    from triton.runtime._async_compile import AsyncCompileMode, active_mode
 except ImportError:  # pragma: no cover - older Triton: a first call compiles its kernels in turn
     AsyncCompileMode = None
 try:  # NVIDIA's Python bindings: the driver's own definitions, where installed
@@ -382,10 +382,16 @@ def compile_together(launches: list, names: tuple, values: tuple):
     if AsyncCompileMode is None or len(launches) < 2:
         yield
         return
-    with ThreadPoolExecutor(len(launches)) as pool, AsyncCompileMode(pool):
-        for kernel, grid, kwargs, options in launches:
-            kernel.warmup(grid=grid, **resolve(kwargs, names, values), **options)
-        yield
+    try:
+        with ThreadPoolExecutor(len(launches)) as pool, AsyncCompileMode(pool):
+            for kernel, grid, kwargs, options in launches:
+                kernel.warmup(grid=grid, **resolve(kwargs, names, values), **options)
+            yield
+    finally:
+        # Triton's AsyncCompileMode leaves itself active in this thread when a compile raised on
+        # its exit: every later first call here would then fail ("Another AsyncCompileMode is
+        # already active", or a shut-down pool) instead of compiling.
+        active_mode.set(None)
 
 
 def compile_in_background(launches: list, names: tuple, values: tuple, device: torch.device):

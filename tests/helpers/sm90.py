@@ -159,6 +159,7 @@ SWEEP_SHAPES = {
     "segments": DeltaShape(64, 4, 3, 4, "tests: 3 segments", segments=3, tma_store=True),
     "phases": DeltaShape(64, 4, 3, 4, "tests: 6 phases", phases=6, tma_store=True),
     "two warpgroups": DeltaShape(128, 8, 3, 4, "tests: BV 128 on 8 warps", tma_store=True),
+    "narrow": DeltaShape(32, 4, 2, 4, "tests: BV 32, V as no product operand", v_product=False),
 }
 
 

@@ -27,25 +27,25 @@ def _outputs_causal(b_Sd, b_q, b_Wt, b_At, lam_rk, lam_rq, out_rows, k, v, e, m_
         b_Ut = tl.where(o_t[None, :] < first_bad[:, None], b_vt, 0.0)
         b_ot = lam_rq[None, :] * tl.dot(b_Sd, tl.trans(b_q), input_precision=DOT_PRECISION)
         b_ot += tl.dot(b_Ut.to(DT), b_At, input_precision=DOT_PRECISION)
-        return tl.where(out_rows[None, :] < first_bad[:, None], b_ot, float("nan"))
-    b_k = tl.load(k + (e * H + i_h)[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.0)
-    b_k = tl.where(b_k * 0.0 == 0.0, b_k, 0.0).to(DT)  # [BT, BK]
-    b_vt = tl.load(v + (e * HV + i_hv)[None, :] * V + o_v[:, None], mask=m_vt, other=0.0)  # [BV, BT]
-    b_KSt = lam_rk[None, :] * tl.dot(b_Sd, tl.trans(b_k), input_precision=DOT_PRECISION)
-    bad = (b_vt * 0.0 != 0.0) | (b_KSt * 0.0 != 0.0)
-    b_vt = tl.where(bad, 0.0, b_vt)
-    b_KSt = tl.where(bad, 0.0, b_KSt)
-    # The same products, in the same order, as the chunk's own (_sweep_chunk): the same bits.
-    if V_PRODUCT:
-        b_Ut = tl.dot(b_vt.to(DT), b_Wt, input_precision=DOT_PRECISION)
-        b_Ut = tl.dot((-b_KSt).to(DT), b_Wt, b_Ut, input_precision=DOT_PRECISION)
     else:
-        b_Ut = tl.dot((b_vt.to(tl.float32) - b_KSt).to(DT), b_Wt, input_precision=DOT_PRECISION)
-    bad |= b_Ut * 0.0 != 0.0
-    first_bad = tl.min(tl.where(bad, o_t[None, :], BT), axis=1)  # [BV]
-    b_Ut = tl.where(o_t[None, :] < first_bad[:, None], b_Ut, 0.0)
-    b_ot = lam_rq[None, :] * tl.dot(b_Sd, tl.trans(b_q), input_precision=DOT_PRECISION)
-    b_ot += tl.dot(b_Ut.to(DT), b_At, input_precision=DOT_PRECISION)
+        b_k = tl.load(k + (e * H + i_h)[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.0)
+        b_k = tl.where(b_k * 0.0 == 0.0, b_k, 0.0).to(DT)  # [BT, BK]
+        b_vt = tl.load(v + (e * HV + i_hv)[None, :] * V + o_v[:, None], mask=m_vt, other=0.0)  # [BV, BT]
+        b_KSt = lam_rk[None, :] * tl.dot(b_Sd, tl.trans(b_k), input_precision=DOT_PRECISION)
+        bad = (b_vt * 0.0 != 0.0) | (b_KSt * 0.0 != 0.0)
+        b_vt = tl.where(bad, 0.0, b_vt)
+        b_KSt = tl.where(bad, 0.0, b_KSt)
+        # The same products, in the same order, as the chunk's own (_sweep_chunk): the same bits.
+        if V_PRODUCT:
+            b_Ut = tl.dot(b_vt.to(DT), b_Wt, input_precision=DOT_PRECISION)
+            b_Ut = tl.dot((-b_KSt).to(DT), b_Wt, b_Ut, input_precision=DOT_PRECISION)
+        else:
+            b_Ut = tl.dot((b_vt.to(tl.float32) - b_KSt).to(DT), b_Wt, input_precision=DOT_PRECISION)
+        bad |= b_Ut * 0.0 != 0.0
+        first_bad = tl.min(tl.where(bad, o_t[None, :], BT), axis=1)  # [BV]
+        b_Ut = tl.where(o_t[None, :] < first_bad[:, None], b_Ut, 0.0)
+        b_ot = lam_rq[None, :] * tl.dot(b_Sd, tl.trans(b_q), input_precision=DOT_PRECISION)
+        b_ot += tl.dot(b_Ut.to(DT), b_At, input_precision=DOT_PRECISION)
     return tl.where(out_rows[None, :] < first_bad[:, None], b_ot, float("nan"))
 
 
