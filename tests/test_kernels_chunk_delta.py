@@ -663,3 +663,16 @@ def test_launch_options_are_checked_and_named(name, value):
     q, k, v, g, beta, _ = gdn_inputs(1, 8, 1, 2, 16, 16)
     with pytest.raises(ValueError, match=name):
         delta_launches(*f32(q, k, v, g, beta), **{name: value})
+
+
+def test_launches_run_on_a_plain_tuple_of_the_leading_inputs():
+    """The ops' hot path hands run_delta_launches a plain tuple of DeltaInputs' first eleven
+    fields (the SSD fields after them unset): the same bits as the full record, each buffer where
+    the launches expect it (the H200 run at 6dc10bf found them shifted by the SSD fields)."""
+    q, k, v, g, beta, S0 = gdn_inputs(1, 70, 2, 2, 16, 16)
+    args = tuple(x.float().to(DEVICE) for x in (q, k, v, g, beta))
+    h0 = S0[:1].float().to(DEVICE)
+    launches = delta_launches(*args, initial_state=h0, output_final_state=True)
+    full = run_delta_launches(launches, launch_delta.DeltaInputs(*args, initial_state=h0))
+    plain = run_delta_launches(launches, args + (h0, None, None, None, None, None))
+    assert all(torch.equal(a, b) for a, b in zip(full, plain))

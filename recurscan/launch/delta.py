@@ -357,13 +357,15 @@ def phase_bounds(n_chunks: int, phases: int, ratio: float | None = None) -> list
 
 def run_delta_launches(launches: DeltaLaunches, inputs: "DeltaInputs", given: dict | None = None) -> tuple:
     """Allocate the buffers and launch the steps on ``inputs`` (tensors or None, in the order of
-    :class:`DeltaInputs`; they must have the signature the launches were built for). ``given``:
-    buffers by name that a caller already holds (the backward's recompute takes the prep's outputs
-    the forward kept), used instead of new ones. The first run launches through Triton's JIT; later
+    :class:`DeltaInputs`, trailing ones may be left out; they must have the signature the launches
+    were built for). ``given``: buffers by name that a caller already holds (the backward's
+    recompute takes the prep's outputs the forward kept), used instead of new ones. The first run launches through Triton's JIT; later
     ones launch the compiled kernels directly."""
     q, k, v, g, beta = inputs[:5]
+    # A plain tuple may stop before DeltaInputs' last fields (the SSD ones): they are None.
     inputs = (q.contiguous(), k.contiguous(), v.contiguous(), g if g is None else g.contiguous(),
-              beta if beta is None else beta.contiguous()) + tuple(inputs[5:])
+              beta if beta is None else beta.contiguous()) + tuple(inputs[5:]) + \
+        (None,) * (len(INPUT_NAMES) - len(inputs))
     made = allocate_buffers(launches, given)
     values = inputs + tuple(made.get(n) for n in BUFFER_NAMES)
     if launches.launched or INTERPRET:

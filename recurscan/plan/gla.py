@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Callable
 
 from .delta import DeltaShape, DeltaSizes, DELTA_LAUNCH
 from .device import sm_count
@@ -46,16 +47,35 @@ def gla_shape(problem, device) -> GlaShape:
 SCALAR_ON_SWEEP = True
 
 
+#: Launch shapes of a scalar decay (and SSD) on the delta sweep (WY off), read top to bottom as
+#: the delta rule's table; a problem no row covers takes the delta rule's row (not measured for
+#: GLA). H200, eager, bf16, forward ms (benchmarks/gpu_gla_sweep.py, gpu_gla_sweep_6dc10bf.json):
+#: SSD is 80 heads x 64, dstate 128; simple GLA H16 K = V = 128.
+GLA_SWEEP_LAUNCH: list[tuple[Callable[[DeltaSizes], bool], DeltaShape]] = [
+    (lambda s: not s.varlen and s.tokens >= 16384 and 3 * s.programs_64 >= s.sms and s.programs_64 <= s.sms,
+     DeltaShape(64, 4, 3, 4, "a long dense sequence over half the SMs or more in 64-column programs: one pass, "
+                         "bulk stores (SSD B1 T16384: 0.830 ms; 3 segments 0.822, 2 segments 0.935, 32 columns "
+                         "1.025, 64 on 8 warps 1.021; mamba_ssm 0.969)", tma_store=True)),
+    (lambda s: s.programs_64 > s.sms,
+     DeltaShape(64, 4, 3, 4, "more 64-column programs than SMs: 64 columns on 4 warps, bulk stores (SSD B4 T4096: "
+                         "0.725 ms; 64 on 8 warps 0.862, 32 columns 0.858, 2 segments 0.742; mamba_ssm 0.851)",
+                tma_store=True)),
+    (lambda s: 2 * s.programs_64 >= s.sms,
+     DeltaShape(64, 4, 3, 4, "at most one 64-column program per SM: masked stores (simple GLA B4 T4096: 0.151 ms; "
+                         "bulk stores 0.179, 64 on 8 warps 0.197, 32 columns 0.227, 2 segments 0.215; fla 0.592)")),
+]
+
+
 def gla_sweep_shape(problem, device) -> DeltaShape:
     """The delta sweep's launch shape for a scalar-decay GLA or SSD ``problem``: the first row of
-    the delta rule's table (plan/delta.py) that holds for its sizes, a varlen batch being one whose
-    sequences are not its batch rows."""
+    :data:`GLA_SWEEP_LAUNCH` that holds for its sizes, else the delta rule's (plan/delta.py); a
+    varlen batch is one whose sequences are not its batch rows."""
     value_heads = getattr(problem, "value_heads", None) or problem.heads  # SsdProblem: heads
     value_dim = getattr(problem, "value_dim", None) or problem.head_dim
     varlen = problem.sequences != problem.batch
     sizes = DeltaSizes(pairs=problem.sequences * value_heads, sms=sm_count(device), value_dim=value_dim,
                        tokens=problem.tokens, varlen=varlen, sequences=problem.sequences)
-    return next(shape for applies, shape in DELTA_LAUNCH if applies(sizes))
+    return next(shape for applies, shape in GLA_SWEEP_LAUNCH + DELTA_LAUNCH if applies(sizes))
 
 
 def triton_gla_unsupported(problem) -> str | None:
