@@ -107,27 +107,21 @@ def _delta_forward(q, k, v, g, beta, num_householder, scale, initial_state, use_
 
 def grads_by_autograd(forward, inputs, cotangents) -> list:
     """The gradients of ``forward(*inputs)`` (a tuple of tensors) for ``cotangents``, one per input
-    (None where an input is None or unused), by autograd on a thread of its own: a custom op's
-    implementation runs below autograd's dispatch key, a thread-local state, so no graph would be
-    recorded on the calling thread (``torch.func.vjp`` would record one, but wraps the tensors, and
-    the Triton path's signature caches read data pointers). The thread runs on the inputs' CUDA
-    device and the caller's stream there."""
-    import concurrent.futures
-    import contextlib
-    cuda = [t.device for t in inputs if t is not None and t.is_cuda]
-    stream = torch.cuda.current_stream(cuda[0]) if cuda else None
-
-    def work():
-        with torch.enable_grad(), (torch.cuda.device(cuda[0]) if cuda else contextlib.nullcontext()), \
-                (torch.cuda.stream(stream) if cuda else contextlib.nullcontext()):
-            leaves = [None if t is None else t.detach().requires_grad_() for t in inputs]
-            outputs = forward(*leaves)
-            wrt = [t for t in leaves if t is not None]
-            grads = iter(torch.autograd.grad(outputs, wrt, cotangents, allow_unused=True))
-            return [None if t is None else next(grads) for t in leaves]
-
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(work).result()
+    (None where an input is None or unused), by autograd on the calling thread. A custom op's
+    implementation runs with autograd's dispatch keys excluded (a thread-local state), so they are
+    let back in for the forward and its differentiation here. (``torch.func.vjp`` would record a
+    graph too, but wraps the tensors, and the Triton path's signature caches read data pointers.
+    Another thread would record one, but a CUDA backward's ops then queue for the autograd engine's
+    device thread, which is the one waiting here: a deadlock, seen on the H200 at 59ed760.)"""
+    autograd = torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradFunctionality) | \
+        torch._C.DispatchKeySet(torch._C.DispatchKey.ADInplaceOrView)
+    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(),
+                                         torch._C._dispatch_tls_local_exclude_set() - autograd), torch.enable_grad():
+        leaves = [None if t is None else t.detach().requires_grad_() for t in inputs]
+        outputs = forward(*leaves)
+        wrt = [t for t in leaves if t is not None]
+        grads = iter(torch.autograd.grad(outputs, wrt, cotangents, allow_unused=True))
+        return [None if t is None else next(grads) for t in leaves]
 
 
 @torch.library.custom_op("recurscan::delta_rule_scan", mutates_args=())
