@@ -292,8 +292,9 @@ def chunk_delta_sweep_kernel(
       (i > 0), ending in row i + 1 of ``seg_n`` (``N_i``, or for i = 0 the true ``S_in[1]``); for
       j >= NV (i > 0 only) the same sweep with the value input switched off from the identity
       state: the "value" columns are then K wide and the end state is ``M_i`` (row i of
-      ``seg_m``). Resets need nothing special: a reset zeroes ``lam``, so it zeroes M's columns as
-      it zeroes a state's.
+      ``seg_m``). With WY False (GLA) M_i is the segment's decay times I: those programs multiply
+      the chunks' ``lam_last`` and sweep nothing. Resets need nothing special: a reset zeroes
+      ``lam``, so it zeroes M's columns as it zeroes a state's.
     - PASS 2, grid ``(N * n_seg * HV * NV,)``: the sweep of segment i from row i of ``seg_n`` (the
       fixed-up ``S_in[i]``) with its outputs and chunk states; the last segment writes the final
       state (or the cache slot).
@@ -450,7 +451,11 @@ def chunk_delta_sweep_kernel(
         cs0 = 0
     # Chunks whose 64 rows all lie in the sequence run unmasked (masks were a sixth of the chunk
     # loop's instructions, sm_90 SASS); the sequence's last chunk, when partial, runs masked after.
-    c_full = tl.minimum(c_hi, L // BT)
+    c_end = c_hi
+    if PASS == 1:
+        if not WY:  # a GLA segment's transition is its decay times I: its programs sweep no chunk (below)
+            c_end = tl.where(role_m, c_lo, c_hi)
+    c_full = tl.minimum(c_end, L // BT)
     STORE_CKPT: tl.constexpr = (CKPT_CHUNKS > 0) and (PASS != 1) and (not REPLAY)
     p_ckpt = checkpoints + (i_n * n_ckpt * HV + i_hv) * K * V + o_vk
     for c in tl.range(c_lo, c_full, num_stages=NUM_STAGES):
@@ -463,7 +468,7 @@ def chunk_delta_sweep_kernel(
                             DOT_PRECISION, DT, True, REPLAY, OUTPUTS, STORE_U, WY, HAS_D, D_PER_CHANNEL,
                             HAS_Z)
     c_tail = tl.maximum(c_lo, c_full)
-    if c_tail < c_hi:
+    if c_tail < c_end:
         if STORE_CKPT:
             if c_tail % (CKPT_CHUNKS * M) == 0:
                 tl.store(p_ckpt + (c_tail // (CKPT_CHUNKS * M)) * HV * K * V, b_St, mask=m_vk)
@@ -472,6 +477,13 @@ def chunk_delta_sweep_kernel(
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
                             DOT_PRECISION, DT, False, REPLAY, OUTPUTS, STORE_U, WY, HAS_D, D_PER_CHANNEL,
                             HAS_Z)
+    if PASS == 1:
+        if not WY:
+            if role_m:  # M_i = (the product of the segment's chunk decays) I; NaN after a bad row
+                decay = tl.zeros([], dtype=tl.float32) + 1.0
+                for c in range(c_lo, c_hi):
+                    decay *= tl.load(coef + (_chunk_slot(bos, c, i_n, BT) * HV + i_hv) * BT * 4 + 3)
+                b_St = b_St * decay
     # Causality under non-finite input. A NaN or inf in U reaches every earlier row of its chunk
     # through the products over the chunk's rows (0 * inf), and it always leaves the state
     # non-finite (nothing in the state's path selects it out). So a program whose state comes out
