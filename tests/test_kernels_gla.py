@@ -419,3 +419,16 @@ def test_per_key_cache_chunk_states_and_what_it_refuses():
     x = [t.clone().requires_grad_() for t in (q, k, v, g)]
     with pytest.raises(NotImplementedError, match="inference-only"):
         recurscan.chunk_gla(*x, cu_seqlens=cu, state=cache.clone(), state_indices=slots, backend="triton")
+
+
+def test_prep_programs_over_several_heads_give_the_same_bits(monkeypatch):
+    """GVA: 4 value heads a prep program (sharing q, k and Q K^T) write what one a program writes."""
+    q, k, v, g = (x.float().to(DEVICE) for x in gla_inputs(1, 150, 2, 8, 16, 16, seed=8))
+    cu = torch.tensor([0, 1, 90, 150], device=DEVICE)
+    got = {}
+    for form in ("sweep, 1 head a prep program", "sweep, 4 heads a prep program"):
+        with monkeypatch.context() as m:
+            use_form(form, m)
+            got[form] = recurscan.chunk_simple_gla(q, k, v, g, output_final_state=True, cu_seqlens=cu, backend="triton")
+    one, four = got.values()
+    assert all(torch.equal(a, b) for a, b in zip(one, four))

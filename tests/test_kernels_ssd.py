@@ -250,3 +250,28 @@ def test_ssd_training_with_descriptors_builds_none(monkeypatch):
     with pytest.raises(ValueError, match="return_chunk_states: chunk states are per sequence"):
         recurscan.mamba_chunk_scan_combined(*x.values(), seq_idx=torch.zeros(1, 200, dtype=torch.int32, device=DEVICE),
                                             return_chunk_states=True)
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_prep_programs_over_several_heads_give_the_same_bits(groups, monkeypatch):
+    """The sweep's prep with 4 value heads a program (sharing C, B and C B^T; 2 a program where
+    a group has 2 heads) writes what one head a program writes: the same outputs and states, bit
+    for bit, with every prologue and epilogue part on, a reset and a NaN step mid-sequence."""
+    x = ssd_inputs(1, 150, 4, groups, seed=groups)
+    x["dt"][0, 90, 1] = float("nan")
+    gen = torch.Generator().manual_seed(4)
+    kw = dict(D=torch.randn(4, generator=gen), z=torch.randn(1, 150, 4, 8, generator=gen), dt_bias=torch.randn(4),
+              dt_softplus=True, dt_limit=(0.01, 2.0), seq_idx=(torch.arange(150) >= 70).int()[None])
+    f32 = {k: v.float().to(DEVICE) for k, v in x.items()}
+    kw = {k: (v.float() if v.is_floating_point() else v).to(DEVICE) if isinstance(v, torch.Tensor) else v
+          for k, v in kw.items()}
+    got = {}
+    for form in ("sweep, 1 head a prep program", "sweep, 4 heads a prep program"):
+        with monkeypatch.context() as m:
+            use_form(form, m)
+            got[form] = recurscan.mamba_chunk_scan_combined(*f32.values(), chunk_size=64, return_final_states=True,
+                                                            backend="triton", **kw)
+    one, four = got.values()
+    assert torch.isnan(one[0][0, 90:, 1]).any() and not torch.isnan(one[0][0, :90]).any()
+    for a, b in zip(one, four):  # the same bits, NaN where NaN
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)

@@ -63,7 +63,7 @@ class DeltaInputs(NamedTuple):
 
 def check_shape(shape: DeltaShape) -> None:
     """A launch shape the kernels can take (the planner's always are; a hand-made one may not be)."""
-    for name in ("segments", "phases", "block_v", "num_warps", "num_stages", "prep_warps"):
+    for name in ("segments", "phases", "block_v", "num_warps", "num_stages", "prep_warps", "prep_heads"):
         value = getattr(shape, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"DeltaShape.{name}: expected an int >= 1, got {value!r}")
@@ -152,6 +152,10 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         raise ValueError("build_delta_launches: wy=False takes M = 1, no l2norm, no beta, forward only")
     if ssd is not None and wy:
         raise ValueError("build_delta_launches: ssd needs wy=False")
+    heads = shape.prep_heads
+    if heads > 1 and (wy or (v.shape[2] // q.shape[2]) % heads != 0):
+        raise ValueError(f"DeltaShape.prep_heads: {heads} value heads a prep program needs wy=False and a divisor "
+                         f"of HV / H = {v.shape[2] // q.shape[2]}")
     M = num_householder
     block_v, num_warps, num_stages, prep_warps = shape.block_v, shape.num_warps, shape.num_stages, shape.prep_warps
     segments, v_product, tma_store, phases = shape.segments, shape.v_product, shape.tma_store, shape.phases
@@ -234,12 +238,12 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         H=H, HV=HV, K=K, M=M, BT=BT, BK=BK,
         USE_L2NORM=use_qk_l2norm_in_kernel, IS_VARLEN=varlen, HAS_G=g is not None,
         INV_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DT=dt, INV_FP16=q.dtype != torch.float32,
-        wait_primary=0, PDL=not INTERPRET, STORE_INV=keep_prep, **ssd_prep)
+        wait_primary=0, PDL=not INTERPRET, STORE_INV=keep_prep, HEADS=heads, **ssd_prep)
     phased = phases > 1 and not varlen and segments <= 1 and T > 0
     # A register cap (compile option) sets how many prep programs share a multiprocessor.
     prep_options = dict(num_warps=prep_warps, **({} if prep_maxnreg is None else {"maxnreg": prep_maxnreg}))
     if n_prep > 0 and not phased:
-        steps.append(Step(chunk_delta_prep_kernel, (n_prep * HV,), prep, prep_options))
+        steps.append(Step(chunk_delta_prep_kernel, (n_prep * HV // heads,), prep, prep_options))
     outputs = ("o", "state" if use_cache else ("final" if store_final else None)) + \
         (("chunk_states",) if return_chunk_states else ()) + (kept_prep_names(varlen and N > 0) if keep_prep else ()) + \
         (("checkpoints",) if checkpoint_chunks else ())
@@ -280,7 +284,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         bounds = phase_bounds(triton.cdiv(T, BT), phases)
         for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
             c_lo, c_hi = lo * M, min(hi * M, NTe)
-            steps.append(Step(chunk_delta_prep_kernel, (N * (c_hi - c_lo) * HV,),
+            steps.append(Step(chunk_delta_prep_kernel, (N * (c_hi - c_lo) * HV // heads,),
                                dict(prep, chunk_lo=c_lo, chunk_span=c_hi - c_lo, wait_primary=int(i > 0)),
                                prep_options, programmatic=i > 0, min_shared=PREP_SHARED_BESIDE_SWEEP))
             # The sweep after its prep's end (a programmatic dependent of the prep was no faster).

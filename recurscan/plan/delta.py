@@ -36,6 +36,9 @@ class DeltaShape:
     # A register cap on the prep (a compile option), which sets how many of its programs share a
     # multiprocessor: 168 gives three instead of two. None: the compiler's choice.
     prep_maxnreg: int | None = 168
+    # Gated linear attention (the prep's WY off): value heads per prep program, sharing their
+    # q/k tiles and Q K^T (a divisor of HV / H); the delta rule's prep takes one.
+    prep_heads: int = 1
 
 
 @dataclass(frozen=True)

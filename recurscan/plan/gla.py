@@ -75,7 +75,17 @@ def gla_sweep_shape(problem, device) -> DeltaShape:
     varlen = problem.sequences != problem.batch
     sizes = DeltaSizes(pairs=problem.sequences * value_heads, sms=sm_count(device), value_dim=value_dim,
                        tokens=problem.tokens, varlen=varlen, sequences=problem.sequences)
-    return next(shape for applies, shape in GLA_SWEEP_LAUNCH + DELTA_LAUNCH if applies(sizes))
+    shape = next(shape for applies, shape in GLA_SWEEP_LAUNCH + DELTA_LAUNCH if applies(sizes))
+    return with_prep_heads(shape, problem)
+
+
+def with_prep_heads(shape: DeltaShape, problem) -> DeltaShape:
+    """``shape`` with its prep's value heads per program cut to the largest divisor of the value
+    heads one query/key head (SSD: one group) serves, so that a program's heads share q and k."""
+    value_heads = getattr(problem, "value_heads", None) or problem.heads
+    group = value_heads // (problem.groups if hasattr(problem, "groups") else problem.heads)
+    heads = max(d for d in range(1, min(shape.prep_heads, group) + 1) if group % d == 0)
+    return shape if heads == shape.prep_heads else replace(shape, prep_heads=heads)
 
 
 def triton_gla_unsupported(problem) -> str | None:

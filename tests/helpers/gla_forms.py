@@ -8,17 +8,21 @@ from recurscan.plan.delta import DeltaShape
 SWEEP_VARIANTS = {
     "sweep segments": DeltaShape(32, 4, 2, 4, "tests: the sweep in 3 segments", segments=3, v_product=False),
     "sweep phases": DeltaShape(16, 4, 2, 4, "tests: the sweep in 3 phases", phases=3, v_product=False),
+    "sweep, 4 heads a prep program": DeltaShape(32, 4, 2, 4, "tests: 4 value heads a prep program", v_product=False,
+                                                 prep_heads=4),
+    "sweep, 1 head a prep program": DeltaShape(32, 4, 2, 4, "tests: 1 value head a prep program", v_product=False),
 }
 
 
 def use_form(form, monkeypatch):
-    """Set the planner so that a scalar decay runs in ``form``: "sweep" (the planner's), "sweep
-    segments", "sweep phases", "fused" or "split"."""
+    """Set the planner so that a scalar decay runs in ``form``: "sweep" (the planner's), a key of
+    :data:`SWEEP_VARIANTS`, "fused" or "split"."""
     if form == "fused":
         monkeypatch.setattr(plan_gla, "SCALAR_ON_SWEEP", False)
     elif form == "split":
         monkeypatch.setattr(plan_gla, "GLA_LAUNCH", plan_gla.GlaShape(64, 8, "tests: the split launch", split=True))
     elif form in SWEEP_VARIANTS:
-        monkeypatch.setattr(plan_gla, "gla_sweep_shape", lambda problem, device: SWEEP_VARIANTS[form])
+        monkeypatch.setattr(plan_gla, "gla_sweep_shape",
+                            lambda problem, device: plan_gla.with_prep_heads(SWEEP_VARIANTS[form], problem))
     else:
         assert form == "sweep", form

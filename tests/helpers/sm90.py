@@ -6,6 +6,7 @@ compilable objects.
     python -m tests.helpers.sm90 "GDP M 2 varlen" split
     python -m tests.helpers.sm90 gla "GDN varlen, GVA"
 """
+import dataclasses
 import sys
 
 import torch
@@ -160,6 +161,7 @@ SWEEP_SHAPES = {
     "phases": DeltaShape(64, 4, 3, 4, "tests: 6 phases", phases=6, tma_store=True),
     "two warpgroups": DeltaShape(128, 8, 3, 4, "tests: BV 128 on 8 warps", tma_store=True),
     "narrow": DeltaShape(32, 4, 2, 4, "tests: BV 32, V as no product operand", v_product=False),
+    "prep over heads": DeltaShape(64, 4, 3, 4, "tests: up to 4 value heads a prep program", prep_heads=4),
 }
 
 
@@ -183,7 +185,11 @@ def compile_gla_sweep(case: str, shape: str, ssd: bool) -> list[str]:
         state, slots = torch.zeros(8, HV, 64, K).transpose(-1, -2), torch.zeros(N, dtype=torch.int32)
     cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
     indices = None if cu is None else build_chunk_descriptors(cu_t, 1).chunk_indices
-    launches = build_delta_launches(q, k, v, g, None, SWEEP_SHAPES[shape], scale=K ** -0.5, initial_state=h0,
+    sweep_shape = SWEEP_SHAPES[shape]
+    group = HV // H
+    sweep_shape = dataclasses.replace(sweep_shape, prep_heads=max(d for d in range(1, min(sweep_shape.prep_heads,
+                                                                                          group) + 1) if group % d == 0))
+    launches = build_delta_launches(q, k, v, g, None, sweep_shape, scale=K ** -0.5, initial_state=h0,
                                     output_final_state=True, cu_seqlens=cu_t, chunk_indices_dp=indices,
                                     state=state, state_indices=slots, wy=False, ssd=prologue)
     inputs = DeltaInputs(q, k, v, g, None, h0, state, slots, cu_t, indices, None,
