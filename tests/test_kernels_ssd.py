@@ -275,3 +275,40 @@ def test_prep_programs_over_several_heads_give_the_same_bits(groups, monkeypatch
     assert torch.isnan(one[0][0, 90:, 1]).any() and not torch.isnan(one[0][0, :90]).any()
     for a, b in zip(one, four):  # the same bits, NaN where NaN
         torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("D_form, with_z", [(None, True), ("head", False), ("head", True), ("channel", False),
+                                            ("channel", True)])  # neither: the op returns o itself
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_training_skip_and_gate_kernel_matches_the_reference(D_form, with_z, dtype):
+    """autograd/ssd.py's SkipAndGate (one Triton pass each way) against reference.ssd.skip_and_gate
+    under autograd in float64: y and the gradients of o, x, D and z, over rows that are not a
+    multiple of the kernel's block and a head dim that is not a power of two; None where an input
+    is absent."""
+    from recurscan.autograd.ssd import SkipAndGate
+    from recurscan.reference.ssd import skip_and_gate
+    gen = torch.Generator().manual_seed(3)
+    r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+    o, x, z = r(2, 75, 3, 12), r(2, 75, 3, 12), r(2, 75, 3, 12) * 3
+    D = None if D_form is None else (r(3) if D_form == "head" else r(3, 12))
+    z = z if with_z else None
+    want_in = [t if t is None else t.clone().requires_grad_() for t in (o, x, D, z)]
+    want = skip_and_gate(*want_in)
+    dy = r(*want.shape)
+    live = [t for t in want_in if t is not None]
+    want_grads = iter(torch.autograd.grad(want, live, dy, allow_unused=True))
+    want_grads = [None if t is None else next(want_grads) for t in want_in]
+    mine_in = [None if t is None else (t.to(dtype) if i != 2 else t.float()).to(DEVICE).requires_grad_()
+               for i, t in enumerate((o, x, D, z))]
+    y = SkipAndGate.apply(*mine_in)
+    grads = torch.autograd.grad(y, [t for t in mine_in if t is not None], dy.to(dtype).to(DEVICE), allow_unused=True)
+    grads = iter(grads)
+    grads = [None if t is None else next(grads) for t in mine_in]
+    from tests.helpers.tolerances import relative_rms
+    bound = 1e-6 if dtype == torch.float32 else 1e-2
+    assert relative_rms(y.double().cpu(), want.detach()) < bound
+    for name, g, w in zip("oxDz", grads, want_grads):
+        if w is None:
+            assert g is None, name
+            continue
+        assert relative_rms(g.double().cpu(), w) < bound, f"d{name}: {relative_rms(g.double().cpu(), w):.1e}"

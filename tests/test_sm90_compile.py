@@ -44,13 +44,20 @@ def test_the_gla_forward_compiles_for_sm90(case, family):
         assert "chunk_gla_prep_kernel" in run.stdout, run.stdout
 
 
-@pytest.mark.parametrize("family", ["gla-sweep", "ssd-sweep"])
-@pytest.mark.parametrize("shape", list(SWEEP_SHAPES))
-@pytest.mark.parametrize("case", [c for c, (M, _) in CASES.items() if M == 1])
+@pytest.mark.parametrize("family, shape, case",
+                         [("ssd-sweep", shape, "GDN varlen, GVA") for shape in SWEEP_SHAPES] +  # every SSD flag
+                         [("ssd-sweep", "one pass", "GDN dense, H = HV"), ("gla-sweep", "one pass", "GDN dense, H = HV"),
+                          ("gla-sweep", "narrow", "GDN varlen, GVA")])
 def test_gla_and_ssd_on_the_delta_sweep_compile_for_sm90(case, shape, family):
     run = compile_offline(family, case, shape)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "chunk_delta_prep_kernel" in run.stdout and "chunk_delta_sweep_kernel" in run.stdout, run.stdout
+
+
+def test_the_ssd_training_gate_kernels_compile_for_sm90():
+    run = compile_offline("ssd-gate")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("ssd_gate_fwd_kernel") == 2 and run.stdout.count("ssd_gate_bwd_kernel") == 2, run.stdout
 
 
 def test_the_descriptor_kernel_compiles_for_sm90():

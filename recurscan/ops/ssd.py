@@ -189,13 +189,14 @@ def _ssd_triton(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_st
 
 def _ssd_triton_with_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens, launch,
                           resets=None, descriptors=(None, None)):
-    """Training on the Triton path: the step sizes, v = dt x, the log decay dt A and the skip and
-    gate in PyTorch (autograd takes their chain rules), the recurrence through the GLA kernels'
-    autograd Function (forward and backward in Triton). Not fused as the inference path is."""
+    """Training on the Triton path: the step sizes, v = dt x and the log decay dt A in PyTorch
+    (autograd takes their chain rules), the recurrence through the GLA kernels' autograd Function
+    (forward and backward in Triton), the skip and gate by one elementwise kernel each way
+    (autograd/ssd.py). Not fused into the recurrence as the inference path is."""
     from ..autograd.gla import ChunkSimpleGla
     kernel_dtype = torch.float32 if x.dtype == torch.float64 else x.dtype
     step = ref.discretize_dt(dt.float(), None if dt_bias is None else dt_bias.float(), dt_softplus, dt_limit)
-    v = (x.float() * step[..., None]).to(kernel_dtype)
+    v = (x * step[..., None]).to(kernel_dtype)  # computed in float32 (type promotion); x itself is kept, no copy
     g = step * A.float()
     if resets is not None:  # seq_idx: -inf where a sequence starts (its gradient is 0 there)
         g = g + resets[..., None]
@@ -208,8 +209,10 @@ def _ssd_triton_with_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, 
                    shape=launch, prep_rows=None)
     h0 = None if initial_states is None else initial_states.transpose(-1, -2)
     o, final = ChunkSimpleGla.apply(C.to(kernel_dtype), B.to(kernel_dtype), v, g, h0, options)
-    y = ref.skip_and_gate(o.float(), x.float(), None if D is None else D.float(), None if z is None else z.float())
-    return y.to(x.dtype), final.transpose(-1, -2)
+    if D is not None or z is not None:
+        from ..autograd.ssd import SkipAndGate
+        o = SkipAndGate.apply(o, x, D, z)
+    return o.to(x.dtype), final.transpose(-1, -2)
 
 
 #: The backends the planner can choose for the chunked SSD (plan/__init__.py RULES).

@@ -208,6 +208,26 @@ def compile_gla_sweep(case: str, shape: str, ssd: bool) -> list[str]:
     return lines
 
 
+def compile_ssd_gate() -> list[str]:
+    """The SSD training path's skip-and-gate kernels (autograd/ssd.py), both flags' forms, bf16."""
+    from recurscan.autograd.ssd import ROWS_PER_PROGRAM
+    from recurscan.kernels.gla.ssd_gate import ssd_gate_bwd_kernel, ssd_gate_fwd_kernel
+    from recurscan.launch.delta import Step
+    bf, f32 = torch.zeros(1, dtype=torch.bfloat16), torch.zeros(1)
+    lines = []
+    for per_channel in (False, True):
+        flags = dict(H=80, P=64, BR=ROWS_PER_PROGRAM, BP=64, HAS_D=True, D_PER_CHANNEL=per_channel, HAS_Z=True)
+        for kernel, names in ((ssd_gate_fwd_kernel, ("o", "x", "D", "z", "y")),
+                              (ssd_gate_bwd_kernel, ("dy", "o", "x", "D", "z", "do", "dx", "dz", "dD_part"))):
+            values = tuple(f32 if n in ("D", "dD_part") else bf for n in names)
+            step = Step(kernel, (1, 80), dict({n: CallArg(n) for n in names}, n_rows=16384, **flags), dict(num_warps=4))
+            compiled = compile_for_sm90(step, names, values)
+            if compiled.metadata.shared > H200_SHARED:
+                raise AssertionError(f"{kernel.fn.__name__}: {compiled.metadata.shared} B of shared memory")
+            lines.append(f"{kernel.fn.__name__}: shared {compiled.metadata.shared} B")
+    return lines
+
+
 def compile_gla_backward(case: str, describe=None, per_key: bool = False) -> list[str]:
     """The GLA backward's launches (launch/gla.py: the forward for the chunk states, the reverse
     sweep, the parallel stage) for a case of :data:`CASES` (M = 1 ones; bf16); ``per_key``: a decay
@@ -267,7 +287,9 @@ def compile_descriptors() -> list[str]:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] in ("gla-sweep", "ssd-sweep"):
+    if sys.argv[1] == "ssd-gate":
+        print("\n".join(compile_ssd_gate()))
+    elif sys.argv[1] in ("gla-sweep", "ssd-sweep"):
         print("\n".join(compile_gla_sweep(sys.argv[2], sys.argv[3], ssd=sys.argv[1] == "ssd-sweep")))
     elif sys.argv[1] == "descriptors":
         print("\n".join(compile_descriptors()))

@@ -1,0 +1,82 @@
+"""Mamba2's output parts outside the recurrence, y = (o + D x) silu(z), and their backward, as one
+elementwise pass each (``reference.ssd.skip_and_gate`` is the form to check them against). The
+training path runs them around the recurrence's autograd Function (autograd/ssd.py); inference
+has them in the sweep's output store instead."""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _tile(rows_block, i_h, n_rows, H: tl.constexpr, P: tl.constexpr, BR: tl.constexpr, BP: tl.constexpr):
+    """Offsets and mask of a [BR, BP] tile of head i_h of a contiguous [n_rows, H, P] tensor, and
+    the tile's column indices."""
+    o_r = rows_block * BR + tl.arange(0, BR).to(tl.int64)
+    o_p = tl.arange(0, BP)
+    mask = (o_r < n_rows)[:, None] & (o_p < P)[None, :]
+    return (o_r * H + i_h)[:, None] * P + o_p[None, :], mask, o_p
+
+
+@triton.jit
+def _skip(D, i_h, o_p, P: tl.constexpr, D_PER_CHANNEL: tl.constexpr):
+    """D of head i_h as a [1, BP] row (per channel) or a scalar (per head)."""
+    if D_PER_CHANNEL:
+        d = tl.load(D + i_h * P + o_p, mask=o_p < P, other=0.0).to(tl.float32)[None, :]
+    else:
+        d = tl.load(D + i_h).to(tl.float32)
+    return d
+
+
+@triton.jit
+def ssd_gate_fwd_kernel(o, x, D, z, y, n_rows, H: tl.constexpr, P: tl.constexpr, BR: tl.constexpr,
+                        BP: tl.constexpr, HAS_D: tl.constexpr, D_PER_CHANNEL: tl.constexpr, HAS_Z: tl.constexpr):
+    """Grid (ceil(n_rows / BR), H): y = (o + D x) silu(z) over rows (batch x tokens) of one head,
+    float32 inside, y in its own dtype."""
+    offs, mask, o_p = _tile(tl.program_id(0), tl.program_id(1), n_rows, H, P, BR, BP)
+    i_h = tl.program_id(1)
+    b_y = tl.load(o + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_D:
+        b_y += _skip(D, i_h, o_p, P, D_PER_CHANNEL) * tl.load(x + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_Z:
+        b_z = tl.load(z + offs, mask=mask, other=0.0).to(tl.float32)
+        b_y = b_y * (b_z * tl.sigmoid(b_z))
+    tl.store(y + offs, b_y.to(y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def ssd_gate_bwd_kernel(dy, o, x, D, z, do, dx, dz, dD_part, n_rows, H: tl.constexpr, P: tl.constexpr,
+                        BR: tl.constexpr, BP: tl.constexpr, HAS_D: tl.constexpr, D_PER_CHANNEL: tl.constexpr,
+                        HAS_Z: tl.constexpr):
+    """Grid (ceil(n_rows / BR), H): with s = silu(z) (1 without z) and u = o + D x,
+
+        do = dy s,   dx = D dy s,   dz = dy u sigmoid(z) (1 + z (1 - sigmoid(z))),
+        dD = sum over rows (and over P for D per head) of dy s x,
+
+    the last as this program's partial sum, ``dD_part [ceil(n_rows / BR), H, P]`` (per head: in
+    column 0). Each gradient in its tensor's dtype."""
+    offs, mask, o_p = _tile(tl.program_id(0), tl.program_id(1), n_rows, H, P, BR, BP)
+    i_h = tl.program_id(1)
+    b_dy = tl.load(dy + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_Z:
+        b_z = tl.load(z + offs, mask=mask, other=0.0).to(tl.float32)
+        sig = tl.sigmoid(b_z)
+        b_dys = b_dy * (b_z * sig)
+    else:
+        b_dys = b_dy
+    tl.store(do + offs, b_dys.to(do.dtype.element_ty), mask=mask)
+    if HAS_D:
+        b_x = tl.load(x + offs, mask=mask, other=0.0).to(tl.float32)
+        d = _skip(D, i_h, o_p, P, D_PER_CHANNEL)
+        tl.store(dx + offs, (d * b_dys).to(dx.dtype.element_ty), mask=mask)
+        part = tl.sum(b_dys * b_x, axis=0)  # [BP]
+        p_part = dD_part + (tl.program_id(0).to(tl.int64) * H + i_h) * P
+        if D_PER_CHANNEL:
+            tl.store(p_part + o_p, part, mask=o_p < P)
+        else:
+            tl.store(p_part, tl.sum(part, axis=0))
+    if HAS_Z:
+        b_u = tl.load(o + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_D:
+            b_u += d * b_x
+        tl.store(dz + offs, (b_dy * b_u * sig * (1.0 + b_z * (1.0 - sig))).to(dz.dtype.element_ty), mask=mask)
