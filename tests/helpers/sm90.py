@@ -60,6 +60,17 @@ def compile_for_sm90(step, names, values):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
+def compiled_line(step, names, values, describe=None) -> str:
+    """Compile one launch record for sm_90 (:func:`compile_for_sm90`) and return its line (the
+    kernel's name and shared memory, and ``describe(compiled)`` where given); raises where it does
+    not fit the H200's shared memory."""
+    compiled = compile_for_sm90(step, names, values)
+    fn = getattr(step.kernel, "fn", step.kernel).__name__
+    if compiled.metadata.shared > H200_SHARED:
+        raise AssertionError(f"{fn}: {compiled.metadata.shared} B of shared memory")
+    return f"{fn}: shared {compiled.metadata.shared} B" + (f"; {describe(compiled)}" if describe else "")
+
+
 def compile_case(case: str, shape: str) -> list[str]:
     """One line per compiled kernel: its name and shared memory; raises where one does not compile
     or does not fit."""
@@ -89,15 +100,9 @@ def compile_case(case: str, shape: str) -> list[str]:
                  aqk=torch.zeros(1, **bf), coef=torch.zeros(1), states=torch.zeros(1, **bf),
                  **{n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.buffers.items()})
     stage_values = tuple(stage.get(n) if stage.get(n) is not None else torch.zeros(1) for n in NAMES)
-    lines = []
-    for step, names, values in [(s, CALL_NAMES, forward_values) for s in launches.forward.steps] + \
-                               [(s, NAMES, stage_values) for s in launches.steps]:
-        compiled = compile_for_sm90(step, names, values)
-        fn = getattr(step.kernel, "fn", step.kernel).__name__
-        if compiled.metadata.shared > H200_SHARED:
-            raise AssertionError(f"{fn}: {compiled.metadata.shared} B of shared memory")
-        lines.append(f"{fn}: shared {compiled.metadata.shared} B")
-    return lines
+    return [compiled_line(step, names, values) for step, names, values in
+            [(s, CALL_NAMES, forward_values) for s in launches.forward.steps] +
+            [(s, NAMES, stage_values) for s in launches.steps]]
 
 
 def compile_gla(case: str, ssd: bool = False, cache: bool = False, seq_idx: bool = False,
@@ -147,11 +152,7 @@ def compile_gla(case: str, ssd: bool = False, cache: bool = False, seq_idx: bool
     for step in (launch.prep, launch.step):
         if step is None:
             continue
-        compiled = compile_for_sm90(step, GLA_NAMES, tuple(values[n] for n in GLA_NAMES))
-        fn = getattr(step.kernel, "fn", step.kernel).__name__
-        if compiled.metadata.shared > H200_SHARED:
-            raise AssertionError(f"{fn}: {compiled.metadata.shared} B of shared memory")
-        lines.append(f"{fn}: shared {compiled.metadata.shared} B" + (f"; {describe(compiled)}" if describe else ""))
+        lines.append(compiled_line(step, GLA_NAMES, tuple(values[n] for n in GLA_NAMES), describe))
     return lines
 
 
@@ -198,14 +199,7 @@ def compile_gla_sweep(case: str, shape: str, ssd: bool) -> list[str]:
     names = DeltaInputs._fields
     values = tuple(x if x is not None else torch.zeros(1) for x in
                    tuple(inputs) + tuple(made.get(n) for n in CALL_NAMES[len(names):]))
-    lines = []
-    for step in launches.steps:
-        compiled = compile_for_sm90(step, CALL_NAMES, values)
-        fn = getattr(step.kernel, "fn", step.kernel).__name__
-        if compiled.metadata.shared > H200_SHARED:
-            raise AssertionError(f"{fn}: {compiled.metadata.shared} B of shared memory")
-        lines.append(f"{fn}: shared {compiled.metadata.shared} B")
-    return lines
+    return [compiled_line(step, CALL_NAMES, values) for step in launches.steps]
 
 
 def compile_ssd_gate() -> list[str]:
@@ -221,10 +215,7 @@ def compile_ssd_gate() -> list[str]:
                               (ssd_gate_bwd_kernel, ("dy", "o", "x", "D", "z", "do", "dx", "dz", "dD_part"))):
             values = tuple(f32 if n in ("D", "dD_part") else bf for n in names)
             step = Step(kernel, (1, 80), dict({n: CallArg(n) for n in names}, n_rows=16384, **flags), dict(num_warps=4))
-            compiled = compile_for_sm90(step, names, values)
-            if compiled.metadata.shared > H200_SHARED:
-                raise AssertionError(f"{kernel.fn.__name__}: {compiled.metadata.shared} B of shared memory")
-            lines.append(f"{kernel.fn.__name__}: shared {compiled.metadata.shared} B")
+            lines.append(compiled_line(step, names, values))
     return lines
 
 
@@ -259,11 +250,8 @@ def compile_gla_backward(case: str, describe=None, per_key: bool = False) -> lis
     forward = [launches.forward.prep] if launches.forward.prep is not None else []
     for step, names, values in [(st, GLA_NAMES, fwd) for st in forward + [launches.forward.step]] + \
             [(st, BWD_NAMES, bwd) for st in launches.steps]:
-        compiled = compile_for_sm90(step, names, tuple(values.get(n) if values.get(n) is not None else z for n in names))
-        fn = getattr(step.kernel, "fn", step.kernel).__name__
-        if compiled.metadata.shared > H200_SHARED:
-            raise AssertionError(f"{fn}: {compiled.metadata.shared} B of shared memory")
-        lines.append(f"{fn}: shared {compiled.metadata.shared} B" + (f"; {describe(compiled)}" if describe else ""))
+        lines.append(compiled_line(step, names, tuple(values.get(n) if values.get(n) is not None else z
+                                                      for n in names), describe))
     return lines
 
 
