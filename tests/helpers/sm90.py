@@ -166,7 +166,7 @@ SWEEP_SHAPES = {
 }
 
 
-def compile_gla_sweep(case: str, shape: str, ssd: bool) -> list[str]:
+def compile_gla_sweep(case: str, shape: str, ssd: bool, describe=None) -> list[str]:
     """A scalar-decay GLA (or, ``ssd``, Mamba2 SSD with every prologue and epilogue part on, mamba's
     seq_idx and a state cache in its [S, H, P, Nstate] layout) forward on the delta rule's prep and
     sweep with the WY step off (launch/delta.py, ``wy=False``), in a shape of :data:`SWEEP_SHAPES`,
@@ -199,7 +199,7 @@ def compile_gla_sweep(case: str, shape: str, ssd: bool) -> list[str]:
     names = DeltaInputs._fields
     values = tuple(x if x is not None else torch.zeros(1) for x in
                    tuple(inputs) + tuple(made.get(n) for n in CALL_NAMES[len(names):]))
-    return [compiled_line(step, CALL_NAMES, values) for step in launches.steps]
+    return [compiled_line(step, CALL_NAMES, values, describe) for step in launches.steps]
 
 
 def compile_ssd_gate() -> list[str]:
