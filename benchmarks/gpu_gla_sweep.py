@@ -12,6 +12,7 @@ adds GPU time by kernel.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 
@@ -69,11 +70,50 @@ def rows_for(name, make_call, want, tagged, peers):
     return rows + time_impls(name, peers, want)
 
 
+def train_rows():
+    """Forward + backward (every input's gradient, one fixed upstream gradient), eager, L2 flushed:
+    the planner's form (forward and the backward's recompute on the sweep), the recompute on the
+    fused kernel instead, and the peers that train here (mamba_ssm; fla's simple-GLA backward
+    refuses on Triton 3.6 without TileLang)."""
+    from benchmarks.gpu_gla import SSD_GRADS, time_train, train_step
+    from benchmarks.runner import NotInstalled, load_mamba
+    planned, rows = plan_gla.GLA_LAUNCH, []
+    forms = {"recurscan triton": planned,
+             "recurscan triton, recompute fused": dataclasses.replace(planned, recompute_on_sweep=False)}
+
+    def timed(name, step, peers):
+        out = []
+        for impl, launch in forms.items():
+            plan_gla.GLA_LAUNCH = launch
+            out += time_train(name, {impl: step})
+        plan_gla.GLA_LAUNCH = planned
+        return out + time_train(name, peers)
+
+    s = SHAPES["simple_gla_b4_t4096_h16"]
+    q, k, v, g = inputs(s)
+    dy = torch.randn_like(v)
+    rows += timed("simple_gla_b4_t4096_h16", lambda: train_step(
+        lambda *a: recurscan.chunk_simple_gla(*a, scale=s["scale"])[0], (q, k, v, g), {}, (0, 1, 2, 3), dy), {})
+    for name, (Bt, T) in SSD_SHAPES.items():
+        a, kw = ssd_inputs(Bt, T)
+        dy = torch.randn_like(a[0])
+        peers = {}
+        try:
+            mamba = load_mamba("ssd_combined", "mamba_chunk_scan_combined")
+            peers["mamba_ssm"] = lambda: train_step(mamba, a, kw, SSD_GRADS, dy)
+        except NotInstalled as exc:
+            rows.append(dict(shape=name, impl="mamba_ssm", status=f"not installed: {exc}"))
+        rows += timed(name, lambda: train_step(recurscan.mamba_chunk_scan_combined, a, kw, SSD_GRADS, dy), peers)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out")
     ap.add_argument("--sweep", action="append", default=[])
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--train", action="store_true", help="also forward + backward: the backward's recompute on the "
+                                                          "sweep (planned) and on the fused kernel, beside the peers")
     args = ap.parse_args()
     gpu_gla.PROFILE = args.profile
     tagged = variants(args.sweep)
@@ -100,6 +140,8 @@ def main():
         except NotInstalled as exc:
             rows.append(dict(shape=name, impl="mamba_ssm", status=f"not installed: {exc}"))
         rows += rows_for(name, lambda: recurscan.mamba_chunk_scan_combined(*a, **kw), want, tagged, peers)
+    if args.train:
+        rows += train_rows()
     if args.out:
         json.dump(dict(torch=torch.__version__, device=torch.cuda.get_device_name(),
                        commit=os.environ.get("RECURSCAN_COMMIT"), rows=rows), open(args.out, "w"), indent=1)

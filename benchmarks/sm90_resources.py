@@ -169,8 +169,8 @@ def gla(form: str, lines: int = 0) -> str:
     describe = partial(resources, lines=lines)
     from tests.helpers import sm90
     case = "GDN dense, H = HV"
-    if form == "gla-backward":
-        return "\n".join(sm90.compile_gla_backward(case, describe=describe))
+    if form in ("gla-backward", "gla-sweep-backward"):
+        return "\n".join(sm90.compile_gla_backward(case, describe=describe, on_sweep=form == "gla-sweep-backward"))
     if form in ("gla-sweep", "ssd-sweep"):  # on the delta sweep, WY off, the planner's one-pass shape
         return "\n".join(sm90.compile_gla_sweep(case, "one pass", ssd=form == "ssd-sweep", describe=describe))
     return "\n".join(sm90.compile_gla(case, ssd=form.startswith("ssd"), split=form.endswith("split"),
@@ -188,7 +188,8 @@ def main(argv=None):
     ap.add_argument("--backward", nargs="?", const="32:8:8", help="the backward's kernels "
                                                                     "(BV:sweep warps:parallel-stage warps)")
     ap.add_argument("--gla", action="append", help="the GLA engine's kernels in this form (gla, ssd, gla-split, "
-                                                   "ssd-split, gla-per-key, gla-backward, gla-sweep, ssd-sweep; "
+                                                   "ssd-split, gla-per-key, gla-backward, gla-sweep, ssd-sweep, "
+                                                   "gla-sweep-backward; "
                                                    "repeatable)")
     args = ap.parse_args(argv)
     if args.gla:

@@ -2,6 +2,8 @@
 backend="triton")``) under the interpreter: outputs and final states against the float64 token
 loop, bounded by what the float32 chunked oracle gets, over the hostile cases; causality under
 non-finite input; strided and 16-bit inputs; what the Triton path refuses."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -127,10 +129,14 @@ GRAD_CASES = {
 
 @pytest.mark.parametrize("case", list(GRAD_CASES))
 @pytest.mark.parametrize("optional", ["all", "no_g_no_h0"])
-def test_triton_gradients_match_autograd_through_the_token_loop(case, optional):
+@pytest.mark.parametrize("recompute", ["sweep", "fused"])  # the backward's chunk states: the planner's, or the GLA kernel
+def test_triton_gradients_match_autograd_through_the_token_loop(case, optional, recompute, monkeypatch):
     """Every gradient (q, k, v, g, the initial state; a gradient into the final state too) of the
     Triton path (kernels/gla/backward.py) against autograd through the float64 token loop,
     bounded by the float32 band."""
+    if recompute == "fused":
+        from recurscan.plan import gla as plan_gla
+        monkeypatch.setattr(plan_gla, "GLA_LAUNCH", dataclasses.replace(plan_gla.GLA_LAUNCH, recompute_on_sweep=False))
     c = GRAD_CASES[case]
     q, k, v, g = gla_inputs(c["B"], c["T"], c["H"], c["HV"], 16, c["V"], seed=len(case))
     cu = None if c["cu"] is None else torch.tensor(c["cu"])
@@ -236,8 +242,9 @@ def test_planner_rows_for_the_gla_engine():
 
 
 def test_the_forward_starts_the_backward_compiling(monkeypatch):
-    """A signature's first forward under autograd hands the backward's kernels (the forward again
-    for the chunk states, the sweep, the parallel stage) to the background compiler; the backward
+    """A signature's first forward under autograd hands the backward's kernels (the delta sweep's
+    prep and sweep again for the chunk states, the reverse sweep, the parallel stage) to the
+    background compiler; the backward
     finds those launches (none built twice), waits for the compiles, and its gradients are the
     PyTorch form's. The compiler itself is recorded here: the interpreter compiles nothing."""
     import recurscan.launch.gla as lg
@@ -253,7 +260,9 @@ def test_the_forward_starts_the_backward_compiling(monkeypatch):
     o, _ = recurscan.chunk_simple_gla(*mine, scale=0.3, backend="triton")
     assert len(handed) == 2 and len(lg.GLA_BACKWARD_LAUNCHES) == before + 1
     built = list(lg.GLA_BACKWARD_LAUNCHES.values())[-1]
-    assert [launch[0] for launch in handed[0][0]] == [built.forward.step.kernel]
+    # The recompute on the delta sweep (the planner's form for a scalar decay): its prep and sweep.
+    assert [launch[0] for launch in handed[0][0]] == [st.kernel for st in built.forward.steps]
+    assert [launch[0].fn.__name__ for launch in handed[0][0]] == ["chunk_delta_prep_kernel", "chunk_delta_sweep_kernel"]
     assert [launch[0] for launch in handed[1][0]] == [s.kernel for s in built.steps]
     do = torch.randn_like(o)
     got = torch.autograd.grad(o, mine, do)

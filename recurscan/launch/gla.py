@@ -16,7 +16,8 @@ from ..kernels.group_sum import group_sum_kernel
 from ..plan.gla import GlaShape
 from ..runtime.cache import SignatureCache, launch_key
 from ..runtime.launcher import CallArg, compile_in_background, jit_launch
-from .delta import INTERPRET, DeltaInputs, Step, _empty, build_delta_launches, run_delta_launches
+from .delta import (CALL_NAMES, INTERPRET, DeltaInputs, DeltaLaunches, Step, _empty, build_delta_launches,
+                    run_delta_launches)
 from .delta_backward import GROUP_SUM_ROWS
 
 #: The per-call tensors of the launch, by name (its CallArgs).
@@ -275,9 +276,11 @@ class GlaBackward:
     """A backward call's launches for one signature: the forward again for the chunk states, then
     ``steps`` (the reverse sweep and the parallel stage, per-call tensors by :data:`BWD_NAMES`) on
     ``buffers`` (name -> (shape, dtype)); under GVA (``gva``) two more steps sum dq and dk over
-    each group of value heads into ``dq_sum`` and ``dk_sum`` (kernels/group_sum.py)."""
+    each group of value heads into ``dq_sum`` and ``dk_sum`` (kernels/group_sum.py). ``forward``:
+    the GLA kernels' recompute, or for a scalar decay planned on the delta sweep
+    (``GlaShape.sweep``) that sweep's launches for the states alone (:func:`_recompute_on_sweep`)."""
 
-    forward: GlaForward
+    forward: GlaForward | DeltaLaunches
     steps: list
     buffers: dict
     gva: bool
@@ -297,10 +300,17 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
     BT = CHUNK_SIZE
     rows = chunk_indices.shape[0] if varlen else B * triton.cdiv(T, BT)
     per_key = g is not None and g.dim() == 4
-    forward = build_gla_forward(q, k, v, g, h0, cu_seqlens, scale=scale, output_final_state=False, shape=shape,
-                                chunk_offsets=chunk_offsets, num_chunk_rows=rows, outputs=False,
-                                prep_rows=rows if per_key else None)
-    dt, precision = forward.step.kwargs["DT"], forward.step.kwargs["DOT_PRECISION"]
+    if shape.sweep is not None and shape.recompute_on_sweep and not per_key:
+        forward = _recompute_on_sweep(q, k, v, g, h0, cu_seqlens, chunk_indices, chunk_offsets, rows, scale=scale,
+                                      shape=shape)
+    else:
+        forward = build_gla_forward(q, k, v, g, h0, cu_seqlens, scale=scale, output_final_state=False, shape=shape,
+                                    chunk_offsets=chunk_offsets, num_chunk_rows=rows, outputs=False,
+                                    prep_rows=rows if per_key else None)
+    # The stages' product operands and precision, as the forward's.
+    dt = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[q.dtype]
+    dt = tl.float32 if INTERPRET and dt == tl.bfloat16 else dt
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
     BK, BV = max(16, triton.next_power_of_2(K)), min(32, max(16, triton.next_power_of_2(V)))
     f32 = torch.float32
     buffers = dict(dstates=((rows, HV, K, V), q.dtype), dv=((B, T, HV, V), f32), dq=((B, T, HV, K), f32),
@@ -330,6 +340,25 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
                 x=arg(name), out=arg(name + "_sum"), rows=B * T * H, GROUP=HV // H, K=K, BK=BK, BR=GROUP_SUM_ROWS),
                 dict(num_warps=4)))
     return GlaBackward(forward, steps, buffers, HV != H)
+
+
+def _recompute_on_sweep(q, k, v, g, h0, cu_seqlens, chunk_indices, chunk_offsets, rows, *, scale, shape):
+    """The states entering every chunk (``chunk_states [rows, HV, K, V]`` in q's dtype, the rows
+    of the GLA forward's) from the delta rule's prep and sweep with the WY step off, the sweep
+    forming no outputs (one product a chunk), in one pass (no segments or phases)."""
+    from ..kernels.delta.sweep import chunk_delta_sweep_kernel
+    launches = build_delta_launches(q, k, v, g, None, dataclasses.replace(shape.sweep, segments=1, phases=1),
+                                    scale=scale, initial_state=h0, cu_seqlens=cu_seqlens,
+                                    chunk_indices_dp=chunk_indices, chunk_offsets=chunk_offsets,
+                                    num_chunk_rows=rows, return_chunk_states=True, chunk_states_dtype=q.dtype,
+                                    wy=False)
+    steps = [dataclasses.replace(s, kwargs=dict(s.kwargs, OUTPUTS=False, TMA_STORE=False))
+             if s.kernel is chunk_delta_sweep_kernel else s for s in launches.steps if not s.kwargs.get("REPLAY")]
+    # Every chunk state the stages read is written (a padding chunk's program reads none): no
+    # fill; the output is never written, one element carries its dtype.
+    buffers = dict(launches.buffers, o=((1,),) + launches.buffers["o"][1:],
+                   chunk_states=launches.buffers["chunk_states"][:2] + (None,))
+    return dataclasses.replace(launches, steps=steps, buffers=buffers, outputs=("chunk_states",))
 
 
 def _gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets, *, scale, shape):
@@ -363,13 +392,20 @@ def compile_gla_backward_early(q, k, v, g, h0, cu_seqlens, *, scale, shape, out,
     if launches.pending is not None or launches.steps[0].direct is not None:
         return
     recompute = launches.forward
-    fwd_values = call_values(q=q, k=k, v=v, g=g, h0=h0, cu_seqlens=cu, o=stand_in(recompute.buffers["o"]),
-                             chunk_states=stand_in(recompute.buffers["chunk_states"]), chunk_offsets=co)
+    if isinstance(recompute, DeltaLaunches):  # the delta sweep's prep and sweep (_recompute_on_sweep)
+        inputs = tuple(DeltaInputs(q, k, v, g, None, h0, None, None, cu, ci, co))
+        made_fwd = {n: stand_in(spec) for n, spec in recompute.buffers.items()}
+        fwd_steps, fwd_names = recompute.steps, CALL_NAMES
+        fwd_values = inputs + tuple(made_fwd.get(n) for n in CALL_NAMES[len(inputs):])
+    else:
+        fwd_steps, fwd_names = [recompute.step], NAMES
+        fwd_values = call_values(q=q, k=k, v=v, g=g, h0=h0, cu_seqlens=cu, o=stand_in(recompute.buffers["o"]),
+                                 chunk_states=stand_in(recompute.buffers["chunk_states"]), chunk_offsets=co)
     given = dict(q=q, k=k, v=v, g=g, do=do, dht=dht, h0=h0, cu_seqlens=cu, chunk_indices=ci, chunk_offsets=co,
                  states=stand_in(recompute.buffers["chunk_states"]))
     made = {n: stand_in(spec) for n, spec in launches.buffers.items()}
-    waits = [compile_in_background([(recompute.step.kernel, recompute.step.grid, recompute.step.kwargs,
-                                     recompute.step.options)], NAMES, fwd_values, device),
+    waits = [compile_in_background([(st.kernel, st.grid, st.kwargs, st.options) for st in fwd_steps], fwd_names,
+                                   fwd_values, device),
              compile_in_background([(st.kernel, st.grid, st.kwargs, st.options) for st in launches.steps], BWD_NAMES,
                                    tuple(given[n] if n in given else made.get(n) for n in BWD_NAMES), device)]
     launches.pending = lambda: [w() for w in waits]
@@ -380,8 +416,9 @@ def chunk_simple_gla_bwd(q, k, v, g, do, dht, *, scale, initial_state=None, cu_s
     """Gradients ``(dq, dk, dv, dg, dh0)`` of :func:`chunk_simple_gla_fwd`'s ``(o, final_state)``
     (no SSD prologue) given ``do [B, T, HV, V]`` and ``dht [N, HV, K, V]`` (None: zeros); float32,
     None where the input was None; g ``[B, T, HV]`` or, a decay per key dimension, ``[B, T, HV, K]``
-    (dg of its shape). The states entering every chunk are recomputed by the forward
-    kernel, for the states alone (``OUTPUTS=False``; in q's dtype); varlen needs ``chunk_indices`` and ``chunk_offsets``
+    (dg of its shape). The states entering every chunk are recomputed for the states alone
+    (``OUTPUTS=False``; in q's dtype): a scalar decay planned on the delta sweep by that sweep,
+    else by the GLA forward kernel; varlen needs ``chunk_indices`` and ``chunk_offsets``
     (:func:`recurscan.build_chunk_descriptors`). No host synchronisation."""
     launches, (q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets) = _gla_backward(
         q, k, v, g, do, dht, initial_state, cu_seqlens, chunk_indices, chunk_offsets, scale=scale, shape=shape)
@@ -389,9 +426,13 @@ def chunk_simple_gla_bwd(q, k, v, g, do, dht, *, scale, initial_state=None, cu_s
         launches.pending()
         launches.pending = None
     # 1. The states entering every chunk.
-    fwd = {n: _empty(*s, dtype=d, device=q.device) for n, (s, d) in launches.forward.buffers.items()}
-    _launch(launches.forward, call_values(q=q, k=k, v=v, g=g, h0=h0, cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets,
-                                          chunk_indices=chunk_indices, **fwd))
+    if isinstance(launches.forward, DeltaLaunches):
+        fwd = dict(zip(("chunk_states",), run_delta_launches(launches.forward, DeltaInputs(
+            q, k, v, g, None, h0, None, None, cu_seqlens, chunk_indices, chunk_offsets))))
+    else:
+        fwd = {n: _empty(*s, dtype=d, device=q.device) for n, (s, d) in launches.forward.buffers.items()}
+        _launch(launches.forward, call_values(q=q, k=k, v=v, g=g, h0=h0, cu_seqlens=cu_seqlens,
+                                              chunk_offsets=chunk_offsets, chunk_indices=chunk_indices, **fwd))
     # 2-3. The reverse sweep, then the parallel stage.
     made = {n: _empty(*s, dtype=d, device=q.device) for n, (s, d) in launches.buffers.items()}
     given = dict(q=q, k=k, v=v, g=g, do=do, dht=dht, h0=h0, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,

@@ -219,10 +219,11 @@ def compile_ssd_gate() -> list[str]:
     return lines
 
 
-def compile_gla_backward(case: str, describe=None, per_key: bool = False) -> list[str]:
+def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_sweep: bool = False) -> list[str]:
     """The GLA backward's launches (launch/gla.py: the forward for the chunk states, the reverse
     sweep, the parallel stage) for a case of :data:`CASES` (M = 1 ones; bf16); ``per_key``: a decay
-    per key dimension (the prep runs with the recompute; the stages' PER_KEY forms)."""
+    per key dimension (the prep runs with the recompute; the stages' PER_KEY forms); ``on_sweep``:
+    the recompute on the delta sweep (a scalar decay's planned form, ``GlaShape.sweep``)."""
     from recurscan.launch.gla import BWD_NAMES, NAMES as GLA_NAMES, build_gla_backward
     from recurscan.plan.gla import GLA_LAUNCH
     _, cu = CASES[case]
@@ -239,7 +240,8 @@ def compile_gla_backward(case: str, describe=None, per_key: bool = False) -> lis
         cu_t = torch.tensor(cu, dtype=torch.int32)
         d = build_chunk_descriptors(cu_t)
         ci, co = d.chunk_indices, d.chunk_offsets
-    launches = build_gla_backward(q, k, v, g, do, dht, h0, cu_t, ci, co, scale=K ** -0.5, shape=GLA_LAUNCH)
+    shape = dataclasses.replace(GLA_LAUNCH, sweep=SWEEP_SHAPES["one pass"]) if on_sweep else GLA_LAUNCH
+    launches = build_gla_backward(q, k, v, g, do, dht, h0, cu_t, ci, co, scale=K ** -0.5, shape=shape)
     z = torch.zeros(1)
     made = {n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.forward.buffers.items()}
     fwd = dict(q=q, k=k, v=v, g=g, h0=h0, cu_seqlens=cu_t, chunk_offsets=co, chunk_indices=ci, **made)
@@ -247,9 +249,16 @@ def compile_gla_backward(case: str, describe=None, per_key: bool = False) -> lis
                states=torch.zeros(1, **bf), **{n: made[n] for n in ("qg", "kg", "aqk", "dl") if n in made},
                **{n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.buffers.items()})
     lines = []
-    forward = [launches.forward.prep] if launches.forward.prep is not None else []
-    for step, names, values in [(st, GLA_NAMES, fwd) for st in forward + [launches.forward.step]] + \
-            [(st, BWD_NAMES, bwd) for st in launches.steps]:
+    if on_sweep:  # the delta sweep's launches, with their own call values
+        inputs = tuple(DeltaInputs(q, k, v, g, None, h0, None, None, cu_t, ci, co))
+        delta_values = tuple(x if x is not None else z for x in inputs + tuple(made.get(n) for n in
+                                                                               CALL_NAMES[len(inputs):]))
+        lines += [compiled_line(st, CALL_NAMES, delta_values, describe) for st in launches.forward.steps]
+        recompute = []
+    else:
+        recompute = [launches.forward.prep] if launches.forward.prep is not None else []
+        recompute = [(st, GLA_NAMES, fwd) for st in recompute + [launches.forward.step]]
+    for step, names, values in recompute + [(st, BWD_NAMES, bwd) for st in launches.steps]:
         lines.append(compiled_line(step, names, tuple(values.get(n) if values.get(n) is not None else z
                                                       for n in names), describe))
     return lines
@@ -281,8 +290,9 @@ if __name__ == "__main__":
         print("\n".join(compile_gla_sweep(sys.argv[2], sys.argv[3], ssd=sys.argv[1] == "ssd-sweep")))
     elif sys.argv[1] == "descriptors":
         print("\n".join(compile_descriptors()))
-    elif sys.argv[1] in ("gla-backward", "gla-per-key-backward"):
-        print("\n".join(compile_gla_backward(sys.argv[2], per_key=sys.argv[1] == "gla-per-key-backward")))
+    elif sys.argv[1] in ("gla-backward", "gla-per-key-backward", "gla-sweep-backward"):
+        print("\n".join(compile_gla_backward(sys.argv[2], per_key=sys.argv[1] == "gla-per-key-backward",
+                                              on_sweep=sys.argv[1] == "gla-sweep-backward")))
     elif sys.argv[1] in ("gla", "gla-chunk-states", "gla-per-key", "gla-split", "ssd", "ssd-cache", "ssd-seq-idx",
                          "ssd-split"):
         print("\n".join(compile_gla(sys.argv[2], ssd=sys.argv[1].startswith("ssd"), cache=sys.argv[1] == "ssd-cache",
