@@ -129,14 +129,14 @@ GRAD_CASES = {
 
 @pytest.mark.parametrize("case", list(GRAD_CASES))
 @pytest.mark.parametrize("optional", ["all", "no_g_no_h0"])
-@pytest.mark.parametrize("recompute", ["sweep", "fused"])  # the backward's chunk states: the planner's, or the GLA kernel
+@pytest.mark.parametrize("recompute", ["fused", "sweep"])  # the backward's chunk states: by the GLA kernel, or the sweep
 def test_triton_gradients_match_autograd_through_the_token_loop(case, optional, recompute, monkeypatch):
     """Every gradient (q, k, v, g, the initial state; a gradient into the final state too) of the
     Triton path (kernels/gla/backward.py) against autograd through the float64 token loop,
     bounded by the float32 band."""
-    if recompute == "fused":
-        from recurscan.plan import gla as plan_gla
-        monkeypatch.setattr(plan_gla, "GLA_LAUNCH", dataclasses.replace(plan_gla.GLA_LAUNCH, recompute_on_sweep=False))
+    from recurscan.plan import gla as plan_gla
+    monkeypatch.setattr(plan_gla, "GLA_LAUNCH", dataclasses.replace(plan_gla.GLA_LAUNCH,
+                                                                    recompute_on_sweep=recompute == "sweep"))
     c = GRAD_CASES[case]
     q, k, v, g = gla_inputs(c["B"], c["T"], c["H"], c["HV"], 16, c["V"], seed=len(case))
     cu = None if c["cu"] is None else torch.tensor(c["cu"])
@@ -242,9 +242,8 @@ def test_planner_rows_for_the_gla_engine():
 
 
 def test_the_forward_starts_the_backward_compiling(monkeypatch):
-    """A signature's first forward under autograd hands the backward's kernels (the delta sweep's
-    prep and sweep again for the chunk states, the reverse sweep, the parallel stage) to the
-    background compiler; the backward
+    """A signature's first forward under autograd hands the backward's kernels (the forward again
+    for the chunk states, the sweep, the parallel stage) to the background compiler; the backward
     finds those launches (none built twice), waits for the compiles, and its gradients are the
     PyTorch form's. The compiler itself is recorded here: the interpreter compiles nothing."""
     import recurscan.launch.gla as lg
@@ -260,9 +259,7 @@ def test_the_forward_starts_the_backward_compiling(monkeypatch):
     o, _ = recurscan.chunk_simple_gla(*mine, scale=0.3, backend="triton")
     assert len(handed) == 2 and len(lg.GLA_BACKWARD_LAUNCHES) == before + 1
     built = list(lg.GLA_BACKWARD_LAUNCHES.values())[-1]
-    # The recompute on the delta sweep (the planner's form for a scalar decay): its prep and sweep.
-    assert [launch[0] for launch in handed[0][0]] == [st.kernel for st in built.forward.steps]
-    assert [launch[0].fn.__name__ for launch in handed[0][0]] == ["chunk_delta_prep_kernel", "chunk_delta_sweep_kernel"]
+    assert [launch[0] for launch in handed[0][0]] == [built.forward.step.kernel]
     assert [launch[0] for launch in handed[1][0]] == [s.kernel for s in built.steps]
     do = torch.randn_like(o)
     got = torch.autograd.grad(o, mine, do)
@@ -441,3 +438,28 @@ def test_prep_programs_over_several_heads_give_the_same_bits(monkeypatch):
             got[form] = recurscan.chunk_simple_gla(q, k, v, g, output_final_state=True, cu_seqlens=cu, backend="triton")
     one, four = got.values()
     assert all(torch.equal(a, b) for a, b in zip(one, four))
+
+
+def test_the_forward_starts_compiling_the_recompute_on_the_sweep(monkeypatch):
+    """With the recompute on the delta sweep (GlaShape.recompute_on_sweep), the forward under
+    autograd hands that sweep's prep and sweep to the background compiler, and the backward's
+    gradients are the PyTorch form's."""
+    import recurscan.launch.gla as lg
+    from recurscan.plan import gla as plan_gla
+    monkeypatch.setattr(plan_gla, "GLA_LAUNCH", dataclasses.replace(plan_gla.GLA_LAUNCH, recompute_on_sweep=True))
+    handed = []
+    monkeypatch.setattr(lg, "INTERPRET", False)
+    monkeypatch.setattr(lg, "compile_in_background", lambda launches, names, values, device:
+                        handed.append((launches, names, values)) or (lambda: None))
+    gen = torch.Generator().manual_seed(13)
+    x = [torch.randn(1, 90, 2, 16, generator=gen), torch.randn(1, 90, 2, 16, generator=gen),
+         torch.randn(1, 90, 2, 24, generator=gen), -torch.rand(1, 90, 2, generator=gen)]
+    mine = [t.clone().requires_grad_() for t in x]
+    o, _ = recurscan.chunk_simple_gla(*mine, scale=0.3, backend="triton")
+    assert [launch[0].fn.__name__ for launch in handed[0][0]] == ["chunk_delta_prep_kernel", "chunk_delta_sweep_kernel"]
+    do = torch.randn_like(o)
+    got = torch.autograd.grad(o, mine, do)
+    ref = [t.clone().requires_grad_() for t in x]
+    want = torch.autograd.grad(recurscan.chunk_simple_gla(*ref, scale=0.3, backend="torch")[0], ref, do)
+    for name, a, b in zip(("dq", "dk", "dv", "dg"), got, want):
+        assert relative_rms(a, b) < 1e-4, name

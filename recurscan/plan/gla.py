@@ -28,8 +28,9 @@ class GlaShape:
     sweep: DeltaShape | None = None
     # With ``sweep``: the backward recomputes the chunk states on that sweep too (its states alone,
     # 376 instructions and 18 barriers a chunk offline for sm_90, against the fused kernel's 949
-    # and 19, plus the prep's parallel pass); False: on the fused kernel. Not measured on the H200.
-    recompute_on_sweep: bool = True
+    # and 19, plus the prep's parallel pass); False: on the fused kernel, as measured so far. Off
+    # until timed on the H200 (benchmarks/gpu_gla_sweep.py --train).
+    recompute_on_sweep: bool = False
 
 
 GLA_LAUNCH = GlaShape(64, 8, "64 value columns on 8 warps: offline for sm_90 the chunk loop spills 40 local "
