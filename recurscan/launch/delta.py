@@ -220,16 +220,13 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     beta_arg = arg("beta") if beta is not None else arg("beta_ones", wy)
     clamps = ssd is not None and tuple(ssd.dt_limit) != (0.0, float("inf"))
     has_d = ssd is not None and ssd.D is not None
-    d_per_channel = has_d and ssd.D.dim() == 2
-    # D per head rides on aqk's diagonal (the prep); per channel, the sweep's output store adds D x.
     ssd_prep = dict(dt=arg("dt", ssd is not None), A=arg("A", ssd is not None),
                     dt_bias=arg("dt_bias", ssd is not None and ssd.dt_bias is not None),
-                    D=arg("D", has_d and not d_per_channel), D_IN_AQK=has_d and not d_per_channel,
                     dt_min=float(ssd.dt_limit[0]) if clamps else 0.0, dt_max=float(ssd.dt_limit[1]) if clamps else 0.0,
                     WY=wy, SSD=ssd is not None, HAS_DT_BIAS=ssd is not None and ssd.dt_bias is not None,
                     DT_SOFTPLUS=ssd is not None and bool(ssd.dt_softplus), DT_LIMIT=clamps)
-    ssd_sweep = dict(D=arg("D", d_per_channel), z=arg("z", ssd is not None and ssd.z is not None), WY=wy,
-                     HAS_D=d_per_channel, D_PER_CHANNEL=d_per_channel, HAS_Z=ssd is not None and ssd.z is not None)
+    ssd_sweep = dict(D=arg("D", has_d), z=arg("z", ssd is not None and ssd.z is not None), WY=wy, HAS_D=has_d,
+                     D_PER_CHANNEL=has_d and ssd.D.dim() == 2, HAS_Z=ssd is not None and ssd.z is not None)
     steps = []
     NTe = triton.cdiv(T * M, BT)  # expanded chunks of a dense sequence
     prep = dict(

@@ -11,7 +11,7 @@ from .common import RANK_BLOCK, _chunk_gates, _chunk_slot, _gate_tile, _gates_of
 
 @triton.jit(do_not_specialize=["n_seq", "chunk_lo", "chunk_span", "wait_primary"])
 def chunk_delta_prep_kernel(
-    q, k, g, beta, wy, aqk, coef, winv, cu_seqlens, chunk_indices, sequence_order, dt, A, dt_bias, D,
+    q, k, g, beta, wy, aqk, coef, winv, cu_seqlens, chunk_indices, sequence_order, dt, A, dt_bias,
     scale, T, n_seq, chunk_lo, chunk_span, wait_primary, dt_min, dt_max,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr,
@@ -19,7 +19,7 @@ def chunk_delta_prep_kernel(
     INV_PRECISION: tl.constexpr, DT: tl.constexpr, INV_FP16: tl.constexpr = False,
     PDL: tl.constexpr = False, STORE_INV: tl.constexpr = False, WY: tl.constexpr = True,
     SSD: tl.constexpr = False, HAS_DT_BIAS: tl.constexpr = False, DT_SOFTPLUS: tl.constexpr = False,
-    DT_LIMIT: tl.constexpr = False, HEADS: tl.constexpr = 1, D_IN_AQK: tl.constexpr = False,
+    DT_LIMIT: tl.constexpr = False, HEADS: tl.constexpr = 1,
 ):
     """Grid (chunks of the expanded stream x HV,), chunk-major: program -> (chunk pid // HV, value
     head pid % HV), so that the value heads of a GVA group, which share their q/k tiles, run side by
@@ -69,8 +69,7 @@ def chunk_delta_prep_kernel(
     dt <- clamp(softplus?(dt + dt_bias)) of :func:`_ssd_steps` give the log decay dt A (plus
     ``g [B * T]`` per token where HAS_G: mamba's seq_idx as -inf resets), and V = dt o x enters
     through the coefficients: aqk's column j and gam_j carry dt_j, so the sweep reads x raw. A row
-    whose dt is not finite is a bad row like a non-finite key. D_IN_AQK (SSD, D per head): Mamba2's
-    skip D x enters as D on aqk's diagonal (O = aqk X then holds it), so the sweep adds nothing.
+    whose dt is not finite is a bad row like a non-finite key.
 
     HEADS (WY False): a program covers that many consecutive value heads of one query/key head
     (grid: chunks x HV / HEADS), loading q and k and forming Q K^T once for them (SSD's group
@@ -202,11 +201,7 @@ def chunk_delta_prep_kernel(
         if any_bad:  # a non-finite key's column
             b_qk = tl.where(bad[None, :], 0.0, b_qk)
         b_G = _gate_tile(gc, seg, causal, has_reset)
-        if D_IN_AQK:
-            b_aqk = b_G * b_qk + tl.where(eye, tl.load(D + i_hv).to(tl.float32), 0.0)
-        else:
-            b_aqk = b_G * b_qk
-        tl.store(aqk + p_out, b_aqk.to(aqk.dtype.element_ty), mask=m_q[:, None])
+        tl.store(aqk + p_out, (b_G * b_qk).to(aqk.dtype.element_ty), mask=m_q[:, None])
         if WY:  # stage 2, the WY inverse
             # G diag(beta), wy's factor besides Tinv, held across the inverse at 16 bits for 16-bit inputs
             # (16 registers a thread, not the 48 of the gate and beta vectors in the product's layout):
