@@ -105,8 +105,9 @@ def test_what_the_triton_path_refuses():
                                             state_indices=torch.tensor([0], dtype=torch.int32), backend="triton")
 
 
+@pytest.mark.parametrize("extras", ["D per head, z", "D per channel, no z", "no D, no z"])
 @pytest.mark.parametrize("cu", [None, [0, 1, 70, 130]])
-def test_triton_gradients_match_autograd_through_the_token_loop(cu):
+def test_triton_gradients_match_autograd_through_the_token_loop(cu, extras):
     """Gradients of x, dt, A, B, C, D, z, dt_bias and the initial states through the Triton path
     (the GLA kernels' backward, the elementwise prologue and epilogue by autograd) against
     autograd through the float64 token loop."""
@@ -116,22 +117,27 @@ def test_triton_gradients_match_autograd_through_the_token_loop(cu):
     r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
     n = Bt if cu is None else len(cu) - 1
     extra = dict(D=r(4), z=r(Bt, 130, 4, 8), dt_bias=r(4), initial_states=r(n, 4, 8, 16))
+    if extras == "D per channel, no z":
+        extra.update(D=r(4, 8), z=None)
+    elif extras == "no D, no z":
+        extra.update(D=None, z=None)
     cu_t = None if cu is None else torch.tensor(cu)
     names = list(x) + list(extra)
-    ref = [t.clone().requires_grad_() for t in (*x.values(), *extra.values())]
+    ref = [None if t is None else t.clone().requires_grad_() for t in (*x.values(), *extra.values())]
     y, h = ssd_naive(*ref[:5], D=ref[5], z=ref[6], dt_bias=ref[7], initial_state=ref[8], dt_softplus=True,
                      cu_seqlens=cu_t)
     dy, dh = torch.randn(y.shape, generator=gen, dtype=torch.float64), torch.randn(h.shape, generator=gen,
                                                                                    dtype=torch.float64)
-    want = torch.autograd.grad((y, h), ref, (dy, dh))
-    mine = [t.float().to(DEVICE).requires_grad_() for t in ref]
+    live = [i for i, t in enumerate(ref) if t is not None]
+    want = torch.autograd.grad((y, h), [ref[i] for i in live], (dy, dh))
+    mine = [None if t is None else t.float().to(DEVICE).requires_grad_() for t in ref]
     y2, h2 = recurscan.mamba_chunk_scan_combined(*mine[:5], D=mine[5], z=mine[6], dt_bias=mine[7],
                                                  initial_states=mine[8], dt_softplus=True,
                                                  cu_seqlens=None if cu_t is None else cu_t.to(DEVICE),
                                                  return_final_states=True, backend="triton")
-    got = torch.autograd.grad((y2, h2), mine, (dy.float().to(DEVICE), dh.float().to(DEVICE)))
+    got = torch.autograd.grad((y2, h2), [mine[i] for i in live], (dy.float().to(DEVICE), dh.float().to(DEVICE)))
     from tests.helpers.tolerances import relative_rms
-    for name, a, b in zip(names, got, want):
+    for name, a, b in zip([names[i] for i in live], got, want):
         assert relative_rms(a.double().cpu(), b) < 2e-5, f"{name}: {relative_rms(a.double().cpu(), b):.2e}"
 
 
@@ -281,12 +287,13 @@ def test_prep_programs_over_several_heads_give_the_same_bits(groups, monkeypatch
                                             ("channel", True)])  # neither: the op returns o itself
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_training_skip_and_gate_kernel_matches_the_reference(D_form, with_z, dtype):
-    """autograd/ssd.py's SkipAndGate (one Triton pass each way) against reference.ssd.skip_and_gate
-    under autograd in float64: y and the gradients of o, x, D and z, over rows that are not a
-    multiple of the kernel's block and a head dim that is not a power of two; None where an input
-    is absent."""
-    from recurscan.autograd.ssd import SkipAndGate
+    """autograd/ssd.py's gate_forward and gate_backward (one Triton pass each) against
+    reference.ssd.skip_and_gate under autograd in float64: y and the gradients of o, x, D and z,
+    over rows that are not a multiple of the kernel's block and a head dim that is not a power of
+    two; None where an input is absent (x's without D)."""
+    from recurscan.autograd.ssd import gate_backward, gate_forward
     from recurscan.reference.ssd import skip_and_gate
+    from tests.helpers.tolerances import relative_rms
     gen = torch.Generator().manual_seed(3)
     r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
     o, x, z = r(2, 75, 3, 12), r(2, 75, 3, 12), r(2, 75, 3, 12) * 3
@@ -295,16 +302,11 @@ def test_the_training_skip_and_gate_kernel_matches_the_reference(D_form, with_z,
     want_in = [t if t is None else t.clone().requires_grad_() for t in (o, x, D, z)]
     want = skip_and_gate(*want_in)
     dy = r(*want.shape)
-    live = [t for t in want_in if t is not None]
-    want_grads = iter(torch.autograd.grad(want, live, dy, allow_unused=True))
+    want_grads = iter(torch.autograd.grad(want, [t for t in want_in if t is not None], dy, allow_unused=True))
     want_grads = [None if t is None else next(want_grads) for t in want_in]
-    mine_in = [None if t is None else (t.to(dtype) if i != 2 else t.float()).to(DEVICE).requires_grad_()
-               for i, t in enumerate((o, x, D, z))]
-    y = SkipAndGate.apply(*mine_in)
-    grads = torch.autograd.grad(y, [t for t in mine_in if t is not None], dy.to(dtype).to(DEVICE), allow_unused=True)
-    grads = iter(grads)
-    grads = [None if t is None else next(grads) for t in mine_in]
-    from tests.helpers.tolerances import relative_rms
+    mine = [None if t is None else (t.float() if i == 2 else t.to(dtype)).to(DEVICE) for i, t in enumerate((o, x, D, z))]
+    y = gate_forward(*mine)
+    grads = gate_backward(dy.to(dtype).to(DEVICE), *mine)
     bound = 1e-6 if dtype == torch.float32 else 1e-2
     assert relative_rms(y.double().cpu(), want.detach()) < bound
     for name, g, w in zip("oxDz", grads, want_grads):

@@ -189,30 +189,23 @@ def _ssd_triton(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_st
 
 def _ssd_triton_with_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens, launch,
                           resets=None, descriptors=(None, None)):
-    """Training on the Triton path: the step sizes, v = dt x and the log decay dt A in PyTorch
-    (autograd takes their chain rules), the recurrence through the GLA kernels' autograd Function
-    (forward and backward in Triton), the skip and gate by one elementwise kernel each way
-    (autograd/ssd.py). Not fused into the recurrence as the inference path is."""
-    from ..autograd.gla import ChunkSimpleGla
+    """Training on the Triton path: the step sizes in PyTorch (autograd takes their chain rule;
+    ``[B, T, H]``), then autograd/ssd.py's SsdChunkScan: v = dt x, the log decay, the recurrence on
+    the GLA kernels (forward and backward in Triton) and the skip and gate (one elementwise kernel
+    each way). Not fused into the recurrence as the inference path is."""
+    from ..autograd.ssd import SsdChunkScan
     kernel_dtype = torch.float32 if x.dtype == torch.float64 else x.dtype
     step = ref.discretize_dt(dt.float(), None if dt_bias is None else dt_bias.float(), dt_softplus, dt_limit)
-    v = (x * step[..., None]).to(kernel_dtype)  # computed in float32 (type promotion); x itself is kept, no copy
-    g = step * A.float()
-    if resets is not None:  # seq_idx: -inf where a sequence starts (its gradient is 0 there)
-        g = g + resets[..., None]
     chunk_indices, chunk_offsets = descriptors
     if cu_seqlens is not None and (chunk_indices is None or chunk_offsets is None):  # one host read
         from ..descriptors import descriptors_for_call
         built = descriptors_for_call(cu_seqlens, device=x.device, op="mamba_chunk_scan_combined")
         chunk_indices, chunk_offsets = built.chunk_indices, built.chunk_offsets
-    options = dict(scale=1.0, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
-                   shape=launch, prep_rows=None)
+    options = dict(kernel_dtype=kernel_dtype, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
+                   chunk_offsets=chunk_offsets, shape=launch)
     h0 = None if initial_states is None else initial_states.transpose(-1, -2)
-    o, final = ChunkSimpleGla.apply(C.to(kernel_dtype), B.to(kernel_dtype), v, g, h0, options)
-    if D is not None or z is not None:
-        from ..autograd.ssd import SkipAndGate
-        o = SkipAndGate.apply(o, x, D, z)
-    return o.to(x.dtype), final.transpose(-1, -2)
+    y, final = SsdChunkScan.apply(x, step, A, C.to(kernel_dtype), B.to(kernel_dtype), D, z, h0, resets, options)
+    return y.to(x.dtype), final.transpose(-1, -2)
 
 
 #: The backends the planner can choose for the chunked SSD (plan/__init__.py RULES).
