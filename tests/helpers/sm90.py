@@ -240,7 +240,8 @@ def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_swe
         cu_t = torch.tensor(cu, dtype=torch.int32)
         d = build_chunk_descriptors(cu_t)
         ci, co = d.chunk_indices, d.chunk_offsets
-    shape = dataclasses.replace(GLA_LAUNCH, sweep=SWEEP_SHAPES["one pass"]) if on_sweep else GLA_LAUNCH
+    shape = dataclasses.replace(GLA_LAUNCH, sweep=SWEEP_SHAPES["one pass"], recompute_on_sweep=True) if on_sweep \
+        else GLA_LAUNCH
     launches = build_gla_backward(q, k, v, g, do, dht, h0, cu_t, ci, co, scale=K ** -0.5, shape=shape)
     z = torch.zeros(1)
     made = {n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.forward.buffers.items()}
