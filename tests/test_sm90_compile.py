@@ -61,7 +61,9 @@ def test_gla_and_ssd_on_the_delta_sweep_compile_for_sm90(case, shape, family):
 def test_the_ssd_training_gate_kernels_compile_for_sm90():
     run = compile_offline("ssd-gate")
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.count("ssd_gate_fwd_kernel") == 2 and run.stdout.count("ssd_gate_bwd_kernel") == 2, run.stdout
+    for kernel, count in (("ssd_gate_fwd_kernel", 2), ("ssd_gate_bwd_kernel", 2), ("ssd_step_bwd_kernel", 2),
+                          ("ssd_value_kernel", 1)):
+        assert run.stdout.count(kernel) == count, run.stdout
 
 
 def test_the_descriptor_kernel_compiles_for_sm90():

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from ..kernels.gla.ssd_gate import ssd_gate_bwd_kernel, ssd_gate_fwd_kernel
+from ..kernels.gla.ssd_gate import ssd_gate_bwd_kernel, ssd_gate_fwd_kernel, ssd_step_bwd_kernel, ssd_value_kernel
 from ..launch.gla import chunk_simple_gla_bwd, chunk_simple_gla_fwd
 
 ROWS_PER_PROGRAM = 64
@@ -36,22 +36,44 @@ def gate_forward(o, x, D, z):
     return y
 
 
-def gate_backward(dy, o, x, D, z, dx_dtype=None):
+def gate_backward(dy, o, x, D, z, with_dx=True):
     """``(do, dx, dD, dz)`` of :func:`gate_forward` for ``dy`` (None where an input is None; dx None
-    without D): do in o's dtype, dx in ``dx_dtype`` (default x's), dz in z's, dD float32 from
-    per-block partial sums, in D's dtype."""
+    without D, or where ``with_dx`` is False: :func:`step_backward` forms it with v's share): do in
+    o's dtype, dx in x's, dz in z's, dD float32 from per-block partial sums, in D's dtype."""
     rows, H, P, grid = _grid(o)
     do = torch.empty_like(o)
-    dx = torch.empty(x.shape, dtype=dx_dtype or x.dtype, device=x.device) if D is not None else None
+    dx = torch.empty_like(x) if D is not None and with_dx else None
     dz = torch.empty_like(z) if z is not None else None
     part = torch.zeros(grid[0], H, P, dtype=torch.float32, device=o.device) if D is not None else None
     ssd_gate_bwd_kernel[grid](dy.contiguous(), o, x, o if D is None else D, o if z is None else z, do,
                               o if dx is None else dx, o if dz is None else dz, o if part is None else part, rows,
-                              H=H, P=P, **_flags(D, z, P))
+                              H=H, P=P, WITH_DX=dx is not None, **_flags(D, z, P))
     dD = None
     if D is not None:
         dD = (part.sum(0) if D.dim() == 2 else part[..., 0].sum(0)).to(D.dtype)
     return do, dx, dD, dz
+
+
+def values(x, step, kernel_dtype):
+    """v = dt x ``[..., H, P]`` in ``kernel_dtype`` (float32 inside), step ``[..., H]`` float32."""
+    rows, H, P, grid = _grid(x)
+    v = torch.empty(x.shape, dtype=kernel_dtype, device=x.device)
+    ssd_value_kernel[grid](x, step.contiguous(), v, rows, H=H, P=P, BR=ROWS_PER_PROGRAM,
+                           BP=max(16, triton.next_power_of_2(P)))
+    return v
+
+
+def step_backward(dv, dg, x, step, A, dy, D, z):
+    """``(dx, dstep)``: x's gradient (through v = dt x, plus the skip's D dy silu(z) where D is
+    given) in x's dtype, and dt's (through v and the log decay dt A) in float32, each formed in
+    float32 and rounded once; dv ``[..., H, P]`` and dg ``[..., H]`` float32."""
+    rows, H, P, grid = _grid(x)
+    dx = torch.empty_like(x)
+    dstep = torch.empty(step.shape, dtype=torch.float32, device=x.device)
+    ssd_step_bwd_kernel[grid](dv.contiguous(), x, step.contiguous(), dy.contiguous() if D is not None else dx,
+                              dx if z is None else z, dx if D is None else D, dg.contiguous(), A.float().contiguous(),
+                              dx, dstep, rows, H=H, P=P, **_flags(D, z, P))
+    return dx, dstep
 
 
 class SsdChunkScan(torch.autograd.Function):
@@ -83,28 +105,25 @@ class SsdChunkScan(torch.autograd.Function):
     def backward(ctx, dy, dfinal):
         x, step, A, C, B, D, z, h0, resets, o = ctx.saved_tensors
         opt = ctx.options
-        dx_skip = dD = dz = None
+        dD = dz = None
         if D is None and z is None:
             do = dy.to(o.dtype)
-        else:
-            do, dx_skip, dD, dz = gate_backward(dy, o, x, D, z, dx_dtype=torch.float32)
+        else:  # x's share comes with v's, below
+            do, _, dD, dz = gate_backward(dy, o, x, D, z, with_dx=False)
         v, g = _value_and_decay(x, step, A, resets, opt["kernel_dtype"])
         dC, dB, dv, dg, dh0 = chunk_simple_gla_bwd(C, B, v, g, do, dfinal, scale=1.0, initial_state=h0,
                                                    cu_seqlens=opt["cu_seqlens"], chunk_indices=opt["chunk_indices"],
                                                    chunk_offsets=opt["chunk_offsets"], shape=opt["shape"])
-        dx = dv * step[..., None]  # float32, with the skip's share: one rounding to x's dtype
-        if dx_skip is not None:
-            dx += dx_skip
-        dstep = (dv * x).sum(-1) + dg * A.float()
+        dx, dstep = step_backward(dv, dg, x, step, A, dy, D, z)
         dA = (dg * step).sum(tuple(range(dg.dim() - 1)))
-        return (dx.to(x.dtype), dstep, dA.to(A.dtype), dC.to(C.dtype), dB.to(B.dtype), dD, dz,
+        return (dx, dstep, dA.to(A.dtype), dC.to(C.dtype), dB.to(B.dtype), dD, dz,
                 None if dh0 is None else dh0.to(h0.dtype), None, None)
 
 
 def _value_and_decay(x, step, A, resets, kernel_dtype):
     """v = dt x in the kernels' dtype (float32 inside by type promotion) and the log decay dt A,
     -inf where ``resets`` starts a sequence."""
-    v = (x * step[..., None]).to(kernel_dtype)
+    v = values(x, step, kernel_dtype)
     g = step * A.float()
     if resets is not None:
         g = g + resets[..., None]

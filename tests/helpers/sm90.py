@@ -203,20 +203,28 @@ def compile_gla_sweep(case: str, shape: str, ssd: bool, describe=None) -> list[s
 
 
 def compile_ssd_gate() -> list[str]:
-    """The SSD training path's skip-and-gate kernels (autograd/ssd.py), both flags' forms, bf16."""
+    """The SSD training path's elementwise kernels (autograd/ssd.py): the skip and gate both ways
+    and x's and dt's gradients, both D forms, z on; v = dt x; bf16."""
     from recurscan.autograd.ssd import ROWS_PER_PROGRAM
-    from recurscan.kernels.gla.ssd_gate import ssd_gate_bwd_kernel, ssd_gate_fwd_kernel
+    from recurscan.kernels.gla.ssd_gate import (ssd_gate_bwd_kernel, ssd_gate_fwd_kernel, ssd_step_bwd_kernel,
+                                                ssd_value_kernel)
     from recurscan.launch.delta import Step
     bf, f32 = torch.zeros(1, dtype=torch.bfloat16), torch.zeros(1)
     lines = []
     for per_channel in (False, True):
         flags = dict(H=80, P=64, BR=ROWS_PER_PROGRAM, BP=64, HAS_D=True, D_PER_CHANNEL=per_channel, HAS_Z=True)
         for kernel, names in ((ssd_gate_fwd_kernel, ("o", "x", "D", "z", "y")),
-                              (ssd_gate_bwd_kernel, ("dy", "o", "x", "D", "z", "do", "dx", "dz", "dD_part"))):
-            values = tuple(f32 if n in ("D", "dD_part") else bf for n in names)
-            step = Step(kernel, (1, 80), dict({n: CallArg(n) for n in names}, n_rows=16384, **flags), dict(num_warps=4))
+                              (ssd_gate_bwd_kernel, ("dy", "o", "x", "D", "z", "do", "dx", "dz", "dD_part")),
+                              (ssd_step_bwd_kernel, ("dv", "x", "step", "dy", "z", "D", "dg", "A", "dx", "dstep"))):
+            values = tuple(f32 if n in ("D", "dD_part", "dv", "step", "dg", "A", "dstep") else bf for n in names)
+            extra = dict(WITH_DX=False) if kernel is ssd_gate_bwd_kernel else {}  # as SsdChunkScan launches it
+            step = Step(kernel, (1, 80), dict({n: CallArg(n) for n in names}, n_rows=16384, **flags, **extra),
+                        dict(num_warps=4))
             lines.append(compiled_line(step, names, values))
-    return lines
+    names = ("x", "step", "v")
+    step = Step(ssd_value_kernel, (1, 80), dict({n: CallArg(n) for n in names}, n_rows=16384, H=80, P=64,
+                                                BR=ROWS_PER_PROGRAM, BP=64), dict(num_warps=4))
+    return lines + [compiled_line(step, names, (bf, f32, bf))]
 
 
 def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_sweep: bool = False) -> list[str]:

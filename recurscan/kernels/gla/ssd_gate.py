@@ -47,14 +47,15 @@ def ssd_gate_fwd_kernel(o, x, D, z, y, n_rows, H: tl.constexpr, P: tl.constexpr,
 @triton.jit
 def ssd_gate_bwd_kernel(dy, o, x, D, z, do, dx, dz, dD_part, n_rows, H: tl.constexpr, P: tl.constexpr,
                         BR: tl.constexpr, BP: tl.constexpr, HAS_D: tl.constexpr, D_PER_CHANNEL: tl.constexpr,
-                        HAS_Z: tl.constexpr):
+                        HAS_Z: tl.constexpr, WITH_DX: tl.constexpr = True):
     """Grid (ceil(n_rows / BR), H): with s = silu(z) (1 without z) and u = o + D x,
 
         do = dy s,   dx = D dy s,   dz = dy u sigmoid(z) (1 + z (1 - sigmoid(z))),
         dD = sum over rows (and over P for D per head) of dy s x,
 
     the last as this program's partial sum, ``dD_part [ceil(n_rows / BR), H, P]`` (per head: in
-    column 0). Each gradient in its tensor's dtype."""
+    column 0). Each gradient in its tensor's dtype. WITH_DX False: dx is not written
+    (ssd_step_bwd_kernel adds it to v's share)."""
     offs, mask, o_p = _tile(tl.program_id(0), tl.program_id(1), n_rows, H, P, BR, BP)
     i_h = tl.program_id(1)
     b_dy = tl.load(dy + offs, mask=mask, other=0.0).to(tl.float32)
@@ -68,7 +69,8 @@ def ssd_gate_bwd_kernel(dy, o, x, D, z, do, dx, dz, dD_part, n_rows, H: tl.const
     if HAS_D:
         b_x = tl.load(x + offs, mask=mask, other=0.0).to(tl.float32)
         d = _skip(D, i_h, o_p, P, D_PER_CHANNEL)
-        tl.store(dx + offs, (d * b_dys).to(dx.dtype.element_ty), mask=mask)
+        if WITH_DX:
+            tl.store(dx + offs, (d * b_dys).to(dx.dtype.element_ty), mask=mask)
         part = tl.sum(b_dys * b_x, axis=0)  # [BP]
         p_part = dD_part + (tl.program_id(0).to(tl.int64) * H + i_h) * P
         if D_PER_CHANNEL:
@@ -80,3 +82,45 @@ def ssd_gate_bwd_kernel(dy, o, x, D, z, do, dx, dz, dD_part, n_rows, H: tl.const
         if HAS_D:
             b_u += d * b_x
         tl.store(dz + offs, (b_dy * b_u * sig * (1.0 + b_z * (1.0 - sig))).to(dz.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def ssd_value_kernel(x, step, v, n_rows, H: tl.constexpr, P: tl.constexpr, BR: tl.constexpr, BP: tl.constexpr):
+    """Grid (ceil(n_rows / BR), H): the recurrence's values v = dt x (float32 inside, v in its
+    own dtype), step ``[n_rows, H]`` float32."""
+    offs, mask, o_p = _tile(tl.program_id(0), tl.program_id(1), n_rows, H, P, BR, BP)
+    o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    b_step = tl.load(step + o_r * H + tl.program_id(1), mask=o_r < n_rows, other=0.0)
+    b_x = tl.load(x + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(v + offs, (b_x * b_step[:, None]).to(v.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def ssd_step_bwd_kernel(dv, x, step, dy, z, D, dg, A, dx, dstep, n_rows, H: tl.constexpr, P: tl.constexpr,
+                        BR: tl.constexpr, BP: tl.constexpr, HAS_D: tl.constexpr, D_PER_CHANNEL: tl.constexpr,
+                        HAS_Z: tl.constexpr):
+    """Grid (ceil(n_rows / BR), H): x's and dt's gradients through v = dt x and the log decay
+    dt A, with the skip's share of x's (its D dy silu(z) formed again from dy and z rather than
+    kept): in float32, each rounded once,
+
+        dx = dv dt + D dy silu(z),    ddt = sum over P of dv x + dg A,
+
+    dv ``[n_rows, H, P]`` and dg ``[n_rows, H]`` float32 (the recurrence's backward), dstep
+    ``[n_rows, H]`` float32."""
+    i_h = tl.program_id(1)
+    offs, mask, o_p = _tile(tl.program_id(0), i_h, n_rows, H, P, BR, BP)
+    o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    m_r = o_r < n_rows
+    b_step = tl.load(step + o_r * H + i_h, mask=m_r, other=0.0)
+    b_dv = tl.load(dv + offs, mask=mask, other=0.0)
+    b_x = tl.load(x + offs, mask=mask, other=0.0).to(tl.float32)
+    b_dx = b_dv * b_step[:, None]
+    if HAS_D:
+        b_dys = tl.load(dy + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_Z:
+            b_z = tl.load(z + offs, mask=mask, other=0.0).to(tl.float32)
+            b_dys = b_dys * (b_z * tl.sigmoid(b_z))
+        b_dx += _skip(D, i_h, o_p, P, D_PER_CHANNEL) * b_dys
+    tl.store(dx + offs, b_dx.to(dx.dtype.element_ty), mask=mask)
+    b_dstep = tl.sum(b_dv * b_x, axis=1) + tl.load(dg + o_r * H + i_h, mask=m_r, other=0.0) * tl.load(A + i_h)
+    tl.store(dstep + o_r * H + i_h, b_dstep, mask=m_r)
