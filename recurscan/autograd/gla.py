@@ -1,5 +1,6 @@
 """Training through the GLA Triton path (a decay per head, or per key dimension): a ``torch.autograd.Function`` whose forward
-is kernels/gla/forward.py and whose backward is kernels/gla/backward.py
+is launch/gla.py's (a decay per head on the delta rule's prep and sweep with the WY step off where
+planned, else kernels/gla/forward.py) and whose backward is kernels/gla/backward.py
 (:func:`recurscan.launch.gla.chunk_simple_gla_bwd`), checked against autograd through the token
 loop (``reference.gla.gla_naive``). Saved for the backward: the inputs only; the states entering
 the chunks are recomputed there."""

@@ -55,7 +55,8 @@ def gate_backward(dy, o, x, D, z, with_dx=True):
 
 
 def values(x, step, kernel_dtype):
-    """v = dt x ``[..., H, P]`` in ``kernel_dtype`` (float32 inside), step ``[..., H]`` float32."""
+    """v = dt x ``[..., H, P]`` in ``kernel_dtype`` (float32 inside), x contiguous, step
+    ``[..., H]`` float32."""
     rows, H, P, grid = _grid(x)
     v = torch.empty(x.shape, dtype=kernel_dtype, device=x.device)
     ssd_value_kernel[grid](x, step.contiguous(), v, rows, H=H, P=P, BR=ROWS_PER_PROGRAM,
@@ -121,8 +122,8 @@ class SsdChunkScan(torch.autograd.Function):
 
 
 def _value_and_decay(x, step, A, resets, kernel_dtype):
-    """v = dt x in the kernels' dtype (float32 inside by type promotion) and the log decay dt A,
-    -inf where ``resets`` starts a sequence."""
+    """v = dt x in the kernels' dtype (:func:`values`) and the log decay dt A, -inf where
+    ``resets`` starts a sequence."""
     v = values(x, step, kernel_dtype)
     g = step * A.float()
     if resets is not None:

@@ -51,6 +51,15 @@ class SsdPrologue:
     def clamps(self) -> bool:
         return tuple(self.dt_limit) != (0.0, float("inf"))
 
+def contiguous_prologue(ssd: SsdPrologue | None):
+    """``(ssd with its tensors contiguous, those tensors in call order)``; ``(None, five Nones)``
+    without SSD."""
+    if ssd is None:
+        return None, (None,) * 5
+    extra = tuple(None if t is None else t.contiguous() for t in ssd.tensors())
+    return dataclasses.replace(ssd, **dict(zip(("dt", "A", "dt_bias", "D", "z"), extra))), extra
+
+
 #: Signature -> :class:`GlaForward`.
 GLA_LAUNCHES = SignatureCache("chunked GLA forward")
 #: Signature -> the delta sweep's launches (launch/delta.py's DeltaLaunches) of a scalar decay.
@@ -189,9 +198,7 @@ def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_
     q, k, v = (x.contiguous() for x in (q, k, v))
     g = None if g is None else g.contiguous()
     h0 = state if state is not None else (None if initial_state is None else initial_state.float())
-    extra = (None,) * 5 if ssd is None else tuple(None if t is None else t.contiguous() for t in ssd.tensors())
-    if ssd is not None:
-        ssd = dataclasses.replace(ssd, **dict(zip(("dt", "A", "dt_bias", "D", "z"), extra)))
+    ssd, extra = contiguous_prologue(ssd)
     options = None if ssd is None else (ssd.dt_softplus, tuple(ssd.dt_limit))
     key = (launch_key((q, k, v, g, h0, cu_seqlens, state_indices, chunk_offsets, chunk_indices) + extra),
            float(scale), output_final_state, shape, options, state_v_first, chunk_state_rows, prep_rows)
@@ -223,18 +230,17 @@ def _gla_on_sweep(q, k, v, g, *, scale, initial_state, output_final_state, cu_se
                   backward=None):
     """:func:`chunk_simple_gla_fwd` of a scalar decay (or SSD) on the delta rule's prep and sweep
     with the WY step off, launched in ``shape.sweep`` (launch/delta.py builds the launches; varlen
-    needs ``chunk_indices``). Returns as :func:`chunk_simple_gla_fwd`."""
-    if cu_seqlens is not None and chunk_indices is None:
-        raise ValueError("chunk_simple_gla_fwd: varlen input on the sweep needs chunk_indices "
-                         "(recurscan.build_chunk_descriptors)")
+    without ``chunk_indices`` forms them on the device, no sync). Returns as
+    :func:`chunk_simple_gla_fwd`."""
+    if cu_seqlens is not None and chunk_indices is None:  # the prep's grid
+        from .descriptors import device_descriptors
+        chunk_indices = device_descriptors(cu_seqlens, 1, tokens=q.shape[1]).chunk_indices
     # The states [., HV, V, K] seen as [., HV, K, V]: the sweep reads and writes them through their strides.
     h0 = None if initial_state is None else initial_state.float()
     if state_v_first:
         h0 = None if h0 is None else h0.transpose(-1, -2)
         state = None if state is None else state.transpose(-1, -2)
-    extra = (None,) * 5 if ssd is None else tuple(None if t is None else t.contiguous() for t in ssd.tensors())
-    if ssd is not None:
-        ssd = dataclasses.replace(ssd, **dict(zip(("dt", "A", "dt_bias", "D", "z"), extra)))
+    ssd, extra = contiguous_prologue(ssd)
     options = None if ssd is None else (ssd.dt_softplus, tuple(ssd.dt_limit))
     key = (launch_key((q, k, v, g, h0, state, state_indices, cu_seqlens, chunk_indices, chunk_offsets) + extra),
            float(scale), output_final_state, shape, options, chunk_state_rows)

@@ -45,10 +45,6 @@ def _run_gla(q, k, v, g, *, per_key_decay, scale, initial_state, output_final_st
             rows, chunk_indices, chunk_offsets = chunk_rows(q.shape[0], q.shape[1], cu_seqlens, chunk_indices,
                                                             chunk_offsets, q.device)
             rows, prep_rows = (rows if return_chunk_states else None), (rows if prepped else None)
-        elif cu_seqlens is not None and chunk_indices is None and schedule.launch.sweep is not None:
-            # the sweep's grid: descriptors formed on the device, no sync
-            from ..launch.descriptors import device_descriptors
-            chunk_indices = device_descriptors(cu_seqlens, 1, tokens=q.shape[1]).chunk_indices
         out = chunk_simple_gla_fwd(q, k, v, g, scale=problem.scale, initial_state=initial_state,
                                    output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                                    shape=schedule.launch, state=state, state_indices=state_indices,

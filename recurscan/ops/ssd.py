@@ -169,11 +169,8 @@ def _ssd_triton(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_st
     if return_chunk_states or launch.split:
         rows, chunk_indices, chunk_offsets = chunk_rows(x.shape[0], x.shape[1], cu_seqlens, *descriptors, x.device)
         rows, prep_rows = (rows if return_chunk_states else None), (rows if launch.split else None)
-    elif cu_seqlens is not None and launch.sweep is not None:  # the sweep's grid: formed on the device, no sync
+    elif cu_seqlens is not None:  # given ones; the sweep forms any missing on the device (launch/gla.py)
         chunk_indices = descriptors[0]
-        if chunk_indices is None:
-            from ..launch.descriptors import device_descriptors
-            chunk_indices = device_descriptors(cu_seqlens, 1, tokens=x.shape[1]).chunk_indices
     kernel_dtype = torch.float32 if x.dtype == torch.float64 else x.dtype
     prologue = SsdPrologue(dt, A, dt_bias, D, z, bool(dt_softplus), tuple(dt_limit))
     # mamba's states [., H, P, Nstate] are the kernel's [., HV, V, K]: read (and the cache written)

@@ -1,7 +1,8 @@
-"""Mamba2's output parts outside the recurrence, y = (o + D x) silu(z), and their backward, as one
-elementwise pass each (``reference.ssd.skip_and_gate`` is the form to check them against). The
-training path runs them around the recurrence's autograd Function (autograd/ssd.py); inference
-has them in the sweep's output store instead."""
+"""The elementwise parts of training Mamba2 SSD (autograd/ssd.py's SsdChunkScan), one pass each:
+the values v = dt x; the output's parts outside the recurrence, y = (o + D x) silu(z), and their
+backward; x's and dt's gradients through v and the log decay. ``reference.ssd.skip_and_gate`` is
+the form to check the gate against. Inference has v, the skip and the gate in the delta sweep's
+prep and output store instead."""
 from __future__ import annotations
 
 import triton
