@@ -135,17 +135,25 @@ def ssd_rows():
 
 
 def per_key_rows():
-    """chunk_gla (a decay per key dimension) at fla's shape: the forward through recurscan's prep +
-    sweep (Triton), recurscan's PyTorch form and fla's; forward + backward (q, k, v, g) through
-    both recurscan forms (fla's backward refuses on Triton 3.6 without TileLang)."""
+    """chunk_gla (a decay per key dimension) at fla's shape: the forward through recurscan's
+    per-key prep and the delta sweep (planned), the per-key prep and the fused GLA kernel, and
+    fla's; forward + backward (q, k, v, g) through the planned form (fla's backward refuses on
+    Triton 3.6 without TileLang). Each against the float32 PyTorch form."""
+    from recurscan.plan import gla as plan_gla
     name = "gla_per_key_b4_t4096_h16"
     s = SHAPES["simple_gla_b4_t4096_h16"]
     q, k, v, _ = inputs(s)
     gen = torch.Generator(device="cuda").manual_seed(5)
     gk = torch.nn.functional.logsigmoid(torch.randn(s["B"], s["T"], s["HV"], s["K"], device="cuda", generator=gen)) / 16
     want = recurscan.chunk_gla(*(x.float() for x in (q, k, v)), gk, backend="torch")[0]
-    forms = {"recurscan triton": "triton", "recurscan torch": "torch"}
-    impls = {impl: (lambda b=b: recurscan.chunk_gla(q, k, v, gk, backend=b)[0]) for impl, b in forms.items()}
+    def fused():
+        plan_gla.PER_KEY_ON_SWEEP = False
+        try:
+            return recurscan.chunk_gla(q, k, v, gk)[0]
+        finally:
+            plan_gla.PER_KEY_ON_SWEEP = True
+
+    impls = {"recurscan triton": lambda: recurscan.chunk_gla(q, k, v, gk)[0], "recurscan triton, fused": fused}
     rows = []
     try:
         from fla.ops.gla import chunk_gla as fla_chunk_gla
@@ -154,8 +162,8 @@ def per_key_rows():
         rows.append(dict(shape=name, impl="fla", status=f"not installed: {exc}"))
     rows += time_impls(name, impls, want)
     do = torch.randn_like(v)
-    train = {impl: (lambda b=b: train_step(lambda *a: recurscan.chunk_gla(*a, backend=b)[0], (q, k, v, gk),
-                                           {}, (0, 1, 2, 3), do)) for impl, b in forms.items()}
+    train = {"recurscan triton": lambda: train_step(lambda *a: recurscan.chunk_gla(*a)[0], (q, k, v, gk), {},
+                                                    (0, 1, 2, 3), do)}
     return rows + time_train(name, train)
 
 

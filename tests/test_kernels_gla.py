@@ -9,7 +9,7 @@ import torch
 
 import recurscan
 from recurscan.reference.gla import gla_chunked, gla_naive
-from tests.helpers.gla_forms import use_form
+from tests.helpers.gla_forms import PER_KEY_FORMS, use_form, use_per_key_form
 from tests.helpers.tolerances import assert_like_fp32, relative_rms
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -331,9 +331,12 @@ def per_key_decays(B, T, HV, K, seed):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_per_key_triton_forward_matches_the_token_loop(case):
-    """chunk_gla on the Triton path (the prep, kernels/gla/prep.py, then the sweep with PER_KEY):
-    output and final state against the float64 token loop, over the hostile cases."""
+@pytest.mark.parametrize("form", PER_KEY_FORMS)
+def test_per_key_triton_forward_matches_the_token_loop(case, form, monkeypatch):
+    """chunk_gla on the Triton path (the per-key prep, kernels/gla/prep.py, then the delta sweep
+    with KEY_DECAY, in one pass or in segments, or the fused kernel with PER_KEY): output and
+    final state against the float64 token loop, over the hostile cases."""
+    use_per_key_form(form, monkeypatch)
     c = CASES[case]
     K, V = c.get("K", 16), c.get("V", 16)
     q, k, v, _ = gla_inputs(c["B"], c["T"], c["H"], c["HV"], K, V, seed=len(case) + 50)
@@ -352,9 +355,11 @@ def test_per_key_triton_forward_matches_the_token_loop(case):
 
 
 @pytest.mark.parametrize("name", ["q", "k", "v", "g"])
-def test_per_key_non_finite_input_stays_causal(name):
+@pytest.mark.parametrize("form", PER_KEY_FORMS)
+def test_per_key_non_finite_input_stays_causal(name, form, monkeypatch):
     """A NaN at token 95 (one key of g, one element of the others): the outputs before it and the
     other sequence keep their bits; a query's NaN reaches its own row alone."""
+    use_per_key_form(form, monkeypatch)
     q, k, v, _ = (x.float().to(DEVICE) for x in gla_inputs(1, 200, 1, 2, 16, 16, seed=61))
     g = per_key_decays(1, 200, 2, 16, seed=62).float().to(DEVICE)
     cu = torch.tensor([0, 130, 200], device=DEVICE)
@@ -406,25 +411,31 @@ def test_per_key_triton_gradients_match_autograd_through_the_token_loop(case, op
     assert (got[3][g.isinf().to(DEVICE)] == 0).all(), "a reset's dg"
 
 
-def test_per_key_cache_chunk_states_and_what_it_refuses():
-    """The per-key path with a state cache (-1 padding) and chunk states equals the PyTorch form;
-    with grad and a cache it is refused."""
-    q, k, v, _ = (x.float().to(DEVICE) for x in gla_inputs(1, 150, 1, 2, 16, 16, seed=63))
-    g = per_key_decays(1, 150, 2, 16, seed=64).float().to(DEVICE)
+@pytest.mark.parametrize("decay, form", [("per key", f) for f in PER_KEY_FORMS] +
+                         [("scalar", "sweep"), ("scalar", "fused")])
+def test_cache_chunk_states_and_what_it_refuses(decay, form, monkeypatch):
+    """A state cache (-1 padding) with chunk states equals the PyTorch form, a padding sequence's
+    chunk-state rows zero as its outputs; with grad and a cache it is refused."""
+    (use_per_key_form if decay == "per key" else use_form)(form, monkeypatch)
+    q, k, v, g = (x.float().to(DEVICE) for x in gla_inputs(1, 150, 1, 2, 16, 16, seed=63))
+    if decay == "per key":
+        g = per_key_decays(1, 150, 2, 16, seed=64).float().to(DEVICE)
     cu = torch.tensor([0, 1, 90, 150], device=DEVICE)
     cache = torch.randn(5, 2, 16, 16, device=DEVICE)
     slots = torch.tensor([3, -1, 0], device=DEVICE)
+    op = recurscan.chunk_gla if decay == "per key" else recurscan.chunk_simple_gla
     outs = {}
     for backend in ("torch", "triton"):
         c = cache.clone()
-        outs[backend] = recurscan.chunk_gla(q, k, v, g, cu_seqlens=cu, state=c, state_indices=slots,
-                                            return_chunk_states=True, backend=backend)
+        outs[backend] = op(q, k, v, g, cu_seqlens=cu, state=c, state_indices=slots, return_chunk_states=True,
+                           backend=backend)
     (o1, c1, ch1), (o2, c2, ch2) = outs["torch"], outs["triton"]
     assert relative_rms(o2, o1) < 1e-5 and relative_rms(c2, c1) < 1e-5 and torch.equal(c2[1], cache[1])
     assert relative_rms(ch2[:ch1.shape[0]], ch1) < 1e-5 and (ch2[ch1.shape[0]:] == 0).all()
+    assert (ch1[1:3] == 0).all() and (ch1[[0, 3]] != 0).any(dim=(1, 2, 3)).all(), "the padding sequence's rows"
     x = [t.clone().requires_grad_() for t in (q, k, v, g)]
     with pytest.raises(NotImplementedError, match="inference-only"):
-        recurscan.chunk_gla(*x, cu_seqlens=cu, state=cache.clone(), state_indices=slots, backend="triton")
+        op(*x, cu_seqlens=cu, state=cache.clone(), state_indices=slots, backend="triton")
 
 
 def test_prep_programs_over_several_heads_give_the_same_bits(monkeypatch):

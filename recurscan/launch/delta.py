@@ -22,6 +22,7 @@ from ..descriptors import CHUNK_SIZE
 from ..kernels.delta.fixup import chunk_delta_fixup_kernel
 from ..kernels.delta.prep import chunk_delta_prep_kernel
 from ..kernels.delta.sweep import chunk_delta_sweep_kernel
+from ..kernels.gla.prep import chunk_gla_prep_kernel
 from ..plan.delta import DeltaShape
 from ..runtime.launcher import CallArg, DirectLaunch, compile_together, jit_launch
 
@@ -80,7 +81,7 @@ def check_shape(shape: DeltaShape) -> None:
 #: The per-call values of a call, in order: the inputs, then the buffers the call allocates.
 INPUT_NAMES = DeltaInputs._fields
 BUFFER_NAMES = ("o", "final", "chunk_states", "beta_ones", "wy", "aqk", "coef", "seg_n", "seg_m",
-                "sequence_order", "replay_flags", "winv", "u", "ks", "checkpoints")
+                "sequence_order", "replay_flags", "winv", "u", "ks", "checkpoints", "qg", "kg", "dl")
 CALL_NAMES = INPUT_NAMES + BUFFER_NAMES
 #: The prep's outputs, which a forward under autograd may keep for the backward (``keep_prep``).
 PREP_NAMES = ("wy", "winv", "aqk", "coef")
@@ -131,7 +132,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
                          cu_seqlens=None, chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None,
                          state=None, state_indices=None, return_chunk_states=False,
                          chunk_states_dtype=torch.float32, expanded_chunk_states=False,
-                         keep_prep=False, checkpoint_chunks=0, wy=True, ssd=None) -> DeltaLaunches:
+                         keep_prep=False, checkpoint_chunks=0, wy=True, ssd=None, key_decay=False) -> DeltaLaunches:
     """The launches of one call signature, in the launch ``shape`` the planner chose (the tensors'
     shapes and strides are read, never kept); arguments as :func:`chunk_delta_fwd`.
     ``chunk_states_dtype``: the backward keeps the chunk states in the inputs' dtype, which is the
@@ -145,8 +146,16 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     ``wy=False``: gated linear attention on these kernels (U = V: no beta, no inverse, no ``wy``;
     M = 1, no l2norm, forward only); with ``ssd`` (launch/gla.py's SsdPrologue: its flags are read
     here, its tensors passed per call as DeltaInputs' dt, A, dt_bias, D, z) Mamba2 SSD, v holding x,
-    g None or ``[B, T]`` (seq_idx's resets), the outputs in v's dtype."""
+    g None or ``[B, T]`` (seq_idx's resets), the outputs in v's dtype. ``key_decay`` (with
+    ``wy=False``): fla's chunk_gla, g ``[B, T, HV, K]`` a log decay per key dimension; the prep is
+    then kernels/gla/prep.py's (FOR_SWEEP: decayed queries and keys ``qg``, ``kg``, A, the chunk's
+    decay per key ``dl``), one program per (chunk, value head), and the sweep runs with KEY_DECAY;
+    single pass or segments (no phases: that prep has no phase range)."""
     check_shape(shape)
+    if key_decay and (wy or ssd is not None or shape.phases != 1 or shape.prep_heads != 1 or g is None
+                      or g.dim() != 4):
+        raise ValueError("build_delta_launches: key_decay takes wy=False, no ssd, g [B, T, HV, K], and a shape "
+                         f"with phases = prep_heads = 1 (got phases={shape.phases}, prep_heads={shape.prep_heads})")
     if not wy and (num_householder != 1 or use_qk_l2norm_in_kernel or beta is not None or keep_prep
                    or checkpoint_chunks or expanded_chunk_states):
         raise ValueError("build_delta_launches: wy=False takes M = 1, no l2norm, no beta, forward only")
@@ -242,7 +251,21 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     phased = phases > 1 and not varlen and segments <= 1 and T > 0
     # A register cap (compile option) sets how many prep programs share a multiprocessor.
     prep_options = dict(num_warps=prep_warps, **({} if prep_maxnreg is None else {"maxnreg": prep_maxnreg}))
-    if n_prep > 0 and not phased:
+    if key_decay:  # the per-key prep in the delta prep's place (phases: refused above)
+        slots = buffers["coef"][0][0]
+        buffers.update(qg=((B, T, HV, K), q.dtype, None), kg=((B, T, HV, K), q.dtype, None),
+                       dl=((slots, HV, K), torch.float32, None))
+        prep = dict(
+            q=arg("q"), k=arg("k"), g=arg("g"), qg=arg("qg"), kg=arg("kg"), aqk=arg("aqk"), dl=arg("dl"),
+            cu_seqlens=arg("cu_seqlens", varlen), chunk_indices=arg("chunk_indices_dp", varlen),
+            chunk_offsets=arg("cu_seqlens", varlen),  # read, then replaced by the sweep's slot (FOR_SWEEP)
+            dt=arg("o"), A=arg("o"), dt_bias=arg("o"), T=T, n_seq=N, scale=scale, n_cs_rows=slots, dt_min=0.0,
+            dt_max=0.0, coef=arg("coef"), sequence_order=arg("sequence_order", varlen and N > 0),
+            H=H, HV=HV, K=K, BT=BT, BK=BK, IS_VARLEN=varlen, DT=dt, DOT_PRECISION=dot_precision, HAS_G=True,
+            SCALAR=False, SSD=False, HAS_DT_BIAS=False, DT_SOFTPLUS=False, DT_LIMIT=False, FOR_SWEEP=True)
+        if n_prep > 0:
+            steps.append(Step(chunk_gla_prep_kernel, (n_prep * HV,), prep, prep_options))
+    elif n_prep > 0 and not phased:
         steps.append(Step(chunk_delta_prep_kernel, (n_prep * HV // heads,), prep, prep_options))
     outputs = ("o", "state" if use_cache else ("final" if store_final else None)) + \
         (("chunk_states",) if return_chunk_states else ()) + (kept_prep_names(varlen and N > 0) if keep_prep else ()) + \
@@ -259,7 +282,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     # The initial state's source (the cache, or initial_state) is read and written through its strides.
     s0 = state.stride() if use_cache else initial_state.stride() if initial_state is not None else (0, 0, 0, 0)
     sweep = dict(
-        q=arg("q"), k=arg("k"), v=arg("v"), wy=arg("wy", wy), aqk=arg("aqk"), coef=arg("coef"), o=arg("o"),
+        q=arg("qg" if key_decay else "q"), k=arg("kg" if key_decay else "k"), v=arg("v"), wy=arg("wy", wy), aqk=arg("aqk"), coef=arg("coef"), o=arg("o"),
         h0=arg("initial_state", initial_state is not None), ht=arg("final", store_final),
         state=arg("state", use_cache), state_indices=arg("state_indices", use_cache),
         chunk_states=arg("chunk_states", return_chunk_states), cu_seqlens=arg("cu_seqlens", varlen),
@@ -270,7 +293,8 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         n_cs_rows=buffers["chunk_states"][0][0] if return_chunk_states else 0, replay_flags=arg("replay_flags"),
         u_out=arg("u", False), ks_out=arg("ks", False), checkpoints=arg("checkpoints", checkpoint_chunks > 0),
         n_ckpt=buffers["checkpoints"][0][1] if checkpoint_chunks else 0,
-        H=H, HV=HV, K=K, V=V, M=M, BT=BT, BK=BK, BV=BV,
+        dl=arg("dl", key_decay), KEY_DECAY=key_decay,
+        H=HV if key_decay else H, HV=HV, K=K, V=V, M=M, BT=BT, BK=BK, BV=BV,
         IS_VARLEN=varlen, HAS_H0=initial_state is not None, USE_CACHE=use_cache, STORE_FINAL=store_final,
         STORE_CHUNK_STATES=(2 if expanded_chunk_states else True) if return_chunk_states else False,
         DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, DT=dt, PASS=0,

@@ -129,11 +129,12 @@ def build_gla_forward(q, k, v, g, h0, cu_seqlens, *, scale, output_final_state, 
             chunk_offsets=arg("chunk_offsets", varlen), dt=arg("dt", ssd is not None), A=arg("A", ssd is not None),
             dt_bias=arg("dt_bias", ssd is not None and ssd.dt_bias is not None), T=T, n_seq=N, scale=float(scale),
             n_cs_rows=prep_rows, dt_min=float(ssd.dt_limit[0]) if ssd is not None and ssd.clamps else 0.0,
-            dt_max=float(ssd.dt_limit[1]) if ssd is not None and ssd.clamps else 0.0,
-            H=H, HV=HV, K=K, BT=CHUNK_SIZE, BK=BK, IS_VARLEN=varlen, DT=dt, DOT_PRECISION=precision,
+            dt_max=float(ssd.dt_limit[1]) if ssd is not None and ssd.clamps else 0.0, coef=arg("o"),
+            sequence_order=arg("o"), H=H, HV=HV, K=K, BT=CHUNK_SIZE, BK=BK, IS_VARLEN=varlen, DT=dt,
+            DOT_PRECISION=precision,
             HAS_G=g is not None, SCALAR=scalar and ssd is None, SSD=ssd is not None,
             HAS_DT_BIAS=ssd is not None and ssd.dt_bias is not None, DT_SOFTPLUS=ssd is not None and ssd.dt_softplus,
-            DT_LIMIT=ssd is not None and ssd.clamps), dict(num_warps=8))
+            DT_LIMIT=ssd is not None and ssd.clamps, FOR_SWEEP=False), dict(num_warps=8))
     step = Step(chunk_simple_gla_fwd_kernel, (N * HV * triton.cdiv(V, BV),), dict(
         q=arg("q"), k=arg("k"), v=arg("v"), g=arg("g", g is not None), o=arg("o"), h0=arg("h0", h0 is not None),
         ht=arg("ht", output_final_state and not cache), cu_seqlens=arg("cu_seqlens", varlen),
@@ -188,8 +189,11 @@ def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_
     (row ``chunk_offsets[n] + c``, dense ``n * ceil(T / 64) + c``; varlen rows past the last
     offset are zeros); returned third. ``prep_rows``: through the prep (:func:`build_gla_forward`;
     g ``[B, T, HV, K]``, a decay per key dimension, needs it); varlen then needs ``chunk_indices``
-    and ``chunk_offsets``. No host synchronisation."""
-    if shape.sweep is not None and prep_rows is None:
+    and ``chunk_offsets``. A shape with ``sweep`` runs a scalar decay, SSD and a decay per key on
+    the delta rule's prep (for a decay per key, kernels/gla/prep.py's) and sweep
+    (:func:`_gla_on_sweep`); ``prep_rows`` then only says that the decay is per key. No host
+    synchronisation."""
+    if shape.sweep is not None and (prep_rows is None or (g is not None and g.dim() == 4)):
         return _gla_on_sweep(q, k, v, g, scale=scale, initial_state=initial_state,
                              output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                              chunk_state_rows=chunk_state_rows, chunk_offsets=chunk_offsets,
@@ -215,7 +219,7 @@ def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_
             compile_gla_backward_early(q, k, v, g, h0, cu_seqlens, scale=scale, shape=shape,
                                        out=launch.buffers["o"], final=launch.buffers.get("ht"), **backward)
     made = {n: _empty(*s, dtype=d, device=q.device) for n, (s, d) in launch.buffers.items()}
-    if chunk_state_rows is not None and cu_seqlens is not None:  # padding rows stay zero
+    if chunk_state_rows is not None and (cu_seqlens is not None or state_indices is not None):  # padding rows stay zero
         made["chunk_states"] = made["chunk_states"].zero_()
     values = call_values(q=q, k=k, v=v, g=g, h0=h0, cu_seqlens=cu_seqlens,
                          **dict(zip(("dt", "A", "dt_bias", "D", "z"), extra)), chunk_offsets=chunk_offsets,
@@ -230,8 +234,10 @@ def _gla_on_sweep(q, k, v, g, *, scale, initial_state, output_final_state, cu_se
                   backward=None):
     """:func:`chunk_simple_gla_fwd` of a scalar decay (or SSD) on the delta rule's prep and sweep
     with the WY step off, launched in ``shape.sweep`` (launch/delta.py builds the launches; varlen
-    without ``chunk_indices`` forms them on the device, no sync). Returns as
+    without ``chunk_indices`` forms them on the device, no sync); a decay per key (g ``[B, T, HV,
+    K]``) through the per-key prep and the sweep's KEY_DECAY. Returns as
     :func:`chunk_simple_gla_fwd`."""
+    key_decay = g is not None and g.dim() == 4
     if cu_seqlens is not None and chunk_indices is None:  # the prep's grid
         from .descriptors import device_descriptors
         chunk_indices = device_descriptors(cu_seqlens, 1, tokens=q.shape[1]).chunk_indices
@@ -250,8 +256,8 @@ def _gla_on_sweep(q, k, v, g, *, scale, initial_state, output_final_state, cu_se
             q, k, v, g, None, shape.sweep, scale=scale, initial_state=h0, output_final_state=output_final_state,
             cu_seqlens=cu_seqlens, chunk_indices_dp=chunk_indices, chunk_offsets=chunk_offsets,
             num_chunk_rows=chunk_state_rows, state=state, state_indices=state_indices,
-            return_chunk_states=chunk_state_rows is not None, wy=False, ssd=ssd))
-        if backward is not None and ssd is None and not INTERPRET:
+            return_chunk_states=chunk_state_rows is not None, wy=False, ssd=ssd, key_decay=key_decay))
+        if backward is not None and ssd is None and not key_decay and not INTERPRET:
             N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
             compile_gla_backward_early(q, k, v, g, h0, cu_seqlens, scale=scale, shape=shape,
                                        out=launches.buffers["o"][:2], final=((N,) + h0_shape(q, v), torch.float32)

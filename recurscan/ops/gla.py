@@ -40,7 +40,8 @@ def _run_gla(q, k, v, g, *, per_key_decay, scale, initial_state, output_final_st
                                          chunk_indices=chunk_indices, chunk_offsets=chunk_offsets)
         from ..launch.gla import chunk_simple_gla_fwd
         rows = prep_rows = None
-        prepped = per_key_decay or schedule.launch.split
+        # The fused kernel's prep sizes its grid from the chunk rows; the delta prep's (the sweep) from its own.
+        prepped = (per_key_decay and schedule.launch.sweep is None) or schedule.launch.split
         if return_chunk_states or prepped:
             rows, chunk_indices, chunk_offsets = chunk_rows(q.shape[0], q.shape[1], cu_seqlens, chunk_indices,
                                                             chunk_offsets, q.device)
@@ -63,6 +64,9 @@ def _run_gla(q, k, v, g, *, per_key_decay, scale, initial_state, output_final_st
         o = o.masked_fill(_cache.padding_token_mask(state_indices, o.shape[0], o.shape[1], cu_seqlens)
                           [..., None, None], 0)
         _cache.scatter(state, state_indices, final)
+        if chunks:  # a padding sequence has no states: its rows are zero, like its output
+            chunks = [_cache.zero_padding_rows(chunks[0], state_indices, o.shape[0], o.shape[1], cu_seqlens,
+                                               schedule.chunk_size)]
         return (o.to(q.dtype), state, *chunks)
     return (o.to(q.dtype), final if output_final_state else None, *chunks)
 
@@ -131,7 +135,8 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=No
         return_chunk_states: also return ``[NT, HV, K, V]`` float32 (inference only); row
             ``chunk_offsets[n] + c`` is sequence n's state entering its chunk c of 64 tokens, as
             the delta-rule ops lay them out (with given descriptors on the Triton path NT is the
-            padded ``len(chunk_indices)`` and the rows past ``chunk_offsets[N]`` are zero).
+            padded ``len(chunk_indices)`` and the rows past ``chunk_offsets[N]`` are zero); a
+            padding sequence's rows (slot -1) are zero.
 
     Returns:
         ``(o [B, T, HV, V], final_state [N, HV, K, V] or None)``, plus chunk states when asked.

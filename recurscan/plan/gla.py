@@ -43,13 +43,31 @@ def gla_shape(problem, device) -> GlaShape:
     """The GLA kernels' launch shape for ``problem`` (a GlaProblem or SsdProblem) on ``device``:
     :data:`GLA_LAUNCH`, and for a scalar decay (and SSD) the delta sweep's launch shape
     (:func:`gla_sweep_shape`) where :data:`SCALAR_ON_SWEEP`."""
-    if getattr(problem, "per_key_decay", False) or not SCALAR_ON_SWEEP or GLA_LAUNCH.split:
+    if getattr(problem, "per_key_decay", False):
+        return replace(GLA_LAUNCH, sweep=per_key_sweep_shape(problem, device)) if PER_KEY_ON_SWEEP else GLA_LAUNCH
+    if not SCALAR_ON_SWEEP or GLA_LAUNCH.split:
         return GLA_LAUNCH
     return replace(GLA_LAUNCH, sweep=gla_sweep_shape(problem, device))
 
 
 #: Whether a scalar decay runs on the delta rule's prep and sweep (WY off) rather than the fused kernel.
 SCALAR_ON_SWEEP = True
+#: Whether a decay per key runs on the per-key prep and the delta sweep (KEY_DECAY) rather than
+#: the per-key prep and the fused kernel (PER_KEY).
+PER_KEY_ON_SWEEP = True
+
+
+def per_key_sweep_shape(problem, device) -> DeltaShape:
+    """The delta sweep's launch shape for a decay per key: the scalar decay's row
+    (:func:`gla_sweep_shape`) as :func:`per_key_shape_of` adapts it."""
+    return per_key_shape_of(gla_sweep_shape(problem, device))
+
+
+def per_key_shape_of(shape: DeltaShape) -> DeltaShape:
+    """``shape`` without phases (the per-key prep has no phase range) and with the per-key prep's
+    launch: one value head a program, 8 warps and no register cap (offline for sm_90 it takes 255
+    registers and spills 8 B on 8 warps: results/sm90_gla_resources.txt)."""
+    return replace(shape, phases=1, prep_heads=1, prep_warps=8, prep_maxnreg=None)
 
 
 #: Launch shapes of a scalar decay (and SSD) on the delta sweep (WY off), read top to bottom as
@@ -58,9 +76,11 @@ SCALAR_ON_SWEEP = True
 #: SSD is 80 heads x 64, dstate 128; simple GLA H16 K = V = 128.
 GLA_SWEEP_LAUNCH: list[tuple[Callable[[DeltaSizes], bool], DeltaShape]] = [
     (lambda s: not s.varlen and s.tokens >= 16384 and 3 * s.programs_64 >= s.sms and s.programs_64 <= s.sms,
-     DeltaShape(64, 4, 3, 4, "a long dense sequence over half the SMs or more in 64-column programs: one pass, "
-                         "bulk stores (SSD B1 T16384: 0.830 ms; 3 segments 0.822, 2 segments 0.935, 32 columns "
-                         "1.025, 64 on 8 warps 1.021; mamba_ssm 0.969)", tma_store=True)),
+     DeltaShape(64, 4, 3, 4, "a long dense sequence over a third of the SMs or more in 64-column programs: one "
+                         "pass in 6 phases (each phase's prep beside the previous phase's sweep), bulk stores (SSD "
+                         "B1 T16384: 0.712 ms; 8 phases 0.719, one pass 0.820, 3 segments 0.769, 2 segments 0.929, "
+                         "16 heads a prep program 1.168; mamba_ssm 0.798: gpu_gla_sweep_cdc4e1d.json)",
+                tma_store=True, phases=6)),
     (lambda s: s.programs_64 > s.sms,
      DeltaShape(64, 4, 3, 4, "more 64-column programs than SMs: 64 columns on 4 warps, bulk stores (SSD B4 T4096: "
                          "0.725 ms; 64 on 8 warps 0.862, 32 columns 0.858, 2 segments 0.742; mamba_ssm 0.851)",

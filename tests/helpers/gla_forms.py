@@ -1,7 +1,7 @@
 """The launch forms of the scalar-decay GLA and SSD forward that the interpreter tests run through
 the public ops: the planner's (the delta rule's prep and sweep with the WY step off), the same in
 segments or phases, the fused GLA kernel, and the split one (the per-key prep, then the GLA sweep
-with PER_KEY)."""
+with PER_KEY); and those of a decay per key (:func:`use_per_key_form`)."""
 from recurscan.plan import gla as plan_gla
 from recurscan.plan.delta import DeltaShape
 
@@ -24,5 +24,22 @@ def use_form(form, monkeypatch):
     elif form in SWEEP_VARIANTS:
         monkeypatch.setattr(plan_gla, "gla_sweep_shape",
                             lambda problem, device: plan_gla.with_prep_heads(SWEEP_VARIANTS[form], problem))
+    else:
+        assert form == "sweep", form
+
+
+PER_KEY_FORMS = ("sweep", "fused", "sweep segments")
+
+
+def use_per_key_form(form, monkeypatch):
+    """Set the planner so that a decay per key runs in ``form``: "sweep" (the planner's: the
+    per-key prep and the delta sweep with KEY_DECAY), "sweep segments" (the same in 3 segments) or
+    "fused" (the per-key prep and the fused kernel with PER_KEY)."""
+    if form == "fused":
+        monkeypatch.setattr(plan_gla, "PER_KEY_ON_SWEEP", False)
+    elif form == "sweep segments":
+        shape = DeltaShape(32, 4, 2, 8, "tests: the per-key sweep in 3 segments", segments=3, v_product=False,
+                           prep_maxnreg=None)
+        monkeypatch.setattr(plan_gla, "per_key_sweep_shape", lambda problem, device: shape)
     else:
         assert form == "sweep", form

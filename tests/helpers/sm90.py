@@ -166,11 +166,13 @@ SWEEP_SHAPES = {
 }
 
 
-def compile_gla_sweep(case: str, shape: str, ssd: bool, describe=None) -> list[str]:
+def compile_gla_sweep(case: str, shape: str, ssd: bool, describe=None, per_key: bool = False) -> list[str]:
     """A scalar-decay GLA (or, ``ssd``, Mamba2 SSD with every prologue and epilogue part on, mamba's
-    seq_idx and a state cache in its [S, H, P, Nstate] layout) forward on the delta rule's prep and
-    sweep with the WY step off (launch/delta.py, ``wy=False``), in a shape of :data:`SWEEP_SHAPES`,
-    for an M = 1 case of :data:`CASES` (bf16)."""
+    seq_idx and a state cache in its [S, H, P, Nstate] layout; or, ``per_key``, a decay per key
+    through the per-key prep and the sweep's KEY_DECAY, in the shape as the planner adapts it)
+    forward on the delta rule's prep and sweep with the WY step off (launch/delta.py,
+    ``wy=False``), in a shape of :data:`SWEEP_SHAPES`, for an M = 1 case of :data:`CASES` (bf16)."""
+    from recurscan.plan.gla import per_key_shape_of
     from recurscan.launch.delta import build_delta_launches
     from recurscan.launch.gla import SsdPrologue
     _, cu = CASES[case]
@@ -179,6 +181,8 @@ def compile_gla_sweep(case: str, shape: str, ssd: bool, describe=None) -> list[s
     q, k, v = torch.zeros(B, T, H, K, **bf), torch.zeros(B, T, H, K, **bf), torch.zeros(B, T, HV, 64, **bf)
     N = B if cu is None else len(cu) - 1
     g, h0, slots, state, prologue = torch.zeros(B, T, HV), torch.zeros(N, HV, K, 64), None, None, None
+    if per_key:
+        g = torch.zeros(B, T, HV, K)
     if ssd:
         prologue = SsdPrologue(torch.zeros(B, T, HV), torch.zeros(HV), torch.zeros(HV), torch.zeros(HV, 64),
                                torch.zeros(B, T, HV, 64, **bf), True, (0.1, 5.0))
@@ -190,9 +194,11 @@ def compile_gla_sweep(case: str, shape: str, ssd: bool, describe=None) -> list[s
     group = HV // H
     sweep_shape = dataclasses.replace(sweep_shape, prep_heads=max(d for d in range(1, min(sweep_shape.prep_heads,
                                                                                           group) + 1) if group % d == 0))
+    if per_key:  # the planner's adaptation of a row (plan/gla.py)
+        sweep_shape = per_key_shape_of(sweep_shape)
     launches = build_delta_launches(q, k, v, g, None, sweep_shape, scale=K ** -0.5, initial_state=h0,
                                     output_final_state=True, cu_seqlens=cu_t, chunk_indices_dp=indices,
-                                    state=state, state_indices=slots, wy=False, ssd=prologue)
+                                    state=state, state_indices=slots, wy=False, ssd=prologue, key_decay=per_key)
     inputs = DeltaInputs(q, k, v, g, None, h0, state, slots, cu_t, indices, None,
                          *((None,) * 5 if prologue is None else prologue.tensors()))
     made = {n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.buffers.items()}
@@ -295,8 +301,9 @@ def compile_descriptors() -> list[str]:
 if __name__ == "__main__":
     if sys.argv[1] == "ssd-gate":
         print("\n".join(compile_ssd_gate()))
-    elif sys.argv[1] in ("gla-sweep", "ssd-sweep"):
-        print("\n".join(compile_gla_sweep(sys.argv[2], sys.argv[3], ssd=sys.argv[1] == "ssd-sweep")))
+    elif sys.argv[1] in ("gla-sweep", "ssd-sweep", "gla-per-key-sweep"):
+        print("\n".join(compile_gla_sweep(sys.argv[2], sys.argv[3], ssd=sys.argv[1] == "ssd-sweep",
+                                           per_key=sys.argv[1] == "gla-per-key-sweep")))
     elif sys.argv[1] == "descriptors":
         print("\n".join(compile_descriptors()))
     elif sys.argv[1] in ("gla-backward", "gla-per-key-backward", "gla-sweep-backward"):

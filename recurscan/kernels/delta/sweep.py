@@ -72,14 +72,14 @@ def _start_state(p_state, h0, seg_n, m_s0, m_vk, o_vk, o_s0, s0_n, s0_h, i_n, i_
 
 
 @triton.jit
-def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, u_out, ks_out, D, z, cs0, n_cs_rows, bos,
-                 bos_t, L, i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
+def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, u_out, ks_out, D, z, dl, cs0, n_cs_rows,
+                 bos, bos_t, L, i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
                  BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PASS: tl.constexpr,
                  V_PRODUCT: tl.constexpr, TMA_STORE: tl.constexpr, STORE_CHUNK_STATES: tl.constexpr,
                  DOT_PRECISION: tl.constexpr, DT: tl.constexpr, FULL: tl.constexpr, CAREFUL: tl.constexpr,
                  OUTPUTS: tl.constexpr, STORE_U: tl.constexpr, WY: tl.constexpr, HAS_D: tl.constexpr,
-                 D_PER_CHANNEL: tl.constexpr, HAS_Z: tl.constexpr):
+                 D_PER_CHANNEL: tl.constexpr, HAS_Z: tl.constexpr, KEY_DECAY: tl.constexpr):
     """One expanded chunk c of :func:`chunk_delta_sweep_kernel` (its docstring has the algebra):
     returns the state S^T leaving the chunk, having written the chunk's outputs (PASS != 1) and,
     when it starts a token chunk, the state entering it (STORE_CHUNK_STATES). FULL: all 64 rows
@@ -89,7 +89,7 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, u_out
     the state alone (the backward's recompute of the chunk states), no query or output touched.
     STORE_U: the chunk's U and lam o (K S) (rows of ``u_out`` and ``ks_out``, laid out as v), which
     the backward's parallel stage takes instead of recomputing them from the state. WY False and
-    the SSD epilogue (HAS_D, HAS_Z): see :func:`chunk_delta_sweep_kernel`."""
+    the SSD epilogue (HAS_D, HAS_Z), KEY_DECAY: see :func:`chunk_delta_sweep_kernel`."""
     r = c * BT + o_t.to(tl.int64)  # [BT] row inside the sequence (expanded stream)
     if FULL:  # every row lies in the sequence: the loads and stores below go unpredicated
         m_r = tl.full([BT], True, tl.int1)
@@ -208,7 +208,11 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, u_out
             tl.store(p_o, b_ot.to(o.dtype.element_ty), mask=m_q[None, :] & m_v[:, None])
 
     # Stage 3 (end): the state leaving the chunk, S^T <- lam_last S^T + (U^T o gam) K.
-    b_St = b_St * lam_last + tl.dot((b_Ut * gam_rk[None, :]).to(DT), b_k, input_precision=DOT_PRECISION)
+    if KEY_DECAY:  # k holds the keys decayed to the chunk end; the state decays per key
+        b_dl = tl.load(dl + (_chunk_slot(bos, c, i_n, BT) * HV + i_hv) * K + o_k, mask=m_k, other=0.0)
+        b_St = b_St * b_dl[None, :] + tl.dot(b_Ut.to(DT), b_k, input_precision=DOT_PRECISION)
+    else:
+        b_St = b_St * lam_last + tl.dot((b_Ut * gam_rk[None, :]).to(DT), b_k, input_precision=DOT_PRECISION)
     return b_St
 
 
@@ -220,7 +224,7 @@ def chunk_delta_sweep_kernel(
     q, k, v, wy, aqk, coef, o,
     h0, ht, state, state_indices, chunk_states, cu_seqlens, chunk_offsets, sequence_order,
     seg_n, seg_m, n_seg, seg_chunks, tc_first, tc_count, trigger_dependents, T,
-    s0_n, s0_h, s0_k, s0_v, n_slots, n_cs_rows, replay_flags, u_out, ks_out, checkpoints, n_ckpt, D, z,
+    s0_n, s0_h, s0_k, s0_v, n_slots, n_cs_rows, replay_flags, u_out, ks_out, checkpoints, n_ckpt, D, z, dl,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr,
@@ -229,7 +233,7 @@ def chunk_delta_sweep_kernel(
     V_PRODUCT: tl.constexpr = True, TMA_STORE: tl.constexpr = False, PDL: tl.constexpr = False,
     REPLAY: tl.constexpr = False, OUTPUTS: tl.constexpr = True, STORE_U: tl.constexpr = False,
     CKPT_CHUNKS: tl.constexpr = 0, WY: tl.constexpr = True, HAS_D: tl.constexpr = False,
-    D_PER_CHANNEL: tl.constexpr = False, HAS_Z: tl.constexpr = False,
+    D_PER_CHANNEL: tl.constexpr = False, HAS_Z: tl.constexpr = False, KEY_DECAY: tl.constexpr = False,
 ):
     """Grid (N * HV * ceil(V / BV),): program -> (sequence n, value head hv, value block iv),
     iv fastest so neighbouring programs share the q/k rows in L2.
@@ -323,6 +327,13 @@ def chunk_delta_sweep_kernel(
     S <- lam_last S + K^T ((gam rk) o V); no ``wy`` is read and K S is not formed. With HAS_D /
     HAS_Z (SSD, ``v`` holding x): the outputs become (O + D x) silu(z), D ``[HV]`` or
     ``[HV, V]`` (D_PER_CHANNEL), z laid out as v.
+
+    KEY_DECAY (with WY False; fla's chunk_gla, a decay per key dimension, whose prep is
+    kernels/gla/prep.py with FOR_SWEEP): ``q`` and ``k`` are the prep's decayed queries and keys
+    ``[B, T, HV, K]`` (H = HV; the queries carry the scale and the decay from the chunk start,
+    the keys the decay to the chunk end), the coefficients hold lam rq = 1 (NaN from a bad row
+    on), and ``dl [slots, HV, K]`` float32 the chunk's decay per key at its coef slot (NaN after
+    a bad row): per chunk O = (lam rq) o (Q S) + aqk V and S <- diag(dl) S + K^T V.
     """
     pid = tl.program_id(0).to(tl.int64)
     if REPLAY:  # the replay launch: only the programs the pass before flagged (see the end)
@@ -462,28 +473,35 @@ def chunk_delta_sweep_kernel(
         if STORE_CKPT:
             if c % (CKPT_CHUNKS * M) == 0:
                 tl.store(p_ckpt + (c // (CKPT_CHUNKS * M)) * HV * K * V, b_St, mask=m_vk)
-        b_St = _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, u_out, ks_out, D, z, cs0,
-                            n_cs_rows, bos, bos_t, L, i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
+        b_St = _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, u_out, ks_out, D, z, dl,
+                            cs0, n_cs_rows, bos, bos_t, L, i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
                             DOT_PRECISION, DT, True, REPLAY, OUTPUTS, STORE_U, WY, HAS_D, D_PER_CHANNEL,
-                            HAS_Z)
+                            HAS_Z, KEY_DECAY)
     c_tail = tl.maximum(c_lo, c_full)
     if c_tail < c_end:
         if STORE_CKPT:
             if c_tail % (CKPT_CHUNKS * M) == 0:
                 tl.store(p_ckpt + (c_tail // (CKPT_CHUNKS * M)) * HV * K * V, b_St, mask=m_vk)
-        b_St = _sweep_chunk(c_tail, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, u_out, ks_out, D, z, cs0,
-                            n_cs_rows, bos, bos_t, L, i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
+        b_St = _sweep_chunk(c_tail, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, u_out, ks_out, D, z, dl,
+                            cs0, n_cs_rows, bos, bos_t, L, i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
                             DOT_PRECISION, DT, False, REPLAY, OUTPUTS, STORE_U, WY, HAS_D, D_PER_CHANNEL,
-                            HAS_Z)
+                            HAS_Z, KEY_DECAY)
     if PASS == 1:
         if not WY:
             if role_m:  # M_i = (the product of the segment's chunk decays) I; NaN after a bad row
-                decay = tl.zeros([], dtype=tl.float32) + 1.0
-                for c in range(c_lo, c_hi):
-                    decay *= tl.load(coef + (_chunk_slot(bos, c, i_n, BT) * HV + i_hv) * BT * 4 + 3)
-                b_St = b_St * decay
+                if KEY_DECAY:  # a diagonal, one decay per key
+                    decay_k = tl.full([BK], 1.0, tl.float32)
+                    for c in range(c_lo, c_hi):
+                        decay_k *= tl.load(dl + (_chunk_slot(bos, c, i_n, BT) * HV + i_hv) * K + o_k, mask=m_k,
+                                           other=0.0)
+                    b_St = b_St * decay_k[None, :]
+                else:
+                    decay = tl.zeros([], dtype=tl.float32) + 1.0
+                    for c in range(c_lo, c_hi):
+                        decay *= tl.load(coef + (_chunk_slot(bos, c, i_n, BT) * HV + i_hv) * BT * 4 + 3)
+                    b_St = b_St * decay
     # Causality under non-finite input. A NaN or inf in U reaches every earlier row of its chunk
     # through the products over the chunk's rows (0 * inf), and it always leaves the state
     # non-finite (nothing in the state's path selects it out). So a program whose state comes out

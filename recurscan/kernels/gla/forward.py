@@ -93,7 +93,7 @@ def chunk_simple_gla_fwd_kernel(
     for c in range(0, (eos - bos + BT - 1) // BT):
         if STORE_CHUNK_STATES:
             tl.store(chunk_states + ((cs0 + c) * HV + i_hv) * K * V + o_vk, b_St.to(chunk_states.dtype.element_ty),
-                     mask=m_vk & (cs0 + c >= 0) & (cs0 + c < n_cs_rows))  # no chunk_offsets reaches past the rows
+                     mask=m_vk & live & (cs0 + c >= 0) & (cs0 + c < n_cs_rows))  # no chunk_offsets reaches past the rows
         rows = bos + c * BT + o_t.to(tl.int64)
         m_r = rows < eos
         m_rk = m_r[:, None] & m_k[None, :]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..delta.common import _chunk_head, _chunk_rows, _chunk_tiles
+from ..delta.common import RANK_BLOCK, _chunk_head, _chunk_rows, _chunk_slot, _chunk_tiles, _rank_sequences
 from .common import _ssd_steps
 
 #: Rows of the blocks A is formed in.
@@ -91,14 +91,14 @@ def _key_gates(b_g, o_t, BT: tl.constexpr, BK: tl.constexpr):
 @triton.jit(do_not_specialize=["T", "n_seq", "n_cs_rows"])
 def chunk_gla_prep_kernel(
     q, k, g, qg, kg, aqk, dl, cu_seqlens, chunk_indices, chunk_offsets, dt, A, dt_bias, T, n_seq, scale, n_cs_rows,
-    dt_min, dt_max,
+    dt_min, dt_max, coef, sequence_order,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     IS_VARLEN: tl.constexpr, DT: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_G: tl.constexpr = True,
     SCALAR: tl.constexpr = False, SSD: tl.constexpr = False, HAS_DT_BIAS: tl.constexpr = False,
-    DT_SOFTPLUS: tl.constexpr = False, DT_LIMIT: tl.constexpr = False,
+    DT_SOFTPLUS: tl.constexpr = False, DT_LIMIT: tl.constexpr = False, FOR_SWEEP: tl.constexpr = False,
 ):
     """Grid (chunks x HV,): one program per (chunk, value head). Writes ``qg``, ``kg`` ``[B, T, HV,
-X, ``dl [n_cs_rows, HV, K]``
+    K]`` (as formulas above), ``aqk [B, T, HV, BT]`` (A, row i: query i) and ``dl [n_cs_rows, HV, K]``
     (float32, at the chunk-state row: ``chunk_offsets[n] + c``, dense ``n * ceil(T / BT) + c``).
 
     Non-finite input, as the token loop has it: a row whose k or decay (one key's) is NaN or +inf
@@ -107,11 +107,27 @@ X, ``dl [n_cs_rows, HV, K]``
     product and its ``qg`` row is NaN (its own output alone is poisoned).
 
     SCALAR / SSD (the split launch of a scalar decay, plan/gla.py): the decays are one a head and
-    token, as :func:`_log2_decays` reads them, the same for every key."""
+    token, as :func:`_log2_decays` reads them, the same for every key.
+
+    FOR_SWEEP (the delta sweep's KEY_DECAY form, kernels/delta/sweep.py): the chunk's slot is
+    the delta prep's (:func:`_chunk_slot`, ``dl [slots, HV, K]``), a bad row is marked as the delta
+    prep marks it: its ``kg`` row is zero, ``coef[slot, hv, i, 1]`` (the sweep's lam rq) is 1
+    before the first bad row and NaN from it on, and ``dl`` is NaN after one; ``aqk`` in its
+    buffer's dtype; and varlen programs (c, 0) with c < ceil(n_seq / RANK_BLOCK) write the
+    sweep's order of sequences (``sequence_order``, longest first) as the delta prep does."""
     i_c, i_hv, i_h = _chunk_head(H, HV)
+    if FOR_SWEEP and IS_VARLEN:
+        if (i_hv == 0) & (i_c * RANK_BLOCK < n_seq):
+            _rank_sequences(cu_seqlens, sequence_order, n_seq, i_c, RANK_BLOCK, 16)
     valid, bos, eos, r0, cs = _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT, IS_VARLEN, 1)
     if not valid:
         return
+    if FOR_SWEEP:  # the delta sweep's slot of this chunk
+        if IS_VARLEN:
+            i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
+        else:
+            i_n = i_c // tl.cdiv(T, BT)
+        cs = _chunk_slot(r0, 0, i_n, BT)
     o_t, o_k, m_k, rows, m_r, m_rk = _chunk_tiles(r0, eos, BT, BK, K)
     p_qk = (rows * H + i_h)[:, None] * K + o_k[None, :]
     p_vk = (rows * HV + i_hv)[:, None] * K + o_k[None, :]
@@ -136,9 +152,17 @@ X, ``dl [n_cs_rows, HV, K]``
     to_end = seg == seg_last[None, :]
     b_kg = b_k * tl.where(to_end, tl.exp2(tl.where(to_end, bs + after, 0.0)), 0.0)
     tl.store(qg + p_vk, tl.where(bad_q[:, None], float("nan"), b_qg).to(qg.dtype.element_ty), mask=m_rk)
-    tl.store(kg + p_vk, tl.where(bad_k[:, None], float("nan"), b_kg).to(kg.dtype.element_ty), mask=m_rk)
     cs_ok = (cs >= 0) & (cs < n_cs_rows)
-    tl.store(dl + (cs * HV + i_hv) * K + o_k, tl.where(seg_last == 0, tl.exp2(gl_last), 0.0), mask=m_k & cs_ok)
+    b_dl = tl.where(seg_last == 0, tl.exp2(gl_last), 0.0)
+    if FOR_SWEEP:  # bad rows as the delta prep marks them (b_kg is 0 on them)
+        first_bad = tl.min(tl.where(bad_k, o_t, BT), axis=0)
+        tl.store(kg + p_vk, b_kg.to(kg.dtype.element_ty), mask=m_rk)
+        tl.store(coef + ((cs * HV + i_hv) * BT + o_t) * 4 + 1, tl.where(o_t < first_bad, 1.0, float("nan")),
+                 mask=m_r)
+        b_dl = tl.where(first_bad < BT, float("nan"), b_dl)
+    else:
+        tl.store(kg + p_vk, tl.where(bad_k[:, None], float("nan"), b_kg).to(kg.dtype.element_ty), mask=m_rk)
+    tl.store(dl + (cs * HV + i_hv) * K + o_k, b_dl, mask=m_k & cs_ok)
     # 3. A between blocks: for the queries of block b, the keys of the blocks before it, split at
     #    the end of block b - 1 (both factors <= 1): the query's decay since its block began, the
     #    key's until block b begins.
