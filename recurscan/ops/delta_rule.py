@@ -63,6 +63,16 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
                           output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                           cu_seqlens=None, state=state, state_indices=state_indices,
                           return_chunk_states=return_chunk_states, chunk_size=chunk_size, backend=backend)
+    if _streams(q, k, v, g, beta, initial_state, num_householder, cu_seqlens, return_chunk_states, chunk_size,
+                backend):
+        # Few tokens a sequence: the planner's cost model predicts the streaming kernel faster
+        # (plan/cost.py, prefill_algorithm): the same recurrence token by token.
+        from .decode import fused_recurrent_gated_delta_rule_update
+        o, final = fused_recurrent_gated_delta_rule_update(
+            q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, state=state,
+            state_indices=state_indices)
+        return o, (final if output_final_state or state is not None else None)
     if isinstance(cu_seqlens, torch.Tensor) and isinstance(q, torch.Tensor) and q.dim() == 4 and chunk_size is None \
             and None in (chunk_indices, chunk_indices_dp, chunk_offsets):
         # Varlen without descriptors: derived padded to q's T, and the call goes on as one given
@@ -166,6 +176,29 @@ def _check_device_values(problem, cu_seqlens, state, state_indices):
 
 def _op_name(num_householder: int) -> str:
     return "chunk_gated_delta_rule" if num_householder == 1 else "chunk_gated_delta_product_varlen"
+
+
+def _streams(q, k, v, g, beta, initial_state, num_householder, cu_seqlens, return_chunk_states, chunk_size,
+             backend) -> bool:
+    """Whether a chunked GDN call runs on the streaming kernel instead: a CUDA call the planner left
+    to choose (no backend, chunk size or chunk states asked for, no gradient, M = 1, 4-D tensors)
+    whose mean tokens a sequence the cost model gives to streaming (plan/cost.py,
+    :func:`prefill_algorithm`; the shapes alone, so no host read)."""
+    if backend is not None or chunk_size is not None or return_chunk_states or num_householder != 1:
+        return False
+    if not (isinstance(q, torch.Tensor) and q.is_cuda and q.dim() == 4 and isinstance(v, torch.Tensor)
+            and v.dim() == 4) or _needs_grad(q, k, v, g, beta, initial_state):
+        return False
+    if cu_seqlens is not None and not (isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.dim() == 1):
+        return False  # the chunked path's validation says what is wrong
+    from ..plan.cost import prefill_algorithm
+    from ..plan.device import device_name
+    sequences = q.shape[0] if cu_seqlens is None else max(cu_seqlens.numel() - 1, 1)
+    tokens = q.shape[0] * q.shape[1]
+    if tokens < sequences:
+        return False
+    return prefill_algorithm(tokens, sequences, q.shape[2], v.shape[2], q.shape[3], v.shape[3],
+                             device_name(q.device)) == "recurrent"
 
 
 def _needs_grad(*tensors) -> bool:
@@ -274,6 +307,11 @@ def chunk_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, initial_state
             ``chunk_offsets[N]`` are zero (no data-dependent size).
         backend: None (the planner decides: CPU tensors -> "torch", CUDA -> "triton"), "torch",
             or "triton" (on CPU tensors: under ``TRITON_INTERPRET=1``, set before triton's import).
+            With None, an inference call on the GPU (no gradient, no chunk states) whose sequences
+            are a few tokens long runs the streaming kernel where the cost model predicts it faster
+            (``recurscan.plan.cost.prefill_algorithm``: on the H200 HV32 K = V = 128, up to 4
+            tokens a sequence in batches of 64 or more, 16 for one sequence); its rounding differs
+            from the chunked kernels' within the same tolerance.
 
     Returns:
         ``(o [B, T, HV, V] in q's dtype, final_state or None)``, plus chunk states when asked.

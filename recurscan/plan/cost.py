@@ -1,42 +1,51 @@
-"""The planner's cost model (the chunked algorithm's ``chunk_cost`` / ``step_time``, recurscan/algebra.py) with
-a device's measured ceilings: predicted times of the two schedules of a delta-rule prefill, the
+"""The planner's cost model (the chunked algorithm's ``chunk_cost``, recurscan/algebra.py) with a
+device's measured ceilings: predicted times of the two schedules of a delta-rule prefill, the
 chunked kernels and the streaming kernel, so that a choice between them and a prediction can be
 printed beside what was measured (``recurscan plan``, recurscan/cli.py).
 
-Chunked: ``step_time`` over the (sequence, value head) pairs at 64-token chunks, its latency the
-chain of one program's chunks at the measured time of a chunk step, against the time the HBM
-needs for the inputs and outputs once (the larger of the two; the sweep's programs walk their
-chains at once). Streaming: one token step at a time at the measured latency, against the same
-bytes. Neither counts launches (a few microseconds) or a second wave of programs.
+Each schedule costs a fixed part (its launches) plus the largest of three bounds, which overlap:
+
+- compute: the work over the whole machine at the kernels' sustained rate. Chunked: ``chunk_cost``'s
+  FLOPs of every (sequence, value head) pair, its chunks counted whole (the kernels compute
+  64-row tiles however few rows are live), at the FLOP rate the chunked kernels sustain when
+  every SM is busy. Streaming: the ``4 K V`` state operations of every token and value head at
+  the rate the streaming kernel sustains.
+- chain: one sequence's steps one after another (its chunks at the chunk step, its tokens at the
+  token step), which no number of SMs shortens.
+- memory: q, k, v, o, the gates and the final states once through HBM.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
-from ..algebra import step_time
+from ..algebra import chunk_cost
 
 CHUNK = 64
 
 
 @dataclass(frozen=True)
 class DeviceCeilings:
-    """What a device was measured to sustain (the design notes' figures; docs/perf-history.md)."""
+    """What a device was measured to sustain (docs/perf-history.md has the runs)."""
 
     name: str
     bytes_per_s: float  # HBM: a device-to-device copy, bytes read + written
-    matmul_flops: float  # bf16 matrix products
-    scalar_ops: float  # float32 elementwise operations
+    chunked_flops: float  # chunk_cost FLOPs per second of the chunked kernels, every SM busy
+    streaming_ops: float  # state operations (4 K V a token and value head) per second of the streaming kernel
     chunk_step_s: float  # one 64-token chunk of the chunked sweep's chain (one program)
     token_step_s: float  # one token of the streaming kernel's chain (one program)
+    chunked_fixed_s: float  # the chunked launches' fixed cost (CUDA-graph replay)
+    streaming_fixed_s: float  # the streaming launch's fixed cost (CUDA-graph replay)
     source: str
 
 
 CEILINGS = {
     "H200": DeviceCeilings(
-        "H200", 4.27e12, 782e12, 60e12, 1.6e-6, 0.6e-6,
-        "copy 4.27 TB/s and bf16 matmul 8192^3 782 TFLOP/s (DESIGN.md); float32 elementwise taken as 60 T op/s "
-        "(not measured); the delta sweep 1.6 us a chunk at BV 64 (perf-history, the Gluon prototype's Triton "
-        "baseline); streaming prefill 0.58-0.60 us a token at B1 HV32 (perf-history, 3156e2d)"),
+        "H200", 4.27e12, 124e12, 9.35e12, 1.90e-6, 0.547e-6, 10.8e-6, 2.5e-6,
+        "copy 4.27 TB/s (DESIGN.md); from issue 22's table at cdc4e1d (GDN H16 HV32 K = V = 128 bf16, graph "
+        "replay, results/gpu_plan_table_cdc4e1d.json), three of its 39 rows: N64 T16384 (chunked 27.07 ms: "
+        "124 TFLOP/s of chunk_cost; streaming 235.8 ms: 9.35 T state op/s), N1 T65536 (chunked 1.95 ms: 1.90 us "
+        "a chunk; streaming 35.8 ms: 0.547 us a token), N1 T1 (chunked 12.7 us, streaming 3.0 us: the fixed parts)"),
 }
 
 
@@ -73,45 +82,64 @@ def _bytes(tokens: int, heads: int, value_heads: int, key_dim: int, value_dim: i
     return qk + vo + gates + sequences * value_heads * key_dim * value_dim * 4
 
 
+def _predict(fixed: float, compute: float, memory: float, chain: float) -> Prediction:
+    slowest = max(compute, memory, chain)
+    bound = "memory" if slowest == memory else ("chain" if slowest == chain else "compute")
+    return Prediction(fixed + slowest, compute, memory, chain, bound)
+
+
 def predict_chunked(tokens: int, sequences: int, heads: int, value_heads: int, key_dim: int, value_dim: int,
                     ceilings: DeviceCeilings, householder: int = 1) -> Prediction:
     """The chunked kernels on ``tokens`` tokens in ``sequences`` equal sequences (``householder``:
     GDP's M, 1 for GDN).
 
-    Example (GDN B1 T16384 H16 HV32 K = V = 128 on the H200's ceilings; measured 0.517 ms, graph
-    replay at b47c7e4, and 0.536 eager at cbdac89):
+    Example (GDN B1 T16384 H16 HV32 K = V = 128 on the H200's ceilings; measured 0.527 ms, graph
+    replay at cdc4e1d):
         >>> from recurscan.plan.cost import CEILINGS, predict_chunked
         >>> p = predict_chunked(16384, 1, 16, 32, 128, 128, CEILINGS["H200"])
         >>> round(p.seconds * 1e3, 3), p.bound
-        (0.476, 'chain')
+        (0.497, 'chain')
     """
     T = -(-tokens // max(sequences, 1)) * householder
-    pairs = sequences * value_heads
-    full = step_time(T, CHUNK, key_dim, value_dim, pairs, ceilings.matmul_flops, ceilings.scalar_ops,
-                     ceilings.chunk_step_s)
-    chain = -(-T // CHUNK) * ceilings.chunk_step_s
-    compute = full - chain
+    chunks = -(-T // CHUNK)
+    flops = chunk_cost(chunks * CHUNK, CHUNK, key_dim, value_dim).flops * sequences * value_heads
     memory = _bytes(tokens, heads, value_heads, key_dim, value_dim, sequences, householder) / ceilings.bytes_per_s
-    seconds = max(compute + chain, memory)
-    bound = "memory" if memory >= compute + chain else ("chain" if chain >= compute else "compute")
-    return Prediction(seconds, compute, memory, chain, bound)
+    return _predict(ceilings.chunked_fixed_s, flops / ceilings.chunked_flops, memory, chunks * ceilings.chunk_step_s)
 
 
 def predict_streaming(tokens: int, sequences: int, heads: int, value_heads: int, key_dim: int, value_dim: int,
                       ceilings: DeviceCeilings, householder: int = 1) -> Prediction:
-    """The streaming kernel on the same tokens: each program walks its sequence's tokens.
+    """The streaming kernel on the same tokens: each program walks its sequence's tokens, the
+    state on chip (read and written once, in the bytes).
 
-    Example (as :func:`predict_chunked`'s; measured 9.50 ms at 3156e2d, docs/perf-history.md):
+    Example (as :func:`predict_chunked`'s; measured 8.80 ms at cdc4e1d):
         >>> from recurscan.plan.cost import CEILINGS, predict_streaming
         >>> round(predict_streaming(16384, 1, 16, 32, 128, 128, CEILINGS["H200"]).seconds * 1e3, 2)
-        9.83
+        8.96
     """
     T = -(-tokens // max(sequences, 1)) * householder
-    chain = T * ceilings.token_step_s
+    ops = tokens * householder * value_heads * key_dim * value_dim * 4
     memory = _bytes(tokens, heads, value_heads, key_dim, value_dim, sequences, householder) / ceilings.bytes_per_s
-    # the state read and written once per sequence is in the bytes; every token's [K, V] update
-    # stays on chip
-    compute = tokens * householder * value_heads * key_dim * value_dim * 4 / ceilings.scalar_ops
-    seconds = max(chain, memory, compute)
-    bound = "memory" if seconds == memory else ("chain" if seconds == chain else "compute")
-    return Prediction(seconds, compute, memory, chain, bound)
+    return _predict(ceilings.streaming_fixed_s, ops / ceilings.streaming_ops, memory, T * ceilings.token_step_s)
+
+
+@lru_cache(maxsize=4096)
+def prefill_algorithm(tokens: int, sequences: int, heads: int, value_heads: int, key_dim: int, value_dim: int,
+                      device_name: str) -> str:
+    """The schedule a delta-rule prefill of ``tokens`` tokens in ``sequences`` sequences should take
+    on the named device: "recurrent" (the streaming kernel) where the model predicts it faster,
+    else "chunked"; always "chunked" on a device without measured ceilings (ties too).
+
+    Example (64 requests of 4 tokens on the H200: measured 0.106 ms streaming, 0.185 chunked; of 16
+    tokens: 0.264 and 0.190):
+        >>> from recurscan.plan.cost import prefill_algorithm
+        >>> prefill_algorithm(256, 64, 16, 32, 128, 128, "NVIDIA H200")
+        'recurrent'
+        >>> prefill_algorithm(1024, 64, 16, 32, 128, 128, "NVIDIA H200"), prefill_algorithm(256, 64, 16, 32, 128, 128, "cpu")
+        ('chunked', 'chunked')
+    """
+    ceilings = ceilings_for(device_name)
+    if ceilings is None:
+        return "chunked"
+    sizes = (tokens, sequences, heads, value_heads, key_dim, value_dim, ceilings)
+    return "recurrent" if predict_streaming(*sizes).seconds < predict_chunked(*sizes).seconds else "chunked"

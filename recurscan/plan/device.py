@@ -23,6 +23,12 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+@lru_cache(maxsize=None)
+def device_name(device: torch.device) -> str:
+    """The device's name as CUDA reports it ("cpu" for any other device), read once per device."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
 def interpreter_off_reason() -> str | None:
     """Why Triton's interpreter cannot run kernels on CPU tensors in this process, or None if it can.
 

@@ -555,3 +555,39 @@ def test_varlen_without_descriptors_reuses_the_launches_of_its_signature():
             **recurscan.build_chunk_descriptors(cu, M, max_tokens=T, device="cuda").as_kwargs())
         for a, b in zip(got, want):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("layout", ["dense", "varlen cache"])
+def test_few_tokens_a_sequence_take_the_streaming_kernel(layout):
+    """chunk_gated_delta_rule with 64 sequences of 2 tokens (H16 HV32 K = V = 128 bf16): the cost
+    model gives the call to the streaming kernel (recorded as a recurrent schedule), whose output and
+    states match the float64 oracle as the chunked kernels' do; 64 of 64 tokens stay chunked."""
+    N, T = 64, 2
+    q, k, v, g, beta = inputs(N * T, 16, 32, 128, 128, seed=9)
+    kw = dict(use_qk_l2norm_in_kernel=True, output_final_state=True)
+    S0 = torch.randn(N, 32, 128, 128, device=DEV)
+    if layout == "dense":
+        q, k, v, g, beta = (x.reshape(N, T, *x.shape[2:]) for x in (q, k, v, g, beta))
+        call = lambda: recurscan.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=S0, **kw)  # noqa: E731
+        flat = [x.reshape(1, N * T, *x.shape[2:]) for x in (q, k, v, g, beta)]
+    else:
+        cu = torch.arange(N + 1, device=DEV, dtype=torch.int32) * T
+        cache = torch.randn(N + 3, 32, 128, 128, device=DEV)
+        slots = torch.randperm(N + 3, device=DEV)[:N].to(torch.int32)
+        before = cache.clone()
+        call = lambda: recurscan.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, state=cache,  # noqa: E731
+                                                        state_indices=slots, use_qk_l2norm_in_kernel=True)
+        S0 = before[slots.long()]
+        flat = [q, k, v, g, beta]
+    with torch.inference_mode(), recurscan.record_schedules() as log:
+        o, S = call()
+    assert [s.algorithm for _, _, s in log] == ["recurrent"], [s.describe() for _, _, s in log]
+    wo, wS = gated_delta_rule_chunked(*(x.double() for x in flat), initial_state=S0.double(),
+                                      use_qk_l2norm_in_kernel=True,
+                                      cu_seqlens=torch.arange(N + 1, device=DEV) * T)
+    check(o.reshape(wo.shape), wo, "o")
+    check(S[slots.long()] if layout != "dense" else S, wS, "final states")
+    q64, k64, v64, g64, b64 = inputs(N * 64, 16, 32, 128, 128, seed=10)
+    with torch.inference_mode(), recurscan.record_schedules() as log:
+        recurscan.chunk_gated_delta_rule(*(x.reshape(N, 64, *x.shape[2:]) for x in (q64, k64, v64, g64, b64)), **kw)
+    assert [s.algorithm for _, _, s in log] == ["chunked"]
