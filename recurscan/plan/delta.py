@@ -84,9 +84,11 @@ DELTA_LAUNCH: list[tuple[Callable[[DeltaSizes], bool], DeltaShape]] = [
     (lambda s: not s.varlen and s.tokens >= 16384 and 3 * s.programs_64 >= s.sms,
      DeltaShape(64, 4, 3, 4, "half the SMs or more in 64-column programs over a long dense sequence: one pass, "
                          "three stages, V as a product operand, output tiles by bulk tensor stores", tma_store=True)),
-    (lambda s: not s.varlen and s.tokens >= 16384,
-     DeltaShape(64, 4, 3, 4, "few pairs over a long dense sequence: 3 segments at BV 64, three stages, V as a product "
-                         "operand, output tiles by bulk tensor stores", segments=3, tma_store=True)),
+    (lambda s: not s.varlen and s.tokens >= 8192 and (s.tokens >= 16384 or 4 * s.programs_64 <= s.sms),
+     DeltaShape(64, 4, 3, 4, "few pairs over a long dense sequence: 4 segments at BV 64, three stages, V as a product "
+                         "operand, output tiles by bulk tensor stores (H200, graph replay: 2 x 16384 HV8 0.346 ms "
+                         "against 0.365 in 3 segments, 2 x 32768 0.669 against 0.695, 4 x 8192 HV4 0.188 against "
+                         "0.318 in one pass; gpu_dense_segments_cdc4e1d.json)", segments=4, tma_store=True)),
     (lambda s: s.varlen and s.mean_tokens >= 8192 and 4 * s.programs_64 <= s.sms,
      DeltaShape(64, 4, 3, 4, "few pairs over long varlen sequences: each sequence in 4 segments of its own length "
                          "at BV 64, bulk stores (H200: 2 x 16384 tokens HV8 0.347 ms against 0.622 in one pass, "
