@@ -136,8 +136,8 @@ def ssd_rows():
 
 def per_key_rows():
     """chunk_gla (a decay per key dimension) at fla's shape: the forward through recurscan's
-    per-key prep and the delta sweep (planned), the per-key prep and the fused GLA kernel, and
-    fla's; forward + backward (q, k, v, g) through the planned form (fla's backward refuses on
+    per-key prep and the delta sweep (planned: A's diagonal blocks by a kernel of their own; and
+    with them in the prep), the per-key prep and the fused GLA kernel, and fla's; forward + backward (q, k, v, g) through the planned form (fla's backward refuses on
     Triton 3.6 without TileLang). Each against the float32 PyTorch form."""
     from recurscan.plan import gla as plan_gla
     name = "gla_per_key_b4_t4096_h16"
@@ -146,14 +146,18 @@ def per_key_rows():
     gen = torch.Generator(device="cuda").manual_seed(5)
     gk = torch.nn.functional.logsigmoid(torch.randn(s["B"], s["T"], s["HV"], s["K"], device="cuda", generator=gen)) / 16
     want = recurscan.chunk_gla(*(x.float() for x in (q, k, v)), gk, backend="torch")[0]
-    def fused():
-        plan_gla.PER_KEY_ON_SWEEP = False
-        try:
-            return recurscan.chunk_gla(q, k, v, gk)[0]
-        finally:
-            plan_gla.PER_KEY_ON_SWEEP = True
+    def with_plan(name, value):
+        def call():
+            setattr(plan_gla, name, value)
+            try:
+                return recurscan.chunk_gla(q, k, v, gk)[0]
+            finally:
+                setattr(plan_gla, name, not value)
+        return call
 
-    impls = {"recurscan triton": lambda: recurscan.chunk_gla(q, k, v, gk)[0], "recurscan triton, fused": fused}
+    impls = {"recurscan triton": lambda: recurscan.chunk_gla(q, k, v, gk)[0],
+             "recurscan triton, diagonal blocks in the prep": with_plan("PER_KEY_INTRA_APART", False),
+             "recurscan triton, fused": with_plan("PER_KEY_ON_SWEEP", False)}
     rows = []
     try:
         from fla.ops.gla import chunk_gla as fla_chunk_gla

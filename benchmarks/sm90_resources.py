@@ -171,8 +171,9 @@ def gla(form: str, lines: int = 0) -> str:
     case = "GDN dense, H = HV"
     if form in ("gla-backward", "gla-sweep-backward"):
         return "\n".join(sm90.compile_gla_backward(case, describe=describe, on_sweep=form == "gla-sweep-backward"))
-    if form in ("gla-sweep", "ssd-sweep"):  # on the delta sweep, WY off, the planner's one-pass shape
-        return "\n".join(sm90.compile_gla_sweep(case, "one pass", ssd=form == "ssd-sweep", describe=describe))
+    if form in ("gla-sweep", "ssd-sweep", "gla-per-key-sweep"):  # on the delta sweep, WY off, one pass
+        return "\n".join(sm90.compile_gla_sweep(case, "one pass", ssd=form == "ssd-sweep", describe=describe,
+                                                 per_key=form == "gla-per-key-sweep"))
     return "\n".join(sm90.compile_gla(case, ssd=form.startswith("ssd"), split=form.endswith("split"),
                                        per_key=form == "gla-per-key", describe=describe))
 
@@ -188,7 +189,7 @@ def main(argv=None):
     ap.add_argument("--backward", nargs="?", const="32:8:8", help="the backward's kernels "
                                                                     "(BV:sweep warps:parallel-stage warps)")
     ap.add_argument("--gla", action="append", help="the GLA engine's kernels in this form (gla, ssd, gla-split, "
-                                                   "ssd-split, gla-per-key, gla-backward, gla-sweep, ssd-sweep, "
+                                                   "ssd-split, gla-per-key, gla-backward, gla-sweep, ssd-sweep, gla-per-key-sweep, "
                                                    "gla-sweep-backward; "
                                                    "repeatable)")
     args = ap.parse_args(argv)

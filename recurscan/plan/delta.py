@@ -39,6 +39,9 @@ class DeltaShape:
     # Gated linear attention (the prep's WY off): value heads per prep program, sharing their
     # q/k tiles and Q K^T (a divisor of HV / H); the delta rule's prep takes one.
     prep_heads: int = 1
+    # A decay per key (chunk_gla on this sweep): A's 16 x 16 diagonal blocks in a launch of their
+    # own (kernels/gla/prep.py's chunk_gla_intra_kernel, small programs) rather than in the prep.
+    key_intra_apart: bool = False
 
 
 @dataclass(frozen=True)

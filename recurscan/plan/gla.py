@@ -65,9 +65,17 @@ def per_key_sweep_shape(problem, device) -> DeltaShape:
 
 def per_key_shape_of(shape: DeltaShape) -> DeltaShape:
     """``shape`` without phases (the per-key prep has no phase range) and with the per-key prep's
-    launch: one value head a program, 8 warps and no register cap (offline for sm_90 it takes 255
-    registers and spills 8 B on 8 warps: results/sm90_gla_resources.txt)."""
-    return replace(shape, phases=1, prep_heads=1, prep_warps=8, prep_maxnreg=None)
+    launch: one value head a program, 8 warps and no register cap, A's diagonal blocks in a launch
+    of their own (:data:`PER_KEY_INTRA_APART`)."""
+    return replace(shape, phases=1, prep_heads=1, prep_warps=8, prep_maxnreg=None,
+                   key_intra_apart=PER_KEY_INTRA_APART)
+
+
+#: A's diagonal blocks of a decay per key in small programs of their own (kernels/gla/prep.py,
+#: chunk_gla_intra_kernel) rather than in the prep: on the H200 at a14721d the prep with them
+#: took 1858 of chunk_gla's 1950 us (B4 T4096 H16 K = V = 128; the sweep 87 us;
+#: gpu_gla_per_key_a14721d.json), one 8-warp program of 255 registers an SM.
+PER_KEY_INTRA_APART = True
 
 
 #: Launch shapes of a scalar decay (and SSD) on the delta sweep (WY off), read top to bottom as

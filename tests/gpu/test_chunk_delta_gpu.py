@@ -413,12 +413,12 @@ def test_phases_equal_single_pass_direct_and_graph(T):
                 assert torch.equal(a, b), f"graph replay: {what} differs from the single pass"
 
 
-@pytest.mark.parametrize("op", ["gdn with chunk states", "gla"])
+@pytest.mark.parametrize("op", ["gdn with chunk states", "gla with chunk states"])
 def test_varlen_without_descriptors_under_graph_capture_is_refused_by_name(op):
-    """A varlen call without chunk_indices / chunk_offsets that reads cu_seqlens on the host (GDN
-    with chunk states, GLA) inside a CUDA graph capture: a ValueError that names
-    build_chunk_descriptors (before: torch's "Cannot copy between CPU and CUDA tensors during CUDA
-    graph capture"); outside the capture the same call runs."""
+    """A varlen call without chunk_indices / chunk_offsets that reads cu_seqlens on the host (with
+    chunk states, whose row count only the host read gives) inside a CUDA graph capture: a
+    ValueError that names build_chunk_descriptors (before: torch's "Cannot copy between CPU and
+    CUDA tensors during CUDA graph capture"); outside the capture the same call runs."""
     gen = torch.Generator(device="cuda").manual_seed(12)
     rn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
     T = 256
@@ -430,7 +430,8 @@ def test_varlen_without_descriptors_under_graph_capture_is_refused_by_name(op):
             q, k, v, g, beta, cu_seqlens=cu, use_qk_l2norm_in_kernel=True, return_chunk_states=True)
     else:
         g = torch.nn.functional.logsigmoid(rn(1, T, 2, 128)) / 16
-        call = lambda: recurscan.chunk_gla(q, k, v, g, cu_seqlens=cu, backend="triton")  # noqa: E731
+        call = lambda: recurscan.chunk_gla(q, k, v, g, cu_seqlens=cu, return_chunk_states=True,  # noqa: E731
+                                           backend="triton")
     call()
     torch.cuda.synchronize()
     with pytest.raises(ValueError, match="build_chunk_descriptors"):
@@ -462,12 +463,14 @@ def test_the_descriptor_kernel_equals_the_host_built_descriptors(M):
                 assert torch.equal(a, b.cpu()), (name, N)
 
 
-@pytest.mark.parametrize("M", [1, 2], ids=["gdn", "gdp"])
+@pytest.mark.parametrize("M", [1, 2, "gla per key"], ids=["gdn", "gdp", "gla per key"])
 def test_varlen_without_descriptors_is_sync_free_and_captured(M):
     """A varlen call without descriptors (no chunk states) forms them on the GPU: no host
     synchronisation (torch's sync debug mode set to error), a CUDA graph captures the call, and its
     replay, after new boundaries are copied into cu_seqlens, equals the call given those boundaries'
     descriptors, bit for bit."""
+    per_key = M == "gla per key"
+    M = 1 if per_key else M
     gen = torch.Generator(device="cuda").manual_seed(14)
     rn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
     T, H = 1000, 4
@@ -475,7 +478,12 @@ def test_varlen_without_descriptors_is_sync_free_and_captured(M):
     g, beta = torch.nn.functional.logsigmoid(rn(1, T, H)), torch.rand(1, T * M, H, device="cuda").bfloat16()
     cu = torch.tensor([0, 1, 400, 1000], device="cuda", dtype=torch.int32)
 
+    if per_key:
+        gk = torch.nn.functional.logsigmoid(rn(1, T, H, 128)) / 16
+
     def call(**kw):
+        if per_key:
+            return recurscan.chunk_gla(q, k, v, gk, cu_seqlens=cu, output_final_state=True, **kw)
         if M == 1:
             return recurscan.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, use_qk_l2norm_in_kernel=True,
                                                     output_final_state=True, **kw)

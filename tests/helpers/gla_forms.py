@@ -28,18 +28,21 @@ def use_form(form, monkeypatch):
         assert form == "sweep", form
 
 
-PER_KEY_FORMS = ("sweep", "fused", "sweep segments")
+PER_KEY_FORMS = ("sweep", "fused", "sweep segments", "sweep, diagonal blocks in the prep")
 
 
 def use_per_key_form(form, monkeypatch):
     """Set the planner so that a decay per key runs in ``form``: "sweep" (the planner's: the
-    per-key prep and the delta sweep with KEY_DECAY), "sweep segments" (the same in 3 segments) or
-    "fused" (the per-key prep and the fused kernel with PER_KEY)."""
+    per-key prep and the delta sweep with KEY_DECAY, A's diagonal blocks by their own kernel),
+    "sweep segments" (the same in 3 segments), "sweep, diagonal blocks in the prep" or "fused"
+    (the per-key prep and the fused kernel with PER_KEY)."""
     if form == "fused":
         monkeypatch.setattr(plan_gla, "PER_KEY_ON_SWEEP", False)
     elif form == "sweep segments":
         shape = DeltaShape(32, 4, 2, 8, "tests: the per-key sweep in 3 segments", segments=3, v_product=False,
                            prep_maxnreg=None)
         monkeypatch.setattr(plan_gla, "per_key_sweep_shape", lambda problem, device: shape)
+    elif form == "sweep, diagonal blocks in the prep":
+        monkeypatch.setattr(plan_gla, "PER_KEY_INTRA_APART", False)
     else:
         assert form == "sweep", form

@@ -55,37 +55,49 @@ def _log2_decays(g, dt, A, dt_bias, r, m_r, i_hv, o_k, m_k, dt_min, dt_max, HV: 
 
 
 @triton.jit
+def _over_blocks(per_block, counted, NB: tl.constexpr):
+    """``[NB, BK]``: for each block m, the sum of ``per_block [NB, BK]`` over the blocks m' with
+    ``counted[m, m']`` (``[NB, NB]``): a sum over the blocks a span covers, four terms at most."""
+    return tl.sum(tl.where(counted[:, :, None], per_block[None, :, :], 0.0), axis=1)
+
+
+@triton.jit
+def _rows_of(per_block, BT: tl.constexpr, BK: tl.constexpr):
+    """``[BT, BK]``: each row's block's entry of ``per_block [BT // SUB, BK]``."""
+    NB: tl.constexpr = BT // SUB
+    return tl.reshape(tl.broadcast_to(per_block[:, None, :], (NB, SUB, BK)), (BT, BK))
+
+
+@triton.jit
 def _key_gates(b_g, o_t, BT: tl.constexpr, BK: tl.constexpr):
     """A chunk's gates per key from its log2 decays ``b_g [BT, BK]``: a bad decay (NaN, +inf)
     counts as 1 (``bad_g [BT]`` marks its row), a reset (decay exactly 0) starts a segment
-    (``seg``, the resets at rows <= i; ``seg_last`` the last row's). Exponents, each a sum of the
+    (``seg``, the resets at rows <= i; ``seg_last`` the chunk's). Exponents, each a sum of the
     decays it spans, within a block of SUB rows or from the blocks' totals (never the difference
     of two long prefix sums, which loses the bits of a normal decay after a run of strong ones):
     ``bl`` (rows of the row's block up to it), ``bs`` (rows of its block after it), ``before`` /
-    ``after`` (the blocks before / after the row's), ``gl_last`` (the whole chunk). Returns
-    ``(bad_g, b_g with bad decays and resets as 0, seg, seg_last, bl, bs, before, after, gl_last)``."""
+    ``after`` (the blocks before / after the row's), ``gl_last`` (the whole chunk); and per block
+    (``[BT // SUB, BK]``) its decays' total ``tot`` and its resets ``cnt``. The block totals come
+    from one reduction within the blocks, not one per block across the tile. Returns ``(bad_g,
+    b_g with bad decays and resets as 0, seg, seg_last, bl, bs, before, after, gl_last, tot, cnt)``."""
     bad_gk = (b_g != b_g) | (b_g == float("inf"))
     bad_g = tl.max(bad_gk.to(tl.int32), axis=1) != 0
     b_g = tl.where(bad_gk, 0.0, b_g)
     reset = b_g < -150.0
     b_g = tl.where(reset, 0.0, b_g)
     seg = tl.cumsum(reset.to(tl.int32), axis=0)
-    last = o_t[:, None] == BT - 1
-    seg_last = tl.sum(tl.where(last, seg, 0), axis=0)
     NB: tl.constexpr = BT // SUB
-    blk = o_t // SUB
+    o_b = tl.arange(0, NB)
     g3 = tl.reshape(b_g, (NB, SUB, BK))
     bl = tl.reshape(tl.cumsum(g3, axis=1), (BT, BK))  # within the row's block, rows <= i
     bs = tl.reshape(tl.cumsum(g3, axis=1, reverse=True), (BT, BK)) - b_g  # within the block, rows > j
-    end = o_t[:, None] % SUB == SUB - 1
-    before = tl.zeros([BT, BK], dtype=tl.float32)  # the blocks before the row's
-    after = tl.zeros([BT, BK], dtype=tl.float32)  # the blocks after the row's
-    for m in tl.static_range(0, NB):
-        tot = tl.sum(tl.where(end & (blk == m)[:, None], bl, 0.0), axis=0)
-        before += tl.where((blk > m)[:, None], tot[None, :], 0.0)
-        after += tl.where((blk < m)[:, None], tot[None, :], 0.0)
-    gl_last = tl.sum(tl.where(last, before + bl, 0.0), axis=0)
-    return bad_g, b_g, seg, seg_last, bl, bs, before, after, gl_last
+    tot = tl.sum(g3, axis=1)  # [NB, BK]
+    cnt = tl.sum(tl.reshape(reset.to(tl.int32), (NB, SUB, BK)), axis=1)  # [NB, BK]
+    seg_last = tl.sum(cnt, axis=0)
+    before = _rows_of(_over_blocks(tot, o_b[None, :] < o_b[:, None], NB), BT, BK)  # the blocks before the row's
+    after = _rows_of(_over_blocks(tot, o_b[None, :] > o_b[:, None], NB), BT, BK)  # the blocks after the row's
+    gl_last = tl.sum(tot, axis=0)
+    return bad_g, b_g, seg, seg_last, bl, bs, before, after, gl_last, tot, cnt
 
 
 @triton.jit(do_not_specialize=["T", "n_seq", "n_cs_rows"])
@@ -96,6 +108,7 @@ def chunk_gla_prep_kernel(
     IS_VARLEN: tl.constexpr, DT: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_G: tl.constexpr = True,
     SCALAR: tl.constexpr = False, SSD: tl.constexpr = False, HAS_DT_BIAS: tl.constexpr = False,
     DT_SOFTPLUS: tl.constexpr = False, DT_LIMIT: tl.constexpr = False, FOR_SWEEP: tl.constexpr = False,
+    INTRA: tl.constexpr = True,
 ):
     """Grid (chunks x HV,): one program per (chunk, value head). Writes ``qg``, ``kg`` ``[B, T, HV,
     K]`` (as formulas above), ``aqk [B, T, HV, BT]`` (A, row i: query i) and ``dl [n_cs_rows, HV, K]``
@@ -114,7 +127,10 @@ def chunk_gla_prep_kernel(
     prep marks it: its ``kg`` row is zero, ``coef[slot, hv, i, 1]`` (the sweep's lam rq) is 1
     before the first bad row and NaN from it on, and ``dl`` is NaN after one; ``aqk`` in its
     buffer's dtype; and varlen programs (c, 0) with c < ceil(n_seq / RANK_BLOCK) write the
-    sweep's order of sequences (``sequence_order``, longest first) as the delta prep does."""
+    sweep's order of sequences (``sequence_order``, longest first) as the delta prep does.
+
+    INTRA False: A's 16 x 16 blocks on the diagonal (step 4, pair by pair) are left to
+    :func:`chunk_gla_intra_kernel`, launched after this one, which overwrites them."""
     i_c, i_hv, i_h = _chunk_head(H, HV)
     if FOR_SWEEP and IS_VARLEN:
         if (i_hv == 0) & (i_c * RANK_BLOCK < n_seq):
@@ -139,10 +155,10 @@ def chunk_gla_prep_kernel(
     #    Every exponent below is a sum of the decays it spans, taken within a block of SUB rows or
     #    from the blocks' totals, never a difference of two long prefix sums (which loses the
     #    bits of a normal decay after a run of strong ones).
-    bad_g, b_g, seg, seg_last, bl, bs, before, after, gl_last = _key_gates(b_g, o_t, BT, BK)
+    bad_g, b_g, seg, seg_last, bl, bs, before, after, gl_last, tot, cnt = _key_gates(b_g, o_t, BT, BK)
     NB: tl.constexpr = BT // SUB
     blk = o_t // SUB
-    end = o_t[:, None] % SUB == SUB - 1
+    o_b = tl.arange(0, NB)
     bad_k = bad_g | (tl.max((b_k * 0.0 != 0.0).to(tl.int32), axis=1) != 0)
     bad_q = tl.max((b_q * 0.0 != 0.0).to(tl.int32), axis=1) != 0
     b_q = tl.where((bad_q | bad_k)[:, None], 0.0, b_q)
@@ -168,12 +184,9 @@ def chunk_gla_prep_kernel(
     #    key's until block b begins.
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
     for b in tl.static_range(1, NB):
-        at = o_t[:, None] == b * SUB - 1
-        sref = tl.sum(tl.where(at, seg, 0), axis=0)
-        mid = tl.zeros([BT, BK], dtype=tl.float32)  # the blocks between the key's and b
-        for m in tl.static_range(1, b):
-            tot = tl.sum(tl.where(end & (blk == m)[:, None], bl, 0.0), axis=0)
-            mid += tl.where((blk < m)[:, None], tot[None, :], 0.0)
+        sref = tl.sum(tl.where((o_b < b)[:, None], cnt, 0), axis=0)  # the resets before block b
+        # the blocks between the key's and b
+        mid = _rows_of(_over_blocks(tot, (o_b[None, :] > o_b[:, None]) & (o_b[None, :] < b), NB), BT, BK)
         in_b = (blk == b)[:, None] & (seg == sref[None, :])
         earlier = (blk < b)[:, None] & (seg == sref[None, :])
         b_qs = tl.where(in_b, b_q * tl.exp2(tl.where(in_b, bl, 0.0)), 0.0)
@@ -182,10 +195,10 @@ def chunk_gla_prep_kernel(
     # 4. A within each block, pair by pair: row i with column j = its block's row jj, jj from the
     #    block's end down, so that the exponent (the decays of rows j+1..i) and whether a reset
     #    lies among them grow by one gathered row a step; k_j and g_j are gathered from memory (a
-    #    row of a register tile cannot be indexed).
+    #    row of a register tile cannot be indexed). INTRA False: chunk_gla_intra_kernel's.
     span = tl.zeros([BT, BK], dtype=tl.float32)
     cut = tl.zeros([BT, BK], dtype=tl.int32)
-    for t in range(0, SUB):
+    for t in range(0, SUB if INTRA else 0):
         jj = SUB - 1 - t
         col = blk * SUB + jj  # [BT]: row i's column in its block
         m_n = (o_t % SUB >= jj + 1) & (r0 + col + 1 < eos)  # rows whose span now includes row j + 1
@@ -208,3 +221,64 @@ def chunk_gla_prep_kernel(
         b_A = tl.where(o_t[None, :] == col[:, None], tl.sum(term, axis=1)[:, None], b_A)
     tl.store(aqk + (rows * HV + i_hv)[:, None] * BT + o_t[None, :], (scale * b_A).to(aqk.dtype.element_ty),
              mask=m_r[:, None])
+
+
+@triton.jit(do_not_specialize=["T", "n_seq"])
+def chunk_gla_intra_kernel(
+    q, k, g, aqk, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, scale,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    """Grid (chunks x BT // SUB x HV,): one program per (chunk, block of SUB rows, value head)
+    writes A's diagonal block of that chunk and block, ``aqk[rows, hv, b SUB .. (b + 1) SUB]``,
+    as :func:`chunk_gla_prep_kernel`'s step 4 forms it (a decay per key, g ``[B, T, HV, K]``):
+
+        A[i, j] = scale sum_k q_ik k_jk 2^(g_{j+1,k} + ... + g_{i,k}),   j <= i in the block,
+
+    0 where a reset (decay 0) lies in rows j+1..i for key k; a row whose k or decay is not finite
+    takes part in no pair (its decay counts as 1), nor does a row's query when its q, k or decay is
+    not. The decay from row j to row i is a running product, one factor 2^g a row as j goes from
+    the block's end down (no difference of prefix sums; a reset's factor is 0, as is a product
+    under float32's range). A small program ([SUB, BK] tiles, one row of k and g loaded a step)
+    so that many share an SM: the prep's own step 4 ran the four blocks together on [BT, BK]
+    tiles gathered from memory."""
+    pid = tl.program_id(0).to(tl.int64)
+    NB: tl.constexpr = BT // SUB
+    i_hv = pid % HV
+    i_b = (pid // HV) % NB
+    i_c = pid // (HV * NB)
+    i_h = i_hv // (HV // H)
+    valid, bos, eos, r0, cs = _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT, IS_VARLEN, 1)
+    if not valid:
+        return
+    o_s = tl.arange(0, SUB)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    b0 = r0 + i_b * SUB  # the block's first row
+    rows = b0 + o_s.to(tl.int64)
+    m_r = rows < eos
+    m_rk = m_r[:, None] & m_k[None, :]
+    b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
+    b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
+    b_g = tl.load(g + (rows * HV + i_hv)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
+    bad_row = tl.max(((b_k * 0.0 != 0.0) | (b_q * 0.0 != 0.0) | (b_g != b_g) | (b_g == float("inf")))
+                     .to(tl.int32), axis=1) != 0
+    b_q = tl.where(bad_row[:, None], 0.0, b_q)
+    decay = tl.full([SUB, BK], 1.0, tl.float32)  # from row j to row i, per key
+    b_A = tl.zeros([SUB, SUB], dtype=tl.float32)
+    for t in range(0, SUB):
+        jj = SUB - 1 - t
+        r_n = b0 + jj + 1  # the row whose decay the rows > jj now take
+        g_n = tl.load(g + (r_n * HV + i_hv) * K + o_k, mask=m_k & (r_n < eos) & (jj + 1 < SUB),
+                      other=0.0).to(tl.float32)
+        f_n = tl.exp2(tl.where((g_n != g_n) | (g_n == float("inf")), 0.0, g_n * 1.4426950408889634))
+        decay = tl.where((o_s >= jj + 1)[:, None], decay * f_n[None, :], decay)
+        r_j = b0 + jj
+        k_j = tl.load(k + (r_j * H + i_h) * K + o_k, mask=m_k & (r_j < eos), other=0.0).to(tl.float32)
+        g_j = tl.load(g + (r_j * HV + i_hv) * K + o_k, mask=m_k & (r_j < eos), other=0.0).to(tl.float32)
+        bad_j = tl.max(((k_j * 0.0 != 0.0) | (g_j != g_j) | (g_j == float("inf"))).to(tl.int32), axis=0)
+        a_j = tl.sum(b_q * (k_j[None, :] * decay), axis=1)  # [SUB]: column jj
+        pair = (o_s >= jj) & (r_j < eos) & (bad_j == 0)
+        b_A = tl.where(o_s[None, :] == jj, tl.where(pair, a_j, 0.0)[:, None], b_A)
+    tl.store(aqk + (rows * HV + i_hv)[:, None] * BT + i_b * SUB + o_s[None, :],
+             (scale * b_A).to(aqk.dtype.element_ty), mask=m_r[:, None])
