@@ -134,7 +134,7 @@ def ssd_rows():
     return rows
 
 
-def per_key_rows():
+def per_key_rows(train=True):
     """chunk_gla (a decay per key dimension) at fla's shape: the forward through recurscan's
     per-key prep and the delta sweep (planned: A's diagonal blocks by a kernel of their own; and
     with them in the prep), the per-key prep and the fused GLA kernel, and fla's; forward + backward (q, k, v, g) through the planned form (fla's backward refuses on
@@ -166,6 +166,8 @@ def per_key_rows():
         rows.append(dict(shape=name, impl="fla", status=f"not installed: {exc}"))
     rows += time_impls(name, impls, want)
     do = torch.randn_like(v)
+    if not train:
+        return rows
     train = {"recurscan triton": lambda: train_step(lambda *a: recurscan.chunk_gla(*a)[0], (q, k, v, gk), {},
                                                     (0, 1, 2, 3), do)}
     return rows + time_train(name, train)
@@ -222,12 +224,13 @@ def main():
     ap.add_argument("--only-shapes", action="store_true", help="the --gla-shape rows (and the planner's) alone")
     ap.add_argument("--profile", action="store_true", help="GPU time by kernel of one call of each recurscan row")
     ap.add_argument("--only-per-key", action="store_true", help="the chunk_gla rows alone")
+    ap.add_argument("--forward-only", action="store_true", help="with --only-per-key: no forward + backward row")
     args = ap.parse_args()
     global PROFILE
     PROFILE = args.profile
     from recurscan.plan import gla as plan_gla
     planned = plan_gla.GLA_LAUNCH
-    rows = [cold()] if args.cold_only else (per_key_rows() if args.only_per_key else [])
+    rows = [cold()] if args.cold_only else (per_key_rows(not args.forward_only) if args.only_per_key else [])
     if args.cold_only or args.only_per_key:
         if args.out:
             json.dump(dict(torch=torch.__version__, device=torch.cuda.get_device_name(), rows=rows),

@@ -56,7 +56,8 @@ def main():
                 chunked_kw = stream_kw = kw
             measured = {}
             with torch.inference_mode():
-                calls = {"chunked": lambda: recurscan.chunk_gated_delta_rule(q, k, v, g, beta, **chunked_kw),
+                calls = {"chunked": lambda: recurscan.chunk_gated_delta_rule(q, k, v, g, beta, backend="triton",
+                                                                     **chunked_kw),
                          "streaming": lambda: recurscan.fused_recurrent_gated_delta_rule(q, k, v, g, beta, **stream_kw)}
                 for name, call in calls.items():
                     call()

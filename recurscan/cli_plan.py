@@ -3,7 +3,9 @@ and the streaming kernel the decode ops run), the cost model's predicted time of
 (plan/cost.py, with the measured ceilings of the device, or of ``--ceilings``), the choice the
 cost model makes, and on a GPU each one's measured time beside its prediction.
 
-    recurscan plan --tokens 65536 --sequences 1 --heads 16 --value-heads 32 --head-dim 128
+    recurscan plan --family gdn --tokens 65536 --sequences 1 --heads 16 --value-heads 32 --head-dim 128
+
+``--family``: gdn, the one family with both schedules and a calibrated cost model so far.
 """
 from __future__ import annotations
 
@@ -42,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     from .plan import plan
     from .plan.cost import CEILINGS, ceilings_for, predict_chunked, predict_streaming
     parser = _Parser(prog="recurscan plan", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--family", choices=["gdn"], default="gdn",
+                        help="the scan family (gdn: Gated DeltaNet; the others have no cost model yet)")
     parser.add_argument("--tokens", type=_at_least_one, default=16384, help="tokens in all (>= 1)")
     parser.add_argument("--sequences", type=_at_least_one, default=1, help="equal sequences they make (>= 1)")
     parser.add_argument("--heads", type=_at_least_one, default=16, help="q/k heads")

@@ -9,7 +9,7 @@ from recurscan.plan.cost import CEILINGS, ceilings_for, predict_chunked, predict
 
 
 def test_plan_prints_both_schedules_their_predictions_and_the_choice(capsys):
-    assert main(["plan", "--tokens", "16384", "--sequences", "2", "--heads", "4", "--value-heads", "8",
+    assert main(["plan", "--family", "gdn", "--tokens", "16384", "--sequences", "2", "--heads", "4", "--value-heads", "8",
                  "--head-dim", "64", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "16384 tokens in 2 sequence(s), H 4, HV 8, K = V = 64, on cpu" in out
@@ -23,6 +23,7 @@ def test_plan_prints_both_schedules_their_predictions_and_the_choice(capsys):
     (["--heads", "3", "--value-heads", "8"], "not a multiple of --heads"),
     (["--tokens", "2", "--sequences", "4"], "fewer than --sequences"),
     (["--ceilings", "A100"], "invalid choice"),
+    (["--family", "mamba2"], "invalid choice"),
 ])
 def test_plan_usage_errors_are_one_line_and_status_2(capsys, argv, message):
     with pytest.raises(SystemExit) as stop:

@@ -400,7 +400,9 @@ def test_planner_rows():
     (32, 16384, False, 1, (64, 4, 3, 1, True, True, 6)),    # B1 T16384 HV32: one pass in phases, bulk store
     (32, 65536, False, 1, (64, 4, 3, 1, True, True, 8)),
     (64, 16384, False, 2, (64, 4, 3, 1, True, True, 1)),    # B2 HV32: the sweep takes most SMs, no phases
-    (16, 16384, False, 1, (64, 4, 3, 3, True, True, 1)),    # B1 HV16: too few programs, segments
+    (16, 16384, False, 1, (64, 4, 3, 4, True, True, 1)),    # B1 HV16: too few programs, segments
+    (16, 8192, False, 4, (64, 4, 3, 4, True, True, 1)),     # B4 T8192 HV4: few pairs, segments
+    (64, 8192, False, 4, (64, 4, 3, 1, True, False, 1)),    # B4 T8192 HV16: enough pairs, one pass
     (64, 4096, False, 4, (64, 4, 3, 1, True, False, 1)),    # B4 T4096 H=HV=16: one 64-column program per SM
     (64, 8192, True, 4, (64, 4, 3, 1, True, False, 1)),     # GDP M2 B4 T4096 (varlen, expanded stream)
     (256, 8192, False, 4, (128, 8, 3, 1, True, True, 1)),   # B4 T8192 HV64: more programs than SMs

@@ -95,7 +95,8 @@ def test_the_packed_result_and_its_views():
     q, k = torch.randn(B, T, H, K), torch.randn(B, T, H, K)
     v, g, beta = torch.randn(B, T, HV, V), -torch.rand(B, T, HV), torch.rand(B, T, HV)
     cu = torch.tensor([0, 1, 64, 100])
-    packed = torch.ops.recurscan.delta_rule_scan(q, k, v, g, beta, 1, K ** -0.5, None, True, cu, None, None, None)
+    packed = torch.ops.recurscan.delta_rule_scan(q, k, v, g, beta, 1, K ** -0.5, None, True, cu, None, None, None,
+                                                 False)
     layout = delta_layout(q, v, 3)
     assert layout == ScanLayout(heads=HV, rows_y=T, rows_state=3 * K, width=V) and packed.shape == layout.shape
     y, state = unpack_delta(packed, layout, B, K)
@@ -104,6 +105,35 @@ def test_the_packed_result_and_its_views():
                                                 cu_seqlens=cu)
     assert torch.equal(y, o) and torch.equal(state, final)
     assert torch.equal(packed[0, 1, T + 2 * K:T + 3 * K], final[2, 1])  # sequence 2's state, head 1: its K rows
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_16_bit_packed_result_holds_the_float32_state_bit_for_bit(dtype):
+    """packed_16bit: the result in q's dtype, [1, HV, B*T + 2*N*K, V]; y is the eager output (same
+    dtype, no cast), and each float32 state row's bits are two consecutive 16-bit rows, which the
+    layout views as the float32 state (equal to the eager final state); traced without a gradient,
+    the public op takes this form, and a traced call that needs a gradient keeps float32."""
+    torch.manual_seed(4)
+    B, T, H, HV, K, V = 1, 100, 1, 2, 8, 4
+    q, k = torch.randn(B, T, H, K).to(dtype), torch.randn(B, T, H, K).to(dtype)
+    v, g, beta = torch.randn(B, T, HV, V).to(dtype), -torch.rand(B, T, HV), torch.rand(B, T, HV).to(dtype)
+    cu = torch.tensor([0, 1, 64, 100])
+    packed = torch.ops.recurscan.delta_rule_scan(q, k, v, g, beta, 1, K ** -0.5, None, True, cu, None, None, None,
+                                                 True)
+    layout = delta_layout(q, v, 3, packed_16bit=True)
+    assert layout.rows_state == 2 * 3 * K and packed.shape == layout.shape and packed.dtype == dtype
+    y, state = unpack_delta(packed, layout, B, K)
+    assert y.dtype == dtype and state.dtype == torch.float32 and state.shape == (3, HV, K, V)
+    o, final = recurscan.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, output_final_state=True,
+                                                cu_seqlens=cu)
+    assert torch.equal(y, o) and torch.equal(state, final)
+    rows = packed[0, 1, T + 2 * 2 * K:T + 2 * 3 * K].reshape(K, 2 * V)  # sequence 2, head 1: 2K rows
+    assert torch.equal(rows.view(torch.float32), final[2, 1])
+    from recurscan.ops.scan import packs_16bit
+    assert packs_16bit(q, V, k, v) and not packs_16bit(q.float(), V) and not packs_16bit(q, 5)
+    assert not packs_16bit(q, V, v.clone().requires_grad_())
+    with torch.no_grad():
+        assert packs_16bit(q, V, v.clone().requires_grad_())
 
 
 @pytest.mark.parametrize("op", ["delta_rule_scan", "ssd_scan", "gla_scan"])
@@ -115,16 +145,16 @@ def test_the_custom_ops_pass_opcheck(op):
     if op == "delta_rule_scan":
         args = (torch.randn(1, 70, 1, 8, **d), torch.randn(1, 70, 1, 8, **d), torch.randn(1, 70, 2, 4, **d),
                 -torch.rand(1, 70, 2, **d), torch.rand(1, 70, 2, **d), 1, 0.5, torch.randn(2, 2, 8, 4, **d), True,
-                torch.tensor([0, 30, 70]), None, None, None)
+                torch.tensor([0, 30, 70]), None, None, None, False)
     elif op == "gla_scan":
         args = (torch.randn(1, 70, 1, 8, **d), torch.randn(1, 70, 1, 8, **d), torch.randn(1, 70, 2, 4, **d),
                 -torch.rand(1, 70, 2, 8, **d), True, 0.5, torch.randn(2, 2, 8, 4, **d), None, torch.tensor([0, 30, 70]),
-                None, None)
+                None, None, False)
     else:
         args = (torch.randn(2, 70, 2, 4, **d), torch.randn(2, 70, 2, **d), -torch.rand(2, **d),
                 torch.randn(2, 70, 1, 8, **d), torch.randn(2, 70, 1, 8, **d), 64, torch.randn(2, **d),
                 torch.randn(2, 70, 2, 4, **d), torch.randn(2, **d), torch.randn(2, 2, 4, 8, **d), None, None, True, 0.0,
-                float("inf"))
+                float("inf"), False)
     args = tuple(a.requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
     torch.library.opcheck(getattr(torch.ops.recurscan, op).default, args)
 
@@ -182,3 +212,30 @@ def test_record_schedules_gives_each_planned_call_as_printable_data():
     assert [(r.family, r.schedule.algorithm, r.problem.tokens) for r in log] == [("delta_rule", "chunked", 100),
                                                                                  ("gla", "chunked", 100)]
     assert str(log[0]).startswith("delta_rule (batch 1, tokens 100, heads 2") and "on torch" in str(log[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_triton_path_writes_the_packed_result_in_place(dtype, monkeypatch):
+    """On the Triton path (the interpreter here) delta_rule_scan's kernels write y and the final
+    state straight into the packed result (its views are the launches' o and final buffers), and
+    the result equals the eager Triton op's outputs bit for bit: float32 inputs (a float32 packed
+    result), and bf16 with packed_16bit."""
+    import recurscan.launch.delta as launch_delta
+    import recurscan.ops.scan as scan
+    monkeypatch.setattr(scan, "BACKEND", "triton")
+    torch.manual_seed(5)
+    B, T, H, HV, K, V = 2, 70, 1, 2, 16, 16
+    q, k = torch.randn(B, T, H, K).to(dtype), torch.randn(B, T, H, K).to(dtype)
+    v, g, beta = torch.randn(B, T, HV, V).to(dtype), -torch.rand(B, T, HV), torch.rand(B, T, HV).to(dtype)
+    given = []
+    run = launch_delta.run_delta_launches
+    monkeypatch.setattr(launch_delta, "run_delta_launches", lambda *a: given.append(a[2]) or run(*a))
+    sixteen = dtype == torch.bfloat16
+    packed = torch.ops.recurscan.delta_rule_scan(q, k, v, g, beta, 1, K ** -0.5, None, True, None, None, None, None,
+                                                 sixteen)
+    y, state = unpack_delta(packed, delta_layout(q, v, B, sixteen), B, K)
+    assert given and given[0]["o"].data_ptr() == packed.data_ptr(), "the kernels did not write the packed result"
+    assert given[0]["final"].untyped_storage().data_ptr() == packed.untyped_storage().data_ptr()
+    o, final = recurscan.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, output_final_state=True,
+                                                backend="triton")
+    assert torch.equal(y, o) and torch.equal(state, final)

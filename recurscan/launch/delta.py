@@ -132,7 +132,8 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
                          cu_seqlens=None, chunk_indices_dp=None, chunk_offsets=None, num_chunk_rows=None,
                          state=None, state_indices=None, return_chunk_states=False,
                          chunk_states_dtype=torch.float32, expanded_chunk_states=False,
-                         keep_prep=False, checkpoint_chunks=0, wy=True, ssd=None, key_decay=False) -> DeltaLaunches:
+                         keep_prep=False, checkpoint_chunks=0, wy=True, ssd=None, key_decay=False,
+                         out_views=None) -> DeltaLaunches:
     """The launches of one call signature, in the launch ``shape`` the planner chose (the tensors'
     shapes and strides are read, never kept); arguments as :func:`chunk_delta_fwd`.
     ``chunk_states_dtype``: the backward keeps the chunk states in the inputs' dtype, which is the
@@ -150,7 +151,11 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     ``wy=False``): fla's chunk_gla, g ``[B, T, HV, K]`` a log decay per key dimension; the prep is
     then kernels/gla/prep.py's (FOR_SWEEP: decayed queries and keys ``qg``, ``kg``, A, the chunk's
     decay per key ``dl``), one program per (chunk, value head), and the sweep runs with KEY_DECAY;
-    single pass or segments (no phases: that prep has no phase range)."""
+    single pass or segments (no phases: that prep has no phase range). ``out_views``: ``(o, final)``
+    tensors each call writes into instead of new ones (passed per call as
+    :func:`run_delta_launches`' ``given``; their strides are read here): o ``[B, T, HV, V]`` with a
+    unit last stride and a batch stride of T token strides, final ``[N, HV, K, V]`` float32 with
+    rows of V (the traced scan's packed result, ops/scan.py)."""
     check_shape(shape)
     if key_decay and (wy or ssd is not None or shape.phases != 1 or shape.prep_heads != 1 or g is None
                       or g.dim() != 4):
@@ -287,6 +292,12 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         P = triton.cdiv(triton.cdiv(T, BT), seg_chunks)  # no empty segment
     # The initial state's source (the cache, or initial_state) is read and written through its strides.
     s0 = state.stride() if use_cache else initial_state.stride() if initial_state is not None else (0, 0, 0, 0)
+    o_strides, ht_strides = (HV * V, V), (HV * K * V, K * V)  # the buffers' own layouts
+    if out_views is not None:
+        o_view, final_view = out_views
+        o_strides, ht_strides = check_out_views(o_view, final_view, (B, T, HV, V), (N, HV, K, V),
+                                                buffers["o"][1], store_final)
+    tma_ok = all(x * buffers["o"][1].itemsize % 16 == 0 for x in (V,) + o_strides)
     sweep = dict(
         q=arg("qg" if key_decay else "q"), k=arg("kg" if key_decay else "k"), v=arg("v"), wy=arg("wy", wy), aqk=arg("aqk"), coef=arg("coef"), o=arg("o"),
         h0=arg("initial_state", initial_state is not None), ht=arg("final", store_final),
@@ -299,12 +310,13 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         n_cs_rows=buffers["chunk_states"][0][0] if return_chunk_states else 0, replay_flags=arg("replay_flags"),
         u_out=arg("u", False), ks_out=arg("ks", False), checkpoints=arg("checkpoints", checkpoint_chunks > 0),
         n_ckpt=buffers["checkpoints"][0][1] if checkpoint_chunks else 0,
-        dl=arg("dl", key_decay), KEY_DECAY=key_decay,
+        dl=arg("dl", key_decay), KEY_DECAY=key_decay, o_st=o_strides[0], o_sh=o_strides[1], ht_n=ht_strides[0],
+        ht_h=ht_strides[1],
         H=HV if key_decay else H, HV=HV, K=K, V=V, M=M, BT=BT, BK=BK, BV=BV,
         IS_VARLEN=varlen, HAS_H0=initial_state is not None, USE_CACHE=use_cache, STORE_FINAL=store_final,
         STORE_CHUNK_STATES=(2 if expanded_chunk_states else True) if return_chunk_states else False,
         DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, DT=dt, PASS=0,
-        V_PRODUCT=v_product, TMA_STORE=tma_store and M == 1 and V * buffers["o"][1].itemsize % 16 == 0,
+        V_PRODUCT=v_product, TMA_STORE=tma_store and M == 1 and tma_ok,
         PDL=not INTERPRET, REPLAY=False, OUTPUTS=True, STORE_U=False, CKPT_CHUNKS=checkpoint_chunks, **ssd_sweep)
     options = dict(num_warps=num_warps)
     if phased:
@@ -353,6 +365,21 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         steps.append(Step(chunk_delta_sweep_kernel, grid, dict(kwargs, REPLAY=True, NUM_STAGES=1), options,
                            programmatic=True))
     return DeltaLaunches(buffers, steps, outputs, device)
+
+
+def check_out_views(o, final, o_shape, final_shape, dtype, store_final) -> tuple:
+    """``((token stride, head stride) of o, (sequence stride, head stride) of final)`` for
+    :func:`build_delta_launches`' ``out_views``, or a ValueError saying which view the sweep cannot
+    write through."""
+    B, T, HV, V = o_shape
+    if tuple(o.shape) != o_shape or o.dtype != dtype or o.stride(3) != 1 or (B > 1 and o.stride(0) != T * o.stride(1)):
+        raise ValueError(f"out_views: o must be {o_shape} in {dtype} with a unit last stride and batch stride T x "
+                         f"its token stride, got {tuple(o.shape)} {o.dtype} strides {o.stride()}")
+    if not store_final or tuple(final.shape) != final_shape or final.dtype != torch.float32 or \
+            final.stride()[2:] != (V, 1):
+        raise ValueError(f"out_views: final must be {final_shape} float32 with rows of V = {V} (and the call must "
+                         f"return its final state), got {tuple(final.shape)} {final.dtype} strides {final.stride()}")
+    return (o.stride(1), o.stride(2)), (final.stride(0), final.stride(1))
 
 
 #: Shared memory a phased prep program reserves, at least: a prep program beside a sweep program

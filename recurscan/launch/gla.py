@@ -134,7 +134,7 @@ def build_gla_forward(q, k, v, g, h0, cu_seqlens, *, scale, output_final_state, 
             DOT_PRECISION=precision,
             HAS_G=g is not None, SCALAR=scalar and ssd is None, SSD=ssd is not None,
             HAS_DT_BIAS=ssd is not None and ssd.dt_bias is not None, DT_SOFTPLUS=ssd is not None and ssd.dt_softplus,
-            DT_LIMIT=ssd is not None and ssd.clamps, FOR_SWEEP=False), dict(num_warps=8))
+            DT_LIMIT=ssd is not None and ssd.clamps, FOR_SWEEP=False, INTRA=True), dict(num_warps=8))
     step = Step(chunk_simple_gla_fwd_kernel, (N * HV * triton.cdiv(V, BV),), dict(
         q=arg("q"), k=arg("k"), v=arg("v"), g=arg("g", g is not None), o=arg("o"), h0=arg("h0", h0 is not None),
         ht=arg("ht", output_final_state and not cache), cu_seqlens=arg("cu_seqlens", varlen),

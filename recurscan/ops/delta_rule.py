@@ -41,7 +41,11 @@ GRAD_PLANS = SignatureCache("chunked delta rule, training")
 
 def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, output_final_state,
                use_qk_l2norm_in_kernel, cu_seqlens, state, state_indices, return_chunk_states,
-               chunk_size=None, backend=None, chunk_indices=None, chunk_indices_dp=None, chunk_offsets=None):
+               chunk_size=None, backend=None, chunk_indices=None, chunk_indices_dp=None, chunk_offsets=None,
+               out=None):
+    """The four entry points' driver. ``out``: ``(o, final)`` views the Triton path writes into
+    (launch/delta.py's ``out_views``; the traced scan's packed result, ops/scan.py); the other
+    paths ignore it (the caller compares data pointers and copies)."""
     if chunk_indices_dp is None and num_householder == 1:
         chunk_indices_dp = chunk_indices  # GDN: the two chunkings coincide
     if torch.compiler.is_compiling() and state is None and not return_chunk_states and chunk_size is None:
@@ -62,7 +66,7 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
         return _run_delta(q, k, v, g, beta, num_householder=num_householder, scale=scale, initial_state=initial_state,
                           output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                           cu_seqlens=None, state=state, state_indices=state_indices,
-                          return_chunk_states=return_chunk_states, chunk_size=chunk_size, backend=backend)
+                          return_chunk_states=return_chunk_states, chunk_size=chunk_size, backend=backend, out=out)
     if _streams(q, k, v, g, beta, initial_state, num_householder, cu_seqlens, return_chunk_states, chunk_size,
                 backend):
         # Few tokens a sequence: the planner's cost model predicts the streaming kernel faster
@@ -91,25 +95,25 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
             host = cu_seqlens.to("cpu")
             check_cu_seqlens(host, q.shape[0], q.shape[1], host.device)
             built, chunks = padded_descriptors(host, num_householder, tokens=q.shape[1], device=q.device)
-        out = _run_delta(q, k, v, g, beta, num_householder=num_householder, scale=scale, initial_state=initial_state,
-                         output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                         cu_seqlens=cu_seqlens, state=state, state_indices=state_indices,
-                         return_chunk_states=return_chunk_states, backend=backend,
-                         chunk_indices=built.chunk_indices if chunk_indices is None else chunk_indices,
-                         chunk_indices_dp=built.chunk_indices_dp if chunk_indices_dp is None else chunk_indices_dp,
-                         chunk_offsets=built.chunk_offsets if chunk_offsets is None else chunk_offsets)
-        return out[:2] + (out[2][:chunks],) if return_chunk_states else out
+        result = _run_delta(
+            q, k, v, g, beta, num_householder=num_householder, scale=scale, initial_state=initial_state,
+            output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+            cu_seqlens=cu_seqlens, state=state, state_indices=state_indices, return_chunk_states=return_chunk_states,
+            backend=backend, chunk_indices=built.chunk_indices if chunk_indices is None else chunk_indices,
+            chunk_indices_dp=built.chunk_indices_dp if chunk_indices_dp is None else chunk_indices_dp,
+            chunk_offsets=built.chunk_offsets if chunk_offsets is None else chunk_offsets, out=out)
+        return result[:2] + (result[2][:chunks],) if return_chunk_states else result
     inputs = (q, k, v, g, beta, initial_state, state, state_indices, cu_seqlens, chunk_indices_dp, chunk_offsets)
     key = None
     grad = _needs_grad(q, k, v, g, beta, initial_state)
     if isinstance(q, torch.Tensor) and q.is_cuda and chunk_size is None:
         # The hot path: validation and planning ran for an earlier call of this signature (every
         # tensor's shape, strides, dtype, device and alignment, and every option).
-        key = (launch_key(inputs + (chunk_indices,)), num_householder, scale, output_final_state,
+        key = (launch_key(inputs + (chunk_indices,) + (out or ())), num_householder, scale, output_final_state,
                use_qk_l2norm_in_kernel, return_chunk_states, backend, grad)
         launches = None if grad else LAUNCHES.get(key)
-        if launches is not None and not debug_checks():
-            return _LAUNCH.run_delta_launches(launches, inputs)  # a cached entry implies _launch() ran
+        if launches is not None and not debug_checks():  # a cached entry implies _launch() ran
+            return _LAUNCH.run_delta_launches(launches, inputs, _given(out))
         planned = GRAD_PLANS.get(key) if grad else None
         if planned is not None and not debug_checks():
             return _run_triton_with_grad(q, k, v, g, beta, *planned, initial_state=initial_state,
@@ -142,7 +146,7 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
                            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
                            chunk_indices=chunk_indices, chunk_indices_dp=chunk_indices_dp,
                            chunk_offsets=chunk_offsets, state=state, state_indices=state_indices,
-                           return_chunk_states=return_chunk_states, key=key)
+                           return_chunk_states=return_chunk_states, key=key, out=out)
     S0 = initial_state
     if problem.uses_cache:
         S0 = _cache.gather(state, state_indices, torch.float64 if q.dtype == torch.float64 else torch.float32)
@@ -240,7 +244,7 @@ def _run_triton_with_grad(q, k, v, g, beta, problem, schedule, *, initial_state,
 
 def _run_triton(q, k, v, g, beta, problem, schedule, *, initial_state, output_final_state,
                 use_qk_l2norm_in_kernel, cu_seqlens, chunk_indices, chunk_indices_dp, chunk_offsets,
-                state, state_indices, return_chunk_states, key=None, keep_prep=False, checkpoint_chunks=0):
+                state, state_indices, return_chunk_states, key=None, keep_prep=False, checkpoint_chunks=0, out=None):
     """The Triton backend: no host synchronisation when the varlen descriptors are given (or the
     input is a dense batch). With ``key`` (a CUDA call signature), the plan is kept for the next
     call of that signature when it depends on no device value. ``keep_prep``: the prep's outputs
@@ -256,12 +260,18 @@ def _run_triton(q, k, v, g, beta, problem, schedule, *, initial_state, output_fi
         output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
         cu_seqlens=cu_seqlens, chunk_indices_dp=chunk_indices_dp, chunk_offsets=chunk_offsets,
         num_chunk_rows=num_rows, state=state, state_indices=state_indices,
-        return_chunk_states=return_chunk_states, keep_prep=keep_prep, checkpoint_chunks=checkpoint_chunks)
-    out = L_.run_delta_launches(launches, L_.DeltaInputs(q, k, v, g, beta, initial_state, state, state_indices,
-                                                         cu_seqlens, chunk_indices_dp, chunk_offsets))
+        return_chunk_states=return_chunk_states, keep_prep=keep_prep, checkpoint_chunks=checkpoint_chunks,
+        out_views=out)
+    result = L_.run_delta_launches(launches, L_.DeltaInputs(q, k, v, g, beta, initial_state, state, state_indices,
+                                                            cu_seqlens, chunk_indices_dp, chunk_offsets), _given(out))
     if key is not None:
         LAUNCHES.put(key, launches)
-    return out
+    return result
+
+
+def _given(out) -> dict | None:
+    """run_delta_launches' ``given`` of an ``out`` pair: the views as the o and final buffers."""
+    return None if out is None else {"o": out[0], "final": out[1]}
 
 
 def chunk_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, initial_state=None,

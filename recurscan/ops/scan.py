@@ -6,7 +6,12 @@ Layout (:class:`ScanLayout`): H is the value heads (HV); W is the value width V;
 are the output y, one row per token of the flattened batch (``L = B * T``; varlen: the token
 stream), and rows ``[L, L + S)`` are the carried state, ``S = N * K``: sequence n's ``[K, V]``
 state is rows ``L + n K .. L + (n + 1) K``. The packed tensor is float32 (float64 for float64
-inputs) so that the state keeps its precision; y is cast back to q's dtype by the public op.
+inputs) so that the state keeps its precision, and y is cast back to q's dtype by the public op;
+or, for 16-bit inputs traced without a gradient (``packed_16bit``), in q's dtype with each float32
+state row's bits in two consecutive rows (``S = 2 N K``; :meth:`ScanLayout.state` views them as
+float32), so that y needs no cast and the kernels write y and the state in place (the delta rule:
+``out`` of ops/delta_rule.py's driver). Autograd does not pass through a dtype view, so a traced
+call with a gradient keeps the float32 form.
 
 The forward is the op's own (the oracle on CPU tensors, the Triton kernels on CUDA); the
 backward is a second custom op that recomputes the forward under autograd and differentiates it
@@ -36,7 +41,7 @@ class ScanLayout:
         >>> q, k, v = torch.randn(1, 100, 1, 8), torch.randn(1, 100, 1, 8), torch.randn(1, 100, 2, 4)
         >>> g, beta, cu = -torch.rand(1, 100, 2), torch.rand(1, 100, 2), torch.tensor([0, 40, 100])
         >>> packed = torch.ops.recurscan.delta_rule_scan(q, k, v, g, beta, 1, 8 ** -0.5, None, True, cu,
-        ...                                              None, None, None)
+        ...                                              None, None, None, False)
         >>> layout = delta_layout(q, v, sequences=2)
         >>> layout, packed.shape
         (ScanLayout(heads=2, rows_y=100, rows_state=16, width=4), torch.Size([1, 2, 116, 4]))
@@ -47,8 +52,9 @@ class ScanLayout:
 
     heads: int
     rows_y: int  # L: one per token
-    rows_state: int  # S: N sequences x K state rows
+    rows_state: int  # S: N sequences x K state rows (x 2 with state_words 2)
     width: int  # W: the value width
+    state_words: int = 1  # packed rows a state row takes: 2 when 16-bit rows hold a float32 state's bits
 
     @property
     def shape(self) -> tuple:
@@ -59,36 +65,59 @@ class ScanLayout:
         return packed[0, :, :self.rows_y]
 
     def state(self, packed: torch.Tensor) -> torch.Tensor:
-        """``[H, S, W]``: the carried-state rows (a view)."""
-        return packed[0, :, self.rows_y:]
+        """``[H, S / state_words, W]``: the carried-state rows (a view; float32 over pairs of 16-bit
+        rows when ``state_words`` is 2)."""
+        rows = packed[0, :, self.rows_y:]
+        if self.state_words == 2:
+            rows = rows.reshape(self.heads, self.rows_state // 2, 2 * self.width).view(torch.float32)
+        return rows
 
 
-def delta_layout(q: torch.Tensor, v: torch.Tensor, sequences: int) -> ScanLayout:
+def delta_layout(q: torch.Tensor, v: torch.Tensor, sequences: int, packed_16bit: bool = False) -> ScanLayout:
     """The layout of a delta-rule scan of q ``[B, T, H, K]``, v ``[B, T*M, HV, V]`` over
-    ``sequences`` sequences."""
+    ``sequences`` sequences (``packed_16bit``: the state's bits in pairs of 16-bit rows)."""
     B, T, _, K = q.shape
-    return ScanLayout(heads=v.shape[2], rows_y=B * T, rows_state=sequences * K, width=v.shape[3])
+    words = 2 if packed_16bit else 1
+    return ScanLayout(heads=v.shape[2], rows_y=B * T, rows_state=sequences * K * words, width=v.shape[3],
+                      state_words=words)
 
 
-def packed_dtype(q: torch.Tensor) -> torch.dtype:
+def packed_dtype(q: torch.Tensor, packed_16bit: bool = False) -> torch.dtype:
+    if packed_16bit:
+        return q.dtype
     return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+def packs_16bit(x: torch.Tensor, width: int, *inputs) -> bool:
+    """Whether a traced scan of 16-bit ``x`` packs its result in x's dtype: an even value width
+    (a float32 state row is two 16-bit rows) and no input that autograd follows (the state's
+    float32 view would drop its gradient)."""
+    grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (x,) + inputs)
+    return x.dtype in (torch.bfloat16, torch.float16) and width % 2 == 0 and not grad
 
 
 def unpack_delta(packed: torch.Tensor, layout: ScanLayout, batch: int, key_dim: int):
     """``(y [B, T, HV, V], state [N, HV, K, V])`` of a packed delta-rule result, as views."""
     L = layout.rows_y
     y = layout.y(packed).unflatten(1, (batch, L // batch)).permute(1, 2, 0, 3)
-    state = layout.state(packed).unflatten(1, (layout.rows_state // key_dim, key_dim)).permute(1, 0, 2, 3)
+    sequences = layout.rows_state // layout.state_words // key_dim
+    state = layout.state(packed).unflatten(1, (sequences, key_dim)).permute(1, 0, 2, 3)
     return y, state
 
 
-def _packed(layout: ScanLayout, like: torch.Tensor, y: torch.Tensor, state: torch.Tensor, unpack) -> torch.Tensor:
-    """A new packed result of ``layout`` (in :func:`packed_dtype` of ``like``) holding ``y`` and
-    ``state``, written through the views ``unpack(packed)`` gives."""
-    packed = like.new_empty(layout.shape, dtype=packed_dtype(like))
+def _packed(layout: ScanLayout, like: torch.Tensor, forward, unpack) -> torch.Tensor:
+    """A new packed result of ``layout`` (in :func:`packed_dtype` of ``like``) holding the ``(y,
+    state)`` of ``forward(out)``, where ``out`` is the pair of views ``unpack(packed)`` gives when
+    they are in ``like``'s dtype (a forward may write them in place; what it returns elsewhere is
+    copied into them)."""
+    packed = like.new_empty(layout.shape, dtype=packed_dtype(like, layout.state_words == 2))
     y_view, state_view = unpack(packed)
-    y_view.copy_(y)
-    state_view.copy_(state)
+    with torch.no_grad():
+        y, state = forward((y_view, state_view) if packed.dtype == like.dtype else None)
+    if y is not y_view:
+        y_view.copy_(y)
+    if state is not state_view:
+        state_view.copy_(state)
     return packed
 
 
@@ -97,12 +126,12 @@ def _sequences(q: torch.Tensor, cu_seqlens: Optional[torch.Tensor]) -> int:
 
 
 def _delta_forward(q, k, v, g, beta, num_householder, scale, initial_state, use_qk_l2norm, cu_seqlens,
-                   chunk_indices, chunk_offsets, chunk_indices_dp):
+                   chunk_indices, chunk_offsets, chunk_indices_dp, out=None):
     from .delta_rule import _run_delta
     return _run_delta(q, k, v, g, beta, num_householder=num_householder, scale=scale, initial_state=initial_state,
                       output_final_state=True, use_qk_l2norm_in_kernel=use_qk_l2norm, cu_seqlens=cu_seqlens,
                       state=None, state_indices=None, return_chunk_states=False, chunk_indices=chunk_indices,
-                      chunk_offsets=chunk_offsets, chunk_indices_dp=chunk_indices_dp, backend=BACKEND)
+                      chunk_offsets=chunk_offsets, chunk_indices_dp=chunk_indices_dp, backend=BACKEND, out=out)
 
 
 def grads_by_autograd(forward, inputs, cotangents) -> list:
@@ -129,22 +158,24 @@ def delta_rule_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Option
                     beta: Optional[torch.Tensor], num_householder: int, scale: float,
                     initial_state: Optional[torch.Tensor], use_qk_l2norm: bool, cu_seqlens: Optional[torch.Tensor],
                     chunk_indices: Optional[torch.Tensor], chunk_offsets: Optional[torch.Tensor],
-                    chunk_indices_dp: Optional[torch.Tensor]) -> torch.Tensor:
+                    chunk_indices_dp: Optional[torch.Tensor], packed_16bit: bool) -> torch.Tensor:
     """The delta-rule scan (GDN: ``num_householder`` 1; GDP: M > 1) with its packed result
-    ``[1, HV, B*T + N*K, V]`` (:class:`ScanLayout`). Arguments as ``chunk_gated_delta_product_varlen``
-    (q ``[B, T, H, K]``, k, v, beta on the expanded stream ``[B, T*M, ...]``, g ``[B, T, HV]``);
-    ``scale`` a float (the public ops resolve its default)."""
-    with torch.no_grad():
-        o, final = _delta_forward(q, k, v, g, beta, num_householder, scale, initial_state, use_qk_l2norm, cu_seqlens,
-                                  chunk_indices, chunk_offsets, chunk_indices_dp)
-    layout = delta_layout(q, v, _sequences(q, cu_seqlens))
-    return _packed(layout, q, o, final, lambda p: unpack_delta(p, layout, q.shape[0], q.shape[3]))
+    ``[1, HV, B*T + N*K, V]`` (:class:`ScanLayout`; ``packed_16bit``: in q's 16-bit dtype,
+    ``[1, HV, B*T + 2*N*K, V]``). Arguments as ``chunk_gated_delta_product_varlen`` (q ``[B, T, H,
+    K]``, k, v, beta on the expanded stream ``[B, T*M, ...]``, g ``[B, T, HV]``); ``scale`` a
+    float (the public ops resolve its default). The Triton path writes y and the state in place."""
+    layout = delta_layout(q, v, _sequences(q, cu_seqlens), packed_16bit)
+    return _packed(layout, q, lambda out: _delta_forward(q, k, v, g, beta, num_householder, scale, initial_state,
+                                                         use_qk_l2norm, cu_seqlens, chunk_indices, chunk_offsets,
+                                                         chunk_indices_dp, out),
+                   lambda p: unpack_delta(p, layout, q.shape[0], q.shape[3]))
 
 
 @delta_rule_scan.register_fake
 def _(q, k, v, g, beta, num_householder, scale, initial_state, use_qk_l2norm, cu_seqlens, chunk_indices,
-      chunk_offsets, chunk_indices_dp):
-    return q.new_empty(delta_layout(q, v, _sequences(q, cu_seqlens)).shape, dtype=packed_dtype(q))
+      chunk_offsets, chunk_indices_dp, packed_16bit):
+    return q.new_empty(delta_layout(q, v, _sequences(q, cu_seqlens), packed_16bit).shape,
+                       dtype=packed_dtype(q, packed_16bit))
 
 
 @torch.library.custom_op("recurscan::delta_rule_scan_backward", mutates_args=())
@@ -177,18 +208,27 @@ def _(grad, q, k, v, g, beta, num_householder, scale, initial_state, use_qk_l2no
 
 
 def _setup_context(ctx, inputs, output):
-    (q, k, v, g, beta, M, scale, h0, l2, cu, ci, co, cidp) = inputs
+    (q, k, v, g, beta, M, scale, h0, l2, cu, ci, co, cidp, packed_16bit) = inputs
     ctx.save_for_backward(q, k, v, g, beta, h0, cu, ci, co, cidp)
-    ctx.options = (M, scale, l2)
+    ctx.options = (M, scale, l2, packed_16bit)
+
+
+def _refuse_16bit_backward(packed_16bit: bool) -> None:
+    if packed_16bit:
+        raise RuntimeError("recurscan's traced scan was traced without a gradient (its packed result in 16 bits, "
+                           "the state as a float32 view, which autograd does not follow); trace it with the "
+                           "inputs that need gradients requiring grad")
 
 
 def _backward(ctx, grad):
     q, k, v, g, beta, h0, cu, ci, co, cidp = ctx.saved_tensors
-    M, scale, l2 = ctx.options
+    M, scale, l2, packed_16bit = ctx.options
+    _refuse_16bit_backward(packed_16bit)
     dq, dk, dv, dg, dbeta, dh0 = torch.ops.recurscan.delta_rule_scan_backward(grad, q, k, v, g, beta, M, scale, h0,
                                                                                l2, cu, ci, co, cidp)
     absent = lambda t, d: None if t is None else d  # noqa: E731
-    return (dq, dk, dv, absent(g, dg), absent(beta, dbeta), None, None, absent(h0, dh0), None, None, None, None, None)
+    return (dq, dk, dv, absent(g, dg), absent(beta, dbeta), None, None, absent(h0, dh0), None, None, None, None, None,
+            None)
 
 
 torch.library.register_autograd("recurscan::delta_rule_scan", _backward, setup_context=_setup_context)
@@ -199,20 +239,22 @@ def traced_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, out
     """What a public delta-rule op returns while it is being traced: one ``delta_rule_scan`` node,
     its packed result unpacked into views (y cast to q's dtype)."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    packed_16bit = packs_16bit(q, v.shape[3], k, v, g, beta, initial_state)
     packed = torch.ops.recurscan.delta_rule_scan(q, k, v, g, beta, num_householder, scale, initial_state,
                                                  bool(use_qk_l2norm_in_kernel), cu_seqlens, chunk_indices,
-                                                 chunk_offsets, chunk_indices_dp)
-    layout = delta_layout(q, v, _sequences(q, cu_seqlens))
+                                                 chunk_offsets, chunk_indices_dp, packed_16bit)
+    layout = delta_layout(q, v, _sequences(q, cu_seqlens), packed_16bit)
     y, state = unpack_delta(packed, layout, q.shape[0], q.shape[3])
     return y.to(q.dtype), (state if output_final_state else None)
 
 
-def ssd_layout(x: torch.Tensor, B: torch.Tensor, sequences: int) -> ScanLayout:
+def ssd_layout(x: torch.Tensor, B: torch.Tensor, sequences: int, packed_16bit: bool = False) -> ScanLayout:
     """The layout of a Mamba2 SSD scan of x ``[Bt, T, H, P]`` with B ``[Bt, T, G, Nstate]``: the
     state of each sequence is Nstate rows of width P (the kernels' ``[K, V]``; mamba's ``[H, P,
-    Nstate]`` is its transpose)."""
+    Nstate]`` is its transpose); ``packed_16bit`` as :func:`delta_layout`."""
     Bt, T, H, P = x.shape
-    return ScanLayout(heads=H, rows_y=Bt * T, rows_state=sequences * B.shape[3], width=P)
+    words = 2 if packed_16bit else 1
+    return ScanLayout(heads=H, rows_y=Bt * T, rows_state=sequences * B.shape[3] * words, width=P, state_words=words)
 
 
 def unpack_ssd(packed: torch.Tensor, layout: ScanLayout, batch: int, state_dim: int):
@@ -234,19 +276,21 @@ def _ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_
 def ssd_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk_size: int,
              D: Optional[torch.Tensor], z: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
              initial_states: Optional[torch.Tensor], seq_idx: Optional[torch.Tensor],
-             cu_seqlens: Optional[torch.Tensor], dt_softplus: bool, dt_min: float, dt_max: float) -> torch.Tensor:
+             cu_seqlens: Optional[torch.Tensor], dt_softplus: bool, dt_min: float, dt_max: float,
+             packed_16bit: bool) -> torch.Tensor:
     """Mamba2 SSD (``mamba_chunk_scan_combined``'s arguments) with its packed result
-    ``[1, H, Bt*T + N*Nstate, P]`` (:func:`ssd_layout`)."""
-    with torch.no_grad():
-        y, final = _ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
-                                dt_softplus, dt_min, dt_max)
-    layout = ssd_layout(x, B, _sequences(x, cu_seqlens))
-    return _packed(layout, x, y, final, lambda p: unpack_ssd(p, layout, x.shape[0], B.shape[3]))
+    ``[1, H, Bt*T + N*Nstate, P]`` (:func:`ssd_layout`; ``packed_16bit`` as :func:`delta_rule_scan`)."""
+    layout = ssd_layout(x, B, _sequences(x, cu_seqlens), packed_16bit)
+    return _packed(layout, x, lambda out: _ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
+                                                       seq_idx, cu_seqlens, dt_softplus, dt_min, dt_max),
+                   lambda p: unpack_ssd(p, layout, x.shape[0], B.shape[3]))
 
 
 @ssd_scan.register_fake
-def _(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus, dt_min, dt_max):
-    return x.new_empty(ssd_layout(x, B, _sequences(x, cu_seqlens)).shape, dtype=packed_dtype(x))
+def _(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus, dt_min, dt_max,
+      packed_16bit):
+    return x.new_empty(ssd_layout(x, B, _sequences(x, cu_seqlens), packed_16bit).shape,
+                       dtype=packed_dtype(x, packed_16bit))
 
 
 #: The differentiable inputs of ssd_scan, by position.
@@ -289,17 +333,18 @@ def _(grad, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, 
 def _ssd_setup_context(ctx, inputs, output):
     tensors = [inputs[i] for i in (0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11)]
     ctx.save_for_backward(*tensors)
-    ctx.options = (inputs[5], inputs[12], inputs[13], inputs[14])
+    ctx.options = (inputs[5], inputs[12], inputs[13], inputs[14], inputs[15])
 
 
 def _ssd_backward(ctx, grad):
     x, dt, A, B, C, D, z, dt_bias, h0, seq_idx, cu = ctx.saved_tensors
-    chunk_size, softplus, dt_min, dt_max = ctx.options
+    chunk_size, softplus, dt_min, dt_max, packed_16bit = ctx.options
+    _refuse_16bit_backward(packed_16bit)
     grads = torch.ops.recurscan.ssd_scan_backward(grad, x, dt, A, B, C, chunk_size, D, z, dt_bias, h0, seq_idx, cu,
                                                   softplus, dt_min, dt_max)
     inputs = (x, dt, A, B, C, D, z, dt_bias, h0)
     dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dh0 = (None if t is None else d for t, d in zip(inputs, grads))
-    return dx, ddt, dA, dB, dC, None, dD, dz, ddt_bias, dh0, None, None, None, None, None
+    return dx, ddt, dA, dB, dC, None, dD, dz, ddt_bias, dh0, None, None, None, None, None, None
 
 
 torch.library.register_autograd("recurscan::ssd_scan", _ssd_backward, setup_context=_ssd_setup_context)
@@ -309,9 +354,11 @@ def traced_ssd(x, dt, A, B, C, *, chunk_size, D, z, dt_bias, initial_states, seq
                dt_limit):
     """What ``mamba_chunk_scan_combined`` returns while it is being traced: ``(y, final states)``
     from one ``ssd_scan`` node (y cast to x's dtype)."""
+    packed_16bit = packs_16bit(x, x.shape[3], dt, A, B, C, D, z, dt_bias, initial_states)
     packed = torch.ops.recurscan.ssd_scan(x, dt, A, B, C, int(chunk_size), D, z, dt_bias, initial_states, seq_idx,
-                                          cu_seqlens, bool(dt_softplus), float(dt_limit[0]), float(dt_limit[1]))
-    y, final = unpack_ssd(packed, ssd_layout(x, B, _sequences(x, cu_seqlens)), x.shape[0], B.shape[3])
+                                          cu_seqlens, bool(dt_softplus), float(dt_limit[0]), float(dt_limit[1]),
+                                          packed_16bit)
+    y, final = unpack_ssd(packed, ssd_layout(x, B, _sequences(x, cu_seqlens), packed_16bit), x.shape[0], B.shape[3])
     return y.to(x.dtype), final
 
 
@@ -326,19 +373,21 @@ def _gla_forward(q, k, v, g, per_key_decay, scale, initial_state, g_gamma, cu_se
 def gla_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor], per_key_decay: bool,
              scale: float, initial_state: Optional[torch.Tensor], g_gamma: Optional[torch.Tensor],
              cu_seqlens: Optional[torch.Tensor], chunk_indices: Optional[torch.Tensor],
-             chunk_offsets: Optional[torch.Tensor]) -> torch.Tensor:
+             chunk_offsets: Optional[torch.Tensor], packed_16bit: bool) -> torch.Tensor:
     """Gated linear attention (``chunk_simple_gla``, or ``chunk_gla`` with ``per_key_decay``) with
-    its packed result ``[1, HV, B*T + N*K, V]`` (the delta rule's layout)."""
-    with torch.no_grad():
-        o, final = _gla_forward(q, k, v, g, per_key_decay, scale, initial_state, g_gamma, cu_seqlens, chunk_indices,
-                                chunk_offsets)
-    layout = delta_layout(q, v, _sequences(q, cu_seqlens))
-    return _packed(layout, q, o, final, lambda p: unpack_delta(p, layout, q.shape[0], q.shape[3]))
+    its packed result ``[1, HV, B*T + N*K, V]`` (the delta rule's layout; ``packed_16bit`` as
+    :func:`delta_rule_scan`)."""
+    layout = delta_layout(q, v, _sequences(q, cu_seqlens), packed_16bit)
+    return _packed(layout, q, lambda out: _gla_forward(q, k, v, g, per_key_decay, scale, initial_state, g_gamma,
+                                                       cu_seqlens, chunk_indices, chunk_offsets),
+                   lambda p: unpack_delta(p, layout, q.shape[0], q.shape[3]))
 
 
 @gla_scan.register_fake
-def _(q, k, v, g, per_key_decay, scale, initial_state, g_gamma, cu_seqlens, chunk_indices, chunk_offsets):
-    return q.new_empty(delta_layout(q, v, _sequences(q, cu_seqlens)).shape, dtype=packed_dtype(q))
+def _(q, k, v, g, per_key_decay, scale, initial_state, g_gamma, cu_seqlens, chunk_indices, chunk_offsets,
+      packed_16bit):
+    return q.new_empty(delta_layout(q, v, _sequences(q, cu_seqlens), packed_16bit).shape,
+                       dtype=packed_dtype(q, packed_16bit))
 
 
 @torch.library.custom_op("recurscan::gla_scan_backward", mutates_args=())
@@ -366,17 +415,18 @@ def _(grad, q, k, v, g, per_key_decay, scale, initial_state, g_gamma, cu_seqlens
 
 
 def _gla_setup_context(ctx, inputs, output):
-    q, k, v, g, per_key, scale, h0, g_gamma, cu, ci, co = inputs
+    q, k, v, g, per_key, scale, h0, g_gamma, cu, ci, co, packed_16bit = inputs
     ctx.save_for_backward(q, k, v, g, h0, g_gamma, cu, ci, co)
-    ctx.options = (per_key, scale)
+    ctx.options = (per_key, scale, packed_16bit)
 
 
 def _gla_backward(ctx, grad):
     q, k, v, g, h0, g_gamma, cu, ci, co = ctx.saved_tensors
-    per_key, scale = ctx.options
+    per_key, scale, packed_16bit = ctx.options
+    _refuse_16bit_backward(packed_16bit)
     grads = torch.ops.recurscan.gla_scan_backward(grad, q, k, v, g, per_key, scale, h0, g_gamma, cu, ci, co)
     dq, dk, dv, dg, dh0, dgamma = (None if t is None else d for t, d in zip((q, k, v, g, h0, g_gamma), grads))
-    return dq, dk, dv, dg, None, None, dh0, dgamma, None, None, None
+    return dq, dk, dv, dg, None, None, dh0, dgamma, None, None, None, None
 
 
 torch.library.register_autograd("recurscan::gla_scan", _gla_backward, setup_context=_gla_setup_context)
@@ -386,7 +436,9 @@ def traced_gla(q, k, v, g, *, per_key_decay, scale, initial_state, output_final_
                chunk_indices, chunk_offsets):
     """What ``chunk_simple_gla`` / ``chunk_gla`` return while being traced: one ``gla_scan`` node."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    packed_16bit = packs_16bit(q, v.shape[3], k, v, g, initial_state, g_gamma)
     packed = torch.ops.recurscan.gla_scan(q, k, v, g, bool(per_key_decay), scale, initial_state, g_gamma, cu_seqlens,
-                                          chunk_indices, chunk_offsets)
-    y, state = unpack_delta(packed, delta_layout(q, v, _sequences(q, cu_seqlens)), q.shape[0], q.shape[3])
+                                          chunk_indices, chunk_offsets, packed_16bit)
+    y, state = unpack_delta(packed, delta_layout(q, v, _sequences(q, cu_seqlens), packed_16bit), q.shape[0],
+                            q.shape[3])
     return y.to(q.dtype), (state if output_final_state else None)

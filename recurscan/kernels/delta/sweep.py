@@ -72,7 +72,8 @@ def _start_state(p_state, h0, seg_n, m_s0, m_vk, o_vk, o_s0, s0_n, s0_h, i_n, i_
 
 
 @triton.jit
-def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, u_out, ks_out, D, z, dl, cs0, n_cs_rows,
+def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_states, u_out, ks_out, D, z, dl, cs0,
+                 n_cs_rows,
                  bos, bos_t, L, i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
                  BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PASS: tl.constexpr,
@@ -183,7 +184,7 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, u_out
         if CAREFUL:
             b_ot = _outputs_causal(b_Sd, b_q, b_Wt, b_At, lam_rk, lam_rq, o_tq * M + (M - 1), k, v, e, m_r, i_h,
                                    i_hv, o_t, o_k, o_v, m_k, m_vt, H, HV, K, V, BT, V_PRODUCT, DOT_PRECISION, DT, WY)
-        tl.store(o + (tok_q * HV + i_hv)[None, :] * V + o_v[:, None], b_ot.to(o.dtype.element_ty),
+        tl.store(o + tok_q[None, :] * o_st + i_hv * o_sh + o_v[:, None], b_ot.to(o.dtype.element_ty),
                  mask=m_v[:, None])
     elif (PASS != 1) and OUTPUTS:
         lam_rq = tl.sum(tl.where((o_4[None, :] == 1) & m_q[:, None], b_coef, 0.0), axis=1)
@@ -204,7 +205,7 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, u_out
             o_desc.store([tl.cast(c * BT, tl.int32), tl.cast(i_v * BV, tl.int32)],
                          tl.trans(b_ot.to(o.dtype.element_ty)))
         else:
-            p_o = o + (tok * HV + i_hv)[None, :] * V + o_v[:, None]
+            p_o = o + tok[None, :] * o_st + i_hv * o_sh + o_v[:, None]
             tl.store(p_o, b_ot.to(o.dtype.element_ty), mask=m_q[None, :] & m_v[:, None])
 
     # Stage 3 (end): the state leaving the chunk, S^T <- lam_last S^T + (U^T o gam) K.
@@ -225,6 +226,7 @@ def chunk_delta_sweep_kernel(
     h0, ht, state, state_indices, chunk_states, cu_seqlens, chunk_offsets, sequence_order,
     seg_n, seg_m, n_seg, seg_chunks, tc_first, tc_count, trigger_dependents, T,
     s0_n, s0_h, s0_k, s0_v, n_slots, n_cs_rows, replay_flags, u_out, ks_out, checkpoints, n_ckpt, D, z, dl,
+    o_st, o_sh, ht_n, ht_h,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr,
@@ -328,6 +330,10 @@ def chunk_delta_sweep_kernel(
     HAS_Z (SSD, ``v`` holding x): the outputs become (O + D x) silu(z), D ``[HV]`` or
     ``[HV, V]`` (D_PER_CHANNEL), z laid out as v.
 
+    Outputs are written through strides: ``o`` at ``tok * o_st + hv * o_sh + v`` (``o_st = HV V``,
+    ``o_sh = V`` for a ``[B, T, HV, V]`` tensor; the traced scan's packed result is head-major,
+    ops/scan.py), the final state at ``n * ht_n + hv * ht_h + k V + v``.
+
     KEY_DECAY (with WY False; fla's chunk_gla, a decay per key dimension, whose prep is
     kernels/gla/prep.py with FOR_SWEEP): ``q`` and ``k`` are the prep's decayed queries and keys
     ``[B, T, HV, K]`` (H = HV; the queries carry the scale and the decay from the chunk start,
@@ -421,7 +427,7 @@ def chunk_delta_sweep_kernel(
             if PASS != 1:
                 for c in range(tc_lo, tc_hi):
                     o_tok = bos_t + c * BT + o_t.to(tl.int64)
-                    p_o = o + (o_tok * HV + i_hv)[:, None] * V + o_v[None, :]
+                    p_o = o + o_tok[:, None] * o_st + i_hv * o_sh + o_v[None, :]
                     tl.store(p_o, tl.zeros([BT, BV], dtype=o.dtype.element_ty),
                              mask=(o_tok < eos_t)[:, None] & m_v[None, :])
                 if not REPLAY:
@@ -452,8 +458,8 @@ def chunk_delta_sweep_kernel(
             cs0 = i_n * tl.cdiv(T, BT)
 
     if TMA_STORE and (PASS != 1) and OUTPUTS:  # the sequence's output rows [L, V] of value head hv; rows past L clipped
-        o_desc = tl.make_tensor_descriptor(o + (bos_t * HV + i_hv) * V, shape=[(eos_t - bos_t).to(tl.int32), V],
-                                           strides=[HV * V, 1], block_shape=[BT, BV])
+        o_desc = tl.make_tensor_descriptor(o + bos_t * o_st + i_hv * o_sh, shape=[(eos_t - bos_t).to(tl.int32), V],
+                                           strides=[o_st, 1], block_shape=[BT, BV])
     else:  # _sweep_chunk takes every name; the flags below keep these placeholders unread
         o_desc = o
     if PASS != 1:
@@ -473,7 +479,8 @@ def chunk_delta_sweep_kernel(
         if STORE_CKPT:
             if c % (CKPT_CHUNKS * M) == 0:
                 tl.store(p_ckpt + (c // (CKPT_CHUNKS * M)) * HV * K * V, b_St, mask=m_vk)
-        b_St = _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, u_out, ks_out, D, z, dl,
+        b_St = _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_states, u_out, ks_out, D, z,
+                            dl,
                             cs0, n_cs_rows, bos, bos_t, L, i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
                             DOT_PRECISION, DT, True, REPLAY, OUTPUTS, STORE_U, WY, HAS_D, D_PER_CHANNEL,
@@ -483,7 +490,8 @@ def chunk_delta_sweep_kernel(
         if STORE_CKPT:
             if c_tail % (CKPT_CHUNKS * M) == 0:
                 tl.store(p_ckpt + (c_tail // (CKPT_CHUNKS * M)) * HV * K * V, b_St, mask=m_vk)
-        b_St = _sweep_chunk(c_tail, b_St, q, k, v, wy, aqk, coef, o, o_desc, chunk_states, u_out, ks_out, D, z, dl,
+        b_St = _sweep_chunk(c_tail, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_states, u_out, ks_out, D, z,
+                            dl,
                             cs0, n_cs_rows, bos, bos_t, L, i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
                             DOT_PRECISION, DT, False, REPLAY, OUTPUTS, STORE_U, WY, HAS_D, D_PER_CHANNEL,
@@ -524,17 +532,17 @@ def chunk_delta_sweep_kernel(
             if USE_CACHE:
                 tl.store(p_state, b_St.to(state.dtype.element_ty), mask=m_vk & (not replay))
             elif STORE_FINAL:
-                tl.store(ht + (i_n * HV + i_hv) * K * V + o_vk, b_St, mask=m_vk)
+                tl.store(ht + i_n * ht_n + i_hv * ht_h + o_vk, b_St, mask=m_vk)
     elif PASS == 3:
         if last_phase:
             if USE_CACHE:
                 tl.store(p_state, b_St.to(state.dtype.element_ty), mask=m_vk & (not replay))
             elif STORE_FINAL:
-                tl.store(ht + (i_n * HV + i_hv) * K * V + o_vk, b_St, mask=m_vk)
+                tl.store(ht + i_n * ht_n + i_hv * ht_h + o_vk, b_St, mask=m_vk)
         else:
             tl.store(seg_n + (i_n * HV + i_hv) * K * V + o_vk, b_St, mask=m_vk)
     else:
         if USE_CACHE:
             tl.store(p_state, b_St.to(state.dtype.element_ty), mask=m_vk & (not replay))
         elif STORE_FINAL:
-            tl.store(ht + (i_n * HV + i_hv) * K * V + o_vk, b_St, mask=m_vk)
+            tl.store(ht + i_n * ht_n + i_hv * ht_h + o_vk, b_St, mask=m_vk)

@@ -135,7 +135,7 @@ def _per_key_grads(q, k, g, b_q, b_k, b_dOS, b_VdS, b_dOV, b_VdO, sds, r0, eos, 
     by pair with the other row gathered from memory."""
     b_graw = _log2_decays(g, g, g, g, rows, m_r, i_hv, o_k, m_k, 0.0, 0.0, HV, K, BK, True, False, False, False,
                           False, False)
-    bad_g, _gz, seg, seg_last, bl, bs, before, after, gl_last, _tot, _cnt = _key_gates(b_graw, o_t, BT, BK)
+    bad_g, _gz, seg, seg_last, bl, bs, before, after, gl_last = _key_gates(b_graw, o_t, BT, BK)
     bad_k = bad_g | (tl.max((b_k * 0.0 != 0.0).to(tl.int32), axis=1) != 0)
     bad_q = tl.max((b_q * 0.0 != 0.0).to(tl.int32), axis=1) != 0
     b_q = tl.where((bad_q | bad_k)[:, None], 0.0, b_q)

@@ -55,49 +55,37 @@ def _log2_decays(g, dt, A, dt_bias, r, m_r, i_hv, o_k, m_k, dt_min, dt_max, HV: 
 
 
 @triton.jit
-def _over_blocks(per_block, counted, NB: tl.constexpr):
-    """``[NB, BK]``: for each block m, the sum of ``per_block [NB, BK]`` over the blocks m' with
-    ``counted[m, m']`` (``[NB, NB]``): a sum over the blocks a span covers, four terms at most."""
-    return tl.sum(tl.where(counted[:, :, None], per_block[None, :, :], 0.0), axis=1)
-
-
-@triton.jit
-def _rows_of(per_block, BT: tl.constexpr, BK: tl.constexpr):
-    """``[BT, BK]``: each row's block's entry of ``per_block [BT // SUB, BK]``."""
-    NB: tl.constexpr = BT // SUB
-    return tl.reshape(tl.broadcast_to(per_block[:, None, :], (NB, SUB, BK)), (BT, BK))
-
-
-@triton.jit
 def _key_gates(b_g, o_t, BT: tl.constexpr, BK: tl.constexpr):
     """A chunk's gates per key from its log2 decays ``b_g [BT, BK]``: a bad decay (NaN, +inf)
     counts as 1 (``bad_g [BT]`` marks its row), a reset (decay exactly 0) starts a segment
-    (``seg``, the resets at rows <= i; ``seg_last`` the chunk's). Exponents, each a sum of the
+    (``seg``, the resets at rows <= i; ``seg_last`` the last row's). Exponents, each a sum of the
     decays it spans, within a block of SUB rows or from the blocks' totals (never the difference
     of two long prefix sums, which loses the bits of a normal decay after a run of strong ones):
     ``bl`` (rows of the row's block up to it), ``bs`` (rows of its block after it), ``before`` /
-    ``after`` (the blocks before / after the row's), ``gl_last`` (the whole chunk); and per block
-    (``[BT // SUB, BK]``) its decays' total ``tot`` and its resets ``cnt``. The block totals come
-    from one reduction within the blocks, not one per block across the tile. Returns ``(bad_g,
-    b_g with bad decays and resets as 0, seg, seg_last, bl, bs, before, after, gl_last, tot, cnt)``."""
+    ``after`` (the blocks before / after the row's), ``gl_last`` (the whole chunk). Returns
+    ``(bad_g, b_g with bad decays and resets as 0, seg, seg_last, bl, bs, before, after, gl_last)``."""
     bad_gk = (b_g != b_g) | (b_g == float("inf"))
     bad_g = tl.max(bad_gk.to(tl.int32), axis=1) != 0
     b_g = tl.where(bad_gk, 0.0, b_g)
     reset = b_g < -150.0
     b_g = tl.where(reset, 0.0, b_g)
     seg = tl.cumsum(reset.to(tl.int32), axis=0)
+    last = o_t[:, None] == BT - 1
+    seg_last = tl.sum(tl.where(last, seg, 0), axis=0)
     NB: tl.constexpr = BT // SUB
-    o_b = tl.arange(0, NB)
+    blk = o_t // SUB
     g3 = tl.reshape(b_g, (NB, SUB, BK))
     bl = tl.reshape(tl.cumsum(g3, axis=1), (BT, BK))  # within the row's block, rows <= i
     bs = tl.reshape(tl.cumsum(g3, axis=1, reverse=True), (BT, BK)) - b_g  # within the block, rows > j
-    tot = tl.sum(g3, axis=1)  # [NB, BK]
-    cnt = tl.sum(tl.reshape(reset.to(tl.int32), (NB, SUB, BK)), axis=1)  # [NB, BK]
-    seg_last = tl.sum(cnt, axis=0)
-    before = _rows_of(_over_blocks(tot, o_b[None, :] < o_b[:, None], NB), BT, BK)  # the blocks before the row's
-    after = _rows_of(_over_blocks(tot, o_b[None, :] > o_b[:, None], NB), BT, BK)  # the blocks after the row's
-    gl_last = tl.sum(tot, axis=0)
-    return bad_g, b_g, seg, seg_last, bl, bs, before, after, gl_last, tot, cnt
+    end = o_t[:, None] % SUB == SUB - 1
+    before = tl.zeros([BT, BK], dtype=tl.float32)  # the blocks before the row's
+    after = tl.zeros([BT, BK], dtype=tl.float32)  # the blocks after the row's
+    for m in tl.static_range(0, NB):
+        tot = tl.sum(tl.where(end & (blk == m)[:, None], bl, 0.0), axis=0)
+        before += tl.where((blk > m)[:, None], tot[None, :], 0.0)
+        after += tl.where((blk < m)[:, None], tot[None, :], 0.0)
+    gl_last = tl.sum(tl.where(last, before + bl, 0.0), axis=0)
+    return bad_g, b_g, seg, seg_last, bl, bs, before, after, gl_last
 
 
 @triton.jit(do_not_specialize=["T", "n_seq", "n_cs_rows"])
@@ -155,10 +143,10 @@ def chunk_gla_prep_kernel(
     #    Every exponent below is a sum of the decays it spans, taken within a block of SUB rows or
     #    from the blocks' totals, never a difference of two long prefix sums (which loses the
     #    bits of a normal decay after a run of strong ones).
-    bad_g, b_g, seg, seg_last, bl, bs, before, after, gl_last, tot, cnt = _key_gates(b_g, o_t, BT, BK)
+    bad_g, b_g, seg, seg_last, bl, bs, before, after, gl_last = _key_gates(b_g, o_t, BT, BK)
     NB: tl.constexpr = BT // SUB
     blk = o_t // SUB
-    o_b = tl.arange(0, NB)
+    end = o_t[:, None] % SUB == SUB - 1
     bad_k = bad_g | (tl.max((b_k * 0.0 != 0.0).to(tl.int32), axis=1) != 0)
     bad_q = tl.max((b_q * 0.0 != 0.0).to(tl.int32), axis=1) != 0
     b_q = tl.where((bad_q | bad_k)[:, None], 0.0, b_q)
@@ -184,9 +172,12 @@ def chunk_gla_prep_kernel(
     #    key's until block b begins.
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
     for b in tl.static_range(1, NB):
-        sref = tl.sum(tl.where((o_b < b)[:, None], cnt, 0), axis=0)  # the resets before block b
-        # the blocks between the key's and b
-        mid = _rows_of(_over_blocks(tot, (o_b[None, :] > o_b[:, None]) & (o_b[None, :] < b), NB), BT, BK)
+        at = o_t[:, None] == b * SUB - 1
+        sref = tl.sum(tl.where(at, seg, 0), axis=0)
+        mid = tl.zeros([BT, BK], dtype=tl.float32)  # the blocks between the key's and b
+        for m in tl.static_range(1, b):
+            tot = tl.sum(tl.where(end & (blk == m)[:, None], bl, 0.0), axis=0)
+            mid += tl.where((blk < m)[:, None], tot[None, :], 0.0)
         in_b = (blk == b)[:, None] & (seg == sref[None, :])
         earlier = (blk < b)[:, None] & (seg == sref[None, :])
         b_qs = tl.where(in_b, b_q * tl.exp2(tl.where(in_b, bl, 0.0)), 0.0)
@@ -196,29 +187,30 @@ def chunk_gla_prep_kernel(
     #    block's end down, so that the exponent (the decays of rows j+1..i) and whether a reset
     #    lies among them grow by one gathered row a step; k_j and g_j are gathered from memory (a
     #    row of a register tile cannot be indexed). INTRA False: chunk_gla_intra_kernel's.
-    span = tl.zeros([BT, BK], dtype=tl.float32)
-    cut = tl.zeros([BT, BK], dtype=tl.int32)
-    for t in range(0, SUB if INTRA else 0):
-        jj = SUB - 1 - t
-        col = blk * SUB + jj  # [BT]: row i's column in its block
-        m_n = (o_t % SUB >= jj + 1) & (r0 + col + 1 < eos)  # rows whose span now includes row j + 1
-        m_nk = m_n[:, None] & m_k[None, :]
-        g_n = _log2_decays(g, dt, A, dt_bias, r0 + col + 1, m_n, i_hv, o_k, m_k, dt_min, dt_max, HV, K, BK, HAS_G,
-                           SCALAR, SSD, HAS_DT_BIAS, DT_SOFTPLUS, DT_LIMIT)
-        g_n = tl.where((g_n != g_n) | (g_n == float("inf")), 0.0, g_n)
-        cut = cut | (m_nk & (g_n < -150.0)).to(tl.int32)
-        span += tl.where(m_nk & (g_n >= -150.0), g_n, 0.0)
-        m_j = (o_t % SUB >= jj) & (r0 + col < eos)
-        m_jk = m_j[:, None] & m_k[None, :]
-        p_j = (r0 + col)[:, None]
-        k_j = tl.load(k + (p_j * H + i_h) * K + o_k[None, :], mask=m_jk, other=0.0).to(tl.float32)
-        g_j = _log2_decays(g, dt, A, dt_bias, r0 + col, m_j, i_hv, o_k, m_k, dt_min, dt_max, HV, K, BK, HAS_G,
-                           SCALAR, SSD, HAS_DT_BIAS, DT_SOFTPLUS, DT_LIMIT)
-        bad_j = (tl.max((k_j * 0.0 != 0.0).to(tl.int32), axis=1) != 0) | \
-            (tl.max(((g_j != g_j) | (g_j == float("inf"))).to(tl.int32), axis=1) != 0)
-        pair = m_jk & ~bad_j[:, None] & (cut == 0)
-        term = tl.where(pair, b_q * k_j * tl.exp2(tl.where(pair, span, 0.0)), 0.0)
-        b_A = tl.where(o_t[None, :] == col[:, None], tl.sum(term, axis=1)[:, None], b_A)
+    if INTRA:
+        span = tl.zeros([BT, BK], dtype=tl.float32)
+        cut = tl.zeros([BT, BK], dtype=tl.int32)
+        for t in range(0, SUB):
+            jj = SUB - 1 - t
+            col = blk * SUB + jj  # [BT]: row i's column in its block
+            m_n = (o_t % SUB >= jj + 1) & (r0 + col + 1 < eos)  # rows whose span now includes row j + 1
+            m_nk = m_n[:, None] & m_k[None, :]
+            g_n = _log2_decays(g, dt, A, dt_bias, r0 + col + 1, m_n, i_hv, o_k, m_k, dt_min, dt_max, HV, K, BK, HAS_G,
+                               SCALAR, SSD, HAS_DT_BIAS, DT_SOFTPLUS, DT_LIMIT)
+            g_n = tl.where((g_n != g_n) | (g_n == float("inf")), 0.0, g_n)
+            cut = cut | (m_nk & (g_n < -150.0)).to(tl.int32)
+            span += tl.where(m_nk & (g_n >= -150.0), g_n, 0.0)
+            m_j = (o_t % SUB >= jj) & (r0 + col < eos)
+            m_jk = m_j[:, None] & m_k[None, :]
+            p_j = (r0 + col)[:, None]
+            k_j = tl.load(k + (p_j * H + i_h) * K + o_k[None, :], mask=m_jk, other=0.0).to(tl.float32)
+            g_j = _log2_decays(g, dt, A, dt_bias, r0 + col, m_j, i_hv, o_k, m_k, dt_min, dt_max, HV, K, BK, HAS_G,
+                               SCALAR, SSD, HAS_DT_BIAS, DT_SOFTPLUS, DT_LIMIT)
+            bad_j = (tl.max((k_j * 0.0 != 0.0).to(tl.int32), axis=1) != 0) | \
+                (tl.max(((g_j != g_j) | (g_j == float("inf"))).to(tl.int32), axis=1) != 0)
+            pair = m_jk & ~bad_j[:, None] & (cut == 0)
+            term = tl.where(pair, b_q * k_j * tl.exp2(tl.where(pair, span, 0.0)), 0.0)
+            b_A = tl.where(o_t[None, :] == col[:, None], tl.sum(term, axis=1)[:, None], b_A)
     tl.store(aqk + (rows * HV + i_hv)[:, None] * BT + o_t[None, :], (scale * b_A).to(aqk.dtype.element_ty),
              mask=m_r[:, None])
 
