@@ -98,11 +98,12 @@ RULES: list[Rule] = [
     Rule("chunked GLA with a scalar decay, and SSD on it, on a CUDA device run the delta rule's prep and sweep with "
          "the WY step off (plan/gla.py): on the H200 at 6dc10bf, chunk_simple_gla B4 T4096 H16 0.151 ms (the fused "
          "GLA kernel 0.493, the PyTorch form 51.4 at fa89d4d), mamba_chunk_scan_combined B1 T16384 (80 heads x 64, "
-         "dstate 128) 0.830 ms (fused 2.103; 198 for the PyTorch form's recurrence at fa89d4d) "
+         "dstate 128) 0.830 ms in one pass, 0.712 in 6 phases (fused 2.103; 198 for the PyTorch form's recurrence at "
+         "fa89d4d) "
          "(benchmarks/results/gpu_gla_sweep_6dc10bf.json); the backward runs the GLA kernels (kernels/gla/); "
-         "with a decay per key dimension (chunk_gla: the prep, then "
-         "the sweep) B4 T4096 H16 K=V=128 2.50 ms against 100 ms for the PyTorch form, forward + backward 18.2 "
-         "against 425 (gpu_gla_per_key_5ff53ea.json)",
+         "with a decay per key dimension (chunk_gla: the per-key prep, then the delta sweep with KEY_DECAY) "
+         "B4 T4096 H16 K=V=128 1.255 ms (the fused kernel 2.51, the PyTorch form 100; gpu_call_863b5e5.log), "
+         "forward + backward 18.2 against 425 (gpu_gla_per_key_5ff53ea.json)",
          _triton_chunked_gla, "triton"),
     Rule("no Triton kernel measured for this problem on this device: the PyTorch form runs there too "
          "(float64 inputs; the diagonal scans have none)",
