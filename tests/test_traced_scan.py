@@ -239,3 +239,40 @@ def test_the_triton_path_writes_the_packed_result_in_place(dtype, monkeypatch):
     o, final = recurscan.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, output_final_state=True,
                                                 backend="triton")
     assert torch.equal(y, o) and torch.equal(state, final)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("family", ["ssd", "gla"])
+def test_ssd_and_gla_write_the_packed_result_in_place_too(family, dtype, monkeypatch):
+    """ssd_scan and gla_scan on the Triton path (the interpreter here): the delta sweep's o and
+    final buffers are the packed result's views (SSD's states in the kernel's [Nstate, P] rows), and
+    y and the final states equal the eager Triton op's bit for bit."""
+    import recurscan.launch.delta as launch_delta
+    import recurscan.launch.gla as launch_gla
+    import recurscan.ops.scan as scan
+    from recurscan.ops.scan import ssd_layout, unpack_ssd
+    monkeypatch.setattr(scan, "BACKEND", "triton")
+    torch.manual_seed(6)
+    given = []
+    run = launch_delta.run_delta_launches
+    monkeypatch.setattr(launch_gla, "run_delta_launches", lambda *a: given.append(a[2]) or run(*a))
+    sixteen = dtype == torch.bfloat16
+    Bt, T, H, W, N = 2, 70, 2, 16, 16
+    if family == "ssd":
+        x, z = torch.randn(Bt, T, H, W).to(dtype), torch.randn(Bt, T, H, W).to(dtype)
+        dt, A, D, dt_bias = torch.randn(Bt, T, H), -torch.rand(H), torch.randn(H), torch.randn(H)
+        B, C = torch.randn(Bt, T, 1, N).to(dtype), torch.randn(Bt, T, 1, N).to(dtype)
+        packed = torch.ops.recurscan.ssd_scan(x, dt, A, B, C, 64, D, z, dt_bias, None, None, None, True, 0.0,
+                                              float("inf"), sixteen)
+        y, final = unpack_ssd(packed, ssd_layout(x, B, Bt, sixteen), Bt, N)
+        want = recurscan.mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=64, D=D, z=z, dt_bias=dt_bias,
+                                                   dt_softplus=True, return_final_states=True, backend="triton")
+    else:
+        q, k, v = (torch.randn(Bt, T, H, W).to(dtype) for _ in range(3))
+        g = -torch.rand(Bt, T, H)
+        packed = torch.ops.recurscan.gla_scan(q, k, v, g, False, W ** -0.5, None, None, None, None, None, sixteen)
+        y, final = unpack_delta(packed, delta_layout(q, v, Bt, sixteen), Bt, W)
+        want = recurscan.chunk_simple_gla(q, k, v, g, output_final_state=True, backend="triton")
+    assert given and given[0]["o"].data_ptr() == packed.data_ptr(), "the sweep did not write the packed result"
+    assert given[0]["final"].untyped_storage().data_ptr() == packed.untyped_storage().data_ptr()
+    assert torch.equal(y, want[0]) and torch.equal(final, want[1])

@@ -174,7 +174,7 @@ def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_
                          backward=None, chunk_state_rows=None, chunk_offsets=None, prep_rows=None,
                          chunk_indices=None,
                          shape: GlaShape, ssd: SsdPrologue | None = None, state=None, state_indices=None,
-                         state_v_first=False):
+                         state_v_first=False, out_views=None):
     """``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] float32 or None)`` of
     ``S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = scale S_t^T q_t`` (g ``[B, T, HV]`` or None).
     With ``ssd``: Mamba2 SSD, ``v`` holding x (:class:`SsdPrologue`), ``g`` None or ``[B, T]``
@@ -191,14 +191,17 @@ def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_
     g ``[B, T, HV, K]``, a decay per key dimension, needs it); varlen then needs ``chunk_indices``
     and ``chunk_offsets``. A shape with ``sweep`` runs a scalar decay, SSD and a decay per key on
     the delta rule's prep (for a decay per key, kernels/gla/prep.py's) and sweep
-    (:func:`_gla_on_sweep`); ``prep_rows`` then only says that the decay is per key. No host
-    synchronisation."""
+    (:func:`_gla_on_sweep`); ``prep_rows`` then only says that the decay is per key.
+    ``out_views``: ``(o, final)`` views the sweep writes into (launch/delta.py's ``out_views``;
+    final in the kernel's ``[N, HV, K, V]``), returned as the outputs; the fused kernel ignores
+    them. No host synchronisation."""
     if shape.sweep is not None and (prep_rows is None or (g is not None and g.dim() == 4)):
         return _gla_on_sweep(q, k, v, g, scale=scale, initial_state=initial_state,
                              output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                              chunk_state_rows=chunk_state_rows, chunk_offsets=chunk_offsets,
                              chunk_indices=chunk_indices, shape=shape, ssd=ssd, state=state,
-                             state_indices=state_indices, state_v_first=state_v_first, backward=backward)
+                             state_indices=state_indices, state_v_first=state_v_first, backward=backward,
+                             out_views=out_views)
     q, k, v = (x.contiguous() for x in (q, k, v))
     g = None if g is None else g.contiguous()
     h0 = state if state is not None else (None if initial_state is None else initial_state.float())
@@ -231,7 +234,7 @@ def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_
 
 def _gla_on_sweep(q, k, v, g, *, scale, initial_state, output_final_state, cu_seqlens, chunk_state_rows,
                   chunk_offsets, chunk_indices, shape: GlaShape, ssd, state, state_indices, state_v_first,
-                  backward=None):
+                  backward=None, out_views=None):
     """:func:`chunk_simple_gla_fwd` of a scalar decay (or SSD) on the delta rule's prep and sweep
     with the WY step off, launched in ``shape.sweep`` (launch/delta.py builds the launches; varlen
     without ``chunk_indices`` forms them on the device, no sync); a decay per key (g ``[B, T, HV,
@@ -248,22 +251,24 @@ def _gla_on_sweep(q, k, v, g, *, scale, initial_state, output_final_state, cu_se
         state = None if state is None else state.transpose(-1, -2)
     ssd, extra = contiguous_prologue(ssd)
     options = None if ssd is None else (ssd.dt_softplus, tuple(ssd.dt_limit))
-    key = (launch_key((q, k, v, g, h0, state, state_indices, cu_seqlens, chunk_indices, chunk_offsets) + extra),
-           float(scale), output_final_state, shape, options, chunk_state_rows)
+    key = (launch_key((q, k, v, g, h0, state, state_indices, cu_seqlens, chunk_indices, chunk_offsets) + extra +
+                      (out_views or ())), float(scale), output_final_state, shape, options, chunk_state_rows)
     launches = GLA_SWEEP_LAUNCHES.get(key)
     if launches is None:
         launches = GLA_SWEEP_LAUNCHES.put(key, build_delta_launches(
             q, k, v, g, None, shape.sweep, scale=scale, initial_state=h0, output_final_state=output_final_state,
             cu_seqlens=cu_seqlens, chunk_indices_dp=chunk_indices, chunk_offsets=chunk_offsets,
             num_chunk_rows=chunk_state_rows, state=state, state_indices=state_indices,
-            return_chunk_states=chunk_state_rows is not None, wy=False, ssd=ssd, key_decay=key_decay))
+            return_chunk_states=chunk_state_rows is not None, wy=False, ssd=ssd, key_decay=key_decay,
+            out_views=out_views))
         if backward is not None and ssd is None and not key_decay and not INTERPRET:
             N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
             compile_gla_backward_early(q, k, v, g, h0, cu_seqlens, scale=scale, shape=shape,
                                        out=launches.buffers["o"][:2], final=((N,) + h0_shape(q, v), torch.float32)
                                        if output_final_state else None, **backward)
+    given = None if out_views is None else {"o": out_views[0], "final": out_views[1]}
     out = run_delta_launches(launches, DeltaInputs(q, k, v, g, None, h0, state, state_indices, cu_seqlens,
-                                                   chunk_indices, chunk_offsets, *extra))
+                                                   chunk_indices, chunk_offsets, *extra), given)
     o, final = out[0], out[1]
     if state is not None:
         final = state.transpose(-1, -2) if state_v_first else state

@@ -13,7 +13,9 @@ from . import _cache
 
 def _run_gla(q, k, v, g, *, per_key_decay, scale, initial_state, output_final_state, cu_seqlens, backend=None,
              g_gamma=None, state=None, state_indices=None, chunk_indices=None, chunk_offsets=None,
-             return_chunk_states=False):
+             return_chunk_states=False, out_views=None):
+    """The two ops' driver. ``out_views``: ``(o, final)`` views an inference call on the delta sweep
+    writes into (the traced scan's packed result, ops/scan.py); the other paths ignore it."""
     if torch.compiler.is_compiling() and state is None and not return_chunk_states:
         # Being traced (torch.compile, torch.export): one scan node with a packed result (ops/scan.py).
         from .scan import traced_gla
@@ -50,7 +52,7 @@ def _run_gla(q, k, v, g, *, per_key_decay, scale, initial_state, output_final_st
                                    output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                                    shape=schedule.launch, state=state, state_indices=state_indices,
                                    chunk_state_rows=rows, chunk_offsets=chunk_offsets, prep_rows=prep_rows,
-                                   chunk_indices=chunk_indices)
+                                   chunk_indices=chunk_indices, out_views=out_views if state is None else None)
         final = out[1] if output_final_state or state is not None else None
         return (out[0], final, *out[2:])
     if g is None:  # no decay: plain causal linear attention

@@ -114,10 +114,9 @@ def _packed(layout: ScanLayout, like: torch.Tensor, forward, unpack) -> torch.Te
     y_view, state_view = unpack(packed)
     with torch.no_grad():
         y, state = forward((y_view, state_view) if packed.dtype == like.dtype else None)
-    if y is not y_view:
-        y_view.copy_(y)
-    if state is not state_view:
-        state_view.copy_(state)
+    for got, view in ((y, y_view), (state, state_view)):
+        if (got.data_ptr(), got.stride(), got.dtype) != (view.data_ptr(), view.stride(), view.dtype):
+            view.copy_(got)
     return packed
 
 
@@ -264,12 +263,14 @@ def unpack_ssd(packed: torch.Tensor, layout: ScanLayout, batch: int, state_dim: 
 
 
 def _ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus,
-                 dt_min, dt_max):
-    from .ssd import mamba_chunk_scan_combined
-    return mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=chunk_size, D=D, z=z, dt_bias=dt_bias,
-                                     initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens,
-                                     dt_softplus=dt_softplus, dt_limit=(dt_min, dt_max), return_final_states=True,
-                                     backend=BACKEND)
+                 dt_min, dt_max, out=None):
+    """``(y, final states [N, H, P, Nstate])``; ``out``: the packed result's views (y, and the
+    states in the kernel's ``[N, H, Nstate, P]``), which the Triton forward writes in place."""
+    from .ssd import _run_ssd
+    y, final = _run_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus,
+                        (dt_min, dt_max), None, None, None, None, False, BACKEND,
+                        out=None if out is None else (out[0], out[1].transpose(-1, -2)))
+    return y, final
 
 
 @torch.library.custom_op("recurscan::ssd_scan", mutates_args=())
@@ -282,7 +283,7 @@ def ssd_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor
     ``[1, H, Bt*T + N*Nstate, P]`` (:func:`ssd_layout`; ``packed_16bit`` as :func:`delta_rule_scan`)."""
     layout = ssd_layout(x, B, _sequences(x, cu_seqlens), packed_16bit)
     return _packed(layout, x, lambda out: _ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
-                                                       seq_idx, cu_seqlens, dt_softplus, dt_min, dt_max),
+                                                       seq_idx, cu_seqlens, dt_softplus, dt_min, dt_max, out),
                    lambda p: unpack_ssd(p, layout, x.shape[0], B.shape[3]))
 
 
@@ -362,11 +363,12 @@ def traced_ssd(x, dt, A, B, C, *, chunk_size, D, z, dt_bias, initial_states, seq
     return y.to(x.dtype), final
 
 
-def _gla_forward(q, k, v, g, per_key_decay, scale, initial_state, g_gamma, cu_seqlens, chunk_indices, chunk_offsets):
+def _gla_forward(q, k, v, g, per_key_decay, scale, initial_state, g_gamma, cu_seqlens, chunk_indices, chunk_offsets,
+                 out=None):
     from .gla import _run_gla
     return _run_gla(q, k, v, g, per_key_decay=per_key_decay, scale=scale, initial_state=initial_state,
                     output_final_state=True, cu_seqlens=cu_seqlens, g_gamma=g_gamma, chunk_indices=chunk_indices,
-                    chunk_offsets=chunk_offsets, backend=BACKEND)
+                    chunk_offsets=chunk_offsets, backend=BACKEND, out_views=out)
 
 
 @torch.library.custom_op("recurscan::gla_scan", mutates_args=())
@@ -379,7 +381,7 @@ def gla_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torc
     :func:`delta_rule_scan`)."""
     layout = delta_layout(q, v, _sequences(q, cu_seqlens), packed_16bit)
     return _packed(layout, q, lambda out: _gla_forward(q, k, v, g, per_key_decay, scale, initial_state, g_gamma,
-                                                       cu_seqlens, chunk_indices, chunk_offsets),
+                                                       cu_seqlens, chunk_indices, chunk_offsets, out),
                    lambda p: unpack_delta(p, layout, q.shape[0], q.shape[3]))
 
 

@@ -76,6 +76,21 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt
                               dt_softplus=dt_softplus, dt_limit=dt_limit)
         extra = (final,) * (int(bool(return_final_states)) + int(bool(return_varlen_states)))
         return (y, *extra) if extra else y
+    y, final, *chunks = _run_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                                 dt_softplus, dt_limit, state, state_indices, chunk_indices, chunk_offsets,
+                                 return_chunk_states, backend)
+    extra = (final,) if return_final_states else ()
+    extra += (final,) if return_varlen_states else ()
+    extra += tuple(chunks)
+    return (y, *extra) if extra else y
+
+
+def _run_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus, dt_limit,
+             state, state_indices, chunk_indices, chunk_offsets, return_chunk_states, backend, out=None):
+    """``(y, final states [N, H, P, Nstate], *chunk states)`` of :func:`mamba_chunk_scan_combined`'s
+    untraced call: validate, plan, run the backend. ``out``: ``(y, final)`` views the Triton
+    forward writes into (the traced scan's packed result, ops/scan.py: y ``[Bt, T, H, P]``, final
+    in the kernel's ``[N, H, Nstate, P]``); the other paths ignore it."""
     if return_chunk_states and seq_idx is not None and cu_seqlens is None:
         raise ValueError("return_chunk_states: chunk states are per sequence; with seq_idx pass cu_seqlens too")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
@@ -90,13 +105,11 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt
         raise NotImplementedError("mamba_chunk_scan_combined: return_chunk_states is inference-only; call under "
                                   "torch.no_grad()")
     resets = None if seq_idx is None or cu_seqlens is not None else sequence_resets(seq_idx)
-    y, final, *chunks = _BACKENDS[schedule.backend](
-        x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens, state, state_indices,
-        chunk_size, schedule.launch, resets, (chunk_indices, chunk_offsets), return_chunk_states)
-    extra = (final,) if return_final_states else ()
-    extra += (final,) if return_varlen_states else ()
-    extra += tuple(chunks)
-    return (y, *extra) if extra else y
+    run = _BACKENDS[schedule.backend]
+    extra = dict(out=out) if run is _ssd_triton else {}
+    return run(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens, state,
+               state_indices, chunk_size, schedule.launch, resets, (chunk_indices, chunk_offsets), return_chunk_states,
+               **extra)
 
 
 def sequence_resets(seq_idx: torch.Tensor) -> torch.Tensor:
@@ -151,10 +164,12 @@ def _ssd_torch(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_sta
 
 
 def _ssd_triton(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens, state,
-                state_indices, chunk_size, launch, resets=None, descriptors=(None, None), return_chunk_states=False):
+                state_indices, chunk_size, launch, resets=None, descriptors=(None, None), return_chunk_states=False,
+                out=None):
     """SSD as gated linear attention on the GLA kernel, its prologue and epilogue in the kernel:
     q = C, k = B (the groups as GVA), v = dt x, log decay dt A, scale 1, y = (o + D x) silu(z);
-    states transposed to [N, H, Nstate, P]."""
+    states transposed to [N, H, Nstate, P]. ``out``: as :func:`_run_ssd`'s (inference; the final
+    state then comes back as the transposed view of ``out[1]``)."""
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                        for t in (x, dt, A, B, C, D, z, dt_bias, initial_states)):
         if state is not None:
@@ -179,9 +194,14 @@ def _ssd_triton(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_st
         C.to(kernel_dtype), B.to(kernel_dtype), x.to(kernel_dtype), resets, scale=1.0, initial_state=initial_states,
         output_final_state=True, cu_seqlens=cu_seqlens, shape=launch, ssd=prologue, state=state,
         state_indices=state_indices, state_v_first=True, chunk_state_rows=rows, chunk_offsets=chunk_offsets,
-        prep_rows=prep_rows, chunk_indices=chunk_indices)
-    return (y.to(x.dtype), state if state is not None else final.transpose(-1, -2).contiguous(),
-            *(c.transpose(-1, -2).contiguous() for c in chunks))
+        prep_rows=prep_rows, chunk_indices=chunk_indices, out_views=out)
+    if state is not None:
+        final = state
+    elif out is not None and final is out[1]:
+        final = final.transpose(-1, -2)  # the caller's own view, written in place
+    else:
+        final = final.transpose(-1, -2).contiguous()
+    return (y.to(x.dtype), final, *(c.transpose(-1, -2).contiguous() for c in chunks))
 
 
 def _ssd_triton_with_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens, launch,
