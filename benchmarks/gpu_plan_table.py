@@ -82,8 +82,8 @@ def judge(N, T, measured, ceilings) -> dict:
     row["predictions_within_2x"] = {a: 0.5 <= r <= 2 for a, r in row["predicted_over_measured"].items()}
     print(f"N {N:5d} T {T:6d}: chunked {measured['chunked'] * 1e3:8.3f} ms (predicted "
           f"{predicted['chunked'] * 1e3:8.3f}), streaming {measured['streaming'] * 1e3:8.3f} ms (predicted "
-          f"{predicted['streaming'] * 1e3:8.3f}); choice {choice} {'ok' if row['choice_within_10_percent'] else 'MISS'}",
-          flush=True)
+          f"{predicted['streaming'] * 1e3:8.3f}); choice {choice} "
+          f"{'ok' if row['choice_within_10_percent'] else 'MISS'}", flush=True)
     return row
 
 
