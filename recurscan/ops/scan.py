@@ -44,7 +44,7 @@ class ScanLayout:
         ...                                              None, None, None, False)
         >>> layout = delta_layout(q, v, sequences=2)
         >>> layout, packed.shape
-        (ScanLayout(heads=2, rows_y=100, rows_state=16, width=4), torch.Size([1, 2, 116, 4]))
+        (ScanLayout(heads=2, rows_y=100, rows_state=16, width=4, state_words=1), torch.Size([1, 2, 116, 4]))
         >>> y, state = unpack_delta(packed, layout, batch=1, key_dim=8)
         >>> y.shape, state.shape   # views of packed: [B, T, HV, V] and [N, HV, K, V]
         (torch.Size([1, 100, 2, 4]), torch.Size([2, 2, 8, 4]))
