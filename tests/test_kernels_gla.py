@@ -330,8 +330,14 @@ def per_key_decays(B, T, HV, K, seed):
     return g
 
 
-@pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("form", PER_KEY_FORMS)
+#: The planner's per-key form over every hostile case; the others over the hardest (a width not a
+#: power of two, one-token varlen sequences, several chunks under GVA).
+PER_KEY_FORWARD = [(c, "sweep") for c in CASES] + [
+    (c, f) for f in PER_KEY_FORMS[1:] for c in ("T 65, V 40", "T 300, GVA 4", "varlen, one-token sequences",
+                                                 "K 24 (not a power of two), varlen")]
+
+
+@pytest.mark.parametrize("case, form", PER_KEY_FORWARD)
 def test_per_key_triton_forward_matches_the_token_loop(case, form, monkeypatch):
     """chunk_gla on the Triton path (the per-key prep, kernels/gla/prep.py, then the delta sweep
     with KEY_DECAY, in one pass or in segments, or the fused kernel with PER_KEY): output and
@@ -354,8 +360,8 @@ def test_per_key_triton_forward_matches_the_token_loop(case, form, monkeypatch):
         assert_like_fp32(a.cpu(), b, r, what)
 
 
-@pytest.mark.parametrize("name", ["q", "k", "v", "g"])
-@pytest.mark.parametrize("form", PER_KEY_FORMS)
+@pytest.mark.parametrize("name, form", [(n, f) for f in ("sweep", "fused") for n in "qkvg"] +
+                         [("k", "sweep segments"), ("g", "sweep segments")])
 def test_per_key_non_finite_input_stays_causal(name, form, monkeypatch):
     """A NaN at token 95 (one key of g, one element of the others): the outputs before it and the
     other sequence keep their bits; a query's NaN reaches its own row alone."""
