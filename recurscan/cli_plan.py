@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     from .cli import _at_least_one, _device, _Parser
     from .plan import plan
     from .plan.cost import CEILINGS, ceilings_for, predict_chunked, predict_streaming
+    from .plan.device import device_name
     parser = _Parser(prog="recurscan plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("--family", choices=["gdn"], default="gdn",
                         help="the scan family (gdn: Gated DeltaNet; the others have no cost model yet)")
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tokens < args.sequences:
         parser.error(f"--tokens {args.tokens} is fewer than --sequences {args.sequences}")
     device = args.device
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    name = device_name(device)
     ceilings = CEILINGS[args.ceilings] if args.ceilings else (ceilings_for(name) or CEILINGS["H200"])
     T, cu, problem = _problem(args, "meta")
     H, HV, D, N = args.heads, args.value_heads, args.head_dim, args.sequences

@@ -297,9 +297,12 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         o_view, final_view = out_views
         o_strides, ht_strides = check_out_views(o_view, final_view, (B, T, HV, V), (N, HV, K, V),
                                                 buffers["o"][1], store_final)
-    tma_ok = all(x * buffers["o"][1].itemsize % 16 == 0 for x in (V,) + o_strides)
+    # Bulk stores need 16-byte strides and a 16-byte aligned base (a view's alignment is in the signature's key).
+    tma_ok = all(x * buffers["o"][1].itemsize % 16 == 0 for x in (V,) + o_strides) and \
+        (out_views is None or out_views[0].data_ptr() % 16 == 0)
     sweep = dict(
-        q=arg("qg" if key_decay else "q"), k=arg("kg" if key_decay else "k"), v=arg("v"), wy=arg("wy", wy), aqk=arg("aqk"), coef=arg("coef"), o=arg("o"),
+        q=arg("qg" if key_decay else "q"), k=arg("kg" if key_decay else "k"), v=arg("v"), wy=arg("wy", wy),
+        aqk=arg("aqk"), coef=arg("coef"), o=arg("o"),
         h0=arg("initial_state", initial_state is not None), ht=arg("final", store_final),
         state=arg("state", use_cache), state_indices=arg("state_indices", use_cache),
         chunk_states=arg("chunk_states", return_chunk_states), cu_seqlens=arg("cu_seqlens", varlen),

@@ -9,9 +9,10 @@ state is rows ``L + n K .. L + (n + 1) K``. The packed tensor is float32 (float6
 inputs) so that the state keeps its precision, and y is cast back to q's dtype by the public op;
 or, for 16-bit inputs traced without a gradient (``packed_16bit``), in q's dtype with each float32
 state row's bits in two consecutive rows (``S = 2 N K``; :meth:`ScanLayout.state` views them as
-float32), so that y needs no cast and the kernels write y and the state in place (the delta rule:
-``out`` of ops/delta_rule.py's driver). Autograd does not pass through a dtype view, so a traced
-call with a gradient keeps the float32 form.
+float32), so that y needs no cast. The forwards on the delta sweep (the delta rule, SSD, GLA) write
+y and the state in place through the views (:func:`_packed`); the others' results are copied in.
+Autograd does not pass through a dtype view, so a traced call with a gradient keeps the float32
+form.
 
 The forward is the op's own (the oracle on CPU tensors, the Triton kernels on CUDA); the
 backward is a second custom op that recomputes the forward under autograd and differentiates it

@@ -72,9 +72,8 @@ def _start_state(p_state, h0, seg_n, m_s0, m_vk, o_vk, o_s0, s0_n, s0_h, i_n, i_
 
 
 @triton.jit
-def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_states, u_out, ks_out, D, z, dl, cs0,
-                 n_cs_rows,
-                 bos, bos_t, L, i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
+def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_states, u_out, ks_out, D, z, dl,
+                 cs0, n_cs_rows, bos, bos_t, L, i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
                  BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PASS: tl.constexpr,
                  V_PRODUCT: tl.constexpr, TMA_STORE: tl.constexpr, STORE_CHUNK_STATES: tl.constexpr,
@@ -479,9 +478,9 @@ def chunk_delta_sweep_kernel(
         if STORE_CKPT:
             if c % (CKPT_CHUNKS * M) == 0:
                 tl.store(p_ckpt + (c // (CKPT_CHUNKS * M)) * HV * K * V, b_St, mask=m_vk)
-        b_St = _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_states, u_out, ks_out, D, z,
-                            dl,
-                            cs0, n_cs_rows, bos, bos_t, L, i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
+        b_St = _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_states, u_out, ks_out,
+                            D, z, dl, cs0, n_cs_rows, bos, bos_t, L, i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v,
+                            m_vk, o_vk, use_v,
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
                             DOT_PRECISION, DT, True, REPLAY, OUTPUTS, STORE_U, WY, HAS_D, D_PER_CHANNEL,
                             HAS_Z, KEY_DECAY)
@@ -490,9 +489,9 @@ def chunk_delta_sweep_kernel(
         if STORE_CKPT:
             if c_tail % (CKPT_CHUNKS * M) == 0:
                 tl.store(p_ckpt + (c_tail // (CKPT_CHUNKS * M)) * HV * K * V, b_St, mask=m_vk)
-        b_St = _sweep_chunk(c_tail, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_states, u_out, ks_out, D, z,
-                            dl,
-                            cs0, n_cs_rows, bos, bos_t, L, i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
+        b_St = _sweep_chunk(c_tail, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_states, u_out, ks_out,
+                            D, z, dl, cs0, n_cs_rows, bos, bos_t, L, i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v,
+                            m_vk, o_vk, use_v,
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
                             DOT_PRECISION, DT, False, REPLAY, OUTPUTS, STORE_U, WY, HAS_D, D_PER_CHANNEL,
                             HAS_Z, KEY_DECAY)

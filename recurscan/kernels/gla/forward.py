@@ -92,8 +92,9 @@ def chunk_simple_gla_fwd_kernel(
             cs0 = i_n * ((T + BT - 1) // BT)
     for c in range(0, (eos - bos + BT - 1) // BT):
         if STORE_CHUNK_STATES:
+            # a padding sequence writes none; no chunk_offsets reaches past the rows
             tl.store(chunk_states + ((cs0 + c) * HV + i_hv) * K * V + o_vk, b_St.to(chunk_states.dtype.element_ty),
-                     mask=m_vk & live & (cs0 + c >= 0) & (cs0 + c < n_cs_rows))  # no chunk_offsets reaches past the rows
+                     mask=m_vk & live & (cs0 + c >= 0) & (cs0 + c < n_cs_rows))
         rows = bos + c * BT + o_t.to(tl.int64)
         m_r = rows < eos
         m_rk = m_r[:, None] & m_k[None, :]
