@@ -7,8 +7,8 @@
 #   1. issue 22's replay row with SSD and GLA writing their packed result in place (6ccba28; the
 #      Mamba2 rows were 1.2x eager's while they copied);
 #   2. chunk_gla against fla in one process (863b5e5's run lost its JSON and fla's row to a time
-#      limit), with GPU time by kernel;
-#   3. the whole GPU suite.
+#      limit), with GPU time by kernel, fla's kernels too;
+#   3. the whole GPU suite (the GLA and SSD gradients now also with the recompute on the sweep).
 set -u
 C=${RECURSCAN_COMMIT:-unknown}
 pip install -q --no-index --no-deps --target /tmp/site .whl/fla_core-0.6.0-py3-none-any.whl 2>&1 | grep -v WARNING | tail -1
