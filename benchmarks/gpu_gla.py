@@ -134,11 +134,14 @@ def ssd_rows():
     return rows
 
 
-def per_key_rows(train=True):
+def per_key_rows(train=True, preps=()):
     """chunk_gla (a decay per key dimension) at fla's shape: the forward through recurscan's
-    per-key prep and the delta sweep (planned: A's diagonal blocks by a kernel of their own; and
-    with them in the prep), the per-key prep and the fused GLA kernel, and fla's; forward + backward (q, k, v, g) through the planned form (fla's backward refuses on
-    Triton 3.6 without TileLang). Each against the float32 PyTorch form."""
+    per-key prep and the delta sweep (planned; A's diagonal blocks in the prep, or apart, whichever
+    the planner does not; each of ``preps``, ``(key block, warps, "apart" | "in" | "calm", register
+    cap)`` of the prep: A's diagonal blocks apart, in it, or a calm pass first), the per-key prep and the fused GLA kernel, and fla's; forward + backward (q, k, v, g)
+    through the planned form (fla's backward refuses on Triton 3.6 without TileLang). Each against
+    the float32 PyTorch form."""
+    import dataclasses
     from recurscan.plan import gla as plan_gla
     name = "gla_per_key_b4_t4096_h16"
     s = SHAPES["simple_gla_b4_t4096_h16"]
@@ -162,8 +165,26 @@ def per_key_rows(train=True):
         impls["fla"] = lambda: fla_chunk_gla(q, k, v, gk)[0]
     except Exception as exc:  # recorded, never hidden
         rows.append(dict(shape=name, impl="fla", status=f"not installed: {exc}"))
-    impls["recurscan triton, diagonal blocks in the prep"] = with_plan("PER_KEY_INTRA_APART", False)
+    other = not plan_gla.PER_KEY_INTRA_APART
+    impls[f"recurscan triton, diagonal blocks {'apart' if other else 'in the prep'}"] = \
+        with_plan("PER_KEY_INTRA_APART", other)
     impls["recurscan triton, fused"] = with_plan("PER_KEY_ON_SWEEP", False)
+    planned_shape = plan_gla.per_key_sweep_shape
+
+    def with_prep(block, warps, form, maxnreg):
+        def call():
+            plan_gla.per_key_sweep_shape = lambda problem, device: dataclasses.replace(
+                planned_shape(problem, device), prep_key_block=block, prep_warps=warps, prep_maxnreg=maxnreg,
+                key_intra_apart=form == "apart", key_calm_pass=form == "calm")
+            try:
+                return recurscan.chunk_gla(q, k, v, gk)[0]
+            finally:
+                plan_gla.per_key_sweep_shape = planned_shape
+        return call
+    for block, warps, form, maxnreg in preps:
+        what = dict(apart="diagonal blocks apart", calm="calm pass first").get(form, "diagonal blocks in the prep")
+        impls[f"recurscan triton, prep key block {block} on {warps} warps (regs {maxnreg}), {what}"] = \
+            with_prep(block, warps, form, maxnreg)
     rows += time_impls(name, impls, want)
     do = torch.randn_like(v)
     if not train:
@@ -225,12 +246,17 @@ def main():
     ap.add_argument("--profile", action="store_true", help="GPU time by kernel of one call of each row")
     ap.add_argument("--only-per-key", action="store_true", help="the chunk_gla rows alone")
     ap.add_argument("--forward-only", action="store_true", help="with --only-per-key: no forward + backward row")
+    ap.add_argument("--per-key-prep", action="append", default=[],
+                    help="KEYBLOCK:WARPS:apart|in|calm[:MAXNREG]: the per-key row again with this prep: A's "
+                         "diagonal blocks apart or in it, or a calm pass first (repeatable)")
     args = ap.parse_args()
     global PROFILE
     PROFILE = args.profile
     from recurscan.plan import gla as plan_gla
     planned = plan_gla.GLA_LAUNCH
-    rows = [cold()] if args.cold_only else (per_key_rows(not args.forward_only) if args.only_per_key else [])
+    rows = [cold()] if args.cold_only else (per_key_rows(not args.forward_only, [
+        (int(t[0]), int(t[1]), t[2], int(t[3]) if len(t) > 3 else None) for t in (a.split(":") for a in args.per_key_prep)])
+                                             if args.only_per_key else [])
     if args.cold_only or args.only_per_key:
         if args.out:
             json.dump(dict(torch=torch.__version__, device=torch.cuda.get_device_name(), rows=rows),

@@ -3,7 +3,8 @@ the public op traced to its one scan node, ops/scan.py) against CUDA-graph repla
 prefill run eagerly, inference mode, bf16, one process. Rows: GDN B1 T16384 H16 HV32 K = V = 128
 (the op alone, and in a layer: projections, the op, the out projection); Mamba2 B1 T16384 80 heads
 x 64, dstate 128 (the op alone with D, dt_bias, softplus and z, and in the mixer); each compiled
-output against the eager one (relative RMS).
+output against the eager one (relative RMS). ``--profile ROW``: that row's GPU time by kernel,
+eager and compiled (one call each, outside the graphs).
 
     PYTHONPATH=$PWD python benchmarks/gpu_traced_replay.py --out benchmarks/results/gpu_traced_replay.json
 """
@@ -65,9 +66,14 @@ def first(out):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out")
+    ap.add_argument("--profile", action="append", default=[], metavar="ROW",
+                    help="also GPU time by kernel of this row's eager and compiled calls (repeatable)")
+    ap.add_argument("--only", action="append", default=[], metavar="ROW", help="this row alone (repeatable)")
     args = ap.parse_args()
     rows = []
     for name, make in ROWS.items():
+        if args.only and name not in args.only:
+            continue
         fn, inputs = make()
         compiled = torch.compile(fn, fullgraph=True)
         times, outs = {}, {}
@@ -84,6 +90,12 @@ def main():
         err = ((outs["compiled"] - outs["eager"]).pow(2).mean().sqrt() / outs["eager"].pow(2).mean().sqrt()).item()
         rows.append(dict(shape=name, eager_graph_ms=times["eager"], compiled_graph_ms=times["compiled"],
                          compiled_over_eager=times["compiled"] / times["eager"], rel_rms_compiled_vs_eager=err))
+        if name in args.profile:
+            from benchmarks.gpu_delta_train import kernel_times
+            with torch.inference_mode():
+                for form, call in (("eager", fn), ("compiled", compiled)):
+                    print(f"{name}, {form}: GPU time by kernel", flush=True)
+                    rows[-1][f"{form}_kernels_us"] = kernel_times(lambda: call(*inputs), top=16)
         print(f"{name:<40} eager graph {times['eager']:.3f} ms, compiled graph {times['compiled']:.3f} ms "
               f"({times['compiled'] / times['eager']:.2f}x), rel RMS {err:.1e}", flush=True)
     if args.out:

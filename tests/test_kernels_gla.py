@@ -361,18 +361,21 @@ def test_per_key_triton_forward_matches_the_token_loop(case, form, monkeypatch):
 
 
 @pytest.mark.parametrize("name, form", [(n, f) for f in ("sweep", "fused") for n in "qkvg"] +
-                         [("k", "sweep segments"), ("g", "sweep segments")])
+                         [("k", "sweep segments"), ("g", "sweep segments")] +
+                         [(n, "sweep, key blocks of 16") for n in "qkg"] + [(n, "sweep, calm pass") for n in "qkvg"])
 def test_per_key_non_finite_input_stays_causal(name, form, monkeypatch):
-    """A NaN at token 95 (one key of g, one element of the others): the outputs before it and the
+    """A NaN at token 95 (one key of g, one element of the others; with key blocks, a key of the
+    second block, which must still mark the row for the first): the outputs before it and the
     other sequence keep their bits; a query's NaN reaches its own row alone."""
     use_per_key_form(form, monkeypatch)
-    q, k, v, _ = (x.float().to(DEVICE) for x in gla_inputs(1, 200, 1, 2, 16, 16, seed=61))
-    g = per_key_decays(1, 200, 2, 16, seed=62).float().to(DEVICE)
+    K = 32 if "key blocks" in form else 16
+    q, k, v, _ = (x.float().to(DEVICE) for x in gla_inputs(1, 200, 1, 2, K, 16, seed=61))
+    g = per_key_decays(1, 200, 2, K, seed=62).float().to(DEVICE)
     cu = torch.tensor([0, 130, 200], device=DEVICE)
     clean = recurscan.chunk_gla(q, k, v, g, output_final_state=True, cu_seqlens=cu, backend="triton")
     x = dict(q=q, k=k, v=v, g=g)
     bad = x[name].clone()
-    bad[0, 95, 0, 3 if name == "g" else 0] = float("nan")
+    bad[0, 95, 0, 20 if K == 32 else 3 if name == "g" else 0] = float("nan")
     x[name] = bad
     o, S = recurscan.chunk_gla(*x.values(), output_final_state=True, cu_seqlens=cu, backend="triton")
     assert torch.equal(o[:, :95], clean[0][:, :95]), "an output before the NaN changed"

@@ -68,9 +68,12 @@ def check_shape(shape: DeltaShape) -> None:
         value = getattr(shape, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"DeltaShape.{name}: expected an int >= 1, got {value!r}")
-    for name in ("v_product", "tma_store", "key_intra_apart"):
+    for name in ("v_product", "tma_store", "key_intra_apart", "key_calm_pass"):
         if not isinstance(getattr(shape, name), bool):
             raise ValueError(f"DeltaShape.{name}: expected a bool, got {getattr(shape, name)!r}")
+    b = shape.prep_key_block
+    if not isinstance(b, int) or isinstance(b, bool) or not (b == 0 or (b >= 16 and b & (b - 1) == 0)):
+        raise ValueError(f"DeltaShape.prep_key_block: expected 0 or a power of two >= 16, got {b!r}")
     m = shape.prep_maxnreg
     if m is not None and (not isinstance(m, int) or isinstance(m, bool) or not 128 <= m <= 255):
         raise ValueError(f"DeltaShape.prep_maxnreg: expected None or an int in [128, 255], got {m!r}")
@@ -81,7 +84,7 @@ def check_shape(shape: DeltaShape) -> None:
 #: The per-call values of a call, in order: the inputs, then the buffers the call allocates.
 INPUT_NAMES = DeltaInputs._fields
 BUFFER_NAMES = ("o", "final", "chunk_states", "beta_ones", "wy", "aqk", "coef", "seg_n", "seg_m",
-                "sequence_order", "replay_flags", "winv", "u", "ks", "checkpoints", "qg", "kg", "dl")
+                "sequence_order", "replay_flags", "winv", "u", "ks", "checkpoints", "qg", "kg", "dl", "calm_flags")
 CALL_NAMES = INPUT_NAMES + BUFFER_NAMES
 #: The prep's outputs, which a forward under autograd may keep for the backward (``keep_prep``).
 PREP_NAMES = ("wy", "winv", "aqk", "coef")
@@ -268,8 +271,14 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
             dt_max=0.0, coef=arg("coef"), sequence_order=arg("sequence_order", varlen and N > 0),
             H=H, HV=HV, K=K, BT=BT, BK=BK, IS_VARLEN=varlen, DT=dt, DOT_PRECISION=dot_precision, HAS_G=True,
             SCALAR=False, SSD=False, HAS_DT_BIAS=False, DT_SOFTPLUS=False, DT_LIMIT=False, FOR_SWEEP=True,
-            INTRA=not shape.key_intra_apart)
-        if n_prep > 0:
+            INTRA=not shape.key_intra_apart, BKB=min(shape.prep_key_block, BK), calm_flags=arg("o"), CALM_PASS=0)
+        if n_prep > 0 and shape.key_calm_pass:  # the calm chunks, then the others
+            buffers["calm_flags"] = ((n_prep * HV,), torch.int8, None)
+            steps.append(Step(chunk_gla_prep_kernel, (n_prep * HV,), dict(prep, calm_flags=arg("calm_flags"),
+                                                                          CALM_PASS=1), prep_options))
+            steps.append(Step(chunk_gla_prep_kernel, (n_prep * HV,), dict(
+                prep, calm_flags=arg("calm_flags"), CALM_PASS=2, INTRA=True, BKB=0), dict(num_warps=8)))
+        elif n_prep > 0:
             steps.append(Step(chunk_gla_prep_kernel, (n_prep * HV,), prep, prep_options))
             if shape.key_intra_apart:  # A's diagonal blocks, over the prep's zeros there
                 steps.append(Step(chunk_gla_intra_kernel, (n_prep * (BT // 16) * HV,), dict(

@@ -42,6 +42,12 @@ class DeltaShape:
     # A decay per key (chunk_gla on this sweep): A's 16 x 16 diagonal blocks in a launch of their
     # own (kernels/gla/prep.py's chunk_gla_intra_kernel, small programs) rather than in the prep.
     key_intra_apart: bool = False
+    # A decay per key: the keys the per-key prep takes a step of its loop over key blocks (0: all).
+    prep_key_block: int = 0
+    # A decay per key: the per-key prep in two launches, the first writing every chunk whose decays
+    # are calm in a few whole-chunk steps (prep_warps, prep_key_block), the second (8 warps, all
+    # keys at once, A's diagonal blocks in it; key_intra_apart unread) the others.
+    key_calm_pass: bool = False
 
 
 @dataclass(frozen=True)

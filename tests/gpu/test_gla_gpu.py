@@ -91,11 +91,16 @@ def test_ssd_triton_forward_and_gradients_at_real_sizes(cu, recompute, monkeypat
         assert relative_rms(a.double(), b) < 1e-2, f"{name}: {relative_rms(a.double(), b):.2e}"
 
 
-def test_per_key_gla_triton_forward_at_real_sizes():
-    """chunk_gla's Triton forward (the prep, then the sweep with PER_KEY) at fla's head sizes, bf16,
-    GVA and varlen with a one-token sequence, GLA's decays (logsigmoid / 16) and a run of strong
-    ones: output and final state against the float64 chunked oracle on the GPU."""
+@pytest.mark.parametrize("form", ["sweep", "sweep, calm pass", "sweep, diagonal blocks in the prep",
+                                  "sweep, key blocks of 16", "fused"])
+def test_per_key_gla_triton_forward_at_real_sizes(form, monkeypatch):
+    """chunk_gla's Triton forward (the per-key prep in each of its forms, then the delta sweep
+    with KEY_DECAY or the fused kernel) at fla's head sizes, bf16, GVA and varlen with a one-token
+    sequence, GLA's decays (logsigmoid / 16) and a run of strong ones (chunks that are not calm):
+    output and final state against the float64 chunked oracle on the GPU."""
     from recurscan.reference.gla import gla_chunked
+    from tests.helpers.gla_forms import use_per_key_form
+    use_per_key_form(form, monkeypatch)
     gen = torch.Generator(device="cuda").manual_seed(10)
     rn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
     B, T, H, HV, K, V = 1, 2048, 2, 4, 128, 128

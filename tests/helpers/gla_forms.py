@@ -2,6 +2,8 @@
 the public ops: the planner's (the delta rule's prep and sweep with the WY step off), the same in
 segments or phases, the fused GLA kernel, and the split one (the per-key prep, then the GLA sweep
 with PER_KEY); and those of a decay per key (:func:`use_per_key_form`)."""
+from dataclasses import replace
+
 from recurscan.plan import gla as plan_gla
 from recurscan.plan.delta import DeltaShape
 
@@ -28,14 +30,17 @@ def use_form(form, monkeypatch):
         assert form == "sweep", form
 
 
-PER_KEY_FORMS = ("sweep", "fused", "sweep segments", "sweep, diagonal blocks in the prep")
+PER_KEY_FORMS = ("sweep", "fused", "sweep segments", "sweep, diagonal blocks in the prep", "sweep, key blocks of 16",
+                 "sweep, calm pass")
 
 
 def use_per_key_form(form, monkeypatch):
     """Set the planner so that a decay per key runs in ``form``: "sweep" (the planner's: the
     per-key prep and the delta sweep with KEY_DECAY, A's diagonal blocks by their own kernel),
-    "sweep segments" (the same in 3 segments), "sweep, diagonal blocks in the prep" or "fused"
-    (the per-key prep and the fused kernel with PER_KEY)."""
+    "sweep segments" (the same in 3 segments), "sweep, diagonal blocks in the prep", "sweep, key
+    blocks of 16" (the prep's loop over keys 16 at a time), "sweep, calm pass" (the prep in two
+    launches: the calm chunks 16 keys a step, then the others) or "fused" (the per-key prep and
+    the fused kernel with PER_KEY)."""
     if form == "fused":
         monkeypatch.setattr(plan_gla, "PER_KEY_ON_SWEEP", False)
     elif form == "sweep segments":
@@ -44,5 +49,13 @@ def use_per_key_form(form, monkeypatch):
         monkeypatch.setattr(plan_gla, "per_key_sweep_shape", lambda problem, device: shape)
     elif form == "sweep, diagonal blocks in the prep":
         monkeypatch.setattr(plan_gla, "PER_KEY_INTRA_APART", False)
+    elif form == "sweep, calm pass":
+        planned = plan_gla.per_key_sweep_shape
+        monkeypatch.setattr(plan_gla, "per_key_sweep_shape", lambda problem, device: replace(
+            planned(problem, device), key_calm_pass=True, prep_key_block=16, prep_warps=4))
+    elif form == "sweep, key blocks of 16":
+        planned = plan_gla.per_key_sweep_shape
+        monkeypatch.setattr(plan_gla, "per_key_sweep_shape",
+                            lambda problem, device: replace(planned(problem, device), prep_key_block=16))
     else:
         assert form == "sweep", form
