@@ -153,7 +153,13 @@ def grads_by_autograd(forward, inputs, cotangents) -> list:
         return [None if t is None else next(grads) for t in leaves]
 
 
-@torch.library.custom_op("recurscan::delta_rule_scan", mutates_args=())
+#: The forward ops take their inputs in whatever layout the compiler has them (every op reads
+#: strided tensors): inductor's default, exact strides, copied Mamba2's split projections into new
+#: buffers before the scan (gpu_traced_replay_mixer_5e37baa.json).
+FLEXIBLE = (torch.Tag.flexible_layout,)
+
+
+@torch.library.custom_op("recurscan::delta_rule_scan", mutates_args=(), tags=FLEXIBLE)
 def delta_rule_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
                     beta: Optional[torch.Tensor], num_householder: int, scale: float,
                     initial_state: Optional[torch.Tensor], use_qk_l2norm: bool, cu_seqlens: Optional[torch.Tensor],
@@ -274,7 +280,7 @@ def _ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_
     return y, final
 
 
-@torch.library.custom_op("recurscan::ssd_scan", mutates_args=())
+@torch.library.custom_op("recurscan::ssd_scan", mutates_args=(), tags=FLEXIBLE)
 def ssd_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk_size: int,
              D: Optional[torch.Tensor], z: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
              initial_states: Optional[torch.Tensor], seq_idx: Optional[torch.Tensor],
@@ -372,7 +378,7 @@ def _gla_forward(q, k, v, g, per_key_decay, scale, initial_state, g_gamma, cu_se
                     chunk_offsets=chunk_offsets, backend=BACKEND, out_views=out)
 
 
-@torch.library.custom_op("recurscan::gla_scan", mutates_args=())
+@torch.library.custom_op("recurscan::gla_scan", mutates_args=(), tags=FLEXIBLE)
 def gla_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor], per_key_decay: bool,
              scale: float, initial_state: Optional[torch.Tensor], g_gamma: Optional[torch.Tensor],
              cu_seqlens: Optional[torch.Tensor], chunk_indices: Optional[torch.Tensor],
