@@ -134,14 +134,13 @@ def ssd_rows():
     return rows
 
 
-def per_key_rows(train=True, preps=()):
+def per_key_rows(train=True, calm_passes=()):
     """chunk_gla (a decay per key dimension) at fla's shape: the forward through recurscan's
-    per-key prep and the delta sweep (planned; A's diagonal blocks in the prep, or apart, whichever
-    the planner does not; each of ``preps``, ``(key block, warps, "apart" | "in" | "calm", register
-    cap)`` of the prep: A's diagonal blocks apart, in it, or a calm pass first), the per-key prep and the fused GLA kernel, and fla's; forward + backward (q, k, v, g)
-    through the planned form (fla's backward refuses on Triton 3.6 without TileLang). Each against
-    the float32 PyTorch form."""
-    import dataclasses
+    per-key prep and the delta sweep (planned: the prep's calm pass, then its general steps; the
+    general steps alone; and the calm pass as each of ``calm_passes``, ``(keys a step, warps,
+    register cap)``), the per-key prep and the fused GLA kernel, and fla's; forward + backward (q,
+    k, v, g) through the planned form (fla's backward refuses on Triton 3.6 without TileLang).
+    Each against the float32 PyTorch form."""
     from recurscan.plan import gla as plan_gla
     name = "gla_per_key_b4_t4096_h16"
     s = SHAPES["simple_gla_b4_t4096_h16"]
@@ -149,13 +148,15 @@ def per_key_rows(train=True, preps=()):
     gen = torch.Generator(device="cuda").manual_seed(5)
     gk = torch.nn.functional.logsigmoid(torch.randn(s["B"], s["T"], s["HV"], s["K"], device="cuda", generator=gen)) / 16
     want = recurscan.chunk_gla(*(x.float() for x in (q, k, v)), gk, backend="torch")[0]
+
     def with_plan(name, value):
         def call():
+            planned = getattr(plan_gla, name)
             setattr(plan_gla, name, value)
             try:
                 return recurscan.chunk_gla(q, k, v, gk)[0]
             finally:
-                setattr(plan_gla, name, not value)
+                setattr(plan_gla, name, planned)
         return call
 
     impls = {"recurscan triton": lambda: recurscan.chunk_gla(q, k, v, gk)[0]}
@@ -165,26 +166,11 @@ def per_key_rows(train=True, preps=()):
         impls["fla"] = lambda: fla_chunk_gla(q, k, v, gk)[0]
     except Exception as exc:  # recorded, never hidden
         rows.append(dict(shape=name, impl="fla", status=f"not installed: {exc}"))
-    other = not plan_gla.PER_KEY_INTRA_APART
-    impls[f"recurscan triton, diagonal blocks {'apart' if other else 'in the prep'}"] = \
-        with_plan("PER_KEY_INTRA_APART", other)
+    impls["recurscan triton, the prep's general steps alone"] = with_plan("PER_KEY_CALM_PASS", None)
     impls["recurscan triton, fused"] = with_plan("PER_KEY_ON_SWEEP", False)
-    planned_shape = plan_gla.per_key_sweep_shape
-
-    def with_prep(block, warps, form, maxnreg):
-        def call():
-            plan_gla.per_key_sweep_shape = lambda problem, device: dataclasses.replace(
-                planned_shape(problem, device), prep_key_block=block, prep_warps=warps, prep_maxnreg=maxnreg,
-                key_intra_apart=form == "apart", key_calm_pass=form == "calm")
-            try:
-                return recurscan.chunk_gla(q, k, v, gk)[0]
-            finally:
-                plan_gla.per_key_sweep_shape = planned_shape
-        return call
-    for block, warps, form, maxnreg in preps:
-        what = dict(apart="diagonal blocks apart", calm="calm pass first").get(form, "diagonal blocks in the prep")
-        impls[f"recurscan triton, prep key block {block} on {warps} warps (regs {maxnreg}), {what}"] = \
-            with_prep(block, warps, form, maxnreg)
+    for block, warps, maxnreg in calm_passes:
+        impls[f"recurscan triton, calm pass {block} keys a step on {warps} warps (regs {maxnreg})"] = \
+            with_plan("PER_KEY_CALM_PASS", (block, warps, maxnreg))
     rows += time_impls(name, impls, want)
     do = torch.randn_like(v)
     if not train:
@@ -246,16 +232,15 @@ def main():
     ap.add_argument("--profile", action="store_true", help="GPU time by kernel of one call of each row")
     ap.add_argument("--only-per-key", action="store_true", help="the chunk_gla rows alone")
     ap.add_argument("--forward-only", action="store_true", help="with --only-per-key: no forward + backward row")
-    ap.add_argument("--per-key-prep", action="append", default=[],
-                    help="KEYBLOCK:WARPS:apart|in|calm[:MAXNREG]: the per-key row again with this prep: A's "
-                         "diagonal blocks apart or in it, or a calm pass first (repeatable)")
+    ap.add_argument("--calm-pass", action="append", default=[],
+                    help="KEYS:WARPS[:MAXNREG]: the per-key row again with this calm pass (repeatable)")
     args = ap.parse_args()
     global PROFILE
     PROFILE = args.profile
     from recurscan.plan import gla as plan_gla
     planned = plan_gla.GLA_LAUNCH
     rows = [cold()] if args.cold_only else (per_key_rows(not args.forward_only, [
-        (int(t[0]), int(t[1]), t[2], int(t[3]) if len(t) > 3 else None) for t in (a.split(":") for a in args.per_key_prep)])
+        (int(t[0]), int(t[1]), int(t[2]) if len(t) > 2 else None) for t in (a.split(":") for a in args.calm_pass)])
                                              if args.only_per_key else [])
     if args.cold_only or args.only_per_key:
         if args.out:

@@ -362,13 +362,15 @@ def test_per_key_triton_forward_matches_the_token_loop(case, form, monkeypatch):
 
 @pytest.mark.parametrize("name, form", [(n, f) for f in ("sweep", "fused") for n in "qkvg"] +
                          [("k", "sweep segments"), ("g", "sweep segments")] +
-                         [(n, "sweep, key blocks of 16") for n in "qkg"] + [(n, "sweep, calm pass") for n in "qkvg"])
+                         [(n, "sweep, general steps") for n in "qkvg"] +
+                         [(n, "sweep, general steps, key blocks of 16") for n in "qkg"] +
+                         [(n, "sweep, calm pass of 16 keys") for n in "qkg"])
 def test_per_key_non_finite_input_stays_causal(name, form, monkeypatch):
     """A NaN at token 95 (one key of g, one element of the others; with key blocks, a key of the
     second block, which must still mark the row for the first): the outputs before it and the
     other sequence keep their bits; a query's NaN reaches its own row alone."""
     use_per_key_form(form, monkeypatch)
-    K = 32 if "key blocks" in form else 16
+    K = 32 if "16 keys" in form or "key blocks" in form else 16
     q, k, v, _ = (x.float().to(DEVICE) for x in gla_inputs(1, 200, 1, 2, K, 16, seed=61))
     g = per_key_decays(1, 200, 2, K, seed=62).float().to(DEVICE)
     cu = torch.tensor([0, 130, 200], device=DEVICE)

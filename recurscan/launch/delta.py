@@ -22,7 +22,7 @@ from ..descriptors import CHUNK_SIZE
 from ..kernels.delta.fixup import chunk_delta_fixup_kernel
 from ..kernels.delta.prep import chunk_delta_prep_kernel
 from ..kernels.delta.sweep import chunk_delta_sweep_kernel
-from ..kernels.gla.prep import chunk_gla_intra_kernel, chunk_gla_prep_kernel
+from ..kernels.gla.prep import chunk_gla_prep_kernel
 from ..plan.delta import DeltaShape
 from ..runtime.launcher import CallArg, DirectLaunch, compile_together, jit_launch
 
@@ -68,7 +68,7 @@ def check_shape(shape: DeltaShape) -> None:
         value = getattr(shape, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"DeltaShape.{name}: expected an int >= 1, got {value!r}")
-    for name in ("v_product", "tma_store", "key_intra_apart", "key_calm_pass"):
+    for name in ("v_product", "tma_store", "key_calm_pass"):
         if not isinstance(getattr(shape, name), bool):
             raise ValueError(f"DeltaShape.{name}: expected a bool, got {getattr(shape, name)!r}")
     b = shape.prep_key_block
@@ -271,20 +271,15 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
             dt_max=0.0, coef=arg("coef"), sequence_order=arg("sequence_order", varlen and N > 0),
             H=H, HV=HV, K=K, BT=BT, BK=BK, IS_VARLEN=varlen, DT=dt, DOT_PRECISION=dot_precision, HAS_G=True,
             SCALAR=False, SSD=False, HAS_DT_BIAS=False, DT_SOFTPLUS=False, DT_LIMIT=False, FOR_SWEEP=True,
-            INTRA=not shape.key_intra_apart, BKB=min(shape.prep_key_block, BK), calm_flags=arg("o"), CALM_PASS=0)
+            BKB=min(shape.prep_key_block, BK), calm_flags=arg("o"), CALM_PASS=0)
         if n_prep > 0 and shape.key_calm_pass:  # the calm chunks, then the others
             buffers["calm_flags"] = ((n_prep * HV,), torch.int8, None)
             steps.append(Step(chunk_gla_prep_kernel, (n_prep * HV,), dict(prep, calm_flags=arg("calm_flags"),
                                                                           CALM_PASS=1), prep_options))
             steps.append(Step(chunk_gla_prep_kernel, (n_prep * HV,), dict(
-                prep, calm_flags=arg("calm_flags"), CALM_PASS=2, INTRA=True, BKB=0), dict(num_warps=8)))
+                prep, calm_flags=arg("calm_flags"), CALM_PASS=2, BKB=0), dict(num_warps=8)))
         elif n_prep > 0:
             steps.append(Step(chunk_gla_prep_kernel, (n_prep * HV,), prep, prep_options))
-            if shape.key_intra_apart:  # A's diagonal blocks, over the prep's zeros there
-                steps.append(Step(chunk_gla_intra_kernel, (n_prep * (BT // 16) * HV,), dict(
-                    q=arg("q"), k=arg("k"), g=arg("g"), aqk=arg("aqk"), cu_seqlens=arg("cu_seqlens", varlen),
-                    chunk_indices=arg("chunk_indices_dp", varlen), chunk_offsets=arg("cu_seqlens", varlen), T=T,
-                    n_seq=N, scale=scale, H=H, HV=HV, K=K, BT=BT, BK=BK, IS_VARLEN=varlen), dict(num_warps=4)))
     elif n_prep > 0 and not phased:
         steps.append(Step(chunk_delta_prep_kernel, (n_prep * HV // heads,), prep, prep_options))
     outputs = ("o", "state" if use_cache else ("final" if store_final else None)) + \

@@ -13,6 +13,7 @@ from ..descriptors import CHUNK_SIZE
 from ..kernels.gla.forward import chunk_simple_gla_fwd_kernel
 from ..kernels.gla.prep import chunk_gla_prep_kernel
 from ..kernels.group_sum import group_sum_kernel
+from ..plan import gla as plan_gla
 from ..plan.gla import GlaShape
 from ..runtime.cache import SignatureCache, launch_key
 from ..runtime.launcher import CallArg, compile_in_background, jit_launch
@@ -22,7 +23,7 @@ from .delta_backward import GROUP_SUM_ROWS
 
 #: The per-call tensors of the launch, by name (its CallArgs).
 NAMES = ("q", "k", "v", "g", "h0", "cu_seqlens", "o", "ht", "dt", "A", "dt_bias", "D", "z", "chunk_states",
-         "chunk_offsets", "state_indices", "qg", "kg", "aqk", "dl", "chunk_indices")
+         "chunk_offsets", "state_indices", "qg", "kg", "aqk", "dl", "chunk_indices", "calm_flags")
 
 
 def call_values(**named) -> tuple:
@@ -69,11 +70,12 @@ GLA_SWEEP_LAUNCHES = SignatureCache("chunked GLA forward on the delta sweep")
 @dataclasses.dataclass
 class GlaForward:
     """The launch of one call signature and the buffers it writes (name -> (shape, dtype));
-    ``prep``: the per-key decay's prep (kernels/gla/prep.py), launched first, or None."""
+    ``preps``: the per-key decay's prep (kernels/gla/prep.py; its calm pass, then its general
+    steps, where planned), launched first."""
 
     step: Step
     buffers: dict
-    prep: Step | None = None
+    preps: tuple = ()
 
 
 def build_gla_forward(q, k, v, g, h0, cu_seqlens, *, scale, output_final_state, shape: GlaShape,
@@ -114,7 +116,7 @@ def build_gla_forward(q, k, v, g, h0, cu_seqlens, *, scale, output_final_state, 
         buffers["chunk_states"] = ((num_chunk_rows, HV, K, V), chunk_states_dtype or q.dtype)
     per_key = prep_rows is not None  # the sweep takes its gates from the prep
     scalar = g is None or g.dim() == 3  # one decay a head and token (or SSD's dt A)
-    prep = None
+    preps = ()
     if per_key:
         # A in float32: the sweep rounds it to its product operand once.
         buffers.update(qg=((B, T, HV, K), q.dtype), kg=((B, T, HV, K), q.dtype),
@@ -123,7 +125,7 @@ def build_gla_forward(q, k, v, g, h0, cu_seqlens, *, scale, output_final_state, 
     BK = max(16, triton.next_power_of_2(K))
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     if per_key:
-        prep = Step(chunk_gla_prep_kernel, (prep_rows * HV,), dict(
+        prep = dict(
             q=arg("q"), k=arg("k"), g=arg("g", g is not None), qg=arg("qg"), kg=arg("kg"), aqk=arg("aqk"),
             dl=arg("dl"), cu_seqlens=arg("cu_seqlens", varlen), chunk_indices=arg("chunk_indices", varlen),
             chunk_offsets=arg("chunk_offsets", varlen), dt=arg("dt", ssd is not None), A=arg("A", ssd is not None),
@@ -134,7 +136,19 @@ def build_gla_forward(q, k, v, g, h0, cu_seqlens, *, scale, output_final_state, 
             DOT_PRECISION=precision,
             HAS_G=g is not None, SCALAR=scalar and ssd is None, SSD=ssd is not None,
             HAS_DT_BIAS=ssd is not None and ssd.dt_bias is not None, DT_SOFTPLUS=ssd is not None and ssd.dt_softplus,
-            DT_LIMIT=ssd is not None and ssd.clamps, FOR_SWEEP=False, INTRA=True), dict(num_warps=8))
+            DT_LIMIT=ssd is not None and ssd.clamps, FOR_SWEEP=False, BKB=0, calm_flags=arg("o"),
+            CALM_PASS=0)
+        calm = plan_gla.PER_KEY_CALM_PASS if g is not None and g.dim() == 4 else None
+        if calm is None:
+            preps = (Step(chunk_gla_prep_kernel, (prep_rows * HV,), prep, dict(num_warps=8)),)
+        else:  # the calm chunks, then the others
+            block, warps, maxnreg = calm
+            buffers["calm_flags"] = ((prep_rows * HV,), torch.int8)
+            preps = (Step(chunk_gla_prep_kernel, (prep_rows * HV,), dict(
+                         prep, calm_flags=arg("calm_flags"), CALM_PASS=1, BKB=min(block, BK)),
+                          dict(num_warps=warps, **({} if maxnreg is None else {"maxnreg": maxnreg}))),
+                     Step(chunk_gla_prep_kernel, (prep_rows * HV,), dict(prep, calm_flags=arg("calm_flags"),
+                                                                           CALM_PASS=2), dict(num_warps=8)))
     step = Step(chunk_simple_gla_fwd_kernel, (N * HV * triton.cdiv(V, BV),), dict(
         q=arg("q"), k=arg("k"), v=arg("v"), g=arg("g", g is not None), o=arg("o"), h0=arg("h0", h0 is not None),
         ht=arg("ht", output_final_state and not cache), cu_seqlens=arg("cu_seqlens", varlen),
@@ -157,13 +171,11 @@ def build_gla_forward(q, k, v, g, h0, cu_seqlens, *, scale, output_final_state, 
         and ssd.D.dim() == 2, HAS_Z=ssd is not None and ssd.z is not None, STORE_CHUNK_STATES=states,
         USE_CACHE=cache, OUTPUTS=outputs, PER_KEY=per_key),
         dict(num_warps=shape.num_warps))
-    return GlaForward(step, buffers, prep)
+    return GlaForward(step, buffers, preps)
 
 
 def _launch(launch: GlaForward, values: tuple) -> None:
-    for step in (launch.prep, launch.step):
-        if step is None:
-            continue
+    for step in (*launch.preps, launch.step):
         if step.direct is not None:
             step.direct(values)
         else:  # the first call (compiles), or a launch the direct path does not take
@@ -415,9 +427,9 @@ def compile_gla_backward_early(q, k, v, g, h0, cu_seqlens, *, scale, shape, out,
         fwd_steps, fwd_names = recompute.steps, CALL_NAMES
         fwd_values = inputs + tuple(made_fwd.get(n) for n in CALL_NAMES[len(inputs):])
     else:
-        fwd_steps, fwd_names = [recompute.step], NAMES
-        fwd_values = call_values(q=q, k=k, v=v, g=g, h0=h0, cu_seqlens=cu, o=stand_in(recompute.buffers["o"]),
-                                 chunk_states=stand_in(recompute.buffers["chunk_states"]), chunk_offsets=co)
+        fwd_steps, fwd_names = [*recompute.preps, recompute.step], NAMES
+        fwd_values = call_values(q=q, k=k, v=v, g=g, h0=h0, cu_seqlens=cu, chunk_offsets=co, chunk_indices=ci,
+                                 **{n: stand_in(spec) for n, spec in recompute.buffers.items()})
     given = dict(q=q, k=k, v=v, g=g, do=do, dht=dht, h0=h0, cu_seqlens=cu, chunk_indices=ci, chunk_offsets=co,
                  states=stand_in(recompute.buffers["chunk_states"]))
     made = {n: stand_in(spec) for n, spec in launches.buffers.items()}

@@ -39,14 +39,11 @@ class DeltaShape:
     # Gated linear attention (the prep's WY off): value heads per prep program, sharing their
     # q/k tiles and Q K^T (a divisor of HV / H); the delta rule's prep takes one.
     prep_heads: int = 1
-    # A decay per key (chunk_gla on this sweep): A's 16 x 16 diagonal blocks in a launch of their
-    # own (kernels/gla/prep.py's chunk_gla_intra_kernel, small programs) rather than in the prep.
-    key_intra_apart: bool = False
     # A decay per key: the keys the per-key prep takes a step of its loop over key blocks (0: all).
     prep_key_block: int = 0
     # A decay per key: the per-key prep in two launches, the first writing every chunk whose decays
     # are calm in a few whole-chunk steps (prep_warps, prep_key_block), the second (8 warps, all
-    # keys at once, A's diagonal blocks in it; key_intra_apart unread) the others.
+    # keys at once) the others.
     key_calm_pass: bool = False
 
 

@@ -65,17 +65,25 @@ def per_key_sweep_shape(problem, device) -> DeltaShape:
 
 def per_key_shape_of(shape: DeltaShape) -> DeltaShape:
     """``shape`` without phases (the per-key prep has no phase range) and with the per-key prep's
-    launch: one value head a program, 8 warps and no register cap, A's diagonal blocks in a launch
-    of their own (:data:`PER_KEY_INTRA_APART`)."""
-    return replace(shape, phases=1, prep_heads=1, prep_warps=8, prep_maxnreg=None,
-                   key_intra_apart=PER_KEY_INTRA_APART)
+    launch: one value head a program; its calm pass first where :data:`PER_KEY_CALM_PASS` (then the
+    general steps for the other chunks, 8 warps), else the general steps alone on 8 warps with no
+    register cap."""
+    shape = replace(shape, phases=1, prep_heads=1, prep_warps=8, prep_maxnreg=None)
+    if PER_KEY_CALM_PASS is None:
+        return shape
+    block, warps, maxnreg = PER_KEY_CALM_PASS
+    return replace(shape, key_calm_pass=True, prep_key_block=block, prep_warps=warps, prep_maxnreg=maxnreg)
 
 
-#: A's diagonal blocks of a decay per key in small programs of their own (kernels/gla/prep.py,
-#: chunk_gla_intra_kernel) rather than in the prep: on the H200 at a14721d the prep with them
-#: took 1858 of chunk_gla's 1950 us (B4 T4096 H16 K = V = 128; the sweep 87 us;
-#: gpu_gla_per_key_a14721d.json), one 8-warp program of 255 registers an SM.
-PER_KEY_INTRA_APART = True
+#: The per-key prep's calm pass (kernels/gla/prep.py, CALM_PASS): keys a step, warps, register
+#: cap; it writes every chunk whose decays are calm in a few whole-chunk steps, and the general
+#: steps then do the others. None: the general steps alone. H200, chunk_gla B4 T4096 H16 K = V =
+#: 128, GLA's decays: 0.278 ms (the prep 186 us, the sweep 86; fla 0.732 in the same process);
+#: 32 keys on 4 warps uncapped 0.289, 16 on 4 capped at 128 0.301, 16 on 4 0.365, all keys on 8
+#: warps 0.380, 32 on 8 0.425; without the calm pass 0.985 (A's diagonal blocks in the prep) and
+#: 1.281 (A's diagonal blocks in small programs of their own, a kernel since retired)
+#: (gpu_gla_per_key_5e37baa.json).
+PER_KEY_CALM_PASS: tuple[int, int, int | None] | None = (32, 4, 168)
 
 
 #: Launch shapes of a scalar decay (and SSD) on the delta sweep (WY off), read top to bottom as

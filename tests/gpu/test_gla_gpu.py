@@ -91,8 +91,8 @@ def test_ssd_triton_forward_and_gradients_at_real_sizes(cu, recompute, monkeypat
         assert relative_rms(a.double(), b) < 1e-2, f"{name}: {relative_rms(a.double(), b):.2e}"
 
 
-@pytest.mark.parametrize("form", ["sweep", "sweep, calm pass", "sweep, diagonal blocks in the prep",
-                                  "sweep, key blocks of 16", "fused"])
+@pytest.mark.parametrize("form", ["sweep", "sweep, general steps", "sweep, general steps, key blocks of 16",
+                                  "sweep, calm pass of 16 keys", "fused"])
 def test_per_key_gla_triton_forward_at_real_sizes(form, monkeypatch):
     """chunk_gla's Triton forward (the per-key prep in each of its forms, then the delta sweep
     with KEY_DECAY or the fused kernel) at fla's head sizes, bf16, GVA and varlen with a one-token

@@ -30,32 +30,31 @@ def use_form(form, monkeypatch):
         assert form == "sweep", form
 
 
-PER_KEY_FORMS = ("sweep", "fused", "sweep segments", "sweep, diagonal blocks in the prep", "sweep, key blocks of 16",
-                 "sweep, calm pass")
+PER_KEY_FORMS = ("sweep", "fused", "sweep segments", "sweep, general steps", "sweep, general steps, key blocks of 16",
+                 "sweep, calm pass of 16 keys")
 
 
 def use_per_key_form(form, monkeypatch):
     """Set the planner so that a decay per key runs in ``form``: "sweep" (the planner's: the
-    per-key prep and the delta sweep with KEY_DECAY, A's diagonal blocks by their own kernel),
-    "sweep segments" (the same in 3 segments), "sweep, diagonal blocks in the prep", "sweep, key
-    blocks of 16" (the prep's loop over keys 16 at a time), "sweep, calm pass" (the prep in two
-    launches: the calm chunks 16 keys a step, then the others) or "fused" (the per-key prep and
-    the fused kernel with PER_KEY)."""
+    per-key prep, its calm pass then its general steps, and the delta sweep with KEY_DECAY),
+    "sweep segments" (the general steps, and the sweep in 3 segments), "sweep, general steps"
+    (no calm pass), "sweep, general steps, key blocks of 16" (their loop over keys 16 at a time),
+    "sweep, calm pass of 16 keys" (the calm pass's loop over keys 16 at a time, on 4 warps) or
+    "fused" (the per-key prep and the fused kernel with PER_KEY)."""
     if form == "fused":
         monkeypatch.setattr(plan_gla, "PER_KEY_ON_SWEEP", False)
     elif form == "sweep segments":
         shape = DeltaShape(32, 4, 2, 8, "tests: the per-key sweep in 3 segments", segments=3, v_product=False,
                            prep_maxnreg=None)
         monkeypatch.setattr(plan_gla, "per_key_sweep_shape", lambda problem, device: shape)
-    elif form == "sweep, diagonal blocks in the prep":
-        monkeypatch.setattr(plan_gla, "PER_KEY_INTRA_APART", False)
-    elif form == "sweep, calm pass":
-        planned = plan_gla.per_key_sweep_shape
-        monkeypatch.setattr(plan_gla, "per_key_sweep_shape", lambda problem, device: replace(
-            planned(problem, device), key_calm_pass=True, prep_key_block=16, prep_warps=4))
-    elif form == "sweep, key blocks of 16":
+    elif form == "sweep, general steps":
+        monkeypatch.setattr(plan_gla, "PER_KEY_CALM_PASS", None)
+    elif form == "sweep, general steps, key blocks of 16":
+        monkeypatch.setattr(plan_gla, "PER_KEY_CALM_PASS", None)
         planned = plan_gla.per_key_sweep_shape
         monkeypatch.setattr(plan_gla, "per_key_sweep_shape",
                             lambda problem, device: replace(planned(problem, device), prep_key_block=16))
+    elif form == "sweep, calm pass of 16 keys":
+        monkeypatch.setattr(plan_gla, "PER_KEY_CALM_PASS", (16, 4, None))
     else:
         assert form == "sweep", form

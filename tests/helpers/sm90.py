@@ -149,9 +149,7 @@ def compile_gla(case: str, ssd: bool = False, cache: bool = False, seq_idx: bool
                   **{n: torch.zeros(1, dtype=spec[1]) for n, spec in launch.buffers.items()})
     values = {n: values.get(n, torch.zeros(1)) for n in GLA_NAMES}
     lines = []
-    for step in (launch.prep, launch.step):
-        if step is None:
-            continue
+    for step in (*launch.preps, launch.step):
         lines.append(compiled_line(step, GLA_NAMES, tuple(values[n] for n in GLA_NAMES), describe))
     return lines
 
@@ -271,8 +269,7 @@ def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_swe
         lines += [compiled_line(st, CALL_NAMES, delta_values, describe) for st in launches.forward.steps]
         recompute = []
     else:
-        recompute = [launches.forward.prep] if launches.forward.prep is not None else []
-        recompute = [(st, GLA_NAMES, fwd) for st in recompute + [launches.forward.step]]
+        recompute = [(st, GLA_NAMES, fwd) for st in [*launches.forward.preps, launches.forward.step]]
     for step, names, values in recompute + [(st, BWD_NAMES, bwd) for st in launches.steps]:
         lines.append(compiled_line(step, names, tuple(values.get(n) if values.get(n) is not None else z
                                                       for n in names), describe))

@@ -148,7 +148,7 @@ def chunk_gla_prep_kernel(
     IS_VARLEN: tl.constexpr, DT: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_G: tl.constexpr = True,
     SCALAR: tl.constexpr = False, SSD: tl.constexpr = False, HAS_DT_BIAS: tl.constexpr = False,
     DT_SOFTPLUS: tl.constexpr = False, DT_LIMIT: tl.constexpr = False, FOR_SWEEP: tl.constexpr = False,
-    INTRA: tl.constexpr = True, BKB: tl.constexpr = 0, calm_flags=None, CALM_PASS: tl.constexpr = 0,
+    BKB: tl.constexpr = 0, calm_flags=None, CALM_PASS: tl.constexpr = 0,
 ):
     """Grid (chunks x HV,): one program per (chunk, value head). Writes ``qg``, ``kg`` ``[B, T, HV,
     K]`` (as formulas above), ``aqk [B, T, HV, BT]`` (A, row i: query i) and ``dl [n_cs_rows, HV, K]``
@@ -168,9 +168,6 @@ def chunk_gla_prep_kernel(
     before the first bad row and NaN from it on, and ``dl`` is NaN after one; ``aqk`` in its
     buffer's dtype; and varlen programs (c, 0) with c < ceil(n_seq / RANK_BLOCK) write the
     sweep's order of sequences (``sequence_order``, longest first) as the delta prep does.
-
-    INTRA False: A's 16 x 16 blocks on the diagonal (step 4, pair by pair) are left to
-    :func:`chunk_gla_intra_kernel`, launched after this one, which overwrites them.
 
     BKB: the keys a step of the loop over key blocks takes (a power of two dividing BK; 0: all of
     BK at once). Everything but A is per key; A sums the blocks' parts, and which rows are bad is
@@ -276,7 +273,7 @@ def chunk_gla_prep_kernel(
             b_qs = tl.where(in_b, b_q * tl.exp2(tl.where(in_b, bl, 0.0)), 0.0)
             b_ks = tl.where(earlier, b_k * tl.exp2(tl.where(earlier, bs + mid, 0.0)), 0.0)
             b_A += tl.dot(b_qs.to(DT), tl.trans(b_ks.to(DT)), input_precision=DOT_PRECISION)
-        # 4. A within each block (INTRA False: chunk_gla_intra_kernel's). Where these keys' decays
+        # 4. A within each block. Where these keys' decays
         #    are calm in this chunk (no reset, and no row's decay since its block began beyond
         #    2^-CALM), as one product split at each block's start: q_i 2^bl_i and k_j 2^-bl_j, both
         #    within 2^+-CALM, bl_i - bl_j the decays of rows j+1..i summed over at most SUB rows.
@@ -285,12 +282,12 @@ def chunk_gla_prep_kernel(
         #    among them grow by one gathered row a step; k_j is gathered from memory (a row of a
         #    register tile cannot be indexed).
         calm = (tl.max(tl.max(tl.abs(bl), axis=1), axis=0) <= CALM) & (tl.max(seg_last, axis=0) == 0)
-        if INTRA and calm:
+        if calm:
             b_qd = b_q * tl.exp2(bl)
             b_kd = b_k * tl.exp2(-bl)
             same = (blk[:, None] == blk[None, :]) & (o_t[None, :] <= o_t[:, None])
             b_A += tl.where(same, tl.dot(b_qd.to(DT), tl.trans(b_kd.to(DT)), input_precision=DOT_PRECISION), 0.0)
-        elif INTRA:
+        else:
             span = tl.zeros([BT, KB], dtype=tl.float32)
             cut = tl.zeros([BT, KB], dtype=tl.int32)
             for t in range(0, SUB):
@@ -313,64 +310,3 @@ def chunk_gla_prep_kernel(
                 b_A += tl.where(o_t[None, :] == col[:, None], tl.sum(term, axis=1)[:, None], 0.0)
     tl.store(aqk + (rows * HV + i_hv)[:, None] * BT + o_t[None, :], (scale * b_A).to(aqk.dtype.element_ty),
              mask=m_r[:, None])
-
-
-@triton.jit(do_not_specialize=["T", "n_seq"])
-def chunk_gla_intra_kernel(
-    q, k, g, aqk, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, scale,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-):
-    """Grid (chunks x BT // SUB x HV,): one program per (chunk, block of SUB rows, value head)
-    writes A's diagonal block of that chunk and block, ``aqk[rows, hv, b SUB .. (b + 1) SUB]``,
-    as :func:`chunk_gla_prep_kernel`'s step 4 forms it (a decay per key, g ``[B, T, HV, K]``):
-
-        A[i, j] = scale sum_k q_ik k_jk 2^(g_{j+1,k} + ... + g_{i,k}),   j <= i in the block,
-
-    0 where a reset (decay 0) lies in rows j+1..i for key k; a row whose k or decay is not finite
-    takes part in no pair (its decay counts as 1), nor does a row's query when its q, k or decay is
-    not. The decay from row j to row i is a running product, one factor 2^g a row as j goes from
-    the block's end down (no difference of prefix sums; a reset's factor is 0, as is a product
-    under float32's range). A small program ([SUB, BK] tiles, one row of k and g loaded a step)
-    so that many share an SM: the prep's own step 4 ran the four blocks together on [BT, BK]
-    tiles gathered from memory."""
-    pid = tl.program_id(0).to(tl.int64)
-    NB: tl.constexpr = BT // SUB
-    i_hv = pid % HV
-    i_b = (pid // HV) % NB
-    i_c = pid // (HV * NB)
-    i_h = i_hv // (HV // H)
-    valid, bos, eos, r0, cs = _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT, IS_VARLEN, 1)
-    if not valid:
-        return
-    o_s = tl.arange(0, SUB)
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
-    b0 = r0 + i_b * SUB  # the block's first row
-    rows = b0 + o_s.to(tl.int64)
-    m_r = rows < eos
-    m_rk = m_r[:, None] & m_k[None, :]
-    b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
-    b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
-    b_g = tl.load(g + (rows * HV + i_hv)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
-    bad_row = tl.max(((b_k * 0.0 != 0.0) | (b_q * 0.0 != 0.0) | (b_g != b_g) | (b_g == float("inf")))
-                     .to(tl.int32), axis=1) != 0
-    b_q = tl.where(bad_row[:, None], 0.0, b_q)
-    decay = tl.full([SUB, BK], 1.0, tl.float32)  # from row j to row i, per key
-    b_A = tl.zeros([SUB, SUB], dtype=tl.float32)
-    for t in range(0, SUB):
-        jj = SUB - 1 - t
-        r_n = b0 + jj + 1  # the row whose decay the rows > jj now take
-        g_n = tl.load(g + (r_n * HV + i_hv) * K + o_k, mask=m_k & (r_n < eos) & (jj + 1 < SUB),
-                      other=0.0).to(tl.float32)
-        f_n = tl.exp2(tl.where((g_n != g_n) | (g_n == float("inf")), 0.0, g_n * 1.4426950408889634))
-        decay = tl.where((o_s >= jj + 1)[:, None], decay * f_n[None, :], decay)
-        r_j = b0 + jj
-        k_j = tl.load(k + (r_j * H + i_h) * K + o_k, mask=m_k & (r_j < eos), other=0.0).to(tl.float32)
-        g_j = tl.load(g + (r_j * HV + i_hv) * K + o_k, mask=m_k & (r_j < eos), other=0.0).to(tl.float32)
-        bad_j = tl.max(((k_j * 0.0 != 0.0) | (g_j != g_j) | (g_j == float("inf"))).to(tl.int32), axis=0)
-        a_j = tl.sum(b_q * (k_j[None, :] * decay), axis=1)  # [SUB]: column jj
-        pair = (o_s >= jj) & (r_j < eos) & (bad_j == 0)
-        b_A = tl.where(o_s[None, :] == jj, tl.where(pair, a_j, 0.0)[:, None], b_A)
-    tl.store(aqk + (rows * HV + i_hv)[:, None] * BT + i_b * SUB + o_s[None, :],
-             (scale * b_A).to(aqk.dtype.element_ty), mask=m_r[:, None])
