@@ -72,14 +72,15 @@ def rows_for(name, make_call, want, tagged, peers):
 
 def train_rows():
     """Forward + backward (every input's gradient, one fixed upstream gradient), eager, L2 flushed:
-    the planner's form (the backward's recompute on the fused kernel), the recompute on the sweep
-    instead, and the peers that train here (mamba_ssm; fla's simple-GLA backward
+    the planner's form (the backward's recompute on the delta sweep), the recompute on the fused
+    kernel instead, and the peers that train here (mamba_ssm; fla's simple-GLA backward
     refuses on Triton 3.6 without TileLang)."""
     from benchmarks.gpu_gla import SSD_GRADS, time_train, train_step
     from benchmarks.runner import NotInstalled, load_mamba
     planned, rows = plan_gla.GLA_LAUNCH, []
     forms = {"recurscan triton": planned,
-             "recurscan triton, recompute on the sweep": dataclasses.replace(planned, recompute_on_sweep=True)}
+             "recurscan triton, recompute on the fused kernel": dataclasses.replace(planned,
+                                                                                    recompute_on_sweep=False)}
 
     def timed(name, step, peers):
         out = []
@@ -113,7 +114,7 @@ def main():
     ap.add_argument("--sweep", action="append", default=[])
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--train", action="store_true", help="also forward + backward: the backward's recompute on the "
-                                                          "fused kernel (planned) and on the sweep, beside the peers")
+                                                          "sweep (planned) and on the fused kernel, beside the peers")
     args = ap.parse_args()
     gpu_gla.PROFILE = args.profile
     tagged = variants(args.sweep)

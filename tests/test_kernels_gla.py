@@ -245,8 +245,11 @@ def test_the_forward_starts_the_backward_compiling(monkeypatch):
     """A signature's first forward under autograd hands the backward's kernels (the forward again
     for the chunk states, the sweep, the parallel stage) to the background compiler; the backward
     finds those launches (none built twice), waits for the compiles, and its gradients are the
-    PyTorch form's. The compiler itself is recorded here: the interpreter compiles nothing."""
+    PyTorch form's; the recompute on the fused kernel here (the sweep's: the next test). The
+    compiler itself is recorded here: the interpreter compiles nothing."""
     import recurscan.launch.gla as lg
+    from recurscan.plan import gla as plan_gla
+    monkeypatch.setattr(plan_gla, "GLA_LAUNCH", dataclasses.replace(plan_gla.GLA_LAUNCH, recompute_on_sweep=False))
     handed, waited = [], []
     monkeypatch.setattr(lg, "INTERPRET", False)
     monkeypatch.setattr(lg, "compile_in_background", lambda launches, names, values, device:

@@ -28,15 +28,17 @@ class GlaShape:
     sweep: DeltaShape | None = None
     # With ``sweep``: the backward recomputes the chunk states on that sweep too (its states alone,
     # 376 instructions and 18 barriers a chunk offline for sm_90, against the fused kernel's 949
-    # and 19, plus the prep's parallel pass); False: on the fused kernel, as measured so far. Off
-    # until timed on the H200 (benchmarks/gpu_gla_sweep.py --train).
+    # and 19, plus the prep's parallel pass); False: on the fused kernel.
     recompute_on_sweep: bool = False
 
 
 GLA_LAUNCH = GlaShape(64, 8, "64 value columns on 8 warps: offline for sm_90 the chunk loop spills 40 local "
                               "loads and stores against 193 on 4 warps; on the H200 chunk_simple_gla B4 T4096 "
                               "0.49 ms forward (fla 0.24), SSD B1 T16384 2.1 (mamba_ssm 0.70; "
-                              "gpu_gla_cold_357d748.json)")
+                              "gpu_gla_cold_357d748.json). The backward's recompute on the delta sweep: forward "
+                              "+ backward chunk_simple_gla 1.256 ms against 1.313 on this kernel, SSD B1 5.112 "
+                              "against 5.389 (gpu_call_7188cb0.log), B4 4.75 against 4.83 "
+                              "(gpu_gla_sweep_cdc4e1d.json)", recompute_on_sweep=True)
 
 
 def gla_shape(problem, device) -> GlaShape:
