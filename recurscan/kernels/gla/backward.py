@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from ..delta.common import _chunk_gates, _chunk_head, _chunk_rows, _chunk_tiles, _sequence
-from .prep import SUB, _key_gates, _log2_decays
+from .prep import CALM, SUB, _key_gates, _log2_decays
 
 
 @triton.jit(do_not_specialize=["T", "n_cs_rows"])
@@ -130,12 +130,19 @@ def _per_key_grads(q, k, g, b_q, b_k, b_dOS, b_VdS, b_dOV, b_VdO, sds, r0, eos, 
     (the log decays enter only through q_i 2^b_i and k_j 2^-b_j, and the state leaving the chunk
     through 2^b_last; sum_v S' o dS' = dl o (S . dS') + sum_j kg_j o V dS'^T; a reset's dg is 0).
     fla's chunk_gla takes dg the same way.
-    The sums over j (over i) are formed as the prep forms A (kernels/gla/prep.py): between blocks
+    The sums over j (over i) are formed as the prep forms A (kernels/gla/prep.py): where the
+    chunk's decays are calm, as one product split at the chunk's start; elsewhere between blocks
     of SUB rows through the factor split at a block's end (both factors <= 1), within a block pair
     by pair with the other row gathered from memory."""
     b_graw = _log2_decays(g, g, g, g, rows, m_r, i_hv, o_k, m_k, 0.0, 0.0, HV, K, BK, True, False, False, False,
                           False, False)
     bad_g, _gz, seg, seg_last, bl, bs, before, after, gl_last = _key_gates(b_graw, o_t, BT, BK)
+    # Calm decays (as kernels/gla/prep.py's _calm_chunk: every input finite, no reset, each prefix
+    # sum G within +-CALM): the sums over j and over i are one product each, split at the chunk's
+    # start, in place of the blocks and pairs below.
+    b_G = tl.cumsum(b_graw, axis=0)
+    wild = (b_q * 0.0 != 0.0) | (b_k * 0.0 != 0.0) | ~(tl.abs(b_G) <= CALM) | (b_graw < -150.0)
+    calm = tl.max(tl.max(wild.to(tl.int32), axis=1), axis=0) == 0
     bad_k = bad_g | (tl.max((b_k * 0.0 != 0.0).to(tl.int32), axis=1) != 0)
     bad_q = tl.max((b_q * 0.0 != 0.0).to(tl.int32), axis=1) != 0
     b_q = tl.where((bad_q | bad_k)[:, None], 0.0, b_q)
@@ -149,71 +156,77 @@ def _per_key_grads(q, k, g, b_q, b_k, b_dOS, b_VdS, b_dOV, b_VdO, sds, r0, eos, 
     dl = tl.where(seg_last == 0, tl.exp2(gl_last), 0.0)
     dA = tl.where(o_t[:, None] >= o_t[None, :], b_dOV, 0.0).to(DT)  # [i, j]
     dAt = tl.where(o_t[:, None] <= o_t[None, :], b_VdO, 0.0).to(DT)  # [j, i]
-    Dq = tl.zeros([BT, BK], dtype=tl.float32)
-    Dk = tl.zeros([BT, BK], dtype=tl.float32)
-    # Between blocks. dq: queries of block b, keys of the blocks before, split at row b SUB - 1.
-    # dk: keys of block m, queries of the blocks after, split at row (m + 1) SUB - 1.
-    for b in tl.static_range(1, NB):
-        sref = tl.sum(tl.where(o_t[:, None] == b * SUB - 1, seg, 0), axis=0)
-        mid = tl.zeros([BT, BK], dtype=tl.float32)  # the blocks between the key's and b
-        for m in tl.static_range(1, b):
-            tot = tl.sum(tl.where(end & (blk == m)[:, None], bl, 0.0), axis=0)
-            mid += tl.where((blk < m)[:, None], tot[None, :], 0.0)
-        in_b = (blk == b)[:, None] & (seg == sref[None, :])
-        earlier = (blk < b)[:, None] & (seg == sref[None, :])
-        b_ks = tl.where(earlier, b_k * tl.exp2(tl.where(earlier, bs + mid, 0.0)), 0.0)
-        Dq += tl.where(in_b, tl.exp2(tl.where(in_b, bl, 0.0)), 0.0) * \
-            tl.dot(dA, b_ks.to(DT), input_precision=DOT_PRECISION)
-    for m in tl.static_range(0, NB - 1):
-        sref = tl.sum(tl.where(o_t[:, None] == (m + 1) * SUB - 1, seg, 0), axis=0)
-        mid = tl.zeros([BT, BK], dtype=tl.float32)  # the blocks between m and the query's
-        for m2 in tl.static_range(m + 1, NB):
-            tot = tl.sum(tl.where(end & (blk == m2)[:, None], bl, 0.0), axis=0)
-            mid += tl.where((blk > m2)[:, None], tot[None, :], 0.0)
-        in_m = (blk == m)[:, None] & (seg == sref[None, :])
-        later = (blk > m)[:, None] & (seg == sref[None, :])
-        b_qs = tl.where(later, b_q * tl.exp2(tl.where(later, bl + mid, 0.0)), 0.0)
-        Dk += tl.where(in_m, tl.exp2(tl.where(in_m, bs, 0.0)), 0.0) * \
-            tl.dot(dAt, b_qs.to(DT), input_precision=DOT_PRECISION)
-    # Within a block, pair by pair. dq: row i with key j = its block's row jj, jj from the
-    # block's end down (the span, rows j+1..i, grows by one gathered row a step); dk: row j with
-    # query i = j + t, t up from 0 (the span, rows j+1..i, grows likewise).
     dAf = dA.to(tl.float32)
     dAtf = dAt.to(tl.float32)
-    span_q = tl.zeros([BT, BK], dtype=tl.float32)
-    cut_q = tl.zeros([BT, BK], dtype=tl.int32)
-    span_k = tl.zeros([BT, BK], dtype=tl.float32)
-    cut_k = tl.zeros([BT, BK], dtype=tl.int32)
-    for t in range(0, SUB):
-        jj = SUB - 1 - t
-        col = blk * SUB + jj  # [BT]: row i's key in its block
-        m_n = (o_t % SUB >= jj + 1) & (r0 + col + 1 < eos)  # rows whose span now includes row j + 1
-        m_nk = m_n[:, None] & m_k[None, :]
-        g_n, _bn = _row_decays(g, r0 + col + 1, m_n, i_hv, o_k, m_k, HV, K, BK)
-        cut_q = cut_q | (m_nk & (g_n < -150.0)).to(tl.int32)
-        span_q += tl.where(m_nk & (g_n >= -150.0), g_n, 0.0)
-        m_j = (o_t % SUB > jj) & (r0 + col < eos)  # j < i: the diagonal pair is added after
-        k_j = tl.load(k + ((r0 + col) * H + i_h)[:, None] * K + o_k[None, :], mask=m_j[:, None] & m_k[None, :],
-                      other=0.0).to(tl.float32)
-        _gj, bad_gj = _row_decays(g, r0 + col, m_j, i_hv, o_k, m_k, HV, K, BK)
-        bad_j = bad_gj | (tl.max((k_j * 0.0 != 0.0).to(tl.int32), axis=1) != 0)
-        pair = (m_j & ~bad_j)[:, None] & m_k[None, :] & (cut_q == 0)
-        dA_col = tl.sum(tl.where(o_t[None, :] == col[:, None], dAf, 0.0), axis=1)
-        Dq += tl.where(pair, dA_col[:, None] * k_j * tl.exp2(tl.where(pair, span_q, 0.0)), 0.0)
-        ii = o_t + t + 1  # [BT]: row j's query, i > j
-        m_i = (o_t % SUB + t + 1 < SUB) & (r0 + ii < eos)
-        m_ik = m_i[:, None] & m_k[None, :]
-        g_i, bad_gi = _row_decays(g, r0 + ii, m_i, i_hv, o_k, m_k, HV, K, BK)
-        grow = m_ik
-        cut_k = cut_k | (grow & (g_i < -150.0)).to(tl.int32)
-        span_k += tl.where(grow & (g_i >= -150.0), g_i, 0.0)
-        p_i = ((r0 + ii) * H + i_h)[:, None] * K + o_k[None, :]
-        q_i = tl.load(q + p_i, mask=m_ik, other=0.0).to(tl.float32)
-        k_i = tl.load(k + p_i, mask=m_ik, other=0.0).to(tl.float32)
-        bad_i = bad_gi | (tl.max(((q_i * 0.0 != 0.0) | (k_i * 0.0 != 0.0)).to(tl.int32), axis=1) != 0)
-        pair = (m_i & ~bad_i)[:, None] & m_k[None, :] & (cut_k == 0)
-        dA_row = tl.sum(tl.where(o_t[None, :] == ii[:, None], dAtf, 0.0), axis=1)
-        Dk += tl.where(pair, dA_row[:, None] * q_i * tl.exp2(tl.where(pair, span_k, 0.0)), 0.0)
+    if calm:  # the pairs j < i (the diagonal is added below)
+        Dq = e_q * tl.dot(tl.where(o_t[:, None] > o_t[None, :], dAf, 0.0).to(DT), (b_k * tl.exp2(-b_G)).to(DT),
+                          input_precision=DOT_PRECISION)
+        Dk = tl.exp2(-b_G) * tl.dot(tl.where(o_t[:, None] < o_t[None, :], dAtf, 0.0).to(DT),
+                                    (b_q * tl.exp2(b_G)).to(DT), input_precision=DOT_PRECISION)
+    else:
+        Dq = tl.zeros([BT, BK], dtype=tl.float32)
+        Dk = tl.zeros([BT, BK], dtype=tl.float32)
+        # Between blocks. dq: queries of block b, keys of the blocks before, split at row b SUB - 1.
+        # dk: keys of block m, queries of the blocks after, split at row (m + 1) SUB - 1.
+        for b in tl.static_range(1, NB):
+            sref = tl.sum(tl.where(o_t[:, None] == b * SUB - 1, seg, 0), axis=0)
+            mid = tl.zeros([BT, BK], dtype=tl.float32)  # the blocks between the key's and b
+            for m in tl.static_range(1, b):
+                tot = tl.sum(tl.where(end & (blk == m)[:, None], bl, 0.0), axis=0)
+                mid += tl.where((blk < m)[:, None], tot[None, :], 0.0)
+            in_b = (blk == b)[:, None] & (seg == sref[None, :])
+            earlier = (blk < b)[:, None] & (seg == sref[None, :])
+            b_ks = tl.where(earlier, b_k * tl.exp2(tl.where(earlier, bs + mid, 0.0)), 0.0)
+            Dq += tl.where(in_b, tl.exp2(tl.where(in_b, bl, 0.0)), 0.0) * \
+                tl.dot(dA, b_ks.to(DT), input_precision=DOT_PRECISION)
+        for m in tl.static_range(0, NB - 1):
+            sref = tl.sum(tl.where(o_t[:, None] == (m + 1) * SUB - 1, seg, 0), axis=0)
+            mid = tl.zeros([BT, BK], dtype=tl.float32)  # the blocks between m and the query's
+            for m2 in tl.static_range(m + 1, NB):
+                tot = tl.sum(tl.where(end & (blk == m2)[:, None], bl, 0.0), axis=0)
+                mid += tl.where((blk > m2)[:, None], tot[None, :], 0.0)
+            in_m = (blk == m)[:, None] & (seg == sref[None, :])
+            later = (blk > m)[:, None] & (seg == sref[None, :])
+            b_qs = tl.where(later, b_q * tl.exp2(tl.where(later, bl + mid, 0.0)), 0.0)
+            Dk += tl.where(in_m, tl.exp2(tl.where(in_m, bs, 0.0)), 0.0) * \
+                tl.dot(dAt, b_qs.to(DT), input_precision=DOT_PRECISION)
+        # Within a block, pair by pair. dq: row i with key j = its block's row jj, jj from the
+        # block's end down (the span, rows j+1..i, grows by one gathered row a step); dk: row j with
+        # query i = j + t, t up from 0 (the span, rows j+1..i, grows likewise).
+        span_q = tl.zeros([BT, BK], dtype=tl.float32)
+        cut_q = tl.zeros([BT, BK], dtype=tl.int32)
+        span_k = tl.zeros([BT, BK], dtype=tl.float32)
+        cut_k = tl.zeros([BT, BK], dtype=tl.int32)
+        for t in range(0, SUB):
+            jj = SUB - 1 - t
+            col = blk * SUB + jj  # [BT]: row i's key in its block
+            m_n = (o_t % SUB >= jj + 1) & (r0 + col + 1 < eos)  # rows whose span now includes row j + 1
+            m_nk = m_n[:, None] & m_k[None, :]
+            g_n, _bn = _row_decays(g, r0 + col + 1, m_n, i_hv, o_k, m_k, HV, K, BK)
+            cut_q = cut_q | (m_nk & (g_n < -150.0)).to(tl.int32)
+            span_q += tl.where(m_nk & (g_n >= -150.0), g_n, 0.0)
+            m_j = (o_t % SUB > jj) & (r0 + col < eos)  # j < i: the diagonal pair is added after
+            k_j = tl.load(k + ((r0 + col) * H + i_h)[:, None] * K + o_k[None, :], mask=m_j[:, None] & m_k[None, :],
+                          other=0.0).to(tl.float32)
+            _gj, bad_gj = _row_decays(g, r0 + col, m_j, i_hv, o_k, m_k, HV, K, BK)
+            bad_j = bad_gj | (tl.max((k_j * 0.0 != 0.0).to(tl.int32), axis=1) != 0)
+            pair = (m_j & ~bad_j)[:, None] & m_k[None, :] & (cut_q == 0)
+            dA_col = tl.sum(tl.where(o_t[None, :] == col[:, None], dAf, 0.0), axis=1)
+            Dq += tl.where(pair, dA_col[:, None] * k_j * tl.exp2(tl.where(pair, span_q, 0.0)), 0.0)
+            ii = o_t + t + 1  # [BT]: row j's query, i > j
+            m_i = (o_t % SUB + t + 1 < SUB) & (r0 + ii < eos)
+            m_ik = m_i[:, None] & m_k[None, :]
+            g_i, bad_gi = _row_decays(g, r0 + ii, m_i, i_hv, o_k, m_k, HV, K, BK)
+            grow = m_ik
+            cut_k = cut_k | (grow & (g_i < -150.0)).to(tl.int32)
+            span_k += tl.where(grow & (g_i >= -150.0), g_i, 0.0)
+            p_i = ((r0 + ii) * H + i_h)[:, None] * K + o_k[None, :]
+            q_i = tl.load(q + p_i, mask=m_ik, other=0.0).to(tl.float32)
+            k_i = tl.load(k + p_i, mask=m_ik, other=0.0).to(tl.float32)
+            bad_i = bad_gi | (tl.max(((q_i * 0.0 != 0.0) | (k_i * 0.0 != 0.0)).to(tl.int32), axis=1) != 0)
+            pair = (m_i & ~bad_i)[:, None] & m_k[None, :] & (cut_k == 0)
+            dA_row = tl.sum(tl.where(o_t[None, :] == ii[:, None], dAtf, 0.0), axis=1)
+            Dk += tl.where(pair, dA_row[:, None] * q_i * tl.exp2(tl.where(pair, span_k, 0.0)), 0.0)
     diag = tl.sum(tl.where(o_t[:, None] == o_t[None, :], dAf, 0.0), axis=1)  # dA_ii
     b_dq = scale * (e_q * b_dOS + Dq + diag[:, None] * b_k)
     b_dk = e_k * b_VdS + scale * (Dk + diag[:, None] * b_q)
