@@ -95,6 +95,22 @@ def _key_gates(b_g, o_t, BT: tl.constexpr, BK: tl.constexpr):
 
 
 @triton.jit
+def _key_block(q, k, g, dt, A, dt_bias, rows, m_r, i_h, i_hv, o_k, dt_min, dt_max, H: tl.constexpr,
+               HV: tl.constexpr, K: tl.constexpr, KB: tl.constexpr, HAS_G: tl.constexpr, SCALAR: tl.constexpr,
+               SSD: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, DT_LIMIT: tl.constexpr):
+    """A chunk's keys ``o_k`` (KB of them): their mask, the rows' q and k (float32) and log2 decays
+    ``[len(rows), KB]``, and the offsets of qg / kg's elements."""
+    m_k = o_k < K
+    m_rk = m_r[:, None] & m_k[None, :]
+    p_qk = (rows * H + i_h)[:, None] * K + o_k[None, :]
+    b_q = tl.load(q + p_qk, mask=m_rk, other=0.0).to(tl.float32)
+    b_k = tl.load(k + p_qk, mask=m_rk, other=0.0).to(tl.float32)
+    b_g = _log2_decays(g, dt, A, dt_bias, rows, m_r, i_hv, o_k, m_k, dt_min, dt_max, HV, K, KB, HAS_G, SCALAR, SSD,
+                       HAS_DT_BIAS, DT_SOFTPLUS, DT_LIMIT)
+    return m_k, m_rk, (rows * HV + i_hv)[:, None] * K + o_k[None, :], b_q, b_k, b_g
+
+
+@triton.jit
 def _calm_chunk(q, k, g, qg, kg, aqk, dl, coef, dt, A, dt_bias, r0, eos, cs, cs_ok, i_h, i_hv, scale, dt_min, dt_max,
                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                 KB: tl.constexpr, DT: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_G: tl.constexpr,
@@ -115,14 +131,9 @@ def _calm_chunk(q, k, g, qg, kg, aqk, dl, coef, dt, A, dt_bias, r0, eos, cs, cs_
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
     for kb in range(0, BK // KB):
         o_k = kb * KB + o_kb
-        m_k = o_k < K
-        m_rk = m_r[:, None] & m_k[None, :]
-        p_qk = (rows * H + i_h)[:, None] * K + o_k[None, :]
-        p_vk = (rows * HV + i_hv)[:, None] * K + o_k[None, :]
-        b_q = tl.load(q + p_qk, mask=m_rk, other=0.0).to(tl.float32)
-        b_k = tl.load(k + p_qk, mask=m_rk, other=0.0).to(tl.float32)
-        b_g = _log2_decays(g, dt, A, dt_bias, rows, m_r, i_hv, o_k, m_k, dt_min, dt_max, HV, K, KB, HAS_G, SCALAR,
-                           SSD, HAS_DT_BIAS, DT_SOFTPLUS, DT_LIMIT)
+        m_k, m_rk, p_vk, b_q, b_k, b_g = _key_block(q, k, g, dt, A, dt_bias, rows, m_r, i_h, i_hv, o_k, dt_min, dt_max,
+                                                    H, HV, K, KB, HAS_G, SCALAR, SSD, HAS_DT_BIAS, DT_SOFTPLUS,
+                                                    DT_LIMIT)
         b_G = tl.cumsum(b_g, axis=0)
         # a NaN fails every comparison: finite q and k have q * 0 == 0, a finite calm G |G| <= CALM
         bad = (b_q * 0.0 != 0.0) | (b_k * 0.0 != 0.0) | ~(tl.abs(b_G) <= CALM) | (b_g < -150.0)
@@ -209,13 +220,9 @@ def chunk_gla_prep_kernel(
     bad_q = o_t < 0
     for kb in range(0, NKB):
         o_k = kb * KB + o_kb
-        m_k = o_k < K
-        m_rk = m_r[:, None] & m_k[None, :]
-        p_qk = (rows * H + i_h)[:, None] * K + o_k[None, :]
-        b_g = _log2_decays(g, dt, A, dt_bias, rows, m_r, i_hv, o_k, m_k, dt_min, dt_max, HV, K, KB, HAS_G, SCALAR,
-                           SSD, HAS_DT_BIAS, DT_SOFTPLUS, DT_LIMIT)
-        b_q = tl.load(q + p_qk, mask=m_rk, other=0.0).to(tl.float32)
-        b_k = tl.load(k + p_qk, mask=m_rk, other=0.0).to(tl.float32)
+        _mk, _mrk, _pvk, b_q, b_k, b_g = _key_block(q, k, g, dt, A, dt_bias, rows, m_r, i_h, i_hv, o_k, dt_min, dt_max,
+                                                    H, HV, K, KB, HAS_G, SCALAR, SSD, HAS_DT_BIAS, DT_SOFTPLUS,
+                                                    DT_LIMIT)
         bad_g |= tl.max(((b_g != b_g) | (b_g == float("inf"))).to(tl.int32), axis=1) != 0
         bad_kq |= tl.max((b_k * 0.0 != 0.0).to(tl.int32), axis=1) != 0
         bad_q |= tl.max((b_q * 0.0 != 0.0).to(tl.int32), axis=1) != 0
@@ -231,14 +238,9 @@ def chunk_gla_prep_kernel(
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
     for kb in range(0, NKB):  # A is a sum over keys: each block of KB keys adds its part
         o_k = kb * KB + o_kb
-        m_k = o_k < K
-        m_rk = m_r[:, None] & m_k[None, :]
-        p_qk = (rows * H + i_h)[:, None] * K + o_k[None, :]
-        p_vk = (rows * HV + i_hv)[:, None] * K + o_k[None, :]
-        b_q = tl.load(q + p_qk, mask=m_rk, other=0.0).to(tl.float32)
-        b_k = tl.load(k + p_qk, mask=m_rk, other=0.0).to(tl.float32)
-        b_g = _log2_decays(g, dt, A, dt_bias, rows, m_r, i_hv, o_k, m_k, dt_min, dt_max, HV, K, KB, HAS_G, SCALAR,
-                           SSD, HAS_DT_BIAS, DT_SOFTPLUS, DT_LIMIT)
+        m_k, m_rk, p_vk, b_q, b_k, b_g = _key_block(q, k, g, dt, A, dt_bias, rows, m_r, i_h, i_hv, o_k, dt_min, dt_max,
+                                                    H, HV, K, KB, HAS_G, SCALAR, SSD, HAS_DT_BIAS, DT_SOFTPLUS,
+                                                    DT_LIMIT)
         # 1. Gates per key: bad decays count as 1, resets start a segment. Every exponent below
         #    is a sum of the decays it spans, taken within a block of SUB rows or from the blocks'
         #    totals, never a difference of two long prefix sums (which loses the bits of a normal
