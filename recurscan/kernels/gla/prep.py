@@ -1,6 +1,7 @@
 """The prep of gated linear attention with a decay per key dimension (fla's chunk_gla), parallel
 over (chunk, value head): everything of a chunk that does not need the state entering it, so the
-sweep (kernels/gla/forward.py with PER_KEY) carries only the state's chain.
+sweep (the delta sweep's KEY_DECAY, or kernels/gla/forward.py with PER_KEY) carries only the
+state's chain.
 
 Per chunk of BT rows and key k, with gl[i, k] the sum of the finite log2 decays of rows <= i and
 seg[i, k] the count of resets (decay exactly 0) at rows <= i (rows past the end: decay 1):
@@ -12,12 +13,13 @@ seg[i, k] the count of resets (decay exactly 0) at rows <= i (rows past the end:
 
 Every factor is at most 1 for decays <= 1. A is formed in blocks of 16 rows: between blocks
 through the factor split at the row before the query's block (both factors <= 1), as fla's
-secondary chunking; within a block through the split at the block's start where the chunk's
-decays are calm (no reset, every factor within 2^+-CALM), else pair by pair (no split whose
-factors could overflow). Each exponent
-is summed over the rows it spans (within a block, or from the blocks' totals), never taken as the
-difference of two long prefix sums, whose rounding would swamp a normal decay after a run of
-strong ones.
+secondary chunking; within a block through the split at the block's start where the decays of
+the keys in hand are calm in the chunk (no reset, every factor within 2^+-CALM), else pair by pair (no split whose
+factors could overflow). Each exponent is summed over the rows it spans (within a block, or from
+the blocks' totals), never taken as the difference of two long prefix sums, whose rounding would
+swamp a normal decay after a run of strong ones. A chunk whose decays are calm throughout (the
+common case: GLA's gates are logsigmoid / 16) takes none of that: its prefix sums over the chunk
+stay within +-CALM, and the calm pass (:func:`_calm_chunk`) forms it in a few whole-chunk steps.
 """
 from __future__ import annotations
 
@@ -29,9 +31,10 @@ from .common import _ssd_steps
 
 #: Rows of the blocks A is formed in.
 SUB = tl.constexpr(16)
-#: The largest log2 decay within a block (summed from the block's start) for which A's diagonal
-#: blocks are one product split at the block's start: its factors stay within 2^+-CALM, and the
-#: exponent a pair sees, a difference of two such sums, keeps its bits to CALM * 2^-24.
+#: The largest prefix sum of log2 decays (from a chunk's start in the calm pass, from a block's
+#: start for the general steps' diagonal blocks) at which A is one product split at that start:
+#: its factors stay within 2^+-CALM, and an exponent a pair sees, the difference of two such sums,
+#: is off by at most float32's spacing at CALM (2^-18).
 CALM = tl.constexpr(32.0)
 
 
@@ -123,8 +126,8 @@ def _calm_chunk(q, k, g, qg, kg, aqk, dl, coef, dt, A, dt_bias, r0, eos, cs, cs_
         qg = scale q o 2^G,   kg = k o 2^(G_last - G),   dl = 2^G_last,
         A  = scale (q o 2^G)(k o 2^-G)^T, j <= i,
 
-    every factor within 2^+-CALM and every exponent, a prefix sum or a difference of two, exact
-    to CALM * 2^-23; no bad row (coef's lam rq 1 throughout). Where they are not, what was
+    every factor within 2^+-CALM and every exponent, a prefix sum or a difference of two, off by
+    at most float32's spacing at CALM; no bad row (coef's lam rq 1 throughout). Where they are not, what was
     written is for the general steps of :func:`chunk_gla_prep_kernel` to overwrite."""
     o_t, o_kb, _, rows, m_r, _ = _chunk_tiles(r0, eos, BT, KB, K)
     wild = tl.zeros([BT], dtype=tl.int32)
