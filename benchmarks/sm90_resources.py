@@ -7,9 +7,11 @@ no GPU (Triton compiles for a named target; its bundled ptxas and cuobjdump do t
 
 Each sweep line also profiles the chunk loop in the SASS (instructions, barriers, wgmmas per chunk).
 
-Pointers are declared 16-byte aligned (``tt.divisibility``), as the JIT specialises them for aligned
-tensors: without that, loads compile to 2-byte scalars and the figures mean nothing. Shapes of the
-headline workload: H 16, HV 32, K = V = 128, bf16, dense, L2 norm, gates, final state.
+The forward's kernels (``--sweep``, ``--prep``) and the GLA engine's (``--gla``) compile as the launch
+layer builds them (tests/helpers/sm90.py: bf16, K = V = 128, dense GDN or varlen GDP). The backward's
+(``--backward``) from signatures written here, pointers declared 16-byte aligned
+(``tt.divisibility``) as the JIT specialises them for aligned tensors: without that, loads compile
+to 2-byte scalars and the figures mean nothing; H 16, HV 32, K = V = 128, bf16, dense.
 """
 from __future__ import annotations
 
@@ -26,10 +28,7 @@ from triton.compiler import ASTSource
 
 from recurscan.kernels.delta.backward import (chunk_delta_bwd_dqdk_kernel,
                                               chunk_delta_bwd_scores_kernel, chunk_delta_bwd_sweep_kernel)
-from recurscan.kernels.delta.prep import chunk_delta_prep_kernel
-from recurscan.kernels.delta.sweep import chunk_delta_sweep_kernel
-
-SHAPES = dict(H=16, HV=32, K=128, M=1, BT=64, BK=128)
+from recurscan.plan.delta import DeltaShape
 
 
 def loop_profile(sass: str) -> str:
@@ -106,30 +105,13 @@ def resources(ck, lines=0) -> str:
     return out + ("\n" + source_lines(ck.asm["cubin"], lines) if lines else "")
 
 
-def sweep(BV, warps, stages, v_product, PASS=0, tma_store=False, M=1, varlen=False):
-    p, f = "*bf16", "*fp32"
-    sig = dict(q=p, k=p, v=p, wy=p, aqk=p, coef=f, o=p, h0=f, ht=f, state=f, state_indices="*i32", chunk_states=f,
-               cu_seqlens="*i32", chunk_offsets="*i32", sequence_order="*i32", seg_n=f, seg_m=f, n_seg="i32",
-               seg_chunks="i32", tc_first="i32", tc_count="i32", trigger_dependents="i32", T="i32",
-               s0_n="i32", s0_h="i32", s0_k="i32", n_slots="i32", n_cs_rows="i32", replay_flags="*i32",
-               u_out=p, ks_out=f)
-    # A contiguous state's last stride is 1, which the JIT specialises as a constant.
-    const = dict(SHAPES, V=128, BV=BV, s0_v=1, IS_VARLEN=varlen, HAS_H0=False, STORE_FINAL=True, USE_CACHE=False,
-                 STORE_CHUNK_STATES=False, DOT_PRECISION="tf32", NUM_STAGES=stages, DT=tl.bfloat16, PASS=PASS,
-                 V_PRODUCT=v_product, TMA_STORE=tma_store, PDL=True, REPLAY=False, OUTPUTS=True)
-    const["M"] = M
-    return _compile(chunk_delta_sweep_kernel, sig, const, warps, stages)
-
-
-def prep(warps=4, fp16=True, varlen=False, M=1, maxnreg=None, lines=0):
-    p = "*bf16"
-    sig = dict(q=p, k=p, g="*fp32", beta=p, wy=p, aqk=p, coef="*fp32", winv=p, cu_seqlens="*i32", chunk_indices="*i32",
-               sequence_order="*i32", scale="fp32", T="i32", n_seq="i32", chunk_lo="i32",
-               chunk_span="i32", wait_primary="i32")
-    const = dict(SHAPES, USE_L2NORM=True, IS_VARLEN=varlen, HAS_G=True, INV_PRECISION="tf32", DT=tl.bfloat16,
-                 INV_FP16=fp16, PDL=True)
-    const["M"] = M
-    return _compile(chunk_delta_prep_kernel, sig, const, warps, maxnreg=maxnreg, lines=lines)
+def forward(shape, gdp=False, lines=0) -> str:
+    """The delta-rule forward's kernels in ``shape`` (a DeltaShape) for sm_90 as the launch layer
+    builds them (tests/helpers/sm90.py): dense GDN, or with ``gdp`` varlen GDP M = 2."""
+    from functools import partial
+    from tests.helpers import sm90
+    case = "GDP M 2 varlen" if gdp else "GDN dense, H = HV"
+    return "\n".join("  " + line for line in sm90.compile_delta_forward(case, shape, partial(resources, lines=lines)))
 
 
 def backward(BV=32, warps=8, grads_warps=8, grads_BV=None):
@@ -203,19 +185,18 @@ def main(argv=None):
         return
     if args.prep:
         for text in args.prep:
-            print(f"prep, 4 warps, maxnreg {int(text) or '-'}: {prep(maxnreg=int(text) or None, lines=args.lines)}")
+            shape = DeltaShape(64, 4, 3, 4, "sm90_resources: the prep under a register cap",
+                               prep_maxnreg=int(text) or None)
+            print(f"prep, 4 warps, maxnreg {int(text) or '-'}:\n{forward(shape, args.gdp, args.lines)}")
         return
     shapes = [tuple(int(x) for x in s.split(":")) for s in args.sweep or []] or \
         [(128, 8, 3, 1), (64, 4, 3, 1), (64, 4, 2, 1), (64, 4, 2, 0), (32, 4, 2, 0), (16, 4, 2, 0)]
-    if args.gdp:
-        print(f"prep, 4 warps, varlen GDP M = 2: {prep(varlen=True, M=2)}")
-    else:
-        print(f"prep, 4 warps: {prep()}; varlen {prep(varlen=True)}")
     for BV, warps, stages, vp, tma in (tuple(s_) + (0,)[len(s_) - 4:] for s_ in shapes):
-        passes = (0, 1, 2) if (BV, vp) == (64, 0) else (0,)
-        for PASS in passes:
-            print(f"sweep BV {BV:3d} {warps} warps {stages} stages v_product {vp} tma_store {tma} "
-                  f"PASS {PASS}: {sweep(BV, warps, stages, bool(vp), PASS, bool(tma), *((2, True) if args.gdp else ()))}")
+        for segments in ((1, 2) if (BV, vp) == (64, 0) else (1,)):
+            shape = DeltaShape(BV, warps, stages, 4, "sm90_resources: a sweep variant", v_product=bool(vp),
+                               tma_store=bool(tma), segments=segments)
+            print(f"BV {BV:3d} {warps} warps {stages} stages v_product {vp} tma_store {tma} segments {segments}"
+                  f"{' (varlen GDP M = 2)' if args.gdp else ''}:\n{forward(shape, args.gdp, args.lines)}")
 
 
 if __name__ == "__main__":

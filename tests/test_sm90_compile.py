@@ -73,3 +73,15 @@ def test_the_descriptor_kernel_compiles_for_sm90():
     run = compile_offline("descriptors")
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.count("chunk_descriptors_kernel") == 4, run.stdout
+
+
+def test_the_resource_report_compiles_the_forward_as_the_launch_layer_builds_it():
+    """benchmarks/sm90_resources.py's --sweep (its sweep variants through launch/delta.py, which
+    its hand-written signatures had drifted from): every kernel's registers and shared memory."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    run = subprocess.run([sys.executable, "-m", "benchmarks.sm90_resources", "--sweep", "64:4:3:1:1"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for kernel in ("chunk_delta_prep_kernel", "chunk_delta_sweep_kernel"):
+        assert f"{kernel}: shared" in run.stdout and "REG:" in run.stdout, run.stdout

@@ -105,6 +105,32 @@ def compile_case(case: str, shape: str) -> list[str]:
             [(s, NAMES, stage_values) for s in launches.steps]]
 
 
+def compile_delta_forward(case: str, shape: DeltaShape, describe=None) -> list[str]:
+    """The delta-rule forward's launches (launch/delta.py: the prep, the sweep, a segmented
+    sweep's fix-up) for a case of :data:`CASES` in ``shape``, bf16, K = V = 128, one line each
+    (``describe``: as :func:`compile_gla`'s)."""
+    from recurscan.launch.delta import build_delta_launches
+    M, cu = CASES[case]
+    B, T, H, HV, K = (1, 1000, 2, 4, 128) if cu is not None else (2, 300, 2, 2, 128)
+    bf = dict(dtype=torch.bfloat16)
+    q, k, v = torch.zeros(B, T, H, K, **bf), torch.zeros(B, T * M, H, K, **bf), torch.zeros(B, T * M, HV, K, **bf)
+    g, beta = torch.zeros(B, T, HV), torch.zeros(B, T * M, HV, **bf)
+    N = B if cu is None else len(cu) - 1
+    h0 = torch.zeros(N, HV, K, K)
+    cu_t = indices = None
+    if cu is not None:
+        cu_t = torch.tensor(cu, dtype=torch.int32)
+        indices = build_chunk_descriptors(cu_t, M).chunk_indices_dp
+    launches = build_delta_launches(q, k, v, g, beta, shape, scale=K ** -0.5, initial_state=h0,
+                                    output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_t,
+                                    chunk_indices_dp=indices, num_householder=M)
+    inputs = DeltaInputs(q, k, v, g, beta, h0, None, None, cu_t, indices, None)
+    made = {n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.buffers.items()}
+    values = tuple(x if x is not None else torch.zeros(1) for x in
+                   tuple(inputs) + tuple(made.get(n) for n in CALL_NAMES[len(inputs):]))
+    return [compiled_line(step, CALL_NAMES, values, describe) for step in launches.steps]
+
+
 def compile_gla(case: str, ssd: bool = False, cache: bool = False, seq_idx: bool = False,
                 chunk_states: bool = False, per_key: bool = False, split: bool = False, describe=None) -> list[str]:
     """The scalar-decay GLA forward's launch (launch/gla.py) for a case of :data:`CASES` (M = 1
