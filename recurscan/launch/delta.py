@@ -62,6 +62,19 @@ class DeltaInputs(NamedTuple):
     z: torch.Tensor | None = None
 
 
+def per_key_prep_steps(prep: dict, grid: tuple, calm, BK: int, options: dict, flags: CallArg) -> list:
+    """The per-key prep's launches (kernels/gla/prep.py) from its arguments ``prep``: one launch
+    of the general steps in ``options``; or, with ``calm`` ``(keys a step, warps, register cap)``,
+    the calm pass then the general steps for the other chunks (8 warps, all keys at once), the
+    chunks' flags in ``flags`` (an int8 buffer of ``grid[0]`` elements the caller allocates)."""
+    if calm is None:
+        return [Step(chunk_gla_prep_kernel, grid, dict(prep, calm_flags=prep["q"], CALM_PASS=0), options)]
+    block, warps, maxnreg = calm
+    return [Step(chunk_gla_prep_kernel, grid, dict(prep, calm_flags=flags, CALM_PASS=1, BKB=min(block, BK)),
+                 dict(num_warps=warps, **({} if maxnreg is None else {"maxnreg": maxnreg}))),
+            Step(chunk_gla_prep_kernel, grid, dict(prep, calm_flags=flags, CALM_PASS=2, BKB=0), dict(num_warps=8))]
+
+
 def check_shape(shape: DeltaShape) -> None:
     """A launch shape the kernels can take (the planner's always are; a hand-made one may not be)."""
     for name in ("segments", "phases", "block_v", "num_warps", "num_stages", "prep_warps", "prep_heads"):
@@ -271,15 +284,12 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
             dt_max=0.0, coef=arg("coef"), sequence_order=arg("sequence_order", varlen and N > 0),
             H=H, HV=HV, K=K, BT=BT, BK=BK, IS_VARLEN=varlen, DT=dt, DOT_PRECISION=dot_precision, HAS_G=True,
             SCALAR=False, SSD=False, HAS_DT_BIAS=False, DT_SOFTPLUS=False, DT_LIMIT=False, FOR_SWEEP=True,
-            BKB=min(shape.prep_key_block, BK), calm_flags=arg("o"), CALM_PASS=0)
-        if n_prep > 0 and shape.key_calm_pass:  # the calm chunks, then the others
-            buffers["calm_flags"] = ((n_prep * HV,), torch.int8, None)
-            steps.append(Step(chunk_gla_prep_kernel, (n_prep * HV,), dict(prep, calm_flags=arg("calm_flags"),
-                                                                          CALM_PASS=1), prep_options))
-            steps.append(Step(chunk_gla_prep_kernel, (n_prep * HV,), dict(
-                prep, calm_flags=arg("calm_flags"), CALM_PASS=2, BKB=0), dict(num_warps=8)))
-        elif n_prep > 0:
-            steps.append(Step(chunk_gla_prep_kernel, (n_prep * HV,), prep, prep_options))
+            BKB=min(shape.prep_key_block, BK))
+        calm = (shape.prep_key_block, shape.prep_warps, shape.prep_maxnreg) if shape.key_calm_pass else None
+        if n_prep > 0:
+            if calm is not None:
+                buffers["calm_flags"] = ((n_prep * HV,), torch.int8, None)
+            steps += per_key_prep_steps(prep, (n_prep * HV,), calm, BK, prep_options, arg("calm_flags"))
     elif n_prep > 0 and not phased:
         steps.append(Step(chunk_delta_prep_kernel, (n_prep * HV // heads,), prep, prep_options))
     outputs = ("o", "state" if use_cache else ("final" if store_final else None)) + \

@@ -11,14 +11,13 @@ import triton.language as tl
 
 from ..descriptors import CHUNK_SIZE
 from ..kernels.gla.forward import chunk_simple_gla_fwd_kernel
-from ..kernels.gla.prep import chunk_gla_prep_kernel
 from ..kernels.group_sum import group_sum_kernel
 from ..plan import gla as plan_gla
 from ..plan.gla import GlaShape
 from ..runtime.cache import SignatureCache, launch_key
 from ..runtime.launcher import CallArg, compile_in_background, jit_launch
 from .delta import (CALL_NAMES, INTERPRET, DeltaInputs, DeltaLaunches, Step, _empty, build_delta_launches,
-                    run_delta_launches)
+                    per_key_prep_steps, run_delta_launches)
 from .delta_backward import GROUP_SUM_ROWS
 
 #: The per-call tensors of the launch, by name (its CallArgs).
@@ -136,19 +135,11 @@ def build_gla_forward(q, k, v, g, h0, cu_seqlens, *, scale, output_final_state, 
             DOT_PRECISION=precision,
             HAS_G=g is not None, SCALAR=scalar and ssd is None, SSD=ssd is not None,
             HAS_DT_BIAS=ssd is not None and ssd.dt_bias is not None, DT_SOFTPLUS=ssd is not None and ssd.dt_softplus,
-            DT_LIMIT=ssd is not None and ssd.clamps, FOR_SWEEP=False, BKB=0, calm_flags=arg("o"),
-            CALM_PASS=0)
+            DT_LIMIT=ssd is not None and ssd.clamps, FOR_SWEEP=False, BKB=0)
         calm = plan_gla.PER_KEY_CALM_PASS if g is not None and g.dim() == 4 else None
-        if calm is None:
-            preps = (Step(chunk_gla_prep_kernel, (prep_rows * HV,), prep, dict(num_warps=8)),)
-        else:  # the calm chunks, then the others
-            block, warps, maxnreg = calm
+        if calm is not None:
             buffers["calm_flags"] = ((prep_rows * HV,), torch.int8)
-            preps = (Step(chunk_gla_prep_kernel, (prep_rows * HV,), dict(
-                         prep, calm_flags=arg("calm_flags"), CALM_PASS=1, BKB=min(block, BK)),
-                          dict(num_warps=warps, **({} if maxnreg is None else {"maxnreg": maxnreg}))),
-                     Step(chunk_gla_prep_kernel, (prep_rows * HV,), dict(prep, calm_flags=arg("calm_flags"),
-                                                                           CALM_PASS=2), dict(num_warps=8)))
+        preps = tuple(per_key_prep_steps(prep, (prep_rows * HV,), calm, BK, dict(num_warps=8), arg("calm_flags")))
     step = Step(chunk_simple_gla_fwd_kernel, (N * HV * triton.cdiv(V, BV),), dict(
         q=arg("q"), k=arg("k"), v=arg("v"), g=arg("g", g is not None), o=arg("o"), h0=arg("h0", h0 is not None),
         ht=arg("ht", output_final_state and not cache), cu_seqlens=arg("cu_seqlens", varlen),

@@ -30,8 +30,8 @@ SHAPES = {
 }
 CASES = {"GDN dense, H = HV": (1, None), "GDN varlen, GVA": (1, [0, 1, 300, 1000]),
          "GDP M 2 varlen": (2, [0, 1, 300, 1000])}
-_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32", torch.int8: "*i8",
-          torch.int64: "*i64"}
+_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32",
+          torch.int8: "*i8", torch.int64: "*i64"}
 
 
 def compile_for_sm90(step, names, values):
@@ -71,16 +71,25 @@ def compiled_line(step, names, values, describe=None) -> str:
     return f"{fn}: shared {compiled.metadata.shared} B" + (f"; {describe(compiled)}" if describe else "")
 
 
-def compile_case(case: str, shape: str) -> list[str]:
-    """One line per compiled kernel: its name and shared memory; raises where one does not compile
-    or does not fit."""
+def _delta_case(case: str):
+    """(M, cu_seqlens as a list or None, (q, k, v, g, beta, h0)) of a case of :data:`CASES`: zeros of
+    its shapes, bf16 inputs, K = V = 128, the expanded stream T M long."""
     M, cu = CASES[case]
     B, T, H, HV, K = (1, 1000, 2, 4, 128) if cu is not None else (2, 300, 2, 2, 128)
     bf = dict(dtype=torch.bfloat16)
-    q, k, v = torch.zeros(B, T, H, K, **bf), torch.zeros(B, T * M, H, K, **bf), torch.zeros(B, T * M, HV, K, **bf)
-    g, beta = torch.zeros(B, T, HV), torch.zeros(B, T * M, HV, **bf)
     N = B if cu is None else len(cu) - 1
-    h0, dht = torch.zeros(N, HV, K, K), torch.zeros(N, HV, K, K)
+    return M, cu, (torch.zeros(B, T, H, K, **bf), torch.zeros(B, T * M, H, K, **bf),
+                   torch.zeros(B, T * M, HV, K, **bf), torch.zeros(B, T, HV), torch.zeros(B, T * M, HV, **bf),
+                   torch.zeros(N, HV, K, K))
+
+
+def compile_case(case: str, shape: str) -> list[str]:
+    """One line per compiled kernel: its name and shared memory; raises where one does not compile
+    or does not fit."""
+    M, cu, (q, k, v, g, beta, h0) = _delta_case(case)
+    bf = dict(dtype=torch.bfloat16)
+    B, T, HV, K = q.shape[0], q.shape[1], v.shape[2], q.shape[3]
+    dht = torch.zeros(h0.shape)
     do = torch.zeros(B, T, HV, K, **bf)
     desc, cu_t = dict(chunk_indices=None, chunk_offsets=None), None
     if cu is not None:
@@ -110,13 +119,8 @@ def compile_delta_forward(case: str, shape: DeltaShape, describe=None) -> list[s
     sweep's fix-up) for a case of :data:`CASES` in ``shape``, bf16, K = V = 128, one line each
     (``describe``: as :func:`compile_gla`'s)."""
     from recurscan.launch.delta import build_delta_launches
-    M, cu = CASES[case]
-    B, T, H, HV, K = (1, 1000, 2, 4, 128) if cu is not None else (2, 300, 2, 2, 128)
-    bf = dict(dtype=torch.bfloat16)
-    q, k, v = torch.zeros(B, T, H, K, **bf), torch.zeros(B, T * M, H, K, **bf), torch.zeros(B, T * M, HV, K, **bf)
-    g, beta = torch.zeros(B, T, HV), torch.zeros(B, T * M, HV, **bf)
-    N = B if cu is None else len(cu) - 1
-    h0 = torch.zeros(N, HV, K, K)
+    M, cu, (q, k, v, g, beta, h0) = _delta_case(case)
+    K = q.shape[3]
     cu_t = indices = None
     if cu is not None:
         cu_t = torch.tensor(cu, dtype=torch.int32)
