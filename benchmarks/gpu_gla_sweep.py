@@ -3,7 +3,7 @@ fused GLA kernel and the peers, one process, eager, L2 flushed, bf16 (issue 20's
 ``chunk_simple_gla`` B4 T4096 H16 K=V=128 (fla's shape) and ``mamba_chunk_scan_combined`` B1 T16384
 and B4 T4096 (80 heads x 64, dstate 128, one group, chunk 256, D, dt_bias, dt_softplus). Each row's
 output against the float32 PyTorch form (relative RMS). Variants of the sweep's launch shape
-(``--sweep BV:warps:stages[:segN][:phN][:tma][:pwN][:regN][:hN]``, repeatable) beside the planner's; ``--profile``
+(``--sweep BV:warps:stages[:segN][:phN][:tma][:pwN][:regN][:hN][:grp]``, repeatable) beside the planner's; ``--profile``
 adds GPU time by kernel.
 
     PYTHONPATH=$PWD:/tmp/site MAMBA_SSM_SRC=/tmp/mamba python benchmarks/gpu_gla_sweep.py \
@@ -12,7 +12,6 @@ adds GPU time by kernel.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 
@@ -26,9 +25,9 @@ from recurscan.plan.delta import DeltaShape
 
 
 def parse_sweep(text: str) -> DeltaShape:
-    """``BV:warps:stages[:segN][:phN][:tma][:pwN][:regN][:hN]`` -> a DeltaShape (pw: the prep's
-    warps, reg: its register cap, 0 for none; h: value heads a prep program, cut to a divisor of
-    the group by the planner's with_prep_heads)."""
+    """``BV:warps:stages[:segN][:phN][:tma][:pwN][:regN][:hN][:grp]`` -> a DeltaShape (pw: the
+    prep's warps, reg: its register cap, 0 for none; h: value heads a prep program, cut to a
+    divisor of the group by the planner's with_prep_heads; grp: the group prep)."""
     parts = text.split(":")
     fields = dict(segments=1, phases=1, tma_store=False)
     prep_warps = 4
@@ -45,6 +44,8 @@ def parse_sweep(text: str) -> DeltaShape:
             fields["prep_maxnreg"] = int(p[3:]) or None
         elif p.startswith("h"):
             fields["prep_heads"] = int(p[1:])
+        elif p == "grp":
+            fields["group_prep"] = True
     bv = int(parts[0])
     return DeltaShape(bv, int(parts[1]), int(parts[2]), prep_warps, f"benchmark variant {text}", v_product=bv >= 64,
                       **fields)
@@ -72,22 +73,21 @@ def rows_for(name, make_call, want, tagged, peers):
 
 def train_rows():
     """Forward + backward (every input's gradient, one fixed upstream gradient), eager, L2 flushed:
-    the planner's form (the backward's recompute on the delta sweep), the recompute on the fused
-    kernel instead, and the peers that train here (mamba_ssm; fla's simple-GLA backward
-    refuses on Triton 3.6 without TileLang)."""
+    the planner's form (the backward's recompute on the delta sweep; SSD's prep the group prep),
+    the same with the delta prep (no group prep), and the peers that train here (mamba_ssm; fla's
+    simple-GLA backward refuses on Triton 3.6 without TileLang)."""
     from benchmarks.gpu_gla import SSD_GRADS, time_train, train_step
     from benchmarks.runner import NotInstalled, load_mamba
-    planned, rows = plan_gla.GLA_LAUNCH, []
-    forms = {"recurscan triton": planned,
-             "recurscan triton, recompute on the fused kernel": dataclasses.replace(planned,
-                                                                                    recompute_on_sweep=False)}
+    rows = []
+    forms = {"recurscan triton": plan_gla.GROUP_PREP_MIN_HEADS, "recurscan triton, the delta prep": None}
 
     def timed(name, step, peers):
         out = []
-        for impl, launch in forms.items():
-            plan_gla.GLA_LAUNCH = launch
+        planned = plan_gla.GROUP_PREP_MIN_HEADS
+        for impl, min_heads in forms.items():
+            plan_gla.GROUP_PREP_MIN_HEADS = min_heads
             out += time_train(name, {impl: step})
-        plan_gla.GLA_LAUNCH = planned
+        plan_gla.GROUP_PREP_MIN_HEADS = planned
         return out + time_train(name, peers)
 
     s = SHAPES["simple_gla_b4_t4096_h16"]
@@ -113,8 +113,8 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--sweep", action="append", default=[])
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--train", action="store_true", help="also forward + backward: the backward's recompute on the "
-                                                          "sweep (planned) and on the fused kernel, beside the peers")
+    ap.add_argument("--train", action="store_true", help="also forward + backward: the planner's form and the same "
+                                                          "with the delta prep, beside the peers")
     args = ap.parse_args()
     gpu_gla.PROFILE = args.profile
     tagged = variants(args.sweep)

@@ -153,6 +153,9 @@ def gla(form: str, lines: int = 0) -> str:
     case = "GDN dense, H = HV"
     if form in ("gla-backward", "gla-sweep-backward"):
         return "\n".join(sm90.compile_gla_backward(case, describe=describe, on_sweep=form == "gla-sweep-backward"))
+    if form in ("gla-group-sweep", "ssd-group-sweep"):  # the group prep, the sweep gating the scores
+        return "\n".join(sm90.compile_gla_sweep("GDN varlen, GVA", "group prep", ssd=form == "ssd-group-sweep",
+                                                 describe=describe))
     if form in ("gla-sweep", "ssd-sweep", "gla-per-key-sweep"):  # on the delta sweep, WY off, one pass
         return "\n".join(sm90.compile_gla_sweep(case, "one pass", ssd=form == "ssd-sweep", describe=describe,
                                                  per_key=form == "gla-per-key-sweep"))
@@ -172,6 +175,7 @@ def main(argv=None):
                                                                     "(BV:sweep warps:parallel-stage warps)")
     ap.add_argument("--gla", action="append", help="the GLA engine's kernels in this form (gla, ssd, gla-split, "
                                                    "ssd-split, gla-per-key, gla-backward, gla-sweep, ssd-sweep, gla-per-key-sweep, "
+                                                   "gla-group-sweep, ssd-group-sweep, "
                                                    "gla-sweep-backward; "
                                                    "repeatable)")
     args = ap.parse_args(argv)

@@ -47,7 +47,8 @@ def gla_inputs(B, T, H, HV, K, V, seed):
 
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("optional", ["all", "no_g_no_h0"])
-@pytest.mark.parametrize("form", ["sweep", "fused", "split", "sweep segments", "sweep phases"])
+@pytest.mark.parametrize("form", ["sweep", "fused", "split", "sweep segments", "sweep phases", "sweep, group prep",
+                                  "sweep segments, group prep", "sweep phases, group prep"])
 def test_triton_forward_matches_the_token_loop(case, optional, form, monkeypatch):
     use_form(form, monkeypatch)
     c = CASES[case]
@@ -72,7 +73,8 @@ def test_triton_forward_matches_the_token_loop(case, optional, form, monkeypatch
 
 
 @pytest.mark.parametrize("name, form", [(n, "sweep") for n in "qkvg"] + [(n, "fused") for n in "qkvg"] +
-                         [("q", "split"), ("g", "split"), ("v", "sweep segments")])
+                         [("q", "split"), ("g", "split"), ("v", "sweep segments")] +
+                         [(n, "sweep, group prep") for n in "qkvg"])
 def test_a_non_finite_input_leaves_earlier_outputs_and_other_sequences_bit_identical(name, form, monkeypatch):
     use_form(form, monkeypatch)
     q, k, v, g = (x.float().to(DEVICE) for x in gla_inputs(1, 200, 1, 2, 16, 16, seed=11))
@@ -129,14 +131,17 @@ GRAD_CASES = {
 
 @pytest.mark.parametrize("case", list(GRAD_CASES))
 @pytest.mark.parametrize("optional", ["all", "no_g_no_h0"])
-@pytest.mark.parametrize("recompute", ["fused", "sweep"])  # the backward's chunk states: by the GLA kernel, or the sweep
+# The backward's chunk states: by the GLA kernel, or the sweep (its prep the delta prep, or the group prep).
+@pytest.mark.parametrize("recompute", ["fused", "sweep", "sweep, group prep"])
 def test_triton_gradients_match_autograd_through_the_token_loop(case, optional, recompute, monkeypatch):
     """Every gradient (q, k, v, g, the initial state; a gradient into the final state too) of the
     Triton path (kernels/gla/backward.py) against autograd through the float64 token loop,
     bounded by the float32 band."""
     from recurscan.plan import gla as plan_gla
     monkeypatch.setattr(plan_gla, "GLA_LAUNCH", dataclasses.replace(plan_gla.GLA_LAUNCH,
-                                                                    recompute_on_sweep=recompute == "sweep"))
+                                                                    recompute_on_sweep=recompute != "fused"))
+    if recompute == "sweep, group prep":
+        use_form(recompute, monkeypatch)
     c = GRAD_CASES[case]
     q, k, v, g = gla_inputs(c["B"], c["T"], c["H"], c["HV"], 16, c["V"], seed=len(case))
     cu = None if c["cu"] is None else torch.tensor(c["cu"])

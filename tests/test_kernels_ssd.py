@@ -35,7 +35,10 @@ EXTRAS = ["D per head, z, dt_bias, softplus, h0", "D per channel, dt_limit", "no
 
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("extras, form", [(e, "sweep") for e in EXTRAS] + [(e, "fused") for e in EXTRAS[:2]] +
-                         [(e, "split") for e in EXTRAS[:2]] + [(EXTRAS[0], "sweep segments"), (EXTRAS[0], "sweep phases")])
+                         [(e, "split") for e in EXTRAS[:2]] +
+                         [(EXTRAS[0], "sweep segments"), (EXTRAS[0], "sweep phases")] +
+                         [(e, "sweep, group prep") for e in EXTRAS] +
+                         [(EXTRAS[0], "sweep segments, group prep"), (EXTRAS[0], "sweep phases, group prep")])
 def test_triton_ssd_matches_the_token_loop(case, extras, form, monkeypatch):
     use_form(form, monkeypatch)
     c = CASES[case]
@@ -61,13 +64,21 @@ def test_triton_ssd_matches_the_token_loop(case, extras, form, monkeypatch):
         assert_like_fp32(a.cpu(), b, ref, what)
 
 
-def test_a_nan_leaves_earlier_outputs_and_other_sequences_bit_identical():
+@pytest.mark.parametrize("form", ["sweep", "sweep, group prep"])
+@pytest.mark.parametrize("where", ["dt", "B"])
+def test_a_nan_leaves_earlier_outputs_and_other_sequences_bit_identical(form, where, monkeypatch):
+    """A NaN step size (its head) or key (B: every head of the group) mid-chunk: the outputs before
+    it and the other sequence's keep their bits, the NaN reaches the outputs from it on."""
+    use_form(form, monkeypatch)
     x = {k: v.float().to(DEVICE) for k, v in ssd_inputs(1, 200, 2, 1, seed=4).items()}
     cu = torch.tensor([0, 130, 200], device=DEVICE)
     clean = recurscan.mamba_chunk_scan_combined(*x.values(), cu_seqlens=cu, dt_softplus=True,
                                                 return_final_states=True, backend="triton")
-    x["dt"] = x["dt"].clone()
-    x["dt"][0, 95, 1] = float("nan")
+    x[where] = x[where].clone()
+    if where == "dt":
+        x["dt"][0, 95, 1] = float("nan")
+    else:
+        x["B"][0, 95, 0, 3] = float("nan")
     y, h = recurscan.mamba_chunk_scan_combined(*x.values(), cu_seqlens=cu, dt_softplus=True,
                                                return_final_states=True, backend="triton")
     assert torch.equal(y[:, :95], clean[0][:, :95]) and torch.equal(y[:, 130:], clean[0][:, 130:])
@@ -75,7 +86,7 @@ def test_a_nan_leaves_earlier_outputs_and_other_sequences_bit_identical():
 
 
 @pytest.mark.parametrize("cu", [None, [0, 1, 70, 130]])
-@pytest.mark.parametrize("form", ["sweep", "fused", "split"])
+@pytest.mark.parametrize("form", ["sweep", "fused", "split", "sweep, group prep"])
 def test_state_cache_equals_the_torch_path(cu, form, monkeypatch):
     """The state cache on the Triton path: slots read and written in place through mamba's
     [S, H, P, Nstate] layout, a padding sequence (slot -1) with zero outputs and its slot untouched,
@@ -105,12 +116,14 @@ def test_what_the_triton_path_refuses():
                                             state_indices=torch.tensor([0], dtype=torch.int32), backend="triton")
 
 
-@pytest.mark.parametrize("extras", ["D per head, z", "D per channel, no z", "no D, no z"])
+@pytest.mark.parametrize("extras, form", [("D per head, z", "sweep"), ("D per channel, no z", "sweep"),
+                                         ("no D, no z", "sweep"), ("D per head, z", "sweep, group prep")])
 @pytest.mark.parametrize("cu", [None, [0, 1, 70, 130]])
-def test_triton_gradients_match_autograd_through_the_token_loop(cu, extras):
+def test_triton_gradients_match_autograd_through_the_token_loop(cu, extras, form, monkeypatch):
     """Gradients of x, dt, A, B, C, D, z, dt_bias and the initial states through the Triton path
     (the GLA kernels' backward, the elementwise prologue and epilogue by autograd) against
-    autograd through the float64 token loop."""
+    autograd through the float64 token loop; the forward and the backward's recompute in ``form``."""
+    use_form(form, monkeypatch)
     Bt = 2 if cu is None else 1
     x = ssd_inputs(Bt, 130, 4, 2, seed=7)
     gen = torch.Generator().manual_seed(8)
@@ -162,8 +175,8 @@ def _per_sequence(x, seq_idx, h0, **kw):
     return torch.cat(ys), torch.cat(finals)
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
-@pytest.mark.parametrize("form", ["sweep", "fused", "split"])
+@pytest.mark.parametrize("backend, form", [("torch", "sweep")] + [("triton", f) for f in ("sweep", "fused", "split",
+                                                                                           "sweep, group prep")])
 def test_seq_idx_packs_sequences_in_a_row(backend, form, monkeypatch):
     """mamba_ssm's seq_idx [Bt, T]: the state resets wherever it changes (a one-token sequence, a
     start on a chunk boundary, ids that skip), initial states enter each row's first sequence and
@@ -221,8 +234,8 @@ def test_seq_idx_is_validated():
 
 
 @pytest.mark.parametrize("cu", [None, [0, 1, 70, 200]], ids=["dense", "varlen"])
-@pytest.mark.parametrize("backend", ["torch", "triton"])
-@pytest.mark.parametrize("form", ["sweep", "fused", "split"])
+@pytest.mark.parametrize("backend, form", [("torch", "sweep")] + [("triton", f) for f in ("sweep", "fused", "split",
+                                                                                           "sweep, group prep")])
 def test_chunk_states_every_64_tokens_in_mambas_layout(cu, backend, form, monkeypatch):
     """return_chunk_states: [NT, H, P, Nstate] float32, the state entering each 64-token chunk of
     each sequence at the delta ops' rows whatever chunk_size is, against the float64 token loop."""

@@ -51,13 +51,14 @@ def test_the_gla_forward_compiles_for_sm90(case, family):
 @pytest.mark.parametrize("family, shape, case",
                          [("ssd-sweep", shape, "GDN varlen, GVA") for shape in SWEEP_SHAPES] +  # every SSD flag
                          [("ssd-sweep", "one pass", "GDN dense, H = HV"), ("gla-sweep", "one pass", "GDN dense, H = HV"),
-                          ("gla-sweep", "narrow", "GDN varlen, GVA"),
+                          ("gla-sweep", "narrow", "GDN varlen, GVA"), ("gla-sweep", "group prep", "GDN varlen, GVA"),
                           ("gla-per-key-sweep", "one pass", "GDN dense, H = HV"),
                           ("gla-per-key-sweep", "segments", "GDN varlen, GVA")])
 def test_gla_and_ssd_on_the_delta_sweep_compile_for_sm90(case, shape, family):
     run = compile_offline(family, case, shape)
     assert run.returncode == 0, run.stderr[-3000:]
-    prep = "chunk_gla_prep_kernel" if family == "gla-per-key-sweep" else "chunk_delta_prep_kernel"
+    prep = "chunk_gla_prep_kernel" if family == "gla-per-key-sweep" else \
+        "chunk_group_prep_kernel" if shape.startswith("group prep") else "chunk_delta_prep_kernel"
     assert prep in run.stdout and "chunk_delta_sweep_kernel" in run.stdout, run.stdout
 
 

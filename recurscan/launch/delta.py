@@ -22,6 +22,7 @@ from ..descriptors import CHUNK_SIZE
 from ..kernels.delta.fixup import chunk_delta_fixup_kernel
 from ..kernels.delta.prep import chunk_delta_prep_kernel
 from ..kernels.delta.sweep import chunk_delta_sweep_kernel
+from ..kernels.gla.group_prep import GROUP_COEF_WIDTH, chunk_group_prep_kernel
 from ..kernels.gla.prep import chunk_gla_prep_kernel
 from ..plan.delta import DeltaShape
 from ..runtime.launcher import CallArg, DirectLaunch, compile_together, jit_launch
@@ -81,7 +82,7 @@ def check_shape(shape: DeltaShape) -> None:
         value = getattr(shape, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"DeltaShape.{name}: expected an int >= 1, got {value!r}")
-    for name in ("v_product", "tma_store", "key_calm_pass"):
+    for name in ("v_product", "tma_store", "key_calm_pass", "group_prep"):
         if not isinstance(getattr(shape, name), bool):
             raise ValueError(f"DeltaShape.{name}: expected a bool, got {getattr(shape, name)!r}")
     b = shape.prep_key_block
@@ -97,7 +98,8 @@ def check_shape(shape: DeltaShape) -> None:
 #: The per-call values of a call, in order: the inputs, then the buffers the call allocates.
 INPUT_NAMES = DeltaInputs._fields
 BUFFER_NAMES = ("o", "final", "chunk_states", "beta_ones", "wy", "aqk", "coef", "seg_n", "seg_m",
-                "sequence_order", "replay_flags", "winv", "u", "ks", "checkpoints", "qg", "kg", "dl", "calm_flags")
+                "sequence_order", "replay_flags", "winv", "u", "ks", "checkpoints", "qg", "kg", "dl", "calm_flags",
+                "scores")
 CALL_NAMES = INPUT_NAMES + BUFFER_NAMES
 #: The prep's outputs, which a forward under autograd may keep for the backward (``keep_prep``).
 PREP_NAMES = ("wy", "winv", "aqk", "coef")
@@ -167,7 +169,10 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     ``wy=False``): fla's chunk_gla, g ``[B, T, HV, K]`` a log decay per key dimension; the prep is
     then kernels/gla/prep.py's (FOR_SWEEP: decayed queries and keys ``qg``, ``kg``, A, the chunk's
     decay per key ``dl``), one program per (chunk, value head), and the sweep runs with KEY_DECAY;
-    single pass or segments (no phases: that prep has no phase range). ``out_views``: ``(o, final)``
+    single pass or segments (no phases: that prep has no phase range). ``shape.group_prep`` (a
+    scalar decay with ``wy=False``): the prep is kernels/gla/group_prep.py's, one program per (chunk,
+    query/key head), writing the scores ``[B, T, H, 64]`` float32 and coef rows of 8, and the sweep
+    gates the scores per value head (GATE_SCORES). ``out_views``: ``(o, final)``
     tensors each call writes into instead of new ones (passed per call as
     :func:`run_delta_launches`' ``given``; their strides are read here): o ``[B, T, HV, V]`` with a
     unit last stride and a batch stride of T token strides, final ``[N, HV, K, V]`` float32 with
@@ -182,7 +187,10 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         raise ValueError("build_delta_launches: wy=False takes M = 1, no l2norm, no beta, forward only")
     if ssd is not None and wy:
         raise ValueError("build_delta_launches: ssd needs wy=False")
-    heads = shape.prep_heads
+    group = shape.group_prep
+    if group and (wy or key_decay or num_householder != 1):
+        raise ValueError("DeltaShape.group_prep: the group prep takes a scalar decay with wy=False and M = 1")
+    heads = 1 if group else shape.prep_heads
     if heads > 1 and (wy or (v.shape[2] // q.shape[2]) % heads != 0):
         raise ValueError(f"DeltaShape.prep_heads: {heads} value heads a prep program needs wy=False and a divisor "
                          f"of HV / H = {v.shape[2] // q.shape[2]}")
@@ -208,14 +216,15 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     use_cache = state is not None
     store_final = not use_cache and output_final_state
 
-    buffers = {
-        "o": ((B, T, HV, V), v.dtype if ssd is not None else q.dtype, None),
-        "aqk": ((B, T * M, HV, BT), q.dtype, None),
-    }
+    buffers = {"o": ((B, T, HV, V), v.dtype if ssd is not None else q.dtype, None)}
+    if group:  # the scores once per query/key head; each value head's aqk is formed in the sweep
+        buffers["scores"] = ((B, T, H, BT), torch.float32, None)
+    else:
+        buffers["aqk"] = ((B, T * M, HV, BT), q.dtype, None)
     if wy:
         buffers["wy"] = ((B, T * M, HV, BT), q.dtype, None)
     # per (chunk slot, head): slots (bos + 64 c) // 64 + n < B*T*M // 64 + N (_chunk_slot)
-    buffers["coef"] = (((B * T * M) // BT + N, HV, BT, 4), torch.float32, None)
+    buffers["coef"] = (((B * T * M) // BT + N, HV, BT, GROUP_COEF_WIDTH if group else 4), torch.float32, None)
     if varlen and N > 0:  # the sweep's order of sequences, longest first (written by the prep)
         buffers["sequence_order"] = ((N,), torch.int32, None)
     if beta is None and wy:
@@ -269,6 +278,16 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         USE_L2NORM=use_qk_l2norm_in_kernel, IS_VARLEN=varlen, HAS_G=g is not None,
         INV_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DT=dt, INV_FP16=q.dtype != torch.float32,
         wait_primary=0, PDL=not INTERPRET, STORE_INV=keep_prep, HEADS=heads, **ssd_prep)
+    prep_kernel, prep_per_chunk = chunk_delta_prep_kernel, HV // heads
+    if group:
+        prep_kernel, prep_per_chunk = chunk_group_prep_kernel, H
+        prep = dict({n: prep[n] for n in ("q", "k", "g", "coef", "cu_seqlens", "chunk_indices", "sequence_order",
+                                          "dt", "A", "dt_bias", "scale", "T", "n_seq", "chunk_lo", "chunk_span",
+                                          "wait_primary", "dt_min", "dt_max", "H", "HV", "K", "BT", "BK",
+                                          "IS_VARLEN", "HAS_G", "DT", "PDL", "SSD", "HAS_DT_BIAS", "DT_SOFTPLUS",
+                                          "DT_LIMIT")},
+                    scores=arg("scores"), HB=min(16, triton.next_power_of_2(HV // H)), PRECISION=dot_precision,
+                    SCORES=True)
     phased = phases > 1 and not varlen and segments <= 1 and T > 0
     # A register cap (compile option) sets how many prep programs share a multiprocessor.
     prep_options = dict(num_warps=prep_warps, **({} if prep_maxnreg is None else {"maxnreg": prep_maxnreg}))
@@ -291,7 +310,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
                 buffers["calm_flags"] = ((n_prep * HV,), torch.int8, None)
             steps += per_key_prep_steps(prep, (n_prep * HV,), calm, BK, prep_options, arg("calm_flags"))
     elif n_prep > 0 and not phased:
-        steps.append(Step(chunk_delta_prep_kernel, (n_prep * HV // heads,), prep, prep_options))
+        steps.append(Step(prep_kernel, (n_prep * prep_per_chunk,), prep, prep_options))
     outputs = ("o", "state" if use_cache else ("final" if store_final else None)) + \
         (("chunk_states",) if return_chunk_states else ()) + (kept_prep_names(varlen and N > 0) if keep_prep else ()) + \
         (("checkpoints",) if checkpoint_chunks else ())
@@ -316,7 +335,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         (out_views is None or out_views[0].data_ptr() % 16 == 0)
     sweep = dict(
         q=arg("qg" if key_decay else "q"), k=arg("kg" if key_decay else "k"), v=arg("v"), wy=arg("wy", wy),
-        aqk=arg("aqk"), coef=arg("coef"), o=arg("o"),
+        aqk=arg("scores" if group else "aqk"), coef=arg("coef"), o=arg("o"),
         h0=arg("initial_state", initial_state is not None), ht=arg("final", store_final),
         state=arg("state", use_cache), state_indices=arg("state_indices", use_cache),
         chunk_states=arg("chunk_states", return_chunk_states), cu_seqlens=arg("cu_seqlens", varlen),
@@ -334,7 +353,8 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         STORE_CHUNK_STATES=(2 if expanded_chunk_states else True) if return_chunk_states else False,
         DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, DT=dt, PASS=0,
         V_PRODUCT=v_product, TMA_STORE=tma_store and M == 1 and tma_ok,
-        PDL=not INTERPRET, REPLAY=False, OUTPUTS=True, STORE_U=False, CKPT_CHUNKS=checkpoint_chunks, **ssd_sweep)
+        PDL=not INTERPRET, REPLAY=False, OUTPUTS=True, STORE_U=False, CKPT_CHUNKS=checkpoint_chunks, GATE_SCORES=group,
+        **ssd_sweep)
     options = dict(num_warps=num_warps)
     if phased:
         # prep 0, sweep 0, prep 1, sweep 1, ...: each prep after the first is the programmatic
@@ -343,7 +363,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         bounds = phase_bounds(triton.cdiv(T, BT), phases)
         for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
             c_lo, c_hi = lo * M, min(hi * M, NTe)
-            steps.append(Step(chunk_delta_prep_kernel, (N * (c_hi - c_lo) * HV // heads,),
+            steps.append(Step(prep_kernel, (N * (c_hi - c_lo) * prep_per_chunk,),
                                dict(prep, chunk_lo=c_lo, chunk_span=c_hi - c_lo, wait_primary=int(i > 0)),
                                prep_options, programmatic=i > 0, min_shared=PREP_SHARED_BESIDE_SWEEP))
             # The sweep after its prep's end (a programmatic dependent of the prep was no faster).

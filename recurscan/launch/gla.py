@@ -367,17 +367,22 @@ def _recompute_on_sweep(q, k, v, g, h0, cu_seqlens, chunk_indices, chunk_offsets
     of the GLA forward's) from the delta rule's prep and sweep with the WY step off, the sweep
     forming no outputs (one product a chunk), in one pass (no segments or phases)."""
     from ..kernels.delta.sweep import chunk_delta_sweep_kernel
+    from ..kernels.gla.group_prep import chunk_group_prep_kernel
     launches = build_delta_launches(q, k, v, g, None, dataclasses.replace(shape.sweep, segments=1, phases=1),
                                     scale=scale, initial_state=h0, cu_seqlens=cu_seqlens,
                                     chunk_indices_dp=chunk_indices, chunk_offsets=chunk_offsets,
                                     num_chunk_rows=rows, return_chunk_states=True, chunk_states_dtype=q.dtype,
                                     wy=False)
-    steps = [dataclasses.replace(s, kwargs=dict(s.kwargs, OUTPUTS=False, TMA_STORE=False))
-             if s.kernel is chunk_delta_sweep_kernel else s for s in launches.steps if not s.kwargs.get("REPLAY")]
+    unread = {chunk_delta_sweep_kernel: dict(OUTPUTS=False, TMA_STORE=False),
+              chunk_group_prep_kernel: dict(SCORES=False)}
+    steps = [dataclasses.replace(s, kwargs=dict(s.kwargs, **unread[s.kernel])) if s.kernel in unread else s
+             for s in launches.steps if not s.kwargs.get("REPLAY")]
     # Every chunk state the stages read is written (a padding chunk's program reads none): no
-    # fill; the output is never written, one element carries its dtype.
+    # fill; the output (and the group prep's scores) is never written, one element carries its dtype.
     buffers = dict(launches.buffers, o=((1,),) + launches.buffers["o"][1:],
                    chunk_states=launches.buffers["chunk_states"][:2] + (None,))
+    if "scores" in buffers:
+        buffers["scores"] = ((1,),) + buffers["scores"][1:]
     return dataclasses.replace(launches, steps=steps, buffers=buffers, outputs=("chunk_states",))
 
 

@@ -45,6 +45,11 @@ class DeltaShape:
     # are calm in a few whole-chunk steps (prep_warps, prep_key_block), the second (8 warps, all
     # keys at once) the others.
     key_calm_pass: bool = False
+    # A scalar decay (WY off, M = 1) whose query/key heads serve several value heads (SSD's
+    # groups): the group prep (kernels/gla/group_prep.py), one program per (chunk, query/key head)
+    # forming the scores once and every value head's gates, and the sweep gating the scores per
+    # value head (GATE_SCORES); prep_heads is then unread.
+    group_prep: bool = False
 
 
 @dataclass(frozen=True)

@@ -119,14 +119,27 @@ def gla_sweep_shape(problem, device) -> DeltaShape:
     sizes = DeltaSizes(pairs=problem.sequences * value_heads, sms=sm_count(device), value_dim=value_dim,
                        tokens=problem.tokens, varlen=varlen, sequences=problem.sequences)
     shape = next(shape for applies, shape in GLA_SWEEP_LAUNCH + DELTA_LAUNCH if applies(sizes))
+    if GROUP_PREP_MIN_HEADS is not None and _group(problem) >= GROUP_PREP_MIN_HEADS:
+        return replace(shape, group_prep=True, prep_heads=1)
     return with_prep_heads(shape, problem)
+
+
+#: A scalar decay (and SSD) whose query/key heads each serve at least this many value heads runs
+#: the group prep (DeltaShape.group_prep: the scores once per query/key head, the gates of all its
+#: value heads in one program; the sweep gates the scores per value head); None: never.
+GROUP_PREP_MIN_HEADS: int | None = 8
+
+
+def _group(problem) -> int:
+    """Value heads one query/key head (SSD: one group) serves."""
+    value_heads = getattr(problem, "value_heads", None) or problem.heads
+    return value_heads // (problem.groups if hasattr(problem, "groups") else problem.heads)
 
 
 def with_prep_heads(shape: DeltaShape, problem) -> DeltaShape:
     """``shape`` with its prep's value heads per program cut to the largest divisor of the value
     heads one query/key head (SSD: one group) serves, so that a program's heads share q and k."""
-    value_heads = getattr(problem, "value_heads", None) or problem.heads
-    group = value_heads // (problem.groups if hasattr(problem, "groups") else problem.heads)
+    group = _group(problem)
     heads = max(d for d in range(1, min(shape.prep_heads, group) + 1) if group % d == 0)
     return shape if heads == shape.prep_heads else replace(shape, prep_heads=heads)
 

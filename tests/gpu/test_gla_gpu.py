@@ -51,18 +51,21 @@ def test_simple_gla_triton_gradients_at_real_sizes(recompute, monkeypatch):
         assert relative_rms(a.double(), b) < 1e-2, f"{name}: {relative_rms(a.double(), b):.2e}"
 
 
-@pytest.mark.parametrize("recompute", ["fused", "sweep"])
+@pytest.mark.parametrize("recompute", ["fused", "sweep", "sweep, group prep"])
 @pytest.mark.parametrize("cu", [None, [0, 1, 700, 2048]])
 def test_ssd_triton_forward_and_gradients_at_real_sizes(cu, recompute, monkeypatch):
     """mamba_chunk_scan_combined on the Triton path (the GLA engine with SSD's prologue and
     epilogue), Mamba2's head sizes, bf16 x / B / C, two groups, D per channel, z, dt_bias,
     dt_softplus, dt_limit active, an initial state; dense and varlen with a one-token sequence;
     the backward's chunk states recomputed on the fused kernel and on the delta sweep
-    (GlaShape.recompute_on_sweep): the output, the final states and every gradient against
-    autograd through the PyTorch form in float64 on the GPU."""
+    (GlaShape.recompute_on_sweep), the sweep's prep the delta prep or the group prep (the forward's
+    too): the output, the final states and every gradient against autograd through the PyTorch form
+    in float64 on the GPU."""
     from recurscan.plan import gla as plan_gla
     monkeypatch.setattr(plan_gla, "GLA_LAUNCH",
-                        dataclasses.replace(plan_gla.GLA_LAUNCH, recompute_on_sweep=recompute == "sweep"))
+                        dataclasses.replace(plan_gla.GLA_LAUNCH, recompute_on_sweep=recompute != "fused"))
+    if recompute == "sweep, group prep":
+        monkeypatch.setattr(plan_gla, "GROUP_PREP_MIN_HEADS", 2)
     gen = torch.Generator(device="cuda").manual_seed(9)
     rn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
     Bt, T, H, P, G, N = (2, 2048, 8, 64, 2, 128) if cu is None else (1, 2048, 8, 64, 2, 128)

@@ -13,6 +13,11 @@ SWEEP_VARIANTS = {
     "sweep, 4 heads a prep program": DeltaShape(32, 4, 2, 4, "tests: 4 value heads a prep program", v_product=False,
                                                  prep_heads=4),
     "sweep, 1 head a prep program": DeltaShape(32, 4, 2, 4, "tests: 1 value head a prep program", v_product=False),
+    "sweep, group prep": DeltaShape(32, 4, 2, 4, "tests: the group prep", v_product=False, group_prep=True),
+    "sweep segments, group prep": DeltaShape(32, 4, 2, 4, "tests: the group prep, 3 segments", segments=3,
+                                             v_product=False, group_prep=True),
+    "sweep phases, group prep": DeltaShape(16, 4, 2, 4, "tests: the group prep, 3 phases", phases=3,
+                                           v_product=False, group_prep=True),
 }
 
 

@@ -191,6 +191,10 @@ SWEEP_SHAPES = {
     "two warpgroups": DeltaShape(128, 8, 3, 4, "tests: BV 128 on 8 warps", tma_store=True),
     "narrow": DeltaShape(32, 4, 2, 4, "tests: BV 32, V as no product operand", v_product=False),
     "prep over heads": DeltaShape(64, 4, 3, 4, "tests: up to 4 value heads a prep program", prep_heads=4),
+    "group prep": DeltaShape(64, 4, 3, 4, "tests: the group prep, the sweep gating the scores", tma_store=True,
+                             group_prep=True),
+    "group prep, phases": DeltaShape(64, 4, 3, 4, "tests: the group prep in 6 phases", tma_store=True, phases=6,
+                                     group_prep=True),
 }
 
 

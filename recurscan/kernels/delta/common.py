@@ -111,6 +111,39 @@ def _rank_sequences(cu_seqlens, order, N, i_block, BLOCK: tl.constexpr, BLOCK_J:
 
 
 @triton.jit
+def _prep_chunk(cu_seqlens, chunk_indices, sequence_order, i_c, rank_here, T, n_seq, chunk_lo, chunk_span,
+                M: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """(valid, i_n, i_t, bos, eos) of a prep program's chunk i_c: its sequence i_n, its chunk i_t
+    within it and the sequence's rows [bos, eos) of the expanded stream; valid is False for a
+    padding descriptor row or a chunk past its sequence's end (the program then writes nothing).
+    Varlen: ``chunk_indices [NT_pad, 2]`` holds (sequence, chunk); the sequence's bounds are
+    clamped to [0, T], so that a wrong descriptor writes nothing outside; where ``rank_here``, the
+    programs of the first ceil(n_seq / RANK_BLOCK) chunks write the sweep's order of sequences,
+    longest first (:func:`_rank_sequences`). Dense: chunk ``chunk_lo + i_c % chunk_span`` of
+    sequence ``i_c // chunk_span`` (all chunks, or a phase's range)."""
+    if IS_VARLEN:
+        if rank_here & (i_c * RANK_BLOCK < n_seq):
+            _rank_sequences(cu_seqlens, sequence_order, n_seq, i_c, RANK_BLOCK, 16)
+        i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
+        i_t = tl.load(chunk_indices + i_c * 2 + 1).to(tl.int64)
+        valid = (i_n >= 0) & (i_n < n_seq)
+        bos = i_n * 0
+        eos = bos
+        if valid:
+            bos_t, eos_t = _sequence(cu_seqlens, i_n, T, True)
+            bos = bos_t * M
+            eos = eos_t * M
+            valid = (i_t >= 0) & (i_t * BT < eos - bos)
+    else:
+        i_n = i_c // chunk_span
+        i_t = chunk_lo + i_c % chunk_span
+        bos = i_n * T * M
+        eos = bos + T * M
+        valid = True
+    return valid, i_n, i_t, bos, eos
+
+
+@triton.jit
 def _sequence(cu_seqlens, i_n, T, IS_VARLEN: tl.constexpr):
     """(bos, length) of sequence i_n, clamped to [0, T]."""
     if IS_VARLEN:

@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 from ..gla.common import _ssd_steps
-from .common import RANK_BLOCK, _chunk_gates, _chunk_slot, _gate_tile, _gates_of, _rank_sequences, _wy_inverse
+from .common import _chunk_gates, _chunk_slot, _gate_tile, _gates_of, _prep_chunk, _wy_inverse
 
 
 @triton.jit(do_not_specialize=["n_seq", "chunk_lo", "chunk_span", "wait_primary"])
@@ -79,25 +79,10 @@ def chunk_delta_prep_kernel(
     i_c = pid // (HV // HEADS)
     i_hv0 = (pid % (HV // HEADS)) * HEADS  # the program's first value head
     i_h = i_hv0 // (HV // H)
-    if IS_VARLEN:
-        if (i_hv0 == 0) & (i_c * RANK_BLOCK < n_seq):
-            _rank_sequences(cu_seqlens, sequence_order, n_seq, i_c, RANK_BLOCK, 16)
-        i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
-        i_t = tl.load(chunk_indices + i_c * 2 + 1).to(tl.int64)
-        if (i_n < 0) | (i_n >= n_seq):  # padding (or no sequence): nothing to do
-            return
-        # Clamped to [0, T] and the chunk to the sequence: a wrong descriptor writes nothing outside.
-        bos_t = tl.minimum(tl.maximum(tl.load(cu_seqlens + i_n).to(tl.int64), 0), T)
-        eos_t = tl.minimum(tl.maximum(tl.load(cu_seqlens + i_n + 1).to(tl.int64), bos_t), T)
-        bos = bos_t * M
-        eos = eos_t * M
-        if (i_t < 0) | (i_t * BT >= eos - bos):
-            return
-    else:
-        i_n = i_c // chunk_span
-        i_t = chunk_lo + i_c % chunk_span
-        bos = i_n * T * M
-        eos = bos + T * M
+    valid, i_n, i_t, bos, eos = _prep_chunk(cu_seqlens, chunk_indices, sequence_order, i_c, i_hv0 == 0, T, n_seq,
+                                            chunk_lo, chunk_span, M, BT, IS_VARLEN)
+    if not valid:  # padding, or a chunk outside its sequence: nothing to do
+        return
     r0 = bos + i_t * BT
 
     o_t = tl.arange(0, BT)

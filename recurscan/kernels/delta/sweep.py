@@ -8,6 +8,13 @@ import triton.language as tl
 from .common import _chunk_slot, _compact_queries
 
 
+@triton.constexpr_function
+def _coef_width(gate_scores):
+    """Floats a row of ``coef`` holds: the delta prep's 4, or with GATE_SCORES the group prep's 8
+    (kernels/gla/group_prep.py)."""
+    return 8 if getattr(gate_scores, "value", gate_scores) else 4
+
+
 @triton.jit
 def _outputs_causal(b_Sd, b_q, b_Wt, b_At, lam_rk, lam_rq, out_rows, k, v, e, m_r, i_h, i_hv, o_t, o_k, o_v, m_k,
                     m_vt, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
@@ -79,7 +86,8 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_s
                  V_PRODUCT: tl.constexpr, TMA_STORE: tl.constexpr, STORE_CHUNK_STATES: tl.constexpr,
                  DOT_PRECISION: tl.constexpr, DT: tl.constexpr, FULL: tl.constexpr, CAREFUL: tl.constexpr,
                  OUTPUTS: tl.constexpr, STORE_U: tl.constexpr, WY: tl.constexpr, HAS_D: tl.constexpr,
-                 D_PER_CHANNEL: tl.constexpr, HAS_Z: tl.constexpr, KEY_DECAY: tl.constexpr):
+                 D_PER_CHANNEL: tl.constexpr, HAS_Z: tl.constexpr, KEY_DECAY: tl.constexpr,
+                 GATE_SCORES: tl.constexpr):
     """One expanded chunk c of :func:`chunk_delta_sweep_kernel` (its docstring has the algebra):
     returns the state S^T leaving the chunk, having written the chunk's outputs (PASS != 1) and,
     when it starts a token chunk, the state entering it (STORE_CHUNK_STATES). FULL: all 64 rows
@@ -89,7 +97,7 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_s
     the state alone (the backward's recompute of the chunk states), no query or output touched.
     STORE_U: the chunk's U and lam o (K S) (rows of ``u_out`` and ``ks_out``, laid out as v), which
     the backward's parallel stage takes instead of recomputing them from the state. WY False and
-    the SSD epilogue (HAS_D, HAS_Z), KEY_DECAY: see :func:`chunk_delta_sweep_kernel`."""
+    the SSD epilogue (HAS_D, HAS_Z), KEY_DECAY, GATE_SCORES: see :func:`chunk_delta_sweep_kernel`."""
     r = c * BT + o_t.to(tl.int64)  # [BT] row inside the sequence (expanded stream)
     if FULL:  # every row lies in the sequence: the loads and stores below go unpredicated
         m_r = tl.full([BT], True, tl.int1)
@@ -140,17 +148,32 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_s
         b_Wt = b_vt
     if COMPACT_Q:  # aqk^T on the query rows only: [BT (j), BTQ (i)]
         b_At = tl.load(aqk + (e_q * HV + i_hv)[None, :] * BT + o_t[:, None]).to(DT)
-    elif (PASS != 1) and OUTPUTS:
+    elif (PASS != 1) and OUTPUTS and (not GATE_SCORES):
         b_At = tl.load(aqk + (e * HV + i_hv)[None, :] * BT + o_t[:, None], mask=m_r[None, :], other=0.0).to(DT)
     # Stage 1, precomputed by the prep kernel: the rows' decays times their norm factors. One
-    # [BT, 4] tile: one pipelined buffer (four vectors took four, each 1 KB aligned; loaded as
-    # separate vectors, each element became its own 4-byte copy: 190 more instructions per
-    # chunk, sm_90 SASS).
-    o_4 = tl.arange(0, 4)
-    p_coef = coef + (_chunk_slot(bos, c, i_n, BT) * HV + i_hv) * BT * 4  # the chunk's [BT, 4] tile
-    b_coef = tl.load(p_coef + o_t[:, None] * 4 + o_4[None, :], mask=m_r[:, None], other=0.0)
+    # [BT, 4] tile (with GATE_SCORES [BT, 8]): one pipelined buffer (four vectors took four, each
+    # 1 KB aligned; loaded as separate vectors, each element became its own 4-byte copy: 190 more
+    # instructions per chunk, sm_90 SASS).
+    CW: tl.constexpr = _coef_width(GATE_SCORES)
+    o_4 = tl.arange(0, CW)
+    p_coef = coef + (_chunk_slot(bos, c, i_n, BT) * HV + i_hv) * BT * CW  # the chunk's [BT, CW] tile
+    b_coef = tl.load(p_coef + o_t[:, None] * CW + o_4[None, :], mask=m_r[:, None], other=0.0)
     lam_rk = tl.sum(tl.where(o_4[None, :] == 0, b_coef, 0.0), axis=1)
     gam_rk = tl.sum(tl.where(o_4[None, :] == 2, b_coef, 0.0), axis=1)
+    if GATE_SCORES and (PASS != 1) and OUTPUTS:
+        # aqk^T [BT (j), BT (i)] = G_ij c_j scores_ij, from the query/key head's scores and this
+        # value head's prefix sums (gc), segments and column factors (kernels/gla/group_prep.py).
+        # Loaded as [BT, 1] (by j) and [1, BT] (by i) tiles, which broadcast in the tile's layout.
+        p_j = p_coef + o_t[:, None] * CW
+        p_i = p_coef + o_t[None, :] * CW
+        gc_j = tl.load(p_j + 4, mask=m_r[:, None], other=0.0)
+        gc_i = tl.load(p_i + 4, mask=m_r[None, :], other=0.0)
+        seg_j = tl.load(p_j + 5, mask=m_r[:, None], other=0.0)
+        seg_i = tl.load(p_i + 5, mask=m_r[None, :], other=0.0)
+        col_j = tl.load(p_j + 6, mask=m_r[:, None], other=0.0)
+        b_st = tl.load(aqk + (e * H + i_h)[None, :] * BT + o_t[:, None], mask=m_r[None, :], other=0.0)
+        keep = (o_t[:, None] <= o_t[None, :]) & (seg_j == seg_i)
+        b_At = tl.where(keep, tl.exp2(gc_i - gc_j) * col_j * b_st, 0.0).to(DT)
     # The decay across the chunk, as a scalar load of the chunk's first row (always a row of the
     # sequence): taken from the tile it was a block-wide max (shuffles, three barriers per chunk).
     lam_last = tl.load(p_coef + 3)
@@ -235,6 +258,7 @@ def chunk_delta_sweep_kernel(
     REPLAY: tl.constexpr = False, OUTPUTS: tl.constexpr = True, STORE_U: tl.constexpr = False,
     CKPT_CHUNKS: tl.constexpr = 0, WY: tl.constexpr = True, HAS_D: tl.constexpr = False,
     D_PER_CHANNEL: tl.constexpr = False, HAS_Z: tl.constexpr = False, KEY_DECAY: tl.constexpr = False,
+    GATE_SCORES: tl.constexpr = False,
 ):
     """Grid (N * HV * ceil(V / BV),): program -> (sequence n, value head hv, value block iv),
     iv fastest so neighbouring programs share the q/k rows in L2.
@@ -339,6 +363,12 @@ def chunk_delta_sweep_kernel(
     the keys the decay to the chunk end), the coefficients hold lam rq = 1 (NaN from a bad row
     on), and ``dl [slots, HV, K]`` float32 the chunk's decay per key at its coef slot (NaN after
     a bad row): per chunk O = (lam rq) o (Q S) + aqk V and S <- diag(dl) S + K^T V.
+
+    GATE_SCORES (with WY False, M = 1; a scalar decay whose query/key heads serve many value
+    heads, SSD's groups): the prep is kernels/gla/group_prep.py's, ``aqk`` holds the scores
+    ``[rows, H, BT]`` float32 (scale Q K^T, once per query/key head) and ``coef`` rows of 8
+    floats; each chunk forms its value head's aqk^T from them in registers (G o c^T o scores:
+    a [BT, BT] tile of exp2) rather than loading it.
     """
     pid = tl.program_id(0).to(tl.int64)
     if REPLAY:  # the replay launch: only the programs the pass before flagged (see the end)
@@ -483,7 +513,7 @@ def chunk_delta_sweep_kernel(
                             m_vk, o_vk, use_v,
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
                             DOT_PRECISION, DT, True, REPLAY, OUTPUTS, STORE_U, WY, HAS_D, D_PER_CHANNEL,
-                            HAS_Z, KEY_DECAY)
+                            HAS_Z, KEY_DECAY, GATE_SCORES)
     c_tail = tl.maximum(c_lo, c_full)
     if c_tail < c_end:
         if STORE_CKPT:
@@ -494,7 +524,7 @@ def chunk_delta_sweep_kernel(
                             m_vk, o_vk, use_v,
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
                             DOT_PRECISION, DT, False, REPLAY, OUTPUTS, STORE_U, WY, HAS_D, D_PER_CHANNEL,
-                            HAS_Z, KEY_DECAY)
+                            HAS_Z, KEY_DECAY, GATE_SCORES)
     if PASS == 1:
         if not WY:
             if role_m:  # M_i = (the product of the segment's chunk decays) I; NaN after a bad row
@@ -507,7 +537,8 @@ def chunk_delta_sweep_kernel(
                 else:
                     decay = tl.zeros([], dtype=tl.float32) + 1.0
                     for c in range(c_lo, c_hi):
-                        decay *= tl.load(coef + (_chunk_slot(bos, c, i_n, BT) * HV + i_hv) * BT * 4 + 3)
+                        decay *= tl.load(coef + (_chunk_slot(bos, c, i_n, BT) * HV + i_hv) * BT *
+                                         _coef_width(GATE_SCORES) + 3)
                     b_St = b_St * decay
     # Causality under non-finite input. A NaN or inf in U reaches every earlier row of its chunk
     # through the products over the chunk's rows (0 * inf), and it always leaves the state

@@ -1,0 +1,114 @@
+"""The prep of a scalar decay whose query/key heads serve many value heads (Mamba2 SSD: C and B
+shared by a group's heads; GLA under GVA) for the delta sweep with its WY step off and
+GATE_SCORES: the chunk's scores once per query/key head, and the gates of every value head of it
+as [BT, heads] tiles; the sweep gates the scores per value head. docs/kernels-gla-plan.md has the
+design and its measurements."""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..delta.common import _chunk_slot, _gates_of, _prep_chunk
+from .common import _ssd_steps
+
+#: Floats a row of ``coef`` holds with GATE_SCORES (kernels/delta/sweep.py reads them).
+GROUP_COEF_WIDTH = 8
+
+
+@triton.jit(do_not_specialize=["n_seq", "chunk_lo", "chunk_span", "wait_primary"])
+def chunk_group_prep_kernel(
+    q, k, g, scores, coef, cu_seqlens, chunk_indices, sequence_order, dt, A, dt_bias,
+    scale, T, n_seq, chunk_lo, chunk_span, wait_primary, dt_min, dt_max,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, HB: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr = False, SCORES: tl.constexpr = True, SSD: tl.constexpr = False,
+    HAS_DT_BIAS: tl.constexpr = False, DT_SOFTPLUS: tl.constexpr = False, DT_LIMIT: tl.constexpr = False,
+):
+    """Grid (chunks x H,): program -> (chunk pid // H, query/key head pid % H). For its chunk of
+    BT = 64 rows (M = 1: rows are tokens) it writes
+
+    - ``scores [rows, H, BT]`` float32 (SCORES): scale Q K^T, the causal part (zeros above the
+      diagonal), the column of a key with a NaN or inf zero;
+    - for each value head hv of the query/key head (HV / H of them, HB at a time),
+      ``coef[slot, hv, 0:BT, 0:8]`` float32 at slot = :func:`_chunk_slot`: 1 lam scale (NaN from
+      the head's first bad row on), 2 gam c, 3 lam_last (row 0 only), 4 gc, 5 seg (a float),
+      6 c with a bad row's 0; 0 and 7 unwritten. gc and seg are the prefix sums of the log2
+      decays and the resets (:func:`_gates_of`), lam = 2^gc before the first reset, gam the decay
+      to the chunk end within the last segment, c the column factor (SSD: the step size dt; else 1).
+
+    so that the sweep (GATE_SCORES) forms each value head's aqk^T [j, i] = G_ij c_j scores_ij,
+    G_ij = 2^(gc_i - gc_j) for j <= i in one segment, and otherwise reads lam scale, gam c and
+    lam_last as it reads the delta prep's coef (kernels/delta/prep.py, WY False): the same
+    algebra, with the G o (Q K^T) products formed once per query/key head instead of once per
+    value head, and no [BT, BT] tile a value head written to memory.
+
+    SSD (q = C, k = B, v = x): the step sizes :func:`_ssd_steps`, the log decay dt A (plus
+    ``g [B * T]`` where HAS_G: mamba's seq_idx as -inf resets); else ``g [B * T, HV]`` the log decay
+    per value head (HAS_G; none: decay 1). Bad rows as the delta prep's: a key with a NaN or inf
+    (every head of the group), a decay or step size NaN or +inf (its head): selected out of every
+    product, and the head's outputs from the row on and its state poisoned. Varlen and phases as
+    :func:`chunk_delta_prep_kernel` (:func:`_prep_chunk`, ``wait_primary`` and PDL the same)."""
+    pid = tl.program_id(0).to(tl.int64)
+    i_c = pid // H
+    i_h = pid % H
+    valid, i_n, i_t, bos, eos = _prep_chunk(cu_seqlens, chunk_indices, sequence_order, i_c, i_h == 0, T, n_seq,
+                                            chunk_lo, chunk_span, 1, BT, IS_VARLEN)
+    if not valid:  # padding, or a chunk outside its sequence: nothing to do
+        return
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    rows = bos + i_t * BT + o_t.to(tl.int64)
+    m_r = rows < eos
+    m_rk = m_r[:, None] & (o_k < K)[None, :]
+    b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0)
+    bad_k = tl.max((b_k * 0.0 != 0.0).to(tl.int32), axis=1) != 0
+    if SCORES:
+        b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0)
+        b_s = tl.dot(b_q.to(DT), tl.trans(b_k.to(DT)), input_precision=PRECISION) * scale
+        b_s = tl.where((o_t[:, None] >= o_t[None, :]) & (bad_k == 0)[None, :], b_s, 0.0)
+        tl.store(scores + (rows * H + i_h)[:, None] * BT + o_t[None, :], b_s, mask=m_r[:, None])
+
+    slot = _chunk_slot(bos, i_t, i_n, BT)
+    HPG: tl.constexpr = HV // H  # value heads of the query/key head
+    for h0 in tl.static_range(0, HPG, HB):
+        o_h = h0 + tl.arange(0, HB)
+        m_h = o_h < HPG
+        hv = i_h * HPG + tl.minimum(o_h, HPG - 1)  # in range for the loads; the stores are masked by m_h
+        m_rh = m_r[:, None] & m_h[None, :]
+        if SSD:
+            b_c = _ssd_steps(dt, dt_bias, rows[:, None], m_rh, hv[None, :], HV, dt_min, dt_max, HAS_DT_BIAS,
+                             DT_SOFTPLUS, DT_LIMIT)
+            bad_dt = b_c * 0.0 != 0.0
+            b_lg = tl.load(A + hv).to(tl.float32)[None, :] * b_c
+            if HAS_G:  # seq_idx: -inf where a sequence starts
+                b_lg += tl.load(g + rows, mask=m_r, other=0.0).to(tl.float32)[:, None]
+            # A non-finite step is a bad row (its decay NaN here, so _gates_of flags it), not a reset.
+            b_lg = tl.where(m_rh, tl.where(bad_dt, float("nan"), b_lg) * 1.4426950408889634, 0.0)
+            b_c = tl.where(bad_dt, 0.0, b_c)
+        else:
+            if HAS_G:
+                b_lg = tl.load(g + rows[:, None] * HV + hv[None, :], mask=m_rh, other=0.0).to(tl.float32)
+                b_lg = b_lg * 1.4426950408889634
+            else:
+                b_lg = tl.zeros([BT, HB], dtype=tl.float32)
+            b_c = tl.full([BT, HB], 1.0, tl.float32)
+        gc, seg, bad = _gates_of(b_lg)
+        bad |= bad_k[:, None]
+        first_bad = tl.min(tl.where(bad, o_t[:, None], BT), axis=0)  # [HB]
+        gc_last = tl.sum(tl.where(o_t[:, None] == BT - 1, gc, 0.0), axis=0)
+        seg_last = tl.sum(tl.where(o_t[:, None] == BT - 1, seg, 0), axis=0)
+        lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
+        last = seg == seg_last[None, :]
+        gam = tl.where(last, tl.exp2(tl.where(last, gc_last[None, :] - gc, 0.0)), 0.0)
+        lam_last = tl.where(first_bad < BT, float("nan"), tl.where(seg_last == 0, tl.exp2(gc_last), 0.0))
+        p_coef = coef + ((slot * HV + hv[None, :]) * BT + o_t[:, None]) * 8
+        tl.store(p_coef + 1, tl.where(o_t[:, None] < first_bad[None, :], lam * scale, float("nan")), mask=m_rh)
+        tl.store(p_coef + 2, gam * b_c, mask=m_rh)
+        tl.store(p_coef + 3, tl.zeros([BT, HB], dtype=tl.float32) + lam_last[None, :],
+                 mask=(o_t == 0)[:, None] & m_h[None, :])
+        tl.store(p_coef + 4, gc, mask=m_rh)
+        tl.store(p_coef + 5, seg.to(tl.float32), mask=m_rh)
+        tl.store(p_coef + 6, tl.where(bad, 0.0, b_c), mask=m_rh)
+    if PDL:
+        if (wait_primary != 0) & (pid == tl.num_programs(0) - 1):
+            tl.extra.cuda.gdc_wait()
