@@ -73,28 +73,36 @@ def rows_for(name, make_call, want, tagged, peers):
 
 def train_rows():
     """Forward + backward (every input's gradient, one fixed upstream gradient), eager, L2 flushed:
-    the planner's form (the backward's recompute on the delta sweep; SSD's prep the group prep),
-    the same with the delta prep (no group prep), and the peers that train here (mamba_ssm; fla's
+    the planner's form, and for SSD the same with the delta prep (no group prep) and with 16 and
+    80 value heads a parallel-stage program, beside the peers that train here (mamba_ssm; fla's
     simple-GLA backward refuses on Triton 3.6 without TileLang)."""
+    import dataclasses
     from benchmarks.gpu_gla import SSD_GRADS, time_train, train_step
     from benchmarks.runner import NotInstalled, load_mamba
     rows = []
-    forms = {"recurscan triton": plan_gla.GROUP_PREP_MIN_HEADS, "recurscan triton, the delta prep": None}
+    planned = dataclasses.replace(plan_gla.GLA_LAUNCH)
+    forms = {"recurscan triton": {},
+             "recurscan triton, the delta prep": dict(GROUP_PREP_MIN_HEADS=None),
+             **{f"recurscan triton, {h} heads a grads program": dict(GLA_LAUNCH=dataclasses.replace(
+                 planned, grads_heads=h)) for h in (1, 16, 80)}}
 
-    def timed(name, step, peers):
+    def timed(name, step, peers, variants=True):
         out = []
-        planned = plan_gla.GROUP_PREP_MIN_HEADS
-        for impl, min_heads in forms.items():
-            plan_gla.GROUP_PREP_MIN_HEADS = min_heads
+        for impl, overrides in (forms if variants else {"recurscan triton": {}}).items():
+            saved = {a: getattr(plan_gla, a) for a in overrides}
+            for a, value in overrides.items():
+                setattr(plan_gla, a, value)
             out += time_train(name, {impl: step})
-        plan_gla.GROUP_PREP_MIN_HEADS = planned
+            for a, value in saved.items():
+                setattr(plan_gla, a, value)
         return out + time_train(name, peers)
 
     s = SHAPES["simple_gla_b4_t4096_h16"]
     q, k, v, g = inputs(s)
     dy = torch.randn_like(v)
     rows += timed("simple_gla_b4_t4096_h16", lambda: train_step(
-        lambda *a: recurscan.chunk_simple_gla(*a, scale=s["scale"])[0], (q, k, v, g), {}, (0, 1, 2, 3), dy), {})
+        lambda *a: recurscan.chunk_simple_gla(*a, scale=s["scale"])[0], (q, k, v, g), {}, (0, 1, 2, 3), dy), {},
+        variants=False)
     for name, (Bt, T) in SSD_SHAPES.items():
         a, kw = ssd_inputs(Bt, T)
         dy = torch.randn_like(a[0])
@@ -113,8 +121,8 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--sweep", action="append", default=[])
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--train", action="store_true", help="also forward + backward: the planner's form and the same "
-                                                          "with the delta prep, beside the peers")
+    ap.add_argument("--train", action="store_true", help="also forward + backward: the planner's form and SSD's "
+                                                          "variants (train_rows), beside the peers")
     args = ap.parse_args()
     gpu_gla.PROFILE = args.profile
     tagged = variants(args.sweep)

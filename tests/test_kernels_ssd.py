@@ -1,6 +1,8 @@
 """Mamba2 SSD on the GLA engine's kernel (``mamba_chunk_scan_combined(..., backend="triton")``:
 q = C, k = B, v = dt x) under the interpreter, against the float64 token loop (ssd_naive),
 bounded by what the float32 chunked oracle gets: the hostile cases of issue 20."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -117,13 +119,19 @@ def test_what_the_triton_path_refuses():
 
 
 @pytest.mark.parametrize("extras, form", [("D per head, z", "sweep"), ("D per channel, no z", "sweep"),
-                                         ("no D, no z", "sweep"), ("D per head, z", "sweep, group prep")])
+                                         ("no D, no z", "sweep"), ("D per head, z", "sweep, group prep"),
+                                         ("D per channel, no z", "sweep, 2 heads a grads program")])
 @pytest.mark.parametrize("cu", [None, [0, 1, 70, 130]])
 def test_triton_gradients_match_autograd_through_the_token_loop(cu, extras, form, monkeypatch):
     """Gradients of x, dt, A, B, C, D, z, dt_bias and the initial states through the Triton path
     (the GLA kernels' backward, the elementwise prologue and epilogue by autograd) against
-    autograd through the float64 token loop; the forward and the backward's recompute in ``form``."""
-    use_form(form, monkeypatch)
+    autograd through the float64 token loop; the forward and the backward's recompute in ``form``
+    (the parallel stage over 2 value heads a program: a group's heads summed in the kernel)."""
+    if form == "sweep, 2 heads a grads program":
+        from recurscan.plan import gla as plan_gla
+        monkeypatch.setattr(plan_gla, "GLA_LAUNCH", dataclasses.replace(plan_gla.GLA_LAUNCH, grads_heads=2))
+    else:
+        use_form(form, monkeypatch)
     Bt = 2 if cu is None else 1
     x = ssd_inputs(Bt, 130, 4, 2, seed=7)
     gen = torch.Generator().manual_seed(8)

@@ -30,6 +30,10 @@ class GlaShape:
     # 376 instructions and 18 barriers a chunk offline for sm_90, against the fused kernel's 949
     # and 19, plus the prep's parallel pass); False: on the fused kernel.
     recompute_on_sweep: bool = False
+    # The backward's parallel stage (a scalar decay): value heads a program, consecutive heads of
+    # one query/key head (cut to a divisor of the group), loading q, k and forming Q K^T once and
+    # summing their dq and dk in place (so that fewer per-head gradients cross memory).
+    grads_heads: int = 1
 
 
 GLA_LAUNCH = GlaShape(64, 8, "64 value columns on 8 warps: offline for sm_90 the chunk loop spills 40 local "
