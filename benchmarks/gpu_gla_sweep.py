@@ -149,11 +149,16 @@ def main():
         except NotInstalled as exc:
             rows.append(dict(shape=name, impl="mamba_ssm", status=f"not installed: {exc}"))
         rows += rows_for(name, lambda: recurscan.mamba_chunk_scan_combined(*a, **kw), want, tagged, peers)
+    save(args.out, rows)  # the forward rows now, so that a time limit on the training rows keeps them
     if args.train:
         rows += train_rows()
-    if args.out:
+        save(args.out, rows)
+
+
+def save(path, rows):
+    if path:
         json.dump(dict(torch=torch.__version__, device=torch.cuda.get_device_name(),
-                       commit=os.environ.get("RECURSCAN_COMMIT"), rows=rows), open(args.out, "w"), indent=1)
+                       commit=os.environ.get("RECURSCAN_COMMIT"), rows=rows), open(path, "w"), indent=1)
 
 
 if __name__ == "__main__":
