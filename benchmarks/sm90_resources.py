@@ -153,6 +153,10 @@ def gla(form: str, lines: int = 0) -> str:
     case = "GDN dense, H = HV"
     if form in ("gla-backward", "gla-sweep-backward"):
         return "\n".join(sm90.compile_gla_backward(case, describe=describe, on_sweep=form == "gla-sweep-backward"))
+    if form in ("ssd-benchmark", "ssd-benchmark-group"):  # the benchmark's SSD form, one pass, BV 64, 4 warps
+        shape = DeltaShape(64, 4, 3, 4, "sm90_resources: SSD as benchmarked", tma_store=True,
+                           group_prep=form.endswith("group"))
+        return "\n".join(sm90.compile_ssd_benchmark(shape, describe=describe))
     if form in ("gla-group-sweep", "ssd-group-sweep"):  # the group prep, the sweep gating the scores
         return "\n".join(sm90.compile_gla_sweep("GDN varlen, GVA", "group prep", ssd=form == "ssd-group-sweep",
                                                  describe=describe))
@@ -175,7 +179,8 @@ def main(argv=None):
                                                                     "(BV:sweep warps:parallel-stage warps)")
     ap.add_argument("--gla", action="append", help="the GLA engine's kernels in this form (gla, ssd, gla-split, "
                                                    "ssd-split, gla-per-key, gla-backward, gla-sweep, ssd-sweep, gla-per-key-sweep, "
-                                                   "gla-group-sweep, ssd-group-sweep, "
+                                                   "gla-group-sweep, ssd-group-sweep, ssd-benchmark, "
+                                                   "ssd-benchmark-group, "
                                                    "gla-sweep-backward; "
                                                    "repeatable)")
     args = ap.parse_args(argv)

@@ -240,6 +240,26 @@ def compile_gla_sweep(case: str, shape: str, ssd: bool, describe=None, per_key: 
     return [compiled_line(step, CALL_NAMES, values, describe) for step in launches.steps]
 
 
+def compile_ssd_benchmark(shape: DeltaShape, describe=None) -> list[str]:
+    """The SSD forward's launches (launch/delta.py, WY off) in ``shape`` as the benchmark calls them
+    (benchmarks/gpu_gla.py's ssd_inputs: 80 heads x 64, one group, dstate 128, D per head, dt_bias,
+    softplus, no z, bf16), one line each."""
+    from recurscan.launch.delta import build_delta_launches
+    from recurscan.launch.gla import SsdPrologue
+    B, T, H, HV, K, V = 1, 4096, 1, 80, 128, 64
+    bf = dict(dtype=torch.bfloat16)
+    q, k, v = torch.zeros(B, T, H, K, **bf), torch.zeros(B, T, H, K, **bf), torch.zeros(B, T, HV, V, **bf)
+    prologue = SsdPrologue(torch.zeros(B, T, HV), torch.zeros(HV), torch.zeros(HV), torch.zeros(HV), None, True,
+                           (0.0, float("inf")))
+    launches = build_delta_launches(q, k, v, None, None, shape, scale=1.0, output_final_state=True, wy=False,
+                                    ssd=prologue)
+    inputs = DeltaInputs(q, k, v, None, None, None, None, None, None, None, None, *prologue.tensors())
+    made = {n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.buffers.items()}
+    values = tuple(x if x is not None else torch.zeros(1) for x in
+                   tuple(inputs) + tuple(made.get(n) for n in CALL_NAMES[len(DeltaInputs._fields):]))
+    return [compiled_line(step, CALL_NAMES, values, describe) for step in launches.steps]
+
+
 def compile_ssd_gate() -> list[str]:
     """The SSD training path's elementwise kernels (autograd/ssd.py): the skip and gate both ways
     and x's and dt's gradients, both D forms, z on; v = dt x; bf16."""
