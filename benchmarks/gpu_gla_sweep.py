@@ -73,18 +73,13 @@ def rows_for(name, make_call, want, tagged, peers):
 
 def train_rows():
     """Forward + backward (every input's gradient, one fixed upstream gradient), eager, L2 flushed:
-    the planner's form, and for SSD the same with the delta prep (no group prep) and with 16 and
-    80 value heads a parallel-stage program (the plan: GLA_LAUNCH.grads_heads), beside the peers that train here (mamba_ssm; fla's
-    simple-GLA backward refuses on Triton 3.6 without TileLang)."""
-    import dataclasses
+    the planner's form, and for SSD the same with the delta prep alone (no group prep), beside the
+    peers that train here (mamba_ssm; fla's simple-GLA backward refuses on Triton 3.6 without
+    TileLang)."""
     from benchmarks.gpu_gla import SSD_GRADS, time_train, train_step
     from benchmarks.runner import NotInstalled, load_mamba
     rows = []
-    planned = dataclasses.replace(plan_gla.GLA_LAUNCH)
-    forms = {"recurscan triton": {},
-             "recurscan triton, the delta prep": dict(GROUP_PREP_MIN_HEADS=None),
-             **{f"recurscan triton, {h} heads a grads program": dict(GLA_LAUNCH=dataclasses.replace(
-                 planned, grads_heads=h)) for h in (16, 80)}}
+    forms = {"recurscan triton": {}, "recurscan triton, the delta prep": dict(GROUP_PREP_MIN_HEADS=None)}
 
     def timed(name, step, peers, variants=True):
         out = []

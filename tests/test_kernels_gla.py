@@ -131,16 +131,15 @@ GRAD_CASES = {
 
 @pytest.mark.parametrize("case", list(GRAD_CASES))
 @pytest.mark.parametrize("optional", ["all", "no_g_no_h0"])
-# The backward's chunk states: by the GLA kernel, or the sweep (its prep the delta prep, or the group prep);
-# the parallel stage over one value head a program, or 4 (the group's heads summed in the kernel).
-@pytest.mark.parametrize("recompute", ["fused", "sweep", "sweep, group prep", "sweep, 4 heads a grads program"])
+# The backward's chunk states: by the GLA kernel, or the sweep (its prep the delta prep, or the group prep).
+@pytest.mark.parametrize("recompute", ["fused", "sweep", "sweep, group prep"])
 def test_triton_gradients_match_autograd_through_the_token_loop(case, optional, recompute, monkeypatch):
     """Every gradient (q, k, v, g, the initial state; a gradient into the final state too) of the
     Triton path (kernels/gla/backward.py) against autograd through the float64 token loop,
     bounded by the float32 band."""
     from recurscan.plan import gla as plan_gla
-    monkeypatch.setattr(plan_gla, "GLA_LAUNCH", dataclasses.replace(
-        plan_gla.GLA_LAUNCH, recompute_on_sweep=recompute != "fused", grads_heads=4 if "grads" in recompute else 1))
+    monkeypatch.setattr(plan_gla, "GLA_LAUNCH", dataclasses.replace(plan_gla.GLA_LAUNCH,
+                                                                    recompute_on_sweep=recompute != "fused"))
     if recompute == "sweep, group prep":
         use_form(recompute, monkeypatch)
     c = GRAD_CASES[case]

@@ -1,8 +1,6 @@
 """Mamba2 SSD on the GLA engine's kernel (``mamba_chunk_scan_combined(..., backend="triton")``:
 q = C, k = B, v = dt x) under the interpreter, against the float64 token loop (ssd_naive),
 bounded by what the float32 chunked oracle gets: the hostile cases of issue 20."""
-import dataclasses
-
 import pytest
 import torch
 
@@ -119,19 +117,13 @@ def test_what_the_triton_path_refuses():
 
 
 @pytest.mark.parametrize("extras, form", [("D per head, z", "sweep"), ("D per channel, no z", "sweep"),
-                                         ("no D, no z", "sweep"), ("D per head, z", "sweep, group prep"),
-                                         ("D per channel, no z", "sweep, 2 heads a grads program")])
+                                         ("no D, no z", "sweep"), ("D per head, z", "sweep, group prep")])
 @pytest.mark.parametrize("cu", [None, [0, 1, 70, 130]])
 def test_triton_gradients_match_autograd_through_the_token_loop(cu, extras, form, monkeypatch):
     """Gradients of x, dt, A, B, C, D, z, dt_bias and the initial states through the Triton path
     (the GLA kernels' backward, the elementwise prologue and epilogue by autograd) against
-    autograd through the float64 token loop; the forward and the backward's recompute in ``form``
-    (the parallel stage over 2 value heads a program: a group's heads summed in the kernel)."""
-    if form == "sweep, 2 heads a grads program":
-        from recurscan.plan import gla as plan_gla
-        monkeypatch.setattr(plan_gla, "GLA_LAUNCH", dataclasses.replace(plan_gla.GLA_LAUNCH, grads_heads=2))
-    else:
-        use_form(form, monkeypatch)
+    autograd through the float64 token loop; the forward and the backward's recompute in ``form``."""
+    use_form(form, monkeypatch)
     Bt = 2 if cu is None else 1
     x = ssd_inputs(Bt, 130, 4, 2, seed=7)
     gen = torch.Generator().manual_seed(8)
@@ -335,3 +327,27 @@ def test_the_training_skip_and_gate_kernel_matches_the_reference(D_form, with_z,
             assert g is None, name
             continue
         assert relative_rms(g.double().cpu(), w) < bound, f"d{name}: {relative_rms(g.double().cpu(), w):.1e}"
+
+def test_the_planner_takes_the_group_prep_where_the_h200_measured_it_faster(monkeypatch):
+    """SSD at Mamba2's sizes (80 heads of 64, one group, dstate 128) on the H200's 132 SMs: B4
+    T4096 (320 sweep programs) takes the group prep at two stages; B1 T16384 (80 programs, a chain
+    over 256 chunks the gate tile lengthens) the delta prep in 6 phases; the backward's recompute
+    takes the group prep at both; a group of 4 heads takes it nowhere."""
+    from recurscan.plan import gla as plan_gla
+    from recurscan.problem import ssd_problem
+    monkeypatch.setattr(plan_gla, "sm_count", lambda device: 132)
+
+    def sweep(Bt, T, H=80, G=1):
+        meta = dict(device="meta")
+        problem = ssd_problem(torch.empty(Bt, T, H, 64, **meta), torch.empty(Bt, T, H, **meta),
+                              torch.empty(H, **meta), torch.empty(Bt, T, G, 128, **meta),
+                              torch.empty(Bt, T, G, 128, **meta))
+        shape = plan_gla.gla_sweep_shape(problem, torch.device("cuda"))
+        return shape, plan_gla.recompute_sweep_shape(shape, G, H)
+
+    b4, b4_recompute = sweep(4, 4096)
+    assert b4.group_prep and b4.num_stages == 2 and b4.phases == 1 and b4_recompute.group_prep
+    b1, b1_recompute = sweep(1, 16384)
+    assert not b1.group_prep and b1.phases == 6 and b1_recompute.group_prep and b1_recompute.phases == 1
+    few, few_recompute = sweep(4, 4096, H=8, G=2)
+    assert not few.group_prep and not few_recompute.group_prep

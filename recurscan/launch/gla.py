@@ -295,9 +295,8 @@ GLA_BACKWARD_LAUNCHES = SignatureCache("chunked GLA backward")
 class GlaBackward:
     """A backward call's launches for one signature: the forward again for the chunk states, then
     ``steps`` (the reverse sweep and the parallel stage, per-call tensors by :data:`BWD_NAMES`) on
-    ``buffers`` (name -> (shape, dtype)); under GVA where a parallel-stage program takes part of a
-    group's value heads (``gva``) two more steps sum dq and dk over the group's programs into
-    ``dq_sum`` and ``dk_sum`` (kernels/group_sum.py). ``forward``:
+    ``buffers`` (name -> (shape, dtype)); under GVA (``gva``) two more steps sum dq and dk over
+    each group of value heads into ``dq_sum`` and ``dk_sum`` (kernels/group_sum.py). ``forward``:
     the GLA kernels' recompute, or for a scalar decay planned on the delta sweep
     (``GlaShape.sweep``) that sweep's launches for the states alone (:func:`_recompute_on_sweep`)."""
 
@@ -334,10 +333,8 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     BK, BV = max(16, triton.next_power_of_2(K)), min(32, max(16, triton.next_power_of_2(V)))
     f32 = torch.float32
-    # Value heads a parallel-stage program: the plan's, cut to a divisor of the group (a decay per key: 1).
-    heads = 1 if per_key else max(d for d in range(1, min(shape.grads_heads, HV // H) + 1) if (HV // H) % d == 0)
-    buffers = dict(dstates=((rows, HV, K, V), q.dtype), dv=((B, T, HV, V), f32), dq=((B, T, HV // heads, K), f32),
-                   dk=((B, T, HV // heads, K), f32), scratch=((rows * HV, BT, BT), q.dtype))
+    buffers = dict(dstates=((rows, HV, K, V), q.dtype), dv=((B, T, HV, V), f32), dq=((B, T, HV, K), f32),
+                   dk=((B, T, HV, K), f32), scratch=((rows * HV, BT, BT), q.dtype))
     if g is not None:
         buffers["dg"] = ((B, T, HV, K) if per_key else (B, T, HV), f32)
     if h0 is not None:
@@ -351,28 +348,29 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
         dht=arg("dht", dht is not None), dh0=arg("dh0", h0 is not None), dv=arg("dv"), HAS_DHT=dht is not None,
         STORE_DH0=h0 is not None, qg=arg("qg", per_key), kg=arg("kg", per_key), aqk=arg("aqk", per_key),
         dl=arg("dl", per_key), PER_KEY=per_key), dict(num_warps=4))
-    grads = Step(chunk_simple_gla_bwd_grads_kernel, (rows * HV // heads,), dict(
+    grads = Step(chunk_simple_gla_bwd_grads_kernel, (rows * HV,), dict(
         common, q=arg("q"), k=arg("k"), v=arg("v"), g=arg("g", g is not None), do=arg("do"), states=arg("states"),
         dstates=arg("dstates"), dq=arg("dq"), dk=arg("dk"), dg=arg("dg", g is not None), scratch=arg("scratch"),
-        chunk_indices=arg("chunk_indices", varlen), n_seq=N, PER_KEY=per_key, HEADS=heads), dict(num_warps=8))
+        chunk_indices=arg("chunk_indices", varlen), n_seq=N, PER_KEY=per_key), dict(num_warps=8))
     steps = [sweep, grads]
-    gva = HV // heads != H
-    if gva:  # dq, dk per program's heads -> per q/k head
+    if HV != H:  # dq, dk per value head -> per q/k head
         buffers.update(dq_sum=((B, T, H, K), f32), dk_sum=((B, T, H, K), f32))
         for name in ("dq", "dk"):
             steps.append(Step(group_sum_kernel, (triton.cdiv(B * T * H, GROUP_SUM_ROWS),), dict(
-                x=arg(name), out=arg(name + "_sum"), rows=B * T * H, GROUP=HV // H // heads, K=K, BK=BK,
-                BR=GROUP_SUM_ROWS), dict(num_warps=4)))
-    return GlaBackward(forward, steps, buffers, gva)
+                x=arg(name), out=arg(name + "_sum"), rows=B * T * H, GROUP=HV // H, K=K, BK=BK, BR=GROUP_SUM_ROWS),
+                dict(num_warps=4)))
+    return GlaBackward(forward, steps, buffers, HV != H)
 
 
 def _recompute_on_sweep(q, k, v, g, h0, cu_seqlens, chunk_indices, chunk_offsets, rows, *, scale, shape):
     """The states entering every chunk (``chunk_states [rows, HV, K, V]`` in q's dtype, the rows
-    of the GLA forward's) from the delta rule's prep and sweep with the WY step off, the sweep
-    forming no outputs (one product a chunk), in one pass (no segments or phases)."""
+    of the GLA forward's) from the delta rule's prep (or the group prep, writing no scores) and
+    sweep with the WY step off, the sweep forming no outputs (one product a chunk), in one pass
+    (plan.gla.recompute_sweep_shape)."""
     from ..kernels.delta.sweep import chunk_delta_sweep_kernel
     from ..kernels.gla.group_prep import chunk_group_prep_kernel
-    launches = build_delta_launches(q, k, v, g, None, dataclasses.replace(shape.sweep, segments=1, phases=1),
+    sweep = plan_gla.recompute_sweep_shape(shape.sweep, q.shape[2], v.shape[2])
+    launches = build_delta_launches(q, k, v, g, None, sweep,
                                     scale=scale, initial_state=h0, cu_seqlens=cu_seqlens,
                                     chunk_indices_dp=chunk_indices, chunk_offsets=chunk_offsets,
                                     num_chunk_rows=rows, return_chunk_states=True, chunk_states_dtype=q.dtype,

@@ -64,6 +64,7 @@ class DeltaSizes:
     tokens: int
     varlen: bool
     sequences: int = 1
+    group: int = 1  # value heads one query/key head serves (SSD: a group's heads)
 
     @property
     def programs_64(self) -> int:  # sweep programs at 64 value columns each

@@ -30,10 +30,6 @@ class GlaShape:
     # 376 instructions and 18 barriers a chunk offline for sm_90, against the fused kernel's 949
     # and 19, plus the prep's parallel pass); False: on the fused kernel.
     recompute_on_sweep: bool = False
-    # The backward's parallel stage (a scalar decay): value heads a program, consecutive heads of
-    # one query/key head (cut to a divisor of the group), loading q, k and forming Q K^T once and
-    # summing their dq and dk in place (so that fewer per-head gradients cross memory).
-    grads_heads: int = 1
 
 
 GLA_LAUNCH = GlaShape(64, 8, "64 value columns on 8 warps: offline for sm_90 the chunk loop spills 40 local "
@@ -103,6 +99,11 @@ GLA_SWEEP_LAUNCH: list[tuple[Callable[[DeltaSizes], bool], DeltaShape]] = [
                          "B1 T16384: 0.712 ms; 8 phases 0.719, one pass 0.820, 3 segments 0.769, 2 segments 0.929, "
                          "16 heads a prep program 1.168; mamba_ssm 0.798: gpu_gla_sweep_cdc4e1d.json)",
                 tma_store=True, phases=6)),
+    (lambda s: GROUP_PREP_MIN_HEADS is not None and s.group >= GROUP_PREP_MIN_HEADS and s.programs_64 > s.sms,
+     DeltaShape(64, 4, 2, 4, "more 64-column programs than SMs, query/key heads shared by many value heads: the "
+                         "group prep, two stages (two programs an SM), bulk stores (SSD B4 T4096: 0.592 ms; three "
+                         "stages 0.718, 8 warps 0.828, the delta prep (the next row) 0.721; mamba_ssm 0.834: "
+                         "gpu_gla_sweep_0021590.json)", tma_store=True, group_prep=True)),
     (lambda s: s.programs_64 > s.sms,
      DeltaShape(64, 4, 3, 4, "more 64-column programs than SMs: 64 columns on 4 warps, bulk stores (SSD B4 T4096: "
                          "0.725 ms; 64 on 8 warps 0.862, 32 columns 0.858, 2 segments 0.742; mamba_ssm 0.851)",
@@ -121,17 +122,27 @@ def gla_sweep_shape(problem, device) -> DeltaShape:
     value_dim = getattr(problem, "value_dim", None) or problem.head_dim
     varlen = problem.sequences != problem.batch
     sizes = DeltaSizes(pairs=problem.sequences * value_heads, sms=sm_count(device), value_dim=value_dim,
-                       tokens=problem.tokens, varlen=varlen, sequences=problem.sequences)
+                       tokens=problem.tokens, varlen=varlen, sequences=problem.sequences, group=_group(problem))
     shape = next(shape for applies, shape in GLA_SWEEP_LAUNCH + DELTA_LAUNCH if applies(sizes))
-    if GROUP_PREP_MIN_HEADS is not None and _group(problem) >= GROUP_PREP_MIN_HEADS:
-        return replace(shape, group_prep=True, prep_heads=1)
-    return with_prep_heads(shape, problem)
+    return shape if shape.group_prep else with_prep_heads(shape, problem)
 
 
-#: A scalar decay (and SSD) whose query/key heads each serve at least this many value heads runs
-#: the group prep (DeltaShape.group_prep: the scores once per query/key head, the gates of all its
-#: value heads in one program; the sweep gates the scores per value head); None: never.
+#: A scalar decay (and SSD) whose query/key heads each serve at least this many value heads may
+#: run the group prep (DeltaShape.group_prep: the scores once per query/key head, the gates of all
+#: its value heads in one program; the sweep gates the scores per value head): where
+#: :data:`GLA_SWEEP_LAUNCH`'s row says so, and always for the backward's recompute
+#: (:func:`recompute_sweep_shape`). None: never.
 GROUP_PREP_MIN_HEADS: int | None = 8
+
+
+def recompute_sweep_shape(sweep: DeltaShape, heads: int, value_heads: int) -> DeltaShape:
+    """The delta sweep's launch for the backward's recompute of the chunk states (no outputs): the
+    forward's ``sweep`` in one pass (no segments or phases), with the group prep wherever a
+    query/key head serves :data:`GROUP_PREP_MIN_HEADS` value heads or more: without outputs the
+    sweep forms no gate tile, and the group prep writes no scores (SSD B1 T16384: the delta prep
+    took ~300 us of the recompute, gpu_gla_sweep_0021590.json); and wherever the forward's has it."""
+    group = sweep.group_prep or (GROUP_PREP_MIN_HEADS is not None and value_heads // heads >= GROUP_PREP_MIN_HEADS)
+    return replace(sweep, segments=1, phases=1, group_prep=group, prep_heads=1 if group else sweep.prep_heads)
 
 
 def _group(problem) -> int:

@@ -51,7 +51,7 @@ def test_simple_gla_triton_gradients_at_real_sizes(recompute, monkeypatch):
         assert relative_rms(a.double(), b) < 1e-2, f"{name}: {relative_rms(a.double(), b):.2e}"
 
 
-@pytest.mark.parametrize("recompute", ["fused", "sweep", "sweep, group prep, 4 heads a grads program"])
+@pytest.mark.parametrize("recompute", ["fused", "sweep", "sweep, group prep"])
 @pytest.mark.parametrize("cu", [None, [0, 1, 700, 2048]])
 def test_ssd_triton_forward_and_gradients_at_real_sizes(cu, recompute, monkeypatch):
     """mamba_chunk_scan_combined on the Triton path (the GLA engine with SSD's prologue and
@@ -59,13 +59,12 @@ def test_ssd_triton_forward_and_gradients_at_real_sizes(cu, recompute, monkeypat
     dt_softplus, dt_limit active, an initial state; dense and varlen with a one-token sequence;
     the backward's chunk states recomputed on the fused kernel and on the delta sweep
     (GlaShape.recompute_on_sweep), the sweep's prep the delta prep or the group prep (the forward's
-    too) with the parallel stage over a group's 4 value heads a program: the output, the final
-    states and every gradient against autograd through the PyTorch form in float64 on the GPU."""
+    too): the output, the final states and every gradient against autograd through the PyTorch form
+    in float64 on the GPU."""
     from recurscan.plan import gla as plan_gla
-    grouped = recompute.startswith("sweep, group prep")
-    monkeypatch.setattr(plan_gla, "GLA_LAUNCH", dataclasses.replace(
-        plan_gla.GLA_LAUNCH, recompute_on_sweep=recompute != "fused", grads_heads=4 if grouped else 1))
-    if grouped:
+    monkeypatch.setattr(plan_gla, "GLA_LAUNCH",
+                        dataclasses.replace(plan_gla.GLA_LAUNCH, recompute_on_sweep=recompute != "fused"))
+    if recompute == "sweep, group prep":
         monkeypatch.setattr(plan_gla, "GROUP_PREP_MIN_HEADS", 2)
     gen = torch.Generator(device="cuda").manual_seed(9)
     rn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731

@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..delta.common import _chunk_gates, _chunk_rows, _chunk_tiles, _sequence
+from ..delta.common import _chunk_gates, _chunk_head, _chunk_rows, _chunk_tiles, _sequence
 from .prep import CALM, SUB, _key_gates, _log2_decays
 
 
@@ -254,24 +254,16 @@ def chunk_simple_gla_bwd_grads_kernel(
     T, n_seq, scale, n_cs_rows,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    DT: tl.constexpr, PER_KEY: tl.constexpr = False, HEADS: tl.constexpr = 1,
+    DT: tl.constexpr, PER_KEY: tl.constexpr = False,
 ):
-    """Grid (chunks x HV / HEADS,): one program per (chunk, HEADS consecutive value heads of one
-    query/key head). Per value head: the sums over V accumulated a block of BV columns at a time
-    (dO S^T and V dS'^T [BT, K], dO V^T [BT, BT]), then its dq, dk and dg. (dscores o G)^T, the left
-    operand of dk's intra-chunk product, is read back transposed through a per-(chunk, value head)
-    scratch [BT, BT] (no product result is transposed). dq and dk ``[B, T, HV / HEADS, K]``
-    float32: the program's heads' sum (each head's added to the sum so far in memory, in head
-    order), so that a query/key head's gradient needs HV / H / HEADS of them summed (1: none);
-    q, k and Q K^T are loaded and formed once for the program's heads.
+    """Grid (chunks x HV,): one program per (chunk, value head): the sums over V accumulated a
+    block of BV columns at a time (dO S^T and V dS'^T [BT, K], dO V^T [BT, BT]), then dq, dk (per
+    value head) and dg. (dscores o G)^T, the left operand of dk's intra-chunk product, is read back
+    transposed through a per-program scratch [BT, BT] (no product result is transposed).
 
-    PER_KEY (g ``[B, T, HV, K]``, a decay per key dimension; HEADS 1): :func:`_per_key_grads` from
-    the same sums (and V dO^T, the transpose accumulated as a product of its own); dg
-    ``[B, T, HV, K]``."""
-    pid = tl.program_id(0).to(tl.int64)
-    i_c = pid // (HV // HEADS)
-    i_hv0 = (pid % (HV // HEADS)) * HEADS  # the program's first value head
-    i_h = i_hv0 // (HV // H)
+    PER_KEY (g ``[B, T, HV, K]``, a decay per key dimension): :func:`_per_key_grads` from the same
+    sums (and V dO^T, the transpose accumulated as a product of its own); dg ``[B, T, HV, K]``."""
+    i_c, i_hv, i_h = _chunk_head(H, HV)
     valid, bos, eos, r0, cs = _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT, IS_VARLEN, 1)
     if not valid:
         return
@@ -279,64 +271,10 @@ def chunk_simple_gla_bwd_grads_kernel(
     causal = o_t[:, None] >= o_t[None, :]
     strict = o_t[:, None] > o_t[None, :]
     cs_ok = (cs >= 0) & (cs < n_cs_rows)
-    b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
-    b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
-    if PER_KEY:
-        _per_key_head(q, k, v, g, do, states, dstates, dq, dk, dg, b_q, b_k, cs, cs_ok, r0, eos, rows, m_r, m_rk,
-                      i_h, i_hv0, o_t, o_k, m_k, scale, H, HV, K, V, BT, BK, BV, DT, DOT_PRECISION)
-        return
-    # Held across the heads in the products' dtype (the inputs' own values for 16-bit inputs).
-    b_kd = b_k.to(DT)
-    b_qd = b_q.to(DT)
-    b_QK = tl.dot(b_qd, tl.trans(b_kd), input_precision=DOT_PRECISION)
-    # A 64-bit base and 32-bit tile offsets: a [BT, BK] tile of 64-bit offsets, live across the
-    # heads, spilled.
-    o_out = (o_t * ((HV // HEADS) * K))[:, None] + o_k[None, :]
-    p_dq = dq + (r0 * (HV // HEADS) + i_hv0 // HEADS) * K
-    p_dk = dk + (r0 * (HV // HEADS) + i_hv0 // HEADS) * K
-    for j in range(0, HEADS):
-        i_hv = i_hv0 + j
-        b_dOS, b_VdS, b_dOV, b_VdO, sds = _value_sums(v, do, states, dstates, cs, cs_ok, rows, m_r, i_hv, o_k, m_k,
-                                                      HV, K, V, BT, BK, BV, DT, DOT_PRECISION, False)
-        gc, seg, bad = _chunk_gates(g, rows, rows * 0, m_r, i_hv, HV, 1, BT, HAS_G)
-        seg_last = tl.sum(tl.where(o_t == BT - 1, seg, 0), axis=0)
-        gc_last = tl.sum(tl.where(o_t == BT - 1, gc, 0.0), axis=0)
-        lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
-        gam = tl.where(seg == seg_last, tl.exp2(tl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
-        b_G = tl.where(causal & (seg[:, None] == seg[None, :]), tl.exp2(gc[:, None] - gc[None, :]), 0.0)
-        b_dscores = tl.where(causal, scale * b_dOV, 0.0)
-        b_dsG = b_dscores * b_G
-        b_dq = tl.dot(b_dsG.to(DT), b_kd, input_precision=DOT_PRECISION) + scale * lam[:, None] * b_dOS
-        p_scr = scratch + (i_c * HV + i_hv) * BT * BT
-        tl.store(p_scr + o_t[:, None] * BT + o_t[None, :], b_dsG.to(scratch.dtype.element_ty))
-        tl.debug_barrier()  # the scratch and the sums so far, written by the program's other threads
-        b_dsGt = tl.load(p_scr + o_t[None, :] * BT + o_t[:, None], cache_modifier=".cg").to(DT)
-        b_dk = tl.dot(b_dsGt, b_qd, input_precision=DOT_PRECISION) + gam[:, None] * b_VdS
-        kdsv = tl.sum(b_kd.to(tl.float32) * b_VdS, axis=1)  # (K dS') . V by row: gam's gradient
-        b_dG = b_dscores * b_QK
-        b_dG += tl.where(o_t[:, None] == BT - 1, kdsv[None, :], 0.0)  # gam = G[last, :]
-        dlam = scale * tl.sum(b_qd.to(tl.float32) * b_dOS, axis=1)
-        dlam += tl.where(o_t == BT - 1, tl.sum(sds, axis=0), 0.0)  # lam_C = lam[last]
-        b_dSeg = tl.where(causal, b_dG * b_G, 0.0)
-        below = tl.cumsum(b_dSeg, axis=0, reverse=True)  # row m: the rows i >= m, summed
-        d_g = tl.sum(tl.where(strict, below, 0.0), axis=1) + tl.cumsum(dlam * lam, axis=0, reverse=True)
-        if HEADS > 1:  # the heads before this one, summed
-            b_dq += tl.load(p_dq + o_out, mask=m_rk & (j > 0), other=0.0, cache_modifier=".cg")
-            b_dk += tl.load(p_dk + o_out, mask=m_rk & (j > 0), other=0.0, cache_modifier=".cg")
-        tl.store(p_dq + o_out, b_dq, mask=m_rk)
-        tl.store(p_dk + o_out, b_dk, mask=m_rk)
-        if HAS_G:
-            tl.store(dg + rows * HV + i_hv, d_g, mask=m_r)
-
-
-@triton.jit
-def _value_sums(v, do, states, dstates, cs, cs_ok, rows, m_r, i_hv, o_k, m_k, HV: tl.constexpr, K: tl.constexpr,
-                V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr,
-                DOT_PRECISION: tl.constexpr, PER_KEY: tl.constexpr):
-    """Value head i_hv's sums over V for :func:`chunk_simple_gla_bwd_grads_kernel`'s chunk: dO S^T,
-    V dS'^T [BT, K], dO V^T, V dO^T (PER_KEY; else zeros) [BT, BT] and S . dS' by key row [K]."""
     p_s = states + (cs * HV + i_hv) * K * V
     p_ds = dstates + (cs * HV + i_hv) * K * V
+    b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
+    b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
     b_dOS = tl.zeros([BT, BK], dtype=tl.float32)  # dO S^T
     b_VdS = tl.zeros([BT, BK], dtype=tl.float32)  # V dS'^T
     b_dOV = tl.zeros([BT, BT], dtype=tl.float32)  # dO V^T
@@ -367,22 +305,39 @@ def _value_sums(v, do, states, dstates, cs, cs_ok, rows, m_r, i_hv, o_k, m_k, HV
         sds += tl.sum(tl.load(p_s + o_kv, mask=m_kv, other=0.0, cache_modifier=".cg").to(tl.float32) *
                       tl.load(p_ds + o_kv, mask=m_kv, other=0.0, cache_modifier=".cg").to(tl.float32), axis=1)
 
-    return b_dOS, b_VdS, b_dOV, b_VdO, sds
-
-
-@triton.jit
-def _per_key_head(q, k, v, g, do, states, dstates, dq, dk, dg, b_q, b_k, cs, cs_ok, r0, eos, rows, m_r, m_rk, i_h,
-                  i_hv, o_t, o_k, m_k, scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                  BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr,
-                  DOT_PRECISION: tl.constexpr):
-    """:func:`chunk_simple_gla_bwd_grads_kernel`'s PER_KEY program: value head i_hv's dq, dk and
-    dg ``[BT, K]`` of its chunk (:func:`_per_key_grads`)."""
-    b_dOS, b_VdS, b_dOV, b_VdO, sds = _value_sums(v, do, states, dstates, cs, cs_ok, rows, m_r, i_hv, o_k, m_k,
-                                                  HV, K, V, BT, BK, BV, DT, DOT_PRECISION, True)
-    b_dq, b_dk, d_g = _per_key_grads(q, k, g, b_q, b_k, b_dOS, b_VdS, b_dOV, b_VdO, sds, r0, eos, rows, m_r, i_h,
-                                     i_hv, o_t, o_k, m_k, scale, H, HV, K, BT, BK, DT, DOT_PRECISION)
     p_out = (rows * HV + i_hv)[:, None] * K + o_k[None, :]
+    if PER_KEY:
+        b_dq, b_dk, d_g = _per_key_grads(q, k, g, b_q, b_k, b_dOS, b_VdS, b_dOV, b_VdO, sds, r0, eos, rows, m_r, i_h,
+                                         i_hv, o_t, o_k, m_k, scale, H, HV, K, BT, BK, DT, DOT_PRECISION)
+        tl.store(dq + p_out, b_dq, mask=m_rk)
+        tl.store(dk + p_out, b_dk, mask=m_rk)
+        tl.store(dg + p_out, d_g, mask=m_rk)
+        return
+    gc, seg, bad = _chunk_gates(g, rows, rows * 0, m_r, i_hv, HV, 1, BT, HAS_G)
+    seg_last = tl.sum(tl.where(o_t == BT - 1, seg, 0), axis=0)
+    gc_last = tl.sum(tl.where(o_t == BT - 1, gc, 0.0), axis=0)
+    lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
+    gam = tl.where(seg == seg_last, tl.exp2(tl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
+    b_G = tl.where(causal & (seg[:, None] == seg[None, :]), tl.exp2(gc[:, None] - gc[None, :]), 0.0)
+    b_kd = b_k.to(DT)
+    b_QK = tl.dot(b_q.to(DT), tl.trans(b_kd), input_precision=DOT_PRECISION)
+    b_dscores = tl.where(causal, scale * b_dOV, 0.0)
+    b_dsG = b_dscores * b_G
+    b_dq = tl.dot(b_dsG.to(DT), b_kd, input_precision=DOT_PRECISION) + scale * lam[:, None] * b_dOS
+    p_scr = scratch + (i_c * HV + i_hv) * BT * BT
+    tl.store(p_scr + o_t[:, None] * BT + o_t[None, :], b_dsG.to(scratch.dtype.element_ty))
+    tl.debug_barrier()
+    b_dsGt = tl.load(p_scr + o_t[None, :] * BT + o_t[:, None], cache_modifier=".cg").to(DT)
+    b_dk = tl.dot(b_dsGt, b_q.to(DT), input_precision=DOT_PRECISION) + gam[:, None] * b_VdS
+    kdsv = tl.sum(b_k * b_VdS, axis=1)  # (K dS') . V by row: gam's gradient
+    b_dG = b_dscores * b_QK
+    b_dG += tl.where(o_t[:, None] == BT - 1, kdsv[None, :], 0.0)  # gam = G[last, :]
+    dlam = scale * tl.sum(b_q * b_dOS, axis=1)
+    dlam += tl.where(o_t == BT - 1, tl.sum(sds, axis=0), 0.0)  # lam_C = lam[last]
+    b_dSeg = tl.where(causal, b_dG * b_G, 0.0)
+    below = tl.cumsum(b_dSeg, axis=0, reverse=True)  # row m: the rows i >= m, summed
+    d_g = tl.sum(tl.where(strict, below, 0.0), axis=1) + tl.cumsum(dlam * lam, axis=0, reverse=True)
     tl.store(dq + p_out, b_dq, mask=m_rk)
     tl.store(dk + p_out, b_dk, mask=m_rk)
-    tl.store(dg + p_out, d_g, mask=m_rk)
-
+    if HAS_G:
+        tl.store(dg + rows * HV + i_hv, d_g, mask=m_r)
