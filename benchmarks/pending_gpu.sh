@@ -5,8 +5,8 @@
 # $OUT receives the files. Pass the commit explicitly: the device's copy may report an older HEAD.
 #
 #   1. the GLA / SSD forward and training rows as planned, with the delta prep's training rows
-#      beside (40ac32c's B1 row of that form reused the planned launches: fixed since), mamba_ssm
-#      and fla in the same process, GPU time by kernel;
+#      beside, mamba_ssm and fla in the same process, GPU time by kernel (the next kernel change's
+#      before-and-after);
 #   2. the whole GPU suite.
 set -u
 C=${RECURSCAN_COMMIT:-unknown}
