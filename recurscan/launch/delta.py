@@ -224,7 +224,8 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     if wy:
         buffers["wy"] = ((B, T * M, HV, BT), q.dtype, None)
     # per (chunk slot, head): slots (bos + 64 c) // 64 + n < B*T*M // 64 + N (_chunk_slot)
-    buffers["coef"] = (((B * T * M) // BT + N, HV, BT, GROUP_COEF_WIDTH if group else 4), torch.float32, None)
+    coef_width = GROUP_COEF_WIDTH.value if group else 4
+    buffers["coef"] = (((B * T * M) // BT + N, HV, BT, coef_width), torch.float32, None)
     if varlen and N > 0:  # the sweep's order of sequences, longest first (written by the prep)
         buffers["sequence_order"] = ((N,), torch.int32, None)
     if beta is None and wy:

@@ -64,8 +64,10 @@ def test_ssd_triton_forward_and_gradients_at_real_sizes(cu, recompute, monkeypat
     from recurscan.plan import gla as plan_gla
     monkeypatch.setattr(plan_gla, "GLA_LAUNCH",
                         dataclasses.replace(plan_gla.GLA_LAUNCH, recompute_on_sweep=recompute != "fused"))
-    if recompute == "sweep, group prep":
-        monkeypatch.setattr(plan_gla, "GROUP_PREP_MIN_HEADS", 2)
+    if recompute == "sweep, group prep":  # the forward and the recompute (here H / G = 4 < 8)
+        planned = plan_gla.gla_sweep_shape
+        monkeypatch.setattr(plan_gla, "gla_sweep_shape", lambda problem, device: dataclasses.replace(
+            planned(problem, device), group_prep=True, prep_heads=1))
     gen = torch.Generator(device="cuda").manual_seed(9)
     rn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
     Bt, T, H, P, G, N = (2, 2048, 8, 64, 2, 128) if cu is None else (1, 2048, 8, 64, 2, 128)

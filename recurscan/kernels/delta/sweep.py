@@ -5,6 +5,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..gla.group_prep import GROUP_COEF_WIDTH
 from .common import _chunk_slot, _compact_queries
 
 
@@ -12,7 +13,7 @@ from .common import _chunk_slot, _compact_queries
 def _coef_width(gate_scores):
     """Floats a row of ``coef`` holds: the delta prep's 4, or with GATE_SCORES the group prep's 8
     (kernels/gla/group_prep.py)."""
-    return 8 if getattr(gate_scores, "value", gate_scores) else 4
+    return GROUP_COEF_WIDTH.value if getattr(gate_scores, "value", gate_scores) else 4
 
 
 @triton.jit

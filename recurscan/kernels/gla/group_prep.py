@@ -12,7 +12,7 @@ from ..delta.common import _chunk_slot, _gates_of, _prep_chunk
 from .common import _ssd_steps
 
 #: Floats a row of ``coef`` holds with GATE_SCORES (kernels/delta/sweep.py reads them).
-GROUP_COEF_WIDTH = 8
+GROUP_COEF_WIDTH = tl.constexpr(8)
 
 
 @triton.jit(do_not_specialize=["n_seq", "chunk_lo", "chunk_span", "wait_primary"])
@@ -101,7 +101,7 @@ def chunk_group_prep_kernel(
         last = seg == seg_last[None, :]
         gam = tl.where(last, tl.exp2(tl.where(last, gc_last[None, :] - gc, 0.0)), 0.0)
         lam_last = tl.where(first_bad < BT, float("nan"), tl.where(seg_last == 0, tl.exp2(gc_last), 0.0))
-        p_coef = coef + ((slot * HV + hv[None, :]) * BT + o_t[:, None]) * 8
+        p_coef = coef + ((slot * HV + hv[None, :]) * BT + o_t[:, None]) * GROUP_COEF_WIDTH
         tl.store(p_coef + 1, tl.where(o_t[:, None] < first_bad[None, :], lam * scale, float("nan")), mask=m_rh)
         tl.store(p_coef + 2, gam * b_c, mask=m_rh)
         tl.store(p_coef + 3, tl.zeros([BT, HB], dtype=tl.float32) + lam_last[None, :],
