@@ -38,7 +38,9 @@ EXTRAS = ["D per head, z, dt_bias, softplus, h0", "D per channel, dt_limit", "no
                          [(e, "split") for e in EXTRAS[:2]] +
                          [(EXTRAS[0], "sweep segments"), (EXTRAS[0], "sweep phases")] +
                          [(e, "sweep, group prep") for e in EXTRAS] +
-                         [(EXTRAS[0], "sweep segments, group prep"), (EXTRAS[0], "sweep phases, group prep")])
+                         [(EXTRAS[0], "sweep segments, group prep"), (EXTRAS[0], "sweep phases, group prep")] +
+                         [(e, "sweep, calm gates") for e in EXTRAS] +
+                         [(EXTRAS[0], "sweep segments, calm gates"), (EXTRAS[0], "sweep phases, calm gates")])
 def test_triton_ssd_matches_the_token_loop(case, extras, form, monkeypatch):
     use_form(form, monkeypatch)
     c = CASES[case]
@@ -64,7 +66,7 @@ def test_triton_ssd_matches_the_token_loop(case, extras, form, monkeypatch):
         assert_like_fp32(a.cpu(), b, ref, what)
 
 
-@pytest.mark.parametrize("form", ["sweep", "sweep, group prep"])
+@pytest.mark.parametrize("form", ["sweep", "sweep, group prep", "sweep, calm gates"])
 @pytest.mark.parametrize("where", ["dt", "B"])
 def test_a_nan_leaves_earlier_outputs_and_other_sequences_bit_identical(form, where, monkeypatch):
     """A NaN step size (its head) or key (B: every head of the group) mid-chunk: the outputs before
@@ -85,8 +87,34 @@ def test_a_nan_leaves_earlier_outputs_and_other_sequences_bit_identical(form, wh
     assert torch.equal(h[1], clean[1][1]) and torch.isnan(y[0, 95, 1]).any()
 
 
+@pytest.mark.parametrize("form", ["sweep, group prep", "sweep, calm gates"])
+def test_calm_and_stormy_chunks_alike(form, monkeypatch):
+    """The calm gates (kernels/gla/group_prep.py, CALM_LOG2_SPAN) beside chunks they must leave to
+    the whole gate tile: head 1 decays e^-3 a token through chunk 1 (2^-277 across it: factored,
+    its column factors would overflow), head 2 over the second half of chunk 2 only, head 3 near
+    the limit (2^-90 across chunk 3), seq_idx resets in chunk 0; head 0 calm throughout. Against
+    the float64 token loop, bounded by the float32 oracle."""
+    use_form(form, monkeypatch)
+    x = ssd_inputs(1, 256, 4, 1, seed=31)
+    x["A"] = torch.tensor([-0.5, -1.0, -1.0, -1.0], dtype=torch.float64)
+    x["dt"] = 0.05 * x["dt"].abs()
+    x["dt"][0, 64:128, 1] = 3.0
+    x["dt"][0, 160:192, 2] = 3.0
+    x["dt"][0, 192:256, 3] = 90 / 64 / 1.4426950408889634
+    ids = [0] * 20 + [1] * 30 + [2] * 206
+    h0 = torch.zeros(1, 4, 8, 16, dtype=torch.float64)
+    want_y, want_h = _per_sequence(x, [ids], h0)
+    ref_y, ref_h = _per_sequence({k: v.float() for k, v in x.items()}, [ids], h0.float())
+    f32 = lambda t: t.float().to(DEVICE)  # noqa: E731
+    y, h = recurscan.mamba_chunk_scan_combined(*map(f32, x.values()), chunk_size=64, return_final_states=True,
+                                               seq_idx=torch.tensor([ids], dtype=torch.int32, device=DEVICE),
+                                               backend="triton")
+    assert_like_fp32(y.cpu(), want_y, ref_y, "y")
+    assert_like_fp32(h.cpu(), want_h, ref_h, "final state")
+
+
 @pytest.mark.parametrize("cu", [None, [0, 1, 70, 130]])
-@pytest.mark.parametrize("form", ["sweep", "fused", "split", "sweep, group prep"])
+@pytest.mark.parametrize("form", ["sweep", "fused", "split", "sweep, group prep", "sweep, calm gates"])
 def test_state_cache_equals_the_torch_path(cu, form, monkeypatch):
     """The state cache on the Triton path: slots read and written in place through mamba's
     [S, H, P, Nstate] layout, a padding sequence (slot -1) with zero outputs and its slot untouched,
@@ -176,7 +204,8 @@ def _per_sequence(x, seq_idx, h0, **kw):
 
 
 @pytest.mark.parametrize("backend, form", [("torch", "sweep")] + [("triton", f) for f in ("sweep", "fused", "split",
-                                                                                           "sweep, group prep")])
+                                                                                           "sweep, group prep",
+                                                                                           "sweep, calm gates")])
 def test_seq_idx_packs_sequences_in_a_row(backend, form, monkeypatch):
     """mamba_ssm's seq_idx [Bt, T]: the state resets wherever it changes (a one-token sequence, a
     start on a chunk boundary, ids that skip), initial states enter each row's first sequence and
@@ -235,7 +264,8 @@ def test_seq_idx_is_validated():
 
 @pytest.mark.parametrize("cu", [None, [0, 1, 70, 200]], ids=["dense", "varlen"])
 @pytest.mark.parametrize("backend, form", [("torch", "sweep")] + [("triton", f) for f in ("sweep", "fused", "split",
-                                                                                           "sweep, group prep")])
+                                                                                           "sweep, group prep",
+                                                                                           "sweep, calm gates")])
 def test_chunk_states_every_64_tokens_in_mambas_layout(cu, backend, form, monkeypatch):
     """return_chunk_states: [NT, H, P, Nstate] float32, the state entering each 64-token chunk of
     each sequence at the delta ops' rows whatever chunk_size is, against the float64 token loop."""

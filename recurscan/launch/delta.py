@@ -82,7 +82,7 @@ def check_shape(shape: DeltaShape) -> None:
         value = getattr(shape, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"DeltaShape.{name}: expected an int >= 1, got {value!r}")
-    for name in ("v_product", "tma_store", "key_calm_pass", "group_prep"):
+    for name in ("v_product", "tma_store", "key_calm_pass", "group_prep", "calm_gates"):
         if not isinstance(getattr(shape, name), bool):
             raise ValueError(f"DeltaShape.{name}: expected a bool, got {getattr(shape, name)!r}")
     b = shape.prep_key_block
@@ -172,7 +172,8 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     single pass or segments (no phases: that prep has no phase range). ``shape.group_prep`` (a
     scalar decay with ``wy=False``): the prep is kernels/gla/group_prep.py's, one program per (chunk,
     query/key head), writing the scores ``[B, T, H, 64]`` float32 and coef rows of 8, and the sweep
-    gates the scores per value head (GATE_SCORES). ``out_views``: ``(o, final)``
+    gates the scores per value head (GATE_SCORES); ``shape.calm_gates`` as well: factored where a
+    chunk is calm (CALM_GATES). ``out_views``: ``(o, final)``
     tensors each call writes into instead of new ones (passed per call as
     :func:`run_delta_launches`' ``given``; their strides are read here): o ``[B, T, HV, V]`` with a
     unit last stride and a batch stride of T token strides, final ``[N, HV, K, V]`` float32 with
@@ -190,6 +191,8 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     group = shape.group_prep
     if group and (wy or key_decay or num_householder != 1):
         raise ValueError("DeltaShape.group_prep: the group prep takes a scalar decay with wy=False and M = 1")
+    if shape.calm_gates and not group:
+        raise ValueError("DeltaShape.calm_gates: the calm gates need group_prep=True")
     heads = 1 if group else shape.prep_heads
     if heads > 1 and (wy or (v.shape[2] // q.shape[2]) % heads != 0):
         raise ValueError(f"DeltaShape.prep_heads: {heads} value heads a prep program needs wy=False and a divisor "
@@ -218,7 +221,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
 
     buffers = {"o": ((B, T, HV, V), v.dtype if ssd is not None else q.dtype, None)}
     if group:  # the scores once per query/key head; each value head's aqk is formed in the sweep
-        buffers["scores"] = ((B, T, H, BT), torch.float32, None)
+        buffers["scores"] = ((B, T, H, BT), (q.dtype if shape.calm_gates else torch.float32), None)
     else:
         buffers["aqk"] = ((B, T * M, HV, BT), q.dtype, None)
     if wy:
@@ -288,7 +291,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
                                           "IS_VARLEN", "HAS_G", "DT", "PDL", "SSD", "HAS_DT_BIAS", "DT_SOFTPLUS",
                                           "DT_LIMIT")},
                     scores=arg("scores"), HB=min(16, triton.next_power_of_2(HV // H)), PRECISION=dot_precision,
-                    SCORES=True)
+                    SCORES=True, CALM_GATES=shape.calm_gates)
     phased = phases > 1 and not varlen and segments <= 1 and T > 0
     # A register cap (compile option) sets how many prep programs share a multiprocessor.
     prep_options = dict(num_warps=prep_warps, **({} if prep_maxnreg is None else {"maxnreg": prep_maxnreg}))
@@ -355,6 +358,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, DT=dt, PASS=0,
         V_PRODUCT=v_product, TMA_STORE=tma_store and M == 1 and tma_ok,
         PDL=not INTERPRET, REPLAY=False, OUTPUTS=True, STORE_U=False, CKPT_CHUNKS=checkpoint_chunks, GATE_SCORES=group,
+        CALM_GATES=shape.calm_gates,
         **ssd_sweep)
     options = dict(num_warps=num_warps)
     if phased:

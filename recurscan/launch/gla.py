@@ -375,8 +375,8 @@ def _recompute_on_sweep(q, k, v, g, h0, cu_seqlens, chunk_indices, chunk_offsets
                                     chunk_indices_dp=chunk_indices, chunk_offsets=chunk_offsets,
                                     num_chunk_rows=rows, return_chunk_states=True, chunk_states_dtype=q.dtype,
                                     wy=False)
-    unread = {chunk_delta_sweep_kernel: dict(OUTPUTS=False, TMA_STORE=False),
-              chunk_group_prep_kernel: dict(SCORES=False)}
+    unread = {chunk_delta_sweep_kernel: dict(OUTPUTS=False, TMA_STORE=False, CALM_GATES=False),
+              chunk_group_prep_kernel: dict(SCORES=False, CALM_GATES=False)}
     steps = [dataclasses.replace(s, kwargs=dict(s.kwargs, **unread[s.kernel])) if s.kernel in unread else s
              for s in launches.steps if not s.kwargs.get("REPLAY")]
     # Every chunk state the stages read is written (a padding chunk's program reads none): no

@@ -50,6 +50,10 @@ class DeltaShape:
     # forming the scores once and every value head's gates, and the sweep gating the scores per
     # value head (GATE_SCORES); prep_heads is then unread.
     group_prep: bool = False
+    # With group_prep: the gates of a calm chunk (one segment, no bad row, its decays spanning at
+    # most 2^126) factored, the scores scaled by a column factor and the product's output by a row
+    # factor, instead of a [BT, BT] tile of exp2 a value head and chunk (CALM_GATES).
+    calm_gates: bool = False
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ def test_simple_gla_triton_gradients_at_real_sizes(recompute, monkeypatch):
         assert relative_rms(a.double(), b) < 1e-2, f"{name}: {relative_rms(a.double(), b):.2e}"
 
 
-@pytest.mark.parametrize("recompute", ["fused", "sweep", "sweep, group prep"])
+@pytest.mark.parametrize("recompute", ["fused", "sweep", "sweep, group prep", "sweep, calm gates"])
 @pytest.mark.parametrize("cu", [None, [0, 1, 700, 2048]])
 def test_ssd_triton_forward_and_gradients_at_real_sizes(cu, recompute, monkeypatch):
     """mamba_chunk_scan_combined on the Triton path (the GLA engine with SSD's prologue and
@@ -59,15 +59,15 @@ def test_ssd_triton_forward_and_gradients_at_real_sizes(cu, recompute, monkeypat
     dt_softplus, dt_limit active, an initial state; dense and varlen with a one-token sequence;
     the backward's chunk states recomputed on the fused kernel and on the delta sweep
     (GlaShape.recompute_on_sweep), the sweep's prep the delta prep or the group prep (the forward's
-    too): the output, the final states and every gradient against autograd through the PyTorch form
+    too; with or without its calm gates): the output, the final states and every gradient against autograd through the PyTorch form
     in float64 on the GPU."""
     from recurscan.plan import gla as plan_gla
     monkeypatch.setattr(plan_gla, "GLA_LAUNCH",
                         dataclasses.replace(plan_gla.GLA_LAUNCH, recompute_on_sweep=recompute != "fused"))
-    if recompute == "sweep, group prep":  # the forward and the recompute (here H / G = 4 < 8)
-        planned = plan_gla.gla_sweep_shape
+    if recompute.endswith(("group prep", "calm gates")):  # the forward and the recompute (here H / G = 4 < 8)
+        planned, calm = plan_gla.gla_sweep_shape, recompute.endswith("calm gates")
         monkeypatch.setattr(plan_gla, "gla_sweep_shape", lambda problem, device: dataclasses.replace(
-            planned(problem, device), group_prep=True, prep_heads=1))
+            planned(problem, device), group_prep=True, prep_heads=1, calm_gates=calm))
     gen = torch.Generator(device="cuda").manual_seed(9)
     rn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
     Bt, T, H, P, G, N = (2, 2048, 8, 64, 2, 128) if cu is None else (1, 2048, 8, 64, 2, 128)
@@ -94,6 +94,32 @@ def test_ssd_triton_forward_and_gradients_at_real_sizes(cu, recompute, monkeypat
     for name, a, b in zip(("dx", "ddt", "dA", "dB", "dC", "dD", "dz", "ddt_bias", "dh0"), got, want):
         assert torch.isfinite(a).all(), name
         assert relative_rms(a.double(), b) < 1e-2, f"{name}: {relative_rms(a.double(), b):.2e}"
+
+
+@pytest.mark.parametrize("T", [4096, 16384])
+def test_ssd_calm_gates_at_the_benchmark_shape(T, monkeypatch):
+    """The benchmark's SSD (80 heads x 64, one group, dstate 128, D per head, dt_bias, softplus;
+    benchmarks/gpu_gla.py's inputs, where most chunks are calm and some are not) through the group
+    prep with the whole gate tile and with its calm gates, bf16: each against the float64 PyTorch
+    form, and the calm gates' error within 1.5x of the whole tile's (their products round U o f
+    and the scores to bf16 where the tile rounds G o c o scores once)."""
+    from benchmarks.gpu_gla import ssd_inputs
+    from recurscan.plan import gla as plan_gla
+    from recurscan.runtime.cache import clear_caches
+    a, kw = ssd_inputs(1, T)
+    want = recurscan.mamba_chunk_scan_combined(*(t.double() for t in a), **{k: (v.double() if torch.is_tensor(v)
+                                                                              else v) for k, v in kw.items()},
+                                               backend="torch")
+    planned, errors = plan_gla.gla_sweep_shape, {}
+    for calm in (False, True):
+        monkeypatch.setattr(plan_gla, "gla_sweep_shape", lambda problem, device, calm=calm: dataclasses.replace(
+            planned(problem, device), group_prep=True, prep_heads=1, calm_gates=calm, phases=1))
+        clear_caches()
+        y = recurscan.mamba_chunk_scan_combined(*a, **kw, backend="triton")
+        assert torch.isfinite(y).all()
+        errors[calm] = relative_rms(y.double(), want)
+    print(f"T {T}: relative RMS, whole tile {errors[False]:.3e}, calm gates {errors[True]:.3e}")
+    assert errors[False] < 1e-2 and errors[True] < 1.5 * errors[False]
 
 
 @pytest.mark.parametrize("form", ["sweep", "sweep, general steps", "sweep, general steps, key blocks of 16",

@@ -19,42 +19,48 @@ def _coef_width(gate_scores):
 @triton.jit
 def _outputs_causal(b_Sd, b_q, b_Wt, b_At, lam_rk, lam_rq, out_rows, k, v, e, m_r, i_h, i_hv, o_t, o_k, o_v, m_k,
                     m_vt, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                    V_PRODUCT: tl.constexpr, DOT_PRECISION: tl.constexpr, DT: tl.constexpr, WY: tl.constexpr):
+                    V_PRODUCT: tl.constexpr, DOT_PRECISION: tl.constexpr, DT: tl.constexpr):
     """O^T of a chunk in the replay of a program whose state came out non-finite: in the products
     over the chunk's rows a NaN or inf at row t reaches every earlier row as 0 * inf. Here
     U = wy (V - lam rk o (K S)) is formed from k and v with their non-finite entries (and those of
     K S) selected out, U's non-finite entries are selected out before the next product, and each
     value column's outputs from its first non-finite row of X or U on are NaN, as the token loop's
     are; earlier rows get the clean run's bits (the same products in the same order, adding exact
-    zeros). WY False (U = V): V's non-finite entries alone are selected out.
+    zeros). WY False (U = V) selects V's entries out in :func:`_sweep_chunk` itself.
     ``out_rows`` [BT or BT // M]: the chunk row of each output column of O^T."""
-    if not WY:
-        b_vt = tl.load(v + (e * HV + i_hv)[None, :] * V + o_v[:, None], mask=m_vt, other=0.0)  # [BV, BT]
-        bad = b_vt * 0.0 != 0.0
-        first_bad = tl.min(tl.where(bad, o_t[None, :], BT), axis=1)  # [BV]
-        b_Ut = tl.where(o_t[None, :] < first_bad[:, None], b_vt, 0.0)
-        b_ot = lam_rq[None, :] * tl.dot(b_Sd, tl.trans(b_q), input_precision=DOT_PRECISION)
-        b_ot += tl.dot(b_Ut.to(DT), b_At, input_precision=DOT_PRECISION)
+    b_k = tl.load(k + (e * H + i_h)[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.0)
+    b_k = tl.where(b_k * 0.0 == 0.0, b_k, 0.0).to(DT)  # [BT, BK]
+    b_vt = tl.load(v + (e * HV + i_hv)[None, :] * V + o_v[:, None], mask=m_vt, other=0.0)  # [BV, BT]
+    b_KSt = lam_rk[None, :] * tl.dot(b_Sd, tl.trans(b_k), input_precision=DOT_PRECISION)
+    bad = (b_vt * 0.0 != 0.0) | (b_KSt * 0.0 != 0.0)
+    b_vt = tl.where(bad, 0.0, b_vt)
+    b_KSt = tl.where(bad, 0.0, b_KSt)
+    # The same products, in the same order, as the chunk's own (_sweep_chunk): the same bits.
+    if V_PRODUCT:
+        b_Ut = tl.dot(b_vt.to(DT), b_Wt, input_precision=DOT_PRECISION)
+        b_Ut = tl.dot((-b_KSt).to(DT), b_Wt, b_Ut, input_precision=DOT_PRECISION)
     else:
-        b_k = tl.load(k + (e * H + i_h)[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.0)
-        b_k = tl.where(b_k * 0.0 == 0.0, b_k, 0.0).to(DT)  # [BT, BK]
-        b_vt = tl.load(v + (e * HV + i_hv)[None, :] * V + o_v[:, None], mask=m_vt, other=0.0)  # [BV, BT]
-        b_KSt = lam_rk[None, :] * tl.dot(b_Sd, tl.trans(b_k), input_precision=DOT_PRECISION)
-        bad = (b_vt * 0.0 != 0.0) | (b_KSt * 0.0 != 0.0)
-        b_vt = tl.where(bad, 0.0, b_vt)
-        b_KSt = tl.where(bad, 0.0, b_KSt)
-        # The same products, in the same order, as the chunk's own (_sweep_chunk): the same bits.
-        if V_PRODUCT:
-            b_Ut = tl.dot(b_vt.to(DT), b_Wt, input_precision=DOT_PRECISION)
-            b_Ut = tl.dot((-b_KSt).to(DT), b_Wt, b_Ut, input_precision=DOT_PRECISION)
-        else:
-            b_Ut = tl.dot((b_vt.to(tl.float32) - b_KSt).to(DT), b_Wt, input_precision=DOT_PRECISION)
-        bad |= b_Ut * 0.0 != 0.0
-        first_bad = tl.min(tl.where(bad, o_t[None, :], BT), axis=1)  # [BV]
-        b_Ut = tl.where(o_t[None, :] < first_bad[:, None], b_Ut, 0.0)
-        b_ot = lam_rq[None, :] * tl.dot(b_Sd, tl.trans(b_q), input_precision=DOT_PRECISION)
-        b_ot += tl.dot(b_Ut.to(DT), b_At, input_precision=DOT_PRECISION)
+        b_Ut = tl.dot((b_vt.to(tl.float32) - b_KSt).to(DT), b_Wt, input_precision=DOT_PRECISION)
+    bad |= b_Ut * 0.0 != 0.0
+    first_bad = tl.min(tl.where(bad, o_t[None, :], BT), axis=1)  # [BV]
+    b_Ut = tl.where(o_t[None, :] < first_bad[:, None], b_Ut, 0.0)
+    b_ot = lam_rq[None, :] * tl.dot(b_Sd, tl.trans(b_q), input_precision=DOT_PRECISION)
+    b_ot += tl.dot(b_Ut.to(DT), b_At, input_precision=DOT_PRECISION)
     return tl.where(out_rows[None, :] < first_bad[:, None], b_ot, float("nan"))
+
+
+@triton.jit
+def _gated_scores(b_st, p_j, p_i, m_r, o_t):
+    """aqk^T [BT (j), BT (i)] = G_ij c_j scores_ij (float32) from the scores ``b_st`` [j, i] and
+    the coef rows at ``p_j`` [BT, 1] and ``p_i`` [1, BT]: gc (column 4), the segments (5) and the
+    column factors (6) of kernels/gla/group_prep.py; G_ij = 2^(gc_i - gc_j) for j <= i in one segment."""
+    gc_j = tl.load(p_j + 4, mask=m_r[:, None], other=0.0)
+    gc_i = tl.load(p_i + 4, mask=m_r[None, :], other=0.0)
+    seg_j = tl.load(p_j + 5, mask=m_r[:, None], other=0.0)
+    seg_i = tl.load(p_i + 5, mask=m_r[None, :], other=0.0)
+    col_j = tl.load(p_j + 6, mask=m_r[:, None], other=0.0)
+    keep = (o_t[:, None] <= o_t[None, :]) & (seg_j == seg_i)
+    return tl.where(keep, tl.exp2(gc_i - gc_j) * col_j * b_st, 0.0)
 
 
 @triton.jit
@@ -88,7 +94,7 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_s
                  DOT_PRECISION: tl.constexpr, DT: tl.constexpr, FULL: tl.constexpr, CAREFUL: tl.constexpr,
                  OUTPUTS: tl.constexpr, STORE_U: tl.constexpr, WY: tl.constexpr, HAS_D: tl.constexpr,
                  D_PER_CHANNEL: tl.constexpr, HAS_Z: tl.constexpr, KEY_DECAY: tl.constexpr,
-                 GATE_SCORES: tl.constexpr):
+                 GATE_SCORES: tl.constexpr, CALM_GATES: tl.constexpr):
     """One expanded chunk c of :func:`chunk_delta_sweep_kernel` (its docstring has the algebra):
     returns the state S^T leaving the chunk, having written the chunk's outputs (PASS != 1) and,
     when it starts a token chunk, the state entering it (STORE_CHUNK_STATES). FULL: all 64 rows
@@ -98,7 +104,8 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_s
     the state alone (the backward's recompute of the chunk states), no query or output touched.
     STORE_U: the chunk's U and lam o (K S) (rows of ``u_out`` and ``ks_out``, laid out as v), which
     the backward's parallel stage takes instead of recomputing them from the state. WY False and
-    the SSD epilogue (HAS_D, HAS_Z), KEY_DECAY, GATE_SCORES: see :func:`chunk_delta_sweep_kernel`."""
+    the SSD epilogue (HAS_D, HAS_Z), KEY_DECAY, GATE_SCORES, CALM_GATES: see
+    :func:`chunk_delta_sweep_kernel`."""
     r = c * BT + o_t.to(tl.int64)  # [BT] row inside the sequence (expanded stream)
     if FULL:  # every row lies in the sequence: the loads and stores below go unpredicated
         m_r = tl.full([BT], True, tl.int1)
@@ -161,20 +168,20 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_s
     b_coef = tl.load(p_coef + o_t[:, None] * CW + o_4[None, :], mask=m_r[:, None], other=0.0)
     lam_rk = tl.sum(tl.where(o_4[None, :] == 0, b_coef, 0.0), axis=1)
     gam_rk = tl.sum(tl.where(o_4[None, :] == 2, b_coef, 0.0), axis=1)
+    # FACTORED: a calm chunk's gates factored into the outputs' products (below).
+    FACTORED: tl.constexpr = GATE_SCORES and CALM_GATES and (PASS != 1) and OUTPUTS
     if GATE_SCORES and (PASS != 1) and OUTPUTS:
         # aqk^T [BT (j), BT (i)] = G_ij c_j scores_ij, from the query/key head's scores and this
         # value head's prefix sums (gc), segments and column factors (kernels/gla/group_prep.py).
         # Loaded as [BT, 1] (by j) and [1, BT] (by i) tiles, which broadcast in the tile's layout.
         p_j = p_coef + o_t[:, None] * CW
         p_i = p_coef + o_t[None, :] * CW
-        gc_j = tl.load(p_j + 4, mask=m_r[:, None], other=0.0)
-        gc_i = tl.load(p_i + 4, mask=m_r[None, :], other=0.0)
-        seg_j = tl.load(p_j + 5, mask=m_r[:, None], other=0.0)
-        seg_i = tl.load(p_i + 5, mask=m_r[None, :], other=0.0)
-        col_j = tl.load(p_j + 6, mask=m_r[:, None], other=0.0)
         b_st = tl.load(aqk + (e * H + i_h)[None, :] * BT + o_t[:, None], mask=m_r[None, :], other=0.0)
-        keep = (o_t[:, None] <= o_t[None, :]) & (seg_j == seg_i)
-        b_At = tl.where(keep, tl.exp2(gc_i - gc_j) * col_j * b_st, 0.0).to(DT)
+        if FACTORED:
+            f_0 = tl.load(p_coef)
+            calm = f_0 == f_0  # column 0 is NaN in every row of a chunk that is not calm
+        else:
+            b_At = _gated_scores(b_st, p_j, p_i, m_r, o_t).to(DT)
     # The decay across the chunk, as a scalar load of the chunk's first row (always a row of the
     # sequence): taken from the tile it was a block-wide max (shuffles, three barriers per chunk).
     lam_last = tl.load(p_coef + 3)
@@ -183,6 +190,13 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_s
     b_Sd = b_St.to(DT)
     if not WY:  # gated linear attention: U = V
         b_Ut = b_vt.to(tl.float32)
+        b_Uo = b_Ut  # the outputs' U
+        if CAREFUL and (PASS != 1) and OUTPUTS:
+            # V's non-finite entries selected out of the outputs' products, and each value
+            # column's outputs NaN from its first non-finite row on (below), as the token loop's:
+            # earlier rows get the clean run's bits (the same products, adding exact zeros).
+            first_bad = tl.min(tl.where(b_Ut * 0.0 != 0.0, o_t[None, :], BT), axis=1)  # [BV]
+            b_Uo = tl.where(o_t[None, :] < first_bad[:, None], b_Ut, 0.0)
     elif V_PRODUCT:
         # U^T = V^T wy^T - (lam o K S)^T wy^T: as a product operand V^T is pipelined through
         # shared memory like the other tiles (in registers it waits on its load every chunk), at
@@ -206,16 +220,36 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_s
         b_ot += tl.dot(b_Ut.to(DT), b_At, input_precision=DOT_PRECISION)  # [BV, BTQ]
         if CAREFUL:
             b_ot = _outputs_causal(b_Sd, b_q, b_Wt, b_At, lam_rk, lam_rq, o_tq * M + (M - 1), k, v, e, m_r, i_h,
-                                   i_hv, o_t, o_k, o_v, m_k, m_vt, H, HV, K, V, BT, V_PRODUCT, DOT_PRECISION, DT, WY)
+                                   i_hv, o_t, o_k, o_v, m_k, m_vt, H, HV, K, V, BT, V_PRODUCT, DOT_PRECISION, DT)
         tl.store(o + tok_q[None, :] * o_st + i_hv * o_sh + o_v[:, None], b_ot.to(o.dtype.element_ty),
                  mask=m_v[:, None])
     elif (PASS != 1) and OUTPUTS:
         lam_rq = tl.sum(tl.where((o_4[None, :] == 1) & m_q[:, None], b_coef, 0.0), axis=1)
-        b_ot = lam_rq[None, :] * tl.dot(b_Sd, tl.trans(b_q), input_precision=DOT_PRECISION)
-        b_ot += tl.dot(b_Ut.to(DT), b_At, input_precision=DOT_PRECISION)
+        if FACTORED:
+            # A calm chunk (one segment, bounded decays): G_ij c_j = lam_i c_j / lam_j, so with
+            # f_j = c_j / (lam_j scale) (column 0, read as lam_rk) the outputs are
+            # lam rq o (Q S + (U o f) scores^T): the scores as loaded, one accumulator, no
+            # [BT, BT] tile of exp2 or segment compare (the scores are causal).
+            if calm:
+                b_ot = tl.dot(b_Sd, tl.trans(b_q), input_precision=DOT_PRECISION)
+                b_ot = tl.dot((b_Uo * lam_rk[None, :]).to(DT), b_st.to(DT), b_ot, input_precision=DOT_PRECISION)
+                b_ot = lam_rq[None, :] * b_ot
+            else:
+                b_ot = lam_rq[None, :] * tl.dot(b_Sd, tl.trans(b_q), input_precision=DOT_PRECISION)
+                b_At = _gated_scores(b_st, p_j, p_i, m_r, o_t).to(DT)
+                b_ot += tl.dot(b_Uo.to(DT), b_At, input_precision=DOT_PRECISION)
+        elif WY:
+            b_ot = lam_rq[None, :] * tl.dot(b_Sd, tl.trans(b_q), input_precision=DOT_PRECISION)
+            b_ot += tl.dot(b_Ut.to(DT), b_At, input_precision=DOT_PRECISION)
+        else:
+            b_ot = lam_rq[None, :] * tl.dot(b_Sd, tl.trans(b_q), input_precision=DOT_PRECISION)
+            b_ot += tl.dot(b_Uo.to(DT), b_At, input_precision=DOT_PRECISION)
         if CAREFUL:
-            b_ot = _outputs_causal(b_Sd, b_q, b_Wt, b_At, lam_rk, lam_rq, o_t, k, v, e, m_r, i_h, i_hv, o_t, o_k,
-                                   o_v, m_k, m_vt, H, HV, K, V, BT, V_PRODUCT, DOT_PRECISION, DT, WY)
+            if WY:
+                b_ot = _outputs_causal(b_Sd, b_q, b_Wt, b_At, lam_rk, lam_rq, o_t, k, v, e, m_r, i_h, i_hv, o_t, o_k,
+                                       o_v, m_k, m_vt, H, HV, K, V, BT, V_PRODUCT, DOT_PRECISION, DT)
+            else:
+                b_ot = tl.where(o_t[None, :] < first_bad[:, None], b_ot, float("nan"))
         if HAS_D:  # Mamba2's skip D x (v holds x), then its gate silu(z)
             if D_PER_CHANNEL:
                 b_ot += tl.load(D + i_hv * V + o_v, mask=m_v, other=0.0).to(tl.float32)[:, None] * b_vt
@@ -259,7 +293,7 @@ def chunk_delta_sweep_kernel(
     REPLAY: tl.constexpr = False, OUTPUTS: tl.constexpr = True, STORE_U: tl.constexpr = False,
     CKPT_CHUNKS: tl.constexpr = 0, WY: tl.constexpr = True, HAS_D: tl.constexpr = False,
     D_PER_CHANNEL: tl.constexpr = False, HAS_Z: tl.constexpr = False, KEY_DECAY: tl.constexpr = False,
-    GATE_SCORES: tl.constexpr = False,
+    GATE_SCORES: tl.constexpr = False, CALM_GATES: tl.constexpr = False,
 ):
     """Grid (N * HV * ceil(V / BV),): program -> (sequence n, value head hv, value block iv),
     iv fastest so neighbouring programs share the q/k rows in L2.
@@ -369,7 +403,9 @@ def chunk_delta_sweep_kernel(
     heads, SSD's groups): the prep is kernels/gla/group_prep.py's, ``aqk`` holds the scores
     ``[rows, H, BT]`` float32 (scale Q K^T, once per query/key head) and ``coef`` rows of 8
     floats; each chunk forms its value head's aqk^T from them in registers (G o c^T o scores:
-    a [BT, BT] tile of exp2) rather than loading it.
+    a [BT, BT] tile of exp2) rather than loading it. CALM_GATES (with GATE_SCORES; the group prep
+    with CALM_GATES): in a chunk the prep found calm, O = (lam rq) o (Q S + scores (U o f)) with
+    f = c / (lam scale) the prep's column factors: no tile of exp2.
     """
     pid = tl.program_id(0).to(tl.int64)
     if REPLAY:  # the replay launch: only the programs the pass before flagged (see the end)
@@ -514,7 +550,7 @@ def chunk_delta_sweep_kernel(
                             m_vk, o_vk, use_v,
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
                             DOT_PRECISION, DT, True, REPLAY, OUTPUTS, STORE_U, WY, HAS_D, D_PER_CHANNEL,
-                            HAS_Z, KEY_DECAY, GATE_SCORES)
+                            HAS_Z, KEY_DECAY, GATE_SCORES, CALM_GATES)
     c_tail = tl.maximum(c_lo, c_full)
     if c_tail < c_end:
         if STORE_CKPT:
@@ -525,7 +561,7 @@ def chunk_delta_sweep_kernel(
                             m_vk, o_vk, use_v,
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
                             DOT_PRECISION, DT, False, REPLAY, OUTPUTS, STORE_U, WY, HAS_D, D_PER_CHANNEL,
-                            HAS_Z, KEY_DECAY, GATE_SCORES)
+                            HAS_Z, KEY_DECAY, GATE_SCORES, CALM_GATES)
     if PASS == 1:
         if not WY:
             if role_m:  # M_i = (the product of the segment's chunk decays) I; NaN after a bad row

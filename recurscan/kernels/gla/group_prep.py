@@ -13,6 +13,11 @@ from .common import _ssd_steps
 
 #: Floats a row of ``coef`` holds with GATE_SCORES (kernels/delta/sweep.py reads them).
 GROUP_COEF_WIDTH = tl.constexpr(8)
+#: CALM_GATES: a chunk is calm (its gates factored) for a head when lam scale = +-2^gcs lies in
+#: [2^-96, 2^96] on every row before its first bad one: its column factors c / (lam scale) and
+#: the outputs' partial sums (at most 2^96 times the outputs) then stay finite, and a term of
+#: U o f below bf16's smallest normal (2^-126) would have added under 2^-30 |score| to an output.
+CALM_LOG2_SPAN = tl.constexpr(96.0)
 
 
 @triton.jit(do_not_specialize=["n_seq", "chunk_lo", "chunk_span", "wait_primary"])
@@ -23,6 +28,7 @@ def chunk_group_prep_kernel(
     IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
     PDL: tl.constexpr = False, SCORES: tl.constexpr = True, SSD: tl.constexpr = False,
     HAS_DT_BIAS: tl.constexpr = False, DT_SOFTPLUS: tl.constexpr = False, DT_LIMIT: tl.constexpr = False,
+    CALM_GATES: tl.constexpr = False,
 ):
     """Grid (chunks x H,): program -> (chunk pid // H, query/key head pid % H). For its chunk of
     BT = 64 rows (M = 1: rows are tokens) it writes
@@ -32,13 +38,18 @@ def chunk_group_prep_kernel(
     - for each value head hv of the query/key head (HV / H of them, HB at a time),
       ``coef[slot, hv, 0:BT, 0:8]`` float32 at slot = :func:`_chunk_slot`: 1 lam scale (NaN from
       the head's first bad row on), 2 gam c, 3 lam_last (row 0 only), 4 gc, 5 seg (a float),
-      6 c with a bad row's 0; 0 and 7 unwritten. gc and seg are the prefix sums of the log2
-      decays and the resets (:func:`_gates_of`), lam = 2^gc before the first reset, gam the decay
-      to the chunk end within the last segment, c the column factor (SSD: the step size dt; else 1).
+      6 c with a bad row's 0; with CALM_GATES 0 the column factor f = c / (lam scale) (0 from the
+      first bad row on; NaN in every row of a chunk that is not calm), else 0 unwritten; 7
+      unwritten. gc and seg are the prefix sums of the log2 decays and the resets
+      (:func:`_gates_of`), lam = 2^gc before the first reset, gam the decay to the chunk end
+      within the last segment, c the column factor (SSD: the step size dt; else 1). A chunk is
+      calm for a head when it has one segment and lam scale within 2^+-:data:`CALM_LOG2_SPAN` on
+      its rows before the first bad one;
 
     so that the sweep (GATE_SCORES) forms each value head's aqk^T [j, i] = G_ij c_j scores_ij,
-    G_ij = 2^(gc_i - gc_j) for j <= i in one segment, and otherwise reads lam scale, gam c and
-    lam_last as it reads the delta prep's coef (kernels/delta/prep.py, WY False): the same
+    G_ij = 2^(gc_i - gc_j) for j <= i in one segment (in a calm chunk G_ij c_j = (lam_i scale)
+    f_j: the outputs' row factor lam scale times the column factor), and otherwise reads lam
+    scale, gam c and lam_last as it reads the delta prep's coef (kernels/delta/prep.py, WY False): the same
     algebra, with the G o (Q K^T) products formed once per query/key head instead of once per
     value head, and no [BT, BT] tile a value head written to memory.
 
@@ -109,6 +120,13 @@ def chunk_group_prep_kernel(
         tl.store(p_coef + 4, gc, mask=m_rh)
         tl.store(p_coef + 5, seg.to(tl.float32), mask=m_rh)
         tl.store(p_coef + 6, tl.where(bad, 0.0, b_c), mask=m_rh)
+        if CALM_GATES:  # rows past the end have log decay 0; rows from the first bad one on are NaN anyway
+            gcs = gc + tl.log2(tl.abs(scale))  # lam scale = +-2^gcs
+            live = o_t[:, None] < first_bad[None, :]
+            span = tl.max(tl.where(live, tl.abs(gcs), 0.0), axis=0)  # NaN or inf where scale is
+            calm = (seg_last == 0) & (span <= CALM_LOG2_SPAN) & (scale * 0.0 == 0.0)
+            f = tl.where(live, b_c * tl.exp2(-gcs) * tl.where(scale < 0, -1.0, 1.0), 0.0)
+            tl.store(p_coef, tl.where(calm[None, :], f, float("nan")), mask=m_rh)
     if PDL:
         if (wait_primary != 0) & (pid == tl.num_programs(0) - 1):
             tl.extra.cuda.gdc_wait()
