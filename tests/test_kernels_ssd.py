@@ -87,21 +87,26 @@ def test_a_nan_leaves_earlier_outputs_and_other_sequences_bit_identical(form, wh
     assert torch.equal(h[1], clean[1][1]) and torch.isnan(y[0, 95, 1]).any()
 
 
-@pytest.mark.parametrize("form", ["sweep, group prep", "sweep, calm gates"])
-def test_calm_and_stormy_chunks_alike(form, monkeypatch):
-    """The calm gates (kernels/gla/group_prep.py, CALM_LOG2_SPAN) beside chunks they must leave to
-    the whole gate tile: head 1 decays e^-3 a token through chunk 1 (2^-277 across it: factored,
-    its column factors would overflow), head 2 over the second half of chunk 2 only, head 3 near
-    the limit (2^-90 across chunk 3), seq_idx resets in chunk 0; head 0 calm throughout. Against
-    the float64 token loop, bounded by the float32 oracle."""
-    use_form(form, monkeypatch)
+def _stormy_inputs():
+    """test_calm_and_stormy_chunks_alike's inputs: T 256, 4 heads, one group, seq_idx resets in
+    chunk 0; head 1 decays e^-3 a token through chunk 1, head 2 over the second half of chunk 2,
+    head 3 by 2^-90 across chunk 3, head 0 calm throughout."""
     x = ssd_inputs(1, 256, 4, 1, seed=31)
     x["A"] = torch.tensor([-0.5, -1.0, -1.0, -1.0], dtype=torch.float64)
     x["dt"] = 0.05 * x["dt"].abs()
     x["dt"][0, 64:128, 1] = 3.0
     x["dt"][0, 160:192, 2] = 3.0
     x["dt"][0, 192:256, 3] = 90 / 64 / 1.4426950408889634
-    ids = [0] * 20 + [1] * 30 + [2] * 206
+    return x, [0] * 20 + [1] * 30 + [2] * 206
+
+
+@pytest.mark.parametrize("form", ["sweep, group prep", "sweep, calm gates"])
+def test_calm_and_stormy_chunks_alike(form, monkeypatch):
+    """The calm gates (kernels/gla/group_prep.py, CALM_LOG2_SPAN) beside chunks they must leave to
+    the whole gate tile (:func:`_stormy_inputs`: factored, head 1's column factors in chunk 1
+    would overflow). Against the float64 token loop, bounded by the float32 oracle."""
+    use_form(form, monkeypatch)
+    x, ids = _stormy_inputs()
     h0 = torch.zeros(1, 4, 8, 16, dtype=torch.float64)
     want_y, want_h = _per_sequence(x, [ids], h0)
     ref_y, ref_h = _per_sequence({k: v.float() for k, v in x.items()}, [ids], h0.float())
@@ -111,6 +116,28 @@ def test_calm_and_stormy_chunks_alike(form, monkeypatch):
                                                backend="triton")
     assert_like_fp32(y.cpu(), want_y, ref_y, "y")
     assert_like_fp32(h.cpu(), want_h, ref_h, "final state")
+
+
+@pytest.mark.parametrize("form", ["sweep, group prep", "sweep, calm gates"])
+def test_calm_and_stormy_chunks_train_alike(form, monkeypatch):
+    """Gradients through the Triton path on :func:`_stormy_inputs`, the backward's reverse sweep
+    reading the recompute's group prep (its calm chunks factored, the others by the whole tile):
+    equal to the PyTorch form's through autograd."""
+    use_form(form, monkeypatch)
+    x, ids = _stormy_inputs()
+    gen = torch.Generator().manual_seed(32)
+    h0, dy = torch.randn(1, 4, 8, 16, generator=gen), torch.randn(1, 256, 4, 8, generator=gen)
+    seq_idx = torch.tensor([ids], dtype=torch.int64, device=DEVICE)
+
+    def grads(backend):
+        leaves = [t.float().clone().to(DEVICE).requires_grad_() for t in (*x.values(), h0)]
+        y, h = recurscan.mamba_chunk_scan_combined(*leaves[:5], initial_states=leaves[5], seq_idx=seq_idx,
+                                                   chunk_size=64, return_final_states=True, backend=backend)
+        return torch.autograd.grad((y, h), leaves, (dy.to(DEVICE), torch.ones_like(h)))
+
+    for name, a, b in zip(("dx", "ddt", "dA", "dB", "dC", "dh0"), grads("triton"), grads("torch")):
+        assert torch.isfinite(a).all(), name
+        assert (a - b).norm() <= 1e-4 * b.norm(), f"{name}: {((a - b).norm() / b.norm()).item():.2e}"
 
 
 @pytest.mark.parametrize("cu", [None, [0, 1, 70, 130]])

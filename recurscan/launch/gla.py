@@ -285,7 +285,8 @@ def h0_shape(q, v) -> tuple:
 
 #: The per-call tensors of the backward's two stages, by name.
 BWD_NAMES = ("q", "k", "v", "g", "do", "dht", "h0", "cu_seqlens", "chunk_indices", "chunk_offsets", "states",
-             "dstates", "dh0", "dv", "dq", "dk", "dg", "scratch", "dq_sum", "dk_sum", "qg", "kg", "aqk", "dl")
+             "dstates", "dh0", "dv", "dq", "dk", "dg", "scratch", "dq_sum", "dk_sum", "qg", "kg", "aqk", "dl",
+             "scores", "coef")
 
 #: Signature -> :class:`GlaBackward`.
 GLA_BACKWARD_LAUNCHES = SignatureCache("chunked GLA backward")
@@ -320,9 +321,11 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
     BT = CHUNK_SIZE
     rows = chunk_indices.shape[0] if varlen else B * triton.cdiv(T, BT)
     per_key = g is not None and g.dim() == 4
+    group = False  # the reverse sweep reads the recompute's group prep (its scores and gates)
     if shape.sweep is not None and shape.recompute_on_sweep and not per_key:
         forward = _recompute_on_sweep(q, k, v, g, h0, cu_seqlens, chunk_indices, chunk_offsets, rows, scale=scale,
                                       shape=shape)
+        group = "scores" in forward.buffers
     else:
         forward = build_gla_forward(q, k, v, g, h0, cu_seqlens, scale=scale, output_final_state=False, shape=shape,
                                     chunk_offsets=chunk_offsets, num_chunk_rows=rows, outputs=False,
@@ -346,8 +349,9 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
     sweep = Step(chunk_simple_gla_bwd_sweep_kernel, (N * HV * triton.cdiv(V, BV),), dict(
         common, q=arg("q"), k=arg("k"), g=arg("g", g is not None), do=arg("do"), dstates=arg("dstates"),
         dht=arg("dht", dht is not None), dh0=arg("dh0", h0 is not None), dv=arg("dv"), HAS_DHT=dht is not None,
-        STORE_DH0=h0 is not None, qg=arg("qg", per_key), kg=arg("kg", per_key), aqk=arg("aqk", per_key),
-        dl=arg("dl", per_key), PER_KEY=per_key), dict(num_warps=4))
+        STORE_DH0=h0 is not None, qg=arg("qg", per_key), kg=arg("kg", per_key),
+        aqk=arg("scores") if group else arg("aqk", per_key), dl=arg("dl", per_key), PER_KEY=per_key,
+        coef=arg("coef", group), GATE_SCORES=group), dict(num_warps=4))
     grads = Step(chunk_simple_gla_bwd_grads_kernel, (rows * HV,), dict(
         common, q=arg("q"), k=arg("k"), v=arg("v"), g=arg("g", g is not None), do=arg("do"), states=arg("states"),
         dstates=arg("dstates"), dq=arg("dq"), dk=arg("dk"), dg=arg("dg", g is not None), scratch=arg("scratch"),
@@ -364,28 +368,26 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
 
 def _recompute_on_sweep(q, k, v, g, h0, cu_seqlens, chunk_indices, chunk_offsets, rows, *, scale, shape):
     """The states entering every chunk (``chunk_states [rows, HV, K, V]`` in q's dtype, the rows
-    of the GLA forward's) from the delta rule's prep (or the group prep, writing no scores) and
-    sweep with the WY step off, the sweep forming no outputs (one product a chunk), in one pass
-    (plan.gla.recompute_sweep_shape)."""
+    of the GLA forward's) from the delta rule's prep (or the group prep) and sweep with the WY step
+    off, the sweep forming no outputs (one product a chunk), in one pass
+    (plan.gla.recompute_sweep_shape). With the group prep the call also returns its ``scores`` and
+    ``coef`` (with the calm gates' column factors), which the reverse sweep reads (GATE_SCORES)."""
     from ..kernels.delta.sweep import chunk_delta_sweep_kernel
-    from ..kernels.gla.group_prep import chunk_group_prep_kernel
     sweep = plan_gla.recompute_sweep_shape(shape.sweep, q.shape[2], v.shape[2])
     launches = build_delta_launches(q, k, v, g, None, sweep,
                                     scale=scale, initial_state=h0, cu_seqlens=cu_seqlens,
                                     chunk_indices_dp=chunk_indices, chunk_offsets=chunk_offsets,
                                     num_chunk_rows=rows, return_chunk_states=True, chunk_states_dtype=q.dtype,
                                     wy=False)
-    unread = {chunk_delta_sweep_kernel: dict(OUTPUTS=False, TMA_STORE=False, CALM_GATES=False),
-              chunk_group_prep_kernel: dict(SCORES=False, CALM_GATES=False)}
+    unread = {chunk_delta_sweep_kernel: dict(OUTPUTS=False, TMA_STORE=False, CALM_GATES=False)}
     steps = [dataclasses.replace(s, kwargs=dict(s.kwargs, **unread[s.kernel])) if s.kernel in unread else s
              for s in launches.steps if not s.kwargs.get("REPLAY")]
     # Every chunk state the stages read is written (a padding chunk's program reads none): no
-    # fill; the output (and the group prep's scores) is never written, one element carries its dtype.
+    # fill; the output is never written, one element carries its dtype.
     buffers = dict(launches.buffers, o=((1,),) + launches.buffers["o"][1:],
                    chunk_states=launches.buffers["chunk_states"][:2] + (None,))
-    if "scores" in buffers:
-        buffers["scores"] = ((1,),) + buffers["scores"][1:]
-    return dataclasses.replace(launches, steps=steps, buffers=buffers, outputs=("chunk_states",))
+    outputs = ("chunk_states", "scores", "coef") if sweep.group_prep else ("chunk_states",)
+    return dataclasses.replace(launches, steps=steps, buffers=buffers, outputs=outputs)
 
 
 def _gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets, *, scale, shape):
@@ -429,7 +431,9 @@ def compile_gla_backward_early(q, k, v, g, h0, cu_seqlens, *, scale, shape, out,
         fwd_values = call_values(q=q, k=k, v=v, g=g, h0=h0, cu_seqlens=cu, chunk_offsets=co, chunk_indices=ci,
                                  **{n: stand_in(spec) for n, spec in recompute.buffers.items()})
     given = dict(q=q, k=k, v=v, g=g, do=do, dht=dht, h0=h0, cu_seqlens=cu, chunk_indices=ci, chunk_offsets=co,
-                 states=stand_in(recompute.buffers["chunk_states"]))
+                 **{n: stand_in(recompute.buffers[n]) for n in ("chunk_states", "scores", "coef")
+                    if n in recompute.buffers})
+    given["states"] = given.pop("chunk_states")
     made = {n: stand_in(spec) for n, spec in launches.buffers.items()}
     waits = [compile_in_background([(st.kernel, st.grid, st.kwargs, st.options) for st in fwd_steps], fwd_names,
                                    fwd_values, device),
@@ -454,7 +458,7 @@ def chunk_simple_gla_bwd(q, k, v, g, do, dht, *, scale, initial_state=None, cu_s
         launches.pending = None
     # 1. The states entering every chunk.
     if isinstance(launches.forward, DeltaLaunches):
-        fwd = dict(zip(("chunk_states",), run_delta_launches(launches.forward, DeltaInputs(
+        fwd = dict(zip(("chunk_states", "scores", "coef"), run_delta_launches(launches.forward, DeltaInputs(
             q, k, v, g, None, h0, None, None, cu_seqlens, chunk_indices, chunk_offsets))))
     else:
         fwd = {n: _empty(*s, dtype=d, device=q.device) for n, (s, d) in launches.forward.buffers.items()}
@@ -464,7 +468,7 @@ def chunk_simple_gla_bwd(q, k, v, g, do, dht, *, scale, initial_state=None, cu_s
     made = {n: _empty(*s, dtype=d, device=q.device) for n, (s, d) in launches.buffers.items()}
     given = dict(q=q, k=k, v=v, g=g, do=do, dht=dht, h0=h0, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
                  chunk_offsets=chunk_offsets, states=fwd["chunk_states"],
-                 **{n: fwd[n] for n in ("qg", "kg", "aqk", "dl") if n in fwd})
+                 **{n: fwd[n] for n in ("qg", "kg", "aqk", "dl", "scores", "coef") if n in fwd})
     values = tuple(given[n] if n in given else made.get(n) for n in BWD_NAMES)
     for step in launches.steps:
         if step.direct is not None:

@@ -138,11 +138,13 @@ GROUP_PREP_MIN_HEADS: int | None = 8
 def recompute_sweep_shape(sweep: DeltaShape, heads: int, value_heads: int) -> DeltaShape:
     """The delta sweep's launch for the backward's recompute of the chunk states (no outputs): the
     forward's ``sweep`` in one pass (no segments or phases), with the group prep wherever a
-    query/key head serves :data:`GROUP_PREP_MIN_HEADS` value heads or more: without outputs the
-    sweep forms no gate tile, and the group prep writes no scores (SSD B1 T16384: the delta prep
-    took ~300 us of the recompute, gpu_gla_sweep_0021590.json); and wherever the forward's has it."""
+    query/key head serves :data:`GROUP_PREP_MIN_HEADS` value heads or more (without outputs the
+    sweep forms no gate tile; SSD B1 T16384: the delta prep took ~300 us of the recompute,
+    gpu_gla_sweep_0021590.json), and wherever the forward's has it; there with its calm gates,
+    whose scores and column factors the backward's reverse sweep reads (GATE_SCORES)."""
     group = sweep.group_prep or (GROUP_PREP_MIN_HEADS is not None and value_heads // heads >= GROUP_PREP_MIN_HEADS)
-    return replace(sweep, segments=1, phases=1, group_prep=group, prep_heads=1 if group else sweep.prep_heads)
+    return replace(sweep, segments=1, phases=1, group_prep=group, calm_gates=group,
+                   prep_heads=1 if group else sweep.prep_heads)
 
 
 def _group(problem) -> int:

@@ -195,6 +195,8 @@ SWEEP_SHAPES = {
                              group_prep=True),
     "group prep, phases": DeltaShape(64, 4, 3, 4, "tests: the group prep in 6 phases", tma_store=True, phases=6,
                                      group_prep=True),
+    "group prep, calm gates": DeltaShape(64, 4, 2, 4, "tests: the group prep's calm gates, 2 stages", tma_store=True,
+                                         group_prep=True, calm_gates=True),
 }
 
 
@@ -285,11 +287,13 @@ def compile_ssd_gate() -> list[str]:
     return lines + [compiled_line(step, names, (bf, f32, bf))]
 
 
-def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_sweep: bool = False) -> list[str]:
+def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_sweep: bool = False,
+                         group_prep: bool = False) -> list[str]:
     """The GLA backward's launches (launch/gla.py: the forward for the chunk states, the reverse
     sweep, the parallel stage) for a case of :data:`CASES` (M = 1 ones; bf16); ``per_key``: a decay
     per key dimension (the prep runs with the recompute; the stages' PER_KEY forms); ``on_sweep``:
-    the recompute on the delta sweep (a scalar decay's planned form, ``GlaShape.sweep``)."""
+    the recompute on the delta sweep (a scalar decay's planned form, ``GlaShape.sweep``);
+    ``group_prep``: there on the group prep, whose scores and gates the reverse sweep reads."""
     from recurscan.launch.gla import BWD_NAMES, NAMES as GLA_NAMES, build_gla_backward
     from recurscan.plan.gla import GLA_LAUNCH
     _, cu = CASES[case]
@@ -306,14 +310,15 @@ def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_swe
         cu_t = torch.tensor(cu, dtype=torch.int32)
         d = build_chunk_descriptors(cu_t)
         ci, co = d.chunk_indices, d.chunk_offsets
-    shape = dataclasses.replace(GLA_LAUNCH, sweep=SWEEP_SHAPES["one pass"], recompute_on_sweep=True) if on_sweep \
-        else GLA_LAUNCH
+    sweep = SWEEP_SHAPES["group prep" if group_prep else "one pass"]
+    shape = dataclasses.replace(GLA_LAUNCH, sweep=sweep, recompute_on_sweep=True) if on_sweep else GLA_LAUNCH
     launches = build_gla_backward(q, k, v, g, do, dht, h0, cu_t, ci, co, scale=K ** -0.5, shape=shape)
     z = torch.zeros(1)
     made = {n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.forward.buffers.items()}
     fwd = dict(q=q, k=k, v=v, g=g, h0=h0, cu_seqlens=cu_t, chunk_offsets=co, chunk_indices=ci, **made)
     bwd = dict(q=q, k=k, v=v, g=g, do=do, dht=dht, h0=h0, cu_seqlens=cu_t, chunk_indices=ci, chunk_offsets=co,
-               states=torch.zeros(1, **bf), **{n: made[n] for n in ("qg", "kg", "aqk", "dl") if n in made},
+               states=torch.zeros(1, **bf),
+               **{n: made[n] for n in ("qg", "kg", "aqk", "dl", "scores", "coef") if n in made},
                **{n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.buffers.items()})
     lines = []
     if on_sweep:  # the delta sweep's launches, with their own call values
@@ -357,9 +362,10 @@ if __name__ == "__main__":
                                            per_key=sys.argv[1] == "gla-per-key-sweep")))
     elif sys.argv[1] == "descriptors":
         print("\n".join(compile_descriptors()))
-    elif sys.argv[1] in ("gla-backward", "gla-per-key-backward", "gla-sweep-backward"):
+    elif sys.argv[1] in ("gla-backward", "gla-per-key-backward", "gla-sweep-backward", "gla-group-sweep-backward"):
         print("\n".join(compile_gla_backward(sys.argv[2], per_key=sys.argv[1] == "gla-per-key-backward",
-                                              on_sweep=sys.argv[1] == "gla-sweep-backward")))
+                                              on_sweep=sys.argv[1].endswith("sweep-backward"),
+                                              group_prep=sys.argv[1] == "gla-group-sweep-backward")))
     elif sys.argv[1] in ("gla", "gla-chunk-states", "gla-per-key", "gla-split", "ssd", "ssd-cache", "ssd-seq-idx",
                          "ssd-split"):
         print("\n".join(compile_gla(sys.argv[2], ssd=sys.argv[1].startswith("ssd"), cache=sys.argv[1] == "ssd-cache",

@@ -15,16 +15,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..delta.common import _chunk_gates, _chunk_head, _chunk_rows, _chunk_tiles, _sequence
+from ..delta.common import _chunk_gates, _chunk_head, _chunk_rows, _chunk_slot, _chunk_tiles, _sequence
+from .group_prep import GROUP_COEF_WIDTH
 from .prep import CALM, SUB, _key_gates, _log2_decays
 
 
 @triton.jit(do_not_specialize=["T", "n_cs_rows"])
 def chunk_simple_gla_bwd_sweep_kernel(
-    q, k, g, do, dstates, dht, dh0, dv, cu_seqlens, chunk_offsets, T, scale, n_cs_rows, qg, kg, aqk, dl,
+    q, k, g, do, dstates, dht, dh0, dv, cu_seqlens, chunk_offsets, T, scale, n_cs_rows, qg, kg, aqk, dl, coef,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, HAS_DHT: tl.constexpr,
     STORE_DH0: tl.constexpr, DOT_PRECISION: tl.constexpr, DT: tl.constexpr, PER_KEY: tl.constexpr = False,
+    GATE_SCORES: tl.constexpr = False,
 ):
     """Grid (N * HV * ceil(V / BV),): one program per (sequence, value head, value block) holds
     dS^T [BV, K] (the gradient of the state leaving the chunk) and walks the chunks last to first:
@@ -32,7 +34,15 @@ def chunk_simple_gla_bwd_sweep_kernel(
 
     PER_KEY (a decay per key dimension): the chunk's gates come from the prep (kernels/gla/prep.py:
     the decayed query ``qg`` with the scale, key ``kg``, ``aqk`` = A and the state's decay ``dl``
-    per key), so dV^T = dO^T A + (kg dS')^T and dS^T = dO^T qg + dl o dS'^T."""
+    per key), so dV^T = dO^T A + (kg dS')^T and dS^T = dO^T qg + dl o dS'^T.
+
+    GATE_SCORES (a scalar decay whose recompute ran the group prep, kernels/gla/group_prep.py,
+    with CALM_GATES): the chunk's scores ``aqk [rows, H, BT]`` (scale Q K^T, causal) and gates
+    ``coef`` (rows of 8 at the chunk's slot: lam scale, gam, lam_last, gc, seg, and the calm
+    column factors f = 1 / (lam scale)) come from that prep, so no Q K^T product and no gates are
+    formed here; in a calm chunk G_ij = lam_i / lam_j and gam_j = lam_last / lam_j, so
+    dV^T = f o ((lam scale o dO)^T scores + scale lam_last (K dS')^T), the first operand the one the
+    dS update takes, and no [BT, BT] tile of exp2 either."""
     pid = tl.program_id(0).to(tl.int64)
     NV: tl.constexpr = (V + BV - 1) // BV
     i_v = pid % NV
@@ -77,6 +87,30 @@ def chunk_simple_gla_bwd_sweep_kernel(
             b_dvt = tl.dot(b_dot.to(DT), b_A.to(DT), input_precision=DOT_PRECISION) + \
                 tl.dot(b_dSt.to(DT), tl.trans(b_kg), input_precision=DOT_PRECISION)
             b_dSt = tl.dot(b_dot.to(DT), b_qg, input_precision=DOT_PRECISION) + b_dl[None, :] * b_dSt
+        elif GATE_SCORES:
+            b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(DT)
+            b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(DT)
+            b_s = tl.load(aqk + (rows * H + i_h)[:, None] * BT + o_t[None, :], mask=m_r[:, None], other=0.0)
+            p_coef = coef + (_chunk_slot(bos, c, i_n, BT) * HV + i_hv) * BT * GROUP_COEF_WIDTH
+            o_w = tl.arange(0, GROUP_COEF_WIDTH)
+            b_coef = tl.load(p_coef + o_t[:, None] * GROUP_COEF_WIDTH + o_w[None, :], mask=m_r[:, None], other=0.0)
+            lam_s = tl.sum(tl.where(o_w[None, :] == 1, b_coef, 0.0), axis=1)  # lam scale
+            lam_last = tl.load(p_coef + 3)
+            b_Wdo = (lam_s[None, :] * b_dot).to(DT)  # (lam scale o dO)^T
+            b_dSd = b_dSt.to(DT)
+            f_0 = tl.load(p_coef)
+            if f_0 == f_0:  # calm (the column factors are NaN in every row otherwise)
+                f = tl.sum(tl.where(o_w[None, :] == 0, b_coef, 0.0), axis=1)
+                b_dvt = (scale * lam_last) * tl.dot(b_dSd, tl.trans(b_k), input_precision=DOT_PRECISION)
+                b_dvt = f[None, :] * tl.dot(b_Wdo, b_s.to(DT), b_dvt, input_precision=DOT_PRECISION)
+            else:
+                gc = tl.sum(tl.where(o_w[None, :] == 4, b_coef, 0.0), axis=1)
+                seg = tl.sum(tl.where(o_w[None, :] == 5, b_coef, 0.0), axis=1)
+                gam = tl.sum(tl.where(o_w[None, :] == 2, b_coef, 0.0), axis=1)
+                b_G = tl.where(lower & (seg[:, None] == seg[None, :]), tl.exp2(gc[:, None] - gc[None, :]), 0.0)
+                b_dvt = tl.dot(b_dot.to(DT), (b_G * b_s).to(DT), input_precision=DOT_PRECISION) + \
+                    gam[None, :] * tl.dot(b_dSd, tl.trans(b_k), input_precision=DOT_PRECISION)
+            b_dSt = tl.dot(b_Wdo, b_q, input_precision=DOT_PRECISION) + lam_last * b_dSt
         else:
             b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(DT)
             b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(DT)
