@@ -88,16 +88,17 @@ def test_a_nan_leaves_earlier_outputs_and_other_sequences_bit_identical(form, wh
 
 
 def _stormy_inputs():
-    """test_calm_and_stormy_chunks_alike's inputs: T 256, 4 heads, one group, seq_idx resets in
-    chunk 0; head 1 decays e^-3 a token through chunk 1, head 2 over the second half of chunk 2,
-    head 3 by 2^-90 across chunk 3, head 0 calm throughout."""
-    x = ssd_inputs(1, 256, 4, 1, seed=31)
+    """test_calm_and_stormy_chunks_alike's inputs: T 300, 4 heads, one group, seq_idx resets in
+    chunk 0; head 1 decays e^-3 a token through chunk 1 and the partial chunk 4, head 2 over the
+    second half of chunk 2, head 3 by 2^-90 across chunk 3, head 0 calm throughout."""
+    x = ssd_inputs(1, 300, 4, 1, seed=31)
     x["A"] = torch.tensor([-0.5, -1.0, -1.0, -1.0], dtype=torch.float64)
     x["dt"] = 0.05 * x["dt"].abs()
     x["dt"][0, 64:128, 1] = 3.0
+    x["dt"][0, 256:, 1] = 3.0
     x["dt"][0, 160:192, 2] = 3.0
     x["dt"][0, 192:256, 3] = 90 / 64 / 1.4426950408889634
-    return x, [0] * 20 + [1] * 30 + [2] * 206
+    return x, [0] * 20 + [1] * 30 + [2] * 250
 
 
 @pytest.mark.parametrize("form", ["sweep, group prep", "sweep, calm gates"])
@@ -126,7 +127,7 @@ def test_calm_and_stormy_chunks_train_alike(form, monkeypatch):
     use_form(form, monkeypatch)
     x, ids = _stormy_inputs()
     gen = torch.Generator().manual_seed(32)
-    h0, dy = torch.randn(1, 4, 8, 16, generator=gen), torch.randn(1, 256, 4, 8, generator=gen)
+    h0, dy = torch.randn(1, 4, 8, 16, generator=gen), torch.randn(1, 300, 4, 8, generator=gen)
     seq_idx = torch.tensor([ids], dtype=torch.int64, device=DEVICE)
 
     def grads(backend):

@@ -107,7 +107,9 @@ def chunk_simple_gla_bwd_sweep_kernel(
                 gc = tl.sum(tl.where(o_w[None, :] == 4, b_coef, 0.0), axis=1)
                 seg = tl.sum(tl.where(o_w[None, :] == 5, b_coef, 0.0), axis=1)
                 gam = tl.sum(tl.where(o_w[None, :] == 2, b_coef, 0.0), axis=1)
-                b_G = tl.where(lower & (seg[:, None] == seg[None, :]), tl.exp2(gc[:, None] - gc[None, :]), 0.0)
+                # rows past the end (gc 0 as loaded) selected out: 2^(0 - gc_j) may be inf there
+                keep = lower & (seg[:, None] == seg[None, :]) & m_r[:, None]
+                b_G = tl.where(keep, tl.exp2(gc[:, None] - gc[None, :]), 0.0)
                 b_dvt = tl.dot(b_dot.to(DT), (b_G * b_s).to(DT), input_precision=DOT_PRECISION) + \
                     gam[None, :] * tl.dot(b_dSd, tl.trans(b_k), input_precision=DOT_PRECISION)
             b_dSt = tl.dot(b_Wdo, b_q, input_precision=DOT_PRECISION) + lam_last * b_dSt
