@@ -76,6 +76,12 @@ def per_key_prep_steps(prep: dict, grid: tuple, calm, BK: int, options: dict, fl
             Step(chunk_gla_prep_kernel, grid, dict(prep, calm_flags=flags, CALM_PASS=2, BKB=0), dict(num_warps=8))]
 
 
+def _group_heads_a_step(group: int) -> int:
+    """HB, the value heads the group prep takes a step: up to 16, and at least 2 (a [64, 1] tile's
+    cumulative sum fails Triton 3.6's sm_90 lowering; the second column is masked)."""
+    return max(2, min(16, triton.next_power_of_2(group)))
+
+
 def check_shape(shape: DeltaShape) -> None:
     """A launch shape the kernels can take (the planner's always are; a hand-made one may not be)."""
     for name in ("segments", "phases", "block_v", "num_warps", "num_stages", "prep_warps", "prep_heads"):
@@ -290,7 +296,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
                                           "wait_primary", "dt_min", "dt_max", "H", "HV", "K", "BT", "BK",
                                           "IS_VARLEN", "HAS_G", "DT", "PDL", "SSD", "HAS_DT_BIAS", "DT_SOFTPLUS",
                                           "DT_LIMIT")},
-                    scores=arg("scores"), HB=min(16, triton.next_power_of_2(HV // H)), PRECISION=dot_precision,
+                    scores=arg("scores"), HB=_group_heads_a_step(HV // H), PRECISION=dot_precision,
                     SCORES=True, CALM_GATES=shape.calm_gates)
     phased = phases > 1 and not varlen and segments <= 1 and T > 0
     # A register cap (compile option) sets how many prep programs share a multiprocessor.
