@@ -406,6 +406,27 @@ def test_the_planner_takes_the_group_prep_where_the_h200_measured_it_faster(monk
     b4, b4_recompute = sweep(4, 4096)
     assert b4.group_prep and b4.calm_gates and b4.num_stages == 2 and b4.phases == 1 and b4_recompute.group_prep
     b1, b1_recompute = sweep(1, 16384)
-    assert b1.group_prep and b1.calm_gates and b1.phases == 6 and b1_recompute.group_prep and b1_recompute.phases == 1
+    assert b1.group_prep and b1.calm_gates and b1.phases == 6 and b1.num_stages == 2
+    assert b1_recompute.group_prep and b1_recompute.phases == 1
     few, few_recompute = sweep(4, 4096, H=8, G=2)
     assert not few.group_prep and not few_recompute.group_prep
+
+
+def test_every_planned_scalar_decay_shape_is_one_the_kernels_take():
+    """Each row of the GLA / SSD launch table passes the launch's shape check (among them: the calm
+    gates at two stages at most, where Triton 3.6's sm_90 build is sound)."""
+    from recurscan.launch.delta import check_shape
+    from recurscan.plan import gla as plan_gla
+    for _, shape in plan_gla.GLA_SWEEP_LAUNCH:
+        check_shape(shape)
+
+
+@pytest.mark.parametrize("stages", [3, 4])
+def test_the_calm_gates_at_three_stages_or_more_are_refused(stages):
+    """The calm sweep at 3 stages made an illegal memory access on the H200 (Triton 3.6.0), with
+    bulk stores or without: a hand-made shape asking for it gets a ValueError naming the field."""
+    from recurscan.launch.delta import check_shape
+    from recurscan.plan.delta import DeltaShape
+    check_shape(DeltaShape(64, 4, 2, 4, "two stages", group_prep=True, calm_gates=True))
+    with pytest.raises(ValueError, match="calm_gates: takes num_stages <= 2"):
+        check_shape(DeltaShape(64, 4, stages, 4, "too many stages", group_prep=True, calm_gates=True))

@@ -95,9 +95,9 @@ PER_KEY_CALM_PASS: tuple[int, int, int | None] | None = (32, 4, 168)
 GLA_SWEEP_LAUNCH: list[tuple[Callable[[DeltaSizes], bool], DeltaShape]] = [
     (lambda s: GROUP_PREP_MIN_HEADS is not None and s.group >= GROUP_PREP_MIN_HEADS and not s.varlen
      and s.tokens >= 16384 and 3 * s.programs_64 >= s.sms and s.programs_64 <= s.sms,
-     DeltaShape(64, 4, 3, 4, "a long dense sequence over a third of the SMs or more in 64-column programs, query/key "
-                         "heads shared by many value heads: the group prep with its calm gates in 6 phases, bulk "
-                         "stores", tma_store=True, phases=6, group_prep=True, calm_gates=True)),
+     DeltaShape(64, 4, 2, 4, "a long dense sequence over a third of the SMs or more in 64-column programs, query/key "
+                         "heads shared by many value heads: the group prep with its calm gates in 6 phases, two "
+                         "stages, bulk stores", tma_store=True, phases=6, group_prep=True, calm_gates=True)),
     (lambda s: not s.varlen and s.tokens >= 16384 and 3 * s.programs_64 >= s.sms and s.programs_64 <= s.sms,
      DeltaShape(64, 4, 3, 4, "a long dense sequence over a third of the SMs or more in 64-column programs: one "
                          "pass in 6 phases (each phase's prep beside the previous phase's sweep), bulk stores (SSD "
