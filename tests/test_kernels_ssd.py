@@ -419,6 +419,8 @@ def test_every_planned_scalar_decay_shape_is_one_the_kernels_take():
     from recurscan.plan import gla as plan_gla
     for _, shape in plan_gla.GLA_SWEEP_LAUNCH:
         check_shape(shape)
+        for heads, value_heads in ((16, 16), (1, 80)):  # the backward's recompute, with the group prep at 80
+            check_shape(plan_gla.recompute_sweep_shape(shape, heads, value_heads))
 
 
 @pytest.mark.parametrize("stages", [3, 4])

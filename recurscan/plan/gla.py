@@ -146,9 +146,11 @@ def recompute_sweep_shape(sweep: DeltaShape, heads: int, value_heads: int) -> De
     query/key head serves :data:`GROUP_PREP_MIN_HEADS` value heads or more (without outputs the
     sweep forms no gate tile; SSD B1 T16384: the delta prep took ~300 us of the recompute,
     gpu_gla_sweep_0021590.json), and wherever the forward's has it; there with its calm gates,
-    whose scores and column factors the backward's reverse sweep reads (GATE_SCORES)."""
+    whose scores and column factors the backward's reverse sweep reads (GATE_SCORES), at two
+    stages at most (the calm gates' limit, launch/delta.py's check_shape)."""
     group = sweep.group_prep or (GROUP_PREP_MIN_HEADS is not None and value_heads // heads >= GROUP_PREP_MIN_HEADS)
     return replace(sweep, segments=1, phases=1, group_prep=group, calm_gates=group,
+                   num_stages=min(sweep.num_stages, 2) if group else sweep.num_stages,
                    prep_heads=1 if group else sweep.prep_heads)
 
 
