@@ -388,9 +388,9 @@ def test_the_training_skip_and_gate_kernel_matches_the_reference(D_form, with_z,
 
 def test_the_planner_takes_the_group_prep_where_the_h200_measured_it_faster(monkeypatch):
     """SSD at Mamba2's sizes (80 heads of 64, one group, dstate 128) on the H200's 132 SMs: B4
-    T4096 (320 sweep programs) takes the group prep with its calm gates at two stages; B1 T16384
-    (80 programs) the same in 6 phases; the backward's recompute takes the group prep at both; a
-    group of 4 heads takes it nowhere."""
+    T4096 (320 sweep programs) takes the group prep at two stages (without its calm gates, which
+    lost there); B1 T16384 (80 programs) the delta prep in 6 phases; the backward's recompute takes
+    the group prep with its calm gates at both (two stages); a group of 4 heads takes it nowhere."""
     from recurscan.plan import gla as plan_gla
     from recurscan.problem import ssd_problem
     monkeypatch.setattr(plan_gla, "sm_count", lambda device: 132)
@@ -404,10 +404,12 @@ def test_the_planner_takes_the_group_prep_where_the_h200_measured_it_faster(monk
         return shape, plan_gla.recompute_sweep_shape(shape, G, H)
 
     b4, b4_recompute = sweep(4, 4096)
-    assert b4.group_prep and b4.calm_gates and b4.num_stages == 2 and b4.phases == 1 and b4_recompute.group_prep
+    assert b4.group_prep and not b4.calm_gates and b4.num_stages == 2 and b4.phases == 1
+    assert b4_recompute.group_prep and b4_recompute.calm_gates
     b1, b1_recompute = sweep(1, 16384)
-    assert b1.group_prep and b1.calm_gates and b1.phases == 6 and b1.num_stages == 2
-    assert b1_recompute.group_prep and b1_recompute.phases == 1
+    assert not b1.group_prep and b1.phases == 6 and b1.num_stages == 3
+    assert b1_recompute.group_prep and b1_recompute.calm_gates and b1_recompute.phases == 1
+    assert b1_recompute.num_stages == 2
     few, few_recompute = sweep(4, 4096, H=8, G=2)
     assert not few.group_prep and not few_recompute.group_prep
 

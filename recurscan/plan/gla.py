@@ -93,22 +93,20 @@ PER_KEY_CALM_PASS: tuple[int, int, int | None] | None = (32, 4, 168)
 #: GLA). H200, eager, bf16, forward ms (benchmarks/gpu_gla_sweep.py, gpu_gla_sweep_6dc10bf.json):
 #: SSD is 80 heads x 64, dstate 128; simple GLA H16 K = V = 128.
 GLA_SWEEP_LAUNCH: list[tuple[Callable[[DeltaSizes], bool], DeltaShape]] = [
-    (lambda s: GROUP_PREP_MIN_HEADS is not None and s.group >= GROUP_PREP_MIN_HEADS and not s.varlen
-     and s.tokens >= 16384 and 3 * s.programs_64 >= s.sms and s.programs_64 <= s.sms,
-     DeltaShape(64, 4, 2, 4, "a long dense sequence over a third of the SMs or more in 64-column programs, query/key "
-                         "heads shared by many value heads: the group prep with its calm gates in 6 phases, two "
-                         "stages, bulk stores", tma_store=True, phases=6, group_prep=True, calm_gates=True)),
     (lambda s: not s.varlen and s.tokens >= 16384 and 3 * s.programs_64 >= s.sms and s.programs_64 <= s.sms,
      DeltaShape(64, 4, 3, 4, "a long dense sequence over a third of the SMs or more in 64-column programs: one "
                          "pass in 6 phases (each phase's prep beside the previous phase's sweep), bulk stores (SSD "
                          "B1 T16384: 0.712 ms; 8 phases 0.719, one pass 0.820, 3 segments 0.769, 2 segments 0.929, "
-                         "16 heads a prep program 1.168; mamba_ssm 0.798: gpu_gla_sweep_cdc4e1d.json)",
+                         "16 heads a prep program 1.168, the group prep with its calm gates in 6 phases 1.176, "
+                         "in 2 segments 0.844; mamba_ssm 0.798: gpu_gla_sweep_cdc4e1d.json, "
+                         "gpu_gla_sweep_8916489.json)",
                 tma_store=True, phases=6)),
     (lambda s: GROUP_PREP_MIN_HEADS is not None and s.group >= GROUP_PREP_MIN_HEADS and s.programs_64 > s.sms,
      DeltaShape(64, 4, 2, 4, "more 64-column programs than SMs, query/key heads shared by many value heads: the "
                          "group prep, two stages (two programs an SM), bulk stores (SSD B4 T4096: 0.592 ms; three "
-                         "stages 0.718, 8 warps 0.828, the delta prep (the next row) 0.721; mamba_ssm 0.834: "
-                         "gpu_gla_sweep_0021590.json)", tma_store=True, group_prep=True, calm_gates=True)),
+                         "stages 0.718, 8 warps 0.828, the delta prep (the next row) 0.721, with the calm gates 0.638; "
+                         "mamba_ssm 0.834: gpu_gla_sweep_0021590.json, gpu_gla_sweep_8916489.json)", tma_store=True,
+                group_prep=True)),
     (lambda s: s.programs_64 > s.sms,
      DeltaShape(64, 4, 3, 4, "more 64-column programs than SMs: 64 columns on 4 warps, bulk stores (SSD B4 T4096: "
                          "0.725 ms; 64 on 8 warps 0.862, 32 columns 0.858, 2 segments 0.742; mamba_ssm 0.851)",

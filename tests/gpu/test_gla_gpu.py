@@ -67,7 +67,8 @@ def test_ssd_triton_forward_and_gradients_at_real_sizes(cu, recompute, monkeypat
     if recompute.endswith(("group prep", "calm gates")):  # the forward and the recompute (here H / G = 4 < 8)
         planned, calm = plan_gla.gla_sweep_shape, recompute.endswith("calm gates")
         monkeypatch.setattr(plan_gla, "gla_sweep_shape", lambda problem, device: dataclasses.replace(
-            planned(problem, device), group_prep=True, prep_heads=1, calm_gates=calm))
+            planned(problem, device), group_prep=True, prep_heads=1, calm_gates=calm,
+            num_stages=2 if calm else planned(problem, device).num_stages))
     gen = torch.Generator(device="cuda").manual_seed(9)
     rn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
     Bt, T, H, P, G, N = (2, 2048, 8, 64, 2, 128) if cu is None else (1, 2048, 8, 64, 2, 128)
@@ -113,7 +114,7 @@ def test_ssd_calm_gates_at_the_benchmark_shape(T, monkeypatch):
     planned, errors = plan_gla.gla_sweep_shape, {}
     for calm in (False, True):
         monkeypatch.setattr(plan_gla, "gla_sweep_shape", lambda problem, device, calm=calm: dataclasses.replace(
-            planned(problem, device), group_prep=True, prep_heads=1, calm_gates=calm, phases=1))
+            planned(problem, device), group_prep=True, prep_heads=1, calm_gates=calm, phases=1, num_stages=2))
         clear_caches()
         y = recurscan.mamba_chunk_scan_combined(*a, **kw, backend="triton")
         assert torch.isfinite(y).all()
