@@ -182,10 +182,10 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     decay per key ``dl``), one program per (chunk, value head), and the sweep runs with KEY_DECAY;
     single pass or segments (no phases: that prep has no phase range). ``shape.group_prep`` (a
     scalar decay with ``wy=False``): the prep is kernels/gla/group_prep.py's, one program per (chunk,
-    query/key head), writing the scores ``[B, T, H, 64]`` float32 and coef rows of 8, and the sweep
-    gates the scores per value head (GATE_SCORES); ``shape.calm_gates`` as well: factored where a
-    chunk is calm (CALM_GATES). ``out_views``: ``(o, final)``
-    tensors each call writes into instead of new ones (passed per call as
+    query/key head), writing the scores ``[B, T, H, 64]`` (float32; q's dtype with calm gates) and
+    coef rows of 8, and the sweep gates the scores per value head (GATE_SCORES);
+    ``shape.calm_gates`` as well: factored where a chunk is calm (CALM_GATES; 2 stages at most).
+    ``out_views``: ``(o, final)`` tensors each call writes into instead of new ones (passed per call as
     :func:`run_delta_launches`' ``given``; their strides are read here): o ``[B, T, HV, V]`` with a
     unit last stride and a batch stride of T token strides, final ``[N, HV, K, V]`` float32 with
     rows of V (the traced scan's packed result, ops/scan.py)."""

@@ -33,8 +33,8 @@ def chunk_group_prep_kernel(
     """Grid (chunks x H,): program -> (chunk pid // H, query/key head pid % H). For its chunk of
     BT = 64 rows (M = 1: rows are tokens) it writes
 
-    - ``scores [rows, H, BT]`` float32 (SCORES): scale Q K^T, the causal part (zeros above the
-      diagonal), the column of a key with a NaN or inf zero;
+    - ``scores [rows, H, BT]`` (SCORES; float32, in the inputs' dtype with CALM_GATES): scale Q K^T,
+      the causal part (zeros above the diagonal), the column of a key with a NaN or inf zero;
     - for each value head hv of the query/key head (HV / H of them, HB at a time),
       ``coef[slot, hv, 0:BT, 0:8]`` float32 at slot = :func:`_chunk_slot`: 1 lam scale (NaN from
       the head's first bad row on), 2 gam c, 3 lam_last (row 0 only), 4 gc, 5 seg (a float),
