@@ -10,7 +10,7 @@ And Mamba2 SSD itself (``mamba_chunk_scan_combined``: B1 T16384 and B4 T4096, 80
 dstate 128, one group, chunk 256, D, dt_softplus), recurscan's Triton path against mamba_ssm's
 (``MAMBA_SSM_SRC``: an unpacked mamba-ssm 2.3.2.post1 source tree, benchmarks/README.md), the
 forward alone and the forward + backward (every input's gradient, one fixed dY); the simple
-GLA's forward + backward against fla's; chunk_gla (a decay per key dimension) forward against fla's. ``--cold``: the first SSD forward + backward in a fresh
+GLA's forward + backward against fla's; chunk_gla (a decay per key dimension) forward against fla's. ``--cold``: the first SSD forward + backward (B1 T16384, then B4 T4096) in a fresh
 process with an empty Triton cache (issue 20: <= 10 s). ``--gla-shape BV:warps[:split]`` (repeatable):
 the recurscan rows again in that launch shape of the GLA kernels (the planner's is plan/gla.py's;
 ``split``: the prep, then the sweep with PER_KEY). ``--profile``: each recurscan row also records its
@@ -194,11 +194,11 @@ def gla_train_rows(name, s, q, k, v, g, keep=lambda impls: impls):
 
 
 COLD = """
-import time, torch
+import sys, time, torch
 t0 = time.perf_counter()
 import recurscan
 from benchmarks.gpu_gla import SSD_GRADS, ssd_inputs, train_step
-args, kw = ssd_inputs(1, 16384)
+args, kw = ssd_inputs(int(sys.argv[1]), int(sys.argv[2]))
 dy = torch.randn_like(args[0])
 torch.cuda.synchronize(); t1 = time.perf_counter()
 train_step(lambda *a, **k: recurscan.mamba_chunk_scan_combined(*a, **k, backend="triton"), args, kw, SSD_GRADS, dy)
@@ -207,14 +207,16 @@ print(t1 - t0, t2 - t1)
 """
 
 
-def cold():
-    """(import and inputs, first forward + backward) seconds in a fresh process, empty Triton cache."""
+def cold(Bt=1, T=16384):
+    """(import and inputs, first forward + backward) seconds in a fresh process, empty Triton cache:
+    SSD B``Bt`` T``T`` (80 heads x 64, dstate 128)."""
     with tempfile.TemporaryDirectory() as cache:
-        out = subprocess.run([sys.executable, "-c", COLD], capture_output=True, text=True,
+        out = subprocess.run([sys.executable, "-c", COLD, str(Bt), str(T)], capture_output=True, text=True,
                              env=dict(os.environ, TRITON_CACHE_DIR=cache), check=True)
     setup, first = map(float, out.stdout.split()[-2:])
-    print(f"ssd_b1_t16384_h80 cold: import + inputs {setup:.1f} s, first forward + backward {first:.1f} s", flush=True)
-    return dict(shape="ssd_b1_t16384_h80", impl="recurscan triton", cold_import_s=setup, cold_first_call_s=first)
+    name = f"ssd_b{Bt}_t{T}_h80"
+    print(f"{name} cold: import + inputs {setup:.1f} s, first forward + backward {first:.1f} s", flush=True)
+    return dict(shape=name, impl="recurscan triton", cold_import_s=setup, cold_first_call_s=first)
 
 
 def recurscan_only(impls):
@@ -239,7 +241,7 @@ def main():
     PROFILE = args.profile
     from recurscan.plan import gla as plan_gla
     planned = plan_gla.GLA_LAUNCH
-    rows = [cold()] if args.cold_only else (per_key_rows(not args.forward_only, [
+    rows = [cold(), cold(4, 4096)] if args.cold_only else (per_key_rows(not args.forward_only, [
         (int(t[0]), int(t[1]), int(t[2]) if len(t) > 2 else None) for t in (a.split(":") for a in args.calm_pass)])
                                              if args.only_per_key else [])
     if args.cold_only or args.only_per_key:
@@ -291,7 +293,7 @@ def main():
     rows += per_key_rows()
     rows += ssd_rows()
     if args.cold:
-        rows.append(cold())
+        rows += [cold(), cold(4, 4096)]
     if args.out:
         json.dump(dict(torch=torch.__version__, device=torch.cuda.get_device_name(), rows=rows), open(args.out, "w"),
                   indent=1)
