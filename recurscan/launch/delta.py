@@ -92,8 +92,8 @@ def check_shape(shape: DeltaShape) -> None:
         if not isinstance(getattr(shape, name), bool):
             raise ValueError(f"DeltaShape.{name}: expected a bool, got {getattr(shape, name)!r}")
     if shape.calm_gates and shape.num_stages > 2:
-        # H200, Triton 3.6.0: the sweep with CALM_GATES at 3 stages writes out of bounds (an
-        # illegal memory access, with or without bulk stores; 2 stages and the gate tile at 3 do not).
+        # H200, Triton 3.6.0: the sweep with CALM_GATES at 3 stages makes an illegal memory access
+        # (with or without bulk stores; 2 stages and the gate tile at 3 do not); cause not isolated.
         raise ValueError(f"DeltaShape.calm_gates: takes num_stages <= 2 (got {shape.num_stages}); at 3 Triton 3.6's "
                          "sm_90 build of the calm sweep makes an illegal memory access")
     b = shape.prep_key_block

@@ -123,6 +123,26 @@ def test_ssd_calm_gates_at_the_benchmark_shape(T, monkeypatch):
     assert errors[False] < 1e-2 and errors[True] < 1.5 * errors[False]
 
 
+@pytest.mark.parametrize("Bt, T", [(1, 4096), (2, 2048)])
+def test_ssd_gradients_at_the_benchmark_shape(Bt, T):
+    """SSD forward + backward as planned at the benchmark's heads (80 x 64, one group, dstate 128,
+    D per head, dt_bias, softplus; benchmarks/gpu_gla.py's inputs): the backward's recompute on the
+    group prep with its calm gates (16 value heads a step), read by the reverse sweep; the forward
+    on the delta prep (B1, 80 sweep programs) or the group prep (B2, 160). Every gradient against
+    autograd through the float64 PyTorch form."""
+    from benchmarks.gpu_gla import SSD_GRADS, ssd_inputs, train_step
+    a, kw = ssd_inputs(Bt, T)
+    dy = torch.randn(a[0].shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(3)).bfloat16()
+    got = train_step(lambda *x, **k: recurscan.mamba_chunk_scan_combined(*x, **k, backend="triton"), a, kw,
+                     SSD_GRADS, dy)
+    ref_kw = {k: (v.double() if torch.is_tensor(v) else v) for k, v in kw.items()}
+    want = train_step(lambda *x, **k: recurscan.mamba_chunk_scan_combined(*x, **k, backend="torch"),
+                      [t.double() for t in a], ref_kw, SSD_GRADS, dy.double())
+    for name, g, w in zip(("dx", "ddt", "dA", "dB", "dC", "dD", "ddt_bias"), got, want):
+        assert torch.isfinite(g).all(), name
+        assert relative_rms(g.double(), w) < 1e-2, f"{name}: {relative_rms(g.double(), w):.2e}"
+
+
 @pytest.mark.parametrize("form", ["sweep", "sweep, general steps", "sweep, general steps, key blocks of 16",
                                   "sweep, calm pass of 16 keys", "fused"])
 def test_per_key_gla_triton_forward_at_real_sizes(form, monkeypatch):
