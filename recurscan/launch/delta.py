@@ -369,7 +369,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, DT=dt, PASS=0,
         V_PRODUCT=v_product, TMA_STORE=tma_store and M == 1 and tma_ok,
         PDL=not INTERPRET, REPLAY=False, OUTPUTS=True, STORE_U=False, CKPT_CHUNKS=checkpoint_chunks, GATE_SCORES=group,
-        CALM_GATES=shape.calm_gates, TMA_STATES=False,
+        CALM_GATES=shape.calm_gates,
         **ssd_sweep)
     options = dict(num_warps=num_warps)
     if phased:

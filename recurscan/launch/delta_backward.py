@@ -101,19 +101,13 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
     forward = build_delta_launches(q, k, v, g, beta, shape, num_householder=M, return_chunk_states=True,
                                    num_chunk_rows=rows, chunk_states_dtype=q.dtype, expanded_chunk_states=M > 1,
                                    **common)
-    # Bulk stores (the backward shape's tma_store): the chunk-state tile's K rows are the whole
-    # head, and every descriptor's base and row stride are 16-byte multiples.
-    BK = max(16, triton.next_power_of_2(K))
-    tma_store = backward_shape.tma_store and BK == K and \
-        all(V * dtype.itemsize % 16 == 0 for dtype in (q.dtype, v.dtype, operand_dtype))
-    tma_states = tma_store and backward_shape.recompute_tma_store
     # The sweep for the states alone (no outputs, so no replay of non-finite outputs either).
     # It also stores each chunk's U and lam o (K S), which the parallel stage would otherwise
     # recompute from the states (in the products' operand dtype).
     steps = [dataclasses.replace(s, kwargs=dict(s.kwargs, STORE_INV=True, winv=CallArg("winv")))
              if s.kernel is chunk_delta_prep_kernel else
              dataclasses.replace(s, kwargs=dict(s.kwargs, OUTPUTS=False, TMA_STORE=False, STORE_U=True,
-                                                u_out=CallArg("u"), ks_out=CallArg("ks"), TMA_STATES=tma_states))
+                                                u_out=CallArg("u"), ks_out=CallArg("ks")))
              if s.kernel is chunk_delta_sweep_kernel else s
              for s in forward.steps if not s.kwargs.get("REPLAY")
              and not (prep_kept and s.kernel is chunk_delta_prep_kernel)]
@@ -128,6 +122,7 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
         chunk_states=forward.buffers["chunk_states"][:2] + (None,), winv=forward.buffers["wy"],
         u=(per_row, operand_dtype, None), ks=(per_row, operand_dtype, None)),
         outputs=("chunk_states", "winv", "aqk", "coef", "u", "ks"))
+    BK = max(16, triton.next_power_of_2(K))
     BV = min(backward_shape.block_v, max(16, triton.next_power_of_2(V)))
     BVg = min(backward_shape.grads_block_v, max(16, triton.next_power_of_2(V)))
     BVs = min(backward_shape.scores_block_v or BVg, max(16, triton.next_power_of_2(V)))
@@ -156,7 +151,7 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
         chunk_offsets=arg("chunk_offsets", varlen), T=T, n_cs_rows=rows,
         H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=varlen, HAS_DHT=dht is not None,
         STORE_DH0=initial_state is not None, DOT_PRECISION=dot_precision, DT=dt, M=M,
-        NUM_STAGES=backward_shape.sweep_stages, TMA_STORE=tma_store),
+        NUM_STAGES=backward_shape.sweep_stages),
         dict(num_warps=backward_shape.sweep_warps))
     shared = dict(q=arg("q"), k=arg("k"), g=arg("g", g is not None), beta=arg("beta"), do=arg("do"), dy=arg("dy"),
                   u=arg("u"), dg=arg("dg", g is not None), bdyks=arg("bdyks"), scratch=arg("scratch"),

@@ -168,11 +168,6 @@ class DeltaBackwardShape:
     # which the reverse sweep reads, would come first). On the CPU and under the interpreter the
     # two run in that order on one stream.
     corun: bool = False
-    # The reverse sweep's dS, dY and dv tiles by bulk tensor stores (K a power of two of 16 or
-    # more, 16-byte rows; else masked stores), and with recompute_tma_store the recompute's chunk
-    # states, U and lam o (K S) as well.
-    tma_store: bool = False
-    recompute_tma_store: bool = False
 
 
 # The parallel stage's rows share their shape: the scores kernel steps 128 value columns on 4 warps
@@ -183,8 +178,7 @@ class DeltaBackwardShape:
 # backward in one process (gpu_delta_dk_race_wip.log): B4 T4096 1.251 ms at 32 columns against
 # 1.336 at 16, B1 HV32 2.546 against 2.693; every gradient as at 16 against the float64 oracle
 # (gpu_delta_grad_check_dqdk32_wip.json) and the same bits run after run.
-_STAGE = dict(grads_block_v=32, scores_warps=4, scores_block_v=128, group_in_kernel=True, tma_store=True,
-              recompute_tma_store=True)
+_STAGE = dict(grads_block_v=32, scores_warps=4, scores_block_v=128, group_in_kernel=True)
 
 #: The backward's launch shape: the first row whose condition holds on (sequence x value head
 #: pairs, V, SMs) decides. Measured in benchmarks/results/gpu_delta_train_*.json (docs/perf-history.md).

@@ -15,11 +15,10 @@ from .common import _chunk_gates, _chunk_head, _chunk_rows, _chunk_slot, _chunk_
 
 
 @triton.jit
-def _bwd_sweep_chunk(c, b_dS, q, k, beta, do, winv, aqk, coef, dstates, dy_out, dv, ds_desc, dy_desc, dv_desc, bos, L,
-                     i_n, i_h, i_hv, i_v, cs0, n_cs_rows, o_t, o_k, o_v, m_k, m_v, m_kv, o_kv, H: tl.constexpr,
-                     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                     BV: tl.constexpr, DOT_PRECISION: tl.constexpr, DT: tl.constexpr, M: tl.constexpr,
-                     FULL: tl.constexpr, TMA_STORE: tl.constexpr):
+def _bwd_sweep_chunk(c, b_dS, q, k, beta, do, winv, aqk, coef, dstates, dy_out, dv, bos, L, i_n, i_h, i_hv, cs0,
+                     n_cs_rows, o_t, o_k, o_v, m_k, m_v, m_kv, o_kv, H: tl.constexpr, HV: tl.constexpr,
+                     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                     DT: tl.constexpr, M: tl.constexpr, FULL: tl.constexpr):
     """Chunk c of :func:`chunk_delta_bwd_sweep_kernel` (its docstring has the algebra): writes dS
     leaving the chunk, the chunk's dY and dv, and returns dS^T entering it. FULL: the chunk's BT
     rows all lie in the sequence, so no tile is masked by row.
@@ -49,13 +48,8 @@ def _bwd_sweep_chunk(c, b_dS, q, k, beta, do, winv, aqk, coef, dstates, dy_out, 
     b_beta = tl.load(beta + r0 * HV + i_hv + o_t * HV, mask=m_r, other=0.0).to(tl.float32)
 
     cs = cs0 + c
-    if TMA_STORE:
-        if (cs >= 0) & (cs < n_cs_rows):  # no chunk_offsets reaches past the rows
-            ds_desc.store([tl.cast(cs, tl.int32), 0, tl.cast(i_v * BV, tl.int32)],
-                          tl.reshape(tl.trans(b_dS.to(dstates.dtype.element_ty)), [1, BK, BV]))
-    else:
-        tl.store(dstates + (cs * HV + i_hv) * K * V + o_kv, b_dS.to(dstates.dtype.element_ty),
-                 mask=m_kv & (cs >= 0) & (cs < n_cs_rows))
+    tl.store(dstates + (cs * HV + i_hv) * K * V + o_kv, b_dS.to(dstates.dtype.element_ty),
+             mask=m_kv & (cs >= 0) & (cs < n_cs_rows))  # no chunk_offsets reaches past the rows
     b_k = tl.load(k + (r0 * H + i_h) * K + o_t[:, None] * (H * K) + o_k[None, :], mask=m_r[:, None] & m_k[None, :],
                   other=0.0).to(DT)
     b_q = tl.load(q + (tok0 * H + i_h) * K + o_tok[:, None] * (H * K) + o_k[None, :],
@@ -70,16 +64,10 @@ def _bwd_sweep_chunk(c, b_dS, q, k, beta, do, winv, aqk, coef, dstates, dy_out, 
         gam_rk[None, :] * tl.dot(b_dS.to(DT), tl.trans(b_k), input_precision=DOT_PRECISION)
     b_dYt = tl.dot(b_dUt.to(DT), b_W, input_precision=DOT_PRECISION)
     b_dvt = b_beta[None, :] * b_dYt
-    if TMA_STORE:  # rows past the sequence's end clipped by the descriptors
-        row = tl.cast(c * BT, tl.int32)
-        col = tl.cast(i_v * BV, tl.int32)
-        dy_desc.store([row, col], tl.trans(b_dYt.to(dy_out.dtype.element_ty)))
-        dv_desc.store([row, col], tl.trans(b_dvt.to(dv.dtype.element_ty)))
-    else:
-        o_vr = (r0 * HV + i_hv) * V + o_t[None, :] * (HV * V) + o_v[:, None]  # [BV, BT] tiles of [rows, V] tensors
-        m_vr = m_v[:, None] & m_r[None, :]
-        tl.store(dy_out + o_vr, b_dYt.to(dy_out.dtype.element_ty), mask=m_vr)
-        tl.store(dv + o_vr, b_dvt.to(dv.dtype.element_ty), mask=m_vr)
+    o_vr = (r0 * HV + i_hv) * V + o_t[None, :] * (HV * V) + o_v[:, None]  # [BV, BT] tiles of [rows, V] tensors
+    m_vr = m_v[:, None] & m_r[None, :]
+    tl.store(dy_out + o_vr, b_dYt.to(dy_out.dtype.element_ty), mask=m_vr)
+    tl.store(dv + o_vr, b_dvt.to(dv.dtype.element_ty), mask=m_vr)
     # dS^T <- lam_C dS^T + (lam rq o dO)^T Q - (lam rk o dv)^T K, accumulated in the products
     b_dS = tl.dot((lam_rq[None, :] * b_dot.to(tl.float32)).to(DT), b_q, lam_last * b_dS,
                   input_precision=DOT_PRECISION)
@@ -93,7 +81,6 @@ def chunk_delta_bwd_sweep_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DT: tl.constexpr, M: tl.constexpr = 1, NUM_STAGES: tl.constexpr = 3,
-    TMA_STORE: tl.constexpr = False,
 ):
     """Grid (N * HV * ceil(V / BV),): one program per (sequence, value head, value block) holds
     dS (the gradient of the state leaving the chunk) and walks the chunks last to first. Per chunk,
@@ -111,12 +98,7 @@ def chunk_delta_bwd_sweep_kernel(
     S^T: the held gradient and the chain's products are then the left operands, which wgmma takes
     from registers, and only loaded tiles go through shared memory (measured against dS [K, BV]:
     docs/perf-history.md). A sequence's last chunk, when partial, runs first and masked; the full
-    chunks before it run unmasked, their loads pipelined NUM_STAGES deep.
-
-    TMA_STORE (K == BK; the launch checks): dS, dY and dv go out as bulk tensor stores through
-    descriptors made per program (dY's and dv's over the sequence's rows of the value head, which
-    clip the rows past its end; dS's over the head's chunk-state rows) instead of masked stores,
-    each of which moves its tile to a coalesced layout through shared memory behind barriers."""
+    chunks before it run unmasked, their loads pipelined NUM_STAGES deep."""
     pid = tl.program_id(0).to(tl.int64)
     NV: tl.constexpr = (V + BV - 1) // BV
     i_v = pid % NV
@@ -142,25 +124,15 @@ def chunk_delta_bwd_sweep_kernel(
         b_dS = tl.load(dht + p_h + o_kv, mask=m_kv, other=0.0).to(tl.float32)
     else:
         b_dS = tl.zeros([BV, BK], dtype=tl.float32)
-    if TMA_STORE:
-        ds_desc = tl.make_tensor_descriptor(dstates + i_hv * K * V, shape=[n_cs_rows, K, V],
-                                            strides=[HV * K * V, V, 1], block_shape=[1, BK, BV])
-        rows_v = tl.cast(HV * V, tl.int64)
-        dy_desc = tl.make_tensor_descriptor(dy_out + bos * rows_v + i_hv * V, shape=[L.to(tl.int32), V],
-                                            strides=[rows_v, 1], block_shape=[BT, BV])
-        dv_desc = tl.make_tensor_descriptor(dv + bos * rows_v + i_hv * V, shape=[L.to(tl.int32), V],
-                                            strides=[rows_v, 1], block_shape=[BT, BV])
-    else:  # _bwd_sweep_chunk takes every name; the flag keeps these placeholders unread
-        ds_desc, dy_desc, dv_desc = dstates, dy_out, dv
     c_full = L // BT
     if c_full * BT < L:  # the partial last chunk
-        b_dS = _bwd_sweep_chunk(c_full, b_dS, q, k, beta, do, winv, aqk, coef, dstates, dy_out, dv, ds_desc, dy_desc,
-                                dv_desc, bos, L, i_n, i_h, i_hv, i_v, cs0, n_cs_rows, o_t, o_k, o_v, m_k, m_v, m_kv,
-                                o_kv, H, HV, K, V, BT, BK, BV, DOT_PRECISION, DT, M, False, TMA_STORE)
+        b_dS = _bwd_sweep_chunk(c_full, b_dS, q, k, beta, do, winv, aqk, coef, dstates, dy_out, dv, bos, L, i_n,
+                                i_h, i_hv, cs0, n_cs_rows, o_t, o_k, o_v, m_k, m_v, m_kv, o_kv, H, HV, K, V, BT,
+                                DOT_PRECISION, DT, M, False)
     for cc in tl.range(0, c_full, num_stages=NUM_STAGES):
-        b_dS = _bwd_sweep_chunk(c_full - 1 - cc, b_dS, q, k, beta, do, winv, aqk, coef, dstates, dy_out, dv, ds_desc,
-                                dy_desc, dv_desc, bos, L, i_n, i_h, i_hv, i_v, cs0, n_cs_rows, o_t, o_k, o_v, m_k, m_v,
-                                m_kv, o_kv, H, HV, K, V, BT, BK, BV, DOT_PRECISION, DT, M, True, TMA_STORE)
+        b_dS = _bwd_sweep_chunk(c_full - 1 - cc, b_dS, q, k, beta, do, winv, aqk, coef, dstates, dy_out, dv, bos, L,
+                                i_n, i_h, i_hv, cs0, n_cs_rows, o_t, o_k, o_v, m_k, m_v, m_kv, o_kv, H, HV, K, V,
+                                BT, DOT_PRECISION, DT, M, True)
     if STORE_DH0:
         tl.store(dh0 + p_h + o_kv, b_dS, mask=m_kv)
 

@@ -87,14 +87,14 @@ def _start_state(p_state, h0, seg_n, m_s0, m_vk, o_vk, o_s0, s0_n, s0_h, i_n, i_
 
 @triton.jit
 def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_states, u_out, ks_out, D, z, dl,
-                 cs_desc, u_desc, ks_desc, cs0, n_cs_rows, bos, bos_t, L, i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
+                 cs0, n_cs_rows, bos, bos_t, L, i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
                  BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PASS: tl.constexpr,
                  V_PRODUCT: tl.constexpr, TMA_STORE: tl.constexpr, STORE_CHUNK_STATES: tl.constexpr,
                  DOT_PRECISION: tl.constexpr, DT: tl.constexpr, FULL: tl.constexpr, CAREFUL: tl.constexpr,
                  OUTPUTS: tl.constexpr, STORE_U: tl.constexpr, WY: tl.constexpr, HAS_D: tl.constexpr,
                  D_PER_CHANNEL: tl.constexpr, HAS_Z: tl.constexpr, KEY_DECAY: tl.constexpr,
-                 GATE_SCORES: tl.constexpr, CALM_GATES: tl.constexpr, TMA_STATES: tl.constexpr):
+                 GATE_SCORES: tl.constexpr, CALM_GATES: tl.constexpr):
     """One expanded chunk c of :func:`chunk_delta_sweep_kernel` (its docstring has the algebra):
     returns the state S^T leaving the chunk, having written the chunk's outputs (PASS != 1) and,
     when it starts a token chunk, the state entering it (STORE_CHUNK_STATES). FULL: all 64 rows
@@ -125,26 +125,15 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_s
         tok_q = bos_t + c * BTQ + o_tq  # the chunk's tokens
         e_q = bos + c * BT + o_tq * M + (M - 1)  # their query rows on the expanded stream
 
-    BULK: tl.constexpr = TMA_STATES and (PASS != 1)  # pass 1's programs sweep from stand-in states
     if STORE_CHUNK_STATES == 2:  # every expanded chunk's (the GDP backward's recompute)
         cs_row = cs0 + c
-        if BULK:
-            if (cs_row >= 0) & (cs_row < n_cs_rows):
-                cs_desc.store([tl.cast(cs_row, tl.int32), 0, tl.cast(i_v * BV, tl.int32)],
-                              tl.reshape(tl.trans(b_St.to(chunk_states.dtype.element_ty)), [1, BK, BV]))
-        else:
-            p_cs = chunk_states + (cs_row * HV + i_hv) * K * V + o_vk
-            tl.store(p_cs, b_St, mask=m_vk & (cs_row >= 0) & (cs_row < n_cs_rows))
+        p_cs = chunk_states + (cs_row * HV + i_hv) * K * V + o_vk
+        tl.store(p_cs, b_St, mask=m_vk & (cs_row >= 0) & (cs_row < n_cs_rows))
     elif STORE_CHUNK_STATES:
         if c % M == 0:  # expanded chunk c*M starts token chunk c
             cs_row = cs0 + c // M
-            if BULK:
-                if (cs_row >= 0) & (cs_row < n_cs_rows):
-                    cs_desc.store([tl.cast(cs_row, tl.int32), 0, tl.cast(i_v * BV, tl.int32)],
-                                  tl.reshape(tl.trans(b_St.to(chunk_states.dtype.element_ty)), [1, BK, BV]))
-            else:
-                p_cs = chunk_states + (cs_row * HV + i_hv) * K * V + o_vk
-                tl.store(p_cs, b_St, mask=m_vk & (cs_row >= 0) & (cs_row < n_cs_rows))
+            p_cs = chunk_states + (cs_row * HV + i_hv) * K * V + o_vk
+            tl.store(p_cs, b_St, mask=m_vk & (cs_row >= 0) & (cs_row < n_cs_rows))
 
     # Loads: raw tiles straight into the products (none depends on the state).
     b_k = tl.load(k + (e * H + i_h)[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :],
@@ -220,14 +209,9 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_s
         b_Ut = tl.dot((b_vt.to(tl.float32) - b_KSt).to(DT), b_Wt, input_precision=DOT_PRECISION)
 
     if STORE_U and (PASS != 1):  # pass 1's programs sweep from stand-in states
-        if BULK:  # rows past the sequence's end clipped by the descriptors
-            at = [tl.cast(c * BT, tl.int32), tl.cast(i_v * BV, tl.int32)]
-            u_desc.store(at, tl.trans(b_Ut.to(u_out.dtype.element_ty)))
-            ks_desc.store(at, tl.trans(b_KSt.to(ks_out.dtype.element_ty)))
-        else:
-            p_u = (e * HV + i_hv)[None, :] * V + o_v[:, None]
-            tl.store(u_out + p_u, b_Ut.to(u_out.dtype.element_ty), mask=m_vt)
-            tl.store(ks_out + p_u, b_KSt.to(ks_out.dtype.element_ty), mask=m_vt)
+        p_u = (e * HV + i_hv)[None, :] * V + o_v[:, None]
+        tl.store(u_out + p_u, b_Ut.to(u_out.dtype.element_ty), mask=m_vt)
+        tl.store(ks_out + p_u, b_KSt.to(ks_out.dtype.element_ty), mask=m_vt)
 
     # Stage 4: outputs O^T = (S^T Q^T) o lam + U^T aqk^T, written on the token stream.
     if COMPACT_Q:
@@ -309,7 +293,7 @@ def chunk_delta_sweep_kernel(
     REPLAY: tl.constexpr = False, OUTPUTS: tl.constexpr = True, STORE_U: tl.constexpr = False,
     CKPT_CHUNKS: tl.constexpr = 0, WY: tl.constexpr = True, HAS_D: tl.constexpr = False,
     D_PER_CHANNEL: tl.constexpr = False, HAS_Z: tl.constexpr = False, KEY_DECAY: tl.constexpr = False,
-    GATE_SCORES: tl.constexpr = False, CALM_GATES: tl.constexpr = False, TMA_STATES: tl.constexpr = False,
+    GATE_SCORES: tl.constexpr = False, CALM_GATES: tl.constexpr = False,
 ):
     """Grid (N * HV * ceil(V / BV),): program -> (sequence n, value head hv, value block iv),
     iv fastest so neighbouring programs share the q/k rows in L2.
@@ -392,11 +376,6 @@ def chunk_delta_sweep_kernel(
     OUTPUTS False (the backward's recompute): the chunk states and final state alone; no query,
     ``aqk`` or output is read or written, and no replay flag is raised. STORE_U (with it): each
     chunk's U and lam o (K S) into ``u_out`` and ``ks_out`` (v's layout), for the backward.
-    TMA_STATES (K == BK, W == V; the launch checks): the chunk states, U and lam o (K S) go out
-    as bulk tensor stores through descriptors made per program (the chunk states' over the value
-    head's rows of ``chunk_states``, U's and lam o (K S)'s over the sequence's rows, which clip
-    the rows past its end) instead of masked stores, which move each tile to a coalesced layout
-    through shared memory behind barriers.
 
     CKPT_CHUNKS > 0 (a forward under autograd, dense batches; PASS 0, 2 or 3): the float32 state
     entering token chunk j, for every j a multiple of CKPT_CHUNKS, goes to row ``j // CKPT_CHUNKS``
@@ -544,16 +523,6 @@ def chunk_delta_sweep_kernel(
         else:
             cs0 = i_n * tl.cdiv(T, BT)
 
-    if TMA_STATES:
-        cs_desc = tl.make_tensor_descriptor(chunk_states + i_hv * K * V, shape=[n_cs_rows, K, V],
-                                            strides=[HV * K * V, V, 1], block_shape=[1, BK, BV])
-        rows_v = tl.cast(HV * V, tl.int64)
-        u_desc = tl.make_tensor_descriptor(u_out + bos * rows_v + i_hv * V, shape=[L.to(tl.int32), V],
-                                           strides=[rows_v, 1], block_shape=[BT, BV])
-        ks_desc = tl.make_tensor_descriptor(ks_out + bos * rows_v + i_hv * V, shape=[L.to(tl.int32), V],
-                                            strides=[rows_v, 1], block_shape=[BT, BV])
-    else:  # _sweep_chunk takes every name; the flag keeps these placeholders unread
-        cs_desc, u_desc, ks_desc = chunk_states, u_out, ks_out
     if TMA_STORE and (PASS != 1) and OUTPUTS:  # the sequence's output rows [L, V] of value head hv; rows past L clipped
         o_desc = tl.make_tensor_descriptor(o + bos_t * o_st + i_hv * o_sh, shape=[(eos_t - bos_t).to(tl.int32), V],
                                            strides=[o_st, 1], block_shape=[BT, BV])
@@ -577,22 +546,22 @@ def chunk_delta_sweep_kernel(
             if c % (CKPT_CHUNKS * M) == 0:
                 tl.store(p_ckpt + (c // (CKPT_CHUNKS * M)) * HV * K * V, b_St, mask=m_vk)
         b_St = _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_states, u_out, ks_out,
-                            D, z, dl, cs_desc, u_desc, ks_desc, cs0, n_cs_rows, bos, bos_t, L, i_n, i_h, i_hv,
-                            i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
+                            D, z, dl, cs0, n_cs_rows, bos, bos_t, L, i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v,
+                            m_vk, o_vk, use_v,
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
                             DOT_PRECISION, DT, True, REPLAY, OUTPUTS, STORE_U, WY, HAS_D, D_PER_CHANNEL,
-                            HAS_Z, KEY_DECAY, GATE_SCORES, CALM_GATES, TMA_STATES)
+                            HAS_Z, KEY_DECAY, GATE_SCORES, CALM_GATES)
     c_tail = tl.maximum(c_lo, c_full)
     if c_tail < c_end:
         if STORE_CKPT:
             if c_tail % (CKPT_CHUNKS * M) == 0:
                 tl.store(p_ckpt + (c_tail // (CKPT_CHUNKS * M)) * HV * K * V, b_St, mask=m_vk)
-        b_St = _sweep_chunk(c_tail, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_states, u_out,
-                            ks_out, D, z, dl, cs_desc, u_desc, ks_desc, cs0, n_cs_rows, bos, bos_t, L, i_n, i_h,
-                            i_hv, i_v, o_t, o_k, o_v, m_k, m_v, m_vk, o_vk, use_v,
+        b_St = _sweep_chunk(c_tail, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_states, u_out, ks_out,
+                            D, z, dl, cs0, n_cs_rows, bos, bos_t, L, i_n, i_h, i_hv, i_v, o_t, o_k, o_v, m_k, m_v,
+                            m_vk, o_vk, use_v,
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
                             DOT_PRECISION, DT, False, REPLAY, OUTPUTS, STORE_U, WY, HAS_D, D_PER_CHANNEL,
-                            HAS_Z, KEY_DECAY, GATE_SCORES, CALM_GATES, TMA_STATES)
+                            HAS_Z, KEY_DECAY, GATE_SCORES, CALM_GATES)
     if PASS == 1:
         if not WY:
             if role_m:  # M_i = (the product of the segment's chunk decays) I; NaN after a bad row
