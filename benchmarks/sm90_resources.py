@@ -139,7 +139,10 @@ def backward(BV=32, warps=8, grads_warps=8, grads_BV=None):
            f"\n  dk alone, GVA summed: " \
            f"{_compile(chunk_delta_bwd_dqdk_kernel, dqdk_sig, dict(dqdk_const, PART=1, GROUP=2), grads_warps)}" \
            f"\n  dq alone, GVA summed: " \
-           f"{_compile(chunk_delta_bwd_dqdk_kernel, dqdk_sig, dict(dqdk_const, PART=2, GROUP=2), grads_warps)}"
+           f"{_compile(chunk_delta_bwd_dqdk_kernel, dqdk_sig, dict(dqdk_const, PART=2, GROUP=2), grads_warps)}" \
+           f"\n  dk then dq: {_compile(chunk_delta_bwd_dqdk_kernel, dqdk_sig, dict(dqdk_const, PART=3), grads_warps)}" \
+           f"\n  dk then dq, GVA summed: " \
+           f"{_compile(chunk_delta_bwd_dqdk_kernel, dqdk_sig, dict(dqdk_const, PART=3, GROUP=2), grads_warps)}"
 
 
 def gla(form: str, lines: int = 0) -> str:

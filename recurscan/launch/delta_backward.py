@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from ..descriptors import CHUNK_SIZE
-from ..kernels.delta.backward import (DQDK_DK, DQDK_DQ, chunk_delta_bwd_dqdk_kernel,
+from ..kernels.delta.backward import (DQDK_BOTH, DQDK_DK, DQDK_DQ, chunk_delta_bwd_dqdk_kernel,
                                       chunk_delta_bwd_scores_kernel, chunk_delta_bwd_sweep_kernel)
 from ..kernels.delta.prep import chunk_delta_prep_kernel
 from ..kernels.delta.sweep import chunk_delta_sweep_kernel
@@ -165,7 +165,7 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
     dqdk = dict(shared, states=arg("states"), dstates=arg("dstates"), dq=arg("dq"), dk=arg("dk"), n_cs_rows=rows)
     steps = [sweep, scores] + [Step(chunk_delta_bwd_dqdk_kernel, (chunks * (HV // group),),
                                     dict(dqdk, PART=part, GROUP=group), dict(num_warps=backward_shape.grads_warps))
-                               for part in (DQDK_DK, DQDK_DQ)]
+                               for part in ((DQDK_BOTH,) if backward_shape.dqdk_one_launch else (DQDK_DK, DQDK_DQ))]
     if gva:  # dq, dk per value head -> per q/k head, in q's and k's dtypes
         buffers.update(dq_sum=((B, T, H, K), q.dtype), dk_sum=((B, T * M, H, K), k.dtype))
         for name, rows_of in (("dq", B * T * H), ("dk", B * T * M * H)):

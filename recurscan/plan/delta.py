@@ -168,6 +168,9 @@ class DeltaBackwardShape:
     # which the reverse sweep reads, would come first). On the CPU and under the interpreter the
     # two run in that order on one stream.
     corun: bool = False
+    # dk, then dq, in one launch (DQDK_BOTH): the second pass reads q, k and the state tiles again
+    # from L2 rather than from memory in a launch of its own.
+    dqdk_one_launch: bool = False
 
 
 # The parallel stage's rows share their shape: the scores kernel steps 128 value columns on 4 warps

@@ -232,60 +232,19 @@ def _sds_term(lam, sds, o_t, BT: tl.constexpr):
     return tl.sum(tl.where(o_t == BT - 1, lam, 0.0), axis=0) * tl.sum(sds, axis=0)
 
 
-#: What a launch of :func:`chunk_delta_bwd_dqdk_kernel` computes (its PART).
-DQDK_DK, DQDK_DQ = 1, 2
+#: What a launch of :func:`chunk_delta_bwd_dqdk_kernel` computes (its PART): dk, dq, or dk then dq.
+DQDK_DK, DQDK_DQ, DQDK_BOTH = 1, 2, 3
 
 
-@triton.jit(do_not_specialize=["T", "n_seq", "n_cs_rows"])
-def chunk_delta_bwd_dqdk_kernel(
-    q, k, g, beta, do, u, dy, states, dstates, dq, dk, dg, bdyks, scratch,
-    cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, scale, n_cs_rows,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, USE_L2NORM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DT: tl.constexpr, M: tl.constexpr = 1, PART: tl.constexpr = 1,
-    GROUP: tl.constexpr = 1,
-):
-    """The parallel stage, second half: the state side. Grid (chunks x HV / GROUP,): per (chunk,
-    value head), from S entering the chunk and dS leaving it, the V-sums
-
-        dO S^T   [BT, K]                                          (dq)
-        (gam o U) dS^T - (lam beta o dY) S^T   [BT, K],  S . dS    (dk)
-
-    then dq = (dscores o G) K + scale lam o dO S^T and dk = (dscores o G)^T Q + (dA o G) K +
-    (dA o G)^T K + the second sum, with the [BT, BT] tiles and their transposes loaded from the
-    first half's scratch; the L2 norm's backward. dg's state terms are added to what the first half
-    wrote in ``dg``, from the sums' projections on the queries and keys:
-
-        scale lam o dO . (Q S) = scale lam o rowsum(Q o dO S^T)
-        gam o (K dS) . U       = rowsum(K o the second sum) + bdyks
-
-    the first through lam's reverse cumulative sum (with S . dS at the chunk's last row), the
-    second through gam's (G's last row: an exclusive cumulative sum).
-
-    PART (:data:`DQDK_DK`, :data:`DQDK_DQ`): the gradient a launch computes; dk's launch runs first
-    (it reads what the first half wrote in ``dg`` and adds to it, as dq's then does). Each program
-    holds one [BT, K] accumulator (both in one program spilled at 4 warps: docs/perf-history.md).
-
-    GROUP: value heads a program takes, one after another. 1: dq and dk per value head
-    ``[.., HV, K]`` (GVA sums them after). HV / H: a GVA group's, summed in the accumulator, and
-    written per q/k head in q's and k's dtypes; dO comes into dq's sum scaled by scale lam (each
-    head its own), and each head's projections are the differences of the sum's projections
-    before and after it."""
-    DO_DQ: tl.constexpr = PART == 2
-    DO_DK: tl.constexpr = PART == 1
-    NG: tl.constexpr = HV // GROUP
-    pid = tl.program_id(0).to(tl.int64)
-    i_g = pid % NG
-    i_c = pid // NG
-    i_h = (i_g * GROUP) // (HV // H)  # the q/k head of the program's value heads
-    valid, bos, eos, r0, cs = _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT, IS_VARLEN, M)
-    if not valid:
-        return
-    o_t, o_k, m_k, rows, m_r, m_rk = _chunk_tiles(r0, eos, BT, BK, K)
-    cs_ok = (cs >= 0) & (cs < n_cs_rows)
-    tok = rows // M  # a row's token: q, dO, g and dq live on the token stream
-    m_q = m_r & (rows % M == M - 1)  # the query sits on each token's last copy
-    m_qk = m_q[:, None] & m_k[None, :]
+@triton.jit
+def _dqdk_pass(q, k, g, beta, do, u, dy, states, dstates, dq, dk, dg, bdyks, scratch, scale, i_c, i_g, i_h, cs,
+               cs_ok, o_t, o_k, m_k, rows, m_r, m_rk, tok, m_q, m_qk, H: tl.constexpr,
+               HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+               BV: tl.constexpr, HAS_G: tl.constexpr, USE_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+               DT: tl.constexpr, M: tl.constexpr, GROUP: tl.constexpr, DO_DQ: tl.constexpr, DO_DK: tl.constexpr):
+    """One gradient of :func:`chunk_delta_bwd_dqdk_kernel` (dq or dk, its docstring has the algebra)
+    over the program's value heads, its dg terms added to ``dg``, written. Each pass loads q and k
+    itself: nothing of one pass stays live through the other's."""
     # q and k raw (16-bit), their normalised float32 rows formed where used: the [BT, K]
     # accumulators take half the registers.
     b_kr = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0)
@@ -391,3 +350,63 @@ def chunk_delta_bwd_dqdk_kernel(
             b_q = b_qr.to(tl.float32) * rq[:, None]
             b_dq = rq[:, None] * (b_dq - b_q * tl.sum(b_q * b_dq, axis=1)[:, None])
         tl.store(dq + (tok * NO + i_o)[:, None] * K + o_k[None, :], b_dq.to(dq.dtype.element_ty), mask=m_qk)
+
+
+@triton.jit(do_not_specialize=["T", "n_seq", "n_cs_rows"])
+def chunk_delta_bwd_dqdk_kernel(
+    q, k, g, beta, do, u, dy, states, dstates, dq, dk, dg, bdyks, scratch,
+    cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, scale, n_cs_rows,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, USE_L2NORM: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DT: tl.constexpr, M: tl.constexpr = 1, PART: tl.constexpr = 1,
+    GROUP: tl.constexpr = 1,
+):
+    """The parallel stage, second half: the state side. Grid (chunks x HV / GROUP,): per (chunk,
+    value head), from S entering the chunk and dS leaving it, the V-sums
+
+        dO S^T   [BT, K]                                          (dq)
+        (gam o U) dS^T - (lam beta o dY) S^T   [BT, K],  S . dS    (dk)
+
+    then dq = (dscores o G) K + scale lam o dO S^T and dk = (dscores o G)^T Q + (dA o G) K +
+    (dA o G)^T K + the second sum, with the [BT, BT] tiles and their transposes loaded from the
+    first half's scratch; the L2 norm's backward. dg's state terms are added to what the first half
+    wrote in ``dg``, from the sums' projections on the queries and keys:
+
+        scale lam o dO . (Q S) = scale lam o rowsum(Q o dO S^T)
+        gam o (K dS) . U       = rowsum(K o the second sum) + bdyks
+
+    the first through lam's reverse cumulative sum (with S . dS at the chunk's last row), the
+    second through gam's (G's last row: an exclusive cumulative sum).
+
+    PART (:data:`DQDK_DK`, :data:`DQDK_DQ`, :data:`DQDK_BOTH`): the gradient a launch computes;
+    dk's launch runs first (it reads what the first half wrote in ``dg`` and adds to it, as dq's
+    then does). Each program holds one [BT, K] accumulator (both at once spilled at 4 warps:
+    docs/perf-history.md); DQDK_BOTH makes dk's pass, then dq's in the same program, which reads
+    q, k and the state tiles it read again while they are in L2.
+
+    GROUP: value heads a program takes, one after another. 1: dq and dk per value head
+    ``[.., HV, K]`` (GVA sums them after). HV / H: a GVA group's, summed in the accumulator, and
+    written per q/k head in q's and k's dtypes; dO comes into dq's sum scaled by scale lam (each
+    head its own), and each head's projections are the differences of the sum's projections
+    before and after it."""
+    NG: tl.constexpr = HV // GROUP
+    pid = tl.program_id(0).to(tl.int64)
+    i_g = pid % NG
+    i_c = pid // NG
+    i_h = (i_g * GROUP) // (HV // H)  # the q/k head of the program's value heads
+    valid, bos, eos, r0, cs = _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT, IS_VARLEN, M)
+    if not valid:
+        return
+    o_t, o_k, m_k, rows, m_r, m_rk = _chunk_tiles(r0, eos, BT, BK, K)
+    cs_ok = (cs >= 0) & (cs < n_cs_rows)
+    tok = rows // M  # a row's token: q, dO, g and dq live on the token stream
+    m_q = m_r & (rows % M == M - 1)  # the query sits on each token's last copy
+    m_qk = m_q[:, None] & m_k[None, :]
+    if PART != 2:  # DQDK_DK, DQDK_BOTH
+        _dqdk_pass(q, k, g, beta, do, u, dy, states, dstates, dq, dk, dg, bdyks, scratch, scale, i_c, i_g, i_h, cs,
+                   cs_ok, o_t, o_k, m_k, rows, m_r, m_rk, tok, m_q, m_qk, H, HV, K, V, BT, BK, BV, HAS_G, USE_L2NORM, DOT_PRECISION, DT, M, GROUP, False, True)
+    if PART == 3:  # DQDK_BOTH
+        tl.debug_barrier()  # dk's pass added to dg; dq's reads it back
+    if PART != 1:  # DQDK_DQ, DQDK_BOTH
+        _dqdk_pass(q, k, g, beta, do, u, dy, states, dstates, dq, dk, dg, bdyks, scratch, scale, i_c, i_g, i_h, cs,
+                   cs_ok, o_t, o_k, m_k, rows, m_r, m_rk, tok, m_q, m_qk, H, HV, K, V, BT, BK, BV, HAS_G, USE_L2NORM, DOT_PRECISION, DT, M, GROUP, True, False)
