@@ -125,12 +125,11 @@ def backward(BV=32, warps=8, grads_warps=8, grads_BV=None):
     sweep_BV, BV = BV, grads_BV or BV
     const = dict(H=16, HV=32, K=128, V=128, BT=64, BK=128, BV=BV, IS_VARLEN=False, HAS_G=True, USE_L2NORM=True,
                  DOT_PRECISION="tf32", DT=tl.bfloat16, M=1)
-    dqdk_const = dict(const, PART=1, GROUP=1, SCORES=False, BVS=128)
+    dqdk_const = dict(const, PART=1, GROUP=1)
     scores_sig = dict(q=p, k=p, v=p, g="*fp32", beta=p, do=p, dy=p, u=p, ks=f, dg=f, dbeta=f, bdyks=f, scratch=p,
                       cu_seqlens="*i32", chunk_indices="*i32", chunk_offsets="*i32", T="i32", n_seq="i32",
                       scale="fp32")
-    dqdk_sig = dict(q=p, k=p, v=p, g="*fp32", beta=p, do=p, u=p, ks=p, dy=p, states=p, dstates=p, dq=p, dk=p, dg=f,
-                    dbeta=f, bdyks=f,
+    dqdk_sig = dict(q=p, k=p, g="*fp32", beta=p, do=p, u=p, dy=p, states=p, dstates=p, dq=p, dk=p, dg=f, bdyks=f,
                     scratch=p, cu_seqlens="*i32", chunk_indices="*i32", chunk_offsets="*i32", T="i32", n_seq="i32",
                     scale="fp32", n_cs_rows="i32")
     return f"reverse sweep BV {sweep_BV}, {warps} warps: {swept}\nparallel stage BV {BV}, {grads_warps} warps:" \
@@ -143,11 +142,7 @@ def backward(BV=32, warps=8, grads_warps=8, grads_BV=None):
            f"{_compile(chunk_delta_bwd_dqdk_kernel, dqdk_sig, dict(dqdk_const, PART=2, GROUP=2), grads_warps)}" \
            f"\n  dk then dq: {_compile(chunk_delta_bwd_dqdk_kernel, dqdk_sig, dict(dqdk_const, PART=3), grads_warps)}" \
            f"\n  dk then dq, GVA summed: " \
-           f"{_compile(chunk_delta_bwd_dqdk_kernel, dqdk_sig, dict(dqdk_const, PART=3, GROUP=2), grads_warps)}" \
-           f"\n  the whole stage: " \
-           f"{_compile(chunk_delta_bwd_dqdk_kernel, dqdk_sig, dict(dqdk_const, PART=3, SCORES=True), grads_warps)}" \
-           f"\n  the whole stage, GVA summed: " \
-           f"{_compile(chunk_delta_bwd_dqdk_kernel, dqdk_sig, dict(dqdk_const, PART=3, GROUP=2, SCORES=True), grads_warps)}"
+           f"{_compile(chunk_delta_bwd_dqdk_kernel, dqdk_sig, dict(dqdk_const, PART=3, GROUP=2), grads_warps)}"
 
 
 def gla(form: str, lines: int = 0) -> str:

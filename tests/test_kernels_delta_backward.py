@@ -50,9 +50,6 @@ GROUPED = DeltaBackwardShape(32, 8, 4, "tests: GVA summed in the dq, dk kernels"
 #: dk, then dq, in one launch (GVA summed in it).
 ONE_LAUNCH = DeltaBackwardShape(32, 4, 4, "tests: dk then dq in one launch", grads_block_v=16, group_in_kernel=True,
                                 dqdk_one_launch=True)
-#: The whole parallel stage in one launch (the scores' pass, dk's, dq's), GVA summed in it.
-STAGE_ONE_LAUNCH = DeltaBackwardShape(32, 4, 4, "tests: the parallel stage in one launch", grads_block_v=16,
-                                      scores_block_v=32, group_in_kernel=True, stage_one_launch=True)
 
 
 def _cases():
@@ -62,7 +59,6 @@ def _cases():
             if optional == "all":
                 yield pytest.param(case, optional, NARROW, id=f"{case}-{optional}-narrow")
                 yield pytest.param(case, optional, ONE_LAUNCH, id=f"{case}-{optional}-one-launch")
-                yield pytest.param(case, optional, STAGE_ONE_LAUNCH, id=f"{case}-{optional}-stage-one-launch")
             if c["HV"] != c["H"]:  # GVA summed in the kernel
                 yield pytest.param(case, optional, GROUPED,
                                    id=f"{case}-{optional}-grouped")
@@ -107,8 +103,8 @@ def test_triton_backward_matches_the_reference(case, optional, backward_shape):
             assert_like_fp32(a.cpu(), b, r, name)
 
 
-@pytest.mark.parametrize("backward_shape", [None, NARROW, SEGMENTED, GROUPED, ONE_LAUNCH, STAGE_ONE_LAUNCH],
-                         ids=["planned", "narrow", "split", "grouped", "one-launch", "stage-one-launch"])
+@pytest.mark.parametrize("backward_shape", [None, NARROW, SEGMENTED, GROUPED, ONE_LAUNCH],
+                         ids=["planned", "narrow", "split", "grouped", "one-launch"])
 @pytest.mark.parametrize("M, cu", [(2, None), (3, [0, 1, 40, 41, 90])])
 def test_gated_delta_product_on_the_expanded_stream(M, cu, backward_shape):
     """GDP: the stages on the expanded stream with q, dO (last copies) and g (first copies) read
@@ -375,8 +371,8 @@ def test_gdp_training_with_descriptors_builds_none(monkeypatch):
         assert relative_rms(a.double().cpu(), b) < 1e-5, name
 
 
-@pytest.mark.parametrize("backward_shape", [None, NARROW, SEGMENTED, GROUPED, ONE_LAUNCH, STAGE_ONE_LAUNCH],
-                         ids=["planned", "narrow", "split", "grouped", "one-launch", "stage-one-launch"])
+@pytest.mark.parametrize("backward_shape", [None, NARROW, SEGMENTED, GROUPED, ONE_LAUNCH],
+                         ids=["planned", "narrow", "split", "grouped", "one-launch"])
 def test_every_backward_launch_names_every_kernel_argument(backward_shape):
     """The direct launcher fills a kernel's parameters by name, defaults included: every launch of
     the backward (its forward recompute too) names every argument of its kernel."""
@@ -397,8 +393,8 @@ def test_every_backward_launch_names_every_kernel_argument(backward_shape):
         assert not missing, f"{getattr(step.kernel, 'fn', step.kernel).__name__}: {missing}"
 
 
-@pytest.mark.parametrize("backward_shape", [None, NARROW, SEGMENTED, GROUPED, ONE_LAUNCH, STAGE_ONE_LAUNCH],
-                         ids=["planned", "narrow", "split", "grouped", "one-launch", "stage-one-launch"])
+@pytest.mark.parametrize("backward_shape", [None, NARROW, SEGMENTED, GROUPED, ONE_LAUNCH],
+                         ids=["planned", "narrow", "split", "grouped", "one-launch"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_16_bit_inputs(dtype, backward_shape):
     """bf16 / fp16 inputs (the buffers the stages hand each other then are 16-bit too), GVA and

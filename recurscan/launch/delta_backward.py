@@ -162,15 +162,10 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
     scores = Step(chunk_delta_bwd_scores_kernel, (chunks * HV,), dict(
         shared, v=arg("v"), ks=arg("ks"), dbeta=arg("dbeta"), BV=BVs),
         dict(num_warps=backward_shape.scores_warps or backward_shape.grads_warps))
-    dqdk = dict(shared, v=arg("v"), ks=arg("ks"), dbeta=arg("dbeta"), states=arg("states"), dstates=arg("dstates"),
-                dq=arg("dq"), dk=arg("dk"), n_cs_rows=rows, GROUP=group, BVS=BVs)
-    if backward_shape.stage_one_launch:  # the scores' pass, dk's, then dq's, in one program
-        steps = [sweep, Step(chunk_delta_bwd_dqdk_kernel, (chunks * (HV // group),),
-                             dict(dqdk, PART=DQDK_BOTH, SCORES=True), dict(num_warps=backward_shape.grads_warps))]
-    else:
-        steps = [sweep, scores] + [Step(chunk_delta_bwd_dqdk_kernel, (chunks * (HV // group),),
-                                        dict(dqdk, PART=part, SCORES=False), dict(num_warps=backward_shape.grads_warps))
-                                   for part in ((DQDK_BOTH,) if backward_shape.dqdk_one_launch else (DQDK_DK, DQDK_DQ))]
+    dqdk = dict(shared, states=arg("states"), dstates=arg("dstates"), dq=arg("dq"), dk=arg("dk"), n_cs_rows=rows)
+    steps = [sweep, scores] + [Step(chunk_delta_bwd_dqdk_kernel, (chunks * (HV // group),),
+                                    dict(dqdk, PART=part, GROUP=group), dict(num_warps=backward_shape.grads_warps))
+                               for part in ((DQDK_BOTH,) if backward_shape.dqdk_one_launch else (DQDK_DK, DQDK_DQ))]
     if gva:  # dq, dk per value head -> per q/k head, in q's and k's dtypes
         buffers.update(dq_sum=((B, T, H, K), q.dtype), dk_sum=((B, T * M, H, K), k.dtype))
         for name, rows_of in (("dq", B * T * H), ("dk", B * T * M * H)):

@@ -171,9 +171,6 @@ class DeltaBackwardShape:
     # dk, then dq, in one launch (DQDK_BOTH): the second pass reads q, k and the state tiles again
     # from L2 rather than from memory in a launch of its own.
     dqdk_one_launch: bool = False
-    # The whole parallel stage in one launch: the scores' pass, dk's, then dq's, in one program
-    # (each pass reads what an earlier one read while it is in L2).
-    stage_one_launch: bool = False
 
 
 # The parallel stage's rows share their shape: the scores kernel steps 128 value columns on 4 warps

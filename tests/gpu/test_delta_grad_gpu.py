@@ -243,11 +243,10 @@ def test_the_backward_gives_the_same_bits_every_run(HV, V):
 
 @pytest.mark.parametrize("H, HV, cu", [(16, 16, None), (8, 16, None), (8, 16, [0, 1, 3000, 8192])],
                          ids=["B2 T4096 H=HV=16", "GVA HV=2H", "varlen, a one-token sequence"])
-def test_the_parallel_stage_in_fewer_launches_gives_the_same_bits(H, HV, cu):
-    """``DeltaBackwardShape.dqdk_one_launch`` (dk's pass, then dq's, in one program) and
-    ``stage_one_launch`` (the scores' pass first, too) at the models' head sizes, bf16: every
-    gradient bit for bit as the three launches apart (the same products in the same order), and
-    within the oracle's band of the float64 chunkwise reference."""
+def test_dk_then_dq_in_one_launch_gives_the_two_launches_bits(H, HV, cu):
+    """``DeltaBackwardShape.dqdk_one_launch`` (dk's pass, then dq's, in one program) at the models'
+    head sizes, bf16: every gradient bit for bit as dk's and dq's launches apart (the same products
+    in the same order), and within the oracle's band of the float64 chunkwise reference."""
     from recurscan.descriptors import build_chunk_descriptors
     from recurscan.launch.delta_backward import chunk_delta_bwd
     from recurscan.plan.delta import DeltaBackwardShape
@@ -264,17 +263,16 @@ def test_the_parallel_stage_in_fewer_launches_gives_the_same_bits(H, HV, cu):
         cu_t = torch.tensor(cu, device="cuda", dtype=torch.int32)
         d = build_chunk_descriptors(cu_t, device="cuda")
         args.update(cu_seqlens=cu_t, chunk_indices=d.chunk_indices, chunk_offsets=d.chunk_offsets)
-    launches = {"three": {}, "dk then dq": dict(dqdk_one_launch=True), "one": dict(stage_one_launch=True)}
-    got = {name: chunk_delta_bwd(q, k, v, g, beta, do, None, **args, backward_shape=DeltaBackwardShape(
-        64, 4, 4, "test", grads_block_v=32, scores_warps=4, scores_block_v=128, group_in_kernel=True, **flags))
-        for name, flags in launches.items()}
+    shapes = {one: DeltaBackwardShape(64, 4, 4, "test", grads_block_v=32, scores_warps=4, scores_block_v=128,
+                                      group_in_kernel=True, dqdk_one_launch=one) for one in (False, True)}
+    got = {one: chunk_delta_bwd(q, k, v, g, beta, do, None, backward_shape=shape, **args)
+           for one, shape in shapes.items()}
     names = ("dq", "dk", "dv", "dg", "dbeta")
-    for form in ("dk then dq", "one"):
-        for name, a, b in zip(names, got["three"], got[form]):
-            assert torch.equal(a, b), f"{form}, {name}: {int((a != b).sum())} elements differ"
+    for name, a, b in zip(names, got[False], got[True]):
+        assert torch.equal(a, b), f"{name}: {int((a != b).sum())} elements differ"
     want = gated_delta_rule_chunked_backward(*(t.double() for t in (q, k, v, g, beta, do)), None,
                                              **{n: a for n, a in args.items() if n in ("use_qk_l2norm_in_kernel",
                                                                                        "cu_seqlens")})
-    for name, a, b in zip(names, got["one"], want):
+    for name, a, b in zip(names, got[True], want):
         assert torch.isfinite(a).all(), name
         assert relative_rms(a.double(), b) < 1e-2, f"{name}: relative RMS {relative_rms(a.double(), b):.2e}"

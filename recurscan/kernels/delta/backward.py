@@ -137,13 +137,40 @@ def chunk_delta_bwd_sweep_kernel(
         tl.store(dh0 + p_h + o_kv, b_dS, mask=m_kv)
 
 
-@triton.jit
-def _scores_pass(q, k, v, g, beta, do, dy, u, ks, dg, dbeta, bdyks, scratch, scale, i_c, i_hv, i_h, o_t, o_k, m_k, rows,
-                 m_r, m_rk, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                 BV: tl.constexpr, HAS_G: tl.constexpr, USE_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 DT: tl.constexpr, M: tl.constexpr):
-    """Chunk i_c and value head i_hv of :func:`chunk_delta_bwd_scores_kernel` (its docstring has
-    the algebra): writes dbeta, bdyks, dg's [BT, BT] part and the two scratch tiles."""
+@triton.jit(do_not_specialize=["T", "n_seq"])
+def chunk_delta_bwd_scores_kernel(
+    q, k, v, g, beta, do, dy, u, ks, dg, dbeta, bdyks, scratch,
+    cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, scale,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, USE_L2NORM: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DT: tl.constexpr, M: tl.constexpr = 1,
+):
+    """The parallel stage, first half: the [BT, BT] side. Grid (chunks x HV,): per (chunk, value
+    head), from dY (the reverse sweep's), and U and lam o (K S) (the recompute's, ``u`` and ``ks``),
+    the steps 2-5 of ``reference.delta_backward.gdn_chunk_backward`` on the normalised q, k that
+    need no state:
+
+        dscores = lower(scale dO U^T);  dsys = -strict(dY U^T);  dA = beta o dsys
+        dbeta = rowsum(dsys o A) + dY . V - dY . (lam o K S)
+        dg    = the [BT, BT] tile's part (dscores o QK^T + dA o KK^T, through G) - the reverse
+                cumulative sum of beta o dY . (lam o K S)
+
+    dbeta comes out in full; dg's state terms (dO . (Q S), (K dS) . U, S . dS) are added by
+    :func:`chunk_delta_bwd_dqdk_kernel`, which also takes ``bdyks = beta o dY . (lam o K S)``
+    (float32, per row) and (dscores o G), (dA o G) from ``scratch [chunks * HV, 2, BT, BT]`` (DT).
+
+    Its loop over value blocks of BV columns reads four [BT, BV] tiles and makes two products
+    (dO U^T, dY U^T); nothing of the state or the key dimension is touched there.
+
+    fla's issue 640 reports ``tl.dot(tl.trans(x), ...)``, x a product's result, miscompiled on
+    Hopper by Triton 3.4 to 3.7.0 in a kernel of this kind. Here no product result is a transposed
+    operand: U^T is a loaded tile, and the second half reads (dscores o G)^T and (dA o G)^T back
+    transposed through the scratch, as fla's fix does."""
+    i_c, i_hv, i_h = _chunk_head(H, HV)
+    valid, bos, eos, r0, cs = _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT, IS_VARLEN, M)
+    if not valid:
+        return
+    o_t, o_k, m_k, rows, m_r, m_rk = _chunk_tiles(r0, eos, BT, BK, K)
     causal = o_t[:, None] >= o_t[None, :]
     strict = o_t[:, None] > o_t[None, :]
     tok = rows // M  # a row's token: q, dO and g live on the token stream
@@ -198,46 +225,6 @@ def _scores_pass(q, k, v, g, beta, do, dy, u, ks, dg, dbeta, bdyks, scratch, sca
         tl.store(dg + tok * HV + i_hv, d_g, mask=m_r & (rows % M == 0))
 
 
-
-
-@triton.jit(do_not_specialize=["T", "n_seq"])
-def chunk_delta_bwd_scores_kernel(
-    q, k, v, g, beta, do, dy, u, ks, dg, dbeta, bdyks, scratch,
-    cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, scale,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, USE_L2NORM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DT: tl.constexpr, M: tl.constexpr = 1,
-):
-    """The parallel stage, first half: the [BT, BT] side. Grid (chunks x HV,): per (chunk, value
-    head), from dY (the reverse sweep's), and U and lam o (K S) (the recompute's, ``u`` and ``ks``),
-    the steps 2-5 of ``reference.delta_backward.gdn_chunk_backward`` on the normalised q, k that
-    need no state:
-
-        dscores = lower(scale dO U^T);  dsys = -strict(dY U^T);  dA = beta o dsys
-        dbeta = rowsum(dsys o A) + dY . V - dY . (lam o K S)
-        dg    = the [BT, BT] tile's part (dscores o QK^T + dA o KK^T, through G) - the reverse
-                cumulative sum of beta o dY . (lam o K S)
-
-    dbeta comes out in full; dg's state terms (dO . (Q S), (K dS) . U, S . dS) are added by
-    :func:`chunk_delta_bwd_dqdk_kernel`, which also takes ``bdyks = beta o dY . (lam o K S)``
-    (float32, per row) and (dscores o G), (dA o G) from ``scratch [chunks * HV, 2, BT, BT]`` (DT).
-
-    Its loop over value blocks of BV columns reads four [BT, BV] tiles and makes two products
-    (dO U^T, dY U^T); nothing of the state or the key dimension is touched there.
-
-    fla's issue 640 reports ``tl.dot(tl.trans(x), ...)``, x a product's result, miscompiled on
-    Hopper by Triton 3.4 to 3.7.0 in a kernel of this kind. Here no product result is a transposed
-    operand: U^T is a loaded tile, and the second half reads (dscores o G)^T and (dA o G)^T back
-    transposed through the scratch, as fla's fix does."""
-    i_c, i_hv, i_h = _chunk_head(H, HV)
-    valid, bos, eos, r0, cs = _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT, IS_VARLEN, M)
-    if not valid:
-        return
-    o_t, o_k, m_k, rows, m_r, m_rk = _chunk_tiles(r0, eos, BT, BK, K)
-    _scores_pass(q, k, v, g, beta, do, dy, u, ks, dg, dbeta, bdyks, scratch, scale, i_c, i_hv, i_h, o_t, o_k, m_k, rows,
-                 m_r, m_rk, H, HV, K, V, BT, BV, HAS_G, USE_L2NORM, DOT_PRECISION, DT, M)
-
-
 @triton.jit
 def _sds_term(lam, sds, o_t, BT: tl.constexpr):
     """S . dS enters dlam at the chunk's last row, so every row's dg through lam's reverse
@@ -251,10 +238,10 @@ DQDK_DK, DQDK_DQ, DQDK_BOTH = 1, 2, 3
 
 @triton.jit
 def _dqdk_pass(q, k, g, beta, do, u, dy, states, dstates, dq, dk, dg, bdyks, scratch, scale, i_c, i_g, i_h, cs,
-               cs_ok, o_t, o_k, m_k, rows, m_r, m_rk, tok, m_q, m_qk, H: tl.constexpr, HV: tl.constexpr,
-               K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-               HAS_G: tl.constexpr, USE_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr, DT: tl.constexpr,
-               M: tl.constexpr, GROUP: tl.constexpr, DO_DQ: tl.constexpr, DO_DK: tl.constexpr):
+               cs_ok, o_t, o_k, m_k, rows, m_r, m_rk, tok, m_q, m_qk, H: tl.constexpr,
+               HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+               BV: tl.constexpr, HAS_G: tl.constexpr, USE_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+               DT: tl.constexpr, M: tl.constexpr, GROUP: tl.constexpr, DO_DQ: tl.constexpr, DO_DK: tl.constexpr):
     """One gradient of :func:`chunk_delta_bwd_dqdk_kernel` (dq or dk, its docstring has the algebra)
     over the program's value heads, its dg terms added to ``dg``, written. Each pass loads q and k
     itself: nothing of one pass stays live through the other's."""
@@ -367,12 +354,12 @@ def _dqdk_pass(q, k, g, beta, do, u, dy, states, dstates, dq, dk, dg, bdyks, scr
 
 @triton.jit(do_not_specialize=["T", "n_seq", "n_cs_rows"])
 def chunk_delta_bwd_dqdk_kernel(
-    q, k, v, g, beta, do, u, ks, dy, states, dstates, dq, dk, dg, dbeta, bdyks, scratch,
+    q, k, g, beta, do, u, dy, states, dstates, dq, dk, dg, bdyks, scratch,
     cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, scale, n_cs_rows,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, USE_L2NORM: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DT: tl.constexpr, M: tl.constexpr = 1, PART: tl.constexpr = 1,
-    GROUP: tl.constexpr = 1, SCORES: tl.constexpr = False, BVS: tl.constexpr = 128,
+    GROUP: tl.constexpr = 1,
 ):
     """The parallel stage, second half: the state side. Grid (chunks x HV / GROUP,): per (chunk,
     value head), from S entering the chunk and dS leaving it, the V-sums
@@ -397,11 +384,6 @@ def chunk_delta_bwd_dqdk_kernel(
     docs/perf-history.md); DQDK_BOTH makes dk's pass, then dq's in the same program, which reads
     q, k and the state tiles it read again while they are in L2.
 
-    SCORES: the first half (:func:`chunk_delta_bwd_scores_kernel`'s pass, value steps of BVS
-    columns) runs first in the same program, for each of its value heads: the whole parallel stage
-    in one launch, each pass reading what an earlier one read while it is in L2 (``v``, ``ks`` and
-    ``dbeta`` are that pass's; unread otherwise).
-
     GROUP: value heads a program takes, one after another. 1: dq and dk per value head
     ``[.., HV, K]`` (GVA sums them after). HV / H: a GVA group's, summed in the accumulator, and
     written per q/k head in q's and k's dtypes; dO comes into dq's sum scaled by scale lam (each
@@ -420,19 +402,11 @@ def chunk_delta_bwd_dqdk_kernel(
     tok = rows // M  # a row's token: q, dO, g and dq live on the token stream
     m_q = m_r & (rows % M == M - 1)  # the query sits on each token's last copy
     m_qk = m_q[:, None] & m_k[None, :]
-
-    if SCORES:
-        for j in range(0, GROUP):
-            _scores_pass(q, k, v, g, beta, do, dy, u, ks, dg, dbeta, bdyks, scratch, scale, i_c, i_g * GROUP + j, i_h,
-                         o_t, o_k, m_k, rows, m_r, m_rk, H, HV, K, V, BT, BVS, HAS_G, USE_L2NORM, DOT_PRECISION, DT, M)
-        tl.debug_barrier()  # the scratch, bdyks and dg it wrote are read back below
     if PART != 2:  # DQDK_DK, DQDK_BOTH
         _dqdk_pass(q, k, g, beta, do, u, dy, states, dstates, dq, dk, dg, bdyks, scratch, scale, i_c, i_g, i_h, cs,
-                   cs_ok, o_t, o_k, m_k, rows, m_r, m_rk, tok, m_q, m_qk, H, HV, K, V, BT, BK, BV, HAS_G, USE_L2NORM,
-                   DOT_PRECISION, DT, M, GROUP, False, True)
+                   cs_ok, o_t, o_k, m_k, rows, m_r, m_rk, tok, m_q, m_qk, H, HV, K, V, BT, BK, BV, HAS_G, USE_L2NORM, DOT_PRECISION, DT, M, GROUP, False, True)
     if PART == 3:  # DQDK_BOTH
         tl.debug_barrier()  # dk's pass added to dg; dq's reads it back
     if PART != 1:  # DQDK_DQ, DQDK_BOTH
         _dqdk_pass(q, k, g, beta, do, u, dy, states, dstates, dq, dk, dg, bdyks, scratch, scale, i_c, i_g, i_h, cs,
-                   cs_ok, o_t, o_k, m_k, rows, m_r, m_rk, tok, m_q, m_qk, H, HV, K, V, BT, BK, BV, HAS_G, USE_L2NORM,
-                   DOT_PRECISION, DT, M, GROUP, True, False)
+                   cs_ok, o_t, o_k, m_k, rows, m_r, m_rk, tok, m_q, m_qk, H, HV, K, V, BT, BK, BV, HAS_G, USE_L2NORM, DOT_PRECISION, DT, M, GROUP, True, False)
