@@ -47,9 +47,9 @@ SEGMENTED = DeltaBackwardShape(16, 4, 4, "tests: the recompute in segments",
 #: GVA summed in the dq, dk kernels over 16-column steps (NARROW sums a group's dq, dk after them).
 GROUPED = DeltaBackwardShape(32, 8, 4, "tests: GVA summed in the dq, dk kernels", grads_block_v=16,
                              group_in_kernel=True)
-#: dk, then dq, in one launch (GVA summed in it).
+#: dk, then dq, in one launch (GVA summed in it), the parallel stage's kernels at 168 registers and 2 stages.
 ONE_LAUNCH = DeltaBackwardShape(32, 4, 4, "tests: dk then dq in one launch", grads_block_v=16, group_in_kernel=True,
-                                dqdk_one_launch=True)
+                                dqdk_one_launch=True, stage_maxnreg=168, stage_num_stages=2)
 
 
 def _cases():
