@@ -151,7 +151,7 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
         chunk_offsets=arg("chunk_offsets", varlen), T=T, n_cs_rows=rows,
         H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=varlen, HAS_DHT=dht is not None,
         STORE_DH0=initial_state is not None, DOT_PRECISION=dot_precision, DT=dt, M=M,
-        NUM_STAGES=backward_shape.sweep_stages),
+        NUM_STAGES=backward_shape.sweep_stages, STORE_LATE=backward_shape.sweep_store_late),
         dict(num_warps=backward_shape.sweep_warps))
     shared = dict(q=arg("q"), k=arg("k"), g=arg("g", g is not None), beta=arg("beta"), do=arg("do"), dy=arg("dy"),
                   u=arg("u"), dg=arg("dg", g is not None), bdyks=arg("bdyks"), scratch=arg("scratch"),

@@ -175,6 +175,8 @@ class DeltaBackwardShape:
     # (None: Triton's defaults): programs resident on an SM, against spills.
     stage_maxnreg: int | None = None
     stage_num_stages: int | None = None
+    # The reverse sweep stores a chunk's dS, dY and dv after its chain's products.
+    sweep_store_late: bool = False
 
 
 # The parallel stage's rows share their shape: the scores kernel steps 128 value columns on 4 warps
