@@ -136,38 +136,30 @@ PLANNED = None
 
 
 def parse_backward_shape(text):
-    """``BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]][+group][+sN][+corun][+one][+rN][+pN][+late][/...]``
+    """``BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]][+group][+sN][+corun][+one][/BV:warps:stages:phases:segments]``
     -> a DeltaBackwardShape: ``+group``, GVA groups summed in the dq, dk kernels; ``+sN``, the
     reverse sweep's loop pipelined N stages deep; ``+corun``, the recompute on a side stream beside
-    the reverse sweep; ``+one``, dk and dq in one launch; ``+rN``, the parallel stage's kernels
-    capped at N registers; ``+pN``, pipelined N stages deep; ``+late``, the reverse sweep's stores
-    after its chain's products; after the slash (``/...``:
-    ``BV:warps:stages:phases:segments``), the recompute's prep and sweep (V as a product operand
-    from 64 columns, as the forward's table has it)."""
+    the reverse sweep; ``+one``, dk and dq in one launch; after the slash, the recompute's prep and sweep
+    (V as a product operand from 64 columns, as the forward's table has it)."""
     from recurscan.plan.delta import DeltaBackwardShape, DeltaShape
     stages, _, recompute = text.partition("/")
     stages, *flags = stages.split("+")
     group = "group" in flags
     corun = "corun" in flags
     one = "one" in flags
-    late = "late" in flags
-    caps = [int(f[1:]) for f in flags if f[:1] == "r" and f[1:].isdigit()]
-    depths = [int(f[1:]) for f in flags if f[:1] == "p" and f[1:].isdigit()]
     sweep_stages = [int(f[1:]) for f in flags if f[:1] == "s" and f[1:].isdigit()]
     parts, rparts = stages.split(":"), recompute.split(":") if recompute else []
     if len(parts) not in (3, 4, 6) or len(rparts) not in (0, 5) or not all(x.isdigit() for x in parts + rparts) \
-            or len(flags) != group + corun + one + late + len(caps) + len(depths) + len(sweep_stages):
+            or len(flags) != group + corun + one + len(sweep_stages):
         raise ValueError("backward shape: expected BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]][+group]"
-                         f"[+sN][+corun][+one][+rN][+pN][+late][/BV:warps:stages:phases:segments], got {text!r}")
+                         f"[+sN][+corun][+one][/BV:warps:stages:phases:segments], got {text!r}")
     if rparts:
         bv, warps, n_stages, phases, segments = map(int, rparts)
         recompute = DeltaShape(bv, warps, n_stages, 4, "variant", segments=segments, phases=phases,
                                v_product=bv >= 64)
     extra = dict(sweep_stages=sweep_stages[0]) if sweep_stages else {}
     return DeltaBackwardShape(*map(int, parts[:3]), "variant", *map(int, parts[3:]), recompute=recompute or None,
-                              group_in_kernel=group, corun=corun, dqdk_one_launch=one,
-                              stage_maxnreg=caps[0] if caps else None, stage_num_stages=depths[0] if depths else None,
-                              sweep_store_late=late, **extra)
+                              group_in_kernel=group, corun=corun, dqdk_one_launch=one, **extra)
 
 
 def set_backward_shape(text):

@@ -36,8 +36,7 @@ CASES = {
     "K 24, V 40 (not powers of two), varlen": dict(B=1, T=150, H=1, HV=2, cu=[0, 1, 150], l2norm=True, K=24, V=40),
 }
 #: Another launch shape than the planner's: 4 warps, and a parallel stage stepping 16 value columns.
-NARROW = DeltaBackwardShape(32, 4, 4, "tests: 4 warps, the parallel stage over 16-column steps, stores late",
-                            grads_block_v=16, sweep_store_late=True)
+NARROW = DeltaBackwardShape(32, 4, 4, "tests: 4 warps, the parallel stage over 16-column steps", grads_block_v=16)
 #: The recompute in three phases, and in three segments (pass 1, the fix-up, pass 2), its scores kernel at 64 columns.
 PHASED = DeltaBackwardShape(32, 8, 4, "tests: the recompute in phases", grads_block_v=16, scores_warps=4,
                             scores_block_v=64, recompute=DeltaShape(32, 4, 2, 4, "tests", phases=3))
@@ -48,9 +47,9 @@ SEGMENTED = DeltaBackwardShape(16, 4, 4, "tests: the recompute in segments",
 #: GVA summed in the dq, dk kernels over 16-column steps (NARROW sums a group's dq, dk after them).
 GROUPED = DeltaBackwardShape(32, 8, 4, "tests: GVA summed in the dq, dk kernels", grads_block_v=16,
                              group_in_kernel=True)
-#: dk, then dq, in one launch (GVA summed in it), the parallel stage's kernels at 168 registers and 2 stages.
+#: dk, then dq, in one launch (GVA summed in it).
 ONE_LAUNCH = DeltaBackwardShape(32, 4, 4, "tests: dk then dq in one launch", grads_block_v=16, group_in_kernel=True,
-                                dqdk_one_launch=True, stage_maxnreg=168, stage_num_stages=2)
+                                dqdk_one_launch=True)
 
 
 def _cases():

@@ -151,7 +151,7 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
         chunk_offsets=arg("chunk_offsets", varlen), T=T, n_cs_rows=rows,
         H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=varlen, HAS_DHT=dht is not None,
         STORE_DH0=initial_state is not None, DOT_PRECISION=dot_precision, DT=dt, M=M,
-        NUM_STAGES=backward_shape.sweep_stages, STORE_LATE=backward_shape.sweep_store_late),
+        NUM_STAGES=backward_shape.sweep_stages),
         dict(num_warps=backward_shape.sweep_warps))
     shared = dict(q=arg("q"), k=arg("k"), g=arg("g", g is not None), beta=arg("beta"), do=arg("do"), dy=arg("dy"),
                   u=arg("u"), dg=arg("dg", g is not None), bdyks=arg("bdyks"), scratch=arg("scratch"),
@@ -159,15 +159,12 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
                   chunk_offsets=arg("chunk_offsets", varlen), T=T, n_seq=N, scale=scale,
                   H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BVg, IS_VARLEN=varlen, HAS_G=g is not None,
                   USE_L2NORM=use_qk_l2norm_in_kernel, DOT_PRECISION=dot_precision, DT=dt, M=M)
-    stage_options = {name: value for name, value in (("maxnreg", backward_shape.stage_maxnreg),
-                                                     ("num_stages", backward_shape.stage_num_stages)) if value}
     scores = Step(chunk_delta_bwd_scores_kernel, (chunks * HV,), dict(
         shared, v=arg("v"), ks=arg("ks"), dbeta=arg("dbeta"), BV=BVs),
-        dict(num_warps=backward_shape.scores_warps or backward_shape.grads_warps, **stage_options))
+        dict(num_warps=backward_shape.scores_warps or backward_shape.grads_warps))
     dqdk = dict(shared, states=arg("states"), dstates=arg("dstates"), dq=arg("dq"), dk=arg("dk"), n_cs_rows=rows)
     steps = [sweep, scores] + [Step(chunk_delta_bwd_dqdk_kernel, (chunks * (HV // group),),
-                                    dict(dqdk, PART=part, GROUP=group),
-                                    dict(num_warps=backward_shape.grads_warps, **stage_options))
+                                    dict(dqdk, PART=part, GROUP=group), dict(num_warps=backward_shape.grads_warps))
                                for part in ((DQDK_BOTH,) if backward_shape.dqdk_one_launch else (DQDK_DK, DQDK_DQ))]
     if gva:  # dq, dk per value head -> per q/k head, in q's and k's dtypes
         buffers.update(dq_sum=((B, T, H, K), q.dtype), dk_sum=((B, T * M, H, K), k.dtype))

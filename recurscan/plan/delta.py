@@ -171,12 +171,6 @@ class DeltaBackwardShape:
     # dk, then dq, in one launch (DQDK_BOTH): the second pass reads q, k and the state tiles again
     # from L2 rather than from memory in a launch of its own.
     dqdk_one_launch: bool = False
-    # The parallel stage's kernels' (scores, dq, dk) register cap and software-pipelining depth
-    # (None: Triton's defaults): programs resident on an SM, against spills.
-    stage_maxnreg: int | None = None
-    stage_num_stages: int | None = None
-    # The reverse sweep stores a chunk's dS, dY and dv after its chain's products.
-    sweep_store_late: bool = False
 
 
 # The parallel stage's rows share their shape: the scores kernel steps 128 value columns on 4 warps

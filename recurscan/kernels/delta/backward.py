@@ -18,7 +18,7 @@ from .common import _chunk_gates, _chunk_head, _chunk_rows, _chunk_slot, _chunk_
 def _bwd_sweep_chunk(c, b_dS, q, k, beta, do, winv, aqk, coef, dstates, dy_out, dv, bos, L, i_n, i_h, i_hv, cs0,
                      n_cs_rows, o_t, o_k, o_v, m_k, m_v, m_kv, o_kv, H: tl.constexpr, HV: tl.constexpr,
                      K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                     DT: tl.constexpr, M: tl.constexpr, FULL: tl.constexpr, STORE_LATE: tl.constexpr):
+                     DT: tl.constexpr, M: tl.constexpr, FULL: tl.constexpr):
     """Chunk c of :func:`chunk_delta_bwd_sweep_kernel` (its docstring has the algebra): writes dS
     leaving the chunk, the chunk's dY and dv, and returns dS^T entering it. FULL: the chunk's BT
     rows all lie in the sequence, so no tile is masked by row.
@@ -48,9 +48,8 @@ def _bwd_sweep_chunk(c, b_dS, q, k, beta, do, winv, aqk, coef, dstates, dy_out, 
     b_beta = tl.load(beta + r0 * HV + i_hv + o_t * HV, mask=m_r, other=0.0).to(tl.float32)
 
     cs = cs0 + c
-    m_ds = m_kv & (cs >= 0) & (cs < n_cs_rows)  # no chunk_offsets reaches past the rows
-    if not STORE_LATE:
-        tl.store(dstates + (cs * HV + i_hv) * K * V + o_kv, b_dS.to(dstates.dtype.element_ty), mask=m_ds)
+    tl.store(dstates + (cs * HV + i_hv) * K * V + o_kv, b_dS.to(dstates.dtype.element_ty),
+             mask=m_kv & (cs >= 0) & (cs < n_cs_rows))  # no chunk_offsets reaches past the rows
     b_k = tl.load(k + (r0 * H + i_h) * K + o_t[:, None] * (H * K) + o_k[None, :], mask=m_r[:, None] & m_k[None, :],
                   other=0.0).to(DT)
     b_q = tl.load(q + (tok0 * H + i_h) * K + o_tok[:, None] * (H * K) + o_k[None, :],
@@ -61,25 +60,18 @@ def _bwd_sweep_chunk(c, b_dS, q, k, beta, do, winv, aqk, coef, dstates, dy_out, 
     b_W = tl.load(winv + o_tt, mask=m_r[:, None], other=0.0).to(DT)  # [BT, BT] G o Tinv
     b_Aqk = tl.load(aqk + o_tt, mask=m_q[:, None], other=0.0).to(DT)  # written on the query rows
     # dU^T = dO^T aqk + (gam rk) o (dS^T K^T); dY^T = dU^T winv; dv^T = beta o dY^T
-    b_dSd = b_dS.to(DT)
     b_dUt = tl.dot(b_dot, b_Aqk, input_precision=DOT_PRECISION) + \
-        gam_rk[None, :] * tl.dot(b_dSd, tl.trans(b_k), input_precision=DOT_PRECISION)
+        gam_rk[None, :] * tl.dot(b_dS.to(DT), tl.trans(b_k), input_precision=DOT_PRECISION)
     b_dYt = tl.dot(b_dUt.to(DT), b_W, input_precision=DOT_PRECISION)
     b_dvt = b_beta[None, :] * b_dYt
     o_vr = (r0 * HV + i_hv) * V + o_t[None, :] * (HV * V) + o_v[:, None]  # [BV, BT] tiles of [rows, V] tensors
     m_vr = m_v[:, None] & m_r[None, :]
-    if not STORE_LATE:
-        tl.store(dy_out + o_vr, b_dYt.to(dy_out.dtype.element_ty), mask=m_vr)
-        tl.store(dv + o_vr, b_dvt.to(dv.dtype.element_ty), mask=m_vr)
+    tl.store(dy_out + o_vr, b_dYt.to(dy_out.dtype.element_ty), mask=m_vr)
+    tl.store(dv + o_vr, b_dvt.to(dv.dtype.element_ty), mask=m_vr)
     # dS^T <- lam_C dS^T + (lam rq o dO)^T Q - (lam rk o dv)^T K, accumulated in the products
-    b_dSn = tl.dot((lam_rq[None, :] * b_dot.to(tl.float32)).to(DT), b_q, lam_last * b_dS,
-                   input_precision=DOT_PRECISION)
-    b_dSn = tl.dot((-lam_rk[None, :] * b_dvt).to(DT), b_k, b_dSn, input_precision=DOT_PRECISION)
-    if STORE_LATE:  # after the chain's products are issued, beside them
-        tl.store(dstates + (cs * HV + i_hv) * K * V + o_kv, b_dSd.to(dstates.dtype.element_ty), mask=m_ds)
-        tl.store(dy_out + o_vr, b_dYt.to(dy_out.dtype.element_ty), mask=m_vr)
-        tl.store(dv + o_vr, b_dvt.to(dv.dtype.element_ty), mask=m_vr)
-    return b_dSn
+    b_dS = tl.dot((lam_rq[None, :] * b_dot.to(tl.float32)).to(DT), b_q, lam_last * b_dS,
+                  input_precision=DOT_PRECISION)
+    return tl.dot((-lam_rk[None, :] * b_dvt).to(DT), b_k, b_dS, input_precision=DOT_PRECISION)
 
 
 @triton.jit(do_not_specialize=["T", "n_cs_rows"])
@@ -89,7 +81,6 @@ def chunk_delta_bwd_sweep_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DT: tl.constexpr, M: tl.constexpr = 1, NUM_STAGES: tl.constexpr = 3,
-    STORE_LATE: tl.constexpr = False,
 ):
     """Grid (N * HV * ceil(V / BV),): one program per (sequence, value head, value block) holds
     dS (the gradient of the state leaving the chunk) and walks the chunks last to first. Per chunk,
@@ -107,8 +98,7 @@ def chunk_delta_bwd_sweep_kernel(
     S^T: the held gradient and the chain's products are then the left operands, which wgmma takes
     from registers, and only loaded tiles go through shared memory (measured against dS [K, BV]:
     docs/perf-history.md). A sequence's last chunk, when partial, runs first and masked; the full
-    chunks before it run unmasked, their loads pipelined NUM_STAGES deep. STORE_LATE: a chunk's dS,
-    dY and dv are stored after its chain's products rather than as each is formed."""
+    chunks before it run unmasked, their loads pipelined NUM_STAGES deep."""
     pid = tl.program_id(0).to(tl.int64)
     NV: tl.constexpr = (V + BV - 1) // BV
     i_v = pid % NV
@@ -138,11 +128,11 @@ def chunk_delta_bwd_sweep_kernel(
     if c_full * BT < L:  # the partial last chunk
         b_dS = _bwd_sweep_chunk(c_full, b_dS, q, k, beta, do, winv, aqk, coef, dstates, dy_out, dv, bos, L, i_n,
                                 i_h, i_hv, cs0, n_cs_rows, o_t, o_k, o_v, m_k, m_v, m_kv, o_kv, H, HV, K, V, BT,
-                                DOT_PRECISION, DT, M, False, STORE_LATE)
+                                DOT_PRECISION, DT, M, False)
     for cc in tl.range(0, c_full, num_stages=NUM_STAGES):
         b_dS = _bwd_sweep_chunk(c_full - 1 - cc, b_dS, q, k, beta, do, winv, aqk, coef, dstates, dy_out, dv, bos, L,
                                 i_n, i_h, i_hv, cs0, n_cs_rows, o_t, o_k, o_v, m_k, m_v, m_kv, o_kv, H, HV, K, V,
-                                BT, DOT_PRECISION, DT, M, True, STORE_LATE)
+                                BT, DOT_PRECISION, DT, M, True)
     if STORE_DH0:
         tl.store(dh0 + p_h + o_kv, b_dS, mask=m_kv)
 
