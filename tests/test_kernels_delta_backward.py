@@ -321,7 +321,7 @@ def test_the_planner_overlaps_or_checkpoints_the_recompute_where_the_reverse_swe
     the recompute beside the reverse sweep (corun), no checkpoints. The same at K = V = 64 (the prep
     not kept, so the reverse sweep waits for the recompute's G o Tinv): every 4th chunk's state kept
     (34 MB within q, k, v's 134 MB). B4 T4096 HV16 (128 programs, the SMs filled): neither; varlen
-    and GDP: no checkpoints."""
+    and GDP: no checkpoints. dk and dq in one launch where each value head has its own q/k head."""
     import dataclasses
     from recurscan.plan import delta as plan_delta
     from recurscan.problem import DeltaProblem
@@ -335,6 +335,10 @@ def test_the_planner_overlaps_or_checkpoints_the_recompute_where_the_reverse_swe
         plan_delta.sm_count = lambda device: 132
         assert plan_delta.delta_backward_shape(32, 128, b1.device).corun
         assert not plan_delta.delta_backward_shape(64, 128, b4.device).corun
+        # dk, then dq, in one launch where a value head has its own q/k head (B4 T4096, GDP); two under GVA
+        assert plan_delta.delta_backward_shape(64, 128, b4.device, group=1).dqdk_one_launch
+        assert not plan_delta.delta_backward_shape(64, 128, b4.device, group=2).dqdk_one_launch
+        assert not plan_delta.delta_backward_shape(32, 128, b1.device, group=2).dqdk_one_launch
         assert plan_delta.keep_prep_for_backward(b1) and not plan_delta.keep_prep_for_backward(b1_64)
         assert plan_delta.checkpoint_chunks_for_backward(b1, b1.device) == 0
         assert plan_delta.checkpoint_chunks_for_backward(b1_64, b1.device) == 4

@@ -193,7 +193,7 @@ def _backward_call(q, k, v, g, beta, do, dht, *, num_householder, scale, initial
     shape = shape or TEST_SHAPE
     if backward_shape is None:
         pairs = (cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]) * v.shape[2]
-        backward_shape = _plan.delta_backward_shape(pairs, v.shape[3], q.device)
+        backward_shape = _plan.delta_backward_shape(pairs, v.shape[3], q.device, v.shape[2] // q.shape[2])
     # The stages index these as dense [B, T, heads, dim] (and dht as [N, HV, K, V]): any strided input is copied.
     q, k, v, do = (x.contiguous() for x in (q, k, v, do))
     g = None if g is None else g.contiguous()

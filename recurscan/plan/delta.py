@@ -183,31 +183,41 @@ class DeltaBackwardShape:
 # (gpu_delta_grad_check_dqdk32_wip.json) and the same bits run after run.
 _STAGE = dict(grads_block_v=32, scores_warps=4, scores_block_v=128, group_in_kernel=True)
 
+_REVERSE_SWEEP = ("the reverse sweep: 64 value columns on one warpgroup (wgmma), dS^T in registers, three stages: "
+                  "0.218 ms at B4 T4096 (32 columns on 8 warps 0.364, 64 on 8 0.274, 16 on 4 0.366, 64 on 4 at two "
+                  "stages 0.261), 0.676 at B1 T16384 HV32 (16 on 4 0.721, 32 on 8 0.759, 64 on 8 1.155), 0.507 at "
+                  "GDP M2 B4 (32 on 8 0.762, 64 on 8 0.643): gpu_delta_train_sweep_63b9ddd_*.json. Fewer pairs than "
+                  "measured here would have more programs at 16 columns; not measured")
+
 #: The backward's launch shape: the first row whose condition holds on (sequence x value head
-#: pairs, V, SMs) decides. Measured in benchmarks/results/gpu_delta_train_*.json (docs/perf-history.md).
-DELTA_BACKWARD_LAUNCH: list[tuple[Callable[[int, int, int], bool], DeltaBackwardShape]] = [
-    (lambda pairs, v, sms: 2 * pairs * -(-v // 64) <= sms,
+#: pairs, V, SMs, value heads per q/k head) decides. Measured in
+#: benchmarks/results/gpu_delta_train_*.json (docs/perf-history.md).
+DELTA_BACKWARD_LAUNCH: list[tuple[Callable[[int, int, int, int], bool], DeltaBackwardShape]] = [
+    (lambda pairs, v, sms, group: 2 * pairs * -(-v // 64) <= sms,
      DeltaBackwardShape(64, 4, 4, "half the SMs or more idle under the reverse sweep's programs: the recompute "
                         "beside it on a side stream, from the sequence's start (no checkpoints): B1 T16384 HV32 "
                         "2.613 ms against 2.758 with the recompute from checkpoints after it (2.675 with "
                         "checkpoints beside it). Where the SMs are full it loses: B4 T4096 1.305 against "
                         "1.268, GDP M2 2.610 against 2.526 (gpu_delta_train_corun_wip.json). With the 32-column dq/dk step: "
                         "B1 2.540 against 60f978f's 2.755 (gpu_delta_train_c2ee13b.json)", corun=True, **_STAGE)),
-    (lambda pairs, v, sms: True,
-     DeltaBackwardShape(64, 4, 4, "the reverse sweep: 64 value columns on one warpgroup (wgmma), dS^T in registers, "
-                        "three stages: 0.218 ms at B4 T4096 (32 columns on 8 warps 0.364, 64 on 8 0.274, 16 on 4 "
-                        "0.366, 64 on 4 at two stages 0.261), 0.676 at B1 T16384 HV32 (16 on 4 0.721, 32 on 8 0.759, "
-                        "64 on 8 1.155), 0.507 at GDP M2 B4 (32 on 8 0.762, 64 on 8 0.643): "
-                        "gpu_delta_train_sweep_63b9ddd_*.json. Fewer pairs than measured here would have more "
-                        "programs at 16 columns; not measured", **_STAGE)),
+    (lambda pairs, v, sms, group: group == 1,
+     DeltaBackwardShape(64, 4, 4, _REVERSE_SWEEP + ". One value head a q/k head: dk, then dq, in one launch (the "
+                        "second pass reads q, k and S from L2): B4 T4096 1.228 / 1.232 ms against 1.252 / 1.256 "
+                        "(dq/dk 404 / 406 us against 423 / 434), GDP M2 B4 2.489 against 2.487 "
+                        "(gpu_delta_train_one_launch_*_0b2f518.json, gpu_delta_train_stage_occupancy_*_737ac7d.json)",
+                        dqdk_one_launch=True, **_STAGE)),
+    (lambda pairs, v, sms, group: True,
+     DeltaBackwardShape(64, 4, 4, _REVERSE_SWEEP + ". Under GVA dk and dq in two launches: one launch lost at B1 "
+                        "T16384 HV32 (2.579 ms against 2.515: gpu_delta_train_one_launch_*_0b2f518.json)", **_STAGE)),
 ]
 
 
-def delta_backward_shape(pairs: int, value_dim: int, device: torch.device) -> DeltaBackwardShape:
+def delta_backward_shape(pairs: int, value_dim: int, device: torch.device, group: int = 1) -> DeltaBackwardShape:
     """The first row of :data:`DELTA_BACKWARD_LAUNCH` that holds for ``pairs`` (sequences x value
-    heads) independent reverse sweeps over V = ``value_dim`` columns on ``device``."""
+    heads) independent reverse sweeps over V = ``value_dim`` columns on ``device``, ``group`` value
+    heads to a q/k head."""
     sms = sm_count(device)
-    return next(shape for applies, shape in DELTA_BACKWARD_LAUNCH if applies(pairs, value_dim, sms))
+    return next(shape for applies, shape in DELTA_BACKWARD_LAUNCH if applies(pairs, value_dim, sms, group))
 
 
 def keep_prep_for_backward(problem) -> bool:
