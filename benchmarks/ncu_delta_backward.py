@@ -1,12 +1,15 @@
-"""One forward + backward of the chunked delta rule inside an NVTX range, for Nsight Compute.
+"""One forward + backward of the chunked delta rule after a first one that compiles, for Nsight
+Compute: the second call's launches are the ones to profile.
 
-    ncu --clock-control none --nvtx --nvtx-include "profiled/" --set detailed -k regex:bwd_sweep \\
-        --import-source yes -o prof python -m benchmarks.ncu_delta_backward gdn_b4_t4096_h16
+    ncu --clock-control none --set detailed --import-source yes -k regex:bwd_sweep --launch-skip 1 \
+        --launch-count 1 -o prof python -m benchmarks.ncu_delta_backward gdn_b4_t4096_h16
     ncu -i prof.ncu-rep --page source --csv --print-source sass > sass.csv   # stalls per instruction
     python -m benchmarks.ncu_stalls sass.csv
 
-The argument is a workload of benchmarks/gpu_delta_train.py (the planner's launch shapes). A first
-call outside the range compiles the kernels, so only the second call's launches are profiled.
+The backward's kernels run on the autograd engine's thread, so an NVTX range pushed here does not
+cover them (``--nvtx-include`` would find only the forward's); ``--launch-skip 1`` skips the first
+call's launch of the kernel instead. The argument is a workload of benchmarks/gpu_delta_train.py
+(the planner's launch shapes).
 """
 from __future__ import annotations
 
@@ -28,12 +31,9 @@ def main(argv=None):
         o = recurscan_step(w, x, t)
         torch.autograd.grad(o.reshape(do.shape), list(t.values()), do)
 
-    call()
-    torch.cuda.synchronize()
-    torch.cuda.nvtx.range_push("profiled")
-    call()
-    torch.cuda.synchronize()
-    torch.cuda.nvtx.range_pop()
+    for _ in range(2):
+        call()
+        torch.cuda.synchronize()
 
 
 if __name__ == "__main__":
