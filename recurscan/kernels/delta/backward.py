@@ -238,10 +238,10 @@ DQDK_DK, DQDK_DQ, DQDK_BOTH = 1, 2, 3
 
 @triton.jit
 def _dqdk_pass(q, k, g, beta, do, u, dy, states, dstates, dq, dk, dg, bdyks, scratch, scale, i_c, i_g, i_h, cs,
-               cs_ok, o_t, o_k, m_k, rows, m_r, m_rk, tok, m_q, m_qk, H: tl.constexpr,
-               HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-               BV: tl.constexpr, HAS_G: tl.constexpr, USE_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
-               DT: tl.constexpr, M: tl.constexpr, GROUP: tl.constexpr, DO_DQ: tl.constexpr, DO_DK: tl.constexpr):
+               cs_ok, o_t, o_k, m_k, rows, m_r, m_rk, tok, m_q, m_qk, H: tl.constexpr, HV: tl.constexpr,
+               K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+               HAS_G: tl.constexpr, USE_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr, DT: tl.constexpr,
+               M: tl.constexpr, GROUP: tl.constexpr, DO_DQ: tl.constexpr, DO_DK: tl.constexpr):
     """One gradient of :func:`chunk_delta_bwd_dqdk_kernel` (dq or dk, its docstring has the algebra)
     over the program's value heads, its dg terms added to ``dg``, written. Each pass loads q and k
     itself: nothing of one pass stays live through the other's."""
@@ -402,11 +402,14 @@ def chunk_delta_bwd_dqdk_kernel(
     tok = rows // M  # a row's token: q, dO, g and dq live on the token stream
     m_q = m_r & (rows % M == M - 1)  # the query sits on each token's last copy
     m_qk = m_q[:, None] & m_k[None, :]
+
     if PART != 2:  # DQDK_DK, DQDK_BOTH
         _dqdk_pass(q, k, g, beta, do, u, dy, states, dstates, dq, dk, dg, bdyks, scratch, scale, i_c, i_g, i_h, cs,
-                   cs_ok, o_t, o_k, m_k, rows, m_r, m_rk, tok, m_q, m_qk, H, HV, K, V, BT, BK, BV, HAS_G, USE_L2NORM, DOT_PRECISION, DT, M, GROUP, False, True)
+                   cs_ok, o_t, o_k, m_k, rows, m_r, m_rk, tok, m_q, m_qk, H, HV, K, V, BT, BK, BV, HAS_G, USE_L2NORM,
+                   DOT_PRECISION, DT, M, GROUP, False, True)
     if PART == 3:  # DQDK_BOTH
         tl.debug_barrier()  # dk's pass added to dg; dq's reads it back
     if PART != 1:  # DQDK_DQ, DQDK_BOTH
         _dqdk_pass(q, k, g, beta, do, u, dy, states, dstates, dq, dk, dg, bdyks, scratch, scale, i_c, i_g, i_h, cs,
-                   cs_ok, o_t, o_k, m_k, rows, m_r, m_rk, tok, m_q, m_qk, H, HV, K, V, BT, BK, BV, HAS_G, USE_L2NORM, DOT_PRECISION, DT, M, GROUP, True, False)
+                   cs_ok, o_t, o_k, m_k, rows, m_r, m_rk, tok, m_q, m_qk, H, HV, K, V, BT, BK, BV, HAS_G, USE_L2NORM,
+                   DOT_PRECISION, DT, M, GROUP, True, False)
