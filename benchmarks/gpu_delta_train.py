@@ -90,7 +90,10 @@ def flashqla_step(w, x, t):
 PEERS = {"recurscan": recurscan_step, "fla": fla_step, "flashqla": flashqla_step}
 
 
-def measure(name, step, w):
+def step_calls(w, step=recurscan_step):
+    """``(fwd_bwd, fwd, t, x)``: a forward + backward of ``step`` (gradients of q, k, v, g, beta for
+    one fixed dO) and a no-grad forward on workload ``w``'s inputs, with the leaves ``t`` and the
+    inputs ``x`` they read."""
     t, x = leaves(w)
     do = torch.randn(w.batch, w.seqlen, w.value_heads, w.head_v, device="cuda", dtype=t["v"].dtype)
 
@@ -101,7 +104,11 @@ def measure(name, step, w):
     def fwd():
         with torch.no_grad():
             step(w, x, t)
+    return fwd_bwd, fwd, t, x
 
+
+def measure(name, step, w):
+    fwd_bwd, fwd, t, x = step_calls(w, step)
     fwd_bwd()
     torch.cuda.synchronize()
     storages = {}  # every tensor the graph saves, by storage (the inputs count: they are kept alive)

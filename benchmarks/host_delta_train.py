@@ -16,21 +16,7 @@ import torch
 
 from benchmarks import registry
 from benchmarks.gpu_decode import host_time
-from benchmarks.gpu_delta_train import leaves, recurscan_step
-
-
-def step_of(w):
-    t, x = leaves(w)
-    do = torch.randn(w.batch, w.seqlen, w.value_heads, w.head_v, device="cuda", dtype=t["v"].dtype)
-
-    def step():
-        o = recurscan_step(w, x, t)
-        torch.autograd.grad(o.reshape(do.shape), list(t.values()), do)
-
-    def forward():
-        with torch.no_grad():
-            recurscan_step(w, x, t)
-    return step, forward
+from benchmarks.gpu_delta_train import step_calls
 
 
 def profile(fn, n=200, top=25) -> str:
@@ -56,7 +42,7 @@ def main():
     rows = {}
     for name, w in (("b1_t64", registry.Workload("gdn_b1_t64_h16_hv32", "gdn", (64,), heads=16, value_heads=32)),
                     ("b4_t4096", registry.get("gdn_b4_t4096_h16"))):
-        step, forward = step_of(w)
+        step, forward, _, _ = step_calls(w)
         n = 500 if name == "b1_t64" else 100
         for label, fn in (("fwd_bwd", step), ("fwd", forward)):
             t = host_time(fn, n)

@@ -18,19 +18,12 @@ import sys
 import torch
 
 from benchmarks import registry
-from benchmarks.gpu_delta_train import leaves, recurscan_step
+from benchmarks.gpu_delta_train import step_calls
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    w = registry.get(argv[0])
-    t, x = leaves(w)
-    do = torch.randn(w.batch, w.seqlen, w.value_heads, w.head_v, device="cuda", dtype=t["v"].dtype)
-
-    def call():
-        o = recurscan_step(w, x, t)
-        torch.autograd.grad(o.reshape(do.shape), list(t.values()), do)
-
+    call = step_calls(registry.get(argv[0]))[0]
     for _ in range(2):
         call()
         torch.cuda.synchronize()
