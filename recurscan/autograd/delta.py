@@ -25,7 +25,8 @@ class ChunkDelta(torch.autograd.Function):
     ``options``: num_householder, scale, use_qk_l2norm_in_kernel, cu_seqlens, and for the Triton
     backward the launch shape and the varlen descriptors (chunk_indices, chunk_indices_dp,
     chunk_offsets); ``signature``: the forward call's signature (None: not kept), on whose first
-    call the backward's kernels start compiling beside the forward's.
+    call the backward's kernels start compiling beside the forward's; ``gluon``: the planner may
+    run a backward stage as its Gluon twin (False under ``backend="triton"``).
     """
 
     @staticmethod
@@ -40,7 +41,7 @@ class ChunkDelta(torch.autograd.Function):
                 cu_seqlens=opt["cu_seqlens"],
                 shape=opt["shape"], chunk_offsets=opt["chunk_offsets"],
                 chunk_indices=opt["chunk_indices_dp" if opt["num_householder"] > 1 else "chunk_indices"],
-                prep_kept=opt["keep_prep"], checkpoint_chunks=opt["checkpoint_chunks"])
+                prep_kept=opt["keep_prep"], checkpoint_chunks=opt["checkpoint_chunks"], gluon=opt["gluon"])
             o, final, *prep = forward()
         ctx.save_for_backward(q, k, v, g, beta, initial_state, *prep)
         ctx.options = options
@@ -55,7 +56,7 @@ class ChunkDelta(torch.autograd.Function):
             *prep, checkpoints = prep
             extra = dict(checkpoints=checkpoints, checkpoint_chunks=opt["checkpoint_chunks"])
         common = dict(scale=opt["scale"], initial_state=h0, use_qk_l2norm_in_kernel=opt["use_qk_l2norm_in_kernel"],
-                      cu_seqlens=opt["cu_seqlens"], prep=tuple(prep) or None)
+                      cu_seqlens=opt["cu_seqlens"], prep=tuple(prep) or None, gluon=opt["gluon"])
         if opt["num_householder"] > 1:
             grads = chunk_delta_product_bwd(q, k, v, g, beta, opt["num_householder"], do, dht, shape=opt["shape"],
                                             chunk_indices_dp=opt["chunk_indices_dp"], **common)

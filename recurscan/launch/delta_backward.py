@@ -144,7 +144,14 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
     if initial_state is not None:
         buffers["dh0"] = ((N, HV, K, V), f32)
     arg = lambda name, present=True: CallArg(name if present else "dv")  # noqa: E731 (absent: a placeholder)
-    sweep = Step(chunk_delta_bwd_sweep_kernel, (N * HV * triton.cdiv(V, BV),), dict(
+    sweep_kernel = chunk_delta_bwd_sweep_kernel
+    if backward_shape.gluon_sweep:  # its Gluon twin: the same arguments (kernels/gluon)
+        if M != 1 or q.dtype not in (torch.bfloat16, torch.float16) or K not in (64, 128) or V % 64 or BV != 64:
+            raise ValueError("DeltaBackwardShape.gluon_sweep: the Gluon reverse sweep takes M = 1, 16-bit inputs, "
+                             f"K 64 or 128 and V a multiple of block_v = 64 (got M = {M}, {q.dtype}, K = {K}, "
+                             f"V = {V}, block_v = {backward_shape.block_v})")
+        from ..kernels.gluon.delta_backward_sweep import gluon_bwd_sweep_kernel as sweep_kernel
+    sweep = Step(sweep_kernel, (N * HV * triton.cdiv(V, BV),), dict(
         q=arg("q"), k=arg("k"), beta=arg("beta"), do=arg("do"), winv=arg("winv"), aqk=arg("aqk"), coef=arg("coef"),
         dstates=arg("dstates"), dht=arg("dht", dht is not None), dh0=arg("dh0", initial_state is not None),
         dy_out=arg("dy"), dv=arg("dv"), cu_seqlens=arg("cu_seqlens", varlen),
@@ -185,17 +192,33 @@ def _from_checkpoints(sweep, N: int, T: int, HV: int, V: int, every: int):
     return dataclasses.replace(sweep, grid=(N * segments * HV * NV,), kwargs=kwargs)
 
 
+def _gluon_sweep_takes(q, k, do, chunk_indices, value_heads: int) -> bool:
+    """What the Gluon reverse sweep needs of a call beyond the planner's scope: q, k and dO
+    16-byte aligned and of one dtype (its bulk copies read them from their base), and chunk-state row coordinates
+    within int32 (its descriptor over ``dstates``)."""
+    rows = chunk_indices.shape[0] if chunk_indices is not None else q.shape[0] * triton.cdiv(q.shape[1], CHUNK_SIZE)
+    return all(x.data_ptr() % 16 == 0 and x.dtype == q.dtype for x in (q, k, do)) and \
+        rows * value_heads * q.shape[3] < 2 ** 31
+
+
 def _backward_call(q, k, v, g, beta, do, dht, *, num_householder, scale, initial_state, use_qk_l2norm_in_kernel,
-                   cu_seqlens, chunk_indices, chunk_offsets, shape, backward_shape, prep_kept, checkpoint_chunks=0):
+                   cu_seqlens, chunk_indices, chunk_offsets, shape, backward_shape, prep_kept, checkpoint_chunks=0,
+                   gluon=True):
     """The tensors as the stages index them (dense; beta of ones where None), the scale, and the
-    launches of their signature (built on the signature's first call)."""
+    launches of their signature (built on the signature's first call). ``gluon``: the planner may
+    give a stage to its Gluon twin (False: ``backend="triton"``, the Triton kernels only)."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     shape = shape or TEST_SHAPE
     if backward_shape is None:
         pairs = (cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]) * v.shape[2]
         backward_shape = _plan.delta_backward_shape(pairs, v.shape[3], q.device, v.shape[2] // q.shape[2])
+        backward_shape = _plan.gluon_reverse_sweep(backward_shape, householder=num_householder, key_dim=q.shape[3],
+                                                   value_dim=v.shape[3], dtype=q.dtype, device=q.device,
+                                                   twin_only=not gluon)
     # The stages index these as dense [B, T, heads, dim] (and dht as [N, HV, K, V]): any strided input is copied.
     q, k, v, do = (x.contiguous() for x in (q, k, v, do))
+    if backward_shape.gluon_sweep and not _gluon_sweep_takes(q, k, do, chunk_indices, v.shape[2]):
+        backward_shape = dataclasses.replace(backward_shape, gluon_sweep=False)
     g = None if g is None else g.contiguous()
     beta = torch.ones(v.shape[:3], dtype=q.dtype, device=q.device) if beta is None else beta.contiguous()
     dht = None if dht is None else dht.float().contiguous()
@@ -252,7 +275,7 @@ def compile_backward_early(signature, q, k, v, g, beta, o=None, final=None, *, n
                            initial_state=None, use_qk_l2norm_in_kernel=False, cu_seqlens=None, chunk_indices=None,
                            chunk_offsets=None, shape: DeltaShape | None = None,
                            backward_shape: DeltaBackwardShape | None = None, prep_kept: bool = False,
-                           checkpoint_chunks: int = 0):
+                           checkpoint_chunks: int = 0, gluon: bool = True):
     """Called by a forward under autograd before it runs: on the first call of the forward's
     ``signature`` (a hashable key; None: nothing is done), build the backward's launches and
     start compiling every kernel they launch (the recompute's and the stages') on background
@@ -272,7 +295,7 @@ def compile_backward_early(signature, q, k, v, g, beta, o=None, final=None, *, n
                                      use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
                                      chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, shape=shape,
                                      backward_shape=backward_shape, prep_kept=prep_kept,
-                                     checkpoint_chunks=checkpoint_chunks)
+                                     checkpoint_chunks=checkpoint_chunks, gluon=gluon)
     if launches.compiled or launches.pending is not None:
         return
     recompute = launches.forward
@@ -289,7 +312,8 @@ def compile_backward_early(signature, q, k, v, g, beta, o=None, final=None, *, n
 def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, num_householder=1, scale=None, initial_state=None,
                     use_qk_l2norm_in_kernel=False, cu_seqlens=None, chunk_indices=None, chunk_offsets=None,
                     shape: DeltaShape | None = None, backward_shape: DeltaBackwardShape | None = None,
-                    prep: tuple | None = None, checkpoints: torch.Tensor | None = None, checkpoint_chunks: int = 0):
+                    prep: tuple | None = None, checkpoints: torch.Tensor | None = None, checkpoint_chunks: int = 0,
+                    gluon: bool = True):
     """Gradients ``(dq, dk, dv, dg, dbeta, dh0)`` of ``chunk_delta_fwd``'s ``(o, final_state)``
     given ``do [B, T, HV, V]`` and ``dht [N, HV, K, V]`` (None: zeros). Shapes as the forward's:
     q, g and do on the token stream, k, v and beta on the expanded one (``T * M`` rows, M =
@@ -303,8 +327,9 @@ def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, num_householder=1, scale=
     varlen), which the recompute then takes instead of running its prep; None: it runs it.
     ``checkpoints`` (dense only): the forward's float32 states entering every ``checkpoint_chunks``-th
     token chunk (``build_delta_launches(..., checkpoint_chunks=E)``), from which the recompute sweeps
-    every segment at once; None: it sweeps each sequence from its initial state. No host
-    synchronisation."""
+    every segment at once; None: it sweeps each sequence from its initial state. ``gluon``: the
+    planner may run a stage as its Gluon twin (``plan.delta.gluon_reverse_sweep``); False, the
+    Triton kernels only. No host synchronisation."""
     beta_given = beta is not None
     if checkpoints is not None:  # read by row and column offsets from these sizes: checked, not trusted
         every = checkpoint_chunks
@@ -320,7 +345,8 @@ def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, num_householder=1, scale=
                                      initial_state=initial_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                                      cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
                                      shape=shape, backward_shape=backward_shape, prep_kept=prep is not None,
-                                     checkpoint_chunks=checkpoint_chunks if checkpoints is not None else 0)
+                                     checkpoint_chunks=checkpoint_chunks if checkpoints is not None else 0,
+                                     gluon=gluon)
     q = given["q"]
     inputs = DeltaInputs(q, given["k"], given["v"], given["g"], given["beta"], initial_state, None, None, cu_seqlens,
                          chunk_indices, chunk_offsets)
@@ -392,7 +418,7 @@ def expanded_chunk_offsets(cu_seqlens: torch.Tensor, num_householder: int) -> to
 def chunk_delta_product_bwd(q, k, v, g, beta, num_householder, do, dht=None, *, scale=None, initial_state=None,
                             use_qk_l2norm_in_kernel=False, cu_seqlens=None, chunk_indices_dp=None,
                             shape: DeltaShape | None = None, backward_shape: DeltaBackwardShape | None = None,
-                            prep: tuple | None = None):
+                            prep: tuple | None = None, gluon: bool = True):
     """Gated Delta Product's gradients: the stages run on the expanded stream (each token's M
     Householder copies), reading q and dO on each token's last copy and g on its first, and write
     dq and dg on the token stream. Shapes as ``chunk_gated_delta_product_varlen``'s;
@@ -407,4 +433,4 @@ def chunk_delta_product_bwd(q, k, v, g, beta, num_householder, do, dht=None, *, 
         desc = dict(chunk_indices=chunk_indices_dp, chunk_offsets=expanded_chunk_offsets(cu_seqlens, M))
     return chunk_delta_bwd(q, k, v, g, beta, do, dht, num_householder=M, scale=scale, initial_state=initial_state,
                            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, shape=shape,
-                           backward_shape=backward_shape, prep=prep, **desc)
+                           backward_shape=backward_shape, prep=prep, gluon=gluon, **desc)

@@ -121,7 +121,7 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
                                          use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
                                          chunk_indices=chunk_indices, chunk_indices_dp=chunk_indices_dp,
                                          chunk_offsets=chunk_offsets, uses_cache=planned[0].uses_cache,
-                                         return_chunk_states=return_chunk_states, key=key)
+                                         return_chunk_states=return_chunk_states, key=key, backend=backend)
     problem = delta_problem(q, k, v, g, beta, num_householder=num_householder, scale=scale,
                             initial_state=initial_state, cu_seqlens=cu_seqlens, state=state,
                             state_indices=state_indices)
@@ -139,7 +139,7 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
                                      use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
                                      chunk_indices=chunk_indices, chunk_indices_dp=chunk_indices_dp,
                                      chunk_offsets=chunk_offsets, uses_cache=problem.uses_cache,
-                                     return_chunk_states=return_chunk_states, key=key)
+                                     return_chunk_states=return_chunk_states, key=key, backend=backend)
     if schedule.backend == "triton":
         return _run_triton(q, k, v, g, beta, problem, schedule, initial_state=initial_state,
                            output_final_state=output_final_state,
@@ -211,7 +211,7 @@ def _needs_grad(*tensors) -> bool:
 
 def _run_triton_with_grad(q, k, v, g, beta, problem, schedule, *, initial_state, output_final_state,
                           use_qk_l2norm_in_kernel, cu_seqlens, chunk_indices, chunk_indices_dp, chunk_offsets,
-                          uses_cache, return_chunk_states, key=None):
+                          uses_cache, return_chunk_states, key=None, backend=None):
     """Inputs that require grad: the Triton forward inside autograd/delta.py's ChunkDelta, whose
     backward is the written-out chunkwise backward. Training takes no cache and no chunk states.
     ``key`` (the signature, marked for grad): the forward's launches are kept under it."""
@@ -237,7 +237,8 @@ def _run_triton_with_grad(q, k, v, g, beta, problem, schedule, *, initial_state,
     options = dict(num_householder=problem.householder, scale=problem.scale,
                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, shape=schedule.launch,
                    chunk_indices=chunk_indices, chunk_indices_dp=chunk_indices_dp, chunk_offsets=chunk_offsets,
-                   signature=key, keep_prep=keep_prep, checkpoint_chunks=checkpoint_chunks)
+                   signature=key, keep_prep=keep_prep, checkpoint_chunks=checkpoint_chunks,
+                   gluon=backend is None)
     o, final = ChunkDelta.apply(q, k, v, g, beta, initial_state, forward, options)
     return o, (final if output_final_state else None)
 

@@ -4,13 +4,13 @@ same problem on the same device always gets the same shape. The measurements beh
 in docs/perf-history.md ("the delta launch-shape table")."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
 
 from ..descriptors import CHUNK_SIZE
-from .device import sm_count
+from .device import gluon_usable, sm_count
 
 
 @dataclass(frozen=True)
@@ -171,6 +171,9 @@ class DeltaBackwardShape:
     # dk, then dq, in one launch (DQDK_BOTH): the second pass reads q, k and the state tiles again
     # from L2 rather than from memory in a launch of its own.
     dqdk_one_launch: bool = False
+    # The reverse sweep as its Gluon twin (kernels/gluon/delta_backward_sweep.py; block_v 64, one
+    # warpgroup, sweep_stages its ring of tile stages): :func:`gluon_reverse_sweep` decides.
+    gluon_sweep: bool = False
 
 
 # The parallel stage's rows share their shape: the scores kernel steps 128 value columns on 4 warps
@@ -218,6 +221,35 @@ def delta_backward_shape(pairs: int, value_dim: int, device: torch.device, group
     heads to a q/k head."""
     sms = sm_count(device)
     return next(shape for applies, shape in DELTA_BACKWARD_LAUNCH if applies(pairs, value_dim, sms, group))
+
+
+#: Tile stages of the Gluon reverse sweep's ring (shared memory: 56 KB a stage at K = 128, plus
+#: 32 KB of store staging; three fit in the 227 KB a program may take).
+GLUON_SWEEP_STAGES = 3
+
+
+def gluon_reverse_sweep(shape: DeltaBackwardShape, *, householder: int, key_dim: int, value_dim: int,
+                        dtype: torch.dtype, device: torch.device, twin_only: bool = False) -> DeltaBackwardShape:
+    """``shape`` with the reverse sweep as its Gluon twin where that runs and was measured faster,
+    else ``shape`` as it is. The twin's scope: GDN (M = 1), 16-bit inputs, K of 64 or 128, V a
+    multiple of its 64 value columns; on a device where ``plan.device.gluon_usable``; not when the
+    caller forced the Triton kernels (``backend="triton"``: ``twin_only``). The launch layer also
+    needs q, k and dO 16-byte aligned (its bulk copies), and falls back to the Triton twin
+    otherwise.
+
+    Measured on the H200 (Triton 3.6.0), forward + backward, eager, bf16, l2norm: not yet; until
+    then the row stays off."""
+    if twin_only or not GLUON_REVERSE_SWEEP_MEASURED_FASTER:
+        return shape
+    if householder != 1 or dtype not in (torch.bfloat16, torch.float16) or key_dim not in (64, 128) or \
+            value_dim % 64 != 0 or not gluon_usable(device):
+        return shape
+    return replace(shape, gluon_sweep=True, block_v=64, sweep_warps=4, sweep_stages=GLUON_SWEEP_STAGES)
+
+
+#: Whether the Gluon reverse sweep was measured faster than the Triton twin where it applies
+#: (:func:`gluon_reverse_sweep`'s docstring has the figures).
+GLUON_REVERSE_SWEEP_MEASURED_FASTER = False
 
 
 def keep_prep_for_backward(problem) -> bool:

@@ -1,5 +1,5 @@
-"""What the planner asks of the device: multiprocessors, and whether Triton can run at all
-(CUDA, or CPU tensors under a working interpreter)."""
+"""What the planner asks of the device: multiprocessors, whether Triton can run at all (CUDA, or
+CPU tensors under a working interpreter), and whether Gluon twins may (recurscan/kernels/gluon)."""
 from __future__ import annotations
 
 import os
@@ -74,3 +74,34 @@ def check_triton_device(device: torch.device) -> None:
     if why is not None:
         raise ValueError(f"backend='triton' on CPU tensors runs under Triton's interpreter, but {why}: set "
                          "TRITON_INTERPRET=1 in the environment before triton is first imported")
+
+
+#: The Triton versions the Gluon twins (recurscan/kernels/gluon) were compiled and tested on, on
+#: the H200. Gluon's API is experimental: on any other version the planner takes the Triton twins.
+GLUON_TESTED_TRITON = ((3, 6),)
+
+
+@lru_cache(maxsize=None)
+def _gluon_imports() -> bool:
+    try:
+        import triton
+        from triton.experimental import gluon  # noqa: F401
+        from triton.experimental.gluon.language.nvidia.hopper import tma
+    except ImportError:
+        return False
+    try:
+        version = tuple(int(p) for p in triton.__version__.split(".")[:2])
+    except ValueError:  # a version string we cannot read
+        return False
+    return version in GLUON_TESTED_TRITON and hasattr(tma, "make_tensor_descriptor")
+
+
+@lru_cache(maxsize=None)
+def gluon_usable(device: torch.device) -> bool:
+    """Whether a Gluon twin may run on ``device``: Gluon imports on one of
+    :data:`GLUON_TESTED_TRITON`, the interpreter is off (no Gluon kernel runs under it), and the
+    device is a CUDA GPU of compute capability 9.0 (the twins use Hopper's wgmma and bulk tensor
+    copies)."""
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1" or not _gluon_imports():
+        return False
+    return torch.cuda.get_device_capability(device) == (9, 0)

@@ -276,3 +276,82 @@ def test_dk_then_dq_in_one_launch_gives_the_two_launches_bits(H, HV, cu):
     for name, a, b in zip(names, got[True], want):
         assert torch.isfinite(a).all(), name
         assert relative_rms(a.double(), b) < 1e-2, f"{name}: relative RMS {relative_rms(a.double(), b):.2e}"
+
+
+@pytest.mark.parametrize("B, T, H, HV, cu", [(2, 4096, 16, 16, None), (1, 4096, 8, 16, None), (3, 1000, 4, 8, None),
+                                             (1, 8192, 8, 16, [0, 1, 3000, 3064, 8192])],
+                         ids=["B2 T4096 H=HV=16", "GVA HV=2H", "a partial last chunk", "varlen, a one-token sequence"])
+def test_the_gluon_reverse_sweep_gives_its_twins_bits(B, T, H, HV, cu):
+    """The reverse sweep's Gluon twin (kernels/gluon/delta_backward_sweep.py, the Gluon rules in
+    docs/kernels-gluon.md): every gradient, dh0 among them (an initial state and dht given), bit for
+    bit the Triton sweep's (the same products in the same order), and within the oracle's band of the
+    float64 chunkwise reference."""
+    from recurscan.descriptors import build_chunk_descriptors
+    from recurscan.launch.delta_backward import chunk_delta_bwd
+    from recurscan.plan.delta import DeltaBackwardShape
+    from recurscan.plan.device import gluon_usable
+    from recurscan.reference.delta_backward import gated_delta_rule_chunked_backward
+    if not gluon_usable(torch.device("cuda")):
+        pytest.skip("Gluon twins run on sm_90 with a tested Triton (plan.device.gluon_usable)")
+    gen = torch.Generator(device="cuda").manual_seed(21)
+    rn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+    K = V = 128
+    N = B if cu is None else len(cu) - 1
+    q, k, v = rn(B, T, H, K).bfloat16(), rn(B, T, H, K).bfloat16(), rn(B, T, HV, V).bfloat16()
+    g = torch.nn.functional.logsigmoid(rn(B, T, HV) + 3)
+    beta = torch.rand(B, T, HV, device="cuda", generator=gen).bfloat16()
+    do = rn(B, T, HV, V).bfloat16()
+    h0, dht = rn(N, HV, K, V) * 0.1, rn(N, HV, K, V)
+    args = dict(use_qk_l2norm_in_kernel=True, initial_state=h0)
+    if cu is not None:
+        cu_t = torch.tensor(cu, device="cuda", dtype=torch.int32)
+        d = build_chunk_descriptors(cu_t, device="cuda")
+        args.update(cu_seqlens=cu_t, chunk_indices=d.chunk_indices, chunk_offsets=d.chunk_offsets)
+    shapes = {gluon: DeltaBackwardShape(64, 4, 4, "test", grads_block_v=32, scores_warps=4, scores_block_v=128,
+                                        group_in_kernel=True, gluon_sweep=gluon, sweep_stages=3)
+              for gluon in (False, True)}
+    got = {gluon: chunk_delta_bwd(q, k, v, g, beta, do, dht, backward_shape=shape, **args)
+           for gluon, shape in shapes.items()}
+    names = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
+    for name, a, b in zip(names, got[False], got[True]):
+        assert torch.equal(a, b), f"{name}: {int((a != b).sum())} elements differ"
+    want = gated_delta_rule_chunked_backward(*(t.double() for t in (q, k, v, g, beta, do)), dht.double(),
+                                             initial_state=h0.double(), use_qk_l2norm_in_kernel=True,
+                                             cu_seqlens=args.get("cu_seqlens"))
+    for name, a, b in zip(names, got[True], want):
+        assert torch.isfinite(a).all(), name
+        assert relative_rms(a.double(), b) < 1e-2, f"{name}: relative RMS {relative_rms(a.double(), b):.2e}"
+
+
+def test_the_planner_gives_the_reverse_sweep_to_gluon_only_where_allowed(monkeypatch):
+    """With the Gluon row on, a bf16 GDN training step plans the Gluon reverse sweep; ``backend=
+    "triton"`` and GDP keep the Triton twin; the gradients are the twin's bits."""
+    from recurscan.kernels.delta.backward import chunk_delta_bwd_sweep_kernel
+    from recurscan.launch.delta_backward import BACKWARD_LAUNCHES
+    from recurscan.plan import delta as plan_delta
+    from recurscan.plan.device import gluon_usable
+    from recurscan.runtime.cache import clear_caches
+    if not gluon_usable(torch.device("cuda")):
+        pytest.skip("Gluon twins run on sm_90 with a tested Triton (plan.device.gluon_usable)")
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    B, T, H, K = 2, 1024, 4, 128
+    x = [torch.randn(B, T, H, K, device="cuda", generator=gen).bfloat16() for _ in range(3)] + \
+        [torch.nn.functional.logsigmoid(torch.randn(B, T, H, device="cuda", generator=gen) + 3),
+         torch.rand(B, T, H, device="cuda", generator=gen).bfloat16()]
+
+    def step(backend):
+        clear_caches()
+        leaves = [t.clone().requires_grad_() for t in x]
+        o, _ = recurscan.chunk_gated_delta_rule(*leaves, use_qk_l2norm_in_kernel=True, backend=backend)
+        grads = torch.autograd.grad(o.float().square().sum(), leaves)
+        (launches,) = BACKWARD_LAUNCHES.values()
+        return grads, type(launches.steps[0].kernel).__name__, launches.steps[0].kernel
+
+    monkeypatch.setattr(plan_delta, "GLUON_REVERSE_SWEEP_MEASURED_FASTER", True)
+    planned, kind, _ = step(None)
+    assert kind == "GluonJITFunction"
+    forced, _, kernel = step("triton")
+    assert kernel is chunk_delta_bwd_sweep_kernel
+    for a, b in zip(planned, forced):
+        assert torch.equal(a, b)
+    clear_caches()

@@ -27,6 +27,9 @@ SHAPES = {
     "4 warps": DeltaBackwardShape(32, 8, 4, "tests: the parallel stage on 4 warps"),
     "GVA in the kernel": DeltaBackwardShape(32, 8, 4, "tests: GVA summed in the dq, dk launches", grads_block_v=16,
                                             scores_warps=4, scores_block_v=64, group_in_kernel=True),
+    "Gluon reverse sweep": DeltaBackwardShape(64, 4, 4, "tests: the reverse sweep as its Gluon twin", grads_block_v=32,
+                                              scores_warps=4, scores_block_v=128, group_in_kernel=True,
+                                              gluon_sweep=True, sweep_stages=3),
 }
 CASES = {"GDN dense, H = HV": (1, None), "GDN varlen, GVA": (1, [0, 1, 300, 1000]),
          "GDP M 2 varlen": (2, [0, 1, 300, 1000])}
@@ -55,9 +58,26 @@ def compile_for_sm90(step, names, values):
     arg_names = step.kernel.arg_names
     sig.update({k: "constexpr" for k in const})
     attrs = {(arg_names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items() if t.startswith("*")}
-    src = ASTSource(step.kernel, sig, constexprs={(arg_names.index(k),): v for k, v in const.items()}, attrs=attrs)
+    source = ASTSource
+    if type(step.kernel).__name__ == "GluonJITFunction":
+        from triton.experimental.gluon._runtime import GluonASTSource as source
+    src = source(step.kernel, sig, constexprs={(arg_names.index(k),): v for k, v in const.items()}, attrs=attrs)
     options = {k: v for k, v in step.options.items() if k in ("num_warps", "num_stages", "maxnreg")}
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def stack_bytes(compiled) -> int:
+    """Bytes of stack (spilled registers) of a compiled kernel, by Triton's bundled cuobjdump."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    return int(re.search(r"STACK:(\d+)", usage).group(1))
 
 
 def compiled_line(step, names, values, describe=None) -> str:
@@ -68,6 +88,8 @@ def compiled_line(step, names, values, describe=None) -> str:
     fn = getattr(step.kernel, "fn", step.kernel).__name__
     if compiled.metadata.shared > H200_SHARED:
         raise AssertionError(f"{fn}: {compiled.metadata.shared} B of shared memory")
+    if type(step.kernel).__name__ == "GluonJITFunction" and stack_bytes(compiled):  # the Gluon rules: no spills
+        raise AssertionError(f"{fn}: {stack_bytes(compiled)} B of stack (spills)")
     return f"{fn}: shared {compiled.metadata.shared} B" + (f"; {describe(compiled)}" if describe else "")
 
 

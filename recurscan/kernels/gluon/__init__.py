@@ -1,0 +1,9 @@
+"""Gluon twins of Triton stages (GPU only, sm_90): each computes what its Triton twin computes,
+the twin being the readable reference and what the interpreter tests. The rules they live under
+(a Triton twin, an sm_90 compile in CI, a GPU comparison with the twin, the planner's choice where
+measured faster) are in docs/kernels-gluon.md; whether this process may launch them is
+``plan.device.gluon_usable``. Nothing here is imported unless the planner chose a twin.
+
+- :mod:`.delta_backward_sweep`: the delta rule's reverse sweep
+  (twin: ``kernels/delta/backward.py``'s ``chunk_delta_bwd_sweep_kernel``).
+"""

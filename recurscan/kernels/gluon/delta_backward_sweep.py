@@ -1,0 +1,213 @@
+"""The delta rule's reverse sweep in Gluon: the Triton twin is
+:func:`recurscan.kernels.delta.backward.chunk_delta_bwd_sweep_kernel` (same arguments, same
+arithmetic in the same order, so the same bits), which has the algebra. GPU only (sm_90); the
+planner takes it where :func:`recurscan.kernels.gluon.gluon_usable` and
+``plan.delta.gluon_reverse_sweep`` allow.
+
+What differs from the twin is how a chunk's work is scheduled, per program (one warpgroup, dS^T
+[BV, K] float32 in registers):
+
+1. The tiles (k, q, dO, G o Tinv, aqk) arrive by bulk tensor copies into a ring of NUM_STAGES
+   shared-memory stages, one mbarrier each, issued NUM_STAGES chunks ahead. The descriptors are
+   made on the device per program over its own sequence's rows, so a partial last chunk reads
+   zeros past the sequence's end and its stores stop there (the twin's masks).
+2. The products go in three groups, each issued together and waited on once:
+   {dO^T aqk, dS^T K^T}, {dU^T winv}, {(lam rq o dO^T) Q, -(lam rk o dv^T) K} (the last two
+   accumulating into lam_C dS^T).
+3. dS leaving the chunk, dY and dv leave through shared memory by bulk tensor stores that are
+   waited on a chunk later, not at once.
+4. Each chunk's row coefficients are loaded one chunk ahead in a compact layout (one register a
+   vector) and moved into the products' layout where used.
+
+Scope (``plan.delta.gluon_reverse_sweep`` checks it): M = 1 (GDN), 16-bit inputs, K 64 or 128,
+V a multiple of BV = 64, 16-byte aligned tensors; dense or varlen.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+
+@gluon.jit
+def _issue_loads(j, n_chunks, k_desc, q_desc, do_desc, w_desc, a_desc, k_s, q_s, do_s, w_s, a_s, bars,
+                 col_qk, col_v, col_w, BT: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """The bulk copies of the program's j-th chunk in its walk (chunk n_chunks - 1 - j of the
+    sequence) into stage j % NUM_STAGES; none past its last."""
+    s = j % NUM_STAGES
+    pred = j < n_chunks
+    bar = bars.index(s)
+    nbytes: gl.constexpr = (k_desc.block_type.nbytes + q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                            + w_desc.block_type.nbytes + a_desc.block_type.nbytes)
+    mbarrier.expect(bar, nbytes, pred=pred)
+    r = (n_chunks - 1 - j) * BT
+    tma.async_copy_global_to_shared(k_desc, [r, col_qk], bar, k_s.index(s), pred=pred)
+    tma.async_copy_global_to_shared(q_desc, [r, col_qk], bar, q_s.index(s), pred=pred)
+    tma.async_copy_global_to_shared(do_desc, [r, col_v], bar, do_s.index(s), pred=pred)
+    tma.async_copy_global_to_shared(w_desc, [r, col_w], bar, w_s.index(s), pred=pred)
+    tma.async_copy_global_to_shared(a_desc, [r, col_w], bar, a_s.index(s), pred=pred)
+
+
+@gluon.jit
+def _row_coefficients(coef, beta, bos, L, c, i_n, i_hv, o_t, HV: gl.constexpr, BT: gl.constexpr):
+    """Chunk c's (lam rk, lam rq, gam rk, beta) along its rows in o_t's layout (zero past the
+    sequence's end), and lam_C: the twin's coefficient tile. ``c`` may be -1 (the walk's end): the
+    loads are then masked off."""
+    m_r = (c * BT + o_t < L) & (c >= 0)
+    p_coef = coef + (((bos + c * BT) // BT + i_n) * HV + i_hv) * (BT * 4)
+    lam_rk = gl.load(p_coef + o_t * 4, mask=m_r, other=0.0)
+    lam_rq = gl.load(p_coef + o_t * 4 + 1, mask=m_r, other=0.0)
+    gam_rk = gl.load(p_coef + o_t * 4 + 2, mask=m_r, other=0.0)
+    lam_last = gl.load(p_coef + 3, mask=c >= 0, other=0.0)
+    b_beta = gl.load(beta + (bos + c * BT + o_t) * HV + i_hv, mask=m_r, other=0.0).to(gl.float32)
+    return lam_rk, lam_rq, gam_rk, b_beta, lam_last
+
+
+@gluon.jit
+def _state_offsets(i_v, layout: gl.constexpr, BV: gl.constexpr, K: gl.constexpr, V: gl.constexpr):
+    """Offsets of a [BV, K] tile S^T of a [K, V] state (value block i_v) in ``layout``."""
+    o_v = gl.arange(0, BV, layout=gl.SliceLayout(1, layout))
+    o_k = gl.arange(0, K, layout=gl.SliceLayout(0, layout))
+    return (i_v * BV + o_v)[:, None] + (o_k * V)[None, :]
+
+
+@gluon.jit
+def gluon_bwd_sweep_kernel(
+    q, k, beta, do, winv, aqk, coef, dstates, dht, dh0, dy_out, dv,
+    cu_seqlens, chunk_offsets, T, n_cs_rows,
+    H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr,
+    BV: gl.constexpr, IS_VARLEN: gl.constexpr, HAS_DHT: gl.constexpr, STORE_DH0: gl.constexpr,
+    DOT_PRECISION: gl.constexpr, DT: gl.constexpr, M: gl.constexpr = 1, NUM_STAGES: gl.constexpr = 3,
+):
+    """Grid (N * HV * V / BV,), as the twin's: one program per (sequence, value head, value block
+    of BV = 64), iv fastest. Per chunk, last to first, from raw q, k:
+
+        dU^T = dO^T aqk + (gam rk) o (dS^T K^T)
+        dY^T = dU^T winv;            dv^T = beta o dY^T
+        dS^T <- lam_C dS^T + (lam rq o dO^T) Q - (lam rk o dv^T) K
+
+    writing dS leaving the chunk (its chunk-state row of ``dstates``), dY and dv; dh0 is dS^T
+    entering the first chunk. BK, DOT_PRECISION, DT and M are the twin's arguments, unused here
+    (K wide tiles, 16-bit products, M = 1)."""
+    gl.static_assert(BV == 64, "the Gluon reverse sweep takes 64 value columns a program")
+    gl.static_assert(BT == 64, "chunks of 64 rows")
+    gl.static_assert(M == 1, "GDN only (M = 1)")
+    NV: gl.constexpr = V // BV
+    pid = gl.program_id(0)
+    i_v = pid % NV
+    i_hv = (pid // NV) % HV
+    i_n = pid // (NV * HV)
+    i_h = i_hv // (HV // H)
+    if IS_VARLEN:
+        bos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n).to(gl.int64), 0), T)
+        eos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n + 1).to(gl.int64), bos), T)
+        cs0 = gl.load(chunk_offsets + i_n).to(gl.int64)
+    else:
+        bos = i_n.to(gl.int64) * T
+        eos = bos + T
+        cs0 = i_n.to(gl.int64) * ((T + BT - 1) // BT)
+    L = eos - bos
+    n_chunks = ((L + BT - 1) // BT).to(gl.int32)
+    rows = gl.maximum(L, 1).to(gl.int32)  # a descriptor's rows: the sequence's (an empty one reads nothing)
+
+    # Descriptors over this sequence's rows: a tile past its end reads zeros, a store stops there.
+    l_qk: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, K], DT)
+    l_tv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], DT)
+    l_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], DT)
+    l_kv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([K, BV], DT)
+    k_desc = tma.make_tensor_descriptor(k + bos * (H * K), [rows, H * K], [H * K, 1], [BT, K], l_qk)
+    q_desc = tma.make_tensor_descriptor(q + bos * (H * K), [rows, H * K], [H * K, 1], [BT, K], l_qk)
+    do_desc = tma.make_tensor_descriptor(do + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV], l_tv)
+    w_desc = tma.make_tensor_descriptor(winv + bos * (HV * BT), [rows, HV * BT], [HV * BT, 1], [BT, BT], l_tt)
+    a_desc = tma.make_tensor_descriptor(aqk + bos * (HV * BT), [rows, HV * BT], [HV * BT, 1], [BT, BT], l_tt)
+    dy_desc = tma.make_tensor_descriptor(dy_out + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV], l_tv)
+    dv_desc = tma.make_tensor_descriptor(dv + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV], l_tv)
+    # Chunk-state rows outside [0, n_cs_rows) (a wrong chunk_offsets entry) fall outside this one.
+    ds_desc = tma.make_tensor_descriptor(dstates, [n_cs_rows * (HV * K), V], [V, 1], [K, BV], l_kv)
+    col_qk = i_h * K
+    col_v = i_hv * V + i_v * BV
+    col_w = i_hv * BT
+
+    # Layouts: one warpgroup; results N = 64 (a chunk's columns) and N = K (the state).
+    mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    mmaK: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
+    a64: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma64, k_width=2)
+    aK: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mmaK, k_width=2)
+    col64: gl.constexpr = gl.SliceLayout(0, mma64)  # along a [BV, BT] tile's columns (the chunk's rows)
+    compact: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # a row vector, one register a thread
+    blk: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])  # state tiles in and out
+
+    k_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
+    q_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
+    do_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], l_tv)
+    w_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BT], l_tt)
+    a_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BT], l_tt)
+    ds_s = gl.allocate_shared_memory(DT, [K, BV], l_kv)
+    dy_s = gl.allocate_shared_memory(DT, [BT, BV], l_tv)
+    dv_s = gl.allocate_shared_memory(DT, [BT, BV], l_tv)
+    bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(bars.index(i), count=1)
+    for i in gl.static_range(NUM_STAGES):
+        _issue_loads(i, n_chunks, k_desc, q_desc, do_desc, w_desc, a_desc, k_s, q_s, do_s, w_s, a_s, bars,
+                     col_qk, col_v, col_w, BT, NUM_STAGES)
+
+    p_h = (i_n.to(gl.int64) * HV + i_hv) * (K * V)
+    if HAS_DHT:  # loaded in a layout of its own and converted once
+        dS_t = gl.convert_layout(gl.load(dht + p_h + _state_offsets(i_v, blk, BV, K, V)), mmaK)
+    else:
+        dS_t = gl.zeros([BV, K], gl.float32, layout=mmaK)
+
+    o_t = gl.arange(0, BT, layout=compact)
+    zero64 = gl.zeros([BV, BT], gl.float32, layout=mma64)
+    n_rk, n_rq, n_gk, n_beta, n_last = _row_coefficients(coef, beta, bos, L, n_chunks - 1, i_n, i_hv, o_t, HV, BT)
+    for j in range(n_chunks):
+        s = j % NUM_STAGES
+        c = n_chunks - 1 - j
+        mbarrier.wait(bars.index(s), (j // NUM_STAGES) & 1)
+        lam_rk, lam_rq, gam_rk, b_beta, lam_last = n_rk, n_rq, n_gk, n_beta, n_last
+        n_rk, n_rq, n_gk, n_beta, n_last = _row_coefficients(coef, beta, bos, L, c - 1, i_n, i_hv, o_t, HV, BT)
+
+        # dS leaving chunk c to its chunk-state row (the previous chunk's dS store has drained).
+        S_b = dS_t.to(DT)
+        tma.store_wait(pendings=2)
+        ds_s.permute((1, 0)).store(S_b)
+        fence_async_shared()
+        tma.async_copy_shared_to_global(ds_desc, [((cs0 + c) * HV + i_hv).to(gl.int32) * K, i_v * BV], ds_s)
+
+        # Group 1: dO^T aqk and dS^T K^T (the chain).
+        X1 = warpgroup_mma(do_s.index(s).permute((1, 0)), a_s.index(s), zero64, use_acc=False, is_async=True)
+        X2 = warpgroup_mma(gl.convert_layout(S_b, a64), k_s.index(s).permute((1, 0)), zero64, use_acc=False,
+                           is_async=True)
+        X1, X2 = warpgroup_mma_wait(num_outstanding=0, deps=(X1, X2))
+        dUt = X1 + gl.convert_layout(gam_rk, col64)[None, :] * X2
+
+        # Group 2: dY^T = dU^T winv; meanwhile the next group's first operand.
+        dYt = warpgroup_mma(gl.convert_layout(dUt.to(DT), a64), w_s.index(s), zero64, use_acc=False, is_async=True)
+        dOt = do_s.index(s).permute((1, 0)).load(mma64).to(gl.float32)
+        A3 = gl.convert_layout((gl.convert_layout(lam_rq, col64)[None, :] * dOt).to(DT), aK)
+        dYt = warpgroup_mma_wait(num_outstanding=0, deps=(dYt,))
+        dvt = gl.convert_layout(b_beta, col64)[None, :] * dYt
+
+        # Group 3: dS^T <- lam_C dS^T + (lam rq o dO^T) Q - (lam rk o dv^T) K (the chain).
+        dS_t = warpgroup_mma(A3, q_s.index(s), lam_last * dS_t, is_async=True)
+        A4 = gl.convert_layout((-gl.convert_layout(lam_rk, col64)[None, :] * dvt).to(DT), aK)
+        dS_t = warpgroup_mma(A4, k_s.index(s), dS_t, is_async=True)
+        # dY and dv out while the group runs (the previous chunk's have drained).
+        tma.store_wait(pendings=1)
+        dy_s.permute((1, 0)).store(dYt.to(DT))
+        dv_s.permute((1, 0)).store(dvt.to(DT))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(dy_desc, [c * BT, col_v], dy_s)
+        tma.async_copy_shared_to_global(dv_desc, [c * BT, col_v], dv_s)
+        dS_t = warpgroup_mma_wait(num_outstanding=0, deps=(dS_t,))
+
+        # Stage s is free: refill it with the chunk NUM_STAGES on.
+        _issue_loads(j + NUM_STAGES, n_chunks, k_desc, q_desc, do_desc, w_desc, a_desc, k_s, q_s, do_s, w_s, a_s,
+                     bars, col_qk, col_v, col_w, BT, NUM_STAGES)
+    tma.store_wait(pendings=0)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.invalidate(bars.index(i))
+    if STORE_DH0:
+        gl.store(dh0 + p_h + _state_offsets(i_v, mmaK, BV, K, V), dS_t)
