@@ -11,9 +11,9 @@ What differs from the twin is how a chunk's work is scheduled, per program (one 
    shared-memory stages, one mbarrier each, issued NUM_STAGES chunks ahead. The descriptors are
    made on the device per program over its own sequence's rows, so a partial last chunk reads
    zeros past the sequence's end and its stores stop there (the twin's masks).
-2. The products go in three groups, each issued together and waited on once:
-   {dO^T aqk, dS^T K^T}, {dU^T winv}, {(lam rq o dO^T) Q, -(lam rk o dv^T) K} (the last two
-   accumulating into lam_C dS^T).
+2. The products are waited on four times a chunk: dS^T K^T; dO^T aqk onto (gam rk) o that (the
+   twin's compiler makes the sum an accumulation, so its bits need this order); dU^T winv; and
+   {(lam rq o dO^T) Q, -(lam rk o dv^T) K} issued together onto lam_C dS^T.
 3. dS leaving the chunk, dY and dv leave through shared memory by bulk tensor stores that are
    waited on a chunk later, not at once.
 4. Each chunk's row coefficients are loaded one chunk ahead in a compact layout (one register a
@@ -176,12 +176,14 @@ def gluon_bwd_sweep_kernel(
         fence_async_shared()
         tma.async_copy_shared_to_global(ds_desc, [((cs0 + c) * HV + i_hv).to(gl.int32) * K, i_v * BV], ds_s)
 
-        # Group 1: dO^T aqk and dS^T K^T (the chain).
-        X1 = warpgroup_mma(do_s.index(s).permute((1, 0)), a_s.index(s), zero64, use_acc=False, is_async=True)
-        X2 = warpgroup_mma(gl.convert_layout(S_b, a64), k_s.index(s).permute((1, 0)), zero64, use_acc=False,
-                           is_async=True)
-        X1, X2 = warpgroup_mma_wait(num_outstanding=0, deps=(X1, X2))
-        dUt = X1 + gl.convert_layout(gam_rk, col64)[None, :] * X2
+        # Group 1: dS^T K^T (the chain), then dO^T aqk accumulated onto its scaled result, as the
+        # twin's compiler combines the sum (a product added to a tensor becomes its accumulator).
+        KSt = warpgroup_mma(gl.convert_layout(S_b, a64), k_s.index(s).permute((1, 0)), zero64, use_acc=False,
+                            is_async=True)
+        KSt = warpgroup_mma_wait(num_outstanding=0, deps=(KSt,))
+        dUt = warpgroup_mma(do_s.index(s).permute((1, 0)), a_s.index(s),
+                            gl.convert_layout(gam_rk, col64)[None, :] * KSt, is_async=True)
+        dUt = warpgroup_mma_wait(num_outstanding=0, deps=(dUt,))
 
         # Group 2: dY^T = dU^T winv; meanwhile the next group's first operand.
         dYt = warpgroup_mma(gl.convert_layout(dUt.to(DT), a64), w_s.index(s), zero64, use_acc=False, is_async=True)
