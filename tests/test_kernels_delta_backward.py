@@ -349,6 +349,53 @@ def test_the_planner_overlaps_or_checkpoints_the_recompute_where_the_reverse_swe
         plan_delta.sm_count = sms
 
 
+@pytest.mark.parametrize("case, gluon", [
+    ("bf16 GDN K = V = 128", True), ("fp16, K = 64, V = 192", True), ("GDP M = 2", False), ("float32", False),
+    ("K = 96", False), ("V = 96", False), ('backend="triton"', False), ("no usable Gluon", False)])
+def test_the_planner_gives_the_reverse_sweep_to_its_gluon_twin_only_in_its_scope(monkeypatch, case, gluon):
+    """plan.delta.gluon_reverse_sweep (the Gluon rules, docs/kernels-gluon.md): the twin's scope (GDN,
+    16-bit inputs, K 64 or 128, V a multiple of 64), a device where Gluon is usable, the caller not
+    forcing the Triton kernels; then 64 value columns on one warpgroup. Elsewhere the shape as given."""
+    from recurscan.plan import delta as plan_delta
+    monkeypatch.setattr(plan_delta, "gluon_usable", lambda device: case != "no usable Gluon")
+    fp16 = case == "fp16, K = 64, V = 192"
+    args = dict(householder=2 if case == "GDP M = 2" else 1, key_dim=96 if case == "K = 96" else 64 if fp16 else 128,
+                value_dim=96 if case == "V = 96" else 192 if fp16 else 128,
+                dtype=torch.float32 if case == "float32" else torch.float16 if fp16 else torch.bfloat16,
+                device=torch.device("cuda"), twin_only=case == 'backend="triton"')
+    given = plan_delta.DeltaBackwardShape(32, 8, 4, "test")
+    got = plan_delta.gluon_reverse_sweep(given, **args)
+    if gluon:
+        assert got.gluon_sweep and (got.block_v, got.sweep_warps, got.sweep_stages) == (64, 4, 3)
+    else:
+        assert got is given
+
+
+def test_gluon_usable_is_false_off_hopper_and_under_the_interpreter():
+    """No Gluon twin on the CPU, nor under TRITON_INTERPRET=1 (where no Gluon kernel runs)."""
+    from recurscan.plan.device import gluon_usable
+    assert not gluon_usable(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("what", ["M = 2", "float32", "block_v 32"])
+def test_a_gluon_reverse_sweep_shape_outside_its_scope_is_refused(what):
+    """A hand-made DeltaBackwardShape asking for the Gluon reverse sweep where it cannot run: a
+    ValueError naming the field, before anything is built or launched."""
+    from recurscan.launch.delta import TEST_SHAPE
+    from recurscan.launch.delta_backward import build_delta_backward
+    M = 2 if what == "M = 2" else 1
+    dtype = torch.float32 if what == "float32" else torch.bfloat16
+    T, H, K = 64, 2, 128
+    q, do = torch.zeros(1, T, H, K, dtype=dtype), torch.zeros(1, T, H, K, dtype=dtype)
+    k, v = torch.zeros(1, T * M, H, K, dtype=dtype), torch.zeros(1, T * M, H, K, dtype=dtype)
+    beta = torch.ones(1, T * M, H, dtype=dtype)
+    shape = DeltaBackwardShape(32 if what == "block_v 32" else 64, 4, 4, "test", gluon_sweep=True)
+    with pytest.raises(ValueError, match="gluon_sweep"):
+        build_delta_backward(q, k, v, None, beta, do, None, scale=1.0, initial_state=None,
+                             use_qk_l2norm_in_kernel=False, cu_seqlens=None, chunk_indices=None, chunk_offsets=None,
+                             shape=TEST_SHAPE, backward_shape=shape, num_householder=M)
+
+
 def test_gdp_training_with_descriptors_builds_none(monkeypatch):
     """Gated Delta Product through autograd with the forward's descriptors: the backward takes the
     expanded stream's from them (no host read of cu_seqlens), and its gradients are the reference's."""
