@@ -182,14 +182,21 @@ PLANNED_CHECKPOINTS = None
 PLANNED_GLUON = None
 
 
-def set_gluon_sweep(on: bool):
-    """The planner's Gluon reverse sweep as planned (False), or forced on wherever its scope
-    allows (``plan.delta.GLUON_REVERSE_SWEEP_MEASURED_FASTER``)."""
+def set_gluon(twins: str | None):
+    """The planner's Gluon twins as planned (None), or exactly those named in ``twins`` on and the
+    others off (``+``-separated fields of ``plan.delta.GLUON_BACKWARD_TWINS``, e.g. ``gluon_sweep+gluon_dqdk``;
+    ``none``: all off)."""
+    import dataclasses
     from recurscan.plan import delta as plan_delta
     global PLANNED_GLUON
-    if PLANNED_GLUON is None:
-        PLANNED_GLUON = plan_delta.GLUON_REVERSE_SWEEP_MEASURED_FASTER
-    plan_delta.GLUON_REVERSE_SWEEP_MEASURED_FASTER = True if on else PLANNED_GLUON
+    PLANNED_GLUON = PLANNED_GLUON or plan_delta.GLUON_BACKWARD_TWINS
+    if twins is None:
+        plan_delta.GLUON_BACKWARD_TWINS = PLANNED_GLUON
+        return
+    names = set(twins.split("+")) - {"none"}
+    if not names <= set(PLANNED_GLUON):
+        raise ValueError(f"--gluon: expected +-separated names of {sorted(PLANNED_GLUON)} or none, got {twins!r}")
+    plan_delta.GLUON_BACKWARD_TWINS = {n: dataclasses.replace(row, on=n in names) for n, row in PLANNED_GLUON.items()}
 
 
 def set_checkpoint_chunks(every):
@@ -266,9 +273,9 @@ def main():
     ap.add_argument("--checkpoint-chunks", type=int, action="append", help="recurscan again with the forward "
                                                                            "keeping every Nth chunk's state for "
                                                                            "the backward (0: none; repeatable)")
-    ap.add_argument("--gluon-sweep", action="store_true", help="recurscan again with the reverse sweep as its Gluon "
-                                                                "twin wherever its scope allows "
-                                                                "(plan.delta.gluon_reverse_sweep, forced on)")
+    ap.add_argument("--gluon", action="append", help="recurscan again with exactly these Gluon twins on where their "
+                                                     "scope allows (+-separated plan.delta.GLUON_BACKWARD_TWINS "
+                                                     "names, or none; repeatable)")
     args = ap.parse_args()
     global PROFILE
     PROFILE = args.profile
@@ -280,21 +287,21 @@ def main():
             sys.path.insert(0, folder)
             for package in sorted(p for p in os.listdir(folder) if p.startswith("recurscan_")):
                 peers[package[len("recurscan_"):]] = functools.partial(recurscan_step, package=package)
-        variants = [(impl, step, None, None, False) for impl, step in peers.items()] + \
-            [("recurscan", recurscan_step, bs, int(e) if e else None, False)
+        variants = [(impl, step, None, None, None) for impl, step in peers.items()] + \
+            [("recurscan", recurscan_step, bs, int(e) if e else None, None)
              for bs, _, e in (text.partition("@") for text in args.backward_shape or [])] + \
-            [("recurscan", recurscan_step, None, e, False) for e in args.checkpoint_chunks or []] + \
-            [("recurscan", recurscan_step, None, None, True)] * args.gluon_sweep
+            [("recurscan", recurscan_step, None, e, None) for e in args.checkpoint_chunks or []] + \
+            [("recurscan", recurscan_step, None, None, twins) for twins in args.gluon or []]
         for impl, step, bshape, every, gluon in variants:
             if args.impl and impl not in args.impl:
                 continue
             set_backward_shape(bshape)
             set_checkpoint_chunks(every)
-            set_gluon_sweep(gluon)
+            set_gluon(gluon)
             clear_caches()  # the forward's launches are kept by signature: planned again for this variant
             impl = impl if bshape is None else f"{impl} {bshape}"
             impl = impl if every is None else f"{impl} checkpoints {every}"
-            impl = f"{impl} gluon sweep" if gluon else impl
+            impl = f"{impl} gluon {gluon}" if gluon else impl
             try:
                 rows.append(dict(workload=name, target_ms=TARGETS_MS.get(name), **measure(impl, step, w)))
             except Exception as exc:  # recorded, never hidden

@@ -349,25 +349,32 @@ def test_the_planner_overlaps_or_checkpoints_the_recompute_where_the_reverse_swe
         plan_delta.sm_count = sms
 
 
-@pytest.mark.parametrize("case, gluon", [
-    ("bf16 GDN K = V = 128", True), ("fp16, K = 64, V = 192", True), ("GDP M = 2", False), ("float32", False),
-    ("K = 96", False), ("V = 96", False), ('backend="triton"', False), ("no usable Gluon", False)])
-def test_the_planner_gives_the_reverse_sweep_to_its_gluon_twin_only_in_its_scope(monkeypatch, case, gluon):
-    """plan.delta.gluon_reverse_sweep (the Gluon rules, docs/kernels-gluon.md): the twin's scope (GDN,
-    16-bit inputs, K 64 or 128, V a multiple of 64), a device where Gluon is usable, the caller not
-    forcing the Triton kernels; then 64 value columns on one warpgroup. Elsewhere the shape as given."""
+@pytest.mark.parametrize("case, sweep, dqdk", [
+    ("bf16 GDN K = V = 128", True, True), ("fp16, K = 64, V = 192", True, True), ("GVA", True, False),
+    ("V = 96", False, True), ("V = 80", False, False), ("GDP M = 2", False, False), ("float32", False, False),
+    ("K = 96", False, False), ('backend="triton"', False, False), ("no usable Gluon", False, False)])
+def test_the_planner_gives_backward_stages_to_their_gluon_twins_only_in_scope(monkeypatch, case, sweep, dqdk):
+    """plan.delta.gluon_twins (the Gluon rules, docs/kernels-gluon.md), with both twins' rows on: each
+    twin's scope (GDN, 16-bit inputs, K 64 or 128; the reverse sweep V a multiple of 64, then 64 value
+    columns on one warpgroup; dq and dk one value head a q/k head and V a multiple of 32), a device
+    where Gluon is usable, the caller not forcing the Triton kernels. Elsewhere the shape as given."""
+    import dataclasses
     from recurscan.plan import delta as plan_delta
     monkeypatch.setattr(plan_delta, "gluon_usable", lambda device: case != "no usable Gluon")
+    monkeypatch.setattr(plan_delta, "GLUON_BACKWARD_TWINS", {
+        name: dataclasses.replace(row, on=True) for name, row in plan_delta.GLUON_BACKWARD_TWINS.items()})
     fp16 = case == "fp16, K = 64, V = 192"
-    args = dict(householder=2 if case == "GDP M = 2" else 1, key_dim=96 if case == "K = 96" else 64 if fp16 else 128,
-                value_dim=96 if case == "V = 96" else 192 if fp16 else 128,
+    args = dict(householder=2 if case == "GDP M = 2" else 1, heads=8 if case == "GVA" else 16, value_heads=16,
+                key_dim=96 if case == "K = 96" else 64 if fp16 else 128,
+                value_dim={"V = 96": 96, "V = 80": 80}.get(case, 192 if fp16 else 128),
                 dtype=torch.float32 if case == "float32" else torch.float16 if fp16 else torch.bfloat16,
                 device=torch.device("cuda"), twin_only=case == 'backend="triton"')
     given = plan_delta.DeltaBackwardShape(32, 8, 4, "test")
-    got = plan_delta.gluon_reverse_sweep(given, **args)
-    if gluon:
-        assert got.gluon_sweep and (got.block_v, got.sweep_warps, got.sweep_stages) == (64, 4, 3)
-    else:
+    got = plan_delta.gluon_twins(given, **args)
+    assert (got.gluon_sweep, got.gluon_dqdk) == (sweep, dqdk)
+    if sweep:
+        assert (got.block_v, got.sweep_warps, got.sweep_stages) == (64, 4, 3)
+    if not (sweep or dqdk):
         assert got is given
 
 
@@ -377,20 +384,22 @@ def test_gluon_usable_is_false_off_hopper_and_under_the_interpreter():
     assert not gluon_usable(torch.device("cpu"))
 
 
-@pytest.mark.parametrize("what", ["M = 2", "float32", "block_v 32"])
-def test_a_gluon_reverse_sweep_shape_outside_its_scope_is_refused(what):
-    """A hand-made DeltaBackwardShape asking for the Gluon reverse sweep where it cannot run: a
-    ValueError naming the field, before anything is built or launched."""
+@pytest.mark.parametrize("what", ["sweep, M = 2", "sweep, float32", "sweep, block_v 32", "dq dk, M = 2",
+                                  "dq dk, float32", "dq dk, GVA", "dq dk, V = 48"])
+def test_a_gluon_twin_outside_its_scope_is_refused(what):
+    """A hand-made DeltaBackwardShape asking for a Gluon twin where it cannot run: a ValueError naming
+    the field, before anything is built or launched."""
     from recurscan.launch.delta import TEST_SHAPE
     from recurscan.launch.delta_backward import build_delta_backward
-    M = 2 if what == "M = 2" else 1
-    dtype = torch.float32 if what == "float32" else torch.bfloat16
-    T, H, K = 64, 2, 128
-    q, do = torch.zeros(1, T, H, K, dtype=dtype), torch.zeros(1, T, H, K, dtype=dtype)
-    k, v = torch.zeros(1, T * M, H, K, dtype=dtype), torch.zeros(1, T * M, H, K, dtype=dtype)
-    beta = torch.ones(1, T * M, H, dtype=dtype)
-    shape = DeltaBackwardShape(32 if what == "block_v 32" else 64, 4, 4, "test", gluon_sweep=True)
-    with pytest.raises(ValueError, match="gluon_sweep"):
+    M = 2 if "M = 2" in what else 1
+    dtype = torch.float32 if "float32" in what else torch.bfloat16
+    T, H, HV, K, V = 64, 1 if "GVA" in what else 2, 2, 128, 48 if "V = 48" in what else 128
+    q, do = torch.zeros(1, T, H, K, dtype=dtype), torch.zeros(1, T, HV, V, dtype=dtype)
+    k, v = torch.zeros(1, T * M, H, K, dtype=dtype), torch.zeros(1, T * M, HV, V, dtype=dtype)
+    beta = torch.ones(1, T * M, HV, dtype=dtype)
+    field = "gluon_sweep" if what.startswith("sweep") else "gluon_dqdk"
+    shape = DeltaBackwardShape(32 if "block_v 32" in what else 64, 4, 4, "test", **{field: True})
+    with pytest.raises(ValueError, match=field):
         build_delta_backward(q, k, v, None, beta, do, None, scale=1.0, initial_state=None,
                              use_qk_l2norm_in_kernel=False, cu_seqlens=None, chunk_indices=None, chunk_offsets=None,
                              shape=TEST_SHAPE, backward_shape=shape, num_householder=M)

@@ -22,14 +22,19 @@ def compile_offline(*argv):
                           capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.parametrize("case, shape", [(c, s) for c in CASES for s in SHAPES
-                                         if not (s == "Gluon reverse sweep" and CASES[c][0] != 1)])
+#: The Gluon twins' cases: the reverse sweep takes GDN, dq and dk GDN with H = HV.
+GLUON_CASES = {"Gluon reverse sweep": ("GDN dense, H = HV", "GDN varlen, GVA"), "Gluon dq and dk": ("GDN dense, H = HV",)}
+
+
+@pytest.mark.parametrize("case, shape", [(c, s) for c in CASES for s in SHAPES if c in GLUON_CASES.get(s, CASES)])
 def test_every_backward_launch_compiles_for_sm90(case, shape):
-    """The Gluon reverse sweep (GDN only) also without spills: the Gluon rules (docs/kernels-gluon.md)."""
+    """The Gluon twins also without spills: the Gluon rules (docs/kernels-gluon.md)."""
     run = compile_offline(case, shape)
     assert run.returncode == 0, run.stderr[-3000:]
     sweep = "gluon_bwd_sweep_kernel" if shape == "Gluon reverse sweep" else "chunk_delta_bwd_sweep_kernel"
     assert sweep in run.stdout, run.stdout
+    if shape == "Gluon dq and dk":
+        assert "gluon_bwd_dqdk_kernel" in run.stdout and "chunk_delta_bwd_dqdk_kernel" not in run.stdout, run.stdout
 
 
 @pytest.mark.parametrize("family", ["gla", "gla-chunk-states", "gla-per-key", "gla-split", "ssd", "ssd-cache",

@@ -170,9 +170,20 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
         shared, v=arg("v"), ks=arg("ks"), dbeta=arg("dbeta"), BV=BVs),
         dict(num_warps=backward_shape.scores_warps or backward_shape.grads_warps))
     dqdk = dict(shared, states=arg("states"), dstates=arg("dstates"), dq=arg("dq"), dk=arg("dk"), n_cs_rows=rows)
-    steps = [sweep, scores] + [Step(chunk_delta_bwd_dqdk_kernel, (chunks * (HV // group),),
-                                    dict(dqdk, PART=part, GROUP=group), dict(num_warps=backward_shape.grads_warps))
-                               for part in ((DQDK_BOTH,) if backward_shape.dqdk_one_launch else (DQDK_DK, DQDK_DQ))]
+    if backward_shape.gluon_dqdk:  # its Gluon twin, dk and dq in one launch (kernels/gluon)
+        if M != 1 or H != HV or q.dtype not in (torch.bfloat16, torch.float16) or K not in (64, 128) or V % 32:
+            raise ValueError("DeltaBackwardShape.gluon_dqdk: the Gluon dq, dk kernel takes M = 1, H = HV, 16-bit "
+                             f"inputs, K 64 or 128 and V a multiple of 32 (got M = {M}, H = {H}, HV = {HV}, "
+                             f"{q.dtype}, K = {K}, V = {V})")
+        from ..kernels.gluon.delta_backward_dqdk import gluon_bwd_dqdk_kernel
+        grads = [Step(gluon_bwd_dqdk_kernel, (chunks * HV,), dict(dqdk, PART=DQDK_BOTH, GROUP=1, BV=32,
+                                                                         NUM_STAGES=backward_shape.gluon_dqdk_stages),
+                      dict(num_warps=4))]
+    else:
+        grads = [Step(chunk_delta_bwd_dqdk_kernel, (chunks * (HV // group),), dict(dqdk, PART=part, GROUP=group),
+                      dict(num_warps=backward_shape.grads_warps))
+                 for part in ((DQDK_BOTH,) if backward_shape.dqdk_one_launch else (DQDK_DK, DQDK_DQ))]
+    steps = [sweep, scores] + grads
     if gva:  # dq, dk per value head -> per q/k head, in q's and k's dtypes
         buffers.update(dq_sum=((B, T, H, K), q.dtype), dk_sum=((B, T * M, H, K), k.dtype))
         for name, rows_of in (("dq", B * T * H), ("dk", B * T * M * H)):
@@ -192,10 +203,10 @@ def _from_checkpoints(sweep, N: int, T: int, HV: int, V: int, every: int):
     return dataclasses.replace(sweep, grid=(N * segments * HV * NV,), kwargs=kwargs)
 
 
-def _gluon_sweep_takes(q, k, do, chunk_indices, value_heads: int) -> bool:
-    """What the Gluon reverse sweep needs of a call beyond the planner's scope: q, k and dO
-    16-byte aligned and of one dtype (its bulk copies read them from their base), and chunk-state row coordinates
-    within int32 (its descriptor over ``dstates``)."""
+def _gluon_takes(q, k, do, chunk_indices, value_heads: int) -> bool:
+    """What the Gluon twins need of a call beyond the planner's scope: q, k and dO
+    16-byte aligned and of one dtype (their bulk copies read them from their base), and chunk-state
+    row coordinates within int32 (their descriptors over the chunk states and the scratch)."""
     rows = chunk_indices.shape[0] if chunk_indices is not None else q.shape[0] * triton.cdiv(q.shape[1], CHUNK_SIZE)
     return all(x.data_ptr() % 16 == 0 and x.dtype == q.dtype for x in (q, k, do)) and \
         rows * value_heads * q.shape[3] < 2 ** 31
@@ -212,13 +223,14 @@ def _backward_call(q, k, v, g, beta, do, dht, *, num_householder, scale, initial
     if backward_shape is None:
         pairs = (cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]) * v.shape[2]
         backward_shape = _plan.delta_backward_shape(pairs, v.shape[3], q.device, v.shape[2] // q.shape[2])
-        backward_shape = _plan.gluon_reverse_sweep(backward_shape, householder=num_householder, key_dim=q.shape[3],
-                                                   value_dim=v.shape[3], dtype=q.dtype, device=q.device,
-                                                   twin_only=not gluon)
+        backward_shape = _plan.gluon_twins(backward_shape, householder=num_householder, heads=q.shape[2],
+                                           value_heads=v.shape[2], key_dim=q.shape[3], value_dim=v.shape[3],
+                                           dtype=q.dtype, device=q.device, twin_only=not gluon)
     # The stages index these as dense [B, T, heads, dim] (and dht as [N, HV, K, V]): any strided input is copied.
     q, k, v, do = (x.contiguous() for x in (q, k, v, do))
-    if backward_shape.gluon_sweep and not _gluon_sweep_takes(q, k, do, chunk_indices, v.shape[2]):
-        backward_shape = dataclasses.replace(backward_shape, gluon_sweep=False)
+    if (backward_shape.gluon_sweep or backward_shape.gluon_dqdk) and \
+            not _gluon_takes(q, k, do, chunk_indices, v.shape[2]):
+        backward_shape = dataclasses.replace(backward_shape, gluon_sweep=False, gluon_dqdk=False)
     g = None if g is None else g.contiguous()
     beta = torch.ones(v.shape[:3], dtype=q.dtype, device=q.device) if beta is None else beta.contiguous()
     dht = None if dht is None else dht.float().contiguous()
@@ -328,7 +340,7 @@ def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, num_householder=1, scale=
     ``checkpoints`` (dense only): the forward's float32 states entering every ``checkpoint_chunks``-th
     token chunk (``build_delta_launches(..., checkpoint_chunks=E)``), from which the recompute sweeps
     every segment at once; None: it sweeps each sequence from its initial state. ``gluon``: the
-    planner may run a stage as its Gluon twin (``plan.delta.gluon_reverse_sweep``); False, the
+    planner may run a stage as its Gluon twin (``plan.delta.gluon_twins``); False, the
     Triton kernels only. No host synchronisation."""
     beta_given = beta is not None
     if checkpoints is not None:  # read by row and column offsets from these sizes: checked, not trusted

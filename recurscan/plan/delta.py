@@ -172,8 +172,12 @@ class DeltaBackwardShape:
     # from L2 rather than from memory in a launch of its own.
     dqdk_one_launch: bool = False
     # The reverse sweep as its Gluon twin (kernels/gluon/delta_backward_sweep.py; block_v 64, one
-    # warpgroup, sweep_stages its ring of tile stages): :func:`gluon_reverse_sweep` decides.
+    # warpgroup, sweep_stages its ring of tile stages): :func:`gluon_twins` decides.
     gluon_sweep: bool = False
+    # dq and dk in one launch of their Gluon twin (kernels/gluon/delta_backward_dqdk.py): the same;
+    # its ring of tile stages of 32 value columns (two: 111 KB of shared memory, two programs an SM).
+    gluon_dqdk: bool = False
+    gluon_dqdk_stages: int = 2
 
 
 # The parallel stage's rows share their shape: the scores kernel steps 128 value columns on 4 warps
@@ -228,31 +232,49 @@ def delta_backward_shape(pairs: int, value_dim: int, device: torch.device, group
 GLUON_SWEEP_STAGES = 3
 
 
-def gluon_reverse_sweep(shape: DeltaBackwardShape, *, householder: int, key_dim: int, value_dim: int,
-                        dtype: torch.dtype, device: torch.device, twin_only: bool = False) -> DeltaBackwardShape:
-    """``shape`` with the reverse sweep as its Gluon twin where that runs and was measured faster,
-    else ``shape`` as it is. The twin's scope: GDN (M = 1), 16-bit inputs, K of 64 or 128, V a
-    multiple of its 64 value columns; on a device where ``plan.device.gluon_usable``; not when the
-    caller forced the Triton kernels (``backend="triton"``: ``twin_only``). The launch layer also
-    needs q, k and dO 16-byte aligned (its bulk copies), and falls back to the Triton twin
-    otherwise.
+@dataclass(frozen=True)
+class GluonTwinRow:
+    """Whether a backward stage runs as its Gluon twin (recurscan/kernels/gluon) where the twin's
+    scope allows: ``on`` only once it was measured faster than its Triton twin (``reason``)."""
 
-    Measured on the H200 (Triton 3.6.0), forward + backward, eager, bf16, l2norm, the same process
-    (gpu_delta_train_gluon_sweep_4433529.json): the reverse sweep 173 us against the Triton
-    twin's 219 at B4 T4096 H=HV=16 (the step 1.223 ms against 1.225: bound by the host there), 654
-    against 775 at B1 T16384 H16 HV32 (2.411 ms against 2.519); the same bits as the twin (the GPU
-    tests, dense, GVA, a partial last chunk, varlen)."""
-    if twin_only or not GLUON_REVERSE_SWEEP_MEASURED_FASTER:
+    on: bool
+    reason: str
+
+
+#: The backward's Gluon twins, by the DeltaBackwardShape field that selects each.
+GLUON_BACKWARD_TWINS = {
+    "gluon_sweep": GluonTwinRow(True, "the reverse sweep (kernels/gluon/delta_backward_sweep.py), forward + backward, "
+                                      "eager, bf16, l2norm, same process (gpu_delta_train_gluon_sweep_4433529.json, "
+                                      "gpu_delta_train_cold_d7e9987.json): 173 us against the Triton twin's 219 at "
+                                      "B4 T4096 H=HV=16 (the step 1.180 ms against 1.223), 654 against 775 at B1 "
+                                      "T16384 H16 HV32 (2.411 ms against 2.519); the twin's bits (the GPU tests)"),
+    "gluon_dqdk": GluonTwinRow(False, "dq and dk (kernels/gluon/delta_backward_dqdk.py): not yet measured"),
+}
+
+
+def gluon_twins(shape: DeltaBackwardShape, *, householder: int, heads: int, value_heads: int, key_dim: int,
+                value_dim: int, dtype: torch.dtype, device: torch.device, twin_only: bool = False
+                ) -> DeltaBackwardShape:
+    """``shape`` with each backward stage whose Gluon twin runs here, is within its scope and is on
+    in :data:`GLUON_BACKWARD_TWINS` (measured faster) given to that twin; ``shape`` as it is on
+    other devices (``plan.device.gluon_usable``), or when the caller forced the Triton kernels
+    (``backend="triton"``: ``twin_only``). Both twins take GDN (M = 1) and 16-bit inputs, K 64 or
+    128. Their scopes beyond that:
+
+    - ``gluon_sweep``, the reverse sweep: V a multiple of its 64 value columns (one warpgroup,
+      :data:`GLUON_SWEEP_STAGES` tile stages);
+    - ``gluon_dqdk``, dq and dk in one launch: one value head a q/k head, V a multiple of 32.
+
+    The launch layer also needs q, k and dO 16-byte aligned (the twins' bulk copies) and falls back
+    to the Triton kernels otherwise."""
+    if twin_only or householder != 1 or dtype not in (torch.bfloat16, torch.float16) or key_dim not in (64, 128) \
+            or not gluon_usable(device):
         return shape
-    if householder != 1 or dtype not in (torch.bfloat16, torch.float16) or key_dim not in (64, 128) or \
-            value_dim % 64 != 0 or not gluon_usable(device):
-        return shape
-    return replace(shape, gluon_sweep=True, block_v=64, sweep_warps=4, sweep_stages=GLUON_SWEEP_STAGES)
-
-
-#: Whether the Gluon reverse sweep was measured faster than the Triton twin where it applies
-#: (:func:`gluon_reverse_sweep`'s docstring has the figures).
-GLUON_REVERSE_SWEEP_MEASURED_FASTER = True
+    if GLUON_BACKWARD_TWINS["gluon_sweep"].on and value_dim % 64 == 0:
+        shape = replace(shape, gluon_sweep=True, block_v=64, sweep_warps=4, sweep_stages=GLUON_SWEEP_STAGES)
+    if GLUON_BACKWARD_TWINS["gluon_dqdk"].on and heads == value_heads and value_dim % 32 == 0:
+        shape = replace(shape, gluon_dqdk=True)
+    return shape
 
 
 def keep_prep_for_backward(problem) -> bool:
