@@ -37,6 +37,7 @@ from ..kernels.delta.sweep import chunk_delta_sweep_kernel
 from ..kernels.group_sum import group_sum_kernel
 from ..plan import delta as _plan
 from ..plan.delta import DeltaBackwardShape, DeltaShape
+from ..plan.device import sm_count
 from ..runtime.cache import SignatureCache, launch_key
 from ..runtime.launcher import CallArg, compile_in_background, jit_launch
 from .delta import (BUFFER_NAMES, CALL_NAMES, INTERPRET, PREP_NAMES, TEST_SHAPE, DeltaInputs, DeltaLaunches, Step,
@@ -176,9 +177,11 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
                              f"inputs, K 64 or 128 and V a multiple of 32 (got M = {M}, H = {H}, HV = {HV}, "
                              f"{q.dtype}, K = {K}, V = {V})")
         from ..kernels.gluon.delta_backward_dqdk import gluon_bwd_dqdk_kernel
-        grads = [Step(gluon_bwd_dqdk_kernel, (chunks * HV,), dict(dqdk, PART=DQDK_BOTH, GROUP=1, BV=32,
-                                                                         NUM_STAGES=backward_shape.gluon_dqdk_stages),
-                      dict(num_warps=4))]
+        # Persistent programs, one an SM, each taking the twin's (chunk, value head) items in turn.
+        programs = max(1, min(chunks * HV, sm_count(q.device)))
+        grads = [Step(gluon_bwd_dqdk_kernel, (programs,), dict(dqdk, PART=DQDK_BOTH, GROUP=1, BV=32,
+                                                               NUM_STAGES=backward_shape.gluon_dqdk_stages),
+                      dict(num_warps=8))]
     else:
         grads = [Step(chunk_delta_bwd_dqdk_kernel, (chunks * (HV // group),), dict(dqdk, PART=part, GROUP=group),
                       dict(num_warps=backward_shape.grads_warps))

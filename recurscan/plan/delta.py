@@ -175,9 +175,10 @@ class DeltaBackwardShape:
     # warpgroup, sweep_stages its ring of tile stages): :func:`gluon_twins` decides.
     gluon_sweep: bool = False
     # dq and dk in one launch of their Gluon twin (kernels/gluon/delta_backward_dqdk.py): the same;
-    # its ring of tile stages of 32 value columns (two: 111 KB of shared memory, two programs an SM).
+    # its persistent programs' ring of tile stages of 32 value columns (three: 172 KB of shared
+    # memory, one program of eight warps an SM).
     gluon_dqdk: bool = False
-    gluon_dqdk_stages: int = 2
+    gluon_dqdk_stages: int = 3
 
 
 # The parallel stage's rows share their shape: the scores kernel steps 128 value columns on 4 warps
