@@ -23,7 +23,8 @@ def compile_offline(*argv):
 
 
 #: The Gluon twins' cases: the reverse sweep takes GDN, dq and dk GDN with H = HV.
-GLUON_CASES = {"Gluon reverse sweep": ("GDN dense, H = HV", "GDN varlen, GVA"), "Gluon dq and dk": ("GDN dense, H = HV",)}
+GLUON_CASES = {"Gluon reverse sweep": ("GDN dense, H = HV", "GDN varlen, GVA"),
+               "Gluon dq and dk": ("GDN dense, H = HV",)}
 
 
 @pytest.mark.parametrize("case, shape", [(c, s) for c in CASES for s in SHAPES if c in GLUON_CASES.get(s, CASES)])
