@@ -249,7 +249,9 @@ GLUON_BACKWARD_TWINS = {
                                       "gpu_delta_train_cold_d7e9987.json): 173 us against the Triton twin's 219 at "
                                       "B4 T4096 H=HV=16 (the step 1.180 ms against 1.223), 654 against 775 at B1 "
                                       "T16384 H16 HV32 (2.411 ms against 2.519); the twin's bits (the GPU tests)"),
-    "gluon_dqdk": GluonTwinRow(False, "dq and dk (kernels/gluon/delta_backward_dqdk.py): not yet measured"),
+    "gluon_dqdk": GluonTwinRow(True, "dq and dk (kernels/gluon/delta_backward_dqdk.py): on for its first "
+                                     "measurement of record (GPU suite and planned rows, against the sweep "
+                                     "alone in the same process)"),
 }
 
 
