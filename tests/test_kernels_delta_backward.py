@@ -351,12 +351,14 @@ def test_the_planner_overlaps_or_checkpoints_the_recompute_where_the_reverse_swe
 
 @pytest.mark.parametrize("case, sweep, dqdk", [
     ("bf16 GDN K = V = 128", True, True), ("fp16, K = 64, V = 192", True, True), ("GVA", True, False),
-    ("V = 96", False, True), ("V = 80", False, False), ("GDP M = 2", False, False), ("float32", False, False),
+    ("V = 96", False, True), ("V = 64", True, False), ("V = 80", False, False), ("GDP M = 2", False, False),
+    ("float32", False, False),
     ("K = 96", False, False), ('backend="triton"', False, False), ("no usable Gluon", False, False)])
 def test_the_planner_gives_backward_stages_to_their_gluon_twins_only_in_scope(monkeypatch, case, sweep, dqdk):
     """plan.delta.gluon_twins (the Gluon rules, docs/kernels-gluon.md), with both twins' rows on: each
     twin's scope (GDN, 16-bit inputs, K 64 or 128; the reverse sweep V a multiple of 64, then 64 value
-    columns on one warpgroup; dq and dk one value head a q/k head and V a multiple of 32), a device
+    columns on one warpgroup; dq and dk one value head a q/k head and V a multiple of 32, three steps
+    of 32 at least), a device
     where Gluon is usable, the caller not forcing the Triton kernels. Elsewhere the shape as given."""
     import dataclasses
     from recurscan.plan import delta as plan_delta
@@ -366,7 +368,7 @@ def test_the_planner_gives_backward_stages_to_their_gluon_twins_only_in_scope(mo
     fp16 = case == "fp16, K = 64, V = 192"
     args = dict(householder=2 if case == "GDP M = 2" else 1, heads=8 if case == "GVA" else 16, value_heads=16,
                 key_dim=96 if case == "K = 96" else 64 if fp16 else 128,
-                value_dim={"V = 96": 96, "V = 80": 80}.get(case, 192 if fp16 else 128),
+                value_dim={"V = 96": 96, "V = 64": 64, "V = 80": 80}.get(case, 192 if fp16 else 128),
                 dtype=torch.float32 if case == "float32" else torch.float16 if fp16 else torch.bfloat16,
                 device=torch.device("cuda"), twin_only=case == 'backend="triton"')
     given = plan_delta.DeltaBackwardShape(32, 8, 4, "test")
@@ -385,7 +387,7 @@ def test_gluon_usable_is_false_off_hopper_and_under_the_interpreter():
 
 
 @pytest.mark.parametrize("what", ["sweep, M = 2", "sweep, float32", "sweep, block_v 32", "dq dk, M = 2",
-                                  "dq dk, float32", "dq dk, GVA", "dq dk, V = 48"])
+                                  "dq dk, float32", "dq dk, GVA", "dq dk, V = 48", "dq dk, V = 64"])
 def test_a_gluon_twin_outside_its_scope_is_refused(what):
     """A hand-made DeltaBackwardShape asking for a Gluon twin where it cannot run: a ValueError naming
     the field, before anything is built or launched."""
@@ -393,7 +395,8 @@ def test_a_gluon_twin_outside_its_scope_is_refused(what):
     from recurscan.launch.delta_backward import build_delta_backward
     M = 2 if "M = 2" in what else 1
     dtype = torch.float32 if "float32" in what else torch.bfloat16
-    T, H, HV, K, V = 64, 1 if "GVA" in what else 2, 2, 128, 48 if "V = 48" in what else 128
+    T, H, HV, K = 64, 1 if "GVA" in what else 2, 2, 128
+    V = 48 if "V = 48" in what else 64 if "V = 64" in what else 128
     q, do = torch.zeros(1, T, H, K, dtype=dtype), torch.zeros(1, T, HV, V, dtype=dtype)
     k, v = torch.zeros(1, T * M, H, K, dtype=dtype), torch.zeros(1, T * M, HV, V, dtype=dtype)
     beta = torch.ones(1, T * M, HV, dtype=dtype)

@@ -172,10 +172,12 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
         dict(num_warps=backward_shape.scores_warps or backward_shape.grads_warps))
     dqdk = dict(shared, states=arg("states"), dstates=arg("dstates"), dq=arg("dq"), dk=arg("dk"), n_cs_rows=rows)
     if backward_shape.gluon_dqdk:  # its Gluon twin, dk and dq in one launch (kernels/gluon)
-        if M != 1 or H != HV or q.dtype not in (torch.bfloat16, torch.float16) or K not in (64, 128) or V % 32:
+        stages = backward_shape.gluon_dqdk_stages
+        if M != 1 or H != HV or q.dtype not in (torch.bfloat16, torch.float16) or K not in (64, 128) or V % 32 \
+                or V // 32 < stages:
             raise ValueError("DeltaBackwardShape.gluon_dqdk: the Gluon dq, dk kernel takes M = 1, H = HV, 16-bit "
-                             f"inputs, K 64 or 128 and V a multiple of 32 (got M = {M}, H = {H}, HV = {HV}, "
-                             f"{q.dtype}, K = {K}, V = {V})")
+                             f"inputs, K 64 or 128 and V a multiple of 32, at least gluon_dqdk_stages = {stages} "
+                             f"steps of 32 (got M = {M}, H = {H}, HV = {HV}, {q.dtype}, K = {K}, V = {V})")
         from ..kernels.gluon.delta_backward_dqdk import gluon_bwd_dqdk_kernel
         # Persistent programs, one an SM, each taking the twin's (chunk, value head) items in turn.
         programs = max(1, min(chunks * HV, sm_count(q.device)))

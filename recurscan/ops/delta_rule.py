@@ -322,7 +322,10 @@ def chunk_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, initial_state
             are a few tokens long runs the streaming kernel where the cost model predicts it faster
             (``recurscan.plan.cost.prefill_algorithm``: on the H200 HV32 K = V = 128, up to 4
             tokens a sequence in batches of 64 or more, 16 for one sequence); its rounding differs
-            from the chunked kernels' within the same tolerance.
+            from the chunked kernels' within the same tolerance. With None, a training call on a
+            Hopper GPU may run backward stages as their Gluon twins (docs/kernels-gluon.md: the
+            reverse sweep the same bits, dq and dk within one bf16 rounding); "triton" keeps the
+            Triton kernels.
 
     Returns:
         ``(o [B, T, HV, V] in q's dtype, final_state or None)``, plus chunk states when asked.

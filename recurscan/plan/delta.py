@@ -248,10 +248,15 @@ GLUON_BACKWARD_TWINS = {
                                       "eager, bf16, l2norm, same process (gpu_delta_train_gluon_sweep_4433529.json, "
                                       "gpu_delta_train_cold_d7e9987.json): 173 us against the Triton twin's 219 at "
                                       "B4 T4096 H=HV=16 (the step 1.180 ms against 1.223), 654 against 775 at B1 "
-                                      "T16384 H16 HV32 (2.411 ms against 2.519); the twin's bits (the GPU tests)"),
-    "gluon_dqdk": GluonTwinRow(True, "dq and dk (kernels/gluon/delta_backward_dqdk.py): on for its first "
-                                     "measurement of record (GPU suite and planned rows, against the sweep "
-                                     "alone in the same process)"),
+                                      "T16384 H16 HV32 (2.411 ms against 2.519); the Triton kernel's bits (the GPU "
+                                      "tests)"),
+    "gluon_dqdk": GluonTwinRow(True, "dq and dk (kernels/gluon/delta_backward_dqdk.py), persistent, one program of "
+                                     "eight warps an SM: 352 us against the Triton kernel's 401 at B4 T4096 "
+                                     "H=HV=16, the step 1.129 ms against 1.182 (gpu_delta_train_b6ece07.json; "
+                                     "one program an item on one warpgroup was slower, 422 against 399-405: "
+                                     "gpu_delta_train_gluon_dqdk_f8847d1.json); dq, dk within one bf16 rounding "
+                                     "of the Triton kernel's, dg float32's (the GPU suite, 25 passed with both "
+                                     "twins planned: gpu_tests_delta_grad_b6ece07.log)"),
 }
 
 
@@ -266,7 +271,8 @@ def gluon_twins(shape: DeltaBackwardShape, *, householder: int, heads: int, valu
 
     - ``gluon_sweep``, the reverse sweep: V a multiple of its 64 value columns (one warpgroup,
       :data:`GLUON_SWEEP_STAGES` tile stages);
-    - ``gluon_dqdk``, dq and dk in one launch: one value head a q/k head, V a multiple of 32.
+    - ``gluon_dqdk``, dq and dk in one launch: one value head a q/k head, V a multiple of 32 with
+      at least ``shape.gluon_dqdk_stages`` steps of 32 (its ring fills within one item).
 
     The launch layer also needs q, k and dO 16-byte aligned (the twins' bulk copies) and falls back
     to the Triton kernels otherwise."""
@@ -275,7 +281,8 @@ def gluon_twins(shape: DeltaBackwardShape, *, householder: int, heads: int, valu
         return shape
     if GLUON_BACKWARD_TWINS["gluon_sweep"].on and value_dim % 64 == 0:
         shape = replace(shape, gluon_sweep=True, block_v=64, sweep_warps=4, sweep_stages=GLUON_SWEEP_STAGES)
-    if GLUON_BACKWARD_TWINS["gluon_dqdk"].on and heads == value_heads and value_dim % 32 == 0:
+    if GLUON_BACKWARD_TWINS["gluon_dqdk"].on and heads == value_heads and value_dim % 32 == 0 and \
+            value_dim // 32 >= shape.gluon_dqdk_stages:
         shape = replace(shape, gluon_dqdk=True)
     return shape
 
