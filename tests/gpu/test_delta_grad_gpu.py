@@ -278,6 +278,58 @@ def test_dk_then_dq_in_one_launch_gives_the_two_launches_bits(H, HV, cu):
         assert relative_rms(a.double(), b) < 1e-2, f"{name}: relative RMS {relative_rms(a.double(), b):.2e}"
 
 
+def _twin_case(B, T, H, HV, cu, l2norm, seed, device="cuda"):
+    """A Gluon-twin comparison's inputs, bf16 at K = V = 128 with an initial state and dht:
+    ``(x, args)``, x = (q, k, v, g, beta, dO, dht) and args chunk_delta_bwd's keywords (varlen
+    descriptors built from ``cu``)."""
+    from recurscan.descriptors import build_chunk_descriptors
+    gen = torch.Generator(device=device).manual_seed(seed)
+    rn = lambda *s: torch.randn(*s, device=device, generator=gen)  # noqa: E731
+    K = V = 128
+    N = B if cu is None else len(cu) - 1
+    q, k, v = rn(B, T, H, K).bfloat16(), rn(B, T, H, K).bfloat16(), rn(B, T, HV, V).bfloat16()
+    if not l2norm:
+        q, k = (t * K ** -0.5 for t in (q, k))
+    g = torch.nn.functional.logsigmoid(rn(B, T, HV) + 3)
+    beta = torch.rand(B, T, HV, device=device, generator=gen).bfloat16()
+    do = rn(B, T, HV, V).bfloat16()
+    h0, dht = rn(N, HV, K, V) * 0.1, rn(N, HV, K, V)
+    args = dict(use_qk_l2norm_in_kernel=l2norm, initial_state=h0)
+    if cu is not None:
+        cu_t = torch.tensor(cu, device=device, dtype=torch.int32)
+        d = build_chunk_descriptors(cu_t, device=device)
+        args.update(cu_seqlens=cu_t, chunk_indices=d.chunk_indices, chunk_offsets=d.chunk_offsets)
+    return (q, k, v, g, beta, do, dht), args
+
+
+def _twin_runs(x, args, **twin):
+    """chunk_delta_bwd's gradients ``(dq, dk, dv, dg, dbeta, dh0)`` with the Triton kernels (False)
+    and with the twin named in ``twin`` (True); the planner's B4 shape otherwise."""
+    from recurscan.launch.delta_backward import chunk_delta_bwd
+    from recurscan.plan.delta import DeltaBackwardShape
+    from recurscan.plan.device import gluon_usable
+    if not gluon_usable(torch.device("cuda")):
+        pytest.skip("Gluon twins run on sm_90 with a tested Triton (plan.device.gluon_usable)")
+    shape = dict(grads_block_v=32, scores_warps=4, scores_block_v=128, group_in_kernel=True, dqdk_one_launch=True,
+                 sweep_stages=3)
+    return {on: chunk_delta_bwd(*x, backward_shape=DeltaBackwardShape(64, 4, 4, "test", **shape,
+                                                                      **{n: on for n in twin}), **args)
+            for on in (False, True)}
+
+
+def _assert_like_the_oracle(x, args, grads):
+    from recurscan.reference.delta_backward import gated_delta_rule_chunked_backward
+    want = gated_delta_rule_chunked_backward(*(t.double() for t in x), initial_state=args["initial_state"].double(),
+                                             use_qk_l2norm_in_kernel=args["use_qk_l2norm_in_kernel"],
+                                             cu_seqlens=args.get("cu_seqlens"))
+    for name, a, b in zip(GRAD_NAMES, grads, want):
+        assert torch.isfinite(a).all(), name
+        assert relative_rms(a.double(), b) < 1e-2, f"{name}: relative RMS {relative_rms(a.double(), b):.2e}"
+
+
+GRAD_NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
+
+
 @pytest.mark.parametrize("B, T, H, HV, cu", [(2, 4096, 16, 16, None), (1, 4096, 8, 16, None), (3, 1000, 4, 8, None),
                                              (1, 8192, 8, 16, [0, 1, 3000, 3064, 8192])],
                          ids=["B2 T4096 H=HV=16", "GVA HV=2H", "a partial last chunk", "varlen, a one-token sequence"])
@@ -286,41 +338,11 @@ def test_the_gluon_reverse_sweep_gives_its_twins_bits(B, T, H, HV, cu):
     docs/kernels-gluon.md): every gradient, dh0 among them (an initial state and dht given), bit for
     bit the Triton sweep's (the same products in the same order), and within the oracle's band of the
     float64 chunkwise reference."""
-    from recurscan.descriptors import build_chunk_descriptors
-    from recurscan.launch.delta_backward import chunk_delta_bwd
-    from recurscan.plan.delta import DeltaBackwardShape
-    from recurscan.plan.device import gluon_usable
-    from recurscan.reference.delta_backward import gated_delta_rule_chunked_backward
-    if not gluon_usable(torch.device("cuda")):
-        pytest.skip("Gluon twins run on sm_90 with a tested Triton (plan.device.gluon_usable)")
-    gen = torch.Generator(device="cuda").manual_seed(21)
-    rn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
-    K = V = 128
-    N = B if cu is None else len(cu) - 1
-    q, k, v = rn(B, T, H, K).bfloat16(), rn(B, T, H, K).bfloat16(), rn(B, T, HV, V).bfloat16()
-    g = torch.nn.functional.logsigmoid(rn(B, T, HV) + 3)
-    beta = torch.rand(B, T, HV, device="cuda", generator=gen).bfloat16()
-    do = rn(B, T, HV, V).bfloat16()
-    h0, dht = rn(N, HV, K, V) * 0.1, rn(N, HV, K, V)
-    args = dict(use_qk_l2norm_in_kernel=True, initial_state=h0)
-    if cu is not None:
-        cu_t = torch.tensor(cu, device="cuda", dtype=torch.int32)
-        d = build_chunk_descriptors(cu_t, device="cuda")
-        args.update(cu_seqlens=cu_t, chunk_indices=d.chunk_indices, chunk_offsets=d.chunk_offsets)
-    shapes = {gluon: DeltaBackwardShape(64, 4, 4, "test", grads_block_v=32, scores_warps=4, scores_block_v=128,
-                                        group_in_kernel=True, gluon_sweep=gluon, sweep_stages=3)
-              for gluon in (False, True)}
-    got = {gluon: chunk_delta_bwd(q, k, v, g, beta, do, dht, backward_shape=shape, **args)
-           for gluon, shape in shapes.items()}
-    names = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
-    for name, a, b in zip(names, got[False], got[True]):
+    x, args = _twin_case(B, T, H, HV, cu, True, seed=21)
+    got = _twin_runs(x, args, gluon_sweep=True)
+    for name, a, b in zip(GRAD_NAMES, got[False], got[True]):
         assert torch.equal(a, b), f"{name}: {int((a != b).sum())} elements differ"
-    want = gated_delta_rule_chunked_backward(*(t.double() for t in (q, k, v, g, beta, do)), dht.double(),
-                                             initial_state=h0.double(), use_qk_l2norm_in_kernel=True,
-                                             cu_seqlens=args.get("cu_seqlens"))
-    for name, a, b in zip(names, got[True], want):
-        assert torch.isfinite(a).all(), name
-        assert relative_rms(a.double(), b) < 1e-2, f"{name}: relative RMS {relative_rms(a.double(), b):.2e}"
+    _assert_like_the_oracle(x, args, got[True])
 
 
 @pytest.mark.parametrize("B, T, H, cu, l2norm", [(2, 4096, 16, None, True), (3, 1000, 4, None, True),
@@ -332,45 +354,13 @@ def test_the_gluon_dq_dk_kernel_agrees_with_its_twin(B, T, H, cu, l2norm):
     So dv and dbeta (other kernels) are the same bits, dg agrees to float32 rounding, dq and dk to
     within one bf16 rounding (2^-8 relative RMS); all within the oracle's band of the float64
     chunkwise reference."""
-    from recurscan.descriptors import build_chunk_descriptors
-    from recurscan.launch.delta_backward import chunk_delta_bwd
-    from recurscan.plan.delta import DeltaBackwardShape
-    from recurscan.plan.device import gluon_usable
-    from recurscan.reference.delta_backward import gated_delta_rule_chunked_backward
-    if not gluon_usable(torch.device("cuda")):
-        pytest.skip("Gluon twins run on sm_90 with a tested Triton (plan.device.gluon_usable)")
-    gen = torch.Generator(device="cuda").manual_seed(22)
-    rn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
-    K = V = 128
-    N = B if cu is None else len(cu) - 1
-    q, k, v = rn(B, T, H, K).bfloat16(), rn(B, T, H, K).bfloat16(), rn(B, T, H, V).bfloat16()
-    if not l2norm:
-        q, k = (x * K ** -0.5 for x in (q, k))
-    g = torch.nn.functional.logsigmoid(rn(B, T, H) + 3)
-    beta = torch.rand(B, T, H, device="cuda", generator=gen).bfloat16()
-    do = rn(B, T, H, V).bfloat16()
-    h0, dht = rn(N, H, K, V) * 0.1, rn(N, H, K, V)
-    args = dict(use_qk_l2norm_in_kernel=l2norm, initial_state=h0)
-    if cu is not None:
-        cu_t = torch.tensor(cu, device="cuda", dtype=torch.int32)
-        d = build_chunk_descriptors(cu_t, device="cuda")
-        args.update(cu_seqlens=cu_t, chunk_indices=d.chunk_indices, chunk_offsets=d.chunk_offsets)
-    shapes = {gluon: DeltaBackwardShape(64, 4, 4, "test", grads_block_v=32, scores_warps=4, scores_block_v=128,
-                                        group_in_kernel=True, dqdk_one_launch=True, gluon_dqdk=gluon)
-              for gluon in (False, True)}
-    got = {gluon: chunk_delta_bwd(q, k, v, g, beta, do, dht, backward_shape=shape, **args)
-           for gluon, shape in shapes.items()}
-    names = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
+    x, args = _twin_case(B, T, H, H, cu, l2norm, seed=22)
+    got = _twin_runs(x, args, gluon_dqdk=True)
     bounds = dict(dq=2 ** -8, dk=2 ** -8, dg=1e-5, dv=0.0, dbeta=0.0, dh0=0.0)
-    for name, a, b in zip(names, got[False], got[True]):
+    for name, a, b in zip(GRAD_NAMES, got[False], got[True]):
         err = relative_rms(b.double(), a.double())
         assert err <= bounds[name], f"{name}: relative RMS {err:.2e} from the Triton twin's"
-    want = gated_delta_rule_chunked_backward(*(t.double() for t in (q, k, v, g, beta, do)), dht.double(),
-                                             initial_state=h0.double(), use_qk_l2norm_in_kernel=l2norm,
-                                             cu_seqlens=args.get("cu_seqlens"))
-    for name, a, b in zip(names, got[True], want):
-        assert torch.isfinite(a).all(), name
-        assert relative_rms(a.double(), b) < 1e-2, f"{name}: relative RMS {relative_rms(a.double(), b):.2e}"
+    _assert_like_the_oracle(x, args, got[True])
 
 
 def test_the_planner_gives_backward_stages_to_gluon_only_where_allowed(monkeypatch):
