@@ -147,7 +147,7 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
     arg = lambda name, present=True: CallArg(name if present else "dv")  # noqa: E731 (absent: a placeholder)
     sweep_kernel = chunk_delta_bwd_sweep_kernel
     if backward_shape.gluon_sweep:  # its Gluon twin: the same arguments (kernels/gluon)
-        if M != 1 or q.dtype not in (torch.bfloat16, torch.float16) or K not in (64, 128) or V % 64 or BV != 64:
+        if BV != 64 or not _plan.gluon_sweep_scope(householder=M, dtype=q.dtype, key_dim=K, value_dim=V):
             raise ValueError("DeltaBackwardShape.gluon_sweep: the Gluon reverse sweep takes M = 1, 16-bit inputs, "
                              f"K 64 or 128 and V a multiple of block_v = 64 (got M = {M}, {q.dtype}, K = {K}, "
                              f"V = {V}, block_v = {backward_shape.block_v})")
@@ -173,8 +173,8 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
     dqdk = dict(shared, states=arg("states"), dstates=arg("dstates"), dq=arg("dq"), dk=arg("dk"), n_cs_rows=rows)
     if backward_shape.gluon_dqdk:  # its Gluon twin, dk and dq in one launch (kernels/gluon)
         stages = backward_shape.gluon_dqdk_stages
-        if M != 1 or H != HV or q.dtype not in (torch.bfloat16, torch.float16) or K not in (64, 128) or V % 32 \
-                or V // 32 < stages:
+        if not _plan.gluon_dqdk_scope(householder=M, heads=H, value_heads=HV, dtype=q.dtype, key_dim=K, value_dim=V,
+                                      stages=stages):
             raise ValueError("DeltaBackwardShape.gluon_dqdk: the Gluon dq, dk kernel takes M = 1, H = HV, 16-bit "
                              f"inputs, K 64 or 128 and V a multiple of 32, at least gluon_dqdk_stages = {stages} "
                              f"steps of 32 (got M = {M}, H = {H}, HV = {HV}, {q.dtype}, K = {K}, V = {V})")
@@ -182,7 +182,7 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
         # Persistent programs, one an SM, each taking the twin's (chunk, value head) items in turn.
         programs = max(1, min(chunks * HV, sm_count(q.device)))
         grads = [Step(gluon_bwd_dqdk_kernel, (programs,), dict(dqdk, PART=DQDK_BOTH, GROUP=1, BV=32,
-                                                               NUM_STAGES=backward_shape.gluon_dqdk_stages),
+                                                               NUM_STAGES=stages),
                       dict(num_warps=8))]
     else:
         grads = [Step(chunk_delta_bwd_dqdk_kernel, (chunks * (HV // group),), dict(dqdk, PART=part, GROUP=group),
@@ -225,25 +225,25 @@ def _backward_call(q, k, v, g, beta, do, dht, *, num_householder, scale, initial
     give a stage to its Gluon twin (False: ``backend="triton"``, the Triton kernels only)."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     shape = shape or TEST_SHAPE
-    if backward_shape is None:
-        pairs = (cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]) * v.shape[2]
-        backward_shape = _plan.delta_backward_shape(pairs, v.shape[3], q.device, v.shape[2] // q.shape[2])
-        backward_shape = _plan.gluon_twins(backward_shape, householder=num_householder, heads=q.shape[2],
-                                           value_heads=v.shape[2], key_dim=q.shape[3], value_dim=v.shape[3],
-                                           dtype=q.dtype, device=q.device, twin_only=not gluon)
     # The stages index these as dense [B, T, heads, dim] (and dht as [N, HV, K, V]): any strided input is copied.
     q, k, v, do = (x.contiguous() for x in (q, k, v, do))
-    if (backward_shape.gluon_sweep or backward_shape.gluon_dqdk) and \
-            not _gluon_takes(q, k, do, chunk_indices, v.shape[2]):
-        backward_shape = dataclasses.replace(backward_shape, gluon_sweep=False, gluon_dqdk=False)
     g = None if g is None else g.contiguous()
     beta = torch.ones(v.shape[:3], dtype=q.dtype, device=q.device) if beta is None else beta.contiguous()
     dht = None if dht is None else dht.float().contiguous()
     tensors = (q, k, v, g, beta, do, dht, initial_state, cu_seqlens, chunk_indices, chunk_offsets)
     key = (launch_key(tensors), num_householder, scale, use_qk_l2norm_in_kernel, shape, backward_shape, prep_kept,
-           checkpoint_chunks)
+           checkpoint_chunks, gluon)
     launches = BACKWARD_LAUNCHES.get(key)
-    if launches is None:
+    if launches is None:  # the signature's first call: planned (from the key's contents alone), then built
+        if backward_shape is None:
+            pairs = (cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]) * v.shape[2]
+            backward_shape = _plan.delta_backward_shape(pairs, v.shape[3], q.device, v.shape[2] // q.shape[2])
+            backward_shape = _plan.gluon_twins(backward_shape, householder=num_householder, heads=q.shape[2],
+                                               value_heads=v.shape[2], key_dim=q.shape[3], value_dim=v.shape[3],
+                                               dtype=q.dtype, device=q.device, twin_only=not gluon)
+        if (backward_shape.gluon_sweep or backward_shape.gluon_dqdk) and \
+                not _gluon_takes(q, k, do, chunk_indices, v.shape[2]):
+            backward_shape = dataclasses.replace(backward_shape, gluon_sweep=False, gluon_dqdk=False)
         launches = BACKWARD_LAUNCHES.put(key, build_delta_backward(
             q, k, v, g, beta, do, dht, scale=scale, initial_state=initial_state,
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,

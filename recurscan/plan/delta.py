@@ -246,8 +246,8 @@ class GluonTwinRow:
 GLUON_BACKWARD_TWINS = {
     "gluon_sweep": GluonTwinRow(True, "the reverse sweep (kernels/gluon/delta_backward_sweep.py), forward + backward, "
                                       "eager, bf16, l2norm, same process (gpu_delta_train_gluon_sweep_4433529.json, "
-                                      "gpu_delta_train_cold_d7e9987.json): 173 us against the Triton twin's 219 at "
-                                      "B4 T4096 H=HV=16 (the step 1.180 ms against 1.223), 654 against 775 at B1 "
+                                      "gpu_delta_train_gluon_dqdk_f8847d1.json): 173 us against the Triton twin's 219 "
+                                      "at B4 T4096 H=HV=16 (the step 1.181 ms against 1.227), 654 against 775 at B1 "
                                       "T16384 H16 HV32 (2.411 ms against 2.519); the Triton kernel's bits (the GPU "
                                       "tests)"),
     "gluon_dqdk": GluonTwinRow(True, "dq and dk (kernels/gluon/delta_backward_dqdk.py), persistent, one program of "
@@ -260,29 +260,41 @@ GLUON_BACKWARD_TWINS = {
 }
 
 
+def gluon_sweep_scope(*, householder: int, dtype: torch.dtype, key_dim: int, value_dim: int) -> bool:
+    """What the reverse sweep's Gluon twin takes: GDN (M = 1), 16-bit inputs, K 64 or 128, V a
+    multiple of its 64 value columns."""
+    return householder == 1 and dtype in (torch.bfloat16, torch.float16) and key_dim in (64, 128) and \
+        value_dim % 64 == 0
+
+
+def gluon_dqdk_scope(*, householder: int, heads: int, value_heads: int, dtype: torch.dtype, key_dim: int,
+                     value_dim: int, stages: int) -> bool:
+    """What dq and dk's Gluon twin takes: GDN, one value head a q/k head, 16-bit inputs, K 64 or
+    128, V a multiple of 32 with at least ``stages`` steps of 32 (its ring fills within one item)."""
+    return householder == 1 and heads == value_heads and dtype in (torch.bfloat16, torch.float16) and \
+        key_dim in (64, 128) and value_dim % 32 == 0 and value_dim // 32 >= stages
+
+
 def gluon_twins(shape: DeltaBackwardShape, *, householder: int, heads: int, value_heads: int, key_dim: int,
                 value_dim: int, dtype: torch.dtype, device: torch.device, twin_only: bool = False
                 ) -> DeltaBackwardShape:
-    """``shape`` with each backward stage whose Gluon twin runs here, is within its scope and is on
-    in :data:`GLUON_BACKWARD_TWINS` (measured faster) given to that twin; ``shape`` as it is on
-    other devices (``plan.device.gluon_usable``), or when the caller forced the Triton kernels
-    (``backend="triton"``: ``twin_only``). Both twins take GDN (M = 1) and 16-bit inputs, K 64 or
-    128. Their scopes beyond that:
-
-    - ``gluon_sweep``, the reverse sweep: V a multiple of its 64 value columns (one warpgroup,
-      :data:`GLUON_SWEEP_STAGES` tile stages);
-    - ``gluon_dqdk``, dq and dk in one launch: one value head a q/k head, V a multiple of 32 with
-      at least ``shape.gluon_dqdk_stages`` steps of 32 (its ring fills within one item).
+    """``shape`` with each backward stage whose Gluon twin runs here, is within its scope
+    (:func:`gluon_sweep_scope`, :func:`gluon_dqdk_scope`) and is on in :data:`GLUON_BACKWARD_TWINS`
+    (measured faster) given to that twin; ``shape`` as it is on other devices
+    (``plan.device.gluon_usable``), or when the caller forced the Triton kernels
+    (``backend="triton"``: ``twin_only``). The reverse sweep's twin runs 64 value columns on one
+    warpgroup, :data:`GLUON_SWEEP_STAGES` tile stages.
 
     The launch layer also needs q, k and dO 16-byte aligned (the twins' bulk copies) and falls back
     to the Triton kernels otherwise."""
-    if twin_only or householder != 1 or dtype not in (torch.bfloat16, torch.float16) or key_dim not in (64, 128) \
-            or not gluon_usable(device):
+    if twin_only or not gluon_usable(device):
         return shape
-    if GLUON_BACKWARD_TWINS["gluon_sweep"].on and value_dim % 64 == 0:
+    if GLUON_BACKWARD_TWINS["gluon_sweep"].on and gluon_sweep_scope(householder=householder, dtype=dtype,
+                                                                     key_dim=key_dim, value_dim=value_dim):
         shape = replace(shape, gluon_sweep=True, block_v=64, sweep_warps=4, sweep_stages=GLUON_SWEEP_STAGES)
-    if GLUON_BACKWARD_TWINS["gluon_dqdk"].on and heads == value_heads and value_dim % 32 == 0 and \
-            value_dim // 32 >= shape.gluon_dqdk_stages:
+    if GLUON_BACKWARD_TWINS["gluon_dqdk"].on and gluon_dqdk_scope(
+            householder=householder, heads=heads, value_heads=value_heads, dtype=dtype, key_dim=key_dim,
+            value_dim=value_dim, stages=shape.gluon_dqdk_stages):
         shape = replace(shape, gluon_dqdk=True)
     return shape
 

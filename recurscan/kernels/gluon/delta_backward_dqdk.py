@@ -43,12 +43,13 @@ def _plus(a, b):
 
 
 @gluon.jit
-def _item(it, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, HV: gl.constexpr, K: gl.constexpr,
+def _item(it, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_cs_rows, HV: gl.constexpr, K: gl.constexpr,
           BT: gl.constexpr, IS_VARLEN: gl.constexpr):
-    """Item ``it`` = (chunk i_c, value head i_hv): (valid, bos, eos, r0, s_row, scr_row): its
-    sequence's rows [bos, eos), the chunk's first row r0, its row in the chunk states seen as
-    [rows x HV x K, V] and in the scratch seen as [chunks x HV x 2 x BT, BT]; valid is False for a
-    padding chunk (computed on, not stored)."""
+    """Item ``it`` = (chunk i_c, value head i_hv): (valid, eos, r0, s_row, scr_row): the end of its
+    sequence's rows, the chunk's first row r0, its row in the chunk states seen as
+    [rows x HV x K, V] (a chunk-state row outside [0, n_cs_rows), from a wrong chunk_offsets entry,
+    becomes the first row past them: read as zeros, as the twin's mask does) and in the scratch seen
+    as [chunks x HV x 2 x BT, BT]; valid is False for a padding chunk (computed on, not stored)."""
     i_hv = it % HV
     i_c = it // HV
     if IS_VARLEN:
@@ -69,8 +70,9 @@ def _item(it, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, HV: gl.constex
         eos = bos + T
         valid = i_c >= 0
         cs = i_c.to(gl.int64)
+    cs = gl.where((cs >= 0) & (cs < n_cs_rows), cs, n_cs_rows)
     r0 = bos + i_t * BT
-    return valid, bos, eos, r0, (cs * HV + i_hv).to(gl.int32) * K, ((i_c * HV + i_hv) * 2).to(gl.int32) * BT
+    return valid, eos, r0, (cs * HV + i_hv).to(gl.int32) * K, ((i_c * HV + i_hv) * 2).to(gl.int32) * BT
 
 
 @gluon.jit
@@ -217,8 +219,8 @@ def gluon_bwd_dqdk_kernel(
     mbarrier.init(once, count=1)
 
     # The first item's tiles; the ring's first steps (within the first item: NV >= NUM_STAGES).
-    valid, bos, eos, r0, s_row, scr_row = _item(pid, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, HV, K, BT,
-                                                IS_VARLEN)
+    valid, eos, r0, s_row, scr_row = _item(pid, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_cs_rows, HV,
+                                           K, BT, IS_VARLEN)
     _issue_once(n_mine > 0, r0, (pid % HV) * K, scr_row, k_desc, q_desc, scr_desc, k_s, q_s, dsg_s, dag_s, once)
     for i in gl.static_range(NUM_STAGES):
         _issue_step(i, n_steps, r0, (pid % HV) * V, s_row, s_desc, ds_desc, u_desc, dy_desc, do_desc, s_s, ds_s, u_s,
@@ -229,8 +231,8 @@ def gluon_bwd_dqdk_kernel(
         i_hv = it % HV
         # The next item's place, read now: its steps are issued from this item's loop on.
         it_n = gl.minimum(it + programs, n_items - 1)  # past the last item: never issued
-        n_valid, n_bos, n_eos, n_r0, n_s_row, n_scr_row = _item(it_n, cu_seqlens, chunk_indices, chunk_offsets, T,
-                                                                n_seq, HV, K, BT, IS_VARLEN)
+        n_valid, n_eos, n_r0, n_s_row, n_scr_row = _item(it_n, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq,
+                                                         n_cs_rows, HV, K, BT, IS_VARLEN)
         n_hv = it_n % HV
 
         # The chunk's decays (the twin's _chunk_gates): gc sums the finite log2 decays, seg the
@@ -327,7 +329,7 @@ def gluon_bwd_dqdk_kernel(
             p_dg = dg + rows * HV + i_hv
             m_st = m_r & valid
             gl.store(p_dg, (gl.load(p_dg, mask=m_st, other=0.0) + d_g) + d_q, mask=m_st)
-        valid, bos, eos, r0, s_row, scr_row = n_valid, n_bos, n_eos, n_r0, n_s_row, n_scr_row
+        valid, eos, r0, s_row, scr_row = n_valid, n_eos, n_r0, n_s_row, n_scr_row
     for i in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(bars.index(i))
     mbarrier.invalidate(once)

@@ -123,7 +123,7 @@ def gluon_bwd_sweep_kernel(
     a_desc = tma.make_tensor_descriptor(aqk + bos * (HV * BT), [rows, HV * BT], [HV * BT, 1], [BT, BT], l_tt)
     dy_desc = tma.make_tensor_descriptor(dy_out + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV], l_tv)
     dv_desc = tma.make_tensor_descriptor(dv + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV], l_tv)
-    # Chunk-state rows outside [0, n_cs_rows) (a wrong chunk_offsets entry) fall outside this one.
+    # Chunk-state rows outside [0, n_cs_rows) (a wrong chunk_offsets entry) are moved just past it.
     ds_desc = tma.make_tensor_descriptor(dstates, [n_cs_rows * (HV * K), V], [V, 1], [K, BV], l_kv)
     col_qk = i_h * K
     col_v = i_hv * V + i_v * BV
@@ -174,7 +174,9 @@ def gluon_bwd_sweep_kernel(
         tma.store_wait(pendings=2)
         ds_s.permute((1, 0)).store(S_b)
         fence_async_shared()
-        tma.async_copy_shared_to_global(ds_desc, [((cs0 + c) * HV + i_hv).to(gl.int32) * K, i_v * BV], ds_s)
+        cs = cs0 + c
+        cs = gl.where((cs >= 0) & (cs < n_cs_rows), cs, n_cs_rows)  # past the descriptor: not stored
+        tma.async_copy_shared_to_global(ds_desc, [(cs * HV + i_hv).to(gl.int32) * K, i_v * BV], ds_s)
 
         # Group 1: dS^T K^T (the chain), then dO^T aqk accumulated onto its scaled result, as the
         # twin's compiler combines the sum (a product added to a tensor becomes its accumulator).
