@@ -22,8 +22,9 @@ def compile_offline(*argv):
                           capture_output=True, text=True, timeout=600)
 
 
-#: The Gluon twins' cases: the reverse sweep takes GDN, dq and dk GDN with H = HV.
+#: The Gluon twins' cases: the reverse sweep and the scores kernel take GDN, dq and dk GDN with H = HV.
 GLUON_CASES = {"Gluon reverse sweep": ("GDN dense, H = HV", "GDN varlen, GVA"),
+               "Gluon scores": ("GDN dense, H = HV", "GDN varlen, GVA"),
                "Gluon dq and dk": ("GDN dense, H = HV",)}
 
 
@@ -36,6 +37,9 @@ def test_every_backward_launch_compiles_for_sm90(case, shape):
     assert sweep in run.stdout, run.stdout
     if shape == "Gluon dq and dk":
         assert "gluon_bwd_dqdk_kernel" in run.stdout and "chunk_delta_bwd_dqdk_kernel" not in run.stdout, run.stdout
+    if shape == "Gluon scores":
+        assert "gluon_bwd_scores_kernel" in run.stdout and "chunk_delta_bwd_scores_kernel" not in run.stdout, \
+            run.stdout
 
 
 @pytest.mark.parametrize("family", ["gla", "gla-chunk-states", "gla-per-key", "gla-split", "ssd", "ssd-cache",
