@@ -351,7 +351,8 @@ def test_the_planner_overlaps_or_checkpoints_the_recompute_where_the_reverse_swe
 
 @pytest.mark.parametrize("case, sweep, scores, dqdk", [
     ("bf16 GDN K = V = 128", True, True, True), ("fp16, K = 64, V = 192", True, True, True),
-    ("GVA", True, True, False), ("V = 96", False, True, True), ("V = 64", True, True, False),
+    ("GVA", True, True, False), ("GVA summed in the kernel", True, True, True),
+    ("GVA of 8 summed in the kernel", True, True, False), ("V = 96", False, True, True), ("V = 64", True, True, False),
     ("V = 80", False, False, False), ("GDP M = 2", False, False, False), ("float32", False, False, False),
     ("K = 96", False, False, False), ('backend="triton"', False, False, False),
     ("no usable Gluon", False, False, False)])
@@ -360,20 +361,22 @@ def test_the_planner_gives_backward_stages_to_their_gluon_twins_only_in_scope(mo
     """plan.delta.gluon_twins (the Gluon rules, docs/kernels-gluon.md), with the twins' rows on: each
     twin's scope (GDN, 16-bit inputs, K 64 or 128; the reverse sweep V a multiple of 64, then 64 value
     columns on one warpgroup; the scores kernel V a multiple of 32, GVA too; dq and dk one value head
-    a q/k head and V a multiple of 32, three steps of 32 at least), a device where Gluon is usable,
-    the caller not forcing the Triton kernels. Elsewhere the shape as given."""
+    a q/k head, or a GVA group of at most 4 summed in the kernel, and V a multiple of 32, three steps
+    of 32 at least), a device where Gluon is usable, the caller not forcing the Triton kernels.
+    Elsewhere the shape as given."""
     import dataclasses
     from recurscan.plan import delta as plan_delta
     monkeypatch.setattr(plan_delta, "gluon_usable", lambda device: case != "no usable Gluon")
     monkeypatch.setattr(plan_delta, "GLUON_BACKWARD_TWINS", {
         name: dataclasses.replace(row, on=True) for name, row in plan_delta.GLUON_BACKWARD_TWINS.items()})
     fp16 = case == "fp16, K = 64, V = 192"
-    args = dict(householder=2 if case == "GDP M = 2" else 1, heads=8 if case == "GVA" else 16, value_heads=16,
+    args = dict(householder=2 if case == "GDP M = 2" else 1,
+                heads=2 if "GVA of 8" in case else 8 if case.startswith("GVA") else 16, value_heads=16,
                 key_dim=96 if case == "K = 96" else 64 if fp16 else 128,
                 value_dim={"V = 96": 96, "V = 64": 64, "V = 80": 80}.get(case, 192 if fp16 else 128),
                 dtype=torch.float32 if case == "float32" else torch.float16 if fp16 else torch.bfloat16,
                 device=torch.device("cuda"), twin_only=case == 'backend="triton"')
-    given = plan_delta.DeltaBackwardShape(32, 8, 4, "test")
+    given = plan_delta.DeltaBackwardShape(32, 8, 4, "test", group_in_kernel="summed in the kernel" in case)
     got = plan_delta.gluon_twins(given, **args)
     assert (got.gluon_sweep, got.gluon_scores, got.gluon_dqdk) == (sweep, scores, dqdk)
     if sweep:
@@ -405,7 +408,8 @@ def test_gluon_usable_is_false_off_hopper_and_under_the_interpreter():
 
 
 @pytest.mark.parametrize("what", ["sweep, M = 2", "sweep, float32", "sweep, block_v 32", "dq dk, M = 2",
-                                  "dq dk, float32", "dq dk, GVA", "dq dk, V = 48", "dq dk, V = 64",
+                                  "dq dk, float32", "dq dk, GVA", "dq dk, GVA of 8 in the kernel", "dq dk, V = 48",
+                                  "dq dk, V = 64",
                                   "scores, M = 2", "scores, float32", "scores, V = 48"])
 def test_a_gluon_twin_outside_its_scope_is_refused(what):
     """A hand-made DeltaBackwardShape asking for a Gluon twin where it cannot run: a ValueError naming
@@ -414,14 +418,16 @@ def test_a_gluon_twin_outside_its_scope_is_refused(what):
     from recurscan.launch.delta_backward import build_delta_backward
     M = 2 if "M = 2" in what else 1
     dtype = torch.float32 if "float32" in what else torch.bfloat16
-    T, H, HV, K = 64, 1 if "GVA" in what else 2, 2, 128
+    T, K = 64, 128
+    H, HV = (1, 8) if "GVA of 8" in what else (1, 2) if "GVA" in what else (2, 2)
     V = 48 if "V = 48" in what else 64 if "V = 64" in what else 128
     q, do = torch.zeros(1, T, H, K, dtype=dtype), torch.zeros(1, T, HV, V, dtype=dtype)
     k, v = torch.zeros(1, T * M, H, K, dtype=dtype), torch.zeros(1, T * M, HV, V, dtype=dtype)
     beta = torch.ones(1, T * M, HV, dtype=dtype)
     field = "gluon_sweep" if what.startswith("sweep") else "gluon_scores" if what.startswith("scores") else \
         "gluon_dqdk"
-    shape = DeltaBackwardShape(32 if "block_v 32" in what else 64, 4, 4, "test", **{field: True})
+    shape = DeltaBackwardShape(32 if "block_v 32" in what else 64, 4, 4, "test",
+                               group_in_kernel="in the kernel" in what, **{field: True})
     with pytest.raises(ValueError, match=field):
         build_delta_backward(q, k, v, None, beta, do, None, scale=1.0, initial_state=None,
                              use_qk_l2norm_in_kernel=False, cu_seqlens=None, chunk_indices=None, chunk_offsets=None,

@@ -182,14 +182,16 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
     if backward_shape.gluon_dqdk:  # its Gluon twin, dk and dq in one launch (kernels/gluon)
         stages = backward_shape.gluon_dqdk_stages
         if not _plan.gluon_dqdk_scope(householder=M, heads=H, value_heads=HV, dtype=q.dtype, key_dim=K, value_dim=V,
-                                      stages=stages):
-            raise ValueError("DeltaBackwardShape.gluon_dqdk: the Gluon dq, dk kernel takes M = 1, H = HV, 16-bit "
-                             f"inputs, K 64 or 128 and V a multiple of 32, at least gluon_dqdk_stages = {stages} "
-                             f"steps of 32 (got M = {M}, H = {H}, HV = {HV}, {q.dtype}, K = {K}, V = {V})")
+                                      stages=stages) or gva:
+            raise ValueError("DeltaBackwardShape.gluon_dqdk: the Gluon dq, dk kernel takes M = 1, H = HV or a GVA "
+                             f"group of at most {_plan.GLUON_DQDK_GROUP} value heads summed in the kernel "
+                             "(group_in_kernel), 16-bit inputs, K 64 or 128 and V a multiple of 32, at least "
+                             f"gluon_dqdk_stages = {stages} steps of 32 (got M = {M}, H = {H}, HV = {HV}, "
+                             f"group_in_kernel = {backward_shape.group_in_kernel}, {q.dtype}, K = {K}, V = {V})")
         from ..kernels.gluon.delta_backward_dqdk import gluon_bwd_dqdk_kernel
-        # Persistent programs, one an SM, each taking the twin's (chunk, value head) items in turn.
-        programs = max(1, min(chunks * HV, sm_count(q.device)))
-        grads = [Step(gluon_bwd_dqdk_kernel, (programs,), dict(dqdk, PART=DQDK_BOTH, GROUP=1, BV=32,
+        # Persistent programs, one an SM, each taking the twin's (chunk, value heads) items in turn.
+        programs = max(1, min(chunks * (HV // group), sm_count(q.device)))
+        grads = [Step(gluon_bwd_dqdk_kernel, (programs,), dict(dqdk, PART=DQDK_BOTH, GROUP=group, BV=32,
                                                                NUM_STAGES=stages),
                       dict(num_warps=8))]
     else:

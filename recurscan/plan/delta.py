@@ -283,12 +283,19 @@ def gluon_scores_scope(*, householder: int, dtype: torch.dtype, key_dim: int, va
         value_dim % 32 == 0
 
 
+#: The largest GVA group dq and dk's Gluon twin sums (its value heads are unrolled in the program).
+GLUON_DQDK_GROUP = 4
+
+
 def gluon_dqdk_scope(*, householder: int, heads: int, value_heads: int, dtype: torch.dtype, key_dim: int,
                      value_dim: int, stages: int) -> bool:
-    """What dq and dk's Gluon twin takes: GDN, one value head a q/k head, 16-bit inputs, K 64 or
-    128, V a multiple of 32 with at least ``stages`` steps of 32 (its ring fills within one item)."""
-    return householder == 1 and heads == value_heads and dtype in (torch.bfloat16, torch.float16) and \
-        key_dim in (64, 128) and value_dim % 32 == 0 and value_dim // 32 >= stages
+    """What dq and dk's Gluon twin takes: GDN, one value head a q/k head or a GVA group of at most
+    :data:`GLUON_DQDK_GROUP` (summed in the kernel), 16-bit inputs, K 64 or 128, V a multiple of 32
+    with at least ``stages`` steps of 32 (its ring fills within one value head)."""
+    group = value_heads // heads
+    return householder == 1 and group * heads == value_heads and group <= GLUON_DQDK_GROUP and \
+        dtype in (torch.bfloat16, torch.float16) and key_dim in (64, 128) and value_dim % 32 == 0 and \
+        value_dim // 32 >= stages
 
 
 def gluon_twins(shape: DeltaBackwardShape, *, householder: int, heads: int, value_heads: int, key_dim: int,
@@ -308,9 +315,9 @@ def gluon_twins(shape: DeltaBackwardShape, *, householder: int, heads: int, valu
     if GLUON_BACKWARD_TWINS["gluon_sweep"].on and gluon_sweep_scope(householder=householder, dtype=dtype,
                                                                      key_dim=key_dim, value_dim=value_dim):
         shape = replace(shape, gluon_sweep=True, block_v=64, sweep_warps=4, sweep_stages=GLUON_SWEEP_STAGES)
-    if GLUON_BACKWARD_TWINS["gluon_dqdk"].on and gluon_dqdk_scope(
-            householder=householder, heads=heads, value_heads=value_heads, dtype=dtype, key_dim=key_dim,
-            value_dim=value_dim, stages=shape.gluon_dqdk_stages):
+    if GLUON_BACKWARD_TWINS["gluon_dqdk"].on and (heads == value_heads or shape.group_in_kernel) and \
+            gluon_dqdk_scope(householder=householder, heads=heads, value_heads=value_heads, dtype=dtype,
+                             key_dim=key_dim, value_dim=value_dim, stages=shape.gluon_dqdk_stages):
         shape = replace(shape, gluon_dqdk=True)
     if GLUON_BACKWARD_TWINS["gluon_scores"].on and gluon_scores_scope(householder=householder, dtype=dtype,
                                                                        key_dim=key_dim, value_dim=value_dim):

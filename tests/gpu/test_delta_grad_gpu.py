@@ -345,16 +345,19 @@ def test_the_gluon_reverse_sweep_gives_its_twins_bits(B, T, H, HV, cu):
     _assert_like_the_oracle(x, args, got[True])
 
 
-@pytest.mark.parametrize("B, T, H, cu, l2norm", [(2, 4096, 16, None, True), (3, 1000, 4, None, True),
-                                              (1, 8192, 8, [0, 1, 3000, 3064, 8192], True), (2, 1024, 4, None, False)],
-                         ids=["B2 T4096 H=HV=16", "a partial last chunk", "varlen, a one-token sequence", "no l2norm"])
-def test_the_gluon_dq_dk_kernel_agrees_with_its_twin(B, T, H, cu, l2norm):
+@pytest.mark.parametrize("B, T, H, HV, cu, l2norm", [
+    (2, 4096, 16, 16, None, True), (3, 1000, 4, 4, None, True), (1, 8192, 8, 8, [0, 1, 3000, 3064, 8192], True),
+    (2, 1024, 4, 4, None, False), (1, 4096, 8, 16, None, True), (2, 1000, 2, 8, None, True),
+    (1, 8192, 4, 8, [0, 1, 3000, 3064, 8192], True), (2, 1024, 4, 8, None, False)],
+    ids=["B2 T4096 H=HV=16", "a partial last chunk", "varlen, a one-token sequence", "no l2norm", "GVA HV=2H",
+         "GVA HV=4H, a partial last chunk", "GVA varlen, a one-token sequence", "GVA, no l2norm"])
+def test_the_gluon_dq_dk_kernel_agrees_with_its_twin(B, T, H, HV, cu, l2norm):
     """dq and dk's Gluon twin (kernels/gluon/delta_backward_dqdk.py): the same products in the same
-    order as the Triton kernel, the reductions (|q|, |k|, the projections, S . dS) in another order.
-    So dv and dbeta (other kernels) are the same bits, dg agrees to float32 rounding, dq and dk to
-    within one bf16 rounding (2^-8 relative RMS); all within the oracle's band of the float64
-    chunkwise reference."""
-    x, args = _twin_case(B, T, H, H, cu, l2norm, seed=22)
+    order as the Triton kernel, the reductions (|q|, |k|, the projections, S . dS) in another order;
+    under GVA both sum the group's value heads in the kernel. So dv and dbeta (other kernels) are
+    the same bits, dg agrees to float32 rounding, dq and dk to within one bf16 rounding (2^-8
+    relative RMS); all within the oracle's band of the float64 chunkwise reference."""
+    x, args = _twin_case(B, T, H, HV, cu, l2norm, seed=22)
     got = _twin_runs(x, args, gluon_dqdk=True)
     bounds = dict(dq=2 ** -8, dk=2 ** -8, dg=1e-5, dv=0.0, dbeta=0.0, dh0=0.0)
     for name, a, b in zip(GRAD_NAMES, got[False], got[True]):
@@ -383,7 +386,7 @@ def test_the_gluon_scores_kernel_agrees_with_its_twin(B, T, H, HV, cu, l2norm):
     _assert_like_the_oracle(x, args, got[True])
 
 
-@pytest.mark.parametrize("H", [8, 4], ids=["H=HV: every twin", "GVA: the sweep and scores twins"])
+@pytest.mark.parametrize("H", [8, 4], ids=["H=HV", "GVA"])
 def test_non_finite_input_of_one_sequence_stays_in_it_through_the_gluon_twins(H):
     """The Gluon twins' bulk copies read whole tensors, so a chunk's rows past its sequence's end
     hold the next sequence's values. With NaN in the middle sequence's v and dO, the other
@@ -397,7 +400,7 @@ def test_non_finite_input_of_one_sequence_stays_in_it_through_the_gluon_twins(H)
     x, args = _twin_case(1, 2048, H, 8, cu, True, seed=24)
     shape = DeltaBackwardShape(64, 4, 4, "test", grads_block_v=32, scores_warps=4, scores_block_v=128,
                                group_in_kernel=True, dqdk_one_launch=True, sweep_stages=3, gluon_sweep=True,
-                               gluon_scores=True, gluon_dqdk=H == 8)
+                               gluon_scores=True, gluon_dqdk=True)
     clean = chunk_delta_bwd(*x, backward_shape=shape, **args)
     q, k, v, g, beta, do, dht = (t.clone() for t in x)
     v[:, 100:1000] = float("nan")

@@ -44,14 +44,17 @@ def _plus(a, b):
 
 @gluon.jit
 def _item(it, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_cs_rows, HV: gl.constexpr, K: gl.constexpr,
-          BT: gl.constexpr, IS_VARLEN: gl.constexpr):
-    """Item ``it`` = (chunk i_c, value head i_hv): (valid, eos, r0, s_row, scr_row): the end of its
-    sequence's rows, the chunk's first row r0, its row in the chunk states seen as
-    [rows x HV x K, V] (a chunk-state row outside [0, n_cs_rows), from a wrong chunk_offsets entry,
-    becomes the first row past them: read as zeros, as the twin's mask does) and in the scratch seen
-    as [chunks x HV x 2 x BT, BT]; valid is False for a padding chunk (computed on, not stored)."""
-    i_hv = it % HV
-    i_c = it // HV
+          BT: gl.constexpr, IS_VARLEN: gl.constexpr, GROUP: gl.constexpr = 1):
+    """Item ``it`` = (chunk i_c, value heads i_hv ... i_hv + GROUP - 1, i_hv = it % (HV / GROUP) x
+    GROUP): (valid, eos, r0, s_row, scr_row): the end of its sequence's rows, the chunk's first row
+    r0, the row of its first value head in the chunk states seen as [rows x HV x K, V] (a chunk-state
+    row outside [0, n_cs_rows), from a wrong chunk_offsets entry, becomes the first row past them:
+    read as zeros, as the twin's mask does) and in the scratch seen as [chunks x HV x 2 x BT, BT]
+    (the next value head's K and 2 BT rows on); valid is False for a padding chunk (computed on,
+    not stored)."""
+    NG: gl.constexpr = HV // GROUP
+    i_hv = (it % NG) * GROUP
+    i_c = it // NG
     if IS_VARLEN:
         i_n = gl.load(chunk_indices + i_c * 2).to(gl.int64)
         i_t = gl.load(chunk_indices + i_c * 2 + 1).to(gl.int64)
@@ -77,33 +80,47 @@ def _item(it, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_cs_rows, HV:
 
 @gluon.jit
 def _issue_step(g, n_steps, r0, col_v, s_row, s_desc, ds_desc, u_desc, dy_desc, do_desc, s_s, ds_s, u_s, dy_s,
-                do_s, bars, NV: gl.constexpr, BV: gl.constexpr, NUM_STAGES: gl.constexpr):
-    """The bulk copies of the program's value step g (step g % NV of its item g // NV, whose first
-    row and columns are r0, col_v, s_row) into stage g % NUM_STAGES; none past its last step."""
+                do_s, bars, NV: gl.constexpr, BV: gl.constexpr, NUM_STAGES: gl.constexpr, GROUP: gl.constexpr = 1):
+    """The bulk copies of the program's step g into stage g % NUM_STAGES; none past its last step.
+    An item (first row r0, its first value head's columns col_v and chunk-state row s_row) takes
+    GROUP x NV steps: each value head's NV steps of BV columns, one head after the other."""
     s = g % NUM_STAGES
     pred = g < n_steps
     bar = bars.index(s)
     nbytes: gl.constexpr = (2 * s_desc.block_type.nbytes + 3 * u_desc.block_type.nbytes)
     mbarrier.expect(bar, nbytes, pred=pred)
     j = g % NV
-    c = col_v + j * BV
+    h = (g // NV) % GROUP  # the item's value head
+    c = col_v + h * (NV * BV) + j * BV
     r = r0.to(gl.int32)
-    tma.async_copy_global_to_shared(s_desc, [s_row, j * BV], bar, s_s.index(s), pred=pred)
-    tma.async_copy_global_to_shared(ds_desc, [s_row, j * BV], bar, ds_s.index(s), pred=pred)
+    row_s = s_row + h * s_desc.block_type.shape[0]
+    tma.async_copy_global_to_shared(s_desc, [row_s, j * BV], bar, s_s.index(s), pred=pred)
+    tma.async_copy_global_to_shared(ds_desc, [row_s, j * BV], bar, ds_s.index(s), pred=pred)
     tma.async_copy_global_to_shared(u_desc, [r, c], bar, u_s.index(s), pred=pred)
     tma.async_copy_global_to_shared(dy_desc, [r, c], bar, dy_s.index(s), pred=pred)
     tma.async_copy_global_to_shared(do_desc, [r, c], bar, do_s.index(s), pred=pred)
 
 
 @gluon.jit
-def _issue_once(pred, r0, col_qk, scr_row, k_desc, q_desc, scr_desc, k_s, q_s, dsg_s, dag_s, once):
-    """An item's q, k and score tiles, one copy each, onto the barrier ``once``."""
-    mbarrier.expect(once, 2 * k_desc.block_type.nbytes + 2 * scr_desc.block_type.nbytes, pred=pred)
+def _issue_once(pred, r0, col_qk, scr_row, k_desc, q_desc, scr_desc, k_s, q_s, dsg_s, dag_s, once,
+                TILES: gl.constexpr = True):
+    """An item's q, k and (TILES) score tiles, one copy each, onto the barrier ``once``."""
+    nbytes: gl.constexpr = 2 * k_desc.block_type.nbytes + (2 * scr_desc.block_type.nbytes if TILES else 0)
+    mbarrier.expect(once, nbytes, pred=pred)
     r = r0.to(gl.int32)
     tma.async_copy_global_to_shared(k_desc, [r, col_qk], once, k_s, pred=pred)
     tma.async_copy_global_to_shared(q_desc, [r, col_qk], once, q_s, pred=pred)
-    tma.async_copy_global_to_shared(scr_desc, [scr_row, 0], once, dsg_s, pred=pred)
-    tma.async_copy_global_to_shared(scr_desc, [scr_row + dsg_s.shape[0], 0], once, dag_s, pred=pred)
+    if TILES:
+        _issue_tiles(pred, scr_row, scr_desc, dsg_s, dag_s, once, False)
+
+
+@gluon.jit
+def _issue_tiles(pred, scr_row, scr_desc, dsg_s, dag_s, bar, EXPECT: gl.constexpr = True):
+    """A value head's score tiles, (dscores o G) and (dA o G), onto ``bar``."""
+    if EXPECT:
+        mbarrier.expect(bar, 2 * scr_desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(scr_desc, [scr_row, 0], bar, dsg_s, pred=pred)
+    tma.async_copy_global_to_shared(scr_desc, [scr_row + dsg_s.shape[0], 0], bar, dag_s, pred=pred)
 
 
 @gluon.jit
@@ -116,6 +133,14 @@ def _normalised(x_s, layout: gl.constexpr, USE_L2NORM: gl.constexpr):
     else:
         r = gl.full([x.shape[0]], 1.0, gl.float32, layout=gl.SliceLayout(1, layout))
     return x, r
+
+
+@gluon.jit
+def _projection(x_s, r, m_r, acc):
+    """rowsum(X o acc), X the normalised rows of the raw tile ``x_s`` (factors ``r``), rows past the
+    sequence's end (``m_r`` False) zero."""
+    x = gl.where(m_r[:, None], x_s.load(acc.type.layout).to(gl.float32), 0.0) * r[:, None]
+    return gl.sum(x * acc, axis=1)
 
 
 @gluon.jit
@@ -141,6 +166,44 @@ def _store_rows(dst, x, stage, n_rows, valid, stride: gl.constexpr, layout: gl.c
 
 
 @gluon.jit
+def _gates(g, beta, rows, rows_l, eos, i_hv, HV: gl.constexpr, HAS_G: gl.constexpr, row: gl.constexpr,
+           line: gl.constexpr):
+    """The chunk's decays for value head i_hv (the twin's _chunk_gates): gc sums the finite log2
+    decays, seg the resets, scanned in a 1-D layout (a scan along a product layout's rows does not
+    lower); returns lam (along ``row``), gam (along ``line``), lam at the chunk's last row, and
+    beta. HAS_G False: no decay."""
+    BT: gl.constexpr = rows_l.shape[0]
+    o_l = gl.arange(0, BT, layout=line)
+    if HAS_G:
+        b_g = gl.load(g + rows_l * HV + i_hv, mask=rows_l < eos, other=0.0).to(gl.float32) * 1.4426950408889634
+    else:
+        b_g = gl.zeros([BT], gl.float32, layout=line)
+    bad = (b_g != b_g) | (b_g == float("inf"))
+    b_g = gl.where(bad, 0.0, b_g)
+    reset = b_g < -150.0
+    gc = gl.associative_scan(gl.where(reset, 0.0, b_g), 0, _plus)
+    seg = gl.associative_scan(reset.to(gl.int32), 0, _plus)
+    seg_last = gl.sum(gl.where(o_l == BT - 1, seg, 0), axis=0)
+    gc_last = gl.sum(gl.where(o_l == BT - 1, gc, 0.0), axis=0)
+    lam_l = gl.where(seg == 0, gl.exp2(gc), 0.0)
+    gam = gl.where(seg == seg_last, gl.exp2(gl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
+    lam_end = gl.sum(gl.where(o_l == BT - 1, lam_l, 0.0), axis=0)
+    b_beta = gl.load(beta + rows * HV + i_hv, mask=rows < eos, other=0.0).to(gl.float32)
+    return gl.convert_layout(lam_l, row), gam, lam_end, b_beta
+
+
+@gluon.jit
+def _dg_state_terms(gkdsu, doqs, lam_end, sds, line: gl.constexpr, row: gl.constexpr):
+    """dg's state terms of a value head: gam o (K dS) . U through gam's exclusive cumulative sum,
+    S . dS at the chunk's last row, then dO . (Q S) through lam's reverse one (the twin's passes
+    add them in this order)."""
+    gkdsu = gl.convert_layout(gkdsu, line)
+    d_g = gl.convert_layout((gl.associative_scan(gkdsu, 0, _plus) - gkdsu) + lam_end * gl.sum(sds, axis=0), row)
+    d_q = gl.convert_layout(gl.associative_scan(gl.convert_layout(doqs, line), 0, _plus, reverse=True), row)
+    return d_g, d_q
+
+
+@gluon.jit
 def gluon_bwd_dqdk_kernel(
     q, k, g, beta, do, u, dy, states, dstates, dq, dk, dg, bdyks, scratch,
     cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, scale, n_cs_rows,
@@ -149,29 +212,34 @@ def gluon_bwd_dqdk_kernel(
     DOT_PRECISION: gl.constexpr, DT: gl.constexpr, M: gl.constexpr = 1, PART: gl.constexpr = 3,
     GROUP: gl.constexpr = 1, NUM_STAGES: gl.constexpr = 2,
 ):
-    """Persistent programs over the twin's items, (chunk, value head) ``pid, pid + programs, ...``
-    of ``n_cs_rows x HV`` (the twin's grid). Per item, from S entering the chunk and dS leaving it
-    (``states``, ``dstates``), U and dY (``u``, ``dy``), dO, the first half's (dscores o G) and
-    (dA o G) (``scratch``) and ``bdyks``:
+    """Persistent programs over the twin's items, (chunk, GROUP value heads) ``pid, pid + programs,
+    ...`` of ``n_cs_rows x HV / GROUP`` (the twin's grid). Per item, from S entering the chunk and dS
+    leaving it (``states``, ``dstates``), U and dY (``u``, ``dy``), dO, the first half's
+    (dscores o G) and (dA o G) (``scratch``) and ``bdyks``:
 
         dq = (dscores o G) K + scale lam o dO S^T
         dk = (dscores o G)^T Q + (dA o G) K + (dA o G)^T K + (gam o U) dS^T - (lam beta o dY) S^T
 
     then the L2 norm's backward, and dg's state terms added to ``dg`` (the twin's docstring has
-    them). BK, DOT_PRECISION, M, PART and GROUP are the twin's arguments (K wide tiles, 16-bit
-    products, M = 1, dk and dq both, one value head a program). Eight warps."""
+    them). BK, DOT_PRECISION, M and PART are the twin's arguments (K wide tiles, 16-bit products,
+    M = 1, dk and dq both). GROUP: 1, one value head a program (H = HV); or HV / H, a GVA group's
+    value heads summed in the accumulators one after another, dO scaled by scale lam per head, each
+    head's dg projections the differences of the sums' projections before and after it, dq and dk
+    written per q/k head (the twin's GROUP). Eight warps."""
     gl.static_assert(M == 1, "GDN only (M = 1)")
-    gl.static_assert(GROUP == 1, "one value head a program")
-    gl.static_assert(H == HV, "one value head a q/k head")
+    gl.static_assert(GROUP == 1 or GROUP * H == HV, "one value head a program, or a GVA group")
+    gl.static_assert(GROUP > 1 or H == HV, "one value head a q/k head")
     gl.static_assert(BT == 64, "chunks of 64 rows")
     gl.static_assert(V % BV == 0, "V a multiple of BV")
     NV: gl.constexpr = V // BV
     gl.static_assert(NV >= NUM_STAGES, "at least NUM_STAGES value steps an item")
+    NG: gl.constexpr = HV // GROUP  # items a chunk
+    STEPS: gl.constexpr = GROUP * NV  # ring steps an item
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
-    n_items = n_cs_rows * HV
+    n_items = n_cs_rows * NG
     n_mine = (n_items - pid + programs - 1) // programs  # this program's items
-    n_steps = n_mine * NV
+    n_steps = n_mine * STEPS
 
     l_qk: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, K], DT)
     l_tv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], DT)
@@ -214,122 +282,159 @@ def gluon_bwd_dqdk_kernel(
     dag_s = gl.allocate_shared_memory(DT, [BT, BT], l_tt)  # dA o G
     bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     once = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    tiles = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())  # GROUP > 1: a head's score tiles
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(bars.index(i), count=1)
     mbarrier.init(once, count=1)
+    mbarrier.init(tiles, count=1)
 
-    # The first item's tiles; the ring's first steps (within the first item: NV >= NUM_STAGES).
+    # The first item's tiles (one value head: its score tiles too); the ring's first steps.
     valid, eos, r0, s_row, scr_row = _item(pid, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_cs_rows, HV,
-                                           K, BT, IS_VARLEN)
-    _issue_once(n_mine > 0, r0, (pid % HV) * K, scr_row, k_desc, q_desc, scr_desc, k_s, q_s, dsg_s, dag_s, once)
+                                           K, BT, IS_VARLEN, GROUP)
+    i_h = pid % NG if GROUP > 1 else pid % HV  # the q/k head
+    _issue_once(n_mine > 0, r0, i_h * K, scr_row, k_desc, q_desc, scr_desc, k_s, q_s, dsg_s, dag_s, once, GROUP == 1)
     for i in gl.static_range(NUM_STAGES):
-        _issue_step(i, n_steps, r0, (pid % HV) * V, s_row, s_desc, ds_desc, u_desc, dy_desc, do_desc, s_s, ds_s, u_s,
-                    dy_s, do_s, bars, NV, BV, NUM_STAGES)
+        _issue_step(i, n_steps, r0, (pid % NG) * GROUP * V, s_row, s_desc, ds_desc, u_desc, dy_desc, do_desc, s_s,
+                    ds_s, u_s, dy_s, do_s, bars, NV, BV, NUM_STAGES, GROUP)
     for m in range(n_mine):
         gl.thread_barrier()  # the item before has read its staged outputs
         it = pid + m * programs
-        i_hv = it % HV
+        i_h = it % NG if GROUP > 1 else it % HV  # the q/k head (GROUP 1: the value head's)
+        i_hv0 = (it % NG) * GROUP  # the item's first value head
         # The next item's place, read now: its steps are issued from this item's loop on.
         it_n = gl.minimum(it + programs, n_items - 1)  # past the last item: never issued
         n_valid, n_eos, n_r0, n_s_row, n_scr_row = _item(it_n, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq,
-                                                         n_cs_rows, HV, K, BT, IS_VARLEN)
-        n_hv = it_n % HV
+                                                         n_cs_rows, HV, K, BT, IS_VARLEN, GROUP)
+        n_hv0 = (it_n % NG) * GROUP
 
-        # The chunk's decays (the twin's _chunk_gates): gc sums the finite log2 decays, seg the
-        # resets; scanned in a 1-D layout (a scan along a product layout's rows does not lower).
         o_t = gl.arange(0, BT, layout=row)
         o_l = gl.arange(0, BT, layout=line)
         rows = r0 + o_t.to(gl.int64)
         m_r = rows < eos
         rows_l = r0 + o_l.to(gl.int64)
-        if HAS_G:
-            b_g = gl.load(g + rows_l * HV + i_hv, mask=rows_l < eos, other=0.0).to(gl.float32) * 1.4426950408889634
+        acc_k = gl.zeros([BT, K], gl.float32, layout=mmaK)  # dk's sums (the group's so far)
+        acc_q = gl.zeros([BT, K], gl.float32, layout=mmaK)  # GROUP 1: dO S^T, then dq; else the group's dq so far
+        proj_k = gl.zeros([BT], gl.float32, layout=row)  # GROUP > 1: rowsum(K o acc_k) after the heads before
+        proj_q = gl.zeros([BT], gl.float32, layout=row)
+        for h in gl.static_range(GROUP):  # unrolled: GROUP 1 is one head's straight code
+            i_hv = i_hv0 + h
+            if GROUP > 1:  # this head's score tiles (the head before has used the buffers)
+                _issue_tiles(True, scr_row + h * (2 * BT), scr_desc, dsg_s, dag_s, tiles)
+            lam, gam, lam_end, b_beta = _gates(g, beta, rows, rows_l, eos, i_hv, HV, HAS_G, row, line)
+            gam_b = gl.convert_layout(gam, gl.SliceLayout(1, blk))
+            lb_b = gl.convert_layout(-(lam * b_beta), gl.SliceLayout(1, blk))
+            slam_b = gl.convert_layout(scale * lam, gl.SliceLayout(1, blk))
+            b_bdyks = gl.load(bdyks + rows * HV + i_hv, mask=m_r, other=0.0)
+
+            # dq's and dk's sums over the value columns, S . dS beside them.
+            sds = gl.zeros([K], gl.float32, layout=gl.SliceLayout(1, blk_kv))
+            for j in range(NV):
+                step = m * STEPS + h * NV + j
+                s = step % NUM_STAGES
+                mbarrier.wait(bars.index(s), (step // NUM_STAGES) & 1)
+                A1 = gl.convert_layout((gam_b[:, None] * u_s.index(s).load(blk).to(gl.float32)).to(DT), aK)
+                acc_k = warpgroup_mma(A1, ds_s.index(s).permute((1, 0)), acc_k, is_async=True)
+                A2 = gl.convert_layout((lb_b[:, None] * dy_s.index(s).load(blk).to(gl.float32)).to(DT), aK)
+                acc_k = warpgroup_mma(A2, s_s.index(s).permute((1, 0)), acc_k, is_async=True)
+                if GROUP > 1:  # dO scaled by this head's scale lam before the sum over heads
+                    A3 = gl.convert_layout((slam_b[:, None] * do_s.index(s).load(blk).to(gl.float32)).to(DT), aK)
+                    acc_q = warpgroup_mma(A3, s_s.index(s).permute((1, 0)), acc_q, is_async=True)
+                else:
+                    acc_q = warpgroup_mma(do_s.index(s), s_s.index(s).permute((1, 0)), acc_q, is_async=True)
+                sds += gl.sum(s_s.index(s).load(blk_kv).to(gl.float32) * ds_s.index(s).load(blk_kv).to(gl.float32),
+                              axis=1)
+                acc_k, acc_q = warpgroup_mma_wait(num_outstanding=0, deps=(acc_k, acc_q))
+                # Stage s is free: the step NUM_STAGES on, of this item or the next.
+                ahead = step + NUM_STAGES
+                nxt = ahead // STEPS > m
+                _issue_step(ahead, n_steps, gl.where(nxt, n_r0, r0), gl.where(nxt, n_hv0, i_hv0) * V,
+                            gl.where(nxt, n_s_row, s_row), s_desc, ds_desc, u_desc, dy_desc, do_desc, s_s, ds_s, u_s,
+                            dy_s, do_s, bars, NV, BV, NUM_STAGES, GROUP)
+            if GROUP > 1:
+                if h == 0:  # q and k normalised (rows past the sequence's end zeroed) beside their raw tiles
+                    mbarrier.wait(once, m & 1)
+                    qr, rq = _normalised(q_s, mmaK, USE_L2NORM)
+                    qn_s.store((gl.where(m_r[:, None], qr, 0.0) * rq[:, None]).to(DT))
+                    kr, rk = _normalised(k_s, mmaK, USE_L2NORM)
+                    kn_s.store((gl.where(m_r[:, None], kr, 0.0) * rk[:, None]).to(DT))
+                    fence_async_shared()
+                    gl.thread_barrier()
+                # This head's dg terms: the projections' differences from the heads before.
+                if HAS_G:
+                    gkdsu = _projection(k_s, rk, m_r, acc_k) - proj_k + b_bdyks
+                    doqs = gl.where(m_r, _projection(q_s, rq, m_r, acc_q) - proj_q, 0.0)
+                    d_g, d_q = _dg_state_terms(gkdsu, doqs, lam_end, sds, line, row)
+                    p_dg = dg + rows * HV + i_hv
+                    m_st = m_r & valid
+                    gl.store(p_dg, (gl.load(p_dg, mask=m_st, other=0.0) + d_g) + d_q, mask=m_st)
+                # The score tiles' products onto both sums.
+                mbarrier.wait(tiles, (m * GROUP + h) & 1)
+                acc_k = warpgroup_mma(dag_s, kn_s, acc_k, is_async=True)
+                acc_k = warpgroup_mma(dag_s.permute((1, 0)), kn_s, acc_k, is_async=True)
+                acc_k = warpgroup_mma(dsg_s.permute((1, 0)), qn_s, acc_k, is_async=True)
+                acc_q = warpgroup_mma(dsg_s, kn_s, acc_q, is_async=True)
+                acc_k, acc_q = warpgroup_mma_wait(num_outstanding=0, deps=(acc_k, acc_q))
+                gl.thread_barrier()  # every warp has read this head's score tiles
+                if HAS_G:  # the normalised rows loaded again: held across the products they spill
+                    proj_k = _projection(k_s, rk, m_r, acc_k)
+                    proj_q = _projection(q_s, rq, m_r, acc_q)
+
+        p_row = (r0 * H + i_h) * K  # each row's place in dq and dk (per q/k head), from the chunk's first row
+        if GROUP > 1:
+            # The L2 norm's backward of the group's sums; dk and dq out through the normalised
+            # tiles' buffers (every product has read them).
+            if USE_L2NORM:  # y = x r: dx = r (dy - y (y . dy))
+                kf = k_s.load(mmaK).to(gl.float32) * rk[:, None]
+                acc_k = rk[:, None] * (acc_k - kf * gl.sum(kf * acc_k, axis=1)[:, None])
+            _store_rows(dk + p_row, acc_k, qn_s, eos - r0, valid, H * K, out_layout)
+            if USE_L2NORM:
+                qf = q_s.load(mmaK).to(gl.float32) * rq[:, None]
+                acc_q = rq[:, None] * (acc_q - qf * gl.sum(qf * acc_q, axis=1)[:, None])
+            gl.thread_barrier()  # every warp has read q and k: the next item's
+            _issue_once(m + 1 < n_mine, n_r0, (it_n % NG) * K, n_scr_row, k_desc, q_desc, scr_desc, k_s, q_s, dsg_s,
+                        dag_s, once, False)
+            _store_rows(dq + p_row, acc_q, kn_s, eos - r0, valid, H * K, out_layout)
         else:
-            b_g = gl.zeros([BT], gl.float32, layout=line)
-        bad = (b_g != b_g) | (b_g == float("inf"))
-        b_g = gl.where(bad, 0.0, b_g)
-        reset = b_g < -150.0
-        gc = gl.associative_scan(gl.where(reset, 0.0, b_g), 0, _plus)
-        seg = gl.associative_scan(reset.to(gl.int32), 0, _plus)
-        seg_last = gl.sum(gl.where(o_l == BT - 1, seg, 0), axis=0)
-        gc_last = gl.sum(gl.where(o_l == BT - 1, gc, 0.0), axis=0)
-        lam_l = gl.where(seg == 0, gl.exp2(gc), 0.0)
-        gam = gl.where(seg == seg_last, gl.exp2(gl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
-        lam_end = gl.sum(gl.where(o_l == BT - 1, lam_l, 0.0), axis=0)
-        lam = gl.convert_layout(lam_l, row)
-        b_beta = gl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(gl.float32)
-        gam_b = gl.convert_layout(gam, gl.SliceLayout(1, blk))
-        lb_b = gl.convert_layout(-(lam * b_beta), gl.SliceLayout(1, blk))
-        b_bdyks = gl.load(bdyks + rows * HV + i_hv, mask=m_r, other=0.0)
-
-        # dq's and dk's sums over the value columns, S . dS beside them.
-        acc_k = gl.zeros([BT, K], gl.float32, layout=mmaK)
-        acc_q = gl.zeros([BT, K], gl.float32, layout=mmaK)
-        sds = gl.zeros([K], gl.float32, layout=gl.SliceLayout(1, blk_kv))
-        for j in range(NV):
-            step = m * NV + j
-            s = step % NUM_STAGES
-            mbarrier.wait(bars.index(s), (step // NUM_STAGES) & 1)
-            A1 = gl.convert_layout((gam_b[:, None] * u_s.index(s).load(blk).to(gl.float32)).to(DT), aK)
-            acc_k = warpgroup_mma(A1, ds_s.index(s).permute((1, 0)), acc_k, is_async=True)
-            A2 = gl.convert_layout((lb_b[:, None] * dy_s.index(s).load(blk).to(gl.float32)).to(DT), aK)
-            acc_k = warpgroup_mma(A2, s_s.index(s).permute((1, 0)), acc_k, is_async=True)
-            acc_q = warpgroup_mma(do_s.index(s), s_s.index(s).permute((1, 0)), acc_q, is_async=True)
-            sds += gl.sum(s_s.index(s).load(blk_kv).to(gl.float32) * ds_s.index(s).load(blk_kv).to(gl.float32),
-                          axis=1)
-            acc_k, acc_q = warpgroup_mma_wait(num_outstanding=0, deps=(acc_k, acc_q))
-            # Stage s is free: the step NUM_STAGES on, of this item or the next.
-            ahead = step + NUM_STAGES
-            nxt = ahead // NV > m
-            _issue_step(ahead, n_steps, gl.where(nxt, n_r0, r0), gl.where(nxt, n_hv, i_hv) * V,
-                        gl.where(nxt, n_s_row, s_row), s_desc, ds_desc, u_desc, dy_desc, do_desc, s_s, ds_s, u_s,
-                        dy_s, do_s, bars, NV, BV, NUM_STAGES)
-
-        # q and k normalised (rows past the sequence's end zeroed) beside their raw tiles.
-        mbarrier.wait(once, m & 1)
-        qr, rq = _normalised(q_s, mmaK, USE_L2NORM)
-        qn_s.store((gl.where(m_r[:, None], qr, 0.0) * rq[:, None]).to(DT))
-        kr, rk = _normalised(k_s, mmaK, USE_L2NORM)
-        kf = gl.where(m_r[:, None], kr, 0.0) * rk[:, None]
-        gkdsu = gl.sum(kf * acc_k, axis=1) + b_bdyks
-        kn_s.store(kf.to(DT))
-        fence_async_shared()
-        gl.thread_barrier()
-        # dk: (dA o G) K + (dA o G)^T K + (dscores o G)^T Q onto the state sum; the norm's backward.
-        acc_k = warpgroup_mma(dag_s, kn_s, acc_k, is_async=True)
-        acc_k = warpgroup_mma(dag_s.permute((1, 0)), kn_s, acc_k, is_async=True)
-        acc_k = warpgroup_mma(dsg_s.permute((1, 0)), qn_s, acc_k, is_async=True)
-        acc_k = warpgroup_mma_wait(num_outstanding=0, deps=(acc_k,))
-        if USE_L2NORM:  # y = x r: dx = r (dy - y (y . dy))
-            kf = k_s.load(mmaK).to(gl.float32) * rk[:, None]
-            acc_k = rk[:, None] * (acc_k - kf * gl.sum(kf * acc_k, axis=1)[:, None])
-        # Each row's place in q and k (H = HV: the same in dq and dk), from the chunk's first row.
-        p_row = (r0 * H + i_hv) * K
-        gl.thread_barrier()  # every product has read Q: its buffer takes dk on its way out
-        _store_rows(dk + p_row, acc_k, qn_s, eos - r0, valid, H * K, out_layout)
-        # dq: its projection on q (for dg), then (dscores o G) K onto scale lam o dO S^T.
-        slam = scale * lam
-        qf = q_s.load(mmaK).to(gl.float32) * rq[:, None]
-        if HAS_G:
-            doqs = gl.where(m_r, slam * gl.sum(qf * acc_q, axis=1), 0.0)
-        acc_q = warpgroup_mma(dsg_s, kn_s, slam[:, None] * acc_q, is_async=True)
-        acc_q = warpgroup_mma_wait(num_outstanding=0, deps=(acc_q,))
-        if USE_L2NORM:
-            acc_q = rq[:, None] * (acc_q - qf * gl.sum(qf * acc_q, axis=1)[:, None])
-        gl.thread_barrier()  # every tile of the item read: the next item's q, k and score tiles
-        _issue_once(m + 1 < n_mine, n_r0, n_hv * K, n_scr_row, k_desc, q_desc, scr_desc, k_s, q_s, dsg_s, dag_s, once)
-        _store_rows(dq + p_row, acc_q, kn_s, eos - r0, valid, H * K, out_layout)
-        if HAS_G:
-            # gam o (K dS) . U through gam's exclusive cumulative sum, S . dS at the chunk's last
-            # row; then dO . (Q S) through lam's reverse one; added as the twin's passes add them.
-            gkdsu = gl.convert_layout(gkdsu, line)
-            d_g = gl.convert_layout((gl.associative_scan(gkdsu, 0, _plus) - gkdsu) + lam_end * gl.sum(sds, axis=0),
-                                    row)
-            d_q = gl.convert_layout(gl.associative_scan(gl.convert_layout(doqs, line), 0, _plus, reverse=True), row)
-            p_dg = dg + rows * HV + i_hv
-            m_st = m_r & valid
-            gl.store(p_dg, (gl.load(p_dg, mask=m_st, other=0.0) + d_g) + d_q, mask=m_st)
+            # q and k normalised (rows past the sequence's end zeroed) beside their raw tiles.
+            mbarrier.wait(once, m & 1)
+            qr, rq = _normalised(q_s, mmaK, USE_L2NORM)
+            qn_s.store((gl.where(m_r[:, None], qr, 0.0) * rq[:, None]).to(DT))
+            kr, rk = _normalised(k_s, mmaK, USE_L2NORM)
+            kf = gl.where(m_r[:, None], kr, 0.0) * rk[:, None]
+            gkdsu = gl.sum(kf * acc_k, axis=1) + b_bdyks
+            kn_s.store(kf.to(DT))
+            fence_async_shared()
+            gl.thread_barrier()
+            # dk: (dA o G) K + (dA o G)^T K + (dscores o G)^T Q onto the state sum; the norm's backward.
+            acc_k = warpgroup_mma(dag_s, kn_s, acc_k, is_async=True)
+            acc_k = warpgroup_mma(dag_s.permute((1, 0)), kn_s, acc_k, is_async=True)
+            acc_k = warpgroup_mma(dsg_s.permute((1, 0)), qn_s, acc_k, is_async=True)
+            acc_k = warpgroup_mma_wait(num_outstanding=0, deps=(acc_k,))
+            if USE_L2NORM:  # y = x r: dx = r (dy - y (y . dy))
+                kf = k_s.load(mmaK).to(gl.float32) * rk[:, None]
+                acc_k = rk[:, None] * (acc_k - kf * gl.sum(kf * acc_k, axis=1)[:, None])
+            gl.thread_barrier()  # every product has read Q: its buffer takes dk on its way out
+            _store_rows(dk + p_row, acc_k, qn_s, eos - r0, valid, H * K, out_layout)
+            # dq: its projection on q (for dg), then (dscores o G) K onto scale lam o dO S^T.
+            slam = scale * lam
+            qf = q_s.load(mmaK).to(gl.float32) * rq[:, None]
+            if HAS_G:
+                doqs = gl.where(m_r, slam * gl.sum(qf * acc_q, axis=1), 0.0)
+            acc_q = warpgroup_mma(dsg_s, kn_s, slam[:, None] * acc_q, is_async=True)
+            acc_q = warpgroup_mma_wait(num_outstanding=0, deps=(acc_q,))
+            if USE_L2NORM:
+                acc_q = rq[:, None] * (acc_q - qf * gl.sum(qf * acc_q, axis=1)[:, None])
+            gl.thread_barrier()  # every tile of the item read: the next item's q, k and score tiles
+            _issue_once(m + 1 < n_mine, n_r0, (it_n % HV) * K, n_scr_row, k_desc, q_desc, scr_desc, k_s, q_s, dsg_s,
+                        dag_s, once)
+            _store_rows(dq + p_row, acc_q, kn_s, eos - r0, valid, H * K, out_layout)
+            if HAS_G:
+                d_g, d_q = _dg_state_terms(gkdsu, doqs, lam_end, sds, line, row)
+                p_dg = dg + rows * HV + i_h
+                m_st = m_r & valid
+                gl.store(p_dg, (gl.load(p_dg, mask=m_st, other=0.0) + d_g) + d_q, mask=m_st)
         valid, eos, r0, s_row, scr_row = n_valid, n_eos, n_r0, n_s_row, n_scr_row
     for i in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(bars.index(i))
     mbarrier.invalidate(once)
+    mbarrier.invalidate(tiles)
