@@ -349,19 +349,15 @@ def test_the_planner_overlaps_or_checkpoints_the_recompute_where_the_reverse_swe
         plan_delta.sm_count = sms
 
 
-@pytest.mark.parametrize("case, sweep, scores, dqdk", [
-    ("bf16 GDN K = V = 128", True, True, True), ("fp16, K = 64, V = 192", True, True, True),
-    ("GVA", True, True, False), ("GVA summed in the kernel", True, True, True),
-    ("GVA of 8 summed in the kernel", True, True, False), ("V = 96", False, True, True), ("V = 64", True, True, False),
-    ("V = 80", False, False, False), ("GDP M = 2", False, False, False), ("float32", False, False, False),
-    ("K = 96", False, False, False), ('backend="triton"', False, False, False),
-    ("no usable Gluon", False, False, False)])
-def test_the_planner_gives_backward_stages_to_their_gluon_twins_only_in_scope(monkeypatch, case, sweep, scores,
-                                                                              dqdk):
+@pytest.mark.parametrize("case, sweep, dqdk", [
+    ("bf16 GDN K = V = 128", True, True), ("fp16, K = 64, V = 192", True, True), ("GVA", True, False),
+    ("GVA summed in the kernel", True, True), ("GVA of 8 summed in the kernel", True, False), ("V = 96", False, True),
+    ("V = 64", True, False), ("V = 80", False, False), ("GDP M = 2", False, False), ("float32", False, False),
+    ("K = 96", False, False), ('backend="triton"', False, False), ("no usable Gluon", False, False)])
+def test_the_planner_gives_backward_stages_to_their_gluon_twins_only_in_scope(monkeypatch, case, sweep, dqdk):
     """plan.delta.gluon_twins (the Gluon rules, docs/kernels-gluon.md), with the twins' rows on: each
     twin's scope (GDN, 16-bit inputs, K 64 or 128; the reverse sweep V a multiple of 64, then 64 value
-    columns on one warpgroup; the scores kernel V a multiple of 32, GVA too; dq and dk one value head
-    a q/k head, or a GVA group of at most 4 summed in the kernel, and V a multiple of 32, three steps
+    columns on one warpgroup; dq and dk one value head a q/k head, or a GVA group of at most 4 summed in the kernel, and V a multiple of 32, three steps
     of 32 at least), a device where Gluon is usable, the caller not forcing the Triton kernels.
     Elsewhere the shape as given."""
     import dataclasses
@@ -378,10 +374,10 @@ def test_the_planner_gives_backward_stages_to_their_gluon_twins_only_in_scope(mo
                 device=torch.device("cuda"), twin_only=case == 'backend="triton"')
     given = plan_delta.DeltaBackwardShape(32, 8, 4, "test", group_in_kernel="summed in the kernel" in case)
     got = plan_delta.gluon_twins(given, **args)
-    assert (got.gluon_sweep, got.gluon_scores, got.gluon_dqdk) == (sweep, scores, dqdk)
+    assert (got.gluon_sweep, got.gluon_dqdk) == (sweep, dqdk)
     if sweep:
         assert (got.block_v, got.sweep_warps, got.sweep_stages) == (64, 4, 3)
-    if not (sweep or scores or dqdk):
+    if not (sweep or dqdk):
         assert got is given
 
 
@@ -409,8 +405,7 @@ def test_gluon_usable_is_false_off_hopper_and_under_the_interpreter():
 
 @pytest.mark.parametrize("what", ["sweep, M = 2", "sweep, float32", "sweep, block_v 32", "dq dk, M = 2",
                                   "dq dk, float32", "dq dk, GVA", "dq dk, GVA of 8 in the kernel", "dq dk, V = 48",
-                                  "dq dk, V = 64",
-                                  "scores, M = 2", "scores, float32", "scores, V = 48"])
+                                  "dq dk, V = 64"])
 def test_a_gluon_twin_outside_its_scope_is_refused(what):
     """A hand-made DeltaBackwardShape asking for a Gluon twin where it cannot run: a ValueError naming
     the field, before anything is built or launched."""
@@ -424,8 +419,7 @@ def test_a_gluon_twin_outside_its_scope_is_refused(what):
     q, do = torch.zeros(1, T, H, K, dtype=dtype), torch.zeros(1, T, HV, V, dtype=dtype)
     k, v = torch.zeros(1, T * M, H, K, dtype=dtype), torch.zeros(1, T * M, HV, V, dtype=dtype)
     beta = torch.ones(1, T * M, HV, dtype=dtype)
-    field = "gluon_sweep" if what.startswith("sweep") else "gluon_scores" if what.startswith("scores") else \
-        "gluon_dqdk"
+    field = "gluon_sweep" if what.startswith("sweep") else "gluon_dqdk"
     shape = DeltaBackwardShape(32 if "block_v 32" in what else 64, 4, 4, "test",
                                group_in_kernel="in the kernel" in what, **{field: True})
     with pytest.raises(ValueError, match=field):

@@ -170,14 +170,6 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
     scores = Step(chunk_delta_bwd_scores_kernel, (chunks * HV,), dict(
         shared, v=arg("v"), ks=arg("ks"), dbeta=arg("dbeta"), BV=BVs),
         dict(num_warps=backward_shape.scores_warps or backward_shape.grads_warps))
-    if backward_shape.gluon_scores:  # its Gluon twin (kernels/gluon): the same arguments, and the item count
-        if not _plan.gluon_scores_scope(householder=M, dtype=q.dtype, key_dim=K, value_dim=V):
-            raise ValueError("DeltaBackwardShape.gluon_scores: the Gluon scores kernel takes M = 1, 16-bit inputs, "
-                             f"K 64 or 128 and V a multiple of 32 (got M = {M}, {q.dtype}, K = {K}, V = {V})")
-        from ..kernels.gluon.delta_backward_scores import gluon_bwd_scores_kernel
-        # Persistent programs, one an SM, each taking the twin's (chunk, value head) items in turn.
-        scores = Step(gluon_bwd_scores_kernel, (max(1, min(chunks * HV, sm_count(q.device))),), dict(
-            scores.kwargs, BV=32, n_chunks=chunks, NUM_STAGES=_plan.GLUON_SCORES_STAGES), dict(num_warps=8))
     dqdk = dict(shared, states=arg("states"), dstates=arg("dstates"), dq=arg("dq"), dk=arg("dk"), n_cs_rows=rows)
     if backward_shape.gluon_dqdk:  # its Gluon twin, dk and dq in one launch (kernels/gluon)
         stages = backward_shape.gluon_dqdk_stages
@@ -218,13 +210,12 @@ def _from_checkpoints(sweep, N: int, T: int, HV: int, V: int, every: int):
     return dataclasses.replace(sweep, grid=(N * segments * HV * NV,), kwargs=kwargs)
 
 
-def _gluon_takes(q, k, v, do, chunk_indices) -> bool:
-    """What the Gluon twins need of a call beyond the planner's scope: q, k, v and dO
+def _gluon_takes(q, k, do, chunk_indices, value_heads: int) -> bool:
+    """What the Gluon twins need of a call beyond the planner's scope: q, k and dO
     16-byte aligned and of one dtype (their bulk copies read them from their base), and chunk-state
     row coordinates within int32 (their descriptors over the chunk states and the scratch)."""
     rows = chunk_indices.shape[0] if chunk_indices is not None else q.shape[0] * triton.cdiv(q.shape[1], CHUNK_SIZE)
-    value_heads = v.shape[2]
-    return all(x.data_ptr() % 16 == 0 and x.dtype == q.dtype for x in (q, k, v, do)) and \
+    return all(x.data_ptr() % 16 == 0 and x.dtype == q.dtype for x in (q, k, do)) and \
         rows * value_heads * q.shape[3] < 2 ** 31
 
 
@@ -252,10 +243,9 @@ def _backward_call(q, k, v, g, beta, do, dht, *, num_householder, scale, initial
             backward_shape = _plan.gluon_twins(backward_shape, householder=num_householder, heads=q.shape[2],
                                                value_heads=v.shape[2], key_dim=q.shape[3], value_dim=v.shape[3],
                                                dtype=q.dtype, device=q.device, twin_only=not gluon)
-        if (backward_shape.gluon_sweep or backward_shape.gluon_dqdk or backward_shape.gluon_scores) and \
-                not _gluon_takes(q, k, v, do, chunk_indices):
-            backward_shape = dataclasses.replace(backward_shape, gluon_sweep=False, gluon_dqdk=False,
-                                                 gluon_scores=False)
+        if (backward_shape.gluon_sweep or backward_shape.gluon_dqdk) and \
+                not _gluon_takes(q, k, do, chunk_indices, v.shape[2]):
+            backward_shape = dataclasses.replace(backward_shape, gluon_sweep=False, gluon_dqdk=False)
         launches = BACKWARD_LAUNCHES.put(key, build_delta_backward(
             q, k, v, g, beta, do, dht, scale=scale, initial_state=initial_state,
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,

@@ -179,9 +179,6 @@ class DeltaBackwardShape:
     # memory, one program of eight warps an SM).
     gluon_dqdk: bool = False
     gluon_dqdk_stages: int = 3
-    # The scores kernel as its Gluon twin (kernels/gluon/delta_backward_scores.py): persistent
-    # programs of eight warps, one an SM, a ring of GLUON_SCORES_STAGES stages of 32 value columns.
-    gluon_scores: bool = False
 
 
 # The parallel stage's rows share their shape: the scores kernel steps 128 value columns on 4 warps
@@ -259,9 +256,10 @@ GLUON_BACKWARD_TWINS = {
                                      "one program an item on one warpgroup was slower, 422 against 399-405: "
                                      "gpu_delta_train_gluon_dqdk_f8847d1.json); dq, dk within one bf16 rounding "
                                      "of the Triton kernel's, dg float32's (the GPU suite, 25 passed with both "
-                                     "twins planned: gpu_tests_delta_grad_b6ece07.log)"),
-    "gluon_scores": GluonTwinRow(False, "the scores kernel (kernels/gluon/delta_backward_scores.py): not yet "
-                                        "measured on the H200"),
+                                     "twins planned: gpu_tests_delta_grad_b6ece07.log). Summing a GVA group: "
+                                     "682 us against the Triton kernel's two launches' 729 at B1 T16384 H16 HV32, "
+                                     "the step 2.373 ms against 2.425 (gpu_delta_train_twins_8826c83.json; "
+                                     "36 GPU tests passed: gpu_tests_delta_grad_8826c83.log)"),
 }
 
 
@@ -270,17 +268,6 @@ def gluon_sweep_scope(*, householder: int, dtype: torch.dtype, key_dim: int, val
     multiple of its 64 value columns."""
     return householder == 1 and dtype in (torch.bfloat16, torch.float16) and key_dim in (64, 128) and \
         value_dim % 64 == 0
-
-
-#: Tile stages of the Gluon scores kernel's ring (five [64, 32] tiles a stage).
-GLUON_SCORES_STAGES = 3
-
-
-def gluon_scores_scope(*, householder: int, dtype: torch.dtype, key_dim: int, value_dim: int) -> bool:
-    """What the scores kernel's Gluon twin takes: GDN (M = 1), 16-bit inputs, K 64 or 128, V a
-    multiple of its 32 value columns; GVA too."""
-    return householder == 1 and dtype in (torch.bfloat16, torch.float16) and key_dim in (64, 128) and \
-        value_dim % 32 == 0
 
 
 #: The largest GVA group dq and dk's Gluon twin sums (its value heads are unrolled in the program).
@@ -302,13 +289,13 @@ def gluon_twins(shape: DeltaBackwardShape, *, householder: int, heads: int, valu
                 value_dim: int, dtype: torch.dtype, device: torch.device, twin_only: bool = False
                 ) -> DeltaBackwardShape:
     """``shape`` with each backward stage whose Gluon twin runs here, is within its scope
-    (:func:`gluon_sweep_scope`, :func:`gluon_scores_scope`, :func:`gluon_dqdk_scope`) and is on in
-    :data:`GLUON_BACKWARD_TWINS` (measured faster) given to that twin; ``shape`` as it is on other devices
+    (:func:`gluon_sweep_scope`, :func:`gluon_dqdk_scope`) and is on in :data:`GLUON_BACKWARD_TWINS`
+    (measured faster) given to that twin; ``shape`` as it is on other devices
     (``plan.device.gluon_usable``), or when the caller forced the Triton kernels
     (``backend="triton"``: ``twin_only``). The reverse sweep's twin runs 64 value columns on one
     warpgroup, :data:`GLUON_SWEEP_STAGES` tile stages.
 
-    The launch layer also needs q, k, v and dO 16-byte aligned (the twins' bulk copies) and falls back
+    The launch layer also needs q, k and dO 16-byte aligned (the twins' bulk copies) and falls back
     to the Triton kernels otherwise."""
     if twin_only or not gluon_usable(device):
         return shape
@@ -319,9 +306,6 @@ def gluon_twins(shape: DeltaBackwardShape, *, householder: int, heads: int, valu
             gluon_dqdk_scope(householder=householder, heads=heads, value_heads=value_heads, dtype=dtype,
                              key_dim=key_dim, value_dim=value_dim, stages=shape.gluon_dqdk_stages):
         shape = replace(shape, gluon_dqdk=True)
-    if GLUON_BACKWARD_TWINS["gluon_scores"].on and gluon_scores_scope(householder=householder, dtype=dtype,
-                                                                       key_dim=key_dim, value_dim=value_dim):
-        shape = replace(shape, gluon_scores=True)
     return shape
 
 

@@ -366,26 +366,6 @@ def test_the_gluon_dq_dk_kernel_agrees_with_its_twin(B, T, H, HV, cu, l2norm):
     _assert_like_the_oracle(x, args, got[True])
 
 
-@pytest.mark.parametrize("B, T, H, HV, cu, l2norm", [
-    (2, 4096, 16, 16, None, True), (1, 4096, 8, 16, None, True), (3, 1000, 4, 4, None, True),
-    (1, 8192, 8, 16, [0, 1, 3000, 3064, 8192], True), (2, 1024, 4, 4, None, False)],
-    ids=["B2 T4096 H=HV=16", "GVA HV=2H", "a partial last chunk", "varlen GVA, a one-token sequence", "no l2norm"])
-def test_the_gluon_scores_kernel_agrees_with_its_twin(B, T, H, HV, cu, l2norm):
-    """The scores kernel's Gluon twin (kernels/gluon/delta_backward_scores.py): the same products,
-    the sums over the value columns 32 at a time (the twin's 128) and the row reductions in another
-    order. dbeta and dg agree with the twin's to float32 rounding (dg's state terms do not read the
-    score tiles); dq and dk, through the score tiles rounded to bf16, within one bf16 rounding; dv
-    and dh0 (other kernels) the same bits; all within the oracle's band of the float64 chunkwise
-    reference."""
-    x, args = _twin_case(B, T, H, HV, cu, l2norm, seed=23)
-    got = _twin_runs(x, args, gluon_scores=True)
-    bounds = dict(dq=2 ** -8, dk=2 ** -8, dg=1e-5, dv=0.0, dbeta=1e-5, dh0=0.0)
-    for name, a, b in zip(GRAD_NAMES, got[False], got[True]):
-        err = relative_rms(b.double(), a.double())
-        assert err <= bounds[name], f"{name}: relative RMS {err:.2e} from the Triton twin's"
-    _assert_like_the_oracle(x, args, got[True])
-
-
 @pytest.mark.parametrize("H", [8, 4], ids=["H=HV", "GVA"])
 def test_non_finite_input_of_one_sequence_stays_in_it_through_the_gluon_twins(H):
     """The Gluon twins' bulk copies read whole tensors, so a chunk's rows past its sequence's end
@@ -400,7 +380,7 @@ def test_non_finite_input_of_one_sequence_stays_in_it_through_the_gluon_twins(H)
     x, args = _twin_case(1, 2048, H, 8, cu, True, seed=24)
     shape = DeltaBackwardShape(64, 4, 4, "test", grads_block_v=32, scores_warps=4, scores_block_v=128,
                                group_in_kernel=True, dqdk_one_launch=True, sweep_stages=3, gluon_sweep=True,
-                               gluon_scores=True, gluon_dqdk=True)
+                               gluon_dqdk=True)
     clean = chunk_delta_bwd(*x, backward_shape=shape, **args)
     q, k, v, g, beta, do, dht = (t.clone() for t in x)
     v[:, 100:1000] = float("nan")
@@ -415,9 +395,11 @@ def test_non_finite_input_of_one_sequence_stays_in_it_through_the_gluon_twins(H)
         assert torch.equal(a, b), f"{name}: {int((a != b).sum())} elements differ"
 
 
-def test_the_planner_gives_backward_stages_to_gluon_only_where_allowed(monkeypatch):
-    """With the Gluon rows on, a bf16 GDN training step (H = HV) plans the three Gluon twins;
-    ``backend="triton"`` keeps the Triton kernels; the gradients agree (dv the same bits)."""
+@pytest.mark.parametrize("H", [4, 2], ids=["H=HV", "GVA HV=2H"])
+def test_the_planner_gives_backward_stages_to_gluon_only_where_allowed(monkeypatch, H):
+    """With the Gluon rows on, a bf16 GDN training step (H = HV, or a GVA group the planner sums in
+    the kernel) plans both Gluon twins; ``backend="triton"`` keeps the Triton kernels; the
+    gradients agree (dv, dbeta the same bits)."""
     from recurscan.kernels.delta.backward import chunk_delta_bwd_sweep_kernel
     from recurscan.launch.delta_backward import BACKWARD_LAUNCHES
     from recurscan.plan import delta as plan_delta
@@ -426,10 +408,10 @@ def test_the_planner_gives_backward_stages_to_gluon_only_where_allowed(monkeypat
     if not gluon_usable(torch.device("cuda")):
         pytest.skip("Gluon twins run on sm_90 with a tested Triton (plan.device.gluon_usable)")
     gen = torch.Generator(device="cuda").manual_seed(3)
-    B, T, H, K = 2, 1024, 4, 128
-    x = [torch.randn(B, T, H, K, device="cuda", generator=gen).bfloat16() for _ in range(3)] + \
-        [torch.nn.functional.logsigmoid(torch.randn(B, T, H, device="cuda", generator=gen) + 3),
-         torch.rand(B, T, H, device="cuda", generator=gen).bfloat16()]
+    B, T, HV, K = 2, 1024, 4, 128
+    x = [torch.randn(B, T, h, K, device="cuda", generator=gen).bfloat16() for h in (H, H, HV)] + \
+        [torch.nn.functional.logsigmoid(torch.randn(B, T, HV, device="cuda", generator=gen) + 3),
+         torch.rand(B, T, HV, device="cuda", generator=gen).bfloat16()]
 
     def step(backend):
         clear_caches()
@@ -443,10 +425,10 @@ def test_the_planner_gives_backward_stages_to_gluon_only_where_allowed(monkeypat
     monkeypatch.setattr(plan_delta, "GLUON_BACKWARD_TWINS", {
         name: dataclasses.replace(row, on=True) for name, row in plan_delta.GLUON_BACKWARD_TWINS.items()})
     planned, kinds, _ = step(None)
-    assert kinds == ["GluonJITFunction"] * 3
+    assert kinds == ["GluonJITFunction", "JITFunction", "GluonJITFunction"]
     forced, kinds, kernel = step("triton")
     assert kernel is chunk_delta_bwd_sweep_kernel and "GluonJITFunction" not in kinds
     for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta"), planned, forced):
         err = relative_rms(a.double(), b.double())
-        assert err <= dict(dq=2 ** -8, dk=2 ** -8, dv=0.0).get(name, 1e-5), f"{name}: {err:.2e}"
+        assert err <= dict(dq=2 ** -8, dk=2 ** -8, dg=1e-5).get(name, 0.0), f"{name}: {err:.2e}"
     clear_caches()

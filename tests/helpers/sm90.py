@@ -32,8 +32,6 @@ SHAPES = {
                                               gluon_sweep=True, sweep_stages=3),
     "Gluon dq and dk": DeltaBackwardShape(64, 4, 4, "tests: dq and dk as their Gluon twin", grads_block_v=32,
                                           scores_warps=4, scores_block_v=128, group_in_kernel=True, gluon_dqdk=True),
-    "Gluon scores": DeltaBackwardShape(64, 4, 4, "tests: the scores kernel as its Gluon twin", grads_block_v=32,
-                                       group_in_kernel=True, gluon_scores=True),
 }
 CASES = {"GDN dense, H = HV": (1, None), "GDN varlen, GVA": (1, [0, 1, 300, 1000]),
          "GDP M 2 varlen": (2, [0, 1, 300, 1000])}
