@@ -110,6 +110,13 @@ def _delta_case(case: str):
 def compile_case(case: str, shape: str) -> list[str]:
     """One line per compiled kernel: its name and shared memory; raises where one does not compile
     or does not fit."""
+    return [compiled_line(step, names, values) for step, names, values in case_launches(case, shape)]
+
+
+def case_launches(case: str, shape: str) -> list:
+    """``(launch record, names, values)`` of every launch of the backward (its forward recompute
+    first) for a case of :data:`CASES` in the backward shape :data:`SHAPES` ``[shape]``: what
+    :func:`compile_for_sm90` takes."""
     M, cu, (q, k, v, g, beta, h0) = _delta_case(case)
     bf = dict(dtype=torch.bfloat16)
     B, T, HV, K = q.shape[0], q.shape[1], v.shape[2], q.shape[3]
@@ -133,9 +140,8 @@ def compile_case(case: str, shape: str) -> list[str]:
                  aqk=torch.zeros(1, **bf), coef=torch.zeros(1), states=torch.zeros(1, **bf),
                  **{n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.buffers.items()})
     stage_values = tuple(stage.get(n) if stage.get(n) is not None else torch.zeros(1) for n in NAMES)
-    return [compiled_line(step, names, values) for step, names, values in
-            [(s, CALL_NAMES, forward_values) for s in launches.forward.steps] +
-            [(s, NAMES, stage_values) for s in launches.steps]]
+    return [(s, CALL_NAMES, forward_values) for s in launches.forward.steps] + \
+        [(s, NAMES, stage_values) for s in launches.steps]
 
 
 def compile_delta_forward(case: str, shape: DeltaShape, describe=None) -> list[str]:

@@ -5,14 +5,15 @@
 
 What differs from the twin:
 
-1. Persistent programs (the launch's grid: one an SM, eight warps), each taking (chunk, value head) items
-   ``pid, pid + programs, ...``: the next item's tiles load while this one's epilogue runs.
+1. Persistent programs (the launch's grid: one an SM, eight warps), each taking (chunk, value head)
+   items ``pid, pid + programs, ...`` (under GVA, (chunk, q/k head) items, the group's value heads
+   one after another): the next item's tiles load while this one's epilogue runs.
 2. dq's and dk's sums over the value columns run in one loop, each tile of S read once (the twin
    walks the columns twice, dk's pass then dq's: two [BT, K] accumulators were more registers than
    Triton's build of that loop held without spilling). The tiles (S, dS, U, dY, dO) come by bulk
    tensor copies into a ring of NUM_STAGES stages of BV columns, the steps of one item after the
    other's; q, k and the first half's score tiles by one copy an item, issued when the item before
-   has used them.
+   has used them (under GVA each value head's score tiles by a copy of their own).
 3. The products take the score tiles' transposes as transposed shared-memory operands: no product
    result is ever a transposed operand (fla's issue 640), and no scratch round trip for them.
 4. The normalised q and k the epilogue's products need sit beside the raw tiles in shared memory
@@ -26,8 +27,10 @@ The arithmetic is the twin's, in the same order, except the reductions (each row
 projections on q and k, S . dS), whose order follows the layout: the results agree with the twin's
 to float32 rounding, then bf16's (the GPU test compares both with the float64 oracle).
 
-Scope (``plan.delta.gluon_twins`` checks it): M = 1, one value head a q/k head (H = HV), 16-bit
-inputs, K 64 or 128, V a multiple of BV with at least NUM_STAGES steps; dense or varlen.
+Scope (``plan.delta.gluon_twins`` checks it): M = 1, one value head a q/k head (H = HV) or a GVA
+group of at most ``plan.delta.GLUON_DQDK_GROUP`` summed in the kernel (GROUP = HV / H; its heads
+are unrolled), 16-bit inputs, K 64 or 128, V a multiple of BV with at least NUM_STAGES steps;
+dense or varlen.
 """
 from __future__ import annotations
 
