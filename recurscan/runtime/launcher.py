@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -397,8 +398,9 @@ def compile_together(launches: list, names: tuple, values: tuple):
 def compile_in_background(launches: list, names: tuple, values: tuple, device: torch.device):
     """Start compiling ``launches`` (as :func:`compile_together` takes them) on a thread of their
     own, beside whatever the calling thread compiles meanwhile (Triton's AsyncCompileMode is per
-    thread); returns a function that waits for them. For a first call whose later kernels need
-    the earlier ones' outputs: those kernels' compiles need only their arguments' dtypes and
+    thread); returns a function that waits for them, and for each kernel's module loaded and its
+    launcher built (:func:`_load`). For a first call whose later kernels need the earlier ones'
+    outputs: those kernels' compiles need only their arguments' dtypes and
     alignment, so placeholders stand in for the outputs. A compile that fails here is left to the
     launch that follows, which compiles again and raises there."""
     if AsyncCompileMode is None or not launches:
@@ -407,16 +409,30 @@ def compile_in_background(launches: list, names: tuple, values: tuple, device: t
 
     def work():
         try:
-            with torch.cuda.device(device), ThreadPoolExecutor(len(launches)) as pool, \
-                    AsyncCompileMode(pool, ignore_errors=True):
-                for kernel, grid, kwargs, options in launches:
-                    kernel.warmup(grid=grid, **resolve(kwargs, names, values), **options)
+            with torch.cuda.device(device), ThreadPoolExecutor(len(launches)) as pool:
+                with AsyncCompileMode(pool, ignore_errors=True):
+                    compiled = [kernel.warmup(grid=grid, **resolve(kwargs, names, values), **options)
+                                for kernel, grid, kwargs, options in launches]
+                list(pool.map(functools.partial(_load, device=device), compiled))
         except Exception:  # noqa: BLE001 (the launch compiles again and reports it)
             pass
 
     thread = threading.Thread(target=work, name="recurscan-compile", daemon=True)
     thread.start()
     return thread.join
+
+
+def _load(compiled, device: torch.device) -> None:
+    """Load a compiled kernel's module and build its launcher now (Triton does both on the kernel's
+    first launch, and the launcher is a C module compiled for its signature: about a second each on
+    a slow host, one after another in the launching thread; docs/perf-history.md, 2026-12-03).
+    Nothing where Triton's compiled kernel has no such step or it fails (the launch does it again
+    and reports it)."""
+    compiled = compiled.result() if hasattr(compiled, "result") else compiled
+    init = getattr(compiled, "_init_handles", None)
+    if init is not None:
+        with torch.cuda.device(device):
+            init()
 
 
 def jit_launch(kernel, grid: tuple, kwargs: dict, options: dict, names: tuple, values: tuple,
