@@ -307,3 +307,30 @@ def test_a_failed_compile_leaves_no_async_compile_mode_active():
     with L.compile_together(ok, (), ()):
         assert L.active_mode.get() is not None
     assert L.active_mode.get() is None
+
+
+@pytest.mark.skipif(L.AsyncCompileMode is None, reason="this Triton has no AsyncCompileMode")
+def test_kernels_compiled_in_the_background_are_loaded_there():
+    """compile_in_background loads each compiled kernel's module and builds its launcher in its own
+    pool (Triton does both on a kernel's first launch, one after another in the launching
+    thread): every kernel's handles are made once the wait returns, also where a compile gives a
+    future (resolved first) or an object with no such step."""
+    made = []
+
+    class Compiled:
+        def __init__(self, name):
+            self.name = name
+
+        def _init_handles(self):
+            made.append(self.name)
+
+    class Future:
+        def result(self):
+            return Compiled("from a future")
+
+    kernels = [SimpleNamespace(warmup=lambda grid, **kw: Compiled("plain")),
+               SimpleNamespace(warmup=lambda grid, **kw: Future()),
+               SimpleNamespace(warmup=lambda grid, **kw: object())]
+    wait = L.compile_in_background([(k, (1,), {}, {}) for k in kernels], (), (), torch.device("cpu"))
+    wait()
+    assert sorted(made) == ["from a future", "plain"]

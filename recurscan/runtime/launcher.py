@@ -400,16 +400,17 @@ def compile_in_background(launches: list, names: tuple, values: tuple, device: t
     own, beside whatever the calling thread compiles meanwhile (Triton's AsyncCompileMode is per
     thread); returns a function that waits for them, and for each kernel's module loaded and its
     launcher built (:func:`_load`). For a first call whose later kernels need the earlier ones'
-    outputs: those kernels' compiles need only their arguments' dtypes and
-    alignment, so placeholders stand in for the outputs. A compile that fails here is left to the
-    launch that follows, which compiles again and raises there."""
+    outputs: those kernels' compiles need only their arguments' dtypes and alignment, so
+    placeholders stand in for the outputs. A compile that fails here is left to the launch that
+    follows, which compiles again and raises there."""
     if AsyncCompileMode is None or not launches:
         return lambda: None
     import threading
 
     def work():
         try:
-            with torch.cuda.device(device), ThreadPoolExecutor(len(launches)) as pool:
+            on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+            with on_device, ThreadPoolExecutor(len(launches)) as pool:
                 with AsyncCompileMode(pool, ignore_errors=True):
                     compiled = [kernel.warmup(grid=grid, **resolve(kwargs, names, values), **options)
                                 for kernel, grid, kwargs, options in launches]
@@ -431,7 +432,7 @@ def _load(compiled, device: torch.device) -> None:
     compiled = compiled.result() if hasattr(compiled, "result") else compiled
     init = getattr(compiled, "_init_handles", None)
     if init is not None:
-        with torch.cuda.device(device):
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
             init()
 
 
