@@ -590,3 +590,18 @@ def test_the_backward_starts_compiling_from_stand_ins_of_the_outputs(monkeypatch
     assert launch_key((o_like, final_like)) == launch_key((o.detach(), final.detach()))
     assert prep_kept == (len(saved) > 6)  # the forward kept its prep exactly when it said it would
 
+
+
+@pytest.mark.parametrize("key_dim", [64, 128])
+def test_the_gluon_twins_are_refused_where_a_descriptor_row_passes_int32(key_dim):
+    """The Gluon twins address the chunk states (K rows a chunk and value head) and the scratch (2 x
+    64 rows) through int32 descriptor coordinates: a call whose rows would pass 2^31 in either takes
+    the Triton kernels (at K = 64 the scratch's bound is the tighter)."""
+    from recurscan.launch.delta_backward import _gluon_takes
+    q = k = torch.zeros(1, 64, 1, key_dim, dtype=torch.bfloat16)
+    do = torch.zeros(1, 64, 1, 128, dtype=torch.bfloat16)
+    heads = 64
+    fits = (2 ** 31 - 1) // (heads * 128)  # chunk rows whose coordinates stay under 2^31 at 128 rows each
+    for rows, ok in ((fits, True), (fits + 1, False)):
+        chunk_indices = torch.zeros(1, 2, dtype=torch.int32).expand(rows, 2)  # no memory behind the rows
+        assert _gluon_takes(q, k, do, chunk_indices, heads) is ok, (rows, ok)

@@ -212,11 +212,12 @@ def _from_checkpoints(sweep, N: int, T: int, HV: int, V: int, every: int):
 
 def _gluon_takes(q, k, do, chunk_indices, value_heads: int) -> bool:
     """What the Gluon twins need of a call beyond the planner's scope: q, k and dO
-    16-byte aligned and of one dtype (their bulk copies read them from their base), and chunk-state
-    row coordinates within int32 (their descriptors over the chunk states and the scratch)."""
+    16-byte aligned and of one dtype (their bulk copies read them from their base), and row
+    coordinates within int32 in their descriptors over the chunk states (K rows a chunk and value
+    head) and the scratch (2 BT rows a chunk and value head)."""
     rows = chunk_indices.shape[0] if chunk_indices is not None else q.shape[0] * triton.cdiv(q.shape[1], CHUNK_SIZE)
     return all(x.data_ptr() % 16 == 0 and x.dtype == q.dtype for x in (q, k, do)) and \
-        rows * value_heads * q.shape[3] < 2 ** 31
+        rows * value_heads * max(q.shape[3], 2 * CHUNK_SIZE) < 2 ** 31
 
 
 def _backward_call(q, k, v, g, beta, do, dht, *, num_householder, scale, initial_state, use_qk_l2norm_in_kernel,

@@ -409,8 +409,7 @@ def compile_in_background(launches: list, names: tuple, values: tuple, device: t
 
     def work():
         try:
-            on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-            with on_device, ThreadPoolExecutor(len(launches)) as pool:
+            with _on(device), ThreadPoolExecutor(len(launches)) as pool:
                 with AsyncCompileMode(pool, ignore_errors=True):
                     compiled = [kernel.warmup(grid=grid, **resolve(kwargs, names, values), **options)
                                 for kernel, grid, kwargs, options in launches]
@@ -423,16 +422,21 @@ def compile_in_background(launches: list, names: tuple, values: tuple, device: t
     return thread.join
 
 
+def _on(device: torch.device):
+    """``device`` current in this thread (a CUDA device), or nothing."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
 def _load(compiled, device: torch.device) -> None:
-    """Load a compiled kernel's module and build its launcher now (Triton does both on the kernel's
-    first launch, and the launcher is a C module compiled for its signature: about a second each on
-    a slow host, one after another in the launching thread; docs/perf-history.md, 2026-12-03).
-    Nothing where Triton's compiled kernel has no such step or it fails (the launch does it again
-    and reports it)."""
+    """Load a compiled kernel's module and build its launcher now. Triton does both on the kernel's
+    first launch, one after another in the launching thread, and the launcher is a C module
+    compiled for its signature: on one H200 machine lent, 4.4 s of a cold backward went to its
+    first launches after every compile had finished (docs/perf-history.md, 2026-12-03). Nothing
+    where Triton's compiled kernel has no such step (the launch does it)."""
     compiled = compiled.result() if hasattr(compiled, "result") else compiled
     init = getattr(compiled, "_init_handles", None)
     if init is not None:
-        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        with _on(device):
             init()
 
 
