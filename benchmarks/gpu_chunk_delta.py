@@ -101,12 +101,44 @@ OURS = runner.Impl("recurscan", "ours", _ours_loader, "recurscan chunked Triton 
                    lambda: runner._dist_version("recurscan"))
 
 
-def bench_workloads(names, impls, rep_ms, out=None, save=lambda: None):
+def _forward_twin_loader(on: bool):
+    """A loader of ours with the forward sweep's Gluon twin row (``plan.delta.GLUON_FORWARD_SWEEP``)
+    set to ``on`` for its calls: switched (and the signature caches cleared, so the planner decides
+    again) on the first call after the other setting ran."""
+    import dataclasses
+
+    from recurscan.plan import delta as plan_delta
+    from recurscan.runtime.cache import clear_caches
+
+    def load(w):
+        fn = _ours_loader(w)
+
+        def call(x):
+            if plan_delta.GLUON_FORWARD_SWEEP.on != on:
+                plan_delta.GLUON_FORWARD_SWEEP = dataclasses.replace(plan_delta.GLUON_FORWARD_SWEEP, on=on)
+                clear_caches()
+            return fn(x)
+        return call
+    return load
+
+
+def forward_twin_impls() -> list:
+    """Ours as planned, and ours with the forward sweep's Gluon twin row the other way (a variant
+    in the same process, timed after ours)."""
+    from recurscan.plan import delta as plan_delta
+    planned = plan_delta.GLUON_FORWARD_SWEEP.on
+    name = "recurscan, sweep " + ("Triton" if planned else "Gluon")
+    return [runner.Impl("recurscan", "ours", _forward_twin_loader(planned), OURS.description, OURS.version),
+            runner.Impl(name, "variant", _forward_twin_loader(not planned),
+                        f"recurscan with plan.delta.GLUON_FORWARD_SWEEP on={not planned}", OURS.version)]
+
+
+def bench_workloads(names, impls, rep_ms, out=None, save=lambda: None, ours=(OURS,)):
     out = [] if out is None else out
     for name in names:
         w = registry.get(name)
         for graph in (True, False):
-            rec = runner.run_workload(w, impls=impls, extra_impls=[OURS], cuda_graph=graph, rep_ms=rep_ms)
+            rec = runner.run_workload(w, impls=impls, extra_impls=list(ours), cuda_graph=graph, rep_ms=rep_ms)
             rec["ours_bytes_per_token_head"] = our_bytes_per_token_head(w)
             rec["min_bytes_per_token_head"] = w.hbm_bytes() / (w.tokens * w.value_heads)
             rec["target_ms"] = TARGETS_MS.get(name)
@@ -309,6 +341,8 @@ def main(argv=None):
     ap.add_argument("--fla-workload", action="append",
                     help="run fla only on these workloads (its first call compiles and autotunes: 10-80 s each)")
     ap.add_argument("--rep-ms", type=int, default=300)
+    ap.add_argument("--forward-twin", action="store_true",
+                    help="also ours with the forward sweep's Gluon twin row the other way, in the same process")
     args = ap.parse_args(argv)
     from recurscan.launch import delta as launch_delta
     if args.phase_ratio is not None:
@@ -332,7 +366,7 @@ def main(argv=None):
         fla_for = set(args.fla_workload or WORKLOADS)
         for name in args.workload or WORKLOADS:
             bench_workloads([name], impls if name in fla_for else ["mamba_ssm"], args.rep_ms,
-                            result["workloads"], save)
+                            result["workloads"], save, ours=forward_twin_impls() if args.forward_twin else (OURS,))
     if "host" in sections:
         result["host"] = bench_host(impls)
         save()

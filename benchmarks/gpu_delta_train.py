@@ -184,19 +184,22 @@ PLANNED_GLUON = None
 
 def set_gluon(twins: str | None):
     """The planner's Gluon twins as planned (None), or exactly those named in ``twins`` on and the
-    others off (``+``-separated fields of ``plan.delta.GLUON_BACKWARD_TWINS``, e.g. ``gluon_sweep+gluon_dqdk``;
-    ``none``: all off)."""
+    others off (``+``-separated fields of ``plan.delta.GLUON_BACKWARD_TWINS``, e.g. ``gluon_sweep+gluon_dqdk``,
+    and ``forward_sweep`` for ``plan.delta.GLUON_FORWARD_SWEEP``; ``none``: all off)."""
     import dataclasses
     from recurscan.plan import delta as plan_delta
     global PLANNED_GLUON
-    PLANNED_GLUON = PLANNED_GLUON or plan_delta.GLUON_BACKWARD_TWINS
+    PLANNED_GLUON = PLANNED_GLUON or (plan_delta.GLUON_BACKWARD_TWINS, plan_delta.GLUON_FORWARD_SWEEP)
+    backward, forward = PLANNED_GLUON
     if twins is None:
-        plan_delta.GLUON_BACKWARD_TWINS = PLANNED_GLUON
+        plan_delta.GLUON_BACKWARD_TWINS, plan_delta.GLUON_FORWARD_SWEEP = backward, forward
         return
     names = set(twins.split("+")) - {"none"}
-    if not names <= set(PLANNED_GLUON):
-        raise ValueError(f"--gluon: expected +-separated names of {sorted(PLANNED_GLUON)} or none, got {twins!r}")
-    plan_delta.GLUON_BACKWARD_TWINS = {n: dataclasses.replace(row, on=n in names) for n, row in PLANNED_GLUON.items()}
+    if not names <= set(backward) | {"forward_sweep"}:
+        raise ValueError(f"--gluon: expected +-separated names of {sorted(backward) + ['forward_sweep']} or none, "
+                         f"got {twins!r}")
+    plan_delta.GLUON_BACKWARD_TWINS = {n: dataclasses.replace(row, on=n in names) for n, row in backward.items()}
+    plan_delta.GLUON_FORWARD_SWEEP = dataclasses.replace(forward, on="forward_sweep" in names)
 
 
 def set_checkpoint_chunks(every):

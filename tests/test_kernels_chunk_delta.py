@@ -678,3 +678,100 @@ def test_launches_run_on_a_plain_tuple_of_the_leading_inputs():
     full = run_delta_launches(launches, launch_delta.DeltaInputs(*args, initial_state=h0))
     plain = run_delta_launches(launches, args + (h0, None, None, None, None, None))
     assert all(torch.equal(a, b) for a, b in zip(full, plain))
+
+
+# The forward sweep's Gluon twin (kernels/gluon/delta_sweep.py): which calls take it. Its bits
+# against the Triton sweep are the GPU's (tests/gpu/test_gluon_sweep_gpu.py); its sm_90 build is
+# tests/test_sm90_compile.py's.
+
+def _twin_steps(launches):
+    """``(PASS, REPLAY, "gluon" or "triton")`` of every sweep launch."""
+    return [(s.kwargs["PASS"], s.kwargs["REPLAY"], "gluon" if type(s.kernel).__name__ == "GluonJITFunction" else
+             "triton") for s in launches.steps if launch_delta.is_sweep_step(s)]
+
+
+@pytest.mark.parametrize("case, planned", [
+    ("bf16 GDN, BV 64 on one warpgroup", True), ("fp16, K = V = 64", True), ("row off", False),
+    ("no usable Gluon", False), ('backend="triton"', False), ("GDP M = 2", False), ("float32", False),
+    ("K = 96", False), ("V = 96", False), ("BV 128 on two warpgroups", False), ("BV 32", False),
+    ("V in registers", False), ("group prep", False)])
+def test_the_planner_gives_the_sweep_to_its_gluon_twin_only_in_scope(monkeypatch, case, planned):
+    """plan.delta.gluon_forward_sweep (the Gluon rules, docs/kernels-gluon.md): a row of the
+    twin's kind (64 value columns, one warpgroup, V a product operand), GDN, 16-bit inputs, K 64 or
+    128, V a multiple of 64, Gluon usable here, its row on, the caller not forcing Triton."""
+    import dataclasses
+    from recurscan.plan import delta as plan_delta
+    monkeypatch.setattr(plan_delta, "gluon_usable", lambda device: case != "no usable Gluon")
+    monkeypatch.setattr(plan_delta, "GLUON_FORWARD_SWEEP",
+                        dataclasses.replace(plan_delta.GLUON_FORWARD_SWEEP, on=case != "row off"))
+    fp16 = case.startswith("fp16")
+    given = plan_delta.DeltaShape(128 if "BV 128" in case else 32 if case == "BV 32" else 64,
+                                  8 if "two warpgroups" in case else 4, 3, 4, "test",
+                                  v_product=case != "V in registers", group_prep=case == "group prep")
+    got = plan_delta.gluon_forward_sweep(
+        given, householder=2 if case.startswith("GDP") else 1,
+        dtype=torch.float32 if case == "float32" else torch.float16 if fp16 else torch.bfloat16,
+        key_dim=96 if case == "K = 96" else 64 if fp16 else 128, value_dim=96 if case == "V = 96" else 64 if fp16 else 128,
+        device=torch.device("cuda"), twin_only=case == 'backend="triton"')
+    assert got.gluon_sweep is planned
+    assert got == dataclasses.replace(given, gluon_sweep=planned)
+
+
+def test_the_gluon_sweep_runs_its_passes_and_the_triton_kernel_the_rest():
+    """With ``gluon_sweep``: the single pass, every phase and a segmented sweep's second pass launch
+    the twin; a segmented sweep's first pass and the replay stay the Triton kernel's. Inputs the
+    twin's bulk copies cannot read from their base (q not 16-byte aligned) or outputs its bulk
+    stores cannot take, and states whose offsets pass int32, take the Triton kernel throughout."""
+    q, k, v = (torch.zeros(1, 256, 2, 128, dtype=torch.bfloat16) for _ in range(3))
+    g, beta = torch.zeros(1, 256, 2), torch.ones(1, 256, 2, dtype=torch.bfloat16)
+    twin = dict(block_v=64, num_warps=4, num_stages=3, tma_store=True, gluon_sweep=True)
+    G, J = "gluon", "triton"
+    assert _twin_steps(delta_launches(q, k, v, g, beta, **twin)) == [(0, False, G), (0, True, J)]
+    assert _twin_steps(delta_launches(q, k, v, g, beta, phases=3, **twin)) == [(3, False, G)] * 3 + [(0, True, J)]
+    assert _twin_steps(delta_launches(q, k, v, g, beta, segments=2, **twin)) == \
+        [(1, False, J), (2, False, G), (2, True, J)]
+    shifted = torch.zeros(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape)  # 2 bytes past an aligned base
+    assert {kind for *_, kind in _twin_steps(delta_launches(shifted, k, v, g, beta, **twin))} == {J}
+    o = torch.zeros(1, 256, 2, 130, dtype=q.dtype)[..., :128]  # rows of 130: not 16-byte strides
+    final = torch.zeros(1, 2, 128, 128)
+    assert {kind for *_, kind in _twin_steps(delta_launches(q, k, v, g, beta, output_final_state=True,
+                                                            out_views=(o, final), **twin))} == {J}
+    huge = torch.empty_strided((1, 2, 128, 128), (0, 0, 2 ** 25, 1), device="meta")  # only its strides are read
+    assert {kind for *_, kind in _twin_steps(delta_launches(q, k, v, g, beta, initial_state=huge, **twin))} == {J}
+
+
+@pytest.mark.parametrize("what", ["M = 2", "float32", "block_v 32", "8 warps", "V in registers", "K = 96",
+                                  "gated linear attention"])
+def test_a_gluon_sweep_outside_its_scope_is_refused(what):
+    """A hand-made DeltaShape asking for the twin where it cannot run: a ValueError naming the
+    field, before anything is launched."""
+    M = 2 if what == "M = 2" else 1
+    dtype = torch.float32 if what == "float32" else torch.bfloat16
+    K = 96 if what == "K = 96" else 128
+    q, k = torch.zeros(1, 64, 2, K, dtype=dtype), torch.zeros(1, 64 * M, 2, K, dtype=dtype)
+    v = torch.zeros(1, 64 * M, 2, 128, dtype=dtype)
+    beta = None if what == "gated linear attention" else torch.ones(1, 64 * M, 2, dtype=dtype)
+    shape = dict(block_v=32 if what == "block_v 32" else 64, num_warps=8 if what == "8 warps" else 4,
+                 v_product=what != "V in registers", num_stages=3, gluon_sweep=True)
+    extra = dict(wy=False) if what == "gated linear attention" else dict(num_householder=M)
+    with pytest.raises(ValueError, match="gluon_sweep"):
+        delta_launches(q, k, v, torch.zeros(1, 64, 2), beta, **shape, **extra)
+
+
+@pytest.mark.parametrize("every", [0, 2])
+def test_the_backward_recompute_takes_the_forward_sweeps_twin(every):
+    """The backward's recompute, built from a forward shape with ``gluon_sweep``, runs its sweep
+    (no outputs, U and lam o K S stored; from the sequence's start, or a second pass from the
+    forward's checkpoints) on the twin."""
+    from recurscan.launch.delta_backward import build_delta_backward
+    from recurscan.plan.delta import DELTA_BACKWARD_LAUNCH, DeltaShape
+    q, k, v, do = (torch.zeros(1, 256, 2, 128, dtype=torch.bfloat16) for _ in range(4))
+    beta = torch.ones(1, 256, 2, dtype=torch.bfloat16)
+    shape = DeltaShape(64, 4, 3, 4, "test", gluon_sweep=True)
+    launches = build_delta_backward(q, k, v, torch.zeros(1, 256, 2), beta, do, None, scale=1.0, initial_state=None,
+                                    use_qk_l2norm_in_kernel=True, cu_seqlens=None, chunk_indices=None,
+                                    chunk_offsets=None, shape=shape, backward_shape=DELTA_BACKWARD_LAUNCH[1][1],
+                                    checkpoint_chunks=every)
+    (sweep,) = [s for s in launches.forward.steps if launch_delta.is_sweep_step(s)]
+    assert type(sweep.kernel).__name__ == "GluonJITFunction"
+    assert (sweep.kwargs["PASS"], sweep.kwargs["OUTPUTS"], sweep.kwargs["STORE_U"]) == (2 if every else 0, False, True)

@@ -24,7 +24,9 @@ def compile_offline(*argv):
 
 #: The Gluon twins' cases: each takes GDN (M = 1), GVA too.
 GLUON_CASES = {"Gluon reverse sweep": ("GDN dense, H = HV", "GDN varlen, GVA"),
-               "Gluon dq and dk": ("GDN dense, H = HV", "GDN varlen, GVA")}
+               "Gluon dq and dk": ("GDN dense, H = HV", "GDN varlen, GVA"),
+               "Gluon forward sweep": ("GDN varlen, GVA",),
+               "Gluon forward sweep, checkpoints": ("GDN dense, H = HV",)}
 
 
 @pytest.mark.parametrize("case, shape", [(c, s) for c in CASES for s in SHAPES if c in GLUON_CASES.get(s, CASES)])
@@ -34,6 +36,8 @@ def test_every_backward_launch_compiles_for_sm90(case, shape):
     assert run.returncode == 0, run.stderr[-3000:]
     sweep = "gluon_bwd_sweep_kernel" if shape == "Gluon reverse sweep" else "chunk_delta_bwd_sweep_kernel"
     assert sweep in run.stdout, run.stdout
+    if shape.startswith("Gluon forward sweep"):  # the recompute on the forward sweep's twin
+        assert "gluon_sweep_kernel" in run.stdout and "chunk_delta_sweep_kernel" not in run.stdout, run.stdout
     if shape == "Gluon dq and dk":
         assert "gluon_bwd_dqdk_kernel" in run.stdout and "chunk_delta_bwd_dqdk_kernel" not in run.stdout, run.stdout
 
@@ -71,6 +75,17 @@ def test_gla_and_ssd_on_the_delta_sweep_compile_for_sm90(case, shape, family):
     prep = "chunk_gla_prep_kernel" if family == "gla-per-key-sweep" else \
         "chunk_group_prep_kernel" if shape.startswith("group prep") else "chunk_delta_prep_kernel"
     assert prep in run.stdout and "chunk_delta_sweep_kernel" in run.stdout, run.stdout
+
+
+def test_the_gluon_forward_sweep_compiles_for_sm90():
+    """The forward sweep's Gluon twin in every pass and form it takes (the single pass, phases, a
+    segmented sweep's second pass; dense and varlen; a cache with float32 chunk states), without
+    spills: the Gluon rules (docs/kernels-gluon.md)."""
+    run = compile_offline("gluon-forward")
+    assert run.returncode == 0, run.stderr[-3000:]
+    for form in ("one pass", "phases", "segments", "serving"):
+        assert f"{form}, GDN dense, H = HV: gluon_sweep_kernel" in run.stdout, run.stdout
+    assert "segments, GDN dense, H = HV: chunk_delta_sweep_kernel" in run.stdout  # its first pass, and the replay
 
 
 def test_the_ssd_training_gate_kernels_compile_for_sm90():

@@ -372,6 +372,9 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         CALM_GATES=shape.calm_gates,
         **ssd_sweep)
     options = dict(num_warps=num_warps)
+    sweep_kernel = _sweep_kernel(shape, q, k, v, BV, tma_ok, wy=wy, ssd=ssd, key_decay=key_decay, M=M,
+                                 chunk_state_rows=buffers["chunk_states"][0][0] if return_chunk_states else 0,
+                                 state_strides=s0)
     if phased:
         # prep 0, sweep 0, prep 1, sweep 1, ...: each prep after the first is the programmatic
         # dependent of the sweep before it, so it runs on the SMs that sweep leaves free.
@@ -383,12 +386,12 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
                                dict(prep, chunk_lo=c_lo, chunk_span=c_hi - c_lo, wait_primary=int(i > 0)),
                                prep_options, programmatic=i > 0, min_shared=PREP_SHARED_BESIDE_SWEEP))
             # The sweep after its prep's end (a programmatic dependent of the prep was no faster).
-            steps.append(Step(chunk_delta_sweep_kernel, (N * HV * NV,),
+            steps.append(Step(sweep_kernel, (N * HV * NV,),
                                dict(sweep, seg_n=arg("seg_n"), tc_first=lo, tc_count=hi - lo, PASS=3,
                                     trigger_dependents=int(i < len(bounds) - 2)), options))
         replay = (N * HV * NV,), sweep  # the whole sequence again: the phases' bits are the single pass's
     elif P == 1:
-        steps.append(Step(chunk_delta_sweep_kernel, (N * HV * NV,), sweep, options))
+        steps.append(Step(sweep_kernel, (N * HV * NV,), sweep, options))
         replay = (N * HV * NV,), sweep
     else:
         # Pass 1: segment end states from zero (segment 0: from the initial state) and the
@@ -408,7 +411,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
                 n_slots=state.shape[0] if use_cache else 0,
                 HV=HV, K=K, V=V, BK=BK, BV=BVF, USE_CACHE=use_cache,
                 PRECISION="ieee" if q.dtype == torch.float32 else "tf32x3"), dict(num_warps=8)))
-        steps.append(Step(chunk_delta_sweep_kernel, (N * P * HV * NV,), dict(sweep, **seg, PASS=2), options))
+        steps.append(Step(sweep_kernel, (N * P * HV * NV,), dict(sweep, **seg, PASS=2), options))
         replay = (N * P * HV * NV,), dict(sweep, **seg, PASS=2)
     if N * HV * NV > 0:
         # The programs whose state came out non-finite, again (their flags, their outputs only): a
@@ -418,6 +421,38 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         steps.append(Step(chunk_delta_sweep_kernel, grid, dict(kwargs, REPLAY=True, NUM_STAGES=1), options,
                            programmatic=True))
     return DeltaLaunches(buffers, steps, outputs, device)
+
+
+def is_sweep_step(step: Step) -> bool:
+    """Whether a launch record is a sweep's (the Triton kernel's or its Gluon twin's: the two take
+    the same arguments, REPLAY among them)."""
+    return "REPLAY" in step.kwargs
+
+
+def _sweep_kernel(shape: DeltaShape, q, k, v, BV: int, tma_ok: bool, *, wy, ssd, key_decay, M, chunk_state_rows,
+                  state_strides):
+    """The kernel of the sweep's single pass, phases and second passes: the Triton kernel, or with
+    ``shape.gluon_sweep`` its Gluon twin (kernels/gluon/delta_sweep.py; a pass 1 and the replay stay
+    Triton's, the same arithmetic). A shape the twin cannot take is a ValueError (the planner's
+    never is); a call whose tensors it cannot read or write (q, k or v not 16-byte aligned, outputs
+    the bulk stores cannot take, chunk-state rows past int32 coordinates, an initial state or cache
+    whose offsets within a slot pass int32) runs the Triton kernel."""
+    if not shape.gluon_sweep:
+        return chunk_delta_sweep_kernel
+    from ..plan.delta import gluon_sweep_scope
+    K, V = q.shape[3], v.shape[3]
+    if not (wy and ssd is None and not key_decay and not shape.group_prep and BV == 64 and shape.num_warps == 4
+            and shape.v_product and gluon_sweep_scope(householder=M, dtype=q.dtype, key_dim=K, value_dim=V)):
+        raise ValueError("DeltaShape.gluon_sweep: the Gluon sweep takes the delta rule (WY on, no SSD, no decay per "
+                         "key, no group prep), M = 1, 16-bit inputs, K 64 or 128, V a multiple of 64, block_v = 64 "
+                         f"on 4 warps with v_product (got M = {M}, {q.dtype}, K = {K}, V = {V}, BV = {BV}, "
+                         f"num_warps = {shape.num_warps}, v_product = {shape.v_product})")
+    aligned = all(not x.is_contiguous() or x.data_ptr() % 16 == 0 for x in (q, k, v))
+    in_slot = (K - 1) * state_strides[2] + (V - 1) * state_strides[3]
+    if not (aligned and tma_ok and chunk_state_rows * v.shape[2] * K < 2 ** 31 and in_slot < 2 ** 31):
+        return chunk_delta_sweep_kernel
+    from ..kernels.gluon.delta_sweep import gluon_sweep_kernel
+    return gluon_sweep_kernel
 
 
 def check_out_views(o, final, o_shape, final_shape, dtype, store_final) -> tuple:

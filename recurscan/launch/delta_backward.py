@@ -33,7 +33,6 @@ from ..descriptors import CHUNK_SIZE
 from ..kernels.delta.backward import (DQDK_BOTH, DQDK_DK, DQDK_DQ, chunk_delta_bwd_dqdk_kernel,
                                       chunk_delta_bwd_scores_kernel, chunk_delta_bwd_sweep_kernel)
 from ..kernels.delta.prep import chunk_delta_prep_kernel
-from ..kernels.delta.sweep import chunk_delta_sweep_kernel
 from ..kernels.group_sum import group_sum_kernel
 from ..plan import delta as _plan
 from ..plan.delta import DeltaBackwardShape, DeltaShape
@@ -41,7 +40,8 @@ from ..plan.device import sm_count
 from ..runtime.cache import SignatureCache, launch_key
 from ..runtime.launcher import CallArg, compile_in_background, jit_launch
 from .delta import (BUFFER_NAMES, CALL_NAMES, INTERPRET, PREP_NAMES, TEST_SHAPE, DeltaInputs, DeltaLaunches, Step,
-                    _empty, allocate_buffers, build_delta_launches, kept_prep_names, run_delta_launches)
+                    _empty, allocate_buffers, build_delta_launches, is_sweep_step, kept_prep_names,
+                    run_delta_launches)
 
 #: The per-call tensors of the two backward stages, by name (their launches' CallArgs).
 NAMES = ("q", "k", "v", "g", "beta", "do", "dht", "cu_seqlens", "chunk_indices", "chunk_offsets",
@@ -109,11 +109,11 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
              if s.kernel is chunk_delta_prep_kernel else
              dataclasses.replace(s, kwargs=dict(s.kwargs, OUTPUTS=False, TMA_STORE=False, STORE_U=True,
                                                 u_out=CallArg("u"), ks_out=CallArg("ks")))
-             if s.kernel is chunk_delta_sweep_kernel else s
+             if is_sweep_step(s) else s
              for s in forward.steps if not s.kwargs.get("REPLAY")
              and not (prep_kept and s.kernel is chunk_delta_prep_kernel)]
     if checkpoint_chunks:
-        steps = [_from_checkpoints(s, N, T, HV, V, checkpoint_chunks) if s.kernel is chunk_delta_sweep_kernel else s
+        steps = [_from_checkpoints(s, N, T, HV, V, checkpoint_chunks) if is_sweep_step(s) else s
                  for s in steps]
     # Every chunk state a stage reads is written (a padding chunk's program reads none): no fill.
     per_row = (B, T * M, HV, V)

@@ -120,12 +120,13 @@ def stream_sizes(family: str, problem) -> StreamSizes:
                        problem.tokens * problem.householder, problem.state_bytes, problem.state_key_contiguous)
 
 
-def _triton_launch(family, problem, device, algorithm):
+def _triton_launch(family, problem, device, algorithm, gluon=True):
+    """The launch shape; ``gluon`` False (``backend="triton"``): no stage as a Gluon twin."""
     if algorithm == "recurrent":
         return stream_shape(stream_sizes(family, problem), device)
     if family in ("gla", "ssd"):
         return gla_shape(problem, device)
-    return delta_shape(problem, device)
+    return delta_shape(problem, device, gluon=gluon)
 
 
 #: Where :func:`plan` appends ``(family, problem, schedule)`` while a caller records them
@@ -168,7 +169,7 @@ def _plan(family: str, problem, device: torch.device, algorithm: str = "chunked"
             raise ValueError(f"backend='triton': {why}")
         check_triton_device(device)
         return Schedule("triton", algorithm, CHUNK_SIZE, "backend='triton' was asked for",
-                        _triton_launch(family, problem, device, algorithm))
+                        _triton_launch(family, problem, device, algorithm, gluon=False))
     for rule in RULES:
         if rule.applies(family, problem, device, algorithm):
             launch = _triton_launch(family, problem, device, algorithm) if rule.backend == "triton" else None

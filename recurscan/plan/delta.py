@@ -54,6 +54,10 @@ class DeltaShape:
     # most 2^126) factored, the scores scaled by a column factor and the product's output by a row
     # factor, instead of a [BT, BT] tile of exp2 a value head and chunk (CALM_GATES).
     calm_gates: bool = False
+    # The sweep (its single pass, phases and second passes) as its Gluon twin
+    # (kernels/gluon/delta_sweep.py; block_v 64 on one warpgroup, num_stages its ring of tile
+    # stages): :func:`gluon_forward_sweep` decides.
+    gluon_sweep: bool = False
 
 
 @dataclass(frozen=True)
@@ -130,14 +134,18 @@ def varlen_as_dense(sequences: int, householder: int, return_chunk_states: bool)
     return sequences == 1 and householder == 1 and not return_chunk_states
 
 
-def delta_shape(problem, device: torch.device) -> DeltaShape:
-    """The first row of :data:`DELTA_LAUNCH` that holds for ``problem`` (a DeltaProblem) on ``device``."""
+def delta_shape(problem, device: torch.device, gluon: bool = True) -> DeltaShape:
+    """The first row of :data:`DELTA_LAUNCH` that holds for ``problem`` (a DeltaProblem) on
+    ``device``, its sweep given to the Gluon twin where :func:`gluon_forward_sweep` allows
+    (``gluon`` False, as for ``backend="triton"``: never)."""
     sizes = DeltaSizes(pairs=problem.sequences * problem.value_heads, sms=sm_count(device),
                        value_dim=problem.value_dim, tokens=problem.tokens * problem.householder,
                        varlen=problem.varlen, sequences=problem.sequences)
     for applies, shape in DELTA_LAUNCH:
         if applies(sizes):
-            return shape
+            return gluon_forward_sweep(shape, householder=problem.householder, dtype=problem.dtype,
+                                       key_dim=problem.key_dim, value_dim=problem.value_dim, device=device,
+                                       twin_only=not gluon)
     raise AssertionError("the last launch row always applies")
 
 
@@ -264,10 +272,30 @@ GLUON_BACKWARD_TWINS = {
 
 
 def gluon_sweep_scope(*, householder: int, dtype: torch.dtype, key_dim: int, value_dim: int) -> bool:
-    """What the reverse sweep's Gluon twin takes: GDN (M = 1), 16-bit inputs, K 64 or 128, V a
-    multiple of its 64 value columns."""
+    """What the Gluon twins of the forward sweep and of the reverse sweep take: GDN (M = 1), 16-bit
+    inputs, K 64 or 128, V a multiple of their 64 value columns."""
     return householder == 1 and dtype in (torch.bfloat16, torch.float16) and key_dim in (64, 128) and \
         value_dim % 64 == 0
+
+
+#: The forward sweep's Gluon twin (kernels/gluon/delta_sweep.py), taken by :func:`gluon_forward_sweep`.
+GLUON_FORWARD_SWEEP = GluonTwinRow(False, "not yet measured against the Triton sweep in the package")
+
+
+def gluon_forward_sweep(shape: DeltaShape, *, householder: int, dtype: torch.dtype, key_dim: int, value_dim: int,
+                        device: torch.device, twin_only: bool = False) -> DeltaShape:
+    """``shape`` with its sweep given to the Gluon twin where the twin runs here
+    (``plan.device.gluon_usable``), the row is its kind (64 value columns on one warpgroup, V as a
+    product operand), the problem is within :func:`gluon_sweep_scope` and :data:`GLUON_FORWARD_SWEEP`
+    is on; ``shape`` as it is otherwise, and where the caller forced the Triton kernels
+    (``twin_only``). A call the twin cannot take (unaligned inputs, strided outputs; launch/delta.py
+    checks) runs the Triton sweep."""
+    if twin_only or not GLUON_FORWARD_SWEEP.on or not gluon_usable(device):
+        return shape
+    if shape.block_v == 64 and shape.num_warps == 4 and shape.v_product and not shape.group_prep and \
+            gluon_sweep_scope(householder=householder, dtype=dtype, key_dim=key_dim, value_dim=value_dim):
+        return replace(shape, gluon_sweep=True)
+    return shape
 
 
 #: The largest GVA group dq and dk's Gluon twin sums (its value heads are unrolled in the program).

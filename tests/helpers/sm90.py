@@ -22,6 +22,9 @@ from recurscan.runtime.launcher import CallArg
 
 H200_SHARED = 227 * 1024
 PLANNED_FORWARD = DeltaShape(64, 4, 3, 4, "tests: a planner row (BV 64, 4 warps, 3 stages)")
+#: The forward (and the backward's recompute) with its sweep as the Gluon twin, by backward shape.
+GLUON_FORWARD = {"Gluon forward sweep": dataclasses.replace(PLANNED_FORWARD, tma_store=True, gluon_sweep=True),
+                 "Gluon forward sweep, checkpoints": dataclasses.replace(PLANNED_FORWARD, gluon_sweep=True)}
 SHAPES = {
     **{f"planned row {i}": shape for i, (_, shape) in enumerate(DELTA_BACKWARD_LAUNCH)},
     "4 warps": DeltaBackwardShape(32, 8, 4, "tests: the parallel stage on 4 warps"),
@@ -32,7 +35,13 @@ SHAPES = {
                                               gluon_sweep=True, sweep_stages=3),
     "Gluon dq and dk": DeltaBackwardShape(64, 4, 4, "tests: dq and dk as their Gluon twin", grads_block_v=32,
                                           scores_warps=4, scores_block_v=128, group_in_kernel=True, gluon_dqdk=True),
+    # The recompute as the forward sweep's Gluon twin (GLUON_FORWARD): from the sequence's start,
+    # and from the forward's checkpoints (a second pass over segments of 4 chunks).
+    "Gluon forward sweep": DELTA_BACKWARD_LAUNCH[1][1],
+    "Gluon forward sweep, checkpoints": DELTA_BACKWARD_LAUNCH[1][1],
 }
+#: Token chunks between checkpoints, by backward shape (none where absent).
+CHECKPOINTS = {"Gluon forward sweep, checkpoints": 4}
 CASES = {"GDN dense, H = HV": (1, None), "GDN varlen, GVA": (1, [0, 1, 300, 1000]),
          "GDP M 2 varlen": (2, [0, 1, 300, 1000])}
 _TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32",
@@ -128,8 +137,9 @@ def case_launches(case: str, shape: str) -> list:
         desc = dict(chunk_indices=build_chunk_descriptors(cu_t, M).chunk_indices_dp,
                     chunk_offsets=expanded_chunk_offsets(cu_t, M))
     launches = build_delta_backward(q, k, v, g, beta, do, dht, scale=K ** -0.5, initial_state=h0,
-                                    use_qk_l2norm_in_kernel=True, cu_seqlens=cu_t, shape=PLANNED_FORWARD,
-                                    backward_shape=SHAPES[shape], num_householder=M, **desc)
+                                    use_qk_l2norm_in_kernel=True, cu_seqlens=cu_t,
+                                    shape=GLUON_FORWARD.get(shape, PLANNED_FORWARD), backward_shape=SHAPES[shape],
+                                    num_householder=M, checkpoint_chunks=CHECKPOINTS.get(shape, 0), **desc)
     # The recompute's launches take the forward's call values, the stages NAMES'; only the
     # values' dtypes and alignment matter to a compile.
     inputs = DeltaInputs(q, k, v, g, beta, h0, None, None, cu_t, desc["chunk_indices"], desc["chunk_offsets"])
@@ -144,21 +154,29 @@ def case_launches(case: str, shape: str) -> list:
         [(s, NAMES, stage_values) for s in launches.steps]
 
 
-def compile_delta_forward(case: str, shape: DeltaShape, describe=None) -> list[str]:
+def compile_delta_forward(case: str, shape: DeltaShape, describe=None, serving: bool = False) -> list[str]:
     """The delta-rule forward's launches (launch/delta.py: the prep, the sweep, a segmented
     sweep's fix-up) for a case of :data:`CASES` in ``shape``, bf16, K = V = 128, one line each
-    (``describe``: as :func:`compile_gla`'s)."""
+    (``describe``: as :func:`compile_gla`'s). ``serving``: with a bf16 state cache in the
+    transposed ``[S, HV, V, K]`` layout and float32 chunk states, in place of h0 and the final state."""
     from recurscan.launch.delta import build_delta_launches
     M, cu, (q, k, v, g, beta, h0) = _delta_case(case)
     K = q.shape[3]
-    cu_t = indices = None
+    cu_t = indices = offsets = state = slots = None
     if cu is not None:
         cu_t = torch.tensor(cu, dtype=torch.int32)
-        indices = build_chunk_descriptors(cu_t, M).chunk_indices_dp
+        d = build_chunk_descriptors(cu_t, M)
+        indices, offsets = d.chunk_indices_dp, d.chunk_offsets
+    serve = {}
+    if serving:
+        state = torch.zeros(8, h0.shape[1], K, K, dtype=torch.bfloat16).transpose(-1, -2)
+        slots, h0 = torch.zeros(h0.shape[0], dtype=torch.int32), None
+        serve = dict(state=state, state_indices=slots, return_chunk_states=True, chunk_offsets=offsets,
+                     num_chunk_rows=40 if cu is not None else None)
     launches = build_delta_launches(q, k, v, g, beta, shape, scale=K ** -0.5, initial_state=h0,
-                                    output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_t,
-                                    chunk_indices_dp=indices, num_householder=M)
-    inputs = DeltaInputs(q, k, v, g, beta, h0, None, None, cu_t, indices, None)
+                                    output_final_state=not serving, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_t,
+                                    chunk_indices_dp=indices, num_householder=M, **serve)
+    inputs = DeltaInputs(q, k, v, g, beta, h0, state, slots, cu_t, indices, offsets if serving else None)
     made = {n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.buffers.items()}
     values = tuple(x if x is not None else torch.zeros(1) for x in
                    tuple(inputs) + tuple(made.get(n) for n in CALL_NAMES[len(inputs):]))
@@ -228,6 +246,25 @@ SWEEP_SHAPES = {
     "group prep, calm gates": DeltaShape(64, 4, 2, 4, "tests: the group prep's calm gates, 2 stages", tma_store=True,
                                          group_prep=True, calm_gates=True),
 }
+
+
+#: The forward sweep's Gluon twin in each pass it takes (a segmented sweep's first pass is the
+#: Triton kernel's): the single pass, phases, the second pass of segments.
+GLUON_SWEEP_SHAPES = {name: dataclasses.replace(SWEEP_SHAPES[name], gluon_sweep=True)
+                      for name in ("one pass", "phases", "segments")}
+
+
+def compile_gluon_forward() -> list[str]:
+    """The delta-rule forward with the sweep's Gluon twin: every shape of :data:`GLUON_SWEEP_SHAPES`
+    (phases dense only), dense and varlen, and the single pass serving a cache with chunk states."""
+    lines = []
+    for name, shape in GLUON_SWEEP_SHAPES.items():
+        for case in ("GDN dense, H = HV",) + (() if name == "phases" else ("GDN varlen, GVA",)):
+            lines += [f"{name}, {case}: {line}" for line in compile_delta_forward(case, shape)]
+    for case in ("GDN dense, H = HV", "GDN varlen, GVA"):
+        lines += [f"serving, {case}: {line}" for line in
+                  compile_delta_forward(case, GLUON_SWEEP_SHAPES["one pass"], serving=True)]
+    return lines
 
 
 def compile_gla_sweep(case: str, shape: str, ssd: bool, describe=None, per_key: bool = False) -> list[str]:
@@ -385,7 +422,9 @@ def compile_descriptors() -> list[str]:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "ssd-gate":
+    if sys.argv[1] == "gluon-forward":
+        print("\n".join(compile_gluon_forward()))
+    elif sys.argv[1] == "ssd-gate":
         print("\n".join(compile_ssd_gate()))
     elif sys.argv[1] in ("gla-sweep", "ssd-sweep", "gla-per-key-sweep"):
         print("\n".join(compile_gla_sweep(sys.argv[2], sys.argv[3], ssd=sys.argv[1] == "ssd-sweep",
