@@ -122,11 +122,17 @@ def _forward_twin_loader(on: bool):
     return load
 
 
+#: ``plan.delta.GLUON_FORWARD_SWEEP.on`` as the planner has it (read before any variant switched it).
+PLANNED_FORWARD_TWIN: list = []
+
+
 def forward_twin_impls() -> list:
     """Ours as planned, and ours with the forward sweep's Gluon twin row the other way (a variant
     in the same process, timed after ours)."""
     from recurscan.plan import delta as plan_delta
-    planned = plan_delta.GLUON_FORWARD_SWEEP.on
+    if not PLANNED_FORWARD_TWIN:
+        PLANNED_FORWARD_TWIN.append(plan_delta.GLUON_FORWARD_SWEEP.on)
+    planned = PLANNED_FORWARD_TWIN[0]
     name = "recurscan, sweep " + ("Triton" if planned else "Gluon")
     return [runner.Impl("recurscan", "ours", _forward_twin_loader(planned), OURS.description, OURS.version),
             runner.Impl(name, "variant", _forward_twin_loader(not planned),
