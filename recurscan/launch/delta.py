@@ -99,6 +99,9 @@ def check_shape(shape: DeltaShape) -> None:
     b = shape.prep_key_block
     if not isinstance(b, int) or isinstance(b, bool) or not (b == 0 or (b >= 16 and b & (b - 1) == 0)):
         raise ValueError(f"DeltaShape.prep_key_block: expected 0 or a power of two >= 16, got {b!r}")
+    r = shape.phase_ratio
+    if r is not None and (isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 < r <= 2):
+        raise ValueError(f"DeltaShape.phase_ratio: expected None or a number in (0, 2], got {r!r}")
     m = shape.prep_maxnreg
     if m is not None and (not isinstance(m, int) or isinstance(m, bool) or not 128 <= m <= 255):
         raise ValueError(f"DeltaShape.prep_maxnreg: expected None or an int in [128, 255], got {m!r}")
@@ -379,7 +382,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         # prep 0, sweep 0, prep 1, sweep 1, ...: each prep after the first is the programmatic
         # dependent of the sweep before it, so it runs on the SMs that sweep leaves free.
         buffers["seg_n"] = ((N, HV, K, V), torch.float32, None)  # the state between phases
-        bounds = phase_bounds(triton.cdiv(T, BT), phases)
+        bounds = phase_bounds(triton.cdiv(T, BT), phases, shape.phase_ratio)
         for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
             c_lo, c_hi = lo * M, min(hi * M, NTe)
             steps.append(Step(prep_kernel, (N * (c_hi - c_lo) * prep_per_chunk,),

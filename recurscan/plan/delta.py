@@ -58,6 +58,10 @@ class DeltaShape:
     # (kernels/gluon/delta_sweep.py; block_v 64 on one warpgroup, num_stages its ring of tile
     # stages): :func:`gluon_forward_sweep` decides.
     gluon_sweep: bool = False
+    # Each phase's length as a fraction of the one before (launch/delta.py's phase_bounds); None:
+    # launch.delta.PHASE_RATIO. A faster sweep covers more chunks while the next phase's prep runs
+    # beside it, so the twin's phases fall off faster (GLUON_FORWARD_SWEEP).
+    phase_ratio: float | None = None
 
 
 @dataclass(frozen=True)
@@ -182,6 +186,10 @@ class DeltaBackwardShape:
     # The reverse sweep as its Gluon twin (kernels/gluon/delta_backward_sweep.py; block_v 64, one
     # warpgroup, sweep_stages its ring of tile stages): :func:`gluon_twins` decides.
     gluon_sweep: bool = False
+    # Each phase's length as a fraction of the one before (launch/delta.py's phase_bounds); None:
+    # launch.delta.PHASE_RATIO. A faster sweep covers more chunks while the next phase's prep runs
+    # beside it, so the twin's phases fall off faster (GLUON_FORWARD_SWEEP).
+    phase_ratio: float | None = None
     # dq and dk in one launch of their Gluon twin (kernels/gluon/delta_backward_dqdk.py): the same;
     # its persistent programs' ring of tile stages of 32 value columns (three: 172 KB of shared
     # memory, one program of eight warps an SM).
@@ -278,6 +286,11 @@ def gluon_sweep_scope(*, householder: int, dtype: torch.dtype, key_dim: int, val
         value_dim % 64 == 0
 
 
+#: The phases' ratio (DeltaShape.phase_ratio) where the sweep runs as its Gluon twin: B1 T16384 H16
+#: HV32 in 6 phases, graph replay, 0.505 ms at 0.8 against 0.513 at 0.75 and 0.525 at 0.9 (the Triton
+#: sweep: 0.529 at 0.9, 0.543 at 0.8; gpu_chunk_delta_forward_twin_*.json).
+GLUON_SWEEP_PHASE_RATIO = 0.8
+
 #: The forward sweep's Gluon twin (kernels/gluon/delta_sweep.py), taken by :func:`gluon_forward_sweep`.
 GLUON_FORWARD_SWEEP = GluonTwinRow(False, "not yet measured against the Triton sweep in the package")
 
@@ -294,7 +307,7 @@ def gluon_forward_sweep(shape: DeltaShape, *, householder: int, dtype: torch.dty
         return shape
     if shape.block_v == 64 and shape.num_warps == 4 and shape.v_product and not shape.group_prep and \
             gluon_sweep_scope(householder=householder, dtype=dtype, key_dim=key_dim, value_dim=value_dim):
-        return replace(shape, gluon_sweep=True)
+        return replace(shape, gluon_sweep=True, phase_ratio=GLUON_SWEEP_PHASE_RATIO)
     return shape
 
 
