@@ -154,19 +154,20 @@ def parse_backward_shape(text):
     group = "group" in flags
     corun = "corun" in flags
     one = "one" in flags
+    rtwin = "rtwin" in flags
     sweep_stages = [int(f[1:]) for f in flags if f[:1] == "s" and f[1:].isdigit()]
     parts, rparts = stages.split(":"), recompute.split(":") if recompute else []
     if len(parts) not in (3, 4, 6) or len(rparts) not in (0, 5) or not all(x.isdigit() for x in parts + rparts) \
-            or len(flags) != group + corun + one + len(sweep_stages):
+            or len(flags) != group + corun + one + rtwin + len(sweep_stages):
         raise ValueError("backward shape: expected BV:sweep warps:dq-dk warps[:its BV[:scores warps:its BV]][+group]"
-                         f"[+sN][+corun][+one][/BV:warps:stages:phases:segments], got {text!r}")
+                         f"[+sN][+corun][+one][+rtwin][/BV:warps:stages:phases:segments], got {text!r}")
     if rparts:
         bv, warps, n_stages, phases, segments = map(int, rparts)
         recompute = DeltaShape(bv, warps, n_stages, 4, "variant", segments=segments, phases=phases,
                                v_product=bv >= 64)
     extra = dict(sweep_stages=sweep_stages[0]) if sweep_stages else {}
     return DeltaBackwardShape(*map(int, parts[:3]), "variant", *map(int, parts[3:]), recompute=recompute or None,
-                              group_in_kernel=group, corun=corun, dqdk_one_launch=one, **extra)
+                              group_in_kernel=group, corun=corun, dqdk_one_launch=one, recompute_twin=rtwin, **extra)
 
 
 def set_backward_shape(text):

@@ -694,9 +694,9 @@ def _twin_steps(launches):
     ("bf16 GDN, BV 64 on one warpgroup", True), ("fp16, K = V = 64", True), ("row off", False),
     ("no usable Gluon", False), ('backend="triton"', False), ("GDP M = 2", False), ("float32", False),
     ("K = 96", False), ("V = 96", False), ("BV 128 on two warpgroups", False), ("BV 32", False),
-    ("V in registers", False), ("group prep", False)])
+    ("V in registers", False), ("group prep", False), ("one pass", False)])
 def test_the_planner_gives_the_sweep_to_its_gluon_twin_only_in_scope(monkeypatch, case, planned):
-    """plan.delta.gluon_forward_sweep (the Gluon rules, docs/kernels-gluon.md): a row of the
+    """plan.delta.gluon_forward_sweep (the Gluon rules, docs/kernels-gluon.md): a phased row of the
     twin's kind (64 value columns, one warpgroup, V a product operand), GDN, 16-bit inputs, K 64 or
     128, V a multiple of 64, Gluon usable here, its row on, the caller not forcing Triton."""
     import dataclasses
@@ -706,7 +706,7 @@ def test_the_planner_gives_the_sweep_to_its_gluon_twin_only_in_scope(monkeypatch
                         dataclasses.replace(plan_delta.GLUON_FORWARD_SWEEP, on=case != "row off"))
     fp16 = case.startswith("fp16")
     given = plan_delta.DeltaShape(128 if "BV 128" in case else 32 if case == "BV 32" else 64,
-                                  8 if "two warpgroups" in case else 4, 3, 4, "test",
+                                  8 if "two warpgroups" in case else 4, 3, 4, "test", phases=1 if case == "one pass" else 6,
                                   v_product=case != "V in registers", group_prep=case == "group prep")
     got = plan_delta.gluon_forward_sweep(
         given, householder=2 if case.startswith("GDP") else 1,
@@ -760,19 +760,23 @@ def test_a_gluon_sweep_outside_its_scope_is_refused(what):
 
 
 @pytest.mark.parametrize("every", [0, 2])
-def test_the_backward_recompute_takes_the_forward_sweeps_twin(every):
+@pytest.mark.parametrize("twin", [True, False])
+def test_the_backward_recompute_takes_the_forward_sweeps_twin_where_its_shape_says(every, twin):
     """The backward's recompute, built from a forward shape with ``gluon_sweep``, runs its sweep
     (no outputs, U and lam o K S stored; from the sequence's start, or a second pass from the
-    forward's checkpoints) on the twin."""
+    forward's checkpoints) on the twin where the backward shape's ``recompute_twin`` says so, else
+    on the Triton sweep in the Triton sweep's phases."""
+    import dataclasses
     from recurscan.launch.delta_backward import build_delta_backward
     from recurscan.plan.delta import DELTA_BACKWARD_LAUNCH, DeltaShape
     q, k, v, do = (torch.zeros(1, 256, 2, 128, dtype=torch.bfloat16) for _ in range(4))
     beta = torch.ones(1, 256, 2, dtype=torch.bfloat16)
     shape = DeltaShape(64, 4, 3, 4, "test", gluon_sweep=True)
+    backward_shape = dataclasses.replace(DELTA_BACKWARD_LAUNCH[1][1], recompute_twin=twin)
     launches = build_delta_backward(q, k, v, torch.zeros(1, 256, 2), beta, do, None, scale=1.0, initial_state=None,
                                     use_qk_l2norm_in_kernel=True, cu_seqlens=None, chunk_indices=None,
-                                    chunk_offsets=None, shape=shape, backward_shape=DELTA_BACKWARD_LAUNCH[1][1],
+                                    chunk_offsets=None, shape=shape, backward_shape=backward_shape,
                                     checkpoint_chunks=every)
     (sweep,) = [s for s in launches.forward.steps if launch_delta.is_sweep_step(s)]
-    assert type(sweep.kernel).__name__ == "GluonJITFunction"
+    assert (type(sweep.kernel).__name__ == "GluonJITFunction") is twin
     assert (sweep.kwargs["PASS"], sweep.kwargs["OUTPUTS"], sweep.kwargs["STORE_U"]) == (2 if every else 0, False, True)

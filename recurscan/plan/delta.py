@@ -195,6 +195,10 @@ class DeltaBackwardShape:
     # memory, one program of eight warps an SM).
     gluon_dqdk: bool = False
     gluon_dqdk_stages: int = 3
+    # The recompute's sweep (no outputs; U and lam o K S stored) on the forward sweep's Gluon twin
+    # where the forward's shape has it (DeltaShape.gluon_sweep); False: the Triton sweep, in the
+    # Triton sweep's phases (launch.delta.PHASE_RATIO).
+    recompute_twin: bool = False
 
 
 # The parallel stage's rows share their shape: the scores kernel steps 128 value columns on 4 warps
@@ -292,20 +296,28 @@ def gluon_sweep_scope(*, householder: int, dtype: torch.dtype, key_dim: int, val
 GLUON_SWEEP_PHASE_RATIO = 0.8
 
 #: The forward sweep's Gluon twin (kernels/gluon/delta_sweep.py), taken by :func:`gluon_forward_sweep`.
-GLUON_FORWARD_SWEEP = GluonTwinRow(False, "not yet measured against the Triton sweep in the package")
+GLUON_FORWARD_SWEEP = GluonTwinRow(True, "the forward sweep (kernels/gluon/delta_sweep.py) in phases, graph "
+                                         "replay, bf16, l2norm, same process (gpu_chunk_delta_forward_twin_*.json): "
+                                         "B1 T16384 H16 HV32 0.504 ms against the Triton sweep's 0.529 (eager 0.518 "
+                                         "against 0.539), B1 T65536 1.814 against 1.953 (eager 1.808 against 1.964); "
+                                         "training B1 T16384 2.340 ms against 2.373 (gpu_delta_train_forward_twin_"
+                                         "314afa0.json). In one pass it gained within noise (B4 T4096 0.242 against "
+                                         "0.244) and the B4 training step lost (1.217 against 1.156), so only phased "
+                                         "rows take it. The Triton sweep's bits (tests/gpu/test_gluon_sweep_gpu.py)")
 
 
 def gluon_forward_sweep(shape: DeltaShape, *, householder: int, dtype: torch.dtype, key_dim: int, value_dim: int,
                         device: torch.device, twin_only: bool = False) -> DeltaShape:
-    """``shape`` with its sweep given to the Gluon twin where the twin runs here
-    (``plan.device.gluon_usable``), the row is its kind (64 value columns on one warpgroup, V as a
-    product operand), the problem is within :func:`gluon_sweep_scope` and :data:`GLUON_FORWARD_SWEEP`
-    is on; ``shape`` as it is otherwise, and where the caller forced the Triton kernels
-    (``twin_only``). A call the twin cannot take (unaligned inputs, strided outputs; launch/delta.py
-    checks) runs the Triton sweep."""
+    """``shape`` with its sweep given to the Gluon twin, its phases falling off by
+    :data:`GLUON_SWEEP_PHASE_RATIO`, where the twin runs here (``plan.device.gluon_usable``), the row
+    is phased and of the twin's kind (64 value columns on one warpgroup, V as a product operand), the
+    problem is within :func:`gluon_sweep_scope` and :data:`GLUON_FORWARD_SWEEP` is on; ``shape`` as
+    it is otherwise, and where the caller forced the Triton kernels (``twin_only``). A call the twin
+    cannot take (unaligned inputs, strided outputs; launch/delta.py checks) runs the Triton sweep."""
     if twin_only or not GLUON_FORWARD_SWEEP.on or not gluon_usable(device):
         return shape
-    if shape.block_v == 64 and shape.num_warps == 4 and shape.v_product and not shape.group_prep and \
+    if shape.phases > 1 and shape.block_v == 64 and shape.num_warps == 4 and shape.v_product and \
+            not shape.group_prep and \
             gluon_sweep_scope(householder=householder, dtype=dtype, key_dim=key_dim, value_dim=value_dim):
         return replace(shape, gluon_sweep=True, phase_ratio=GLUON_SWEEP_PHASE_RATIO)
     return shape

@@ -151,21 +151,15 @@ def test_non_finite_input_of_one_sequence_replays_as_the_triton_sweep():
     assert torch.isnan(poisoned[0][:, 500:1000]).any() and not torch.isnan(poisoned[0][:, 100:500]).any()
 
 
-@pytest.mark.parametrize("B, T, H, HV, K, every", [(4, 4096, 16, 16, 128, 0), (1, 16384, 16, 32, 128, 0),
-                                                 (1, 8192, 4, 8, 64, 4)],
-                         ids=["B4 H=HV=16 (prep kept)", "B1 T16384 HV32 (phases, beside the reverse sweep)",
-                              "K=V=64 from checkpoints"])
-def test_training_on_the_twin_gives_the_same_gradients(monkeypatch, B, T, H, HV, K, every):
-    """A bf16 GDN forward + backward through the op with the forward sweep's twin planned (its
-    forward, and the backward's recompute on it: a single pass, phases, or a second pass from the
-    forward's checkpoints) gives the outputs and every gradient of the run with it off, bit for bit
-    (the backward's own twins planned in both)."""
+def test_training_on_the_twin_gives_the_same_outputs_and_gradients(monkeypatch):
+    """A bf16 GDN forward + backward through the op at B1 T16384 H16 HV32 (the planner's phased row)
+    with the forward sweep's twin planned gives the outputs and every gradient of the run with it
+    off, bit for bit (the backward's own twins planned in both; the Triton run first checked to
+    repeat its own bits)."""
     from recurscan.plan import delta as plan_delta
     from recurscan.runtime.cache import clear_caches
-    x = inputs(B, T, H, HV, K, K, seed=6)
-    if every:
-        monkeypatch.setattr(plan_delta, "checkpoint_chunks_for_backward", lambda problem, device: every)
-    do = torch.randn(B, T, HV, K, device=DEV).bfloat16()
+    x = inputs(1, 16384, 16, 32, seed=6)
+    do = torch.randn(1, 16384, 32, 128, device=DEV).bfloat16()
 
     def step(on):
         monkeypatch.setattr(plan_delta, "GLUON_FORWARD_SWEEP", dataclasses.replace(plan_delta.GLUON_FORWARD_SWEEP,
@@ -183,9 +177,35 @@ def test_training_on_the_twin_gives_the_same_gradients(monkeypatch, B, T, H, HV,
         assert torch.equal(bits(a), bits(c)), f"{name}: {int((a != c).sum())} elements differ"
 
 
+@pytest.mark.parametrize("B, T, H, HV, phases, every", [(4, 4096, 16, 16, 1, 0), (1, 16384, 16, 32, 6, 0),
+                                                      (1, 8192, 4, 8, 1, 4)],
+                         ids=["B4 H=HV=16 one pass", "B1 T16384 HV32 phases", "from checkpoints"])
+def test_the_recompute_on_the_twin_gives_the_same_gradients(B, T, H, HV, phases, every):
+    """The backward's recompute on the forward sweep's twin (``recompute_twin``: no outputs, the
+    chunk states, U and lam o K S stored; from the sequence's start in one pass or in phases, or a
+    second pass from the forward's checkpoints) gives every gradient of the recompute on the Triton
+    sweep, bit for bit."""
+    from recurscan.launch.delta_backward import chunk_delta_bwd
+    from recurscan.plan.delta import DELTA_BACKWARD_LAUNCH, DeltaShape
+    x = inputs(B, T, H, HV, seed=7)
+    do = torch.randn(B, T, HV, 128, device=DEV).bfloat16()
+    shape = DeltaShape(64, 4, 3, 4, "test", tma_store=True, phases=phases, gluon_sweep=True, phase_ratio=0.8)
+    kw = dict(use_qk_l2norm_in_kernel=True, shape=shape)
+    if every:
+        fwd = delta_launches(*x, **TWIN, use_qk_l2norm_in_kernel=True, checkpoint_chunks=every)
+        kw.update(checkpoints=run_delta_launches(fwd, tuple(x))[-1], checkpoint_chunks=every)
+    got = {twin: chunk_delta_bwd(*x, do, backward_shape=dataclasses.replace(DELTA_BACKWARD_LAUNCH[1][1],
+                                                                           recompute_twin=twin), **kw)
+           for twin in (False, True)}
+    for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta"), got[False], got[True]):
+        assert torch.isfinite(a).all(), name
+        assert torch.equal(bits(a), bits(b)), f"{name}: {int((a != b).sum())} elements differ"
+
+
 def test_the_planner_gives_the_sweep_to_its_twin_only_where_allowed(monkeypatch):
-    """With the row on: the B1 T16384 HV32 problem plans the twin (its phases), the HV64 one (128
-    columns on two warpgroups) and GDP do not, and ``backend="triton"`` never."""
+    """With the row on: the B1 T16384 HV32 problem plans the twin (its phases); B4 T4096 (one
+    pass), the HV64 one (128 columns on two warpgroups) and GDP do not, and ``backend="triton"``
+    never."""
     from recurscan.plan import delta as plan_delta, plan
     from recurscan.problem import DeltaProblem
     monkeypatch.setattr(plan_delta, "GLUON_FORWARD_SWEEP", dataclasses.replace(plan_delta.GLUON_FORWARD_SWEEP,
@@ -199,6 +219,7 @@ def test_the_planner_gives_the_sweep_to_its_twin_only_where_allowed(monkeypatch)
         return plan("delta_rule", problem, dev, backend=backend).launch
 
     assert shape(1, 16384, 16, 32).gluon_sweep and shape(1, 16384, 16, 32).phases == 6
+    assert not shape(4, 4096, 16, 16).gluon_sweep  # one pass: the Triton sweep
     assert not shape(4, 8192, 16, 64).gluon_sweep
     assert not shape(4, 4096, 16, 16, M=2).gluon_sweep
     assert not shape(1, 16384, 16, 32, backend="triton").gluon_sweep

@@ -37,8 +37,8 @@ SHAPES = {
                                           scores_warps=4, scores_block_v=128, group_in_kernel=True, gluon_dqdk=True),
     # The recompute as the forward sweep's Gluon twin (GLUON_FORWARD): from the sequence's start,
     # and from the forward's checkpoints (a second pass over segments of 4 chunks).
-    "Gluon forward sweep": DELTA_BACKWARD_LAUNCH[1][1],
-    "Gluon forward sweep, checkpoints": DELTA_BACKWARD_LAUNCH[1][1],
+    "Gluon forward sweep": dataclasses.replace(DELTA_BACKWARD_LAUNCH[1][1], recompute_twin=True),
+    "Gluon forward sweep, checkpoints": dataclasses.replace(DELTA_BACKWARD_LAUNCH[1][1], recompute_twin=True),
 }
 #: Token chunks between checkpoints, by backward shape (none where absent).
 CHECKPOINTS = {"Gluon forward sweep, checkpoints": 4}
