@@ -227,7 +227,10 @@ DELTA_BACKWARD_LAUNCH: list[tuple[Callable[[int, int, int, int], bool], DeltaBac
                         "2.613 ms against 2.758 with the recompute from checkpoints after it (2.675 with "
                         "checkpoints beside it). Where the SMs are full it loses: B4 T4096 1.305 against "
                         "1.268, GDP M2 2.610 against 2.526 (gpu_delta_train_corun_wip.json). With the 32-column dq/dk step: "
-                        "B1 2.540 against 60f978f's 2.755 (gpu_delta_train_c2ee13b.json)", corun=True, **_STAGE)),
+                        "B1 2.540 against 60f978f's 2.755 (gpu_delta_train_c2ee13b.json). Where the forward's sweep "
+                        "is the Gluon twin (its phases), the recompute is too: B1 2.340 ms against 2.355 with the "
+                        "Triton recompute (gpu_delta_train_forward_twin_fe0cd93.json)", corun=True, recompute_twin=True,
+                        **_STAGE)),
     (lambda pairs, v, sms, group: group == 1,
      DeltaBackwardShape(64, 4, 4, _REVERSE_SWEEP + ". One value head a q/k head: dk, then dq, in one launch (the "
                         "second pass reads q, k and S from L2): B4 T4096 1.228 / 1.232 ms against 1.252 / 1.256 "
