@@ -248,7 +248,19 @@ def delta_backward_shape(pairs: int, value_dim: int, device: torch.device, group
     heads) independent reverse sweeps over V = ``value_dim`` columns on ``device``, ``group`` value
     heads to a q/k head."""
     sms = sm_count(device)
-    return next(shape for applies, shape in DELTA_BACKWARD_LAUNCH if applies(pairs, value_dim, sms, group))
+    shape = next(shape for applies, shape in DELTA_BACKWARD_LAUNCH if applies(pairs, value_dim, sms, group))
+    if not shape.dqdk_one_launch and value_dim < DQ_LAUNCH_MIN_V32:
+        shape = replace(shape, grads_block_v=16)
+    return shape
+
+
+#: The least V at which dq's launch of its own (DQDK_DQ, the rows without ``dqdk_one_launch``) steps
+#: 32 value columns; below it 16. On the H200 with Triton 3.6, at V = 64 (two steps of 32) that launch
+#: gave other dq and dg bits from run to run (B1 T8192 H4 HV8 K = V = 64: up to 3315 dq elements of 2.1 M
+#: over four runs), at 16 columns the same bits every run, as at 32 columns with V = 128 and 256
+#: (tests/gpu/test_delta_grad_gpu.py); dk then dq in one launch repeated its bits at V = 64 and 32
+#: columns (diag_k64_4d1f570.log). Cause not isolated (Triton's software pipelining of a two-step loop).
+DQ_LAUNCH_MIN_V32 = 128
 
 
 #: Tile stages of the Gluon reverse sweep's ring (shared memory: 56 KB a stage at K = 128, plus
