@@ -344,7 +344,7 @@ def test_the_planner_overlaps_or_checkpoints_the_recompute_where_the_reverse_swe
         assert plan_delta.delta_backward_shape(64, 128, b4.device, group=2).grads_block_v == 32
         assert plan_delta.delta_backward_shape(64, 64, b4.device, group=2).grads_block_v == 16
         assert plan_delta.delta_backward_shape(8, 64, b4.device, group=2).grads_block_v == 16
-        assert plan_delta.delta_backward_shape(64, 64, b4.device, group=1).grads_block_v == 32
+        assert plan_delta.delta_backward_shape(128, 64, b4.device, group=1).grads_block_v == 32
         assert plan_delta.keep_prep_for_backward(b1) and not plan_delta.keep_prep_for_backward(b1_64)
         assert plan_delta.checkpoint_chunks_for_backward(b1, b1.device) == 0
         assert plan_delta.checkpoint_chunks_for_backward(b1_64, b1.device) == 4
