@@ -4,6 +4,10 @@ the twin being the readable reference and what the interpreter tests. The rules 
 measured faster) are in docs/kernels-gluon.md; whether this process may launch them is
 ``plan.device.gluon_usable``. Nothing here is imported unless the planner chose a twin.
 
+- :mod:`.delta_sweep`: the delta rule's forward sweep (twin: ``kernels/delta/sweep.py``'s
+  ``chunk_delta_sweep_kernel``).
 - :mod:`.delta_backward_sweep`: the delta rule's reverse sweep
   (twin: ``kernels/delta/backward.py``'s ``chunk_delta_bwd_sweep_kernel``).
+- :mod:`.delta_backward_dqdk`: dq and dk of the delta rule's backward
+  (twin: ``kernels/delta/backward.py``'s ``chunk_delta_bwd_dqdk_kernel``).
 """
