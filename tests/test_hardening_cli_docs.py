@@ -313,4 +313,4 @@ def test_readme_says_how_to_get_the_cpu_build_of_pytorch():
     assert "--index-url https://download.pytorch.org/whl/cpu" in readme
     # The two set-up commands CI runs (.ci/run) are unchanged.
     assert "    python3 -m pip install -r requirements/cpu.txt -e . && recurscan\n" in readme
-    assert '    python3 -m pip install -r requirements/cpu.txt -e ".[test]" && python3 -m pytest -q\n' in readme
+    assert '    python3 -m pip install -r requirements/cpu.txt -e ".[test]" && python3 -m pytest -q -n auto\n' in readme
