@@ -14,12 +14,42 @@ from tests.helpers.sm90 import CASES, SHAPES, SWEEP_SHAPES
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+class _Compiler:
+    """tests/helpers/sm90.py serving compiles in a process of its own without the interpreter,
+    started on the first request of this test process and kept for the rest: its imports (~4 s)
+    once rather than once a test."""
+
+    process = None
+
+    @classmethod
+    def run(cls, argv, timeout=600):
+        import json
+        import select
+        from types import SimpleNamespace
+
+        from tests.helpers.sm90 import ANSWER
+        if cls.process is None or cls.process.poll() is not None:
+            env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+            env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+            cls.process = subprocess.Popen([sys.executable, "-m", "tests.helpers.sm90", "serve"], cwd=ROOT, env=env,
+                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        cls.process.stdin.write(json.dumps(list(argv)) + "\n")
+        cls.process.stdin.flush()
+        while True:
+            ready, _, _ = select.select([cls.process.stdout], [], [], timeout)
+            line = cls.process.stdout.readline() if ready else ""
+            if not line:  # timed out, or the process ended: the next request starts another
+                cls.process.kill()
+                cls.process = None
+                return SimpleNamespace(returncode=1, stdout="", stderr=f"sm90 compile process: no answer to {argv}")
+            if line.startswith(ANSWER):
+                return SimpleNamespace(**json.loads(line[len(ANSWER):]))
+
+
 def compile_offline(*argv):
-    """tests/helpers/sm90.py with ``argv``, in a process without the interpreter."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, "-m", "tests.helpers.sm90", *argv], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    """tests/helpers/sm90.py's lines for ``argv`` (its command line), compiled without the
+    interpreter: an object with its ``returncode``, ``stdout`` and ``stderr``."""
+    return _Compiler.run(argv)
 
 
 #: The Gluon twins' cases: each takes GDN (M = 1), GVA too.

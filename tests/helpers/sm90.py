@@ -421,25 +421,53 @@ def compile_descriptors() -> list[str]:
     return lines
 
 
+def lines_for(argv: list[str]) -> list[str]:
+    """The compiled lines of one command line of this module (its docstring's forms)."""
+    if argv[0] == "gluon-forward":
+        return compile_gluon_forward()
+    if argv[0] == "ssd-gate":
+        return compile_ssd_gate()
+    if argv[0] in ("gla-sweep", "ssd-sweep", "gla-per-key-sweep"):
+        return compile_gla_sweep(argv[1], argv[2], ssd=argv[0] == "ssd-sweep", per_key=argv[0] == "gla-per-key-sweep")
+    if argv[0] == "descriptors":
+        return compile_descriptors()
+    if argv[0] in ("gla-backward", "gla-per-key-backward", "gla-sweep-backward", "gla-group-sweep-backward"):
+        return compile_gla_backward(argv[1], per_key=argv[0] == "gla-per-key-backward",
+                                    on_sweep=argv[0].endswith("sweep-backward"),
+                                    group_prep=argv[0] == "gla-group-sweep-backward")
+    if argv[0] in ("gla", "gla-chunk-states", "gla-per-key", "gla-split", "ssd", "ssd-cache", "ssd-seq-idx",
+                   "ssd-split"):
+        return compile_gla(argv[1], ssd=argv[0].startswith("ssd"), cache=argv[0] == "ssd-cache",
+                           seq_idx=argv[0] in ("ssd-seq-idx", "ssd-split"), chunk_states=argv[0] == "gla-chunk-states",
+                           per_key=argv[0] == "gla-per-key", split=argv[0].endswith("split"))
+    return compile_case(*argv[:2])
+
+
+#: What starts each answer line of :func:`serve` (anything else a compile prints is not one).
+ANSWER = "@@sm90@@ "
+
+
+def serve() -> None:
+    """Compile one command line per line of stdin (a JSON list of its arguments) and answer each with
+    one line, :data:`ANSWER` and the JSON of ``{"returncode", "stdout", "stderr"}``: one process
+    (its imports once, ~4 s) for every case a test process asks for (tests/test_sm90_compile.py)."""
+    import contextlib
+    import json
+    import traceback
+    answers = sys.stdout
+    for line in sys.stdin:
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                lines = lines_for(json.loads(line))
+            answer = dict(returncode=0, stdout="\n".join(lines) + "\n", stderr="")
+        except BaseException:  # noqa: BLE001 - the asking test reports it
+            answer = dict(returncode=1, stdout="", stderr=traceback.format_exc())
+        answers.write(ANSWER + json.dumps(answer) + "\n")
+        answers.flush()
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "gluon-forward":
-        print("\n".join(compile_gluon_forward()))
-    elif sys.argv[1] == "ssd-gate":
-        print("\n".join(compile_ssd_gate()))
-    elif sys.argv[1] in ("gla-sweep", "ssd-sweep", "gla-per-key-sweep"):
-        print("\n".join(compile_gla_sweep(sys.argv[2], sys.argv[3], ssd=sys.argv[1] == "ssd-sweep",
-                                           per_key=sys.argv[1] == "gla-per-key-sweep")))
-    elif sys.argv[1] == "descriptors":
-        print("\n".join(compile_descriptors()))
-    elif sys.argv[1] in ("gla-backward", "gla-per-key-backward", "gla-sweep-backward", "gla-group-sweep-backward"):
-        print("\n".join(compile_gla_backward(sys.argv[2], per_key=sys.argv[1] == "gla-per-key-backward",
-                                              on_sweep=sys.argv[1].endswith("sweep-backward"),
-                                              group_prep=sys.argv[1] == "gla-group-sweep-backward")))
-    elif sys.argv[1] in ("gla", "gla-chunk-states", "gla-per-key", "gla-split", "ssd", "ssd-cache", "ssd-seq-idx",
-                         "ssd-split"):
-        print("\n".join(compile_gla(sys.argv[2], ssd=sys.argv[1].startswith("ssd"), cache=sys.argv[1] == "ssd-cache",
-                                    seq_idx=sys.argv[1] in ("ssd-seq-idx", "ssd-split"),
-                                    chunk_states=sys.argv[1] == "gla-chunk-states",
-                                    per_key=sys.argv[1] == "gla-per-key", split=sys.argv[1].endswith("split"))))
+    if sys.argv[1] == "serve":
+        serve()
     else:
-        print("\n".join(compile_case(*sys.argv[1:3])))
+        print("\n".join(lines_for(sys.argv[1:])))
