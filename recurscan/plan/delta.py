@@ -186,10 +186,6 @@ class DeltaBackwardShape:
     # The reverse sweep as its Gluon twin (kernels/gluon/delta_backward_sweep.py; block_v 64, one
     # warpgroup, sweep_stages its ring of tile stages): :func:`gluon_twins` decides.
     gluon_sweep: bool = False
-    # Each phase's length as a fraction of the one before (launch/delta.py's phase_bounds); None:
-    # launch.delta.PHASE_RATIO. A faster sweep covers more chunks while the next phase's prep runs
-    # beside it, so the twin's phases fall off faster (GLUON_FORWARD_SWEEP).
-    phase_ratio: float | None = None
     # dq and dk in one launch of their Gluon twin (kernels/gluon/delta_backward_dqdk.py): the same;
     # its persistent programs' ring of tile stages of 32 value columns (three: 172 KB of shared
     # memory, one program of eight warps an SM).
