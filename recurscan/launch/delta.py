@@ -452,7 +452,8 @@ def _sweep_kernel(shape: DeltaShape, q, k, v, BV: int, tma_ok: bool, *, wy, ssd,
                          f"num_warps = {shape.num_warps}, v_product = {shape.v_product})")
     aligned = all(not x.is_contiguous() or x.data_ptr() % 16 == 0 for x in (q, k, v))
     in_slot = (K - 1) * state_strides[2] + (V - 1) * state_strides[3]
-    if not (aligned and tma_ok and chunk_state_rows * v.shape[2] * K < 2 ** 31 and in_slot < 2 ** 31):
+    # A chunk-state row out of range is moved to row chunk_state_rows, whose coordinates must fit too.
+    if not (aligned and tma_ok and (chunk_state_rows + 1) * v.shape[2] * K < 2 ** 31 and in_slot < 2 ** 31):
         return chunk_delta_sweep_kernel
     from ..kernels.gluon.delta_sweep import gluon_sweep_kernel
     return gluon_sweep_kernel

@@ -18,7 +18,7 @@ What differs from the twin is how a chunk's work is scheduled, per program (one 
 4. Each chunk's row coefficients are loaded one chunk ahead in a compact layout (one register a
    vector) and moved into the products' layout where used.
 
-Scope (``plan.delta.gluon_forward_sweep_scope``; the launch layer checks the call): GDN (M = 1,
+Scope (``plan.delta.gluon_sweep_scope``; the launch layer checks the call): GDN (M = 1,
 the WY step on, V as a product operand), 16-bit inputs, K 64 or 128, V a multiple of BV = 64,
 PASS 0 (one pass), 2 (a segmented sweep's second pass, and the recompute from checkpoints) and 3
 (a phase); no replay (the twin's REPLAY launch runs after this one, on the flags it raises).
