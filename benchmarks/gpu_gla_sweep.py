@@ -74,16 +74,23 @@ def rows_for(name, make_call, want, tagged, peers):
     return rows + time_impls(name, peers, want)
 
 
+#: The parallel stage's programs an SM that the training rows also try (``--grads-waves``).
+GRADS_WAVES: list[int] = []
+
+
 def train_rows():
     """Forward + backward (every input's gradient, one fixed upstream gradient), eager, L2 flushed:
-    the planner's form, and for SSD the same with the delta prep alone (no group prep), beside the
-    peers that train here (mamba_ssm; fla's simple-GLA backward refuses on Triton 3.6 without
+    the planner's form, and for SSD the same with the delta prep alone (no group prep), with one
+    value head a program of the parallel stage, and with the group's heads split for
+    :data:`GRADS_WAVES` programs an SM (plan.gla.GROUP_GRADS_WAVES), beside the peers that train here (mamba_ssm; fla's simple-GLA backward refuses on Triton 3.6 without
     TileLang)."""
     from benchmarks.gpu_gla import SSD_GRADS, time_train, train_step
     from benchmarks.runner import NotInstalled, load_mamba
     from recurscan.runtime.cache import clear_caches
     rows = []
-    forms = {"recurscan triton": {}, "recurscan triton, the delta prep": dict(GROUP_PREP_MIN_HEADS=None)}
+    forms = {"recurscan triton": {}, "recurscan triton, the delta prep": dict(GROUP_PREP_MIN_HEADS=None),
+             "recurscan triton, one value head a grads program": dict(GROUP_GRADS_MIN_HEADS=None),
+             **{f"recurscan triton, grads at {w} programs an SM": dict(GROUP_GRADS_WAVES=w) for w in GRADS_WAVES}}
 
     def timed(name, step, peers, variants=True):
         out = []
@@ -123,7 +130,10 @@ def main():
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--train", action="store_true", help="also forward + backward: the planner's form and SSD's "
                                                           "variants (train_rows), beside the peers")
+    ap.add_argument("--grads-waves", type=int, action="append", default=[],
+                    help="with --train: SSD's rows also with the parallel stage's group split for N programs an SM")
     args = ap.parse_args()
+    GRADS_WAVES.extend(args.grads_waves)
     gpu_gla.PROFILE = args.profile
     tagged = variants(args.sweep)
     rows = []

@@ -9,7 +9,7 @@ import torch
 
 import recurscan
 from recurscan.reference.gla import gla_chunked, gla_naive
-from tests.helpers.gla_forms import PER_KEY_FORMS, use_form, use_per_key_form
+from tests.helpers.gla_forms import PER_KEY_FORMS, use_form, use_grads_form, use_per_key_form
 from tests.helpers.tolerances import assert_like_fp32, relative_rms
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -138,12 +138,32 @@ def test_triton_gradients_match_autograd_through_the_token_loop(case, optional, 
     """Every gradient (q, k, v, g, the initial state; a gradient into the final state too) of the
     Triton path (kernels/gla/backward.py) against autograd through the float64 token loop,
     bounded by the float32 band."""
+    use_grads_form("per head", monkeypatch)
+    check_gradients(GRAD_CASES[case], case, optional, recompute, monkeypatch)
+
+
+GROUP_GRAD_CASES = {
+    "dense, T 130, a group of 4, V 24": dict(B=2, T=130, H=1, HV=4, cu=None, V=24),
+    "varlen, one-token sequences, 2 groups of 4": dict(B=1, T=200, H=2, HV=8, cu=[0, 1, 2, 66, 67, 200], V=16),
+}
+
+
+@pytest.mark.parametrize("case", list(GROUP_GRAD_CASES))
+@pytest.mark.parametrize("optional", ["all", "no_g_no_h0"])
+@pytest.mark.parametrize("grads", ["group", "group in shares"])
+def test_gradients_with_a_groups_value_heads_summed_in_one_program(case, optional, grads, monkeypatch):
+    """The parallel stage summing a query/key head's value heads in its programs (HEADS > 1: one
+    program, or two whose shares are summed after): every gradient as above."""
+    use_grads_form(grads, monkeypatch)
+    check_gradients(GROUP_GRAD_CASES[case], case, optional, "sweep, group prep", monkeypatch)
+
+
+def check_gradients(c, case, optional, recompute, monkeypatch):
     from recurscan.plan import gla as plan_gla
     monkeypatch.setattr(plan_gla, "GLA_LAUNCH", dataclasses.replace(plan_gla.GLA_LAUNCH,
                                                                     recompute_on_sweep=recompute != "fused"))
     if recompute == "sweep, group prep":
         use_form(recompute, monkeypatch)
-    c = GRAD_CASES[case]
     q, k, v, g = gla_inputs(c["B"], c["T"], c["H"], c["HV"], 16, c["V"], seed=len(case))
     cu = None if c["cu"] is None else torch.tensor(c["cu"])
     N = c["B"] if cu is None else len(c["cu"]) - 1

@@ -6,7 +6,7 @@ import torch
 
 import recurscan
 from recurscan.reference.ssd import ssd_chunked, ssd_naive
-from tests.helpers.gla_forms import use_form
+from tests.helpers.gla_forms import use_form, use_grads_form
 from tests.helpers.tolerances import assert_like_fp32
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -172,22 +172,29 @@ def test_what_the_triton_path_refuses():
                                             state_indices=torch.tensor([0], dtype=torch.int32), backend="triton")
 
 
-@pytest.mark.parametrize("extras, form", [("D per head, z", "sweep"), ("D per channel, no z", "sweep"),
-                                         ("no D, no z", "sweep"), ("D per head, z", "sweep, group prep")])
+@pytest.mark.parametrize("extras, form, grads", [("D per head, z", "sweep", "per head"),
+                                                ("D per channel, no z", "sweep", "per head"),
+                                                ("no D, no z", "sweep", "per head"),
+                                                ("D per head, z", "sweep, group prep", "per head"),
+                                                ("D per head, z", "sweep, group prep", "group"),
+                                                ("D per channel, no z", "sweep", "group in shares")])
 @pytest.mark.parametrize("cu", [None, [0, 1, 70, 130]])
-def test_triton_gradients_match_autograd_through_the_token_loop(cu, extras, form, monkeypatch):
+def test_triton_gradients_match_autograd_through_the_token_loop(cu, extras, form, grads, monkeypatch):
     """Gradients of x, dt, A, B, C, D, z, dt_bias and the initial states through the Triton path
     (the GLA kernels' backward, the elementwise prologue and epilogue by autograd) against
-    autograd through the float64 token loop; the forward and the backward's recompute in ``form``."""
+    autograd through the float64 token loop; the forward and the backward's recompute in ``form``,
+    the parallel stage in ``grads`` (tests/helpers/gla_forms.py; 8 heads in 2 groups there)."""
     use_form(form, monkeypatch)
+    use_grads_form(grads, monkeypatch)
     Bt = 2 if cu is None else 1
-    x = ssd_inputs(Bt, 130, 4, 2, seed=7)
+    H = 4 if grads == "per head" else 8
+    x = ssd_inputs(Bt, 130, H, 2, seed=7)
     gen = torch.Generator().manual_seed(8)
     r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
     n = Bt if cu is None else len(cu) - 1
-    extra = dict(D=r(4), z=r(Bt, 130, 4, 8), dt_bias=r(4), initial_states=r(n, 4, 8, 16))
+    extra = dict(D=r(H), z=r(Bt, 130, H, 8), dt_bias=r(H), initial_states=r(n, H, 8, 16))
     if extras == "D per channel, no z":
-        extra.update(D=r(4, 8), z=None)
+        extra.update(D=r(H, 8), z=None)
     elif extras == "no D, no z":
         extra.update(D=None, z=None)
     cu_t = None if cu is None else torch.tensor(cu)

@@ -13,6 +13,7 @@ from ..descriptors import CHUNK_SIZE
 from ..kernels.gla.forward import chunk_simple_gla_fwd_kernel
 from ..kernels.group_sum import group_sum_kernel
 from ..plan import gla as plan_gla
+from ..plan.device import sm_count
 from ..plan.gla import GlaShape
 from ..runtime.cache import SignatureCache, launch_key
 from ..runtime.launcher import CallArg, compile_in_background, jit_launch
@@ -296,8 +297,9 @@ GLA_BACKWARD_LAUNCHES = SignatureCache("chunked GLA backward")
 class GlaBackward:
     """A backward call's launches for one signature: the forward again for the chunk states, then
     ``steps`` (the reverse sweep and the parallel stage, per-call tensors by :data:`BWD_NAMES`) on
-    ``buffers`` (name -> (shape, dtype)); under GVA (``gva``) two more steps sum dq and dk over
-    each group of value heads into ``dq_sum`` and ``dk_sum`` (kernels/group_sum.py). ``forward``:
+    ``buffers`` (name -> (shape, dtype)); where the parallel stage leaves dq and dk in shares (a
+    value head's, or a few value heads', ``gva``) two more steps sum each query/key head's shares
+    into ``dq_sum`` and ``dk_sum`` (kernels/group_sum.py; plan.gla.grads_heads). ``forward``:
     the GLA kernels' recompute, or for a scalar decay planned on the delta sweep
     (``GlaShape.sweep``) that sweep's launches for the states alone (:func:`_recompute_on_sweep`)."""
 
@@ -336,8 +338,12 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     BK, BV = max(16, triton.next_power_of_2(K)), min(32, max(16, triton.next_power_of_2(V)))
     f32 = torch.float32
-    buffers = dict(dstates=((rows, HV, K, V), q.dtype), dv=((B, T, HV, V), f32), dq=((B, T, HV, K), f32),
-                   dk=((B, T, HV, K), f32), scratch=((rows * HV, BT, BT), q.dtype))
+    # The parallel stage's programs: HEADS value heads each, SPLIT per query/key head, whose shares
+    # of dq and dk two more steps sum where SPLIT > 1.
+    heads = plan_gla.grads_heads(rows, H, HV, K, V, per_key, sm_count(q.device))
+    split = HV // H // heads
+    buffers = dict(dstates=((rows, HV, K, V), q.dtype), dv=((B, T, HV, V), f32), dq=((B, T, H * split, K), f32),
+                   dk=((B, T, H * split, K), f32), scratch=((rows * H * split, BT, BT), q.dtype))
     if g is not None:
         buffers["dg"] = ((B, T, HV, K) if per_key else (B, T, HV), f32)
     if h0 is not None:
@@ -352,18 +358,21 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
         STORE_DH0=h0 is not None, qg=arg("qg", per_key), kg=arg("kg", per_key),
         aqk=arg("scores") if group else arg("aqk", per_key), dl=arg("dl", per_key), PER_KEY=per_key,
         coef=arg("coef", group), GATE_SCORES=group), dict(num_warps=4))
-    grads = Step(chunk_simple_gla_bwd_grads_kernel, (rows * HV,), dict(
+    grouped = heads > 1
+    grads = Step(chunk_simple_gla_bwd_grads_kernel, (rows * H * split,), dict(
         common, q=arg("q"), k=arg("k"), v=arg("v"), g=arg("g", g is not None), do=arg("do"), states=arg("states"),
         dstates=arg("dstates"), dq=arg("dq"), dk=arg("dk"), dg=arg("dg", g is not None), scratch=arg("scratch"),
-        chunk_indices=arg("chunk_indices", varlen), n_seq=N, PER_KEY=per_key), dict(num_warps=8))
+        chunk_indices=arg("chunk_indices", varlen), n_seq=N, PER_KEY=per_key, HEADS=heads,
+        BV=max(16, triton.next_power_of_2(V)) if grouped else BV),
+        dict(num_warps=8, num_stages=plan_gla.GROUP_GRADS_STAGES) if grouped else dict(num_warps=8))
     steps = [sweep, grads]
-    if HV != H:  # dq, dk per value head -> per q/k head
+    if split > 1:  # the programs' shares of dq and dk -> per q/k head
         buffers.update(dq_sum=((B, T, H, K), f32), dk_sum=((B, T, H, K), f32))
         for name in ("dq", "dk"):
             steps.append(Step(group_sum_kernel, (triton.cdiv(B * T * H, GROUP_SUM_ROWS),), dict(
-                x=arg(name), out=arg(name + "_sum"), rows=B * T * H, GROUP=HV // H, K=K, BK=BK, BR=GROUP_SUM_ROWS),
+                x=arg(name), out=arg(name + "_sum"), rows=B * T * H, GROUP=split, K=K, BK=BK, BR=GROUP_SUM_ROWS),
                 dict(num_warps=4)))
-    return GlaBackward(forward, steps, buffers, HV != H)
+    return GlaBackward(forward, steps, buffers, split > 1)
 
 
 def _recompute_on_sweep(q, k, v, g, h0, cu_seqlens, chunk_indices, chunk_offsets, rows, *, scale, shape):

@@ -184,3 +184,32 @@ def triton_ssd_unsupported(problem) -> str | None:
     if problem.state_dim > 256:
         return f"dstate = {problem.state_dim} > 256: a program holds a [BV, dstate] state tile on chip"
     return None
+
+
+#: The backward's parallel stage (kernels/gla/backward.py) sums the value heads of a query/key
+#: head (SSD: a group) in one program where one serves at least this many value heads, with a
+#: scalar decay and K, V <= 128 (a program holds [64, K] float32 sums of dq and dk and [K, V] tiles
+#: of S and dS'): no per-head dq or dk crosses memory, and Q K^T is formed once per group. None:
+#: one value head a program, the heads summed after (kernels/group_sum.py).
+GROUP_GRADS_MIN_HEADS: int | None = 8
+#: Programs per multiprocessor the summing programs aim at: each query/key head's value heads are
+#: split into the fewest shares that give this many (one program of 8 warps an SM runs at a time).
+GROUP_GRADS_WAVES = 4
+#: The summing programs' pipeline stages (each holds S, dS' twice and V^T: ~72 KB at K 128, V 64).
+GROUP_GRADS_STAGES = 2
+
+
+def grads_heads(chunks: int, heads: int, value_heads: int, key_dim: int, value_dim: int, per_key: bool,
+                sms: int) -> int:
+    """Value heads one program of the backward's parallel stage sums (1: one value head a program):
+    over ``chunks`` chunk rows, ``heads`` query/key heads, ``value_heads``, on ``sms`` multiprocessors;
+    the group split into the fewest shares (a divisor of it) that reach :data:`GROUP_GRADS_WAVES`
+    programs an SM."""
+    group = value_heads // heads
+    if (GROUP_GRADS_MIN_HEADS is None or per_key or group < GROUP_GRADS_MIN_HEADS or key_dim > 128
+            or value_dim > 128):
+        return 1
+    for split in range(1, group + 1):
+        if group % split == 0 and chunks * heads * split >= GROUP_GRADS_WAVES * sms:
+            return group // split
+    return 1

@@ -51,17 +51,22 @@ def test_simple_gla_triton_gradients_at_real_sizes(recompute, monkeypatch):
         assert relative_rms(a.double(), b) < 1e-2, f"{name}: {relative_rms(a.double(), b):.2e}"
 
 
-@pytest.mark.parametrize("recompute", ["fused", "sweep", "sweep, group prep", "sweep, calm gates"])
+@pytest.mark.parametrize("recompute, grads", [("fused", "per head"), ("sweep", "per head"),
+                                             ("sweep, group prep", "per head"), ("sweep, calm gates", "per head"),
+                                             ("sweep, calm gates", "group"), ("sweep", "group in shares")])
 @pytest.mark.parametrize("cu", [None, [0, 1, 700, 2048]])
-def test_ssd_triton_forward_and_gradients_at_real_sizes(cu, recompute, monkeypatch):
+def test_ssd_triton_forward_and_gradients_at_real_sizes(cu, recompute, grads, monkeypatch):
     """mamba_chunk_scan_combined on the Triton path (the GLA engine with SSD's prologue and
     epilogue), Mamba2's head sizes, bf16 x / B / C, two groups, D per channel, z, dt_bias,
     dt_softplus, dt_limit active, an initial state; dense and varlen with a one-token sequence;
     the backward's chunk states recomputed on the fused kernel and on the delta sweep
     (GlaShape.recompute_on_sweep), the sweep's prep the delta prep or the group prep (the forward's
-    too; with or without its calm gates): the output, the final states and every gradient against autograd through the PyTorch form
-    in float64 on the GPU."""
+    too; with or without its calm gates), the parallel stage one value head a program or a group's
+    heads summed in its programs (``grads``, tests/helpers/gla_forms.py): the output, the final
+    states and every gradient against autograd through the PyTorch form in float64 on the GPU."""
     from recurscan.plan import gla as plan_gla
+    from tests.helpers.gla_forms import use_grads_form
+    use_grads_form(grads, monkeypatch)
     monkeypatch.setattr(plan_gla, "GLA_LAUNCH",
                         dataclasses.replace(plan_gla.GLA_LAUNCH, recompute_on_sweep=recompute != "fused"))
     if recompute.endswith(("group prep", "calm gates")):  # the forward and the recompute (here H / G = 4 < 8)
@@ -218,7 +223,7 @@ def test_the_split_launch_at_real_sizes(family, monkeypatch):
         assert relative_rms(a.double(), b) < 1e-2
 
 
-@pytest.mark.parametrize("family", ["simple", "per_key", "ssd"])
+@pytest.mark.parametrize("family", ["simple", "per_key", "ssd", "ssd, 16 heads a group"])
 def test_the_gla_backward_gives_the_same_bits_every_run(family):
     """Four forward + backward runs of one input, B2 T2048 bf16 at fla's and mamba's head sizes:
     every gradient bit for bit the same (the delta rule's dk kernel gave run-to-run differences
@@ -227,7 +232,8 @@ def test_the_gla_backward_gives_the_same_bits_every_run(family):
     gen = torch.Generator(device="cuda").manual_seed(17)
     rn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
     B, T, H, K, V = 2, 2048, 4, 128, 128
-    if family == "ssd":
+    if family.startswith("ssd"):
+        H = 16 if family.endswith("a group") else H  # the parallel stage sums the group's heads (plan.gla)
         P, N = 64, 128
         x = [rn(B, T, H, P).bfloat16(), rn(B, T, H) - 1, -torch.rand(H, device="cuda", generator=gen) - 0.5,
              rn(B, T, 1, N).bfloat16(), rn(B, T, 1, N).bfloat16()]

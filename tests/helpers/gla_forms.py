@@ -69,3 +69,22 @@ def use_per_key_form(form, monkeypatch):
         monkeypatch.setattr(plan_gla, "PER_KEY_CALM_PASS", (16, 4, None))
     else:
         assert form == "sweep", form
+
+
+GRADS_FORMS = ("per head", "group", "group in shares")
+
+
+def use_grads_form(form, monkeypatch):
+    """Set the planner so that the backward's parallel stage runs in ``form``: "per head" (one value
+    head a program, the group's heads summed after), "group" (a query/key head's value heads summed
+    in one program) or "group in shares" (in two programs, their shares summed after)."""
+    if form == "per head":
+        monkeypatch.setattr(plan_gla, "GROUP_GRADS_MIN_HEADS", None)
+        return
+    monkeypatch.setattr(plan_gla, "GROUP_GRADS_MIN_HEADS", 2)
+    monkeypatch.setattr(plan_gla, "GROUP_GRADS_WAVES", 0)  # the fewest shares: one
+    if form == "group in shares":
+        whole = plan_gla.grads_heads
+        monkeypatch.setattr(plan_gla, "grads_heads", lambda *a: max(1, whole(*a) // 2))
+    else:
+        assert form == "group", form

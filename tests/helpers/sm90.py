@@ -17,6 +17,7 @@ from triton.compiler import ASTSource
 from recurscan.descriptors import build_chunk_descriptors
 from recurscan.launch.delta import CALL_NAMES, DeltaInputs, DeltaShape
 from recurscan.launch.delta_backward import NAMES, build_delta_backward, expanded_chunk_offsets
+from recurscan.plan import gla as plan_gla
 from recurscan.plan.delta import DELTA_BACKWARD_LAUNCH, DeltaBackwardShape
 from recurscan.runtime.launcher import CallArg
 
@@ -355,16 +356,21 @@ def compile_ssd_gate() -> list[str]:
 
 
 def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_sweep: bool = False,
-                         group_prep: bool = False) -> list[str]:
+                         group_prep: bool = False, group_grads: bool = False) -> list[str]:
     """The GLA backward's launches (launch/gla.py: the forward for the chunk states, the reverse
     sweep, the parallel stage) for a case of :data:`CASES` (M = 1 ones; bf16); ``per_key``: a decay
     per key dimension (the prep runs with the recompute; the stages' PER_KEY forms); ``on_sweep``:
     the recompute on the delta sweep (a scalar decay's planned form, ``GlaShape.sweep``);
-    ``group_prep``: there on the group prep, whose scores and gates the reverse sweep reads."""
+    ``group_prep``: there on the group prep, whose scores and gates the reverse sweep reads;
+    ``group_grads``: SSD's form, 16 value heads of one query/key head summed in the parallel
+    stage's programs (plan.gla.grads_heads)."""
     from recurscan.launch.gla import BWD_NAMES, NAMES as GLA_NAMES, build_gla_backward
     from recurscan.plan.gla import GLA_LAUNCH
     _, cu = CASES[case]
     B, T, H, HV, K = (1, 1000, 2, 4, 128) if cu is not None else (2, 300, 2, 2, 128)
+    if group_grads:
+        H, HV = 1, 16
+        assert plan_gla.grads_heads(B * 16, H, HV, K, 64, per_key, 1) > 1
     bf = dict(dtype=torch.bfloat16)
     q, k, v = torch.zeros(B, T, H, K, **bf), torch.zeros(B, T, H, K, **bf), torch.zeros(B, T, HV, 64, **bf)
     N = B if cu is None else len(cu) - 1
@@ -431,10 +437,12 @@ def lines_for(argv: list[str]) -> list[str]:
         return compile_gla_sweep(argv[1], argv[2], ssd=argv[0] == "ssd-sweep", per_key=argv[0] == "gla-per-key-sweep")
     if argv[0] == "descriptors":
         return compile_descriptors()
-    if argv[0] in ("gla-backward", "gla-per-key-backward", "gla-sweep-backward", "gla-group-sweep-backward"):
+    if argv[0] in ("gla-backward", "gla-per-key-backward", "gla-sweep-backward", "gla-group-sweep-backward",
+                   "ssd-group-grads-backward"):
         return compile_gla_backward(argv[1], per_key=argv[0] == "gla-per-key-backward",
-                                    on_sweep=argv[0].endswith("sweep-backward"),
-                                    group_prep=argv[0] == "gla-group-sweep-backward")
+                                    on_sweep=argv[0].endswith("sweep-backward") or argv[0] == "ssd-group-grads-backward",
+                                    group_prep=argv[0] in ("gla-group-sweep-backward", "ssd-group-grads-backward"),
+                                    group_grads=argv[0] == "ssd-group-grads-backward")
     if argv[0] in ("gla", "gla-chunk-states", "gla-per-key", "gla-split", "ssd", "ssd-cache", "ssd-seq-idx",
                    "ssd-split"):
         return compile_gla(argv[1], ssd=argv[0].startswith("ssd"), cache=argv[0] == "ssd-cache",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..delta.common import _chunk_gates, _chunk_head, _chunk_rows, _chunk_slot, _chunk_tiles, _sequence
+from ..delta.common import _chunk_gates, _chunk_rows, _chunk_slot, _chunk_tiles, _sequence
 from .group_prep import GROUP_COEF_WIDTH
 from .prep import CALM, SUB, _key_gates, _log2_decays
 
@@ -290,16 +290,26 @@ def chunk_simple_gla_bwd_grads_kernel(
     T, n_seq, scale, n_cs_rows,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    DT: tl.constexpr, PER_KEY: tl.constexpr = False,
+    DT: tl.constexpr, PER_KEY: tl.constexpr = False, HEADS: tl.constexpr = 1,
 ):
-    """Grid (chunks x HV,): one program per (chunk, value head): the sums over V accumulated a
-    block of BV columns at a time (dO S^T and V dS'^T [BT, K], dO V^T [BT, BT]), then dq, dk (per
-    value head) and dg. (dscores o G)^T, the left operand of dk's intra-chunk product, is read back
-    transposed through a per-program scratch [BT, BT] (no product result is transposed).
+    """Grid (chunks x H x SPLIT,), SPLIT = HV / H / HEADS: one program per (chunk, query/key head,
+    HEADS of its value heads). dq and dk ``[rows, H, SPLIT, K]`` are that program's share of the
+    group's sum (SPLIT = 1: the sum itself); dg is per value head.
 
-    PER_KEY (g ``[B, T, HV, K]``, a decay per key dimension): :func:`_per_key_grads` from the same
-    sums (and V dO^T, the transpose accumulated as a product of its own); dg ``[B, T, HV, K]``."""
-    i_c, i_hv, i_h = _chunk_head(H, HV)
+    HEADS = 1: one value head. The sums over V accumulated a block of BV columns at a time
+    (dO S^T and V dS'^T [BT, K], dO V^T [BT, BT]), then dq, dk and dg. (dscores o G)^T, the left
+    operand of dk's intra-chunk product, is read back transposed through a per-program scratch
+    [BT, BT] (no product result is transposed). PER_KEY (g ``[B, T, HV, K]``, a decay per key
+    dimension): :func:`_per_key_grads` from the same sums (and V dO^T, the transpose accumulated as
+    a product of its own); dg ``[B, T, HV, K]``.
+
+    HEADS > 1 (a scalar decay, V <= BV: every value column in one tile): :func:`_group_grads`, the
+    heads' sums in the program, so that no per-head dq or dk crosses memory."""
+    SPLIT: tl.constexpr = HV // H // HEADS
+    pid = tl.program_id(0).to(tl.int64)
+    i_c = pid // (H * SPLIT)
+    i_h = (pid // SPLIT) % H
+    i_hv = i_h * (HV // H) + (pid % SPLIT) * HEADS  # the program's first value head
     valid, bos, eos, r0, cs = _chunk_rows(cu_seqlens, chunk_indices, chunk_offsets, i_c, T, n_seq, BT, IS_VARLEN, 1)
     if not valid:
         return
@@ -307,6 +317,17 @@ def chunk_simple_gla_bwd_grads_kernel(
     causal = o_t[:, None] >= o_t[None, :]
     strict = o_t[:, None] > o_t[None, :]
     cs_ok = (cs >= 0) & (cs < n_cs_rows)
+    p_out = ((rows * H + i_h) * SPLIT + pid % SPLIT)[:, None] * K + o_k[None, :]
+    if HEADS > 1:
+        b_dq, b_dk = _group_grads(q, k, v, g, do, states, dstates, dg, scratch + pid * BT * BT, rows, m_r, m_rk, o_t,
+                                  o_k, m_k, cs, cs_ok, i_h, i_hv, scale, H, HV, K, V, BT, BK, BV, HEADS, HAS_G,
+                                  DOT_PRECISION, DT)
+        tl.store(dq + p_out, b_dq, mask=m_rk)
+        tl.store(dk + p_out, b_dk, mask=m_rk)
+        if HAS_G:
+            tl.debug_barrier()  # every head's dg stored
+            _group_dg_state_terms(g, states, dstates, dg, rows, m_r, o_t, cs, cs_ok, i_hv, HV, K, V, BT, BK, BV, HEADS)
+        return
     p_s = states + (cs * HV + i_hv) * K * V
     p_ds = dstates + (cs * HV + i_hv) * K * V
     b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
@@ -341,7 +362,6 @@ def chunk_simple_gla_bwd_grads_kernel(
         sds += tl.sum(tl.load(p_s + o_kv, mask=m_kv, other=0.0, cache_modifier=".cg").to(tl.float32) *
                       tl.load(p_ds + o_kv, mask=m_kv, other=0.0, cache_modifier=".cg").to(tl.float32), axis=1)
 
-    p_out = (rows * HV + i_hv)[:, None] * K + o_k[None, :]
     if PER_KEY:
         b_dq, b_dk, d_g = _per_key_grads(q, k, g, b_q, b_k, b_dOS, b_VdS, b_dOV, b_VdO, sds, r0, eos, rows, m_r, i_h,
                                          i_hv, o_t, o_k, m_k, scale, H, HV, K, BT, BK, DT, DOT_PRECISION)
@@ -360,20 +380,130 @@ def chunk_simple_gla_bwd_grads_kernel(
     b_dscores = tl.where(causal, scale * b_dOV, 0.0)
     b_dsG = b_dscores * b_G
     b_dq = tl.dot(b_dsG.to(DT), b_kd, input_precision=DOT_PRECISION) + scale * lam[:, None] * b_dOS
-    p_scr = scratch + (i_c * HV + i_hv) * BT * BT
+    p_scr = scratch + pid * BT * BT
     tl.store(p_scr + o_t[:, None] * BT + o_t[None, :], b_dsG.to(scratch.dtype.element_ty))
     tl.debug_barrier()
     b_dsGt = tl.load(p_scr + o_t[None, :] * BT + o_t[:, None], cache_modifier=".cg").to(DT)
     b_dk = tl.dot(b_dsGt, b_q.to(DT), input_precision=DOT_PRECISION) + gam[:, None] * b_VdS
     kdsv = tl.sum(b_k * b_VdS, axis=1)  # (K dS') . V by row: gam's gradient
-    b_dG = b_dscores * b_QK
-    b_dG += tl.where(o_t[:, None] == BT - 1, kdsv[None, :], 0.0)  # gam = G[last, :]
-    dlam = scale * tl.sum(b_q * b_dOS, axis=1)
-    dlam += tl.where(o_t == BT - 1, tl.sum(sds, axis=0), 0.0)  # lam_C = lam[last]
-    b_dSeg = tl.where(causal, b_dG * b_G, 0.0)
-    below = tl.cumsum(b_dSeg, axis=0, reverse=True)  # row m: the rows i >= m, summed
-    d_g = tl.sum(tl.where(strict, below, 0.0), axis=1) + tl.cumsum(dlam * lam, axis=0, reverse=True)
+    dlam = scale * tl.sum(b_q * b_dOS, axis=1) + tl.where(o_t == BT - 1, tl.sum(sds, axis=0), 0.0)
+    b_dG = b_dscores * b_QK + tl.where(o_t[:, None] == BT - 1, kdsv[None, :], 0.0)  # gam = G[last, :]
+    d_g = _scalar_dg(tl.where(causal, b_dG * b_G, 0.0), dlam, lam, strict)
     tl.store(dq + p_out, b_dq, mask=m_rk)
     tl.store(dk + p_out, b_dk, mask=m_rk)
     if HAS_G:
         tl.store(dg + rows * HV + i_hv, d_g, mask=m_r)
+
+
+@triton.jit
+def _scalar_dg(b_dSeg, dlam, lam, strict):
+    """A scalar decay's dg [BT] for one value head of a chunk (reference step 5): from
+    dSeg = causal(dG o G), dG = dscores o (Q K^T) with G's last row gam adding (K dS') . V there,
+    and dlam = scale q . (dO S^T) by row (the last row adding S . dS', lam_C = lam[last]). The
+    decay of row m enters the pairs i >= m > j, so dg_m = sum_{i >= m, j < m} dSeg_ij + sum_{i >= m}
+    dlam_i lam_i: the reverse cumulative sum of each row's strictly lower sum less each column's
+    strictly lower sum, plus dlam lam (no [BT, BT] cumulative sum)."""
+    b_strict = tl.where(strict, b_dSeg, 0.0)
+    return tl.cumsum(tl.sum(b_strict, axis=1) - tl.sum(b_strict, axis=0) + dlam * lam, axis=0, reverse=True)
+
+
+@triton.jit
+def _group_grads(q, k, v, g, do, states, dstates, dg, p_scr, rows, m_r, m_rk, o_t, o_k, m_k, cs, cs_ok, i_h, hv0,
+                 scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                 BK: tl.constexpr, BV: tl.constexpr, HEADS: tl.constexpr, HAS_G: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr, DT: tl.constexpr):
+    """(dq, dk) ``[BT, BK]`` summed over value heads hv0 .. hv0 + HEADS - 1 of one query/key head,
+    and each head's dg (stored here). The heads' terms that share an operand are summed before the
+    product: dq = (sum_h dsG_h) K + sum_h (scale lam_h o dO_h) S_h^T and dk = (sum_h dsG_h)^T Q +
+    sum_h (gam_h o V_h) dS'_h^T, each sum over h one accumulator, with dsG_h = causal(scale dO_h
+    V_h^T) o G_h. A head's row sums for dg come from products of [BT, V], not from its own dq or
+    dk: q . (dO S^T) = dO . (Q S) and k . (V dS'^T) = V . (K dS') by row. Q K^T once for the group."""
+    causal = o_t[:, None] >= o_t[None, :]
+    strict = o_t[:, None] > o_t[None, :]
+    o_v = tl.arange(0, BV)
+    m_v = o_v < V
+    m_rv = m_r[:, None] & m_v[None, :]
+    m_vr = m_v[:, None] & m_r[None, :]
+    m_vk = m_v[:, None] & m_k[None, :] & cs_ok
+    o_vk = o_k[None, :] * V + o_v[:, None]
+    p_q = q + (rows * H + i_h)[:, None] * K + o_k[None, :]
+    p_k = k + (rows * H + i_h)[:, None] * K + o_k[None, :]
+    b_QK = tl.dot(tl.load(p_q, mask=m_rk, other=0.0).to(DT), tl.trans(tl.load(p_k, mask=m_rk, other=0.0).to(DT)),
+                  input_precision=DOT_PRECISION)
+    b_qt = tl.trans(tl.load(p_q, mask=m_rk, other=0.0, cache_modifier=".cg").to(DT))
+    b_kt = tl.trans(tl.load(p_k, mask=m_rk, other=0.0, cache_modifier=".cg").to(DT))
+    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    b_M = tl.zeros([BT, BT], dtype=tl.float32)  # sum_h dsG_h
+    for j in range(0, HEADS):
+        i_hv = hv0 + j
+        gc, seg, bad = _chunk_gates(g, rows, rows * 0, m_r, i_hv, HV, 1, BT, HAS_G)
+        seg_last = tl.sum(tl.where(o_t == BT - 1, seg, 0), axis=0)
+        gc_last = tl.sum(tl.where(o_t == BT - 1, gc, 0.0), axis=0)
+        lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
+        gam = tl.where(seg == seg_last, tl.exp2(tl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
+        p_rv = (rows * HV + i_hv)[:, None] * V + o_v[None, :]
+        p_vr = (rows * HV + i_hv)[None, :] * V + o_v[:, None]  # the same, as [BV, BT]
+        p_st = states + (cs * HV + i_hv) * K * V + o_vk  # S^T [BV, BK]
+        p_dst = dstates + (cs * HV + i_hv) * K * V + o_vk
+        # A pipelined load that is a product's shared-memory operand has that one use; the other
+        # uses load again with another cache modifier (the rule of the per-head form above). q and
+        # k are shared-memory operands only (right operands, or left ones as loaded): as register
+        # operands each warpgroup would hold them whole.
+        b_do = tl.load(do + p_rv, mask=m_rv, other=0.0).to(tl.float32)
+        b_vt = tl.trans(tl.load(v + p_rv, mask=m_rv, other=0.0, cache_modifier=".cg").to(DT))
+        b_dsG = tl.where(causal & (seg[:, None] == seg[None, :]),
+                         scale * tl.dot(b_do.to(DT), b_vt, input_precision=DOT_PRECISION) *
+                         tl.exp2(gc[:, None] - gc[None, :]), 0.0)  # dscores o G
+        b_M += b_dsG
+        b_dq = tl.dot((scale * lam[:, None] * b_do).to(DT), tl.load(p_st, mask=m_vk, other=0.0).to(DT), b_dq,
+                      input_precision=DOT_PRECISION)
+        b_SqT = tl.dot(tl.load(p_st, mask=m_vk, other=0.0, cache_modifier=".ca").to(DT), b_qt,
+                       input_precision=DOT_PRECISION)  # (Q S)^T
+        dlam = scale * tl.sum(tl.load(do + p_vr, mask=m_vr, other=0.0, cache_modifier=".cg").to(tl.float32) * b_SqT,
+                              axis=0)
+        b_v = tl.load(v + p_rv, mask=m_rv, other=0.0).to(tl.float32)
+        b_dk = tl.dot((gam[:, None] * b_v).to(DT), tl.load(p_dst, mask=m_vk, other=0.0).to(DT), b_dk,
+                      input_precision=DOT_PRECISION)
+        b_dSkT = tl.dot(tl.load(p_dst, mask=m_vk, other=0.0, cache_modifier=".ca").to(DT), b_kt,
+                        input_precision=DOT_PRECISION)  # (K dS')^T
+        kdsv = tl.sum(tl.load(v + p_vr, mask=m_vr, other=0.0, cache_modifier=".ca").to(tl.float32) * b_dSkT, axis=0)
+        # dG o G = (dscores o G) o (Q K^T), G's last row gam; S . dS' is added after the loop
+        b_dSeg = b_dsG * b_QK + tl.where(o_t[:, None] == BT - 1, (kdsv * gam)[None, :], 0.0)
+        d_g = _scalar_dg(b_dSeg, dlam, lam, strict)
+        if HAS_G:
+            tl.store(dg + rows * HV + i_hv, d_g, mask=m_r)
+    b_dq = tl.dot(b_M.to(DT), tl.load(p_k, mask=m_rk, other=0.0, cache_modifier=".ca").to(DT), b_dq,
+                  input_precision=DOT_PRECISION)
+    tl.store(p_scr + o_t[:, None] * BT + o_t[None, :], b_M.to(p_scr.dtype.element_ty))
+    tl.debug_barrier()
+    b_Mt = tl.load(p_scr + o_t[None, :] * BT + o_t[:, None], cache_modifier=".cg").to(DT)
+    b_dk = tl.dot(b_Mt, tl.load(p_q, mask=m_rk, other=0.0, cache_modifier=".ca").to(DT), b_dk,
+                  input_precision=DOT_PRECISION)
+    return b_dq, b_dk
+
+
+@triton.jit
+def _group_dg_state_terms(g, states, dstates, dg, rows, m_r, o_t, cs, cs_ok, hv0, HV: tl.constexpr, K: tl.constexpr,
+                          V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HEADS: tl.constexpr):
+    """Adds to each head's dg (stored by :func:`_group_grads`; the caller's barrier first) the
+    chunk-state term lam_C (S . dS'), which enters every row's reverse sum through dlam's last row:
+    a loop of its own, S and dS' a few key rows at a time, so that the heads' main loop holds no
+    [K, V] float32 tile and stays pipelined."""
+    KB: tl.constexpr = 32 if BK > 32 else BK
+    o_v = tl.arange(0, BV)
+    for j in range(0, HEADS):
+        i_hv = hv0 + j
+        gc, seg, bad = _chunk_gates(g, rows, rows * 0, m_r, i_hv, HV, 1, BT, True)
+        gc_last = tl.sum(tl.where(o_t == BT - 1, gc, 0.0), axis=0)
+        seg_last = tl.sum(tl.where(o_t == BT - 1, seg, 0), axis=0)
+        lam_last = tl.where(seg_last == 0, tl.exp2(gc_last), 0.0)
+        sds = 0.0
+        for i_k in range(0, BK // KB):
+            o_kb = i_k * KB + tl.arange(0, KB)
+            p_kb = (cs * HV + i_hv) * K * V + o_kb[:, None] * V + o_v[None, :]
+            m_kb = (o_kb < K)[:, None] & (o_v < V)[None, :] & cs_ok
+            sds += tl.sum(tl.sum(tl.load(states + p_kb, mask=m_kb, other=0.0).to(tl.float32) *
+                                 tl.load(dstates + p_kb, mask=m_kb, other=0.0).to(tl.float32), axis=1), axis=0)
+        p_dg = dg + rows * HV + i_hv
+        tl.store(p_dg, tl.load(p_dg, mask=m_r, other=0.0) + sds * lam_last, mask=m_r)
