@@ -76,6 +76,8 @@ def rows_for(name, make_call, want, tagged, peers):
 
 #: The parallel stage's programs an SM that the training rows also try (``--grads-waves``).
 GRADS_WAVES: list[int] = []
+#: The parallel stage's dg launches that the training rows also try (``--grads-dg``).
+GRADS_DG: list[str] = []
 
 
 def train_rows():
@@ -90,7 +92,9 @@ def train_rows():
     rows = []
     forms = {"recurscan triton": {}, "recurscan triton, the delta prep": dict(GROUP_PREP_MIN_HEADS=None),
              "recurscan triton, one value head a grads program": dict(GROUP_GRADS_MIN_HEADS=None),
-             **{f"recurscan triton, grads at {w} programs an SM": dict(GROUP_GRADS_WAVES=w) for w in GRADS_WAVES}}
+             **{f"recurscan triton, grads at {w} programs an SM": dict(GROUP_GRADS_WAVES=w) for w in GRADS_WAVES},
+             **{f"recurscan triton, dg launch {d}": dict(GROUP_GRADS_DG=None if d == "none" else
+                                                         tuple(map(int, d.split(":")))) for d in GRADS_DG}}
 
     def timed(name, step, peers, variants=True):
         out = []
@@ -132,8 +136,17 @@ def main():
                                                           "variants (train_rows), beside the peers")
     ap.add_argument("--grads-waves", type=int, action="append", default=[],
                     help="with --train: SSD's rows also with the parallel stage's group split for N programs an SM")
+    ap.add_argument("--grads-dg", action="append", default=[],
+                    help="with --train: SSD's rows also with the parallel stage's dg launch as HEADS:WARPS "
+                         "(plan.gla.GROUP_GRADS_DG), or none: dg with dq and dk")
+    ap.add_argument("--train-only", action="store_true", help="the training rows alone")
     args = ap.parse_args()
     GRADS_WAVES.extend(args.grads_waves)
+    GRADS_DG.extend(args.grads_dg)
+    if args.train_only:
+        gpu_gla.PROFILE = args.profile
+        save(args.out, train_rows())
+        return
     gpu_gla.PROFILE = args.profile
     tagged = variants(args.sweep)
     rows = []

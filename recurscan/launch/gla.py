@@ -359,13 +359,20 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
         aqk=arg("scores") if group else arg("aqk", per_key), dl=arg("dl", per_key), PER_KEY=per_key,
         coef=arg("coef", group), GATE_SCORES=group), dict(num_warps=4))
     grouped = heads > 1
-    grads = Step(chunk_simple_gla_bwd_grads_kernel, (rows * H * split,), dict(
+    dg_launch = plan_gla.grads_dg_launch(HV // H) if grouped and g is not None else None
+    grads_args = dict(
         common, q=arg("q"), k=arg("k"), v=arg("v"), g=arg("g", g is not None), do=arg("do"), states=arg("states"),
         dstates=arg("dstates"), dq=arg("dq"), dk=arg("dk"), dg=arg("dg", g is not None), scratch=arg("scratch"),
         chunk_indices=arg("chunk_indices", varlen), n_seq=N, PER_KEY=per_key, HEADS=heads,
-        BV=max(16, triton.next_power_of_2(V)) if grouped else BV),
-        dict(num_warps=8, num_stages=plan_gla.GROUP_GRADS_STAGES) if grouped else dict(num_warps=8))
+        BV=max(16, triton.next_power_of_2(V)) if grouped else BV, PART=0 if dg_launch is None else 1)
+    grads = Step(chunk_simple_gla_bwd_grads_kernel, (rows * H * split,), grads_args,
+                 dict(num_warps=8, num_stages=plan_gla.GROUP_GRADS_STAGES) if grouped else dict(num_warps=8))
     steps = [sweep, grads]
+    if dg_launch is not None:  # dg apart (PART 2), dg_heads value heads a program
+        dg_heads, dg_warps = dg_launch
+        steps.append(Step(chunk_simple_gla_bwd_grads_kernel, (rows * HV // dg_heads,),
+                          dict(grads_args, HEADS=dg_heads, PART=2),
+                          dict(num_warps=dg_warps, num_stages=plan_gla.GROUP_GRADS_STAGES)))
     if split > 1:  # the programs' shares of dq and dk -> per q/k head
         buffers.update(dq_sum=((B, T, H, K), f32), dk_sum=((B, T, H, K), f32))
         for name in ("dq", "dk"):

@@ -213,3 +213,18 @@ def grads_heads(chunks: int, heads: int, value_heads: int, key_dim: int, value_d
         if group % split == 0 and chunks * heads * split >= GROUP_GRADS_WAVES * sms:
             return group // split
     return 1
+
+#: Where the parallel stage sums a group's heads: dg in a launch of its own (PART 2: no dq or dk
+#: sums held, so more programs an SM hide its per-head reductions), each program taking this many
+#: value heads (a divisor of the group) on this many warps; the dq and dk launch (PART 1) then
+#: forms no dg. None: dg in the same programs as dq and dk (PART 0).
+GROUP_GRADS_DG: tuple[int, int] | None = (4, 8)
+
+
+def grads_dg_launch(group: int) -> tuple[int, int] | None:
+    """(value heads a program, warps) of the parallel stage's dg launch for a group of ``group``
+    value heads summed in its programs, or None (:data:`GROUP_GRADS_DG`)."""
+    if GROUP_GRADS_DG is None:
+        return None
+    heads, warps = GROUP_GRADS_DG
+    return max(d for d in range(1, min(heads, group) + 1) if group % d == 0), warps

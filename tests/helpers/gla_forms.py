@@ -71,20 +71,24 @@ def use_per_key_form(form, monkeypatch):
         assert form == "sweep", form
 
 
-GRADS_FORMS = ("per head", "group", "group in shares")
+GRADS_FORMS = ("per head", "group", "group, dg with dq and dk", "group in shares")
 
 
 def use_grads_form(form, monkeypatch):
     """Set the planner so that the backward's parallel stage runs in ``form``: "per head" (one value
     head a program, the group's heads summed after), "group" (a query/key head's value heads summed
-    in one program) or "group in shares" (in two programs, their shares summed after)."""
+    in one program, dg in a launch of its own, 2 heads a program there), "group, dg with dq and dk"
+    (dg in the same programs) or "group in shares" (in two programs, their shares summed after)."""
     if form == "per head":
         monkeypatch.setattr(plan_gla, "GROUP_GRADS_MIN_HEADS", None)
         return
     monkeypatch.setattr(plan_gla, "GROUP_GRADS_MIN_HEADS", 2)
     monkeypatch.setattr(plan_gla, "GROUP_GRADS_WAVES", 0)  # the fewest shares: one
+    monkeypatch.setattr(plan_gla, "GROUP_GRADS_DG", (2, 4))
     if form == "group in shares":
         whole = plan_gla.grads_heads
         monkeypatch.setattr(plan_gla, "grads_heads", lambda *a: max(1, whole(*a) // 2))
+    elif form == "group, dg with dq and dk":
+        monkeypatch.setattr(plan_gla, "GROUP_GRADS_DG", None)
     else:
         assert form == "group", form
