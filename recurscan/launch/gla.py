@@ -366,7 +366,8 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
         chunk_indices=arg("chunk_indices", varlen), n_seq=N, PER_KEY=per_key, HEADS=heads,
         BV=max(16, triton.next_power_of_2(V)) if grouped else BV, PART=0 if dg_launch is None else 1)
     grads = Step(chunk_simple_gla_bwd_grads_kernel, (rows * H * split,), grads_args,
-                 dict(num_warps=8, num_stages=plan_gla.GROUP_GRADS_STAGES) if grouped else dict(num_warps=8))
+                 dict(num_warps=8, num_stages=plan_gla.GROUP_GRADS_STAGES if dg_launch else 1) if grouped
+                 else dict(num_warps=8))
     steps = [sweep, grads]
     if dg_launch is not None:  # dg apart (PART 2), dg_heads value heads a program
         dg_heads, dg_warps = dg_launch

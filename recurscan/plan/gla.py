@@ -195,7 +195,9 @@ GROUP_GRADS_MIN_HEADS: int | None = 8
 #: Programs per multiprocessor the summing programs aim at: each query/key head's value heads are
 #: split into the fewest shares that give this many (one program of 8 warps an SM runs at a time).
 GROUP_GRADS_WAVES = 4
-#: The summing programs' pipeline stages (each holds S, dS' twice and V^T: ~72 KB at K 128, V 64).
+#: The summing programs' pipeline stages where dg has a launch of its own (each stage holds S and
+#: dS' twice or three times, and V^T: 50-100 KB at K 128, V 64); with dg in the same programs one
+#: (two would take 279 KB of shared memory).
 GROUP_GRADS_STAGES = 2
 
 

@@ -326,9 +326,6 @@ def chunk_simple_gla_bwd_grads_kernel(
         if PART != 2:
             tl.store(dq + p_out, b_dq, mask=m_rk)
             tl.store(dk + p_out, b_dk, mask=m_rk)
-        if HAS_G and PART != 1:
-            tl.debug_barrier()  # every head's dg stored
-            _group_dg_state_terms(g, states, dstates, dg, rows, m_r, o_t, cs, cs_ok, i_hv, HV, K, V, BT, BK, BV, HEADS)
         return
     p_s = states + (cs * HV + i_hv) * K * V
     p_ds = dstates + (cs * HV + i_hv) * K * V
@@ -428,7 +425,9 @@ def _group_grads(q, k, v, g, do, states, dstates, dg, p_scr, rows, m_r, m_rk, o_
     m_rv = m_r[:, None] & m_v[None, :]
     m_vr = m_v[:, None] & m_r[None, :]
     m_vk = m_v[:, None] & m_k[None, :] & cs_ok
+    m_kv = m_k[:, None] & m_v[None, :] & cs_ok
     o_vk = o_k[None, :] * V + o_v[:, None]
+    o_kv = o_k[:, None] * V + o_v[None, :]
     p_q = q + (rows * H + i_h)[:, None] * K + o_k[None, :]
     p_k = k + (rows * H + i_h)[:, None] * K + o_k[None, :]
     if PART != 1:
@@ -450,6 +449,7 @@ def _group_grads(q, k, v, g, do, states, dstates, dg, p_scr, rows, m_r, m_rk, o_
         p_vr = (rows * HV + i_hv)[None, :] * V + o_v[:, None]  # the same, as [BV, BT]
         p_st = states + (cs * HV + i_hv) * K * V + o_vk  # S^T [BV, BK]
         p_dst = dstates + (cs * HV + i_hv) * K * V + o_vk
+        p_ds = dstates + (cs * HV + i_hv) * K * V + o_kv  # dS' [BK, BV]
         # A pipelined load that is a product's shared-memory operand has that one use; the other
         # uses load again with another cache modifier (the rule of the per-head form above). q and
         # k are shared-memory operands only (right operands, or left ones as loaded): as register
@@ -475,7 +475,14 @@ def _group_grads(q, k, v, g, do, states, dstates, dg, p_scr, rows, m_r, m_rk, o_
                             input_precision=DOT_PRECISION)  # (K dS')^T
             kdsv = tl.sum(tl.load(v + p_vr, mask=m_vr, other=0.0, cache_modifier=".ca").to(tl.float32) * b_dSkT,
                           axis=0)
-            # dG o G = (dscores o G) o (Q K^T), G's last row gam; S . dS' is added after the loop
+            # S . dS' (lam_C's gradient, on dlam's last row) as the trace of S^T dS': a [BV, BV]
+            # product, where the elementwise sum would hold two [BK, BV] float32 tiles
+            b_SdS = tl.dot(tl.load(p_st, mask=m_vk, other=0.0, cache_modifier=".cg").to(DT),
+                           tl.load(p_ds, mask=m_kv, other=0.0, cache_modifier=".cg").to(DT),
+                           input_precision=DOT_PRECISION)
+            sds = tl.sum(tl.sum(tl.where(o_v[:, None] == o_v[None, :], b_SdS, 0.0), axis=1), axis=0)
+            dlam += tl.where(o_t == BT - 1, sds, 0.0)
+            # dG o G = (dscores o G) o (Q K^T), G's last row gam
             b_dSeg = b_dsG * b_QK + tl.where(o_t[:, None] == BT - 1, (kdsv * gam)[None, :], 0.0)
             d_g = _scalar_dg(b_dSeg, dlam, lam, strict)
             if HAS_G:
@@ -489,29 +496,3 @@ def _group_grads(q, k, v, g, do, states, dstates, dg, p_scr, rows, m_r, m_rk, o_
         b_dk = tl.dot(b_Mt, tl.load(p_q, mask=m_rk, other=0.0, cache_modifier=".ca").to(DT), b_dk,
                       input_precision=DOT_PRECISION)
     return b_dq, b_dk
-
-
-@triton.jit
-def _group_dg_state_terms(g, states, dstates, dg, rows, m_r, o_t, cs, cs_ok, hv0, HV: tl.constexpr, K: tl.constexpr,
-                          V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HEADS: tl.constexpr):
-    """Adds to each head's dg (stored by :func:`_group_grads`; the caller's barrier first) the
-    chunk-state term lam_C (S . dS'), which enters every row's reverse sum through dlam's last row:
-    a loop of its own, S and dS' a few key rows at a time, so that the heads' main loop holds no
-    [K, V] float32 tile and stays pipelined."""
-    KB: tl.constexpr = 32 if BK > 32 else BK
-    o_v = tl.arange(0, BV)
-    for j in range(0, HEADS):
-        i_hv = hv0 + j
-        gc, seg, bad = _chunk_gates(g, rows, rows * 0, m_r, i_hv, HV, 1, BT, True)
-        gc_last = tl.sum(tl.where(o_t == BT - 1, gc, 0.0), axis=0)
-        seg_last = tl.sum(tl.where(o_t == BT - 1, seg, 0), axis=0)
-        lam_last = tl.where(seg_last == 0, tl.exp2(gc_last), 0.0)
-        sds = 0.0
-        for i_k in range(0, BK // KB):
-            o_kb = i_k * KB + tl.arange(0, KB)
-            p_kb = (cs * HV + i_hv) * K * V + o_kb[:, None] * V + o_v[None, :]
-            m_kb = (o_kb < K)[:, None] & (o_v < V)[None, :] & cs_ok
-            sds += tl.sum(tl.sum(tl.load(states + p_kb, mask=m_kb, other=0.0).to(tl.float32) *
-                                 tl.load(dstates + p_kb, mask=m_kb, other=0.0).to(tl.float32), axis=1), axis=0)
-        p_dg = dg + rows * HV + i_hv
-        tl.store(p_dg, tl.load(p_dg, mask=m_r, other=0.0) + sds * lam_last, mask=m_r)
