@@ -267,6 +267,23 @@ def test_planner_rows_for_the_gla_engine():
     assert plan("ssd", ssd_problem(x, dt, A, B, C), torch.device("cpu")).backend == "torch"
 
 
+def test_the_planner_sums_large_groups_in_the_parallel_stage():
+    """plan.gla.grads_heads: a query/key head serving 8 value heads or more (SSD's groups) has them
+    summed in the parallel stage's programs, split into the fewest shares that give the measured
+    programs an SM; small groups, a decay per key and K or V over 128 keep one value head a program.
+    The dg launch takes a divisor of the group."""
+    from recurscan.plan import gla as plan_gla
+    waves = plan_gla.GROUP_GRADS_WAVES
+    assert plan_gla.grads_heads(256, 1, 80, 128, 64, False, 132) == 80 // -(-waves * 132 // 256)
+    assert plan_gla.grads_heads(4096, 1, 80, 128, 64, False, 132) == 80  # enough chunks: one share
+    assert plan_gla.grads_heads(256, 16, 32, 128, 128, False, 132) == 1  # GVA of 2
+    assert plan_gla.grads_heads(256, 1, 80, 128, 64, True, 132) == 1  # a decay per key
+    assert plan_gla.grads_heads(256, 1, 80, 256, 64, False, 132) == 1  # K 256
+    assert plan_gla.grads_heads(256, 1, 4, 128, 64, False, 132) == 1  # a group of 4
+    heads, _ = plan_gla.grads_dg_launch(80)
+    assert 80 % heads == 0 and plan_gla.grads_dg_launch(3)[0] in (1, 3)
+
+
 def test_the_forward_starts_the_backward_compiling(monkeypatch):
     """A signature's first forward under autograd hands the backward's kernels (the forward again
     for the chunk states, the sweep, the parallel stage) to the background compiler; the backward

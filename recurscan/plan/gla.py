@@ -194,7 +194,9 @@ def triton_ssd_unsupported(problem) -> str | None:
 GROUP_GRADS_MIN_HEADS: int | None = 8
 #: Programs per multiprocessor the summing programs aim at: each query/key head's value heads are
 #: split into the fewest shares that give this many (one program of 8 warps an SM runs at a time).
-GROUP_GRADS_WAVES = 4
+#: H200, SSD 80 heads a group, forward + backward: B1 T16384 4.344 ms at 2 (2 shares of 40 heads),
+#: 4.383 at 4, 4.395 at 8; B4 T4096 3.888, 3.928, 3.930 (gpu_gla_train_d0132da.json).
+GROUP_GRADS_WAVES = 2
 #: The summing programs' pipeline stages where dg has a launch of its own (each stage holds S and
 #: dS' twice or three times, and V^T: 50-100 KB at K 128, V 64); with dg in the same programs one
 #: (two would take 279 KB of shared memory).
@@ -216,10 +218,12 @@ def grads_heads(chunks: int, heads: int, value_heads: int, key_dim: int, value_d
             return group // split
     return 1
 
-#: Where the parallel stage sums a group's heads: dg in a launch of its own (PART 2: no dq or dk
-#: sums held, so more programs an SM hide its per-head reductions), each program taking this many
-#: value heads (a divisor of the group) on this many warps; the dq and dk launch (PART 1) then
-#: forms no dg. None: dg in the same programs as dq and dk (PART 0).
+#: Where the parallel stage sums a group's heads: dg in a launch of its own (PART 2), each program
+#: taking this many value heads (a divisor of the group) on this many warps; the dq and dk launch
+#: (PART 1) then forms no dg. None: dg in the same programs as dq and dk (PART 0: one pipeline
+#: stage, spilling 248 B offline). H200, SSD 80 heads a group, forward + backward, B1 T16384 /
+#: B4 T4096: 4.383 / 3.928 ms at (4, 8), 4.368 / 3.893 at (2, 8), 4.376 / 3.903 at (8, 8), 4.509 /
+#: 4.040 with PART 0 (gpu_gla_train_d0132da.json).
 GROUP_GRADS_DG: tuple[int, int] | None = (4, 8)
 
 
