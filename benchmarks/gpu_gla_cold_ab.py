@@ -1,0 +1,40 @@
+"""SSD's cold first forward + backward (B1 T16384, 80 heads x 64, dstate 128; benchmarks/gpu_gla.py's
+``--cold`` call), each in a fresh process with an empty Triton cache, alternating three times: the
+backward's parallel stage as planned (a group's value heads summed in its programs, two launches)
+and with one value head a program (``plan.gla.GROUP_GRADS_MIN_HEADS = None``). Writes
+``$OUT/gpu_gla_cold_ab_<commit>.json`` where ``OUT`` is set, else prints only.
+
+    PYTHONPATH=$PWD python benchmarks/gpu_gla_cold_ab.py
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from benchmarks.gpu_gla import COLD
+
+PATCH = {"planned": "", "one value head a program": "import recurscan.plan.gla as _plan\n"
+                                                    "_plan.GROUP_GRADS_MIN_HEADS = None\n"}
+
+
+def main() -> None:
+    rows = []
+    for form in list(PATCH) * 3:
+        code = COLD.replace("import recurscan\n", "import recurscan\n" + PATCH[form], 1)
+        with tempfile.TemporaryDirectory() as cache:
+            out = subprocess.run([sys.executable, "-c", code, "1", "16384"], capture_output=True, text=True,
+                                 env=dict(os.environ, TRITON_CACHE_DIR=cache), check=True)
+        setup, first = map(float, out.stdout.split()[-2:])
+        print(f"{form}: import and inputs {setup:.1f} s, first forward + backward {first:.1f} s", flush=True)
+        rows.append(dict(form=form, cold_import_s=setup, cold_first_call_s=first))
+    if os.environ.get("OUT"):
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        with open(os.path.join(os.environ["OUT"], f"gpu_gla_cold_ab_{commit or 'unknown'}.json"), "w") as f:
+            json.dump(dict(rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
