@@ -78,6 +78,8 @@ def rows_for(name, make_call, want, tagged, peers):
 GRADS_WAVES: list[int] = []
 #: The parallel stage's dg launches that the training rows also try (``--grads-dg``).
 GRADS_DG: list[str] = []
+#: The warps of dq's and dk's launches of their own that the training rows also try (``--grads-sides``).
+GRADS_SIDES: list[int] = []
 
 
 def train_rows():
@@ -94,7 +96,8 @@ def train_rows():
              "recurscan triton, one value head a grads program": dict(GROUP_GRADS_MIN_HEADS=None),
              **{f"recurscan triton, grads at {w} programs an SM": dict(GROUP_GRADS_WAVES=w) for w in GRADS_WAVES},
              **{f"recurscan triton, dg launch {d}": dict(GROUP_GRADS_DG=None if d == "none" else
-                                                         tuple(map(int, d.split(":")))) for d in GRADS_DG}}
+                                                         tuple(map(int, d.split(":")))) for d in GRADS_DG},
+             **{f"recurscan triton, dq and dk apart on {w} warps": dict(GROUP_GRADS_SIDES=w) for w in GRADS_SIDES}}
 
     def timed(name, step, peers, variants=True):
         out = []
@@ -139,10 +142,14 @@ def main():
     ap.add_argument("--grads-dg", action="append", default=[],
                     help="with --train: SSD's rows also with the parallel stage's dg launch as HEADS:WARPS "
                          "(plan.gla.GROUP_GRADS_DG), or none: dg with dq and dk")
+    ap.add_argument("--grads-sides", type=int, action="append", default=[],
+                    help="with --train: SSD's rows also with dq and dk in launches of their own on N warps "
+                         "(plan.gla.GROUP_GRADS_SIDES)")
     ap.add_argument("--train-only", action="store_true", help="the training rows alone")
     args = ap.parse_args()
     GRADS_WAVES.extend(args.grads_waves)
     GRADS_DG.extend(args.grads_dg)
+    GRADS_SIDES.extend(args.grads_sides)
     if args.train_only:
         gpu_gla.PROFILE = args.profile
         save(args.out, train_rows())

@@ -150,7 +150,7 @@ GROUP_GRAD_CASES = {
 
 @pytest.mark.parametrize("case", list(GROUP_GRAD_CASES))
 @pytest.mark.parametrize("optional", ["all", "no_g_no_h0"])
-@pytest.mark.parametrize("grads", ["group", "group, dg with dq and dk", "group in shares"])
+@pytest.mark.parametrize("grads", ["group", "group, dg with dq and dk", "group in shares", "group, dq and dk apart"])
 def test_gradients_with_a_groups_value_heads_summed_in_one_program(case, optional, grads, monkeypatch):
     """The parallel stage summing a query/key head's value heads in its programs (HEADS > 1: one
     program, or two whose shares are summed after): every gradient as above."""

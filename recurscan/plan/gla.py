@@ -218,6 +218,14 @@ def grads_heads(chunks: int, heads: int, value_heads: int, key_dim: int, value_d
             return group // split
     return 1
 
+#: Where the parallel stage sums a group's heads and forms dg apart: dq and dk in launches of their
+#: own too (SIDE 1 and 2: one [64, K] float32 sum a program), on this many warps; None: both in
+#: one launch on 8 warps. Offline sm_90 at 4 warps, dq's launch takes 255 registers and 66 KB of
+#: shared memory (two programs an SM) where both sums in one program hold one program an SM. Not
+#: measured on the H200 yet (the next GPU session's; benchmarks/gpu_gla_sweep.py --grads-sides).
+GROUP_GRADS_SIDES: int | None = None
+
+
 #: Where the parallel stage sums a group's heads: dg in a launch of its own (PART 2), each program
 #: taking this many value heads (a divisor of the group) on this many warps; the dq and dk launch
 #: (PART 1) then forms no dg. None: dg in the same programs as dq and dk (PART 0: one pipeline

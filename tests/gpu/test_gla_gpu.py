@@ -53,7 +53,8 @@ def test_simple_gla_triton_gradients_at_real_sizes(recompute, monkeypatch):
 
 @pytest.mark.parametrize("recompute, grads", [("fused", "per head"), ("sweep", "per head"),
                                              ("sweep, group prep", "per head"), ("sweep, calm gates", "per head"),
-                                             ("sweep, calm gates", "group"), ("sweep", "group in shares")])
+                                             ("sweep, calm gates", "group"), ("sweep", "group in shares"),
+                                             ("sweep, calm gates", "group, dq and dk apart")])
 @pytest.mark.parametrize("cu", [None, [0, 1, 700, 2048]])
 def test_ssd_triton_forward_and_gradients_at_real_sizes(cu, recompute, grads, monkeypatch):
     """mamba_chunk_scan_combined on the Triton path (the GLA engine with SSD's prologue and

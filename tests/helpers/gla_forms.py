@@ -71,14 +71,15 @@ def use_per_key_form(form, monkeypatch):
         assert form == "sweep", form
 
 
-GRADS_FORMS = ("per head", "group", "group, dg with dq and dk", "group in shares")
+GRADS_FORMS = ("per head", "group", "group, dg with dq and dk", "group in shares", "group, dq and dk apart")
 
 
 def use_grads_form(form, monkeypatch):
     """Set the planner so that the backward's parallel stage runs in ``form``: "per head" (one value
     head a program, the group's heads summed after), "group" (a query/key head's value heads summed
     in one program, dg in a launch of its own, 2 heads a program there), "group, dg with dq and dk"
-    (dg in the same programs) or "group in shares" (in two programs, their shares summed after)."""
+    (dg in the same programs), "group in shares" (in two programs, their shares summed after) or
+    "group, dq and dk apart" (dq, dk and dg each in launches of their own)."""
     if form == "per head":
         monkeypatch.setattr(plan_gla, "GROUP_GRADS_MIN_HEADS", None)
         return
@@ -90,5 +91,7 @@ def use_grads_form(form, monkeypatch):
         monkeypatch.setattr(plan_gla, "grads_heads", lambda *a: max(1, whole(*a) // 2))
     elif form == "group, dg with dq and dk":
         monkeypatch.setattr(plan_gla, "GROUP_GRADS_DG", None)
+    elif form == "group, dq and dk apart":
+        monkeypatch.setattr(plan_gla, "GROUP_GRADS_SIDES", 4)
     else:
         assert form == "group", form

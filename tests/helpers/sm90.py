@@ -356,14 +356,15 @@ def compile_ssd_gate() -> list[str]:
 
 
 def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_sweep: bool = False,
-                         group_prep: bool = False, group_grads: bool = False) -> list[str]:
+                         group_prep: bool = False, group_grads: bool = False, grads_sides: bool = False) -> list[str]:
     """The GLA backward's launches (launch/gla.py: the forward for the chunk states, the reverse
     sweep, the parallel stage) for a case of :data:`CASES` (M = 1 ones; bf16); ``per_key``: a decay
     per key dimension (the prep runs with the recompute; the stages' PER_KEY forms); ``on_sweep``:
     the recompute on the delta sweep (a scalar decay's planned form, ``GlaShape.sweep``);
     ``group_prep``: there on the group prep, whose scores and gates the reverse sweep reads;
     ``group_grads``: SSD's form, 16 value heads of one query/key head summed in the parallel
-    stage's programs (plan.gla.grads_heads)."""
+    stage's programs (plan.gla.grads_heads); ``grads_sides``: there dq and dk in launches of their
+    own (plan.gla.GROUP_GRADS_SIDES, 4 warps)."""
     from recurscan.launch.gla import BWD_NAMES, NAMES as GLA_NAMES, build_gla_backward
     from recurscan.plan.gla import GLA_LAUNCH
     _, cu = CASES[case]
@@ -385,7 +386,12 @@ def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_swe
         ci, co = d.chunk_indices, d.chunk_offsets
     sweep = SWEEP_SHAPES["group prep" if group_prep else "one pass"]
     shape = dataclasses.replace(GLA_LAUNCH, sweep=sweep, recompute_on_sweep=True) if on_sweep else GLA_LAUNCH
-    launches = build_gla_backward(q, k, v, g, do, dht, h0, cu_t, ci, co, scale=K ** -0.5, shape=shape)
+    sides = plan_gla.GROUP_GRADS_SIDES
+    plan_gla.GROUP_GRADS_SIDES = 4 if grads_sides else sides
+    try:
+        launches = build_gla_backward(q, k, v, g, do, dht, h0, cu_t, ci, co, scale=K ** -0.5, shape=shape)
+    finally:
+        plan_gla.GROUP_GRADS_SIDES = sides
     z = torch.zeros(1)
     made = {n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.forward.buffers.items()}
     fwd = dict(q=q, k=k, v=v, g=g, h0=h0, cu_seqlens=cu_t, chunk_offsets=co, chunk_indices=ci, **made)
@@ -438,11 +444,12 @@ def lines_for(argv: list[str]) -> list[str]:
     if argv[0] == "descriptors":
         return compile_descriptors()
     if argv[0] in ("gla-backward", "gla-per-key-backward", "gla-sweep-backward", "gla-group-sweep-backward",
-                   "ssd-group-grads-backward"):
+                   "ssd-group-grads-backward", "ssd-group-grads-sides-backward"):
+        ssd_group = argv[0].startswith("ssd-group-grads")
         return compile_gla_backward(argv[1], per_key=argv[0] == "gla-per-key-backward",
-                                    on_sweep=argv[0].endswith("sweep-backward") or argv[0] == "ssd-group-grads-backward",
-                                    group_prep=argv[0] in ("gla-group-sweep-backward", "ssd-group-grads-backward"),
-                                    group_grads=argv[0] == "ssd-group-grads-backward")
+                                    on_sweep=argv[0].endswith("sweep-backward") or ssd_group,
+                                    group_prep=argv[0] == "gla-group-sweep-backward" or ssd_group,
+                                    group_grads=ssd_group, grads_sides=argv[0] == "ssd-group-grads-sides-backward")
     if argv[0] in ("gla", "gla-chunk-states", "gla-per-key", "gla-split", "ssd", "ssd-cache", "ssd-seq-idx",
                    "ssd-split"):
         return compile_gla(argv[1], ssd=argv[0].startswith("ssd"), cache=argv[0] == "ssd-cache",

@@ -291,6 +291,7 @@ def chunk_simple_gla_bwd_grads_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, DOT_PRECISION: tl.constexpr,
     DT: tl.constexpr, PER_KEY: tl.constexpr = False, HEADS: tl.constexpr = 1, PART: tl.constexpr = 0,
+    SIDE: tl.constexpr = 0,
 ):
     """Grid (chunks x H x SPLIT,), SPLIT = HV / H / HEADS: one program per (chunk, query/key head,
     HEADS of its value heads). dq and dk ``[rows, H, SPLIT, K]`` are that program's share of the
@@ -305,7 +306,8 @@ def chunk_simple_gla_bwd_grads_kernel(
 
     HEADS > 1 or PART > 0 (a scalar decay, V <= BV: every value column in one tile):
     :func:`_group_grads`, the heads' sums in the program, so that no per-head dq or dk crosses
-    memory; PART 1 forms dq and dk alone, PART 2 dg alone (two launches), PART 0 both."""
+    memory; PART 1 forms dq and dk alone, PART 2 dg alone (two launches), PART 0 both. In PART 1,
+    SIDE 1 forms dq alone and SIDE 2 dk alone (one accumulator a program), SIDE 0 both."""
     SPLIT: tl.constexpr = HV // H // HEADS
     pid = tl.program_id(0).to(tl.int64)
     i_c = pid // (H * SPLIT)
@@ -322,9 +324,10 @@ def chunk_simple_gla_bwd_grads_kernel(
     if HEADS > 1 or PART > 0:
         b_dq, b_dk = _group_grads(q, k, v, g, do, states, dstates, dg, scratch + pid * BT * BT, rows, m_r, m_rk, o_t,
                                   o_k, m_k, cs, cs_ok, i_h, i_hv, scale, H, HV, K, V, BT, BK, BV, HEADS, HAS_G,
-                                  DOT_PRECISION, DT, PART)
-        if PART != 2:
+                                  DOT_PRECISION, DT, PART, SIDE)
+        if PART != 2 and SIDE != 2:
             tl.store(dq + p_out, b_dq, mask=m_rk)
+        if PART != 2 and SIDE != 1:
             tl.store(dk + p_out, b_dk, mask=m_rk)
         return
     p_s = states + (cs * HV + i_hv) * K * V
@@ -410,14 +413,15 @@ def _scalar_dg(b_dSeg, dlam, lam, strict):
 def _group_grads(q, k, v, g, do, states, dstates, dg, p_scr, rows, m_r, m_rk, o_t, o_k, m_k, cs, cs_ok, i_h, hv0,
                  scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                  BK: tl.constexpr, BV: tl.constexpr, HEADS: tl.constexpr, HAS_G: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr, DT: tl.constexpr, PART: tl.constexpr):
+                 DOT_PRECISION: tl.constexpr, DT: tl.constexpr, PART: tl.constexpr, SIDE: tl.constexpr = 0):
     """(dq, dk) ``[BT, BK]`` summed over value heads hv0 .. hv0 + HEADS - 1 of one query/key head,
     and each head's dg (stored here). The heads' terms that share an operand are summed before the
     product: dq = (sum_h dsG_h) K + sum_h (scale lam_h o dO_h) S_h^T and dk = (sum_h dsG_h)^T Q +
     sum_h (gam_h o V_h) dS'_h^T, each sum over h one accumulator, with dsG_h = causal(scale dO_h
     V_h^T) o G_h. A head's row sums for dg come from products of [BT, V], not from its own dq or
     dk: q . (dO S^T) = dO . (Q S) and k . (V dS'^T) = V . (K dS') by row. Q K^T once for the group.
-    PART 1: dq and dk alone; PART 2: dg alone (dq and dk returned as zeros); PART 0: both."""
+    PART 1: dq and dk alone (SIDE 1: dq alone, SIDE 2: dk alone); PART 2: dg alone (dq and dk
+    returned as zeros); PART 0: both."""
     causal = o_t[:, None] >= o_t[None, :]
     strict = o_t[:, None] > o_t[None, :]
     o_v = tl.arange(0, BV)
@@ -461,11 +465,13 @@ def _group_grads(q, k, v, g, do, states, dstates, dg, p_scr, rows, m_r, m_rk, o_
                          tl.exp2(gc[:, None] - gc[None, :]), 0.0)  # dscores o G
         if PART != 2:
             b_M += b_dsG
-            b_dq = tl.dot((scale * lam[:, None] * b_do).to(DT), tl.load(p_st, mask=m_vk, other=0.0).to(DT), b_dq,
-                          input_precision=DOT_PRECISION)
-            b_v = tl.load(v + p_rv, mask=m_rv, other=0.0).to(tl.float32)
-            b_dk = tl.dot((gam[:, None] * b_v).to(DT), tl.load(p_dst, mask=m_vk, other=0.0).to(DT), b_dk,
-                          input_precision=DOT_PRECISION)
+            if SIDE != 2:
+                b_dq = tl.dot((scale * lam[:, None] * b_do).to(DT), tl.load(p_st, mask=m_vk, other=0.0).to(DT),
+                              b_dq, input_precision=DOT_PRECISION)
+            if SIDE != 1:
+                b_v = tl.load(v + p_rv, mask=m_rv, other=0.0).to(tl.float32)
+                b_dk = tl.dot((gam[:, None] * b_v).to(DT), tl.load(p_dst, mask=m_vk, other=0.0).to(DT), b_dk,
+                              input_precision=DOT_PRECISION)
         if PART != 1:
             b_SqT = tl.dot(tl.load(p_st, mask=m_vk, other=0.0, cache_modifier=".ca").to(DT), b_qt,
                            input_precision=DOT_PRECISION)  # (Q S)^T
@@ -487,9 +493,10 @@ def _group_grads(q, k, v, g, do, states, dstates, dg, p_scr, rows, m_r, m_rk, o_
             d_g = _scalar_dg(b_dSeg, dlam, lam, strict)
             if HAS_G:
                 tl.store(dg + rows * HV + i_hv, d_g, mask=m_r)
-    if PART != 2:
+    if PART != 2 and SIDE != 2:
         b_dq = tl.dot(b_M.to(DT), tl.load(p_k, mask=m_rk, other=0.0, cache_modifier=".ca").to(DT), b_dq,
                       input_precision=DOT_PRECISION)
+    if PART != 2 and SIDE != 1:
         tl.store(p_scr + o_t[:, None] * BT + o_t[None, :], b_M.to(p_scr.dtype.element_ty))
         tl.debug_barrier()
         b_Mt = tl.load(p_scr + o_t[None, :] * BT + o_t[:, None], cache_modifier=".cg").to(DT)
