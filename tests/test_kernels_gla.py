@@ -144,7 +144,8 @@ def test_triton_gradients_match_autograd_through_the_token_loop(case, optional, 
 
 GROUP_GRAD_CASES = {
     "dense, T 130, a group of 4, V 24": dict(B=2, T=130, H=1, HV=4, cu=None, V=24),
-    "varlen, one-token sequences, 2 groups of 4": dict(B=1, T=200, H=2, HV=8, cu=[0, 1, 2, 66, 67, 200], V=16),
+    "varlen, one-token sequences, 2 groups of 4, K 24": dict(B=1, T=200, H=2, HV=8, cu=[0, 1, 2, 66, 67, 200],
+                                                            V=16, K=24),
 }
 
 
@@ -164,10 +165,11 @@ def check_gradients(c, case, optional, recompute, monkeypatch):
                                                                     recompute_on_sweep=recompute != "fused"))
     if recompute == "sweep, group prep":
         use_form(recompute, monkeypatch)
-    q, k, v, g = gla_inputs(c["B"], c["T"], c["H"], c["HV"], 16, c["V"], seed=len(case))
+    q, k, v, g = gla_inputs(c["B"], c["T"], c["H"], c["HV"], c.get("K", 16), c["V"], seed=len(case))
     cu = None if c["cu"] is None else torch.tensor(c["cu"])
     N = c["B"] if cu is None else len(c["cu"]) - 1
-    h0 = torch.randn(N, c["HV"], 16, c["V"], dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    h0 = torch.randn(N, c["HV"], c.get("K", 16), c["V"], dtype=torch.float64,
+                     generator=torch.Generator().manual_seed(3))
     if optional == "no_g_no_h0":
         g = h0 = None
     names = [n for n, t in zip(("q", "k", "v", "g", "h0"), (q, k, v, g, h0)) if t is not None]
