@@ -150,11 +150,10 @@ def main():
     GRADS_WAVES.extend(args.grads_waves)
     GRADS_DG.extend(args.grads_dg)
     GRADS_SIDES.extend(args.grads_sides)
+    gpu_gla.PROFILE = args.profile
     if args.train_only:
-        gpu_gla.PROFILE = args.profile
         save(args.out, train_rows())
         return
-    gpu_gla.PROFILE = args.profile
     tagged = variants(args.sweep)
     rows = []
     s = SHAPES["simple_gla_b4_t4096_h16"]

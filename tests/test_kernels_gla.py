@@ -153,8 +153,9 @@ GROUP_GRAD_CASES = {
 @pytest.mark.parametrize("optional", ["all", "no_g_no_h0"])
 @pytest.mark.parametrize("grads", ["group", "group, dg with dq and dk", "group in shares", "group, dq and dk apart"])
 def test_gradients_with_a_groups_value_heads_summed_in_one_program(case, optional, grads, monkeypatch):
-    """The parallel stage summing a query/key head's value heads in its programs (HEADS > 1: one
-    program, or two whose shares are summed after): every gradient as above."""
+    """The parallel stage summing a query/key head's value heads in its programs (HEADS > 1), in
+    each form of tests/helpers/gla_forms.py's use_grads_form (dg apart or not, the group in one
+    program or two shares, dq and dk apart): every gradient as above."""
     use_grads_form(grads, monkeypatch)
     check_gradients(GROUP_GRAD_CASES[case], case, optional, "sweep, group prep", monkeypatch)
 

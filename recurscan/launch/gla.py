@@ -360,17 +360,19 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
         coef=arg("coef", group), GATE_SCORES=group), dict(num_warps=4))
     grouped = heads > 1
     dg_launch = plan_gla.grads_dg_launch(HV // H) if grouped and g is not None else None
+    # PART 0: dq, dk and dg in one launch (one value head a program, or dg not apart); 1: dq and dk alone
+    part = 1 if grouped and (g is None or dg_launch is not None) else 0
     grads_args = dict(
         common, q=arg("q"), k=arg("k"), v=arg("v"), g=arg("g", g is not None), do=arg("do"), states=arg("states"),
         dstates=arg("dstates"), dq=arg("dq"), dk=arg("dk"), dg=arg("dg", g is not None), scratch=arg("scratch"),
         chunk_indices=arg("chunk_indices", varlen), n_seq=N, PER_KEY=per_key, HEADS=heads,
         BV=max(16, triton.next_power_of_2(V)) if grouped else BV,
-        PART=0 if grouped and g is not None and dg_launch is None else int(grouped), SIDE=0)  # PART 1: dq, dk alone
+        PART=part, SIDE=0)
     grads = Step(chunk_simple_gla_bwd_grads_kernel, (rows * H * split,), grads_args,
-                 dict(num_warps=8, num_stages=plan_gla.GROUP_GRADS_STAGES if grads_args["PART"] == 1 else 1)
+                 dict(num_warps=8, num_stages=plan_gla.GROUP_GRADS_STAGES if part == 1 else 1)
                  if grouped else dict(num_warps=8))
     steps = [sweep, grads]
-    if grads_args["PART"] == 1 and plan_gla.GROUP_GRADS_SIDES is not None:  # dq, then dk, each alone
+    if part == 1 and plan_gla.GROUP_GRADS_SIDES is not None:  # dq, then dk, each alone
         options = dict(num_warps=plan_gla.GROUP_GRADS_SIDES, num_stages=plan_gla.GROUP_GRADS_STAGES)
         steps[1:] = [dataclasses.replace(grads, kwargs=dict(grads_args, SIDE=side), options=options) for side in (1, 2)]
     if dg_launch is not None:  # dg apart (PART 2), dg_heads value heads a program

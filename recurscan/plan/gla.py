@@ -218,6 +218,7 @@ def grads_heads(chunks: int, heads: int, value_heads: int, key_dim: int, value_d
             return group // split
     return 1
 
+
 #: Where the parallel stage sums a group's heads and forms dg apart: dq and dk in launches of their
 #: own too (SIDE 1 and 2: one [64, K] float32 sum a program), on this many warps; None: both in
 #: one launch on 8 warps. Offline sm_90 at 4 warps, dq's launch takes 255 registers and 66 KB of
