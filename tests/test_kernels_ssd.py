@@ -219,6 +219,39 @@ def test_triton_gradients_match_autograd_through_the_token_loop(cu, extras, form
         assert relative_rms(a.double().cpu(), b) < 2e-5, f"{name}: {relative_rms(a.double().cpu(), b):.2e}"
 
 
+@pytest.mark.parametrize("form", ["sweep", "fused"])
+def test_the_training_forward_starts_the_backward_compiling(form, monkeypatch):
+    """SSD's training forward (the recurrence's kernels with v = dt x and D x inside, as inference
+    runs them) starts its backward compiling on the signature's first call, from x's signature
+    for v and the step sizes' for g (launch/gla.py's _backward_decay): the backward then finds
+    those launches (none built again), waits for the compiles, and its gradients are the ones a
+    call without the early compile gives. The compiler is recorded here: the interpreter compiles
+    nothing."""
+    import recurscan.launch.gla as lg
+    use_form(form, monkeypatch)
+    x = {k: v.float() for k, v in ssd_inputs(1, 97, 3, 1, seed=31).items()}  # a signature no other test has
+    gen = torch.Generator().manual_seed(32)
+    D, dy = torch.randn(3, generator=gen), torch.randn(1, 97, 3, 8, generator=gen)
+
+    def grads():
+        leaves = [t.clone().to(DEVICE).requires_grad_() for t in (*x.values(), D)]
+        y = recurscan.mamba_chunk_scan_combined(*leaves[:5], D=leaves[5], dt_softplus=True, backend="triton")
+        return torch.autograd.grad(y, leaves, dy.to(DEVICE))
+
+    want = grads()  # built and launched on the backward's first call
+    lg.GLA_SWEEP_LAUNCHES.clear(), lg.GLA_LAUNCHES.clear(), lg.GLA_BACKWARD_LAUNCHES.clear()
+    handed, waited = [], []
+    monkeypatch.setattr(lg, "INTERPRET", False)
+    monkeypatch.setattr(lg, "compile_in_background",
+                        lambda launches, names, values, device: handed.append(names) or (lambda: waited.append(1)))
+    got = grads()
+    assert handed == [lg.CALL_NAMES if form == "sweep" else lg.NAMES, lg.BWD_NAMES] and waited == [1, 1]
+    (built,) = lg.GLA_BACKWARD_LAUNCHES.values()  # the forward's, found by the backward
+    assert built.pending is None
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 SEQ_IDX = [[0, 0, 0, 1, 1, 1, 1, 1] + [1] * 62 + [2] + [5] * 59,  # a one-token sequence; ids need not be consecutive
            [7] * 64 + [8] * 66]  # a start on a chunk boundary
 
@@ -363,37 +396,65 @@ def test_prep_programs_over_several_heads_give_the_same_bits(groups, monkeypatch
         torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
 
 
-@pytest.mark.parametrize("D_form, with_z", [(None, True), ("head", False), ("head", True), ("channel", False),
-                                            ("channel", True)])  # neither: the op returns o itself
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_training_skip_and_gate_kernel_matches_the_reference(D_form, with_z, dtype):
-    """autograd/ssd.py's gate_forward and gate_backward (one Triton pass each) against
-    reference.ssd.skip_and_gate under autograd in float64: y and the gradients of o, x, D and z,
-    over rows that are not a multiple of the kernel's block and a head dim that is not a power of
-    two; None where an input is absent (x's without D)."""
+def test_the_training_gate_kernels_match_the_reference(dtype):
+    """autograd/ssd.py's gate_forward and gate_backward (one Triton pass each: y = u silu(z) on the
+    recurrence's u = o + D x) against reference.ssd.skip_and_gate under autograd in float64: y and
+    the gradients of u and z, over rows that are not a multiple of the kernel's block and a head
+    dim that is not a power of two."""
     from recurscan.autograd.ssd import gate_backward, gate_forward
     from recurscan.reference.ssd import skip_and_gate
     from tests.helpers.tolerances import relative_rms
     gen = torch.Generator().manual_seed(3)
     r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
-    o, x, z = r(2, 75, 3, 12), r(2, 75, 3, 12), r(2, 75, 3, 12) * 3
-    D = None if D_form is None else (r(3) if D_form == "head" else r(3, 12))
-    z = z if with_z else None
-    want_in = [t if t is None else t.clone().requires_grad_() for t in (o, x, D, z)]
-    want = skip_and_gate(*want_in)
+    u, z = r(2, 75, 3, 12).requires_grad_(), (r(2, 75, 3, 12) * 3).requires_grad_()
+    want = skip_and_gate(u, torch.zeros_like(u), None, z)
     dy = r(*want.shape)
-    want_grads = iter(torch.autograd.grad(want, [t for t in want_in if t is not None], dy, allow_unused=True))
-    want_grads = [None if t is None else next(want_grads) for t in want_in]
-    mine = [None if t is None else (t.float() if i == 2 else t.to(dtype)).to(DEVICE) for i, t in enumerate((o, x, D, z))]
+    want_grads = torch.autograd.grad(want, (u, z), dy)
+    mine = [t.detach().to(dtype).to(DEVICE) for t in (u, z)]
     y = gate_forward(*mine)
     grads = gate_backward(dy.to(dtype).to(DEVICE), *mine)
     bound = 1e-6 if dtype == torch.float32 else 1e-2
     assert relative_rms(y.double().cpu(), want.detach()) < bound
-    for name, g, w in zip("oxDz", grads, want_grads):
-        if w is None:
+    for name, g, w in zip("uz", grads, want_grads):
+        assert g.dtype == dtype, name
+        assert relative_rms(g.double().cpu(), w) < bound, f"d{name}: {relative_rms(g.double().cpu(), w):.1e}"
+
+
+@pytest.mark.parametrize("D_form, with_z", [(None, False), (None, True), ("head", False), ("head", True),
+                                            ("channel", False), ("channel", True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_training_step_kernel_matches_the_reference(D_form, with_z, dtype):
+    """autograd/ssd.py's step_backward (one Triton pass: x's gradient through v = dt x and the
+    skip, dt's through v and the log decay dt A, D's) against autograd in float64 through
+    <dv, dt x> + <dg, dt A> + <dy, skip_and_gate(o, x, D, z)>: dx, ddt and dD (None without D),
+    over rows that are not a multiple of the kernel's block and a head dim that is not a power of
+    two."""
+    from recurscan.autograd.ssd import step_backward
+    from recurscan.reference.ssd import skip_and_gate
+    from tests.helpers.tolerances import relative_rms
+    gen = torch.Generator().manual_seed(4)
+    r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+    x, step = r(2, 75, 3, 12).requires_grad_(), r(2, 75, 3).abs().requires_grad_()
+    D = None if D_form is None else (r(3) if D_form == "head" else r(3, 12)).requires_grad_()
+    o, z, A = r(2, 75, 3, 12), (r(2, 75, 3, 12) * 3 if with_z else None), -r(3).abs()
+    dv, dg, dy = r(2, 75, 3, 12), r(2, 75, 3), r(2, 75, 3, 12)
+    loss = (dv * step[..., None] * x).sum() + (dg * step * A).sum() + (dy * skip_and_gate(o, x, D, z)).sum()
+    leaves = {name: t for name, t in zip("xtD", (x, step, D)) if t is not None}
+    want = dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values()))))
+    low = lambda t: None if t is None else t.detach().to(dtype).to(DEVICE)  # noqa: E731
+    dx, dstep, dD = step_backward(dv.float().to(DEVICE), dg.float().to(DEVICE), low(x), step.detach().float().to(DEVICE),
+                                  A.float().to(DEVICE), low(dy), None if D is None else D.detach().float().to(DEVICE),
+                                  low(z))
+    bound = 1e-6 if dtype == torch.float32 else 1e-2
+    assert dx.dtype == dtype and dstep.dtype == torch.float32
+    for name, g in (("x", dx), ("t", dstep), ("D", dD)):
+        if name not in want:
             assert g is None, name
             continue
-        assert relative_rms(g.double().cpu(), w) < bound, f"d{name}: {relative_rms(g.double().cpu(), w):.1e}"
+        err = relative_rms(g.double().cpu(), want[name])
+        assert err < bound, f"d{name}: {err:.1e}"
+
 
 def test_the_planner_takes_the_group_prep_where_the_h200_measured_it_faster(monkeypatch):
     """SSD at Mamba2's sizes (80 heads of 64, one group, dstate 128) on the H200's 132 SMs: B4

@@ -1,9 +1,11 @@
 """Training Mamba2 SSD on the Triton path (mamba_ssm's parameterisation), as one
-``torch.autograd.Function`` around the GLA kernels: v = dt x and the log decay dt A, the recurrence
-(launch/gla.py's forward and backward), and the output's parts outside it, y = (o + D x) silu(z),
-as one elementwise Triton pass each way (kernels/gla/ssd_gate.py). Inside one Function, x's two
-gradients (through v and through the skip) add in float32 and round once, as mamba_ssm's do; the
-step sizes (dt_bias, softplus, dt_limit) stay in PyTorch before it (``[B, T, H]``, small).
+``torch.autograd.Function`` around the GLA kernels: the forward on the recurrence's kernels with
+v = dt x and the skip D x inside them (as inference runs it), the gate silu(z) one elementwise
+pass after; the backward on the GLA backward's stages (launch/gla.py) with v = dt x formed again,
+and the elementwise gradients one Triton pass each (kernels/gla/ssd_gate.py). Inside one Function,
+x's two gradients (through v and through the skip) add in float32 and round once, as mamba_ssm's
+do; the step sizes (dt_bias, softplus, dt_limit) stay in PyTorch before it (``[B, T, H]``,
+small).
 ``reference.ssd`` is the form it is checked against (tests/test_kernels_ssd.py)."""
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import torch
 import triton
 
 from ..kernels.gla.ssd_gate import ssd_gate_bwd_kernel, ssd_gate_fwd_kernel, ssd_step_bwd_kernel, ssd_value_kernel
-from ..launch.gla import chunk_simple_gla_bwd, chunk_simple_gla_fwd
+from ..launch.gla import SsdPrologue, chunk_simple_gla_bwd, chunk_simple_gla_fwd
 
 ROWS_PER_PROGRAM = 64
 
@@ -22,36 +24,28 @@ def _grid(o):
     return rows, H, P, (triton.cdiv(rows, ROWS_PER_PROGRAM), H)
 
 
+def _blocks(P):
+    return dict(BR=ROWS_PER_PROGRAM, BP=max(16, triton.next_power_of_2(P)))
+
+
 def _flags(D, z, P):
-    return dict(BR=ROWS_PER_PROGRAM, BP=max(16, triton.next_power_of_2(P)), HAS_D=D is not None,
-                D_PER_CHANNEL=D is not None and D.dim() == 2, HAS_Z=z is not None)
+    return dict(_blocks(P), HAS_D=D is not None, D_PER_CHANNEL=D is not None and D.dim() == 2, HAS_Z=z is not None)
 
 
-def gate_forward(o, x, D, z):
-    """``y = (o + D x) silu(z)`` in o's dtype (float32 inside): o, x, z ``[..., H, P]`` (z or D
-    may be None), D ``[H]`` or ``[H, P]``; all contiguous."""
-    rows, H, P, grid = _grid(o)
-    y = torch.empty_like(o)
-    ssd_gate_fwd_kernel[grid](o, x, o if D is None else D, o if z is None else z, y, rows, H=H, P=P, **_flags(D, z, P))
+def gate_forward(u, z):
+    """``y = u silu(z)`` in u's dtype (float32 inside): u, z ``[..., H, P]``, contiguous."""
+    rows, H, P, grid = _grid(u)
+    y = torch.empty_like(u)
+    ssd_gate_fwd_kernel[grid](u, z, y, rows, H=H, P=P, **_blocks(P))
     return y
 
 
-def gate_backward(dy, o, x, D, z, with_dx=True):
-    """``(do, dx, dD, dz)`` of :func:`gate_forward` for ``dy`` (None where an input is None; dx None
-    without D, or where ``with_dx`` is False: :func:`step_backward` forms it with v's share): do in
-    o's dtype, dx in x's, dz in z's, dD float32 from per-block partial sums, in D's dtype."""
-    rows, H, P, grid = _grid(o)
-    do = torch.empty_like(o)
-    dx = torch.empty_like(x) if D is not None and with_dx else None
-    dz = torch.empty_like(z) if z is not None else None
-    part = torch.zeros(grid[0], H, P, dtype=torch.float32, device=o.device) if D is not None else None
-    ssd_gate_bwd_kernel[grid](dy.contiguous(), o, x, o if D is None else D, o if z is None else z, do,
-                              o if dx is None else dx, o if dz is None else dz, o if part is None else part, rows,
-                              H=H, P=P, WITH_DX=dx is not None, **_flags(D, z, P))
-    dD = None
-    if D is not None:
-        dD = (part.sum(0) if D.dim() == 2 else part[..., 0].sum(0)).to(D.dtype)
-    return do, dx, dD, dz
+def gate_backward(dy, u, z):
+    """``(du, dz)`` of :func:`gate_forward` for ``dy``: du in u's dtype, dz in z's."""
+    rows, H, P, grid = _grid(u)
+    du, dz = torch.empty_like(u), torch.empty_like(z)
+    ssd_gate_bwd_kernel[grid](dy.contiguous(), u, z, du, dz, rows, H=H, P=P, **_blocks(P))
+    return du, dz
 
 
 def values(x, step, kernel_dtype):
@@ -59,22 +53,26 @@ def values(x, step, kernel_dtype):
     ``[..., H]`` float32."""
     rows, H, P, grid = _grid(x)
     v = torch.empty(x.shape, dtype=kernel_dtype, device=x.device)
-    ssd_value_kernel[grid](x, step.contiguous(), v, rows, H=H, P=P, BR=ROWS_PER_PROGRAM,
-                           BP=max(16, triton.next_power_of_2(P)))
+    ssd_value_kernel[grid](x, step.contiguous(), v, rows, H=H, P=P, **_blocks(P))
     return v
 
 
 def step_backward(dv, dg, x, step, A, dy, D, z):
-    """``(dx, dstep)``: x's gradient (through v = dt x, plus the skip's D dy silu(z) where D is
-    given) in x's dtype, and dt's (through v and the log decay dt A) in float32, each formed in
-    float32 and rounded once; dv ``[..., H, P]`` and dg ``[..., H]`` float32."""
+    """``(dx, dstep, dD)``: x's gradient (through v = dt x, plus the skip's D dy silu(z) where D
+    is given) in x's dtype, dt's (through v and the log decay dt A) in float32, each formed in
+    float32 and rounded once, and D's (None without D) from per-block partial sums, in D's dtype;
+    dv ``[..., H, P]`` and dg ``[..., H]`` float32, dy the gradient of y = (o + D x) silu(z)."""
     rows, H, P, grid = _grid(x)
     dx = torch.empty_like(x)
     dstep = torch.empty(step.shape, dtype=torch.float32, device=x.device)
+    part = torch.empty(grid[0], H, P, dtype=torch.float32, device=x.device) if D is not None else None
     ssd_step_bwd_kernel[grid](dv.contiguous(), x, step.contiguous(), dy.contiguous() if D is not None else dx,
                               dx if z is None else z, dx if D is None else D, dg.contiguous(), A.float().contiguous(),
-                              dx, dstep, rows, H=H, P=P, **_flags(D, z, P))
-    return dx, dstep
+                              dx, dstep, dx if part is None else part, rows, H=H, P=P, **_flags(D, z, P))
+    dD = None
+    if D is not None:
+        dD = (part.sum(0) if D.dim() == 2 else part[..., 0].sum(0)).to(D.dtype)
+    return dx, dstep, dD
 
 
 class SsdChunkScan(torch.autograd.Function):
@@ -82,40 +80,46 @@ class SsdChunkScan(torch.autograd.Function):
     step ``[Bt, T, H]`` float32 (the discretised dt), A ``[H]``, C and B ``[Bt, T, G, N]`` in the
     kernels' dtype, D ``[H]`` / ``[H, P]`` or None, z like x or None, h0 ``[N, H, Nstate, P]`` or
     None, resets ``[Bt, T]`` (-inf where mamba's seq_idx starts a sequence) or None; ``options``:
-    the kernels' dtype, cu_seqlens, chunk_indices, chunk_offsets and the launch shape. y in o's
-    dtype, final ``[N, H, Nstate, P]`` float32. Saved for the backward: the inputs and o (v and
-    the log decay are formed again there)."""
+    the kernels' dtype, cu_seqlens, chunk_indices, chunk_offsets and the launch shape. y in the
+    kernels' dtype, final ``[N, H, Nstate, P]`` float32.
+
+    Forward: the recurrence's kernels as inference runs them (x raw, dt folded into the gates,
+    u = o + D x in the output store; launch/gla.py's SSD prologue with the step sizes given), then
+    the gate y = u silu(z) where z is given. Saved for the backward: the inputs, and u where z is
+    given. Backward: the gate's, then v = dt x and the log decay formed again for the recurrence's
+    backward, then x's, dt's and D's gradients in one pass."""
 
     @staticmethod
     def forward(ctx, x, step, A, C, B, D, z, h0, resets, options):
         x = x.contiguous()
         D = None if D is None else D.contiguous()
         z = None if z is None else z.contiguous()
-        v, g = _value_and_decay(x, step, A, resets, options["kernel_dtype"])
-        o, final = chunk_simple_gla_fwd(C, B, v, g, scale=1.0, initial_state=h0, output_final_state=True,
-                                        cu_seqlens=options["cu_seqlens"], shape=options["shape"],
-                                        chunk_indices=options["chunk_indices"],
+        kernel_dtype = options["kernel_dtype"]
+        prologue = SsdPrologue(step.contiguous(), A, None, D, None, False, (0.0, float("inf")))
+        u, final = chunk_simple_gla_fwd(C, B, x.to(kernel_dtype), resets, scale=1.0, initial_state=h0,
+                                        output_final_state=True, cu_seqlens=options["cu_seqlens"],
+                                        shape=options["shape"], chunk_indices=options["chunk_indices"], ssd=prologue,
                                         backward=dict(chunk_indices=options["chunk_indices"],
                                                       chunk_offsets=options["chunk_offsets"]))
-        y = o if D is None and z is None else gate_forward(o, x, D, z)
-        ctx.save_for_backward(x, step, A, C, B, D, z, h0, resets, o)
+        y = u if z is None else gate_forward(u, z)
+        ctx.save_for_backward(x, step, A, C, B, D, z, h0, resets, None if z is None else u)
         ctx.options = options
         return y, final
 
     @staticmethod
     def backward(ctx, dy, dfinal):
-        x, step, A, C, B, D, z, h0, resets, o = ctx.saved_tensors
+        x, step, A, C, B, D, z, h0, resets, u = ctx.saved_tensors
         opt = ctx.options
-        dD = dz = None
-        if D is None and z is None:
-            do = dy.to(o.dtype)
-        else:  # x's share comes with v's, below
-            do, _, dD, dz = gate_backward(dy, o, x, D, z, with_dx=False)
+        dz = None
+        if z is None:
+            do = dy.to(opt["kernel_dtype"])
+        else:  # x's and D's shares of the skip come with v's, below
+            do, dz = gate_backward(dy, u, z)
         v, g = _value_and_decay(x, step, A, resets, opt["kernel_dtype"])
         dC, dB, dv, dg, dh0 = chunk_simple_gla_bwd(C, B, v, g, do, dfinal, scale=1.0, initial_state=h0,
                                                    cu_seqlens=opt["cu_seqlens"], chunk_indices=opt["chunk_indices"],
                                                    chunk_offsets=opt["chunk_offsets"], shape=opt["shape"])
-        dx, dstep = step_backward(dv, dg, x, step, A, dy, D, z)
+        dx, dstep, dD = step_backward(dv, dg, x, step, A, dy, D, z)
         dA = (dg * step).sum(tuple(range(dg.dim() - 1)))
         return (dx, dstep, dA.to(A.dtype), dC.to(C.dtype), dB.to(B.dtype), dD, dz,
                 None if dh0 is None else dh0.to(h0.dtype), None, None)

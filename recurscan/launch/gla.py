@@ -188,7 +188,9 @@ def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_
     laid out ``[., HV, V, K]``. Strided q, k, v, g (and the SSD tensors) are copied to the dense
     layout the kernel indexes; states are read through their strides. ``backward`` (a forward under
     autograd: its ``chunk_indices`` and ``chunk_offsets``): on the signature's first call the
-    backward's kernels start compiling beside this one (:func:`compile_gla_backward_early`).
+    backward's kernels start compiling beside this one (:func:`compile_gla_backward_early`; with
+    ``ssd``, the backward of autograd/ssd.py's SsdChunkScan, which takes x's signature for v and
+    the step sizes' for g).
     ``chunk_state_rows``: also return the state entering every chunk, ``[rows, HV, K, V]`` float32
     (row ``chunk_offsets[n] + c``, dense ``n * ceil(T / 64) + c``; varlen rows past the last
     offset are zeros); returned third. ``prep_rows``: through the prep (:func:`build_gla_forward`;
@@ -222,8 +224,8 @@ def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_
                                                          num_chunk_rows=chunk_state_rows,
                                                          chunk_states_dtype=torch.float32,
                                                          prep_rows=prep_rows))
-        if backward is not None and ssd is None and prep_rows is None and not INTERPRET:
-            compile_gla_backward_early(q, k, v, g, h0, cu_seqlens, scale=scale, shape=shape,
+        if backward is not None and prep_rows is None and not INTERPRET:
+            compile_gla_backward_early(q, k, v, _backward_decay(g, ssd), h0, cu_seqlens, scale=scale, shape=shape,
                                        out=launch.buffers["o"], final=launch.buffers.get("ht"), **backward)
     made = {n: _empty(*s, dtype=d, device=q.device) for n, (s, d) in launch.buffers.items()}
     if chunk_state_rows is not None and (cu_seqlens is not None or state_indices is not None):  # padding rows stay zero
@@ -265,9 +267,9 @@ def _gla_on_sweep(q, k, v, g, *, scale, initial_state, output_final_state, cu_se
             num_chunk_rows=chunk_state_rows, state=state, state_indices=state_indices,
             return_chunk_states=chunk_state_rows is not None, wy=False, ssd=ssd, key_decay=key_decay,
             out_views=out_views))
-        if backward is not None and ssd is None and not key_decay and not INTERPRET:
+        if backward is not None and not key_decay and not INTERPRET:
             N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
-            compile_gla_backward_early(q, k, v, g, h0, cu_seqlens, scale=scale, shape=shape,
+            compile_gla_backward_early(q, k, v, _backward_decay(g, ssd), h0, cu_seqlens, scale=scale, shape=shape,
                                        out=launches.buffers["o"][:2], final=((N,) + h0_shape(q, v), torch.float32)
                                        if output_final_state else None, **backward)
     given = None if out_views is None else {"o": out_views[0], "final": out_views[1]}
@@ -277,6 +279,13 @@ def _gla_on_sweep(q, k, v, g, *, scale, initial_state, output_final_state, cu_se
     if state is not None:
         final = state.transpose(-1, -2) if state_v_first else state
     return (o, final) if chunk_state_rows is None else (o, final, out[2])
+
+
+def _backward_decay(g, ssd: SsdPrologue | None):
+    """A forward's log decay as its backward takes it: SSD's training forward (the step sizes
+    given as ``ssd.dt``, float32 ``[B, T, HV]``) is differentiated as GLA with g = dt A (plus the
+    resets), a tensor of the step sizes' signature; anything else's is ``g`` itself."""
+    return g if ssd is None else ssd.dt
 
 
 def h0_shape(q, v) -> tuple:

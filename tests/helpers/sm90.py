@@ -331,27 +331,28 @@ def compile_ssd_benchmark(shape: DeltaShape, describe=None) -> list[str]:
 
 
 def compile_ssd_gate() -> list[str]:
-    """The SSD training path's elementwise kernels (autograd/ssd.py): the skip and gate both ways
-    and x's and dt's gradients, both D forms, z on; v = dt x; bf16."""
+    """The SSD training path's elementwise kernels (autograd/ssd.py): the gate both ways; x's, dt's
+    and D's gradients, both D forms, z on; v = dt x; bf16."""
     from recurscan.autograd.ssd import ROWS_PER_PROGRAM
     from recurscan.kernels.gla.ssd_gate import (ssd_gate_bwd_kernel, ssd_gate_fwd_kernel, ssd_step_bwd_kernel,
                                                 ssd_value_kernel)
     from recurscan.launch.delta import Step
     bf, f32 = torch.zeros(1, dtype=torch.bfloat16), torch.zeros(1)
+    blocks = dict(H=80, P=64, BR=ROWS_PER_PROGRAM, BP=64)
     lines = []
+    for kernel, names in ((ssd_gate_fwd_kernel, ("u", "z", "y")), (ssd_gate_bwd_kernel, ("dy", "u", "z", "du", "dz"))):
+        step = Step(kernel, (1, 80), dict({n: CallArg(n) for n in names}, n_rows=16384, **blocks), dict(num_warps=4))
+        lines.append(compiled_line(step, names, (bf,) * len(names)))
+    names = ("dv", "x", "step", "dy", "z", "D", "dg", "A", "dx", "dstep", "dD_part")
     for per_channel in (False, True):
-        flags = dict(H=80, P=64, BR=ROWS_PER_PROGRAM, BP=64, HAS_D=True, D_PER_CHANNEL=per_channel, HAS_Z=True)
-        for kernel, names in ((ssd_gate_fwd_kernel, ("o", "x", "D", "z", "y")),
-                              (ssd_gate_bwd_kernel, ("dy", "o", "x", "D", "z", "do", "dx", "dz", "dD_part")),
-                              (ssd_step_bwd_kernel, ("dv", "x", "step", "dy", "z", "D", "dg", "A", "dx", "dstep"))):
-            values = tuple(f32 if n in ("D", "dD_part", "dv", "step", "dg", "A", "dstep") else bf for n in names)
-            extra = dict(WITH_DX=False) if kernel is ssd_gate_bwd_kernel else {}  # as SsdChunkScan launches it
-            step = Step(kernel, (1, 80), dict({n: CallArg(n) for n in names}, n_rows=16384, **flags, **extra),
-                        dict(num_warps=4))
-            lines.append(compiled_line(step, names, values))
+        flags = dict(blocks, HAS_D=True, D_PER_CHANNEL=per_channel, HAS_Z=True)
+        values = tuple(f32 if n in ("D", "dD_part", "dv", "step", "dg", "A", "dstep") else bf for n in names)
+        step = Step(ssd_step_bwd_kernel, (1, 80), dict({n: CallArg(n) for n in names}, n_rows=16384, **flags),
+                    dict(num_warps=4))
+        lines.append(compiled_line(step, names, values))
     names = ("x", "step", "v")
-    step = Step(ssd_value_kernel, (1, 80), dict({n: CallArg(n) for n in names}, n_rows=16384, H=80, P=64,
-                                                BR=ROWS_PER_PROGRAM, BP=64), dict(num_warps=4))
+    step = Step(ssd_value_kernel, (1, 80), dict({n: CallArg(n) for n in names}, n_rows=16384, **blocks),
+                dict(num_warps=4))
     return lines + [compiled_line(step, names, (bf, f32, bf))]
 
 
