@@ -80,6 +80,8 @@ GRADS_WAVES: list[int] = []
 GRADS_DG: list[str] = []
 #: The warps of dq's and dk's launches of their own that the training rows also try (``--grads-sides``).
 GRADS_SIDES: list[int] = []
+#: The reverse sweep's (value columns, warps) that the training rows also try (``--reverse-sweep BV:W``).
+REVERSE_SWEEPS: list[str] = []
 
 
 def train_rows():
@@ -97,7 +99,9 @@ def train_rows():
              **{f"recurscan triton, grads at {w} programs an SM": dict(GROUP_GRADS_WAVES=w) for w in GRADS_WAVES},
              **{f"recurscan triton, dg launch {d}": dict(GROUP_GRADS_DG=None if d == "none" else
                                                          tuple(map(int, d.split(":")))) for d in GRADS_DG},
-             **{f"recurscan triton, dq and dk apart on {w} warps": dict(GROUP_GRADS_SIDES=w) for w in GRADS_SIDES}}
+             **{f"recurscan triton, dq and dk apart on {w} warps": dict(GROUP_GRADS_SIDES=w) for w in GRADS_SIDES},
+             **{f"recurscan triton, reverse sweep {r}": dict(REVERSE_SWEEP=tuple(map(int, r.split(":"))))
+                for r in REVERSE_SWEEPS}}
 
     def timed(name, step, peers, variants=True):
         out = []
@@ -145,11 +149,15 @@ def main():
     ap.add_argument("--grads-sides", type=int, action="append", default=[],
                     help="with --train: SSD's rows also with dq and dk in launches of their own on N warps "
                          "(plan.gla.GROUP_GRADS_SIDES)")
+    ap.add_argument("--reverse-sweep", action="append", default=[],
+                    help="with --train: SSD's rows also with the backward's reverse sweep as BV:WARPS "
+                         "(plan.gla.REVERSE_SWEEP)")
     ap.add_argument("--train-only", action="store_true", help="the training rows alone")
     args = ap.parse_args()
     GRADS_WAVES.extend(args.grads_waves)
     GRADS_DG.extend(args.grads_dg)
     GRADS_SIDES.extend(args.grads_sides)
+    REVERSE_SWEEPS.extend(args.reverse_sweep)
     gpu_gla.PROFILE = args.profile
     if args.train_only:
         save(args.out, train_rows())

@@ -142,6 +142,17 @@ def test_triton_gradients_match_autograd_through_the_token_loop(case, optional, 
     check_gradients(GRAD_CASES[case], case, optional, recompute, monkeypatch)
 
 
+@pytest.mark.parametrize("case", ["dense, GVA, T 130", "varlen, one-token sequences"])
+@pytest.mark.parametrize("recompute", ["sweep", "sweep, group prep"])
+def test_gradients_with_the_reverse_sweep_on_16_columns(case, recompute, monkeypatch):
+    """The reverse sweep on 16 value columns a program (plan.gla.REVERSE_SWEEP; V 24 in two
+    blocks, the second masked): every gradient as above."""
+    from recurscan.plan import gla as plan_gla
+    use_grads_form("per head", monkeypatch)
+    monkeypatch.setattr(plan_gla, "REVERSE_SWEEP", (16, 4))
+    check_gradients(GRAD_CASES[case], case, "all", recompute, monkeypatch)
+
+
 GROUP_GRAD_CASES = {
     "dense, T 130, a group of 4, V 24": dict(B=2, T=130, H=1, HV=4, cu=None, V=24),
     "varlen, one-token sequences, 2 groups of 4, K 24": dict(B=1, T=200, H=2, HV=8, cu=[0, 1, 2, 66, 67, 200],

@@ -243,3 +243,11 @@ def grads_dg_launch(group: int) -> tuple[int, int] | None:
         return None
     heads, warps = GROUP_GRADS_DG
     return max(d for d in range(1, min(heads, group) + 1) if group % d == 0), warps
+
+
+#: The backward's reverse sweep (kernels/gla/backward.py, chunk_simple_gla_bwd_sweep_kernel): value
+#: columns a program (at most V) and warps. Each program walks its sequence's chunks carrying dS'^T
+#: [columns, K]: fewer columns, more programs and smaller products on the chain. 32 on 4 warps
+#: since the first version; other shapes are benchmark forms (benchmarks/gpu_gla_sweep.py
+#: --reverse-sweep), not measured on the H200 yet.
+REVERSE_SWEEP = (32, 4)

@@ -23,10 +23,12 @@ from .prep import CALM, SUB, _key_gates, _log2_decays
 @triton.jit(do_not_specialize=["T", "n_cs_rows"])
 def chunk_simple_gla_bwd_sweep_kernel(
     q, k, g, do, dstates, dht, dh0, dv, cu_seqlens, chunk_offsets, T, scale, n_cs_rows, qg, kg, aqk, dl, coef,
+    x, step, D, dx, dstep_part, dD_part,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, HAS_DHT: tl.constexpr,
     STORE_DH0: tl.constexpr, DOT_PRECISION: tl.constexpr, DT: tl.constexpr, PER_KEY: tl.constexpr = False,
-    GATE_SCORES: tl.constexpr = False,
+    GATE_SCORES: tl.constexpr = False, SSD: tl.constexpr = False, HAS_D: tl.constexpr = False,
+    D_PER_CHANNEL: tl.constexpr = False,
 ):
     """Grid (N * HV * ceil(V / BV),): one program per (sequence, value head, value block) holds
     dS^T [BV, K] (the gradient of the state leaving the chunk) and walks the chunks last to first:
@@ -42,7 +44,13 @@ def chunk_simple_gla_bwd_sweep_kernel(
     column factors f = 1 / (lam scale)) come from that prep, so no Q K^T product and no gates are
     formed here; in a calm chunk G_ij = lam_i / lam_j and gam_j = lam_last / lam_j, so
     dV^T = f o ((lam scale o dO)^T scores + scale lam_last (K dS')^T), the first operand the one the
-    dS update takes, and no [BT, BT] tile of exp2 either."""
+    dS update takes, and no [BT, BT] tile of exp2 either.
+
+    SSD (Mamba2's v = dt x, y = o + D x, dO the gradient of y, gated already where z is used): in
+    place of dV, in float32 from the chunk's dV, x and the step sizes ``step [B, T, HV]``: x's
+    gradient dx = dt dV + D dO (x's dtype), dt's share through v, sum over the value columns of
+    dV x (``dstep_part [B, T, HV, ceil(V / BV)]``, one column per value block), and D's, sum over
+    the sequence's rows of dO x (``dD_part [N, HV, V]``, float32)."""
     pid = tl.program_id(0).to(tl.int64)
     NV: tl.constexpr = (V + BV - 1) // BV
     i_v = pid % NV
@@ -66,6 +74,12 @@ def chunk_simple_gla_bwd_sweep_kernel(
     else:
         b_dSt = tl.zeros([BV, BK], dtype=tl.float32)
     lower = o_t[:, None] >= o_t[None, :]
+    if SSD and HAS_D:
+        if D_PER_CHANNEL:
+            d_skip = tl.load(D + i_hv * V + o_v, mask=m_v, other=0.0).to(tl.float32)[:, None]
+        else:
+            d_skip = tl.load(D + i_hv).to(tl.float32)
+        b_dD = tl.zeros([BV], dtype=tl.float32)
     n_chunks = (eos - bos + BT - 1) // BT
     for cc in range(0, n_chunks):
         c = n_chunks - 1 - cc
@@ -129,7 +143,19 @@ def chunk_simple_gla_bwd_sweep_kernel(
                 gam[None, :] * tl.dot(b_dSt.to(DT), tl.trans(b_k), input_precision=DOT_PRECISION)
             b_dSt = tl.dot((scale * lam[None, :] * b_dot).to(DT), b_q, input_precision=DOT_PRECISION) + \
                 lam_last * b_dSt
-        tl.store(dv + p_vr, b_dvt.to(dv.dtype.element_ty), mask=m_vr)
+        if SSD:
+            b_xt = tl.load(x + p_vr, mask=m_vr, other=0.0).to(tl.float32)
+            b_step = tl.load(step + rows * HV + i_hv, mask=m_r, other=0.0)
+            tl.store(dstep_part + (rows * HV + i_hv) * NV + i_v, tl.sum(b_dvt * b_xt, axis=0), mask=m_r)
+            b_dxt = b_dvt * b_step[None, :]
+            if HAS_D:
+                b_dxt += d_skip * b_dot
+                b_dD += tl.sum(b_dot * b_xt, axis=1)
+            tl.store(dx + p_vr, b_dxt.to(dx.dtype.element_ty), mask=m_vr)
+        else:
+            tl.store(dv + p_vr, b_dvt.to(dv.dtype.element_ty), mask=m_vr)
+    if SSD and HAS_D:
+        tl.store(dD_part + (i_n * HV + i_hv) * V + o_v, b_dD, mask=m_v)
     if STORE_DH0:
         tl.store(dh0 + (i_n * HV + i_hv) * K * V + o_vk, b_dSt, mask=m_vk)
 
