@@ -179,33 +179,24 @@ def test_what_the_triton_path_refuses():
                                                 ("D per head, z", "sweep, group prep", "group"),
                                                 ("no D, no z", "sweep, group prep", "group, dg with dq and dk"),
                                                 ("D per channel, no z", "sweep", "group in shares"),
-                                                ("D per head, z", "sweep", "group, dq and dk apart"),
-                                                ("D per head, z, P 24", "sweep", "per head"),
-                                                ("D per channel, no z, P 24", "sweep, group prep", "per head")])
+                                                ("D per head, z", "sweep", "group, dq and dk apart")])
 @pytest.mark.parametrize("cu", [None, [0, 1, 70, 130]])
 def test_triton_gradients_match_autograd_through_the_token_loop(cu, extras, form, grads, monkeypatch):
     """Gradients of x, dt, A, B, C, D, z, dt_bias and the initial states through the Triton path
-    (the GLA kernels' backward, x's, dt's and D's in its reverse sweep; the gate's by one pass)
-    against autograd through the float64 token loop; the forward and the backward's recompute in
-    ``form``, the parallel stage in ``grads`` (tests/helpers/gla_forms.py; 8 heads in 2 groups
-    there); with P 24 the reverse sweep on 16 value columns a program (two blocks, the second
-    masked: dt's and D's sums over both)."""
+    (the GLA kernels' backward, the elementwise prologue and epilogue by autograd) against
+    autograd through the float64 token loop; the forward and the backward's recompute in ``form``,
+    the parallel stage in ``grads`` (tests/helpers/gla_forms.py; 8 heads in 2 groups there)."""
     use_form(form, monkeypatch)
     use_grads_form(grads, monkeypatch)
-    P = 8
-    if extras.endswith(", P 24"):
-        from recurscan.plan import gla as plan_gla
-        monkeypatch.setattr(plan_gla, "REVERSE_SWEEP", (16, 4))
-        P, extras = 24, extras[:-len(", P 24")]
     Bt = 2 if cu is None else 1
     H = 4 if grads == "per head" else 8
-    x = ssd_inputs(Bt, 130, H, 2, P=P, seed=7)
+    x = ssd_inputs(Bt, 130, H, 2, seed=7)
     gen = torch.Generator().manual_seed(8)
     r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
     n = Bt if cu is None else len(cu) - 1
-    extra = dict(D=r(H), z=r(Bt, 130, H, P), dt_bias=r(H), initial_states=r(n, H, P, 16))
+    extra = dict(D=r(H), z=r(Bt, 130, H, 8), dt_bias=r(H), initial_states=r(n, H, 8, 16))
     if extras == "D per channel, no z":
-        extra.update(D=r(H, P), z=None)
+        extra.update(D=r(H, 8), z=None)
     elif extras == "no D, no z":
         extra.update(D=None, z=None)
     cu_t = None if cu is None else torch.tensor(cu)
@@ -428,6 +419,41 @@ def test_the_training_gate_kernels_match_the_reference(dtype):
     for name, g, w in zip("uz", grads, want_grads):
         assert g.dtype == dtype, name
         assert relative_rms(g.double().cpu(), w) < bound, f"d{name}: {relative_rms(g.double().cpu(), w):.1e}"
+
+
+@pytest.mark.parametrize("D_form, with_z", [(None, False), (None, True), ("head", False), ("head", True),
+                                            ("channel", False), ("channel", True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_training_step_kernel_matches_the_reference(D_form, with_z, dtype):
+    """autograd/ssd.py's step_backward (one Triton pass: x's gradient through v = dt x and the
+    skip, dt's through v and the log decay dt A, D's) against autograd in float64 through
+    <dv, dt x> + <dg, dt A> + <dy, skip_and_gate(o, x, D, z)>: dx, ddt and dD (None without D),
+    over rows that are not a multiple of the kernel's block and a head dim that is not a power of
+    two."""
+    from recurscan.autograd.ssd import step_backward
+    from recurscan.reference.ssd import skip_and_gate
+    from tests.helpers.tolerances import relative_rms
+    gen = torch.Generator().manual_seed(4)
+    r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+    x, step = r(2, 75, 3, 12).requires_grad_(), r(2, 75, 3).abs().requires_grad_()
+    D = None if D_form is None else (r(3) if D_form == "head" else r(3, 12)).requires_grad_()
+    o, z, A = r(2, 75, 3, 12), (r(2, 75, 3, 12) * 3 if with_z else None), -r(3).abs()
+    dv, dg, dy = r(2, 75, 3, 12), r(2, 75, 3), r(2, 75, 3, 12)
+    loss = (dv * step[..., None] * x).sum() + (dg * step * A).sum() + (dy * skip_and_gate(o, x, D, z)).sum()
+    leaves = {name: t for name, t in zip("xtD", (x, step, D)) if t is not None}
+    want = dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values()))))
+    low = lambda t: None if t is None else t.detach().to(dtype).to(DEVICE)  # noqa: E731
+    dx, dstep, dD = step_backward(dv.float().to(DEVICE), dg.float().to(DEVICE), low(x), step.detach().float().to(DEVICE),
+                                  A.float().to(DEVICE), low(dy), None if D is None else D.detach().float().to(DEVICE),
+                                  low(z))
+    bound = 1e-6 if dtype == torch.float32 else 1e-2
+    assert dx.dtype == dtype and dstep.dtype == torch.float32
+    for name, g in (("x", dx), ("t", dstep), ("D", dD)):
+        if name not in want:
+            assert g is None, name
+            continue
+        err = relative_rms(g.double().cpu(), want[name])
+        assert err < bound, f"d{name}: {err:.1e}"
 
 
 def test_the_planner_takes_the_group_prep_where_the_h200_measured_it_faster(monkeypatch):

@@ -123,7 +123,8 @@ def test_the_gluon_forward_sweep_compiles_for_sm90():
 def test_the_ssd_training_gate_kernels_compile_for_sm90():
     run = compile_offline("ssd-gate")
     assert run.returncode == 0, run.stderr[-3000:]
-    for kernel, count in (("ssd_gate_fwd_kernel", 1), ("ssd_gate_bwd_kernel", 1), ("ssd_value_kernel", 1)):
+    for kernel, count in (("ssd_gate_fwd_kernel", 1), ("ssd_gate_bwd_kernel", 1), ("ssd_step_bwd_kernel", 2),
+                          ("ssd_value_kernel", 1)):
         assert run.stdout.count(kernel) == count, run.stdout
 
 

@@ -1,19 +1,19 @@
 """Training Mamba2 SSD on the Triton path (mamba_ssm's parameterisation), as one
 ``torch.autograd.Function`` around the GLA kernels: the forward on the recurrence's kernels with
 v = dt x and the skip D x inside them (as inference runs it), the gate silu(z) one elementwise
-pass after (kernels/gla/ssd_gate.py); the backward on the GLA backward's stages (launch/gla.py)
-with v = dt x formed again, the gate's gradients one pass, and x's, dt's and D's gradients in
-the reverse sweep, where x's two shares (through v and through the skip) add in float32 and round
-once, as mamba_ssm's do. The step sizes (dt_bias, softplus, dt_limit) stay in PyTorch before it
-(``[B, T, H]``, small). ``reference.ssd`` is the form it is checked against
-(tests/test_kernels_ssd.py)."""
+pass after; the backward on the GLA backward's stages (launch/gla.py) with v = dt x formed again,
+and the elementwise gradients one Triton pass each (kernels/gla/ssd_gate.py). Inside one Function,
+x's two gradients (through v and through the skip) add in float32 and round once, as mamba_ssm's
+do; the step sizes (dt_bias, softplus, dt_limit) stay in PyTorch before it (``[B, T, H]``,
+small).
+``reference.ssd`` is the form it is checked against (tests/test_kernels_ssd.py)."""
 from __future__ import annotations
 
 import torch
 import triton
 
-from ..kernels.gla.ssd_gate import ssd_gate_bwd_kernel, ssd_gate_fwd_kernel, ssd_value_kernel
-from ..launch.gla import SsdGrads, SsdPrologue, chunk_simple_gla_bwd, chunk_simple_gla_fwd
+from ..kernels.gla.ssd_gate import ssd_gate_bwd_kernel, ssd_gate_fwd_kernel, ssd_step_bwd_kernel, ssd_value_kernel
+from ..launch.gla import SsdPrologue, chunk_simple_gla_bwd, chunk_simple_gla_fwd
 
 ROWS_PER_PROGRAM = 64
 
@@ -26,6 +26,10 @@ def _grid(o):
 
 def _blocks(P):
     return dict(BR=ROWS_PER_PROGRAM, BP=max(16, triton.next_power_of_2(P)))
+
+
+def _flags(D, z, P):
+    return dict(_blocks(P), HAS_D=D is not None, D_PER_CHANNEL=D is not None and D.dim() == 2, HAS_Z=z is not None)
 
 
 def gate_forward(u, z):
@@ -53,6 +57,24 @@ def values(x, step, kernel_dtype):
     return v
 
 
+def step_backward(dv, dg, x, step, A, dy, D, z):
+    """``(dx, dstep, dD)``: x's gradient (through v = dt x, plus the skip's D dy silu(z) where D
+    is given) in x's dtype, dt's (through v and the log decay dt A) in float32, each formed in
+    float32 and rounded once, and D's (None without D) from per-block partial sums, in D's dtype;
+    dv ``[..., H, P]`` and dg ``[..., H]`` float32, dy the gradient of y = (o + D x) silu(z)."""
+    rows, H, P, grid = _grid(x)
+    dx = torch.empty_like(x)
+    dstep = torch.empty(step.shape, dtype=torch.float32, device=x.device)
+    part = torch.empty(grid[0], H, P, dtype=torch.float32, device=x.device) if D is not None else None
+    ssd_step_bwd_kernel[grid](dv.contiguous(), x, step.contiguous(), dy.contiguous() if D is not None else dx,
+                              dx if z is None else z, dx if D is None else D, dg.contiguous(), A.float().contiguous(),
+                              dx, dstep, dx if part is None else part, rows, H=H, P=P, **_flags(D, z, P))
+    dD = None
+    if D is not None:
+        dD = (part.sum(0) if D.dim() == 2 else part[..., 0].sum(0)).to(D.dtype)
+    return dx, dstep, dD
+
+
 class SsdChunkScan(torch.autograd.Function):
     """``apply(x, step, A, C, B, D, z, h0, resets, options) -> (y, final)``: x ``[Bt, T, H, P]``,
     step ``[Bt, T, H]`` float32 (the discretised dt), A ``[H]``, C and B ``[Bt, T, G, N]`` in the
@@ -64,10 +86,8 @@ class SsdChunkScan(torch.autograd.Function):
     Forward: the recurrence's kernels as inference runs them (x raw, dt folded into the gates,
     u = o + D x in the output store; launch/gla.py's SSD prologue with the step sizes given), then
     the gate y = u silu(z) where z is given. Saved for the backward: the inputs, and u where z is
-    given. Backward: the gate's (du = dy silu(z), rounded to the kernels' dtype as mamba_ssm's
-    is), then v = dt x and the log decay formed again for the recurrence's backward, whose reverse
-    sweep forms x's gradient (through v and the skip), dt's share through v and D's in place of
-    v's (launch/gla.py's SsdGrads)."""
+    given. Backward: the gate's, then v = dt x and the log decay formed again for the recurrence's
+    backward, then x's, dt's and D's gradients in one pass."""
 
     @staticmethod
     def forward(ctx, x, step, A, C, B, D, z, h0, resets, options):
@@ -80,8 +100,7 @@ class SsdChunkScan(torch.autograd.Function):
                                         output_final_state=True, cu_seqlens=options["cu_seqlens"],
                                         shape=options["shape"], chunk_indices=options["chunk_indices"], ssd=prologue,
                                         backward=dict(chunk_indices=options["chunk_indices"],
-                                                      chunk_offsets=options["chunk_offsets"],
-                                                      ssd=SsdGrads(x.to(kernel_dtype), step, D)))
+                                                      chunk_offsets=options["chunk_offsets"]))
         y = u if z is None else gate_forward(u, z)
         ctx.save_for_backward(x, step, A, C, B, D, z, h0, resets, None if z is None else u)
         ctx.options = options
@@ -91,21 +110,19 @@ class SsdChunkScan(torch.autograd.Function):
     def backward(ctx, dy, dfinal):
         x, step, A, C, B, D, z, h0, resets, u = ctx.saved_tensors
         opt = ctx.options
-        kernel_dtype = opt["kernel_dtype"]
         dz = None
         if z is None:
-            do = dy.to(kernel_dtype)
-        else:  # the skip's shares of x's and D's gradients come with v's, below
+            do = dy.to(opt["kernel_dtype"])
+        else:  # x's and D's shares of the skip come with v's, below
             do, dz = gate_backward(dy, u, z)
-        v, g = _value_and_decay(x, step, A, resets, kernel_dtype)
-        dC, dB, dx, dg, dh0, dstep, dD = chunk_simple_gla_bwd(
-            C, B, v, g, do, dfinal, scale=1.0, initial_state=h0, cu_seqlens=opt["cu_seqlens"],
-            chunk_indices=opt["chunk_indices"], chunk_offsets=opt["chunk_offsets"], shape=opt["shape"],
-            ssd=SsdGrads(x.to(kernel_dtype), step, D))
-        dstep = dstep + dg * A.float()  # the log decay's share
+        v, g = _value_and_decay(x, step, A, resets, opt["kernel_dtype"])
+        dC, dB, dv, dg, dh0 = chunk_simple_gla_bwd(C, B, v, g, do, dfinal, scale=1.0, initial_state=h0,
+                                                   cu_seqlens=opt["cu_seqlens"], chunk_indices=opt["chunk_indices"],
+                                                   chunk_offsets=opt["chunk_offsets"], shape=opt["shape"])
+        dx, dstep, dD = step_backward(dv, dg, x, step, A, dy, D, z)
         dA = (dg * step).sum(tuple(range(dg.dim() - 1)))
-        return (dx.to(x.dtype), dstep, dA.to(A.dtype), dC.to(C.dtype), dB.to(B.dtype),
-                None if dD is None else dD.to(D.dtype), dz, None if dh0 is None else dh0.to(h0.dtype), None, None)
+        return (dx, dstep, dA.to(A.dtype), dC.to(C.dtype), dB.to(B.dtype), dD, dz,
+                None if dh0 is None else dh0.to(h0.dtype), None, None)
 
 
 def _value_and_decay(x, step, A, resets, kernel_dtype):

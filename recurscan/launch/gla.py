@@ -296,22 +296,7 @@ def h0_shape(q, v) -> tuple:
 #: The per-call tensors of the backward's two stages, by name.
 BWD_NAMES = ("q", "k", "v", "g", "do", "dht", "h0", "cu_seqlens", "chunk_indices", "chunk_offsets", "states",
              "dstates", "dh0", "dv", "dq", "dk", "dg", "scratch", "dq_sum", "dk_sum", "qg", "kg", "aqk", "dl",
-             "scores", "coef", "x", "step", "D", "dx", "dstep_part", "dD_part")
-
-
-@dataclasses.dataclass(frozen=True)
-class SsdGrads:
-    """Mamba2 SSD's tensors for the backward (autograd/ssd.py): its reverse sweep forms x's, dt's
-    and D's gradients in place of v's (kernels/gla/backward.py's SSD), v being ``step x``: x
-    ``[B, T, HV, V]`` in the kernels' dtype, ``step [B, T, HV]`` float32 (the discretised dt), the
-    skip ``D [HV]`` / ``[HV, V]`` or None; dO is then the gradient of ``o + D x``."""
-
-    x: torch.Tensor
-    step: torch.Tensor
-    D: torch.Tensor | None
-
-    def tensors(self) -> tuple:
-        return self.x.contiguous(), self.step.contiguous(), None if self.D is None else self.D.contiguous()
+             "scores", "coef")
 
 #: Signature -> :class:`GlaBackward`.
 GLA_BACKWARD_LAUNCHES = SignatureCache("chunked GLA backward")
@@ -335,11 +320,10 @@ class GlaBackward:
 
 
 def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets, *, scale,
-                       shape: GlaShape, ssd: SsdGrads | None = None) -> GlaBackward:
+                       shape: GlaShape) -> GlaBackward:
     """What :func:`chunk_simple_gla_bwd` launches for these tensors' signature (none is kept). A
     decay per key dimension (g ``[B, T, HV, K]``) runs the prep again with the recompute, whose
-    outputs (qg, kg, aqk, dl) the reverse sweep takes, and the parallel stage's per-key form.
-    ``ssd``: the reverse sweep writes x's gradient and dt's and D's partial sums in place of dv."""
+    outputs (qg, kg, aqk, dl) the reverse sweep takes, and the parallel stage's per-key form."""
     from ..kernels.gla.backward import chunk_simple_gla_bwd_grads_kernel, chunk_simple_gla_bwd_sweep_kernel
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -367,34 +351,24 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
     # of dq and dk two more steps sum where SPLIT > 1.
     heads = plan_gla.grads_heads(rows, H, HV, K, V, per_key, sm_count(q.device))
     split = HV // H // heads
-    sweep_bv, sweep_warps = plan_gla.REVERSE_SWEEP
-    sweep_bv = min(sweep_bv, max(16, triton.next_power_of_2(V)))
-    has_d = ssd is not None and ssd.D is not None
-    # dv: with ssd a one-element placeholder (no stage writes it), as it is for every absent tensor
-    buffers = dict(dstates=((rows, HV, K, V), q.dtype), dv=((B, T, HV, V) if ssd is None else (1,), f32),
-                   dq=((B, T, H * split, K), f32),
+    buffers = dict(dstates=((rows, HV, K, V), q.dtype), dv=((B, T, HV, V), f32), dq=((B, T, H * split, K), f32),
                    dk=((B, T, H * split, K), f32), scratch=((rows * H * split, BT, BT), q.dtype))
     if g is not None:
         buffers["dg"] = ((B, T, HV, K) if per_key else (B, T, HV), f32)
     if h0 is not None:
         buffers["dh0"] = ((N, HV, K, V), f32)
-    if ssd is not None:
-        buffers.update(dx=((B, T, HV, V), ssd.x.dtype), dstep_part=((B, T, HV, triton.cdiv(V, sweep_bv)), f32))
-    if has_d:
-        buffers["dD_part"] = ((N, HV, V), f32)
     arg = lambda name, present=True: CallArg(name if present else "dv")  # noqa: E731 (absent: a placeholder)
     common = dict(cu_seqlens=arg("cu_seqlens", varlen), chunk_offsets=arg("chunk_offsets", varlen), T=T,
                   scale=float(scale), n_cs_rows=rows, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=varlen,
                   HAS_G=g is not None, DOT_PRECISION=precision, DT=dt)
+    sweep_bv, sweep_warps = plan_gla.REVERSE_SWEEP
+    sweep_bv = min(sweep_bv, max(16, triton.next_power_of_2(V)))
     sweep = Step(chunk_simple_gla_bwd_sweep_kernel, (N * HV * triton.cdiv(V, sweep_bv),), dict(
         common, BV=sweep_bv, q=arg("q"), k=arg("k"), g=arg("g", g is not None), do=arg("do"), dstates=arg("dstates"),
         dht=arg("dht", dht is not None), dh0=arg("dh0", h0 is not None), dv=arg("dv"), HAS_DHT=dht is not None,
         STORE_DH0=h0 is not None, qg=arg("qg", per_key), kg=arg("kg", per_key),
         aqk=arg("scores") if group else arg("aqk", per_key), dl=arg("dl", per_key), PER_KEY=per_key,
-        coef=arg("coef", group), GATE_SCORES=group, x=arg("x", ssd is not None), step=arg("step", ssd is not None),
-        D=arg("D", has_d), dx=arg("dx", ssd is not None), dstep_part=arg("dstep_part", ssd is not None),
-        dD_part=arg("dD_part", has_d), SSD=ssd is not None, HAS_D=has_d, D_PER_CHANNEL=has_d and ssd.D.dim() == 2),
-        dict(num_warps=sweep_warps))
+        coef=arg("coef", group), GATE_SCORES=group), dict(num_warps=sweep_warps))
     grouped = heads > 1
     dg_launch = plan_gla.grads_dg_launch(HV // H) if grouped and g is not None else None
     # PART 0: dq, dk and dg in one launch (one value head a program, or dg not apart); 1: dq and dk alone
@@ -450,35 +424,34 @@ def _recompute_on_sweep(q, k, v, g, h0, cu_seqlens, chunk_indices, chunk_offsets
     return dataclasses.replace(launches, steps=steps, buffers=buffers, outputs=outputs)
 
 
-def _gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets, *, scale, shape, ssd=None):
-    """The tensors as the stages index them (SSD's ``(x, step, D)`` last, Nones without it), and
-    the launches of their signature (built on its first call)."""
+def _gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets, *, scale, shape):
+    """The tensors as the stages index them, and the launches of their signature (built on its
+    first call)."""
     q, k, v, do = (x.contiguous() for x in (q, k, v, do))
     g = None if g is None else g.contiguous()
     h0 = None if h0 is None else h0.float().contiguous()
     dht = None if dht is None else dht.float().contiguous()
-    extra = (None,) * 3 if ssd is None else ssd.tensors()
     tensors = (q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets)
-    key = (launch_key(tensors + extra), float(scale), shape, ssd is None)
+    key = (launch_key(tensors), float(scale), shape)
     launches = GLA_BACKWARD_LAUNCHES.get(key)
     if launches is None:
-        launches = GLA_BACKWARD_LAUNCHES.put(key, build_gla_backward(*tensors, scale=scale, shape=shape, ssd=ssd))
-    return launches, tensors + extra
+        launches = GLA_BACKWARD_LAUNCHES.put(key, build_gla_backward(*tensors, scale=scale, shape=shape))
+    return launches, tensors
 
 
 def compile_gla_backward_early(q, k, v, g, h0, cu_seqlens, *, scale, shape, out, final, chunk_indices=None,
-                               chunk_offsets=None, ssd: SsdGrads | None = None):
+                               chunk_offsets=None):
     """From a forward signature's first call under autograd (``out``, ``final``: its outputs'
-    (shape, dtype), which dO and dht take; ``ssd``: as :func:`chunk_simple_gla_bwd` will take it):
-    build the backward's launches and start compiling their kernels (the forward again for the
-    chunk states, the sweep, the parallel stage) on background threads, beside the forward's
-    compile; the backward's first call waits for them."""
+    (shape, dtype), which dO and dht take): build the backward's launches and start compiling
+    their kernels (the forward again for the chunk states, the sweep, the parallel stage) on
+    background threads, beside the forward's compile; the backward's first call waits for them."""
     device = q.device
     stand_in = lambda spec: torch.empty(16, dtype=spec[1], device=device)  # noqa: E731 (dtype and alignment)
     do = torch.empty(out[0], dtype=out[1], device=device)
     dht = None if final is None else torch.empty(final[0], dtype=final[1], device=device)
-    launches, (q, k, v, g, do, dht, h0, cu, ci, co, x, step, D) = _gla_backward(
-        q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets, scale=scale, shape=shape, ssd=ssd)
+    launches, (q, k, v, g, do, dht, h0, cu, ci, co) = _gla_backward(q, k, v, g, do, dht, h0, cu_seqlens,
+                                                                  chunk_indices, chunk_offsets, scale=scale,
+                                                                  shape=shape)
     if launches.pending is not None or launches.steps[0].direct is not None:
         return
     recompute = launches.forward
@@ -492,7 +465,7 @@ def compile_gla_backward_early(q, k, v, g, h0, cu_seqlens, *, scale, shape, out,
         fwd_values = call_values(q=q, k=k, v=v, g=g, h0=h0, cu_seqlens=cu, chunk_offsets=co, chunk_indices=ci,
                                  **{n: stand_in(spec) for n, spec in recompute.buffers.items()})
     given = dict(q=q, k=k, v=v, g=g, do=do, dht=dht, h0=h0, cu_seqlens=cu, chunk_indices=ci, chunk_offsets=co,
-                 x=x, step=step, D=D, **{n: stand_in(recompute.buffers[n]) for n in ("chunk_states", "scores", "coef")
+                 **{n: stand_in(recompute.buffers[n]) for n in ("chunk_states", "scores", "coef")
                     if n in recompute.buffers})
     given["states"] = given.pop("chunk_states")
     made = {n: stand_in(spec) for n, spec in launches.buffers.items()}
@@ -504,22 +477,16 @@ def compile_gla_backward_early(q, k, v, g, h0, cu_seqlens, *, scale, shape, out,
 
 
 def chunk_simple_gla_bwd(q, k, v, g, do, dht, *, scale, initial_state=None, cu_seqlens=None, chunk_indices=None,
-                         chunk_offsets=None, shape: GlaShape, ssd: SsdGrads | None = None):
+                         chunk_offsets=None, shape: GlaShape):
     """Gradients ``(dq, dk, dv, dg, dh0)`` of :func:`chunk_simple_gla_fwd`'s ``(o, final_state)``
     (no SSD prologue) given ``do [B, T, HV, V]`` and ``dht [N, HV, K, V]`` (None: zeros); float32,
     None where the input was None; g ``[B, T, HV]`` or, a decay per key dimension, ``[B, T, HV, K]``
     (dg of its shape). The states entering every chunk are recomputed for the states alone
     (``OUTPUTS=False``; in q's dtype): a scalar decay planned on the delta sweep by that sweep,
     else by the GLA forward kernel; varlen needs ``chunk_indices`` and ``chunk_offsets``
-    (:func:`recurscan.build_chunk_descriptors`). No host synchronisation.
-
-    ``ssd`` (:class:`SsdGrads`; v = step x, do the gradient of o + D x): ``(dq, dk, dx, dg, dh0,
-    dstep_v, dD)`` instead, dx x's gradient through v and the skip in x's dtype, dstep_v ``[B, T,
-    HV]`` dt's share through v (sum over V of dv x), dD D's gradient (float32, D's shape; None
-    without D), each summed in float32."""
-    launches, (q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets, x, step, D) = _gla_backward(
-        q, k, v, g, do, dht, initial_state, cu_seqlens, chunk_indices, chunk_offsets, scale=scale, shape=shape,
-        ssd=ssd)
+    (:func:`recurscan.build_chunk_descriptors`). No host synchronisation."""
+    launches, (q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets) = _gla_backward(
+        q, k, v, g, do, dht, initial_state, cu_seqlens, chunk_indices, chunk_offsets, scale=scale, shape=shape)
     if launches.pending is not None:  # compiling since the forward
         launches.pending()
         launches.pending = None
@@ -534,7 +501,7 @@ def chunk_simple_gla_bwd(q, k, v, g, do, dht, *, scale, initial_state=None, cu_s
     # 2-3. The reverse sweep, then the parallel stage.
     made = {n: _empty(*s, dtype=d, device=q.device) for n, (s, d) in launches.buffers.items()}
     given = dict(q=q, k=k, v=v, g=g, do=do, dht=dht, h0=h0, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
-                 chunk_offsets=chunk_offsets, states=fwd["chunk_states"], x=x, step=step, D=D,
+                 chunk_offsets=chunk_offsets, states=fwd["chunk_states"],
                  **{n: fwd[n] for n in ("qg", "kg", "aqk", "dl", "scores", "coef") if n in fwd})
     values = tuple(given[n] if n in given else made.get(n) for n in BWD_NAMES)
     for step in launches.steps:
@@ -543,7 +510,4 @@ def chunk_simple_gla_bwd(q, k, v, g, do, dht, *, scale, initial_state=None, cu_s
         else:
             step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, BWD_NAMES, values)
     dq, dk = (made["dq_sum"], made["dk_sum"]) if launches.gva else (made["dq"], made["dk"])
-    if ssd is None:
-        return dq, dk, made["dv"], made.get("dg"), made.get("dh0")
-    dD = None if D is None else made["dD_part"].sum(0) if D.dim() == 2 else made["dD_part"].sum((0, 2))
-    return dq, dk, made["dx"], made.get("dg"), made.get("dh0"), made["dstep_part"].sum(-1), dD
+    return dq, dk, made["dv"], made.get("dg"), made.get("dh0")

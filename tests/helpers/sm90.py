@@ -331,10 +331,11 @@ def compile_ssd_benchmark(shape: DeltaShape, describe=None) -> list[str]:
 
 
 def compile_ssd_gate() -> list[str]:
-    """The SSD training path's elementwise kernels (autograd/ssd.py): the gate both ways; v = dt x;
-    bf16."""
+    """The SSD training path's elementwise kernels (autograd/ssd.py): the gate both ways; x's, dt's
+    and D's gradients, both D forms, z on; v = dt x; bf16."""
     from recurscan.autograd.ssd import ROWS_PER_PROGRAM
-    from recurscan.kernels.gla.ssd_gate import ssd_gate_bwd_kernel, ssd_gate_fwd_kernel, ssd_value_kernel
+    from recurscan.kernels.gla.ssd_gate import (ssd_gate_bwd_kernel, ssd_gate_fwd_kernel, ssd_step_bwd_kernel,
+                                                ssd_value_kernel)
     from recurscan.launch.delta import Step
     bf, f32 = torch.zeros(1, dtype=torch.bfloat16), torch.zeros(1)
     blocks = dict(H=80, P=64, BR=ROWS_PER_PROGRAM, BP=64)
@@ -342,6 +343,13 @@ def compile_ssd_gate() -> list[str]:
     for kernel, names in ((ssd_gate_fwd_kernel, ("u", "z", "y")), (ssd_gate_bwd_kernel, ("dy", "u", "z", "du", "dz"))):
         step = Step(kernel, (1, 80), dict({n: CallArg(n) for n in names}, n_rows=16384, **blocks), dict(num_warps=4))
         lines.append(compiled_line(step, names, (bf,) * len(names)))
+    names = ("dv", "x", "step", "dy", "z", "D", "dg", "A", "dx", "dstep", "dD_part")
+    for per_channel in (False, True):
+        flags = dict(blocks, HAS_D=True, D_PER_CHANNEL=per_channel, HAS_Z=True)
+        values = tuple(f32 if n in ("D", "dD_part", "dv", "step", "dg", "A", "dstep") else bf for n in names)
+        step = Step(ssd_step_bwd_kernel, (1, 80), dict({n: CallArg(n) for n in names}, n_rows=16384, **flags),
+                    dict(num_warps=4))
+        lines.append(compiled_line(step, names, values))
     names = ("x", "step", "v")
     step = Step(ssd_value_kernel, (1, 80), dict({n: CallArg(n) for n in names}, n_rows=16384, **blocks),
                 dict(num_warps=4))
@@ -356,10 +364,9 @@ def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_swe
     the recompute on the delta sweep (a scalar decay's planned form, ``GlaShape.sweep``);
     ``group_prep``: there on the group prep, whose scores and gates the reverse sweep reads;
     ``group_grads``: SSD's form, 16 value heads of one query/key head summed in the parallel
-    stage's programs (plan.gla.grads_heads), and the reverse sweep forming x's, dt's and D's
-    gradients (SsdGrads, D per head); ``grads_sides``: there dq and dk in launches of their own
-    (plan.gla.GROUP_GRADS_SIDES, 4 warps)."""
-    from recurscan.launch.gla import BWD_NAMES, NAMES as GLA_NAMES, SsdGrads, build_gla_backward
+    stage's programs (plan.gla.grads_heads); ``grads_sides``: there dq and dk in launches of their
+    own (plan.gla.GROUP_GRADS_SIDES, 4 warps)."""
+    from recurscan.launch.gla import BWD_NAMES, NAMES as GLA_NAMES, build_gla_backward
     from recurscan.plan.gla import GLA_LAUNCH
     _, cu = CASES[case]
     B, T, H, HV, K = (1, 1000, 2, 4, 128) if cu is not None else (2, 300, 2, 2, 128)
@@ -383,15 +390,14 @@ def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_swe
     sides = plan_gla.GROUP_GRADS_SIDES
     plan_gla.GROUP_GRADS_SIDES = 4 if grads_sides else sides
     try:
-        ssd = SsdGrads(v, g, torch.zeros(HV)) if group_grads else None
-        launches = build_gla_backward(q, k, v, g, do, dht, h0, cu_t, ci, co, scale=K ** -0.5, shape=shape, ssd=ssd)
+        launches = build_gla_backward(q, k, v, g, do, dht, h0, cu_t, ci, co, scale=K ** -0.5, shape=shape)
     finally:
         plan_gla.GROUP_GRADS_SIDES = sides
     z = torch.zeros(1)
     made = {n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.forward.buffers.items()}
     fwd = dict(q=q, k=k, v=v, g=g, h0=h0, cu_seqlens=cu_t, chunk_offsets=co, chunk_indices=ci, **made)
     bwd = dict(q=q, k=k, v=v, g=g, do=do, dht=dht, h0=h0, cu_seqlens=cu_t, chunk_indices=ci, chunk_offsets=co,
-               states=torch.zeros(1, **bf), **({} if ssd is None else dict(x=v, step=g, D=ssd.D)),
+               states=torch.zeros(1, **bf),
                **{n: made[n] for n in ("qg", "kg", "aqk", "dl", "scores", "coef") if n in made},
                **{n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.buffers.items()})
     lines = []

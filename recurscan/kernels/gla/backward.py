@@ -23,12 +23,10 @@ from .prep import CALM, SUB, _key_gates, _log2_decays
 @triton.jit(do_not_specialize=["T", "n_cs_rows"])
 def chunk_simple_gla_bwd_sweep_kernel(
     q, k, g, do, dstates, dht, dh0, dv, cu_seqlens, chunk_offsets, T, scale, n_cs_rows, qg, kg, aqk, dl, coef,
-    x, step, D, dx, dstep_part, dD_part,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, HAS_DHT: tl.constexpr,
     STORE_DH0: tl.constexpr, DOT_PRECISION: tl.constexpr, DT: tl.constexpr, PER_KEY: tl.constexpr = False,
-    GATE_SCORES: tl.constexpr = False, SSD: tl.constexpr = False, HAS_D: tl.constexpr = False,
-    D_PER_CHANNEL: tl.constexpr = False,
+    GATE_SCORES: tl.constexpr = False,
 ):
     """Grid (N * HV * ceil(V / BV),): one program per (sequence, value head, value block) holds
     dS^T [BV, K] (the gradient of the state leaving the chunk) and walks the chunks last to first:
@@ -44,13 +42,7 @@ def chunk_simple_gla_bwd_sweep_kernel(
     column factors f = 1 / (lam scale)) come from that prep, so no Q K^T product and no gates are
     formed here; in a calm chunk G_ij = lam_i / lam_j and gam_j = lam_last / lam_j, so
     dV^T = f o ((lam scale o dO)^T scores + scale lam_last (K dS')^T), the first operand the one the
-    dS update takes, and no [BT, BT] tile of exp2 either.
-
-    SSD (Mamba2's v = dt x, y = o + D x, dO the gradient of y, gated already where z is used): in
-    place of dV, in float32 from the chunk's dV, x and the step sizes ``step [B, T, HV]``: x's
-    gradient dx = dt dV + D dO (x's dtype), dt's share through v, sum over the value columns of
-    dV x (``dstep_part [B, T, HV, ceil(V / BV)]``, one column per value block), and D's, sum over
-    the sequence's rows of dO x (``dD_part [N, HV, V]``, float32)."""
+    dS update takes, and no [BT, BT] tile of exp2 either."""
     pid = tl.program_id(0).to(tl.int64)
     NV: tl.constexpr = (V + BV - 1) // BV
     i_v = pid % NV
@@ -74,12 +66,6 @@ def chunk_simple_gla_bwd_sweep_kernel(
     else:
         b_dSt = tl.zeros([BV, BK], dtype=tl.float32)
     lower = o_t[:, None] >= o_t[None, :]
-    if SSD and HAS_D:
-        if D_PER_CHANNEL:
-            d_skip = tl.load(D + i_hv * V + o_v, mask=m_v, other=0.0).to(tl.float32)[:, None]
-        else:
-            d_skip = tl.load(D + i_hv).to(tl.float32)
-        b_dD = tl.zeros([BV], dtype=tl.float32)
     n_chunks = (eos - bos + BT - 1) // BT
     for cc in range(0, n_chunks):
         c = n_chunks - 1 - cc
@@ -111,21 +97,26 @@ def chunk_simple_gla_bwd_sweep_kernel(
             lam_s = tl.sum(tl.where(o_w[None, :] == 1, b_coef, 0.0), axis=1)  # lam scale
             lam_last = tl.load(p_coef + 3)
             b_Wdo = (lam_s[None, :] * b_dot).to(DT)  # (lam scale o dO)^T
-            b_dSd = b_dSt.to(DT)
+            b_dSK = tl.dot(b_dSt.to(DT), tl.trans(b_k), input_precision=DOT_PRECISION)  # (K dS')^T
             f_0 = tl.load(p_coef)
+            # dV^T = cols o (lhs^T (Gm o scores) + adds o (K dS')^T), the scores' one use after the
+            # branch (a load read in both branches is not pipelined: Triton 3.6)
             if f_0 == f_0:  # calm (the column factors are NaN in every row otherwise)
-                f = tl.sum(tl.where(o_w[None, :] == 0, b_coef, 0.0), axis=1)
-                b_dvt = (scale * lam_last) * tl.dot(b_dSd, tl.trans(b_k), input_precision=DOT_PRECISION)
-                b_dvt = f[None, :] * tl.dot(b_Wdo, b_s.to(DT), b_dvt, input_precision=DOT_PRECISION)
+                b_Gm = tl.full([BT, BT], 1.0, tl.float32)
+                b_lhs = b_Wdo
+                cols = tl.sum(tl.where(o_w[None, :] == 0, b_coef, 0.0), axis=1)
+                adds = tl.full([BT], 1.0, tl.float32) * (scale * lam_last)
             else:
                 gc = tl.sum(tl.where(o_w[None, :] == 4, b_coef, 0.0), axis=1)
                 seg = tl.sum(tl.where(o_w[None, :] == 5, b_coef, 0.0), axis=1)
-                gam = tl.sum(tl.where(o_w[None, :] == 2, b_coef, 0.0), axis=1)
                 # rows past the end (gc 0 as loaded) selected out: 2^(0 - gc_j) may be inf there
                 keep = lower & (seg[:, None] == seg[None, :]) & m_r[:, None]
-                b_G = tl.where(keep, tl.exp2(gc[:, None] - gc[None, :]), 0.0)
-                b_dvt = tl.dot(b_dot.to(DT), (b_G * b_s).to(DT), input_precision=DOT_PRECISION) + \
-                    gam[None, :] * tl.dot(b_dSd, tl.trans(b_k), input_precision=DOT_PRECISION)
+                b_Gm = tl.where(keep, tl.exp2(gc[:, None] - gc[None, :]), 0.0)
+                b_lhs = b_dot.to(DT)
+                cols = tl.full([BT], 1.0, tl.float32)
+                adds = tl.sum(tl.where(o_w[None, :] == 2, b_coef, 0.0), axis=1)  # gam
+            b_dvt = cols[None, :] * tl.dot(b_lhs, (b_Gm * b_s).to(DT), adds[None, :] * b_dSK,
+                                           input_precision=DOT_PRECISION)
             b_dSt = tl.dot(b_Wdo, b_q, input_precision=DOT_PRECISION) + lam_last * b_dSt
         else:
             b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(DT)
@@ -143,19 +134,7 @@ def chunk_simple_gla_bwd_sweep_kernel(
                 gam[None, :] * tl.dot(b_dSt.to(DT), tl.trans(b_k), input_precision=DOT_PRECISION)
             b_dSt = tl.dot((scale * lam[None, :] * b_dot).to(DT), b_q, input_precision=DOT_PRECISION) + \
                 lam_last * b_dSt
-        if SSD:
-            b_xt = tl.load(x + p_vr, mask=m_vr, other=0.0).to(tl.float32)
-            b_step = tl.load(step + rows * HV + i_hv, mask=m_r, other=0.0)
-            tl.store(dstep_part + (rows * HV + i_hv) * NV + i_v, tl.sum(b_dvt * b_xt, axis=0), mask=m_r)
-            b_dxt = b_dvt * b_step[None, :]
-            if HAS_D:
-                b_dxt += d_skip * b_dot
-                b_dD += tl.sum(b_dot * b_xt, axis=1)
-            tl.store(dx + p_vr, b_dxt.to(dx.dtype.element_ty), mask=m_vr)
-        else:
-            tl.store(dv + p_vr, b_dvt.to(dv.dtype.element_ty), mask=m_vr)
-    if SSD and HAS_D:
-        tl.store(dD_part + (i_n * HV + i_hv) * V + o_v, b_dD, mask=m_v)
+        tl.store(dv + p_vr, b_dvt.to(dv.dtype.element_ty), mask=m_vr)
     if STORE_DH0:
         tl.store(dh0 + (i_n * HV + i_hv) * K * V + o_vk, b_dSt, mask=m_vk)
 
