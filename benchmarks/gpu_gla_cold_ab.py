@@ -31,7 +31,8 @@ def main() -> None:
         print(f"{form}: import and inputs {setup:.1f} s, first forward + backward {first:.1f} s", flush=True)
         rows.append(dict(form=form, cold_import_s=setup, cold_first_call_s=first))
     if os.environ.get("OUT"):
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        commit = os.environ.get("RECURSCAN_COMMIT") or subprocess.run(  # the device's copy may report an older HEAD
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         with open(os.path.join(os.environ["OUT"], f"gpu_gla_cold_ab_{commit or 'unknown'}.json"), "w") as f:
             json.dump(dict(rows=rows), f, indent=1)
 

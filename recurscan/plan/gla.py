@@ -222,9 +222,11 @@ def grads_heads(chunks: int, heads: int, value_heads: int, key_dim: int, value_d
 #: Where the parallel stage sums a group's heads and forms dg apart: dq and dk in launches of their
 #: own too (SIDE 1 and 2: one [64, K] float32 sum a program), on this many warps; None: both in
 #: one launch on 8 warps. Offline sm_90 at 4 warps, dq's launch takes 255 registers and 66 KB of
-#: shared memory (two programs an SM) where both sums in one program hold one program an SM. Not
-#: measured on the H200 yet (the next GPU session's; benchmarks/gpu_gla_sweep.py --grads-sides).
-GROUP_GRADS_SIDES: int | None = None
+#: shared memory (two programs an SM) where both sums in one program hold one program an SM.
+#: H200, SSD 80 heads a group, forward + backward B1 T16384 / B4 T4096: 4.084 / 3.532 ms against
+#: 4.105 / 3.564 in one launch (the stage's kernels 1468 / 1465 us against 1491 / 1493;
+#: gpu_gla_sweep_67924c5.json).
+GROUP_GRADS_SIDES: int | None = 4
 
 
 #: Where the parallel stage sums a group's heads: dg in a launch of its own (PART 2), each program
@@ -247,7 +249,6 @@ def grads_dg_launch(group: int) -> tuple[int, int] | None:
 
 #: The backward's reverse sweep (kernels/gla/backward.py, chunk_simple_gla_bwd_sweep_kernel): value
 #: columns a program (at most V) and warps. Each program walks its sequence's chunks carrying dS'^T
-#: [columns, K]: fewer columns, more programs and smaller products on the chain. 32 on 4 warps
-#: since the first version; other shapes are benchmark forms (benchmarks/gpu_gla_sweep.py
-#: --reverse-sweep), not measured on the H200 yet.
+#: [columns, K]. H200, SSD forward + backward B1 T16384 / B4 T4096, the sweep's kernel time: (32, 4)
+#: 887 / 597 us, (16, 4) 1172 / 685, (32, 8) 1103 / 665 (gpu_gla_train_86febb9.json).
 REVERSE_SWEEP = (32, 4)

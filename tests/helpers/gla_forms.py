@@ -86,6 +86,7 @@ def use_grads_form(form, monkeypatch):
     monkeypatch.setattr(plan_gla, "GROUP_GRADS_MIN_HEADS", 2)
     monkeypatch.setattr(plan_gla, "GROUP_GRADS_WAVES", 0)  # the fewest shares: one
     monkeypatch.setattr(plan_gla, "GROUP_GRADS_DG", (2, 4))
+    monkeypatch.setattr(plan_gla, "GROUP_GRADS_SIDES", None)
     if form == "group in shares":
         whole = plan_gla.grads_heads
         monkeypatch.setattr(plan_gla, "grads_heads", lambda *a: max(1, whole(*a) // 2))

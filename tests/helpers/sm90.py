@@ -388,7 +388,7 @@ def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_swe
     sweep = SWEEP_SHAPES["group prep" if group_prep else "one pass"]
     shape = dataclasses.replace(GLA_LAUNCH, sweep=sweep, recompute_on_sweep=True) if on_sweep else GLA_LAUNCH
     sides = plan_gla.GROUP_GRADS_SIDES
-    plan_gla.GROUP_GRADS_SIDES = 4 if grads_sides else sides
+    plan_gla.GROUP_GRADS_SIDES = 4 if grads_sides else None
     try:
         launches = build_gla_backward(q, k, v, g, do, dht, h0, cu_t, ci, co, scale=K ** -0.5, shape=shape)
     finally:
