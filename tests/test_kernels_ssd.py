@@ -179,7 +179,8 @@ def test_what_the_triton_path_refuses():
                                                 ("D per head, z", "sweep, group prep", "group"),
                                                 ("no D, no z", "sweep, group prep", "group, dg with dq and dk"),
                                                 ("D per channel, no z", "sweep", "group in shares"),
-                                                ("D per head, z", "sweep", "group, dq and dk apart")])
+                                                ("D per head, z", "sweep", "group, dq and dk apart"),
+                                                ("D per head, z", "fused", "per head")])
 @pytest.mark.parametrize("cu", [None, [0, 1, 70, 130]])
 def test_triton_gradients_match_autograd_through_the_token_loop(cu, extras, form, grads, monkeypatch):
     """Gradients of x, dt, A, B, C, D, z, dt_bias and the initial states through the Triton path

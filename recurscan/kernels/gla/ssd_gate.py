@@ -34,7 +34,7 @@ def _skip(D, i_h, o_p, P: tl.constexpr, D_PER_CHANNEL: tl.constexpr):
 def ssd_gate_fwd_kernel(u, z, y, n_rows, H: tl.constexpr, P: tl.constexpr, BR: tl.constexpr, BP: tl.constexpr):
     """Grid (ceil(n_rows / BR), H): the gate y = u silu(z) over rows (batch x tokens) of one head,
     u = o + D x as the recurrence's kernel stores it; float32 inside, y in its own dtype."""
-    offs, mask, o_p = _tile(tl.program_id(0), tl.program_id(1), n_rows, H, P, BR, BP)
+    offs, mask, _ = _tile(tl.program_id(0), tl.program_id(1), n_rows, H, P, BR, BP)
     b_z = tl.load(z + offs, mask=mask, other=0.0).to(tl.float32)
     b_y = tl.load(u + offs, mask=mask, other=0.0).to(tl.float32) * (b_z * tl.sigmoid(b_z))
     tl.store(y + offs, b_y.to(y.dtype.element_ty), mask=mask)
@@ -48,7 +48,7 @@ def ssd_gate_bwd_kernel(dy, u, z, du, dz, n_rows, H: tl.constexpr, P: tl.constex
         du = dy z s,   dz = dy u s (1 + z (1 - s)),
 
     each in its tensor's dtype."""
-    offs, mask, o_p = _tile(tl.program_id(0), tl.program_id(1), n_rows, H, P, BR, BP)
+    offs, mask, _ = _tile(tl.program_id(0), tl.program_id(1), n_rows, H, P, BR, BP)
     b_dy = tl.load(dy + offs, mask=mask, other=0.0).to(tl.float32)
     b_z = tl.load(z + offs, mask=mask, other=0.0).to(tl.float32)
     sig = tl.sigmoid(b_z)
@@ -61,7 +61,7 @@ def ssd_gate_bwd_kernel(dy, u, z, du, dz, n_rows, H: tl.constexpr, P: tl.constex
 def ssd_value_kernel(x, step, v, n_rows, H: tl.constexpr, P: tl.constexpr, BR: tl.constexpr, BP: tl.constexpr):
     """Grid (ceil(n_rows / BR), H): the recurrence's values v = dt x (float32 inside, v in its
     own dtype), step ``[n_rows, H]`` float32."""
-    offs, mask, o_p = _tile(tl.program_id(0), tl.program_id(1), n_rows, H, P, BR, BP)
+    offs, mask, _ = _tile(tl.program_id(0), tl.program_id(1), n_rows, H, P, BR, BP)
     o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     b_step = tl.load(step + o_r * H + tl.program_id(1), mask=o_r < n_rows, other=0.0)
     b_x = tl.load(x + offs, mask=mask, other=0.0).to(tl.float32)
