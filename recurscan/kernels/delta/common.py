@@ -28,11 +28,17 @@ def _chunk_gates(g, tok, cp, m_r, i_hv, HV: tl.constexpr, M: tl.constexpr, BT: t
     finite log2 decays of rows <= i; seg_i counts the resets at rows <= i. Rows past the sequence
     end carry decay 1 (gc and seg flat), so the last row stands for the chunk end. ``bad``: the
     row's decay is NaN or +inf; it counts as 1 here, and the caller poisons the rows from it on."""
+    return _gates_of(_chunk_decays(g, tok, m_r & (cp == 0), i_hv, HV, BT, HAS_G))
+
+
+@triton.jit
+def _chunk_decays(g, tok, m, i_hv, HV: tl.constexpr, BT: tl.constexpr, HAS_G: tl.constexpr):
+    """The log2 decays ``[BT]`` of one value head on the rows ``m`` selects (0 elsewhere, and
+    everywhere without g): :func:`_gates_of`'s input."""
     if HAS_G:
-        b_g = tl.load(g + tok * HV + i_hv, mask=m_r & (cp == 0), other=0.0).to(tl.float32) * 1.4426950408889634
+        return tl.load(g + tok * HV + i_hv, mask=m, other=0.0).to(tl.float32) * 1.4426950408889634
     else:
-        b_g = tl.zeros([BT], dtype=tl.float32)
-    return _gates_of(b_g)
+        return tl.zeros([BT], dtype=tl.float32)
 
 
 @triton.jit

@@ -15,7 +15,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..delta.common import _chunk_gates, _chunk_rows, _chunk_slot, _chunk_tiles, _sequence
+from ..delta.common import (_chunk_decays, _chunk_gates, _chunk_rows, _chunk_slot, _chunk_tiles, _gates_of,
+                            _sequence)
 from .group_prep import GROUP_COEF_WIDTH
 from .prep import CALM, SUB, _key_gates, _log2_decays
 
@@ -447,15 +448,29 @@ def _group_grads(q, k, v, g, do, states, dstates, dg, p_scr, rows, m_r, m_rk, o_
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)
     b_M = tl.zeros([BT, BT], dtype=tl.float32)  # sum_h dsG_h
+    # The loads no product takes (a head's decays; dO^T and V^T for dg's row sums) go a head ahead
+    # by hand: Triton 3.6's pipeliner leaves them synchronous, a global latency each on every head
+    # (benchmarks/sm90_loop_loads.py gla-backward).
+    b_g_next = _chunk_decays(g, rows, m_r, hv0, HV, BT, HAS_G)
+    if PART != 1:
+        p_vr_next = (rows * HV + hv0)[None, :] * V + o_v[:, None]
+        b_dot_next = tl.load(do + p_vr_next, mask=m_vr, other=0.0, cache_modifier=".cg")
+        b_vt_next = tl.load(v + p_vr_next, mask=m_vr, other=0.0, cache_modifier=".ca")
     for j in range(0, HEADS):
         i_hv = hv0 + j
-        gc, seg, bad = _chunk_gates(g, rows, rows * 0, m_r, i_hv, HV, 1, BT, HAS_G)
+        gc, seg, bad = _gates_of(b_g_next)
+        hv_next = hv0 + tl.minimum(j + 1, HEADS - 1)  # the last head loads itself again
+        b_g_next = _chunk_decays(g, rows, m_r, hv_next, HV, BT, HAS_G)
+        if PART != 1:
+            b_dot, b_vtr = b_dot_next, b_vt_next  # dO^T and V^T, [BV, BT]
+            p_vr_next = (rows * HV + hv_next)[None, :] * V + o_v[:, None]
+            b_dot_next = tl.load(do + p_vr_next, mask=m_vr, other=0.0, cache_modifier=".cg")
+            b_vt_next = tl.load(v + p_vr_next, mask=m_vr, other=0.0, cache_modifier=".ca")
         seg_last = tl.sum(tl.where(o_t == BT - 1, seg, 0), axis=0)
         gc_last = tl.sum(tl.where(o_t == BT - 1, gc, 0.0), axis=0)
         lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
         gam = tl.where(seg == seg_last, tl.exp2(tl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
         p_rv = (rows * HV + i_hv)[:, None] * V + o_v[None, :]
-        p_vr = (rows * HV + i_hv)[None, :] * V + o_v[:, None]  # the same, as [BV, BT]
         p_st = states + (cs * HV + i_hv) * K * V + o_vk  # S^T [BV, BK]
         p_dst = dstates + (cs * HV + i_hv) * K * V + o_vk
         p_ds = dstates + (cs * HV + i_hv) * K * V + o_kv  # dS' [BK, BV]
@@ -480,12 +495,10 @@ def _group_grads(q, k, v, g, do, states, dstates, dg, p_scr, rows, m_r, m_rk, o_
         if PART != 1:
             b_SqT = tl.dot(tl.load(p_st, mask=m_vk, other=0.0, cache_modifier=".ca").to(DT), b_qt,
                            input_precision=DOT_PRECISION)  # (Q S)^T
-            dlam = scale * tl.sum(tl.load(do + p_vr, mask=m_vr, other=0.0, cache_modifier=".cg").to(tl.float32) *
-                                  b_SqT, axis=0)
+            dlam = scale * tl.sum(b_dot.to(tl.float32) * b_SqT, axis=0)
             b_dSkT = tl.dot(tl.load(p_dst, mask=m_vk, other=0.0, cache_modifier=".ca").to(DT), b_kt,
                             input_precision=DOT_PRECISION)  # (K dS')^T
-            kdsv = tl.sum(tl.load(v + p_vr, mask=m_vr, other=0.0, cache_modifier=".ca").to(tl.float32) * b_dSkT,
-                          axis=0)
+            kdsv = tl.sum(b_vtr.to(tl.float32) * b_dSkT, axis=0)
             # S . dS' (lam_C's gradient, on dlam's last row) as the trace of S^T dS': a [BV, BV]
             # product, where the elementwise sum would hold two [BK, BV] float32 tiles
             b_SdS = tl.dot(tl.load(p_st, mask=m_vk, other=0.0, cache_modifier=".cg").to(DT),
