@@ -229,7 +229,7 @@ def chunk_delta_bwd_scores_kernel(
 def _sds_term(lam, sds, o_t, BT: tl.constexpr):
     """S . dS enters dlam at the chunk's last row, so every row's dg through lam's reverse
     cumulative sum: lam[BT - 1] (S . dS) on every row."""
-    return tl.sum(tl.where(o_t == BT - 1, lam, 0.0), axis=0) * sds
+    return tl.sum(tl.where(o_t == BT - 1, lam, 0.0), axis=0) * tl.sum(sds, axis=0)
 
 
 #: What a launch of :func:`chunk_delta_bwd_dqdk_kernel` computes (its PART): dk, dq, or dk then dq.
@@ -272,7 +272,7 @@ def _dqdk_pass(q, k, g, beta, do, u, dy, states, dstates, dq, dk, dg, bdyks, scr
         gc_last = tl.sum(tl.where(o_t == BT - 1, gc, 0.0), axis=0)
         lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
         gam = tl.where(seg == seg_last, tl.exp2(tl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
-        sds = tl.zeros([], dtype=tl.float32)  # S . dS
+        sds = tl.zeros([BK], dtype=tl.float32)  # S . dS, by key row
         for i_v in range(0, (V + BV - 1) // BV):
             o_v = i_v * BV + tl.arange(0, BV)
             m_v = o_v < V
@@ -281,9 +281,6 @@ def _dqdk_pass(q, k, g, beta, do, u, dy, states, dstates, dq, dk, dg, bdyks, scr
             p_rv = (rows * HV + i_hv)[:, None] * V + o_v[None, :]
             o_kv = o_k[:, None] * V + o_v[None, :]
             b_S = tl.load(p_s + o_kv, mask=m_kv, other=0.0)
-            if DO_DK:
-                o_vk = o_k[None, :] * V + o_v[:, None]  # the same elements as [BV, BK]
-                m_vk = m_k[None, :] & m_v[:, None] & cs_ok
             b_St = tl.trans(b_S.to(DT))
             if DO_DQ:
                 b_do = tl.load(do + (tok * HV + i_hv)[:, None] * V + o_v[None, :],
@@ -297,18 +294,13 @@ def _dqdk_pass(q, k, g, beta, do, u, dy, states, dstates, dq, dk, dg, bdyks, scr
                 b_U = tl.load(u + p_rv, mask=m_rv, other=0.0).to(tl.float32)
                 b_dY = tl.load(dy + p_rv, mask=m_rv, other=0.0).to(tl.float32)
                 b_dS = tl.load(p_ds + o_kv, mask=m_kv, other=0.0)
-                # S . dS as the trace of S^T dS, from loads of their own (another cache modifier, so
-                # no pass merges them with the products' loads): a load that fed a product's operand
-                # and another use as well made Triton 3.6's software-pipelined loop race on the H200
-                # (the next stage's copy overwrote the operand's shared memory under the product;
-                # dk and dg changed from run to run, by up to 1.2e-2 at 32 columns a step), and a
-                # load feeding an elementwise sum is left synchronous; as a product's operands
-                # these are staged like the others.
-                b_SdS = tl.dot(tl.load(p_s + o_vk, mask=m_vk, other=0.0, cache_modifier=".cg").to(DT),
-                               tl.load(p_ds + o_kv, mask=m_kv, other=0.0, cache_modifier=".cg").to(DT),
-                               input_precision=DOT_PRECISION)  # S^T dS [BV, BV]
-                o_d = tl.arange(0, BV)
-                sds += tl.sum(tl.sum(tl.where(o_d[:, None] == o_d[None, :], b_SdS, 0.0), axis=1), axis=0)
+                # S . dS from loads of their own (another cache modifier, so no pass merges them with
+                # the products' loads): a load that fed a product's operand and this sum as well made
+                # Triton 3.6's software-pipelined loop race on the H200 (the next stage's copy
+                # overwrote the operand's shared memory under the product; dk and dg changed from
+                # run to run, by up to 1.2e-2 at 32 columns a step).
+                sds += tl.sum(tl.load(p_s + o_kv, mask=m_kv, other=0.0, cache_modifier=".cg").to(tl.float32) *
+                              tl.load(p_ds + o_kv, mask=m_kv, other=0.0, cache_modifier=".cg").to(tl.float32), axis=1)
                 b_dk = tl.dot((gam[:, None] * b_U).to(DT), tl.trans(b_dS.to(DT)), b_dk, input_precision=DOT_PRECISION)
                 b_dk = tl.dot((-(lam * b_beta)[:, None] * b_dY).to(DT), b_St, b_dk, input_precision=DOT_PRECISION)
         if HAS_G:

@@ -149,16 +149,6 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_s
             b_q = tl.load(q + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=m_q[:, None] & m_k[None, :],
                           other=0.0).to(DT)  # [BT, BK]
     b_vt = tl.load(v + (e * HV + i_hv)[None, :] * V + o_v[:, None], mask=m_vt, other=0.0)  # [BV, BT] = V^T
-    # SSD's skip D x in a load of its own: a tile read both as a product operand and elementwise is
-    # left synchronous by Triton 3.6's pipeliner (a global latency on every chunk of the chain);
-    # its own load is prefetched a chunk ahead in registers. Not beside the gate tile
-    # (GATE_SCORES), where those registers spill (benchmarks/sm90_loop_loads.py, sm90_resources.py).
-    SKIP_LOAD: tl.constexpr = HAS_D and (PASS != 1) and OUTPUTS and not GATE_SCORES
-    if SKIP_LOAD:
-        b_xt = tl.load(v + (e * HV + i_hv)[None, :] * V + o_v[:, None], mask=m_vt, other=0.0,
-                       eviction_policy="evict_first")  # not merged with b_vt's load
-    else:
-        b_xt = b_vt
     # wy^T and aqk^T: [BT (j), BT (i)] = wy[i, j]
     if WY:
         b_Wt = tl.load(wy + (e * HV + i_hv)[None, :] * BT + o_t[:, None], mask=m_r[None, :], other=0.0).to(DT)
@@ -262,9 +252,9 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_s
                 b_ot = tl.where(o_t[None, :] < first_bad[:, None], b_ot, float("nan"))
         if HAS_D:  # Mamba2's skip D x (v holds x), then its gate silu(z)
             if D_PER_CHANNEL:
-                b_ot += tl.load(D + i_hv * V + o_v, mask=m_v, other=0.0).to(tl.float32)[:, None] * b_xt
+                b_ot += tl.load(D + i_hv * V + o_v, mask=m_v, other=0.0).to(tl.float32)[:, None] * b_vt
             else:
-                b_ot += tl.load(D + i_hv).to(tl.float32) * b_xt
+                b_ot += tl.load(D + i_hv).to(tl.float32) * b_vt
         if HAS_Z:
             b_zt = tl.load(z + (tok * HV + i_hv)[None, :] * V + o_v[:, None], mask=m_vt, other=0.0).to(tl.float32)
             b_ot = b_ot * (b_zt * tl.sigmoid(b_zt))
