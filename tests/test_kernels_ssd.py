@@ -5,8 +5,10 @@ import pytest
 import torch
 
 import recurscan
+from recurscan.launch import delta as launch_delta
 from recurscan.reference.ssd import ssd_chunked, ssd_naive
 from tests.helpers.gla_forms import use_form, use_grads_form
+from tests.helpers.launches import delta_launches
 from tests.helpers.tolerances import assert_like_fp32
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -483,6 +485,64 @@ def test_the_planner_takes_the_group_prep_where_the_h200_measured_it_faster(monk
     assert b1_recompute.num_stages == 2
     few, few_recompute = sweep(4, 4096, H=8, G=2)
     assert not few.group_prep and not few_recompute.group_prep
+
+
+@pytest.mark.parametrize("case, planned", [
+    ("B1 T16384, 6 phases", True), ("row off", False), ("no usable Gluon", False), ('backend="triton"', False),
+    ("B4 T4096, the group prep", False), ("float32", False), ("dstate 96", False), ("a decay per key", False)])
+def test_the_planner_gives_the_gla_sweep_to_its_gluon_twin_only_in_scope(monkeypatch, case, planned):
+    """plan.gla.gluon_gla_forward_sweep (the Gluon rules, docs/kernels-gluon.md): the twin with the
+    WY step off takes a phased row of its kind (64 value columns on one warpgroup, no group prep),
+    16-bit inputs, K 64 or 128, Gluon usable here, its row on, the caller not forcing Triton; never
+    a decay per key, and never the backward's recompute."""
+    import dataclasses
+    from recurscan.plan import gla as plan_gla
+    from recurscan.problem import gla_problem, ssd_problem
+    monkeypatch.setattr(plan_gla, "sm_count", lambda device: 132)
+    monkeypatch.setattr(plan_gla, "gluon_usable", lambda device: case != "no usable Gluon")
+    monkeypatch.setattr(plan_gla, "GLUON_GLA_FORWARD_SWEEP",
+                        dataclasses.replace(plan_gla.GLUON_GLA_FORWARD_SWEEP, on=case != "row off"))
+    meta = dict(device="meta", dtype=torch.float32 if case == "float32" else torch.bfloat16)
+    Bt, T = (4, 4096) if "B4" in case else (1, 16384)
+    N = 96 if case == "dstate 96" else 128
+    if case == "a decay per key":
+        q = torch.empty(1, 16384, 80, 128, **meta)
+        problem = gla_problem(q, q, torch.empty(1, 16384, 80, 64, **meta), torch.empty(1, 16384, 80, 128,
+                                                                                       device="meta"),
+                              per_key_decay=True)
+        shape = plan_gla.gla_shape(problem, torch.device("cuda")).sweep
+    else:
+        problem = ssd_problem(torch.empty(Bt, T, 80, 64, **meta), torch.empty(Bt, T, 80, device="meta"),
+                              torch.empty(80, device="meta"), torch.empty(Bt, T, 1, N, **meta),
+                              torch.empty(Bt, T, 1, N, **meta))
+        shape = plan_gla.gla_shape(problem, torch.device("cuda"), gluon=case != 'backend="triton"').sweep
+    assert shape.gluon_sweep is planned
+    assert not plan_gla.recompute_sweep_shape(shape, 1, 80).gluon_sweep
+
+
+def test_the_gla_sweeps_gluon_twin_takes_ssd_without_z_and_the_triton_sweep_the_rest():
+    """With ``gluon_sweep`` and the WY step off: the single pass and every phase launch the twin
+    (the replay stays the Triton kernel's); SSD with a gate z runs the Triton sweep throughout; the
+    group prep is refused (a ValueError naming the field)."""
+    from recurscan.launch.gla import SsdPrologue
+    q, k = (torch.zeros(1, 256, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    v = torch.zeros(1, 256, 4, 64, dtype=torch.bfloat16)
+    twin = dict(block_v=64, num_warps=4, num_stages=3, tma_store=True, gluon_sweep=True, wy=False)
+
+    def kinds(**kw):
+        return [(s.kwargs["PASS"], s.kwargs["REPLAY"], "gluon" if type(s.kernel).__name__ == "GluonJITFunction" else
+                 "triton")
+                for s in delta_launches(q, k, v, torch.zeros(1, 256, 4), None, **twin, **kw).steps
+                if launch_delta.is_sweep_step(s)]
+    G, J = "gluon", "triton"
+    assert kinds() == [(0, False, G), (0, True, J)]
+    assert kinds(phases=3) == [(3, False, G)] * 3 + [(0, True, J)]
+    ssd = lambda z: SsdPrologue(torch.zeros(1, 256, 4), -torch.ones(4), None, torch.ones(4), z, True,  # noqa: E731
+                                (0.0, float("inf")))
+    assert kinds(ssd=ssd(None), phases=3) == [(3, False, G)] * 3 + [(0, True, J)]
+    assert {kind for *_, kind in kinds(ssd=ssd(torch.zeros(1, 256, 4, 64, dtype=torch.bfloat16)))} == {J}
+    with pytest.raises(ValueError, match="gluon_sweep"):
+        kinds(group_prep=True)
 
 
 def test_every_planned_scalar_decay_shape_is_one_the_kernels_take():

@@ -437,23 +437,25 @@ def _sweep_kernel(shape: DeltaShape, q, k, v, BV: int, tma_ok: bool, *, wy, ssd,
     """The kernel of the sweep's single pass, phases and second passes: the Triton kernel, or with
     ``shape.gluon_sweep`` its Gluon twin (kernels/gluon/delta_sweep.py; a pass 1 and the replay stay
     Triton's, the same arithmetic). A shape the twin cannot take is a ValueError (the planner's
-    never is); a call whose tensors it cannot read or write (q, k or v not 16-byte aligned, outputs
-    the bulk stores cannot take, chunk-state rows past int32 coordinates, an initial state or cache
-    whose offsets within a slot pass int32) runs the Triton kernel."""
+    never is); a call it cannot take (q, k or v not 16-byte aligned, outputs the bulk stores cannot
+    take, chunk-state rows past int32 coordinates, an initial state or cache whose offsets within a
+    slot pass int32, SSD's gate z) runs the Triton kernel."""
     if not shape.gluon_sweep:
         return chunk_delta_sweep_kernel
     from ..plan.delta import gluon_sweep_scope
     K, V = q.shape[3], v.shape[3]
-    if not (wy and ssd is None and not key_decay and not shape.group_prep and BV == 64 and shape.num_warps == 4
-            and shape.v_product and gluon_sweep_scope(householder=M, dtype=q.dtype, key_dim=K, value_dim=V)):
-        raise ValueError("DeltaShape.gluon_sweep: the Gluon sweep takes the delta rule (WY on, no SSD, no decay per "
-                         "key, no group prep), M = 1, 16-bit inputs, K 64 or 128, V a multiple of 64, block_v = 64 "
-                         f"on 4 warps with v_product (got M = {M}, {q.dtype}, K = {K}, V = {V}, BV = {BV}, "
-                         f"num_warps = {shape.num_warps}, v_product = {shape.v_product})")
+    if not ((shape.v_product or not wy) and not key_decay and not shape.group_prep and BV == 64
+            and shape.num_warps == 4 and gluon_sweep_scope(householder=M, dtype=q.dtype, key_dim=K, value_dim=V)):
+        raise ValueError("DeltaShape.gluon_sweep: the Gluon sweep takes the delta rule with v_product, or a scalar "
+                         "decay with the WY step off (GLA, SSD), no decay per key, no group prep; M = 1, 16-bit "
+                         f"inputs, K 64 or 128, V a multiple of 64, block_v = 64 on 4 warps (got M = {M}, {q.dtype}, "
+                         f"K = {K}, V = {V}, BV = {BV}, num_warps = {shape.num_warps}, v_product = {shape.v_product}, "
+                         f"WY {'on' if wy else 'off'})")
     aligned = all(not x.is_contiguous() or x.data_ptr() % 16 == 0 for x in (q, k, v))
     in_slot = (K - 1) * state_strides[2] + (V - 1) * state_strides[3]
     # A chunk-state row out of range is moved to row chunk_state_rows, whose coordinates must fit too.
-    if not (aligned and tma_ok and (chunk_state_rows + 1) * v.shape[2] * K < 2 ** 31 and in_slot < 2 ** 31):
+    if not (aligned and tma_ok and (chunk_state_rows + 1) * v.shape[2] * K < 2 ** 31 and in_slot < 2 ** 31) or \
+            (ssd is not None and ssd.z is not None):
         return chunk_delta_sweep_kernel
     from ..kernels.gluon.delta_sweep import gluon_sweep_kernel
     return gluon_sweep_kernel

@@ -125,7 +125,7 @@ def _triton_launch(family, problem, device, algorithm, gluon=True):
     if algorithm == "recurrent":
         return stream_shape(stream_sizes(family, problem), device)
     if family in ("gla", "ssd"):
-        return gla_shape(problem, device)
+        return gla_shape(problem, device, gluon=gluon)
     return delta_shape(problem, device, gluon=gluon)
 
 

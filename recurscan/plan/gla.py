@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from .delta import DeltaShape, DeltaSizes, DELTA_LAUNCH
-from .device import sm_count
+from .delta import DELTA_LAUNCH, DeltaShape, DeltaSizes, GluonTwinRow, gluon_sweep_scope
+from .device import gluon_usable, sm_count
 
 
 @dataclass(frozen=True)
@@ -41,15 +41,16 @@ GLA_LAUNCH = GlaShape(64, 8, "64 value columns on 8 warps: offline for sm_90 the
                               "(gpu_gla_sweep_cdc4e1d.json)", recompute_on_sweep=True)
 
 
-def gla_shape(problem, device) -> GlaShape:
+def gla_shape(problem, device, gluon: bool = True) -> GlaShape:
     """The GLA kernels' launch shape for ``problem`` (a GlaProblem or SsdProblem) on ``device``:
     :data:`GLA_LAUNCH`, and for a scalar decay (and SSD) the delta sweep's launch shape
-    (:func:`gla_sweep_shape`) where :data:`SCALAR_ON_SWEEP`."""
+    (:func:`gla_sweep_shape`) where :data:`SCALAR_ON_SWEEP`; ``gluon`` False (``backend="triton"``):
+    no Gluon twin."""
     if getattr(problem, "per_key_decay", False):
         return replace(GLA_LAUNCH, sweep=per_key_sweep_shape(problem, device)) if PER_KEY_ON_SWEEP else GLA_LAUNCH
     if not SCALAR_ON_SWEEP or GLA_LAUNCH.split:
         return GLA_LAUNCH
-    return replace(GLA_LAUNCH, sweep=gla_sweep_shape(problem, device))
+    return replace(GLA_LAUNCH, sweep=gla_sweep_shape(problem, device, gluon=gluon))
 
 
 #: Whether a scalar decay runs on the delta rule's prep and sweep (WY off) rather than the fused kernel.
@@ -70,7 +71,7 @@ def per_key_shape_of(shape: DeltaShape) -> DeltaShape:
     launch: one value head a program; its calm pass first where :data:`PER_KEY_CALM_PASS` (then the
     general steps for the other chunks, 8 warps), else the general steps alone on 8 warps with no
     register cap."""
-    shape = replace(shape, phases=1, prep_heads=1, prep_warps=8, prep_maxnreg=None)
+    shape = replace(shape, phases=1, prep_heads=1, prep_warps=8, prep_maxnreg=None, gluon_sweep=False)
     if PER_KEY_CALM_PASS is None:
         return shape
     block, warps, maxnreg = PER_KEY_CALM_PASS
@@ -117,9 +118,10 @@ GLA_SWEEP_LAUNCH: list[tuple[Callable[[DeltaSizes], bool], DeltaShape]] = [
 ]
 
 
-def gla_sweep_shape(problem, device) -> DeltaShape:
+def gla_sweep_shape(problem, device, gluon: bool = True) -> DeltaShape:
     """The delta sweep's launch shape for a scalar-decay GLA or SSD ``problem``: the first row of
-    :data:`GLA_SWEEP_LAUNCH` that holds for its sizes, else the delta rule's (plan/delta.py); a
+    :data:`GLA_SWEEP_LAUNCH` that holds for its sizes, else the delta rule's (plan/delta.py), its
+    sweep given to the Gluon twin where :func:`gluon_gla_forward_sweep` allows (``gluon``); a
     varlen batch is one whose sequences are not its batch rows."""
     value_heads = getattr(problem, "value_heads", None) or problem.heads  # SsdProblem: heads
     value_dim = getattr(problem, "value_dim", None) or problem.head_dim
@@ -127,7 +129,31 @@ def gla_sweep_shape(problem, device) -> DeltaShape:
     sizes = DeltaSizes(pairs=problem.sequences * value_heads, sms=sm_count(device), value_dim=value_dim,
                        tokens=problem.tokens, varlen=varlen, sequences=problem.sequences, group=_group(problem))
     shape = next(shape for applies, shape in GLA_SWEEP_LAUNCH + DELTA_LAUNCH if applies(sizes))
-    return shape if shape.group_prep else with_prep_heads(shape, problem)
+    if shape.group_prep:
+        return shape
+    return gluon_gla_forward_sweep(with_prep_heads(shape, problem), problem, device, gluon)
+
+
+#: The forward sweep's Gluon twin with the WY step off (kernels/gluon/delta_sweep.py: U = V, SSD's
+#: skip D x; no gate z), taken by :func:`gluon_gla_forward_sweep`.
+GLUON_GLA_FORWARD_SWEEP = GluonTwinRow(False, "not yet measured against the Triton sweep")
+
+
+def gluon_gla_forward_sweep(shape: DeltaShape, problem, device, gluon: bool = True) -> DeltaShape:
+    """``shape`` with its sweep given to the Gluon twin where :data:`GLUON_GLA_FORWARD_SWEEP` is on,
+    the twin runs here (``plan.device.gluon_usable``), the row is phased and of the twin's kind
+    (64 value columns on one warpgroup, the delta prep) and the problem is in
+    ``plan.delta.gluon_sweep_scope``; ``shape`` as it is otherwise and where ``gluon`` is False.
+    A call the twin cannot take (a gate z, unaligned inputs, strided outputs; launch/delta.py
+    checks) runs the Triton sweep."""
+    if not (gluon and GLUON_GLA_FORWARD_SWEEP.on and gluon_usable(device)):
+        return shape
+    key_dim = getattr(problem, "key_dim", None) or problem.state_dim  # SsdProblem: dstate
+    value_dim = getattr(problem, "value_dim", None) or problem.head_dim
+    if shape.phases > 1 and shape.block_v == 64 and shape.num_warps == 4 and not shape.group_prep and \
+            gluon_sweep_scope(householder=1, dtype=problem.dtype, key_dim=key_dim, value_dim=value_dim):
+        return replace(shape, gluon_sweep=True)
+    return shape
 
 
 #: A scalar decay (and SSD) whose query/key heads each serve at least this many value heads may
@@ -147,7 +173,7 @@ def recompute_sweep_shape(sweep: DeltaShape, heads: int, value_heads: int) -> De
     whose scores and column factors the backward's reverse sweep reads (GATE_SCORES), at two
     stages at most (the calm gates' limit, launch/delta.py's check_shape)."""
     group = sweep.group_prep or (GROUP_PREP_MIN_HEADS is not None and value_heads // heads >= GROUP_PREP_MIN_HEADS)
-    return replace(sweep, segments=1, phases=1, group_prep=group, calm_gates=group,
+    return replace(sweep, segments=1, phases=1, group_prep=group, calm_gates=group, gluon_sweep=False,
                    num_stages=min(sweep.num_stages, 2) if group else sweep.num_stages,
                    prep_heads=1 if group else sweep.prep_heads)
 

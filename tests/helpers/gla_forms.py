@@ -36,7 +36,8 @@ def use_form(form, monkeypatch):
         monkeypatch.setattr(plan_gla, "GLA_LAUNCH", plan_gla.GlaShape(64, 8, "tests: the split launch", split=True))
     elif form in SWEEP_VARIANTS:
         monkeypatch.setattr(plan_gla, "gla_sweep_shape",
-                            lambda problem, device: plan_gla.with_prep_heads(SWEEP_VARIANTS[form], problem))
+                            lambda problem, device, gluon=True: plan_gla.with_prep_heads(SWEEP_VARIANTS[form],
+                                                                                           problem))
     else:
         assert form == "sweep", form
 

@@ -265,6 +265,13 @@ def compile_gluon_forward() -> list[str]:
     for case in ("GDN dense, H = HV", "GDN varlen, GVA"):
         lines += [f"serving, {case}: {line}" for line in
                   compile_delta_forward(case, GLUON_SWEEP_SHAPES["one pass"], serving=True)]
+    # The WY step off: SSD without z (D per head and per channel), simple GLA dense and varlen.
+    for name in ("one pass", "phases"):
+        for per_channel in (False, True):
+            lines += [f"SSD {name}, D per {'channel' if per_channel else 'head'}: {line}" for line in
+                      compile_ssd_benchmark(GLUON_SWEEP_SHAPES[name], per_channel=per_channel)]
+    for case in ("GDN dense, H = HV", "GDN varlen, GVA"):
+        lines += [f"GLA one pass, {case}: {line}" for line in compile_gla_sweep(case, "Gluon one pass", ssd=False)]
     return lines
 
 
@@ -292,7 +299,7 @@ def compile_gla_sweep(case: str, shape: str, ssd: bool, describe=None, per_key: 
         state, slots = torch.zeros(8, HV, 64, K).transpose(-1, -2), torch.zeros(N, dtype=torch.int32)
     cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
     indices = None if cu is None else build_chunk_descriptors(cu_t, 1).chunk_indices
-    sweep_shape = SWEEP_SHAPES[shape]
+    sweep_shape = {**SWEEP_SHAPES, **{f"Gluon {k}": v for k, v in GLUON_SWEEP_SHAPES.items()}}[shape]
     group = HV // H
     sweep_shape = dataclasses.replace(sweep_shape, prep_heads=max(d for d in range(1, min(sweep_shape.prep_heads,
                                                                                           group) + 1) if group % d == 0))
@@ -310,17 +317,17 @@ def compile_gla_sweep(case: str, shape: str, ssd: bool, describe=None, per_key: 
     return [compiled_line(step, CALL_NAMES, values, describe) for step in launches.steps]
 
 
-def compile_ssd_benchmark(shape: DeltaShape, describe=None) -> list[str]:
+def compile_ssd_benchmark(shape: DeltaShape, describe=None, per_channel: bool = False) -> list[str]:
     """The SSD forward's launches (launch/delta.py, WY off) in ``shape`` as the benchmark calls them
-    (benchmarks/gpu_gla.py's ssd_inputs: 80 heads x 64, one group, dstate 128, D per head, dt_bias,
-    softplus, no z, bf16), one line each."""
+    (benchmarks/gpu_gla.py's ssd_inputs: 80 heads x 64, one group, dstate 128, D per head (or per
+    channel), dt_bias, softplus, no z, bf16), one line each."""
     from recurscan.launch.delta import build_delta_launches
     from recurscan.launch.gla import SsdPrologue
     B, T, H, HV, K, V = 1, 4096, 1, 80, 128, 64
     bf = dict(dtype=torch.bfloat16)
     q, k, v = torch.zeros(B, T, H, K, **bf), torch.zeros(B, T, H, K, **bf), torch.zeros(B, T, HV, V, **bf)
-    prologue = SsdPrologue(torch.zeros(B, T, HV), torch.zeros(HV), torch.zeros(HV), torch.zeros(HV), None, True,
-                           (0.0, float("inf")))
+    prologue = SsdPrologue(torch.zeros(B, T, HV), torch.zeros(HV), torch.zeros(HV),
+                           torch.zeros(HV, V) if per_channel else torch.zeros(HV), None, True, (0.0, float("inf")))
     launches = build_delta_launches(q, k, v, None, None, shape, scale=1.0, output_final_state=True, wy=False,
                                     ssd=prologue)
     inputs = DeltaInputs(q, k, v, None, None, None, None, None, None, None, None, *prologue.tensors())

@@ -18,10 +18,17 @@ What differs from the twin is how a chunk's work is scheduled, per program (one 
 4. Each chunk's row coefficients are loaded one chunk ahead in a compact layout (one register a
    vector) and moved into the products' layout where used.
 
+With the WY step off (gated linear attention and Mamba2 SSD: U = V) a chunk is two groups:
+{S^T Q^T, the next state} and then the outputs onto lam rq o S^T Q^T, V^T the outputs' operand as
+it arrived in shared memory and read into registers once for the state's operand and SSD's skip
+D x (the twin reads x a second time for it, kernels/delta/sweep.py).
+
 Scope (``plan.delta.gluon_sweep_scope``; the launch layer checks the call): GDN (M = 1,
-the WY step on, V as a product operand), 16-bit inputs, K 64 or 128, V a multiple of BV = 64,
-PASS 0 (one pass), 2 (a segmented sweep's second pass, and the recompute from checkpoints) and 3
-(a phase); no replay (the twin's REPLAY launch runs after this one, on the flags it raises).
+the WY step on, V as a product operand), or a scalar decay per head with the WY step off (SSD's
+skip D per head or per channel; no gate z: the launch layer runs the twin for that); 16-bit
+inputs, K 64 or 128, V a multiple of BV = 64, PASS 0 (one pass), 2 (a segmented sweep's second
+pass, and the recompute from checkpoints) and 3 (a phase); no replay (the twin's REPLAY launch
+runs after this one, on the flags it raises).
 """
 from __future__ import annotations
 
@@ -33,22 +40,25 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 @gluon.jit
 def _issue_loads(j, n_chunks, c_lo, k_desc, q_desc, v_desc, w_desc, a_desc, k_s, q_s, v_s, w_s, a_s, bars,
-                 col_qk, col_v, col_w, BT: gl.constexpr, NUM_STAGES: gl.constexpr, OUTPUTS: gl.constexpr):
+                 col_qk, col_v, col_w, BT: gl.constexpr, NUM_STAGES: gl.constexpr, OUTPUTS: gl.constexpr,
+                 WY: gl.constexpr):
     """The bulk copies of the program's j-th chunk (chunk c_lo + j of the sequence) into stage
-    j % NUM_STAGES; none past its last."""
+    j % NUM_STAGES; none past its last. WY False: no wy tile."""
     s = j % NUM_STAGES
     pred = j < n_chunks
     bar = bars.index(s)
+    W_BYTES: gl.constexpr = w_desc.block_type.nbytes if WY else 0
     if OUTPUTS:
         nbytes: gl.constexpr = (k_desc.block_type.nbytes + q_desc.block_type.nbytes + v_desc.block_type.nbytes
-                                + w_desc.block_type.nbytes + a_desc.block_type.nbytes)
+                                + W_BYTES + a_desc.block_type.nbytes)
     else:
-        nbytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes + w_desc.block_type.nbytes
+        nbytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes + W_BYTES
     mbarrier.expect(bar, nbytes, pred=pred)
     r = (c_lo + j) * BT  # int32: a row of the sequence
     tma.async_copy_global_to_shared(k_desc, [r, col_qk], bar, k_s.index(s), pred=pred)
     tma.async_copy_global_to_shared(v_desc, [r, col_v], bar, v_s.index(s), pred=pred)
-    tma.async_copy_global_to_shared(w_desc, [r, col_w], bar, w_s.index(s), pred=pred)
+    if WY:
+        tma.async_copy_global_to_shared(w_desc, [r, col_w], bar, w_s.index(s), pred=pred)
     if OUTPUTS:
         tma.async_copy_global_to_shared(q_desc, [r, col_qk], bar, q_s.index(s), pred=pred)
         tma.async_copy_global_to_shared(a_desc, [r, col_w], bar, a_s.index(s), pred=pred)
@@ -116,8 +126,8 @@ def gluon_sweep_kernel(
     program -> (sequence, [segment,] value head, value block of BV = 64), the block fastest. Per
     chunk, from raw q and k (lam rk, lam rq, gam rk, lam_last from the prep's ``coef``)::
 
-        KS^T = S^T K^T;    U^T = V^T wy^T - (lam rk o KS^T) wy^T
-        O^T  = lam rq o (S^T Q^T) + U^T aqk^T
+        KS^T = S^T K^T;    U^T = V^T wy^T - (lam rk o KS^T) wy^T    (WY False: U^T = V^T)
+        O^T  = lam rq o (S^T Q^T) + U^T aqk^T  (+ D x^T with HAS_D)
         S^T <- lam_last S^T + (U^T o gam rk) K
 
     The initial state, the phases' and segments' states, the cache slot (and a padding slot's
@@ -128,8 +138,10 @@ def gluon_sweep_kernel(
     gl.static_assert(BV == 64, "the Gluon sweep takes 64 value columns a program")
     gl.static_assert(BT == 64, "chunks of 64 rows")
     gl.static_assert(M == 1, "GDN only (M = 1)")
-    gl.static_assert(WY and V_PRODUCT, "the delta rule's WY step, V as a product operand")
-    gl.static_assert(not (KEY_DECAY or GATE_SCORES or HAS_D or HAS_Z), "the delta rule only")
+    gl.static_assert(V_PRODUCT or not WY, "with the WY step, V as a product operand")
+    gl.static_assert(not (KEY_DECAY or GATE_SCORES or HAS_Z), "a scalar decay per head, no gate z")
+    gl.static_assert(WY or not STORE_U, "STORE_U: the delta rule's")
+    gl.static_assert(not HAS_D or (OUTPUTS and not WY), "the skip D x: SSD's outputs")
     gl.static_assert(PASS != 1 and not REPLAY, "the single pass, a phase or a second pass; the twin replays")
     if PDL:
         if trigger_dependents != 0:  # the next phase's prep may start once every program here has
@@ -195,14 +207,17 @@ def gluon_sweep_kernel(
     l_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], DT)
     k_desc = tma.make_tensor_descriptor(k + bos * (H * K), [rows, H * K], [H * K, 1], [BT, K], l_qk)
     v_desc = tma.make_tensor_descriptor(v + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV], l_tv)
-    w_desc = tma.make_tensor_descriptor(wy + bos * (HV * BT), [rows, HV * BT], [HV * BT, 1], [BT, BT], l_tt)
+    if WY:
+        w_desc = tma.make_tensor_descriptor(wy + bos * (HV * BT), [rows, HV * BT], [HV * BT, 1], [BT, BT], l_tt)
+    else:  # placeholder, unread
+        w_desc = v_desc
     if OUTPUTS:
         q_desc = tma.make_tensor_descriptor(q + bos * (H * K), [rows, H * K], [H * K, 1], [BT, K], l_qk)
         a_desc = tma.make_tensor_descriptor(aqk + bos * (HV * BT), [rows, HV * BT], [HV * BT, 1], [BT, BT], l_tt)
         o_desc = tma.make_tensor_descriptor(o + bos * o_st + i_hv * o_sh, [rows, V], [o_st, 1], [BT, BV], l_tv)
     else:  # placeholders, unread
         q_desc = k_desc
-        a_desc = w_desc
+        a_desc = v_desc
         o_desc = v_desc
     col_qk = i_h * K
     col_v = i_hv * V + i_v * BV
@@ -219,14 +234,17 @@ def gluon_sweep_kernel(
 
     k_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
     v_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], l_tv)
-    w_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BT], l_tt)
+    if WY:
+        w_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BT], l_tt)
+    else:  # placeholder, unread
+        w_s = v_s
     if OUTPUTS:
         q_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
         a_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BT], l_tt)
         o_s = gl.allocate_shared_memory(DT, [BT, BV], l_tv)
     else:
         q_s = k_s
-        a_s = w_s
+        a_s = v_s
         o_s = v_s
     if STORE_U:
         u_desc = tma.make_tensor_descriptor(u_out + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV], l_tv)
@@ -254,7 +272,7 @@ def gluon_sweep_kernel(
         mbarrier.init(bars.index(i), count=1)
     for i in gl.static_range(NUM_STAGES):
         _issue_loads(i, n_run, c_lo, k_desc, q_desc, v_desc, w_desc, a_desc, k_s, q_s, v_s, w_s, a_s, bars,
-                     col_qk, col_v, col_w, BT, NUM_STAGES, OUTPUTS)
+                     col_qk, col_v, col_w, BT, NUM_STAGES, OUTPUTS, WY)
 
     # The state entering the program's first chunk, loaded in a layout of its own and converted once.
     p_h = (i_n * HV + i_hv) * (K * V)
@@ -273,6 +291,12 @@ def gluon_sweep_kernel(
 
     o_t = gl.arange(0, BT, layout=compact)
     zero64 = gl.zeros([BV, BT], gl.float32, layout=mma64)
+    if HAS_D:  # D per head, or per value column ([BV, 1] along the tile's rows)
+        if D_PER_CHANNEL:
+            o_vd = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(1, mma64))
+            d_skip = gl.load(D + i_hv * V + o_vd).to(gl.float32)[:, None]
+        else:
+            d_skip = gl.load(D + i_hv).to(gl.float32)
     n_rk, n_rq, n_gk, n_last = _row_coefficients(coef, bos, L, c_lo, c_hi, i_n, i_hv, o_t, HV, BT)
     if CKPT_CHUNKS > 0:
         o_vk_m = _state_offsets(i_v, V, 1, mmaK, BV, K)
@@ -295,43 +319,63 @@ def gluon_sweep_kernel(
             cs = gl.where((cs >= 0) & (cs < n_cs_rows), cs, n_cs_rows)  # past the descriptor: not stored
             tma.async_copy_shared_to_global(cs_desc, [(cs * HV + i_hv).to(gl.int32) * K, i_v * BV], cs_s)
 
-        # Group 1: K S (the chain) and V^T wy^T together.
-        S_a = gl.convert_layout(S_d, a64)
-        KSt = warpgroup_mma(S_a, k_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
-        Ut = warpgroup_mma(v_s.index(s).permute((1, 0)), w_s.index(s).permute((1, 0)), zero64, use_acc=False,
-                           is_async=True)
-        KSt, Ut = warpgroup_mma_wait(num_outstanding=0, deps=(KSt, Ut))
+        if WY:
+            # Group 1: K S (the chain) and V^T wy^T together.
+            S_a = gl.convert_layout(S_d, a64)
+            KSt = warpgroup_mma(S_a, k_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
+            Ut = warpgroup_mma(v_s.index(s).permute((1, 0)), w_s.index(s).permute((1, 0)), zero64, use_acc=False,
+                               is_async=True)
+            KSt, Ut = warpgroup_mma_wait(num_outstanding=0, deps=(KSt, Ut))
 
-        # Group 2: -(lam rk o K S) wy^T onto U^T (the chain), and S^T Q^T.
-        KSt = gl.convert_layout(lam_rk, col64)[None, :] * KSt
-        Ut = warpgroup_mma(gl.convert_layout((-KSt).to(DT), a64), w_s.index(s).permute((1, 0)), Ut, is_async=True)
-        if OUTPUTS:
-            QSt = warpgroup_mma(S_a, q_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
-            Ut, QSt = warpgroup_mma_wait(num_outstanding=0, deps=(Ut, QSt))
-        else:
-            Ut = warpgroup_mma_wait(num_outstanding=0, deps=(Ut,))
+            # Group 2: -(lam rk o K S) wy^T onto U^T (the chain), and S^T Q^T.
+            KSt = gl.convert_layout(lam_rk, col64)[None, :] * KSt
+            Ut = warpgroup_mma(gl.convert_layout((-KSt).to(DT), a64), w_s.index(s).permute((1, 0)), Ut, is_async=True)
+            if OUTPUTS:
+                QSt = warpgroup_mma(S_a, q_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
+                Ut, QSt = warpgroup_mma_wait(num_outstanding=0, deps=(Ut, QSt))
+            else:
+                Ut = warpgroup_mma_wait(num_outstanding=0, deps=(Ut,))
 
-        # Group 3: the next state (the chain), and the outputs onto lam rq o S^T Q^T.
-        U_g = gl.convert_layout((Ut * gl.convert_layout(gam_rk, col64)[None, :]).to(DT), aK)
-        S_t = warpgroup_mma(U_g, k_s.index(s), S_t * lam_last, is_async=True)
-        if OUTPUTS:
-            O_t = warpgroup_mma(gl.convert_layout(Ut.to(DT), a64), a_s.index(s).permute((1, 0)),
-                                gl.convert_layout(lam_rq, col64)[None, :] * QSt, is_async=True)
-        if STORE_U:  # U and lam o K S, for the backward, while the group runs
-            tma.store_wait(pendings=N_O + N_CS)
-            u_s.permute((1, 0)).store(Ut.to(DT))
-            ks_s.permute((1, 0)).store(KSt.to(DT))
-            fence_async_shared()
-            tma.async_copy_shared_to_global(u_desc, [c * BT, col_v], u_s)
-            tma.async_copy_shared_to_global(ks_desc, [c * BT, col_v], ks_s)
-        if OUTPUTS:
-            S_t, O_t = warpgroup_mma_wait(num_outstanding=0, deps=(S_t, O_t))
+            # Group 3: the next state (the chain), and the outputs onto lam rq o S^T Q^T.
+            U_g = gl.convert_layout((Ut * gl.convert_layout(gam_rk, col64)[None, :]).to(DT), aK)
+            S_t = warpgroup_mma(U_g, k_s.index(s), S_t * lam_last, is_async=True)
+            if OUTPUTS:
+                O_t = warpgroup_mma(gl.convert_layout(Ut.to(DT), a64), a_s.index(s).permute((1, 0)),
+                                    gl.convert_layout(lam_rq, col64)[None, :] * QSt, is_async=True)
+            if STORE_U:  # U and lam o K S, for the backward, while the group runs
+                tma.store_wait(pendings=N_O + N_CS)
+                u_s.permute((1, 0)).store(Ut.to(DT))
+                ks_s.permute((1, 0)).store(KSt.to(DT))
+                fence_async_shared()
+                tma.async_copy_shared_to_global(u_desc, [c * BT, col_v], u_s)
+                tma.async_copy_shared_to_global(ks_desc, [c * BT, col_v], ks_s)
+            if OUTPUTS:
+                S_t, O_t = warpgroup_mma_wait(num_outstanding=0, deps=(S_t, O_t))
+            else:
+                S_t = warpgroup_mma_wait(num_outstanding=0, deps=(S_t,))
         else:
-            S_t = warpgroup_mma_wait(num_outstanding=0, deps=(S_t,))
+            # U = V (gated linear attention, SSD): {S^T Q^T, the next state (the chain)}, then the
+            # outputs onto lam rq o S^T Q^T; V^T is the outputs' shared-memory operand as it
+            # arrived, and read into registers once for the state's operand and SSD's skip D x.
+            Vt = v_s.index(s).permute((1, 0)).load(mma64).to(gl.float32)  # [BV, BT]
+            U_g = gl.convert_layout((Vt * gl.convert_layout(gam_rk, col64)[None, :]).to(DT), aK)
+            if OUTPUTS:
+                QSt = warpgroup_mma(gl.convert_layout(S_d, a64), q_s.index(s).permute((1, 0)), zero64, use_acc=False,
+                                    is_async=True)
+            S_t = warpgroup_mma(U_g, k_s.index(s), S_t * lam_last, is_async=True)
+            if OUTPUTS:
+                QSt = warpgroup_mma_wait(num_outstanding=1, deps=(QSt,))
+                O_t = warpgroup_mma(v_s.index(s).permute((1, 0)), a_s.index(s).permute((1, 0)),
+                                    gl.convert_layout(lam_rq, col64)[None, :] * QSt, is_async=True)
+                S_t, O_t = warpgroup_mma_wait(num_outstanding=0, deps=(S_t, O_t))
+                if HAS_D:  # Mamba2's skip D x (v holds x)
+                    O_t += d_skip * Vt
+            else:
+                S_t = warpgroup_mma_wait(num_outstanding=0, deps=(S_t,))
 
         # Stage s is free: refill it with the chunk NUM_STAGES on; O^T out.
         _issue_loads(j + NUM_STAGES, n_run, c_lo, k_desc, q_desc, v_desc, w_desc, a_desc, k_s, q_s, v_s, w_s, a_s,
-                     bars, col_qk, col_v, col_w, BT, NUM_STAGES, OUTPUTS)
+                     bars, col_qk, col_v, col_w, BT, NUM_STAGES, OUTPUTS, WY)
         if OUTPUTS:
             tma.store_wait(pendings=N_CS + N_U)
             o_s.permute((1, 0)).store(O_t.to(DT))

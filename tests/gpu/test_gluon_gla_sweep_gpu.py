@@ -1,0 +1,138 @@
+"""The forward sweep's Gluon twin with the WY step off (kernels/gluon/delta_sweep.py: U = V, SSD's
+skip D x) on the H200, under the Gluon rules (docs/kernels-gluon.md): bit for bit the Triton
+sweep's outputs and final states for Mamba2 SSD (D per head and per channel, one pass and phases,
+dense and varlen with a one-token sequence, an initial state) and simple GLA; a gate z runs the
+Triton sweep; the float64 oracle at the benchmark's size; and the training forward on it gives the
+same gradients. Run: ``python -m pytest -m gpu tests/gpu/test_gluon_gla_sweep_gpu.py``."""
+import dataclasses
+
+import pytest
+import torch
+
+import recurscan
+from recurscan.launch import delta as launch_delta
+from recurscan.plan import gla as plan_gla
+from recurscan.runtime.cache import clear_caches
+
+from tests.helpers.tolerances import bits, relative_rms
+
+pytestmark = pytest.mark.gpu
+
+DEV = "cuda"
+
+
+@pytest.fixture(autouse=True)
+def gluon_only(monkeypatch):
+    from recurscan.plan.device import gluon_usable
+    if not gluon_usable(torch.device(DEV)):
+        pytest.skip("Gluon twins run on sm_90 with a tested Triton (plan.device.gluon_usable)")
+    monkeypatch.setattr(launch_delta, "POISON_BUFFERS", True)
+
+
+def sweep_kernels(monkeypatch):
+    """The names of the sweep kernels the launch layer picks from now on (appended per build)."""
+    picked = []
+    choose = launch_delta._sweep_kernel
+
+    def recording(*a, **kw):
+        kernel = choose(*a, **kw)
+        picked.append(type(kernel).__name__)
+        return kernel
+    monkeypatch.setattr(launch_delta, "_sweep_kernel", recording)
+    return picked
+
+
+def run_both(monkeypatch, call, phases=1):
+    """``call()``'s outputs with the planned sweep shape at ``phases`` (no group prep, 64 value
+    columns on 4 warps, 3 stages, bulk stores) on the Triton sweep and on its Gluon twin; asserts
+    which kernel ran and that the two agree bit for bit. Returns the twin's outputs."""
+    picked = sweep_kernels(monkeypatch)
+    planned = plan_gla.gla_sweep_shape
+    out = {}
+    for twin in (False, True):
+        monkeypatch.setattr(plan_gla, "gla_sweep_shape", lambda problem, device, gluon=True, twin=twin: dataclasses.replace(
+            planned(problem, device, gluon=False), block_v=64, num_warps=4, num_stages=3, tma_store=True,
+            group_prep=False, calm_gates=False, prep_heads=1, phases=phases, segments=1, gluon_sweep=twin))
+        clear_caches()
+        picked.clear()
+        got = call()
+        got = got if isinstance(got, (tuple, list)) else (got,)
+        out[twin] = [t.clone() for t in got if torch.is_tensor(t)]
+        assert picked and ("GluonJITFunction" in picked) == twin, picked
+    torch.cuda.synchronize()
+    for i, (a, b) in enumerate(zip(out[False], out[True])):
+        assert torch.equal(bits(a), bits(b)), f"output {i}: {int((a != b).sum())} elements differ"
+    return out[True]
+
+
+def ssd_args(Bt, T, H=16, P=64, G=2, N=128, per_channel=False, seed=0):
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    rn = lambda *s: torch.randn(*s, device=DEV, generator=gen)  # noqa: E731
+    x, dt = rn(Bt, T, H, P).bfloat16(), rn(Bt, T, H)
+    A, dt_bias = -torch.rand(H, device=DEV, generator=gen), rn(H)
+    D = rn(H, P) if per_channel else rn(H)
+    B, C = rn(Bt, T, G, N).bfloat16(), rn(Bt, T, G, N).bfloat16()
+    return (x, dt, A, B, C), dict(chunk_size=256, D=D, dt_bias=dt_bias, dt_softplus=True)
+
+
+@pytest.mark.parametrize("phases", [1, 6])
+@pytest.mark.parametrize("per_channel", [False, True], ids=["D per head", "D per channel"])
+def test_ssd_gives_the_triton_sweeps_bits(phases, per_channel, monkeypatch):
+    """Dense, two groups, a partial last chunk, an initial state and the final states."""
+    a, kw = ssd_args(2, 3000, per_channel=per_channel)
+    h0 = torch.randn(2, 16, 64, 128, device=DEV)
+    y, hT = run_both(monkeypatch, lambda: recurscan.mamba_chunk_scan_combined(
+        *a, **kw, initial_states=h0, return_final_states=True), phases)
+    assert torch.isfinite(y).all() and torch.isfinite(hT).all()
+
+
+def test_ssd_varlen_with_a_one_token_sequence_gives_the_triton_sweeps_bits(monkeypatch):
+    a, kw = ssd_args(1, 4100, seed=2)
+    cu = torch.tensor([0, 1, 2000, 2001, 4100], device=DEV, dtype=torch.int32)
+    out = run_both(monkeypatch, lambda: recurscan.mamba_chunk_scan_combined(*a, **kw, cu_seqlens=cu,
+                                                                            return_varlen_states=True))
+    assert all(torch.isfinite(t).all() for t in out)
+
+
+def test_simple_gla_gives_the_triton_sweeps_bits(monkeypatch):
+    gen = torch.Generator(device=DEV).manual_seed(4)
+    rn = lambda *s: torch.randn(*s, device=DEV, generator=gen)  # noqa: E731
+    q, k, v = (rn(2, 2500, 4, 128).bfloat16() for _ in range(3))
+    g = torch.nn.functional.logsigmoid(rn(2, 2500, 4) + 3.0)
+    o, ht = run_both(monkeypatch, lambda: recurscan.chunk_simple_gla(q, k, v, g, output_final_state=True), 6)
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+
+
+def test_a_gate_z_runs_the_triton_sweep(monkeypatch):
+    """The twin has no gate: with z the launch layer picks the Triton sweep for a planned twin."""
+    picked = sweep_kernels(monkeypatch)
+    planned = plan_gla.gla_sweep_shape
+    monkeypatch.setattr(plan_gla, "gla_sweep_shape", lambda problem, device, gluon=True: dataclasses.replace(
+        planned(problem, device, gluon=False), group_prep=False, prep_heads=1, phases=6, gluon_sweep=True))
+    clear_caches()
+    a, kw = ssd_args(1, 1024)
+    y = recurscan.mamba_chunk_scan_combined(*a, **kw, z=torch.randn_like(a[0]))
+    assert picked and "GluonJITFunction" not in picked, picked
+    assert torch.isfinite(y).all()
+
+
+def test_the_benchmark_ssd_on_the_twin_against_the_oracle(monkeypatch):
+    """B1 T16384, 80 heads x 64, one group, dstate 128 (benchmarks/gpu_gla.py's inputs), 6 phases on
+    the twin, against the float64 PyTorch form."""
+    from benchmarks.gpu_gla import ssd_inputs
+    a, kw = ssd_inputs(1, 16384)
+    y = run_both(monkeypatch, lambda: recurscan.mamba_chunk_scan_combined(*a, **kw), 6)[0]
+    want = recurscan.mamba_chunk_scan_combined(*(t.double() for t in a), **{
+        k: (v.double() if torch.is_tensor(v) else v) for k, v in kw.items()}, backend="torch")
+    err = relative_rms(y.double(), want)
+    print(f"SSD B1 T16384 on the twin: relative RMS {err:.2e}")
+    assert err < 1e-2
+
+
+def test_training_on_the_twin_gives_the_same_gradients(monkeypatch):
+    """SSD forward + backward with the forward's sweep on the twin or the Triton kernel: the same
+    output and gradients, bit for bit (the backward's recompute never takes the twin)."""
+    from benchmarks.gpu_gla import SSD_GRADS, train_step
+    a, kw = ssd_args(1, 4096, H=16, G=1, seed=5)
+    dy = torch.randn(a[0].shape, device=DEV, generator=torch.Generator(device=DEV).manual_seed(6)).bfloat16()
+    run_both(monkeypatch, lambda: train_step(recurscan.mamba_chunk_scan_combined, a, kw, SSD_GRADS, dy), 6)
