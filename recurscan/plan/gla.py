@@ -135,12 +135,23 @@ def gla_sweep_shape(problem, device, gluon: bool = True) -> DeltaShape:
 
 
 #: The forward sweep's Gluon twin with the WY step off (kernels/gluon/delta_sweep.py: U = V, SSD's
-#: skip D x; no gate z), taken by :func:`gluon_gla_forward_sweep`.
-GLUON_GLA_FORWARD_SWEEP = GluonTwinRow(False, "not yet measured against the Triton sweep")
+#: skip D x; no gate z), taken by :func:`gluon_gla_forward_sweep` on phased rows.
+GLUON_GLA_FORWARD_SWEEP = GluonTwinRow(True, "SSD B1 T16384 (80 heads x 64, dstate 128) forward in 6 phases, eager, "
+                                             "same process (gpu_gla_sweep_twin_0c2f6c8.json): 0.510 ms at the phases' "
+                                             "ratio 0.8 (0.541 at none; the sweep 384 us) against the Triton sweep's "
+                                             "0.709 (619 us); mamba_ssm 0.938 there. In one pass it lost for simple "
+                                             "GLA B4 T4096 (0.196 against the planned 0.164) and won within noise for "
+                                             "SSD B4 T4096 on the delta prep (0.577 against the group prep's 0.591), "
+                                             "so only phased rows take it. The Triton sweep's bits "
+                                             "(tests/gpu/test_gluon_gla_sweep_gpu.py)")
+#: The phases' ratio (DeltaShape.phase_ratio) where the GLA sweep runs as its Gluon twin (SSD B1
+#: T16384: 0.510 ms at 0.8 against 0.541 without; gpu_gla_sweep_twin_0c2f6c8.json).
+GLUON_GLA_SWEEP_PHASE_RATIO = 0.8
 
 
 def gluon_gla_forward_sweep(shape: DeltaShape, problem, device, gluon: bool = True) -> DeltaShape:
-    """``shape`` with its sweep given to the Gluon twin where :data:`GLUON_GLA_FORWARD_SWEEP` is on,
+    """``shape`` with its sweep given to the Gluon twin, its phases falling off by
+    :data:`GLUON_GLA_SWEEP_PHASE_RATIO`, where :data:`GLUON_GLA_FORWARD_SWEEP` is on,
     the twin runs here (``plan.device.gluon_usable``), the row is phased and of the twin's kind
     (64 value columns on one warpgroup, the delta prep) and the problem is in
     ``plan.delta.gluon_sweep_scope``; ``shape`` as it is otherwise and where ``gluon`` is False.
@@ -152,7 +163,7 @@ def gluon_gla_forward_sweep(shape: DeltaShape, problem, device, gluon: bool = Tr
     value_dim = getattr(problem, "value_dim", None) or problem.head_dim
     if shape.phases > 1 and shape.block_v == 64 and shape.num_warps == 4 and not shape.group_prep and \
             gluon_sweep_scope(householder=1, dtype=problem.dtype, key_dim=key_dim, value_dim=value_dim):
-        return replace(shape, gluon_sweep=True)
+        return replace(shape, gluon_sweep=True, phase_ratio=GLUON_GLA_SWEEP_PHASE_RATIO)
     return shape
 
 

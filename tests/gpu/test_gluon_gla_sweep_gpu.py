@@ -108,7 +108,8 @@ def test_a_gate_z_runs_the_triton_sweep(monkeypatch):
     picked = sweep_kernels(monkeypatch)
     planned = plan_gla.gla_sweep_shape
     monkeypatch.setattr(plan_gla, "gla_sweep_shape", lambda problem, device, gluon=True: dataclasses.replace(
-        planned(problem, device, gluon=False), group_prep=False, prep_heads=1, phases=6, gluon_sweep=True))
+        planned(problem, device, gluon=False), block_v=64, num_warps=4, num_stages=3, tma_store=True,
+        group_prep=False, calm_gates=False, prep_heads=1, phases=6, segments=1, gluon_sweep=True))
     clear_caches()
     a, kw = ssd_args(1, 1024)
     y = recurscan.mamba_chunk_scan_combined(*a, **kw, z=torch.randn_like(a[0]))
