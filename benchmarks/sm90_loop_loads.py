@@ -7,8 +7,11 @@ global latency on every iteration, and on a sweep's chunk chain that is the chai
 3.6 leaves a load read in both branches of an ``if`` (the calm tests) and a load that feeds no
 product (the re-loads that keep a pipelined operand to one use; docs/kernels-delta-backward.md).
 Until 86febb9 the GLA reverse sweep on the group prep's gates lost its key and score tiles that
-way (887 us after against 1079 before at SSD B1 T16384); the forward sweep's calm gates and the
-GLA and delta backward's dg re-loads still have some (docs/kernels-gla-plan.md).
+way (887 us after against 1079 before at SSD B1 T16384), and until 492e11a the GLA dg launch its
+per-head re-loads (now loaded a head ahead by hand: 1234 us against 1420). Not every one costs:
+staging the SSD forward sweep's V^T and the delta dq/dk's S . dS loads measured slower
+(docs/perf-history.md, 2026-12-04). The forward sweep's calm gates still have some
+(docs/kernels-gla-plan.md).
 
     python -m benchmarks.sm90_loop_loads delta-backward | ssd-forward | gla-backward
 """
