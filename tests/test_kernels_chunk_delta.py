@@ -742,7 +742,7 @@ def test_the_gluon_sweep_runs_its_passes_and_the_triton_kernel_the_rest():
 
 
 @pytest.mark.parametrize("what", ["M = 2", "float32", "block_v 32", "8 warps", "V in registers", "K = 96",
-                                  "gated linear attention on the group prep"])
+                                  "gated linear attention with calm gates"])
 def test_a_gluon_sweep_outside_its_scope_is_refused(what):
     """A hand-made DeltaShape asking for the twin where it cannot run: a ValueError naming the
     field, before anything is launched."""
@@ -754,7 +754,8 @@ def test_a_gluon_sweep_outside_its_scope_is_refused(what):
     gla = what.startswith("gated linear attention")
     beta = None if gla else torch.ones(1, 64 * M, 2, dtype=dtype)
     shape = dict(block_v=32 if what == "block_v 32" else 64, num_warps=8 if what == "8 warps" else 4,
-                 v_product=what != "V in registers", num_stages=3, gluon_sweep=True, group_prep=gla)
+                 v_product=what != "V in registers", num_stages=2 if gla else 3, gluon_sweep=True, group_prep=gla,
+                 calm_gates=gla)
     extra = dict(wy=False) if gla else dict(num_householder=M)
     with pytest.raises(ValueError, match="gluon_sweep"):
         delta_launches(q, k, v, torch.zeros(1, 64, 2), beta, **shape, **extra)

@@ -489,12 +489,14 @@ def test_the_planner_takes_the_group_prep_where_the_h200_measured_it_faster(monk
 
 @pytest.mark.parametrize("case, planned", [
     ("B1 T16384, 6 phases", True), ("row off", False), ("no usable Gluon", False), ('backend="triton"', False),
-    ("B4 T4096, the group prep", False), ("float32", False), ("dstate 96", False), ("a decay per key", False)])
+    ("B4 T4096, the group prep", False), ("B4 T4096, the group prep, its row on", True), ("float32", False),
+    ("dstate 96", False), ("a decay per key", False)])
 def test_the_planner_gives_the_gla_sweep_to_its_gluon_twin_only_in_scope(monkeypatch, case, planned):
     """plan.gla.gluon_gla_forward_sweep (the Gluon rules, docs/kernels-gluon.md): the twin with the
-    WY step off takes a phased row of its kind (64 value columns on one warpgroup, no group prep),
-    16-bit inputs, K 64 or 128, Gluon usable here, its row on, the caller not forcing Triton; never
-    a decay per key, and never the backward's recompute."""
+    WY step off takes a phased row of its kind (64 value columns on one warpgroup, the delta prep),
+    and the group prep's row where that row (GLUON_GLA_GROUP_SWEEP, off until measured) is on;
+    16-bit inputs, K 64 or 128, Gluon usable here, the caller not forcing Triton; never a decay per
+    key, and never the backward's recompute."""
     import dataclasses
     from recurscan.plan import gla as plan_gla
     from recurscan.problem import gla_problem, ssd_problem
@@ -502,6 +504,8 @@ def test_the_planner_gives_the_gla_sweep_to_its_gluon_twin_only_in_scope(monkeyp
     monkeypatch.setattr(plan_gla, "gluon_usable", lambda device: case != "no usable Gluon")
     monkeypatch.setattr(plan_gla, "GLUON_GLA_FORWARD_SWEEP",
                         dataclasses.replace(plan_gla.GLUON_GLA_FORWARD_SWEEP, on=case != "row off"))
+    monkeypatch.setattr(plan_gla, "GLUON_GLA_GROUP_SWEEP",
+                        dataclasses.replace(plan_gla.GLUON_GLA_GROUP_SWEEP, on=case.endswith("its row on")))
     meta = dict(device="meta", dtype=torch.float32 if case == "float32" else torch.bfloat16)
     Bt, T = (4, 4096) if "B4" in case else (1, 16384)
     N = 96 if case == "dstate 96" else 128
@@ -522,12 +526,12 @@ def test_the_planner_gives_the_gla_sweep_to_its_gluon_twin_only_in_scope(monkeyp
 
 def test_the_gla_sweeps_gluon_twin_takes_ssd_without_z_and_the_triton_sweep_the_rest():
     """With ``gluon_sweep`` and the WY step off: the single pass and every phase launch the twin
-    (the replay stays the Triton kernel's); SSD with a gate z runs the Triton sweep throughout; the
-    group prep is refused (a ValueError naming the field)."""
+    (the replay stays the Triton kernel's), on the delta prep or the group prep; SSD with a gate z
+    runs the Triton sweep throughout; the calm gates are refused (a ValueError naming the field)."""
     from recurscan.launch.gla import SsdPrologue
     q, k = (torch.zeros(1, 256, 2, 128, dtype=torch.bfloat16) for _ in range(2))
     v = torch.zeros(1, 256, 4, 64, dtype=torch.bfloat16)
-    twin = dict(block_v=64, num_warps=4, num_stages=3, tma_store=True, gluon_sweep=True, wy=False)
+    twin = dict(block_v=64, num_warps=4, num_stages=2, tma_store=True, gluon_sweep=True, wy=False)
 
     def kinds(**kw):
         return [(s.kwargs["PASS"], s.kwargs["REPLAY"], "gluon" if type(s.kernel).__name__ == "GluonJITFunction" else
@@ -541,8 +545,9 @@ def test_the_gla_sweeps_gluon_twin_takes_ssd_without_z_and_the_triton_sweep_the_
                                 (0.0, float("inf")))
     assert kinds(ssd=ssd(None), phases=3) == [(3, False, G)] * 3 + [(0, True, J)]
     assert {kind for *_, kind in kinds(ssd=ssd(torch.zeros(1, 256, 4, 64, dtype=torch.bfloat16)))} == {J}
+    assert kinds(group_prep=True) == [(0, False, G), (0, True, J)]
     with pytest.raises(ValueError, match="gluon_sweep"):
-        kinds(group_prep=True)
+        kinds(group_prep=True, calm_gates=True)
 
 
 def test_every_planned_scalar_decay_shape_is_one_the_kernels_take():

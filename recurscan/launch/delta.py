@@ -444,13 +444,15 @@ def _sweep_kernel(shape: DeltaShape, q, k, v, BV: int, tma_ok: bool, *, wy, ssd,
         return chunk_delta_sweep_kernel
     from ..plan.delta import gluon_sweep_scope
     K, V = q.shape[3], v.shape[3]
-    if not ((shape.v_product or not wy) and not key_decay and not shape.group_prep and BV == 64
-            and shape.num_warps == 4 and gluon_sweep_scope(householder=M, dtype=q.dtype, key_dim=K, value_dim=V)):
+    if not ((shape.v_product or not wy) and not key_decay and not (shape.group_prep and wy) and not shape.calm_gates
+            and BV == 64 and shape.num_warps == 4
+            and gluon_sweep_scope(householder=M, dtype=q.dtype, key_dim=K, value_dim=V)):
         raise ValueError("DeltaShape.gluon_sweep: the Gluon sweep takes the delta rule with v_product, or a scalar "
-                         "decay with the WY step off (GLA, SSD), no decay per key, no group prep; M = 1, 16-bit "
-                         f"inputs, K 64 or 128, V a multiple of 64, block_v = 64 on 4 warps (got M = {M}, {q.dtype}, "
-                         f"K = {K}, V = {V}, BV = {BV}, num_warps = {shape.num_warps}, v_product = {shape.v_product}, "
-                         f"WY {'on' if wy else 'off'})")
+                         "decay with the WY step off (GLA, SSD; the delta prep or the group prep without its calm "
+                         "gates), no decay per key; M = 1, 16-bit inputs, K 64 or 128, V a multiple of 64, block_v = "
+                         f"64 on 4 warps (got M = {M}, {q.dtype}, K = {K}, V = {V}, BV = {BV}, num_warps = "
+                         f"{shape.num_warps}, v_product = {shape.v_product}, WY {'on' if wy else 'off'}, calm gates "
+                         f"{shape.calm_gates})")
     aligned = all(not x.is_contiguous() or x.data_ptr() % 16 == 0 for x in (q, k, v))
     in_slot = (K - 1) * state_strides[2] + (V - 1) * state_strides[3]
     # A chunk-state row out of range is moved to row chunk_state_rows, whose coordinates must fit too.

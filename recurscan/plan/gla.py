@@ -129,9 +129,8 @@ def gla_sweep_shape(problem, device, gluon: bool = True) -> DeltaShape:
     sizes = DeltaSizes(pairs=problem.sequences * value_heads, sms=sm_count(device), value_dim=value_dim,
                        tokens=problem.tokens, varlen=varlen, sequences=problem.sequences, group=_group(problem))
     shape = next(shape for applies, shape in GLA_SWEEP_LAUNCH + DELTA_LAUNCH if applies(sizes))
-    if shape.group_prep:
-        return shape
-    return gluon_gla_forward_sweep(with_prep_heads(shape, problem), problem, device, gluon)
+    return gluon_gla_forward_sweep(shape if shape.group_prep else with_prep_heads(shape, problem), problem, device,
+                                   gluon)
 
 
 #: The forward sweep's Gluon twin with the WY step off (kernels/gluon/delta_sweep.py: U = V, SSD's
@@ -144,6 +143,11 @@ GLUON_GLA_FORWARD_SWEEP = GluonTwinRow(True, "SSD B1 T16384 (80 heads x 64, dsta
                                              "SSD B4 T4096 on the delta prep (0.577 against the group prep's 0.591), "
                                              "so only phased rows take it. The Triton sweep's bits "
                                              "(tests/gpu/test_gluon_gla_sweep_gpu.py)")
+#: The same twin on the group prep's scores (GATE_SCORES: each value head's gate tile formed in
+#: the sweep, beside its products), taken by :func:`gluon_gla_forward_sweep` on the group prep's
+#: rows without calm gates. Off: built and compiled for sm_90 without a GPU run (the Triton sweep
+#: on the group prep takes 488 us at SSD B4 T4096, the twin on the delta prep 269 us).
+GLUON_GLA_GROUP_SWEEP = GluonTwinRow(False, "not yet measured against the Triton sweep")
 #: The phases' ratio (DeltaShape.phase_ratio) where the GLA sweep runs as its Gluon twin (SSD B1
 #: T16384: 0.510 ms at 0.8 against 0.541 without; gpu_gla_sweep_twin_0c2f6c8.json).
 GLUON_GLA_SWEEP_PHASE_RATIO = 0.8
@@ -155,14 +159,17 @@ def gluon_gla_forward_sweep(shape: DeltaShape, problem, device, gluon: bool = Tr
     the twin runs here (``plan.device.gluon_usable``), the row is phased and of the twin's kind
     (64 value columns on one warpgroup, the delta prep) and the problem is in
     ``plan.delta.gluon_sweep_scope``; ``shape`` as it is otherwise and where ``gluon`` is False.
+    A group prep's row (without calm gates) takes it where :data:`GLUON_GLA_GROUP_SWEEP` is on.
     A call the twin cannot take (a gate z, unaligned inputs, strided outputs; launch/delta.py
     checks) runs the Triton sweep."""
-    if not (gluon and GLUON_GLA_FORWARD_SWEEP.on and gluon_usable(device)):
-        return shape
     key_dim = getattr(problem, "key_dim", None) or problem.state_dim  # SsdProblem: dstate
     value_dim = getattr(problem, "value_dim", None) or problem.head_dim
-    if shape.phases > 1 and shape.block_v == 64 and shape.num_warps == 4 and not shape.group_prep and \
-            gluon_sweep_scope(householder=1, dtype=problem.dtype, key_dim=key_dim, value_dim=value_dim):
+    if not (gluon and gluon_usable(device) and shape.block_v == 64 and shape.num_warps == 4 and
+            gluon_sweep_scope(householder=1, dtype=problem.dtype, key_dim=key_dim, value_dim=value_dim)):
+        return shape
+    if shape.group_prep:
+        return replace(shape, gluon_sweep=True) if GLUON_GLA_GROUP_SWEEP.on and not shape.calm_gates else shape
+    if GLUON_GLA_FORWARD_SWEEP.on and shape.phases > 1:
         return replace(shape, gluon_sweep=True, phase_ratio=GLUON_GLA_SWEEP_PHASE_RATIO)
     return shape
 

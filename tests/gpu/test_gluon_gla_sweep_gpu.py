@@ -1,7 +1,8 @@
 """The forward sweep's Gluon twin with the WY step off (kernels/gluon/delta_sweep.py: U = V, SSD's
 skip D x) on the H200, under the Gluon rules (docs/kernels-gluon.md): bit for bit the Triton
 sweep's outputs and final states for Mamba2 SSD (D per head and per channel, one pass and phases,
-dense and varlen with a one-token sequence, an initial state) and simple GLA; a gate z runs the
+dense and varlen with a one-token sequence, an initial state; on the delta prep and on the group
+prep's scores) and simple GLA; a gate z runs the
 Triton sweep; the float64 oracle at the benchmark's size; and the training forward on it gives the
 same gradients. Run: ``python -m pytest -m gpu tests/gpu/test_gluon_gla_sweep_gpu.py``."""
 import dataclasses
@@ -42,17 +43,18 @@ def sweep_kernels(monkeypatch):
     return picked
 
 
-def run_both(monkeypatch, call, phases=1):
-    """``call()``'s outputs with the planned sweep shape at ``phases`` (no group prep, 64 value
-    columns on 4 warps, 3 stages, bulk stores) on the Triton sweep and on its Gluon twin; asserts
-    which kernel ran and that the two agree bit for bit. Returns the twin's outputs."""
+def run_both(monkeypatch, call, phases=1, group_prep=False, stages=3):
+    """``call()``'s outputs with the planned sweep shape at ``phases`` (the delta prep, or the
+    group prep without calm gates; 64 value columns on 4 warps, ``stages`` stages, bulk stores) on
+    the Triton sweep and on its Gluon twin; asserts which kernel ran and that the two agree bit for
+    bit. Returns the twin's outputs."""
     picked = sweep_kernels(monkeypatch)
     planned = plan_gla.gla_sweep_shape
     out = {}
     for twin in (False, True):
         monkeypatch.setattr(plan_gla, "gla_sweep_shape", lambda problem, device, gluon=True, twin=twin: dataclasses.replace(
-            planned(problem, device, gluon=False), block_v=64, num_warps=4, num_stages=3, tma_store=True,
-            group_prep=False, calm_gates=False, prep_heads=1, phases=phases, segments=1, gluon_sweep=twin))
+            planned(problem, device, gluon=False), block_v=64, num_warps=4, num_stages=stages, tma_store=True,
+            group_prep=group_prep, calm_gates=False, prep_heads=1, phases=phases, segments=1, gluon_sweep=twin))
         clear_caches()
         picked.clear()
         got = call()
@@ -92,6 +94,36 @@ def test_ssd_varlen_with_a_one_token_sequence_gives_the_triton_sweeps_bits(monke
     out = run_both(monkeypatch, lambda: recurscan.mamba_chunk_scan_combined(*a, **kw, cu_seqlens=cu,
                                                                             return_varlen_states=True))
     assert all(torch.isfinite(t).all() for t in out)
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+def test_ssd_on_the_group_prep_gives_the_triton_sweeps_bits(stages, monkeypatch):
+    """The twin gating the group prep's scores per value head (GATE_SCORES): 16 heads a group, a
+    partial last chunk, an initial state and the final states; and varlen with a one-token
+    sequence."""
+    a, kw = ssd_args(2, 3000, G=1, seed=7)
+    h0 = torch.randn(2, 16, 64, 128, device=DEV)
+    y, hT = run_both(monkeypatch, lambda: recurscan.mamba_chunk_scan_combined(
+        *a, **kw, initial_states=h0, return_final_states=True), group_prep=True, stages=stages)
+    assert torch.isfinite(y).all() and torch.isfinite(hT).all()
+    a, kw = ssd_args(1, 4100, G=1, seed=8)
+    cu = torch.tensor([0, 1, 2000, 2001, 4100], device=DEV, dtype=torch.int32)
+    run_both(monkeypatch, lambda: recurscan.mamba_chunk_scan_combined(*a, **kw, cu_seqlens=cu,
+                                                                      return_varlen_states=True),
+             group_prep=True, stages=stages)
+
+
+def test_the_benchmark_ssd_b4_on_the_group_prep_twin_against_the_oracle(monkeypatch):
+    """B4 T4096, 80 heads x 64, one group (benchmarks/gpu_gla.py's inputs), the group prep and the
+    twin at two stages, against the float64 PyTorch form."""
+    from benchmarks.gpu_gla import ssd_inputs
+    a, kw = ssd_inputs(4, 4096)
+    y = run_both(monkeypatch, lambda: recurscan.mamba_chunk_scan_combined(*a, **kw), group_prep=True, stages=2)[0]
+    want = recurscan.mamba_chunk_scan_combined(*(t.double() for t in a), **{
+        k: (v.double() if torch.is_tensor(v) else v) for k, v in kw.items()}, backend="torch")
+    err = relative_rms(y.double(), want)
+    print(f"SSD B4 T4096 on the group prep's twin: relative RMS {err:.2e}")
+    assert err < 1e-2
 
 
 def test_simple_gla_gives_the_triton_sweeps_bits(monkeypatch):

@@ -272,6 +272,9 @@ def compile_gluon_forward() -> list[str]:
                       compile_ssd_benchmark(GLUON_SWEEP_SHAPES[name], per_channel=per_channel)]
     for case in ("GDN dense, H = HV", "GDN varlen, GVA"):
         lines += [f"GLA one pass, {case}: {line}" for line in compile_gla_sweep(case, "Gluon one pass", ssd=False)]
+    for stages in (2, 3):  # on the group prep's scores (GATE_SCORES)
+        shape = dataclasses.replace(SWEEP_SHAPES["group prep"], num_stages=stages, gluon_sweep=True)
+        lines += [f"SSD group prep, {stages} stages: {line}" for line in compile_ssd_benchmark(shape)]
     return lines
 
 

@@ -65,18 +65,28 @@ def _issue_loads(j, n_chunks, c_lo, k_desc, q_desc, v_desc, w_desc, a_desc, k_s,
 
 
 @gluon.jit
-def _row_coefficients(coef, bos, L, c, c_hi, i_n, i_hv, o_t, HV: gl.constexpr, BT: gl.constexpr):
+def _row_coefficients(coef, bos, L, c, c_hi, i_n, i_hv, o_t, HV: gl.constexpr, BT: gl.constexpr,
+                      CW: gl.constexpr, GATE_SCORES: gl.constexpr):
     """Chunk c's (lam rk, lam rq, gam rk) along its rows in o_t's layout (zero past the sequence's
-    end) and lam_last: the twin's coefficient tile. Past the program's last chunk (c >= c_hi) the
-    loads are masked off."""
+    end) and lam_last: the twin's coefficient tile of CW floats a row; with GATE_SCORES also the
+    group prep's gc, segments and column factors (columns 4-6), else lam rk in their place. Past
+    the program's last chunk (c >= c_hi) the loads are masked off."""
     live = c < c_hi
     m_r = (c * BT + o_t < L) & live
-    p_coef = coef + (((bos + c * BT) // BT + i_n) * HV + i_hv) * (BT * 4)
-    lam_rk = gl.load(p_coef + o_t * 4, mask=m_r, other=0.0)
-    lam_rq = gl.load(p_coef + o_t * 4 + 1, mask=m_r, other=0.0)
-    gam_rk = gl.load(p_coef + o_t * 4 + 2, mask=m_r, other=0.0)
+    p_coef = coef + (((bos + c * BT) // BT + i_n) * HV + i_hv) * (BT * CW)
+    lam_rk = gl.load(p_coef + o_t * CW, mask=m_r, other=0.0)
+    lam_rq = gl.load(p_coef + o_t * CW + 1, mask=m_r, other=0.0)
+    gam_rk = gl.load(p_coef + o_t * CW + 2, mask=m_r, other=0.0)
     lam_last = gl.load(p_coef + 3, mask=live, other=0.0)
-    return lam_rk, lam_rq, gam_rk, lam_last
+    if GATE_SCORES:
+        gc = gl.load(p_coef + o_t * CW + 4, mask=m_r, other=0.0)
+        seg = gl.load(p_coef + o_t * CW + 5, mask=m_r, other=0.0)
+        col = gl.load(p_coef + o_t * CW + 6, mask=m_r, other=0.0)
+    else:
+        gc = lam_rk
+        seg = lam_rk
+        col = lam_rk
+    return lam_rk, lam_rq, gam_rk, lam_last, gc, seg, col
 
 
 @gluon.jit
@@ -139,7 +149,8 @@ def gluon_sweep_kernel(
     gl.static_assert(BT == 64, "chunks of 64 rows")
     gl.static_assert(M == 1, "GDN only (M = 1)")
     gl.static_assert(V_PRODUCT or not WY, "with the WY step, V as a product operand")
-    gl.static_assert(not (KEY_DECAY or GATE_SCORES or HAS_Z), "a scalar decay per head, no gate z")
+    gl.static_assert(not (KEY_DECAY or HAS_Z or CALM_GATES), "a scalar decay per head, no gate z, no calm gates")
+    gl.static_assert(not GATE_SCORES or not WY, "the group prep's scores: the WY step off")
     gl.static_assert(WY or not STORE_U, "STORE_U: the delta rule's")
     gl.static_assert(not HAS_D or (OUTPUTS and not WY), "the skip D x: SSD's outputs")
     gl.static_assert(PASS != 1 and not REPLAY, "the single pass, a phase or a second pass; the twin replays")
@@ -211,9 +222,14 @@ def gluon_sweep_kernel(
         w_desc = tma.make_tensor_descriptor(wy + bos * (HV * BT), [rows, HV * BT], [HV * BT, 1], [BT, BT], l_tt)
     else:  # placeholder, unread
         w_desc = v_desc
+    # aqk's tiles: a value head's [BT, BT] rows of the delta prep's, or with GATE_SCORES a query/key
+    # head's scores (kernels/gla/group_prep.py, in their own dtype), gated here per value head.
+    A_DT: gl.constexpr = aqk.dtype.element_ty
+    AH: gl.constexpr = H if GATE_SCORES else HV
+    l_at: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], A_DT)
     if OUTPUTS:
         q_desc = tma.make_tensor_descriptor(q + bos * (H * K), [rows, H * K], [H * K, 1], [BT, K], l_qk)
-        a_desc = tma.make_tensor_descriptor(aqk + bos * (HV * BT), [rows, HV * BT], [HV * BT, 1], [BT, BT], l_tt)
+        a_desc = tma.make_tensor_descriptor(aqk + bos * (AH * BT), [rows, AH * BT], [AH * BT, 1], [BT, BT], l_at)
         o_desc = tma.make_tensor_descriptor(o + bos * o_st + i_hv * o_sh, [rows, V], [o_st, 1], [BT, BV], l_tv)
     else:  # placeholders, unread
         q_desc = k_desc
@@ -221,7 +237,8 @@ def gluon_sweep_kernel(
         o_desc = v_desc
     col_qk = i_h * K
     col_v = i_hv * V + i_v * BV
-    col_w = i_hv * BT
+    col_w = (i_h if GATE_SCORES else i_hv) * BT
+    CW: gl.constexpr = 8 if GATE_SCORES else 4  # coef's floats a row (kernels/delta/sweep.py's _coef_width)
 
     # Layouts: one warpgroup; results N = 64 (a chunk's columns) and N = K (the state).
     mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
@@ -229,6 +246,7 @@ def gluon_sweep_kernel(
     a64: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma64, k_width=2)
     aK: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mmaK, k_width=2)
     col64: gl.constexpr = gl.SliceLayout(0, mma64)  # along a [BV, BT] tile's columns (the chunk's rows)
+    row64: gl.constexpr = gl.SliceLayout(1, mma64)  # along its rows (a [BT, BT] tile's j)
     compact: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # a row vector, one register a thread
     blk: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])  # state tiles in
 
@@ -240,8 +258,10 @@ def gluon_sweep_kernel(
         w_s = v_s
     if OUTPUTS:
         q_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
-        a_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BT], l_tt)
+        a_s = gl.allocate_shared_memory(A_DT, [NUM_STAGES, BT, BT], l_at)
         o_s = gl.allocate_shared_memory(DT, [BT, BV], l_tv)
+        if GATE_SCORES:  # the chunk's gated scores, the outputs' operand
+            g_s = gl.allocate_shared_memory(DT, [BT, BT], l_tt)
     else:
         q_s = k_s
         a_s = v_s
@@ -291,21 +311,25 @@ def gluon_sweep_kernel(
 
     o_t = gl.arange(0, BT, layout=compact)
     zero64 = gl.zeros([BV, BT], gl.float32, layout=mma64)
+    o_j = gl.arange(0, BT, layout=row64)
+    o_i = gl.arange(0, BT, layout=col64)
     if HAS_D:  # D per head, or per value column ([BV, 1] along the tile's rows)
         if D_PER_CHANNEL:
             o_vd = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(1, mma64))
             d_skip = gl.load(D + i_hv * V + o_vd).to(gl.float32)[:, None]
         else:
             d_skip = gl.load(D + i_hv).to(gl.float32)
-    n_rk, n_rq, n_gk, n_last = _row_coefficients(coef, bos, L, c_lo, c_hi, i_n, i_hv, o_t, HV, BT)
+    n_rk, n_rq, n_gk, n_last, n_gc, n_sg, n_cf = _row_coefficients(coef, bos, L, c_lo, c_hi, i_n, i_hv, o_t, HV, BT,
+                                                                   CW, GATE_SCORES)
     if CKPT_CHUNKS > 0:
         o_vk_m = _state_offsets(i_v, V, 1, mmaK, BV, K)
     for j in range(n_run):
         s = j % NUM_STAGES
         c = c_lo + j
         mbarrier.wait(bars.index(s), (j // NUM_STAGES) & 1)
-        lam_rk, lam_rq, gam_rk, lam_last = n_rk, n_rq, n_gk, n_last
-        n_rk, n_rq, n_gk, n_last = _row_coefficients(coef, bos, L, c + 1, c_hi, i_n, i_hv, o_t, HV, BT)
+        lam_rk, lam_rq, gam_rk, lam_last, gc, sg, cf = n_rk, n_rq, n_gk, n_last, n_gc, n_sg, n_cf
+        n_rk, n_rq, n_gk, n_last, n_gc, n_sg, n_cf = _row_coefficients(coef, bos, L, c + 1, c_hi, i_n, i_hv, o_t, HV,
+                                                                       BT, CW, GATE_SCORES)
 
         if CKPT_CHUNKS > 0:  # the float32 state entering every CKPT_CHUNKS-th chunk
             if c % CKPT_CHUNKS == 0:
@@ -364,8 +388,25 @@ def gluon_sweep_kernel(
                                     is_async=True)
             S_t = warpgroup_mma(U_g, k_s.index(s), S_t * lam_last, is_async=True)
             if OUTPUTS:
+                if GATE_SCORES:
+                    # aqk^T [j, i] = G_ij c_j scores_ij while the products run (the twin's
+                    # _gated_scores: G_ij = 2^(gc_i - gc_j) for j <= i in one segment).
+                    St = a_s.index(s).permute((1, 0)).load(mma64).to(gl.float32)  # [j, i]
+                    gc_i = gl.convert_layout(gc, col64)[None, :]
+                    sg_i = gl.convert_layout(sg, col64)[None, :]
+                    gc_j = gl.convert_layout(gc, row64)[:, None]
+                    sg_j = gl.convert_layout(sg, row64)[:, None]
+                    cf_j = gl.convert_layout(cf, row64)[:, None]
+                    keep = (o_j[:, None] <= o_i[None, :]) & (sg_j == sg_i)
+                    At = gl.where(keep, gl.exp2(gc_i - gc_j) * cf_j * St, 0.0)
+                    g_s.permute((1, 0)).store(At.to(DT))
+                    fence_async_shared()
+                    gl.thread_barrier()
+                    a_op = g_s.permute((1, 0))
+                else:
+                    a_op = a_s.index(s).permute((1, 0))
                 QSt = warpgroup_mma_wait(num_outstanding=1, deps=(QSt,))
-                O_t = warpgroup_mma(v_s.index(s).permute((1, 0)), a_s.index(s).permute((1, 0)),
+                O_t = warpgroup_mma(v_s.index(s).permute((1, 0)), a_op,
                                     gl.convert_layout(lam_rq, col64)[None, :] * QSt, is_async=True)
                 S_t, O_t = warpgroup_mma_wait(num_outstanding=0, deps=(S_t, O_t))
                 if HAS_D:  # Mamba2's skip D x (v holds x)
