@@ -113,19 +113,6 @@ def test_ssd_on_the_group_prep_gives_the_triton_sweeps_bits(stages, monkeypatch)
              group_prep=True, stages=stages)
 
 
-def test_the_benchmark_ssd_b4_on_the_group_prep_twin_against_the_oracle(monkeypatch):
-    """B4 T4096, 80 heads x 64, one group (benchmarks/gpu_gla.py's inputs), the group prep and the
-    twin at two stages, against the float64 PyTorch form."""
-    from benchmarks.gpu_gla import ssd_inputs
-    a, kw = ssd_inputs(4, 4096)
-    y = run_both(monkeypatch, lambda: recurscan.mamba_chunk_scan_combined(*a, **kw), group_prep=True, stages=2)[0]
-    want = recurscan.mamba_chunk_scan_combined(*(t.double() for t in a), **{
-        k: (v.double() if torch.is_tensor(v) else v) for k, v in kw.items()}, backend="torch")
-    err = relative_rms(y.double(), want)
-    print(f"SSD B4 T4096 on the group prep's twin: relative RMS {err:.2e}")
-    assert err < 1e-2
-
-
 def test_simple_gla_gives_the_triton_sweeps_bits(monkeypatch):
     gen = torch.Generator(device=DEV).manual_seed(4)
     rn = lambda *s: torch.randn(*s, device=DEV, generator=gen)  # noqa: E731
@@ -149,16 +136,18 @@ def test_a_gate_z_runs_the_triton_sweep(monkeypatch):
     assert torch.isfinite(y).all()
 
 
-def test_the_benchmark_ssd_on_the_twin_against_the_oracle(monkeypatch):
-    """B1 T16384, 80 heads x 64, one group, dstate 128 (benchmarks/gpu_gla.py's inputs), 6 phases on
-    the twin, against the float64 PyTorch form."""
+@pytest.mark.parametrize("Bt, T, launch", [(1, 16384, dict(phases=6)), (4, 4096, dict(group_prep=True, stages=2))],
+                         ids=["B1 T16384, the delta prep in 6 phases", "B4 T4096, the group prep at two stages"])
+def test_the_benchmark_ssd_on_the_twin_against_the_oracle(Bt, T, launch, monkeypatch):
+    """80 heads x 64, one group, dstate 128 (benchmarks/gpu_gla.py's inputs) on the twin, against
+    the float64 PyTorch form."""
     from benchmarks.gpu_gla import ssd_inputs
-    a, kw = ssd_inputs(1, 16384)
-    y = run_both(monkeypatch, lambda: recurscan.mamba_chunk_scan_combined(*a, **kw), 6)[0]
+    a, kw = ssd_inputs(Bt, T)
+    y = run_both(monkeypatch, lambda: recurscan.mamba_chunk_scan_combined(*a, **kw), **launch)[0]
     want = recurscan.mamba_chunk_scan_combined(*(t.double() for t in a), **{
         k: (v.double() if torch.is_tensor(v) else v) for k, v in kw.items()}, backend="torch")
     err = relative_rms(y.double(), want)
-    print(f"SSD B1 T16384 on the twin: relative RMS {err:.2e}")
+    print(f"SSD B{Bt} T{T} on the twin: relative RMS {err:.2e}")
     assert err < 1e-2
 
 

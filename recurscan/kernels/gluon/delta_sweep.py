@@ -21,11 +21,13 @@ What differs from the twin is how a chunk's work is scheduled, per program (one 
 With the WY step off (gated linear attention and Mamba2 SSD: U = V) a chunk is two groups:
 {S^T Q^T, the next state} and then the outputs onto lam rq o S^T Q^T, V^T the outputs' operand as
 it arrived in shared memory and read into registers once for the state's operand and SSD's skip
-D x (the twin reads x a second time for it, kernels/delta/sweep.py).
+D x. With GATE_SCORES (the group prep's scores, one tile per query/key head) each value head's
+gate tile is formed in registers while the first group runs and stored as the outputs' operand.
 
 Scope (``plan.delta.gluon_sweep_scope``; the launch layer checks the call): GDN (M = 1,
 the WY step on, V as a product operand), or a scalar decay per head with the WY step off (SSD's
-skip D per head or per channel; no gate z: the launch layer runs the twin for that); 16-bit
+skip D per head or per channel; the delta prep's aqk or the group prep's scores without calm
+gates; no gate z: the launch layer runs the twin for that); 16-bit
 inputs, K 64 or 128, V a multiple of BV = 64, PASS 0 (one pass), 2 (a segmented sweep's second
 pass, and the recompute from checkpoints) and 3 (a phase); no replay (the twin's REPLAY launch
 runs after this one, on the flags it raises).
@@ -311,11 +313,12 @@ def gluon_sweep_kernel(
 
     o_t = gl.arange(0, BT, layout=compact)
     zero64 = gl.zeros([BV, BT], gl.float32, layout=mma64)
-    o_j = gl.arange(0, BT, layout=row64)
-    o_i = gl.arange(0, BT, layout=col64)
+    if GATE_SCORES:  # a [BT, BT] tile's j (rows) and i (columns)
+        o_j = gl.arange(0, BT, layout=row64)
+        o_i = gl.arange(0, BT, layout=col64)
     if HAS_D:  # D per head, or per value column ([BV, 1] along the tile's rows)
         if D_PER_CHANNEL:
-            o_vd = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(1, mma64))
+            o_vd = i_v * BV + gl.arange(0, BV, layout=row64)
             d_skip = gl.load(D + i_hv * V + o_vd).to(gl.float32)[:, None]
         else:
             d_skip = gl.load(D + i_hv).to(gl.float32)
