@@ -12,6 +12,7 @@ adds GPU time by kernel.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 
@@ -86,6 +87,8 @@ GRADS_DG: list[str] = []
 GRADS_SIDES: list[int] = []
 #: The reverse sweep's (value columns, warps) that the training rows also try (``--reverse-sweep BV:W``).
 REVERSE_SWEEPS: list[str] = []
+#: Whether SSD's training rows also run the recompute's sweep as the Gluon twin (``--recompute-twin``).
+RECOMPUTE_TWIN = False
 
 
 def train_rows():
@@ -105,7 +108,9 @@ def train_rows():
                                                          tuple(map(int, d.split(":")))) for d in GRADS_DG},
              **{f"recurscan triton, dq and dk apart on {w} warps": dict(GROUP_GRADS_SIDES=w) for w in GRADS_SIDES},
              **{f"recurscan triton, reverse sweep {r}": dict(REVERSE_SWEEP=tuple(map(int, r.split(":"))))
-                for r in REVERSE_SWEEPS}}
+                for r in REVERSE_SWEEPS},
+             **({"recurscan triton, the recompute's Gluon twin": dict(GLUON_GLA_RECOMPUTE_SWEEP=dataclasses.replace(
+                 plan_gla.GLUON_GLA_RECOMPUTE_SWEEP, on=True))} if RECOMPUTE_TWIN else {})}
 
     def timed(name, step, peers, variants=True):
         out = []
@@ -156,12 +161,17 @@ def main():
     ap.add_argument("--reverse-sweep", action="append", default=[],
                     help="with --train: SSD's rows also with the backward's reverse sweep as BV:WARPS "
                          "(plan.gla.REVERSE_SWEEP)")
+    ap.add_argument("--recompute-twin", action="store_true",
+                    help="with --train: SSD's rows also with the recompute's sweep as its Gluon twin "
+                         "(plan.gla.GLUON_GLA_RECOMPUTE_SWEEP)")
     ap.add_argument("--train-only", action="store_true", help="the training rows alone")
     args = ap.parse_args()
     GRADS_WAVES.extend(args.grads_waves)
     GRADS_DG.extend(args.grads_dg)
     GRADS_SIDES.extend(args.grads_sides)
     REVERSE_SWEEPS.extend(args.reverse_sweep)
+    global RECOMPUTE_TWIN
+    RECOMPUTE_TWIN = args.recompute_twin
     gpu_gla.PROFILE = args.profile
     if args.train_only:
         save(args.out, train_rows())

@@ -548,6 +548,35 @@ def test_the_gla_sweeps_gluon_twin_takes_ssd_without_z_and_the_triton_sweep_the_
     assert kinds(group_prep=True) == [(0, False, G), (0, True, J)]
     with pytest.raises(ValueError, match="gluon_sweep"):
         kinds(group_prep=True, calm_gates=True)
+    # The backward's recompute (states alone): the twin with its outputs off, the calm gates'
+    # factors the prep's alone, no replay launch.
+    assert kinds(group_prep=True, calm_gates=True, states_only=True) == [(0, False, G)]
+    sweep, = [s for s in delta_launches(q, k, v, torch.zeros(1, 256, 4), None, **twin, group_prep=True,
+                                        calm_gates=True, states_only=True).steps if launch_delta.is_sweep_step(s)]
+    assert not sweep.kwargs["OUTPUTS"] and not sweep.kwargs["CALM_GATES"] and not sweep.kwargs["TMA_STORE"]
+
+
+@pytest.mark.parametrize("case, planned", [("row on", True), ("row off", False), ("no usable Gluon", False),
+                                           ('backend="triton"', False)])
+def test_the_planner_gives_the_backwards_recompute_to_the_twin_only_where_its_row_is_on(monkeypatch, case, planned):
+    """plan.gla.GLUON_GLA_RECOMPUTE_SWEEP: the backward's recompute of the chunk states runs on the
+    forward sweep's Gluon twin (outputs off) where that row is on and the twin may run (Gluon usable
+    here, the caller not forcing Triton); SSD's group of 80 keeps the group prep with its calm gates."""
+    import dataclasses
+    from recurscan.plan import gla as plan_gla
+    from recurscan.problem import ssd_problem
+    monkeypatch.setattr(plan_gla, "sm_count", lambda device: 132)
+    monkeypatch.setattr(plan_gla, "gluon_usable", lambda device: case != "no usable Gluon")
+    monkeypatch.setattr(plan_gla, "GLUON_GLA_RECOMPUTE_SWEEP",
+                        dataclasses.replace(plan_gla.GLUON_GLA_RECOMPUTE_SWEEP, on=case != "row off"))
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    problem = ssd_problem(torch.empty(4, 4096, 80, 64, **meta), torch.empty(4, 4096, 80, device="meta"),
+                          torch.empty(80, device="meta"), torch.empty(4, 4096, 1, 128, **meta),
+                          torch.empty(4, 4096, 1, 128, **meta))
+    shape = plan_gla.gla_shape(problem, torch.device("cuda"), gluon=case != 'backend="triton"')
+    assert shape.recompute_twin is planned
+    recompute = plan_gla.recompute_sweep_shape(shape.sweep, 1, 80, twin=shape.recompute_twin)
+    assert recompute.gluon_sweep is planned and recompute.group_prep and recompute.calm_gates
 
 
 def test_every_planned_scalar_decay_shape_is_one_the_kernels_take():

@@ -74,14 +74,17 @@ def test_every_backward_launch_compiles_for_sm90(case, shape):
 
 @pytest.mark.parametrize("family", ["gla", "gla-chunk-states", "gla-per-key", "gla-split", "ssd", "ssd-cache",
                                     "ssd-seq-idx", "ssd-split", "gla-backward", "gla-per-key-backward",
-                                    "gla-sweep-backward", "gla-group-sweep-backward", "ssd-group-grads-backward",
-                                    "ssd-group-grads-sides-backward"])
+                                    "gla-sweep-backward", "gla-group-sweep-backward", "gla-group-sweep-twin-backward",
+                                    "ssd-group-grads-backward", "ssd-group-grads-sides-backward"])
 @pytest.mark.parametrize("case", [c for c, (M, _) in CASES.items() if M == 1])
 def test_the_gla_forward_compiles_for_sm90(case, family):
     run = compile_offline(family, case)
     assert run.returncode == 0, run.stderr[-3000:]
     if family == "gla-sweep-backward":  # the recompute on the delta sweep
         assert "chunk_delta_prep_kernel" in run.stdout and "chunk_delta_sweep_kernel" in run.stdout, run.stdout
+    elif family == "gla-group-sweep-twin-backward":  # there the forward sweep's Gluon twin, outputs off
+        assert "chunk_group_prep_kernel" in run.stdout and "gluon_sweep_kernel" in run.stdout, run.stdout
+        assert "chunk_delta_sweep_kernel" not in run.stdout, run.stdout
     elif family.startswith(("gla-group-sweep", "ssd-group-grads")):  # there on the group prep, read by the
         # reverse sweep; SSD's: a group's value heads summed in the parallel stage's programs
         assert "chunk_group_prep_kernel" in run.stdout and "chunk_delta_sweep_kernel" in run.stdout, run.stdout

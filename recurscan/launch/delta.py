@@ -165,7 +165,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
                          state=None, state_indices=None, return_chunk_states=False,
                          chunk_states_dtype=torch.float32, expanded_chunk_states=False,
                          keep_prep=False, checkpoint_chunks=0, wy=True, ssd=None, key_decay=False,
-                         out_views=None) -> DeltaLaunches:
+                         out_views=None, states_only=False) -> DeltaLaunches:
     """The launches of one call signature, in the launch ``shape`` the planner chose (the tensors'
     shapes and strides are read, never kept); arguments as :func:`chunk_delta_fwd`.
     ``chunk_states_dtype``: the backward keeps the chunk states in the inputs' dtype, which is the
@@ -191,7 +191,9 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     ``out_views``: ``(o, final)`` tensors each call writes into instead of new ones (passed per call as
     :func:`run_delta_launches`' ``given``; their strides are read here): o ``[B, T, HV, V]`` with a
     unit last stride and a batch stride of T token strides, final ``[N, HV, K, V]`` float32 with
-    rows of V (the traced scan's packed result, ops/scan.py)."""
+    rows of V (the traced scan's packed result, ops/scan.py). ``states_only``: the sweep forms no
+    outputs (OUTPUTS off, no replay launch; the calm gates' factors are the prep's alone): the GLA
+    backward's recompute of the chunk states (launch/gla.py)."""
     check_shape(shape)
     if key_decay and (wy or ssd is not None or shape.phases != 1 or shape.prep_heads != 1 or g is None
                       or g.dim() != 4):
@@ -370,14 +372,14 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         IS_VARLEN=varlen, HAS_H0=initial_state is not None, USE_CACHE=use_cache, STORE_FINAL=store_final,
         STORE_CHUNK_STATES=(2 if expanded_chunk_states else True) if return_chunk_states else False,
         DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, DT=dt, PASS=0,
-        V_PRODUCT=v_product, TMA_STORE=tma_store and M == 1 and tma_ok,
-        PDL=not INTERPRET, REPLAY=False, OUTPUTS=True, STORE_U=False, CKPT_CHUNKS=checkpoint_chunks, GATE_SCORES=group,
-        CALM_GATES=shape.calm_gates,
+        V_PRODUCT=v_product, TMA_STORE=tma_store and M == 1 and tma_ok and not states_only,
+        PDL=not INTERPRET, REPLAY=False, OUTPUTS=not states_only, STORE_U=False, CKPT_CHUNKS=checkpoint_chunks,
+        GATE_SCORES=group, CALM_GATES=shape.calm_gates and not states_only,
         **ssd_sweep)
     options = dict(num_warps=num_warps)
     sweep_kernel = _sweep_kernel(shape, q, k, v, BV, tma_ok, wy=wy, ssd=ssd, key_decay=key_decay, M=M,
                                  chunk_state_rows=buffers["chunk_states"][0][0] if return_chunk_states else 0,
-                                 state_strides=s0)
+                                 state_strides=s0, states_only=states_only)
     if phased:
         # prep 0, sweep 0, prep 1, sweep 1, ...: each prep after the first is the programmatic
         # dependent of the sweep before it, so it runs on the SMs that sweep leaves free.
@@ -417,12 +419,13 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         steps.append(Step(sweep_kernel, (N * P * HV * NV,), dict(sweep, **seg, PASS=2), options))
         replay = (N * P * HV * NV,), dict(sweep, **seg, PASS=2)
     if N * HV * NV > 0:
-        # The programs whose state came out non-finite, again (their flags, their outputs only): a
-        # programmatic dependent of the last sweep, whose programs wait for it and mostly just exit.
         grid, kwargs = replay
-        buffers["replay_flags"] = (grid, torch.int32, None)
-        steps.append(Step(chunk_delta_sweep_kernel, grid, dict(kwargs, REPLAY=True, NUM_STAGES=1), options,
-                           programmatic=True))
+        buffers["replay_flags"] = (grid, torch.int32, None)  # raised by a sweep program whose state is non-finite
+        if not states_only:
+            # Those programs again (their flags, their outputs only): a programmatic dependent of the
+            # last sweep, whose programs wait for it and mostly just exit.
+            steps.append(Step(chunk_delta_sweep_kernel, grid, dict(kwargs, REPLAY=True, NUM_STAGES=1), options,
+                               programmatic=True))
     return DeltaLaunches(buffers, steps, outputs, device)
 
 
@@ -433,18 +436,20 @@ def is_sweep_step(step: Step) -> bool:
 
 
 def _sweep_kernel(shape: DeltaShape, q, k, v, BV: int, tma_ok: bool, *, wy, ssd, key_decay, M, chunk_state_rows,
-                  state_strides):
+                  state_strides, states_only=False):
     """The kernel of the sweep's single pass, phases and second passes: the Triton kernel, or with
     ``shape.gluon_sweep`` its Gluon twin (kernels/gluon/delta_sweep.py; a pass 1 and the replay stay
     Triton's, the same arithmetic). A shape the twin cannot take is a ValueError (the planner's
     never is); a call it cannot take (q, k or v not 16-byte aligned, outputs the bulk stores cannot
     take, chunk-state rows past int32 coordinates, an initial state or cache whose offsets within a
-    slot pass int32, SSD's gate z) runs the Triton kernel."""
+    slot pass int32, SSD's gate z) runs the Triton kernel. The calm gates only with ``states_only``
+    (no outputs, so nothing of theirs is read)."""
     if not shape.gluon_sweep:
         return chunk_delta_sweep_kernel
     from ..plan.delta import gluon_sweep_scope
     K, V = q.shape[3], v.shape[3]
-    if not ((shape.v_product or not wy) and not key_decay and not (shape.group_prep and wy) and not shape.calm_gates
+    if not ((shape.v_product or not wy) and not key_decay and not (shape.group_prep and wy)
+            and not (shape.calm_gates and not states_only)
             and BV == 64 and shape.num_warps == 4
             and gluon_sweep_scope(householder=M, dtype=q.dtype, key_dim=K, value_dim=V)):
         raise ValueError("DeltaShape.gluon_sweep: the Gluon sweep takes the delta rule with v_product, or a scalar "

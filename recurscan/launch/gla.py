@@ -406,22 +406,18 @@ def _recompute_on_sweep(q, k, v, g, h0, cu_seqlens, chunk_indices, chunk_offsets
     off, the sweep forming no outputs (one product a chunk), in one pass
     (plan.gla.recompute_sweep_shape). With the group prep the call also returns its ``scores`` and
     ``coef`` (with the calm gates' column factors), which the reverse sweep reads (GATE_SCORES)."""
-    from ..kernels.delta.sweep import chunk_delta_sweep_kernel
-    sweep = plan_gla.recompute_sweep_shape(shape.sweep, q.shape[2], v.shape[2])
+    sweep = plan_gla.recompute_sweep_shape(shape.sweep, q.shape[2], v.shape[2], twin=shape.recompute_twin)
     launches = build_delta_launches(q, k, v, g, None, sweep,
                                     scale=scale, initial_state=h0, cu_seqlens=cu_seqlens,
                                     chunk_indices_dp=chunk_indices, chunk_offsets=chunk_offsets,
                                     num_chunk_rows=rows, return_chunk_states=True, chunk_states_dtype=q.dtype,
-                                    wy=False)
-    unread = {chunk_delta_sweep_kernel: dict(OUTPUTS=False, TMA_STORE=False, CALM_GATES=False)}
-    steps = [dataclasses.replace(s, kwargs=dict(s.kwargs, **unread[s.kernel])) if s.kernel in unread else s
-             for s in launches.steps if not s.kwargs.get("REPLAY")]
+                                    wy=False, states_only=True)
     # Every chunk state the stages read is written (a padding chunk's program reads none): no
     # fill; the output is never written, one element carries its dtype.
     buffers = dict(launches.buffers, o=((1,),) + launches.buffers["o"][1:],
                    chunk_states=launches.buffers["chunk_states"][:2] + (None,))
     outputs = ("chunk_states", "scores", "coef") if sweep.group_prep else ("chunk_states",)
-    return dataclasses.replace(launches, steps=steps, buffers=buffers, outputs=outputs)
+    return dataclasses.replace(launches, buffers=buffers, outputs=outputs)
 
 
 def _gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets, *, scale, shape):

@@ -30,6 +30,8 @@ class GlaShape:
     # 376 instructions and 18 barriers a chunk offline for sm_90, against the fused kernel's 949
     # and 19, plus the prep's parallel pass); False: on the fused kernel.
     recompute_on_sweep: bool = False
+    # With ``recompute_on_sweep``: that recompute's sweep as its Gluon twin (:data:`GLUON_GLA_RECOMPUTE_SWEEP`).
+    recompute_twin: bool = False
 
 
 GLA_LAUNCH = GlaShape(64, 8, "64 value columns on 8 warps: offline for sm_90 the chunk loop spills 40 local "
@@ -50,7 +52,9 @@ def gla_shape(problem, device, gluon: bool = True) -> GlaShape:
         return replace(GLA_LAUNCH, sweep=per_key_sweep_shape(problem, device)) if PER_KEY_ON_SWEEP else GLA_LAUNCH
     if not SCALAR_ON_SWEEP or GLA_LAUNCH.split:
         return GLA_LAUNCH
-    return replace(GLA_LAUNCH, sweep=gla_sweep_shape(problem, device, gluon=gluon))
+    sweep = gla_sweep_shape(problem, device, gluon=gluon)
+    twin = GLUON_GLA_RECOMPUTE_SWEEP.on and _twin_usable(sweep, problem, device, gluon)
+    return replace(GLA_LAUNCH, sweep=sweep, recompute_twin=GLA_LAUNCH.recompute_on_sweep and twin)
 
 
 #: Whether a scalar decay runs on the delta rule's prep and sweep (WY off) rather than the fused kernel.
@@ -162,16 +166,30 @@ def gluon_gla_forward_sweep(shape: DeltaShape, problem, device, gluon: bool = Tr
     A group prep's row (without calm gates) takes it where :data:`GLUON_GLA_GROUP_SWEEP` is on.
     A call the twin cannot take (a gate z, unaligned inputs, strided outputs; launch/delta.py
     checks) runs the Triton sweep."""
-    key_dim = getattr(problem, "key_dim", None) or problem.state_dim  # SsdProblem: dstate
-    value_dim = getattr(problem, "value_dim", None) or problem.head_dim
-    if not (gluon and gluon_usable(device) and shape.block_v == 64 and shape.num_warps == 4 and
-            gluon_sweep_scope(householder=1, dtype=problem.dtype, key_dim=key_dim, value_dim=value_dim)):
+    if not _twin_usable(shape, problem, device, gluon):
         return shape
     if shape.group_prep:
         return replace(shape, gluon_sweep=True) if GLUON_GLA_GROUP_SWEEP.on and not shape.calm_gates else shape
     if GLUON_GLA_FORWARD_SWEEP.on and shape.phases > 1:
         return replace(shape, gluon_sweep=True, phase_ratio=GLUON_GLA_SWEEP_PHASE_RATIO)
     return shape
+
+
+def _twin_usable(shape: DeltaShape, problem, device, gluon: bool) -> bool:
+    """Whether ``shape``'s sweep may run as its Gluon twin for ``problem`` on ``device``: ``gluon``
+    (not ``backend="triton"``), the twin runs here (``plan.device.gluon_usable``), the row is of the
+    twin's kind (64 value columns on one warpgroup) and the problem in ``plan.delta.gluon_sweep_scope``."""
+    key_dim = getattr(problem, "key_dim", None) or problem.state_dim  # SsdProblem: dstate
+    value_dim = getattr(problem, "value_dim", None) or problem.head_dim
+    return (gluon and gluon_usable(device) and shape.block_v == 64 and shape.num_warps == 4 and
+            gluon_sweep_scope(householder=1, dtype=problem.dtype, key_dim=key_dim, value_dim=value_dim))
+
+
+#: The backward's recompute of the chunk states (no outputs: one product a chunk) on the forward
+#: sweep's Gluon twin (kernels/gluon/delta_sweep.py, OUTPUTS off) rather than the Triton sweep,
+#: taken by :func:`gla_shape` where the twin may run. Off: not yet measured on the H200 (the
+#: Triton sweep's recompute takes 334 us of SSD B1 T16384's forward + backward).
+GLUON_GLA_RECOMPUTE_SWEEP = GluonTwinRow(False, "not yet measured against the Triton sweep")
 
 
 #: A scalar decay (and SSD) whose query/key heads each serve at least this many value heads may
@@ -182,16 +200,17 @@ def gluon_gla_forward_sweep(shape: DeltaShape, problem, device, gluon: bool = Tr
 GROUP_PREP_MIN_HEADS: int | None = 8
 
 
-def recompute_sweep_shape(sweep: DeltaShape, heads: int, value_heads: int) -> DeltaShape:
+def recompute_sweep_shape(sweep: DeltaShape, heads: int, value_heads: int, twin: bool = False) -> DeltaShape:
     """The delta sweep's launch for the backward's recompute of the chunk states (no outputs): the
     forward's ``sweep`` in one pass (no segments or phases), with the group prep wherever a
     query/key head serves :data:`GROUP_PREP_MIN_HEADS` value heads or more (without outputs the
     sweep forms no gate tile; SSD B1 T16384: the delta prep took ~300 us of the recompute,
     gpu_gla_sweep_0021590.json), and wherever the forward's has it; there with its calm gates,
     whose scores and column factors the backward's reverse sweep reads (GATE_SCORES), at two
-    stages at most (the calm gates' limit, launch/delta.py's check_shape)."""
+    stages at most (the calm gates' limit, launch/delta.py's check_shape). ``twin``: the sweep as its
+    Gluon twin (GlaShape.recompute_twin)."""
     group = sweep.group_prep or (GROUP_PREP_MIN_HEADS is not None and value_heads // heads >= GROUP_PREP_MIN_HEADS)
-    return replace(sweep, segments=1, phases=1, group_prep=group, calm_gates=group, gluon_sweep=False,
+    return replace(sweep, segments=1, phases=1, group_prep=group, calm_gates=group, gluon_sweep=twin,
                    num_stages=min(sweep.num_stages, 2) if group else sweep.num_stages,
                    prep_heads=1 if group else sweep.prep_heads)
 

@@ -158,3 +158,35 @@ def test_training_on_the_twin_gives_the_same_gradients(monkeypatch):
     a, kw = ssd_args(1, 4096, H=16, G=1, seed=5)
     dy = torch.randn(a[0].shape, device=DEV, generator=torch.Generator(device=DEV).manual_seed(6)).bfloat16()
     run_both(monkeypatch, lambda: train_step(recurscan.mamba_chunk_scan_combined, a, kw, SSD_GRADS, dy), 6)
+
+
+@pytest.mark.parametrize("family", ["SSD, the group prep", "simple GLA, the delta prep"])
+def test_the_recompute_on_the_twin_gives_the_same_gradients(family, monkeypatch):
+    """Forward + backward with the backward's recompute of the chunk states on the twin (outputs
+    off; plan.gla.GLUON_GLA_RECOMPUTE_SWEEP) or on the Triton sweep: the same outputs and gradients,
+    bit for bit. SSD's group of 16 value heads takes the group prep with its calm gates there (the
+    reverse sweep reads its scores), simple GLA the delta prep."""
+    from benchmarks.gpu_gla import SSD_GRADS, train_step
+    gen = torch.Generator(device=DEV).manual_seed(7)
+    if family.startswith("SSD"):
+        a, kw = ssd_args(1, 4096, H=16, G=1, seed=8)
+        step = lambda: train_step(recurscan.mamba_chunk_scan_combined, a, kw, SSD_GRADS,  # noqa: E731
+                                  torch.randn(a[0].shape, device=DEV, generator=gen).bfloat16())
+    else:
+        q, k, v = (torch.randn(2, 1000, 4, 128, device=DEV, generator=gen).bfloat16() for _ in range(3))
+        g = -torch.rand(2, 1000, 4, device=DEV, generator=gen) * 0.5
+        step = lambda: train_step(lambda *x: recurscan.chunk_simple_gla(*x)[0], (q, k, v, g), {},  # noqa: E731
+                                  (0, 1, 2, 3), torch.randn(2, 1000, 4, 128, device=DEV, generator=gen).bfloat16())
+    picked = sweep_kernels(monkeypatch)
+    out = {}
+    for twin in (False, True):
+        monkeypatch.setattr(plan_gla, "GLUON_GLA_RECOMPUTE_SWEEP",
+                            dataclasses.replace(plan_gla.GLUON_GLA_RECOMPUTE_SWEEP, on=twin))
+        clear_caches()
+        picked.clear()
+        gen.manual_seed(9)
+        out[twin] = [t.clone() for t in step() if torch.is_tensor(t)]
+        assert picked[-1] == ("GluonJITFunction" if twin else "JITFunction"), picked  # the recompute's, built last
+    torch.cuda.synchronize()
+    for i, (x, y) in enumerate(zip(out[False], out[True])):
+        assert torch.equal(bits(x), bits(y)), f"output {i}: {int((x != y).sum())} elements differ"

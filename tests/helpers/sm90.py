@@ -367,7 +367,8 @@ def compile_ssd_gate() -> list[str]:
 
 
 def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_sweep: bool = False,
-                         group_prep: bool = False, group_grads: bool = False, grads_sides: bool = False) -> list[str]:
+                         group_prep: bool = False, group_grads: bool = False, grads_sides: bool = False,
+                         recompute_twin: bool = False) -> list[str]:
     """The GLA backward's launches (launch/gla.py: the forward for the chunk states, the reverse
     sweep, the parallel stage) for a case of :data:`CASES` (M = 1 ones; bf16); ``per_key``: a decay
     per key dimension (the prep runs with the recompute; the stages' PER_KEY forms); ``on_sweep``:
@@ -375,7 +376,8 @@ def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_swe
     ``group_prep``: there on the group prep, whose scores and gates the reverse sweep reads;
     ``group_grads``: SSD's form, 16 value heads of one query/key head summed in the parallel
     stage's programs (plan.gla.grads_heads); ``grads_sides``: there dq and dk in launches of their
-    own (plan.gla.GROUP_GRADS_SIDES, 4 warps)."""
+    own (plan.gla.GROUP_GRADS_SIDES, 4 warps); ``recompute_twin``: the recompute's sweep as the
+    forward sweep's Gluon twin with its outputs off (GlaShape.recompute_twin)."""
     from recurscan.launch.gla import BWD_NAMES, NAMES as GLA_NAMES, build_gla_backward
     from recurscan.plan.gla import GLA_LAUNCH
     _, cu = CASES[case]
@@ -396,7 +398,8 @@ def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_swe
         d = build_chunk_descriptors(cu_t)
         ci, co = d.chunk_indices, d.chunk_offsets
     sweep = SWEEP_SHAPES["group prep" if group_prep else "one pass"]
-    shape = dataclasses.replace(GLA_LAUNCH, sweep=sweep, recompute_on_sweep=True) if on_sweep else GLA_LAUNCH
+    shape = dataclasses.replace(GLA_LAUNCH, sweep=sweep, recompute_on_sweep=True, recompute_twin=recompute_twin) \
+        if on_sweep else GLA_LAUNCH
     sides = plan_gla.GROUP_GRADS_SIDES
     plan_gla.GROUP_GRADS_SIDES = 4 if grads_sides else None
     try:
@@ -455,12 +458,14 @@ def lines_for(argv: list[str]) -> list[str]:
     if argv[0] == "descriptors":
         return compile_descriptors()
     if argv[0] in ("gla-backward", "gla-per-key-backward", "gla-sweep-backward", "gla-group-sweep-backward",
-                   "ssd-group-grads-backward", "ssd-group-grads-sides-backward"):
+                   "gla-group-sweep-twin-backward", "ssd-group-grads-backward", "ssd-group-grads-sides-backward"):
         ssd_group = argv[0].startswith("ssd-group-grads")
+        twin = argv[0] == "gla-group-sweep-twin-backward"
         return compile_gla_backward(argv[1], per_key=argv[0] == "gla-per-key-backward",
-                                    on_sweep=argv[0].endswith("sweep-backward") or ssd_group,
-                                    group_prep=argv[0] == "gla-group-sweep-backward" or ssd_group,
-                                    group_grads=ssd_group, grads_sides=argv[0] == "ssd-group-grads-sides-backward")
+                                    on_sweep=argv[0].endswith("sweep-backward") or ssd_group or twin,
+                                    group_prep=argv[0] == "gla-group-sweep-backward" or ssd_group or twin,
+                                    group_grads=ssd_group, grads_sides=argv[0] == "ssd-group-grads-sides-backward",
+                                    recompute_twin=twin)
     if argv[0] in ("gla", "gla-chunk-states", "gla-per-key", "gla-split", "ssd", "ssd-cache", "ssd-seq-idx",
                    "ssd-split"):
         return compile_gla(argv[1], ssd=argv[0].startswith("ssd"), cache=argv[0] == "ssd-cache",
