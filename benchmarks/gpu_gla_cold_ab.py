@@ -1,7 +1,7 @@
 """SSD's cold first forward + backward (B1 T16384, 80 heads x 64, dstate 128; benchmarks/gpu_gla.py's
-``--cold`` call), each in a fresh process with an empty Triton cache, alternating three times: the
-backward's parallel stage as planned (a group's value heads summed in its programs, two launches)
-and with one value head a program (``plan.gla.GROUP_GRADS_MIN_HEADS = None``). Writes
+``--cold`` call), each in a fresh process with an empty Triton cache, alternating three times: as
+planned (the forward's sweep the Gluon twin on the group prep) and with no Gluon twin
+(``plan.gla.gluon_usable`` False: the Triton sweep, the delta prep in phases). Writes
 ``$OUT/gpu_gla_cold_ab_<commit>.json`` where ``OUT`` is set, else prints only.
 
     PYTHONPATH=$PWD python benchmarks/gpu_gla_cold_ab.py
@@ -16,8 +16,8 @@ import tempfile
 
 from benchmarks.gpu_gla import COLD
 
-PATCH = {"planned": "", "one value head a program": "import recurscan.plan.gla as _plan\n"
-                                                    "_plan.GROUP_GRADS_MIN_HEADS = None\n"}
+PATCH = {"planned": "", "no Gluon twin": "import recurscan.plan.gla as _plan\n"
+                                         "_plan.gluon_usable = lambda device: False\n"}
 
 
 def main() -> None:

@@ -296,6 +296,7 @@ class SsdProblem:
     device: torch.device
     dtype: torch.dtype
     uses_cache: bool = False  # a state cache (state, state_indices) in place of initial / final states
+    gated: bool = False  # a gate z
 
 
 def check_dt_limit(dt_limit) -> None:
@@ -340,7 +341,7 @@ def ssd_problem(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_limit=(0.0, 
     if cu_seqlens is not None:
         check_chunk_descriptors(cu_seqlens, chunk_indices, None, chunk_offsets, 1, device)
     return SsdProblem(dims["Bt"], dims["T"], dims["H"], dims["P"], dims["G"], dims["Nstate"], n, device, x.dtype,
-                      uses_cache=state is not None)
+                      uses_cache=state is not None, gated=z is not None)
 
 
 @dataclass(frozen=True)

@@ -460,10 +460,11 @@ def test_the_training_step_kernel_matches_the_reference(D_form, with_z, dtype):
 
 
 def test_the_planner_takes_the_group_prep_where_the_h200_measured_it_faster(monkeypatch):
-    """SSD at Mamba2's sizes (80 heads of 64, one group, dstate 128) on the H200's 132 SMs: B4
-    T4096 (320 sweep programs) takes the group prep at two stages (without its calm gates, which
-    lost there); B1 T16384 (80 programs) the delta prep in 6 phases; the backward's recompute takes
-    the group prep with its calm gates at both (two stages); a group of 4 heads takes it nowhere."""
+    """SSD at Mamba2's sizes (80 heads of 64, one group, dstate 128) on the H200's 132 SMs, where
+    the Gluon twin cannot run (float32 inputs; no GPU here): B4 T4096 (320 sweep programs) takes
+    the group prep at two stages (without its calm gates, which lost there); B1 T16384 (80
+    programs) the delta prep in 6 phases; the backward's recompute takes the group prep with its
+    calm gates at both (two stages); a group of 4 heads takes it nowhere."""
     from recurscan.plan import gla as plan_gla
     from recurscan.problem import ssd_problem
     monkeypatch.setattr(plan_gla, "sm_count", lambda device: 132)
@@ -487,25 +488,30 @@ def test_the_planner_takes_the_group_prep_where_the_h200_measured_it_faster(monk
     assert not few.group_prep and not few_recompute.group_prep
 
 
-@pytest.mark.parametrize("case, planned", [
-    ("B1 T16384, 6 phases", True), ("row off", False), ("no usable Gluon", False), ('backend="triton"', False),
-    ("B4 T4096, the group prep", False), ("B4 T4096, the group prep, its row on", True), ("float32", False),
-    ("dstate 96", False), ("a decay per key", False)])
-def test_the_planner_gives_the_gla_sweep_to_its_gluon_twin_only_in_scope(monkeypatch, case, planned):
-    """plan.gla.gluon_gla_forward_sweep (the Gluon rules, docs/kernels-gluon.md): the twin with the
-    WY step off takes a phased row of its kind (64 value columns on one warpgroup, the delta prep),
-    and the group prep's row where that row (GLUON_GLA_GROUP_SWEEP, off until measured) is on;
-    16-bit inputs, K 64 or 128, Gluon usable here, the caller not forcing Triton; never a decay per
-    key, and never the backward's recompute."""
+@pytest.mark.parametrize("case, planned, group_prep", [
+    ("B1 T16384, 6 phases", True, False), ("B1 T16384, the group prep, its row on", True, True),
+    ("B1 T16384, the group prep, its row on, a gate z", True, False), ("row off", False, False),
+    ("no usable Gluon", False, False), ("no usable Gluon, its row on", False, False),
+    ('backend="triton"', False, False), ("B4 T4096, the group prep", False, True),
+    ("B4 T4096, the group prep, its row on", True, True), ("float32", False, False), ("dstate 96", False, False),
+    ("a decay per key", False, False)])
+def test_the_planner_gives_the_gla_sweep_to_its_gluon_twin_only_in_scope(monkeypatch, case, planned, group_prep):
+    """plan.gla.gluon_gla_forward_sweep and GLA_SWEEP_LAUNCH's row that names the twin (the Gluon
+    rules, docs/kernels-gluon.md): the twin with the WY step off takes a phased row of its kind (64
+    value columns on one warpgroup, the delta prep), and where GLUON_GLA_GROUP_SWEEP is on the
+    group prep's row in one pass (SSD B1 and B4), except with a gate z (the launch would run the
+    Triton sweep, which is faster in phases on the delta prep there); 16-bit inputs, K 64 or 128,
+    Gluon usable here, the caller not forcing Triton; never a decay per key, and never the
+    backward's recompute (GLUON_GLA_RECOMPUTE_SWEEP, off)."""
     import dataclasses
     from recurscan.plan import gla as plan_gla
     from recurscan.problem import gla_problem, ssd_problem
     monkeypatch.setattr(plan_gla, "sm_count", lambda device: 132)
-    monkeypatch.setattr(plan_gla, "gluon_usable", lambda device: case != "no usable Gluon")
+    monkeypatch.setattr(plan_gla, "gluon_usable", lambda device: "no usable Gluon" not in case)
     monkeypatch.setattr(plan_gla, "GLUON_GLA_FORWARD_SWEEP",
                         dataclasses.replace(plan_gla.GLUON_GLA_FORWARD_SWEEP, on=case != "row off"))
     monkeypatch.setattr(plan_gla, "GLUON_GLA_GROUP_SWEEP",
-                        dataclasses.replace(plan_gla.GLUON_GLA_GROUP_SWEEP, on=case.endswith("its row on")))
+                        dataclasses.replace(plan_gla.GLUON_GLA_GROUP_SWEEP, on="its row on" in case))
     meta = dict(device="meta", dtype=torch.float32 if case == "float32" else torch.bfloat16)
     Bt, T = (4, 4096) if "B4" in case else (1, 16384)
     N = 96 if case == "dstate 96" else 128
@@ -516,11 +522,14 @@ def test_the_planner_gives_the_gla_sweep_to_its_gluon_twin_only_in_scope(monkeyp
                               per_key_decay=True)
         shape = plan_gla.gla_shape(problem, torch.device("cuda")).sweep
     else:
+        z = torch.empty(Bt, T, 80, 64, **meta) if case.endswith("a gate z") else None
         problem = ssd_problem(torch.empty(Bt, T, 80, 64, **meta), torch.empty(Bt, T, 80, device="meta"),
                               torch.empty(80, device="meta"), torch.empty(Bt, T, 1, N, **meta),
-                              torch.empty(Bt, T, 1, N, **meta))
+                              torch.empty(Bt, T, 1, N, **meta), z=z)
         shape = plan_gla.gla_shape(problem, torch.device("cuda"), gluon=case != 'backend="triton"').sweep
     assert shape.gluon_sweep is planned
+    if case != "a decay per key":
+        assert shape.group_prep is group_prep and (shape.phases == 1 or not group_prep)
     assert not plan_gla.recompute_sweep_shape(shape, 1, 80).gluon_sweep
 
 
@@ -566,7 +575,7 @@ def test_the_planner_gives_the_backwards_recompute_to_the_twin_only_where_its_ro
     from recurscan.plan import gla as plan_gla
     from recurscan.problem import ssd_problem
     monkeypatch.setattr(plan_gla, "sm_count", lambda device: 132)
-    monkeypatch.setattr(plan_gla, "gluon_usable", lambda device: case != "no usable Gluon")
+    monkeypatch.setattr(plan_gla, "gluon_usable", lambda device: "no usable Gluon" not in case)
     monkeypatch.setattr(plan_gla, "GLUON_GLA_RECOMPUTE_SWEEP",
                         dataclasses.replace(plan_gla.GLUON_GLA_RECOMPUTE_SWEEP, on=case != "row off"))
     meta = dict(device="meta", dtype=torch.bfloat16)

@@ -97,7 +97,16 @@ PER_KEY_CALM_PASS: tuple[int, int, int | None] | None = (32, 4, 168)
 #: the delta rule's table; a problem no row covers takes the delta rule's row (not measured for
 #: GLA). H200, eager, bf16, forward ms (benchmarks/gpu_gla_sweep.py, gpu_gla_sweep_6dc10bf.json):
 #: SSD is 80 heads x 64, dstate 128; simple GLA H16 K = V = 128.
+#: A row whose shape names the Gluon twin (``gluon_sweep``) applies only where the twin may run
+#: (:func:`gla_sweep_shape`).
 GLA_SWEEP_LAUNCH: list[tuple[Callable[[DeltaSizes], bool], DeltaShape]] = [
+    (lambda s: GROUP_PREP_MIN_HEADS is not None and s.group >= GROUP_PREP_MIN_HEADS and 3 * s.programs_64 >= s.sms,
+     DeltaShape(64, 4, 2, 4, "query/key heads shared by many value heads, a third of the SMs or more in 64-column "
+                         "programs: the group prep in one pass, the sweep its Gluon twin gating the scores, two "
+                         "stages, bulk stores (SSD B4 T4096: 0.420 ms, three stages 0.427, the Triton sweep (the "
+                         "next rows) 0.598; B1 T16384 0.490, three stages 0.498, the delta prep in 6 phases with "
+                         "the twin 0.606; mamba_ssm 0.707 and 0.718 in that process: gpu_gla_sweep_78bb842.json)",
+                tma_store=True, group_prep=True, gluon_sweep=True)),
     (lambda s: not s.varlen and s.tokens >= 16384 and 3 * s.programs_64 >= s.sms and s.programs_64 <= s.sms,
      DeltaShape(64, 4, 3, 4, "a long dense sequence over a third of the SMs or more in 64-column programs: one "
                          "pass in 6 phases (each phase's prep beside the previous phase's sweep), bulk stores (SSD "
@@ -125,14 +134,19 @@ GLA_SWEEP_LAUNCH: list[tuple[Callable[[DeltaSizes], bool], DeltaShape]] = [
 def gla_sweep_shape(problem, device, gluon: bool = True) -> DeltaShape:
     """The delta sweep's launch shape for a scalar-decay GLA or SSD ``problem``: the first row of
     :data:`GLA_SWEEP_LAUNCH` that holds for its sizes, else the delta rule's (plan/delta.py), its
-    sweep given to the Gluon twin where :func:`gluon_gla_forward_sweep` allows (``gluon``); a
-    varlen batch is one whose sequences are not its batch rows."""
+    sweep given to the Gluon twin where :func:`gluon_gla_forward_sweep` allows (``gluon``); a row
+    naming the twin holds where :data:`GLUON_GLA_GROUP_SWEEP` is on, the twin may run and SSD has
+    no gate z; a varlen batch is one whose sequences are not its batch rows."""
     value_heads = getattr(problem, "value_heads", None) or problem.heads  # SsdProblem: heads
     value_dim = getattr(problem, "value_dim", None) or problem.head_dim
     varlen = problem.sequences != problem.batch
     sizes = DeltaSizes(pairs=problem.sequences * value_heads, sms=sm_count(device), value_dim=value_dim,
                        tokens=problem.tokens, varlen=varlen, sequences=problem.sequences, group=_group(problem))
-    shape = next(shape for applies, shape in GLA_SWEEP_LAUNCH + DELTA_LAUNCH if applies(sizes))
+    # A gate z would run the Triton sweep (launch/delta.py), which on the group prep in one pass
+    # loses to the delta prep's phases at SSD B1 (0.887 ms against 0.709; gpu_gla_sweep_0021590.json).
+    twin_rows = GLUON_GLA_GROUP_SWEEP.on and not getattr(problem, "gated", False)
+    shape = next(shape for applies, shape in GLA_SWEEP_LAUNCH + DELTA_LAUNCH if applies(sizes) and
+                 (not shape.gluon_sweep or twin_rows and _twin_usable(shape, problem, device, gluon)))
     return gluon_gla_forward_sweep(shape if shape.group_prep else with_prep_heads(shape, problem), problem, device,
                                    gluon)
 
@@ -148,10 +162,13 @@ GLUON_GLA_FORWARD_SWEEP = GluonTwinRow(True, "SSD B1 T16384 (80 heads x 64, dsta
                                              "so only phased rows take it. The Triton sweep's bits "
                                              "(tests/gpu/test_gluon_gla_sweep_gpu.py)")
 #: The same twin on the group prep's scores (GATE_SCORES: each value head's gate tile formed in
-#: the sweep, beside its products), taken by :func:`gluon_gla_forward_sweep` on the group prep's
-#: rows without calm gates. Off: built and compiled for sm_90 without a GPU run (the Triton sweep
-#: on the group prep takes 488 us at SSD B4 T4096, the twin on the delta prep 269 us).
-GLUON_GLA_GROUP_SWEEP = GluonTwinRow(False, "not yet measured against the Triton sweep")
+#: the sweep, beside its products): :data:`GLA_SWEEP_LAUNCH`'s first row, which names it.
+GLUON_GLA_GROUP_SWEEP = GluonTwinRow(True, "SSD forward, eager, same process (gpu_gla_sweep_78bb842.json): B4 T4096 "
+                                           "0.420 ms against the Triton sweep's 0.598 on the same group prep (the "
+                                           "sweep 312 us against 491); B1 T16384 in one pass 0.490 against the delta "
+                                           "prep's 6 phases with the twin, 0.606 (the sweep 394 us beside the group "
+                                           "prep's 80, against 382 beside 437); mamba_ssm 0.707 / 0.718. The Triton "
+                                           "sweep's bits (tests/gpu/test_gluon_gla_sweep_gpu.py)")
 #: The phases' ratio (DeltaShape.phase_ratio) where the GLA sweep runs as its Gluon twin (SSD B1
 #: T16384: 0.510 ms at 0.8 against 0.541 without; gpu_gla_sweep_twin_0c2f6c8.json).
 GLUON_GLA_SWEEP_PHASE_RATIO = 0.8
@@ -162,15 +179,12 @@ def gluon_gla_forward_sweep(shape: DeltaShape, problem, device, gluon: bool = Tr
     :data:`GLUON_GLA_SWEEP_PHASE_RATIO`, where :data:`GLUON_GLA_FORWARD_SWEEP` is on,
     the twin runs here (``plan.device.gluon_usable``), the row is phased and of the twin's kind
     (64 value columns on one warpgroup, the delta prep) and the problem is in
-    ``plan.delta.gluon_sweep_scope``; ``shape`` as it is otherwise and where ``gluon`` is False.
-    A group prep's row (without calm gates) takes it where :data:`GLUON_GLA_GROUP_SWEEP` is on.
-    A call the twin cannot take (a gate z, unaligned inputs, strided outputs; launch/delta.py
+    ``plan.delta.gluon_sweep_scope``; ``shape`` as it is otherwise and where ``gluon`` is False
+    (a row that names the twin is never reached then). A call the twin cannot take (a gate z, unaligned inputs, strided outputs; launch/delta.py
     checks) runs the Triton sweep."""
     if not _twin_usable(shape, problem, device, gluon):
         return shape
-    if shape.group_prep:
-        return replace(shape, gluon_sweep=True) if GLUON_GLA_GROUP_SWEEP.on and not shape.calm_gates else shape
-    if GLUON_GLA_FORWARD_SWEEP.on and shape.phases > 1:
+    if GLUON_GLA_FORWARD_SWEEP.on and shape.phases > 1 and not shape.group_prep:
         return replace(shape, gluon_sweep=True, phase_ratio=GLUON_GLA_SWEEP_PHASE_RATIO)
     return shape
 
