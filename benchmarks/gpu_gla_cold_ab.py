@@ -21,8 +21,14 @@ PATCH = {"planned": "", "no Gluon twin": "import recurscan.plan.gla as _plan\n"
 
 
 def main() -> None:
+    """``--forms planned`` (comma-separated names of :data:`PATCH`) and ``--times N`` (3) narrow the runs."""
+    import argparse
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--forms", default=",".join(PATCH))
+    ap.add_argument("--times", type=int, default=3)
+    args = ap.parse_args()
     rows = []
-    for form in list(PATCH) * 3:
+    for form in args.forms.split(",") * args.times:
         code = COLD.replace("import recurscan\n", "import recurscan\n" + PATCH[form], 1)
         with tempfile.TemporaryDirectory() as cache:
             out = subprocess.run([sys.executable, "-c", code, "1", "16384"], capture_output=True, text=True,

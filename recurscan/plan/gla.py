@@ -53,7 +53,8 @@ def gla_shape(problem, device, gluon: bool = True) -> GlaShape:
     if not SCALAR_ON_SWEEP or GLA_LAUNCH.split:
         return GLA_LAUNCH
     sweep = gla_sweep_shape(problem, device, gluon=gluon)
-    twin = GLUON_GLA_RECOMPUTE_SWEEP.on and _twin_usable(sweep, problem, device, gluon)
+    twin = GLUON_GLA_RECOMPUTE_SWEEP.on and _twin_usable(sweep, problem, device, gluon) and \
+        GROUP_PREP_MIN_HEADS is not None and _group(problem) >= GROUP_PREP_MIN_HEADS
     return replace(GLA_LAUNCH, sweep=sweep, recompute_twin=GLA_LAUNCH.recompute_on_sweep and twin)
 
 
@@ -201,9 +202,13 @@ def _twin_usable(shape: DeltaShape, problem, device, gluon: bool) -> bool:
 
 #: The backward's recompute of the chunk states (no outputs: one product a chunk) on the forward
 #: sweep's Gluon twin (kernels/gluon/delta_sweep.py, OUTPUTS off) rather than the Triton sweep,
-#: taken by :func:`gla_shape` where the twin may run. Off: not yet measured on the H200 (the
-#: Triton sweep's recompute takes 334 us of SSD B1 T16384's forward + backward).
-GLUON_GLA_RECOMPUTE_SWEEP = GluonTwinRow(False, "not yet measured against the Triton sweep")
+#: taken by :func:`gla_shape` where the twin may run (the forward's row of 64 value columns on
+#: one warpgroup) and the recompute runs the group prep (measured there only: SSD's groups).
+GLUON_GLA_RECOMPUTE_SWEEP = GluonTwinRow(True, "SSD forward + backward, eager, same process "
+                                               "(gpu_gla_sweep_5d25e3f.json): B1 T16384 3.384 ms against 3.468 on the "
+                                               "Triton sweep (the recompute's sweep ~244 us against 331), B4 T4096 "
+                                               "2.925 against 2.926 (~160 us against 171). The Triton sweep's "
+                                               "gradients bit for bit (tests/gpu/test_gluon_gla_sweep_gpu.py)")
 
 
 #: A scalar decay (and SSD) whose query/key heads each serve at least this many value heads may
