@@ -115,7 +115,8 @@ def test_gla_and_ssd_on_the_delta_sweep_compile_for_sm90(case, shape, family):
 def test_the_gluon_forward_sweep_compiles_for_sm90():
     """The forward sweep's Gluon twin in every pass and form it takes (the single pass, phases, a
     segmented sweep's second pass; dense and varlen; a cache with float32 chunk states; the WY step
-    off for SSD and simple GLA, on the delta prep and on the group prep's scores), without spills:
+    off for SSD and simple GLA, on the delta prep and on the group prep's scores, there in one pass
+    and in segments), without spills:
     the Gluon rules (docs/kernels-gluon.md)."""
     run = compile_offline("gluon-forward")
     assert run.returncode == 0, run.stderr[-3000:]
@@ -124,8 +125,9 @@ def test_the_gluon_forward_sweep_compiles_for_sm90():
     assert "segments, GDN dense, H = HV: chunk_delta_sweep_kernel" in run.stdout  # its first pass, and the replay
     for form in ("SSD one pass, D per head", "SSD one pass, D per channel", "SSD phases, D per head",
                  "SSD phases, D per channel", "GLA one pass, GDN dense, H = HV", "GLA one pass, GDN varlen, GVA",
-                 "SSD group prep, 2 stages", "SSD group prep, 3 stages"):
+                 "SSD group prep, 2 stages", "SSD group prep, 3 stages", "SSD group prep, segments"):
         assert f"{form}: gluon_sweep_kernel" in run.stdout, run.stdout
+    assert "SSD group prep, segments: chunk_delta_sweep_kernel" in run.stdout  # its first pass, and the replay
 
 
 def test_the_ssd_training_gate_kernels_compile_for_sm90():

@@ -275,6 +275,8 @@ def compile_gluon_forward() -> list[str]:
     for stages in (2, 3):  # on the group prep's scores (GATE_SCORES)
         shape = dataclasses.replace(SWEEP_SHAPES["group prep"], num_stages=stages, gluon_sweep=True)
         lines += [f"SSD group prep, {stages} stages: {line}" for line in compile_ssd_benchmark(shape)]
+    shape = dataclasses.replace(SWEEP_SHAPES["group prep"], num_stages=2, gluon_sweep=True, segments=2)
+    lines += [f"SSD group prep, segments: {line}" for line in compile_ssd_benchmark(shape)]
     return lines
 
 
