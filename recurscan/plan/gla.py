@@ -181,8 +181,8 @@ def gluon_gla_forward_sweep(shape: DeltaShape, problem, device, gluon: bool = Tr
     the twin runs here (``plan.device.gluon_usable``), the row is phased and of the twin's kind
     (64 value columns on one warpgroup, the delta prep) and the problem is in
     ``plan.delta.gluon_sweep_scope``; ``shape`` as it is otherwise and where ``gluon`` is False
-    (a row that names the twin is never reached then). A call the twin cannot take (a gate z, unaligned inputs, strided outputs; launch/delta.py
-    checks) runs the Triton sweep."""
+    (a row that names the twin is never reached then). A call the twin cannot take (a gate z,
+    unaligned inputs, strided outputs; launch/delta.py checks) runs the Triton sweep."""
     if not _twin_usable(shape, problem, device, gluon):
         return shape
     if GLUON_GLA_FORWARD_SWEEP.on and shape.phases > 1 and not shape.group_prep:
