@@ -89,6 +89,8 @@ GRADS_SIDES: list[int] = []
 REVERSE_SWEEPS: list[str] = []
 #: Whether SSD's training rows also run the recompute's sweep as the Gluon twin (``--recompute-twin``).
 RECOMPUTE_TWIN = False
+#: Whether SSD's training rows also run the backward's reverse sweep as its Gluon twin (``--reverse-twin``).
+REVERSE_TWIN = False
 
 
 def train_rows():
@@ -110,7 +112,9 @@ def train_rows():
              **{f"recurscan triton, reverse sweep {r}": dict(REVERSE_SWEEP=tuple(map(int, r.split(":"))))
                 for r in REVERSE_SWEEPS},
              **({"recurscan triton, the recompute's Gluon twin": dict(GLUON_GLA_RECOMPUTE_SWEEP=dataclasses.replace(
-                 plan_gla.GLUON_GLA_RECOMPUTE_SWEEP, on=True))} if RECOMPUTE_TWIN else {})}
+                 plan_gla.GLUON_GLA_RECOMPUTE_SWEEP, on=True))} if RECOMPUTE_TWIN else {}),
+             **({"recurscan triton, the reverse sweep's Gluon twin": dict(GLUON_GLA_REVERSE_SWEEP=dataclasses.replace(
+                 plan_gla.GLUON_GLA_REVERSE_SWEEP, on=True))} if REVERSE_TWIN else {})}
 
     def timed(name, step, peers, variants=True):
         out = []
@@ -164,14 +168,17 @@ def main():
     ap.add_argument("--recompute-twin", action="store_true",
                     help="with --train: SSD's rows also with the recompute's sweep as its Gluon twin "
                          "(plan.gla.GLUON_GLA_RECOMPUTE_SWEEP)")
+    ap.add_argument("--reverse-twin", action="store_true",
+                    help="with --train: SSD's rows also with the backward's reverse sweep as its Gluon twin "
+                         "(plan.gla.GLUON_GLA_REVERSE_SWEEP)")
     ap.add_argument("--train-only", action="store_true", help="the training rows alone")
     args = ap.parse_args()
     GRADS_WAVES.extend(args.grads_waves)
     GRADS_DG.extend(args.grads_dg)
     GRADS_SIDES.extend(args.grads_sides)
     REVERSE_SWEEPS.extend(args.reverse_sweep)
-    global RECOMPUTE_TWIN
-    RECOMPUTE_TWIN = args.recompute_twin
+    global RECOMPUTE_TWIN, REVERSE_TWIN
+    RECOMPUTE_TWIN, REVERSE_TWIN = args.recompute_twin, args.reverse_twin
     gpu_gla.PROFILE = args.profile
     if args.train_only:
         save(args.out, train_rows())

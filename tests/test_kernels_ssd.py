@@ -568,9 +568,10 @@ def test_the_gla_sweeps_gluon_twin_takes_ssd_without_z_and_the_triton_sweep_the_
 @pytest.mark.parametrize("case, planned", [("row on", True), ("row off", False), ("no usable Gluon", False),
                                            ('backend="triton"', False)])
 def test_the_planner_gives_the_backwards_recompute_to_the_twin_only_where_its_row_is_on(monkeypatch, case, planned):
-    """plan.gla.GLUON_GLA_RECOMPUTE_SWEEP: the backward's recompute of the chunk states runs on the
-    forward sweep's Gluon twin (outputs off) where that row is on and the twin may run (Gluon usable
-    here, the caller not forcing Triton); SSD's group of 80 keeps the group prep with its calm gates."""
+    """plan.gla.GLUON_GLA_RECOMPUTE_SWEEP and GLUON_GLA_REVERSE_SWEEP: the backward's recompute of
+    the chunk states runs on the forward sweep's Gluon twin (outputs off), and its reverse sweep on
+    its own Gluon twin, where each row is on and the twin may run (Gluon usable here, the caller not
+    forcing Triton); SSD's group of 80 keeps the group prep with its calm gates."""
     import dataclasses
     from recurscan.plan import gla as plan_gla
     from recurscan.problem import ssd_problem
@@ -578,15 +579,47 @@ def test_the_planner_gives_the_backwards_recompute_to_the_twin_only_where_its_ro
     monkeypatch.setattr(plan_gla, "gluon_usable", lambda device: "no usable Gluon" not in case)
     monkeypatch.setattr(plan_gla, "GLUON_GLA_RECOMPUTE_SWEEP",
                         dataclasses.replace(plan_gla.GLUON_GLA_RECOMPUTE_SWEEP, on=case != "row off"))
+    monkeypatch.setattr(plan_gla, "GLUON_GLA_REVERSE_SWEEP",
+                        dataclasses.replace(plan_gla.GLUON_GLA_REVERSE_SWEEP, on=case != "row off"))
     meta = dict(device="meta", dtype=torch.bfloat16)
     problem = ssd_problem(torch.empty(4, 4096, 80, 64, **meta), torch.empty(4, 4096, 80, device="meta"),
                           torch.empty(80, device="meta"), torch.empty(4, 4096, 1, 128, **meta),
                           torch.empty(4, 4096, 1, 128, **meta))
     shape = plan_gla.gla_shape(problem, torch.device("cuda"), gluon=case != 'backend="triton"')
-    assert shape.recompute_twin is planned
+    assert shape.recompute_twin is planned and shape.reverse_twin is planned
     recompute = plan_gla.recompute_sweep_shape(shape.sweep, 1, 80, twin=shape.recompute_twin)
     assert recompute.gluon_sweep is planned and recompute.group_prep and recompute.calm_gates
 
+
+
+@pytest.mark.parametrize("case, twin", [("planned", True), ("row off", False), ("a decay per key", False),
+                                        ("dO in float32", False), ("q misaligned", False)])
+def test_the_reverse_sweeps_gluon_twin_takes_the_group_preps_scores_and_the_triton_kernel_the_rest(case, twin):
+    """launch.gla's reverse sweep: with GlaShape.reverse_twin, the Gluon twin at 64 value columns on
+    4 warps (its stages from plan.gla) where the reverse sweep reads the group prep's scores
+    (GATE_SCORES), dO is in q's dtype and q, k and dO are 16-byte aligned; else the Triton kernel
+    at plan.gla.REVERSE_SWEEP, the same arguments."""
+    import dataclasses
+    from recurscan.launch.gla import build_gla_backward
+    from recurscan.plan import gla as plan_gla
+    from recurscan.plan.delta import DeltaShape
+    B, T, H, HV, K, V = 1, 300, 1, 8, 128, 64
+    bf = dict(dtype=torch.bfloat16)
+    store = torch.zeros(B * T * H * K + 8, **bf)
+    q = (store[1:1 + B * T * H * K] if case == "q misaligned" else store[:B * T * H * K]).view(B, T, H, K)
+    k, v = torch.zeros(B, T, H, K, **bf), torch.zeros(B, T, HV, V, **bf)
+    do = torch.zeros(B, T, HV, V, dtype=torch.float32 if case == "dO in float32" else torch.bfloat16)
+    g = torch.zeros(B, T, HV, K) if case == "a decay per key" else torch.zeros(B, T, HV)
+    sweep = DeltaShape(64, 4, 2, 4, "test", tma_store=True, group_prep=True)
+    shape = dataclasses.replace(plan_gla.GLA_LAUNCH, sweep=sweep, reverse_twin=case != "row off")
+    launches = build_gla_backward(q, k, v, g, do, None, None, None, None, None, scale=K ** -0.5, shape=shape)
+    step = launches.steps[0]
+    assert (type(step.kernel).__name__ == "GluonJITFunction") is twin
+    assert step.kwargs["BV"] == (64 if twin else min(plan_gla.REVERSE_SWEEP[0], V))
+    assert step.options["num_warps"] == (4 if twin else plan_gla.REVERSE_SWEEP[1])
+    assert step.grid == (B * HV * V // step.kwargs["BV"],)
+    if twin:
+        assert step.kwargs["NUM_STAGES"] == plan_gla.GLUON_GLA_REVERSE_STAGES and step.kwargs["GATE_SCORES"]
 
 def test_every_planned_scalar_decay_shape_is_one_the_kernels_take():
     """Each row of the GLA / SSD launch table passes the launch's shape check (among them: the calm

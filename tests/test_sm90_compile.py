@@ -82,9 +82,11 @@ def test_the_gla_forward_compiles_for_sm90(case, family):
     assert run.returncode == 0, run.stderr[-3000:]
     if family == "gla-sweep-backward":  # the recompute on the delta sweep
         assert "chunk_delta_prep_kernel" in run.stdout and "chunk_delta_sweep_kernel" in run.stdout, run.stdout
-    elif family == "gla-group-sweep-twin-backward":  # there the forward sweep's Gluon twin, outputs off
+    elif family == "gla-group-sweep-twin-backward":  # there the forward sweep's Gluon twin, outputs off,
+        # and the reverse sweep's Gluon twin
         assert "chunk_group_prep_kernel" in run.stdout and "gluon_sweep_kernel" in run.stdout, run.stdout
-        assert "chunk_delta_sweep_kernel" not in run.stdout, run.stdout
+        assert "gluon_gla_bwd_sweep_kernel" in run.stdout, run.stdout
+        assert "chunk_delta_sweep_kernel" not in run.stdout and "chunk_simple_gla_bwd_sweep_kernel" not in run.stdout
     elif family.startswith(("gla-group-sweep", "ssd-group-grads")):  # there on the group prep, read by the
         # reverse sweep; SSD's: a group's value heads summed in the parallel stage's programs
         assert "chunk_group_prep_kernel" in run.stdout and "chunk_delta_sweep_kernel" in run.stdout, run.stdout

@@ -369,6 +369,7 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
         STORE_DH0=h0 is not None, qg=arg("qg", per_key), kg=arg("kg", per_key),
         aqk=arg("scores") if group else arg("aqk", per_key), dl=arg("dl", per_key), PER_KEY=per_key,
         coef=arg("coef", group), GATE_SCORES=group), dict(num_warps=sweep_warps))
+    sweep = _reverse_sweep_twin(sweep, shape, q, k, do, group=group, per_key=per_key, rows=rows)
     grouped = heads > 1
     dg_launch = plan_gla.grads_dg_launch(HV // H) if grouped and g is not None else None
     # PART 0: dq, dk and dg in one launch (one value head a program, or dg not apart); 1: dq and dk alone
@@ -398,6 +399,24 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
                 x=arg(name), out=arg(name + "_sum"), rows=B * T * H, GROUP=split, K=K, BK=BK, BR=GROUP_SUM_ROWS),
                 dict(num_warps=4)))
     return GlaBackward(forward, steps, buffers, split > 1)
+
+
+def _reverse_sweep_twin(sweep: Step, shape: GlaShape, q, k, do, *, group: bool, per_key: bool, rows: int) -> Step:
+    """The reverse sweep's launch: ``sweep`` (the Triton kernel at plan.gla.REVERSE_SWEEP), or with
+    ``shape.reverse_twin`` its Gluon twin (kernels/gluon/gla_backward_sweep.py: the same arguments,
+    64 value columns on one warpgroup) where the call allows it: the group prep's scores, a scalar
+    decay, the twin's scope (plan.delta.gluon_sweep_scope), q, k and dO 16-byte aligned in one
+    dtype, and chunk-state coordinates within int32."""
+    from ..plan.delta import gluon_sweep_scope
+    HV, K, V = do.shape[2], q.shape[3], do.shape[3]
+    if not (shape.reverse_twin and group and not per_key and do.dtype == q.dtype
+            and gluon_sweep_scope(householder=1, dtype=q.dtype, key_dim=K, value_dim=V)
+            and all(x.data_ptr() % 16 == 0 for x in (q, k, do)) and (rows + 1) * HV * K < 2 ** 31):
+        return sweep
+    from ..kernels.gluon.gla_backward_sweep import gluon_gla_bwd_sweep_kernel
+    programs = sweep.grid[0] // triton.cdiv(V, sweep.kwargs["BV"]) * (V // 64)  # N * HV * V / 64
+    return Step(gluon_gla_bwd_sweep_kernel, (programs,),
+                dict(sweep.kwargs, BV=64, NUM_STAGES=plan_gla.GLUON_GLA_REVERSE_STAGES), dict(num_warps=4))
 
 
 def _recompute_on_sweep(q, k, v, g, h0, cu_seqlens, chunk_indices, chunk_offsets, rows, *, scale, shape):

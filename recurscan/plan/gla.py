@@ -32,6 +32,8 @@ class GlaShape:
     recompute_on_sweep: bool = False
     # With ``recompute_on_sweep``: that recompute's sweep as its Gluon twin (:data:`GLUON_GLA_RECOMPUTE_SWEEP`).
     recompute_twin: bool = False
+    # The backward's reverse sweep on the group prep's scores as its Gluon twin (:data:`GLUON_GLA_REVERSE_SWEEP`).
+    reverse_twin: bool = False
 
 
 GLA_LAUNCH = GlaShape(64, 8, "64 value columns on 8 warps: offline for sm_90 the chunk loop spills 40 local "
@@ -53,9 +55,13 @@ def gla_shape(problem, device, gluon: bool = True) -> GlaShape:
     if not SCALAR_ON_SWEEP or GLA_LAUNCH.split:
         return GLA_LAUNCH
     sweep = gla_sweep_shape(problem, device, gluon=gluon)
-    twin = GLUON_GLA_RECOMPUTE_SWEEP.on and _twin_usable(sweep, problem, device, gluon) and \
-        GROUP_PREP_MIN_HEADS is not None and _group(problem) >= GROUP_PREP_MIN_HEADS
-    return replace(GLA_LAUNCH, sweep=sweep, recompute_twin=GLA_LAUNCH.recompute_on_sweep and twin)
+    group_recompute = GLA_LAUNCH.recompute_on_sweep and GROUP_PREP_MIN_HEADS is not None and \
+        _group(problem) >= GROUP_PREP_MIN_HEADS  # the recompute on the group prep (recompute_sweep_shape)
+    return replace(GLA_LAUNCH, sweep=sweep,
+                   recompute_twin=group_recompute and GLUON_GLA_RECOMPUTE_SWEEP.on and
+                   _twin_usable(sweep, problem, device, gluon),
+                   reverse_twin=group_recompute and GLUON_GLA_REVERSE_SWEEP.on and
+                   _twin_usable(replace(sweep, block_v=64, num_warps=4), problem, device, gluon))
 
 
 #: Whether a scalar decay runs on the delta rule's prep and sweep (WY off) rather than the fused kernel.
@@ -209,6 +215,17 @@ GLUON_GLA_RECOMPUTE_SWEEP = GluonTwinRow(True, "SSD forward + backward, eager, s
                                                "Triton sweep (the recompute's sweep ~244 us against 331), B4 T4096 "
                                                "2.925 against 2.926 (~160 us against 171). The Triton sweep's "
                                                "gradients bit for bit (tests/gpu/test_gluon_gla_sweep_gpu.py)")
+
+
+#: The backward's reverse sweep on the group prep's scores (GATE_SCORES, its calm gates) as its
+#: Gluon twin (kernels/gluon/gla_backward_sweep.py: 64 value columns on one warpgroup, the tiles by
+#: bulk copies into a ring, (K dS')^T and the next dS' as two products at once) rather than the
+#: Triton kernel at :data:`REVERSE_SWEEP`, taken by :func:`gla_shape` where the twin may run and the
+#: recompute runs the group prep. Off: built and compiled for sm_90 without a GPU run (the Triton
+#: sweep takes 948 us of SSD B1 T16384's forward + backward and 626 of B4 T4096's at 5d25e3f).
+GLUON_GLA_REVERSE_SWEEP = GluonTwinRow(False, "not yet run on a GPU")
+#: The reverse sweep's Gluon twin's pipeline stages (each 48 KB at K 128: k, q, dO and the scores).
+GLUON_GLA_REVERSE_STAGES = 2
 
 
 #: A scalar decay (and SSD) whose query/key heads each serve at least this many value heads may

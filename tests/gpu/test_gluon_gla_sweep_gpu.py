@@ -184,3 +184,58 @@ def test_the_recompute_on_the_twin_gives_the_same_gradients(monkeypatch):
     torch.cuda.synchronize()
     for i, (x, y) in enumerate(zip(out[False], out[True])):
         assert torch.equal(bits(x), bits(y)), f"gradient {i}: {int((x != y).sum())} elements differ"
+
+
+@pytest.mark.parametrize("form", ["dense, seq_idx resets, initial and final states", "varlen, a one-token sequence"])
+def test_the_reverse_sweep_twin_gives_the_triton_sweeps_gradients(form, monkeypatch):
+    """SSD forward + backward with the backward's reverse sweep on its Gluon twin
+    (kernels/gluon/gla_backward_sweep.py; plan.gla.GLUON_GLA_REVERSE_SWEEP) or on the Triton kernel
+    at the twin's 64 value columns on 4 warps: every gradient bit for bit. A group of 80 value
+    heads runs the group prep with its calm gates, whose scores the reverse sweep reads; mamba's
+    seq_idx changing inside chunks makes them stormy (the whole gate tile), the rest are calm; a
+    partial last chunk; dense with an initial state and the final states' gradient, varlen with a
+    one-token sequence."""
+    import recurscan.launch.gla as launch_gla
+    picked = []
+    choose = launch_gla._reverse_sweep_twin
+
+    def recording(*a, **kw):
+        step = choose(*a, **kw)
+        picked.append(type(step.kernel).__name__)
+        return step
+    monkeypatch.setattr(launch_gla, "_reverse_sweep_twin", recording)
+    monkeypatch.setattr(plan_gla, "REVERSE_SWEEP", (64, 4))
+    gen = torch.Generator(device=DEV).manual_seed(11)
+    if form.startswith("dense"):
+        (x, dt, A, B, C), kw = ssd_args(2, 1000, H=80, G=1, seed=12)
+        seq_idx = torch.zeros(2, 1000, dtype=torch.int32, device=DEV)
+        seq_idx[:, 300:] = 1
+        seq_idx[1, 333:] = 2
+        h0 = torch.randn(2, 80, 64, 128, device=DEV, generator=gen) * 0.1
+        leaves = [x, dt, A, B, C, kw.pop("D"), kw.pop("dt_bias"), h0]
+        kw.update(seq_idx=seq_idx, return_final_states=True)
+        upstream = (torch.randn(x.shape, device=DEV, generator=gen).bfloat16(),
+                    torch.randn(h0.shape, device=DEV, generator=gen))
+    else:
+        (x, dt, A, B, C), kw = ssd_args(1, 2100, H=80, G=1, seed=13)
+        kw["cu_seqlens"] = torch.tensor([0, 1, 1000, 1001, 2100], device=DEV, dtype=torch.int32)
+        leaves = [x, dt, A, B, C, kw.pop("D"), kw.pop("dt_bias"), None]
+        upstream = torch.randn(x.shape, device=DEV, generator=gen).bfloat16()
+
+    def grads():
+        mine = [None if t is None else t.detach().clone().requires_grad_() for t in leaves]
+        x_, dt_, A_, B_, C_, D_, bias_, h0_ = mine
+        out = recurscan.mamba_chunk_scan_combined(x_, dt_, A_, B_, C_, D=D_, dt_bias=bias_, initial_states=h0_, **kw)
+        return torch.autograd.grad(out, [t for t in mine if t is not None], upstream)
+    out = {}
+    for twin in (False, True):
+        monkeypatch.setattr(plan_gla, "GLUON_GLA_REVERSE_SWEEP",
+                            dataclasses.replace(plan_gla.GLUON_GLA_REVERSE_SWEEP, on=twin))
+        clear_caches()
+        picked.clear()
+        out[twin] = [t.clone() for t in grads()]
+        assert picked[-1] == ("GluonJITFunction" if twin else "JITFunction"), picked
+    torch.cuda.synchronize()
+    for i, (a, b) in enumerate(zip(out[False], out[True])):
+        assert torch.isfinite(b).all(), f"gradient {i}"
+        assert torch.equal(bits(a), bits(b)), f"gradient {i}: {int((a != b).sum())} elements differ"

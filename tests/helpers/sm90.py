@@ -379,7 +379,8 @@ def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_swe
     ``group_grads``: SSD's form, 16 value heads of one query/key head summed in the parallel
     stage's programs (plan.gla.grads_heads); ``grads_sides``: there dq and dk in launches of their
     own (plan.gla.GROUP_GRADS_SIDES, 4 warps); ``recompute_twin``: the recompute's sweep as the
-    forward sweep's Gluon twin with its outputs off (GlaShape.recompute_twin)."""
+    forward sweep's Gluon twin with its outputs off (GlaShape.recompute_twin) and the reverse sweep
+    as its Gluon twin (GlaShape.reverse_twin)."""
     from recurscan.launch.gla import BWD_NAMES, NAMES as GLA_NAMES, build_gla_backward
     from recurscan.plan.gla import GLA_LAUNCH
     _, cu = CASES[case]
@@ -400,8 +401,8 @@ def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_swe
         d = build_chunk_descriptors(cu_t)
         ci, co = d.chunk_indices, d.chunk_offsets
     sweep = SWEEP_SHAPES["group prep" if group_prep else "one pass"]
-    shape = dataclasses.replace(GLA_LAUNCH, sweep=sweep, recompute_on_sweep=True, recompute_twin=recompute_twin) \
-        if on_sweep else GLA_LAUNCH
+    shape = dataclasses.replace(GLA_LAUNCH, sweep=sweep, recompute_on_sweep=True, recompute_twin=recompute_twin,
+                                reverse_twin=recompute_twin) if on_sweep else GLA_LAUNCH
     sides = plan_gla.GROUP_GRADS_SIDES
     plan_gla.GROUP_GRADS_SIDES = 4 if grads_sides else None
     try:
