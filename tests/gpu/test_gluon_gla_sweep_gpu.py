@@ -172,18 +172,25 @@ def test_the_recompute_on_the_twin_gives_the_same_gradients(monkeypatch):
     from benchmarks.gpu_gla import SSD_GRADS, train_step
     a, kw = ssd_args(2, 1000, H=80, G=1, seed=8)
     dy = torch.randn(a[0].shape, device=DEV, generator=torch.Generator(device=DEV).manual_seed(9)).bfloat16()
-    picked = sweep_kernels(monkeypatch)
+    same_bits_with_row(monkeypatch, "GLUON_GLA_RECOMPUTE_SWEEP", sweep_kernels(monkeypatch),  # the recompute's
+                       lambda: train_step(recurscan.mamba_chunk_scan_combined, a, kw, SSD_GRADS, dy))  # built last
+
+
+def same_bits_with_row(monkeypatch, row: str, picked: list, run) -> None:
+    """``run()``'s tensors with plan.gla's Gluon row ``row`` off, then on: the kernel the launch
+    layer recorded last in ``picked`` is the Triton kernel, then the Gluon twin; the tensors are
+    finite and agree bit for bit."""
     out = {}
     for twin in (False, True):
-        monkeypatch.setattr(plan_gla, "GLUON_GLA_RECOMPUTE_SWEEP",
-                            dataclasses.replace(plan_gla.GLUON_GLA_RECOMPUTE_SWEEP, on=twin))
+        monkeypatch.setattr(plan_gla, row, dataclasses.replace(getattr(plan_gla, row), on=twin))
         clear_caches()
         picked.clear()
-        out[twin] = [t.clone() for t in train_step(recurscan.mamba_chunk_scan_combined, a, kw, SSD_GRADS, dy)]
-        assert picked[-1] == ("GluonJITFunction" if twin else "JITFunction"), picked  # the recompute's, built last
+        out[twin] = [t.clone() for t in run()]
+        assert picked[-1] == ("GluonJITFunction" if twin else "JITFunction"), picked
     torch.cuda.synchronize()
-    for i, (x, y) in enumerate(zip(out[False], out[True])):
-        assert torch.equal(bits(x), bits(y)), f"gradient {i}: {int((x != y).sum())} elements differ"
+    for i, (a, b) in enumerate(zip(out[False], out[True])):
+        assert torch.isfinite(b).all(), f"tensor {i}"
+        assert torch.equal(bits(a), bits(b)), f"tensor {i}: {int((a != b).sum())} elements differ"
 
 
 @pytest.mark.parametrize("form", ["dense, seq_idx resets, initial and final states", "varlen, a one-token sequence"])
@@ -227,15 +234,4 @@ def test_the_reverse_sweep_twin_gives_the_triton_sweeps_gradients(form, monkeypa
         x_, dt_, A_, B_, C_, D_, bias_, h0_ = mine
         out = recurscan.mamba_chunk_scan_combined(x_, dt_, A_, B_, C_, D=D_, dt_bias=bias_, initial_states=h0_, **kw)
         return torch.autograd.grad(out, [t for t in mine if t is not None], upstream)
-    out = {}
-    for twin in (False, True):
-        monkeypatch.setattr(plan_gla, "GLUON_GLA_REVERSE_SWEEP",
-                            dataclasses.replace(plan_gla.GLUON_GLA_REVERSE_SWEEP, on=twin))
-        clear_caches()
-        picked.clear()
-        out[twin] = [t.clone() for t in grads()]
-        assert picked[-1] == ("GluonJITFunction" if twin else "JITFunction"), picked
-    torch.cuda.synchronize()
-    for i, (a, b) in enumerate(zip(out[False], out[True])):
-        assert torch.isfinite(b).all(), f"gradient {i}"
-        assert torch.equal(bits(a), bits(b)), f"gradient {i}: {int((a != b).sum())} elements differ"
+    same_bits_with_row(monkeypatch, "GLUON_GLA_REVERSE_SWEEP", picked, grads)

@@ -31,6 +31,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
+from .delta_backward_sweep import _state_offsets
+
 
 @gluon.jit
 def _issue_loads(j, n_chunks, k_desc, q_desc, do_desc, s_desc, k_s, q_s, do_s, a_s, bars, col_qk, col_v, col_s,
@@ -67,14 +69,6 @@ def _row_coefficients(coef, bos, L, c, i_n, i_hv, o_t, HV: gl.constexpr, BT: gl.
     lam_last = gl.load(p_coef + 3, mask=live, other=0.0)
     f_0 = gl.load(p_coef, mask=live, other=0.0)
     return f, lam_s, gam, gc, seg, lam_last, f_0
-
-
-@gluon.jit
-def _state_offsets(i_v, layout: gl.constexpr, BV: gl.constexpr, K: gl.constexpr, V: gl.constexpr):
-    """Offsets of a [BV, K] tile S^T of a [K, V] state (value block i_v) in ``layout``."""
-    o_v = gl.arange(0, BV, layout=gl.SliceLayout(1, layout))
-    o_k = gl.arange(0, K, layout=gl.SliceLayout(0, layout))
-    return (i_v * BV + o_v)[:, None] + (o_k * V)[None, :]
 
 
 @gluon.jit
