@@ -231,6 +231,20 @@ def kernel_times(fn, top=12):
     return dict(rows)
 
 
+def launch_times(fn) -> list:
+    """GPU time of every kernel launch of one call (torch.profiler), in launch order: ``[name, us]``
+    pairs, so that launches of one kernel in different stages (a forward and its recompute, dq's,
+    dk's and dg's launches of one parallel-stage kernel) are told apart."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    launches = sorted((e for e in prof.events() if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
+    return [[e.name[:60], round(e.device_time, 1)] for e in launches]
+
+
 COLD = """
 import torch
 if not {checkpoints}:

@@ -51,10 +51,12 @@ PROFILE = False
 
 def profiled(row, fn):
     """``row`` with the GPU time by kernel of one call of ``fn`` (microseconds, the largest first)
-    where ``--profile`` asks for it: recurscan's rows and the peers', to compare stage by stage."""
+    and of each launch in order (``launches_us``) where ``--profile`` asks for it: recurscan's rows
+    and the peers', to compare stage by stage."""
     if PROFILE:
-        from benchmarks.gpu_delta_train import kernel_times
+        from benchmarks.gpu_delta_train import kernel_times, launch_times
         row["kernels_us"] = kernel_times(fn)
+        row["launches_us"] = launch_times(fn)
     return row
 
 
