@@ -113,8 +113,11 @@ def train_rows():
                 for r in REVERSE_SWEEPS},
              **({"recurscan triton, the recompute's Gluon twin": dict(GLUON_GLA_RECOMPUTE_SWEEP=dataclasses.replace(
                  plan_gla.GLUON_GLA_RECOMPUTE_SWEEP, on=True))} if RECOMPUTE_TWIN else {}),
-             **({"recurscan triton, the reverse sweep's Gluon twin": dict(GLUON_GLA_REVERSE_SWEEP=dataclasses.replace(
-                 plan_gla.GLUON_GLA_REVERSE_SWEEP, on=True))} if REVERSE_TWIN else {})}
+             **({("recurscan triton, the reverse sweep on the Triton kernel" if plan_gla.GLUON_GLA_REVERSE_SWEEP.on
+                  else "recurscan triton, the reverse sweep's Gluon twin"): dict(
+                 GLUON_GLA_REVERSE_SWEEP=dataclasses.replace(plan_gla.GLUON_GLA_REVERSE_SWEEP,
+                                                             on=not plan_gla.GLUON_GLA_REVERSE_SWEEP.on))}
+                if REVERSE_TWIN else {})}
 
     def timed(name, step, peers, variants=True):
         out = []
@@ -169,8 +172,8 @@ def main():
                     help="with --train: SSD's rows also with the recompute's sweep as its Gluon twin "
                          "(plan.gla.GLUON_GLA_RECOMPUTE_SWEEP)")
     ap.add_argument("--reverse-twin", action="store_true",
-                    help="with --train: SSD's rows also with the backward's reverse sweep as its Gluon twin "
-                         "(plan.gla.GLUON_GLA_REVERSE_SWEEP)")
+                    help="with --train: SSD's rows also with the backward's reverse sweep on the other kernel "
+                         "than planned: its Gluon twin or the Triton kernel (plan.gla.GLUON_GLA_REVERSE_SWEEP)")
     ap.add_argument("--train-only", action="store_true", help="the training rows alone")
     args = ap.parse_args()
     GRADS_WAVES.extend(args.grads_waves)

@@ -221,9 +221,13 @@ GLUON_GLA_RECOMPUTE_SWEEP = GluonTwinRow(True, "SSD forward + backward, eager, s
 #: Gluon twin (kernels/gluon/gla_backward_sweep.py: 64 value columns on one warpgroup, the tiles by
 #: bulk copies into a ring, (K dS')^T and the next dS' as two products at once) rather than the
 #: Triton kernel at :data:`REVERSE_SWEEP`, taken by :func:`gla_shape` where the twin may run and the
-#: recompute runs the group prep. Off: built and compiled for sm_90 without a GPU run (the Triton
-#: sweep takes 948 us of SSD B1 T16384's forward + backward and 626 of B4 T4096's at 5d25e3f).
-GLUON_GLA_REVERSE_SWEEP = GluonTwinRow(False, "not yet run on a GPU")
+#: recompute runs the group prep (measured there only: SSD's groups).
+GLUON_GLA_REVERSE_SWEEP = GluonTwinRow(True, "SSD forward + backward, eager, same process "
+                                             "(gpu_gla_sweep_e7b089f.json, before dV's column fix): B1 T16384 3.055 ms "
+                                             "against 3.383 on the Triton kernel (the reverse sweep 573 us against "
+                                             "898), B4 T4096 2.702 against 2.940 (381 against 624). The Triton "
+                                             "kernel's gradients bit for bit (tests/gpu/test_gluon_gla_reverse_sweep_gpu.py, "
+                                             "tests/gpu/test_gluon_gla_sweep_gpu.py)")
 #: The reverse sweep's Gluon twin's pipeline stages (each 48 KB at K 128: k, q, dO and the scores).
 GLUON_GLA_REVERSE_STAGES = 2
 

@@ -217,7 +217,7 @@ def gluon_gla_bwd_sweep_kernel(
         tma.store_wait(pendings=1)
         dv_s.permute((1, 0)).store(dvt)
         fence_async_shared()
-        tma.async_copy_shared_to_global(dv_desc, [c * BT, i_v * BV], dv_s)
+        tma.async_copy_shared_to_global(dv_desc, [c * BT, col_v], dv_s)
     tma.store_wait(pendings=0)
     for i in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(bars.index(i))
