@@ -49,6 +49,7 @@ def group_prep_outputs(B, T, H, HV, cu_seqlens, calm_share, gen):
 
 def run(gluon, q, k, do, scores, coef, dht, h0, cu_seqlens, chunk_offsets, n_cs_rows, T):
     from recurscan.kernels.gla.backward import chunk_simple_gla_bwd_sweep_kernel
+    from recurscan.runtime.launcher import scratch_allocator
     B, _, H, K = q.shape
     HV, V = do.shape[2], do.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
@@ -62,11 +63,12 @@ def run(gluon, q, k, do, scores, coef, dht, h0, cu_seqlens, chunk_offsets, n_cs_
                 BV=64, IS_VARLEN=cu_seqlens is not None, HAS_G=False, HAS_DHT=dht is not None, STORE_DH0=True,
                 DOT_PRECISION="tf32", DT=tl.bfloat16, PER_KEY=False, GATE_SCORES=True)
     grid = (N * HV * (V // 64),)
-    if gluon:
-        from recurscan.kernels.gluon.gla_backward_sweep import gluon_gla_bwd_sweep_kernel
-        gluon_gla_bwd_sweep_kernel[grid](**args, NUM_STAGES=2, num_warps=4)
-    else:
-        chunk_simple_gla_bwd_sweep_kernel[grid](**args, num_warps=4)
+    with scratch_allocator():  # the twin makes its tensor descriptors on the device
+        if gluon:
+            from recurscan.kernels.gluon.gla_backward_sweep import gluon_gla_bwd_sweep_kernel
+            gluon_gla_bwd_sweep_kernel[grid](**args, NUM_STAGES=2, num_warps=4)
+        else:
+            chunk_simple_gla_bwd_sweep_kernel[grid](**args, num_warps=4)
     return dstates, dv, dh0
 
 
