@@ -1,7 +1,8 @@
 """SSD's cold first forward + backward (B1 T16384, 80 heads x 64, dstate 128; benchmarks/gpu_gla.py's
 ``--cold`` call), each in a fresh process with an empty Triton cache, alternating three times: as
-planned (the forward's sweep the Gluon twin on the group prep) and with no Gluon twin
-(``plan.gla.gluon_usable`` False: the Triton sweep, the delta prep in phases). Writes
+planned (the forward's sweep, the recompute and the reverse sweep on their Gluon twins), with no
+Gluon twin (``plan.gla.gluon_usable`` False: the Triton sweep, the delta prep in phases) and with
+the reverse sweep on the Triton kernel (plan.gla.GLUON_GLA_REVERSE_SWEEP off). Writes
 ``$OUT/gpu_gla_cold_ab_<commit>.json`` where ``OUT`` is set, else prints only.
 
     PYTHONPATH=$PWD python benchmarks/gpu_gla_cold_ab.py
@@ -17,7 +18,10 @@ import tempfile
 from benchmarks.gpu_gla import COLD
 
 PATCH = {"planned": "", "no Gluon twin": "import recurscan.plan.gla as _plan\n"
-                                         "_plan.gluon_usable = lambda device: False\n"}
+                                         "_plan.gluon_usable = lambda device: False\n",
+         "the reverse sweep on the Triton kernel": "import dataclasses, recurscan.plan.gla as _plan\n"
+                                                   "_plan.GLUON_GLA_REVERSE_SWEEP = dataclasses.replace("
+                                                   "_plan.GLUON_GLA_REVERSE_SWEEP, on=False)\n"}
 
 
 def main() -> None:
