@@ -223,11 +223,11 @@ GLUON_GLA_RECOMPUTE_SWEEP = GluonTwinRow(True, "SSD forward + backward, eager, s
 #: Triton kernel at :data:`REVERSE_SWEEP`, taken by :func:`gla_shape` where the twin may run and the
 #: recompute runs the group prep (measured there only: SSD's groups).
 GLUON_GLA_REVERSE_SWEEP = GluonTwinRow(True, "SSD forward + backward, eager, same process "
-                                             "(gpu_gla_sweep_e7b089f.json, before dV's column fix): B1 T16384 3.055 ms "
-                                             "against 3.383 on the Triton kernel (the reverse sweep 573 us against "
-                                             "898), B4 T4096 2.702 against 2.940 (381 against 624). The Triton "
-                                             "kernel's gradients bit for bit (tests/gpu/test_gluon_gla_reverse_sweep_gpu.py, "
-                                             "tests/gpu/test_gluon_gla_sweep_gpu.py)")
+                                             "(gpu_gla_sweep_train_9702617.json): B1 T16384 3.080 ms against 3.368 on "
+                                             "the Triton kernel (the reverse sweep 573 us against 898), B4 T4096 2.713 "
+                                             "against 2.918 (381 against 624). The Triton kernel's gradients bit for bit "
+                                             "(tests/gpu/test_gluon_gla_reverse_sweep_gpu.py, "
+                                             "test_gluon_gla_sweep_gpu.py)")
 #: The reverse sweep's Gluon twin's pipeline stages (each 48 KB at K 128: k, q, dO and the scores).
 GLUON_GLA_REVERSE_STAGES = 2
 
