@@ -89,8 +89,10 @@ GRADS_SIDES: list[int] = []
 REVERSE_SWEEPS: list[str] = []
 #: Whether SSD's training rows also run the recompute's sweep as the Gluon twin (``--recompute-twin``).
 RECOMPUTE_TWIN = False
-#: Whether SSD's training rows also run the backward's reverse sweep as its Gluon twin (``--reverse-twin``).
+#: Whether SSD's training rows also run the backward's reverse sweep on the kernel not planned (``--reverse-twin``).
 REVERSE_TWIN = False
+#: Whether SSD's training rows also run the parallel stage's dg launch on the kernel not planned (``--dg-twin``).
+DG_TWIN = False
 
 
 def train_rows():
@@ -117,7 +119,11 @@ def train_rows():
                   else "recurscan triton, the reverse sweep's Gluon twin"): dict(
                  GLUON_GLA_REVERSE_SWEEP=dataclasses.replace(plan_gla.GLUON_GLA_REVERSE_SWEEP,
                                                              on=not plan_gla.GLUON_GLA_REVERSE_SWEEP.on))}
-                if REVERSE_TWIN else {})}
+                if REVERSE_TWIN else {}),
+             **({("recurscan triton, the dg launch on the Triton kernel" if plan_gla.GLUON_GLA_DG.on
+                  else "recurscan triton, the dg launch's Gluon twin"): dict(
+                 GLUON_GLA_DG=dataclasses.replace(plan_gla.GLUON_GLA_DG, on=not plan_gla.GLUON_GLA_DG.on))}
+                if DG_TWIN else {})}
 
     def timed(name, step, peers, variants=True):
         out = []
@@ -171,6 +177,9 @@ def main():
     ap.add_argument("--recompute-twin", action="store_true",
                     help="with --train: SSD's rows also with the recompute's sweep as its Gluon twin "
                          "(plan.gla.GLUON_GLA_RECOMPUTE_SWEEP)")
+    ap.add_argument("--dg-twin", action="store_true",
+                    help="with --train: SSD's rows also with the parallel stage's dg launch on the other kernel "
+                         "than planned: its Gluon twin or the Triton kernel (plan.gla.GLUON_GLA_DG)")
     ap.add_argument("--reverse-twin", action="store_true",
                     help="with --train: SSD's rows also with the backward's reverse sweep on the other kernel "
                          "than planned: its Gluon twin or the Triton kernel (plan.gla.GLUON_GLA_REVERSE_SWEEP)")
@@ -180,8 +189,8 @@ def main():
     GRADS_DG.extend(args.grads_dg)
     GRADS_SIDES.extend(args.grads_sides)
     REVERSE_SWEEPS.extend(args.reverse_sweep)
-    global RECOMPUTE_TWIN, REVERSE_TWIN
-    RECOMPUTE_TWIN, REVERSE_TWIN = args.recompute_twin, args.reverse_twin
+    global RECOMPUTE_TWIN, REVERSE_TWIN, DG_TWIN
+    RECOMPUTE_TWIN, REVERSE_TWIN, DG_TWIN = args.recompute_twin, args.reverse_twin, args.dg_twin
     gpu_gla.PROFILE = args.profile
     if args.train_only:
         save(args.out, train_rows())

@@ -568,9 +568,9 @@ def test_the_gla_sweeps_gluon_twin_takes_ssd_without_z_and_the_triton_sweep_the_
 @pytest.mark.parametrize("case, planned", [("row on", True), ("row off", False), ("no usable Gluon", False),
                                            ('backend="triton"', False)])
 def test_the_planner_gives_the_backwards_recompute_to_the_twin_only_where_its_row_is_on(monkeypatch, case, planned):
-    """plan.gla.GLUON_GLA_RECOMPUTE_SWEEP and GLUON_GLA_REVERSE_SWEEP: the backward's recompute of
-    the chunk states runs on the forward sweep's Gluon twin (outputs off), and its reverse sweep on
-    its own Gluon twin, where each row is on and the twin may run (Gluon usable here, the caller not
+    """plan.gla.GLUON_GLA_RECOMPUTE_SWEEP, GLUON_GLA_REVERSE_SWEEP and GLUON_GLA_DG: the backward's
+    recompute of the chunk states runs on the forward sweep's Gluon twin (outputs off), its reverse
+    sweep and its dg launch on their own Gluon twins, where each row is on and the twin may run (Gluon usable here, the caller not
     forcing Triton); SSD's group of 80 keeps the group prep with its calm gates."""
     import dataclasses
     from recurscan.plan import gla as plan_gla
@@ -585,11 +585,44 @@ def test_the_planner_gives_the_backwards_recompute_to_the_twin_only_where_its_ro
     problem = ssd_problem(torch.empty(4, 4096, 80, 64, **meta), torch.empty(4, 4096, 80, device="meta"),
                           torch.empty(80, device="meta"), torch.empty(4, 4096, 1, 128, **meta),
                           torch.empty(4, 4096, 1, 128, **meta))
+    monkeypatch.setattr(plan_gla, "GLUON_GLA_DG", dataclasses.replace(plan_gla.GLUON_GLA_DG, on=case != "row off"))
     shape = plan_gla.gla_shape(problem, torch.device("cuda"), gluon=case != 'backend="triton"')
-    assert shape.recompute_twin is planned and shape.reverse_twin is planned
+    assert shape.recompute_twin is planned and shape.reverse_twin is planned and shape.dg_twin is planned
     recompute = plan_gla.recompute_sweep_shape(shape.sweep, 1, 80, twin=shape.recompute_twin)
     assert recompute.gluon_sweep is planned and recompute.group_prep and recompute.calm_gates
 
+
+
+@pytest.mark.parametrize("case, twin", [("planned", True), ("row off", False), ("V 128", False),
+                                        ("dO in float32", False), ("v misaligned", False)])
+def test_the_dg_launchs_gluon_twin_takes_a_groups_heads_in_its_scope_and_the_triton_kernel_the_rest(case, twin):
+    """launch.gla's dg launch (the parallel stage's PART 2, where a group's value heads are summed in
+    dq's and dk's programs): with GlaShape.dg_twin, the Gluon twin on one persistent program an SM
+    (8 warps, plan.gla's stages, the Triton launch's arguments) where plan.gla.gluon_dg_scope
+    allows (16-bit, K 64 / 128, V 64, a group of at least the stages) and q, k, v and dO share a
+    dtype and are 16-byte aligned; else the Triton kernel's PART 2."""
+    import dataclasses
+    from recurscan.launch.gla import build_gla_backward
+    from recurscan.plan import gla as plan_gla
+    from recurscan.plan.delta import DeltaShape
+    B, T, H, HV, K = 1, 300, 1, 16, 128
+    V = 128 if case == "V 128" else 64
+    bf = dict(dtype=torch.bfloat16)
+    store = torch.zeros(B * T * HV * V + 8, **bf)
+    v = (store[1:1 + B * T * HV * V] if case == "v misaligned" else store[:B * T * HV * V]).view(B, T, HV, V)
+    q, k = torch.zeros(B, T, H, K, **bf), torch.zeros(B, T, H, K, **bf)
+    do = torch.zeros(B, T, HV, V, dtype=torch.float32 if case == "dO in float32" else torch.bfloat16)
+    sweep = DeltaShape(64, 4, 2, 4, "test", tma_store=True, group_prep=True)
+    shape = dataclasses.replace(plan_gla.GLA_LAUNCH, sweep=sweep, dg_twin=case != "row off")
+    launches = build_gla_backward(q, k, v, torch.zeros(B, T, HV), do, None, None, None, None, None, scale=K ** -0.5,
+                                  shape=shape)
+    step, = [st for st in launches.steps if st.kwargs.get("PART") == 2]
+    assert (type(step.kernel).__name__ == "GluonJITFunction") is twin
+    if twin:
+        assert step.grid == (min(1, 5 * H),) and step.options == dict(num_warps=8)  # sm_count is 1 off CUDA
+        assert step.kwargs["NUM_STAGES"] == plan_gla.GLUON_GLA_DG_STAGES
+    else:
+        assert step.grid[0] * step.kwargs["HEADS"] == 5 * HV
 
 
 @pytest.mark.parametrize("case, twin", [("planned", True), ("row off", False), ("a decay per key", False),

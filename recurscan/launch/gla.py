@@ -389,9 +389,10 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
         steps[1:] = [dataclasses.replace(grads, kwargs=dict(grads_args, SIDE=side), options=options) for side in (1, 2)]
     if dg_launch is not None:  # dg apart (PART 2), dg_heads value heads a program
         dg_heads, dg_warps = dg_launch
-        steps.append(Step(chunk_simple_gla_bwd_grads_kernel, (rows * HV // dg_heads,),
-                          dict(grads_args, HEADS=dg_heads, PART=2),
-                          dict(num_warps=dg_warps, num_stages=plan_gla.GROUP_GRADS_STAGES)))
+        steps.append(_dg_twin(Step(chunk_simple_gla_bwd_grads_kernel, (rows * HV // dg_heads,),
+                                   dict(grads_args, HEADS=dg_heads, PART=2),
+                                   dict(num_warps=dg_warps, num_stages=plan_gla.GROUP_GRADS_STAGES)),
+                              shape, q, k, v, do, rows=rows))
     if split > 1:  # the programs' shares of dq and dk -> per q/k head
         buffers.update(dq_sum=((B, T, H, K), f32), dk_sum=((B, T, H, K), f32))
         for name in ("dq", "dk"):
@@ -417,6 +418,21 @@ def _reverse_sweep_twin(sweep: Step, shape: GlaShape, q, k, do, *, group: bool, 
     programs = sweep.grid[0] // triton.cdiv(V, sweep.kwargs["BV"]) * (V // 64)  # N * HV * V / 64
     return Step(gluon_gla_bwd_sweep_kernel, (programs,),
                 dict(sweep.kwargs, BV=64, NUM_STAGES=plan_gla.GLUON_GLA_REVERSE_STAGES), dict(num_warps=4))
+
+
+def _dg_twin(dg: Step, shape: GlaShape, q, k, v, do, *, rows: int) -> Step:
+    """The dg launch: ``dg`` (the Triton kernel's PART 2), or with ``shape.dg_twin`` its Gluon twin
+    (kernels/gluon/gla_backward_dg.py: the same arguments, persistent programs of eight warps, one
+    an SM) where the call allows it (plan.gla.gluon_dg_scope; q, k, v and dO in one dtype and
+    16-byte aligned; chunk-state rows within int32)."""
+    H, HV, K, V = q.shape[2], v.shape[2], q.shape[3], v.shape[3]
+    if not (shape.dg_twin and do.dtype == v.dtype == q.dtype == k.dtype
+            and plan_gla.gluon_dg_scope(dtype=q.dtype, key_dim=K, value_dim=V, group=HV // H)
+            and all(x.data_ptr() % 16 == 0 for x in (q, k, v, do)) and (rows + 1) * HV * K < 2 ** 31):
+        return dg
+    from ..kernels.gluon.gla_backward_dg import gluon_gla_bwd_dg_kernel
+    return Step(gluon_gla_bwd_dg_kernel, (min(sm_count(q.device), rows * H),),
+                dict(dg.kwargs, NUM_STAGES=plan_gla.GLUON_GLA_DG_STAGES), dict(num_warps=8))
 
 
 def _recompute_on_sweep(q, k, v, g, h0, cu_seqlens, chunk_indices, chunk_offsets, rows, *, scale, shape):

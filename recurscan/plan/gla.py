@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
+import torch
+
 from .delta import DELTA_LAUNCH, DeltaShape, DeltaSizes, GluonTwinRow, gluon_sweep_scope
 from .device import gluon_usable, sm_count
 
@@ -34,6 +36,8 @@ class GlaShape:
     recompute_twin: bool = False
     # The backward's reverse sweep on the group prep's scores as its Gluon twin (:data:`GLUON_GLA_REVERSE_SWEEP`).
     reverse_twin: bool = False
+    # The parallel stage's dg launch as its Gluon twin (:data:`GLUON_GLA_DG`).
+    dg_twin: bool = False
 
 
 GLA_LAUNCH = GlaShape(64, 8, "64 value columns on 8 warps: offline for sm_90 the chunk loop spills 40 local "
@@ -61,7 +65,8 @@ def gla_shape(problem, device, gluon: bool = True) -> GlaShape:
                    recompute_twin=group_recompute and GLUON_GLA_RECOMPUTE_SWEEP.on and
                    _twin_usable(sweep, problem, device, gluon),
                    reverse_twin=group_recompute and GLUON_GLA_REVERSE_SWEEP.on and
-                   _twin_usable(replace(sweep, block_v=64, num_warps=4), problem, device, gluon))
+                   _twin_usable(replace(sweep, block_v=64, num_warps=4), problem, device, gluon),
+                   dg_twin=GLUON_GLA_DG.on and gluon and gluon_usable(device))
 
 
 #: Whether a scalar decay runs on the delta rule's prep and sweep (WY off) rather than the fused kernel.
@@ -230,6 +235,24 @@ GLUON_GLA_REVERSE_SWEEP = GluonTwinRow(True, "SSD forward + backward, eager, sam
                                              "test_gluon_gla_sweep_gpu.py)")
 #: The reverse sweep's Gluon twin's pipeline stages (each 48 KB at K 128: k, q, dO and the scores).
 GLUON_GLA_REVERSE_STAGES = 2
+
+#: The parallel stage's dg launch (PART 2, a group's value heads summed in the dq and dk launches)
+#: as its Gluon twin (kernels/gluon/gla_backward_dg.py: persistent programs of eight warps, each
+#: step a value head's tiles by bulk copies into a ring, its four products issued together) rather
+#: than the Triton kernel at :data:`GROUP_GRADS_DG`, taken by :func:`gla_shape` where Gluon may run;
+#: launch.gla checks its scope (:func:`gluon_dg_scope`). Off: built and compiled for sm_90 without a
+#: GPU run (the Triton launch takes 863 us of SSD B1 T16384's forward + backward, 869 of B4 T4096's,
+#: at 9702617: gpu_gla_sweep_train_9702617.json).
+GLUON_GLA_DG = GluonTwinRow(False, "not yet run on a GPU")
+#: The dg twin's pipeline stages (48 KB each at K 128: dO, V, S and dS' of one value head).
+GLUON_GLA_DG_STAGES = 3
+
+
+def gluon_dg_scope(*, dtype: torch.dtype, key_dim: int, value_dim: int, group: int) -> bool:
+    """What the dg launch's Gluon twin takes: 16-bit inputs, K 64 or 128, V 64 and a group of at
+    least :data:`GLUON_GLA_DG_STAGES` value heads a query/key head."""
+    return dtype in (torch.bfloat16, torch.float16) and key_dim in (64, 128) and value_dim == 64 and \
+        group >= GLUON_GLA_DG_STAGES
 
 
 #: A scalar decay (and SSD) whose query/key heads each serve at least this many value heads may

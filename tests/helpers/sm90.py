@@ -379,8 +379,9 @@ def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_swe
     ``group_grads``: SSD's form, 16 value heads of one query/key head summed in the parallel
     stage's programs (plan.gla.grads_heads); ``grads_sides``: there dq and dk in launches of their
     own (plan.gla.GROUP_GRADS_SIDES, 4 warps); ``recompute_twin``: the recompute's sweep as the
-    forward sweep's Gluon twin with its outputs off (GlaShape.recompute_twin) and the reverse sweep
-    as its Gluon twin (GlaShape.reverse_twin)."""
+    forward sweep's Gluon twin with its outputs off (GlaShape.recompute_twin), the reverse sweep
+    as its Gluon twin (GlaShape.reverse_twin) and, with ``group_grads``, the dg launch as its
+    Gluon twin (GlaShape.dg_twin)."""
     from recurscan.launch.gla import BWD_NAMES, NAMES as GLA_NAMES, build_gla_backward
     from recurscan.plan.gla import GLA_LAUNCH
     _, cu = CASES[case]
@@ -402,7 +403,7 @@ def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_swe
         ci, co = d.chunk_indices, d.chunk_offsets
     sweep = SWEEP_SHAPES["group prep" if group_prep else "one pass"]
     shape = dataclasses.replace(GLA_LAUNCH, sweep=sweep, recompute_on_sweep=True, recompute_twin=recompute_twin,
-                                reverse_twin=recompute_twin) if on_sweep else GLA_LAUNCH
+                                reverse_twin=recompute_twin, dg_twin=recompute_twin) if on_sweep else GLA_LAUNCH
     sides = plan_gla.GROUP_GRADS_SIDES
     plan_gla.GROUP_GRADS_SIDES = 4 if grads_sides else None
     try:
@@ -461,9 +462,10 @@ def lines_for(argv: list[str]) -> list[str]:
     if argv[0] == "descriptors":
         return compile_descriptors()
     if argv[0] in ("gla-backward", "gla-per-key-backward", "gla-sweep-backward", "gla-group-sweep-backward",
-                   "gla-group-sweep-twin-backward", "ssd-group-grads-backward", "ssd-group-grads-sides-backward"):
+                   "gla-group-sweep-twin-backward", "ssd-group-grads-backward", "ssd-group-grads-sides-backward",
+                   "ssd-group-grads-twin-backward"):
         ssd_group = argv[0].startswith("ssd-group-grads")
-        twin = argv[0] == "gla-group-sweep-twin-backward"
+        twin = argv[0] in ("gla-group-sweep-twin-backward", "ssd-group-grads-twin-backward")
         return compile_gla_backward(argv[1], per_key=argv[0] == "gla-per-key-backward",
                                     on_sweep=argv[0].endswith("sweep-backward") or ssd_group or twin,
                                     group_prep=argv[0] == "gla-group-sweep-backward" or ssd_group or twin,
