@@ -69,7 +69,7 @@ def test_the_twin_gives_the_triton_kernels_dg(case):
     g = -torch.rand(B, T, HV, device=DEV, generator=gen)
     g[:, 300] = float("-inf")  # resets: a new segment
     g[0, 500, 3] = float("-inf")
-    g[0, 700, 5] = float("nan")  # a bad decay: selected out of the gates, as the twin does
+    g[0, T - 100, 5] = float("nan")  # a bad decay: selected out of the gates, as the twin does
     cu = ci = co = None
     if "cu" in c:
         cu = torch.tensor(c["cu"], device=DEV, dtype=torch.int32)
