@@ -93,6 +93,8 @@ RECOMPUTE_TWIN = False
 REVERSE_TWIN = False
 #: Whether SSD's training rows also run the parallel stage's dg launch on the kernel not planned (``--dg-twin``).
 DG_TWIN = False
+#: Whether SSD's training rows also run the dg twin with its sums over rows in one reduction (``--dg-sums-together``).
+DG_SUMS_TOGETHER = False
 
 
 def train_rows():
@@ -123,7 +125,9 @@ def train_rows():
              **({("recurscan triton, the dg launch on the Triton kernel" if plan_gla.GLUON_GLA_DG.on
                   else "recurscan triton, the dg launch's Gluon twin"): dict(
                  GLUON_GLA_DG=dataclasses.replace(plan_gla.GLUON_GLA_DG, on=not plan_gla.GLUON_GLA_DG.on))}
-                if DG_TWIN else {})}
+                if DG_TWIN else {}),
+             **({"recurscan triton, the dg twin's sums together": dict(GLUON_GLA_DG_SUMS_TOGETHER=True)}
+                if DG_SUMS_TOGETHER else {})}
 
     def timed(name, step, peers, variants=True):
         out = []
@@ -180,6 +184,9 @@ def main():
     ap.add_argument("--dg-twin", action="store_true",
                     help="with --train: SSD's rows also with the parallel stage's dg launch on the other kernel "
                          "than planned: its Gluon twin or the Triton kernel (plan.gla.GLUON_GLA_DG)")
+    ap.add_argument("--dg-sums-together", action="store_true",
+                    help="with --train: SSD's rows also with the dg twin's sums over rows in one reduction "
+                         "(plan.gla.GLUON_GLA_DG_SUMS_TOGETHER)")
     ap.add_argument("--reverse-twin", action="store_true",
                     help="with --train: SSD's rows also with the backward's reverse sweep on the other kernel "
                          "than planned: its Gluon twin or the Triton kernel (plan.gla.GLUON_GLA_REVERSE_SWEEP)")
@@ -189,8 +196,9 @@ def main():
     GRADS_DG.extend(args.grads_dg)
     GRADS_SIDES.extend(args.grads_sides)
     REVERSE_SWEEPS.extend(args.reverse_sweep)
-    global RECOMPUTE_TWIN, REVERSE_TWIN, DG_TWIN
+    global RECOMPUTE_TWIN, REVERSE_TWIN, DG_TWIN, DG_SUMS_TOGETHER
     RECOMPUTE_TWIN, REVERSE_TWIN, DG_TWIN = args.recompute_twin, args.reverse_twin, args.dg_twin
+    DG_SUMS_TOGETHER = args.dg_sums_together
     gpu_gla.PROFILE = args.profile
     if args.train_only:
         save(args.out, train_rows())

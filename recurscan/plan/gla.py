@@ -230,8 +230,8 @@ GLUON_GLA_RECOMPUTE_SWEEP = GluonTwinRow(True, "SSD forward + backward, eager, s
 GLUON_GLA_REVERSE_SWEEP = GluonTwinRow(True, "SSD forward + backward, eager, same process "
                                              "(gpu_gla_sweep_train_9702617.json): B1 T16384 3.080 ms against 3.368 on "
                                              "the Triton kernel (the reverse sweep 573 us against 898), B4 T4096 2.713 "
-                                             "against 2.918 (381 against 624). The Triton kernel's gradients bit for bit "
-                                             "(tests/gpu/test_gluon_gla_reverse_sweep_gpu.py, "
+                                             "against 2.918 (381 against 624). The Triton kernel's gradients bit for "
+                                             "bit (tests/gpu/test_gluon_gla_reverse_sweep_gpu.py, "
                                              "test_gluon_gla_sweep_gpu.py)")
 #: The reverse sweep's Gluon twin's pipeline stages (each 48 KB at K 128: k, q, dO and the scores).
 GLUON_GLA_REVERSE_STAGES = 2
@@ -248,6 +248,10 @@ GLUON_GLA_DG = GluonTwinRow(True, "SSD forward + backward, eager, same process (
                                   "(tests/gpu/test_gluon_gla_dg_gpu.py)")
 #: The dg twin's pipeline stages (48 KB each at K 128: dO, V, S and dS' of one value head).
 GLUON_GLA_DG_STAGES = 3
+#: Whether the dg twin sums a head's tiles over their rows in one reduction (SUMS_TOGETHER: 25
+#: barriers a head offline against 40, 1305 instructions against 1245, 255 registers against 232,
+#: no spills) rather than each sum apart as the Triton kernel does. Off: not yet run on a GPU.
+GLUON_GLA_DG_SUMS_TOGETHER = False
 
 
 def gluon_dg_scope(*, dtype: torch.dtype, key_dim: int, value_dim: int, group: int) -> bool:
