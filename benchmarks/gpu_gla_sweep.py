@@ -95,6 +95,9 @@ REVERSE_TWIN = False
 DG_TWIN = False
 #: Whether SSD's training rows also run the dg twin with its sums over rows in one reduction (``--dg-sums-together``).
 DG_SUMS_TOGETHER = False
+#: The shares of the SMs under which SSD's training rows also run the recompute beside the reverse sweep
+#: (``--corun SHARE``, plan.gla.GLA_BACKWARD_CORUN).
+CORUN: list[float] = []
 
 
 def train_rows():
@@ -127,7 +130,9 @@ def train_rows():
                  GLUON_GLA_DG=dataclasses.replace(plan_gla.GLUON_GLA_DG, on=not plan_gla.GLUON_GLA_DG.on))}
                 if DG_TWIN else {}),
              **({"recurscan triton, the dg twin's sums together": dict(GLUON_GLA_DG_SUMS_TOGETHER=True)}
-                if DG_SUMS_TOGETHER else {})}
+                if DG_SUMS_TOGETHER else {}),
+             **{f"recurscan triton, the recompute beside the reverse sweep at {c}": dict(GLA_BACKWARD_CORUN=c)
+                for c in CORUN}}
 
     def timed(name, step, peers, variants=True):
         out = []
@@ -187,6 +192,9 @@ def main():
     ap.add_argument("--dg-sums-together", action="store_true",
                     help="with --train: SSD's rows also with the dg twin's sums over rows in one reduction "
                          "(plan.gla.GLUON_GLA_DG_SUMS_TOGETHER)")
+    ap.add_argument("--corun", type=float, action="append", default=[],
+                    help="with --train: SSD's rows also with the recompute's sweep beside the reverse sweep where "
+                         "its programs are at most this share of the SMs (plan.gla.GLA_BACKWARD_CORUN)")
     ap.add_argument("--reverse-twin", action="store_true",
                     help="with --train: SSD's rows also with the backward's reverse sweep on the other kernel "
                          "than planned: its Gluon twin or the Triton kernel (plan.gla.GLUON_GLA_REVERSE_SWEEP)")
@@ -196,6 +204,7 @@ def main():
     GRADS_DG.extend(args.grads_dg)
     GRADS_SIDES.extend(args.grads_sides)
     REVERSE_SWEEPS.extend(args.reverse_sweep)
+    CORUN.extend(args.corun)
     global RECOMPUTE_TWIN, REVERSE_TWIN, DG_TWIN, DG_SUMS_TOGETHER
     RECOMPUTE_TWIN, REVERSE_TWIN, DG_TWIN = args.recompute_twin, args.reverse_twin, args.dg_twin
     DG_SUMS_TOGETHER = args.dg_sums_together

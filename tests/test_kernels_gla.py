@@ -171,6 +171,25 @@ def test_gradients_with_a_groups_value_heads_summed_in_one_program(case, optiona
     check_gradients(GROUP_GRAD_CASES[case], case, optional, "sweep, group prep", monkeypatch)
 
 
+@pytest.mark.parametrize("case", list(GROUP_GRAD_CASES))
+def test_gradients_with_the_recompute_beside_the_reverse_sweep(case, monkeypatch):
+    """plan.gla.GLA_BACKWARD_CORUN: the recompute's group prep first, then the reverse sweep and the
+    recompute's sweep (on a side stream on the GPU; here in that order on one), then the parallel
+    stage: every gradient as above, and the backward was built to run so. The buffers are
+    poisoned (NaN) when allocated, so the reverse sweep, which runs before the recompute's sweep
+    writes the chunk states, reads none of them."""
+    from recurscan.launch import delta as launch_delta
+    from recurscan.launch import gla as launch_gla
+    from recurscan.plan import gla as plan_gla
+    from recurscan.runtime.cache import clear_caches
+    monkeypatch.setattr(plan_gla, "GLA_BACKWARD_CORUN", 1e9)
+    monkeypatch.setattr(launch_delta, "POISON_BUFFERS", True)
+    clear_caches()
+    check_gradients(GROUP_GRAD_CASES[case], case, "all", "sweep, group prep", monkeypatch)
+    built = list(launch_gla.GLA_BACKWARD_LAUNCHES.values())
+    assert built and all(b.corun for b in built)
+
+
 def check_gradients(c, case, optional, recompute, monkeypatch):
     from recurscan.plan import gla as plan_gla
     monkeypatch.setattr(plan_gla, "GLA_LAUNCH", dataclasses.replace(plan_gla.GLA_LAUNCH,

@@ -517,12 +517,15 @@ def phase_bounds(n_chunks: int, phases: int, ratio: float | None = None) -> list
     return bounds
 
 
-def run_delta_launches(launches: DeltaLaunches, inputs: "DeltaInputs", given: dict | None = None) -> tuple:
+def run_delta_launches(launches: DeltaLaunches, inputs: "DeltaInputs", given: dict | None = None,
+                       steps: slice = slice(None)) -> tuple:
     """Allocate the buffers and launch the steps on ``inputs`` (tensors or None, in the order of
     :class:`DeltaInputs`, trailing ones may be left out; they must have the signature the launches
     were built for). ``given``: buffers by name that a caller already holds (the backward's
-    recompute takes the prep's outputs the forward kept), used instead of new ones. The first run launches through Triton's JIT; later
-    ones launch the compiled kernels directly."""
+    recompute takes the prep's outputs the forward kept), used instead of new ones. ``steps``: the
+    launches to make (all; a caller that runs the rest on another stream passes each part, with
+    every buffer in ``given``). The first run launches through Triton's JIT; later ones launch the
+    compiled kernels directly."""
     q, k, v, g, beta = inputs[:5]
     # A plain tuple may stop before DeltaInputs' last fields (the SSD ones): they are None.
     inputs = (q.contiguous(), k.contiguous(), v.contiguous(), g if g is None else g.contiguous(),
@@ -530,12 +533,13 @@ def run_delta_launches(launches: DeltaLaunches, inputs: "DeltaInputs", given: di
         (None,) * (len(INPUT_NAMES) - len(inputs))
     made = allocate_buffers(launches, given)
     values = inputs + tuple(made.get(n) for n in BUFFER_NAMES)
+    chosen = launches.steps[steps]
     if launches.launched or INTERPRET:
-        _launch_steps(launches, values)
+        _launch_steps(chosen, values)
     else:  # the first call: every kernel compiles at once
-        with compile_together([(s.kernel, s.grid, s.kwargs, s.options) for s in launches.steps], CALL_NAMES, values):
-            _launch_steps(launches, values)
-        launches.launched = True
+        with compile_together([(s.kernel, s.grid, s.kwargs, s.options) for s in chosen], CALL_NAMES, values):
+            _launch_steps(chosen, values)
+        launches.launched = steps.stop is None
     return tuple(None if i is None else values[i] for i in launches.outputs)
 
 
@@ -550,8 +554,8 @@ def allocate_buffers(launches: DeltaLaunches, given: dict | None = None) -> dict
     return made
 
 
-def _launch_steps(launches: DeltaLaunches, values: tuple) -> None:
-    for step in launches.steps:
+def _launch_steps(steps: list, values: tuple) -> None:
+    for step in steps:
         if step.direct is not None:
             step.direct(values)
         else:

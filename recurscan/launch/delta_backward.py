@@ -39,6 +39,7 @@ from ..plan.delta import DeltaBackwardShape, DeltaShape
 from ..plan.device import sm_count
 from ..runtime.cache import SignatureCache, launch_key
 from ..runtime.launcher import CallArg, compile_in_background, jit_launch
+from ..runtime.streams import fork_side_stream
 from .delta import (BUFFER_NAMES, CALL_NAMES, INTERPRET, PREP_NAMES, TEST_SHAPE, DeltaInputs, DeltaLaunches, Step,
                     _empty, allocate_buffers, build_delta_launches, is_sweep_step, kept_prep_names,
                     run_delta_launches)
@@ -389,7 +390,7 @@ def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, num_householder=1, scale=
     values = tuple(given[n] if n in given else made.get(n) for n in NAMES)
     if launches.corun:  # the reverse sweep first, then the recompute beside it (it reads none of its outputs)
         wait()
-        side = _fork(q.device)  # before the reverse sweep's launch, which it must not wait for
+        side = fork_side_stream(q.device)  # before the reverse sweep's launch, which it must not wait for
         _launch_stage_steps(launches.steps[:1], values)
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             run_delta_launches(launches.forward, inputs, given=recompute_buffers)
@@ -411,22 +412,6 @@ def _launch_stage_steps(steps, values: tuple) -> None:
             step.direct(values)
         else:  # the first call, or a launch the direct path does not take (through the JIT, compiled)
             step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, NAMES, values)
-
-
-#: Device -> the stream the recompute runs on beside the reverse sweep.
-SIDE_STREAMS: dict = {}
-
-
-def _fork(device: torch.device):
-    """The side stream of ``device``, made to wait for the work queued so far on the current
-    stream; None on the CPU and under the interpreter (one stream)."""
-    if device.type != "cuda" or INTERPRET:
-        return None
-    side = SIDE_STREAMS.get(device)
-    if side is None:
-        side = SIDE_STREAMS[device] = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    return side
 
 
 def expanded_chunk_offsets(cu_seqlens: torch.Tensor, num_householder: int) -> torch.Tensor:

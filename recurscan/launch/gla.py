@@ -3,6 +3,7 @@ call signature (:func:`build_gla_forward`, kept in :data:`GLA_LAUNCHES`) and the
 directly. Decides nothing: the launch shape is the plan's."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import torch
@@ -17,8 +18,9 @@ from ..plan.device import sm_count
 from ..plan.gla import GlaShape
 from ..runtime.cache import SignatureCache, launch_key
 from ..runtime.launcher import CallArg, compile_in_background, jit_launch
-from .delta import (CALL_NAMES, INTERPRET, DeltaInputs, DeltaLaunches, Step, _empty, build_delta_launches,
-                    per_key_prep_steps, run_delta_launches)
+from ..runtime.streams import fork_side_stream
+from .delta import (CALL_NAMES, INTERPRET, DeltaInputs, DeltaLaunches, Step, _empty, allocate_buffers,
+                    build_delta_launches, is_sweep_step, per_key_prep_steps, run_delta_launches)
 from .delta_backward import GROUP_SUM_ROWS
 
 #: The per-call tensors of the launch, by name (its CallArgs).
@@ -317,6 +319,8 @@ class GlaBackward:
     buffers: dict
     gva: bool
     pending: object = None  # waits for the compiles a forward started (compile_gla_backward_early), or None
+    # The recompute's sweep on a side stream beside the reverse sweep, after its group prep (GlaShape.corun).
+    corun: bool = False
 
 
 def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets, *, scale,
@@ -399,7 +403,7 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
             steps.append(Step(group_sum_kernel, (triton.cdiv(B * T * H, GROUP_SUM_ROWS),), dict(
                 x=arg(name), out=arg(name + "_sum"), rows=B * T * H, GROUP=split, K=K, BK=BK, BR=GROUP_SUM_ROWS),
                 dict(num_warps=4)))
-    return GlaBackward(forward, steps, buffers, split > 1)
+    return GlaBackward(forward, steps, buffers, split > 1, corun=group and shape.corun)
 
 
 def _reverse_sweep_twin(sweep: Step, shape: GlaShape, q, k, do, *, group: bool, per_key: bool, rows: int) -> Step:
@@ -418,6 +422,14 @@ def _reverse_sweep_twin(sweep: Step, shape: GlaShape, q, k, do, *, group: bool, 
     programs = sweep.grid[0] // triton.cdiv(V, sweep.kwargs["BV"]) * (V // 64)  # N * HV * V / 64
     return Step(gluon_gla_bwd_sweep_kernel, (programs,),
                 dict(sweep.kwargs, BV=64, NUM_STAGES=plan_gla.GLUON_GLA_REVERSE_STAGES), dict(num_warps=4))
+
+
+def _launch_backward_steps(steps: list, values: tuple) -> None:
+    for step in steps:
+        if step.direct is not None:
+            step.direct(values)
+        else:
+            step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, BWD_NAMES, values)
 
 
 def _dg_twin(dg: Step, shape: GlaShape, q, k, v, do, *, rows: int) -> Step:
@@ -522,10 +534,15 @@ def chunk_simple_gla_bwd(q, k, v, g, do, dht, *, scale, initial_state=None, cu_s
     if launches.pending is not None:  # compiling since the forward
         launches.pending()
         launches.pending = None
-    # 1. The states entering every chunk.
-    if isinstance(launches.forward, DeltaLaunches):
-        fwd = dict(zip(("chunk_states", "scores", "coef"), run_delta_launches(launches.forward, DeltaInputs(
-            q, k, v, g, None, h0, None, None, cu_seqlens, chunk_indices, chunk_offsets))))
+    # 1. The states entering every chunk (with corun: the group prep alone, its sweep beside step 2).
+    recompute = DeltaInputs(q, k, v, g, None, h0, None, None, cu_seqlens, chunk_indices, chunk_offsets)
+    if launches.corun:
+        recompute_buffers = allocate_buffers(launches.forward)  # on this stream: the join orders their reuse
+        sweep_from = next(i for i, s in enumerate(launches.forward.steps) if is_sweep_step(s))
+        fwd = dict(zip(("chunk_states", "scores", "coef"), run_delta_launches(
+            launches.forward, recompute, given=recompute_buffers, steps=slice(0, sweep_from))))
+    elif isinstance(launches.forward, DeltaLaunches):
+        fwd = dict(zip(("chunk_states", "scores", "coef"), run_delta_launches(launches.forward, recompute)))
     else:
         fwd = {n: _empty(*s, dtype=d, device=q.device) for n, (s, d) in launches.forward.buffers.items()}
         _launch(launches.forward, call_values(q=q, k=k, v=v, g=g, h0=h0, cu_seqlens=cu_seqlens,
@@ -536,10 +553,15 @@ def chunk_simple_gla_bwd(q, k, v, g, do, dht, *, scale, initial_state=None, cu_s
                  chunk_offsets=chunk_offsets, states=fwd["chunk_states"],
                  **{n: fwd[n] for n in ("qg", "kg", "aqk", "dl", "scores", "coef") if n in fwd})
     values = tuple(given[n] if n in given else made.get(n) for n in BWD_NAMES)
-    for step in launches.steps:
-        if step.direct is not None:
-            step.direct(values)
-        else:
-            step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, BWD_NAMES, values)
+    if launches.corun:  # the reverse sweep, and the recompute's sweep beside it; the stage after both
+        side = fork_side_stream(q.device)  # before the reverse sweep's launch, which it must not wait for
+        _launch_backward_steps(launches.steps[:1], values)
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            run_delta_launches(launches.forward, recompute, given=recompute_buffers, steps=slice(sweep_from, None))
+        if side is not None:
+            torch.cuda.current_stream(q.device).wait_stream(side)
+        _launch_backward_steps(launches.steps[1:], values)
+    else:
+        _launch_backward_steps(launches.steps, values)
     dq, dk = (made["dq_sum"], made["dk_sum"]) if launches.gva else (made["dq"], made["dk"])
     return dq, dk, made["dv"], made.get("dg"), made.get("dh0")

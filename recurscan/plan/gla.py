@@ -38,6 +38,9 @@ class GlaShape:
     reverse_twin: bool = False
     # The parallel stage's dg launch as its Gluon twin (:data:`GLUON_GLA_DG`).
     dg_twin: bool = False
+    # The recompute's sweep on a stream of its own beside the reverse sweep, where the recompute runs
+    # the group prep, which the reverse sweep reads (:data:`GLA_BACKWARD_CORUN`).
+    corun: bool = False
 
 
 GLA_LAUNCH = GlaShape(64, 8, "64 value columns on 8 warps: offline for sm_90 the chunk loop spills 40 local "
@@ -66,7 +69,28 @@ def gla_shape(problem, device, gluon: bool = True) -> GlaShape:
                    _twin_usable(sweep, problem, device, gluon),
                    reverse_twin=group_recompute and GLUON_GLA_REVERSE_SWEEP.on and
                    _twin_usable(replace(sweep, block_v=64, num_warps=4), problem, device, gluon),
-                   dg_twin=GLUON_GLA_DG.on and gluon and gluon_usable(device))
+                   dg_twin=GLUON_GLA_DG.on and gluon and gluon_usable(device),
+                   corun=_corun(problem, device))
+
+
+#: The backward's recompute of the chunk states (its sweep, after the group prep) on a stream of its
+#: own beside the reverse sweep, which reads the group prep's scores and gates and none of the
+#: sweep's outputs, where the reverse sweep's programs (sequences x value heads x 64-column blocks)
+#: are at most this share of the SMs: their idle SMs take the recompute's programs. None: never.
+#: Not yet measured for GLA and SSD (SSD B1 T16384: 80 programs on 132 SMs); the delta rule's
+#: corun (plan.delta.DELTA_BACKWARD_LAUNCH) gained where half the SMs were idle and lost where
+#: they were full.
+GLA_BACKWARD_CORUN: float | None = None
+
+
+def _corun(problem, device) -> bool:
+    """Whether the backward runs its recompute's sweep beside its reverse sweep
+    (:data:`GLA_BACKWARD_CORUN`)."""
+    if GLA_BACKWARD_CORUN is None:
+        return False
+    value_heads = getattr(problem, "value_heads", None) or problem.heads
+    value_dim = getattr(problem, "value_dim", None) or problem.head_dim
+    return problem.sequences * value_heads * -(-value_dim // 64) <= GLA_BACKWARD_CORUN * sm_count(device)
 
 
 #: Whether a scalar decay runs on the delta rule's prep and sweep (WY off) rather than the fused kernel.

@@ -262,3 +262,33 @@ def test_the_gla_backward_gives_the_same_bits_every_run(family):
     for r in runs[1:]:
         for i, (a, b) in enumerate(zip(runs[0], r)):
             assert torch.equal(a, b), f"gradient {i}: {int((a != b).sum())} elements differ"
+
+
+@pytest.mark.parametrize("Bt, T", [(1, 4096), (2, 1000)])
+def test_ssd_gradients_with_the_recompute_beside_the_reverse_sweep(Bt, T, monkeypatch):
+    """plan.gla.GLA_BACKWARD_CORUN: SSD's backward with its recompute's sweep on a side stream beside
+    the reverse sweep (80 value heads of one group: 80 or 160 reverse-sweep programs) gives the
+    gradients of the backward on one stream bit for bit (the same kernels on the same inputs), and
+    was built to run so."""
+    from recurscan.launch import gla as launch_gla
+    from recurscan.plan import gla as plan_gla
+    from recurscan.runtime.cache import clear_caches
+    from tests.helpers.tolerances import bits
+    gen = torch.Generator(device="cuda").manual_seed(31)
+    rn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+    H, P, N = 80, 64, 128
+    leaves = [rn(Bt, T, H, P).bfloat16(), rn(Bt, T, H), -torch.rand(H, device="cuda", generator=gen),
+              rn(Bt, T, 1, N).bfloat16(), rn(Bt, T, 1, N).bfloat16(), rn(H), rn(H)]
+    dy = rn(Bt, T, H, P).bfloat16()
+    out = {}
+    for corun in (None, 1e9):
+        monkeypatch.setattr(plan_gla, "GLA_BACKWARD_CORUN", corun)
+        clear_caches()
+        mine = [t.detach().clone().requires_grad_() for t in leaves]
+        y = recurscan.mamba_chunk_scan_combined(*mine[:5], chunk_size=256, D=mine[5], dt_bias=mine[6],
+                                                dt_softplus=True)
+        out[corun] = torch.autograd.grad(y, mine, dy)
+        assert all(b.corun is (corun is not None) for b in launch_gla.GLA_BACKWARD_LAUNCHES.values())
+    torch.cuda.synchronize()
+    for i, (a, b) in enumerate(zip(out[None], out[1e9])):
+        assert torch.isfinite(b).all() and torch.equal(bits(a), bits(b)), f"gradient {i}"
