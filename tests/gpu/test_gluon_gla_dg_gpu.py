@@ -14,17 +14,10 @@ import triton.language as tl
 
 from tests.helpers.tolerances import relative_rms
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gluon_only")]
 
 DEV = "cuda"
 BT = 64
-
-
-@pytest.fixture(autouse=True)
-def gluon_only():
-    from recurscan.plan.device import gluon_usable
-    if not gluon_usable(torch.device(DEV)):
-        pytest.skip("Gluon twins run on sm_90 with a tested Triton (plan.device.gluon_usable)")
 
 
 def dg_of(gluon: bool, q, k, v, g, do, states, dstates, cu, chunk_indices, chunk_offsets, n_cs_rows,

@@ -11,17 +11,10 @@ import triton.language as tl
 
 from tests.helpers.tolerances import bits
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gluon_only")]
 
 DEV = "cuda"
 BT = 64
-
-
-@pytest.fixture(autouse=True)
-def gluon_only():
-    from recurscan.plan.device import gluon_usable
-    if not gluon_usable(torch.device(DEV)):
-        pytest.skip("Gluon twins run on sm_90 with a tested Triton (plan.device.gluon_usable)")
 
 
 def group_prep_outputs(B, T, H, HV, cu_seqlens, calm_share, gen):

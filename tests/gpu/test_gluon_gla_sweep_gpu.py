@@ -23,10 +23,7 @@ DEV = "cuda"
 
 
 @pytest.fixture(autouse=True)
-def gluon_only(monkeypatch):
-    from recurscan.plan.device import gluon_usable
-    if not gluon_usable(torch.device(DEV)):
-        pytest.skip("Gluon twins run on sm_90 with a tested Triton (plan.device.gluon_usable)")
+def poisoned(gluon_only, monkeypatch):
     monkeypatch.setattr(launch_delta, "POISON_BUFFERS", True)
 
 

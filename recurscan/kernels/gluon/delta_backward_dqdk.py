@@ -46,18 +46,12 @@ def _plus(a, b):
 
 
 @gluon.jit
-def _item(it, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_cs_rows, HV: gl.constexpr, K: gl.constexpr,
-          BT: gl.constexpr, IS_VARLEN: gl.constexpr, GROUP: gl.constexpr = 1):
-    """Item ``it`` = (chunk i_c, value heads i_hv ... i_hv + GROUP - 1, i_hv = it % (HV / GROUP) x
-    GROUP): (valid, eos, r0, s_row, scr_row): the end of its sequence's rows, the chunk's first row
-    r0, the row of its first value head in the chunk states seen as [rows x HV x K, V] (a chunk-state
-    row outside [0, n_cs_rows), from a wrong chunk_offsets entry, becomes the first row past them:
-    read as zeros, as the twin's mask does) and in the scratch seen as [chunks x HV x 2 x BT, BT]
-    (the next value head's K and 2 BT rows on); valid is False for a padding chunk (computed on,
-    not stored)."""
-    NG: gl.constexpr = HV // GROUP
-    i_hv = (it % NG) * GROUP
-    i_c = it // NG
+def _chunk_place(i_c, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_cs_rows, BT: gl.constexpr,
+                 IS_VARLEN: gl.constexpr):
+    """Parallel-stage chunk i_c's (valid, eos, r0, cs): the end of its sequence's rows, the chunk's
+    first row and its chunk-state row (one outside [0, n_cs_rows), from a wrong chunk_offsets
+    entry, becomes n_cs_rows, the first row past them: read as zeros, as the twins' masks do);
+    valid is False for a padding chunk (computed on, not stored)."""
     if IS_VARLEN:
         i_n = gl.load(chunk_indices + i_c * 2).to(gl.int64)
         i_t = gl.load(chunk_indices + i_c * 2 + 1).to(gl.int64)
@@ -77,7 +71,21 @@ def _item(it, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_cs_rows, HV:
         valid = i_c >= 0
         cs = i_c.to(gl.int64)
     cs = gl.where((cs >= 0) & (cs < n_cs_rows), cs, n_cs_rows)
-    r0 = bos + i_t * BT
+    return valid, eos, bos + i_t * BT, cs
+
+
+@gluon.jit
+def _item(it, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_cs_rows, HV: gl.constexpr, K: gl.constexpr,
+          BT: gl.constexpr, IS_VARLEN: gl.constexpr, GROUP: gl.constexpr = 1):
+    """Item ``it`` = (chunk i_c, value heads i_hv ... i_hv + GROUP - 1, i_hv = it % (HV / GROUP) x
+    GROUP): (valid, eos, r0, s_row, scr_row): :func:`_chunk_place`'s, with the row of its first
+    value head in the chunk states seen as [rows x HV x K, V] and in the scratch seen as
+    [chunks x HV x 2 x BT, BT] (the next value head's K and 2 BT rows on)."""
+    NG: gl.constexpr = HV // GROUP
+    i_hv = (it % NG) * GROUP
+    i_c = it // NG
+    valid, eos, r0, cs = _chunk_place(i_c, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_cs_rows, BT,
+                                      IS_VARLEN)
     return valid, eos, r0, (cs * HV + i_hv).to(gl.int32) * K, ((i_c * HV + i_hv) * 2).to(gl.int32) * BT
 
 

@@ -40,37 +40,15 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .delta_backward_dqdk import _plus
+from .delta_backward_dqdk import _chunk_place, _plus
 
 
 @gluon.jit
 def _item(it, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_cs_rows, H: gl.constexpr, BT: gl.constexpr,
           IS_VARLEN: gl.constexpr):
-    """Item ``it`` = (chunk it // H, query/key head it % H): (valid, eos, r0, cs): the end of its
-    sequence's rows, the chunk's first row and its chunk-state row (one outside [0, n_cs_rows),
-    from a wrong chunk_offsets entry, becomes n_cs_rows: its tiles read zeros); valid is False for
-    a padding chunk (computed on, not stored)."""
-    i_c = it // H
-    if IS_VARLEN:
-        i_n = gl.load(chunk_indices + i_c * 2).to(gl.int64)
-        i_t = gl.load(chunk_indices + i_c * 2 + 1).to(gl.int64)
-        n_ok = (i_n >= 0) & (i_n < n_seq)
-        i_n = gl.where(n_ok, i_n, 0)
-        bos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n).to(gl.int64), 0), T)
-        eos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n + 1).to(gl.int64), bos), T)
-        valid = n_ok & (i_t >= 0) & (i_t * BT < eos - bos)
-        i_t = gl.where(valid, i_t, 0)
-        cs = gl.load(chunk_offsets + i_n).to(gl.int64) + i_t
-    else:
-        NTd = (T + BT - 1) // BT
-        i_n = (i_c // NTd).to(gl.int64)
-        i_t = (i_c % NTd).to(gl.int64)
-        bos = i_n * T
-        eos = bos + T
-        valid = i_c >= 0
-        cs = i_c.to(gl.int64)
-    cs = gl.where((cs >= 0) & (cs < n_cs_rows), cs, n_cs_rows)
-    return valid, eos, bos + i_t * BT, cs
+    """Item ``it`` = (chunk it // H, query/key head it % H): the chunk's (valid, eos, r0, cs)
+    (:func:`.delta_backward_dqdk._chunk_place`)."""
+    return _chunk_place(it // H, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_cs_rows, BT, IS_VARLEN)
 
 
 @gluon.jit
