@@ -10,8 +10,9 @@
 #      rows with it (--dg-sums-together) beside the planned (B1 2.897 / B4 2.536 ms at c5fc8a6; the
 #      dg twin 674 / 667 us), and with the reverse sweep and the dg launch each on the kernel not
 #      planned (--reverse-twin --dg-twin), and the recompute's sweep beside the reverse sweep on a
-#      side stream (--corun 1.0: B1's 80 programs; 3.0: B4's 320 too; plan.gla.GLA_BACKWARD_CORUN, built offline; its GPU test of the
-#      same bits is in tests/gpu/test_gla_gpu.py), mamba_ssm and fla in the same process;
+#      side stream (--corun 1.0: B1's 80 programs; 3.0: B4's 320 too; plan.gla.GLA_BACKWARD_CORUN,
+#      built offline; its GPU test of the same bits is in tests/gpu/test_gla_gpu.py), mamba_ssm and
+#      fla in the same process;
 #   1. the whole GPU suite (157 passed at c5fc8a6).
 set -u
 C=${RECURSCAN_COMMIT:-unknown}
