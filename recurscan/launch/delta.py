@@ -535,10 +535,10 @@ def run_delta_launches(launches: DeltaLaunches, inputs: "DeltaInputs", given: di
     values = inputs + tuple(made.get(n) for n in BUFFER_NAMES)
     chosen = launches.steps[steps]
     if launches.launched or INTERPRET:
-        _launch_steps(chosen, values)
+        launch_steps(chosen, values)
     else:  # the first call: every kernel compiles at once
         with compile_together([(s.kernel, s.grid, s.kwargs, s.options) for s in chosen], CALL_NAMES, values):
-            _launch_steps(chosen, values)
+            launch_steps(chosen, values)
         launches.launched = steps.stop is None
     return tuple(None if i is None else values[i] for i in launches.outputs)
 
@@ -554,12 +554,15 @@ def allocate_buffers(launches: DeltaLaunches, given: dict | None = None) -> dict
     return made
 
 
-def _launch_steps(steps: list, values: tuple) -> None:
+def launch_steps(steps: list, values: tuple, names: tuple = CALL_NAMES) -> None:
+    """Launch ``steps`` in order on ``values`` (the per-call tensors in the order of ``names``):
+    each through its compiled kernel's direct launch, or on its first call (or where the direct
+    path does not take it) through Triton's JIT, which compiles it and returns its direct launch."""
     for step in steps:
         if step.direct is not None:
             step.direct(values)
         else:
-            step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, CALL_NAMES, values,
+            step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, names, values,
                                      step.programmatic, step.min_shared)
 
 

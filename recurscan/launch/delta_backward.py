@@ -38,10 +38,10 @@ from ..plan import delta as _plan
 from ..plan.delta import DeltaBackwardShape, DeltaShape
 from ..plan.device import sm_count
 from ..runtime.cache import SignatureCache, launch_key
-from ..runtime.launcher import CallArg, compile_in_background, jit_launch
+from ..runtime.launcher import CallArg, compile_in_background
 from ..runtime.streams import fork_side_stream
 from .delta import (BUFFER_NAMES, CALL_NAMES, INTERPRET, PREP_NAMES, TEST_SHAPE, DeltaInputs, DeltaLaunches, Step,
-                    _empty, allocate_buffers, build_delta_launches, is_sweep_step, kept_prep_names,
+                    _empty, allocate_buffers, build_delta_launches, is_sweep_step, kept_prep_names, launch_steps,
                     run_delta_launches)
 
 #: The per-call tensors of the two backward stages, by name (their launches' CallArgs).
@@ -391,27 +391,19 @@ def chunk_delta_bwd(q, k, v, g, beta, do, dht=None, *, num_householder=1, scale=
     if launches.corun:  # the reverse sweep first, then the recompute beside it (it reads none of its outputs)
         wait()
         side = fork_side_stream(q.device)  # before the reverse sweep's launch, which it must not wait for
-        _launch_stage_steps(launches.steps[:1], values)
+        launch_steps(launches.steps[:1], values, NAMES)
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             run_delta_launches(launches.forward, inputs, given=recompute_buffers)
         if side is not None:
             torch.cuda.current_stream(q.device).wait_stream(side)
-        _launch_stage_steps(launches.steps[1:], values)
+        launch_steps(launches.steps[1:], values, NAMES)
     else:
         run_delta_launches(launches.forward, inputs, given=recompute_buffers)
         wait()
-        _launch_stage_steps(launches.steps, values)
+        launch_steps(launches.steps, values, NAMES)
     launches.compiled = True
     dq, dk = (made["dq_sum"], made["dk_sum"]) if launches.gva else (made["dq"], made["dk"])
     return dq, dk, made["dv"], made.get("dg"), made["dbeta"] if beta_given else None, made.get("dh0")
-
-
-def _launch_stage_steps(steps, values: tuple) -> None:
-    for step in steps:
-        if step.direct is not None:
-            step.direct(values)
-        else:  # the first call, or a launch the direct path does not take (through the JIT, compiled)
-            step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, NAMES, values)
 
 
 def expanded_chunk_offsets(cu_seqlens: torch.Tensor, num_householder: int) -> torch.Tensor:

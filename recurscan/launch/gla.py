@@ -17,10 +17,10 @@ from ..plan import gla as plan_gla
 from ..plan.device import sm_count
 from ..plan.gla import GlaShape
 from ..runtime.cache import SignatureCache, launch_key
-from ..runtime.launcher import CallArg, compile_in_background, jit_launch
+from ..runtime.launcher import CallArg, compile_in_background
 from ..runtime.streams import fork_side_stream
 from .delta import (CALL_NAMES, INTERPRET, DeltaInputs, DeltaLaunches, Step, _empty, allocate_buffers,
-                    build_delta_launches, is_sweep_step, per_key_prep_steps, run_delta_launches)
+                    build_delta_launches, is_sweep_step, launch_steps, per_key_prep_steps, run_delta_launches)
 from .delta_backward import GROUP_SUM_ROWS
 
 #: The per-call tensors of the launch, by name (its CallArgs).
@@ -169,11 +169,7 @@ def build_gla_forward(q, k, v, g, h0, cu_seqlens, *, scale, output_final_state, 
 
 
 def _launch(launch: GlaForward, values: tuple) -> None:
-    for step in (*launch.preps, launch.step):
-        if step.direct is not None:
-            step.direct(values)
-        else:  # the first call (compiles), or a launch the direct path does not take
-            step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, NAMES, values)
+    launch_steps([*launch.preps, launch.step], values, NAMES)
 
 
 def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_state=False, cu_seqlens=None,
@@ -424,14 +420,6 @@ def _reverse_sweep_twin(sweep: Step, shape: GlaShape, q, k, do, *, group: bool, 
                 dict(sweep.kwargs, BV=64, NUM_STAGES=plan_gla.GLUON_GLA_REVERSE_STAGES), dict(num_warps=4))
 
 
-def _launch_backward_steps(steps: list, values: tuple) -> None:
-    for step in steps:
-        if step.direct is not None:
-            step.direct(values)
-        else:
-            step.direct = jit_launch(step.kernel, step.grid, step.kwargs, step.options, BWD_NAMES, values)
-
-
 def _dg_twin(dg: Step, shape: GlaShape, q, k, v, do, *, rows: int) -> Step:
     """The dg launch: ``dg`` (the Triton kernel's PART 2), or with ``shape.dg_twin`` its Gluon twin
     (kernels/gluon/gla_backward_dg.py: the same arguments, persistent programs of eight warps, one
@@ -555,13 +543,13 @@ def chunk_simple_gla_bwd(q, k, v, g, do, dht, *, scale, initial_state=None, cu_s
     values = tuple(given[n] if n in given else made.get(n) for n in BWD_NAMES)
     if launches.corun:  # the reverse sweep, and the recompute's sweep beside it; the stage after both
         side = fork_side_stream(q.device)  # before the reverse sweep's launch, which it must not wait for
-        _launch_backward_steps(launches.steps[:1], values)
+        launch_steps(launches.steps[:1], values, BWD_NAMES)
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             run_delta_launches(launches.forward, recompute, given=recompute_buffers, steps=slice(sweep_from, None))
         if side is not None:
             torch.cuda.current_stream(q.device).wait_stream(side)
-        _launch_backward_steps(launches.steps[1:], values)
+        launch_steps(launches.steps[1:], values, BWD_NAMES)
     else:
-        _launch_backward_steps(launches.steps, values)
+        launch_steps(launches.steps, values, BWD_NAMES)
     dq, dk = (made["dq_sum"], made["dk_sum"]) if launches.gva else (made["dq"], made["dk"])
     return dq, dk, made["dv"], made.get("dg"), made.get("dh0")

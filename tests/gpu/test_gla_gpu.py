@@ -130,14 +130,16 @@ def test_ssd_calm_gates_at_the_benchmark_shape(T, monkeypatch):
     assert errors[False] < 1e-2 and errors[True] < 1.5 * errors[False]
 
 
-@pytest.mark.parametrize("reverse_twin", [False, True], ids=["reverse sweep planned", "reverse sweep's Gluon twin"])
+@pytest.mark.parametrize("reverse_twin", [True, False], ids=["planned", "the reverse sweep on the Triton kernel"])
 @pytest.mark.parametrize("Bt, T", [(1, 4096), (2, 2048)])
 def test_ssd_gradients_at_the_benchmark_shape(Bt, T, reverse_twin, monkeypatch):
     """SSD forward + backward as planned at the benchmark's heads (80 x 64, one group, dstate 128,
-    D per head, dt_bias, softplus; benchmarks/gpu_gla.py's inputs): the backward's recompute on the
-    group prep with its calm gates (16 value heads a step), read by the reverse sweep (as planned,
-    or as its Gluon twin: plan.gla.GLUON_GLA_REVERSE_SWEEP); the forward on the group prep's twin
-    where Gluon runs. Every gradient against autograd through the float64 PyTorch form."""
+    D per head, dt_bias, softplus; benchmarks/gpu_gla.py's inputs), through the planner's choice of
+    backend (``backend="triton"`` would turn every Gluon twin off): the forward on the group prep's
+    twin, the backward's recompute on the group prep with its calm gates and the forward sweep's
+    twin, the reverse sweep as its Gluon twin (or on the Triton kernel:
+    plan.gla.GLUON_GLA_REVERSE_SWEEP off), dg as its Gluon twin where Gluon runs. Every gradient
+    against autograd through the float64 PyTorch form."""
     from benchmarks.gpu_gla import SSD_GRADS, ssd_inputs, train_step
     from recurscan.plan import gla as plan_gla
     from recurscan.runtime.cache import clear_caches
@@ -146,8 +148,7 @@ def test_ssd_gradients_at_the_benchmark_shape(Bt, T, reverse_twin, monkeypatch):
     clear_caches()
     a, kw = ssd_inputs(Bt, T)
     dy = torch.randn(a[0].shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(3)).bfloat16()
-    got = train_step(lambda *x, **k: recurscan.mamba_chunk_scan_combined(*x, **k, backend="triton"), a, kw,
-                     SSD_GRADS, dy)
+    got = train_step(recurscan.mamba_chunk_scan_combined, a, kw, SSD_GRADS, dy)
     ref_kw = {k: (v.double() if torch.is_tensor(v) else v) for k, v in kw.items()}
     want = train_step(lambda *x, **k: recurscan.mamba_chunk_scan_combined(*x, **k, backend="torch"),
                       [t.double() for t in a], ref_kw, SSD_GRADS, dy.double())
