@@ -593,6 +593,24 @@ def test_the_planner_gives_the_backwards_recompute_to_the_twin_only_where_its_ro
 
 
 
+@pytest.mark.parametrize("batch, T, corun", [(1, 16384, True), (4, 4096, False), (2, 8192, False)])
+def test_the_planner_runs_the_recompute_beside_the_reverse_sweep_where_its_programs_leave_sms_idle(
+        monkeypatch, batch, T, corun):
+    """plan.gla.GLA_BACKWARD_CORUN: SSD's backward runs its recompute's sweep on a side stream beside
+    the reverse sweep where the reverse sweep's programs (sequences x 80 value heads, 64 columns
+    each) are at most the planned share of 132 SMs: B1 (80 programs) does, B4 and B2 (320, 160)
+    do not."""
+    from recurscan.plan import gla as plan_gla
+    from recurscan.problem import ssd_problem
+    monkeypatch.setattr(plan_gla, "sm_count", lambda device: 132)
+    monkeypatch.setattr(plan_gla, "gluon_usable", lambda device: True)
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    problem = ssd_problem(torch.empty(batch, T, 80, 64, **meta), torch.empty(batch, T, 80, device="meta"),
+                          torch.empty(80, device="meta"), torch.empty(batch, T, 1, 128, **meta),
+                          torch.empty(batch, T, 1, 128, **meta))
+    assert plan_gla.gla_shape(problem, torch.device("cuda")).corun is corun
+
+
 @pytest.mark.parametrize("case, twin", [("planned", True), ("row off", False), ("V 128", False),
                                         ("dO in float32", False), ("v misaligned", False)])
 def test_the_dg_launchs_gluon_twin_takes_a_groups_heads_in_its_scope_and_the_triton_kernel_the_rest(case, twin):

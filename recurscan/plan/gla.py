@@ -77,10 +77,11 @@ def gla_shape(problem, device, gluon: bool = True) -> GlaShape:
 #: own beside the reverse sweep, which reads the group prep's scores and gates and none of the
 #: sweep's outputs, where the reverse sweep's programs (sequences x value heads x 64-column blocks)
 #: are at most this share of the SMs: their idle SMs take the recompute's programs. None: never.
-#: Not yet measured for GLA and SSD (SSD B1 T16384: 80 programs on 132 SMs); the delta rule's
-#: corun (plan.delta.DELTA_BACKWARD_LAUNCH) gained where half the SMs were idle and lost where
-#: they were full.
-GLA_BACKWARD_CORUN: float | None = None
+#: SSD forward + backward, eager, same process (gpu_gla_sweep_fe4bb86.json): B1 T16384 (80
+#: programs on 132 SMs) 2.688 ms against 2.904 on one stream; B4 T4096 (320 programs) 2.517 at a
+#: share of 3.0 against 2.544, within the noise, so the share stops below it (the delta rule's
+#: corun, plan.delta.DELTA_BACKWARD_LAUNCH, likewise gained where SMs were idle).
+GLA_BACKWARD_CORUN: float | None = 1.0
 
 
 def _corun(problem, device) -> bool:
