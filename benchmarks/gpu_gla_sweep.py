@@ -93,8 +93,6 @@ RECOMPUTE_TWIN = False
 REVERSE_TWIN = False
 #: Whether SSD's training rows also run the parallel stage's dg launch on the kernel not planned (``--dg-twin``).
 DG_TWIN = False
-#: Whether SSD's training rows also run the dg twin with its sums over rows in one reduction (``--dg-sums-together``).
-DG_SUMS_TOGETHER = False
 #: The shares of the SMs under which SSD's training rows also run the recompute beside the reverse sweep
 #: (``--corun SHARE``, plan.gla.GLA_BACKWARD_CORUN).
 CORUN: list[float] = []
@@ -129,8 +127,6 @@ def train_rows():
                   else "recurscan triton, the dg launch's Gluon twin"): dict(
                  GLUON_GLA_DG=dataclasses.replace(plan_gla.GLUON_GLA_DG, on=not plan_gla.GLUON_GLA_DG.on))}
                 if DG_TWIN else {}),
-             **({"recurscan triton, the dg twin's sums together": dict(GLUON_GLA_DG_SUMS_TOGETHER=True)}
-                if DG_SUMS_TOGETHER else {}),
              **{f"recurscan triton, the recompute beside the reverse sweep at {c}": dict(GLA_BACKWARD_CORUN=c)
                 for c in CORUN}}
 
@@ -189,9 +185,6 @@ def main():
     ap.add_argument("--dg-twin", action="store_true",
                     help="with --train: SSD's rows also with the parallel stage's dg launch on the other kernel "
                          "than planned: its Gluon twin or the Triton kernel (plan.gla.GLUON_GLA_DG)")
-    ap.add_argument("--dg-sums-together", action="store_true",
-                    help="with --train: SSD's rows also with the dg twin's sums over rows in one reduction "
-                         "(plan.gla.GLUON_GLA_DG_SUMS_TOGETHER)")
     ap.add_argument("--corun", type=float, action="append", default=[],
                     help="with --train: SSD's rows also with the recompute's sweep beside the reverse sweep where "
                          "its programs are at most this share of the SMs (plan.gla.GLA_BACKWARD_CORUN)")
@@ -205,9 +198,8 @@ def main():
     GRADS_SIDES.extend(args.grads_sides)
     REVERSE_SWEEPS.extend(args.reverse_sweep)
     CORUN.extend(args.corun)
-    global RECOMPUTE_TWIN, REVERSE_TWIN, DG_TWIN, DG_SUMS_TOGETHER
+    global RECOMPUTE_TWIN, REVERSE_TWIN, DG_TWIN
     RECOMPUTE_TWIN, REVERSE_TWIN, DG_TWIN = args.recompute_twin, args.reverse_twin, args.dg_twin
-    DG_SUMS_TOGETHER = args.dg_sums_together
     gpu_gla.PROFILE = args.profile
     if args.train_only:
         save(args.out, train_rows())

@@ -156,11 +156,10 @@ def gla(form: str, lines: int = 0) -> str:
     case = "GDN dense, H = HV"
     if form in ("gla-backward", "gla-sweep-backward"):
         return "\n".join(sm90.compile_gla_backward(case, describe=describe, on_sweep=form == "gla-sweep-backward"))
-    if form in ("ssd-group-twins-backward", "ssd-group-twins-sums-backward"):  # SSD's group (16 value heads of
-        # one query/key head) with every Gluon twin of the backward; the dg twin's sums together or apart
+    if form == "ssd-group-twins-backward":  # SSD's group (16 value heads of one query/key head) with every
+        # Gluon twin of the backward
         return "\n".join(sm90.compile_gla_backward(case, describe=describe, on_sweep=True, group_prep=True,
-                                                   group_grads=True, recompute_twin=True,
-                                                   dg_sums_together=form == "ssd-group-twins-sums-backward"))
+                                                   group_grads=True, recompute_twin=True))
     if form in ("ssd-benchmark", "ssd-benchmark-group"):  # the benchmark's SSD form, one pass, BV 64, 4 warps
         shape = DeltaShape(64, 4, 3, 4, "sm90_resources: SSD as benchmarked", tma_store=True,
                            group_prep=form.endswith("group"))
@@ -189,8 +188,7 @@ def main(argv=None):
                                                    "ssd-split, gla-per-key, gla-backward, gla-sweep, ssd-sweep, gla-per-key-sweep, "
                                                    "gla-group-sweep, ssd-group-sweep, ssd-benchmark, "
                                                    "ssd-benchmark-group, "
-                                                   "gla-sweep-backward, ssd-group-twins-backward, "
-                                                   "ssd-group-twins-sums-backward; "
+                                                   "gla-sweep-backward, ssd-group-twins-backward; "
                                                    "repeatable)")
     args = ap.parse_args(argv)
     if args.gla:

@@ -639,7 +639,6 @@ def test_the_dg_launchs_gluon_twin_takes_a_groups_heads_in_its_scope_and_the_tri
     if twin:
         assert step.grid == (min(1, 5 * H),) and step.options == dict(num_warps=8)  # sm_count is 1 off CUDA
         assert step.kwargs["NUM_STAGES"] == plan_gla.GLUON_GLA_DG_STAGES
-        assert step.kwargs["SUMS_TOGETHER"] == plan_gla.GLUON_GLA_DG_SUMS_TOGETHER
     else:
         assert step.grid[0] * step.kwargs["HEADS"] == 5 * HV
 

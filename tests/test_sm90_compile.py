@@ -76,7 +76,7 @@ def test_every_backward_launch_compiles_for_sm90(case, shape):
                                     "ssd-seq-idx", "ssd-split", "gla-backward", "gla-per-key-backward",
                                     "gla-sweep-backward", "gla-group-sweep-backward", "gla-group-sweep-twin-backward",
                                     "ssd-group-grads-backward", "ssd-group-grads-sides-backward",
-                                    "ssd-group-grads-twin-backward", "ssd-group-grads-twin-sums-backward"])
+                                    "ssd-group-grads-twin-backward"])
 @pytest.mark.parametrize("case", [c for c, (M, _) in CASES.items() if M == 1])
 def test_the_gla_forward_compiles_for_sm90(case, family):
     run = compile_offline(family, case)
@@ -88,8 +88,7 @@ def test_the_gla_forward_compiles_for_sm90(case, family):
         assert "chunk_group_prep_kernel" in run.stdout and "gluon_sweep_kernel" in run.stdout, run.stdout
         assert "gluon_gla_bwd_sweep_kernel" in run.stdout, run.stdout
         assert "chunk_delta_sweep_kernel" not in run.stdout and "chunk_simple_gla_bwd_sweep_kernel" not in run.stdout
-    elif family.startswith("ssd-group-grads-twin"):  # SSD's group with every backward twin: the dg launch's too
-        # (its sums over rows apart, or together)
+    elif family == "ssd-group-grads-twin-backward":  # SSD's group with every backward twin: the dg launch's too
         assert "gluon_gla_bwd_sweep_kernel" in run.stdout and "gluon_gla_bwd_dg_kernel" in run.stdout, run.stdout
         assert "chunk_simple_gla_bwd_sweep_kernel" not in run.stdout, run.stdout
     elif family.startswith(("gla-group-sweep", "ssd-group-grads")):  # there on the group prep, read by the

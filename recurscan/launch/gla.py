@@ -432,8 +432,7 @@ def _dg_twin(dg: Step, shape: GlaShape, q, k, v, do, *, rows: int) -> Step:
         return dg
     from ..kernels.gluon.gla_backward_dg import gluon_gla_bwd_dg_kernel
     return Step(gluon_gla_bwd_dg_kernel, (min(sm_count(q.device), rows * H),),
-                dict(dg.kwargs, NUM_STAGES=plan_gla.GLUON_GLA_DG_STAGES,
-                     SUMS_TOGETHER=plan_gla.GLUON_GLA_DG_SUMS_TOGETHER), dict(num_warps=8))
+                dict(dg.kwargs, NUM_STAGES=plan_gla.GLUON_GLA_DG_STAGES), dict(num_warps=8))
 
 
 def _recompute_on_sweep(q, k, v, g, h0, cu_seqlens, chunk_indices, chunk_offsets, rows, *, scale, shape):

@@ -273,10 +273,6 @@ GLUON_GLA_DG = GluonTwinRow(True, "SSD forward + backward, eager, same process (
                                   "(tests/gpu/test_gluon_gla_dg_gpu.py)")
 #: The dg twin's pipeline stages (48 KB each at K 128: dO, V, S and dS' of one value head).
 GLUON_GLA_DG_STAGES = 3
-#: Whether the dg twin sums a head's tiles over their rows in one reduction (SUMS_TOGETHER: 25
-#: barriers a head offline against 40, 1305 instructions against 1245, 255 registers against 232,
-#: no spills) rather than each sum apart as the Triton kernel does. Off: not yet run on a GPU.
-GLUON_GLA_DG_SUMS_TOGETHER = False
 
 
 def gluon_dg_scope(*, dtype: torch.dtype, key_dim: int, value_dim: int, group: int) -> bool:

@@ -2,9 +2,8 @@
 Triton kernel it twins (kernels/gla/backward.py's chunk_simple_gla_bwd_grads_kernel, PART 2, four
 value heads a program on 8 warps), both launched directly on the same inputs: a group of value
 heads per query/key head, decays with resets (-inf) and a NaN, dense with a partial last chunk and
-varlen with a one-token sequence; the twin's sums apart (as the Triton kernel) and together (one
-reduction over rows, plan.gla.GLUON_GLA_DG_SUMS_TOGETHER). dg agrees to float32 rounding (the
-reductions' order follows the layout) and is written on the same rows; and SSD's training gradients with the twin planned agree
+varlen with a one-token sequence. dg agrees to float32 rounding (the reductions' order follows the
+layout) and is written on the same rows; and SSD's training gradients with the twin planned agree
 with the Triton kernel's. Run: ``python -m pytest -m gpu tests/gpu/test_gluon_gla_dg_gpu.py``."""
 import dataclasses
 
@@ -20,10 +19,8 @@ DEV = "cuda"
 BT = 64
 
 
-def dg_of(gluon: bool, q, k, v, g, do, states, dstates, cu, chunk_indices, chunk_offsets, n_cs_rows,
-          together=False):
-    """dg ``[B * T, HV]`` (NaN where not written) from the Triton kernel's PART 2 or its twin (with
-    its sums over rows in one reduction: ``together``)."""
+def dg_of(gluon: bool, q, k, v, g, do, states, dstates, cu, chunk_indices, chunk_offsets, n_cs_rows):
+    """dg ``[B * T, HV]`` (NaN where not written) from the Triton kernel's PART 2 or its twin."""
     from recurscan.kernels.gla.backward import chunk_simple_gla_bwd_grads_kernel
     from recurscan.kernels.gluon.gla_backward_dg import gluon_gla_bwd_dg_kernel
     from recurscan.plan.device import sm_count
@@ -40,8 +37,7 @@ def dg_of(gluon: bool, q, k, v, g, do, states, dstates, cu, chunk_indices, chunk
                 DOT_PRECISION="tf32", DT=tl.bfloat16, PER_KEY=False, HEADS=4, PART=2)
     with scratch_allocator():  # the twin makes its tensor descriptors on the device
         if gluon:
-            gluon_gla_bwd_dg_kernel[(min(sm_count(q.device), n_cs_rows * H),)](**args, NUM_STAGES=3, num_warps=8,
-                                                                                SUMS_TOGETHER=together)
+            gluon_gla_bwd_dg_kernel[(min(sm_count(q.device), n_cs_rows * H),)](**args, NUM_STAGES=3, num_warps=8)
         else:
             chunk_simple_gla_bwd_grads_kernel[(n_cs_rows * HV // 4,)](**args, num_warps=8, num_stages=2)
     return dg
@@ -54,9 +50,8 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("together", [False, True], ids=["sums apart", "sums together"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_the_twin_gives_the_triton_kernels_dg(case, together):
+def test_the_twin_gives_the_triton_kernels_dg(case):
     from recurscan.descriptors import build_chunk_descriptors
     c = CASES[case]
     B, T, H, HV, K, V = c["B"], c["T"], c["H"], c["HV"], 128, 64
@@ -78,7 +73,7 @@ def test_the_twin_gives_the_triton_kernels_dg(case, together):
         n_cs_rows = B * ((T + BT - 1) // BT)
     states, dstates = (rn(n_cs_rows, HV, K, V).bfloat16() * 0.1 for _ in range(2))
     want = dg_of(False, q, k, v, g, do, states, dstates, cu, ci, co, n_cs_rows)
-    got = dg_of(True, q, k, v, g, do, states, dstates, cu, ci, co, n_cs_rows, together)
+    got = dg_of(True, q, k, v, g, do, states, dstates, cu, ci, co, n_cs_rows)
     torch.cuda.synchronize()
     assert torch.equal(want.isnan(), got.isnan()), \
         f"written rows differ: {int((want.isnan() != got.isnan()).sum())} elements, first at " \

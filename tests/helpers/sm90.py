@@ -370,7 +370,7 @@ def compile_ssd_gate() -> list[str]:
 
 def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_sweep: bool = False,
                          group_prep: bool = False, group_grads: bool = False, grads_sides: bool = False,
-                         recompute_twin: bool = False, dg_sums_together: bool = False) -> list[str]:
+                         recompute_twin: bool = False) -> list[str]:
     """The GLA backward's launches (launch/gla.py: the forward for the chunk states, the reverse
     sweep, the parallel stage) for a case of :data:`CASES` (M = 1 ones; bf16); ``per_key``: a decay
     per key dimension (the prep runs with the recompute; the stages' PER_KEY forms); ``on_sweep``:
@@ -381,7 +381,7 @@ def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_swe
     own (plan.gla.GROUP_GRADS_SIDES, 4 warps); ``recompute_twin``: the recompute's sweep as the
     forward sweep's Gluon twin with its outputs off (GlaShape.recompute_twin), the reverse sweep
     as its Gluon twin (GlaShape.reverse_twin) and, with ``group_grads``, the dg launch as its
-    Gluon twin (GlaShape.dg_twin), its sums over rows in one reduction with ``dg_sums_together``."""
+    Gluon twin (GlaShape.dg_twin)."""
     from recurscan.launch.gla import BWD_NAMES, NAMES as GLA_NAMES, build_gla_backward
     from recurscan.plan.gla import GLA_LAUNCH
     _, cu = CASES[case]
@@ -404,13 +404,12 @@ def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_swe
     sweep = SWEEP_SHAPES["group prep" if group_prep else "one pass"]
     shape = dataclasses.replace(GLA_LAUNCH, sweep=sweep, recompute_on_sweep=True, recompute_twin=recompute_twin,
                                 reverse_twin=recompute_twin, dg_twin=recompute_twin) if on_sweep else GLA_LAUNCH
-    sides, together = plan_gla.GROUP_GRADS_SIDES, plan_gla.GLUON_GLA_DG_SUMS_TOGETHER
+    sides = plan_gla.GROUP_GRADS_SIDES
     plan_gla.GROUP_GRADS_SIDES = 4 if grads_sides else None
-    plan_gla.GLUON_GLA_DG_SUMS_TOGETHER = dg_sums_together
     try:
         launches = build_gla_backward(q, k, v, g, do, dht, h0, cu_t, ci, co, scale=K ** -0.5, shape=shape)
     finally:
-        plan_gla.GROUP_GRADS_SIDES, plan_gla.GLUON_GLA_DG_SUMS_TOGETHER = sides, together
+        plan_gla.GROUP_GRADS_SIDES = sides
     z = torch.zeros(1)
     made = {n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.forward.buffers.items()}
     fwd = dict(q=q, k=k, v=v, g=g, h0=h0, cu_seqlens=cu_t, chunk_offsets=co, chunk_indices=ci, **made)
@@ -464,16 +463,14 @@ def lines_for(argv: list[str]) -> list[str]:
         return compile_descriptors()
     if argv[0] in ("gla-backward", "gla-per-key-backward", "gla-sweep-backward", "gla-group-sweep-backward",
                    "gla-group-sweep-twin-backward", "ssd-group-grads-backward", "ssd-group-grads-sides-backward",
-                   "ssd-group-grads-twin-backward", "ssd-group-grads-twin-sums-backward"):
+                   "ssd-group-grads-twin-backward"):
         ssd_group = argv[0].startswith("ssd-group-grads")
-        twin = argv[0] in ("gla-group-sweep-twin-backward", "ssd-group-grads-twin-backward",
-                           "ssd-group-grads-twin-sums-backward")
+        twin = argv[0] in ("gla-group-sweep-twin-backward", "ssd-group-grads-twin-backward")
         return compile_gla_backward(argv[1], per_key=argv[0] == "gla-per-key-backward",
                                     on_sweep=argv[0].endswith("sweep-backward") or ssd_group or twin,
                                     group_prep=argv[0] == "gla-group-sweep-backward" or ssd_group or twin,
                                     group_grads=ssd_group, grads_sides=argv[0] == "ssd-group-grads-sides-backward",
-                                    recompute_twin=twin,
-                                    dg_sums_together=argv[0] == "ssd-group-grads-twin-sums-backward")
+                                    recompute_twin=twin)
     if argv[0] in ("gla", "gla-chunk-states", "gla-per-key", "gla-split", "ssd", "ssd-cache", "ssd-seq-idx",
                    "ssd-split"):
         return compile_gla(argv[1], ssd=argv[0].startswith("ssd"), cache=argv[0] == "ssd-cache",

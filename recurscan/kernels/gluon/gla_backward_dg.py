@@ -88,67 +88,20 @@ def _decays(g, rows_l, eos, i_hv, HV: gl.constexpr):
 
 
 @gluon.jit
-def _plus2(a0, a1, b0, b1):
-    return a0 + b0, a1 + b1
-
-
-@gluon.jit
-def _plus4(a0, a1, a2, a3, b0, b1, b2, b3):
-    return a0 + b0, a1 + b1, a2 + b2, a3 + b3
-
-
-@gluon.jit
-def _dg_sums_together(dOV, SqT, dSkT, SdS, dOt, Vt, QK, gc, seg, gc_last, seg_last, keep, m_j, scale,
-                      line: gl.constexpr):
-    """A value head's dg [BT] (in ``line``) from its products, as the kernel's other form (the
-    twin's) forms it, with the sums over the rows of its four tiles (dO o (Q S)^T,
-    V o (K dS')^T, S^T dS''s diagonal, dSeg's strictly lower part) in one reduction, and G's last
-    row (gam o kdsv) taken out of dSeg: it adds sum_{j < last} gam_j kdsv_j to the last row's sum
-    and gam_j kdsv_j to column j's (j < last). The same sums, added in another order: one
-    cross-warp exchange of four tiles where the twin makes four. ``keep``: the causal, same-segment
-    pairs of rows before the sequence's end (``m_j``: the rows before it); gc and seg the gates'
-    prefix sums (in ``line``), lam and gam formed from them along the tile's columns, where the
-    sums are (no exchange between warps for them)."""
-    mma: gl.constexpr = dOV.type.layout
-    along_i: gl.constexpr = gl.SliceLayout(1, mma)
-    along_j: gl.constexpr = gl.SliceLayout(0, mma)
-    BT: gl.constexpr = dOV.shape[0]
-    o_i = gl.arange(0, BT, layout=along_i)
-    o_j = gl.arange(0, BT, layout=along_j)
-    last_j = o_j == BT - 1
-    gc_j = gl.convert_layout(gc, along_j)  # as the kernel's (the same conversions)
-    seg_j = gl.convert_layout(seg, along_j)
-    lam = gl.where(seg_j == 0, gl.exp2(gc_j), 0.0)
-    gam = gl.where(seg_j == seg_last, gl.exp2(gl.where(seg_j == seg_last, gc_last - gc_j, 0.0)), 0.0)
-    dsG = gl.where(keep, scale * dOV * gl.exp2(gl.convert_layout(gc, along_i)[:, None] - gc_j[None, :]), 0.0)
-    b_strict = gl.where(o_i[:, None] > o_j[None, :], dsG * QK, 0.0)
-    c_dlam, c_kdsv, c_diag, c_col = gl.reduce(
-        (dOt * SqT, Vt * dSkT, gl.where(o_i[:, None] == o_j[None, :], SdS, 0.0), b_strict), 0, _plus4)
-    c_row = gl.convert_layout(gl.sum(b_strict, axis=1), along_j)
-    dlam = gl.where(m_j, scale * c_dlam, 0.0)  # rows past the end: the next sequence's q and k
-    kg = gl.where(m_j & ~last_j, c_kdsv * gam, 0.0)  # G's last row (gam o kdsv), off its diagonal
-    sds, kg_sum = gl.reduce((c_diag, kg), 0, _plus2)
-    r = (c_row - (c_col + kg)) + (dlam + gl.where(last_j, sds, 0.0)) * lam + \
-        gl.where(last_j, kg_sum, 0.0)
-    return gl.associative_scan(gl.convert_layout(r, line), 0, _plus, reverse=True)
-
-
-@gluon.jit
 def gluon_gla_bwd_dg_kernel(
     q, k, v, g, do, states, dstates, dq, dk, dg, scratch, cu_seqlens, chunk_indices, chunk_offsets,
     T, n_seq, scale, n_cs_rows,
     H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr,
     BV: gl.constexpr, IS_VARLEN: gl.constexpr, HAS_G: gl.constexpr, DOT_PRECISION: gl.constexpr,
     DT: gl.constexpr, PER_KEY: gl.constexpr = False, HEADS: gl.constexpr = 1, PART: gl.constexpr = 2,
-    SIDE: gl.constexpr = 0, NUM_STAGES: gl.constexpr = 3, SUMS_TOGETHER: gl.constexpr = False,
+    SIDE: gl.constexpr = 0, NUM_STAGES: gl.constexpr = 3,
 ):
     """Persistent programs over items (chunk, query/key head) of ``n_cs_rows x H``, each item's
     steps its GROUP = HV / H value heads: dg ``[rows, HV]`` (float32) of every value head from
     q, k ``[rows, H, K]``, v, do ``[rows, HV, V]``, the log decays g ``[rows, HV]``, and the chunk
     states ``states`` (entering) and ``dstates`` (dS' leaving) ``[n_cs_rows, HV, K, V]``. dq, dk,
     scratch, BK, BV, DOT_PRECISION, PER_KEY, HEADS and SIDE are the twin's arguments, unused here
-    (PART 2 forms dg alone; tiles K and V wide, products 16-bit). SUMS_TOGETHER: a head's sums over
-    rows in one reduction (:func:`_dg_sums_together`), else each its own, as the twin. Eight warps."""
+    (PART 2 forms dg alone; tiles K and V wide, products 16-bit). Eight warps."""
     gl.static_assert(PART == 2 and HAS_G and not PER_KEY, "the dg launch of a scalar decay")
     gl.static_assert(BT == 64, "chunks of 64 rows")
     gl.static_assert(V == 64, "64 value columns")
@@ -259,22 +212,17 @@ def gluon_gla_bwd_dg_kernel(
                         gl.where(nxt, it_n % H, i_h), do_desc, v_desc, s_desc, ds_desc, do_s, v_s, s_s, ds_s, bars,
                         HV, K, V, GROUP, NUM_STAGES)
 
-            if SUMS_TOGETHER:
-                keep = causal & (seg_i == seg_j) & m_i[:, None] & m_j[None, :]
-                d_g = _dg_sums_together(dOV, SqT, dSkT, SdS, dOt, Vt, QK, gc, seg, gc_last, seg_last, keep, m_j,
-                                        scale, line)
-            else:
-                dlam = gl.where(m_j, scale * gl.sum(dOt * SqT, axis=0), 0.0)  # along the chunk's rows
-                kdsv = gl.where(m_j, gl.sum(Vt * dSkT, axis=0), 0.0)
-                sds = gl.sum(gl.sum(gl.where(diag, SdS, 0.0), axis=1), axis=0)
-                dlam = gl.convert_layout(dlam, along_i) + gl.where(last_i, sds, 0.0)
-                dsG = gl.where(causal & (seg_i == seg_j) & m_i[:, None] & m_j[None, :],
-                               scale * dOV * gl.exp2(gc_i - gc_j), 0.0)  # dscores o G
-                dSeg = dsG * QK + gl.where(last_i[:, None], (kdsv * gl.convert_layout(gam, along_j))[None, :], 0.0)
-                b_strict = gl.where(strict, dSeg, 0.0)
-                r = gl.convert_layout(gl.sum(b_strict, axis=1), line) - \
-                    gl.convert_layout(gl.sum(b_strict, axis=0), line) + gl.convert_layout(dlam, line) * lam
-                d_g = gl.associative_scan(r, 0, _plus, reverse=True)
+            dlam = gl.where(m_j, scale * gl.sum(dOt * SqT, axis=0), 0.0)  # along the chunk's rows
+            kdsv = gl.where(m_j, gl.sum(Vt * dSkT, axis=0), 0.0)
+            sds = gl.sum(gl.sum(gl.where(diag, SdS, 0.0), axis=1), axis=0)
+            dlam = gl.convert_layout(dlam, along_i) + gl.where(last_i, sds, 0.0)
+            dsG = gl.where(causal & (seg_i == seg_j) & m_i[:, None] & m_j[None, :],
+                           scale * dOV * gl.exp2(gc_i - gc_j), 0.0)  # dscores o G
+            dSeg = dsG * QK + gl.where(last_i[:, None], (kdsv * gl.convert_layout(gam, along_j))[None, :], 0.0)
+            b_strict = gl.where(strict, dSeg, 0.0)
+            r = gl.convert_layout(gl.sum(b_strict, axis=1), line) - \
+                gl.convert_layout(gl.sum(b_strict, axis=0), line) + gl.convert_layout(dlam, line) * lam
+            d_g = gl.associative_scan(r, 0, _plus, reverse=True)
             gl.store(dg + rows_l * HV + i_hv, d_g, mask=m_l & valid)
         gl.thread_barrier()  # every product has read q and k: the next item's
         _issue_qk(m + 1 < n_mine, n_r0, it_n % H, q_desc, k_desc, q_s, k_s, once, K)
