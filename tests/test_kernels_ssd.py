@@ -530,8 +530,6 @@ def test_the_planner_gives_the_gla_sweep_to_its_gluon_twin_only_in_scope(monkeyp
     assert shape.gluon_sweep is planned
     if case != "a decay per key":
         assert shape.group_prep is group_prep and (shape.phases == 1 or not group_prep)
-        # the twin's row takes 16-bit scores (two programs an SM at two stages), the Triton's not
-        assert shape.narrow_scores is (planned and group_prep)
     assert not plan_gla.recompute_sweep_shape(shape, 1, 80).gluon_sweep
 
 
@@ -565,26 +563,6 @@ def test_the_gla_sweeps_gluon_twin_takes_ssd_without_z_and_the_triton_sweep_the_
     sweep, = [s for s in delta_launches(q, k, v, torch.zeros(1, 256, 4), None, **twin, group_prep=True,
                                         calm_gates=True, states_only=True).steps if launch_delta.is_sweep_step(s)]
     assert not sweep.kwargs["OUTPUTS"] and not sweep.kwargs["CALM_GATES"] and not sweep.kwargs["TMA_STORE"]
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_the_group_preps_scores_are_16_bit_only_where_the_shape_narrows_them(dtype):
-    """DeltaShape.narrow_scores: the group prep writes its scores in the inputs' dtype (float32
-    otherwise, and with calm gates the inputs' dtype too); without the group prep the field is a
-    ValueError naming it."""
-    q, k = (torch.zeros(1, 256, 1, 128, dtype=dtype) for _ in range(2))
-    v = torch.zeros(1, 256, 16, 64, dtype=dtype)
-    shape = dict(block_v=64, num_warps=4, num_stages=2, tma_store=True, wy=False, group_prep=True)
-
-    def scores_dtype(**kw):
-        return delta_launches(q, k, v, torch.zeros(1, 256, 16), None, **shape, **kw).buffers["scores"][1]
-    assert scores_dtype() == torch.float32
-    assert scores_dtype(narrow_scores=True) == dtype
-    assert scores_dtype(calm_gates=True) == dtype
-    with pytest.raises(ValueError, match="narrow_scores"):
-        delta_launches(q, k, v, torch.zeros(1, 256, 16), None, **dict(shape, group_prep=False), narrow_scores=True)
-    with pytest.raises(ValueError, match="narrow_scores"):
-        delta_launches(q, k, v, torch.zeros(1, 256, 16), None, **shape, narrow_scores=1)
 
 
 @pytest.mark.parametrize("case, planned", [("row on", True), ("row off", False), ("no usable Gluon", False),

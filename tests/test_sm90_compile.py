@@ -134,11 +134,6 @@ def test_the_gluon_forward_sweep_compiles_for_sm90():
                  "SSD group prep, 2 stages", "SSD group prep, 3 stages", "SSD group prep, segments"):
         assert f"{form}: gluon_sweep_kernel" in run.stdout, run.stdout
     assert "SSD group prep, segments: chunk_delta_sweep_kernel" in run.stdout  # its first pass, and the replay
-    # The planned row's twin (16-bit scores, two stages, the outputs staged in the gate tile's
-    # buffer) fits two programs an SM: 228 KB a multiprocessor, 1 KB of it reserved a program.
-    line = next(ln for ln in run.stdout.splitlines() if ln.startswith("SSD group prep, 16-bit scores: gluon_sweep"))
-    shared = int(line.split("shared ")[1].split(" B")[0])
-    assert 2 * (shared + 1024) <= 228 * 1024, line
 
 
 def test_the_ssd_training_gate_kernels_compile_for_sm90():

@@ -88,7 +88,7 @@ def check_shape(shape: DeltaShape) -> None:
         value = getattr(shape, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"DeltaShape.{name}: expected an int >= 1, got {value!r}")
-    for name in ("v_product", "tma_store", "key_calm_pass", "group_prep", "calm_gates", "narrow_scores"):
+    for name in ("v_product", "tma_store", "key_calm_pass", "group_prep", "calm_gates"):
         if not isinstance(getattr(shape, name), bool):
             raise ValueError(f"DeltaShape.{name}: expected a bool, got {getattr(shape, name)!r}")
     if shape.calm_gates and shape.num_stages > 2:
@@ -185,8 +185,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     decay per key ``dl``), one program per (chunk, value head), and the sweep runs with KEY_DECAY;
     single pass or segments (no phases: that prep has no phase range). ``shape.group_prep`` (a
     scalar decay with ``wy=False``): the prep is kernels/gla/group_prep.py's, one program per (chunk,
-    query/key head), writing the scores ``[B, T, H, 64]`` (float32; q's dtype with calm gates or
-    ``shape.narrow_scores``) and
+    query/key head), writing the scores ``[B, T, H, 64]`` (float32; q's dtype with calm gates) and
     coef rows of 8, and the sweep gates the scores per value head (GATE_SCORES);
     ``shape.calm_gates`` as well: factored where a chunk is calm (CALM_GATES; 2 stages at most).
     ``out_views``: ``(o, final)`` tensors each call writes into instead of new ones (passed per call as
@@ -210,8 +209,6 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         raise ValueError("DeltaShape.group_prep: the group prep takes a scalar decay with wy=False and M = 1")
     if shape.calm_gates and not group:
         raise ValueError("DeltaShape.calm_gates: the calm gates need group_prep=True")
-    if shape.narrow_scores and not group:
-        raise ValueError("DeltaShape.narrow_scores: 16-bit scores need group_prep=True")
     heads = 1 if group else shape.prep_heads
     if heads > 1 and (wy or (v.shape[2] // q.shape[2]) % heads != 0):
         raise ValueError(f"DeltaShape.prep_heads: {heads} value heads a prep program needs wy=False and a divisor "
@@ -240,8 +237,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
 
     buffers = {"o": ((B, T, HV, V), v.dtype if ssd is not None else q.dtype, None)}
     if group:  # the scores once per query/key head; each value head's aqk is formed in the sweep
-        buffers["scores"] = ((B, T, H, BT), (q.dtype if shape.calm_gates or shape.narrow_scores else torch.float32),
-                             None)
+        buffers["scores"] = ((B, T, H, BT), (q.dtype if shape.calm_gates else torch.float32), None)
     else:
         buffers["aqk"] = ((B, T * M, HV, BT), q.dtype, None)
     if wy:

@@ -54,11 +54,6 @@ class DeltaShape:
     # most 2^126) factored, the scores scaled by a column factor and the product's output by a row
     # factor, instead of a [BT, BT] tile of exp2 a value head and chunk (CALM_GATES).
     calm_gates: bool = False
-    # With group_prep: the scores in the inputs' (16-bit) dtype, as calm_gates writes them, rather
-    # than float32: each stage of the Gluon twin's ring holds 8 KB less, so at two stages two
-    # programs fit an SM (one product's operand rounded once more: the sweep rounds G c scores to
-    # 16 bits for its product either way).
-    narrow_scores: bool = False
     # The sweep (its single pass, phases and second passes) as its Gluon twin
     # (kernels/gluon/delta_sweep.py; block_v 64 on one warpgroup, num_stages its ring of tile
     # stages): :func:`gluon_forward_sweep` decides.

@@ -143,7 +143,7 @@ GLA_SWEEP_LAUNCH: list[tuple[Callable[[DeltaSizes], bool], DeltaShape]] = [
                          "stages, bulk stores (SSD B4 T4096: 0.420 ms, three stages 0.427, the Triton sweep (the "
                          "next rows) 0.598; B1 T16384 0.490, three stages 0.498, the delta prep in 6 phases with "
                          "the twin 0.606; mamba_ssm 0.707 and 0.718 in that process: gpu_gla_sweep_78bb842.json)",
-                tma_store=True, group_prep=True, gluon_sweep=True, narrow_scores=True)),
+                tma_store=True, group_prep=True, gluon_sweep=True)),
     (lambda s: not s.varlen and s.tokens >= 16384 and 3 * s.programs_64 >= s.sms and s.programs_64 <= s.sms,
      DeltaShape(64, 4, 3, 4, "a long dense sequence over a third of the SMs or more in 64-column programs: one "
                          "pass in 6 phases (each phase's prep beside the previous phase's sweep), bulk stores (SSD "

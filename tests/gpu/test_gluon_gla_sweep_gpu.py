@@ -40,10 +40,9 @@ def sweep_kernels(monkeypatch):
     return picked
 
 
-def run_both(monkeypatch, call, phases=1, group_prep=False, stages=3, narrow=False):
+def run_both(monkeypatch, call, phases=1, group_prep=False, stages=3):
     """``call()``'s outputs with the planned sweep shape at ``phases`` (the delta prep, or the
-    group prep without calm gates, its scores 16-bit where ``narrow``; 64 value columns on 4 warps,
-    ``stages`` stages, bulk stores) on
+    group prep without calm gates; 64 value columns on 4 warps, ``stages`` stages, bulk stores) on
     the Triton sweep and on its Gluon twin; asserts which kernel ran and that the two agree bit for
     bit. Returns the twin's outputs."""
     picked = sweep_kernels(monkeypatch)
@@ -52,8 +51,7 @@ def run_both(monkeypatch, call, phases=1, group_prep=False, stages=3, narrow=Fal
     for twin in (False, True):
         monkeypatch.setattr(plan_gla, "gla_sweep_shape", lambda problem, device, gluon=True, twin=twin: dataclasses.replace(
             planned(problem, device, gluon=False), block_v=64, num_warps=4, num_stages=stages, tma_store=True,
-            group_prep=group_prep, calm_gates=False, prep_heads=1, phases=phases, segments=1, gluon_sweep=twin,
-            narrow_scores=group_prep and narrow))
+            group_prep=group_prep, calm_gates=False, prep_heads=1, phases=phases, segments=1, gluon_sweep=twin))
         clear_caches()
         picked.clear()
         got = call()
@@ -95,22 +93,21 @@ def test_ssd_varlen_with_a_one_token_sequence_gives_the_triton_sweeps_bits(monke
     assert all(torch.isfinite(t).all() for t in out)
 
 
-@pytest.mark.parametrize("stages, narrow", [(2, False), (3, False), (2, True), (3, True)])
-def test_ssd_on_the_group_prep_gives_the_triton_sweeps_bits(stages, narrow, monkeypatch):
-    """The twin gating the group prep's scores (float32, or 16-bit: DeltaShape.narrow_scores, the
-    outputs' staging then in the gate tile's buffer) per value head (GATE_SCORES): 16 heads a
-    group, a partial last chunk, an initial state and the final states; and varlen with a one-token
+@pytest.mark.parametrize("stages", [2, 3])
+def test_ssd_on_the_group_prep_gives_the_triton_sweeps_bits(stages, monkeypatch):
+    """The twin gating the group prep's scores per value head (GATE_SCORES): 16 heads a group, a
+    partial last chunk, an initial state and the final states; and varlen with a one-token
     sequence."""
     a, kw = ssd_args(2, 3000, G=1, seed=7)
     h0 = torch.randn(2, 16, 64, 128, device=DEV)
     y, hT = run_both(monkeypatch, lambda: recurscan.mamba_chunk_scan_combined(
-        *a, **kw, initial_states=h0, return_final_states=True), group_prep=True, stages=stages, narrow=narrow)
+        *a, **kw, initial_states=h0, return_final_states=True), group_prep=True, stages=stages)
     assert torch.isfinite(y).all() and torch.isfinite(hT).all()
     a, kw = ssd_args(1, 4100, G=1, seed=8)
     cu = torch.tensor([0, 1, 2000, 2001, 4100], device=DEV, dtype=torch.int32)
     run_both(monkeypatch, lambda: recurscan.mamba_chunk_scan_combined(*a, **kw, cu_seqlens=cu,
                                                                       return_varlen_states=True),
-             group_prep=True, stages=stages, narrow=narrow)
+             group_prep=True, stages=stages)
 
 
 def test_simple_gla_gives_the_triton_sweeps_bits(monkeypatch):
@@ -128,8 +125,7 @@ def test_a_gate_z_runs_the_triton_sweep(monkeypatch):
     planned = plan_gla.gla_sweep_shape
     monkeypatch.setattr(plan_gla, "gla_sweep_shape", lambda problem, device, gluon=True: dataclasses.replace(
         planned(problem, device, gluon=False), block_v=64, num_warps=4, num_stages=3, tma_store=True,
-        group_prep=False, calm_gates=False, prep_heads=1, phases=6, segments=1, gluon_sweep=True,
-        narrow_scores=False))
+        group_prep=False, calm_gates=False, prep_heads=1, phases=6, segments=1, gluon_sweep=True))
     clear_caches()
     a, kw = ssd_args(1, 1024)
     y = recurscan.mamba_chunk_scan_combined(*a, **kw, z=torch.randn_like(a[0]))
@@ -137,12 +133,8 @@ def test_a_gate_z_runs_the_triton_sweep(monkeypatch):
     assert torch.isfinite(y).all()
 
 
-@pytest.mark.parametrize("Bt, T, launch", [(1, 16384, dict(phases=6)), (4, 4096, dict(group_prep=True, stages=2)),
-                                           (4, 4096, dict(group_prep=True, stages=2, narrow=True)),
-                                           (1, 16384, dict(group_prep=True, stages=2, narrow=True))],
-                         ids=["B1 T16384, the delta prep in 6 phases", "B4 T4096, the group prep at two stages",
-                              "B4 T4096, the group prep's 16-bit scores (planned)",
-                              "B1 T16384, the group prep's 16-bit scores (planned)"])
+@pytest.mark.parametrize("Bt, T, launch", [(1, 16384, dict(phases=6)), (4, 4096, dict(group_prep=True, stages=2))],
+                         ids=["B1 T16384, the delta prep in 6 phases", "B4 T4096, the group prep at two stages"])
 def test_the_benchmark_ssd_on_the_twin_against_the_oracle(Bt, T, launch, monkeypatch):
     """80 heads x 64, one group, dstate 128 (benchmarks/gpu_gla.py's inputs) on the twin, against
     the float64 PyTorch form."""

@@ -277,8 +277,6 @@ def compile_gluon_forward() -> list[str]:
         lines += [f"SSD group prep, {stages} stages: {line}" for line in compile_ssd_benchmark(shape)]
     shape = dataclasses.replace(SWEEP_SHAPES["group prep"], num_stages=2, gluon_sweep=True, segments=2)
     lines += [f"SSD group prep, segments: {line}" for line in compile_ssd_benchmark(shape)]
-    shape = dataclasses.replace(SWEEP_SHAPES["group prep"], num_stages=2, gluon_sweep=True, narrow_scores=True)
-    lines += [f"SSD group prep, 16-bit scores: {line}" for line in compile_ssd_benchmark(shape)]
     return lines
 
 

@@ -261,13 +261,9 @@ def gluon_sweep_kernel(
     if OUTPUTS:
         q_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
         a_s = gl.allocate_shared_memory(A_DT, [NUM_STAGES, BT, BT], l_at)
-        if GATE_SCORES:
-            # The chunk's gated scores, the outputs' operand; once that product has read them, the
-            # outputs' staging for their bulk store (BT = BV: one layout), 8 KB less a program.
+        o_s = gl.allocate_shared_memory(DT, [BT, BV], l_tv)
+        if GATE_SCORES:  # the chunk's gated scores, the outputs' operand
             g_s = gl.allocate_shared_memory(DT, [BT, BT], l_tt)
-            o_s = g_s
-        else:
-            o_s = gl.allocate_shared_memory(DT, [BT, BV], l_tv)
     else:
         q_s = k_s
         a_s = v_s
@@ -406,7 +402,6 @@ def gluon_sweep_kernel(
                     cf_j = gl.convert_layout(cf, row64)[:, None]
                     keep = (o_j[:, None] <= o_i[None, :]) & (sg_j == sg_i)
                     At = gl.where(keep, gl.exp2(gc_i - gc_j) * cf_j * St, 0.0)
-                    tma.store_wait(pendings=N_CS)  # the last chunk's outputs have left g_s
                     g_s.permute((1, 0)).store(At.to(DT))
                     fence_async_shared()
                     gl.thread_barrier()
