@@ -3,7 +3,8 @@ fused GLA kernel and the peers, one process, eager, L2 flushed, bf16 (issue 20's
 ``chunk_simple_gla`` B4 T4096 H16 K=V=128 (fla's shape) and ``mamba_chunk_scan_combined`` B1 T16384
 and B4 T4096 (80 heads x 64, dstate 128, one group, chunk 256, D, dt_bias, dt_softplus). Each row's
 output against the float32 PyTorch form (relative RMS). Variants of the sweep's launch shape
-(``--sweep BV:warps:stages[:segN][:phN][:tma][:pwN][:regN][:hN][:grp][:calm][:gluon][:prR]``, repeatable) beside the planner's; ``--profile``
+(``--sweep BV:warps:stages[:segN][:phN][:tma][:pwN][:regN][:hN][:grp][:calm][:gluon][:ws][:prR]``,
+repeatable) beside the planner's; ``--profile``
 adds GPU time by kernel.
 
     PYTHONPATH=$PWD:/tmp/site MAMBA_SSM_SRC=/tmp/mamba python benchmarks/gpu_gla_sweep.py \
@@ -26,10 +27,11 @@ from recurscan.plan.delta import DeltaShape
 
 
 def parse_sweep(text: str) -> DeltaShape:
-    """``BV:warps:stages[:segN][:phN][:tma][:pwN][:regN][:hN][:grp][:calm][:gluon][:prR]`` -> a DeltaShape (pw:
+    """``BV:warps:stages[:segN][:phN][:tma][:pwN][:regN][:hN][:grp][:calm][:gluon][:ws][:prR]`` -> a DeltaShape (pw:
     the prep's warps, reg: its register cap, 0 for none; h: value heads a prep program, cut to a
     divisor of the group by the planner's with_prep_heads; grp: the group prep; calm: with its
-    calm gates; gluon: the sweep as its Gluon twin; pr: the phases' ratio, DeltaShape.phase_ratio)."""
+    calm gates; gluon: the sweep as its Gluon twin; ws: that twin warp-specialised (DeltaShape.specialized); pr:
+    the phases' ratio, DeltaShape.phase_ratio)."""
     parts = text.split(":")
     fields = dict(segments=1, phases=1, tma_store=False)
     prep_warps = 4
@@ -52,6 +54,8 @@ def parse_sweep(text: str) -> DeltaShape:
             fields["group_prep"] = fields["calm_gates"] = True
         elif p == "gluon":
             fields["gluon_sweep"] = True
+        elif p == "ws":
+            fields["gluon_sweep"] = fields["specialized"] = True
         elif p.startswith("pr"):
             fields["phase_ratio"] = float(p[2:])
     bv = int(parts[0])

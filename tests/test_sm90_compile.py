@@ -134,6 +134,8 @@ def test_the_gluon_forward_sweep_compiles_for_sm90():
                  "SSD group prep, 2 stages", "SSD group prep, 3 stages", "SSD group prep, segments"):
         assert f"{form}: gluon_sweep_kernel" in run.stdout, run.stdout
     assert "SSD group prep, segments: chunk_delta_sweep_kernel" in run.stdout  # its first pass, and the replay
+    for d in ("head", "channel"):  # the warp-specialised form; its replay the Triton kernel's, without its cap
+        assert f"SSD group prep, warp-specialised, D per {d}: gluon_gla_sweep_specialized_kernel" in run.stdout
 
 
 def test_the_ssd_training_gate_kernels_compile_for_sm90():

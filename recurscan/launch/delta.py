@@ -88,7 +88,7 @@ def check_shape(shape: DeltaShape) -> None:
         value = getattr(shape, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"DeltaShape.{name}: expected an int >= 1, got {value!r}")
-    for name in ("v_product", "tma_store", "key_calm_pass", "group_prep", "calm_gates"):
+    for name in ("v_product", "tma_store", "key_calm_pass", "group_prep", "calm_gates", "specialized"):
         if not isinstance(getattr(shape, name), bool):
             raise ValueError(f"DeltaShape.{name}: expected a bool, got {getattr(shape, name)!r}")
     if shape.calm_gates and shape.num_stages > 2:
@@ -209,6 +209,10 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         raise ValueError("DeltaShape.group_prep: the group prep takes a scalar decay with wy=False and M = 1")
     if shape.calm_gates and not group:
         raise ValueError("DeltaShape.calm_gates: the calm gates need group_prep=True")
+    if shape.specialized and not (shape.gluon_sweep and group and shape.phases == 1 and shape.segments == 1):
+        raise ValueError("DeltaShape.specialized: the warp-specialised sweep needs gluon_sweep and group_prep, one "
+                         f"pass (got gluon_sweep={shape.gluon_sweep}, group_prep={group}, phases={shape.phases}, "
+                         f"segments={shape.segments})")
     heads = 1 if group else shape.prep_heads
     if heads > 1 and (wy or (v.shape[2] // q.shape[2]) % heads != 0):
         raise ValueError(f"DeltaShape.prep_heads: {heads} value heads a prep program needs wy=False and a divisor "
@@ -376,10 +380,12 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         PDL=not INTERPRET, REPLAY=False, OUTPUTS=not states_only, STORE_U=False, CKPT_CHUNKS=checkpoint_chunks,
         GATE_SCORES=group, CALM_GATES=shape.calm_gates and not states_only,
         **ssd_sweep)
-    options = dict(num_warps=num_warps)
     sweep_kernel = _sweep_kernel(shape, q, k, v, BV, tma_ok, wy=wy, ssd=ssd, key_decay=key_decay, M=M,
                                  chunk_state_rows=buffers["chunk_states"][0][0] if return_chunk_states else 0,
                                  state_strides=s0, states_only=states_only)
+    # The warp-specialised sweep's three warpgroups share the register file under one cap.
+    specialized = getattr(getattr(sweep_kernel, "fn", None), "__name__", "") == "gluon_gla_sweep_specialized_kernel"
+    options = dict(num_warps=num_warps, **({"maxnreg": SPECIALIZED_MAXNREG} if specialized else {}))
     if phased:
         # prep 0, sweep 0, prep 1, sweep 1, ...: each prep after the first is the programmatic
         # dependent of the sweep before it, so it runs on the SMs that sweep leaves free.
@@ -424,7 +430,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         if not states_only:
             # Those programs again (their flags, their outputs only): a programmatic dependent of the
             # last sweep, whose programs wait for it and mostly just exit.
-            steps.append(Step(chunk_delta_sweep_kernel, grid, dict(kwargs, REPLAY=True, NUM_STAGES=1), options,
+            steps.append(Step(chunk_delta_sweep_kernel, grid, dict(kwargs, REPLAY=True, NUM_STAGES=1), dict(num_warps=num_warps),
                                programmatic=True))
     return DeltaLaunches(buffers, steps, outputs, device)
 
@@ -464,8 +470,17 @@ def _sweep_kernel(shape: DeltaShape, q, k, v, BV: int, tma_ok: bool, *, wy, ssd,
     if not (aligned and tma_ok and (chunk_state_rows + 1) * v.shape[2] * K < 2 ** 31 and in_slot < 2 ** 31) or \
             (ssd is not None and ssd.z is not None):
         return chunk_delta_sweep_kernel
+    if shape.specialized and not states_only and chunk_state_rows == 0:
+        from ..kernels.gluon.gla_sweep_specialized import gluon_gla_sweep_specialized_kernel
+        return gluon_gla_sweep_specialized_kernel
     from ..kernels.gluon.delta_sweep import gluon_sweep_kernel
     return gluon_sweep_kernel
+
+
+#: Registers a thread under the warp-specialised sweep's cap (its chain, outputs and loads
+#: warpgroups: 3 x 128 threads x 168 within the 64 K registers of an SM;
+#: kernels/gluon/gla_sweep_specialized.py's OUTPUT_REGS and LOAD_REGS, the chain the rest).
+SPECIALIZED_MAXNREG = 168
 
 
 def check_out_views(o, final, o_shape, final_shape, dtype, store_final) -> tuple:

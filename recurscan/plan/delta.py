@@ -58,6 +58,10 @@ class DeltaShape:
     # (kernels/gluon/delta_sweep.py; block_v 64 on one warpgroup, num_stages its ring of tile
     # stages): :func:`gluon_forward_sweep` decides.
     gluon_sweep: bool = False
+    # With gluon_sweep, the group prep and the single pass: the twin warp-specialised
+    # (kernels/gluon/gla_sweep_specialized.py: the state's chain, the outputs and the loads on
+    # partitions of their own), where the call has outputs and no chunk states.
+    specialized: bool = False
     # Each phase's length as a fraction of the one before (launch/delta.py's phase_bounds); None:
     # launch.delta.PHASE_RATIO. A faster sweep covers more chunks while the next phase's prep runs
     # beside it, so the twin's phases fall off faster (GLUON_FORWARD_SWEEP).

@@ -1,0 +1,287 @@
+"""The forward sweep of a scalar decay on the group prep's scores (SSD, GLA under GVA), warp-
+specialised: the same arithmetic as the Gluon twin :func:`recurscan.kernels.gluon.delta_sweep.
+gluon_sweep_kernel` with the WY step off and GATE_SCORES (so the Triton sweep's bits, which that
+twin has), on three partitions of one program:
+
+1. the **chain** (the default partition, one warpgroup): S^T [BV, K] float32 in registers; per
+   chunk it hands the state entering the chunk to the outputs through a shared-memory buffer (two
+   of them, in turn), then forms the next state, S^T <- lam_last S^T + (V^T o gam) K;
+2. the **outputs** (one warpgroup): per chunk, S^T Q^T from the handed-over state, the gate tile
+   from the scores, O^T = V^T gates^T + lam rq o S^T Q^T (+ D x^T), stored by a bulk copy;
+3. the **loads** (one warp): the chunk's k, q, v and scores by bulk copies into a ring of
+   NUM_STAGES stages, each freed when both warpgroups are done with it.
+
+So the chain's step holds one product and a hand-over, and the outputs' products and gate tile run
+beside the next chunks' chain, where the twin runs them one after the other on one warpgroup (its
+outputs took SSD B1 T16384's chain from ~1.0 us a chunk, states only, to ~1.5).
+
+Scope (``plan.delta.gluon_sweep_scope`` and the launch layer's ``_sweep_kernel``): the single pass
+(PASS 0), outputs on, no chunk states, checkpoints, segments or phases; dense or varlen, an initial
+state or a cache slot (a padding slot's zero outputs), the final state, SSD's skip D per head or per
+channel, no gate z. The replay flags are the twin's (the Triton replay launch runs after this one).
+Takes the twin's arguments, so a launch record names either kernel.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from .delta_sweep import _initial_state, _row_coefficients, _state_offsets
+
+#: Registers a thread of the outputs' warpgroup and of the load warp's (setmaxnreg); the chain,
+#: the default partition, takes what the kernel's maxnreg leaves (launch.delta: 168 a thread
+#: over the three warpgroups).
+OUTPUT_REGS = gl.constexpr(232)
+LOAD_REGS = gl.constexpr(24)
+
+
+@gluon.jit
+def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
+           NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr, USE_CACHE: gl.constexpr,
+           STORE_FINAL: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr):
+    """The default partition: the state over the program's chunks, each chunk's entering state
+    handed to the outputs, then the final state (or cache slot) and the replay flag."""
+    (k_s, q_s, v_s, a_s, s_s, g_s, o_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
+     coef, D, h0, ht, state, replay_flags, pid, bos, L, c_lo, c_hi, n_run, n_chunks, i_n, i_hv, i_v, slot, pad,
+     s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w) = p
+    DT: gl.constexpr = k_s.dtype
+    mmaK: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
+    mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    aK: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mmaK, k_width=2)
+    col64: gl.constexpr = gl.SliceLayout(0, mma64)
+    compact: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    blk: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
+    S_b = _initial_state(h0, state, slot, pad, i_n, i_hv, i_v, s0_n, s0_h, s0_k, s0_v, blk, BV, K, USE_CACHE, HAS_H0)
+    S_t = gl.convert_layout(S_b, mmaK)
+    o_t = gl.arange(0, BT, layout=compact)
+    n_rk, n_rq, n_gk, n_last, n_gc, n_sg, n_cf = _row_coefficients(coef, bos, L, c_lo, c_hi, i_n, i_hv, o_t, HV, BT,
+                                                                   8, True)
+    for j in range(n_run):
+        s = j % NUM_STAGES
+        b = j % 2
+        gam_rk, lam_last = n_gk, n_last
+        n_rk, n_rq, n_gk, n_last, n_gc, n_sg, n_cf = _row_coefficients(coef, bos, L, c_lo + j + 1, c_hi, i_n, i_hv,
+                                                                       o_t, HV, BT, 8, True)
+        # The state entering chunk j, to the outputs (the buffer they freed two chunks ago).
+        mbarrier.wait(s_empty.index(b), ((j // 2) & 1) ^ 1)
+        s_s.index(b).store(S_t.to(DT))
+        fence_async_shared()
+        mbarrier.arrive(s_ready.index(b), count=1)
+        # The next state: S^T <- lam_last S^T + (V^T o gam) K.
+        mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
+        Vt = v_s.index(s).permute((1, 0)).load(mma64).to(gl.float32)  # [BV, BT]
+        U_g = gl.convert_layout((Vt * gl.convert_layout(gam_rk, col64)[None, :]).to(DT), aK)
+        S_t = warpgroup_mma(U_g, k_s.index(s), S_t * lam_last, is_async=True)
+        S_t = warpgroup_mma_wait(num_outstanding=0, deps=(S_t,))
+        mbarrier.arrive(empty.index(s), count=1)
+
+    # A program whose state came out non-finite raises its flag; the twin's replay launch runs it
+    # again with each chunk's outputs formed causally, and writes its cache slot.
+    bad = gl.max(gl.max(gl.where(S_t * 0.0 == 0.0, 0, 1), axis=1), axis=0)
+    replay = (bad != 0) & (not pad)
+    gl.store(replay_flags + pid, replay.to(gl.int32))
+    if USE_CACHE:
+        o_s0 = _state_offsets(i_v, s0_k, s0_v, mmaK, BV, K)
+        gl.store(state + slot * s0_n + i_hv * s0_h + o_s0, S_t.to(state.dtype.element_ty),
+                 mask=(o_s0 >= 0) & (not replay) & (not pad))
+    elif STORE_FINAL:
+        gl.store(ht + i_n * ht_n + i_hv * ht_h + _state_offsets(i_v, V, 1, mmaK, BV, K), S_t)
+
+
+@gluon.jit
+def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
+             NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr, USE_CACHE: gl.constexpr,
+             STORE_FINAL: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr):
+    """A worker warpgroup: each chunk's outputs from the state the chain handed over."""
+    (k_s, q_s, v_s, a_s, s_s, g_s, o_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
+     coef, D, h0, ht, state, replay_flags, pid, bos, L, c_lo, c_hi, n_run, n_chunks, i_n, i_hv, i_v, slot, pad,
+     s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w) = p
+    DT: gl.constexpr = k_s.dtype
+    mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    col64: gl.constexpr = gl.SliceLayout(0, mma64)
+    row64: gl.constexpr = gl.SliceLayout(1, mma64)
+    compact: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    blk: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
+    o_t = gl.arange(0, BT, layout=compact)
+    o_j = gl.arange(0, BT, layout=row64)
+    o_i = gl.arange(0, BT, layout=col64)
+    zero64 = gl.zeros([BV, BT], gl.float32, layout=mma64)
+    if HAS_D:  # D per head, or per value column ([BV, 1] along the tile's rows)
+        if D_PER_CHANNEL:
+            o_vd = i_v * BV + gl.arange(0, BV, layout=row64)
+            d_skip = gl.load(D + i_hv * V + o_vd).to(gl.float32)[:, None]
+        else:
+            d_skip = gl.load(D + i_hv).to(gl.float32)
+    n_rk, n_rq, n_gk, n_last, n_gc, n_sg, n_cf = _row_coefficients(coef, bos, L, c_lo, c_hi, i_n, i_hv, o_t, HV, BT,
+                                                                   8, True)
+    for j in range(n_run):
+        s = j % NUM_STAGES
+        b = j % 2
+        c = c_lo + j
+        lam_rq, gc, sg, cf = n_rq, n_gc, n_sg, n_cf
+        n_rk, n_rq, n_gk, n_last, n_gc, n_sg, n_cf = _row_coefficients(coef, bos, L, c + 1, c_hi, i_n, i_hv, o_t, HV,
+                                                                       BT, 8, True)
+        mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
+        mbarrier.wait(s_ready.index(b), (j // 2) & 1)
+        QSt = warpgroup_mma(s_s.index(b), q_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
+        # aqk^T [j, i] = G_ij c_j scores_ij while the product runs (the twin's gate tile).
+        St = a_s.index(s).permute((1, 0)).load(mma64).to(gl.float32)
+        gc_i = gl.convert_layout(gc, col64)[None, :]
+        sg_i = gl.convert_layout(sg, col64)[None, :]
+        gc_j = gl.convert_layout(gc, row64)[:, None]
+        sg_j = gl.convert_layout(sg, row64)[:, None]
+        cf_j = gl.convert_layout(cf, row64)[:, None]
+        keep = (o_j[:, None] <= o_i[None, :]) & (sg_j == sg_i)
+        At = gl.where(keep, gl.exp2(gc_i - gc_j) * cf_j * St, 0.0)
+        g_s.permute((1, 0)).store(At.to(DT))
+        fence_async_shared()
+        gl.thread_barrier()
+        QSt = warpgroup_mma_wait(num_outstanding=0, deps=(QSt,))
+        mbarrier.arrive(s_empty.index(b), count=1)
+        O_t = warpgroup_mma(v_s.index(s).permute((1, 0)), g_s.permute((1, 0)),
+                            gl.convert_layout(lam_rq, col64)[None, :] * QSt, is_async=True)
+        if HAS_D:  # Mamba2's skip D x (v holds x)
+            Vt = v_s.index(s).permute((1, 0)).load(mma64).to(gl.float32)
+        O_t = warpgroup_mma_wait(num_outstanding=0, deps=(O_t,))
+        mbarrier.arrive(empty.index(s), count=1)
+        if HAS_D:
+            O_t += d_skip * Vt
+        tma.store_wait(pendings=0)
+        o_s.permute((1, 0)).store(O_t.to(DT))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [c * BT, i_v * BV], o_s)
+    if pad:  # a padding slot: zero outputs over the program's chunks
+        tma.store_wait(pendings=0)
+        o_s.store(gl.zeros([BT, BV], DT, layout=blk))
+        fence_async_shared()
+        for j in range(n_chunks):
+            tma.async_copy_shared_to_global(o_desc, [(c_lo + j) * BT, i_v * BV], o_s)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _loads(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
+           NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr, USE_CACHE: gl.constexpr,
+           STORE_FINAL: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr):
+    """A worker warp: the chunks' tiles by bulk copies, a stage once both warpgroups freed it."""
+    (k_s, q_s, v_s, a_s, s_s, g_s, o_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
+     coef, D, h0, ht, state, replay_flags, pid, bos, L, c_lo, c_hi, n_run, n_chunks, i_n, i_hv, i_v, slot, pad,
+     s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w) = p
+    nbytes: gl.constexpr = (k_desc.block_type.nbytes + q_desc.block_type.nbytes + v_desc.block_type.nbytes
+                            + a_desc.block_type.nbytes)
+    for j in range(n_run):
+        s = j % NUM_STAGES
+        bar = ready.index(s)
+        mbarrier.wait(empty.index(s), ((j // NUM_STAGES) & 1) ^ 1)
+        mbarrier.expect(bar, nbytes)
+        r = (c_lo + j) * BT
+        tma.async_copy_global_to_shared(k_desc, [r, col_qk], bar, k_s.index(s))
+        tma.async_copy_global_to_shared(v_desc, [r, col_v], bar, v_s.index(s))
+        tma.async_copy_global_to_shared(q_desc, [r, col_qk], bar, q_s.index(s))
+        tma.async_copy_global_to_shared(a_desc, [r, col_w], bar, a_s.index(s))
+
+
+@gluon.jit
+def gluon_gla_sweep_specialized_kernel(
+    q, k, v, wy, aqk, coef, o,
+    h0, ht, state, state_indices, chunk_states, cu_seqlens, chunk_offsets, sequence_order,
+    seg_n, seg_m, n_seg, seg_chunks, tc_first, tc_count, trigger_dependents, T,
+    s0_n, s0_h, s0_k, s0_v, n_slots, n_cs_rows, replay_flags, u_out, ks_out, checkpoints, n_ckpt, D, z, dl,
+    o_st, o_sh, ht_n, ht_h,
+    H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, M: gl.constexpr,
+    BT: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr,
+    IS_VARLEN: gl.constexpr, HAS_H0: gl.constexpr,
+    STORE_FINAL: gl.constexpr, USE_CACHE: gl.constexpr, STORE_CHUNK_STATES: gl.constexpr,
+    DOT_PRECISION: gl.constexpr, NUM_STAGES: gl.constexpr, DT: gl.constexpr, PASS: gl.constexpr = 0,
+    V_PRODUCT: gl.constexpr = True, TMA_STORE: gl.constexpr = False, PDL: gl.constexpr = False,
+    REPLAY: gl.constexpr = False, OUTPUTS: gl.constexpr = True, STORE_U: gl.constexpr = False,
+    CKPT_CHUNKS: gl.constexpr = 0, WY: gl.constexpr = True, HAS_D: gl.constexpr = False,
+    D_PER_CHANNEL: gl.constexpr = False, HAS_Z: gl.constexpr = False, KEY_DECAY: gl.constexpr = False,
+    GATE_SCORES: gl.constexpr = False, CALM_GATES: gl.constexpr = False,
+):
+    """Grid (N * HV * V / BV,) as the twin's PASS 0: program -> (sequence, value head, value block
+    of BV = 64), the block fastest; the twin's arguments (those of its other passes and forms
+    unread). Per chunk, with lam rq, gam rk, lam_last and the gates from the group prep's ``coef``::
+
+        O^T  = lam rq o (S^T Q^T) + V^T aqk^T  (+ D x^T with HAS_D),  aqk^T[j, i] = G_ij c_j scores_ij
+        S^T <- lam_last S^T + (V^T o gam rk) K
+
+    The chain, the outputs and the loads on partitions of their own (module docstring); launched
+    with ``maxnreg`` (launch.delta) for the three warpgroups' registers."""
+    gl.static_assert(BV == 64, "64 value columns a program")
+    gl.static_assert(BT == 64, "chunks of 64 rows")
+    gl.static_assert(M == 1, "M = 1")
+    gl.static_assert(GATE_SCORES and not WY and OUTPUTS, "the group prep's scores, the WY step off, outputs on")
+    gl.static_assert(not (KEY_DECAY or HAS_Z or CALM_GATES or STORE_U or REPLAY), "a scalar decay, no gate z")
+    gl.static_assert(PASS == 0 and not STORE_CHUNK_STATES and CKPT_CHUNKS == 0, "the single pass, no chunk states")
+    NV: gl.constexpr = V // BV
+    pid = gl.program_id(0)
+    i_v = pid % NV
+    i_hv = (pid // NV) % HV
+    i_n = (pid // (NV * HV)).to(gl.int64)
+    if IS_VARLEN:  # longest sequences first (ranked by the prep)
+        i_n = gl.load(sequence_order + i_n).to(gl.int64)
+    i_h = i_hv // (HV // H)
+    if IS_VARLEN:  # clamped to [0, T]: no descriptor reaches outside the inputs
+        bos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n).to(gl.int64), 0), T)
+        eos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n + 1).to(gl.int64), bos), T)
+    else:
+        bos = i_n * T
+        eos = bos + T
+    L = eos - bos
+    n_chunks = ((L + BT - 1) // BT).to(gl.int32)
+    c_lo = n_chunks * 0
+    c_hi = n_chunks
+    pad = False
+    slot = i_n * 0
+    n_run = n_chunks
+    if USE_CACHE:  # a slot outside [0, n_slots): padding, zero outputs, no state access
+        slot = gl.load(state_indices + i_n).to(gl.int64)
+        pad = (slot < 0) | (slot >= n_slots)
+        n_run = gl.where(pad, 0, n_chunks)
+
+    # Descriptors over this sequence's rows: a tile past its end reads zeros, a store stops there.
+    rows = gl.maximum(L, 1).to(gl.int32)
+    l_qk: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, K], DT)
+    l_tv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], DT)
+    l_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], DT)
+    l_vk: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BV, K], DT)
+    A_DT: gl.constexpr = aqk.dtype.element_ty
+    l_at: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], A_DT)
+    k_desc = tma.make_tensor_descriptor(k + bos * (H * K), [rows, H * K], [H * K, 1], [BT, K], l_qk)
+    q_desc = tma.make_tensor_descriptor(q + bos * (H * K), [rows, H * K], [H * K, 1], [BT, K], l_qk)
+    v_desc = tma.make_tensor_descriptor(v + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV], l_tv)
+    a_desc = tma.make_tensor_descriptor(aqk + bos * (H * BT), [rows, H * BT], [H * BT, 1], [BT, BT], l_at)
+    o_desc = tma.make_tensor_descriptor(o + bos * o_st + i_hv * o_sh, [rows, V], [o_st, 1], [BT, BV], l_tv)
+
+    k_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
+    q_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
+    v_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], l_tv)
+    a_s = gl.allocate_shared_memory(A_DT, [NUM_STAGES, BT, BT], l_at)
+    s_s = gl.allocate_shared_memory(DT, [2, BV, K], l_vk)  # the states handed to the outputs
+    g_s = gl.allocate_shared_memory(DT, [BT, BT], l_tt)  # the gated scores, the outputs' operand
+    o_s = gl.allocate_shared_memory(DT, [BT, BV], l_tv)  # the outputs' staging for their bulk store
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    s_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    s_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # the chain's and the outputs' arrivals
+    for i in gl.static_range(2):
+        mbarrier.init(s_ready.index(i), count=1)
+        mbarrier.init(s_empty.index(i), count=1)
+    fence_async_shared()
+
+    p = (k_s, q_s, v_s, a_s, s_s, g_s, o_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
+         coef, D, h0, ht, state, replay_flags, pid, bos, L, c_lo, c_hi, n_run, n_chunks, i_n, i_hv, i_v, slot, pad,
+         s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, i_h * K, i_hv * V + i_v * BV, i_h * BT)
+    # Each partition's arguments written out in the call: a tuple named first would carry the
+    # constexprs as values (Triton 3.6).
+    gl.warp_specialize([
+        (_chain, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL)),
+        (_outputs, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL)),
+        (_loads, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL)),
+    ], [4, 1], [OUTPUT_REGS, LOAD_REGS])
