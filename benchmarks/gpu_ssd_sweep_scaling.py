@@ -1,0 +1,73 @@
+"""What bounds SSD's forward sweep on the group prep's scores: the sweep's GPU time as the number of
+its programs grows (one program per value head at B1 T16384, one group, dstate 128, 64 value columns,
+chunk 256, D per head, dt_bias, softplus), on the Gluon twin in its planned shape and, with ``--ws``,
+warp-specialised. Per row: the sweep's microseconds, a chunk's microseconds per program (the sweep
+over its 256 chunks, where every program runs at once), and the bytes its programs bring into shared
+memory per second (k, q, v and the float32 scores: 56 KB a program and chunk; k, q and the scores are
+the group's, read by every value head's program).
+
+If a program's chunk time stays put as programs are added, a program is bound by its own SM; if it
+grows with them, by something they share (the L2's bandwidth).
+
+    PYTHONPATH=$PWD python benchmarks/gpu_ssd_sweep_scaling.py --out benchmarks/results/gpu_ssd_sweep_scaling_<commit>.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+import triton.testing as tt
+
+import recurscan
+from benchmarks.gpu_delta_train import kernel_times
+from benchmarks.gpu_gla import ssd_inputs
+from benchmarks.gpu_gla_sweep import parse_sweep
+from recurscan.plan import gla as plan_gla
+from recurscan.runtime.cache import clear_caches
+
+#: Bytes a sweep program's ring brings in per chunk: k and q [64, 128] bf16, v [64, 64] bf16, the
+#: scores [64, 64] float32.
+BYTES_A_CHUNK = 2 * 64 * 128 * 2 + 64 * 64 * 2 + 64 * 64 * 4
+
+
+def rows(heads, form):
+    shape = parse_sweep(form)
+    plan_gla.gla_sweep_shape = lambda problem, device, gluon=True: shape
+    out = []
+    for H in heads:
+        a, kw = ssd_inputs(1, 16384, H=H)
+        clear_caches()
+        fn = lambda: recurscan.mamba_chunk_scan_combined(*a, **kw)  # noqa: E731
+        with torch.no_grad():
+            fn()
+            ms = tt.do_bench(fn, rep=100)
+            us = {name: t for name, t in kernel_times(fn).items() if "sweep" in name}
+        sweep = max(us.values())
+        chunk = sweep / 256
+        rate = H * 256 * BYTES_A_CHUNK / (sweep * 1e-6) / 1e12
+        print(f"{form:<26} H {H:4d}: {ms:.3f} ms, sweep {sweep:7.1f} us, {chunk:.2f} us a chunk a program, "
+              f"{rate:.2f} TB/s into shared memory", flush=True)
+        out.append(dict(form=form, heads=H, ms=ms, sweep_us=sweep, us_a_chunk=chunk, tb_per_s=rate, kernels_us=us))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out")
+    ap.add_argument("--ws", action="store_true", help="also the warp-specialised twin (DeltaShape.specialized)")
+    ap.add_argument("--heads", type=int, nargs="*", default=[20, 40, 80, 132])
+    args = ap.parse_args()
+    got = rows(args.heads, "64:4:2:tma:grp:gluon")
+    if args.ws:
+        got += rows(args.heads, "64:4:2:tma:grp:gluon:ws")
+    if args.out:
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(dict(torch=torch.__version__, device=torch.cuda.get_device_name(),
+                           commit=os.environ.get("RECURSCAN_COMMIT", "unknown"), rows=got), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
