@@ -28,7 +28,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .delta_sweep import _initial_state, _row_coefficients, _state_offsets
+from .delta_sweep import _initial_state, _state_offsets
 
 #: Registers a thread of the outputs' warpgroup and of the load warp's (setmaxnreg); the chain,
 #: the default partition, takes what the kernel's maxnreg leaves (launch.delta: 168 a thread
@@ -51,19 +51,19 @@ def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
     mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     aK: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mmaK, k_width=2)
     col64: gl.constexpr = gl.SliceLayout(0, mma64)
-    compact: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     blk: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
     S_b = _initial_state(h0, state, slot, pad, i_n, i_hv, i_v, s0_n, s0_h, s0_k, s0_v, blk, BV, K, USE_CACHE, HAS_H0)
     S_t = gl.convert_layout(S_b, mmaK)
-    o_t = gl.arange(0, BT, layout=compact)
-    n_rk, n_rq, n_gk, n_last, n_gc, n_sg, n_cf = _row_coefficients(coef, bos, L, c_lo, c_hi, i_n, i_hv, o_t, HV, BT,
-                                                                   8, True)
+    o_i = gl.arange(0, BT, layout=col64)
     for j in range(n_run):
         s = j % NUM_STAGES
         b = j % 2
-        gam_rk, lam_last = n_gk, n_last
-        n_rk, n_rq, n_gk, n_last, n_gc, n_sg, n_cf = _row_coefficients(coef, bos, L, c_lo + j + 1, c_hi, i_n, i_hv,
-                                                                       o_t, HV, BT, 8, True)
+        # gam c along V^T's columns and lam_last (the group prep's coef columns 2 and 3), in the
+        # layouts they are used in, issued before the waits
+        c = c_lo + j
+        p_coef = coef + (((bos + c * BT) // BT + i_n) * HV + i_hv) * (BT * 8)
+        gam_rk = gl.load(p_coef + o_i * 8 + 2, mask=c * BT + o_i < L, other=0.0)
+        lam_last = gl.load(p_coef + 3)
         # The state entering chunk j, to the outputs (the buffer they freed two chunks ago).
         mbarrier.wait(s_empty.index(b), ((j // 2) & 1) ^ 1)
         s_s.index(b).store(S_t.to(DT))
@@ -72,7 +72,7 @@ def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
         # The next state: S^T <- lam_last S^T + (V^T o gam) K.
         mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
         Vt = v_s.index(s).permute((1, 0)).load(mma64).to(gl.float32)  # [BV, BT]
-        U_g = gl.convert_layout((Vt * gl.convert_layout(gam_rk, col64)[None, :]).to(DT), aK)
+        U_g = gl.convert_layout((Vt * gam_rk[None, :]).to(DT), aK)
         S_t = warpgroup_mma(U_g, k_s.index(s), S_t * lam_last, is_async=True)
         S_t = warpgroup_mma_wait(num_outstanding=0, deps=(S_t,))
         mbarrier.arrive(empty.index(s), count=1)
@@ -91,6 +91,25 @@ def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
 
 
 @gluon.jit
+def _gate_coefficients(coef, bos, L, c, c_hi, i_n, i_hv, o_i, o_j, HV: gl.constexpr, BT: gl.constexpr):
+    """Chunk c's lam rq, gc and segments along the gate tile's columns (``o_i``'s layout) and gc,
+    segments and column factors along its rows (``o_j``'s), read from the group prep's coef rows in
+    those layouts (the values of :func:`_row_coefficients`, with no layout change: each is a trip
+    through shared memory and a barrier)."""
+    live = c < c_hi
+    p_coef = coef + (((bos + c * BT) // BT + i_n) * HV + i_hv) * (BT * 8)
+    m_i = (c * BT + o_i < L) & live
+    m_j = (c * BT + o_j < L) & live
+    lam_rq = gl.load(p_coef + o_i * 8 + 1, mask=m_i, other=0.0)
+    gc_i = gl.load(p_coef + o_i * 8 + 4, mask=m_i, other=0.0)
+    sg_i = gl.load(p_coef + o_i * 8 + 5, mask=m_i, other=0.0)
+    gc_j = gl.load(p_coef + o_j * 8 + 4, mask=m_j, other=0.0)
+    sg_j = gl.load(p_coef + o_j * 8 + 5, mask=m_j, other=0.0)
+    cf_j = gl.load(p_coef + o_j * 8 + 6, mask=m_j, other=0.0)
+    return lam_rq, gc_i, sg_i, gc_j, sg_j, cf_j
+
+
+@gluon.jit
 def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
              NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr, USE_CACHE: gl.constexpr,
              STORE_FINAL: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr):
@@ -102,9 +121,7 @@ def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.const
     mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     col64: gl.constexpr = gl.SliceLayout(0, mma64)
     row64: gl.constexpr = gl.SliceLayout(1, mma64)
-    compact: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     blk: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
-    o_t = gl.arange(0, BT, layout=compact)
     o_j = gl.arange(0, BT, layout=row64)
     o_i = gl.arange(0, BT, layout=col64)
     zero64 = gl.zeros([BV, BT], gl.float32, layout=mma64)
@@ -114,34 +131,25 @@ def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.const
             d_skip = gl.load(D + i_hv * V + o_vd).to(gl.float32)[:, None]
         else:
             d_skip = gl.load(D + i_hv).to(gl.float32)
-    n_rk, n_rq, n_gk, n_last, n_gc, n_sg, n_cf = _row_coefficients(coef, bos, L, c_lo, c_hi, i_n, i_hv, o_t, HV, BT,
-                                                                   8, True)
     for j in range(n_run):
         s = j % NUM_STAGES
         b = j % 2
         c = c_lo + j
-        lam_rq, gc, sg, cf = n_rq, n_gc, n_sg, n_cf
-        n_rk, n_rq, n_gk, n_last, n_gc, n_sg, n_cf = _row_coefficients(coef, bos, L, c + 1, c_hi, i_n, i_hv, o_t, HV,
-                                                                       BT, 8, True)
+        # issued before the waits, which cover their latency
+        lam_rq, gc_i, sg_i, gc_j, sg_j, cf_j = _gate_coefficients(coef, bos, L, c, c_hi, i_n, i_hv, o_i, o_j, HV, BT)
         mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
         mbarrier.wait(s_ready.index(b), (j // 2) & 1)
         QSt = warpgroup_mma(s_s.index(b), q_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
         # aqk^T [j, i] = G_ij c_j scores_ij while the product runs (the twin's gate tile).
         St = a_s.index(s).permute((1, 0)).load(mma64).to(gl.float32)
-        gc_i = gl.convert_layout(gc, col64)[None, :]
-        sg_i = gl.convert_layout(sg, col64)[None, :]
-        gc_j = gl.convert_layout(gc, row64)[:, None]
-        sg_j = gl.convert_layout(sg, row64)[:, None]
-        cf_j = gl.convert_layout(cf, row64)[:, None]
-        keep = (o_j[:, None] <= o_i[None, :]) & (sg_j == sg_i)
-        At = gl.where(keep, gl.exp2(gc_i - gc_j) * cf_j * St, 0.0)
+        keep = (o_j[:, None] <= o_i[None, :]) & (sg_j[:, None] == sg_i[None, :])
+        At = gl.where(keep, gl.exp2(gc_i[None, :] - gc_j[:, None]) * cf_j[:, None] * St, 0.0)
         g_s.permute((1, 0)).store(At.to(DT))
         fence_async_shared()
         gl.thread_barrier()
         QSt = warpgroup_mma_wait(num_outstanding=0, deps=(QSt,))
         mbarrier.arrive(s_empty.index(b), count=1)
-        O_t = warpgroup_mma(v_s.index(s).permute((1, 0)), g_s.permute((1, 0)),
-                            gl.convert_layout(lam_rq, col64)[None, :] * QSt, is_async=True)
+        O_t = warpgroup_mma(v_s.index(s).permute((1, 0)), g_s.permute((1, 0)), lam_rq[None, :] * QSt, is_async=True)
         if HAS_D:  # Mamba2's skip D x (v holds x)
             Vt = v_s.index(s).permute((1, 0)).load(mma64).to(gl.float32)
         O_t = warpgroup_mma_wait(num_outstanding=0, deps=(O_t,))
