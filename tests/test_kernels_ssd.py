@@ -565,6 +565,38 @@ def test_the_gla_sweeps_gluon_twin_takes_ssd_without_z_and_the_triton_sweep_the_
     assert not sweep.kwargs["OUTPUTS"] and not sweep.kwargs["CALM_GATES"] and not sweep.kwargs["TMA_STORE"]
 
 
+def test_the_warp_specialised_sweep_takes_the_single_pass_with_outputs_and_the_twin_the_rest():
+    """DeltaShape.specialized (kernels/gluon/gla_sweep_specialized.py): with the group prep and the
+    Gluon twin, the single pass with outputs launches the warp-specialised kernel under its register
+    cap (launch.delta.SPECIALIZED_MAXNREG) and the replay the Triton kernel without it; the
+    backward's recompute (no outputs) and a call returning chunk states run the twin; SSD with a gate
+    z the Triton sweep; a shape without the twin, the group prep or one pass is a ValueError naming
+    the field."""
+    from recurscan.launch.gla import SsdPrologue
+    q, k = (torch.zeros(1, 256, 1, 128, dtype=torch.bfloat16) for _ in range(2))
+    v = torch.zeros(1, 256, 16, 64, dtype=torch.bfloat16)
+    ws = dict(block_v=64, num_warps=4, num_stages=2, tma_store=True, gluon_sweep=True, wy=False, group_prep=True,
+              specialized=True)
+
+    def sweeps(**kw):
+        return [(getattr(s.kernel, "fn", s.kernel).__name__, s.kwargs["REPLAY"], s.options.get("maxnreg"))
+                for s in delta_launches(q, k, v, torch.zeros(1, 256, 16), None, **{**ws, **kw}).steps
+                if launch_delta.is_sweep_step(s)]
+    W, G, J = "gluon_gla_sweep_specialized_kernel", "gluon_sweep_kernel", "chunk_delta_sweep_kernel"
+    cap = launch_delta.SPECIALIZED_MAXNREG
+    assert sweeps() == [(W, False, cap), (J, True, None)]
+    ssd = lambda z: SsdPrologue(torch.zeros(1, 256, 16), -torch.ones(16), None, torch.ones(16), z, True,  # noqa: E731
+                                (0.0, float("inf")))
+    assert sweeps(ssd=ssd(None)) == [(W, False, cap), (J, True, None)]
+    assert {name for name, *_ in sweeps(ssd=ssd(torch.zeros(1, 256, 16, 64, dtype=torch.bfloat16)))} == {J}
+    assert sweeps(calm_gates=True, states_only=True) == [(G, False, None)]
+    assert sweeps(return_chunk_states=True) == [(G, False, None), (J, True, None)]
+    for bad in (dict(gluon_sweep=False), dict(group_prep=False), dict(phases=3), dict(segments=2),
+                dict(specialized=1)):
+        with pytest.raises(ValueError, match="specialized"):
+            sweeps(**bad)
+
+
 @pytest.mark.parametrize("case, planned", [("row on", True), ("row off", False), ("no usable Gluon", False),
                                            ('backend="triton"', False)])
 def test_the_planner_gives_the_backwards_recompute_to_the_twin_only_where_its_row_is_on(monkeypatch, case, planned):
