@@ -41,24 +41,27 @@ def sweep_kernels(monkeypatch, by_name=False):
     return picked
 
 
-def run_both(monkeypatch, call, phases=1, group_prep=False, stages=3):
+def run_both(monkeypatch, call, phases=1, group_prep=False, stages=3, specialized=False):
     """``call()``'s outputs with the planned sweep shape at ``phases`` (the delta prep, or the
     group prep without calm gates; 64 value columns on 4 warps, ``stages`` stages, bulk stores) on
-    the Triton sweep and on its Gluon twin; asserts which kernel ran and that the two agree bit for
+    the Triton sweep and on its Gluon twin (``specialized``: warp-specialised, DeltaShape.specialized,
+    kernels/gluon/gla_sweep_specialized.py); asserts which kernel ran and that the two agree bit for
     bit. Returns the twin's outputs."""
-    picked = sweep_kernels(monkeypatch)
+    picked = sweep_kernels(monkeypatch, by_name=True)
     planned = plan_gla.gla_sweep_shape
     out = {}
     for twin in (False, True):
         monkeypatch.setattr(plan_gla, "gla_sweep_shape", lambda problem, device, gluon=True, twin=twin: dataclasses.replace(
             planned(problem, device, gluon=False), block_v=64, num_warps=4, num_stages=stages, tma_store=True,
-            group_prep=group_prep, calm_gates=False, prep_heads=1, phases=phases, segments=1, gluon_sweep=twin))
+            group_prep=group_prep, calm_gates=False, prep_heads=1, phases=phases, segments=1, gluon_sweep=twin,
+            specialized=twin and specialized))
         clear_caches()
         picked.clear()
         got = call()
         got = got if isinstance(got, (tuple, list)) else (got,)
         out[twin] = [t.clone() for t in got if torch.is_tensor(t)]
-        assert picked and ("GluonJITFunction" in picked) == twin, picked
+        want = {"gluon_gla_sweep_specialized_kernel" if specialized else "gluon_sweep_kernel"} if twin else set()
+        assert picked and {name for name in picked if name.startswith("gluon")} == want, picked
     torch.cuda.synchronize()
     for i, (a, b) in enumerate(zip(out[False], out[True])):
         assert torch.equal(bits(a), bits(b)), f"output {i}: {int((a != b).sum())} elements differ"
@@ -111,30 +114,6 @@ def test_ssd_on_the_group_prep_gives_the_triton_sweeps_bits(stages, monkeypatch)
              group_prep=True, stages=stages)
 
 
-def run_specialized(monkeypatch, call):
-    """``call()``'s outputs on the group prep's scores (64 value columns on 4 warps, two stages, bulk
-    stores) with the Triton sweep and with the warp-specialised twin (DeltaShape.specialized,
-    kernels/gluon/gla_sweep_specialized.py); asserts which kernel ran and that the two agree bit for
-    bit. Returns the twin's outputs."""
-    picked = sweep_kernels(monkeypatch, by_name=True)
-    planned = plan_gla.gla_sweep_shape
-    out = {}
-    for ws in (False, True):
-        monkeypatch.setattr(plan_gla, "gla_sweep_shape", lambda problem, device, gluon=True, ws=ws: dataclasses.replace(
-            planned(problem, device, gluon=False), block_v=64, num_warps=4, num_stages=2, tma_store=True,
-            group_prep=True, calm_gates=False, prep_heads=1, phases=1, segments=1, gluon_sweep=ws, specialized=ws))
-        clear_caches()
-        picked.clear()
-        got = call()
-        got = got if isinstance(got, (tuple, list)) else (got,)
-        out[ws] = [t.clone() for t in got if torch.is_tensor(t)]
-        assert picked and ("gluon_gla_sweep_specialized_kernel" in picked) == ws, picked
-    torch.cuda.synchronize()
-    for i, (a, b) in enumerate(zip(out[False], out[True])):
-        assert torch.equal(bits(a), bits(b)), f"output {i}: {int((a != b).sum())} elements differ"
-    return out[True]
-
-
 @pytest.mark.parametrize("per_channel", [False, True], ids=["D per head", "D per channel"])
 def test_ssd_on_the_warp_specialised_sweep_gives_the_triton_sweeps_bits(per_channel, monkeypatch):
     """The warp-specialised twin (the chain, the outputs and the loads on partitions of their own):
@@ -143,13 +122,14 @@ def test_ssd_on_the_warp_specialised_sweep_gives_the_triton_sweeps_bits(per_chan
     slot written)."""
     a, kw = ssd_args(2, 3000, G=1, per_channel=per_channel, seed=11)
     h0 = torch.randn(2, 16, 64, 128, device=DEV)
-    y, hT = run_specialized(monkeypatch, lambda: recurscan.mamba_chunk_scan_combined(
-        *a, **kw, initial_states=h0, return_final_states=True))
+    y, hT = run_both(monkeypatch, lambda: recurscan.mamba_chunk_scan_combined(
+        *a, **kw, initial_states=h0, return_final_states=True), group_prep=True, stages=2, specialized=True)
     assert torch.isfinite(y).all() and torch.isfinite(hT).all()
     a, kw = ssd_args(1, 4100, G=1, per_channel=per_channel, seed=12)
     cu = torch.tensor([0, 1, 2000, 2000, 2001, 4100], device=DEV, dtype=torch.int32)
-    run_specialized(monkeypatch, lambda: recurscan.mamba_chunk_scan_combined(*a, **kw, cu_seqlens=cu,
-                                                                             return_varlen_states=True))
+    run_both(monkeypatch, lambda: recurscan.mamba_chunk_scan_combined(*a, **kw, cu_seqlens=cu,
+                                                                      return_varlen_states=True),
+             group_prep=True, stages=2, specialized=True)
     cache = torch.randn(6, 16, 64, 128, device=DEV)
     slots = torch.tensor([3, -1, 0, 5, 1], device=DEV, dtype=torch.int32)
 
@@ -157,7 +137,7 @@ def test_ssd_on_the_warp_specialised_sweep_gives_the_triton_sweeps_bits(per_chan
         state = cache.clone()
         y = recurscan.mamba_chunk_scan_combined(*a, **kw, cu_seqlens=cu, state=state, state_indices=slots)
         return y, state
-    y, state = run_specialized(monkeypatch, with_cache)
+    y, state = run_both(monkeypatch, with_cache, group_prep=True, stages=2, specialized=True)
     assert torch.equal(y[:, 1:2000], torch.zeros_like(y[:, 1:2000]))  # the padding slot's sequence
     assert torch.equal(state[[2, 4]], cache[[2, 4]])  # slots no sequence owns
 
@@ -167,7 +147,8 @@ def test_the_benchmark_ssd_on_the_warp_specialised_sweep_against_the_oracle(monk
     warp-specialised twin: the Triton sweep's bits, and the float64 PyTorch form's values."""
     from benchmarks.gpu_gla import ssd_inputs
     a, kw = ssd_inputs(4, 4096)
-    y = run_specialized(monkeypatch, lambda: recurscan.mamba_chunk_scan_combined(*a, **kw))[0]
+    y = run_both(monkeypatch, lambda: recurscan.mamba_chunk_scan_combined(*a, **kw), group_prep=True, stages=2,
+                 specialized=True)[0]
     want = recurscan.mamba_chunk_scan_combined(*(t.double() for t in a), **{
         k: (v.double() if torch.is_tensor(v) else v) for k, v in kw.items()}, backend="torch")
     err = relative_rms(y.double(), want)
