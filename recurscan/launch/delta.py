@@ -430,8 +430,8 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         if not states_only:
             # Those programs again (their flags, their outputs only): a programmatic dependent of the
             # last sweep, whose programs wait for it and mostly just exit.
-            steps.append(Step(chunk_delta_sweep_kernel, grid, dict(kwargs, REPLAY=True, NUM_STAGES=1), dict(num_warps=num_warps),
-                               programmatic=True))
+            steps.append(Step(chunk_delta_sweep_kernel, grid, dict(kwargs, REPLAY=True, NUM_STAGES=1),
+                              dict(num_warps=num_warps), programmatic=True))
     return DeltaLaunches(buffers, steps, outputs, device)
 
 
