@@ -7,7 +7,10 @@ memory per second (k, q, v and the float32 scores: 56 KB a program and chunk; k,
 the group's, read by every value head's program).
 
 If a program's chunk time stays put as programs are added, a program is bound by its own SM; if it
-grows with them, by something they share (the L2's bandwidth).
+grows with them, by something they share (the L2's bandwidth). ``--probe P`` (repeatable) times the
+warp-specialised form again with its timing probe P in a process of its own
+(kernels/gluon/gla_sweep_specialized.py's PROBE: 1 the ring of loads alone, 2 with the chain, 3
+with the outputs), which splits a chunk's time between the loads, the chain and the outputs.
 
     PYTHONPATH=$PWD python benchmarks/gpu_ssd_sweep_scaling.py --out benchmarks/results/gpu_ssd_sweep_scaling_<commit>.json
 """
@@ -16,6 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
+import tempfile
 
 import torch
 import triton.testing as tt
@@ -47,7 +53,8 @@ def rows(heads, form):
         sweep = max(us.values())
         chunk = sweep / 256
         rate = H * 256 * BYTES_A_CHUNK / (sweep * 1e-6) / 1e12
-        print(f"{form:<26} H {H:4d}: {ms:.3f} ms, sweep {sweep:7.1f} us, {chunk:.2f} us a chunk a program, "
+        probe = os.environ.get("RECURSCAN_SWEEP_PROBE", "0")
+        print(f"{form:<26}{'' if probe == '0' else f' probe {probe}'} H {H:4d}: {ms:.3f} ms, sweep {sweep:7.1f} us, {chunk:.2f} us a chunk a program, "
               f"{rate:.2f} TB/s into shared memory", flush=True)
         out.append(dict(form=form, heads=H, ms=ms, sweep_us=sweep, us_a_chunk=chunk, tb_per_s=rate, kernels_us=us))
     return out
@@ -58,10 +65,20 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--ws", action="store_true", help="also the warp-specialised twin (DeltaShape.specialized)")
     ap.add_argument("--heads", type=int, nargs="*", default=[20, 40, 80, 132])
+    ap.add_argument("--probe", type=int, action="append", default=[],
+                    help="also the warp-specialised form under its timing probe P (1, 2 or 3), in a process of its own")
+    ap.add_argument("--ws-only", action="store_true", help="the warp-specialised form alone")
     args = ap.parse_args()
-    got = rows(args.heads, "64:4:2:tma:grp:gluon")
-    if args.ws:
+    got = [] if args.ws_only else rows(args.heads, "64:4:2:tma:grp:gluon")
+    if args.ws or args.ws_only:
         got += rows(args.heads, "64:4:2:tma:grp:gluon:ws")
+    for probe in args.probe:  # the probe is read when the kernel's module is imported
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "rows.json")
+            subprocess.run([sys.executable, "-m", "benchmarks.gpu_ssd_sweep_scaling", "--ws-only", "--out", out,
+                            "--heads", *map(str, args.heads)], check=True,
+                           env=dict(os.environ, RECURSCAN_SWEEP_PROBE=str(probe)))
+            got += [dict(row, probe=probe) for row in json.load(open(out))["rows"]]
     if args.out:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:

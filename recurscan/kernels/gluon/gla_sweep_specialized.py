@@ -23,6 +23,8 @@ Takes the twin's arguments, so a launch record names either kernel.
 """
 from __future__ import annotations
 
+import os
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
@@ -35,6 +37,12 @@ from .delta_sweep import _initial_state, _state_offsets
 #: over the three warpgroups).
 OUTPUT_REGS = gl.constexpr(232)
 LOAD_REGS = gl.constexpr(24)
+#: A timing probe (``RECURSCAN_SWEEP_PROBE`` when this module is imported; only
+#: benchmarks/gpu_ssd_sweep_scaling.py's ``--probe`` sets it): 0 the kernel; 1 the ring alone (both
+#: warpgroups wait for each stage and free it, nothing formed or stored); 2 the ring and the chain
+#: (the outputs only hand the state buffers back); 3 the ring and the outputs (the chain hands its
+#: entering state over unchanged). Probes 1-3 write wrong outputs: for timing only.
+PROBE = gl.constexpr(int(os.environ.get("RECURSCAN_SWEEP_PROBE", "0")))
 
 
 @gluon.jit
@@ -64,17 +72,19 @@ def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
         p_coef = coef + (((bos + c * BT) // BT + i_n) * HV + i_hv) * (BT * 8)
         gam_rk = gl.load(p_coef + o_i * 8 + 2, mask=c * BT + o_i < L, other=0.0)
         lam_last = gl.load(p_coef + 3)
-        # The state entering chunk j, to the outputs (the buffer they freed two chunks ago).
-        mbarrier.wait(s_empty.index(b), ((j // 2) & 1) ^ 1)
-        s_s.index(b).store(S_t.to(DT))
-        fence_async_shared()
-        mbarrier.arrive(s_ready.index(b), count=1)
+        if PROBE != 1:
+            # The state entering chunk j, to the outputs (the buffer they freed two chunks ago).
+            mbarrier.wait(s_empty.index(b), ((j // 2) & 1) ^ 1)
+            s_s.index(b).store(S_t.to(DT))
+            fence_async_shared()
+            mbarrier.arrive(s_ready.index(b), count=1)
         # The next state: S^T <- lam_last S^T + (V^T o gam) K.
         mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
-        Vt = v_s.index(s).permute((1, 0)).load(mma64).to(gl.float32)  # [BV, BT]
-        U_g = gl.convert_layout((Vt * gam_rk[None, :]).to(DT), aK)
-        S_t = warpgroup_mma(U_g, k_s.index(s), S_t * lam_last, is_async=True)
-        S_t = warpgroup_mma_wait(num_outstanding=0, deps=(S_t,))
+        if PROBE == 0 or PROBE == 2:
+            Vt = v_s.index(s).permute((1, 0)).load(mma64).to(gl.float32)  # [BV, BT]
+            U_g = gl.convert_layout((Vt * gam_rk[None, :]).to(DT), aK)
+            S_t = warpgroup_mma(U_g, k_s.index(s), S_t * lam_last, is_async=True)
+            S_t = warpgroup_mma_wait(num_outstanding=0, deps=(S_t,))
         mbarrier.arrive(empty.index(s), count=1)
 
     # A program whose state came out non-finite raises its flag; the twin's replay launch runs it
@@ -138,28 +148,36 @@ def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.const
         # issued before the waits, which cover their latency
         lam_rq, gc_i, sg_i, gc_j, sg_j, cf_j = _gate_coefficients(coef, bos, L, c, c_hi, i_n, i_hv, o_i, o_j, HV, BT)
         mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
-        mbarrier.wait(s_ready.index(b), (j // 2) & 1)
-        QSt = warpgroup_mma(s_s.index(b), q_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
-        # aqk^T [j, i] = G_ij c_j scores_ij while the product runs (the twin's gate tile).
-        St = a_s.index(s).permute((1, 0)).load(mma64).to(gl.float32)
-        keep = (o_j[:, None] <= o_i[None, :]) & (sg_j[:, None] == sg_i[None, :])
-        At = gl.where(keep, gl.exp2(gc_i[None, :] - gc_j[:, None]) * cf_j[:, None] * St, 0.0)
-        g_s.permute((1, 0)).store(At.to(DT))
-        fence_async_shared()
-        gl.thread_barrier()
-        QSt = warpgroup_mma_wait(num_outstanding=0, deps=(QSt,))
-        mbarrier.arrive(s_empty.index(b), count=1)
-        O_t = warpgroup_mma(v_s.index(s).permute((1, 0)), g_s.permute((1, 0)), lam_rq[None, :] * QSt, is_async=True)
-        if HAS_D:  # Mamba2's skip D x (v holds x)
-            Vt = v_s.index(s).permute((1, 0)).load(mma64).to(gl.float32)
-        O_t = warpgroup_mma_wait(num_outstanding=0, deps=(O_t,))
-        mbarrier.arrive(empty.index(s), count=1)
-        if HAS_D:
-            O_t += d_skip * Vt
-        tma.store_wait(pendings=0)
-        o_s.permute((1, 0)).store(O_t.to(DT))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [c * BT, i_v * BV], o_s)
+        if PROBE == 1:
+            mbarrier.arrive(empty.index(s), count=1)
+        elif PROBE == 2:
+            mbarrier.wait(s_ready.index(b), (j // 2) & 1)
+            mbarrier.arrive(s_empty.index(b), count=1)
+            mbarrier.arrive(empty.index(s), count=1)
+        else:
+            mbarrier.wait(s_ready.index(b), (j // 2) & 1)
+            QSt = warpgroup_mma(s_s.index(b), q_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
+            # aqk^T [j, i] = G_ij c_j scores_ij while the product runs (the twin's gate tile).
+            St = a_s.index(s).permute((1, 0)).load(mma64).to(gl.float32)
+            keep = (o_j[:, None] <= o_i[None, :]) & (sg_j[:, None] == sg_i[None, :])
+            At = gl.where(keep, gl.exp2(gc_i[None, :] - gc_j[:, None]) * cf_j[:, None] * St, 0.0)
+            g_s.permute((1, 0)).store(At.to(DT))
+            fence_async_shared()
+            gl.thread_barrier()
+            QSt = warpgroup_mma_wait(num_outstanding=0, deps=(QSt,))
+            mbarrier.arrive(s_empty.index(b), count=1)
+            O_t = warpgroup_mma(v_s.index(s).permute((1, 0)), g_s.permute((1, 0)), lam_rq[None, :] * QSt,
+                                is_async=True)
+            if HAS_D:  # Mamba2's skip D x (v holds x)
+                Vt = v_s.index(s).permute((1, 0)).load(mma64).to(gl.float32)
+            O_t = warpgroup_mma_wait(num_outstanding=0, deps=(O_t,))
+            mbarrier.arrive(empty.index(s), count=1)
+            if HAS_D:
+                O_t += d_skip * Vt
+            tma.store_wait(pendings=0)
+            o_s.permute((1, 0)).store(O_t.to(DT))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(o_desc, [c * BT, i_v * BV], o_s)
     if pad:  # a padding slot: zero outputs over the program's chunks
         tma.store_wait(pendings=0)
         o_s.store(gl.zeros([BT, BV], DT, layout=blk))
