@@ -68,10 +68,14 @@ def main():
     ap.add_argument("--probe", type=int, action="append", default=[],
                     help="also the warp-specialised form under its timing probe P (1, 2 or 3), in a process of its own")
     ap.add_argument("--ws-only", action="store_true", help="the warp-specialised form alone")
+    ap.add_argument("--form", action="append", default=[],
+                    help="also a sweep form of gpu_gla_sweep.py's --sweep (e.g. 64:4:3:tma:grp:gluon:ws, three stages)")
     args = ap.parse_args()
     got = [] if args.ws_only else rows(args.heads, "64:4:2:tma:grp:gluon")
     if args.ws or args.ws_only:
         got += rows(args.heads, "64:4:2:tma:grp:gluon:ws")
+    for form in ([] if args.ws_only else args.form):
+        got += rows(args.heads, form)
     for probe in args.probe:  # the probe is read when the kernel's module is imported
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "rows.json")

@@ -12,7 +12,8 @@
 #      reasons per instruction (a Gluon kernel under ncu once crashed the profiled process: the dq/dk
 #      twin, 2026-12-03); and the warp-specialised form's timing probes (the ring of loads alone,
 #      with the chain, with the outputs: kernels/gluon/gla_sweep_specialized.py's PROBE, built
-#      offline at the end of session 24), which split a chunk's 1.5 us between them without ncu;
+#      offline at the end of session 24), which split a chunk's 1.5 us between them without ncu,
+#      and that form with a third ring stage (216 KB);
 #   1. the check of record: the forward and training rows beside mamba_ssm and fla in the same
 #      process, SSD's also with the reverse sweep and the dg launch each on the kernel not planned;
 #   2. the whole GPU suite (159 passed at aeb0590).
@@ -22,7 +23,7 @@ export RECURSCAN_COMMIT=$C
 pip install -q --no-index --no-deps --target /tmp/site .whl/fla_core-0.6.0-py3-none-any.whl 2>&1 | grep -v WARNING | tail -1
 mkdir -p /tmp/mamba && tar xzf .whl/mamba_ssm-2.3.2.post1.tar.gz -C /tmp/mamba --strip-components=1
 timeout 150 env PYTHONPATH=$PWD python benchmarks/gpu_ssd_sweep_scaling.py --ws --probe 1 --probe 2 --probe 3 \
-    --heads 80 132 --out "$OUT/gpu_ssd_sweep_scaling_$C.json" 2>&1 | grep -E " H |rror"
+    --form 64:4:3:tma:grp:gluon:ws --heads 80 132 --out "$OUT/gpu_ssd_sweep_scaling_$C.json" 2>&1 | grep -E " H |rror"
 for form in 64:4:2:tma:grp:gluon 64:4:2:tma:grp:gluon:ws; do
     timeout 120 ncu --clock-control none --nvtx --nvtx-include "profiled/" --set detailed --import-source yes \
         -k regex:sweep -o /tmp/prof_${form//:/_} python -m benchmarks.ncu_ssd_sweep 1 16384 $form > /dev/null 2>&1
