@@ -12,8 +12,10 @@ twin has), on three partitions of one program:
    NUM_STAGES stages, each freed when both warpgroups are done with it.
 
 So the chain's step holds one product and a hand-over, and the outputs' products and gate tile run
-beside the next chunks' chain, where the twin runs them one after the other on one warpgroup (its
-outputs took SSD B1 T16384's chain from ~1.0 us a chunk, states only, to ~1.5).
+beside the next chunks' chain, where the twin runs them one after the other on one warpgroup. On
+the H200 a chunk still takes ~1.5 us a program, as the twin's does, so the planner does not take it
+(``DeltaShape.specialized`` off; docs/kernels-gla-plan.md, "The next GPU session", item 0); its
+timing probes (:data:`PROBE`) split that time between the loads, the chain and the outputs.
 
 Scope (``plan.delta.gluon_sweep_scope`` and the launch layer's ``_sweep_kernel``): the single pass
 (PASS 0), outputs on, no chunk states, checkpoints, segments or phases; dense or varlen, an initial
