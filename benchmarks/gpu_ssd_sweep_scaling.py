@@ -65,7 +65,7 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--ws", action="store_true", help="also the warp-specialised twin (DeltaShape.specialized)")
     ap.add_argument("--heads", type=int, nargs="*", default=[20, 40, 80, 132])
-    ap.add_argument("--probe", type=int, action="append", default=[],
+    ap.add_argument("--probe", type=int, action="append", default=[], choices=[1, 2, 3],
                     help="also the warp-specialised form under its timing probe P (1, 2 or 3), in a process of its own")
     ap.add_argument("--ws-only", action="store_true", help="the warp-specialised form alone")
     ap.add_argument("--form", action="append", default=[],

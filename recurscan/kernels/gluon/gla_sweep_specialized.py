@@ -44,7 +44,10 @@ LOAD_REGS = gl.constexpr(24)
 #: warpgroups wait for each stage and free it, nothing formed or stored); 2 the ring and the chain
 #: (the outputs only hand the state buffers back); 3 the ring and the outputs (the chain hands its
 #: entering state over unchanged). Probes 1-3 write wrong outputs: for timing only.
-PROBE = gl.constexpr(int(os.environ.get("RECURSCAN_SWEEP_PROBE", "0")))
+_PROBE = os.environ.get("RECURSCAN_SWEEP_PROBE", "0")
+if _PROBE not in ("0", "1", "2", "3"):
+    raise ValueError(f"RECURSCAN_SWEEP_PROBE: expected 0, 1, 2 or 3, got {_PROBE!r}")
+PROBE = gl.constexpr(int(_PROBE))
 
 
 @gluon.jit
