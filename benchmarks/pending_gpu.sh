@@ -17,11 +17,15 @@
 #   1. the check of record: the forward and training rows beside mamba_ssm and fla in the same
 #      process, SSD's also with the reverse sweep and the dg launch each on the kernel not planned;
 #   2. the whole GPU suite (159 passed at aeb0590).
+# Arguments: the steps to run (default: all three; `0` alone, then `1 2`, fit two 600 s calls).
 set -u
+STEPS=${*:-0 1 2}
+step() { [[ " $STEPS " == *" $1 "* ]]; }
 C=${RECURSCAN_COMMIT:-unknown}
 export RECURSCAN_COMMIT=$C
 pip install -q --no-index --no-deps --target /tmp/site .whl/fla_core-0.6.0-py3-none-any.whl 2>&1 | grep -v WARNING | tail -1
 mkdir -p /tmp/mamba && tar xzf .whl/mamba_ssm-2.3.2.post1.tar.gz -C /tmp/mamba --strip-components=1
+if step 0; then
 timeout 150 env PYTHONPATH=$PWD python benchmarks/gpu_ssd_sweep_scaling.py --ws --probe 1 --probe 2 --probe 3 \
     --form 64:4:3:tma:grp:gluon:ws --heads 80 132 --out "$OUT/gpu_ssd_sweep_scaling_$C.json" 2>&1 | grep -E " H |rror"
 for form in 64:4:2:tma:grp:gluon 64:4:2:tma:grp:gluon:ws; do
@@ -31,7 +35,8 @@ for form in 64:4:2:tma:grp:gluon 64:4:2:tma:grp:gluon:ws; do
         python -m benchmarks.ncu_stalls /tmp/sass.csv 15 > "$OUT/ncu_ssd_sweep_${form//:/_}_$C.txt" 2>&1
     head -30 "$OUT/ncu_ssd_sweep_${form//:/_}_$C.txt"
 done
-timeout 300 env PYTHONPATH=$PWD:/tmp/site MAMBA_SSM_SRC=/tmp/mamba python benchmarks/gpu_gla_sweep.py --profile --train \
+fi
+step 1 && timeout 300 env PYTHONPATH=$PWD:/tmp/site MAMBA_SSM_SRC=/tmp/mamba python benchmarks/gpu_gla_sweep.py --profile --train \
     --reverse-twin --dg-twin --out "$OUT/gpu_gla_sweep_$C.json" 2>&1 | grep -v Warning | grep -E " ms" | head -40
-timeout 290 python -m pytest -m gpu -n 4 tests/gpu -p no:cacheprovider -o faulthandler_timeout=280 -q \
-    > "$OUT/gpu_tests_$C.log" 2>&1; echo "gpu suite rc=$?"; grep -E "passed|failed|FAILED|Timeout" "$OUT/gpu_tests_$C.log" | tail -12
+step 2 && { timeout 290 python -m pytest -m gpu -n 4 tests/gpu -p no:cacheprovider -o faulthandler_timeout=280 -q \
+    > "$OUT/gpu_tests_$C.log" 2>&1; echo "gpu suite rc=$?"; grep -E "passed|failed|FAILED|Timeout" "$OUT/gpu_tests_$C.log" | tail -12; }
