@@ -13,8 +13,9 @@ import sys
 
 def summarise(path: str, top: int = 20) -> str:
     rows = list(csv.reader(open(path)))
-    hdr = rows[1]
-    data = [r for r in rows[2:] if len(r) >= len(hdr)]
+    hdr = next(r for r in rows if "Warp Stall Sampling (All Samples)" in r)
+    # a report of several launches repeats the header before each launch's rows
+    data = [r for r in rows if len(r) >= len(hdr) and r != hdr]
     ix = {h: i for i, h in enumerate(hdr)}
     stall_cols = [h for h in hdr if h.startswith("stall_") and "Not Issued" not in h]
     samples = lambda r: int(r[ix["Warp Stall Sampling (All Samples)"]] or 0)  # noqa: E731
