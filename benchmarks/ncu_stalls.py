@@ -11,11 +11,24 @@ import csv
 import sys
 
 
-def summarise(path: str, top: int = 20) -> str:
-    rows = list(csv.reader(open(path)))
-    hdr = next(r for r in rows if "Warp Stall Sampling (All Samples)" in r)
-    # a report of several launches repeats the header before each launch's rows
-    data = [r for r in rows if len(r) >= len(hdr) and r != hdr]
+def sections(path: str):
+    """(kernel name, header, rows) for each launch in the report: each starts with a "Kernel Name"
+    row and its own header (launches of different kernels have different columns)."""
+    name, hdr, data = None, None, []
+    for r in csv.reader(open(path)):
+        if r and r[0] == "Kernel Name":
+            if hdr is not None:
+                yield name, hdr, data
+            name, hdr, data = r[1], None, []
+        elif hdr is None:
+            hdr = r
+        elif len(r) >= len(hdr):
+            data.append(r)
+    if hdr is not None:
+        yield name, hdr, data
+
+
+def summarise_section(name, hdr, data, top: int = 20) -> str:
     ix = {h: i for i, h in enumerate(hdr)}
     stall_cols = [h for h in hdr if h.startswith("stall_") and "Not Issued" not in h]
     samples = lambda r: int(r[ix["Warp Stall Sampling (All Samples)"]] or 0)  # noqa: E731
@@ -27,7 +40,7 @@ def summarise(path: str, top: int = 20) -> str:
         executed[opcode(r)] += int(r[ix["Instructions Executed"]] or 0)
         op_samples[opcode(r)] += samples(r)
     n_exec = sum(executed.values()) or 1
-    out = [f"stall samples {total}"]
+    out = [f"{name}: stall samples {total}"]
     out += [f"  {c:26s} {v:8d} {100 * v / total:5.1f}%" for c, v in by_reason.most_common(8)]
     out.append(f"warp instructions executed {n_exec}, by opcode (share of instructions, of stall samples)")
     out += [f"  {o:12s} {v:11d} {100 * v / n_exec:5.1f}%  {100 * op_samples[o] / total:5.1f}%"
@@ -37,6 +50,13 @@ def summarise(path: str, top: int = 20) -> str:
         reason = max(stall_cols, key=lambda c: int(r[ix[c]] or 0))
         out.append(f"  {r[ix['Address']][-5:]} {100 * samples(r) / total:5.2f}% {reason:16s} {r[ix['Source']].strip()[:70]}")
     return "\n".join(out)
+
+
+def summarise(path: str, top: int = 20) -> str:
+    """The launches with stall samples, each summarised (a launch that returned at once has none)."""
+    parts = [summarise_section(name, hdr, data, top) for name, hdr, data in sections(path)
+             if any(r[hdr.index("Warp Stall Sampling (All Samples)")] not in ("", "0") for r in data)]
+    return "\n\n".join(parts)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from .delta_sweep import _initial_state, _state_offsets
 #: Registers a thread of the outputs' warpgroup and of the load warp's (setmaxnreg); the chain,
 #: the default partition, takes what the kernel's maxnreg leaves (launch.delta: 168 a thread
 #: over the three warpgroups).
-OUTPUT_REGS = gl.constexpr(232)
+OUTPUT_REGS = gl.constexpr(152)
 LOAD_REGS = gl.constexpr(24)
 #: A timing probe (``RECURSCAN_SWEEP_PROBE`` when this module is imported; only
 #: benchmarks/gpu_ssd_sweep_scaling.py's ``--probe`` sets it): 0 the kernel; 1 the ring alone (both
@@ -56,7 +56,7 @@ def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
            STORE_FINAL: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr):
     """The default partition: the state over the program's chunks, each chunk's entering state
     handed to the outputs, then the final state (or cache slot) and the replay flag."""
-    (k_s, q_s, v_s, a_s, s_s, g_s, o_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
+    (k_s, q_s, v_s, a_s, s_s, g_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
      coef, D, h0, ht, state, replay_flags, pid, bos, L, c_lo, c_hi, n_run, n_chunks, i_n, i_hv, i_v, slot, pad,
      s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w) = p
     DT: gl.constexpr = k_s.dtype
@@ -127,9 +127,12 @@ def _gate_coefficients(coef, bos, L, c, c_hi, i_n, i_hv, o_i, o_j, HV: gl.conste
 @gluon.jit
 def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
              NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr, USE_CACHE: gl.constexpr,
-             STORE_FINAL: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr):
-    """A worker warpgroup: each chunk's outputs from the state the chain handed over."""
-    (k_s, q_s, v_s, a_s, s_s, g_s, o_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
+             STORE_FINAL: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr, PART: gl.constexpr):
+    """A worker warpgroup: the outputs of every other chunk (those with j % 2 == PART; the other
+    warpgroup takes the rest) from the state the chain handed over in buffer PART. Two of them, as
+    one warpgroup's chunk is a chain of dependent steps (two products, the gate tile, the store)
+    that leaves its warps idle most of the time."""
+    (k_s, q_s, v_s, a_s, s_s, g_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
      coef, D, h0, ht, state, replay_flags, pid, bos, L, c_lo, c_hi, n_run, n_chunks, i_n, i_hv, i_v, slot, pad,
      s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w) = p
     DT: gl.constexpr = k_s.dtype
@@ -146,9 +149,10 @@ def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.const
             d_skip = gl.load(D + i_hv * V + o_vd).to(gl.float32)[:, None]
         else:
             d_skip = gl.load(D + i_hv).to(gl.float32)
-    for j in range(n_run):
+    g_s = g_s.index(PART)  # the gated scores, then the outputs' staging for their bulk store
+    b = PART
+    for j in range(PART, n_run, 2):
         s = j % NUM_STAGES
-        b = j % 2
         c = c_lo + j
         # issued before the waits, which cover their latency
         lam_rq, gc_i, sg_i, gc_j, sg_j, cf_j = _gate_coefficients(coef, bos, L, c, c_hi, i_n, i_hv, o_i, o_j, HV, BT)
@@ -166,6 +170,7 @@ def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.const
             St = a_s.index(s).permute((1, 0)).load(mma64).to(gl.float32)
             keep = (o_j[:, None] <= o_i[None, :]) & (sg_j[:, None] == sg_i[None, :])
             At = gl.where(keep, gl.exp2(gc_i[None, :] - gc_j[:, None]) * cf_j[:, None] * St, 0.0)
+            tma.store_wait(pendings=0)  # the last chunk's outputs out of g_s
             g_s.permute((1, 0)).store(At.to(DT))
             fence_async_shared()
             gl.thread_barrier()
@@ -179,16 +184,17 @@ def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.const
             mbarrier.arrive(empty.index(s), count=1)
             if HAS_D:
                 O_t += d_skip * Vt
-            tma.store_wait(pendings=0)
-            o_s.permute((1, 0)).store(O_t.to(DT))
+            gl.thread_barrier()  # every warp's reads of g_s by the product done
+            g_s.permute((1, 0)).store(O_t.to(DT))
             fence_async_shared()
-            tma.async_copy_shared_to_global(o_desc, [c * BT, i_v * BV], o_s)
-    if pad:  # a padding slot: zero outputs over the program's chunks
-        tma.store_wait(pendings=0)
-        o_s.store(gl.zeros([BT, BV], DT, layout=blk))
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(o_desc, [c * BT, i_v * BV], g_s)
+    if pad:  # a padding slot: zero outputs over the program's chunks, half of them here
+        g_s.store(gl.zeros([BT, BV], DT, layout=blk))
         fence_async_shared()
-        for j in range(n_chunks):
-            tma.async_copy_shared_to_global(o_desc, [(c_lo + j) * BT, i_v * BV], o_s)
+        gl.thread_barrier()
+        for j in range(PART, n_chunks, 2):
+            tma.async_copy_shared_to_global(o_desc, [(c_lo + j) * BT, i_v * BV], g_s)
     tma.store_wait(pendings=0)
 
 
@@ -197,7 +203,7 @@ def _loads(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
            NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr, USE_CACHE: gl.constexpr,
            STORE_FINAL: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr):
     """A worker warp: the chunks' tiles by bulk copies, a stage once both warpgroups freed it."""
-    (k_s, q_s, v_s, a_s, s_s, g_s, o_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
+    (k_s, q_s, v_s, a_s, s_s, g_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
      coef, D, h0, ht, state, replay_flags, pid, bos, L, c_lo, c_hi, n_run, n_chunks, i_n, i_hv, i_v, slot, pad,
      s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w) = p
     nbytes: gl.constexpr = (k_desc.block_type.nbytes + q_desc.block_type.nbytes + v_desc.block_type.nbytes
@@ -292,8 +298,9 @@ def gluon_gla_sweep_specialized_kernel(
     v_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], l_tv)
     a_s = gl.allocate_shared_memory(A_DT, [NUM_STAGES, BT, BT], l_at)
     s_s = gl.allocate_shared_memory(DT, [2, BV, K], l_vk)  # the states handed to the outputs
-    g_s = gl.allocate_shared_memory(DT, [BT, BT], l_tt)  # the gated scores, the outputs' operand
-    o_s = gl.allocate_shared_memory(DT, [BT, BV], l_tv)  # the outputs' staging for their bulk store
+    # each outputs warpgroup's gated scores (the outputs' operand), then its outputs' staging
+    gl.static_assert(BT == BV, "the gated scores' buffer stages the outputs")
+    g_s = gl.allocate_shared_memory(DT, [2, BT, BT], l_tt)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     s_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -306,13 +313,14 @@ def gluon_gla_sweep_specialized_kernel(
         mbarrier.init(s_empty.index(i), count=1)
     fence_async_shared()
 
-    p = (k_s, q_s, v_s, a_s, s_s, g_s, o_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
+    p = (k_s, q_s, v_s, a_s, s_s, g_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
          coef, D, h0, ht, state, replay_flags, pid, bos, L, c_lo, c_hi, n_run, n_chunks, i_n, i_hv, i_v, slot, pad,
          s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, i_h * K, i_hv * V + i_v * BV, i_h * BT)
     # Each partition's arguments written out in the call: a tuple named first would carry the
     # constexprs as values (Triton 3.6).
     gl.warp_specialize([
         (_chain, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL)),
-        (_outputs, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL)),
+        (_outputs, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL, 0)),
+        (_outputs, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL, 1)),
         (_loads, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL)),
-    ], [4, 1], [OUTPUT_REGS, LOAD_REGS])
+    ], [4, 4, 1], [OUTPUT_REGS, OUTPUT_REGS, LOAD_REGS])
