@@ -480,7 +480,7 @@ def _sweep_kernel(shape: DeltaShape, q, k, v, BV: int, tma_ok: bool, *, wy, ssd,
 #: Registers a thread under the warp-specialised sweep's cap (its chain, outputs and loads
 #: warpgroups: 3 x 128 threads x 168 within the 64 K registers of an SM;
 #: kernels/gluon/gla_sweep_specialized.py's OUTPUT_REGS and LOAD_REGS, the chain the rest).
-SPECIALIZED_MAXNREG = 152
+SPECIALIZED_MAXNREG = 128
 
 
 def check_out_views(o, final, o_shape, final_shape, dtype, store_final) -> tuple:
