@@ -51,30 +51,6 @@ PROBE = gl.constexpr(int(_PROBE))
 
 
 @gluon.jit
-def _chain_operand(p, j, HV: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NUM_STAGES: gl.constexpr,
-                   mma64: gl.constexpr, aK: gl.constexpr):
-    """Chunk j's (V^T o gam rk) in the chain product's operand layout and its lam_last (the group
-    prep's coef columns 2 and 3), once the chunk's tiles have landed."""
-    (k_s, q_s, v_s, a_s, s_s, g_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
-     coef, D, h0, ht, state, replay_flags, pid, bos, L, c_lo, c_hi, n_run, n_chunks, i_n, i_hv, i_v, slot, pad,
-     s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w) = p
-    DT: gl.constexpr = k_s.dtype
-    s = j % NUM_STAGES
-    c = c_lo + j
-    o_i = gl.arange(0, BT, layout=gl.SliceLayout(0, mma64))
-    p_coef = coef + (((bos + c * BT) // BT + i_n) * HV + i_hv) * (BT * 8)
-    gam_rk = gl.load(p_coef + o_i * 8 + 2, mask=c * BT + o_i < L, other=0.0)
-    lam_last = gl.load(p_coef + 3)
-    mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
-    if PROBE == 0 or PROBE == 2:
-        Vt = v_s.index(s).permute((1, 0)).load(mma64).to(gl.float32)  # [BV, BT]
-        U_g = gl.convert_layout((Vt * gam_rk[None, :]).to(DT), aK)
-    else:
-        U_g = gl.zeros([BV, BT], DT, layout=aK)
-    return U_g, lam_last
-
-
-@gluon.jit
 def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
            NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr, USE_CACHE: gl.constexpr,
            STORE_FINAL: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr):
@@ -87,35 +63,34 @@ def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
     mmaK: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
     mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     aK: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mmaK, k_width=2)
+    col64: gl.constexpr = gl.SliceLayout(0, mma64)
     blk: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
     S_b = _initial_state(h0, state, slot, pad, i_n, i_hv, i_v, s0_n, s0_h, s0_k, s0_v, blk, BV, K, USE_CACHE, HAS_H0)
     S_t = gl.convert_layout(S_b, mmaK)
-    # Each chunk's operand (V^T o gam) and decay are formed while the previous chunk's product runs,
-    # and the entering state is handed over while its own runs: the step's critical path is the
-    # scaling of the state and the product.
-    U_g = gl.zeros([BV, BT], DT, layout=aK)
-    lam_last = 0.0
-    if n_run > 0:
-        U_g, lam_last = _chain_operand(p, 0, HV, BT, BV, NUM_STAGES, mma64, aK)
+    o_i = gl.arange(0, BT, layout=col64)
     for j in range(n_run):
         s = j % NUM_STAGES
         b = j % 2
-        acc = S_t * lam_last
-        if PROBE == 0 or PROBE == 2:  # S^T <- lam_last S^T + (V^T o gam) K
-            acc = warpgroup_mma(U_g, k_s.index(s), acc, is_async=True)
+        # gam c along V^T's columns and lam_last (the group prep's coef columns 2 and 3), in the
+        # layouts they are used in, issued before the waits
+        c = c_lo + j
+        p_coef = coef + (((bos + c * BT) // BT + i_n) * HV + i_hv) * (BT * 8)
+        gam_rk = gl.load(p_coef + o_i * 8 + 2, mask=c * BT + o_i < L, other=0.0)
+        lam_last = gl.load(p_coef + 3)
         if PROBE != 1:
             # The state entering chunk j, to the outputs (the buffer they freed two chunks ago).
             mbarrier.wait(s_empty.index(b), ((j // 2) & 1) ^ 1)
             s_s.index(b).store(S_t.to(DT))
             fence_async_shared()
             mbarrier.arrive(s_ready.index(b), count=1)
-        # The next chunk's operand (the last chunk's own again: its stage is still held, its wait
-        # already complete).
-        U_g, lam_next = _chain_operand(p, gl.minimum(j + 1, n_run - 1), HV, BT, BV, NUM_STAGES, mma64, aK)
+        # The next state: S^T <- lam_last S^T + (V^T o gam) K.
+        mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
         if PROBE == 0 or PROBE == 2:
-            S_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            Vt = v_s.index(s).permute((1, 0)).load(mma64).to(gl.float32)  # [BV, BT]
+            U_g = gl.convert_layout((Vt * gam_rk[None, :]).to(DT), aK)
+            S_t = warpgroup_mma(U_g, k_s.index(s), S_t * lam_last, is_async=True)
+            S_t = warpgroup_mma_wait(num_outstanding=0, deps=(S_t,))
         mbarrier.arrive(empty.index(s), count=1)
-        lam_last = lam_next
 
     # A program whose state came out non-finite raises its flag; the twin's replay launch runs it
     # again with each chunk's outputs formed causally, and writes its cache slot.
