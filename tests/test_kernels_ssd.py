@@ -499,7 +499,7 @@ def test_the_planner_gives_the_gla_sweep_to_its_gluon_twin_only_in_scope(monkeyp
     """plan.gla.gluon_gla_forward_sweep and GLA_SWEEP_LAUNCH's row that names the twin (the Gluon
     rules, docs/kernels-gluon.md): the twin with the WY step off takes a phased row of its kind (64
     value columns on one warpgroup, the delta prep), and where GLUON_GLA_GROUP_SWEEP is on the
-    group prep's row in one pass (SSD B1 and B4), except with a gate z (the launch would run the
+    group prep's row in one pass (SSD B1 and B4; warp-specialised, DeltaShape.specialized), except with a gate z (the launch would run the
     Triton sweep, which is faster in phases on the delta prep there); 16-bit inputs, K 64 or 128,
     Gluon usable here, the caller not forcing Triton; never a decay per key, and never the
     backward's recompute (GLUON_GLA_RECOMPUTE_SWEEP, off)."""
@@ -530,7 +530,12 @@ def test_the_planner_gives_the_gla_sweep_to_its_gluon_twin_only_in_scope(monkeyp
     assert shape.gluon_sweep is planned
     if case != "a decay per key":
         assert shape.group_prep is group_prep and (shape.phases == 1 or not group_prep)
-    assert not plan_gla.recompute_sweep_shape(shape, 1, 80).gluon_sweep
+    # the group prep's row on the twin runs it warp-specialised, at three stages
+    assert shape.specialized is (planned and group_prep)
+    assert shape.num_stages == 3 or not shape.specialized
+    recompute = plan_gla.recompute_sweep_shape(shape, 1, 80)
+    assert not recompute.gluon_sweep and not recompute.specialized  # states alone: never warp-specialised
+    assert not plan_gla.per_key_shape_of(shape).specialized
 
 
 def test_the_gla_sweeps_gluon_twin_takes_ssd_without_z_and_the_triton_sweep_the_rest():

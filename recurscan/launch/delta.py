@@ -477,9 +477,10 @@ def _sweep_kernel(shape: DeltaShape, q, k, v, BV: int, tma_ok: bool, *, wy, ssd,
     return gluon_sweep_kernel
 
 
-#: Registers a thread under the warp-specialised sweep's cap (its chain, outputs and loads
-#: warpgroups: 3 x 128 threads x 168 within the 64 K registers of an SM;
-#: kernels/gluon/gla_sweep_specialized.py's OUTPUT_REGS and LOAD_REGS, the chain the rest).
+#: Registers a thread under the warp-specialised sweep's cap: its chain, two outputs warpgroups and
+#: the load warp launch as 16 warps (the load warp padded to its warpgroup), 512 threads x 128
+#: within the 64 K registers of an SM; setmaxnreg then moves them between the partitions
+#: (kernels/gluon/gla_sweep_specialized.py's OUTPUT_REGS and LOAD_REGS, the chain the rest).
 SPECIALIZED_MAXNREG = 128
 
 

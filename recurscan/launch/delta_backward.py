@@ -89,7 +89,7 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
     N = cu_seqlens.shape[0] - 1 if varlen else B
     shape = backward_shape.recompute or dataclasses.replace(shape, segments=1)
     if shape.gluon_sweep and not backward_shape.recompute_twin:  # the recompute on the Triton sweep
-        shape = dataclasses.replace(shape, gluon_sweep=False, phase_ratio=None)
+        shape = dataclasses.replace(shape, gluon_sweep=False, specialized=False, phase_ratio=None)
     if checkpoint_chunks:  # one prep (unless kept), then one sweep launch over every segment
         shape = dataclasses.replace(shape, phases=1)
     rows = chunk_indices.shape[0] if varlen else B * triton.cdiv(T * M, BT)  # chunks of the expanded stream
@@ -249,7 +249,8 @@ def _backward_call(q, k, v, g, beta, do, dht, *, num_householder, scale, initial
                                                dtype=q.dtype, device=q.device, twin_only=not gluon)
         if (backward_shape.gluon_sweep or backward_shape.gluon_dqdk) and \
                 not _gluon_takes(q, k, do, chunk_indices, v.shape[2]):
-            backward_shape = dataclasses.replace(backward_shape, gluon_sweep=False, gluon_dqdk=False)
+            backward_shape = dataclasses.replace(backward_shape, gluon_sweep=False, specialized=False,
+                                                 gluon_dqdk=False)
         launches = BACKWARD_LAUNCHES.put(key, build_delta_backward(
             q, k, v, g, beta, do, dht, scale=scale, initial_state=initial_state,
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,

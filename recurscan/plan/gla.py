@@ -112,7 +112,8 @@ def per_key_shape_of(shape: DeltaShape) -> DeltaShape:
     launch: one value head a program; its calm pass first where :data:`PER_KEY_CALM_PASS` (then the
     general steps for the other chunks, 8 warps), else the general steps alone on 8 warps with no
     register cap."""
-    shape = replace(shape, phases=1, prep_heads=1, prep_warps=8, prep_maxnreg=None, gluon_sweep=False)
+    shape = replace(shape, phases=1, prep_heads=1, prep_warps=8, prep_maxnreg=None, gluon_sweep=False,
+                    specialized=False)
     if PER_KEY_CALM_PASS is None:
         return shape
     block, warps, maxnreg = PER_KEY_CALM_PASS
@@ -138,12 +139,14 @@ PER_KEY_CALM_PASS: tuple[int, int, int | None] | None = (32, 4, 168)
 #: (:func:`gla_sweep_shape`).
 GLA_SWEEP_LAUNCH: list[tuple[Callable[[DeltaSizes], bool], DeltaShape]] = [
     (lambda s: GROUP_PREP_MIN_HEADS is not None and s.group >= GROUP_PREP_MIN_HEADS and 3 * s.programs_64 >= s.sms,
-     DeltaShape(64, 4, 2, 4, "query/key heads shared by many value heads, a third of the SMs or more in 64-column "
-                         "programs: the group prep in one pass, the sweep its Gluon twin gating the scores, two "
-                         "stages, bulk stores (SSD B4 T4096: 0.420 ms, three stages 0.427, the Triton sweep (the "
-                         "next rows) 0.598; B1 T16384 0.490, three stages 0.498, the delta prep in 6 phases with "
-                         "the twin 0.606; mamba_ssm 0.707 and 0.718 in that process: gpu_gla_sweep_78bb842.json)",
-                tma_store=True, group_prep=True, gluon_sweep=True)),
+     DeltaShape(64, 4, 3, 4, "query/key heads shared by many value heads, a third of the SMs or more in 64-column "
+                         "programs: the group prep in one pass, the sweep its Gluon twin gating the scores, warp-"
+                         "specialised (the chain, two outputs warpgroups, the loads), three stages, bulk stores "
+                         "(SSD B4 T4096: 0.376 ms, two stages 0.379, the twin on one warpgroup 0.421, the Triton "
+                         "sweep (the next rows) 0.598; B1 T16384 0.429, two stages 0.434, the twin 0.490, the delta "
+                         "prep in 6 phases with the twin 0.606; mamba_ssm 0.700 and 0.735 in that process: "
+                         "gpu_gla_sweep_ws2_4ac0362.json, gpu_gla_sweep_78bb842.json)",
+                tma_store=True, group_prep=True, gluon_sweep=True, specialized=True)),
     (lambda s: not s.varlen and s.tokens >= 16384 and 3 * s.programs_64 >= s.sms and s.programs_64 <= s.sms,
      DeltaShape(64, 4, 3, 4, "a long dense sequence over a third of the SMs or more in 64-column programs: one "
                          "pass in 6 phases (each phase's prep beside the previous phase's sweep), bulk stores (SSD "
@@ -301,7 +304,7 @@ def recompute_sweep_shape(sweep: DeltaShape, heads: int, value_heads: int, twin:
     Gluon twin (GlaShape.recompute_twin)."""
     group = sweep.group_prep or (GROUP_PREP_MIN_HEADS is not None and value_heads // heads >= GROUP_PREP_MIN_HEADS)
     return replace(sweep, segments=1, phases=1, group_prep=group, calm_gates=group, gluon_sweep=twin,
-                   num_stages=min(sweep.num_stages, 2) if group else sweep.num_stages,
+                   specialized=False, num_stages=min(sweep.num_stages, 2) if group else sweep.num_stages,
                    prep_heads=1 if group else sweep.prep_heads)
 
 

@@ -114,8 +114,9 @@ def test_ssd_on_the_group_prep_gives_the_triton_sweeps_bits(stages, monkeypatch)
              group_prep=True, stages=stages)
 
 
+@pytest.mark.parametrize("stages", [2, 3])
 @pytest.mark.parametrize("per_channel", [False, True], ids=["D per head", "D per channel"])
-def test_ssd_on_the_warp_specialised_sweep_gives_the_triton_sweeps_bits(per_channel, monkeypatch):
+def test_ssd_on_the_warp_specialised_sweep_gives_the_triton_sweeps_bits(per_channel, stages, monkeypatch):
     """The warp-specialised twin (the chain, the outputs and the loads on partitions of their own):
     16 heads a group, a partial last chunk, an initial state and the final states; varlen with a
     one-token sequence and an empty one; a state cache with a padding slot (its outputs zero, no
@@ -123,13 +124,13 @@ def test_ssd_on_the_warp_specialised_sweep_gives_the_triton_sweeps_bits(per_chan
     a, kw = ssd_args(2, 3000, G=1, per_channel=per_channel, seed=11)
     h0 = torch.randn(2, 16, 64, 128, device=DEV)
     y, hT = run_both(monkeypatch, lambda: recurscan.mamba_chunk_scan_combined(
-        *a, **kw, initial_states=h0, return_final_states=True), group_prep=True, stages=2, specialized=True)
+        *a, **kw, initial_states=h0, return_final_states=True), group_prep=True, stages=stages, specialized=True)
     assert torch.isfinite(y).all() and torch.isfinite(hT).all()
     a, kw = ssd_args(1, 4100, G=1, per_channel=per_channel, seed=12)
     cu = torch.tensor([0, 1, 2000, 2000, 2001, 4100], device=DEV, dtype=torch.int32)
     run_both(monkeypatch, lambda: recurscan.mamba_chunk_scan_combined(*a, **kw, cu_seqlens=cu,
                                                                       return_varlen_states=True),
-             group_prep=True, stages=2, specialized=True)
+             group_prep=True, stages=stages, specialized=True)
     cache = torch.randn(6, 16, 64, 128, device=DEV)
     slots = torch.tensor([3, -1, 0, 5, 1], device=DEV, dtype=torch.int32)
 
@@ -137,7 +138,7 @@ def test_ssd_on_the_warp_specialised_sweep_gives_the_triton_sweeps_bits(per_chan
         state = cache.clone()
         y = recurscan.mamba_chunk_scan_combined(*a, **kw, cu_seqlens=cu, state=state, state_indices=slots)
         return y, state
-    y, state = run_both(monkeypatch, with_cache, group_prep=True, stages=2, specialized=True)
+    y, state = run_both(monkeypatch, with_cache, group_prep=True, stages=stages, specialized=True)
     assert torch.equal(y[:, 1:2000], torch.zeros_like(y[:, 1:2000]))  # the padding slot's sequence
     assert torch.equal(state[[2, 4]], cache[[2, 4]])  # slots no sequence owns
 
@@ -147,7 +148,7 @@ def test_the_benchmark_ssd_on_the_warp_specialised_sweep_against_the_oracle(monk
     warp-specialised twin: the Triton sweep's bits, and the float64 PyTorch form's values."""
     from benchmarks.gpu_gla import ssd_inputs
     a, kw = ssd_inputs(4, 4096)
-    y = run_both(monkeypatch, lambda: recurscan.mamba_chunk_scan_combined(*a, **kw), group_prep=True, stages=2,
+    y = run_both(monkeypatch, lambda: recurscan.mamba_chunk_scan_combined(*a, **kw), group_prep=True, stages=3,
                  specialized=True)[0]
     want = recurscan.mamba_chunk_scan_combined(*(t.double() for t in a), **{
         k: (v.double() if torch.is_tensor(v) else v) for k, v in kw.items()}, backend="torch")

@@ -100,6 +100,11 @@ def compiled_line(step, names, values, describe=None) -> str:
     fn = getattr(step.kernel, "fn", step.kernel).__name__
     if compiled.metadata.shared > H200_SHARED:
         raise AssertionError(f"{fn}: {compiled.metadata.shared} B of shared memory")
+    # The launch's registers: its threads (a warp-specialised kernel's, padded to warpgroups) under
+    # the cap must fit an SM's 64 K, or the launch fails with "out of resource: threads".
+    threads = 32 * compiled.metadata.num_warps
+    if "maxnreg" in step.options and threads * step.options["maxnreg"] > 65536:
+        raise AssertionError(f"{fn}: {threads} threads x maxnreg {step.options['maxnreg']} > 65536 registers")
     if type(step.kernel).__name__ == "GluonJITFunction" and stack_bytes(compiled):  # the Gluon rules: no spills
         raise AssertionError(f"{fn}: {stack_bytes(compiled)} B of stack (spills)")
     return f"{fn}: shared {compiled.metadata.shared} B" + (f"; {describe(compiled)}" if describe else "")

@@ -5,17 +5,21 @@ twin has), on three partitions of one program:
 
 1. the **chain** (the default partition, one warpgroup): S^T [BV, K] float32 in registers; per
    chunk it hands the state entering the chunk to the outputs through a shared-memory buffer (two
-   of them, in turn), then forms the next state, S^T <- lam_last S^T + (V^T o gam) K;
-2. the **outputs** (one warpgroup): per chunk, S^T Q^T from the handed-over state, the gate tile
-   from the scores, O^T = V^T gates^T + lam rq o S^T Q^T (+ D x^T), stored by a bulk copy;
+   of them, one for each outputs warpgroup), then forms the next state,
+   S^T <- lam_last S^T + (V^T o gam) K;
+2. the **outputs** (two warpgroups, alternate chunks each): per chunk, S^T Q^T from the handed-over
+   state, the gate tile from the scores, O^T = V^T gates^T + lam rq o S^T Q^T (+ D x^T), stored by a
+   bulk copy;
 3. the **loads** (one warp): the chunk's k, q, v and scores by bulk copies into a ring of
-   NUM_STAGES stages, each freed when both warpgroups are done with it.
+   NUM_STAGES stages, each freed when the chain and the chunk's outputs warpgroup are done with it.
 
 So the chain's step holds one product and a hand-over, and the outputs' products and gate tile run
-beside the next chunks' chain, where the twin runs them one after the other on one warpgroup. On
-the H200 a chunk still takes ~1.5 us a program, as the twin's does, so the planner does not take it
-(``DeltaShape.specialized`` off; docs/kernels-gla-plan.md, "The next GPU session", item 0); its
-timing probes (:data:`PROBE`) split that time between the loads, the chain and the outputs.
+beside the next chunks' chain, where the twin runs them one after the other on one warpgroup. One
+outputs warpgroup was not enough: its chunk is a chain of dependent steps (two products, the gate
+tile, the store) that took 1.75 us against the chain's 0.98 (the timing probes, :data:`PROBE`), and
+the sweep's chunk 1.53 us, as the twin's. With two, a chunk takes 1.32 us a program at SSD B1 T16384
+(the outputs alone 1.13): the sweep 336 us against the twin's 393, and the planner takes it
+(``plan.gla.GLA_SWEEP_LAUNCH``'s group prep row; docs/kernels-gla-plan.md).
 
 Scope (``plan.delta.gluon_sweep_scope`` and the launch layer's ``_sweep_kernel``): the single pass
 (PASS 0), outputs on, no chunk states, checkpoints, segments or phases; dense or varlen, an initial
@@ -34,9 +38,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from .delta_sweep import _initial_state, _state_offsets
 
-#: Registers a thread of the outputs' warpgroup and of the load warp's (setmaxnreg); the chain,
-#: the default partition, takes what the kernel's maxnreg leaves (launch.delta: 168 a thread
-#: over the three warpgroups).
+#: Registers a thread of each outputs warpgroup and of the load warp's (setmaxnreg); the chain,
+#: the default partition, takes what the kernel's cap leaves (launch.delta.SPECIALIZED_MAXNREG:
+#: 128 a thread over 512 threads, so 512 - 2 x 152 - 24 = 184 for the chain).
 OUTPUT_REGS = gl.constexpr(152)
 LOAD_REGS = gl.constexpr(24)
 #: A timing probe (``RECURSCAN_SWEEP_PROBE`` when this module is imported; only
