@@ -73,7 +73,7 @@ def test_ssd_triton_forward_and_gradients_at_real_sizes(cu, recompute, grads, mo
     if recompute.endswith(("group prep", "calm gates")):  # the forward and the recompute (here H / G = 4 < 8)
         planned, calm = plan_gla.gla_sweep_shape, recompute.endswith("calm gates")
         monkeypatch.setattr(plan_gla, "gla_sweep_shape", lambda problem, device, gluon=True: dataclasses.replace(
-            planned(problem, device), group_prep=True, prep_heads=1, calm_gates=calm, gluon_sweep=False,
+            planned(problem, device), group_prep=True, prep_heads=1, calm_gates=calm, gluon_sweep=False, specialized=False,
             num_stages=2 if calm else planned(problem, device).num_stages))
     gen = torch.Generator(device="cuda").manual_seed(9)
     rn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
@@ -121,7 +121,7 @@ def test_ssd_calm_gates_at_the_benchmark_shape(T, monkeypatch):
     for calm in (False, True):
         monkeypatch.setattr(plan_gla, "gla_sweep_shape", lambda problem, device, gluon=True, calm=calm: dataclasses.replace(
             planned(problem, device), group_prep=True, prep_heads=1, calm_gates=calm, phases=1, num_stages=2,
-            gluon_sweep=False))
+            gluon_sweep=False, specialized=False))
         clear_caches()
         y = recurscan.mamba_chunk_scan_combined(*a, **kw, backend="triton")
         assert torch.isfinite(y).all()
