@@ -73,8 +73,8 @@ def test_ssd_triton_forward_and_gradients_at_real_sizes(cu, recompute, grads, mo
     if recompute.endswith(("group prep", "calm gates")):  # the forward and the recompute (here H / G = 4 < 8)
         planned, calm = plan_gla.gla_sweep_shape, recompute.endswith("calm gates")
         monkeypatch.setattr(plan_gla, "gla_sweep_shape", lambda problem, device, gluon=True: dataclasses.replace(
-            planned(problem, device), group_prep=True, prep_heads=1, calm_gates=calm, gluon_sweep=False, specialized=False,
-            num_stages=2 if calm else planned(problem, device).num_stages))
+            planned(problem, device), group_prep=True, prep_heads=1, calm_gates=calm, gluon_sweep=False,
+            specialized=False, num_stages=2 if calm else planned(problem, device).num_stages))
     gen = torch.Generator(device="cuda").manual_seed(9)
     rn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
     Bt, T, H, P, G, N = (2, 2048, 8, 64, 2, 128) if cu is None else (1, 2048, 8, 64, 2, 128)
