@@ -44,9 +44,23 @@ EXTRAS = ["D per head, z, dt_bias, softplus, h0", "D per channel, dt_limit", "no
                          [(e, "sweep, calm gates") for e in EXTRAS] +
                          [(EXTRAS[0], "sweep segments, calm gates"), (EXTRAS[0], "sweep phases, calm gates")])
 def test_triton_ssd_matches_the_token_loop(case, extras, form, monkeypatch):
+    check_against_the_token_loop(CASES[case], extras, form, monkeypatch, seed=len(case))
+
+
+@pytest.mark.parametrize("extras", [EXTRAS[0], EXTRAS[2]])
+@pytest.mark.parametrize("form", ["sweep, group prep", "sweep, calm gates"])
+def test_a_group_of_more_heads_than_a_group_prep_program_takes(form, extras, monkeypatch):
+    """18 heads a group: the group prep's two programs a (chunk, group), 16 heads and 2 (the rest of
+    the second's block masked), varlen with a one-token sequence."""
+    check_against_the_token_loop(dict(Bt=1, T=130, H=36, G=2, cu=[0, 1, 70, 130]), extras, form, monkeypatch,
+                                 seed=5)
+
+
+def check_against_the_token_loop(c, extras, form, monkeypatch, seed):
+    """The Triton path in a test form against the float64 token loop, within the float32 chunked
+    form's error: the outputs and the final states."""
     use_form(form, monkeypatch)
-    c = CASES[case]
-    x = ssd_inputs(c["Bt"], c["T"], c["H"], c["G"], seed=len(case))
+    x = ssd_inputs(c["Bt"], c["T"], c["H"], c["G"], seed=seed)
     H, P, N = c["H"], 8, 16
     gen = torch.Generator().manual_seed(9)
     r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
@@ -499,10 +513,10 @@ def test_the_planner_gives_the_gla_sweep_to_its_gluon_twin_only_in_scope(monkeyp
     """plan.gla.gluon_gla_forward_sweep and GLA_SWEEP_LAUNCH's row that names the twin (the Gluon
     rules, docs/kernels-gluon.md): the twin with the WY step off takes a phased row of its kind (64
     value columns on one warpgroup, the delta prep), and where GLUON_GLA_GROUP_SWEEP is on the
-    group prep's row in one pass (SSD B1 and B4; warp-specialised, DeltaShape.specialized), except with a gate z (the launch would run the
-    Triton sweep, which is faster in phases on the delta prep there); 16-bit inputs, K 64 or 128,
-    Gluon usable here, the caller not forcing Triton; never a decay per key, and never the
-    backward's recompute (GLUON_GLA_RECOMPUTE_SWEEP, off)."""
+    group prep's row in one pass (SSD B1 and B4; warp-specialised, DeltaShape.specialized), except
+    with a gate z (the launch would run the Triton sweep, which is faster in phases on the delta
+    prep there); 16-bit inputs, K 64 or 128, Gluon usable here, the caller not forcing Triton; never
+    a decay per key, and never the backward's recompute (GLUON_GLA_RECOMPUTE_SWEEP, off)."""
     import dataclasses
     from recurscan.plan import gla as plan_gla
     from recurscan.problem import gla_problem, ssd_problem

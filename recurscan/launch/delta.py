@@ -304,7 +304,8 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         wait_primary=0, PDL=not INTERPRET, STORE_INV=keep_prep, HEADS=heads, **ssd_prep)
     prep_kernel, prep_per_chunk = chunk_delta_prep_kernel, HV // heads
     if group:
-        prep_kernel, prep_per_chunk = chunk_group_prep_kernel, H
+        # a program per (chunk, query/key head, block of HB value heads)
+        prep_kernel, prep_per_chunk = chunk_group_prep_kernel, H * triton.cdiv(HV // H, _group_heads_a_step(HV // H))
         prep = dict({n: prep[n] for n in ("q", "k", "g", "coef", "cu_seqlens", "chunk_indices", "sequence_order",
                                           "dt", "A", "dt_bias", "scale", "T", "n_seq", "chunk_lo", "chunk_span",
                                           "wait_primary", "dt_min", "dt_max", "H", "HV", "K", "BT", "BK",

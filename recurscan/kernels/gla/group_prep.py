@@ -20,6 +20,16 @@ GROUP_COEF_WIDTH = tl.constexpr(8)
 CALM_LOG2_SPAN = tl.constexpr(96.0)
 
 
+@triton.jit
+def _row_of_8(c0, c1, c2, c3, c4, c5, c6, c7):
+    """[BT, HB, 8]: the eight [BT, HB] tiles side by side along a new last axis, for one 32-byte
+    store a row. A join puts its new axis last, so nested joins of pairs interleave: joining
+    (x0, x1) and (x2, x3) gives x0 x2 x1 x3; the tiles go in in bit-reversed order to come out in
+    order."""
+    row = tl.join(tl.join(tl.join(c0, c4), tl.join(c2, c6)), tl.join(tl.join(c1, c5), tl.join(c3, c7)))
+    return tl.reshape(row, [c0.shape[0], c0.shape[1], 8])
+
+
 @triton.jit(do_not_specialize=["n_seq", "chunk_lo", "chunk_span", "wait_primary"])
 def chunk_group_prep_kernel(
     q, k, g, scores, coef, cu_seqlens, chunk_indices, sequence_order, dt, A, dt_bias,
@@ -30,17 +40,18 @@ def chunk_group_prep_kernel(
     HAS_DT_BIAS: tl.constexpr = False, DT_SOFTPLUS: tl.constexpr = False, DT_LIMIT: tl.constexpr = False,
     CALM_GATES: tl.constexpr = False,
 ):
-    """Grid (chunks x H,): program -> (chunk pid // H, query/key head pid % H). For its chunk of
-    BT = 64 rows (M = 1: rows are tokens) it writes
+    """Grid (chunks x H x ceil(HV / H / HB),): program -> (chunk, query/key head, block of HB of
+    its value heads), the block fastest. For its chunk of BT = 64 rows (M = 1: rows are tokens) it
+    writes
 
-    - ``scores [rows, H, BT]`` (SCORES; float32, in the inputs' dtype with CALM_GATES): scale Q K^T,
-      the causal part (zeros above the diagonal), the column of a key with a NaN or inf zero;
-    - for each value head hv of the query/key head (HV / H of them, HB at a time),
-      ``coef[slot, hv, 0:BT, 0:8]`` float32 at slot = :func:`_chunk_slot`: 1 lam scale (NaN from
-      the head's first bad row on), 2 gam c, 3 lam_last (row 0 only), 4 gc, 5 seg (a float),
-      6 c with a bad row's 0; with CALM_GATES 0 the column factor f = c / (lam scale) (0 from the
-      first bad row on; NaN in every row of a chunk that is not calm), else 0 unwritten; 7
-      unwritten. gc and seg are the prefix sums of the log2 decays and the resets
+    - ``scores [rows, H, BT]`` (SCORES, the head's first block; float32, in the inputs' dtype with
+      CALM_GATES): scale Q K^T, the causal part (zeros above the diagonal), the column of a key
+      with a NaN or inf zero;
+    - for each value head hv of its block, ``coef[slot, hv, 0:BT, 0:8]`` float32 at slot =
+      :func:`_chunk_slot`, a row of 8 in one store: 1 lam scale (NaN from the head's first bad row
+      on), 2 gam c, 3 lam_last (read from row 0), 4 gc, 5 seg (a float), 6 c with a bad row's 0;
+      with CALM_GATES 0 the column factor f = c / (lam scale) (0 from the first bad row on; NaN in
+      every row of a chunk that is not calm), else 0 zero; 7 zero. gc and seg are the prefix sums of the log2 decays and the resets
       (:func:`_gates_of`), lam = 2^gc before the first reset, gam the decay to the chunk end
       within the last segment, c the column factor (SSD: the step size dt; else 1). A chunk is
       calm for a head when it has one segment and lam scale within 2^+-:data:`CALM_LOG2_SPAN` on
@@ -59,11 +70,14 @@ def chunk_group_prep_kernel(
     (every head of the group), a decay or step size NaN or +inf (its head): selected out of every
     product, and the head's outputs from the row on and its state poisoned. Varlen and phases as
     :func:`chunk_delta_prep_kernel` (:func:`_prep_chunk`, ``wait_primary`` and PDL the same)."""
+    HPG: tl.constexpr = HV // H  # value heads of the query/key head
+    NHB: tl.constexpr = (HPG + HB - 1) // HB  # blocks of them, a program each
     pid = tl.program_id(0).to(tl.int64)
-    i_c = pid // H
-    i_h = pid % H
-    valid, i_n, i_t, bos, eos = _prep_chunk(cu_seqlens, chunk_indices, sequence_order, i_c, i_h == 0, T, n_seq,
-                                            chunk_lo, chunk_span, 1, BT, IS_VARLEN)
+    i_c = pid // (H * NHB)
+    i_h = (pid // NHB) % H
+    i_hb = pid % NHB
+    valid, i_n, i_t, bos, eos = _prep_chunk(cu_seqlens, chunk_indices, sequence_order, i_c, pid % (H * NHB) == 0,
+                                            T, n_seq, chunk_lo, chunk_span, 1, BT, IS_VARLEN)
     if not valid:  # padding, or a chunk outside its sequence: nothing to do
         return
     o_t = tl.arange(0, BT)
@@ -73,60 +87,60 @@ def chunk_group_prep_kernel(
     m_rk = m_r[:, None] & (o_k < K)[None, :]
     b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0)
     bad_k = tl.max((b_k * 0.0 != 0.0).to(tl.int32), axis=1) != 0
-    if SCORES:
+    if SCORES and i_hb == 0:
         b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0)
         b_s = tl.dot(b_q.to(DT), tl.trans(b_k.to(DT)), input_precision=PRECISION) * scale
         b_s = tl.where((o_t[:, None] >= o_t[None, :]) & (bad_k == 0)[None, :], b_s, 0.0)
         tl.store(scores + (rows * H + i_h)[:, None] * BT + o_t[None, :], b_s, mask=m_r[:, None])
 
     slot = _chunk_slot(bos, i_t, i_n, BT)
-    HPG: tl.constexpr = HV // H  # value heads of the query/key head
-    for h0 in tl.static_range(0, HPG, HB):
-        o_h = h0 + tl.arange(0, HB)
-        m_h = o_h < HPG
-        hv = i_h * HPG + tl.minimum(o_h, HPG - 1)  # in range for the loads; the stores are masked by m_h
-        m_rh = m_r[:, None] & m_h[None, :]
-        if SSD:
-            b_c = _ssd_steps(dt, dt_bias, rows[:, None], m_rh, hv[None, :], HV, dt_min, dt_max, HAS_DT_BIAS,
-                             DT_SOFTPLUS, DT_LIMIT)
-            bad_dt = b_c * 0.0 != 0.0
-            b_lg = tl.load(A + hv).to(tl.float32)[None, :] * b_c
-            if HAS_G:  # seq_idx: -inf where a sequence starts
-                b_lg += tl.load(g + rows, mask=m_r, other=0.0).to(tl.float32)[:, None]
-            # A non-finite step is a bad row (its decay NaN here, so _gates_of flags it), not a reset.
-            b_lg = tl.where(m_rh, tl.where(bad_dt, float("nan"), b_lg) * 1.4426950408889634, 0.0)
-            b_c = tl.where(bad_dt, 0.0, b_c)
+    # the block's value heads
+    o_h = i_hb * HB + tl.arange(0, HB)
+    m_h = o_h < HPG
+    hv = i_h * HPG + tl.minimum(o_h, HPG - 1)  # in range for the loads; the stores are masked by m_h
+    m_rh = m_r[:, None] & m_h[None, :]
+    if SSD:
+        b_c = _ssd_steps(dt, dt_bias, rows[:, None], m_rh, hv[None, :], HV, dt_min, dt_max, HAS_DT_BIAS,
+                         DT_SOFTPLUS, DT_LIMIT)
+        bad_dt = b_c * 0.0 != 0.0
+        b_lg = tl.load(A + hv).to(tl.float32)[None, :] * b_c
+        if HAS_G:  # seq_idx: -inf where a sequence starts
+            b_lg += tl.load(g + rows, mask=m_r, other=0.0).to(tl.float32)[:, None]
+        # A non-finite step is a bad row (its decay NaN here, so _gates_of flags it), not a reset.
+        b_lg = tl.where(m_rh, tl.where(bad_dt, float("nan"), b_lg) * 1.4426950408889634, 0.0)
+        b_c = tl.where(bad_dt, 0.0, b_c)
+    else:
+        if HAS_G:
+            b_lg = tl.load(g + rows[:, None] * HV + hv[None, :], mask=m_rh, other=0.0).to(tl.float32)
+            b_lg = b_lg * 1.4426950408889634
         else:
-            if HAS_G:
-                b_lg = tl.load(g + rows[:, None] * HV + hv[None, :], mask=m_rh, other=0.0).to(tl.float32)
-                b_lg = b_lg * 1.4426950408889634
-            else:
-                b_lg = tl.zeros([BT, HB], dtype=tl.float32)
-            b_c = tl.full([BT, HB], 1.0, tl.float32)
-        gc, seg, bad = _gates_of(b_lg)
-        bad |= bad_k[:, None]
-        first_bad = tl.min(tl.where(bad, o_t[:, None], BT), axis=0)  # [HB]
-        gc_last = tl.sum(tl.where(o_t[:, None] == BT - 1, gc, 0.0), axis=0)
-        seg_last = tl.sum(tl.where(o_t[:, None] == BT - 1, seg, 0), axis=0)
-        lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
-        last = seg == seg_last[None, :]
-        gam = tl.where(last, tl.exp2(tl.where(last, gc_last[None, :] - gc, 0.0)), 0.0)
-        lam_last = tl.where(first_bad < BT, float("nan"), tl.where(seg_last == 0, tl.exp2(gc_last), 0.0))
-        p_coef = coef + ((slot * HV + hv[None, :]) * BT + o_t[:, None]) * GROUP_COEF_WIDTH
-        tl.store(p_coef + 1, tl.where(o_t[:, None] < first_bad[None, :], lam * scale, float("nan")), mask=m_rh)
-        tl.store(p_coef + 2, gam * b_c, mask=m_rh)
-        tl.store(p_coef + 3, tl.zeros([BT, HB], dtype=tl.float32) + lam_last[None, :],
-                 mask=(o_t == 0)[:, None] & m_h[None, :])
-        tl.store(p_coef + 4, gc, mask=m_rh)
-        tl.store(p_coef + 5, seg.to(tl.float32), mask=m_rh)
-        tl.store(p_coef + 6, tl.where(bad, 0.0, b_c), mask=m_rh)
-        if CALM_GATES:  # rows past the end have log decay 0; rows from the first bad one on are NaN anyway
-            gcs = gc + tl.log2(tl.abs(scale))  # lam scale = +-2^gcs
-            live = o_t[:, None] < first_bad[None, :]
-            span = tl.max(tl.where(live, tl.abs(gcs), 0.0), axis=0)  # NaN or inf where scale is
-            calm = (seg_last == 0) & (span <= CALM_LOG2_SPAN) & (scale * 0.0 == 0.0)
-            f = tl.where(live, b_c * tl.exp2(-gcs) * tl.where(scale < 0, -1.0, 1.0), 0.0)
-            tl.store(p_coef, tl.where(calm[None, :], f, float("nan")), mask=m_rh)
+            b_lg = tl.zeros([BT, HB], dtype=tl.float32)
+        b_c = tl.full([BT, HB], 1.0, tl.float32)
+    gc, seg, bad = _gates_of(b_lg)
+    bad |= bad_k[:, None]
+    first_bad = tl.min(tl.where(bad, o_t[:, None], BT), axis=0)  # [HB]
+    gc_last = tl.sum(tl.where(o_t[:, None] == BT - 1, gc, 0.0), axis=0)
+    seg_last = tl.sum(tl.where(o_t[:, None] == BT - 1, seg, 0), axis=0)
+    lam = tl.where(seg == 0, tl.exp2(gc), 0.0)
+    last = seg == seg_last[None, :]
+    gam = tl.where(last, tl.exp2(tl.where(last, gc_last[None, :] - gc, 0.0)), 0.0)
+    lam_last = tl.where(first_bad < BT, float("nan"), tl.where(seg_last == 0, tl.exp2(gc_last), 0.0))
+    zero = tl.zeros([BT, HB], dtype=tl.float32)
+    f = zero
+    if CALM_GATES:  # rows past the end have log decay 0; rows from the first bad one on are NaN anyway
+        gcs = gc + tl.log2(tl.abs(scale))  # lam scale = +-2^gcs
+        live = o_t[:, None] < first_bad[None, :]
+        span = tl.max(tl.where(live, tl.abs(gcs), 0.0), axis=0)  # NaN or inf where scale is
+        calm = (seg_last == 0) & (span <= CALM_LOG2_SPAN) & (scale * 0.0 == 0.0)
+        f = tl.where(live, b_c * tl.exp2(-gcs) * tl.where(scale < 0, -1.0, 1.0), 0.0)
+        f = tl.where(calm[None, :], f, float("nan"))
+    lam_scale = tl.where(o_t[:, None] < first_bad[None, :], lam * scale, float("nan"))
+    row = _row_of_8(f, lam_scale, gam * b_c, zero + lam_last[None, :], gc, seg.to(tl.float32),
+                    tl.where(bad, 0.0, b_c), zero)
+    o_w = tl.arange(0, GROUP_COEF_WIDTH)
+    p_coef = coef + (((slot * HV + hv[None, :]) * BT + o_t[:, None]) * GROUP_COEF_WIDTH)[:, :, None] + \
+        o_w[None, None, :]
+    tl.store(p_coef, row, mask=m_rh[:, :, None])
     if PDL:
         if (wait_primary != 0) & (pid == tl.num_programs(0) - 1):
             tl.extra.cuda.gdc_wait()
