@@ -158,6 +158,25 @@ def test_calm_and_stormy_chunks_train_alike(form, monkeypatch):
 
 
 @pytest.mark.parametrize("cu", [None, [0, 1, 70, 130]])
+@pytest.mark.parametrize("form", ["sweep", "fused", "sweep, group prep"])
+def test_outputs_without_the_final_states_are_the_same_bits(cu, form, monkeypatch):
+    """A call that asks for no final states (the Triton path then neither stores nor transposes
+    them) gives the outputs of one that asks, bit for bit, with initial states."""
+    use_form(form, monkeypatch)
+    Bt = 2 if cu is None else 1
+    x = {k: v.float().to(DEVICE) for k, v in ssd_inputs(Bt, 130, 4, 2, seed=14).items()}
+    n = Bt if cu is None else len(cu) - 1
+    gen = torch.Generator().manual_seed(15)
+    kw = dict(D=torch.randn(4, generator=gen).to(DEVICE), dt_softplus=True,
+              initial_states=torch.randn(n, 4, 8, 16, generator=gen).to(DEVICE),
+              cu_seqlens=None if cu is None else torch.tensor(cu, device=DEVICE))
+    y = recurscan.mamba_chunk_scan_combined(*x.values(), backend="triton", **kw)
+    y_with, final = recurscan.mamba_chunk_scan_combined(*x.values(), backend="triton", return_final_states=True,
+                                                        **kw)
+    assert torch.is_tensor(y) and torch.equal(y, y_with) and final.shape == (n, 4, 8, 16)
+
+
+@pytest.mark.parametrize("cu", [None, [0, 1, 70, 130]])
 @pytest.mark.parametrize("form", ["sweep", "fused", "split", "sweep, group prep", "sweep, calm gates"])
 def test_state_cache_equals_the_torch_path(cu, form, monkeypatch):
     """The state cache on the Triton path: slots read and written in place through mamba's

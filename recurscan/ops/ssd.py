@@ -78,7 +78,8 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt
         return (y, *extra) if extra else y
     y, final, *chunks = _run_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                                  dt_softplus, dt_limit, state, state_indices, chunk_indices, chunk_offsets,
-                                 return_chunk_states, backend)
+                                 return_chunk_states, backend,
+                                 final_states=bool(return_final_states or return_varlen_states))
     extra = (final,) if return_final_states else ()
     extra += (final,) if return_varlen_states else ()
     extra += tuple(chunks)
@@ -86,11 +87,14 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt
 
 
 def _run_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus, dt_limit,
-             state, state_indices, chunk_indices, chunk_offsets, return_chunk_states, backend, out=None):
+             state, state_indices, chunk_indices, chunk_offsets, return_chunk_states, backend, out=None,
+             final_states=True):
     """``(y, final states [N, H, P, Nstate], *chunk states)`` of :func:`mamba_chunk_scan_combined`'s
     untraced call: validate, plan, run the backend. ``out``: ``(y, final)`` views the Triton
     forward writes into (the traced scan's packed result, ops/scan.py: y ``[Bt, T, H, P]``, final
-    in the kernel's ``[N, H, Nstate, P]``); the other paths ignore it."""
+    in the kernel's ``[N, H, Nstate, P]``); the other paths ignore it. ``final_states`` False: the
+    caller discards them, so the Triton inference path neither stores nor transposes them (final
+    None there; a state cache is written all the same)."""
     if return_chunk_states and seq_idx is not None and cu_seqlens is None:
         raise ValueError("return_chunk_states: chunk states are per sequence; with seq_idx pass cu_seqlens too")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
@@ -106,7 +110,7 @@ def _run_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                                   "torch.no_grad()")
     resets = None if seq_idx is None or cu_seqlens is not None else sequence_resets(seq_idx)
     run = _BACKENDS[schedule.backend]
-    extra = dict(out=out) if run is _ssd_triton else {}
+    extra = dict(out=out, final_states=final_states) if run is _ssd_triton else {}
     return run(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens, state,
                state_indices, chunk_size, schedule.launch, resets, (chunk_indices, chunk_offsets), return_chunk_states,
                **extra)
@@ -165,11 +169,11 @@ def _ssd_torch(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_sta
 
 def _ssd_triton(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens, state,
                 state_indices, chunk_size, launch, resets=None, descriptors=(None, None), return_chunk_states=False,
-                out=None):
+                out=None, final_states=True):
     """SSD as gated linear attention on the GLA kernel, its prologue and epilogue in the kernel:
     q = C, k = B (the groups as GVA), v = dt x, log decay dt A, scale 1, y = (o + D x) silu(z);
     states transposed to [N, H, Nstate, P]. ``out``: as :func:`_run_ssd`'s (inference; the final
-    state then comes back as the transposed view of ``out[1]``)."""
+    state then comes back as the transposed view of ``out[1]``); ``final_states``: as its."""
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                        for t in (x, dt, A, B, C, D, z, dt_bias, initial_states)):
         if state is not None:
@@ -192,14 +196,15 @@ def _ssd_triton(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_st
     # through their strides.
     y, final, *chunks = chunk_simple_gla_fwd(
         C.to(kernel_dtype), B.to(kernel_dtype), x.to(kernel_dtype), resets, scale=1.0, initial_state=initial_states,
-        output_final_state=True, cu_seqlens=cu_seqlens, shape=launch, ssd=prologue, state=state,
+        output_final_state=final_states or out is not None, cu_seqlens=cu_seqlens, shape=launch, ssd=prologue,
+        state=state,
         state_indices=state_indices, state_v_first=True, chunk_state_rows=rows, chunk_offsets=chunk_offsets,
         prep_rows=prep_rows, chunk_indices=chunk_indices, out_views=out)
     if state is not None:
         final = state
     elif out is not None and final is out[1]:
         final = final.transpose(-1, -2)  # the caller's own view, written in place
-    else:
+    elif final is not None:
         final = final.transpose(-1, -2).contiguous()
     return (y.to(x.dtype), final, *(c.transpose(-1, -2).contiguous() for c in chunks))
 
