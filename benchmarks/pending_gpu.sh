@@ -12,7 +12,10 @@
 #      coefficient loads, the chain's state scaling; docs/kernels-gla-plan.md, "The next GPU
 #      session", item 0);
 #   1. the check of record: the forward and training rows beside mamba_ssm and fla in the same
-#      process, SSD's also with the reverse sweep and the dg launch each on the kernel not planned;
+#      process, SSD's also with the reverse sweep and the dg launch each on the kernel not planned,
+#      and with the recompute on one stream (--corun 0.1: B1's training wall time moved 2.630 ->
+#      2.724 ms across the group prep's split, so the corun's gain is checked again); the SSD
+#      forward without the final states' store and transposed copy (1ecdcd4: 17.5 us at B4);
 #   2. the whole GPU suite (162 passed and 2 failed at 63bef49, those two fixed at f59ee2b).
 # Arguments: the steps to run (default: all three; `0` alone, then `1 2`, fit two 600 s calls).
 set -u
@@ -34,6 +37,6 @@ ncu -i /tmp/prof_ws.ncu-rep --page source --csv --print-source sass > /tmp/sass.
 head -40 "$OUT/ncu_ssd_sweep_ws3_$C.txt"
 fi
 step 1 && timeout 300 env PYTHONPATH=$PWD:/tmp/site MAMBA_SSM_SRC=/tmp/mamba python benchmarks/gpu_gla_sweep.py --profile --train \
-    --reverse-twin --dg-twin --out "$OUT/gpu_gla_sweep_$C.json" 2>&1 | grep -v Warning | grep -E " ms" | head -40
+    --reverse-twin --dg-twin --corun 0.1 --out "$OUT/gpu_gla_sweep_$C.json" 2>&1 | grep -v Warning | grep -E " ms" | head -40
 step 2 && { timeout 290 python -m pytest -m gpu -n 4 tests/gpu -p no:cacheprovider -o faulthandler_timeout=280 -q \
     > "$OUT/gpu_tests_$C.log" 2>&1; echo "gpu suite rc=$?"; grep -E "passed|failed|FAILED|Timeout" "$OUT/gpu_tests_$C.log" | tail -12; }
