@@ -51,7 +51,8 @@ def chunk_group_prep_kernel(
       :func:`_chunk_slot`, a row of 8 in one store: 1 lam scale (NaN from the head's first bad row
       on), 2 gam c, 3 lam_last (read from row 0), 4 gc, 5 seg (a float), 6 c with a bad row's 0;
       with CALM_GATES 0 the column factor f = c / (lam scale) (0 from the first bad row on; NaN in
-      every row of a chunk that is not calm), else 0 zero; 7 zero. gc and seg are the prefix sums of the log2 decays and the resets
+      every row of a chunk that is not calm), else 0 zero; 7 zero; every row of the slot, rows past
+      the sequence's end (within its last chunk) from masked inputs. gc and seg are the prefix sums of the log2 decays and the resets
       (:func:`_gates_of`), lam = 2^gc before the first reset, gam the decay to the chunk end
       within the last segment, c the column factor (SSD: the step size dt; else 1). A chunk is
       calm for a head when it has one segment and lam scale within 2^+-:data:`CALM_LOG2_SPAN` on
@@ -140,7 +141,9 @@ def chunk_group_prep_kernel(
     o_w = tl.arange(0, GROUP_COEF_WIDTH)
     p_coef = coef + (((slot * HV + hv[None, :]) * BT + o_t[:, None]) * GROUP_COEF_WIDTH)[:, :, None] + \
         o_w[None, None, :]
-    tl.store(p_coef, row, mask=m_rh[:, :, None])
+    # every row of the chunk's slot, those past the sequence's end too (from masked inputs: finite
+    # unless an earlier row was bad), so that a reader may load a chunk's coef rows unmasked
+    tl.store(p_coef, row, mask=(m_h[None, :] & (o_t >= 0)[:, None])[:, :, None])
     if PDL:
         if (wait_primary != 0) & (pid == tl.num_programs(0) - 1):
             tl.extra.cuda.gdc_wait()

@@ -110,21 +110,20 @@ def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
 
 
 @gluon.jit
-def _gate_coefficients(coef, bos, L, c, c_hi, i_n, i_hv, o_i, o_j, HV: gl.constexpr, BT: gl.constexpr):
+def _gate_coefficients(coef, bos, c, i_n, i_hv, o_i, o_j, HV: gl.constexpr, BT: gl.constexpr):
     """Chunk c's lam rq, gc and segments along the gate tile's columns (``o_i``'s layout) and gc,
     segments and column factors along its rows (``o_j``'s), read from the group prep's coef rows in
     those layouts (the values of :func:`_row_coefficients`, with no layout change: each is a trip
-    through shared memory and a barrier)."""
-    live = c < c_hi
+    through shared memory and a barrier). Unmasked: the group prep writes every row of a chunk's
+    slot, and a row past the sequence's end reaches only outputs past it (the gate tile's causal
+    mask keeps it from the rows before), which the bulk store leaves out."""
     p_coef = coef + (((bos + c * BT) // BT + i_n) * HV + i_hv) * (BT * 8)
-    m_i = (c * BT + o_i < L) & live
-    m_j = (c * BT + o_j < L) & live
-    lam_rq = gl.load(p_coef + o_i * 8 + 1, mask=m_i, other=0.0)
-    gc_i = gl.load(p_coef + o_i * 8 + 4, mask=m_i, other=0.0)
-    sg_i = gl.load(p_coef + o_i * 8 + 5, mask=m_i, other=0.0)
-    gc_j = gl.load(p_coef + o_j * 8 + 4, mask=m_j, other=0.0)
-    sg_j = gl.load(p_coef + o_j * 8 + 5, mask=m_j, other=0.0)
-    cf_j = gl.load(p_coef + o_j * 8 + 6, mask=m_j, other=0.0)
+    lam_rq = gl.load(p_coef + o_i * 8 + 1)
+    gc_i = gl.load(p_coef + o_i * 8 + 4)
+    sg_i = gl.load(p_coef + o_i * 8 + 5)
+    gc_j = gl.load(p_coef + o_j * 8 + 4)
+    sg_j = gl.load(p_coef + o_j * 8 + 5)
+    cf_j = gl.load(p_coef + o_j * 8 + 6)
     return lam_rq, gc_i, sg_i, gc_j, sg_j, cf_j
 
 
@@ -159,7 +158,7 @@ def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.const
         s = j % NUM_STAGES
         c = c_lo + j
         # issued before the waits, which cover their latency
-        lam_rq, gc_i, sg_i, gc_j, sg_j, cf_j = _gate_coefficients(coef, bos, L, c, c_hi, i_n, i_hv, o_i, o_j, HV, BT)
+        lam_rq, gc_i, sg_i, gc_j, sg_j, cf_j = _gate_coefficients(coef, bos, c, i_n, i_hv, o_i, o_j, HV, BT)
         mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
         if PROBE == 1:
             mbarrier.arrive(empty.index(s), count=1)
