@@ -381,12 +381,11 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         PDL=not INTERPRET, REPLAY=False, OUTPUTS=not states_only, STORE_U=False, CKPT_CHUNKS=checkpoint_chunks,
         GATE_SCORES=group, CALM_GATES=shape.calm_gates and not states_only,
         **ssd_sweep)
-    sweep_kernel = _sweep_kernel(shape, q, k, v, BV, tma_ok, wy=wy, ssd=ssd, key_decay=key_decay, M=M,
-                                 chunk_state_rows=buffers["chunk_states"][0][0] if return_chunk_states else 0,
-                                 state_strides=s0, states_only=states_only)
-    # The warp-specialised sweep's three warpgroups share the register file under one cap.
-    specialized = getattr(getattr(sweep_kernel, "fn", None), "__name__", "") == "gluon_gla_sweep_specialized_kernel"
-    options = dict(num_warps=num_warps, **({"maxnreg": SPECIALIZED_MAXNREG} if specialized else {}))
+    sweep_kernel, sweep_options = _sweep_kernel(
+        shape, q, k, v, BV, tma_ok, wy=wy, ssd=ssd, key_decay=key_decay, M=M,
+        chunk_state_rows=buffers["chunk_states"][0][0] if return_chunk_states else 0, state_strides=s0,
+        states_only=states_only)
+    options = dict(num_warps=num_warps, **sweep_options)
     if phased:
         # prep 0, sweep 0, prep 1, sweep 1, ...: each prep after the first is the programmatic
         # dependent of the sweep before it, so it runs on the SMs that sweep leaves free.
@@ -450,9 +449,10 @@ def _sweep_kernel(shape: DeltaShape, q, k, v, BV: int, tma_ok: bool, *, wy, ssd,
     never is); a call it cannot take (q, k or v not 16-byte aligned, outputs the bulk stores cannot
     take, chunk-state rows past int32 coordinates, an initial state or cache whose offsets within a
     slot pass int32, SSD's gate z) runs the Triton kernel. The calm gates only with ``states_only``
-    (no outputs, so nothing of theirs is read)."""
+    (no outputs, so nothing of theirs is read). Returns ``(kernel, launch options beyond num_warps)``:
+    the warp-specialised sweep's partitions share the register file under one cap."""
     if not shape.gluon_sweep:
-        return chunk_delta_sweep_kernel
+        return chunk_delta_sweep_kernel, {}
     from ..plan.delta import gluon_sweep_scope
     K, V = q.shape[3], v.shape[3]
     if not ((shape.v_product or not wy) and not key_decay and not (shape.group_prep and wy)
@@ -470,12 +470,12 @@ def _sweep_kernel(shape: DeltaShape, q, k, v, BV: int, tma_ok: bool, *, wy, ssd,
     # A chunk-state row out of range is moved to row chunk_state_rows, whose coordinates must fit too.
     if not (aligned and tma_ok and (chunk_state_rows + 1) * v.shape[2] * K < 2 ** 31 and in_slot < 2 ** 31) or \
             (ssd is not None and ssd.z is not None):
-        return chunk_delta_sweep_kernel
+        return chunk_delta_sweep_kernel, {}
     if shape.specialized and not states_only and chunk_state_rows == 0:
         from ..kernels.gluon.gla_sweep_specialized import gluon_gla_sweep_specialized_kernel
-        return gluon_gla_sweep_specialized_kernel
+        return gluon_gla_sweep_specialized_kernel, {"maxnreg": SPECIALIZED_MAXNREG}
     from ..kernels.gluon.delta_sweep import gluon_sweep_kernel
-    return gluon_sweep_kernel
+    return gluon_sweep_kernel, {}
 
 
 #: Registers a thread under the warp-specialised sweep's cap: its chain, two outputs warpgroups and
