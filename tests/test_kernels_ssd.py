@@ -762,3 +762,33 @@ def test_the_calm_gates_at_three_stages_or_more_are_refused(stages):
     check_shape(DeltaShape(64, 4, 2, 4, "two stages", group_prep=True, calm_gates=True))
     with pytest.raises(ValueError, match="calm_gates: takes num_stages <= 2"):
         check_shape(DeltaShape(64, 4, stages, 4, "too many stages", group_prep=True, calm_gates=True))
+
+
+@pytest.mark.parametrize("cu", [None, [0, 1, 70, 130]], ids=["dense, a partial last chunk", "varlen"])
+def test_the_group_prep_writes_every_row_of_a_chunks_slot(cu):
+    """The warp-specialised sweep's outputs load a chunk's coef rows unmasked: the group prep writes
+    every row of every chunk's slot, the rows past a sequence's end too (finite from finite inputs),
+    and no slot that no chunk owns. The coef buffer is NaN beforehand."""
+    from recurscan import build_chunk_descriptors
+    from recurscan.launch.delta import DeltaInputs, run_delta_launches
+    gen = torch.Generator().manual_seed(16)
+    Bt, T = (2, 100) if cu is None else (1, 130)
+    q, k = (torch.randn(Bt, T, 1, 32, generator=gen).to(DEVICE) for _ in range(2))
+    v = torch.randn(Bt, T, 4, 16, generator=gen).to(DEVICE)
+    g = torch.nn.functional.logsigmoid(torch.randn(Bt, T, 4, generator=gen)).to(DEVICE)
+    cu_seqlens = dp = None
+    if cu is not None:
+        cu_seqlens = torch.tensor(cu, dtype=torch.int32, device=DEVICE)
+        dp = build_chunk_descriptors(cu, device=DEVICE).chunk_indices_dp
+    launches = delta_launches(q, k, v, g, None, block_v=16, num_stages=2, group_prep=True, wy=False,
+                              cu_seqlens=cu_seqlens, chunk_indices_dp=dp)
+    N = Bt if cu is None else len(cu) - 1
+    coef = torch.full(((Bt * T) // 64 + N, 4, 64, 8), float("nan"), device=DEVICE)
+    run_delta_launches(launches, DeltaInputs(q, k, v, g, None, cu_seqlens=cu_seqlens, chunk_indices_dp=dp),
+                       given={"coef": coef})
+    starts = [n * T for n in range(Bt)] if cu is None else cu[:-1]
+    lengths = [T] * Bt if cu is None else [b - a for a, b in zip(cu[:-1], cu[1:])]
+    owned = {(bos + c * 64) // 64 + n for n, (bos, L) in enumerate(zip(starts, lengths)) for c in range((L + 63) // 64)}
+    for slot in range(coef.shape[0]):
+        rows = coef[slot]
+        assert torch.isfinite(rows).all() if slot in owned else torch.isnan(rows).all(), slot
