@@ -16,10 +16,13 @@
 #      and with the recompute on one stream (--corun 0.1: B1's training wall time moved 2.630 ->
 #      2.724 ms across the group prep's split, so the corun's gain is checked again); the SSD
 #      forward without the final states' store and transposed copy (1ecdcd4: 17.5 us at B4);
-#   2. the whole GPU suite (162 passed and 2 failed at 63bef49, those two fixed at f59ee2b).
-# Arguments: the steps to run (default: all three; `0` alone, then `1 2`, fit two 600 s calls).
+#   2. the whole GPU suite (162 passed and 2 failed at 63bef49, those two fixed at f59ee2b; it checks
+#      c4d4b9f's unmasked coefficient loads bit for bit against the Triton sweep: run it first);
+#   3. what bounds SSD training's reverse sweep: its timing probes (benchmarks/gpu_gla_reverse_probe.py:
+#      the chain alone, the outputs alone), which decide docs/kernels-gla-plan.md's item 2c.
+# Arguments: the steps to run (default: all four); `2`, `0` and `1 3` each fit a 600 s call.
 set -u
-STEPS=${*:-0 1 2}
+STEPS=${*:-0 1 2 3}
 step() { [[ " $STEPS " == *" $1 "* ]]; }
 C=${RECURSCAN_COMMIT:-unknown}
 export RECURSCAN_COMMIT=$C
@@ -40,3 +43,5 @@ step 1 && timeout 300 env PYTHONPATH=$PWD:/tmp/site MAMBA_SSM_SRC=/tmp/mamba pyt
     --reverse-twin --dg-twin --corun 0.1 --out "$OUT/gpu_gla_sweep_$C.json" 2>&1 | grep -v Warning | grep -E " ms" | head -40
 step 2 && { timeout 290 python -m pytest -m gpu -n 4 tests/gpu -p no:cacheprovider -o faulthandler_timeout=280 -q \
     > "$OUT/gpu_tests_$C.log" 2>&1; echo "gpu suite rc=$?"; grep -E "passed|failed|FAILED|Timeout" "$OUT/gpu_tests_$C.log" | tail -12; }
+step 3 && timeout 240 env PYTHONPATH=$PWD python benchmarks/gpu_gla_reverse_probe.py \
+    --out "$OUT/gpu_gla_reverse_probe_$C.json" 2>&1 | grep -E "probe|rror"

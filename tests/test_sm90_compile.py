@@ -162,3 +162,36 @@ def test_the_resource_report_compiles_the_forward_as_the_launch_layer_builds_it(
     assert run.returncode == 0, run.stderr[-3000:]
     for kernel in ("chunk_delta_prep_kernel", "chunk_delta_sweep_kernel"):
         assert f"{kernel}: shared" in run.stdout and "REG:" in run.stdout, run.stdout
+
+
+PROBE_COMPILES = {
+    "forward": "import dataclasses; from tests.helpers import sm90; print(sm90.compile_ssd_benchmark("
+               "dataclasses.replace(sm90.SWEEP_SHAPES['group prep'], num_stages=3, gluon_sweep=True, "
+               "specialized=True)))",
+    "reverse": "from tests.helpers import sm90; print(sm90.compile_gla_backward('GDN dense, H = HV', on_sweep=True, "
+               "group_prep=True, group_grads=True, recompute_twin=True))",
+}
+
+
+@pytest.mark.parametrize("variable, value, kernel", [
+    ("RECURSCAN_SWEEP_PROBE", "1", "forward"), ("RECURSCAN_SWEEP_PROBE", "2", "forward"),
+    ("RECURSCAN_SWEEP_PROBE", "3", "forward"), ("RECURSCAN_REVERSE_PROBE", "1", "reverse"),
+    ("RECURSCAN_REVERSE_PROBE", "2", "reverse")])
+def test_the_timing_probes_compile_for_sm90(variable, value, kernel):
+    """The warp-specialised forward sweep's and the reverse sweep's timing probes (the benchmarks'
+    --probe, each in a process of its own) compile without spills or shared-memory overflow."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update({"PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""), variable: value})
+    run = subprocess.run([sys.executable, "-c", PROBE_COMPILES[kernel]], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert ("gluon_gla_sweep_specialized_kernel" if kernel == "forward" else "gluon_gla_bwd_sweep_kernel") in run.stdout
+
+
+@pytest.mark.parametrize("variable, module", [("RECURSCAN_SWEEP_PROBE", "gla_sweep_specialized"),
+                                              ("RECURSCAN_REVERSE_PROBE", "gla_backward_sweep")])
+def test_a_timing_probe_it_does_not_know_is_refused(variable, module):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **{variable: "7"})
+    run = subprocess.run([sys.executable, "-c", f"import recurscan.kernels.gluon.{module}"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and f"ValueError: {variable}" in run.stderr, run.stderr[-2000:]

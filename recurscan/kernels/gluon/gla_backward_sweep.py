@@ -26,12 +26,26 @@ tensors; dense or varlen.
 """
 from __future__ import annotations
 
+import os
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
 from .delta_backward_sweep import _state_offsets
+
+#: A timing probe (``RECURSCAN_REVERSE_PROBE`` when this module is imported; only
+#: benchmarks/gpu_gla_reverse_probe.py sets it): 0 the kernel; 1 the ring of loads and the chain,
+#: the chunk's outputs off ((K dS')^T, dV, the dS' and dV stores); 2 the ring and the outputs, the
+#: chain's product off (dS' stays as it entered). Probes 1 and 2 write wrong gradients: for timing
+#: only. What they split is a chunk's time between the chain and the outputs, which decides whether
+#: the outputs on warpgroups of their own would pay (docs/kernels-gla-plan.md, "The next GPU
+#: session", 2c).
+_PROBE = os.environ.get("RECURSCAN_REVERSE_PROBE", "0")
+if _PROBE not in ("0", "1", "2"):
+    raise ValueError(f"RECURSCAN_REVERSE_PROBE: expected 0, 1 or 2, got {_PROBE!r}")
+PROBE = gl.constexpr(int(_PROBE))
 
 
 @gluon.jit
@@ -176,48 +190,55 @@ def gluon_gla_bwd_sweep_kernel(
 
         # dS' leaving chunk c to its chunk-state row (the previous chunk's dS' store has drained).
         S_b = dS_t.to(DT)
-        tma.store_wait(pendings=1)
-        ds_s.permute((1, 0)).store(S_b)
-        fence_async_shared()
-        cs = cs0 + c
-        cs = gl.where((cs >= 0) & (cs < n_cs_rows), cs, n_cs_rows)  # past the descriptor: not stored
-        tma.async_copy_shared_to_global(ds_desc, [(cs * HV + i_hv).to(gl.int32) * K, i_v * BV], ds_s)
+        if PROBE != 1:
+            tma.store_wait(pendings=1)
+            ds_s.permute((1, 0)).store(S_b)
+            fence_async_shared()
+            cs = cs0 + c
+            cs = gl.where((cs >= 0) & (cs < n_cs_rows), cs, n_cs_rows)  # past the descriptor: not stored
+            tma.async_copy_shared_to_global(ds_desc, [(cs * HV + i_hv).to(gl.int32) * K, i_v * BV], ds_s)
 
         # (K dS')^T, and the next dS'^T onto lam_C dS'^T (the chain) beside it.
         dOt = do_s.index(s).permute((1, 0)).load(mma64).to(gl.float32)  # [BV, BT]
         Wdo = (gl.convert_layout(lam_s, col64)[None, :] * dOt).to(DT)  # (lam scale o dO)^T
-        dSK = warpgroup_mma(gl.convert_layout(S_b, a64), k_s.index(s).permute((1, 0)), zero64, use_acc=False,
-                            is_async=True)
-        dS_t = warpgroup_mma(gl.convert_layout(Wdo, aK), q_s.index(s), lam_last * dS_t, is_async=True)
-        dSK = warpgroup_mma_wait(num_outstanding=1, deps=(dSK,))
-        if f_0 == f_0:  # calm (the column factors are NaN in every row otherwise)
-            dvt = warpgroup_mma(gl.convert_layout(Wdo, a64), a_s.index(s), (scale * lam_last) * dSK, is_async=True)
-            dvt = warpgroup_mma_wait(num_outstanding=0, deps=(dvt,))
-            dvt = gl.convert_layout(f, col64)[None, :] * dvt
-        else:
-            # G_ij = 2^(gc_i - gc_j) for j <= i in one segment, rows past the end selected out.
-            St = a_s.index(s).load(mma64).to(gl.float32)  # scores [i, j]
-            gc_i = gl.convert_layout(gc, row64)[:, None]
-            sg_i = gl.convert_layout(seg, row64)[:, None]
-            gc_j = gl.convert_layout(gc, col64)[None, :]
-            sg_j = gl.convert_layout(seg, col64)[None, :]
-            keep = (o_i[:, None] >= o_j[None, :]) & (sg_i == sg_j) & (c * BT + o_i < L)[:, None]
-            g_s.store((gl.where(keep, gl.exp2(gc_i - gc_j), 0.0) * St).to(DT))
-            fence_async_shared()
-            gl.thread_barrier()
-            dvt = warpgroup_mma(gl.convert_layout(dOt.to(DT), a64), g_s,
-                                gl.convert_layout(gam, col64)[None, :] * dSK, is_async=True)
-            dvt = warpgroup_mma_wait(num_outstanding=0, deps=(dvt,))
-        dS_t = warpgroup_mma_wait(num_outstanding=0, deps=(dS_t,))
+        if PROBE != 1:
+            dSK = warpgroup_mma(gl.convert_layout(S_b, a64), k_s.index(s).permute((1, 0)), zero64, use_acc=False,
+                                is_async=True)
+        if PROBE != 2:
+            dS_t = warpgroup_mma(gl.convert_layout(Wdo, aK), q_s.index(s), lam_last * dS_t, is_async=True)
+        if PROBE != 1:
+            dSK = warpgroup_mma_wait(num_outstanding=0 if PROBE == 2 else 1, deps=(dSK,))
+            if f_0 == f_0:  # calm (the column factors are NaN in every row otherwise)
+                dvt = warpgroup_mma(gl.convert_layout(Wdo, a64), a_s.index(s), (scale * lam_last) * dSK,
+                                    is_async=True)
+                dvt = warpgroup_mma_wait(num_outstanding=0, deps=(dvt,))
+                dvt = gl.convert_layout(f, col64)[None, :] * dvt
+            else:
+                # G_ij = 2^(gc_i - gc_j) for j <= i in one segment, rows past the end selected out.
+                St = a_s.index(s).load(mma64).to(gl.float32)  # scores [i, j]
+                gc_i = gl.convert_layout(gc, row64)[:, None]
+                sg_i = gl.convert_layout(seg, row64)[:, None]
+                gc_j = gl.convert_layout(gc, col64)[None, :]
+                sg_j = gl.convert_layout(seg, col64)[None, :]
+                keep = (o_i[:, None] >= o_j[None, :]) & (sg_i == sg_j) & (c * BT + o_i < L)[:, None]
+                g_s.store((gl.where(keep, gl.exp2(gc_i - gc_j), 0.0) * St).to(DT))
+                fence_async_shared()
+                gl.thread_barrier()
+                dvt = warpgroup_mma(gl.convert_layout(dOt.to(DT), a64), g_s,
+                                    gl.convert_layout(gam, col64)[None, :] * dSK, is_async=True)
+                dvt = warpgroup_mma_wait(num_outstanding=0, deps=(dvt,))
+        if PROBE != 2:
+            dS_t = warpgroup_mma_wait(num_outstanding=0, deps=(dS_t,))
 
         # Stage s is free: refill it with the chunk NUM_STAGES on; dV out (the previous chunk's
         # dV store has drained; this chunk's dS' store may still be pending).
         _issue_loads(j + NUM_STAGES, n_chunks, k_desc, q_desc, do_desc, s_desc, k_s, q_s, do_s, a_s, bars, col_qk,
                      col_v, col_s, BT, NUM_STAGES)
-        tma.store_wait(pendings=1)
-        dv_s.permute((1, 0)).store(dvt)
-        fence_async_shared()
-        tma.async_copy_shared_to_global(dv_desc, [c * BT, col_v], dv_s)
+        if PROBE != 1:
+            tma.store_wait(pendings=1)
+            dv_s.permute((1, 0)).store(dvt)
+            fence_async_shared()
+            tma.async_copy_shared_to_global(dv_desc, [c * BT, col_v], dv_s)
     tma.store_wait(pendings=0)
     for i in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(bars.index(i))
