@@ -52,11 +52,11 @@ def chunk_group_prep_kernel(
       on), 2 gam c, 3 lam_last (read from row 0), 4 gc, 5 seg (a float), 6 c with a bad row's 0;
       with CALM_GATES 0 the column factor f = c / (lam scale) (0 from the first bad row on; NaN in
       every row of a chunk that is not calm), else 0 zero; 7 zero; every row of the slot, rows past
-      the sequence's end (within its last chunk) from masked inputs. gc and seg are the prefix sums of the log2 decays and the resets
-      (:func:`_gates_of`), lam = 2^gc before the first reset, gam the decay to the chunk end
-      within the last segment, c the column factor (SSD: the step size dt; else 1). A chunk is
-      calm for a head when it has one segment and lam scale within 2^+-:data:`CALM_LOG2_SPAN` on
-      its rows before the first bad one;
+      the sequence's end (within its last chunk) from masked inputs. gc and seg are the prefix
+      sums of the log2 decays and the resets (:func:`_gates_of`), lam = 2^gc before the first
+      reset, gam the decay to the chunk end within the last segment, c the column factor (SSD: the
+      step size dt; else 1). A chunk is calm for a head when it has one segment and lam scale
+      within 2^+-:data:`CALM_LOG2_SPAN` on its rows before the first bad one;
 
     so that the sweep (GATE_SCORES) forms each value head's aqk^T [j, i] = G_ij c_j scores_ij,
     G_ij = 2^(gc_i - gc_j) for j <= i in one segment (in a calm chunk G_ij c_j = (lam_i scale)
