@@ -3,8 +3,8 @@ gla_backward_sweep.py): its GPU time in SSD forward + backward at B1 T16384 and 
 64, one group, dstate 128: benchmarks/gpu_gla.py's inputs), as planned and under its timing probes,
 each in a process of its own (RECURSCAN_REVERSE_PROBE: 1 the loads and the chain, the chunk's outputs
 off; 2 the loads and the outputs, the chain's product off). Per row: the reverse sweep's
-microseconds and a chunk's microseconds a program (the sweep over the sequence's chunks; at B4 its
-320 programs run in three waves, so that figure is a wave's). If the chain alone takes much less
+microseconds and a chunk's microseconds a program (the sweep over the sequence's chunks and its
+waves of one program an SM: B4's 320 programs run in three). If the chain alone takes much less
 than the whole, the outputs on warpgroups of their own would pay, as they did in the forward
 (docs/kernels-gla-plan.md, "The next GPU session", 2c). Probes 1 and 2 compute wrong gradients.
 
@@ -38,7 +38,8 @@ def rows() -> list:
         dy = torch.randn_like(a[0])
         us = kernel_times(lambda: train_step(recurscan.mamba_chunk_scan_combined, a, kw, SSD_GRADS, dy))
         sweep = sum(t for name, t in us.items() if name.startswith(KERNEL))
-        waves = 3 if Bt * 80 > 132 else 1  # one program an SM
+        programs = Bt * a[0].shape[2] * (a[0].shape[3] // 64)  # (sequence, head, 64 value columns)
+        waves = -(-programs // torch.cuda.get_device_properties(0).multi_processor_count)  # one an SM
         chunk = sweep / (T // 64) / waves
         print(f"probe {probe} B{Bt} T{T}: reverse sweep {sweep:7.1f} us, {chunk:.2f} us a chunk a program",
               flush=True)
