@@ -197,9 +197,8 @@ def _ssd_triton(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_st
     y, final, *chunks = chunk_simple_gla_fwd(
         C.to(kernel_dtype), B.to(kernel_dtype), x.to(kernel_dtype), resets, scale=1.0, initial_state=initial_states,
         output_final_state=final_states or out is not None, cu_seqlens=cu_seqlens, shape=launch, ssd=prologue,
-        state=state,
-        state_indices=state_indices, state_v_first=True, chunk_state_rows=rows, chunk_offsets=chunk_offsets,
-        prep_rows=prep_rows, chunk_indices=chunk_indices, out_views=out)
+        state=state, state_indices=state_indices, state_v_first=True, chunk_state_rows=rows,
+        chunk_offsets=chunk_offsets, prep_rows=prep_rows, chunk_indices=chunk_indices, out_views=out)
     if state is not None:
         final = state
     elif out is not None and final is out[1]:

@@ -14,12 +14,12 @@ twin has), on three partitions of one program:
    NUM_STAGES stages, each freed when the chain and the chunk's outputs warpgroup are done with it.
 
 So the chain's step holds one product and a hand-over, and the outputs' products and gate tile run
-beside the next chunks' chain, where the twin runs them one after the other on one warpgroup. One
-outputs warpgroup was not enough: its chunk is a chain of dependent steps (two products, the gate
-tile, the store) that took 1.75 us against the chain's 0.98 (the timing probes, :data:`PROBE`), and
-the sweep's chunk 1.53 us, as the twin's. With two, a chunk takes 1.32 us a program at SSD B1 T16384
-(the outputs alone 1.13): the sweep 336 us against the twin's 393, and the planner takes it
-(``plan.gla.GLA_SWEEP_LAUNCH``'s group prep row; docs/kernels-gla-plan.md).
+beside the next chunks' chain, where the twin runs them one after the other on one warpgroup. The
+outputs take two warpgroups because a chunk's outputs are a chain of dependent steps (two
+products, the gate tile, the store) that keeps one warpgroup longer than the state's step; the
+timing probes (:data:`PROBE`) split a chunk's time between the loads, the chain and the outputs.
+The planner takes it on ``plan.gla.GLA_SWEEP_LAUNCH``'s group prep row (the measurements there and
+in docs/perf-history.md).
 
 Scope (``plan.delta.gluon_sweep_scope`` and the launch layer's ``_sweep_kernel``): the single pass
 (PASS 0), outputs on, no chunk states, checkpoints, segments or phases; dense or varlen, an initial
