@@ -34,9 +34,9 @@ def sweep_kernels(monkeypatch, by_name=False):
     choose = launch_delta._sweep_kernel
 
     def recording(*a, **kw):
-        kernel = choose(*a, **kw)
+        kernel, options = choose(*a, **kw)
         picked.append(getattr(kernel, "fn", kernel).__name__ if by_name else type(kernel).__name__)
-        return kernel
+        return kernel, options
     monkeypatch.setattr(launch_delta, "_sweep_kernel", recording)
     return picked
 
