@@ -3,7 +3,7 @@ fused GLA kernel and the peers, one process, eager, L2 flushed, bf16 (issue 20's
 ``chunk_simple_gla`` B4 T4096 H16 K=V=128 (fla's shape) and ``mamba_chunk_scan_combined`` B1 T16384
 and B4 T4096 (80 heads x 64, dstate 128, one group, chunk 256, D, dt_bias, dt_softplus). Each row's
 output against the float32 PyTorch form (relative RMS). Variants of the sweep's launch shape
-(``--sweep BV:warps:stages[:segN][:phN][:tma][:pwN][:regN][:hN][:grp][:calm][:gluon][:ws][:prR]``,
+(``--sweep BV:warps:stages[:segN][:phN][:tma][:pwN][:regN][:hN][:grp][:calm][:qk][:gluon][:ws][:prR]``,
 repeatable) beside the planner's; ``--profile``
 adds GPU time by kernel.
 
@@ -27,10 +27,11 @@ from recurscan.plan.delta import DeltaShape
 
 
 def parse_sweep(text: str) -> DeltaShape:
-    """``BV:warps:stages[:segN][:phN][:tma][:pwN][:regN][:hN][:grp][:calm][:gluon][:ws][:prR]`` -> a DeltaShape (pw:
-    the prep's warps, reg: its register cap, 0 for none; h: value heads a prep program, cut to a
+    """``BV:warps:stages[:segN][:phN][:tma][:pwN][:regN][:hN][:grp][:calm][:qk][:gluon][:ws][:prR]`` -> a
+    DeltaShape (pw: the prep's warps, reg: its register cap, 0 for none; h: value heads a prep program, cut to a
     divisor of the group by the planner's with_prep_heads; grp: the group prep; calm: with its
-    calm gates; gluon: the sweep as its Gluon twin; ws: that twin warp-specialised (DeltaShape.specialized); pr:
+    calm gates; qk: the group prep's coef alone, the sweep forming the scores (DeltaShape.sweep_scores);
+    gluon: the sweep as its Gluon twin; ws: that twin warp-specialised (DeltaShape.specialized); pr:
     the phases' ratio, DeltaShape.phase_ratio)."""
     parts = text.split(":")
     fields = dict(segments=1, phases=1, tma_store=False)
@@ -52,6 +53,8 @@ def parse_sweep(text: str) -> DeltaShape:
             fields["group_prep"] = True
         elif p == "calm":
             fields["group_prep"] = fields["calm_gates"] = True
+        elif p == "qk":
+            fields["group_prep"] = fields["sweep_scores"] = True
         elif p == "gluon":
             fields["gluon_sweep"] = True
         elif p == "ws":
@@ -196,6 +199,9 @@ def main():
                     help="with --train: SSD's rows also with the backward's reverse sweep on the other kernel "
                          "than planned: its Gluon twin or the Triton kernel (plan.gla.GLUON_GLA_REVERSE_SWEEP)")
     ap.add_argument("--train-only", action="store_true", help="the training rows alone")
+    ap.add_argument("--gla", action="append", default=[], metavar="B:T:H",
+                    help="also simple GLA at this batch, length and heads (K = V = 128)")
+    ap.add_argument("--gla-only", action="store_true", help="the simple GLA rows alone (no SSD, no training)")
     args = ap.parse_args()
     GRADS_WAVES.extend(args.grads_waves)
     GRADS_DG.extend(args.grads_dg)
@@ -210,17 +216,15 @@ def main():
         return
     tagged = variants(args.sweep)
     rows = []
-    s = SHAPES["simple_gla_b4_t4096_h16"]
-    q, k, v, g = inputs(s)
-    want = recurscan.chunk_simple_gla(*(x.float() for x in (q, k, v)), g, scale=s["scale"], backend="torch")[0]
-    peers = {}
-    try:
-        from fla.ops.simple_gla import chunk_simple_gla as fla_gla
-        peers["fla"] = lambda: fla_gla(q, k, v, g, scale=s["scale"])[0]
-    except Exception as exc:  # recorded, never hidden
-        rows.append(dict(shape="simple_gla_b4_t4096_h16", impl="fla", status=f"not installed: {exc}"))
-    rows += rows_for("simple_gla_b4_t4096_h16", lambda: recurscan.chunk_simple_gla(q, k, v, g, scale=s["scale"])[0],
-                     want, tagged, peers)
+    gla_shapes = {"simple_gla_b4_t4096_h16": SHAPES["simple_gla_b4_t4096_h16"]}
+    for text in args.gla:
+        B, T, H = map(int, text.split(":"))
+        gla_shapes[f"simple_gla_b{B}_t{T}_h{H}"] = dict(B=B, T=T, H=H, HV=H, K=128, V=128, scale=None)
+    for name, s in gla_shapes.items():
+        rows += gla_rows(name, s, tagged)
+    if args.gla_only:
+        save(args.out, rows)
+        return
     from benchmarks.runner import NotInstalled, load_mamba
     for name, (Bt, T) in SSD_SHAPES.items():
         a, kw = ssd_inputs(Bt, T)
@@ -236,6 +240,21 @@ def main():
     if args.train:
         rows += train_rows()
         save(args.out, rows)
+
+
+def gla_rows(name, s, tagged):
+    """simple GLA at ``s`` (gpu_gla.SHAPES' form): the fused kernel, the planned sweep, each variant,
+    and fla's."""
+    q, k, v, g = inputs(s)
+    want = recurscan.chunk_simple_gla(*(x.float() for x in (q, k, v)), g, scale=s["scale"], backend="torch")[0]
+    peers, rows = {}, []
+    try:
+        from fla.ops.simple_gla import chunk_simple_gla as fla_gla
+        peers["fla"] = lambda: fla_gla(q, k, v, g, scale=s["scale"])[0]
+    except Exception as exc:  # recorded, never hidden
+        rows.append(dict(shape=name, impl="fla", status=f"not installed: {exc}"))
+    return rows + rows_for(name, lambda: recurscan.chunk_simple_gla(q, k, v, g, scale=s["scale"])[0], want, tagged,
+                           peers)
 
 
 def save(path, rows):

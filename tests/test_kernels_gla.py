@@ -49,7 +49,8 @@ def gla_inputs(B, T, H, HV, K, V, seed):
 @pytest.mark.parametrize("optional", ["all", "no_g_no_h0"])
 @pytest.mark.parametrize("form", ["sweep", "fused", "split", "sweep segments", "sweep phases", "sweep, group prep",
                                   "sweep segments, group prep", "sweep phases, group prep", "sweep, calm gates",
-                                  "sweep segments, calm gates", "sweep phases, calm gates"])
+                                  "sweep segments, calm gates", "sweep phases, calm gates",
+                                  "sweep, scores in the sweep", "sweep segments, scores in the sweep"])
 def test_triton_forward_matches_the_token_loop(case, optional, form, monkeypatch):
     use_form(form, monkeypatch)
     c = CASES[case]
@@ -75,7 +76,8 @@ def test_triton_forward_matches_the_token_loop(case, optional, form, monkeypatch
 
 @pytest.mark.parametrize("name, form", [(n, "sweep") for n in "qkvg"] + [(n, "fused") for n in "qkvg"] +
                          [("q", "split"), ("g", "split"), ("v", "sweep segments")] +
-                         [(n, "sweep, group prep") for n in "qkvg"] + [(n, "sweep, calm gates") for n in "qkvg"])
+                         [(n, "sweep, group prep") for n in "qkvg"] + [(n, "sweep, calm gates") for n in "qkvg"] +
+                         [(n, "sweep, scores in the sweep") for n in "qkvg"])
 def test_a_non_finite_input_leaves_earlier_outputs_and_other_sequences_bit_identical(name, form, monkeypatch):
     use_form(form, monkeypatch)
     q, k, v, g = (x.float().to(DEVICE) for x in gla_inputs(1, 200, 1, 2, 16, 16, seed=11))

@@ -136,6 +136,11 @@ def test_the_gluon_forward_sweep_compiles_for_sm90():
     assert "SSD group prep, segments: chunk_delta_sweep_kernel" in run.stdout  # its first pass, and the replay
     for d in ("head", "channel"):  # the warp-specialised form; its replay the Triton kernel's, without its cap
         assert f"SSD group prep, warp-specialised, D per {d}: gluon_gla_sweep_specialized_kernel" in run.stdout
+    for case in ("GDN dense, H = HV", "GDN varlen, GVA"):  # the same, forming the scores itself
+        assert (f"GLA warp-specialised, scores in the sweep, {case}: gluon_gla_sweep_specialized_kernel"
+                in run.stdout), run.stdout
+        assert f"GLA warp-specialised, scores in the sweep, {case}: chunk_delta_sweep_kernel" in run.stdout  # replay
+    assert "SSD warp-specialised, scores in the sweep: gluon_gla_sweep_specialized_kernel" in run.stdout
 
 
 def test_the_ssd_training_gate_kernels_compile_for_sm90():

@@ -88,7 +88,8 @@ def check_shape(shape: DeltaShape) -> None:
         value = getattr(shape, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"DeltaShape.{name}: expected an int >= 1, got {value!r}")
-    for name in ("v_product", "tma_store", "key_calm_pass", "group_prep", "calm_gates", "specialized"):
+    for name in ("v_product", "tma_store", "key_calm_pass", "group_prep", "calm_gates", "sweep_scores",
+                 "specialized"):
         if not isinstance(getattr(shape, name), bool):
             raise ValueError(f"DeltaShape.{name}: expected a bool, got {getattr(shape, name)!r}")
     if shape.calm_gates and shape.num_stages > 2:
@@ -188,6 +189,8 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     query/key head), writing the scores ``[B, T, H, 64]`` (float32; q's dtype with calm gates) and
     coef rows of 8, and the sweep gates the scores per value head (GATE_SCORES);
     ``shape.calm_gates`` as well: factored where a chunk is calm (CALM_GATES; 2 stages at most).
+    ``shape.sweep_scores`` instead: the sweep forms the scores from its q and k tiles
+    (SWEEP_SCORES), and the group prep writes the coef rows alone.
     ``out_views``: ``(o, final)`` tensors each call writes into instead of new ones (passed per call as
     :func:`run_delta_launches`' ``given``; their strides are read here): o ``[B, T, HV, V]`` with a
     unit last stride and a batch stride of T token strides, final ``[N, HV, K, V]`` float32 with
@@ -209,6 +212,9 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         raise ValueError("DeltaShape.group_prep: the group prep takes a scalar decay with wy=False and M = 1")
     if shape.calm_gates and not group:
         raise ValueError("DeltaShape.calm_gates: the calm gates need group_prep=True")
+    if shape.sweep_scores and not (group and not shape.calm_gates):
+        raise ValueError("DeltaShape.sweep_scores: the scores formed in the sweep need group_prep=True and "
+                         f"calm_gates=False (got group_prep={group}, calm_gates={shape.calm_gates})")
     if shape.specialized and not (shape.gluon_sweep and group and shape.phases == 1 and shape.segments == 1):
         raise ValueError("DeltaShape.specialized: the warp-specialised sweep needs gluon_sweep and group_prep, one "
                          f"pass (got gluon_sweep={shape.gluon_sweep}, group_prep={group}, phases={shape.phases}, "
@@ -240,7 +246,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     store_final = not use_cache and output_final_state
 
     buffers = {"o": ((B, T, HV, V), v.dtype if ssd is not None else q.dtype, None)}
-    if group:  # the scores once per query/key head; each value head's aqk is formed in the sweep
+    if group and not shape.sweep_scores:  # the scores once per query/key head, gated per value head in the sweep
         buffers["scores"] = ((B, T, H, BT), (q.dtype if shape.calm_gates else torch.float32), None)
     else:
         buffers["aqk"] = ((B, T * M, HV, BT), q.dtype, None)
@@ -312,7 +318,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
                                           "IS_VARLEN", "HAS_G", "DT", "PDL", "SSD", "HAS_DT_BIAS", "DT_SOFTPLUS",
                                           "DT_LIMIT")},
                     scores=arg("scores"), HB=_group_heads_a_step(HV // H), PRECISION=dot_precision,
-                    SCORES=True, CALM_GATES=shape.calm_gates)
+                    SCORES=not shape.sweep_scores, CALM_GATES=shape.calm_gates)
     phased = phases > 1 and not varlen and segments <= 1 and T > 0
     # A register cap (compile option) sets how many prep programs share a multiprocessor.
     prep_options = dict(num_warps=prep_warps, **({} if prep_maxnreg is None else {"maxnreg": prep_maxnreg}))
@@ -360,7 +366,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         (out_views is None or out_views[0].data_ptr() % 16 == 0)
     sweep = dict(
         q=arg("qg" if key_decay else "q"), k=arg("kg" if key_decay else "k"), v=arg("v"), wy=arg("wy", wy),
-        aqk=arg("scores" if group else "aqk"), coef=arg("coef"), o=arg("o"),
+        aqk=arg("scores", not shape.sweep_scores) if group else arg("aqk"), coef=arg("coef"), o=arg("o"),
         h0=arg("initial_state", initial_state is not None), ht=arg("final", store_final),
         state=arg("state", use_cache), state_indices=arg("state_indices", use_cache),
         chunk_states=arg("chunk_states", return_chunk_states), cu_seqlens=arg("cu_seqlens", varlen),
@@ -379,7 +385,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, DT=dt, PASS=0,
         V_PRODUCT=v_product, TMA_STORE=tma_store and M == 1 and tma_ok and not states_only,
         PDL=not INTERPRET, REPLAY=False, OUTPUTS=not states_only, STORE_U=False, CKPT_CHUNKS=checkpoint_chunks,
-        GATE_SCORES=group, CALM_GATES=shape.calm_gates and not states_only,
+        GATE_SCORES=group, CALM_GATES=shape.calm_gates and not states_only, SWEEP_SCORES=shape.sweep_scores,
         **ssd_sweep)
     sweep_kernel, sweep_options = _sweep_kernel(
         shape, q, k, v, BV, tma_ok, wy=wy, ssd=ssd, key_decay=key_decay, M=M,
@@ -449,8 +455,10 @@ def _sweep_kernel(shape: DeltaShape, q, k, v, BV: int, tma_ok: bool, *, wy, ssd,
     never is); a call it cannot take (q, k or v not 16-byte aligned, outputs the bulk stores cannot
     take, chunk-state rows past int32 coordinates, an initial state or cache whose offsets within a
     slot pass int32, SSD's gate z) runs the Triton kernel. The calm gates only with ``states_only``
-    (no outputs, so nothing of theirs is read). Returns ``(kernel, launch options beyond num_warps)``:
-    the warp-specialised sweep's partitions share the register file under one cap."""
+    (no outputs, so nothing of theirs is read); ``shape.sweep_scores`` (the scores formed in the
+    sweep) on the warp-specialised kernel or the Triton kernel, not the twin. Returns ``(kernel,
+    launch options beyond num_warps)``: the warp-specialised sweep's partitions share the register
+    file under one cap."""
     if not shape.gluon_sweep:
         return chunk_delta_sweep_kernel, {}
     from ..plan.delta import gluon_sweep_scope
@@ -474,6 +482,8 @@ def _sweep_kernel(shape: DeltaShape, q, k, v, BV: int, tma_ok: bool, *, wy, ssd,
     if shape.specialized and not states_only and chunk_state_rows == 0:
         from ..kernels.gluon.gla_sweep_specialized import gluon_gla_sweep_specialized_kernel
         return gluon_gla_sweep_specialized_kernel, {"maxnreg": SPECIALIZED_MAXNREG}
+    if shape.sweep_scores and not states_only:  # the twin reads the prep's scores
+        return chunk_delta_sweep_kernel, {}
     from ..kernels.gluon.delta_sweep import gluon_sweep_kernel
     return gluon_sweep_kernel, {}
 

@@ -54,6 +54,11 @@ class DeltaShape:
     # most 2^126) factored, the scores scaled by a column factor and the product's output by a row
     # factor, instead of a [BT, BT] tile of exp2 a value head and chunk (CALM_GATES).
     calm_gates: bool = False
+    # With group_prep, without calm_gates: the sweep forms each chunk's scores Q K^T from the q and
+    # k tiles it holds (one more product a chunk), and the group prep writes only the coef rows.
+    # For query/key heads that serve one value head (simple GLA), whose scores would be as many
+    # bytes as the value heads' gated tiles.
+    sweep_scores: bool = False
     # The sweep (its single pass, phases and second passes) as its Gluon twin
     # (kernels/gluon/delta_sweep.py; block_v 64 on one warpgroup, num_stages its ring of tile
     # stages): :func:`gluon_forward_sweep` decides.

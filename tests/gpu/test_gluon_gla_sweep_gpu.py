@@ -41,12 +41,12 @@ def sweep_kernels(monkeypatch, by_name=False):
     return picked
 
 
-def run_both(monkeypatch, call, phases=1, group_prep=False, stages=3, specialized=False):
+def run_both(monkeypatch, call, phases=1, group_prep=False, stages=3, specialized=False, sweep_scores=False):
     """``call()``'s outputs with the planned sweep shape at ``phases`` (the delta prep, or the
     group prep without calm gates; 64 value columns on 4 warps, ``stages`` stages, bulk stores) on
     the Triton sweep and on its Gluon twin (``specialized``: warp-specialised, DeltaShape.specialized,
-    kernels/gluon/gla_sweep_specialized.py); asserts which kernel ran and that the two agree bit for
-    bit. Returns the twin's outputs."""
+    kernels/gluon/gla_sweep_specialized.py; ``sweep_scores``: both forming the scores themselves);
+    asserts which kernel ran and that the two agree bit for bit. Returns the twin's outputs."""
     picked = sweep_kernels(monkeypatch, by_name=True)
     planned = plan_gla.gla_sweep_shape
     out = {}
@@ -54,7 +54,7 @@ def run_both(monkeypatch, call, phases=1, group_prep=False, stages=3, specialize
         monkeypatch.setattr(plan_gla, "gla_sweep_shape", lambda problem, device, gluon=True, twin=twin: dataclasses.replace(
             planned(problem, device, gluon=False), block_v=64, num_warps=4, num_stages=stages, tma_store=True,
             group_prep=group_prep, calm_gates=False, prep_heads=1, phases=phases, segments=1, gluon_sweep=twin,
-            specialized=twin and specialized))
+            specialized=twin and specialized, sweep_scores=sweep_scores))
         clear_caches()
         picked.clear()
         got = call()
@@ -164,6 +164,82 @@ def test_simple_gla_gives_the_triton_sweeps_bits(monkeypatch):
     g = torch.nn.functional.logsigmoid(rn(2, 2500, 4) + 3.0)
     o, ht = run_both(monkeypatch, lambda: recurscan.chunk_simple_gla(q, k, v, g, output_final_state=True), 6)
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+
+
+def gla_args(B, T, H, HV, seed, K=128, V=128):
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    rn = lambda *s: torch.randn(*s, device=DEV, generator=gen)  # noqa: E731
+    q, k = (rn(B, T, H, K).bfloat16() for _ in range(2))
+    v = rn(B, T, HV, V).bfloat16()
+    return q, k, v, torch.nn.functional.logsigmoid(rn(B, T, HV) + 3.0)
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+def test_simple_gla_forming_its_scores_on_the_warp_specialised_sweep_gives_the_triton_sweeps_bits(stages,
+                                                                                                   monkeypatch):
+    """DeltaShape.sweep_scores (the sweep forms Q K^T from its tiles; the group prep writes the coef
+    alone), warp-specialised against the Triton sweep in the same form: dense with a partial last
+    chunk, resets (decay 0) mid-chunk, an initial state and the final state; varlen under GVA with a
+    one-token and an empty sequence; a state cache with a padding slot."""
+    q, k, v, g = gla_args(2, 2500, 4, 4, seed=21)
+    g[:, 700, 1] = float("-inf")
+    h0 = torch.randn(2, 4, 128, 128, device=DEV)
+    o, ht = run_both(monkeypatch, lambda: recurscan.chunk_simple_gla(q, k, v, g, scale=0.2, initial_state=h0,
+                                                                     output_final_state=True),
+                     group_prep=True, stages=stages, specialized=True, sweep_scores=True)
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    q, k, v, g = gla_args(1, 4100, 2, 4, seed=22)
+    cu = torch.tensor([0, 1, 2000, 2000, 2001, 4100], device=DEV, dtype=torch.int32)
+    run_both(monkeypatch, lambda: recurscan.chunk_simple_gla(q, k, v, g, output_final_state=True, cu_seqlens=cu),
+             group_prep=True, stages=stages, specialized=True, sweep_scores=True)
+    cache = torch.randn(6, 4, 128, 128, device=DEV)
+    slots = torch.tensor([3, -1, 0, 5, 1], device=DEV, dtype=torch.int32)
+
+    def with_cache():
+        state = cache.clone()
+        o = recurscan.chunk_simple_gla(q, k, v, g, cu_seqlens=cu, state=state, state_indices=slots)[0]
+        return o, state
+    o, state = run_both(monkeypatch, with_cache, group_prep=True, stages=stages, specialized=True, sweep_scores=True)
+    assert torch.equal(o[:, 1:2000], torch.zeros_like(o[:, 1:2000]))  # the padding slot's sequence
+    assert torch.equal(state[[2, 4]], cache[[2, 4]])  # slots no sequence owns
+
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["D per head", "D per channel"])
+def test_ssd_with_a_group_a_head_forming_its_scores_gives_the_triton_sweeps_bits(per_channel, monkeypatch):
+    """SSD with as many groups as heads (nothing for a group prep to share) on the warp-specialised
+    sweep forming its scores, against the Triton sweep in that form: a partial last chunk, an
+    initial state and the final states."""
+    a, kw = ssd_args(2, 3000, G=16, per_channel=per_channel, seed=25)
+    h0 = torch.randn(2, 16, 64, 128, device=DEV)
+    y, hT = run_both(monkeypatch, lambda: recurscan.mamba_chunk_scan_combined(
+        *a, **kw, initial_states=h0, return_final_states=True), group_prep=True, specialized=True, sweep_scores=True)
+    assert torch.isfinite(y).all() and torch.isfinite(hT).all()
+
+
+def test_simple_gla_forming_its_scores_with_a_nan_key_replays_its_program(monkeypatch):
+    """A NaN key: its program's state comes out non-finite, the Triton replay (SWEEP_SCORES too)
+    writes its outputs again; the two forms agree bit for bit and the outputs before the NaN, and
+    the other sequence's, are finite."""
+    q, k, v, g = gla_args(1, 3000, 2, 2, seed=23)
+    k[0, 1500, 1, 5] = float("nan")
+    cu = torch.tensor([0, 2000, 3000], device=DEV, dtype=torch.int32)
+    o, ht = run_both(monkeypatch, lambda: recurscan.chunk_simple_gla(q, k, v, g, output_final_state=True,
+                                                                     cu_seqlens=cu),
+                     group_prep=True, specialized=True, sweep_scores=True)
+    assert torch.isfinite(o[:, :1500]).all() and torch.isfinite(o[:, 2000:]).all() and torch.isfinite(ht[1]).all()
+    assert torch.isnan(o[0, 1500:2000, 1]).any() and torch.isnan(ht[0, 1]).any()
+
+
+def test_the_benchmark_simple_gla_forming_its_scores_against_the_oracle(monkeypatch):
+    """B4 T4096 H16 K = V = 128 (issue 20's simple GLA row) with the sweep forming its scores,
+    warp-specialised: the Triton sweep's bits in that form, and the float64 PyTorch form's values."""
+    q, k, v, g = gla_args(4, 4096, 16, 16, seed=24)
+    o = run_both(monkeypatch, lambda: recurscan.chunk_simple_gla(q, k, v, g), group_prep=True, specialized=True,
+                 sweep_scores=True)[0]
+    want = recurscan.chunk_simple_gla(q.double(), k.double(), v.double(), g.double(), backend="torch")[0]
+    err = relative_rms(o.double(), want)
+    print(f"simple GLA B4 T4096 forming its scores, warp-specialised: relative RMS {err:.2e}")
+    assert err < 1e-2
 
 
 def test_a_gate_z_runs_the_triton_sweep(monkeypatch):

@@ -18,6 +18,11 @@ SWEEP_VARIANTS = {
                                              v_product=False, group_prep=True),
     "sweep phases, group prep": DeltaShape(16, 4, 2, 4, "tests: the group prep, 3 phases", phases=3,
                                            v_product=False, group_prep=True),
+    "sweep, scores in the sweep": DeltaShape(32, 4, 2, 4, "tests: the group prep's coef alone, the sweep forming "
+                                             "the scores", v_product=False, group_prep=True, sweep_scores=True),
+    "sweep segments, scores in the sweep": DeltaShape(32, 4, 2, 4, "tests: the sweep forming the scores, 3 segments",
+                                                      segments=3, v_product=False, group_prep=True,
+                                                      sweep_scores=True),
     "sweep, calm gates": DeltaShape(32, 4, 2, 4, "tests: the group prep, calm gates", v_product=False,
                                     group_prep=True, calm_gates=True),
     "sweep segments, calm gates": DeltaShape(32, 4, 2, 4, "tests: the group prep, calm gates, 3 segments", segments=3,

@@ -251,6 +251,9 @@ SWEEP_SHAPES = {
                                      group_prep=True),
     "group prep, calm gates": DeltaShape(64, 4, 2, 4, "tests: the group prep's calm gates, 2 stages", tma_store=True,
                                          group_prep=True, calm_gates=True),
+    "group prep, scores in the sweep": DeltaShape(64, 4, 3, 4, "tests: the group prep's coef alone, the sweep "
+                                                  "forming the scores", tma_store=True, group_prep=True,
+                                                  sweep_scores=True),
 }
 
 
@@ -258,6 +261,9 @@ SWEEP_SHAPES = {
 #: Triton kernel's): the single pass, phases, the second pass of segments.
 GLUON_SWEEP_SHAPES = {name: dataclasses.replace(SWEEP_SHAPES[name], gluon_sweep=True)
                       for name in ("one pass", "phases", "segments")}
+#: The warp-specialised sweep forming the scores itself, at three stages (simple GLA's form).
+SPECIALIZED_SCORES_SHAPE = dataclasses.replace(SWEEP_SHAPES["group prep, scores in the sweep"], gluon_sweep=True,
+                                               specialized=True)
 
 
 def compile_gluon_forward() -> list[str]:
@@ -286,6 +292,11 @@ def compile_gluon_forward() -> list[str]:
     for per_channel in (False, True):  # warp-specialised (kernels/gluon/gla_sweep_specialized.py)
         lines += [f"SSD group prep, warp-specialised, D per {'channel' if per_channel else 'head'}: {line}"
                   for line in compile_ssd_benchmark(shape, per_channel=per_channel)]
+    lines += [f"SSD warp-specialised, scores in the sweep: {line}"
+              for line in compile_ssd_benchmark(SPECIALIZED_SCORES_SHAPE)]
+    for case in ("GDN dense, H = HV", "GDN varlen, GVA"):
+        lines += [f"GLA warp-specialised, scores in the sweep, {case}: {line}"
+                  for line in compile_gla_sweep(case, "Gluon warp-specialised, scores in the sweep", ssd=False)]
     return lines
 
 
@@ -313,7 +324,8 @@ def compile_gla_sweep(case: str, shape: str, ssd: bool, describe=None, per_key: 
         state, slots = torch.zeros(8, HV, 64, K).transpose(-1, -2), torch.zeros(N, dtype=torch.int32)
     cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
     indices = None if cu is None else build_chunk_descriptors(cu_t, 1).chunk_indices
-    sweep_shape = {**SWEEP_SHAPES, **{f"Gluon {k}": v for k, v in GLUON_SWEEP_SHAPES.items()}}[shape]
+    sweep_shape = {**SWEEP_SHAPES, **{f"Gluon {k}": v for k, v in GLUON_SWEEP_SHAPES.items()},
+                   "Gluon warp-specialised, scores in the sweep": SPECIALIZED_SCORES_SHAPE}[shape]
     group = HV // H
     sweep_shape = dataclasses.replace(sweep_shape, prep_heads=max(d for d in range(1, min(sweep_shape.prep_heads,
                                                                                           group) + 1) if group % d == 0))

@@ -50,15 +50,18 @@ def _outputs_causal(b_Sd, b_q, b_Wt, b_At, lam_rk, lam_rq, out_rows, k, v, e, m_
 
 
 @triton.jit
-def _gated_scores(b_st, p_j, p_i, m_r, o_t):
+def _gated_scores(b_st, p_j, p_i, m_r, o_t, SWEEP_SCORES: tl.constexpr = False):
     """aqk^T [BT (j), BT (i)] = G_ij c_j scores_ij (float32) from the scores ``b_st`` [j, i] and
     the coef rows at ``p_j`` [BT, 1] and ``p_i`` [1, BT]: gc (column 4), the segments (5) and the
-    column factors (6) of kernels/gla/group_prep.py; G_ij = 2^(gc_i - gc_j) for j <= i in one segment."""
+    column factors (6) of kernels/gla/group_prep.py; G_ij = 2^(gc_i - gc_j) for j <= i in one segment.
+    SWEEP_SCORES: ``b_st`` is K Q^T as the sweep formed it, so the column factor is c scale
+    (column 7). A bad key's column is not zeroed then: it reaches only rows from its own on, whose
+    outputs lam rq (NaN from the first bad row on) makes NaN anyway."""
     gc_j = tl.load(p_j + 4, mask=m_r[:, None], other=0.0)
     gc_i = tl.load(p_i + 4, mask=m_r[None, :], other=0.0)
     seg_j = tl.load(p_j + 5, mask=m_r[:, None], other=0.0)
     seg_i = tl.load(p_i + 5, mask=m_r[None, :], other=0.0)
-    col_j = tl.load(p_j + 6, mask=m_r[:, None], other=0.0)
+    col_j = tl.load(p_j + (7 if SWEEP_SCORES else 6), mask=m_r[:, None], other=0.0)
     keep = (o_t[:, None] <= o_t[None, :]) & (seg_j == seg_i)
     return tl.where(keep, tl.exp2(gc_i - gc_j) * col_j * b_st, 0.0)
 
@@ -94,7 +97,7 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_s
                  DOT_PRECISION: tl.constexpr, DT: tl.constexpr, FULL: tl.constexpr, CAREFUL: tl.constexpr,
                  OUTPUTS: tl.constexpr, STORE_U: tl.constexpr, WY: tl.constexpr, HAS_D: tl.constexpr,
                  D_PER_CHANNEL: tl.constexpr, HAS_Z: tl.constexpr, KEY_DECAY: tl.constexpr,
-                 GATE_SCORES: tl.constexpr, CALM_GATES: tl.constexpr):
+                 GATE_SCORES: tl.constexpr, CALM_GATES: tl.constexpr, SWEEP_SCORES: tl.constexpr):
     """One expanded chunk c of :func:`chunk_delta_sweep_kernel` (its docstring has the algebra):
     returns the state S^T leaving the chunk, having written the chunk's outputs (PASS != 1) and,
     when it starts a token chunk, the state entering it (STORE_CHUNK_STATES). FULL: all 64 rows
@@ -104,7 +107,7 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_s
     the state alone (the backward's recompute of the chunk states), no query or output touched.
     STORE_U: the chunk's U and lam o (K S) (rows of ``u_out`` and ``ks_out``, laid out as v), which
     the backward's parallel stage takes instead of recomputing them from the state. WY False and
-    the SSD epilogue (HAS_D, HAS_Z), KEY_DECAY, GATE_SCORES, CALM_GATES: see
+    the SSD epilogue (HAS_D, HAS_Z), KEY_DECAY, GATE_SCORES, CALM_GATES, SWEEP_SCORES: see
     :func:`chunk_delta_sweep_kernel`."""
     r = c * BT + o_t.to(tl.int64)  # [BT] row inside the sequence (expanded stream)
     if FULL:  # every row lies in the sequence: the loads and stores below go unpredicated
@@ -176,12 +179,15 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_s
         # Loaded as [BT, 1] (by j) and [1, BT] (by i) tiles, which broadcast in the tile's layout.
         p_j = p_coef + o_t[:, None] * CW
         p_i = p_coef + o_t[None, :] * CW
-        b_st = tl.load(aqk + (e * H + i_h)[None, :] * BT + o_t[:, None], mask=m_r[None, :], other=0.0)
+        if SWEEP_SCORES:  # K Q^T [j, i] from the chunk's tiles (rows past the end are zeros)
+            b_st = tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PRECISION)
+        else:
+            b_st = tl.load(aqk + (e * H + i_h)[None, :] * BT + o_t[:, None], mask=m_r[None, :], other=0.0)
         if FACTORED:
             f_0 = tl.load(p_coef)
             calm = f_0 == f_0  # column 0 is NaN in every row of a chunk that is not calm
         else:
-            b_At = _gated_scores(b_st, p_j, p_i, m_r, o_t).to(DT)
+            b_At = _gated_scores(b_st, p_j, p_i, m_r, o_t, SWEEP_SCORES).to(DT)
     # The decay across the chunk, as a scalar load of the chunk's first row (always a row of the
     # sequence): taken from the tile it was a block-wide max (shuffles, three barriers per chunk).
     lam_last = tl.load(p_coef + 3)
@@ -236,7 +242,7 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_s
                 b_ot = lam_rq[None, :] * b_ot
             else:
                 b_ot = lam_rq[None, :] * tl.dot(b_Sd, tl.trans(b_q), input_precision=DOT_PRECISION)
-                b_At = _gated_scores(b_st, p_j, p_i, m_r, o_t).to(DT)
+                b_At = _gated_scores(b_st, p_j, p_i, m_r, o_t, SWEEP_SCORES).to(DT)
                 b_ot += tl.dot(b_Uo.to(DT), b_At, input_precision=DOT_PRECISION)
         elif WY:
             b_ot = lam_rq[None, :] * tl.dot(b_Sd, tl.trans(b_q), input_precision=DOT_PRECISION)
@@ -293,7 +299,7 @@ def chunk_delta_sweep_kernel(
     REPLAY: tl.constexpr = False, OUTPUTS: tl.constexpr = True, STORE_U: tl.constexpr = False,
     CKPT_CHUNKS: tl.constexpr = 0, WY: tl.constexpr = True, HAS_D: tl.constexpr = False,
     D_PER_CHANNEL: tl.constexpr = False, HAS_Z: tl.constexpr = False, KEY_DECAY: tl.constexpr = False,
-    GATE_SCORES: tl.constexpr = False, CALM_GATES: tl.constexpr = False,
+    GATE_SCORES: tl.constexpr = False, CALM_GATES: tl.constexpr = False, SWEEP_SCORES: tl.constexpr = False,
 ):
     """Grid (N * HV * ceil(V / BV),): program -> (sequence n, value head hv, value block iv),
     iv fastest so neighbouring programs share the q/k rows in L2.
@@ -405,7 +411,9 @@ def chunk_delta_sweep_kernel(
     floats; each chunk forms its value head's aqk^T from them in registers (G o c^T o scores:
     a [BT, BT] tile of exp2) rather than loading it. CALM_GATES (with GATE_SCORES; the group prep
     with CALM_GATES): in a chunk the prep found calm, O = (lam rq) o (Q S + scores (U o f)) with
-    f = c / (lam scale) the prep's column factors: no tile of exp2.
+    f = c / (lam scale) the prep's column factors: no tile of exp2. SWEEP_SCORES (with GATE_SCORES,
+    without CALM_GATES): ``aqk`` unread; each chunk forms K Q^T from its q and k tiles (one more
+    product) and takes the scale with the column factors (the group prep's coef column 7).
     """
     pid = tl.program_id(0).to(tl.int64)
     if REPLAY:  # the replay launch: only the programs the pass before flagged (see the end)
@@ -550,7 +558,7 @@ def chunk_delta_sweep_kernel(
                             m_vk, o_vk, use_v,
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
                             DOT_PRECISION, DT, True, REPLAY, OUTPUTS, STORE_U, WY, HAS_D, D_PER_CHANNEL,
-                            HAS_Z, KEY_DECAY, GATE_SCORES, CALM_GATES)
+                            HAS_Z, KEY_DECAY, GATE_SCORES, CALM_GATES, SWEEP_SCORES)
     c_tail = tl.maximum(c_lo, c_full)
     if c_tail < c_end:
         if STORE_CKPT:
@@ -561,7 +569,7 @@ def chunk_delta_sweep_kernel(
                             m_vk, o_vk, use_v,
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
                             DOT_PRECISION, DT, False, REPLAY, OUTPUTS, STORE_U, WY, HAS_D, D_PER_CHANNEL,
-                            HAS_Z, KEY_DECAY, GATE_SCORES, CALM_GATES)
+                            HAS_Z, KEY_DECAY, GATE_SCORES, CALM_GATES, SWEEP_SCORES)
     if PASS == 1:
         if not WY:
             if role_m:  # M_i = (the product of the segment's chunk decays) I; NaN after a bad row

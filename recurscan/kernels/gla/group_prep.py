@@ -46,12 +46,13 @@ def chunk_group_prep_kernel(
 
     - ``scores [rows, H, BT]`` (SCORES, the head's first block; float32, in the inputs' dtype with
       CALM_GATES): scale Q K^T, the causal part (zeros above the diagonal), the column of a key
-      with a NaN or inf zero;
+      with a NaN or inf zero; none without SCORES (the sweep forms them, SWEEP_SCORES);
     - for each value head hv of its block, ``coef[slot, hv, 0:BT, 0:8]`` float32 at slot =
       :func:`_chunk_slot`, a row of 8 in one store: 1 lam scale (NaN from the head's first bad row
       on), 2 gam c, 3 lam_last (read from row 0), 4 gc, 5 seg (a float), 6 c with a bad row's 0;
       with CALM_GATES 0 the column factor f = c / (lam scale) (0 from the first bad row on; NaN in
-      every row of a chunk that is not calm), else 0 zero; 7 zero; every row of the slot, rows past
+      every row of a chunk that is not calm), else 0 zero; 7 c scale with a bad row's 0 (for a
+      sweep that forms the scores itself, SWEEP_SCORES); every row of the slot, rows past
       the sequence's end (within its last chunk) from masked inputs. gc and seg are the prefix
       sums of the log2 decays and the resets (:func:`_gates_of`), lam = 2^gc before the first
       reset, gam the decay to the chunk end within the last segment, c the column factor (SSD: the
@@ -136,8 +137,9 @@ def chunk_group_prep_kernel(
         f = tl.where(live, b_c * tl.exp2(-gcs) * tl.where(scale < 0, -1.0, 1.0), 0.0)
         f = tl.where(calm[None, :], f, float("nan"))
     lam_scale = tl.where(o_t[:, None] < first_bad[None, :], lam * scale, float("nan"))
-    row = _row_of_8(f, lam_scale, gam * b_c, zero + lam_last[None, :], gc, seg.to(tl.float32),
-                    tl.where(bad, 0.0, b_c), zero)
+    c_good = tl.where(bad, 0.0, b_c)
+    row = _row_of_8(f, lam_scale, gam * b_c, zero + lam_last[None, :], gc, seg.to(tl.float32), c_good,
+                    c_good * scale)
     o_w = tl.arange(0, GROUP_COEF_WIDTH)
     p_coef = coef + (((slot * HV + hv[None, :]) * BT + o_t[:, None]) * GROUP_COEF_WIDTH)[:, :, None] + \
         o_w[None, None, :]

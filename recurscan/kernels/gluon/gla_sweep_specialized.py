@@ -42,6 +42,9 @@ from .delta_sweep import _initial_state, _state_offsets
 #: the default partition, takes what the kernel's cap leaves (launch.delta.SPECIALIZED_MAXNREG:
 #: 128 a thread over 512 threads, so 512 - 2 x 152 - 24 = 184 for the chain).
 OUTPUT_REGS = gl.constexpr(152)
+#: The same with SWEEP_SCORES, where the scores' product and the state's are in flight together
+#: (152 spilled; the chain then has 512 - 2 x 160 - 24 = 168).
+SCORES_OUTPUT_REGS = gl.constexpr(160)
 LOAD_REGS = gl.constexpr(24)
 #: A timing probe (``RECURSCAN_SWEEP_PROBE`` when this module is imported; only
 #: benchmarks/gpu_ssd_sweep_scaling.py's ``--probe`` sets it): 0 the kernel; 1 the ring alone (both
@@ -57,7 +60,8 @@ PROBE = gl.constexpr(int(_PROBE))
 @gluon.jit
 def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
            NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr, USE_CACHE: gl.constexpr,
-           STORE_FINAL: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr):
+           STORE_FINAL: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr,
+           SWEEP_SCORES: gl.constexpr):
     """The default partition: the state over the program's chunks, each chunk's entering state
     handed to the outputs, then the final state (or cache slot) and the replay flag."""
     (k_s, q_s, v_s, a_s, s_s, g_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
@@ -110,27 +114,30 @@ def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
 
 
 @gluon.jit
-def _gate_coefficients(coef, bos, c, i_n, i_hv, o_i, o_j, HV: gl.constexpr, BT: gl.constexpr):
+def _gate_coefficients(coef, bos, c, i_n, i_hv, o_i, o_j, HV: gl.constexpr, BT: gl.constexpr,
+                       SWEEP_SCORES: gl.constexpr):
     """Chunk c's lam rq, gc and segments along the gate tile's columns (``o_i``'s layout) and gc,
     segments and column factors along its rows (``o_j``'s), read from the group prep's coef rows in
     those layouts (the values of :func:`_row_coefficients`, with no layout change: each is a trip
     through shared memory and a barrier). Unmasked: the group prep writes every row of a chunk's
     slot, and a row past the sequence's end reaches only outputs past it (the gate tile's causal
-    mask keeps it from the rows before), which the bulk store leaves out."""
+    mask keeps it from the rows before), which the bulk store leaves out. SWEEP_SCORES: the column
+    factors with the scale (column 7), as the Triton sweep's ``_gated_scores``."""
     p_coef = coef + (((bos + c * BT) // BT + i_n) * HV + i_hv) * (BT * 8)
     lam_rq = gl.load(p_coef + o_i * 8 + 1)
     gc_i = gl.load(p_coef + o_i * 8 + 4)
     sg_i = gl.load(p_coef + o_i * 8 + 5)
     gc_j = gl.load(p_coef + o_j * 8 + 4)
     sg_j = gl.load(p_coef + o_j * 8 + 5)
-    cf_j = gl.load(p_coef + o_j * 8 + 6)
+    cf_j = gl.load(p_coef + o_j * 8 + (7 if SWEEP_SCORES else 6))
     return lam_rq, gc_i, sg_i, gc_j, sg_j, cf_j
 
 
 @gluon.jit
 def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
              NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr, USE_CACHE: gl.constexpr,
-             STORE_FINAL: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr, PART: gl.constexpr):
+             STORE_FINAL: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr, SWEEP_SCORES: gl.constexpr,
+             PART: gl.constexpr):
     """A worker warpgroup: the outputs of every other chunk (those with j % 2 == PART; the other
     warpgroup takes the rest) from the state the chain handed over in buffer PART. Two of them, as
     one warpgroup's chunk is a chain of dependent steps (two products, the gate tile, the store)
@@ -158,7 +165,8 @@ def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.const
         s = j % NUM_STAGES
         c = c_lo + j
         # issued before the waits, which cover their latency
-        lam_rq, gc_i, sg_i, gc_j, sg_j, cf_j = _gate_coefficients(coef, bos, c, i_n, i_hv, o_i, o_j, HV, BT)
+        lam_rq, gc_i, sg_i, gc_j, sg_j, cf_j = _gate_coefficients(coef, bos, c, i_n, i_hv, o_i, o_j, HV, BT,
+                                                                  SWEEP_SCORES)
         mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
         if PROBE == 1:
             mbarrier.arrive(empty.index(s), count=1)
@@ -167,10 +175,16 @@ def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.const
             mbarrier.arrive(s_empty.index(b), count=1)
             mbarrier.arrive(empty.index(s), count=1)
         else:
+            if SWEEP_SCORES:  # K Q^T [j, i], which needs no state: issued before the chain's hand-over
+                St = warpgroup_mma(k_s.index(s), q_s.index(s).permute((1, 0)), zero64, use_acc=False,
+                                   is_async=True)
             mbarrier.wait(s_ready.index(b), (j // 2) & 1)
             QSt = warpgroup_mma(s_s.index(b), q_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
             # aqk^T [j, i] = G_ij c_j scores_ij while the product runs (the twin's gate tile).
-            St = a_s.index(s).permute((1, 0)).load(mma64).to(gl.float32)
+            if SWEEP_SCORES:
+                St = warpgroup_mma_wait(num_outstanding=1, deps=(St,))
+            else:
+                St = a_s.index(s).permute((1, 0)).load(mma64).to(gl.float32)
             keep = (o_j[:, None] <= o_i[None, :]) & (sg_j[:, None] == sg_i[None, :])
             At = gl.where(keep, gl.exp2(gc_i[None, :] - gc_j[:, None]) * cf_j[:, None] * St, 0.0)
             tma.store_wait(pendings=0)  # the last chunk's outputs out of g_s
@@ -204,13 +218,15 @@ def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.const
 @gluon.jit
 def _loads(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
            NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr, USE_CACHE: gl.constexpr,
-           STORE_FINAL: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr):
-    """A worker warp: the chunks' tiles by bulk copies, a stage once both warpgroups freed it."""
+           STORE_FINAL: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr,
+           SWEEP_SCORES: gl.constexpr):
+    """A worker warp: the chunks' tiles by bulk copies, a stage once both warpgroups freed it (the
+    scores' tile only where the prep formed them)."""
     (k_s, q_s, v_s, a_s, s_s, g_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
      coef, D, h0, ht, state, replay_flags, pid, bos, L, c_lo, c_hi, n_run, n_chunks, i_n, i_hv, i_v, slot, pad,
      s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w) = p
     nbytes: gl.constexpr = (k_desc.block_type.nbytes + q_desc.block_type.nbytes + v_desc.block_type.nbytes
-                            + a_desc.block_type.nbytes)
+                            + (0 if SWEEP_SCORES else a_desc.block_type.nbytes))
     for j in range(n_run):
         s = j % NUM_STAGES
         bar = ready.index(s)
@@ -220,7 +236,8 @@ def _loads(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
         tma.async_copy_global_to_shared(k_desc, [r, col_qk], bar, k_s.index(s))
         tma.async_copy_global_to_shared(v_desc, [r, col_v], bar, v_s.index(s))
         tma.async_copy_global_to_shared(q_desc, [r, col_qk], bar, q_s.index(s))
-        tma.async_copy_global_to_shared(a_desc, [r, col_w], bar, a_s.index(s))
+        if not SWEEP_SCORES:
+            tma.async_copy_global_to_shared(a_desc, [r, col_w], bar, a_s.index(s))
 
 
 @gluon.jit
@@ -239,7 +256,7 @@ def gluon_gla_sweep_specialized_kernel(
     REPLAY: gl.constexpr = False, OUTPUTS: gl.constexpr = True, STORE_U: gl.constexpr = False,
     CKPT_CHUNKS: gl.constexpr = 0, WY: gl.constexpr = True, HAS_D: gl.constexpr = False,
     D_PER_CHANNEL: gl.constexpr = False, HAS_Z: gl.constexpr = False, KEY_DECAY: gl.constexpr = False,
-    GATE_SCORES: gl.constexpr = False, CALM_GATES: gl.constexpr = False,
+    GATE_SCORES: gl.constexpr = False, CALM_GATES: gl.constexpr = False, SWEEP_SCORES: gl.constexpr = False,
 ):
     """Grid (N * HV * V / BV,) as the twin's PASS 0: program -> (sequence, value head, value block
     of BV = 64), the block fastest; the twin's arguments (those of its other passes and forms
@@ -248,8 +265,10 @@ def gluon_gla_sweep_specialized_kernel(
         O^T  = lam rq o (S^T Q^T) + V^T aqk^T  (+ D x^T with HAS_D),  aqk^T[j, i] = G_ij c_j scores_ij
         S^T <- lam_last S^T + (V^T o gam rk) K
 
-    The chain, the outputs and the loads on partitions of their own (module docstring); launched
-    with ``maxnreg`` (launch.delta) for the three warpgroups' registers."""
+    SWEEP_SCORES: the outputs form scores = K Q^T from the ring's k and q tiles (``aqk`` unread)
+    and gate them with the column factors that carry the scale (the Triton sweep's form). The
+    chain, the outputs and the loads on partitions of their own (module docstring); launched with
+    ``maxnreg`` (launch.delta) for the three warpgroups' registers."""
     gl.static_assert(BV == 64, "64 value columns a program")
     gl.static_assert(BT == 64, "chunks of 64 rows")
     gl.static_assert(M == 1, "M = 1")
@@ -293,13 +312,17 @@ def gluon_gla_sweep_specialized_kernel(
     k_desc = tma.make_tensor_descriptor(k + bos * (H * K), [rows, H * K], [H * K, 1], [BT, K], l_qk)
     q_desc = tma.make_tensor_descriptor(q + bos * (H * K), [rows, H * K], [H * K, 1], [BT, K], l_qk)
     v_desc = tma.make_tensor_descriptor(v + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV], l_tv)
-    a_desc = tma.make_tensor_descriptor(aqk + bos * (H * BT), [rows, H * BT], [H * BT, 1], [BT, BT], l_at)
     o_desc = tma.make_tensor_descriptor(o + bos * o_st + i_hv * o_sh, [rows, V], [o_st, 1], [BT, BV], l_tv)
 
     k_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
     q_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
     v_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], l_tv)
-    a_s = gl.allocate_shared_memory(A_DT, [NUM_STAGES, BT, BT], l_at)
+    if SWEEP_SCORES:  # no scores' ring: k's stands in for it in the partitions' arguments, unread
+        a_desc = k_desc
+        a_s = k_s
+    else:
+        a_desc = tma.make_tensor_descriptor(aqk + bos * (H * BT), [rows, H * BT], [H * BT, 1], [BT, BT], l_at)
+        a_s = gl.allocate_shared_memory(A_DT, [NUM_STAGES, BT, BT], l_at)
     s_s = gl.allocate_shared_memory(DT, [2, BV, K], l_vk)  # the states handed to the outputs
     # each outputs warpgroup's gated scores (the outputs' operand), then its outputs' staging
     gl.static_assert(BT == BV, "the gated scores' buffer stages the outputs")
@@ -319,11 +342,16 @@ def gluon_gla_sweep_specialized_kernel(
     p = (k_s, q_s, v_s, a_s, s_s, g_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
          coef, D, h0, ht, state, replay_flags, pid, bos, L, c_lo, c_hi, n_run, n_chunks, i_n, i_hv, i_v, slot, pad,
          s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, i_h * K, i_hv * V + i_v * BV, i_h * BT)
+    OUT_REGS: gl.constexpr = SCORES_OUTPUT_REGS if SWEEP_SCORES else OUTPUT_REGS
     # Each partition's arguments written out in the call: a tuple named first would carry the
     # constexprs as values (Triton 3.6).
     gl.warp_specialize([
-        (_chain, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL)),
-        (_outputs, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL, 0)),
-        (_outputs, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL, 1)),
-        (_loads, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL)),
-    ], [4, 4, 1], [OUTPUT_REGS, OUTPUT_REGS, LOAD_REGS])
+        (_chain, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL,
+                  SWEEP_SCORES)),
+        (_outputs, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL,
+                    SWEEP_SCORES, 0)),
+        (_outputs, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL,
+                    SWEEP_SCORES, 1)),
+        (_loads, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL,
+                  SWEEP_SCORES)),
+    ], [4, 4, 1], [OUT_REGS, OUT_REGS, LOAD_REGS])
