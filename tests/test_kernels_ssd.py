@@ -42,7 +42,8 @@ EXTRAS = ["D per head, z, dt_bias, softplus, h0", "D per channel, dt_limit", "no
                          [(e, "sweep, group prep") for e in EXTRAS] +
                          [(EXTRAS[0], "sweep segments, group prep"), (EXTRAS[0], "sweep phases, group prep")] +
                          [(e, "sweep, calm gates") for e in EXTRAS] +
-                         [(EXTRAS[0], "sweep segments, calm gates"), (EXTRAS[0], "sweep phases, calm gates")])
+                         [(EXTRAS[0], "sweep segments, calm gates"), (EXTRAS[0], "sweep phases, calm gates")] +
+                         [(e, "sweep, scores in the sweep") for e in EXTRAS[1:]])
 def test_triton_ssd_matches_the_token_loop(case, extras, form, monkeypatch):
     check_against_the_token_loop(CASES[case], extras, form, monkeypatch, seed=len(case))
 
@@ -571,6 +572,47 @@ def test_the_planner_gives_the_gla_sweep_to_its_gluon_twin_only_in_scope(monkeyp
     assert not plan_gla.per_key_shape_of(shape).specialized
 
 
+@pytest.mark.parametrize("case, scores_in_sweep", [
+    ("simple GLA B4 T4096 H16", True), ("simple GLA B8 T4096 H16", True), ("simple GLA B1 T16384 H16", False),
+    ("simple GLA B4 T4096 H16, GVA 2", False), ("simple GLA B4 T4096 H16, its row off", False),
+    ('simple GLA B4 T4096 H16, backend="triton"', False), ("SSD B4 T4096, a group a head", True),
+    ("SSD B4 T4096, one group", False)])
+def test_the_planner_forms_the_scores_in_the_sweep_where_no_query_key_head_is_shared(monkeypatch, case,
+                                                                                     scores_in_sweep):
+    """GLA_SWEEP_LAUNCH's row for a query/key head a value head (DeltaShape.sweep_scores, warp-
+    specialised, three stages): simple GLA (and SSD with a group a head) over a third of the SMs or
+    more in 64-column programs, where the Gluon twin may run and GLUON_GLA_GROUP_SWEEP is on; not
+    under GVA, nor for fewer programs (B1 T16384 H16: 32), nor for SSD's shared groups; the
+    backward's recompute never."""
+    import dataclasses
+    from recurscan.plan import gla as plan_gla
+    from recurscan.problem import gla_problem, ssd_problem
+    monkeypatch.setattr(plan_gla, "sm_count", lambda device: 132)
+    monkeypatch.setattr(plan_gla, "gluon_usable", lambda device: True)
+    monkeypatch.setattr(plan_gla, "GLUON_GLA_GROUP_SWEEP",
+                        dataclasses.replace(plan_gla.GLUON_GLA_GROUP_SWEEP, on="row off" not in case))
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    Bt, T = (8, 4096) if "B8" in case else (1, 16384) if "B1" in case else (4, 4096)
+    if case.startswith("SSD"):
+        G = 80 if "a group a head" in case else 1
+        problem = ssd_problem(torch.empty(Bt, T, 80, 64, **meta), torch.empty(Bt, T, 80, device="meta"),
+                              torch.empty(80, device="meta"), torch.empty(Bt, T, G, 128, **meta),
+                              torch.empty(Bt, T, G, 128, **meta))
+    else:
+        H, HV = (8, 16) if "GVA" in case else (16, 16)
+        q = torch.empty(Bt, T, H, 128, **meta)
+        problem = gla_problem(q, q, torch.empty(Bt, T, HV, 128, **meta), torch.empty(Bt, T, HV, device="meta"),
+                              per_key_decay=False)
+    shape = plan_gla.gla_shape(problem, torch.device("cuda"), gluon="triton" not in case).sweep
+    assert shape.sweep_scores is scores_in_sweep
+    if scores_in_sweep:
+        assert shape.group_prep and shape.specialized and shape.gluon_sweep and shape.num_stages == 3
+    recompute = plan_gla.recompute_sweep_shape(shape, 1, 1)
+    assert not recompute.sweep_scores and not recompute.specialized
+    if scores_in_sweep and case.startswith("simple GLA"):  # the delta prep's recompute (the faster there)
+        assert not recompute.group_prep and not recompute.calm_gates
+
+
 def test_the_gla_sweeps_gluon_twin_takes_ssd_without_z_and_the_triton_sweep_the_rest():
     """With ``gluon_sweep`` and the WY step off: the single pass and every phase launch the twin
     (the replay stays the Triton kernel's), on the delta prep or the group prep; SSD with a gate z
@@ -632,6 +674,36 @@ def test_the_warp_specialised_sweep_takes_the_single_pass_with_outputs_and_the_t
     for bad in (dict(gluon_sweep=False), dict(group_prep=False), dict(phases=3), dict(segments=2),
                 dict(specialized=1)):
         with pytest.raises(ValueError, match="specialized"):
+            sweeps(**bad)
+
+
+def test_the_scores_formed_in_the_sweep_run_on_the_warp_specialised_kernel_or_the_triton_one():
+    """DeltaShape.sweep_scores: the group prep writes the coef alone (SCORES off, no scores buffer)
+    and every sweep launch forms the scores (SWEEP_SCORES): the warp-specialised kernel where it
+    runs, else the Triton kernel (the twin reads the prep's scores); the replay the Triton kernel's.
+    Without the group prep, or with the calm gates, a ValueError naming the field."""
+    q, k = (torch.zeros(1, 256, 4, 128, dtype=torch.bfloat16) for _ in range(2))
+    v = torch.zeros(1, 256, 4, 128, dtype=torch.bfloat16)
+    ws = dict(block_v=64, num_warps=4, num_stages=3, tma_store=True, gluon_sweep=True, wy=False, group_prep=True,
+              specialized=True, sweep_scores=True)
+
+    def launches(**kw):
+        return delta_launches(q, k, v, torch.zeros(1, 256, 4), None, **{**ws, **kw})
+
+    def sweeps(**kw):
+        return [(getattr(s.kernel, "fn", s.kernel).__name__, s.kwargs["REPLAY"], s.kwargs["SWEEP_SCORES"])
+                for s in launches(**kw).steps if launch_delta.is_sweep_step(s)]
+    W, J = "gluon_gla_sweep_specialized_kernel", "chunk_delta_sweep_kernel"
+    built = launches()
+    prep, = [s for s in built.steps if "SCORES" in s.kwargs]
+    assert not prep.kwargs["SCORES"] and "scores" not in built.buffers
+    assert sweeps() == [(W, False, True), (J, True, True)]
+    assert sweeps(return_chunk_states=True) == [(J, False, True), (J, True, True)]
+    assert sweeps(specialized=False) == [(J, False, True), (J, True, True)]
+    assert sweeps(gluon_sweep=False, specialized=False) == [(J, False, True), (J, True, True)]
+    for bad in (dict(group_prep=False, specialized=False, gluon_sweep=False),
+                dict(calm_gates=True, num_stages=2, specialized=False, gluon_sweep=False)):
+        with pytest.raises(ValueError, match="sweep_scores"):
             sweeps(**bad)
 
 

@@ -113,7 +113,7 @@ def per_key_shape_of(shape: DeltaShape) -> DeltaShape:
     general steps for the other chunks, 8 warps), else the general steps alone on 8 warps with no
     register cap."""
     shape = replace(shape, phases=1, prep_heads=1, prep_warps=8, prep_maxnreg=None, gluon_sweep=False,
-                    specialized=False)
+                    specialized=False, sweep_scores=False)
     if PER_KEY_CALM_PASS is None:
         return shape
     block, warps, maxnreg = PER_KEY_CALM_PASS
@@ -155,6 +155,14 @@ GLA_SWEEP_LAUNCH: list[tuple[Callable[[DeltaSizes], bool], DeltaShape]] = [
                          "in 2 segments 0.844; mamba_ssm 0.798: gpu_gla_sweep_cdc4e1d.json, "
                          "gpu_gla_sweep_8916489.json)",
                 tma_store=True, phases=6)),
+    (lambda s: s.group == 1 and 3 * s.programs_64 >= s.sms,
+     DeltaShape(64, 4, 3, 4, "a query/key head a value head (simple GLA), a third of the SMs or more in 64-column "
+                         "programs: the group prep's coef alone, the sweep forming the scores from its tiles, warp-"
+                         "specialised, three stages, bulk stores (simple GLA B4 T4096 H16: 118 us of GPU time, four "
+                         "stages 120, on the Triton sweep 202, the group prep's scores 154, the delta prep and the "
+                         "Triton sweep (the last row) 153; B8 233 against 352; fla 204 and 429: "
+                         "gpu_gla_sweep_qk1.json)",
+                tma_store=True, group_prep=True, sweep_scores=True, gluon_sweep=True, specialized=True)),
     (lambda s: GROUP_PREP_MIN_HEADS is not None and s.group >= GROUP_PREP_MIN_HEADS and s.programs_64 > s.sms,
      DeltaShape(64, 4, 2, 4, "more 64-column programs than SMs, query/key heads shared by many value heads: the "
                          "group prep, two stages (two programs an SM), bulk stores (SSD B4 T4096: 0.592 ms; three "
@@ -298,13 +306,18 @@ def recompute_sweep_shape(sweep: DeltaShape, heads: int, value_heads: int, twin:
     forward's ``sweep`` in one pass (no segments or phases), with the group prep wherever a
     query/key head serves :data:`GROUP_PREP_MIN_HEADS` value heads or more (without outputs the
     sweep forms no gate tile; SSD B1 T16384: the delta prep took ~300 us of the recompute,
-    gpu_gla_sweep_0021590.json), and wherever the forward's has it; there with its calm gates,
-    whose scores and column factors the backward's reverse sweep reads (GATE_SCORES), at two
+    gpu_gla_sweep_0021590.json), and wherever the forward's has it with its scores; there with its
+    calm gates, whose scores and column factors the backward's reverse sweep reads (GATE_SCORES), at two
     stages at most (the calm gates' limit, launch/delta.py's check_shape). ``twin``: the sweep as its
     Gluon twin (GlaShape.recompute_twin)."""
-    group = sweep.group_prep or (GROUP_PREP_MIN_HEADS is not None and value_heads // heads >= GROUP_PREP_MIN_HEADS)
+    # The forward's group prep without its scores (sweep_scores: simple GLA) is not a reason: there the
+    # calm recompute on the Triton sweep and the reverse sweep on the scores (50 + 260 + 217 us at
+    # simple GLA B4 T4096) lost to the delta prep's (69 + 75 + 303; gpu_gla_sweep_qk2.json).
+    group = (sweep.group_prep and not sweep.sweep_scores) or (GROUP_PREP_MIN_HEADS is not None and
+                                                              value_heads // heads >= GROUP_PREP_MIN_HEADS)
     return replace(sweep, segments=1, phases=1, group_prep=group, calm_gates=group, gluon_sweep=twin,
-                   specialized=False, num_stages=min(sweep.num_stages, 2) if group else sweep.num_stages,
+                   specialized=False, sweep_scores=False,
+                   num_stages=min(sweep.num_stages, 2) if group else sweep.num_stages,
                    prep_heads=1 if group else sweep.prep_heads)
 
 
