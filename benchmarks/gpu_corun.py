@@ -89,9 +89,9 @@ def main(argv=None):
                 f()
             torch.cuda.synchronize()
             for case, f in cases.items():
-                row["graph_" + case + "_ms"] = tt.do_bench_cudagraph(f, rep=a.rep_ms)
+                row["graph_" + case + "_ms"] = tt.do_bench_cudagraph(f, rep=a.rep_ms, return_mode="median")
             for case, f in (("series", both), ("corun_sweep_high_priority", corun_priority)):
-                row["eager_" + case + "_ms"] = tt.do_bench(f, rep=a.rep_ms)
+                row["eager_" + case + "_ms"] = tt.do_bench(f, rep=a.rep_ms, return_mode="median")
         g = row
         g["graph_best_corun_over_series"] = min(g["graph_corun_prep_captured_first_ms"],
                                                 g["graph_corun_sweep_captured_first_ms"]) / g["graph_series_ms"]

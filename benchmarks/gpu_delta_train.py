@@ -124,8 +124,9 @@ def measure(name, step, w):
     del o
     saved = sum(storages.values())
     inputs = sum(v.numel() * v.element_size() for v in t.values())
-    res = dict(impl=name, fwd_bwd_ms=tt.do_bench(fwd_bwd, rep=300), fwd_ms=tt.do_bench(fwd, rep=200),
-               saved_bytes=saved, held_beyond_inputs_bytes=held, input_bytes=inputs, saved_over_inputs=saved / inputs)
+    res = dict(impl=name, fwd_bwd_ms=tt.do_bench(fwd_bwd, rep=300, return_mode="median"),
+               fwd_ms=tt.do_bench(fwd, rep=200, return_mode="median"), saved_bytes=saved,
+               held_beyond_inputs_bytes=held, input_bytes=inputs, saved_over_inputs=saved / inputs)
     res["fwd_bwd_flops"] = stage_flops(w)  # recurscan's stages' count, for every implementation alike
     res["fwd_bwd_tflops"] = res["fwd_bwd_flops"] / res["fwd_bwd_ms"] / 1e9
     res["pct_of_matmul_ceiling"] = 100 * res["fwd_bwd_tflops"] / MATMUL_CEILING_TFLOPS

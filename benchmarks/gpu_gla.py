@@ -69,7 +69,7 @@ def time_impls(name, impls, want):
             with torch.no_grad():
                 out = fn()
                 err = ((out.float() - want).pow(2).mean().sqrt() / want.pow(2).mean().sqrt()).item()
-                ms = tt.do_bench(fn, rep=200)
+                ms = tt.do_bench(fn, rep=200, return_mode="median")
             print(f"{name:<26} {impl:<17} {ms:8.3f} ms  rel RMS {err:.1e}", flush=True)
             with torch.no_grad():
                 rows.append(profiled(dict(shape=name, impl=impl, ms=ms, rel_rms_vs_torch_fp32=err), fn))
@@ -109,7 +109,7 @@ def time_train(name, impls):
     for impl, fn in impls.items():
         try:
             fn()
-            ms = tt.do_bench(fn, rep=200)
+            ms = tt.do_bench(fn, rep=200, return_mode="median")
             print(f"{name:<26} {impl:<17} {ms:8.3f} ms  forward + backward", flush=True)
             rows.append(profiled(dict(shape=name, impl=impl, pass_="forward+backward", ms=ms), fn))
         except Exception as exc:  # recorded, never hidden

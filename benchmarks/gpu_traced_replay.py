@@ -82,7 +82,7 @@ def main():
                 for form, call in (("eager", fn), ("compiled", compiled)):
                     outs[form] = first(call(*inputs)).float()
                     torch.cuda.synchronize()
-                    times[form] = tt.do_bench_cudagraph(lambda: call(*inputs), rep=200)
+                    times[form] = tt.do_bench_cudagraph(lambda: call(*inputs), rep=200, return_mode="median")
         except Exception as exc:  # recorded, never hidden
             rows.append(dict(shape=name, status=f"{type(exc).__name__}: {exc}", measured=times))
             print(f"{name:<40} {rows[-1]['status'][:300]} (measured: {times})", flush=True)

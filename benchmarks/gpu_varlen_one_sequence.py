@@ -45,7 +45,7 @@ def measure(package: str, x: dict) -> dict:
         for name, kw in (("dense_ms", {}), ("varlen_ms", dict(cu_seqlens=x["cu"], **desc))):
             o = call(**kw)[0]
             torch.cuda.synchronize()
-            out[name] = tt.do_bench(lambda: call(**kw), rep=300)
+            out[name] = tt.do_bench(lambda: call(**kw), rep=300, return_mode="median")
             out.setdefault("outputs", []).append(o.float())
     dense, varlen = out.pop("outputs")
     out["max_abs_difference"] = (dense - varlen).abs().max().item()
@@ -62,7 +62,7 @@ def measure_fla(x: dict) -> dict | None:
                                               use_qk_l2norm_in_kernel=True, output_final_state=True)
         call()
         torch.cuda.synchronize()
-        return dict(varlen_ms=tt.do_bench(call, rep=300))
+        return dict(varlen_ms=tt.do_bench(call, rep=300, return_mode="median"))
 
 
 def main():

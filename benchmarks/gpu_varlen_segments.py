@@ -47,7 +47,8 @@ def timed(call):
     with torch.inference_mode():
         out = call()
         torch.cuda.synchronize()
-        return out, tt.do_bench_cudagraph(call, rep=200), tt.do_bench(call, rep=200)
+        return (out, tt.do_bench_cudagraph(call, rep=200, return_mode="median"),
+                tt.do_bench(call, rep=200, return_mode="median"))
 
 
 def main():
