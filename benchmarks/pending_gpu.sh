@@ -8,12 +8,17 @@
 #      planned) 168 tests passed and none failed before its 230 s limit cut the cold run short
 #      (~30 not reached); the GLA files alone passed (63, gpu_tests_gla_qk2.log) one commit
 #      earlier. Cold compiles take most of it: 6 workers, 450 s.
+#      The suite also runs the warp-specialised reverse sweep's new tests (built offline, never run:
+#      tests/gpu/test_gluon_gla_reverse_sweep_gpu.py's "specialized" cases, the Triton kernel's bits;
+#      test_gluon_gla_sweep_gpu.py's SSD training gradients against the twin's).
 #   1. The check of record with the median of the repeats (d354f57; until then do_bench's mean,
 #      which host stalls moved: fla's simple GLA row read 0.31-0.66 ms for 0.204 of GPU time): the
 #      forward and training rows beside mamba_ssm and fla, simple GLA also at B8 and on the group
 #      prep's scores (the form before 48b720c's row); the group prep on 8 warps (pw8: 63 registers,
 #      4 programs an SM by registers, against 155 and 3 on 4 warps, offline; SSD B1 needs ~11 us of
-#      its 360 for 2x mamba_ssm's GPU time, and the prep takes 30 for ~50 MB).
+#      its 360 for 2x mamba_ssm's GPU time, and the prep takes 30 for ~50 MB); SSD training with the
+#      reverse sweep warp-specialised (--reverse-specialized; plan it if it wins: the twin takes
+#      646 us of B1's training, its outputs 2.34 of its 2.55 us a chunk).
 # Arguments: the steps to run (default: both); each fits a 600 s call alone.
 set -u
 STEPS=${*:-0 1}
@@ -25,5 +30,5 @@ mkdir -p /tmp/mamba && tar xzf .whl/mamba_ssm-2.3.2.post1.tar.gz -C /tmp/mamba -
 step 0 && { timeout 450 python -m pytest -m gpu -n 6 tests/gpu -p no:cacheprovider -o faulthandler_timeout=440 -q \
     > "$OUT/gpu_tests_$C.log" 2>&1; echo "gpu suite rc=$?"; grep -E "passed|failed|FAILED|Timeout" "$OUT/gpu_tests_$C.log" | tail -12; }
 step 1 && timeout 420 env PYTHONPATH=$PWD:/tmp/site MAMBA_SSM_SRC=/tmp/mamba python benchmarks/gpu_gla_sweep.py --profile --train \
-    --gla 8:4096:16 --sweep 64:4:3:tma:grp:gluon:ws --sweep 64:4:3:tma:pw8:grp:gluon:ws \
+    --reverse-specialized --gla 8:4096:16 --sweep 64:4:3:tma:grp:gluon:ws --sweep 64:4:3:tma:pw8:grp:gluon:ws \
     --sweep 64:4:3:tma:pw8:qk:gluon:ws --out "$OUT/gpu_gla_sweep_$C.json" 2>&1 | grep -v Warning | grep -E " ms" | head -40

@@ -732,6 +732,37 @@ def test_the_planner_gives_the_backwards_recompute_to_the_twin_only_where_its_ro
     assert shape.recompute_twin is planned and shape.reverse_twin is planned and shape.dg_twin is planned
     recompute = plan_gla.recompute_sweep_shape(shape.sweep, 1, 80, twin=shape.recompute_twin)
     assert recompute.gluon_sweep is planned and recompute.group_prep and recompute.calm_gates
+    assert not shape.reverse_specialized  # GLUON_GLA_REVERSE_SPECIALIZED: off until measured
+    monkeypatch.setattr(plan_gla, "GLUON_GLA_REVERSE_SPECIALIZED",
+                        dataclasses.replace(plan_gla.GLUON_GLA_REVERSE_SPECIALIZED, on=True))
+    assert plan_gla.gla_shape(problem, torch.device("cuda"), gluon=case != 'backend="triton"').reverse_specialized \
+        is planned
+
+
+@pytest.mark.parametrize("specialized", [False, True])
+def test_the_reverse_sweep_launches_its_twin_or_the_warp_specialised_form(monkeypatch, specialized):
+    """launch.gla's reverse sweep for SSD's backward with GlaShape.reverse_twin: the twin on 4 warps
+    at GLUON_GLA_REVERSE_STAGES, or with reverse_specialized its warp-specialised form at
+    GLUON_GLA_REVERSE_SPECIALIZED_STAGES under the register cap (launch.delta.SPECIALIZED_MAXNREG);
+    both with the twin's arguments at 64 value columns."""
+    import dataclasses
+    from recurscan.launch import gla as launch_gla
+    from recurscan.launch.delta import SPECIALIZED_MAXNREG
+    from recurscan.plan import gla as plan_gla
+    q, k = (torch.zeros(1, 256, 1, 128, dtype=torch.bfloat16) for _ in range(2))
+    do = torch.zeros(1, 256, 16, 64, dtype=torch.bfloat16)
+    triton_step = launch_gla.Step(object(), (16,), dict(BV=64, NUM_STAGES=1), dict(num_warps=4))
+    shape = dataclasses.replace(plan_gla.GLA_LAUNCH, reverse_twin=True, reverse_specialized=specialized)
+    step = launch_gla._reverse_sweep_twin(triton_step, shape, q, k, do, group=True, per_key=False, rows=4)
+    name = getattr(step.kernel, "fn", step.kernel).__name__
+    if specialized:
+        assert name == "gluon_gla_bwd_sweep_specialized_kernel"
+        assert step.kwargs["NUM_STAGES"] == plan_gla.GLUON_GLA_REVERSE_SPECIALIZED_STAGES
+        assert step.options == dict(num_warps=4, maxnreg=SPECIALIZED_MAXNREG)
+    else:
+        assert name == "gluon_gla_bwd_sweep_kernel" and step.options == dict(num_warps=4)
+        assert step.kwargs["NUM_STAGES"] == plan_gla.GLUON_GLA_REVERSE_STAGES
+    assert step.grid == (16,) and step.kwargs["BV"] == 64
 
 
 

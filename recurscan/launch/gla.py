@@ -405,7 +405,8 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
 def _reverse_sweep_twin(sweep: Step, shape: GlaShape, q, k, do, *, group: bool, per_key: bool, rows: int) -> Step:
     """The reverse sweep's launch: ``sweep`` (the Triton kernel at plan.gla.REVERSE_SWEEP), or with
     ``shape.reverse_twin`` its Gluon twin (kernels/gluon/gla_backward_sweep.py: the same arguments,
-    64 value columns on one warpgroup) where the call allows it: the group prep's scores, a scalar
+    64 value columns on one warpgroup; with ``shape.reverse_specialized`` warp-specialised,
+    kernels/gluon/gla_backward_sweep_specialized.py) where the call allows it: the group prep's scores, a scalar
     decay, the twin's scope (plan.delta.gluon_sweep_scope), q, k and dO 16-byte aligned in one
     dtype, and chunk-state coordinates within int32."""
     from ..plan.delta import gluon_sweep_scope
@@ -414,8 +415,14 @@ def _reverse_sweep_twin(sweep: Step, shape: GlaShape, q, k, do, *, group: bool, 
             and gluon_sweep_scope(householder=1, dtype=q.dtype, key_dim=K, value_dim=V)
             and all(x.data_ptr() % 16 == 0 for x in (q, k, do)) and (rows + 1) * HV * K < 2 ** 31):
         return sweep
-    from ..kernels.gluon.gla_backward_sweep import gluon_gla_bwd_sweep_kernel
     programs = sweep.grid[0] // triton.cdiv(V, sweep.kwargs["BV"]) * (V // 64)  # N * HV * V / 64
+    if shape.reverse_specialized:
+        from ..kernels.gluon.gla_backward_sweep_specialized import gluon_gla_bwd_sweep_specialized_kernel
+        from .delta import SPECIALIZED_MAXNREG
+        return Step(gluon_gla_bwd_sweep_specialized_kernel, (programs,),
+                    dict(sweep.kwargs, BV=64, NUM_STAGES=plan_gla.GLUON_GLA_REVERSE_SPECIALIZED_STAGES),
+                    dict(num_warps=4, maxnreg=SPECIALIZED_MAXNREG))
+    from ..kernels.gluon.gla_backward_sweep import gluon_gla_bwd_sweep_kernel
     return Step(gluon_gla_bwd_sweep_kernel, (programs,),
                 dict(sweep.kwargs, BV=64, NUM_STAGES=plan_gla.GLUON_GLA_REVERSE_STAGES), dict(num_warps=4))
 

@@ -36,6 +36,8 @@ class GlaShape:
     recompute_twin: bool = False
     # The backward's reverse sweep on the group prep's scores as its Gluon twin (:data:`GLUON_GLA_REVERSE_SWEEP`).
     reverse_twin: bool = False
+    # With reverse_twin: that twin warp-specialised (:data:`GLUON_GLA_REVERSE_SPECIALIZED`).
+    reverse_specialized: bool = False
     # The parallel stage's dg launch as its Gluon twin (:data:`GLUON_GLA_DG`).
     dg_twin: bool = False
     # The recompute's sweep on a stream of its own beside the reverse sweep, where the recompute runs
@@ -64,11 +66,12 @@ def gla_shape(problem, device, gluon: bool = True) -> GlaShape:
     sweep = gla_sweep_shape(problem, device, gluon=gluon)
     group_recompute = GLA_LAUNCH.recompute_on_sweep and GROUP_PREP_MIN_HEADS is not None and \
         _group(problem) >= GROUP_PREP_MIN_HEADS  # the recompute on the group prep (recompute_sweep_shape)
+    reverse_twin = group_recompute and GLUON_GLA_REVERSE_SWEEP.on and \
+        _twin_usable(replace(sweep, block_v=64, num_warps=4), problem, device, gluon)
     return replace(GLA_LAUNCH, sweep=sweep,
                    recompute_twin=group_recompute and GLUON_GLA_RECOMPUTE_SWEEP.on and
                    _twin_usable(sweep, problem, device, gluon),
-                   reverse_twin=group_recompute and GLUON_GLA_REVERSE_SWEEP.on and
-                   _twin_usable(replace(sweep, block_v=64, num_warps=4), problem, device, gluon),
+                   reverse_twin=reverse_twin, reverse_specialized=reverse_twin and GLUON_GLA_REVERSE_SPECIALIZED.on,
                    dg_twin=GLUON_GLA_DG.on and gluon and gluon_usable(device),
                    corun=_corun(problem, device))
 
@@ -271,6 +274,17 @@ GLUON_GLA_REVERSE_SWEEP = GluonTwinRow(True, "SSD forward + backward, eager, sam
                                              "test_gluon_gla_sweep_gpu.py)")
 #: The reverse sweep's Gluon twin's pipeline stages (each 48 KB at K 128: k, q, dO and the scores).
 GLUON_GLA_REVERSE_STAGES = 2
+#: The reverse sweep's twin warp-specialised (kernels/gluon/gla_backward_sweep_specialized.py: the
+#: chain on one warpgroup, the outputs on two taking alternate chunks, the loads on one warp), where
+#: :data:`GLUON_GLA_REVERSE_SWEEP` gives the reverse sweep to the twin. Off until it is measured:
+#: built after the twin's timing probes put its outputs at 2.34 us a chunk and its chain at 0.74
+#: (SSD B1 T16384, results/gpu_gla_reverse_probe_4c4f11f.json); compiled offline, its GPU tests
+#: (the twin's bits) not yet run.
+GLUON_GLA_REVERSE_SPECIALIZED = GluonTwinRow(False, "not yet run on the GPU (docs/kernels-gla-plan.md, 2c)")
+#: Its ring's stages: two (48 KB each at K 128, beside two dS' hand-over buffers of 16 KB, two gate
+#: tiles of 8 KB, two dV stagings of 16 KB and the layout conversions' scratch: 188 KB); three
+#: come to 237676 B, past the H200's 232448.
+GLUON_GLA_REVERSE_SPECIALIZED_STAGES = 2
 
 #: The parallel stage's dg launch (PART 2, a group's value heads summed in the dq and dk launches)
 #: as its Gluon twin (kernels/gluon/gla_backward_dg.py: persistent programs of eight warps, each

@@ -57,7 +57,11 @@ def run(gluon, q, k, do, scores, coef, dht, h0, cu_seqlens, chunk_offsets, n_cs_
                 DOT_PRECISION="tf32", DT=tl.bfloat16, PER_KEY=False, GATE_SCORES=True)
     grid = (N * HV * (V // 64),)
     with scratch_allocator():  # the twin makes its tensor descriptors on the device
-        if gluon:
+        if gluon == "specialized":
+            from recurscan.kernels.gluon.gla_backward_sweep_specialized import gluon_gla_bwd_sweep_specialized_kernel
+            from recurscan.launch.delta import SPECIALIZED_MAXNREG
+            gluon_gla_bwd_sweep_specialized_kernel[grid](**args, NUM_STAGES=2, num_warps=4, maxnreg=SPECIALIZED_MAXNREG)
+        elif gluon:
             from recurscan.kernels.gluon.gla_backward_sweep import gluon_gla_bwd_sweep_kernel
             gluon_gla_bwd_sweep_kernel[grid](**args, NUM_STAGES=2, num_warps=4)
         else:
@@ -74,8 +78,11 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("form", ["twin", "specialized"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_the_twin_gives_the_triton_kernels_bits(case):
+def test_the_twin_gives_the_triton_kernels_bits(case, form):
+    """The twin, and its warp-specialised form (kernels/gluon/gla_backward_sweep_specialized.py),
+    against the Triton kernel."""
     from recurscan.descriptors import build_chunk_descriptors
     c = CASES[case]
     B, T, H, HV, K, V = c["B"], c["T"], 1, 8, 128, 64
@@ -94,7 +101,8 @@ def test_the_twin_gives_the_triton_kernels_bits(case):
     dht = rn(N, HV, K, V) * 0.1 if c["dht"] else None
     scores, coef = group_prep_outputs(B, T, H, HV, cu, c["calm"], gen)
     want = run(False, q, k, do, scores, coef, dht, None, cu, chunk_offsets, n_cs_rows, T)
-    got = run(True, q, k, do, scores, coef, dht, None, cu, chunk_offsets, n_cs_rows, T)
+    got = run("specialized" if form == "specialized" else True, q, k, do, scores, coef, dht, None, cu, chunk_offsets,
+              n_cs_rows, T)
     torch.cuda.synchronize()
     report = []
     for name, a, b in zip(("dstates", "dv", "dh0"), want, got):

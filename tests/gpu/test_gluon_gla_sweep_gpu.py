@@ -313,25 +313,12 @@ def same_bits_with_row(monkeypatch, row: str, picked: list, run) -> None:
         assert torch.equal(bits(a), bits(b)), f"tensor {i}: {int((a != b).sum())} elements differ"
 
 
-@pytest.mark.parametrize("form", ["dense, seq_idx resets, initial and final states", "varlen, a one-token sequence"])
-def test_the_reverse_sweep_twin_gives_the_triton_sweeps_gradients(form, monkeypatch):
-    """SSD forward + backward with the backward's reverse sweep on its Gluon twin
-    (kernels/gluon/gla_backward_sweep.py; plan.gla.GLUON_GLA_REVERSE_SWEEP) or on the Triton kernel
-    at the twin's 64 value columns on 4 warps: every gradient bit for bit. A group of 80 value
-    heads runs the group prep with its calm gates, whose scores the reverse sweep reads; mamba's
-    seq_idx changing inside chunks makes them stormy (the whole gate tile), the rest are calm; a
-    partial last chunk; dense with an initial state and the final states' gradient, varlen with a
-    one-token sequence."""
-    import recurscan.launch.gla as launch_gla
-    picked = []
-    choose = launch_gla._reverse_sweep_twin
-
-    def recording(*a, **kw):
-        step = choose(*a, **kw)
-        picked.append(type(step.kernel).__name__)
-        return step
-    monkeypatch.setattr(launch_gla, "_reverse_sweep_twin", recording)
-    monkeypatch.setattr(plan_gla, "REVERSE_SWEEP", (64, 4))
+def ssd_training_case(form):
+    """SSD training inputs for the reverse sweep's tests: 80 value heads of one group (the group prep
+    with its calm gates, whose scores the reverse sweep reads); mamba's seq_idx changing inside
+    chunks makes them stormy (the whole gate tile), the rest are calm; a partial last chunk; dense
+    with an initial state and the final states' gradient, or varlen with a one-token sequence.
+    Returns ``grads()``: every gradient of one forward + backward."""
     gen = torch.Generator(device=DEV).manual_seed(11)
     if form.startswith("dense"):
         (x, dt, A, B, C), kw = ssd_args(2, 1000, H=80, G=1, seed=12)
@@ -354,4 +341,52 @@ def test_the_reverse_sweep_twin_gives_the_triton_sweeps_gradients(form, monkeypa
         x_, dt_, A_, B_, C_, D_, bias_, h0_ = mine
         out = recurscan.mamba_chunk_scan_combined(x_, dt_, A_, B_, C_, D=D_, dt_bias=bias_, initial_states=h0_, **kw)
         return torch.autograd.grad(out, [t for t in mine if t is not None], upstream)
-    same_bits_with_row(monkeypatch, "GLUON_GLA_REVERSE_SWEEP", picked, grads)
+    return grads
+
+
+def record_reverse_sweeps(monkeypatch, by_name=False):
+    """The kinds (or function names) of the reverse sweep kernels launch.gla picks from now on."""
+    import recurscan.launch.gla as launch_gla
+    picked = []
+    choose = launch_gla._reverse_sweep_twin
+
+    def recording(*a, **kw):
+        step = choose(*a, **kw)
+        picked.append(getattr(step.kernel, "fn", step.kernel).__name__ if by_name else type(step.kernel).__name__)
+        return step
+    monkeypatch.setattr(launch_gla, "_reverse_sweep_twin", recording)
+    return picked
+
+
+REVERSE_FORMS = ["dense, seq_idx resets, initial and final states", "varlen, a one-token sequence"]
+
+
+@pytest.mark.parametrize("form", REVERSE_FORMS)
+def test_the_reverse_sweep_twin_gives_the_triton_sweeps_gradients(form, monkeypatch):
+    """SSD forward + backward with the backward's reverse sweep on its Gluon twin
+    (kernels/gluon/gla_backward_sweep.py; plan.gla.GLUON_GLA_REVERSE_SWEEP) or on the Triton kernel
+    at the twin's 64 value columns on 4 warps: every gradient bit for bit (:func:`ssd_training_case`)."""
+    picked = record_reverse_sweeps(monkeypatch)
+    monkeypatch.setattr(plan_gla, "REVERSE_SWEEP", (64, 4))
+    same_bits_with_row(monkeypatch, "GLUON_GLA_REVERSE_SWEEP", picked, ssd_training_case(form))
+
+
+@pytest.mark.parametrize("form", REVERSE_FORMS)
+def test_the_warp_specialised_reverse_sweep_gives_the_twins_gradients(form, monkeypatch):
+    """plan.gla.GLUON_GLA_REVERSE_SPECIALIZED (kernels/gluon/gla_backward_sweep_specialized.py)
+    against the twin it splits over partitions: every gradient of SSD's forward + backward bit for
+    bit and finite (:func:`ssd_training_case`)."""
+    picked = record_reverse_sweeps(monkeypatch, by_name=True)
+    grads = ssd_training_case(form)
+    out = {}
+    for on in (False, True):
+        monkeypatch.setattr(plan_gla, "GLUON_GLA_REVERSE_SPECIALIZED",
+                            dataclasses.replace(plan_gla.GLUON_GLA_REVERSE_SPECIALIZED, on=on))
+        clear_caches()
+        picked.clear()
+        out[on] = [t.clone() for t in grads()]
+        assert picked[-1] == ("gluon_gla_bwd_sweep_specialized_kernel" if on else "gluon_gla_bwd_sweep_kernel"), picked
+    torch.cuda.synchronize()
+    for i, (a, b) in enumerate(zip(out[False], out[True])):
+        assert torch.isfinite(b).all(), f"tensor {i}"
+        assert torch.equal(bits(a), bits(b)), f"tensor {i}: {int((a != b).sum())} elements differ"

@@ -1,0 +1,268 @@
+"""The GLA backward's reverse sweep on the group prep's scores, warp-specialised: the same arithmetic
+as the Gluon twin :func:`recurscan.kernels.gluon.gla_backward_sweep.gluon_gla_bwd_sweep_kernel`
+(so the Triton kernel's bits, which that twin has), on three partitions of one program:
+
+1. the **chain** (the default partition, one warpgroup): dS'^T [BV, K] float32 in registers; per
+   chunk, last to first, it writes dS' leaving the chunk into a shared-memory buffer (two of them,
+   one for each outputs warpgroup), stores it from there to its chunk-state row of ``dstates`` by
+   a bulk copy, hands the buffer to the chunk's outputs warpgroup, then forms the next state,
+   dS'^T <- lam_C dS'^T + (lam scale o dO^T) Q;
+2. the **outputs** (two warpgroups, alternate chunks each): per chunk, (K dS')^T from the handed-
+   over buffer, then dV^T (the calm product, or dO^T (G o scores) with the gate tile formed in
+   registers), stored by a bulk copy;
+3. the **loads** (one warp): the chunk's k, q, dO and scores by bulk copies into a ring of
+   NUM_STAGES stages, each freed when the chain and the chunk's outputs warpgroup are done with it.
+
+The twin's timing probes put its outputs at 2.34 us a chunk and its chain at 0.74 (SSD B1 T16384,
+results/gpu_gla_reverse_probe_4c4f11f.json): the forward sweep's shape, whose split over two outputs
+warpgroups took its chunk from 1.53 to 1.32 us (docs/kernels-gla-plan.md, "The next GPU session", 2c).
+
+Scope: the twin's (``launch.gla``'s ``_reverse_sweep_twin`` checks it), taken where
+``plan.gla.GLUON_GLA_REVERSE_SPECIALIZED`` is on. Takes the twin's arguments, so a launch record
+names either kernel; launched with ``maxnreg`` (:data:`recurscan.launch.delta.SPECIALIZED_MAXNREG`)
+over its 16 warps (the load warp padded to its warpgroup).
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from .delta_backward_sweep import _state_offsets
+from .gla_backward_sweep import _row_coefficients
+
+#: Registers a thread of each outputs warpgroup and of the load warp (setmaxnreg); the chain, the
+#: default partition, takes what the kernel's cap leaves (512 - 2 x 160 - 24 = 168). At 152 the
+#: outputs spilled two values their prologue hoists; at 176 the chain spilled (offline, sm_90).
+OUTPUT_REGS = gl.constexpr(160)
+LOAD_REGS = gl.constexpr(24)
+
+
+@gluon.jit
+def _program(H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
+             BV: gl.constexpr):
+    """The program's (sequence, value head, value block) and its tiles' columns (k and q, dO and
+    dV, the scores), from its id: each partition forms them itself (passed from the kernel's
+    prologue, they outlive its register budget and spill)."""
+    NV: gl.constexpr = V // BV
+    pid = gl.program_id(0)
+    i_v = pid % NV
+    i_hv = (pid // NV) % HV
+    i_n = pid // (NV * HV)
+    i_h = i_hv // (HV // H)
+    return i_n, i_hv, i_v, i_h * K, i_hv * V + i_v * BV, i_h * BT
+
+
+@gluon.jit
+def _chain(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
+           CW: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_DHT: gl.constexpr, STORE_DH0: gl.constexpr):
+    """The default partition: dS' over the program's chunks, last to first; each chunk's leaving
+    dS' to its chunk-state row and to the chunk's outputs warpgroup; dh0 at the end."""
+    (k_s, q_s, do_s, a_s, hs_s, g_s, dv_s, ready, empty, s_ready, s_empty, k_desc, q_desc, do_desc, s_desc,
+     dv_desc, ds_desc, coef, dht, dh0, scale, bos, L, n_chunks, cs0, n_cs_rows) = p
+    i_n, i_hv, i_v, col_qk, col_v, col_s = _program(H, HV, K, V, BT, BV)
+    DT: gl.constexpr = k_s.dtype
+    mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    mmaK: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
+    aK: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mmaK, k_width=2)
+    col64: gl.constexpr = gl.SliceLayout(0, mma64)
+    blk: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
+    p_h = (i_n.to(gl.int64) * HV + i_hv) * (K * V)
+    if HAS_DHT:  # loaded in a layout of its own and converted once
+        dS_t = gl.convert_layout(gl.load(dht + p_h + _state_offsets(i_v, blk, BV, K, V)), mmaK)
+    else:
+        dS_t = gl.zeros([BV, K], gl.float32, layout=mmaK)
+    compact: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # a row vector, one register a thread
+    o_t = gl.arange(0, BT, layout=compact)
+    for j in range(n_chunks):
+        s = j % NUM_STAGES
+        b = j % 2
+        c = n_chunks - 1 - j
+        # lam scale and lam_C (the twin's coefficient loads, the others unused), before the waits
+        _, lam_s, _, _, _, lam_last, _ = _row_coefficients(coef, bos, L, c, i_n, i_hv, o_t, HV, BT, CW)
+        # dS' leaving chunk c: to its chunk-state row, and to the outputs (the buffer they freed two
+        # chunks ago, whose own store has drained: one bulk store a chunk, so at most one pending).
+        S_b = dS_t.to(DT)
+        mbarrier.wait(s_empty.index(b), ((j // 2) & 1) ^ 1)
+        tma.store_wait(pendings=1)
+        hs_s.index(b).permute((1, 0)).store(S_b)
+        fence_async_shared()
+        gl.thread_barrier()
+        cs = cs0 + c
+        cs = gl.where((cs >= 0) & (cs < n_cs_rows), cs, n_cs_rows)  # past the descriptor: not stored
+        tma.async_copy_shared_to_global(ds_desc, [(cs * HV + i_hv).to(gl.int32) * K, i_v * BV], hs_s.index(b))
+        mbarrier.arrive(s_ready.index(b), count=1)
+        # The next dS'^T onto lam_C dS'^T.
+        mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
+        dOt = do_s.index(s).permute((1, 0)).load(mma64).to(gl.float32)  # [BV, BT]
+        Wdo = (gl.convert_layout(lam_s, col64)[None, :] * dOt).to(DT)  # (lam scale o dO)^T
+        dS_t = warpgroup_mma(gl.convert_layout(Wdo, aK), q_s.index(s), lam_last * dS_t, is_async=True)
+        dS_t = warpgroup_mma_wait(num_outstanding=0, deps=(dS_t,))
+        mbarrier.arrive(empty.index(s), count=1)
+    tma.store_wait(pendings=0)
+    if STORE_DH0:
+        gl.store(dh0 + p_h + _state_offsets(i_v, mmaK, BV, K, V), dS_t)
+
+
+@gluon.jit
+def _outputs(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
+             CW: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_DHT: gl.constexpr, STORE_DH0: gl.constexpr,
+             PART: gl.constexpr):
+    """A worker warpgroup: dV of every other chunk of the walk (those with j % 2 == PART) from the
+    dS' the chain handed over in buffer PART."""
+    (k_s, q_s, do_s, a_s, hs_s, g_s, dv_s, ready, empty, s_ready, s_empty, k_desc, q_desc, do_desc, s_desc,
+     dv_desc, ds_desc, coef, dht, dh0, scale, bos, L, n_chunks, cs0, n_cs_rows) = p
+    i_n, i_hv, i_v, col_qk, col_v, col_s = _program(H, HV, K, V, BT, BV)
+    DT: gl.constexpr = k_s.dtype
+    mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    a64: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma64, k_width=2)
+    col64: gl.constexpr = gl.SliceLayout(0, mma64)  # along a [BV, BT] tile's columns (the chunk's rows)
+    row64: gl.constexpr = gl.SliceLayout(1, mma64)  # along a [BT, BT] tile's rows (i)
+    compact: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # a row vector, one register a thread
+    o_t = gl.arange(0, BT, layout=compact)
+    zero64 = gl.zeros([BV, BT], gl.float32, layout=mma64)
+    g_s = g_s.index(PART)  # a stormy chunk's G o scores
+    dv_s = dv_s.index(PART)  # dV's staging for its bulk store
+    b = PART
+    for j in range(PART, n_chunks, 2):
+        s = j % NUM_STAGES
+        c = n_chunks - 1 - j
+        # the chunk's coefficients in the twin's compact layout (moved where used), before the waits
+        f, lam_s, gam, gc, seg, lam_last, f_0 = _row_coefficients(coef, bos, L, c, i_n, i_hv, o_t, HV, BT, CW)
+        mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
+        mbarrier.wait(s_ready.index(b), (j // 2) & 1)
+        dSK = warpgroup_mma(hs_s.index(b).permute((1, 0)), k_s.index(s).permute((1, 0)), zero64, use_acc=False,
+                            is_async=True)
+        dOt = do_s.index(s).permute((1, 0)).load(mma64)  # [BV, BT], in dO's dtype (the fewest registers)
+        dSK = warpgroup_mma_wait(num_outstanding=0, deps=(dSK,))
+        mbarrier.arrive(s_empty.index(b), count=1)
+        if f_0 == f_0:  # calm (the column factors are NaN in every row otherwise)
+            Wdo = (gl.convert_layout(lam_s, col64)[None, :] * dOt.to(gl.float32)).to(DT)  # (lam scale o dO)^T
+            dvt = warpgroup_mma(gl.convert_layout(Wdo, a64), a_s.index(s), (scale * lam_last) * dSK,
+                                is_async=True)
+            dvt = warpgroup_mma_wait(num_outstanding=0, deps=(dvt,))
+            dvt = gl.convert_layout(f, col64)[None, :] * dvt
+        else:
+            # G_ij = 2^(gc_i - gc_j) for j <= i in one segment, rows past the end selected out.
+            St = a_s.index(s).load(mma64).to(gl.float32)  # scores [i, j]
+            o_i = gl.arange(0, BT, layout=row64)  # the tile's rows i (formed here: hoisted, they spilled)
+            o_j = gl.arange(0, BT, layout=col64)  # and columns j
+            gc_i = gl.convert_layout(gc, row64)[:, None]
+            sg_i = gl.convert_layout(seg, row64)[:, None]
+            gc_j = gl.convert_layout(gc, col64)[None, :]
+            sg_j = gl.convert_layout(seg, col64)[None, :]
+            keep = (o_i[:, None] >= o_j[None, :]) & (sg_i == sg_j) & (c * BT + o_i < L)[:, None]
+            g_s.store((gl.where(keep, gl.exp2(gc_i - gc_j), 0.0) * St).to(DT))
+            fence_async_shared()
+            gl.thread_barrier()
+            dvt = warpgroup_mma(gl.convert_layout(dOt, a64), g_s,
+                                gl.convert_layout(gam, col64)[None, :] * dSK, is_async=True)
+            dvt = warpgroup_mma_wait(num_outstanding=0, deps=(dvt,))
+        mbarrier.arrive(empty.index(s), count=1)
+        tma.store_wait(pendings=0)  # this warpgroup's last dV out of dv_s
+        dv_s.permute((1, 0)).store(dvt)
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(dv_desc, [c * BT, col_v], dv_s)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _loads(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
+           CW: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_DHT: gl.constexpr, STORE_DH0: gl.constexpr):
+    """A worker warp: the chunks' tiles, last chunk first, by bulk copies, a stage once both
+    warpgroups freed it."""
+    (k_s, q_s, do_s, a_s, hs_s, g_s, dv_s, ready, empty, s_ready, s_empty, k_desc, q_desc, do_desc, s_desc,
+     dv_desc, ds_desc, coef, dht, dh0, scale, bos, L, n_chunks, cs0, n_cs_rows) = p
+    i_n, i_hv, i_v, col_qk, col_v, col_s = _program(H, HV, K, V, BT, BV)
+    nbytes: gl.constexpr = (k_desc.block_type.nbytes + q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                            + s_desc.block_type.nbytes)
+    for j in range(n_chunks):
+        s = j % NUM_STAGES
+        bar = ready.index(s)
+        mbarrier.wait(empty.index(s), ((j // NUM_STAGES) & 1) ^ 1)
+        mbarrier.expect(bar, nbytes)
+        r = (n_chunks - 1 - j) * BT
+        tma.async_copy_global_to_shared(k_desc, [r, col_qk], bar, k_s.index(s))
+        tma.async_copy_global_to_shared(q_desc, [r, col_qk], bar, q_s.index(s))
+        tma.async_copy_global_to_shared(do_desc, [r, col_v], bar, do_s.index(s))
+        tma.async_copy_global_to_shared(s_desc, [r, col_s], bar, a_s.index(s))
+
+
+@gluon.jit
+def gluon_gla_bwd_sweep_specialized_kernel(
+    q, k, g, do, dstates, dht, dh0, dv, cu_seqlens, chunk_offsets, T, scale, n_cs_rows, qg, kg, aqk, dl, coef,
+    H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr,
+    BV: gl.constexpr, IS_VARLEN: gl.constexpr, HAS_G: gl.constexpr, HAS_DHT: gl.constexpr,
+    STORE_DH0: gl.constexpr, DOT_PRECISION: gl.constexpr, DT: gl.constexpr, PER_KEY: gl.constexpr = False,
+    GATE_SCORES: gl.constexpr = False, NUM_STAGES: gl.constexpr = 2,
+):
+    """Grid (N * HV * V / BV,), as the twin's: one program per (sequence, value head, value block
+    of BV = 64), the block fastest; the twin's arguments and, per chunk, its algebra::
+
+        calm:      dV^T = f o ((lam scale o dO^T) scores + (scale lam_C) (K dS')^T)
+        otherwise: dV^T = dO^T (G o scores) + gam o (K dS')^T
+        dS'^T <- lam_C dS'^T + (lam scale o dO^T) Q
+
+    with the chain, the outputs and the loads on partitions of their own (module docstring)."""
+    gl.static_assert(BV == 64, "64 value columns a program")
+    gl.static_assert(BT == 64, "chunks of 64 rows")
+    gl.static_assert(GATE_SCORES and not PER_KEY, "the group prep's scores (GATE_SCORES), a scalar decay")
+    CW: gl.constexpr = 8  # the group prep's coef floats a row (kernels/gla/group_prep.py, GROUP_COEF_WIDTH)
+    i_n, i_hv, i_v, col_qk, col_v, col_s = _program(H, HV, K, V, BT, BV)
+    if IS_VARLEN:  # clamped to [0, T]: no descriptor reaches outside the inputs
+        bos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n).to(gl.int64), 0), T)
+        eos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n + 1).to(gl.int64), bos), T)
+        cs0 = gl.load(chunk_offsets + i_n).to(gl.int64)
+    else:
+        bos = i_n.to(gl.int64) * T
+        eos = bos + T
+        cs0 = i_n.to(gl.int64) * ((T + BT - 1) // BT)
+    L = (eos - bos).to(gl.int32)  # int32 into the partitions (an int64 there spilled at their split)
+    n_chunks = (L + BT - 1) // BT
+    rows = gl.maximum(L, 1).to(gl.int32)  # a descriptor's rows: the sequence's (an empty one reads nothing)
+
+    # Descriptors over this sequence's rows: a tile past its end reads zeros, a store stops there.
+    l_qk: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, K], DT)
+    l_tv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], DT)
+    l_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], DT)
+    l_kv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([K, BV], DT)
+    l_dv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], gl.float32)
+    k_desc = tma.make_tensor_descriptor(k + bos * (H * K), [rows, H * K], [H * K, 1], [BT, K], l_qk)
+    q_desc = tma.make_tensor_descriptor(q + bos * (H * K), [rows, H * K], [H * K, 1], [BT, K], l_qk)
+    do_desc = tma.make_tensor_descriptor(do + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV], l_tv)
+    s_desc = tma.make_tensor_descriptor(aqk + bos * (H * BT), [rows, H * BT], [H * BT, 1], [BT, BT], l_tt)
+    dv_desc = tma.make_tensor_descriptor(dv + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV], l_dv)
+    # Chunk-state rows outside [0, n_cs_rows) (a wrong chunk_offsets entry) are moved just past it.
+    ds_desc = tma.make_tensor_descriptor(dstates, [n_cs_rows * (HV * K), V], [V, 1], [K, BV], l_kv)
+
+    k_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
+    q_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
+    do_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], l_tv)
+    a_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BT], l_tt)
+    hs_s = gl.allocate_shared_memory(DT, [2, K, BV], l_kv)  # dS' handed to the outputs (and stored)
+    g_s = gl.allocate_shared_memory(DT, [2, BT, BT], l_tt)  # each outputs warpgroup's gate tile
+    dv_s = gl.allocate_shared_memory(gl.float32, [2, BT, BV], l_dv)  # and its dV staging
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    s_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    s_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # the chain's and the outputs' arrivals
+    for i in gl.static_range(2):
+        mbarrier.init(s_ready.index(i), count=1)
+        mbarrier.init(s_empty.index(i), count=1)
+    fence_async_shared()
+
+    p = (k_s, q_s, do_s, a_s, hs_s, g_s, dv_s, ready, empty, s_ready, s_empty, k_desc, q_desc, do_desc, s_desc,
+         dv_desc, ds_desc, coef, dht, dh0, scale, bos, L, n_chunks, cs0, n_cs_rows)
+    # Each partition's arguments written out in the call: a tuple named first would carry the
+    # constexprs as values (Triton 3.6).
+    gl.warp_specialize([
+        (_chain, (p, H, HV, K, V, BT, BV, CW, NUM_STAGES, HAS_DHT, STORE_DH0)),
+        (_outputs, (p, H, HV, K, V, BT, BV, CW, NUM_STAGES, HAS_DHT, STORE_DH0, 0)),
+        (_outputs, (p, H, HV, K, V, BT, BV, CW, NUM_STAGES, HAS_DHT, STORE_DH0, 1)),
+        (_loads, (p, H, HV, K, V, BT, BV, CW, NUM_STAGES, HAS_DHT, STORE_DH0)),
+    ], [4, 4, 1], [OUTPUT_REGS, OUTPUT_REGS, LOAD_REGS])
