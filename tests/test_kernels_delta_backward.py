@@ -598,6 +598,34 @@ def test_the_backward_starts_compiling_from_stand_ins_of_the_outputs(monkeypatch
 
 
 
+@pytest.mark.parametrize("misfit", ["q 2 bytes off 16-byte alignment", "dO in float32"])
+def test_a_call_the_planned_gluon_twins_cannot_take_builds_the_triton_backward(monkeypatch, misfit):
+    """Where the planner gives the backward's stages to their Gluon twins (here: as on the H200) and
+    the call cannot take them (launch.delta_backward._gluon_takes), the launches are the Triton
+    kernels'. (The fallback named a DeltaShape field the backward's shape lacks, a TypeError on
+    such a call, from 63bef49 until this test.)"""
+    from recurscan.launch import delta_backward
+    from recurscan.plan import delta as plan_delta
+    monkeypatch.setattr(plan_delta, "gluon_usable", lambda device: True)
+    gen = torch.Generator().manual_seed(5)
+    base = torch.randn(1 + 64 * 2 * 128, generator=gen).bfloat16()
+    q = base[1:].view(1, 64, 2, 128) if misfit.startswith("q") else base[:-1].view(1, 64, 2, 128)
+    k = torch.randn(1, 64, 2, 128, generator=gen).bfloat16()
+    v = torch.randn(1, 64, 2, 64, generator=gen).bfloat16()
+    do = torch.randn(1, 64, 2, 64, generator=gen, dtype=torch.float32 if "float32" in misfit else torch.bfloat16)
+    g = -torch.rand(1, 64, 2, generator=gen)
+    planned = plan_delta.gluon_twins(plan_delta.DeltaBackwardShape(64, 4, 4, "test"), householder=1, heads=2,
+                                     value_heads=2, key_dim=128, value_dim=64, dtype=torch.bfloat16,
+                                     device=torch.device("cpu"))
+    assert planned.gluon_sweep  # the reverse sweep's twin, as planned on the H200
+    launches, _ = delta_backward._backward_call(
+        q, k, v, g, None, do, None, num_householder=1, scale=None, initial_state=None, use_qk_l2norm_in_kernel=False,
+        cu_seqlens=None, chunk_indices=None, chunk_offsets=None, shape=None, backward_shape=planned,
+        prep_kept=False)
+    names = [getattr(s.kernel, "fn", s.kernel).__name__ for s in launches.steps]
+    assert names and not [n for n in names if n.startswith("gluon")], names
+
+
 @pytest.mark.parametrize("key_dim", [64, 128])
 def test_the_gluon_twins_are_refused_where_a_descriptor_row_passes_int32(key_dim):
     """The Gluon twins address the chunk states (K rows a chunk and value head) and the scratch (2 x

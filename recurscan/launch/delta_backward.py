@@ -249,8 +249,7 @@ def _backward_call(q, k, v, g, beta, do, dht, *, num_householder, scale, initial
                                                dtype=q.dtype, device=q.device, twin_only=not gluon)
         if (backward_shape.gluon_sweep or backward_shape.gluon_dqdk) and \
                 not _gluon_takes(q, k, do, chunk_indices, v.shape[2]):
-            backward_shape = dataclasses.replace(backward_shape, gluon_sweep=False, specialized=False,
-                                                 gluon_dqdk=False)
+            backward_shape = dataclasses.replace(backward_shape, gluon_sweep=False, gluon_dqdk=False)
         launches = BACKWARD_LAUNCHES.put(key, build_delta_backward(
             q, k, v, g, beta, do, dht, scale=scale, initial_state=initial_state,
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
