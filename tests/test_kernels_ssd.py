@@ -569,7 +569,7 @@ def test_the_planner_gives_the_gla_sweep_to_its_gluon_twin_only_in_scope(monkeyp
     assert shape.num_stages == 3 or not shape.specialized
     recompute = plan_gla.recompute_sweep_shape(shape, 1, 80)
     assert not recompute.gluon_sweep and not recompute.specialized  # states alone: never warp-specialised
-    assert not plan_gla.per_key_shape_of(shape).specialized
+    assert not plan_gla.per_key_shape_of(shape).gluon_sweep  # the Triton sweep (specialized is then unread)
 
 
 @pytest.mark.parametrize("case, scores_in_sweep", [
@@ -650,8 +650,8 @@ def test_the_warp_specialised_sweep_takes_the_single_pass_with_outputs_and_the_t
     Gluon twin, the single pass with outputs launches the warp-specialised kernel under its register
     cap (launch.delta.SPECIALIZED_MAXNREG) and the replay the Triton kernel without it; the
     backward's recompute (no outputs) and a call returning chunk states run the twin; SSD with a gate
-    z the Triton sweep; a shape without the twin, the group prep or one pass is a ValueError naming
-    the field."""
+    z the Triton sweep; without the twin, specialized is unread (the Triton sweep); with it, a shape
+    without the group prep or one pass is a ValueError naming the field."""
     from recurscan.launch.gla import SsdPrologue
     q, k = (torch.zeros(1, 256, 1, 128, dtype=torch.bfloat16) for _ in range(2))
     v = torch.zeros(1, 256, 16, 64, dtype=torch.bfloat16)
@@ -671,10 +671,10 @@ def test_the_warp_specialised_sweep_takes_the_single_pass_with_outputs_and_the_t
     assert {name for name, *_ in sweeps(ssd=ssd(torch.zeros(1, 256, 16, 64, dtype=torch.bfloat16)))} == {J}
     assert sweeps(calm_gates=True, states_only=True) == [(G, False, None)]
     assert sweeps(return_chunk_states=True) == [(G, False, None), (J, True, None)]
-    for bad in (dict(gluon_sweep=False), dict(group_prep=False), dict(phases=3), dict(segments=2),
-                dict(specialized=1)):
+    for bad in (dict(group_prep=False), dict(phases=3), dict(segments=2), dict(specialized=1)):
         with pytest.raises(ValueError, match="specialized"):
             sweeps(**bad)
+    assert sweeps(gluon_sweep=False) == [(J, False, None), (J, True, None)]  # specialized refines the twin
 
 
 def test_the_scores_formed_in_the_sweep_run_on_the_warp_specialised_kernel_or_the_triton_one():

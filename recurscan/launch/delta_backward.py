@@ -89,7 +89,7 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
     N = cu_seqlens.shape[0] - 1 if varlen else B
     shape = backward_shape.recompute or dataclasses.replace(shape, segments=1)
     if shape.gluon_sweep and not backward_shape.recompute_twin:  # the recompute on the Triton sweep
-        shape = dataclasses.replace(shape, gluon_sweep=False, specialized=False, phase_ratio=None)
+        shape = dataclasses.replace(shape, gluon_sweep=False, phase_ratio=None)
     if checkpoint_chunks:  # one prep (unless kept), then one sweep launch over every segment
         shape = dataclasses.replace(shape, phases=1)
     rows = chunk_indices.shape[0] if varlen else B * triton.cdiv(T * M, BT)  # chunks of the expanded stream

@@ -65,7 +65,8 @@ class DeltaShape:
     gluon_sweep: bool = False
     # With gluon_sweep, the group prep and the single pass: the twin warp-specialised
     # (kernels/gluon/gla_sweep_specialized.py: the state's chain, the outputs and the loads on
-    # partitions of their own), where the call has outputs and no chunk states.
+    # partitions of their own), where the call has outputs and no chunk states; unread without
+    # gluon_sweep (the Triton sweep).
     specialized: bool = False
     # Each phase's length as a fraction of the one before (launch/delta.py's phase_bounds); None:
     # launch.delta.PHASE_RATIO. A faster sweep covers more chunks while the next phase's prep runs

@@ -116,7 +116,7 @@ def per_key_shape_of(shape: DeltaShape) -> DeltaShape:
     general steps for the other chunks, 8 warps), else the general steps alone on 8 warps with no
     register cap."""
     shape = replace(shape, phases=1, prep_heads=1, prep_warps=8, prep_maxnreg=None, gluon_sweep=False,
-                    specialized=False, sweep_scores=False)
+                    sweep_scores=False)
     if PER_KEY_CALM_PASS is None:
         return shape
     block, warps, maxnreg = PER_KEY_CALM_PASS
