@@ -121,7 +121,9 @@ def test_a_non_finite_input_leaves_earlier_outputs_and_other_sequences_bit_ident
         assert torch.isnan(o[0, 95, 0]).any() and torch.isnan(S[0, 0]).any(), "the NaN vanished"
 
 
-def test_strided_and_16_bit_inputs():
+@pytest.mark.parametrize("form", ["sweep", "sweep, scores in the sweep"])
+def test_strided_and_16_bit_inputs(form, monkeypatch):
+    use_form(form, monkeypatch)
     q, k, v, g = gla_inputs(1, 130, 2, 2, 16, 16, seed=5)
     want = gla_naive(q, k, v, g)[0]
     strided = lambda x: x.transpose(-1, -2).contiguous().transpose(-1, -2) if x.dim() == 4 else \
