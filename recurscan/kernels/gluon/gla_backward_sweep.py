@@ -86,6 +86,54 @@ def _row_coefficients(coef, bos, L, c, i_n, i_hv, o_t, HV: gl.constexpr, BT: gl.
 
 
 @gluon.jit
+def _stormy_gate_tile(St, gc, seg, o_i, o_j, r0, L, row64: gl.constexpr, col64: gl.constexpr):
+    """A stormy chunk's G o scores [i, j] (float32) from its scores ``St`` and its rows' gc and
+    segments (``gc``, ``seg``, moved to the tile's rows ``o_i`` and columns ``o_j``):
+    G_ij = 2^(gc_i - gc_j) for j <= i in one segment, rows past the sequence's end (``r0`` the
+    chunk's first row, ``L`` its length) selected out."""
+    gc_i = gl.convert_layout(gc, row64)[:, None]
+    sg_i = gl.convert_layout(seg, row64)[:, None]
+    gc_j = gl.convert_layout(gc, col64)[None, :]
+    sg_j = gl.convert_layout(seg, col64)[None, :]
+    keep = (o_i[:, None] >= o_j[None, :]) & (sg_i == sg_j) & (r0 + o_i < L)[:, None]
+    return gl.where(keep, gl.exp2(gc_i - gc_j), 0.0) * St
+
+
+@gluon.jit
+def _sequence_operands(q, k, do, aqk, dv, dstates, cu_seqlens, chunk_offsets, T, n_cs_rows, i_n, H: gl.constexpr,
+                       HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
+                       IS_VARLEN: gl.constexpr, DT: gl.constexpr):
+    """Sequence ``i_n``'s first row ``bos``, length ``L`` (int64), chunks and first chunk-state row ``cs0``,
+    and the bulk-copy descriptors a reverse-sweep program reads and writes through: k, q ([BT, K]
+    tiles), dO ([BT, BV]), the scores ([BT, BT]) and dV ([BT, BV] float32) over the sequence's rows
+    (a tile past its end reads zeros, a store stops there), and the chunk states ([K, BV] tiles;
+    rows outside [0, n_cs_rows), from a wrong chunk_offsets entry, are moved just past them)."""
+    if IS_VARLEN:  # clamped to [0, T]: no descriptor reaches outside the inputs
+        bos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n).to(gl.int64), 0), T)
+        eos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n + 1).to(gl.int64), bos), T)
+        cs0 = gl.load(chunk_offsets + i_n).to(gl.int64)
+    else:
+        bos = i_n.to(gl.int64) * T
+        eos = bos + T
+        cs0 = i_n.to(gl.int64) * ((T + BT - 1) // BT)
+    L = eos - bos
+    n_chunks = ((L + BT - 1) // BT).to(gl.int32)
+    rows = gl.maximum(L, 1).to(gl.int32)  # a descriptor's rows: the sequence's (an empty one reads nothing)
+    l_qk: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, K], DT)
+    l_tv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], DT)
+    l_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], DT)
+    l_kv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([K, BV], DT)
+    l_dv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], gl.float32)
+    k_desc = tma.make_tensor_descriptor(k + bos * (H * K), [rows, H * K], [H * K, 1], [BT, K], l_qk)
+    q_desc = tma.make_tensor_descriptor(q + bos * (H * K), [rows, H * K], [H * K, 1], [BT, K], l_qk)
+    do_desc = tma.make_tensor_descriptor(do + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV], l_tv)
+    s_desc = tma.make_tensor_descriptor(aqk + bos * (H * BT), [rows, H * BT], [H * BT, 1], [BT, BT], l_tt)
+    dv_desc = tma.make_tensor_descriptor(dv + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV], l_dv)
+    ds_desc = tma.make_tensor_descriptor(dstates, [n_cs_rows * (HV * K), V], [V, 1], [K, BV], l_kv)
+    return bos, L, n_chunks, cs0, k_desc, q_desc, do_desc, s_desc, dv_desc, ds_desc
+
+
+@gluon.jit
 def gluon_gla_bwd_sweep_kernel(
     q, k, g, do, dstates, dht, dh0, dv, cu_seqlens, chunk_offsets, T, scale, n_cs_rows, qg, kg, aqk, dl, coef,
     H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr,
@@ -115,31 +163,8 @@ def gluon_gla_bwd_sweep_kernel(
     i_hv = (pid // NV) % HV
     i_n = pid // (NV * HV)
     i_h = i_hv // (HV // H)
-    if IS_VARLEN:  # clamped to [0, T]: no descriptor reaches outside the inputs
-        bos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n).to(gl.int64), 0), T)
-        eos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n + 1).to(gl.int64), bos), T)
-        cs0 = gl.load(chunk_offsets + i_n).to(gl.int64)
-    else:
-        bos = i_n.to(gl.int64) * T
-        eos = bos + T
-        cs0 = i_n.to(gl.int64) * ((T + BT - 1) // BT)
-    L = eos - bos
-    n_chunks = ((L + BT - 1) // BT).to(gl.int32)
-    rows = gl.maximum(L, 1).to(gl.int32)  # a descriptor's rows: the sequence's (an empty one reads nothing)
-
-    # Descriptors over this sequence's rows: a tile past its end reads zeros, a store stops there.
-    l_qk: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, K], DT)
-    l_tv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], DT)
-    l_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], DT)
-    l_kv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([K, BV], DT)
-    l_dv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], gl.float32)
-    k_desc = tma.make_tensor_descriptor(k + bos * (H * K), [rows, H * K], [H * K, 1], [BT, K], l_qk)
-    q_desc = tma.make_tensor_descriptor(q + bos * (H * K), [rows, H * K], [H * K, 1], [BT, K], l_qk)
-    do_desc = tma.make_tensor_descriptor(do + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV], l_tv)
-    s_desc = tma.make_tensor_descriptor(aqk + bos * (H * BT), [rows, H * BT], [H * BT, 1], [BT, BT], l_tt)
-    dv_desc = tma.make_tensor_descriptor(dv + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV], l_dv)
-    # Chunk-state rows outside [0, n_cs_rows) (a wrong chunk_offsets entry) are moved just past it.
-    ds_desc = tma.make_tensor_descriptor(dstates, [n_cs_rows * (HV * K), V], [V, 1], [K, BV], l_kv)
+    bos, L, n_chunks, cs0, k_desc, q_desc, do_desc, s_desc, dv_desc, ds_desc = _sequence_operands(
+        q, k, do, aqk, dv, dstates, cu_seqlens, chunk_offsets, T, n_cs_rows, i_n, H, HV, K, V, BT, BV, IS_VARLEN, DT)
     col_qk = i_h * K
     col_v = i_hv * V + i_v * BV
     col_s = i_h * BT
@@ -154,13 +179,13 @@ def gluon_gla_bwd_sweep_kernel(
     compact: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # a row vector, one register a thread
     blk: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])  # state tiles in
 
-    k_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
-    q_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
-    do_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], l_tv)
-    a_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BT], l_tt)
-    g_s = gl.allocate_shared_memory(DT, [BT, BT], l_tt)  # a stormy chunk's G o scores
-    ds_s = gl.allocate_shared_memory(DT, [K, BV], l_kv)
-    dv_s = gl.allocate_shared_memory(gl.float32, [BT, BV], l_dv)
+    k_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], k_desc.layout)
+    q_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], q_desc.layout)
+    do_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], do_desc.layout)
+    a_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BT], s_desc.layout)
+    g_s = gl.allocate_shared_memory(DT, [BT, BT], s_desc.layout)  # a stormy chunk's G o scores
+    ds_s = gl.allocate_shared_memory(DT, [K, BV], ds_desc.layout)
+    dv_s = gl.allocate_shared_memory(gl.float32, [BT, BV], dv_desc.layout)
     bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(bars.index(i), count=1)
@@ -216,12 +241,7 @@ def gluon_gla_bwd_sweep_kernel(
             else:
                 # G_ij = 2^(gc_i - gc_j) for j <= i in one segment, rows past the end selected out.
                 St = a_s.index(s).load(mma64).to(gl.float32)  # scores [i, j]
-                gc_i = gl.convert_layout(gc, row64)[:, None]
-                sg_i = gl.convert_layout(seg, row64)[:, None]
-                gc_j = gl.convert_layout(gc, col64)[None, :]
-                sg_j = gl.convert_layout(seg, col64)[None, :]
-                keep = (o_i[:, None] >= o_j[None, :]) & (sg_i == sg_j) & (c * BT + o_i < L)[:, None]
-                g_s.store((gl.where(keep, gl.exp2(gc_i - gc_j), 0.0) * St).to(DT))
+                g_s.store(_stormy_gate_tile(St, gc, seg, o_i, o_j, c * BT, L, row64, col64).to(DT))
                 fence_async_shared()
                 gl.thread_barrier()
                 dvt = warpgroup_mma(gl.convert_layout(dOt.to(DT), a64), g_s,

@@ -30,7 +30,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .delta_backward_sweep import _state_offsets
-from .gla_backward_sweep import _row_coefficients
+from .gla_backward_sweep import _row_coefficients, _sequence_operands, _stormy_gate_tile
 
 #: Registers a thread of each outputs warpgroup and of the load warp (setmaxnreg); the chain, the
 #: default partition, takes what the kernel's cap leaves (512 - 2 x 160 - 24 = 168). At 152 the
@@ -148,12 +148,7 @@ def _outputs(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.conste
             St = a_s.index(s).load(mma64).to(gl.float32)  # scores [i, j]
             o_i = gl.arange(0, BT, layout=row64)  # the tile's rows i (formed here: hoisted, they spilled)
             o_j = gl.arange(0, BT, layout=col64)  # and columns j
-            gc_i = gl.convert_layout(gc, row64)[:, None]
-            sg_i = gl.convert_layout(seg, row64)[:, None]
-            gc_j = gl.convert_layout(gc, col64)[None, :]
-            sg_j = gl.convert_layout(seg, col64)[None, :]
-            keep = (o_i[:, None] >= o_j[None, :]) & (sg_i == sg_j) & (c * BT + o_i < L)[:, None]
-            g_s.store((gl.where(keep, gl.exp2(gc_i - gc_j), 0.0) * St).to(DT))
+            g_s.store(_stormy_gate_tile(St, gc, seg, o_i, o_j, c * BT, L, row64, col64).to(DT))
             fence_async_shared()
             gl.thread_barrier()
             dvt = warpgroup_mma(gl.convert_layout(dOt, a64), g_s,
@@ -211,39 +206,19 @@ def gluon_gla_bwd_sweep_specialized_kernel(
     gl.static_assert(GATE_SCORES and not PER_KEY, "the group prep's scores (GATE_SCORES), a scalar decay")
     CW: gl.constexpr = 8  # the group prep's coef floats a row (kernels/gla/group_prep.py, GROUP_COEF_WIDTH)
     i_n, i_hv, i_v, col_qk, col_v, col_s = _program(H, HV, K, V, BT, BV)
-    if IS_VARLEN:  # clamped to [0, T]: no descriptor reaches outside the inputs
-        bos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n).to(gl.int64), 0), T)
-        eos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n + 1).to(gl.int64), bos), T)
-        cs0 = gl.load(chunk_offsets + i_n).to(gl.int64)
-    else:
-        bos = i_n.to(gl.int64) * T
-        eos = bos + T
-        cs0 = i_n.to(gl.int64) * ((T + BT - 1) // BT)
-    L = (eos - bos).to(gl.int32)  # int32 into the partitions (an int64 there spilled at their split)
+    bos, L, _, cs0, k_desc, q_desc, do_desc, s_desc, dv_desc, ds_desc = _sequence_operands(
+        q, k, do, aqk, dv, dstates, cu_seqlens, chunk_offsets, T, n_cs_rows, i_n, H, HV, K, V, BT, BV, IS_VARLEN, DT)
+    # L and the chunk count in int32 into the partitions (from an int64 they spilled at the split)
+    L = L.to(gl.int32)
     n_chunks = (L + BT - 1) // BT
-    rows = gl.maximum(L, 1).to(gl.int32)  # a descriptor's rows: the sequence's (an empty one reads nothing)
 
-    # Descriptors over this sequence's rows: a tile past its end reads zeros, a store stops there.
-    l_qk: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, K], DT)
-    l_tv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], DT)
-    l_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], DT)
-    l_kv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([K, BV], DT)
-    l_dv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], gl.float32)
-    k_desc = tma.make_tensor_descriptor(k + bos * (H * K), [rows, H * K], [H * K, 1], [BT, K], l_qk)
-    q_desc = tma.make_tensor_descriptor(q + bos * (H * K), [rows, H * K], [H * K, 1], [BT, K], l_qk)
-    do_desc = tma.make_tensor_descriptor(do + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV], l_tv)
-    s_desc = tma.make_tensor_descriptor(aqk + bos * (H * BT), [rows, H * BT], [H * BT, 1], [BT, BT], l_tt)
-    dv_desc = tma.make_tensor_descriptor(dv + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV], l_dv)
-    # Chunk-state rows outside [0, n_cs_rows) (a wrong chunk_offsets entry) are moved just past it.
-    ds_desc = tma.make_tensor_descriptor(dstates, [n_cs_rows * (HV * K), V], [V, 1], [K, BV], l_kv)
-
-    k_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
-    q_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
-    do_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], l_tv)
-    a_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BT], l_tt)
-    hs_s = gl.allocate_shared_memory(DT, [2, K, BV], l_kv)  # dS' handed to the outputs (and stored)
-    g_s = gl.allocate_shared_memory(DT, [2, BT, BT], l_tt)  # each outputs warpgroup's gate tile
-    dv_s = gl.allocate_shared_memory(gl.float32, [2, BT, BV], l_dv)  # and its dV staging
+    k_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], k_desc.layout)
+    q_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], q_desc.layout)
+    do_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], do_desc.layout)
+    a_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BT], s_desc.layout)
+    hs_s = gl.allocate_shared_memory(DT, [2, K, BV], ds_desc.layout)  # dS' handed to the outputs (and stored)
+    g_s = gl.allocate_shared_memory(DT, [2, BT, BT], s_desc.layout)  # each outputs warpgroup's gate tile
+    dv_s = gl.allocate_shared_memory(gl.float32, [2, BT, BV], dv_desc.layout)  # and its dV staging
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     s_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
