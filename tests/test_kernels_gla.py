@@ -157,8 +157,9 @@ GRAD_CASES = {
 
 @pytest.mark.parametrize("case", list(GRAD_CASES))
 @pytest.mark.parametrize("optional", ["all", "no_g_no_h0"])
-# The backward's chunk states: by the GLA kernel, or the sweep (its prep the delta prep, or the group prep).
-@pytest.mark.parametrize("recompute", ["fused", "sweep", "sweep, group prep"])
+# The backward's chunk states: by the GLA kernel, or the sweep (its prep the delta prep, or the group prep;
+# the forward forming its scores in the sweep, whose backward recomputes on the delta prep).
+@pytest.mark.parametrize("recompute", ["fused", "sweep", "sweep, group prep", "sweep, scores in the sweep"])
 def test_triton_gradients_match_autograd_through_the_token_loop(case, optional, recompute, monkeypatch):
     """Every gradient (q, k, v, g, the initial state; a gradient into the final state too) of the
     Triton path (kernels/gla/backward.py) against autograd through the float64 token loop,
@@ -219,7 +220,7 @@ def check_gradients(c, case, optional, recompute, monkeypatch):
     from recurscan.plan import gla as plan_gla
     monkeypatch.setattr(plan_gla, "GLA_LAUNCH", dataclasses.replace(plan_gla.GLA_LAUNCH,
                                                                     recompute_on_sweep=recompute != "fused"))
-    if recompute == "sweep, group prep":
+    if recompute in ("sweep, group prep", "sweep, scores in the sweep"):
         use_form(recompute, monkeypatch)
     q, k, v, g = gla_inputs(c["B"], c["T"], c["H"], c["HV"], c.get("K", 16), c["V"], seed=len(case))
     cu = None if c["cu"] is None else torch.tensor(c["cu"])
