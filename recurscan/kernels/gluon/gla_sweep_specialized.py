@@ -1,25 +1,28 @@
 """The forward sweep of a scalar decay on the group prep's scores (SSD, GLA under GVA), warp-
 specialised: the same arithmetic as the Gluon twin :func:`recurscan.kernels.gluon.delta_sweep.
 gluon_sweep_kernel` with the WY step off and GATE_SCORES (so the Triton sweep's bits, which that
-twin has), on three partitions of one program:
+twin has), on three partitions of one program. With SWEEP_SCORES (simple GLA: a query/key head a
+value head) the outputs form the scores K Q^T from the ring's tiles themselves, the Triton sweep's
+form of the same flag (its bits):
 
 1. the **chain** (the default partition, one warpgroup): S^T [BV, K] float32 in registers; per
    chunk it hands the state entering the chunk to the outputs through a shared-memory buffer (two
    of them, one for each outputs warpgroup), then forms the next state,
    S^T <- lam_last S^T + (V^T o gam) K;
 2. the **outputs** (two warpgroups, alternate chunks each): per chunk, S^T Q^T from the handed-over
-   state, the gate tile from the scores, O^T = V^T gates^T + lam rq o S^T Q^T (+ D x^T), stored by a
-   bulk copy;
-3. the **loads** (one warp): the chunk's k, q, v and scores by bulk copies into a ring of
-   NUM_STAGES stages, each freed when the chain and the chunk's outputs warpgroup are done with it.
+   state, the gate tile from the scores (with SWEEP_SCORES first formed, K Q^T), O^T = V^T gates^T
+   + lam rq o S^T Q^T (+ D x^T), stored by a bulk copy;
+3. the **loads** (one warp): the chunk's k, q, v and scores (not with SWEEP_SCORES) by bulk copies
+   into a ring of NUM_STAGES stages, each freed when the chain and the chunk's outputs warpgroup
+   are done with it.
 
 So the chain's step holds one product and a hand-over, and the outputs' products and gate tile run
 beside the next chunks' chain, where the twin runs them one after the other on one warpgroup. The
 outputs take two warpgroups because a chunk's outputs are a chain of dependent steps (two
 products, the gate tile, the store) that keeps one warpgroup longer than the state's step; the
 timing probes (:data:`PROBE`) split a chunk's time between the loads, the chain and the outputs.
-The planner takes it on ``plan.gla.GLA_SWEEP_LAUNCH``'s group prep row (the measurements there and
-in docs/perf-history.md).
+The planner takes it on ``plan.gla.GLA_SWEEP_LAUNCH``'s group prep row and, with SWEEP_SCORES, on
+simple GLA's row (the measurements there and in docs/perf-history.md).
 
 Scope (``plan.delta.gluon_sweep_scope`` and the launch layer's ``_sweep_kernel``): the single pass
 (PASS 0), outputs on, no chunk states, checkpoints, segments or phases; dense or varlen, an initial
