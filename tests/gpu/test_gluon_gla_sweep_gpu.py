@@ -217,17 +217,20 @@ def test_ssd_with_a_group_a_head_forming_its_scores_gives_the_triton_sweeps_bits
 
 
 def test_simple_gla_forming_its_scores_with_a_nan_key_replays_its_program(monkeypatch):
-    """A NaN key: its program's state comes out non-finite, the Triton replay (SWEEP_SCORES too)
-    writes its outputs again; the two forms agree bit for bit and the outputs before the NaN, and
-    the other sequence's, are finite."""
+    """A NaN key, and a reset (decay 0) ten rows later in its chunk: its program's state comes out
+    non-finite, the Triton replay (SWEEP_SCORES too) writes its outputs again; the two forms agree
+    bit for bit; the outputs before the NaN, and the other sequence's, are finite, and every output
+    of its head from the NaN on is not, across the reset (the token loop's 0 x NaN: the prep's
+    bad-key mark carries it)."""
     q, k, v, g = gla_args(1, 3000, 2, 2, seed=23)
     k[0, 1500, 1, 5] = float("nan")
+    g[0, 1510, 1] = float("-inf")
     cu = torch.tensor([0, 2000, 3000], device=DEV, dtype=torch.int32)
     o, ht = run_both(monkeypatch, lambda: recurscan.chunk_simple_gla(q, k, v, g, output_final_state=True,
                                                                      cu_seqlens=cu),
                      group_prep=True, specialized=True, sweep_scores=True)
     assert torch.isfinite(o[:, :1500]).all() and torch.isfinite(o[:, 2000:]).all() and torch.isfinite(ht[1]).all()
-    assert torch.isnan(o[0, 1500:2000, 1]).any() and torch.isnan(ht[0, 1]).any()
+    assert not torch.isfinite(o[0, 1500:2000, 1]).any() and torch.isnan(ht[0, 1]).any()
 
 
 def test_the_benchmark_simple_gla_forming_its_scores_against_the_oracle(monkeypatch):
