@@ -602,8 +602,7 @@ def test_the_backward_starts_compiling_from_stand_ins_of_the_outputs(monkeypatch
 def test_a_call_the_planned_gluon_twins_cannot_take_builds_the_triton_backward(monkeypatch, misfit):
     """Where the planner gives the backward's stages to their Gluon twins (here: as on the H200) and
     the call cannot take them (launch.delta_backward._gluon_takes), the launches are the Triton
-    kernels'. (The fallback named a DeltaShape field the backward's shape lacks, a TypeError on
-    such a call, from 63bef49 until this test.)"""
+    kernels'."""
     from recurscan.launch import delta_backward
     from recurscan.plan import delta as plan_delta
     monkeypatch.setattr(plan_delta, "gluon_usable", lambda device: True)

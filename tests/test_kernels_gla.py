@@ -81,8 +81,8 @@ def test_a_non_finite_key_poisons_its_row_on_and_the_state_alone(form, value, mo
     the outputs before it bit-identical, every output of its head from its row on and the head's
     state non-finite, the other sequence untouched. Head 0 resets five rows later (gla_inputs'
     decay 0 at row 100): the token loop's state stays NaN through it (0 x NaN), so the prep must
-    mark the key's row bad even where the sweep forms the scores itself (without that mark, rows
-    100-127 came out finite)."""
+    mark the key's row bad even where the sweep forms the scores itself (without the mark, rows
+    100-127 would be finite)."""
     use_form(form, monkeypatch)
     q, k, v, g = (x.float().to(DEVICE) for x in gla_inputs(1, 200, 1, 2, 16, 16, seed=12))
     cu = torch.tensor([0, 130, 200], device=DEVICE)

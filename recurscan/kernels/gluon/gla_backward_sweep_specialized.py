@@ -33,8 +33,8 @@ from .delta_backward_sweep import _state_offsets
 from .gla_backward_sweep import _row_coefficients, _sequence_operands, _stormy_gate_tile
 
 #: Registers a thread of each outputs warpgroup and of the load warp (setmaxnreg); the chain, the
-#: default partition, takes what the kernel's cap leaves (512 - 2 x 160 - 24 = 168). At 152 the
-#: outputs spilled two values their prologue hoists; at 176 the chain spilled (offline, sm_90).
+#: default partition, takes what the kernel's cap leaves (512 - 2 x 160 - 24 = 168): offline for
+#: sm_90, fewer for the outputs spill theirs and more spill the chain's.
 OUTPUT_REGS = gl.constexpr(160)
 LOAD_REGS = gl.constexpr(24)
 
@@ -43,8 +43,8 @@ LOAD_REGS = gl.constexpr(24)
 def _program(H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
              BV: gl.constexpr):
     """The program's (sequence, value head, value block) and its tiles' columns (k and q, dO and
-    dV, the scores), from its id: each partition forms them itself (passed from the kernel's
-    prologue, they outlive its register budget and spill)."""
+    dV, the scores), from its id: each partition forms them itself rather than carrying them
+    across the partitions' split."""
     NV: gl.constexpr = V // BV
     pid = gl.program_id(0)
     i_v = pid % NV
@@ -146,7 +146,7 @@ def _outputs(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.conste
         else:
             # G_ij = 2^(gc_i - gc_j) for j <= i in one segment, rows past the end selected out.
             St = a_s.index(s).load(mma64).to(gl.float32)  # scores [i, j]
-            o_i = gl.arange(0, BT, layout=row64)  # the tile's rows i (formed here: hoisted, they spilled)
+            o_i = gl.arange(0, BT, layout=row64)  # the tile's rows i
             o_j = gl.arange(0, BT, layout=col64)  # and columns j
             g_s.store(_stormy_gate_tile(St, gc, seg, o_i, o_j, c * BT, L, row64, col64).to(DT))
             fence_async_shared()
@@ -208,7 +208,7 @@ def gluon_gla_bwd_sweep_specialized_kernel(
     i_n, i_hv, i_v, col_qk, col_v, col_s = _program(H, HV, K, V, BT, BV)
     bos, L, _, cs0, k_desc, q_desc, do_desc, s_desc, dv_desc, ds_desc = _sequence_operands(
         q, k, do, aqk, dv, dstates, cu_seqlens, chunk_offsets, T, n_cs_rows, i_n, H, HV, K, V, BT, BV, IS_VARLEN, DT)
-    # L and the chunk count in int32 into the partitions (from an int64 they spilled at the split)
+    # L and the chunk count in int32 into the partitions: int64 values spill at their split (sm_90)
     L = L.to(gl.int32)
     n_chunks = (L + BT - 1) // BT
 

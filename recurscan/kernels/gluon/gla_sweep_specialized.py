@@ -46,7 +46,7 @@ from .delta_sweep import _initial_state, _state_offsets
 #: 128 a thread over 512 threads, so 512 - 2 x 152 - 24 = 184 for the chain).
 OUTPUT_REGS = gl.constexpr(152)
 #: The same with SWEEP_SCORES, where the scores' product and the state's are in flight together
-#: (152 spilled; the chain then has 512 - 2 x 160 - 24 = 168).
+#: (fewer spill, offline for sm_90; the chain then has 512 - 2 x 160 - 24 = 168).
 SCORES_OUTPUT_REGS = gl.constexpr(160)
 LOAD_REGS = gl.constexpr(24)
 #: A timing probe (``RECURSCAN_SWEEP_PROBE`` when this module is imported; only
