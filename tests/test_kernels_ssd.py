@@ -712,7 +712,8 @@ def test_the_scores_formed_in_the_sweep_run_on_the_warp_specialised_kernel_or_th
 def test_the_planner_gives_the_backwards_recompute_to_the_twin_only_where_its_row_is_on(monkeypatch, case, planned):
     """plan.gla.GLUON_GLA_RECOMPUTE_SWEEP, GLUON_GLA_REVERSE_SWEEP and GLUON_GLA_DG: the backward's
     recompute of the chunk states runs on the forward sweep's Gluon twin (outputs off), its reverse
-    sweep and its dg launch on their own Gluon twins, where each row is on and the twin may run (Gluon usable here, the caller not
+    sweep (warp-specialised: GLUON_GLA_REVERSE_SPECIALIZED) and its dg launch on their own Gluon
+    twins, where each row is on and the twin may run (Gluon usable here, the caller not
     forcing Triton); SSD's group of 80 keeps the group prep with its calm gates."""
     import dataclasses
     from recurscan.plan import gla as plan_gla
@@ -732,11 +733,10 @@ def test_the_planner_gives_the_backwards_recompute_to_the_twin_only_where_its_ro
     assert shape.recompute_twin is planned and shape.reverse_twin is planned and shape.dg_twin is planned
     recompute = plan_gla.recompute_sweep_shape(shape.sweep, 1, 80, twin=shape.recompute_twin)
     assert recompute.gluon_sweep is planned and recompute.group_prep and recompute.calm_gates
-    assert not shape.reverse_specialized  # GLUON_GLA_REVERSE_SPECIALIZED: off until measured
+    assert shape.reverse_specialized is planned
     monkeypatch.setattr(plan_gla, "GLUON_GLA_REVERSE_SPECIALIZED",
-                        dataclasses.replace(plan_gla.GLUON_GLA_REVERSE_SPECIALIZED, on=True))
-    assert plan_gla.gla_shape(problem, torch.device("cuda"), gluon=case != 'backend="triton"').reverse_specialized \
-        is planned
+                        dataclasses.replace(plan_gla.GLUON_GLA_REVERSE_SPECIALIZED, on=False))
+    assert not plan_gla.gla_shape(problem, torch.device("cuda"), gluon=case != 'backend="triton"').reverse_specialized
 
 
 @pytest.mark.parametrize("specialized", [False, True])

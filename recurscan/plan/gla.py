@@ -276,11 +276,14 @@ GLUON_GLA_REVERSE_SWEEP = GluonTwinRow(True, "SSD forward + backward, eager, sam
 GLUON_GLA_REVERSE_STAGES = 2
 #: The reverse sweep's twin warp-specialised (kernels/gluon/gla_backward_sweep_specialized.py: the
 #: chain on one warpgroup, the outputs on two taking alternate chunks, the loads on one warp), where
-#: :data:`GLUON_GLA_REVERSE_SWEEP` gives the reverse sweep to the twin. Off until it is measured:
-#: built after the twin's timing probes put its outputs at 2.34 us a chunk and its chain at 0.74
-#: (SSD B1 T16384, results/gpu_gla_reverse_probe_4c4f11f.json); compiled offline, its GPU tests
-#: (the twin's bits) not yet run.
-GLUON_GLA_REVERSE_SPECIALIZED = GluonTwinRow(False, "not yet run on the GPU (docs/kernels-gla-plan.md, 2c)")
+#: :data:`GLUON_GLA_REVERSE_SWEEP` gives the reverse sweep to the twin: the twin's outputs took 2.34
+#: of its 2.55 us a chunk (SSD B1 T16384, results/gpu_gla_reverse_probe_4c4f11f.json).
+GLUON_GLA_REVERSE_SPECIALIZED = GluonTwinRow(True, "SSD forward + backward, eager, same process, medians "
+                                                   "(gpu_gla_sweep_2c61664.json): B1 T16384 2.372 ms (2680 us of "
+                                                   "GPU time) against 2.536 (2848) on the twin, B4 T4096 2.302 "
+                                                   "(2250) against 2.391 (2331). The twin's gradients bit for bit "
+                                                   "(tests/gpu/test_gluon_gla_sweep_gpu.py, "
+                                                   "test_gluon_gla_reverse_sweep_gpu.py)")
 #: Its ring's stages: two (48 KB each at K 128, beside two dS' hand-over buffers of 16 KB, two gate
 #: tiles of 8 KB, two dV stagings of 16 KB and the layout conversions' scratch: 188 KB); three
 #: come to 237676 B, past the H200's 232448.

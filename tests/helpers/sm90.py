@@ -288,7 +288,8 @@ def compile_gluon_forward() -> list[str]:
         lines += [f"SSD group prep, {stages} stages: {line}" for line in compile_ssd_benchmark(shape)]
     shape = dataclasses.replace(SWEEP_SHAPES["group prep"], num_stages=2, gluon_sweep=True, segments=2)
     lines += [f"SSD group prep, segments: {line}" for line in compile_ssd_benchmark(shape)]
-    shape = dataclasses.replace(SWEEP_SHAPES["group prep"], num_stages=2, gluon_sweep=True, specialized=True)
+    shape = plan_gla.GLA_SWEEP_LAUNCH[0][1]  # the planned row: warp-specialised, its stages (the most memory)
+    assert shape.specialized and shape.group_prep
     for per_channel in (False, True):  # warp-specialised (kernels/gluon/gla_sweep_specialized.py)
         lines += [f"SSD group prep, warp-specialised, D per {'channel' if per_channel else 'head'}: {line}"
                   for line in compile_ssd_benchmark(shape, per_channel=per_channel)]
