@@ -650,8 +650,9 @@ def test_the_warp_specialised_sweep_takes_the_single_pass_with_outputs_and_the_t
     Gluon twin, the single pass with outputs launches the warp-specialised kernel under its register
     cap (launch.delta.SPECIALIZED_MAXNREG) and the replay the Triton kernel without it; the
     backward's recompute (no outputs) and a call returning chunk states run the twin; SSD with a gate
-    z the Triton sweep; without the twin, specialized is unread (the Triton sweep); with it, a shape
-    without the group prep or one pass is a ValueError naming the field."""
+    z the Triton sweep; phases launch it once a phase (PASS 3, each after its phase's prep); without
+    the twin, specialized is unread (the Triton sweep); with it, a shape without the group prep, or
+    in segments, is a ValueError naming the field."""
     from recurscan.launch.gla import SsdPrologue
     q, k = (torch.zeros(1, 256, 1, 128, dtype=torch.bfloat16) for _ in range(2))
     v = torch.zeros(1, 256, 16, 64, dtype=torch.bfloat16)
@@ -671,7 +672,13 @@ def test_the_warp_specialised_sweep_takes_the_single_pass_with_outputs_and_the_t
     assert {name for name, *_ in sweeps(ssd=ssd(torch.zeros(1, 256, 16, 64, dtype=torch.bfloat16)))} == {J}
     assert sweeps(calm_gates=True, states_only=True) == [(G, False, None)]
     assert sweeps(return_chunk_states=True) == [(G, False, None), (J, True, None)]
-    for bad in (dict(group_prep=False), dict(phases=3), dict(segments=2), dict(specialized=1)):
+    phased = delta_launches(q, k, v, torch.zeros(1, 256, 16), None, **{**ws, "phases": 3, "phase_ratio": 1.0}).steps
+    P = "chunk_group_prep_kernel"
+    assert [getattr(s.kernel, "fn", s.kernel).__name__ for s in phased] == [P, W, P, W, P, W, J]
+    assert [(s.kwargs["PASS"], s.kwargs["tc_first"], s.kwargs["tc_count"], s.kwargs["trigger_dependents"])
+            for s in phased[1:6:2]] == [(3, 0, 1, 1), (3, 1, 2, 1), (3, 3, 1, 0)]  # chunks [0, 1, 3, 4]
+    assert [s.kwargs["REPLAY"] for s in phased[1::2] + phased[-1:]] == [False, False, False, True]
+    for bad in (dict(group_prep=False), dict(segments=2), dict(specialized=1)):
         with pytest.raises(ValueError, match="specialized"):
             sweeps(**bad)
     assert sweeps(gluon_sweep=False) == [(J, False, None), (J, True, None)]  # specialized refines the twin

@@ -140,6 +140,7 @@ def test_the_gluon_forward_sweep_compiles_for_sm90():
         assert (f"GLA warp-specialised, scores in the sweep, {case}: gluon_gla_sweep_specialized_kernel"
                 in run.stdout), run.stdout
         assert f"GLA warp-specialised, scores in the sweep, {case}: chunk_delta_sweep_kernel" in run.stdout  # replay
+    assert "SSD group prep, warp-specialised, in phases: gluon_gla_sweep_specialized_kernel" in run.stdout
     assert "SSD warp-specialised, scores in the sweep: gluon_gla_sweep_specialized_kernel" in run.stdout
 
 

@@ -216,9 +216,9 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         raise ValueError("DeltaShape.sweep_scores: the scores formed in the sweep need group_prep=True and "
                          f"calm_gates=False (got group_prep={group}, calm_gates={shape.calm_gates})")
     # specialized refines gluon_sweep (the twin warp-specialised) and means nothing without it
-    if shape.specialized and shape.gluon_sweep and not (group and shape.phases == 1 and shape.segments == 1):
-        raise ValueError("DeltaShape.specialized: the warp-specialised sweep needs group_prep and one pass (got "
-                         f"group_prep={group}, phases={shape.phases}, segments={shape.segments})")
+    if shape.specialized and shape.gluon_sweep and not (group and shape.segments == 1):
+        raise ValueError("DeltaShape.specialized: the warp-specialised sweep needs group_prep and one pass or phases "
+                         f"(got group_prep={group}, segments={shape.segments})")
     heads = 1 if group else shape.prep_heads
     if heads > 1 and (wy or (v.shape[2] // q.shape[2]) % heads != 0):
         raise ValueError(f"DeltaShape.prep_heads: {heads} value heads a prep program needs wy=False and a divisor "

@@ -143,6 +143,35 @@ def test_ssd_on_the_warp_specialised_sweep_gives_the_triton_sweeps_bits(per_chan
     assert torch.equal(state[[2, 4]], cache[[2, 4]])  # slots no sequence owns
 
 
+@pytest.mark.parametrize("phases", [3, 6])
+def test_ssd_on_the_warp_specialised_sweep_in_phases_gives_the_triton_sweeps_bits(phases, monkeypatch):
+    """The warp-specialised twin in phases (PASS 3: each phase's group prep beside the sweep before
+    it, the state between phases in seg_n): 16 heads a group, a partial last chunk, an initial state
+    and the final states; a state cache with a padding slot (its outputs zero, no other slot
+    written); a NaN in x in the middle phase's chunks, replayed from the last phase's flags (the
+    tokens before it finite)."""
+    a, kw = ssd_args(2, 3000, G=1, seed=13)
+    h0 = torch.randn(2, 16, 64, 128, device=DEV)
+    y, hT = run_both(monkeypatch, lambda: recurscan.mamba_chunk_scan_combined(
+        *a, **kw, initial_states=h0, return_final_states=True), phases, group_prep=True, specialized=True)
+    assert torch.isfinite(y).all() and torch.isfinite(hT).all()
+    cache = torch.randn(6, 16, 64, 128, device=DEV)
+    slots = torch.tensor([4, -1], device=DEV, dtype=torch.int32)
+
+    def with_cache():
+        state = cache.clone()
+        y = recurscan.mamba_chunk_scan_combined(*a, **kw, state=state, state_indices=slots)
+        return y, state
+    y, state = run_both(monkeypatch, with_cache, phases, group_prep=True, specialized=True)
+    assert torch.equal(y[1], torch.zeros_like(y[1]))  # the padding slot's sequence
+    assert torch.equal(state[[0, 1, 2, 3, 5]], cache[[0, 1, 2, 3, 5]]) and torch.isfinite(state[4]).all()
+    x = a[0].clone()
+    x[0, 1500, 3, 5] = float("nan")
+    y = run_both(monkeypatch, lambda: recurscan.mamba_chunk_scan_combined(x, *a[1:], **kw), phases,
+                 group_prep=True, specialized=True)[0]
+    assert torch.isfinite(y[0, :1500]).all() and torch.isfinite(y[1]).all() and torch.isnan(y[0, 1500:, 3, 5]).all()
+
+
 def test_the_benchmark_ssd_on_the_warp_specialised_sweep_against_the_oracle(monkeypatch):
     """80 heads x 64, one group, dstate 128 (benchmarks/gpu_gla.py's inputs) at B4 T4096 on the
     warp-specialised twin: the Triton sweep's bits, and the float64 PyTorch form's values."""

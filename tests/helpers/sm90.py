@@ -293,6 +293,8 @@ def compile_gluon_forward() -> list[str]:
     for per_channel in (False, True):  # warp-specialised (kernels/gluon/gla_sweep_specialized.py)
         lines += [f"SSD group prep, warp-specialised, D per {'channel' if per_channel else 'head'}: {line}"
                   for line in compile_ssd_benchmark(shape, per_channel=per_channel)]
+    lines += [f"SSD group prep, warp-specialised, in phases: {line}"
+              for line in compile_ssd_benchmark(dataclasses.replace(shape, phases=3))]
     lines += [f"SSD warp-specialised, scores in the sweep: {line}"
               for line in compile_ssd_benchmark(SPECIALIZED_SCORES_SHAPE)]
     for case in ("GDN dense, H = HV", "GDN varlen, GVA"):

@@ -25,7 +25,8 @@ The planner takes it on ``plan.gla.GLA_SWEEP_LAUNCH``'s group prep row and, with
 simple GLA's row (the measurements there and in docs/perf-history.md).
 
 Scope (``plan.delta.gluon_sweep_scope`` and the launch layer's ``_sweep_kernel``): the single pass
-(PASS 0), outputs on, no chunk states, checkpoints, segments or phases; dense or varlen, an initial
+(PASS 0) or a phase (PASS 3: chunks [tc_first, tc_first + tc_count), the state between phases in
+``seg_n``, as the twin's), outputs on, no chunk states, checkpoints or segments; dense or varlen, an initial
 state or a cache slot (a padding slot's zero outputs), the final state, SSD's skip D per head or per
 channel, no gate z. The replay flags are the twin's (the Triton replay launch runs after this one).
 Takes the twin's arguments, so a launch record names either kernel.
@@ -36,7 +37,6 @@ import os
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
@@ -62,43 +62,42 @@ PROBE = gl.constexpr(int(_PROBE))
 
 
 @gluon.jit
-def _chain_coefficients(coef, bos, L, c, live, i_n, i_hv, o_i, HV: gl.constexpr, BT: gl.constexpr):
-    """Chunk c's gam c along V^T's columns (``o_i``'s layout; 0 past the sequence's end) and
-    lam_last: the group prep's coef columns 2 and 3 (zeros where not ``live``)."""
-    p_coef = coef + (((bos + c * BT) // BT + i_n) * HV + i_hv) * (BT * 8)
-    gam_rk = gl.load(p_coef + o_i * 8 + 2, mask=(c * BT + o_i < L) & live, other=0.0)
-    lam_last = gl.load(p_coef + 3, mask=live, other=0.0)
-    return gam_rk, lam_last
-
-
-@gluon.jit
 def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
-           NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr, USE_CACHE: gl.constexpr,
+           PASS: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr, USE_CACHE: gl.constexpr,
            STORE_FINAL: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr,
            SWEEP_SCORES: gl.constexpr):
     """The default partition: the state over the program's chunks, each chunk's entering state
     handed to the outputs, then the final state (or cache slot) and the replay flag."""
-    (k_s, q_s, v_s, a_s, s_s, g_s, cf_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
-     coef, D, h0, ht, state, replay_flags, pid, bos, L, c_lo, c_hi, n_run, n_chunks, i_n, i_hv, i_v, slot, pad,
-     s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w) = p
+    (k_s, q_s, v_s, a_s, s_s, g_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
+     coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends, flags, n_run, n_chunks, i_n,
+     i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w) = p
     DT: gl.constexpr = k_s.dtype
     mmaK: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
     mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     aK: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mmaK, k_width=2)
     col64: gl.constexpr = gl.SliceLayout(0, mma64)
     blk: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
-    S_b = _initial_state(h0, state, slot, pad, i_n, i_hv, i_v, s0_n, s0_h, s0_k, s0_v, blk, BV, K, USE_CACHE, HAS_H0)
+    p_h = (i_n * HV + i_hv) * (K * V)  # the program's state between phases in seg_n
+    if PASS == 3:
+        if first_phase:
+            S_b = _initial_state(h0, state, slot, pad, i_n, i_hv, i_v, s0_n, s0_h, s0_k, s0_v, blk, BV, K, USE_CACHE,
+                                 HAS_H0)
+        else:  # a later phase starts from the state the phase before left
+            S_b = gl.load(seg_n + p_h + _state_offsets(i_v, V, 1, blk, BV, K))
+    else:
+        S_b = _initial_state(h0, state, slot, pad, i_n, i_hv, i_v, s0_n, s0_h, s0_k, s0_v, blk, BV, K, USE_CACHE,
+                             HAS_H0)
     S_t = gl.convert_layout(S_b, mmaK)
     o_i = gl.arange(0, BT, layout=col64)
-    gam_next, last_next = _chain_coefficients(coef, bos, L, c_lo, 0 < n_run, i_n, i_hv, o_i, HV, BT)
     for j in range(n_run):
         s = j % NUM_STAGES
         b = j % 2
+        # gam c along V^T's columns and lam_last (the group prep's coef columns 2 and 3), in the
+        # layouts they are used in, issued before the waits
         c = c_lo + j
-        gam_rk = gam_next
-        lam_last = last_next
-        # the next chunk's, a chunk ahead: read where they are used, their latency was the chain's
-        gam_next, last_next = _chain_coefficients(coef, bos, L, c + 1, j + 1 < n_run, i_n, i_hv, o_i, HV, BT)
+        p_coef = coef + (((bos + c * BT) // BT + i_n) * HV + i_hv) * (BT * 8)
+        gam_rk = gl.load(p_coef + o_i * 8 + 2, mask=c * BT + o_i < L, other=0.0)
+        lam_last = gl.load(p_coef + 3)
         if PROBE != 1:
             # The state entering chunk j, to the outputs (the buffer they freed two chunks ago).
             mbarrier.wait(s_empty.index(b), ((j // 2) & 1) ^ 1)
@@ -114,43 +113,44 @@ def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
             S_t = warpgroup_mma_wait(num_outstanding=0, deps=(S_t,))
         mbarrier.arrive(empty.index(s), count=1)
 
-    # A program whose state came out non-finite raises its flag; the twin's replay launch runs it
-    # again with each chunk's outputs formed causally, and writes its cache slot.
-    bad = gl.max(gl.max(gl.where(S_t * 0.0 == 0.0, 0, 1), axis=1), axis=0)
-    replay = (bad != 0) & (not pad)
-    gl.store(replay_flags + pid, replay.to(gl.int32))
-    if USE_CACHE:
-        o_s0 = _state_offsets(i_v, s0_k, s0_v, mmaK, BV, K)
-        gl.store(state + slot * s0_n + i_hv * s0_h + o_s0, S_t.to(state.dtype.element_ty),
-                 mask=(o_s0 >= 0) & (not replay) & (not pad))
-    elif STORE_FINAL:
-        gl.store(ht + i_n * ht_n + i_hv * ht_h + _state_offsets(i_v, V, 1, mmaK, BV, K), S_t)
-
-
-#: Rows of a gate-coefficient buffer (:func:`_fetch_gate_coefficients`): lam rq, gc, segments, c.
-GATE_ROWS = gl.constexpr(4)
+    # A program whose state came out non-finite raises its flag (the last phase's programs, where
+    # phased); the twin's replay launch runs it again with each chunk's outputs formed causally,
+    # and writes its cache slot.
+    replay = False
+    if flags:
+        bad = gl.max(gl.max(gl.where(S_t * 0.0 == 0.0, 0, 1), axis=1), axis=0)
+        replay = (bad != 0) & (not pad)
+        gl.store(replay_flags + pid, replay.to(gl.int32))
+    o_vk = _state_offsets(i_v, V, 1, mmaK, BV, K)
+    if ends:
+        if USE_CACHE:
+            o_s0 = _state_offsets(i_v, s0_k, s0_v, mmaK, BV, K)
+            gl.store(state + slot * s0_n + i_hv * s0_h + o_s0, S_t.to(state.dtype.element_ty),
+                     mask=(o_s0 >= 0) & (not replay) & (not pad))
+        elif STORE_FINAL:
+            gl.store(ht + i_n * ht_n + i_hv * ht_h + o_vk, S_t)
+    elif PASS == 3:  # the next phase's entering state
+        gl.store(seg_n + p_h + o_vk, S_t)
 
 
 @gluon.jit
-def _fetch_gate_coefficients(cf_s, coef, bos, c, live, i_n, i_hv, HV: gl.constexpr, BT: gl.constexpr,
-                             SWEEP_SCORES: gl.constexpr):
-    """Chunk c's coef columns that the gate tile reads, into ``cf_s [GATE_ROWS, BT]`` by
-    asynchronous copies (one commit group; none where not ``live``): lam rq (column 1), gc (4),
-    segments (5) and the column factors (6; with SWEEP_SCORES 7, which carries the scale, as the
-    Triton sweep's ``_gated_scores``). Issued a chunk ahead, so that the outputs read them from
-    shared memory: read from global memory where the gate tile needs them, their latency stalled
-    the outputs (results/ncu_ssd_sweep_ws3_aa74b18.txt). Unmasked along the rows: the group prep
-    writes every row of a chunk's slot, and a row past the sequence's end reaches only outputs past
-    it (the gate tile's causal mask keeps it from the rows before), which the bulk store leaves
-    out."""
-    cp: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [GATE_ROWS, 1], [1, 0])  # a warp a row
-    o_r = gl.arange(0, GATE_ROWS, layout=gl.SliceLayout(1, cp))
-    o_t = gl.arange(0, BT, layout=gl.SliceLayout(0, cp))
-    column = gl.where(o_r == 0, 1, gl.where(o_r == GATE_ROWS - 1, 7 if SWEEP_SCORES else 6, o_r + 3))
+def _gate_coefficients(coef, bos, c, i_n, i_hv, o_i, o_j, HV: gl.constexpr, BT: gl.constexpr,
+                       SWEEP_SCORES: gl.constexpr):
+    """Chunk c's lam rq, gc and segments along the gate tile's columns (``o_i``'s layout) and gc,
+    segments and column factors along its rows (``o_j``'s), read from the group prep's coef rows in
+    those layouts (the values of :func:`_row_coefficients`, with no layout change: each is a trip
+    through shared memory and a barrier). Unmasked: the group prep writes every row of a chunk's
+    slot, and a row past the sequence's end reaches only outputs past it (the gate tile's causal
+    mask keeps it from the rows before), which the bulk store leaves out. SWEEP_SCORES: the column
+    factors with the scale (column 7), as the Triton sweep's ``_gated_scores``."""
     p_coef = coef + (((bos + c * BT) // BT + i_n) * HV + i_hv) * (BT * 8)
-    async_copy.async_copy_global_to_shared(cf_s, p_coef + o_t[None, :] * 8 + column[:, None],
-                                           mask=(o_r[:, None] >= 0) & live)
-    async_copy.commit_group()
+    lam_rq = gl.load(p_coef + o_i * 8 + 1)
+    gc_i = gl.load(p_coef + o_i * 8 + 4)
+    sg_i = gl.load(p_coef + o_i * 8 + 5)
+    gc_j = gl.load(p_coef + o_j * 8 + 4)
+    sg_j = gl.load(p_coef + o_j * 8 + 5)
+    cf_j = gl.load(p_coef + o_j * 8 + (7 if SWEEP_SCORES else 6))
+    return lam_rq, gc_i, sg_i, gc_j, sg_j, cf_j
 
 
 @gluon.jit
@@ -162,9 +162,9 @@ def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.const
     warpgroup takes the rest) from the state the chain handed over in buffer PART. Two of them, as
     one warpgroup's chunk is a chain of dependent steps (two products, the gate tile, the store)
     that leaves its warps idle most of the time."""
-    (k_s, q_s, v_s, a_s, s_s, g_s, cf_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
-     coef, D, h0, ht, state, replay_flags, pid, bos, L, c_lo, c_hi, n_run, n_chunks, i_n, i_hv, i_v, slot, pad,
-     s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w) = p
+    (k_s, q_s, v_s, a_s, s_s, g_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
+     coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends, flags, n_run, n_chunks, i_n,
+     i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w) = p
     DT: gl.constexpr = k_s.dtype
     mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     col64: gl.constexpr = gl.SliceLayout(0, mma64)
@@ -180,25 +180,13 @@ def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.const
         else:
             d_skip = gl.load(D + i_hv).to(gl.float32)
     g_s = g_s.index(PART)  # the gated scores, then the outputs' staging for their bulk store
-    # the gate tile's coefficients of this warpgroup's next chunk, and the same rows one by one
-    cf_rows = cf_s._reinterpret(gl.float32, [2 * GATE_ROWS, BT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    cf_s = cf_s.index(PART)
-    r0 = PART * GATE_ROWS
     b = PART
-    _fetch_gate_coefficients(cf_s, coef, bos, c_lo + PART, PART < n_run, i_n, i_hv, HV, BT, SWEEP_SCORES)
     for j in range(PART, n_run, 2):
         s = j % NUM_STAGES
         c = c_lo + j
-        async_copy.wait_group(0)
-        gl.thread_barrier()  # every thread's copies of chunk c's coefficients landed
-        lam_rq = cf_rows.index(r0).load(col64)
-        gc_i = cf_rows.index(r0 + 1).load(col64)
-        sg_i = cf_rows.index(r0 + 2).load(col64)
-        gc_j = cf_rows.index(r0 + 1).load(row64)
-        sg_j = cf_rows.index(r0 + 2).load(row64)
-        cf_j = cf_rows.index(r0 + GATE_ROWS - 1).load(row64)
-        gl.thread_barrier()  # every thread has read them: the buffer takes this warpgroup's next chunk's
-        _fetch_gate_coefficients(cf_s, coef, bos, c + 2, j + 2 < n_run, i_n, i_hv, HV, BT, SWEEP_SCORES)
+        # issued before the waits, which cover their latency
+        lam_rq, gc_i, sg_i, gc_j, sg_j, cf_j = _gate_coefficients(coef, bos, c, i_n, i_hv, o_i, o_j, HV, BT,
+                                                                  SWEEP_SCORES)
         mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
         if PROBE == 1:
             mbarrier.arrive(empty.index(s), count=1)
@@ -254,9 +242,9 @@ def _loads(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
            SWEEP_SCORES: gl.constexpr):
     """A worker warp: the chunks' tiles by bulk copies, a stage once both warpgroups freed it (the
     scores' tile only where the prep formed them)."""
-    (k_s, q_s, v_s, a_s, s_s, g_s, cf_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
-     coef, D, h0, ht, state, replay_flags, pid, bos, L, c_lo, c_hi, n_run, n_chunks, i_n, i_hv, i_v, slot, pad,
-     s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w) = p
+    (k_s, q_s, v_s, a_s, s_s, g_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
+     coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends, flags, n_run, n_chunks, i_n,
+     i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w) = p
     nbytes: gl.constexpr = (k_desc.block_type.nbytes + q_desc.block_type.nbytes + v_desc.block_type.nbytes
                             + (0 if SWEEP_SCORES else a_desc.block_type.nbytes))
     for j in range(n_run):
@@ -290,8 +278,8 @@ def gluon_gla_sweep_specialized_kernel(
     D_PER_CHANNEL: gl.constexpr = False, HAS_Z: gl.constexpr = False, KEY_DECAY: gl.constexpr = False,
     GATE_SCORES: gl.constexpr = False, CALM_GATES: gl.constexpr = False, SWEEP_SCORES: gl.constexpr = False,
 ):
-    """Grid (N * HV * V / BV,) as the twin's PASS 0: program -> (sequence, value head, value block
-    of BV = 64), the block fastest; the twin's arguments (those of its other passes and forms
+    """Grid (N * HV * V / BV,) as the twin's PASS 0 and 3: program -> (sequence, value head, value
+    block of BV = 64), the block fastest; the twin's arguments (those of its other passes and forms
     unread). Per chunk, with lam rq, gam rk, lam_last and the gates from the group prep's ``coef``::
 
         O^T  = lam rq o (S^T Q^T) + V^T aqk^T  (+ D x^T with HAS_D),  aqk^T[j, i] = G_ij c_j scores_ij
@@ -306,7 +294,12 @@ def gluon_gla_sweep_specialized_kernel(
     gl.static_assert(M == 1, "M = 1")
     gl.static_assert(GATE_SCORES and not WY and OUTPUTS, "the group prep's scores, the WY step off, outputs on")
     gl.static_assert(not (KEY_DECAY or HAS_Z or CALM_GATES or STORE_U or REPLAY), "a scalar decay, no gate z")
-    gl.static_assert(PASS == 0 and not STORE_CHUNK_STATES and CKPT_CHUNKS == 0, "the single pass, no chunk states")
+    gl.static_assert((PASS == 0 or PASS == 3) and not STORE_CHUNK_STATES and CKPT_CHUNKS == 0,
+                     "the single pass or a phase, no chunk states")
+    if PDL:
+        if trigger_dependents != 0:  # the next phase's prep may start on the SMs this phase leaves free
+            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                      is_pure=False, pack=1)
     NV: gl.constexpr = V // BV
     pid = gl.program_id(0)
     i_v = pid % NV
@@ -322,9 +315,22 @@ def gluon_gla_sweep_specialized_kernel(
         bos = i_n * T
         eos = bos + T
     L = eos - bos
-    n_chunks = ((L + BT - 1) // BT).to(gl.int32)
-    c_lo = n_chunks * 0
-    c_hi = n_chunks
+    n_total = ((L + BT - 1) // BT).to(gl.int32)
+    # Chunks [c_lo, c_hi) of the sequence; ``first_phase``: from its initial state; ``ends``: the
+    # program ends the sequence (final state, cache slot); ``flags``: it raises its replay flag.
+    first_phase = True
+    ends = True
+    flags = True
+    if PASS == 3:
+        c_lo = n_total * 0 + tc_first
+        c_hi = gl.minimum(c_lo + tc_count, n_total)
+        first_phase = c_lo == 0
+        ends = c_hi == n_total
+        flags = ends
+    else:
+        c_lo = n_total * 0
+        c_hi = n_total
+    n_chunks = gl.maximum(c_hi - c_lo, 0)
     pad = False
     slot = i_n * 0
     n_run = n_chunks
@@ -359,9 +365,6 @@ def gluon_gla_sweep_specialized_kernel(
     # each outputs warpgroup's gated scores (the outputs' operand), then its outputs' staging
     gl.static_assert(BT == BV, "the gated scores' buffer stages the outputs")
     g_s = gl.allocate_shared_memory(DT, [2, BT, BT], l_tt)
-    # each outputs warpgroup's gate coefficients of its next chunk
-    l_cf: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    cf_s = gl.allocate_shared_memory(gl.float32, [2, GATE_ROWS, BT], l_cf)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     s_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -374,14 +377,14 @@ def gluon_gla_sweep_specialized_kernel(
         mbarrier.init(s_empty.index(i), count=1)
     fence_async_shared()
 
-    p = (k_s, q_s, v_s, a_s, s_s, g_s, cf_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
-         coef, D, h0, ht, state, replay_flags, pid, bos, L, c_lo, c_hi, n_run, n_chunks, i_n, i_hv, i_v, slot, pad,
-         s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, i_h * K, i_hv * V + i_v * BV, i_h * BT)
+    p = (k_s, q_s, v_s, a_s, s_s, g_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
+         coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends, flags, n_run, n_chunks,
+         i_n, i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, i_h * K, i_hv * V + i_v * BV, i_h * BT)
     OUT_REGS: gl.constexpr = SCORES_OUTPUT_REGS if SWEEP_SCORES else OUTPUT_REGS
     # Each partition's arguments written out in the call: a tuple named first would carry the
     # constexprs as values (Triton 3.6).
     gl.warp_specialize([
-        (_chain, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL,
+        (_chain, (p, HV, K, V, BT, BV, PASS, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL,
                   SWEEP_SCORES)),
         (_outputs, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL,
                     SWEEP_SCORES, 0)),
