@@ -55,14 +55,18 @@ def _gated_scores(b_st, p_j, p_i, m_r, o_t, SWEEP_SCORES: tl.constexpr = False):
     the coef rows at ``p_j`` [BT, 1] and ``p_i`` [1, BT]: gc (column 4), the segments (5) and the
     column factors (6) of kernels/gla/group_prep.py; G_ij = 2^(gc_i - gc_j) for j <= i in one segment.
     SWEEP_SCORES: ``b_st`` is K Q^T as the sweep formed it, so the column factor is c scale
-    (column 7). A bad key's column is not zeroed then: it reaches only rows from its own on, whose
-    outputs lam rq (NaN from the first bad row on) makes NaN anyway."""
+    (column 7), and the prep marks no bad key: a non-finite score is kept past a segment's start
+    too, so that a bad key reaches every output from its row on, across a reset in its chunk, as the
+    token loop's 0 x NaN carries it (a bad query's own row is non-finite anyway)."""
     gc_j = tl.load(p_j + 4, mask=m_r[:, None], other=0.0)
     gc_i = tl.load(p_i + 4, mask=m_r[None, :], other=0.0)
     seg_j = tl.load(p_j + 5, mask=m_r[:, None], other=0.0)
     seg_i = tl.load(p_i + 5, mask=m_r[None, :], other=0.0)
     col_j = tl.load(p_j + (7 if SWEEP_SCORES else 6), mask=m_r[:, None], other=0.0)
-    keep = (o_t[:, None] <= o_t[None, :]) & (seg_j == seg_i)
+    same = seg_j == seg_i
+    if SWEEP_SCORES:
+        same |= b_st * 0.0 != 0.0
+    keep = (o_t[:, None] <= o_t[None, :]) & same
     return tl.where(keep, tl.exp2(gc_i - gc_j) * col_j * b_st, 0.0)
 
 

@@ -52,7 +52,8 @@ def chunk_group_prep_kernel(
       on), 2 gam c, 3 lam_last (read from row 0), 4 gc, 5 seg (a float), 6 c with a bad row's 0;
       with CALM_GATES 0 the column factor f = c / (lam scale) (0 from the first bad row on; NaN in
       every row of a chunk that is not calm), else 0 zero; 7 c scale with a bad row's 0 (for a
-      sweep that forms the scores itself, SWEEP_SCORES); every row of the slot, rows past
+      sweep that forms the scores itself, SWEEP_SCORES, where a key is not read here, so that only
+      a bad decay or step size makes a row bad); every row of the slot, rows past
       the sequence's end (within its last chunk) from masked inputs. gc and seg are the prefix
       sums of the log2 decays and the resets (:func:`_gates_of`), lam = 2^gc before the first
       reset, gam the decay to the chunk end within the last segment, c the column factor (SSD: the
@@ -69,8 +70,11 @@ def chunk_group_prep_kernel(
     SSD (q = C, k = B, v = x): the step sizes :func:`_ssd_steps`, the log decay dt A (plus
     ``g [B * T]`` where HAS_G: mamba's seq_idx as -inf resets); else ``g [B * T, HV]`` the log decay
     per value head (HAS_G; none: decay 1). Bad rows as the delta prep's: a key with a NaN or inf
-    (every head of the group), a decay or step size NaN or +inf (its head): selected out of every
-    product, and the head's outputs from the row on and its state poisoned. Varlen and phases as
+    (every head of the group; with SCORES only), a decay or step size NaN or +inf (its head):
+    selected out of every product, and the head's outputs from the row on and its state poisoned.
+    Without SCORES the sweep's own products carry a bad key as the token loop does: its outputs
+    from the key's row on (across a reset too: the sweep keeps a non-finite score past a segment's
+    start) and the state's entries it enters. Varlen and phases as
     :func:`chunk_delta_prep_kernel` (:func:`_prep_chunk`, ``wait_primary`` and PDL the same)."""
     HPG: tl.constexpr = HV // H  # value heads of the query/key head
     NHB: tl.constexpr = (HPG + HB - 1) // HB  # blocks of them, a program each
@@ -87,8 +91,11 @@ def chunk_group_prep_kernel(
     rows = bos + i_t * BT + o_t.to(tl.int64)
     m_r = rows < eos
     m_rk = m_r[:, None] & (o_k < K)[None, :]
-    b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0)
-    bad_k = tl.max((b_k * 0.0 != 0.0).to(tl.int32), axis=1) != 0
+    if SCORES:  # a bad key's column of the scores zeroed, and its row marked bad
+        b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0)
+        bad_k = tl.max((b_k * 0.0 != 0.0).to(tl.int32), axis=1) != 0
+    else:  # the sweep forms the scores: a bad key reaches the products there, as in the token loop
+        bad_k = o_t < 0
     if SCORES and i_hb == 0:
         b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0)
         b_s = tl.dot(b_q.to(DT), tl.trans(b_k.to(DT)), input_precision=PRECISION) * scale

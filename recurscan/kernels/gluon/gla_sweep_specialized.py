@@ -205,7 +205,10 @@ def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.const
                 St = warpgroup_mma_wait(num_outstanding=1, deps=(St,))
             else:
                 St = a_s.index(s).permute((1, 0)).load(mma64).to(gl.float32)
-            keep = (o_j[:, None] <= o_i[None, :]) & (sg_j[:, None] == sg_i[None, :])
+            same = sg_j[:, None] == sg_i[None, :]
+            if SWEEP_SCORES:  # a bad key's score past a reset too (the Triton sweep's _gated_scores)
+                same |= St * 0.0 != 0.0
+            keep = (o_j[:, None] <= o_i[None, :]) & same
             At = gl.where(keep, gl.exp2(gc_i[None, :] - gc_j[:, None]) * cf_j[:, None] * St, 0.0)
             tma.store_wait(pendings=0)  # the last chunk's outputs out of g_s
             g_s.permute((1, 0)).store(At.to(DT))
