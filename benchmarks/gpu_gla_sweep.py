@@ -103,6 +103,9 @@ REVERSE_TWIN = False
 REVERSE_SPECIALIZED = False
 #: Whether SSD's training rows also run the parallel stage's dg launch on the kernel not planned (``--dg-twin``).
 DG_TWIN = False
+#: Whether SSD's training rows also run the dg twin in the form not planned, warp-specialised or not
+#: (``--dg-specialized``).
+DG_SPECIALIZED = False
 #: The shares of the SMs under which SSD's training rows also run the recompute beside the reverse sweep
 #: (``--corun SHARE``, plan.gla.GLA_BACKWARD_CORUN).
 CORUN: list[float] = []
@@ -139,6 +142,11 @@ def train_rows():
                  GLUON_GLA_REVERSE_SPECIALIZED=dataclasses.replace(
                      plan_gla.GLUON_GLA_REVERSE_SPECIALIZED, on=not plan_gla.GLUON_GLA_REVERSE_SPECIALIZED.on))}
                 if REVERSE_SPECIALIZED else {}),
+             **({("recurscan triton, the dg twin on eight warps" if plan_gla.GLUON_GLA_DG_SPECIALIZED.on else
+                  "recurscan triton, the dg twin warp-specialised"): dict(
+                 GLUON_GLA_DG_SPECIALIZED=dataclasses.replace(
+                     plan_gla.GLUON_GLA_DG_SPECIALIZED, on=not plan_gla.GLUON_GLA_DG_SPECIALIZED.on))}
+                if DG_SPECIALIZED else {}),
              **({("recurscan triton, the dg launch on the Triton kernel" if plan_gla.GLUON_GLA_DG.on
                   else "recurscan triton, the dg launch's Gluon twin"): dict(
                  GLUON_GLA_DG=dataclasses.replace(plan_gla.GLUON_GLA_DG, on=not plan_gla.GLUON_GLA_DG.on))}
@@ -210,6 +218,9 @@ def main():
     ap.add_argument("--reverse-specialized", action="store_true",
                     help="with --train: SSD's rows also with the reverse sweep's twin in the form not planned, "
                          "warp-specialised or not (plan.gla.GLUON_GLA_REVERSE_SPECIALIZED)")
+    ap.add_argument("--dg-specialized", action="store_true",
+                    help="with --train: SSD's rows also with the dg twin in the form not planned, warp-specialised "
+                         "or not (plan.gla.GLUON_GLA_DG_SPECIALIZED)")
     ap.add_argument("--train-only", action="store_true", help="the training rows alone")
     ap.add_argument("--gla", action="append", default=[], metavar="B:T:H",
                     help="also simple GLA at this batch, length and heads (K = V = 128)")
@@ -220,9 +231,9 @@ def main():
     GRADS_SIDES.extend(args.grads_sides)
     REVERSE_SWEEPS.extend(args.reverse_sweep)
     CORUN.extend(args.corun)
-    global RECOMPUTE_TWIN, REVERSE_TWIN, DG_TWIN, REVERSE_SPECIALIZED
+    global RECOMPUTE_TWIN, REVERSE_TWIN, DG_TWIN, REVERSE_SPECIALIZED, DG_SPECIALIZED
     RECOMPUTE_TWIN, REVERSE_TWIN, DG_TWIN = args.recompute_twin, args.reverse_twin, args.dg_twin
-    REVERSE_SPECIALIZED = args.reverse_specialized
+    REVERSE_SPECIALIZED, DG_SPECIALIZED = args.reverse_specialized, args.dg_specialized
     gpu_gla.PROFILE = args.profile
     if args.train_only:
         save(args.out, train_rows())

@@ -9,13 +9,17 @@
 #      specialised forward sweep in phases (PASS 3, 0e26f72: test_gluon_gla_sweep_gpu.py's
 #      "in_phases"), and simple GLA's group prep without its key read (5c1d70c: the sweep keeps a
 #      bad key's score past a reset; the "forming_its_scores" tests, the NaN key's among them,
-#      which now also pins the final state's NaN row to the key's). Cold compiles: 6 workers.
+#      which now also pins the final state's NaN row to the key's), and the dg twin warp-specialised
+#      (test_gluon_gla_dg_gpu.py's "warp-specialised" cases: the Triton kernel's dg to float32
+#      rounding, SSD training's gradients). Cold compiles: 6 workers.
 #   1. The check of record, medians: simple GLA B4 / B8 (the prep without its key read: 21 us of
 #      B4's 118 at 2c61664; 2x fla's GPU time needs ~103 in all), SSD B1 / B4 with the warp-
 #      specialised sweep in phases beside the planned one pass (B1: 80 sweep programs leave 52 SMs
 #      to the next phases' group preps, whose 29 us now precede the sweep; 2x mamba_ssm's GPU time
 #      needs ~347 us, 357 at 2c61664; plan the best phased form on a row of its own if it wins),
-#      and training (the warp-specialised reverse sweep planned since 36a52e9).
+#      and training (the warp-specialised reverse sweep planned since 36a52e9; with --dg-specialized
+#      the dg twin warp-specialised beside it: plan it, GLUON_GLA_DG_SPECIALIZED, if it wins; the
+#      twin takes 659 us of B1's 2680 us of GPU time).
 # Arguments: the steps to run (default: both); each fits a 600 s call alone.
 set -u
 STEPS=${*:-0 1}
@@ -25,13 +29,14 @@ export RECURSCAN_COMMIT=$C
 pip install -q --no-index --no-deps --target /tmp/site .whl/fla_core-0.6.0-py3-none-any.whl 2>&1 | grep -v WARNING | tail -1
 mkdir -p /tmp/mamba && tar xzf .whl/mamba_ssm-2.3.2.post1.tar.gz -C /tmp/mamba --strip-components=1
 # The new tests first, alone under a short limit; then the suite without them.
-NEW="in_phases or forming_its_scores"
-step 0 && { timeout 150 python -m pytest -m gpu tests/gpu/test_gluon_gla_sweep_gpu.py \
+NEW="in_phases or forming_its_scores or warp-specialised"
+step 0 && { timeout 150 python -m pytest -m gpu tests/gpu/test_gluon_gla_sweep_gpu.py tests/gpu/test_gluon_gla_dg_gpu.py \
     -k "$NEW" -p no:cacheprovider -o faulthandler_timeout=140 -q > "$OUT/gpu_tests_new_$C.log" 2>&1; \
     echo "new tests rc=$?"; grep -E "passed|failed|FAILED|Timeout" "$OUT/gpu_tests_new_$C.log" | tail -8; \
     timeout 400 python -m pytest -m gpu -n 6 tests/gpu -k "not ($NEW)" -p no:cacheprovider -o faulthandler_timeout=390 -q \
     > "$OUT/gpu_tests_$C.log" 2>&1; echo "gpu suite rc=$?"; grep -E "passed|failed|FAILED|Timeout" "$OUT/gpu_tests_$C.log" | tail -12; }
 W=tma:grp:gluon:ws
 step 1 && timeout 450 env PYTHONPATH=$PWD:/tmp/site MAMBA_SSM_SRC=/tmp/mamba python benchmarks/gpu_gla_sweep.py --profile --train \
+    --dg-specialized \
     --gla 8:4096:16 --sweep 64:4:3:$W --sweep 64:4:3:ph2:pr4:$W --sweep 64:4:3:ph3:pr3:$W --sweep 64:4:3:ph4:pr2:$W \
     --sweep 64:4:3:ph6:pr1.5:$W --out "$OUT/gpu_gla_sweep_$C.json" 2>&1 | grep -v Warning | grep -E " ms" | head -60

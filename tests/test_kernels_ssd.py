@@ -741,9 +741,13 @@ def test_the_planner_gives_the_backwards_recompute_to_the_twin_only_where_its_ro
     recompute = plan_gla.recompute_sweep_shape(shape.sweep, 1, 80, twin=shape.recompute_twin)
     assert recompute.gluon_sweep is planned and recompute.group_prep and recompute.calm_gates
     assert shape.reverse_specialized is planned
+    assert not shape.dg_specialized  # GLUON_GLA_DG_SPECIALIZED: off until measured
     monkeypatch.setattr(plan_gla, "GLUON_GLA_REVERSE_SPECIALIZED",
                         dataclasses.replace(plan_gla.GLUON_GLA_REVERSE_SPECIALIZED, on=False))
-    assert not plan_gla.gla_shape(problem, torch.device("cuda"), gluon=case != 'backend="triton"').reverse_specialized
+    monkeypatch.setattr(plan_gla, "GLUON_GLA_DG_SPECIALIZED",
+                        dataclasses.replace(plan_gla.GLUON_GLA_DG_SPECIALIZED, on=True))
+    shape = plan_gla.gla_shape(problem, torch.device("cuda"), gluon=case != 'backend="triton"')
+    assert not shape.reverse_specialized and shape.dg_specialized is planned
 
 
 @pytest.mark.parametrize("specialized", [False, True])
@@ -792,32 +796,40 @@ def test_the_planner_runs_the_recompute_beside_the_reverse_sweep_where_its_progr
 
 
 @pytest.mark.parametrize("case, twin", [("planned", True), ("row off", False), ("V 128", False),
-                                        ("dO in float32", False), ("v misaligned", False)])
+                                        ("dO in float32", False), ("v misaligned", False),
+                                        ("warp-specialised", True), ("warp-specialised, V 128", False)])
 def test_the_dg_launchs_gluon_twin_takes_a_groups_heads_in_its_scope_and_the_triton_kernel_the_rest(case, twin):
     """launch.gla's dg launch (the parallel stage's PART 2, where a group's value heads are summed in
     dq's and dk's programs): with GlaShape.dg_twin, the Gluon twin on one persistent program an SM
-    (8 warps, plan.gla's stages, the Triton launch's arguments) where plan.gla.gluon_dg_scope
-    allows (16-bit, K 64 / 128, V 64, a group of at least the stages) and q, k, v and dO share a
-    dtype and are 16-byte aligned; else the Triton kernel's PART 2."""
+    (8 warps, plan.gla's stages, the Triton launch's arguments; with GlaShape.dg_specialized its
+    warp-specialised form on 4 warps under launch.gla.DG_SPECIALIZED_MAXNREG) where
+    plan.gla.gluon_dg_scope allows (16-bit, K 64 / 128, V 64, a group of at least the stages) and
+    q, k, v and dO share a dtype and are 16-byte aligned; else the Triton kernel's PART 2."""
     import dataclasses
     from recurscan.launch.gla import build_gla_backward
     from recurscan.plan import gla as plan_gla
     from recurscan.plan.delta import DeltaShape
     B, T, H, HV, K = 1, 300, 1, 16, 128
-    V = 128 if case == "V 128" else 64
+    V = 128 if case.endswith("V 128") else 64
     bf = dict(dtype=torch.bfloat16)
     store = torch.zeros(B * T * HV * V + 8, **bf)
     v = (store[1:1 + B * T * HV * V] if case == "v misaligned" else store[:B * T * HV * V]).view(B, T, HV, V)
     q, k = torch.zeros(B, T, H, K, **bf), torch.zeros(B, T, H, K, **bf)
     do = torch.zeros(B, T, HV, V, dtype=torch.float32 if case == "dO in float32" else torch.bfloat16)
     sweep = DeltaShape(64, 4, 2, 4, "test", tma_store=True, group_prep=True)
-    shape = dataclasses.replace(plan_gla.GLA_LAUNCH, sweep=sweep, dg_twin=case != "row off")
+    specialized = case.startswith("warp-specialised")
+    shape = dataclasses.replace(plan_gla.GLA_LAUNCH, sweep=sweep, dg_twin=case != "row off", dg_specialized=specialized)
     launches = build_gla_backward(q, k, v, torch.zeros(B, T, HV), do, None, None, None, None, None, scale=K ** -0.5,
                                   shape=shape)
     step, = [st for st in launches.steps if st.kwargs.get("PART") == 2]
     assert (type(step.kernel).__name__ == "GluonJITFunction") is twin
     if twin:
-        assert step.grid == (min(1, 5 * H),) and step.options == dict(num_warps=8)  # sm_count is 1 off CUDA
+        from recurscan.launch.gla import DG_SPECIALIZED_MAXNREG
+        assert getattr(step.kernel, "fn").__name__ == ("gluon_gla_bwd_dg_specialized_kernel" if specialized else
+                                                       "gluon_gla_bwd_dg_kernel")
+        assert step.options == (dict(num_warps=4, maxnreg=DG_SPECIALIZED_MAXNREG) if specialized else
+                                dict(num_warps=8))
+        assert step.grid == (min(1, 5 * H),)  # sm_count is 1 off CUDA
         assert step.kwargs["NUM_STAGES"] == plan_gla.GLUON_GLA_DG_STAGES
     else:
         assert step.grid[0] * step.kwargs["HEADS"] == 5 * HV

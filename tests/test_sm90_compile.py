@@ -185,6 +185,21 @@ def test_the_warp_specialised_reverse_sweep_compiles_for_sm90(case):
     assert "gluon_gla_bwd_sweep_specialized_kernel" in run.stdout, run.stdout
 
 
+@pytest.mark.parametrize("case", ["GDN dense, H = HV", "GDN varlen, GVA"])
+def test_the_warp_specialised_dg_launch_compiles_for_sm90(case):
+    """kernels/gluon/gla_backward_dg_specialized.py as the launch layer builds it
+    (GlaShape.dg_specialized; SSD's form, 16 value heads a query/key head), dense and varlen: no
+    spills, its shared memory within the H200's, its 12 warps under the register cap within 64 K
+    (tests/helpers/sm90.compiled_line)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    run = subprocess.run([sys.executable, "-c", "from tests.helpers import sm90; print(sm90.compile_gla_backward("
+                          f"{case!r}, on_sweep=True, group_prep=True, group_grads=True, recompute_twin=True, "
+                          "dg_specialized=True))"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "gluon_gla_bwd_dg_specialized_kernel" in run.stdout, run.stdout
+
+
 PROBE_COMPILES = {
     "forward": "import dataclasses; from tests.helpers import sm90; print(sm90.compile_ssd_benchmark("
                "dataclasses.replace(sm90.SWEEP_SHAPES['group prep'], num_stages=3, gluon_sweep=True, "

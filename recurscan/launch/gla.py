@@ -430,16 +430,30 @@ def _reverse_sweep_twin(sweep: Step, shape: GlaShape, q, k, do, *, group: bool, 
 def _dg_twin(dg: Step, shape: GlaShape, q, k, v, do, *, rows: int) -> Step:
     """The dg launch: ``dg`` (the Triton kernel's PART 2), or with ``shape.dg_twin`` its Gluon twin
     (kernels/gluon/gla_backward_dg.py: the same arguments, persistent programs of eight warps, one
-    an SM) where the call allows it (plan.gla.gluon_dg_scope; q, k, v and dO in one dtype and
-    16-byte aligned; chunk-state rows within int32)."""
+    an SM; with ``shape.dg_specialized`` its warp-specialised form, kernels/gluon/
+    gla_backward_dg_specialized.py, on four warps and two partitions under a register cap) where
+    the call allows it (plan.gla.gluon_dg_scope; q, k, v and dO in one dtype and 16-byte aligned;
+    chunk-state rows within int32)."""
     H, HV, K, V = q.shape[2], v.shape[2], q.shape[3], v.shape[3]
     if not (shape.dg_twin and do.dtype == v.dtype == q.dtype == k.dtype
             and plan_gla.gluon_dg_scope(dtype=q.dtype, key_dim=K, value_dim=V, group=HV // H)
             and all(x.data_ptr() % 16 == 0 for x in (q, k, v, do)) and (rows + 1) * HV * K < 2 ** 31):
         return dg
+    grid = (min(sm_count(q.device), rows * H),)
+    kwargs = dict(dg.kwargs, NUM_STAGES=plan_gla.GLUON_GLA_DG_STAGES)
+    if shape.dg_specialized:
+        from ..kernels.gluon.gla_backward_dg_specialized import gluon_gla_bwd_dg_specialized_kernel
+        return Step(gluon_gla_bwd_dg_specialized_kernel, grid, kwargs,
+                    dict(num_warps=4, maxnreg=DG_SPECIALIZED_MAXNREG))
     from ..kernels.gluon.gla_backward_dg import gluon_gla_bwd_dg_kernel
-    return Step(gluon_gla_bwd_dg_kernel, (min(sm_count(q.device), rows * H),),
-                dict(dg.kwargs, NUM_STAGES=plan_gla.GLUON_GLA_DG_STAGES), dict(num_warps=8))
+    return Step(gluon_gla_bwd_dg_kernel, grid, kwargs, dict(num_warps=8))
+
+
+#: Registers a thread under the warp-specialised dg launch's cap: its two heads warpgroups and the
+#: load warp launch as 12 warps (the load warp padded to its warpgroup), 384 threads x 168 within
+#: the 64 K registers of an SM; setmaxnreg then moves them between the partitions
+#: (kernels/gluon/gla_backward_dg_specialized.py's HEADS_REGS and LOAD_REGS).
+DG_SPECIALIZED_MAXNREG = 168
 
 
 def _recompute_on_sweep(q, k, v, g, h0, cu_seqlens, chunk_indices, chunk_offsets, rows, *, scale, shape):

@@ -40,6 +40,8 @@ class GlaShape:
     reverse_specialized: bool = False
     # The parallel stage's dg launch as its Gluon twin (:data:`GLUON_GLA_DG`).
     dg_twin: bool = False
+    # With dg_twin: that twin warp-specialised (:data:`GLUON_GLA_DG_SPECIALIZED`).
+    dg_specialized: bool = False
     # The recompute's sweep on a stream of its own beside the reverse sweep, where the recompute runs
     # the group prep, which the reverse sweep reads (:data:`GLA_BACKWARD_CORUN`).
     corun: bool = False
@@ -73,6 +75,7 @@ def gla_shape(problem, device, gluon: bool = True) -> GlaShape:
                    _twin_usable(sweep, problem, device, gluon),
                    reverse_twin=reverse_twin, reverse_specialized=reverse_twin and GLUON_GLA_REVERSE_SPECIALIZED.on,
                    dg_twin=GLUON_GLA_DG.on and gluon and gluon_usable(device),
+                   dg_specialized=GLUON_GLA_DG.on and GLUON_GLA_DG_SPECIALIZED.on and gluon and gluon_usable(device),
                    corun=_corun(problem, device))
 
 
@@ -301,6 +304,13 @@ GLUON_GLA_DG = GluonTwinRow(True, "SSD forward + backward, eager, same process (
                                   "(tests/gpu/test_gluon_gla_dg_gpu.py)")
 #: The dg twin's pipeline stages (48 KB each at K 128: dO, V, S and dS' of one value head).
 GLUON_GLA_DG_STAGES = 3
+#: The dg twin warp-specialised (kernels/gluon/gla_backward_dg_specialized.py: two warpgroups
+#: taking alternate value heads, each its products and its epilogue, a load warp filling the
+#: ring), where :data:`GLUON_GLA_DG` gives the dg launch to the twin. Off until it is measured:
+#: built after the twin's ~4.3 us a head an SM against ~1.5 us of its tiles' bytes (its products
+#: waited before each head's epilogue, on one program of eight warps an SM); compiled offline, its
+#: GPU tests (the twin's dg to float32 rounding, SSD training's gradients) not yet run.
+GLUON_GLA_DG_SPECIALIZED = GluonTwinRow(False, "not yet run on the GPU (docs/kernels-gla-plan.md, 2)")
 
 
 def gluon_dg_scope(*, dtype: torch.dtype, key_dim: int, value_dim: int, group: int) -> bool:

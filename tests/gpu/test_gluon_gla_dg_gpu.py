@@ -1,4 +1,5 @@
-"""The GLA backward's dg launch as its Gluon twin (kernels/gluon/gla_backward_dg.py) against the
+"""The GLA backward's dg launch as its Gluon twin (kernels/gluon/gla_backward_dg.py, and its
+warp-specialised form, kernels/gluon/gla_backward_dg_specialized.py) against the
 Triton kernel it twins (kernels/gla/backward.py's chunk_simple_gla_bwd_grads_kernel, PART 2, four
 value heads a program on 8 warps), both launched directly on the same inputs: a group of value
 heads per query/key head, decays with resets (-inf) and a NaN, dense with a partial last chunk and
@@ -19,10 +20,15 @@ DEV = "cuda"
 BT = 64
 
 
-def dg_of(gluon: bool, q, k, v, g, do, states, dstates, cu, chunk_indices, chunk_offsets, n_cs_rows):
-    """dg ``[B * T, HV]`` (NaN where not written) from the Triton kernel's PART 2 or its twin."""
+def dg_of(gluon: bool, q, k, v, g, do, states, dstates, cu, chunk_indices, chunk_offsets, n_cs_rows,
+          specialized: bool = False):
+    """dg ``[B * T, HV]`` (NaN where not written) from the Triton kernel's PART 2 or its twin (with
+    ``specialized``, warp-specialised: kernels/gluon/gla_backward_dg_specialized.py, launched as
+    launch.gla launches it)."""
     from recurscan.kernels.gla.backward import chunk_simple_gla_bwd_grads_kernel
     from recurscan.kernels.gluon.gla_backward_dg import gluon_gla_bwd_dg_kernel
+    from recurscan.kernels.gluon.gla_backward_dg_specialized import gluon_gla_bwd_dg_specialized_kernel
+    from recurscan.launch.gla import DG_SPECIALIZED_MAXNREG
     from recurscan.plan.device import sm_count
     from recurscan.runtime.launcher import scratch_allocator
     B, T, H, K = q.shape
@@ -36,8 +42,12 @@ def dg_of(gluon: bool, q, k, v, g, do, states, dstates, cu, chunk_indices, chunk
                 n_cs_rows=n_cs_rows, H=H, HV=HV, K=K, V=V, BT=BT, BK=K, BV=V, IS_VARLEN=cu is not None, HAS_G=True,
                 DOT_PRECISION="tf32", DT=tl.bfloat16, PER_KEY=False, HEADS=4, PART=2)
     with scratch_allocator():  # the twin makes its tensor descriptors on the device
-        if gluon:
-            gluon_gla_bwd_dg_kernel[(min(sm_count(q.device), n_cs_rows * H),)](**args, NUM_STAGES=3, num_warps=8)
+        grid = (min(sm_count(q.device), n_cs_rows * H),)
+        if gluon and specialized:
+            gluon_gla_bwd_dg_specialized_kernel[grid](**args, NUM_STAGES=3, num_warps=4,
+                                                       maxnreg=DG_SPECIALIZED_MAXNREG)
+        elif gluon:
+            gluon_gla_bwd_dg_kernel[grid](**args, NUM_STAGES=3, num_warps=8)
         else:
             chunk_simple_gla_bwd_grads_kernel[(n_cs_rows * HV // 4,)](**args, num_warps=8, num_stages=2)
     return dg
@@ -50,8 +60,9 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("specialized", [False, True], ids=["twin", "warp-specialised"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_the_twin_gives_the_triton_kernels_dg(case):
+def test_the_twin_gives_the_triton_kernels_dg(case, specialized):
     from recurscan.descriptors import build_chunk_descriptors
     c = CASES[case]
     B, T, H, HV, K, V = c["B"], c["T"], c["H"], c["HV"], 128, 64
@@ -73,7 +84,7 @@ def test_the_twin_gives_the_triton_kernels_dg(case):
         n_cs_rows = B * ((T + BT - 1) // BT)
     states, dstates = (rn(n_cs_rows, HV, K, V).bfloat16() * 0.1 for _ in range(2))
     want = dg_of(False, q, k, v, g, do, states, dstates, cu, ci, co, n_cs_rows)
-    got = dg_of(True, q, k, v, g, do, states, dstates, cu, ci, co, n_cs_rows)
+    got = dg_of(True, q, k, v, g, do, states, dstates, cu, ci, co, n_cs_rows, specialized)
     torch.cuda.synchronize()
     assert torch.equal(want.isnan(), got.isnan()), \
         f"written rows differ: {int((want.isnan() != got.isnan()).sum())} elements, first at " \
@@ -84,11 +95,13 @@ def test_the_twin_gives_the_triton_kernels_dg(case):
     assert err < 1e-5, f"relative RMS {err:.2e}; worst {float(got[ok][worst])} against {float(want[ok][worst])}"
 
 
+@pytest.mark.parametrize("specialized", [False, True], ids=["twin", "warp-specialised"])
 @pytest.mark.parametrize("Bt, T", [(2, 1000), (1, 4096)])
-def test_ssd_training_with_the_dg_twin_gives_the_triton_kernels_gradients(Bt, T, monkeypatch):
+def test_ssd_training_with_the_dg_twin_gives_the_triton_kernels_gradients(Bt, T, specialized, monkeypatch):
     """SSD forward + backward (80 value heads of one group; mamba's seq_idx resets at 2 x 1000) with
-    the dg launch as its twin (plan.gla.GLUON_GLA_DG on) or as the Triton kernel: every gradient
-    within float32 rounding of the other's, and the twin ran."""
+    the dg launch as its twin (plan.gla.GLUON_GLA_DG on; with ``specialized``, warp-specialised:
+    GLUON_GLA_DG_SPECIALIZED) or as the Triton kernel: every gradient within float32 rounding of the
+    other's, and the kernel asked for ran."""
     import recurscan
     import recurscan.launch.gla as launch_gla
     from recurscan.plan import gla as plan_gla
@@ -98,7 +111,7 @@ def test_ssd_training_with_the_dg_twin_gives_the_triton_kernels_gradients(Bt, T,
 
     def recording(*a, **kw):
         step = choose(*a, **kw)
-        picked.append(type(step.kernel).__name__)
+        picked.append(getattr(step.kernel, "fn", step.kernel).__name__)
         return step
     monkeypatch.setattr(launch_gla, "_dg_twin", recording)
     gen = torch.Generator(device=DEV).manual_seed(21)
@@ -114,6 +127,9 @@ def test_ssd_training_with_the_dg_twin_gives_the_triton_kernels_gradients(Bt, T,
         kw["seq_idx"] = seq_idx
     dy = rn(Bt, T, H, P).bfloat16()
     out = {}
+    monkeypatch.setattr(plan_gla, "GLUON_GLA_DG_SPECIALIZED",
+                        dataclasses.replace(plan_gla.GLUON_GLA_DG_SPECIALIZED, on=specialized))
+    want = "gluon_gla_bwd_dg_specialized_kernel" if specialized else "gluon_gla_bwd_dg_kernel"
     for twin in (False, True):
         monkeypatch.setattr(plan_gla, "GLUON_GLA_DG", dataclasses.replace(plan_gla.GLUON_GLA_DG, on=twin))
         clear_caches()
@@ -121,7 +137,7 @@ def test_ssd_training_with_the_dg_twin_gives_the_triton_kernels_gradients(Bt, T,
         leaves = [t.detach().clone().requires_grad_() for t in (x, dt, A, B_, C_, D, dt_bias)]
         y = recurscan.mamba_chunk_scan_combined(*leaves[:5], D=leaves[5], dt_bias=leaves[6], **kw)
         out[twin] = torch.autograd.grad(y, leaves, dy)
-        assert picked and picked[-1] == ("GluonJITFunction" if twin else "JITFunction"), picked
+        assert picked and picked[-1] == (want if twin else "chunk_simple_gla_bwd_grads_kernel"), picked
     for name, a, b in zip(("x", "dt", "A", "B", "C", "D", "dt_bias"), out[False], out[True]):
         assert torch.isfinite(b).all(), name
         err = relative_rms(b.double(), a.double())

@@ -394,7 +394,8 @@ def compile_ssd_gate() -> list[str]:
 
 def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_sweep: bool = False,
                          group_prep: bool = False, group_grads: bool = False, grads_sides: bool = False,
-                         recompute_twin: bool = False, reverse_specialized: bool = False) -> list[str]:
+                         recompute_twin: bool = False, reverse_specialized: bool = False,
+                         dg_specialized: bool = False) -> list[str]:
     """The GLA backward's launches (launch/gla.py: the forward for the chunk states, the reverse
     sweep, the parallel stage) for a case of :data:`CASES` (M = 1 ones; bf16); ``per_key``: a decay
     per key dimension (the prep runs with the recompute; the stages' PER_KEY forms); ``on_sweep``:
@@ -406,7 +407,8 @@ def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_swe
     forward sweep's Gluon twin with its outputs off (GlaShape.recompute_twin), the reverse sweep
     as its Gluon twin (GlaShape.reverse_twin) and, with ``group_grads``, the dg launch as its
     Gluon twin (GlaShape.dg_twin); ``reverse_specialized``: with ``recompute_twin``, the reverse
-    sweep's twin warp-specialised (GlaShape.reverse_specialized)."""
+    sweep's twin warp-specialised (GlaShape.reverse_specialized); ``dg_specialized``: with
+    ``recompute_twin`` and ``group_grads``, the dg twin warp-specialised (GlaShape.dg_specialized)."""
     from recurscan.launch.gla import BWD_NAMES, NAMES as GLA_NAMES, build_gla_backward
     from recurscan.plan.gla import GLA_LAUNCH
     _, cu = CASES[case]
@@ -429,7 +431,8 @@ def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_swe
     sweep = SWEEP_SHAPES["group prep" if group_prep else "one pass"]
     shape = dataclasses.replace(GLA_LAUNCH, sweep=sweep, recompute_on_sweep=True, recompute_twin=recompute_twin,
                                 reverse_twin=recompute_twin, dg_twin=recompute_twin,
-                                reverse_specialized=reverse_specialized) if on_sweep else GLA_LAUNCH
+                                reverse_specialized=reverse_specialized,
+                                dg_specialized=dg_specialized) if on_sweep else GLA_LAUNCH
     sides = plan_gla.GROUP_GRADS_SIDES
     plan_gla.GROUP_GRADS_SIDES = 4 if grads_sides else None
     try:

@@ -88,6 +88,53 @@ def _decays(g, rows_l, eos, i_hv, HV: gl.constexpr):
 
 
 @gluon.jit
+def _gates(b_g, o_l, BT: gl.constexpr):
+    """A value head's gates on the chunk's rows from its log2 decays ``b_g`` (``o_l``'s layout; the
+    twin's _gates_of): ``(gc, seg, lam, gam)``, the prefix sums of the decays and of the resets
+    (a decay below -150), lam = 2^gc before the first reset, gam the decay to the chunk's end within
+    the last segment; a NaN or +inf decay counts as 0."""
+    bad = (b_g != b_g) | (b_g == float("inf"))
+    b_g = gl.where(bad, 0.0, b_g)
+    reset = b_g < -150.0
+    gc = gl.associative_scan(gl.where(reset, 0.0, b_g), 0, _plus)
+    seg = gl.associative_scan(reset.to(gl.int32), 0, _plus)
+    seg_last = gl.sum(gl.where(o_l == BT - 1, seg, 0), axis=0)
+    gc_last = gl.sum(gl.where(o_l == BT - 1, gc, 0.0), axis=0)
+    lam = gl.where(seg == 0, gl.exp2(gc), 0.0)
+    gam = gl.where(seg == seg_last, gl.exp2(gl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
+    return gc, seg, lam, gam
+
+
+@gluon.jit
+def _row_sums(SqT, dSkT, SdS, dOt, Vt, m_j, scale, diag, last_i, along_i: gl.constexpr):
+    """A value head's row sums from its products (Q S)^T, (K dS')^T and S^T dS' and its dO^T and
+    V^T (zero past the sequence's end): dlam = scale rowsum(dO o (Q S)), the last row adding
+    S . dS' (``along_i``), and kdsv = rowsum(V o (K dS')) (along the tiles' columns)."""
+    dlam = gl.where(m_j, scale * gl.sum(dOt * SqT, axis=0), 0.0)  # along the chunk's rows
+    kdsv = gl.where(m_j, gl.sum(Vt * dSkT, axis=0), 0.0)
+    sds = gl.sum(gl.sum(gl.where(diag, SdS, 0.0), axis=1), axis=0)
+    return gl.convert_layout(dlam, along_i) + gl.where(last_i, sds, 0.0), kdsv
+
+
+@gluon.jit
+def _head_dg(dOV, QK, dlam, kdsv, lam, gam, gc_i, gc_j, seg_i, seg_j, m_i, m_j, scale, causal, strict, last_i,
+             along_j: gl.constexpr, line: gl.constexpr):
+    """A value head's dg on the chunk's rows (``line``'s layout) from its product dO V^T, its row
+    sums (:func:`_row_sums`), the item's Q K^T, and its gates (:func:`_gates`; gc and the segments
+    along the tiles' rows ``_i`` and columns ``_j``)::
+
+        dSeg = dsG o (Q K^T), its last row adding gam o kdsv,   dsG = causal(scale dO V^T) o G
+        dg_m = sum_{i >= m} (sum_{j < i} dSeg_ij - sum_{l > i} dSeg_li + dlam_i lam_i)"""
+    dsG = gl.where(causal & (seg_i == seg_j) & m_i[:, None] & m_j[None, :],
+                   scale * dOV * gl.exp2(gc_i - gc_j), 0.0)  # dscores o G
+    dSeg = dsG * QK + gl.where(last_i[:, None], (kdsv * gl.convert_layout(gam, along_j))[None, :], 0.0)
+    b_strict = gl.where(strict, dSeg, 0.0)
+    r = gl.convert_layout(gl.sum(b_strict, axis=1), line) - \
+        gl.convert_layout(gl.sum(b_strict, axis=0), line) + gl.convert_layout(dlam, line) * lam
+    return gl.associative_scan(r, 0, _plus, reverse=True)
+
+
+@gluon.jit
 def gluon_gla_bwd_dg_kernel(
     q, k, v, g, do, states, dstates, dq, dk, dg, scratch, cu_seqlens, chunk_indices, chunk_offsets,
     T, n_seq, scale, n_cs_rows,
@@ -188,15 +235,7 @@ def gluon_gla_bwd_dg_kernel(
             # Beside the products: this head's gates (the twin's _gates_of), the next head's decays.
             b_g = b_g_next
             b_g_next = _decays(g, rows_l, eos, i_h * GROUP + gl.minimum(h + 1, GROUP - 1), HV)
-            bad = (b_g != b_g) | (b_g == float("inf"))
-            b_g = gl.where(bad, 0.0, b_g)
-            reset = b_g < -150.0
-            gc = gl.associative_scan(gl.where(reset, 0.0, b_g), 0, _plus)
-            seg = gl.associative_scan(reset.to(gl.int32), 0, _plus)
-            seg_last = gl.sum(gl.where(o_l == BT - 1, seg, 0), axis=0)
-            gc_last = gl.sum(gl.where(o_l == BT - 1, gc, 0.0), axis=0)
-            lam = gl.where(seg == 0, gl.exp2(gc), 0.0)
-            gam = gl.where(seg == seg_last, gl.exp2(gl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
+            gc, seg, lam, gam = _gates(b_g, o_l, BT)
             dOt = gl.where(m_j[None, :], do_s.index(s).permute((1, 0)).load(mma).to(gl.float32), 0.0)  # [V, BT]
             Vt = gl.where(m_j[None, :], v_s.index(s).permute((1, 0)).load(mma).to(gl.float32), 0.0)
             gc_i = gl.convert_layout(gc, along_i)[:, None]
@@ -212,17 +251,9 @@ def gluon_gla_bwd_dg_kernel(
                         gl.where(nxt, it_n % H, i_h), do_desc, v_desc, s_desc, ds_desc, do_s, v_s, s_s, ds_s, bars,
                         HV, K, V, GROUP, NUM_STAGES)
 
-            dlam = gl.where(m_j, scale * gl.sum(dOt * SqT, axis=0), 0.0)  # along the chunk's rows
-            kdsv = gl.where(m_j, gl.sum(Vt * dSkT, axis=0), 0.0)
-            sds = gl.sum(gl.sum(gl.where(diag, SdS, 0.0), axis=1), axis=0)
-            dlam = gl.convert_layout(dlam, along_i) + gl.where(last_i, sds, 0.0)
-            dsG = gl.where(causal & (seg_i == seg_j) & m_i[:, None] & m_j[None, :],
-                           scale * dOV * gl.exp2(gc_i - gc_j), 0.0)  # dscores o G
-            dSeg = dsG * QK + gl.where(last_i[:, None], (kdsv * gl.convert_layout(gam, along_j))[None, :], 0.0)
-            b_strict = gl.where(strict, dSeg, 0.0)
-            r = gl.convert_layout(gl.sum(b_strict, axis=1), line) - \
-                gl.convert_layout(gl.sum(b_strict, axis=0), line) + gl.convert_layout(dlam, line) * lam
-            d_g = gl.associative_scan(r, 0, _plus, reverse=True)
+            dlam, kdsv = _row_sums(SqT, dSkT, SdS, dOt, Vt, m_j, scale, diag, last_i, along_i)
+            d_g = _head_dg(dOV, QK, dlam, kdsv, lam, gam, gc_i, gc_j, seg_i, seg_j, m_i, m_j, scale, causal, strict,
+                           last_i, along_j, line)
             gl.store(dg + rows_l * HV + i_hv, d_g, mask=m_l & valid)
         gl.thread_barrier()  # every product has read q and k: the next item's
         _issue_qk(m + 1 < n_mine, n_r0, it_n % H, q_desc, k_desc, q_s, k_s, once, K)
