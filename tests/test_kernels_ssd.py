@@ -83,11 +83,12 @@ def check_against_the_token_loop(c, extras, form, monkeypatch, seed):
         assert_like_fp32(a.cpu(), b, ref, what)
 
 
-@pytest.mark.parametrize("form", ["sweep", "sweep, group prep", "sweep, calm gates"])
+@pytest.mark.parametrize("form", ["sweep", "sweep, group prep", "sweep, calm gates", "sweep, scores in the sweep"])
 @pytest.mark.parametrize("where", ["dt", "B"])
 def test_a_nan_leaves_earlier_outputs_and_other_sequences_bit_identical(form, where, monkeypatch):
     """A NaN step size (its head) or key (B: every head of the group) mid-chunk: the outputs before
-    it and the other sequence's keep their bits, the NaN reaches the outputs from it on."""
+    it and the other sequence's keep their bits, the NaN reaches the outputs from it on (with the
+    scores formed in the sweep, where the prep reads no key, through the sweep's own products)."""
     use_form(form, monkeypatch)
     x = {k: v.float().to(DEVICE) for k, v in ssd_inputs(1, 200, 2, 1, seed=4).items()}
     cu = torch.tensor([0, 130, 200], device=DEVICE)
