@@ -177,18 +177,12 @@ def _store_rows(dst, x, stage, n_rows, valid, stride: gl.constexpr, layout: gl.c
 
 
 @gluon.jit
-def _gates(g, beta, rows, rows_l, eos, i_hv, HV: gl.constexpr, HAS_G: gl.constexpr, row: gl.constexpr,
-           line: gl.constexpr):
-    """The chunk's decays for value head i_hv (the twin's _chunk_gates): gc sums the finite log2
-    decays, seg the resets, scanned in a 1-D layout (a scan along a product layout's rows does not
-    lower); returns lam (along ``row``), gam (along ``line``), lam at the chunk's last row, and
-    beta. HAS_G False: no decay."""
-    BT: gl.constexpr = rows_l.shape[0]
-    o_l = gl.arange(0, BT, layout=line)
-    if HAS_G:
-        b_g = gl.load(g + rows_l * HV + i_hv, mask=rows_l < eos, other=0.0).to(gl.float32) * 1.4426950408889634
-    else:
-        b_g = gl.zeros([BT], gl.float32, layout=line)
+def _segment_gates(b_g, o_l, BT: gl.constexpr):
+    """A value head's gates on the chunk's rows from its log2 decays ``b_g`` (``o_l``'s layout, a
+    1-D one: a scan along a product layout's rows does not lower): ``(gc, seg, lam, gam)``, the
+    prefix sums of the finite decays and of the resets (a decay below -150), lam = 2^gc before the
+    first reset, gam the decay to the chunk's end within the last segment; a NaN or +inf decay
+    counts as 0."""
     bad = (b_g != b_g) | (b_g == float("inf"))
     b_g = gl.where(bad, 0.0, b_g)
     reset = b_g < -150.0
@@ -196,8 +190,24 @@ def _gates(g, beta, rows, rows_l, eos, i_hv, HV: gl.constexpr, HAS_G: gl.constex
     seg = gl.associative_scan(reset.to(gl.int32), 0, _plus)
     seg_last = gl.sum(gl.where(o_l == BT - 1, seg, 0), axis=0)
     gc_last = gl.sum(gl.where(o_l == BT - 1, gc, 0.0), axis=0)
-    lam_l = gl.where(seg == 0, gl.exp2(gc), 0.0)
+    lam = gl.where(seg == 0, gl.exp2(gc), 0.0)
     gam = gl.where(seg == seg_last, gl.exp2(gl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
+    return gc, seg, lam, gam
+
+
+@gluon.jit
+def _gates(g, beta, rows, rows_l, eos, i_hv, HV: gl.constexpr, HAS_G: gl.constexpr, row: gl.constexpr,
+           line: gl.constexpr):
+    """The chunk's decays for value head i_hv (the twin's _chunk_gates, :func:`_segment_gates`);
+    returns lam (along ``row``), gam (along ``line``), lam at the chunk's last row, and beta. HAS_G
+    False: no decay."""
+    BT: gl.constexpr = rows_l.shape[0]
+    o_l = gl.arange(0, BT, layout=line)
+    if HAS_G:
+        b_g = gl.load(g + rows_l * HV + i_hv, mask=rows_l < eos, other=0.0).to(gl.float32) * 1.4426950408889634
+    else:
+        b_g = gl.zeros([BT], gl.float32, layout=line)
+    gc, seg, lam_l, gam = _segment_gates(b_g, o_l, BT)
     lam_end = gl.sum(gl.where(o_l == BT - 1, lam_l, 0.0), axis=0)
     b_beta = gl.load(beta + rows * HV + i_hv, mask=rows < eos, other=0.0).to(gl.float32)
     return gl.convert_layout(lam_l, row), gam, lam_end, b_beta

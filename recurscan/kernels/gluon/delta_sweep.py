@@ -102,6 +102,55 @@ def _state_offsets(i_v, stride_k, stride_v, layout: gl.constexpr, BV: gl.constex
 
 
 @gluon.jit
+def _entering_state(h0, state, seg_n, slot, pad, first_phase, p_h, i_n, i_s, n_seg, i_hv, i_v, s0_n, s0_h, s0_k, s0_v,
+                    layout: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
+                    PASS: gl.constexpr, USE_CACHE: gl.constexpr, HAS_H0: gl.constexpr):
+    """S^T [BV, K] float32 in ``layout`` that a sweep program starts from: its segment's fixed-up
+    S_in (PASS 2), in a later phase (PASS 3) the state the phase before left at ``seg_n + p_h``,
+    else the sequence's initial state (:func:`_initial_state`)."""
+    if PASS == 2:  # the segment's fixed-up S_in (or a checkpoint)
+        S_b = gl.load(seg_n + ((i_n * n_seg + i_s) * HV + i_hv) * (K * V) + _state_offsets(i_v, V, 1, layout, BV, K))
+    elif PASS == 3:
+        if first_phase:
+            S_b = _initial_state(h0, state, slot, pad, i_n, i_hv, i_v, s0_n, s0_h, s0_k, s0_v, layout, BV, K,
+                                 USE_CACHE, HAS_H0)
+        else:  # a later phase starts from the state the phase before left
+            S_b = gl.load(seg_n + p_h + _state_offsets(i_v, V, 1, layout, BV, K))
+    else:
+        S_b = _initial_state(h0, state, slot, pad, i_n, i_hv, i_v, s0_n, s0_h, s0_k, s0_v, layout, BV, K, USE_CACHE,
+                             HAS_H0)
+    return S_b
+
+
+@gluon.jit
+def _end_state(S_t, flags, ends, pad, replay_flags, pid, state, slot, s0_n, s0_h, s0_k, s0_v, ht, ht_n, ht_h, seg_n,
+               p_h, i_n, i_hv, i_v, layout: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, K: gl.constexpr,
+               OUTPUTS: gl.constexpr, USE_CACHE: gl.constexpr, STORE_FINAL: gl.constexpr, PASS: gl.constexpr):
+    """Where a sweep program's state S^T [BV, K] (``layout``) goes after its last chunk. A program
+    whose state came out non-finite raises its replay flag (``flags``: the programs a replay
+    launch mirrors, with OUTPUTS; the twin's replay runs it again with each chunk's outputs formed
+    causally, and writes its cache slot); a program that ends its sequence (``ends``) writes its
+    cache slot (not a padding slot's, not a replayed one's) or the final state; a phase's
+    (PASS 3) the next phase's entering state at ``seg_n + p_h``."""
+    replay = False
+    if OUTPUTS:
+        if flags:
+            bad = gl.max(gl.max(gl.where(S_t * 0.0 == 0.0, 0, 1), axis=1), axis=0)
+            replay = (bad != 0) & (not pad)
+            gl.store(replay_flags + pid, replay.to(gl.int32))
+    o_vk = _state_offsets(i_v, V, 1, layout, BV, K)
+    if ends:
+        if USE_CACHE:
+            o_s0 = _state_offsets(i_v, s0_k, s0_v, layout, BV, K)
+            gl.store(state + slot * s0_n + i_hv * s0_h + o_s0, S_t.to(state.dtype.element_ty),
+                     mask=(o_s0 >= 0) & (not replay) & (not pad))
+        elif STORE_FINAL:
+            gl.store(ht + i_n * ht_n + i_hv * ht_h + o_vk, S_t)
+    elif PASS == 3:
+        gl.store(seg_n + p_h + o_vk, S_t)
+
+
+@gluon.jit
 def _initial_state(h0, state, slot, pad, i_n, i_hv, i_v, s0_n, s0_h, s0_k, s0_v, layout: gl.constexpr,
                    BV: gl.constexpr, K: gl.constexpr, USE_CACHE: gl.constexpr, HAS_H0: gl.constexpr):
     """S^T [BV, K] float32 in ``layout`` of the sequence's initial state: its cache slot (none for a
@@ -299,17 +348,8 @@ def gluon_sweep_kernel(
 
     # The state entering the program's first chunk, loaded in a layout of its own and converted once.
     p_h = (i_n * HV + i_hv) * (K * V)
-    if PASS == 2:  # the segment's fixed-up S_in (or a checkpoint)
-        S_b = gl.load(seg_n + ((i_n * n_seg + i_s) * HV + i_hv) * (K * V) + _state_offsets(i_v, V, 1, blk, BV, K))
-    elif PASS == 3:
-        if first_phase:
-            S_b = _initial_state(h0, state, slot, pad, i_n, i_hv, i_v, s0_n, s0_h, s0_k, s0_v, blk, BV, K, USE_CACHE,
-                                 HAS_H0)
-        else:  # a later phase starts from the state the phase before left
-            S_b = gl.load(seg_n + p_h + _state_offsets(i_v, V, 1, blk, BV, K))
-    else:
-        S_b = _initial_state(h0, state, slot, pad, i_n, i_hv, i_v, s0_n, s0_h, s0_k, s0_v, blk, BV, K, USE_CACHE,
-                             HAS_H0)
+    S_b = _entering_state(h0, state, seg_n, slot, pad, first_phase, p_h, i_n, i_s, n_seg, i_hv, i_v, s0_n, s0_h, s0_k,
+                          s0_v, blk, HV, K, V, BV, PASS, USE_CACHE, HAS_H0)
     S_t = gl.convert_layout(S_b, mmaK)
 
     o_t = gl.arange(0, BT, layout=compact)
@@ -437,21 +477,5 @@ def gluon_sweep_kernel(
     for i in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(bars.index(i))
 
-    # A program whose state came out non-finite raises its flag; the twin's replay launch runs it
-    # again with each chunk's outputs formed causally, and writes its cache slot.
-    replay = False
-    if OUTPUTS:
-        if flags:
-            bad = gl.max(gl.max(gl.where(S_t * 0.0 == 0.0, 0, 1), axis=1), axis=0)
-            replay = (bad != 0) & (not pad)
-            gl.store(replay_flags + pid, replay.to(gl.int32))
-    o_vk = _state_offsets(i_v, V, 1, mmaK, BV, K)
-    if ends:
-        if USE_CACHE:
-            o_s0 = _state_offsets(i_v, s0_k, s0_v, mmaK, BV, K)
-            gl.store(state + slot * s0_n + i_hv * s0_h + o_s0, S_t.to(state.dtype.element_ty),
-                     mask=(o_s0 >= 0) & (not replay) & (not pad))
-        elif STORE_FINAL:
-            gl.store(ht + i_n * ht_n + i_hv * ht_h + o_vk, S_t)
-    elif PASS == 3:
-        gl.store(seg_n + p_h + o_vk, S_t)
+    _end_state(S_t, flags, ends, pad, replay_flags, pid, state, slot, s0_n, s0_h, s0_k, s0_v, ht, ht_n, ht_h, seg_n,
+               p_h, i_n, i_hv, i_v, mmaK, V, BV, K, OUTPUTS, USE_CACHE, STORE_FINAL, PASS)

@@ -40,7 +40,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .delta_backward_dqdk import _chunk_place, _plus
+from .delta_backward_dqdk import _chunk_place, _plus, _segment_gates
 
 
 @gluon.jit
@@ -81,6 +81,23 @@ def _issue_qk(pred, r0, i_h, q_desc, k_desc, q_s, k_s, once, K: gl.constexpr):
 
 
 @gluon.jit
+def _descriptors(q, k, v, do, states, dstates, T, n_seq, n_cs_rows, l_qk: gl.constexpr, l_tv: gl.constexpr,
+                 l_kv: gl.constexpr, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+                 BT: gl.constexpr, IS_VARLEN: gl.constexpr):
+    """The bulk copies' descriptors of q, k ([BT, K] tiles), dO, V ([BT, V]) over the rows of every
+    sequence (dense batch or packed varlen), and of the chunk states S and dS' ([K, V] tiles; rows
+    outside [0, n_cs_rows) read zeros)."""
+    rows_all = T if IS_VARLEN else n_seq * T
+    q_desc = tma.make_tensor_descriptor(q, [rows_all, H * K], [H * K, 1], [BT, K], l_qk)
+    k_desc = tma.make_tensor_descriptor(k, [rows_all, H * K], [H * K, 1], [BT, K], l_qk)
+    do_desc = tma.make_tensor_descriptor(do, [rows_all, HV * V], [HV * V, 1], [BT, V], l_tv)
+    v_desc = tma.make_tensor_descriptor(v, [rows_all, HV * V], [HV * V, 1], [BT, V], l_tv)
+    s_desc = tma.make_tensor_descriptor(states, [n_cs_rows * (HV * K), V], [V, 1], [K, V], l_kv)
+    ds_desc = tma.make_tensor_descriptor(dstates, [n_cs_rows * (HV * K), V], [V, 1], [K, V], l_kv)
+    return q_desc, k_desc, do_desc, v_desc, s_desc, ds_desc
+
+
+@gluon.jit
 def _decays(g, rows_l, eos, i_hv, HV: gl.constexpr):
     """Value head i_hv's log2 decays on the chunk's rows (0 past the sequence's end): the twin's
     _chunk_decays."""
@@ -88,21 +105,20 @@ def _decays(g, rows_l, eos, i_hv, HV: gl.constexpr):
 
 
 @gluon.jit
-def _gates(b_g, o_l, BT: gl.constexpr):
-    """A value head's gates on the chunk's rows from its log2 decays ``b_g`` (``o_l``'s layout; the
-    twin's _gates_of): ``(gc, seg, lam, gam)``, the prefix sums of the decays and of the resets
-    (a decay below -150), lam = 2^gc before the first reset, gam the decay to the chunk's end within
-    the last segment; a NaN or +inf decay counts as 0."""
-    bad = (b_g != b_g) | (b_g == float("inf"))
-    b_g = gl.where(bad, 0.0, b_g)
-    reset = b_g < -150.0
-    gc = gl.associative_scan(gl.where(reset, 0.0, b_g), 0, _plus)
-    seg = gl.associative_scan(reset.to(gl.int32), 0, _plus)
-    seg_last = gl.sum(gl.where(o_l == BT - 1, seg, 0), axis=0)
-    gc_last = gl.sum(gl.where(o_l == BT - 1, gc, 0.0), axis=0)
-    lam = gl.where(seg == 0, gl.exp2(gc), 0.0)
-    gam = gl.where(seg == seg_last, gl.exp2(gl.where(seg == seg_last, gc_last - gc, 0.0)), 0.0)
-    return gc, seg, lam, gam
+def _tile_indices(mma: gl.constexpr, along_i: gl.constexpr, along_j: gl.constexpr, line: gl.constexpr,
+                  BT: gl.constexpr):
+    """A [BT, BT] product tile's row and column indices (``along_i``, ``along_j``), a [BT] vector's
+    (``line``), the tile's masks (causal i >= j, strict i > j, the diagonal: S^T dS' is [V, V] with
+    V = BT, its trace), the last row's, and a zero tile (``mma``)."""
+    o_i = gl.arange(0, BT, layout=along_i)
+    o_j = gl.arange(0, BT, layout=along_j)
+    o_l = gl.arange(0, BT, layout=line)
+    causal = o_i[:, None] >= o_j[None, :]
+    strict = o_i[:, None] > o_j[None, :]
+    diag = o_i[:, None] == o_j[None, :]
+    last_i = o_i == BT - 1
+    zero = gl.zeros([BT, BT], gl.float32, layout=mma)
+    return o_i, o_j, o_l, causal, strict, diag, last_i, zero
 
 
 @gluon.jit
@@ -120,8 +136,9 @@ def _row_sums(SqT, dSkT, SdS, dOt, Vt, m_j, scale, diag, last_i, along_i: gl.con
 def _head_dg(dOV, QK, dlam, kdsv, lam, gam, gc_i, gc_j, seg_i, seg_j, m_i, m_j, scale, causal, strict, last_i,
              along_j: gl.constexpr, line: gl.constexpr):
     """A value head's dg on the chunk's rows (``line``'s layout) from its product dO V^T, its row
-    sums (:func:`_row_sums`), the item's Q K^T, and its gates (:func:`_gates`; gc and the segments
-    along the tiles' rows ``_i`` and columns ``_j``)::
+    sums (:func:`_row_sums`), the item's Q K^T, and its gates
+    (:func:`.delta_backward_dqdk._segment_gates`; gc and the segments along the tiles' rows ``_i``
+    and columns ``_j``)::
 
         dSeg = dsG o (Q K^T), its last row adding gam o kdsv,   dsG = causal(scale dO V^T) o G
         dg_m = sum_{i >= m} (sum_{j < i} dSeg_ij - sum_{l > i} dSeg_li + dlam_i lam_i)"""
@@ -164,14 +181,8 @@ def gluon_gla_bwd_dg_kernel(
     l_qk: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, K], DT)
     l_tv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, V], DT)
     l_kv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([K, V], DT)
-    rows_all = T if IS_VARLEN else n_seq * T  # the rows of every sequence (dense batch or packed varlen)
-    q_desc = tma.make_tensor_descriptor(q, [rows_all, H * K], [H * K, 1], [BT, K], l_qk)
-    k_desc = tma.make_tensor_descriptor(k, [rows_all, H * K], [H * K, 1], [BT, K], l_qk)
-    do_desc = tma.make_tensor_descriptor(do, [rows_all, HV * V], [HV * V, 1], [BT, V], l_tv)
-    v_desc = tma.make_tensor_descriptor(v, [rows_all, HV * V], [HV * V, 1], [BT, V], l_tv)
-    # Chunk-state rows outside [0, n_cs_rows) read zeros.
-    s_desc = tma.make_tensor_descriptor(states, [n_cs_rows * (HV * K), V], [V, 1], [K, V], l_kv)
-    ds_desc = tma.make_tensor_descriptor(dstates, [n_cs_rows * (HV * K), V], [V, 1], [K, V], l_kv)
+    q_desc, k_desc, do_desc, v_desc, s_desc, ds_desc = _descriptors(q, k, v, do, states, dstates, T, n_seq, n_cs_rows,
+                                                                    l_qk, l_tv, l_kv, H, HV, K, V, BT, IS_VARLEN)
 
     # Every product's result is [64, 64]: rows over the 4 warps of a warpgroup, columns halved.
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
@@ -197,14 +208,7 @@ def gluon_gla_bwd_dg_kernel(
         _issue_step(i, n_steps, r0, cs, pid % H, do_desc, v_desc, s_desc, ds_desc, do_s, v_s, s_s, ds_s, bars, HV, K,
                     V, GROUP, NUM_STAGES)
 
-    o_i = gl.arange(0, BT, layout=along_i)
-    o_j = gl.arange(0, BT, layout=along_j)
-    o_l = gl.arange(0, BT, layout=line)
-    causal = o_i[:, None] >= o_j[None, :]
-    strict = o_i[:, None] > o_j[None, :]
-    diag = o_i[:, None] == o_j[None, :]  # S^T dS' is [V, V] with V = BT: its trace
-    last_i = o_i == BT - 1
-    zero = gl.zeros([BT, BT], gl.float32, layout=mma)
+    o_i, o_j, o_l, causal, strict, diag, last_i, zero = _tile_indices(mma, along_i, along_j, line, BT)
     for m in range(n_mine):
         it = pid + m * programs
         i_h = it % H
@@ -235,7 +239,7 @@ def gluon_gla_bwd_dg_kernel(
             # Beside the products: this head's gates (the twin's _gates_of), the next head's decays.
             b_g = b_g_next
             b_g_next = _decays(g, rows_l, eos, i_h * GROUP + gl.minimum(h + 1, GROUP - 1), HV)
-            gc, seg, lam, gam = _gates(b_g, o_l, BT)
+            gc, seg, lam, gam = _segment_gates(b_g, o_l, BT)
             dOt = gl.where(m_j[None, :], do_s.index(s).permute((1, 0)).load(mma).to(gl.float32), 0.0)  # [V, BT]
             Vt = gl.where(m_j[None, :], v_s.index(s).permute((1, 0)).load(mma).to(gl.float32), 0.0)
             gc_i = gl.convert_layout(gc, along_i)[:, None]

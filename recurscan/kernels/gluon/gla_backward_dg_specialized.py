@@ -26,10 +26,11 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .gla_backward_dg import _decays, _gates, _head_dg, _issue_qk, _issue_step, _item
+from .delta_backward_dqdk import _segment_gates
+from .gla_backward_dg import _decays, _descriptors, _head_dg, _issue_qk, _issue_step, _item, _tile_indices
 
 #: Registers a thread of the worker heads warpgroup and of the load warp (setmaxnreg); the default
 #: heads warpgroup takes what the launch's cap leaves (launch.gla's DG_SPECIALIZED_MAXNREG: 168 a
@@ -49,14 +50,7 @@ def _heads(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexp
     along_i: gl.constexpr = gl.SliceLayout(1, mma)  # a tile's rows
     along_j: gl.constexpr = gl.SliceLayout(0, mma)  # its columns
     line: gl.constexpr = gl.BlockedLayout([2], [32], [4], [0])  # a [BT] vector, whole in every warp
-    o_i = gl.arange(0, BT, layout=along_i)
-    o_j = gl.arange(0, BT, layout=along_j)
-    o_l = gl.arange(0, BT, layout=line)
-    causal = o_i[:, None] >= o_j[None, :]
-    strict = o_i[:, None] > o_j[None, :]
-    diag = o_i[:, None] == o_j[None, :]  # S^T dS' is [V, V] with V = BT: its trace
-    last_i = o_i == BT - 1
-    zero = gl.zeros([BT, BT], gl.float32, layout=mma)
+    o_i, o_j, o_l, causal, strict, diag, last_i, zero = _tile_indices(mma, along_i, along_j, line, BT)
     for m in range(n_mine):
         it = pid + m * programs
         i_h = it % H
@@ -82,7 +76,7 @@ def _heads(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexp
             # Beside the products: this head's gates, this warpgroup's next head's decays.
             b_g = b_g_next
             b_g_next = _decays(g, rows_l, eos, i_h * GROUP + gl.minimum(h + 2, GROUP - 1), HV)
-            gc, seg, lam, gam = _gates(b_g, o_l, BT)
+            gc, seg, lam, gam = _segment_gates(b_g, o_l, BT)
             gc_i = gl.convert_layout(gc, along_i)[:, None]
             gc_j = gl.convert_layout(gc, along_j)[None, :]
             seg_i = gl.convert_layout(seg, along_i)[:, None]
@@ -161,14 +155,8 @@ def gluon_gla_bwd_dg_specialized_kernel(
     l_qk: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, K], DT)
     l_tv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, V], DT)
     l_kv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([K, V], DT)
-    rows_all = T if IS_VARLEN else n_seq * T  # the rows of every sequence (dense batch or packed varlen)
-    q_desc = tma.make_tensor_descriptor(q, [rows_all, H * K], [H * K, 1], [BT, K], l_qk)
-    k_desc = tma.make_tensor_descriptor(k, [rows_all, H * K], [H * K, 1], [BT, K], l_qk)
-    do_desc = tma.make_tensor_descriptor(do, [rows_all, HV * V], [HV * V, 1], [BT, V], l_tv)
-    v_desc = tma.make_tensor_descriptor(v, [rows_all, HV * V], [HV * V, 1], [BT, V], l_tv)
-    # Chunk-state rows outside [0, n_cs_rows) read zeros.
-    s_desc = tma.make_tensor_descriptor(states, [n_cs_rows * (HV * K), V], [V, 1], [K, V], l_kv)
-    ds_desc = tma.make_tensor_descriptor(dstates, [n_cs_rows * (HV * K), V], [V, 1], [K, V], l_kv)
+    q_desc, k_desc, do_desc, v_desc, s_desc, ds_desc = _descriptors(q, k, v, do, states, dstates, T, n_seq, n_cs_rows,
+                                                                    l_qk, l_tv, l_kv, H, HV, K, V, BT, IS_VARLEN)
 
     do_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, V], l_tv)
     v_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, V], l_tv)

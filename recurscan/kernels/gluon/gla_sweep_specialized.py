@@ -40,7 +40,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .delta_sweep import _initial_state, _state_offsets
+from .delta_sweep import _end_state, _entering_state
 
 #: Registers a thread of each outputs warpgroup and of the load warp's (setmaxnreg); the chain,
 #: the default partition, takes what the kernel's cap leaves (launch.delta.SPECIALIZED_MAXNREG:
@@ -78,15 +78,8 @@ def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
     col64: gl.constexpr = gl.SliceLayout(0, mma64)
     blk: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
     p_h = (i_n * HV + i_hv) * (K * V)  # the program's state between phases in seg_n
-    if PASS == 3:
-        if first_phase:
-            S_b = _initial_state(h0, state, slot, pad, i_n, i_hv, i_v, s0_n, s0_h, s0_k, s0_v, blk, BV, K, USE_CACHE,
-                                 HAS_H0)
-        else:  # a later phase starts from the state the phase before left
-            S_b = gl.load(seg_n + p_h + _state_offsets(i_v, V, 1, blk, BV, K))
-    else:
-        S_b = _initial_state(h0, state, slot, pad, i_n, i_hv, i_v, s0_n, s0_h, s0_k, s0_v, blk, BV, K, USE_CACHE,
-                             HAS_H0)
+    S_b = _entering_state(h0, state, seg_n, slot, pad, first_phase, p_h, i_n, 0, 1, i_hv, i_v, s0_n, s0_h, s0_k, s0_v,
+                          blk, HV, K, V, BV, PASS, USE_CACHE, HAS_H0)
     S_t = gl.convert_layout(S_b, mmaK)
     o_i = gl.arange(0, BT, layout=col64)
     for j in range(n_run):
@@ -113,24 +106,10 @@ def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
             S_t = warpgroup_mma_wait(num_outstanding=0, deps=(S_t,))
         mbarrier.arrive(empty.index(s), count=1)
 
-    # A program whose state came out non-finite raises its flag (the last phase's programs, where
-    # phased); the twin's replay launch runs it again with each chunk's outputs formed causally,
-    # and writes its cache slot.
-    replay = False
-    if flags:
-        bad = gl.max(gl.max(gl.where(S_t * 0.0 == 0.0, 0, 1), axis=1), axis=0)
-        replay = (bad != 0) & (not pad)
-        gl.store(replay_flags + pid, replay.to(gl.int32))
-    o_vk = _state_offsets(i_v, V, 1, mmaK, BV, K)
-    if ends:
-        if USE_CACHE:
-            o_s0 = _state_offsets(i_v, s0_k, s0_v, mmaK, BV, K)
-            gl.store(state + slot * s0_n + i_hv * s0_h + o_s0, S_t.to(state.dtype.element_ty),
-                     mask=(o_s0 >= 0) & (not replay) & (not pad))
-        elif STORE_FINAL:
-            gl.store(ht + i_n * ht_n + i_hv * ht_h + o_vk, S_t)
-    elif PASS == 3:  # the next phase's entering state
-        gl.store(seg_n + p_h + o_vk, S_t)
+    # the replay flag (the last phase's programs, where phased), the final state or cache slot, or
+    # the next phase's entering state
+    _end_state(S_t, flags, ends, pad, replay_flags, pid, state, slot, s0_n, s0_h, s0_k, s0_v, ht, ht_n, ht_h, seg_n,
+               p_h, i_n, i_hv, i_v, mmaK, V, BV, K, True, USE_CACHE, STORE_FINAL, PASS)
 
 
 @gluon.jit
