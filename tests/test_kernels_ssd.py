@@ -798,19 +798,24 @@ def test_the_planner_runs_the_recompute_beside_the_reverse_sweep_where_its_progr
 
 @pytest.mark.parametrize("case, twin", [("planned", True), ("row off", False), ("V 128", False),
                                         ("dO in float32", False), ("v misaligned", False),
-                                        ("warp-specialised", True), ("warp-specialised, V 128", False)])
-def test_the_dg_launchs_gluon_twin_takes_a_groups_heads_in_its_scope_and_the_triton_kernel_the_rest(case, twin):
+                                        ("warp-specialised", True), ("warp-specialised, V 128", False),
+                                        ("warp-specialised, a group of 3", True)])
+def test_the_dg_launchs_gluon_twin_takes_a_groups_heads_in_its_scope_and_the_triton_kernel_the_rest(case, twin,
+                                                                                                      monkeypatch):
     """launch.gla's dg launch (the parallel stage's PART 2, where a group's value heads are summed in
     dq's and dk's programs): with GlaShape.dg_twin, the Gluon twin on one persistent program an SM
     (8 warps, plan.gla's stages, the Triton launch's arguments; with GlaShape.dg_specialized its
-    warp-specialised form on 4 warps under launch.gla.DG_SPECIALIZED_MAXNREG) where
+    warp-specialised form on 4 warps under launch.gla.DG_SPECIALIZED_MAXNREG, the twin below
+    plan.gla.GLUON_GLA_DG_SPECIALIZED_MIN_GROUP value heads a query/key head) where
     plan.gla.gluon_dg_scope allows (16-bit, K 64 / 128, V 64, a group of at least the stages) and
     q, k, v and dO share a dtype and are 16-byte aligned; else the Triton kernel's PART 2."""
     import dataclasses
     from recurscan.launch.gla import build_gla_backward
     from recurscan.plan import gla as plan_gla
     from recurscan.plan.delta import DeltaShape
-    B, T, H, HV, K = 1, 300, 1, 16, 128
+    B, T, H, HV, K = 1, 300, 1, 3 if case.endswith("a group of 3") else 16, 128
+    if HV < plan_gla.GROUP_GRADS_MIN_HEADS:  # a group's heads summed in dq's and dk's programs, dg apart
+        monkeypatch.setattr(plan_gla, "GROUP_GRADS_MIN_HEADS", HV)
     V = 128 if case.endswith("V 128") else 64
     bf = dict(dtype=torch.bfloat16)
     store = torch.zeros(B * T * HV * V + 8, **bf)
@@ -818,8 +823,9 @@ def test_the_dg_launchs_gluon_twin_takes_a_groups_heads_in_its_scope_and_the_tri
     q, k = torch.zeros(B, T, H, K, **bf), torch.zeros(B, T, H, K, **bf)
     do = torch.zeros(B, T, HV, V, dtype=torch.float32 if case == "dO in float32" else torch.bfloat16)
     sweep = DeltaShape(64, 4, 2, 4, "test", tma_store=True, group_prep=True)
-    specialized = case.startswith("warp-specialised")
-    shape = dataclasses.replace(plan_gla.GLA_LAUNCH, sweep=sweep, dg_twin=case != "row off", dg_specialized=specialized)
+    asked = case.startswith("warp-specialised")
+    specialized = asked and HV // H >= plan_gla.GLUON_GLA_DG_SPECIALIZED_MIN_GROUP
+    shape = dataclasses.replace(plan_gla.GLA_LAUNCH, sweep=sweep, dg_twin=case != "row off", dg_specialized=asked)
     launches = build_gla_backward(q, k, v, torch.zeros(B, T, HV), do, None, None, None, None, None, scale=K ** -0.5,
                                   shape=shape)
     step, = [st for st in launches.steps if st.kwargs.get("PART") == 2]

@@ -431,7 +431,8 @@ def _dg_twin(dg: Step, shape: GlaShape, q, k, v, do, *, rows: int) -> Step:
     """The dg launch: ``dg`` (the Triton kernel's PART 2), or with ``shape.dg_twin`` its Gluon twin
     (kernels/gluon/gla_backward_dg.py: the same arguments, persistent programs of eight warps, one
     an SM; with ``shape.dg_specialized`` its warp-specialised form, kernels/gluon/
-    gla_backward_dg_specialized.py, on four warps and two partitions under a register cap) where
+    gla_backward_dg_specialized.py, on four warps and two partitions under a register cap, for a
+    group of at least plan.gla.GLUON_GLA_DG_SPECIALIZED_MIN_GROUP) where
     the call allows it (plan.gla.gluon_dg_scope; q, k, v and dO in one dtype and 16-byte aligned;
     chunk-state rows within int32)."""
     H, HV, K, V = q.shape[2], v.shape[2], q.shape[3], v.shape[3]
@@ -441,7 +442,7 @@ def _dg_twin(dg: Step, shape: GlaShape, q, k, v, do, *, rows: int) -> Step:
         return dg
     grid = (min(sm_count(q.device), rows * H),)
     kwargs = dict(dg.kwargs, NUM_STAGES=plan_gla.GLUON_GLA_DG_STAGES)
-    if shape.dg_specialized:
+    if shape.dg_specialized and HV // H >= plan_gla.GLUON_GLA_DG_SPECIALIZED_MIN_GROUP:
         from ..kernels.gluon.gla_backward_dg_specialized import gluon_gla_bwd_dg_specialized_kernel
         return Step(gluon_gla_bwd_dg_specialized_kernel, grid, kwargs,
                     dict(num_warps=4, maxnreg=DG_SPECIALIZED_MAXNREG))

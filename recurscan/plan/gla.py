@@ -311,6 +311,9 @@ GLUON_GLA_DG_STAGES = 3
 #: waited before each head's epilogue, on one program of eight warps an SM); compiled offline, its
 #: GPU tests (the twin's dg to float32 rounding, SSD training's gradients) not yet run.
 GLUON_GLA_DG_SPECIALIZED = GluonTwinRow(False, "not yet run on the GPU (docs/kernels-gla-plan.md, 2)")
+#: The smallest group (value heads a query/key head) the warp-specialised dg takes; smaller ones
+#: run the twin (offline for sm_90 a group of 3 at K 128 spills 8 B; 4 to 8 and 80, and K 64, none).
+GLUON_GLA_DG_SPECIALIZED_MIN_GROUP = 4
 
 
 def gluon_dg_scope(*, dtype: torch.dtype, key_dim: int, value_dim: int, group: int) -> bool:

@@ -20,7 +20,9 @@ A warpgroup's tiles are [64, 64] over its four warps (the twin's over eight): tw
 a tile, under :data:`HEADS_REGS` each. dg agrees with the twin's to float32 rounding (the order of
 the reductions follows the layout, as the twin's does against the Triton kernel).
 
-Scope: the twin's (``plan.gla.gluon_dg_scope``), a group of at least two value heads.
+Scope: the twin's (``plan.gla.gluon_dg_scope``), a group of at least
+``plan.gla.GLUON_GLA_DG_SPECIALIZED_MIN_GROUP`` value heads (the launch layer runs the twin for
+smaller ones).
 """
 from __future__ import annotations
 
