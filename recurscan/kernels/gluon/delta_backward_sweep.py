@@ -31,6 +31,25 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 
 @gluon.jit
+def _sequence_place(i_n, cu_seqlens, chunk_offsets, T, BT: gl.constexpr, IS_VARLEN: gl.constexpr):
+    """Sequence ``i_n``'s first row ``bos`` and length ``L`` (int64; varlen boundaries clamped to
+    [0, T], so no descriptor reaches outside the inputs), its chunks, its first chunk-state row
+    ``cs0``, and a descriptor's rows over it (the sequence's; an empty one reads nothing)."""
+    if IS_VARLEN:
+        bos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n).to(gl.int64), 0), T)
+        eos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n + 1).to(gl.int64), bos), T)
+        cs0 = gl.load(chunk_offsets + i_n).to(gl.int64)
+    else:
+        bos = i_n.to(gl.int64) * T
+        eos = bos + T
+        cs0 = i_n.to(gl.int64) * ((T + BT - 1) // BT)
+    L = eos - bos
+    n_chunks = ((L + BT - 1) // BT).to(gl.int32)
+    rows = gl.maximum(L, 1).to(gl.int32)
+    return bos, L, n_chunks, cs0, rows
+
+
+@gluon.jit
 def _issue_loads(j, n_chunks, k_desc, q_desc, do_desc, w_desc, a_desc, k_s, q_s, do_s, w_s, a_s, bars,
                  col_qk, col_v, col_w, BT: gl.constexpr, NUM_STAGES: gl.constexpr):
     """The bulk copies of the program's j-th chunk in its walk (chunk n_chunks - 1 - j of the
@@ -99,17 +118,7 @@ def gluon_bwd_sweep_kernel(
     i_hv = (pid // NV) % HV
     i_n = pid // (NV * HV)
     i_h = i_hv // (HV // H)
-    if IS_VARLEN:
-        bos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n).to(gl.int64), 0), T)
-        eos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n + 1).to(gl.int64), bos), T)
-        cs0 = gl.load(chunk_offsets + i_n).to(gl.int64)
-    else:
-        bos = i_n.to(gl.int64) * T
-        eos = bos + T
-        cs0 = i_n.to(gl.int64) * ((T + BT - 1) // BT)
-    L = eos - bos
-    n_chunks = ((L + BT - 1) // BT).to(gl.int32)
-    rows = gl.maximum(L, 1).to(gl.int32)  # a descriptor's rows: the sequence's (an empty one reads nothing)
+    bos, L, n_chunks, cs0, rows = _sequence_place(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
 
     # Descriptors over this sequence's rows: a tile past its end reads zeros, a store stops there.
     l_qk: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, K], DT)

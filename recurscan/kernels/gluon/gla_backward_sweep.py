@@ -33,7 +33,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .delta_backward_sweep import _state_offsets
+from .delta_backward_sweep import _sequence_place, _state_offsets
 
 #: A timing probe (``RECURSCAN_REVERSE_PROBE`` when this module is imported; only
 #: benchmarks/gpu_gla_reverse_probe.py sets it): 0 the kernel; 1 the ring of loads and the chain,
@@ -100,6 +100,16 @@ def _stormy_gate_tile(St, gc, seg, o_i, o_j, r0, L, row64: gl.constexpr, col64: 
 
 
 @gluon.jit
+def _calm_dv(Wdo, scores, acc, f, a64: gl.constexpr, col64: gl.constexpr):
+    """dV^T of a calm chunk: f o ((lam scale o dO)^T scores + acc), ``Wdo`` = (lam scale o dO)^T
+    [BV, BT] in the products' dtype, ``scores`` [BT, BT] in shared memory, ``acc`` = scale
+    lam_last (K dS')^T, f the column factors (along ``col64``)."""
+    dvt = warpgroup_mma(gl.convert_layout(Wdo, a64), scores, acc, is_async=True)
+    dvt = warpgroup_mma_wait(num_outstanding=0, deps=(dvt,))
+    return gl.convert_layout(f, col64)[None, :] * dvt
+
+
+@gluon.jit
 def _sequence_operands(q, k, do, aqk, dv, dstates, cu_seqlens, chunk_offsets, T, n_cs_rows, i_n, H: gl.constexpr,
                        HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
                        IS_VARLEN: gl.constexpr, DT: gl.constexpr):
@@ -108,17 +118,7 @@ def _sequence_operands(q, k, do, aqk, dv, dstates, cu_seqlens, chunk_offsets, T,
     tiles), dO ([BT, BV]), the scores ([BT, BT]) and dV ([BT, BV] float32) over the sequence's rows
     (a tile past its end reads zeros, a store stops there), and the chunk states ([K, BV] tiles;
     rows outside [0, n_cs_rows), from a wrong chunk_offsets entry, are moved just past them)."""
-    if IS_VARLEN:  # clamped to [0, T]: no descriptor reaches outside the inputs
-        bos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n).to(gl.int64), 0), T)
-        eos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n + 1).to(gl.int64), bos), T)
-        cs0 = gl.load(chunk_offsets + i_n).to(gl.int64)
-    else:
-        bos = i_n.to(gl.int64) * T
-        eos = bos + T
-        cs0 = i_n.to(gl.int64) * ((T + BT - 1) // BT)
-    L = eos - bos
-    n_chunks = ((L + BT - 1) // BT).to(gl.int32)
-    rows = gl.maximum(L, 1).to(gl.int32)  # a descriptor's rows: the sequence's (an empty one reads nothing)
+    bos, L, n_chunks, cs0, rows = _sequence_place(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
     l_qk: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, K], DT)
     l_tv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], DT)
     l_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], DT)
@@ -234,10 +234,7 @@ def gluon_gla_bwd_sweep_kernel(
         if PROBE != 1:
             dSK = warpgroup_mma_wait(num_outstanding=0 if PROBE == 2 else 1, deps=(dSK,))
             if f_0 == f_0:  # calm (the column factors are NaN in every row otherwise)
-                dvt = warpgroup_mma(gl.convert_layout(Wdo, a64), a_s.index(s), (scale * lam_last) * dSK,
-                                    is_async=True)
-                dvt = warpgroup_mma_wait(num_outstanding=0, deps=(dvt,))
-                dvt = gl.convert_layout(f, col64)[None, :] * dvt
+                dvt = _calm_dv(Wdo, a_s.index(s), (scale * lam_last) * dSK, f, a64, col64)
             else:
                 # G_ij = 2^(gc_i - gc_j) for j <= i in one segment, rows past the end selected out.
                 St = a_s.index(s).load(mma64).to(gl.float32)  # scores [i, j]

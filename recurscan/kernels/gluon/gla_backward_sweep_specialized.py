@@ -30,7 +30,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .delta_backward_sweep import _state_offsets
-from .gla_backward_sweep import _row_coefficients, _sequence_operands, _stormy_gate_tile
+from .gla_backward_sweep import _calm_dv, _row_coefficients, _sequence_operands, _stormy_gate_tile
+from .gla_sweep_specialized import _handover_barriers
 
 #: Registers a thread of each outputs warpgroup and of the load warp (setmaxnreg); the chain, the
 #: default partition, takes what the kernel's cap leaves (512 - 2 x 160 - 24 = 168): offline for
@@ -139,10 +140,7 @@ def _outputs(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.conste
         mbarrier.arrive(s_empty.index(b), count=1)
         if f_0 == f_0:  # calm (the column factors are NaN in every row otherwise)
             Wdo = (gl.convert_layout(lam_s, col64)[None, :] * dOt.to(gl.float32)).to(DT)  # (lam scale o dO)^T
-            dvt = warpgroup_mma(gl.convert_layout(Wdo, a64), a_s.index(s), (scale * lam_last) * dSK,
-                                is_async=True)
-            dvt = warpgroup_mma_wait(num_outstanding=0, deps=(dvt,))
-            dvt = gl.convert_layout(f, col64)[None, :] * dvt
+            dvt = _calm_dv(Wdo, a_s.index(s), (scale * lam_last) * dSK, f, a64, col64)
         else:
             # G_ij = 2^(gc_i - gc_j) for j <= i in one segment, rows past the end selected out.
             St = a_s.index(s).load(mma64).to(gl.float32)  # scores [i, j]
@@ -219,17 +217,7 @@ def gluon_gla_bwd_sweep_specialized_kernel(
     hs_s = gl.allocate_shared_memory(DT, [2, K, BV], ds_desc.layout)  # dS' handed to the outputs (and stored)
     g_s = gl.allocate_shared_memory(DT, [2, BT, BT], s_desc.layout)  # each outputs warpgroup's gate tile
     dv_s = gl.allocate_shared_memory(gl.float32, [2, BT, BV], dv_desc.layout)  # and its dV staging
-    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    s_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    s_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)  # the chain's and the outputs' arrivals
-    for i in gl.static_range(2):
-        mbarrier.init(s_ready.index(i), count=1)
-        mbarrier.init(s_empty.index(i), count=1)
-    fence_async_shared()
+    ready, empty, s_ready, s_empty = _handover_barriers(NUM_STAGES)
 
     p = (k_s, q_s, do_s, a_s, hs_s, g_s, dv_s, ready, empty, s_ready, s_empty, k_desc, q_desc, do_desc, s_desc,
          dv_desc, ds_desc, coef, dht, dh0, scale, bos, L, n_chunks, cs0, n_cs_rows)

@@ -62,6 +62,26 @@ PROBE = gl.constexpr(int(_PROBE))
 
 
 @gluon.jit
+def _handover_barriers(NUM_STAGES: gl.constexpr):
+    """The barriers of a warp-specialised sweep (this one and the reverse sweep's): ``ready`` and
+    ``empty`` a ring stage each (a stage is empty once the chain and the chunk's outputs
+    warpgroup both arrived), ``s_ready`` and ``s_empty`` a hand-over buffer each (one an outputs
+    warpgroup), initialised and fenced."""
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    s_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    s_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # the chain's and the outputs' arrivals
+    for i in gl.static_range(2):
+        mbarrier.init(s_ready.index(i), count=1)
+        mbarrier.init(s_empty.index(i), count=1)
+    fence_async_shared()
+    return ready, empty, s_ready, s_empty
+
+
+@gluon.jit
 def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
            PASS: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr, USE_CACHE: gl.constexpr,
            STORE_FINAL: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr,
@@ -347,17 +367,7 @@ def gluon_gla_sweep_specialized_kernel(
     # each outputs warpgroup's gated scores (the outputs' operand), then its outputs' staging
     gl.static_assert(BT == BV, "the gated scores' buffer stages the outputs")
     g_s = gl.allocate_shared_memory(DT, [2, BT, BT], l_tt)
-    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    s_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    s_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)  # the chain's and the outputs' arrivals
-    for i in gl.static_range(2):
-        mbarrier.init(s_ready.index(i), count=1)
-        mbarrier.init(s_empty.index(i), count=1)
-    fence_async_shared()
+    ready, empty, s_ready, s_empty = _handover_barriers(NUM_STAGES)
 
     p = (k_s, q_s, v_s, a_s, s_s, g_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
          coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends, flags, n_run, n_chunks,
