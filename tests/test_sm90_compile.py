@@ -122,7 +122,7 @@ def test_the_gluon_forward_sweep_compiles_for_sm90():
     """The forward sweep's Gluon twin in every pass and form it takes (the single pass, phases, a
     segmented sweep's second pass; dense and varlen; a cache with float32 chunk states; the WY step
     off for SSD and simple GLA, on the delta prep and on the group prep's scores, there in one pass
-    and in segments), without spills:
+    and in segments; warp-specialised, also keeping the chunk states in bf16), without spills:
     the Gluon rules (docs/kernels-gluon.md)."""
     run = compile_offline("gluon-forward")
     assert run.returncode == 0, run.stderr[-3000:]
@@ -142,6 +142,9 @@ def test_the_gluon_forward_sweep_compiles_for_sm90():
         assert f"GLA warp-specialised, scores in the sweep, {case}: chunk_delta_sweep_kernel" in run.stdout  # replay
     assert "SSD group prep, warp-specialised, in phases: gluon_gla_sweep_specialized_kernel" in run.stdout
     assert "SSD warp-specialised, scores in the sweep: gluon_gla_sweep_specialized_kernel" in run.stdout
+    for form in ("SSD warp-specialised", "SSD warp-specialised, in phases", "SSD warp-specialised, scores in the sweep",
+                 "GLA warp-specialised, scores in the sweep, GDN varlen, GVA"):  # keeping the chunk states
+        assert f"{form}, chunk states: gluon_gla_sweep_specialized_kernel" in run.stdout, run.stdout
 
 
 def test_the_ssd_training_gate_kernels_compile_for_sm90():

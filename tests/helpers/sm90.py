@@ -300,15 +300,26 @@ def compile_gluon_forward() -> list[str]:
     for case in ("GDN dense, H = HV", "GDN varlen, GVA"):
         lines += [f"GLA warp-specialised, scores in the sweep, {case}: {line}"
                   for line in compile_gla_sweep(case, "Gluon warp-specialised, scores in the sweep", ssd=False)]
+    # The same keeping the chunk states for the backward (bf16, from the chain's hand-over buffer).
+    for name, form in (("", shape), (", in phases", dataclasses.replace(shape, phases=3)),
+                       (", scores in the sweep", SPECIALIZED_SCORES_SHAPE)):
+        lines += [f"SSD warp-specialised{name}, chunk states: {line}"
+                  for line in compile_ssd_benchmark(form, chunk_states=True)]
+    lines += [f"GLA warp-specialised, scores in the sweep, GDN varlen, GVA, chunk states: {line}"
+              for line in compile_gla_sweep("GDN varlen, GVA", "Gluon warp-specialised, scores in the sweep",
+                                            ssd=False, chunk_states=True)]
     return lines
 
 
-def compile_gla_sweep(case: str, shape: str, ssd: bool, describe=None, per_key: bool = False) -> list[str]:
+def compile_gla_sweep(case: str, shape: str, ssd: bool, describe=None, per_key: bool = False,
+                      chunk_states: bool = False) -> list[str]:
     """A scalar-decay GLA (or, ``ssd``, Mamba2 SSD with every prologue and epilogue part on, mamba's
     seq_idx and a state cache in its [S, H, P, Nstate] layout; or, ``per_key``, a decay per key
     through the per-key prep and the sweep's KEY_DECAY, in the shape as the planner adapts it)
     forward on the delta rule's prep and sweep with the WY step off (launch/delta.py,
-    ``wy=False``), in a shape of :data:`SWEEP_SHAPES`, for an M = 1 case of :data:`CASES` (bf16)."""
+    ``wy=False``), in a shape of :data:`SWEEP_SHAPES`, for an M = 1 case of :data:`CASES` (bf16);
+    ``chunk_states``: also the chunk states in bf16, as the training forward keeps them
+    (GlaShape.forward_states)."""
     from recurscan.plan.gla import per_key_shape_of
     from recurscan.launch.delta import build_delta_launches
     from recurscan.launch.gla import SsdPrologue
@@ -326,7 +337,9 @@ def compile_gla_sweep(case: str, shape: str, ssd: bool, describe=None, per_key: 
         g, h0 = torch.zeros(B, T), None
         state, slots = torch.zeros(8, HV, 64, K).transpose(-1, -2), torch.zeros(N, dtype=torch.int32)
     cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
-    indices = None if cu is None else build_chunk_descriptors(cu_t, 1).chunk_indices
+    descriptors = None if cu is None else build_chunk_descriptors(cu_t, 1)
+    indices = None if cu is None else descriptors.chunk_indices
+    offsets = None if cu is None or not chunk_states else descriptors.chunk_offsets
     sweep_shape = {**SWEEP_SHAPES, **{f"Gluon {k}": v for k, v in GLUON_SWEEP_SHAPES.items()},
                    "Gluon warp-specialised, scores in the sweep": SPECIALIZED_SCORES_SHAPE}[shape]
     group = HV // H
@@ -336,8 +349,10 @@ def compile_gla_sweep(case: str, shape: str, ssd: bool, describe=None, per_key: 
         sweep_shape = per_key_shape_of(sweep_shape)
     launches = build_delta_launches(q, k, v, g, None, sweep_shape, scale=K ** -0.5, initial_state=h0,
                                     output_final_state=True, cu_seqlens=cu_t, chunk_indices_dp=indices,
-                                    state=state, state_indices=slots, wy=False, ssd=prologue, key_decay=per_key)
-    inputs = DeltaInputs(q, k, v, g, None, h0, state, slots, cu_t, indices, None,
+                                    state=state, state_indices=slots, wy=False, ssd=prologue, key_decay=per_key,
+                                    return_chunk_states=chunk_states, chunk_states_dtype=torch.bfloat16,
+                                    chunk_offsets=offsets, num_chunk_rows=None if indices is None else len(indices))
+    inputs = DeltaInputs(q, k, v, g, None, h0, state, slots, cu_t, indices, offsets,
                          *((None,) * 5 if prologue is None else prologue.tensors()))
     made = {n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.buffers.items()}
     names = DeltaInputs._fields
@@ -346,10 +361,12 @@ def compile_gla_sweep(case: str, shape: str, ssd: bool, describe=None, per_key: 
     return [compiled_line(step, CALL_NAMES, values, describe) for step in launches.steps]
 
 
-def compile_ssd_benchmark(shape: DeltaShape, describe=None, per_channel: bool = False) -> list[str]:
+def compile_ssd_benchmark(shape: DeltaShape, describe=None, per_channel: bool = False,
+                          chunk_states: bool = False) -> list[str]:
     """The SSD forward's launches (launch/delta.py, WY off) in ``shape`` as the benchmark calls them
     (benchmarks/gpu_gla.py's ssd_inputs: 80 heads x 64, one group, dstate 128, D per head (or per
-    channel), dt_bias, softplus, no z, bf16), one line each."""
+    channel), dt_bias, softplus, no z, bf16), one line each; ``chunk_states``: also the chunk states
+    in bf16, as the training forward keeps them (GlaShape.forward_states)."""
     from recurscan.launch.delta import build_delta_launches
     from recurscan.launch.gla import SsdPrologue
     B, T, H, HV, K, V = 1, 4096, 1, 80, 128, 64
@@ -358,7 +375,8 @@ def compile_ssd_benchmark(shape: DeltaShape, describe=None, per_channel: bool = 
     prologue = SsdPrologue(torch.zeros(B, T, HV), torch.zeros(HV), torch.zeros(HV),
                            torch.zeros(HV, V) if per_channel else torch.zeros(HV), None, True, (0.0, float("inf")))
     launches = build_delta_launches(q, k, v, None, None, shape, scale=1.0, output_final_state=True, wy=False,
-                                    ssd=prologue)
+                                    ssd=prologue, return_chunk_states=chunk_states,
+                                    chunk_states_dtype=torch.bfloat16)
     inputs = DeltaInputs(q, k, v, None, None, None, None, None, None, None, None, *prologue.tensors())
     made = {n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.buffers.items()}
     values = tuple(x if x is not None else torch.zeros(1) for x in

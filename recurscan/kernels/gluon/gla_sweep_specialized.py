@@ -26,7 +26,9 @@ simple GLA's row (the measurements there and in docs/perf-history.md).
 
 Scope (``plan.delta.gluon_sweep_scope`` and the launch layer's ``_sweep_kernel``): the single pass
 (PASS 0) or a phase (PASS 3: chunks [tc_first, tc_first + tc_count), the state between phases in
-``seg_n``, as the twin's), outputs on, no chunk states, checkpoints or segments; dense or varlen, an initial
+``seg_n``, as the twin's), outputs on, chunk states in the inputs' dtype or none (the chain's hand-over
+buffer is then held as S [K, BV], a chunk-state row's tile, and stored from there by one bulk copy a
+chunk), no checkpoints or segments; dense or varlen, an initial
 state or a cache slot (a padding slot's zero outputs), the final state, SSD's skip D per head or per
 channel, no gate z. The replay flags are the twin's (the Triton replay launch runs after this one).
 Takes the twin's arguments, so a launch record names either kernel.
@@ -85,12 +87,14 @@ def _handover_barriers(NUM_STAGES: gl.constexpr):
 def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
            PASS: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr, USE_CACHE: gl.constexpr,
            STORE_FINAL: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr,
-           SWEEP_SCORES: gl.constexpr):
+           SWEEP_SCORES: gl.constexpr, STORE_CHUNK_STATES: gl.constexpr):
     """The default partition: the state over the program's chunks, each chunk's entering state
-    handed to the outputs, then the final state (or cache slot) and the replay flag."""
+    handed to the outputs (with STORE_CHUNK_STATES also to its chunk-state row, by a bulk store from
+    the same buffer), then the final state (or cache slot) and the replay flag."""
     (k_s, q_s, v_s, a_s, s_s, g_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
-     coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends, flags, n_run, n_chunks, i_n,
-     i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w) = p
+     cs_desc, coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends, flags, n_run,
+     n_chunks, i_n, i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w, cs0,
+     n_cs_rows) = p
     DT: gl.constexpr = k_s.dtype
     mmaK: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
     mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
@@ -114,8 +118,19 @@ def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
         if PROBE != 1:
             # The state entering chunk j, to the outputs (the buffer they freed two chunks ago).
             mbarrier.wait(s_empty.index(b), ((j // 2) & 1) ^ 1)
-            s_s.index(b).store(S_t.to(DT))
-            fence_async_shared()
+            if STORE_CHUNK_STATES:
+                # and to its chunk-state row: the buffer holds S [K, BV], a row's tile; its store
+                # two chunks ago has drained (one bulk store a chunk, so at most one pending)
+                tma.store_wait(pendings=1)
+                s_s.index(b).permute((1, 0)).store(S_t.to(DT))
+                fence_async_shared()
+                gl.thread_barrier()
+                cs = cs0 + c
+                cs = gl.where((cs >= 0) & (cs < n_cs_rows), cs, n_cs_rows)  # past the descriptor: not stored
+                tma.async_copy_shared_to_global(cs_desc, [(cs * HV + i_hv).to(gl.int32) * K, i_v * BV], s_s.index(b))
+            else:
+                s_s.index(b).store(S_t.to(DT))
+                fence_async_shared()
             mbarrier.arrive(s_ready.index(b), count=1)
         # The next state: S^T <- lam_last S^T + (V^T o gam) K.
         mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
@@ -125,6 +140,8 @@ def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
             S_t = warpgroup_mma(U_g, k_s.index(s), S_t * lam_last, is_async=True)
             S_t = warpgroup_mma_wait(num_outstanding=0, deps=(S_t,))
         mbarrier.arrive(empty.index(s), count=1)
+    if STORE_CHUNK_STATES:
+        tma.store_wait(pendings=0)
 
     # the replay flag (the last phase's programs, where phased), the final state or cache slot, or
     # the next phase's entering state
@@ -156,14 +173,15 @@ def _gate_coefficients(coef, bos, c, i_n, i_hv, o_i, o_j, HV: gl.constexpr, BT: 
 def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
              NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr, USE_CACHE: gl.constexpr,
              STORE_FINAL: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr, SWEEP_SCORES: gl.constexpr,
-             PART: gl.constexpr):
+             STORE_CHUNK_STATES: gl.constexpr, PART: gl.constexpr):
     """A worker warpgroup: the outputs of every other chunk (those with j % 2 == PART; the other
     warpgroup takes the rest) from the state the chain handed over in buffer PART. Two of them, as
     one warpgroup's chunk is a chain of dependent steps (two products, the gate tile, the store)
     that leaves its warps idle most of the time."""
     (k_s, q_s, v_s, a_s, s_s, g_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
-     coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends, flags, n_run, n_chunks, i_n,
-     i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w) = p
+     cs_desc, coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends, flags, n_run,
+     n_chunks, i_n, i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w, cs0,
+     n_cs_rows) = p
     DT: gl.constexpr = k_s.dtype
     mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     col64: gl.constexpr = gl.SliceLayout(0, mma64)
@@ -198,7 +216,11 @@ def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.const
                 St = warpgroup_mma(k_s.index(s), q_s.index(s).permute((1, 0)), zero64, use_acc=False,
                                    is_async=True)
             mbarrier.wait(s_ready.index(b), (j // 2) & 1)
-            QSt = warpgroup_mma(s_s.index(b), q_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
+            if STORE_CHUNK_STATES:  # the buffer holds S [K, BV]: S^T is its transposed view
+                S_h = s_s.index(b).permute((1, 0))
+            else:
+                S_h = s_s.index(b)
+            QSt = warpgroup_mma(S_h, q_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
             # aqk^T [j, i] = G_ij c_j scores_ij while the product runs (the twin's gate tile).
             if SWEEP_SCORES:
                 St = warpgroup_mma_wait(num_outstanding=1, deps=(St,))
@@ -245,8 +267,9 @@ def _loads(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
     """A worker warp: the chunks' tiles by bulk copies, a stage once both warpgroups freed it (the
     scores' tile only where the prep formed them)."""
     (k_s, q_s, v_s, a_s, s_s, g_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
-     coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends, flags, n_run, n_chunks, i_n,
-     i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w) = p
+     cs_desc, coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends, flags, n_run,
+     n_chunks, i_n, i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w, cs0,
+     n_cs_rows) = p
     nbytes: gl.constexpr = (k_desc.block_type.nbytes + q_desc.block_type.nbytes + v_desc.block_type.nbytes
                             + (0 if SWEEP_SCORES else a_desc.block_type.nbytes))
     for j in range(n_run):
@@ -296,8 +319,9 @@ def gluon_gla_sweep_specialized_kernel(
     gl.static_assert(M == 1, "M = 1")
     gl.static_assert(GATE_SCORES and not WY and OUTPUTS, "the group prep's scores, the WY step off, outputs on")
     gl.static_assert(not (KEY_DECAY or HAS_Z or CALM_GATES or STORE_U or REPLAY), "a scalar decay, no gate z")
-    gl.static_assert((PASS == 0 or PASS == 3) and not STORE_CHUNK_STATES and CKPT_CHUNKS == 0,
-                     "the single pass or a phase, no chunk states")
+    gl.static_assert((PASS == 0 or PASS == 3) and CKPT_CHUNKS == 0, "the single pass or a phase, no checkpoints")
+    if STORE_CHUNK_STATES:
+        gl.static_assert(chunk_states.dtype.element_ty == DT, "chunk states in the inputs' dtype (the hand-over's)")
     if PDL:
         if trigger_dependents != 0:  # the next phase's prep may start on the SMs this phase leaves free
             gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
@@ -363,25 +387,40 @@ def gluon_gla_sweep_specialized_kernel(
     else:
         a_desc = tma.make_tensor_descriptor(aqk + bos * (H * BT), [rows, H * BT], [H * BT, 1], [BT, BT], l_at)
         a_s = gl.allocate_shared_memory(A_DT, [NUM_STAGES, BT, BT], l_at)
-    s_s = gl.allocate_shared_memory(DT, [2, BV, K], l_vk)  # the states handed to the outputs
+    # the states handed to the outputs: S^T [BV, K], or with STORE_CHUNK_STATES S [K, BV], a
+    # chunk-state row's tile (chunk_states [rows, HV, K, V] seen as [rows * HV * K, V])
+    if STORE_CHUNK_STATES:
+        l_kv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([K, BV], DT)
+        s_s = gl.allocate_shared_memory(DT, [2, K, BV], l_kv)
+        # Chunk-state rows outside [0, n_cs_rows) (a wrong chunk_offsets entry) are moved just past it.
+        cs_desc = tma.make_tensor_descriptor(chunk_states, [n_cs_rows * (HV * K), V], [V, 1], [K, BV], l_kv)
+        if IS_VARLEN:
+            cs0 = gl.load(chunk_offsets + i_n).to(gl.int64)
+        else:
+            cs0 = i_n * ((T + BT - 1) // BT)
+    else:
+        s_s = gl.allocate_shared_memory(DT, [2, BV, K], l_vk)
+        cs_desc = o_desc  # unread
+        cs0 = i_n * 0
     # each outputs warpgroup's gated scores (the outputs' operand), then its outputs' staging
     gl.static_assert(BT == BV, "the gated scores' buffer stages the outputs")
     g_s = gl.allocate_shared_memory(DT, [2, BT, BT], l_tt)
     ready, empty, s_ready, s_empty = _handover_barriers(NUM_STAGES)
 
     p = (k_s, q_s, v_s, a_s, s_s, g_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
-         coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends, flags, n_run, n_chunks,
-         i_n, i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, i_h * K, i_hv * V + i_v * BV, i_h * BT)
+         cs_desc, coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends, flags, n_run,
+         n_chunks, i_n, i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, i_h * K, i_hv * V + i_v * BV,
+         i_h * BT, cs0, n_cs_rows)
     OUT_REGS: gl.constexpr = SCORES_OUTPUT_REGS if SWEEP_SCORES else OUTPUT_REGS
     # Each partition's arguments written out in the call: a tuple named first would carry the
     # constexprs as values (Triton 3.6).
     gl.warp_specialize([
         (_chain, (p, HV, K, V, BT, BV, PASS, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL,
-                  SWEEP_SCORES)),
+                  SWEEP_SCORES, STORE_CHUNK_STATES)),
         (_outputs, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL,
-                    SWEEP_SCORES, 0)),
+                    SWEEP_SCORES, STORE_CHUNK_STATES, 0)),
         (_outputs, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL,
-                    SWEEP_SCORES, 1)),
+                    SWEEP_SCORES, STORE_CHUNK_STATES, 1)),
         (_loads, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL,
                   SWEEP_SCORES)),
     ], [4, 4, 1], [OUT_REGS, OUT_REGS, LOAD_REGS])
