@@ -106,6 +106,9 @@ DG_TWIN = False
 #: Whether SSD's training rows also run the dg twin in the form not planned, warp-specialised or not
 #: (``--dg-specialized``).
 DG_SPECIALIZED = False
+#: Whether the training rows (simple GLA's too) also run with the forward keeping the chunk states for the
+#: backward, or without where that is planned (``--forward-states``, plan.gla.GLA_FORWARD_STATES).
+FORWARD_STATES = False
 #: The shares of the SMs under which SSD's training rows also run the recompute beside the reverse sweep
 #: (``--corun SHARE``, plan.gla.GLA_BACKWARD_CORUN).
 CORUN: list[float] = []
@@ -153,10 +156,16 @@ def train_rows():
                 if DG_TWIN else {}),
              **{f"recurscan triton, the recompute beside the reverse sweep at {c}": dict(GLA_BACKWARD_CORUN=c)
                 for c in CORUN}}
+    # The forms every training row runs (simple GLA's too): the planned one, and the chunk states kept or not.
+    common = {"recurscan triton": {},
+              **({("recurscan triton, the chunk states recomputed" if plan_gla.GLA_FORWARD_STATES else
+                   "recurscan triton, the chunk states kept by the forward"): dict(
+                  GLA_FORWARD_STATES=not plan_gla.GLA_FORWARD_STATES)} if FORWARD_STATES else {})}
+    forms.update(common)
 
     def timed(name, step, peers, variants=True):
         out = []
-        for impl, overrides in (forms if variants else {"recurscan triton": {}}).items():
+        for impl, overrides in (forms if variants else common).items():
             saved = {a: getattr(plan_gla, a) for a in overrides}
             for a, value in overrides.items():
                 setattr(plan_gla, a, value)
@@ -221,6 +230,9 @@ def main():
     ap.add_argument("--dg-specialized", action="store_true",
                     help="with --train: SSD's rows also with the dg twin in the form not planned, warp-specialised "
                          "or not (plan.gla.GLUON_GLA_DG_SPECIALIZED)")
+    ap.add_argument("--forward-states", action="store_true",
+                    help="with --train: every training row also with the forward keeping the chunk states for the "
+                         "backward, or recomputing them where keeping is planned (plan.gla.GLA_FORWARD_STATES)")
     ap.add_argument("--train-only", action="store_true", help="the training rows alone")
     ap.add_argument("--gla", action="append", default=[], metavar="B:T:H",
                     help="also simple GLA at this batch, length and heads (K = V = 128)")
@@ -231,9 +243,10 @@ def main():
     GRADS_SIDES.extend(args.grads_sides)
     REVERSE_SWEEPS.extend(args.reverse_sweep)
     CORUN.extend(args.corun)
-    global RECOMPUTE_TWIN, REVERSE_TWIN, DG_TWIN, REVERSE_SPECIALIZED, DG_SPECIALIZED
+    global RECOMPUTE_TWIN, REVERSE_TWIN, DG_TWIN, REVERSE_SPECIALIZED, DG_SPECIALIZED, FORWARD_STATES
     RECOMPUTE_TWIN, REVERSE_TWIN, DG_TWIN = args.recompute_twin, args.reverse_twin, args.dg_twin
     REVERSE_SPECIALIZED, DG_SPECIALIZED = args.reverse_specialized, args.dg_specialized
+    FORWARD_STATES = args.forward_states
     gpu_gla.PROFILE = args.profile
     if args.train_only:
         save(args.out, train_rows())

@@ -9,7 +9,8 @@ import torch
 
 import recurscan
 from recurscan.reference.gla import gla_chunked, gla_naive
-from tests.helpers.gla_forms import PER_KEY_FORMS, use_form, use_grads_form, use_per_key_form
+from tests.helpers.gla_forms import (PER_KEY_FORMS, assert_the_backward_read_the_kept_states, use_form, use_grads_form,
+                                     use_per_key_form)
 from tests.helpers.tolerances import assert_like_fp32, relative_rms
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -222,6 +223,24 @@ def test_gradients_with_the_recompute_beside_the_reverse_sweep(case, monkeypatch
     check_gradients(GROUP_GRAD_CASES[case], case, "all", "sweep, group prep", monkeypatch)
     built = list(launch_gla.GLA_BACKWARD_LAUNCHES.values())
     assert built and all(b.corun for b in built)
+
+
+@pytest.mark.parametrize("case", ["dense, GVA, T 130", "varlen, one-token sequences", "T 1"])
+@pytest.mark.parametrize("recompute", ["sweep", "sweep, group prep", "sweep, scores in the sweep"])
+def test_gradients_from_the_chunk_states_the_forward_kept(case, recompute, monkeypatch):
+    """plan.gla.GLA_FORWARD_STATES: the training forward keeps the state entering every chunk (in
+    q's dtype, not filled: buffers are poisoned with NaN when allocated, so a row the forward left
+    unwritten would reach the gradients), and the backward reads them in place of its recompute's
+    sweep: every gradient as above; the recompute keeps its group prep alone where the reverse
+    sweep reads its scores and gates, else nothing runs of it."""
+    from recurscan.launch import delta as launch_delta
+    from recurscan.plan import gla as plan_gla
+    from recurscan.runtime.cache import clear_caches
+    monkeypatch.setattr(plan_gla, "GLA_FORWARD_STATES", True)
+    monkeypatch.setattr(launch_delta, "POISON_BUFFERS", True)
+    clear_caches()
+    check_gradients(GRAD_CASES[case], case, "all", recompute, monkeypatch)
+    assert_the_backward_read_the_kept_states(group_prep=recompute == "sweep, group prep")
 
 
 def check_gradients(c, case, optional, recompute, monkeypatch):
@@ -575,25 +594,38 @@ def test_prep_programs_over_several_heads_give_the_same_bits(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(one, four))
 
 
-def test_the_forward_starts_compiling_the_recompute_on_the_sweep(monkeypatch):
+@pytest.mark.parametrize("kept, form, recompute", [
+    (False, "sweep", ["chunk_delta_prep_kernel", "chunk_delta_sweep_kernel"]),
+    (True, "sweep", []), (True, "sweep, group prep", ["chunk_group_prep_kernel"])],
+    ids=["recomputed", "kept", "kept, group prep"])
+def test_the_forward_starts_compiling_the_recompute_on_the_sweep(kept, form, recompute, monkeypatch):
     """With the recompute on the delta sweep (GlaShape.recompute_on_sweep), the forward under
-    autograd hands that sweep's prep and sweep to the background compiler, and the backward's
-    gradients are the PyTorch form's."""
+    autograd hands that sweep's prep and sweep to the background compiler, then the backward's
+    stages; with the chunk states kept by the forward (plan.gla.GLA_FORWARD_STATES) the recompute's
+    group prep alone (the reverse sweep reads its scores), or nothing of it without the group prep.
+    The backward finds those launches and its gradients are the PyTorch form's."""
     import recurscan.launch.gla as lg
     from recurscan.plan import gla as plan_gla
     monkeypatch.setattr(plan_gla, "GLA_LAUNCH", dataclasses.replace(plan_gla.GLA_LAUNCH, recompute_on_sweep=True))
+    monkeypatch.setattr(plan_gla, "GLA_FORWARD_STATES", kept)
+    use_form(form, monkeypatch)
     handed = []
     monkeypatch.setattr(lg, "INTERPRET", False)
     monkeypatch.setattr(lg, "compile_in_background", lambda launches, names, values, device:
                         handed.append((launches, names, values)) or (lambda: None))
     gen = torch.Generator().manual_seed(13)
-    x = [torch.randn(1, 90, 2, 16, generator=gen), torch.randn(1, 90, 2, 16, generator=gen),
-         torch.randn(1, 90, 2, 24, generator=gen), -torch.rand(1, 90, 2, generator=gen)]
+    T = 90 + kept + (form != "sweep")  # a signature of its own
+    x = [torch.randn(1, T, 2, 16, generator=gen), torch.randn(1, T, 2, 16, generator=gen),
+         torch.randn(1, T, 2, 24, generator=gen), -torch.rand(1, T, 2, generator=gen)]
     mine = [t.clone().requires_grad_() for t in x]
+    before = len(lg.GLA_BACKWARD_LAUNCHES)
     o, _ = recurscan.chunk_simple_gla(*mine, scale=0.3, backend="triton")
-    assert [launch[0].fn.__name__ for launch in handed[0][0]] == ["chunk_delta_prep_kernel", "chunk_delta_sweep_kernel"]
+    assert [names for _, names, _ in handed] == [lg.CALL_NAMES] * bool(recompute) + [lg.BWD_NAMES]
+    if recompute:
+        assert [launch[0].fn.__name__ for launch in handed[0][0]] == recompute
     do = torch.randn_like(o)
     got = torch.autograd.grad(o, mine, do)
+    assert len(lg.GLA_BACKWARD_LAUNCHES) == before + 1  # the forward's, found by the backward
     ref = [t.clone().requires_grad_() for t in x]
     want = torch.autograd.grad(recurscan.chunk_simple_gla(*ref, scale=0.3, backend="torch")[0], ref, do)
     for name, a, b in zip(("dq", "dk", "dv", "dg"), got, want):

@@ -7,7 +7,7 @@ import torch
 import recurscan
 from recurscan.launch import delta as launch_delta
 from recurscan.reference.ssd import ssd_chunked, ssd_naive
-from tests.helpers.gla_forms import use_form, use_grads_form
+from tests.helpers.gla_forms import assert_the_backward_read_the_kept_states, use_form, use_grads_form
 from tests.helpers.launches import delta_launches
 from tests.helpers.tolerances import assert_like_fp32
 
@@ -224,6 +224,28 @@ def test_triton_gradients_match_autograd_through_the_token_loop(cu, extras, form
     (the GLA kernels' backward, the elementwise prologue and epilogue by autograd) against
     autograd through the float64 token loop; the forward and the backward's recompute in ``form``,
     the parallel stage in ``grads`` (tests/helpers/gla_forms.py; 8 heads in 2 groups there)."""
+    check_ssd_gradients(cu, extras, form, grads, monkeypatch)
+
+
+@pytest.mark.parametrize("form, grads", [("sweep", "per head"), ("sweep, group prep", "group"),
+                                         ("sweep, scores in the sweep", "per head")])
+@pytest.mark.parametrize("cu", [None, [0, 1, 70, 130]])
+def test_gradients_from_the_chunk_states_the_forward_kept(cu, form, grads, monkeypatch):
+    """plan.gla.GLA_FORWARD_STATES: SSD's training forward keeps the state entering every chunk
+    (from x raw with dt in the gates; in the kernels' dtype, not filled: buffers are poisoned with
+    NaN when allocated, so a row the forward left unwritten would reach the gradients), and the
+    backward reads them in place of its recompute's sweep: every gradient as above; the backward's
+    recompute keeps its group prep alone where the reverse sweep reads its scores, else nothing."""
+    from recurscan.plan import gla as plan_gla
+    from recurscan.runtime.cache import clear_caches
+    monkeypatch.setattr(plan_gla, "GLA_FORWARD_STATES", True)
+    monkeypatch.setattr(launch_delta, "POISON_BUFFERS", True)
+    clear_caches()
+    check_ssd_gradients(cu, "D per head, z", form, grads, monkeypatch)
+    assert_the_backward_read_the_kept_states(group_prep=form == "sweep, group prep")
+
+
+def check_ssd_gradients(cu, extras, form, grads, monkeypatch):
     use_form(form, monkeypatch)
     use_grads_form(grads, monkeypatch)
     Bt = 2 if cu is None else 1

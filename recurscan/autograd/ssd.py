@@ -13,7 +13,7 @@ import torch
 import triton
 
 from ..kernels.gla.ssd_gate import ssd_gate_bwd_kernel, ssd_gate_fwd_kernel, ssd_step_bwd_kernel, ssd_value_kernel
-from ..launch.gla import SsdPrologue, chunk_simple_gla_bwd, chunk_simple_gla_fwd
+from ..launch.gla import SsdPrologue, chunk_simple_gla_bwd, chunk_simple_gla_fwd, forward_states_rows
 
 ROWS_PER_PROGRAM = 64
 
@@ -85,9 +85,12 @@ class SsdChunkScan(torch.autograd.Function):
 
     Forward: the recurrence's kernels as inference runs them (x raw, dt folded into the gates,
     u = o + D x in the output store; launch/gla.py's SSD prologue with the step sizes given), then
-    the gate y = u silu(z) where z is given. Saved for the backward: the inputs, and u where z is
-    given. Backward: the gate's, then v = dt x and the log decay formed again for the recurrence's
-    backward, then x's, dt's and D's gradients in one pass."""
+    the gate y = u silu(z) where z is given. Saved for the backward: the inputs, u where z is
+    given, and the states entering the chunks where the plan keeps them (``GlaShape.forward_states``,
+    launch.gla.forward_states_rows; in the kernels' dtype, from x raw with dt in the gates, so they
+    differ from a recompute's on v = dt x by that rounding). Backward: the gate's, then v = dt x and
+    the log decay formed again for the recurrence's backward, then x's, dt's and D's gradients in
+    one pass."""
 
     @staticmethod
     def forward(ctx, x, step, A, C, B, D, z, h0, resets, options):
@@ -96,19 +99,21 @@ class SsdChunkScan(torch.autograd.Function):
         z = None if z is None else z.contiguous()
         kernel_dtype = options["kernel_dtype"]
         prologue = SsdPrologue(step.contiguous(), A, None, D, None, False, (0.0, float("inf")))
-        u, final = chunk_simple_gla_fwd(C, B, x.to(kernel_dtype), resets, scale=1.0, initial_state=h0,
-                                        output_final_state=True, cu_seqlens=options["cu_seqlens"],
-                                        shape=options["shape"], chunk_indices=options["chunk_indices"], ssd=prologue,
-                                        backward=dict(chunk_indices=options["chunk_indices"],
-                                                      chunk_offsets=options["chunk_offsets"]))
+        rows = forward_states_rows(options["shape"], C, step, options["cu_seqlens"], options["chunk_indices"])
+        u, final, *states = chunk_simple_gla_fwd(
+            C, B, x.to(kernel_dtype), resets, scale=1.0, initial_state=h0, output_final_state=True,
+            cu_seqlens=options["cu_seqlens"], shape=options["shape"], chunk_indices=options["chunk_indices"],
+            ssd=prologue, chunk_state_rows=rows, states_for_backward=rows is not None,
+            chunk_offsets=options["chunk_offsets"] if rows is not None else None,
+            backward=dict(chunk_indices=options["chunk_indices"], chunk_offsets=options["chunk_offsets"]))
         y = u if z is None else gate_forward(u, z)
-        ctx.save_for_backward(x, step, A, C, B, D, z, h0, resets, None if z is None else u)
+        ctx.save_for_backward(x, step, A, C, B, D, z, h0, resets, None if z is None else u, *states)
         ctx.options = options
         return y, final
 
     @staticmethod
     def backward(ctx, dy, dfinal):
-        x, step, A, C, B, D, z, h0, resets, u = ctx.saved_tensors
+        x, step, A, C, B, D, z, h0, resets, u, *states = ctx.saved_tensors
         opt = ctx.options
         dz = None
         if z is None:
@@ -118,7 +123,8 @@ class SsdChunkScan(torch.autograd.Function):
         v, g = _value_and_decay(x, step, A, resets, opt["kernel_dtype"])
         dC, dB, dv, dg, dh0 = chunk_simple_gla_bwd(C, B, v, g, do, dfinal, scale=1.0, initial_state=h0,
                                                    cu_seqlens=opt["cu_seqlens"], chunk_indices=opt["chunk_indices"],
-                                                   chunk_offsets=opt["chunk_offsets"], shape=opt["shape"])
+                                                   chunk_offsets=opt["chunk_offsets"], shape=opt["shape"],
+                                                   chunk_states=states[0] if states else None)
         dx, dstep, dD = step_backward(dv, dg, x, step, A, dy, D, z)
         dA = (dg * step).sum(tuple(range(dg.dim() - 1)))
         return (dx, dstep, dA.to(A.dtype), dC.to(C.dtype), dB.to(B.dtype), dD, dz,

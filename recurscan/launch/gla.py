@@ -174,7 +174,7 @@ def _launch(launch: GlaForward, values: tuple) -> None:
 
 def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_state=False, cu_seqlens=None,
                          backward=None, chunk_state_rows=None, chunk_offsets=None, prep_rows=None,
-                         chunk_indices=None,
+                         chunk_indices=None, states_for_backward=False,
                          shape: GlaShape, ssd: SsdPrologue | None = None, state=None, state_indices=None,
                          state_v_first=False, out_views=None):
     """``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] float32 or None)`` of
@@ -191,7 +191,10 @@ def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_
     the step sizes' for g).
     ``chunk_state_rows``: also return the state entering every chunk, ``[rows, HV, K, V]`` float32
     (row ``chunk_offsets[n] + c``, dense ``n * ceil(T / 64) + c``; varlen rows past the last
-    offset are zeros); returned third. ``prep_rows``: through the prep (:func:`build_gla_forward`;
+    offset are zeros); returned third. ``states_for_backward`` (with ``chunk_state_rows``, on the
+    delta sweep): the chunk states as the backward takes them (:func:`forward_states_rows`), in q's
+    dtype and not zero-filled first (every row a chunk of the descriptors names is written, and the
+    backward reads no other). ``prep_rows``: through the prep (:func:`build_gla_forward`;
     g ``[B, T, HV, K]``, a decay per key dimension, needs it); varlen then needs ``chunk_indices``
     and ``chunk_offsets``. A shape with ``sweep`` runs a scalar decay, SSD and a decay per key on
     the delta rule's prep (for a decay per key, kernels/gla/prep.py's) and sweep
@@ -205,7 +208,10 @@ def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_
                              chunk_state_rows=chunk_state_rows, chunk_offsets=chunk_offsets,
                              chunk_indices=chunk_indices, shape=shape, ssd=ssd, state=state,
                              state_indices=state_indices, state_v_first=state_v_first, backward=backward,
-                             out_views=out_views)
+                             out_views=out_views, states_for_backward=states_for_backward)
+    if states_for_backward:
+        raise ValueError("chunk_simple_gla_fwd: states_for_backward runs on the delta sweep (a scalar decay with "
+                         "GlaShape.sweep)")
     q, k, v = (x.contiguous() for x in (q, k, v))
     g = None if g is None else g.contiguous()
     h0 = state if state is not None else (None if initial_state is None else initial_state.float())
@@ -238,7 +244,7 @@ def chunk_simple_gla_fwd(q, k, v, g, *, scale, initial_state=None, output_final_
 
 def _gla_on_sweep(q, k, v, g, *, scale, initial_state, output_final_state, cu_seqlens, chunk_state_rows,
                   chunk_offsets, chunk_indices, shape: GlaShape, ssd, state, state_indices, state_v_first,
-                  backward=None, out_views=None):
+                  backward=None, out_views=None, states_for_backward=False):
     """:func:`chunk_simple_gla_fwd` of a scalar decay (or SSD) on the delta rule's prep and sweep
     with the WY step off, launched in ``shape.sweep`` (launch/delta.py builds the launches; varlen
     without ``chunk_indices`` forms them on the device, no sync); a decay per key (g ``[B, T, HV,
@@ -256,20 +262,25 @@ def _gla_on_sweep(q, k, v, g, *, scale, initial_state, output_final_state, cu_se
     ssd, extra = contiguous_prologue(ssd)
     options = None if ssd is None else (ssd.dt_softplus, tuple(ssd.dt_limit))
     key = (launch_key((q, k, v, g, h0, state, state_indices, cu_seqlens, chunk_indices, chunk_offsets) + extra +
-                      (out_views or ())), float(scale), output_final_state, shape, options, chunk_state_rows)
+                      (out_views or ())), float(scale), output_final_state, shape, options, chunk_state_rows,
+           states_for_backward)
     launches = GLA_SWEEP_LAUNCHES.get(key)
     if launches is None:
-        launches = GLA_SWEEP_LAUNCHES.put(key, build_delta_launches(
+        launches = build_delta_launches(
             q, k, v, g, None, shape.sweep, scale=scale, initial_state=h0, output_final_state=output_final_state,
             cu_seqlens=cu_seqlens, chunk_indices_dp=chunk_indices, chunk_offsets=chunk_offsets,
             num_chunk_rows=chunk_state_rows, state=state, state_indices=state_indices,
             return_chunk_states=chunk_state_rows is not None, wy=False, ssd=ssd, key_decay=key_decay,
-            out_views=out_views))
+            out_views=out_views, chunk_states_dtype=q.dtype if states_for_backward else torch.float32)
+        if states_for_backward:  # every row the backward reads is written: no fill
+            launches.buffers["chunk_states"] = launches.buffers["chunk_states"][:2] + (None,)
+        GLA_SWEEP_LAUNCHES.put(key, launches)
         if backward is not None and not key_decay and not INTERPRET:
             N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
             compile_gla_backward_early(q, k, v, _backward_decay(g, ssd), h0, cu_seqlens, scale=scale, shape=shape,
                                        out=launches.buffers["o"][:2], final=((N,) + h0_shape(q, v), torch.float32)
-                                       if output_final_state else None, **backward)
+                                       if output_final_state else None, states_given=states_for_backward,
+                                       **backward)
     given = None if out_views is None else {"o": out_views[0], "final": out_views[1]}
     out = run_delta_launches(launches, DeltaInputs(q, k, v, g, None, h0, state, state_indices, cu_seqlens,
                                                    chunk_indices, chunk_offsets, *extra), given)
@@ -308,9 +319,11 @@ class GlaBackward:
     value head's, or a few value heads', ``gva``) two more steps sum each query/key head's shares
     into ``dq_sum`` and ``dk_sum`` (kernels/group_sum.py; plan.gla.grads_heads). ``forward``:
     the GLA kernels' recompute, or for a scalar decay planned on the delta sweep
-    (``GlaShape.sweep``) that sweep's launches for the states alone (:func:`_recompute_on_sweep`)."""
+    (``GlaShape.sweep``) that sweep's launches for the states alone (:func:`_recompute_on_sweep`);
+    where the forward kept the chunk states (``states_given``, :func:`forward_states_rows`) its
+    group prep alone (the reverse sweep's scores and gates), or nothing without the group prep."""
 
-    forward: GlaForward | DeltaLaunches
+    forward: GlaForward | DeltaLaunches | None
     steps: list
     buffers: dict
     gva: bool
@@ -320,10 +333,12 @@ class GlaBackward:
 
 
 def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets, *, scale,
-                       shape: GlaShape) -> GlaBackward:
+                       shape: GlaShape, states_given: bool = False) -> GlaBackward:
     """What :func:`chunk_simple_gla_bwd` launches for these tensors' signature (none is kept). A
     decay per key dimension (g ``[B, T, HV, K]``) runs the prep again with the recompute, whose
-    outputs (qg, kg, aqk, dl) the reverse sweep takes, and the parallel stage's per-key form."""
+    outputs (qg, kg, aqk, dl) the reverse sweep takes, and the parallel stage's per-key form.
+    ``states_given``: the forward kept the chunk states (a scalar decay recomputed on the sweep,
+    :func:`forward_states_rows`), so the recompute keeps only its group prep, where it has one."""
     from ..kernels.gla.backward import chunk_simple_gla_bwd_grads_kernel, chunk_simple_gla_bwd_sweep_kernel
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -333,10 +348,15 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
     rows = chunk_indices.shape[0] if varlen else B * triton.cdiv(T, BT)
     per_key = g is not None and g.dim() == 4
     group = False  # the reverse sweep reads the recompute's group prep (its scores and gates)
-    if shape.sweep is not None and shape.recompute_on_sweep and not per_key:
+    if states_given and not on_sweep_recompute(shape, g):
+        raise ValueError("build_gla_backward: chunk states from the forward replace a recompute on the delta sweep "
+                         "(a scalar decay with GlaShape.sweep and recompute_on_sweep)")
+    if on_sweep_recompute(shape, g):
         forward = _recompute_on_sweep(q, k, v, g, h0, cu_seqlens, chunk_indices, chunk_offsets, rows, scale=scale,
                                       shape=shape)
         group = "scores" in forward.buffers
+        if states_given:
+            forward = _group_prep_alone(forward) if group else None
     else:
         forward = build_gla_forward(q, k, v, g, h0, cu_seqlens, scale=scale, output_final_state=False, shape=shape,
                                     chunk_offsets=chunk_offsets, num_chunk_rows=rows, outputs=False,
@@ -399,7 +419,7 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
             steps.append(Step(group_sum_kernel, (triton.cdiv(B * T * H, GROUP_SUM_ROWS),), dict(
                 x=arg(name), out=arg(name + "_sum"), rows=B * T * H, GROUP=split, K=K, BK=BK, BR=GROUP_SUM_ROWS),
                 dict(num_warps=4)))
-    return GlaBackward(forward, steps, buffers, split > 1, corun=group and shape.corun)
+    return GlaBackward(forward, steps, buffers, split > 1, corun=group and shape.corun and not states_given)
 
 
 def _reverse_sweep_twin(sweep: Step, shape: GlaShape, q, k, do, *, group: bool, per_key: bool, rows: int) -> Step:
@@ -477,7 +497,34 @@ def _recompute_on_sweep(q, k, v, g, h0, cu_seqlens, chunk_indices, chunk_offsets
     return dataclasses.replace(launches, buffers=buffers, outputs=outputs)
 
 
-def _gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets, *, scale, shape):
+def on_sweep_recompute(shape: GlaShape, g) -> bool:
+    """Whether the backward recomputes the chunk states on the delta sweep (a scalar decay, or
+    none, with ``shape.sweep`` and ``shape.recompute_on_sweep``), the recompute that chunk states
+    kept by the forward replace."""
+    return shape.sweep is not None and shape.recompute_on_sweep and not (g is not None and g.dim() == 4)
+
+
+def forward_states_rows(shape: GlaShape, q, g, cu_seqlens, chunk_indices) -> int | None:
+    """The chunk-state rows a training forward keeps for its backward (``chunk_simple_gla_fwd``'s
+    ``states_for_backward``), or None where it keeps none: with ``shape.forward_states`` where the
+    backward would recompute them on the delta sweep (:func:`on_sweep_recompute`); dense ``B *
+    ceil(T / 64)``, varlen one a row of ``chunk_indices``. They take q's dtype: B1 T16384 with 80
+    value heads of 64 columns and K 128 keeps 335 MB in bf16, twice x's bytes."""
+    if not (shape.forward_states and on_sweep_recompute(shape, g)):
+        return None
+    return chunk_indices.shape[0] if cu_seqlens is not None else q.shape[0] * triton.cdiv(q.shape[1], CHUNK_SIZE)
+
+
+def _group_prep_alone(recompute: DeltaLaunches) -> DeltaLaunches:
+    """The recompute's launches without its sweep: the group prep's scores and gates, which the
+    reverse sweep reads, where the forward kept the chunk states."""
+    buffers = {n: spec for n, spec in recompute.buffers.items() if n != "chunk_states"}
+    return dataclasses.replace(recompute, buffers=buffers, steps=[s for s in recompute.steps if not is_sweep_step(s)],
+                               outputs=("scores", "coef"))
+
+
+def _gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets, *, scale, shape,
+                  states_given=False):
     """The tensors as the stages index them, and the launches of their signature (built on its
     first call)."""
     q, k, v, do = (x.contiguous() for x in (q, k, v, do))
@@ -485,30 +532,34 @@ def _gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offs
     h0 = None if h0 is None else h0.float().contiguous()
     dht = None if dht is None else dht.float().contiguous()
     tensors = (q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets)
-    key = (launch_key(tensors), float(scale), shape)
+    key = (launch_key(tensors), float(scale), shape, states_given)
     launches = GLA_BACKWARD_LAUNCHES.get(key)
     if launches is None:
-        launches = GLA_BACKWARD_LAUNCHES.put(key, build_gla_backward(*tensors, scale=scale, shape=shape))
+        launches = GLA_BACKWARD_LAUNCHES.put(key, build_gla_backward(*tensors, scale=scale, shape=shape,
+                                                                     states_given=states_given))
     return launches, tensors
 
 
 def compile_gla_backward_early(q, k, v, g, h0, cu_seqlens, *, scale, shape, out, final, chunk_indices=None,
-                               chunk_offsets=None):
+                               chunk_offsets=None, states_given=False):
     """From a forward signature's first call under autograd (``out``, ``final``: its outputs'
-    (shape, dtype), which dO and dht take): build the backward's launches and start compiling
-    their kernels (the forward again for the chunk states, the sweep, the parallel stage) on
-    background threads, beside the forward's compile; the backward's first call waits for them."""
+    (shape, dtype), which dO and dht take; ``states_given``: it keeps the chunk states for the
+    backward): build the backward's launches and start compiling their kernels (the forward again
+    for the chunk states, or what of it is left, the sweep, the parallel stage) on background
+    threads, beside the forward's compile; the backward's first call waits for them."""
     device = q.device
     stand_in = lambda spec: torch.empty(16, dtype=spec[1], device=device)  # noqa: E731 (dtype and alignment)
     do = torch.empty(out[0], dtype=out[1], device=device)
     dht = None if final is None else torch.empty(final[0], dtype=final[1], device=device)
     launches, (q, k, v, g, do, dht, h0, cu, ci, co) = _gla_backward(q, k, v, g, do, dht, h0, cu_seqlens,
                                                                   chunk_indices, chunk_offsets, scale=scale,
-                                                                  shape=shape)
+                                                                  shape=shape, states_given=states_given)
     if launches.pending is not None or launches.steps[0].direct is not None:
         return
     recompute = launches.forward
-    if isinstance(recompute, DeltaLaunches):  # the delta sweep's prep and sweep (_recompute_on_sweep)
+    if recompute is None:  # the forward kept the chunk states and the reverse sweep reads no group prep
+        fwd_steps, fwd_names, fwd_values = [], CALL_NAMES, ()
+    elif isinstance(recompute, DeltaLaunches):  # the delta sweep's prep and sweep (_recompute_on_sweep)
         inputs = tuple(DeltaInputs(q, k, v, g, None, h0, None, None, cu, ci, co))
         made_fwd = {n: stand_in(spec) for n, spec in recompute.buffers.items()}
         fwd_steps, fwd_names = recompute.steps, CALL_NAMES
@@ -517,35 +568,44 @@ def compile_gla_backward_early(q, k, v, g, h0, cu_seqlens, *, scale, shape, out,
         fwd_steps, fwd_names = [*recompute.preps, recompute.step], NAMES
         fwd_values = call_values(q=q, k=k, v=v, g=g, h0=h0, cu_seqlens=cu, chunk_offsets=co, chunk_indices=ci,
                                  **{n: stand_in(spec) for n, spec in recompute.buffers.items()})
+    kept = {} if recompute is None else recompute.buffers
     given = dict(q=q, k=k, v=v, g=g, do=do, dht=dht, h0=h0, cu_seqlens=cu, chunk_indices=ci, chunk_offsets=co,
-                 **{n: stand_in(recompute.buffers[n]) for n in ("chunk_states", "scores", "coef")
-                    if n in recompute.buffers})
-    given["states"] = given.pop("chunk_states")
+                 states=stand_in(kept.get("chunk_states", (None, q.dtype))),
+                 **{n: stand_in(kept[n]) for n in ("scores", "coef") if n in kept})
     made = {n: stand_in(spec) for n, spec in launches.buffers.items()}
     waits = [compile_in_background([(st.kernel, st.grid, st.kwargs, st.options) for st in fwd_steps], fwd_names,
-                                   fwd_values, device),
-             compile_in_background([(st.kernel, st.grid, st.kwargs, st.options) for st in launches.steps], BWD_NAMES,
-                                   tuple(given[n] if n in given else made.get(n) for n in BWD_NAMES), device)]
+                                   fwd_values, device)] if fwd_steps else []
+    waits.append(compile_in_background([(st.kernel, st.grid, st.kwargs, st.options) for st in launches.steps],
+                                       BWD_NAMES, tuple(given[n] if n in given else made.get(n) for n in BWD_NAMES),
+                                       device))
     launches.pending = lambda: [w() for w in waits]
 
 
 def chunk_simple_gla_bwd(q, k, v, g, do, dht, *, scale, initial_state=None, cu_seqlens=None, chunk_indices=None,
-                         chunk_offsets=None, shape: GlaShape):
+                         chunk_offsets=None, shape: GlaShape, chunk_states=None):
     """Gradients ``(dq, dk, dv, dg, dh0)`` of :func:`chunk_simple_gla_fwd`'s ``(o, final_state)``
     (no SSD prologue) given ``do [B, T, HV, V]`` and ``dht [N, HV, K, V]`` (None: zeros); float32,
     None where the input was None; g ``[B, T, HV]`` or, a decay per key dimension, ``[B, T, HV, K]``
     (dg of its shape). The states entering every chunk are recomputed for the states alone
     (``OUTPUTS=False``; in q's dtype): a scalar decay planned on the delta sweep by that sweep,
     else by the GLA forward kernel; varlen needs ``chunk_indices`` and ``chunk_offsets``
-    (:func:`recurscan.build_chunk_descriptors`). No host synchronisation."""
+    (:func:`recurscan.build_chunk_descriptors`). ``chunk_states``: those states as the forward kept
+    them (``chunk_simple_gla_fwd``'s ``states_for_backward``, :func:`forward_states_rows`), in
+    place of the recompute's sweep. No host synchronisation."""
     launches, (q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets) = _gla_backward(
-        q, k, v, g, do, dht, initial_state, cu_seqlens, chunk_indices, chunk_offsets, scale=scale, shape=shape)
+        q, k, v, g, do, dht, initial_state, cu_seqlens, chunk_indices, chunk_offsets, scale=scale, shape=shape,
+        states_given=chunk_states is not None)
     if launches.pending is not None:  # compiling since the forward
         launches.pending()
         launches.pending = None
-    # 1. The states entering every chunk (with corun: the group prep alone, its sweep beside step 2).
+    # 1. The states entering every chunk (with corun: the group prep alone, its sweep beside step 2;
+    # given: the group prep alone, or nothing).
     recompute = DeltaInputs(q, k, v, g, None, h0, None, None, cu_seqlens, chunk_indices, chunk_offsets)
-    if launches.corun:
+    if chunk_states is not None:
+        fwd = {"chunk_states": chunk_states}
+        if launches.forward is not None:
+            fwd.update(zip(("scores", "coef"), run_delta_launches(launches.forward, recompute)))
+    elif launches.corun:
         recompute_buffers = allocate_buffers(launches.forward)  # on this stream: the join orders their reuse
         sweep_from = next(i for i, s in enumerate(launches.forward.steps) if is_sweep_step(s))
         fwd = dict(zip(("chunk_states", "scores", "coef"), run_delta_launches(

@@ -45,6 +45,9 @@ class GlaShape:
     # The recompute's sweep on a stream of its own beside the reverse sweep, where the recompute runs
     # the group prep, which the reverse sweep reads (:data:`GLA_BACKWARD_CORUN`).
     corun: bool = False
+    # With ``recompute_on_sweep``: a training forward keeps the chunk states (in the inputs' dtype),
+    # and the backward reads them in place of its recompute's sweep (:data:`GLA_FORWARD_STATES`).
+    forward_states: bool = False
 
 
 GLA_LAUNCH = GlaShape(64, 8, "64 value columns on 8 warps: offline for sm_90 the chunk loop spills 40 local "
@@ -76,7 +79,20 @@ def gla_shape(problem, device, gluon: bool = True) -> GlaShape:
                    reverse_twin=reverse_twin, reverse_specialized=reverse_twin and GLUON_GLA_REVERSE_SPECIALIZED.on,
                    dg_twin=GLUON_GLA_DG.on and gluon and gluon_usable(device),
                    dg_specialized=GLUON_GLA_DG.on and GLUON_GLA_DG_SPECIALIZED.on and gluon and gluon_usable(device),
-                   corun=_corun(problem, device))
+                   corun=_corun(problem, device),
+                   forward_states=GLA_FORWARD_STATES and GLA_LAUNCH.recompute_on_sweep)
+
+
+#: Whether a training forward of a scalar decay (and SSD) keeps the state entering every chunk, in
+#: the inputs' dtype, for its backward, which then skips its recompute's sweep (and, without the
+#: group prep, the whole recompute): the warp-specialised forward sweep stores them from its
+#: hand-over buffer (one bulk store a chunk off the chain's critical path; offline for sm_90 the
+#: chain's loop takes 377 instructions a chunk against 356), the other sweeps from registers.
+#: Memory for time: SSD B1 T16384 (80 heads x 64, dstate 128) keeps 335 MB in bf16, twice x's
+#: bytes, where the recompute's sweep took 406 us of GPU time beside the reverse sweep
+#: (gpu_gla_sweep_2c61664.json's profile; ~150 us after it at B4, and simple GLA's whole recompute
+#: 69 + 75 us at B4 T4096). Off until measured (benchmarks/gpu_gla_sweep.py --forward-states).
+GLA_FORWARD_STATES = False
 
 
 #: The backward's recompute of the chunk states (its sweep, after the group prep) on a stream of its

@@ -13,6 +13,7 @@ import torch
 import recurscan
 from recurscan.launch import delta as launch_delta
 from recurscan.plan import gla as plan_gla
+from recurscan.plan.delta import DeltaShape
 from recurscan.runtime.cache import clear_caches
 
 from tests.helpers.tolerances import bits, relative_rms
@@ -424,3 +425,90 @@ def test_the_warp_specialised_reverse_sweep_gives_the_twins_gradients(form, monk
     for i, (a, b) in enumerate(zip(out[False], out[True])):
         assert torch.isfinite(b).all(), f"tensor {i}"
         assert torch.equal(bits(a), bits(b)), f"tensor {i}: {int((a != b).sum())} elements differ"
+
+
+def kept_states_forward(sweep, a, kw, cu=None, h0=None, ssd=True):
+    """launch.gla.chunk_simple_gla_fwd as a training forward that keeps its chunk states
+    (``states_for_backward``: bf16, unfilled) on the delta sweep in ``sweep``: SSD's ``(x, dt, A,
+    B, C)`` with D per head, dt_bias and softplus, or simple GLA's ``(q, k, v, g)``. Returns
+    ``(o, final, chunk_states)``."""
+    from recurscan.launch.gla import SsdPrologue, chunk_simple_gla_fwd
+    shape = dataclasses.replace(plan_gla.GLA_LAUNCH, sweep=sweep)
+    desc = None if cu is None else recurscan.build_chunk_descriptors(cu, device=DEV)
+    if ssd:
+        x, dt, A, B, C = a
+        q, k, v, g = C, B, x, None
+        prologue = SsdPrologue(dt, A, kw["dt_bias"], kw["D"], None, True, (0.0, float("inf")))
+        scale = 1.0
+    else:
+        (q, k, v, g), prologue, scale = a, None, 0.2
+    rows = q.shape[0] * -(-q.shape[1] // 64) if cu is None else desc.chunk_indices.shape[0]
+    return chunk_simple_gla_fwd(q, k, v, g, scale=scale, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                                shape=shape, ssd=prologue, chunk_state_rows=rows, states_for_backward=True,
+                                chunk_indices=None if cu is None else desc.chunk_indices,
+                                chunk_offsets=None if cu is None else desc.chunk_offsets)
+
+
+@pytest.mark.parametrize("form", ["SSD dense", "SSD varlen", "SSD in phases", "simple GLA dense", "simple GLA varlen"])
+def test_the_warp_specialised_sweep_keeps_the_triton_sweeps_chunk_states(form, monkeypatch):
+    """plan.gla.GLA_FORWARD_STATES's forward: the warp-specialised sweep stores each chunk's entering
+    state from its chain's hand-over buffer (held as S [K, BV], one bulk store a chunk), in bf16
+    as the backward reads them, with no fill first (buffers poisoned with NaN here). Against the
+    Triton sweep in the same form, bit for bit: outputs, final states and chunk states, every
+    chunk's row written (dense, 16 heads a group, an initial state and a partial last chunk; varlen with
+    a one-token and an empty sequence; in 3 phases; simple GLA forming its scores, GVA in varlen)."""
+    picked = sweep_kernels(monkeypatch, by_name=True)
+    phases = 3 if form.endswith("phases") else 1
+    ssd = form.startswith("SSD")
+    cu = torch.tensor([0, 1, 2000, 2000, 2001, 4100], device=DEV, dtype=torch.int32) if form.endswith("varlen") \
+        else None
+    if ssd:
+        a, kw = ssd_args(1 if cu is not None else 2, 4100 if cu is not None else 3000, G=1, seed=31)
+        h0 = None if cu is not None else torch.randn(2, 16, 128, 64, device=DEV)
+    elif cu is not None:
+        a, kw, h0 = gla_args(1, 4100, 2, 4, seed=32), {}, None
+    else:
+        a, kw, h0 = gla_args(2, 2500, 4, 4, seed=33), {}, torch.randn(2, 4, 128, 128, device=DEV)
+    out = {}
+    for twin in (False, True):
+        sweep = DeltaShape(64, 4, 3, 4, "tests: the forward keeping its chunk states", tma_store=True,
+                           group_prep=True, phases=phases, gluon_sweep=twin, specialized=twin, sweep_scores=not ssd)
+        clear_caches()
+        picked.clear()
+        out[twin] = [t.clone() for t in kept_states_forward(sweep, a, kw, cu=cu, h0=h0, ssd=ssd)]
+        assert ("gluon_gla_sweep_specialized_kernel" in picked) == twin, picked
+    torch.cuda.synchronize()
+    # every chunk's row written (varlen: the descriptors' rows past the last sequence's are padding)
+    written = out[True][2].shape[0] if cu is None else int(recurscan.build_chunk_descriptors(cu).chunk_offsets[-1])
+    assert out[True][2].dtype == torch.bfloat16 and torch.isfinite(out[True][2][:written]).all()
+    for name, x, y in zip(("outputs", "final states", "chunk states"), out[False], out[True]):
+        assert torch.equal(bits(x), bits(y)), f"{name}: {int((x != y).sum())} elements differ"
+
+
+@pytest.mark.parametrize("op", ["SSD", "simple GLA"])
+def test_training_from_the_kept_chunk_states_against_the_recompute(op, monkeypatch):
+    """plan.gla.GLA_FORWARD_STATES on the planned rows: SSD at the benchmark's 80 heads x 64, dstate
+    128 (B1 T4096: the group prep, the warp-specialised sweep keeping the chunk states, the
+    backward running the recompute's group prep alone), simple GLA B2 T2048 H16 (its whole
+    recompute skipped): every gradient finite and within bf16 rounding of the recompute's (SSD's
+    kept states come from x raw with dt in the gates, the recompute's from v = dt x in bf16)."""
+    from benchmarks.gpu_gla import SSD_GRADS, ssd_inputs, train_step
+    if op == "SSD":
+        a, kw = ssd_inputs(1, 4096)
+        dy = torch.randn(a[0].shape, device=DEV, generator=torch.Generator(device=DEV).manual_seed(41)).bfloat16()
+        run = lambda: train_step(recurscan.mamba_chunk_scan_combined, a, kw, SSD_GRADS, dy)  # noqa: E731
+    else:
+        a = gla_args(2, 2048, 16, 16, seed=42)
+        dy = torch.randn(a[2].shape, device=DEV, generator=torch.Generator(device=DEV).manual_seed(43)).bfloat16()
+        run = lambda: train_step(lambda *x: recurscan.chunk_simple_gla(*x)[0], a, {}, (0, 1, 2, 3), dy)  # noqa: E731
+    out = {}
+    for kept in (False, True):
+        monkeypatch.setattr(plan_gla, "GLA_FORWARD_STATES", kept)
+        clear_caches()
+        out[kept] = [t.clone() for t in run()]
+    torch.cuda.synchronize()
+    for i, (x, y) in enumerate(zip(out[False], out[True])):
+        assert torch.isfinite(y).all(), f"gradient {i}"
+        err = relative_rms(y.double(), x.double())
+        print(f"{op} gradient {i}: relative RMS {err:.2e} between the kept chunk states and the recompute")
+        assert err < 1e-2, f"gradient {i}: {err:.2e}"

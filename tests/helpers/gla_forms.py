@@ -102,3 +102,21 @@ def use_grads_form(form, monkeypatch):
         monkeypatch.setattr(plan_gla, "GROUP_GRADS_SIDES", 4)
     else:
         assert form == "group", form
+
+
+def assert_the_backward_read_the_kept_states(group_prep: bool) -> None:
+    """After training with plan.gla.GLA_FORWARD_STATES: every forward that kept chunk states kept
+    them unfilled in the test's dtype (float32 under the interpreter), and every backward built
+    ran no recompute sweep nor a side stream, its recompute the group prep alone where
+    ``group_prep`` (the reverse sweep reads its scores), else nothing."""
+    import torch
+
+    from recurscan.launch import delta as launch_delta
+    from recurscan.launch import gla as launch_gla
+    kept = [b.buffers["chunk_states"] for b in launch_gla.GLA_SWEEP_LAUNCHES.values() if "chunk_states" in b.buffers]
+    assert kept and all(spec[1] == torch.float32 and spec[2] is None for spec in kept)
+    built = list(launch_gla.GLA_BACKWARD_LAUNCHES.values())
+    assert built and not any(b.corun for b in built)
+    for b in built:
+        assert (b.forward is not None) == group_prep
+        assert b.forward is None or not any(launch_delta.is_sweep_step(st) for st in b.forward.steps)
