@@ -109,6 +109,10 @@ DG_SPECIALIZED = False
 #: Whether the training rows (simple GLA's too) also run with the forward keeping the chunk states for the
 #: backward, or without where that is planned (``--forward-states``, plan.gla.GLA_FORWARD_STATES).
 FORWARD_STATES = False
+#: Whether SSD's training rows also run with x's and dt's gradients formed in the reverse sweep, or
+#: without where that is planned (``--ssd-grads``, plan.gla.GLA_REVERSE_SSD_GRADS), and with both this
+#: and the kept chunk states where ``--forward-states`` is given too.
+SSD_GRADS = False
 #: The shares of the SMs under which SSD's training rows also run the recompute beside the reverse sweep
 #: (``--corun SHARE``, plan.gla.GLA_BACKWARD_CORUN).
 CORUN: list[float] = []
@@ -162,6 +166,12 @@ def train_rows():
                    "recurscan triton, the chunk states kept by the forward"): dict(
                   GLA_FORWARD_STATES=not plan_gla.GLA_FORWARD_STATES)} if FORWARD_STATES else {})}
     forms.update(common)
+    if SSD_GRADS:
+        fold = dict(GLA_REVERSE_SSD_GRADS=not plan_gla.GLA_REVERSE_SSD_GRADS)
+        forms["recurscan triton, x and dt " + ("after the reverse sweep" if plan_gla.GLA_REVERSE_SSD_GRADS else
+                                               "in the reverse sweep")] = fold
+        if FORWARD_STATES:
+            forms["recurscan triton, both"] = dict(fold, GLA_FORWARD_STATES=not plan_gla.GLA_FORWARD_STATES)
 
     def timed(name, step, peers, variants=True):
         out = []
@@ -233,6 +243,10 @@ def main():
     ap.add_argument("--forward-states", action="store_true",
                     help="with --train: every training row also with the forward keeping the chunk states for the "
                          "backward, or recomputing them where keeping is planned (plan.gla.GLA_FORWARD_STATES)")
+    ap.add_argument("--ssd-grads", action="store_true",
+                    help="with --train: SSD's rows also with x's and dt's gradients formed in the reverse sweep, or "
+                         "after it where that is planned (plan.gla.GLA_REVERSE_SSD_GRADS); with --forward-states "
+                         "also both")
     ap.add_argument("--train-only", action="store_true", help="the training rows alone")
     ap.add_argument("--gla", action="append", default=[], metavar="B:T:H",
                     help="also simple GLA at this batch, length and heads (K = V = 128)")
@@ -243,10 +257,10 @@ def main():
     GRADS_SIDES.extend(args.grads_sides)
     REVERSE_SWEEPS.extend(args.reverse_sweep)
     CORUN.extend(args.corun)
-    global RECOMPUTE_TWIN, REVERSE_TWIN, DG_TWIN, REVERSE_SPECIALIZED, DG_SPECIALIZED, FORWARD_STATES
+    global RECOMPUTE_TWIN, REVERSE_TWIN, DG_TWIN, REVERSE_SPECIALIZED, DG_SPECIALIZED, FORWARD_STATES, SSD_GRADS
     RECOMPUTE_TWIN, REVERSE_TWIN, DG_TWIN = args.recompute_twin, args.reverse_twin, args.dg_twin
     REVERSE_SPECIALIZED, DG_SPECIALIZED = args.reverse_specialized, args.dg_specialized
-    FORWARD_STATES = args.forward_states
+    FORWARD_STATES, SSD_GRADS = args.forward_states, args.ssd_grads
     gpu_gla.PROFILE = args.profile
     if args.train_only:
         save(args.out, train_rows())

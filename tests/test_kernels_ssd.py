@@ -245,6 +245,28 @@ def test_gradients_from_the_chunk_states_the_forward_kept(cu, form, grads, monke
     assert_the_backward_read_the_kept_states(group_prep=form == "sweep, group prep")
 
 
+@pytest.mark.parametrize("extras, form, grads", [("D per head, no z", "sweep", "per head"),
+                                                ("D per channel, no z", "sweep, group prep", "group"),
+                                                ("no D, no z", "sweep, scores in the sweep", "per head"),
+                                                ("D per head, z", "sweep, group prep", "group")])
+@pytest.mark.parametrize("cu", [None, [0, 1, 70, 130]])
+def test_gradients_with_x_and_dt_formed_in_the_reverse_sweep(cu, extras, form, grads, monkeypatch):
+    """plan.gla.GLA_REVERSE_SSD_GRADS: without a gate z the reverse sweep forms x's gradient, dt's
+    through v = dt x and D's sums (SSD_GRADS) where it would write dV, and no elementwise pass
+    runs after it but dt's dg A; with z the backward keeps that pass. Every gradient as above, with
+    buffers poisoned (NaN) when allocated, and the sweep was built with the flag exactly where z
+    is absent."""
+    from recurscan.launch import gla as launch_gla
+    from recurscan.plan import gla as plan_gla
+    from recurscan.runtime.cache import clear_caches
+    monkeypatch.setattr(plan_gla, "GLA_REVERSE_SSD_GRADS", True)
+    monkeypatch.setattr(launch_delta, "POISON_BUFFERS", True)
+    clear_caches()
+    check_ssd_gradients(cu, extras, form, grads, monkeypatch)
+    built = list(launch_gla.GLA_BACKWARD_LAUNCHES.values())
+    assert built and all(b.steps[0].kwargs["SSD_GRADS"] == extras.endswith("no z") for b in built)
+
+
 def check_ssd_gradients(cu, extras, form, grads, monkeypatch):
     use_form(form, monkeypatch)
     use_grads_form(grads, monkeypatch)
@@ -257,6 +279,8 @@ def check_ssd_gradients(cu, extras, form, grads, monkeypatch):
     extra = dict(D=r(H), z=r(Bt, 130, H, 8), dt_bias=r(H), initial_states=r(n, H, 8, 16))
     if extras == "D per channel, no z":
         extra.update(D=r(H, 8), z=None)
+    elif extras == "D per head, no z":
+        extra.update(z=None)
     elif extras == "no D, no z":
         extra.update(D=None, z=None)
     cu_t = None if cu is None else torch.tensor(cu)
@@ -279,15 +303,19 @@ def check_ssd_gradients(cu, extras, form, grads, monkeypatch):
         assert relative_rms(a.double().cpu(), b) < 2e-5, f"{name}: {relative_rms(a.double().cpu(), b):.2e}"
 
 
-@pytest.mark.parametrize("form", ["sweep", "fused"])
-def test_the_training_forward_starts_the_backward_compiling(form, monkeypatch):
+@pytest.mark.parametrize("form, fold", [("sweep", False), ("fused", False), ("sweep", True)])
+def test_the_training_forward_starts_the_backward_compiling(form, fold, monkeypatch):
     """SSD's training forward (the recurrence's kernels with v = dt x and D x inside, as inference
     runs them) starts its backward compiling on the signature's first call, from x's signature
     for v and the step sizes' for g (launch/gla.py's _backward_decay): the backward then finds
     those launches (none built again), waits for the compiles, and its gradients are the ones a
     call without the early compile gives. The compiler is recorded here: the interpreter compiles
-    nothing."""
+    nothing. ``fold``: with x's and dt's gradients formed in the reverse sweep
+    (plan.gla.GLA_REVERSE_SSD_GRADS), whose flags the forward's early build shares with the
+    backward's."""
     import recurscan.launch.gla as lg
+    from recurscan.plan import gla as plan_gla
+    monkeypatch.setattr(plan_gla, "GLA_REVERSE_SSD_GRADS", fold)
     use_form(form, monkeypatch)
     x = {k: v.float() for k, v in ssd_inputs(1, 97, 3, 1, seed=31).items()}  # a signature no other test has
     gen = torch.Generator().manual_seed(32)
@@ -307,7 +335,7 @@ def test_the_training_forward_starts_the_backward_compiling(form, monkeypatch):
     got = grads()
     assert handed == [lg.CALL_NAMES if form == "sweep" else lg.NAMES, lg.BWD_NAMES] and waited == [1, 1]
     (built,) = lg.GLA_BACKWARD_LAUNCHES.values()  # the forward's, found by the backward
-    assert built.pending is None
+    assert built.pending is None and built.steps[0].kwargs["SSD_GRADS"] == fold
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 

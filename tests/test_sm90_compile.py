@@ -173,19 +173,26 @@ def test_the_resource_report_compiles_the_forward_as_the_launch_layer_builds_it(
         assert f"{kernel}: shared" in run.stdout and "REG:" in run.stdout, run.stdout
 
 
+@pytest.mark.parametrize("ssd_grads", [None, "D per head", "D per channel", "no D"])
 @pytest.mark.parametrize("case", ["GDN dense, H = HV", "GDN varlen, GVA"])
-def test_the_warp_specialised_reverse_sweep_compiles_for_sm90(case):
+def test_the_warp_specialised_reverse_sweep_compiles_for_sm90(case, ssd_grads):
     """kernels/gluon/gla_backward_sweep_specialized.py as the launch layer builds it
-    (GlaShape.reverse_specialized), dense and varlen: no spills, its shared memory within the
-    H200's, its 16 warps under the register cap within 64 K (tests/helpers/sm90.compiled_line)."""
+    (GlaShape.reverse_specialized), dense and varlen, and forming SSD's x, dt and D gradients
+    (SSD_GRADS; the Triton kernel's form of the flag too, where the twin is off): no spills, its
+    shared memory within the H200's, its 16 warps under the register cap within 64 K
+    (tests/helpers/sm90.compiled_line)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     run = subprocess.run([sys.executable, "-c", "from tests.helpers import sm90; print(sm90.compile_gla_backward("
                           f"{case!r}, on_sweep=True, group_prep=True, recompute_twin=True, "
-                          "reverse_specialized=True))"], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=600)
+                          f"reverse_specialized=True, ssd_grads={ssd_grads!r}))"
+                          + ("" if ssd_grads is None else "; print(sm90.compile_gla_backward("
+                             f"{case!r}, on_sweep=True, group_prep=True, ssd_grads={ssd_grads!r}))")],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "gluon_gla_bwd_sweep_specialized_kernel" in run.stdout, run.stdout
+    if ssd_grads is not None:
+        assert "chunk_simple_gla_bwd_sweep_kernel" in run.stdout, run.stdout
 
 
 @pytest.mark.parametrize("case", ["GDN dense, H = HV", "GDN varlen, GVA"])

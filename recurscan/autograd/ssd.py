@@ -90,7 +90,9 @@ class SsdChunkScan(torch.autograd.Function):
     launch.gla.forward_states_rows; in the kernels' dtype, from x raw with dt in the gates, so they
     differ from a recompute's on v = dt x by that rounding). Backward: the gate's, then v = dt x and
     the log decay formed again for the recurrence's backward, then x's, dt's and D's gradients in
-    one pass."""
+    one pass; or, where the plan says so (``GlaShape.reverse_ssd_grads``) and there is no gate z,
+    those formed by the recurrence's reverse sweep in place of dV (launch.gla.SsdGrads), dt's
+    share through the log decay (dg A) added after."""
 
     @staticmethod
     def forward(ctx, x, step, A, C, B, D, z, h0, resets, options):
@@ -105,7 +107,8 @@ class SsdChunkScan(torch.autograd.Function):
             cu_seqlens=options["cu_seqlens"], shape=options["shape"], chunk_indices=options["chunk_indices"],
             ssd=prologue, chunk_state_rows=rows, states_for_backward=rows is not None,
             chunk_offsets=options["chunk_offsets"] if rows is not None else None,
-            backward=dict(chunk_indices=options["chunk_indices"], chunk_offsets=options["chunk_offsets"]))
+            backward=dict(chunk_indices=options["chunk_indices"], chunk_offsets=options["chunk_offsets"],
+                          ssd_grads=(x, step, D) if _folds(options, x, z, kernel_dtype) else None))
         y = u if z is None else gate_forward(u, z)
         ctx.save_for_backward(x, step, A, C, B, D, z, h0, resets, None if z is None else u, *states)
         ctx.options = options
@@ -121,14 +124,30 @@ class SsdChunkScan(torch.autograd.Function):
         else:  # x's and D's shares of the skip come with v's, below
             do, dz = gate_backward(dy, u, z)
         v, g = _value_and_decay(x, step, A, resets, opt["kernel_dtype"])
-        dC, dB, dv, dg, dh0 = chunk_simple_gla_bwd(C, B, v, g, do, dfinal, scale=1.0, initial_state=h0,
-                                                   cu_seqlens=opt["cu_seqlens"], chunk_indices=opt["chunk_indices"],
-                                                   chunk_offsets=opt["chunk_offsets"], shape=opt["shape"],
-                                                   chunk_states=states[0] if states else None)
-        dx, dstep, dD = step_backward(dv, dg, x, step, A, dy, D, z)
+        fold = _folds(opt, x, z, dy.dtype)  # x's, dt's and D's gradients in the reverse sweep
+        grads = chunk_simple_gla_bwd(C, B, v, g, do, dfinal, scale=1.0, initial_state=h0,
+                                     cu_seqlens=opt["cu_seqlens"], chunk_indices=opt["chunk_indices"],
+                                     chunk_offsets=opt["chunk_offsets"], shape=opt["shape"],
+                                     chunk_states=states[0] if states else None,
+                                     ssd_grads=(x, step, D) if fold else None)
+        if fold:
+            dC, dB, dx, dg, dh0, dstep_v, dD_shares = grads
+            dstep = dstep_v.sum(-1) + dg * A.float()
+            dD = None if D is None else dD_shares.sum((0, 1) if D.dim() == 2 else (0, 1, 3)).to(D.dtype)
+        else:
+            dC, dB, dv, dg, dh0 = grads
+            dx, dstep, dD = step_backward(dv, dg, x, step, A, dy, D, z)
         dA = (dg * step).sum(tuple(range(dg.dim() - 1)))
         return (dx, dstep, dA.to(A.dtype), dC.to(C.dtype), dB.to(B.dtype), dD, dz,
                 None if dh0 is None else dh0.to(h0.dtype), None, None)
+
+
+def _folds(options, x, z, dy_dtype) -> bool:
+    """Whether the backward forms x's, dt's and D's gradients in the reverse sweep
+    (``GlaShape.reverse_ssd_grads``): no gate z (dO is then dy itself), and x and dy in the
+    kernels' dtype (the sweep reads x's tiles beside dO's and writes dx in that dtype)."""
+    kernel_dtype = options["kernel_dtype"]
+    return options["shape"].reverse_ssd_grads and z is None and x.dtype == kernel_dtype and dy_dtype == kernel_dtype
 
 
 def _value_and_decay(x, step, A, resets, kernel_dtype):

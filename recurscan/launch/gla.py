@@ -305,7 +305,7 @@ def h0_shape(q, v) -> tuple:
 #: The per-call tensors of the backward's two stages, by name.
 BWD_NAMES = ("q", "k", "v", "g", "do", "dht", "h0", "cu_seqlens", "chunk_indices", "chunk_offsets", "states",
              "dstates", "dh0", "dv", "dq", "dk", "dg", "scratch", "dq_sum", "dk_sum", "qg", "kg", "aqk", "dl",
-             "scores", "coef")
+             "scores", "coef", "x", "step", "D", "dstep", "dD")
 
 #: Signature -> :class:`GlaBackward`.
 GLA_BACKWARD_LAUNCHES = SignatureCache("chunked GLA backward")
@@ -332,13 +332,27 @@ class GlaBackward:
     corun: bool = False
 
 
+@dataclasses.dataclass(frozen=True)
+class SsdGrads:
+    """Mamba2 SSD's elementwise gradients formed in the reverse sweep (its SSD_GRADS, kernels/gla/
+    backward.py), where the backward's v is dt x and dO is dy (no gate z): the skip D per head or
+    per channel, or none. The per-call tensors (x, the step sizes dt ``[B, T, HV]`` float32, D) are
+    the backward's ``x``, ``step`` and ``D``."""
+
+    has_d: bool
+    d_per_channel: bool
+
+
 def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets, *, scale,
-                       shape: GlaShape, states_given: bool = False) -> GlaBackward:
+                       shape: GlaShape, states_given: bool = False, ssd_grads: SsdGrads | None = None) -> GlaBackward:
     """What :func:`chunk_simple_gla_bwd` launches for these tensors' signature (none is kept). A
     decay per key dimension (g ``[B, T, HV, K]``) runs the prep again with the recompute, whose
     outputs (qg, kg, aqk, dl) the reverse sweep takes, and the parallel stage's per-key form.
     ``states_given``: the forward kept the chunk states (a scalar decay recomputed on the sweep,
-    :func:`forward_states_rows`), so the recompute keeps only its group prep, where it has one."""
+    :func:`forward_states_rows`), so the recompute keeps only its group prep, where it has one.
+    ``ssd_grads``: the reverse sweep writes x's gradient (in ``dv``'s place and q's dtype), dt's
+    share through v (``dstep [B, T, HV, NV]``, a value block's sum each) and D's sums (``dD [2, N,
+    HV, V]``) rather than dV (:class:`SsdGrads`)."""
     from ..kernels.gla.backward import chunk_simple_gla_bwd_grads_kernel, chunk_simple_gla_bwd_sweep_kernel
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -371,8 +385,12 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
     # of dq and dk two more steps sum where SPLIT > 1.
     heads = plan_gla.grads_heads(rows, H, HV, K, V, per_key, sm_count(q.device))
     split = HV // H // heads
-    buffers = dict(dstates=((rows, HV, K, V), q.dtype), dv=((B, T, HV, V), f32), dq=((B, T, H * split, K), f32),
-                   dk=((B, T, H * split, K), f32), scratch=((rows * H * split, BT, BT), q.dtype))
+    buffers = dict(dstates=((rows, HV, K, V), q.dtype), dv=((B, T, HV, V), q.dtype if ssd_grads else f32),
+                   dq=((B, T, H * split, K), f32), dk=((B, T, H * split, K), f32),
+                   scratch=((rows * H * split, BT, BT), q.dtype))
+    has_d = ssd_grads is not None and ssd_grads.has_d
+    if has_d:
+        buffers["dD"] = ((2, N, HV, V), f32)
     if g is not None:
         buffers["dg"] = ((B, T, HV, K) if per_key else (B, T, HV), f32)
     if h0 is not None:
@@ -388,8 +406,14 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
         dht=arg("dht", dht is not None), dh0=arg("dh0", h0 is not None), dv=arg("dv"), HAS_DHT=dht is not None,
         STORE_DH0=h0 is not None, qg=arg("qg", per_key), kg=arg("kg", per_key),
         aqk=arg("scores") if group else arg("aqk", per_key), dl=arg("dl", per_key), PER_KEY=per_key,
-        coef=arg("coef", group), GATE_SCORES=group), dict(num_warps=sweep_warps))
-    sweep = _reverse_sweep_twin(sweep, shape, q, k, do, group=group, per_key=per_key, rows=rows)
+        coef=arg("coef", group), GATE_SCORES=group, x=arg("x", ssd_grads is not None),
+        step=arg("step", ssd_grads is not None), D=arg("D", has_d), dx=arg("dv"),
+        dstep=arg("dstep", ssd_grads is not None), dD=arg("dD", has_d), SSD_GRADS=ssd_grads is not None,
+        HAS_D=has_d, D_PER_CHANNEL=has_d and ssd_grads.d_per_channel), dict(num_warps=sweep_warps))
+    sweep = _reverse_sweep_twin(sweep, shape, q, k, do, group=group, per_key=per_key, rows=rows,
+                                ssd_grads=ssd_grads is not None)
+    if ssd_grads is not None:  # dt's share through v, a value block's sum each (the kernel chosen's blocks)
+        buffers["dstep"] = ((B, T, HV, triton.cdiv(V, sweep.kwargs["BV"])), f32)
     grouped = heads > 1
     dg_launch = plan_gla.grads_dg_launch(HV // H) if grouped and g is not None else None
     # PART 0: dq, dk and dg in one launch (one value head a program, or dg not apart); 1: dq and dk alone
@@ -422,15 +446,19 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
     return GlaBackward(forward, steps, buffers, split > 1, corun=group and shape.corun and not states_given)
 
 
-def _reverse_sweep_twin(sweep: Step, shape: GlaShape, q, k, do, *, group: bool, per_key: bool, rows: int) -> Step:
+def _reverse_sweep_twin(sweep: Step, shape: GlaShape, q, k, do, *, group: bool, per_key: bool, rows: int,
+                        ssd_grads: bool = False) -> Step:
     """The reverse sweep's launch: ``sweep`` (the Triton kernel at plan.gla.REVERSE_SWEEP), or with
     ``shape.reverse_twin`` its Gluon twin (kernels/gluon/gla_backward_sweep.py: the same arguments,
     64 value columns on one warpgroup; with ``shape.reverse_specialized`` warp-specialised,
     kernels/gluon/gla_backward_sweep_specialized.py) where the call allows it: the group prep's scores, a scalar
     decay, the twin's scope (plan.delta.gluon_sweep_scope), q, k and dO 16-byte aligned in one
-    dtype, and chunk-state coordinates within int32."""
+    dtype, and chunk-state coordinates within int32; ``ssd_grads`` (SSD_GRADS) only on the
+    warp-specialised form, one value block a program (V 64)."""
     from ..plan.delta import gluon_sweep_scope
     HV, K, V = do.shape[2], q.shape[3], do.shape[3]
+    if ssd_grads and not (shape.reverse_specialized and V == 64):
+        return sweep
     if not (shape.reverse_twin and group and not per_key and do.dtype == q.dtype
             and gluon_sweep_scope(householder=1, dtype=q.dtype, key_dim=K, value_dim=V)
             and all(x.data_ptr() % 16 == 0 for x in (q, k, do)) and (rows + 1) * HV * K < 2 ** 31):
@@ -524,36 +552,42 @@ def _group_prep_alone(recompute: DeltaLaunches) -> DeltaLaunches:
 
 
 def _gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets, *, scale, shape,
-                  states_given=False):
+                  states_given=False, ssd_grads=None):
     """The tensors as the stages index them, and the launches of their signature (built on its
-    first call)."""
+    first call); ``ssd_grads``: SSD's ``(x, step, D)`` for the reverse sweep's SSD_GRADS, or None."""
     q, k, v, do = (x.contiguous() for x in (q, k, v, do))
     g = None if g is None else g.contiguous()
     h0 = None if h0 is None else h0.float().contiguous()
     dht = None if dht is None else dht.float().contiguous()
     tensors = (q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets)
-    key = (launch_key(tensors), float(scale), shape, states_given)
+    flags = None
+    if ssd_grads is not None:
+        x, step, D = ssd_grads
+        ssd_grads = (x.contiguous(), step.contiguous(), None if D is None else D.contiguous())
+        flags = SsdGrads(D is not None, D is not None and D.dim() == 2)
+    key = (launch_key(tensors + (ssd_grads or ())), float(scale), shape, states_given, flags)
     launches = GLA_BACKWARD_LAUNCHES.get(key)
     if launches is None:
         launches = GLA_BACKWARD_LAUNCHES.put(key, build_gla_backward(*tensors, scale=scale, shape=shape,
-                                                                     states_given=states_given))
-    return launches, tensors
+                                                                     states_given=states_given, ssd_grads=flags))
+    return launches, tensors, ssd_grads
 
 
 def compile_gla_backward_early(q, k, v, g, h0, cu_seqlens, *, scale, shape, out, final, chunk_indices=None,
-                               chunk_offsets=None, states_given=False):
+                               chunk_offsets=None, states_given=False, ssd_grads=None):
     """From a forward signature's first call under autograd (``out``, ``final``: its outputs'
     (shape, dtype), which dO and dht take; ``states_given``: it keeps the chunk states for the
-    backward): build the backward's launches and start compiling their kernels (the forward again
-    for the chunk states, or what of it is left, the sweep, the parallel stage) on background
+    backward; ``ssd_grads``: SSD's ``(x, step, D)`` where its backward forms x's gradient in the
+    reverse sweep): build the backward's launches and start compiling their kernels (the forward
+    again for the chunk states, or what of it is left, the sweep, the parallel stage) on background
     threads, beside the forward's compile; the backward's first call waits for them."""
     device = q.device
     stand_in = lambda spec: torch.empty(16, dtype=spec[1], device=device)  # noqa: E731 (dtype and alignment)
     do = torch.empty(out[0], dtype=out[1], device=device)
     dht = None if final is None else torch.empty(final[0], dtype=final[1], device=device)
-    launches, (q, k, v, g, do, dht, h0, cu, ci, co) = _gla_backward(q, k, v, g, do, dht, h0, cu_seqlens,
-                                                                  chunk_indices, chunk_offsets, scale=scale,
-                                                                  shape=shape, states_given=states_given)
+    launches, (q, k, v, g, do, dht, h0, cu, ci, co), ssd_grads = _gla_backward(
+        q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets, scale=scale, shape=shape,
+        states_given=states_given, ssd_grads=ssd_grads)
     if launches.pending is not None or launches.steps[0].direct is not None:
         return
     recompute = launches.forward
@@ -571,7 +605,8 @@ def compile_gla_backward_early(q, k, v, g, h0, cu_seqlens, *, scale, shape, out,
     kept = {} if recompute is None else recompute.buffers
     given = dict(q=q, k=k, v=v, g=g, do=do, dht=dht, h0=h0, cu_seqlens=cu, chunk_indices=ci, chunk_offsets=co,
                  states=stand_in(kept.get("chunk_states", (None, q.dtype))),
-                 **{n: stand_in(kept[n]) for n in ("scores", "coef") if n in kept})
+                 **{n: stand_in(kept[n]) for n in ("scores", "coef") if n in kept},
+                 **dict(zip(("x", "step", "D"), ssd_grads or ())))
     made = {n: stand_in(spec) for n, spec in launches.buffers.items()}
     waits = [compile_in_background([(st.kernel, st.grid, st.kwargs, st.options) for st in fwd_steps], fwd_names,
                                    fwd_values, device)] if fwd_steps else []
@@ -582,7 +617,7 @@ def compile_gla_backward_early(q, k, v, g, h0, cu_seqlens, *, scale, shape, out,
 
 
 def chunk_simple_gla_bwd(q, k, v, g, do, dht, *, scale, initial_state=None, cu_seqlens=None, chunk_indices=None,
-                         chunk_offsets=None, shape: GlaShape, chunk_states=None):
+                         chunk_offsets=None, shape: GlaShape, chunk_states=None, ssd_grads=None):
     """Gradients ``(dq, dk, dv, dg, dh0)`` of :func:`chunk_simple_gla_fwd`'s ``(o, final_state)``
     (no SSD prologue) given ``do [B, T, HV, V]`` and ``dht [N, HV, K, V]`` (None: zeros); float32,
     None where the input was None; g ``[B, T, HV]`` or, a decay per key dimension, ``[B, T, HV, K]``
@@ -591,10 +626,15 @@ def chunk_simple_gla_bwd(q, k, v, g, do, dht, *, scale, initial_state=None, cu_s
     else by the GLA forward kernel; varlen needs ``chunk_indices`` and ``chunk_offsets``
     (:func:`recurscan.build_chunk_descriptors`). ``chunk_states``: those states as the forward kept
     them (``chunk_simple_gla_fwd``'s ``states_for_backward``, :func:`forward_states_rows`), in
-    place of the recompute's sweep. No host synchronisation."""
-    launches, (q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets) = _gla_backward(
+    place of the recompute's sweep. ``ssd_grads``: Mamba2 SSD's ``(x, step, D)`` (v = step x, do =
+    dy: no gate z; x in q's dtype, step float32 ``[B, T, HV]``, D ``[HV]``, ``[HV, V]`` or None),
+    whose elementwise gradients the reverse sweep forms in dV's place (:class:`SsdGrads`): the
+    return is then ``(dq, dk, dx, dg, dh0, dstep, dD)``, dx in x's dtype, dstep ``[B, T, HV, NV]``
+    float32 (dt's gradient through v, in value-block shares to be summed; dg A is not in it), dD
+    ``[2, N, HV, V]`` float32 shares (None without D). No host synchronisation."""
+    launches, (q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets), ssd_grads = _gla_backward(
         q, k, v, g, do, dht, initial_state, cu_seqlens, chunk_indices, chunk_offsets, scale=scale, shape=shape,
-        states_given=chunk_states is not None)
+        states_given=chunk_states is not None, ssd_grads=ssd_grads)
     if launches.pending is not None:  # compiling since the forward
         launches.pending()
         launches.pending = None
@@ -620,7 +660,8 @@ def chunk_simple_gla_bwd(q, k, v, g, do, dht, *, scale, initial_state=None, cu_s
     made = {n: _empty(*s, dtype=d, device=q.device) for n, (s, d) in launches.buffers.items()}
     given = dict(q=q, k=k, v=v, g=g, do=do, dht=dht, h0=h0, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
                  chunk_offsets=chunk_offsets, states=fwd["chunk_states"],
-                 **{n: fwd[n] for n in ("qg", "kg", "aqk", "dl", "scores", "coef") if n in fwd})
+                 **{n: fwd[n] for n in ("qg", "kg", "aqk", "dl", "scores", "coef") if n in fwd},
+                 **dict(zip(("x", "step", "D"), ssd_grads or ())))
     values = tuple(given[n] if n in given else made.get(n) for n in BWD_NAMES)
     if launches.corun:  # the reverse sweep, and the recompute's sweep beside it; the stage after both
         side = fork_side_stream(q.device)  # before the reverse sweep's launch, which it must not wait for
@@ -633,4 +674,6 @@ def chunk_simple_gla_bwd(q, k, v, g, do, dht, *, scale, initial_state=None, cu_s
     else:
         launch_steps(launches.steps, values, BWD_NAMES)
     dq, dk = (made["dq_sum"], made["dk_sum"]) if launches.gva else (made["dq"], made["dk"])
+    if ssd_grads is not None:
+        return dq, dk, made["dv"], made.get("dg"), made.get("dh0"), made["dstep"], made.get("dD")
     return dq, dk, made["dv"], made.get("dg"), made.get("dh0")

@@ -48,6 +48,9 @@ class GlaShape:
     # With ``recompute_on_sweep``: a training forward keeps the chunk states (in the inputs' dtype),
     # and the backward reads them in place of its recompute's sweep (:data:`GLA_FORWARD_STATES`).
     forward_states: bool = False
+    # SSD without a gate z: the reverse sweep forms x's and dt's gradients and D's sums in place of
+    # dV (its SSD_GRADS), so no elementwise pass reads dV (:data:`GLA_REVERSE_SSD_GRADS`).
+    reverse_ssd_grads: bool = False
 
 
 GLA_LAUNCH = GlaShape(64, 8, "64 value columns on 8 warps: offline for sm_90 the chunk loop spills 40 local "
@@ -80,7 +83,8 @@ def gla_shape(problem, device, gluon: bool = True) -> GlaShape:
                    dg_twin=GLUON_GLA_DG.on and gluon and gluon_usable(device),
                    dg_specialized=GLUON_GLA_DG.on and GLUON_GLA_DG_SPECIALIZED.on and gluon and gluon_usable(device),
                    corun=_corun(problem, device),
-                   forward_states=GLA_FORWARD_STATES and GLA_LAUNCH.recompute_on_sweep)
+                   forward_states=GLA_FORWARD_STATES and GLA_LAUNCH.recompute_on_sweep,
+                   reverse_ssd_grads=GLA_REVERSE_SSD_GRADS)
 
 
 #: Whether a training forward of a scalar decay (and SSD) keeps the state entering every chunk, in
@@ -93,6 +97,15 @@ def gla_shape(problem, device, gluon: bool = True) -> GlaShape:
 #: (gpu_gla_sweep_2c61664.json's profile; ~150 us after it at B4, and simple GLA's whole recompute
 #: 69 + 75 us at B4 T4096). Off until measured (benchmarks/gpu_gla_sweep.py --forward-states).
 GLA_FORWARD_STATES = False
+
+#: Whether SSD's training backward (no gate z, x in the kernels' dtype) forms x's gradient, dt's
+#: through v = dt x, and D's sums in the reverse sweep (SSD_GRADS; the warp-specialised form where
+#: it runs, with V 64) rather than writing dV for an elementwise pass (autograd/ssd.py's
+#: step_backward: 237 us of SSD B1 T16384's 2680 us of GPU time at 2c61664, reading dV in float32,
+#: x and dy). The sweep reads x's tiles instead and writes dx in x's dtype, half dV's bytes; its
+#: outputs warpgroups take the extra work, and they bound it. Off until measured
+#: (benchmarks/gpu_gla_sweep.py --ssd-grads).
+GLA_REVERSE_SSD_GRADS = False
 
 
 #: The backward's recompute of the chunk states (its sweep, after the group prep) on a stream of its

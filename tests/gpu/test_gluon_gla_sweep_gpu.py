@@ -512,3 +512,30 @@ def test_training_from_the_kept_chunk_states_against_the_recompute(op, monkeypat
         err = relative_rms(y.double(), x.double())
         print(f"{op} gradient {i}: relative RMS {err:.2e} between the kept chunk states and the recompute")
         assert err < 1e-2, f"gradient {i}: {err:.2e}"
+
+
+@pytest.mark.parametrize("form", REVERSE_FORMS)
+def test_x_and_dt_formed_in_the_warp_specialised_reverse_sweep(form, monkeypatch):
+    """plan.gla.GLA_REVERSE_SSD_GRADS: SSD without a gate z forms x's gradient, dt's through v = dt x
+    and D's sums in the warp-specialised reverse sweep (SSD_GRADS: x's tiles in its ring, dx from
+    its outputs warpgroups, D's sums on the chain) in place of dV and the elementwise pass after
+    it: every gradient finite and the same as without it to float32 rounding (dx: the same float32
+    sums rounded once to bf16) (:func:`ssd_training_case`)."""
+    import recurscan.launch.gla as launch_gla
+    picked = record_reverse_sweeps(monkeypatch, by_name=True)
+    grads = ssd_training_case(form)
+    out = {}
+    for on in (False, True):
+        monkeypatch.setattr(plan_gla, "GLA_REVERSE_SSD_GRADS", on)
+        clear_caches()
+        picked.clear()
+        out[on] = [t.clone() for t in grads()]
+        assert picked[-1] == "gluon_gla_bwd_sweep_specialized_kernel", picked
+        (built,) = launch_gla.GLA_BACKWARD_LAUNCHES.values()
+        assert built.steps[0].kwargs["SSD_GRADS"] == on
+    torch.cuda.synchronize()
+    for i, (a, b) in enumerate(zip(out[False], out[True])):
+        assert torch.isfinite(b).all(), f"gradient {i}"
+        err = relative_rms(b.double(), a.double())
+        print(f"{form}, gradient {i}: relative RMS {err:.2e} with x and dt formed in the reverse sweep")
+        assert err < (1e-3 if b.dtype == torch.bfloat16 else 2e-5), f"gradient {i}: {err:.2e}"

@@ -413,7 +413,7 @@ def compile_ssd_gate() -> list[str]:
 def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_sweep: bool = False,
                          group_prep: bool = False, group_grads: bool = False, grads_sides: bool = False,
                          recompute_twin: bool = False, reverse_specialized: bool = False,
-                         dg_specialized: bool = False) -> list[str]:
+                         dg_specialized: bool = False, ssd_grads: str | None = None) -> list[str]:
     """The GLA backward's launches (launch/gla.py: the forward for the chunk states, the reverse
     sweep, the parallel stage) for a case of :data:`CASES` (M = 1 ones; bf16); ``per_key``: a decay
     per key dimension (the prep runs with the recompute; the stages' PER_KEY forms); ``on_sweep``:
@@ -426,8 +426,10 @@ def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_swe
     as its Gluon twin (GlaShape.reverse_twin) and, with ``group_grads``, the dg launch as its
     Gluon twin (GlaShape.dg_twin); ``reverse_specialized``: with ``recompute_twin``, the reverse
     sweep's twin warp-specialised (GlaShape.reverse_specialized); ``dg_specialized``: with
-    ``recompute_twin`` and ``group_grads``, the dg twin warp-specialised (GlaShape.dg_specialized)."""
-    from recurscan.launch.gla import BWD_NAMES, NAMES as GLA_NAMES, build_gla_backward
+    ``recompute_twin`` and ``group_grads``, the dg twin warp-specialised (GlaShape.dg_specialized);
+    ``ssd_grads`` ("D per head", "D per channel" or "no D"): the reverse sweep forming SSD's x, dt
+    and D gradients (launch.gla.SsdGrads, SSD_GRADS)."""
+    from recurscan.launch.gla import BWD_NAMES, NAMES as GLA_NAMES, SsdGrads, build_gla_backward
     from recurscan.plan.gla import GLA_LAUNCH
     _, cu = CASES[case]
     B, T, H, HV, K = (1, 1000, 2, 4, 128) if cu is not None else (2, 300, 2, 2, 128)
@@ -453,15 +455,17 @@ def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_swe
                                 dg_specialized=dg_specialized) if on_sweep else GLA_LAUNCH
     sides = plan_gla.GROUP_GRADS_SIDES
     plan_gla.GROUP_GRADS_SIDES = 4 if grads_sides else None
+    flags = None if ssd_grads is None else SsdGrads(ssd_grads != "no D", ssd_grads == "D per channel")
     try:
-        launches = build_gla_backward(q, k, v, g, do, dht, h0, cu_t, ci, co, scale=K ** -0.5, shape=shape)
+        launches = build_gla_backward(q, k, v, g, do, dht, h0, cu_t, ci, co, scale=K ** -0.5, shape=shape,
+                                      ssd_grads=flags)
     finally:
         plan_gla.GROUP_GRADS_SIDES = sides
     z = torch.zeros(1)
     made = {n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.forward.buffers.items()}
     fwd = dict(q=q, k=k, v=v, g=g, h0=h0, cu_seqlens=cu_t, chunk_offsets=co, chunk_indices=ci, **made)
     bwd = dict(q=q, k=k, v=v, g=g, do=do, dht=dht, h0=h0, cu_seqlens=cu_t, chunk_indices=ci, chunk_offsets=co,
-               states=torch.zeros(1, **bf),
+               states=torch.zeros(1, **bf), x=torch.zeros(1, **bf), D=torch.zeros(1),
                **{n: made[n] for n in ("qg", "kg", "aqk", "dl", "scores", "coef") if n in made},
                **{n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.buffers.items()})
     lines = []

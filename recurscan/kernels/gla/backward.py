@@ -24,10 +24,12 @@ from .prep import CALM, SUB, _key_gates, _log2_decays
 @triton.jit(do_not_specialize=["T", "n_cs_rows"])
 def chunk_simple_gla_bwd_sweep_kernel(
     q, k, g, do, dstates, dht, dh0, dv, cu_seqlens, chunk_offsets, T, scale, n_cs_rows, qg, kg, aqk, dl, coef,
+    x, step, D, dx, dstep, dD,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, HAS_DHT: tl.constexpr,
     STORE_DH0: tl.constexpr, DOT_PRECISION: tl.constexpr, DT: tl.constexpr, PER_KEY: tl.constexpr = False,
-    GATE_SCORES: tl.constexpr = False,
+    GATE_SCORES: tl.constexpr = False, SSD_GRADS: tl.constexpr = False, HAS_D: tl.constexpr = False,
+    D_PER_CHANNEL: tl.constexpr = False,
 ):
     """Grid (N * HV * ceil(V / BV),): one program per (sequence, value head, value block) holds
     dS^T [BV, K] (the gradient of the state leaving the chunk) and walks the chunks last to first:
@@ -43,7 +45,19 @@ def chunk_simple_gla_bwd_sweep_kernel(
     column factors f = 1 / (lam scale)) come from that prep, so no Q K^T product and no gates are
     formed here; in a calm chunk G_ij = lam_i / lam_j and gam_j = lam_last / lam_j, so
     dV^T = f o ((lam scale o dO)^T scores + scale lam_last (K dS')^T), the first operand the one the
-    dS update takes, and no [BT, BT] tile of exp2 either."""
+    dS update takes, and no [BT, BT] tile of exp2 either.
+
+    SSD_GRADS (Mamba2 SSD without a gate z: v = dt x, y = o + D x, dO = dy): dV goes no further
+    than this program; it writes instead what autograd/ssd.py's step_backward forms from it, each
+    in float32 and rounded once (:func:`recurscan.kernels.gla.ssd_gate.ssd_step_bwd_kernel`'s sums)::
+
+        dx = dt o dV + D o dO                  (x's dtype, at dv's place)
+        dstep[r, hv, i_v] = sum over the block's columns of x o dV    (float32 [rows, HV, NV])
+        dD[0, n, hv, columns] = sum over the sequence's rows of x o dO   (float32 [2, N, HV, V], HAS_D;
+                                                               dD[1] zeros: the twin's second share)
+
+    from ``x`` and ``step`` (dt, float32 ``[rows, HV]``); dt's gradient through the log decay
+    (dg A) is added after dg is formed."""
     pid = tl.program_id(0).to(tl.int64)
     NV: tl.constexpr = (V + BV - 1) // BV
     i_v = pid % NV
@@ -68,6 +82,12 @@ def chunk_simple_gla_bwd_sweep_kernel(
         b_dSt = tl.zeros([BV, BK], dtype=tl.float32)
     lower = o_t[:, None] >= o_t[None, :]
     n_chunks = (eos - bos + BT - 1) // BT
+    if SSD_GRADS and HAS_D:  # D per value column ([BV, 1]) or per head, and D's sum over the rows
+        if D_PER_CHANNEL:
+            d_skip = tl.load(D + i_hv * V + o_v, mask=m_v, other=0.0).to(tl.float32)[:, None]
+        else:
+            d_skip = tl.load(D + i_hv).to(tl.float32)
+        b_dD = tl.zeros([BV], dtype=tl.float32)
     for cc in range(0, n_chunks):
         c = n_chunks - 1 - cc
         rows = bos + c * BT + o_t.to(tl.int64)
@@ -135,7 +155,20 @@ def chunk_simple_gla_bwd_sweep_kernel(
                 gam[None, :] * tl.dot(b_dSt.to(DT), tl.trans(b_k), input_precision=DOT_PRECISION)
             b_dSt = tl.dot((scale * lam[None, :] * b_dot).to(DT), b_q, input_precision=DOT_PRECISION) + \
                 lam_last * b_dSt
-        tl.store(dv + p_vr, b_dvt.to(dv.dtype.element_ty), mask=m_vr)
+        if SSD_GRADS:  # dx, dstep's share and D's (the docstring), in place of dV
+            b_xt = tl.load(x + p_vr, mask=m_vr, other=0.0).to(tl.float32)  # x^T [BV, BT]
+            b_dxt = b_dvt * tl.load(step + rows * HV + i_hv, mask=m_r, other=0.0)[None, :]
+            if HAS_D:
+                b_dxt += d_skip * b_dot
+                b_dD += tl.sum(b_dot * b_xt, axis=1)
+            tl.store(dx + p_vr, b_dxt.to(dx.dtype.element_ty), mask=m_vr)
+            tl.store(dstep + (rows * HV + i_hv) * NV + i_v, tl.sum(b_dvt * b_xt, axis=0), mask=m_r)
+        else:
+            tl.store(dv + p_vr, b_dvt.to(dv.dtype.element_ty), mask=m_vr)
+    if SSD_GRADS and HAS_D:  # dD [2, N, HV, V]: the second half is the warp-specialised twin's
+        tl.store(dD + (i_n * HV + i_hv) * V + o_v, b_dD, mask=m_v)
+        second = tl.num_programs(0) // NV * V  # dD[1]'s offset: N HV V
+        tl.store(dD + second + (i_n * HV + i_hv) * V + o_v, tl.zeros([BV], dtype=tl.float32), mask=m_v)
     if STORE_DH0:
         tl.store(dh0 + (i_n * HV + i_hv) * K * V + o_vk, b_dSt, mask=m_vk)
 

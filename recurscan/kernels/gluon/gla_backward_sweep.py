@@ -136,10 +136,12 @@ def _sequence_operands(q, k, do, aqk, dv, dstates, cu_seqlens, chunk_offsets, T,
 @gluon.jit
 def gluon_gla_bwd_sweep_kernel(
     q, k, g, do, dstates, dht, dh0, dv, cu_seqlens, chunk_offsets, T, scale, n_cs_rows, qg, kg, aqk, dl, coef,
+    x, step, D, dx, dstep, dD,
     H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr,
     BV: gl.constexpr, IS_VARLEN: gl.constexpr, HAS_G: gl.constexpr, HAS_DHT: gl.constexpr,
     STORE_DH0: gl.constexpr, DOT_PRECISION: gl.constexpr, DT: gl.constexpr, PER_KEY: gl.constexpr = False,
-    GATE_SCORES: gl.constexpr = False, NUM_STAGES: gl.constexpr = 2,
+    GATE_SCORES: gl.constexpr = False, SSD_GRADS: gl.constexpr = False, HAS_D: gl.constexpr = False,
+    D_PER_CHANNEL: gl.constexpr = False, NUM_STAGES: gl.constexpr = 2,
 ):
     """Grid (N * HV * V / BV,), as the twin's: one program per (sequence, value head, value block
     of BV = 64), the block fastest. Per chunk, last to first, from raw q, k, the query/key head's
@@ -156,6 +158,7 @@ def gluon_gla_bwd_sweep_kernel(
     gl.static_assert(BV == 64, "the Gluon GLA reverse sweep takes 64 value columns a program")
     gl.static_assert(BT == 64, "chunks of 64 rows")
     gl.static_assert(GATE_SCORES and not PER_KEY, "the group prep's scores (GATE_SCORES), a scalar decay")
+    gl.static_assert(not SSD_GRADS, "SSD_GRADS: the warp-specialised form or the Triton kernel")
     CW: gl.constexpr = 8  # the group prep's coef floats a row (kernels/gla/group_prep.py, GROUP_COEF_WIDTH)
     NV: gl.constexpr = V // BV
     pid = gl.program_id(0)

@@ -13,6 +13,11 @@ as the Gluon twin :func:`recurscan.kernels.gluon.gla_backward_sweep.gluon_gla_bw
 3. the **loads** (one warp): the chunk's k, q, dO and scores by bulk copies into a ring of
    NUM_STAGES stages, each freed when the chain and the chunk's outputs warpgroup are done with it.
 
+With SSD_GRADS (Mamba2 SSD without a gate z; the Triton kernel's flag) the ring also holds x's
+tiles; the outputs write dx = dt o dV + D o dO (16-bit, from a staging of their own) and dt's
+share sum_p x o dV in dV's place, and the chain forms D's sums (x o dO over the rows) while its
+product runs.
+
 The twin's timing probes put its outputs at 2.34 us a chunk and its chain at 0.74 (SSD B1 T16384,
 results/gpu_gla_reverse_probe_4c4f11f.json): the forward sweep's shape, whose split over two outputs
 warpgroups took its chunk from 1.53 to 1.32 us (docs/kernels-gla-plan.md, "The next GPU session", 2c).
@@ -37,6 +42,9 @@ from .gla_sweep_specialized import _handover_barriers
 #: default partition, takes what the kernel's cap leaves (512 - 2 x 160 - 24 = 168): offline for
 #: sm_90, fewer for the outputs spill theirs and more spill the chain's.
 OUTPUT_REGS = gl.constexpr(160)
+#: The same with SSD_GRADS, whose outputs also hold x's tile and D's sums (the chain then has
+#: 512 - 2 x 168 - 24 = 152).
+SSD_OUTPUT_REGS = gl.constexpr(168)
 LOAD_REGS = gl.constexpr(24)
 
 
@@ -57,11 +65,14 @@ def _program(H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr
 
 @gluon.jit
 def _chain(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
-           CW: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_DHT: gl.constexpr, STORE_DH0: gl.constexpr):
+           CW: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_DHT: gl.constexpr, STORE_DH0: gl.constexpr,
+           SSD_GRADS: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr):
     """The default partition: dS' over the program's chunks, last to first; each chunk's leaving
     dS' to its chunk-state row and to the chunk's outputs warpgroup; dh0 at the end."""
-    (k_s, q_s, do_s, a_s, hs_s, g_s, dv_s, ready, empty, s_ready, s_empty, k_desc, q_desc, do_desc, s_desc,
-     dv_desc, ds_desc, coef, dht, dh0, scale, bos, L, n_chunks, cs0, n_cs_rows) = p
+    (k_s, q_s, do_s, a_s, hs_s, g_s, dv_s, x_s, ready, empty, s_ready, s_empty, k_desc, q_desc, do_desc,
+     s_desc, dv_desc, ds_desc, x_desc, coef, dht, dh0, scale, bos, L, n_chunks, cs0, n_cs_rows, step, D, dstep,
+     dD) = p
+    bos = bos.to(gl.int64)
     i_n, i_hv, i_v, col_qk, col_v, col_s = _program(H, HV, K, V, BT, BV)
     DT: gl.constexpr = k_s.dtype
     mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
@@ -76,6 +87,8 @@ def _chain(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexp
         dS_t = gl.zeros([BV, K], gl.float32, layout=mmaK)
     compact: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # a row vector, one register a thread
     o_t = gl.arange(0, BT, layout=compact)
+    if SSD_GRADS and HAS_D:  # D's sums over the rows (x o dO), formed while the chain's product runs
+        dD_sum = gl.zeros([BV], gl.float32, layout=gl.SliceLayout(1, mma64))
     for j in range(n_chunks):
         s = j % NUM_STAGES
         b = j % 2
@@ -99,9 +112,15 @@ def _chain(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexp
         dOt = do_s.index(s).permute((1, 0)).load(mma64).to(gl.float32)  # [BV, BT]
         Wdo = (gl.convert_layout(lam_s, col64)[None, :] * dOt).to(DT)  # (lam scale o dO)^T
         dS_t = warpgroup_mma(gl.convert_layout(Wdo, aK), q_s.index(s), lam_last * dS_t, is_async=True)
+        if SSD_GRADS and HAS_D:
+            dD_sum += gl.sum(dOt * x_s.index(s).permute((1, 0)).load(mma64).to(gl.float32), axis=1)
         dS_t = warpgroup_mma_wait(num_outstanding=0, deps=(dS_t,))
         mbarrier.arrive(empty.index(s), count=1)
     tma.store_wait(pendings=0)
+    if SSD_GRADS and HAS_D:  # dD [2, N, HV, V]: this program's sums, then zeros (the Triton kernel's layout)
+        o_d = ((i_n * HV + i_hv) * V + i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(1, mma64))).to(gl.int64)
+        gl.store(dD + o_d, dD_sum)
+        gl.store(dD + gl.num_programs(0) // (V // BV) * V + o_d, dD_sum * 0.0)
     if STORE_DH0:
         gl.store(dh0 + p_h + _state_offsets(i_v, mmaK, BV, K, V), dS_t)
 
@@ -109,11 +128,14 @@ def _chain(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexp
 @gluon.jit
 def _outputs(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
              CW: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_DHT: gl.constexpr, STORE_DH0: gl.constexpr,
-             PART: gl.constexpr):
+             SSD_GRADS: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr, PART: gl.constexpr):
     """A worker warpgroup: dV of every other chunk of the walk (those with j % 2 == PART) from the
-    dS' the chain handed over in buffer PART."""
-    (k_s, q_s, do_s, a_s, hs_s, g_s, dv_s, ready, empty, s_ready, s_empty, k_desc, q_desc, do_desc, s_desc,
-     dv_desc, ds_desc, coef, dht, dh0, scale, bos, L, n_chunks, cs0, n_cs_rows) = p
+    dS' the chain handed over in buffer PART; with SSD_GRADS what the Triton kernel forms from it
+    in its place (dx, dstep's share, and D's sum over this warpgroup's chunks in dD[PART])."""
+    (k_s, q_s, do_s, a_s, hs_s, g_s, dv_s, x_s, ready, empty, s_ready, s_empty, k_desc, q_desc, do_desc,
+     s_desc, dv_desc, ds_desc, x_desc, coef, dht, dh0, scale, bos, L, n_chunks, cs0, n_cs_rows, step, D, dstep,
+     dD) = p
+    bos = bos.to(gl.int64)
     i_n, i_hv, i_v, col_qk, col_v, col_s = _program(H, HV, K, V, BT, BV)
     DT: gl.constexpr = k_s.dtype
     mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
@@ -124,13 +146,22 @@ def _outputs(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.conste
     o_t = gl.arange(0, BT, layout=compact)
     zero64 = gl.zeros([BV, BT], gl.float32, layout=mma64)
     g_s = g_s.index(PART)  # a stormy chunk's G o scores
-    dv_s = dv_s.index(PART)  # dV's staging for its bulk store
+    dv_s = dv_s.index(PART)  # dV's staging for its bulk store (SSD_GRADS: dx's)
     b = PART
     for j in range(PART, n_chunks, 2):
         s = j % NUM_STAGES
         c = n_chunks - 1 - j
         # the chunk's coefficients in the twin's compact layout (moved where used), before the waits
         f, lam_s, gam, gc, seg, lam_last, f_0 = _row_coefficients(coef, bos, L, c, i_n, i_hv, o_t, HV, BT, CW)
+        if SSD_GRADS:  # the rows' step sizes, and where their dt shares go: a row a thread
+            p_step = (bos + c * BT) * HV + i_hv + o_t * HV
+            m_step = c * BT + o_t < L
+            step_r = gl.load(step + p_step, mask=m_step, other=0.0)
+            if HAS_D:  # D per value column ([BV, 1]) or per head, loaded a chunk: no register held across
+                if D_PER_CHANNEL:
+                    d_skip = gl.load(D + i_hv * V + i_v * BV + gl.arange(0, BV, layout=row64)).to(gl.float32)[:, None]
+                else:
+                    d_skip = gl.load(D + i_hv).to(gl.float32)
         mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
         mbarrier.wait(s_ready.index(b), (j // 2) & 1)
         dSK = warpgroup_mma(hs_s.index(b).permute((1, 0)), k_s.index(s).permute((1, 0)), zero64, use_acc=False,
@@ -152,9 +183,20 @@ def _outputs(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.conste
             dvt = warpgroup_mma(gl.convert_layout(dOt, a64), g_s,
                                 gl.convert_layout(gam, col64)[None, :] * dSK, is_async=True)
             dvt = warpgroup_mma_wait(num_outstanding=0, deps=(dvt,))
-        mbarrier.arrive(empty.index(s), count=1)
-        tma.store_wait(pendings=0)  # this warpgroup's last dV out of dv_s
-        dv_s.permute((1, 0)).store(dvt)
+        if SSD_GRADS:  # dx, dstep's share and D's in dV's place (the Triton kernel's sums)
+            xt = x_s.index(s).permute((1, 0)).load(mma64)  # x^T [BV, BT], in x's dtype (the fewest registers)
+            mbarrier.arrive(empty.index(s), count=1)
+            dstep_r = gl.convert_layout(gl.sum(dvt * xt.to(gl.float32), axis=0), compact)  # one value block
+            gl.store(dstep + p_step, dstep_r, mask=m_step)
+            dvt = dvt * gl.convert_layout(step_r, col64)[None, :]
+            if HAS_D:
+                dvt += d_skip * dOt.to(gl.float32)
+            tma.store_wait(pendings=0)  # this warpgroup's last dx out of dv_s
+            dv_s.permute((1, 0)).store(dvt.to(DT))
+        else:
+            mbarrier.arrive(empty.index(s), count=1)
+            tma.store_wait(pendings=0)  # this warpgroup's last dV out of dv_s
+            dv_s.permute((1, 0)).store(dvt)
         fence_async_shared()
         gl.thread_barrier()
         tma.async_copy_shared_to_global(dv_desc, [c * BT, col_v], dv_s)
@@ -163,14 +205,17 @@ def _outputs(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.conste
 
 @gluon.jit
 def _loads(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
-           CW: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_DHT: gl.constexpr, STORE_DH0: gl.constexpr):
-    """A worker warp: the chunks' tiles, last chunk first, by bulk copies, a stage once both
-    warpgroups freed it."""
-    (k_s, q_s, do_s, a_s, hs_s, g_s, dv_s, ready, empty, s_ready, s_empty, k_desc, q_desc, do_desc, s_desc,
-     dv_desc, ds_desc, coef, dht, dh0, scale, bos, L, n_chunks, cs0, n_cs_rows) = p
+           CW: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_DHT: gl.constexpr, STORE_DH0: gl.constexpr,
+           SSD_GRADS: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr):
+    """A worker warp: the chunks' tiles, last chunk first, by bulk copies (with SSD_GRADS x's too),
+    a stage once both warpgroups freed it."""
+    (k_s, q_s, do_s, a_s, hs_s, g_s, dv_s, x_s, ready, empty, s_ready, s_empty, k_desc, q_desc, do_desc,
+     s_desc, dv_desc, ds_desc, x_desc, coef, dht, dh0, scale, bos, L, n_chunks, cs0, n_cs_rows, step, D, dstep,
+     dD) = p
+    bos = bos.to(gl.int64)
     i_n, i_hv, i_v, col_qk, col_v, col_s = _program(H, HV, K, V, BT, BV)
     nbytes: gl.constexpr = (k_desc.block_type.nbytes + q_desc.block_type.nbytes + do_desc.block_type.nbytes
-                            + s_desc.block_type.nbytes)
+                            + s_desc.block_type.nbytes + (x_desc.block_type.nbytes if SSD_GRADS else 0))
     for j in range(n_chunks):
         s = j % NUM_STAGES
         bar = ready.index(s)
@@ -181,15 +226,19 @@ def _loads(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexp
         tma.async_copy_global_to_shared(q_desc, [r, col_qk], bar, q_s.index(s))
         tma.async_copy_global_to_shared(do_desc, [r, col_v], bar, do_s.index(s))
         tma.async_copy_global_to_shared(s_desc, [r, col_s], bar, a_s.index(s))
+        if SSD_GRADS:
+            tma.async_copy_global_to_shared(x_desc, [r, col_v], bar, x_s.index(s))
 
 
 @gluon.jit
 def gluon_gla_bwd_sweep_specialized_kernel(
     q, k, g, do, dstates, dht, dh0, dv, cu_seqlens, chunk_offsets, T, scale, n_cs_rows, qg, kg, aqk, dl, coef,
+    x, step, D, dx, dstep, dD,
     H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr,
     BV: gl.constexpr, IS_VARLEN: gl.constexpr, HAS_G: gl.constexpr, HAS_DHT: gl.constexpr,
     STORE_DH0: gl.constexpr, DOT_PRECISION: gl.constexpr, DT: gl.constexpr, PER_KEY: gl.constexpr = False,
-    GATE_SCORES: gl.constexpr = False, NUM_STAGES: gl.constexpr = 2,
+    GATE_SCORES: gl.constexpr = False, SSD_GRADS: gl.constexpr = False, HAS_D: gl.constexpr = False,
+    D_PER_CHANNEL: gl.constexpr = False, NUM_STAGES: gl.constexpr = 2,
 ):
     """Grid (N * HV * V / BV,), as the twin's: one program per (sequence, value head, value block
     of BV = 64), the block fastest; the twin's arguments and, per chunk, its algebra::
@@ -198,10 +247,14 @@ def gluon_gla_bwd_sweep_specialized_kernel(
         otherwise: dV^T = dO^T (G o scores) + gam o (K dS')^T
         dS'^T <- lam_C dS'^T + (lam scale o dO^T) Q
 
-    with the chain, the outputs and the loads on partitions of their own (module docstring)."""
+    with the chain, the outputs and the loads on partitions of their own (module docstring).
+    SSD_GRADS (V = 64: one value block): the Triton kernel's form of the flag (x's tiles in the
+    ring, dx stored from a 16-bit staging in dV's place, dstep's share stored per row), D's sums
+    one a warpgroup, in ``dD [2, N, HV, V]``."""
     gl.static_assert(BV == 64, "64 value columns a program")
     gl.static_assert(BT == 64, "chunks of 64 rows")
     gl.static_assert(GATE_SCORES and not PER_KEY, "the group prep's scores (GATE_SCORES), a scalar decay")
+    gl.static_assert(not SSD_GRADS or V == BV, "SSD_GRADS: one value block (dstep's share a row)")
     CW: gl.constexpr = 8  # the group prep's coef floats a row (kernels/gla/group_prep.py, GROUP_COEF_WIDTH)
     i_n, i_hv, i_v, col_qk, col_v, col_s = _program(H, HV, K, V, BT, BV)
     bos, L, _, cs0, k_desc, q_desc, do_desc, s_desc, dv_desc, ds_desc = _sequence_operands(
@@ -209,6 +262,9 @@ def gluon_gla_bwd_sweep_specialized_kernel(
     # L and the chunk count in int32 into the partitions: int64 values spill at their split (sm_90)
     L = L.to(gl.int32)
     n_chunks = (L + BT - 1) // BT
+    # With SSD_GRADS bos crosses in int32 too (its four more pointers' registers; made int64 again
+    # where used): a token index, under 2^31
+    bos_in = bos.to(gl.int32) if SSD_GRADS else bos
 
     k_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], k_desc.layout)
     q_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], q_desc.layout)
@@ -216,16 +272,28 @@ def gluon_gla_bwd_sweep_specialized_kernel(
     a_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BT], s_desc.layout)
     hs_s = gl.allocate_shared_memory(DT, [2, K, BV], ds_desc.layout)  # dS' handed to the outputs (and stored)
     g_s = gl.allocate_shared_memory(DT, [2, BT, BT], s_desc.layout)  # each outputs warpgroup's gate tile
-    dv_s = gl.allocate_shared_memory(gl.float32, [2, BT, BV], dv_desc.layout)  # and its dV staging
+    if SSD_GRADS:  # x's tiles in the ring; dx (in x's dtype) stored where dV was
+        rows = gl.maximum(L, 1).to(gl.int32)
+        x_desc = tma.make_tensor_descriptor(x + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV], do_desc.layout)
+        dv_desc = tma.make_tensor_descriptor(dx + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV],
+                                             do_desc.layout)
+        x_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], x_desc.layout)
+        dv_s = gl.allocate_shared_memory(DT, [2, BT, BV], dv_desc.layout)  # and its dx staging
+    else:
+        x_desc = do_desc  # unread
+        x_s = do_s
+        dv_s = gl.allocate_shared_memory(gl.float32, [2, BT, BV], dv_desc.layout)  # and its dV staging
     ready, empty, s_ready, s_empty = _handover_barriers(NUM_STAGES)
 
-    p = (k_s, q_s, do_s, a_s, hs_s, g_s, dv_s, ready, empty, s_ready, s_empty, k_desc, q_desc, do_desc, s_desc,
-         dv_desc, ds_desc, coef, dht, dh0, scale, bos, L, n_chunks, cs0, n_cs_rows)
+    p = (k_s, q_s, do_s, a_s, hs_s, g_s, dv_s, x_s, ready, empty, s_ready, s_empty, k_desc, q_desc, do_desc,
+         s_desc, dv_desc, ds_desc, x_desc, coef, dht, dh0, scale, bos_in, L, n_chunks, cs0, n_cs_rows, step, D, dstep,
+         dD)
+    OUT_REGS: gl.constexpr = SSD_OUTPUT_REGS if SSD_GRADS else OUTPUT_REGS
     # Each partition's arguments written out in the call: a tuple named first would carry the
     # constexprs as values (Triton 3.6).
     gl.warp_specialize([
-        (_chain, (p, H, HV, K, V, BT, BV, CW, NUM_STAGES, HAS_DHT, STORE_DH0)),
-        (_outputs, (p, H, HV, K, V, BT, BV, CW, NUM_STAGES, HAS_DHT, STORE_DH0, 0)),
-        (_outputs, (p, H, HV, K, V, BT, BV, CW, NUM_STAGES, HAS_DHT, STORE_DH0, 1)),
-        (_loads, (p, H, HV, K, V, BT, BV, CW, NUM_STAGES, HAS_DHT, STORE_DH0)),
-    ], [4, 4, 1], [OUTPUT_REGS, OUTPUT_REGS, LOAD_REGS])
+        (_chain, (p, H, HV, K, V, BT, BV, CW, NUM_STAGES, HAS_DHT, STORE_DH0, SSD_GRADS, HAS_D, D_PER_CHANNEL)),
+        (_outputs, (p, H, HV, K, V, BT, BV, CW, NUM_STAGES, HAS_DHT, STORE_DH0, SSD_GRADS, HAS_D, D_PER_CHANNEL, 0)),
+        (_outputs, (p, H, HV, K, V, BT, BV, CW, NUM_STAGES, HAS_DHT, STORE_DH0, SSD_GRADS, HAS_D, D_PER_CHANNEL, 1)),
+        (_loads, (p, H, HV, K, V, BT, BV, CW, NUM_STAGES, HAS_DHT, STORE_DH0, SSD_GRADS, HAS_D, D_PER_CHANNEL)),
+    ], [4, 4, 1], [OUT_REGS, OUT_REGS, LOAD_REGS])
