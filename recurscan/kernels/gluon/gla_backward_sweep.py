@@ -112,18 +112,19 @@ def _calm_dv(Wdo, scores, acc, f, a64: gl.constexpr, col64: gl.constexpr):
 @gluon.jit
 def _sequence_operands(q, k, do, aqk, dv, dstates, cu_seqlens, chunk_offsets, T, n_cs_rows, i_n, H: gl.constexpr,
                        HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
-                       IS_VARLEN: gl.constexpr, DT: gl.constexpr):
+                       IS_VARLEN: gl.constexpr, DT: gl.constexpr, DV_DT: gl.constexpr = gl.float32):
     """Sequence ``i_n``'s first row ``bos``, length ``L`` (int64), chunks and first chunk-state row ``cs0``,
     and the bulk-copy descriptors a reverse-sweep program reads and writes through: k, q ([BT, K]
-    tiles), dO ([BT, BV]), the scores ([BT, BT]) and dV ([BT, BV] float32) over the sequence's rows
-    (a tile past its end reads zeros, a store stops there), and the chunk states ([K, BV] tiles;
-    rows outside [0, n_cs_rows), from a wrong chunk_offsets entry, are moved just past them)."""
+    tiles), dO ([BT, BV]), the scores ([BT, BT]) and ``dv`` ([BT, BV] in DV_DT: dV in float32, or
+    SSD_GRADS's dx in x's dtype) over the sequence's rows (a tile past its end reads zeros, a store
+    stops there), and the chunk states ([K, BV] tiles; rows outside [0, n_cs_rows), from a wrong
+    chunk_offsets entry, are moved just past them)."""
     bos, L, n_chunks, cs0, rows = _sequence_place(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
     l_qk: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, K], DT)
     l_tv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], DT)
     l_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], DT)
     l_kv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([K, BV], DT)
-    l_dv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], gl.float32)
+    l_dv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], DV_DT)
     k_desc = tma.make_tensor_descriptor(k + bos * (H * K), [rows, H * K], [H * K, 1], [BT, K], l_qk)
     q_desc = tma.make_tensor_descriptor(q + bos * (H * K), [rows, H * K], [H * K, 1], [BT, K], l_qk)
     do_desc = tma.make_tensor_descriptor(do + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV], l_tv)

@@ -257,8 +257,10 @@ def gluon_gla_bwd_sweep_specialized_kernel(
     gl.static_assert(not SSD_GRADS or V == BV, "SSD_GRADS: one value block (dstep's share a row)")
     CW: gl.constexpr = 8  # the group prep's coef floats a row (kernels/gla/group_prep.py, GROUP_COEF_WIDTH)
     i_n, i_hv, i_v, col_qk, col_v, col_s = _program(H, HV, K, V, BT, BV)
+    # dV's descriptor (float32), or with SSD_GRADS dx's in its place (x's dtype)
     bos, L, _, cs0, k_desc, q_desc, do_desc, s_desc, dv_desc, ds_desc = _sequence_operands(
-        q, k, do, aqk, dv, dstates, cu_seqlens, chunk_offsets, T, n_cs_rows, i_n, H, HV, K, V, BT, BV, IS_VARLEN, DT)
+        q, k, do, aqk, dx if SSD_GRADS else dv, dstates, cu_seqlens, chunk_offsets, T, n_cs_rows, i_n, H, HV, K, V,
+        BT, BV, IS_VARLEN, DT, DT if SSD_GRADS else gl.float32)
     # L and the chunk count in int32 into the partitions: int64 values spill at their split (sm_90)
     L = L.to(gl.int32)
     n_chunks = (L + BT - 1) // BT
@@ -275,8 +277,6 @@ def gluon_gla_bwd_sweep_specialized_kernel(
     if SSD_GRADS:  # x's tiles in the ring; dx (in x's dtype) stored where dV was
         rows = gl.maximum(L, 1).to(gl.int32)
         x_desc = tma.make_tensor_descriptor(x + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV], do_desc.layout)
-        dv_desc = tma.make_tensor_descriptor(dx + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV],
-                                             do_desc.layout)
         x_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], x_desc.layout)
         dv_s = gl.allocate_shared_memory(DT, [2, BT, BV], dv_desc.layout)  # and its dx staging
     else:
