@@ -111,23 +111,17 @@ DG_SPECIALIZED = False
 FORWARD_STATES = False
 #: Whether SSD's training rows also run with x's and dt's gradients formed in the reverse sweep, or
 #: without where that is planned (``--ssd-grads``, plan.gla.GLA_REVERSE_SSD_GRADS), and with both this
-#: and the kept chunk states where ``--forward-states`` is given too.
-SSD_GRADS = False
+#: and the kept chunk states where ``--forward-states`` is given too (and all three with ``--dg-specialized``).
+FOLD_SSD_GRADS = False
 #: The shares of the SMs under which SSD's training rows also run the recompute beside the reverse sweep
 #: (``--corun SHARE``, plan.gla.GLA_BACKWARD_CORUN).
 CORUN: list[float] = []
 
 
-def train_rows():
-    """Forward + backward (every input's gradient, one fixed upstream gradient), eager, L2 flushed:
-    the planner's form, and for SSD the same with the delta prep alone (no group prep), with one
-    value head a program of the parallel stage, and with the group's heads split for
-    :data:`GRADS_WAVES` programs an SM (plan.gla.GROUP_GRADS_WAVES), beside the peers that train here (mamba_ssm; fla's simple-GLA backward refuses on Triton 3.6 without
-    TileLang)."""
-    from benchmarks.gpu_gla import SSD_GRADS, time_train, train_step
-    from benchmarks.runner import NotInstalled, load_mamba
-    from recurscan.runtime.cache import clear_caches
-    rows = []
+def training_forms() -> tuple[dict, dict]:
+    """``(forms, common)`` of :func:`train_rows`: each form's name -> the plan.gla settings it runs
+    with (attribute -> value), from the command line's variants; ``common``, the forms every
+    training row runs (simple GLA's too), is part of ``forms``."""
     forms = {"recurscan triton": {}, "recurscan triton, the delta prep": dict(GROUP_PREP_MIN_HEADS=None),
              "recurscan triton, one value head a grads program": dict(GROUP_GRADS_MIN_HEADS=None),
              **{f"recurscan triton, grads at {w} programs an SM": dict(GROUP_GRADS_WAVES=w) for w in GRADS_WAVES},
@@ -166,12 +160,30 @@ def train_rows():
                    "recurscan triton, the chunk states kept by the forward"): dict(
                   GLA_FORWARD_STATES=not plan_gla.GLA_FORWARD_STATES)} if FORWARD_STATES else {})}
     forms.update(common)
-    if SSD_GRADS:
+    if FOLD_SSD_GRADS:
         fold = dict(GLA_REVERSE_SSD_GRADS=not plan_gla.GLA_REVERSE_SSD_GRADS)
         forms["recurscan triton, x and dt " + ("after the reverse sweep" if plan_gla.GLA_REVERSE_SSD_GRADS else
                                                "in the reverse sweep")] = fold
         if FORWARD_STATES:
-            forms["recurscan triton, both"] = dict(fold, GLA_FORWARD_STATES=not plan_gla.GLA_FORWARD_STATES)
+            both = dict(fold, GLA_FORWARD_STATES=not plan_gla.GLA_FORWARD_STATES)
+            forms["recurscan triton, both"] = both
+            if DG_SPECIALIZED:  # and the dg twin in its other form: the three offline builds together
+                forms["recurscan triton, all three"] = dict(both, GLUON_GLA_DG_SPECIALIZED=dataclasses.replace(
+                    plan_gla.GLUON_GLA_DG_SPECIALIZED, on=not plan_gla.GLUON_GLA_DG_SPECIALIZED.on))
+    return forms, common
+
+
+def train_rows():
+    """Forward + backward (every input's gradient, one fixed upstream gradient), eager, L2 flushed:
+    the planner's form, and for SSD the same with the delta prep alone (no group prep), with one
+    value head a program of the parallel stage, and with the group's heads split for
+    :data:`GRADS_WAVES` programs an SM (plan.gla.GROUP_GRADS_WAVES), beside the peers that train here (mamba_ssm; fla's simple-GLA backward refuses on Triton 3.6 without
+    TileLang)."""
+    from benchmarks.gpu_gla import SSD_GRADS, time_train, train_step
+    from benchmarks.runner import NotInstalled, load_mamba
+    from recurscan.runtime.cache import clear_caches
+    rows = []
+    forms, common = training_forms()
 
     def timed(name, step, peers, variants=True):
         out = []
@@ -257,10 +269,10 @@ def main():
     GRADS_SIDES.extend(args.grads_sides)
     REVERSE_SWEEPS.extend(args.reverse_sweep)
     CORUN.extend(args.corun)
-    global RECOMPUTE_TWIN, REVERSE_TWIN, DG_TWIN, REVERSE_SPECIALIZED, DG_SPECIALIZED, FORWARD_STATES, SSD_GRADS
+    global RECOMPUTE_TWIN, REVERSE_TWIN, DG_TWIN, REVERSE_SPECIALIZED, DG_SPECIALIZED, FORWARD_STATES, FOLD_SSD_GRADS
     RECOMPUTE_TWIN, REVERSE_TWIN, DG_TWIN = args.recompute_twin, args.reverse_twin, args.dg_twin
     REVERSE_SPECIALIZED, DG_SPECIALIZED = args.reverse_specialized, args.dg_specialized
-    FORWARD_STATES, SSD_GRADS = args.forward_states, args.ssd_grads
+    FORWARD_STATES, FOLD_SSD_GRADS = args.forward_states, args.ssd_grads
     gpu_gla.PROFILE = args.profile
     if args.train_only:
         save(args.out, train_rows())
