@@ -267,6 +267,32 @@ def test_gradients_with_x_and_dt_formed_in_the_reverse_sweep(cu, extras, form, g
     assert built and all(b.steps[0].kwargs["SSD_GRADS"] == extras.endswith("no z") for b in built)
 
 
+@pytest.mark.parametrize("grads", ["group", "group, dg with dq and dk", "group in shares", "group, dq and dk apart",
+                                   "per head"])
+@pytest.mark.parametrize("cu", [None, [0, 1, 70, 130]])
+def test_gradients_with_v_formed_in_the_parallel_stage(cu, grads, monkeypatch):
+    """With the chunk states kept by the forward and x's and dt's gradients in the reverse sweep
+    (no gate z), nothing but the parallel stage reads v = dt x, and its group form takes x and dt
+    instead (V_FROM_X: dt as the row factors of V dS'^T's left operand and the column factors of dO
+    V^T), so v is never formed: every gradient as above, with buffers poisoned; one value head a
+    program (no group form) forms v as before."""
+    import recurscan.autograd.ssd as autograd_ssd
+    from recurscan.launch import gla as launch_gla
+    from recurscan.plan import gla as plan_gla
+    from recurscan.runtime.cache import clear_caches
+    monkeypatch.setattr(plan_gla, "GLA_FORWARD_STATES", True)
+    monkeypatch.setattr(plan_gla, "GLA_REVERSE_SSD_GRADS", True)
+    monkeypatch.setattr(launch_delta, "POISON_BUFFERS", True)
+    formed = []
+    values = autograd_ssd.values
+    monkeypatch.setattr(autograd_ssd, "values", lambda *a: formed.append(1) or values(*a))
+    clear_caches()
+    check_ssd_gradients(cu, "D per head, no z", "sweep, group prep", grads, monkeypatch)
+    built = list(launch_gla.GLA_BACKWARD_LAUNCHES.values())
+    group = grads != "per head"
+    assert built and all(b.v_from_x == group for b in built) and bool(formed) != group
+
+
 def check_ssd_gradients(cu, extras, form, grads, monkeypatch):
     use_form(form, monkeypatch)
     use_grads_form(grads, monkeypatch)

@@ -210,6 +210,26 @@ def test_the_warp_specialised_dg_launch_compiles_for_sm90(case):
     assert "gluon_gla_bwd_dg_specialized_kernel" in run.stdout, run.stdout
 
 
+@pytest.mark.parametrize("dg", ["twin", "warp-specialised"])
+@pytest.mark.parametrize("case", ["GDN dense, H = HV", "GDN varlen, GVA"])
+def test_the_parallel_stage_forming_v_from_x_compiles_for_sm90(case, dg):
+    """SSD's backward with the chunk states kept and x's and dt's gradients in the reverse sweep
+    (warp-specialised, SSD_GRADS), so that the parallel stage reads x and dt for v = dt x
+    (V_FROM_X): dq's and dk's Triton launches and the dg launch's Gluon twin or its warp-
+    specialised form, without spills (the Gluon rules), as the launch layer builds them."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    run = subprocess.run([sys.executable, "-c", "from tests.helpers import sm90; print(sm90.compile_gla_backward("
+                          f"{case!r}, on_sweep=True, group_prep=True, group_grads=True, recompute_twin=True, "
+                          f"reverse_specialized=True, dg_specialized={dg != 'twin'}, ssd_grads='D per head', "
+                          "states_given=True))"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    kernel = "gluon_gla_bwd_dg_kernel" if dg == "twin" else "gluon_gla_bwd_dg_specialized_kernel"
+    for name in (kernel, "gluon_gla_bwd_sweep_specialized_kernel", "chunk_simple_gla_bwd_grads_kernel"):
+        assert name in run.stdout, run.stdout
+    assert "chunk_delta_sweep_kernel" not in run.stdout and "gluon_sweep_kernel" not in run.stdout  # no recompute
+
+
 PROBE_COMPILES = {
     "forward": "import dataclasses; from tests.helpers import sm90; print(sm90.compile_ssd_benchmark("
                "dataclasses.replace(sm90.SWEEP_SHAPES['group prep'], num_stages=3, gluon_sweep=True, "

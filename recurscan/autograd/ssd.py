@@ -123,8 +123,10 @@ class SsdChunkScan(torch.autograd.Function):
             do = dy.to(opt["kernel_dtype"])
         else:  # x's and D's shares of the skip come with v's, below
             do, dz = gate_backward(dy, u, z)
-        v, g = _value_and_decay(x, step, A, resets, opt["kernel_dtype"])
+        g = _decay(step, A, resets)
         fold = _folds(opt, x, z, dy.dtype)  # x's, dt's and D's gradients in the reverse sweep
+        # v = dt x for the backward's stages; folded, only where one reads it (a callable)
+        v = (lambda: values(x, step, opt["kernel_dtype"])) if fold else values(x, step, opt["kernel_dtype"])
         grads = chunk_simple_gla_bwd(C, B, v, g, do, dfinal, scale=1.0, initial_state=h0,
                                      cu_seqlens=opt["cu_seqlens"], chunk_indices=opt["chunk_indices"],
                                      chunk_offsets=opt["chunk_offsets"], shape=opt["shape"],
@@ -150,11 +152,9 @@ def _folds(options, x, z, dy_dtype) -> bool:
     return options["shape"].reverse_ssd_grads and z is None and x.dtype == kernel_dtype and dy_dtype == kernel_dtype
 
 
-def _value_and_decay(x, step, A, resets, kernel_dtype):
-    """v = dt x in the kernels' dtype (:func:`values`) and the log decay dt A, -inf where
-    ``resets`` starts a sequence."""
-    v = values(x, step, kernel_dtype)
+def _decay(step, A, resets):
+    """The log decay dt A, -inf where ``resets`` starts a sequence."""
     g = step * A.float()
     if resets is not None:
         g = g + resets[..., None]
-    return v, g
+    return g

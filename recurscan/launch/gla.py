@@ -330,6 +330,8 @@ class GlaBackward:
     pending: object = None  # waits for the compiles a forward started (compile_gla_backward_early), or None
     # The recompute's sweep on a side stream beside the reverse sweep, after its group prep (GlaShape.corun).
     corun: bool = False
+    # The parallel stage reads x as v, forming v = dt x in its factors (V_FROM_X): no v is formed.
+    v_from_x: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -385,6 +387,9 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
     # of dq and dk two more steps sum where SPLIT > 1.
     heads = plan_gla.grads_heads(rows, H, HV, K, V, per_key, sm_count(q.device))
     split = HV // H // heads
+    # SSD's v = dt x formed in the parallel stage's factors where nothing else reads v: the group
+    # form (a group's heads summed) with the chunk states kept by the forward (no recompute's sweep)
+    v_from_x = ssd_grads is not None and states_given and heads > 1 and g is not None
     buffers = dict(dstates=((rows, HV, K, V), q.dtype), dv=((B, T, HV, V), q.dtype if ssd_grads else f32),
                    dq=((B, T, H * split, K), f32), dk=((B, T, H * split, K), f32),
                    scratch=((rows * H * split, BT, BT), q.dtype))
@@ -423,7 +428,7 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
         dstates=arg("dstates"), dq=arg("dq"), dk=arg("dk"), dg=arg("dg", g is not None), scratch=arg("scratch"),
         chunk_indices=arg("chunk_indices", varlen), n_seq=N, PER_KEY=per_key, HEADS=heads,
         BV=max(16, triton.next_power_of_2(V)) if grouped else BV,
-        PART=part, SIDE=0)
+        PART=part, SIDE=0, step=arg("step", v_from_x), V_FROM_X=v_from_x)
     grads = Step(chunk_simple_gla_bwd_grads_kernel, (rows * H * split,), grads_args,
                  dict(num_warps=8, num_stages=plan_gla.GROUP_GRADS_STAGES if part == 1 else 1)
                  if grouped else dict(num_warps=8))
@@ -443,7 +448,8 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
             steps.append(Step(group_sum_kernel, (triton.cdiv(B * T * H, GROUP_SUM_ROWS),), dict(
                 x=arg(name), out=arg(name + "_sum"), rows=B * T * H, GROUP=split, K=K, BK=BK, BR=GROUP_SUM_ROWS),
                 dict(num_warps=4)))
-    return GlaBackward(forward, steps, buffers, split > 1, corun=group and shape.corun and not states_given)
+    return GlaBackward(forward, steps, buffers, split > 1, corun=group and shape.corun and not states_given,
+                       v_from_x=v_from_x)
 
 
 def _reverse_sweep_twin(sweep: Step, shape: GlaShape, q, k, do, *, group: bool, per_key: bool, rows: int,
@@ -631,10 +637,16 @@ def chunk_simple_gla_bwd(q, k, v, g, do, dht, *, scale, initial_state=None, cu_s
     whose elementwise gradients the reverse sweep forms in dV's place (:class:`SsdGrads`): the
     return is then ``(dq, dk, dx, dg, dh0, dstep, dD)``, dx in x's dtype, dstep ``[B, T, HV, NV]``
     float32 (dt's gradient through v, in value-block shares to be summed; dg A is not in it), dD
-    ``[2, N, HV, V]`` float32 shares (None without D). No host synchronisation."""
-    launches, (q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets), ssd_grads = _gla_backward(
-        q, k, v, g, do, dht, initial_state, cu_seqlens, chunk_indices, chunk_offsets, scale=scale, shape=shape,
-        states_given=chunk_states is not None, ssd_grads=ssd_grads)
+    ``[2, N, HV, V]`` float32 shares (None without D); ``v`` may then be a callable forming v, called
+    only where a stage reads v (the parallel stage forms v = dt x in its factors where it can:
+    ``GlaBackward.v_from_x``), the launches keyed by x's signature. No host synchronisation."""
+    form_v = callable(v)
+    if form_v and ssd_grads is None:
+        raise TypeError("chunk_simple_gla_bwd: v is a tensor, or with ssd_grads a callable forming one")
+    launches, (q, k, x_as_v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets), ssd_grads = _gla_backward(
+        q, k, ssd_grads[0] if form_v else v, g, do, dht, initial_state, cu_seqlens, chunk_indices, chunk_offsets,
+        scale=scale, shape=shape, states_given=chunk_states is not None, ssd_grads=ssd_grads)
+    v = x_as_v if not form_v or launches.v_from_x else v().contiguous()
     if launches.pending is not None:  # compiling since the forward
         launches.pending()
         launches.pending = None

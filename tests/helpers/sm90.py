@@ -413,7 +413,8 @@ def compile_ssd_gate() -> list[str]:
 def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_sweep: bool = False,
                          group_prep: bool = False, group_grads: bool = False, grads_sides: bool = False,
                          recompute_twin: bool = False, reverse_specialized: bool = False,
-                         dg_specialized: bool = False, ssd_grads: str | None = None) -> list[str]:
+                         dg_specialized: bool = False, ssd_grads: str | None = None,
+                         states_given: bool = False) -> list[str]:
     """The GLA backward's launches (launch/gla.py: the forward for the chunk states, the reverse
     sweep, the parallel stage) for a case of :data:`CASES` (M = 1 ones; bf16); ``per_key``: a decay
     per key dimension (the prep runs with the recompute; the stages' PER_KEY forms); ``on_sweep``:
@@ -428,7 +429,9 @@ def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_swe
     sweep's twin warp-specialised (GlaShape.reverse_specialized); ``dg_specialized``: with
     ``recompute_twin`` and ``group_grads``, the dg twin warp-specialised (GlaShape.dg_specialized);
     ``ssd_grads`` ("D per head", "D per channel" or "no D"): the reverse sweep forming SSD's x, dt
-    and D gradients (launch.gla.SsdGrads, SSD_GRADS)."""
+    and D gradients (launch.gla.SsdGrads, SSD_GRADS); ``states_given``: the chunk states kept by the
+    forward (with ``on_sweep``: the recompute's group prep alone, or nothing), and with
+    ``ssd_grads`` and ``group_grads`` the parallel stage forming v = dt x itself (V_FROM_X)."""
     from recurscan.launch.gla import BWD_NAMES, NAMES as GLA_NAMES, SsdGrads, build_gla_backward
     from recurscan.plan.gla import GLA_LAUNCH
     _, cu = CASES[case]
@@ -458,14 +461,15 @@ def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_swe
     flags = None if ssd_grads is None else SsdGrads(ssd_grads != "no D", ssd_grads == "D per channel")
     try:
         launches = build_gla_backward(q, k, v, g, do, dht, h0, cu_t, ci, co, scale=K ** -0.5, shape=shape,
-                                      ssd_grads=flags)
+                                      ssd_grads=flags, states_given=states_given)
     finally:
         plan_gla.GROUP_GRADS_SIDES = sides
     z = torch.zeros(1)
-    made = {n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.forward.buffers.items()}
+    made = {} if launches.forward is None else \
+        {n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.forward.buffers.items()}
     fwd = dict(q=q, k=k, v=v, g=g, h0=h0, cu_seqlens=cu_t, chunk_offsets=co, chunk_indices=ci, **made)
     bwd = dict(q=q, k=k, v=v, g=g, do=do, dht=dht, h0=h0, cu_seqlens=cu_t, chunk_indices=ci, chunk_offsets=co,
-               states=torch.zeros(1, **bf), x=torch.zeros(1, **bf), D=torch.zeros(1),
+               states=torch.zeros(1, **bf), x=torch.zeros(1, **bf), D=torch.zeros(1), step=torch.zeros(1),
                **{n: made[n] for n in ("qg", "kg", "aqk", "dl", "scores", "coef") if n in made},
                **{n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.buffers.items()})
     lines = []
@@ -473,7 +477,8 @@ def compile_gla_backward(case: str, describe=None, per_key: bool = False, on_swe
         inputs = tuple(DeltaInputs(q, k, v, g, None, h0, None, None, cu_t, ci, co))
         delta_values = tuple(x if x is not None else z for x in inputs + tuple(made.get(n) for n in
                                                                                CALL_NAMES[len(inputs):]))
-        lines += [compiled_line(st, CALL_NAMES, delta_values, describe) for st in launches.forward.steps]
+        lines += [compiled_line(st, CALL_NAMES, delta_values, describe)
+                  for st in (launches.forward.steps if launches.forward is not None else [])]
         recompute = []
     else:
         recompute = [(st, GLA_NAMES, fwd) for st in [*launches.forward.preps, launches.forward.step]]

@@ -326,11 +326,11 @@ def _per_key_grads(q, k, g, b_q, b_k, b_dOS, b_VdS, b_dOV, b_VdO, sds, r0, eos, 
 @triton.jit(do_not_specialize=["T", "n_seq", "n_cs_rows"])
 def chunk_simple_gla_bwd_grads_kernel(
     q, k, v, g, do, states, dstates, dq, dk, dg, scratch, cu_seqlens, chunk_indices, chunk_offsets,
-    T, n_seq, scale, n_cs_rows,
+    T, n_seq, scale, n_cs_rows, step,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, DOT_PRECISION: tl.constexpr,
     DT: tl.constexpr, PER_KEY: tl.constexpr = False, HEADS: tl.constexpr = 1, PART: tl.constexpr = 0,
-    SIDE: tl.constexpr = 0,
+    SIDE: tl.constexpr = 0, V_FROM_X: tl.constexpr = False,
 ):
     """Grid (chunks x H x SPLIT,), SPLIT = HV / H / HEADS: one program per (chunk, query/key head,
     HEADS of its value heads). dq and dk ``[rows, H, SPLIT, K]`` are that program's share of the
@@ -346,7 +346,11 @@ def chunk_simple_gla_bwd_grads_kernel(
     HEADS > 1 or PART > 0 (a scalar decay, V <= BV: every value column in one tile):
     :func:`_group_grads`, the heads' sums in the program, so that no per-head dq or dk crosses
     memory; PART 1 forms dq and dk alone, PART 2 dg alone (two launches), PART 0 both. In PART 1,
-    SIDE 1 forms dq alone and SIDE 2 dk alone (one accumulator a program), SIDE 0 both."""
+    SIDE 1 forms dq alone and SIDE 2 dk alone (one accumulator a program), SIDE 0 both.
+    V_FROM_X (there; Mamba2 SSD): ``v`` holds x and ``step`` dt ``[rows, HV]`` (float32), and
+    v = dt x enters as dt's row factors (of V dS'^T's left operand) and column factors (of dO
+    V^T), so that v itself is never formed."""
+    tl.static_assert(HEADS > 1 or PART > 0 or not V_FROM_X, "V_FROM_X: the group form (HEADS > 1 or PART > 0)")
     SPLIT: tl.constexpr = HV // H // HEADS
     pid = tl.program_id(0).to(tl.int64)
     i_c = pid // (H * SPLIT)
@@ -363,7 +367,7 @@ def chunk_simple_gla_bwd_grads_kernel(
     if HEADS > 1 or PART > 0:
         b_dq, b_dk = _group_grads(q, k, v, g, do, states, dstates, dg, scratch + pid * BT * BT, rows, m_r, m_rk, o_t,
                                   o_k, m_k, cs, cs_ok, i_h, i_hv, scale, H, HV, K, V, BT, BK, BV, HEADS, HAS_G,
-                                  DOT_PRECISION, DT, PART, SIDE)
+                                  DOT_PRECISION, DT, PART, SIDE, step, V_FROM_X)
         if PART != 2 and SIDE != 2:
             tl.store(dq + p_out, b_dq, mask=m_rk)
         if PART != 2 and SIDE != 1:
@@ -452,7 +456,8 @@ def _scalar_dg(b_dSeg, dlam, lam, strict):
 def _group_grads(q, k, v, g, do, states, dstates, dg, p_scr, rows, m_r, m_rk, o_t, o_k, m_k, cs, cs_ok, i_h, hv0,
                  scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                  BK: tl.constexpr, BV: tl.constexpr, HEADS: tl.constexpr, HAS_G: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr, DT: tl.constexpr, PART: tl.constexpr, SIDE: tl.constexpr = 0):
+                 DOT_PRECISION: tl.constexpr, DT: tl.constexpr, PART: tl.constexpr, SIDE: tl.constexpr = 0,
+                 step=None, V_FROM_X: tl.constexpr = False):
     """(dq, dk) ``[BT, BK]`` summed over value heads hv0 .. hv0 + HEADS - 1 of one query/key head,
     and each head's dg (stored here). The heads' terms that share an operand are summed before the
     product: dq = (sum_h dsG_h) K + sum_h (scale lam_h o dO_h) S_h^T and dk = (sum_h dsG_h)^T Q +
@@ -460,7 +465,8 @@ def _group_grads(q, k, v, g, do, states, dstates, dg, p_scr, rows, m_r, m_rk, o_
     V_h^T) o G_h. A head's row sums for dg come from products of [BT, V], not from its own dq or
     dk: q . (dO S^T) = dO . (Q S) and k . (V dS'^T) = V . (K dS') by row. Q K^T once for the group.
     PART 1: dq and dk alone (SIDE 1: dq alone, SIDE 2: dk alone); PART 2: dg alone (dq and dk
-    returned as zeros); PART 0: both."""
+    returned as zeros); PART 0: both. V_FROM_X: ``v`` is x, and dt (``step``) scales what V
+    would: dsG's columns, gam's rows of dk's left operand, V o (K dS')'s row sums."""
     causal = o_t[:, None] >= o_t[None, :]
     strict = o_t[:, None] > o_t[None, :]
     o_v = tl.arange(0, BV)
@@ -485,6 +491,8 @@ def _group_grads(q, k, v, g, do, states, dstates, dg, p_scr, rows, m_r, m_rk, o_
     # by hand: Triton 3.6's pipeliner leaves them synchronous, a global latency each on every head
     # (benchmarks/sm90_loop_loads.py gla-backward).
     b_g_next = _chunk_decays(g, rows, m_r, hv0, HV, BT, HAS_G)
+    if V_FROM_X:  # the heads' step sizes (v = dt x by rows), a head ahead as the decays
+        b_dt_next = tl.load(step + rows * HV + hv0, mask=m_r, other=0.0)
     if PART != 1:
         p_vr_next = (rows * HV + hv0)[None, :] * V + o_v[:, None]
         b_dot_next = tl.load(do + p_vr_next, mask=m_vr, other=0.0, cache_modifier=".cg")
@@ -494,6 +502,9 @@ def _group_grads(q, k, v, g, do, states, dstates, dg, p_scr, rows, m_r, m_rk, o_
         gc, seg, bad = _gates_of(b_g_next)
         hv_next = hv0 + tl.minimum(j + 1, HEADS - 1)  # the last head loads itself again
         b_g_next = _chunk_decays(g, rows, m_r, hv_next, HV, BT, HAS_G)
+        if V_FROM_X:
+            b_dt = b_dt_next
+            b_dt_next = tl.load(step + rows * HV + hv_next, mask=m_r, other=0.0)
         if PART != 1:
             b_dot, b_vtr = b_dot_next, b_vt_next  # dO^T and V^T, [BV, BT]
             p_vr_next = (rows * HV + hv_next)[None, :] * V + o_v[:, None]
@@ -513,9 +524,14 @@ def _group_grads(q, k, v, g, do, states, dstates, dg, p_scr, rows, m_r, m_rk, o_
         # operands each warpgroup would hold them whole.
         b_do = tl.load(do + p_rv, mask=m_rv, other=0.0).to(tl.float32)
         b_vt = tl.trans(tl.load(v + p_rv, mask=m_rv, other=0.0, cache_modifier=".cg").to(DT))
-        b_dsG = tl.where(causal & (seg[:, None] == seg[None, :]),
-                         scale * tl.dot(b_do.to(DT), b_vt, input_precision=DOT_PRECISION) *
-                         tl.exp2(gc[:, None] - gc[None, :]), 0.0)  # dscores o G
+        if V_FROM_X:  # dO V^T = dO X^T o dt along the columns
+            b_dsG = tl.where(causal & (seg[:, None] == seg[None, :]),
+                             scale * tl.dot(b_do.to(DT), b_vt, input_precision=DOT_PRECISION) *
+                             (tl.exp2(gc[:, None] - gc[None, :]) * b_dt[None, :]), 0.0)  # dscores o G
+        else:
+            b_dsG = tl.where(causal & (seg[:, None] == seg[None, :]),
+                             scale * tl.dot(b_do.to(DT), b_vt, input_precision=DOT_PRECISION) *
+                             tl.exp2(gc[:, None] - gc[None, :]), 0.0)  # dscores o G
         if PART != 2:
             b_M += b_dsG
             if SIDE != 2:
@@ -523,7 +539,10 @@ def _group_grads(q, k, v, g, do, states, dstates, dg, p_scr, rows, m_r, m_rk, o_
                               b_dq, input_precision=DOT_PRECISION)
             if SIDE != 1:
                 b_v = tl.load(v + p_rv, mask=m_rv, other=0.0).to(tl.float32)
-                b_dk = tl.dot((gam[:, None] * b_v).to(DT), tl.load(p_dst, mask=m_vk, other=0.0).to(DT), b_dk,
+                gam_v = gam
+                if V_FROM_X:  # (gam o V) = (gam dt o X)
+                    gam_v = gam * b_dt
+                b_dk = tl.dot((gam_v[:, None] * b_v).to(DT), tl.load(p_dst, mask=m_vk, other=0.0).to(DT), b_dk,
                               input_precision=DOT_PRECISION)
         if PART != 1:
             b_SqT = tl.dot(tl.load(p_st, mask=m_vk, other=0.0, cache_modifier=".ca").to(DT), b_qt,
@@ -532,6 +551,8 @@ def _group_grads(q, k, v, g, do, states, dstates, dg, p_scr, rows, m_r, m_rk, o_
             b_dSkT = tl.dot(tl.load(p_dst, mask=m_vk, other=0.0, cache_modifier=".ca").to(DT), b_kt,
                             input_precision=DOT_PRECISION)  # (K dS')^T
             kdsv = tl.sum(b_vtr.to(tl.float32) * b_dSkT, axis=0)
+            if V_FROM_X:
+                kdsv = kdsv * b_dt
             # S . dS' (lam_C's gradient, on dlam's last row) as the trace of S^T dS': a [BV, BV]
             # product, where the elementwise sum would hold two [BK, BV] float32 tiles
             b_SdS = tl.dot(tl.load(p_st, mask=m_vk, other=0.0, cache_modifier=".cg").to(DT),

@@ -105,6 +105,16 @@ def _decays(g, rows_l, eos, i_hv, HV: gl.constexpr):
 
 
 @gluon.jit
+def _steps(step_sizes, rows_l, eos, i_hv, HV: gl.constexpr, V_FROM_X: gl.constexpr):
+    """Value head i_hv's step sizes dt on the chunk's rows (0 past the sequence's end) where
+    V_FROM_X (v = dt x formed in the products' factors), else None."""
+    dt = None
+    if V_FROM_X:
+        dt = gl.load(step_sizes + rows_l * HV + i_hv, mask=rows_l < eos, other=0.0)
+    return dt
+
+
+@gluon.jit
 def _tile_indices(mma: gl.constexpr, along_i: gl.constexpr, along_j: gl.constexpr, line: gl.constexpr,
                   BT: gl.constexpr):
     """A [BT, BT] product tile's row and column indices (``along_i``, ``along_j``), a [BT] vector's
@@ -134,16 +144,25 @@ def _row_sums(SqT, dSkT, SdS, dOt, Vt, m_j, scale, diag, last_i, along_i: gl.con
 
 @gluon.jit
 def _head_dg(dOV, QK, dlam, kdsv, lam, gam, gc_i, gc_j, seg_i, seg_j, m_i, m_j, scale, causal, strict, last_i,
-             along_j: gl.constexpr, line: gl.constexpr):
+             along_j: gl.constexpr, line: gl.constexpr, dt_l=None, V_FROM_X: gl.constexpr = False):
     """A value head's dg on the chunk's rows (``line``'s layout) from its product dO V^T, its row
     sums (:func:`_row_sums`), the item's Q K^T, and its gates
     (:func:`.delta_backward_dqdk._segment_gates`; gc and the segments along the tiles' rows ``_i``
     and columns ``_j``)::
 
         dSeg = dsG o (Q K^T), its last row adding gam o kdsv,   dsG = causal(scale dO V^T) o G
-        dg_m = sum_{i >= m} (sum_{j < i} dSeg_ij - sum_{l > i} dSeg_li + dlam_i lam_i)"""
-    dsG = gl.where(causal & (seg_i == seg_j) & m_i[:, None] & m_j[None, :],
-                   scale * dOV * gl.exp2(gc_i - gc_j), 0.0)  # dscores o G
+        dg_m = sum_{i >= m} (sum_{j < i} dSeg_ij - sum_{l > i} dSeg_li + dlam_i lam_i)
+
+    V_FROM_X: the products and sums were of x, and v = dt x enters here: dt (``dt_l``, the chunk's
+    step sizes in ``line``'s layout) scales dO X^T's columns and the row sums kdsv."""
+    if V_FROM_X:
+        dt_j = gl.convert_layout(dt_l, along_j)
+        dsG = gl.where(causal & (seg_i == seg_j) & m_i[:, None] & m_j[None, :],
+                       scale * dOV * (gl.exp2(gc_i - gc_j) * dt_j[None, :]), 0.0)  # dscores o G
+        kdsv = kdsv * dt_j
+    else:
+        dsG = gl.where(causal & (seg_i == seg_j) & m_i[:, None] & m_j[None, :],
+                       scale * dOV * gl.exp2(gc_i - gc_j), 0.0)  # dscores o G
     dSeg = dsG * QK + gl.where(last_i[:, None], (kdsv * gl.convert_layout(gam, along_j))[None, :], 0.0)
     b_strict = gl.where(strict, dSeg, 0.0)
     r = gl.convert_layout(gl.sum(b_strict, axis=1), line) - \
@@ -154,18 +173,19 @@ def _head_dg(dOV, QK, dlam, kdsv, lam, gam, gc_i, gc_j, seg_i, seg_j, m_i, m_j, 
 @gluon.jit
 def gluon_gla_bwd_dg_kernel(
     q, k, v, g, do, states, dstates, dq, dk, dg, scratch, cu_seqlens, chunk_indices, chunk_offsets,
-    T, n_seq, scale, n_cs_rows,
+    T, n_seq, scale, n_cs_rows, step,
     H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr,
     BV: gl.constexpr, IS_VARLEN: gl.constexpr, HAS_G: gl.constexpr, DOT_PRECISION: gl.constexpr,
     DT: gl.constexpr, PER_KEY: gl.constexpr = False, HEADS: gl.constexpr = 1, PART: gl.constexpr = 2,
-    SIDE: gl.constexpr = 0, NUM_STAGES: gl.constexpr = 3,
+    SIDE: gl.constexpr = 0, V_FROM_X: gl.constexpr = False, NUM_STAGES: gl.constexpr = 3,
 ):
     """Persistent programs over items (chunk, query/key head) of ``n_cs_rows x H``, each item's
     steps its GROUP = HV / H value heads: dg ``[rows, HV]`` (float32) of every value head from
     q, k ``[rows, H, K]``, v, do ``[rows, HV, V]``, the log decays g ``[rows, HV]``, and the chunk
     states ``states`` (entering) and ``dstates`` (dS' leaving) ``[n_cs_rows, HV, K, V]``. dq, dk,
     scratch, BK, BV, DOT_PRECISION, PER_KEY, HEADS and SIDE are the twin's arguments, unused here
-    (PART 2 forms dg alone; tiles K and V wide, products 16-bit). Eight warps."""
+    (PART 2 forms dg alone; tiles K and V wide, products 16-bit). V_FROM_X: v holds x and
+    ``step`` dt ``[rows, HV]`` (:func:`_head_dg`). Eight warps."""
     gl.static_assert(PART == 2 and HAS_G and not PER_KEY, "the dg launch of a scalar decay")
     gl.static_assert(BT == 64, "chunks of 64 rows")
     gl.static_assert(V == 64, "64 value columns")
@@ -225,10 +245,10 @@ def gluon_gla_bwd_dg_kernel(
         QK = gl.where(m_i[:, None] & m_j[None, :], QK, 0.0)  # rows past the end: the next sequence's
         b_g_next = _decays(g, rows_l, eos, i_h * GROUP, HV)
         for h in range(GROUP):
-            step = m * GROUP + h
-            s = step % NUM_STAGES
+            n = m * GROUP + h  # the program's step
+            s = n % NUM_STAGES
             i_hv = i_h * GROUP + h
-            mbarrier.wait(bars.index(s), (step // NUM_STAGES) & 1)
+            mbarrier.wait(bars.index(s), (n // NUM_STAGES) & 1)
             dOV = warpgroup_mma(do_s.index(s), v_s.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
             SqT = warpgroup_mma(s_s.index(s).permute((1, 0)), q_s.permute((1, 0)), zero, use_acc=False,
                                 is_async=True)  # (Q S)^T [V, BT]
@@ -240,6 +260,7 @@ def gluon_gla_bwd_dg_kernel(
             b_g = b_g_next
             b_g_next = _decays(g, rows_l, eos, i_h * GROUP + gl.minimum(h + 1, GROUP - 1), HV)
             gc, seg, lam, gam = _segment_gates(b_g, o_l, BT)
+            dt_l = _steps(step, rows_l, eos, i_hv, HV, V_FROM_X)
             dOt = gl.where(m_j[None, :], do_s.index(s).permute((1, 0)).load(mma).to(gl.float32), 0.0)  # [V, BT]
             Vt = gl.where(m_j[None, :], v_s.index(s).permute((1, 0)).load(mma).to(gl.float32), 0.0)
             gc_i = gl.convert_layout(gc, along_i)[:, None]
@@ -249,7 +270,7 @@ def gluon_gla_bwd_dg_kernel(
 
             dOV, SqT, dSkT, SdS = warpgroup_mma_wait(num_outstanding=0, deps=(dOV, SqT, dSkT, SdS))
             gl.thread_barrier()  # every warp has read stage s: the step NUM_STAGES on, of this item or the next
-            ahead = step + NUM_STAGES
+            ahead = n + NUM_STAGES
             nxt = ahead // GROUP > m
             _issue_step(ahead, n_steps, gl.where(nxt, n_r0, r0), gl.where(nxt, n_cs, cs),
                         gl.where(nxt, it_n % H, i_h), do_desc, v_desc, s_desc, ds_desc, do_s, v_s, s_s, ds_s, bars,
@@ -257,7 +278,7 @@ def gluon_gla_bwd_dg_kernel(
 
             dlam, kdsv = _row_sums(SqT, dSkT, SdS, dOt, Vt, m_j, scale, diag, last_i, along_i)
             d_g = _head_dg(dOV, QK, dlam, kdsv, lam, gam, gc_i, gc_j, seg_i, seg_j, m_i, m_j, scale, causal, strict,
-                           last_i, along_j, line)
+                           last_i, along_j, line, dt_l, V_FROM_X)
             gl.store(dg + rows_l * HV + i_hv, d_g, mask=m_l & valid)
         gl.thread_barrier()  # every product has read q and k: the next item's
         _issue_qk(m + 1 < n_mine, n_r0, it_n % H, q_desc, k_desc, q_s, k_s, once, K)

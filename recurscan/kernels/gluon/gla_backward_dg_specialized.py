@@ -32,7 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .delta_backward_dqdk import _segment_gates
-from .gla_backward_dg import _decays, _descriptors, _head_dg, _issue_qk, _issue_step, _item, _tile_indices
+from .gla_backward_dg import _decays, _descriptors, _head_dg, _issue_qk, _issue_step, _item, _steps, _tile_indices
 
 #: Registers a thread of the worker heads warpgroup and of the load warp (setmaxnreg); the default
 #: heads warpgroup takes what the launch's cap leaves (launch.gla's DG_SPECIALIZED_MAXNREG: 168 a
@@ -43,11 +43,13 @@ LOAD_REGS = gl.constexpr(24)
 
 @gluon.jit
 def _heads(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
-           GROUP: gl.constexpr, NUM_STAGES: gl.constexpr, IS_VARLEN: gl.constexpr, PART: gl.constexpr):
-    """A heads warpgroup: value heads h = PART, PART + 2, ... of each of the program's items."""
+           GROUP: gl.constexpr, NUM_STAGES: gl.constexpr, IS_VARLEN: gl.constexpr, V_FROM_X: gl.constexpr,
+           PART: gl.constexpr):
+    """A heads warpgroup: value heads h = PART, PART + 2, ... of each of the program's items (with
+    V_FROM_X the twin's: v holds x, dt enters in _head_dg)."""
     (q_s, k_s, do_s, v_s, s_s, ds_s, ready, empty, qk_ready, qk_empty, q_desc, k_desc, do_desc, v_desc, s_desc,
      ds_desc, g, dg, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_cs_rows, scale, pid, programs, n_mine,
-     n_steps) = p
+     n_steps, step_sizes) = p
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     along_i: gl.constexpr = gl.SliceLayout(1, mma)  # a tile's rows
     along_j: gl.constexpr = gl.SliceLayout(0, mma)  # its columns
@@ -79,6 +81,7 @@ def _heads(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexp
             b_g = b_g_next
             b_g_next = _decays(g, rows_l, eos, i_h * GROUP + gl.minimum(h + 2, GROUP - 1), HV)
             gc, seg, lam, gam = _segment_gates(b_g, o_l, BT)
+            dt_l = _steps(step_sizes, rows_l, eos, i_h * GROUP + h, HV, V_FROM_X)
             gc_i = gl.convert_layout(gc, along_i)[:, None]
             gc_j = gl.convert_layout(gc, along_j)[None, :]
             seg_i = gl.convert_layout(seg, along_i)[:, None]
@@ -102,7 +105,7 @@ def _heads(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexp
             gl.thread_barrier()  # every warp has read stage s
             mbarrier.arrive(empty.index(s), count=1)
             d_g = _head_dg(dOV, QK, dlam, kdsv, lam, gam, gc_i, gc_j, seg_i, seg_j, m_i, m_j, scale, causal, strict,
-                           last_i, along_j, line)
+                           last_i, along_j, line, dt_l, V_FROM_X)
             gl.store(dg + rows_l * HV + i_h * GROUP + h, d_g, mask=m_l & valid)
         gl.thread_barrier()  # every product has read the item's q and k
         mbarrier.arrive(qk_empty.index(b), count=1)
@@ -115,7 +118,7 @@ def _loads(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexp
     then its heads' tiles, a stage once the warpgroup that read it freed it."""
     (q_s, k_s, do_s, v_s, s_s, ds_s, ready, empty, qk_ready, qk_empty, q_desc, k_desc, do_desc, v_desc, s_desc,
      ds_desc, g, dg, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_cs_rows, scale, pid, programs, n_mine,
-     n_steps) = p
+     n_steps, step_sizes) = p
     for m in range(n_mine):
         it = pid + m * programs
         valid, eos, r0, cs = _item(it, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_cs_rows, H, BT,
@@ -133,11 +136,11 @@ def _loads(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexp
 @gluon.jit
 def gluon_gla_bwd_dg_specialized_kernel(
     q, k, v, g, do, states, dstates, dq, dk, dg, scratch, cu_seqlens, chunk_indices, chunk_offsets,
-    T, n_seq, scale, n_cs_rows,
+    T, n_seq, scale, n_cs_rows, step,
     H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr,
     BV: gl.constexpr, IS_VARLEN: gl.constexpr, HAS_G: gl.constexpr, DOT_PRECISION: gl.constexpr,
     DT: gl.constexpr, PER_KEY: gl.constexpr = False, HEADS: gl.constexpr = 1, PART: gl.constexpr = 2,
-    SIDE: gl.constexpr = 0, NUM_STAGES: gl.constexpr = 3,
+    SIDE: gl.constexpr = 0, V_FROM_X: gl.constexpr = False, NUM_STAGES: gl.constexpr = 3,
 ):
     """The twin's arguments and grid (persistent programs over items (chunk, query/key head) of
     ``n_cs_rows x H``, one an SM): dg ``[rows, HV]`` (float32) of every value head. Launched on
@@ -180,11 +183,11 @@ def gluon_gla_bwd_dg_specialized_kernel(
 
     p = (q_s, k_s, do_s, v_s, s_s, ds_s, ready, empty, qk_ready, qk_empty, q_desc, k_desc, do_desc, v_desc, s_desc,
          ds_desc, g, dg, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_cs_rows, scale, pid, programs, n_mine,
-         n_steps)
+         n_steps, step)
     # Each partition's arguments written out in the call: a tuple named first would carry the
     # constexprs as values (Triton 3.6).
     gl.warp_specialize([
-        (_heads, (p, H, HV, K, V, BT, GROUP, NUM_STAGES, IS_VARLEN, 0)),
-        (_heads, (p, H, HV, K, V, BT, GROUP, NUM_STAGES, IS_VARLEN, 1)),
+        (_heads, (p, H, HV, K, V, BT, GROUP, NUM_STAGES, IS_VARLEN, V_FROM_X, 0)),
+        (_heads, (p, H, HV, K, V, BT, GROUP, NUM_STAGES, IS_VARLEN, V_FROM_X, 1)),
         (_loads, (p, H, HV, K, V, BT, GROUP, NUM_STAGES, IS_VARLEN)),
     ], [4, 1], [HEADS_REGS, LOAD_REGS])
