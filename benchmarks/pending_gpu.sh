@@ -29,7 +29,8 @@
 #      GLA_FORWARD_STATES if it wins, and say what it costs: 335 MB at SSD B1 T16384); --ssd-grads,
 #      x's and dt's gradients in the reverse sweep (step_backward's 237 us of B1 go, the sweep's
 #      outputs loop takes 1044 instructions a chunk against 689 offline), alone and with the kept
-#      states: plan GLA_REVERSE_SSD_GRADS if it wins.
+#      states ("both": then v = dt x is formed nowhere, the parallel stage's V_FROM_X, 95 us of B1),
+#      and "all three" with the dg twin warp-specialised: plan GLA_REVERSE_SSD_GRADS if it wins.
 # Arguments: the steps to run (default: all three); each fits a 600 s call alone.
 set -u
 STEPS=${*:-0 1 2}
@@ -40,7 +41,7 @@ pip install -q --no-index --no-deps --target /tmp/site .whl/fla_core-0.6.0-py3-n
 mkdir -p /tmp/mamba && tar xzf .whl/mamba_ssm-2.3.2.post1.tar.gz -C /tmp/mamba --strip-components=1
 # The new tests first, alone under a short limit; then the suite without them.
 NEW="in_phases or forming_its_scores or warp-specialised or keeps_the or kept_chunk or x_and_dt"
-step 0 && { timeout 200 python -m pytest -m gpu tests/gpu/test_gluon_gla_sweep_gpu.py tests/gpu/test_gluon_gla_dg_gpu.py \
+step 0 && { timeout 200 python -m pytest -m gpu -n 4 tests/gpu/test_gluon_gla_sweep_gpu.py tests/gpu/test_gluon_gla_dg_gpu.py \
     -k "$NEW" -p no:cacheprovider -o faulthandler_timeout=190 -q > "$OUT/gpu_tests_new_$C.log" 2>&1; \
     echo "new tests rc=$?"; grep -E "passed|failed|FAILED|Timeout" "$OUT/gpu_tests_new_$C.log" | tail -8; \
     timeout 380 python -m pytest -m gpu -n 6 tests/gpu -k "not ($NEW)" -p no:cacheprovider -o faulthandler_timeout=370 -q \
