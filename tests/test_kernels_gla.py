@@ -449,6 +449,34 @@ def test_chunk_states_with_padded_descriptors_and_training_without_a_sync(monkey
                                    chunk_offsets=d.chunk_offsets[:-1], backend="triton")
 
 
+@pytest.mark.parametrize("form", ["sweep", "sweep, group prep"])
+def test_training_from_kept_chunk_states_with_padded_descriptors(form, monkeypatch):
+    """plan.gla.GLA_FORWARD_STATES with descriptors padded for a larger batch: the forward keeps
+    len(chunk_indices) rows unfilled (poisoned with NaN here) and writes its sequences' alone, and
+    the backward reads no padding row: every gradient finite and within float32 rounding of those
+    with exact descriptors and the recompute."""
+    from recurscan.launch import delta as launch_delta
+    from recurscan.plan import gla as plan_gla
+    from recurscan.runtime.cache import clear_caches
+    use_form(form, monkeypatch)
+    monkeypatch.setattr(launch_delta, "POISON_BUFFERS", True)
+    q, k, v, g = (t.float().to(DEVICE) for t in gla_inputs(1, 200, 2, 4, 16, 16, seed=33))
+    cu = torch.tensor([0, 1, 70, 200], device=DEVICE)
+    do = torch.randn(v.shape, generator=torch.Generator().manual_seed(34)).to(DEVICE)
+    got = {}
+    for kept, pad in ((False, None), (True, 400)):
+        monkeypatch.setattr(plan_gla, "GLA_FORWARD_STATES", kept)
+        clear_caches()
+        d = recurscan.build_chunk_descriptors(cu, max_tokens=pad, device=DEVICE)
+        x = [t.clone().requires_grad_() for t in (q, k, v, g)]
+        o, _ = recurscan.chunk_simple_gla(*x, cu_seqlens=cu, chunk_indices=d.chunk_indices,
+                                          chunk_offsets=d.chunk_offsets, backend="triton")
+        got[kept] = torch.autograd.grad(o, x, do)
+    assert d.chunk_indices.shape[0] > int(d.chunk_offsets[-1])  # padding rows
+    for name, a, b in zip(("dq", "dk", "dv", "dg"), got[True], got[False]):
+        assert torch.isfinite(a).all() and relative_rms(a, b) < 1e-5, name
+
+
 def per_key_decays(B, T, HV, K, seed):
     """Per-key log decays with the hostile values: a reset (-inf) in one key mid-sequence, decay
     exactly 1 in a row, and a long run of strong decay (e^-30 a token) in another key, where a
