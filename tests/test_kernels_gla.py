@@ -226,7 +226,8 @@ def test_gradients_with_the_recompute_beside_the_reverse_sweep(case, monkeypatch
 
 
 @pytest.mark.parametrize("case", ["dense, GVA, T 130", "varlen, one-token sequences", "T 1"])
-@pytest.mark.parametrize("recompute", ["sweep", "sweep, group prep", "sweep, scores in the sweep"])
+@pytest.mark.parametrize("recompute", ["sweep", "sweep, group prep", "sweep, scores in the sweep", "sweep segments",
+                                       "sweep phases"])
 def test_gradients_from_the_chunk_states_the_forward_kept(case, recompute, monkeypatch):
     """plan.gla.GLA_FORWARD_STATES: the training forward keeps the state entering every chunk (in
     q's dtype, not filled: buffers are poisoned with NaN when allocated, so a row the forward left
@@ -247,7 +248,7 @@ def check_gradients(c, case, optional, recompute, monkeypatch):
     from recurscan.plan import gla as plan_gla
     monkeypatch.setattr(plan_gla, "GLA_LAUNCH", dataclasses.replace(plan_gla.GLA_LAUNCH,
                                                                     recompute_on_sweep=recompute != "fused"))
-    if recompute in ("sweep, group prep", "sweep, scores in the sweep"):
+    if recompute != "sweep" and recompute != "fused":  # a form of tests/helpers/gla_forms.py
         use_form(recompute, monkeypatch)
     q, k, v, g = gla_inputs(c["B"], c["T"], c["H"], c["HV"], c.get("K", 16), c["V"], seed=len(case))
     cu = None if c["cu"] is None else torch.tensor(c["cu"])
