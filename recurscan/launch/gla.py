@@ -643,10 +643,12 @@ def chunk_simple_gla_bwd(q, k, v, g, do, dht, *, scale, initial_state=None, cu_s
     form_v = callable(v)
     if form_v and ssd_grads is None:
         raise TypeError("chunk_simple_gla_bwd: v is a tensor, or with ssd_grads a callable forming one")
-    launches, (q, k, x_as_v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets), ssd_grads = _gla_backward(
+    # The launches are keyed by v, or where a callable forms it by x (its signature, as the
+    # forward's early compile keys them); the stages then read v, or x where they form v themselves.
+    launches, (q, k, keyed_v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets), ssd_grads = _gla_backward(
         q, k, ssd_grads[0] if form_v else v, g, do, dht, initial_state, cu_seqlens, chunk_indices, chunk_offsets,
         scale=scale, shape=shape, states_given=chunk_states is not None, ssd_grads=ssd_grads)
-    v = x_as_v if not form_v or launches.v_from_x else v().contiguous()
+    v = keyed_v if not form_v or launches.v_from_x else v().contiguous()
     if launches.pending is not None:  # compiling since the forward
         launches.pending()
         launches.pending = None
