@@ -118,6 +118,12 @@ FOLD_SSD_GRADS = False
 CORUN: list[float] = []
 
 
+def _flipped(row: str) -> dict:
+    """plan.gla's Gluon row ``row`` (a GluonTwinRow) the other way from how it is planned."""
+    planned = getattr(plan_gla, row)
+    return {row: dataclasses.replace(planned, on=not planned.on)}
+
+
 def training_forms() -> tuple[dict, dict]:
     """``(forms, common)`` of :func:`train_rows`: each form's name -> the plan.gla settings it runs
     with (attribute -> value), from the command line's variants; ``common``, the forms every
@@ -133,24 +139,17 @@ def training_forms() -> tuple[dict, dict]:
              **({"recurscan triton, the recompute's Gluon twin": dict(GLUON_GLA_RECOMPUTE_SWEEP=dataclasses.replace(
                  plan_gla.GLUON_GLA_RECOMPUTE_SWEEP, on=True))} if RECOMPUTE_TWIN else {}),
              **({("recurscan triton, the reverse sweep on the Triton kernel" if plan_gla.GLUON_GLA_REVERSE_SWEEP.on
-                  else "recurscan triton, the reverse sweep's Gluon twin"): dict(
-                 GLUON_GLA_REVERSE_SWEEP=dataclasses.replace(plan_gla.GLUON_GLA_REVERSE_SWEEP,
-                                                             on=not plan_gla.GLUON_GLA_REVERSE_SWEEP.on))}
+                  else "recurscan triton, the reverse sweep's Gluon twin"): _flipped("GLUON_GLA_REVERSE_SWEEP")}
                 if REVERSE_TWIN else {}),
              **({("recurscan triton, the reverse sweep's twin on one warpgroup"
                   if plan_gla.GLUON_GLA_REVERSE_SPECIALIZED.on else
-                  "recurscan triton, the reverse sweep's twin warp-specialised"): dict(
-                 GLUON_GLA_REVERSE_SPECIALIZED=dataclasses.replace(
-                     plan_gla.GLUON_GLA_REVERSE_SPECIALIZED, on=not plan_gla.GLUON_GLA_REVERSE_SPECIALIZED.on))}
+                  "recurscan triton, the reverse sweep's twin warp-specialised"): _flipped("GLUON_GLA_REVERSE_SPECIALIZED")}
                 if REVERSE_SPECIALIZED else {}),
              **({("recurscan triton, the dg twin on eight warps" if plan_gla.GLUON_GLA_DG_SPECIALIZED.on else
-                  "recurscan triton, the dg twin warp-specialised"): dict(
-                 GLUON_GLA_DG_SPECIALIZED=dataclasses.replace(
-                     plan_gla.GLUON_GLA_DG_SPECIALIZED, on=not plan_gla.GLUON_GLA_DG_SPECIALIZED.on))}
+                  "recurscan triton, the dg twin warp-specialised"): _flipped("GLUON_GLA_DG_SPECIALIZED")}
                 if DG_SPECIALIZED else {}),
              **({("recurscan triton, the dg launch on the Triton kernel" if plan_gla.GLUON_GLA_DG.on
-                  else "recurscan triton, the dg launch's Gluon twin"): dict(
-                 GLUON_GLA_DG=dataclasses.replace(plan_gla.GLUON_GLA_DG, on=not plan_gla.GLUON_GLA_DG.on))}
+                  else "recurscan triton, the dg launch's Gluon twin"): _flipped("GLUON_GLA_DG")}
                 if DG_TWIN else {}),
              **{f"recurscan triton, the recompute beside the reverse sweep at {c}": dict(GLA_BACKWARD_CORUN=c)
                 for c in CORUN}}
@@ -168,8 +167,7 @@ def training_forms() -> tuple[dict, dict]:
             both = dict(fold, GLA_FORWARD_STATES=not plan_gla.GLA_FORWARD_STATES)
             forms["recurscan triton, both"] = both
             if DG_SPECIALIZED:  # and the dg twin in its other form: the three offline builds together
-                forms["recurscan triton, all three"] = dict(both, GLUON_GLA_DG_SPECIALIZED=dataclasses.replace(
-                    plan_gla.GLUON_GLA_DG_SPECIALIZED, on=not plan_gla.GLUON_GLA_DG_SPECIALIZED.on))
+                forms["recurscan triton, all three"] = dict(both, **_flipped("GLUON_GLA_DG_SPECIALIZED"))
     return forms, common
 
 

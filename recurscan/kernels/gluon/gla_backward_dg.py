@@ -81,12 +81,37 @@ def _issue_qk(pred, r0, i_h, q_desc, k_desc, q_s, k_s, once, K: gl.constexpr):
 
 
 @gluon.jit
-def _descriptors(q, k, v, do, states, dstates, T, n_seq, n_cs_rows, l_qk: gl.constexpr, l_tv: gl.constexpr,
-                 l_kv: gl.constexpr, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                 BT: gl.constexpr, IS_VARLEN: gl.constexpr):
+def _program_items(n_cs_rows, H: gl.constexpr, GROUP: gl.constexpr):
+    """A persistent program's id, the programs, the items (chunk, query/key head) of ``n_cs_rows x
+    H``, this program's items (``pid, pid + programs, ...``) and its steps (GROUP value heads an
+    item)."""
+    pid = gl.program_id(0)
+    programs = gl.num_programs(0)
+    n_items = n_cs_rows * H
+    n_mine = (n_items - pid + programs - 1) // programs
+    return pid, programs, n_items, n_mine, n_mine * GROUP
+
+
+@gluon.jit
+def _step_ring(do_desc, v_desc, s_desc, ds_desc, NUM_STAGES: gl.constexpr):
+    """The ring of a step's tiles (dO and V [BT, V], S and dS' [K, V]), NUM_STAGES deep, in the
+    descriptors' layouts."""
+    do_s = gl.allocate_shared_memory(do_desc.dtype, [NUM_STAGES] + do_desc.block_type.shape, do_desc.layout)
+    v_s = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES] + v_desc.block_type.shape, v_desc.layout)
+    s_s = gl.allocate_shared_memory(s_desc.dtype, [NUM_STAGES] + s_desc.block_type.shape, s_desc.layout)
+    ds_s = gl.allocate_shared_memory(ds_desc.dtype, [NUM_STAGES] + ds_desc.block_type.shape, ds_desc.layout)
+    return do_s, v_s, s_s, ds_s
+
+
+@gluon.jit
+def _descriptors(q, k, v, do, states, dstates, T, n_seq, n_cs_rows, H: gl.constexpr, HV: gl.constexpr,
+                 K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, IS_VARLEN: gl.constexpr, DT: gl.constexpr):
     """The bulk copies' descriptors of q, k ([BT, K] tiles), dO, V ([BT, V]) over the rows of every
     sequence (dense batch or packed varlen), and of the chunk states S and dS' ([K, V] tiles; rows
-    outside [0, n_cs_rows) read zeros)."""
+    outside [0, n_cs_rows) read zeros), in DT."""
+    l_qk: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, K], DT)
+    l_tv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, V], DT)
+    l_kv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([K, V], DT)
     rows_all = T if IS_VARLEN else n_seq * T
     q_desc = tma.make_tensor_descriptor(q, [rows_all, H * K], [H * K, 1], [BT, K], l_qk)
     k_desc = tma.make_tensor_descriptor(k, [rows_all, H * K], [H * K, 1], [BT, K], l_qk)
@@ -192,17 +217,9 @@ def gluon_gla_bwd_dg_kernel(
     GROUP: gl.constexpr = HV // H
     gl.static_assert(GROUP >= NUM_STAGES, "a group of at least NUM_STAGES value heads")
     gl.static_assert(gl.num_warps() == 8, "two warpgroups")
-    pid = gl.program_id(0)
-    programs = gl.num_programs(0)
-    n_items = n_cs_rows * H
-    n_mine = (n_items - pid + programs - 1) // programs  # this program's items
-    n_steps = n_mine * GROUP
-
-    l_qk: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, K], DT)
-    l_tv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, V], DT)
-    l_kv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([K, V], DT)
+    pid, programs, n_items, n_mine, n_steps = _program_items(n_cs_rows, H, GROUP)
     q_desc, k_desc, do_desc, v_desc, s_desc, ds_desc = _descriptors(q, k, v, do, states, dstates, T, n_seq, n_cs_rows,
-                                                                    l_qk, l_tv, l_kv, H, HV, K, V, BT, IS_VARLEN)
+                                                                    H, HV, K, V, BT, IS_VARLEN, DT)
 
     # Every product's result is [64, 64]: rows over the 4 warps of a warpgroup, columns halved.
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
@@ -210,12 +227,9 @@ def gluon_gla_bwd_dg_kernel(
     along_j: gl.constexpr = gl.SliceLayout(0, mma)  # its columns
     line: gl.constexpr = gl.BlockedLayout([2], [32], [8], [0])  # a [BT] vector, whole in every warp: scans by shuffles
 
-    do_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, V], l_tv)
-    v_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, V], l_tv)
-    s_s = gl.allocate_shared_memory(DT, [NUM_STAGES, K, V], l_kv)
-    ds_s = gl.allocate_shared_memory(DT, [NUM_STAGES, K, V], l_kv)
-    q_s = gl.allocate_shared_memory(DT, [BT, K], l_qk)
-    k_s = gl.allocate_shared_memory(DT, [BT, K], l_qk)
+    do_s, v_s, s_s, ds_s = _step_ring(do_desc, v_desc, s_desc, ds_desc, NUM_STAGES)
+    q_s = gl.allocate_shared_memory(DT, [BT, K], q_desc.layout)
+    k_s = gl.allocate_shared_memory(DT, [BT, K], k_desc.layout)
     bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     once = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):

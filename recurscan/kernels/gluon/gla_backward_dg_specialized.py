@@ -28,11 +28,12 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
-                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
 from .delta_backward_dqdk import _segment_gates
-from .gla_backward_dg import _decays, _descriptors, _head_dg, _issue_qk, _issue_step, _item, _steps, _tile_indices
+from .gla_sweep_specialized import _handover_barriers
+from .gla_backward_dg import (_decays, _descriptors, _head_dg, _issue_qk, _issue_step, _item, _program_items,
+                              _step_ring, _steps, _tile_indices)
 
 #: Registers a thread of the worker heads warpgroup and of the load warp (setmaxnreg); the default
 #: heads warpgroup takes what the launch's cap leaves (launch.gla's DG_SPECIALIZED_MAXNREG: 168 a
@@ -151,35 +152,16 @@ def gluon_gla_bwd_dg_specialized_kernel(
     gl.static_assert(V == 64, "64 value columns")
     GROUP: gl.constexpr = HV // H
     gl.static_assert(GROUP >= 2, "a group of at least two value heads")
-    pid = gl.program_id(0)
-    programs = gl.num_programs(0)
-    n_items = n_cs_rows * H
-    n_mine = (n_items - pid + programs - 1) // programs  # this program's items
-    n_steps = n_mine * GROUP
-
-    l_qk: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, K], DT)
-    l_tv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, V], DT)
-    l_kv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([K, V], DT)
+    pid, programs, _, n_mine, n_steps = _program_items(n_cs_rows, H, GROUP)
     q_desc, k_desc, do_desc, v_desc, s_desc, ds_desc = _descriptors(q, k, v, do, states, dstates, T, n_seq, n_cs_rows,
-                                                                    l_qk, l_tv, l_kv, H, HV, K, V, BT, IS_VARLEN)
+                                                                    H, HV, K, V, BT, IS_VARLEN, DT)
 
-    do_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, V], l_tv)
-    v_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, V], l_tv)
-    s_s = gl.allocate_shared_memory(DT, [NUM_STAGES, K, V], l_kv)
-    ds_s = gl.allocate_shared_memory(DT, [NUM_STAGES, K, V], l_kv)
-    q_s = gl.allocate_shared_memory(DT, [2, BT, K], l_qk)  # two items' q and k: the warpgroups may be an item apart
-    k_s = gl.allocate_shared_memory(DT, [2, BT, K], l_qk)
-    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    qk_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    qk_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)  # the arrival of the warpgroup that read the stage
-    for i in gl.static_range(2):
-        mbarrier.init(qk_ready.index(i), count=1)
-        mbarrier.init(qk_empty.index(i), count=2)  # both warpgroups' arrivals
-    fence_async_shared()
+    do_s, v_s, s_s, ds_s = _step_ring(do_desc, v_desc, s_desc, ds_desc, NUM_STAGES)
+    # two items' q and k: the warpgroups may be an item apart
+    q_s = gl.allocate_shared_memory(DT, [2, BT, K], q_desc.layout)
+    k_s = gl.allocate_shared_memory(DT, [2, BT, K], k_desc.layout)
+    # a stage freed by the warpgroup that read it; an item's q and k by both
+    ready, empty, qk_ready, qk_empty = _handover_barriers(NUM_STAGES, STAGE_READERS=1, HANDED_READERS=2)
 
     p = (q_s, k_s, do_s, v_s, s_s, ds_s, ready, empty, qk_ready, qk_empty, q_desc, k_desc, do_desc, v_desc, s_desc,
          ds_desc, g, dg, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_cs_rows, scale, pid, programs, n_mine,

@@ -72,7 +72,6 @@ def _chain(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexp
     (k_s, q_s, do_s, a_s, hs_s, g_s, dv_s, x_s, ready, empty, s_ready, s_empty, k_desc, q_desc, do_desc,
      s_desc, dv_desc, ds_desc, x_desc, coef, dht, dh0, scale, bos, L, n_chunks, cs0, n_cs_rows, step, D, dstep,
      dD) = p
-    bos = bos.to(gl.int64)
     i_n, i_hv, i_v, col_qk, col_v, col_s = _program(H, HV, K, V, BT, BV)
     DT: gl.constexpr = k_s.dtype
     mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
@@ -118,9 +117,10 @@ def _chain(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexp
         mbarrier.arrive(empty.index(s), count=1)
     tma.store_wait(pendings=0)
     if SSD_GRADS and HAS_D:  # dD [2, N, HV, V]: this program's sums, then zeros (the Triton kernel's layout)
-        o_d = ((i_n * HV + i_hv) * V + i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(1, mma64))).to(gl.int64)
+        along_v: gl.constexpr = gl.SliceLayout(1, mma64)
+        o_d = ((i_n * HV + i_hv) * V + i_v * BV + gl.arange(0, BV, layout=along_v)).to(gl.int64)
         gl.store(dD + o_d, dD_sum)
-        gl.store(dD + gl.num_programs(0) // (V // BV) * V + o_d, dD_sum * 0.0)
+        gl.store(dD + gl.num_programs(0) // (V // BV) * V + o_d, gl.zeros([BV], gl.float32, layout=along_v))
     if STORE_DH0:
         gl.store(dh0 + p_h + _state_offsets(i_v, mmaK, BV, K, V), dS_t)
 
@@ -135,7 +135,6 @@ def _outputs(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.conste
     (k_s, q_s, do_s, a_s, hs_s, g_s, dv_s, x_s, ready, empty, s_ready, s_empty, k_desc, q_desc, do_desc,
      s_desc, dv_desc, ds_desc, x_desc, coef, dht, dh0, scale, bos, L, n_chunks, cs0, n_cs_rows, step, D, dstep,
      dD) = p
-    bos = bos.to(gl.int64)
     i_n, i_hv, i_v, col_qk, col_v, col_s = _program(H, HV, K, V, BT, BV)
     DT: gl.constexpr = k_s.dtype
     mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
@@ -212,7 +211,6 @@ def _loads(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexp
     (k_s, q_s, do_s, a_s, hs_s, g_s, dv_s, x_s, ready, empty, s_ready, s_empty, k_desc, q_desc, do_desc,
      s_desc, dv_desc, ds_desc, x_desc, coef, dht, dh0, scale, bos, L, n_chunks, cs0, n_cs_rows, step, D, dstep,
      dD) = p
-    bos = bos.to(gl.int64)
     i_n, i_hv, i_v, col_qk, col_v, col_s = _program(H, HV, K, V, BT, BV)
     nbytes: gl.constexpr = (k_desc.block_type.nbytes + q_desc.block_type.nbytes + do_desc.block_type.nbytes
                             + s_desc.block_type.nbytes + (x_desc.block_type.nbytes if SSD_GRADS else 0))
@@ -264,9 +262,6 @@ def gluon_gla_bwd_sweep_specialized_kernel(
     # L and the chunk count in int32 into the partitions: int64 values spill at their split (sm_90)
     L = L.to(gl.int32)
     n_chunks = (L + BT - 1) // BT
-    # With SSD_GRADS bos crosses in int32 too (its four more pointers' registers; made int64 again
-    # where used): a token index, under 2^31
-    bos_in = bos.to(gl.int32) if SSD_GRADS else bos
 
     k_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], k_desc.layout)
     q_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], q_desc.layout)
@@ -286,7 +281,7 @@ def gluon_gla_bwd_sweep_specialized_kernel(
     ready, empty, s_ready, s_empty = _handover_barriers(NUM_STAGES)
 
     p = (k_s, q_s, do_s, a_s, hs_s, g_s, dv_s, x_s, ready, empty, s_ready, s_empty, k_desc, q_desc, do_desc,
-         s_desc, dv_desc, ds_desc, x_desc, coef, dht, dh0, scale, bos_in, L, n_chunks, cs0, n_cs_rows, step, D, dstep,
+         s_desc, dv_desc, ds_desc, x_desc, coef, dht, dh0, scale, bos, L, n_chunks, cs0, n_cs_rows, step, D, dstep,
          dD)
     OUT_REGS: gl.constexpr = SSD_OUTPUT_REGS if SSD_GRADS else OUTPUT_REGS
     # Each partition's arguments written out in the call: a tuple named first would carry the

@@ -64,21 +64,22 @@ PROBE = gl.constexpr(int(_PROBE))
 
 
 @gluon.jit
-def _handover_barriers(NUM_STAGES: gl.constexpr):
-    """The barriers of a warp-specialised sweep (this one and the reverse sweep's): ``ready`` and
-    ``empty`` a ring stage each (a stage is empty once the chain and the chunk's outputs
-    warpgroup both arrived), ``s_ready`` and ``s_empty`` a hand-over buffer each (one an outputs
-    warpgroup), initialised and fenced."""
+def _handover_barriers(NUM_STAGES: gl.constexpr, STAGE_READERS: gl.constexpr = 2, HANDED_READERS: gl.constexpr = 1):
+    """The barriers of a warp-specialised kernel (both sweeps, and the dg launch's form): ``ready``
+    and ``empty`` a ring stage each (a stage is empty once its STAGE_READERS arrived: in the sweeps
+    the chain and the chunk's outputs warpgroup), ``s_ready`` and ``s_empty`` a hand-over buffer
+    each, two of them (in the sweeps one an outputs warpgroup, freed by it; in the dg launch an
+    item's q and k, freed by both heads warpgroups: HANDED_READERS), initialised and fenced."""
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     s_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     s_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)  # the chain's and the outputs' arrivals
+        mbarrier.init(empty.index(i), count=STAGE_READERS)
     for i in gl.static_range(2):
         mbarrier.init(s_ready.index(i), count=1)
-        mbarrier.init(s_empty.index(i), count=1)
+        mbarrier.init(s_empty.index(i), count=HANDED_READERS)
     fence_async_shared()
     return ready, empty, s_ready, s_empty
 
