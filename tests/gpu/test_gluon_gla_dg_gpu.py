@@ -39,7 +39,7 @@ def dg_of(gluon: bool, q, k, v, g, do, states, dstates, cu, chunk_indices, chunk
     args = dict(q=q, k=k, v=v, g=g, do=do, states=states, dstates=dstates, dq=z, dk=z, dg=dg, scratch=z,
                 cu_seqlens=cu if cu is not None else z, chunk_indices=chunk_indices if cu is not None else z,
                 chunk_offsets=chunk_offsets if cu is not None else z, T=T, n_seq=N, scale=K ** -0.5,
-                n_cs_rows=n_cs_rows, H=H, HV=HV, K=K, V=V, BT=BT, BK=K, BV=V, IS_VARLEN=cu is not None, HAS_G=True,
+                n_cs_rows=n_cs_rows, step=z, H=H, HV=HV, K=K, V=V, BT=BT, BK=K, BV=V, IS_VARLEN=cu is not None, HAS_G=True,
                 DOT_PRECISION="tf32", DT=tl.bfloat16, PER_KEY=False, HEADS=4, PART=2)
     with scratch_allocator():  # the twin makes its tensor descriptors on the device
         grid = (min(sm_count(q.device), n_cs_rows * H),)

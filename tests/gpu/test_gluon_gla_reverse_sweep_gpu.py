@@ -52,7 +52,8 @@ def run(gluon, q, k, do, scores, coef, dht, h0, cu_seqlens, chunk_offsets, n_cs_
     args = dict(q=q, k=k, g=dv, do=do, dstates=dstates, dht=dv if dht is None else dht, dh0=dh0, dv=dv,
                 cu_seqlens=cu_seqlens if cu_seqlens is not None else dv,
                 chunk_offsets=chunk_offsets if chunk_offsets is not None else dv, T=T, scale=K ** -0.5,
-                n_cs_rows=n_cs_rows, qg=dv, kg=dv, aqk=scores, dl=dv, coef=coef, H=H, HV=HV, K=K, V=V, BT=BT, BK=K,
+                n_cs_rows=n_cs_rows, qg=dv, kg=dv, aqk=scores, dl=dv, coef=coef, x=dv, step=dv, D=dv, dx=dv, dstep=dv,
+                dD=dv, H=H, HV=HV, K=K, V=V, BT=BT, BK=K,
                 BV=64, IS_VARLEN=cu_seqlens is not None, HAS_G=False, HAS_DHT=dht is not None, STORE_DH0=True,
                 DOT_PRECISION="tf32", DT=tl.bfloat16, PER_KEY=False, GATE_SCORES=True)
     grid = (N * HV * (V // 64),)
