@@ -110,9 +110,11 @@ DG_SPECIALIZED = False
 #: backward, or without where that is planned (``--forward-states``, plan.gla.GLA_FORWARD_STATES).
 FORWARD_STATES = False
 #: Whether SSD's training rows also run with x's and dt's gradients formed in the reverse sweep, or
-#: without where that is planned (``--ssd-grads``, plan.gla.GLA_REVERSE_SSD_GRADS), and with both this
-#: and the kept chunk states where ``--forward-states`` is given too (and all three with ``--dg-specialized``).
+#: without where that is planned (``--ssd-grads``, plan.gla.GLA_REVERSE_SSD_GRADS).
 FOLD_SSD_GRADS = False
+#: Whether SSD's training rows also run with v = dt x formed in the parallel stage's factors, or by a
+#: pass of its own where that is planned (``--v-from-x``, plan.gla.GLA_PARALLEL_V_FROM_X).
+V_FROM_X = False
 #: The shares of the SMs under which SSD's training rows also run the recompute beside the reverse sweep
 #: (``--corun SHARE``, plan.gla.GLA_BACKWARD_CORUN).
 CORUN: list[float] = []
@@ -160,14 +162,13 @@ def training_forms() -> tuple[dict, dict]:
                   GLA_FORWARD_STATES=not plan_gla.GLA_FORWARD_STATES)} if FORWARD_STATES else {})}
     forms.update(common)
     if FOLD_SSD_GRADS:
-        fold = dict(GLA_REVERSE_SSD_GRADS=not plan_gla.GLA_REVERSE_SSD_GRADS)
         forms["recurscan triton, x and dt " + ("after the reverse sweep" if plan_gla.GLA_REVERSE_SSD_GRADS else
-                                               "in the reverse sweep")] = fold
-        if FORWARD_STATES:
-            both = dict(fold, GLA_FORWARD_STATES=not plan_gla.GLA_FORWARD_STATES)
-            forms["recurscan triton, both"] = both
-            if DG_SPECIALIZED:  # and the dg twin in its other form: the three offline builds together
-                forms["recurscan triton, all three"] = dict(both, **_flipped("GLUON_GLA_DG_SPECIALIZED"))
+                                               "in the reverse sweep")] = dict(
+            GLA_REVERSE_SSD_GRADS=not plan_gla.GLA_REVERSE_SSD_GRADS)
+    if V_FROM_X:
+        forms["recurscan triton, v " + ("formed apart" if plan_gla.GLA_PARALLEL_V_FROM_X else
+                                        "formed in the parallel stage")] = dict(
+            GLA_PARALLEL_V_FROM_X=not plan_gla.GLA_PARALLEL_V_FROM_X)
     return forms, common
 
 
@@ -255,8 +256,10 @@ def main():
                          "backward, or recomputing them where keeping is planned (plan.gla.GLA_FORWARD_STATES)")
     ap.add_argument("--ssd-grads", action="store_true",
                     help="with --train: SSD's rows also with x's and dt's gradients formed in the reverse sweep, or "
-                         "after it where that is planned (plan.gla.GLA_REVERSE_SSD_GRADS); with --forward-states "
-                         "also both")
+                         "after it where that is planned (plan.gla.GLA_REVERSE_SSD_GRADS)")
+    ap.add_argument("--v-from-x", action="store_true",
+                    help="with --train: SSD's rows also with v = dt x formed in the parallel stage's factors, or by a "
+                         "pass of its own where that is planned (plan.gla.GLA_PARALLEL_V_FROM_X)")
     ap.add_argument("--train-only", action="store_true", help="the training rows alone")
     ap.add_argument("--gla", action="append", default=[], metavar="B:T:H",
                     help="also simple GLA at this batch, length and heads (K = V = 128)")
@@ -267,10 +270,11 @@ def main():
     GRADS_SIDES.extend(args.grads_sides)
     REVERSE_SWEEPS.extend(args.reverse_sweep)
     CORUN.extend(args.corun)
-    global RECOMPUTE_TWIN, REVERSE_TWIN, DG_TWIN, REVERSE_SPECIALIZED, DG_SPECIALIZED, FORWARD_STATES, FOLD_SSD_GRADS
+    global RECOMPUTE_TWIN, REVERSE_TWIN, DG_TWIN, REVERSE_SPECIALIZED, DG_SPECIALIZED, FORWARD_STATES, FOLD_SSD_GRADS, \
+        V_FROM_X
     RECOMPUTE_TWIN, REVERSE_TWIN, DG_TWIN = args.recompute_twin, args.reverse_twin, args.dg_twin
     REVERSE_SPECIALIZED, DG_SPECIALIZED = args.reverse_specialized, args.dg_specialized
-    FORWARD_STATES, FOLD_SSD_GRADS = args.forward_states, args.ssd_grads
+    FORWARD_STATES, FOLD_SSD_GRADS, V_FROM_X = args.forward_states, args.ssd_grads, args.v_from_x
     gpu_gla.PROFILE = args.profile
     if args.train_only:
         save(args.out, train_rows())

@@ -212,11 +212,11 @@ def test_delta_variants_stages_alone_make_the_whole(varlen):
 def test_the_training_forms_name_settings_the_planner_has(monkeypatch):
     """benchmarks/gpu_gla_sweep.py's training forms (``--train`` with every variant flag): each
     form's settings are attributes of plan.gla (a misspelt one would set a new attribute and time
-    the planned form under another name), and the offline builds appear alone and together."""
+    the planned form under another name), and each planner flag is flipped alone."""
     from benchmarks import gpu_gla_sweep as bench
     from recurscan.plan import gla as plan_gla
     for flag in ("RECOMPUTE_TWIN", "REVERSE_TWIN", "REVERSE_SPECIALIZED", "DG_SPECIALIZED", "DG_TWIN",
-                 "FORWARD_STATES", "FOLD_SSD_GRADS"):
+                 "FORWARD_STATES", "FOLD_SSD_GRADS", "V_FROM_X"):
         monkeypatch.setattr(bench, flag, True)
     for name, values in (("GRADS_WAVES", [2]), ("GRADS_DG", ["none"]), ("GRADS_SIDES", [4]),
                          ("REVERSE_SWEEPS", ["32:4"]), ("CORUN", [1.0])):
@@ -224,8 +224,8 @@ def test_the_training_forms_name_settings_the_planner_has(monkeypatch):
     forms, common = bench.training_forms()
     assert all(hasattr(plan_gla, attr) for settings in forms.values() for attr in settings), forms
     assert set(common) <= set(forms) and len(common) == 2
-    for form in ("recurscan triton, the chunk states kept by the forward", "recurscan triton, x and dt in the "
-                 "reverse sweep", "recurscan triton, both", "recurscan triton, all three"):
-        assert form in forms, sorted(forms)
-    assert set(forms["recurscan triton, all three"]) == {"GLA_REVERSE_SSD_GRADS", "GLA_FORWARD_STATES",
-                                                         "GLUON_GLA_DG_SPECIALIZED"}
+    flips = {"GLA_FORWARD_STATES": "the chunk states", "GLA_REVERSE_SSD_GRADS": "x and dt",
+             "GLA_PARALLEL_V_FROM_X": "v formed", "GLUON_GLA_DG_SPECIALIZED": "the dg twin"}
+    for attr, words in flips.items():  # each flag flipped alone, in a form named for what it then runs
+        (form,) = [f for f, settings in forms.items() if set(settings) == {attr}]
+        assert words in form, form

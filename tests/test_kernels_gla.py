@@ -212,12 +212,14 @@ def test_gradients_with_the_recompute_beside_the_reverse_sweep(case, monkeypatch
     recompute's sweep (on a side stream on the GPU; here in that order on one), then the parallel
     stage: every gradient as above, and the backward was built to run so. The buffers are
     poisoned (NaN) when allocated, so the reverse sweep, which runs before the recompute's sweep
-    writes the chunk states, reads none of them."""
+    writes the chunk states, reads none of them. (A recompute at all: the forward keeps no chunk
+    states, plan.gla.GLA_FORWARD_STATES off.)"""
     from recurscan.launch import delta as launch_delta
     from recurscan.launch import gla as launch_gla
     from recurscan.plan import gla as plan_gla
     from recurscan.runtime.cache import clear_caches
     monkeypatch.setattr(plan_gla, "GLA_BACKWARD_CORUN", 1e9)
+    monkeypatch.setattr(plan_gla, "GLA_FORWARD_STATES", False)
     monkeypatch.setattr(launch_delta, "POISON_BUFFERS", True)
     clear_caches()
     check_gradients(GROUP_GRAD_CASES[case], case, "all", "sweep, group prep", monkeypatch)

@@ -272,8 +272,8 @@ def test_gradients_with_x_and_dt_formed_in_the_reverse_sweep(cu, extras, form, g
 @pytest.mark.parametrize("cu", [None, [0, 1, 70, 130]])
 def test_gradients_with_v_formed_in_the_parallel_stage(cu, grads, monkeypatch):
     """With the chunk states kept by the forward and x's and dt's gradients in the reverse sweep
-    (no gate z), nothing but the parallel stage reads v = dt x, and its group form takes x and dt
-    instead (V_FROM_X: dt as the row factors of V dS'^T's left operand and the column factors of dO
+    (no gate z), nothing but the parallel stage reads v = dt x, and its group form can take x and dt
+    instead (plan.gla.GLA_PARALLEL_V_FROM_X, V_FROM_X: dt as the row factors of V dS'^T's left operand and the column factors of dO
     V^T), so v is never formed: every gradient as above, with buffers poisoned; one value head a
     program (no group form) forms v as before."""
     import recurscan.autograd.ssd as autograd_ssd
@@ -282,6 +282,7 @@ def test_gradients_with_v_formed_in_the_parallel_stage(cu, grads, monkeypatch):
     from recurscan.runtime.cache import clear_caches
     monkeypatch.setattr(plan_gla, "GLA_FORWARD_STATES", True)
     monkeypatch.setattr(plan_gla, "GLA_REVERSE_SSD_GRADS", True)
+    monkeypatch.setattr(plan_gla, "GLA_PARALLEL_V_FROM_X", True)
     monkeypatch.setattr(launch_delta, "POISON_BUFFERS", True)
     formed = []
     values = autograd_ssd.values
@@ -329,8 +330,9 @@ def check_ssd_gradients(cu, extras, form, grads, monkeypatch):
         assert relative_rms(a.double().cpu(), b) < 2e-5, f"{name}: {relative_rms(a.double().cpu(), b):.2e}"
 
 
-@pytest.mark.parametrize("form, fold", [("sweep", False), ("fused", False), ("sweep", True)])
-def test_the_training_forward_starts_the_backward_compiling(form, fold, monkeypatch):
+@pytest.mark.parametrize("form, fold, kept", [("sweep", False, False), ("fused", False, False), ("sweep", True, False),
+                                             ("sweep", True, True)])
+def test_the_training_forward_starts_the_backward_compiling(form, fold, kept, monkeypatch):
     """SSD's training forward (the recurrence's kernels with v = dt x and D x inside, as inference
     runs them) starts its backward compiling on the signature's first call, from x's signature
     for v and the step sizes' for g (launch/gla.py's _backward_decay): the backward then finds
@@ -338,10 +340,13 @@ def test_the_training_forward_starts_the_backward_compiling(form, fold, monkeypa
     call without the early compile gives. The compiler is recorded here: the interpreter compiles
     nothing. ``fold``: with x's and dt's gradients formed in the reverse sweep
     (plan.gla.GLA_REVERSE_SSD_GRADS), whose flags the forward's early build shares with the
-    backward's."""
+    backward's. ``kept``: with the chunk states kept by the forward (plan.gla.GLA_FORWARD_STATES),
+    three heads with no group prep, so that the backward recomputes nothing and compiles its own
+    launches alone."""
     import recurscan.launch.gla as lg
     from recurscan.plan import gla as plan_gla
     monkeypatch.setattr(plan_gla, "GLA_REVERSE_SSD_GRADS", fold)
+    monkeypatch.setattr(plan_gla, "GLA_FORWARD_STATES", kept)
     use_form(form, monkeypatch)
     x = {k: v.float() for k, v in ssd_inputs(1, 97, 3, 1, seed=31).items()}  # a signature no other test has
     gen = torch.Generator().manual_seed(32)
@@ -359,9 +364,10 @@ def test_the_training_forward_starts_the_backward_compiling(form, fold, monkeypa
     monkeypatch.setattr(lg, "compile_in_background",
                         lambda launches, names, values, device: handed.append(names) or (lambda: waited.append(1)))
     got = grads()
-    assert handed == [lg.CALL_NAMES if form == "sweep" else lg.NAMES, lg.BWD_NAMES] and waited == [1, 1]
+    recompute = [] if kept else [lg.CALL_NAMES if form == "sweep" else lg.NAMES]
+    assert handed == [*recompute, lg.BWD_NAMES] and waited == [1] * len(handed)
     (built,) = lg.GLA_BACKWARD_LAUNCHES.values()  # the forward's, found by the backward
-    assert built.pending is None and built.steps[0].kwargs["SSD_GRADS"] == fold
+    assert built.pending is None and built.steps[0].kwargs["SSD_GRADS"] == fold and (built.forward is None) == kept
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
@@ -817,14 +823,11 @@ def test_the_planner_gives_the_backwards_recompute_to_the_twin_only_where_its_ro
     assert shape.recompute_twin is planned and shape.reverse_twin is planned and shape.dg_twin is planned
     recompute = plan_gla.recompute_sweep_shape(shape.sweep, 1, 80, twin=shape.recompute_twin)
     assert recompute.gluon_sweep is planned and recompute.group_prep and recompute.calm_gates
-    assert shape.reverse_specialized is planned
-    assert not shape.dg_specialized  # GLUON_GLA_DG_SPECIALIZED: off until measured
-    monkeypatch.setattr(plan_gla, "GLUON_GLA_REVERSE_SPECIALIZED",
-                        dataclasses.replace(plan_gla.GLUON_GLA_REVERSE_SPECIALIZED, on=False))
-    monkeypatch.setattr(plan_gla, "GLUON_GLA_DG_SPECIALIZED",
-                        dataclasses.replace(plan_gla.GLUON_GLA_DG_SPECIALIZED, on=True))
+    assert shape.reverse_specialized is planned and shape.dg_specialized is planned
+    for row in ("GLUON_GLA_REVERSE_SPECIALIZED", "GLUON_GLA_DG_SPECIALIZED"):
+        monkeypatch.setattr(plan_gla, row, dataclasses.replace(getattr(plan_gla, row), on=False))
     shape = plan_gla.gla_shape(problem, torch.device("cuda"), gluon=case != 'backend="triton"')
-    assert not shape.reverse_specialized and shape.dg_specialized is planned
+    assert not shape.reverse_specialized and not shape.dg_specialized
 
 
 @pytest.mark.parametrize("specialized", [False, True])
@@ -997,3 +1000,26 @@ def test_the_group_prep_writes_every_row_of_a_chunks_slot(cu):
     for slot in range(coef.shape[0]):
         rows = coef[slot]
         assert torch.isfinite(rows).all() if slot in owned else torch.isnan(rows).all(), slot
+
+
+@pytest.mark.parametrize("op, dstate, kept", [("SSD", 128, True), ("SSD", 256, False), ("simple GLA", 128, True)])
+def test_the_forward_keeps_the_chunk_states_only_within_its_memory_budget(monkeypatch, op, dstate, kept):
+    """plan.gla.GLA_FORWARD_STATES_MAX_RATIO: a training forward keeps its chunk states only where
+    they take at most twice its inputs' bytes: SSD's 80 heads x 64 at dstate 128 (1.9x x, B and C),
+    not at dstate 256 (3.8x); simple GLA at K = V = 128 (0.67x q, k and v)."""
+    from recurscan.plan import gla as plan_gla
+    from recurscan.problem import gla_problem, ssd_problem
+    monkeypatch.setattr(plan_gla, "sm_count", lambda device: 132)
+    monkeypatch.setattr(plan_gla, "gluon_usable", lambda device: True)
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    if op == "SSD":
+        problem = ssd_problem(torch.empty(1, 4096, 80, 64, **meta), torch.empty(1, 4096, 80, device="meta"),
+                              torch.empty(80, device="meta"), torch.empty(1, 4096, 1, dstate, **meta),
+                              torch.empty(1, 4096, 1, dstate, **meta))
+    else:
+        qkv = [torch.empty(4, 4096, 16, 128, **meta) for _ in range(3)]
+        problem = gla_problem(*qkv, torch.empty(4, 4096, 16, device="meta"), per_key_decay=False)
+    assert plan_gla.forward_states_fit(problem) is kept
+    assert plan_gla.gla_shape(problem, torch.device("cuda")).forward_states is kept
+    monkeypatch.setattr(plan_gla, "GLA_FORWARD_STATES", False)
+    assert not plan_gla.gla_shape(problem, torch.device("cuda")).forward_states

@@ -387,9 +387,10 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
     # of dq and dk two more steps sum where SPLIT > 1.
     heads = plan_gla.grads_heads(rows, H, HV, K, V, per_key, sm_count(q.device))
     split = HV // H // heads
-    # SSD's v = dt x formed in the parallel stage's factors where nothing else reads v: the group
-    # form (a group's heads summed) with the chunk states kept by the forward (no recompute's sweep)
-    v_from_x = ssd_grads is not None and states_given and heads > 1 and g is not None
+    # SSD's v = dt x formed in the parallel stage's factors where the plan says so and nothing else
+    # reads v: the group form (a group's heads summed) with the chunk states kept by the forward (no
+    # recompute's sweep)
+    v_from_x = shape.v_from_x and ssd_grads is not None and states_given and heads > 1 and g is not None
     buffers = dict(dstates=((rows, HV, K, V), q.dtype), dv=((B, T, HV, V), q.dtype if ssd_grads else f32),
                    dq=((B, T, H * split, K), f32), dk=((B, T, H * split, K), f32),
                    scratch=((rows * H * split, BT, BT), q.dtype))

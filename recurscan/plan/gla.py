@@ -8,6 +8,8 @@ from typing import Callable
 import torch
 
 from .delta import DELTA_LAUNCH, DeltaShape, DeltaSizes, GluonTwinRow, gluon_sweep_scope
+from ..descriptors import CHUNK_SIZE
+from ..problem import SsdProblem
 from .device import gluon_usable, sm_count
 
 
@@ -51,6 +53,9 @@ class GlaShape:
     # SSD without a gate z: the reverse sweep forms x's and dt's gradients and D's sums in place of
     # dV (its SSD_GRADS), so no elementwise pass reads dV (:data:`GLA_REVERSE_SSD_GRADS`).
     reverse_ssd_grads: bool = False
+    # With forward_states and reverse_ssd_grads: the parallel stage reads x and forms v = dt x in
+    # its factors (V_FROM_X) rather than reading v formed by a pass of its own (:data:`GLA_PARALLEL_V_FROM_X`).
+    v_from_x: bool = False
 
 
 GLA_LAUNCH = GlaShape(64, 8, "64 value columns on 8 warps: offline for sm_90 the chunk loop spills 40 local "
@@ -83,29 +88,55 @@ def gla_shape(problem, device, gluon: bool = True) -> GlaShape:
                    dg_twin=GLUON_GLA_DG.on and gluon and gluon_usable(device),
                    dg_specialized=GLUON_GLA_DG.on and GLUON_GLA_DG_SPECIALIZED.on and gluon and gluon_usable(device),
                    corun=_corun(problem, device),
-                   forward_states=GLA_FORWARD_STATES and GLA_LAUNCH.recompute_on_sweep,
-                   reverse_ssd_grads=GLA_REVERSE_SSD_GRADS)
+                   forward_states=GLA_FORWARD_STATES and GLA_LAUNCH.recompute_on_sweep and forward_states_fit(problem),
+                   reverse_ssd_grads=GLA_REVERSE_SSD_GRADS, v_from_x=GLA_PARALLEL_V_FROM_X)
 
 
 #: Whether a training forward of a scalar decay (and SSD) keeps the state entering every chunk, in
 #: the inputs' dtype, for its backward, which then skips its recompute's sweep (and, without the
 #: group prep, the whole recompute): the warp-specialised forward sweep stores them from its
-#: hand-over buffer (one bulk store a chunk off the chain's critical path; offline for sm_90 the
-#: chain's loop takes 377 instructions a chunk against 356), the other sweeps from registers.
-#: Memory for time: SSD B1 T16384 (80 heads x 64, dstate 128) keeps 335 MB in bf16, twice x's
-#: bytes, where the recompute's sweep took 406 us of GPU time beside the reverse sweep
-#: (gpu_gla_sweep_2c61664.json's profile; ~150 us after it at B4, and simple GLA's whole recompute
-#: 69 + 75 us at B4 T4096). Off until measured (benchmarks/gpu_gla_sweep.py --forward-states).
-GLA_FORWARD_STATES = False
+#: hand-over buffer (one bulk store a chunk off the chain's critical path), the other sweeps from
+#: registers. Memory for time, within :data:`GLA_FORWARD_STATES_MAX_RATIO`. Forward + backward,
+#: eager, bf16, same process (gpu_gla_train_7a865ad.json, GPU time): SSD B1 T16384 (80 heads x 64,
+#: dstate 128) 2252 us against 2684 (the recompute's sweep, 414 us, gone; the forward sweep 355
+#: against 328; the reverse sweep 383 against 460, no longer beside the recompute), B4 T4096 2142
+#: against 2251; chunk_simple_gla B4 T4096 H16 1052 against 1164. SSD B1 keeps 335 MB in bf16.
+GLA_FORWARD_STATES = True
+#: The most bytes the kept chunk states (:data:`GLA_FORWARD_STATES`) may take, as a multiple of the
+#: inputs' (q, k, v; SSD: x, B, C): larger states are recomputed by the backward. The delta rule's
+#: training issue sets the same budget for all the bytes a forward saves. SSD at dstate 128 and
+#: head dim 64 keeps 1.9x (its states K V a head a chunk of 64 tokens against x's 64 V), at dstate
+#: 256 3.8x (recomputed); simple GLA at K = V = 128, 0.67x.
+GLA_FORWARD_STATES_MAX_RATIO = 2.0
+
+
+def forward_states_fit(problem) -> bool:
+    """Whether the chunk states of ``problem`` (a GlaProblem or SsdProblem) fit
+    :data:`GLA_FORWARD_STATES_MAX_RATIO` times its inputs' bytes."""
+    if isinstance(problem, SsdProblem):
+        key, value, heads = problem.state_dim, problem.head_dim, problem.heads
+        inputs = heads * value + 2 * problem.groups * key
+    else:
+        key, value, heads = problem.key_dim, problem.value_dim, problem.value_heads
+        inputs = 2 * problem.heads * key + heads * value
+    return heads * key * value <= GLA_FORWARD_STATES_MAX_RATIO * CHUNK_SIZE * inputs
+
 
 #: Whether SSD's training backward (no gate z, x in the kernels' dtype) forms x's gradient, dt's
 #: through v = dt x, and D's sums in the reverse sweep (SSD_GRADS; the warp-specialised form where
 #: it runs, with V 64) rather than writing dV for an elementwise pass (autograd/ssd.py's
-#: step_backward: 237 us of SSD B1 T16384's 2680 us of GPU time at 2c61664, reading dV in float32,
-#: x and dy). The sweep reads x's tiles instead and writes dx in x's dtype, half dV's bytes; its
-#: outputs warpgroups take the extra work, and they bound it. Off until measured
-#: (benchmarks/gpu_gla_sweep.py --ssd-grads).
-GLA_REVERSE_SSD_GRADS = False
+#: step_backward). The sweep reads x's tiles instead and writes dx in x's dtype, half dV's bytes.
+#: Forward + backward, eager, bf16, same process (gpu_gla_train_7a865ad.json, GPU time): SSD B1
+#: T16384 2581 us against 2684 (step_backward's 235 us gone, the reverse sweep 533 against 460: its
+#: outputs warpgroups take the extra work and bound it), B4 T4096 2088 against 2251.
+GLA_REVERSE_SSD_GRADS = True
+
+#: Whether, with the chunk states kept (:data:`GLA_FORWARD_STATES`) and x's gradient from the reverse
+#: sweep (:data:`GLA_REVERSE_SSD_GRADS`), nothing reading v but the parallel stage, that stage reads x
+#: and forms v = dt x in its factors (V_FROM_X) rather than a pass forming v for it. Slower on the
+#: H200 (gpu_gla_train_7a865ad.json, SSD B1 T16384, GPU time): the dq/dk launch 524 us against 371 and
+#: the warp-specialised dg 506 against 471, for the 94 us of the pass forming v.
+GLA_PARALLEL_V_FROM_X = False
 
 
 #: The backward's recompute of the chunk states (its sweep, after the group prep) on a stream of its
@@ -335,11 +366,12 @@ GLUON_GLA_DG = GluonTwinRow(True, "SSD forward + backward, eager, same process (
 GLUON_GLA_DG_STAGES = 3
 #: The dg twin warp-specialised (kernels/gluon/gla_backward_dg_specialized.py: two warpgroups
 #: taking alternate value heads, each its products and its epilogue, a load warp filling the
-#: ring), where :data:`GLUON_GLA_DG` gives the dg launch to the twin. Off until it is measured:
-#: built after the twin's ~4.3 us a head an SM against ~1.5 us of its tiles' bytes (its products
-#: waited before each head's epilogue, on one program of eight warps an SM); compiled offline, its
-#: GPU tests (the twin's dg to float32 rounding, SSD training's gradients) not yet run.
-GLUON_GLA_DG_SPECIALIZED = GluonTwinRow(False, "not yet run on the GPU (docs/kernels-gla-plan.md, 2)")
+#: ring), where :data:`GLUON_GLA_DG` gives the dg launch to the twin.
+GLUON_GLA_DG_SPECIALIZED = GluonTwinRow(True, "forward + backward, eager, bf16, same process "
+                                              "(gpu_gla_train_7a865ad.json, GPU time): SSD B1 T16384 2480 us against "
+                                              "2684 (the dg launch 471 us against the twin's 653), B4 T4096 2045 "
+                                              "against 2251. dg within float32 rounding of the Triton kernel's, "
+                                              "SSD training's gradients too (tests/gpu/test_gluon_gla_dg_gpu.py)")
 #: The smallest group (value heads a query/key head) the warp-specialised dg takes; smaller ones
 #: run the twin (offline for sm_90 a group of 3 at K 128 spills 8 B; 4 to 8 and 80, and K 64, none).
 GLUON_GLA_DG_SPECIALIZED_MIN_GROUP = 4

@@ -485,15 +485,17 @@ def test_the_warp_specialised_sweep_keeps_the_triton_sweeps_chunk_states(form, m
         assert torch.equal(bits(x), bits(y)), f"{name}: {int((x != y).sum())} elements differ"
 
 
-@pytest.mark.parametrize("op", ["SSD", "SSD, x and dt in the sweeps", "simple GLA"])
+@pytest.mark.parametrize("op", ["SSD", "SSD, x and dt in the sweeps", "SSD, x and dt in the sweeps, v formed nowhere",
+                                "simple GLA"])
 def test_training_from_the_kept_chunk_states_against_the_recompute(op, monkeypatch):
     """plan.gla.GLA_FORWARD_STATES on the planned rows: SSD at the benchmark's 80 heads x 64, dstate
     128 (B1 T4096: the group prep, the warp-specialised sweep keeping the chunk states, the
     backward running the recompute's group prep alone), simple GLA B2 T2048 H16 (its whole
     recompute skipped): every gradient finite and within bf16 rounding of the recompute's (SSD's
     kept states come from x raw with dt in the gates, the recompute's from v = dt x in bf16).
-    "x and dt in the sweeps": with plan.gla.GLA_REVERSE_SSD_GRADS too, so that v = dt x is formed
-    nowhere (the parallel stage's V_FROM_X) and x's and dt's gradients come from the reverse sweep."""
+    "x and dt in the sweeps": with plan.gla.GLA_REVERSE_SSD_GRADS too, so that x's and dt's
+    gradients come from the reverse sweep; "v formed nowhere": and plan.gla.GLA_PARALLEL_V_FROM_X,
+    the parallel stage forming v = dt x in its factors."""
     import recurscan.launch.gla as launch_gla
     from benchmarks.gpu_gla import SSD_GRADS, ssd_inputs, train_step
     if op.startswith("SSD"):
@@ -507,12 +509,13 @@ def test_training_from_the_kept_chunk_states_against_the_recompute(op, monkeypat
     out = {}
     for kept in (False, True):
         monkeypatch.setattr(plan_gla, "GLA_FORWARD_STATES", kept)
-        monkeypatch.setattr(plan_gla, "GLA_REVERSE_SSD_GRADS", kept and op.endswith("sweeps"))
+        monkeypatch.setattr(plan_gla, "GLA_REVERSE_SSD_GRADS", kept and "sweeps" in op)
+        monkeypatch.setattr(plan_gla, "GLA_PARALLEL_V_FROM_X", kept and op.endswith("nowhere"))
         clear_caches()
         out[kept] = [t.clone() for t in run()]
-        if op.endswith("sweeps"):
+        if "sweeps" in op:
             (built,) = launch_gla.GLA_BACKWARD_LAUNCHES.values()
-            assert built.v_from_x == kept and built.steps[0].kwargs["SSD_GRADS"] == kept
+            assert built.v_from_x == (kept and op.endswith("nowhere")) and built.steps[0].kwargs["SSD_GRADS"] == kept
     torch.cuda.synchronize()
     for i, (x, y) in enumerate(zip(out[False], out[True])):
         assert torch.isfinite(y).all(), f"gradient {i}"
