@@ -270,11 +270,12 @@ def test_ssd_gradients_with_the_recompute_beside_the_reverse_sweep(Bt, T, monkey
     """plan.gla.GLA_BACKWARD_CORUN: SSD's backward with its recompute's sweep on a side stream beside
     the reverse sweep (80 value heads of one group: 80 or 160 reverse-sweep programs) gives the
     gradients of the backward on one stream bit for bit (the same kernels on the same inputs), and
-    was built to run so."""
+    was built to run so. (A recompute at all: the forward keeps no chunk states, plan.gla.GLA_FORWARD_STATES off.)"""
     from recurscan.launch import gla as launch_gla
     from recurscan.plan import gla as plan_gla
     from recurscan.runtime.cache import clear_caches
     from tests.helpers.tolerances import bits
+    monkeypatch.setattr(plan_gla, "GLA_FORWARD_STATES", False)
     gen = torch.Generator(device="cuda").manual_seed(31)
     rn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
     H, P, N = 80, 64, 128

@@ -400,7 +400,9 @@ REVERSE_FORMS = ["dense, seq_idx resets, initial and final states", "varlen, a o
 def test_the_reverse_sweep_twin_gives_the_triton_sweeps_gradients(form, monkeypatch):
     """SSD forward + backward with the backward's reverse sweep on its Gluon twin
     (kernels/gluon/gla_backward_sweep.py; plan.gla.GLUON_GLA_REVERSE_SWEEP) or on the Triton kernel
-    at the twin's 64 value columns on 4 warps: every gradient bit for bit (:func:`ssd_training_case`)."""
+    at the twin's 64 value columns on 4 warps: every gradient bit for bit (:func:`ssd_training_case`).
+    Both write dV (plan.gla.GLA_REVERSE_SSD_GRADS off: the twin leaves SSD_GRADS to the Triton kernel)."""
+    monkeypatch.setattr(plan_gla, "GLA_REVERSE_SSD_GRADS", False)
     picked = record_reverse_sweeps(monkeypatch)
     monkeypatch.setattr(plan_gla, "REVERSE_SWEEP", (64, 4))
     same_bits_with_row(monkeypatch, "GLUON_GLA_REVERSE_SWEEP", picked, ssd_training_case(form))
@@ -410,7 +412,10 @@ def test_the_reverse_sweep_twin_gives_the_triton_sweeps_gradients(form, monkeypa
 def test_the_warp_specialised_reverse_sweep_gives_the_twins_gradients(form, monkeypatch):
     """plan.gla.GLUON_GLA_REVERSE_SPECIALIZED (kernels/gluon/gla_backward_sweep_specialized.py)
     against the twin it splits over partitions: every gradient of SSD's forward + backward bit for
-    bit and finite (:func:`ssd_training_case`)."""
+    bit and finite (:func:`ssd_training_case`), both writing dV (plan.gla.GLA_REVERSE_SSD_GRADS off:
+    the twin leaves SSD_GRADS to the Triton kernel; test_x_and_dt_formed_in_the_warp_specialised_reverse_sweep
+    checks the specialised form's)."""
+    monkeypatch.setattr(plan_gla, "GLA_REVERSE_SSD_GRADS", False)
     picked = record_reverse_sweeps(monkeypatch, by_name=True)
     grads = ssd_training_case(form)
     out = {}
