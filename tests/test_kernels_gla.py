@@ -75,6 +75,41 @@ def test_triton_forward_matches_the_token_loop(case, optional, form, monkeypatch
         assert_like_fp32(a.cpu(), b, r, what)
 
 
+@pytest.mark.parametrize("cu", [None, [0, 1, 70, 130]])
+def test_the_coef_alone_in_blocks_across_query_key_heads(cu, monkeypatch):
+    """Where the sweep forms the scores, the group prep writes the gates alone, so its programs take
+    blocks of up to 16 value heads across query/key heads (launch.delta._group_prep_blocks): 3
+    query/key heads of 6 value heads each in blocks of 16, the second block 2 heads and 14 masked,
+    a NaN decay in a head of the second block, resets; outputs and final states against the token
+    loop, and the one program a chunk's blocks as planned."""
+    use_form("sweep, scores in the sweep", monkeypatch)
+    q, k, v, g = gla_inputs(1, 130, 3, 18, 16, 16, seed=5)
+    g[0, 40, 17] = float("nan")
+    cu_t = None if cu is None else torch.tensor(cu)
+    h0 = torch.randn(1 if cu is None else len(cu) - 1, 18, 16, 16, dtype=torch.float64,
+                     generator=torch.Generator().manual_seed(6))
+    args = dict(scale=0.3, initial_state=h0, cu_seqlens=cu_t)
+    want = gla_naive(q, k, v, g, **args)
+    f32 = lambda x: None if x is None else x.float()  # noqa: E731
+    ref32 = gla_chunked(*map(f32, (q, k, v, g)), **dict(args, initial_state=f32(h0)))
+    dev = lambda x: None if x is None else x.float().to(DEVICE)  # noqa: E731
+    got = recurscan.chunk_simple_gla(*map(dev, (q, k, v, g)), scale=0.3, initial_state=dev(h0),
+                                     output_final_state=True, cu_seqlens=None if cu is None else cu_t.to(DEVICE),
+                                     backend="triton")
+    for what, a, b, r in zip(("o", "final state"), got, want, ref32):
+        finite = torch.isfinite(b)
+        assert torch.equal(torch.isfinite(a.cpu()), finite), what
+        assert_like_fp32(torch.where(finite, a.cpu(), 0), torch.where(finite, b, 0), torch.where(finite, r, 0), what)
+    from recurscan.kernels.gla.group_prep import chunk_group_prep_kernel
+    from recurscan.launch import gla as launch_gla
+    preps = [s for launches in launch_gla.GLA_SWEEP_LAUNCHES.values() for s in launches.steps
+             if s.kernel is chunk_group_prep_kernel and not s.kwargs["SCORES"]]
+    assert preps and all(s.kwargs["HB"] == 16 and s.grid[0] % 2 == 0 for s in preps), [(s.grid, s.kwargs["HB"])
+                                                                                          for s in preps]
+    if cu is None:  # 3 chunks of 2 blocks
+        assert {s.grid for s in preps} == {(6,)}
+
+
 @pytest.mark.parametrize("form", ["sweep, group prep", "sweep, scores in the sweep"])
 @pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
 def test_a_non_finite_key_poisons_its_row_on_and_the_state_alone(form, value, monkeypatch):

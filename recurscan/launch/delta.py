@@ -76,10 +76,14 @@ def per_key_prep_steps(prep: dict, grid: tuple, calm, BK: int, options: dict, fl
             Step(chunk_gla_prep_kernel, grid, dict(prep, calm_flags=flags, CALM_PASS=2, BKB=0), dict(num_warps=8))]
 
 
-def _group_heads_a_step(group: int) -> int:
-    """HB, the value heads the group prep takes a step: up to 16, and at least 2 (a [64, 1] tile's
-    cumulative sum fails Triton 3.6's sm_90 lowering; the second column is masked)."""
-    return max(2, min(16, triton.next_power_of_2(group)))
+def _group_prep_blocks(H: int, HV: int, scores: bool) -> tuple[int, int]:
+    """``(programs a chunk, HB)`` of the group prep: HB value heads a program, up to 16 and at least
+    2 (a [64, 1] tile's cumulative sum fails Triton 3.6's sm_90 lowering; the second column is
+    masked); with ``scores`` each query/key head's value heads in blocks of their own (they share
+    its scores), without them blocks of all HV (simple GLA B4 T4096 H16: 256 programs, not 4096)."""
+    span = HV // H if scores else HV
+    heads = max(2, min(16, triton.next_power_of_2(span)))
+    return HV // span * triton.cdiv(span, heads), heads
 
 
 def check_shape(shape: DeltaShape) -> None:
@@ -311,13 +315,14 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     prep_kernel, prep_per_chunk = chunk_delta_prep_kernel, HV // heads
     if group:
         # a program per (chunk, query/key head, block of HB value heads)
-        prep_kernel, prep_per_chunk = chunk_group_prep_kernel, H * triton.cdiv(HV // H, _group_heads_a_step(HV // H))
+        prep_per_chunk, group_heads = _group_prep_blocks(H, HV, not shape.sweep_scores)
+        prep_kernel = chunk_group_prep_kernel
         prep = dict({n: prep[n] for n in ("q", "k", "g", "coef", "cu_seqlens", "chunk_indices", "sequence_order",
                                           "dt", "A", "dt_bias", "scale", "T", "n_seq", "chunk_lo", "chunk_span",
                                           "wait_primary", "dt_min", "dt_max", "H", "HV", "K", "BT", "BK",
                                           "IS_VARLEN", "HAS_G", "DT", "PDL", "SSD", "HAS_DT_BIAS", "DT_SOFTPLUS",
                                           "DT_LIMIT")},
-                    scores=arg("scores"), HB=_group_heads_a_step(HV // H), PRECISION=dot_precision,
+                    scores=arg("scores"), HB=group_heads, PRECISION=dot_precision,
                     SCORES=not shape.sweep_scores, CALM_GATES=shape.calm_gates)
     phased = phases > 1 and not varlen and segments <= 1 and T > 0
     # A register cap (compile option) sets how many prep programs share a multiprocessor.

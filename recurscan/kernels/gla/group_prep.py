@@ -41,8 +41,9 @@ def chunk_group_prep_kernel(
     CALM_GATES: tl.constexpr = False,
 ):
     """Grid (chunks x H x ceil(HV / H / HB),): program -> (chunk, query/key head, block of HB of
-    its value heads), the block fastest. For its chunk of BT = 64 rows (M = 1: rows are tokens) it
-    writes
+    its value heads), the block fastest; without SCORES (chunks x ceil(HV / HB),): (chunk, block of
+    HB value heads), the heads of any query/key head. For its chunk of BT = 64 rows (M = 1: rows
+    are tokens) it writes
 
     - ``scores [rows, H, BT]`` (SCORES, the head's first block; float32, in the inputs' dtype with
       CALM_GATES): scale Q K^T, the causal part (zeros above the diagonal), the column of a key
@@ -76,14 +77,18 @@ def chunk_group_prep_kernel(
     from the key's row on (across a reset too: the sweep keeps a non-finite score past a segment's
     start) and the state's entries it enters. Varlen and phases as
     :func:`chunk_delta_prep_kernel` (:func:`_prep_chunk`, ``wait_primary`` and PDL the same)."""
-    HPG: tl.constexpr = HV // H  # value heads of the query/key head
-    NHB: tl.constexpr = (HPG + HB - 1) // HB  # blocks of them, a program each
+    # With SCORES a program's value heads share its query/key head's scores; without, nothing is
+    # formed per query/key head, so a block of HB value heads may span several of them.
+    QK_BLOCKS: tl.constexpr = H if SCORES else 1
+    SPAN: tl.constexpr = HV // QK_BLOCKS  # the value heads of a query/key head (without SCORES: all)
+    NHB: tl.constexpr = (SPAN + HB - 1) // HB  # blocks of them, a program each
     pid = tl.program_id(0).to(tl.int64)
-    i_c = pid // (H * NHB)
-    i_h = (pid // NHB) % H
+    i_c = pid // (QK_BLOCKS * NHB)
+    i_h = (pid // NHB) % QK_BLOCKS
     i_hb = pid % NHB
-    valid, i_n, i_t, bos, eos = _prep_chunk(cu_seqlens, chunk_indices, sequence_order, i_c, pid % (H * NHB) == 0,
-                                            T, n_seq, chunk_lo, chunk_span, 1, BT, IS_VARLEN)
+    valid, i_n, i_t, bos, eos = _prep_chunk(cu_seqlens, chunk_indices, sequence_order, i_c,
+                                            pid % (QK_BLOCKS * NHB) == 0, T, n_seq, chunk_lo, chunk_span, 1, BT,
+                                            IS_VARLEN)
     if not valid:  # padding, or a chunk outside its sequence: nothing to do
         return
     o_t = tl.arange(0, BT)
@@ -105,8 +110,8 @@ def chunk_group_prep_kernel(
     slot = _chunk_slot(bos, i_t, i_n, BT)
     # the block's value heads
     o_h = i_hb * HB + tl.arange(0, HB)
-    m_h = o_h < HPG
-    hv = i_h * HPG + tl.minimum(o_h, HPG - 1)  # in range for the loads; the stores are masked by m_h
+    m_h = o_h < SPAN
+    hv = i_h * SPAN + tl.minimum(o_h, SPAN - 1)  # in range for the loads; the stores are masked by m_h
     m_rh = m_r[:, None] & m_h[None, :]
     if SSD:
         b_c = _ssd_steps(dt, dt_bias, rows[:, None], m_rh, hv[None, :], HV, dt_min, dt_max, HAS_DT_BIAS,
