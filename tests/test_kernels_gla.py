@@ -82,7 +82,9 @@ def test_the_coef_alone_in_blocks_across_query_key_heads(cu, monkeypatch):
     query/key heads of 6 value heads each in blocks of 16, the second block 2 heads and 14 masked,
     a NaN decay in a head of the second block, resets; outputs and final states against the token
     loop, and the one program a chunk's blocks as planned."""
+    from recurscan.runtime.cache import clear_caches
     use_form("sweep, scores in the sweep", monkeypatch)
+    clear_caches()  # the launches read below are this test's alone
     q, k, v, g = gla_inputs(1, 130, 3, 18, 16, 16, seed=5)
     g[0, 40, 17] = float("nan")
     cu_t = None if cu is None else torch.tensor(cu)
