@@ -62,6 +62,13 @@ def test_triton_forward_matches_the_token_loop(case, optional, form, monkeypatch
     h0 = torch.randn(N, c["HV"], K, V, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     if optional == "no_g_no_h0":
         g = h0 = None
+    for what, a, b, r in zip(("o", "final state"), *forward_and_references(q, k, v, g, h0, cu)):
+        assert_like_fp32(a.cpu(), b, r, what)
+
+
+def forward_and_references(q, k, v, g, h0, cu):
+    """``(got, want, ref32)``: chunk_simple_gla's ``(o, final state)`` on the Triton path (float32
+    inputs, scale 0.3), the float64 token loop's and the float32 chunked reference's (g None: decay 1)."""
     g_ref = torch.zeros(v.shape[:3], dtype=torch.float64) if g is None else g
     args = dict(scale=0.3, initial_state=h0, cu_seqlens=cu)
     want = gla_naive(q, k, v, g_ref, **args)
@@ -71,8 +78,7 @@ def test_triton_forward_matches_the_token_loop(case, optional, form, monkeypatch
     got = recurscan.chunk_simple_gla(*map(dev, (q, k, v, g)), scale=0.3, initial_state=dev(h0),
                                      output_final_state=True, cu_seqlens=None if cu is None else cu.to(DEVICE),
                                      backend="triton")
-    for what, a, b, r in zip(("o", "final state"), got, want, ref32):
-        assert_like_fp32(a.cpu(), b, r, what)
+    return got, want, ref32
 
 
 @pytest.mark.parametrize("cu", [None, [0, 1, 70, 130]])
@@ -81,7 +87,7 @@ def test_the_coef_alone_in_blocks_across_query_key_heads(cu, monkeypatch):
     blocks of up to 16 value heads across query/key heads (launch.delta._group_prep_blocks): 3
     query/key heads of 6 value heads each in blocks of 16, the second block 2 heads and 14 masked,
     a NaN decay in a head of the second block, resets; outputs and final states against the token
-    loop, and the one program a chunk's blocks as planned."""
+    loop, and two prep programs a chunk."""
     from recurscan.runtime.cache import clear_caches
     use_form("sweep, scores in the sweep", monkeypatch)
     clear_caches()  # the launches read below are this test's alone
@@ -90,15 +96,7 @@ def test_the_coef_alone_in_blocks_across_query_key_heads(cu, monkeypatch):
     cu_t = None if cu is None else torch.tensor(cu)
     h0 = torch.randn(1 if cu is None else len(cu) - 1, 18, 16, 16, dtype=torch.float64,
                      generator=torch.Generator().manual_seed(6))
-    args = dict(scale=0.3, initial_state=h0, cu_seqlens=cu_t)
-    want = gla_naive(q, k, v, g, **args)
-    f32 = lambda x: None if x is None else x.float()  # noqa: E731
-    ref32 = gla_chunked(*map(f32, (q, k, v, g)), **dict(args, initial_state=f32(h0)))
-    dev = lambda x: None if x is None else x.float().to(DEVICE)  # noqa: E731
-    got = recurscan.chunk_simple_gla(*map(dev, (q, k, v, g)), scale=0.3, initial_state=dev(h0),
-                                     output_final_state=True, cu_seqlens=None if cu is None else cu_t.to(DEVICE),
-                                     backend="triton")
-    for what, a, b, r in zip(("o", "final state"), got, want, ref32):
+    for what, a, b, r in zip(("o", "final state"), *forward_and_references(q, k, v, g, h0, cu_t)):
         finite = torch.isfinite(b)
         assert torch.equal(torch.isfinite(a.cpu()), finite), what
         assert_like_fp32(torch.where(finite, a.cpu(), 0), torch.where(finite, b, 0), torch.where(finite, r, 0), what)
