@@ -27,9 +27,10 @@ from recurscan.plan.delta import DeltaShape
 
 
 def parse_sweep(text: str) -> DeltaShape:
-    """``BV:warps:stages[:segN][:phN][:tma][:pwN][:regN][:hN][:grp][:calm][:qk][:gluon][:ws][:prR]`` -> a
+    """``BV:warps:stages[:segN][:phN][:tma][:pwN][:regN][:hN][:ghN][:grp][:calm][:qk][:gluon][:ws][:prR]`` -> a
     DeltaShape (pw: the prep's warps, reg: its register cap, 0 for none; h: value heads a prep program, cut to a
-    divisor of the group by the planner's with_prep_heads; grp: the group prep; calm: with its
+    divisor of the group by the planner's with_prep_heads; gh: the most value heads a group prep program takes,
+    DeltaShape.group_prep_heads; grp: the group prep; calm: with its
     calm gates; qk: the group prep's coef alone, the sweep forming the scores (DeltaShape.sweep_scores);
     gluon: the sweep as its Gluon twin; ws: that twin warp-specialised (DeltaShape.specialized); pr:
     the phases' ratio, DeltaShape.phase_ratio)."""
@@ -47,6 +48,8 @@ def parse_sweep(text: str) -> DeltaShape:
             prep_warps = int(p[2:])
         elif p.startswith("reg"):
             fields["prep_maxnreg"] = int(p[3:]) or None
+        elif p.startswith("gh"):
+            fields["group_prep_heads"] = int(p[2:])
         elif p.startswith("h"):
             fields["prep_heads"] = int(p[1:])
         elif p == "grp":

@@ -7,15 +7,20 @@
 #   0. (Ran at 70e9ece: 12 passed, results/gpu_tests_new_70e9ece.log.) The GPU suite, whole:
 #      every training test now runs the planned backward (the chunk states kept, x's and dt's
 #      gradients in the reverse sweep, the dg twin warp-specialised).
-#   1. (Ran at 70e9ece: results/gpu_gla_sweep_70e9ece.json.)
+#   1. The forward rows of record with the group prep's block of value heads
+#      (DeltaShape.group_prep_heads, "gh"), warps and register cap at SSD B1 / B4: its 29.7 us
+#      precede the sweep (2x mamba_ssm's GPU time at B1 needs ~348 us in all, 358 now). Offline for
+#      sm_90 a program of 16 heads on 4 warps at 168 registers executes 2432 instructions a warp
+#      (608 warp-instructions a head), 16 on 8 warps uncapped 1304 (652; 27.6 us at 70e9ece), 32 on
+#      8 uncapped 2072 (518, and 3 programs a chunk rather than 5), 8 on 4 uncapped 1744 (872).
 #   2. transformers' Mamba2 mixer trained for 50 steps with the backward as planned since 20319ea
 #      (the chunk states kept, x's and dt's gradients in the reverse sweep, the dg twin warp-
 #      specialised) against its torch path (benchmarks/results/train_mamba2_mixer.{json,png}).
 #   3. SSD's cold first forward + backward in a fresh process (target 10 s; 7.7 s at aa74b18), now
 #      with the warp-specialised dg and the reverse sweep's SSD_GRADS among its kernels.
-# Arguments: the steps to run (default: 0 2 3; 1 on request); 0, 2 and 3 fit one 600 s call.
+# Arguments: the steps to run (default: all four); together they fit one 600 s call.
 set -u
-STEPS=${*:-0 2 3}
+STEPS=${*:-0 1 2 3}
 step() { [[ " $STEPS " == *" $1 "* ]]; }
 C=${RECURSCAN_COMMIT:-unknown}
 export RECURSCAN_COMMIT=$C
@@ -24,10 +29,9 @@ mkdir -p /tmp/mamba && tar xzf .whl/mamba_ssm-2.3.2.post1.tar.gz -C /tmp/mamba -
 step 0 && { timeout 300 python -m pytest -m gpu -n 6 tests/gpu -p no:cacheprovider -o faulthandler_timeout=290 -q \
     > "$OUT/gpu_tests_$C.log" 2>&1; echo "gpu suite rc=$?"; grep -E "passed|failed|FAILED|Timeout" "$OUT/gpu_tests_$C.log" | tail -12; }
 W=tma:grp:gluon:ws
-Q=tma:qk:gluon:ws
 RUN="env PYTHONPATH=$PWD:/tmp/site MAMBA_SSM_SRC=/tmp/mamba python benchmarks/gpu_gla_sweep.py --profile"
-step 1 && timeout 150 $RUN --gla 8:4096:16 \
-    --sweep 64:4:3:$Q:pw2 --sweep 64:4:3:$Q:pw8 --sweep 64:4:3:$W:pw8 --sweep 64:4:3:$W:reg128 \
-    --sweep 64:4:3:$W:pw8:reg0 --sweep 64:4:3:$W:pw2:reg0 --out "$OUT/gpu_gla_sweep_$C.json" 2>&1 | grep -v Warning | grep -E " ms" | head -60
+step 1 && timeout 150 $RUN \
+    --sweep 64:4:3:$W:gh32:pw8:reg0 --sweep 64:4:3:$W:gh32:pw8 --sweep 64:4:3:$W:gh32 --sweep 64:4:3:$W:pw8:reg0 \
+    --sweep 64:4:3:$W:gh8:reg0 --out "$OUT/gpu_gla_sweep_$C.json" 2>&1 | grep -v Warning | grep -E " ms" | head -60
 step 2 && timeout 100 env PYTHONPATH=$PWD python benchmarks/train_mamba2_mixer.py --out "$OUT/train_mamba2_mixer" 2>&1 | tail -4
 step 3 && timeout 80 env PYTHONPATH=$PWD python benchmarks/gpu_gla_cold_ab.py --forms planned --times 2

@@ -229,3 +229,17 @@ def test_the_training_forms_name_settings_the_planner_has(monkeypatch):
     for attr, words in flips.items():  # each flag flipped alone, in a form named for what it then runs
         (form,) = [f for f, settings in forms.items() if set(settings) == {attr}]
         assert words in form, form
+
+
+def test_the_sweep_variants_parse_into_the_shapes_they_name():
+    """benchmarks/gpu_gla_sweep.py's ``--sweep`` strings: each token sets the DeltaShape field it
+    names (a misread token would time the planned form under another name)."""
+    from benchmarks.gpu_gla_sweep import parse_sweep
+    shape = parse_sweep("64:4:3:tma:grp:gluon:ws:gh32:pw8:reg0:h4:ph2:pr1.5")
+    assert (shape.block_v, shape.num_warps, shape.num_stages) == (64, 4, 3)
+    assert shape.tma_store and shape.group_prep and shape.gluon_sweep and shape.specialized
+    assert (shape.group_prep_heads, shape.prep_warps, shape.prep_maxnreg, shape.prep_heads) == (32, 8, None, 4)
+    assert (shape.phases, shape.phase_ratio) == (2, 1.5)
+    shape = parse_sweep("64:4:3:qk:reg128:seg3")
+    assert shape.sweep_scores and shape.group_prep and shape.prep_maxnreg == 128 and shape.segments == 3
+    assert shape.group_prep_heads == 16 and shape.prep_warps == 4 and not shape.gluon_sweep

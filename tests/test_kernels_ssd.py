@@ -49,12 +49,21 @@ def test_triton_ssd_matches_the_token_loop(case, extras, form, monkeypatch):
 
 
 @pytest.mark.parametrize("extras", [EXTRAS[0], EXTRAS[2]])
-@pytest.mark.parametrize("form", ["sweep, group prep", "sweep, calm gates"])
+@pytest.mark.parametrize("form", ["sweep, group prep", "sweep, calm gates", "sweep, group prep, 4 heads a program",
+                                  "sweep, group prep, 32 heads a program"])
 def test_a_group_of_more_heads_than_a_group_prep_program_takes(form, extras, monkeypatch):
     """18 heads a group: the group prep's two programs a (chunk, group), 16 heads and 2 (the rest of
-    the second's block masked), varlen with a one-token sequence."""
+    the second's block masked), varlen with a one-token sequence; in blocks of at most 4 heads
+    (DeltaShape.group_prep_heads: five programs, the last with 2), and of 32 (one, 14 masked)."""
+    from recurscan.kernels.gla.group_prep import chunk_group_prep_kernel
+    from recurscan.launch import gla as launch_gla
+    from recurscan.runtime.cache import clear_caches
+    clear_caches()  # the launches read below are this test's alone
     check_against_the_token_loop(dict(Bt=1, T=130, H=36, G=2, cu=[0, 1, 70, 130]), extras, form, monkeypatch,
                                  seed=5)
+    blocks = {s.kwargs["HB"] for launches in launch_gla.GLA_SWEEP_LAUNCHES.values() for s in launches.steps
+              if s.kernel is chunk_group_prep_kernel}
+    assert blocks == {4 if "4 heads" in form else 32 if "32 heads" in form else 16}, blocks
 
 
 def check_against_the_token_loop(c, extras, form, monkeypatch, seed):
@@ -970,6 +979,16 @@ def test_the_calm_gates_at_three_stages_or_more_are_refused(stages):
     check_shape(DeltaShape(64, 4, 2, 4, "two stages", group_prep=True, calm_gates=True))
     with pytest.raises(ValueError, match="calm_gates: takes num_stages <= 2"):
         check_shape(DeltaShape(64, 4, stages, 4, "too many stages", group_prep=True, calm_gates=True))
+
+
+@pytest.mark.parametrize("heads", [0, 1, 3, 128, 16.0, True])
+def test_a_group_prep_block_that_is_not_a_power_of_two_from_2_to_64_is_refused(heads):
+    """DeltaShape.group_prep_heads, a hand-made shape's: a ValueError naming the field."""
+    from recurscan.launch.delta import check_shape
+    from recurscan.plan.delta import DeltaShape
+    check_shape(DeltaShape(64, 4, 2, 4, "32 heads", group_prep=True, group_prep_heads=32))
+    with pytest.raises(ValueError, match="group_prep_heads: expected a power of two from 2 to 64"):
+        check_shape(DeltaShape(64, 4, 2, 4, "a bad block", group_prep=True, group_prep_heads=heads))
 
 
 @pytest.mark.parametrize("cu", [None, [0, 1, 70, 130]], ids=["dense, a partial last chunk", "varlen"])

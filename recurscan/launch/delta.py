@@ -76,13 +76,14 @@ def per_key_prep_steps(prep: dict, grid: tuple, calm, BK: int, options: dict, fl
             Step(chunk_gla_prep_kernel, grid, dict(prep, calm_flags=flags, CALM_PASS=2, BKB=0), dict(num_warps=8))]
 
 
-def _group_prep_blocks(H: int, HV: int, scores: bool) -> tuple[int, int]:
-    """``(programs a chunk, HB)`` of the group prep: HB value heads a program, up to 16 and at least
-    2 (a [64, 1] tile's cumulative sum fails Triton 3.6's sm_90 lowering; the second column is
-    masked); with ``scores`` each query/key head's value heads in blocks of their own (they share
-    its scores), without them blocks of all HV (simple GLA B4 T4096 H16: 256 programs, not 4096)."""
+def _group_prep_blocks(H: int, HV: int, scores: bool, most: int = 16) -> tuple[int, int]:
+    """``(programs a chunk, HB)`` of the group prep: HB value heads a program, up to ``most``
+    (DeltaShape.group_prep_heads) and at least 2 (a [64, 1] tile's cumulative sum fails Triton
+    3.6's sm_90 lowering; the second column is masked); with ``scores`` each query/key head's value
+    heads in blocks of their own (they share its scores), without them blocks of all HV (simple GLA
+    B4 T4096 H16: 256 programs, not 4096)."""
     span = HV // H if scores else HV
-    heads = max(2, min(16, triton.next_power_of_2(span)))
+    heads = max(2, min(most, triton.next_power_of_2(span)))
     return HV // span * triton.cdiv(span, heads), heads
 
 
@@ -101,6 +102,9 @@ def check_shape(shape: DeltaShape) -> None:
         # (with or without bulk stores; 2 stages and the gate tile at 3 do not); cause not isolated.
         raise ValueError(f"DeltaShape.calm_gates: takes num_stages <= 2 (got {shape.num_stages}); at 3 Triton 3.6's "
                          "sm_90 build of the calm sweep makes an illegal memory access")
+    g = shape.group_prep_heads
+    if not isinstance(g, int) or isinstance(g, bool) or not (2 <= g <= 64 and g & (g - 1) == 0):
+        raise ValueError(f"DeltaShape.group_prep_heads: expected a power of two from 2 to 64, got {g!r}")
     b = shape.prep_key_block
     if not isinstance(b, int) or isinstance(b, bool) or not (b == 0 or (b >= 16 and b & (b - 1) == 0)):
         raise ValueError(f"DeltaShape.prep_key_block: expected 0 or a power of two >= 16, got {b!r}")
@@ -315,7 +319,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     prep_kernel, prep_per_chunk = chunk_delta_prep_kernel, HV // heads
     if group:
         # a program per (chunk, query/key head, block of HB value heads)
-        prep_per_chunk, group_heads = _group_prep_blocks(H, HV, not shape.sweep_scores)
+        prep_per_chunk, group_heads = _group_prep_blocks(H, HV, not shape.sweep_scores, shape.group_prep_heads)
         prep_kernel = chunk_group_prep_kernel
         prep = dict({n: prep[n] for n in ("q", "k", "g", "coef", "cu_seqlens", "chunk_indices", "sequence_order",
                                           "dt", "A", "dt_bias", "scale", "T", "n_seq", "chunk_lo", "chunk_span",

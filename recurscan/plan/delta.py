@@ -39,6 +39,9 @@ class DeltaShape:
     # Gated linear attention (the prep's WY off): value heads per prep program, sharing their
     # q/k tiles and Q K^T (a divisor of HV / H); the delta rule's prep takes one.
     prep_heads: int = 1
+    # With group_prep: the most value heads a group prep program takes (a power of two, 2 to 64;
+    # launch.delta._group_prep_blocks): the [64, heads] tile of its gates.
+    group_prep_heads: int = 16
     # A decay per key: the keys the per-key prep takes a step of its loop over key blocks (0: all).
     prep_key_block: int = 0
     # A decay per key: the per-key prep in two launches, the first writing every chunk whose decays
