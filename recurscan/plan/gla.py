@@ -7,9 +7,9 @@ from typing import Callable
 
 import torch
 
-from .delta import DELTA_LAUNCH, DeltaShape, DeltaSizes, GluonTwinRow, gluon_sweep_scope
 from ..descriptors import CHUNK_SIZE
 from ..problem import SsdProblem
+from .delta import DELTA_LAUNCH, DeltaShape, DeltaSizes, GluonTwinRow, gluon_sweep_scope
 from .device import gluon_usable, sm_count
 
 
