@@ -30,6 +30,11 @@ def _row_of_8(c0, c1, c2, c3, c4, c5, c6, c7):
     return tl.reshape(row, [c0.shape[0], c0.shape[1], 8])
 
 
+@triton.jit
+def _max_keeping_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
 @triton.jit(do_not_specialize=["n_seq", "chunk_lo", "chunk_span", "wait_primary"])
 def chunk_group_prep_kernel(
     q, k, g, scores, coef, cu_seqlens, chunk_indices, sequence_order, dt, A, dt_bias,
@@ -98,7 +103,7 @@ def chunk_group_prep_kernel(
     m_rk = m_r[:, None] & (o_k < K)[None, :]
     if SCORES:  # a bad key's column of the scores zeroed, and its row marked bad
         b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0.0)
-        bad_k = tl.max((b_k * 0.0 != 0.0).to(tl.int32), axis=1) != 0
+        bad_k = ~(tl.reduce(tl.abs(b_k.to(tl.float32)), 1, _max_keeping_nan) < float("inf"))  # a NaN or inf in it
     else:  # the sweep forms the scores: a bad key reaches the products there, as in the token loop
         bad_k = o_t < 0
     if SCORES and i_hb == 0:
@@ -153,8 +158,9 @@ def chunk_group_prep_kernel(
     row = _row_of_8(f, lam_scale, gam * b_c, zero + lam_last[None, :], gc, seg.to(tl.float32), c_good,
                     c_good * scale)
     o_w = tl.arange(0, GROUP_COEF_WIDTH)
-    p_coef = coef + (((slot * HV + hv[None, :]) * BT + o_t[:, None]) * GROUP_COEF_WIDTH)[:, :, None] + \
-        o_w[None, None, :]
+    # the slot's offset in 64 bits once, the block's within it in 32
+    p_coef = coef + slot * (HV * BT * GROUP_COEF_WIDTH) + \
+        (((hv.to(tl.int32)[None, :] * BT + o_t[:, None]) * GROUP_COEF_WIDTH)[:, :, None] + o_w[None, None, :])
     # every row of the chunk's slot, those past the sequence's end too (from masked inputs: finite
     # unless an earlier row was bad), so that a reader may load a chunk's coef rows unmasked
     tl.store(p_coef, row, mask=(m_h[None, :] & (o_t >= 0)[:, None])[:, :, None])
