@@ -9,12 +9,11 @@
 #      gradients in the reverse sweep, the dg twin warp-specialised).
 #   1. The forward rows of record with the group prep's block of value heads
 #      (DeltaShape.group_prep_heads, "gh"), warps and register cap at SSD B1 / B4: its 29.7 us
-#      precede the sweep (2x mamba_ssm's GPU time at B1 needs ~348 us in all, 358 now). Offline for
-#      sm_90 a program of 16 heads on 4 warps at 168 registers executes 2432 instructions a warp
-#      (608 warp-instructions a head), 16 on 8 warps uncapped 1304 (652; 27.6 us at 70e9ece), 32 on
-#      8 uncapped 2072 (518, and 3 programs a chunk rather than 5), 8 on 4 uncapped 1744 (872).
-#      Since 70e9ece the planned prep itself is leaner (its bad-key mark one max keeping NaN, its
-#      coef pointers' slot offset once): 2168 instructions and 119 registers against 2432 and 155.
+#      precede the sweep (2x mamba_ssm's GPU time at B1 needs ~348 us in all, 358 at 70e9ece).
+#      Offline for sm_90, the leaner prep since 70e9ece (its bad-key mark one max keeping NaN, its
+#      coef pointers' slot offset once): 16 heads on 4 warps at 168 registers 2168 instructions a
+#      warp (542 warp-instructions a head; 2432 and 608 before), 16 on 8 warps uncapped 1208 (604),
+#      32 on 8 uncapped 1912 (478, and 3 programs a chunk rather than 5), 8 on 4 uncapped 1528 (764).
 #   2. transformers' Mamba2 mixer trained for 50 steps with the backward as planned since 20319ea
 #      (the chunk states kept, x's and dt's gradients in the reverse sweep, the dg twin warp-
 #      specialised) against its torch path (benchmarks/results/train_mamba2_mixer.{json,png}).
