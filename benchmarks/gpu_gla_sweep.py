@@ -23,6 +23,7 @@ import recurscan
 from benchmarks import gpu_gla
 from benchmarks.gpu_gla import SHAPES, SSD_SHAPES, inputs, ssd_inputs, time_impls
 from recurscan.plan import gla as plan_gla
+from recurscan.plan.delta import GluonTwinRow
 from recurscan.plan.delta import DeltaShape
 
 
@@ -123,10 +124,32 @@ V_FROM_X = False
 CORUN: list[float] = []
 
 
-def _flipped(row: str) -> dict:
-    """plan.gla's Gluon row ``row`` (a GluonTwinRow) the other way from how it is planned."""
-    planned = getattr(plan_gla, row)
-    return {row: dataclasses.replace(planned, on=not planned.on)}
+#: The planner switches the training rows also run the other way from how they are planned, each
+#: when its module switch above is set: plan.gla attribute (a GluonTwinRow or a bool) -> (switch,
+#: the form's name where the attribute is planned on, where it is planned off).
+FLIPS = {
+    "GLUON_GLA_REVERSE_SWEEP": ("REVERSE_TWIN", "the reverse sweep on the Triton kernel",
+                                "the reverse sweep's Gluon twin"),
+    "GLUON_GLA_REVERSE_SPECIALIZED": ("REVERSE_SPECIALIZED", "the reverse sweep's twin on one warpgroup",
+                                      "the reverse sweep's twin warp-specialised"),
+    "GLUON_GLA_DG_SPECIALIZED": ("DG_SPECIALIZED", "the dg twin on eight warps", "the dg twin warp-specialised"),
+    "GLUON_GLA_DG": ("DG_TWIN", "the dg launch on the Triton kernel", "the dg launch's Gluon twin"),
+    "GLA_FORWARD_STATES": ("FORWARD_STATES", "the chunk states recomputed", "the chunk states kept by the forward"),
+    "GLA_REVERSE_SSD_GRADS": ("FOLD_SSD_GRADS", "x and dt after the reverse sweep", "x and dt in the reverse sweep"),
+    "GLA_PARALLEL_V_FROM_X": ("V_FROM_X", "v formed apart", "v formed in the parallel stage"),
+}
+
+
+def _flipped(attr: str) -> dict:
+    """``{form name: {attr: value}}``: plan.gla's ``attr`` (:data:`FLIPS`) the other way from how it
+    is planned, or nothing where its switch is not set."""
+    switch, when_on, when_off = FLIPS[attr]
+    if not globals()[switch]:
+        return {}
+    planned = getattr(plan_gla, attr)
+    on = planned.on if isinstance(planned, GluonTwinRow) else planned
+    value = dataclasses.replace(planned, on=not on) if isinstance(planned, GluonTwinRow) else not on
+    return {f"recurscan triton, {when_on if on else when_off}": {attr: value}}
 
 
 def training_forms() -> tuple[dict, dict]:
@@ -143,35 +166,13 @@ def training_forms() -> tuple[dict, dict]:
                 for r in REVERSE_SWEEPS},
              **({"recurscan triton, the recompute's Gluon twin": dict(GLUON_GLA_RECOMPUTE_SWEEP=dataclasses.replace(
                  plan_gla.GLUON_GLA_RECOMPUTE_SWEEP, on=True))} if RECOMPUTE_TWIN else {}),
-             **({("recurscan triton, the reverse sweep on the Triton kernel" if plan_gla.GLUON_GLA_REVERSE_SWEEP.on
-                  else "recurscan triton, the reverse sweep's Gluon twin"): _flipped("GLUON_GLA_REVERSE_SWEEP")}
-                if REVERSE_TWIN else {}),
-             **({("recurscan triton, the reverse sweep's twin on one warpgroup"
-                  if plan_gla.GLUON_GLA_REVERSE_SPECIALIZED.on else
-                  "recurscan triton, the reverse sweep's twin warp-specialised"): _flipped("GLUON_GLA_REVERSE_SPECIALIZED")}
-                if REVERSE_SPECIALIZED else {}),
-             **({("recurscan triton, the dg twin on eight warps" if plan_gla.GLUON_GLA_DG_SPECIALIZED.on else
-                  "recurscan triton, the dg twin warp-specialised"): _flipped("GLUON_GLA_DG_SPECIALIZED")}
-                if DG_SPECIALIZED else {}),
-             **({("recurscan triton, the dg launch on the Triton kernel" if plan_gla.GLUON_GLA_DG.on
-                  else "recurscan triton, the dg launch's Gluon twin"): _flipped("GLUON_GLA_DG")}
-                if DG_TWIN else {}),
+             **{name: settings for attr in FLIPS if attr != "GLA_FORWARD_STATES"
+                for name, settings in _flipped(attr).items()},
              **{f"recurscan triton, the recompute beside the reverse sweep at {c}": dict(GLA_BACKWARD_CORUN=c)
                 for c in CORUN}}
     # The forms every training row runs (simple GLA's too): the planned one, and the chunk states kept or not.
-    common = {"recurscan triton": {},
-              **({("recurscan triton, the chunk states recomputed" if plan_gla.GLA_FORWARD_STATES else
-                   "recurscan triton, the chunk states kept by the forward"): dict(
-                  GLA_FORWARD_STATES=not plan_gla.GLA_FORWARD_STATES)} if FORWARD_STATES else {})}
+    common = {"recurscan triton": {}, **_flipped("GLA_FORWARD_STATES")}
     forms.update(common)
-    if FOLD_SSD_GRADS:
-        forms["recurscan triton, x and dt " + ("after the reverse sweep" if plan_gla.GLA_REVERSE_SSD_GRADS else
-                                               "in the reverse sweep")] = dict(
-            GLA_REVERSE_SSD_GRADS=not plan_gla.GLA_REVERSE_SSD_GRADS)
-    if V_FROM_X:
-        forms["recurscan triton, v " + ("formed apart" if plan_gla.GLA_PARALLEL_V_FROM_X else
-                                        "formed in the parallel stage")] = dict(
-            GLA_PARALLEL_V_FROM_X=not plan_gla.GLA_PARALLEL_V_FROM_X)
     return forms, common
 
 
