@@ -125,25 +125,30 @@ CORUN: list[float] = []
 
 
 #: The planner switches the training rows also run the other way from how they are planned, each
-#: when its module switch above is set: plan.gla attribute (a GluonTwinRow or a bool) -> (switch,
-#: the form's name where the attribute is planned on, where it is planned off).
+#: when its module switch above is set (its command-line flag sets it): plan.gla attribute (a
+#: GluonTwinRow or a bool) -> (switch, flag, the form's name where the attribute is planned on,
+#: where it is planned off).
 FLIPS = {
-    "GLUON_GLA_REVERSE_SWEEP": ("REVERSE_TWIN", "the reverse sweep on the Triton kernel",
+    "GLUON_GLA_REVERSE_SWEEP": ("REVERSE_TWIN", "--reverse-twin", "the reverse sweep on the Triton kernel",
                                 "the reverse sweep's Gluon twin"),
-    "GLUON_GLA_REVERSE_SPECIALIZED": ("REVERSE_SPECIALIZED", "the reverse sweep's twin on one warpgroup",
+    "GLUON_GLA_REVERSE_SPECIALIZED": ("REVERSE_SPECIALIZED", "--reverse-specialized",
+                                      "the reverse sweep's twin on one warpgroup",
                                       "the reverse sweep's twin warp-specialised"),
-    "GLUON_GLA_DG_SPECIALIZED": ("DG_SPECIALIZED", "the dg twin on eight warps", "the dg twin warp-specialised"),
-    "GLUON_GLA_DG": ("DG_TWIN", "the dg launch on the Triton kernel", "the dg launch's Gluon twin"),
-    "GLA_FORWARD_STATES": ("FORWARD_STATES", "the chunk states recomputed", "the chunk states kept by the forward"),
-    "GLA_REVERSE_SSD_GRADS": ("FOLD_SSD_GRADS", "x and dt after the reverse sweep", "x and dt in the reverse sweep"),
-    "GLA_PARALLEL_V_FROM_X": ("V_FROM_X", "v formed apart", "v formed in the parallel stage"),
+    "GLUON_GLA_DG_SPECIALIZED": ("DG_SPECIALIZED", "--dg-specialized", "the dg twin on eight warps",
+                                 "the dg twin warp-specialised"),
+    "GLUON_GLA_DG": ("DG_TWIN", "--dg-twin", "the dg launch on the Triton kernel", "the dg launch's Gluon twin"),
+    "GLA_FORWARD_STATES": ("FORWARD_STATES", "--forward-states", "the chunk states recomputed",
+                           "the chunk states kept by the forward"),
+    "GLA_REVERSE_SSD_GRADS": ("FOLD_SSD_GRADS", "--ssd-grads", "x and dt after the reverse sweep",
+                              "x and dt in the reverse sweep"),
+    "GLA_PARALLEL_V_FROM_X": ("V_FROM_X", "--v-from-x", "v formed apart", "v formed in the parallel stage"),
 }
 
 
 def _flipped(attr: str) -> dict:
     """``{form name: {attr: value}}``: plan.gla's ``attr`` (:data:`FLIPS`) the other way from how it
     is planned, or nothing where its switch is not set."""
-    switch, when_on, when_off = FLIPS[attr]
+    switch, _, when_on, when_off = FLIPS[attr]
     if not globals()[switch]:
         return {}
     planned = getattr(plan_gla, attr)
@@ -240,45 +245,27 @@ def main():
     ap.add_argument("--recompute-twin", action="store_true",
                     help="with --train: SSD's rows also with the recompute's sweep as its Gluon twin "
                          "(plan.gla.GLUON_GLA_RECOMPUTE_SWEEP)")
-    ap.add_argument("--dg-twin", action="store_true",
-                    help="with --train: SSD's rows also with the parallel stage's dg launch on the other kernel "
-                         "than planned: its Gluon twin or the Triton kernel (plan.gla.GLUON_GLA_DG)")
     ap.add_argument("--corun", type=float, action="append", default=[],
                     help="with --train: SSD's rows also with the recompute's sweep beside the reverse sweep where "
                          "its programs are at most this share of the SMs (plan.gla.GLA_BACKWARD_CORUN)")
-    ap.add_argument("--reverse-twin", action="store_true",
-                    help="with --train: SSD's rows also with the backward's reverse sweep on the other kernel "
-                         "than planned: its Gluon twin or the Triton kernel (plan.gla.GLUON_GLA_REVERSE_SWEEP)")
-    ap.add_argument("--reverse-specialized", action="store_true",
-                    help="with --train: SSD's rows also with the reverse sweep's twin in the form not planned, "
-                         "warp-specialised or not (plan.gla.GLUON_GLA_REVERSE_SPECIALIZED)")
-    ap.add_argument("--dg-specialized", action="store_true",
-                    help="with --train: SSD's rows also with the dg twin in the form not planned, warp-specialised "
-                         "or not (plan.gla.GLUON_GLA_DG_SPECIALIZED)")
-    ap.add_argument("--forward-states", action="store_true",
-                    help="with --train: every training row also with the forward keeping the chunk states for the "
-                         "backward, or recomputing them where keeping is planned (plan.gla.GLA_FORWARD_STATES)")
-    ap.add_argument("--ssd-grads", action="store_true",
-                    help="with --train: SSD's rows also with x's and dt's gradients formed in the reverse sweep, or "
-                         "after it where that is planned (plan.gla.GLA_REVERSE_SSD_GRADS)")
-    ap.add_argument("--v-from-x", action="store_true",
-                    help="with --train: SSD's rows also with v = dt x formed in the parallel stage's factors, or by a "
-                         "pass of its own where that is planned (plan.gla.GLA_PARALLEL_V_FROM_X)")
     ap.add_argument("--train-only", action="store_true", help="the training rows alone")
     ap.add_argument("--gla", action="append", default=[], metavar="B:T:H",
                     help="also simple GLA at this batch, length and heads (K = V = 128)")
     ap.add_argument("--gla-only", action="store_true", help="the simple GLA rows alone (no SSD, no training)")
+    for attr, (_, flag, when_on, when_off) in FLIPS.items():
+        ap.add_argument(flag, action="store_true",
+                        help=f"with --train: the training rows also with plan.gla.{attr} the other way from how it "
+                             f"is planned ('{when_on}' where it is on, '{when_off}' where off)")
     args = ap.parse_args()
     GRADS_WAVES.extend(args.grads_waves)
     GRADS_DG.extend(args.grads_dg)
     GRADS_SIDES.extend(args.grads_sides)
     REVERSE_SWEEPS.extend(args.reverse_sweep)
     CORUN.extend(args.corun)
-    global RECOMPUTE_TWIN, REVERSE_TWIN, DG_TWIN, REVERSE_SPECIALIZED, DG_SPECIALIZED, FORWARD_STATES, FOLD_SSD_GRADS, \
-        V_FROM_X
-    RECOMPUTE_TWIN, REVERSE_TWIN, DG_TWIN = args.recompute_twin, args.reverse_twin, args.dg_twin
-    REVERSE_SPECIALIZED, DG_SPECIALIZED = args.reverse_specialized, args.dg_specialized
-    FORWARD_STATES, FOLD_SSD_GRADS, V_FROM_X = args.forward_states, args.ssd_grads, args.v_from_x
+    global RECOMPUTE_TWIN
+    RECOMPUTE_TWIN = args.recompute_twin
+    for switch, flag, _, _ in FLIPS.values():
+        globals()[switch] = getattr(args, flag[2:].replace("-", "_"))
     gpu_gla.PROFILE = args.profile
     if args.train_only:
         save(args.out, train_rows())
