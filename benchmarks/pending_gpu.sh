@@ -19,20 +19,24 @@
 #      specialised) against its torch path (benchmarks/results/train_mamba2_mixer.{json,png}).
 #   3. SSD's cold first forward + backward in a fresh process (target 10 s; 7.7 s at aa74b18), now
 #      with the warp-specialised dg and the reverse sweep's SSD_GRADS among its kernels.
-# Arguments: the steps to run (default: all four); together they fit one 600 s call.
+#   4. Step 1's planned rows with the load warp's L2 prefetch of the coef blocks off
+#      (RECURSCAN_SWEEP_COEF_PREFETCH=0), in a process of its own: the A/B of that prefetch.
+# Arguments: the steps to run (default: 0 1 4; then 2 3), each set fits one 600 s call.
 set -u
-STEPS=${*:-0 1 2 3}
+STEPS=${*:-0 1 4}
 step() { [[ " $STEPS " == *" $1 "* ]]; }
 C=${RECURSCAN_COMMIT:-unknown}
 export RECURSCAN_COMMIT=$C
 pip install -q --no-index --no-deps --target /tmp/site .whl/fla_core-0.6.0-py3-none-any.whl 2>&1 | grep -v WARNING | tail -1
 mkdir -p /tmp/mamba && tar xzf .whl/mamba_ssm-2.3.2.post1.tar.gz -C /tmp/mamba --strip-components=1
-step 0 && { timeout 300 python -m pytest -m gpu -n 6 tests/gpu -p no:cacheprovider -o faulthandler_timeout=290 -q \
+step 0 && { timeout 270 python -m pytest -m gpu -n 6 tests/gpu -p no:cacheprovider -o faulthandler_timeout=260 -q \
     > "$OUT/gpu_tests_$C.log" 2>&1; echo "gpu suite rc=$?"; grep -E "passed|failed|FAILED|Timeout" "$OUT/gpu_tests_$C.log" | tail -12; }
 W=tma:grp:gluon:ws
 RUN="env PYTHONPATH=$PWD:/tmp/site MAMBA_SSM_SRC=/tmp/mamba python benchmarks/gpu_gla_sweep.py --profile"
-step 1 && timeout 150 $RUN \
-    --sweep 64:4:3:$W:gh32:pw8:reg0 --sweep 64:4:3:$W:gh32:pw8 --sweep 64:4:3:$W:gh32 --sweep 64:4:3:$W:pw8:reg0 \
-    --sweep 64:4:3:$W:gh8:reg0 --out "$OUT/gpu_gla_sweep_$C.json" 2>&1 | grep -v Warning | grep -E " ms" | head -60
+step 1 && timeout 170 $RUN \
+    --sweep 64:4:3:$W:gh32:pw8:reg0 --sweep 64:4:3:$W:gh32 --sweep 64:4:3:$W:pw8:reg0 \
+    --out "$OUT/gpu_gla_sweep_$C.json" 2>&1 | grep -v Warning | grep -E " ms" | head -60
+step 4 && timeout 90 env RECURSCAN_SWEEP_COEF_PREFETCH=0 $RUN --out "$OUT/gpu_gla_sweep_no_prefetch_$C.json" 2>&1 \
+    | grep -v Warning | grep -E " ms" | head -30
 step 2 && timeout 100 env PYTHONPATH=$PWD python benchmarks/train_mamba2_mixer.py --out "$OUT/train_mamba2_mixer" 2>&1 | tail -4
 step 3 && timeout 80 env PYTHONPATH=$PWD python benchmarks/gpu_gla_cold_ab.py --forms planned --times 2

@@ -61,6 +61,13 @@ _PROBE = os.environ.get("RECURSCAN_SWEEP_PROBE", "0")
 if _PROBE not in ("0", "1", "2", "3"):
     raise ValueError(f"RECURSCAN_SWEEP_PROBE: expected 0, 1, 2 or 3, got {_PROBE!r}")
 PROBE = gl.constexpr(int(_PROBE))
+#: The load warp asks L2 for each chunk's coef block (2 KB: BT rows of 8 floats) as it issues the
+#: chunk's tiles, NUM_STAGES chunks before the outputs and the chain read it (``RECURSCAN_SWEEP_
+#: COEF_PREFETCH`` when this module is imported, "1" or "0"; for the A/B on the H200).
+_PREFETCH = os.environ.get("RECURSCAN_SWEEP_COEF_PREFETCH", "1")
+if _PREFETCH not in ("0", "1"):
+    raise ValueError(f"RECURSCAN_SWEEP_COEF_PREFETCH: expected 0 or 1, got {_PREFETCH!r}")
+COEF_PREFETCH = gl.constexpr(_PREFETCH == "1")
 
 
 @gluon.jit
@@ -284,6 +291,12 @@ def _loads(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
         tma.async_copy_global_to_shared(q_desc, [r, col_qk], bar, q_s.index(s))
         if not SWEEP_SCORES:
             tma.async_copy_global_to_shared(a_desc, [r, col_w], bar, a_s.index(s))
+        if COEF_PREFETCH:  # the chunk's coef block into L2 by one bulk prefetch from one lane
+            p_coef = coef + (((bos + r) // BT + i_n) * HV + i_hv) * (BT * 8)
+            gl.inline_asm_elementwise(
+                "{ .reg .pred %p; .reg .b32 %l; mov.u32 %l, %laneid; setp.eq.u32 %p, %l, 0; "
+                "@%p cp.async.bulk.prefetch.L2.global [$1], 2048; mov.u32 $0, 0; }",
+                "=r,l", [p_coef], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
