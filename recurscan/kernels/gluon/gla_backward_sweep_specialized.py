@@ -36,7 +36,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from .delta_backward_sweep import _state_offsets
 from .gla_backward_sweep import _calm_dv, _row_coefficients, _sequence_operands, _stormy_gate_tile
-from .gla_sweep_specialized import _handover_barriers
+from .gla_sweep_specialized import COEF_PREFETCH, _handover_barriers, _prefetch_2kb
 
 #: Registers a thread of each outputs warpgroup and of the load warp (setmaxnreg); the chain, the
 #: default partition, takes what the kernel's cap leaves (512 - 2 x 160 - 24 = 168): offline for
@@ -214,6 +214,8 @@ def _loads(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexp
     i_n, i_hv, i_v, col_qk, col_v, col_s = _program(H, HV, K, V, BT, BV)
     nbytes: gl.constexpr = (k_desc.block_type.nbytes + q_desc.block_type.nbytes + do_desc.block_type.nbytes
                             + s_desc.block_type.nbytes + (x_desc.block_type.nbytes if SSD_GRADS else 0))
+    gl.static_assert(BT * CW * 4 == 2048, "a chunk's coef block is the 2 KB prefetched")
+    p_coef = coef + ((bos // BT + i_n) * HV + i_hv) * (BT * CW)  # chunk c's block: + c HV BT CW (its slot)
     for j in range(n_chunks):
         s = j % NUM_STAGES
         bar = ready.index(s)
@@ -226,6 +228,8 @@ def _loads(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexp
         tma.async_copy_global_to_shared(s_desc, [r, col_s], bar, a_s.index(s))
         if SSD_GRADS:
             tma.async_copy_global_to_shared(x_desc, [r, col_v], bar, x_s.index(s))
+        if COEF_PREFETCH:
+            _prefetch_2kb(p_coef + (n_chunks - 1 - j) * (HV * BT * CW))
 
 
 @gluon.jit

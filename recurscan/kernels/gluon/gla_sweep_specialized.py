@@ -14,7 +14,8 @@ form of the same flag (its bits):
    + lam rq o S^T Q^T (+ D x^T), stored by a bulk copy;
 3. the **loads** (one warp): the chunk's k, q, v and scores (not with SWEEP_SCORES) by bulk copies
    into a ring of NUM_STAGES stages, each freed when the chain and the chunk's outputs warpgroup
-   are done with it.
+   are done with it; and the chunk's coef block, which the others read by plain loads, by a bulk
+   prefetch into L2 (:data:`COEF_PREFETCH`).
 
 So the chain's step holds one product and a hand-over, and the outputs' products and gate tile run
 beside the next chunks' chain, where the twin runs them one after the other on one warpgroup. The
@@ -68,6 +69,17 @@ _PREFETCH = os.environ.get("RECURSCAN_SWEEP_COEF_PREFETCH", "1")
 if _PREFETCH not in ("0", "1"):
     raise ValueError(f"RECURSCAN_SWEEP_COEF_PREFETCH: expected 0 or 1, got {_PREFETCH!r}")
 COEF_PREFETCH = gl.constexpr(_PREFETCH == "1")
+
+
+@gluon.jit
+def _prefetch_2kb(ptr):
+    """The 2 KB from ``ptr`` (a chunk's coef block: BT = 64 rows of 8 float32) into L2 by one bulk
+    prefetch from the warp's first lane: a load warp's, so that the block's readers, NUM_STAGES
+    chunks later, wait on L2 rather than memory."""
+    gl.inline_asm_elementwise(
+        "{ .reg .pred %p; .reg .b32 %l; mov.u32 %l, %laneid; setp.eq.u32 %p, %l, 0; "
+        "@%p cp.async.bulk.prefetch.L2.global [$1], 2048; mov.u32 $0, 0; }",
+        "=r,l", [ptr], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -280,6 +292,8 @@ def _loads(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
      n_cs_rows) = p
     nbytes: gl.constexpr = (k_desc.block_type.nbytes + q_desc.block_type.nbytes + v_desc.block_type.nbytes
                             + (0 if SWEEP_SCORES else a_desc.block_type.nbytes))
+    gl.static_assert(BT * 8 * 4 == 2048, "a chunk's coef block is the 2 KB prefetched")
+    p_coef = coef + ((bos // BT + i_n) * HV + i_hv) * (BT * 8)  # chunk c's block: + c HV BT 8 (its slot)
     for j in range(n_run):
         s = j % NUM_STAGES
         bar = ready.index(s)
@@ -291,12 +305,8 @@ def _loads(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
         tma.async_copy_global_to_shared(q_desc, [r, col_qk], bar, q_s.index(s))
         if not SWEEP_SCORES:
             tma.async_copy_global_to_shared(a_desc, [r, col_w], bar, a_s.index(s))
-        if COEF_PREFETCH:  # the chunk's coef block into L2 by one bulk prefetch from one lane
-            p_coef = coef + (((bos + r) // BT + i_n) * HV + i_hv) * (BT * 8)
-            gl.inline_asm_elementwise(
-                "{ .reg .pred %p; .reg .b32 %l; mov.u32 %l, %laneid; setp.eq.u32 %p, %l, 0; "
-                "@%p cp.async.bulk.prefetch.L2.global [$1], 2048; mov.u32 $0, 0; }",
-                "=r,l", [p_coef], dtype=gl.int32, is_pure=False, pack=1)
+        if COEF_PREFETCH:
+            _prefetch_2kb(p_coef + (c_lo + j) * (HV * BT * 8))
 
 
 @gluon.jit
