@@ -21,7 +21,9 @@
 #      with the warp-specialised dg and the reverse sweep's SSD_GRADS among its kernels.
 #   4. Step 1's planned rows with the load warp's L2 prefetch of the coef blocks off
 #      (RECURSCAN_SWEEP_COEF_PREFETCH=0), in a process of its own: the A/B of that prefetch.
-# Arguments: the steps to run (default: 0 1 4; then 2 3), each set fits one 600 s call.
+#   5. Forward + backward (SSD B1 / B4, simple GLA B4) with the coef prefetch on, then off in a
+#      process of its own: the warp-specialised reverse sweep's load warp prefetches them too.
+# Arguments: the steps to run (default: 0 1 4; then 2 3 5), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 1 4}
 step() { [[ " $STEPS " == *" $1 "* ]]; }
@@ -40,3 +42,7 @@ step 4 && timeout 90 env RECURSCAN_SWEEP_COEF_PREFETCH=0 $RUN --out "$OUT/gpu_gl
     | grep -v Warning | grep -E " ms" | head -30
 step 2 && timeout 100 env PYTHONPATH=$PWD python benchmarks/train_mamba2_mixer.py --out "$OUT/train_mamba2_mixer" 2>&1 | tail -4
 step 3 && timeout 80 env PYTHONPATH=$PWD python benchmarks/gpu_gla_cold_ab.py --forms planned --times 2
+for P in 1 0; do
+    step 5 && timeout 150 env RECURSCAN_SWEEP_COEF_PREFETCH=$P $RUN --train-only \
+        --out "$OUT/gpu_gla_train_prefetch${P}_$C.json" 2>&1 | grep -v Warning | grep -E " ms" | head -20
+done
