@@ -23,7 +23,9 @@
 #      (RECURSCAN_SWEEP_COEF_PREFETCH=0), in a process of its own: the A/B of that prefetch.
 #   5. Forward + backward (SSD B1 / B4, simple GLA B4) with the coef prefetch on, then off in a
 #      process of its own: the warp-specialised reverse sweep's load warp prefetches them too.
-# Arguments: the steps to run (default: 0 1 4; then 2 3 5), each set fits one 600 s call.
+#   6. transformers' Mamba2 forward (4 layers, B4 T2048) with recurscan's op against its torch
+#      path (target 3x; 62x at fa89d4d on the fused kernel), on the planned sweep.
+# Arguments: the steps to run (default: 0 1 4; then 2 3 5 6), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 1 4}
 step() { [[ " $STEPS " == *" $1 "* ]]; }
@@ -46,3 +48,5 @@ for P in 1 0; do
     step 5 && timeout 150 env RECURSCAN_SWEEP_COEF_PREFETCH=$P $RUN --train-only \
         --out "$OUT/gpu_gla_train_prefetch${P}_$C.json" 2>&1 | grep -v Warning | grep -E " ms" | head -20
 done
+step 6 && timeout 90 env PYTHONPATH=$PWD python benchmarks/gpu_transformers_mamba2.py \
+    --out "$OUT/gpu_transformers_mamba2_$C.json" 2>&1 | tail -4
