@@ -141,6 +141,8 @@ def test_the_gluon_forward_sweep_compiles_for_sm90():
                 in run.stdout), run.stdout
         assert f"GLA warp-specialised, scores in the sweep, {case}: chunk_delta_sweep_kernel" in run.stdout  # replay
     assert "SSD group prep, warp-specialised, in phases: gluon_gla_sweep_specialized_kernel" in run.stdout
+    for kernel in ("chunk_group_prep_kernel", "gluon_gla_sweep_specialized_kernel"):
+        assert f"SSD group prep, warp-specialised, 10 groups, dstate 64: {kernel}" in run.stdout, run.stdout
     assert "SSD warp-specialised, scores in the sweep: gluon_gla_sweep_specialized_kernel" in run.stdout
     for form in ("SSD warp-specialised", "SSD warp-specialised, in phases", "SSD warp-specialised, scores in the sweep",
                  "GLA warp-specialised, scores in the sweep, GDN varlen, GVA"):  # keeping the chunk states

@@ -205,14 +205,17 @@ PER_KEY_CALM_PASS: tuple[int, int, int | None] | None = (32, 4, 168)
 #: (:func:`gla_sweep_shape`).
 GLA_SWEEP_LAUNCH: list[tuple[Callable[[DeltaSizes], bool], DeltaShape]] = [
     (lambda s: GROUP_PREP_MIN_HEADS is not None and s.group >= GROUP_PREP_MIN_HEADS and 3 * s.programs_64 >= s.sms,
-     DeltaShape(64, 4, 3, 4, "query/key heads shared by many value heads, a third of the SMs or more in 64-column "
-                         "programs: the group prep in one pass, the sweep its Gluon twin gating the scores, warp-"
-                         "specialised (the chain, two outputs warpgroups, the loads), three stages, bulk stores "
-                         "(SSD B4 T4096: 0.376 ms, two stages 0.379, the twin on one warpgroup 0.421, the Triton "
-                         "sweep (the next rows) 0.598; B1 T16384 0.429, two stages 0.434, the twin 0.490, the delta "
-                         "prep in 6 phases with the twin 0.606; mamba_ssm 0.700 and 0.735 in that process: "
-                         "gpu_gla_sweep_ws2_4ac0362.json, gpu_gla_sweep_78bb842.json)",
-                tma_store=True, group_prep=True, gluon_sweep=True, specialized=True)),
+     DeltaShape(64, 4, 3, 8, "query/key heads shared by many value heads, a third of the SMs or more in 64-column "
+                         "programs: the group prep in one pass on 8 warps without a register cap, the sweep its "
+                         "Gluon twin gating the scores, warp-specialised (the chain, two outputs warpgroups, the "
+                         "loads), three stages, bulk stores (SSD B4 T4096: 0.376 ms, two stages 0.379, the twin on "
+                         "one warpgroup 0.421, the Triton sweep (the next rows) 0.598; B1 T16384 0.429, two stages "
+                         "0.434, the twin 0.490, the delta prep in 6 phases with the twin 0.606; mamba_ssm 0.700 and "
+                         "0.735 in that process: gpu_gla_sweep_ws2_4ac0362.json, gpu_gla_sweep_78bb842.json. The "
+                         "prep's form, GPU us at B1 / B4: 8 warps uncapped 28.4 / 27.4, 4 warps at 168 registers "
+                         "29.0 / 29.1, 32 value heads a program 32.0 / 31.8: gpu_gla_sweep_d529156.json; 27.6 "
+                         "against 29.7 at B1 in gpu_gla_sweep_70e9ece.json)",
+                tma_store=True, group_prep=True, gluon_sweep=True, specialized=True, prep_maxnreg=None)),
     (lambda s: not s.varlen and s.tokens >= 16384 and 3 * s.programs_64 >= s.sms and s.programs_64 <= s.sms,
      DeltaShape(64, 4, 3, 4, "a long dense sequence over a third of the SMs or more in 64-column programs: one "
                          "pass in 6 phases (each phase's prep beside the previous phase's sweep), bulk stores (SSD "

@@ -293,6 +293,8 @@ def compile_gluon_forward() -> list[str]:
     for per_channel in (False, True):  # warp-specialised (kernels/gluon/gla_sweep_specialized.py)
         lines += [f"SSD group prep, warp-specialised, D per {'channel' if per_channel else 'head'}: {line}"
                   for line in compile_ssd_benchmark(shape, per_channel=per_channel)]
+    lines += [f"SSD group prep, warp-specialised, 10 groups, dstate 64: {line}"  # the prep's blocks of 8 heads
+              for line in compile_ssd_benchmark(shape, groups=10, state_dim=64)]
     lines += [f"SSD group prep, warp-specialised, in phases: {line}"
               for line in compile_ssd_benchmark(dataclasses.replace(shape, phases=3))]
     lines += [f"SSD warp-specialised, scores in the sweep: {line}"
@@ -362,14 +364,15 @@ def compile_gla_sweep(case: str, shape: str, ssd: bool, describe=None, per_key: 
 
 
 def compile_ssd_benchmark(shape: DeltaShape, describe=None, per_channel: bool = False,
-                          chunk_states: bool = False) -> list[str]:
+                          chunk_states: bool = False, groups: int = 1, state_dim: int = 128) -> list[str]:
     """The SSD forward's launches (launch/delta.py, WY off) in ``shape`` as the benchmark calls them
     (benchmarks/gpu_gla.py's ssd_inputs: 80 heads x 64, one group, dstate 128, D per head (or per
     channel), dt_bias, softplus, no z, bf16), one line each; ``chunk_states``: also the chunk states
-    in bf16, as the training forward keeps them (GlaShape.forward_states)."""
+    in bf16, as the training forward keeps them (GlaShape.forward_states); ``groups`` and
+    ``state_dim`` in place of one group and dstate 128."""
     from recurscan.launch.delta import build_delta_launches
     from recurscan.launch.gla import SsdPrologue
-    B, T, H, HV, K, V = 1, 4096, 1, 80, 128, 64
+    B, T, H, HV, K, V = 1, 4096, groups, 80, state_dim, 64
     bf = dict(dtype=torch.bfloat16)
     q, k, v = torch.zeros(B, T, H, K, **bf), torch.zeros(B, T, H, K, **bf), torch.zeros(B, T, HV, V, **bf)
     prologue = SsdPrologue(torch.zeros(B, T, HV), torch.zeros(HV), torch.zeros(HV),
