@@ -26,7 +26,7 @@
 #   6. transformers' Mamba2 forward (4 layers, B4 T2048) with recurscan's op against its torch
 #      path (target 3x; 62x at fa89d4d on the fused kernel), on the planned sweep.
 #   7. The forward rows as planned (no variants): the record at this commit.
-# Arguments: the steps to run (default: 0 1 4; then 7 5 2 3 6), each set fits one 600 s call.
+# Arguments: the steps to run (default: 0 1 4; then 7 3 2 5 6, run in the file's order), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 1 4}
 step() { [[ " $STEPS " == *" $1 "* ]]; }
@@ -44,9 +44,9 @@ step 1 && timeout 170 $RUN \
 step 4 && timeout 90 env RECURSCAN_SWEEP_COEF_PREFETCH=0 $RUN --out "$OUT/gpu_gla_sweep_no_prefetch_$C.json" 2>&1 \
     | grep -v Warning | grep -E " ms" | head -30
 step 7 && timeout 70 $RUN --out "$OUT/gpu_gla_sweep_$C.json" 2>&1 | grep -v Warning | grep -E " ms" | head -30
-step 5 && timeout 120 $RUN --train-only --out "$OUT/gpu_gla_train_$C.json" 2>&1 | grep -v Warning | grep -E " ms" | head -20
-step 2 && timeout 100 env PYTHONPATH=$PWD python benchmarks/train_mamba2_mixer.py --out "$OUT/train_mamba2_mixer" 2>&1 | tail -4
 step 3 && timeout 80 env PYTHONPATH=$PWD python benchmarks/gpu_gla_cold_ab.py --forms planned --times 2
+step 2 && timeout 100 env PYTHONPATH=$PWD python benchmarks/train_mamba2_mixer.py --out "$OUT/train_mamba2_mixer" 2>&1 | tail -4
+step 5 && timeout 120 $RUN --train-only --out "$OUT/gpu_gla_train_$C.json" 2>&1 | grep -v Warning | grep -E " ms" | head -20
 step 6 && timeout 90 env PYTHONPATH=$PWD python benchmarks/gpu_transformers_mamba2.py \
     --out "$OUT/gpu_transformers_mamba2_$C.json" 2>&1 | tail -4
 step 5 && timeout 100 env RECURSCAN_SWEEP_COEF_PREFETCH=0 $RUN --train-only \
