@@ -4,31 +4,29 @@
 # step has its own time limit so that one hang cannot take the others' results; $OUT receives the
 # files. Pass the commit explicitly: the device's copy may report an older HEAD.
 #
-#   0. (Ran at 70e9ece: 12 passed, results/gpu_tests_new_70e9ece.log.) The GPU suite, whole:
-#      every training test now runs the planned backward (the chunk states kept, x's and dt's
-#      gradients in the reverse sweep, the dg twin warp-specialised).
-#   1. The forward rows of record with the group prep's block of value heads
-#      (DeltaShape.group_prep_heads, "gh"), warps and register cap at SSD B1 / B4: its 29.7 us
-#      precede the sweep (2x mamba_ssm's GPU time at B1 needs ~348 us in all, 358 at 70e9ece).
-#      Offline for sm_90, the leaner prep since 70e9ece (its bad-key mark one max keeping NaN, its
-#      coef pointers' slot offset once): 16 heads on 4 warps at 168 registers 2168 instructions a
-#      warp (542 warp-instructions a head; 2432 and 608 before), 16 on 8 warps uncapped 1208 (604),
-#      32 on 8 uncapped 1912 (478, and 3 programs a chunk rather than 5), 8 on 4 uncapped 1528 (764).
+#   0. (Ran at d529156: 195 passed, results/gpu_tests_d529156.log.) The GPU suite, whole.
+#   1. (Ran at d529156: results/gpu_gla_sweep_d529156.json.) Forward rows with group-prep variants
+#      ("gh": DeltaShape.group_prep_heads; "pw"/"reg": its warps and register cap). Blocks of 32
+#      heads lost; 8 warps uncapped won 1-2 us and is planned since e3c6853.
+#   4. (Ran at d529156: results/gpu_gla_sweep_no_prefetch_d529156.json.) Step 1's planned rows with
+#      the load warp's L2 prefetch of the coef blocks off (RECURSCAN_SWEEP_COEF_PREFETCH=0), in a
+#      process of its own: the prefetch's A/B (the SSD B1 sweep 318 us with it, 330 without).
+#   Next, in one call (`... pending_gpu.sh 7 3 2 5 6`; they run in the file's order, the least
+#   needed last, so a call cut short loses the least):
+#   7. The forward rows as planned (no variants): the record at this commit.
+#   3. SSD's cold first forward + backward in a fresh process (target 10 s; 7.7 s at aa74b18), now
+#      with the warp-specialised dg and the reverse sweep's SSD_GRADS among its kernels.
 #   2. transformers' Mamba2 mixer trained for 50 steps with the backward as planned since 20319ea
 #      (the chunk states kept, x's and dt's gradients in the reverse sweep, the dg twin warp-
 #      specialised) against its torch path (benchmarks/results/train_mamba2_mixer.{json,png}).
-#   3. SSD's cold first forward + backward in a fresh process (target 10 s; 7.7 s at aa74b18), now
-#      with the warp-specialised dg and the reverse sweep's SSD_GRADS among its kernels.
-#   4. Step 1's planned rows with the load warp's L2 prefetch of the coef blocks off
-#      (RECURSCAN_SWEEP_COEF_PREFETCH=0), in a process of its own: the A/B of that prefetch.
-#   5. Forward + backward (SSD B1 / B4, simple GLA B4) with the coef prefetch on, then off in a
-#      process of its own: the warp-specialised reverse sweep's load warp prefetches them too.
+#   5. Forward + backward (SSD B1 / B4, simple GLA B4) with the coef prefetch on (the warp-
+#      specialised reverse sweep's load warp prefetches them too); after step 6, again with it off
+#      in a process of its own.
 #   6. transformers' Mamba2 forward (4 layers, B4 T2048) with recurscan's op against its torch
 #      path (target 3x; 62x at fa89d4d on the fused kernel), on the planned sweep.
-#   7. The forward rows as planned (no variants): the record at this commit.
-# Arguments: the steps to run (default: 0 1 4; then 7 3 2 5 6, run in the file's order), each set fits one 600 s call.
+# Arguments: the steps to run (default: 7 3 2 5 6), each set fits one 600 s call.
 set -u
-STEPS=${*:-0 1 4}
+STEPS=${*:-7 3 2 5 6}
 step() { [[ " $STEPS " == *" $1 "* ]]; }
 C=${RECURSCAN_COMMIT:-unknown}
 export RECURSCAN_COMMIT=$C
