@@ -244,10 +244,11 @@ PROBE_COMPILES = {
 @pytest.mark.parametrize("variable, value, kernel", [
     ("RECURSCAN_SWEEP_PROBE", "1", "forward"), ("RECURSCAN_SWEEP_PROBE", "2", "forward"),
     ("RECURSCAN_SWEEP_PROBE", "3", "forward"), ("RECURSCAN_REVERSE_PROBE", "1", "reverse"),
-    ("RECURSCAN_REVERSE_PROBE", "2", "reverse")])
+    ("RECURSCAN_REVERSE_PROBE", "2", "reverse"), ("RECURSCAN_SWEEP_COEF_PREFETCH", "0", "forward")])
 def test_the_timing_probes_compile_for_sm90(variable, value, kernel):
     """The warp-specialised forward sweep's and the reverse sweep's timing probes (the benchmarks'
-    --probe, each in a process of its own) compile without spills or shared-memory overflow."""
+    --probe, each in a process of its own), and the forward sweep without its coef prefetch (the
+    A/B's other side), compile without spills or shared-memory overflow."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update({"PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""), variable: value})
     run = subprocess.run([sys.executable, "-c", PROBE_COMPILES[kernel]], cwd=ROOT, env=env, capture_output=True,
@@ -257,7 +258,8 @@ def test_the_timing_probes_compile_for_sm90(variable, value, kernel):
 
 
 @pytest.mark.parametrize("variable, module", [("RECURSCAN_SWEEP_PROBE", "gla_sweep_specialized"),
-                                              ("RECURSCAN_REVERSE_PROBE", "gla_backward_sweep")])
+                                              ("RECURSCAN_REVERSE_PROBE", "gla_backward_sweep"),
+                                              ("RECURSCAN_SWEEP_COEF_PREFETCH", "gla_sweep_specialized")])
 def test_a_timing_probe_it_does_not_know_is_refused(variable, module):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **{variable: "7"})
     run = subprocess.run([sys.executable, "-c", f"import recurscan.kernels.gluon.{module}"], cwd=ROOT, env=env,
