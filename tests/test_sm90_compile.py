@@ -241,6 +241,24 @@ PROBE_COMPILES = {
 }
 
 
+@pytest.mark.parametrize("value, count", [("1", 1), ("0", 0)], ids=["prefetch on (default)", "prefetch off"])
+def test_the_warp_specialised_sweeps_prefetch_their_coef_blocks(value, count):
+    """COEF_PREFETCH (kernels/gluon/gla_sweep_specialized.py): the planned SSD forward sweep's and
+    the warp-specialised reverse sweep's load warps issue one bulk L2 prefetch a chunk (one in the
+    PTX, in the load warp's loop), and none with ``RECURSCAN_SWEEP_COEF_PREFETCH=0``."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update({"PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""), "RECURSCAN_SWEEP_COEF_PREFETCH": value})
+    describe = "lambda ck: f'{ck.name}: {ck.asm[\"ptx\"].count(\"cp.async.bulk.prefetch.L2\")}'"
+    run = subprocess.run([sys.executable, "-c", "from tests.helpers import sm90; from recurscan.plan import gla; "
+                          f"d = {describe}; print(sm90.compile_ssd_benchmark(gla.GLA_SWEEP_LAUNCH[0][1], describe=d)); "
+                          "print(sm90.compile_gla_backward('GDN dense, H = HV', on_sweep=True, group_prep=True, "
+                          "recompute_twin=True, reverse_specialized=True, describe=d))"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for kernel in ("gluon_gla_sweep_specialized_kernel", "gluon_gla_bwd_sweep_specialized_kernel"):
+        assert f"{kernel}: {count}" in run.stdout, run.stdout
+
+
 @pytest.mark.parametrize("variable, value, kernel", [
     ("RECURSCAN_SWEEP_PROBE", "1", "forward"), ("RECURSCAN_SWEEP_PROBE", "2", "forward"),
     ("RECURSCAN_SWEEP_PROBE", "3", "forward"), ("RECURSCAN_REVERSE_PROBE", "1", "reverse"),
