@@ -4,15 +4,16 @@
 # step has its own time limit so that one hang cannot take the others' results; $OUT receives the
 # files. Pass the commit explicitly: the device's copy may report an older HEAD.
 #
-#   0. (Ran at d529156: 195 passed, results/gpu_tests_d529156.log.) The GPU suite, whole.
+#   0. The GPU suite, whole (195 passed at d529156, results/gpu_tests_d529156.log; since then the
+#      SSD group-prep row's prep runs on 8 warps uncapped, the backward's recompute prep too).
 #   1. (Ran at d529156: results/gpu_gla_sweep_d529156.json.) Forward rows with group-prep variants
 #      ("gh": DeltaShape.group_prep_heads; "pw"/"reg": its warps and register cap). Blocks of 32
 #      heads lost; 8 warps uncapped won 1-2 us and is planned since e3c6853.
 #   4. (Ran at d529156: results/gpu_gla_sweep_no_prefetch_d529156.json.) Step 1's planned rows with
 #      the load warp's L2 prefetch of the coef blocks off (RECURSCAN_SWEEP_COEF_PREFETCH=0), in a
 #      process of its own: the prefetch's A/B (the SSD B1 sweep 318 us with it, 330 without).
-#   Next, in one call (`... pending_gpu.sh 7 3 2 5 6`; they run in the file's order, the least
-#   needed last, so a call cut short loses the least):
+#   Next, in two calls (`... pending_gpu.sh 0 7 3`, then `... 2 5 6`; steps run in the file's
+#   order, the least needed last, so a call cut short loses the least):
 #   7. The forward rows as planned: the record at this commit; one variant, simple GLA's group prep
 #      on 8 warps (5.5-5.6 us against 6.0 at 70e9ece, before the leaner prep); it runs on the SSD
 #      rows too, where forming the scores in the sweep lost at 70e9ece (not a form for them).
@@ -26,9 +27,9 @@
 #      in a process of its own.
 #   6. transformers' Mamba2 forward (4 layers, B4 T2048) with recurscan's op against its torch
 #      path (target 3x; 62x at fa89d4d on the fused kernel), on the planned sweep.
-# Arguments: the steps to run (default: 7 3 2 5 6), each set fits one 600 s call.
+# Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
-STEPS=${*:-7 3 2 5 6}
+STEPS=${*:-0 7 3}
 step() { [[ " $STEPS " == *" $1 "* ]]; }
 C=${RECURSCAN_COMMIT:-unknown}
 export RECURSCAN_COMMIT=$C
