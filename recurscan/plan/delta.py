@@ -40,7 +40,8 @@ class DeltaShape:
     # q/k tiles and Q K^T (a divisor of HV / H); the delta rule's prep takes one.
     prep_heads: int = 1
     # With group_prep: the most value heads a group prep program takes (a power of two, 2 to 64;
-    # launch.delta._group_prep_blocks): the [64, heads] tile of its gates.
+    # launch.delta._group_prep_blocks): the [64, heads] tile of its gates. 16: blocks of 32 were
+    # 3-5 us slower at SSD B1 and B4 (benchmarks/results/gpu_gla_sweep_d529156.json).
     group_prep_heads: int = 16
     # A decay per key: the keys the per-key prep takes a step of its loop over key blocks (0: all).
     prep_key_block: int = 0
