@@ -2,6 +2,8 @@
 kernels/delta/backward.py) under the interpreter, against the written-out reference
 (reference/delta_backward.py): every gradient against the float64 reference, bounded by what the
 same reference gets in float32."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -355,17 +357,18 @@ def test_the_planner_overlaps_or_checkpoints_the_recompute_where_the_reverse_swe
         plan_delta.sm_count = sms
 
 
-@pytest.mark.parametrize("case, sweep, dqdk", [
-    ("bf16 GDN K = V = 128", True, True), ("fp16, K = 64, V = 192", True, True), ("GVA", True, False),
-    ("GVA summed in the kernel", True, True), ("GVA of 8 summed in the kernel", True, False), ("V = 96", False, True),
-    ("V = 64", True, False), ("V = 80", False, False), ("GDP M = 2", False, False), ("float32", False, False),
-    ("K = 96", False, False), ('backend="triton"', False, False), ("no usable Gluon", False, False)])
-def test_the_planner_gives_backward_stages_to_their_gluon_twins_only_in_scope(monkeypatch, case, sweep, dqdk):
+@pytest.mark.parametrize("case, sweep, dqdk, scores", [
+    ("bf16 GDN K = V = 128", True, True, True), ("fp16, K = 64, V = 192", True, True, True), ("GVA", True, False, True),
+    ("GVA summed in the kernel", True, True, True), ("GVA of 8 summed in the kernel", True, False, True),
+    ("V = 96", False, True, False), ("V = 64", True, False, True), ("V = 80", False, False, False),
+    ("GDP M = 2", False, False, False), ("float32", False, False, False), ("K = 96", False, False, False),
+    ('backend="triton"', False, False, False), ("no usable Gluon", False, False, False)])
+def test_the_planner_gives_backward_stages_to_their_gluon_twins_only_in_scope(monkeypatch, case, sweep, dqdk, scores):
     """plan.delta.gluon_twins (the Gluon rules, docs/kernels-gluon.md), with the twins' rows on: each
     twin's scope (GDN, 16-bit inputs, K 64 or 128; the reverse sweep V a multiple of 64, then 64 value
     columns on one warpgroup; dq and dk one value head a q/k head, or a GVA group of at most 4 summed in the kernel, and V a multiple of 32, three steps
-    of 32 at least), a device where Gluon is usable, the caller not forcing the Triton kernels.
-    Elsewhere the shape as given."""
+    of 32 at least; the warp-specialised scores kernel V a multiple of 64), a device where Gluon is
+    usable, the caller not forcing the Triton kernels. Elsewhere the shape as given."""
     import dataclasses
     from recurscan.plan import delta as plan_delta
     monkeypatch.setattr(plan_delta, "gluon_usable", lambda device: case != "no usable Gluon")
@@ -380,10 +383,10 @@ def test_the_planner_gives_backward_stages_to_their_gluon_twins_only_in_scope(mo
                 device=torch.device("cuda"), twin_only=case == 'backend="triton"')
     given = plan_delta.DeltaBackwardShape(32, 8, 4, "test", group_in_kernel="summed in the kernel" in case)
     got = plan_delta.gluon_twins(given, **args)
-    assert (got.gluon_sweep, got.gluon_dqdk) == (sweep, dqdk)
+    assert (got.gluon_sweep, got.gluon_dqdk, got.gluon_scores) == (sweep, dqdk, scores)
     if sweep:
         assert (got.block_v, got.sweep_warps, got.sweep_stages) == (64, 4, 3)
-    if not (sweep or dqdk):
+    if not (sweep or dqdk or scores):
         assert got is given
 
 
@@ -411,7 +414,7 @@ def test_gluon_usable_is_false_off_hopper_and_under_the_interpreter():
 
 @pytest.mark.parametrize("what", ["sweep, M = 2", "sweep, float32", "sweep, block_v 32", "dq dk, M = 2",
                                   "dq dk, float32", "dq dk, GVA", "dq dk, GVA of 8 in the kernel", "dq dk, V = 48",
-                                  "dq dk, V = 64"])
+                                  "dq dk, V = 64", "scores, M = 2", "scores, float32", "scores, V = 48"])
 def test_a_gluon_twin_outside_its_scope_is_refused(what):
     """A hand-made DeltaBackwardShape asking for a Gluon twin where it cannot run: a ValueError naming
     the field, before anything is built or launched."""
@@ -425,7 +428,7 @@ def test_a_gluon_twin_outside_its_scope_is_refused(what):
     q, do = torch.zeros(1, T, H, K, dtype=dtype), torch.zeros(1, T, HV, V, dtype=dtype)
     k, v = torch.zeros(1, T * M, H, K, dtype=dtype), torch.zeros(1, T * M, HV, V, dtype=dtype)
     beta = torch.ones(1, T * M, HV, dtype=dtype)
-    field = "gluon_sweep" if what.startswith("sweep") else "gluon_dqdk"
+    field = {"sweep": "gluon_sweep", "dq dk": "gluon_dqdk", "scores": "gluon_scores"}[what.split(",")[0]]
     shape = DeltaBackwardShape(32 if "block_v 32" in what else 64, 4, 4, "test",
                                group_in_kernel="in the kernel" in what, **{field: True})
     with pytest.raises(ValueError, match=field):
@@ -598,7 +601,8 @@ def test_the_backward_starts_compiling_from_stand_ins_of_the_outputs(monkeypatch
 
 
 
-@pytest.mark.parametrize("misfit", ["q 2 bytes off 16-byte alignment", "dO in float32"])
+@pytest.mark.parametrize("misfit", ["q 2 bytes off 16-byte alignment", "v 2 bytes off 16-byte alignment",
+                                    "dO in float32"])
 def test_a_call_the_planned_gluon_twins_cannot_take_builds_the_triton_backward(monkeypatch, misfit):
     """Where the planner gives the backward's stages to their Gluon twins (here: as on the H200) and
     the call cannot take them (launch.delta_backward._gluon_takes), the launches are the Triton
@@ -610,13 +614,15 @@ def test_a_call_the_planned_gluon_twins_cannot_take_builds_the_triton_backward(m
     base = torch.randn(1 + 64 * 2 * 128, generator=gen).bfloat16()
     q = base[1:].view(1, 64, 2, 128) if misfit.startswith("q") else base[:-1].view(1, 64, 2, 128)
     k = torch.randn(1, 64, 2, 128, generator=gen).bfloat16()
-    v = torch.randn(1, 64, 2, 64, generator=gen).bfloat16()
+    v = torch.randn(1 + 64 * 2 * 64, generator=gen).bfloat16()
+    v = v[1:].view(1, 64, 2, 64) if misfit.startswith("v") else v[:-1].view(1, 64, 2, 64)
     do = torch.randn(1, 64, 2, 64, generator=gen, dtype=torch.float32 if "float32" in misfit else torch.bfloat16)
     g = -torch.rand(1, 64, 2, generator=gen)
     planned = plan_delta.gluon_twins(plan_delta.DeltaBackwardShape(64, 4, 4, "test"), householder=1, heads=2,
                                      value_heads=2, key_dim=128, value_dim=64, dtype=torch.bfloat16,
                                      device=torch.device("cpu"))
     assert planned.gluon_sweep  # the reverse sweep's twin, as planned on the H200
+    planned = dataclasses.replace(planned, gluon_scores=True)  # and the warp-specialised scores kernel
     launches, _ = delta_backward._backward_call(
         q, k, v, g, None, do, None, num_householder=1, scale=None, initial_state=None, use_qk_l2norm_in_kernel=False,
         cu_seqlens=None, chunk_indices=None, chunk_offsets=None, shape=None, backward_shape=planned,
@@ -632,9 +638,9 @@ def test_the_gluon_twins_are_refused_where_a_descriptor_row_passes_int32(key_dim
     the Triton kernels (at K = 64 the scratch's bound is the tighter)."""
     from recurscan.launch.delta_backward import _gluon_takes
     q = k = torch.zeros(1, 64, 1, key_dim, dtype=torch.bfloat16)
-    do = torch.zeros(1, 64, 1, 128, dtype=torch.bfloat16)
+    v = do = torch.zeros(1, 64, 1, 128, dtype=torch.bfloat16)
     heads = 64
     fits = (2 ** 31 - 1) // (heads * 128)  # chunk rows whose coordinates stay under 2^31 at 128 rows each
     for rows, ok in ((fits, True), (fits + 1, False)):
         chunk_indices = torch.zeros(1, 2, dtype=torch.int32).expand(rows, 2)  # no memory behind the rows
-        assert _gluon_takes(q, k, do, chunk_indices, heads) is ok, (rows, ok)
+        assert _gluon_takes(q, k, v, do, chunk_indices, heads) is ok, (rows, ok)

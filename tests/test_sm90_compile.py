@@ -55,6 +55,7 @@ def compile_offline(*argv):
 #: The Gluon twins' cases: each takes GDN (M = 1), GVA too.
 GLUON_CASES = {"Gluon reverse sweep": ("GDN dense, H = HV", "GDN varlen, GVA"),
                "Gluon dq and dk": ("GDN dense, H = HV", "GDN varlen, GVA"),
+               "Gluon scores": ("GDN dense, H = HV", "GDN varlen, GVA"),
                "Gluon forward sweep": ("GDN varlen, GVA",),
                "Gluon forward sweep, checkpoints": ("GDN dense, H = HV",)}
 
@@ -70,6 +71,19 @@ def test_every_backward_launch_compiles_for_sm90(case, shape):
         assert "gluon_sweep_kernel" in run.stdout and "chunk_delta_sweep_kernel" not in run.stdout, run.stdout
     if shape == "Gluon dq and dk":
         assert "gluon_bwd_dqdk_kernel" in run.stdout and "chunk_delta_bwd_dqdk_kernel" not in run.stdout, run.stdout
+    if shape == "Gluon scores":
+        assert "gluon_bwd_scores_specialized_kernel" in run.stdout, run.stdout
+        assert "chunk_delta_bwd_scores_kernel" not in run.stdout, run.stdout
+
+
+@pytest.mark.parametrize("case", GLUON_CASES["Gluon scores"])
+def test_the_gluon_scores_kernel_compiles_at_k64(case):
+    """The warp-specialised scores kernel holds its sums, Q K^T, K K^T and the gate tile within 240
+    registers a thread with two registers to spare at K = 128 (nvdisasm's live ranges): at K = V = 64
+    too, without spills."""
+    run = compile_offline(case, "Gluon scores", "64")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "gluon_bwd_scores_specialized_kernel" in run.stdout, run.stdout
 
 
 @pytest.mark.parametrize("family", ["gla", "gla-chunk-states", "gla-per-key", "gla-split", "ssd", "ssd-cache",

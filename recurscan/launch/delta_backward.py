@@ -52,6 +52,12 @@ NAMES = ("q", "k", "v", "g", "beta", "do", "dht", "cu_seqlens", "chunk_indices",
 #: Rows (token x q/k head) a program of the GVA group sum takes.
 GROUP_SUM_ROWS = 32
 
+#: Registers a thread under the warp-specialised scores launch's cap: its two scores warpgroups and
+#: the load warp launch as 12 warps (the load warp padded to its warpgroup), 384 threads x 168
+#: within the 64 K registers of an SM; setmaxnreg then moves them between the partitions
+#: (kernels/gluon/delta_backward_scores_specialized.py's SCORES_REGS and LOAD_REGS).
+SPECIALIZED_STAGE_MAXNREG = 168
+
 #: Signature -> :class:`DeltaBackwardLaunches`.
 BACKWARD_LAUNCHES = SignatureCache("delta backward")
 
@@ -170,9 +176,18 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
                   chunk_offsets=arg("chunk_offsets", varlen), T=T, n_seq=N, scale=scale,
                   H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BVg, IS_VARLEN=varlen, HAS_G=g is not None,
                   USE_L2NORM=use_qk_l2norm_in_kernel, DOT_PRECISION=dot_precision, DT=dt, M=M)
-    scores = Step(chunk_delta_bwd_scores_kernel, (chunks * HV,), dict(
-        shared, v=arg("v"), ks=arg("ks"), dbeta=arg("dbeta"), BV=BVs),
-        dict(num_warps=backward_shape.scores_warps or backward_shape.grads_warps))
+    scores_kwargs = dict(shared, v=arg("v"), ks=arg("ks"), dbeta=arg("dbeta"), BV=BVs)
+    if backward_shape.gluon_scores:  # warp-specialised in Gluon (kernels/gluon): persistent, one program an SM
+        if not _plan.gluon_scores_scope(householder=M, dtype=q.dtype, key_dim=K, value_dim=V):
+            raise ValueError("DeltaBackwardShape.gluon_scores: the Gluon scores kernel takes M = 1, 16-bit inputs, "
+                             f"K 64 or 128 and V a multiple of 64 (got M = {M}, {q.dtype}, K = {K}, V = {V})")
+        from ..kernels.gluon.delta_backward_scores_specialized import gluon_bwd_scores_specialized_kernel
+        scores = Step(gluon_bwd_scores_specialized_kernel, (max(1, min(chunks * HV, sm_count(q.device))),),
+                      dict(scores_kwargs, BV=64, n_chunks=chunks, NUM_STAGES=_plan.GLUON_SCORES_STAGES),
+                      dict(num_warps=4, maxnreg=SPECIALIZED_STAGE_MAXNREG))
+    else:
+        scores = Step(chunk_delta_bwd_scores_kernel, (chunks * HV,), scores_kwargs,
+                      dict(num_warps=backward_shape.scores_warps or backward_shape.grads_warps))
     dqdk = dict(shared, states=arg("states"), dstates=arg("dstates"), dq=arg("dq"), dk=arg("dk"), n_cs_rows=rows)
     if backward_shape.gluon_dqdk:  # its Gluon twin, dk and dq in one launch (kernels/gluon)
         stages = backward_shape.gluon_dqdk_stages
@@ -213,13 +228,13 @@ def _from_checkpoints(sweep, N: int, T: int, HV: int, V: int, every: int):
     return dataclasses.replace(sweep, grid=(N * segments * HV * NV,), kwargs=kwargs)
 
 
-def _gluon_takes(q, k, do, chunk_indices, value_heads: int) -> bool:
-    """What the Gluon twins need of a call beyond the planner's scope: q, k and dO
+def _gluon_takes(q, k, v, do, chunk_indices, value_heads: int) -> bool:
+    """What the Gluon twins need of a call beyond the planner's scope: q, k, v and dO
     16-byte aligned and of one dtype (their bulk copies read them from their base), and row
     coordinates within int32 in their descriptors over the chunk states (K rows a chunk and value
     head) and the scratch (2 BT rows a chunk and value head)."""
     rows = chunk_indices.shape[0] if chunk_indices is not None else q.shape[0] * triton.cdiv(q.shape[1], CHUNK_SIZE)
-    return all(x.data_ptr() % 16 == 0 and x.dtype == q.dtype for x in (q, k, do)) and \
+    return all(x.data_ptr() % 16 == 0 and x.dtype == q.dtype for x in (q, k, v, do)) and \
         rows * value_heads * max(q.shape[3], 2 * CHUNK_SIZE) < 2 ** 31
 
 
@@ -247,9 +262,10 @@ def _backward_call(q, k, v, g, beta, do, dht, *, num_householder, scale, initial
             backward_shape = _plan.gluon_twins(backward_shape, householder=num_householder, heads=q.shape[2],
                                                value_heads=v.shape[2], key_dim=q.shape[3], value_dim=v.shape[3],
                                                dtype=q.dtype, device=q.device, twin_only=not gluon)
-        if (backward_shape.gluon_sweep or backward_shape.gluon_dqdk) and \
-                not _gluon_takes(q, k, do, chunk_indices, v.shape[2]):
-            backward_shape = dataclasses.replace(backward_shape, gluon_sweep=False, gluon_dqdk=False)
+        if (backward_shape.gluon_sweep or backward_shape.gluon_dqdk or backward_shape.gluon_scores) and \
+                not _gluon_takes(q, k, v, do, chunk_indices, v.shape[2]):
+            backward_shape = dataclasses.replace(backward_shape, gluon_sweep=False, gluon_dqdk=False,
+                                                 gluon_scores=False)
         launches = BACKWARD_LAUNCHES.put(key, build_delta_backward(
             q, k, v, g, beta, do, dht, scale=scale, initial_state=initial_state,
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,

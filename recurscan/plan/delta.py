@@ -205,6 +205,10 @@ class DeltaBackwardShape:
     # memory, one program of eight warps an SM).
     gluon_dqdk: bool = False
     gluon_dqdk_stages: int = 3
+    # The scores kernel warp-specialised in Gluon (kernels/gluon/delta_backward_scores_specialized.py:
+    # two warpgroups taking items in turn, a load warp; GLUON_SCORES_STAGES stages of 64 value
+    # columns): :func:`gluon_twins` decides.
+    gluon_scores: bool = False
     # The recompute's sweep (no outputs; U and lam o K S stored) on the forward sweep's Gluon twin
     # where the forward's shape has it (DeltaShape.gluon_sweep); False: the Triton sweep, in the
     # Triton sweep's phases (launch.delta.PHASE_RATIO).
@@ -305,6 +309,11 @@ GLUON_BACKWARD_TWINS = {
                                      "682 us against the Triton kernel's two launches' 729 at B1 T16384 H16 HV32, "
                                      "the step 2.373 ms against 2.425 (gpu_delta_train_twins_8826c83.json; "
                                      "36 GPU tests passed: gpu_tests_delta_grad_8826c83.log)"),
+    "gluon_scores": GluonTwinRow(False, "the scores kernel warp-specialised "
+                                        "(kernels/gluon/delta_backward_scores_specialized.py): compiled for sm_90 "
+                                        "offline without spills, not yet run on a GPU; off until its GPU tests pass "
+                                        "and it is measured faster than the Triton kernel (0.214 ms at B4 T4096 "
+                                        "H=HV=16, 0.44 at B1 T16384 HV32: docs/kernels-delta-backward.md)"),
 }
 
 
@@ -348,6 +357,18 @@ def gluon_forward_sweep(shape: DeltaShape, *, householder: int, dtype: torch.dty
     return shape
 
 
+#: Tile stages of the warp-specialised scores kernel's ring (five [64, 64] tiles a stage, 40 KB in
+#: 16 bits; beside them each scores warpgroup's slot of q and k, 32 KB at K = 128).
+GLUON_SCORES_STAGES = 3
+
+
+def gluon_scores_scope(*, householder: int, dtype: torch.dtype, key_dim: int, value_dim: int) -> bool:
+    """What the warp-specialised scores kernel takes: GDN (M = 1), 16-bit inputs, K 64 or 128, V a
+    multiple of its 64 value columns."""
+    return householder == 1 and dtype in (torch.bfloat16, torch.float16) and key_dim in (64, 128) and \
+        value_dim % 64 == 0
+
+
 #: The largest GVA group dq and dk's Gluon twin sums (its value heads are unrolled in the program).
 GLUON_DQDK_GROUP = 4
 
@@ -384,6 +405,9 @@ def gluon_twins(shape: DeltaBackwardShape, *, householder: int, heads: int, valu
             gluon_dqdk_scope(householder=householder, heads=heads, value_heads=value_heads, dtype=dtype,
                              key_dim=key_dim, value_dim=value_dim, stages=shape.gluon_dqdk_stages):
         shape = replace(shape, gluon_dqdk=True)
+    if GLUON_BACKWARD_TWINS["gluon_scores"].on and gluon_scores_scope(householder=householder, dtype=dtype,
+                                                                       key_dim=key_dim, value_dim=value_dim):
+        shape = replace(shape, gluon_scores=True)
     return shape
 
 

@@ -321,10 +321,14 @@ def _twin_runs(x, args, **twin):
 
 def _assert_like_the_oracle(x, args, grads):
     from recurscan.reference.delta_backward import gated_delta_rule_chunked_backward
-    want = gated_delta_rule_chunked_backward(*(t.double() for t in x), initial_state=args["initial_state"].double(),
+    want = gated_delta_rule_chunked_backward(*(None if t is None else t.double() for t in x),
+                                             initial_state=args["initial_state"].double(),
                                              use_qk_l2norm_in_kernel=args["use_qk_l2norm_in_kernel"],
                                              cu_seqlens=args.get("cu_seqlens"))
     for name, a, b in zip(GRAD_NAMES, grads, want):
+        if b is None:  # no decay given: no dg
+            assert a is None, name
+            continue
         assert torch.isfinite(a).all(), name
         assert relative_rms(a.double(), b) < 1e-2, f"{name}: relative RMS {relative_rms(a.double(), b):.2e}"
 
@@ -368,8 +372,37 @@ def test_the_gluon_dq_dk_kernel_agrees_with_its_twin(B, T, H, HV, cu, l2norm):
     _assert_like_the_oracle(x, args, got[True])
 
 
+@pytest.mark.parametrize("B, T, H, HV, cu, l2norm, decay", [
+    (2, 4096, 16, 16, None, True, True), (3, 1000, 4, 4, None, True, True),
+    (1, 8192, 8, 8, [0, 1, 3000, 3064, 8192], True, True), (2, 1024, 4, 4, None, False, True),
+    (2, 1024, 4, 4, None, True, False), (2, 1000, 2, 8, None, True, True),
+    (1, 8192, 4, 8, [0, 1, 3000, 3064, 8192], True, True)],
+    ids=["B2 T4096 H=HV=16", "a partial last chunk", "varlen, a one-token sequence", "no l2norm", "no decay",
+         "GVA HV=4H, a partial last chunk", "GVA varlen, a one-token sequence"])
+def test_the_gluon_scores_kernel_agrees_with_its_twin(B, T, H, HV, cu, l2norm, decay):
+    """The scores kernel warp-specialised in Gluon (kernels/gluon/delta_backward_scores_specialized.py):
+    the same products as the Triton kernel (64 value columns a step against its 128), dg's [BT, BT]
+    part summed in another order (row and column sums of the strict tile), the rest as the Triton
+    kernel forms it. So dv and dh0 (other kernels) are the same bits, dbeta and dg agree to float32
+    rounding, dq and dk (from the score tiles, stored in bf16) to within one bf16 rounding; all
+    within the oracle's band of the float64 chunkwise reference."""
+    x, args = _twin_case(B, T, H, HV, cu, l2norm, seed=25)
+    if not decay:
+        x = x[:3] + (None,) + x[4:]
+    got = _twin_runs(x, args, gluon_scores=True)
+    bounds = dict(dq=2 ** -8, dk=2 ** -8, dg=1e-5, dbeta=1e-5, dv=0.0, dh0=0.0)
+    for name, a, b in zip(GRAD_NAMES, got[False], got[True]):
+        if a is None:
+            assert b is None, name
+            continue
+        err = relative_rms(b.double(), a.double())
+        assert err <= bounds[name], f"{name}: relative RMS {err:.2e} from the Triton twin's"
+    _assert_like_the_oracle(x, args, got[True])
+
+
+@pytest.mark.parametrize("scores", [False, True], ids=["Triton scores", "Gluon scores"])
 @pytest.mark.parametrize("H", [8, 4], ids=["H=HV", "GVA"])
-def test_non_finite_input_of_one_sequence_stays_in_it_through_the_gluon_twins(H):
+def test_non_finite_input_of_one_sequence_stays_in_it_through_the_gluon_twins(H, scores):
     """The Gluon twins' bulk copies read whole tensors, so a chunk's rows past its sequence's end
     hold the next sequence's values. With NaN in the middle sequence's v and dO, the other
     sequences' gradients (and dh0) are bit for bit those of the run with it finite."""
@@ -382,7 +415,7 @@ def test_non_finite_input_of_one_sequence_stays_in_it_through_the_gluon_twins(H)
     x, args = _twin_case(1, 2048, H, 8, cu, True, seed=24)
     shape = DeltaBackwardShape(64, 4, 4, "test", grads_block_v=32, scores_warps=4, scores_block_v=128,
                                group_in_kernel=True, dqdk_one_launch=True, sweep_stages=3, gluon_sweep=True,
-                               gluon_dqdk=True)
+                               gluon_dqdk=True, gluon_scores=scores)
     clean = chunk_delta_bwd(*x, backward_shape=shape, **args)
     q, k, v, g, beta, do, dht = (t.clone() for t in x)
     v[:, 100:1000] = float("nan")
@@ -427,7 +460,7 @@ def test_the_planner_gives_backward_stages_to_gluon_only_where_allowed(monkeypat
     monkeypatch.setattr(plan_delta, "GLUON_BACKWARD_TWINS", {
         name: dataclasses.replace(row, on=True) for name, row in plan_delta.GLUON_BACKWARD_TWINS.items()})
     planned, kinds, _ = step(None)
-    assert kinds == ["GluonJITFunction", "JITFunction", "GluonJITFunction"]
+    assert kinds == ["GluonJITFunction"] * 3  # the reverse sweep, the scores kernel, dq and dk
     forced, kinds, kernel = step("triton")
     assert kernel is chunk_delta_bwd_sweep_kernel and "GluonJITFunction" not in kinds
     for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta"), planned, forced):

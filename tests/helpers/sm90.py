@@ -4,6 +4,7 @@ TRITON_INTERPRET (tests/test_sm90_compile.py does): under the interpreter the ke
 compilable objects.
 
     python -m tests.helpers.sm90 "GDP M 2 varlen" split
+    python -m tests.helpers.sm90 "GDN dense, H = HV" "Gluon scores" 64   # K = V = 64
     python -m tests.helpers.sm90 gla "GDN varlen, GVA"
 """
 import dataclasses
@@ -36,6 +37,8 @@ SHAPES = {
                                               gluon_sweep=True, sweep_stages=3),
     "Gluon dq and dk": DeltaBackwardShape(64, 4, 4, "tests: dq and dk as their Gluon twin", grads_block_v=32,
                                           scores_warps=4, scores_block_v=128, group_in_kernel=True, gluon_dqdk=True),
+    "Gluon scores": DeltaBackwardShape(64, 4, 4, "tests: the scores kernel warp-specialised in Gluon", grads_block_v=32,
+                                       scores_warps=4, scores_block_v=128, group_in_kernel=True, gluon_scores=True),
     # The recompute as the forward sweep's Gluon twin (GLUON_FORWARD): from the sequence's start,
     # and from the forward's checkpoints (a second pass over segments of 4 chunks).
     "Gluon forward sweep": dataclasses.replace(DELTA_BACKWARD_LAUNCH[1][1], recompute_twin=True),
@@ -110,11 +113,12 @@ def compiled_line(step, names, values, describe=None) -> str:
     return f"{fn}: shared {compiled.metadata.shared} B" + (f"; {describe(compiled)}" if describe else "")
 
 
-def _delta_case(case: str):
+def _delta_case(case: str, key_dim: int = 128):
     """(M, cu_seqlens as a list or None, (q, k, v, g, beta, h0)) of a case of :data:`CASES`: zeros of
-    its shapes, bf16 inputs, K = V = 128, the expanded stream T M long."""
+    its shapes, bf16 inputs, K = V = ``key_dim``, the expanded stream T M long."""
     M, cu = CASES[case]
-    B, T, H, HV, K = (1, 1000, 2, 4, 128) if cu is not None else (2, 300, 2, 2, 128)
+    B, T, H, HV = (1, 1000, 2, 4) if cu is not None else (2, 300, 2, 2)
+    K = key_dim
     bf = dict(dtype=torch.bfloat16)
     N = B if cu is None else len(cu) - 1
     return M, cu, (torch.zeros(B, T, H, K, **bf), torch.zeros(B, T * M, H, K, **bf),
@@ -122,17 +126,17 @@ def _delta_case(case: str):
                    torch.zeros(N, HV, K, K))
 
 
-def compile_case(case: str, shape: str) -> list[str]:
+def compile_case(case: str, shape: str, key_dim: int = 128) -> list[str]:
     """One line per compiled kernel: its name and shared memory; raises where one does not compile
     or does not fit."""
-    return [compiled_line(step, names, values) for step, names, values in case_launches(case, shape)]
+    return [compiled_line(step, names, values) for step, names, values in case_launches(case, shape, key_dim)]
 
 
-def case_launches(case: str, shape: str) -> list:
+def case_launches(case: str, shape: str, key_dim: int = 128) -> list:
     """``(launch record, names, values)`` of every launch of the backward (its forward recompute
-    first) for a case of :data:`CASES` in the backward shape :data:`SHAPES` ``[shape]``: what
-    :func:`compile_for_sm90` takes."""
-    M, cu, (q, k, v, g, beta, h0) = _delta_case(case)
+    first) for a case of :data:`CASES` in the backward shape :data:`SHAPES` ``[shape]``, K = V =
+    ``key_dim``: what :func:`compile_for_sm90` takes."""
+    M, cu, (q, k, v, g, beta, h0) = _delta_case(case, key_dim)
     bf = dict(dtype=torch.bfloat16)
     B, T, HV, K = q.shape[0], q.shape[1], v.shape[2], q.shape[3]
     dht = torch.zeros(h0.shape)
@@ -535,7 +539,7 @@ def lines_for(argv: list[str]) -> list[str]:
         return compile_gla(argv[1], ssd=argv[0].startswith("ssd"), cache=argv[0] == "ssd-cache",
                            seq_idx=argv[0] in ("ssd-seq-idx", "ssd-split"), chunk_states=argv[0] == "gla-chunk-states",
                            per_key=argv[0] == "gla-per-key", split=argv[0].endswith("split"))
-    return compile_case(*argv[:2])
+    return compile_case(argv[0], argv[1], int(argv[2]) if len(argv) > 2 else 128)
 
 
 #: What starts each answer line of :func:`serve` (anything else a compile prints is not one).

@@ -10,6 +10,8 @@ measured faster) are in docs/kernels-gluon.md; whether this process may launch t
   (twin: ``kernels/delta/backward.py``'s ``chunk_delta_bwd_sweep_kernel``).
 - :mod:`.delta_backward_dqdk`: dq and dk of the delta rule's backward
   (twin: ``kernels/delta/backward.py``'s ``chunk_delta_bwd_dqdk_kernel``).
+- :mod:`.delta_backward_scores_specialized`: the delta rule's backward scores kernel,
+  warp-specialised (twin: ``kernels/delta/backward.py``'s ``chunk_delta_bwd_scores_kernel``).
 - :mod:`.gla_backward_sweep`: the GLA backward's reverse sweep on the group prep's scores
   (twin: ``kernels/gla/backward.py``'s ``chunk_simple_gla_bwd_sweep_kernel`` with GATE_SCORES).
 - :mod:`.gla_backward_dg`: the GLA backward's dg launch of a group of value heads

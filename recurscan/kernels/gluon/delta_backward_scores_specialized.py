@@ -1,0 +1,283 @@
+"""The delta rule's backward, the parallel stage's [BT, BT] side (the scores kernel) in Gluon,
+warp-specialised: the Triton twin is
+:func:`recurscan.kernels.delta.backward.chunk_delta_bwd_scores_kernel` (same arguments, plus
+``n_chunks`` and NUM_STAGES), which has the algebra. GPU only (sm_90).
+
+Persistent programs (one an SM) take the twin's items (chunk, value head) ``pid, pid + programs,
+...`` on three partitions:
+
+1. two **scores** warpgroups (the default partition and a worker), item m to warpgroup m % 2:
+   each sums dO U^T and dY U^T ([BT, BT]) and the rows' dY . V and dY . (lam o K S) over the
+   value steps, then runs the item's epilogue (q and k normalised, Q K^T and K K^T, the gate tile,
+   dbeta, dg, the two score tiles stored);
+2. the **loads** (one warp): each step's tiles (dO, dY, U, V, lam o K S, [BT, BV] each) into a
+   ring of NUM_STAGES stages in the items' order, each stage freed by the warpgroup that read it;
+   each item's q and k into its warpgroup's slot, after the item's first NUM_STAGES steps.
+
+So one item's epilogue runs beside the other warpgroup's value loop, where the twin's programs
+(two or three an SM, each holding an SM's share of registers) overlap only as the scheduler
+interleaves them.
+
+What differs from the twin's arithmetic:
+
+- the copies read whole tensors, so a chunk's rows past its sequence's end hold the next
+  sequence's values (the twin's masks read zeros): the sums' rows and columns there, and q's and
+  k's rows, are selected out before use (so a NaN in another sequence stays out);
+- dg's [BT, BT] part is the reverse cumulative sum of the strict tile's row sums less its column
+  sums (sum_{i >= m} sum_{j < m} dSeg_ij), with beta o dY . (lam o K S) in the same sum, where the
+  twin sums each row of the tile's reverse cumulative sum; the reductions' order follows the
+  layout. dg agrees with the twin's to float32 rounding; the score tiles, dbeta and bdyks are
+  formed as the twin forms them (the GPU test, tests/gpu/test_delta_grad_gpu.py).
+
+Scope (``plan.delta.gluon_scores_scope``): M = 1, 16-bit inputs, K 64 or 128, V a multiple of
+BV = 64; dense or varlen.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from .delta_backward_dqdk import _chunk_place, _plus, _segment_gates
+
+#: Registers a thread of the worker scores warpgroup and of the load warp (setmaxnreg); the default
+#: scores warpgroup takes what the launch's cap leaves (launch.delta_backward's
+#: SPECIALIZED_STAGE_MAXNREG: 168 a thread over three warpgroups, so 3 x 168 - 240 - 24 = 240).
+SCORES_REGS = gl.constexpr(240)
+LOAD_REGS = gl.constexpr(24)
+
+
+@gluon.jit
+def _item(it, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, HV: gl.constexpr, BT: gl.constexpr,
+          IS_VARLEN: gl.constexpr):
+    """Item ``it`` = (chunk it // HV, value head it % HV): (valid, eos, r0) of the chunk
+    (:func:`.delta_backward_dqdk._chunk_place`; the chunk-state row is not read here)."""
+    valid, eos, r0, _ = _chunk_place(it // HV, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, 1, BT, IS_VARLEN)
+    return valid, eos, r0
+
+
+@gluon.jit
+def _normalise_in_place(x_s, m_r, layout: gl.constexpr, USE_L2NORM: gl.constexpr):
+    """The raw [BT, K] rows in ``x_s`` replaced by the twin's product operand: each row over its L2
+    norm (USE_L2NORM) in float32, rows past the sequence's end (``m_r`` False) zero, in x_s's dtype."""
+    x = gl.where(m_r[:, None], x_s.load(layout).to(gl.float32), 0.0)
+    if USE_L2NORM:
+        x = x * gl.rsqrt(gl.sum(x * x, axis=1) + 1e-6)[:, None]
+    x_s.store(x.to(x_s.dtype))
+
+
+@gluon.jit
+def _scores(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
+            BV: gl.constexpr, IS_VARLEN: gl.constexpr, HAS_G: gl.constexpr, USE_L2NORM: gl.constexpr,
+            DT: gl.constexpr, NUM_STAGES: gl.constexpr, PART: gl.constexpr):
+    """A scores warpgroup: the program's items m = PART, PART + 2, ..., each as the twin computes
+    it, its tiles waited for rather than loaded."""
+    (do_s, dy_s, u_s, v_s, ks_s, q_slots, k_slots, ready, empty, once_ready, once_empty, do_desc, dy_desc, u_desc,
+     v_desc, ks_desc, q_desc, k_desc, g, beta, dg, dbeta, bdyks, scratch, cu_seqlens, chunk_indices, chunk_offsets,
+     T, n_seq, scale, pid, programs, n_mine) = p
+    NV: gl.constexpr = V // BV
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+    along_i: gl.constexpr = gl.SliceLayout(1, mma)  # a tile's rows
+    along_j: gl.constexpr = gl.SliceLayout(0, mma)  # its columns
+    blk: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])  # [BT, BV] tiles for the row sums
+    rows_qk: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])  # [BT, K] rows to normalise
+    line: gl.constexpr = gl.BlockedLayout([2], [32], [4], [0])  # a [BT] vector, whole in every warp, for the scans
+    out: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])  # 16-byte stores of a [BT, BT] tile
+    q_s = q_slots.index(PART)
+    k_s = k_slots.index(PART)
+    o_i = gl.arange(0, BT, layout=along_i)
+    o_j = gl.arange(0, BT, layout=along_j)
+    o_l = gl.arange(0, BT, layout=line)
+    causal = o_i[:, None] >= o_j[None, :]
+    strict = o_i[:, None] > o_j[None, :]
+    zero = gl.zeros([BT, BT], gl.float32, layout=mma)
+    for m in range(PART, n_mine, 2):
+        i = m // 2  # this warpgroup's item count: the phase of its slot's barrier
+        it = pid + m * programs
+        i_hv = it % HV
+        valid, eos, r0 = _item(it, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, HV, BT, IS_VARLEN)
+        m_i = r0 + o_i.to(gl.int64) < eos
+        m_j = r0 + o_j.to(gl.int64) < eos
+        rows_l = r0 + o_l.to(gl.int64)
+        m_l = rows_l < eos
+        m_b = gl.convert_layout(m_l, gl.SliceLayout(1, blk))
+
+        # q and k normalised in place, before the sums are live.
+        mbarrier.wait(once_ready.index(PART), i & 1)
+        m_q = gl.convert_layout(m_l, gl.SliceLayout(1, rows_qk))
+        _normalise_in_place(q_s, m_q, rows_qk, USE_L2NORM)
+        _normalise_in_place(k_s, m_q, rows_qk, USE_L2NORM)
+        fence_async_shared()
+        gl.thread_barrier()
+
+        # dO U^T and dY U^T over the value columns; dY . V and dY . (lam o K S) beside them.
+        dOU = zero
+        dYU = zero
+        dyv = gl.zeros([BT], gl.float32, layout=gl.SliceLayout(1, blk))
+        dyks = gl.zeros([BT], gl.float32, layout=gl.SliceLayout(1, blk))
+        for j in range(NV):
+            step = m * NV + j
+            s = step % NUM_STAGES
+            mbarrier.wait(ready.index(s), (step // NUM_STAGES) & 1)
+            Ut = u_s.index(s).permute((1, 0))
+            dOU = warpgroup_mma(do_s.index(s), Ut, dOU, is_async=True)
+            dYU = warpgroup_mma(dy_s.index(s), Ut, dYU, is_async=True)
+            b_dy = dy_s.index(s).load(blk).to(gl.float32)
+            dyv += gl.sum(b_dy * v_s.index(s).load(blk).to(gl.float32), axis=1)
+            dyks += gl.sum(b_dy * ks_s.index(s).load(blk).to(gl.float32), axis=1)
+            dOU, dYU = warpgroup_mma_wait(num_outstanding=0, deps=(dOU, dYU))
+            gl.thread_barrier()  # every warp has read stage s
+            mbarrier.arrive(empty.index(s), count=1)
+
+        # Q K^T and K K^T.
+        QK = warpgroup_mma(q_s, k_s.permute((1, 0)), zero, use_acc=False, is_async=True)
+        KK = warpgroup_mma(k_s, k_s.permute((1, 0)), zero, use_acc=False, is_async=True)
+
+        # Beside the products: the gates and beta.
+        if HAS_G:
+            b_g = gl.load(g + rows_l * HV + i_hv, mask=m_l, other=0.0).to(gl.float32) * 1.4426950408889634
+        else:
+            b_g = gl.zeros([BT], gl.float32, layout=line)
+        gc, seg, lam, gam = _segment_gates(b_g, o_l, BT)
+        gc_i = gl.convert_layout(gc, along_i)[:, None]
+        gc_j = gl.convert_layout(gc, along_j)[None, :]
+        seg_i = gl.convert_layout(seg, along_i)[:, None]
+        seg_j = gl.convert_layout(seg, along_j)[None, :]
+        b_beta = gl.load(beta + rows_l * HV + i_hv, mask=m_l, other=0.0).to(gl.float32)
+        beta_i = gl.convert_layout(b_beta, along_i)
+        causal_in = causal & m_i[:, None] & m_j[None, :]  # rows and columns of the sequence
+        G = gl.where(causal_in & (seg_i == seg_j), gl.exp2(gc_i - gc_j), 0.0)
+
+        QK, KK = warpgroup_mma_wait(num_outstanding=0, deps=(QK, KK))
+        gl.thread_barrier()  # every product has read the slot's q and k
+        mbarrier.arrive(once_empty.index(PART), count=1)
+
+        dscores = gl.where(causal_in, scale * dOU, 0.0)
+        A = gl.where(strict, KK * G, 0.0)
+        dsys = gl.where(strict & causal_in, -dYU, 0.0)
+        dyv = gl.where(m_b, dyv, 0.0)
+        dyks = gl.where(m_b, dyks, 0.0)
+        d_beta = (gl.convert_layout(gl.sum(dsys * A, axis=1), line) + gl.convert_layout(dyv, line)) - \
+            gl.convert_layout(dyks, line)
+        dA = beta_i[:, None] * dsys
+        dSeg = gl.where(causal, (dscores * QK + dA * KK) * G, 0.0)
+        b_bdyks = b_beta * gl.convert_layout(dyks, line)
+        # sum_{i >= m} sum_{j < m} dSeg_ij: the reverse cumulative sum of each row's strict sum
+        # less each column's.
+        b_strict = gl.where(strict, dSeg, 0.0)
+        r = gl.convert_layout(gl.sum(b_strict, axis=1), line) - gl.convert_layout(gl.sum(b_strict, axis=0), line)
+        d_g = gl.associative_scan(r - b_bdyks, 0, _plus, reverse=True)
+
+        o_r = gl.arange(0, BT, layout=gl.SliceLayout(1, out))
+        o_c = gl.arange(0, BT, layout=gl.SliceLayout(0, out))
+        # the twin's tile (i_c HV + i_hv) of the scratch: the item's own number
+        p_scr = scratch + it.to(gl.int64) * (2 * BT * BT) + (o_r * BT)[:, None] + o_c[None, :]
+        gl.store(p_scr, gl.convert_layout((dscores * G).to(DT), out), mask=valid)
+        gl.store(p_scr + BT * BT, gl.convert_layout((dA * G).to(DT), out), mask=valid)
+        m_st = m_l & valid
+        gl.store(dbeta + rows_l * HV + i_hv, d_beta, mask=m_st)
+        gl.store(bdyks + rows_l * HV + i_hv, b_bdyks, mask=m_st)
+        if HAS_G:
+            gl.store(dg + rows_l * HV + i_hv, d_g, mask=m_st)
+
+
+@gluon.jit
+def _loads(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
+           BV: gl.constexpr, IS_VARLEN: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """The load warp: the program's steps in order, a stage once the warpgroup that read it freed
+    it; an item's q and k once its warpgroup freed its slot (two items back), after the item's
+    first NUM_STAGES steps (so the other warpgroup's steps are never held up behind that wait)."""
+    (do_s, dy_s, u_s, v_s, ks_s, q_slots, k_slots, ready, empty, once_ready, once_empty, do_desc, dy_desc, u_desc,
+     v_desc, ks_desc, q_desc, k_desc, g, beta, dg, dbeta, bdyks, scratch, cu_seqlens, chunk_indices, chunk_offsets,
+     T, n_seq, scale, pid, programs, n_mine) = p
+    NV: gl.constexpr = V // BV
+    ONCE_AT: gl.constexpr = (NUM_STAGES if NUM_STAGES < NV else NV) - 1
+    nbytes: gl.constexpr = 5 * do_desc.block_type.nbytes
+    for m in range(n_mine):
+        b = m % 2  # the item's warpgroup, and its slot
+        it = pid + m * programs
+        i_hv = it % HV
+        valid, eos, r0 = _item(it, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, HV, BT, IS_VARLEN)
+        r = r0.to(gl.int32)
+        for j in range(NV):
+            step = m * NV + j
+            s = step % NUM_STAGES
+            mbarrier.wait(empty.index(s), ((step // NUM_STAGES) & 1) ^ 1)
+            bar = ready.index(s)
+            mbarrier.expect(bar, nbytes)
+            c = i_hv * V + j * BV
+            tma.async_copy_global_to_shared(do_desc, [r, c], bar, do_s.index(s))
+            tma.async_copy_global_to_shared(dy_desc, [r, c], bar, dy_s.index(s))
+            tma.async_copy_global_to_shared(u_desc, [r, c], bar, u_s.index(s))
+            tma.async_copy_global_to_shared(v_desc, [r, c], bar, v_s.index(s))
+            tma.async_copy_global_to_shared(ks_desc, [r, c], bar, ks_s.index(s))
+            if j == ONCE_AT:
+                mbarrier.wait(once_empty.index(b), ((m // 2) & 1) ^ 1)
+                once = once_ready.index(b)
+                mbarrier.expect(once, 2 * q_desc.block_type.nbytes)
+                i_h = i_hv // (HV // H)
+                tma.async_copy_global_to_shared(q_desc, [r, i_h * K], once, q_slots.index(b))
+                tma.async_copy_global_to_shared(k_desc, [r, i_h * K], once, k_slots.index(b))
+
+
+@gluon.jit(do_not_specialize=["T", "n_seq", "n_chunks"])
+def gluon_bwd_scores_specialized_kernel(
+    q, k, v, g, beta, do, dy, u, ks, dg, dbeta, bdyks, scratch,
+    cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, scale, n_chunks,
+    H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr,
+    BV: gl.constexpr, IS_VARLEN: gl.constexpr, HAS_G: gl.constexpr, USE_L2NORM: gl.constexpr,
+    DOT_PRECISION: gl.constexpr, DT: gl.constexpr, M: gl.constexpr = 1, NUM_STAGES: gl.constexpr = 3,
+):
+    """The twin's arguments (BK, DOT_PRECISION and M its: K wide tiles, 16-bit products, M = 1) and
+    ``n_chunks``, the twin's grid's chunks (its grid is n_chunks x HV); persistent programs over
+    its items. Launched on four warps (the default scores warpgroup; the worker scores warpgroup
+    and the load warp are the partitions') with ``maxnreg`` for the three warpgroups' registers
+    (launch.delta_backward)."""
+    gl.static_assert(M == 1, "GDN only (M = 1)")
+    gl.static_assert(BT == 64, "chunks of 64 rows")
+    gl.static_assert(V % BV == 0, "V a multiple of BV")
+    pid = gl.program_id(0)
+    programs = gl.num_programs(0)
+    n_items = n_chunks * HV
+    n_mine = (n_items - pid + programs - 1) // programs  # this program's items
+
+    l_tv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], DT)
+    l_qk: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, K], DT)
+    rows_all = T if IS_VARLEN else n_seq * T  # over whole tensors: the dense batch's rows, or the packed ones
+    do_desc = tma.make_tensor_descriptor(do, [rows_all, HV * V], [HV * V, 1], [BT, BV], l_tv)
+    dy_desc = tma.make_tensor_descriptor(dy, [rows_all, HV * V], [HV * V, 1], [BT, BV], l_tv)
+    u_desc = tma.make_tensor_descriptor(u, [rows_all, HV * V], [HV * V, 1], [BT, BV], l_tv)
+    v_desc = tma.make_tensor_descriptor(v, [rows_all, HV * V], [HV * V, 1], [BT, BV], l_tv)
+    ks_desc = tma.make_tensor_descriptor(ks, [rows_all, HV * V], [HV * V, 1], [BT, BV], l_tv)
+    q_desc = tma.make_tensor_descriptor(q, [rows_all, H * K], [H * K, 1], [BT, K], l_qk)
+    k_desc = tma.make_tensor_descriptor(k, [rows_all, H * K], [H * K, 1], [BT, K], l_qk)
+    do_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], l_tv)
+    dy_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], l_tv)
+    u_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], l_tv)
+    v_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], l_tv)
+    ks_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], l_tv)
+    q_slots = gl.allocate_shared_memory(DT, [2, BT, K], l_qk)  # a slot a scores warpgroup
+    k_slots = gl.allocate_shared_memory(DT, [2, BT, K], l_qk)
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    once_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    once_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(once_ready.index(i), count=1)
+        mbarrier.init(once_empty.index(i), count=1)
+    fence_async_shared()
+
+    p = (do_s, dy_s, u_s, v_s, ks_s, q_slots, k_slots, ready, empty, once_ready, once_empty, do_desc, dy_desc, u_desc,
+         v_desc, ks_desc, q_desc, k_desc, g, beta, dg, dbeta, bdyks, scratch, cu_seqlens, chunk_indices,
+         chunk_offsets, T, n_seq, scale, pid, programs, n_mine)
+    # Each partition's arguments written out in the call: a tuple named first would carry the
+    # constexprs as values (Triton 3.6).
+    gl.warp_specialize([
+        (_scores, (p, H, HV, K, V, BT, BV, IS_VARLEN, HAS_G, USE_L2NORM, DT, NUM_STAGES, 0)),
+        (_scores, (p, H, HV, K, V, BT, BV, IS_VARLEN, HAS_G, USE_L2NORM, DT, NUM_STAGES, 1)),
+        (_loads, (p, H, HV, K, V, BT, BV, IS_VARLEN, NUM_STAGES)),
+    ], [4, 1], [SCORES_REGS, LOAD_REGS])
