@@ -40,6 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .delta_backward_dqdk import _chunk_place, _plus, _segment_gates
+from .gla_sweep_specialized import _handover_barriers
 
 #: Registers a thread of the worker scores warpgroup and of the load warp (setmaxnreg); the default
 #: scores warpgroup takes what the launch's cap leaves (launch.delta_backward's
@@ -259,17 +260,8 @@ def gluon_bwd_scores_specialized_kernel(
     ks_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], l_tv)
     q_slots = gl.allocate_shared_memory(DT, [2, BT, K], l_qk)  # a slot a scores warpgroup
     k_slots = gl.allocate_shared_memory(DT, [2, BT, K], l_qk)
-    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    once_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    once_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    for i in gl.static_range(2):
-        mbarrier.init(once_ready.index(i), count=1)
-        mbarrier.init(once_empty.index(i), count=1)
-    fence_async_shared()
+    # a stage freed by the warpgroup that read it; a slot by its warpgroup
+    ready, empty, once_ready, once_empty = _handover_barriers(NUM_STAGES, STAGE_READERS=1, HANDED_READERS=1)
 
     p = (do_s, dy_s, u_s, v_s, ks_s, q_slots, k_slots, ready, empty, once_ready, once_empty, do_desc, dy_desc, u_desc,
          v_desc, ks_desc, q_desc, k_desc, g, beta, dg, dbeta, bdyks, scratch, cu_seqlens, chunk_indices,
