@@ -27,10 +27,12 @@
 #      in a process of its own.
 #   6. transformers' Mamba2 forward (4 layers, B4 T2048) with recurscan's op against its torch
 #      path (target 3x; 62x at fa89d4d on the fused kernel), on the planned sweep.
-#   8. Issue 19: the delta rule's scores kernel warp-specialised in Gluon (off in the planner until
-#      measured): its GPU tests, then GDN forward + backward at B4 T4096 and B1 T16384 HV32 with the
-#      planned twins, and with the scores kernel's added (GPU time by kernel: the Triton scores
-#      kernel took 0.214 / 0.44 ms at 25cdd4a). A call of its own (`... pending_gpu.sh 8`).
+#   8. Issue 19: the delta rule's scores kernel and dq/dk warp-specialised in Gluon (both off in the
+#      planner until measured): their GPU tests, then GDN forward + backward at B4 T4096 and B1
+#      T16384 HV32 as planned, with the scores kernel's form, with dq/dk's (H = HV only: B4), and
+#      with both (GPU time by kernel: at 25cdd4a the Triton scores kernel took 0.214 / 0.44 ms, the
+#      dq/dk twin 0.353 / 0.69). A call of its own (`... pending_gpu.sh 8`; then `... 9`, B1 with the
+#      scores kernel's form: its dq/dk sum a GVA group, which the warp-specialised form does not take).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -56,9 +58,14 @@ step 6 && timeout 90 env PYTHONPATH=$PWD python benchmarks/gpu_transformers_mamb
     --out "$OUT/gpu_transformers_mamba2_$C.json" 2>&1 | tail -4
 step 5 && timeout 100 env RECURSCAN_SWEEP_COEF_PREFETCH=0 $RUN --train-only \
     --out "$OUT/gpu_gla_train_no_prefetch_$C.json" 2>&1 | grep -v Warning | grep -E " ms" | head -20
-step 8 && { timeout 200 python -m pytest -m gpu tests/gpu/test_delta_grad_gpu.py -k "scores or planner or non_finite" \
+step 8 && { timeout 240 python -m pytest -m gpu tests/gpu/test_delta_grad_gpu.py \
+    -k "scores or warp_specialised or planner or non_finite" \
     -p no:cacheprovider -q > "$OUT/gpu_tests_scores_$C.log" 2>&1; echo "scores tests rc=$?"; tail -5 "$OUT/gpu_tests_scores_$C.log"; }
-step 8 && timeout 300 env PYTHONPATH=$PWD:/tmp/site python benchmarks/gpu_delta_train.py --impl recurscan --profile \
-    --workload gdn_b4_t4096_h16 --workload gdn_b1_t16384_h16_hv32 --gluon gluon_sweep+gluon_dqdk+forward_sweep \
-    --gluon gluon_sweep+gluon_dqdk+gluon_scores+forward_sweep --out "$OUT/gpu_delta_train_scores_$C.json" 2>&1 \
-    | grep -v Warning | tail -40
+TWINS=gluon_sweep+gluon_dqdk+forward_sweep
+step 8 && timeout 320 env PYTHONPATH=$PWD:/tmp/site python benchmarks/gpu_delta_train.py --impl recurscan --profile \
+    --workload gdn_b4_t4096_h16 --gluon $TWINS+gluon_scores --gluon $TWINS+gluon_dqdk_specialized \
+    --gluon $TWINS+gluon_dqdk_specialized+gluon_scores --out "$OUT/gpu_delta_train_specialised_b4_$C.json" 2>&1 \
+    | grep -v Warning | tail -30
+step 9 && timeout 300 env PYTHONPATH=$PWD:/tmp/site python benchmarks/gpu_delta_train.py --impl recurscan --profile \
+    --workload gdn_b1_t16384_h16_hv32 --gluon $TWINS+gluon_scores \
+    --out "$OUT/gpu_delta_train_specialised_b1_$C.json" 2>&1 | grep -v Warning | tail -30

@@ -384,6 +384,7 @@ def test_the_planner_gives_backward_stages_to_their_gluon_twins_only_in_scope(mo
     given = plan_delta.DeltaBackwardShape(32, 8, 4, "test", group_in_kernel="summed in the kernel" in case)
     got = plan_delta.gluon_twins(given, **args)
     assert (got.gluon_sweep, got.gluon_dqdk, got.gluon_scores) == (sweep, dqdk, scores)
+    assert got.gluon_dqdk_specialized == (dqdk and args["heads"] == args["value_heads"])  # its form for H = HV
     if sweep:
         assert (got.block_v, got.sweep_warps, got.sweep_stages) == (64, 4, 3)
     if not (sweep or dqdk or scores):
@@ -392,7 +393,8 @@ def test_the_planner_gives_backward_stages_to_their_gluon_twins_only_in_scope(mo
 
 def test_each_gluon_twin_is_planned_only_where_its_row_is_on(monkeypatch):
     """A twin whose GLUON_BACKWARD_TWINS row is off (not measured faster) is not planned, whatever
-    the others' rows say."""
+    the others' rows say; dq and dk's warp-specialised form is a form of their twin, so it goes
+    with it."""
     import dataclasses
     from recurscan.plan import delta as plan_delta
     monkeypatch.setattr(plan_delta, "gluon_usable", lambda device: True)
@@ -402,8 +404,10 @@ def test_each_gluon_twin_is_planned_only_where_its_row_is_on(monkeypatch):
         monkeypatch.setattr(plan_delta, "GLUON_BACKWARD_TWINS", {
             name: dataclasses.replace(row, on=name != off) for name, row in plan_delta.GLUON_BACKWARD_TWINS.items()})
         got = plan_delta.gluon_twins(plan_delta.DeltaBackwardShape(32, 8, 4, "test"), **args)
-        assert {n: getattr(got, n) for n in plan_delta.GLUON_BACKWARD_TWINS} == \
-            {n: n != off for n in plan_delta.GLUON_BACKWARD_TWINS}
+        want = {n: n != off for n in plan_delta.GLUON_BACKWARD_TWINS}
+        if off == "gluon_dqdk":
+            want["gluon_dqdk_specialized"] = False
+        assert {n: getattr(got, n) for n in plan_delta.GLUON_BACKWARD_TWINS} == want
 
 
 def test_gluon_usable_is_false_off_hopper_and_under_the_interpreter():

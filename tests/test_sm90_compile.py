@@ -56,6 +56,7 @@ def compile_offline(*argv):
 GLUON_CASES = {"Gluon reverse sweep": ("GDN dense, H = HV", "GDN varlen, GVA"),
                "Gluon dq and dk": ("GDN dense, H = HV", "GDN varlen, GVA"),
                "Gluon scores": ("GDN dense, H = HV", "GDN varlen, GVA"),
+               "Gluon dq and dk, warp-specialised": ("GDN dense, H = HV",),
                "Gluon forward sweep": ("GDN varlen, GVA",),
                "Gluon forward sweep, checkpoints": ("GDN dense, H = HV",)}
 
@@ -71,6 +72,8 @@ def test_every_backward_launch_compiles_for_sm90(case, shape):
         assert "gluon_sweep_kernel" in run.stdout and "chunk_delta_sweep_kernel" not in run.stdout, run.stdout
     if shape == "Gluon dq and dk":
         assert "gluon_bwd_dqdk_kernel" in run.stdout and "chunk_delta_bwd_dqdk_kernel" not in run.stdout, run.stdout
+    if shape == "Gluon dq and dk, warp-specialised":
+        assert "gluon_bwd_dqdk_specialized_kernel" in run.stdout, run.stdout
     if shape == "Gluon scores":
         assert "gluon_bwd_scores_specialized_kernel" in run.stdout, run.stdout
         assert "chunk_delta_bwd_scores_kernel" not in run.stdout, run.stdout
@@ -84,6 +87,16 @@ def test_the_gluon_scores_kernel_compiles_at_k64(case):
     run = compile_offline(case, "Gluon scores", "64")
     assert run.returncode == 0, run.stderr[-3000:]
     assert "gluon_bwd_scores_specialized_kernel" in run.stdout, run.stdout
+
+
+@pytest.mark.parametrize("case, dims", [("GDN varlen, H = HV", ()), ("GDN dense, H = HV", ("64", "128"))],
+                         ids=["varlen", "K 64"])
+def test_the_warp_specialised_dq_dk_kernel_compiles_varlen_and_at_k64(case, dims):
+    """dq and dk's warp-specialised kernel (one value head a q/k head) on a varlen batch, and at K =
+    64 (V = 128: the twin's scope wants three 32-column steps), without spills."""
+    run = compile_offline(case, "Gluon dq and dk, warp-specialised", *dims)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "gluon_bwd_dqdk_specialized_kernel" in run.stdout, run.stdout
 
 
 @pytest.mark.parametrize("family", ["gla", "gla-chunk-states", "gla-per-key", "gla-split", "ssd", "ssd-cache",

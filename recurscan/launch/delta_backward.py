@@ -52,10 +52,10 @@ NAMES = ("q", "k", "v", "g", "beta", "do", "dht", "cu_seqlens", "chunk_indices",
 #: Rows (token x q/k head) a program of the GVA group sum takes.
 GROUP_SUM_ROWS = 32
 
-#: Registers a thread under the warp-specialised scores launch's cap: its two scores warpgroups and
-#: the load warp launch as 12 warps (the load warp padded to its warpgroup), 384 threads x 168
-#: within the 64 K registers of an SM; setmaxnreg then moves them between the partitions
-#: (kernels/gluon/delta_backward_scores_specialized.py's SCORES_REGS and LOAD_REGS).
+#: Registers a thread under the warp-specialised stages' launch cap (the scores kernel's, dq and
+#: dk's): two warpgroups and a load warp launch as 12 warps (the load warp padded to its
+#: warpgroup), 384 threads x 168 within the 64 K registers of an SM; setmaxnreg then moves them
+#: between the partitions (240 each warpgroup, 24 the load warp: the kernels' *_REGS).
 SPECIALIZED_STAGE_MAXNREG = 168
 
 #: Signature -> :class:`DeltaBackwardLaunches`.
@@ -198,12 +198,17 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
                              "(group_in_kernel), 16-bit inputs, K 64 or 128 and V a multiple of 32, at least "
                              f"gluon_dqdk_stages = {stages} steps of 32 (got M = {M}, H = {H}, HV = {HV}, "
                              f"group_in_kernel = {backward_shape.group_in_kernel}, {q.dtype}, K = {K}, V = {V})")
-        from ..kernels.gluon.delta_backward_dqdk import gluon_bwd_dqdk_kernel
         # Persistent programs, one an SM, each taking the twin's (chunk, value heads) items in turn.
         programs = max(1, min(chunks * (HV // group), sm_count(q.device)))
-        grads = [Step(gluon_bwd_dqdk_kernel, (programs,), dict(dqdk, PART=DQDK_BOTH, GROUP=group, BV=32,
-                                                               NUM_STAGES=stages),
-                      dict(num_warps=8))]
+        kwargs = dict(dqdk, PART=DQDK_BOTH, GROUP=group, BV=32)
+        if backward_shape.gluon_dqdk_specialized and H == HV:  # the sums beside the epilogue (GROUP 1)
+            from ..kernels.gluon.delta_backward_dqdk_specialized import gluon_bwd_dqdk_specialized_kernel
+            grads = [Step(gluon_bwd_dqdk_specialized_kernel, (programs,),
+                          dict(kwargs, NUM_STAGES=_plan.GLUON_DQDK_SPECIALIZED_STAGES),
+                          dict(num_warps=4, maxnreg=SPECIALIZED_STAGE_MAXNREG))]
+        else:
+            from ..kernels.gluon.delta_backward_dqdk import gluon_bwd_dqdk_kernel
+            grads = [Step(gluon_bwd_dqdk_kernel, (programs,), dict(kwargs, NUM_STAGES=stages), dict(num_warps=8))]
     else:
         grads = [Step(chunk_delta_bwd_dqdk_kernel, (chunks * (HV // group),), dict(dqdk, PART=part, GROUP=group),
                       dict(num_warps=backward_shape.grads_warps))

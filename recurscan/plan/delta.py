@@ -205,6 +205,10 @@ class DeltaBackwardShape:
     # memory, one program of eight warps an SM).
     gluon_dqdk: bool = False
     gluon_dqdk_stages: int = 3
+    # With gluon_dqdk and one value head a q/k head: that twin warp-specialised
+    # (kernels/gluon/delta_backward_dqdk_specialized.py: the sums' warpgroup beside the epilogue's,
+    # a load warp; GLUON_DQDK_SPECIALIZED_STAGES stages): :func:`gluon_twins` decides.
+    gluon_dqdk_specialized: bool = False
     # The scores kernel warp-specialised in Gluon (kernels/gluon/delta_backward_scores_specialized.py:
     # two warpgroups taking items in turn, a load warp; GLUON_SCORES_STAGES stages of 64 value
     # columns): :func:`gluon_twins` decides.
@@ -309,6 +313,11 @@ GLUON_BACKWARD_TWINS = {
                                      "682 us against the Triton kernel's two launches' 729 at B1 T16384 H16 HV32, "
                                      "the step 2.373 ms against 2.425 (gpu_delta_train_twins_8826c83.json; "
                                      "36 GPU tests passed: gpu_tests_delta_grad_8826c83.log)"),
+    "gluon_dqdk_specialized": GluonTwinRow(False, "dq and dk's twin warp-specialised, one value head a q/k head "
+                                                  "(kernels/gluon/delta_backward_dqdk_specialized.py): compiled for "
+                                                  "sm_90 offline without spills, not yet run on a GPU; off until its "
+                                                  "GPU tests pass and it is measured faster than the twin (352 us "
+                                                  "at B4 T4096 H=HV=16)"),
     "gluon_scores": GluonTwinRow(False, "the scores kernel warp-specialised "
                                         "(kernels/gluon/delta_backward_scores_specialized.py): compiled for sm_90 "
                                         "offline without spills, not yet run on a GPU; off until its GPU tests pass "
@@ -357,6 +366,11 @@ def gluon_forward_sweep(shape: DeltaShape, *, householder: int, dtype: torch.dty
     return shape
 
 
+#: Tile stages of the warp-specialised dq, dk kernel's ring (32 value columns a stage, 28 KB at K =
+#: 128; beside them the epilogue's slot, 80 KB, and the sums' hand-over, 64 KB: two stages take
+#: 200 KB of the 227 a program may).
+GLUON_DQDK_SPECIALIZED_STAGES = 2
+
 #: Tile stages of the warp-specialised scores kernel's ring (five [64, 64] tiles a stage, 40 KB in
 #: 16 bits; beside them each scores warpgroup's slot of q and k, 32 KB at K = 128).
 GLUON_SCORES_STAGES = 3
@@ -404,7 +418,8 @@ def gluon_twins(shape: DeltaBackwardShape, *, householder: int, heads: int, valu
     if GLUON_BACKWARD_TWINS["gluon_dqdk"].on and (heads == value_heads or shape.group_in_kernel) and \
             gluon_dqdk_scope(householder=householder, heads=heads, value_heads=value_heads, dtype=dtype,
                              key_dim=key_dim, value_dim=value_dim, stages=shape.gluon_dqdk_stages):
-        shape = replace(shape, gluon_dqdk=True)
+        shape = replace(shape, gluon_dqdk=True, gluon_dqdk_specialized=heads == value_heads and
+                        GLUON_BACKWARD_TWINS["gluon_dqdk_specialized"].on)
     if GLUON_BACKWARD_TWINS["gluon_scores"].on and gluon_scores_scope(householder=householder, dtype=dtype,
                                                                        key_dim=key_dim, value_dim=value_dim):
         shape = replace(shape, gluon_scores=True)

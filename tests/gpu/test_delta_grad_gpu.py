@@ -375,6 +375,31 @@ def test_the_gluon_dq_dk_kernel_agrees_with_its_twin(B, T, H, HV, cu, l2norm):
 @pytest.mark.parametrize("B, T, H, HV, cu, l2norm, decay", [
     (2, 4096, 16, 16, None, True, True), (3, 1000, 4, 4, None, True, True),
     (1, 8192, 8, 8, [0, 1, 3000, 3064, 8192], True, True), (2, 1024, 4, 4, None, False, True),
+    (2, 1024, 4, 4, None, True, False)],
+    ids=["B2 T4096 H=HV=16", "a partial last chunk", "varlen, a one-token sequence", "no l2norm", "no decay"])
+def test_the_warp_specialised_dq_dk_kernel_agrees_with_its_twin(B, T, H, HV, cu, l2norm, decay):
+    """dq and dk's twin warp-specialised (kernels/gluon/delta_backward_dqdk_specialized.py, one value
+    head a q/k head): the twin's products in its order (each sum and product as two column
+    halves), the reductions (|q|, |k|, the projections, S . dS) in another order. So dv and dbeta
+    (other kernels) are the same bits, dg agrees with the Triton kernel's to float32 rounding, dq and
+    dk to within one bf16 rounding; all within the oracle's band of the float64 chunkwise reference."""
+    x, args = _twin_case(B, T, H, HV, cu, l2norm, seed=26)
+    if not decay:
+        x = x[:3] + (None,) + x[4:]
+    got = _twin_runs(x, args, gluon_dqdk=True, gluon_dqdk_specialized=True)
+    bounds = dict(dq=2 ** -8, dk=2 ** -8, dg=1e-5, dv=0.0, dbeta=0.0, dh0=0.0)
+    for name, a, b in zip(GRAD_NAMES, got[False], got[True]):
+        if a is None:
+            assert b is None, name
+            continue
+        err = relative_rms(b.double(), a.double())
+        assert err <= bounds[name], f"{name}: relative RMS {err:.2e} from the Triton twin's"
+    _assert_like_the_oracle(x, args, got[True])
+
+
+@pytest.mark.parametrize("B, T, H, HV, cu, l2norm, decay", [
+    (2, 4096, 16, 16, None, True, True), (3, 1000, 4, 4, None, True, True),
+    (1, 8192, 8, 8, [0, 1, 3000, 3064, 8192], True, True), (2, 1024, 4, 4, None, False, True),
     (2, 1024, 4, 4, None, True, False), (2, 1000, 2, 8, None, True, True),
     (1, 8192, 4, 8, [0, 1, 3000, 3064, 8192], True, True)],
     ids=["B2 T4096 H=HV=16", "a partial last chunk", "varlen, a one-token sequence", "no l2norm", "no decay",
@@ -400,9 +425,9 @@ def test_the_gluon_scores_kernel_agrees_with_its_twin(B, T, H, HV, cu, l2norm, d
     _assert_like_the_oracle(x, args, got[True])
 
 
-@pytest.mark.parametrize("scores", [False, True], ids=["Triton scores", "Gluon scores"])
+@pytest.mark.parametrize("specialised", [False, True], ids=["twins", "warp-specialised scores, dq and dk"])
 @pytest.mark.parametrize("H", [8, 4], ids=["H=HV", "GVA"])
-def test_non_finite_input_of_one_sequence_stays_in_it_through_the_gluon_twins(H, scores):
+def test_non_finite_input_of_one_sequence_stays_in_it_through_the_gluon_twins(H, specialised):
     """The Gluon twins' bulk copies read whole tensors, so a chunk's rows past its sequence's end
     hold the next sequence's values. With NaN in the middle sequence's v and dO, the other
     sequences' gradients (and dh0) are bit for bit those of the run with it finite."""
@@ -415,7 +440,7 @@ def test_non_finite_input_of_one_sequence_stays_in_it_through_the_gluon_twins(H,
     x, args = _twin_case(1, 2048, H, 8, cu, True, seed=24)
     shape = DeltaBackwardShape(64, 4, 4, "test", grads_block_v=32, scores_warps=4, scores_block_v=128,
                                group_in_kernel=True, dqdk_one_launch=True, sweep_stages=3, gluon_sweep=True,
-                               gluon_dqdk=True, gluon_scores=scores)
+                               gluon_dqdk=True, gluon_scores=specialised, gluon_dqdk_specialized=specialised)
     clean = chunk_delta_bwd(*x, backward_shape=shape, **args)
     q, k, v, g, beta, do, dht = (t.clone() for t in x)
     v[:, 100:1000] = float("nan")

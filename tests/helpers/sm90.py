@@ -5,6 +5,7 @@ compilable objects.
 
     python -m tests.helpers.sm90 "GDP M 2 varlen" split
     python -m tests.helpers.sm90 "GDN dense, H = HV" "Gluon scores" 64   # K = V = 64
+    python -m tests.helpers.sm90 "GDN varlen, H = HV" "Gluon dq and dk, warp-specialised" 64 128   # K 64, V 128
     python -m tests.helpers.sm90 gla "GDN varlen, GVA"
 """
 import dataclasses
@@ -37,6 +38,9 @@ SHAPES = {
                                               gluon_sweep=True, sweep_stages=3),
     "Gluon dq and dk": DeltaBackwardShape(64, 4, 4, "tests: dq and dk as their Gluon twin", grads_block_v=32,
                                           scores_warps=4, scores_block_v=128, group_in_kernel=True, gluon_dqdk=True),
+    "Gluon dq and dk, warp-specialised": DeltaBackwardShape(
+        64, 4, 4, "tests: dq and dk as their Gluon twin, warp-specialised", grads_block_v=32, scores_warps=4,
+        scores_block_v=128, group_in_kernel=True, gluon_dqdk=True, gluon_dqdk_specialized=True),
     "Gluon scores": DeltaBackwardShape(64, 4, 4, "tests: the scores kernel warp-specialised in Gluon", grads_block_v=32,
                                        scores_warps=4, scores_block_v=128, group_in_kernel=True, gluon_scores=True),
     # The recompute as the forward sweep's Gluon twin (GLUON_FORWARD): from the sequence's start,
@@ -113,34 +117,41 @@ def compiled_line(step, names, values, describe=None) -> str:
     return f"{fn}: shared {compiled.metadata.shared} B" + (f"; {describe(compiled)}" if describe else "")
 
 
-def _delta_case(case: str, key_dim: int = 128):
-    """(M, cu_seqlens as a list or None, (q, k, v, g, beta, h0)) of a case of :data:`CASES`: zeros of
-    its shapes, bf16 inputs, K = V = ``key_dim``, the expanded stream T M long."""
-    M, cu = CASES[case]
-    B, T, H, HV = (1, 1000, 2, 4) if cu is not None else (2, 300, 2, 2)
-    K = key_dim
+#: Cases of the backward alone, beside :data:`CASES`: varlen with one value head a q/k head.
+BACKWARD_CASES = {"GDN varlen, H = HV": (1, [0, 1, 300, 1000])}
+
+
+def _delta_case(case: str, key_dim: int = 128, value_dim: int | None = None):
+    """(M, cu_seqlens as a list or None, (q, k, v, g, beta, h0)) of a case of :data:`CASES` or
+    :data:`BACKWARD_CASES`: zeros of its shapes, bf16 inputs, K = ``key_dim``, V = ``value_dim``
+    (None: K), the expanded stream T M long."""
+    M, cu = CASES[case] if case in CASES else BACKWARD_CASES[case]
+    B, T, H, HV = (1, 1000, 2, 2 if case in BACKWARD_CASES else 4) if cu is not None else (2, 300, 2, 2)
+    K, V = key_dim, value_dim or key_dim
     bf = dict(dtype=torch.bfloat16)
     N = B if cu is None else len(cu) - 1
     return M, cu, (torch.zeros(B, T, H, K, **bf), torch.zeros(B, T * M, H, K, **bf),
-                   torch.zeros(B, T * M, HV, K, **bf), torch.zeros(B, T, HV), torch.zeros(B, T * M, HV, **bf),
-                   torch.zeros(N, HV, K, K))
+                   torch.zeros(B, T * M, HV, V, **bf), torch.zeros(B, T, HV), torch.zeros(B, T * M, HV, **bf),
+                   torch.zeros(N, HV, K, V))
 
 
-def compile_case(case: str, shape: str, key_dim: int = 128) -> list[str]:
+def compile_case(case: str, shape: str, key_dim: int = 128, value_dim: int | None = None) -> list[str]:
     """One line per compiled kernel: its name and shared memory; raises where one does not compile
     or does not fit."""
-    return [compiled_line(step, names, values) for step, names, values in case_launches(case, shape, key_dim)]
+    return [compiled_line(step, names, values) for step, names, values in case_launches(case, shape, key_dim,
+                                                                                        value_dim)]
 
 
-def case_launches(case: str, shape: str, key_dim: int = 128) -> list:
+def case_launches(case: str, shape: str, key_dim: int = 128, value_dim: int | None = None) -> list:
     """``(launch record, names, values)`` of every launch of the backward (its forward recompute
-    first) for a case of :data:`CASES` in the backward shape :data:`SHAPES` ``[shape]``, K = V =
-    ``key_dim``: what :func:`compile_for_sm90` takes."""
-    M, cu, (q, k, v, g, beta, h0) = _delta_case(case, key_dim)
+    first) for a case of :data:`CASES` or :data:`BACKWARD_CASES` in the backward shape
+    :data:`SHAPES` ``[shape]``, K = ``key_dim``, V = ``value_dim`` (None: K): what
+    :func:`compile_for_sm90` takes."""
+    M, cu, (q, k, v, g, beta, h0) = _delta_case(case, key_dim, value_dim)
     bf = dict(dtype=torch.bfloat16)
     B, T, HV, K = q.shape[0], q.shape[1], v.shape[2], q.shape[3]
     dht = torch.zeros(h0.shape)
-    do = torch.zeros(B, T, HV, K, **bf)
+    do = torch.zeros(B, T, HV, v.shape[3], **bf)
     desc, cu_t = dict(chunk_indices=None, chunk_offsets=None), None
     if cu is not None:
         cu_t = torch.tensor(cu, dtype=torch.int32)
@@ -539,7 +550,7 @@ def lines_for(argv: list[str]) -> list[str]:
         return compile_gla(argv[1], ssd=argv[0].startswith("ssd"), cache=argv[0] == "ssd-cache",
                            seq_idx=argv[0] in ("ssd-seq-idx", "ssd-split"), chunk_states=argv[0] == "gla-chunk-states",
                            per_key=argv[0] == "gla-per-key", split=argv[0].endswith("split"))
-    return compile_case(argv[0], argv[1], int(argv[2]) if len(argv) > 2 else 128)
+    return compile_case(argv[0], argv[1], *map(int, argv[2:4]))
 
 
 #: What starts each answer line of :func:`serve` (anything else a compile prints is not one).

@@ -225,6 +225,30 @@ def _dg_state_terms(gkdsu, doqs, lam_end, sds, line: gl.constexpr, row: gl.const
 
 
 @gluon.jit
+def _dqdk_descriptors(q, k, u, dy, do, states, dstates, scratch, T, n_seq, n_cs_rows, H: gl.constexpr,
+                      HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
+                      IS_VARLEN: gl.constexpr, DT: gl.constexpr):
+    """The bulk copies' descriptors: k, q ([BT, K] tiles) and U, dY, dO ([BT, BV]) over the rows of
+    every sequence (the dense batch's, or the packed varlen one), S and dS ([K, BV] tiles of the
+    chunk states seen as [rows x HV x K, V]: rows outside [0, n_cs_rows), from a wrong chunk_offsets
+    entry, read zeros) and the first half's score tiles ([BT, BT] of [chunks x HV x 2 x BT, BT])."""
+    l_qk: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, K], DT)
+    l_tv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], DT)
+    l_kv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([K, BV], DT)
+    l_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], DT)
+    rows_all = T if IS_VARLEN else n_seq * T
+    k_desc = tma.make_tensor_descriptor(k, [rows_all, H * K], [H * K, 1], [BT, K], l_qk)
+    q_desc = tma.make_tensor_descriptor(q, [rows_all, H * K], [H * K, 1], [BT, K], l_qk)
+    u_desc = tma.make_tensor_descriptor(u, [rows_all, HV * V], [HV * V, 1], [BT, BV], l_tv)
+    dy_desc = tma.make_tensor_descriptor(dy, [rows_all, HV * V], [HV * V, 1], [BT, BV], l_tv)
+    do_desc = tma.make_tensor_descriptor(do, [rows_all, HV * V], [HV * V, 1], [BT, BV], l_tv)
+    s_desc = tma.make_tensor_descriptor(states, [n_cs_rows * (HV * K), V], [V, 1], [K, BV], l_kv)
+    ds_desc = tma.make_tensor_descriptor(dstates, [n_cs_rows * (HV * K), V], [V, 1], [K, BV], l_kv)
+    scr_desc = tma.make_tensor_descriptor(scratch, [n_cs_rows * (HV * 2 * BT), BT], [BT, 1], [BT, BT], l_tt)
+    return k_desc, q_desc, u_desc, dy_desc, do_desc, s_desc, ds_desc, scr_desc
+
+
+@gluon.jit
 def gluon_bwd_dqdk_kernel(
     q, k, g, beta, do, u, dy, states, dstates, dq, dk, dg, bdyks, scratch,
     cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, scale, n_cs_rows,
@@ -262,22 +286,8 @@ def gluon_bwd_dqdk_kernel(
     n_mine = (n_items - pid + programs - 1) // programs  # this program's items
     n_steps = n_mine * STEPS
 
-    l_qk: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, K], DT)
-    l_tv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], DT)
-    l_kv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([K, BV], DT)
-    l_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], DT)
-    # Over whole tensors: the rows of every sequence (the dense batch's, or the packed varlen one).
-    rows_all = T if IS_VARLEN else n_seq * T
-    k_desc = tma.make_tensor_descriptor(k, [rows_all, H * K], [H * K, 1], [BT, K], l_qk)
-    q_desc = tma.make_tensor_descriptor(q, [rows_all, H * K], [H * K, 1], [BT, K], l_qk)
-    u_desc = tma.make_tensor_descriptor(u, [rows_all, HV * V], [HV * V, 1], [BT, BV], l_tv)
-    dy_desc = tma.make_tensor_descriptor(dy, [rows_all, HV * V], [HV * V, 1], [BT, BV], l_tv)
-    do_desc = tma.make_tensor_descriptor(do, [rows_all, HV * V], [HV * V, 1], [BT, BV], l_tv)
-    # Chunk-state rows outside [0, n_cs_rows) (a wrong chunk_offsets entry) read zeros.
-    s_desc = tma.make_tensor_descriptor(states, [n_cs_rows * (HV * K), V], [V, 1], [K, BV], l_kv)
-    ds_desc = tma.make_tensor_descriptor(dstates, [n_cs_rows * (HV * K), V], [V, 1], [K, BV], l_kv)
-    scr_desc = tma.make_tensor_descriptor(scratch, [n_cs_rows * (HV * 2 * BT), BT], [BT, 1], [BT, BT], l_tt)
-
+    k_desc, q_desc, u_desc, dy_desc, do_desc, s_desc, ds_desc, scr_desc = _dqdk_descriptors(
+        q, k, u, dy, do, states, dstates, scratch, T, n_seq, n_cs_rows, H, HV, K, V, BT, BV, IS_VARLEN, DT)
     # Two warpgroups, each with half of every [BT, K] tile's columns: three such tiles live at once
     # in the epilogue (two sums and a row tile) fit their registers without spilling.
     gl.static_assert(gl.num_warps() == 8, "two warpgroups")
@@ -290,17 +300,17 @@ def gluon_bwd_dqdk_kernel(
     line: gl.constexpr = gl.BlockedLayout([1], [32], [8], [0])  # a [BT] vector for the scans
     out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [8, 1], [1, 0])  # 16-byte stores of rows
 
-    s_s = gl.allocate_shared_memory(DT, [NUM_STAGES, K, BV], l_kv)
-    ds_s = gl.allocate_shared_memory(DT, [NUM_STAGES, K, BV], l_kv)
-    u_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], l_tv)
-    dy_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], l_tv)
-    do_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], l_tv)
-    k_s = gl.allocate_shared_memory(DT, [BT, K], l_qk)  # raw rows
-    q_s = gl.allocate_shared_memory(DT, [BT, K], l_qk)
-    kn_s = gl.allocate_shared_memory(DT, [BT, K], l_qk)  # normalised; then dq, dk on their way out
-    qn_s = gl.allocate_shared_memory(DT, [BT, K], l_qk)
-    dsg_s = gl.allocate_shared_memory(DT, [BT, BT], l_tt)  # dscores o G
-    dag_s = gl.allocate_shared_memory(DT, [BT, BT], l_tt)  # dA o G
+    s_s = gl.allocate_shared_memory(DT, [NUM_STAGES, K, BV], s_desc.layout)
+    ds_s = gl.allocate_shared_memory(DT, [NUM_STAGES, K, BV], s_desc.layout)
+    u_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], u_desc.layout)
+    dy_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], u_desc.layout)
+    do_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], u_desc.layout)
+    k_s = gl.allocate_shared_memory(DT, [BT, K], k_desc.layout)  # raw rows
+    q_s = gl.allocate_shared_memory(DT, [BT, K], k_desc.layout)
+    kn_s = gl.allocate_shared_memory(DT, [BT, K], k_desc.layout)  # normalised; then dq, dk on their way out
+    qn_s = gl.allocate_shared_memory(DT, [BT, K], k_desc.layout)
+    dsg_s = gl.allocate_shared_memory(DT, [BT, BT], scr_desc.layout)  # dscores o G
+    dag_s = gl.allocate_shared_memory(DT, [BT, BT], scr_desc.layout)  # dA o G
     bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     once = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     tiles = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())  # GROUP > 1: a head's score tiles
