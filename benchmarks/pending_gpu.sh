@@ -28,11 +28,11 @@
 #   6. transformers' Mamba2 forward (4 layers, B4 T2048) with recurscan's op against its torch
 #      path (target 3x; 62x at fa89d4d on the fused kernel), on the planned sweep.
 #   8. Issue 19: the delta rule's scores kernel and dq/dk warp-specialised in Gluon (both off in the
-#      planner until measured): their GPU tests, then GDN forward + backward at B4 T4096 and B1
-#      T16384 HV32 as planned, with the scores kernel's form, with dq/dk's (H = HV only: B4), and
-#      with both (GPU time by kernel: at 25cdd4a the Triton scores kernel took 0.214 / 0.44 ms, the
-#      dq/dk twin 0.353 / 0.69). A call of its own (`... pending_gpu.sh 8`; then `... 9`, B1 with the
-#      scores kernel's form: its dq/dk sum a GVA group, which the warp-specialised form does not take).
+#      planner until measured): their GPU tests, then GDN forward + backward at B4 T4096 as planned,
+#      with the scores kernel's form, with dq/dk's, and with both (GPU time by kernel: at 25cdd4a the
+#      Triton scores kernel took 0.214 ms, the dq/dk twin 0.353). A call of its own
+#      (`... pending_gpu.sh 8`); then `... 9`, the same at B1 T16384 HV32 (0.44 and 0.69 ms there;
+#      dq/dk's form sums its GVA groups of two).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -66,6 +66,7 @@ step 8 && timeout 320 env PYTHONPATH=$PWD:/tmp/site python benchmarks/gpu_delta_
     --workload gdn_b4_t4096_h16 --gluon $TWINS+gluon_scores --gluon $TWINS+gluon_dqdk_specialized \
     --gluon $TWINS+gluon_dqdk_specialized+gluon_scores --out "$OUT/gpu_delta_train_specialised_b4_$C.json" 2>&1 \
     | grep -v Warning | tail -30
-step 9 && timeout 300 env PYTHONPATH=$PWD:/tmp/site python benchmarks/gpu_delta_train.py --impl recurscan --profile \
-    --workload gdn_b1_t16384_h16_hv32 --gluon $TWINS+gluon_scores \
-    --out "$OUT/gpu_delta_train_specialised_b1_$C.json" 2>&1 | grep -v Warning | tail -30
+step 9 && timeout 420 env PYTHONPATH=$PWD:/tmp/site python benchmarks/gpu_delta_train.py --impl recurscan --profile \
+    --workload gdn_b1_t16384_h16_hv32 --gluon $TWINS+gluon_scores --gluon $TWINS+gluon_dqdk_specialized \
+    --gluon $TWINS+gluon_dqdk_specialized+gluon_scores --out "$OUT/gpu_delta_train_specialised_b1_$C.json" 2>&1 \
+    | grep -v Warning | tail -30

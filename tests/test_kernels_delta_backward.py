@@ -384,7 +384,8 @@ def test_the_planner_gives_backward_stages_to_their_gluon_twins_only_in_scope(mo
     given = plan_delta.DeltaBackwardShape(32, 8, 4, "test", group_in_kernel="summed in the kernel" in case)
     got = plan_delta.gluon_twins(given, **args)
     assert (got.gluon_sweep, got.gluon_dqdk, got.gluon_scores) == (sweep, dqdk, scores)
-    assert got.gluon_dqdk_specialized == (dqdk and args["heads"] == args["value_heads"])  # its form for H = HV
+    # its form, where a q/k head serves at most two value heads
+    assert got.gluon_dqdk_specialized == (dqdk and args["value_heads"] <= 2 * args["heads"])
     if sweep:
         assert (got.block_v, got.sweep_warps, got.sweep_stages) == (64, 4, 3)
     if not (sweep or dqdk or scores):

@@ -201,10 +201,11 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
         # Persistent programs, one an SM, each taking the twin's (chunk, value heads) items in turn.
         programs = max(1, min(chunks * (HV // group), sm_count(q.device)))
         kwargs = dict(dqdk, PART=DQDK_BOTH, GROUP=group, BV=32)
-        if backward_shape.gluon_dqdk_specialized and H == HV:  # the sums beside the epilogue (GROUP 1)
+        if backward_shape.gluon_dqdk_specialized and group <= _plan.GLUON_DQDK_SPECIALIZED_GROUP:
+            # the sums beside the epilogue
             from ..kernels.gluon.delta_backward_dqdk_specialized import gluon_bwd_dqdk_specialized_kernel
             grads = [Step(gluon_bwd_dqdk_specialized_kernel, (programs,),
-                          dict(kwargs, NUM_STAGES=_plan.GLUON_DQDK_SPECIALIZED_STAGES),
+                          dict(kwargs, n_programs=programs, NUM_STAGES=_plan.GLUON_DQDK_SPECIALIZED_STAGES),
                           dict(num_warps=4, maxnreg=SPECIALIZED_STAGE_MAXNREG))]
         else:
             from ..kernels.gluon.delta_backward_dqdk import gluon_bwd_dqdk_kernel

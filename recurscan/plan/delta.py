@@ -205,9 +205,9 @@ class DeltaBackwardShape:
     # memory, one program of eight warps an SM).
     gluon_dqdk: bool = False
     gluon_dqdk_stages: int = 3
-    # With gluon_dqdk and one value head a q/k head: that twin warp-specialised
-    # (kernels/gluon/delta_backward_dqdk_specialized.py: the sums' warpgroup beside the epilogue's,
-    # a load warp; GLUON_DQDK_SPECIALIZED_STAGES stages): :func:`gluon_twins` decides.
+    # With gluon_dqdk and at most GLUON_DQDK_SPECIALIZED_GROUP value heads a q/k head: that twin
+    # warp-specialised (kernels/gluon/delta_backward_dqdk_specialized.py: the sums' warpgroup beside
+    # the epilogue's, a load warp; GLUON_DQDK_SPECIALIZED_STAGES stages): :func:`gluon_twins` decides.
     gluon_dqdk_specialized: bool = False
     # The scores kernel warp-specialised in Gluon (kernels/gluon/delta_backward_scores_specialized.py:
     # two warpgroups taking items in turn, a load warp; GLUON_SCORES_STAGES stages of 64 value
@@ -371,6 +371,10 @@ def gluon_forward_sweep(shape: DeltaShape, *, householder: int, dtype: torch.dty
 #: 200 KB of the 227 a program may).
 GLUON_DQDK_SPECIALIZED_STAGES = 2
 
+#: The largest GVA group the warp-specialised dq, dk kernel sums (its slot holds every value head's
+#: score tiles, 16 KB each: two heads take 226 KB of the 227); a larger group runs the twin.
+GLUON_DQDK_SPECIALIZED_GROUP = 2
+
 #: Tile stages of the warp-specialised scores kernel's ring (five [64, 64] tiles a stage, 40 KB in
 #: 16 bits; beside them each scores warpgroup's slot of q and k, 32 KB at K = 128).
 GLUON_SCORES_STAGES = 3
@@ -418,8 +422,8 @@ def gluon_twins(shape: DeltaBackwardShape, *, householder: int, heads: int, valu
     if GLUON_BACKWARD_TWINS["gluon_dqdk"].on and (heads == value_heads or shape.group_in_kernel) and \
             gluon_dqdk_scope(householder=householder, heads=heads, value_heads=value_heads, dtype=dtype,
                              key_dim=key_dim, value_dim=value_dim, stages=shape.gluon_dqdk_stages):
-        shape = replace(shape, gluon_dqdk=True, gluon_dqdk_specialized=heads == value_heads and
-                        GLUON_BACKWARD_TWINS["gluon_dqdk_specialized"].on)
+        shape = replace(shape, gluon_dqdk=True, gluon_dqdk_specialized=GLUON_BACKWARD_TWINS[
+            "gluon_dqdk_specialized"].on and value_heads // heads <= GLUON_DQDK_SPECIALIZED_GROUP)
     if GLUON_BACKWARD_TWINS["gluon_scores"].on and gluon_scores_scope(householder=householder, dtype=dtype,
                                                                        key_dim=key_dim, value_dim=value_dim):
         shape = replace(shape, gluon_scores=True)

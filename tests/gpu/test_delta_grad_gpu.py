@@ -375,14 +375,18 @@ def test_the_gluon_dq_dk_kernel_agrees_with_its_twin(B, T, H, HV, cu, l2norm):
 @pytest.mark.parametrize("B, T, H, HV, cu, l2norm, decay", [
     (2, 4096, 16, 16, None, True, True), (3, 1000, 4, 4, None, True, True),
     (1, 8192, 8, 8, [0, 1, 3000, 3064, 8192], True, True), (2, 1024, 4, 4, None, False, True),
-    (2, 1024, 4, 4, None, True, False)],
-    ids=["B2 T4096 H=HV=16", "a partial last chunk", "varlen, a one-token sequence", "no l2norm", "no decay"])
+    (2, 1024, 4, 4, None, True, False), (1, 4096, 8, 16, None, True, True),
+    (1, 8192, 4, 8, [0, 1, 3000, 3064, 8192], True, True), (2, 1000, 2, 8, None, True, True)],
+    ids=["B2 T4096 H=HV=16", "a partial last chunk", "varlen, a one-token sequence", "no l2norm", "no decay",
+         "GVA HV=2H", "GVA HV=2H varlen, a one-token sequence", "GVA HV=4H (the twin)"])
 def test_the_warp_specialised_dq_dk_kernel_agrees_with_its_twin(B, T, H, HV, cu, l2norm, decay):
-    """dq and dk's twin warp-specialised (kernels/gluon/delta_backward_dqdk_specialized.py, one value
-    head a q/k head): the twin's products in its order (each sum and product as two column
-    halves), the reductions (|q|, |k|, the projections, S . dS) in another order. So dv and dbeta
-    (other kernels) are the same bits, dg agrees with the Triton kernel's to float32 rounding, dq and
-    dk to within one bf16 rounding; all within the oracle's band of the float64 chunkwise reference."""
+    """dq and dk's twin warp-specialised (kernels/gluon/delta_backward_dqdk_specialized.py; a GVA
+    group of two summed in it, a larger one running the twin): the twin's products (each sum and
+    product as two column halves; under GVA every head's score-tile products after the group's value
+    sums, where the twin interleaves them), the reductions (|q|, |k|, the projections, S . dS) in
+    another order. So dv and dbeta (other kernels) are the same bits, dg agrees with the Triton
+    kernel's to float32 rounding, dq and dk to within one bf16 rounding; all within the oracle's
+    band of the float64 chunkwise reference."""
     x, args = _twin_case(B, T, H, HV, cu, l2norm, seed=26)
     if not decay:
         x = x[:3] + (None,) + x[4:]
