@@ -4,8 +4,9 @@
 # step has its own time limit so that one hang cannot take the others' results; $OUT receives the
 # files. Pass the commit explicitly: the device's copy may report an older HEAD.
 #
-#   0. The GPU suite, whole (195 passed at d529156, results/gpu_tests_d529156.log; since then the
-#      SSD group-prep row's prep runs on 8 warps uncapped, the backward's recompute prep too).
+#   0. The GPU suite but the tests marked unproven (kernels not yet run on a GPU: step 8 runs them)
+#      (195 passed at d529156, results/gpu_tests_d529156.log; since then the SSD group-prep row's
+#      prep runs on 8 warps uncapped, the backward's recompute prep too).
 #   1. (Ran at d529156: results/gpu_gla_sweep_d529156.json.) Forward rows with group-prep variants
 #      ("gh": DeltaShape.group_prep_heads; "pw"/"reg": its warps and register cap). Blocks of 32
 #      heads lost; 8 warps uncapped won 1-2 us and is planned since e3c6853.
@@ -41,7 +42,7 @@ C=${RECURSCAN_COMMIT:-unknown}
 export RECURSCAN_COMMIT=$C
 pip install -q --no-index --no-deps --target /tmp/site .whl/fla_core-0.6.0-py3-none-any.whl 2>&1 | grep -v WARNING | tail -1
 mkdir -p /tmp/mamba && tar xzf .whl/mamba_ssm-2.3.2.post1.tar.gz -C /tmp/mamba --strip-components=1
-step 0 && { timeout 270 python -m pytest -m gpu -n 6 tests/gpu -p no:cacheprovider -o faulthandler_timeout=260 -q \
+step 0 && { timeout 270 python -m pytest -m "gpu and not unproven" -n 6 tests/gpu -p no:cacheprovider -o faulthandler_timeout=260 -q \
     > "$OUT/gpu_tests_$C.log" 2>&1; echo "gpu suite rc=$?"; grep -E "passed|failed|FAILED|Timeout" "$OUT/gpu_tests_$C.log" | tail -12; }
 W=tma:grp:gluon:ws
 RUN="env PYTHONPATH=$PWD:/tmp/site MAMBA_SSM_SRC=/tmp/mamba python benchmarks/gpu_gla_sweep.py --profile"
@@ -58,9 +59,8 @@ step 6 && timeout 90 env PYTHONPATH=$PWD python benchmarks/gpu_transformers_mamb
     --out "$OUT/gpu_transformers_mamba2_$C.json" 2>&1 | tail -4
 step 5 && timeout 100 env RECURSCAN_SWEEP_COEF_PREFETCH=0 $RUN --train-only \
     --out "$OUT/gpu_gla_train_no_prefetch_$C.json" 2>&1 | grep -v Warning | grep -E " ms" | head -20
-step 8 && { timeout 240 python -m pytest -m gpu tests/gpu/test_delta_grad_gpu.py \
-    -k "scores or warp_specialised or planner or non_finite" \
-    -p no:cacheprovider -q > "$OUT/gpu_tests_scores_$C.log" 2>&1; echo "scores tests rc=$?"; tail -5 "$OUT/gpu_tests_scores_$C.log"; }
+step 8 && { timeout 240 python -m pytest -m "gpu and unproven" tests/gpu -p no:cacheprovider -q \
+    > "$OUT/gpu_tests_unproven_$C.log" 2>&1; echo "unproven tests rc=$?"; tail -5 "$OUT/gpu_tests_unproven_$C.log"; }
 TWINS=gluon_sweep+gluon_dqdk+forward_sweep
 step 8 && timeout 320 env PYTHONPATH=$PWD:/tmp/site python benchmarks/gpu_delta_train.py --impl recurscan --profile \
     --workload gdn_b4_t4096_h16 --gluon $TWINS+gluon_scores --gluon $TWINS+gluon_dqdk_specialized \

@@ -372,6 +372,7 @@ def test_the_gluon_dq_dk_kernel_agrees_with_its_twin(B, T, H, HV, cu, l2norm):
     _assert_like_the_oracle(x, args, got[True])
 
 
+@pytest.mark.unproven
 @pytest.mark.parametrize("B, T, H, HV, cu, l2norm, decay", [
     (2, 4096, 16, 16, None, True, True), (3, 1000, 4, 4, None, True, True),
     (1, 8192, 8, 8, [0, 1, 3000, 3064, 8192], True, True), (2, 1024, 4, 4, None, False, True),
@@ -401,6 +402,7 @@ def test_the_warp_specialised_dq_dk_kernel_agrees_with_its_twin(B, T, H, HV, cu,
     _assert_like_the_oracle(x, args, got[True])
 
 
+@pytest.mark.unproven
 @pytest.mark.parametrize("B, T, H, HV, cu, l2norm, decay", [
     (2, 4096, 16, 16, None, True, True), (3, 1000, 4, 4, None, True, True),
     (1, 8192, 8, 8, [0, 1, 3000, 3064, 8192], True, True), (2, 1024, 4, 4, None, False, True),
@@ -429,7 +431,8 @@ def test_the_gluon_scores_kernel_agrees_with_its_twin(B, T, H, HV, cu, l2norm, d
     _assert_like_the_oracle(x, args, got[True])
 
 
-@pytest.mark.parametrize("specialised", [False, True], ids=["twins", "warp-specialised scores, dq and dk"])
+@pytest.mark.parametrize("specialised", [False, pytest.param(True, marks=pytest.mark.unproven)],
+                         ids=["twins", "the warp-specialised scores, dq and dk"])
 @pytest.mark.parametrize("H", [8, 4], ids=["H=HV", "GVA"])
 def test_non_finite_input_of_one_sequence_stays_in_it_through_the_gluon_twins(H, specialised):
     """The Gluon twins' bulk copies read whole tensors, so a chunk's rows past its sequence's end
@@ -459,11 +462,15 @@ def test_non_finite_input_of_one_sequence_stays_in_it_through_the_gluon_twins(H,
         assert torch.equal(a, b), f"{name}: {int((a != b).sum())} elements differ"
 
 
+@pytest.mark.parametrize("every", [False, pytest.param(True, marks=pytest.mark.unproven)],
+                         ids=["the rows on", "every row on"])
 @pytest.mark.parametrize("H", [4, 2], ids=["H=HV", "GVA HV=2H"])
-def test_the_planner_gives_backward_stages_to_gluon_only_where_allowed(monkeypatch, H):
-    """With the Gluon rows on, a bf16 GDN training step (H = HV, or a GVA group the planner sums in
-    the kernel) plans both Gluon twins; ``backend="triton"`` keeps the Triton kernels; the
-    gradients agree (dv, dbeta the same bits)."""
+def test_the_planner_gives_backward_stages_to_gluon_only_where_allowed(monkeypatch, H, every):
+    """With the Gluon rows that are on (or every row: the warp-specialised forms too), a bf16 GDN
+    training step (H = HV, or a GVA group the planner sums in the kernel) plans the reverse sweep's
+    and dq/dk's Gluon kernels, and the scores kernel's where its row is on; ``backend="triton"``
+    keeps the Triton kernels; the gradients agree (dv the same bits, dbeta too unless the scores
+    kernel is Gluon's)."""
     from recurscan.kernels.delta.backward import chunk_delta_bwd_sweep_kernel
     from recurscan.launch.delta_backward import BACKWARD_LAUNCHES
     from recurscan.plan import delta as plan_delta
@@ -486,13 +493,15 @@ def test_the_planner_gives_backward_stages_to_gluon_only_where_allowed(monkeypat
         return grads, [type(s.kernel).__name__ for s in launches.steps], launches.steps[0].kernel
 
     import dataclasses
-    monkeypatch.setattr(plan_delta, "GLUON_BACKWARD_TWINS", {
-        name: dataclasses.replace(row, on=True) for name, row in plan_delta.GLUON_BACKWARD_TWINS.items()})
+    rows = {name: dataclasses.replace(row, on=row.on or every) for name, row in plan_delta.GLUON_BACKWARD_TWINS.items()}
+    monkeypatch.setattr(plan_delta, "GLUON_BACKWARD_TWINS", rows)
+    scores = "GluonJITFunction" if rows["gluon_scores"].on else "JITFunction"
     planned, kinds, _ = step(None)
-    assert kinds == ["GluonJITFunction"] * 3  # the reverse sweep, the scores kernel, dq and dk
+    assert kinds == ["GluonJITFunction", scores, "GluonJITFunction"]  # the reverse sweep, scores, dq and dk
     forced, kinds, kernel = step("triton")
     assert kernel is chunk_delta_bwd_sweep_kernel and "GluonJITFunction" not in kinds
+    bounds = dict(dq=2 ** -8, dk=2 ** -8, dg=1e-5, dbeta=1e-5 if rows["gluon_scores"].on else 0.0)
     for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta"), planned, forced):
         err = relative_rms(a.double(), b.double())
-        assert err <= dict(dq=2 ** -8, dk=2 ** -8, dg=1e-5).get(name, 0.0), f"{name}: {err:.2e}"
+        assert err <= bounds.get(name, 0.0), f"{name}: {err:.2e}"
     clear_caches()
