@@ -22,8 +22,8 @@ item's epilogue alone on the SM (~1.9 TB/s over the stage's bytes at B4 T4096:
 docs/kernels-delta-backward.md, "Where the time goes"). The sums warpgroup holds the two sums
 ([BT, K] over four warps, each as two column halves: two thirds of its registers at K = 128) and
 only the value loop's addresses; the epilogue holds one column half of one sum at a time, its loops
-over the halves rolled. Two warpgroups each holding an item's sums through both its loop and its
-epilogue (taking items in turn) spilled 120-208 B however arranged (perf-history, 2026-12-05).
+over the halves rolled. One warpgroup holding both sums through a loop and an epilogue would not
+fit them in its registers beside both parts' addresses (perf-history, 2026-12-05).
 The hand-over costs 64 KB of shared memory, written and read once a value head.
 
 dq, dk and dg are the twin's arithmetic except the reductions' order (the layout's) and, under
@@ -56,9 +56,9 @@ LOAD_REGS = gl.constexpr(32)
 @gluon.jit
 def _program(n_cs_rows, programs, HV: gl.constexpr, GROUP: gl.constexpr):
     """This persistent program's id, the programs, and its items (pid, pid + programs, ... of
-    n_cs_rows x HV / GROUP); formed in each partition. The programs come as an argument: the
-    partitions' reads of the grid's size were hoisted by ptxas to the kernel's entry and spilled
-    across the partitions' dispatch (8 B of stack, GVA)."""
+    n_cs_rows x HV / GROUP); formed in each partition. The programs come as an argument: ptxas
+    hoists the partitions' reads of the grid's size to the kernel's entry, where they spill across
+    the partitions' dispatch."""
     pid = gl.program_id(0)
     return pid, programs, (n_cs_rows * (HV // GROUP) - pid + programs - 1) // programs
 
@@ -176,7 +176,7 @@ def _norm_backward_out(acc_s, first: gl.constexpr, x_s, r, stage, layout: gl.con
     through the L2 norm's backward over the raw rows ``x_s`` (factors ``r``; y = x r, dx = r (dy - y
     (y . dy)), the twin's arithmetic) into ``stage`` in its dtype. One half in registers at a time:
     the barriers between the halves keep the compiler from loading the next half's tiles early (or
-    reusing the first loads), which held the whole tiles live and spilled."""
+    reusing the first loads), which would hold the whole tiles live: more than the registers."""
     if USE_L2NORM:
         dot = gl.sum((_raw(x_s, 0, layout) * r[:, None]) * acc_s.index(first).load(layout), axis=1)
         gl.thread_barrier()
@@ -365,9 +365,9 @@ def gluon_bwd_dqdk_specialized_kernel(
 ):
     """The twin's arguments and grid (persistent programs over its items, (chunk, GROUP value
     heads) ``pid, pid + n_programs, ...`` of ``n_cs_rows x HV / GROUP``, ``n_programs`` the grid's
-    size; the twin's docstring has what an item computes). Launched on four warps (the sums warpgroup; the epilogue warpgroup and the load warp
-    are the partitions') with ``maxnreg`` for the three warpgroups' registers
-    (launch.delta_backward)."""
+    size; the twin's docstring has what an item computes). Launched on four warps (the sums
+    warpgroup; the epilogue warpgroup and the load warp are the partitions') with ``maxnreg`` for
+    the three warpgroups' registers (launch.delta_backward)."""
     gl.static_assert(M == 1, "GDN only (M = 1)")
     gl.static_assert(GROUP * H == HV, "one value head a q/k head, or a GVA group summed in the kernel")
     gl.static_assert(GROUP <= 2, "at most two value heads a q/k head (their score tiles fill the shared memory)")
