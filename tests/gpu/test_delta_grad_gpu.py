@@ -336,6 +336,18 @@ def _assert_like_the_oracle(x, args, grads):
 GRAD_NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
 
 
+def _assert_near_the_triton_kernels(got, bounds):
+    """Each gradient of the run with a Gluon kernel (``got[True]``) within ``bounds[name]`` (relative
+    RMS; 0: the same bits) of the run with the Triton kernels (``got[False]``); None in both where
+    the input was None."""
+    for name, a, b in zip(GRAD_NAMES, got[False], got[True]):
+        if a is None:
+            assert b is None, name
+            continue
+        err = relative_rms(b.double(), a.double())
+        assert err <= bounds[name], f"{name}: relative RMS {err:.2e} from the Triton twin's"
+
+
 @pytest.mark.parametrize("B, T, H, HV, cu", [(2, 4096, 16, 16, None), (1, 4096, 8, 16, None), (3, 1000, 4, 8, None),
                                              (1, 8192, 8, 16, [0, 1, 3000, 3064, 8192])],
                          ids=["B2 T4096 H=HV=16", "GVA HV=2H", "a partial last chunk", "varlen, a one-token sequence"])
@@ -366,9 +378,7 @@ def test_the_gluon_dq_dk_kernel_agrees_with_its_twin(B, T, H, HV, cu, l2norm):
     x, args = _twin_case(B, T, H, HV, cu, l2norm, seed=22)
     got = _twin_runs(x, args, gluon_dqdk=True)
     bounds = dict(dq=2 ** -8, dk=2 ** -8, dg=1e-5, dv=0.0, dbeta=0.0, dh0=0.0)
-    for name, a, b in zip(GRAD_NAMES, got[False], got[True]):
-        err = relative_rms(b.double(), a.double())
-        assert err <= bounds[name], f"{name}: relative RMS {err:.2e} from the Triton twin's"
+    _assert_near_the_triton_kernels(got, bounds)
     _assert_like_the_oracle(x, args, got[True])
 
 
@@ -393,12 +403,7 @@ def test_the_warp_specialised_dq_dk_kernel_agrees_with_its_twin(B, T, H, HV, cu,
         x = x[:3] + (None,) + x[4:]
     got = _twin_runs(x, args, gluon_dqdk=True, gluon_dqdk_specialized=True)
     bounds = dict(dq=2 ** -8, dk=2 ** -8, dg=1e-5, dv=0.0, dbeta=0.0, dh0=0.0)
-    for name, a, b in zip(GRAD_NAMES, got[False], got[True]):
-        if a is None:
-            assert b is None, name
-            continue
-        err = relative_rms(b.double(), a.double())
-        assert err <= bounds[name], f"{name}: relative RMS {err:.2e} from the Triton twin's"
+    _assert_near_the_triton_kernels(got, bounds)
     _assert_like_the_oracle(x, args, got[True])
 
 
@@ -422,12 +427,7 @@ def test_the_gluon_scores_kernel_agrees_with_its_twin(B, T, H, HV, cu, l2norm, d
         x = x[:3] + (None,) + x[4:]
     got = _twin_runs(x, args, gluon_scores=True)
     bounds = dict(dq=2 ** -8, dk=2 ** -8, dg=1e-5, dbeta=1e-5, dv=0.0, dh0=0.0)
-    for name, a, b in zip(GRAD_NAMES, got[False], got[True]):
-        if a is None:
-            assert b is None, name
-            continue
-        err = relative_rms(b.double(), a.double())
-        assert err <= bounds[name], f"{name}: relative RMS {err:.2e} from the Triton twin's"
+    _assert_near_the_triton_kernels(got, bounds)
     _assert_like_the_oracle(x, args, got[True])
 
 
