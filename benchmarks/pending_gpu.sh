@@ -29,11 +29,11 @@
 #   6. transformers' Mamba2 forward (4 layers, B4 T2048) with recurscan's op against its torch
 #      path (target 3x; 62x at fa89d4d on the fused kernel), on the planned sweep.
 #   8. Issue 19: the delta rule's scores kernel and dq/dk warp-specialised in Gluon (both off in the
-#      planner until measured): their GPU tests, then GDN forward + backward at B4 T4096 as planned,
-#      with the scores kernel's form, with dq/dk's, and with both (GPU time by kernel: at 25cdd4a the
-#      Triton scores kernel took 0.214 ms, the dq/dk twin 0.353). A call of its own
-#      (`... pending_gpu.sh 8`); then `... 9`, the same at B1 T16384 HV32 (0.44 and 0.69 ms there;
-#      dq/dk's form sums its GVA groups of two).
+#      planner until measured): each form's GPU tests (marked unproven), then GDN forward + backward
+#      at B4 T4096 as planned, with each form whose tests passed, and with both (GPU time by kernel:
+#      at 25cdd4a the Triton scores kernel took 0.214 ms, the dq/dk twin 0.353). A call of its own
+#      (`... pending_gpu.sh 8`); then `... 9` on the same warm machine, the same at B1 T16384 HV32
+#      (0.44 and 0.69 ms there; dq/dk's form sums its GVA groups of two).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -59,14 +59,29 @@ step 6 && timeout 90 env PYTHONPATH=$PWD python benchmarks/gpu_transformers_mamb
     --out "$OUT/gpu_transformers_mamba2_$C.json" 2>&1 | tail -4
 step 5 && timeout 100 env RECURSCAN_SWEEP_COEF_PREFETCH=0 $RUN --train-only \
     --out "$OUT/gpu_gla_train_no_prefetch_$C.json" 2>&1 | grep -v Warning | grep -E " ms" | head -20
-step 8 && { timeout 240 python -m pytest -m "gpu and unproven" tests/gpu -p no:cacheprovider -q \
-    > "$OUT/gpu_tests_unproven_$C.log" 2>&1; echo "unproven tests rc=$?"; tail -5 "$OUT/gpu_tests_unproven_$C.log"; }
-TWINS=gluon_sweep+gluon_dqdk+forward_sweep
-step 8 && timeout 320 env PYTHONPATH=$PWD:/tmp/site python benchmarks/gpu_delta_train.py --impl recurscan --profile \
-    --workload gdn_b4_t4096_h16 --gluon $TWINS+gluon_scores --gluon $TWINS+gluon_dqdk_specialized \
-    --gluon $TWINS+gluon_dqdk_specialized+gluon_scores --out "$OUT/gpu_delta_train_specialised_b4_$C.json" 2>&1 \
-    | grep -v Warning | tail -30
-step 9 && timeout 420 env PYTHONPATH=$PWD:/tmp/site python benchmarks/gpu_delta_train.py --impl recurscan --profile \
-    --workload gdn_b1_t16384_h16_hv32 --gluon $TWINS+gluon_scores --gluon $TWINS+gluon_dqdk_specialized \
-    --gluon $TWINS+gluon_dqdk_specialized+gluon_scores --out "$OUT/gpu_delta_train_specialised_b1_$C.json" 2>&1 \
-    | grep -v Warning | tail -30
+# Steps 8 and 9: each warp-specialised form measured only where its own GPU tests passed (a hang in
+# a kernel never run before then costs its tests' time limit alone). Step 8 leaves the forms that
+# passed in /tmp/recurscan_unproven_ok (the machine keeps it while warm) for step 9.
+unproven_tests() {  # $1: a name, $2: pytest -k expression, $3: seconds
+    timeout "$3" python -m pytest -m "gpu and unproven" tests/gpu -k "$2" -p no:cacheprovider -q \
+        > "$OUT/gpu_tests_unproven_$1_$C.log" 2>&1
+    local rc=$?; echo "unproven $1 tests rc=$rc"; tail -3 "$OUT/gpu_tests_unproven_$1_$C.log"; return $rc
+}
+forms() {  # the --gluon arguments: the planned twins with each form that passed, and with all of them
+    local twins=gluon_sweep+gluon_dqdk+forward_sweep all="" f
+    for f in $(cat /tmp/recurscan_unproven_ok 2>/dev/null); do echo "--gluon $twins+$f"; all="$all+$f"; done
+    [ "$(wc -w < /tmp/recurscan_unproven_ok)" -gt 1 ] && echo "--gluon $twins$all"
+}
+train() {  # $1: workload, $2: seconds, $3: the file's tag
+    [ -s /tmp/recurscan_unproven_ok ] || { echo "no form passed its tests: nothing to measure"; return; }
+    timeout "$2" env PYTHONPATH=$PWD:/tmp/site python benchmarks/gpu_delta_train.py --impl recurscan --profile \
+        --workload "$1" $(forms) --out "$OUT/gpu_delta_train_specialised_$3_$C.json" 2>&1 | grep -v Warning | tail -30
+}
+step 8 && {
+    : > /tmp/recurscan_unproven_ok
+    unproven_tests scores gluon_scores_kernel 150 && echo gluon_scores >> /tmp/recurscan_unproven_ok
+    unproven_tests dqdk warp_specialised_dq_dk 150 && echo gluon_dqdk_specialized >> /tmp/recurscan_unproven_ok
+    unproven_tests both "non_finite or planner" 60
+    train gdn_b4_t4096_h16 220 b4
+}
+step 9 && train gdn_b1_t16384_h16_hv32 420 b1
