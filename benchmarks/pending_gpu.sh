@@ -81,7 +81,7 @@ step 8 && {
     : > /tmp/recurscan_unproven_ok
     unproven_tests scores gluon_scores_kernel 150 && echo gluon_scores >> /tmp/recurscan_unproven_ok
     unproven_tests dqdk warp_specialised_dq_dk 150 && echo gluon_dqdk_specialized >> /tmp/recurscan_unproven_ok
-    unproven_tests both "non_finite or planner" 60
-    train gdn_b4_t4096_h16 220 b4
+    unproven_tests both "non_finite or planner" 80
+    train gdn_b4_t4096_h16 200 b4
 }
 step 9 && train gdn_b1_t16384_h16_hv32 420 b1

@@ -327,8 +327,9 @@ GLUON_BACKWARD_TWINS = {
 
 
 def gluon_sweep_scope(*, householder: int, dtype: torch.dtype, key_dim: int, value_dim: int) -> bool:
-    """What the Gluon twins of the forward sweep and of the reverse sweep take: GDN (M = 1), 16-bit
-    inputs, K 64 or 128, V a multiple of their 64 value columns."""
+    """What the Gluon twins of the forward sweep and of the reverse sweep, and the warp-specialised
+    scores kernel, take: GDN (M = 1), 16-bit inputs, K 64 or 128, V a multiple of their 64 value
+    columns."""
     return householder == 1 and dtype in (torch.bfloat16, torch.float16) and key_dim in (64, 128) and \
         value_dim % 64 == 0
 
@@ -380,13 +381,6 @@ GLUON_DQDK_SPECIALIZED_GROUP = 2
 GLUON_SCORES_STAGES = 3
 
 
-def gluon_scores_scope(*, householder: int, dtype: torch.dtype, key_dim: int, value_dim: int) -> bool:
-    """What the warp-specialised scores kernel takes: GDN (M = 1), 16-bit inputs, K 64 or 128, V a
-    multiple of its 64 value columns."""
-    return householder == 1 and dtype in (torch.bfloat16, torch.float16) and key_dim in (64, 128) and \
-        value_dim % 64 == 0
-
-
 #: The largest GVA group dq and dk's Gluon twin sums (its value heads are unrolled in the program).
 GLUON_DQDK_GROUP = 4
 
@@ -424,8 +418,8 @@ def gluon_twins(shape: DeltaBackwardShape, *, householder: int, heads: int, valu
                              key_dim=key_dim, value_dim=value_dim, stages=shape.gluon_dqdk_stages):
         shape = replace(shape, gluon_dqdk=True, gluon_dqdk_specialized=GLUON_BACKWARD_TWINS[
             "gluon_dqdk_specialized"].on and value_heads // heads <= GLUON_DQDK_SPECIALIZED_GROUP)
-    if GLUON_BACKWARD_TWINS["gluon_scores"].on and gluon_scores_scope(householder=householder, dtype=dtype,
-                                                                       key_dim=key_dim, value_dim=value_dim):
+    if GLUON_BACKWARD_TWINS["gluon_scores"].on and gluon_sweep_scope(householder=householder, dtype=dtype,
+                                                                      key_dim=key_dim, value_dim=value_dim):
         shape = replace(shape, gluon_scores=True)
     return shape
 

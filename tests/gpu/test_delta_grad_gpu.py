@@ -431,13 +431,15 @@ def test_the_gluon_scores_kernel_agrees_with_its_twin(B, T, H, HV, cu, l2norm, d
     _assert_like_the_oracle(x, args, got[True])
 
 
+@pytest.mark.parametrize("poisoned", ["v, dO", pytest.param("q, k", marks=pytest.mark.unproven)])
 @pytest.mark.parametrize("specialised", [False, pytest.param(True, marks=pytest.mark.unproven)],
                          ids=["twins", "the warp-specialised scores, dq and dk"])
 @pytest.mark.parametrize("H", [8, 4], ids=["H=HV", "GVA"])
-def test_non_finite_input_of_one_sequence_stays_in_it_through_the_gluon_twins(H, specialised):
+def test_non_finite_input_of_one_sequence_stays_in_it_through_the_gluon_twins(H, specialised, poisoned):
     """The Gluon twins' bulk copies read whole tensors, so a chunk's rows past its sequence's end
-    hold the next sequence's values. With NaN in the middle sequence's v and dO, the other
-    sequences' gradients (and dh0) are bit for bit those of the run with it finite."""
+    hold the next sequence's values. With NaN in the middle sequence's v and dO, or its q and k
+    (whose L2-norm factors are then NaN on those rows: selected away, not multiplied by zero), the
+    other sequences' gradients (and dh0) are bit for bit those of the run with it finite."""
     from recurscan.launch.delta_backward import chunk_delta_bwd
     from recurscan.plan.delta import DeltaBackwardShape
     from recurscan.plan.device import gluon_usable
@@ -450,10 +452,10 @@ def test_non_finite_input_of_one_sequence_stays_in_it_through_the_gluon_twins(H,
                                gluon_dqdk=True, gluon_scores=specialised, gluon_dqdk_specialized=specialised)
     clean = chunk_delta_bwd(*x, backward_shape=shape, **args)
     q, k, v, g, beta, do, dht = (t.clone() for t in x)
-    v[:, 100:1000] = float("nan")
-    do[:, 100:1000] = float("nan")
-    poisoned = chunk_delta_bwd(q, k, v, g, beta, do, dht, backward_shape=shape, **args)
-    for name, a, b in zip(GRAD_NAMES, clean, poisoned):
+    for t in (v, do) if poisoned == "v, dO" else (q, k):
+        t[:, 100:1000] = float("nan")
+    got = chunk_delta_bwd(q, k, v, g, beta, do, dht, backward_shape=shape, **args)
+    for name, a, b in zip(GRAD_NAMES, clean, got):
         if name == "dh0":
             a, b = a[[0, 2]], b[[0, 2]]
         else:

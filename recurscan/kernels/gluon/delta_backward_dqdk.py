@@ -19,7 +19,8 @@ What differs from the twin:
 4. The normalised q and k the epilogue's products need sit beside the raw tiles in shared memory
    (the L2 norm's backward reads those), and take dk and dq on their way out (16-byte stores).
 5. The copies read whole tensors, so a chunk's rows past its sequence's end hold the next
-   sequence's (the twin's masks read zeros): q and k are masked after the copy; those rows of U, dY
+   sequence's (the twin's masks read zeros): q's and k's normalised rows are selected to zero there
+   (after the scaling: those rows' norm factors may be NaN, and 0 x NaN is NaN); those rows of U, dY
    and dO reach only their own rows of the sums, which are not stored, and dq's projection is
    masked before its reverse cumulative sum (the one sum that runs from later rows to earlier).
 
@@ -385,9 +386,9 @@ def gluon_bwd_dqdk_kernel(
                 if h == 0:  # q and k normalised (rows past the sequence's end zeroed) beside their raw tiles
                     mbarrier.wait(once, m & 1)
                     qr, rq = _normalised(q_s, mmaK, USE_L2NORM)
-                    qn_s.store((gl.where(m_r[:, None], qr, 0.0) * rq[:, None]).to(DT))
+                    qn_s.store(gl.where(m_r[:, None], qr * rq[:, None], 0.0).to(DT))
                     kr, rk = _normalised(k_s, mmaK, USE_L2NORM)
-                    kn_s.store((gl.where(m_r[:, None], kr, 0.0) * rk[:, None]).to(DT))
+                    kn_s.store(gl.where(m_r[:, None], kr * rk[:, None], 0.0).to(DT))
                     fence_async_shared()
                     gl.thread_barrier()
                 # This head's dg terms: the projections' differences from the heads before.
@@ -429,9 +430,9 @@ def gluon_bwd_dqdk_kernel(
             # q and k normalised (rows past the sequence's end zeroed) beside their raw tiles.
             mbarrier.wait(once, m & 1)
             qr, rq = _normalised(q_s, mmaK, USE_L2NORM)
-            qn_s.store((gl.where(m_r[:, None], qr, 0.0) * rq[:, None]).to(DT))
+            qn_s.store(gl.where(m_r[:, None], qr * rq[:, None], 0.0).to(DT))
             kr, rk = _normalised(k_s, mmaK, USE_L2NORM)
-            kf = gl.where(m_r[:, None], kr, 0.0) * rk[:, None]
+            kf = gl.where(m_r[:, None], kr * rk[:, None], 0.0)
             gkdsu = gl.sum(kf * acc_k, axis=1) + b_bdyks
             kn_s.store(kf.to(DT))
             fence_async_shared()

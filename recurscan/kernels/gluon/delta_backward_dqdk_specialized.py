@@ -155,8 +155,9 @@ def _raw(x_s, c, layout: gl.constexpr):
 
 @gluon.jit
 def _normalise_into(x_s, dst_s, m_r, layout: gl.constexpr, USE_L2NORM: gl.constexpr):
-    """The twin's normalised rows of the raw [BT, K] tile ``x_s`` (rows past the sequence's end,
-    ``m_r`` False, zeroed) into ``dst_s``; returns each row's factor."""
+    """The twin's normalised rows of the raw [BT, K] tile ``x_s`` into ``dst_s``, rows past the
+    sequence's end (``m_r`` False: the next sequence's, whose factor may be NaN) selected to zero
+    after the scaling; returns each row's factor."""
     if USE_L2NORM:
         x0 = _raw(x_s, 0, layout)
         x1 = _raw(x_s, 1, layout)
@@ -166,7 +167,7 @@ def _normalise_into(x_s, dst_s, m_r, layout: gl.constexpr, USE_L2NORM: gl.conste
         r = gl.full([BT], 1.0, gl.float32, layout=gl.SliceLayout(1, layout))
     for c in range(2):
         gl.thread_barrier()  # one half in registers at a time (as _norm_backward_out)
-        dst_s.index(c).store((gl.where(m_r[:, None], _raw(x_s, c, layout), 0.0) * r[:, None]).to(dst_s.dtype))
+        dst_s.index(c).store(gl.where(m_r[:, None], _raw(x_s, c, layout) * r[:, None], 0.0).to(dst_s.dtype))
     return r
 
 

@@ -29,7 +29,7 @@ What differs from the twin's arithmetic:
   layout. dg agrees with the twin's to float32 rounding; the score tiles, dbeta and bdyks are
   formed as the twin forms them (the GPU test, tests/gpu/test_delta_grad_gpu.py).
 
-Scope (``plan.delta.gluon_scores_scope``): M = 1, 16-bit inputs, K 64 or 128, V a multiple of
+Scope (``plan.delta.gluon_sweep_scope``): M = 1, 16-bit inputs, K 64 or 128, V a multiple of
 BV = 64; dense or varlen.
 """
 from __future__ import annotations
@@ -39,7 +39,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .delta_backward_dqdk import _chunk_place, _plus, _segment_gates
+from .delta_backward_dqdk import _normalised, _plus, _segment_gates
+from .gla_backward_dg import _item
 from .gla_sweep_specialized import _handover_barriers
 
 #: Registers a thread of the worker scores warpgroup and of the load warp (setmaxnreg); the default
@@ -50,25 +51,6 @@ LOAD_REGS = gl.constexpr(24)
 
 
 @gluon.jit
-def _item(it, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, HV: gl.constexpr, BT: gl.constexpr,
-          IS_VARLEN: gl.constexpr):
-    """Item ``it`` = (chunk it // HV, value head it % HV): (valid, eos, r0) of the chunk
-    (:func:`.delta_backward_dqdk._chunk_place`; the chunk-state row is not read here)."""
-    valid, eos, r0, _ = _chunk_place(it // HV, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, 1, BT, IS_VARLEN)
-    return valid, eos, r0
-
-
-@gluon.jit
-def _normalise_in_place(x_s, m_r, layout: gl.constexpr, USE_L2NORM: gl.constexpr):
-    """The raw [BT, K] rows in ``x_s`` replaced by the twin's product operand: each row over its L2
-    norm (USE_L2NORM) in float32, rows past the sequence's end (``m_r`` False) zero, in x_s's dtype."""
-    x = gl.where(m_r[:, None], x_s.load(layout).to(gl.float32), 0.0)
-    if USE_L2NORM:
-        x = x * gl.rsqrt(gl.sum(x * x, axis=1) + 1e-6)[:, None]
-    x_s.store(x.to(x_s.dtype))
-
-
-@gluon.jit
 def _scores(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
             BV: gl.constexpr, IS_VARLEN: gl.constexpr, HAS_G: gl.constexpr, USE_L2NORM: gl.constexpr,
             DT: gl.constexpr, NUM_STAGES: gl.constexpr, PART: gl.constexpr):
@@ -76,7 +58,7 @@ def _scores(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constex
     it, its tiles waited for rather than loaded."""
     (do_s, dy_s, u_s, v_s, ks_s, q_slots, k_slots, ready, empty, once_ready, once_empty, do_desc, dy_desc, u_desc,
      v_desc, ks_desc, q_desc, k_desc, g, beta, dg, dbeta, bdyks, scratch, cu_seqlens, chunk_indices, chunk_offsets,
-     T, n_seq, scale, pid, programs, n_mine) = p
+     T, n_seq, scale, n_chunks, pid, programs, n_mine) = p
     NV: gl.constexpr = V // BV
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
     along_i: gl.constexpr = gl.SliceLayout(1, mma)  # a tile's rows
@@ -97,7 +79,8 @@ def _scores(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constex
         i = m // 2  # this warpgroup's item count: the phase of its slot's barrier
         it = pid + m * programs
         i_hv = it % HV
-        valid, eos, r0 = _item(it, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, HV, BT, IS_VARLEN)
+        valid, eos, r0, _ = _item(it, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_chunks, HV, BT,
+                                  IS_VARLEN)  # (chunk it // HV, value head it % HV)
         m_i = r0 + o_i.to(gl.int64) < eos
         m_j = r0 + o_j.to(gl.int64) < eos
         rows_l = r0 + o_l.to(gl.int64)
@@ -106,9 +89,13 @@ def _scores(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constex
 
         # q and k normalised in place, before the sums are live.
         mbarrier.wait(once_ready.index(PART), i & 1)
+        # Rows past the sequence's end (the next sequence's: their factor may be NaN) selected to
+        # zero after the scaling, as the twin's masked loads give.
         m_q = gl.convert_layout(m_l, gl.SliceLayout(1, rows_qk))
-        _normalise_in_place(q_s, m_q, rows_qk, USE_L2NORM)
-        _normalise_in_place(k_s, m_q, rows_qk, USE_L2NORM)
+        x, r = _normalised(q_s, rows_qk, USE_L2NORM)
+        q_s.store(gl.where(m_q[:, None], x * r[:, None], 0.0).to(DT))
+        x, r = _normalised(k_s, rows_qk, USE_L2NORM)
+        k_s.store(gl.where(m_q[:, None], x * r[:, None], 0.0).to(DT))
         fence_async_shared()
         gl.thread_barrier()
 
@@ -191,7 +178,7 @@ def _loads(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexp
     first NUM_STAGES steps (so the other warpgroup's steps are never held up behind that wait)."""
     (do_s, dy_s, u_s, v_s, ks_s, q_slots, k_slots, ready, empty, once_ready, once_empty, do_desc, dy_desc, u_desc,
      v_desc, ks_desc, q_desc, k_desc, g, beta, dg, dbeta, bdyks, scratch, cu_seqlens, chunk_indices, chunk_offsets,
-     T, n_seq, scale, pid, programs, n_mine) = p
+     T, n_seq, scale, n_chunks, pid, programs, n_mine) = p
     NV: gl.constexpr = V // BV
     ONCE_AT: gl.constexpr = (NUM_STAGES if NUM_STAGES < NV else NV) - 1
     nbytes: gl.constexpr = 5 * do_desc.block_type.nbytes
@@ -199,7 +186,8 @@ def _loads(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexp
         b = m % 2  # the item's warpgroup, and its slot
         it = pid + m * programs
         i_hv = it % HV
-        valid, eos, r0 = _item(it, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, HV, BT, IS_VARLEN)
+        valid, eos, r0, _ = _item(it, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_chunks, HV, BT,
+                                  IS_VARLEN)  # (chunk it // HV, value head it % HV)
         r = r0.to(gl.int32)
         for j in range(NV):
             step = m * NV + j
@@ -265,7 +253,7 @@ def gluon_bwd_scores_specialized_kernel(
 
     p = (do_s, dy_s, u_s, v_s, ks_s, q_slots, k_slots, ready, empty, once_ready, once_empty, do_desc, dy_desc, u_desc,
          v_desc, ks_desc, q_desc, k_desc, g, beta, dg, dbeta, bdyks, scratch, cu_seqlens, chunk_indices,
-         chunk_offsets, T, n_seq, scale, pid, programs, n_mine)
+         chunk_offsets, T, n_seq, scale, n_chunks, pid, programs, n_mine)
     # Each partition's arguments written out in the call: a tuple named first would carry the
     # constexprs as values (Triton 3.6).
     gl.warp_specialize([
