@@ -313,11 +313,12 @@ GLUON_BACKWARD_TWINS = {
                                      "682 us against the Triton kernel's two launches' 729 at B1 T16384 H16 HV32, "
                                      "the step 2.373 ms against 2.425 (gpu_delta_train_twins_8826c83.json; "
                                      "36 GPU tests passed: gpu_tests_delta_grad_8826c83.log)"),
-    "gluon_dqdk_specialized": GluonTwinRow(False, "dq and dk's twin warp-specialised, one value head a q/k head "
+    "gluon_dqdk_specialized": GluonTwinRow(False, "dq and dk's twin warp-specialised, at most "
+                                                  "GLUON_DQDK_SPECIALIZED_GROUP value heads a q/k head "
                                                   "(kernels/gluon/delta_backward_dqdk_specialized.py): compiled for "
                                                   "sm_90 offline without spills, not yet run on a GPU; off until its "
                                                   "GPU tests pass and it is measured faster than the twin (352 us "
-                                                  "at B4 T4096 H=HV=16)"),
+                                                  "at B4 T4096 H=HV=16, 682 at B1 T16384 H16 HV32)"),
     "gluon_scores": GluonTwinRow(False, "the scores kernel warp-specialised "
                                         "(kernels/gluon/delta_backward_scores_specialized.py): compiled for sm_90 "
                                         "offline without spills, not yet run on a GPU; off until its GPU tests pass "
