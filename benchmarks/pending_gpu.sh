@@ -34,6 +34,10 @@
 #      at 25cdd4a the Triton scores kernel took 0.214 ms, the dq/dk twin 0.353). A call of its own
 #      (`... pending_gpu.sh 8`); then `... 9` on the same warm machine, the same at B1 T16384 HV32
 #      (0.44 and 0.69 ms there; dq/dk's form sums its GVA groups of two).
+#  10. tests/test_hardening_gradients.py on the GPU (a call of its own, `... pending_gpu.sh 10`): a
+#      NaN in one varlen sequence leaves every other sequence's gradients the same bits, each family
+#      through the planner at the models' head sizes (the planned Gluon twins of the delta backward
+#      among them, whose rows past a sequence's end are zeroed after the L2 norm since 3de0aac).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -85,3 +89,6 @@ step 8 && {
     train gdn_b4_t4096_h16 200 b4
 }
 step 9 && train gdn_b1_t16384_h16_hv32 420 b1
+step 10 && { timeout 400 python -m pytest -m gpu -n 6 tests/test_hardening_gradients.py -p no:cacheprovider -q \
+    -o faulthandler_timeout=390 > "$OUT/gpu_tests_hardening_gradients_$C.log" 2>&1; echo "gradients hardening rc=$?"
+    grep -E "passed|failed|FAILED|Timeout" "$OUT/gpu_tests_hardening_gradients_$C.log" | tail -12; }
