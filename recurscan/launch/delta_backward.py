@@ -55,7 +55,8 @@ GROUP_SUM_ROWS = 32
 #: Registers a thread under the warp-specialised stages' launch cap (the scores kernel's, dq and
 #: dk's): two warpgroups and a load warp launch as 12 warps (the load warp padded to its
 #: warpgroup), 384 threads x 168 within the 64 K registers of an SM; setmaxnreg then moves them
-#: between the partitions (240 each warpgroup, 24 the load warp: the kernels' *_REGS).
+#: between the partitions as the kernels' *_REGS say (the scores kernel: 240 a warpgroup, 24 the
+#: load warp; dq and dk: 240 the epilogue, 32 the load warp, the sums warpgroup what is left).
 SPECIALIZED_STAGE_MAXNREG = 168
 
 #: Signature -> :class:`DeltaBackwardLaunches`.

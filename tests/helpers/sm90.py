@@ -18,7 +18,7 @@ from triton.compiler import ASTSource
 
 from recurscan.descriptors import build_chunk_descriptors
 from recurscan.launch.delta import CALL_NAMES, DeltaInputs, DeltaShape
-from recurscan.launch.delta_backward import NAMES, build_delta_backward, expanded_chunk_offsets
+from recurscan.launch.delta_backward import NAMES, RECOMPUTED, build_delta_backward, expanded_chunk_offsets
 from recurscan.plan import gla as plan_gla
 from recurscan.plan.delta import DELTA_BACKWARD_LAUNCH, DeltaBackwardShape
 from recurscan.runtime.launcher import CallArg
@@ -167,8 +167,9 @@ def case_launches(case: str, shape: str, key_dim: int = 128, value_dim: int | No
     made = {n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.forward.buffers.items()}
     forward_values = tuple(x if x is not None else torch.zeros(1) for x in
                            tuple(inputs) + tuple(made.get(n) for n in CALL_NAMES[len(inputs):]))
-    stage = dict(q=q, k=k, v=v, g=g, beta=beta, do=do, dht=dht, cu_seqlens=cu_t, **desc, winv=torch.zeros(1, **bf),
-                 aqk=torch.zeros(1, **bf), coef=torch.zeros(1), states=torch.zeros(1, **bf),
+    # The recompute's outputs in the dtypes it writes them (as _compile_stages passes them).
+    recomputed = {n: torch.zeros(1, dtype=launches.forward.buffers[b][1]) for n, b in RECOMPUTED}
+    stage = dict(q=q, k=k, v=v, g=g, beta=beta, do=do, dht=dht, cu_seqlens=cu_t, **desc, **recomputed,
                  **{n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.buffers.items()})
     stage_values = tuple(stage.get(n) if stage.get(n) is not None else torch.zeros(1) for n in NAMES)
     return [(s, CALL_NAMES, forward_values) for s in launches.forward.steps] + \

@@ -48,7 +48,8 @@ from .gla_sweep_specialized import _handover_barriers
 
 #: Registers a thread of the epilogue warpgroup and of the load warp (setmaxnreg); the sums
 #: warpgroup takes what the launch's cap leaves (launch.delta_backward's SPECIALIZED_STAGE_MAXNREG:
-#: 168 a thread over three warpgroups, so 3 x 168 - 240 - 24 = 240).
+#: 168 a thread over the three warpgroups: ptxas gives the sums warpgroup 232, the epilogue 240, the
+#: load warp 32; results/sm90_delta_backward_specialised.txt).
 EPILOGUE_REGS = gl.constexpr(240)
 LOAD_REGS = gl.constexpr(32)
 
@@ -209,7 +210,9 @@ def _store_staged(dst, stage, n_rows, valid, stride: gl.constexpr, layout: gl.co
 def _project(x_s, r, m_r, acc_s, first: gl.constexpr, layout: gl.constexpr):
     """rowsum(X o acc): X the normalised rows of the raw halves ``x_s`` (factors ``r``; rows past
     the sequence's end, ``m_r`` False, zero), acc the sum whose halves are ``acc_s[first]`` and
-    ``acc_s[first + 1]`` (the twin's _projection), one half in registers at a time."""
+    ``acc_s[first + 1]`` (the twin's _projection), one half in registers at a time. A row past the
+    end may come out NaN (its factor from the next sequence's row): the callers select those rows
+    away (selecting before the scaling here spilled 8 B under GVA)."""
     BT: gl.constexpr = x_s.shape[1]
     out = gl.zeros([BT], gl.float32, layout=gl.SliceLayout(1, layout))
     for c in range(2):
@@ -265,7 +268,8 @@ def _epilogue(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.const
             if HAS_G:
                 pk = _project(k_s, rk, m_r, acc_s, 0, mma)
                 pq = _project(q_s, rq, m_r, acc_s, 2, mma)
-                gkdsu = (pk - pk_before) + gl.load(bdyks + rows * HV + i_hv, mask=m_r, other=0.0)
+                gkdsu = gl.where(m_r, (pk - pk_before) + gl.load(bdyks + rows * HV + i_hv, mask=m_r, other=0.0),
+                                 0.0)
                 if GROUP == 1:  # dO S^T unscaled: scale lam here (the twin's GROUP 1)
                     doqs = gl.where(m_r, scale * lam * pq, 0.0)
                 else:
@@ -304,11 +308,13 @@ def _epilogue(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.const
         _norm_backward_out(acc_s, 0, k_s, rk, qn_s, mma, USE_L2NORM)
         _store_staged(dk + p_row, qn_s, eos - r0, valid, H * K, out_layout)
         _norm_backward_out(acc_s, 2, q_s, rq, kn_s, mma, USE_L2NORM)
-        gl.thread_barrier()  # every warp has read the hand-over buffer: the next item's sums may come
+        # Every warp has read the hand-over buffer and the slot (q, k raw, the score tiles): the next
+        # item's sums may come, and its slot fill while dq goes out from kn_s (not the slot's).
+        gl.thread_barrier()
         mbarrier.arrive(freed.index(1), count=1)
-        _store_staged(dq + p_row, kn_s, eos - r0, valid, H * K, out_layout)
-        gl.thread_barrier()  # every warp has read the slot and its staged outputs
         mbarrier.arrive(freed.index(0), count=1)
+        _store_staged(dq + p_row, kn_s, eos - r0, valid, H * K, out_layout)
+        gl.thread_barrier()  # every warp has read its staged dq before the next item's q, k go there
 
 
 @gluon.jit
@@ -374,6 +380,11 @@ def gluon_bwd_dqdk_specialized_kernel(
     gl.static_assert(GROUP <= 2, "at most two value heads a q/k head (their score tiles fill the shared memory)")
     gl.static_assert(BT == 64, "chunks of 64 rows")
     gl.static_assert(V % BV == 0, "V a multiple of BV")
+    # The bulk copies' boxes and expected bytes are DT's: another dtype would overrun a stage.
+    gl.static_assert((q.dtype.element_ty == DT) & (k.dtype.element_ty == DT) & (u.dtype.element_ty == DT) &
+                     (dy.dtype.element_ty == DT) & (do.dtype.element_ty == DT) & (states.dtype.element_ty == DT) &
+                     (dstates.dtype.element_ty == DT) & (scratch.dtype.element_ty == DT),
+                     "q, k, U, dY, dO, the states and the scratch in DT")
 
     # Shared memory in the bulk copies' layouts (their descriptors are the load warp's).
     l_tv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], DT)

@@ -180,6 +180,12 @@ def _loads(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexp
      v_desc, ks_desc, q_desc, k_desc, g, beta, dg, dbeta, bdyks, scratch, cu_seqlens, chunk_indices, chunk_offsets,
      T, n_seq, scale, n_chunks, pid, programs, n_mine) = p
     NV: gl.constexpr = V // BV
+    # The item's q and k go after the step that fills the ring's last stage or the item's last
+    # step. The scores warpgroups wait on a stage's ready barrier by phase parity alone, so a stage's
+    # previous fill (often the other warpgroup's step) must have landed before a warpgroup waits on
+    # it: a warpgroup waits for its q and k first, and issuing them here means the load warp has
+    # already seen every earlier step of the stages this item reads freed. Earlier, a wait at
+    # V > NUM_STAGES x BV could pass on the old phase while the other item's copy still lands.
     ONCE_AT: gl.constexpr = (NUM_STAGES if NUM_STAGES < NV else NV) - 1
     nbytes: gl.constexpr = 5 * do_desc.block_type.nbytes
     for m in range(n_mine):
@@ -225,6 +231,10 @@ def gluon_bwd_scores_specialized_kernel(
     (launch.delta_backward)."""
     gl.static_assert(M == 1, "GDN only (M = 1)")
     gl.static_assert(BT == 64, "chunks of 64 rows")
+    # The bulk copies' boxes and expected bytes are DT's: another dtype would overrun a stage.
+    gl.static_assert((q.dtype.element_ty == DT) & (k.dtype.element_ty == DT) & (v.dtype.element_ty == DT) &
+                     (do.dtype.element_ty == DT) & (dy.dtype.element_ty == DT) & (u.dtype.element_ty == DT) &
+                     (ks.dtype.element_ty == DT), "q, k, v, dO, dY, U and lam o K S in DT")
     gl.static_assert(V % BV == 0, "V a multiple of BV")
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
