@@ -105,6 +105,50 @@ def resources(ck, lines=0) -> str:
     return out + ("\n" + source_lines(ck.asm["cubin"], lines) if lines else "")
 
 
+def peak_live_registers(cubin: bytes) -> int | None:
+    """The most general registers live at any instruction of a compiled kernel (``nvdisasm -plr``'s
+    GPR column; of a warp-specialised kernel, the largest over its partitions), None where it gives
+    no counts."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([tool, "-c", "-plr", "-lrm", "count", f.name], capture_output=True, text=True).stdout
+    counts = [int(m.group(1)) for m in (re.search(r"// \|\s+(\d+)\s+\|", line) for line in text.splitlines()) if m]
+    return max(counts) if counts else None
+
+
+#: The delta backward's Gluon forms (tests/helpers/sm90.py SHAPES) and the cases they are built for.
+DELTA_BACKWARD_TWINS = (("Gluon scores", ("GDN dense, H = HV", "GDN varlen, GVA")),
+                        ("Gluon dq and dk, warp-specialised", ("GDN dense, H = HV", "GDN varlen, GVA",
+                                                               "GDN varlen, H = HV")),
+                        ("Gluon dq and dk", ("GDN dense, H = HV", "GDN varlen, GVA")))
+
+
+def delta_backward_twins() -> str:
+    """Each Gluon kernel of the delta backward's forms as the launch layer builds it
+    (tests/helpers/sm90.py's launches, the recompute's outputs in their dtypes), K 128: registers,
+    stack, shared memory, its loops' profile and the peak of live registers; then K 64 (V 64 for the
+    scores kernel, 128 for dq and dk) for the warp-specialised forms: their shared memory."""
+    from tests.helpers import sm90
+    out = []
+    for shape, cases in DELTA_BACKWARD_TWINS:
+        for case in cases:
+            for step, names, values in sm90.case_launches(case, shape):
+                if type(step.kernel).__name__ != "GluonJITFunction":
+                    continue
+                ck = sm90.compile_for_sm90(step, names, values)
+                peak = peak_live_registers(ck.asm["cubin"])
+                out.append(f"{shape} | {case} | K 128 | {resources(ck)} | peak "
+                           f"{peak if peak is not None else '(nvdisasm -plr gave no count)'}")
+    for shape, cases in DELTA_BACKWARD_TWINS[:2]:
+        V = 64 if shape == "Gluon scores" else 128
+        for case in cases[:2]:
+            lines = [line for line in sm90.compile_case(case, shape, 64, V) if line.startswith("gluon_")]
+            out += [f"{shape} | {case} | K 64 (V {V}) | {line}" for line in lines]
+    return "\n".join(out)
+
+
 def forward(shape, gdp=False, lines=0) -> str:
     """The delta-rule forward's kernels in ``shape`` (a DeltaShape) for sm_90 as the launch layer
     builds them (tests/helpers/sm90.py): dense GDN, or with ``gdp`` varlen GDP M = 2."""
@@ -190,7 +234,12 @@ def main(argv=None):
                                                    "ssd-benchmark-group, "
                                                    "gla-sweep-backward, ssd-group-twins-backward; "
                                                    "repeatable)")
+    ap.add_argument("--delta-backward-twins", action="store_true", help="the delta backward's Gluon kernels "
+                                                                            "(results/sm90_delta_backward_specialised.txt)")
     args = ap.parse_args(argv)
+    if args.delta_backward_twins:
+        print(delta_backward_twins())
+        return
     if args.gla:
         for form in args.gla:
             print(f"{form}:\n{gla(form, args.lines)}")
