@@ -280,14 +280,13 @@ def test_dk_then_dq_in_one_launch_gives_the_two_launches_bits(H, HV, cu):
         assert relative_rms(a.double(), b) < 1e-2, f"{name}: relative RMS {relative_rms(a.double(), b):.2e}"
 
 
-def _twin_case(B, T, H, HV, cu, l2norm, seed, device="cuda"):
-    """A Gluon-twin comparison's inputs, bf16 at K = V = 128 with an initial state and dht:
-    ``(x, args)``, x = (q, k, v, g, beta, dO, dht) and args chunk_delta_bwd's keywords (varlen
+def _twin_case(B, T, H, HV, cu, l2norm, seed, device="cuda", K=128, V=128):
+    """A Gluon-twin comparison's inputs, bf16 (K = V = 128 unless given) with an initial state and
+    dht: ``(x, args)``, x = (q, k, v, g, beta, dO, dht) and args chunk_delta_bwd's keywords (varlen
     descriptors built from ``cu``)."""
     from recurscan.descriptors import build_chunk_descriptors
     gen = torch.Generator(device=device).manual_seed(seed)
     rn = lambda *s: torch.randn(*s, device=device, generator=gen)  # noqa: E731
-    K = V = 128
     N = B if cu is None else len(cu) - 1
     q, k, v = rn(B, T, H, K).bfloat16(), rn(B, T, H, K).bfloat16(), rn(B, T, HV, V).bfloat16()
     if not l2norm:
@@ -427,6 +426,25 @@ def test_the_gluon_scores_kernel_agrees_with_its_twin(B, T, H, HV, cu, l2norm, d
         x = x[:3] + (None,) + x[4:]
     got = _twin_runs(x, args, gluon_scores=True)
     bounds = dict(dq=2 ** -8, dk=2 ** -8, dg=1e-5, dbeta=1e-5, dv=0.0, dh0=0.0)
+    _assert_near_the_triton_kernels(got, bounds)
+    _assert_like_the_oracle(x, args, got[True])
+
+
+@pytest.mark.unproven
+@pytest.mark.parametrize("K, V, HV", [(64, 64, 8), (64, 192, 16), (128, 256, 8)],
+                         ids=["K 64, V 64 (one step)", "K 64, V 192, GVA (a step for each stage)",
+                              "V 256 (more steps than stages)"])
+@pytest.mark.parametrize("form", ["gluon_scores", "gluon_dqdk_specialized"])
+def test_the_warp_specialised_stages_at_other_head_sizes(form, K, V, HV):
+    """The warp-specialised scores kernel and dq/dk kernel at the other head sizes their scope takes
+    (K 64; value steps fewer than, as many as and more than the ring's stages, the stages' other
+    layouts), on a batch with a partial last chunk: as their tests at K = V = 128 bound them."""
+    if form == "gluon_dqdk_specialized" and V == 64:
+        V = 96  # dq and dk's twin takes at least three steps of 32 columns: an odd count of steps
+    x, args = _twin_case(2, 1000, 8, HV, None, True, seed=27, K=K, V=V)
+    twins = dict(gluon_scores=True) if form == "gluon_scores" else dict(gluon_dqdk=True, gluon_dqdk_specialized=True)
+    got = _twin_runs(x, args, **twins)
+    bounds = dict(dq=2 ** -8, dk=2 ** -8, dg=1e-5, dbeta=1e-5 if form == "gluon_scores" else 0.0, dv=0.0, dh0=0.0)
     _assert_near_the_triton_kernels(got, bounds)
     _assert_like_the_oracle(x, args, got[True])
 
