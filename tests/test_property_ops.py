@@ -11,17 +11,14 @@ Tolerance: float32 computation against float64, relative RMS 2e-4 for outputs an
 oracle tests' float32 band, with l2-normalised keys and decays in (0, 1]); 1e-2 where the prefill's
 inputs are bfloat16 (its band for 16-bit operands; the oracle runs on the same rounded inputs).
 """
-import os
-import time
 
 import torch
 
 import recurscan
 from recurscan.reference import delta, diagonal, gla, ssd
+from tests.helpers.seeded import run_seeds
 from tests.helpers.tolerances import relative_rms
 
-BUDGET = float(os.environ.get("RECURSCAN_PROPERTY_SECONDS", "40"))
-ONE_SEED = os.environ.get("RECURSCAN_PROPERTY_SEED")
 RMS = 2e-4
 RMS16 = 1e-2  # 16-bit inputs and outputs (the GPU tests' band: products on 16-bit operands)
 
@@ -212,18 +209,5 @@ CASES = [("delta", "torch", case_delta), ("delta", "triton", case_delta), ("deco
 
 
 def test_random_problems_match_the_oracle():
-    seeds = [int(ONE_SEED)] if ONE_SEED is not None else range(10**6)
-    start, ran = time.monotonic(), 0
-    for seed in seeds:
-        if ONE_SEED is None and time.monotonic() - start > BUDGET:
-            break
-        rng = torch.Generator().manual_seed(seed)
-        name, backend, case = CASES[seed % len(CASES)]
-        try:
-            case(rng, backend)
-        except Exception as exc:
-            raise AssertionError(f"seed {seed} ({name}, {backend}): {type(exc).__name__}: {exc}\n"
-                                 f"replay: RECURSCAN_PROPERTY_SEED={seed} pytest {__file__}") from exc
-        ran += 1
-    assert ran >= len(CASES), f"only {ran} cases in {BUDGET} s"
+    ran = run_seeds(CASES, lambda rng, case: case[2](rng, case[1]), __file__)
     print(f"{ran} random cases passed")
