@@ -335,6 +335,21 @@ def _assert_like_the_oracle(x, args, grads):
 GRAD_NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
 
 
+#: How far a Gluon form of the parallel stage may be from the Triton kernels (relative RMS; 0: the
+#: same bits): dq and dk one bf16 rounding, dg float32's, the other kernels' gradients their bits;
+#: dbeta float32's where the scores kernel is the Gluon one.
+DQDK_BOUNDS = dict(dq=2 ** -8, dk=2 ** -8, dg=1e-5, dv=0.0, dbeta=0.0, dh0=0.0)
+SCORES_BOUNDS = dict(DQDK_BOUNDS, dbeta=1e-5)
+
+
+def _check_form(x, args, bounds, **twin):
+    """The run with the Gluon forms named in ``twin`` within ``bounds`` of the Triton kernels', and
+    within the oracle's band of the float64 chunkwise reference."""
+    got = _twin_runs(x, args, **twin)
+    _assert_near_the_triton_kernels(got, bounds)
+    _assert_like_the_oracle(x, args, got[True])
+
+
 def _assert_near_the_triton_kernels(got, bounds):
     """Each gradient of the run with a Gluon kernel (``got[True]``) within ``bounds[name]`` (relative
     RMS; 0: the same bits) of the run with the Triton kernels (``got[False]``); None in both where
@@ -375,10 +390,7 @@ def test_the_gluon_dq_dk_kernel_agrees_with_its_twin(B, T, H, HV, cu, l2norm):
     the same bits, dg agrees to float32 rounding, dq and dk to within one bf16 rounding (2^-8
     relative RMS); all within the oracle's band of the float64 chunkwise reference."""
     x, args = _twin_case(B, T, H, HV, cu, l2norm, seed=22)
-    got = _twin_runs(x, args, gluon_dqdk=True)
-    bounds = dict(dq=2 ** -8, dk=2 ** -8, dg=1e-5, dv=0.0, dbeta=0.0, dh0=0.0)
-    _assert_near_the_triton_kernels(got, bounds)
-    _assert_like_the_oracle(x, args, got[True])
+    _check_form(x, args, DQDK_BOUNDS, gluon_dqdk=True)
 
 
 @pytest.mark.unproven
@@ -400,10 +412,7 @@ def test_the_warp_specialised_dq_dk_kernel_agrees_with_its_twin(B, T, H, HV, cu,
     x, args = _twin_case(B, T, H, HV, cu, l2norm, seed=26)
     if not decay:
         x = x[:3] + (None,) + x[4:]
-    got = _twin_runs(x, args, gluon_dqdk=True, gluon_dqdk_specialized=True)
-    bounds = dict(dq=2 ** -8, dk=2 ** -8, dg=1e-5, dv=0.0, dbeta=0.0, dh0=0.0)
-    _assert_near_the_triton_kernels(got, bounds)
-    _assert_like_the_oracle(x, args, got[True])
+    _check_form(x, args, DQDK_BOUNDS, gluon_dqdk=True, gluon_dqdk_specialized=True)
 
 
 @pytest.mark.unproven
@@ -424,10 +433,7 @@ def test_the_gluon_scores_kernel_agrees_with_its_twin(B, T, H, HV, cu, l2norm, d
     x, args = _twin_case(B, T, H, HV, cu, l2norm, seed=25)
     if not decay:
         x = x[:3] + (None,) + x[4:]
-    got = _twin_runs(x, args, gluon_scores=True)
-    bounds = dict(dq=2 ** -8, dk=2 ** -8, dg=1e-5, dbeta=1e-5, dv=0.0, dh0=0.0)
-    _assert_near_the_triton_kernels(got, bounds)
-    _assert_like_the_oracle(x, args, got[True])
+    _check_form(x, args, SCORES_BOUNDS, gluon_scores=True)
 
 
 @pytest.mark.unproven
@@ -442,11 +448,10 @@ def test_the_warp_specialised_stages_at_other_head_sizes(form, K, V, HV):
     if form == "gluon_dqdk_specialized" and V == 64:
         V = 96  # dq and dk's twin takes at least three steps of 32 columns: an odd count of steps
     x, args = _twin_case(2, 1000, 8, HV, None, True, seed=27, K=K, V=V)
-    twins = dict(gluon_scores=True) if form == "gluon_scores" else dict(gluon_dqdk=True, gluon_dqdk_specialized=True)
-    got = _twin_runs(x, args, **twins)
-    bounds = dict(dq=2 ** -8, dk=2 ** -8, dg=1e-5, dbeta=1e-5 if form == "gluon_scores" else 0.0, dv=0.0, dh0=0.0)
-    _assert_near_the_triton_kernels(got, bounds)
-    _assert_like_the_oracle(x, args, got[True])
+    if form == "gluon_scores":
+        _check_form(x, args, SCORES_BOUNDS, gluon_scores=True)
+    else:
+        _check_form(x, args, DQDK_BOUNDS, gluon_dqdk=True, gluon_dqdk_specialized=True)
 
 
 @pytest.mark.parametrize("poisoned", ["v, dO", pytest.param("q, k", marks=pytest.mark.unproven)])
@@ -520,8 +525,8 @@ def test_the_planner_gives_backward_stages_to_gluon_only_where_allowed(monkeypat
     assert kinds == ["GluonJITFunction", scores, "GluonJITFunction"]  # the reverse sweep, scores, dq and dk
     forced, kinds, kernel = step("triton")
     assert kernel is chunk_delta_bwd_sweep_kernel and "GluonJITFunction" not in kinds
-    bounds = dict(dq=2 ** -8, dk=2 ** -8, dg=1e-5, dbeta=1e-5 if rows["gluon_scores"].on else 0.0)
+    bounds = SCORES_BOUNDS if rows["gluon_scores"].on else DQDK_BOUNDS
     for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta"), planned, forced):
         err = relative_rms(a.double(), b.double())
-        assert err <= bounds.get(name, 0.0), f"{name}: {err:.2e}"
+        assert err <= bounds[name], f"{name}: {err:.2e}"
     clear_caches()

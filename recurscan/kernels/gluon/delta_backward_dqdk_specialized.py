@@ -212,7 +212,7 @@ def _project(x_s, r, m_r, acc_s, first: gl.constexpr, layout: gl.constexpr):
     the sequence's end, ``m_r`` False, zero), acc the sum whose halves are ``acc_s[first]`` and
     ``acc_s[first + 1]`` (the twin's _projection), one half in registers at a time. A row past the
     end may come out NaN (its factor from the next sequence's row): the callers select those rows
-    away (selecting before the scaling here spilled 8 B under GVA)."""
+    away, which costs fewer registers than selecting here (8 B of spills under GVA)."""
     BT: gl.constexpr = x_s.shape[1]
     out = gl.zeros([BT], gl.float32, layout=gl.SliceLayout(1, layout))
     for c in range(2):

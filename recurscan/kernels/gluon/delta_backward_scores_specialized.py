@@ -184,7 +184,7 @@ def _loads(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexp
     # step. The scores warpgroups wait on a stage's ready barrier by phase parity alone, so a stage's
     # previous fill (often the other warpgroup's step) must have landed before a warpgroup waits on
     # it: a warpgroup waits for its q and k first, and issuing them here means the load warp has
-    # already seen every earlier step of the stages this item reads freed. Earlier, a wait at
+    # already seen every earlier step of the stages this item reads freed. Issued sooner, a wait at
     # V > NUM_STAGES x BV could pass on the old phase while the other item's copy still lands.
     ONCE_AT: gl.constexpr = (NUM_STAGES if NUM_STAGES < NV else NV) - 1
     nbytes: gl.constexpr = 5 * do_desc.block_type.nbytes
