@@ -28,8 +28,8 @@ lost 5.5e-8).
 16-bit inputs: relative RMS 1e-2 against the float64 oracle on the same rounded inputs
 (METHOD.md's band for 16-bit operands; dq, dk, dv come back in the inputs' dtype), and 2e-2 for
 the Triton kernels under the interpreter, whose float32 -> bfloat16 conversion truncates (relative
-RMS 3.4e-3 of a rounding against 1.6e-3 for the GPU's and PyTorch's round-to-nearest, measured
-on Triton 3.6.0): the products' 16-bit operands carry twice the GPU's rounding error there.
+RMS 3.3e-3 of a rounding against 1.7e-3 for the GPU's and PyTorch's round-to-nearest on Triton
+3.6.0; each figure here: ``python -m benchmarks.cpu_gradient_precision``): the products' 16-bit operands carry twice the GPU's rounding error there.
 SSD's per-head parameters (A, D, dt_bias) are sums over every token of terms that carry those
 roundings, so with 16-bit inputs their relative error is the rounding times the draw's
 cancellation, which has no bound (seed 902: the float64 ddt sum over 200 tokens of a head 0.10

@@ -1,0 +1,76 @@
+"""The precision figures behind tests/test_property_gradients.py's bounds, on the CPU (the Triton
+kernels under the interpreter): Triton's interpreter's float32 -> bfloat16 conversion against
+PyTorch's, then each cited seed's gradients, relative RMS against autograd through the float64
+token loop for our path and for the float32 token loop, as the property test draws them (its
+16-bit delta draws get a beta; ``--as-drawn`` for seed 1512's draw without one).
+
+    python -m benchmarks.cpu_gradient_precision > benchmarks/results/cpu_gradient_precision.txt
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from tests import test_property_gradients as prop  # noqa: E402
+from tests.helpers.tolerances import relative_rms  # noqa: E402
+
+#: The seeds the property test's docstring and docs/perf-history.md cite, and what each shows.
+SEEDS = {92: "per-key GLA, float32: dq's largest error", 526: "SSD, float32: ddt_bias",
+         2558: "SSD, float32: dA", 902: "SSD, bf16: ddt_bias's cancellation", 2112: "GDN, bf16: dh0",
+         1512: "GDN, bf16, beta = 1, no decay (the draw before the property test gave 16-bit draws a beta)"}
+
+
+@triton.jit
+def _to_bf16(x, y, N: tl.constexpr):
+    o = tl.arange(0, N)
+    tl.store(y + o, tl.load(x + o).to(tl.bfloat16))
+
+
+def conversion() -> str:
+    x = torch.randn(1 << 16, generator=torch.Generator().manual_seed(0))
+    y = torch.empty_like(x, dtype=torch.bfloat16)
+    _to_bf16[(1,)](x, y, N=x.numel())
+    rel = lambda b: ((b.float() - x) / x).pow(2).mean().sqrt().item()  # noqa: E731
+    return (f"float32 -> bf16, relative RMS of a rounding: interpreter {rel(y):.2e}, torch {rel(x.bfloat16()):.2e}, "
+            f"{int((y != x.bfloat16()).sum())} of {x.numel()} values differ")
+
+
+def seed_errors(seed: int, beta_rule: bool = True) -> str:
+    """One property-test draw replayed: each gradient's relative RMS against float64, ours and the
+    float32 token loop's. Without ``beta_rule``, a 16-bit delta draw keeps beta = 1."""
+    rng = torch.Generator().manual_seed(seed)
+    family, backend = prop.CASES[seed % len(prop.CASES)]
+    x, kw, op, naive, naive_kw = dict(prop.FAMILIES)[family](rng)
+    low = prop.pick(rng, [None, None, torch.bfloat16])
+    if low is not None:
+        x = {n: t.to(low) if n in ("q", "k", "v", "x", "B", "C", "z") else t for n, t in x.items()}
+        if beta_rule and family == "delta" and "beta" not in x:
+            x["beta"] = torch.rand(x["v"].shape[:3], generator=rng)
+    leaves = {n: prop.strided(t, rng).requires_grad_() for n, t in x.items()}
+    cot_seed = int(torch.randint(2 ** 31, (1,), generator=rng))
+    got = prop._grads(lambda **a: op(**a, backend=backend), leaves, kw, cot_seed, low)
+    naive_kw = dict(naive_kw, **{k: v for k, v in kw.items() if k != "output_final_state"})
+    ref = {dt: prop._grads(naive, {n: t.detach().to(dt).requires_grad_() for n, t in x.items()}, naive_kw, cot_seed, low)
+           for dt in (torch.float64, torch.float32)}
+    shapes = {n: tuple(t.shape) for n, t in x.items()}
+    rows = [f"  d{n}: ours {relative_rms(g, ref[torch.float64][n]):.2e}, float32 loop "
+            f"{relative_rms(ref[torch.float32][n], ref[torch.float64][n]):.2e}; largest error ours "
+            f"{(g.double() - ref[torch.float64][n]).abs().max().item():.2e}, float32 loop "
+            f"{(ref[torch.float32][n].double() - ref[torch.float64][n]).abs().max().item():.2e}" for n, g in got.items()]
+    return f"seed {seed} ({family}, {backend}, {low or 'float32'}): {shapes}\n" + "\n".join(rows)
+
+
+def main():
+    print(conversion())
+    for seed, what in SEEDS.items():
+        print(f"# {what}")
+        print(seed_errors(seed, beta_rule=seed != 1512))
+
+
+if __name__ == "__main__":
+    main()
