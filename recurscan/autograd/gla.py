@@ -32,12 +32,16 @@ class ChunkSimpleGla(torch.autograd.Function):
                 backward=dict(chunk_indices=options["chunk_indices"], chunk_offsets=options["chunk_offsets"]))
         ctx.save_for_backward(q, k, v, g, initial_state, *states)
         ctx.options = options
+        ctx.output = (o.shape, o.dtype)
+        ctx.set_materialize_grads(False)  # an output the loss does not read: None, no zeros to make and read
         return o, final
 
     @staticmethod
     def backward(ctx, do, dht):
         q, k, v, g, h0, *states = ctx.saved_tensors
         opt = ctx.options
+        if do is None:  # the loss reads the final state alone
+            do = q.new_zeros(ctx.output[0], dtype=ctx.output[1])
         grads = chunk_simple_gla_bwd(q, k, v, g, do, dht, scale=opt["scale"], initial_state=h0,
                                      cu_seqlens=opt["cu_seqlens"], chunk_indices=opt["chunk_indices"],
                                      chunk_offsets=opt["chunk_offsets"], shape=opt["shape"],
