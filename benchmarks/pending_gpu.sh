@@ -4,7 +4,9 @@
 # step has its own time limit so that one hang cannot take the others' results; $OUT receives the
 # files. Pass the commit explicitly: the device's copy may report an older HEAD.
 #
-#   0. The GPU suite but the tests marked unproven (kernels not yet run on a GPU: step 8 runs them)
+#   0. The GPU suite but the tests marked unproven (kernels not yet run on a GPU: step 8 runs them),
+#      and a loss reading one output alone (the other's cotangent None: HAS_DHT off in the sweeps
+#      that the benchmarks below now run)
 #      (195 passed at d529156, results/gpu_tests_d529156.log; since then the SSD group-prep row's
 #      prep runs on 8 warps uncapped, the backward's recompute prep too).
 #   1. (Ran at d529156: results/gpu_gla_sweep_d529156.json.) Forward rows with group-prep variants
@@ -47,6 +49,7 @@ export RECURSCAN_COMMIT=$C
 pip install -q --no-index --no-deps --target /tmp/site .whl/fla_core-0.6.0-py3-none-any.whl 2>&1 | grep -v WARNING | tail -1
 mkdir -p /tmp/mamba && tar xzf .whl/mamba_ssm-2.3.2.post1.tar.gz -C /tmp/mamba --strip-components=1
 step 0 && { timeout 270 python -m pytest -m "gpu and not unproven" -n 6 tests/gpu -p no:cacheprovider -o faulthandler_timeout=260 -q \
+    tests/test_hardening_gradients.py::test_an_unread_output_is_a_zero_cotangent \
     > "$OUT/gpu_tests_$C.log" 2>&1; echo "gpu suite rc=$?"; grep -E "passed|failed|FAILED|Timeout" "$OUT/gpu_tests_$C.log" | tail -12; }
 W=tma:grp:gluon:ws
 RUN="env PYTHONPATH=$PWD:/tmp/site MAMBA_SSM_SRC=/tmp/mamba python benchmarks/gpu_gla_sweep.py --profile"

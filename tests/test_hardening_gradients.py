@@ -4,7 +4,10 @@ clean run's, for every family with a backward (GDN, GDP, simple GLA, per-key GLA
 
 The exceptions are the gradients of parameters every sequence shares (SSD's A, D and dt_bias):
 they sum over all tokens, so a non-finite token makes them non-finite, as PyTorch's own autograd
-does. Each case runs on CPU tensors under the interpreter (CI) and, marked ``gpu``, on the H200 at
+does. And a loss that reads the outputs alone or the final states alone (the unread one reaches
+the backward as None, its zeros never made) gets the bits of a zero cotangent for the unread one.
+
+Each case runs on CPU tensors under the interpreter (CI) and, marked ``gpu``, on the H200 at
 the models' head sizes in bf16 through the planner (the Gluon twins where it takes them):
 ``python -m pytest -m gpu tests/test_hardening_gradients.py``.
 """
@@ -141,3 +144,27 @@ def test_nonfinite_input_leaves_other_sequences_gradients(device, family, name, 
         within = outside.repeat_interleave(m)
         assert torch.equal(grad_bad[:, within], grad[:, within]), f"d{n}: another sequence's gradient changed"
     assert all(torch.isfinite(grads[n]).all() for n in grads), "the clean run's gradients are not finite"
+
+
+def _unread_cases():
+    for family in POISONED:
+        for read in ("output", "final"):
+            yield pytest.param("cpu", family, read, id=f"cpu-{family}-{read}")
+            yield pytest.param("cuda", family, read, marks=pytest.mark.gpu, id=f"cuda-{family}-{read}")
+
+
+@pytest.mark.parametrize("device, family, read", list(_unread_cases()))
+def test_an_unread_output_is_a_zero_cotangent(device, family, read):
+    x, _ = _inputs(family, device)
+    leaves = {n: t.clone().requires_grad_() for n, t in x.items()}
+    o, final = _call(family, leaves, device)
+    gen = torch.Generator().manual_seed(1)
+    cot = {"output": torch.randn(o.shape, generator=gen).to(o), "final": torch.randn(final.shape, generator=gen).to(final)}
+    alone = torch.autograd.grad({"output": o, "final": final}[read], list(leaves.values()), cot[read],
+                                retain_graph=True, allow_unused=True)
+    zeros = {"output": torch.zeros_like(o), "final": torch.zeros_like(final), read: cot[read]}
+    both = torch.autograd.grad((o, final), list(leaves.values()), (zeros["output"], zeros["final"]), allow_unused=True)
+    for n, a, b in zip(leaves, alone, both):
+        a, b = (torch.zeros_like(leaves[n]) if t is None else t for t in (a, b))  # None: the leaf is not reached
+        assert torch.equal(a, b), f"d{n}: reading the {read} alone differs from a zero cotangent for the other"
+        assert torch.isfinite(a).all(), f"d{n}: non-finite"

@@ -47,6 +47,15 @@ rule: dh0 3.8e-2 and dk 1.3e-2 under the interpreter, at K 16, where the same dr
 (0, 1) and a decay gives 7.7e-4 and 8.4e-3; in float32 both are within 4x the float32 loop's
 error). Not traced to a stage; fla's kernels, which keep 16-bit states and inverses too, were not
 run on it.
+
+Where the loss reads the final states alone, the initial states' gradient is the cotangent carried
+back through every chunk's transition, which can shrink it by orders of magnitude; both paths
+compute that product chunk by chunk (the WY form), the token loop step by step, and the chunked
+forms then lose more of its relative accuracy than the loop does. Seed 97 (GDP M = 2 over 63
+tokens, K 8, L2-normed keys, float32): dh0's RMS 1.3e-7 of the cotangent's 1, its relative RMS
+error 9.6e-6 on the PyTorch path and 9.5e-6 on the Triton path against the float32 loop's 6.0e-7
+(largest errors 8.5e-12 and 7.5e-12 absolute). There the PyTorch path gets the Triton path's
+bound (:data:`CONTRACTED_FP32`).
 """
 
 import torch
@@ -66,6 +75,10 @@ CHAIN16 = SHARED | {"initial_state"}
 #: (factor, floor) of ``assert_like_fp32`` for the Triton path's float32 gradients.
 TRITON_FP32 = (64, 1e-5)
 TRITON_FP32_SHARED = (64, 1e-4)
+#: (factor, floor) for the initial states' gradients on the PyTorch path too, where the loss reads
+#: the final states alone (the docstring): dh0 is then the cotangent carried back through every
+#: chunk's transition, and both paths are chunked forms.
+CONTRACTED_FP32 = TRITON_FP32
 
 
 def _delta(rng):
@@ -193,8 +206,8 @@ def run_case(rng, family, backend):
             band = RMS16_INTERPRETED if backend == "triton" and g.device.type == "cpu" else RMS16
             err = relative_rms(g, ref[torch.float64][n])
             assert err <= band, f"d{n}: relative RMS {err:.2e} > {band:.0e} (16-bit inputs)"
-        elif backend == "triton":
-            factor, floor = TRITON_FP32_SHARED if n in SHARED else TRITON_FP32
+        elif backend == "triton" or (n == "initial_state" and READS[seed % len(READS)] == (1,)):
+            factor, floor = TRITON_FP32_SHARED if n in SHARED else TRITON_FP32 if backend == "triton" else CONTRACTED_FP32
             assert_like_fp32(g, ref[torch.float64][n], ref[torch.float32][n], f"d{n}", factor=factor, floor=floor)
         else:
             assert_like_fp32(g, ref[torch.float64][n], ref[torch.float32][n], f"d{n}")
