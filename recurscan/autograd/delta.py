@@ -22,7 +22,8 @@ class ChunkDelta(torch.autograd.Function):
     ``forward()``: the no-grad forward (the Triton launches), returning ``(o, final_state, *kept)``
     (``kept``: the prep's outputs when ``options["keep_prep"]``, then the checkpoint states when
     ``options["checkpoint_chunks"]``);
-    ``options``: num_householder, scale, use_qk_l2norm_in_kernel, cu_seqlens, and for the Triton
+    ``options``: num_householder, scale, use_qk_l2norm_in_kernel, cu_seqlens, final_read (the caller
+    receives the final state: its backward may get a cotangent for it), and for the Triton
     backward the launch shape and the varlen descriptors (chunk_indices, chunk_indices_dp,
     chunk_offsets); ``signature``: the forward call's signature (None: not kept), on whose first
     call the backward's kernels start compiling beside the forward's; ``gluon``: the planner may
@@ -41,7 +42,8 @@ class ChunkDelta(torch.autograd.Function):
                 cu_seqlens=opt["cu_seqlens"],
                 shape=opt["shape"], chunk_offsets=opt["chunk_offsets"],
                 chunk_indices=opt["chunk_indices_dp" if opt["num_householder"] > 1 else "chunk_indices"],
-                prep_kept=opt["keep_prep"], checkpoint_chunks=opt["checkpoint_chunks"], gluon=opt["gluon"])
+                prep_kept=opt["keep_prep"], checkpoint_chunks=opt["checkpoint_chunks"], gluon=opt["gluon"],
+                final_read=opt["final_read"])
             o, final, *prep = forward()
         ctx.save_for_backward(q, k, v, g, beta, initial_state, *prep)
         ctx.options = options

@@ -14,7 +14,8 @@ from ..launch.gla import chunk_simple_gla_bwd, chunk_simple_gla_fwd, forward_sta
 
 class ChunkSimpleGla(torch.autograd.Function):
     """``apply(q, k, v, g, initial_state, options) -> (o, final_state)``; ``options``: scale,
-    cu_seqlens, chunk_indices, chunk_offsets (varlen descriptors), the launch shape and
+    cu_seqlens, chunk_indices, chunk_offsets (varlen descriptors), final_read (the caller receives
+    the final state), the launch shape and
     ``prep_rows`` (g per key dimension: the prep's programs per value head; None: g per head)."""
 
     @staticmethod
@@ -29,7 +30,8 @@ class ChunkSimpleGla(torch.autograd.Function):
                 chunk_indices=options["chunk_indices"],
                 chunk_offsets=options["chunk_offsets"] if per_key or rows is not None else None,
                 chunk_state_rows=rows, states_for_backward=rows is not None,
-                backward=dict(chunk_indices=options["chunk_indices"], chunk_offsets=options["chunk_offsets"]))
+                backward=dict(chunk_indices=options["chunk_indices"], chunk_offsets=options["chunk_offsets"],
+                              final_read=options["final_read"]))
         ctx.save_for_backward(q, k, v, g, initial_state, *states)
         ctx.options = options
         ctx.output = (o.shape, o.dtype)

@@ -80,7 +80,8 @@ class SsdChunkScan(torch.autograd.Function):
     step ``[Bt, T, H]`` float32 (the discretised dt), A ``[H]``, C and B ``[Bt, T, G, N]`` in the
     kernels' dtype, D ``[H]`` / ``[H, P]`` or None, z like x or None, h0 ``[N, H, Nstate, P]`` or
     None, resets ``[Bt, T]`` (-inf where mamba's seq_idx starts a sequence) or None; ``options``:
-    the kernels' dtype, cu_seqlens, chunk_indices, chunk_offsets and the launch shape. y in the
+    the kernels' dtype, cu_seqlens, chunk_indices, chunk_offsets, final_read (the caller receives
+    the final states) and the launch shape. y in the
     kernels' dtype, final ``[N, H, Nstate, P]`` float32.
 
     Forward: the recurrence's kernels as inference runs them (x raw, dt folded into the gates,
@@ -108,6 +109,7 @@ class SsdChunkScan(torch.autograd.Function):
             ssd=prologue, chunk_state_rows=rows, states_for_backward=rows is not None,
             chunk_offsets=options["chunk_offsets"] if rows is not None else None,
             backward=dict(chunk_indices=options["chunk_indices"], chunk_offsets=options["chunk_offsets"],
+                          final_read=options["final_read"],
                           ssd_grads=(x, step, D) if _folds(options, x, z, kernel_dtype) else None))
         y = u if z is None else gate_forward(u, z)
         ctx.save_for_backward(x, step, A, C, B, D, z, h0, resets, None if z is None else u, *states)

@@ -321,19 +321,22 @@ def compile_backward_early(signature, q, k, v, g, beta, o=None, final=None, *, n
                            initial_state=None, use_qk_l2norm_in_kernel=False, cu_seqlens=None, chunk_indices=None,
                            chunk_offsets=None, shape: DeltaShape | None = None,
                            backward_shape: DeltaBackwardShape | None = None, prep_kept: bool = False,
-                           checkpoint_chunks: int = 0, gluon: bool = True):
+                           checkpoint_chunks: int = 0, gluon: bool = True, final_read: bool = True):
     """Called by a forward under autograd before it runs: on the first call of the forward's
     ``signature`` (a hashable key; None: nothing is done), build the backward's launches and
     start compiling every kernel they launch (the recompute's and the stages') on background
     threads, beside the forward's own compiles; the backward's first call waits for them. ``o``
     and ``final`` carry the signatures of dO and dht (None: :func:`output_stand_ins`, made only on
-    a signature's first call). Other arguments as :func:`chunk_delta_bwd` takes them (GDP: the
-    expanded stream's descriptors). Later calls of the signature return at once."""
+    a signature's first call). ``final_read``: whether the caller receives the final state (if not,
+    the backward's dht is None: autograd sends no cotangent for it). Other arguments as
+    :func:`chunk_delta_bwd` takes them (GDP: the expanded stream's descriptors). Later calls of the
+    signature return at once."""
     if INTERPRET or signature is None or signature in EARLY_SIGNATURES:
         return
     EARLY_SIGNATURES.add(signature)
     if o is None or final is None:
         o, final = output_stand_ins(q, k, v, cu_seqlens)
+    final = final if final_read else None
     if num_householder > 1 and cu_seqlens is not None:  # as chunk_delta_product_bwd passes them
         chunk_offsets = expanded_chunk_offsets(cu_seqlens, num_householder)
     launches, given = _backward_call(q, k, v, g, beta, torch.empty_like(o), final, num_householder=num_householder,

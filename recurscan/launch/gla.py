@@ -581,17 +581,18 @@ def _gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offs
 
 
 def compile_gla_backward_early(q, k, v, g, h0, cu_seqlens, *, scale, shape, out, final, chunk_indices=None,
-                               chunk_offsets=None, states_given=False, ssd_grads=None):
+                               chunk_offsets=None, states_given=False, ssd_grads=None, final_read=True):
     """From a forward signature's first call under autograd (``out``, ``final``: its outputs'
     (shape, dtype), which dO and dht take; ``states_given``: it keeps the chunk states for the
     backward; ``ssd_grads``: SSD's ``(x, step, D)`` where its backward forms x's gradient in the
-    reverse sweep): build the backward's launches and start compiling their kernels (the forward
+    reverse sweep; ``final_read``: the caller receives the final state, else dht is None): build
+    the backward's launches and start compiling their kernels (the forward
     again for the chunk states, or what of it is left, the sweep, the parallel stage) on background
     threads, beside the forward's compile; the backward's first call waits for them."""
     device = q.device
     stand_in = lambda spec: torch.empty(16, dtype=spec[1], device=device)  # noqa: E731 (dtype and alignment)
     do = torch.empty(out[0], dtype=out[1], device=device)
-    dht = None if final is None else torch.empty(final[0], dtype=final[1], device=device)
+    dht = None if final is None or not final_read else torch.empty(final[0], dtype=final[1], device=device)
     launches, (q, k, v, g, do, dht, h0, cu, ci, co), ssd_grads = _gla_backward(
         q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets, scale=scale, shape=shape,
         states_given=states_given, ssd_grads=ssd_grads)

@@ -238,7 +238,7 @@ def _run_triton_with_grad(q, k, v, g, beta, problem, schedule, *, initial_state,
                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, shape=schedule.launch,
                    chunk_indices=chunk_indices, chunk_indices_dp=chunk_indices_dp, chunk_offsets=chunk_offsets,
                    signature=key, keep_prep=keep_prep, checkpoint_chunks=checkpoint_chunks,
-                   gluon=backend is None)
+                   gluon=backend is None, final_read=output_final_state)
     o, final = ChunkDelta.apply(q, k, v, g, beta, initial_state, forward, options)
     return o, (final if output_final_state else None)
 

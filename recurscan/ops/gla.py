@@ -99,7 +99,7 @@ def _run_triton_with_grad(q, k, v, g, problem, schedule, *, initial_state, outpu
         chunk_indices, chunk_offsets = built.chunk_indices, built.chunk_offsets
     per_key = g is not None and g.dim() == 4  # the prep runs first, one program per chunk and value head
     options = dict(scale=problem.scale, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
-                   chunk_offsets=chunk_offsets, shape=schedule.launch,
+                   chunk_offsets=chunk_offsets, shape=schedule.launch, final_read=output_final_state,
                    prep_rows=chunk_rows(q.shape[0], q.shape[1], cu_seqlens, chunk_indices, chunk_offsets,
                                         q.device)[0] if per_key else None)
     o, final = ChunkSimpleGla.apply(q, k, v, g, initial_state, options)

@@ -181,7 +181,7 @@ def _ssd_triton(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_st
                                       "inference-only; train with initial_states / return_final_states, or call "
                                       "under torch.no_grad()")
         return _ssd_triton_with_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens,
-                                     launch, resets, descriptors)
+                                     launch, resets, descriptors, final_read=final_states)
     from ..launch.gla import SsdPrologue, chunk_simple_gla_fwd
     from .gla import chunk_rows
     rows = chunk_indices = chunk_offsets = prep_rows = None
@@ -209,7 +209,7 @@ def _ssd_triton(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_st
 
 
 def _ssd_triton_with_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens, launch,
-                          resets=None, descriptors=(None, None)):
+                          resets=None, descriptors=(None, None), final_read=True):
     """Training on the Triton path: the step sizes in PyTorch (autograd takes their chain rule;
     ``[B, T, H]``), then autograd/ssd.py's SsdChunkScan: v = dt x, the log decay, the recurrence on
     the GLA kernels (forward and backward in Triton) and the skip and gate (one elementwise kernel
@@ -223,7 +223,7 @@ def _ssd_triton_with_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, 
         built = descriptors_for_call(cu_seqlens, device=x.device, op="mamba_chunk_scan_combined")
         chunk_indices, chunk_offsets = built.chunk_indices, built.chunk_offsets
     options = dict(kernel_dtype=kernel_dtype, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
-                   chunk_offsets=chunk_offsets, shape=launch)
+                   chunk_offsets=chunk_offsets, shape=launch, final_read=final_read)
     h0 = None if initial_states is None else initial_states.transpose(-1, -2)
     y, final = SsdChunkScan.apply(x, step, A, C.to(kernel_dtype), B.to(kernel_dtype), D, z, h0, resets, options)
     return y.to(x.dtype), final.transpose(-1, -2)
