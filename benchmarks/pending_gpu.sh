@@ -20,6 +20,7 @@
 #   7. The forward rows as planned: the record at this commit; one variant, simple GLA's group prep
 #      on 8 warps (5.5-5.6 us against 6.0 at 70e9ece, before the leaner prep); it runs on the SSD
 #      rows too, where forming the scores in the sweep lost at 70e9ece (not a form for them).
+#      (At 10c2e28 it ran out of 80 s before writing its file: 150 now.)
 #   3. SSD's cold first forward + backward in a fresh process (target 10 s; 7.7 s at aa74b18), now
 #      with the warp-specialised dg and the reverse sweep's SSD_GRADS among its kernels.
 #   2. transformers' Mamba2 mixer trained for 50 steps with the backward as planned since 20319ea
@@ -58,7 +59,7 @@ step 1 && timeout 170 $RUN \
     --out "$OUT/gpu_gla_sweep_$C.json" 2>&1 | grep -v Warning | grep -E " ms" | head -60
 step 4 && timeout 90 env RECURSCAN_SWEEP_COEF_PREFETCH=0 $RUN --out "$OUT/gpu_gla_sweep_no_prefetch_$C.json" 2>&1 \
     | grep -v Warning | grep -E " ms" | head -30
-step 7 && timeout 80 $RUN --sweep 64:4:3:tma:qk:gluon:ws:pw8 --out "$OUT/gpu_gla_sweep_$C.json" 2>&1 | grep -v Warning | grep -E " ms" | head -30
+step 7 && timeout 150 $RUN --sweep 64:4:3:tma:qk:gluon:ws:pw8 --out "$OUT/gpu_gla_sweep_$C.json" 2>&1 | grep -v Warning | grep -E " ms" | head -30
 step 3 && timeout 80 env PYTHONPATH=$PWD python benchmarks/gpu_gla_cold_ab.py --forms planned --times 2
 step 2 && timeout 100 env PYTHONPATH=$PWD python benchmarks/train_mamba2_mixer.py --out "$OUT/train_mamba2_mixer" 2>&1 | tail -4
 step 5 && timeout 120 $RUN --train-only --out "$OUT/gpu_gla_train_$C.json" 2>&1 | grep -v Warning | grep -E " ms" | head -20
