@@ -696,3 +696,37 @@ def test_the_forward_starts_compiling_the_recompute_on_the_sweep(kept, form, rec
     want = torch.autograd.grad(recurscan.chunk_simple_gla(*ref, scale=0.3, backend="torch")[0], ref, do)
     for name, a, b in zip(("dq", "dk", "dv", "dg"), got, want):
         assert relative_rms(a, b) < 1e-4, name
+
+
+@pytest.mark.parametrize("case", ["H = HV", "GVA", "the reverse sweep's Gluon twin", "nothing narrowed"])
+def test_the_backward_stores_the_gradients_its_caller_narrows_in_the_inputs_dtypes(case):
+    """launch.gla.build_gla_backward's ``narrow`` (autograd/gla.py's NARROW: dq, dk, dv; SSD's: dq,
+    dk): those gradients are stored in q's, k's and v's dtypes rather than cast after; dq and dk
+    where the stage leaves them whole, else their group sums (the shares stay float32); dv where
+    the Triton reverse sweep writes it (the Gluon twin's bulk store takes float32)."""
+    import dataclasses
+    from recurscan.launch.gla import build_gla_backward
+    from recurscan.plan import gla as plan_gla
+    from recurscan.plan.delta import DeltaShape
+    B, T, H, K, V = 1, 300, 2, 128, 64
+    HV = 2 * H if case == "GVA" else 8 if case.startswith("the reverse") else H
+    H = 1 if case.startswith("the reverse") else H
+    bf = dict(dtype=torch.bfloat16)
+    q, k, v, do = (torch.zeros(B, T, h, d, **bf) for h, d in ((H, K), (H, K), (HV, V), (HV, V)))
+    shape = plan_gla.GLA_LAUNCH
+    if case.startswith("the reverse"):  # as the reverse sweep's twin test plans it: the group prep's scores
+        shape = dataclasses.replace(shape, sweep=DeltaShape(64, 4, 2, 4, "test", tma_store=True, group_prep=True),
+                                    reverse_twin=True)
+    narrow = () if case == "nothing narrowed" else ("dq", "dk", "dv")
+    launches = build_gla_backward(q, k, v, torch.zeros(B, T, HV), do, None, None, None, None, None,
+                                  scale=K ** -0.5, shape=shape, narrow=narrow)
+    dtypes = {n: d for n, (_, d) in launches.buffers.items()}
+    low = torch.bfloat16 if narrow else torch.float32
+    twin = type(launches.steps[0].kernel).__name__ == "GluonJITFunction"
+    assert twin == case.startswith("the reverse")
+    assert dtypes["dv"] == (torch.float32 if twin else low)
+    if launches.gva:
+        assert (dtypes["dq"], dtypes["dk"], dtypes["dq_sum"], dtypes["dk_sum"]) == (torch.float32,) * 2 + (low,) * 2
+    else:
+        assert (dtypes["dq"], dtypes["dk"]) == (low, low)
+    assert case != "GVA" or launches.gva, "the GVA case should sum value-head shares"

@@ -11,6 +11,9 @@ import torch
 
 from ..launch.gla import chunk_simple_gla_bwd, chunk_simple_gla_fwd, forward_states_rows
 
+#: The gradients the backward's stages store in the inputs' dtypes (cast below at once anyway).
+NARROW = ("dq", "dk", "dv")
+
 
 class ChunkSimpleGla(torch.autograd.Function):
     """``apply(q, k, v, g, initial_state, options) -> (o, final_state)``; ``options``: scale,
@@ -31,7 +34,7 @@ class ChunkSimpleGla(torch.autograd.Function):
                 chunk_offsets=options["chunk_offsets"] if per_key or rows is not None else None,
                 chunk_state_rows=rows, states_for_backward=rows is not None,
                 backward=dict(chunk_indices=options["chunk_indices"], chunk_offsets=options["chunk_offsets"],
-                              final_read=options["final_read"]))
+                              final_read=options["final_read"], narrow=NARROW))
         ctx.save_for_backward(q, k, v, g, initial_state, *states)
         ctx.options = options
         ctx.output = (o.shape, o.dtype)
@@ -47,7 +50,7 @@ class ChunkSimpleGla(torch.autograd.Function):
         grads = chunk_simple_gla_bwd(q, k, v, g, do, dht, scale=opt["scale"], initial_state=h0,
                                      cu_seqlens=opt["cu_seqlens"], chunk_indices=opt["chunk_indices"],
                                      chunk_offsets=opt["chunk_offsets"], shape=opt["shape"],
-                                     chunk_states=states[0] if states else None)
+                                     chunk_states=states[0] if states else None, narrow=NARROW)
         inputs = (q, k, v, g, h0)
         return (*(None if d is None or not ctx.needs_input_grad[i] else d.to(inputs[i].dtype)
                   for i, d in enumerate(grads)), None)

@@ -15,6 +15,10 @@ import triton
 from ..kernels.gla.ssd_gate import ssd_gate_bwd_kernel, ssd_gate_fwd_kernel, ssd_step_bwd_kernel, ssd_value_kernel
 from ..launch.gla import SsdPrologue, chunk_simple_gla_bwd, chunk_simple_gla_fwd, forward_states_rows
 
+#: The gradients the backward's stages store in the inputs' dtypes: dC and dB (q's and k's), cast at
+#: once anyway; dV stays float32 where it is formed (x's and dt's gradients are formed from it).
+NARROW = ("dq", "dk")
+
 ROWS_PER_PROGRAM = 64
 
 
@@ -109,7 +113,7 @@ class SsdChunkScan(torch.autograd.Function):
             ssd=prologue, chunk_state_rows=rows, states_for_backward=rows is not None,
             chunk_offsets=options["chunk_offsets"] if rows is not None else None,
             backward=dict(chunk_indices=options["chunk_indices"], chunk_offsets=options["chunk_offsets"],
-                          final_read=options["final_read"],
+                          final_read=options["final_read"], narrow=NARROW,
                           ssd_grads=(x, step, D) if _folds(options, x, z, kernel_dtype) else None))
         y = u if z is None else gate_forward(u, z)
         ctx.save_for_backward(x, step, A, C, B, D, z, h0, resets, None if z is None else u, *states)
@@ -137,7 +141,7 @@ class SsdChunkScan(torch.autograd.Function):
                                      cu_seqlens=opt["cu_seqlens"], chunk_indices=opt["chunk_indices"],
                                      chunk_offsets=opt["chunk_offsets"], shape=opt["shape"],
                                      chunk_states=states[0] if states else None,
-                                     ssd_grads=(x, step, D) if fold else None)
+                                     ssd_grads=(x, step, D) if fold else None, narrow=NARROW)
         if fold:
             dC, dB, dx, dg, dh0, dstep_v, dD_shares = grads
             dstep = dstep_v.sum(-1) + dg * A.float()

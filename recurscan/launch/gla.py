@@ -346,7 +346,8 @@ class SsdGrads:
 
 
 def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets, *, scale,
-                       shape: GlaShape, states_given: bool = False, ssd_grads: SsdGrads | None = None) -> GlaBackward:
+                       shape: GlaShape, states_given: bool = False, ssd_grads: SsdGrads | None = None,
+                       narrow: tuple = ()) -> GlaBackward:
     """What :func:`chunk_simple_gla_bwd` launches for these tensors' signature (none is kept). A
     decay per key dimension (g ``[B, T, HV, K]``) runs the prep again with the recompute, whose
     outputs (qg, kg, aqk, dl) the reverse sweep takes, and the parallel stage's per-key form.
@@ -354,7 +355,11 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
     :func:`forward_states_rows`), so the recompute keeps only its group prep, where it has one.
     ``ssd_grads``: the reverse sweep writes x's gradient (in ``dv``'s place and q's dtype), dt's
     share through v (``dstep [B, T, HV, NV]``, a value block's sum each) and D's sums (``dD [2, N,
-    HV, V]``) rather than dV (:class:`SsdGrads`)."""
+    HV, V]``) rather than dV (:class:`SsdGrads`). ``narrow``: the gradients among dq, dk and dv the
+    caller takes in the inputs' dtypes, which the stages then store so (the same single rounding as
+    a cast after, without a float32 copy written and read again): dq and dk (or, summed over a
+    group's shares, their sums), dv where the Triton reverse sweep writes it (the Gluon twins write
+    it in float32)."""
     from ..kernels.gla.backward import chunk_simple_gla_bwd_grads_kernel, chunk_simple_gla_bwd_sweep_kernel
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -391,8 +396,10 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
     # reads v: the group form (a group's heads summed) with the chunk states kept by the forward (no
     # recompute's sweep)
     v_from_x = shape.v_from_x and ssd_grads is not None and states_given and heads > 1 and g is not None
+    shares = split > 1  # dq and dk in value-head shares, summed after in float32
     buffers = dict(dstates=((rows, HV, K, V), q.dtype), dv=((B, T, HV, V), q.dtype if ssd_grads else f32),
-                   dq=((B, T, H * split, K), f32), dk=((B, T, H * split, K), f32),
+                   dq=((B, T, H * split, K), q.dtype if "dq" in narrow and not shares else f32),
+                   dk=((B, T, H * split, K), k.dtype if "dk" in narrow and not shares else f32),
                    scratch=((rows * H * split, BT, BT), q.dtype))
     has_d = ssd_grads is not None and ssd_grads.has_d
     if has_d:
@@ -420,6 +427,8 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
                                 ssd_grads=ssd_grads is not None)
     if ssd_grads is not None:  # dt's share through v, a value block's sum each (the kernel chosen's blocks)
         buffers["dstep"] = ((B, T, HV, triton.cdiv(V, sweep.kwargs["BV"])), f32)
+    elif "dv" in narrow and sweep.kernel is chunk_simple_gla_bwd_sweep_kernel:
+        buffers["dv"] = (buffers["dv"][0], v.dtype)
     grouped = heads > 1
     dg_launch = plan_gla.grads_dg_launch(HV // H) if grouped and g is not None else None
     # PART 0: dq, dk and dg in one launch (one value head a program, or dg not apart); 1: dq and dk alone
@@ -444,7 +453,8 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
                                    dict(num_warps=dg_warps, num_stages=plan_gla.GROUP_GRADS_STAGES)),
                               shape, q, k, v, do, rows=rows))
     if split > 1:  # the programs' shares of dq and dk -> per q/k head
-        buffers.update(dq_sum=((B, T, H, K), f32), dk_sum=((B, T, H, K), f32))
+        buffers.update(dq_sum=((B, T, H, K), q.dtype if "dq" in narrow else f32),
+                       dk_sum=((B, T, H, K), k.dtype if "dk" in narrow else f32))
         for name in ("dq", "dk"):
             steps.append(Step(group_sum_kernel, (triton.cdiv(B * T * H, GROUP_SUM_ROWS),), dict(
                 x=arg(name), out=arg(name + "_sum"), rows=B * T * H, GROUP=split, K=K, BK=BK, BR=GROUP_SUM_ROWS),
@@ -559,7 +569,7 @@ def _group_prep_alone(recompute: DeltaLaunches) -> DeltaLaunches:
 
 
 def _gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets, *, scale, shape,
-                  states_given=False, ssd_grads=None):
+                  states_given=False, ssd_grads=None, narrow=()):
     """The tensors as the stages index them, and the launches of their signature (built on its
     first call); ``ssd_grads``: SSD's ``(x, step, D)`` for the reverse sweep's SSD_GRADS, or None."""
     q, k, v, do = (x.contiguous() for x in (q, k, v, do))
@@ -572,20 +582,22 @@ def _gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offs
         x, step, D = ssd_grads
         ssd_grads = (x.contiguous(), step.contiguous(), None if D is None else D.contiguous())
         flags = SsdGrads(D is not None, D is not None and D.dim() == 2)
-    key = (launch_key(tensors + (ssd_grads or ())), float(scale), shape, states_given, flags)
+    key = (launch_key(tensors + (ssd_grads or ())), float(scale), shape, states_given, flags, tuple(narrow))
     launches = GLA_BACKWARD_LAUNCHES.get(key)
     if launches is None:
         launches = GLA_BACKWARD_LAUNCHES.put(key, build_gla_backward(*tensors, scale=scale, shape=shape,
-                                                                     states_given=states_given, ssd_grads=flags))
+                                                                     states_given=states_given, ssd_grads=flags,
+                                                                     narrow=tuple(narrow)))
     return launches, tensors, ssd_grads
 
 
 def compile_gla_backward_early(q, k, v, g, h0, cu_seqlens, *, scale, shape, out, final, chunk_indices=None,
-                               chunk_offsets=None, states_given=False, ssd_grads=None, final_read=True):
+                               chunk_offsets=None, states_given=False, ssd_grads=None, final_read=True, narrow=()):
     """From a forward signature's first call under autograd (``out``, ``final``: its outputs'
     (shape, dtype), which dO and dht take; ``states_given``: it keeps the chunk states for the
     backward; ``ssd_grads``: SSD's ``(x, step, D)`` where its backward forms x's gradient in the
-    reverse sweep; ``final_read``: the caller receives the final state, else dht is None): build
+    reverse sweep; ``final_read``: the caller receives the final state, else dht is None; ``narrow``:
+    as :func:`chunk_simple_gla_bwd` takes it): build
     the backward's launches and start compiling their kernels (the forward
     again for the chunk states, or what of it is left, the sweep, the parallel stage) on background
     threads, beside the forward's compile; the backward's first call waits for them."""
@@ -595,7 +607,7 @@ def compile_gla_backward_early(q, k, v, g, h0, cu_seqlens, *, scale, shape, out,
     dht = None if final is None or not final_read else torch.empty(final[0], dtype=final[1], device=device)
     launches, (q, k, v, g, do, dht, h0, cu, ci, co), ssd_grads = _gla_backward(
         q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets, scale=scale, shape=shape,
-        states_given=states_given, ssd_grads=ssd_grads)
+        states_given=states_given, ssd_grads=ssd_grads, narrow=narrow)
     if launches.pending is not None or launches.steps[0].direct is not None:
         return
     recompute = launches.forward
@@ -625,10 +637,11 @@ def compile_gla_backward_early(q, k, v, g, h0, cu_seqlens, *, scale, shape, out,
 
 
 def chunk_simple_gla_bwd(q, k, v, g, do, dht, *, scale, initial_state=None, cu_seqlens=None, chunk_indices=None,
-                         chunk_offsets=None, shape: GlaShape, chunk_states=None, ssd_grads=None):
+                         chunk_offsets=None, shape: GlaShape, chunk_states=None, ssd_grads=None, narrow=()):
     """Gradients ``(dq, dk, dv, dg, dh0)`` of :func:`chunk_simple_gla_fwd`'s ``(o, final_state)``
-    (no SSD prologue) given ``do [B, T, HV, V]`` and ``dht [N, HV, K, V]`` (None: zeros); float32,
-    None where the input was None; g ``[B, T, HV]`` or, a decay per key dimension, ``[B, T, HV, K]``
+    (no SSD prologue) given ``do [B, T, HV, V]`` and ``dht [N, HV, K, V]`` (None: zeros); float32
+    (those named in ``narrow``, of "dq", "dk", "dv", in q's, k's and v's dtypes where the stages
+    can store them so: :func:`build_gla_backward`), None where the input was None; g ``[B, T, HV]`` or, a decay per key dimension, ``[B, T, HV, K]``
     (dg of its shape). The states entering every chunk are recomputed for the states alone
     (``OUTPUTS=False``; in q's dtype): a scalar decay planned on the delta sweep by that sweep,
     else by the GLA forward kernel; varlen needs ``chunk_indices`` and ``chunk_offsets``
@@ -649,7 +662,7 @@ def chunk_simple_gla_bwd(q, k, v, g, do, dht, *, scale, initial_state=None, cu_s
     # forward's early compile keys them); the stages then read v, or x where they form v themselves.
     launches, (q, k, keyed_v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk_offsets), ssd_grads = _gla_backward(
         q, k, ssd_grads[0] if form_v else v, g, do, dht, initial_state, cu_seqlens, chunk_indices, chunk_offsets,
-        scale=scale, shape=shape, states_given=chunk_states is not None, ssd_grads=ssd_grads)
+        scale=scale, shape=shape, states_given=chunk_states is not None, ssd_grads=ssd_grads, narrow=narrow)
     v = keyed_v if not form_v or launches.v_from_x else v().contiguous()
     if launches.pending is not None:  # compiling since the forward
         launches.pending()

@@ -294,3 +294,36 @@ def test_ssd_gradients_with_the_recompute_beside_the_reverse_sweep(Bt, T, monkey
     torch.cuda.synchronize()
     for i, (a, b) in enumerate(zip(out[None], out[1e9])):
         assert torch.isfinite(b).all() and torch.equal(bits(a), bits(b)), f"gradient {i}"
+
+
+@pytest.mark.parametrize("family", ["simple GLA", "simple GLA, GVA", "SSD"])
+def test_the_narrowed_gradients_are_the_float32_ones_cast(family, monkeypatch):
+    """autograd/gla.py's and autograd/ssd.py's NARROW (the stages store dq, dk, and for GLA dv, in
+    the inputs' dtypes): the same bits as the float32 gradients cast after, one round-to-nearest
+    either way, at real sizes in bf16 through the planner."""
+    import recurscan.autograd.gla as autograd_gla
+    import recurscan.autograd.ssd as autograd_ssd
+    gen = torch.Generator(device="cuda").manual_seed(21)
+    rn = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+    if family.startswith("simple"):
+        B, T, H, K, V = 2, 2048, 4, 128, 128
+        HV = 2 * H if family.endswith("GVA") else H
+        x = [rn(B, T, H, K).bfloat16(), rn(B, T, H, K).bfloat16(), rn(B, T, HV, V).bfloat16(),
+             torch.nn.functional.logsigmoid(rn(B, T, HV) + 4)]
+        module, op = autograd_gla, lambda *t: recurscan.chunk_simple_gla(*t)[0]
+        do = rn(B, T, HV, V).bfloat16()
+    else:
+        Bt, T, H, P, G, N = 1, 4096, 16, 64, 1, 128
+        x = [rn(Bt, T, H, P).bfloat16(), torch.rand(Bt, T, H, device="cuda", generator=gen) * 0.1,
+             -torch.rand(H, device="cuda", generator=gen) - 0.5, rn(Bt, T, G, N).bfloat16(), rn(Bt, T, G, N).bfloat16()]
+        module, op = autograd_ssd, lambda *t: recurscan.mamba_chunk_scan_combined(*t, chunk_size=256)
+        do = rn(Bt, T, H, P).bfloat16()
+
+    def grads():
+        leaves = [t.clone().requires_grad_() for t in x]
+        return torch.autograd.grad(op(*leaves), leaves, do)
+    narrowed = grads()
+    monkeypatch.setattr(module, "NARROW", ())
+    cast = grads()
+    for i, (a, b) in enumerate(zip(narrowed, cast)):
+        assert a.dtype == b.dtype and torch.equal(a, b), f"gradient {i} of {family}"
