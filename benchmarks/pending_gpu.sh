@@ -30,7 +30,7 @@
 #      specialised reverse sweep's load warp prefetches them too); after step 6, again with it off
 #      in a process of its own.
 #   6. transformers' Mamba2 forward (4 layers, B4 T2048) with recurscan's op against its torch
-#      path (target 3x; 62x at fa89d4d on the fused kernel), on the planned sweep.
+#      path (target 3x; 65.8x at 10c2e28 on the planned sweep).
 #   8. Issue 19: the delta rule's scores kernel and dq/dk warp-specialised in Gluon (both off in the
 #      planner until measured): each form's GPU tests (marked unproven), then GDN forward + backward
 #      at B4 T4096 as planned, with each form whose tests passed, and with both (GPU time by kernel:
