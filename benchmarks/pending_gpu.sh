@@ -7,15 +7,18 @@
 #   0. The GPU suite but the tests marked unproven (kernels not yet run on a GPU: step 8 runs them),
 #      and a loss reading one output alone (the other's cotangent None: HAS_DHT off in the sweeps
 #      that the benchmarks below now run)
-#      (195 passed at d529156, results/gpu_tests_d529156.log; since then the SSD group-prep row's
-#      prep runs on 8 warps uncapped, the backward's recompute prep too).
+#      (199 passed at 10c2e28, results/gpu_tests_10c2e28.log, 6 failing on the backward's signature
+#      count: fixed at 2f85d6e; since dd65286 it also checks the GLA gradients stored in the inputs'
+#      dtypes against the float32 ones cast).
 #   1. (Ran at d529156: results/gpu_gla_sweep_d529156.json.) Forward rows with group-prep variants
 #      ("gh": DeltaShape.group_prep_heads; "pw"/"reg": its warps and register cap). Blocks of 32
 #      heads lost; 8 warps uncapped won 1-2 us and is planned since e3c6853.
 #   4. (Ran at d529156: results/gpu_gla_sweep_no_prefetch_d529156.json.) Step 1's planned rows with
 #      the load warp's L2 prefetch of the coef blocks off (RECURSCAN_SWEEP_COEF_PREFETCH=0), in a
 #      process of its own: the prefetch's A/B (the SSD B1 sweep 318 us with it, 330 without).
-#   Next, in two calls (`... pending_gpu.sh 0 7 3`, then `... 2 5 6`; steps run in the file's
+#   2 and 6 ran at 10c2e28 (results/train_mamba2_mixer.{json,png}, gpu_transformers_mamba2_10c2e28.json),
+#   5 too (gpu_gla_train{,_no_prefetch}_10c2e28.json; again for dd65286's narrowed gradients).
+#   Next, in two calls (`... pending_gpu.sh 0 7 3`, then `... 5`; steps run in the file's
 #   order, the least needed last, so a call cut short loses the least):
 #   7. The forward rows as planned: the record at this commit; one variant, simple GLA's group prep
 #      on 8 warps (5.5-5.6 us against 6.0 at 70e9ece, before the leaner prep); it runs on the SSD
