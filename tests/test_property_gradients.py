@@ -19,7 +19,9 @@ of the reference's scale; on the Triton path 64x plus 1e-5 (:data:`TRITON_FP32`)
 kernels work from each chunk's cumulative log2 decays G (|G| up to 32 in a calm chunk) and form
 decay gradients in closed form (reverse cumulative sums of q . dq - k . dk, then sums over
 tokens): exp2 of a rounded G carries about |G| ln 2 ulps, and the closed form's terms cancel,
-neither of which the token loop's autograd does. On 1000 random cases (the loop below with a
+neither of which the token loop's autograd does. (The seeds cited here were drawn with the loss
+reading both outputs, before :data:`READS`; ``benchmarks/cpu_gradient_precision.py`` replays them
+so.) On 1000 random cases (the loop below with a
 900 s budget) they measured up to ~15x the float32 loop's maximum error on per-key GLA's dq and
 ~90x its relative RMS on SSD's dA (1.1e-5), while a bug gives errors of 1e-3 and more. SSD's
 per-head parameters (A, D, dt_bias: sums over every token, whose terms cancel) get a floor of
@@ -31,7 +33,9 @@ lost 5.5e-8).
 (METHOD.md's band for 16-bit operands; dq, dk, dv come back in the inputs' dtype), and 2e-2 for
 the Triton kernels under the interpreter, whose float32 -> bfloat16 conversion truncates (relative
 RMS 3.3e-3 of a rounding against 1.7e-3 for the GPU's and PyTorch's round-to-nearest on Triton
-3.6.0; each figure here: ``python -m benchmarks.cpu_gradient_precision``): the products' 16-bit operands carry twice the GPU's rounding error there.
+3.6.0; each figure here: ``python -m benchmarks.cpu_gradient_precision``): the products' 16-bit operands carry twice the GPU's rounding error there,
+and so do the gradients the kernels store in 16 bits themselves (GLA's and SSD's dq and dk since
+dd65286: seed 902's dB 1.13e-2 where the cast after gave 8.5e-3).
 SSD's per-head parameters (A, D, dt_bias) are sums over every token of terms that carry those
 roundings, so with 16-bit inputs their relative error is the rounding times the draw's
 cancellation, which has no bound (seed 902: the float64 ddt sum over 200 tokens of a head 0.10
@@ -45,17 +49,23 @@ The delta rule without beta (beta = 1: every write a full projection) is drawn w
 inputs alone: with 16-bit ones and no decay its gradients leave the band (seed 1512 before this
 rule: dh0 3.8e-2 and dk 1.3e-2 under the interpreter, at K 16, where the same draw with a beta in
 (0, 1) and a decay gives 7.7e-4 and 8.4e-3; in float32 both are within 4x the float32 loop's
-error). Not traced to a stage; fla's kernels, which keep 16-bit states and inverses too, were not
-run on it.
+error). Traced under the interpreter (4 draws, K = V = 16, 130 tokens, L2-normed keys, bf16, both
+outputs read): the Triton path's dh0 1.8e-2, dk 1.7e-2, dv 1.1e-2 there, against 1.7e-3 on the
+PyTorch path (which carries float32 and more between its products). With the prep's WY factor
+(``wy``, kept as a product operand in the inputs' dtype) in float32 they fall to 6.2e-3, 1.1e-2
+and 4.9e-3; the backward's 16-bit chunk states, dS and dY in float32 change them by under 10%.
+With beta = 1, unit keys and no decay each chunk's inverse has the largest entries and nothing
+shrinks an earlier chunk's rounding. fla keeps the same factor in 16 bits; it was not run on it.
 
 Where the loss reads the final states alone, the initial states' gradient is the cotangent carried
 back through every chunk's transition, which can shrink it by orders of magnitude; both paths
 compute each chunk's transition whole (the WY form: a difference of terms the size of the chunk's
 decay, whatever the product's own size), the token loop a step at a time, so the chunked forms'
 relative error grows with how much each chunk contracts, with no bound in terms of the loop's.
-Seed 633 (GDP M = 2 over about 60 tokens, K 8, L2-normed keys, float32): dh0's RMS 2.1e-7 of the
-cotangent's 1, its relative RMS error 4.2e-5 on the PyTorch path and 3.8e-5 on the Triton path
-against the loop's 4.7e-7 (seed 97: 9.6e-6 and 9.5e-6 against 6.0e-7). There (:func:`_contracted`)
+Seed 633 (GDN over two sequences of 65 tokens, K 8, unit keys, beta = 1, float32): dh0's RMS 2.1e-7
+of the cotangent's 1, its relative RMS error 4.2e-5 on the PyTorch path and 3.8e-5 on the Triton
+path against the loop's 4.7e-7 (seed 97, GDP M = 2 over 63 tokens: 9.6e-6 and 9.5e-6 against
+6.0e-7). There (:func:`_contracted`)
 dh0 passes within the Triton path's bound or with an absolute RMS error under one float32 rounding
 of the cotangent (2^-23, its RMS being 1; seed 633's 8.7e-12): a dh0 that small is below what a
 chunked float32 form resolves, and is checked to be that small and finite.
@@ -171,18 +181,19 @@ FAMILIES = [("delta", _delta), ("simple_gla", lambda rng: _gla(rng, False)), ("g
 READS = ((0, 1), (0,), (1,))
 
 
-def _grads(fn, leaves: dict, kw, seed, low):
+def _grads(fn, leaves: dict, kw, seed, low, read=None):
     """Every leaf's gradient of the outputs :data:`READS` picks from ``fn``'s (output, final
     states), for cotangents drawn from ``seed``, the same values on every path: rounded to what the
     op under test returns (the output in the 16-bit dtype ``low`` where the inputs are, the final
     states in float32), since a cotangent the oracle alone held unrounded would differ from ours by
-    a rounding. None: the leaf does not reach what the loss reads."""
+    a rounding. None: the leaf does not reach what the loss reads. ``read``: the outputs' indices
+    in place of :data:`READS`' pick."""
     o, final = fn(**leaves, **kw)[:2]
     gen = torch.Generator().manual_seed(seed)
     cot = (torch.randn(o.shape, generator=gen, dtype=torch.float64).to(low or torch.float32).to(o.dtype),
            torch.randn(final.shape, generator=gen, dtype=torch.float64).float().to(final.dtype))
     cot = tuple(strided(c, gen) for c in cot)  # a loss downstream may hand them over in any layout
-    read = READS[seed % len(READS)]
+    read = READS[seed % len(READS)] if read is None else read
     outputs, cot = tuple((o, final)[i] for i in read), tuple(cot[i] for i in read)
     return dict(zip(leaves, torch.autograd.grad(outputs, list(leaves.values()), cot, allow_unused=True)))
 
