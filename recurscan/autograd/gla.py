@@ -18,8 +18,8 @@ NARROW = ("dq", "dk", "dv")
 class ChunkSimpleGla(torch.autograd.Function):
     """``apply(q, k, v, g, initial_state, options) -> (o, final_state)``; ``options``: scale,
     cu_seqlens, chunk_indices, chunk_offsets (varlen descriptors), final_read (the caller receives
-    the final state), the launch shape and
-    ``prep_rows`` (g per key dimension: the prep's programs per value head; None: g per head)."""
+    the final state), the launch shape and ``prep_rows`` (g per key dimension: the prep's programs
+    per value head; None: g per head)."""
 
     @staticmethod
     def forward(ctx, q, k, v, g, initial_state, options):

@@ -85,8 +85,8 @@ class SsdChunkScan(torch.autograd.Function):
     kernels' dtype, D ``[H]`` / ``[H, P]`` or None, z like x or None, h0 ``[N, H, Nstate, P]`` or
     None, resets ``[Bt, T]`` (-inf where mamba's seq_idx starts a sequence) or None; ``options``:
     the kernels' dtype, cu_seqlens, chunk_indices, chunk_offsets, final_read (the caller receives
-    the final states) and the launch shape. y in the
-    kernels' dtype, final ``[N, H, Nstate, P]`` float32.
+    the final states) and the launch shape. y in the kernels' dtype, final ``[N, H, Nstate, P]``
+    float32.
 
     Forward: the recurrence's kernels as inference runs them (x raw, dt folded into the gates,
     u = o + D x in the output store; launch/gla.py's SSD prologue with the step sizes given), then
