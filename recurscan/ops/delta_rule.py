@@ -297,7 +297,9 @@ def chunk_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, initial_state
         beta: ``[B, T, HV]`` or ``[B, T, HV, V]`` (per value column), or None for ones.
         scale: score scale, default ``K ** -0.5``.
         initial_state: ``[N, HV, K, V]`` (float32), or None for zeros.
-        output_final_state: return the final state ``[N, HV, K, V]`` (float32), else None.
+        output_final_state: return the final state ``[N, HV, K, V]`` (float32), else None. In
+            training ask for it where the loss reads it: the first call's backward is compiled
+            beside the forward for the cotangents it will get (none for a state not returned).
         use_qk_l2norm_in_kernel: L2-normalise q and k (eps 1e-6) inside the op.
         cu_seqlens: ``[N + 1]`` int32/int64 boundaries for variable-length input (B = 1).
         chunk_indices, chunk_offsets: precomputed varlen descriptors
