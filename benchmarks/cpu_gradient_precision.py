@@ -60,6 +60,7 @@ def seed_errors(seed: int, beta_rule: bool = True, read=(0, 1)) -> str:
             x["beta"] = torch.rand(x["v"].shape[:3], generator=rng)
     leaves = {n: prop.strided(t, rng).requires_grad_() for n, t in x.items()}
     cot_seed = int(torch.randint(2 ** 31, (1,), generator=rng))
+    read = prop.READS[cot_seed % len(prop.READS)] if read is None else read
     got = prop._grads(lambda **a: op(**a, backend=backend), leaves, kw, cot_seed, low, read)
     naive_kw = dict(naive_kw, **{k: v for k, v in kw.items() if k != "output_final_state"})
     ref = {dt: prop._grads(naive, {n: t.detach().to(dt).requires_grad_() for n, t in x.items()}, naive_kw, cot_seed, low,

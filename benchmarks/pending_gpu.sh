@@ -23,7 +23,6 @@
 #   7. The forward rows as planned: the record at this commit; one variant, simple GLA's group prep
 #      on 8 warps (5.5-5.6 us against 6.0 at 70e9ece, before the leaner prep); it runs on the SSD
 #      rows too, where forming the scores in the sweep lost at 70e9ece (not a form for them).
-#      (At 10c2e28 it ran out of 80 s before writing its file: 150 now.)
 #   3. SSD's cold first forward + backward in a fresh process (target 10 s; 7.7 s at aa74b18), now
 #      with the warp-specialised dg and the reverse sweep's SSD_GRADS among its kernels.
 #   2. transformers' Mamba2 mixer trained for 50 steps with the backward as planned since 20319ea
