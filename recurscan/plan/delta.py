@@ -315,15 +315,21 @@ GLUON_BACKWARD_TWINS = {
                                      "36 GPU tests passed: gpu_tests_delta_grad_8826c83.log)"),
     "gluon_dqdk_specialized": GluonTwinRow(False, "dq and dk's twin warp-specialised, at most "
                                                   "GLUON_DQDK_SPECIALIZED_GROUP value heads a q/k head "
-                                                  "(kernels/gluon/delta_backward_dqdk_specialized.py): compiled for "
-                                                  "sm_90 offline without spills, not yet run on a GPU; off until its "
-                                                  "GPU tests pass and it is measured faster than the twin (352 us "
-                                                  "at B4 T4096 H=HV=16, 682 at B1 T16384 H16 HV32)"),
-    "gluon_scores": GluonTwinRow(False, "the scores kernel warp-specialised "
-                                        "(kernels/gluon/delta_backward_scores_specialized.py): compiled for sm_90 "
-                                        "offline without spills, not yet run on a GPU; off until its GPU tests pass "
-                                        "and it is measured faster than the Triton kernel (0.214 ms at B4 T4096 "
-                                        "H=HV=16, 0.44 at B1 T16384 HV32: docs/kernels-delta-backward.md)"),
+                                                  "(kernels/gluon/delta_backward_dqdk_specialized.py): slower "
+                                                  "at B4 T4096 H=HV=16 (407 us against the twin's 385, the step "
+                                                  "1.296 ms against 1.265), 2% faster at B1 T16384 H16 HV32 (740 "
+                                                  "against 755), on an H100 in one process "
+                                                  "(gpu_delta_train_dqdk_specialised_b{4,1}_h100_c1b4b1c.json); "
+                                                  "and its dg departs from the Triton kernel's by 1.2-1.6e-5 "
+                                                  "(its GPU test's bound 1e-5), most in the last rows of a chunk "
+                                                  "and a sequence's last chunk (diag_dqdk_specialised_h100_c1b4b1c.json)"),
+    "gluon_scores": GluonTwinRow(True, "the scores kernel warp-specialised "
+                                       "(kernels/gluon/delta_backward_scores_specialized.py), forward + backward, "
+                                       "eager, bf16, l2norm, same process, on an H100: 221-223 us against the "
+                                       "Triton kernel's 230-232 at B4 T4096 H=HV=16 (the step 1.266 ms against "
+                                       "1.271), 380-381 against 474-483 at B1 T16384 H16 HV32 (2.475 ms against "
+                                       "2.538; gpu_delta_train_specialised_b{4,1}_h100_4981221.json); its 18 "
+                                       "GPU tests passed there (gpu_tests_unproven_{scores,both}_h100_4981221.log)"),
 }
 
 

@@ -569,7 +569,12 @@ def test_varlen_without_descriptors_reuses_the_launches_of_its_signature():
 def test_few_tokens_a_sequence_take_the_streaming_kernel(layout):
     """chunk_gated_delta_rule with 64 sequences of 2 tokens (H16 HV32 K = V = 128 bf16): the cost
     model gives the call to the streaming kernel (recorded as a recurrent schedule), whose output and
-    states match the float64 oracle as the chunked kernels' do; 64 of 64 tokens stay chunked."""
+    states match the float64 oracle as the chunked kernels' do; 64 of 64 tokens stay chunked. The
+    cost model predicts only for devices whose ceilings were measured (elsewhere every prefill is
+    chunked: plan.cost.prefill_algorithm)."""
+    from recurscan.plan.cost import ceilings_for
+    if ceilings_for(torch.cuda.get_device_name()) is None:
+        pytest.skip(f"no measured ceilings for {torch.cuda.get_device_name()} in plan.cost.CEILINGS")
     N, T = 64, 2
     q, k, v, g, beta = inputs(N * T, 16, 32, 128, 128, seed=9)
     kw = dict(use_qk_l2norm_in_kernel=True, output_final_state=True)
