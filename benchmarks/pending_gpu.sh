@@ -33,6 +33,10 @@
 #      `... 9` the same at B1 T16384 HV32 on the same warm machine.
 #  10. tests/test_hardening_gradients.py on the GPU (a call of its own): 38 passed on the H100 at
 #      4981221 (results/gpu_tests_hardening_gradients_h100_4981221.log).
+#  11. Issue 19's cold row since the warp-specialised scores kernel is planned: GDN B1 T16384 HV32's
+#      first forward + backward in fresh processes (target 10 s). Offline for sm_90 on this
+#      project's CPU (two cores, CI beside it) the kernel compiles in 5.1 s against the Triton scores
+#      kernel's 2.8, the longest of the backward's early compiles (the recompute's sweep 3.3-3.5).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -89,3 +93,5 @@ step 9 && train gdn_b1_t16384_h16_hv32 420 b1
 step 10 && { timeout 400 python -m pytest -m gpu -n "$WORKERS" tests/test_hardening_gradients.py -p no:cacheprovider -q \
     -o faulthandler_timeout=390 > "$OUT/gpu_tests_hardening_gradients_$C.log" 2>&1; echo "gradients hardening rc=$?"
     grep -E "passed|failed|FAILED|Timeout" "$OUT/gpu_tests_hardening_gradients_$C.log" | tail -12; }
+step 11 && timeout 200 env PYTHONPATH=$PWD python benchmarks/gpu_delta_cold.py --runs 2 \
+    --out "$OUT/gpu_delta_cold_$C.json" 2>&1 | grep -E "cold first call"
