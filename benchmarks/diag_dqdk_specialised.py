@@ -1,7 +1,9 @@
 """Where the warp-specialised dq/dk kernel's dg departs from the Triton kernel's (issue 19): for the
 GPU test cases that found dg 1.2-1.6e-5 (relative RMS) from it, the same distance for the Gluon twin
 it specialises, each against the float64 chunkwise reference, and the departure by row of the chunk,
-by chunk and by head (a dropped or doubled term sits in some rows; float32 reordering spreads).
+by chunk and by head (a dropped or doubled term sits in some rows; float32 reordering spreads), dk's
+the same way (its rows' norms), and whether two runs of the specialised form give the same bits (a
+race between its warpgroups would show there).
 
     python -m benchmarks.diag_dqdk_specialised --out benchmarks/results/diag_dqdk_specialised.json
 """
@@ -67,6 +69,12 @@ def main():
             r[g] = {f"{a} vs {b}": f"{relative_rms(got[a][g].double(), got[b][g].double()):.2e}"
                     for a, b in (("gluon", "triton"), ("specialised", "triton"), ("specialised", "gluon"))}
             r[g].update({f"{f} vs float64": f"{relative_rms(got[f][g].double(), want[g]):.2e}" for f in FORMS})
+        again = run(x, args, **FORMS["specialised"])
+        r["specialised twice, the same bits"] = {g: bool(torch.equal(got["specialised"][g], again[g])) for g in GRAD_NAMES
+                                                 if again[g] is not None}
+        dk = lambda f: got[f]["dk"].double().pow(2).sum(-1)  # noqa: E731  [B, T, H]: a row's departure, squared
+        r["dk departure, specialised - triton"] = profile(
+            (got["specialised"]["dk"] - got["triton"]["dk"]).double().pow(2).sum(-1).sqrt(), dk("triton").sqrt())
         r["dg departure, specialised - triton"] = profile(got["specialised"]["dg"] - got["triton"]["dg"],
                                                           got["triton"]["dg"])
         r["dg departure, gluon - triton"] = profile(got["gluon"]["dg"] - got["triton"]["dg"], got["triton"]["dg"])

@@ -37,6 +37,8 @@
 #      first forward + backward in fresh processes (target 10 s). Offline for sm_90 on this
 #      project's CPU (two cores, CI beside it) the kernel compiles in 5.1 s against the Triton scores
 #      kernel's 2.8, the longest of the backward's early compiles (the recompute's sweep 3.3-3.5).
+#  12. Where dq/dk's warp-specialised form departs (dg and dk by row of the chunk, chunk and head)
+#      and whether two of its runs give the same bits (`benchmarks/diag_dqdk_specialised.py`).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -95,3 +97,5 @@ step 10 && { timeout 400 python -m pytest -m gpu -n "$WORKERS" tests/test_harden
     grep -E "passed|failed|FAILED|Timeout" "$OUT/gpu_tests_hardening_gradients_$C.log" | tail -12; }
 step 11 && timeout 200 env PYTHONPATH=$PWD python benchmarks/gpu_delta_cold.py --runs 2 \
     --out "$OUT/gpu_delta_cold_$C.json" 2>&1 | grep -E "cold first call"
+step 12 && timeout 150 python -m benchmarks.diag_dqdk_specialised --out "$OUT/diag_dqdk_specialised_$C.json" 2>&1 \
+    | grep -E "twice|^[A-Za-z]" | head -20
