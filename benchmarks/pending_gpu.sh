@@ -18,7 +18,8 @@
 #      backward's unread-output signature).
 #   2. transformers' Mamba2 mixer trained for 50 steps against its torch path
 #      (results/train_mamba2_mixer.{json,png}, H200 at 10c2e28).
-#   5. Forward + backward (SSD B1 / B4, simple GLA B4) with the coef prefetch on, then off in a
+#   5. Forward + backward (SSD B1 / B4, simple GLA B4) with the coef prefetch on (200 s: on a fresh
+#      H200 at 60291e3 it compiled its variants and ran out of 120 s before writing), then off in a
 #      process of its own (results/gpu_gla_train_h100_4981221.json on the H100; the H200's at
 #      10c2e28, before the stages stored the gradients their caller narrows in its dtypes).
 #   6. transformers' Mamba2 forward (4 layers, B4 T2048) with recurscan's op against its torch
@@ -61,7 +62,7 @@ step 4 && timeout 90 env RECURSCAN_SWEEP_COEF_PREFETCH=0 $RUN --out "$OUT/gpu_gl
 step 7 && timeout 150 $RUN --sweep 64:4:3:tma:qk:gluon:ws:pw8 --out "$OUT/gpu_gla_sweep_$C.json" 2>&1 | grep -v Warning | grep -E " ms" | head -30
 step 3 && timeout 80 env PYTHONPATH=$PWD python benchmarks/gpu_gla_cold_ab.py --forms planned --times 2
 step 2 && timeout 100 env PYTHONPATH=$PWD python benchmarks/train_mamba2_mixer.py --out "$OUT/train_mamba2_mixer" 2>&1 | tail -4
-step 5 && timeout 120 $RUN --train-only --out "$OUT/gpu_gla_train_$C.json" 2>&1 | grep -v Warning | grep -E " ms" | head -20
+step 5 && timeout 200 $RUN --train-only --out "$OUT/gpu_gla_train_$C.json" 2>&1 | grep -v Warning | grep -E " ms" | head -20
 step 6 && timeout 90 env PYTHONPATH=$PWD python benchmarks/gpu_transformers_mamba2.py \
     --out "$OUT/gpu_transformers_mamba2_$C.json" 2>&1 | tail -4
 step 5 && timeout 100 env RECURSCAN_SWEEP_COEF_PREFETCH=0 $RUN --train-only \
