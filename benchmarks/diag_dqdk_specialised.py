@@ -29,8 +29,13 @@ def run(x, args, **form):
     from recurscan.plan.delta import DeltaBackwardShape
     shape = dict(grads_block_v=32, scores_warps=4, scores_block_v=128, group_in_kernel=True, dqdk_one_launch=True,
                  sweep_stages=3)
-    return dict(zip(GRAD_NAMES, chunk_delta_bwd(*x, backward_shape=DeltaBackwardShape(64, 4, 4, "diag", **shape, **form),
-                                                **args)))
+    shape = DeltaBackwardShape(64, 4, 4, "diag", **shape, **form)
+    return dict(zip(GRAD_NAMES, chunk_delta_bwd(*x, backward_shape=shape, **args)))
+
+
+def row_norms(x: torch.Tensor) -> torch.Tensor:
+    """[B, T, H, K] -> [B, T, H]: each row's norm."""
+    return x.double().pow(2).sum(-1).sqrt()
 
 
 def profile(diff: torch.Tensor, ref: torch.Tensor) -> dict:
@@ -70,11 +75,10 @@ def main():
                     for a, b in (("gluon", "triton"), ("specialised", "triton"), ("specialised", "gluon"))}
             r[g].update({f"{f} vs float64": f"{relative_rms(got[f][g].double(), want[g]):.2e}" for f in FORMS})
         again = run(x, args, **FORMS["specialised"])
-        r["specialised twice, the same bits"] = {g: bool(torch.equal(got["specialised"][g], again[g])) for g in GRAD_NAMES
-                                                 if again[g] is not None}
-        dk = lambda f: got[f]["dk"].double().pow(2).sum(-1)  # noqa: E731  [B, T, H]: a row's departure, squared
-        r["dk departure, specialised - triton"] = profile(
-            (got["specialised"]["dk"] - got["triton"]["dk"]).double().pow(2).sum(-1).sqrt(), dk("triton").sqrt())
+        r["specialised twice, the same bits"] = {g: bool(torch.equal(got["specialised"][g], again[g]))
+                                                 for g in GRAD_NAMES if again[g] is not None}
+        r["dk departure, specialised - triton"] = profile(row_norms(got["specialised"]["dk"] - got["triton"]["dk"]),
+                                                          row_norms(got["triton"]["dk"]))
         r["dg departure, specialised - triton"] = profile(got["specialised"]["dg"] - got["triton"]["dg"],
                                                           got["triton"]["dg"])
         r["dg departure, gluon - triton"] = profile(got["gluon"]["dg"] - got["triton"]["dg"], got["triton"]["dg"])

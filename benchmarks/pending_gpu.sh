@@ -5,12 +5,8 @@
 # files. Pass the commit explicitly: the device's copy may report an older HEAD.
 #
 #   0. The GPU suite but the tests marked unproven (kernels not yet run on a GPU, or whose planner
-#      row is off), and a loss reading one output alone (the other's cotangent None). At 4981221 on
-#      an H100 (results/gpu_tests_h100_4981221.log): 205 passed; failing, the streaming-kernel test
-#      whose cost model has ceilings for the H200 alone (it skips elsewhere since) and one test out
-#      of memory beside five other workers on 80 GB (passed alone; four workers there since).
-#      Next on the H200, with the warp-specialised scores kernel planned (its 18 GPU tests passed
-#      on the H100 at 4981221).
+#      row is off), and a loss reading one output alone (the other's cotangent None): 218 passed on
+#      the H200 at 60291e3 (results/gpu_tests_60291e3.log); four workers on cards under 100 GB.
 #   7. The forward rows as planned (the record), and the group prep on 8 warps for simple GLA and
 #      SSD (results/gpu_gla_sweep_h100_4981221.json on the H100; the H200's last at d529156).
 #   3. SSD's cold first forward + backward in a fresh process (target 10 s): 7.2 and 8.9 s on the

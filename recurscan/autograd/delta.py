@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..launch.delta_backward import chunk_delta_bwd, chunk_delta_product_bwd, compile_backward_early
+from .cotangents import leave_unread_outputs_none, output_cotangent
 
 
 class ChunkDelta(torch.autograd.Function):
@@ -47,16 +48,14 @@ class ChunkDelta(torch.autograd.Function):
             o, final, *prep = forward()
         ctx.save_for_backward(q, k, v, g, beta, initial_state, *prep)
         ctx.options = options
-        ctx.output = (o.shape, o.dtype)
-        ctx.set_materialize_grads(False)  # an output the loss does not read: None, no zeros to make and read
+        leave_unread_outputs_none(ctx, o)
         return o, final
 
     @staticmethod
     def backward(ctx, do, dht):
         q, k, v, g, beta, h0, *prep = ctx.saved_tensors
         opt = ctx.options
-        if do is None:  # the loss reads the final state alone
-            do = q.new_zeros(ctx.output[0], dtype=ctx.output[1])
+        do = output_cotangent(ctx, do, q)
         extra = {}
         if opt["checkpoint_chunks"]:
             *prep, checkpoints = prep

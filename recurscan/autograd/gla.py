@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..launch.gla import chunk_simple_gla_bwd, chunk_simple_gla_fwd, forward_states_rows
+from .cotangents import leave_unread_outputs_none, output_cotangent
 
 #: The gradients the backward's stages store in the inputs' dtypes (cast below at once anyway).
 NARROW = ("dq", "dk", "dv")
@@ -37,16 +38,14 @@ class ChunkSimpleGla(torch.autograd.Function):
                               final_read=options["final_read"], narrow=NARROW))
         ctx.save_for_backward(q, k, v, g, initial_state, *states)
         ctx.options = options
-        ctx.output = (o.shape, o.dtype)
-        ctx.set_materialize_grads(False)  # an output the loss does not read: None, no zeros to make and read
+        leave_unread_outputs_none(ctx, o)
         return o, final
 
     @staticmethod
     def backward(ctx, do, dht):
         q, k, v, g, h0, *states = ctx.saved_tensors
         opt = ctx.options
-        if do is None:  # the loss reads the final state alone
-            do = q.new_zeros(ctx.output[0], dtype=ctx.output[1])
+        do = output_cotangent(ctx, do, q)
         grads = chunk_simple_gla_bwd(q, k, v, g, do, dht, scale=opt["scale"], initial_state=h0,
                                      cu_seqlens=opt["cu_seqlens"], chunk_indices=opt["chunk_indices"],
                                      chunk_offsets=opt["chunk_offsets"], shape=opt["shape"],

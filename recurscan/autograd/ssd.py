@@ -14,6 +14,7 @@ import triton
 
 from ..kernels.gla.ssd_gate import ssd_gate_bwd_kernel, ssd_gate_fwd_kernel, ssd_step_bwd_kernel, ssd_value_kernel
 from ..launch.gla import SsdPrologue, chunk_simple_gla_bwd, chunk_simple_gla_fwd, forward_states_rows
+from .cotangents import leave_unread_outputs_none, output_cotangent
 
 #: The gradients the backward's stages store in the inputs' dtypes: dC and dB (q's and k's), cast at
 #: once anyway; dV stays float32 where it is formed (x's and dt's gradients are formed from it).
@@ -118,16 +119,14 @@ class SsdChunkScan(torch.autograd.Function):
         y = u if z is None else gate_forward(u, z)
         ctx.save_for_backward(x, step, A, C, B, D, z, h0, resets, None if z is None else u, *states)
         ctx.options = options
-        ctx.output = (y.shape, y.dtype)
-        ctx.set_materialize_grads(False)  # an output the loss does not read: None, no zeros to make and read
+        leave_unread_outputs_none(ctx, y)
         return y, final
 
     @staticmethod
     def backward(ctx, dy, dfinal):
         x, step, A, C, B, D, z, h0, resets, u, *states = ctx.saved_tensors
         opt = ctx.options
-        if dy is None:  # the loss reads the final states alone
-            dy = x.new_zeros(ctx.output[0], dtype=ctx.output[1])
+        dy = output_cotangent(ctx, dy, x)
         dz = None
         if z is None:
             do = dy.to(opt["kernel_dtype"])

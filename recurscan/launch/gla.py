@@ -452,14 +452,14 @@ def build_gla_backward(q, k, v, g, do, dht, h0, cu_seqlens, chunk_indices, chunk
                                    dict(grads_args, HEADS=dg_heads, PART=2),
                                    dict(num_warps=dg_warps, num_stages=plan_gla.GROUP_GRADS_STAGES)),
                               shape, q, k, v, do, rows=rows))
-    if split > 1:  # the programs' shares of dq and dk -> per q/k head
+    if shares:  # the programs' shares of dq and dk -> per q/k head
         buffers.update(dq_sum=((B, T, H, K), q.dtype if "dq" in narrow else f32),
                        dk_sum=((B, T, H, K), k.dtype if "dk" in narrow else f32))
         for name in ("dq", "dk"):
             steps.append(Step(group_sum_kernel, (triton.cdiv(B * T * H, GROUP_SUM_ROWS),), dict(
                 x=arg(name), out=arg(name + "_sum"), rows=B * T * H, GROUP=split, K=K, BK=BK, BR=GROUP_SUM_ROWS),
                 dict(num_warps=4)))
-    return GlaBackward(forward, steps, buffers, split > 1, corun=group and shape.corun and not states_given,
+    return GlaBackward(forward, steps, buffers, shares, corun=group and shape.corun and not states_given,
                        v_from_x=v_from_x)
 
 
@@ -597,10 +597,10 @@ def compile_gla_backward_early(q, k, v, g, h0, cu_seqlens, *, scale, shape, out,
     (shape, dtype), which dO and dht take; ``states_given``: it keeps the chunk states for the
     backward; ``ssd_grads``: SSD's ``(x, step, D)`` where its backward forms x's gradient in the
     reverse sweep; ``final_read``: the caller receives the final state, else dht is None; ``narrow``:
-    as :func:`chunk_simple_gla_bwd` takes it): build
-    the backward's launches and start compiling their kernels (the forward
-    again for the chunk states, or what of it is left, the sweep, the parallel stage) on background
-    threads, beside the forward's compile; the backward's first call waits for them."""
+    as :func:`chunk_simple_gla_bwd` takes it): build the backward's launches and start compiling
+    their kernels (the forward again for the chunk states, or what of it is left, the sweep, the
+    parallel stage) on background threads, beside the forward's compile; the backward's first call
+    waits for them."""
     device = q.device
     stand_in = lambda spec: torch.empty(16, dtype=spec[1], device=device)  # noqa: E731 (dtype and alignment)
     do = torch.empty(out[0], dtype=out[1], device=device)
@@ -641,8 +641,8 @@ def chunk_simple_gla_bwd(q, k, v, g, do, dht, *, scale, initial_state=None, cu_s
     """Gradients ``(dq, dk, dv, dg, dh0)`` of :func:`chunk_simple_gla_fwd`'s ``(o, final_state)``
     (no SSD prologue) given ``do [B, T, HV, V]`` and ``dht [N, HV, K, V]`` (None: zeros); float32
     (those named in ``narrow``, of "dq", "dk", "dv", in q's, k's and v's dtypes where the stages
-    can store them so: :func:`build_gla_backward`), None where the input was None; g ``[B, T, HV]`` or, a decay per key dimension, ``[B, T, HV, K]``
-    (dg of its shape). The states entering every chunk are recomputed for the states alone
+    can store them so: :func:`build_gla_backward`), None where the input was None; g ``[B, T, HV]``
+    or, a decay per key dimension, ``[B, T, HV, K]`` (dg of its shape). The states entering every chunk are recomputed for the states alone
     (``OUTPUTS=False``; in q's dtype): a scalar decay planned on the delta sweep by that sweep,
     else by the GLA forward kernel; varlen needs ``chunk_indices`` and ``chunk_offsets``
     (:func:`recurscan.build_chunk_descriptors`). ``chunk_states``: those states as the forward kept
