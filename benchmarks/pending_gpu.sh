@@ -33,7 +33,8 @@
 #  11. Issue 19's cold row since the warp-specialised scores kernel is planned: GDN B1 T16384 HV32's
 #      first forward + backward in fresh processes (target 10 s). Offline for sm_90 on this
 #      project's CPU (two cores, CI beside it) the kernel compiles in 5.1 s against the Triton scores
-#      kernel's 2.8, the longest of the backward's early compiles (the recompute's sweep 3.3-3.5).
+#      kernel's 2.8, the longest of the backward's early compiles (the recompute's sweep 3.3-3.5;
+#      results/offline_compile_scores_specialised_60291e3.txt).
 #  12. Where dq/dk's warp-specialised form departs (dg and dk by row of the chunk, chunk and head)
 #      and whether two of its runs give the same bits (`benchmarks/diag_dqdk_specialised.py`).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
