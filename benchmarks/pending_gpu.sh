@@ -37,6 +37,12 @@
 #      results/offline_compile_scores_specialised_60291e3.txt).
 #  12. Where dq/dk's warp-specialised form departs (dg and dk by row of the chunk, chunk and head)
 #      and whether two of its runs give the same bits (`benchmarks/diag_dqdk_specialised.py`).
+#  13. The reverse sweep's Gluon twin for Gated Delta Product (M = 2, built offline): its GPU tests
+#      (marked unproven), the warp-specialised scores kernel's tests (its gates' scans relaid to the
+#      Triton kernel's association), then GDP M = 2 B4 T4096 forward + backward as planned and with it.
+#  14. dq/dk's warp-specialised form again, its gates' scans relaid as the twin's (the dg departure
+#      of step 12 came from the decays' prefix sums associating pairs first): its tests, then GDN B4 and
+#      B1 forward + backward as planned and with it.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -68,7 +74,7 @@ step 5 && timeout 100 env RECURSCAN_SWEEP_COEF_PREFETCH=0 $RUN --train-only \
 # a kernel never run before then costs its tests' time limit alone). Step 8 leaves the forms that
 # passed in /tmp/recurscan_unproven_ok (the machine keeps it while warm) for step 9.
 unproven_tests() {  # $1: a name, $2: pytest -k expression, $3: seconds
-    timeout "$3" python -m pytest -m "gpu and unproven" tests/gpu -k "$2" -p no:cacheprovider -q \
+    timeout "$3" python -m pytest -m "gpu and unproven" tests/gpu -k "$2" -p no:cacheprovider -q -rA \
         > "$OUT/gpu_tests_unproven_$1_$C.log" 2>&1
     local rc=$?; echo "unproven $1 tests rc=$rc"; tail -3 "$OUT/gpu_tests_unproven_$1_$C.log"; return $rc
 }
@@ -95,5 +101,20 @@ step 10 && { timeout 400 python -m pytest -m gpu -n "$WORKERS" tests/test_harden
     grep -E "passed|failed|FAILED|Timeout" "$OUT/gpu_tests_hardening_gradients_$C.log" | tail -12; }
 step 11 && timeout 200 env PYTHONPATH=$PWD python benchmarks/gpu_delta_cold.py --runs 2 \
     --out "$OUT/gpu_delta_cold_$C.json" 2>&1 | grep -E "cold first call"
+step 13 && {
+    : > /tmp/recurscan_unproven_ok
+    unproven_tests gdp_sweep "gluon_reverse_sweep_for_gdp" 200 && echo gdp_sweep >> /tmp/recurscan_unproven_ok
+    timeout 150 python -m pytest -m "gpu and not unproven" tests/gpu/test_delta_grad_gpu.py -p no:cacheprovider -q \
+        -k "gluon_scores_kernel or (other_head_sizes and gluon_scores) or non_finite or planner_gives or gdp_gradients" \
+        > "$OUT/gpu_tests_scores_$C.log" 2>&1; echo "scores tests rc=$?"; tail -3 "$OUT/gpu_tests_scores_$C.log"
+    train gdp_m2_b4_t4096_h16 150 gdp
+}
+step 14 && {
+    : > /tmp/recurscan_unproven_ok
+    unproven_tests dqdk "warp_specialised_dq_dk or (other_head_sizes and gluon_dqdk_specialized)" 170 \
+        && echo gluon_dqdk_specialized >> /tmp/recurscan_unproven_ok
+    train gdn_b4_t4096_h16 150 b4
+    train gdn_b1_t16384_h16_hv32 200 b1
+}
 step 12 && timeout 150 python -m benchmarks.diag_dqdk_specialised --out "$OUT/diag_dqdk_specialised_$C.json" 2>&1 \
     | grep -E "twice|^[A-Za-z]" | head -20

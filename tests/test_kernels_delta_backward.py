@@ -361,21 +361,26 @@ def test_the_planner_overlaps_or_checkpoints_the_recompute_where_the_reverse_swe
     ("bf16 GDN K = V = 128", True, True, True), ("fp16, K = 64, V = 192", True, True, True), ("GVA", True, False, True),
     ("GVA summed in the kernel", True, True, True), ("GVA of 8 summed in the kernel", True, False, True),
     ("V = 96", False, True, False), ("V = 64", True, False, True), ("V = 80", False, False, False),
-    ("GDP M = 2", False, False, False), ("float32", False, False, False), ("K = 96", False, False, False),
+    ("GDP M = 2", False, False, False), ("GDP M = 2, its row on", True, False, False), ("GDP M = 3", False, False, False),
+    ("float32", False, False, False), ("K = 96", False, False, False),
     ('backend="triton"', False, False, False), ("no usable Gluon", False, False, False)])
 def test_the_planner_gives_backward_stages_to_their_gluon_twins_only_in_scope(monkeypatch, case, sweep, dqdk, scores):
     """plan.delta.gluon_twins (the Gluon rules, docs/kernels-gluon.md), with the twins' rows on: each
     twin's scope (GDN, 16-bit inputs, K 64 or 128; the reverse sweep V a multiple of 64, then 64 value
-    columns on one warpgroup; dq and dk one value head a q/k head, or a GVA group of at most 4 summed in the kernel, and V a multiple of 32, three steps
-    of 32 at least; the warp-specialised scores kernel V a multiple of 64), a device where Gluon is
-    usable, the caller not forcing the Triton kernels. Elsewhere the shape as given."""
+    columns on one warpgroup, and Gated Delta Product at M = 2 where GLUON_GDP_REVERSE_SWEEP is on too;
+    dq and dk one value head a q/k head, or a GVA group of at most 4 summed in the kernel, and V a
+    multiple of 32, three steps of 32 at least; the warp-specialised scores kernel V a multiple of
+    64), a device where Gluon is usable, the caller not forcing the Triton kernels. Elsewhere the
+    shape as given."""
     import dataclasses
     from recurscan.plan import delta as plan_delta
     monkeypatch.setattr(plan_delta, "gluon_usable", lambda device: case != "no usable Gluon")
     monkeypatch.setattr(plan_delta, "GLUON_BACKWARD_TWINS", {
         name: dataclasses.replace(row, on=True) for name, row in plan_delta.GLUON_BACKWARD_TWINS.items()})
+    monkeypatch.setattr(plan_delta, "GLUON_GDP_REVERSE_SWEEP",
+                        dataclasses.replace(plan_delta.GLUON_GDP_REVERSE_SWEEP, on=case.endswith("its row on")))
     fp16 = case == "fp16, K = 64, V = 192"
-    args = dict(householder=2 if case == "GDP M = 2" else 1,
+    args = dict(householder=3 if case == "GDP M = 3" else 2 if case.startswith("GDP") else 1,
                 heads=2 if "GVA of 8" in case else 8 if case.startswith("GVA") else 16, value_heads=16,
                 key_dim=96 if case == "K = 96" else 64 if fp16 else 128,
                 value_dim={"V = 96": 96, "V = 64": 64, "V = 80": 80}.get(case, 192 if fp16 else 128),
@@ -417,7 +422,7 @@ def test_gluon_usable_is_false_off_hopper_and_under_the_interpreter():
     assert not gluon_usable(torch.device("cpu"))
 
 
-@pytest.mark.parametrize("what", ["sweep, M = 2", "sweep, float32", "sweep, block_v 32", "dq dk, M = 2",
+@pytest.mark.parametrize("what", ["sweep, M = 3", "sweep, float32", "sweep, block_v 32", "dq dk, M = 2",
                                   "dq dk, float32", "dq dk, GVA", "dq dk, GVA of 8 in the kernel", "dq dk, V = 48",
                                   "dq dk, V = 64", "scores, M = 2", "scores, float32", "scores, V = 48"])
 def test_a_gluon_twin_outside_its_scope_is_refused(what):
@@ -425,7 +430,7 @@ def test_a_gluon_twin_outside_its_scope_is_refused(what):
     the field, before anything is built or launched."""
     from recurscan.launch.delta import TEST_SHAPE
     from recurscan.launch.delta_backward import build_delta_backward
-    M = 2 if "M = 2" in what else 1
+    M = 3 if "M = 3" in what else 2 if "M = 2" in what else 1
     dtype = torch.float32 if "float32" in what else torch.bfloat16
     T, K = 64, 128
     H, HV = (1, 8) if "GVA of 8" in what else (1, 2) if "GVA" in what else (2, 2)

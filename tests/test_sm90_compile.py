@@ -52,8 +52,8 @@ def compile_offline(*argv):
     return _Compiler.run(argv)
 
 
-#: The Gluon twins' cases: each takes GDN (M = 1), GVA too.
-GLUON_CASES = {"Gluon reverse sweep": ("GDN dense, H = HV", "GDN varlen, GVA"),
+#: The Gluon twins' cases: each takes GDN (M = 1), GVA too; the reverse sweep Gated Delta Product at M = 2.
+GLUON_CASES = {"Gluon reverse sweep": ("GDN dense, H = HV", "GDN varlen, GVA", "GDP M 2 varlen"),
                "Gluon dq and dk": ("GDN dense, H = HV", "GDN varlen, GVA"),
                "Gluon scores": ("GDN dense, H = HV", "GDN varlen, GVA"),
                "Gluon dq and dk, warp-specialised": ("GDN dense, H = HV", "GDN varlen, GVA"),

@@ -157,8 +157,8 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
     arg = lambda name, present=True: CallArg(name if present else "dv")  # noqa: E731 (absent: a placeholder)
     sweep_kernel = chunk_delta_bwd_sweep_kernel
     if backward_shape.gluon_sweep:  # its Gluon twin: the same arguments (kernels/gluon)
-        if BV != 64 or not _plan.gluon_sweep_scope(householder=M, dtype=q.dtype, key_dim=K, value_dim=V):
-            raise ValueError("DeltaBackwardShape.gluon_sweep: the Gluon reverse sweep takes M = 1, 16-bit inputs, "
+        if BV != 64 or not _plan.gluon_reverse_sweep_scope(householder=M, dtype=q.dtype, key_dim=K, value_dim=V):
+            raise ValueError("DeltaBackwardShape.gluon_sweep: the Gluon reverse sweep takes M 1 or 2, 16-bit inputs, "
                              f"K 64 or 128 and V a multiple of block_v = 64 (got M = {M}, {q.dtype}, K = {K}, "
                              f"V = {V}, block_v = {backward_shape.block_v})")
         from ..kernels.gluon.delta_backward_sweep import gluon_bwd_sweep_kernel as sweep_kernel
@@ -238,9 +238,9 @@ def _from_checkpoints(sweep, N: int, T: int, HV: int, V: int, every: int):
 def _gluon_takes(q, k, v, do, chunk_indices, value_heads: int) -> bool:
     """What the Gluon twins need of a call beyond the planner's scope: q, k, v and dO
     16-byte aligned and of one dtype (their bulk copies read them from their base), and row
-    coordinates within int32 in their descriptors over the chunk states (K rows a chunk and value
-    head) and the scratch (2 BT rows a chunk and value head)."""
-    rows = chunk_indices.shape[0] if chunk_indices is not None else q.shape[0] * triton.cdiv(q.shape[1], CHUNK_SIZE)
+    coordinates within int32 in their descriptors over the chunk states (K rows a chunk of the
+    expanded stream, k's rows, and value head) and the scratch (2 BT rows a chunk and value head)."""
+    rows = chunk_indices.shape[0] if chunk_indices is not None else k.shape[0] * triton.cdiv(k.shape[1], CHUNK_SIZE)
     return all(x.data_ptr() % 16 == 0 and x.dtype == q.dtype for x in (q, k, v, do)) and \
         rows * value_heads * max(q.shape[3], 2 * CHUNK_SIZE) < 2 ** 31
 

@@ -334,11 +334,24 @@ GLUON_BACKWARD_TWINS = {
 
 
 def gluon_sweep_scope(*, householder: int, dtype: torch.dtype, key_dim: int, value_dim: int) -> bool:
-    """What the Gluon twins of the forward sweep and of the reverse sweep, and the warp-specialised
-    scores kernel, take: GDN (M = 1), 16-bit inputs, K 64 or 128, V a multiple of their 64 value
-    columns."""
+    """What the Gluon twin of the forward sweep and the warp-specialised scores kernel take: GDN
+    (M = 1), 16-bit inputs, K 64 or 128, V a multiple of their 64 value columns."""
     return householder == 1 and dtype in (torch.bfloat16, torch.float16) and key_dim in (64, 128) and \
         value_dim % 64 == 0
+
+
+def gluon_reverse_sweep_scope(*, householder: int, dtype: torch.dtype, key_dim: int, value_dim: int) -> bool:
+    """What the reverse sweep's Gluon twin takes: :func:`gluon_sweep_scope`'s problems, and Gated
+    Delta Product at M = 2, its query-side products over a chunk's 32 query rows (M = 4's 16 would
+    be a product's reduction too; not built)."""
+    return householder in (1, 2) and \
+        gluon_sweep_scope(householder=1, dtype=dtype, key_dim=key_dim, value_dim=value_dim)
+
+
+#: The reverse sweep's Gluon twin for Gated Delta Product (M = 2), apart from GDN's row
+#: (``GLUON_BACKWARD_TWINS["gluon_sweep"]``, which it also needs): another kernel's form (the query
+#: rows by token), measured on its own.
+GLUON_GDP_REVERSE_SWEEP = GluonTwinRow(False, "built offline (no spills, 164 KB at K = 128); not yet run on a GPU")
 
 
 #: The phases' ratio (DeltaShape.phase_ratio) where the sweep runs as its Gluon twin: B1 T16384 H16
@@ -411,14 +424,15 @@ def gluon_twins(shape: DeltaBackwardShape, *, householder: int, heads: int, valu
     (measured faster) given to that twin; ``shape`` as it is on other devices
     (``plan.device.gluon_usable``), or when the caller forced the Triton kernels
     (``backend="triton"``: ``twin_only``). The reverse sweep's twin runs 64 value columns on one
-    warpgroup, :data:`GLUON_SWEEP_STAGES` tile stages.
+    warpgroup, :data:`GLUON_SWEEP_STAGES` tile stages; Gated Delta Product's also needs
+    :data:`GLUON_GDP_REVERSE_SWEEP` on.
 
     The launch layer also needs q, k and dO 16-byte aligned (the twins' bulk copies) and falls back
     to the Triton kernels otherwise."""
     if twin_only or not gluon_usable(device):
         return shape
-    if GLUON_BACKWARD_TWINS["gluon_sweep"].on and gluon_sweep_scope(householder=householder, dtype=dtype,
-                                                                     key_dim=key_dim, value_dim=value_dim):
+    if GLUON_BACKWARD_TWINS["gluon_sweep"].on and (householder == 1 or GLUON_GDP_REVERSE_SWEEP.on) and \
+            gluon_reverse_sweep_scope(householder=householder, dtype=dtype, key_dim=key_dim, value_dim=value_dim):
         shape = replace(shape, gluon_sweep=True, block_v=64, sweep_warps=4, sweep_stages=GLUON_SWEEP_STAGES)
     if GLUON_BACKWARD_TWINS["gluon_dqdk"].on and (heads == value_heads or shape.group_in_kernel) and \
             gluon_dqdk_scope(householder=householder, heads=heads, value_heads=value_heads, dtype=dtype,

@@ -41,6 +41,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 
+#: A [BT] vector's layout in one warpgroup for the gates' prefix sums and dg's scans: one element a
+#: lane, the chunk's two halves on alternate warps, as this kernel's 8-warp line and the Triton
+#: kernels' vectors at 4 warps, so the sums associate as theirs and the gates come out their bits.
+#: The warp-specialised kernels first held two neighbouring elements a lane (pairs summed first):
+#: the decays' prefix sums then differed in their last bits, and dg and dk departed from the Triton
+#: kernel's most in the last rows of chunks of strong decay (results/diag_dqdk_specialised_h100_815a12e.json).
+SCAN_LINE = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))
+
 @gluon.jit
 def _plus(a, b):
     return a + b

@@ -42,8 +42,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .delta_backward_dqdk import (_dg_state_terms, _dqdk_descriptors, _gates, _issue_step, _issue_tiles, _item,
-                                  _tile_offsets)
+from .delta_backward_dqdk import (SCAN_LINE, _dg_state_terms, _dqdk_descriptors, _gates, _issue_step, _issue_tiles,
+                                  _item, _tile_offsets)
 from .gla_sweep_specialized import _handover_barriers
 
 #: Registers a thread of the epilogue warpgroup and of the load warp (setmaxnreg); the sums
@@ -92,7 +92,7 @@ def _sums(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     blk: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])  # [BT, BV] tiles scaled by row
     blk_kv: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])  # [K, BV] state tiles
-    line: gl.constexpr = gl.BlockedLayout([2], [32], [4], [0])  # a [BT] vector, whole in every warp, for the scans
+    line: gl.constexpr = SCAN_LINE
     o_t = gl.arange(0, BT, layout=row)
     o_l = gl.arange(0, BT, layout=line)
     for m in range(n_mine):
@@ -239,7 +239,7 @@ def _epilogue(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.const
     KH: gl.constexpr = K // 2
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, KH, 16])
     row: gl.constexpr = gl.SliceLayout(1, mma)
-    line: gl.constexpr = gl.BlockedLayout([2], [32], [4], [0])  # a [BT] vector, whole in every warp, for the scans
+    line: gl.constexpr = SCAN_LINE
     out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 16-byte stores of half rows
     o_t = gl.arange(0, BT, layout=row)
     o_l = gl.arange(0, BT, layout=line)

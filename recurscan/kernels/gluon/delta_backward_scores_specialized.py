@@ -39,7 +39,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .delta_backward_dqdk import _normalised, _plus, _segment_gates
+from .delta_backward_dqdk import SCAN_LINE, _normalised, _plus, _segment_gates
 from .gla_backward_dg import _item
 from .gla_sweep_specialized import _handover_barriers
 
@@ -65,7 +65,7 @@ def _scores(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constex
     along_j: gl.constexpr = gl.SliceLayout(0, mma)  # its columns
     blk: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])  # [BT, BV] tiles for the row sums
     rows_qk: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])  # [BT, K] rows to normalise
-    line: gl.constexpr = gl.BlockedLayout([2], [32], [4], [0])  # a [BT] vector, whole in every warp, for the scans
+    line: gl.constexpr = SCAN_LINE
     out: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])  # 16-byte stores of a [BT, BT] tile
     q_s = q_slots.index(PART)
     k_s = k_slots.index(PART)

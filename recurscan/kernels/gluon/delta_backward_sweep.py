@@ -18,8 +18,15 @@ What differs from the twin is how a chunk's work is scheduled, per program (one 
    waited on a chunk later, not at once.
 4. Each chunk's row coefficients are loaded one chunk ahead in a compact layout (one register a
    vector) and moved into the products' layout where used.
+5. Gated Delta Product (M > 1, every stage on the expanded stream of M copies a token): a chunk's
+   query rows (each token's last copy) are BT / M tokens of q and dO, read from the token stream,
+   and aqk's rows on them, read through a descriptor whose rows are M apart. The query-side
+   products (dO^T aqk and (lam rq o dO^T) Q) then sum over those BT / M rows alone, where the twin
+   sums over all BT rows with the other copies' rows zero: the same terms, added in another grouping
+   inside the products, so the gradients agree with the twin's to float32 rounding of the reverse
+   chain, not bit for bit (tests/gpu/test_delta_grad_gpu.py). At M = 1 the kernel is the form above.
 
-Scope (``plan.delta.gluon_reverse_sweep`` checks it): M = 1 (GDN), 16-bit inputs, K 64 or 128,
+Scope (``plan.delta.gluon_reverse_sweep_scope`` checks it): M 1 or 2, 16-bit inputs, K 64 or 128,
 V a multiple of BV = 64, 16-byte aligned tensors; dense or varlen.
 """
 from __future__ import annotations
@@ -31,10 +38,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 
 @gluon.jit
-def _sequence_place(i_n, cu_seqlens, chunk_offsets, T, BT: gl.constexpr, IS_VARLEN: gl.constexpr):
-    """Sequence ``i_n``'s first row ``bos`` and length ``L`` (int64; varlen boundaries clamped to
-    [0, T], so no descriptor reaches outside the inputs), its chunks, its first chunk-state row
-    ``cs0``, and a descriptor's rows over it (the sequence's; an empty one reads nothing)."""
+def _sequence_place(i_n, cu_seqlens, chunk_offsets, T, BT: gl.constexpr, IS_VARLEN: gl.constexpr,
+                    M: gl.constexpr = 1):
+    """Sequence ``i_n``'s first row ``bos`` and length ``L`` on the expanded stream (M rows a token;
+    int64; varlen token boundaries clamped to [0, T], so no descriptor reaches outside the inputs),
+    its chunks, its first chunk-state row ``cs0``, and a descriptor's rows over it on the expanded
+    stream and on the token stream (the sequence's; an empty one reads nothing)."""
     if IS_VARLEN:
         bos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n).to(gl.int64), 0), T)
         eos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n + 1).to(gl.int64), bos), T)
@@ -42,41 +51,48 @@ def _sequence_place(i_n, cu_seqlens, chunk_offsets, T, BT: gl.constexpr, IS_VARL
     else:
         bos = i_n.to(gl.int64) * T
         eos = bos + T
-        cs0 = i_n.to(gl.int64) * ((T + BT - 1) // BT)
-    L = eos - bos
+        cs0 = i_n.to(gl.int64) * ((T * M + BT - 1) // BT)
+    tokens = eos - bos
+    L = tokens * M
     n_chunks = ((L + BT - 1) // BT).to(gl.int32)
     rows = gl.maximum(L, 1).to(gl.int32)
-    return bos, L, n_chunks, cs0, rows
+    token_rows = gl.maximum(tokens, 1).to(gl.int32)
+    return bos * M, L, n_chunks, cs0, rows, token_rows
 
 
 @gluon.jit
 def _issue_loads(j, n_chunks, k_desc, q_desc, do_desc, w_desc, a_desc, k_s, q_s, do_s, w_s, a_s, bars,
                  col_qk, col_v, col_w, BT: gl.constexpr, NUM_STAGES: gl.constexpr):
     """The bulk copies of the program's j-th chunk in its walk (chunk n_chunks - 1 - j of the
-    sequence) into stage j % NUM_STAGES; none past its last."""
+    sequence) into stage j % NUM_STAGES; none past its last. k and G o Tinv by the chunk's BT rows
+    of the expanded stream; q, dO and aqk's query rows by its BT / M tokens."""
     s = j % NUM_STAGES
     pred = j < n_chunks
     bar = bars.index(s)
     nbytes: gl.constexpr = (k_desc.block_type.nbytes + q_desc.block_type.nbytes + do_desc.block_type.nbytes
                             + w_desc.block_type.nbytes + a_desc.block_type.nbytes)
     mbarrier.expect(bar, nbytes, pred=pred)
-    r = (n_chunks - 1 - j) * BT
+    c = n_chunks - 1 - j
+    r = c * BT
+    rq = c * q_desc.block_type.shape[0]
     tma.async_copy_global_to_shared(k_desc, [r, col_qk], bar, k_s.index(s), pred=pred)
-    tma.async_copy_global_to_shared(q_desc, [r, col_qk], bar, q_s.index(s), pred=pred)
-    tma.async_copy_global_to_shared(do_desc, [r, col_v], bar, do_s.index(s), pred=pred)
+    tma.async_copy_global_to_shared(q_desc, [rq, col_qk], bar, q_s.index(s), pred=pred)
+    tma.async_copy_global_to_shared(do_desc, [rq, col_v], bar, do_s.index(s), pred=pred)
     tma.async_copy_global_to_shared(w_desc, [r, col_w], bar, w_s.index(s), pred=pred)
-    tma.async_copy_global_to_shared(a_desc, [r, col_w], bar, a_s.index(s), pred=pred)
+    tma.async_copy_global_to_shared(a_desc, [rq, col_w], bar, a_s.index(s), pred=pred)
 
 
 @gluon.jit
-def _row_coefficients(coef, beta, bos, L, c, i_n, i_hv, o_t, HV: gl.constexpr, BT: gl.constexpr):
-    """Chunk c's (lam rk, lam rq, gam rk, beta) along its rows in o_t's layout (zero past the
-    sequence's end), and lam_C: the twin's coefficient tile. ``c`` may be -1 (the walk's end): the
-    loads are then masked off."""
+def _row_coefficients(coef, beta, bos, L, c, i_n, i_hv, o_t, o_q, HV: gl.constexpr, BT: gl.constexpr,
+                      M: gl.constexpr):
+    """Chunk c's (lam rk, gam rk, beta) along its rows in o_t's layout, lam rq along its query rows
+    (each token's last copy, o_q M + M - 1) in o_q's (zero past the sequence's end), and lam_C: the
+    twin's coefficient tile. ``c`` may be -1 (the walk's end): the loads are then masked off."""
     m_r = (c * BT + o_t < L) & (c >= 0)
     p_coef = coef + (((bos + c * BT) // BT + i_n) * HV + i_hv) * (BT * 4)
     lam_rk = gl.load(p_coef + o_t * 4, mask=m_r, other=0.0)
-    lam_rq = gl.load(p_coef + o_t * 4 + 1, mask=m_r, other=0.0)
+    r_q = o_q * M + (M - 1)
+    lam_rq = gl.load(p_coef + r_q * 4 + 1, mask=(c * BT + r_q < L) & (c >= 0), other=0.0)
     gam_rk = gl.load(p_coef + o_t * 4 + 2, mask=m_r, other=0.0)
     lam_last = gl.load(p_coef + 3, mask=c >= 0, other=0.0)
     b_beta = gl.load(beta + (bos + c * BT + o_t) * HV + i_hv, mask=m_r, other=0.0).to(gl.float32)
@@ -107,29 +123,38 @@ def gluon_bwd_sweep_kernel(
         dS^T <- lam_C dS^T + (lam rq o dO^T) Q - (lam rk o dv^T) K
 
     writing dS leaving the chunk (its chunk-state row of ``dstates``), dY and dv; dh0 is dS^T
-    entering the first chunk. BK, DOT_PRECISION, DT and M are the twin's arguments, unused here
-    (K wide tiles, 16-bit products, M = 1)."""
+    entering the first chunk. The query-side terms sum over the chunk's query rows alone (item 5
+    of the module's docstring). BK and DOT_PRECISION are the twin's arguments, unused here (K wide
+    tiles, 16-bit products)."""
     gl.static_assert(BV == 64, "the Gluon reverse sweep takes 64 value columns a program")
     gl.static_assert(BT == 64, "chunks of 64 rows")
-    gl.static_assert(M == 1, "GDN only (M = 1)")
+    gl.static_assert(M == 1 or M == 2, "GDN (M = 1) or Gated Delta Product with M = 2")
+    BQ: gl.constexpr = BT // M  # a chunk's query rows: its tokens
     NV: gl.constexpr = V // BV
     pid = gl.program_id(0)
     i_v = pid % NV
     i_hv = (pid // NV) % HV
     i_n = pid // (NV * HV)
     i_h = i_hv // (HV // H)
-    bos, L, n_chunks, cs0, rows = _sequence_place(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
+    bos, L, n_chunks, cs0, rows, token_rows = _sequence_place(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN,
+                                                              M)
+    tok0 = bos // M  # the sequence's first token
 
     # Descriptors over this sequence's rows: a tile past its end reads zeros, a store stops there.
+    # k, G o Tinv and the outputs on the expanded stream; q, dO and aqk's query rows by token.
     l_qk: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, K], DT)
     l_tv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], DT)
     l_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], DT)
     l_kv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([K, BV], DT)
+    l_qq: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BQ, K], DT)
+    l_qv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BQ, BV], DT)
+    l_qt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BQ, BT], DT)
     k_desc = tma.make_tensor_descriptor(k + bos * (H * K), [rows, H * K], [H * K, 1], [BT, K], l_qk)
-    q_desc = tma.make_tensor_descriptor(q + bos * (H * K), [rows, H * K], [H * K, 1], [BT, K], l_qk)
-    do_desc = tma.make_tensor_descriptor(do + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV], l_tv)
+    q_desc = tma.make_tensor_descriptor(q + tok0 * (H * K), [token_rows, H * K], [H * K, 1], [BQ, K], l_qq)
+    do_desc = tma.make_tensor_descriptor(do + tok0 * (HV * V), [token_rows, HV * V], [HV * V, 1], [BQ, BV], l_qv)
     w_desc = tma.make_tensor_descriptor(winv + bos * (HV * BT), [rows, HV * BT], [HV * BT, 1], [BT, BT], l_tt)
-    a_desc = tma.make_tensor_descriptor(aqk + bos * (HV * BT), [rows, HV * BT], [HV * BT, 1], [BT, BT], l_tt)
+    a_desc = tma.make_tensor_descriptor(aqk + (bos + M - 1) * (HV * BT), [token_rows, HV * BT], [M * HV * BT, 1],
+                                        [BQ, BT], l_qt)
     dy_desc = tma.make_tensor_descriptor(dy_out + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV], l_tv)
     dv_desc = tma.make_tensor_descriptor(dv + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV], l_tv)
     # Chunk-state rows outside [0, n_cs_rows) (a wrong chunk_offsets entry) are moved just past it.
@@ -141,17 +166,19 @@ def gluon_bwd_sweep_kernel(
     # Layouts: one warpgroup; results N = 64 (a chunk's columns) and N = K (the state).
     mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     mmaK: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
+    mmaQ: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BQ, 16])
     a64: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma64, k_width=2)
     aK: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mmaK, k_width=2)
     col64: gl.constexpr = gl.SliceLayout(0, mma64)  # along a [BV, BT] tile's columns (the chunk's rows)
+    colQ: gl.constexpr = gl.SliceLayout(0, mmaQ)  # along a [BV, BQ] tile's columns (its query rows)
     compact: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # a row vector, one register a thread
     blk: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])  # state tiles in and out
 
     k_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
-    q_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
-    do_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], l_tv)
+    q_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BQ, K], l_qq)
+    do_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BQ, BV], l_qv)
     w_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BT], l_tt)
-    a_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BT], l_tt)
+    a_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BQ, BT], l_qt)
     ds_s = gl.allocate_shared_memory(DT, [K, BV], l_kv)
     dy_s = gl.allocate_shared_memory(DT, [BT, BV], l_tv)
     dv_s = gl.allocate_shared_memory(DT, [BT, BV], l_tv)
@@ -169,14 +196,17 @@ def gluon_bwd_sweep_kernel(
         dS_t = gl.zeros([BV, K], gl.float32, layout=mmaK)
 
     o_t = gl.arange(0, BT, layout=compact)
+    o_q = gl.arange(0, BQ, layout=compact)
     zero64 = gl.zeros([BV, BT], gl.float32, layout=mma64)
-    n_rk, n_rq, n_gk, n_beta, n_last = _row_coefficients(coef, beta, bos, L, n_chunks - 1, i_n, i_hv, o_t, HV, BT)
+    n_rk, n_rq, n_gk, n_beta, n_last = _row_coefficients(coef, beta, bos, L, n_chunks - 1, i_n, i_hv, o_t, o_q, HV,
+                                                         BT, M)
     for j in range(n_chunks):
         s = j % NUM_STAGES
         c = n_chunks - 1 - j
         mbarrier.wait(bars.index(s), (j // NUM_STAGES) & 1)
         lam_rk, lam_rq, gam_rk, b_beta, lam_last = n_rk, n_rq, n_gk, n_beta, n_last
-        n_rk, n_rq, n_gk, n_beta, n_last = _row_coefficients(coef, beta, bos, L, c - 1, i_n, i_hv, o_t, HV, BT)
+        n_rk, n_rq, n_gk, n_beta, n_last = _row_coefficients(coef, beta, bos, L, c - 1, i_n, i_hv, o_t, o_q, HV, BT,
+                                                             M)
 
         # dS leaving chunk c to its chunk-state row (the previous chunk's dS store has drained).
         S_b = dS_t.to(DT)
@@ -198,8 +228,8 @@ def gluon_bwd_sweep_kernel(
 
         # Group 2: dY^T = dU^T winv; meanwhile the next group's first operand.
         dYt = warpgroup_mma(gl.convert_layout(dUt.to(DT), a64), w_s.index(s), zero64, use_acc=False, is_async=True)
-        dOt = do_s.index(s).permute((1, 0)).load(mma64).to(gl.float32)
-        A3 = gl.convert_layout((gl.convert_layout(lam_rq, col64)[None, :] * dOt).to(DT), aK)
+        dOt = do_s.index(s).permute((1, 0)).load(mmaQ).to(gl.float32)
+        A3 = gl.convert_layout((gl.convert_layout(lam_rq, colQ)[None, :] * dOt).to(DT), aK)
         dYt = warpgroup_mma_wait(num_outstanding=0, deps=(dYt,))
         dvt = gl.convert_layout(b_beta, col64)[None, :] * dYt
 
