@@ -320,9 +320,10 @@ GLUON_BACKWARD_TWINS = {
                                                   "1.296 ms against 1.265), 2% faster at B1 T16384 H16 HV32 (740 "
                                                   "against 755), on an H100 in one process "
                                                   "(gpu_delta_train_dqdk_specialised_b{4,1}_h100_c1b4b1c.json); "
-                                                  "and its dg departs from the Triton kernel's by 1.2-1.6e-5 "
-                                                  "(its GPU test's bound 1e-5), most in the last rows of a chunk "
-                                                  "and a sequence's last chunk (diag_dqdk_specialised_h100_c1b4b1c.json)"),
+                                                  "again with its gates' scans associated as the twin's, its 11 "
+                                                  "GPU tests passing (gpu_tests_unproven_dqdk_h100_4a5bb0f.log): "
+                                                  "405 us against 386 at B4, 743 against 733 at B1 "
+                                                  "(gpu_delta_train_specialised_b{4,1}_h100_4a5bb0f.json)"),
     "gluon_scores": GluonTwinRow(True, "the scores kernel warp-specialised "
                                        "(kernels/gluon/delta_backward_scores_specialized.py), forward + backward, "
                                        "eager, bf16, l2norm, same process, on an H100: 221-223 us against the "
@@ -351,7 +352,14 @@ def gluon_reverse_sweep_scope(*, householder: int, dtype: torch.dtype, key_dim: 
 #: The reverse sweep's Gluon twin for Gated Delta Product (M = 2), apart from GDN's row
 #: (``GLUON_BACKWARD_TWINS["gluon_sweep"]``, which it also needs): another kernel's form (the query
 #: rows by token), measured on its own.
-GLUON_GDP_REVERSE_SWEEP = GluonTwinRow(False, "built offline (no spills, 164 KB at K = 128); not yet run on a GPU")
+GLUON_GDP_REVERSE_SWEEP = GluonTwinRow(True, "GDP M = 2 B4 T4096 H16 forward + backward, eager, bf16, l2norm, same "
+                                             "process, on an H100: the reverse sweep 362 us against the Triton "
+                                             "kernel's 579, the step 2.629 ms against 2.837 "
+                                             "(gpu_delta_train_specialised_gdp_h100_4a5bb0f.json); every gradient "
+                                             "within 7e-5 (relative RMS) of the Triton sweep's and within the "
+                                             "oracle's band of the float64 token loop "
+                                             "(gpu_tests_unproven_gdp_sweep_h100_4a5bb0f.log), the GDP GPU tests "
+                                             "with it planned (gpu_tests_gdp_planned_h100_4a5bb0f.log)")
 
 
 #: The phases' ratio (DeltaShape.phase_ratio) where the sweep runs as its Gluon twin: B1 T16384 H16

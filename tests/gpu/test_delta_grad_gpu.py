@@ -384,7 +384,6 @@ def test_the_gluon_reverse_sweep_gives_its_twins_bits(B, T, H, HV, cu):
 GDP_SWEEP_BOUND = 2 ** -8
 
 
-@pytest.mark.unproven
 @pytest.mark.parametrize("B, T, H, HV, cu", [(2, 2048, 8, 8, None), (1, 1000, 2, 4, None),
                                              (1, 1500, 2, 4, [0, 1, 700, 733, 1500])],
                          ids=["B2 T2048 H=HV=8", "GVA, a partial last chunk", "varlen, a one-token sequence"])
@@ -443,7 +442,7 @@ def test_the_gluon_dq_dk_kernel_agrees_with_its_twin(B, T, H, HV, cu, l2norm):
     _check_form(x, args, DQDK_BOUNDS, gluon_dqdk=True)
 
 
-@pytest.mark.unproven
+@pytest.mark.unproven  # its planner row is off (slower); its tests passed on an H100 at 4a5bb0f
 @pytest.mark.parametrize("B, T, H, HV, cu, l2norm, decay", [
     (2, 4096, 16, 16, None, True, True), (3, 1000, 4, 4, None, True, True),
     (1, 8192, 8, 8, [0, 1, 3000, 3064, 8192], True, True), (2, 1024, 4, 4, None, False, True),
