@@ -252,6 +252,8 @@ def launch_times(fn) -> list:
 
 COLD = """
 import torch
+if {torch_import_first}:  # torch's own import on a first autograd.grad given grad_outputs (sympy, ~2 s)
+    import torch.fx.experimental.symbolic_shapes
 if not {checkpoints}:
     from recurscan.plan import delta as plan_delta
     plan_delta.checkpoint_chunks_for_backward = lambda problem, device: 0
@@ -268,11 +270,18 @@ torch.cuda.synchronize(); print(time.perf_counter() - t0)
 """
 
 
-def cold(name, checkpoints=True):
+def cold(name, checkpoints=True, torch_import_first=False):
     """Seconds of the first forward + backward of workload ``name`` in a fresh process with an
-    empty Triton cache; ``checkpoints=False``: with the planner's checkpoints switched off."""
+    empty Triton cache; ``checkpoints=False``: with the planner's checkpoints switched off.
+
+    The backward is ``torch.autograd.grad`` given dO, whose first call in a process imports
+    torch.fx's symbolic shapes, and with them sympy (2.0-2.5 s on an H100 machine lent,
+    results/cold_sympy_ab_h100_94411ab.txt): torch's cost, not the op's, and one that
+    ``loss.backward()`` on a scalar does not pay there. ``torch_import_first``: that import done
+    before the clock starts, so the time is the op's first call alone."""
     with tempfile.TemporaryDirectory() as cache:
-        out = subprocess.run([sys.executable, "-c", COLD.format(name=name, checkpoints=checkpoints)],
+        code = COLD.format(name=name, checkpoints=checkpoints, torch_import_first=torch_import_first)
+        out = subprocess.run([sys.executable, "-c", code],
                              capture_output=True, text=True, env=dict(os.environ, TRITON_CACHE_DIR=cache), check=True)
     return float(out.stdout.split()[-1])
 

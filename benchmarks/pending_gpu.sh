@@ -30,11 +30,11 @@
 #      `... 9` the same at B1 T16384 HV32 on the same warm machine.
 #  10. tests/test_hardening_gradients.py on the GPU (a call of its own): 38 passed on the H100 at
 #      4981221 (results/gpu_tests_hardening_gradients_h100_4981221.log).
-#  11. Issue 19's cold row since the warp-specialised scores kernel is planned: GDN B1 T16384 HV32's
-#      first forward + backward in fresh processes (target 10 s). Offline for sm_90 on this
-#      project's CPU (two cores, CI beside it) the kernel compiles in 5.1 s against the Triton scores
-#      kernel's 2.8, the longest of the backward's early compiles (the recompute's sweep 3.3-3.5;
-#      results/offline_compile_scores_specialised_60291e3.txt).
+#  11. Issue 19's cold row: GDN B1 T16384 HV32's first forward + backward in fresh processes (target
+#      10 s), as it was measured and with torch's own first-autograd.grad import (sympy, 2.0-2.5 s) done
+#      first: 9.9-10.5 s as measured on an H100 at 815a12e (results/gpu_delta_cold_h100_815a12e.json);
+#      6.2-6.5 s with the import first, 7.3-8.8 without, in one process pair each, at 94411ab
+#      (results/cold_sympy_ab_h100_94411ab.txt).
 #  12. Where dq/dk's warp-specialised form departs (dg and dk by row of the chunk, chunk and head)
 #      and whether two of its runs give the same bits (`benchmarks/diag_dqdk_specialised.py`).
 #  13. The reverse sweep's Gluon twin for Gated Delta Product (M = 2, built offline): its GPU tests
@@ -99,8 +99,8 @@ step 9 && train gdn_b1_t16384_h16_hv32 420 b1
 step 10 && { timeout 400 python -m pytest -m gpu -n "$WORKERS" tests/test_hardening_gradients.py -p no:cacheprovider -q \
     -o faulthandler_timeout=390 > "$OUT/gpu_tests_hardening_gradients_$C.log" 2>&1; echo "gradients hardening rc=$?"
     grep -E "passed|failed|FAILED|Timeout" "$OUT/gpu_tests_hardening_gradients_$C.log" | tail -12; }
-step 11 && timeout 200 env PYTHONPATH=$PWD python benchmarks/gpu_delta_cold.py --runs 2 \
-    --out "$OUT/gpu_delta_cold_$C.json" 2>&1 | grep -E "cold first call"
+step 11 && for first in "" --torch-import-first; do timeout 200 env PYTHONPATH=$PWD python benchmarks/gpu_delta_cold.py \
+    --runs 2 $first --out "$OUT/gpu_delta_cold${first:+_torch_import_first}_$C.json" 2>&1 | grep -E "cold first call"; done
 step 13 && {
     : > /tmp/recurscan_unproven_ok
     unproven_tests gdp_sweep "gluon_reverse_sweep_for_gdp" 200 && echo gdp_sweep >> /tmp/recurscan_unproven_ok
