@@ -11,11 +11,9 @@ What differs from the twin is how a chunk's work is scheduled, per program (one 
    shared-memory stages, one mbarrier each, issued NUM_STAGES chunks ahead. The descriptors are
    made on the device per program over its own sequence's rows, so a partial last chunk reads
    zeros past the sequence's end and its stores stop there (the twin's masks).
-2. The products are waited on four times a chunk: dS^T K^T, with (lam rq o dO^T) Q issued onto
-   lam_C dS^T under it (that part of the next dS^T needs no value of the chain); dO^T aqk onto
-   (gam rk) o dS^T K^T (the twin's compiler makes the sum an accumulation, so its bits need this
-   order); dU^T winv; and -(lam rk o dv^T) K onto the first part. dS leaving the chunk goes to shared
-   memory while dS^T K^T runs.
+2. The products are waited on four times a chunk: dS^T K^T; dO^T aqk onto (gam rk) o that (the
+   twin's compiler makes the sum an accumulation, so its bits need this order); dU^T winv; and
+   {(lam rq o dO^T) Q, -(lam rk o dv^T) K} issued together onto lam_C dS^T.
 3. dS leaving the chunk, dY and dv leave through shared memory by bulk tensor stores that are
    waited on a chunk later, not at once.
 4. Each chunk's row coefficients are loaded one chunk ahead in a compact layout (one register a
@@ -210,38 +208,36 @@ def gluon_bwd_sweep_kernel(
         n_rk, n_rq, n_gk, n_beta, n_last = _row_coefficients(coef, beta, bos, L, c - 1, i_n, i_hv, o_t, o_q, HV, BT,
                                                              M)
 
-        # Group 1: dS^T K^T (the chain) issued first; under it (lam rq o dO^T) Q onto lam_C dS^T, the
-        # part of the next dS^T that needs no chain value (the twin's first product of that sum,
-        # so the same accumulation order), and dS leaving chunk c to its chunk-state row (the
-        # previous chunk's dS store has drained).
+        # dS leaving chunk c to its chunk-state row (the previous chunk's dS store has drained).
         S_b = dS_t.to(DT)
-        KSt = warpgroup_mma(gl.convert_layout(S_b, a64), k_s.index(s).permute((1, 0)), zero64, use_acc=False,
-                            is_async=True)
-        dOt = do_s.index(s).permute((1, 0)).load(mmaQ).to(gl.float32)
-        A3 = gl.convert_layout((gl.convert_layout(lam_rq, colQ)[None, :] * dOt).to(DT), aK)
-        dS_t = warpgroup_mma(A3, q_s.index(s), lam_last * dS_t, is_async=True)
         tma.store_wait(pendings=2)
         ds_s.permute((1, 0)).store(S_b)
         fence_async_shared()
         cs = cs0 + c
         cs = gl.where((cs >= 0) & (cs < n_cs_rows), cs, n_cs_rows)  # past the descriptor: not stored
         tma.async_copy_shared_to_global(ds_desc, [(cs * HV + i_hv).to(gl.int32) * K, i_v * BV], ds_s)
-        # Then dO^T aqk accumulated onto dS^T K^T's scaled result, as the twin's compiler combines
-        # the sum (a product added to a tensor becomes its accumulator).
-        KSt = warpgroup_mma_wait(num_outstanding=1, deps=(KSt,))
+
+        # Group 1: dS^T K^T (the chain), then dO^T aqk accumulated onto its scaled result, as the
+        # twin's compiler combines the sum (a product added to a tensor becomes its accumulator).
+        KSt = warpgroup_mma(gl.convert_layout(S_b, a64), k_s.index(s).permute((1, 0)), zero64, use_acc=False,
+                            is_async=True)
+        KSt = warpgroup_mma_wait(num_outstanding=0, deps=(KSt,))
         dUt = warpgroup_mma(do_s.index(s).permute((1, 0)), a_s.index(s),
                             gl.convert_layout(gam_rk, col64)[None, :] * KSt, is_async=True)
-        dUt, dS_t = warpgroup_mma_wait(num_outstanding=0, deps=(dUt, dS_t))
+        dUt = warpgroup_mma_wait(num_outstanding=0, deps=(dUt,))
 
-        # Group 2: dY^T = dU^T winv.
+        # Group 2: dY^T = dU^T winv; meanwhile the next group's first operand.
         dYt = warpgroup_mma(gl.convert_layout(dUt.to(DT), a64), w_s.index(s), zero64, use_acc=False, is_async=True)
+        dOt = do_s.index(s).permute((1, 0)).load(mmaQ).to(gl.float32)
+        A3 = gl.convert_layout((gl.convert_layout(lam_rq, colQ)[None, :] * dOt).to(DT), aK)
         dYt = warpgroup_mma_wait(num_outstanding=0, deps=(dYt,))
         dvt = gl.convert_layout(b_beta, col64)[None, :] * dYt
 
-        # Group 3: dS^T <- (lam_C dS^T + (lam rq o dO^T) Q) - (lam rk o dv^T) K (the chain).
+        # Group 3: dS^T <- lam_C dS^T + (lam rq o dO^T) Q - (lam rk o dv^T) K (the chain).
+        dS_t = warpgroup_mma(A3, q_s.index(s), lam_last * dS_t, is_async=True)
         A4 = gl.convert_layout((-gl.convert_layout(lam_rk, col64)[None, :] * dvt).to(DT), aK)
         dS_t = warpgroup_mma(A4, k_s.index(s), dS_t, is_async=True)
-        # dY and dv out while the product runs (the previous chunk's have drained).
+        # dY and dv out while the group runs (the previous chunk's have drained).
         tma.store_wait(pendings=1)
         dy_s.permute((1, 0)).store(dYt.to(DT))
         dv_s.permute((1, 0)).store(dvt.to(DT))
