@@ -37,9 +37,10 @@
 #      (results/cold_sympy_ab_h100_94411ab.txt).
 #  12. Where dq/dk's warp-specialised form departs (dg and dk by row of the chunk, chunk and head)
 #      and whether two of its runs give the same bits (`benchmarks/diag_dqdk_specialised.py`).
-#  13. The reverse sweep's Gluon twin for Gated Delta Product (M = 2, built offline): its GPU tests
-#      (marked unproven), the warp-specialised scores kernel's tests (its gates' scans relaid to the
-#      Triton kernel's association), then GDP M = 2 B4 T4096 forward + backward as planned and with it.
+#  13. The reverse sweep's Gluon twin for Gated Delta Product (M = 2): at 4a5bb0f its tests at K 128
+#      passed and it was measured (on an H100; planned since 94411ab); now its test at K 64 (marked
+#      unproven; plan.delta.GLUON_GDP_REVERSE_SWEEP_KEY_DIMS takes K 128 alone until it passes), the
+#      scores kernel's tests, and GDP M = 2 B4 T4096 forward + backward as planned.
 #  14. dq/dk's warp-specialised form again, its gates' scans relaid as the twin's (the dg departure
 #      of step 12 came from the decays' prefix sums associating pairs first): its tests, then GDN B4 and
 #      B1 forward + backward as planned and with it.

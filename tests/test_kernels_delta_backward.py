@@ -362,12 +362,14 @@ def test_the_planner_overlaps_or_checkpoints_the_recompute_where_the_reverse_swe
     ("GVA summed in the kernel", True, True, True), ("GVA of 8 summed in the kernel", True, False, True),
     ("V = 96", False, True, False), ("V = 64", True, False, True), ("V = 80", False, False, False),
     ("GDP M = 2", False, False, False), ("GDP M = 2, its row on", True, False, False), ("GDP M = 3", False, False, False),
+    ("GDP M = 2, K = 64, its row on", False, False, False),
     ("float32", False, False, False), ("K = 96", False, False, False),
     ('backend="triton"', False, False, False), ("no usable Gluon", False, False, False)])
 def test_the_planner_gives_backward_stages_to_their_gluon_twins_only_in_scope(monkeypatch, case, sweep, dqdk, scores):
     """plan.delta.gluon_twins (the Gluon rules, docs/kernels-gluon.md), with the twins' rows on: each
     twin's scope (GDN, 16-bit inputs, K 64 or 128; the reverse sweep V a multiple of 64, then 64 value
-    columns on one warpgroup, and Gated Delta Product at M = 2 where GLUON_GDP_REVERSE_SWEEP is on too;
+    columns on one warpgroup, and Gated Delta Product at M = 2 where GLUON_GDP_REVERSE_SWEEP is on too
+    and K one its GPU tests ran (GLUON_GDP_REVERSE_SWEEP_KEY_DIMS);
     dq and dk one value head a q/k head, or a GVA group of at most 4 summed in the kernel, and V a
     multiple of 32, three steps of 32 at least; the warp-specialised scores kernel V a multiple of
     64), a device where Gluon is usable, the caller not forcing the Triton kernels. Elsewhere the
@@ -382,7 +384,7 @@ def test_the_planner_gives_backward_stages_to_their_gluon_twins_only_in_scope(mo
     fp16 = case == "fp16, K = 64, V = 192"
     args = dict(householder=3 if case == "GDP M = 3" else 2 if case.startswith("GDP") else 1,
                 heads=2 if "GVA of 8" in case else 8 if case.startswith("GVA") else 16, value_heads=16,
-                key_dim=96 if case == "K = 96" else 64 if fp16 else 128,
+                key_dim=96 if case == "K = 96" else 64 if fp16 or "K = 64" in case else 128,
                 value_dim={"V = 96": 96, "V = 64": 64, "V = 80": 80}.get(case, 192 if fp16 else 128),
                 dtype=torch.float32 if case == "float32" else torch.float16 if fp16 else torch.bfloat16,
                 device=torch.device("cuda"), twin_only=case == 'backend="triton"')

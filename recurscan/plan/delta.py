@@ -361,6 +361,10 @@ GLUON_GDP_REVERSE_SWEEP = GluonTwinRow(True, "GDP M = 2 B4 T4096 H16 forward + b
                                              "(gpu_tests_unproven_gdp_sweep_h100_4a5bb0f.log), the GDP GPU tests "
                                              "with it planned (gpu_tests_gdp_planned_h100_4a5bb0f.log)")
 
+#: The key sizes at which the GDP form of the reverse sweep's twin has run on a GPU (K = 64 compiles
+#: offline without spills, 119 KB; its GPU test is marked unproven): the planner takes it there only.
+GLUON_GDP_REVERSE_SWEEP_KEY_DIMS = (128,)
+
 
 #: The phases' ratio (DeltaShape.phase_ratio) where the sweep runs as its Gluon twin: B1 T16384 H16
 #: HV32 in 6 phases, graph replay, 0.505 ms at 0.8 against 0.513 at 0.75 and 0.525 at 0.9 (the Triton
@@ -433,13 +437,14 @@ def gluon_twins(shape: DeltaBackwardShape, *, householder: int, heads: int, valu
     (``plan.device.gluon_usable``), or when the caller forced the Triton kernels
     (``backend="triton"``: ``twin_only``). The reverse sweep's twin runs 64 value columns on one
     warpgroup, :data:`GLUON_SWEEP_STAGES` tile stages; Gated Delta Product's also needs
-    :data:`GLUON_GDP_REVERSE_SWEEP` on.
+    :data:`GLUON_GDP_REVERSE_SWEEP` on and K in :data:`GLUON_GDP_REVERSE_SWEEP_KEY_DIMS`.
 
     The launch layer also needs q, k and dO 16-byte aligned (the twins' bulk copies) and falls back
     to the Triton kernels otherwise."""
     if twin_only or not gluon_usable(device):
         return shape
-    if GLUON_BACKWARD_TWINS["gluon_sweep"].on and (householder == 1 or GLUON_GDP_REVERSE_SWEEP.on) and \
+    gdp_sweep = GLUON_GDP_REVERSE_SWEEP.on and key_dim in GLUON_GDP_REVERSE_SWEEP_KEY_DIMS
+    if GLUON_BACKWARD_TWINS["gluon_sweep"].on and (householder == 1 or gdp_sweep) and \
             gluon_reverse_sweep_scope(householder=householder, dtype=dtype, key_dim=key_dim, value_dim=value_dim):
         shape = replace(shape, gluon_sweep=True, block_v=64, sweep_warps=4, sweep_stages=GLUON_SWEEP_STAGES)
     if GLUON_BACKWARD_TWINS["gluon_dqdk"].on and (heads == value_heads or shape.group_in_kernel) and \
