@@ -2,7 +2,9 @@
 ``--cold`` call), each in a fresh process with an empty Triton cache, alternating three times: as
 planned (the forward's sweep, the recompute and the reverse sweep on their Gluon twins), with no
 Gluon twin (``plan.gla.gluon_usable`` False: the Triton sweep, the delta prep in phases) and with
-the reverse sweep on the Triton kernel (plan.gla.GLUON_GLA_REVERSE_SWEEP off). Writes
+the reverse sweep on the Triton kernel (plan.gla.GLUON_GLA_REVERSE_SWEEP off), and as planned with
+torch's own import on its first ``autograd.grad`` given grad_outputs done before the clock (about 2 s
+of the first call otherwise: benchmarks/gpu_delta_train.py's ``cold``). Writes
 ``$OUT/gpu_gla_cold_ab_<commit>.json`` where ``OUT`` is set, else prints only.
 
     PYTHONPATH=$PWD python benchmarks/gpu_gla_cold_ab.py
@@ -21,7 +23,10 @@ PATCH = {"planned": "", "no Gluon twin": "import recurscan.plan.gla as _plan\n"
                                          "_plan.gluon_usable = lambda device: False\n",
          "the reverse sweep on the Triton kernel": "import dataclasses, recurscan.plan.gla as _plan\n"
                                                    "_plan.GLUON_GLA_REVERSE_SWEEP = dataclasses.replace("
-                                                   "_plan.GLUON_GLA_REVERSE_SWEEP, on=False)\n"}
+                                                   "_plan.GLUON_GLA_REVERSE_SWEEP, on=False)\n",
+         # torch's own import on a first autograd.grad given grad_outputs (sympy, 2.0-2.5 s on an H100
+         # machine lent: results/cold_sympy_ab_h100_94411ab.txt) done before the clock starts
+         "planned with torch's import first": "import torch.fx.experimental.symbolic_shapes\n"}
 
 
 def main() -> None:

@@ -64,7 +64,8 @@ step 1 && timeout 170 $RUN \
 step 4 && timeout 90 env RECURSCAN_SWEEP_COEF_PREFETCH=0 $RUN --out "$OUT/gpu_gla_sweep_no_prefetch_$C.json" 2>&1 \
     | grep -v Warning | grep -E " ms" | head -30
 step 7 && timeout 150 $RUN --sweep 64:4:3:tma:qk:gluon:ws:pw8 --out "$OUT/gpu_gla_sweep_$C.json" 2>&1 | grep -v Warning | grep -E " ms" | head -30
-step 3 && timeout 80 env PYTHONPATH=$PWD python benchmarks/gpu_gla_cold_ab.py --forms planned --times 2
+step 3 && timeout 110 env PYTHONPATH=$PWD python benchmarks/gpu_gla_cold_ab.py \
+    --forms "planned,planned with torch's import first" --times 2
 step 2 && timeout 100 env PYTHONPATH=$PWD python benchmarks/train_mamba2_mixer.py --out "$OUT/train_mamba2_mixer" 2>&1 | tail -4
 step 5 && timeout 200 $RUN --train-only --out "$OUT/gpu_gla_train_$C.json" 2>&1 | grep -v Warning | grep -E " ms" | head -20
 step 6 && timeout 90 env PYTHONPATH=$PWD python benchmarks/gpu_transformers_mamba2.py \
