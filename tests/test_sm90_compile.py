@@ -89,6 +89,14 @@ def test_the_gluon_scores_kernel_compiles_at_k64(case):
     assert "gluon_bwd_scores_specialized_kernel" in run.stdout, run.stdout
 
 
+def test_the_gluon_reverse_sweep_compiles_for_gdp_at_k64():
+    """The reverse sweep's Gluon twin for Gated Delta Product (M = 2: q, dO and aqk's query rows by
+    token) at K = 64 too, without spills (the planner takes K = 128 alone until its GPU test runs)."""
+    run = compile_offline("GDP M 2 varlen", "Gluon reverse sweep", "64", "128")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "gluon_bwd_sweep_kernel" in run.stdout, run.stdout
+
+
 @pytest.mark.parametrize("case, dims", [("GDN varlen, H = HV", ()), ("GDN dense, H = HV", ("64", "128")),
                                         ("GDN varlen, GVA", ("64", "128"))],
                          ids=["varlen", "K 64", "K 64, GVA"])

@@ -49,6 +49,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 #: kernel's most in the last rows of chunks of strong decay (results/diag_dqdk_specialised_h100_815a12e.json).
 SCAN_LINE = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))
 
+
 @gluon.jit
 def _plus(a, b):
     return a + b
