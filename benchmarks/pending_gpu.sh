@@ -40,7 +40,7 @@
 #  13. The reverse sweep's Gluon twin for Gated Delta Product (M = 2): at 4a5bb0f its tests at K 128
 #      passed and it was measured (on an H100; planned since 94411ab); now its test at K 64 (marked
 #      unproven; plan.delta.GLUON_GDP_REVERSE_SWEEP_KEY_DIMS takes K 128 alone until it passes), the
-#      scores kernel's tests, and GDP M = 2 B4 T4096 forward + backward as planned.
+#      scores kernel's tests, and GDP M = 2 B4 T4096 forward + backward as planned and without it.
 #  14. dq/dk's warp-specialised form again, its gates' scans relaid as the twin's (the dg departure
 #      of step 12 came from the decays' prefix sums associating pairs first): its tests, then GDN B4 and
 #      B1 forward + backward as planned and with it.
@@ -109,7 +109,9 @@ step 13 && {
     timeout 150 python -m pytest -m "gpu and not unproven" tests/gpu/test_delta_grad_gpu.py -p no:cacheprovider -q \
         -k "gluon_scores_kernel or (other_head_sizes and gluon_scores) or non_finite or planner_gives or gdp_gradients" \
         > "$OUT/gpu_tests_scores_$C.log" 2>&1; echo "scores tests rc=$?"; tail -3 "$OUT/gpu_tests_scores_$C.log"
-    train gdp_m2_b4_t4096_h16 150 gdp
+    timeout 150 env PYTHONPATH=$PWD:/tmp/site python benchmarks/gpu_delta_train.py --impl recurscan --profile \
+        --workload gdp_m2_b4_t4096_h16 --gluon gluon_sweep+gluon_dqdk+forward_sweep+gluon_scores \
+        --out "$OUT/gpu_delta_train_gdp_$C.json" 2>&1 | grep -v Warning | tail -30
 }
 step 14 && {
     : > /tmp/recurscan_unproven_ok

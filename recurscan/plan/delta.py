@@ -432,7 +432,8 @@ def gluon_twins(shape: DeltaBackwardShape, *, householder: int, heads: int, valu
                 value_dim: int, dtype: torch.dtype, device: torch.device, twin_only: bool = False
                 ) -> DeltaBackwardShape:
     """``shape`` with each backward stage whose Gluon twin runs here, is within its scope
-    (:func:`gluon_sweep_scope`, :func:`gluon_dqdk_scope`) and is on in :data:`GLUON_BACKWARD_TWINS`
+    (:func:`gluon_reverse_sweep_scope`, :func:`gluon_dqdk_scope`, :func:`gluon_sweep_scope` for the
+    scores kernel) and is on in :data:`GLUON_BACKWARD_TWINS`
     (measured faster) given to that twin; ``shape`` as it is on other devices
     (``plan.device.gluon_usable``), or when the caller forced the Triton kernels
     (``backend="triton"``: ``twin_only``). The reverse sweep's twin runs 64 value columns on one

@@ -393,10 +393,12 @@ def test_the_gluon_reverse_sweep_for_gdp_agrees_with_its_twin(B, T, H, HV, cu, K
     by token): every gradient within one bf16 rounding of the Triton sweep's (GDP_SWEEP_BOUND), dh0
     among them (an initial state and dht given); at the smaller sizes also within the oracle's band
     of the float64 token loop."""
-    from recurscan.launch.delta_backward import chunk_delta_product_bwd
+    from recurscan.kernels.gluon.delta_backward_sweep import gluon_bwd_sweep_kernel
+    from recurscan.launch.delta_backward import BACKWARD_LAUNCHES, chunk_delta_product_bwd
     from recurscan.plan.delta import DeltaBackwardShape
     from recurscan.plan.device import gluon_usable
     from recurscan.reference.delta import gated_delta_product_naive
+    from recurscan.runtime.cache import clear_caches
     if not gluon_usable(torch.device("cuda")):
         pytest.skip("Gluon twins run on sm_90 with a tested Triton (plan.device.gluon_usable)")
     M, V = 2, 128
@@ -411,10 +413,14 @@ def test_the_gluon_reverse_sweep_for_gdp_agrees_with_its_twin(B, T, H, HV, cu, K
     cu_t = None if cu is None else torch.tensor(cu, device="cuda", dtype=torch.int32)
     got = {}
     for on in (False, True):
+        clear_caches()
         shape = DeltaBackwardShape(64, 4, 4, "test", grads_block_v=32, scores_warps=4, scores_block_v=128,
                                    sweep_stages=3, gluon_sweep=on)
         got[on] = chunk_delta_product_bwd(q, k, v, g, beta, M, do, dht, initial_state=h0, use_qk_l2norm_in_kernel=True,
                                           cu_seqlens=cu_t, backward_shape=shape)
+        (launches,) = BACKWARD_LAUNCHES.values()  # the Gluon kernel ran, not a fallback to the Triton one
+        assert any(step.kernel is gluon_bwd_sweep_kernel for step in launches.steps) == on
+    clear_caches()
     for name, a, b in zip(GRAD_NAMES, got[False], got[True]):
         assert torch.isfinite(b).all(), name
         err = relative_rms(b.double(), a.double())

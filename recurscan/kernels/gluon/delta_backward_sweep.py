@@ -1,8 +1,8 @@
 """The delta rule's reverse sweep in Gluon: the Triton twin is
-:func:`recurscan.kernels.delta.backward.chunk_delta_bwd_sweep_kernel` (same arguments, same
-arithmetic in the same order, so the same bits), which has the algebra. GPU only (sm_90); the
-planner takes it where :func:`recurscan.kernels.gluon.gluon_usable` and
-``plan.delta.gluon_reverse_sweep`` allow.
+:func:`recurscan.kernels.delta.backward.chunk_delta_bwd_sweep_kernel` (same arguments; for GDN the
+same arithmetic in the same order, so the same bits; for Gated Delta Product see item 5), which has
+the algebra. GPU only (sm_90); the planner takes it where :func:`recurscan.kernels.gluon.gluon_usable`
+and ``plan.delta.gluon_twins`` allow.
 
 What differs from the twin is how a chunk's work is scheduled, per program (one warpgroup, dS^T
 [BV, K] float32 in registers):

@@ -119,7 +119,7 @@ def _sequence_operands(q, k, do, aqk, dv, dstates, cu_seqlens, chunk_offsets, T,
     SSD_GRADS's dx in x's dtype) over the sequence's rows (a tile past its end reads zeros, a store
     stops there), and the chunk states ([K, BV] tiles; rows outside [0, n_cs_rows), from a wrong
     chunk_offsets entry, are moved just past them)."""
-    bos, L, n_chunks, cs0, rows = _sequence_place(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
+    bos, L, n_chunks, cs0, rows, _ = _sequence_place(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
     l_qk: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, K], DT)
     l_tv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], DT)
     l_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], DT)
