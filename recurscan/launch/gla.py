@@ -642,9 +642,10 @@ def chunk_simple_gla_bwd(q, k, v, g, do, dht, *, scale, initial_state=None, cu_s
     (no SSD prologue) given ``do [B, T, HV, V]`` and ``dht [N, HV, K, V]`` (None: zeros); float32
     (those named in ``narrow``, of "dq", "dk", "dv", in q's, k's and v's dtypes where the stages
     can store them so: :func:`build_gla_backward`), None where the input was None; g ``[B, T, HV]``
-    or, a decay per key dimension, ``[B, T, HV, K]`` (dg of its shape). The states entering every chunk are recomputed for the states alone
-    (``OUTPUTS=False``; in q's dtype): a scalar decay planned on the delta sweep by that sweep,
-    else by the GLA forward kernel; varlen needs ``chunk_indices`` and ``chunk_offsets``
+    or, a decay per key dimension, ``[B, T, HV, K]`` (dg of its shape). The states entering every
+    chunk are recomputed for the states alone (``OUTPUTS=False``; in q's dtype): a scalar decay
+    planned on the delta sweep by that sweep, else by the GLA forward kernel; varlen needs
+    ``chunk_indices`` and ``chunk_offsets``
     (:func:`recurscan.build_chunk_descriptors`). ``chunk_states``: those states as the forward kept
     them (``chunk_simple_gla_fwd``'s ``states_for_backward``, :func:`forward_states_rows`), in
     place of the recompute's sweep. ``ssd_grads``: Mamba2 SSD's ``(x, step, D)`` (v = step x, do =

@@ -316,14 +316,10 @@ GLUON_BACKWARD_TWINS = {
     "gluon_dqdk_specialized": GluonTwinRow(False, "dq and dk's twin warp-specialised, at most "
                                                   "GLUON_DQDK_SPECIALIZED_GROUP value heads a q/k head "
                                                   "(kernels/gluon/delta_backward_dqdk_specialized.py): slower "
-                                                  "at B4 T4096 H=HV=16 (407 us against the twin's 385, the step "
-                                                  "1.296 ms against 1.265), 2% faster at B1 T16384 H16 HV32 (740 "
-                                                  "against 755), on an H100 in one process "
-                                                  "(gpu_delta_train_dqdk_specialised_b{4,1}_h100_c1b4b1c.json); "
-                                                  "again with its gates' scans associated as the twin's, its 11 "
-                                                  "GPU tests passing (gpu_tests_unproven_dqdk_h100_4a5bb0f.log): "
-                                                  "405 us against 386 at B4, 743 against 733 at B1 "
-                                                  "(gpu_delta_train_specialised_b{4,1}_h100_4a5bb0f.json)"),
+                                                  "than the twin on an H100 in one process, 405 us against 386 at "
+                                                  "B4 T4096 H=HV=16, 743 against 733 at B1 T16384 H16 HV32 "
+                                                  "(gpu_delta_train_specialised_b{4,1}_h100_4a5bb0f.json); its 11 "
+                                                  "GPU tests pass (gpu_tests_unproven_dqdk_h100_4a5bb0f.log)"),
     "gluon_scores": GluonTwinRow(True, "the scores kernel warp-specialised "
                                        "(kernels/gluon/delta_backward_scores_specialized.py), forward + backward, "
                                        "eager, bf16, l2norm, same process, on an H100: 221-223 us against the "

@@ -404,7 +404,8 @@ def test_the_gluon_reverse_sweep_for_gdp_agrees_with_its_twin(B, T, H, HV, cu, K
     M, V = 2, 128
     q, k, v, g, beta = _gdp_batch(M, B, T, H, HV, K, seed=27)
     if K != V:  # the batch's values are K wide
-        v = torch.randn(B, T * M, HV, V, device="cuda", generator=torch.Generator(device="cuda").manual_seed(29)).bfloat16()
+        gen_v = torch.Generator(device="cuda").manual_seed(29)
+        v = torch.randn(B, T * M, HV, V, device="cuda", generator=gen_v).bfloat16()
     N = B if cu is None else len(cu) - 1
     gen = torch.Generator(device="cuda").manual_seed(28)
     do = torch.randn(B, T, HV, V, device="cuda", generator=gen).bfloat16()
