@@ -187,25 +187,27 @@ PLANNED_GLUON = None
 def set_gluon(twins: str | None):
     """The planner's Gluon twins as planned (None), or exactly those named in ``twins`` on and the
     others off (``+``-separated fields of ``plan.delta.GLUON_BACKWARD_TWINS``, e.g. ``gluon_sweep+gluon_dqdk``,
-    ``forward_sweep`` for ``plan.delta.GLUON_FORWARD_SWEEP`` and ``gdp_sweep`` for
-    ``plan.delta.GLUON_GDP_REVERSE_SWEEP``; ``none``: all off)."""
+    ``forward_sweep`` for ``plan.delta.GLUON_FORWARD_SWEEP``, ``gdp_sweep`` for
+    ``plan.delta.GLUON_GDP_REVERSE_SWEEP`` and ``gdp_dqdk`` for ``plan.delta.GLUON_GDP_DQDK``; ``none``:
+    all off)."""
     import dataclasses
     from recurscan.plan import delta as plan_delta
     global PLANNED_GLUON
     PLANNED_GLUON = PLANNED_GLUON or (plan_delta.GLUON_BACKWARD_TWINS, plan_delta.GLUON_FORWARD_SWEEP,
-                                      plan_delta.GLUON_GDP_REVERSE_SWEEP)
-    backward, forward, gdp = PLANNED_GLUON
+                                      plan_delta.GLUON_GDP_REVERSE_SWEEP, plan_delta.GLUON_GDP_DQDK)
+    backward, forward, gdp, gdp_dqdk = PLANNED_GLUON
     if twins is None:
-        plan_delta.GLUON_BACKWARD_TWINS, plan_delta.GLUON_FORWARD_SWEEP, plan_delta.GLUON_GDP_REVERSE_SWEEP = \
-            backward, forward, gdp
+        (plan_delta.GLUON_BACKWARD_TWINS, plan_delta.GLUON_FORWARD_SWEEP, plan_delta.GLUON_GDP_REVERSE_SWEEP,
+         plan_delta.GLUON_GDP_DQDK) = PLANNED_GLUON
         return
     names = set(twins.split("+")) - {"none"}
-    if not names <= set(backward) | {"forward_sweep", "gdp_sweep"}:
-        raise ValueError(f"--gluon: expected +-separated names of {sorted(backward) + ['forward_sweep', 'gdp_sweep']}"
-                         f" or none, got {twins!r}")
+    others = ["forward_sweep", "gdp_sweep", "gdp_dqdk"]
+    if not names <= set(backward) | set(others):
+        raise ValueError(f"--gluon: expected +-separated names of {sorted(backward) + others} or none, got {twins!r}")
     plan_delta.GLUON_BACKWARD_TWINS = {n: dataclasses.replace(row, on=n in names) for n, row in backward.items()}
     plan_delta.GLUON_FORWARD_SWEEP = dataclasses.replace(forward, on="forward_sweep" in names)
     plan_delta.GLUON_GDP_REVERSE_SWEEP = dataclasses.replace(gdp, on="gdp_sweep" in names)
+    plan_delta.GLUON_GDP_DQDK = dataclasses.replace(gdp_dqdk, on="gdp_dqdk" in names)
 
 
 def set_checkpoint_chunks(every):

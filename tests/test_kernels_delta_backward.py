@@ -361,8 +361,9 @@ def test_the_planner_overlaps_or_checkpoints_the_recompute_where_the_reverse_swe
     ("bf16 GDN K = V = 128", True, True, True), ("fp16, K = 64, V = 192", True, True, True), ("GVA", True, False, True),
     ("GVA summed in the kernel", True, True, True), ("GVA of 8 summed in the kernel", True, False, True),
     ("V = 96", False, True, False), ("V = 64", True, False, True), ("V = 80", False, False, False),
-    ("GDP M = 2", False, False, False), ("GDP M = 2, its row on", True, False, False), ("GDP M = 3", False, False, False),
-    ("GDP M = 2, K = 64, its row on", False, False, False),
+    ("GDP M = 2", False, False, False), ("GDP M = 2, its rows on", True, True, False),
+    ("GDP M = 3", False, False, False),
+    ("GDP M = 2, K = 64, its rows on", False, True, False),
     ("float32", False, False, False), ("K = 96", False, False, False),
     ('backend="triton"', False, False, False), ("no usable Gluon", False, False, False)])
 def test_the_planner_gives_backward_stages_to_their_gluon_twins_only_in_scope(monkeypatch, case, sweep, dqdk, scores):
@@ -371,7 +372,8 @@ def test_the_planner_gives_backward_stages_to_their_gluon_twins_only_in_scope(mo
     columns on one warpgroup, and Gated Delta Product at M = 2 where GLUON_GDP_REVERSE_SWEEP is on too
     and K one its GPU tests ran (GLUON_GDP_REVERSE_SWEEP_KEY_DIMS);
     dq and dk one value head a q/k head, or a GVA group of at most 4 summed in the kernel, and V a
-    multiple of 32, three steps of 32 at least; the warp-specialised scores kernel V a multiple of
+    multiple of 32, three steps of 32 at least, Gated Delta Product at M = 2 where GLUON_GDP_DQDK is
+    on too, its warp-specialised form GDN's alone; the warp-specialised scores kernel V a multiple of
     64), a device where Gluon is usable, the caller not forcing the Triton kernels. Elsewhere the
     shape as given."""
     import dataclasses
@@ -380,7 +382,9 @@ def test_the_planner_gives_backward_stages_to_their_gluon_twins_only_in_scope(mo
     monkeypatch.setattr(plan_delta, "GLUON_BACKWARD_TWINS", {
         name: dataclasses.replace(row, on=True) for name, row in plan_delta.GLUON_BACKWARD_TWINS.items()})
     monkeypatch.setattr(plan_delta, "GLUON_GDP_REVERSE_SWEEP",
-                        dataclasses.replace(plan_delta.GLUON_GDP_REVERSE_SWEEP, on=case.endswith("its row on")))
+                        dataclasses.replace(plan_delta.GLUON_GDP_REVERSE_SWEEP, on=case.endswith("its rows on")))
+    monkeypatch.setattr(plan_delta, "GLUON_GDP_DQDK",
+                        dataclasses.replace(plan_delta.GLUON_GDP_DQDK, on=case.endswith("its rows on")))
     fp16 = case == "fp16, K = 64, V = 192"
     args = dict(householder=3 if case == "GDP M = 3" else 2 if case.startswith("GDP") else 1,
                 heads=2 if "GVA of 8" in case else 8 if case.startswith("GVA") else 16, value_heads=16,
@@ -391,8 +395,9 @@ def test_the_planner_gives_backward_stages_to_their_gluon_twins_only_in_scope(mo
     given = plan_delta.DeltaBackwardShape(32, 8, 4, "test", group_in_kernel="summed in the kernel" in case)
     got = plan_delta.gluon_twins(given, **args)
     assert (got.gluon_sweep, got.gluon_dqdk, got.gluon_scores) == (sweep, dqdk, scores)
-    # its form, where a q/k head serves at most two value heads
-    assert got.gluon_dqdk_specialized == (dqdk and args["value_heads"] <= 2 * args["heads"])
+    # its form, where a q/k head serves at most two value heads (GDN)
+    assert got.gluon_dqdk_specialized == (dqdk and args["householder"] == 1 and
+                                          args["value_heads"] <= 2 * args["heads"])
     if sweep:
         assert (got.block_v, got.sweep_warps, got.sweep_stages) == (64, 4, 3)
     if not (sweep or dqdk or scores):
@@ -424,7 +429,8 @@ def test_gluon_usable_is_false_off_hopper_and_under_the_interpreter():
     assert not gluon_usable(torch.device("cpu"))
 
 
-@pytest.mark.parametrize("what", ["sweep, M = 3", "sweep, float32", "sweep, block_v 32", "dq dk, M = 2",
+@pytest.mark.parametrize("what", ["sweep, M = 3", "sweep, float32", "sweep, block_v 32", "dq dk, M = 3",
+                                  "dq dk, M = 2, GVA in the kernel",
                                   "dq dk, float32", "dq dk, GVA", "dq dk, GVA of 8 in the kernel", "dq dk, V = 48",
                                   "dq dk, V = 64", "scores, M = 2", "scores, float32", "scores, V = 48"])
 def test_a_gluon_twin_outside_its_scope_is_refused(what):

@@ -97,6 +97,16 @@ def test_the_gluon_reverse_sweep_compiles_for_gdp_at_k64():
     assert "gluon_bwd_sweep_kernel" in run.stdout, run.stdout
 
 
+@pytest.mark.parametrize("case, dims", [("GDP M 2 dense, H = HV", ()), ("GDP M 2 varlen, H = HV", ()),
+                                        ("GDP M 2 varlen, H = HV", ("64", "128"))], ids=["dense", "varlen", "K 64"])
+def test_the_gluon_dq_dk_kernel_compiles_for_gdp(case, dims):
+    """dq and dk's Gluon twin at M = 2 (Gated Delta Product, one value head a q/k head: the query
+    rows by token, first in their tiles), dense and varlen, K 128 and 64, without spills."""
+    run = compile_offline(case, "Gluon dq and dk", *dims)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "gluon_bwd_dqdk_kernel" in run.stdout and "chunk_delta_bwd_dqdk_kernel" not in run.stdout, run.stdout
+
+
 @pytest.mark.parametrize("case, dims", [("GDN varlen, H = HV", ()), ("GDN dense, H = HV", ("64", "128")),
                                         ("GDN varlen, GVA", ("64", "128"))],
                          ids=["varlen", "K 64", "K 64, GVA"])

@@ -194,16 +194,16 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
         stages = backward_shape.gluon_dqdk_stages
         if not _plan.gluon_dqdk_scope(householder=M, heads=H, value_heads=HV, dtype=q.dtype, key_dim=K, value_dim=V,
                                       stages=stages) or gva:
-            raise ValueError("DeltaBackwardShape.gluon_dqdk: the Gluon dq, dk kernel takes M = 1, H = HV or a GVA "
+            raise ValueError("DeltaBackwardShape.gluon_dqdk: the Gluon dq, dk kernel takes M = 1 with H = HV or a GVA "
                              f"group of at most {_plan.GLUON_DQDK_GROUP} value heads summed in the kernel "
-                             "(group_in_kernel), 16-bit inputs, K 64 or 128 and V a multiple of 32, at least "
-                             f"gluon_dqdk_stages = {stages} steps of 32 (got M = {M}, H = {H}, HV = {HV}, "
-                             f"group_in_kernel = {backward_shape.group_in_kernel}, {q.dtype}, K = {K}, V = {V})")
+                             "(group_in_kernel), or M = 2 with H = HV; 16-bit inputs, K 64 or 128 and V a "
+                             f"multiple of 32, at least gluon_dqdk_stages = {stages} steps of 32 (got M = {M}, "
+                             f"H = {H}, HV = {HV}, group_in_kernel = {backward_shape.group_in_kernel}, {q.dtype}, K = {K}, V = {V})")
         # Persistent programs, one an SM, each taking the twin's (chunk, value heads) items in turn.
         programs = max(1, min(chunks * (HV // group), sm_count(q.device)))
         kwargs = dict(dqdk, PART=DQDK_BOTH, GROUP=group, BV=32)
-        if backward_shape.gluon_dqdk_specialized and group <= _plan.GLUON_DQDK_SPECIALIZED_GROUP:
-            # the sums beside the epilogue
+        if backward_shape.gluon_dqdk_specialized and group <= _plan.GLUON_DQDK_SPECIALIZED_GROUP and M == 1:
+            # the sums beside the epilogue (GDN only)
             from ..kernels.gluon.delta_backward_dqdk_specialized import gluon_bwd_dqdk_specialized_kernel
             grads = [Step(gluon_bwd_dqdk_specialized_kernel, (programs,),
                           dict(kwargs, n_programs=programs, NUM_STAGES=_plan.GLUON_DQDK_SPECIALIZED_STAGES),

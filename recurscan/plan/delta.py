@@ -362,6 +362,13 @@ GLUON_GDP_REVERSE_SWEEP = GluonTwinRow(True, "GDP M = 2 B4 T4096 H16 forward + b
 GLUON_GDP_REVERSE_SWEEP_KEY_DIMS = (128,)
 
 
+#: dq and dk's Gluon twin for Gated Delta Product (M = 2: q, dO and (dscores o G)'s query rows by
+#: token, first in their tiles), apart from GDN's row (``GLUON_BACKWARD_TWINS["gluon_dqdk"]``, which
+#: it also needs). Off until it has run on a GPU against the Triton kernel and been measured faster.
+GLUON_GDP_DQDK = GluonTwinRow(False, "not yet run on a GPU (compiles for sm_90 offline without spills: "
+                                     "tests/test_sm90_compile.py)")
+
+
 #: The phases' ratio (DeltaShape.phase_ratio) where the sweep runs as its Gluon twin: B1 T16384 H16
 #: HV32 in 6 phases, graph replay, 0.505 ms at 0.8 against 0.513 at 0.75 and 0.525 at 0.9 (the Triton
 #: sweep: 0.529 at 0.9, 0.543 at 0.8; gpu_chunk_delta_forward_twin_*.json).
@@ -416,10 +423,12 @@ GLUON_DQDK_GROUP = 4
 def gluon_dqdk_scope(*, householder: int, heads: int, value_heads: int, dtype: torch.dtype, key_dim: int,
                      value_dim: int, stages: int) -> bool:
     """What dq and dk's Gluon twin takes: GDN, one value head a q/k head or a GVA group of at most
-    :data:`GLUON_DQDK_GROUP` (summed in the kernel), 16-bit inputs, K 64 or 128, V a multiple of 32
-    with at least ``stages`` steps of 32 (its ring fills within one value head)."""
+    :data:`GLUON_DQDK_GROUP` (summed in the kernel); Gated Delta Product at M = 2 with one value head
+    a q/k head (a chunk's 32 query rows first in its query-side tiles); 16-bit inputs, K 64 or 128,
+    V a multiple of 32 with at least ``stages`` steps of 32 (its ring fills within one value head)."""
     group = value_heads // heads
-    return householder == 1 and group * heads == value_heads and group <= GLUON_DQDK_GROUP and \
+    return (householder == 1 or (householder == 2 and group == 1)) and group * heads == value_heads and \
+        group <= GLUON_DQDK_GROUP and \
         dtype in (torch.bfloat16, torch.float16) and key_dim in (64, 128) and value_dim % 32 == 0 and \
         value_dim // 32 >= stages
 
@@ -434,7 +443,8 @@ def gluon_twins(shape: DeltaBackwardShape, *, householder: int, heads: int, valu
     (``plan.device.gluon_usable``), or when the caller forced the Triton kernels
     (``backend="triton"``: ``twin_only``). The reverse sweep's twin runs 64 value columns on one
     warpgroup, :data:`GLUON_SWEEP_STAGES` tile stages; Gated Delta Product's also needs
-    :data:`GLUON_GDP_REVERSE_SWEEP` on and K in :data:`GLUON_GDP_REVERSE_SWEEP_KEY_DIMS`.
+    :data:`GLUON_GDP_REVERSE_SWEEP` on and K in :data:`GLUON_GDP_REVERSE_SWEEP_KEY_DIMS`, and its dq
+    and dk's twin :data:`GLUON_GDP_DQDK` on.
 
     The launch layer also needs q, k and dO 16-byte aligned (the twins' bulk copies) and falls back
     to the Triton kernels otherwise."""
@@ -445,10 +455,11 @@ def gluon_twins(shape: DeltaBackwardShape, *, householder: int, heads: int, valu
             gluon_reverse_sweep_scope(householder=householder, dtype=dtype, key_dim=key_dim, value_dim=value_dim):
         shape = replace(shape, gluon_sweep=True, block_v=64, sweep_warps=4, sweep_stages=GLUON_SWEEP_STAGES)
     if GLUON_BACKWARD_TWINS["gluon_dqdk"].on and (heads == value_heads or shape.group_in_kernel) and \
+            (householder == 1 or GLUON_GDP_DQDK.on) and \
             gluon_dqdk_scope(householder=householder, heads=heads, value_heads=value_heads, dtype=dtype,
                              key_dim=key_dim, value_dim=value_dim, stages=shape.gluon_dqdk_stages):
         shape = replace(shape, gluon_dqdk=True, gluon_dqdk_specialized=GLUON_BACKWARD_TWINS[
-            "gluon_dqdk_specialized"].on and value_heads // heads <= GLUON_DQDK_SPECIALIZED_GROUP)
+            "gluon_dqdk_specialized"].on and householder == 1 and value_heads // heads <= GLUON_DQDK_SPECIALIZED_GROUP)
     if GLUON_BACKWARD_TWINS["gluon_scores"].on and gluon_sweep_scope(householder=householder, dtype=dtype,
                                                                       key_dim=key_dim, value_dim=value_dim):
         shape = replace(shape, gluon_scores=True)

@@ -117,8 +117,10 @@ def compiled_line(step, names, values, describe=None) -> str:
     return f"{fn}: shared {compiled.metadata.shared} B" + (f"; {describe(compiled)}" if describe else "")
 
 
-#: Cases of the backward alone, beside :data:`CASES`: varlen with one value head a q/k head.
-BACKWARD_CASES = {"GDN varlen, H = HV": (1, [0, 1, 300, 1000])}
+#: Cases of the backward alone, beside :data:`CASES`: one value head a q/k head, varlen (GDN, GDP)
+#: and dense (GDP).
+BACKWARD_CASES = {"GDN varlen, H = HV": (1, [0, 1, 300, 1000]), "GDP M 2 varlen, H = HV": (2, [0, 1, 300, 1000]),
+                  "GDP M 2 dense, H = HV": (2, None)}
 
 
 def _delta_case(case: str, key_dim: int = 128, value_dim: int | None = None):
