@@ -44,6 +44,11 @@
 #  14. dq/dk's warp-specialised form again, its gates' scans relaid as the twin's (the dg departure
 #      of step 12 came from the decays' prefix sums associating pairs first): its tests, then GDN B4 and
 #      B1 forward + backward as planned and with it.
+#  15. dq and dk's Gluon twin for Gated Delta Product (M = 2; plan.delta.GLUON_GDP_DQDK off until
+#      this runs): its tests and the GDP reverse sweep's (K 64 among them, marked unproven), GDN's dq/dk
+#      twin tests (the kernel's M = 1 path changed around the new one), then GDP M = 2 B4 T4096
+#      forward + backward with the planned twins and with it, and GDN B4 against the commit before
+#      (build/prev carried: `git archive c34e944 recurscan | tar -x -C build/prev`, renamed recurscan_prev).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -122,3 +127,18 @@ step 14 && {
 }
 step 12 && timeout 150 python -m benchmarks.diag_dqdk_specialised --out "$OUT/diag_dqdk_specialised_$C.json" 2>&1 \
     | grep -E "twice|^[A-Za-z]" | head -20
+step 15 && {
+    : > /tmp/recurscan_unproven_ok
+    unproven_tests gdp_dqdk "gluon_dq_dk_kernel_for_gdp or gluon_reverse_sweep_for_gdp" 240 \
+        && echo gdp_dqdk >> /tmp/recurscan_unproven_ok
+    timeout 120 python -m pytest -m "gpu and not unproven" tests/gpu/test_delta_grad_gpu.py -p no:cacheprovider -q \
+        -k "gluon_dq_dk_kernel_agrees" > "$OUT/gpu_tests_dqdk_twin_$C.log" 2>&1; echo "dq/dk twin tests rc=$?"
+    tail -3 "$OUT/gpu_tests_dqdk_twin_$C.log"
+    PLANNED=gluon_sweep+gluon_dqdk+forward_sweep+gluon_scores+gdp_sweep
+    [ -s /tmp/recurscan_unproven_ok ] && timeout 150 env PYTHONPATH=$PWD:/tmp/site python benchmarks/gpu_delta_train.py \
+        --impl recurscan --profile --workload gdp_m2_b4_t4096_h16 --gluon $PLANNED+gdp_dqdk \
+        --out "$OUT/gpu_delta_train_gdp_dqdk_$C.json" 2>&1 | grep -v Warning | tail -30
+    [ -d build/prev ] && timeout 120 env PYTHONPATH=$PWD:/tmp/site python benchmarks/gpu_delta_train.py --impl recurscan \
+        --impl prev --prev build/prev --profile --workload gdn_b4_t4096_h16 \
+        --out "$OUT/gpu_delta_train_b4_vs_prev_$C.json" 2>&1 | grep -v Warning | tail -30
+}
