@@ -49,6 +49,8 @@
 #      twin tests (the kernel's M = 1 path changed around the new one), then GDP M = 2 B4 T4096
 #      forward + backward with the planned twins and with it, and GDN B4 against the commit before
 #      (build/prev carried: `git archive c34e944 recurscan | tar -x -C build/prev`, renamed recurscan_prev).
+#  16. GDP M = 2 at K = 64 (V = 128) forward + backward: as planned (GDN's twins alone), with the reverse sweep's
+#      GDP twin, and with dq and dk's too (plan.delta.GLUON_GDP_KEY_DIMS takes K 128 alone until this).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -127,6 +129,11 @@ step 14 && {
 }
 step 12 && timeout 150 python -m benchmarks.diag_dqdk_specialised --out "$OUT/diag_dqdk_specialised_$C.json" 2>&1 \
     | grep -E "twice|^[A-Za-z]" | head -20
+step 16 && { GDN_TWINS=gluon_sweep+gluon_dqdk+forward_sweep+gluon_scores
+    timeout 200 env PYTHONPATH=$PWD:/tmp/site python benchmarks/gpu_delta_train.py --impl recurscan --profile \
+        --workload gdp_m2_b4_t4096_h16_k64 --gluon $GDN_TWINS+gdp_sweep \
+        --gluon $GDN_TWINS+gdp_sweep+gdp_dqdk --out "$OUT/gpu_delta_train_gdp_k64_$C.json" 2>&1 | grep -v Warning | tail -40
+}
 step 15 && {
     : > /tmp/recurscan_unproven_ok
     unproven_tests gdp_dqdk "gluon_dq_dk_kernel_for_gdp or gluon_reverse_sweep_for_gdp" 240 \

@@ -302,6 +302,9 @@ register(Workload("gdn_varlen16_32976_hv32_shortest_first", "gdn", VARLEN16_LENG
 register(Workload("gdp_m2_b4_t4096_h16", "gdp", (4096,) * 4, heads=16, value_heads=16, num_householder=2,
                   note="k, v, beta on the expanded stream [B, T*M, ...]; recurscan runs it as varlen B = 1",
                   reference={"fla chunk_gated_delta_product fwd": "0.98 ms", "source": _FLA_H200}))
+register(Workload("gdp_m2_b4_t4096_h16_k64", "gdp", (4096,) * 4, heads=16, value_heads=16, num_householder=2,
+                  head_k=64, head_v=128, note="the GDP workload at K = 64: where the Gluon twins' key-size rows are "
+                                              "measured (plan.delta.GLUON_GDP_KEY_DIMS)"))
 # ---- decode (GPU) -----------------------------------------------------------------------------------
 register(Workload("gdn_decode_256", "gdn_decode", (1,) * 256, heads=16, value_heads=32,
                   note="256 requests x 1 token, fp32 state cache [256, 32, 128, 128], slots 0..255",
