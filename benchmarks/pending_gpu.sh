@@ -50,7 +50,10 @@
 #      forward + backward with the planned twins and with it, and GDN B4 against the commit before
 #      (build/prev carried: `git archive c34e944 recurscan | tar -x -C build/prev`, renamed recurscan_prev).
 #  16. GDP M = 2 at K = 64 (V = 128) forward + backward: as planned (GDN's twins alone), with the reverse sweep's
-#      GDP twin, and with dq and dk's too (plan.delta.GLUON_GDP_KEY_DIMS takes K 128 alone until this).
+#      GDP twin, and with dq and dk's too: at 03a6666 on an H100 the reverse sweep's faster (292 us against
+#      396), dq and dk's slower (596 against 555): plan.delta.GLUON_GDP_{REVERSE_SWEEP,DQDK}_KEY_DIMS.
+#  17. GDN B4 T4096 at K = 64 (V = 128) forward + backward as planned and with each backward twin off
+#      in turn (the twins are planned at K 64 by scope; measured there first here).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -133,6 +136,12 @@ step 16 && { GDN_TWINS=gluon_sweep+gluon_dqdk+forward_sweep+gluon_scores
     timeout 200 env PYTHONPATH=$PWD:/tmp/site python benchmarks/gpu_delta_train.py --impl recurscan --profile \
         --workload gdp_m2_b4_t4096_h16_k64 --gluon $GDN_TWINS+gdp_sweep \
         --gluon $GDN_TWINS+gdp_sweep+gdp_dqdk --out "$OUT/gpu_delta_train_gdp_k64_$C.json" 2>&1 | grep -v Warning | tail -40
+}
+step 17 && { T=gluon_sweep+gluon_dqdk+forward_sweep+gluon_scores
+    timeout 200 env PYTHONPATH=$PWD:/tmp/site python benchmarks/gpu_delta_train.py --impl recurscan --profile \
+        --workload gdn_b4_t4096_h16_k64 --gluon ${T/gluon_dqdk+/} --gluon ${T/gluon_sweep+/} \
+        --gluon ${T/+gluon_scores/} --gluon forward_sweep --out "$OUT/gpu_delta_train_gdn_k64_$C.json" 2>&1 \
+        | grep -v Warning | grep -v warn_once | tail -40
 }
 step 15 && {
     : > /tmp/recurscan_unproven_ok

@@ -291,6 +291,8 @@ register(Workload("gdn_b1_t16384_h8_hv16", "gdn", (16384,), heads=8, value_heads
                   note="half the heads of the headline workload: where the launch rows switch to segments"))
 register(Workload("gdn_b4_t4096_h16", "gdn", (4096,) * 4, heads=16, value_heads=16,
                   reference={"fla chunk_gated_delta_rule fwd": "1.20 ms", "source": _FLA_H200}))
+register(Workload("gdn_b4_t4096_h16_k64", "gdn", (4096,) * 4, heads=16, value_heads=16, head_k=64, head_v=128,
+                  note="the B4 workload at K = 64: where the backward's Gluon twins are measured at that key size"))
 register(Workload("gdn_b4_t8192_h16_hv64", "gdn", (8192,) * 4, heads=16, value_heads=64,
                   reference={"FlashQLA H200 table (PERF-NOTES)": "fla 3.36 ms, FlashInfer 0.83 ms, FlashQLA 1.21 ms"}))
 register(Workload("gdn_varlen16_32976_hv32", "gdn", VARLEN16_LENGTHS, heads=16, value_heads=32, varlen=True,
@@ -304,7 +306,7 @@ register(Workload("gdp_m2_b4_t4096_h16", "gdp", (4096,) * 4, heads=16, value_hea
                   reference={"fla chunk_gated_delta_product fwd": "0.98 ms", "source": _FLA_H200}))
 register(Workload("gdp_m2_b4_t4096_h16_k64", "gdp", (4096,) * 4, heads=16, value_heads=16, num_householder=2,
                   head_k=64, head_v=128, note="the GDP workload at K = 64: where the Gluon twins' key-size rows are "
-                                              "measured (plan.delta.GLUON_GDP_KEY_DIMS)"))
+                                              "measured (plan.delta.GLUON_GDP_*_KEY_DIMS)"))
 # ---- decode (GPU) -----------------------------------------------------------------------------------
 register(Workload("gdn_decode_256", "gdn_decode", (1,) * 256, heads=16, value_heads=32,
                   note="256 requests x 1 token, fp32 state cache [256, 32, 128, 128], slots 0..255",

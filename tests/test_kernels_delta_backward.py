@@ -363,17 +363,18 @@ def test_the_planner_overlaps_or_checkpoints_the_recompute_where_the_reverse_swe
     ("V = 96", False, True, False), ("V = 64", True, False, True), ("V = 80", False, False, False),
     ("GDP M = 2", False, False, False), ("GDP M = 2, its rows on", True, True, False),
     ("GDP M = 3", False, False, False),
-    ("GDP M = 2, K = 64, its rows on", False, False, False),
+    ("GDP M = 2, K = 64, its rows on", True, False, False),
     ("float32", False, False, False), ("K = 96", False, False, False),
     ('backend="triton"', False, False, False), ("no usable Gluon", False, False, False)])
 def test_the_planner_gives_backward_stages_to_their_gluon_twins_only_in_scope(monkeypatch, case, sweep, dqdk, scores):
     """plan.delta.gluon_twins (the Gluon rules, docs/kernels-gluon.md), with the twins' rows on: each
     twin's scope (GDN, 16-bit inputs, K 64 or 128; the reverse sweep V a multiple of 64, then 64 value
     columns on one warpgroup, and Gated Delta Product at M = 2 where GLUON_GDP_REVERSE_SWEEP is on too
-    and K one it was measured at (GLUON_GDP_KEY_DIMS);
+    and K one it was measured faster at (GLUON_GDP_REVERSE_SWEEP_KEY_DIMS);
     dq and dk one value head a q/k head, or a GVA group of at most 4 summed in the kernel, and V a
     multiple of 32, three steps of 32 at least, Gated Delta Product at M = 2 where GLUON_GDP_DQDK is
-    on too and K one it was measured at, its warp-specialised form GDN's alone; the warp-specialised scores kernel V a multiple of
+    on too and K one it was measured faster at (GLUON_GDP_DQDK_KEY_DIMS), its warp-specialised form
+    GDN's alone; the warp-specialised scores kernel V a multiple of
     64), a device where Gluon is usable, the caller not forcing the Triton kernels. Elsewhere the
     shape as given."""
     import dataclasses
