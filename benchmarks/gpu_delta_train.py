@@ -189,18 +189,19 @@ def set_gluon(twins: str | None):
     others off (``+``-separated fields of ``plan.delta.GLUON_BACKWARD_TWINS``, e.g. ``gluon_sweep+gluon_dqdk``,
     ``forward_sweep`` for ``plan.delta.GLUON_FORWARD_SWEEP``, ``gdp_sweep`` for
     ``plan.delta.GLUON_GDP_REVERSE_SWEEP`` and ``gdp_dqdk`` for ``plan.delta.GLUON_GDP_DQDK``, these two
-    at every key size of their scope, not only their planner rows' key sizes; ``none``: all off)."""
+    at every key size of their scope, not only their planner rows' key sizes (so too ``gluon_dqdk``);
+    ``none``: all off)."""
     import dataclasses
     from recurscan.plan import delta as plan_delta
     global PLANNED_GLUON
     PLANNED_GLUON = PLANNED_GLUON or (plan_delta.GLUON_BACKWARD_TWINS, plan_delta.GLUON_FORWARD_SWEEP,
                                       plan_delta.GLUON_GDP_REVERSE_SWEEP, plan_delta.GLUON_GDP_DQDK,
-                                      plan_delta.GLUON_GDP_REVERSE_SWEEP_KEY_DIMS, plan_delta.GLUON_GDP_DQDK_KEY_DIMS)
+                                      plan_delta.GLUON_GDP_REVERSE_SWEEP_KEY_DIMS, plan_delta.GLUON_DQDK_KEY_DIMS)
     backward, forward, gdp, gdp_dqdk, _, _ = PLANNED_GLUON
     if twins is None:
         (plan_delta.GLUON_BACKWARD_TWINS, plan_delta.GLUON_FORWARD_SWEEP, plan_delta.GLUON_GDP_REVERSE_SWEEP,
          plan_delta.GLUON_GDP_DQDK, plan_delta.GLUON_GDP_REVERSE_SWEEP_KEY_DIMS,
-         plan_delta.GLUON_GDP_DQDK_KEY_DIMS) = PLANNED_GLUON
+         plan_delta.GLUON_DQDK_KEY_DIMS) = PLANNED_GLUON
         return
     names = set(twins.split("+")) - {"none"}
     others = ["forward_sweep", "gdp_sweep", "gdp_dqdk"]
@@ -210,7 +211,7 @@ def set_gluon(twins: str | None):
     plan_delta.GLUON_FORWARD_SWEEP = dataclasses.replace(forward, on="forward_sweep" in names)
     plan_delta.GLUON_GDP_REVERSE_SWEEP = dataclasses.replace(gdp, on="gdp_sweep" in names)
     plan_delta.GLUON_GDP_DQDK = dataclasses.replace(gdp_dqdk, on="gdp_dqdk" in names)
-    plan_delta.GLUON_GDP_REVERSE_SWEEP_KEY_DIMS = plan_delta.GLUON_GDP_DQDK_KEY_DIMS = (64, 128)
+    plan_delta.GLUON_GDP_REVERSE_SWEEP_KEY_DIMS = plan_delta.GLUON_DQDK_KEY_DIMS = (64, 128)
 
 
 def set_checkpoint_chunks(every):

@@ -31,10 +31,8 @@
 #  10. tests/test_hardening_gradients.py on the GPU (a call of its own): 38 passed on the H100 at
 #      4981221 (results/gpu_tests_hardening_gradients_h100_4981221.log).
 #  11. Issue 19's cold row: GDN B1 T16384 HV32's first forward + backward in fresh processes (target
-#      10 s), as it was measured and with torch's own first-autograd.grad import (sympy, 2.0-2.5 s) done
-#      first: 9.9-10.5 s as measured on an H100 at 815a12e (results/gpu_delta_cold_h100_815a12e.json);
-#      6.2-6.5 s with the import first, 7.3-8.8 without, in one process pair each, at 94411ab
-#      (results/cold_sympy_ab_h100_94411ab.txt).
+#      10 s), as it is measured and with torch's own first-autograd.grad import (sympy, ~2 s) done
+#      first: on the H200 at ecf0925 8.47-10.46 s and 6.34-7.26 s (results/gpu_delta_cold*_ecf0925.json).
 #  12. Where dq/dk's warp-specialised form departs (dg and dk by row of the chunk, chunk and head)
 #      and whether two of its runs give the same bits (`benchmarks/diag_dqdk_specialised.py`).
 #  13. The reverse sweep's Gluon twin for Gated Delta Product (M = 2): at 4a5bb0f its tests at K 128

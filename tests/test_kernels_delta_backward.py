@@ -358,7 +358,7 @@ def test_the_planner_overlaps_or_checkpoints_the_recompute_where_the_reverse_swe
 
 
 @pytest.mark.parametrize("case, sweep, dqdk, scores", [
-    ("bf16 GDN K = V = 128", True, True, True), ("fp16, K = 64, V = 192", True, True, True), ("GVA", True, False, True),
+    ("bf16 GDN K = V = 128", True, True, True), ("fp16, K = 64, V = 192", True, False, True), ("GVA", True, False, True),
     ("GVA summed in the kernel", True, True, True), ("GVA of 8 summed in the kernel", True, False, True),
     ("V = 96", False, True, False), ("V = 64", True, False, True), ("V = 80", False, False, False),
     ("GDP M = 2", False, False, False), ("GDP M = 2, its rows on", True, True, False),
@@ -373,7 +373,7 @@ def test_the_planner_gives_backward_stages_to_their_gluon_twins_only_in_scope(mo
     and K one it was measured faster at (GLUON_GDP_REVERSE_SWEEP_KEY_DIMS);
     dq and dk one value head a q/k head, or a GVA group of at most 4 summed in the kernel, and V a
     multiple of 32, three steps of 32 at least, Gated Delta Product at M = 2 where GLUON_GDP_DQDK is
-    on too and K one it was measured faster at (GLUON_GDP_DQDK_KEY_DIMS), its warp-specialised form
+    on too, K one it was measured faster at (GLUON_DQDK_KEY_DIMS: 128), its warp-specialised form
     GDN's alone; the warp-specialised scores kernel V a multiple of
     64), a device where Gluon is usable, the caller not forcing the Triton kernels. Elsewhere the
     shape as given."""

@@ -357,13 +357,18 @@ GLUON_GDP_REVERSE_SWEEP = GluonTwinRow(True, "GDP M = 2 B4 T4096 H16 forward + b
                                              "(gpu_tests_unproven_gdp_sweep_h100_4a5bb0f.log), the GDP GPU tests "
                                              "with it planned (gpu_tests_gdp_planned_h100_4a5bb0f.log)")
 
-#: The key sizes at which the GDP forms of the twins were measured faster than the Triton kernels:
-#: the planner takes them there only. GDP M = 2 B4 T4096 H16 at K = 64, V = 128, forward + backward,
-#: on an H100 in one process (gpu_delta_train_gdp_k64_h100_03a6666.json): the reverse sweep's twin
-#: 292 us against 396 (the step 1.995 ms against 2.098); dq and dk's twin 596 us against the Triton
-#: kernel's 555 (2.036 against 1.995), so K 128 alone for it. Both pass their GPU tests at K 64.
+#: The key sizes at which the GDP form of the reverse sweep's twin was measured faster than the
+#: Triton sweep: GDP M = 2 B4 T4096 H16 at K = 64, V = 128, forward + backward, on an H100 in one
+#: process, 292 us against 396 (the step 1.995 ms against 2.098;
+#: gpu_delta_train_gdp_k64_h100_03a6666.json).
 GLUON_GDP_REVERSE_SWEEP_KEY_DIMS = (64, 128)
-GLUON_GDP_DQDK_KEY_DIMS = (128,)
+
+#: The key sizes at which dq and dk's twin was measured faster than the Triton kernel (GDN and GDP).
+#: At K = 64, V = 128 it was slower: GDN B4 T4096 H=HV=16 on the H200, 284-288 us against 274
+#: (gpu_delta_train_gdn_k64_ecf0925.json; the reverse sweep's and the scores kernel's twins were
+#: faster there, 141 against 167 and 166-170 against 206-209), GDP M = 2 B4 on an H100, 596 against
+#: 555 (gpu_delta_train_gdp_k64_h100_03a6666.json).
+GLUON_DQDK_KEY_DIMS = (128,)
 
 
 #: dq and dk's Gluon twin for Gated Delta Product (M = 2: q, dO and (dscores o G)'s query rows by
@@ -372,7 +377,7 @@ GLUON_GDP_DQDK_KEY_DIMS = (128,)
 GLUON_GDP_DQDK = GluonTwinRow(True, "GDP M = 2 B4 T4096 H16 forward + backward, eager, bf16, l2norm, same process, "
                                     "on an H100: dq and dk 737 us against the Triton kernel's 935, the step 2.429 ms "
                                     "against 2.632 (gpu_delta_train_gdp_dqdk_h100_7abbdb8.json; at K = 64 slower: "
-                                    "GLUON_GDP_DQDK_KEY_DIMS); dq, dk within "
+                                    "GLUON_DQDK_KEY_DIMS); dq, dk within "
                                     "5.3e-5 (relative RMS) of the Triton kernel's, dg 2.6e-7, the other gradients "
                                     "their bits, dense, a partial last chunk, varlen with a one-token sequence, no "
                                     "l2norm, K 64, and within the oracle's band of the float64 token loop "
@@ -454,19 +459,19 @@ def gluon_twins(shape: DeltaBackwardShape, *, householder: int, heads: int, valu
     (``backend="triton"``: ``twin_only``). The reverse sweep's twin runs 64 value columns on one
     warpgroup, :data:`GLUON_SWEEP_STAGES` tile stages; Gated Delta Product's also needs
     :data:`GLUON_GDP_REVERSE_SWEEP` on and K in :data:`GLUON_GDP_REVERSE_SWEEP_KEY_DIMS`, and its dq
-    and dk's twin :data:`GLUON_GDP_DQDK` on and K in :data:`GLUON_GDP_DQDK_KEY_DIMS`.
+    and dk's twin :data:`GLUON_GDP_DQDK` on. dq and dk's twin takes K in :data:`GLUON_DQDK_KEY_DIMS`.
 
     The launch layer also needs q, k and dO 16-byte aligned (the twins' bulk copies) and falls back
     to the Triton kernels otherwise."""
     if twin_only or not gluon_usable(device):
         return shape
     gdp_sweep = GLUON_GDP_REVERSE_SWEEP.on and key_dim in GLUON_GDP_REVERSE_SWEEP_KEY_DIMS
-    gdp_dqdk = GLUON_GDP_DQDK.on and key_dim in GLUON_GDP_DQDK_KEY_DIMS
+    gdp_dqdk = GLUON_GDP_DQDK.on
     if GLUON_BACKWARD_TWINS["gluon_sweep"].on and (householder == 1 or gdp_sweep) and \
             gluon_reverse_sweep_scope(householder=householder, dtype=dtype, key_dim=key_dim, value_dim=value_dim):
         shape = replace(shape, gluon_sweep=True, block_v=64, sweep_warps=4, sweep_stages=GLUON_SWEEP_STAGES)
     if GLUON_BACKWARD_TWINS["gluon_dqdk"].on and (heads == value_heads or shape.group_in_kernel) and \
-            (householder == 1 or gdp_dqdk) and \
+            (householder == 1 or gdp_dqdk) and key_dim in GLUON_DQDK_KEY_DIMS and \
             gluon_dqdk_scope(householder=householder, heads=heads, value_heads=value_heads, dtype=dtype,
                              key_dim=key_dim, value_dim=value_dim, stages=shape.gluon_dqdk_stages):
         shape = replace(shape, gluon_dqdk=True, gluon_dqdk_specialized=GLUON_BACKWARD_TWINS[
