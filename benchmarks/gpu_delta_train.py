@@ -313,7 +313,8 @@ def main():
                                                                            "the backward (0: none; repeatable)")
     ap.add_argument("--gluon", action="append", help="recurscan again with exactly these Gluon twins on where their "
                                                      "scope allows (+-separated plan.delta.GLUON_BACKWARD_TWINS "
-                                                     "names, or none; repeatable)")
+                                                     "names, forward_sweep, gdp_sweep, gdp_dqdk, or none; "
+                                                     "repeatable)")
     args = ap.parse_args()
     global PROFILE
     PROFILE = args.profile

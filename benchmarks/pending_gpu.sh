@@ -52,6 +52,9 @@
 #      396), dq and dk's slower (596 against 555): plan.delta.GLUON_GDP_{REVERSE_SWEEP,DQDK}_KEY_DIMS.
 #  17. GDN B4 T4096 at K = 64 (V = 128) forward + backward as planned and with each backward twin off
 #      in turn (the twins are planned at K 64 by scope; measured there first here).
+#  18. Non-finite input of one sequence through the Gluon twins (GDN: q, k poisoned, and the
+#      warp-specialised forms; GDP at M = 2 through the reverse sweep's and dq and dk's twins), and
+#      GDP's dq/dk twin without a decay: the unproven cases of those tests.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -135,6 +138,7 @@ step 16 && { GDN_TWINS=gluon_sweep+gluon_dqdk+forward_sweep+gluon_scores
         --workload gdp_m2_b4_t4096_h16_k64 --gluon $GDN_TWINS+gdp_sweep \
         --gluon $GDN_TWINS+gdp_sweep+gdp_dqdk --out "$OUT/gpu_delta_train_gdp_k64_$C.json" 2>&1 | grep -v Warning | tail -40
 }
+step 18 && unproven_tests non_finite "non_finite or gluon_dq_dk_kernel_for_gdp" 200
 step 17 && { T=gluon_sweep+gluon_dqdk+forward_sweep+gluon_scores
     timeout 200 env PYTHONPATH=$PWD:/tmp/site python benchmarks/gpu_delta_train.py --impl recurscan --profile \
         --workload gdn_b4_t4096_h16_k64 --gluon ${T/gluon_dqdk+/} --gluon ${T/gluon_sweep+/} \

@@ -431,7 +431,7 @@ def test_gluon_usable_is_false_off_hopper_and_under_the_interpreter():
 
 
 @pytest.mark.parametrize("what", ["sweep, M = 3", "sweep, float32", "sweep, block_v 32", "dq dk, M = 3",
-                                  "dq dk, M = 2, GVA in the kernel",
+                                  "dq dk, M = 2, GVA in the kernel", "dq dk warp-specialised, M = 2",
                                   "dq dk, float32", "dq dk, GVA", "dq dk, GVA of 8 in the kernel", "dq dk, V = 48",
                                   "dq dk, V = 64", "scores, M = 2", "scores, float32", "scores, V = 48"])
 def test_a_gluon_twin_outside_its_scope_is_refused(what):
@@ -447,9 +447,11 @@ def test_a_gluon_twin_outside_its_scope_is_refused(what):
     q, do = torch.zeros(1, T, H, K, dtype=dtype), torch.zeros(1, T, HV, V, dtype=dtype)
     k, v = torch.zeros(1, T * M, H, K, dtype=dtype), torch.zeros(1, T * M, HV, V, dtype=dtype)
     beta = torch.ones(1, T * M, HV, dtype=dtype)
-    field = {"sweep": "gluon_sweep", "dq dk": "gluon_dqdk", "scores": "gluon_scores"}[what.split(",")[0]]
+    field = {"sweep": "gluon_sweep", "dq dk": "gluon_dqdk", "dq dk warp-specialised": "gluon_dqdk_specialized",
+             "scores": "gluon_scores"}[what.split(",")[0]]
+    flags = {field: True, "gluon_dqdk": True} if field == "gluon_dqdk_specialized" else {field: True}
     shape = DeltaBackwardShape(32 if "block_v 32" in what else 64, 4, 4, "test",
-                               group_in_kernel="in the kernel" in what, **{field: True})
+                               group_in_kernel="in the kernel" in what, **flags)
     with pytest.raises(ValueError, match=field):
         build_delta_backward(q, k, v, None, beta, do, None, scale=1.0, initial_state=None,
                              use_qk_l2norm_in_kernel=False, cu_seqlens=None, chunk_indices=None, chunk_offsets=None,

@@ -192,6 +192,9 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
     dqdk = dict(shared, states=arg("states"), dstates=arg("dstates"), dq=arg("dq"), dk=arg("dk"), n_cs_rows=rows)
     if backward_shape.gluon_dqdk:  # its Gluon twin, dk and dq in one launch (kernels/gluon)
         stages = backward_shape.gluon_dqdk_stages
+        if backward_shape.gluon_dqdk_specialized and M != 1:
+            raise ValueError("DeltaBackwardShape.gluon_dqdk_specialized: the warp-specialised dq, dk kernel takes "
+                             f"M = 1 (got M = {M}); gluon_dqdk alone takes M = 2")
         if not _plan.gluon_dqdk_scope(householder=M, heads=H, value_heads=HV, dtype=q.dtype, key_dim=K, value_dim=V,
                                       stages=stages) or gva:
             raise ValueError("DeltaBackwardShape.gluon_dqdk: the Gluon dq, dk kernel takes M = 1 with H = HV or a GVA "
@@ -202,8 +205,8 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
         # Persistent programs, one an SM, each taking the twin's (chunk, value heads) items in turn.
         programs = max(1, min(chunks * (HV // group), sm_count(q.device)))
         kwargs = dict(dqdk, PART=DQDK_BOTH, GROUP=group, BV=32)
-        if backward_shape.gluon_dqdk_specialized and group <= _plan.GLUON_DQDK_SPECIALIZED_GROUP and M == 1:
-            # the sums beside the epilogue (GDN only)
+        if backward_shape.gluon_dqdk_specialized and group <= _plan.GLUON_DQDK_SPECIALIZED_GROUP:
+            # the sums beside the epilogue
             from ..kernels.gluon.delta_backward_dqdk_specialized import gluon_bwd_dqdk_specialized_kernel
             grads = [Step(gluon_bwd_dqdk_specialized_kernel, (programs,),
                           dict(kwargs, n_programs=programs, NUM_STAGES=_plan.GLUON_DQDK_SPECIALIZED_STAGES),

@@ -373,7 +373,7 @@ GLUON_DQDK_KEY_DIMS = (128,)
 
 #: dq and dk's Gluon twin for Gated Delta Product (M = 2: q, dO and (dscores o G)'s query rows by
 #: token, first in their tiles), apart from GDN's row (``GLUON_BACKWARD_TWINS["gluon_dqdk"]``, which
-#: it also needs). Off until it has run on a GPU against the Triton kernel and been measured faster.
+#: it also needs): measured on its own.
 GLUON_GDP_DQDK = GluonTwinRow(True, "GDP M = 2 B4 T4096 H16 forward + backward, eager, bf16, l2norm, same process, "
                                     "on an H100: dq and dk 737 us against the Triton kernel's 935, the step 2.429 ms "
                                     "against 2.632 (gpu_delta_train_gdp_dqdk_h100_7abbdb8.json; at K = 64 slower: "

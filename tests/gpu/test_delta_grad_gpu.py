@@ -398,27 +398,29 @@ def test_the_gluon_reverse_sweep_for_gdp_agrees_with_its_twin(B, T, H, HV, cu, K
                                                                                             GDP_SWEEP_BOUND))
 
 
-@pytest.mark.parametrize("B, T, H, HV, cu, K, l2norm", [
-    (2, 2048, 8, 8, None, 128, True), (3, 1000, 2, 2, None, 128, True),
-    (1, 1500, 4, 4, [0, 1, 700, 733, 1500], 128, True), (2, 1024, 4, 4, None, 128, False),
-    (1, 1000, 2, 2, [0, 1, 700, 1000], 64, True)],
-    ids=["B2 T2048 H=HV=8", "a partial last chunk", "varlen, a one-token sequence", "no l2norm", "K 64, varlen"])
-def test_the_gluon_dq_dk_kernel_for_gdp_agrees_with_its_twin(B, T, H, HV, cu, K, l2norm):
+@pytest.mark.parametrize("B, T, H, HV, cu, K, l2norm, decay", [
+    (2, 2048, 8, 8, None, 128, True, True), (3, 1000, 2, 2, None, 128, True, True),
+    (1, 1500, 4, 4, [0, 1, 700, 733, 1500], 128, True, True), (2, 1024, 4, 4, None, 128, False, True),
+    (1, 1000, 2, 2, [0, 1, 700, 1000], 64, True, True),
+    pytest.param(1, 1000, 2, 2, [0, 1, 700, 1000], 128, True, False, marks=pytest.mark.unproven)],
+    ids=["B2 T2048 H=HV=8", "a partial last chunk", "varlen, a one-token sequence", "no l2norm", "K 64, varlen",
+         "no decay"])
+def test_the_gluon_dq_dk_kernel_for_gdp_agrees_with_its_twin(B, T, H, HV, cu, K, l2norm, decay):
     """dq and dk's Gluon twin at M = 2 (Gated Delta Product: a chunk's 32 tokens of q, dO and
     (dscores o G)'s query rows read by token into the first rows of their tiles, the other rows
     zero; dg joined from each token's first copy): dq and dk within one bf16 rounding of the Triton
     kernel's, dg float32's, the other kernels' gradients their bits (DQDK_BOUNDS); at the smaller
     sizes also within the oracle's band of the float64 token loop."""
     from recurscan.kernels.gluon.delta_backward_dqdk import gluon_bwd_dqdk_kernel
-    _check_gdp_form(B, T, H, HV, cu, K, "gluon_dqdk", gluon_bwd_dqdk_kernel, DQDK_BOUNDS, l2norm)
+    _check_gdp_form(B, T, H, HV, cu, K, "gluon_dqdk", gluon_bwd_dqdk_kernel, DQDK_BOUNDS, l2norm, decay)
 
 
-def _check_gdp_form(B, T, H, HV, cu, K, field, kernel, bounds, l2norm=True):
+def _check_gdp_form(B, T, H, HV, cu, K, field, kernel, bounds, l2norm=True, decay=True):
     """Gated Delta Product (M = 2, V = 128) gradients with the backward stage ``field`` as its Gluon
     ``kernel`` against the Triton kernels': each within ``bounds[name]`` (relative RMS; 0: the same
     bits), the Gluon kernel asserted to have run (a fallback to the Triton one would pass the
-    bounds), an initial state and dht given; where B T <= 1500, also within the oracle's band of
-    autograd through the float64 token loop."""
+    bounds), an initial state and dht given, g None without ``decay``; where B T <= 1500, also
+    within the oracle's band of autograd through the float64 token loop."""
     from recurscan.launch.delta_backward import BACKWARD_LAUNCHES, chunk_delta_product_bwd
     from recurscan.plan.delta import DeltaBackwardShape
     from recurscan.plan.device import gluon_usable
@@ -428,6 +430,7 @@ def _check_gdp_form(B, T, H, HV, cu, K, field, kernel, bounds, l2norm=True):
         pytest.skip("Gluon twins run on sm_90 with a tested Triton (plan.device.gluon_usable)")
     M, V = 2, 128
     q, k, v, g, beta = _gdp_batch(M, B, T, H, HV, K, seed=27)
+    g = g if decay else None
     if K != V:  # the batch's values are K wide
         gen_v = torch.Generator(device="cuda").manual_seed(29)
         v = torch.randn(B, T * M, HV, V, device="cuda", generator=gen_v).bfloat16()
@@ -450,16 +453,23 @@ def _check_gdp_form(B, T, H, HV, cu, K, field, kernel, bounds, l2norm=True):
         assert any(step.kernel is kernel for step in launches.steps) == on
     clear_caches()
     for name, a, b in zip(GRAD_NAMES, got[False], got[True]):
+        if a is None:  # no decay given: no dg
+            assert b is None, name
+            continue
         assert torch.isfinite(b).all(), name
         err = relative_rms(b.double(), a.double())
         print(f"{name}: {err:.2e} from the Triton kernels'")
         assert err <= bounds[name], f"{name}: relative RMS {err:.2e} from the Triton kernels'"
     if B * T <= 1500:
-        leaves = [t.double().requires_grad_() for t in (q, k, v, g, beta, h0)]
+        leaves = [None if t is None else t.double().requires_grad_() for t in (q, k, v, g, beta, h0)]
         o, S = gated_delta_product_naive(*leaves[:5], M, initial_state=leaves[5], use_qk_l2norm_in_kernel=l2norm,
                                          cu_seqlens=None if cu is None else torch.tensor(cu, device="cuda"))
-        want = torch.autograd.grad((o, S), leaves, (do.double(), dht.double()))
-        for name, a, b in zip(GRAD_NAMES, got[True], want):
+        given = [t for t in leaves if t is not None]
+        want = iter(torch.autograd.grad((o, S), given, (do.double(), dht.double())))
+        for name, a, leaf in zip(GRAD_NAMES, got[True], leaves):
+            if leaf is None:
+                continue
+            b = next(want)
             assert relative_rms(a.double(), b) < 1e-2, f"{name}: relative RMS {relative_rms(a.double(), b):.2e}"
 
 
@@ -567,6 +577,54 @@ def test_non_finite_input_of_one_sequence_stays_in_it_through_the_gluon_twins(H,
             a, b = a[[0, 2]], b[[0, 2]]
         else:
             a, b = torch.cat([a[:, :100], a[:, 1000:]], 1), torch.cat([b[:, :100], b[:, 1000:]], 1)
+        assert torch.isfinite(a).all(), name
+        assert torch.equal(a, b), f"{name}: {int((a != b).sum())} elements differ"
+
+
+@pytest.mark.unproven  # not yet run on a GPU
+@pytest.mark.parametrize("poisoned", ["v, dO", "q, k"])
+def test_non_finite_input_of_one_gdp_sequence_stays_in_it_through_the_gluon_twins(poisoned):
+    """Gated Delta Product (M = 2) through the reverse sweep's and dq and dk's Gluon twins, whose
+    bulk copies read a partial chunk's rows past its sequence's end (the first sequence's 100 tokens
+    are 200 rows of the expanded stream, 3.125 chunks): with NaN in the middle sequence's v and dO,
+    or its q and k, the other sequences' gradients (and dh0) are bit for bit those of the run with it
+    finite."""
+    from recurscan.kernels.gluon.delta_backward_dqdk import gluon_bwd_dqdk_kernel
+    from recurscan.kernels.gluon.delta_backward_sweep import gluon_bwd_sweep_kernel
+    from recurscan.launch.delta_backward import BACKWARD_LAUNCHES, chunk_delta_product_bwd
+    from recurscan.plan.delta import DeltaBackwardShape
+    from recurscan.plan.device import gluon_usable
+    from recurscan.runtime.cache import clear_caches
+    if not gluon_usable(torch.device("cuda")):
+        pytest.skip("Gluon twins run on sm_90 with a tested Triton (plan.device.gluon_usable)")
+    clear_caches()
+    M, T, H, K = 2, 2048, 4, 128
+    cu = torch.tensor([0, 100, 1000, T], device="cuda", dtype=torch.int32)
+    q, k, v, g, beta = _gdp_batch(M, 1, T, H, H, K, seed=25)
+    gen = torch.Generator(device="cuda").manual_seed(26)
+    do = torch.randn(1, T, H, K, device="cuda", generator=gen).bfloat16()
+    dht = torch.randn(3, H, K, K, device="cuda", generator=gen)
+    h0 = torch.randn(3, H, K, K, device="cuda", generator=gen) * 0.1
+    shape = DeltaBackwardShape(64, 4, 4, "test", grads_block_v=32, scores_warps=4, scores_block_v=128,
+                               sweep_stages=3, gluon_sweep=True, gluon_dqdk=True)
+
+    def grads(q, k, v, do):
+        return chunk_delta_product_bwd(q, k, v, g, beta, M, do, dht, initial_state=h0, use_qk_l2norm_in_kernel=True,
+                                       cu_seqlens=cu, backward_shape=shape)
+
+    clean = grads(q, k, v, do)
+    (launches,) = BACKWARD_LAUNCHES.values()  # the Gluon kernels ran, not a fallback to the Triton ones
+    assert {gluon_bwd_sweep_kernel, gluon_bwd_dqdk_kernel} <= {step.kernel for step in launches.steps}
+    q, k, v, do = (t.clone() for t in (q, k, v, do))
+    for t, per_token in ((v, M), (do, 1)) if poisoned == "v, dO" else ((q, 1), (k, M)):
+        t[:, 100 * per_token:1000 * per_token] = float("nan")
+    got = grads(q, k, v, do)
+    for name, a, b in zip(GRAD_NAMES, clean, got):
+        if name == "dh0":
+            a, b = a[[0, 2]], b[[0, 2]]
+        else:  # dq and dg on the token stream, the others on the expanded one
+            r = 1 if name in ("dq", "dg") else M
+            a, b = (torch.cat([t[:, :100 * r], t[:, 1000 * r:]], 1) for t in (a, b))
         assert torch.isfinite(a).all(), name
         assert torch.equal(a, b), f"{name}: {int((a != b).sum())} elements differ"
 
