@@ -402,7 +402,7 @@ def test_the_gluon_reverse_sweep_for_gdp_agrees_with_its_twin(B, T, H, HV, cu, K
     (2, 2048, 8, 8, None, 128, True, True), (3, 1000, 2, 2, None, 128, True, True),
     (1, 1500, 4, 4, [0, 1, 700, 733, 1500], 128, True, True), (2, 1024, 4, 4, None, 128, False, True),
     (1, 1000, 2, 2, [0, 1, 700, 1000], 64, True, True),
-    pytest.param(1, 1000, 2, 2, [0, 1, 700, 1000], 128, True, False, marks=pytest.mark.unproven)],
+    (1, 1000, 2, 2, [0, 1, 700, 1000], 128, True, False)],
     ids=["B2 T2048 H=HV=8", "a partial last chunk", "varlen, a one-token sequence", "no l2norm", "K 64, varlen",
          "no decay"])
 def test_the_gluon_dq_dk_kernel_for_gdp_agrees_with_its_twin(B, T, H, HV, cu, K, l2norm, decay):
@@ -548,7 +548,7 @@ def test_the_warp_specialised_stages_at_other_head_sizes(form, K, V, HV):
         _check_form(x, args, DQDK_BOUNDS, gluon_dqdk=True, gluon_dqdk_specialized=True)
 
 
-@pytest.mark.parametrize("poisoned", ["v, dO", pytest.param("q, k", marks=pytest.mark.unproven)])
+@pytest.mark.parametrize("poisoned", ["v, dO", "q, k"])
 @pytest.mark.parametrize("specialised", [False, pytest.param(True, marks=pytest.mark.unproven)],
                          ids=["twins", "the warp-specialised scores, dq and dk"])
 @pytest.mark.parametrize("H", [8, 4], ids=["H=HV", "GVA"])
@@ -581,7 +581,6 @@ def test_non_finite_input_of_one_sequence_stays_in_it_through_the_gluon_twins(H,
         assert torch.equal(a, b), f"{name}: {int((a != b).sum())} elements differ"
 
 
-@pytest.mark.unproven  # not yet run on a GPU
 @pytest.mark.parametrize("poisoned", ["v, dO", "q, k"])
 def test_non_finite_input_of_one_gdp_sequence_stays_in_it_through_the_gluon_twins(poisoned):
     """Gated Delta Product (M = 2) through the reverse sweep's and dq and dk's Gluon twins, whose
