@@ -305,17 +305,36 @@ def _twin_case(B, T, H, HV, cu, l2norm, seed, device="cuda", K=128, V=128):
 
 def _twin_runs(x, args, **twin):
     """chunk_delta_bwd's gradients ``(dq, dk, dv, dg, dbeta, dh0)`` with the Triton kernels (False)
-    and with the twin named in ``twin`` (True); the planner's B4 shape otherwise."""
-    from recurscan.launch.delta_backward import chunk_delta_bwd
+    and with the twin named in ``twin`` (True); the planner's B4 shape otherwise. Asserts that the
+    run with the twin launched its Gluon kernel (a fallback to the Triton one would pass the
+    comparisons) and the other run none."""
+    from recurscan.kernels.gluon.delta_backward_dqdk import gluon_bwd_dqdk_kernel
+    from recurscan.kernels.gluon.delta_backward_dqdk_specialized import gluon_bwd_dqdk_specialized_kernel
+    from recurscan.kernels.gluon.delta_backward_scores_specialized import gluon_bwd_scores_specialized_kernel
+    from recurscan.kernels.gluon.delta_backward_sweep import gluon_bwd_sweep_kernel
+    from recurscan.launch.delta_backward import BACKWARD_LAUNCHES, chunk_delta_bwd
     from recurscan.plan.delta import DeltaBackwardShape
     from recurscan.plan.device import gluon_usable
+    from recurscan.runtime.cache import clear_caches
     if not gluon_usable(torch.device("cuda")):
         pytest.skip("Gluon twins run on sm_90 with a tested Triton (plan.device.gluon_usable)")
+    kernels = dict(gluon_sweep=gluon_bwd_sweep_kernel, gluon_scores=gluon_bwd_scores_specialized_kernel,
+                   gluon_dqdk=gluon_bwd_dqdk_specialized_kernel if twin.get("gluon_dqdk_specialized")
+                   else gluon_bwd_dqdk_kernel)
     shape = dict(grads_block_v=32, scores_warps=4, scores_block_v=128, group_in_kernel=True, dqdk_one_launch=True,
                  sweep_stages=3)
-    return {on: chunk_delta_bwd(*x, backward_shape=DeltaBackwardShape(64, 4, 4, "test", **shape,
-                                                                      **{n: on for n in twin}), **args)
-            for on in (False, True)}
+    got = {}
+    for on in (False, True):
+        clear_caches()
+        got[on] = chunk_delta_bwd(*x, backward_shape=DeltaBackwardShape(64, 4, 4, "test", **shape,
+                                                                        **{n: on for n in twin}), **args)
+        (launches,) = BACKWARD_LAUNCHES.values()
+        ran = {step.kernel for step in launches.steps}
+        for name in twin:
+            if name in kernels:
+                assert (kernels[name] in ran) == on, f"{name}: the Gluon kernel {'did not run' if on else 'ran'}"
+    clear_caches()
+    return got
 
 
 def _assert_like_the_oracle(x, args, grads):
