@@ -35,26 +35,26 @@
 #      first: on the H200 at ecf0925 8.47-10.46 s and 6.34-7.26 s (results/gpu_delta_cold*_ecf0925.json).
 #  12. Where dq/dk's warp-specialised form departs (dg and dk by row of the chunk, chunk and head)
 #      and whether two of its runs give the same bits (`benchmarks/diag_dqdk_specialised.py`).
-#  13. The reverse sweep's Gluon twin for Gated Delta Product (M = 2): at 4a5bb0f its tests at K 128
-#      passed and it was measured (on an H100; planned since 94411ab); now its test at K 64 (marked
-#      unproven; plan.delta.GLUON_GDP_REVERSE_SWEEP_KEY_DIMS takes K 128 alone until it passes), the
-#      scores kernel's tests, and GDP M = 2 B4 T4096 forward + backward as planned and without it.
+#  13. The reverse sweep's Gluon twin for Gated Delta Product (M = 2): its tests, the scores kernel's
+#      tests, and GDP M = 2 B4 T4096 forward + backward as planned and without it (planned since 94411ab).
 #  14. dq/dk's warp-specialised form again, its gates' scans relaid as the twin's (the dg departure
 #      of step 12 came from the decays' prefix sums associating pairs first): its tests, then GDN B4 and
 #      B1 forward + backward as planned and with it.
-#  15. dq and dk's Gluon twin for Gated Delta Product (M = 2; plan.delta.GLUON_GDP_DQDK off until
-#      this runs): its tests and the GDP reverse sweep's (K 64 among them, marked unproven), GDN's dq/dk
-#      twin tests (the kernel's M = 1 path changed around the new one), then GDP M = 2 B4 T4096
-#      forward + backward with the planned twins and with it, and GDN B4 against the commit before
-#      (build/prev carried: `git archive c34e944 recurscan | tar -x -C build/prev`, renamed recurscan_prev).
-#  16. GDP M = 2 at K = 64 (V = 128) forward + backward: as planned (GDN's twins alone), with the reverse sweep's
-#      GDP twin, and with dq and dk's too: at 03a6666 on an H100 the reverse sweep's faster (292 us against
-#      396), dq and dk's slower (596 against 555): plan.delta.GLUON_GDP_{REVERSE_SWEEP,DQDK}_KEY_DIMS.
+#  15. dq and dk's Gluon twin for Gated Delta Product (M = 2): its tests and the GDP reverse sweep's,
+#      GDN's dq/dk twin tests, then GDP M = 2 B4 T4096 forward + backward with the planned twins and
+#      with it, and GDN B4 against the commit before (build/prev carried: `git archive c34e944 recurscan
+#      | tar -x -C build/prev`, renamed recurscan_prev). At 7abbdb8 on an H100: every test passed, 737 us
+#      against 935, GDN's unchanged (planned since 5e509f6).
+#  16. GDP M = 2 at K = 64 (V = 128) forward + backward: as planned, with the reverse sweep's GDP twin,
+#      and with dq and dk's too. At 03a6666 on an H100 the reverse sweep's faster (292 us against 396),
+#      dq and dk's slower (596 against 555): plan.delta.GLUON_GDP_REVERSE_SWEEP_KEY_DIMS, GLUON_DQDK_KEY_DIMS.
 #  17. GDN B4 T4096 at K = 64 (V = 128) forward + backward as planned and with each backward twin off
-#      in turn (the twins are planned at K 64 by scope; measured there first here).
+#      in turn. On the H200 at ecf0925: the reverse sweep's and the scores kernel's twins faster, dq and
+#      dk's slower (284-288 us against 274), so planned at K 128 alone; two variants' eager step times
+#      did not follow their kernels' sums (perf-history, 2026-12-05, ecf0925): run it again.
 #  18. Non-finite input of one sequence through the Gluon twins (GDN: q, k poisoned, and the
 #      warp-specialised forms; GDP at M = 2 through the reverse sweep's and dq and dk's twins), and
-#      GDP's dq/dk twin without a decay: the unproven cases of those tests.
+#      GDP's dq/dk twin without a decay: 9 passed on an H100 at 28dda89.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
