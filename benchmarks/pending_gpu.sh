@@ -147,8 +147,9 @@ step 17 && { T=gluon_sweep+gluon_dqdk+forward_sweep+gluon_scores
 }
 step 15 && {
     : > /tmp/recurscan_unproven_ok
-    unproven_tests gdp_dqdk "gluon_dq_dk_kernel_for_gdp or gluon_reverse_sweep_for_gdp" 240 \
-        && echo gdp_dqdk >> /tmp/recurscan_unproven_ok
+    timeout 240 python -m pytest -m gpu tests/gpu -k "gluon_dq_dk_kernel_for_gdp or gluon_reverse_sweep_for_gdp" \
+        -p no:cacheprovider -q -rA > "$OUT/gpu_tests_gdp_twins_$C.log" 2>&1 && echo gdp_dqdk >> /tmp/recurscan_unproven_ok
+    echo "GDP twin tests rc=$?"; tail -3 "$OUT/gpu_tests_gdp_twins_$C.log"
     timeout 120 python -m pytest -m "gpu and not unproven" tests/gpu/test_delta_grad_gpu.py -p no:cacheprovider -q \
         -k "gluon_dq_dk_kernel_agrees" > "$OUT/gpu_tests_dqdk_twin_$C.log" 2>&1; echo "dq/dk twin tests rc=$?"
     tail -3 "$OUT/gpu_tests_dqdk_twin_$C.log"
