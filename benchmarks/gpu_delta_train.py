@@ -187,6 +187,16 @@ def set_backward_shape(text):
 
 PLANNED_CHECKPOINTS = None
 PLANNED_GLUON = None
+PLANNED_DQDK_STAGES = None
+
+
+def set_dqdk_stages(stages: int | None):
+    """The planner's ring of dq and dk's Gluon twin (None), or ``stages`` stages
+    (``plan.delta.GLUON_DQDK_STAGES``)."""
+    from recurscan.plan import delta as plan_delta
+    global PLANNED_DQDK_STAGES
+    PLANNED_DQDK_STAGES = PLANNED_DQDK_STAGES or plan_delta.GLUON_DQDK_STAGES
+    plan_delta.GLUON_DQDK_STAGES = PLANNED_DQDK_STAGES if stages is None else stages
 
 
 def set_gluon(twins: str | None):
@@ -320,6 +330,9 @@ def main():
                                                      "scope allows (+-separated plan.delta.GLUON_BACKWARD_TWINS "
                                                      "names, forward_sweep, gdp_sweep, gdp_dqdk, or none; "
                                                      "repeatable)")
+    ap.add_argument("--dqdk-stages", type=int, action="append", help="recurscan again with dq and dk's Gluon "
+                                                                     "twin on a ring of this many stages "
+                                                                     "(plan.delta.GLUON_DQDK_STAGES; repeatable)")
     args = ap.parse_args()
     global PROFILE
     PROFILE = args.profile
@@ -331,21 +344,24 @@ def main():
             sys.path.insert(0, folder)
             for package in sorted(p for p in os.listdir(folder) if p.startswith("recurscan_")):
                 peers[package[len("recurscan_"):]] = functools.partial(recurscan_step, package=package)
-        variants = [(impl, step, None, None, None) for impl, step in peers.items()] + \
-            [("recurscan", recurscan_step, bs, int(e) if e else None, None)
+        variants = [(impl, step, None, None, None, None) for impl, step in peers.items()] + \
+            [("recurscan", recurscan_step, bs, int(e) if e else None, None, None)
              for bs, _, e in (text.partition("@") for text in args.backward_shape or [])] + \
-            [("recurscan", recurscan_step, None, e, None) for e in args.checkpoint_chunks or []] + \
-            [("recurscan", recurscan_step, None, None, twins) for twins in args.gluon or []]
-        for impl, step, bshape, every, gluon in variants:
+            [("recurscan", recurscan_step, None, e, None, None) for e in args.checkpoint_chunks or []] + \
+            [("recurscan", recurscan_step, None, None, twins, None) for twins in args.gluon or []] + \
+            [("recurscan", recurscan_step, None, None, None, n) for n in args.dqdk_stages or []]
+        for impl, step, bshape, every, gluon, stages in variants:
             if args.impl and impl not in args.impl:
                 continue
             set_backward_shape(bshape)
             set_checkpoint_chunks(every)
             set_gluon(gluon)
+            set_dqdk_stages(stages)
             clear_caches()  # the forward's launches are kept by signature: planned again for this variant
             impl = impl if bshape is None else f"{impl} {bshape}"
             impl = impl if every is None else f"{impl} checkpoints {every}"
             impl = f"{impl} gluon {gluon}" if gluon else impl
+            impl = impl if stages is None else f"{impl} dq/dk stages {stages}"
             try:
                 rows.append(dict(workload=name, target_ms=TARGETS_MS.get(name), **measure(impl, step, w)))
             except Exception as exc:  # recorded, never hidden

@@ -55,6 +55,10 @@
 #  18. Non-finite input of one sequence through the Gluon twins (GDN: q, k poisoned, and the
 #      warp-specialised forms; GDP at M = 2 through the reverse sweep's and dq and dk's twins), and
 #      GDP's dq/dk twin without a decay: 9 passed on an H100 at 28dda89.
+#  19. dq and dk's Gluon twin on a ring of four stages (plan.delta.GLUON_DQDK_STAGES, three planned: at
+#      three an item's fourth 32-column step waits for its first to be read; at four all of the next
+#      item's steps load under this one's epilogue; 200 KB offline, no spills): GDN B4, B1 and GDP
+#      forward + backward as planned and at four stages, one process each.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -139,6 +143,9 @@ step 16 && { GDN_TWINS=gluon_sweep+gluon_dqdk+forward_sweep+gluon_scores
         --gluon $GDN_TWINS+gdp_sweep+gdp_dqdk --out "$OUT/gpu_delta_train_gdp_k64_$C.json" 2>&1 | grep -v Warning | tail -40
 }
 step 18 && unproven_tests non_finite "non_finite or gluon_dq_dk_kernel_for_gdp" 200
+step 19 && timeout 300 env PYTHONPATH=$PWD:/tmp/site python benchmarks/gpu_delta_train.py --impl recurscan \
+    --profile --dqdk-stages 4 --out "$OUT/gpu_delta_train_dqdk_stages_$C.json" 2>&1 | grep -v Warning | grep -v warn_once \
+    | grep -E "fwd\+bwd|dqdk" | head -20
 step 17 && { T=gluon_sweep+gluon_dqdk+forward_sweep+gluon_scores
     timeout 200 env PYTHONPATH=$PWD:/tmp/site python benchmarks/gpu_delta_train.py --impl recurscan --profile \
         --workload gdn_b4_t4096_h16_k64 --gluon ${T/gluon_dqdk+/} --gluon ${T/gluon_sweep+/} \

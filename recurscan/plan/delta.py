@@ -204,7 +204,7 @@ class DeltaBackwardShape:
     # its persistent programs' ring of tile stages of 32 value columns (three: 172 KB of shared
     # memory, one program of eight warps an SM).
     gluon_dqdk: bool = False
-    gluon_dqdk_stages: int = 3
+    gluon_dqdk_stages: int = 3  # the planner's: GLUON_DQDK_STAGES
     # With gluon_dqdk and at most GLUON_DQDK_SPECIALIZED_GROUP value heads a q/k head: that twin
     # warp-specialised (kernels/gluon/delta_backward_dqdk_specialized.py: the sums' warpgroup beside
     # the epilogue's, a load warp; GLUON_DQDK_SPECIALIZED_STAGES stages): :func:`gluon_twins` decides.
@@ -434,6 +434,12 @@ GLUON_SCORES_STAGES = 3
 #: The largest GVA group dq and dk's Gluon twin sums (its value heads are unrolled in the program).
 GLUON_DQDK_GROUP = 4
 
+#: Tile stages of dq and dk's Gluon twin's ring (32 value columns a stage, 28 KB at K = 128: three
+#: take 172 KB of shared memory, four 200 KB, offline without spills). At three, an item's last step
+#: of four (V = 128) is issued only once its first has been read, not under the item before's
+#: epilogue as the other three are; four is not measured yet (benchmarks/pending_gpu.sh 19).
+GLUON_DQDK_STAGES = 3
+
 
 def gluon_dqdk_scope(*, householder: int, heads: int, value_heads: int, dtype: torch.dtype, key_dim: int,
                      value_dim: int, stages: int) -> bool:
@@ -473,9 +479,11 @@ def gluon_twins(shape: DeltaBackwardShape, *, householder: int, heads: int, valu
     if GLUON_BACKWARD_TWINS["gluon_dqdk"].on and (heads == value_heads or shape.group_in_kernel) and \
             (householder == 1 or gdp_dqdk) and key_dim in GLUON_DQDK_KEY_DIMS and \
             gluon_dqdk_scope(householder=householder, heads=heads, value_heads=value_heads, dtype=dtype,
-                             key_dim=key_dim, value_dim=value_dim, stages=shape.gluon_dqdk_stages):
-        shape = replace(shape, gluon_dqdk=True, gluon_dqdk_specialized=GLUON_BACKWARD_TWINS[
-            "gluon_dqdk_specialized"].on and householder == 1 and value_heads // heads <= GLUON_DQDK_SPECIALIZED_GROUP)
+                             key_dim=key_dim, value_dim=value_dim, stages=GLUON_DQDK_STAGES):
+        specialized = GLUON_BACKWARD_TWINS["gluon_dqdk_specialized"].on and householder == 1 and \
+            value_heads // heads <= GLUON_DQDK_SPECIALIZED_GROUP
+        shape = replace(shape, gluon_dqdk=True, gluon_dqdk_stages=GLUON_DQDK_STAGES,
+                        gluon_dqdk_specialized=specialized)
     if GLUON_BACKWARD_TWINS["gluon_scores"].on and gluon_sweep_scope(householder=householder, dtype=dtype,
                                                                       key_dim=key_dim, value_dim=value_dim):
         shape = replace(shape, gluon_scores=True)
