@@ -39,8 +39,9 @@ to float32 rounding, then bf16's (the GPU test compares both with the float64 or
 
 Scope (``plan.delta.gluon_twins`` checks it): M = 1 with one value head a q/k head (H = HV) or a
 GVA group of at most ``plan.delta.GLUON_DQDK_GROUP`` summed in the kernel (GROUP = HV / H; its
-heads are unrolled), or M = 2 with H = HV; 16-bit inputs, K 64 or 128, V a multiple of BV with at least NUM_STAGES steps;
-dense or varlen.
+heads are unrolled), or M = 2 with H = HV; 16-bit inputs, K 64 or 128, V a multiple of BV with at
+least NUM_STAGES steps; dense or varlen. The planner takes it at K = 128 alone
+(``plan.delta.GLUON_DQDK_KEY_DIMS``: at K = 64 the Triton kernel was faster).
 """
 from __future__ import annotations
 
@@ -329,10 +330,11 @@ def gluon_bwd_dqdk_kernel(
 
     then the L2 norm's backward, and dg's state terms added to ``dg`` (the twin's docstring has
     them). BK, DOT_PRECISION, M and PART are the twin's arguments (K wide tiles, 16-bit products,
-    M 1 or 2 (item 6 of the module's docstring), dk and dq both). GROUP: 1, one value head a program (H = HV); or HV / H, a GVA group's
-    value heads summed in the accumulators one after another, dO scaled by scale lam per head, each
-    head's dg projections the differences of the sums' projections before and after it, dq and dk
-    written per q/k head (the twin's GROUP). Eight warps."""
+    M 1 or 2 (item 6 of the module's docstring), dk and dq both). GROUP: 1, one value head a
+    program (H = HV); or HV / H, a GVA group's value heads summed in the accumulators one after
+    another, dO scaled by scale lam per head, each head's dg projections the differences of the
+    sums' projections before and after it, dq and dk written per q/k head (the twin's GROUP).
+    Eight warps."""
     gl.static_assert(M == 1 or (M == 2 and GROUP == 1), "GDN (M = 1), or Gated Delta Product at M = 2, H = HV")
     gl.static_assert(GROUP == 1 or GROUP * H == HV, "one value head a program, or a GVA group")
     gl.static_assert(GROUP > 1 or H == HV, "one value head a q/k head")
