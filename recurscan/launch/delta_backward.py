@@ -201,7 +201,8 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
                              f"group of at most {_plan.GLUON_DQDK_GROUP} value heads summed in the kernel "
                              "(group_in_kernel), or M = 2 with H = HV; 16-bit inputs, K 64 or 128 and V a "
                              f"multiple of 32, at least gluon_dqdk_stages = {stages} steps of 32 (got M = {M}, "
-                             f"H = {H}, HV = {HV}, group_in_kernel = {backward_shape.group_in_kernel}, {q.dtype}, K = {K}, V = {V})")
+                             f"H = {H}, HV = {HV}, group_in_kernel = {backward_shape.group_in_kernel}, {q.dtype}, "
+                             f"K = {K}, V = {V})")
         # Persistent programs, one an SM, each taking the twin's (chunk, value heads) items in turn.
         programs = max(1, min(chunks * (HV // group), sm_count(q.device)))
         kwargs = dict(dqdk, PART=DQDK_BOTH, GROUP=group, BV=32)

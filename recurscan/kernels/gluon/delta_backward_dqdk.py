@@ -53,10 +53,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 #: A [BT] vector's layout in one warpgroup for the gates' prefix sums and dg's scans: one element a
 #: lane, the chunk's two halves on alternate warps, as this kernel's 8-warp line and the Triton
-#: kernels' vectors at 4 warps, so the sums associate as theirs and the gates come out their bits.
-#: The warp-specialised kernels first held two neighbouring elements a lane (pairs summed first):
-#: the decays' prefix sums then differed in their last bits, and dg and dk departed from the Triton
-#: kernel's most in the last rows of chunks of strong decay (results/diag_dqdk_specialised_h100_815a12e.json).
+#: kernels' vectors at 4 warps, so the sums associate as theirs and the gates come out their bits
+#: (another association moves dg and dk off the Triton kernel's where decays are strong:
+#: docs/perf-history.md, 2026-12-05, 815a12e..94411ab).
 SCAN_LINE = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))
 
 
@@ -142,11 +141,12 @@ def _issue_once(pred, r0, col_qk, scr_row, k_desc, q_desc, scr_desc, k_s, q_s, d
                 TILES: gl.constexpr = True, scrq_desc=None):
     """An item's q, k and (TILES) score tiles, one copy each, onto the barrier ``once``; q by token
     (``q_desc``'s rows, BT / M of them) into q_s's first rows, and with M > 1 (dsg's query rows:
-    ``scrq_desc``, :func:`_query_rows_descriptor`) the same for (dscores o G)."""
+    ``scrq_desc``, :func:`_query_rows_descriptor`; at M = 1 ``scr_desc`` itself) the same for
+    (dscores o G)."""
     BQ: gl.constexpr = q_desc.block_type.shape[0]  # the chunk's tokens
     M: gl.constexpr = k_desc.block_type.shape[0] // BQ
     nbytes: gl.constexpr = k_desc.block_type.nbytes + q_desc.block_type.nbytes + \
-        ((scr_desc.block_type.nbytes + (scr_desc.block_type.nbytes // M)) if TILES else 0)
+        ((scr_desc.block_type.nbytes + scrq_desc.block_type.nbytes) if TILES else 0)
     mbarrier.expect(once, nbytes, pred=pred)
     r = r0.to(gl.int32)
     tma.async_copy_global_to_shared(k_desc, [r, col_qk], once, k_s, pred=pred)
@@ -490,7 +490,7 @@ def gluon_bwd_dqdk_kernel(
                     proj_k = _projection(k_s, rk, m_r, acc_k)
                     proj_q = _projection(q_s, rq, m_r, acc_q)
 
-        p_row = (r0 * H + i_h) * K  # each row's place in dk (and dq at M = 1; per q/k head) from the chunk's first
+        p_row = (r0 * H + i_h) * K  # dk's rows (and dq's at M = 1), per q/k head, from the chunk's first row
         if GROUP > 1:
             # The L2 norm's backward of the group's sums; dk and dq out through the normalised
             # tiles' buffers (every product has read them).
