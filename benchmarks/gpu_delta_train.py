@@ -203,29 +203,31 @@ def set_gluon(twins: str | None):
     """The planner's Gluon twins as planned (None), or exactly those named in ``twins`` on and the
     others off (``+``-separated fields of ``plan.delta.GLUON_BACKWARD_TWINS``, e.g. ``gluon_sweep+gluon_dqdk``,
     ``forward_sweep`` for ``plan.delta.GLUON_FORWARD_SWEEP``, ``gdp_sweep`` for
-    ``plan.delta.GLUON_GDP_REVERSE_SWEEP`` and ``gdp_dqdk`` for ``plan.delta.GLUON_GDP_DQDK``, these two
-    at every key size of their scope, not only their planner rows' key sizes (so too ``gluon_dqdk``);
-    ``none``: all off)."""
+    ``plan.delta.GLUON_GDP_REVERSE_SWEEP``, ``gdp_dqdk`` for ``plan.delta.GLUON_GDP_DQDK`` (these two
+    at every key size of their scope, not only their planner rows' key sizes, so too ``gluon_dqdk``) and
+    ``gdp_scores`` for ``plan.delta.GLUON_GDP_SCORES``; ``none``: all off)."""
     import dataclasses
     from recurscan.plan import delta as plan_delta
     global PLANNED_GLUON
     PLANNED_GLUON = PLANNED_GLUON or (plan_delta.GLUON_BACKWARD_TWINS, plan_delta.GLUON_FORWARD_SWEEP,
                                       plan_delta.GLUON_GDP_REVERSE_SWEEP, plan_delta.GLUON_GDP_DQDK,
-                                      plan_delta.GLUON_GDP_REVERSE_SWEEP_KEY_DIMS, plan_delta.GLUON_DQDK_KEY_DIMS)
-    backward, forward, gdp, gdp_dqdk, _, _ = PLANNED_GLUON
+                                      plan_delta.GLUON_GDP_REVERSE_SWEEP_KEY_DIMS, plan_delta.GLUON_DQDK_KEY_DIMS,
+                                      plan_delta.GLUON_GDP_SCORES)
+    backward, forward, gdp, gdp_dqdk, _, _, gdp_scores = PLANNED_GLUON
     if twins is None:
         (plan_delta.GLUON_BACKWARD_TWINS, plan_delta.GLUON_FORWARD_SWEEP, plan_delta.GLUON_GDP_REVERSE_SWEEP,
          plan_delta.GLUON_GDP_DQDK, plan_delta.GLUON_GDP_REVERSE_SWEEP_KEY_DIMS,
-         plan_delta.GLUON_DQDK_KEY_DIMS) = PLANNED_GLUON
+         plan_delta.GLUON_DQDK_KEY_DIMS, plan_delta.GLUON_GDP_SCORES) = PLANNED_GLUON
         return
     names = set(twins.split("+")) - {"none"}
-    others = ["forward_sweep", "gdp_sweep", "gdp_dqdk"]
+    others = ["forward_sweep", "gdp_sweep", "gdp_dqdk", "gdp_scores"]
     if not names <= set(backward) | set(others):
         raise ValueError(f"--gluon: expected +-separated names of {sorted(backward) + others} or none, got {twins!r}")
     plan_delta.GLUON_BACKWARD_TWINS = {n: dataclasses.replace(row, on=n in names) for n, row in backward.items()}
     plan_delta.GLUON_FORWARD_SWEEP = dataclasses.replace(forward, on="forward_sweep" in names)
     plan_delta.GLUON_GDP_REVERSE_SWEEP = dataclasses.replace(gdp, on="gdp_sweep" in names)
     plan_delta.GLUON_GDP_DQDK = dataclasses.replace(gdp_dqdk, on="gdp_dqdk" in names)
+    plan_delta.GLUON_GDP_SCORES = dataclasses.replace(gdp_scores, on="gdp_scores" in names)
     plan_delta.GLUON_GDP_REVERSE_SWEEP_KEY_DIMS = plan_delta.GLUON_DQDK_KEY_DIMS = (64, 128)
 
 
@@ -328,8 +330,8 @@ def main():
                                                                            "the backward (0: none; repeatable)")
     ap.add_argument("--gluon", action="append", help="recurscan again with exactly these Gluon twins on where their "
                                                      "scope allows (+-separated plan.delta.GLUON_BACKWARD_TWINS "
-                                                     "names, forward_sweep, gdp_sweep, gdp_dqdk, or none; "
-                                                     "repeatable)")
+                                                     "names, forward_sweep, gdp_sweep, gdp_dqdk, gdp_scores or "
+                                                     "none; repeatable)")
     ap.add_argument("--dqdk-stages", type=int, action="append", help="recurscan again with dq and dk's Gluon "
                                                                      "twin on a ring of this many stages "
                                                                      "(plan.delta.GLUON_DQDK_STAGES; repeatable)")

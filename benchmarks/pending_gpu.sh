@@ -59,6 +59,10 @@
 #      three an item's fourth 32-column step waits for its first to be read; at four all of the next
 #      item's steps load under this one's epilogue; 200 KB offline, no spills): GDN B4, B1 and GDP
 #      forward + backward as planned and at four stages, one process each.
+#  20. The warp-specialised scores kernel for Gated Delta Product (M = 2: a chunk's rows copy-major, the
+#      query's copy first) and dq and dk's twin on four stages: their GPU tests (marked unproven), then
+#      GDP M = 2 B4 T4096 forward + backward as planned and with the scores kernel, and GDN B4, B1 and
+#      GDP at four stages (step 19's), each only where its tests passed (`... 21` on the same warm machine).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -167,4 +171,20 @@ step 15 && {
     [ -d build/prev ] && timeout 120 env PYTHONPATH=$PWD:/tmp/site python benchmarks/gpu_delta_train.py --impl recurscan \
         --impl prev --prev build/prev --profile --workload gdn_b4_t4096_h16 \
         --out "$OUT/gpu_delta_train_b4_vs_prev_$C.json" 2>&1 | grep -v Warning | tail -30
+}
+step 20 && {
+    : > /tmp/recurscan_unproven_ok
+    unproven_tests gdp_scores "gluon_scores_kernel_for_gdp or non_finite_input_of_one_gdp" 240 \
+        && echo gdp_scores >> /tmp/recurscan_unproven_ok
+    unproven_tests dqdk_stages "ring_of_four_stages" 150 && echo dqdk_stages >> /tmp/recurscan_unproven_ok
+}
+step 21 && {
+    grep -q gdp_scores /tmp/recurscan_unproven_ok && timeout 150 env PYTHONPATH=$PWD:/tmp/site python \
+        benchmarks/gpu_delta_train.py --impl recurscan --profile --workload gdp_m2_b4_t4096_h16 \
+        --gluon gluon_sweep+gluon_dqdk+forward_sweep+gluon_scores+gdp_sweep+gdp_dqdk+gdp_scores \
+        --out "$OUT/gpu_delta_train_gdp_scores_$C.json" 2>&1 | grep -v Warning | grep -v warn_once | tail -20
+    grep -q dqdk_stages /tmp/recurscan_unproven_ok && timeout 200 env PYTHONPATH=$PWD:/tmp/site python \
+        benchmarks/gpu_delta_train.py --impl recurscan --profile --dqdk-stages 4 \
+        --out "$OUT/gpu_delta_train_dqdk_stages_$C.json" 2>&1 | grep -v Warning | grep -v warn_once \
+        | grep -E "fwd\+bwd|dqdk" | head -20
 }

@@ -361,9 +361,9 @@ def test_the_planner_overlaps_or_checkpoints_the_recompute_where_the_reverse_swe
     ("bf16 GDN K = V = 128", True, True, True), ("fp16, K = 64, V = 192", True, False, True), ("GVA", True, False, True),
     ("GVA summed in the kernel", True, True, True), ("GVA of 8 summed in the kernel", True, False, True),
     ("V = 96", False, True, False), ("V = 64", True, False, True), ("V = 80", False, False, False),
-    ("GDP M = 2", False, False, False), ("GDP M = 2, its rows on", True, True, False),
+    ("GDP M = 2", False, False, False), ("GDP M = 2, its rows on", True, True, True),
     ("GDP M = 3", False, False, False),
-    ("GDP M = 2, K = 64, its rows on", True, False, False),
+    ("GDP M = 2, K = 64, its rows on", True, False, True),
     ("float32", False, False, False), ("K = 96", False, False, False),
     ('backend="triton"', False, False, False), ("no usable Gluon", False, False, False)])
 def test_the_planner_gives_backward_stages_to_their_gluon_twins_only_in_scope(monkeypatch, case, sweep, dqdk, scores):
@@ -375,7 +375,7 @@ def test_the_planner_gives_backward_stages_to_their_gluon_twins_only_in_scope(mo
     multiple of 32, three steps of 32 at least, Gated Delta Product at M = 2 where GLUON_GDP_DQDK is
     on too, K one it was measured faster at (GLUON_DQDK_KEY_DIMS: 128), its warp-specialised form
     GDN's alone; the warp-specialised scores kernel V a multiple of
-    64), a device where Gluon is usable, the caller not forcing the Triton kernels. Elsewhere the
+    64, and Gated Delta Product at M = 2 where GLUON_GDP_SCORES is on too), a device where Gluon is usable, the caller not forcing the Triton kernels. Elsewhere the
     shape as given."""
     import dataclasses
     from recurscan.plan import delta as plan_delta
@@ -386,6 +386,8 @@ def test_the_planner_gives_backward_stages_to_their_gluon_twins_only_in_scope(mo
                         dataclasses.replace(plan_delta.GLUON_GDP_REVERSE_SWEEP, on=case.endswith("its rows on")))
     monkeypatch.setattr(plan_delta, "GLUON_GDP_DQDK",
                         dataclasses.replace(plan_delta.GLUON_GDP_DQDK, on=case.endswith("its rows on")))
+    monkeypatch.setattr(plan_delta, "GLUON_GDP_SCORES",
+                        dataclasses.replace(plan_delta.GLUON_GDP_SCORES, on=case.endswith("its rows on")))
     fp16 = case == "fp16, K = 64, V = 192"
     args = dict(householder=3 if case == "GDP M = 3" else 2 if case.startswith("GDP") else 1,
                 heads=2 if "GVA of 8" in case else 8 if case.startswith("GVA") else 16, value_heads=16,
@@ -435,7 +437,7 @@ def test_gluon_usable_is_false_off_hopper_and_under_the_interpreter():
 @pytest.mark.parametrize("what", ["sweep, M = 3", "sweep, float32", "sweep, block_v 32", "dq dk, M = 3",
                                   "dq dk, M = 2, GVA in the kernel", "dq dk warp-specialised, M = 2",
                                   "dq dk, float32", "dq dk, GVA", "dq dk, GVA of 8 in the kernel", "dq dk, V = 48",
-                                  "dq dk, V = 64", "scores, M = 2", "scores, float32", "scores, V = 48"])
+                                  "dq dk, V = 64", "scores, M = 3", "scores, float32", "scores, V = 48"])
 def test_a_gluon_twin_outside_its_scope_is_refused(what):
     """A hand-made DeltaBackwardShape asking for a Gluon twin where it cannot run: a ValueError naming
     the field, before anything is built or launched."""

@@ -107,6 +107,18 @@ def test_the_gluon_dq_dk_kernel_compiles_for_gdp(case, dims):
     assert "gluon_bwd_dqdk_kernel" in run.stdout and "chunk_delta_bwd_dqdk_kernel" not in run.stdout, run.stdout
 
 
+@pytest.mark.parametrize("case, dims", [("GDP M 2 dense, H = HV", ()), ("GDP M 2 varlen", ()),
+                                        ("GDP M 2 dense, H = HV", ("64",))], ids=["dense", "varlen, GVA", "K = V = 64"])
+def test_the_gluon_scores_kernel_compiles_for_gdp(case, dims):
+    """The warp-specialised scores kernel at M = 2 (Gated Delta Product: a chunk's rows copy-major,
+    the query's copy first), dense and varlen with GVA, K = V = 128 and 64, without spills (its
+    gathers of the gates and of dg's row sums by ``gl.gather``: a [BT, BT] masked sum in their place
+    spilled 16 B at K = V = 64)."""
+    run = compile_offline(case, "Gluon scores", *dims)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "gluon_bwd_scores_specialized_kernel" in run.stdout, run.stdout
+
+
 @pytest.mark.parametrize("case, dims", [("GDN varlen, H = HV", ()), ("GDN dense, H = HV", ("64", "128")),
                                         ("GDN varlen, GVA", ("64", "128"))],
                          ids=["varlen", "K 64", "K 64, GVA"])

@@ -179,8 +179,8 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
                   USE_L2NORM=use_qk_l2norm_in_kernel, DOT_PRECISION=dot_precision, DT=dt, M=M)
     scores_kwargs = dict(shared, v=arg("v"), ks=arg("ks"), dbeta=arg("dbeta"), BV=BVs)
     if backward_shape.gluon_scores:  # warp-specialised in Gluon (kernels/gluon): persistent, one program an SM
-        if not _plan.gluon_sweep_scope(householder=M, dtype=q.dtype, key_dim=K, value_dim=V):
-            raise ValueError("DeltaBackwardShape.gluon_scores: the Gluon scores kernel takes M = 1, 16-bit inputs, "
+        if not _plan.gluon_scores_scope(householder=M, dtype=q.dtype, key_dim=K, value_dim=V):
+            raise ValueError("DeltaBackwardShape.gluon_scores: the Gluon scores kernel takes M 1 or 2, 16-bit inputs, "
                              f"K 64 or 128 and V a multiple of 64 (got M = {M}, {q.dtype}, K = {K}, V = {V})")
         from ..kernels.gluon.delta_backward_scores_specialized import gluon_bwd_scores_specialized_kernel
         scores = Step(gluon_bwd_scores_specialized_kernel, (max(1, min(chunks * HV, sm_count(q.device))),),

@@ -331,10 +331,18 @@ GLUON_BACKWARD_TWINS = {
 
 
 def gluon_sweep_scope(*, householder: int, dtype: torch.dtype, key_dim: int, value_dim: int) -> bool:
-    """What the Gluon twin of the forward sweep and the warp-specialised scores kernel take: GDN
-    (M = 1), 16-bit inputs, K 64 or 128, V a multiple of their 64 value columns."""
+    """What the Gluon twin of the forward sweep takes (and, with Gated Delta Product as well, the
+    backward's twins): GDN (M = 1), 16-bit inputs, K 64 or 128, V a multiple of their 64 value
+    columns."""
     return householder == 1 and dtype in (torch.bfloat16, torch.float16) and key_dim in (64, 128) and \
         value_dim % 64 == 0
+
+
+def gluon_scores_scope(*, householder: int, dtype: torch.dtype, key_dim: int, value_dim: int) -> bool:
+    """What the warp-specialised scores kernel takes: :func:`gluon_sweep_scope`'s problems, and
+    Gated Delta Product at M = 2 (a chunk's rows copy-major, the query's copy first)."""
+    return householder in (1, 2) and \
+        gluon_sweep_scope(householder=1, dtype=dtype, key_dim=key_dim, value_dim=value_dim)
 
 
 def gluon_reverse_sweep_scope(*, householder: int, dtype: torch.dtype, key_dim: int, value_dim: int) -> bool:
@@ -382,6 +390,12 @@ GLUON_GDP_DQDK = GluonTwinRow(True, "GDP M = 2 B4 T4096 H16 forward + backward, 
                                     "their bits, dense, a partial last chunk, varlen with a one-token sequence, no "
                                     "l2norm, K 64, and within the oracle's band of the float64 token loop "
                                     "(gpu_tests_unproven_gdp_dqdk_h100_7abbdb8.log)")
+
+
+#: The warp-specialised scores kernel for Gated Delta Product (M = 2: a chunk's rows copy-major, the
+#: query's copy first), apart from GDN's row (``GLUON_BACKWARD_TWINS["gluon_scores"]``, which it
+#: also needs): measured on its own.
+GLUON_GDP_SCORES = GluonTwinRow(False, "not yet measured on a GPU")
 
 
 #: The phases' ratio (DeltaShape.phase_ratio) where the sweep runs as its Gluon twin: B1 T16384 H16
@@ -458,14 +472,14 @@ def gluon_twins(shape: DeltaBackwardShape, *, householder: int, heads: int, valu
                 value_dim: int, dtype: torch.dtype, device: torch.device, twin_only: bool = False
                 ) -> DeltaBackwardShape:
     """``shape`` with each backward stage whose Gluon twin runs here, is within its scope
-    (:func:`gluon_reverse_sweep_scope`, :func:`gluon_dqdk_scope`, :func:`gluon_sweep_scope` for the
-    scores kernel) and is on in :data:`GLUON_BACKWARD_TWINS`
-    (measured faster) given to that twin; ``shape`` as it is on other devices
+    (:func:`gluon_reverse_sweep_scope`, :func:`gluon_dqdk_scope`, :func:`gluon_scores_scope`) and is
+    on in :data:`GLUON_BACKWARD_TWINS` (measured faster) given to that twin; ``shape`` as it is on other devices
     (``plan.device.gluon_usable``), or when the caller forced the Triton kernels
     (``backend="triton"``: ``twin_only``). The reverse sweep's twin runs 64 value columns on one
     warpgroup, :data:`GLUON_SWEEP_STAGES` tile stages; Gated Delta Product's also needs
     :data:`GLUON_GDP_REVERSE_SWEEP` on and K in :data:`GLUON_GDP_REVERSE_SWEEP_KEY_DIMS`, and its dq
-    and dk's twin :data:`GLUON_GDP_DQDK` on. dq and dk's twin takes K in :data:`GLUON_DQDK_KEY_DIMS`.
+    and dk's twin :data:`GLUON_GDP_DQDK` on, its scores kernel's :data:`GLUON_GDP_SCORES`. dq and dk's
+    twin takes K in :data:`GLUON_DQDK_KEY_DIMS`.
 
     The launch layer also needs q, k and dO 16-byte aligned (the twins' bulk copies) and falls back
     to the Triton kernels otherwise."""
@@ -484,8 +498,8 @@ def gluon_twins(shape: DeltaBackwardShape, *, householder: int, heads: int, valu
             value_heads // heads <= GLUON_DQDK_SPECIALIZED_GROUP
         shape = replace(shape, gluon_dqdk=True, gluon_dqdk_stages=GLUON_DQDK_STAGES,
                         gluon_dqdk_specialized=specialized)
-    if GLUON_BACKWARD_TWINS["gluon_scores"].on and gluon_sweep_scope(householder=householder, dtype=dtype,
-                                                                      key_dim=key_dim, value_dim=value_dim):
+    if GLUON_BACKWARD_TWINS["gluon_scores"].on and (householder == 1 or GLUON_GDP_SCORES.on) and \
+            gluon_scores_scope(householder=householder, dtype=dtype, key_dim=key_dim, value_dim=value_dim):
         shape = replace(shape, gluon_scores=True)
     return shape
 

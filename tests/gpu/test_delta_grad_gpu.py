@@ -303,9 +303,10 @@ def _twin_case(B, T, H, HV, cu, l2norm, seed, device="cuda", K=128, V=128):
     return (q, k, v, g, beta, do, dht), args
 
 
-def _twin_runs(x, args, **twin):
+def _twin_runs(x, args, stages=3, **twin):
     """chunk_delta_bwd's gradients ``(dq, dk, dv, dg, dbeta, dh0)`` with the Triton kernels (False)
-    and with the twin named in ``twin`` (True); the planner's B4 shape otherwise. Asserts that the
+    and with the twin named in ``twin`` (True; dq and dk's on a ring of ``stages``); the planner's
+    B4 shape otherwise. Asserts that the
     run with the twin launched its Gluon kernel (a fallback to the Triton one would pass the
     comparisons) and the other run none."""
     from recurscan.kernels.gluon.delta_backward_dqdk import gluon_bwd_dqdk_kernel
@@ -322,7 +323,7 @@ def _twin_runs(x, args, **twin):
                    gluon_dqdk=gluon_bwd_dqdk_specialized_kernel if twin.get("gluon_dqdk_specialized")
                    else gluon_bwd_dqdk_kernel)
     shape = dict(grads_block_v=32, scores_warps=4, scores_block_v=128, group_in_kernel=True, dqdk_one_launch=True,
-                 sweep_stages=3)
+                 sweep_stages=3, gluon_dqdk_stages=stages)
     got = {}
     for on in (False, True):
         clear_caches()
@@ -361,10 +362,10 @@ DQDK_BOUNDS = dict(dq=2 ** -8, dk=2 ** -8, dg=1e-5, dv=0.0, dbeta=0.0, dh0=0.0)
 SCORES_BOUNDS = dict(DQDK_BOUNDS, dbeta=1e-5)
 
 
-def _check_form(x, args, bounds, **twin):
+def _check_form(x, args, bounds, stages=3, **twin):
     """The run with the Gluon forms named in ``twin`` within ``bounds`` of the Triton kernels', and
     within the oracle's band of the float64 chunkwise reference."""
-    got = _twin_runs(x, args, **twin)
+    got = _twin_runs(x, args, stages, **twin)
     _assert_near_the_triton_kernels(got, bounds)
     _assert_like_the_oracle(x, args, got[True])
 
@@ -434,7 +435,27 @@ def test_the_gluon_dq_dk_kernel_for_gdp_agrees_with_its_twin(B, T, H, HV, cu, K,
     _check_gdp_form(B, T, H, HV, cu, K, "gluon_dqdk", gluon_bwd_dqdk_kernel, DQDK_BOUNDS, l2norm, decay)
 
 
-def _check_gdp_form(B, T, H, HV, cu, K, field, kernel, bounds, l2norm=True, decay=True):
+@pytest.mark.unproven  # not yet run on a GPU
+@pytest.mark.parametrize("B, T, H, HV, cu, K, l2norm, decay", [
+    (2, 2048, 8, 8, None, 128, True, True), (3, 1000, 2, 2, None, 128, True, True),
+    (1, 1500, 4, 4, [0, 1, 700, 733, 1500], 128, True, True), (2, 1024, 4, 4, None, 128, False, True),
+    (1, 1000, 2, 4, [0, 1, 700, 1000], 64, True, True), (1, 1000, 2, 2, [0, 1, 700, 1000], 128, True, False),
+    (1, 1000, 2, 4, None, 128, True, True)],
+    ids=["B2 T2048 H=HV=8", "a partial last chunk", "varlen, a one-token sequence", "no l2norm", "K 64, GVA varlen",
+         "no decay", "GVA, a partial last chunk"])
+def test_the_gluon_scores_kernel_for_gdp_agrees_with_its_twin(B, T, H, HV, cu, K, l2norm, decay):
+    """The warp-specialised scores kernel at M = 2 (Gated Delta Product: a chunk's rows copy-major,
+    each token's query copy first; q and dO by token into the first half of their tiles): the
+    products of the Triton kernel with their rows and columns in that order, the row sums (dbeta's,
+    dg's) in another order. So dv and dh0 are the same bits, dbeta and dg agree to float32 rounding,
+    dq and dk (from the score tiles, stored in bf16) to within one bf16 rounding (SCORES_BOUNDS); at
+    the smaller sizes also within the oracle's band of the float64 token loop."""
+    from recurscan.kernels.gluon.delta_backward_scores_specialized import gluon_bwd_scores_specialized_kernel
+    _check_gdp_form(B, T, H, HV, cu, K, "gluon_scores", gluon_bwd_scores_specialized_kernel, SCORES_BOUNDS, l2norm,
+                    decay)
+
+
+def _check_gdp_form(B, T, H, HV, cu, K, field, kernel, bounds, l2norm=True, decay=True, stages=3):
     """Gated Delta Product (M = 2, V = 128) gradients with the backward stage ``field`` as its Gluon
     ``kernel`` against the Triton kernels': each within ``bounds[name]`` (relative RMS; 0: the same
     bits), the Gluon kernel asserted to have run (a fallback to the Triton one would pass the
@@ -465,7 +486,7 @@ def _check_gdp_form(B, T, H, HV, cu, K, field, kernel, bounds, l2norm=True, deca
     for on in (False, True):
         clear_caches()
         shape = DeltaBackwardShape(64, 4, 4, "test", grads_block_v=32, scores_warps=4, scores_block_v=128,
-                                   sweep_stages=3, **{field: on})
+                                   sweep_stages=3, gluon_dqdk_stages=stages, **{field: on})
         got[on] = chunk_delta_product_bwd(q, k, v, g, beta, M, do, dht, initial_state=h0,
                                           use_qk_l2norm_in_kernel=l2norm, cu_seqlens=cu_t, backward_shape=shape)
         (launches,) = BACKWARD_LAUNCHES.values()
@@ -506,6 +527,23 @@ def test_the_gluon_dq_dk_kernel_agrees_with_its_twin(B, T, H, HV, cu, l2norm):
     relative RMS); all within the oracle's band of the float64 chunkwise reference."""
     x, args = _twin_case(B, T, H, HV, cu, l2norm, seed=22)
     _check_form(x, args, DQDK_BOUNDS, gluon_dqdk=True)
+
+
+@pytest.mark.unproven  # four stages not yet run on a GPU
+@pytest.mark.parametrize("B, T, H, HV, cu, M", [
+    (2, 4096, 16, 16, None, 1), (1, 8192, 8, 8, [0, 1, 3000, 3064, 8192], 1), (1, 4096, 8, 16, None, 1),
+    (3, 1000, 2, 2, None, 2), (1, 1500, 4, 4, [0, 1, 700, 733, 1500], 2)],
+    ids=["B2 T4096 H=HV=16", "varlen, a one-token sequence", "GVA HV=2H", "GDP, a partial last chunk",
+         "GDP varlen, a one-token sequence"])
+def test_the_gluon_dq_dk_kernel_on_a_ring_of_four_stages_agrees_with_its_twin(B, T, H, HV, cu, M):
+    """dq and dk's Gluon twin on four tile stages (plan.delta.GLUON_DQDK_STAGES; the next item's
+    steps all issued under this item's epilogue): as on three, GDN and Gated Delta Product."""
+    from recurscan.kernels.gluon.delta_backward_dqdk import gluon_bwd_dqdk_kernel
+    if M == 1:
+        x, args = _twin_case(B, T, H, HV, cu, True, seed=22)
+        _check_form(x, args, DQDK_BOUNDS, stages=4, gluon_dqdk=True)
+    else:
+        _check_gdp_form(B, T, H, HV, cu, 128, "gluon_dqdk", gluon_bwd_dqdk_kernel, DQDK_BOUNDS, stages=4)
 
 
 @pytest.mark.unproven  # its planner row is off (slower); its tests passed on an H100 at 4a5bb0f
@@ -601,13 +639,16 @@ def test_non_finite_input_of_one_sequence_stays_in_it_through_the_gluon_twins(H,
 
 
 @pytest.mark.parametrize("poisoned", ["v, dO", "q, k"])
-def test_non_finite_input_of_one_gdp_sequence_stays_in_it_through_the_gluon_twins(poisoned):
-    """Gated Delta Product (M = 2) through the reverse sweep's and dq and dk's Gluon twins, whose
-    bulk copies read a partial chunk's rows past its sequence's end (the first sequence's 100 tokens
-    are 200 rows of the expanded stream, 3.125 chunks): with NaN in the middle sequence's v and dO,
-    or its q and k, the other sequences' gradients (and dh0) are bit for bit those of the run with it
-    finite."""
+@pytest.mark.parametrize("scores", [False, pytest.param(True, marks=pytest.mark.unproven)],
+                         ids=["twins", "twins and the scores kernel's"])
+def test_non_finite_input_of_one_gdp_sequence_stays_in_it_through_the_gluon_twins(scores, poisoned):
+    """Gated Delta Product (M = 2) through the reverse sweep's and dq and dk's Gluon twins (and the
+    warp-specialised scores kernel), whose bulk copies read a partial chunk's rows past its
+    sequence's end (the first sequence's 100 tokens are 200 rows of the expanded stream, 3.125
+    chunks): with NaN in the middle sequence's v and dO, or its q and k, the other sequences'
+    gradients (and dh0) are bit for bit those of the run with it finite."""
     from recurscan.kernels.gluon.delta_backward_dqdk import gluon_bwd_dqdk_kernel
+    from recurscan.kernels.gluon.delta_backward_scores_specialized import gluon_bwd_scores_specialized_kernel
     from recurscan.kernels.gluon.delta_backward_sweep import gluon_bwd_sweep_kernel
     from recurscan.launch.delta_backward import BACKWARD_LAUNCHES, chunk_delta_product_bwd
     from recurscan.plan.delta import DeltaBackwardShape
@@ -624,7 +665,7 @@ def test_non_finite_input_of_one_gdp_sequence_stays_in_it_through_the_gluon_twin
     dht = torch.randn(3, H, K, K, device="cuda", generator=gen)
     h0 = torch.randn(3, H, K, K, device="cuda", generator=gen) * 0.1
     shape = DeltaBackwardShape(64, 4, 4, "test", grads_block_v=32, scores_warps=4, scores_block_v=128,
-                               sweep_stages=3, gluon_sweep=True, gluon_dqdk=True)
+                               sweep_stages=3, gluon_sweep=True, gluon_dqdk=True, gluon_scores=scores)
 
     def grads(q, k, v, do):
         return chunk_delta_product_bwd(q, k, v, g, beta, M, do, dht, initial_state=h0, use_qk_l2norm_in_kernel=True,
@@ -632,7 +673,9 @@ def test_non_finite_input_of_one_gdp_sequence_stays_in_it_through_the_gluon_twin
 
     clean = grads(q, k, v, do)
     (launches,) = BACKWARD_LAUNCHES.values()  # the Gluon kernels ran, not a fallback to the Triton ones
-    assert {gluon_bwd_sweep_kernel, gluon_bwd_dqdk_kernel} <= {step.kernel for step in launches.steps}
+    ran = {step.kernel for step in launches.steps}
+    assert {gluon_bwd_sweep_kernel, gluon_bwd_dqdk_kernel} <= ran
+    assert (gluon_bwd_scores_specialized_kernel in ran) == scores
     q, k, v, do = (t.clone() for t in (q, k, v, do))
     for t, per_token in ((v, M), (do, 1)) if poisoned == "v, dO" else ((q, 1), (k, M)):
         t[:, 100 * per_token:1000 * per_token] = float("nan")

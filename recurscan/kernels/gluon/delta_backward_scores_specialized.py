@@ -29,7 +29,16 @@ What differs from the twin's arithmetic:
   layout. dg agrees with the twin's to float32 rounding; the score tiles, dbeta and bdyks are
   formed as the twin forms them (the GPU test, tests/gpu/test_delta_grad_gpu.py).
 
-Scope (``plan.delta.gluon_sweep_scope``): M = 1, 16-bit inputs, K 64 or 128, V a multiple of
+Gated Delta Product (M > 1, every tile on the expanded stream of M copies a token): a chunk's
+rows are held copy-major, the query's copy (M - 1) of its BT / M tokens first, then copy M - 2, ...,
+copy 0 (:func:`_stream_row`; each [BT / M, ...] block by a bulk copy of its own, the tensors seen as
+[tokens, M x columns]). q and dO, on the token stream, fill the first block of their tiles, whose
+other rows are zero (q's written so in its normalisation, dO's once when the kernel starts), so
+dO U^T and Q K^T are the twin's with its other copies' zero rows, and every [BT, BT] tile's rows and
+columns are in the same order: the masks, the gates and the stores take each row's place on the
+stream, and dg's reverse sum runs over the rows put back in the stream's order.
+
+Scope (``plan.delta.gluon_scores_scope``): M 1 or 2, 16-bit inputs, K 64 or 128, V a multiple of
 BV = 64; dense or varlen.
 """
 from __future__ import annotations
@@ -39,8 +48,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .delta_backward_dqdk import SCAN_LINE, _normalised, _plus, _segment_gates
-from .gla_backward_dg import _item
+from .delta_backward_dqdk import SCAN_LINE, _chunk_place, _normalised, _plus, _segment_gates
 from .gla_sweep_specialized import _handover_barriers
 
 #: Registers a thread of the worker scores warpgroup and of the load warp (setmaxnreg); the default
@@ -51,51 +59,95 @@ LOAD_REGS = gl.constexpr(24)
 
 
 @gluon.jit
+def _stream_row(o, M: gl.constexpr, BQ: gl.constexpr):
+    """The expanded stream's row (within the chunk) of this kernel's tile row ``o``: copy M - 1 of
+    the chunk's BQ tokens first, then copy M - 2, ..., copy 0; ``o`` itself at M = 1."""
+    if M == 1:
+        return o
+    else:
+        return (o % BQ) * M + (M - 1 - o // BQ)
+
+
+@gluon.jit
+def _tile_row(n, M: gl.constexpr, BQ: gl.constexpr):
+    """The inverse of :func:`_stream_row`: the tile row of the stream's row ``n``."""
+    return (M - 1 - n % M) * BQ + n // M
+
+
+@gluon.jit
+def _gathered(x, src):
+    """y[r] = x[src[r]] (x and src [BT] vectors in one 1-D layout, y in it): x's bits."""
+    return gl.gather(x, src, 0)
+
+
+@gluon.jit
+def _item(it, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_chunks, HV: gl.constexpr, BT: gl.constexpr,
+          IS_VARLEN: gl.constexpr, M: gl.constexpr):
+    """Item ``it`` = (chunk it // HV, value head it % HV): the chunk's (valid, eos, r0) on the
+    expanded stream (:func:`.delta_backward_dqdk._chunk_place`)."""
+    valid, eos, r0, _ = _chunk_place(it // HV, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_chunks, BT,
+                                     IS_VARLEN, M)
+    return valid, eos, r0
+
+
+
+@gluon.jit
 def _scores(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
             BV: gl.constexpr, IS_VARLEN: gl.constexpr, HAS_G: gl.constexpr, USE_L2NORM: gl.constexpr,
-            DT: gl.constexpr, NUM_STAGES: gl.constexpr, PART: gl.constexpr):
+            DT: gl.constexpr, NUM_STAGES: gl.constexpr, PART: gl.constexpr, M: gl.constexpr):
     """A scores warpgroup: the program's items m = PART, PART + 2, ..., each as the twin computes
     it, its tiles waited for rather than loaded."""
     (do_s, dy_s, u_s, v_s, ks_s, q_slots, k_slots, ready, empty, once_ready, once_empty, do_desc, dy_desc, u_desc,
      v_desc, ks_desc, q_desc, k_desc, g, beta, dg, dbeta, bdyks, scratch, cu_seqlens, chunk_indices, chunk_offsets,
      T, n_seq, scale, n_chunks, pid, programs, n_mine) = p
     NV: gl.constexpr = V // BV
+    BQ: gl.constexpr = BT // M  # a chunk's tokens
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
     along_i: gl.constexpr = gl.SliceLayout(1, mma)  # a tile's rows
     along_j: gl.constexpr = gl.SliceLayout(0, mma)  # its columns
     blk: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])  # [BT, BV] tiles for the row sums
     rows_qk: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])  # [BT, K] rows to normalise
     line: gl.constexpr = SCAN_LINE
-    out: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])  # 16-byte stores of a [BT, BT] tile
+    if M == 1:
+        out: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])  # 16-byte stores of a [BT, BT] tile
+    else:  # a warp writes a row of the stream's tile (its columns are the tile's in another order)
+        out: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [4, 1], [1, 0])
     q_s = q_slots.index(PART)
     k_s = k_slots.index(PART)
     o_i = gl.arange(0, BT, layout=along_i)
     o_j = gl.arange(0, BT, layout=along_j)
     o_l = gl.arange(0, BT, layout=line)
-    causal = o_i[:, None] >= o_j[None, :]
-    strict = o_i[:, None] > o_j[None, :]
+    # Each tile row's row on the expanded stream (the tile row itself at M = 1).
+    e_i = _stream_row(o_i, M, BQ)
+    e_j = _stream_row(o_j, M, BQ)
+    e_l = _stream_row(o_l, M, BQ)
+    causal = e_i[:, None] >= e_j[None, :]
+    strict = e_i[:, None] > e_j[None, :]
     zero = gl.zeros([BT, BT], gl.float32, layout=mma)
     for m in range(PART, n_mine, 2):
         i = m // 2  # this warpgroup's item count: the phase of its slot's barrier
         it = pid + m * programs
         i_hv = it % HV
-        valid, eos, r0, _ = _item(it, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_chunks, HV, BT,
-                                  IS_VARLEN)  # (chunk it // HV, value head it % HV)
-        m_i = r0 + o_i.to(gl.int64) < eos
-        m_j = r0 + o_j.to(gl.int64) < eos
-        rows_l = r0 + o_l.to(gl.int64)
+        valid, eos, r0 = _item(it, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_chunks, HV, BT, IS_VARLEN, M)
+        m_i = r0 + e_i.to(gl.int64) < eos
+        m_j = r0 + e_j.to(gl.int64) < eos
+        rows_l = r0 + e_l.to(gl.int64)
         m_l = rows_l < eos
         m_b = gl.convert_layout(m_l, gl.SliceLayout(1, blk))
 
         # q and k normalised in place, before the sums are live.
         mbarrier.wait(once_ready.index(PART), i & 1)
         # Rows past the sequence's end (the next sequence's: their factor may be NaN) selected to
-        # zero after the scaling, as the twin's masked loads give.
-        m_q = gl.convert_layout(m_l, gl.SliceLayout(1, rows_qk))
+        # zero after the scaling, as the twin's masked loads give; q's rows past its tokens too (M > 1).
+        m_k = gl.convert_layout(m_l, gl.SliceLayout(1, rows_qk))
+        if M == 1:
+            m_q = m_k
+        else:
+            m_q = m_k & (gl.arange(0, BT, layout=gl.SliceLayout(1, rows_qk)) < BQ)
         x, r = _normalised(q_s, rows_qk, USE_L2NORM)
         q_s.store(gl.where(m_q[:, None], x * r[:, None], 0.0).to(DT))
         x, r = _normalised(k_s, rows_qk, USE_L2NORM)
-        k_s.store(gl.where(m_q[:, None], x * r[:, None], 0.0).to(DT))
+        k_s.store(gl.where(m_k[:, None], x * r[:, None], 0.0).to(DT))
         fence_async_shared()
         gl.thread_barrier()
 
@@ -122,12 +174,17 @@ def _scores(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constex
         QK = warpgroup_mma(q_s, k_s.permute((1, 0)), zero, use_acc=False, is_async=True)
         KK = warpgroup_mma(k_s, k_s.permute((1, 0)), zero, use_acc=False, is_async=True)
 
-        # Beside the products: the gates and beta.
+        # Beside the products: the gates (a token's decay on its first copy) and beta.
+        rows_n = r0 + o_l.to(gl.int64)  # the chunk's rows in the stream's order
         if HAS_G:
-            b_g = gl.load(g + rows_l * HV + i_hv, mask=m_l, other=0.0).to(gl.float32) * 1.4426950408889634
+            b_g = gl.load(g + (rows_n // M) * HV + i_hv, mask=(rows_n < eos) & (rows_n % M == 0),
+                          other=0.0).to(gl.float32) * 1.4426950408889634
         else:
             b_g = gl.zeros([BT], gl.float32, layout=line)
         gc, seg, lam, gam = _segment_gates(b_g, o_l, BT)
+        if M > 1:  # to the tile's order
+            gc = _gathered(gc, e_l)
+            seg = _gathered(seg, e_l)
         gc_i = gl.convert_layout(gc, along_i)[:, None]
         gc_j = gl.convert_layout(gc, along_j)[None, :]
         seg_i = gl.convert_layout(seg, along_i)[:, None]
@@ -151,14 +208,17 @@ def _scores(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constex
         dA = beta_i[:, None] * dsys
         dSeg = gl.where(causal, (dscores * QK + dA * KK) * G, 0.0)
         b_bdyks = b_beta * gl.convert_layout(dyks, line)
-        # sum_{i >= m} sum_{j < m} dSeg_ij: the reverse cumulative sum of each row's strict sum
-        # less each column's.
+        # sum_{i >= m} sum_{j < m} dSeg_ij (in the stream's order): the reverse cumulative sum of
+        # each row's strict sum less each column's.
         b_strict = gl.where(strict, dSeg, 0.0)
         r = gl.convert_layout(gl.sum(b_strict, axis=1), line) - gl.convert_layout(gl.sum(b_strict, axis=0), line)
-        d_g = gl.associative_scan(r - b_bdyks, 0, _plus, reverse=True)
+        if M == 1:
+            d_g = gl.associative_scan(r - b_bdyks, 0, _plus, reverse=True)
+        else:
+            d_g = gl.associative_scan(_gathered(r - b_bdyks, _tile_row(o_l, M, BQ)), 0, _plus, reverse=True)
 
-        o_r = gl.arange(0, BT, layout=gl.SliceLayout(1, out))
-        o_c = gl.arange(0, BT, layout=gl.SliceLayout(0, out))
+        o_r = _stream_row(gl.arange(0, BT, layout=gl.SliceLayout(1, out)), M, BQ)
+        o_c = _stream_row(gl.arange(0, BT, layout=gl.SliceLayout(0, out)), M, BQ)
         # the twin's tile (i_c HV + i_hv) of the scratch: the item's own number
         p_scr = scratch + it.to(gl.int64) * (2 * BT * BT) + (o_r * BT)[:, None] + o_c[None, :]
         gl.store(p_scr, gl.convert_layout((dscores * G).to(DT), out), mask=valid)
@@ -166,20 +226,32 @@ def _scores(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constex
         m_st = m_l & valid
         gl.store(dbeta + rows_l * HV + i_hv, d_beta, mask=m_st)
         gl.store(bdyks + rows_l * HV + i_hv, b_bdyks, mask=m_st)
-        if HAS_G:
-            gl.store(dg + rows_l * HV + i_hv, d_g, mask=m_st)
+        if HAS_G:  # on each token's first copy
+            gl.store(dg + (rows_n // M) * HV + i_hv, d_g, mask=(rows_n < eos) & (rows_n % M == 0) & valid)
+
+
+@gluon.jit
+def _copy_blocks(desc, t, col, width: gl.constexpr, bar, dst):
+    """A chunk's tile of an expanded-stream tensor at M = 2 (``desc`` over it seen as [tokens,
+    2 x width], boxes of BT / 2 rows) into ``dst`` [BT, ...] in :func:`_stream_row`'s order: copy 1
+    (columns width + col on) into the first half, copy 0 into the second."""
+    BQ: gl.constexpr = desc.block_type.shape[0]
+    tma.async_copy_global_to_shared(desc, [t, width + col], bar, dst.slice(0, BQ))
+    tma.async_copy_global_to_shared(desc, [t, col], bar, dst.slice(BQ, BQ))
 
 
 @gluon.jit
 def _loads(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
-           BV: gl.constexpr, IS_VARLEN: gl.constexpr, NUM_STAGES: gl.constexpr):
+           BV: gl.constexpr, IS_VARLEN: gl.constexpr, NUM_STAGES: gl.constexpr, M: gl.constexpr):
     """The load warp: the program's steps in order, a stage once the warpgroup that read it freed
     it; an item's q and k once its warpgroup freed its slot (two items back), after the item's
-    first NUM_STAGES steps (so the other warpgroup's steps are never held up behind that wait)."""
+    first NUM_STAGES steps (so the other warpgroup's steps are never held up behind that wait).
+    An expanded-stream tile at M = 2 comes as two blocks of BT / 2 rows (:func:`_copy_blocks`)."""
     (do_s, dy_s, u_s, v_s, ks_s, q_slots, k_slots, ready, empty, once_ready, once_empty, do_desc, dy_desc, u_desc,
      v_desc, ks_desc, q_desc, k_desc, g, beta, dg, dbeta, bdyks, scratch, cu_seqlens, chunk_indices, chunk_offsets,
      T, n_seq, scale, n_chunks, pid, programs, n_mine) = p
     NV: gl.constexpr = V // BV
+    BQ: gl.constexpr = BT // M
     # The item's q and k go after the step that fills the ring's last stage or the item's last
     # step. The scores warpgroups wait on a stage's ready barrier by phase parity alone, so a stage's
     # previous fill (often the other warpgroup's step) must have landed before a warpgroup waits on
@@ -187,14 +259,14 @@ def _loads(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexp
     # already seen every earlier step of the stages this item reads freed. Issued sooner, a wait at
     # V > NUM_STAGES x BV could pass on the old phase while the other item's copy still lands.
     ONCE_AT: gl.constexpr = (NUM_STAGES if NUM_STAGES < NV else NV) - 1
-    nbytes: gl.constexpr = 5 * do_desc.block_type.nbytes
+    nbytes: gl.constexpr = do_desc.block_type.nbytes + 4 * M * dy_desc.block_type.nbytes
+    once_bytes: gl.constexpr = q_desc.block_type.nbytes + M * k_desc.block_type.nbytes
     for m in range(n_mine):
         b = m % 2  # the item's warpgroup, and its slot
         it = pid + m * programs
         i_hv = it % HV
-        valid, eos, r0, _ = _item(it, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_chunks, HV, BT,
-                                  IS_VARLEN)  # (chunk it // HV, value head it % HV)
-        r = r0.to(gl.int32)
+        valid, eos, r0 = _item(it, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_chunks, HV, BT, IS_VARLEN, M)
+        t = (r0 // M).to(gl.int32)  # the chunk's first token
         for j in range(NV):
             step = m * NV + j
             s = step % NUM_STAGES
@@ -202,18 +274,29 @@ def _loads(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexp
             bar = ready.index(s)
             mbarrier.expect(bar, nbytes)
             c = i_hv * V + j * BV
-            tma.async_copy_global_to_shared(do_desc, [r, c], bar, do_s.index(s))
-            tma.async_copy_global_to_shared(dy_desc, [r, c], bar, dy_s.index(s))
-            tma.async_copy_global_to_shared(u_desc, [r, c], bar, u_s.index(s))
-            tma.async_copy_global_to_shared(v_desc, [r, c], bar, v_s.index(s))
-            tma.async_copy_global_to_shared(ks_desc, [r, c], bar, ks_s.index(s))
+            if M == 1:
+                tma.async_copy_global_to_shared(do_desc, [t, c], bar, do_s.index(s))
+                tma.async_copy_global_to_shared(dy_desc, [t, c], bar, dy_s.index(s))
+                tma.async_copy_global_to_shared(u_desc, [t, c], bar, u_s.index(s))
+                tma.async_copy_global_to_shared(v_desc, [t, c], bar, v_s.index(s))
+                tma.async_copy_global_to_shared(ks_desc, [t, c], bar, ks_s.index(s))
+            else:
+                tma.async_copy_global_to_shared(do_desc, [t, c], bar, do_s.index(s).slice(0, BQ))
+                _copy_blocks(dy_desc, t, c, HV * V, bar, dy_s.index(s))
+                _copy_blocks(u_desc, t, c, HV * V, bar, u_s.index(s))
+                _copy_blocks(v_desc, t, c, HV * V, bar, v_s.index(s))
+                _copy_blocks(ks_desc, t, c, HV * V, bar, ks_s.index(s))
             if j == ONCE_AT:
                 mbarrier.wait(once_empty.index(b), ((m // 2) & 1) ^ 1)
                 once = once_ready.index(b)
-                mbarrier.expect(once, 2 * q_desc.block_type.nbytes)
+                mbarrier.expect(once, once_bytes)
                 i_h = i_hv // (HV // H)
-                tma.async_copy_global_to_shared(q_desc, [r, i_h * K], once, q_slots.index(b))
-                tma.async_copy_global_to_shared(k_desc, [r, i_h * K], once, k_slots.index(b))
+                if M == 1:
+                    tma.async_copy_global_to_shared(q_desc, [t, i_h * K], once, q_slots.index(b))
+                    tma.async_copy_global_to_shared(k_desc, [t, i_h * K], once, k_slots.index(b))
+                else:
+                    tma.async_copy_global_to_shared(q_desc, [t, i_h * K], once, q_slots.index(b).slice(0, BQ))
+                    _copy_blocks(k_desc, t, i_h * K, H * K, once, k_slots.index(b))
 
 
 @gluon.jit(do_not_specialize=["T", "n_seq", "n_chunks"])
@@ -224,12 +307,12 @@ def gluon_bwd_scores_specialized_kernel(
     BV: gl.constexpr, IS_VARLEN: gl.constexpr, HAS_G: gl.constexpr, USE_L2NORM: gl.constexpr,
     DOT_PRECISION: gl.constexpr, DT: gl.constexpr, M: gl.constexpr = 1, NUM_STAGES: gl.constexpr = 3,
 ):
-    """The twin's arguments (BK, DOT_PRECISION and M its: K wide tiles, 16-bit products, M = 1) and
-    ``n_chunks``, the twin's grid's chunks (its grid is n_chunks x HV); persistent programs over
+    """The twin's arguments (BK, DOT_PRECISION and M its: K wide tiles, 16-bit products, M 1 or 2)
+    and ``n_chunks``, the twin's grid's chunks (its grid is n_chunks x HV); persistent programs over
     its items. Launched on four warps (the default scores warpgroup; the worker scores warpgroup
     and the load warp are the partitions') with ``maxnreg`` for the three warpgroups' registers
     (launch.delta_backward)."""
-    gl.static_assert(M == 1, "GDN only (M = 1)")
+    gl.static_assert(M == 1 or M == 2, "GDN (M = 1) or Gated Delta Product at M = 2")
     gl.static_assert(BT == 64, "chunks of 64 rows")
     # The bulk copies' boxes and expected bytes are DT's: another dtype would overrun a stage.
     gl.static_assert((q.dtype.element_ty == DT) & (k.dtype.element_ty == DT) & (v.dtype.element_ty == DT) &
@@ -241,16 +324,18 @@ def gluon_bwd_scores_specialized_kernel(
     n_items = n_chunks * HV
     n_mine = (n_items - pid + programs - 1) // programs  # this program's items
 
+    BQ: gl.constexpr = BT // M  # a chunk's tokens: the boxes' rows
     l_tv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], DT)
     l_qk: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, K], DT)
-    rows_all = T if IS_VARLEN else n_seq * T  # over whole tensors: the dense batch's rows, or the packed ones
-    do_desc = tma.make_tensor_descriptor(do, [rows_all, HV * V], [HV * V, 1], [BT, BV], l_tv)
-    dy_desc = tma.make_tensor_descriptor(dy, [rows_all, HV * V], [HV * V, 1], [BT, BV], l_tv)
-    u_desc = tma.make_tensor_descriptor(u, [rows_all, HV * V], [HV * V, 1], [BT, BV], l_tv)
-    v_desc = tma.make_tensor_descriptor(v, [rows_all, HV * V], [HV * V, 1], [BT, BV], l_tv)
-    ks_desc = tma.make_tensor_descriptor(ks, [rows_all, HV * V], [HV * V, 1], [BT, BV], l_tv)
-    q_desc = tma.make_tensor_descriptor(q, [rows_all, H * K], [H * K, 1], [BT, K], l_qk)
-    k_desc = tma.make_tensor_descriptor(k, [rows_all, H * K], [H * K, 1], [BT, K], l_qk)
+    tokens = T if IS_VARLEN else n_seq * T  # over whole tensors: the dense batch's tokens, or the packed ones
+    # The expanded stream's tensors seen as [tokens, M x columns]: copy c of a token at columns c x (its width) on.
+    do_desc = tma.make_tensor_descriptor(do, [tokens, HV * V], [HV * V, 1], [BQ, BV], l_tv)
+    dy_desc = tma.make_tensor_descriptor(dy, [tokens, M * HV * V], [M * HV * V, 1], [BQ, BV], l_tv)
+    u_desc = tma.make_tensor_descriptor(u, [tokens, M * HV * V], [M * HV * V, 1], [BQ, BV], l_tv)
+    v_desc = tma.make_tensor_descriptor(v, [tokens, M * HV * V], [M * HV * V, 1], [BQ, BV], l_tv)
+    ks_desc = tma.make_tensor_descriptor(ks, [tokens, M * HV * V], [M * HV * V, 1], [BQ, BV], l_tv)
+    q_desc = tma.make_tensor_descriptor(q, [tokens, H * K], [H * K, 1], [BQ, K], l_qk)
+    k_desc = tma.make_tensor_descriptor(k, [tokens, M * H * K], [M * H * K, 1], [BQ, K], l_qk)
     do_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], l_tv)
     dy_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], l_tv)
     u_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], l_tv)
@@ -258,6 +343,14 @@ def gluon_bwd_scores_specialized_kernel(
     ks_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], l_tv)
     q_slots = gl.allocate_shared_memory(DT, [2, BT, K], l_qk)  # a slot a scores warpgroup
     k_slots = gl.allocate_shared_memory(DT, [2, BT, K], l_qk)
+    if M > 1:
+        # dO fills its stages' first BQ rows; the others stay zero (written once here), so dO U^T
+        # is the twin's with its other copies' zero rows.
+        blk: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
+        for i in gl.static_range(NUM_STAGES):
+            do_s.index(i).store(gl.zeros([BT, BV], DT, layout=blk))
+        fence_async_shared()
+        gl.thread_barrier()
     # a stage freed by the warpgroup that read it; a slot by its warpgroup
     ready, empty, once_ready, once_empty = _handover_barriers(NUM_STAGES, STAGE_READERS=1, HANDED_READERS=1)
 
@@ -267,7 +360,7 @@ def gluon_bwd_scores_specialized_kernel(
     # Each partition's arguments written out in the call: a tuple named first would carry the
     # constexprs as values (Triton 3.6).
     gl.warp_specialize([
-        (_scores, (p, H, HV, K, V, BT, BV, IS_VARLEN, HAS_G, USE_L2NORM, DT, NUM_STAGES, 0)),
-        (_scores, (p, H, HV, K, V, BT, BV, IS_VARLEN, HAS_G, USE_L2NORM, DT, NUM_STAGES, 1)),
-        (_loads, (p, H, HV, K, V, BT, BV, IS_VARLEN, NUM_STAGES)),
+        (_scores, (p, H, HV, K, V, BT, BV, IS_VARLEN, HAS_G, USE_L2NORM, DT, NUM_STAGES, 0, M)),
+        (_scores, (p, H, HV, K, V, BT, BV, IS_VARLEN, HAS_G, USE_L2NORM, DT, NUM_STAGES, 1, M)),
+        (_loads, (p, H, HV, K, V, BT, BV, IS_VARLEN, NUM_STAGES, M)),
     ], [4, 1], [SCORES_REGS, LOAD_REGS])
