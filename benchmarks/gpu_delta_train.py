@@ -191,12 +191,12 @@ PLANNED_DQDK_STAGES = None
 
 
 def set_dqdk_stages(stages: int | None):
-    """The planner's ring of dq and dk's Gluon twin (None), or ``stages`` stages
+    """The planner's ring of dq and dk's Gluon twin (None), or ``stages`` stages at every M
     (``plan.delta.GLUON_DQDK_STAGES``)."""
     from recurscan.plan import delta as plan_delta
     global PLANNED_DQDK_STAGES
     PLANNED_DQDK_STAGES = PLANNED_DQDK_STAGES or plan_delta.GLUON_DQDK_STAGES
-    plan_delta.GLUON_DQDK_STAGES = PLANNED_DQDK_STAGES if stages is None else stages
+    plan_delta.GLUON_DQDK_STAGES = PLANNED_DQDK_STAGES if stages is None else {1: stages, 2: stages}
 
 
 def set_gluon(twins: str | None):

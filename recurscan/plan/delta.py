@@ -204,7 +204,7 @@ class DeltaBackwardShape:
     # its persistent programs' ring of tile stages of 32 value columns (three: 172 KB of shared
     # memory, one program of eight warps an SM).
     gluon_dqdk: bool = False
-    gluon_dqdk_stages: int = 3  # the planner's: GLUON_DQDK_STAGES
+    gluon_dqdk_stages: int = 3  # the planner's: gluon_dqdk_stages()
     # With gluon_dqdk and at most GLUON_DQDK_SPECIALIZED_GROUP value heads a q/k head: that twin
     # warp-specialised (kernels/gluon/delta_backward_dqdk_specialized.py: the sums' warpgroup beside
     # the epilogue's, a load warp; GLUON_DQDK_SPECIALIZED_STAGES stages): :func:`gluon_twins` decides.
@@ -395,7 +395,14 @@ GLUON_GDP_DQDK = GluonTwinRow(True, "GDP M = 2 B4 T4096 H16 forward + backward, 
 #: The warp-specialised scores kernel for Gated Delta Product (M = 2: a chunk's rows copy-major, the
 #: query's copy first), apart from GDN's row (``GLUON_BACKWARD_TWINS["gluon_scores"]``, which it
 #: also needs): measured on its own.
-GLUON_GDP_SCORES = GluonTwinRow(False, "not yet measured on a GPU")
+GLUON_GDP_SCORES = GluonTwinRow(True, "GDP M = 2 B4 T4096 H16 forward + backward, eager, bf16, l2norm, same "
+                                      "process, on an H100: the scores kernel 369 us against the Triton kernel's "
+                                      "456, the step 2.354 ms against 2.434 (gpu_delta_train_gdp_scores_h100_"
+                                      "2859963.json); dq and dk within one bf16 rounding of the Triton kernel's, "
+                                      "dbeta and dg float32's, dv and dh0 their bits, dense, a partial last chunk, "
+                                      "varlen with a one-token sequence, no l2norm, no decay, GVA, K 64, and within "
+                                      "the oracle's band of the float64 token loop; a NaN in one sequence stays in "
+                                      "it (gpu_tests_unproven_gdp_scores_h100_2859963.log)")
 
 
 #: The phases' ratio (DeltaShape.phase_ratio) where the sweep runs as its Gluon twin: B1 T16384 H16
@@ -448,11 +455,20 @@ GLUON_SCORES_STAGES = 3
 #: The largest GVA group dq and dk's Gluon twin sums (its value heads are unrolled in the program).
 GLUON_DQDK_GROUP = 4
 
-#: Tile stages of dq and dk's Gluon twin's ring (32 value columns a stage, 28 KB at K = 128: three
-#: take 172 KB of shared memory, four 200 KB, offline without spills). At three, an item's last step
-#: of four (V = 128) is issued only once its first has been read, not under the item before's
-#: epilogue as the other three are; four is not measured yet (benchmarks/pending_gpu.sh 19).
-GLUON_DQDK_STAGES = 3
+#: Tile stages of dq and dk's Gluon twin's ring by M (32 value columns a stage, 28 KB at K = 128:
+#: three take 172 KB of shared memory, four 200 KB, offline without spills). At four every step of
+#: the next item (V = 128) is issued under this item's epilogue; at three its fourth waits for its
+#: first to be read. Forward + backward on an H100 in one process, two runs each
+#: (gpu_delta_train_dqdk_stages_h100_{6fcfbc0,2859963}.json): GDN B4 T4096 dq and dk 381.1 / 376.7 us
+#: at four against 384.4 / 386.6 at three, B1 T16384 HV32 747.4 / 749.6 against 756.2 / 756.2; GDP
+#: M = 2 B4 732.0 / 743.4 against 730.9 / 737.1, so it keeps three.
+GLUON_DQDK_STAGES = {1: 4, 2: 3}
+
+
+def gluon_dqdk_stages(householder: int, value_dim: int) -> int:
+    """dq and dk's twin's ring for this problem: :data:`GLUON_DQDK_STAGES`'s for M, fewer where V has
+    fewer 32-column steps, three at least (the twin's scope wants three steps)."""
+    return max(3, min(GLUON_DQDK_STAGES.get(householder, 3), value_dim // 32))
 
 
 def gluon_dqdk_scope(*, householder: int, heads: int, value_heads: int, dtype: torch.dtype, key_dim: int,
@@ -493,10 +509,11 @@ def gluon_twins(shape: DeltaBackwardShape, *, householder: int, heads: int, valu
     if GLUON_BACKWARD_TWINS["gluon_dqdk"].on and (heads == value_heads or shape.group_in_kernel) and \
             (householder == 1 or gdp_dqdk) and key_dim in GLUON_DQDK_KEY_DIMS and \
             gluon_dqdk_scope(householder=householder, heads=heads, value_heads=value_heads, dtype=dtype,
-                             key_dim=key_dim, value_dim=value_dim, stages=GLUON_DQDK_STAGES):
+                             key_dim=key_dim, value_dim=value_dim,
+                             stages=gluon_dqdk_stages(householder, value_dim)):
         specialized = GLUON_BACKWARD_TWINS["gluon_dqdk_specialized"].on and householder == 1 and \
             value_heads // heads <= GLUON_DQDK_SPECIALIZED_GROUP
-        shape = replace(shape, gluon_dqdk=True, gluon_dqdk_stages=GLUON_DQDK_STAGES,
+        shape = replace(shape, gluon_dqdk=True, gluon_dqdk_stages=gluon_dqdk_stages(householder, value_dim),
                         gluon_dqdk_specialized=specialized)
     if GLUON_BACKWARD_TWINS["gluon_scores"].on and (householder == 1 or GLUON_GDP_SCORES.on) and \
             gluon_scores_scope(householder=householder, dtype=dtype, key_dim=key_dim, value_dim=value_dim):

@@ -435,7 +435,6 @@ def test_the_gluon_dq_dk_kernel_for_gdp_agrees_with_its_twin(B, T, H, HV, cu, K,
     _check_gdp_form(B, T, H, HV, cu, K, "gluon_dqdk", gluon_bwd_dqdk_kernel, DQDK_BOUNDS, l2norm, decay)
 
 
-@pytest.mark.unproven  # not yet run on a GPU
 @pytest.mark.parametrize("B, T, H, HV, cu, K, l2norm, decay", [
     (2, 2048, 8, 8, None, 128, True, True), (3, 1000, 2, 2, None, 128, True, True),
     (1, 1500, 4, 4, [0, 1, 700, 733, 1500], 128, True, True), (2, 1024, 4, 4, None, 128, False, True),
@@ -529,15 +528,15 @@ def test_the_gluon_dq_dk_kernel_agrees_with_its_twin(B, T, H, HV, cu, l2norm):
     _check_form(x, args, DQDK_BOUNDS, gluon_dqdk=True)
 
 
-@pytest.mark.unproven  # four stages not yet run on a GPU
 @pytest.mark.parametrize("B, T, H, HV, cu, M", [
     (2, 4096, 16, 16, None, 1), (1, 8192, 8, 8, [0, 1, 3000, 3064, 8192], 1), (1, 4096, 8, 16, None, 1),
     (3, 1000, 2, 2, None, 2), (1, 1500, 4, 4, [0, 1, 700, 733, 1500], 2)],
     ids=["B2 T4096 H=HV=16", "varlen, a one-token sequence", "GVA HV=2H", "GDP, a partial last chunk",
          "GDP varlen, a one-token sequence"])
 def test_the_gluon_dq_dk_kernel_on_a_ring_of_four_stages_agrees_with_its_twin(B, T, H, HV, cu, M):
-    """dq and dk's Gluon twin on four tile stages (plan.delta.GLUON_DQDK_STAGES; the next item's
-    steps all issued under this item's epilogue): as on three, GDN and Gated Delta Product."""
+    """dq and dk's Gluon twin on four tile stages (planned for GDN: plan.delta.GLUON_DQDK_STAGES; the
+    next item's steps all issued under this item's epilogue): as on three, GDN and Gated Delta
+    Product."""
     from recurscan.kernels.gluon.delta_backward_dqdk import gluon_bwd_dqdk_kernel
     if M == 1:
         x, args = _twin_case(B, T, H, HV, cu, True, seed=22)
@@ -639,8 +638,7 @@ def test_non_finite_input_of_one_sequence_stays_in_it_through_the_gluon_twins(H,
 
 
 @pytest.mark.parametrize("poisoned", ["v, dO", "q, k"])
-@pytest.mark.parametrize("scores", [False, pytest.param(True, marks=pytest.mark.unproven)],
-                         ids=["twins", "twins and the scores kernel's"])
+@pytest.mark.parametrize("scores", [False, True], ids=["twins", "twins and the scores kernel's"])
 def test_non_finite_input_of_one_gdp_sequence_stays_in_it_through_the_gluon_twins(scores, poisoned):
     """Gated Delta Product (M = 2) through the reverse sweep's and dq and dk's Gluon twins (and the
     warp-specialised scores kernel), whose bulk copies read a partial chunk's rows past its

@@ -38,6 +38,9 @@ SHAPES = {
                                               gluon_sweep=True, sweep_stages=3),
     "Gluon dq and dk": DeltaBackwardShape(64, 4, 4, "tests: dq and dk as their Gluon twin", grads_block_v=32,
                                           scores_warps=4, scores_block_v=128, group_in_kernel=True, gluon_dqdk=True),
+    "Gluon dq and dk, four stages": DeltaBackwardShape(64, 4, 4, "tests: dq and dk as their Gluon twin, four stages",
+                                                       grads_block_v=32, scores_warps=4, scores_block_v=128,
+                                                       group_in_kernel=True, gluon_dqdk=True, gluon_dqdk_stages=4),
     "Gluon dq and dk, warp-specialised": DeltaBackwardShape(
         64, 4, 4, "tests: dq and dk as their Gluon twin, warp-specialised", grads_block_v=32, scores_warps=4,
         scores_block_v=128, group_in_kernel=True, gluon_dqdk=True, gluon_dqdk_specialized=True),
