@@ -75,12 +75,6 @@ def _tile_row(n, M: gl.constexpr, BQ: gl.constexpr):
 
 
 @gluon.jit
-def _gathered(x, src):
-    """y[r] = x[src[r]] (x and src [BT] vectors in one 1-D layout, y in it): x's bits."""
-    return gl.gather(x, src, 0)
-
-
-@gluon.jit
 def _item(it, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_chunks, HV: gl.constexpr, BT: gl.constexpr,
           IS_VARLEN: gl.constexpr, M: gl.constexpr):
     """Item ``it`` = (chunk it // HV, value head it % HV): the chunk's (valid, eos, r0) on the
@@ -88,7 +82,6 @@ def _item(it, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_chunks, HV: 
     valid, eos, r0, _ = _chunk_place(it // HV, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_chunks, BT,
                                      IS_VARLEN, M)
     return valid, eos, r0
-
 
 
 @gluon.jit
@@ -182,9 +175,9 @@ def _scores(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constex
         else:
             b_g = gl.zeros([BT], gl.float32, layout=line)
         gc, seg, lam, gam = _segment_gates(b_g, o_l, BT)
-        if M > 1:  # to the tile's order
-            gc = _gathered(gc, e_l)
-            seg = _gathered(seg, e_l)
+        if M > 1:  # to the tile's order (a gather: the values' bits)
+            gc = gl.gather(gc, e_l, 0)
+            seg = gl.gather(seg, e_l, 0)
         gc_i = gl.convert_layout(gc, along_i)[:, None]
         gc_j = gl.convert_layout(gc, along_j)[None, :]
         seg_i = gl.convert_layout(seg, along_i)[:, None]
@@ -215,7 +208,7 @@ def _scores(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constex
         if M == 1:
             d_g = gl.associative_scan(r - b_bdyks, 0, _plus, reverse=True)
         else:
-            d_g = gl.associative_scan(_gathered(r - b_bdyks, _tile_row(o_l, M, BQ)), 0, _plus, reverse=True)
+            d_g = gl.associative_scan(gl.gather(r - b_bdyks, _tile_row(o_l, M, BQ), 0), 0, _plus, reverse=True)
 
         o_r = _stream_row(gl.arange(0, BT, layout=gl.SliceLayout(1, out)), M, BQ)
         o_c = _stream_row(gl.arange(0, BT, layout=gl.SliceLayout(0, out)), M, BQ)
