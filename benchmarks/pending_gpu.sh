@@ -28,8 +28,8 @@
 #      `python -m benchmarks.diag_dqdk_specialised`, results/diag_dqdk_specialised_h100_c1b4b1c.json)
 #      and it was slower at B4 (407 us against the twin's 385) and 2% faster at B1.
 #      `... 9` the same at B1 T16384 HV32 on the same warm machine.
-#  10. tests/test_hardening_gradients.py on the GPU (a call of its own): 38 passed on the H100 at
-#      4981221 (results/gpu_tests_hardening_gradients_h100_4981221.log).
+#  10. tests/test_hardening_gradients.py on the GPU (a call of its own): 38 passed on an H100 at
+#      242f63d, the GDP scores kernel planned (results/gpu_tests_hardening_gradients_h100_242f63d.log).
 #  11. Issue 19's cold row: GDN B1 T16384 HV32's first forward + backward in fresh processes (target
 #      10 s), as it is measured and with torch's own first-autograd.grad import (sympy, ~2 s) done
 #      first: on the H200 at ecf0925 8.47-10.46 s and 6.34-7.26 s (results/gpu_delta_cold*_ecf0925.json).
