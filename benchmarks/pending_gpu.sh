@@ -63,6 +63,9 @@
 #      query's copy first) and dq and dk's twin on four stages: their GPU tests (marked unproven), then
 #      GDP M = 2 B4 T4096 forward + backward as planned and with the scores kernel, and GDN B4, B1 and
 #      GDP at four stages (step 19's), each only where its tests passed (`... 21` on the same warm machine).
+#  22. Issue 21: one prep program's latency alone on an SM and sharing it (`benchmarks/gpu_prep_latency.py`):
+#      the figure a prep computed beside the chain (docs/kernels-chunk-delta.md, "What bounds the speed")
+#      must bring under a chain step (~2.6 us at BV 128). Not yet run.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -188,3 +191,5 @@ step 21 && {
         --out "$OUT/gpu_delta_train_dqdk_stages_$C.json" 2>&1 | grep -v Warning | grep -v warn_once \
         | grep -E "fwd\+bwd|dqdk" | head -20
 }
+step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \
+    | grep -v Warning | tail -6
