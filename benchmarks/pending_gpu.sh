@@ -66,6 +66,10 @@
 #  22. Issue 21: one prep program's latency alone on an SM and sharing it (`benchmarks/gpu_prep_latency.py`):
 #      the figure a prep computed beside the chain (docs/kernels-chunk-delta.md, "What bounds the speed")
 #      must bring under a chain step (~2.6 us at BV 128). Not yet run.
+#  23. Issue 21: the chunk's WY inverse alone in its two forms (`benchmarks/inverse_forms.py`: the prep's
+#      five levels of [64, 64] products against 16 x 16 blocks merged by 16 x 16 products) at B1's and
+#      HV64's item counts. Offline (sm_90) the blocks form is 80 mma.sync and 63 barriers against 40
+#      wgmma and 23: Triton stages each small product's operands through shared memory. Not yet run.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -193,3 +197,5 @@ step 21 && {
 }
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \
     | grep -v Warning | tail -6
+step 23 && timeout 120 env PYTHONPATH=$PWD python benchmarks/inverse_forms.py --items 8192 --items 32768 \
+    --out "$OUT/inverse_forms_$C.json" 2>&1 | grep -v Warning | tail -6
