@@ -5,11 +5,10 @@ program long, and does a form of small products shorten it?):
 - ``full``: the prep's (``kernels.delta.common._wy_inverse``): recursive block doubling on the
   whole [64, 64] tile, five levels of two [64, 64] products (on Hopper, wgmma with each operand
   staged through shared memory);
-- ``blocks``: the four 16 x 16 diagonal blocks inverted by doubling (three levels of two 16 x 16
-  products each, the four independent), then merged 16 -> 32 -> 64 by 16 x 16 block products
-  (:func:`_merged`): 40 products of 16 x 16 x 16 (on Hopper, mma.sync), the longest chain of them
-  twelve. FlashInfer's SM90 prefill inverts this way (8 x 8 blocks by elimination first;
-  docs/kernels-chunk-delta.md).
+- ``blocks``: the four 16 x 16 diagonal blocks as one batch, a warp a block (three doubling levels
+  of two batched 16 x 16 products), then merged 16 -> 32 (a batch of two) and 32 -> 64 (two
+  [32, 32] products): ten products on mma.sync, none on [64, 64]. FlashInfer's SM90 prefill inverts
+  this way (8 x 8 blocks by elimination first; docs/kernels-chunk-delta.md).
 
 Both with fp16 operands and float32 sums (the prep's INV_FP16 path, every chunk whose steps are
 contractions). CI runs both under the interpreter against the float64 inverse
@@ -45,78 +44,52 @@ def full_inverse_kernel(a, out, BT: tl.constexpr):
 
 @triton.jit
 def _dot16(x, y):
-    """x y for [16, 16] float32 tiles, fp16 operands, float32 sums."""
+    """x y for (batches of) 16- or 32-row float32 tiles: fp16 operands, float32 sums."""
     return tl.dot(x.to(tl.float16), y.to(tl.float16))
 
 
 @triton.jit
-def _diagonal_inverse(A, o):
-    """(I + A)^-1 for a strictly lower [16, 16] A: the exact 2 x 2 blocks, then three doubling
-    levels (:func:`_wy_inverse`'s, at 16 rows)."""
-    T = (o[:, None] == o[None, :]).to(tl.float32) - tl.where((o[:, None] ^ o[None, :]) == 1, A, 0.0)
-    for lvl in tl.static_range(1, 4):
-        As = tl.where(((o[:, None] >> lvl) ^ (o[None, :] >> lvl)) == 1, A, 0.0)
-        T = T - _dot16(T, _dot16(As, T))
-    return T
-
-
-@triton.jit
-def _merged(A21, A31, A32, A41, A42, A43, D1, D2, D3, D4):
-    """The off-diagonal 16 x 16 blocks of (I + A)^-1 from its diagonal blocks' inverses D_k and
-    A's blocks A_ij: 16 -> 32 (X21 = -D2 A21 D1, X43 = -D4 A43 D3), then 32 -> 64, the lower
-    32 x 32 block -D_B A_BA D_A with D_A = [[D1, 0], [X21, D2]], D_B = [[D3, 0], [X43, D4]]."""
-    X21 = -_dot16(D2, _dot16(A21, D1))
-    X43 = -_dot16(D4, _dot16(A43, D3))
-    P3a = _dot16(A31, D1) + _dot16(A32, X21)  # A_BA D_A by blocks
-    P3b = _dot16(A32, D2)
-    P4a = _dot16(A41, D1) + _dot16(A42, X21)
-    P4b = _dot16(A42, D2)
-    X31 = -_dot16(D3, P3a)
-    X32 = -_dot16(D3, P3b)
-    X41 = -(_dot16(X43, P3a) + _dot16(D4, P4a))
-    X42 = -(_dot16(X43, P3b) + _dot16(D4, P4b))
-    return X21, X31, X32, X41, X42, X43
-
-
-@triton.jit
 def blocks_inverse_kernel(a, out, BT: tl.constexpr):
-    """out[n] = (I + a[n])^-1 by 16 x 16 blocks (the module's ``blocks`` form)."""
+    """out[n] = (I + a[n])^-1 by 16 x 16 blocks (the module's ``blocks`` form):
+
+    1. the four diagonal blocks as one [4, 16, 16] batch (a warp a block), each inverted by its
+       exact 2 x 2 blocks and three doubling levels (:func:`_wy_inverse`'s, at 16 rows);
+    2. 16 -> 32: X21 = -D2 A21 D1 and X43 = -D4 A43 D3 as a [2, 16, 16] batch;
+    3. 32 -> 64: the lower-left [32, 32] block -D_B A_BA D_A, D_A and D_B the 32 x 32 diagonal
+       blocks written so far, read back from ``out`` (the program's own rows; a barrier between).
+    """
     n = tl.program_id(0).to(tl.int64)
+    base_a = a + n * BT * BT
+    base_o = out + n * BT * BT
     o = tl.arange(0, 16)
-    base = a + n * BT * BT + o[:, None] * BT + o[None, :]
-    A11 = tl.load(base)
-    A21 = tl.load(base + 16 * BT)
-    A22 = tl.load(base + 16 * BT + 16)
-    A31 = tl.load(base + 32 * BT)
-    A32 = tl.load(base + 32 * BT + 16)
-    A33 = tl.load(base + 32 * BT + 32)
-    A41 = tl.load(base + 48 * BT)
-    A42 = tl.load(base + 48 * BT + 16)
-    A43 = tl.load(base + 48 * BT + 32)
-    A44 = tl.load(base + 48 * BT + 48)
-    D1 = _diagonal_inverse(A11, o)
-    D2 = _diagonal_inverse(A22, o)
-    D3 = _diagonal_inverse(A33, o)
-    D4 = _diagonal_inverse(A44, o)
-    X21, X31, X32, X41, X42, X43 = _merged(A21, A31, A32, A41, A42, A43, D1, D2, D3, D4)
-    dst = out + n * BT * BT + o[:, None] * BT + o[None, :]
-    zero = tl.zeros([16, 16], dtype=tl.float32)
-    tl.store(dst, D1)
-    tl.store(dst + 16, zero)
-    tl.store(dst + 32, zero)
-    tl.store(dst + 48, zero)
-    tl.store(dst + 16 * BT, X21)
-    tl.store(dst + 16 * BT + 16, D2)
-    tl.store(dst + 16 * BT + 32, zero)
-    tl.store(dst + 16 * BT + 48, zero)
-    tl.store(dst + 32 * BT, X31)
-    tl.store(dst + 32 * BT + 16, X32)
-    tl.store(dst + 32 * BT + 32, D3)
-    tl.store(dst + 32 * BT + 48, zero)
-    tl.store(dst + 48 * BT, X41)
-    tl.store(dst + 48 * BT + 16, X42)
-    tl.store(dst + 48 * BT + 32, X43)
-    tl.store(dst + 48 * BT + 48, D4)
+    i3 = o[None, :, None]
+    j3 = o[None, None, :]
+    # 1. D_k = (I + A_kk)^-1, k = 1..4
+    b4 = tl.arange(0, 4)[:, None, None] * 16
+    diag = (b4 + i3) * BT + b4 + j3
+    A = tl.load(base_a + diag)
+    D = (i3 == j3).to(tl.float32) - tl.where((i3 ^ j3) == 1, A, 0.0)
+    for lvl in tl.static_range(1, 4):
+        As = tl.where(((i3 >> lvl) ^ (j3 >> lvl)) == 1, A, 0.0)
+        D = D - _dot16(D, _dot16(As, D))
+    tl.store(base_o + diag, D)
+    tl.debug_barrier()  # every warp's block written before any is read back
+    # 2. the blocks below D1 and D3 (rows of D2, D4; columns of D1, D3)
+    b2 = tl.arange(0, 2)[:, None, None] * 32
+    below = (b2 + 16 + i3) * BT + b2 + j3
+    D_odd, D_even = tl.load(base_o + below + 16), tl.load(base_o + below - 16 * BT)
+    X = -_dot16(D_odd, _dot16(tl.load(base_a + below), D_even))
+    tl.store(base_o + below, X)
+    zero = tl.zeros([2, 16, 16], dtype=tl.float32)
+    tl.store(base_o + (b2 + i3) * BT + b2 + 16 + j3, zero)  # above D1 and D3
+    tl.debug_barrier()
+    # 3. the lower-left [32, 32] block
+    p = tl.arange(0, 32)
+    tile = p[:, None] * BT + p[None, :]
+    D_A = tl.load(base_o + tile)
+    D_B = tl.load(base_o + 32 * BT + 32 + tile)
+    tl.store(base_o + 32 * BT + tile, -_dot16(D_B, _dot16(tl.load(base_a + 32 * BT + tile), D_A)))
+    tl.store(base_o + 32 + tile, tl.zeros([32, 32], dtype=tl.float32))
 
 
 FORMS = {"full": full_inverse_kernel, "blocks": blocks_inverse_kernel}
