@@ -11,7 +11,9 @@ program long, and does a form of small products shorten it?):
   this way (8 x 8 blocks by elimination first; docs/kernels-chunk-delta.md).
 
 Both with fp16 operands and float32 sums (the prep's INV_FP16 path, every chunk whose steps are
-contractions). CI runs both under the interpreter against the float64 inverse
+contractions); each reading A, or forming it from k and beta first as the prep's stage 2 does
+("from k": one [64, 64] product over K = 128 for the prep's form, one batched product a level for
+the blocks, no [64, 64] K K^T). CI runs both under the interpreter against the float64 inverse
 (tests/test_inverse_forms.py); on a GPU this times them:
 
     python benchmarks/inverse_forms.py --items 8192 --items 32768 --out benchmarks/results/inverse_forms.json
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import torch
 import triton
@@ -31,15 +34,39 @@ BT = 64
 
 
 @triton.jit
-def full_inverse_kernel(a, out, BT: tl.constexpr):
-    """out[n] = (I + a[n])^-1, the prep's form (:func:`_wy_inverse` from the exact 2 x 2 blocks)."""
+def full_inverse_kernel(a, k, beta, out, BT: tl.constexpr, K: tl.constexpr, FROM_K: tl.constexpr,
+                        DT: tl.constexpr):
+    """out[n] = (I + A_n)^-1, the prep's form (:func:`_wy_inverse` from the exact 2 x 2 blocks). A_n
+    is ``a[n]``, or with FROM_K formed as the prep forms it: strictLower(diag(beta) K K^T) from
+    ``k [n, BT, K]`` (16-bit) and ``beta [n, BT]``, one [BT, BT] product on DT operands."""
     n = tl.program_id(0).to(tl.int64)
     o = tl.arange(0, BT)
     offs = n * BT * BT + o[:, None] * BT + o[None, :]
-    b_A = tl.load(a + offs)
+    if FROM_K:
+        b_k = tl.load(k + (n * BT + o)[:, None] * K + tl.arange(0, K)[None, :]).to(DT)
+        b_beta = tl.load(beta + n * BT + o).to(tl.float32)
+        b_A = tl.where(o[:, None] > o[None, :], tl.dot(b_k, tl.trans(b_k)) * b_beta[:, None], 0.0)
+    else:
+        b_A = tl.load(a + offs)
     eye = o[:, None] == o[None, :]
     b_T = eye.to(tl.float32) - tl.where((o[:, None] ^ o[None, :]) == 1, b_A, 0.0)
     tl.store(out + offs, _wy_inverse(b_T, b_A, o, True, "tf32"))
+
+
+@triton.jit
+def _products(k, beta, n, rows, cols, BT: tl.constexpr, K: tl.constexpr, DT: tl.constexpr):
+    """beta_i k_i . k_j for i in ``rows``, j in ``cols`` (index vectors [R], or [B, R] for a batch of
+    blocks), the entries of A that FROM_K forms: one (batched) product over K."""
+    if len(rows.shape) == 2:  # a batch of blocks: rows, cols [B, R]
+        o_k = tl.arange(0, K)[None, None, :]
+        k_r = tl.load(k + (n * BT + rows)[:, :, None] * K + o_k).to(DT)
+        k_c = tl.load(k + (n * BT + cols)[:, :, None] * K + o_k).to(DT)
+        return tl.dot(k_r, tl.trans(k_c, (0, 2, 1))) * tl.load(beta + n * BT + rows).to(tl.float32)[:, :, None]
+    else:
+        o_k = tl.arange(0, K)[None, :]
+        k_r = tl.load(k + (n * BT + rows)[:, None] * K + o_k).to(DT)
+        k_c = tl.load(k + (n * BT + cols)[:, None] * K + o_k).to(DT)
+        return tl.dot(k_r, tl.trans(k_c)) * tl.load(beta + n * BT + rows).to(tl.float32)[:, None]
 
 
 @triton.jit
@@ -49,8 +76,11 @@ def _dot16(x, y):
 
 
 @triton.jit
-def blocks_inverse_kernel(a, out, BT: tl.constexpr):
-    """out[n] = (I + a[n])^-1 by 16 x 16 blocks (the module's ``blocks`` form):
+def blocks_inverse_kernel(a, k, beta, out, BT: tl.constexpr, K: tl.constexpr, FROM_K: tl.constexpr,
+                          DT: tl.constexpr):
+    """out[n] = (I + A_n)^-1 by 16 x 16 blocks (the module's ``blocks`` form); A_n as
+    :func:`full_inverse_kernel` takes it, with FROM_K each block of it one (batched) product of
+    k's row blocks (:func:`_products`), no [BT, BT] K K^T:
 
     1. the four diagonal blocks as one [4, 16, 16] batch (a warp a block), each inverted by its
        exact 2 x 2 blocks and three doubling levels (:func:`_wy_inverse`'s, at 16 rows);
@@ -67,7 +97,11 @@ def blocks_inverse_kernel(a, out, BT: tl.constexpr):
     # 1. D_k = (I + A_kk)^-1, k = 1..4
     b4 = tl.arange(0, 4)[:, None, None] * 16
     diag = (b4 + i3) * BT + b4 + j3
-    A = tl.load(base_a + diag)
+    if FROM_K:
+        r4 = tl.arange(0, 4)[:, None] * 16 + o[None, :]
+        A = tl.where(i3 > j3, _products(k, beta, n, r4, r4, BT, K, DT), 0.0)
+    else:
+        A = tl.load(base_a + diag)
     D = (i3 == j3).to(tl.float32) - tl.where((i3 ^ j3) == 1, A, 0.0)
     for lvl in tl.static_range(1, 4):
         As = tl.where(((i3 >> lvl) ^ (j3 >> lvl)) == 1, A, 0.0)
@@ -78,7 +112,12 @@ def blocks_inverse_kernel(a, out, BT: tl.constexpr):
     b2 = tl.arange(0, 2)[:, None, None] * 32
     below = (b2 + 16 + i3) * BT + b2 + j3
     D_odd, D_even = tl.load(base_o + below + 16), tl.load(base_o + below - 16 * BT)
-    X = -_dot16(D_odd, _dot16(tl.load(base_a + below), D_even))
+    if FROM_K:
+        r2 = tl.arange(0, 2)[:, None] * 32 + o[None, :]
+        A_below = _products(k, beta, n, r2 + 16, r2, BT, K, DT)
+    else:
+        A_below = tl.load(base_a + below)
+    X = -_dot16(D_odd, _dot16(A_below, D_even))
     tl.store(base_o + below, X)
     zero = tl.zeros([2, 16, 16], dtype=tl.float32)
     tl.store(base_o + (b2 + i3) * BT + b2 + 16 + j3, zero)  # above D1 and D3
@@ -88,30 +127,49 @@ def blocks_inverse_kernel(a, out, BT: tl.constexpr):
     tile = p[:, None] * BT + p[None, :]
     D_A = tl.load(base_o + tile)
     D_B = tl.load(base_o + 32 * BT + 32 + tile)
-    tl.store(base_o + 32 * BT + tile, -_dot16(D_B, _dot16(tl.load(base_a + 32 * BT + tile), D_A)))
+    if FROM_K:
+        A_BA = _products(k, beta, n, p + 32, p, BT, K, DT)
+    else:
+        A_BA = tl.load(base_a + 32 * BT + tile)
+    tl.store(base_o + 32 * BT + tile, -_dot16(D_B, _dot16(A_BA, D_A)))
     tl.store(base_o + 32 + tile, tl.zeros([32, 32], dtype=tl.float32))
 
 
-FORMS = {"full": full_inverse_kernel, "blocks": blocks_inverse_kernel}
+#: Each form: its kernel and whether it forms A from k and beta (the prep's stage 2 as a whole)
+#: or reads it.
+FORMS = {"full": (full_inverse_kernel, False), "blocks": (blocks_inverse_kernel, False),
+         "full, from k": (full_inverse_kernel, True), "blocks, from k": (blocks_inverse_kernel, True)}
 
 
-def strict_lower_systems(n: int, device, seed: int = 0, correlated: bool = False) -> torch.Tensor:
-    """[n, 64, 64] float32 A = strictLower(diag(beta) K K^T) of unit keys (K = 128) and beta in
-    (0, 1): the prep's systems under l2norm (every step a contraction). ``correlated``: keys
-    close to one direction (|k_i . k_j| near 1), the hard case for the inverse's error."""
+def unit_keys(n: int, device, seed: int = 0, correlated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(k [n, 64, 128] bf16, beta [n, 64] float32)``: unit keys and beta in (0, 1), the prep's
+    systems under l2norm (every step a contraction). ``correlated``: keys close to one direction
+    (|k_i . k_j| near 1), the hard case for the inverse's error."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
     k = torch.randn(n, BT, 128, generator=gen, dtype=torch.float64)
     if correlated:
         k = torch.randn(n, 1, 128, generator=gen, dtype=torch.float64) + 0.2 * k
     k = k / k.norm(dim=-1, keepdim=True)
-    beta = torch.rand(n, BT, 1, generator=gen, dtype=torch.float64)
-    return torch.tril(beta * (k @ k.transpose(1, 2)), -1).float().to(device)
+    beta = torch.rand(n, BT, generator=gen, dtype=torch.float64)
+    return k.bfloat16().to(device), beta.float().to(device)
 
 
-def inverse(form: str, A: torch.Tensor) -> torch.Tensor:
-    """(I + A)^-1 for each [64, 64] A of ``A`` by the kernel of ``form`` (one program an item)."""
-    out = torch.empty_like(A)
-    FORMS[form][(A.shape[0],)](A, out, BT=BT, num_warps=4)
+def system(k: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """A = strictLower(diag(beta) K K^T) of :func:`unit_keys`' keys, float32."""
+    kd = k.double()
+    return torch.tril(beta.double()[..., None] * (kd @ kd.transpose(1, 2)), -1).float()
+
+
+def inverse(form: str, k: torch.Tensor, beta: torch.Tensor, A: torch.Tensor | None = None) -> torch.Tensor:
+    """(I + A)^-1 for each item by the kernel of ``form`` (one program an item); A (``system(k,
+    beta)`` where None) is what the forms that do not form it read."""
+    kernel, from_k = FORMS[form]
+    A = system(k, beta) if A is None and not from_k else A
+    out = torch.empty(k.shape[0], BT, BT, dtype=torch.float32, device=k.device)
+    # k's products on bf16 operands; float32 under Triton 3.6's interpreter, which multiplies bf16
+    # tiles as their raw bits (as launch.delta does)
+    dt = tl.float32 if os.environ.get("TRITON_INTERPRET") == "1" else tl.bfloat16
+    kernel[(k.shape[0],)](k if from_k else A, k, beta, out, BT=BT, K=k.shape[2], FROM_K=from_k, DT=dt, num_warps=4)
     return out
 
 
@@ -126,15 +184,16 @@ def main():
     dev = torch.device("cuda")
     rows = []
     for n in args.items or [8192, 32768]:
-        A = strict_lower_systems(n, dev)
+        k, beta = unit_keys(n, dev)
+        A = system(k, beta)
         want = torch.linalg.inv(torch.eye(BT, dtype=torch.float64, device=dev) + A[:256].double())
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
         for form in FORMS:
-            got = inverse(form, A)
+            got = inverse(form, k, beta, A)
             err = float(((got[:256].double() - want).norm() / want.norm()).item())
-            us = tt.do_bench(lambda: inverse(form, A), warmup=25, rep=200) * 1e3
-            sms = torch.cuda.get_device_properties(dev).multi_processor_count
+            us = tt.do_bench(lambda: inverse(form, k, beta, A), warmup=25, rep=200) * 1e3
             rows.append(dict(items=n, form=form, us=us, sm_us_per_item=us * sms / n, rel_error=err))
-            print(f"{n:6d} items  {form:6s} {us:8.1f} us  ({us * sms / n:5.2f} SM-us an item)  "
+            print(f"{n:6d} items  {form:15s} {us:8.1f} us  ({us * sms / n:5.2f} SM-us an item)  "
                   f"error {err:.1e} relative", flush=True)
     if args.out:
         with open(args.out, "w") as f:

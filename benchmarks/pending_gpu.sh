@@ -68,9 +68,10 @@
 #      must bring under a chain step (~2.6 us at BV 128). Not yet run.
 #  23. Issue 21: the chunk's WY inverse alone in its two forms (`benchmarks/inverse_forms.py`: the prep's
 #      five levels of [64, 64] products against 16 x 16 blocks merged by 16 x 16 products) at B1's and
-#      HV64's item counts. Offline (sm_90) the blocks form (its diagonal blocks a batch, a warp a block)
-#      is 900 PTX instructions, 32 mma.sync, 27 barriers and 4 KB of shared memory against the prep's
-#      form's 1269, 40 wgmma, 23 and 24 KB. Not yet run.
+#      HV64's item counts, each reading A or forming it from k first (the prep's stage 2 whole). Offline
+#      (sm_90) the blocks form (its diagonal blocks a batch, a warp a block) is 900 PTX instructions, 32
+#      mma.sync, 27 barriers, 4 KB of shared memory against the prep's form's 1269, 40 wgmma, 23, 24 KB;
+#      from k 1372, 96 mma.sync, 31 against 1163, 48 wgmma, 23. Not yet run.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
