@@ -15,12 +15,11 @@ median of five calls) and that time over the waves: one program's latency at tha
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 
 import torch
 
-from benchmarks.runner import environment
+from benchmarks.runner import save_rows
 
 PREP = "chunk_delta_prep_kernel"
 
@@ -62,9 +61,7 @@ def main():
               f"{us / waves:6.2f} us, SM-time a program {us * sms / B:5.2f} us", flush=True)
         rows.append(row)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"environment": environment(dev), "rows": rows}, f, indent=1)
-            f.write("\n")
+        save_rows(rows, args.out, dev)
 
 
 if __name__ == "__main__":

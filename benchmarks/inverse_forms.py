@@ -21,7 +21,6 @@ the blocks, no [64, 64] K K^T). CI runs both under the interpreter against the f
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 import torch
@@ -175,7 +174,7 @@ def inverse(form: str, k: torch.Tensor, beta: torch.Tensor, A: torch.Tensor | No
 
 def main():
     import triton.testing as tt
-    from benchmarks.runner import environment
+    from benchmarks.runner import save_rows
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--items", type=int, action="append", help="items (chunk, value head) a launch (repeatable; "
                                                                "8192 is B1 T16384 HV32's, 32768 B4 T8192 HV64's)")
@@ -196,9 +195,7 @@ def main():
             print(f"{n:6d} items  {form:15s} {us:8.1f} us  ({us * sms / n:5.2f} SM-us an item)  "
                   f"error {err:.1e} relative", flush=True)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"environment": environment(dev), "rows": rows}, f, indent=1)
-            f.write("\n")
+        save_rows(rows, args.out, dev)
 
 
 if __name__ == "__main__":
