@@ -159,16 +159,18 @@ def system(k: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
     return torch.tril(beta.double()[..., None] * (kd @ kd.transpose(1, 2)), -1).float()
 
 
-def inverse(form: str, k: torch.Tensor, beta: torch.Tensor, A: torch.Tensor | None = None) -> torch.Tensor:
-    """(I + A)^-1 for each item by the kernel of ``form`` (one program an item); A (``system(k,
-    beta)`` where None) is what the forms that do not form it read."""
+def inverse(form: str, k: torch.Tensor, beta: torch.Tensor, A: torch.Tensor | None = None,
+            num_warps: int = 4) -> torch.Tensor:
+    """(I + A)^-1 for each item by the kernel of ``form`` (one program of ``num_warps`` warps an
+    item); A (``system(k, beta)`` where None) is what the forms that do not form it read."""
     kernel, from_k = FORMS[form]
     A = system(k, beta) if A is None and not from_k else A
     out = torch.empty(k.shape[0], BT, BT, dtype=torch.float32, device=k.device)
     # k's products on bf16 operands; float32 under Triton 3.6's interpreter, which multiplies bf16
     # tiles as their raw bits (as launch.delta does)
     dt = tl.float32 if os.environ.get("TRITON_INTERPRET") == "1" else tl.bfloat16
-    kernel[(k.shape[0],)](k if from_k else A, k, beta, out, BT=BT, K=k.shape[2], FROM_K=from_k, DT=dt, num_warps=4)
+    kernel[(k.shape[0],)](k if from_k else A, k, beta, out, BT=BT, K=k.shape[2], FROM_K=from_k, DT=dt,
+                                  num_warps=num_warps)
     return out
 
 
@@ -177,7 +179,9 @@ def main():
     from benchmarks.runner import save_rows
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--items", type=int, action="append", help="items (chunk, value head) a launch (repeatable; "
-                                                               "8192 is B1 T16384 HV32's, 32768 B4 T8192 HV64's)")
+                                                               "8192 is B1 T16384 HV32's, 32768 B4 T8192 HV64's; "
+                                                               "the SM count: one program an SM, its latency)")
+    ap.add_argument("--num-warps", type=int, action="append", help="warps a program (repeatable; default 4)")
     ap.add_argument("--out")
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -188,12 +192,14 @@ def main():
         want = torch.linalg.inv(torch.eye(BT, dtype=torch.float64, device=dev) + A[:256].double())
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         for form in FORMS:
-            got = inverse(form, k, beta, A)
-            err = float(((got[:256].double() - want).norm() / want.norm()).item())
-            us = tt.do_bench(lambda: inverse(form, k, beta, A), warmup=25, rep=200) * 1e3
-            rows.append(dict(items=n, form=form, us=us, sm_us_per_item=us * sms / n, rel_error=err))
-            print(f"{n:6d} items  {form:15s} {us:8.1f} us  ({us * sms / n:5.2f} SM-us an item)  "
-                  f"error {err:.1e} relative", flush=True)
+            for warps in args.num_warps or [4]:
+                got = inverse(form, k, beta, A, warps)
+                err = float(((got[:256].double() - want[:got.shape[0]]).norm() / want[:got.shape[0]].norm()).item())
+                us = tt.do_bench(lambda: inverse(form, k, beta, A, warps), warmup=25, rep=200) * 1e3
+                rows.append(dict(items=n, form=form, num_warps=warps, us=us, sm_us_per_item=us * sms / n,
+                                 rel_error=err))
+                print(f"{n:6d} items  {form:15s} {warps} warps {us:8.1f} us  ({us * sms / n:5.2f} SM-us an item)  "
+                      f"error {err:.1e} relative", flush=True)
     if args.out:
         save_rows(rows, args.out, dev)
 

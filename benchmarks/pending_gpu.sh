@@ -71,7 +71,8 @@
 #      HV64's item counts, each reading A or forming it from k first (the prep's stage 2 whole). Offline
 #      (sm_90) the blocks form (its diagonal blocks a batch, a warp a block) is 900 PTX instructions, 32
 #      mma.sync, 27 barriers, 4 KB of shared memory against the prep's form's 1269, 40 wgmma, 23, 24 KB;
-#      from k 1372, 96 mma.sync, 31 against 1163, 48 wgmma, 23. Not yet run.
+#      from k 1372, 96 mma.sync, 31 against 1163, 48 wgmma, 23 (at 8 warps 799 / 1191 against 1056 / 1194).
+#      Also one program an SM (132 items: a program's latency) and 8 warps a program. Not yet run.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -199,5 +200,6 @@ step 21 && {
 }
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \
     | grep -v Warning | tail -6
-step 23 && timeout 120 env PYTHONPATH=$PWD python benchmarks/inverse_forms.py --items 8192 --items 32768 \
-    --out "$OUT/inverse_forms_$C.json" 2>&1 | grep -v Warning | tail -6
+step 23 && timeout 150 env PYTHONPATH=$PWD python benchmarks/inverse_forms.py --items 132 --items 8192 --items 32768 \
+    --num-warps 4 --num-warps 8 \
+    --out "$OUT/inverse_forms_$C.json" 2>&1 | grep -v Warning | tail -30
