@@ -55,10 +55,9 @@
 #  18. Non-finite input of one sequence through the Gluon twins (GDN: q, k poisoned, and the
 #      warp-specialised forms; GDP at M = 2 through the reverse sweep's and dq and dk's twins), and
 #      GDP's dq/dk twin without a decay: 9 passed on an H100 at 28dda89.
-#  19. dq and dk's Gluon twin on a ring of four stages (plan.delta.GLUON_DQDK_STAGES, three planned: at
-#      three an item's fourth 32-column step waits for its first to be read; at four all of the next
-#      item's steps load under this one's epilogue; 200 KB offline, no spills): GDN B4, B1 and GDP
-#      forward + backward as planned and at four stages, one process each.
+#  19. dq and dk's Gluon twin on a ring of four stages (plan.delta.GLUON_DQDK_STAGES: four planned for
+#      GDN, three for GDP since fa1eb8e; at four all of the next item's steps load under this one's
+#      epilogue): GDN B4, B1 and GDP forward + backward as planned and at four stages, one process each.
 #  20. The warp-specialised scores kernel for Gated Delta Product (M = 2: a chunk's rows copy-major, the
 #      query's copy first) and dq and dk's twin on four stages: their GPU tests (marked unproven), then
 #      GDP M = 2 B4 T4096 forward + backward as planned and with the scores kernel, and GDN B4, B1 and

@@ -112,9 +112,7 @@ def test_the_gluon_dq_dk_kernel_compiles_for_gdp(case, dims):
                                         ("GDP M 2 dense, H = HV", ("64",))], ids=["dense", "varlen, GVA", "K = V = 64"])
 def test_the_gluon_scores_kernel_compiles_for_gdp(case, dims):
     """The warp-specialised scores kernel at M = 2 (Gated Delta Product: a chunk's rows copy-major,
-    the query's copy first), dense and varlen with GVA, K = V = 128 and 64, without spills (its
-    gathers of the gates and of dg's row sums by ``gl.gather``: a [BT, BT] masked sum in their place
-    spilled 16 B at K = V = 64)."""
+    the query's copy first), dense and varlen with GVA, K = V = 128 and 64, without spills."""
     run = compile_offline(case, "Gluon scores", *dims)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "gluon_bwd_scores_specialized_kernel" in run.stdout, run.stdout

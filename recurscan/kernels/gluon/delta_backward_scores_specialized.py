@@ -48,7 +48,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .delta_backward_dqdk import SCAN_LINE, _chunk_place, _normalised, _plus, _segment_gates
+from .delta_backward_dqdk import SCAN_LINE, _normalised, _plus, _segment_gates
+from .gla_backward_dg import _item
 from .gla_sweep_specialized import _handover_barriers
 
 #: Registers a thread of the worker scores warpgroup and of the load warp (setmaxnreg); the default
@@ -72,16 +73,6 @@ def _stream_row(o, M: gl.constexpr, BQ: gl.constexpr):
 def _tile_row(n, M: gl.constexpr, BQ: gl.constexpr):
     """The inverse of :func:`_stream_row`: the tile row of the stream's row ``n``."""
     return (M - 1 - n % M) * BQ + n // M
-
-
-@gluon.jit
-def _item(it, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_chunks, HV: gl.constexpr, BT: gl.constexpr,
-          IS_VARLEN: gl.constexpr, M: gl.constexpr):
-    """Item ``it`` = (chunk it // HV, value head it % HV): the chunk's (valid, eos, r0) on the
-    expanded stream (:func:`.delta_backward_dqdk._chunk_place`)."""
-    valid, eos, r0, _ = _chunk_place(it // HV, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_chunks, BT,
-                                     IS_VARLEN, M)
-    return valid, eos, r0
 
 
 @gluon.jit
@@ -121,7 +112,8 @@ def _scores(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constex
         i = m // 2  # this warpgroup's item count: the phase of its slot's barrier
         it = pid + m * programs
         i_hv = it % HV
-        valid, eos, r0 = _item(it, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_chunks, HV, BT, IS_VARLEN, M)
+        valid, eos, r0, _ = _item(it, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_chunks, HV, BT,
+                                  IS_VARLEN, M)  # (chunk it // HV, value head it % HV)
         m_i = r0 + e_i.to(gl.int64) < eos
         m_j = r0 + e_j.to(gl.int64) < eos
         rows_l = r0 + e_l.to(gl.int64)
@@ -258,7 +250,8 @@ def _loads(p, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexp
         b = m % 2  # the item's warpgroup, and its slot
         it = pid + m * programs
         i_hv = it % HV
-        valid, eos, r0 = _item(it, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_chunks, HV, BT, IS_VARLEN, M)
+        valid, eos, r0, _ = _item(it, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_chunks, HV, BT,
+                                  IS_VARLEN, M)  # (chunk it // HV, value head it % HV)
         t = (r0 // M).to(gl.int32)  # the chunk's first token
         for j in range(NV):
             step = m * NV + j

@@ -45,10 +45,10 @@ from .delta_backward_dqdk import _chunk_place, _plus, _segment_gates
 
 @gluon.jit
 def _item(it, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_cs_rows, H: gl.constexpr, BT: gl.constexpr,
-          IS_VARLEN: gl.constexpr):
-    """Item ``it`` = (chunk it // H, query/key head it % H): the chunk's (valid, eos, r0, cs)
-    (:func:`.delta_backward_dqdk._chunk_place`)."""
-    return _chunk_place(it // H, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_cs_rows, BT, IS_VARLEN)
+          IS_VARLEN: gl.constexpr, M: gl.constexpr = 1):
+    """Item ``it`` = (chunk it // H, head it % H): the chunk's (valid, eos, r0, cs) on the stream of
+    M rows a token (:func:`.delta_backward_dqdk._chunk_place`)."""
+    return _chunk_place(it // H, cu_seqlens, chunk_indices, chunk_offsets, T, n_seq, n_cs_rows, BT, IS_VARLEN, M)
 
 
 @gluon.jit
