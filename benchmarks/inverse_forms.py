@@ -9,6 +9,10 @@ program long, and does a form of small products shorten it?):
   of two batched 16 x 16 products), then merged 16 -> 32 (a batch of two) and 32 -> 64 (two
   [32, 32] products): ten products on mma.sync, none on [64, 64]. FlashInfer's SM90 prefill inverts
   this way (8 x 8 blocks by elimination first; docs/kernels-chunk-delta.md).
+- ``split``: the prep's form with its first three levels (2 -> 16) on the four 16 x 16 diagonal
+  blocks as a [4, 16, 16] batch taken out of the [64, 64] tile in registers (six small products
+  instead of six [64, 64] ones), the last two (16 -> 64) as the prep's: the form that drops into
+  the prep, which holds A as a [64, 64] tile.
 
 Both with fp16 operands and float32 sums (the prep's INV_FP16 path, every chunk whose steps are
 contractions); each reading A, or forming it from k and beta first as the prep's stage 2 does
@@ -33,11 +37,56 @@ BT = 64
 
 
 @triton.jit
+def _dot16(x, y):
+    """x y for (batches of) 16- or 32-row float32 tiles: fp16 operands, float32 sums."""
+    return tl.dot(x.to(tl.float16), y.to(tl.float16))
+
+
+@triton.jit
+def _diagonal_blocks(x, NB: tl.constexpr, S: tl.constexpr):
+    """The NB diagonal S x S blocks of ``x [NB * S, NB * S]`` as a batch [NB, S, S]."""
+    x4 = tl.reshape(x, [NB, S, NB, S])
+    block_row = tl.arange(0, NB)[:, None, None, None]
+    block_col = tl.arange(0, NB)[None, None, :, None]
+    return tl.sum(tl.where(block_row == block_col, x4, 0.0), axis=2)
+
+
+@triton.jit
+def _block_diagonal(d, NB: tl.constexpr, S: tl.constexpr):
+    """The [NB * S, NB * S] tile whose diagonal blocks are the batch ``d [NB, S, S]``, zero elsewhere."""
+    block_row = tl.arange(0, NB)[:, None, None, None]
+    block_col = tl.arange(0, NB)[None, None, :, None]
+    return tl.reshape(tl.where(block_row == block_col, d[:, :, None, :], 0.0), [NB * S, NB * S])
+
+
+@triton.jit
+def _split_inverse(b_T, b_A, o_t):
+    """:func:`_wy_inverse` (FP16) with levels 1-3 on the four 16 x 16 diagonal blocks: the same
+    doubling D_2s = D_s - D_s (A_s D_s), on the [4, 16, 16] batch while the blocks are 16 rows or
+    fewer, then on the [64, 64] tile for 16 -> 32 and 32 -> 64."""
+    i3 = tl.arange(0, 16)[None, :, None]
+    j3 = tl.arange(0, 16)[None, None, :]
+    A4 = _diagonal_blocks(b_A, 4, 16).to(tl.float16)
+    D = _diagonal_blocks(b_T, 4, 16)
+    for lvl in tl.static_range(1, 4):
+        As = tl.where(((i3 >> lvl) ^ (j3 >> lvl)) == 1, A4, 0.0)
+        D = D - _dot16(D, _dot16(As, D))
+    b_T = _block_diagonal(D, 4, 16)
+    b_A = b_A.to(tl.float16)
+    for lvl in tl.static_range(4, 6):
+        b_As = tl.where(((o_t[:, None] >> lvl) ^ (o_t[None, :] >> lvl)) == 1, b_A, 0.0)
+        b_X = tl.dot(b_As, b_T.to(tl.float16))
+        b_T = b_T - tl.dot(b_T.to(tl.float16), b_X.to(tl.float16))
+    return b_T
+
+
+@triton.jit
 def full_inverse_kernel(a, k, beta, out, BT: tl.constexpr, K: tl.constexpr, FROM_K: tl.constexpr,
-                        DT: tl.constexpr):
-    """out[n] = (I + A_n)^-1, the prep's form (:func:`_wy_inverse` from the exact 2 x 2 blocks). A_n
-    is ``a[n]``, or with FROM_K formed as the prep forms it: strictLower(diag(beta) K K^T) from
-    ``k [n, BT, K]`` (16-bit) and ``beta [n, BT]``, one [BT, BT] product on DT operands."""
+                        DT: tl.constexpr, SPLIT: tl.constexpr = False):
+    """out[n] = (I + A_n)^-1, the prep's form (:func:`_wy_inverse` from the exact 2 x 2 blocks), or
+    with SPLIT :func:`_split_inverse`. A_n is ``a[n]``, or with FROM_K formed as the prep forms it:
+    strictLower(diag(beta) K K^T) from ``k [n, BT, K]`` (16-bit) and ``beta [n, BT]``, one [BT, BT]
+    product on DT operands."""
     n = tl.program_id(0).to(tl.int64)
     o = tl.arange(0, BT)
     offs = n * BT * BT + o[:, None] * BT + o[None, :]
@@ -49,7 +98,10 @@ def full_inverse_kernel(a, k, beta, out, BT: tl.constexpr, K: tl.constexpr, FROM
         b_A = tl.load(a + offs)
     eye = o[:, None] == o[None, :]
     b_T = eye.to(tl.float32) - tl.where((o[:, None] ^ o[None, :]) == 1, b_A, 0.0)
-    tl.store(out + offs, _wy_inverse(b_T, b_A, o, True, "tf32"))
+    if SPLIT:
+        tl.store(out + offs, _split_inverse(b_T, b_A, o))
+    else:
+        tl.store(out + offs, _wy_inverse(b_T, b_A, o, True, "tf32"))
 
 
 @triton.jit
@@ -66,12 +118,6 @@ def _products(k, beta, n, rows, cols, BT: tl.constexpr, K: tl.constexpr, DT: tl.
         k_r = tl.load(k + (n * BT + rows)[:, None] * K + o_k).to(DT)
         k_c = tl.load(k + (n * BT + cols)[:, None] * K + o_k).to(DT)
         return tl.dot(k_r, tl.trans(k_c)) * tl.load(beta + n * BT + rows).to(tl.float32)[:, None]
-
-
-@triton.jit
-def _dot16(x, y):
-    """x y for (batches of) 16- or 32-row float32 tiles: fp16 operands, float32 sums."""
-    return tl.dot(x.to(tl.float16), y.to(tl.float16))
 
 
 @triton.jit
@@ -134,10 +180,12 @@ def blocks_inverse_kernel(a, k, beta, out, BT: tl.constexpr, K: tl.constexpr, FR
     tl.store(base_o + 32 + tile, tl.zeros([32, 32], dtype=tl.float32))
 
 
-#: Each form: its kernel and whether it forms A from k and beta (the prep's stage 2 as a whole)
-#: or reads it.
-FORMS = {"full": (full_inverse_kernel, False), "blocks": (blocks_inverse_kernel, False),
-         "full, from k": (full_inverse_kernel, True), "blocks, from k": (blocks_inverse_kernel, True)}
+#: Each form: its kernel, whether it forms A from k and beta (the prep's stage 2 as a whole) or
+#: reads it, and the kernel's other flags.
+FORMS = {"full": (full_inverse_kernel, False, {}), "blocks": (blocks_inverse_kernel, False, {}),
+         "split": (full_inverse_kernel, False, {"SPLIT": True}),
+         "full, from k": (full_inverse_kernel, True, {}), "blocks, from k": (blocks_inverse_kernel, True, {}),
+         "split, from k": (full_inverse_kernel, True, {"SPLIT": True})}
 
 
 def unit_keys(n: int, device, seed: int = 0, correlated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,14 +211,14 @@ def inverse(form: str, k: torch.Tensor, beta: torch.Tensor, A: torch.Tensor | No
             num_warps: int = 4) -> torch.Tensor:
     """(I + A)^-1 for each item by the kernel of ``form`` (one program of ``num_warps`` warps an
     item); A (``system(k, beta)`` where None) is what the forms that do not form it read."""
-    kernel, from_k = FORMS[form]
+    kernel, from_k, flags = FORMS[form]
     A = system(k, beta) if A is None and not from_k else A
     out = torch.empty(k.shape[0], BT, BT, dtype=torch.float32, device=k.device)
     # k's products on bf16 operands; float32 under Triton 3.6's interpreter, which multiplies bf16
     # tiles as their raw bits (as launch.delta does)
     dt = tl.float32 if os.environ.get("TRITON_INTERPRET") == "1" else tl.bfloat16
     kernel[(k.shape[0],)](k if from_k else A, k, beta, out, BT=BT, K=k.shape[2], FROM_K=from_k, DT=dt,
-                                  num_warps=num_warps)
+                          num_warps=num_warps, **flags)
     return out
 
 
