@@ -11,8 +11,8 @@ program long, and does a form of small products shorten it?):
   this way (8 x 8 blocks by elimination first; docs/kernels-chunk-delta.md).
 - ``split``: the prep's form with its first three levels (2 -> 16) on the four 16 x 16 diagonal
   blocks as a [4, 16, 16] batch taken out of the [64, 64] tile in registers (six small products
-  instead of six [64, 64] ones), the last two (16 -> 64) as the prep's: the form that drops into
-  the prep, which holds A as a [64, 64] tile.
+  instead of six [64, 64] ones), the last two (16 -> 64) as the prep's (``_wy_inverse``'s SPLIT,
+  the form that drops into the prep, which holds A as a [64, 64] tile).
 
 Both with fp16 operands and float32 sums (the prep's INV_FP16 path, every chunk whose steps are
 contractions); each reading A, or forming it from k and beta first as the prep's stage 2 does
@@ -43,48 +43,10 @@ def _dot16(x, y):
 
 
 @triton.jit
-def _diagonal_blocks(x, NB: tl.constexpr, S: tl.constexpr):
-    """The NB diagonal S x S blocks of ``x [NB * S, NB * S]`` as a batch [NB, S, S]."""
-    x4 = tl.reshape(x, [NB, S, NB, S])
-    block_row = tl.arange(0, NB)[:, None, None, None]
-    block_col = tl.arange(0, NB)[None, None, :, None]
-    return tl.sum(tl.where(block_row == block_col, x4, 0.0), axis=2)
-
-
-@triton.jit
-def _block_diagonal(d, NB: tl.constexpr, S: tl.constexpr):
-    """The [NB * S, NB * S] tile whose diagonal blocks are the batch ``d [NB, S, S]``, zero elsewhere."""
-    block_row = tl.arange(0, NB)[:, None, None, None]
-    block_col = tl.arange(0, NB)[None, None, :, None]
-    return tl.reshape(tl.where(block_row == block_col, d[:, :, None, :], 0.0), [NB * S, NB * S])
-
-
-@triton.jit
-def _split_inverse(b_T, b_A, o_t):
-    """:func:`_wy_inverse` (FP16) with levels 1-3 on the four 16 x 16 diagonal blocks: the same
-    doubling D_2s = D_s - D_s (A_s D_s), on the [4, 16, 16] batch while the blocks are 16 rows or
-    fewer, then on the [64, 64] tile for 16 -> 32 and 32 -> 64."""
-    i3 = tl.arange(0, 16)[None, :, None]
-    j3 = tl.arange(0, 16)[None, None, :]
-    A4 = _diagonal_blocks(b_A, 4, 16).to(tl.float16)
-    D = _diagonal_blocks(b_T, 4, 16)
-    for lvl in tl.static_range(1, 4):
-        As = tl.where(((i3 >> lvl) ^ (j3 >> lvl)) == 1, A4, 0.0)
-        D = D - _dot16(D, _dot16(As, D))
-    b_T = _block_diagonal(D, 4, 16)
-    b_A = b_A.to(tl.float16)
-    for lvl in tl.static_range(4, 6):
-        b_As = tl.where(((o_t[:, None] >> lvl) ^ (o_t[None, :] >> lvl)) == 1, b_A, 0.0)
-        b_X = tl.dot(b_As, b_T.to(tl.float16))
-        b_T = b_T - tl.dot(b_T.to(tl.float16), b_X.to(tl.float16))
-    return b_T
-
-
-@triton.jit
 def full_inverse_kernel(a, k, beta, out, BT: tl.constexpr, K: tl.constexpr, FROM_K: tl.constexpr,
                         DT: tl.constexpr, SPLIT: tl.constexpr = False):
-    """out[n] = (I + A_n)^-1, the prep's form (:func:`_wy_inverse` from the exact 2 x 2 blocks), or
-    with SPLIT :func:`_split_inverse`. A_n is ``a[n]``, or with FROM_K formed as the prep forms it:
+    """out[n] = (I + A_n)^-1, the prep's form (:func:`_wy_inverse` from the exact 2 x 2 blocks, SPLIT
+    passed on). A_n is ``a[n]``, or with FROM_K formed as the prep forms it:
     strictLower(diag(beta) K K^T) from ``k [n, BT, K]`` (16-bit) and ``beta [n, BT]``, one [BT, BT]
     product on DT operands."""
     n = tl.program_id(0).to(tl.int64)
@@ -98,10 +60,7 @@ def full_inverse_kernel(a, k, beta, out, BT: tl.constexpr, K: tl.constexpr, FROM
         b_A = tl.load(a + offs)
     eye = o[:, None] == o[None, :]
     b_T = eye.to(tl.float32) - tl.where((o[:, None] ^ o[None, :]) == 1, b_A, 0.0)
-    if SPLIT:
-        tl.store(out + offs, _split_inverse(b_T, b_A, o))
-    else:
-        tl.store(out + offs, _wy_inverse(b_T, b_A, o, True, "tf32"))
+    tl.store(out + offs, _wy_inverse(b_T, b_A, o, True, "tf32", SPLIT))
 
 
 @triton.jit

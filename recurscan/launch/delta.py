@@ -24,6 +24,7 @@ from ..kernels.delta.prep import chunk_delta_prep_kernel
 from ..kernels.delta.sweep import chunk_delta_sweep_kernel
 from ..kernels.gla.group_prep import GROUP_COEF_WIDTH, chunk_group_prep_kernel
 from ..kernels.gla.prep import chunk_gla_prep_kernel
+from ..plan import delta as plan_delta
 from ..plan.delta import DeltaShape
 from ..runtime.launcher import CallArg, DirectLaunch, compile_together, jit_launch
 
@@ -315,7 +316,8 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         H=H, HV=HV, K=K, M=M, BT=BT, BK=BK,
         USE_L2NORM=use_qk_l2norm_in_kernel, IS_VARLEN=varlen, HAS_G=g is not None,
         INV_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DT=dt, INV_FP16=q.dtype != torch.float32,
-        wait_primary=0, PDL=not INTERPRET, STORE_INV=keep_prep, HEADS=heads, **ssd_prep)
+        INV_SPLIT=q.dtype != torch.float32 and plan_delta.PREP_SPLIT_INVERSE, wait_primary=0, PDL=not INTERPRET,
+        STORE_INV=keep_prep, HEADS=heads, **ssd_prep)
     prep_kernel, prep_per_chunk = chunk_delta_prep_kernel, HV // heads
     if group:
         # a program per (chunk, query/key head, block of HB value heads)

@@ -407,6 +407,14 @@ GLUON_GDP_SCORES = GluonTwinRow(True, "GDP M = 2 B4 T4096 H16 forward + backward
                                       "(gpu_delta_train_gdp_scores_k64_h100_242f63d.json)")
 
 
+#: The prep's WY inverse on fp16 operands (every chunk whose steps are contractions) with its first
+#: three doubling levels on the four 16 x 16 diagonal blocks as a batch (``_wy_inverse``'s SPLIT:
+#: small products on mma.sync instead of [64, 64] ones that are zero outside those blocks). Offline
+#: (sm_90, 4 warps) the inverse formed from k this way has 11 barriers against 23
+#: (benchmarks/inverse_forms.py); on the GPU: not yet measured.
+PREP_SPLIT_INVERSE = True
+
+
 #: The phases' ratio (DeltaShape.phase_ratio) where the sweep runs as its Gluon twin: B1 T16384 H16
 #: HV32 in 6 phases, graph replay, 0.505 ms at 0.8 against 0.513 at 0.75 and 0.525 at 0.9 (the Triton
 #: sweep: 0.529 at 0.9, 0.543 at 0.8; gpu_chunk_delta_forward_twin_*.json).

@@ -65,7 +65,24 @@ def _gate_tile(gc, seg, causal, has_reset):
 
 
 @triton.jit
-def _wy_inverse(b_T, b_A, o_t, FP16: tl.constexpr, PRECISION: tl.constexpr):
+def _diagonal_blocks(x, NB: tl.constexpr, S: tl.constexpr):
+    """The NB diagonal S x S blocks of ``x [NB * S, NB * S]`` as a batch [NB, S, S]."""
+    x4 = tl.reshape(x, [NB, S, NB, S])
+    block_row = tl.arange(0, NB)[:, None, None, None]
+    block_col = tl.arange(0, NB)[None, None, :, None]
+    return tl.sum(tl.where(block_row == block_col, x4, 0.0), axis=2)
+
+
+@triton.jit
+def _block_diagonal(d, NB: tl.constexpr, S: tl.constexpr):
+    """The [NB * S, NB * S] tile whose diagonal blocks are the batch ``d [NB, S, S]``, zero elsewhere."""
+    block_row = tl.arange(0, NB)[:, None, None, None]
+    block_col = tl.arange(0, NB)[None, None, :, None]
+    return tl.reshape(tl.where(block_row == block_col, d[:, :, None, :], 0.0), [NB * S, NB * S])
+
+
+@triton.jit
+def _wy_inverse(b_T, b_A, o_t, FP16: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr = False):
     """Tinv = (I + A)^-1 for strictly lower A [BT, BT], from b_T = D_2 = I - A_1 (the inverses of
     the 2 x 2 diagonal blocks, exact). Recursive block doubling: with D_s the inverse of the s x s
     diagonal blocks, D_2s = D_s - D_s (A_s D_s), A_s the part of A inside the 2s-blocks but outside
@@ -73,10 +90,26 @@ def _wy_inverse(b_T, b_A, o_t, FP16: tl.constexpr, PRECISION: tl.constexpr):
     five levels for BT = 64, two products each, no reductions. ``o_t = arange(BT)``: entry (i, j)
     lies in A_s (s = 2^lvl) exactly when the highest bit where i and j differ is bit lvl, i.e.
     ``(i >> lvl) ^ (j >> lvl) == 1``. FP16: fp16 operands (tf32's 10-bit mantissa, a narrower range; float32
-    accumulation), else float32 operands at PRECISION."""
+    accumulation), else float32 operands at PRECISION.
+
+    SPLIT (with FP16): levels 1-3 (blocks up to 16 rows) on the BT / 16 diagonal 16 x 16 blocks
+    taken out as a batch [BT / 16, 16, 16] (small products on mma.sync, a warp a block, instead of
+    [BT, BT] ones that are zero outside those blocks), the later levels on the whole tile; the same
+    doubling, so the same result to the rounding of the sums."""
+    FIRST: tl.constexpr = 4 if SPLIT else 1
+    if SPLIT:
+        NB: tl.constexpr = o_t.shape[0] // 16
+        i3 = tl.arange(0, 16)[None, :, None]
+        j3 = tl.arange(0, 16)[None, None, :]
+        A_blocks = _diagonal_blocks(b_A, NB, 16).to(tl.float16)
+        D = _diagonal_blocks(b_T, NB, 16)
+        for lvl in tl.static_range(1, 4):
+            A_s = tl.where(((i3 >> lvl) ^ (j3 >> lvl)) == 1, A_blocks, 0.0)
+            D = D - tl.dot(D.to(tl.float16), tl.dot(A_s, D.to(tl.float16)).to(tl.float16))
+        b_T = _block_diagonal(D, NB, 16)
     if FP16:
         b_A = b_A.to(tl.float16)
-    for lvl in tl.static_range(1, 6):
+    for lvl in tl.static_range(FIRST, 6):
         # (i >> lvl) ^ (j >> lvl) == 1 from the row and column vectors: no [BT, BT] index tile
         # shared by the levels, so none stays live across them.
         b_As = tl.where(((o_t[:, None] >> lvl) ^ (o_t[None, :] >> lvl)) == 1, b_A, 0.0)
