@@ -44,7 +44,7 @@ def _dot16(x, y):
 
 @triton.jit
 def full_inverse_kernel(a, k, beta, out, BT: tl.constexpr, K: tl.constexpr, FROM_K: tl.constexpr,
-                        DT: tl.constexpr, SPLIT: tl.constexpr = False):
+                        DT: tl.constexpr, SPLIT: tl.constexpr = 0):
     """out[n] = (I + A_n)^-1, the prep's form (:func:`_wy_inverse` from the exact 2 x 2 blocks, SPLIT
     passed on). A_n is ``a[n]``, or with FROM_K formed as the prep forms it:
     strictLower(diag(beta) K K^T) from ``k [n, BT, K]`` (16-bit) and ``beta [n, BT]``, one [BT, BT]
@@ -142,9 +142,11 @@ def blocks_inverse_kernel(a, k, beta, out, BT: tl.constexpr, K: tl.constexpr, FR
 #: Each form: its kernel, whether it forms A from k and beta (the prep's stage 2 as a whole) or
 #: reads it, and the kernel's other flags.
 FORMS = {"full": (full_inverse_kernel, False, {}), "blocks": (blocks_inverse_kernel, False, {}),
-         "split": (full_inverse_kernel, False, {"SPLIT": True}),
+         "split": (full_inverse_kernel, False, {"SPLIT": 16}),
+         "split 32": (full_inverse_kernel, False, {"SPLIT": 32}),
          "full, from k": (full_inverse_kernel, True, {}), "blocks, from k": (blocks_inverse_kernel, True, {}),
-         "split, from k": (full_inverse_kernel, True, {"SPLIT": True})}
+         "split, from k": (full_inverse_kernel, True, {"SPLIT": 16}),
+         "split 32, from k": (full_inverse_kernel, True, {"SPLIT": 32})}
 
 
 def unit_keys(n: int, device, seed: int = 0, correlated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

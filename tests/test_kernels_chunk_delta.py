@@ -323,6 +323,34 @@ def test_wy_inverse_on_fp16_operands_only_where_every_step_contracts(case):
         assert torch.equal(bits(fast[0]), bits(tf32[0])) and torch.equal(bits(fast[1]), bits(tf32[1]))
 
 
+@pytest.mark.parametrize("split", [16, 32])
+@pytest.mark.parametrize("M", [1, 2])
+def test_the_inverse_split_into_diagonal_blocks_is_the_whole_tile_inverse(split, M):
+    """The prep's INV_SPLIT (plan.delta.PREP_SPLIT_INVERSE): the first doubling levels on the
+    diagonal blocks as a batch. The same doubling (the products it drops are of zero blocks), so the
+    state equals the whole-tile form's to float32 rounding, and both stay within the bf16 bound
+    against float64, GDN and GDP, over a partial last chunk (tests/test_inverse_forms.py takes the
+    inverse alone against float64's, on correlated keys too)."""
+    if M == 1:
+        q, k, v, g, beta, S0 = gdn_inputs(1, 130, 2, 4, 32, 32)
+    else:
+        q, k, v, g, beta = gdp_inputs(130, M, 2, 4, 32, 32)
+        S0 = torch.randn(1, 4, 32, 32, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    q, k, v, beta = (x.bfloat16().to(DEVICE) for x in (q, k, v, beta))
+    args = (q, k, v, g.float().to(DEVICE), beta)
+    h0 = S0.float().to(DEVICE)
+    launches = delta_launches(*args, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                              num_householder=M)
+    inputs = launch_delta.DeltaInputs(*args, initial_state=h0)
+    whole = run_delta_launches(with_constants(launches, "prep", INV_SPLIT=0), inputs)
+    split_form = run_delta_launches(with_constants(launches, "prep", INV_SPLIT=split), inputs)
+    assert relative_rms(split_form[1].cpu(), whole[1].cpu()) <= 1e-5
+    want = gated_delta_product_naive(*(x.double().cpu() for x in args), M, initial_state=S0,
+                                     use_qk_l2norm_in_kernel=True)
+    for got in (split_form, whole):
+        assert relative_rms(got[0].cpu(), want[0]) <= 1e-2 and relative_rms(got[1].cpu(), want[1]) <= 1e-2
+
+
 @pytest.mark.parametrize("M, cu", [(1, None), (1, [0, 1, 70, 130]), (2, [0, 40, 90])])
 def test_gradients_through_the_triton_path(M, cu):
     """Inputs that require grad: the Triton forward, the written-out chunkwise backward

@@ -407,12 +407,12 @@ GLUON_GDP_SCORES = GluonTwinRow(True, "GDP M = 2 B4 T4096 H16 forward + backward
                                       "(gpu_delta_train_gdp_scores_k64_h100_242f63d.json)")
 
 
-#: The prep's WY inverse on fp16 operands (every chunk whose steps are contractions) with its first
-#: three doubling levels on the four 16 x 16 diagonal blocks as a batch (``_wy_inverse``'s SPLIT:
-#: small products on mma.sync instead of [64, 64] ones that are zero outside those blocks). Offline
-#: (sm_90, 4 warps) the inverse formed from k this way has 11 barriers against 23
-#: (benchmarks/inverse_forms.py); on the GPU: not yet measured.
-PREP_SPLIT_INVERSE = True
+#: The prep's WY inverse on fp16 operands (every chunk whose steps are contractions) with its
+#: doubling levels up to blocks of this many rows (16 or 32; 0: none) on the diagonal blocks as a
+#: batch (``_wy_inverse``'s SPLIT: small products on mma.sync instead of [64, 64] ones that are zero
+#: outside those blocks). Offline (sm_90, 4 warps) the inverse formed from k this way at 16 has 11
+#: barriers against 23 (benchmarks/inverse_forms.py); on the GPU: not yet measured.
+PREP_SPLIT_INVERSE = 16
 
 
 #: The phases' ratio (DeltaShape.phase_ratio) where the sweep runs as its Gluon twin: B1 T16384 H16

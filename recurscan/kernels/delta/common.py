@@ -82,7 +82,7 @@ def _block_diagonal(d, NB: tl.constexpr, S: tl.constexpr):
 
 
 @triton.jit
-def _wy_inverse(b_T, b_A, o_t, FP16: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr = False):
+def _wy_inverse(b_T, b_A, o_t, FP16: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr = 0):
     """Tinv = (I + A)^-1 for strictly lower A [BT, BT], from b_T = D_2 = I - A_1 (the inverses of
     the 2 x 2 diagonal blocks, exact). Recursive block doubling: with D_s the inverse of the s x s
     diagonal blocks, D_2s = D_s - D_s (A_s D_s), A_s the part of A inside the 2s-blocks but outside
@@ -92,21 +92,21 @@ def _wy_inverse(b_T, b_A, o_t, FP16: tl.constexpr, PRECISION: tl.constexpr, SPLI
     ``(i >> lvl) ^ (j >> lvl) == 1``. FP16: fp16 operands (tf32's 10-bit mantissa, a narrower range; float32
     accumulation), else float32 operands at PRECISION.
 
-    SPLIT (with FP16): levels 1-3 (blocks up to 16 rows) on the BT / 16 diagonal 16 x 16 blocks
-    taken out as a batch [BT / 16, 16, 16] (small products on mma.sync, a warp a block, instead of
-    [BT, BT] ones that are zero outside those blocks), the later levels on the whole tile; the same
-    doubling, so the same result to the rounding of the sums."""
-    FIRST: tl.constexpr = 4 if SPLIT else 1
+    SPLIT (16 or 32, with FP16; 0: off): the levels whose blocks reach SPLIT rows run on the
+    BT / SPLIT diagonal SPLIT x SPLIT blocks taken out as a batch (small products on mma.sync, a
+    warp a block, instead of [BT, BT] ones that are zero outside those blocks), the later levels
+    on the whole tile; the same doubling, so the same result to the rounding of the sums."""
+    FIRST: tl.constexpr = 4 if SPLIT == 16 else (5 if SPLIT == 32 else 1)  # the first level on the whole tile
     if SPLIT:
-        NB: tl.constexpr = o_t.shape[0] // 16
-        i3 = tl.arange(0, 16)[None, :, None]
-        j3 = tl.arange(0, 16)[None, None, :]
-        A_blocks = _diagonal_blocks(b_A, NB, 16).to(tl.float16)
-        D = _diagonal_blocks(b_T, NB, 16)
-        for lvl in tl.static_range(1, 4):
+        NB: tl.constexpr = o_t.shape[0] // SPLIT
+        i3 = tl.arange(0, SPLIT)[None, :, None]
+        j3 = tl.arange(0, SPLIT)[None, None, :]
+        A_blocks = _diagonal_blocks(b_A, NB, SPLIT).to(tl.float16)
+        D = _diagonal_blocks(b_T, NB, SPLIT)
+        for lvl in tl.static_range(1, FIRST):
             A_s = tl.where(((i3 >> lvl) ^ (j3 >> lvl)) == 1, A_blocks, 0.0)
             D = D - tl.dot(D.to(tl.float16), tl.dot(A_s, D.to(tl.float16)).to(tl.float16))
-        b_T = _block_diagonal(D, NB, 16)
+        b_T = _block_diagonal(D, NB, SPLIT)
     if FP16:
         b_A = b_A.to(tl.float16)
     for lvl in tl.static_range(FIRST, 6):

@@ -19,7 +19,7 @@ def chunk_delta_prep_kernel(
     INV_PRECISION: tl.constexpr, DT: tl.constexpr, INV_FP16: tl.constexpr = False,
     PDL: tl.constexpr = False, STORE_INV: tl.constexpr = False, WY: tl.constexpr = True,
     SSD: tl.constexpr = False, HAS_DT_BIAS: tl.constexpr = False, DT_SOFTPLUS: tl.constexpr = False,
-    DT_LIMIT: tl.constexpr = False, HEADS: tl.constexpr = 1, INV_SPLIT: tl.constexpr = False,
+    DT_LIMIT: tl.constexpr = False, HEADS: tl.constexpr = 1, INV_SPLIT: tl.constexpr = 0,
 ):
     """Grid (chunks of the expanded stream x HV,), chunk-major: program -> (chunk pid // HV, value
     head pid % HV), so that the value heads of a GVA group, which share their q/k tiles, run side by
@@ -45,8 +45,9 @@ def chunk_delta_prep_kernel(
     product of the kernel then runs in float32). INV_FP16 (16-bit inputs): a chunk whose steps are
     all contractions (0 <= beta_i |k_i|^2 <= 2, checked in the kernel) runs the inverse on fp16
     operands, same mantissa as tf32, half the operand bytes and twice the tensor-core rate; any
-    other chunk keeps tf32, whose range it needs. INV_SPLIT (with INV_FP16): those chunks' inverse
-    takes its first three levels on the 16 x 16 diagonal blocks as a batch (:func:`_wy_inverse`).
+    other chunk keeps tf32, whose range it needs. INV_SPLIT (16 or 32, with INV_FP16; 0 off): those
+    chunks' inverse takes its levels up to blocks of INV_SPLIT rows on the diagonal blocks as a
+    batch (:func:`_wy_inverse`).
 
     Varlen: ``chunk_indices [NT_pad, 2]`` holds (sequence, chunk) on the expanded stream; a row with
     sequence -1 is padding and does nothing. Programs (c, 0) with c < ceil(n_seq / RANK_BLOCK) write
