@@ -72,6 +72,10 @@
 #      mma.sync, 27 barriers, 4 KB of shared memory against the prep's form's 1269, 40 wgmma, 23, 24 KB;
 #      from k 1372, 96 mma.sync, 31 against 1163, 48 wgmma, 23 (at 8 warps 799 / 1191 against 1056 / 1194).
 #      Also one program an SM (132 items: a program's latency) and 8 warps a program. Not yet run.
+#  24. The prep's inverse split into 16 x 16 diagonal blocks (plan.delta.PREP_SPLIT_INVERSE, on since
+#      d770927): the prep's GPU tests at real sizes, then the prefill rows against the whole-tile form
+#      (build/prev holding 7302e8b's package as recurscan_prev: `git archive 7302e8b recurscan | tar -x -C
+#      build/prev`, renamed), and ours at 32 rows (`--plan PREP_SPLIT_INVERSE=32`). Not yet run.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -196,6 +200,16 @@ step 21 && {
         benchmarks/gpu_delta_train.py --impl recurscan --profile --dqdk-stages 4 \
         --out "$OUT/gpu_delta_train_dqdk_stages_$C.json" 2>&1 | grep -v Warning | grep -v warn_once \
         | grep -E "fwd\+bwd|dqdk" | head -20
+}
+step 24 && {
+    timeout 150 python -m pytest -q -x -m gpu tests/gpu/test_chunk_delta_gpu.py -p no:cacheprovider \
+        -k "benchmark_shape or gdp_varlen or t65536 or float32 or phases" 2>&1 | tail -3
+    for split in 16 32; do
+        timeout 200 env PYTHONPATH=$PWD:/tmp/site python -m benchmarks.ab_prev --prev build/prev --label 7302e8b \
+            --plan PREP_SPLIT_INVERSE=$split --workload gdn_b1_t16384_h16_hv32 --workload gdn_b4_t8192_h16_hv64 \
+            --workload gdp_m2_b4_t4096_h16 --kernels --rep-ms 300 --out "$OUT/ab_split_inverse_${split}_$C.json" 2>&1 \
+            | grep -v Warn | grep -E "ours|prep" | tail -20
+    done
 }
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \
     | grep -v Warning | tail -6
