@@ -72,10 +72,10 @@
 #      mma.sync, 27 barriers, 4 KB of shared memory against the prep's form's 1269, 40 wgmma, 23, 24 KB;
 #      from k 1372, 96 mma.sync, 31 against 1163, 48 wgmma, 23 (at 8 warps 799 / 1191 against 1056 / 1194).
 #      Also one program an SM (132 items: a program's latency) and 8 warps a program. Not yet run.
-#  24. The prep's inverse split into 16 x 16 diagonal blocks (plan.delta.PREP_SPLIT_INVERSE, on since
-#      d770927): the prep's GPU tests at real sizes, then the prefill rows against the whole-tile form
-#      (build/prev holding 7302e8b's package as recurscan_prev: `git archive 7302e8b recurscan | tar -x -C
-#      build/prev`, renamed), and ours at 32 rows (`--plan PREP_SPLIT_INVERSE=32`). Not yet run.
+#  24. The prep's inverse split into 16 x 16 diagonal blocks (plan.delta.PREP_SPLIT_INVERSE, off until
+#      measured): the prep's GPU tests at real sizes with it on, then the prefill rows with it on against
+#      the whole-tile form (build/prev holding 7302e8b's package as recurscan_prev: `git archive 7302e8b
+#      recurscan | tar -x -C build/prev`, renamed), at 16 rows and at 32. Not yet run.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -202,8 +202,9 @@ step 21 && {
         | grep -E "fwd\+bwd|dqdk" | head -20
 }
 step 24 && {
-    timeout 150 python -m pytest -q -x -m gpu tests/gpu/test_chunk_delta_gpu.py -p no:cacheprovider \
-        -k "benchmark_shape or gdp_varlen or t65536 or float32 or phases" 2>&1 | tail -3
+    timeout 150 python -c "import sys, pytest, recurscan.plan.delta as d; d.PREP_SPLIT_INVERSE = 16; sys.exit(pytest.main(
+        ['-q', '-x', '-m', 'gpu', 'tests/gpu/test_chunk_delta_gpu.py', '-p', 'no:cacheprovider', '-k',
+         'benchmark_shape or gdp_varlen or t65536 or float32 or phases']))" 2>&1 | tail -3
     for split in 16 32; do
         timeout 200 env PYTHONPATH=$PWD:/tmp/site python -m benchmarks.ab_prev --prev build/prev --label 7302e8b \
             --plan PREP_SPLIT_INVERSE=$split --workload gdn_b1_t16384_h16_hv32 --workload gdn_b4_t8192_h16_hv64 \

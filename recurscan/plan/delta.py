@@ -410,9 +410,11 @@ GLUON_GDP_SCORES = GluonTwinRow(True, "GDP M = 2 B4 T4096 H16 forward + backward
 #: The prep's WY inverse on fp16 operands (every chunk whose steps are contractions) with its
 #: doubling levels up to blocks of this many rows (16 or 32; 0: none) on the diagonal blocks as a
 #: batch (``_wy_inverse``'s SPLIT: small products on mma.sync instead of [64, 64] ones that are zero
-#: outside those blocks). Offline (sm_90, 4 warps) the inverse formed from k this way at 16 has 11
-#: barriers against 23 (benchmarks/inverse_forms.py); on the GPU: not yet measured.
-PREP_SPLIT_INVERSE = 16
+#: outside those blocks). Offline (sm_90) the prep at 16 has 79 barriers against 89 and 48 B of stack
+#: against 72 (GDN; GDP M = 2 varlen: 77 against 89, none against 56), at 32 92 barriers and 112 B;
+#: the inverse alone formed from k at 16 (4 warps) 11 barriers against 23 (benchmarks/inverse_forms.py).
+#: Off until measured on the GPU (pending_gpu.sh 24).
+PREP_SPLIT_INVERSE = 0
 
 
 #: The phases' ratio (DeltaShape.phase_ratio) where the sweep runs as its Gluon twin: B1 T16384 H16
