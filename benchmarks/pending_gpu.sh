@@ -71,11 +71,16 @@
 #      (sm_90) the blocks form (its diagonal blocks a batch, a warp a block) is 900 PTX instructions, 32
 #      mma.sync, 27 barriers, 4 KB of shared memory against the prep's form's 1269, 40 wgmma, 23, 24 KB;
 #      from k 1372, 96 mma.sync, 31 against 1163, 48 wgmma, 23 (at 8 warps 799 / 1191 against 1056 / 1194).
-#      Also one program an SM (132 items: a program's latency) and 8 warps a program. Not yet run.
-#  24. The prep's inverse split into 16 x 16 diagonal blocks (plan.delta.PREP_SPLIT_INVERSE, off until
-#      measured): the prep's GPU tests at real sizes with it on, then the prefill rows with it on against
-#      the whole-tile form (build/prev holding 7302e8b's package as recurscan_prev: `git archive 7302e8b
-#      recurscan | tar -x -C build/prev`, renamed), at 16 rows and at 32. Not yet run.
+#      Also one program an SM (132 items: a program's latency) and 8 warps a program. On an H100 at
+#      6166af2 (4 warps, 132 and 8192 items; results/inverse_forms_h100_6166af2.json): at 8192 items the
+#      blocks form reading A 88.6 us against the prep's form's 173.6 (split 127.7); from k the split form
+#      107.8 against 130.2 (blocks 139.8); at 132 items all 8.5-9.4 us. 8 warps and 32768 items not run.
+#  24. The prep's inverse split into 16 x 16 diagonal blocks (plan.delta.PREP_SPLIT_INVERSE): the prep's
+#      GPU tests at real sizes with it on, then the prefill rows with it on against the whole-tile form
+#      (build/prev holding 7302e8b's package as recurscan_prev: `git archive 7302e8b recurscan | tar -x -C
+#      build/prev`, renamed), at 16 rows and at 32. On an H100 at 6166af2 (16 only): 7 GPU tests passed,
+#      the prep 10-13% faster, every row faster (results/ab_split_inverse*_h100_6166af2.json); planned at
+#      16 since then. Not yet on the H200.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}

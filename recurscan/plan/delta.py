@@ -410,11 +410,14 @@ GLUON_GDP_SCORES = GluonTwinRow(True, "GDP M = 2 B4 T4096 H16 forward + backward
 #: The prep's WY inverse on fp16 operands (every chunk whose steps are contractions) with its
 #: doubling levels up to blocks of this many rows (16 or 32; 0: none) on the diagonal blocks as a
 #: batch (``_wy_inverse``'s SPLIT: small products on mma.sync instead of [64, 64] ones that are zero
-#: outside those blocks). Offline (sm_90) the prep at 16 has 79 barriers against 89 and 48 B of stack
-#: against 72 (GDN; GDP M = 2 varlen: 77 against 89, none against 56), at 32 92 barriers and 112 B;
-#: the inverse alone formed from k at 16 (4 warps) 11 barriers against 23 (benchmarks/inverse_forms.py).
-#: Off until measured on the GPU (pending_gpu.sh 24).
-PREP_SPLIT_INVERSE = 0
+#: outside those blocks). On an H100 at 6166af2 against the whole-tile form (7302e8b) in one process,
+#: graph replay (ab_split_inverse_h100_6166af2.json, ab_split_inverse_more_h100_6166af2.json): the
+#: prep 10-13% faster (GDP M2 B4 218 us against 251, B4 T4096 122 against 136, varlen HV32 445 against
+#: 505, HV64 887 against 940; B1 T16384's phased prep 2%), the rows HV64 1.608 ms against 1.717, GDP
+#: 0.435 against 0.470, varlen 0.854 against 0.917, B4 0.247 against 0.258, B1 0.531 against 0.534;
+#: GDN B4 training step 1.229 against 1.241 (its prep 133 us against 151). Offline (sm_90) at 32 rows
+#: it has more barriers and spills (92, 112 B against 16's 79, 48 B), so 16. Not yet on the H200.
+PREP_SPLIT_INVERSE = 16
 
 
 #: The phases' ratio (DeltaShape.phase_ratio) where the sweep runs as its Gluon twin: B1 T16384 H16
