@@ -111,6 +111,35 @@ def test_gdn_benchmark_shape(correlated):
     check(S, wS, "final state")
 
 
+@pytest.mark.unproven  # added without a GPU; the split itself passed the suite's tests on an H100 at 6166af2
+@pytest.mark.parametrize("M", [1, 2])
+def test_the_split_inverse_is_no_less_accurate_than_the_whole_tile_form(M):
+    """The prep's inverse with its first three levels on the 16 x 16 diagonal blocks (INV_SPLIT 16,
+    planned: plan.delta.PREP_SPLIT_INVERSE) against the whole-tile form (INV_SPLIT 0) at real sizes,
+    keys correlated (the WY systems far from I), GDN and GDP: both within the 16-bit band of the
+    float64 oracle, and the split's error at most the whole-tile form's plus a tenth (the products
+    it drops are of zero blocks; only the sums' order differs)."""
+    from benchmarks.delta_variants import with_constants
+    T, H, HV = (16384, 16, 32) if M == 1 else (4096, 16, 16)
+    q, k, v, g, beta = inputs(T, H, HV, 128, 128, M=M, correlated=True, seed=7)
+    S0 = torch.randn(1, HV, 128, 128, device=DEV)
+    args = (q, k, v, g, beta)
+    launches = delta_launches(*args, initial_state=S0, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                              num_householder=M)
+    given = launch_delta.DeltaInputs(*args, initial_state=S0)
+    reference = gated_delta_product_chunked if M > 1 else gated_delta_rule_chunked
+    extra = (M,) if M > 1 else ()
+    wo, wS = reference(*(x.double() for x in args), *extra, initial_state=S0.double(), use_qk_l2norm_in_kernel=True)
+    errors = {}
+    for split in (16, 0):
+        o, S = run_delta_launches(with_constants(launches, "prep", INV_SPLIT=split), given)[:2]
+        check(o, wo, f"o, split {split}")
+        check(S, wS, f"final state, split {split}")
+        errors[split] = (rel_rms(o, wo), rel_rms(S, wS))
+    for what, split_err, whole_err in zip(("o", "final state"), errors[16], errors[0]):
+        assert split_err <= 1.1 * whole_err, f"{what}: split {split_err:.3e} against the whole tile's {whole_err:.3e}"
+
+
 def test_gdn_varlen_cache_padding_bf16():
     """Varlen with one-token sequences, a state cache with padding (-1) and NaN in unnamed slots,
     padded descriptors, chunk states; H16 HV32."""
