@@ -98,19 +98,6 @@ def kernel_times(impl: runner.Impl, workload: str, calls: int = 20) -> dict[str,
     return out
 
 
-def set_plan(assignments: list[str]) -> None:
-    """``NAME=VALUE`` assignments to ``recurscan.plan.delta`` (each NAME one it has)."""
-    import ast
-
-    from recurscan.plan import delta as plan_delta
-    for text in assignments:
-        name, _, value = text.partition("=")
-        if not hasattr(plan_delta, name):
-            raise SystemExit(f"--plan: recurscan.plan.delta has no {name!r}")
-        setattr(plan_delta, name, ast.literal_eval(value))
-        print(f"recurscan.plan.delta.{name} = {getattr(plan_delta, name)!r}", flush=True)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.ab_prev", description=__doc__.split("\n\n")[0])
     ap.add_argument("--prev", required=True, help="folder holding the older package as recurscan_prev/")
@@ -124,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="set recurscan.plan.delta.NAME (a Python literal) for ours before the first call: a "
                          "planner decision against the older package, e.g. PREP_SPLIT_INVERSE=32")
     args = ap.parse_args(argv)
-    set_plan(args.plan)
+    runner.set_plan(args.plan)
     prev = prev_impl(args.prev, args.label)
     device = torch.device("cuda")
     rows = []

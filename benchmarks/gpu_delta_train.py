@@ -335,7 +335,11 @@ def main():
     ap.add_argument("--dqdk-stages", type=int, action="append", help="recurscan again with dq and dk's Gluon "
                                                                      "twin on a ring of this many stages "
                                                                      "(plan.delta.GLUON_DQDK_STAGES; repeatable)")
+    ap.add_argument("--plan", action="append", default=[], metavar="NAME=VALUE",
+                    help="set recurscan.plan.delta.NAME (a Python literal) for recurscan before the first call, "
+                         "e.g. PREP_SPLIT_INVERSE=0 (another --prev package keeps its own plan)")
     args = ap.parse_args()
+    runner.set_plan(args.plan)
     global PROFILE
     PROFILE = args.profile
     rows = []

@@ -574,6 +574,19 @@ def save(records: list[dict[str, Any]], path: str | os.PathLike) -> None:
     path.write_text(json.dumps({"records": records}, indent=2) + "\n")
 
 
+def set_plan(assignments: list[str]) -> None:
+    """``NAME=VALUE`` assignments to ``recurscan.plan.delta`` (each NAME one it has)."""
+    import ast
+
+    from recurscan.plan import delta as plan_delta
+    for text in assignments:
+        name, _, value = text.partition("=")
+        if not hasattr(plan_delta, name):
+            raise SystemExit(f"--plan: recurscan.plan.delta has no {name!r}")
+        setattr(plan_delta, name, ast.literal_eval(value))
+        print(f"recurscan.plan.delta.{name} = {getattr(plan_delta, name)!r}", flush=True)
+
+
 def save_rows(rows: list[dict[str, Any]], path: str | os.PathLike, device: torch.device) -> None:
     """A benchmark's rows with the environment they were measured in, as JSON at ``path``."""
     path = Path(path)

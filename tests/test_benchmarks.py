@@ -243,3 +243,14 @@ def test_the_sweep_variants_parse_into_the_shapes_they_name():
     shape = parse_sweep("64:4:3:qk:reg128:seg3")
     assert shape.sweep_scores and shape.group_prep and shape.prep_maxnreg == 128 and shape.segments == 3
     assert shape.group_prep_heads == 16 and shape.prep_warps == 4 and not shape.gluon_sweep
+
+
+def test_plan_assignments_set_a_planner_constant_and_refuse_an_unknown_name(monkeypatch):
+    """``--plan NAME=VALUE`` (ab_prev, gpu_delta_train): a literal into recurscan.plan.delta before the
+    first call; a name the planner does not have stops the benchmark rather than timing the default."""
+    from recurscan.plan import delta as plan_delta
+    monkeypatch.setattr(plan_delta, "PREP_SPLIT_INVERSE", plan_delta.PREP_SPLIT_INVERSE)
+    runner.set_plan(["PREP_SPLIT_INVERSE=0"])
+    assert plan_delta.PREP_SPLIT_INVERSE == 0
+    with pytest.raises(SystemExit, match="no 'PREP_SPLIT_INVERS'"):
+        runner.set_plan(["PREP_SPLIT_INVERS=16"])
