@@ -1,23 +1,24 @@
-"""Two forms of the chunk's WY inverse, Tinv = (I + A)^-1 for a strictly lower [64, 64] A, each on
+"""Forms of the chunk's WY inverse, Tinv = (I + A)^-1 for a strictly lower [64, 64] A, each on
 its own in a kernel of one program an item (issue 21: is the inverse what makes the prep's
 program long, and does a form of small products shorten it?):
 
-- ``full``: the prep's (``kernels.delta.common._wy_inverse``): recursive block doubling on the
-  whole [64, 64] tile, five levels of two [64, 64] products (on Hopper, wgmma with each operand
-  staged through shared memory);
+- ``full``: recursive block doubling on the whole [64, 64] tile (``kernels.delta.common._wy_inverse``
+  without SPLIT), five levels of two [64, 64] products (on Hopper, wgmma with each operand staged
+  through shared memory);
 - ``blocks``: the four 16 x 16 diagonal blocks as one batch, a warp a block (three doubling levels
   of two batched 16 x 16 products), then merged 16 -> 32 (a batch of two) and 32 -> 64 (two
-  [32, 32] products): ten products on mma.sync, none on [64, 64]. FlashInfer's SM90 prefill inverts
-  this way (8 x 8 blocks by elimination first; docs/kernels-chunk-delta.md).
-- ``split``: the prep's form with its first three levels (2 -> 16) on the four 16 x 16 diagonal
-  blocks as a [4, 16, 16] batch taken out of the [64, 64] tile in registers (six small products
-  instead of six [64, 64] ones), the last two (16 -> 64) as the prep's (``_wy_inverse``'s SPLIT,
-  the form that drops into the prep, which holds A as a [64, 64] tile).
+  [32, 32] products): ten products on mma.sync, none on [64, 64], the blocks moved through memory
+  by the program. FlashInfer's SM90 prefill inverts this way (8 x 8 blocks by elimination first;
+  docs/kernels-chunk-delta.md).
+- ``split``: the prep's form on fp16 operands (``_wy_inverse``'s SPLIT 16, planned): the first
+  three levels (2 -> 16) on the four 16 x 16 diagonal blocks as a [4, 16, 16] batch taken out of
+  the [64, 64] tile in registers (six small products instead of six [64, 64] ones), the last two
+  (16 -> 64) on the whole tile; ``split 32`` the same with levels 1-4 on the two 32 x 32 blocks.
 
 Both with fp16 operands and float32 sums (the prep's INV_FP16 path, every chunk whose steps are
 contractions); each reading A, or forming it from k and beta first as the prep's stage 2 does
 ("from k": one [64, 64] product over K = 128 for the prep's form, one batched product a level for
-the blocks, no [64, 64] K K^T). CI runs both under the interpreter against the float64 inverse
+the blocks, no [64, 64] K K^T). CI runs every form under the interpreter against the float64 inverse
 (tests/test_inverse_forms.py); on a GPU this times them:
 
     python benchmarks/inverse_forms.py --items 8192 --items 32768 --out benchmarks/results/inverse_forms.json
@@ -34,12 +35,6 @@ import triton.language as tl
 from recurscan.kernels.delta.common import _wy_inverse
 
 BT = 64
-
-
-@triton.jit
-def _dot16(x, y):
-    """x y for (batches of) 16- or 32-row float32 tiles: fp16 operands, float32 sums."""
-    return tl.dot(x.to(tl.float16), y.to(tl.float16))
 
 
 @triton.jit
@@ -77,6 +72,12 @@ def _products(k, beta, n, rows, cols, BT: tl.constexpr, K: tl.constexpr, DT: tl.
         k_r = tl.load(k + (n * BT + rows)[:, None] * K + o_k).to(DT)
         k_c = tl.load(k + (n * BT + cols)[:, None] * K + o_k).to(DT)
         return tl.dot(k_r, tl.trans(k_c)) * tl.load(beta + n * BT + rows).to(tl.float32)[:, None]
+
+
+@triton.jit
+def _dot16(x, y):
+    """x y for (batches of) 16- or 32-row float32 tiles: fp16 operands, float32 sums."""
+    return tl.dot(x.to(tl.float16), y.to(tl.float16))
 
 
 @triton.jit

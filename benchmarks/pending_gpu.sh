@@ -76,9 +76,10 @@
 #      blocks form reading A 88.6 us against the prep's form's 173.6 (split 127.7); from k the split form
 #      107.8 against 130.2 (blocks 139.8); at 132 items all 8.5-9.4 us. 8 warps and 32768 items not run.
 #  24. The prep's inverse split into 16 x 16 diagonal blocks (plan.delta.PREP_SPLIT_INVERSE): the prep's
-#      GPU tests at real sizes with it on (and the unproven test of it against the whole-tile form), then the prefill rows with it on against the whole-tile form
-#      (build/prev holding 7302e8b's package as recurscan_prev: `git archive 7302e8b recurscan | tar -x -C
-#      build/prev`, renamed), at 16 rows and at 32. On an H100 at 6166af2 (16 only): 7 GPU tests passed,
+#      GPU tests at real sizes with it on (and the unproven test of it against the whole-tile form),
+#      then the prefill rows with it on against the whole-tile form (build/prev holding 7302e8b's
+#      package as recurscan_prev: `git archive 7302e8b recurscan | tar -x -C build/prev`, renamed), at
+#      16 rows and at 32. On an H100 at 6166af2 (16 only): 7 GPU tests passed,
 #      the prep 10-13% faster, every row faster (results/ab_split_inverse*_h100_6166af2.json); planned at
 #      16 since then. Not yet on the H200.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
