@@ -77,9 +77,9 @@
 #      107.8 against 130.2 (blocks 139.8); at 132 items all 8.5-9.4 us. 8 warps and 32768 items not run.
 #  24. The prep's inverse split into 16 x 16 diagonal blocks (plan.delta.PREP_SPLIT_INVERSE): the prep's
 #      GPU tests at real sizes with it on (and the unproven test of it against the whole-tile form),
-#      then the prefill rows with it on against the whole-tile form (build/prev holding 7302e8b's
-#      package as recurscan_prev: `git archive 7302e8b recurscan | tar -x -C build/prev`, renamed), at
-#      16 rows and at 32. On an H100 at 6166af2 (16 only): 7 GPU tests passed,
+#      then the prefill rows with it on against the whole-tile form (build/base holding 7302e8b's
+#      package as recurscan_prev: `git archive 7302e8b recurscan | tar -x -C build/base`, renamed), at
+#      16 rows and at 32 (SPLITS=16 for one). On an H100 at 6166af2 (16 only): 7 GPU tests passed,
 #      the prep 10-13% faster, every row faster (results/ab_split_inverse*_h100_6166af2.json); planned at
 #      16 since then. Not yet on the H200.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
@@ -211,8 +211,8 @@ step 24 && {
     timeout 150 python -c "import sys, pytest, recurscan.plan.delta as d; d.PREP_SPLIT_INVERSE = 16; sys.exit(pytest.main(
         ['-q', '-x', '-m', 'gpu', 'tests/gpu/test_chunk_delta_gpu.py', '-p', 'no:cacheprovider', '-k',
          'split_inverse or benchmark_shape or gdp_varlen or t65536 or float32 or phases']))" 2>&1 | tail -3
-    for split in 16 32; do
-        timeout 200 env PYTHONPATH=$PWD:/tmp/site python -m benchmarks.ab_prev --prev build/prev --label 7302e8b \
+    for split in ${SPLITS:-16 32}; do
+        timeout 200 env PYTHONPATH=$PWD:/tmp/site python -m benchmarks.ab_prev --prev build/base --label 7302e8b \
             --plan PREP_SPLIT_INVERSE=$split --workload gdn_b1_t16384_h16_hv32 --workload gdn_b4_t8192_h16_hv64 \
             --workload gdp_m2_b4_t4096_h16 --kernels --rep-ms 300 --out "$OUT/ab_split_inverse_${split}_$C.json" 2>&1 \
             | grep -v Warn | grep -E "ours|prep" | tail -20
