@@ -82,6 +82,11 @@
 #      16 rows and at 32 (SPLITS=16 for one). On an H100 at 6166af2 (16 only): 7 GPU tests passed,
 #      the prep 10-13% faster, every row faster (results/ab_split_inverse*_h100_6166af2.json); planned at
 #      16 since then. Not yet on the H200.
+#  25. The prep's inverse by 16 x 16 blocks through its wy tile (plan.delta.PREP_INVERSE_IN_BLOCKS, off):
+#      the prep's GPU tests with it on (the unproven one against the whole-tile form included), the
+#      backward's (it stores winv the same way), then the prefill rows and GDN B4 training with it on
+#      against the split form as planned (build/split holding the package of the commit that added it,
+#      plan off: `git archive <commit> recurscan | tar -x -C build/split`, renamed recurscan_prev).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -210,13 +215,27 @@ step 21 && {
 step 24 && {
     timeout 150 python -c "import sys, pytest, recurscan.plan.delta as d; d.PREP_SPLIT_INVERSE = 16; sys.exit(pytest.main(
         ['-q', '-x', '-m', 'gpu', 'tests/gpu/test_chunk_delta_gpu.py', '-p', 'no:cacheprovider', '-k',
-         'split_inverse or benchmark_shape or gdp_varlen or t65536 or float32 or phases']))" 2>&1 | tail -3
+         '(prep_inverse_forms and split) or benchmark_shape or gdp_varlen or t65536 or float32 or phases']))" 2>&1 | tail -3
     for split in ${SPLITS:-16 32}; do
         timeout 200 env PYTHONPATH=$PWD:/tmp/site python -m benchmarks.ab_prev --prev build/base --label 7302e8b \
             --plan PREP_SPLIT_INVERSE=$split --workload gdn_b1_t16384_h16_hv32 --workload gdn_b4_t8192_h16_hv64 \
             --workload gdp_m2_b4_t4096_h16 --kernels --rep-ms 300 --out "$OUT/ab_split_inverse_${split}_$C.json" 2>&1 \
             | grep -v Warn | grep -E "ours|prep" | tail -20
     done
+}
+step 25 && {
+    timeout 200 python -c "import sys, pytest, recurscan.plan.delta as d; d.PREP_INVERSE_IN_BLOCKS = True; sys.exit(pytest.main(
+        ['-q', '-x', '-m', 'gpu', 'tests/gpu/test_chunk_delta_gpu.py', 'tests/gpu/test_delta_grad_gpu.py', '-p',
+         'no:cacheprovider', '-k', 'prep_inverse_forms or benchmark_shape or gdp_varlen or t65536 or float32 or phases '
+         'or (grad and not unproven and not gluon)']))" > "$OUT/gpu_tests_inverse_in_blocks_$C.log" 2>&1
+    echo "blocks tests rc=$?"; tail -3 "$OUT/gpu_tests_inverse_in_blocks_$C.log"
+    timeout 200 env PYTHONPATH=$PWD:/tmp/site python -m benchmarks.ab_prev --prev build/split --label split16 \
+        --plan PREP_INVERSE_IN_BLOCKS=True --workload gdn_b1_t16384_h16_hv32 --workload gdn_b4_t8192_h16_hv64 \
+        --workload gdp_m2_b4_t4096_h16 --workload gdn_b4_t4096_h16 --kernels --rep-ms 300 \
+        --out "$OUT/ab_inverse_in_blocks_$C.json" 2>&1 | grep -v Warn | grep -E "ours|prep" | tail -20
+    timeout 120 env PYTHONPATH=$PWD:/tmp/site python benchmarks/gpu_delta_train.py --impl recurscan --impl split \
+        --prev build/split --plan PREP_INVERSE_IN_BLOCKS=True --profile --workload gdn_b4_t4096_h16 \
+        --out "$OUT/gpu_delta_train_inverse_in_blocks_$C.json" 2>&1 | grep -v Warning | tail -12
 }
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \
     | grep -v Warning | tail -6
