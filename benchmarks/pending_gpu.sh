@@ -6,7 +6,8 @@
 #
 #   0. The GPU suite but the tests marked unproven (kernels not yet run on a GPU, or whose planner
 #      row is off), and a loss reading one output alone (the other's cotangent None): 218 passed on
-#      the H200 at 60291e3 (results/gpu_tests_60291e3.log); four workers on cards under 100 GB.
+#      the H200 at 60291e3 (results/gpu_tests_60291e3.log); 244 passed, 2 skipped on an H100 at e05461d
+#      (results/gpu_tests_h100_e05461d.log); four workers on cards under 100 GB.
 #   7. The forward rows as planned (the record), and the group prep on 8 warps for simple GLA and
 #      SSD (results/gpu_gla_sweep_h100_4981221.json on the H100; the H200's last at d529156).
 #   3. SSD's cold first forward + backward in a fresh process (target 10 s): 7.2 and 8.9 s on the
@@ -64,7 +65,8 @@
 #      GDP at four stages (step 19's), each only where its tests passed (`... 21` on the same warm machine).
 #  22. Issue 21: one prep program's latency alone on an SM and sharing it (`benchmarks/gpu_prep_latency.py`):
 #      the figure a prep computed beside the chain (docs/kernels-chunk-delta.md, "What bounds the speed")
-#      must bring under a chain step (~2.6 us at BV 128). Not yet run.
+#      must bring under a chain step (~2.6 us at BV 128). On an H100 at e05461d: 8.1 us alone, 4.5 us of
+#      SM-time at three an SM (results/gpu_prep_latency_h100_e05461d.json).
 #  23. Issue 21: the chunk's WY inverse alone in its two forms (`benchmarks/inverse_forms.py`: the prep's
 #      five levels of [64, 64] products against 16 x 16 blocks merged by 16 x 16 products) at B1's and
 #      HV64's item counts, each reading A or forming it from k first (the prep's stage 2 whole). Offline
@@ -76,17 +78,13 @@
 #      blocks form reading A 88.6 us against the prep's form's 173.6 (split 127.7); from k the split form
 #      107.8 against 130.2 (blocks 139.8); at 132 items all 8.5-9.4 us. 8 warps and 32768 items not run.
 #  24. The prep's inverse split into 16 x 16 diagonal blocks (plan.delta.PREP_SPLIT_INVERSE): the prep's
-#      GPU tests at real sizes with it on (and the unproven test of it against the whole-tile form),
+#      GPU tests at real sizes with it on (and the test of it against the whole-tile form),
 #      then the prefill rows with it on against the whole-tile form (build/base holding 7302e8b's
 #      package as recurscan_prev: `git archive 7302e8b recurscan | tar -x -C build/base`, renamed), at
 #      16 rows and at 32 (SPLITS=16 for one). On an H100 at 6166af2 (16 only): 7 GPU tests passed,
 #      the prep 10-13% faster, every row faster (results/ab_split_inverse*_h100_6166af2.json); planned at
-#      16 since then. Not yet on the H200.
-#  25. The prep's inverse by 16 x 16 blocks through its wy tile (plan.delta.PREP_INVERSE_IN_BLOCKS, off):
-#      the prep's GPU tests with it on (the unproven one against the whole-tile form included), the
-#      backward's (it stores winv the same way), then the prefill rows and GDN B4 training with it on
-#      against the split form as planned (build/split holding the package of the commit that added it,
-#      plan off: `git archive <commit> recurscan | tar -x -C build/split`, renamed recurscan_prev).
+#      16 since then; its accuracy test against the whole-tile form passed on an H100 at e05461d. Not yet
+#      on the H200.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -215,27 +213,13 @@ step 21 && {
 step 24 && {
     timeout 150 python -c "import sys, pytest, recurscan.plan.delta as d; d.PREP_SPLIT_INVERSE = 16; sys.exit(pytest.main(
         ['-q', '-x', '-m', 'gpu', 'tests/gpu/test_chunk_delta_gpu.py', '-p', 'no:cacheprovider', '-k',
-         '(prep_inverse_forms and split) or benchmark_shape or gdp_varlen or t65536 or float32 or phases']))" 2>&1 | tail -3
+         'split_inverse or benchmark_shape or gdp_varlen or t65536 or float32 or phases']))" 2>&1 | tail -3
     for split in ${SPLITS:-16 32}; do
         timeout 200 env PYTHONPATH=$PWD:/tmp/site python -m benchmarks.ab_prev --prev build/base --label 7302e8b \
             --plan PREP_SPLIT_INVERSE=$split --workload gdn_b1_t16384_h16_hv32 --workload gdn_b4_t8192_h16_hv64 \
             --workload gdp_m2_b4_t4096_h16 --kernels --rep-ms 300 --out "$OUT/ab_split_inverse_${split}_$C.json" 2>&1 \
             | grep -v Warn | grep -E "ours|prep" | tail -20
     done
-}
-step 25 && {
-    timeout 200 python -c "import sys, pytest, recurscan.plan.delta as d; d.PREP_INVERSE_IN_BLOCKS = True; sys.exit(pytest.main(
-        ['-q', '-x', '-m', 'gpu', 'tests/gpu/test_chunk_delta_gpu.py', 'tests/gpu/test_delta_grad_gpu.py', '-p',
-         'no:cacheprovider', '-k', 'prep_inverse_forms or benchmark_shape or gdp_varlen or t65536 or float32 or phases '
-         'or (grad and not unproven and not gluon)']))" > "$OUT/gpu_tests_inverse_in_blocks_$C.log" 2>&1
-    echo "blocks tests rc=$?"; tail -3 "$OUT/gpu_tests_inverse_in_blocks_$C.log"
-    timeout 200 env PYTHONPATH=$PWD:/tmp/site python -m benchmarks.ab_prev --prev build/split --label split16 \
-        --plan PREP_INVERSE_IN_BLOCKS=True --workload gdn_b1_t16384_h16_hv32 --workload gdn_b4_t8192_h16_hv64 \
-        --workload gdp_m2_b4_t4096_h16 --workload gdn_b4_t4096_h16 --kernels --rep-ms 300 \
-        --out "$OUT/ab_inverse_in_blocks_$C.json" 2>&1 | grep -v Warn | grep -E "ours|prep" | tail -20
-    timeout 120 env PYTHONPATH=$PWD:/tmp/site python benchmarks/gpu_delta_train.py --impl recurscan --impl split \
-        --prev build/split --plan PREP_INVERSE_IN_BLOCKS=True --profile --workload gdn_b4_t4096_h16 \
-        --out "$OUT/gpu_delta_train_inverse_in_blocks_$C.json" 2>&1 | grep -v Warning | tail -12
 }
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \
     | grep -v Warning | tail -6

@@ -419,13 +419,6 @@ GLUON_GDP_SCORES = GluonTwinRow(True, "GDP M = 2 B4 T4096 H16 forward + backward
 #: it has more barriers and spills (92, 112 B against 16's 79, 48 B), so 16. Not yet on the H200.
 PREP_SPLIT_INVERSE = 16
 
-#: The prep's WY inverse (fp16 operands, chunks whose steps are contractions) by 16 x 16 blocks
-#: throughout, moved through the program's own wy tile (``_wy_inverse_in_blocks``; in place of
-#: PREP_SPLIT_INVERSE's form where on): every product small, three barriers and four trips to L2.
-#: The inverse alone in this form took 88.6 us against the split form's 127.7 at 8192 items on an
-#: H100 (results/inverse_forms_h100_6166af2.json, reading A from memory). Off until measured in the prep.
-PREP_INVERSE_IN_BLOCKS = False
-
 
 #: The phases' ratio (DeltaShape.phase_ratio) where the sweep runs as its Gluon twin: B1 T16384 H16
 #: HV32 in 6 phases, graph replay, 0.505 ms at 0.8 against 0.513 at 0.75 and 0.525 at 0.9 (the Triton

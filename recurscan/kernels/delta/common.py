@@ -122,66 +122,6 @@ def _wy_inverse(b_T, b_A, o_t, FP16: tl.constexpr, PRECISION: tl.constexpr, SPLI
 
 
 @triton.jit
-def _wy_inverse_in_blocks(b_T, b_A, o_t, scratch, row_stride, n_rows):
-    """Tinv = (I + A)^-1 for strictly lower A [64, 64] (float32 tile; b_T = D_2 as for
-    :func:`_wy_inverse`) by 16 x 16 blocks, fp16 operands and float32 sums (chunks whose steps are
-    contractions), every product small (mma.sync, no [64, 64] one): the blocks form of
-    ``benchmarks/inverse_forms.py``, with its blocks moved through ``scratch``, the program's own
-    [64, 64] tile of a 16-bit output (rows ``row_stride`` elements apart; rows >= ``n_rows`` are not
-    the program's and are neither written nor read). Returns Tinv as a float32 tile of fp16 values,
-    zero above the diagonal and on rows >= n_rows, read back before a barrier, so the caller may
-    overwrite the scratch with its result at once.
-
-    1. D_1..D_4 = (I + A_kk)^-1, the diagonal blocks as a [4, 16, 16] batch (a warp a block), by
-       the doubling of :func:`_wy_inverse` (three levels); stored on the diagonal, and A's blocks
-       below the diagonal blocks stored transposed in the tile's upper part, which nothing else uses;
-    2. 16 -> 32: X_21 = -D_2 A_21 D_1, X_43 = -D_4 A_43 D_3 as a [2, 16, 16] batch;
-    3. 32 -> 64: X_BA = -D_B A_BA D_A, D_A and D_B the [32, 32] diagonal blocks written so far.
-    A row of Tinv depends only on A's and D's rows at or above it, so the rows a partial chunk
-    cannot write (loaded as zeros) change no row it keeps."""
-    scratch = scratch.to(tl.pointer_type(tl.float16))
-    rows_ok = o_t < n_rows
-    # 1. the diagonal blocks, in registers as the split form takes them
-    i3 = tl.arange(0, 16)[None, :, None]
-    j3 = tl.arange(0, 16)[None, None, :]
-    A_blocks = _diagonal_blocks(b_A, 4, 16).to(tl.float16)
-    D = _diagonal_blocks(b_T, 4, 16)
-    for lvl in tl.static_range(1, 4):
-        A_s = tl.where(((i3 >> lvl) ^ (j3 >> lvl)) == 1, A_blocks, 0.0)
-        D = D - tl.dot(D.to(tl.float16), tl.dot(A_s, D.to(tl.float16)).to(tl.float16))
-    b4 = tl.arange(0, 4)[:, None, None] * 16
-    tl.store(scratch + (b4 + i3) * row_stride + b4 + j3, D.to(tl.float16), mask=(b4 + i3) < n_rows)
-    # position (i, j) above the diagonal blocks holds A[j, i]
-    upper = (o_t[:, None] >> 4) < (o_t[None, :] >> 4)
-    tl.store(scratch + o_t[:, None] * row_stride + o_t[None, :], tl.trans(b_A).to(tl.float16),
-             mask=upper & rows_ok[:, None])
-    tl.debug_barrier()  # every warp's blocks written before any is read
-    # 2. the blocks below D_1 and D_3
-    b2 = tl.arange(0, 2)[:, None, None] * 32
-    m_odd = (b2 + 16 + i3) < n_rows
-    D_odd = tl.load(scratch + (b2 + 16 + i3) * row_stride + b2 + 16 + j3, mask=m_odd, other=0.0)
-    D_even = tl.load(scratch + (b2 + i3) * row_stride + b2 + j3, mask=(b2 + i3) < n_rows, other=0.0)
-    A_below = tl.load(scratch + (b2 + j3) * row_stride + b2 + 16 + i3, mask=(b2 + j3) < n_rows, other=0.0)
-    X = -tl.dot(D_odd, tl.dot(A_below, D_even).to(tl.float16))
-    tl.store(scratch + (b2 + 16 + i3) * row_stride + b2 + j3, X.to(tl.float16), mask=m_odd)
-    tl.debug_barrier()
-    # 3. the lower-left [32, 32] block; the diagonal blocks' upper parts hold A's, hence the select
-    p = tl.arange(0, 32)
-    lower = p[:, None] >= p[None, :]
-    D_A = tl.load(scratch + p[:, None] * row_stride + p[None, :], mask=lower & (p < n_rows)[:, None], other=0.0)
-    m_B = (32 + p < n_rows)[:, None]
-    D_B = tl.load(scratch + (32 + p)[:, None] * row_stride + 32 + p[None, :], mask=lower & m_B, other=0.0)
-    A_BA = tl.load(scratch + p[None, :] * row_stride + 32 + p[:, None], mask=(p < n_rows)[None, :], other=0.0)
-    X_BA = -tl.dot(D_B, tl.dot(A_BA, D_A).to(tl.float16))
-    tl.store(scratch + (32 + p)[:, None] * row_stride + p[None, :], X_BA.to(tl.float16), mask=m_B)
-    tl.debug_barrier()
-    causal = o_t[:, None] >= o_t[None, :]
-    b_T = tl.load(scratch + o_t[:, None] * row_stride + o_t[None, :], mask=causal & rows_ok[:, None], other=0.0)
-    tl.debug_barrier()  # read before the caller's store replaces it
-    return b_T.to(tl.float32)
-
-
-@triton.jit
 def _chunk_slot(bos, c, i_n, BT: tl.constexpr):
     """Slot of expanded chunk c of sequence i_n (its rows start at bos) in the per-chunk scratch
     (``coef``): ``(bos + c * BT) // BT + i_n``, distinct for every chunk of every sequence (the

@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 from ..gla.common import _ssd_steps
-from .common import _chunk_gates, _chunk_slot, _gate_tile, _gates_of, _prep_chunk, _wy_inverse, _wy_inverse_in_blocks
+from .common import _chunk_gates, _chunk_slot, _gate_tile, _gates_of, _prep_chunk, _wy_inverse
 
 
 @triton.jit(do_not_specialize=["n_seq", "chunk_lo", "chunk_span", "wait_primary"])
@@ -20,7 +20,6 @@ def chunk_delta_prep_kernel(
     PDL: tl.constexpr = False, STORE_INV: tl.constexpr = False, WY: tl.constexpr = True,
     SSD: tl.constexpr = False, HAS_DT_BIAS: tl.constexpr = False, DT_SOFTPLUS: tl.constexpr = False,
     DT_LIMIT: tl.constexpr = False, HEADS: tl.constexpr = 1, INV_SPLIT: tl.constexpr = 0,
-    INV_BLOCKS: tl.constexpr = False,
 ):
     """Grid (chunks of the expanded stream x HV,), chunk-major: program -> (chunk pid // HV, value
     head pid % HV), so that the value heads of a GVA group, which share their q/k tiles, run side by
@@ -48,9 +47,7 @@ def chunk_delta_prep_kernel(
     operands, same mantissa as tf32, half the operand bytes and twice the tensor-core rate; any
     other chunk keeps tf32, whose range it needs. INV_SPLIT (16 or 32, with INV_FP16; 0 off): those
     chunks' inverse takes its levels up to blocks of INV_SPLIT rows on the diagonal blocks as a
-    batch (:func:`_wy_inverse`). INV_BLOCKS (with INV_FP16; in place of INV_SPLIT): those chunks'
-    inverse by 16 x 16 blocks throughout, moved through the program's own ``wy`` tile before the
-    result is written there (:func:`_wy_inverse_in_blocks`).
+    batch (:func:`_wy_inverse`).
 
     Varlen: ``chunk_indices [NT_pad, 2]`` holds (sequence, chunk) on the expanded stream; a row with
     sequence -1 is padding and does nothing. Programs (c, 0) with c < ceil(n_seq / RANK_BLOCK) write
@@ -216,10 +213,7 @@ def chunk_delta_prep_kernel(
             b_T = eye.to(tl.float32) - tl.where((o_t[:, None] ^ o_t[None, :]) == 1, b_A, 0.0)
             if INV_FP16:
                 if contraction:
-                    if INV_BLOCKS:
-                        b_T = _wy_inverse_in_blocks(b_T, b_A, o_t, wy + (r0 * HV + i_hv) * BT, HV * BT, eos - r0)
-                    else:
-                        b_T = _wy_inverse(b_T, b_A, o_t, True, INV_PRECISION, INV_SPLIT)
+                    b_T = _wy_inverse(b_T, b_A, o_t, True, INV_PRECISION, INV_SPLIT)
                 else:
                     b_T = _wy_inverse(b_T, b_A, o_t, False, INV_PRECISION)
             else:
