@@ -85,6 +85,10 @@
 #      the prep 10-13% faster, every row faster (results/ab_split_inverse*_h100_6166af2.json); planned at
 #      16 since then; its accuracy test against the whole-tile form passed on an H100 at e05461d. Not yet
 #      on the H200.
+#  26. Issue 21: the Gluon prep prototype (benchmarks/gluon_prep_proto.py: the inverse on small products through
+#      shared memory; dense GDN, contraction chunks) against the Triton prep as planned at B1 T16384 HV32, B4
+#      T8192 HV64 and B4 T4096: outputs compared, each through the planned sweep against float64, each prep
+#      timed alone, uncapped and at 168 registers. Not yet run.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -221,6 +225,8 @@ step 24 && {
             | grep -v Warn | grep -E "ours|prep" | tail -20
     done
 }
+step 26 && timeout 240 env PYTHONPATH=$PWD python benchmarks/gluon_prep_proto.py --out "$OUT/gluon_prep_proto_$C.json" 2>&1 \
+    | grep -v Warning | tail -8
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \
     | grep -v Warning | tail -6
 step 23 && timeout 150 env PYTHONPATH=$PWD python benchmarks/inverse_forms.py --items 132 --items 8192 --items 32768 \

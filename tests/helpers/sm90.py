@@ -531,10 +531,35 @@ def compile_descriptors() -> list[str]:
     return lines
 
 
+def compile_gluon_prep_proto() -> list[str]:
+    """benchmarks/gluon_prep_proto.py's kernel (GDN dense, H16 HV32, K 128, bf16) with no register
+    cap and at the Triton prep's (168): a line each with its registers and stack."""
+    from benchmarks import gluon_prep_proto
+    from benchmarks.sm90_resources import resources
+    from triton.experimental.gluon._runtime import GluonASTSource
+    kernel = gluon_prep_proto.gluon_prep_kernel
+    const = dict(H=16, HV=32, K=128, BT=64)
+    sig = dict(q="*bf16", k="*bf16", g="*fp32", beta="*bf16", wy="*bf16", aqk="*bf16", coef="*fp32", scale="fp32",
+               T="i32", **{n: "constexpr" for n in const})
+    names = kernel.arg_names
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items() if t.startswith("*")}
+    lines = []
+    for cap in (None, 168):
+        src = GluonASTSource(kernel, sig, constexprs={(names.index(k),): v for k, v in const.items()}, attrs=attrs)
+        options = dict(num_warps=4, **({"maxnreg": cap} if cap else {}))
+        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+        if compiled.metadata.shared > H200_SHARED:
+            raise AssertionError(f"gluon_prep_kernel: {compiled.metadata.shared} B of shared memory")
+        lines.append(f"gluon_prep_kernel, maxnreg {cap or '-'}: {resources(compiled)}")
+    return lines
+
+
 def lines_for(argv: list[str]) -> list[str]:
     """The compiled lines of one command line of this module (its docstring's forms)."""
     if argv[0] == "gluon-forward":
         return compile_gluon_forward()
+    if argv[0] == "gluon-prep-proto":
+        return compile_gluon_prep_proto()
     if argv[0] == "ssd-gate":
         return compile_ssd_gate()
     if argv[0] in ("gla-sweep", "ssd-sweep", "gla-per-key-sweep"):

@@ -1,0 +1,293 @@
+"""A Gluon prototype of the delta-rule prep whose WY inverse runs on small products through shared
+memory (issue 21; GPU only, not in the package). Does the prep of another design pay, before it is
+built with every feature of the Triton prep (``recurscan.kernels.delta.prep``, its twin here)?
+
+The Triton prep's inverse takes its first three doubling levels on the 16 x 16 diagonal blocks and
+its last two on [64, 64] products; by 16 x 16 blocks throughout it was faster alone
+(``benchmarks/inverse_forms.py``) but slower in the prep with its blocks moved through L2
+(perf-history, 2026-12-06, e05461d): Triton gives a kernel no shared memory of its own. Here, per
+program (one warpgroup, one (chunk, value head)):
+
+1. k and q land in shared memory; K K^T, Q K^T and Q Q^T on wgmma, one wait.
+2. Gates, norm factors, the sweep's coefficients and aqk as the twin forms them (no resets, no
+   non-finite rows: the prototype's inputs have neither).
+3. The inverse, fp16 operands and float32 sums (every chunk's steps contractions, as unit keys and
+   beta in (0, 1) make them): the diagonal blocks D_1..D_4 taken out of A in registers (a masked
+   sum over the reshaped tile, within each thread) and inverted as a [4, 16, 16] batch on mma.sync
+   (a warp a block, three doubling levels); then through shared memory X_21 = -D_2 A_21 D_1 and
+   X_43 = -D_4 A_43 D_3 (a batch of two) and X_BA = -D_B A_BA D_A ([32, 32]), each block written
+   to the [64, 64] tile of Tinv in shared memory, read back once for wy = (G o Tinv) diag(beta).
+
+The outputs (wy, aqk, coef) are the twin's, in its layouts; ``main`` compares them with the twin's
+on the GPU and times both at B1 T16384 HV32, B4 T8192 HV64 and B4 T4096 (the prep's item counts):
+
+    python benchmarks/gluon_prep_proto.py --out benchmarks/results/gluon_prep_proto.json
+
+Scope: dense, M = 1, K = 128, 16-bit inputs, l2norm in the kernel, g and beta given, finite
+decays without resets, contraction chunks.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+
+BT = 64
+
+
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _diagonal_blocks(x):
+    """The 16 x 16 blocks (w, w - s) of ``x [64, 64]`` as a batch [4, 16, 16], for x zero outside
+    them (one block a block row): a sum over the column blocks of the reshaped tile, each thread's
+    own (the wgmma layout gives a thread columns of every block)."""
+    return gl.sum(gl.reshape(x, [4, 16, 4, 16]), axis=2)
+
+
+@gluon.jit
+def _small(a, b, layout: gl.constexpr):
+    """a b for square (batches of) tiles in registers, on mma.sync in ``layout`` (NVMMA v2), fp16
+    operands, float32 sums."""
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=layout, k_width=2)
+    b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=layout, k_width=2)
+    return mma_v2(gl.convert_layout(a.to(gl.float16), a_op), gl.convert_layout(b.to(gl.float16), b_op),
+                  gl.zeros(b.shape, gl.float32, layout))
+
+
+@gluon.jit
+def _small_smem(a_s, b, layout: gl.constexpr, SHAPE: gl.constexpr, B_SHARED: gl.constexpr):
+    """a b for a square fp16 operand ``a_s`` in shared memory (a view) and ``b`` in shared memory
+    (B_SHARED) or in registers, both of SHAPE, on mma.sync in ``layout``."""
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=layout, k_width=2)
+    b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=layout, k_width=2)
+    if B_SHARED:
+        b_val = b.load(b_op)
+    else:
+        b_val = gl.convert_layout(b.to(gl.float16), b_op)
+    return mma_v2(a_s.load(a_op), b_val, gl.zeros(SHAPE, gl.float32, layout))
+
+
+@gluon.jit
+def gluon_prep_kernel(q, k, g, beta, wy, aqk, coef, scale, T, H: gl.constexpr, HV: gl.constexpr,
+                      K: gl.constexpr, BT: gl.constexpr):
+    """Grid (chunks x HV,), chunk-major as the twin's: writes wy, aqk and coef of the program's
+    (chunk, value head) as ``chunk_delta_prep_kernel`` does for this scope."""
+    gl.static_assert(gl.num_warps() == 4, "one warpgroup")
+    gl.static_assert(BT == 64, "chunks of 64 rows")
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+    rowv: gl.constexpr = gl.SliceLayout(1, mma)
+    colv: gl.constexpr = gl.SliceLayout(0, mma)
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    batch4: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
+    batch2: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, 1, 2], instr_shape=[1, 16, 8])
+    tile32: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, 2], instr_shape=[16, 8])
+    plain2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+    plain3: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0])
+    blk16: gl.constexpr = gl.BlockedLayout([1, 2], [16, 2], [1, 4], [1, 0])  # a [16, 16] block's copy
+
+    pid = gl.program_id(0).to(gl.int64)
+    i_c = pid // HV
+    i_hv = pid % HV
+    i_h = i_hv // (HV // H)
+    NT = (T + BT - 1) // BT
+    i_n = i_c // NT
+    i_t = i_c % NT
+    bos = i_n * T
+    eos = bos + T
+    r0 = bos + i_t * BT
+
+    # 1. the tiles, and the three products over K
+    o_l = gl.arange(0, BT, layout=gl.SliceLayout(1, ld))
+    o_kl = gl.arange(0, K, layout=gl.SliceLayout(0, ld))
+    rows_l = r0 + o_l.to(gl.int64)
+    m_l = (rows_l < eos)[:, None] & (o_kl < K)[None, :]
+    p_qk = (rows_l * H + i_h)[:, None] * K + o_kl[None, :]
+    smem_qk: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, K], k.dtype.element_ty)
+    k_s = gl.allocate_shared_memory(k.dtype.element_ty, [BT, K], smem_qk)
+    q_s = gl.allocate_shared_memory(k.dtype.element_ty, [BT, K], smem_qk)
+    k_s.store(gl.load(k + p_qk, mask=m_l, other=0.0))
+    q_s.store(gl.load(q + p_qk, mask=m_l, other=0.0))
+    o_t = gl.arange(0, BT, layout=rowv)
+    o_c = gl.arange(0, BT, layout=colv)
+    rows = r0 + o_t.to(gl.int64)
+    m_r = rows < eos
+    b_g = gl.load(g + rows * HV + i_hv, mask=m_r, other=0.0).to(gl.float32) * 1.4426950408889634
+    b_beta = gl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(gl.float32)
+    fence_async_shared()
+    gl.thread_barrier()
+    zero = gl.zeros([BT, BT], gl.float32, mma)
+    kk = warpgroup_mma(k_s, k_s.permute((1, 0)), zero, is_async=True)
+    qk = warpgroup_mma(q_s, k_s.permute((1, 0)), zero, is_async=True)
+    qq = warpgroup_mma(q_s, q_s.permute((1, 0)), zero, is_async=True)
+    kk, qk, qq = warpgroup_mma_wait(num_outstanding=0, deps=(kk, qk, qq))
+
+    # 2. gates, norm factors, coefficients, aqk
+    r = o_t[:, None]
+    c = o_c[None, :]
+    eye = r == c
+    line: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # the scan's layout (not the wgmma's slices)
+    gc = gl.convert_layout(gl.associative_scan(gl.convert_layout(b_g, line), 0, _add), rowv)
+    gc_c = gl.convert_layout(gc, colv)
+    k_sq = gl.sum(gl.where(eye, kk, 0.0), axis=1)
+    rk = gl.rsqrt(k_sq + 1e-6)
+    rq = gl.rsqrt(gl.sum(gl.where(eye, qq, 0.0), axis=1) + 1e-6) * scale
+    rk_c = gl.convert_layout(rk, colv)
+    gc_last = gl.sum(gl.where(o_t == BT - 1, gc, 0.0), axis=0)
+    lam = gl.exp2(gc)
+    gam = gl.exp2(gc_last - gc)
+    p_coef = coef + ((((bos + i_t * BT) // BT + i_n) * HV + i_hv) * BT + o_t) * 4
+    gl.store(p_coef, lam * rk, mask=m_r)
+    gl.store(p_coef + 1, lam * rq, mask=m_r)
+    gl.store(p_coef + 2, gam * rk, mask=m_r)
+    gl.store(p_coef + 3, gl.zeros([BT], gl.float32, rowv) + gl.exp2(gc_last), mask=o_t == 0)
+    causal = r >= c
+    G = gl.where(causal, gl.exp2(gc[:, None] - gc_c[None, :]), 0.0)
+    p_out = (rows * HV + i_hv)[:, None] * BT + c
+    gl.store(aqk + p_out, (G * qk * rq[:, None] * rk_c[None, :]).to(aqk.dtype.element_ty), mask=m_r[:, None])
+    beta_c = gl.convert_layout(b_beta, colv)
+    Gb = (G * beta_c[None, :]).to(gl.float16)
+
+    # 3. the inverse: A = diag(beta) strictLower(K K^T) for normalised keys
+    A = gl.where(r > c, kk * (b_beta * rk)[:, None] * rk_c[None, :], 0.0)
+    same = (r >> 4) == (c >> 4)
+    D = _diagonal_blocks(gl.where(same, gl.where(eye, 1.0, 0.0) - gl.where((r ^ c) == 1, A, 0.0), 0.0))
+    D = gl.convert_layout(D, batch4)
+    for lvl in gl.static_range(1, 4):
+        A_s = _diagonal_blocks(gl.where(((r >> lvl) ^ (c >> lvl)) == 1, A, 0.0))
+        D = D - _small(D, _small(A_s, D, batch4), batch4)
+    below = _diagonal_blocks(gl.where((r >> 4) == (c >> 4) + 1, A, 0.0))  # block w: A's (w, w - 1)
+
+    d_s = gl.allocate_shared_memory(gl.float16, [4, 16, 16], plain3)
+    b_s = gl.allocate_shared_memory(gl.float16, [4, 16, 16], plain3)
+    a_s = gl.allocate_shared_memory(gl.float16, [BT, BT], plain2)
+    t_s = gl.allocate_shared_memory(gl.float16, [BT, BT], plain2)
+    x_s = gl.allocate_shared_memory(gl.float16, [2, 16, 16], plain3)
+    d_s.store(D.to(gl.float16))
+    b_s.store(below.to(gl.float16))
+    a_s.store(A.to(gl.float16))
+    t_s.store(gl.zeros([BT, BT], gl.float16, mma))
+    gl.thread_barrier()
+    # 16 -> 32: the batch of the pairs (D_2, A_21, D_1) and (D_4, A_43, D_3)
+    d_pairs = d_s.reshape([2, 32, 16])
+    a_pairs = b_s.reshape([2, 32, 16])
+    X = _small_smem(a_pairs.slice(16, 16, 1), d_pairs.slice(0, 16, 1), batch2, [2, 16, 16], True)
+    X = -_small_smem(d_pairs.slice(16, 16, 1), X, batch2, [2, 16, 16], False)
+    x_s.store(X.to(gl.float16))
+    for w in gl.static_range(4):  # D_1..D_4 on the diagonal of Tinv
+        t_s.slice(16 * w, 16, 0).slice(16 * w, 16, 1).store(d_s.reshape([64, 16]).slice(16 * w, 16, 0).load(blk16))
+    gl.thread_barrier()
+    for p in gl.static_range(2):  # X_21, X_43 below them
+        t_s.slice(32 * p + 16, 16, 0).slice(32 * p, 16, 1).store(x_s.reshape([32, 16]).slice(16 * p, 16, 0).load(blk16))
+    gl.thread_barrier()
+    # 32 -> 64: X_BA = -D_B A_BA D_A
+    Y = _small_smem(a_s.slice(32, 32, 0).slice(0, 32, 1), t_s.slice(0, 32, 0).slice(0, 32, 1), tile32, [32, 32], True)
+    X_BA = -_small_smem(t_s.slice(32, 32, 0).slice(32, 32, 1), Y, tile32, [32, 32], False)
+    gl.thread_barrier()  # every warp has read D_A (the lower-left block is written next)
+    t_s.slice(32, 32, 0).slice(0, 32, 1).store(X_BA.to(gl.float16))
+    gl.thread_barrier()
+    Tinv = t_s.load(mma)
+    p_wy = wy + (r0 * HV + i_hv) * BT + (o_t * (HV * BT))[:, None] + c
+    gl.store(p_wy, (Gb.to(gl.float32) * Tinv.to(gl.float32)).to(wy.dtype.element_ty), mask=(o_t < eos - r0)[:, None])
+
+
+def gluon_prep(q, k, g, beta, wy, aqk, coef, scale: float, maxnreg: int | None = None) -> None:
+    """Launch the prototype on dense ``q, k [B, T, H, K]``, ``g, beta [B, T, HV]`` into the
+    twin's buffers (``wy, aqk [B * T, HV, 64]``, ``coef``)."""
+    B, T, H, K = q.shape
+    HV = g.shape[2]
+    grid = (B * triton_cdiv(T, BT) * HV,)
+    options = dict(num_warps=4) if maxnreg is None else dict(num_warps=4, maxnreg=maxnreg)
+    gluon_prep_kernel[grid](q, k, g, beta, wy, aqk, coef, scale, T, H=H, HV=HV, K=K, BT=BT, **options)
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _rel_rms(got: torch.Tensor, want: torch.Tensor) -> float:
+    """||got - want|| / ||want|| in float64, NaN taken as 0 in both (a slot neither wrote)."""
+    got, want = (torch.nan_to_num(t.double(), nan=0.0) for t in (got, want))
+    return float((got - want).norm() / want.norm())
+
+
+WORKLOADS = ["gdn_b1_t16384_h16_hv32", "gdn_b4_t8192_h16_hv64", "gdn_b4_t4096_h16"]
+
+
+def compare(name: str, rep_ms: int, maxnregs: list) -> list[dict]:
+    """One workload: the twin's prep (as planned, alone) and the prototype's at each register cap,
+    their outputs compared, each prep timed alone and each output through the planned sweep
+    against the float64 chunked oracle."""
+    import triton.testing as tt
+
+    from recurscan.launch.delta import DeltaInputs, allocate_buffers, run_delta_launches
+    from recurscan.plan import delta_shape
+    from recurscan.problem import delta_problem
+    from recurscan.reference.delta import gated_delta_rule_chunked
+
+    from benchmarks import registry
+    from benchmarks.delta_variants import variant_launches
+
+    x = registry.get(name).make_inputs("cuda", 0)
+    q, k, v, g, beta = (x[n] for n in ("q", "k", "v", "g", "beta"))
+    assert x["cu_seqlens"] is None and bool(torch.isfinite(g).all()) and float(g.min()) > -100.0
+    scale = q.shape[-1] ** -0.5
+    shape = delta_shape(delta_problem(q, k, v, g, beta), torch.device("cuda"))
+    kw = dict(use_qk_l2norm_in_kernel=True, output_final_state=True, scale=scale, shape=shape)
+    prep = variant_launches(q, k, v, g, beta, stage="prep", **kw)
+    sweep = variant_launches(q, k, v, g, beta, stage="sweep", **kw)
+    inputs = DeltaInputs(q, k, v, g, beta)
+    twin = allocate_buffers(prep)
+    for n in ("wy", "aqk", "coef"):  # what a prep leaves unwritten stays NaN in both
+        twin[n].fill_(float("nan"))
+    mine = {n: torch.full_like(twin[n], float("nan")) for n in ("wy", "aqk", "coef")}
+    with torch.no_grad():
+        run_delta_launches(prep, inputs, given=twin)
+        twin_out = run_delta_launches(sweep, inputs, given=twin)
+        reference = gated_delta_rule_chunked(*(t.double() for t in (q, k, v, g, beta)), scale=scale,
+                                             use_qk_l2norm_in_kernel=True)
+    rows = []
+    twin_ms = tt.do_bench_cudagraph(lambda: run_delta_launches(prep, inputs, given=twin), rep=rep_ms)
+    for cap in maxnregs:
+        gluon_prep(q, k, g, beta, mine["wy"], mine["aqk"], mine["coef"], scale, cap)
+        torch.cuda.synchronize()
+        out = run_delta_launches(sweep, inputs, given=mine)
+        query_rows = {n: _rel_rms(mine[n], twin[n]) for n in ("wy", "aqk")}
+        coef_err = _rel_rms(mine["coef"], twin["coef"])
+        ms = tt.do_bench_cudagraph(lambda: gluon_prep(q, k, g, beta, mine["wy"], mine["aqk"], mine["coef"], scale,
+                                                      cap), rep=rep_ms)
+        row = dict(workload=name, maxnreg=cap, gluon_prep_ms=ms, twin_prep_ms=twin_ms, twin_over_gluon=twin_ms / ms,
+                   wy_rel_rms_vs_twin=query_rows["wy"], aqk_rel_rms_vs_twin=query_rows["aqk"],
+                   coef_rel_rms_vs_twin=coef_err,
+                   o_rel_rms_vs_f64=_rel_rms(out[0].double(), reference[0]),
+                   twin_o_rel_rms_vs_f64=_rel_rms(twin_out[0].double(), reference[0]),
+                   state_rel_rms_vs_f64=_rel_rms(out[1].double(), reference[1]),
+                   twin_state_rel_rms_vs_f64=_rel_rms(twin_out[1].double(), reference[1]))
+        print(row, flush=True)
+        rows.append(row)
+    return rows
+
+
+def main():
+    from benchmarks.runner import save_rows
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workload", action="append")
+    ap.add_argument("--maxnreg", type=int, action="append", help="register caps of the prototype (0: none)")
+    ap.add_argument("--rep-ms", type=int, default=200)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    caps = [c or None for c in (args.maxnreg or [0, 168])]
+    rows = [row for name in (args.workload or WORKLOADS) for row in compare(name, args.rep_ms, caps)]
+    if args.out:
+        save_rows(rows, args.out, torch.device("cuda"))
+
+
+if __name__ == "__main__":
+    main()
