@@ -19,7 +19,8 @@ program (one warpgroup, one (chunk, value head)):
    to the [64, 64] tile of Tinv in shared memory, read back once for wy = (G o Tinv) diag(beta).
 
 The outputs (wy, aqk, coef) are the twin's, in its layouts; ``main`` compares them with the twin's
-on the GPU and times both at B1 T16384 HV32, B4 T8192 HV64 and B4 T4096 (the prep's item counts):
+on the GPU and times both at B1 T16384 HV32, B4 T8192 HV64 and B4 T4096 (the prep's item counts), and one
+program's latency alone on an SM and three to an SM (one-chunk sequences):
 
     python benchmarks/gluon_prep_proto.py --out benchmarks/results/gluon_prep_proto.json
 
@@ -37,6 +38,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 BT = 64
+DEVICE = "cuda"  # a dry run of the host code may set "cpu" (tests/test_gluon_prep_proto.py)
 
 
 @gluon.jit
@@ -235,11 +237,11 @@ def compare(name: str, rep_ms: int, maxnregs: list) -> list[dict]:
     from benchmarks import registry
     from benchmarks.delta_variants import variant_launches
 
-    x = registry.get(name).make_inputs("cuda", 0)
+    x = registry.get(name).make_inputs(DEVICE, 0)
     q, k, v, g, beta = (x[n] for n in ("q", "k", "v", "g", "beta"))
     assert x["cu_seqlens"] is None and bool(torch.isfinite(g).all()) and float(g.min()) > -100.0
     scale = q.shape[-1] ** -0.5
-    shape = delta_shape(delta_problem(q, k, v, g, beta), torch.device("cuda"))
+    shape = delta_shape(delta_problem(q, k, v, g, beta), torch.device(DEVICE))
     kw = dict(use_qk_l2norm_in_kernel=True, output_final_state=True, scale=scale, shape=shape)
     prep = variant_launches(q, k, v, g, beta, stage="prep", **kw)
     sweep = variant_launches(q, k, v, g, beta, stage="sweep", **kw)
@@ -275,6 +277,51 @@ def compare(name: str, rep_ms: int, maxnregs: list) -> list[dict]:
     return rows
 
 
+def _kernel_us(fn, name: str) -> float:
+    """GPU time (us) of the kernels named ``name...`` in one call of ``fn``, by torch.profiler:
+    the median of five calls."""
+    import statistics
+
+    from torch.profiler import ProfilerActivity, profile
+    times = []
+    for _ in range(5):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        times.append(sum(e.device_time for e in prof.events() if e.device_type.name == "CUDA" and e.name.startswith(name)))
+    return statistics.median(times)
+
+
+def latency(per_sm: list, maxnreg: int | None) -> list[dict]:
+    """One program's latency, alone on an SM and sharing it (benchmarks/gpu_prep_latency.py's
+    measure): sequences of one chunk, H = HV = 1, SMs x ``per_sm`` of them, each prep's kernel
+    time (the Triton prep as TEST_SHAPE launches it: four warps, capped at 168 registers)."""
+    from recurscan.launch.delta import DeltaInputs, allocate_buffers, run_delta_launches
+
+    from benchmarks.delta_variants import variant_launches
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    for n in per_sm:
+        gen = torch.Generator(device=DEVICE).manual_seed(n)
+        B = sms * n
+        q, k, v = (torch.randn(B, BT, 1, 128, generator=gen, device=DEVICE).bfloat16() for _ in range(3))
+        g = torch.nn.functional.logsigmoid(torch.randn(B, BT, 1, generator=gen, device=DEVICE) + 3.0)
+        beta = torch.sigmoid(torch.randn(B, BT, 1, generator=gen, device=DEVICE)).bfloat16()
+        prep = variant_launches(q, k, v, g, beta, stage="prep", use_qk_l2norm_in_kernel=True, output_final_state=True)
+        inputs = DeltaInputs(q, k, v, g, beta)
+        bufs = allocate_buffers(prep)
+        with torch.no_grad():
+            run_delta_launches(prep, inputs, given=bufs)
+            gluon_prep(q, k, g, beta, bufs["wy"], bufs["aqk"], bufs["coef"], 128 ** -0.5, maxnreg)
+            twin_us = _kernel_us(lambda: run_delta_launches(prep, inputs, given=bufs), "chunk_delta_prep_kernel")
+            mine_us = _kernel_us(lambda: gluon_prep(q, k, g, beta, bufs["wy"], bufs["aqk"], bufs["coef"], 128 ** -0.5,
+                                                    maxnreg), "gluon_prep_kernel")
+        row = dict(programs=B, programs_per_sm=n, maxnreg=maxnreg, gluon_prep_us=mine_us, twin_prep_us=twin_us)
+        print(row, flush=True)
+        rows.append(row)
+    return rows
+
+
 def main():
     from benchmarks.runner import save_rows
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -285,6 +332,7 @@ def main():
     args = ap.parse_args()
     caps = [c or None for c in (args.maxnreg or [0, 168])]
     rows = [row for name in (args.workload or WORKLOADS) for row in compare(name, args.rep_ms, caps)]
+    rows += [row for cap in caps for row in latency([1, 3], cap)]
     if args.out:
         save_rows(rows, args.out, torch.device("cuda"))
 
