@@ -79,9 +79,11 @@ def _small_smem(a_s, b, layout: gl.constexpr, SHAPE: gl.constexpr, B_SHARED: gl.
 
 @gluon.jit
 def gluon_prep_kernel(q, k, g, beta, wy, aqk, coef, scale, T, H: gl.constexpr, HV: gl.constexpr,
-                      K: gl.constexpr, BT: gl.constexpr):
+                      K: gl.constexpr, BT: gl.constexpr, PART: gl.constexpr = 0):
     """Grid (chunks x HV,), chunk-major as the twin's: writes wy, aqk and coef of the program's
-    (chunk, value head) as ``chunk_delta_prep_kernel`` does for this scope."""
+    (chunk, value head) as ``chunk_delta_prep_kernel`` does for this scope. PART (where the time
+    goes; the outputs then are not the prep's): 1 skips the inverse (wy = G diag(beta)); 2 stops
+    after the three products (their sum stored as wy)."""
     gl.static_assert(gl.num_warps() == 4, "one warpgroup")
     gl.static_assert(BT == 64, "chunks of 64 rows")
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
@@ -131,83 +133,91 @@ def gluon_prep_kernel(q, k, g, beta, wy, aqk, coef, scale, T, H: gl.constexpr, H
     qq = warpgroup_mma(q_s, q_s.permute((1, 0)), zero, is_async=True)
     kk, qk, qq = warpgroup_mma_wait(num_outstanding=0, deps=(kk, qk, qq))
 
-    # 2. gates, norm factors, coefficients, aqk
-    r = o_t[:, None]
-    c = o_c[None, :]
-    eye = r == c
-    line: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # the scan's layout (not the wgmma's slices)
-    gc = gl.convert_layout(gl.associative_scan(gl.convert_layout(b_g, line), 0, _add), rowv)
-    gc_c = gl.convert_layout(gc, colv)
-    k_sq = gl.sum(gl.where(eye, kk, 0.0), axis=1)
-    rk = gl.rsqrt(k_sq + 1e-6)
-    rq = gl.rsqrt(gl.sum(gl.where(eye, qq, 0.0), axis=1) + 1e-6) * scale
-    rk_c = gl.convert_layout(rk, colv)
-    gc_last = gl.sum(gl.where(o_t == BT - 1, gc, 0.0), axis=0)
-    lam = gl.exp2(gc)
-    gam = gl.exp2(gc_last - gc)
-    p_coef = coef + ((((bos + i_t * BT) // BT + i_n) * HV + i_hv) * BT + o_t) * 4
-    gl.store(p_coef, lam * rk, mask=m_r)
-    gl.store(p_coef + 1, lam * rq, mask=m_r)
-    gl.store(p_coef + 2, gam * rk, mask=m_r)
-    gl.store(p_coef + 3, gl.zeros([BT], gl.float32, rowv) + gl.exp2(gc_last), mask=o_t == 0)
-    causal = r >= c
-    G = gl.where(causal, gl.exp2(gc[:, None] - gc_c[None, :]), 0.0)
-    p_out = (rows * HV + i_hv)[:, None] * BT + c
-    gl.store(aqk + p_out, (G * qk * rq[:, None] * rk_c[None, :]).to(aqk.dtype.element_ty), mask=m_r[:, None])
-    beta_c = gl.convert_layout(b_beta, colv)
-    Gb = (G * beta_c[None, :]).to(gl.float16)
+    if PART == 2:
+        p_kk = wy + (r0 * HV + i_hv) * BT + (gl.arange(0, BT, layout=rowv) * (HV * BT))[:, None] + \
+            gl.arange(0, BT, layout=colv)[None, :]
+        gl.store(p_kk, (kk + qk + qq).to(wy.dtype.element_ty))
+    else:
+        # 2. gates, norm factors, coefficients, aqk
+        r = o_t[:, None]
+        c = o_c[None, :]
+        eye = r == c
+        line: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # the scan's layout (not the wgmma's slices)
+        gc = gl.convert_layout(gl.associative_scan(gl.convert_layout(b_g, line), 0, _add), rowv)
+        gc_c = gl.convert_layout(gc, colv)
+        k_sq = gl.sum(gl.where(eye, kk, 0.0), axis=1)
+        rk = gl.rsqrt(k_sq + 1e-6)
+        rq = gl.rsqrt(gl.sum(gl.where(eye, qq, 0.0), axis=1) + 1e-6) * scale
+        rk_c = gl.convert_layout(rk, colv)
+        gc_last = gl.sum(gl.where(o_t == BT - 1, gc, 0.0), axis=0)
+        lam = gl.exp2(gc)
+        gam = gl.exp2(gc_last - gc)
+        p_coef = coef + ((((bos + i_t * BT) // BT + i_n) * HV + i_hv) * BT + o_t) * 4
+        gl.store(p_coef, lam * rk, mask=m_r)
+        gl.store(p_coef + 1, lam * rq, mask=m_r)
+        gl.store(p_coef + 2, gam * rk, mask=m_r)
+        gl.store(p_coef + 3, gl.zeros([BT], gl.float32, rowv) + gl.exp2(gc_last), mask=o_t == 0)
+        causal = r >= c
+        G = gl.where(causal, gl.exp2(gc[:, None] - gc_c[None, :]), 0.0)
+        p_out = (rows * HV + i_hv)[:, None] * BT + c
+        gl.store(aqk + p_out, (G * qk * rq[:, None] * rk_c[None, :]).to(aqk.dtype.element_ty), mask=m_r[:, None])
+        beta_c = gl.convert_layout(b_beta, colv)
+        Gb = (G * beta_c[None, :]).to(gl.float16)
 
-    # 3. the inverse: A = diag(beta) strictLower(K K^T) for normalised keys
-    A = gl.where(r > c, kk * (b_beta * rk)[:, None] * rk_c[None, :], 0.0)
-    same = (r >> 4) == (c >> 4)
-    D = _diagonal_blocks(gl.where(same, gl.where(eye, 1.0, 0.0) - gl.where((r ^ c) == 1, A, 0.0), 0.0))
-    D = gl.convert_layout(D, batch4)
-    for lvl in gl.static_range(1, 4):
-        A_s = _diagonal_blocks(gl.where(((r >> lvl) ^ (c >> lvl)) == 1, A, 0.0))
-        D = D - _small(D, _small(A_s, D, batch4), batch4)
-    below = _diagonal_blocks(gl.where((r >> 4) == (c >> 4) + 1, A, 0.0))  # block w: A's (w, w - 1)
+        if PART == 1:
+            Tinv = gl.where(eye, 1.0, 0.0)
+        else:
+            # 3. the inverse: A = diag(beta) strictLower(K K^T) for normalised keys
+            A = gl.where(r > c, kk * (b_beta * rk)[:, None] * rk_c[None, :], 0.0)
+            same = (r >> 4) == (c >> 4)
+            D = _diagonal_blocks(gl.where(same, gl.where(eye, 1.0, 0.0) - gl.where((r ^ c) == 1, A, 0.0), 0.0))
+            D = gl.convert_layout(D, batch4)
+            for lvl in gl.static_range(1, 4):
+                A_s = _diagonal_blocks(gl.where(((r >> lvl) ^ (c >> lvl)) == 1, A, 0.0))
+                D = D - _small(D, _small(A_s, D, batch4), batch4)
+            below = _diagonal_blocks(gl.where((r >> 4) == (c >> 4) + 1, A, 0.0))  # block w: A's (w, w - 1)
 
-    d_s = gl.allocate_shared_memory(gl.float16, [4, 16, 16], plain3)
-    b_s = gl.allocate_shared_memory(gl.float16, [4, 16, 16], plain3)
-    a_s = gl.allocate_shared_memory(gl.float16, [BT, BT], plain2)
-    t_s = gl.allocate_shared_memory(gl.float16, [BT, BT], plain2)
-    x_s = gl.allocate_shared_memory(gl.float16, [2, 16, 16], plain3)
-    d_s.store(D.to(gl.float16))
-    b_s.store(below.to(gl.float16))
-    a_s.store(A.to(gl.float16))
-    t_s.store(gl.zeros([BT, BT], gl.float16, mma))
-    gl.thread_barrier()
-    # 16 -> 32: the batch of the pairs (D_2, A_21, D_1) and (D_4, A_43, D_3)
-    d_pairs = d_s.reshape([2, 32, 16])
-    a_pairs = b_s.reshape([2, 32, 16])
-    X = _small_smem(a_pairs.slice(16, 16, 1), d_pairs.slice(0, 16, 1), batch2, [2, 16, 16], True)
-    X = -_small_smem(d_pairs.slice(16, 16, 1), X, batch2, [2, 16, 16], False)
-    x_s.store(X.to(gl.float16))
-    for w in gl.static_range(4):  # D_1..D_4 on the diagonal of Tinv
-        t_s.slice(16 * w, 16, 0).slice(16 * w, 16, 1).store(d_s.reshape([64, 16]).slice(16 * w, 16, 0).load(blk16))
-    gl.thread_barrier()
-    for p in gl.static_range(2):  # X_21, X_43 below them
-        t_s.slice(32 * p + 16, 16, 0).slice(32 * p, 16, 1).store(x_s.reshape([32, 16]).slice(16 * p, 16, 0).load(blk16))
-    gl.thread_barrier()
-    # 32 -> 64: X_BA = -D_B A_BA D_A
-    Y = _small_smem(a_s.slice(32, 32, 0).slice(0, 32, 1), t_s.slice(0, 32, 0).slice(0, 32, 1), tile32, [32, 32], True)
-    X_BA = -_small_smem(t_s.slice(32, 32, 0).slice(32, 32, 1), Y, tile32, [32, 32], False)
-    gl.thread_barrier()  # every warp has read D_A (the lower-left block is written next)
-    t_s.slice(32, 32, 0).slice(0, 32, 1).store(X_BA.to(gl.float16))
-    gl.thread_barrier()
-    Tinv = t_s.load(mma)
-    p_wy = wy + (r0 * HV + i_hv) * BT + (o_t * (HV * BT))[:, None] + c
-    gl.store(p_wy, (Gb.to(gl.float32) * Tinv.to(gl.float32)).to(wy.dtype.element_ty), mask=(o_t < eos - r0)[:, None])
+            d_s = gl.allocate_shared_memory(gl.float16, [4, 16, 16], plain3)
+            b_s = gl.allocate_shared_memory(gl.float16, [4, 16, 16], plain3)
+            a_s = gl.allocate_shared_memory(gl.float16, [BT, BT], plain2)
+            t_s = gl.allocate_shared_memory(gl.float16, [BT, BT], plain2)
+            x_s = gl.allocate_shared_memory(gl.float16, [2, 16, 16], plain3)
+            d_s.store(D.to(gl.float16))
+            b_s.store(below.to(gl.float16))
+            a_s.store(A.to(gl.float16))
+            t_s.store(gl.zeros([BT, BT], gl.float16, mma))
+            gl.thread_barrier()
+            # 16 -> 32: the batch of the pairs (D_2, A_21, D_1) and (D_4, A_43, D_3)
+            d_pairs = d_s.reshape([2, 32, 16])
+            a_pairs = b_s.reshape([2, 32, 16])
+            X = _small_smem(a_pairs.slice(16, 16, 1), d_pairs.slice(0, 16, 1), batch2, [2, 16, 16], True)
+            X = -_small_smem(d_pairs.slice(16, 16, 1), X, batch2, [2, 16, 16], False)
+            x_s.store(X.to(gl.float16))
+            for w in gl.static_range(4):  # D_1..D_4 on the diagonal of Tinv
+                t_s.slice(16 * w, 16, 0).slice(16 * w, 16, 1).store(d_s.reshape([64, 16]).slice(16 * w, 16, 0).load(blk16))
+            gl.thread_barrier()
+            for p in gl.static_range(2):  # X_21, X_43 below them
+                t_s.slice(32 * p + 16, 16, 0).slice(32 * p, 16, 1).store(x_s.reshape([32, 16]).slice(16 * p, 16, 0).load(blk16))
+            gl.thread_barrier()
+            # 32 -> 64: X_BA = -D_B A_BA D_A
+            Y = _small_smem(a_s.slice(32, 32, 0).slice(0, 32, 1), t_s.slice(0, 32, 0).slice(0, 32, 1), tile32, [32, 32], True)
+            X_BA = -_small_smem(t_s.slice(32, 32, 0).slice(32, 32, 1), Y, tile32, [32, 32], False)
+            gl.thread_barrier()  # every warp has read D_A (the lower-left block is written next)
+            t_s.slice(32, 32, 0).slice(0, 32, 1).store(X_BA.to(gl.float16))
+            gl.thread_barrier()
+            Tinv = t_s.load(mma)
+        p_wy = wy + (r0 * HV + i_hv) * BT + (o_t * (HV * BT))[:, None] + c
+        gl.store(p_wy, (Gb.to(gl.float32) * Tinv.to(gl.float32)).to(wy.dtype.element_ty), mask=(o_t < eos - r0)[:, None])
 
 
-def gluon_prep(q, k, g, beta, wy, aqk, coef, scale: float, maxnreg: int | None = None) -> None:
+def gluon_prep(q, k, g, beta, wy, aqk, coef, scale: float, maxnreg: int | None = None, part: int = 0) -> None:
     """Launch the prototype on dense ``q, k [B, T, H, K]``, ``g, beta [B, T, HV]`` into the
     twin's buffers (``wy, aqk [B * T, HV, 64]``, ``coef``)."""
     B, T, H, K = q.shape
     HV = g.shape[2]
     grid = (B * triton_cdiv(T, BT) * HV,)
     options = dict(num_warps=4) if maxnreg is None else dict(num_warps=4, maxnreg=maxnreg)
-    gluon_prep_kernel[grid](q, k, g, beta, wy, aqk, coef, scale, T, H=H, HV=HV, K=K, BT=BT, **options)
+    gluon_prep_kernel[grid](q, k, g, beta, wy, aqk, coef, scale, T, H=H, HV=HV, K=K, BT=BT, PART=part, **options)
 
 
 def triton_cdiv(a: int, b: int) -> int:
@@ -322,17 +332,57 @@ def latency(per_sm: list, maxnreg: int | None) -> list[dict]:
     return rows
 
 
+def parts(maxnreg: int | None, rep_ms: int) -> list[dict]:
+    """Where the prototype's time goes: each PART (0 the prep, 1 without the inverse, 2 the loads
+    and the three products alone) timed at B4 T8192 HV64 (graph replay) and one program's
+    latency alone on an SM (one-chunk sequences, the kernel's time)."""
+    import triton.testing as tt
+
+    from benchmarks import registry
+    x = registry.get("gdn_b4_t8192_h16_hv64").make_inputs(DEVICE, 0)
+    q, k, g, beta = (x[n] for n in ("q", "k", "g", "beta"))
+    B, T, H, _ = q.shape
+    HV = g.shape[2]
+    wy, aqk = (torch.empty(B * T, HV, BT, dtype=q.dtype, device=DEVICE) for _ in range(2))
+    coef = torch.empty(T // BT * B + B, HV, BT, 4, device=DEVICE)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    q1, k1 = (torch.randn(sms, BT, 1, 128, generator=gen, device=DEVICE).bfloat16() for _ in range(2))
+    g1 = torch.nn.functional.logsigmoid(torch.randn(sms, BT, 1, generator=gen, device=DEVICE) + 3.0)
+    b1 = torch.sigmoid(torch.randn(sms, BT, 1, generator=gen, device=DEVICE)).bfloat16()
+    wy1, aqk1 = (torch.empty(sms * BT, 1, BT, dtype=q.dtype, device=DEVICE) for _ in range(2))
+    coef1 = torch.empty(2 * sms, 1, BT, 4, device=DEVICE)
+    rows = []
+    for part in (0, 1, 2):
+        def hv64():
+            gluon_prep(q, k, g, beta, wy, aqk, coef, 128 ** -0.5, maxnreg, part)
+
+        def alone():
+            gluon_prep(q1, k1, g1, b1, wy1, aqk1, coef1, 128 ** -0.5, maxnreg, part)
+        hv64()
+        alone()
+        row = dict(part=part, maxnreg=maxnreg, hv64_ms=tt.do_bench_cudagraph(hv64, rep=rep_ms),
+                   alone_us=_kernel_us(alone, "gluon_prep_kernel"))
+        print(row, flush=True)
+        rows.append(row)
+    return rows
+
+
 def main():
     from benchmarks.runner import save_rows
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", action="append")
     ap.add_argument("--maxnreg", type=int, action="append", help="register caps of the prototype (0: none)")
     ap.add_argument("--rep-ms", type=int, default=200)
+    ap.add_argument("--parts", action="store_true", help="only where the time goes (:func:`parts`)")
     ap.add_argument("--out")
     args = ap.parse_args()
     caps = [c or None for c in (args.maxnreg or [0, 168])]
-    rows = [row for name in (args.workload or WORKLOADS) for row in compare(name, args.rep_ms, caps)]
-    rows += [row for cap in caps for row in latency([1, 3], cap)]
+    if args.parts:
+        rows = [row for cap in caps for row in parts(cap, args.rep_ms)]
+    else:
+        rows = [row for name in (args.workload or WORKLOADS) for row in compare(name, args.rep_ms, caps)]
+        rows += [row for cap in caps for row in latency([1, 3], cap)]
     if args.out:
         save_rows(rows, args.out, torch.device("cuda"))
 
