@@ -88,7 +88,11 @@
 #  26. Issue 21: the Gluon prep prototype (benchmarks/gluon_prep_proto.py: the inverse on small products through
 #      shared memory; dense GDN, contraction chunks) against the Triton prep as planned at B1 T16384 HV32, B4
 #      T8192 HV64 and B4 T4096: outputs compared, each through the planned sweep against float64, each prep
-#      timed alone, uncapped and at 168 registers. Not yet run.
+#      timed alone, uncapped and at 168 registers. On an H100 at 149b385: right (wy 1e-4 from the Triton
+#      prep's, the outputs' error equal), 18-20% slower at 168 registers, the same latency alone
+#      (results/gluon_prep_proto_h100_149b385.json).
+#  27. The same prototype's parts (`--parts`: the inverse skipped; the loads and three products alone), timed at
+#      HV64 and alone on an SM: where a prep program's latency goes. Not yet run.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -227,6 +231,8 @@ step 24 && {
 }
 step 26 && timeout 240 env PYTHONPATH=$PWD python benchmarks/gluon_prep_proto.py --out "$OUT/gluon_prep_proto_$C.json" 2>&1 \
     | grep -v Warning | tail -8
+step 27 && timeout 200 env PYTHONPATH=$PWD python benchmarks/gluon_prep_proto.py --parts --maxnreg 168 --maxnreg 0 \
+    --out "$OUT/gluon_prep_proto_parts_$C.json" 2>&1 | grep -v Warning | tail -8
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \
     | grep -v Warning | tail -6
 step 23 && timeout 150 env PYTHONPATH=$PWD python benchmarks/inverse_forms.py --items 132 --items 8192 --items 32768 \
