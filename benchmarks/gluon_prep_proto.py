@@ -11,8 +11,8 @@ program (one warpgroup, one (chunk, value head)):
 1. k and q land in shared memory; K K^T, Q K^T and Q Q^T on wgmma, one wait.
 2. Gates, norm factors, the sweep's coefficients and aqk as the twin forms them (no resets, no
    non-finite rows: the prototype's inputs have neither).
-3. The inverse, fp16 operands and float32 sums (every chunk's steps contractions, as unit keys and
-   beta in (0, 1) make them): the diagonal blocks D_1..D_4 taken out of A in registers (a masked
+3. The inverse, fp16 operands and float32 sums (every chunk's steps contractions, as normalised
+   keys and beta in (0, 1) make them): the diagonal blocks D_1..D_4 taken out of A in registers (a masked
    sum over the reshaped tile, within each thread) and inverted as a [4, 16, 16] batch on mma.sync
    (a warp a block, three doubling levels); then through shared memory X_21 = -D_2 A_21 D_1 and
    X_43 = -D_4 A_43 D_3 (a batch of two) and X_BA = -D_B A_BA D_A ([32, 32]), each block written
@@ -23,6 +23,10 @@ on the GPU and times both at B1 T16384 HV32, B4 T8192 HV64 and B4 T4096 (the pre
 program's latency alone on an SM and three to an SM (one-chunk sequences):
 
     python benchmarks/gluon_prep_proto.py --out benchmarks/results/gluon_prep_proto.json
+    python benchmarks/gluon_prep_proto.py --parts --maxnreg 168 --out ...   # where its time goes
+
+Measured on an H100 (perf-history, 2026-12-06, ac20031..46e71e7): right, and no faster than the
+Triton prep (the same latency alone, 18-20% slower at three programs an SM).
 
 Scope: dense, M = 1, K = 128, 16-bit inputs, l2norm in the kernel, g and beta given, finite
 decays without resets, contraction chunks.
@@ -38,7 +42,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 BT = 64
-DEVICE = "cuda"  # a dry run of the host code may set "cpu" (tests/test_gluon_prep_proto.py)
+DEVICE = "cuda"  # a dry run of the host code on the CPU (the kernel stubbed out) sets "cpu"
 
 
 @gluon.jit
@@ -48,9 +52,9 @@ def _add(a, b):
 
 @gluon.jit
 def _diagonal_blocks(x):
-    """The 16 x 16 blocks (w, w - s) of ``x [64, 64]`` as a batch [4, 16, 16], for x zero outside
-    them (one block a block row): a sum over the column blocks of the reshaped tile, each thread's
-    own (the wgmma layout gives a thread columns of every block)."""
+    """The one 16 x 16 block of each block row of ``x [64, 64]`` where x is not zero (the diagonal
+    blocks, or those just below them) as a batch [4, 16, 16]: a sum over the column blocks of the
+    reshaped tile, each thread's own (the wgmma layout gives a thread columns of every block)."""
     return gl.sum(gl.reshape(x, [4, 16, 4, 16]), axis=2)
 
 
