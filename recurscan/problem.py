@@ -85,6 +85,16 @@ class Dims:
                 raise ValueError(f"{name}: expected shape {shown} = {bound}, got {list(x.shape)}")
 
 
+def contiguous_indices(*tensors):
+    """The call's index tensors (cu_seqlens, state_indices, the chunk descriptors,
+    num_accepted_tokens, state_batch_indices, seq_idx) as the kernels read them: contiguous. A
+    kernel reads an index tensor by element offset, not through its strides, so a strided view
+    passed as it is would name other slots (writing a cache slot the call does not own) and other
+    boundaries. None and non-tensors (a list of boundaries) pass as they are; a contiguous tensor
+    is returned itself (no copy, no sync)."""
+    return tuple(t.contiguous() if isinstance(t, torch.Tensor) else t for t in tensors)
+
+
 def check_tensor(name, x, dtypes, device=None) -> None:
     """x is a tensor of one of ``dtypes`` (on ``device`` when given)."""
     if not isinstance(x, torch.Tensor):

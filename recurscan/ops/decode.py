@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 
 from ..plan import DISPATCH_STEP_BOUND, plan
-from ..problem import check_decode_extras, check_householder, check_scale, delta_problem, key_contiguous
+from ..problem import (check_decode_extras, check_householder, check_scale, contiguous_indices, delta_problem,
+                       key_contiguous)
 from ..reference import delta as ref
 from ..runtime.cache import SignatureCache, launch_key
 from . import _cache
@@ -116,6 +117,7 @@ def fused_recurrent_gated_delta_rule_update(q, k, v, g=None, beta=None, scale=No
     """
     on_gpu = isinstance(q, torch.Tensor) and q.is_cuda
     prep = None
+    cu_seqlens, state_indices, num_accepted_tokens = contiguous_indices(cu_seqlens, state_indices, num_accepted_tokens)
     if on_gpu:  # the hot path: one key over every argument, validated and planned once per key
         key = (launch_key((q, k, v, g, beta, initial_state, cu_seqlens, state, state_indices, intermediate_states,
                      num_accepted_tokens)), output_final_state, use_qk_l2norm_in_kernel, steps_per_token, backend,

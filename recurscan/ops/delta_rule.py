@@ -15,7 +15,8 @@ import torch
 
 from ..plan import delta as plan_delta
 from ..plan import plan
-from ..problem import check_chunk_descriptors, check_cu_seqlens, check_slots, debug_checks, delta_problem
+from ..problem import (check_chunk_descriptors, check_cu_seqlens, check_slots, contiguous_indices, debug_checks,
+                       delta_problem)
 from ..reference import delta as ref
 from ..runtime.cache import SignatureCache, launch_key
 from . import _cache
@@ -46,6 +47,8 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
     """The four entry points' driver. ``out``: ``(o, final)`` views the Triton path writes into
     (launch/delta.py's ``out_views``; the traced scan's packed result, ops/scan.py); the other
     paths ignore it (the caller compares data pointers and copies)."""
+    cu_seqlens, state_indices, chunk_indices, chunk_indices_dp, chunk_offsets = contiguous_indices(
+        cu_seqlens, state_indices, chunk_indices, chunk_indices_dp, chunk_offsets)
     if chunk_indices_dp is None and num_householder == 1:
         chunk_indices_dp = chunk_indices  # GDN: the two chunkings coincide
     if torch.compiler.is_compiling() and state is None and not return_chunk_states and chunk_size is None:

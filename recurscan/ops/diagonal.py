@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..plan import plan
-from ..problem import diagonal_problem
+from ..problem import contiguous_indices, diagonal_problem
 from ..reference import diagonal as ref
 
 
@@ -26,6 +26,7 @@ def diagonal_scan(a, b, initial_state=None, output_final_state=False, cu_seqlens
         >>> h.flatten().tolist(), last.flatten().tolist()
         ([1.0, 1.5, 1.75], [1.75])
     """
+    cu_seqlens, = contiguous_indices(cu_seqlens)
     problem = diagonal_problem(a, b, initial_state=initial_state, cu_seqlens=cu_seqlens)
     schedule = plan("diagonal", problem, b.device)
     h, final = ref.diagonal_chunked(a, b, initial_state=initial_state, cu_seqlens=cu_seqlens,

@@ -6,7 +6,7 @@ import torch
 
 from ..descriptors import CHUNK_SIZE
 from ..plan import plan
-from ..problem import gla_problem
+from ..problem import contiguous_indices, gla_problem
 from ..reference import gla as ref
 from . import _cache
 
@@ -16,6 +16,8 @@ def _run_gla(q, k, v, g, *, per_key_decay, scale, initial_state, output_final_st
              return_chunk_states=False, out_views=None):
     """The two ops' driver. ``out_views``: ``(o, final)`` views an inference call on the delta sweep
     writes into (the traced scan's packed result, ops/scan.py); the other paths ignore it."""
+    cu_seqlens, state_indices, chunk_indices, chunk_offsets = contiguous_indices(cu_seqlens, state_indices,
+                                                                                 chunk_indices, chunk_offsets)
     if torch.compiler.is_compiling() and state is None and not return_chunk_states:
         # Being traced (torch.compile, torch.export): one scan node with a packed result (ops/scan.py).
         from .scan import traced_gla

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..plan import DISPATCH_STEP_BOUND, plan
-from ..problem import ssd_decode_problem
+from ..problem import contiguous_indices, ssd_decode_problem
 from ..runtime.cache import SignatureCache, launch_key
 from .decode import _launch
 
@@ -111,6 +111,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     """
     on_gpu = isinstance(x, torch.Tensor) and x.is_cuda
     prep = None
+    state_batch_indices, num_accepted_tokens = contiguous_indices(state_batch_indices, num_accepted_tokens)
     if on_gpu:  # the hot path: one key over every argument, validated and planned once per key
         key = (launch_key((state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices, intermediate_states,
                      num_accepted_tokens)), bool(dt_softplus), backend, DISPATCH_STEP_BOUND["cuda"])

@@ -5,7 +5,7 @@ import torch
 
 from ..descriptors import CHUNK_SIZE
 from ..plan import plan
-from ..problem import ssd_problem
+from ..problem import contiguous_indices, ssd_problem
 from ..reference import ssd as ref
 from . import _cache
 
@@ -95,6 +95,8 @@ def _run_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
     in the kernel's ``[N, H, Nstate, P]``); the other paths ignore it. ``final_states`` False: the
     caller discards them, so the Triton inference path neither stores nor transposes them (final
     None there; a state cache is written all the same)."""
+    seq_idx, cu_seqlens, state_indices, chunk_indices, chunk_offsets = contiguous_indices(
+        seq_idx, cu_seqlens, state_indices, chunk_indices, chunk_offsets)
     if return_chunk_states and seq_idx is not None and cu_seqlens is None:
         raise ValueError("return_chunk_states: chunk states are per sequence; with seq_idx pass cu_seqlens too")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
