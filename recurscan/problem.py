@@ -69,6 +69,8 @@ class Dims:
         if x.dim() != len(terms):
             raise ValueError(f"{name}: expected {len(terms)} dimensions {shown}, got shape {list(x.shape)}")
         for term, size in zip(terms, x.shape):
+            if size == 0 and term in POSITIVE_DIMS:
+                raise ValueError(f"{name}: dimension {term} is 0 in shape {list(x.shape)}; expected at least 1")
             factors = term.split("*")
             want = self._expected(factors)
             if want is None and len(factors) == 1:
@@ -83,6 +85,11 @@ class Dims:
             elif want != size:
                 bound = "[" + ", ".join(self._shown(t) for t in terms) + "]"
                 raise ValueError(f"{name}: expected shape {shown} = {bound}, got {list(x.shape)}")
+
+
+#: Dimensions a call cannot have empty (heads, head and state sizes): a zero there has no meaning,
+#: where B, T and the sequence count N may be 0 or empty.
+POSITIVE_DIMS = frozenset({"H", "HV", "K", "V", "P", "G", "Nstate"})
 
 
 def contiguous_indices(*tensors):
@@ -108,7 +115,11 @@ def check_tensor(name, x, dtypes, device=None) -> None:
 def check_scale(scale) -> None:
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
         raise TypeError(f"scale: expected a float or None, got {type(scale).__name__}")
-    if scale is not None and not math.isfinite(scale):  # NaN or inf: every output would be NaN or inf
+    try:
+        finite = scale is None or math.isfinite(scale)
+    except OverflowError:  # an int past float's range
+        finite = False
+    if not finite:  # NaN or inf: every output would be NaN or inf
         raise ValueError(f"scale: expected a finite number, got {scale}")
 
 
@@ -137,10 +148,20 @@ def check_state_cache(state, state_indices, dims: Dims, spec: str, device) -> No
         return
     check_tensor("state", state, STATE_DTYPES, device)
     dims.check("state", state, spec)
+    check_distinct_elements("state", state)
     check_tensor("state_indices", state_indices, INDEX_DTYPES, device)
     dims.check("state_indices", state_indices, "N")
     if state_indices.device.type == "cpu":
         check_slots("state_indices", state_indices, state.shape[0])
+
+
+def check_distinct_elements(name: str, x: torch.Tensor) -> None:
+    """A tensor written in place has no two elements at one address: no dimension of size > 1 with
+    stride 0 (an expanded tensor), whose writes would land in each other's slots."""
+    shared = [d for d in range(x.dim()) if x.shape[d] > 1 and x.stride(d) == 0]
+    if shared:
+        raise ValueError(f"{name}: dimension {shared[0]} has stride 0 (an expanded tensor: its elements share "
+                         f"memory); expected a tensor written in place to have distinct elements")
 
 
 def check_slots(name: str, slots: torch.Tensor, num_slots: int) -> None:

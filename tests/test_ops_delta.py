@@ -131,6 +131,11 @@ def _good():
     (dict(state=torch.zeros(4, 4, 8, 8), state_indices=torch.tensor([1, 2])), ValueError, r"state_indices: expected shape \[N\]"),
     (dict(state=torch.zeros(4, 4, 8, 8), state_indices=torch.tensor([0]), initial_state=torch.zeros(1, 4, 8, 8)),
      ValueError, r"initial_state: pass either initial_state or the state cache"),
+    (dict(state=torch.zeros(1, 4, 8, 8).expand(4, -1, -1, -1), state_indices=torch.tensor([0])), ValueError,
+     r"state: dimension 0 has stride 0"),
+    (dict(q=torch.randn(1, 10, 2, 0), k=torch.randn(1, 10, 2, 0)), ValueError, r"q: dimension K is 0"),
+    (dict(q=torch.randn(1, 10, 0, 8), k=torch.randn(1, 10, 0, 8)), ValueError, r"q: dimension H is 0"),
+    (dict(scale=10 ** 400), ValueError, r"scale: expected a finite number"),
 ])
 def test_bad_input_names_the_argument(change, error, match):
     args = _good() | change
