@@ -143,6 +143,19 @@ def test_bad_input_names_the_argument(change, error, match):
         recurscan.chunk_gated_delta_rule(**args)
 
 
+def test_the_triton_decode_refuses_inputs_that_require_grad():
+    """The recurrent kernel has no backward: inputs that require grad get a clear error rather than
+    outputs that silently carry no gradient; under no_grad, or on the torch backend, the call runs."""
+    args = _good()
+    args["q"] = args["q"].requires_grad_()
+    with pytest.raises(NotImplementedError, match="forward-only"):
+        recurscan.fused_recurrent_gated_delta_rule(**args, backend="triton")
+    with torch.no_grad():
+        recurscan.fused_recurrent_gated_delta_rule(**args, backend="triton")
+    o, _ = recurscan.fused_recurrent_gated_delta_rule(**args, backend="torch")
+    assert o.requires_grad
+
+
 def test_duplicate_slots_are_refused():
     args = _good()
     cu = torch.tensor([0, 5, 10])

@@ -134,6 +134,13 @@ def fused_recurrent_gated_delta_rule_update(q, k, v, g=None, beta=None, scale=No
         return _delta_torch(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                             cu_seqlens, state, state_indices, intermediate_states, steps_per_token,
                             num_accepted_tokens)
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                       for t in (q, k, v, g, beta, initial_state)):
+        raise NotImplementedError(
+            "fused_recurrent_gated_delta_rule(_update) / fused_recurrent_gated_delta_product_update: the Triton "
+            "recurrent kernel is forward-only (its outputs would carry no gradient); for gradients call "
+            "chunk_gated_delta_rule (the same recurrence, with a Triton backward) or pass backend='torch', or "
+            "call under torch.no_grad()")
     p = prep.problem
     if prep.copy_q:
         q = q.contiguous()
