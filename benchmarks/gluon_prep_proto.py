@@ -36,10 +36,13 @@ from __future__ import annotations
 import argparse
 
 import torch
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+
+from tests.helpers.tolerances import relative_rms
 
 BT = 64
 DEVICE = "cuda"  # a dry run of the host code on the CPU (the kernel stubbed out) sets "cpu"
@@ -219,19 +222,14 @@ def gluon_prep(q, k, g, beta, wy, aqk, coef, scale: float, maxnreg: int | None =
     twin's buffers (``wy, aqk [B * T, HV, 64]``, ``coef``)."""
     B, T, H, K = q.shape
     HV = g.shape[2]
-    grid = (B * triton_cdiv(T, BT) * HV,)
+    grid = (B * triton.cdiv(T, BT) * HV,)
     options = dict(num_warps=4) if maxnreg is None else dict(num_warps=4, maxnreg=maxnreg)
     gluon_prep_kernel[grid](q, k, g, beta, wy, aqk, coef, scale, T, H=H, HV=HV, K=K, BT=BT, PART=part, **options)
 
 
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _rel_rms(got: torch.Tensor, want: torch.Tensor) -> float:
-    """||got - want|| / ||want|| in float64, NaN taken as 0 in both (a slot neither wrote)."""
-    got, want = (torch.nan_to_num(t.double(), nan=0.0) for t in (got, want))
-    return float((got - want).norm() / want.norm())
+    """:func:`relative_rms` with NaN taken as 0 in both (a slot neither prep wrote)."""
+    return relative_rms(torch.nan_to_num(got.double(), nan=0.0), torch.nan_to_num(want.double(), nan=0.0))
 
 
 WORKLOADS = ["gdn_b1_t16384_h16_hv32", "gdn_b4_t8192_h16_hv64", "gdn_b4_t4096_h16"]

@@ -28,6 +28,11 @@ def _names(dtypes) -> str:
     return " or ".join(str(d).replace("torch.", "") for d in dtypes)
 
 
+#: Dimensions a call cannot have empty (heads, head and state sizes): a zero there has no meaning,
+#: where B, T and the sequence count N may be 0 or empty.
+POSITIVE_DIMS = frozenset({"H", "HV", "K", "V", "P", "G", "Nstate"})
+
+
 class Dims:
     """Named dimensions bound by the first argument that shows them, checked on every other.
 
@@ -85,11 +90,6 @@ class Dims:
             elif want != size:
                 bound = "[" + ", ".join(self._shown(t) for t in terms) + "]"
                 raise ValueError(f"{name}: expected shape {shown} = {bound}, got {list(x.shape)}")
-
-
-#: Dimensions a call cannot have empty (heads, head and state sizes): a zero there has no meaning,
-#: where B, T and the sequence count N may be 0 or empty.
-POSITIVE_DIMS = frozenset({"H", "HV", "K", "V", "P", "G", "Nstate"})
 
 
 def contiguous_indices(*tensors):
