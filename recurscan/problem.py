@@ -334,6 +334,8 @@ def check_dt_limit(dt_limit) -> None:
     if not (isinstance(dt_limit, (tuple, list)) and len(dt_limit) == 2
             and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in dt_limit)):
         raise TypeError(f"dt_limit: expected a pair (min, max) of floats, got {dt_limit!r}")
+    if any(x != x for x in dt_limit):  # NaN: every comparison is False, so min <= max would let it by
+        raise ValueError(f"dt_limit: expected a pair (min, max) without NaN, got {tuple(dt_limit)}")
     if dt_limit[0] > dt_limit[1]:
         raise ValueError(f"dt_limit: expected min <= max, got {tuple(dt_limit)}")
 

@@ -92,6 +92,10 @@ def test_diagonal_scan_matches_token_loop():
      ValueError, r"B: groups G = 3 must divide the heads H = 4"),
     (lambda x: recurscan.mamba_chunk_scan_combined(**x, chunk_size=64, dt_limit=(1.0,)),
      TypeError, r"dt_limit: expected a pair"),
+    (lambda x: recurscan.mamba_chunk_scan_combined(**x, chunk_size=64, dt_limit=(float("nan"), 1.0)),
+     ValueError, r"dt_limit: expected a pair \(min, max\) without NaN, got \(nan, 1.0\)"),
+    (lambda x: recurscan.mamba_chunk_scan_combined(**x, chunk_size=64, dt_limit=(0.0, float("nan"))),
+     ValueError, r"dt_limit: expected a pair \(min, max\) without NaN"),
     (lambda x: recurscan.mamba_chunk_scan_combined(**x, chunk_size=0), ValueError, r"chunk_size: expected an int >= 1"),
     (lambda x: recurscan.mamba_chunk_scan_combined(**x, chunk_size=64, seq_idx=torch.zeros(1, 130)),
      TypeError, r"seq_idx: expected dtype"),
@@ -109,6 +113,15 @@ def test_diagonal_scan_matches_token_loop():
 def test_bad_input_names_the_argument(call, error, match):
     with pytest.raises(error, match=match):
         call(ssd_inputs())
+
+
+def test_dt_limit_takes_infinite_bounds():
+    """NaN bounds are refused (the table above); infinite ones are bounds: (-inf, inf) clamps nothing."""
+    x = ssd_inputs(T=20)
+    inf = float("inf")
+    want = recurscan.mamba_chunk_scan_combined(**x, chunk_size=64)
+    for limit in ((-inf, inf), (0.0, inf), (-inf, 1e9)):
+        assert torch.equal(recurscan.mamba_chunk_scan_combined(**x, chunk_size=64, dt_limit=limit), want)
 
 
 def test_command_line_checks_every_family(capsys):
