@@ -26,7 +26,9 @@ program's latency alone on an SM and three to an SM (one-chunk sequences):
     python benchmarks/gluon_prep_proto.py --parts --maxnreg 168 --out ...   # where its time goes
 
 Measured on an H100 (perf-history, 2026-12-06, ac20031..46e71e7): right, and no faster than the
-Triton prep (the same latency alone, 18-20% slower at three programs an SM).
+Triton prep (the same latency alone, 18-20% slower at three programs an SM). Its parts (5401f53):
+the inverse 38% of its SM-time, the gates to aqk 26%, the loads and products 35%; a program for a
+q/k head's value heads was slower (96869a9, removed).
 
 Scope: dense, M = 1, K = 128, 16-bit inputs, l2norm in the kernel, g and beta given, finite
 decays without resets, contraction chunks.
@@ -86,14 +88,11 @@ def _small_smem(a_s, b, layout: gl.constexpr, SHAPE: gl.constexpr, B_SHARED: gl.
 
 @gluon.jit
 def gluon_prep_kernel(q, k, g, beta, wy, aqk, coef, scale, T, H: gl.constexpr, HV: gl.constexpr,
-                      K: gl.constexpr, BT: gl.constexpr, PART: gl.constexpr = 0, HEADS: gl.constexpr = 1):
+                      K: gl.constexpr, BT: gl.constexpr, PART: gl.constexpr = 0):
     """Grid (chunks x HV,), chunk-major as the twin's: writes wy, aqk and coef of the program's
     (chunk, value head) as ``chunk_delta_prep_kernel`` does for this scope. PART (where the time
     goes; the outputs then are not the prep's): 1 skips the inverse (wy = G diag(beta)); 2 stops
-    after the three products (their sum stored as wy). HEADS: a program takes that many value heads
-    of one q/k head in turn (grid chunks x HV / HEADS), q and k loaded into shared memory once and
-    Q Q^T formed once; K K^T and Q K^T are formed again for each head from the shared tiles (two
-    products, rather than three [64, 64] tiles held across the inverse)."""
+    after the three products (their sum stored as wy)."""
     gl.static_assert(gl.num_warps() == 4, "one warpgroup")
     gl.static_assert(BT == 64, "chunks of 64 rows")
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
@@ -106,12 +105,11 @@ def gluon_prep_kernel(q, k, g, beta, wy, aqk, coef, scale, T, H: gl.constexpr, H
     plain2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
     plain3: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0])
     blk16: gl.constexpr = gl.BlockedLayout([1, 2], [16, 2], [1, 4], [1, 0])  # a [16, 16] block's copy
-    line: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # the gate scan's (not the wgmma's slices)
 
     pid = gl.program_id(0).to(gl.int64)
-    i_c = pid // (HV // HEADS)
-    i_hv0 = (pid % (HV // HEADS)) * HEADS  # the program's first value head
-    i_h = i_hv0 // (HV // H)
+    i_c = pid // HV
+    i_hv = pid % HV
+    i_h = i_hv // (HV // H)
     NT = (T + BT - 1) // BT
     i_n = i_c // NT
     i_t = i_c % NT
@@ -134,111 +132,101 @@ def gluon_prep_kernel(q, k, g, beta, wy, aqk, coef, scale, T, H: gl.constexpr, H
     o_c = gl.arange(0, BT, layout=colv)
     rows = r0 + o_t.to(gl.int64)
     m_r = rows < eos
+    b_g = gl.load(g + rows * HV + i_hv, mask=m_r, other=0.0).to(gl.float32) * 1.4426950408889634
+    b_beta = gl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(gl.float32)
     fence_async_shared()
     gl.thread_barrier()
     zero = gl.zeros([BT, BT], gl.float32, mma)
+    kk = warpgroup_mma(k_s, k_s.permute((1, 0)), zero, is_async=True)
+    qk = warpgroup_mma(q_s, k_s.permute((1, 0)), zero, is_async=True)
     qq = warpgroup_mma(q_s, q_s.permute((1, 0)), zero, is_async=True)
-    qq = warpgroup_mma_wait(num_outstanding=0, deps=(qq,))
-    eye = o_t[:, None] == o_c[None, :]
-    rq = gl.rsqrt(gl.sum(gl.where(eye, qq, 0.0), axis=1) + 1e-6) * scale  # the group's, one [BT] vector
-    # the inverse's scratch, reused by each head
-    d_s = gl.allocate_shared_memory(gl.float16, [4, 16, 16], plain3)
-    b_s = gl.allocate_shared_memory(gl.float16, [4, 16, 16], plain3)
-    a_s = gl.allocate_shared_memory(gl.float16, [BT, BT], plain2)
-    t_s = gl.allocate_shared_memory(gl.float16, [BT, BT], plain2)
-    x_s = gl.allocate_shared_memory(gl.float16, [2, 16, 16], plain3)
-    for j in range(HEADS):
-        i_hv = i_hv0 + j
-        b_g = gl.load(g + rows * HV + i_hv, mask=m_r, other=0.0).to(gl.float32) * 1.4426950408889634
-        b_beta = gl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(gl.float32)
-        kk = warpgroup_mma(k_s, k_s.permute((1, 0)), zero, is_async=True)
-        qk = warpgroup_mma(q_s, k_s.permute((1, 0)), zero, is_async=True)
-        kk, qk = warpgroup_mma_wait(num_outstanding=0, deps=(kk, qk))
+    kk, qk, qq = warpgroup_mma_wait(num_outstanding=0, deps=(kk, qk, qq))
 
-        if PART == 2:
-            p_kk = wy + (r0 * HV + i_hv) * BT + (gl.arange(0, BT, layout=rowv) * (HV * BT))[:, None] + \
-                gl.arange(0, BT, layout=colv)[None, :]
-            gl.store(p_kk, (kk + qk + qq).to(wy.dtype.element_ty))
+    if PART == 2:
+        p_kk = wy + (r0 * HV + i_hv) * BT + (gl.arange(0, BT, layout=rowv) * (HV * BT))[:, None] + \
+            gl.arange(0, BT, layout=colv)[None, :]
+        gl.store(p_kk, (kk + qk + qq).to(wy.dtype.element_ty))
+    else:
+        # 2. gates, norm factors, coefficients, aqk
+        r = o_t[:, None]
+        c = o_c[None, :]
+        eye = r == c
+        line: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # the scan's layout (not the wgmma's slices)
+        gc = gl.convert_layout(gl.associative_scan(gl.convert_layout(b_g, line), 0, _add), rowv)
+        gc_c = gl.convert_layout(gc, colv)
+        k_sq = gl.sum(gl.where(eye, kk, 0.0), axis=1)
+        rk = gl.rsqrt(k_sq + 1e-6)
+        rq = gl.rsqrt(gl.sum(gl.where(eye, qq, 0.0), axis=1) + 1e-6) * scale
+        rk_c = gl.convert_layout(rk, colv)
+        gc_last = gl.sum(gl.where(o_t == BT - 1, gc, 0.0), axis=0)
+        lam = gl.exp2(gc)
+        gam = gl.exp2(gc_last - gc)
+        p_coef = coef + ((((bos + i_t * BT) // BT + i_n) * HV + i_hv) * BT + o_t) * 4
+        gl.store(p_coef, lam * rk, mask=m_r)
+        gl.store(p_coef + 1, lam * rq, mask=m_r)
+        gl.store(p_coef + 2, gam * rk, mask=m_r)
+        gl.store(p_coef + 3, gl.zeros([BT], gl.float32, rowv) + gl.exp2(gc_last), mask=o_t == 0)
+        causal = r >= c
+        G = gl.where(causal, gl.exp2(gc[:, None] - gc_c[None, :]), 0.0)
+        p_out = (rows * HV + i_hv)[:, None] * BT + c
+        gl.store(aqk + p_out, (G * qk * rq[:, None] * rk_c[None, :]).to(aqk.dtype.element_ty), mask=m_r[:, None])
+        beta_c = gl.convert_layout(b_beta, colv)
+        Gb = (G * beta_c[None, :]).to(gl.float16)
+
+        if PART == 1:
+            Tinv = gl.where(eye, 1.0, 0.0)
         else:
-            # 2. gates, norm factors, coefficients, aqk
-            r = o_t[:, None]
-            c = o_c[None, :]
-            eye = r == c
-            gc = gl.convert_layout(gl.associative_scan(gl.convert_layout(b_g, line), 0, _add), rowv)
-            gc_c = gl.convert_layout(gc, colv)
-            k_sq = gl.sum(gl.where(eye, kk, 0.0), axis=1)
-            rk = gl.rsqrt(k_sq + 1e-6)
-            rk_c = gl.convert_layout(rk, colv)
-            gc_last = gl.sum(gl.where(o_t == BT - 1, gc, 0.0), axis=0)
-            lam = gl.exp2(gc)
-            gam = gl.exp2(gc_last - gc)
-            p_coef = coef + ((((bos + i_t * BT) // BT + i_n) * HV + i_hv) * BT + o_t) * 4
-            gl.store(p_coef, lam * rk, mask=m_r)
-            gl.store(p_coef + 1, lam * rq, mask=m_r)
-            gl.store(p_coef + 2, gam * rk, mask=m_r)
-            gl.store(p_coef + 3, gl.zeros([BT], gl.float32, rowv) + gl.exp2(gc_last), mask=o_t == 0)
-            causal = r >= c
-            G = gl.where(causal, gl.exp2(gc[:, None] - gc_c[None, :]), 0.0)
-            p_out = (rows * HV + i_hv)[:, None] * BT + c
-            gl.store(aqk + p_out, (G * qk * rq[:, None] * rk_c[None, :]).to(aqk.dtype.element_ty), mask=m_r[:, None])
-            beta_c = gl.convert_layout(b_beta, colv)
-            Gb = (G * beta_c[None, :]).to(gl.float16)
+            # 3. the inverse: A = diag(beta) strictLower(K K^T) for normalised keys
+            A = gl.where(r > c, kk * (b_beta * rk)[:, None] * rk_c[None, :], 0.0)
+            same = (r >> 4) == (c >> 4)
+            D = _diagonal_blocks(gl.where(same, gl.where(eye, 1.0, 0.0) - gl.where((r ^ c) == 1, A, 0.0), 0.0))
+            D = gl.convert_layout(D, batch4)
+            for lvl in gl.static_range(1, 4):
+                A_s = _diagonal_blocks(gl.where(((r >> lvl) ^ (c >> lvl)) == 1, A, 0.0))
+                D = D - _small(D, _small(A_s, D, batch4), batch4)
+            below = _diagonal_blocks(gl.where((r >> 4) == (c >> 4) + 1, A, 0.0))  # block w: A's (w, w - 1)
 
-            if PART == 1:
-                Tinv = gl.where(eye, 1.0, 0.0)
-            else:
-                # 3. the inverse: A = diag(beta) strictLower(K K^T) for normalised keys
-                A = gl.where(r > c, kk * (b_beta * rk)[:, None] * rk_c[None, :], 0.0)
-                same = (r >> 4) == (c >> 4)
-                D = _diagonal_blocks(gl.where(same, gl.where(eye, 1.0, 0.0) - gl.where((r ^ c) == 1, A, 0.0), 0.0))
-                D = gl.convert_layout(D, batch4)
-                for lvl in gl.static_range(1, 4):
-                    A_s = _diagonal_blocks(gl.where(((r >> lvl) ^ (c >> lvl)) == 1, A, 0.0))
-                    D = D - _small(D, _small(A_s, D, batch4), batch4)
-                below = _diagonal_blocks(gl.where((r >> 4) == (c >> 4) + 1, A, 0.0))  # block w: A's (w, w - 1)
-
-                d_s.store(D.to(gl.float16))
-                b_s.store(below.to(gl.float16))
-                a_s.store(A.to(gl.float16))
-                t_s.store(gl.zeros([BT, BT], gl.float16, mma))
-                gl.thread_barrier()
-                # 16 -> 32: the batch of the pairs (D_2, A_21, D_1) and (D_4, A_43, D_3)
-                d_pairs = d_s.reshape([2, 32, 16])
-                a_pairs = b_s.reshape([2, 32, 16])
-                X = _small_smem(a_pairs.slice(16, 16, 1), d_pairs.slice(0, 16, 1), batch2, [2, 16, 16], True)
-                X = -_small_smem(d_pairs.slice(16, 16, 1), X, batch2, [2, 16, 16], False)
-                x_s.store(X.to(gl.float16))
-                for w in gl.static_range(4):  # D_1..D_4 on the diagonal of Tinv
-                    t_s.slice(16 * w, 16, 0).slice(16 * w, 16, 1).store(d_s.reshape([64, 16]).slice(16 * w, 16, 0).load(blk16))
-                gl.thread_barrier()
-                for p in gl.static_range(2):  # X_21, X_43 below them
-                    t_s.slice(32 * p + 16, 16, 0).slice(32 * p, 16, 1).store(x_s.reshape([32, 16]).slice(16 * p, 16, 0).load(blk16))
-                gl.thread_barrier()
-                # 32 -> 64: X_BA = -D_B A_BA D_A
-                Y = _small_smem(a_s.slice(32, 32, 0).slice(0, 32, 1), t_s.slice(0, 32, 0).slice(0, 32, 1), tile32, [32, 32], True)
-                X_BA = -_small_smem(t_s.slice(32, 32, 0).slice(32, 32, 1), Y, tile32, [32, 32], False)
-                gl.thread_barrier()  # every warp has read D_A (the lower-left block is written next)
-                t_s.slice(32, 32, 0).slice(0, 32, 1).store(X_BA.to(gl.float16))
-                gl.thread_barrier()
-                Tinv = t_s.load(mma)
-                if HEADS > 1:
-                    gl.thread_barrier()  # every warp has read Tinv before the next head writes the scratch
-            p_wy = wy + (r0 * HV + i_hv) * BT + (o_t * (HV * BT))[:, None] + c
-            gl.store(p_wy, (Gb.to(gl.float32) * Tinv.to(gl.float32)).to(wy.dtype.element_ty), mask=(o_t < eos - r0)[:, None])
+            d_s = gl.allocate_shared_memory(gl.float16, [4, 16, 16], plain3)
+            b_s = gl.allocate_shared_memory(gl.float16, [4, 16, 16], plain3)
+            a_s = gl.allocate_shared_memory(gl.float16, [BT, BT], plain2)
+            t_s = gl.allocate_shared_memory(gl.float16, [BT, BT], plain2)
+            x_s = gl.allocate_shared_memory(gl.float16, [2, 16, 16], plain3)
+            d_s.store(D.to(gl.float16))
+            b_s.store(below.to(gl.float16))
+            a_s.store(A.to(gl.float16))
+            t_s.store(gl.zeros([BT, BT], gl.float16, mma))
+            gl.thread_barrier()
+            # 16 -> 32: the batch of the pairs (D_2, A_21, D_1) and (D_4, A_43, D_3)
+            d_pairs = d_s.reshape([2, 32, 16])
+            a_pairs = b_s.reshape([2, 32, 16])
+            X = _small_smem(a_pairs.slice(16, 16, 1), d_pairs.slice(0, 16, 1), batch2, [2, 16, 16], True)
+            X = -_small_smem(d_pairs.slice(16, 16, 1), X, batch2, [2, 16, 16], False)
+            x_s.store(X.to(gl.float16))
+            for w in gl.static_range(4):  # D_1..D_4 on the diagonal of Tinv
+                t_s.slice(16 * w, 16, 0).slice(16 * w, 16, 1).store(d_s.reshape([64, 16]).slice(16 * w, 16, 0).load(blk16))
+            gl.thread_barrier()
+            for p in gl.static_range(2):  # X_21, X_43 below them
+                t_s.slice(32 * p + 16, 16, 0).slice(32 * p, 16, 1).store(x_s.reshape([32, 16]).slice(16 * p, 16, 0).load(blk16))
+            gl.thread_barrier()
+            # 32 -> 64: X_BA = -D_B A_BA D_A
+            Y = _small_smem(a_s.slice(32, 32, 0).slice(0, 32, 1), t_s.slice(0, 32, 0).slice(0, 32, 1), tile32, [32, 32], True)
+            X_BA = -_small_smem(t_s.slice(32, 32, 0).slice(32, 32, 1), Y, tile32, [32, 32], False)
+            gl.thread_barrier()  # every warp has read D_A (the lower-left block is written next)
+            t_s.slice(32, 32, 0).slice(0, 32, 1).store(X_BA.to(gl.float16))
+            gl.thread_barrier()
+            Tinv = t_s.load(mma)
+        p_wy = wy + (r0 * HV + i_hv) * BT + (o_t * (HV * BT))[:, None] + c
+        gl.store(p_wy, (Gb.to(gl.float32) * Tinv.to(gl.float32)).to(wy.dtype.element_ty), mask=(o_t < eos - r0)[:, None])
 
 
-def gluon_prep(q, k, g, beta, wy, aqk, coef, scale: float, maxnreg: int | None = None, part: int = 0,
-               heads: int = 1) -> None:
+def gluon_prep(q, k, g, beta, wy, aqk, coef, scale: float, maxnreg: int | None = None, part: int = 0) -> None:
     """Launch the prototype on dense ``q, k [B, T, H, K]``, ``g, beta [B, T, HV]`` into the
-    twin's buffers (``wy, aqk [B * T, HV, 64]``, ``coef``), ``heads`` value heads a program (a
-    divisor of HV / H)."""
+    twin's buffers (``wy, aqk [B * T, HV, 64]``, ``coef``)."""
     B, T, H, K = q.shape
     HV = g.shape[2]
-    assert (HV // H) % heads == 0, "a program's value heads share one q/k head"
-    grid = (B * triton.cdiv(T, BT) * HV // heads,)
+    grid = (B * triton.cdiv(T, BT) * HV,)
     options = dict(num_warps=4) if maxnreg is None else dict(num_warps=4, maxnreg=maxnreg)
-    gluon_prep_kernel[grid](q, k, g, beta, wy, aqk, coef, scale, T, H=H, HV=HV, K=K, BT=BT, PART=part, HEADS=heads,
-                            **options)
+    gluon_prep_kernel[grid](q, k, g, beta, wy, aqk, coef, scale, T, H=H, HV=HV, K=K, BT=BT, PART=part, **options)
 
 
 def _rel_rms(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -249,9 +237,8 @@ def _rel_rms(got: torch.Tensor, want: torch.Tensor) -> float:
 WORKLOADS = ["gdn_b1_t16384_h16_hv32", "gdn_b4_t8192_h16_hv64", "gdn_b4_t4096_h16"]
 
 
-def compare(name: str, rep_ms: int, maxnregs: list, heads_list: tuple = (1,)) -> list[dict]:
-    """One workload: the twin's prep (as planned, alone) and the prototype's at each register cap
-    and each count of value heads a program (those dividing the workload's HV / H),
+def compare(name: str, rep_ms: int, maxnregs: list) -> list[dict]:
+    """One workload: the twin's prep (as planned, alone) and the prototype's at each register cap,
     their outputs compared, each prep timed alone and each output through the planned sweep
     against the float64 chunked oracle."""
     import triton.testing as tt
@@ -284,19 +271,15 @@ def compare(name: str, rep_ms: int, maxnregs: list, heads_list: tuple = (1,)) ->
                                              use_qk_l2norm_in_kernel=True)
     rows = []
     twin_ms = tt.do_bench_cudagraph(lambda: run_delta_launches(prep, inputs, given=twin), rep=rep_ms)
-    group = g.shape[2] // q.shape[2]
-    for cap, heads in [(cap, n) for cap in maxnregs for n in heads_list if group % n == 0]:
-        for t in mine.values():  # each variant's own writes compared
-            t.fill_(float("nan"))
-        gluon_prep(q, k, g, beta, mine["wy"], mine["aqk"], mine["coef"], scale, cap, heads=heads)
+    for cap in maxnregs:
+        gluon_prep(q, k, g, beta, mine["wy"], mine["aqk"], mine["coef"], scale, cap)
         torch.cuda.synchronize()
         out = run_delta_launches(sweep, inputs, given=mine)
         query_rows = {n: _rel_rms(mine[n], twin[n]) for n in ("wy", "aqk")}
         coef_err = _rel_rms(mine["coef"], twin["coef"])
         ms = tt.do_bench_cudagraph(lambda: gluon_prep(q, k, g, beta, mine["wy"], mine["aqk"], mine["coef"], scale,
-                                                      cap, heads=heads), rep=rep_ms)
-        row = dict(workload=name, maxnreg=cap, heads=heads, gluon_prep_ms=ms, twin_prep_ms=twin_ms,
-                   twin_over_gluon=twin_ms / ms,
+                                                      cap), rep=rep_ms)
+        row = dict(workload=name, maxnreg=cap, gluon_prep_ms=ms, twin_prep_ms=twin_ms, twin_over_gluon=twin_ms / ms,
                    wy_rel_rms_vs_twin=query_rows["wy"], aqk_rel_rms_vs_twin=query_rows["aqk"],
                    coef_rel_rms_vs_twin=coef_err,
                    o_rel_rms_vs_f64=_rel_rms(out[0].double(), reference[0]),
@@ -353,7 +336,7 @@ def latency(per_sm: list, maxnreg: int | None) -> list[dict]:
     return rows
 
 
-def parts(maxnreg: int | None, rep_ms: int, heads: int = 1) -> list[dict]:
+def parts(maxnreg: int | None, rep_ms: int) -> list[dict]:
     """Where the prototype's time goes: each PART (0 the prep, 1 without the inverse, 2 the loads
     and the three products alone) timed at B4 T8192 HV64 (graph replay) and one program's
     latency alone on an SM (one-chunk sequences, the kernel's time)."""
@@ -376,13 +359,13 @@ def parts(maxnreg: int | None, rep_ms: int, heads: int = 1) -> list[dict]:
     rows = []
     for part in (0, 1, 2):
         def hv64():
-            gluon_prep(q, k, g, beta, wy, aqk, coef, 128 ** -0.5, maxnreg, part, heads)
+            gluon_prep(q, k, g, beta, wy, aqk, coef, 128 ** -0.5, maxnreg, part)
 
         def alone():
             gluon_prep(q1, k1, g1, b1, wy1, aqk1, coef1, 128 ** -0.5, maxnreg, part)
         hv64()
         alone()
-        row = dict(part=part, maxnreg=maxnreg, heads=heads, hv64_ms=tt.do_bench_cudagraph(hv64, rep=rep_ms),
+        row = dict(part=part, maxnreg=maxnreg, hv64_ms=tt.do_bench_cudagraph(hv64, rep=rep_ms),
                    alone_us=_kernel_us(alone, "gluon_prep_kernel"))
         print(row, flush=True)
         rows.append(row)
@@ -395,16 +378,14 @@ def main():
     ap.add_argument("--workload", action="append")
     ap.add_argument("--maxnreg", type=int, action="append", help="register caps of the prototype (0: none)")
     ap.add_argument("--rep-ms", type=int, default=200)
-    ap.add_argument("--heads", type=int, action="append",
-                    help="value heads a program (default 1, 2, 4; those dividing a workload's HV / H)")
     ap.add_argument("--parts", action="store_true", help="only where the time goes (:func:`parts`)")
     ap.add_argument("--out")
     args = ap.parse_args()
     caps = [c or None for c in (args.maxnreg or [0, 168])]
     if args.parts:
-        rows = [row for cap in caps for n in (args.heads or [1]) for row in parts(cap, args.rep_ms, n)]
+        rows = [row for cap in caps for row in parts(cap, args.rep_ms)]
     else:
-        rows = [row for name in (args.workload or WORKLOADS) for row in compare(name, args.rep_ms, caps, tuple(args.heads or (1, 2, 4)))]
+        rows = [row for name in (args.workload or WORKLOADS) for row in compare(name, args.rep_ms, caps)]
         rows += [row for cap in caps for row in latency([1, 3], cap)]
     if args.out:
         save_rows(rows, args.out, torch.device("cuda"))
