@@ -340,7 +340,13 @@ def check_dt_limit(dt_limit) -> None:
         raise ValueError(f"dt_limit: expected min <= max, got {tuple(dt_limit)}")
 
 
-def ssd_problem(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_limit=(0.0, float("inf")),
+def check_dt_softplus(dt_softplus) -> None:
+    """A real bool: the ops branch on it, so a string or a number would pass for True or False."""
+    if not isinstance(dt_softplus, bool):
+        raise TypeError(f"dt_softplus: expected a bool, got {type(dt_softplus).__name__} {dt_softplus!r}")
+
+
+def ssd_problem(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
                 initial_state=None, cu_seqlens=None, state=None, state_indices=None, seq_idx=None,
                 chunk_indices=None, chunk_offsets=None) -> SsdProblem:
     """x ``[Bt, T, H, P]``, dt ``[Bt, T, H]``, A ``[H]``, B/C ``[Bt, T, G, Nstate]`` (H % G == 0),
@@ -363,6 +369,7 @@ def ssd_problem(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_limit=(0.0, 
         if t is not None:
             check_tensor(name, t, FLOAT_DTYPES, device)
             dims.check(name, t, spec)
+    check_dt_softplus(dt_softplus)
     check_dt_limit(dt_limit)
     if seq_idx is not None:
         check_tensor("seq_idx", seq_idx, INDEX_DTYPES, device)
@@ -459,8 +466,9 @@ class SsdDecodeProblem:
     state_bytes: int = 4
 
 
-def ssd_decode_problem(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, state_batch_indices=None,
-                       intermediate_states=None, num_accepted_tokens=None) -> SsdDecodeProblem:
+def ssd_decode_problem(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False,
+                       state_batch_indices=None, intermediate_states=None,
+                       num_accepted_tokens=None) -> SsdDecodeProblem:
     """Validate a ``selective_state_update`` call: mamba_ssm's with-heads form (state
     ``[S, H, P, N]``, x ``[b, H, P]``), its no-heads form (state ``[S, P, N]``, x ``[b, P]``), or
     draft tokens (x ``[b, T, H, P]``, B/C ``[b, T, G, N]``). Reads values only on CPU tensors."""
@@ -486,6 +494,7 @@ def ssd_decode_problem(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, s
             continue
         check_tensor(name, t, FLOAT_DTYPES, device)
         d.check(name, t, specs[name])
+    check_dt_softplus(dt_softplus)
     if d["H"] % d["G"] != 0:
         raise ValueError(f"B: ngroups = {d['G']} must divide nheads = {d['H']}")
     T = d["T"] if tokens else 1

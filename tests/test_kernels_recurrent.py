@@ -462,21 +462,27 @@ def test_decode_bad_input_names_the_argument(change, match):
         recurscan.fused_recurrent_gated_delta_rule_update(**(_good() | change))
 
 
-def test_mamba_bad_input_names_the_argument():
+def _mamba_good():
     x, dt, A, B, C, D, z, dt_bias = ssd_args(2, 1, 4, 6, 2, 8)
-    state = torch.zeros(3, 4, 6, 8)
-    with pytest.raises(ValueError, match=r"B: expected shape \[b, G, N\]"):
-        recurscan.selective_state_update(state, x, dt, A, B[:, :, :5], C, D, z, dt_bias)
-    with pytest.raises(ValueError, match="B: ngroups = 3 must divide nheads = 4"):
-        recurscan.selective_state_update(state, x, dt, A, torch.zeros(2, 3, 8), torch.zeros(2, 3, 8))
-    with pytest.raises(ValueError, match="state_batch_indices: a slot is named twice"):
-        recurscan.selective_state_update(state, x, dt, A, B, C, state_batch_indices=torch.tensor([1, 1]))
-    with pytest.raises(ValueError, match=r"state_batch_indices: expected slots in \[0, 3\)"):
-        recurscan.selective_state_update(state, x, dt, A, B, C, state_batch_indices=torch.tensor([3, 0]))
-    with pytest.raises(TypeError, match="x: expected dtype"):
-        recurscan.selective_state_update(state, x.int(), dt, A, B, C)
-    with pytest.raises(ValueError, match="num_accepted_tokens: requests restart"):
-        recurscan.selective_state_update(state, x, dt, A, B, C, num_accepted_tokens=torch.tensor([1, 1]))
+    return dict(state=torch.zeros(3, 4, 6, 8), x=x, dt=dt, A=A, B=B, C=C)
+
+
+@pytest.mark.parametrize("change, error, match", [
+    (lambda a: dict(B=a["B"][:, :, :5]), ValueError, r"B: expected shape \[b, G, N\]"),
+    (lambda a: dict(B=torch.zeros(2, 3, 8), C=torch.zeros(2, 3, 8)), ValueError, "B: ngroups = 3 must divide nheads = 4"),
+    (lambda a: dict(state_batch_indices=torch.tensor([1, 1])), ValueError, "state_batch_indices: a slot is named twice"),
+    (lambda a: dict(state_batch_indices=torch.tensor([3, 0])), ValueError,
+     r"state_batch_indices: expected slots in \[0, 3\)"),
+    (lambda a: dict(x=a["x"].int()), TypeError, "x: expected dtype"),
+    (lambda a: dict(num_accepted_tokens=torch.tensor([1, 1])), ValueError, "num_accepted_tokens: requests restart"),
+    (lambda a: dict(dt_softplus="no"), TypeError, r"dt_softplus: expected a bool, got str 'no'"),
+    (lambda a: dict(dt_softplus=1), TypeError, r"dt_softplus: expected a bool, got int 1"),
+])
+def test_mamba_bad_input_names_the_argument(change, error, match):
+    args = _mamba_good()
+    args |= change(args)
+    with pytest.raises(error, match=match):
+        recurscan.selective_state_update(**args)
 
 
 def test_fla_entry_point_per_key_decay_and_v_first_state():

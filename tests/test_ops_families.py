@@ -97,6 +97,10 @@ def test_diagonal_scan_matches_token_loop():
     (lambda x: recurscan.mamba_chunk_scan_combined(**x, chunk_size=64, dt_limit=(0.0, float("nan"))),
      ValueError, r"dt_limit: expected a pair \(min, max\) without NaN"),
     (lambda x: recurscan.mamba_chunk_scan_combined(**x, chunk_size=0), ValueError, r"chunk_size: expected an int >= 1"),
+    (lambda x: recurscan.mamba_chunk_scan_combined(**x, chunk_size=64, dt_softplus="no"),
+     TypeError, r"dt_softplus: expected a bool, got str 'no'"),
+    (lambda x: recurscan.mamba_chunk_scan_combined(**x, chunk_size=64, dt_softplus=1),
+     TypeError, r"dt_softplus: expected a bool, got int 1"),
     (lambda x: recurscan.mamba_chunk_scan_combined(**x, chunk_size=64, seq_idx=torch.zeros(1, 130)),
      TypeError, r"seq_idx: expected dtype"),
     (lambda x: recurscan.mamba_chunk_scan_combined(**(x | dict(D=torch.randn(4, 3, dtype=F64))), chunk_size=64),
@@ -113,6 +117,14 @@ def test_diagonal_scan_matches_token_loop():
 def test_bad_input_names_the_argument(call, error, match):
     with pytest.raises(error, match=match):
         call(ssd_inputs())
+
+
+def test_traced_ssd_checks_dt_softplus(monkeypatch):
+    """The traced path (torch.compile, torch.export) takes dt_softplus as the scan node's bool: it
+    is checked before that, as on the eager path ("no" would otherwise be True)."""
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    with pytest.raises(TypeError, match=r"dt_softplus: expected a bool, got str 'no'"):
+        recurscan.mamba_chunk_scan_combined(**ssd_inputs(T=20), chunk_size=64, dt_softplus="no")
 
 
 def test_dt_limit_takes_infinite_bounds():

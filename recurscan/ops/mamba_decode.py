@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..plan import DISPATCH_STEP_BOUND, plan
-from ..problem import contiguous_indices, ssd_decode_problem
+from ..problem import check_dt_softplus, contiguous_indices, ssd_decode_problem
 from ..runtime.cache import SignatureCache, launch_key
 from .decode import _launch
 
@@ -116,8 +116,10 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
         key = (launch_key((state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices, intermediate_states,
                      num_accepted_tokens)), bool(dt_softplus), backend, DISPATCH_STEP_BOUND["cuda"])
         prep = PREPARED.get(key)
+        if prep is not None:
+            check_dt_softplus(dt_softplus)  # the key holds bool(dt_softplus): "no" would find True's entry
     if prep is None:
-        problem = ssd_decode_problem(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias,
+        problem = ssd_decode_problem(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
                                      state_batch_indices=state_batch_indices,
                                      intermediate_states=intermediate_states,
                                      num_accepted_tokens=num_accepted_tokens)

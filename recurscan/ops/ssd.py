@@ -5,7 +5,7 @@ import torch
 
 from ..descriptors import CHUNK_SIZE
 from ..plan import plan
-from ..problem import contiguous_indices, ssd_problem
+from ..problem import check_dt_softplus, contiguous_indices, ssd_problem
 from ..reference import ssd as ref
 from . import _cache
 
@@ -70,6 +70,7 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt
         raise ValueError("return_varlen_states: needs cu_seqlens [N + 1] (as mamba_ssm)")
     if torch.compiler.is_compiling() and state is None and not return_chunk_states and chunk_indices is None:
         # Being traced (torch.compile, torch.export): one scan node with a packed result (ops/scan.py).
+        check_dt_softplus(dt_softplus)  # the node takes it as a bool: checked before it is made one
         from .scan import traced_ssd
         y, final = traced_ssd(x, dt, A, B, C, chunk_size=chunk_size, D=D, z=z, dt_bias=dt_bias,
                               initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens,
@@ -101,7 +102,7 @@ def _run_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
         raise ValueError("return_chunk_states: chunk states are per sequence; with seq_idx pass cu_seqlens too")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size: expected an int >= 1, got {chunk_size!r}")
-    problem = ssd_problem(x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_limit=dt_limit,
+    problem = ssd_problem(x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
                           initial_state=initial_states, cu_seqlens=cu_seqlens, state=state,
                           state_indices=state_indices, seq_idx=seq_idx, chunk_indices=chunk_indices,
                           chunk_offsets=chunk_offsets)
