@@ -424,6 +424,7 @@ def check_decode_extras(problem, state, intermediate_states, steps_per_token, nu
                              f"[S, HV, K, V] = {list(state.shape)}"
                              + (f" and T // steps_per_token = {need}" if need is not None else "")
                              + f", got {shape}")
+        check_distinct_elements("intermediate_states", intermediate_states)  # written in place, as the cache
     if num_accepted_tokens is not None:
         if intermediate_states is None:
             raise ValueError("num_accepted_tokens: requests restart from their snapshots; pass intermediate_states "
@@ -488,6 +489,7 @@ def ssd_decode_problem(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, d
         specs = {"state": "S P N", "x": "b P", "dt": "b P", "A": "P N", "B": "b N", "C": "b N", "D": "P",
                  "z": "b P", "dt_bias": "P", "snap": "S T P N"}
     d.check("state", state, specs["state"])
+    check_distinct_elements("state", state)
     d.check("x", x, specs["x"])
     for name, t in (("dt", dt), ("A", A), ("B", B), ("C", C), ("D", D), ("z", z), ("dt_bias", dt_bias)):
         if t is None and name in ("D", "z", "dt_bias"):
@@ -517,6 +519,7 @@ def ssd_decode_problem(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, d
         check_tensor("intermediate_states", intermediate_states, STATE_DTYPES, device)
         d.sizes.setdefault("T", T)
         d.check("intermediate_states", intermediate_states, specs["snap"])
+        check_distinct_elements("intermediate_states", intermediate_states)
     if num_accepted_tokens is not None:
         if intermediate_states is None:
             raise ValueError("num_accepted_tokens: requests restart from their snapshots; pass intermediate_states")

@@ -455,6 +455,8 @@ def _good(B=2, T=2):
     (dict(intermediate_states=torch.zeros(4, 2, 2, 8, 8), num_accepted_tokens=torch.tensor([1])),
      r"num_accepted_tokens: expected shape \[N\] = \[2\]"),
     (dict(intermediate_states=torch.zeros(4, 1, 2, 8, 8)), r"intermediate_states: expected shape .* T // steps_per_token = 2"),
+    (dict(intermediate_states=torch.zeros(4, 1, 2, 8, 8).expand(4, 2, 2, 8, 8)),
+     r"intermediate_states: dimension 1 has stride 0"),  # written in place: draft tokens sharing one snapshot
     (dict(backend="cuda"), "backend: expected None, 'torch' or 'triton'"),
 ])
 def test_decode_bad_input_names_the_argument(change, match):
@@ -475,6 +477,9 @@ def _mamba_good():
      r"state_batch_indices: expected slots in \[0, 3\)"),
     (lambda a: dict(x=a["x"].int()), TypeError, "x: expected dtype"),
     (lambda a: dict(num_accepted_tokens=torch.tensor([1, 1])), ValueError, "num_accepted_tokens: requests restart"),
+    (lambda a: dict(state=torch.zeros(1, 4, 6, 8).expand(3, -1, -1, -1)), ValueError, r"state: dimension 0 has stride 0"),
+    (lambda a: dict(intermediate_states=torch.zeros(1, 1, 4, 6, 8).expand(3, -1, -1, -1, -1)), ValueError,
+     r"intermediate_states: dimension 0 has stride 0"),
     (lambda a: dict(dt_softplus="no"), TypeError, r"dt_softplus: expected a bool, got str 'no'"),
     (lambda a: dict(dt_softplus=1), TypeError, r"dt_softplus: expected a bool, got int 1"),
 ])
