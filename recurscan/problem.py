@@ -228,9 +228,12 @@ def check_householder(num_householder) -> None:
 
 
 def delta_problem(q, k, v, g, beta, *, num_householder=1, scale=None, initial_state=None,
-                  cu_seqlens=None, state=None, state_indices=None, output_final_state=False) -> DeltaProblem:
+                  cu_seqlens=None, state=None, state_indices=None, output_final_state=False,
+                  state_v_first=False) -> DeltaProblem:
     """Validate a delta-rule call: q ``[B, T, H, K]``, k ``[B, T*M, H, K]``, v ``[B, T*M, HV, V]``,
-    g ``[B, T, HV]`` or None, beta ``[B, T*M, HV]`` / ``[B, T*M, HV, V]`` or None."""
+    g ``[B, T, HV]`` or None, beta ``[B, T*M, HV]`` / ``[B, T*M, HV, V]`` or None; states
+    ``[.., HV, K, V]``, or ``[.., HV, V, K]`` with ``state_v_first`` (checked in the caller's
+    layout; the op reads them through their transposed view)."""
     check_householder(num_householder)
     dims = Dims(M=num_householder)
     device = _check_qkv(q, k, v, dims, "B T*M H K", "B T*M HV V")
@@ -243,8 +246,11 @@ def delta_problem(q, k, v, g, beta, *, num_householder=1, scale=None, initial_st
         beta_per_value = beta.dim() == 4
         dims.check("beta", beta, "B T*M HV V" if beta_per_value else "B T*M HV")
     check_scale(scale)
-    _check_common(dims, device, "B", "T", cu_seqlens, initial_state, "HV K V", state, state_indices)
+    _check_common(dims, device, "B", "T", cu_seqlens, initial_state, "HV V K" if state_v_first else "HV K V", state,
+                  state_indices)
     read_state = state if state is not None else initial_state
+    if state_v_first and read_state is not None:
+        read_state = read_state.transpose(-1, -2)  # the [.., K, V] view the op reads
     return DeltaProblem(
         batch=dims["B"], tokens=dims["T"], heads=dims["H"], value_heads=dims["HV"], key_dim=dims["K"],
         value_dim=dims["V"], sequences=dims["N"], householder=num_householder, beta_per_value=beta_per_value,

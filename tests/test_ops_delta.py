@@ -143,6 +143,18 @@ def test_bad_input_names_the_argument(change, error, match):
         recurscan.chunk_gated_delta_rule(**args)
 
 
+@pytest.mark.parametrize("initial_state, error, match", [
+    # K = 8, V = 16: state_v_first takes [N, HV, V, K]; the error quotes the caller's layout, not the transposed view's
+    (torch.zeros(1, 4, 8, 16), ValueError, r"initial_state: expected shape \[N, HV, V, K\] = \[1, 4, 16, 8\], got \[1, 4, 8, 16\]"),
+    (torch.zeros(2, 4, 16, 8), ValueError, r"initial_state: expected shape \[N, HV, V, K\] = \[1, 4, 16, 8\], got \[2, 4, 16, 8\]"),
+    (torch.zeros(16), ValueError, r"initial_state: expected 4 dimensions \[N, HV, V, K\], got shape \[16\]"),
+])
+def test_v_first_bad_initial_state_names_the_callers_layout(initial_state, error, match):
+    args = _good() | dict(v=torch.randn(1, 10, 4, 16))
+    with pytest.raises(error, match=match):
+        recurscan.fused_recurrent_gated_delta_rule(**args, initial_state=initial_state, state_v_first=True)
+
+
 def test_the_triton_decode_refuses_inputs_that_require_grad():
     """The recurrent kernel has no backward: inputs that require grad get a clear error rather than
     outputs that silently carry no gradient; under no_grad, or on the torch backend, the call runs."""

@@ -282,15 +282,13 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, ini
 def _fla_extended(q, k, v, g, gk, beta, scale, initial_state, output_final_state, cu_seqlens, l2norm,
                   state_v_first, backend):
     """fla's per-key decay and V-first state layout (no cache)."""
-    from ..problem import check_tensor, FLOAT_DTYPES, STATE_DTYPES
+    from ..problem import check_tensor, FLOAT_DTYPES
     if g is not None and gk is not None:
         raise ValueError("gk: pass either g (one log decay per head) or gk (one per key), not both")
-    init = initial_state
-    if init is not None and state_v_first:
-        check_tensor("initial_state", init, STATE_DTYPES, q.device)
-        init = init.transpose(-1, -2)  # [N, HV, K, V] view
-    problem = delta_problem(q, k, v, None, beta, scale=scale, initial_state=init, cu_seqlens=cu_seqlens,
-                            output_final_state=output_final_state)
+    # initial_state checked in the caller's layout ([N, HV, V, K] with state_v_first), then seen as [N, HV, K, V]
+    problem = delta_problem(q, k, v, None, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                            output_final_state=output_final_state, state_v_first=state_v_first)
+    init = initial_state.transpose(-1, -2) if initial_state is not None and state_v_first else initial_state
     if gk is not None:
         check_tensor("gk", gk, FLOAT_DTYPES, q.device)
         if tuple(gk.shape) != (problem.batch, problem.tokens, problem.value_heads, problem.key_dim):
