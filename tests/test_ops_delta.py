@@ -168,6 +168,44 @@ def test_the_triton_decode_refuses_inputs_that_require_grad():
     assert o.requires_grad
 
 
+def _cache_op_call(op, backend):
+    """A call of ``op`` against a state cache [4, HV, K, V] at slot 2 (GDN, or GDP with M = 2), k
+    requiring grad: the call and the cache."""
+    M = 2 if "product" in op else 1
+    if M == 1:
+        q, k, v, g, beta = _good().values()
+    else:
+        q, k, v, g, beta = (t.float() for t in gdp_inputs(10, M, 2, 4, 8, 8))
+    cache, slots, k = torch.randn(4, 4, 8, 8), torch.tensor([2]), k.clone().requires_grad_()
+    kw = dict(state=cache, state_indices=slots, backend=backend)
+    call = {
+        "chunk": lambda: recurscan.chunk_gated_delta_rule(q, k, v, g, beta, **kw),
+        "chunk_product": lambda: recurscan.chunk_gated_delta_product_varlen(q, k, v, g, beta, M, torch.tensor([0, 10]),
+                                                                            **kw),
+        "decode": lambda: recurscan.fused_recurrent_gated_delta_rule_update(q, k, v, g, beta, **kw),
+        "decode_product": lambda: recurscan.fused_recurrent_gated_delta_product_update(q, k, v, g, beta, M, **kw),
+    }[op]
+    return call, cache
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("op", ["chunk", "chunk_product", "decode", "decode_product"])
+def test_a_state_cache_is_refused_with_grad_on_every_backend(op, backend):
+    """A state cache is written in place: under autograd on the torch backend that write made the
+    caller's cache a node of this call's graph (the next call reading it back-propagated into a freed
+    graph), where the Triton path refuses. Both refuse now, before the cache is touched; under
+    no_grad the call runs (training goes through initial_state / output_final_state)."""
+    call, cache = _cache_op_call(op, backend)
+    before = cache.clone()
+    with pytest.raises(NotImplementedError, match=r"state cache \(state, state_indices\) .*inference-only"):
+        call()
+    assert torch.equal(bits(cache), bits(before)) and not cache.requires_grad
+    if backend == "torch":
+        with torch.no_grad():
+            call()
+        assert not torch.equal(cache[2], before[2]) and torch.equal(cache[[0, 1, 3]], before[[0, 1, 3]])
+
+
 def test_duplicate_slots_are_refused():
     args = _good()
     cu = torch.tensor([0, 5, 10])

@@ -119,6 +119,24 @@ def test_bad_input_names_the_argument(call, error, match):
         call(ssd_inputs())
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_ssd_state_cache_is_refused_with_grad_on_every_backend(backend):
+    """As the delta-rule ops (test_ops_delta): a state cache is inference-only on both backends, refused
+    before it is touched; under no_grad the torch call writes it."""
+    x = {n: t.float() for n, t in ssd_inputs(T=20).items()}
+    x["x"].requires_grad_()
+    cache = torch.randn(3, 4, 12, 10)
+    before = cache.clone()
+    kw = dict(chunk_size=64, state=cache, state_indices=torch.tensor([1]), backend=backend)
+    with pytest.raises(NotImplementedError, match=r"state cache \(state, state_indices\) is inference-only"):
+        recurscan.mamba_chunk_scan_combined(**x, **kw)
+    assert torch.equal(bits(cache), bits(before)) and not cache.requires_grad
+    if backend == "torch":
+        with torch.no_grad():
+            recurscan.mamba_chunk_scan_combined(**x, **kw)
+        assert not torch.equal(cache[1], before[1]) and torch.equal(cache[[0, 2]], before[[0, 2]])
+
+
 def test_traced_ssd_checks_dt_softplus(monkeypatch):
     """The traced path (torch.compile, torch.export) takes dt_softplus as the scan node's bool: it
     is checked before that, as on the eager path ("no" would otherwise be True)."""

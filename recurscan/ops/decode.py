@@ -83,6 +83,7 @@ def fused_recurrent_gated_delta_rule_update(q, k, v, g=None, beta=None, scale=No
         state: ``[S, HV, K, V]`` cache (float32, bfloat16 or float64), read and written in place at
             ``state_indices [N]``; -1 marks a padding request (zero output, its slot untouched).
             Supersedes initial_state / output_final_state; the returned final state is ``state``.
+            Inference-only: with inputs that require grad, a NotImplementedError on every backend.
             A cache laid out ``[S, HV, V, K]`` (key rows contiguous: vLLM's, SGLang's and
             FlashInfer's layout) is passed as its view ``cache.transpose(-1, -2)``: the kernel
             reads states through their strides, and the launch rule gives key-contiguous states
@@ -130,12 +131,19 @@ def fused_recurrent_gated_delta_rule_update(q, k, v, g=None, beta=None, scale=No
                         state_indices, intermediate_states, steps_per_token, num_accepted_tokens, backend)
         if on_gpu:
             PREPARED.put(key, prep)
+    grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                           for t in (q, k, v, g, beta, initial_state))
+    if grad and state is not None:
+        raise NotImplementedError(
+            "fused_recurrent_gated_delta_rule_update / fused_recurrent_gated_delta_product_update: a state cache "
+            "(state, state_indices) is inference-only on every backend (written in place, it would carry this "
+            "call's autograd graph into the next call that reads it): train through chunk_gated_delta_rule with "
+            "initial_state / output_final_state, or call under torch.no_grad()")
     if prep.schedule.backend == "torch":
         return _delta_torch(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                             cu_seqlens, state, state_indices, intermediate_states, steps_per_token,
                             num_accepted_tokens)
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
-                                       for t in (q, k, v, g, beta, initial_state)):
+    if grad:
         raise NotImplementedError(
             "fused_recurrent_gated_delta_rule(_update) / fused_recurrent_gated_delta_product_update: the Triton "
             "recurrent kernel is forward-only (its outputs would carry no gradient); for gradients call "

@@ -134,6 +134,11 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
     if debug_checks():
         _check_device_values(problem, cu_seqlens, state, state_indices)
     schedule = plan("delta_rule", problem, q.device, "chunked", backend)
+    if grad and problem.uses_cache:
+        raise NotImplementedError(
+            f"{_op_name(num_householder)}: a state cache (state, state_indices) is inference-only on every backend "
+            "(written in place, it would carry this call's autograd graph into the next call that reads it): train "
+            "with initial_state / output_final_state, or call under torch.no_grad()")
     if schedule.backend == "triton" and grad:
         if key is not None:
             GRAD_PLANS.put(key, (problem, schedule))

@@ -107,10 +107,15 @@ def _run_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                           state_indices=state_indices, seq_idx=seq_idx, chunk_indices=chunk_indices,
                           chunk_offsets=chunk_offsets)
     schedule = plan("ssd", problem, x.device, "chunked", backend)
-    if return_chunk_states and torch.is_grad_enabled() and any(
-            isinstance(t, torch.Tensor) and t.requires_grad for t in (x, dt, A, B, C, D, z, dt_bias, initial_states)):
+    grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                           for t in (x, dt, A, B, C, D, z, dt_bias, initial_states))
+    if return_chunk_states and grad:
         raise NotImplementedError("mamba_chunk_scan_combined: return_chunk_states is inference-only; call under "
                                   "torch.no_grad()")
+    if state is not None and grad:  # on every backend: the cache is written in place
+        raise NotImplementedError("mamba_chunk_scan_combined: a state cache (state, state_indices) is "
+                                  "inference-only; train with initial_states / return_final_states, or call "
+                                  "under torch.no_grad()")
     resets = None if seq_idx is None or cu_seqlens is not None else sequence_resets(seq_idx)
     run = _BACKENDS[schedule.backend]
     extra = dict(out=out, final_states=final_states) if run is _ssd_triton else {}
@@ -179,10 +184,7 @@ def _ssd_triton(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_st
     state then comes back as the transposed view of ``out[1]``); ``final_states``: as its."""
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                        for t in (x, dt, A, B, C, D, z, dt_bias, initial_states)):
-        if state is not None:
-            raise NotImplementedError("mamba_chunk_scan_combined: a state cache (state, state_indices) is "
-                                      "inference-only; train with initial_states / return_final_states, or call "
-                                      "under torch.no_grad()")
+        # (a state cache with grad is refused by _run_ssd, on either backend)
         return _ssd_triton_with_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens,
                                      launch, resets, descriptors, final_read=final_states)
     from ..launch.gla import SsdPrologue, chunk_simple_gla_fwd
