@@ -99,7 +99,26 @@ def contiguous_indices(*tensors):
     passed as it is would name other slots (writing a cache slot the call does not own) and other
     boundaries. None and non-tensors (a list of boundaries) pass as they are; a contiguous tensor
     is returned itself (no copy, no sync)."""
-    return tuple(t.contiguous() if isinstance(t, torch.Tensor) else t for t in tensors)
+    for t in tensors:
+        # type() first: isinstance against torch.Tensor goes through its metaclass (~0.1 us a test),
+        # and this runs on every decode call
+        if t is not None and (type(t) is not torch.Tensor or not t.is_contiguous()):
+            return tuple(x.contiguous() if isinstance(x, torch.Tensor) else x for x in tensors)
+    return tensors
+
+
+def needs_grad(*tensors) -> bool:
+    """Whether autograd records a call on these arguments: grad mode on and any of them a tensor
+    that requires grad (None and non-tensors pass)."""
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:
+        if type(t) is torch.Tensor:  # as in contiguous_indices: the exact type test first
+            if t.requires_grad:
+                return True
+        elif isinstance(t, torch.Tensor) and t.requires_grad:
+            return True
+    return False
 
 
 def check_tensor(name, x, dtypes, device=None) -> None:

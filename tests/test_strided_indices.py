@@ -95,3 +95,27 @@ def test_a_strided_cu_seqlens_is_read_as_its_values(op):
         outs.append(out)
     for got, want in zip(outs[1], outs[0]):
         assert torch.equal(got, want)
+
+
+def test_contiguous_indices_copies_only_a_strided_tensor():
+    """The hot path's helper: contiguous tensors come back themselves (no copy), a strided one as a
+    contiguous copy of the same values, None and a list of boundaries as they are."""
+    from recurscan.problem import contiguous_indices
+    dense, view, bounds = torch.tensor([0, 2, 5]), strided([0, 2, 5]), [0, 2, 5]
+    out = contiguous_indices(None, dense, bounds)
+    assert out[0] is None and out[1] is dense and out[2] is bounds
+    out = contiguous_indices(dense, view, None, bounds)
+    assert out[0] is dense and out[1].is_contiguous() and out[1].tolist() == [0, 2, 5]
+    assert out[2] is None and out[3] is bounds
+
+
+def test_needs_grad_sees_parameters_and_grad_mode():
+    """problem.needs_grad: a tensor subclass (nn.Parameter) that requires grad counts; None and
+    non-tensors pass; nothing counts under no_grad."""
+    from recurscan.problem import needs_grad
+    plain, param = torch.zeros(2), torch.nn.Parameter(torch.zeros(2))
+    assert not needs_grad(plain, None, 3.0)
+    assert needs_grad(None, plain, param)
+    assert needs_grad(plain.requires_grad_(), None)
+    with torch.no_grad():
+        assert not needs_grad(param, plain)

@@ -19,7 +19,7 @@ import torch
 
 from ..plan import DISPATCH_STEP_BOUND, plan
 from ..problem import (check_decode_extras, check_householder, check_scale, contiguous_indices, delta_problem,
-                       key_contiguous)
+                       key_contiguous, needs_grad)
 from ..reference import delta as ref
 from ..runtime.cache import SignatureCache, launch_key
 from . import _cache
@@ -131,8 +131,7 @@ def fused_recurrent_gated_delta_rule_update(q, k, v, g=None, beta=None, scale=No
                         state_indices, intermediate_states, steps_per_token, num_accepted_tokens, backend)
         if on_gpu:
             PREPARED.put(key, prep)
-    grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
-                                           for t in (q, k, v, g, beta, initial_state))
+    grad = needs_grad(q, k, v, g, beta, initial_state)
     if grad and state is not None:
         raise NotImplementedError(
             "fused_recurrent_gated_delta_rule_update / fused_recurrent_gated_delta_product_update: a state cache "

@@ -16,7 +16,7 @@ import torch
 from ..plan import delta as plan_delta
 from ..plan import plan
 from ..problem import (check_chunk_descriptors, check_cu_seqlens, check_slots, contiguous_indices, debug_checks,
-                       delta_problem)
+                       delta_problem, needs_grad)
 from ..reference import delta as ref
 from ..runtime.cache import SignatureCache, launch_key
 from . import _cache
@@ -108,7 +108,7 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
         return result[:2] + (result[2][:chunks],) if return_chunk_states else result
     inputs = (q, k, v, g, beta, initial_state, state, state_indices, cu_seqlens, chunk_indices_dp, chunk_offsets)
     key = None
-    grad = _needs_grad(q, k, v, g, beta, initial_state)
+    grad = needs_grad(q, k, v, g, beta, initial_state)
     if isinstance(q, torch.Tensor) and q.is_cuda and chunk_size is None:
         # The hot path: validation and planning ran for an earlier call of this signature (every
         # tensor's shape, strides, dtype, device and alignment, and every option).
@@ -199,7 +199,7 @@ def _streams(q, k, v, g, beta, initial_state, num_householder, cu_seqlens, retur
     if backend is not None or chunk_size is not None or return_chunk_states or num_householder != 1:
         return False
     if not (isinstance(q, torch.Tensor) and q.is_cuda and q.dim() == 4 and isinstance(v, torch.Tensor)
-            and v.dim() == 4) or _needs_grad(q, k, v, g, beta, initial_state):
+            and v.dim() == 4) or needs_grad(q, k, v, g, beta, initial_state):
         return False
     if cu_seqlens is not None and not (isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.dim() == 1):
         return False  # the chunked path's validation says what is wrong
@@ -211,10 +211,6 @@ def _streams(q, k, v, g, beta, initial_state, num_householder, cu_seqlens, retur
         return False
     return prefill_algorithm(tokens, sequences, q.shape[2], v.shape[2], q.shape[3], v.shape[3],
                              device_name(q.device)) == "recurrent"
-
-
-def _needs_grad(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
 def _run_triton_with_grad(q, k, v, g, beta, problem, schedule, *, initial_state, output_final_state,

@@ -6,7 +6,7 @@ import torch
 
 from ..descriptors import CHUNK_SIZE
 from ..plan import plan
-from ..problem import contiguous_indices, gla_problem
+from ..problem import contiguous_indices, gla_problem, needs_grad
 from ..reference import gla as ref
 from . import _cache
 
@@ -31,8 +31,7 @@ def _run_gla(q, k, v, g, *, per_key_decay, scale, initial_state, output_final_st
     if g_gamma is not None:  # a constant log decay per head, on top of g's
         dtype = g.dtype if g is not None else (torch.float64 if q.dtype == torch.float64 else torch.float32)
         g = g_gamma.to(dtype).expand(problem.batch, problem.tokens, problem.value_heads) + (0 if g is None else g)
-    training = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
-                                               for t in (q, k, v, g, initial_state))
+    training = needs_grad(q, k, v, g, initial_state)
     if (state is not None or return_chunk_states) and training:
         raise NotImplementedError("chunk_simple_gla / chunk_gla: a state cache (state, state_indices) and "
                                   "return_chunk_states are inference-only; train with initial_state / "

@@ -5,7 +5,7 @@ import torch
 
 from ..descriptors import CHUNK_SIZE
 from ..plan import plan
-from ..problem import check_dt_softplus, contiguous_indices, ssd_problem
+from ..problem import check_dt_softplus, contiguous_indices, needs_grad, ssd_problem
 from ..reference import ssd as ref
 from . import _cache
 
@@ -107,8 +107,7 @@ def _run_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                           state_indices=state_indices, seq_idx=seq_idx, chunk_indices=chunk_indices,
                           chunk_offsets=chunk_offsets)
     schedule = plan("ssd", problem, x.device, "chunked", backend)
-    grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
-                                           for t in (x, dt, A, B, C, D, z, dt_bias, initial_states))
+    grad = needs_grad(x, dt, A, B, C, D, z, dt_bias, initial_states)
     if return_chunk_states and grad:
         raise NotImplementedError("mamba_chunk_scan_combined: return_chunk_states is inference-only; call under "
                                   "torch.no_grad()")
@@ -182,8 +181,7 @@ def _ssd_triton(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_st
     q = C, k = B (the groups as GVA), v = dt x, log decay dt A, scale 1, y = (o + D x) silu(z);
     states transposed to [N, H, Nstate, P]. ``out``: as :func:`_run_ssd`'s (inference; the final
     state then comes back as the transposed view of ``out[1]``); ``final_states``: as its."""
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
-                                       for t in (x, dt, A, B, C, D, z, dt_bias, initial_states)):
+    if needs_grad(x, dt, A, B, C, D, z, dt_bias, initial_states):
         # (a state cache with grad is refused by _run_ssd, on either backend)
         return _ssd_triton_with_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, cu_seqlens,
                                      launch, resets, descriptors, final_read=final_states)
