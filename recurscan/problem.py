@@ -361,6 +361,12 @@ def check_dt_limit(dt_limit) -> None:
         raise TypeError(f"dt_limit: expected a pair (min, max) of floats, got {dt_limit!r}")
     if any(x != x for x in dt_limit):  # NaN: every comparison is False, so min <= max would let it by
         raise ValueError(f"dt_limit: expected a pair (min, max) without NaN, got {tuple(dt_limit)}")
+    for x in dt_limit:
+        try:
+            float(x)
+        except OverflowError:  # an int past float's range (the kernels take the bounds as floats)
+            raise ValueError(f"dt_limit: expected bounds within float's range (float('inf') for none), got {x}") \
+                from None
     if dt_limit[0] > dt_limit[1]:
         raise ValueError(f"dt_limit: expected min <= max, got {tuple(dt_limit)}")
 

@@ -490,6 +490,24 @@ def test_mamba_bad_input_names_the_argument(change, error, match):
         recurscan.selective_state_update(**args)
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("grad_on", ["x", "state"])
+def test_selective_state_update_is_refused_under_autograd(grad_on, backend):
+    """selective_state_update writes its cache in place (and its Triton kernel is forward-only): an
+    argument that requires grad, the cache itself included, is a NotImplementedError on both
+    backends before the cache is touched; under no_grad the call writes the cache."""
+    args = _mamba_good()
+    args["state"] = torch.randn(3, 4, 6, 8)
+    args[grad_on] = args[grad_on].clone().requires_grad_()
+    before = args["state"].detach().clone()
+    with pytest.raises(NotImplementedError, match="selective_state_update: inference-only"):
+        recurscan.selective_state_update(**args, backend=backend)
+    assert torch.equal(args["state"].detach(), before)
+    with torch.no_grad():
+        recurscan.selective_state_update(**args, backend=backend)
+    assert not torch.equal(args["state"].detach()[:2], before[:2])
+
+
 def test_fla_entry_point_per_key_decay_and_v_first_state():
     B, T, H, HV, K, V = 2, 4, 1, 2, 16, 8
     q, k, v, _, beta = inputs(B, T, H, HV, K, V)

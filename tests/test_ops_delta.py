@@ -168,15 +168,19 @@ def test_the_triton_decode_refuses_inputs_that_require_grad():
     assert o.requires_grad
 
 
-def _cache_op_call(op, backend):
+def _cache_op_call(op, backend, grad_on="k"):
     """A call of ``op`` against a state cache [4, HV, K, V] at slot 2 (GDN, or GDP with M = 2), k
-    requiring grad: the call and the cache."""
+    (or the cache itself, ``grad_on="cache"``) requiring grad: the call and the cache."""
     M = 2 if "product" in op else 1
     if M == 1:
         q, k, v, g, beta = _good().values()
     else:
         q, k, v, g, beta = (t.float() for t in gdp_inputs(10, M, 2, 4, 8, 8))
-    cache, slots, k = torch.randn(4, 4, 8, 8), torch.tensor([2]), k.clone().requires_grad_()
+    cache, slots = torch.randn(4, 4, 8, 8), torch.tensor([2])
+    if grad_on == "cache":
+        cache.requires_grad_()
+    else:
+        k = k.clone().requires_grad_()
     kw = dict(state=cache, state_indices=slots, backend=backend)
     call = {
         "chunk": lambda: recurscan.chunk_gated_delta_rule(q, k, v, g, beta, **kw),
@@ -186,6 +190,19 @@ def _cache_op_call(op, backend):
         "decode_product": lambda: recurscan.fused_recurrent_gated_delta_product_update(q, k, v, g, beta, M, **kw),
     }[op]
     return call, cache
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("op", ["chunk", "chunk_product", "decode", "decode_product"])
+def test_a_cache_that_requires_grad_is_refused_on_every_backend(op, backend):
+    """The cache itself requiring grad (the inputs not) is the same refusal, before the cache is
+    touched: the torch path failed mid-call on its in-place write (a leaf that requires grad), the
+    Triton path wrote it behind autograd's back."""
+    call, cache = _cache_op_call(op, backend, grad_on="cache")
+    before = cache.detach().clone()
+    with pytest.raises(NotImplementedError, match=r"state cache \(state, state_indices\) .*inference-only"):
+        call()
+    assert torch.equal(bits(cache.detach()), bits(before))
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])

@@ -96,6 +96,8 @@ def test_diagonal_scan_matches_token_loop():
      ValueError, r"dt_limit: expected a pair \(min, max\) without NaN, got \(nan, 1.0\)"),
     (lambda x: recurscan.mamba_chunk_scan_combined(**x, chunk_size=64, dt_limit=(0.0, float("nan"))),
      ValueError, r"dt_limit: expected a pair \(min, max\) without NaN"),
+    (lambda x: recurscan.mamba_chunk_scan_combined(**x, chunk_size=64, dt_limit=(0.0, 10 ** 400)),
+     ValueError, r"dt_limit: expected bounds within float's range"),
     (lambda x: recurscan.mamba_chunk_scan_combined(**x, chunk_size=0), ValueError, r"chunk_size: expected an int >= 1"),
     (lambda x: recurscan.mamba_chunk_scan_combined(**x, chunk_size=64, dt_softplus="no"),
      TypeError, r"dt_softplus: expected a bool, got str 'no'"),
@@ -120,21 +122,42 @@ def test_bad_input_names_the_argument(call, error, match):
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_ssd_state_cache_is_refused_with_grad_on_every_backend(backend):
+@pytest.mark.parametrize("grad_on", ["x", "cache"])
+def test_ssd_state_cache_is_refused_with_grad_on_every_backend(grad_on, backend):
     """As the delta-rule ops (test_ops_delta): a state cache is inference-only on both backends, refused
-    before it is touched; under no_grad the torch call writes it."""
+    before it is touched, where an input or the cache itself requires grad; under no_grad the torch
+    call writes it."""
     x = {n: t.float() for n, t in ssd_inputs(T=20).items()}
-    x["x"].requires_grad_()
     cache = torch.randn(3, 4, 12, 10)
-    before = cache.clone()
+    (cache if grad_on == "cache" else x["x"]).requires_grad_()
+    before = cache.detach().clone()
     kw = dict(chunk_size=64, state=cache, state_indices=torch.tensor([1]), backend=backend)
     with pytest.raises(NotImplementedError, match=r"state cache \(state, state_indices\) is inference-only"):
         recurscan.mamba_chunk_scan_combined(**x, **kw)
-    assert torch.equal(bits(cache), bits(before)) and not cache.requires_grad
-    if backend == "torch":
+    assert torch.equal(bits(cache.detach()), bits(before)) and cache.requires_grad == (grad_on == "cache")
+    if backend == "torch" and grad_on == "x":
         with torch.no_grad():
             recurscan.mamba_chunk_scan_combined(**x, **kw)
         assert not torch.equal(cache[1], before[1]) and torch.equal(cache[[0, 2]], before[[0, 2]])
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("grad_on", ["q", "cache"])
+def test_gla_state_cache_is_refused_with_grad_on_every_backend(grad_on, backend):
+    """chunk_simple_gla with a state cache: an input or the cache that requires grad is refused on
+    both backends before the cache is touched."""
+    gen = torch.Generator().manual_seed(2)
+    q, k = torch.randn(1, 9, 2, 8, generator=gen), torch.randn(1, 9, 2, 8, generator=gen)
+    v, g = torch.randn(1, 9, 2, 8, generator=gen), -torch.rand(1, 9, 2, generator=gen)
+    cache = torch.randn(3, 2, 8, 8, generator=gen)
+    if grad_on == "cache":
+        cache.requires_grad_()
+    else:
+        q.requires_grad_()
+    before = cache.detach().clone()
+    with pytest.raises(NotImplementedError, match=r"state cache \(state, state_indices\) .*inference-only"):
+        recurscan.chunk_simple_gla(q, k, v, g, state=cache, state_indices=torch.tensor([1]), backend=backend)
+    assert torch.equal(bits(cache.detach()), bits(before))
 
 
 def test_traced_ssd_checks_dt_softplus(monkeypatch):

@@ -132,7 +132,7 @@ def fused_recurrent_gated_delta_rule_update(q, k, v, g=None, beta=None, scale=No
         if on_gpu:
             PREPARED.put(key, prep)
     grad = needs_grad(q, k, v, g, beta, initial_state)
-    if grad and state is not None:
+    if state is not None and (grad or needs_grad(state)):
         raise NotImplementedError(
             "fused_recurrent_gated_delta_rule_update / fused_recurrent_gated_delta_product_update: a state cache "
             "(state, state_indices) is inference-only on every backend (written in place, it would carry this "

@@ -108,7 +108,7 @@ def _run_delta(q, k, v, g, beta, *, num_householder, scale, initial_state, outpu
         return result[:2] + (result[2][:chunks],) if return_chunk_states else result
     inputs = (q, k, v, g, beta, initial_state, state, state_indices, cu_seqlens, chunk_indices_dp, chunk_offsets)
     key = None
-    grad = needs_grad(q, k, v, g, beta, initial_state)
+    grad = needs_grad(q, k, v, g, beta, initial_state, state)  # a cache that requires grad: refused below
     if isinstance(q, torch.Tensor) and q.is_cuda and chunk_size is None:
         # The hot path: validation and planning ran for an earlier call of this signature (every
         # tensor's shape, strides, dtype, device and alignment, and every option).

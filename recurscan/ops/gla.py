@@ -32,7 +32,7 @@ def _run_gla(q, k, v, g, *, per_key_decay, scale, initial_state, output_final_st
         dtype = g.dtype if g is not None else (torch.float64 if q.dtype == torch.float64 else torch.float32)
         g = g_gamma.to(dtype).expand(problem.batch, problem.tokens, problem.value_heads) + (0 if g is None else g)
     training = needs_grad(q, k, v, g, initial_state)
-    if (state is not None or return_chunk_states) and training:
+    if (state is not None or return_chunk_states) and (training or needs_grad(state)):
         raise NotImplementedError("chunk_simple_gla / chunk_gla: a state cache (state, state_indices) and "
                                   "return_chunk_states are inference-only; train with initial_state / "
                                   "output_final_state, or call under torch.no_grad()")

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..plan import DISPATCH_STEP_BOUND, plan
-from ..problem import check_dt_softplus, contiguous_indices, ssd_decode_problem
+from ..problem import check_dt_softplus, contiguous_indices, needs_grad, ssd_decode_problem
 from ..runtime.cache import SignatureCache, launch_key
 from .decode import _launch
 
@@ -78,7 +78,8 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
 
     Args:
         state: ``[S, nheads, dim, dstate]`` (or ``[S, dim, dstate]``) cache, float32, bfloat16 or
-            float64, updated in place (bf16 accumulates in float32).
+            float64, updated in place (bf16 accumulates in float32). Inference-only: with an argument
+            that requires grad (the cache included), a NotImplementedError on every backend.
         x, dt, z: ``[batch, nheads, dim]`` (or ``[batch, dim]``, or ``[batch, T, nheads, dim]`` for T
             draft tokens); z optional (``y * silu(z)``).
         A: ``[nheads, dim, dstate]`` (or ``[dim, dstate]``); usually a stride-0 broadcast of ``[nheads]``.
@@ -126,6 +127,11 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
         prep = _Prepared(plan("ssd", problem, x.device, "recurrent", backend))
         if on_gpu:
             PREPARED.put(key, prep)
+    if needs_grad(state, x, dt, A, B, C, D, z, dt_bias, intermediate_states):
+        raise NotImplementedError(
+            "selective_state_update: inference-only on every backend (the state cache is written in place, and "
+            "the Triton kernel is forward-only): train through mamba_chunk_scan_combined, or call under "
+            "torch.no_grad()")
     out_shape = x.shape
     (state4, x4, dt4, A3, B4, C4, D2, z4, db2, snaps, _, _) = _canonical(state, x, dt, A, B, C, D, z, dt_bias,
                                                                          intermediate_states)

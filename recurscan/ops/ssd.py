@@ -111,7 +111,7 @@ def _run_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
     if return_chunk_states and grad:
         raise NotImplementedError("mamba_chunk_scan_combined: return_chunk_states is inference-only; call under "
                                   "torch.no_grad()")
-    if state is not None and grad:  # on every backend: the cache is written in place
+    if state is not None and (grad or needs_grad(state)):  # on every backend: the cache is written in place
         raise NotImplementedError("mamba_chunk_scan_combined: a state cache (state, state_indices) is "
                                   "inference-only; train with initial_states / return_final_states, or call "
                                   "under torch.no_grad()")
