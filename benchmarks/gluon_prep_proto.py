@@ -88,11 +88,15 @@ def _small_smem(a_s, b, layout: gl.constexpr, SHAPE: gl.constexpr, B_SHARED: gl.
 
 @gluon.jit
 def gluon_prep_kernel(q, k, g, beta, wy, aqk, coef, scale, T, H: gl.constexpr, HV: gl.constexpr,
-                      K: gl.constexpr, BT: gl.constexpr, PART: gl.constexpr = 0):
+                      K: gl.constexpr, BT: gl.constexpr, PART: gl.constexpr = 0, VECTORS: gl.constexpr = 0):
     """Grid (chunks x HV,), chunk-major as the twin's: writes wy, aqk and coef of the program's
     (chunk, value head) as ``chunk_delta_prep_kernel`` does for this scope. PART (where the time
     goes; the outputs then are not the prep's): 1 skips the inverse (wy = G diag(beta)); 2 stops
-    after the three products (their sum stored as wy)."""
+    after the three products (their sum stored as wy). VECTORS 1: g and beta loaded a second time
+    in the column slice that uses them, and the cumulative gates as masked sums of the [BT, BT]
+    tile instead of a scan: along the rows (within each thread and its quad) for the rows' gates,
+    down the columns (across the warps) for the columns'; beta's columns and the row gates no
+    longer go through shared memory."""
     gl.static_assert(gl.num_warps() == 4, "one warpgroup")
     gl.static_assert(BT == 64, "chunks of 64 rows")
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
@@ -134,6 +138,11 @@ def gluon_prep_kernel(q, k, g, beta, wy, aqk, coef, scale, T, H: gl.constexpr, H
     m_r = rows < eos
     b_g = gl.load(g + rows * HV + i_hv, mask=m_r, other=0.0).to(gl.float32) * 1.4426950408889634
     b_beta = gl.load(beta + rows * HV + i_hv, mask=m_r, other=0.0).to(gl.float32)
+    if VECTORS == 1:
+        rows_c = r0 + o_c.to(gl.int64)
+        m_c = rows_c < eos
+        b_g_c = gl.load(g + rows_c * HV + i_hv, mask=m_c, other=0.0).to(gl.float32) * 1.4426950408889634
+        beta_c = gl.load(beta + rows_c * HV + i_hv, mask=m_c, other=0.0).to(gl.float32)
     fence_async_shared()
     gl.thread_barrier()
     zero = gl.zeros([BT, BT], gl.float32, mma)
@@ -151,9 +160,13 @@ def gluon_prep_kernel(q, k, g, beta, wy, aqk, coef, scale, T, H: gl.constexpr, H
         r = o_t[:, None]
         c = o_c[None, :]
         eye = r == c
-        line: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # the scan's layout (not the wgmma's slices)
-        gc = gl.convert_layout(gl.associative_scan(gl.convert_layout(b_g, line), 0, _add), rowv)
-        gc_c = gl.convert_layout(gc, colv)
+        if VECTORS == 1:
+            gc = gl.sum(gl.where(c <= r, b_g_c[None, :], 0.0), axis=1)
+            gc_c = gl.sum(gl.where(r <= c, b_g[:, None], 0.0), axis=0)
+        else:
+            line: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # the scan's layout (not the wgmma's slices)
+            gc = gl.convert_layout(gl.associative_scan(gl.convert_layout(b_g, line), 0, _add), rowv)
+            gc_c = gl.convert_layout(gc, colv)
         k_sq = gl.sum(gl.where(eye, kk, 0.0), axis=1)
         rk = gl.rsqrt(k_sq + 1e-6)
         rq = gl.rsqrt(gl.sum(gl.where(eye, qq, 0.0), axis=1) + 1e-6) * scale
@@ -170,7 +183,8 @@ def gluon_prep_kernel(q, k, g, beta, wy, aqk, coef, scale, T, H: gl.constexpr, H
         G = gl.where(causal, gl.exp2(gc[:, None] - gc_c[None, :]), 0.0)
         p_out = (rows * HV + i_hv)[:, None] * BT + c
         gl.store(aqk + p_out, (G * qk * rq[:, None] * rk_c[None, :]).to(aqk.dtype.element_ty), mask=m_r[:, None])
-        beta_c = gl.convert_layout(b_beta, colv)
+        if VECTORS == 0:
+            beta_c = gl.convert_layout(b_beta, colv)
         Gb = (G * beta_c[None, :]).to(gl.float16)
 
         if PART == 1:
@@ -219,14 +233,16 @@ def gluon_prep_kernel(q, k, g, beta, wy, aqk, coef, scale, T, H: gl.constexpr, H
         gl.store(p_wy, (Gb.to(gl.float32) * Tinv.to(gl.float32)).to(wy.dtype.element_ty), mask=(o_t < eos - r0)[:, None])
 
 
-def gluon_prep(q, k, g, beta, wy, aqk, coef, scale: float, maxnreg: int | None = None, part: int = 0) -> None:
+def gluon_prep(q, k, g, beta, wy, aqk, coef, scale: float, maxnreg: int | None = None, part: int = 0,
+               vectors: int = 0) -> None:
     """Launch the prototype on dense ``q, k [B, T, H, K]``, ``g, beta [B, T, HV]`` into the
     twin's buffers (``wy, aqk [B * T, HV, 64]``, ``coef``)."""
     B, T, H, K = q.shape
     HV = g.shape[2]
     grid = (B * triton.cdiv(T, BT) * HV,)
     options = dict(num_warps=4) if maxnreg is None else dict(num_warps=4, maxnreg=maxnreg)
-    gluon_prep_kernel[grid](q, k, g, beta, wy, aqk, coef, scale, T, H=H, HV=HV, K=K, BT=BT, PART=part, **options)
+    gluon_prep_kernel[grid](q, k, g, beta, wy, aqk, coef, scale, T, H=H, HV=HV, K=K, BT=BT, PART=part, VECTORS=vectors,
+                            **options)
 
 
 def _rel_rms(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -336,7 +352,7 @@ def latency(per_sm: list, maxnreg: int | None) -> list[dict]:
     return rows
 
 
-def parts(maxnreg: int | None, rep_ms: int) -> list[dict]:
+def parts(maxnreg: int | None, rep_ms: int, vectors: int = 0) -> list[dict]:
     """Where the prototype's time goes: each PART (0 the prep, 1 without the inverse, 2 the loads
     and the three products alone) timed at B4 T8192 HV64 (graph replay) and one program's
     latency alone on an SM (one-chunk sequences, the kernel's time)."""
@@ -359,13 +375,13 @@ def parts(maxnreg: int | None, rep_ms: int) -> list[dict]:
     rows = []
     for part in (0, 1, 2):
         def hv64():
-            gluon_prep(q, k, g, beta, wy, aqk, coef, 128 ** -0.5, maxnreg, part)
+            gluon_prep(q, k, g, beta, wy, aqk, coef, 128 ** -0.5, maxnreg, part, vectors)
 
         def alone():
-            gluon_prep(q1, k1, g1, b1, wy1, aqk1, coef1, 128 ** -0.5, maxnreg, part)
+            gluon_prep(q1, k1, g1, b1, wy1, aqk1, coef1, 128 ** -0.5, maxnreg, part, vectors)
         hv64()
         alone()
-        row = dict(part=part, maxnreg=maxnreg, hv64_ms=tt.do_bench_cudagraph(hv64, rep=rep_ms),
+        row = dict(part=part, maxnreg=maxnreg, vectors=vectors, hv64_ms=tt.do_bench_cudagraph(hv64, rep=rep_ms),
                    alone_us=_kernel_us(alone, "gluon_prep_kernel"))
         print(row, flush=True)
         rows.append(row)
@@ -379,11 +395,12 @@ def main():
     ap.add_argument("--maxnreg", type=int, action="append", help="register caps of the prototype (0: none)")
     ap.add_argument("--rep-ms", type=int, default=200)
     ap.add_argument("--parts", action="store_true", help="only where the time goes (:func:`parts`)")
+    ap.add_argument("--vectors", type=int, action="append", help="with --parts: VECTORS forms (default 0)")
     ap.add_argument("--out")
     args = ap.parse_args()
     caps = [c or None for c in (args.maxnreg or [0, 168])]
     if args.parts:
-        rows = [row for cap in caps for row in parts(cap, args.rep_ms)]
+        rows = [row for cap in caps for vec in (args.vectors or [0]) for row in parts(cap, args.rep_ms, vec)]
     else:
         rows = [row for name in (args.workload or WORKLOADS) for row in compare(name, args.rep_ms, caps)]
         rows += [row for cap in caps for row in latency([1, 3], cap)]

@@ -178,14 +178,15 @@ def test_gla_and_ssd_on_the_delta_sweep_compile_for_sm90(case, shape, family):
 
 def test_the_gluon_prep_prototype_compiles_for_sm90_without_spills():
     """benchmarks/gluon_prep_proto.py (GPU only; its outputs are compared with the Triton prep's on
-    the GPU by the benchmark itself) compiles for sm_90 within the H200's shared memory, without
-    spills where no register cap is set (at the Triton prep's cap of 168, which gives three programs
-    an SM, a few bytes spill: recorded, not asserted)."""
+    the GPU by the benchmark itself) compiles for sm_90 within the H200's shared memory in both its
+    VECTORS forms, without spills where no register cap is set (at the Triton prep's cap of 168,
+    which gives three programs an SM, a few bytes spill: recorded, not asserted)."""
     run = compile_offline("gluon-prep-proto")
     assert run.returncode == 0, run.stderr[-3000:]
-    line = next(x for x in run.stdout.splitlines() if "gluon_prep_kernel, maxnreg -" in x)
-    assert "STACK:0 " in line, line
-    assert "gluon_prep_kernel, maxnreg 168" in run.stdout, run.stdout
+    for vectors in (0, 1):
+        line = next(x for x in run.stdout.splitlines() if f"gluon_prep_kernel, maxnreg -, vectors {vectors}:" in x)
+        assert "STACK:0 " in line, line
+        assert f"gluon_prep_kernel, maxnreg 168, vectors {vectors}:" in run.stdout, run.stdout
 
 
 def test_the_gluon_forward_sweep_compiles_for_sm90():

@@ -533,7 +533,8 @@ def compile_descriptors() -> list[str]:
 
 def compile_gluon_prep_proto() -> list[str]:
     """benchmarks/gluon_prep_proto.py's kernel (GDN dense, H16 HV32, K 128, bf16) with no register
-    cap and at the Triton prep's (168): a line each with its registers and stack."""
+    cap and at the Triton prep's (168), in its VECTORS forms 0 and 1: a line each with its registers
+    and stack."""
     from benchmarks import gluon_prep_proto
     from benchmarks.sm90_resources import resources
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -544,13 +545,14 @@ def compile_gluon_prep_proto() -> list[str]:
     names = kernel.arg_names
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items() if t.startswith("*")}
     lines = []
-    for cap in (None, 168):
-        src = GluonASTSource(kernel, sig, constexprs={(names.index(k),): v for k, v in const.items()}, attrs=attrs)
+    for cap, vectors in ((None, 0), (168, 0), (None, 1), (168, 1)):
+        constexprs = {(names.index(k),): v for k, v in dict(const, VECTORS=vectors).items()}
+        src = GluonASTSource(kernel, dict(sig, VECTORS="constexpr"), constexprs=constexprs, attrs=attrs)
         options = dict(num_warps=4, **({"maxnreg": cap} if cap else {}))
         compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
         if compiled.metadata.shared > H200_SHARED:
             raise AssertionError(f"gluon_prep_kernel: {compiled.metadata.shared} B of shared memory")
-        lines.append(f"gluon_prep_kernel, maxnreg {cap or '-'}: {resources(compiled)}")
+        lines.append(f"gluon_prep_kernel, maxnreg {cap or '-'}, vectors {vectors}: {resources(compiled)}")
     return lines
 
 
