@@ -355,7 +355,8 @@ def latency(per_sm: list, maxnreg: int | None) -> list[dict]:
 def parts(maxnreg: int | None, rep_ms: int, vectors: int = 0) -> list[dict]:
     """Where the prototype's time goes: each PART (0 the prep, 1 without the inverse, 2 the loads
     and the three products alone) timed at B4 T8192 HV64 (graph replay) and one program's
-    latency alone on an SM (one-chunk sequences, the kernel's time)."""
+    latency alone on an SM (one-chunk sequences, the kernel's time). For a VECTORS form other than
+    0, the whole prep's outputs are compared with form 0's (relative RMS)."""
     import triton.testing as tt
 
     from benchmarks import registry
@@ -383,6 +384,11 @@ def parts(maxnreg: int | None, rep_ms: int, vectors: int = 0) -> list[dict]:
         alone()
         row = dict(part=part, maxnreg=maxnreg, vectors=vectors, hv64_ms=tt.do_bench_cudagraph(hv64, rep=rep_ms),
                    alone_us=_kernel_us(alone, "gluon_prep_kernel"))
+        if part == 0 and vectors != 0:  # the same prep in another form: its outputs against form 0's
+            want = {n: torch.full_like(t, float("nan")) for n, t in (("wy", wy), ("aqk", aqk), ("coef", coef))}
+            gluon_prep(q, k, g, beta, want["wy"], want["aqk"], want["coef"], 128 ** -0.5, maxnreg, 0, 0)
+            for n, got in (("wy", wy), ("aqk", aqk), ("coef", coef)):
+                row[f"{n}_rel_rms_vs_vectors_0"] = _rel_rms(got, want[n])
         print(row, flush=True)
         rows.append(row)
     return rows
