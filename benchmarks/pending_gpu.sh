@@ -96,9 +96,10 @@
 #      HV64 and alone on an SM: where a prep program's latency goes. On an H100 at 5401f53: 0.996 / 0.614 / 0.352
 #      ms at 168 registers, 8.0 / 5.7 / 3.7 us alone (results/gluon_prep_proto_parts_h100_5401f53.json).
 #  28. The prototype's vectors kept in the layouts that use them (`--vectors 1`: g and beta loaded again as columns,
-#      the cumulative gates as masked tile sums, no scan): its parts against the scan's form, at 168 registers and
-#      uncapped. Offline (sm_90): 21 barriers against 28, 2712 instructions against 1936, 48 B of stack at 168
-#      (255 registers uncapped). Not yet run: is a prep program's path set by its barriers or its instructions?
+#      the cumulative gates as masked tile sums, no scan; `--vectors 2`: only beta's columns loaded): their parts
+#      against the scan's form, at 168 registers and uncapped, outputs compared with form 0's. Offline (sm_90):
+#      21 / 26 barriers against 28, 2712 / 2104 instructions against 1936, 48 B of stack at 168 (255 / 234
+#      registers uncapped). Not yet run: is a prep program's path set by its barriers or its instructions?
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -240,7 +241,7 @@ step 26 && timeout 240 env PYTHONPATH=$PWD python benchmarks/gluon_prep_proto.py
 step 27 && timeout 200 env PYTHONPATH=$PWD python benchmarks/gluon_prep_proto.py --parts --maxnreg 168 --maxnreg 0 \
     --out "$OUT/gluon_prep_proto_parts_$C.json" 2>&1 | grep -v Warning | tail -8
 step 28 && timeout 200 env PYTHONPATH=$PWD python benchmarks/gluon_prep_proto.py --parts --maxnreg 168 --maxnreg 0 \
-    --vectors 0 --vectors 1 --out "$OUT/gluon_prep_parts_vectors_$C.json" 2>&1 | grep -v Warning | tail -12
+    --vectors 0 --vectors 1 --vectors 2 --out "$OUT/gluon_prep_parts_vectors_$C.json" 2>&1 | grep -v Warning | tail -12
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \
     | grep -v Warning | tail -6
 step 23 && timeout 150 env PYTHONPATH=$PWD python benchmarks/inverse_forms.py --items 132 --items 8192 --items 32768 \

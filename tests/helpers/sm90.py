@@ -533,8 +533,8 @@ def compile_descriptors() -> list[str]:
 
 def compile_gluon_prep_proto() -> list[str]:
     """benchmarks/gluon_prep_proto.py's kernel (GDN dense, H16 HV32, K 128, bf16) with no register
-    cap and at the Triton prep's (168), in its VECTORS forms 0 and 1: a line each with its registers
-    and stack."""
+    cap and at the Triton prep's (168), in its VECTORS forms 0, 1 and 2: a line each with its
+    registers and stack."""
     from benchmarks import gluon_prep_proto
     from benchmarks.sm90_resources import resources
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -545,7 +545,7 @@ def compile_gluon_prep_proto() -> list[str]:
     names = kernel.arg_names
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items() if t.startswith("*")}
     lines = []
-    for cap, vectors in ((None, 0), (168, 0), (None, 1), (168, 1)):
+    for cap, vectors in ((None, 0), (168, 0), (None, 1), (168, 1), (None, 2), (168, 2)):
         constexprs = {(names.index(k),): v for k, v in dict(const, VECTORS=vectors).items()}
         src = GluonASTSource(kernel, dict(sig, VECTORS="constexpr"), constexprs=constexprs, attrs=attrs)
         options = dict(num_warps=4, **({"maxnreg": cap} if cap else {}))
