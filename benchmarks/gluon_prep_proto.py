@@ -24,6 +24,8 @@ program's latency alone on an SM and three to an SM (one-chunk sequences):
 
     python benchmarks/gluon_prep_proto.py --out benchmarks/results/gluon_prep_proto.json
     python benchmarks/gluon_prep_proto.py --parts --maxnreg 168 --out ...   # where its time goes
+    python benchmarks/gluon_prep_proto.py --parts --vectors 0 --vectors 1 --out ...   # VECTORS forms too
+    python -m tests.helpers.sm90 gluon-prep-proto-sass   # each part's SASS, offline
 
 Measured on an H100 (perf-history, 2026-12-06, ac20031..46e71e7): right, and no faster than the
 Triton prep (the same latency alone, 18-20% slower at three programs an SM). Its parts (5401f53):

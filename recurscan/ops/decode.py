@@ -83,7 +83,8 @@ def fused_recurrent_gated_delta_rule_update(q, k, v, g=None, beta=None, scale=No
         state: ``[S, HV, K, V]`` cache (float32, bfloat16 or float64), read and written in place at
             ``state_indices [N]``; -1 marks a padding request (zero output, its slot untouched).
             Supersedes initial_state / output_final_state; the returned final state is ``state``.
-            Inference-only: with inputs that require grad, a NotImplementedError on every backend.
+            Inference-only: with inputs (or the cache) that require grad, a NotImplementedError on every
+            backend.
             A cache laid out ``[S, HV, V, K]`` (key rows contiguous: vLLM's, SGLang's and
             FlashInfer's layout) is passed as its view ``cache.transpose(-1, -2)``: the kernel
             reads states through their strides, and the launch rule gives key-contiguous states

@@ -7,6 +7,7 @@ compilable objects.
     python -m tests.helpers.sm90 "GDN dense, H = HV" "Gluon scores" 64   # K = V = 64
     python -m tests.helpers.sm90 "GDN varlen, H = HV" "Gluon dq and dk, warp-specialised" 64 128   # K 64, V 128
     python -m tests.helpers.sm90 gla "GDN varlen, GVA"
+    python -m tests.helpers.sm90 gluon-prep-proto-sass   # benchmarks/gluon_prep_proto.py's SASS by part
 """
 import dataclasses
 import sys
@@ -531,28 +532,55 @@ def compile_descriptors() -> list[str]:
     return lines
 
 
-def compile_gluon_prep_proto() -> list[str]:
-    """benchmarks/gluon_prep_proto.py's kernel (GDN dense, H16 HV32, K 128, bf16) with no register
-    cap and at the Triton prep's (168), in its VECTORS forms 0, 1 and 2: a line each with its
-    registers and stack."""
+def _gluon_prep_proto(cap, vectors: int = 0, part: int = 0):
+    """benchmarks/gluon_prep_proto.py's kernel (GDN dense, H16 HV32, K 128, bf16) compiled for sm_90
+    under register cap ``cap`` (None: none) in its VECTORS form and PART."""
     from benchmarks import gluon_prep_proto
-    from benchmarks.sm90_resources import resources
     from triton.experimental.gluon._runtime import GluonASTSource
     kernel = gluon_prep_proto.gluon_prep_kernel
-    const = dict(H=16, HV=32, K=128, BT=64)
+    const = dict(H=16, HV=32, K=128, BT=64, VECTORS=vectors, PART=part)
     sig = dict(q="*bf16", k="*bf16", g="*fp32", beta="*bf16", wy="*bf16", aqk="*bf16", coef="*fp32", scale="fp32",
                T="i32", **{n: "constexpr" for n in const})
     names = kernel.arg_names
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items() if t.startswith("*")}
+    src = GluonASTSource(kernel, sig, constexprs={(names.index(k),): v for k, v in const.items()}, attrs=attrs)
+    options = dict(num_warps=4, **({"maxnreg": cap} if cap else {}))
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    if compiled.metadata.shared > H200_SHARED:
+        raise AssertionError(f"gluon_prep_kernel: {compiled.metadata.shared} B of shared memory")
+    return compiled
+
+
+def compile_gluon_prep_proto() -> list[str]:
+    """The prototype with no register cap and at the Triton prep's (168), in its VECTORS forms 0, 1
+    and 2: a line each with its registers and stack."""
+    from benchmarks.sm90_resources import resources
+    return [f"gluon_prep_kernel, maxnreg {cap or '-'}, vectors {vectors}: {resources(_gluon_prep_proto(cap, vectors))}"
+            for cap, vectors in ((None, 0), (168, 0), (None, 1), (168, 1), (None, 2), (168, 2))]
+
+
+def gluon_prep_proto_sass() -> list[str]:
+    """Where the prototype's instructions go, by PART (2 the loads and three products, 1 with the
+    gates to aqk, 0 the whole prep) and VECTORS form, at 168 registers: static SASS counts of the
+    whole kernel (its path is straight-line), barriers, shuffles, shared-memory accesses, tensor-core
+    instructions and MUFU."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    kinds = {"BAR": ("BAR",), "SHFL": ("SHFL",), "LDS/STS": ("LDS", "STS"), "HGMMA/HMMA": ("HGMMA", "HMMA"),
+             "MUFU": ("MUFU",)}
     lines = []
-    for cap, vectors in ((None, 0), (168, 0), (None, 1), (168, 1), (None, 2), (168, 2)):
-        constexprs = {(names.index(k),): v for k, v in dict(const, VECTORS=vectors).items()}
-        src = GluonASTSource(kernel, dict(sig, VECTORS="constexpr"), constexprs=constexprs, attrs=attrs)
-        options = dict(num_warps=4, **({"maxnreg": cap} if cap else {}))
-        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-        if compiled.metadata.shared > H200_SHARED:
-            raise AssertionError(f"gluon_prep_kernel: {compiled.metadata.shared} B of shared memory")
-        lines.append(f"gluon_prep_kernel, maxnreg {cap or '-'}, vectors {vectors}: {resources(compiled)}")
+    for vectors in (0, 1, 2):
+        for part in (2, 1, 0):
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                f.write(_gluon_prep_proto(168, vectors, part).asm["cubin"])
+                f.flush()
+                sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
+            ops = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", sass)]
+            counts = ", ".join(f"{k} {sum(o.startswith(p) for o in ops)}" for k, p in kinds.items())
+            lines.append(f"gluon_prep_kernel, vectors {vectors}, part {part}: {len(ops)} instructions, {counts}")
     return lines
 
 
@@ -562,6 +590,8 @@ def lines_for(argv: list[str]) -> list[str]:
         return compile_gluon_forward()
     if argv[0] == "gluon-prep-proto":
         return compile_gluon_prep_proto()
+    if argv[0] == "gluon-prep-proto-sass":
+        return gluon_prep_proto_sass()
     if argv[0] == "ssd-gate":
         return compile_ssd_gate()
     if argv[0] in ("gla-sweep", "ssd-sweep", "gla-per-key-sweep"):
