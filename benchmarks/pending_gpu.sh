@@ -100,6 +100,11 @@
 #      against the scan's form, at 168 registers and uncapped, outputs compared with form 0's. Offline (sm_90):
 #      21 / 26 barriers against 28, 2712 / 2104 instructions against 1936, 48 B of stack at 168 (255 / 234
 #      registers uncapped). Not yet run: is a prep program's path set by its barriers or its instructions?
+#  29. Issue 21: the fused, warp-specialised prefill prototype (`benchmarks/gluon_fused_proto.py`: a load warp,
+#      a prep warpgroup and two chain warpgroups a (sequence, value head)): its outputs and final state against
+#      float64 and the planned op's, both timed at B4 T8192 HV64 and B4 T4096, and its probes (the prep alone,
+#      the chains alone). Offline (sm_90, prep 168 / chains 160 registers): 206 KB of shared memory, the
+#      prep's loop 1631 instructions, 28 barriers, 47 local loads and stores; a chain's 543, 4, 4.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -242,6 +247,8 @@ step 27 && timeout 200 env PYTHONPATH=$PWD python benchmarks/gluon_prep_proto.py
     --out "$OUT/gluon_prep_proto_parts_$C.json" 2>&1 | grep -v Warning | tail -8
 step 28 && timeout 200 env PYTHONPATH=$PWD python benchmarks/gluon_prep_proto.py --parts --maxnreg 168 --maxnreg 0 \
     --vectors 0 --vectors 1 --vectors 2 --out "$OUT/gluon_prep_parts_vectors_$C.json" 2>&1 | grep -v Warning | tail -12
+step 29 && timeout 300 env PYTHONPATH=$PWD python benchmarks/gluon_fused_proto.py --out "$OUT/gluon_fused_proto_$C.json" \
+    2>&1 | grep -v Warning | tail -12
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \
     | grep -v Warning | tail -6
 step 23 && timeout 150 env PYTHONPATH=$PWD python benchmarks/inverse_forms.py --items 132 --items 8192 --items 32768 \

@@ -1,0 +1,380 @@
+"""A Gluon prototype of the fused, warp-specialised GDN prefill (issue 21's third step; GPU only,
+not in the package): each chunk's prep computed by warps of its own beside the state's chain, in
+one program per (sequence, value head), so that the prep's SM-time hides under the chain where
+every SM holds chains (B4 T8192 H16 HV64: 256 of them). Its twin is the package's planned prep and
+sweep (``recurscan.kernels.delta.prep`` and ``sweep``): the same arithmetic, stage for stage
+(the prep's as ``benchmarks/gluon_prep_proto.py`` forms it, the chain's as the Gluon sweep twin,
+``recurscan.kernels.gluon.delta_sweep``), with wy, aqk and the row coefficients handed over in
+shared memory instead of through memory.
+
+One program, four partitions:
+
+1. **loads** (one warp): the chunk's k, q and v tiles by bulk copies into a ring of NUM_STAGES
+   stages, a stage once both chains freed it.
+2. **prep** (one warpgroup): per chunk, from the ring's k and q and its own loads of g and beta,
+   K K^T, Q K^T and Q Q^T on wgmma, the gates, the norm factors, the chain's coefficients (lam rk,
+   lam rq, gam rk, lam_last), aqk, and the WY inverse on small products (the diagonal 16 x 16
+   blocks in registers, then 16 -> 32 -> 64 through shared memory), wy = (G o Tinv) diag(beta);
+   wy, aqk and the coefficients into the stage's buffers.
+3. **two chains** (one warpgroup each, 64 of the 128 value columns each): S^T [64, K] float32 in
+   registers; per chunk S^T to shared memory (the operand of K S and Q S), then as the twin:
+
+       KS^T = S^T K^T;   U^T = V^T wy^T - (lam rk o KS^T) wy^T
+       O^T  = lam rq o (S^T Q^T) + U^T aqk^T;   S^T <- lam_last S^T + (U^T o gam rk) K
+
+   the outputs by bulk stores, the final state at the end.
+
+A chunk's time is then the longer of the prep's path and the chain's step, where the planned
+kernels take their sum in SM-time. PROBE (timing only; wrong outputs): 1 the chains skip their
+products (the loads and the prep alone), 2 the prep skips its work (the loads and the chains).
+
+    python benchmarks/gluon_fused_proto.py --out benchmarks/results/gluon_fused_proto.json
+
+Scope: dense, M = 1, K = V = 128, 16-bit q, k, v, beta, float32 g, T a multiple of 64, l2norm in
+the kernel, no initial state, the final state out, finite decays without resets, contraction
+chunks (the prep prototype's).
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from benchmarks.gluon_prep_proto import _add, _diagonal_blocks, _small, _small_smem
+from recurscan.kernels.gluon.delta_sweep import _state_offsets
+
+BT = 64
+BV = 64
+DEVICE = "cuda"
+#: Registers a thread (setmaxnreg) of the second chain's warpgroup, the prep's and the load warp's;
+#: the first chain (the default partition) takes what the launch's 128 a thread over 512 threads
+#: leaves: 512 - CHAIN - PREP - LOAD, so CHAIN = (488 - PREP) / 2 gives both chains the same.
+PREP_REGS = 168
+CHAIN_REGS = (512 - 24 - PREP_REGS) // 2
+LOAD_REGS = 24
+
+
+@gluon.jit
+def _loads(k_desc, q_desc, v_desc, k_s, q_s, v_s, ready, empty, r0, col_qk, col_v, n_chunks,
+           BT: gl.constexpr, BV: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """The load warp: chunk j's k, q and both value blocks of v into stage j % NUM_STAGES, once
+    both chains freed it."""
+    nbytes: gl.constexpr = k_desc.block_type.nbytes + q_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes
+    for j in range(n_chunks):
+        s = j % NUM_STAGES
+        bar = ready.index(s)
+        mbarrier.wait(empty.index(s), ((j // NUM_STAGES) & 1) ^ 1)
+        mbarrier.expect(bar, nbytes)
+        r = r0 + j * BT
+        tma.async_copy_global_to_shared(k_desc, [r, col_qk], bar, k_s.index(s))
+        tma.async_copy_global_to_shared(q_desc, [r, col_qk], bar, q_s.index(s))
+        tma.async_copy_global_to_shared(v_desc, [r, col_v], bar, v_s.index(2 * s))
+        tma.async_copy_global_to_shared(v_desc, [r, col_v + BV], bar, v_s.index(2 * s + 1))
+
+
+@gluon.jit
+def _prep(k_s, q_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, g, beta, bos, i_hv, n_chunks, scale,
+          HV: gl.constexpr, BT: gl.constexpr, NUM_STAGES: gl.constexpr, PROBE: gl.constexpr):
+    """The prep warpgroup: chunk j's wy, aqk and row coefficients into stage j % NUM_STAGES's
+    buffers (``benchmarks/gluon_prep_proto.py``'s arithmetic, form 0), then ``prepped``."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+    rowv: gl.constexpr = gl.SliceLayout(1, mma)
+    colv: gl.constexpr = gl.SliceLayout(0, mma)
+    line: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # the gate scan's layout
+    batch4: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
+    batch2: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, 1, 2], instr_shape=[1, 16, 8])
+    tile32: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, 2], instr_shape=[16, 8])
+    blk16: gl.constexpr = gl.BlockedLayout([1, 2], [16, 2], [1, 4], [1, 0])  # a [16, 16] block's copy
+    DT: gl.constexpr = k_s.dtype
+    o_t = gl.arange(0, BT, layout=rowv)
+    o_c = gl.arange(0, BT, layout=colv)
+    r = o_t[:, None]
+    c = o_c[None, :]
+    eye = r == c
+    causal = r >= c
+    zero = gl.zeros([BT, BT], gl.float32, mma)
+    for j in range(n_chunks):
+        s = j % NUM_STAGES
+        rows = bos + j * BT + o_t.to(gl.int64)
+        b_g = gl.load(g + rows * HV + i_hv).to(gl.float32) * 1.4426950408889634
+        b_beta = gl.load(beta + rows * HV + i_hv).to(gl.float32)
+        mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
+        if PROBE != 2:
+            ks = k_s.index(s)
+            qs = q_s.index(s)
+            kk = warpgroup_mma(ks, ks.permute((1, 0)), zero, is_async=True)
+            qk = warpgroup_mma(qs, ks.permute((1, 0)), zero, is_async=True)
+            qq = warpgroup_mma(qs, qs.permute((1, 0)), zero, is_async=True)
+            kk, qk, qq = warpgroup_mma_wait(num_outstanding=0, deps=(kk, qk, qq))
+
+            # gates, norm factors, the chain's coefficients, aqk
+            gc = gl.convert_layout(gl.associative_scan(gl.convert_layout(b_g, line), 0, _add), rowv)
+            gc_c = gl.convert_layout(gc, colv)
+            rk = gl.rsqrt(gl.sum(gl.where(eye, kk, 0.0), axis=1) + 1e-6)
+            rq = gl.rsqrt(gl.sum(gl.where(eye, qq, 0.0), axis=1) + 1e-6) * scale
+            rk_c = gl.convert_layout(rk, colv)
+            gc_last = gl.sum(gl.where(o_t == BT - 1, gc, 0.0), axis=0)
+            lam = gl.exp2(gc)
+            cf_s.index(4 * s).store(lam * rk)
+            cf_s.index(4 * s + 1).store(lam * rq)
+            cf_s.index(4 * s + 2).store(gl.exp2(gc_last - gc) * rk)
+            cf_s.index(4 * s + 3).store(gl.zeros([BT], gl.float32, rowv) + gl.exp2(gc_last))
+            G = gl.where(causal, gl.exp2(gc[:, None] - gc_c[None, :]), 0.0)
+            aqk_s.index(s).store((G * qk * rq[:, None] * rk_c[None, :]).to(DT))
+            Gb = (G * gl.convert_layout(b_beta, colv)[None, :]).to(gl.float16)
+
+            # the inverse: A = diag(beta) strictLower(K K^T) for normalised keys
+            A = gl.where(r > c, kk * (b_beta * rk)[:, None] * rk_c[None, :], 0.0)
+            same = (r >> 4) == (c >> 4)
+            D = _diagonal_blocks(gl.where(same, gl.where(eye, 1.0, 0.0) - gl.where((r ^ c) == 1, A, 0.0), 0.0))
+            D = gl.convert_layout(D, batch4)
+            for lvl in gl.static_range(1, 4):
+                A_s = _diagonal_blocks(gl.where(((r >> lvl) ^ (c >> lvl)) == 1, A, 0.0))
+                D = D - _small(D, _small(A_s, D, batch4), batch4)
+            below = _diagonal_blocks(gl.where((r >> 4) == (c >> 4) + 1, A, 0.0))  # block w: A's (w, w - 1)
+            d_s.store(D.to(gl.float16))
+            b_s.store(below.to(gl.float16))
+            a_s.store(A.to(gl.float16))
+            t_s.store(gl.zeros([BT, BT], gl.float16, mma))
+            gl.thread_barrier()
+            # 16 -> 32: the batch of the pairs (D_2, A_21, D_1) and (D_4, A_43, D_3)
+            d_pairs = d_s.reshape([2, 32, 16])
+            a_pairs = b_s.reshape([2, 32, 16])
+            X = _small_smem(a_pairs.slice(16, 16, 1), d_pairs.slice(0, 16, 1), batch2, [2, 16, 16], True)
+            X = -_small_smem(d_pairs.slice(16, 16, 1), X, batch2, [2, 16, 16], False)
+            x_s.store(X.to(gl.float16))
+            for w in gl.static_range(4):  # D_1..D_4 on the diagonal of Tinv
+                t_s.slice(16 * w, 16, 0).slice(16 * w, 16, 1).store(
+                    d_s.reshape([64, 16]).slice(16 * w, 16, 0).load(blk16))
+            gl.thread_barrier()
+            for p in gl.static_range(2):  # X_21, X_43 below them
+                t_s.slice(32 * p + 16, 16, 0).slice(32 * p, 16, 1).store(
+                    x_s.reshape([32, 16]).slice(16 * p, 16, 0).load(blk16))
+            gl.thread_barrier()
+            # 32 -> 64: X_BA = -D_B A_BA D_A
+            Y = _small_smem(a_s.slice(32, 32, 0).slice(0, 32, 1), t_s.slice(0, 32, 0).slice(0, 32, 1), tile32,
+                            [32, 32], True)
+            X_BA = -_small_smem(t_s.slice(32, 32, 0).slice(32, 32, 1), Y, tile32, [32, 32], False)
+            gl.thread_barrier()  # every warp has read D_A (the lower-left block is written next)
+            t_s.slice(32, 32, 0).slice(0, 32, 1).store(X_BA.to(gl.float16))
+            gl.thread_barrier()
+            Tinv = t_s.load(mma)
+            wy_s.index(s).store((Gb.to(gl.float32) * Tinv.to(gl.float32)).to(DT))
+        fence_async_shared()
+        gl.thread_barrier()  # every warp's buffers written (and t_s read) before the hand-over
+        mbarrier.arrive(prepped.index(s), count=1)
+
+
+@gluon.jit
+def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, o_desc, ht, r0, i_n, i_hv, n_chunks,
+           HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
+           NUM_STAGES: gl.constexpr, PART: gl.constexpr, PROBE: gl.constexpr):
+    """A chain warpgroup: value columns [PART BV, (PART + 1) BV) of the state over the program's
+    chunks (the Gluon sweep twin's products and their order), its outputs by bulk stores, then
+    its block of the final state."""
+    DT: gl.constexpr = k_s.dtype
+    mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    mmaK: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
+    a64: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma64, k_width=2)
+    aK: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mmaK, k_width=2)
+    col64: gl.constexpr = gl.SliceLayout(0, mma64)
+    rowK: gl.constexpr = gl.SliceLayout(1, mmaK)
+    sa = sa_s.index(PART)
+    o_b = o_s.index(PART)
+    zero64 = gl.zeros([BV, BT], gl.float32, layout=mma64)
+    S_t = gl.zeros([BV, K], gl.float32, layout=mmaK)
+    for j in range(n_chunks):
+        s = j % NUM_STAGES
+        ph = (j // NUM_STAGES) & 1
+        sa.store(S_t.to(DT))  # S^T, the operand of K S and Q S
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.wait(ready.index(s), ph)
+        mbarrier.wait(prepped.index(s), ph)
+        if PROBE != 1:
+            w_t = wy_s.index(s).permute((1, 0))
+            # Group 1: K S (the chain) and V^T wy^T.
+            KSt = warpgroup_mma(sa, k_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
+            Ut = warpgroup_mma(v_s.index(2 * s + PART).permute((1, 0)), w_t, zero64, use_acc=False, is_async=True)
+            KSt, Ut = warpgroup_mma_wait(num_outstanding=0, deps=(KSt, Ut))
+            # Group 2: -(lam rk o K S) wy^T onto U^T (the chain), and S^T Q^T.
+            KSt = cf_s.index(4 * s).load(col64)[None, :] * KSt  # lam rk
+            Ut = warpgroup_mma(gl.convert_layout((-KSt).to(DT), a64), w_t, Ut, is_async=True)
+            QSt = warpgroup_mma(sa, q_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
+            Ut, QSt = warpgroup_mma_wait(num_outstanding=0, deps=(Ut, QSt))
+            # Group 3: the next state (the chain), and the outputs onto lam rq o S^T Q^T.
+            U_g = gl.convert_layout((Ut * cf_s.index(4 * s + 2).load(col64)[None, :]).to(DT), aK)  # gam rk
+            lam_last = cf_s.index(4 * s + 3).slice(0, BV).load(rowK)  # BV copies of the chunk's lam_last
+            S_t = warpgroup_mma(U_g, k_s.index(s), S_t * lam_last[:, None], is_async=True)
+            O_t = warpgroup_mma(gl.convert_layout(Ut.to(DT), a64), aqk_s.index(s).permute((1, 0)),
+                                cf_s.index(4 * s + 1).load(col64)[None, :] * QSt, is_async=True)  # lam rq
+            S_t, O_t = warpgroup_mma_wait(num_outstanding=0, deps=(S_t, O_t))
+        else:
+            O_t = zero64
+        mbarrier.arrive(empty.index(s), count=1)
+        tma.store_wait(pendings=0)
+        o_b.permute((1, 0)).store(O_t.to(DT))
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(o_desc, [r0 + j * BT, i_hv * V + PART * BV], o_b)
+    tma.store_wait(pendings=0)
+    gl.store(ht + (i_n * HV + i_hv) * (K * V) + _state_offsets(PART, V, 1, mmaK, BV, K), S_t)
+
+
+@gluon.jit
+def gluon_fused_kernel(q, k, v, g, beta, o, ht, scale, T, N, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
+                       V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NUM_STAGES: gl.constexpr,
+                       CHAIN_REGS: gl.constexpr, PREP_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
+                       PROBE: gl.constexpr = 0):
+    """Grid (N * HV,): program -> (sequence, value head), the head fastest. Dense ``q, k [N, T, H,
+    K]``, ``v, o [N, T, HV, V]``, ``g, beta [N, T, HV]``; ``ht [N, HV, K, V]`` float32."""
+    gl.static_assert(BT == 64 and BV == 64 and V == 2 * BV, "chunks of 64 rows, two chains of 64 value columns")
+    gl.static_assert(K == 128, "K = 128")
+    pid = gl.program_id(0)
+    i_hv = pid % HV
+    i_n = (pid // HV).to(gl.int64)
+    i_h = i_hv // (HV // H)
+    bos = i_n * T
+    r0 = (i_n * T).to(gl.int32)
+    n_chunks = T // BT
+    DT: gl.constexpr = k.dtype.element_ty
+    rows = (N * T).to(gl.int32)
+    l_qk: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, K], DT)
+    l_tv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], DT)
+    l_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], DT)
+    l_vk: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BV, K], DT)
+    k_desc = tma.make_tensor_descriptor(k, [rows, H * K], [H * K, 1], [BT, K], l_qk)
+    q_desc = tma.make_tensor_descriptor(q, [rows, H * K], [H * K, 1], [BT, K], l_qk)
+    v_desc = tma.make_tensor_descriptor(v, [rows, HV * V], [HV * V, 1], [BT, BV], l_tv)
+    o_desc = tma.make_tensor_descriptor(o, [rows, HV * V], [HV * V, 1], [BT, BV], l_tv)
+
+    k_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
+    q_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
+    v_s = gl.allocate_shared_memory(DT, [2 * NUM_STAGES, BT, BV], l_tv)
+    wy_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BT], l_tt)
+    aqk_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BT], l_tt)
+    plain2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+    plain3: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0])
+    plain1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    cf_s = gl.allocate_shared_memory(gl.float32, [4 * NUM_STAGES, BT], plain1)  # a stage's 4 rows
+    sa_s = gl.allocate_shared_memory(DT, [2, BV, K], l_vk)
+    o_s = gl.allocate_shared_memory(DT, [2, BT, BV], l_tv)
+    d_s = gl.allocate_shared_memory(gl.float16, [4, 16, 16], plain3)
+    b_s = gl.allocate_shared_memory(gl.float16, [4, 16, 16], plain3)
+    a_s = gl.allocate_shared_memory(gl.float16, [BT, BT], plain2)
+    t_s = gl.allocate_shared_memory(gl.float16, [BT, BT], plain2)
+    x_s = gl.allocate_shared_memory(gl.float16, [2, 16, 16], plain3)
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    prepped = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(prepped.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # both chains
+    fence_async_shared()
+
+    gl.warp_specialize([
+        (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, o_desc, ht, r0, i_n, i_hv,
+                  n_chunks, HV, K, V, BT, BV, NUM_STAGES, 0, PROBE)),
+        (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, o_desc, ht, r0, i_n, i_hv,
+                  n_chunks, HV, K, V, BT, BV, NUM_STAGES, 1, PROBE)),
+        (_prep, (k_s, q_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, g, beta, bos, i_hv, n_chunks,
+                 scale, HV, BT, NUM_STAGES, PROBE)),
+        (_loads, (k_desc, q_desc, v_desc, k_s, q_s, v_s, ready, empty, r0, i_h * K, i_hv * V, n_chunks, BT, BV,
+                  NUM_STAGES)),
+    ], [4, 4, 1], [CHAIN_REGS, PREP_REGS, LOAD_REGS])
+
+
+def gluon_fused(q, k, v, g, beta, o, ht, scale: float, probe: int = 0, prep_regs: int = PREP_REGS,
+                num_stages: int = 2) -> None:
+    """Launch the prototype on dense ``q, k [N, T, H, K]``, ``v [N, T, HV, V]``, ``g, beta [N, T,
+    HV]`` into ``o`` (like v) and ``ht [N, HV, K, V]`` float32."""
+    from recurscan.runtime.launcher import scratch_allocator
+    N, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    if T % BT or K != 128 or V != 2 * BV:
+        raise ValueError(f"the prototype takes T a multiple of {BT} and K = V = 128, got T {T}, K {K}, V {V}")
+    with scratch_allocator():
+        gluon_fused_kernel[(N * HV,)](q, k, v, g, beta, o, ht, scale, T, N, H=H, HV=HV, K=K, V=V, BT=BT, BV=BV,
+                                      NUM_STAGES=num_stages, CHAIN_REGS=(512 - LOAD_REGS - prep_regs) // 2,
+                                      PREP_REGS=prep_regs, LOAD_REGS=LOAD_REGS, PROBE=probe, num_warps=4,
+                                      maxnreg=128)
+
+
+def _rel_rms(got: torch.Tensor, want: torch.Tensor) -> float:
+    from tests.helpers.tolerances import relative_rms
+    return relative_rms(got.double(), want.double())
+
+
+WORKLOADS = ["gdn_b4_t8192_h16_hv64", "gdn_b4_t4096_h16"]
+
+
+def compare(name: str, rep_ms: int, probes: list, prep_regs: int) -> list[dict]:
+    """One workload: the package's op as planned and the prototype, their outputs and final states
+    against the float64 chunked oracle (and each other), each timed by graph replay; then the
+    prototype's probes."""
+    import triton.testing as tt
+
+    import recurscan
+    from recurscan.reference.delta import gated_delta_rule_chunked
+
+    from benchmarks import registry
+
+    x = registry.get(name).make_inputs(DEVICE, 0)
+    q, k, v, g, beta = (x[n] for n in ("q", "k", "v", "g", "beta"))
+    assert x["cu_seqlens"] is None and g.dtype == torch.float32 and bool(torch.isfinite(g).all())
+    scale = q.shape[-1] ** -0.5
+    N, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+
+    def planned():
+        return recurscan.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, use_qk_l2norm_in_kernel=True,
+                                                output_final_state=True)
+
+    o = torch.full_like(v, float("nan"))
+    ht = torch.full((N, HV, K, V), float("nan"), device=DEVICE)
+
+    def fused(probe=0):
+        gluon_fused(q, k, v, g, beta, o, ht, scale, probe, prep_regs)
+
+    with torch.no_grad():
+        o_ref, ht_ref = planned()
+        fused()
+        torch.cuda.synchronize()
+        want = gated_delta_rule_chunked(*(t.double() for t in (q, k, v, g, beta)), scale=scale,
+                                        use_qk_l2norm_in_kernel=True)
+        row = dict(workload=name, prep_regs=prep_regs,
+                   o_rel_rms_vs_f64=_rel_rms(o, want[0]), planned_o_rel_rms_vs_f64=_rel_rms(o_ref, want[0]),
+                   state_rel_rms_vs_f64=_rel_rms(ht, want[1]), planned_state_rel_rms_vs_f64=_rel_rms(ht_ref, want[1]),
+                   o_rel_rms_vs_planned=_rel_rms(o, o_ref), state_rel_rms_vs_planned=_rel_rms(ht, ht_ref))
+        del want
+        row["planned_ms"] = tt.do_bench_cudagraph(planned, rep=rep_ms)
+        row["fused_ms"] = tt.do_bench_cudagraph(fused, rep=rep_ms)
+        for probe in probes:
+            row[f"fused_probe{probe}_ms"] = tt.do_bench_cudagraph(lambda: fused(probe), rep=rep_ms)
+    print(row, flush=True)
+    return [row]
+
+
+def main():
+    from benchmarks.runner import save_rows
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workload", action="append")
+    ap.add_argument("--rep-ms", type=int, default=200)
+    ap.add_argument("--probe", type=int, action="append", help="timing probes (1: no chain work, 2: no prep work)")
+    ap.add_argument("--prep-regs", type=int, action="append", help=f"the prep's registers (default {PREP_REGS})")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    rows = [row for regs in (args.prep_regs or [PREP_REGS]) for name in (args.workload or WORKLOADS)
+            for row in compare(name, args.rep_ms, args.probe or [1, 2], regs)]
+    if args.out:
+        save_rows(rows, args.out, torch.device("cuda"))
+
+
+if __name__ == "__main__":
+    main()
