@@ -26,7 +26,8 @@ One program, four partitions:
 
 A chunk's time is then the longer of the prep's path and the chain's step, where the planned
 kernels take their sum in SM-time. PROBE (timing only; wrong outputs): 1 the chains skip their
-products (the loads and the prep alone), 2 the prep skips its work (the loads and the chains).
+products (the loads and the prep alone), 2 the prep skips its work (the loads and the chains), 3
+the prep skips the inverse.
 
     python benchmarks/gluon_fused_proto.py --out benchmarks/results/gluon_fused_proto.json
 
@@ -39,7 +40,6 @@ from __future__ import annotations
 import argparse
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
@@ -60,11 +60,13 @@ LOAD_REGS = 24
 
 
 @gluon.jit
-def _loads(k_desc, q_desc, v_desc, k_s, q_s, v_s, ready, empty, r0, col_qk, col_v, n_chunks,
-           BT: gl.constexpr, BV: gl.constexpr, NUM_STAGES: gl.constexpr):
-    """The load warp: chunk j's k, q and both value blocks of v into stage j % NUM_STAGES, once
-    both chains freed it."""
-    nbytes: gl.constexpr = k_desc.block_type.nbytes + q_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes
+def _loads(k_desc, q_desc, v_desc, gv_desc, k_s, q_s, v_s, gv_s, ready, empty, r0, col_qk, col_v, chunk0, n_chunks,
+           BT: gl.constexpr, BV: gl.constexpr, NUM_STAGES: gl.constexpr, GATES: gl.constexpr):
+    """The load warp: chunk j's k, q and both value blocks of v (GATES 1: and its cumulative decays
+    and beta) into stage j % NUM_STAGES, once both chains freed it."""
+    GV_BYTES: gl.constexpr = gv_desc.block_type.nbytes if GATES == 1 else 0
+    nbytes: gl.constexpr = (k_desc.block_type.nbytes + q_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes
+                            + GV_BYTES)
     for j in range(n_chunks):
         s = j % NUM_STAGES
         bar = ready.index(s)
@@ -75,13 +77,35 @@ def _loads(k_desc, q_desc, v_desc, k_s, q_s, v_s, ready, empty, r0, col_qk, col_
         tma.async_copy_global_to_shared(q_desc, [r, col_qk], bar, q_s.index(s))
         tma.async_copy_global_to_shared(v_desc, [r, col_v], bar, v_s.index(2 * s))
         tma.async_copy_global_to_shared(v_desc, [r, col_v + BV], bar, v_s.index(2 * s + 1))
+        if GATES == 1:
+            tma.async_copy_global_to_shared(gv_desc, [(chunk0 + j) * (2 * BT)], bar, gv_s.index(s))
 
 
 @gluon.jit
-def _prep(k_s, q_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, g, beta, bos, i_hv, n_chunks, scale,
-          HV: gl.constexpr, BT: gl.constexpr, NUM_STAGES: gl.constexpr, PROBE: gl.constexpr):
+def _gate_vectors(g, beta, gvec, bos, i_hv, j, chunk0, o_t, HV: gl.constexpr, BT: gl.constexpr, GATES: gl.constexpr):
+    """Chunk j's row vectors that the prep loads itself (one chunk ahead of their use): GATES 0 the
+    decays in log2 units and beta along the rows; GATES 1 (the vectors arrive in the ring) only
+    the chunk's last cumulative decay."""
+    if GATES == 0:
+        rows = bos + j * BT + o_t.to(gl.int64)
+        b_g = gl.load(g + rows * HV + i_hv).to(gl.float32) * 1.4426950408889634
+        b_beta = gl.load(beta + rows * HV + i_hv).to(gl.float32)
+        gc_last = 0.0
+    else:
+        b_g = o_t * 0.0
+        b_beta = b_g
+        gc_last = gl.load(gvec + (chunk0 + j) * (2 * BT) + BT - 1)
+    return b_g, b_beta, gc_last
+
+
+@gluon.jit
+def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, g, beta, gvec, bos, i_hv,
+          chunk0, n_chunks, scale, HV: gl.constexpr, BT: gl.constexpr, NUM_STAGES: gl.constexpr, GATES: gl.constexpr,
+          PROBE: gl.constexpr):
     """The prep warpgroup: chunk j's wy, aqk and row coefficients into stage j % NUM_STAGES's
-    buffers (``benchmarks/gluon_prep_proto.py``'s arithmetic, form 0), then ``prepped``."""
+    buffers (``benchmarks/gluon_prep_proto.py``'s arithmetic, form 0), then ``prepped``. GATES 1:
+    the cumulative decays (log2 units) and beta from the ring's stage (``gv_s``), read along the
+    rows and the columns where used, so that no vector changes layout but the norm factors."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
     rowv: gl.constexpr = gl.SliceLayout(1, mma)
     colv: gl.constexpr = gl.SliceLayout(0, mma)
@@ -98,11 +122,12 @@ def _prep(k_s, q_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, 
     eye = r == c
     causal = r >= c
     zero = gl.zeros([BT, BT], gl.float32, mma)
+    n_g, n_beta, n_last = _gate_vectors(g, beta, gvec, bos, i_hv, 0, chunk0, o_t, HV, BT, GATES)
     for j in range(n_chunks):
         s = j % NUM_STAGES
-        rows = bos + j * BT + o_t.to(gl.int64)
-        b_g = gl.load(g + rows * HV + i_hv).to(gl.float32) * 1.4426950408889634
-        b_beta = gl.load(beta + rows * HV + i_hv).to(gl.float32)
+        b_g, b_beta, gc_last = n_g, n_beta, n_last
+        j_next = gl.minimum(j + 1, n_chunks - 1)
+        n_g, n_beta, n_last = _gate_vectors(g, beta, gvec, bos, i_hv, j_next, chunk0, o_t, HV, BT, GATES)
         mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
         if PROBE != 2:
             ks = k_s.index(s)
@@ -113,12 +138,20 @@ def _prep(k_s, q_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, 
             kk, qk, qq = warpgroup_mma_wait(num_outstanding=0, deps=(kk, qk, qq))
 
             # gates, norm factors, the chain's coefficients, aqk
-            gc = gl.convert_layout(gl.associative_scan(gl.convert_layout(b_g, line), 0, _add), rowv)
-            gc_c = gl.convert_layout(gc, colv)
+            if GATES == 0:
+                gc = gl.convert_layout(gl.associative_scan(gl.convert_layout(b_g, line), 0, _add), rowv)
+                gc_c = gl.convert_layout(gc, colv)
+                beta_c = gl.convert_layout(b_beta, colv)
+                gc_last = gl.sum(gl.where(o_t == BT - 1, gc, 0.0), axis=0)
+            else:
+                gv = gv_s.index(s)
+                gc = gv.slice(0, BT).load(rowv)
+                gc_c = gv.slice(0, BT).load(colv)
+                b_beta = gv.slice(BT, BT).load(rowv)
+                beta_c = gv.slice(BT, BT).load(colv)
             rk = gl.rsqrt(gl.sum(gl.where(eye, kk, 0.0), axis=1) + 1e-6)
             rq = gl.rsqrt(gl.sum(gl.where(eye, qq, 0.0), axis=1) + 1e-6) * scale
             rk_c = gl.convert_layout(rk, colv)
-            gc_last = gl.sum(gl.where(o_t == BT - 1, gc, 0.0), axis=0)
             lam = gl.exp2(gc)
             cf_s.index(4 * s).store(lam * rk)
             cf_s.index(4 * s + 1).store(lam * rq)
@@ -126,45 +159,47 @@ def _prep(k_s, q_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, 
             cf_s.index(4 * s + 3).store(gl.zeros([BT], gl.float32, rowv) + gl.exp2(gc_last))
             G = gl.where(causal, gl.exp2(gc[:, None] - gc_c[None, :]), 0.0)
             aqk_s.index(s).store((G * qk * rq[:, None] * rk_c[None, :]).to(DT))
-            Gb = (G * gl.convert_layout(b_beta, colv)[None, :]).to(gl.float16)
-
-            # the inverse: A = diag(beta) strictLower(K K^T) for normalised keys
-            A = gl.where(r > c, kk * (b_beta * rk)[:, None] * rk_c[None, :], 0.0)
-            same = (r >> 4) == (c >> 4)
-            D = _diagonal_blocks(gl.where(same, gl.where(eye, 1.0, 0.0) - gl.where((r ^ c) == 1, A, 0.0), 0.0))
-            D = gl.convert_layout(D, batch4)
-            for lvl in gl.static_range(1, 4):
-                A_s = _diagonal_blocks(gl.where(((r >> lvl) ^ (c >> lvl)) == 1, A, 0.0))
-                D = D - _small(D, _small(A_s, D, batch4), batch4)
-            below = _diagonal_blocks(gl.where((r >> 4) == (c >> 4) + 1, A, 0.0))  # block w: A's (w, w - 1)
-            d_s.store(D.to(gl.float16))
-            b_s.store(below.to(gl.float16))
-            a_s.store(A.to(gl.float16))
-            t_s.store(gl.zeros([BT, BT], gl.float16, mma))
-            gl.thread_barrier()
-            # 16 -> 32: the batch of the pairs (D_2, A_21, D_1) and (D_4, A_43, D_3)
-            d_pairs = d_s.reshape([2, 32, 16])
-            a_pairs = b_s.reshape([2, 32, 16])
-            X = _small_smem(a_pairs.slice(16, 16, 1), d_pairs.slice(0, 16, 1), batch2, [2, 16, 16], True)
-            X = -_small_smem(d_pairs.slice(16, 16, 1), X, batch2, [2, 16, 16], False)
-            x_s.store(X.to(gl.float16))
-            for w in gl.static_range(4):  # D_1..D_4 on the diagonal of Tinv
-                t_s.slice(16 * w, 16, 0).slice(16 * w, 16, 1).store(
-                    d_s.reshape([64, 16]).slice(16 * w, 16, 0).load(blk16))
-            gl.thread_barrier()
-            for p in gl.static_range(2):  # X_21, X_43 below them
-                t_s.slice(32 * p + 16, 16, 0).slice(32 * p, 16, 1).store(
-                    x_s.reshape([32, 16]).slice(16 * p, 16, 0).load(blk16))
-            gl.thread_barrier()
-            # 32 -> 64: X_BA = -D_B A_BA D_A
-            Y = _small_smem(a_s.slice(32, 32, 0).slice(0, 32, 1), t_s.slice(0, 32, 0).slice(0, 32, 1), tile32,
-                            [32, 32], True)
-            X_BA = -_small_smem(t_s.slice(32, 32, 0).slice(32, 32, 1), Y, tile32, [32, 32], False)
-            gl.thread_barrier()  # every warp has read D_A (the lower-left block is written next)
-            t_s.slice(32, 32, 0).slice(0, 32, 1).store(X_BA.to(gl.float16))
-            gl.thread_barrier()
-            Tinv = t_s.load(mma)
-            wy_s.index(s).store((Gb.to(gl.float32) * Tinv.to(gl.float32)).to(DT))
+            Gb = (G * beta_c[None, :]).to(gl.float16)
+            if PROBE == 3:  # the inverse skipped (timing only)
+                wy_s.index(s).store(Gb.to(DT))
+            else:
+                # the inverse: A = diag(beta) strictLower(K K^T) for normalised keys
+                A = gl.where(r > c, kk * (b_beta * rk)[:, None] * rk_c[None, :], 0.0)
+                same = (r >> 4) == (c >> 4)
+                D = _diagonal_blocks(gl.where(same, gl.where(eye, 1.0, 0.0) - gl.where((r ^ c) == 1, A, 0.0), 0.0))
+                D = gl.convert_layout(D, batch4)
+                for lvl in gl.static_range(1, 4):
+                    A_s = _diagonal_blocks(gl.where(((r >> lvl) ^ (c >> lvl)) == 1, A, 0.0))
+                    D = D - _small(D, _small(A_s, D, batch4), batch4)
+                below = _diagonal_blocks(gl.where((r >> 4) == (c >> 4) + 1, A, 0.0))  # block w: A's (w, w - 1)
+                d_s.store(D.to(gl.float16))
+                b_s.store(below.to(gl.float16))
+                a_s.store(A.to(gl.float16))
+                t_s.store(gl.zeros([BT, BT], gl.float16, mma))
+                gl.thread_barrier()
+                # 16 -> 32: the batch of the pairs (D_2, A_21, D_1) and (D_4, A_43, D_3)
+                d_pairs = d_s.reshape([2, 32, 16])
+                a_pairs = b_s.reshape([2, 32, 16])
+                X = _small_smem(a_pairs.slice(16, 16, 1), d_pairs.slice(0, 16, 1), batch2, [2, 16, 16], True)
+                X = -_small_smem(d_pairs.slice(16, 16, 1), X, batch2, [2, 16, 16], False)
+                x_s.store(X.to(gl.float16))
+                for w in gl.static_range(4):  # D_1..D_4 on the diagonal of Tinv
+                    t_s.slice(16 * w, 16, 0).slice(16 * w, 16, 1).store(
+                        d_s.reshape([64, 16]).slice(16 * w, 16, 0).load(blk16))
+                gl.thread_barrier()
+                for p in gl.static_range(2):  # X_21, X_43 below them
+                    t_s.slice(32 * p + 16, 16, 0).slice(32 * p, 16, 1).store(
+                        x_s.reshape([32, 16]).slice(16 * p, 16, 0).load(blk16))
+                gl.thread_barrier()
+                # 32 -> 64: X_BA = -D_B A_BA D_A
+                Y = _small_smem(a_s.slice(32, 32, 0).slice(0, 32, 1), t_s.slice(0, 32, 0).slice(0, 32, 1), tile32,
+                                [32, 32], True)
+                X_BA = -_small_smem(t_s.slice(32, 32, 0).slice(32, 32, 1), Y, tile32, [32, 32], False)
+                gl.thread_barrier()  # every warp has read D_A (the lower-left block is written next)
+                t_s.slice(32, 32, 0).slice(0, 32, 1).store(X_BA.to(gl.float16))
+                gl.thread_barrier()
+                Tinv = t_s.load(mma)
+                wy_s.index(s).store((Gb.to(gl.float32) * Tinv.to(gl.float32)).to(DT))
         fence_async_shared()
         gl.thread_barrier()  # every warp's buffers written (and t_s read) before the hand-over
         mbarrier.arrive(prepped.index(s), count=1)
@@ -227,12 +262,14 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, o
 
 
 @gluon.jit
-def gluon_fused_kernel(q, k, v, g, beta, o, ht, scale, T, N, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
+def gluon_fused_kernel(q, k, v, g, beta, gvec, o, ht, scale, T, N, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
                        V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NUM_STAGES: gl.constexpr,
                        CHAIN_REGS: gl.constexpr, PREP_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
-                       PROBE: gl.constexpr = 0):
+                       GATES: gl.constexpr = 0, PROBE: gl.constexpr = 0):
     """Grid (N * HV,): program -> (sequence, value head), the head fastest. Dense ``q, k [N, T, H,
-    K]``, ``v, o [N, T, HV, V]``, ``g, beta [N, T, HV]``; ``ht [N, HV, K, V]`` float32."""
+    K]``, ``v, o [N, T, HV, V]``, ``g, beta [N, T, HV]``; ``ht [N, HV, K, V]`` float32; with
+    GATES 1 ``gvec [N, HV, T / 64, 2, 64]`` float32: each chunk's cumulative decays (log2 units) and
+    its beta (else unread)."""
     gl.static_assert(BT == 64 and BV == 64 and V == 2 * BV, "chunks of 64 rows, two chains of 64 value columns")
     gl.static_assert(K == 128, "K = 128")
     pid = gl.program_id(0)
@@ -252,11 +289,19 @@ def gluon_fused_kernel(q, k, v, g, beta, o, ht, scale, T, N, H: gl.constexpr, HV
     q_desc = tma.make_tensor_descriptor(q, [rows, H * K], [H * K, 1], [BT, K], l_qk)
     v_desc = tma.make_tensor_descriptor(v, [rows, HV * V], [HV * V, 1], [BT, BV], l_tv)
     o_desc = tma.make_tensor_descriptor(o, [rows, HV * V], [HV * V, 1], [BT, BV], l_tv)
+    chunk0 = ((i_n * HV + i_hv) * n_chunks).to(gl.int32)  # the program's first chunk in gvec
 
     k_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
     q_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
     v_s = gl.allocate_shared_memory(DT, [2 * NUM_STAGES, BT, BV], l_tv)
     wy_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BT], l_tt)
+    if GATES == 1:
+        l_gv: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
+        gv_desc = tma.make_tensor_descriptor(gvec, [rows * HV * 2], [1], [2 * BT], l_gv)
+        gv_s = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, 2 * BT], l_gv)
+    else:  # placeholders, unread
+        gv_desc = k_desc
+        gv_s = k_s
     aqk_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BT], l_tt)
     plain2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
     plain3: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0])
@@ -283,26 +328,32 @@ def gluon_fused_kernel(q, k, v, g, beta, o, ht, scale, T, N, H: gl.constexpr, HV
                   n_chunks, HV, K, V, BT, BV, NUM_STAGES, 0, PROBE)),
         (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, o_desc, ht, r0, i_n, i_hv,
                   n_chunks, HV, K, V, BT, BV, NUM_STAGES, 1, PROBE)),
-        (_prep, (k_s, q_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, g, beta, bos, i_hv, n_chunks,
-                 scale, HV, BT, NUM_STAGES, PROBE)),
-        (_loads, (k_desc, q_desc, v_desc, k_s, q_s, v_s, ready, empty, r0, i_h * K, i_hv * V, n_chunks, BT, BV,
-                  NUM_STAGES)),
+        (_prep, (k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, g, beta, gvec, bos, i_hv,
+                 chunk0, n_chunks, scale, HV, BT, NUM_STAGES, GATES, PROBE)),
+        (_loads, (k_desc, q_desc, v_desc, gv_desc, k_s, q_s, v_s, gv_s, ready, empty, r0, i_h * K, i_hv * V, chunk0,
+                  n_chunks, BT, BV, NUM_STAGES, GATES)),
     ], [4, 4, 1], [CHAIN_REGS, PREP_REGS, LOAD_REGS])
 
 
 def gluon_fused(q, k, v, g, beta, o, ht, scale: float, probe: int = 0, prep_regs: int = PREP_REGS,
-                num_stages: int = 2) -> None:
+                num_stages: int = 2, gates: int = 0) -> None:
     """Launch the prototype on dense ``q, k [N, T, H, K]``, ``v [N, T, HV, V]``, ``g, beta [N, T,
-    HV]`` into ``o`` (like v) and ``ht [N, HV, K, V]`` float32."""
+    HV]`` into ``o`` (like v) and ``ht [N, HV, K, V]`` float32. ``gates`` 1: g's chunk sums and beta
+    first laid out by chunk (by torch, a few small kernels, timed with the kernel), for the ring."""
     from recurscan.runtime.launcher import scratch_allocator
     N, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     if T % BT or K != 128 or V != 2 * BV:
         raise ValueError(f"the prototype takes T a multiple of {BT} and K = V = 128, got T {T}, K {K}, V {V}")
+    if gates:  # [N, HV, T / BT, 2, BT]: a chunk's cumulative decays (log2 units), then its beta
+        gc = g.float().view(N, T // BT, BT, HV).cumsum(2) * 1.4426950408889634
+        gvec = torch.stack([gc, beta.float().view(N, T // BT, BT, HV)], dim=2).permute(0, 4, 1, 2, 3).contiguous()
+    else:
+        gvec = g
     with scratch_allocator():
-        gluon_fused_kernel[(N * HV,)](q, k, v, g, beta, o, ht, scale, T, N, H=H, HV=HV, K=K, V=V, BT=BT, BV=BV,
+        gluon_fused_kernel[(N * HV,)](q, k, v, g, beta, gvec, o, ht, scale, T, N, H=H, HV=HV, K=K, V=V, BT=BT, BV=BV,
                                       NUM_STAGES=num_stages, CHAIN_REGS=(512 - LOAD_REGS - prep_regs) // 2,
-                                      PREP_REGS=prep_regs, LOAD_REGS=LOAD_REGS, PROBE=probe, num_warps=4,
+                                      PREP_REGS=prep_regs, LOAD_REGS=LOAD_REGS, GATES=gates, PROBE=probe, num_warps=4,
                                       maxnreg=128)
 
 
@@ -314,7 +365,7 @@ def _rel_rms(got: torch.Tensor, want: torch.Tensor) -> float:
 WORKLOADS = ["gdn_b4_t8192_h16_hv64", "gdn_b4_t4096_h16"]
 
 
-def compare(name: str, rep_ms: int, probes: list, prep_regs: int) -> list[dict]:
+def compare(name: str, rep_ms: int, probes: list, prep_regs: int, gates: int) -> list[dict]:
     """One workload: the package's op as planned and the prototype, their outputs and final states
     against the float64 chunked oracle (and each other), each timed by graph replay; then the
     prototype's probes."""
@@ -340,7 +391,7 @@ def compare(name: str, rep_ms: int, probes: list, prep_regs: int) -> list[dict]:
     ht = torch.full((N, HV, K, V), float("nan"), device=DEVICE)
 
     def fused(probe=0):
-        gluon_fused(q, k, v, g, beta, o, ht, scale, probe, prep_regs)
+        gluon_fused(q, k, v, g, beta, o, ht, scale, probe, prep_regs, gates=gates)
 
     with torch.no_grad():
         o_ref, ht_ref = planned()
@@ -348,7 +399,7 @@ def compare(name: str, rep_ms: int, probes: list, prep_regs: int) -> list[dict]:
         torch.cuda.synchronize()
         want = gated_delta_rule_chunked(*(t.double() for t in (q, k, v, g, beta)), scale=scale,
                                         use_qk_l2norm_in_kernel=True)
-        row = dict(workload=name, prep_regs=prep_regs,
+        row = dict(workload=name, prep_regs=prep_regs, gates=gates,
                    o_rel_rms_vs_f64=_rel_rms(o, want[0]), planned_o_rel_rms_vs_f64=_rel_rms(o_ref, want[0]),
                    state_rel_rms_vs_f64=_rel_rms(ht, want[1]), planned_state_rel_rms_vs_f64=_rel_rms(ht_ref, want[1]),
                    o_rel_rms_vs_planned=_rel_rms(o, o_ref), state_rel_rms_vs_planned=_rel_rms(ht, ht_ref))
@@ -366,12 +417,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", action="append")
     ap.add_argument("--rep-ms", type=int, default=200)
-    ap.add_argument("--probe", type=int, action="append", help="timing probes (1: no chain work, 2: no prep work)")
+    ap.add_argument("--probe", type=int, action="append",
+                    help="timing probes (1: no chain work, 2: no prep work, 3: no inverse; default 1 2 3)")
+    ap.add_argument("--gates", type=int, action="append", help="the prep's gate forms (0: scanned, 1: chunk sums first)")
     ap.add_argument("--prep-regs", type=int, action="append", help=f"the prep's registers (default {PREP_REGS})")
     ap.add_argument("--out")
     args = ap.parse_args()
-    rows = [row for regs in (args.prep_regs or [PREP_REGS]) for name in (args.workload or WORKLOADS)
-            for row in compare(name, args.rep_ms, args.probe or [1, 2], regs)]
+    rows = [row for regs in (args.prep_regs or [PREP_REGS]) for gates in (args.gates or [0, 1])
+            for name in (args.workload or WORKLOADS) for row in compare(name, args.rep_ms, args.probe or [1, 2, 3], regs,
+                                                                         gates)]
     if args.out:
         save_rows(rows, args.out, torch.device("cuda"))
 
