@@ -64,7 +64,7 @@ def _loads(k_desc, q_desc, v_desc, gv_desc, k_s, q_s, v_s, gv_s, ready, empty, r
            BT: gl.constexpr, BV: gl.constexpr, NUM_STAGES: gl.constexpr, GATES: gl.constexpr):
     """The load warp: chunk j's k, q and both value blocks of v (GATES 1: and its cumulative decays
     and beta) into stage j % NUM_STAGES, once both chains freed it."""
-    GV_BYTES: gl.constexpr = gv_desc.block_type.nbytes if GATES == 1 else 0
+    GV_BYTES: gl.constexpr = gv_desc.block_type.nbytes if GATES != 0 else 0
     nbytes: gl.constexpr = (k_desc.block_type.nbytes + q_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes
                             + GV_BYTES)
     for j in range(n_chunks):
@@ -77,8 +77,8 @@ def _loads(k_desc, q_desc, v_desc, gv_desc, k_s, q_s, v_s, gv_s, ready, empty, r
         tma.async_copy_global_to_shared(q_desc, [r, col_qk], bar, q_s.index(s))
         tma.async_copy_global_to_shared(v_desc, [r, col_v], bar, v_s.index(2 * s))
         tma.async_copy_global_to_shared(v_desc, [r, col_v + BV], bar, v_s.index(2 * s + 1))
-        if GATES == 1:
-            tma.async_copy_global_to_shared(gv_desc, [(chunk0 + j) * (2 * BT)], bar, gv_s.index(s))
+        if GATES != 0:
+            tma.async_copy_global_to_shared(gv_desc, [(chunk0 + j) * (GATES + 1) * BT], bar, gv_s.index(s))
 
 
 @gluon.jit
@@ -94,7 +94,7 @@ def _gate_vectors(g, beta, gvec, bos, i_hv, j, chunk0, o_t, HV: gl.constexpr, BT
     else:
         b_g = o_t * 0.0
         b_beta = b_g
-        gc_last = gl.load(gvec + (chunk0 + j) * (2 * BT) + BT - 1)
+        gc_last = gl.load(gvec + (chunk0 + j) * ((GATES + 1) * BT) + BT - 1)
     return b_g, b_beta, gc_last
 
 
@@ -105,7 +105,8 @@ def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, pre
     """The prep warpgroup: chunk j's wy, aqk and row coefficients into stage j % NUM_STAGES's
     buffers (``benchmarks/gluon_prep_proto.py``'s arithmetic, form 0), then ``prepped``. GATES 1:
     the cumulative decays (log2 units) and beta from the ring's stage (``gv_s``), read along the
-    rows and the columns where used, so that no vector changes layout but the norm factors."""
+    rows and the columns where used, so that no vector changes layout but the norm factors; GATES 3:
+    also the norm factors (no Q Q^T, no layout change)."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
     rowv: gl.constexpr = gl.SliceLayout(1, mma)
     colv: gl.constexpr = gl.SliceLayout(0, mma)
@@ -134,8 +135,11 @@ def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, pre
             qs = q_s.index(s)
             kk = warpgroup_mma(ks, ks.permute((1, 0)), zero, is_async=True)
             qk = warpgroup_mma(qs, ks.permute((1, 0)), zero, is_async=True)
-            qq = warpgroup_mma(qs, qs.permute((1, 0)), zero, is_async=True)
-            kk, qk, qq = warpgroup_mma_wait(num_outstanding=0, deps=(kk, qk, qq))
+            if GATES == 3:
+                kk, qk = warpgroup_mma_wait(num_outstanding=0, deps=(kk, qk))
+            else:
+                qq = warpgroup_mma(qs, qs.permute((1, 0)), zero, is_async=True)
+                kk, qk, qq = warpgroup_mma_wait(num_outstanding=0, deps=(kk, qk, qq))
 
             # gates, norm factors, the chain's coefficients, aqk
             if GATES == 0:
@@ -149,9 +153,14 @@ def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, pre
                 gc_c = gv.slice(0, BT).load(colv)
                 b_beta = gv.slice(BT, BT).load(rowv)
                 beta_c = gv.slice(BT, BT).load(colv)
-            rk = gl.rsqrt(gl.sum(gl.where(eye, kk, 0.0), axis=1) + 1e-6)
-            rq = gl.rsqrt(gl.sum(gl.where(eye, qq, 0.0), axis=1) + 1e-6) * scale
-            rk_c = gl.convert_layout(rk, colv)
+            if GATES == 3:
+                rk = gv.slice(2 * BT, BT).load(rowv)
+                rk_c = gv.slice(2 * BT, BT).load(colv)
+                rq = gv.slice(3 * BT, BT).load(rowv) * scale
+            else:
+                rk = gl.rsqrt(gl.sum(gl.where(eye, kk, 0.0), axis=1) + 1e-6)
+                rq = gl.rsqrt(gl.sum(gl.where(eye, qq, 0.0), axis=1) + 1e-6) * scale
+                rk_c = gl.convert_layout(rk, colv)
             lam = gl.exp2(gc)
             cf_s.index(4 * s).store(lam * rk)
             cf_s.index(4 * s + 1).store(lam * rq)
@@ -269,7 +278,8 @@ def gluon_fused_kernel(q, k, v, g, beta, gvec, o, ht, scale, T, N, H: gl.constex
     """Grid (N * HV,): program -> (sequence, value head), the head fastest. Dense ``q, k [N, T, H,
     K]``, ``v, o [N, T, HV, V]``, ``g, beta [N, T, HV]``; ``ht [N, HV, K, V]`` float32; with
     GATES 1 ``gvec [N, HV, T / 64, 2, 64]`` float32: each chunk's cumulative decays (log2 units) and
-    its beta (else unread)."""
+    its beta; GATES 3 ``[N, HV, T / 64, 4, 64]``, also the keys' and queries' norm factors
+    (GATES 0: unread)."""
     gl.static_assert(BT == 64 and BV == 64 and V == 2 * BV, "chunks of 64 rows, two chains of 64 value columns")
     gl.static_assert(K == 128, "K = 128")
     pid = gl.program_id(0)
@@ -295,10 +305,10 @@ def gluon_fused_kernel(q, k, v, g, beta, gvec, o, ht, scale, T, N, H: gl.constex
     q_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
     v_s = gl.allocate_shared_memory(DT, [2 * NUM_STAGES, BT, BV], l_tv)
     wy_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BT], l_tt)
-    if GATES == 1:
+    if GATES != 0:
         l_gv: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
-        gv_desc = tma.make_tensor_descriptor(gvec, [rows * HV * 2], [1], [2 * BT], l_gv)
-        gv_s = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, 2 * BT], l_gv)
+        gv_desc = tma.make_tensor_descriptor(gvec, [rows * HV * (GATES + 1)], [1], [(GATES + 1) * BT], l_gv)
+        gv_s = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, (GATES + 1) * BT], l_gv)
     else:  # placeholders, unread
         gv_desc = k_desc
         gv_s = k_s
@@ -335,8 +345,25 @@ def gluon_fused_kernel(q, k, v, g, beta, gvec, o, ht, scale, T, N, H: gl.constex
     ], [4, 4, 1], [CHAIN_REGS, PREP_REGS, LOAD_REGS])
 
 
+def chunk_vectors(q, k, g, beta, gates: int) -> torch.Tensor:
+    """What the load warp brings a chunk beside its tiles (by torch here: a few small kernels), laid
+    out [N, HV, T / 64, rows, 64] float32: GATES 1 the cumulative decays (log2 units) and beta;
+    GATES 3 also the keys' and queries' norm factors 1 / sqrt(|x|^2 + 1e-6) of each value head's
+    q/k head. GATES 0: g itself (unread)."""
+    if not gates:
+        return g
+    N, T, H, _ = q.shape
+    HV = g.shape[2]
+    rows = [(g.float().view(N, T // BT, BT, HV).cumsum(2) * 1.4426950408889634).view(N, T, HV), beta.float()]
+    if gates == 3:
+        for x in (k, q):
+            sq = torch.linalg.vector_norm(x, dim=-1, dtype=torch.float32).square()
+            rows.append(torch.rsqrt(sq + 1e-6).repeat_interleave(HV // H, dim=2))
+    return torch.stack(rows, dim=2).view(N, T // BT, BT, len(rows), HV).permute(0, 4, 1, 3, 2).contiguous()
+
+
 def gluon_fused(q, k, v, g, beta, o, ht, scale: float, probe: int = 0, prep_regs: int = PREP_REGS,
-                num_stages: int = 2, gates: int = 0) -> None:
+                num_stages: int = 2, gates: int = 0, gvec: torch.Tensor | None = None) -> None:
     """Launch the prototype on dense ``q, k [N, T, H, K]``, ``v [N, T, HV, V]``, ``g, beta [N, T,
     HV]`` into ``o`` (like v) and ``ht [N, HV, K, V]`` float32. ``gates`` 1: g's chunk sums and beta
     first laid out by chunk (by torch, a few small kernels, timed with the kernel), for the ring."""
@@ -345,11 +372,8 @@ def gluon_fused(q, k, v, g, beta, o, ht, scale: float, probe: int = 0, prep_regs
     HV, V = v.shape[2], v.shape[3]
     if T % BT or K != 128 or V != 2 * BV:
         raise ValueError(f"the prototype takes T a multiple of {BT} and K = V = 128, got T {T}, K {K}, V {V}")
-    if gates:  # [N, HV, T / BT, 2, BT]: a chunk's cumulative decays (log2 units), then its beta
-        gc = g.float().view(N, T // BT, BT, HV).cumsum(2) * 1.4426950408889634
-        gvec = torch.stack([gc, beta.float().view(N, T // BT, BT, HV)], dim=2).permute(0, 4, 1, 2, 3).contiguous()
-    else:
-        gvec = g
+    if gvec is None:
+        gvec = chunk_vectors(q, k, g, beta, gates)
     with scratch_allocator():
         gluon_fused_kernel[(N * HV,)](q, k, v, g, beta, gvec, o, ht, scale, T, N, H=H, HV=HV, K=K, V=V, BT=BT, BV=BV,
                                       NUM_STAGES=num_stages, CHAIN_REGS=(512 - LOAD_REGS - prep_regs) // 2,
@@ -390,8 +414,8 @@ def compare(name: str, rep_ms: int, probes: list, prep_regs: int, gates: int) ->
     o = torch.full_like(v, float("nan"))
     ht = torch.full((N, HV, K, V), float("nan"), device=DEVICE)
 
-    def fused(probe=0):
-        gluon_fused(q, k, v, g, beta, o, ht, scale, probe, prep_regs, gates=gates)
+    def fused(probe=0, gvec=None):
+        gluon_fused(q, k, v, g, beta, o, ht, scale, probe, prep_regs, gates=gates, gvec=gvec)
 
     with torch.no_grad():
         o_ref, ht_ref = planned()
@@ -405,9 +429,11 @@ def compare(name: str, rep_ms: int, probes: list, prep_regs: int, gates: int) ->
                    o_rel_rms_vs_planned=_rel_rms(o, o_ref), state_rel_rms_vs_planned=_rel_rms(ht, ht_ref))
         del want
         row["planned_ms"] = tt.do_bench_cudagraph(planned, rep=rep_ms)
-        row["fused_ms"] = tt.do_bench_cudagraph(fused, rep=rep_ms)
-        for probe in probes:
-            row[f"fused_probe{probe}_ms"] = tt.do_bench_cudagraph(lambda: fused(probe), rep=rep_ms)
+        row["fused_ms"] = tt.do_bench_cudagraph(fused, rep=rep_ms)  # the chunk vectors' torch pass included
+        gvec = chunk_vectors(q, k, g, beta, gates)
+        row["fused_kernel_ms"] = tt.do_bench_cudagraph(lambda: fused(0, gvec), rep=rep_ms)
+        for probe in probes:  # the kernel alone
+            row[f"fused_probe{probe}_ms"] = tt.do_bench_cudagraph(lambda: fused(probe, gvec), rep=rep_ms)
     print(row, flush=True)
     return [row]
 
@@ -419,11 +445,12 @@ def main():
     ap.add_argument("--rep-ms", type=int, default=200)
     ap.add_argument("--probe", type=int, action="append",
                     help="timing probes (1: no chain work, 2: no prep work, 3: no inverse; default 1 2 3)")
-    ap.add_argument("--gates", type=int, action="append", help="the prep's gate forms (0: scanned, 1: chunk sums first)")
+    ap.add_argument("--gates", type=int, action="append",
+                    help="the prep's vector forms (0: scanned; 1: chunk sums first; 3: and the norm factors)")
     ap.add_argument("--prep-regs", type=int, action="append", help=f"the prep's registers (default {PREP_REGS})")
     ap.add_argument("--out")
     args = ap.parse_args()
-    rows = [row for regs in (args.prep_regs or [PREP_REGS]) for gates in (args.gates or [0, 1])
+    rows = [row for regs in (args.prep_regs or [PREP_REGS]) for gates in (args.gates or [1, 3])
             for name in (args.workload or WORKLOADS) for row in compare(name, args.rep_ms, args.probe or [1, 2, 3], regs,
                                                                          gates)]
     if args.out:
