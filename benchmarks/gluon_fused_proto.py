@@ -40,6 +40,8 @@ from __future__ import annotations
 import argparse
 
 import torch
+import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
@@ -101,7 +103,7 @@ def _gate_vectors(g, beta, gvec, bos, i_hv, j, chunk0, o_t, HV: gl.constexpr, BT
 @gluon.jit
 def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, g, beta, gvec, bos, i_hv,
           chunk0, n_chunks, scale, HV: gl.constexpr, BT: gl.constexpr, NUM_STAGES: gl.constexpr, GATES: gl.constexpr,
-          PIPE: gl.constexpr, PROBE: gl.constexpr):
+          PROBE: gl.constexpr):
     """The prep warpgroup: chunk j's wy, aqk and row coefficients into stage j % NUM_STAGES's
     buffers (``benchmarks/gluon_prep_proto.py``'s arithmetic, form 0), then ``prepped``. GATES 1:
     the cumulative decays (log2 units) and beta from the ring's stage (``gv_s``), read along the
@@ -126,28 +128,19 @@ def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, pre
     # Tinv's blocks above the diagonal, never written: zero once (the loop's first barrier orders it)
     t_s.store(gl.zeros([BT, BT], gl.float16, mma))
     n_g, n_beta, n_last = _gate_vectors(g, beta, gvec, bos, i_hv, 0, chunk0, o_t, HV, BT, GATES)
-    if PIPE:  # chunk 0's products
-        mbarrier.wait(ready.index(0), 0)
-        kk_n = warpgroup_mma(k_s.index(0), k_s.index(0).permute((1, 0)), zero, is_async=True)
-        qk_n = warpgroup_mma(q_s.index(0), k_s.index(0).permute((1, 0)), zero, is_async=True)
     for j in range(n_chunks):
         s = j % NUM_STAGES
         b_g, b_beta, gc_last = n_g, n_beta, n_last
         j_next = gl.minimum(j + 1, n_chunks - 1)
         n_g, n_beta, n_last = _gate_vectors(g, beta, gvec, bos, i_hv, j_next, chunk0, o_t, HV, BT, GATES)
-        if not PIPE:
-            mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
+        mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
         if PROBE != 2:
             ks = k_s.index(s)
             qs = q_s.index(s)
-            if PIPE:  # issued a chunk ahead, under the last chunk's inverse
-                kk, qk = warpgroup_mma_wait(num_outstanding=0, deps=(kk_n, qk_n))
-            else:
-                kk = warpgroup_mma(ks, ks.permute((1, 0)), zero, is_async=True)
-                qk = warpgroup_mma(qs, ks.permute((1, 0)), zero, is_async=True)
+            kk = warpgroup_mma(ks, ks.permute((1, 0)), zero, is_async=True)
+            qk = warpgroup_mma(qs, ks.permute((1, 0)), zero, is_async=True)
             if GATES == 3:
-                if not PIPE:
-                    kk, qk = warpgroup_mma_wait(num_outstanding=0, deps=(kk, qk))
+                kk, qk = warpgroup_mma_wait(num_outstanding=0, deps=(kk, qk))
             else:
                 qq = warpgroup_mma(qs, qs.permute((1, 0)), zero, is_async=True)
                 kk, qk, qq = warpgroup_mma_wait(num_outstanding=0, deps=(kk, qk, qq))
@@ -180,11 +173,6 @@ def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, pre
             G = gl.where(causal, gl.exp2(gc[:, None] - gc_c[None, :]), 0.0)
             aqk_s.index(s).store((G * qk * rq[:, None] * rk_c[None, :]).to(DT))
             Gb = (G * beta_c[None, :]).to(gl.float16)
-            if PIPE:  # the next chunk's products (the last chunk's again at the end: its stage is kept)
-                s_n = j_next % NUM_STAGES
-                mbarrier.wait(ready.index(s_n), (j_next // NUM_STAGES) & 1)
-                kk_n = warpgroup_mma(k_s.index(s_n), k_s.index(s_n).permute((1, 0)), zero, is_async=True)
-                qk_n = warpgroup_mma(q_s.index(s_n), k_s.index(s_n).permute((1, 0)), zero, is_async=True)
             if PROBE == 3:  # the inverse skipped (timing only)
                 wy_s.index(s).store(Gb.to(DT))
             else:
@@ -289,7 +277,7 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, o
 def gluon_fused_kernel(q, k, v, g, beta, gvec, o, ht, scale, T, N, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
                        V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NUM_STAGES: gl.constexpr,
                        CHAIN_REGS: gl.constexpr, PREP_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
-                       GATES: gl.constexpr = 0, PIPE: gl.constexpr = False, PROBE: gl.constexpr = 0):
+                       GATES: gl.constexpr = 0, PROBE: gl.constexpr = 0):
     """Grid (N * HV,): program -> (sequence, value head), the head fastest. Dense ``q, k [N, T, H,
     K]``, ``v, o [N, T, HV, V]``, ``g, beta [N, T, HV]``; ``ht [N, HV, K, V]`` float32; with
     GATES 1 ``gvec [N, HV, T / 64, 2, 64]`` float32: each chunk's cumulative decays (log2 units) and
@@ -354,19 +342,59 @@ def gluon_fused_kernel(q, k, v, g, beta, gvec, o, ht, scale, T, N, H: gl.constex
         (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, o_desc, ht, r0, i_n, i_hv,
                   n_chunks, HV, K, V, BT, BV, NUM_STAGES, 1, PROBE)),
         (_prep, (k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, g, beta, gvec, bos, i_hv,
-                 chunk0, n_chunks, scale, HV, BT, NUM_STAGES, GATES, PIPE, PROBE)),
+                 chunk0, n_chunks, scale, HV, BT, NUM_STAGES, GATES, PROBE)),
         (_loads, (k_desc, q_desc, v_desc, gv_desc, k_s, q_s, v_s, gv_s, ready, empty, r0, i_h * K, i_hv * V, chunk0,
                   n_chunks, BT, BV, NUM_STAGES, GATES)),
     ], [4, 4, 1], [CHAIN_REGS, PREP_REGS, LOAD_REGS])
 
 
+@triton.jit
+def chunk_vectors_kernel(q, k, g, beta, out, T, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                         BT: tl.constexpr, NORMS: tl.constexpr):
+    """Grid (N * T / BT, H): one (chunk, q/k head) a program; writes :func:`chunk_vectors_reference`'s
+    rows for the head's HV / H value heads: the norm factors of its q and k rows once (NORMS), each
+    value head's cumulative decays (log2 units, a scan within the chunk) and beta."""
+    i_c = tl.program_id(0)
+    i_h = tl.program_id(1)
+    NT = T // BT
+    i_n = i_c // NT
+    i_t = i_c % NT
+    R: tl.constexpr = 4 if NORMS else 2
+    o_t = tl.arange(0, BT)
+    rows = i_n.to(tl.int64) * T + i_t * BT + o_t
+    if NORMS:
+        o_k = tl.arange(0, K)
+        kt = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :]).to(tl.float32)
+        rk = tl.rsqrt(tl.sum(kt * kt, axis=1) + 1e-6)
+        qt = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :]).to(tl.float32)
+        rq = tl.rsqrt(tl.sum(qt * qt, axis=1) + 1e-6)
+    for i in tl.static_range(HV // H):
+        hv = i_h * (HV // H) + i
+        gc = tl.cumsum(tl.load(g + rows * HV + hv).to(tl.float32), axis=0) * 1.4426950408889634
+        base = out + ((i_n.to(tl.int64) * HV + hv) * NT + i_t) * (R * BT)
+        tl.store(base + o_t, gc)
+        tl.store(base + BT + o_t, tl.load(beta + rows * HV + hv).to(tl.float32))
+        if NORMS:
+            tl.store(base + 2 * BT + o_t, rk)
+            tl.store(base + 3 * BT + o_t, rq)
+
+
 def chunk_vectors(q, k, g, beta, gates: int) -> torch.Tensor:
-    """What the load warp brings a chunk beside its tiles (by torch here: a few small kernels), laid
-    out [N, HV, T / 64, rows, 64] float32: GATES 1 the cumulative decays (log2 units) and beta;
-    GATES 3 also the keys' and queries' norm factors 1 / sqrt(|x|^2 + 1e-6) of each value head's
-    q/k head. GATES 0: g itself (unread)."""
+    """What the load warp brings a chunk beside its tiles, by :func:`chunk_vectors_kernel` (GATES 0:
+    g itself, unread)."""
     if not gates:
         return g
+    N, T, H, K = q.shape
+    HV = g.shape[2]
+    out = torch.empty(N, HV, T // BT, 4 if gates == 3 else 2, BT, dtype=torch.float32, device=q.device)
+    chunk_vectors_kernel[(N * (T // BT), H)](q, k, g, beta, out, T, H=H, HV=HV, K=K, BT=BT, NORMS=gates == 3)
+    return out
+
+
+def chunk_vectors_reference(q, k, g, beta, gates: int) -> torch.Tensor:
+    """What the load warp brings a chunk beside its tiles, laid out [N, HV, T / 64, rows, 64]
+    float32: GATES 1 the cumulative decays within the chunk (log2 units) and beta; GATES 3 also the
+    keys' and queries' norm factors 1 / sqrt(|x|^2 + 1e-6) of each value head's q/k head."""
     N, T, H, _ = q.shape
     HV = g.shape[2]
     rows = [(g.float().view(N, T // BT, BT, HV).cumsum(2) * 1.4426950408889634).view(N, T, HV), beta.float()]
@@ -378,7 +406,7 @@ def chunk_vectors(q, k, g, beta, gates: int) -> torch.Tensor:
 
 
 def gluon_fused(q, k, v, g, beta, o, ht, scale: float, probe: int = 0, prep_regs: int = PREP_REGS,
-                num_stages: int = 2, gates: int = 0, gvec: torch.Tensor | None = None, pipe: bool = False) -> None:
+                num_stages: int = 2, gates: int = 0, gvec: torch.Tensor | None = None) -> None:
     """Launch the prototype on dense ``q, k [N, T, H, K]``, ``v [N, T, HV, V]``, ``g, beta [N, T,
     HV]`` into ``o`` (like v) and ``ht [N, HV, K, V]`` float32. ``gates`` 1: g's chunk sums and beta
     first laid out by chunk (by torch, a few small kernels, timed with the kernel), for the ring."""
@@ -392,7 +420,7 @@ def gluon_fused(q, k, v, g, beta, o, ht, scale: float, probe: int = 0, prep_regs
     with scratch_allocator():
         gluon_fused_kernel[(N * HV,)](q, k, v, g, beta, gvec, o, ht, scale, T, N, H=H, HV=HV, K=K, V=V, BT=BT, BV=BV,
                                       NUM_STAGES=num_stages, CHAIN_REGS=(512 - LOAD_REGS - prep_regs) // 2,
-                                      PREP_REGS=prep_regs, LOAD_REGS=LOAD_REGS, GATES=gates, PIPE=pipe, PROBE=probe, num_warps=4,
+                                      PREP_REGS=prep_regs, LOAD_REGS=LOAD_REGS, GATES=gates, PROBE=probe, num_warps=4,
                                       maxnreg=128)
 
 
@@ -404,7 +432,7 @@ def _rel_rms(got: torch.Tensor, want: torch.Tensor) -> float:
 WORKLOADS = ["gdn_b4_t8192_h16_hv64", "gdn_b4_t4096_h16"]
 
 
-def compare(name: str, rep_ms: int, probes: list, prep_regs: int, gates: int, pipe: bool = False) -> list[dict]:
+def compare(name: str, rep_ms: int, probes: list, prep_regs: int, gates: int) -> list[dict]:
     """One workload: the package's op as planned and the prototype, their outputs and final states
     against the float64 chunked oracle (and each other), each timed by graph replay; then the
     prototype's probes."""
@@ -430,7 +458,7 @@ def compare(name: str, rep_ms: int, probes: list, prep_regs: int, gates: int, pi
     ht = torch.full((N, HV, K, V), float("nan"), device=DEVICE)
 
     def fused(probe=0, gvec=None):
-        gluon_fused(q, k, v, g, beta, o, ht, scale, probe, prep_regs, gates=gates, gvec=gvec, pipe=pipe)
+        gluon_fused(q, k, v, g, beta, o, ht, scale, probe, prep_regs, gates=gates, gvec=gvec)
 
     with torch.no_grad():
         o_ref, ht_ref = planned()
@@ -438,14 +466,15 @@ def compare(name: str, rep_ms: int, probes: list, prep_regs: int, gates: int, pi
         torch.cuda.synchronize()
         want = gated_delta_rule_chunked(*(t.double() for t in (q, k, v, g, beta)), scale=scale,
                                         use_qk_l2norm_in_kernel=True)
-        row = dict(workload=name, prep_regs=prep_regs, gates=gates, pipe=pipe,
+        row = dict(workload=name, prep_regs=prep_regs, gates=gates,
                    o_rel_rms_vs_f64=_rel_rms(o, want[0]), planned_o_rel_rms_vs_f64=_rel_rms(o_ref, want[0]),
                    state_rel_rms_vs_f64=_rel_rms(ht, want[1]), planned_state_rel_rms_vs_f64=_rel_rms(ht_ref, want[1]),
                    o_rel_rms_vs_planned=_rel_rms(o, o_ref), state_rel_rms_vs_planned=_rel_rms(ht, ht_ref))
         del want
         row["planned_ms"] = tt.do_bench_cudagraph(planned, rep=rep_ms)
-        row["fused_ms"] = tt.do_bench_cudagraph(fused, rep=rep_ms)  # the chunk vectors' torch pass included
+        row["fused_ms"] = tt.do_bench_cudagraph(fused, rep=rep_ms)  # the chunk vectors' pass included
         gvec = chunk_vectors(q, k, g, beta, gates)
+        row["chunk_vectors_ms"] = tt.do_bench_cudagraph(lambda: chunk_vectors(q, k, g, beta, gates), rep=rep_ms)
         row["fused_kernel_ms"] = tt.do_bench_cudagraph(lambda: fused(0, gvec), rep=rep_ms)
         for probe in probes:  # the kernel alone
             row[f"fused_probe{probe}_ms"] = tt.do_bench_cudagraph(lambda: fused(probe, gvec), rep=rep_ms)
@@ -463,13 +492,11 @@ def main():
     ap.add_argument("--gates", type=int, action="append",
                     help="the prep's vector forms (0: scanned; 1: chunk sums first; 3: and the norm factors)")
     ap.add_argument("--prep-regs", type=int, action="append", help=f"the prep's registers (default {PREP_REGS})")
-    ap.add_argument("--pipe", type=int, action="append",
-                    help="1: the prep issues the next chunk's products before this chunk's inverse (default 0)")
     ap.add_argument("--out")
     args = ap.parse_args()
     rows = [row for regs in (args.prep_regs or [PREP_REGS]) for gates in (args.gates or [1, 3])
-            for pipe in (args.pipe or [0]) for name in (args.workload or WORKLOADS)
-            for row in compare(name, args.rep_ms, args.probe or [1, 2, 3], regs, gates, bool(pipe))]
+            for name in (args.workload or WORKLOADS) for row in compare(name, args.rep_ms, args.probe or [1, 2, 3], regs,
+                                                                         gates)]
     if args.out:
         save_rows(rows, args.out, torch.device("cuda"))
 

@@ -8,6 +8,7 @@ compilable objects.
     python -m tests.helpers.sm90 "GDN varlen, H = HV" "Gluon dq and dk, warp-specialised" 64 128   # K 64, V 128
     python -m tests.helpers.sm90 gla "GDN varlen, GVA"
     python -m tests.helpers.sm90 gluon-prep-proto-sass   # benchmarks/gluon_prep_proto.py's SASS by part
+    python -m tests.helpers.sm90 gluon-fused-proto   # benchmarks/gluon_fused_proto.py's kernel
 """
 import dataclasses
 import sys
@@ -559,6 +560,32 @@ def compile_gluon_prep_proto() -> list[str]:
             for cap, vectors in ((None, 0), (168, 0), (None, 1), (168, 1), (None, 2), (168, 2))]
 
 
+def compile_gluon_fused_proto() -> list[str]:
+    """benchmarks/gluon_fused_proto.py's kernel (GDN dense, H16 HV64, K = V = 128, bf16) compiled for
+    sm_90 as measured (the prep at 168 registers, the chains at 160, the load warp at 24) in its
+    GATES forms 1 and 3: a line each with registers, stack and the loops' profile."""
+    from benchmarks import gluon_fused_proto as proto
+    from benchmarks.sm90_resources import resources
+    from triton.experimental.gluon._runtime import GluonASTSource
+    kernel = proto.gluon_fused_kernel
+    lines = []
+    for gates in (1, 3):
+        const = dict(H=16, HV=64, K=128, V=128, BT=proto.BT, BV=proto.BV, NUM_STAGES=2, CHAIN_REGS=proto.CHAIN_REGS,
+                     PREP_REGS=proto.PREP_REGS, LOAD_REGS=proto.LOAD_REGS, GATES=gates)
+        sig = dict(q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*bf16", gvec="*fp32", o="*bf16", ht="*fp32",
+                   scale="fp32", T="i32", N="i32", **{n: "constexpr" for n in const})
+        names = kernel.arg_names
+        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items() if t.startswith("*")}
+        src = GluonASTSource(kernel, sig, constexprs={(names.index(k),): v for k, v in const.items()}, attrs=attrs)
+        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, maxnreg=128))
+        if compiled.metadata.shared > H200_SHARED:
+            raise AssertionError(f"gluon_fused_kernel: {compiled.metadata.shared} B of shared memory")
+        if 32 * compiled.metadata.num_warps * 128 > 65536:
+            raise AssertionError(f"gluon_fused_kernel: {compiled.metadata.num_warps} warps x 128 registers")
+        lines.append(f"gluon_fused_kernel, gates {gates}: {resources(compiled)}")
+    return lines
+
+
 def gluon_prep_proto_sass() -> list[str]:
     """Where the prototype's instructions go, by PART (2 the loads and three products, 1 with the
     gates to aqk, 0 the whole prep) and VECTORS form, at 168 registers: static SASS counts of the
@@ -590,6 +617,8 @@ def lines_for(argv: list[str]) -> list[str]:
         return compile_gluon_forward()
     if argv[0] == "gluon-prep-proto":
         return compile_gluon_prep_proto()
+    if argv[0] == "gluon-fused-proto":
+        return compile_gluon_fused_proto()
     if argv[0] == "gluon-prep-proto-sass":
         return gluon_prep_proto_sass()
     if argv[0] == "ssd-gate":

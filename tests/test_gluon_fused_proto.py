@@ -1,0 +1,22 @@
+"""The fused prefill prototype's chunk vectors (benchmarks/gluon_fused_proto.py, issue 21): the
+Triton pass that lays out each chunk's cumulative decays, beta and norm factors for the load warp
+equals its torch reference, under GVA (several value heads a q/k head) and without the norms."""
+import pytest
+import torch
+
+from benchmarks.gluon_fused_proto import BT, chunk_vectors, chunk_vectors_reference
+
+
+@pytest.mark.parametrize("gates", [1, 3], ids=["decays and beta", "with the norm factors"])
+@pytest.mark.parametrize("heads", [(1, 1), (2, 4)], ids=["H = HV", "GVA"])
+def test_chunk_vectors_match_their_reference(gates, heads):
+    H, HV = heads
+    gen = torch.Generator().manual_seed(3)
+    N, T, K = 2, 2 * BT, 32
+    q, k = (torch.randn(N, T, H, K, generator=gen).bfloat16() for _ in range(2))
+    g = torch.nn.functional.logsigmoid(torch.randn(N, T, HV, generator=gen) + 2.0)
+    beta = torch.sigmoid(torch.randn(N, T, HV, generator=gen)).bfloat16()
+    want = chunk_vectors_reference(q, k, g, beta, gates)
+    got = chunk_vectors(q, k, g, beta, gates)
+    assert got.shape == want.shape == (N, HV, T // BT, 4 if gates == 3 else 2, BT)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
