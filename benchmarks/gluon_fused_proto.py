@@ -62,29 +62,25 @@ LOAD_REGS = 24
 
 
 @gluon.jit
-def _loads(k_desc, q_desc, v_desc, gv_desc, k_s, q_s, v_s, gv_s, kq_ready, kq_empty, v_ready, v_empty, r0, col_qk, col_v,
-           chunk0, n_chunks, BT: gl.constexpr, BV: gl.constexpr, NUM_STAGES: gl.constexpr, GATES: gl.constexpr):
-    """The load warp: chunk j's k and q (GATES 1, 3: and its chunk vectors) into stage j % NUM_STAGES
-    of their ring, once both chains freed it, then both value blocks of v into stage j % 2 of
-    theirs (freed by the chains' first products)."""
+def _loads(k_desc, q_desc, v_desc, gv_desc, k_s, q_s, v_s, gv_s, ready, empty, r0, col_qk, col_v, chunk0, n_chunks,
+           BT: gl.constexpr, BV: gl.constexpr, NUM_STAGES: gl.constexpr, GATES: gl.constexpr):
+    """The load warp: chunk j's k, q and both value blocks of v (GATES 1: and its cumulative decays
+    and beta) into stage j % NUM_STAGES, once both chains freed it."""
     GV_BYTES: gl.constexpr = gv_desc.block_type.nbytes if GATES != 0 else 0
-    KQ_BYTES: gl.constexpr = k_desc.block_type.nbytes + q_desc.block_type.nbytes + GV_BYTES
+    nbytes: gl.constexpr = (k_desc.block_type.nbytes + q_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes
+                            + GV_BYTES)
     for j in range(n_chunks):
         s = j % NUM_STAGES
+        bar = ready.index(s)
+        mbarrier.wait(empty.index(s), ((j // NUM_STAGES) & 1) ^ 1)
+        mbarrier.expect(bar, nbytes)
         r = r0 + j * BT
-        bar = kq_ready.index(s)
-        mbarrier.wait(kq_empty.index(s), ((j // NUM_STAGES) & 1) ^ 1)
-        mbarrier.expect(bar, KQ_BYTES)
         tma.async_copy_global_to_shared(k_desc, [r, col_qk], bar, k_s.index(s))
         tma.async_copy_global_to_shared(q_desc, [r, col_qk], bar, q_s.index(s))
+        tma.async_copy_global_to_shared(v_desc, [r, col_v], bar, v_s.index(2 * s))
+        tma.async_copy_global_to_shared(v_desc, [r, col_v + BV], bar, v_s.index(2 * s + 1))
         if GATES != 0:
             tma.async_copy_global_to_shared(gv_desc, [(chunk0 + j) * (GATES + 1) * BT], bar, gv_s.index(s))
-        sv = j % 2
-        bar = v_ready.index(sv)
-        mbarrier.wait(v_empty.index(sv), ((j // 2) & 1) ^ 1)
-        mbarrier.expect(bar, 2 * v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [r, col_v], bar, v_s.index(2 * sv))
-        tma.async_copy_global_to_shared(v_desc, [r, col_v + BV], bar, v_s.index(2 * sv + 1))
 
 
 @gluon.jit
@@ -105,12 +101,11 @@ def _gate_vectors(g, beta, gvec, bos, i_hv, j, chunk0, o_t, HV: gl.constexpr, BT
 
 
 @gluon.jit
-def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, kq_ready, prepped, pout_empty, g, beta, gvec,
-          bos, i_hv,
+def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, g, beta, gvec, bos, i_hv,
           chunk0, n_chunks, scale, HV: gl.constexpr, BT: gl.constexpr, NUM_STAGES: gl.constexpr, GATES: gl.constexpr,
           PROBE: gl.constexpr):
-    """The prep warpgroup: chunk j's wy, aqk and row coefficients into slot j % 2 of its outputs'
-    ring, once the chains are done with chunk j - 2's, (``benchmarks/gluon_prep_proto.py``'s arithmetic, form 0), then ``prepped``. GATES 1:
+    """The prep warpgroup: chunk j's wy, aqk and row coefficients into stage j % NUM_STAGES's
+    buffers (``benchmarks/gluon_prep_proto.py``'s arithmetic, form 0), then ``prepped``. GATES 1:
     the cumulative decays (log2 units) and beta from the ring's stage (``gv_s``), read along the
     rows and the columns where used, so that no vector changes layout but the norm factors; GATES 3:
     also the norm factors (no Q Q^T, no layout change)."""
@@ -134,16 +129,14 @@ def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, kq_ready, 
     t_s.store(gl.zeros([BT, BT], gl.float16, mma))
     n_g, n_beta, n_last = _gate_vectors(g, beta, gvec, bos, i_hv, 0, chunk0, o_t, HV, BT, GATES)
     for j in range(n_chunks):
-        sq = j % NUM_STAGES
-        s = j % 2  # the outputs' slot
+        s = j % NUM_STAGES
         b_g, b_beta, gc_last = n_g, n_beta, n_last
         j_next = gl.minimum(j + 1, n_chunks - 1)
         n_g, n_beta, n_last = _gate_vectors(g, beta, gvec, bos, i_hv, j_next, chunk0, o_t, HV, BT, GATES)
-        mbarrier.wait(kq_ready.index(sq), (j // NUM_STAGES) & 1)
-        mbarrier.wait(pout_empty.index(s), ((j // 2) & 1) ^ 1)
+        mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
         if PROBE != 2:
-            ks = k_s.index(sq)
-            qs = q_s.index(sq)
+            ks = k_s.index(s)
+            qs = q_s.index(s)
             kk = warpgroup_mma(ks, ks.permute((1, 0)), zero, is_async=True)
             qk = warpgroup_mma(qs, ks.permute((1, 0)), zero, is_async=True)
             if GATES == 3:
@@ -159,7 +152,7 @@ def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, kq_ready, 
                 beta_c = gl.convert_layout(b_beta, colv)
                 gc_last = gl.sum(gl.where(o_t == BT - 1, gc, 0.0), axis=0)
             else:
-                gv = gv_s.index(sq)
+                gv = gv_s.index(s)
                 gc = gv.slice(0, BT).load(rowv)
                 gc_c = gv.slice(0, BT).load(colv)
                 b_beta = gv.slice(BT, BT).load(rowv)
@@ -225,14 +218,12 @@ def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, kq_ready, 
 
 
 @gluon.jit
-def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, kq_ready, kq_empty, v_ready, v_empty, prepped, pout_empty, o_desc,
-           ht, r0, i_n, i_hv, n_chunks,
+def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, o_desc, ht, r0, i_n, i_hv, n_chunks,
            HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
            NUM_STAGES: gl.constexpr, PART: gl.constexpr, PROBE: gl.constexpr):
     """A chain warpgroup: value columns [PART BV, (PART + 1) BV) of the state over the program's
     chunks (the Gluon sweep twin's products and their order), its outputs by bulk stores, then
-    its block of the final state. The outputs leave through the S^T buffer (free once the chunk's
-    products are done), which the next chunk writes once that store has drained."""
+    its block of the final state."""
     DT: gl.constexpr = k_s.dtype
     mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     mmaK: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
@@ -241,44 +232,39 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, kq_ready, kq_empty, v_ready, 
     col64: gl.constexpr = gl.SliceLayout(0, mma64)
     rowK: gl.constexpr = gl.SliceLayout(1, mmaK)
     sa = sa_s.index(PART)
-    l_tv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], DT)
-    o_b = sa._reinterpret(DT, [BT, BV], l_tv)
+    o_b = o_s.index(PART)
     zero64 = gl.zeros([BV, BT], gl.float32, layout=mma64)
     S_t = gl.zeros([BV, K], gl.float32, layout=mmaK)
     for j in range(n_chunks):
-        sq = j % NUM_STAGES
-        s = j % 2  # the value tiles' and the prep's outputs' slot
-        tma.store_wait(pendings=0)  # the last chunk's outputs out of the buffer
+        s = j % NUM_STAGES
+        ph = (j // NUM_STAGES) & 1
         sa.store(S_t.to(DT))  # S^T, the operand of K S and Q S
         fence_async_shared()
         gl.thread_barrier()
-        mbarrier.wait(kq_ready.index(sq), (j // NUM_STAGES) & 1)
-        mbarrier.wait(v_ready.index(s), (j // 2) & 1)
-        mbarrier.wait(prepped.index(s), (j // 2) & 1)
+        mbarrier.wait(ready.index(s), ph)
+        mbarrier.wait(prepped.index(s), ph)
         if PROBE != 1:
             w_t = wy_s.index(s).permute((1, 0))
             # Group 1: K S (the chain) and V^T wy^T.
-            KSt = warpgroup_mma(sa, k_s.index(sq).permute((1, 0)), zero64, use_acc=False, is_async=True)
+            KSt = warpgroup_mma(sa, k_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
             Ut = warpgroup_mma(v_s.index(2 * s + PART).permute((1, 0)), w_t, zero64, use_acc=False, is_async=True)
             KSt, Ut = warpgroup_mma_wait(num_outstanding=0, deps=(KSt, Ut))
-            mbarrier.arrive(v_empty.index(s), count=1)
             # Group 2: -(lam rk o K S) wy^T onto U^T (the chain), and S^T Q^T.
             KSt = cf_s.index(4 * s).load(col64)[None, :] * KSt  # lam rk
             Ut = warpgroup_mma(gl.convert_layout((-KSt).to(DT), a64), w_t, Ut, is_async=True)
-            QSt = warpgroup_mma(sa, q_s.index(sq).permute((1, 0)), zero64, use_acc=False, is_async=True)
+            QSt = warpgroup_mma(sa, q_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
             Ut, QSt = warpgroup_mma_wait(num_outstanding=0, deps=(Ut, QSt))
             # Group 3: the next state (the chain), and the outputs onto lam rq o S^T Q^T.
             U_g = gl.convert_layout((Ut * cf_s.index(4 * s + 2).load(col64)[None, :]).to(DT), aK)  # gam rk
             lam_last = cf_s.index(4 * s + 3).slice(0, BV).load(rowK)  # BV copies of the chunk's lam_last
-            S_t = warpgroup_mma(U_g, k_s.index(sq), S_t * lam_last[:, None], is_async=True)
+            S_t = warpgroup_mma(U_g, k_s.index(s), S_t * lam_last[:, None], is_async=True)
             O_t = warpgroup_mma(gl.convert_layout(Ut.to(DT), a64), aqk_s.index(s).permute((1, 0)),
                                 cf_s.index(4 * s + 1).load(col64)[None, :] * QSt, is_async=True)  # lam rq
             S_t, O_t = warpgroup_mma_wait(num_outstanding=0, deps=(S_t, O_t))
         else:
             O_t = zero64
-            mbarrier.arrive(v_empty.index(s), count=1)
-        mbarrier.arrive(kq_empty.index(sq), count=1)
-        mbarrier.arrive(pout_empty.index(s), count=1)
+        mbarrier.arrive(empty.index(s), count=1)
+        tma.store_wait(pendings=0)
         o_b.permute((1, 0)).store(O_t.to(DT))
         fence_async_shared()
         gl.thread_barrier()
@@ -320,8 +306,8 @@ def gluon_fused_kernel(q, k, v, g, beta, gvec, o, ht, scale, T, N, H: gl.constex
 
     k_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
     q_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
-    v_s = gl.allocate_shared_memory(DT, [4, BT, BV], l_tv)  # two stages of two value blocks
-    wy_s = gl.allocate_shared_memory(DT, [2, BT, BT], l_tt)
+    v_s = gl.allocate_shared_memory(DT, [2 * NUM_STAGES, BT, BV], l_tv)
+    wy_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BT], l_tt)
     if GATES != 0:
         l_gv: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
         gv_desc = tma.make_tensor_descriptor(gvec, [rows * HV * (GATES + 1)], [1], [(GATES + 1) * BT], l_gv)
@@ -329,7 +315,7 @@ def gluon_fused_kernel(q, k, v, g, beta, gvec, o, ht, scale, T, N, H: gl.constex
     else:  # placeholders, unread
         gv_desc = k_desc
         gv_s = k_s
-    aqk_s = gl.allocate_shared_memory(DT, [2, BT, BT], l_tt)
+    aqk_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BT], l_tt)
     if SWIZZLE:  # the inverse's scratch swizzled (its rows of 128 and 32 bytes otherwise meet in one bank)
         plain2: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
         plain3: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=4, max_phase=2, order=[2, 1, 0])
@@ -337,41 +323,32 @@ def gluon_fused_kernel(q, k, v, g, beta, gvec, o, ht, scale, T, N, H: gl.constex
         plain2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
         plain3: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0])
     plain1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-    cf_s = gl.allocate_shared_memory(gl.float32, [4 * 2, BT], plain1)  # a slot's 4 rows
+    cf_s = gl.allocate_shared_memory(gl.float32, [4 * NUM_STAGES, BT], plain1)  # a stage's 4 rows
     sa_s = gl.allocate_shared_memory(DT, [2, BV, K], l_vk)
+    o_s = gl.allocate_shared_memory(DT, [2, BT, BV], l_tv)
     d_s = gl.allocate_shared_memory(gl.float16, [4, 16, 16], plain3)
     b_s = gl.allocate_shared_memory(gl.float16, [4, 16, 16], plain3)
     a_s = gl.allocate_shared_memory(gl.float16, [BT, BT], plain2)
     t_s = gl.allocate_shared_memory(gl.float16, [BT, BT], plain2)
     x_s = gl.allocate_shared_memory(gl.float16, [2, 16, 16], plain3)
-    # Three rings: k, q and the chunk vectors (NUM_STAGES deep, freed by both chains), v (two, freed
-    # by the chains' first products) and the prep's outputs (two, freed by both chains).
-    l_bar: gl.constexpr = mbarrier.MBarrierLayout()
-    kq_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], l_bar)
-    kq_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], l_bar)
-    v_ready = gl.allocate_shared_memory(gl.int64, [2, 1], l_bar)
-    v_empty = gl.allocate_shared_memory(gl.int64, [2, 1], l_bar)
-    prepped = gl.allocate_shared_memory(gl.int64, [2, 1], l_bar)
-    pout_empty = gl.allocate_shared_memory(gl.int64, [2, 1], l_bar)
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    prepped = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(kq_ready.index(i), count=1)
-        mbarrier.init(kq_empty.index(i), count=2)
-    for i in gl.static_range(2):
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(v_empty.index(i), count=2)
+        mbarrier.init(ready.index(i), count=1)
         mbarrier.init(prepped.index(i), count=1)
-        mbarrier.init(pout_empty.index(i), count=2)
+        mbarrier.init(empty.index(i), count=2)  # both chains
     fence_async_shared()
 
     gl.warp_specialize([
-        (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, kq_ready, kq_empty, v_ready, v_empty, prepped, pout_empty,
-                  o_desc, ht, r0, i_n, i_hv, n_chunks, HV, K, V, BT, BV, NUM_STAGES, 0, PROBE)),
-        (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, kq_ready, kq_empty, v_ready, v_empty, prepped, pout_empty,
-                  o_desc, ht, r0, i_n, i_hv, n_chunks, HV, K, V, BT, BV, NUM_STAGES, 1, PROBE)),
-        (_prep, (k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, kq_ready, prepped, pout_empty, g, beta, gvec,
-                 bos, i_hv, chunk0, n_chunks, scale, HV, BT, NUM_STAGES, GATES, PROBE)),
-        (_loads, (k_desc, q_desc, v_desc, gv_desc, k_s, q_s, v_s, gv_s, kq_ready, kq_empty, v_ready, v_empty, r0, i_h * K,
-                  i_hv * V, chunk0, n_chunks, BT, BV, NUM_STAGES, GATES)),
+        (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, o_desc, ht, r0, i_n, i_hv,
+                  n_chunks, HV, K, V, BT, BV, NUM_STAGES, 0, PROBE)),
+        (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, o_desc, ht, r0, i_n, i_hv,
+                  n_chunks, HV, K, V, BT, BV, NUM_STAGES, 1, PROBE)),
+        (_prep, (k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, g, beta, gvec, bos, i_hv,
+                 chunk0, n_chunks, scale, HV, BT, NUM_STAGES, GATES, PROBE)),
+        (_loads, (k_desc, q_desc, v_desc, gv_desc, k_s, q_s, v_s, gv_s, ready, empty, r0, i_h * K, i_hv * V, chunk0,
+                  n_chunks, BT, BV, NUM_STAGES, GATES)),
     ], [4, 4, 1], [CHAIN_REGS, PREP_REGS, LOAD_REGS])
 
 
@@ -433,7 +410,7 @@ def chunk_vectors_reference(q, k, g, beta, gates: int) -> torch.Tensor:
 
 
 def gluon_fused(q, k, v, g, beta, o, ht, scale: float, probe: int = 0, prep_regs: int = PREP_REGS,
-                num_stages: int = 3, gates: int = 0, gvec: torch.Tensor | None = None,
+                num_stages: int = 2, gates: int = 0, gvec: torch.Tensor | None = None,
                 swizzle: bool = False) -> None:
     """Launch the prototype on dense ``q, k [N, T, H, K]``, ``v [N, T, HV, V]``, ``g, beta [N, T,
     HV]`` into ``o`` (like v) and ``ht [N, HV, K, V]`` float32. ``gates`` 1: g's chunk sums and beta
@@ -460,8 +437,7 @@ def _rel_rms(got: torch.Tensor, want: torch.Tensor) -> float:
 WORKLOADS = ["gdn_b4_t8192_h16_hv64", "gdn_b4_t4096_h16"]
 
 
-def compare(name: str, rep_ms: int, probes: list, prep_regs: int, gates: int, swizzle: bool = False,
-            stages: int = 3) -> list[dict]:
+def compare(name: str, rep_ms: int, probes: list, prep_regs: int, gates: int, swizzle: bool = False) -> list[dict]:
     """One workload: the package's op as planned and the prototype, their outputs and final states
     against the float64 chunked oracle (and each other), each timed by graph replay; then the
     prototype's probes."""
@@ -487,8 +463,7 @@ def compare(name: str, rep_ms: int, probes: list, prep_regs: int, gates: int, sw
     ht = torch.full((N, HV, K, V), float("nan"), device=DEVICE)
 
     def fused(probe=0, gvec=None):
-        gluon_fused(q, k, v, g, beta, o, ht, scale, probe, prep_regs, gates=gates, gvec=gvec, swizzle=swizzle,
-                    num_stages=stages)
+        gluon_fused(q, k, v, g, beta, o, ht, scale, probe, prep_regs, gates=gates, gvec=gvec, swizzle=swizzle)
 
     with torch.no_grad():
         o_ref, ht_ref = planned()
@@ -496,7 +471,7 @@ def compare(name: str, rep_ms: int, probes: list, prep_regs: int, gates: int, sw
         torch.cuda.synchronize()
         want = gated_delta_rule_chunked(*(t.double() for t in (q, k, v, g, beta)), scale=scale,
                                         use_qk_l2norm_in_kernel=True)
-        row = dict(workload=name, prep_regs=prep_regs, gates=gates, swizzle=swizzle, stages=stages,
+        row = dict(workload=name, prep_regs=prep_regs, gates=gates, swizzle=swizzle,
                    o_rel_rms_vs_f64=_rel_rms(o, want[0]), planned_o_rel_rms_vs_f64=_rel_rms(o_ref, want[0]),
                    state_rel_rms_vs_f64=_rel_rms(ht, want[1]), planned_state_rel_rms_vs_f64=_rel_rms(ht_ref, want[1]),
                    o_rel_rms_vs_planned=_rel_rms(o, o_ref), state_rel_rms_vs_planned=_rel_rms(ht, ht_ref))
@@ -523,12 +498,11 @@ def main():
                     help="the prep's vector forms (0: scanned; 1: chunk sums first; 3: and the norm factors)")
     ap.add_argument("--prep-regs", type=int, action="append", help=f"the prep's registers (default {PREP_REGS})")
     ap.add_argument("--swizzle", type=int, action="append", help="1: the inverse's scratch swizzled (default 0)")
-    ap.add_argument("--stages", type=int, action="append", help="the k and q ring's depth (default 3)")
     ap.add_argument("--out")
     args = ap.parse_args()
     rows = [row for regs in (args.prep_regs or [PREP_REGS]) for gates in (args.gates or [1, 3])
-            for swizzle in (args.swizzle or [0]) for stages in (args.stages or [3]) for name in (args.workload or WORKLOADS)
-            for row in compare(name, args.rep_ms, args.probe or [1, 2, 3], regs, gates, bool(swizzle), stages)]
+            for swizzle in (args.swizzle or [0]) for name in (args.workload or WORKLOADS)
+            for row in compare(name, args.rep_ms, args.probe or [1, 2, 3], regs, gates, bool(swizzle))]
     if args.out:
         save_rows(rows, args.out, torch.device("cuda"))
 

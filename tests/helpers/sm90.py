@@ -570,8 +570,8 @@ def compile_gluon_fused_proto() -> list[str]:
     kernel = proto.gluon_fused_kernel
     lines = []
     for gates in (1, 3):
-        const = dict(H=16, HV=64, K=128, V=128, BT=proto.BT, BV=proto.BV, NUM_STAGES=3, CHAIN_REGS=proto.CHAIN_REGS,
-                     PREP_REGS=proto.PREP_REGS, LOAD_REGS=proto.LOAD_REGS, GATES=gates, SWIZZLE=True)
+        const = dict(H=16, HV=64, K=128, V=128, BT=proto.BT, BV=proto.BV, NUM_STAGES=2, CHAIN_REGS=proto.CHAIN_REGS,
+                     PREP_REGS=proto.PREP_REGS, LOAD_REGS=proto.LOAD_REGS, GATES=gates)
         sig = dict(q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*bf16", gvec="*fp32", o="*bf16", ht="*fp32",
                    scale="fp32", T="i32", N="i32", **{n: "constexpr" for n in const})
         names = kernel.arg_names
