@@ -277,7 +277,7 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, o
 def gluon_fused_kernel(q, k, v, g, beta, gvec, o, ht, scale, T, N, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
                        V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NUM_STAGES: gl.constexpr,
                        CHAIN_REGS: gl.constexpr, PREP_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
-                       GATES: gl.constexpr = 0, SWIZZLE: gl.constexpr = False, PROBE: gl.constexpr = 0):
+                       GATES: gl.constexpr = 0, PROBE: gl.constexpr = 0):
     """Grid (N * HV,): program -> (sequence, value head), the head fastest. Dense ``q, k [N, T, H,
     K]``, ``v, o [N, T, HV, V]``, ``g, beta [N, T, HV]``; ``ht [N, HV, K, V]`` float32; with
     GATES 1 ``gvec [N, HV, T / 64, 2, 64]`` float32: each chunk's cumulative decays (log2 units) and
@@ -316,21 +316,19 @@ def gluon_fused_kernel(q, k, v, g, beta, gvec, o, ht, scale, T, N, H: gl.constex
         gv_desc = k_desc
         gv_s = k_s
     aqk_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BT], l_tt)
-    if SWIZZLE:  # the inverse's scratch swizzled (its rows of 128 and 32 bytes otherwise meet in one bank)
-        plain2: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
-        plain3: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=4, max_phase=2, order=[2, 1, 0])
-    else:
-        plain2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
-        plain3: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0])
+    # The inverse's scratch, swizzled: unswizzled, its rows of 128 and 32 bytes meet in one bank for
+    # the small products' operand loads (the prep 40% slower on its own, perf-history 2026-12-06).
+    swz2: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+    swz3: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=4, max_phase=2, order=[2, 1, 0])
     plain1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     cf_s = gl.allocate_shared_memory(gl.float32, [4 * NUM_STAGES, BT], plain1)  # a stage's 4 rows
     sa_s = gl.allocate_shared_memory(DT, [2, BV, K], l_vk)
     o_s = gl.allocate_shared_memory(DT, [2, BT, BV], l_tv)
-    d_s = gl.allocate_shared_memory(gl.float16, [4, 16, 16], plain3)
-    b_s = gl.allocate_shared_memory(gl.float16, [4, 16, 16], plain3)
-    a_s = gl.allocate_shared_memory(gl.float16, [BT, BT], plain2)
-    t_s = gl.allocate_shared_memory(gl.float16, [BT, BT], plain2)
-    x_s = gl.allocate_shared_memory(gl.float16, [2, 16, 16], plain3)
+    d_s = gl.allocate_shared_memory(gl.float16, [4, 16, 16], swz3)
+    b_s = gl.allocate_shared_memory(gl.float16, [4, 16, 16], swz3)
+    a_s = gl.allocate_shared_memory(gl.float16, [BT, BT], swz2)
+    t_s = gl.allocate_shared_memory(gl.float16, [BT, BT], swz2)
+    x_s = gl.allocate_shared_memory(gl.float16, [2, 16, 16], swz3)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     prepped = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -410,8 +408,7 @@ def chunk_vectors_reference(q, k, g, beta, gates: int) -> torch.Tensor:
 
 
 def gluon_fused(q, k, v, g, beta, o, ht, scale: float, probe: int = 0, prep_regs: int = PREP_REGS,
-                num_stages: int = 2, gates: int = 0, gvec: torch.Tensor | None = None,
-                swizzle: bool = False) -> None:
+                num_stages: int = 2, gates: int = 0, gvec: torch.Tensor | None = None) -> None:
     """Launch the prototype on dense ``q, k [N, T, H, K]``, ``v [N, T, HV, V]``, ``g, beta [N, T,
     HV]`` into ``o`` (like v) and ``ht [N, HV, K, V]`` float32. ``gates`` 1: g's chunk sums and beta
     first laid out by chunk (by torch, a few small kernels, timed with the kernel), for the ring."""
@@ -425,7 +422,7 @@ def gluon_fused(q, k, v, g, beta, o, ht, scale: float, probe: int = 0, prep_regs
     with scratch_allocator():
         gluon_fused_kernel[(N * HV,)](q, k, v, g, beta, gvec, o, ht, scale, T, N, H=H, HV=HV, K=K, V=V, BT=BT, BV=BV,
                                       NUM_STAGES=num_stages, CHAIN_REGS=(512 - LOAD_REGS - prep_regs) // 2,
-                                      PREP_REGS=prep_regs, LOAD_REGS=LOAD_REGS, GATES=gates, SWIZZLE=swizzle, PROBE=probe, num_warps=4,
+                                      PREP_REGS=prep_regs, LOAD_REGS=LOAD_REGS, GATES=gates, PROBE=probe, num_warps=4,
                                       maxnreg=128)
 
 
@@ -437,7 +434,7 @@ def _rel_rms(got: torch.Tensor, want: torch.Tensor) -> float:
 WORKLOADS = ["gdn_b4_t8192_h16_hv64", "gdn_b4_t4096_h16"]
 
 
-def compare(name: str, rep_ms: int, probes: list, prep_regs: int, gates: int, swizzle: bool = False) -> list[dict]:
+def compare(name: str, rep_ms: int, probes: list, prep_regs: int, gates: int) -> list[dict]:
     """One workload: the package's op as planned and the prototype, their outputs and final states
     against the float64 chunked oracle (and each other), each timed by graph replay; then the
     prototype's probes."""
@@ -463,7 +460,7 @@ def compare(name: str, rep_ms: int, probes: list, prep_regs: int, gates: int, sw
     ht = torch.full((N, HV, K, V), float("nan"), device=DEVICE)
 
     def fused(probe=0, gvec=None):
-        gluon_fused(q, k, v, g, beta, o, ht, scale, probe, prep_regs, gates=gates, gvec=gvec, swizzle=swizzle)
+        gluon_fused(q, k, v, g, beta, o, ht, scale, probe, prep_regs, gates=gates, gvec=gvec)
 
     with torch.no_grad():
         o_ref, ht_ref = planned()
@@ -471,7 +468,7 @@ def compare(name: str, rep_ms: int, probes: list, prep_regs: int, gates: int, sw
         torch.cuda.synchronize()
         want = gated_delta_rule_chunked(*(t.double() for t in (q, k, v, g, beta)), scale=scale,
                                         use_qk_l2norm_in_kernel=True)
-        row = dict(workload=name, prep_regs=prep_regs, gates=gates, swizzle=swizzle,
+        row = dict(workload=name, prep_regs=prep_regs, gates=gates,
                    o_rel_rms_vs_f64=_rel_rms(o, want[0]), planned_o_rel_rms_vs_f64=_rel_rms(o_ref, want[0]),
                    state_rel_rms_vs_f64=_rel_rms(ht, want[1]), planned_state_rel_rms_vs_f64=_rel_rms(ht_ref, want[1]),
                    o_rel_rms_vs_planned=_rel_rms(o, o_ref), state_rel_rms_vs_planned=_rel_rms(ht, ht_ref))
@@ -497,12 +494,11 @@ def main():
     ap.add_argument("--gates", type=int, action="append",
                     help="the prep's vector forms (0: scanned; 1: chunk sums first; 3: and the norm factors)")
     ap.add_argument("--prep-regs", type=int, action="append", help=f"the prep's registers (default {PREP_REGS})")
-    ap.add_argument("--swizzle", type=int, action="append", help="1: the inverse's scratch swizzled (default 0)")
     ap.add_argument("--out")
     args = ap.parse_args()
     rows = [row for regs in (args.prep_regs or [PREP_REGS]) for gates in (args.gates or [1, 3])
-            for swizzle in (args.swizzle or [0]) for name in (args.workload or WORKLOADS)
-            for row in compare(name, args.rep_ms, args.probe or [1, 2, 3], regs, gates, bool(swizzle))]
+            for name in (args.workload or WORKLOADS) for row in compare(name, args.rep_ms, args.probe or [1, 2, 3], regs,
+                                                                         gates)]
     if args.out:
         save_rows(rows, args.out, torch.device("cuda"))
 
