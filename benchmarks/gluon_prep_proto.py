@@ -90,7 +90,8 @@ def _small_smem(a_s, b, layout: gl.constexpr, SHAPE: gl.constexpr, B_SHARED: gl.
 
 @gluon.jit
 def gluon_prep_kernel(q, k, g, beta, wy, aqk, coef, scale, T, H: gl.constexpr, HV: gl.constexpr,
-                      K: gl.constexpr, BT: gl.constexpr, PART: gl.constexpr = 0, VECTORS: gl.constexpr = 0):
+                      K: gl.constexpr, BT: gl.constexpr, PART: gl.constexpr = 0, VECTORS: gl.constexpr = 0,
+                      SWIZZLE: gl.constexpr = False):
     """Grid (chunks x HV,), chunk-major as the twin's: writes wy, aqk and coef of the program's
     (chunk, value head) as ``chunk_delta_prep_kernel`` does for this scope. PART (where the time
     goes; the outputs then are not the prep's): 1 skips the inverse (wy = G diag(beta)); 2 stops
@@ -109,8 +110,12 @@ def gluon_prep_kernel(q, k, g, beta, wy, aqk, coef, scale, T, H: gl.constexpr, H
     batch4: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
     batch2: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, 1, 2], instr_shape=[1, 16, 8])
     tile32: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, 2], instr_shape=[16, 8])
-    plain2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
-    plain3: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0])
+    if SWIZZLE:  # the inverse's scratch swizzled (unswizzled, its rows meet in one bank: the fused prototype's)
+        plain2: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+        plain3: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=4, max_phase=2, order=[2, 1, 0])
+    else:
+        plain2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+        plain3: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0])
     blk16: gl.constexpr = gl.BlockedLayout([1, 2], [16, 2], [1, 4], [1, 0])  # a [16, 16] block's copy
 
     pid = gl.program_id(0).to(gl.int64)
@@ -237,7 +242,7 @@ def gluon_prep_kernel(q, k, g, beta, wy, aqk, coef, scale, T, H: gl.constexpr, H
 
 
 def gluon_prep(q, k, g, beta, wy, aqk, coef, scale: float, maxnreg: int | None = None, part: int = 0,
-               vectors: int = 0) -> None:
+               vectors: int = 0, swizzle: bool = False) -> None:
     """Launch the prototype on dense ``q, k [B, T, H, K]``, ``g, beta [B, T, HV]`` into the
     twin's buffers (``wy, aqk [B * T, HV, 64]``, ``coef``)."""
     B, T, H, K = q.shape
@@ -245,7 +250,7 @@ def gluon_prep(q, k, g, beta, wy, aqk, coef, scale: float, maxnreg: int | None =
     grid = (B * triton.cdiv(T, BT) * HV,)
     options = dict(num_warps=4) if maxnreg is None else dict(num_warps=4, maxnreg=maxnreg)
     gluon_prep_kernel[grid](q, k, g, beta, wy, aqk, coef, scale, T, H=H, HV=HV, K=K, BT=BT, PART=part, VECTORS=vectors,
-                            **options)
+                            SWIZZLE=swizzle, **options)
 
 
 def _rel_rms(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -256,7 +261,7 @@ def _rel_rms(got: torch.Tensor, want: torch.Tensor) -> float:
 WORKLOADS = ["gdn_b1_t16384_h16_hv32", "gdn_b4_t8192_h16_hv64", "gdn_b4_t4096_h16"]
 
 
-def compare(name: str, rep_ms: int, maxnregs: list) -> list[dict]:
+def compare(name: str, rep_ms: int, maxnregs: list, swizzle: bool = False) -> list[dict]:
     """One workload: the twin's prep (as planned, alone) and the prototype's at each register cap,
     their outputs compared, each prep timed alone and each output through the planned sweep
     against the float64 chunked oracle."""
@@ -291,14 +296,14 @@ def compare(name: str, rep_ms: int, maxnregs: list) -> list[dict]:
     rows = []
     twin_ms = tt.do_bench_cudagraph(lambda: run_delta_launches(prep, inputs, given=twin), rep=rep_ms)
     for cap in maxnregs:
-        gluon_prep(q, k, g, beta, mine["wy"], mine["aqk"], mine["coef"], scale, cap)
+        gluon_prep(q, k, g, beta, mine["wy"], mine["aqk"], mine["coef"], scale, cap, swizzle=swizzle)
         torch.cuda.synchronize()
         out = run_delta_launches(sweep, inputs, given=mine)
         query_rows = {n: _rel_rms(mine[n], twin[n]) for n in ("wy", "aqk")}
         coef_err = _rel_rms(mine["coef"], twin["coef"])
         ms = tt.do_bench_cudagraph(lambda: gluon_prep(q, k, g, beta, mine["wy"], mine["aqk"], mine["coef"], scale,
-                                                      cap), rep=rep_ms)
-        row = dict(workload=name, maxnreg=cap, gluon_prep_ms=ms, twin_prep_ms=twin_ms, twin_over_gluon=twin_ms / ms,
+                                                      cap, swizzle=swizzle), rep=rep_ms)
+        row = dict(workload=name, maxnreg=cap, swizzle=swizzle, gluon_prep_ms=ms, twin_prep_ms=twin_ms, twin_over_gluon=twin_ms / ms,
                    wy_rel_rms_vs_twin=query_rows["wy"], aqk_rel_rms_vs_twin=query_rows["aqk"],
                    coef_rel_rms_vs_twin=coef_err,
                    o_rel_rms_vs_f64=_rel_rms(out[0].double(), reference[0]),
@@ -405,14 +410,16 @@ def main():
     ap.add_argument("--rep-ms", type=int, default=200)
     ap.add_argument("--parts", action="store_true", help="only where the time goes (:func:`parts`)")
     ap.add_argument("--vectors", type=int, action="append", help="with --parts: VECTORS forms (default 0)")
+    ap.add_argument("--swizzle", action="store_true", help="the inverse's shared scratch swizzled (compare only)")
     ap.add_argument("--out")
     args = ap.parse_args()
     caps = [c or None for c in (args.maxnreg or [0, 168])]
     if args.parts:
         rows = [row for cap in caps for vec in (args.vectors or [0]) for row in parts(cap, args.rep_ms, vec)]
     else:
-        rows = [row for name in (args.workload or WORKLOADS) for row in compare(name, args.rep_ms, caps)]
-        rows += [row for cap in caps for row in latency([1, 3], cap)]
+        rows = [row for name in (args.workload or WORKLOADS) for row in compare(name, args.rep_ms, caps, args.swizzle)]
+        if not args.swizzle:
+            rows += [row for cap in caps for row in latency([1, 3], cap)]
     if args.out:
         save_rows(rows, args.out, torch.device("cuda"))
 
