@@ -7,15 +7,18 @@ sweep (``recurscan.kernels.delta.prep`` and ``sweep``): the same arithmetic, sta
 ``recurscan.kernels.gluon.delta_sweep``), with wy, aqk and the row coefficients handed over in
 shared memory instead of through memory.
 
-One program, four partitions:
+First a Triton pass (:func:`chunk_vectors`, GATES 1 and 3) lays out what the prep would otherwise
+form with layout changes: each chunk's cumulative decays (log2 units) and beta, and with GATES 3
+the q and k rows' norm factors (one read of q and k; the prep then forms no Q Q^T). Then one
+program, four partitions:
 
-1. **loads** (one warp): the chunk's k, q and v tiles by bulk copies into a ring of NUM_STAGES
-   stages, a stage once both chains freed it.
-2. **prep** (one warpgroup): per chunk, from the ring's k and q and its own loads of g and beta,
-   K K^T, Q K^T and Q Q^T on wgmma, the gates, the norm factors, the chain's coefficients (lam rk,
-   lam rq, gam rk, lam_last), aqk, and the WY inverse on small products (the diagonal 16 x 16
-   blocks in registers, then 16 -> 32 -> 64 through shared memory), wy = (G o Tinv) diag(beta);
-   wy, aqk and the coefficients into the stage's buffers.
+1. **loads** (one warp): the chunk's k, q and v tiles and its vectors by bulk copies into a ring
+   of NUM_STAGES stages, a stage once both chains freed it.
+2. **prep** (one warpgroup): per chunk, K K^T and Q K^T on wgmma (GATES 0 and 1: Q Q^T too, for
+   the norms), the gates, the chain's coefficients (lam rk, lam rq, gam rk, lam_last), aqk, and
+   the WY inverse on small products (the diagonal 16 x 16 blocks in registers, then 16 -> 32 ->
+   64 through swizzled shared memory), wy = (G o Tinv) diag(beta); wy, aqk and the coefficients
+   into the stage's buffers.
 3. **two chains** (one warpgroup each, 64 of the 128 value columns each): S^T [64, K] float32 in
    registers; per chunk S^T to shared memory (the operand of K S and Q S), then as the twin:
 
@@ -24,12 +27,15 @@ One program, four partitions:
 
    the outputs by bulk stores, the final state at the end.
 
-A chunk's time is then the longer of the prep's path and the chain's step, where the planned
-kernels take their sum in SM-time. PROBE (timing only; wrong outputs): 1 the chains skip their
-products (the loads and the prep alone), 2 the prep skips its work (the loads and the chains), 3
-the prep skips the inverse.
+A chunk's time would be the longer of the prep's path and the chain's step, where the planned
+kernels take their sum in SM-time; measured, the two slow each other (perf-history, 2026-12-06:
+on the H200 at HV64 the prep alone 2.9 us a chunk, the chains alone 2.8, together 4.1; the whole,
+the pass included, 1.129 ms against the planned 1.506). PROBE (timing only; wrong outputs): 1
+the chains skip their products (the loads and the prep alone), 2 the prep skips its work (the
+loads and the chains), 3 the prep skips the inverse.
 
     python benchmarks/gluon_fused_proto.py --out benchmarks/results/gluon_fused_proto.json
+    python -m tests.helpers.sm90 gluon-fused-proto   # registers, stack and loops, offline
 
 Scope: dense, M = 1, K = V = 128, 16-bit q, k, v, beta, float32 g, T a multiple of 64, l2norm in
 the kernel, no initial state, the final state out, finite decays without resets, contraction
@@ -220,7 +226,7 @@ def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, pre
 @gluon.jit
 def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, o_desc, ht, r0, i_n, i_hv, n_chunks,
            HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
-           NUM_STAGES: gl.constexpr, PART: gl.constexpr, SA_REGS: gl.constexpr, PROBE: gl.constexpr):
+           NUM_STAGES: gl.constexpr, PART: gl.constexpr, PROBE: gl.constexpr):
     """A chain warpgroup: value columns [PART BV, (PART + 1) BV) of the state over the program's
     chunks (the Gluon sweep twin's products and their order), its outputs by bulk stores, then
     its block of the final state."""
@@ -238,25 +244,23 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, o
     for j in range(n_chunks):
         s = j % NUM_STAGES
         ph = (j // NUM_STAGES) & 1
-        if SA_REGS:  # S^T, the operand of K S and Q S: from registers (the twin's form) or shared memory
-            sa_op = gl.convert_layout(S_t.to(DT), a64)
-        else:
-            sa.store(S_t.to(DT))
-            fence_async_shared()
-            gl.thread_barrier()
-            sa_op = sa
+        # S^T, the operand of K S and Q S, from shared memory: from registers (the twin's form) the
+        # chains spill at these register splits and the kernel was slower (perf-history 2026-12-06)
+        sa.store(S_t.to(DT))
+        fence_async_shared()
+        gl.thread_barrier()
         mbarrier.wait(ready.index(s), ph)
         mbarrier.wait(prepped.index(s), ph)
         if PROBE != 1:
             w_t = wy_s.index(s).permute((1, 0))
             # Group 1: K S (the chain) and V^T wy^T.
-            KSt = warpgroup_mma(sa_op, k_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
+            KSt = warpgroup_mma(sa, k_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
             Ut = warpgroup_mma(v_s.index(2 * s + PART).permute((1, 0)), w_t, zero64, use_acc=False, is_async=True)
             KSt, Ut = warpgroup_mma_wait(num_outstanding=0, deps=(KSt, Ut))
             # Group 2: -(lam rk o K S) wy^T onto U^T (the chain), and S^T Q^T.
             KSt = cf_s.index(4 * s).load(col64)[None, :] * KSt  # lam rk
             Ut = warpgroup_mma(gl.convert_layout((-KSt).to(DT), a64), w_t, Ut, is_async=True)
-            QSt = warpgroup_mma(sa_op, q_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
+            QSt = warpgroup_mma(sa, q_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
             Ut, QSt = warpgroup_mma_wait(num_outstanding=0, deps=(Ut, QSt))
             # Group 3: the next state (the chain), and the outputs onto lam rq o S^T Q^T.
             U_g = gl.convert_layout((Ut * cf_s.index(4 * s + 2).load(col64)[None, :]).to(DT), aK)  # gam rk
@@ -281,8 +285,7 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, o
 def gluon_fused_kernel(q, k, v, g, beta, gvec, o, ht, scale, T, N, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
                        V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NUM_STAGES: gl.constexpr,
                        CHAIN_REGS: gl.constexpr, PREP_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
-                       GATES: gl.constexpr = 0, SA_REGS: gl.constexpr = False,
-                       PROBE: gl.constexpr = 0):
+                       GATES: gl.constexpr = 0, PROBE: gl.constexpr = 0):
     """Grid (N * HV,): program -> (sequence, value head), the head fastest. Dense ``q, k [N, T, H,
     K]``, ``v, o [N, T, HV, V]``, ``g, beta [N, T, HV]``; ``ht [N, HV, K, V]`` float32; with
     GATES 1 ``gvec [N, HV, T / 64, 2, 64]`` float32: each chunk's cumulative decays (log2 units) and
@@ -345,9 +348,9 @@ def gluon_fused_kernel(q, k, v, g, beta, gvec, o, ht, scale, T, N, H: gl.constex
 
     gl.warp_specialize([
         (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, o_desc, ht, r0, i_n, i_hv,
-                  n_chunks, HV, K, V, BT, BV, NUM_STAGES, 0, SA_REGS, PROBE)),
+                  n_chunks, HV, K, V, BT, BV, NUM_STAGES, 0, PROBE)),
         (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, o_desc, ht, r0, i_n, i_hv,
-                  n_chunks, HV, K, V, BT, BV, NUM_STAGES, 1, SA_REGS, PROBE)),
+                  n_chunks, HV, K, V, BT, BV, NUM_STAGES, 1, PROBE)),
         (_prep, (k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, g, beta, gvec, bos, i_hv,
                  chunk0, n_chunks, scale, HV, BT, NUM_STAGES, GATES, PROBE)),
         (_loads, (k_desc, q_desc, v_desc, gv_desc, k_s, q_s, v_s, gv_s, ready, empty, r0, i_h * K, i_hv * V, chunk0,
@@ -413,8 +416,7 @@ def chunk_vectors_reference(q, k, g, beta, gates: int) -> torch.Tensor:
 
 
 def gluon_fused(q, k, v, g, beta, o, ht, scale: float, probe: int = 0, prep_regs: int = PREP_REGS,
-                num_stages: int = 2, gates: int = 0, gvec: torch.Tensor | None = None,
-                sa_regs: bool = False) -> None:
+                num_stages: int = 2, gates: int = 0, gvec: torch.Tensor | None = None) -> None:
     """Launch the prototype on dense ``q, k [N, T, H, K]``, ``v [N, T, HV, V]``, ``g, beta [N, T,
     HV]`` into ``o`` (like v) and ``ht [N, HV, K, V]`` float32. ``gates`` 1: g's chunk sums and beta
     first laid out by chunk (by torch, a few small kernels, timed with the kernel), for the ring."""
@@ -428,7 +430,7 @@ def gluon_fused(q, k, v, g, beta, o, ht, scale: float, probe: int = 0, prep_regs
     with scratch_allocator():
         gluon_fused_kernel[(N * HV,)](q, k, v, g, beta, gvec, o, ht, scale, T, N, H=H, HV=HV, K=K, V=V, BT=BT, BV=BV,
                                       NUM_STAGES=num_stages, CHAIN_REGS=(512 - LOAD_REGS - prep_regs) // 2,
-                                      PREP_REGS=prep_regs, LOAD_REGS=LOAD_REGS, GATES=gates, SA_REGS=sa_regs, PROBE=probe, num_warps=4,
+                                      PREP_REGS=prep_regs, LOAD_REGS=LOAD_REGS, GATES=gates, PROBE=probe, num_warps=4,
                                       maxnreg=128)
 
 
@@ -440,7 +442,7 @@ def _rel_rms(got: torch.Tensor, want: torch.Tensor) -> float:
 WORKLOADS = ["gdn_b4_t8192_h16_hv64", "gdn_b4_t4096_h16"]
 
 
-def compare(name: str, rep_ms: int, probes: list, prep_regs: int, gates: int, sa_regs: bool = False) -> list[dict]:
+def compare(name: str, rep_ms: int, probes: list, prep_regs: int, gates: int) -> list[dict]:
     """One workload: the package's op as planned and the prototype, their outputs and final states
     against the float64 chunked oracle (and each other), each timed by graph replay; then the
     prototype's probes."""
@@ -466,7 +468,7 @@ def compare(name: str, rep_ms: int, probes: list, prep_regs: int, gates: int, sa
     ht = torch.full((N, HV, K, V), float("nan"), device=DEVICE)
 
     def fused(probe=0, gvec=None):
-        gluon_fused(q, k, v, g, beta, o, ht, scale, probe, prep_regs, gates=gates, gvec=gvec, sa_regs=sa_regs)
+        gluon_fused(q, k, v, g, beta, o, ht, scale, probe, prep_regs, gates=gates, gvec=gvec)
 
     with torch.no_grad():
         o_ref, ht_ref = planned()
@@ -474,7 +476,7 @@ def compare(name: str, rep_ms: int, probes: list, prep_regs: int, gates: int, sa
         torch.cuda.synchronize()
         want = gated_delta_rule_chunked(*(t.double() for t in (q, k, v, g, beta)), scale=scale,
                                         use_qk_l2norm_in_kernel=True)
-        row = dict(workload=name, prep_regs=prep_regs, gates=gates, sa_regs=sa_regs,
+        row = dict(workload=name, prep_regs=prep_regs, gates=gates,
                    o_rel_rms_vs_f64=_rel_rms(o, want[0]), planned_o_rel_rms_vs_f64=_rel_rms(o_ref, want[0]),
                    state_rel_rms_vs_f64=_rel_rms(ht, want[1]), planned_state_rel_rms_vs_f64=_rel_rms(ht_ref, want[1]),
                    o_rel_rms_vs_planned=_rel_rms(o, o_ref), state_rel_rms_vs_planned=_rel_rms(ht, ht_ref))
@@ -500,12 +502,11 @@ def main():
     ap.add_argument("--gates", type=int, action="append",
                     help="the prep's vector forms (0: scanned; 1: chunk sums first; 3: and the norm factors)")
     ap.add_argument("--prep-regs", type=int, action="append", help=f"the prep's registers (default {PREP_REGS})")
-    ap.add_argument("--sa-regs", type=int, action="append", help="1: S^T the chains' operand from registers")
     ap.add_argument("--out")
     args = ap.parse_args()
     rows = [row for regs in (args.prep_regs or [PREP_REGS]) for gates in (args.gates or [1, 3])
-            for sa in (args.sa_regs or [0]) for name in (args.workload or WORKLOADS)
-            for row in compare(name, args.rep_ms, args.probe or [1, 2, 3], regs, gates, bool(sa))]
+            for name in (args.workload or WORKLOADS) for row in compare(name, args.rep_ms, args.probe or [1, 2, 3], regs,
+                                                                         gates)]
     if args.out:
         save_rows(rows, args.out, torch.device("cuda"))
 

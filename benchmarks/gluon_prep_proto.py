@@ -30,7 +30,12 @@ program's latency alone on an SM and three to an SM (one-chunk sequences):
 Measured on an H100 (perf-history, 2026-12-06, ac20031..46e71e7): right, and no faster than the
 Triton prep (the same latency alone, 18-20% slower at three programs an SM). Its parts (5401f53):
 the inverse 38% of its SM-time, the gates to aqk 26%, the loads and products 35%; a program for a
-q/k head's value heads was slower (96869a9, removed).
+q/k head's value heads was slower (96869a9, removed). Those runs had the inverse's shared scratch
+unswizzled, its rows meeting in one bank on every operand load; swizzled (``--swizzle``, on the
+H200 at da76e4d) it is 6-8% faster than the Triton prep at 168 registers: B1 T16384 HV32 0.191 ms
+against 0.208, HV64 0.746 against 0.808, B4 T4096 0.103 against 0.110.
+
+    python benchmarks/gluon_prep_proto.py --swizzle --maxnreg 168 --maxnreg 0 --out ...
 
 Scope: dense, M = 1, K = 128, 16-bit inputs, l2norm in the kernel, g and beta given, finite
 decays without resets, contraction chunks.
