@@ -32,7 +32,9 @@ kernels take their sum in SM-time; measured, the two slow each other (perf-histo
 on the H200 at HV64 the prep alone 2.9 us a chunk, the chains alone 2.8, together 4.1; the whole,
 the pass included, 1.129 ms against the planned 1.506). PROBE (timing only; wrong outputs): 1
 the chains skip their products (the loads and the prep alone), 2 the prep skips its work (the
-loads and the chains), 3 the prep skips the inverse.
+loads and the chains), 3 the prep skips the inverse, 4 the second chain skips its products (one
+chain beside the prep), 5 the chains skip the outputs' products (the state's chain beside the
+prep).
 
     python benchmarks/gluon_fused_proto.py --out benchmarks/results/gluon_fused_proto.json
     python -m tests.helpers.sm90 gluon-fused-proto   # registers, stack and loops, offline
@@ -251,7 +253,7 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, o
         gl.thread_barrier()
         mbarrier.wait(ready.index(s), ph)
         mbarrier.wait(prepped.index(s), ph)
-        if PROBE != 1:
+        if PROBE != 1 and not (PROBE == 4 and PART == 1):
             w_t = wy_s.index(s).permute((1, 0))
             # Group 1: K S (the chain) and V^T wy^T.
             KSt = warpgroup_mma(sa, k_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
@@ -260,15 +262,22 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, o
             # Group 2: -(lam rk o K S) wy^T onto U^T (the chain), and S^T Q^T.
             KSt = cf_s.index(4 * s).load(col64)[None, :] * KSt  # lam rk
             Ut = warpgroup_mma(gl.convert_layout((-KSt).to(DT), a64), w_t, Ut, is_async=True)
-            QSt = warpgroup_mma(sa, q_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
-            Ut, QSt = warpgroup_mma_wait(num_outstanding=0, deps=(Ut, QSt))
+            if PROBE == 5:
+                Ut = warpgroup_mma_wait(num_outstanding=0, deps=(Ut,))
+            else:
+                QSt = warpgroup_mma(sa, q_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
+                Ut, QSt = warpgroup_mma_wait(num_outstanding=0, deps=(Ut, QSt))
             # Group 3: the next state (the chain), and the outputs onto lam rq o S^T Q^T.
             U_g = gl.convert_layout((Ut * cf_s.index(4 * s + 2).load(col64)[None, :]).to(DT), aK)  # gam rk
             lam_last = cf_s.index(4 * s + 3).slice(0, BV).load(rowK)  # BV copies of the chunk's lam_last
             S_t = warpgroup_mma(U_g, k_s.index(s), S_t * lam_last[:, None], is_async=True)
-            O_t = warpgroup_mma(gl.convert_layout(Ut.to(DT), a64), aqk_s.index(s).permute((1, 0)),
-                                cf_s.index(4 * s + 1).load(col64)[None, :] * QSt, is_async=True)  # lam rq
-            S_t, O_t = warpgroup_mma_wait(num_outstanding=0, deps=(S_t, O_t))
+            if PROBE == 5:
+                S_t = warpgroup_mma_wait(num_outstanding=0, deps=(S_t,))
+                O_t = zero64
+            else:
+                O_t = warpgroup_mma(gl.convert_layout(Ut.to(DT), a64), aqk_s.index(s).permute((1, 0)),
+                                    cf_s.index(4 * s + 1).load(col64)[None, :] * QSt, is_async=True)  # lam rq
+                S_t, O_t = warpgroup_mma_wait(num_outstanding=0, deps=(S_t, O_t))
         else:
             O_t = zero64
         mbarrier.arrive(empty.index(s), count=1)
@@ -498,7 +507,8 @@ def main():
     ap.add_argument("--workload", action="append")
     ap.add_argument("--rep-ms", type=int, default=200)
     ap.add_argument("--probe", type=int, action="append",
-                    help="timing probes (1: no chain work, 2: no prep work, 3: no inverse; default 1 2 3)")
+                    help="timing probes (1: no chain work, 2: no prep work, 3: no inverse, 4: one chain, "
+                         "5: no outputs; default 1 2 3)")
     ap.add_argument("--gates", type=int, action="append",
                     help="the prep's vector forms (0: scanned; 1: chunk sums first; 3: and the norm factors)")
     ap.add_argument("--prep-regs", type=int, action="append", help=f"the prep's registers (default {PREP_REGS})")
