@@ -99,12 +99,13 @@
 #      the cumulative gates as masked tile sums, no scan; `--vectors 2`: only beta's columns loaded): their parts
 #      against the scan's form, at 168 registers and uncapped, outputs compared with form 0's. Offline (sm_90):
 #      21 / 26 barriers against 28, 2712 / 2104 instructions against 1936, 48 B of stack at 168 (255 / 234
-#      registers uncapped). Not yet run: is a prep program's path set by its barriers or its instructions?
+#      registers uncapped). On an H100 at f849bff (unswizzled scratch): form 2 0.5 us shorter alone, equal in
+#      throughput; form 1 longer on both (results/gluon_prep_parts_vectors_h100_f849bff.json).
 #  29. Issue 21: the fused, warp-specialised prefill prototype (`benchmarks/gluon_fused_proto.py`: a load warp,
-#      a prep warpgroup and two chain warpgroups a (sequence, value head)): its outputs and final state against
-#      float64 and the planned op's, both timed at B4 T8192 HV64 and B4 T4096, and its probes (the prep alone,
-#      the chains alone). Offline (sm_90, prep 168 / chains 160 registers): 206 KB of shared memory, the
-#      prep's loop 1631 instructions, 28 barriers, 47 local loads and stores; a chain's 543, 4, 4.
+#      a prep warpgroup and two chain warpgroups a (sequence, value head), after a Triton pass for each chunk's
+#      vectors): its outputs and final state against float64 and the planned op's, both timed at B4 T8192 HV64
+#      and B4 T4096 in its GATES forms 1 and 3, and its probes. On the H200 at da76e4d: HV64 1.129 ms with the
+#      pass against the planned 1.506 (results/gluon_fused_proto_h200_da76e4d.json).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
