@@ -55,7 +55,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from benchmarks.gluon_prep_proto import _add, _diagonal_blocks, _small, _small_smem
+from benchmarks.gluon_prep_proto import _add, inverse_on_blocks
 from recurscan.kernels.gluon.delta_sweep import _state_offsets
 
 BT = 64
@@ -121,10 +121,6 @@ def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, pre
     rowv: gl.constexpr = gl.SliceLayout(1, mma)
     colv: gl.constexpr = gl.SliceLayout(0, mma)
     line: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # the gate scan's layout
-    batch4: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
-    batch2: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, 1, 2], instr_shape=[1, 16, 8])
-    tile32: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, 2], instr_shape=[16, 8])
-    blk16: gl.constexpr = gl.BlockedLayout([1, 2], [16, 2], [1, 4], [1, 0])  # a [16, 16] block's copy
     DT: gl.constexpr = k_s.dtype
     o_t = gl.arange(0, BT, layout=rowv)
     o_c = gl.arange(0, BT, layout=colv)
@@ -186,39 +182,7 @@ def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, pre
             else:
                 # the inverse: A = diag(beta) strictLower(K K^T) for normalised keys
                 A = gl.where(r > c, kk * (b_beta * rk)[:, None] * rk_c[None, :], 0.0)
-                same = (r >> 4) == (c >> 4)
-                D = _diagonal_blocks(gl.where(same, gl.where(eye, 1.0, 0.0) - gl.where((r ^ c) == 1, A, 0.0), 0.0))
-                D = gl.convert_layout(D, batch4)
-                for lvl in gl.static_range(1, 4):
-                    A_s = _diagonal_blocks(gl.where(((r >> lvl) ^ (c >> lvl)) == 1, A, 0.0))
-                    D = D - _small(D, _small(A_s, D, batch4), batch4)
-                below = _diagonal_blocks(gl.where((r >> 4) == (c >> 4) + 1, A, 0.0))  # block w: A's (w, w - 1)
-                d_s.store(D.to(gl.float16))
-                b_s.store(below.to(gl.float16))
-                a_s.store(A.to(gl.float16))
-                gl.thread_barrier()
-                # 16 -> 32: the batch of the pairs (D_2, A_21, D_1) and (D_4, A_43, D_3)
-                d_pairs = d_s.reshape([2, 32, 16])
-                a_pairs = b_s.reshape([2, 32, 16])
-                X = _small_smem(a_pairs.slice(16, 16, 1), d_pairs.slice(0, 16, 1), batch2, [2, 16, 16], True)
-                X = -_small_smem(d_pairs.slice(16, 16, 1), X, batch2, [2, 16, 16], False)
-                x_s.store(X.to(gl.float16))
-                for w in gl.static_range(4):  # D_1..D_4 on the diagonal of Tinv
-                    t_s.slice(16 * w, 16, 0).slice(16 * w, 16, 1).store(
-                        d_s.reshape([64, 16]).slice(16 * w, 16, 0).load(blk16))
-                gl.thread_barrier()
-                for p in gl.static_range(2):  # X_21, X_43 below them
-                    t_s.slice(32 * p + 16, 16, 0).slice(32 * p, 16, 1).store(
-                        x_s.reshape([32, 16]).slice(16 * p, 16, 0).load(blk16))
-                gl.thread_barrier()
-                # 32 -> 64: X_BA = -D_B A_BA D_A
-                Y = _small_smem(a_s.slice(32, 32, 0).slice(0, 32, 1), t_s.slice(0, 32, 0).slice(0, 32, 1), tile32,
-                                [32, 32], True)
-                X_BA = -_small_smem(t_s.slice(32, 32, 0).slice(32, 32, 1), Y, tile32, [32, 32], False)
-                gl.thread_barrier()  # every warp has read D_A (the lower-left block is written next)
-                t_s.slice(32, 32, 0).slice(0, 32, 1).store(X_BA.to(gl.float16))
-                gl.thread_barrier()
-                Tinv = t_s.load(mma)
+                Tinv = inverse_on_blocks(A, r, c, d_s, b_s, a_s, t_s, x_s, mma, False)
                 wy_s.index(s).store((Gb.to(gl.float32) * Tinv.to(gl.float32)).to(DT))
         fence_async_shared()
         gl.thread_barrier()  # every warp's buffers written (and t_s read) before the hand-over

@@ -94,6 +94,55 @@ def _small_smem(a_s, b, layout: gl.constexpr, SHAPE: gl.constexpr, B_SHARED: gl.
 
 
 @gluon.jit
+def inverse_on_blocks(A, r, c, d_s, b_s, a_s, t_s, x_s, mma: gl.constexpr, ZERO_UPPER: gl.constexpr):
+    """Tinv = (I + A)^-1 [64, 64] in ``mma`` (NVMMA v3, one warpgroup) for a strictly lower ``A`` in
+    ``mma`` with rows ``r`` [64, 1] and columns ``c`` [1, 64], fp16 operands and float32 sums (the
+    doubling needs every step a contraction): the diagonal blocks D_1..D_4 taken out of A in
+    registers and inverted as a [4, 16, 16] batch on mma.sync (three doubling levels); then through
+    shared memory X_21 = -D_2 A_21 D_1 and X_43 = -D_4 A_43 D_3 (a batch of two) and X_BA = -D_B
+    A_BA D_A ([32, 32]), each block written to ``t_s``, Tinv's [64, 64] tile, whose blocks above the
+    diagonal are zeroed here (ZERO_UPPER) or were by the caller once; read back once. Scratch: ``d_s``, ``b_s`` [4, 16, 16], ``a_s``
+    [64, 64], ``x_s`` [2, 16, 16], fp16 (swizzled, or every operand load meets in one bank)."""
+    batch4: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
+    batch2: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, 1, 2], instr_shape=[1, 16, 8])
+    tile32: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, 2], instr_shape=[16, 8])
+    blk16: gl.constexpr = gl.BlockedLayout([1, 2], [16, 2], [1, 4], [1, 0])  # a [16, 16] block's copy
+    eye = r == c
+    same = (r >> 4) == (c >> 4)
+    D = _diagonal_blocks(gl.where(same, gl.where(eye, 1.0, 0.0) - gl.where((r ^ c) == 1, A, 0.0), 0.0))
+    D = gl.convert_layout(D, batch4)
+    for lvl in gl.static_range(1, 4):
+        A_s = _diagonal_blocks(gl.where(((r >> lvl) ^ (c >> lvl)) == 1, A, 0.0))
+        D = D - _small(D, _small(A_s, D, batch4), batch4)
+    below = _diagonal_blocks(gl.where((r >> 4) == (c >> 4) + 1, A, 0.0))  # block w: A's (w, w - 1)
+    d_s.store(D.to(gl.float16))
+    b_s.store(below.to(gl.float16))
+    a_s.store(A.to(gl.float16))
+    if ZERO_UPPER:
+        t_s.store(gl.zeros([64, 64], gl.float16, mma))
+    gl.thread_barrier()
+    # 16 -> 32: the batch of the pairs (D_2, A_21, D_1) and (D_4, A_43, D_3)
+    d_pairs = d_s.reshape([2, 32, 16])
+    a_pairs = b_s.reshape([2, 32, 16])
+    X = _small_smem(a_pairs.slice(16, 16, 1), d_pairs.slice(0, 16, 1), batch2, [2, 16, 16], True)
+    X = -_small_smem(d_pairs.slice(16, 16, 1), X, batch2, [2, 16, 16], False)
+    x_s.store(X.to(gl.float16))
+    for w in gl.static_range(4):  # D_1..D_4 on the diagonal of Tinv
+        t_s.slice(16 * w, 16, 0).slice(16 * w, 16, 1).store(d_s.reshape([64, 16]).slice(16 * w, 16, 0).load(blk16))
+    gl.thread_barrier()
+    for p in gl.static_range(2):  # X_21, X_43 below them
+        t_s.slice(32 * p + 16, 16, 0).slice(32 * p, 16, 1).store(x_s.reshape([32, 16]).slice(16 * p, 16, 0).load(blk16))
+    gl.thread_barrier()
+    # 32 -> 64: X_BA = -D_B A_BA D_A
+    Y = _small_smem(a_s.slice(32, 32, 0).slice(0, 32, 1), t_s.slice(0, 32, 0).slice(0, 32, 1), tile32, [32, 32], True)
+    X_BA = -_small_smem(t_s.slice(32, 32, 0).slice(32, 32, 1), Y, tile32, [32, 32], False)
+    gl.thread_barrier()  # every warp has read D_A (the lower-left block is written next)
+    t_s.slice(32, 32, 0).slice(0, 32, 1).store(X_BA.to(gl.float16))
+    gl.thread_barrier()
+    return t_s.load(mma)
+
+
+@gluon.jit
 def gluon_prep_kernel(q, k, g, beta, wy, aqk, coef, scale, T, H: gl.constexpr, HV: gl.constexpr,
                       K: gl.constexpr, BT: gl.constexpr, PART: gl.constexpr = 0, VECTORS: gl.constexpr = 0,
                       SWIZZLE: gl.constexpr = False):
@@ -112,16 +161,12 @@ def gluon_prep_kernel(q, k, g, beta, wy, aqk, coef, scale, T, H: gl.constexpr, H
     rowv: gl.constexpr = gl.SliceLayout(1, mma)
     colv: gl.constexpr = gl.SliceLayout(0, mma)
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    batch4: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
-    batch2: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, 1, 2], instr_shape=[1, 16, 8])
-    tile32: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, 2], instr_shape=[16, 8])
     if SWIZZLE:  # the inverse's scratch swizzled (unswizzled, its rows meet in one bank: the fused prototype's)
         plain2: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
         plain3: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=4, max_phase=2, order=[2, 1, 0])
     else:
         plain2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
         plain3: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0])
-    blk16: gl.constexpr = gl.BlockedLayout([1, 2], [16, 2], [1, 4], [1, 0])  # a [16, 16] block's copy
 
     pid = gl.program_id(0).to(gl.int64)
     i_c = pid // HV
@@ -205,43 +250,12 @@ def gluon_prep_kernel(q, k, g, beta, wy, aqk, coef, scale, T, H: gl.constexpr, H
         else:
             # 3. the inverse: A = diag(beta) strictLower(K K^T) for normalised keys
             A = gl.where(r > c, kk * (b_beta * rk)[:, None] * rk_c[None, :], 0.0)
-            same = (r >> 4) == (c >> 4)
-            D = _diagonal_blocks(gl.where(same, gl.where(eye, 1.0, 0.0) - gl.where((r ^ c) == 1, A, 0.0), 0.0))
-            D = gl.convert_layout(D, batch4)
-            for lvl in gl.static_range(1, 4):
-                A_s = _diagonal_blocks(gl.where(((r >> lvl) ^ (c >> lvl)) == 1, A, 0.0))
-                D = D - _small(D, _small(A_s, D, batch4), batch4)
-            below = _diagonal_blocks(gl.where((r >> 4) == (c >> 4) + 1, A, 0.0))  # block w: A's (w, w - 1)
-
             d_s = gl.allocate_shared_memory(gl.float16, [4, 16, 16], plain3)
             b_s = gl.allocate_shared_memory(gl.float16, [4, 16, 16], plain3)
             a_s = gl.allocate_shared_memory(gl.float16, [BT, BT], plain2)
             t_s = gl.allocate_shared_memory(gl.float16, [BT, BT], plain2)
             x_s = gl.allocate_shared_memory(gl.float16, [2, 16, 16], plain3)
-            d_s.store(D.to(gl.float16))
-            b_s.store(below.to(gl.float16))
-            a_s.store(A.to(gl.float16))
-            t_s.store(gl.zeros([BT, BT], gl.float16, mma))
-            gl.thread_barrier()
-            # 16 -> 32: the batch of the pairs (D_2, A_21, D_1) and (D_4, A_43, D_3)
-            d_pairs = d_s.reshape([2, 32, 16])
-            a_pairs = b_s.reshape([2, 32, 16])
-            X = _small_smem(a_pairs.slice(16, 16, 1), d_pairs.slice(0, 16, 1), batch2, [2, 16, 16], True)
-            X = -_small_smem(d_pairs.slice(16, 16, 1), X, batch2, [2, 16, 16], False)
-            x_s.store(X.to(gl.float16))
-            for w in gl.static_range(4):  # D_1..D_4 on the diagonal of Tinv
-                t_s.slice(16 * w, 16, 0).slice(16 * w, 16, 1).store(d_s.reshape([64, 16]).slice(16 * w, 16, 0).load(blk16))
-            gl.thread_barrier()
-            for p in gl.static_range(2):  # X_21, X_43 below them
-                t_s.slice(32 * p + 16, 16, 0).slice(32 * p, 16, 1).store(x_s.reshape([32, 16]).slice(16 * p, 16, 0).load(blk16))
-            gl.thread_barrier()
-            # 32 -> 64: X_BA = -D_B A_BA D_A
-            Y = _small_smem(a_s.slice(32, 32, 0).slice(0, 32, 1), t_s.slice(0, 32, 0).slice(0, 32, 1), tile32, [32, 32], True)
-            X_BA = -_small_smem(t_s.slice(32, 32, 0).slice(32, 32, 1), Y, tile32, [32, 32], False)
-            gl.thread_barrier()  # every warp has read D_A (the lower-left block is written next)
-            t_s.slice(32, 32, 0).slice(0, 32, 1).store(X_BA.to(gl.float16))
-            gl.thread_barrier()
-            Tinv = t_s.load(mma)
+            Tinv = inverse_on_blocks(A, r, c, d_s, b_s, a_s, t_s, x_s, mma, True)
         p_wy = wy + (r0 * HV + i_hv) * BT + (o_t * (HV * BT))[:, None] + c
         gl.store(p_wy, (Gb.to(gl.float32) * Tinv.to(gl.float32)).to(wy.dtype.element_ty), mask=(o_t < eos - r0)[:, None])
 
