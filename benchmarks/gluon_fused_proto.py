@@ -70,13 +70,16 @@ LOAD_REGS = 24
 
 
 @gluon.jit
-def _loads(k_desc, q_desc, v_desc, gv_desc, k_s, q_s, v_s, gv_s, ready, empty, r0, col_qk, col_v, chunk0, n_chunks,
-           BT: gl.constexpr, BV: gl.constexpr, NUM_STAGES: gl.constexpr, GATES: gl.constexpr):
+def _loads(k_desc, q_desc, v_desc, gv_desc, k_s, q_s, v_s, gv_s, ready, empty, v_ready, v_empty, r0, col_qk, col_v,
+           chunk0, n_chunks, BT: gl.constexpr, BV: gl.constexpr, NUM_STAGES: gl.constexpr, GATES: gl.constexpr,
+           DEEP: gl.constexpr):
     """The load warp: chunk j's k, q and both value blocks of v (GATES 1: and its cumulative decays
-    and beta) into stage j % NUM_STAGES, once both chains freed it."""
+    and beta) into stage j % NUM_STAGES, once both chains freed it; DEEP: v into a single stage of
+    its own instead, once both chains' first products have read the chunk before's."""
     GV_BYTES: gl.constexpr = gv_desc.block_type.nbytes if GATES != 0 else 0
-    nbytes: gl.constexpr = (k_desc.block_type.nbytes + q_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes
-                            + GV_BYTES)
+    V_BYTES: gl.constexpr = 2 * v_desc.block_type.nbytes
+    nbytes: gl.constexpr = (k_desc.block_type.nbytes + q_desc.block_type.nbytes + GV_BYTES
+                            + (0 if DEEP else V_BYTES))
     for j in range(n_chunks):
         s = j % NUM_STAGES
         bar = ready.index(s)
@@ -85,10 +88,17 @@ def _loads(k_desc, q_desc, v_desc, gv_desc, k_s, q_s, v_s, gv_s, ready, empty, r
         r = r0 + j * BT
         tma.async_copy_global_to_shared(k_desc, [r, col_qk], bar, k_s.index(s))
         tma.async_copy_global_to_shared(q_desc, [r, col_qk], bar, q_s.index(s))
-        tma.async_copy_global_to_shared(v_desc, [r, col_v], bar, v_s.index(2 * s))
-        tma.async_copy_global_to_shared(v_desc, [r, col_v + BV], bar, v_s.index(2 * s + 1))
         if GATES != 0:
             tma.async_copy_global_to_shared(gv_desc, [(chunk0 + j) * (GATES + 1) * BT], bar, gv_s.index(s))
+        if DEEP:
+            bar = v_ready.index(0)
+            mbarrier.wait(v_empty.index(0), (j & 1) ^ 1)
+            mbarrier.expect(bar, V_BYTES)
+            tma.async_copy_global_to_shared(v_desc, [r, col_v], bar, v_s.index(0))
+            tma.async_copy_global_to_shared(v_desc, [r, col_v + BV], bar, v_s.index(1))
+        else:
+            tma.async_copy_global_to_shared(v_desc, [r, col_v], bar, v_s.index(2 * s))
+            tma.async_copy_global_to_shared(v_desc, [r, col_v + BV], bar, v_s.index(2 * s + 1))
 
 
 @gluon.jit
@@ -134,10 +144,11 @@ def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, pre
     n_g, n_beta, n_last = _gate_vectors(g, beta, gvec, bos, i_hv, 0, chunk0, o_t, HV, BT, GATES)
     for j in range(n_chunks):
         s = j % NUM_STAGES
+        ph = (j // NUM_STAGES) & 1
         b_g, b_beta, gc_last = n_g, n_beta, n_last
         j_next = gl.minimum(j + 1, n_chunks - 1)
         n_g, n_beta, n_last = _gate_vectors(g, beta, gvec, bos, i_hv, j_next, chunk0, o_t, HV, BT, GATES)
-        mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
+        mbarrier.wait(ready.index(s), ph)
         if PROBE != 2:
             ks = k_s.index(s)
             qs = q_s.index(s)
@@ -190,9 +201,10 @@ def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, pre
 
 
 @gluon.jit
-def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, o_desc, ht, r0, i_n, i_hv, n_chunks,
+def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, v_ready, v_empty, o_desc, ht, r0, i_n,
+           i_hv, n_chunks,
            HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
-           NUM_STAGES: gl.constexpr, PART: gl.constexpr, PROBE: gl.constexpr):
+           NUM_STAGES: gl.constexpr, PART: gl.constexpr, DEEP: gl.constexpr, PROBE: gl.constexpr):
     """A chain warpgroup: value columns [PART BV, (PART + 1) BV) of the state over the program's
     chunks (the Gluon sweep twin's products and their order), its outputs by bulk stores, then
     its block of the final state."""
@@ -204,7 +216,11 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, o
     col64: gl.constexpr = gl.SliceLayout(0, mma64)
     rowK: gl.constexpr = gl.SliceLayout(1, mmaK)
     sa = sa_s.index(PART)
-    o_b = o_s.index(PART)
+    if DEEP:  # the outputs staged in the S^T buffer, free once the chunk's products are done
+        l_tv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BV], DT)
+        o_b = sa._reinterpret(DT, [BT, BV], l_tv)
+    else:
+        o_b = o_s.index(PART)
     zero64 = gl.zeros([BV, BT], gl.float32, layout=mma64)
     S_t = gl.zeros([BV, K], gl.float32, layout=mmaK)
     for j in range(n_chunks):
@@ -212,17 +228,26 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, o
         ph = (j // NUM_STAGES) & 1
         # S^T, the operand of K S and Q S, from shared memory: from registers (the twin's form) the
         # chains spill at these register splits and the kernel was slower (perf-history 2026-12-06)
+        if DEEP:
+            tma.store_wait(pendings=0)  # the chunk before's outputs out of the buffer
         sa.store(S_t.to(DT))
         fence_async_shared()
         gl.thread_barrier()
         mbarrier.wait(ready.index(s), ph)
         mbarrier.wait(prepped.index(s), ph)
+        if DEEP:
+            mbarrier.wait(v_ready.index(0), j & 1)
+            v_t = v_s.index(PART).permute((1, 0))
+        else:
+            v_t = v_s.index(2 * s + PART).permute((1, 0))
         if PROBE != 1 and not (PROBE == 4 and PART == 1):
             w_t = wy_s.index(s).permute((1, 0))
             # Group 1: K S (the chain) and V^T wy^T.
             KSt = warpgroup_mma(sa, k_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
-            Ut = warpgroup_mma(v_s.index(2 * s + PART).permute((1, 0)), w_t, zero64, use_acc=False, is_async=True)
+            Ut = warpgroup_mma(v_t, w_t, zero64, use_acc=False, is_async=True)
             KSt, Ut = warpgroup_mma_wait(num_outstanding=0, deps=(KSt, Ut))
+            if DEEP:
+                mbarrier.arrive(v_empty.index(0), count=1)
             # Group 2: -(lam rk o K S) wy^T onto U^T (the chain), and S^T Q^T.
             KSt = cf_s.index(4 * s).load(col64)[None, :] * KSt  # lam rk
             Ut = warpgroup_mma(gl.convert_layout((-KSt).to(DT), a64), w_t, Ut, is_async=True)
@@ -244,8 +269,11 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, o
                 S_t, O_t = warpgroup_mma_wait(num_outstanding=0, deps=(S_t, O_t))
         else:
             O_t = zero64
+            if DEEP:
+                mbarrier.arrive(v_empty.index(0), count=1)
         mbarrier.arrive(empty.index(s), count=1)
-        tma.store_wait(pendings=0)
+        if not DEEP:
+            tma.store_wait(pendings=0)
         o_b.permute((1, 0)).store(O_t.to(DT))
         fence_async_shared()
         gl.thread_barrier()
@@ -258,7 +286,8 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, o
 def gluon_fused_kernel(q, k, v, g, beta, gvec, o, ht, scale, T, N, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
                        V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NUM_STAGES: gl.constexpr,
                        CHAIN_REGS: gl.constexpr, PREP_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
-                       GATES: gl.constexpr = 0, PROBE: gl.constexpr = 0):
+                       GATES: gl.constexpr = 0, DEEP: gl.constexpr = False,
+                       PROBE: gl.constexpr = 0):
     """Grid (N * HV,): program -> (sequence, value head), the head fastest. Dense ``q, k [N, T, H,
     K]``, ``v, o [N, T, HV, V]``, ``g, beta [N, T, HV]``; ``ht [N, HV, K, V]`` float32; with
     GATES 1 ``gvec [N, HV, T / 64, 2, 64]`` float32: each chunk's cumulative decays (log2 units) and
@@ -287,7 +316,8 @@ def gluon_fused_kernel(q, k, v, g, beta, gvec, o, ht, scale, T, N, H: gl.constex
 
     k_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
     q_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
-    v_s = gl.allocate_shared_memory(DT, [2 * NUM_STAGES, BT, BV], l_tv)
+    # DEEP: v in one stage of its own, the outputs staged in the S^T buffers: room for three stages
+    v_s = gl.allocate_shared_memory(DT, [2 if DEEP else 2 * NUM_STAGES, BT, BV], l_tv)
     wy_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BT], l_tt)
     if GATES != 0:
         l_gv: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
@@ -304,7 +334,10 @@ def gluon_fused_kernel(q, k, v, g, beta, gvec, o, ht, scale, T, N, H: gl.constex
     plain1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     cf_s = gl.allocate_shared_memory(gl.float32, [4 * NUM_STAGES, BT], plain1)  # a stage's 4 rows
     sa_s = gl.allocate_shared_memory(DT, [2, BV, K], l_vk)
-    o_s = gl.allocate_shared_memory(DT, [2, BT, BV], l_tv)
+    if DEEP:  # placeholder, unread
+        o_s = sa_s
+    else:
+        o_s = gl.allocate_shared_memory(DT, [2, BT, BV], l_tv)
     d_s = gl.allocate_shared_memory(gl.float16, [4, 16, 16], swz3)
     b_s = gl.allocate_shared_memory(gl.float16, [4, 16, 16], swz3)
     a_s = gl.allocate_shared_memory(gl.float16, [BT, BT], swz2)
@@ -313,21 +346,25 @@ def gluon_fused_kernel(q, k, v, g, beta, gvec, o, ht, scale, T, N, H: gl.constex
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     prepped = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(prepped.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # both chains
+    mbarrier.init(v_ready.index(0), count=1)
+    mbarrier.init(v_empty.index(0), count=2)
     fence_async_shared()
 
     gl.warp_specialize([
-        (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, o_desc, ht, r0, i_n, i_hv,
-                  n_chunks, HV, K, V, BT, BV, NUM_STAGES, 0, PROBE)),
-        (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, o_desc, ht, r0, i_n, i_hv,
-                  n_chunks, HV, K, V, BT, BV, NUM_STAGES, 1, PROBE)),
+        (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, v_ready, v_empty, o_desc, ht, r0,
+                  i_n, i_hv, n_chunks, HV, K, V, BT, BV, NUM_STAGES, 0, DEEP, PROBE)),
+        (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, v_ready, v_empty, o_desc, ht, r0,
+                  i_n, i_hv, n_chunks, HV, K, V, BT, BV, NUM_STAGES, 1, DEEP, PROBE)),
         (_prep, (k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, g, beta, gvec, bos, i_hv,
                  chunk0, n_chunks, scale, HV, BT, NUM_STAGES, GATES, PROBE)),
-        (_loads, (k_desc, q_desc, v_desc, gv_desc, k_s, q_s, v_s, gv_s, ready, empty, r0, i_h * K, i_hv * V, chunk0,
-                  n_chunks, BT, BV, NUM_STAGES, GATES)),
+        (_loads, (k_desc, q_desc, v_desc, gv_desc, k_s, q_s, v_s, gv_s, ready, empty, v_ready, v_empty, r0, i_h * K,
+                  i_hv * V, chunk0, n_chunks, BT, BV, NUM_STAGES, GATES, DEEP)),
     ], [4, 4, 1], [CHAIN_REGS, PREP_REGS, LOAD_REGS])
 
 
@@ -389,7 +426,8 @@ def chunk_vectors_reference(q, k, g, beta, gates: int) -> torch.Tensor:
 
 
 def gluon_fused(q, k, v, g, beta, o, ht, scale: float, probe: int = 0, prep_regs: int = PREP_REGS,
-                num_stages: int = 2, gates: int = 0, gvec: torch.Tensor | None = None) -> None:
+                num_stages: int = 2, gates: int = 0, gvec: torch.Tensor | None = None,
+                deep: bool = False) -> None:
     """Launch the prototype on dense ``q, k [N, T, H, K]``, ``v [N, T, HV, V]``, ``g, beta [N, T,
     HV]`` into ``o`` (like v) and ``ht [N, HV, K, V]`` float32. ``gates`` 1: g's chunk sums and beta
     first laid out by chunk (by torch, a few small kernels, timed with the kernel), for the ring."""
@@ -403,7 +441,7 @@ def gluon_fused(q, k, v, g, beta, o, ht, scale: float, probe: int = 0, prep_regs
     with scratch_allocator():
         gluon_fused_kernel[(N * HV,)](q, k, v, g, beta, gvec, o, ht, scale, T, N, H=H, HV=HV, K=K, V=V, BT=BT, BV=BV,
                                       NUM_STAGES=num_stages, CHAIN_REGS=(512 - LOAD_REGS - prep_regs) // 2,
-                                      PREP_REGS=prep_regs, LOAD_REGS=LOAD_REGS, GATES=gates, PROBE=probe, num_warps=4,
+                                      PREP_REGS=prep_regs, LOAD_REGS=LOAD_REGS, GATES=gates, DEEP=deep, PROBE=probe, num_warps=4,
                                       maxnreg=128)
 
 
@@ -415,7 +453,8 @@ def _rel_rms(got: torch.Tensor, want: torch.Tensor) -> float:
 WORKLOADS = ["gdn_b4_t8192_h16_hv64", "gdn_b4_t4096_h16"]
 
 
-def compare(name: str, rep_ms: int, probes: list, prep_regs: int, gates: int) -> list[dict]:
+def compare(name: str, rep_ms: int, probes: list, prep_regs: int, gates: int, deep: bool = False,
+            stages: int = 2) -> list[dict]:
     """One workload: the package's op as planned and the prototype, their outputs and final states
     against the float64 chunked oracle (and each other), each timed by graph replay; then the
     prototype's probes."""
@@ -441,7 +480,8 @@ def compare(name: str, rep_ms: int, probes: list, prep_regs: int, gates: int) ->
     ht = torch.full((N, HV, K, V), float("nan"), device=DEVICE)
 
     def fused(probe=0, gvec=None):
-        gluon_fused(q, k, v, g, beta, o, ht, scale, probe, prep_regs, gates=gates, gvec=gvec)
+        gluon_fused(q, k, v, g, beta, o, ht, scale, probe, prep_regs, gates=gates, gvec=gvec, deep=deep,
+                    num_stages=stages)
 
     with torch.no_grad():
         o_ref, ht_ref = planned()
@@ -449,7 +489,7 @@ def compare(name: str, rep_ms: int, probes: list, prep_regs: int, gates: int) ->
         torch.cuda.synchronize()
         want = gated_delta_rule_chunked(*(t.double() for t in (q, k, v, g, beta)), scale=scale,
                                         use_qk_l2norm_in_kernel=True)
-        row = dict(workload=name, prep_regs=prep_regs, gates=gates,
+        row = dict(workload=name, prep_regs=prep_regs, gates=gates, deep=deep, stages=stages,
                    o_rel_rms_vs_f64=_rel_rms(o, want[0]), planned_o_rel_rms_vs_f64=_rel_rms(o_ref, want[0]),
                    state_rel_rms_vs_f64=_rel_rms(ht, want[1]), planned_state_rel_rms_vs_f64=_rel_rms(ht_ref, want[1]),
                    o_rel_rms_vs_planned=_rel_rms(o, o_ref), state_rel_rms_vs_planned=_rel_rms(ht, ht_ref))
@@ -476,11 +516,15 @@ def main():
     ap.add_argument("--gates", type=int, action="append",
                     help="the prep's vector forms (0: scanned; 1: chunk sums first; 3: and the norm factors)")
     ap.add_argument("--prep-regs", type=int, action="append", help=f"the prep's registers (default {PREP_REGS})")
+    ap.add_argument("--deep", type=int, action="append",
+                    help="1: v in one stage of its own and the outputs staged in the S^T buffers (default 0)")
+    ap.add_argument("--stages", type=int, action="append", help="the ring's depth (default 2; 3 takes --deep 1)")
     ap.add_argument("--out")
     args = ap.parse_args()
     rows = [row for regs in (args.prep_regs or [PREP_REGS]) for gates in (args.gates or [1, 3])
-            for name in (args.workload or WORKLOADS) for row in compare(name, args.rep_ms, args.probe or [1, 2, 3], regs,
-                                                                         gates)]
+            for deep in (args.deep or [0]) for stages in (args.stages or [2]) if not (stages == 3 and not deep)
+            for name in (args.workload or WORKLOADS)
+            for row in compare(name, args.rep_ms, args.probe or [1, 2, 3], regs, gates, bool(deep), stages)]
     if args.out:
         save_rows(rows, args.out, torch.device("cuda"))
 
