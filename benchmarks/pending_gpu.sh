@@ -106,6 +106,11 @@
 #      vectors): its outputs and final state against float64 and the planned op's, both timed at B4 T8192 HV64
 #      and B4 T4096 in its GATES forms 1 and 3, and its probes. On the H200 at da76e4d: HV64 1.129 ms with the
 #      pass against the planned 1.506 (results/gluon_fused_proto_h200_da76e4d.json).
+#  30. Issue 21: the fused prototype's DEEP form (v in one stage of its own, the outputs staged in the S^T
+#      buffers, so that the ring fits three stages and the prep's next chunk waits on the chains' chunk two
+#      before): against the two-stage ring in one process, at two and three stages, with the prep-alone and
+#      chains-alone probes. Built at f13d838, not yet run (the session's device time ran out); offline at three
+#      stages 226 KB of shared memory and 60 local loads and stores a chunk in the prep (none at two or four).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -250,6 +255,9 @@ step 28 && timeout 200 env PYTHONPATH=$PWD python benchmarks/gluon_prep_proto.py
     --vectors 0 --vectors 1 --vectors 2 --out "$OUT/gluon_prep_parts_vectors_$C.json" 2>&1 | grep -v Warning | tail -12
 step 29 && timeout 300 env PYTHONPATH=$PWD python benchmarks/gluon_fused_proto.py --out "$OUT/gluon_fused_proto_$C.json" \
     2>&1 | grep -v Warning | tail -12
+step 30 && timeout 200 env PYTHONPATH=$PWD python benchmarks/gluon_fused_proto.py --gates 3 --workload gdn_b4_t8192_h16_hv64 \
+    --deep 0 --deep 1 --stages 2 --stages 3 --probe 1 --probe 2 --out "$OUT/gluon_fused_proto_deep_$C.json" 2>&1 \
+    | grep -v Warning | tail -4
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \
     | grep -v Warning | tail -6
 step 23 && timeout 150 env PYTHONPATH=$PWD python benchmarks/inverse_forms.py --items 132 --items 8192 --items 32768 \

@@ -563,15 +563,17 @@ def compile_gluon_prep_proto() -> list[str]:
 def compile_gluon_fused_proto() -> list[str]:
     """benchmarks/gluon_fused_proto.py's kernel (GDN dense, H16 HV64, K = V = 128, bf16) compiled for
     sm_90 as measured (the prep at 168 registers, the chains at 160, the load warp at 24) in its
-    GATES forms 1 and 3: a line each with registers, stack and the loops' profile."""
+    GATES forms 1 and 3 on a two-stage ring, and GATES 3 in the DEEP form on three stages: a line
+    each with registers, stack and the loops' profile."""
     from benchmarks import gluon_fused_proto as proto
     from benchmarks.sm90_resources import resources
     from triton.experimental.gluon._runtime import GluonASTSource
     kernel = proto.gluon_fused_kernel
     lines = []
-    for gates in (1, 3):
-        const = dict(H=16, HV=64, K=128, V=128, BT=proto.BT, BV=proto.BV, NUM_STAGES=2, CHAIN_REGS=proto.CHAIN_REGS,
-                     PREP_REGS=proto.PREP_REGS, LOAD_REGS=proto.LOAD_REGS, GATES=gates)
+    for gates, deep in ((1, False), (3, False), (3, True)):
+        const = dict(H=16, HV=64, K=128, V=128, BT=proto.BT, BV=proto.BV, NUM_STAGES=3 if deep else 2,
+                     CHAIN_REGS=proto.CHAIN_REGS, PREP_REGS=proto.PREP_REGS, LOAD_REGS=proto.LOAD_REGS, GATES=gates,
+                     DEEP=deep)
         sig = dict(q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*bf16", gvec="*fp32", o="*bf16", ht="*fp32",
                    scale="fp32", T="i32", N="i32", **{n: "constexpr" for n in const})
         names = kernel.arg_names
@@ -582,7 +584,7 @@ def compile_gluon_fused_proto() -> list[str]:
             raise AssertionError(f"gluon_fused_kernel: {compiled.metadata.shared} B of shared memory")
         if 32 * compiled.metadata.num_warps * 128 > 65536:
             raise AssertionError(f"gluon_fused_kernel: {compiled.metadata.num_warps} warps x 128 registers")
-        lines.append(f"gluon_fused_kernel, gates {gates}: {resources(compiled)}")
+        lines.append(f"gluon_fused_kernel, gates {gates}{', deep, 3 stages' if deep else ''}: {resources(compiled)}")
     return lines
 
 
