@@ -27,6 +27,11 @@ program, four partitions:
 
    the outputs by bulk stores, the final state at the end.
 
+DEEP (built, not yet measured: ``pending_gpu.sh 30``): v in one stage of its own, freed after the
+chains' first products, and the outputs staged in the S^T buffers, which leaves room for a ring of
+three stages, so that the prep's next chunk waits on the chains' chunk two before, not the one
+before (with two stages it does, and that puts the chain's step on the prep's path).
+
 A chunk's time would be the longer of the prep's path and the chain's step, where the planned
 kernels take their sum in SM-time; measured, the two slow each other (perf-history, 2026-12-06:
 on the H200 at HV64 the prep alone 2.9 us a chunk, the chains alone 2.8, together 4.1; the whole,
