@@ -446,8 +446,8 @@ def gluon_fused(q, k, v, g, beta, o, ht, scale: float, probe: int = 0, prep_regs
     with scratch_allocator():
         gluon_fused_kernel[(N * HV,)](q, k, v, g, beta, gvec, o, ht, scale, T, N, H=H, HV=HV, K=K, V=V, BT=BT, BV=BV,
                                       NUM_STAGES=num_stages, CHAIN_REGS=(512 - LOAD_REGS - prep_regs) // 2,
-                                      PREP_REGS=prep_regs, LOAD_REGS=LOAD_REGS, GATES=gates, DEEP=deep, PROBE=probe, num_warps=4,
-                                      maxnreg=128)
+                                      PREP_REGS=prep_regs, LOAD_REGS=LOAD_REGS, GATES=gates, DEEP=deep, PROBE=probe,
+                                      num_warps=4, maxnreg=128)
 
 
 def _rel_rms(got: torch.Tensor, want: torch.Tensor) -> float:

@@ -101,8 +101,9 @@ def inverse_on_blocks(A, r, c, d_s, b_s, a_s, t_s, x_s, mma: gl.constexpr, ZERO_
     registers and inverted as a [4, 16, 16] batch on mma.sync (three doubling levels); then through
     shared memory X_21 = -D_2 A_21 D_1 and X_43 = -D_4 A_43 D_3 (a batch of two) and X_BA = -D_B
     A_BA D_A ([32, 32]), each block written to ``t_s``, Tinv's [64, 64] tile, whose blocks above the
-    diagonal are zeroed here (ZERO_UPPER) or were by the caller once; read back once. Scratch: ``d_s``, ``b_s`` [4, 16, 16], ``a_s``
-    [64, 64], ``x_s`` [2, 16, 16], fp16 (swizzled, or every operand load meets in one bank)."""
+    diagonal are zeroed here (ZERO_UPPER) or were by the caller once; read back once. Scratch:
+    ``d_s``, ``b_s`` [4, 16, 16], ``a_s`` [64, 64], ``x_s`` [2, 16, 16], fp16 (swizzled, or every
+    operand load meets in one bank)."""
     batch4: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
     batch2: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, 1, 2], instr_shape=[1, 16, 8])
     tile32: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, 2], instr_shape=[16, 8])
