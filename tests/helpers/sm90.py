@@ -533,23 +533,33 @@ def compile_descriptors() -> list[str]:
     return lines
 
 
+def _compile_gluon_benchmark_kernel(kernel, sig: dict, const: dict, options: dict):
+    """A benchmark's Gluon kernel (its arguments' types ``sig``, constexprs ``const``) compiled for
+    sm_90 with ``options``; raises where it does not fit the H200's shared memory, or (with a
+    register cap) an SM's register file."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+    sig = dict(sig, **{n: "constexpr" for n in const})
+    names = kernel.arg_names
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items() if t.startswith("*")}
+    src = GluonASTSource(kernel, sig, constexprs={(names.index(k),): v for k, v in const.items()}, attrs=attrs)
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    fn = kernel.fn.__name__
+    if compiled.metadata.shared > H200_SHARED:
+        raise AssertionError(f"{fn}: {compiled.metadata.shared} B of shared memory")
+    if "maxnreg" in options and 32 * compiled.metadata.num_warps * options["maxnreg"] > 65536:
+        raise AssertionError(f"{fn}: {compiled.metadata.num_warps} warps x {options['maxnreg']} registers")
+    return compiled
+
+
 def _gluon_prep_proto(cap, vectors: int = 0, part: int = 0):
     """benchmarks/gluon_prep_proto.py's kernel (GDN dense, H16 HV32, K 128, bf16) compiled for sm_90
     under register cap ``cap`` (None: none) in its VECTORS form and PART."""
     from benchmarks import gluon_prep_proto
-    from triton.experimental.gluon._runtime import GluonASTSource
-    kernel = gluon_prep_proto.gluon_prep_kernel
-    const = dict(H=16, HV=32, K=128, BT=64, VECTORS=vectors, PART=part)
     sig = dict(q="*bf16", k="*bf16", g="*fp32", beta="*bf16", wy="*bf16", aqk="*bf16", coef="*fp32", scale="fp32",
-               T="i32", **{n: "constexpr" for n in const})
-    names = kernel.arg_names
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items() if t.startswith("*")}
-    src = GluonASTSource(kernel, sig, constexprs={(names.index(k),): v for k, v in const.items()}, attrs=attrs)
-    options = dict(num_warps=4, **({"maxnreg": cap} if cap else {}))
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-    if compiled.metadata.shared > H200_SHARED:
-        raise AssertionError(f"gluon_prep_kernel: {compiled.metadata.shared} B of shared memory")
-    return compiled
+               T="i32")
+    return _compile_gluon_benchmark_kernel(gluon_prep_proto.gluon_prep_kernel, sig,
+                                           dict(H=16, HV=32, K=128, BT=64, VECTORS=vectors, PART=part),
+                                           dict(num_warps=4, **({"maxnreg": cap} if cap else {})))
 
 
 def compile_gluon_prep_proto() -> list[str]:
@@ -567,23 +577,15 @@ def compile_gluon_fused_proto() -> list[str]:
     each with registers, stack and the loops' profile."""
     from benchmarks import gluon_fused_proto as proto
     from benchmarks.sm90_resources import resources
-    from triton.experimental.gluon._runtime import GluonASTSource
-    kernel = proto.gluon_fused_kernel
+    sig = dict(q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*bf16", gvec="*fp32", o="*bf16", ht="*fp32",
+               scale="fp32", T="i32", N="i32")
     lines = []
     for gates, deep in ((1, False), (3, False), (3, True)):
         const = dict(H=16, HV=64, K=128, V=128, BT=proto.BT, BV=proto.BV, NUM_STAGES=3 if deep else 2,
                      CHAIN_REGS=proto.CHAIN_REGS, PREP_REGS=proto.PREP_REGS, LOAD_REGS=proto.LOAD_REGS, GATES=gates,
                      DEEP=deep)
-        sig = dict(q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*bf16", gvec="*fp32", o="*bf16", ht="*fp32",
-                   scale="fp32", T="i32", N="i32", **{n: "constexpr" for n in const})
-        names = kernel.arg_names
-        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items() if t.startswith("*")}
-        src = GluonASTSource(kernel, sig, constexprs={(names.index(k),): v for k, v in const.items()}, attrs=attrs)
-        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, maxnreg=128))
-        if compiled.metadata.shared > H200_SHARED:
-            raise AssertionError(f"gluon_fused_kernel: {compiled.metadata.shared} B of shared memory")
-        if 32 * compiled.metadata.num_warps * 128 > 65536:
-            raise AssertionError(f"gluon_fused_kernel: {compiled.metadata.num_warps} warps x 128 registers")
+        compiled = _compile_gluon_benchmark_kernel(proto.gluon_fused_kernel, sig, const,
+                                                   dict(num_warps=4, maxnreg=128))
         lines.append(f"gluon_fused_kernel, gates {gates}{', deep, 3 stages' if deep else ''}: {resources(compiled)}")
     return lines
 
