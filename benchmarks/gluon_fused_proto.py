@@ -404,11 +404,20 @@ def chunk_vectors_kernel(q, k, g, beta, out, T, H: tl.constexpr, HV: tl.constexp
             tl.store(base + 3 * BT + o_t, rq)
 
 
+def _check_dense(**tensors) -> None:
+    """The prototype's kernels index their inputs as dense row-major tensors: refuse any other by
+    name (they would read other elements)."""
+    for name, t in tensors.items():
+        if not t.is_contiguous():
+            raise ValueError(f"{name}: the prototype takes contiguous tensors, got strides {tuple(t.stride())}")
+
+
 def chunk_vectors(q, k, g, beta, gates: int) -> torch.Tensor:
     """What the load warp brings a chunk beside its tiles, by :func:`chunk_vectors_kernel` (GATES 0:
     g itself, unread)."""
     if not gates:
         return g
+    _check_dense(q=q, k=k, g=g, beta=beta)
     N, T, H, K = q.shape
     HV = g.shape[2]
     out = torch.empty(N, HV, T // BT, 4 if gates == 3 else 2, BT, dtype=torch.float32, device=q.device)
@@ -434,13 +443,14 @@ def gluon_fused(q, k, v, g, beta, o, ht, scale: float, probe: int = 0, prep_regs
                 num_stages: int = 2, gates: int = 0, gvec: torch.Tensor | None = None,
                 deep: bool = False) -> None:
     """Launch the prototype on dense ``q, k [N, T, H, K]``, ``v [N, T, HV, V]``, ``g, beta [N, T,
-    HV]`` into ``o`` (like v) and ``ht [N, HV, K, V]`` float32. ``gates`` 1: g's chunk sums and beta
-    first laid out by chunk (by torch, a few small kernels, timed with the kernel), for the ring."""
+    HV]`` into ``o`` (like v) and ``ht [N, HV, K, V]`` float32, every one contiguous. ``gates`` 1
+    and 3: the chunk vectors first (:func:`chunk_vectors`, unless given as ``gvec``), for the ring."""
     from recurscan.runtime.launcher import scratch_allocator
     N, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     if T % BT or K != 128 or V != 2 * BV:
         raise ValueError(f"the prototype takes T a multiple of {BT} and K = V = 128, got T {T}, K {K}, V {V}")
+    _check_dense(q=q, k=k, v=v, g=g, beta=beta, o=o, ht=ht)
     if gvec is None:
         gvec = chunk_vectors(q, k, g, beta, gates)
     with scratch_allocator():

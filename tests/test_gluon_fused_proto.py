@@ -20,3 +20,13 @@ def test_chunk_vectors_match_their_reference(gates, heads):
     got = chunk_vectors(q, k, g, beta, gates)
     assert got.shape == want.shape == (N, HV, T // BT, 4 if gates == 3 else 2, BT)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_chunk_vectors_refuse_strided_inputs_by_name():
+    """The pass indexes its inputs as dense tensors: a strided one is refused, named, not misread."""
+    gen = torch.Generator().manual_seed(4)
+    q, k = (torch.randn(1, BT, 1, 32, generator=gen).bfloat16() for _ in range(2))
+    g = torch.nn.functional.logsigmoid(torch.randn(1, BT, 2, generator=gen))[..., :1]  # a strided [1, T, 1]
+    beta = torch.sigmoid(torch.randn(1, BT, 1, generator=gen)).bfloat16()
+    with pytest.raises(ValueError, match="^g: the prototype takes contiguous tensors"):
+        chunk_vectors(q, k, g, beta, 3)
