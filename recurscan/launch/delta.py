@@ -24,6 +24,7 @@ from ..kernels.delta.prep import chunk_delta_prep_kernel
 from ..kernels.delta.sweep import chunk_delta_sweep_kernel
 from ..kernels.gla.group_prep import GROUP_COEF_WIDTH, chunk_group_prep_kernel
 from ..kernels.gla.prep import chunk_gla_prep_kernel
+from .delta_fused import fused_call_ok, fused_launch_steps
 from ..plan import delta as plan_delta
 from ..plan.delta import DeltaShape
 from ..runtime.launcher import CallArg, DirectLaunch, compile_together, jit_launch
@@ -95,7 +96,7 @@ def check_shape(shape: DeltaShape) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"DeltaShape.{name}: expected an int >= 1, got {value!r}")
     for name in ("v_product", "tma_store", "key_calm_pass", "group_prep", "calm_gates", "sweep_scores",
-                 "specialized"):
+                 "specialized", "fused"):
         if not isinstance(getattr(shape, name), bool):
             raise ValueError(f"DeltaShape.{name}: expected a bool, got {getattr(shape, name)!r}")
     if shape.calm_gates and shape.num_stages > 2:
@@ -123,7 +124,7 @@ def check_shape(shape: DeltaShape) -> None:
 INPUT_NAMES = DeltaInputs._fields
 BUFFER_NAMES = ("o", "final", "chunk_states", "beta_ones", "wy", "aqk", "coef", "seg_n", "seg_m",
                 "sequence_order", "replay_flags", "winv", "u", "ks", "checkpoints", "qg", "kg", "dl", "calm_flags",
-                "scores")
+                "scores", "vec", "flags")
 CALL_NAMES = INPUT_NAMES + BUFFER_NAMES
 #: The prep's outputs, which a forward under autograd may keep for the backward (``keep_prep``).
 PREP_NAMES = ("wy", "winv", "aqk", "coef")
@@ -253,6 +254,11 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         n_prep = B * triton.cdiv(T * M, BT)
     use_cache = state is not None
     store_final = not use_cache and output_final_state
+    if shape.fused and q.is_cuda and not INTERPRET and wy and M == 1 and ssd is None and not (key_decay or group or use_cache or return_chunk_states
+                                                               or keep_prep or checkpoint_chunks or states_only) \
+            and use_qk_l2norm_in_kernel and (g is None or g.dim() == 3) and (beta is None or beta.dim() == 3) \
+            and q.dtype in (torch.bfloat16, torch.float16) and K == V == 128 and fused_call_ok(q, k, v, out_views):
+        return _fused_launches(q, v, g, beta, scale, initial_state, store_final, out_views, N, n_prep, varlen)
 
     buffers = {"o": ((B, T, HV, V), v.dtype if ssd is not None else q.dtype, None)}
     if group and not shape.sweep_scores:  # the scores once per query/key head, gated per value head in the sweep
@@ -450,6 +456,27 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
             steps.append(Step(chunk_delta_sweep_kernel, grid, dict(kwargs, REPLAY=True, NUM_STAGES=1),
                               dict(num_warps=num_warps), programmatic=True))
     return DeltaLaunches(buffers, steps, outputs, device)
+
+
+def _fused_launches(q, v, g, beta, scale, initial_state, store_final, out_views, N, n_prep, varlen) -> DeltaLaunches:
+    """The fused prefill's launches (``DeltaShape.fused``; launch/delta_fused.py) for a call it takes."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    buffers = {"o": ((B, T, HV, V), q.dtype, None)}
+    if store_final:
+        buffers["final"] = ((N, HV, K, V), torch.float32, None)
+    if beta is None:
+        buffers["beta_ones"] = ((B, T, HV), q.dtype, 1.0)
+    o_strides, ht_strides = (HV * V, V), (HV * K * V, K * V)
+    if out_views is not None:
+        o_strides, ht_strides = check_out_views(*out_views, (B, T, HV, V), (N, HV, K, V), q.dtype, store_final)
+    s0 = initial_state.stride() if initial_state is not None else (0, 0, 0, 0)
+    more, steps = fused_launch_steps(Step, q, v, H=H, HV=HV, K=K, V=V, N=N, T=T, scale=scale, varlen=varlen,
+                                     n_prep=n_prep, has_g=g is not None, has_h0=initial_state is not None,
+                                     store_final=store_final, s0=s0, o_strides=o_strides, ht_strides=ht_strides,
+                                     beta_name="beta" if beta is not None else "beta_ones")
+    buffers.update(more)
+    return DeltaLaunches(buffers, steps, ("o", "final" if store_final else None), q.device)
 
 
 def is_sweep_step(step: Step) -> bool:

@@ -163,6 +163,7 @@ def build_stream_launches(tensors: StreamTensors, shape: StreamShape, *, scale, 
     for name, t in zip(_TENSOR_NAMES, tensors):
         kw[name] = CallArg(name if t is not None else "o")  # an absent pointer: o (its flag keeps it unread)
     kw["hin"] = CallArg("o")  # the hand-off input of split launches; unread by a single launch
+    kw["flags"] = CallArg("o")  # FLAGGED's (launch/delta.py's fused prefill); unread here
     hit = StreamLaunches()
     hit.grid = (num_sequences * HV * triton.cdiv(V, shape.BV),)
     hit.kwargs = kw

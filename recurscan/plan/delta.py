@@ -76,6 +76,11 @@ class DeltaShape:
     # launch.delta.PHASE_RATIO. A faster sweep covers more chunks while the next phase's prep runs
     # beside it, so the twin's phases fall off faster (GLUON_FORWARD_SWEEP).
     phase_ratio: float | None = None
+    # The prep beside the chain in one warp-specialised Gluon program per (sequence, value head)
+    # (kernels/gluon/delta_fused.py), after the chunk vectors' pass; the row's other fields are the
+    # launch of a call the fused kernel cannot take (launch/delta_fused.py's fused_call_ok, and no
+    # l2norm, chunk states or training). :func:`fused_prefill` decides.
+    fused: bool = False
 
 
 @dataclass(frozen=True)
@@ -161,9 +166,10 @@ def delta_shape(problem, device: torch.device, gluon: bool = True) -> DeltaShape
                        varlen=problem.varlen, sequences=problem.sequences)
     for applies, shape in DELTA_LAUNCH:
         if applies(sizes):
-            return gluon_forward_sweep(shape, householder=problem.householder, dtype=problem.dtype,
-                                       key_dim=problem.key_dim, value_dim=problem.value_dim, device=device,
-                                       twin_only=not gluon)
+            shape = gluon_forward_sweep(shape, householder=problem.householder, dtype=problem.dtype,
+                                        key_dim=problem.key_dim, value_dim=problem.value_dim, device=device,
+                                        twin_only=not gluon)
+            return fused_prefill(shape, problem, sizes, device, twin_only=not gluon)
     raise AssertionError("the last launch row always applies")
 
 
@@ -450,6 +456,37 @@ def gluon_forward_sweep(shape: DeltaShape, *, householder: int, dtype: torch.dty
             not shape.group_prep and \
             gluon_sweep_scope(householder=householder, dtype=dtype, key_dim=key_dim, value_dim=value_dim):
         return replace(shape, gluon_sweep=True, phase_ratio=GLUON_SWEEP_PHASE_RATIO)
+    return shape
+
+
+#: The fused prefill (kernels/gluon/delta_fused.py), taken by :func:`fused_prefill` where at least
+#: FUSED_MIN_PAIRS_PER_SM (sequence, value head) pairs an SM fill the SMs with its programs (one
+#: an SM: 13 warps, 203 KB of shared memory).
+FUSED_PREFILL = GluonTwinRow(True, "the fused prefill against the planned prep and sweep, graph replay, bf16, l2norm, "
+                                   "same process: B4 T8192 H16 HV64 (256 pairs) 1.129 ms against 1.506 on the H200 "
+                                   "(the prototype, gluon_fused_proto_h200_da76e4d.json); B4 T4096 H16 (64 pairs) "
+                                   "0.298 against 0.226")
+FUSED_MIN_PAIRS_PER_SM = 1.9
+
+
+def fused_prefill_scope(problem) -> bool:
+    """The fused prefill's problems (kernels/gluon/delta_fused.py): GDN (M = 1), 16-bit inputs,
+    K = V = 128, beta per head, no state cache."""
+    return (problem.householder == 1 and problem.dtype in (torch.bfloat16, torch.float16)
+            and problem.key_dim == 128 and problem.value_dim == 128 and not problem.beta_per_value
+            and not problem.uses_cache)
+
+
+def fused_prefill(shape: DeltaShape, problem, sizes: DeltaSizes, device: torch.device,
+                  twin_only: bool = False) -> DeltaShape:
+    """``shape`` with ``fused`` set where the fused prefill runs here (``plan.device.gluon_usable``),
+    :data:`FUSED_PREFILL` is on, the problem is within :func:`fused_prefill_scope` and its pairs fill
+    the SMs (:data:`FUSED_MIN_PAIRS_PER_SM`); ``shape`` otherwise and where the caller forced the
+    Triton kernels (``twin_only``)."""
+    if twin_only or not FUSED_PREFILL.on or not gluon_usable(device) or not fused_prefill_scope(problem):
+        return shape
+    if sizes.pairs >= FUSED_MIN_PAIRS_PER_SM * sizes.sms:
+        return replace(shape, fused=True)
     return shape
 
 

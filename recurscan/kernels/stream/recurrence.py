@@ -118,7 +118,7 @@ def _token_inputs(p_q, p_k, p_v, p_g, p_b, p_z, o_k, o_v, m_k, m_v, live, sv_d, 
 @triton.jit(do_not_specialize=["T", "t_begin", "t_end", "n_snap", "n_slots"])
 def streaming_recurrence_kernel(
     q, k, v, g, beta, o, A, dt_bias, D, z,
-    h0, hin, ht, slots, snaps, accepted, cu_seqlens,
+    h0, hin, ht, slots, snaps, accepted, cu_seqlens, flags,
     scale, T, t_begin, t_end, n_snap, n_slots,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sv_d,
     sg_b, sg_t, sg_h, sg_d, sb_b, sb_t, sb_h, sb_d, so_b, so_t, so_h,
@@ -132,12 +132,15 @@ def streaming_recurrence_kernel(
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, HT_BY_SLOT: tl.constexpr, HAS_SLOTS: tl.constexpr,
     STEPS: tl.constexpr, HAS_ACCEPTED: tl.constexpr, VARLEN: tl.constexpr,
-    HANDOFF: tl.constexpr, PREFETCH: tl.constexpr, EVICT: tl.constexpr,
+    HANDOFF: tl.constexpr, PREFETCH: tl.constexpr, EVICT: tl.constexpr, FLAGGED: tl.constexpr = False,
 ):
     NV: tl.constexpr = (V + BV - 1) // BV
     pid = tl.program_id(0).to(tl.int64)
     i_v = pid % NV
     i_nh = pid // NV
+    if FLAGGED:  # only the (sequence, head) pairs with a flagged value row (``flags [N * HV, V]``, V a power of two)
+        if tl.max(tl.load(flags + i_nh * V + tl.arange(0, V)), axis=0) == 0:
+            return
     i_n = i_nh // HV
     i_hv = i_nh % HV
     i_h = i_hv // (HV // H)  # grouped value heads: q/k head of this value head

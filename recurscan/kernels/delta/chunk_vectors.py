@@ -1,0 +1,74 @@
+"""The fused prefill's pre-pass (kernels/gluon/delta_fused.py): each chunk's row vectors, laid out
+so that the fused kernel's load warp brings them beside the chunk's tiles in one bulk copy and its
+prep moves no vector between layouts. One read of q and k per (chunk, query/key head).
+
+Per chunk and value head, ``vec[slot, hv, 0:4, 0:64]`` float32 (slot = ``_chunk_slot``, as the
+prep's ``coef``):
+
+    row 0  gc    the cumulative log decay within the chunk, in log2 units (g * log2(e), summed)
+    row 1  beta
+    row 2  rk    1 / sqrt(|k|^2 + 1e-6), the key's l2norm factor
+    row 3  rq    the query's (without the scale)
+
+Rows past the sequence's end hold g = 0 (so gc stays at the last row's: gc[63] is the decay
+across the chunk's rows), beta = 0, and the factors of a zero key and query.
+
+A chunk the fused kernel must not compute gets gc = NaN throughout: any row with a non-finite
+decay (a reset, g = -inf, among them), beta or key, or with a step that is not a contraction
+(beta < 0 or beta |k|^2 > 2 for the normalised key, where its fp16 inverse could overflow). NaN in
+gc reaches the chunk's decay across it and so the state; the program's non-finite state flags it,
+and the token loop computes its sequence and head again (launch/delta.py). The Triton prep's
+answer for such chunks (a tf32 inverse, bad rows selected out) is the token loop's within the
+oracle's tolerance, so the flagged programs get the same outputs either way.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .common import _chunk_slot, _prep_chunk
+
+#: Rows of a chunk's vectors (gc, beta, rk, rq).
+VECTOR_ROWS = 4
+
+
+@triton.jit(do_not_specialize=["n_seq"])
+def chunk_vectors_kernel(q, k, g, beta, vec, cu_seqlens, chunk_indices, T, n_seq,
+                         H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                         IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr):
+    """Grid (chunks of the stream, H): program -> (chunk, query/key head), writing the vectors of
+    the chunk's HV / H value heads (the module docstring). q, k ``[B, T, H, K]``, g, beta ``[B, T,
+    HV]`` contiguous (HAS_G False: no decay, g unread; varlen: B = 1, ``chunk_indices [NT_pad, 2]`` (sequence, chunk), padding rows
+    skipped); K a power of two."""
+    i_c = tl.program_id(0).to(tl.int64)
+    i_h = tl.program_id(1)
+    valid, i_n, i_t, bos, eos = _prep_chunk(cu_seqlens, chunk_indices, cu_seqlens, i_c, i_h < 0, T, n_seq, 0,
+                                            tl.cdiv(T, BT), 1, BT, IS_VARLEN)
+    if not valid:
+        return
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, K)
+    rows = bos + i_t * BT + o_t
+    live = rows < eos
+    b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=live[:, None], other=0.0).to(tl.float32)
+    k_sq = tl.sum(b_k * b_k, axis=1)
+    b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=live[:, None], other=0.0).to(tl.float32)
+    rq = tl.rsqrt(tl.sum(b_q * b_q, axis=1) + 1e-6)
+    rk = tl.rsqrt(k_sq + 1e-6)
+    k_bad = k_sq * 0.0 != 0.0
+    slot = _chunk_slot(bos, i_t, i_n, BT)
+    for i in tl.static_range(HV // H):
+        hv = i_h * (HV // H) + i
+        if HAS_G:
+            b_g = tl.load(g + rows * HV + hv, mask=live, other=0.0).to(tl.float32)
+        else:
+            b_g = tl.zeros([BT], tl.float32)
+        b_beta = tl.load(beta + rows * HV + hv, mask=live, other=0.0).to(tl.float32)
+        bad = k_bad | (b_g * 0.0 != 0.0) | (b_beta * 0.0 != 0.0) | (b_beta < 0.0) | (b_beta * k_sq * rk * rk > 2.0)
+        gc = tl.cumsum(b_g, axis=0) * 1.4426950408889634
+        gc = tl.where(tl.max(bad.to(tl.int32), axis=0) != 0, float("nan"), gc)
+        p = vec + (slot * HV + hv) * (4 * BT) + o_t
+        tl.store(p, gc)
+        tl.store(p + BT, b_beta)
+        tl.store(p + 2 * BT, rk)
+        tl.store(p + 3 * BT, rq)

@@ -1,0 +1,144 @@
+"""The fused prefill (kernels/gluon/delta_fused.py) on the GPU, under the Gluon rules
+(docs/kernels-gluon.md): within the float64 oracle's tolerance where its twin (the planned prep
+and sweep, the shape's ``fused`` off) is, dense and varlen, with partial last chunks, empty and
+one-token sequences, GVA, an initial state and fp16; the token loop for the pairs it flags
+(non-finite input, a step that is no contraction), every other pair's bits untouched; and the
+planner's choice. Run: ``python -m pytest -m gpu tests/gpu/test_fused_prefill_gpu.py``."""
+import pytest
+import torch
+
+import recurscan
+from recurscan.descriptors import build_chunk_descriptors
+from recurscan.kernels.gluon.delta_fused import gluon_fused_prefill_kernel
+from recurscan.launch import delta as launch_delta
+from recurscan.launch.delta import DeltaInputs, run_delta_launches
+from recurscan.reference.delta import gated_delta_rule_chunked
+
+from tests.helpers.launches import delta_launches
+from tests.helpers.tolerances import bits, relative_rms
+
+pytestmark = pytest.mark.gpu
+
+DEV = "cuda"
+#: The planner's row for many pairs (the fused shape's fallback and the twin here).
+ROW = dict(block_v=128, num_warps=8, num_stages=3, v_product=True, tma_store=True)
+
+
+@pytest.fixture(autouse=True)
+def gluon_and_poison(monkeypatch):
+    from recurscan.plan.device import gluon_usable
+    if not gluon_usable(torch.device(DEV)):
+        pytest.skip("Gluon kernels run on sm_90 with a tested Triton (plan.device.gluon_usable)")
+    monkeypatch.setattr(launch_delta, "POISON_BUFFERS", True)
+
+
+def inputs(B, T, H, HV, dtype=torch.bfloat16, seed=0, h0=False):
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    rn = lambda *s: torch.randn(*s, generator=gen, device=DEV)  # noqa: E731
+    q, k, v = rn(B, T, H, 128), rn(B, T, H, 128), rn(B, T, HV, 128)
+    g = torch.nn.functional.logsigmoid(rn(B, T, HV) + 3.0)
+    beta = torch.sigmoid(rn(B, T, HV))
+    x = [t.to(dtype) for t in (q, k, v)] + [g, beta.to(dtype)]
+    return x, (rn(B, HV, 128, 128) * 0.1 if h0 else None)
+
+
+def run(x, h0, fused, cu_seqlens=None):
+    """(o, final) of the launches with the shape's ``fused`` on or off, and whether the fused kernel ran."""
+    q, k, v, g, beta = x
+    ci = build_chunk_descriptors(cu_seqlens.cpu(), device=DEV).chunk_indices if cu_seqlens is not None else None
+    launches = delta_launches(q, k, v, g, beta, fused=fused, **ROW, scale=0.1, initial_state=h0,
+                              output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens,
+                              chunk_indices_dp=ci)
+    ran = any(s.kernel is gluon_fused_prefill_kernel for s in launches.steps)
+    outs = [run_delta_launches(launches, DeltaInputs(q, k, v, g, beta, h0, None, None, cu_seqlens, ci))
+            for _ in range(2)]  # the JIT launch, then the direct launches
+    assert all(torch.equal(bits(a), bits(b)) for a, b in zip(outs[0], outs[1]))
+    return outs[1], ran
+
+
+def oracle(x, h0, cu_seqlens=None):
+    q, k, v, g, beta = (t.double() for t in x)
+    return gated_delta_rule_chunked(q, k, v, g, beta, scale=0.1, initial_state=None if h0 is None else h0.double(),
+                                    use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens)
+
+
+CASES = {
+    "dense, whole chunks": dict(B=2, T=1024, H=4, HV=8),
+    "dense, a partial last chunk, initial state": dict(B=3, T=1000, H=4, HV=8, h0=True),
+    "GVA 16 value heads a q/k head, fp16": dict(B=2, T=700, H=2, HV=32, dtype=torch.float16),
+    "real size, B4 T8192 H16 HV64": dict(B=4, T=8192, H=16, HV=64),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_fused_prefill_is_within_the_oracle_tolerance_of_its_twin(case):
+    x, h0 = inputs(**CASES[case])
+    (o_f, s_f), ran = run(x, h0, True)
+    (o_t, s_t), twin_ran = run(x, h0, False)
+    assert ran and not twin_ran
+    o_w, s_w = oracle(x, h0)
+    for got, twin, want, what in ((o_f, o_t, o_w, "o"), (s_f, s_t, s_w, "final state")):
+        assert bool(torch.isfinite(got).all()), what
+        err, twin_err = relative_rms(got, want), relative_rms(twin, want)
+        assert err <= 1.25 * twin_err + 1e-4, f"{what}: {err:.3e} against the twin's {twin_err:.3e}"
+
+
+def test_fused_prefill_varlen_with_empty_and_one_token_sequences():
+    lengths = [0, 1, 63, 64, 65, 700, 0, 129, 1000]
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), device=DEV, dtype=torch.int32)
+    x, _ = inputs(1, int(cu[-1]), 2, 4)
+    h0 = torch.randn(len(lengths), 4, 128, 128, device=DEV) * 0.1
+    (o_f, s_f), ran = run(x, h0, True, cu)
+    (o_t, s_t), _ = run(x, h0, False, cu)
+    assert ran
+    o_w, s_w = oracle(x, h0, cu)
+    assert relative_rms(o_f, o_w) <= 1.25 * relative_rms(o_t, o_w) + 1e-4
+    assert relative_rms(s_f, s_w) <= 1.25 * relative_rms(s_t, s_w) + 1e-4
+    assert torch.equal(s_f[0], h0[0]) and torch.equal(s_f[6], h0[6])  # empty sequences keep their state
+
+
+def test_flagged_pairs_run_the_token_loop_and_leave_the_others_bits():
+    """A NaN key in sequence 1 (q/k head 2: value heads 8..11), and beta < 0 for value head 5 of
+    sequence 2 (no contraction): those pairs come from the token loop, every other pair's outputs
+    and states keep the clean run's bits."""
+    x, h0 = inputs(4, 700, 4, 16, h0=True)
+    (o_c, s_c), _ = run(x, h0, True)
+    q, k, v, g, beta = (t.clone() for t in x)
+    k[1, 300, 2, 7] = float("nan")
+    beta[2, :, 5] = -0.3
+    (o_f, s_f), ran = run([q, k, v, g, beta], h0, True)
+    assert ran
+    touched = torch.zeros(4, 16, dtype=torch.bool)
+    touched[1, 8:12] = True
+    touched[2, 5] = True
+    for n in range(4):
+        for hv in range(16):
+            if not touched[n, hv]:
+                assert torch.equal(bits(o_f[n, :, hv]), bits(o_c[n, :, hv])), (n, hv)
+                assert torch.equal(bits(s_f[n, hv]), bits(s_c[n, hv])), (n, hv)
+    # The NaN key: outputs before it finite and right, from it on non-finite, as the token loop's.
+    before = o_f[1, :300, 8:12]
+    assert bool(torch.isfinite(before).all())
+    assert relative_rms(before, o_c[1, :300, 8:12]) < 1e-2
+    assert not bool(torch.isfinite(o_f[1, 300, 8:12]).all()) and not bool(torch.isfinite(s_f[1, 8:12]).all())
+    # beta < 0: finite, and the oracle's within the twin's tolerance
+    (o_t, s_t), _ = run([q, k, v, g, beta], h0, False)
+    o_w, s_w = oracle([q, k, v, g, beta], h0)
+    assert bool(torch.isfinite(o_f[2, :, 5]).all())
+    assert relative_rms(o_f[2, :, 5], o_w[2, :, 5]) <= 1.25 * relative_rms(o_t[2, :, 5], o_w[2, :, 5]) + 1e-4
+    assert relative_rms(s_f[2, 5], s_w[2, 5]) <= 1.25 * relative_rms(s_t[2, 5], s_w[2, 5]) + 1e-4
+
+
+def test_the_planner_takes_the_fused_prefill_where_pairs_fill_the_sms():
+    from recurscan.plan.delta import FUSED_MIN_PAIRS_PER_SM, delta_shape
+    from recurscan.plan.device import sm_count
+    from recurscan.problem import delta_problem
+    sms = sm_count(torch.device(DEV))
+    for B, HV, want in ((4, 64, 4 * 64 >= FUSED_MIN_PAIRS_PER_SM * sms), (4, 16, False)):
+        x, _ = inputs(B, 128, 16, HV)
+        assert delta_shape(delta_problem(*x), torch.device(DEV)).fused == want, (B, HV)
+    x, _ = inputs(4, 2048, 16, 64)
+    o, s = recurscan.chunk_gated_delta_rule(*x, use_qk_l2norm_in_kernel=True, output_final_state=True)
+    o_t, s_t = recurscan.chunk_gated_delta_rule(*x, use_qk_l2norm_in_kernel=True, output_final_state=True,
+                                                backend="triton")
+    assert relative_rms(o, o_t) < 5e-3 and relative_rms(s, s_t) < 5e-3
