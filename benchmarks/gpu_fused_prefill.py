@@ -64,7 +64,7 @@ def measure(name, B, T, H, HV, lengths, rep_ms):
                                         chunk_indices_dp=ci)
         assert any(s.kernel is gluon_fused_prefill_kernel for s in launches.steps) == fused
         inp = DeltaInputs(q, k, v, g, beta, None, None, None, cu, ci)
-        runs[fused] = out = run_delta_launches(launches, inp)
+        runs[fused] = run_delta_launches(launches, inp)
         torch.cuda.synchronize()
         key = "fused" if fused else "twin"
         row[f"{key}_ms"] = tt.do_bench_cudagraph(lambda: run_delta_launches(launches, inp), rep=rep_ms)

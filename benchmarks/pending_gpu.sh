@@ -101,16 +101,12 @@
 #      21 / 26 barriers against 28, 2712 / 2104 instructions against 1936, 48 B of stack at 168 (255 / 234
 #      registers uncapped). On an H100 at f849bff (unswizzled scratch): form 2 0.5 us shorter alone, equal in
 #      throughput; form 1 longer on both (results/gluon_prep_parts_vectors_h100_f849bff.json).
-#  29. Issue 21: the fused, warp-specialised prefill prototype (`benchmarks/gluon_fused_proto.py`: a load warp,
-#      a prep warpgroup and two chain warpgroups a (sequence, value head), after a Triton pass for each chunk's
-#      vectors): its outputs and final state against float64 and the planned op's, both timed at B4 T8192 HV64
-#      and B4 T4096 in its GATES forms 1 and 3, and its probes. On the H200 at da76e4d: HV64 1.129 ms with the
-#      pass against the planned 1.506 (results/gluon_fused_proto_h200_da76e4d.json).
-#  30. Issue 21: the fused prototype's DEEP form (v in one stage of its own, the outputs staged in the S^T
-#      buffers, so that the ring fits three stages and the prep's next chunk waits on the chains' chunk two
-#      before): against the two-stage ring in one process, at two and three stages, with the prep-alone and
-#      chains-alone probes. Built at f13d838, not yet run (the session's device time ran out); offline at three
-#      stages 226 KB of shared memory and 60 local loads and stores a chunk in the prep (none at two or four).
+#  29, 30. (Ran on an H200 at da76e4d and an H100 at 12b07d8.) The fused prefill's prototype and its DEEP form
+#      (perf-history, 2026-12-06): the prototype became kernels/gluon/delta_fused.py (0d2edaf).
+#  31. Issue 21: the fused prefill (kernels/gluon/delta_fused.py): its GPU tests (against the twin, the oracle and
+#      the flagged token loop), then `benchmarks/gpu_fused_prefill.py` (fused against the twin in one process over
+#      the pairs around the planner's bound, two varlen batches). On an H100 at 0d2edaf's tree: 7 passed; 1.20-1.28x
+#      at 128 to 512 pairs, 0.77x at 64, 0.89x for a batch whose one sequence holds 3/4 of the tokens.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -253,11 +249,9 @@ step 27 && timeout 200 env PYTHONPATH=$PWD python benchmarks/gluon_prep_proto.py
     --out "$OUT/gluon_prep_proto_parts_$C.json" 2>&1 | grep -v Warning | tail -8
 step 28 && timeout 200 env PYTHONPATH=$PWD python benchmarks/gluon_prep_proto.py --parts --maxnreg 168 --maxnreg 0 \
     --vectors 0 --vectors 1 --vectors 2 --out "$OUT/gluon_prep_parts_vectors_$C.json" 2>&1 | grep -v Warning | tail -12
-step 29 && timeout 300 env PYTHONPATH=$PWD python benchmarks/gluon_fused_proto.py --out "$OUT/gluon_fused_proto_$C.json" \
-    2>&1 | grep -v Warning | tail -12
-step 30 && timeout 200 env PYTHONPATH=$PWD python benchmarks/gluon_fused_proto.py --gates 3 --workload gdn_b4_t8192_h16_hv64 \
-    --deep 0 --deep 1 --stages 2 --stages 3 --probe 1 --probe 2 --out "$OUT/gluon_fused_proto_deep_$C.json" 2>&1 \
-    | grep -v Warning | tail -4
+step 31 && { timeout 240 python -m pytest -m gpu tests/gpu/test_fused_prefill_gpu.py -q -p no:cacheprovider 2>&1 | tail -3;
+    timeout 240 env PYTHONPATH=$PWD python benchmarks/gpu_fused_prefill.py --out "$OUT/gpu_fused_prefill_$C.json" 2>&1 \
+    | grep -v Warning | tail -10; }
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \
     | grep -v Warning | tail -6
 step 23 && timeout 150 env PYTHONPATH=$PWD python benchmarks/inverse_forms.py --items 132 --items 8192 --items 32768 \

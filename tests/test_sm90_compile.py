@@ -4,6 +4,7 @@ without the interpreter): some kernels that run under the interpreter fail Trito
 (a branch on a scalar inside a loop did, in the parallel stage), and a kernel argument left to its
 default reaches the GPU's first call only. Each must also fit the H200's shared memory."""
 import os
+import re
 import subprocess
 import sys
 
@@ -189,15 +190,19 @@ def test_the_gluon_prep_prototype_compiles_for_sm90_without_spills():
         assert f"gluon_prep_kernel, maxnreg 168, vectors {vectors}:" in run.stdout, run.stdout
 
 
-def test_the_gluon_fused_prefill_prototype_compiles_for_sm90():
-    """benchmarks/gluon_fused_proto.py (GPU only; the benchmark compares its outputs and final states
-    with float64 and the planned op's) compiles for sm_90 as measured, in its GATES forms 1 and 3,
-    and in the DEEP form on three stages, within the H200's shared memory and the register file at
-    512 threads (its spills at these register splits are recorded in its line, not asserted)."""
-    run = compile_offline("gluon-fused-proto")
+def test_the_fused_prefill_compiles_for_sm90_without_spills():
+    """The fused prefill's launches (launch/delta_fused.py) as the launch layer builds them, dense and
+    varlen with GVA: the chunk vectors' pass, the warp-specialised Gluon kernel within the H200's
+    shared memory and 512 threads at 128 registers without spills (compiled_line's Gluon rule), and
+    the flagged token loop."""
+    run = compile_offline("fused-prefill")
     assert run.returncode == 0, run.stderr[-3000:]
-    for form in ("gates 1", "gates 3", "gates 3, deep, 3 stages"):
-        assert f"gluon_fused_kernel, {form}: REG:" in run.stdout, run.stdout
+    for case in ("GDN dense, H = HV", "GDN varlen, GVA"):
+        for kernel in ("chunk_vectors_kernel", "gluon_fused_prefill_kernel", "streaming_recurrence_kernel"):
+            assert f"fused, {case}: {kernel}: shared" in run.stdout, run.stdout
+        line = next(x for x in run.stdout.splitlines() if f"fused, {case}: gluon_fused_prefill_kernel" in x)
+        spills = re.findall(r"(\d+) local ld/st", line)
+        assert "STACK:0 " in line and spills and set(spills) == {"0"}, line
 
 
 def test_the_gluon_forward_sweep_compiles_for_sm90():

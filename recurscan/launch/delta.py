@@ -254,7 +254,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         n_prep = B * triton.cdiv(T * M, BT)
     use_cache = state is not None
     store_final = not use_cache and output_final_state
-    if shape.fused and q.is_cuda and not INTERPRET and wy and M == 1 and ssd is None and not (key_decay or group or use_cache or return_chunk_states
+    if shape.fused and not INTERPRET and wy and M == 1 and ssd is None and not (key_decay or group or use_cache or return_chunk_states
                                                                or keep_prep or checkpoint_chunks or states_only) \
             and use_qk_l2norm_in_kernel and (g is None or g.dim() == 3) and (beta is None or beta.dim() == 3) \
             and q.dtype in (torch.bfloat16, torch.float16) and K == V == 128 and fused_call_ok(q, k, v, out_views):

@@ -460,13 +460,17 @@ def gluon_forward_sweep(shape: DeltaShape, *, householder: int, dtype: torch.dty
 
 
 #: The fused prefill (kernels/gluon/delta_fused.py), taken by :func:`fused_prefill` where at least
-#: FUSED_MIN_PAIRS_PER_SM (sequence, value head) pairs an SM fill the SMs with its programs (one
-#: an SM: 13 warps, 203 KB of shared memory).
-FUSED_PREFILL = GluonTwinRow(True, "the fused prefill against the planned prep and sweep, graph replay, bf16, l2norm, "
-                                   "same process: B4 T8192 H16 HV64 (256 pairs) 1.129 ms against 1.506 on the H200 "
-                                   "(the prototype, gluon_fused_proto_h200_da76e4d.json); B4 T4096 H16 (64 pairs) "
-                                   "0.298 against 0.226")
-FUSED_MIN_PAIRS_PER_SM = 1.9
+#: FUSED_MIN_PAIRS_PER_SM (sequence, value head) pairs an SM keep the SMs in its programs (one an SM:
+#: 13 warps, 203 KB of shared memory). Varlen too: the planner cannot see a batch's lengths, and
+#: where one sequence holds most tokens its pairs' chain is the fused kernel's critical path, 11%
+#: longer than the twin's (below); batches of even lengths gain as dense ones.
+FUSED_PREFILL = GluonTwinRow(True, "the fused prefill against the planned prep and sweep in one process, graph replay, "
+                                   "bf16, l2norm, H100 (gpu_fused_prefill_h100_*.json): B2 T8192 H16 HV64 (128 pairs) "
+                                   "0.616 ms against 0.788, B3 (192) 1.154 against 1.296, B4 (256) 1.229 against "
+                                   "1.575, B8 HV32 (256) 1.351 against 1.618, B8 T4096 HV64 (512) 1.246 against 1.588, "
+                                   "varlen 16 x 2048 HV32 0.695 against 0.836; slower at B4 T4096 HV16 (64 pairs: "
+                                   "0.315 against 0.244) and varlen 24576 + 16 x 512 HV32 (1.629 against 1.451)")
+FUSED_MIN_PAIRS_PER_SM = 0.95
 
 
 def fused_prefill_scope(problem) -> bool:

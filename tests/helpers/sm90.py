@@ -8,7 +8,7 @@ compilable objects.
     python -m tests.helpers.sm90 "GDN varlen, H = HV" "Gluon dq and dk, warp-specialised" 64 128   # K 64, V 128
     python -m tests.helpers.sm90 gla "GDN varlen, GVA"
     python -m tests.helpers.sm90 gluon-prep-proto-sass   # benchmarks/gluon_prep_proto.py's SASS by part
-    python -m tests.helpers.sm90 gluon-fused-proto   # benchmarks/gluon_fused_proto.py's kernel
+    python -m tests.helpers.sm90 fused-prefill   # the fused prefill's launches (kernels/gluon/delta_fused.py)
 """
 import dataclasses
 import sys
@@ -570,24 +570,16 @@ def compile_gluon_prep_proto() -> list[str]:
             for cap, vectors in ((None, 0), (168, 0), (None, 1), (168, 1), (None, 2), (168, 2))]
 
 
-def compile_gluon_fused_proto() -> list[str]:
-    """benchmarks/gluon_fused_proto.py's kernel (GDN dense, H16 HV64, K = V = 128, bf16) compiled for
-    sm_90 as measured (the prep at 168 registers, the chains at 160, the load warp at 24) in its
-    GATES forms 1 and 3 on a two-stage ring, and GATES 3 in the DEEP form on three stages: a line
-    each with registers, stack and the loops' profile."""
-    from benchmarks import gluon_fused_proto as proto
+def compile_fused_prefill() -> list[str]:
+    """The fused prefill's launches (launch/delta_fused.py: the chunk vectors' pass, the fused
+    kernel, the flagged token loop) as the launch layer builds them for the planner's row with
+    ``fused`` set, dense and varlen with GVA, an initial state and the final state: a line each, the
+    fused kernel's with its registers, stack and loops (no stack: compiled_line's Gluon rule)."""
     from benchmarks.sm90_resources import resources
-    sig = dict(q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*bf16", gvec="*fp32", o="*bf16", ht="*fp32",
-               scale="fp32", T="i32", N="i32")
-    lines = []
-    for gates, deep in ((1, False), (3, False), (3, True)):
-        const = dict(H=16, HV=64, K=128, V=128, BT=proto.BT, BV=proto.BV, NUM_STAGES=3 if deep else 2,
-                     CHAIN_REGS=proto.CHAIN_REGS, PREP_REGS=proto.PREP_REGS, LOAD_REGS=proto.LOAD_REGS, GATES=gates,
-                     DEEP=deep)
-        compiled = _compile_gluon_benchmark_kernel(proto.gluon_fused_kernel, sig, const,
-                                                   dict(num_warps=4, maxnreg=128))
-        lines.append(f"gluon_fused_kernel, gates {gates}{', deep, 3 stages' if deep else ''}: {resources(compiled)}")
-    return lines
+    from recurscan.plan.delta import DELTA_LAUNCH
+    shape = dataclasses.replace(DELTA_LAUNCH[0][1], fused=True)
+    return [f"fused, {case}: {line}" for case in ("GDN dense, H = HV", "GDN varlen, GVA")
+            for line in compile_delta_forward(case, shape, describe=resources)]
 
 
 def gluon_prep_proto_sass() -> list[str]:
@@ -621,8 +613,8 @@ def lines_for(argv: list[str]) -> list[str]:
         return compile_gluon_forward()
     if argv[0] == "gluon-prep-proto":
         return compile_gluon_prep_proto()
-    if argv[0] == "gluon-fused-proto":
-        return compile_gluon_fused_proto()
+    if argv[0] == "fused-prefill":
+        return compile_fused_prefill()
     if argv[0] == "gluon-prep-proto-sass":
         return gluon_prep_proto_sass()
     if argv[0] == "ssd-gate":

@@ -51,6 +51,10 @@ state is neither read nor written); pool offsets are 64-bit. Snapshots for specu
 are stored at the request's slot every ``STEPS`` steps, from registers (one store per draft token,
 no re-read); ``accepted [N]`` starts a request from its snapshot ``accepted[n] - 1`` (0: from the
 cache row). Any state dtype is accumulated in float32.
+
+FLAGGED (the fused prefill's fallback, launch/delta_fused.py): only the (sequence, value head)
+pairs with a nonzero entry in their row of ``flags [N * HV, V]`` run; the others' programs return
+at once, writing nothing.
 """
 from __future__ import annotations
 

@@ -1,0 +1,191 @@
+"""The fused prefill's parts that run on the CPU (the fused kernel itself is GPU only: its sm_90 compile
+is in test_sm90_compile.py, its comparison with its twin in tests/gpu/test_fused_prefill_gpu.py):
+
+- the chunk vectors' pass (kernels/delta/chunk_vectors.py) equals its torch reference below, dense
+  and varlen (partial and empty sequences), under GVA and without a decay, and marks exactly the
+  chunks the fused kernel must not compute;
+- the flagged token loop (launch/delta_fused.py) recomputes the flagged (sequence, value head) pairs
+  as the oracle does and leaves every other pair's outputs and states alone;
+- the planner takes the fused prefill where pairs fill the SMs, within its scope, never where the
+  caller forced the Triton kernels; and a fused shape the interpreter cannot run is the row's launch.
+"""
+import pytest
+import torch
+
+from recurscan.descriptors import CHUNK_SIZE, build_chunk_descriptors
+from recurscan.kernels.delta.chunk_vectors import VECTOR_ROWS, chunk_vectors_kernel
+from recurscan.launch.delta import CALL_NAMES, Step, launch_steps
+from recurscan.launch.delta_fused import flagged_token_loop
+from recurscan.reference.delta import gated_delta_rule_naive
+
+from tests.helpers.tolerances import bits
+
+BT = CHUNK_SIZE
+LOG2E = 1.4426950408889634
+
+
+def chunk_vectors_reference(q, k, g, beta, cu_seqlens):
+    """{slot: [HV, 4, 64]} of every chunk of every sequence, as the module docstring of
+    kernels/delta/chunk_vectors.py defines them (slot = (bos + 64 c) // 64 + n)."""
+    B, T, H, K = q.shape
+    HV = beta.shape[2]
+    q, k, beta = (x.reshape(B * T, *x.shape[2:]).float() for x in (q, k, beta))
+    g = torch.zeros(B * T, HV) if g is None else g.reshape(B * T, HV).float()
+    bounds = [(n * T, (n + 1) * T) for n in range(B)] if cu_seqlens is None else \
+        list(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist()))
+    out = {}
+    for n, (bos, eos) in enumerate(bounds):
+        for c in range(-(-(eos - bos) // BT)):
+            rows = torch.arange(bos + c * BT, bos + (c + 1) * BT)
+            live = rows < eos
+            rows = rows.clamp(max=B * T - 1)
+            pad = lambda x: torch.where(live.view(-1, *([1] * (x.dim() - 1))), x[rows], 0.0)  # noqa: E731
+            kt, qt, gt, bt = pad(k), pad(q), pad(g), pad(beta)
+            k_sq = kt.square().sum(-1)  # [64, H]
+            rk, rq = torch.rsqrt(k_sq + 1e-6), torch.rsqrt(qt.square().sum(-1) + 1e-6)
+            vec = torch.empty(HV, VECTOR_ROWS, BT)
+            for hv in range(HV):
+                h = hv // (HV // H)
+                gc = gt[:, hv].cumsum(0) * LOG2E
+                b = bt[:, hv]
+                bad = ~torch.isfinite(gt[:, hv]) | ~torch.isfinite(b) | ~torch.isfinite(k_sq[:, h]) | (b < 0) | \
+                    (b * k_sq[:, h] * rk[:, h] ** 2 > 2)
+                vec[hv, 0] = torch.full_like(gc, float("nan")) if bool(bad.any()) else gc
+                vec[hv, 1], vec[hv, 2], vec[hv, 3] = b, rk[:, h], rq[:, h]
+            out[(bos + c * BT) // BT + n] = vec
+    return out
+
+
+def run_chunk_vectors(q, k, g, beta, cu_seqlens):
+    B, T, H, K = q.shape
+    HV = beta.shape[2]
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    vec = torch.full(((B * T) // BT + N, HV, VECTOR_ROWS, BT), -7.0)  # a value no chunk writes
+    if cu_seqlens is None:
+        ci, n_prep = q, B * -(-T // BT)
+    else:
+        ci = build_chunk_descriptors(cu_seqlens).chunk_indices
+        n_prep = ci.shape[0]
+    chunk_vectors_kernel[(n_prep, H)](q, k, g if g is not None else q, beta, vec, cu_seqlens if cu_seqlens is not None
+                                      else q, ci, T, N if cu_seqlens is not None else 0, H=H, HV=HV, K=K, BT=BT,
+                                      IS_VARLEN=cu_seqlens is not None, HAS_G=g is not None)
+    return vec
+
+
+def inputs(B, T, H, HV, K=32, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    rn = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    q, k = rn(B, T, H, K).bfloat16(), rn(B, T, H, K).bfloat16()
+    g = torch.nn.functional.logsigmoid(rn(B, T, HV) + 2.0)
+    beta = torch.sigmoid(rn(B, T, HV)).bfloat16()
+    return q, k, g, beta
+
+
+CASES = {
+    "dense, H = HV": dict(B=2, T=2 * BT, H=2, HV=2),
+    "dense GVA, a partial last chunk": dict(B=2, T=BT + 20, H=1, HV=4),
+    "varlen: empty, one-token and partial sequences": dict(B=1, T=300, H=2, HV=4, cu=[0, 0, 1, 64, 65, 65, 300]),
+    "no decay": dict(B=1, T=BT, H=1, HV=2, no_g=True),
+    "hostile rows": dict(B=2, T=2 * BT, H=1, HV=2, hostile=True),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_chunk_vectors_match_their_reference(case):
+    c = CASES[case]
+    q, k, g, beta = inputs(c["B"], c["T"], c["H"], c["HV"])
+    if c.get("no_g"):
+        g = None
+    if c.get("hostile"):  # each marks its own chunk and value head only
+        g[0, 3, 0] = float("-inf")  # a reset
+        beta[0, BT + 5, 1] = -0.5  # no contraction
+        beta[1, 7, 0] = 2.5  # a normalised key's |k|^2 is 1 less 1e-6 / |k|^2: no contraction
+        k[1, BT + 9, 0] = float("nan")  # a non-finite key: both value heads of its chunk
+        g[1, BT + 10, 1] = float("nan")
+    cu = None if "cu" not in c else torch.tensor(c["cu"], dtype=torch.int32)
+    got = run_chunk_vectors(q, k, g, beta, cu)
+    want = chunk_vectors_reference(q, k, g, beta, cu)
+    for slot in range(got.shape[0]):
+        if slot in want:
+            torch.testing.assert_close(got[slot], want[slot], rtol=1e-5, atol=1e-5, equal_nan=True)
+        else:  # no stray writes
+            assert bool((got[slot] == -7.0).all()), slot
+    if c.get("hostile"):
+        marked = {(s, hv) for s, v in want.items() for hv in range(v.shape[0]) if bool(v[hv, 0].isnan().all())}
+        assert marked == {(0, 0), (1, 1), (3, 0), (4, 0), (4, 1)}, marked  # slots: n T / 64 + c + n
+
+
+def _token_loop_values(q, k, v, g, beta, o, h0, final, cu, flags):
+    named = dict(q=q, k=k, v=v, g=g, beta=beta, o=o, initial_state=h0, final=final, cu_seqlens=cu, flags=flags)
+    return tuple(named.get(n) for n in CALL_NAMES)
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_the_flagged_token_loop_recomputes_flagged_pairs_only(varlen):
+    B, T, H, HV, K = (1, 90, 1, 2, 32) if varlen else (2, 40, 1, 2, 32)
+    cu = torch.tensor([0, 30, 30, 90], dtype=torch.int32) if varlen else None
+    N = 3 if varlen else B
+    q, k, g, beta = inputs(B, T, H, HV, K, seed=1)
+    v = torch.randn(B, T, HV, K, generator=torch.Generator().manual_seed(2)).bfloat16()
+    h0 = torch.randn(N, HV, K, K) * 0.1
+    o = torch.full((B, T, HV, K), float("nan"), dtype=torch.bfloat16)
+    final = torch.full((N, HV, K, K), float("nan"))
+    flags = torch.zeros(N * HV, K, dtype=torch.int32)
+    flagged = [(0, 1), (N - 1, 0)]
+    for n, hv in flagged:
+        flags[n * HV + hv, 5] = 1
+    step = flagged_token_loop(Step, q, v, H=H, HV=HV, K=K, V=K, N=N, T=T, varlen=varlen, scale=0.3, has_g=True,
+                              has_h0=True, store_final=True, s0=h0.stride(), o_strides=(HV * K, K),
+                              ht_strides=(HV * K * K, K * K), beta_name="beta")
+    launch_steps([step], _token_loop_values(q, k, v, g, beta, o, h0, final, cu, flags))
+    want_o, want_s = gated_delta_rule_naive(*(x.double() for x in (q, k, v, g, beta)), scale=0.3,
+                                            initial_state=h0.double(), use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+    bounds = [(0, 30), (30, 30), (30, 90)] if varlen else None
+    for n in range(N):
+        for hv in range(HV):
+            if varlen:
+                got_o, ref_o = o[0, bounds[n][0]:bounds[n][1], hv], want_o[0, bounds[n][0]:bounds[n][1], hv]
+            else:
+                got_o, ref_o = o[n, :, hv], want_o[n, :, hv]
+            if (n, hv) in flagged:
+                torch.testing.assert_close(got_o.double(), ref_o, rtol=2e-2, atol=2e-2)
+                torch.testing.assert_close(final[n, hv].double(), want_s[n, hv], rtol=1e-4, atol=1e-4)
+            else:
+                assert bool(got_o.isnan().all()) and bool(final[n, hv].isnan().all()), (n, hv)
+
+
+def test_the_planner_takes_the_fused_prefill_where_pairs_fill_the_sms(monkeypatch):
+    from recurscan.plan import delta as plan_delta
+    from recurscan.problem import delta_problem
+    monkeypatch.setattr(plan_delta, "gluon_usable", lambda device: True)
+    monkeypatch.setattr(plan_delta, "sm_count", lambda device: 132)
+    cpu = torch.device("cpu")
+
+    def planned(B, HV, K=128, dtype=torch.bfloat16, gluon=True, **kw):
+        q, k = (torch.zeros(B, 128, 16, K, dtype=dtype) for _ in range(2))
+        v = torch.zeros(B, 128, HV, 128, dtype=dtype)
+        problem = delta_problem(q, k, v, torch.zeros(B, 128, HV), torch.zeros(B, 128, HV, dtype=dtype), **kw)
+        return plan_delta.delta_shape(problem, cpu, gluon=gluon).fused
+
+    assert planned(2, 64) and planned(8, 16)  # 128 pairs, 0.97 an SM
+    assert not planned(4, 16)  # 64 pairs
+    assert not planned(2, 64, gluon=False)  # backend="triton"
+    assert not planned(2, 64, K=64)
+    assert not planned(2, 64, dtype=torch.float32)
+    cache = torch.zeros(4, 64, 128, 128)
+    assert not planned(2, 64, state=cache, state_indices=torch.arange(2, dtype=torch.int32))
+
+
+def test_a_fused_shape_the_interpreter_cannot_run_is_the_rows_launch():
+    from recurscan.launch.delta import run_delta_launches
+    from tests.helpers.launches import delta_launches
+    q, k, g, beta = inputs(2, 70, 1, 2, K=16)
+    v = torch.randn(2, 70, 2, 16, generator=torch.Generator().manual_seed(3)).bfloat16()
+    runs = []
+    for fused in (True, False):
+        launches = delta_launches(q, k, v, g, beta, fused=fused, use_qk_l2norm_in_kernel=True,
+                                  output_final_state=True)
+        assert not any("gluon" in getattr(s.kernel, "__name__", type(s.kernel).__name__).lower() or
+                       type(s.kernel).__name__ == "GluonJITFunction" for s in launches.steps)
+        runs.append(run_delta_launches(launches, (q, k, v, g, beta)))
+    assert all(torch.equal(bits(a), bits(b)) for a, b in zip(*runs))
