@@ -154,6 +154,25 @@ def test_the_flagged_token_loop_recomputes_flagged_pairs_only(varlen):
                 assert bool(got_o.isnan().all()) and bool(final[n, hv].isnan().all()), (n, hv)
 
 
+def test_every_fused_launch_names_every_kernel_argument():
+    """As the planned launches must (the direct launcher reads every argument by name, defaults
+    included): the fused prefill's three launches, built as for a GPU call (the interpreter's
+    fallback bypassed)."""
+    from recurscan.launch import delta as launch_delta
+    from recurscan.launch.delta_fused import fused_launch_steps
+    q, k, g, beta = inputs(2, 70, 1, 2, K=128)
+    v = torch.zeros(2, 70, 2, 128, dtype=torch.bfloat16)
+    for h0, final in ((False, False), (True, True)):
+        _, steps = fused_launch_steps(launch_delta.Step, q, v, H=1, HV=2, K=128, V=128, N=2, T=70, scale=0.1,
+                                      varlen=False, n_prep=4, has_g=True, has_h0=h0, store_final=final,
+                                      s0=(2 * 128 * 128, 128 * 128, 128, 1), o_strides=(256, 128),
+                                      ht_strides=(2 * 128 * 128, 128 * 128), beta_name="beta")
+        assert len(steps) == 3
+        for step in steps:
+            missing = [a for a in step.kernel.arg_names if a not in step.kwargs]
+            assert not missing, f"{step.kernel}: {missing}"
+
+
 def test_the_planner_takes_the_fused_prefill_where_pairs_fill_the_sms(monkeypatch):
     from recurscan.plan import delta as plan_delta
     from recurscan.problem import delta_problem

@@ -402,6 +402,20 @@ def test_launch_split_hands_the_state_on(monkeypatch):
     assert torch.equal(bits(o1), bits(o2)) and torch.equal(bits(c1), bits(c2)) and torch.equal(bits(s1), bits(s2))
 
 
+def test_every_streaming_launch_names_every_kernel_argument():
+    """The direct launcher (runtime/launcher.py) builds its parameter block from the step's arguments
+    by the kernel's argument names, defaults included: a launch that leaves one to its default fails
+    on the GPU's first call only, never under the interpreter."""
+    q, k, v, g, beta = inputs(2, 5, 1, 2, 16, 8)
+    o = torch.empty_like(v)
+    for final in (None, torch.empty(2, 2, 16, 8)):
+        tensors = R.StreamTensors(q, k, v, g, beta, o, ht=final)
+        hit = R.build_stream_launches(tensors, P.stream_shape(P.StreamSizes(4, 16, 8, 5, 4), q.device), scale=0.25,
+                                      delta=True, gate="scalar", beta_mode="head", num_sequences=2)
+        missing = [a for a in R.streaming_recurrence_kernel.arg_names if a not in hit.kwargs]
+        assert not missing, missing
+
+
 def test_state_column_too_large_is_refused_before_launch():
     K = P.MAX_COLUMN_BYTES // 4 + 1
     q = torch.randn(1, 1, 1, K)

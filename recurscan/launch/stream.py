@@ -154,7 +154,7 @@ def build_stream_launches(tensors: StreamTensors, shape: StreamShape, *, scale, 
                  HAS_Z=z is not None, USE_H0=initial is not None, STORE_HT=final is not None,
                  HT_BY_SLOT=bool(final_by_slot), HAS_SLOTS=slots is not None, STEPS=steps,
                  HAS_ACCEPTED=accepted is not None, VARLEN=cu_seqlens is not None, HANDOFF=False,
-                 PREFETCH=T > 1, EVICT=shape.evict)
+                 PREFETCH=T > 1, EVICT=shape.evict, FLAGGED=False)
     # Slots index the cache, its snapshots and (by slot) the final state: bounded by the fewest rows.
     n_slots = min([t.shape[0] for t in (initial, final if final_by_slot else None, snaps) if t is not None],
                   default=0)
