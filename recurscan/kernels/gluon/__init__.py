@@ -6,6 +6,8 @@ measured faster) are in docs/kernels-gluon.md; whether this process may launch t
 
 - :mod:`.delta_sweep`: the delta rule's forward sweep (twin: ``kernels/delta/sweep.py``'s
   ``chunk_delta_sweep_kernel``).
+- :mod:`.delta_fused`: the delta rule's prefill with the prep beside the chain, warp-specialised
+  (twin: the planned ``kernels/delta/prep.py`` and ``sweep.py``), on :mod:`.wy_inverse`'s inverse.
 - :mod:`.delta_backward_sweep`: the delta rule's reverse sweep
   (twin: ``kernels/delta/backward.py``'s ``chunk_delta_bwd_sweep_kernel``).
 - :mod:`.delta_backward_dqdk`: dq and dk of the delta rule's backward
