@@ -4,8 +4,9 @@ is in test_sm90_compile.py, its comparison with its twin in tests/gpu/test_fused
 - the chunk vectors' pass (kernels/delta/chunk_vectors.py) equals its torch reference below, dense
   and varlen (partial and empty sequences), under GVA and without a decay, and marks exactly the
   chunks the fused kernel must not compute;
-- the flagged token loop (launch/delta_fused.py) recomputes the flagged (sequence, value head) pairs
-  as the oracle does and leaves every other pair's outputs and states alone;
+- the flagged token loop (launch/delta_fused.py) recomputes the flagged value columns as the
+  oracle does, from and into an initial and final state or a state cache, and leaves every other
+  column, pair and slot alone;
 - the planner takes the fused prefill where pairs fill the SMs, within its scope, never where the
   caller forced the Triton kernels; and a fused shape the interpreter cannot run is the row's launch.
 """
@@ -115,43 +116,66 @@ def test_chunk_vectors_match_their_reference(case):
         assert marked == {(0, 0), (1, 1), (3, 0), (4, 0), (4, 1)}, marked  # slots: n T / 64 + c + n
 
 
-def _token_loop_values(q, k, v, g, beta, o, h0, final, cu, flags):
-    named = dict(q=q, k=k, v=v, g=g, beta=beta, o=o, initial_state=h0, final=final, cu_seqlens=cu, flags=flags)
+def _token_loop_values(q, k, v, g, beta, o, h0, final, cu, flags, state=None, slots=None):
+    named = dict(q=q, k=k, v=v, g=g, beta=beta, o=o, initial_state=h0, final=final, cu_seqlens=cu, flags=flags,
+                 state=state, state_indices=slots)
     return tuple(named.get(n) for n in CALL_NAMES)
 
 
+@pytest.mark.parametrize("cache", [False, True], ids=["initial and final state", "state cache"])
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
-def test_the_flagged_token_loop_recomputes_flagged_pairs_only(varlen):
-    B, T, H, HV, K = (1, 90, 1, 2, 32) if varlen else (2, 40, 1, 2, 32)
+def test_the_flagged_token_loop_recomputes_flagged_columns_only(varlen, cache):
+    """Flags in two (sequence, value head) pairs' rows, each in value column 5: their first block of
+    32 columns (the interpreter's tile) is the oracle's, outputs and state (in the cache, at the
+    sequence's slot); every other block, pair and slot is untouched (NaN-poisoned, or its bits)."""
+    B, T, H, HV, K, V = (1, 90, 1, 2, 32, 64) if varlen else (2, 40, 1, 2, 32, 64)
     cu = torch.tensor([0, 30, 30, 90], dtype=torch.int32) if varlen else None
     N = 3 if varlen else B
     q, k, g, beta = inputs(B, T, H, HV, K, seed=1)
-    v = torch.randn(B, T, HV, K, generator=torch.Generator().manual_seed(2)).bfloat16()
-    h0 = torch.randn(N, HV, K, K) * 0.1
-    o = torch.full((B, T, HV, K), float("nan"), dtype=torch.bfloat16)
-    final = torch.full((N, HV, K, K), float("nan"))
-    flags = torch.zeros(N * HV, K, dtype=torch.int32)
+    v = torch.randn(B, T, HV, V, generator=torch.Generator().manual_seed(2)).bfloat16()
+    h0 = torch.randn(N, HV, K, V) * 0.1
+    o = torch.full((B, T, HV, V), float("nan"), dtype=torch.bfloat16)
+    final = torch.full((N, HV, K, V), float("nan"))
+    state = slots = None
+    if cache:  # slots in reverse order, two more than the sequences
+        slots = torch.arange(N, dtype=torch.int32).flip(0) + 2
+        state = torch.randn(N + 2, HV, K, V) * 0.1
+        h0 = state[slots.long()]
+        state0 = state.clone()
+    flags = torch.zeros(N * HV, V, dtype=torch.int32)
     flagged = [(0, 1), (N - 1, 0)]
     for n, hv in flagged:
         flags[n * HV + hv, 5] = 1
-    step = flagged_token_loop(Step, q, v, H=H, HV=HV, K=K, V=K, N=N, T=T, varlen=varlen, scale=0.3, has_g=True,
-                              has_h0=True, store_final=True, s0=h0.stride(), o_strides=(HV * K, K),
-                              ht_strides=(HV * K * K, K * K), beta_name="beta")
-    launch_steps([step], _token_loop_values(q, k, v, g, beta, o, h0, final, cu, flags))
+    step = flagged_token_loop(Step, q, v, H=H, HV=HV, K=K, V=V, N=N, T=T, varlen=varlen, scale=0.3, has_g=True,
+                              has_h0=not cache, store_final=not cache,
+                              s0=state.stride() if cache else h0.stride(), o_strides=(HV * V, V),
+                              ht_strides=(HV * K * V, K * V), beta_name="beta", n_slots=N + 2 if cache else 0)
+    launch_steps([step], _token_loop_values(q, k, v, g, beta, o, None if cache else h0, None if cache else final,
+                                            cu, flags, state, slots))
     want_o, want_s = gated_delta_rule_naive(*(x.double() for x in (q, k, v, g, beta)), scale=0.3,
                                             initial_state=h0.double(), use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
     bounds = [(0, 30), (30, 30), (30, 90)] if varlen else None
+    block, rest = slice(0, 32), slice(32, 64)
     for n in range(N):
+        got_s = state[int(slots[n])] if cache else final[n]
         for hv in range(HV):
             if varlen:
                 got_o, ref_o = o[0, bounds[n][0]:bounds[n][1], hv], want_o[0, bounds[n][0]:bounds[n][1], hv]
             else:
                 got_o, ref_o = o[n, :, hv], want_o[n, :, hv]
             if (n, hv) in flagged:
-                torch.testing.assert_close(got_o.double(), ref_o, rtol=2e-2, atol=2e-2)
-                torch.testing.assert_close(final[n, hv].double(), want_s[n, hv], rtol=1e-4, atol=1e-4)
+                torch.testing.assert_close(got_o[:, block].double(), ref_o[:, block], rtol=2e-2, atol=2e-2)
+                torch.testing.assert_close(got_s[hv, :, block].double(), want_s[n, hv, :, block], rtol=1e-4,
+                                           atol=1e-4)
+            assert bool((got_o[:, rest] if (n, hv) in flagged else got_o).isnan().all()), (n, hv)
+            untouched = got_s[hv, :, rest] if (n, hv) in flagged else got_s[hv]
+            if cache:
+                before = state0[int(slots[n]), hv]
+                assert torch.equal(untouched, before[:, rest] if (n, hv) in flagged else before), (n, hv)
             else:
-                assert bool(got_o.isnan().all()) and bool(final[n, hv].isnan().all()), (n, hv)
+                assert bool(untouched.isnan().all()), (n, hv)
+    if cache:
+        assert torch.equal(state[:2], state0[:2])  # slots no sequence names
 
 
 def test_every_fused_launch_names_every_kernel_argument():
@@ -162,11 +186,11 @@ def test_every_fused_launch_names_every_kernel_argument():
     from recurscan.launch.delta_fused import fused_launch_steps
     q, k, g, beta = inputs(2, 70, 1, 2, K=128)
     v = torch.zeros(2, 70, 2, 128, dtype=torch.bfloat16)
-    for h0, final in ((False, False), (True, True)):
+    for h0, final, n_slots in ((False, False, 0), (True, True, 0), (False, False, 4)):
         _, steps = fused_launch_steps(launch_delta.Step, q, v, H=1, HV=2, K=128, V=128, N=2, T=70, scale=0.1,
                                       varlen=False, n_prep=4, has_g=True, has_h0=h0, store_final=final,
                                       s0=(2 * 128 * 128, 128 * 128, 128, 1), o_strides=(256, 128),
-                                      ht_strides=(2 * 128 * 128, 128 * 128), beta_name="beta")
+                                      ht_strides=(2 * 128 * 128, 128 * 128), beta_name="beta", n_slots=n_slots)
         assert len(steps) == 3
         for step in steps:
             missing = [a for a in step.kernel.arg_names if a not in step.kwargs]
@@ -192,7 +216,7 @@ def test_the_planner_takes_the_fused_prefill_where_pairs_fill_the_sms(monkeypatc
     assert not planned(2, 64, K=64)
     assert not planned(2, 64, dtype=torch.float32)
     cache = torch.zeros(4, 64, 128, 128)
-    assert not planned(2, 64, state=cache, state_indices=torch.arange(2, dtype=torch.int32))
+    assert planned(2, 64, state=cache, state_indices=torch.arange(2, dtype=torch.int32))  # serving, in place
 
 
 def test_a_fused_shape_the_interpreter_cannot_run_is_the_rows_launch():

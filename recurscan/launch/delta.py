@@ -254,11 +254,10 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         n_prep = B * triton.cdiv(T * M, BT)
     use_cache = state is not None
     store_final = not use_cache and output_final_state
-    if shape.fused and not INTERPRET and wy and M == 1 and ssd is None and not (key_decay or group or use_cache or return_chunk_states
-                                                               or keep_prep or checkpoint_chunks or states_only) \
-            and use_qk_l2norm_in_kernel and (g is None or g.dim() == 3) and (beta is None or beta.dim() == 3) \
-            and q.dtype in (torch.bfloat16, torch.float16) and K == V == 128 and fused_call_ok(q, k, v, out_views):
-        return _fused_launches(q, v, g, beta, scale, initial_state, store_final, out_views, N, n_prep, varlen)
+    if shape.fused and not INTERPRET and wy and M == 1 and ssd is None and use_qk_l2norm_in_kernel \
+            and not (key_decay or group or return_chunk_states or keep_prep or checkpoint_chunks or states_only) \
+            and fused_call_ok(q, k, v, g, beta, state, out_views):
+        return _fused_launches(q, v, g, beta, scale, initial_state, state, store_final, out_views, N, n_prep, varlen)
 
     buffers = {"o": ((B, T, HV, V), v.dtype if ssd is not None else q.dtype, None)}
     if group and not shape.sweep_scores:  # the scores once per query/key head, gated per value head in the sweep
@@ -458,7 +457,8 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     return DeltaLaunches(buffers, steps, outputs, device)
 
 
-def _fused_launches(q, v, g, beta, scale, initial_state, store_final, out_views, N, n_prep, varlen) -> DeltaLaunches:
+def _fused_launches(q, v, g, beta, scale, initial_state, state, store_final, out_views, N, n_prep,
+                    varlen) -> DeltaLaunches:
     """The fused prefill's launches (``DeltaShape.fused``; launch/delta_fused.py) for a call it takes."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -470,13 +470,16 @@ def _fused_launches(q, v, g, beta, scale, initial_state, store_final, out_views,
     o_strides, ht_strides = (HV * V, V), (HV * K * V, K * V)
     if out_views is not None:
         o_strides, ht_strides = check_out_views(*out_views, (B, T, HV, V), (N, HV, K, V), q.dtype, store_final)
-    s0 = initial_state.stride() if initial_state is not None else (0, 0, 0, 0)
+    source = state if state is not None else initial_state
+    s0 = source.stride() if source is not None else (0, 0, 0, 0)
     more, steps = fused_launch_steps(Step, q, v, H=H, HV=HV, K=K, V=V, N=N, T=T, scale=scale, varlen=varlen,
                                      n_prep=n_prep, has_g=g is not None, has_h0=initial_state is not None,
                                      store_final=store_final, s0=s0, o_strides=o_strides, ht_strides=ht_strides,
-                                     beta_name="beta" if beta is not None else "beta_ones")
+                                     beta_name="beta" if beta is not None else "beta_ones",
+                                     n_slots=state.shape[0] if state is not None else 0)
     buffers.update(more)
-    return DeltaLaunches(buffers, steps, ("o", "final" if store_final else None), q.device)
+    final = "state" if state is not None else "final" if store_final else None
+    return DeltaLaunches(buffers, steps, ("o", final), q.device)
 
 
 def is_sweep_step(step: Step) -> bool:

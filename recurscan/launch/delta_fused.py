@@ -24,27 +24,34 @@ from ..plan.stream import StreamSizes, stream_shape
 from ..runtime.launcher import CallArg
 
 
-def fused_call_ok(q, k, v, out_views) -> bool:
-    """Whether the fused kernel's bulk copies can take this call: q, k, v and the outputs' base
-    16-byte aligned and their row strides multiples of 16 bytes (the launch layer's own buffers
-    always are), the vectors' coordinates within int32."""
-    B, T = q.shape[:2]
-    HV = v.shape[2]
+def fused_call_ok(q, k, v, g, beta, state, out_views) -> bool:
+    """Whether the fused kernel takes this call (the planner checked the problem's scope; this, the
+    tensors): 16-bit q, k, v with K = V = 128, a decay and beta per head; q, k, v and the outputs'
+    base 16-byte aligned and their row strides multiples of 16 bytes (the launch layer's own
+    buffers always are); the vectors' coordinates and a cache slot's offsets within int32."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    if q.dtype not in (torch.bfloat16, torch.float16) or K != 128 or V != 128 or \
+            (g is not None and g.dim() != 3) or (beta is not None and beta.dim() != 3):
+        return False
     aligned = all(not x.is_contiguous() or x.data_ptr() % 16 == 0 for x in (q, k, v))
     if out_views is not None:
         o = out_views[0]
         aligned = aligned and o.data_ptr() % 16 == 0 and all(x * o.element_size() % 16 == 0 for x in o.stride()[1:3])
+    in_slot = 0 if state is None else (K - 1) * abs(state.stride(2)) + (V - 1) * abs(state.stride(3))
     slots = (B * T) // CHUNK_SIZE + B
-    return aligned and slots * HV * VECTOR_ROWS * CHUNK_SIZE < 2 ** 31
+    return aligned and slots * HV * VECTOR_ROWS * CHUNK_SIZE < 2 ** 31 and in_slot < 2 ** 31
 
 
 def fused_launch_steps(step_type, q, v, *, H, HV, K, V, N, T, scale, varlen, n_prep, has_g, has_h0, store_final,
-                       s0, o_strides, ht_strides, beta_name) -> tuple[dict, list]:
+                       s0, o_strides, ht_strides, beta_name, n_slots=0) -> tuple[dict, list]:
     """``(buffers, steps)`` of the fused prefill: the vectors ``vec`` and the flags (name ->
     (shape, dtype, fill)) and the three launches as ``step_type`` records (launch/delta.py's Step),
     for dense q ``[B, T, H, K]`` (varlen: B = 1) with N sequences; ``n_prep`` chunks of the stream
     (varlen: the descriptors' rows); ``s0`` the initial state's strides, ``o_strides`` (token,
-    head) and ``ht_strides`` (sequence, head) the outputs'."""
+    head) and ``ht_strides`` (sequence, head) the outputs'. ``n_slots`` > 0: the call's state is
+    the cache ``state [n_slots, HV, K, V]`` at ``state_indices`` (``s0`` its strides; has_h0 and
+    store_final unread)."""
     from ..kernels.gluon.delta_fused import (BT, BV, CHAIN_REGS, LOAD_REGS, MAXNREG, NUM_STAGES, PREP_REGS,
                                              gluon_fused_prefill_kernel)
     B = q.shape[0]
@@ -55,29 +62,38 @@ def fused_launch_steps(step_type, q, v, *, H, HV, K, V, N, T, scale, varlen, n_p
                    vec=CallArg("vec"), cu_seqlens=CallArg("cu_seqlens" if varlen else "q"),
                    chunk_indices=CallArg("chunk_indices_dp" if varlen else "q"), T=T, n_seq=N if varlen else 0,
                    H=H, HV=HV, K=K, BT=CHUNK_SIZE, IS_VARLEN=varlen, HAS_G=has_g)
+    cache = n_slots > 0
+    if cache:
+        has_h0 = store_final = False
+    h0 = "state" if cache else "initial_state" if has_h0 else "o"
     fused = dict(q=CallArg("q"), k=CallArg("k"), v=CallArg("v"), vec=CallArg("vec"), o=CallArg("o"),
-                 h0=CallArg("initial_state" if has_h0 else "o"), ht=CallArg("final" if store_final else "o"),
-                 flags=CallArg("flags"), cu_seqlens=CallArg("cu_seqlens" if varlen else "flags"), scale=scale, T=T,
-                 n_vec=slots * HV * VECTOR_ROWS * CHUNK_SIZE, s0_n=s0[0], s0_h=s0[1], s0_k=s0[2], s0_v=s0[3],
+                 h0=CallArg(h0), ht=CallArg("final" if store_final else "o"), flags=CallArg("flags"),
+                 cu_seqlens=CallArg("cu_seqlens" if varlen else "flags"),
+                 state_indices=CallArg("state_indices" if cache else "flags"), scale=scale, T=T,
+                 n_vec=slots * HV * VECTOR_ROWS * CHUNK_SIZE, n_slots=n_slots,
+                 s0_n=s0[0], s0_h=s0[1], s0_k=s0[2], s0_v=s0[3],
                  o_st=o_strides[0], o_sh=o_strides[1], ht_n=ht_strides[0], ht_h=ht_strides[1],
                  H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, NUM_STAGES=NUM_STAGES, IS_VARLEN=varlen, HAS_H0=has_h0,
-                 STORE_FINAL=store_final, CHAIN_REGS=CHAIN_REGS, PREP_REGS=PREP_REGS, LOAD_REGS=LOAD_REGS)
+                 STORE_FINAL=store_final, USE_CACHE=cache, CHAIN_REGS=CHAIN_REGS, PREP_REGS=PREP_REGS,
+                 LOAD_REGS=LOAD_REGS)
     steps = [step_type(chunk_vectors_kernel, (n_prep, H), vectors, dict(num_warps=4)),
              step_type(gluon_fused_prefill_kernel, (N * HV,), fused, dict(num_warps=4, maxnreg=MAXNREG))]
     if N * HV > 0:
         steps.append(flagged_token_loop(step_type, q, v, H=H, HV=HV, K=K, V=V, N=N, T=T, varlen=varlen,
                                         scale=scale, has_g=has_g, has_h0=has_h0, store_final=store_final, s0=s0,
-                                        o_strides=o_strides, ht_strides=ht_strides, beta_name=beta_name))
+                                        o_strides=o_strides, ht_strides=ht_strides, beta_name=beta_name,
+                                        n_slots=n_slots))
     return buffers, steps
 
 
 def flagged_token_loop(step_type, q, v, *, H, HV, K, V, N, T, varlen, scale, has_g, has_h0, store_final, s0,
-                       o_strides, ht_strides, beta_name):
+                       o_strides, ht_strides, beta_name, n_slots=0):
     """The streaming kernel (kernels/stream/recurrence.py) with FLAGGED, as one ``step_type``
     record on launch/delta.py's call values: GDN with l2norm, a scalar decay (``g`` where
     ``has_g``) and beta per head (the call value ``beta_name``), from ``initial_state`` (or zeros)
-    into ``o`` and ``final``, over the (sequence, value head) pairs with a nonzero row in ``flags
-    [N * HV, V]``; q, k, v, g, beta contiguous (the launch makes them so). Its tile: the planner's
+    into ``o`` and ``final`` (``n_slots`` > 0: from and into the cache ``state`` at
+    ``state_indices``, strides ``s0``), over the value columns flagged in ``flags [N * HV, V]``;
+    q, k, v, g, beta contiguous (the launch makes them so). Its tile: the planner's
     streaming-prefill shape."""
     shape = stream_shape(StreamSizes(N * HV, K, V, T, 4), q.device)
     o_st, o_sh = o_strides
@@ -90,17 +106,21 @@ def flagged_token_loop(step_type, q, v, *, H, HV, K, V, N, T, varlen, scale, has
                    sv_b=vs[0], sv_t=vs[1], sv_h=vs[2], sv_d=vs[3], sg_b=gs[0], sg_t=gs[1], sg_h=gs[2], sg_d=gs[3],
                    sb_b=gs[0], sb_t=gs[1], sb_h=gs[2], sb_d=gs[3], so_b=T * o_st, so_t=o_st, so_h=o_sh,
                    s0_n=s0[0], s0_h=s0[1], s0_k=s0[2], s0_v=s0[3],
-                   s1_n=ht_strides[0], s1_h=ht_strides[1], s1_k=V, s1_v=1, **zero)
+                   **(dict(s1_n=s0[0], s1_h=s0[1], s1_k=s0[2], s1_v=s0[3]) if n_slots else
+                      dict(s1_n=ht_strides[0], s1_h=ht_strides[1], s1_k=V, s1_v=1)), **zero)
+    cache = n_slots > 0
     absent = CallArg("o")
     kwargs = dict(q=CallArg("q"), k=CallArg("k"), v=CallArg("v"), g=CallArg("g") if has_g else absent,
                   beta=CallArg(beta_name), o=CallArg("o"), A=absent, dt_bias=absent, D=absent, z=absent,
-                  h0=CallArg("initial_state") if has_h0 else absent, hin=absent,
-                  ht=CallArg("final") if store_final else absent, slots=absent, snaps=absent, accepted=absent,
+                  h0=CallArg("state") if cache else CallArg("initial_state") if has_h0 else absent, hin=absent,
+                  ht=CallArg("state") if cache else CallArg("final") if store_final else absent,
+                  slots=CallArg("state_indices") if cache else absent, snaps=absent, accepted=absent,
                   cu_seqlens=CallArg("cu_seqlens") if varlen else absent, flags=CallArg("flags"),
-                  scale=scale, T=T, t_begin=0, t_end=T, n_snap=0, n_slots=0, **strides,
+                  scale=scale, T=T, t_begin=0, t_end=T, n_snap=0, n_slots=n_slots, **strides,
                   H=H, HV=HV, K=K, V=V, BK=shape.BK, BV=shape.BV, DELTA=True, GATE=1 if has_g else 0, BETA=1,
                   L2NORM=True, DT_TIED=False, A_TIED=True, DT_SOFTPLUS=False, HAS_DT_BIAS=False, HAS_D=False,
-                  HAS_Z=False, USE_H0=has_h0, STORE_HT=store_final, HT_BY_SLOT=False, HAS_SLOTS=False, STEPS=0,
+                  HAS_Z=False, USE_H0=has_h0 or cache, STORE_HT=store_final or cache, HT_BY_SLOT=cache,
+                  HAS_SLOTS=cache, STEPS=0,
                   HAS_ACCEPTED=False, VARLEN=varlen, HANDOFF=False, PREFETCH=T > 1, EVICT=shape.evict, FLAGGED=True)
     grid = (N * HV * triton.cdiv(V, shape.BV),)
     return step_type(streaming_recurrence_kernel, grid, kwargs, dict(num_warps=shape.num_warps,

@@ -475,10 +475,9 @@ FUSED_MIN_PAIRS_PER_SM = 0.95
 
 def fused_prefill_scope(problem) -> bool:
     """The fused prefill's problems (kernels/gluon/delta_fused.py): GDN (M = 1), 16-bit inputs,
-    K = V = 128, beta per head, no state cache."""
+    K = V = 128, beta per head; an initial state, a final state or a state cache."""
     return (problem.householder == 1 and problem.dtype in (torch.bfloat16, torch.float16)
-            and problem.key_dim == 128 and problem.value_dim == 128 and not problem.beta_per_value
-            and not problem.uses_cache)
+            and problem.key_dim == 128 and problem.value_dim == 128 and not problem.beta_per_value)
 
 
 def fused_prefill(shape: DeltaShape, problem, sizes: DeltaSizes, device: torch.device,

@@ -97,6 +97,52 @@ def test_fused_prefill_varlen_with_empty_and_one_token_sequences():
     assert torch.equal(s_f[0], h0[0]) and torch.equal(s_f[6], h0[6])  # empty sequences keep their state
 
 
+@pytest.mark.parametrize("layout", ["kv", "vk"])
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+def test_fused_prefill_serves_a_state_cache(state_dtype, layout):
+    """Varlen requests read and write their cache slots in place (the cache bf16 or float32, in
+    either layout): within the oracle's tolerance where the twin is; a padding request (slot -1)
+    gets zero outputs and touches no slot; slots not named keep their bits; a NaN key in one
+    request leaves its slot to the token loop (non-finite, as the twin's)."""
+    lengths = [300, 0, 64, 129, 700]
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), device=DEV, dtype=torch.int32)
+    x, _ = inputs(1, int(cu[-1]), 2, 32)
+    q, k, v, g, beta = x
+    k[0, 100, 1, 3] = float("nan")  # request 0, q/k head 1: value heads 16..31
+    slots = torch.tensor([6, 2, -1, 0, 4], device=DEV, dtype=torch.int32)
+    full = torch.randn(8, 32, 128, 128, device=DEV, generator=torch.Generator(device=DEV).manual_seed(5)) * 0.1
+    cache0 = full.to(state_dtype)
+    if layout == "vk":  # [S, HV, V, K] storage seen as [S, HV, K, V] (vLLM's, SGLang's, FlashInfer's)
+        cache0 = cache0.transpose(-1, -2).contiguous().transpose(-1, -2)
+    ci = build_chunk_descriptors(cu.cpu(), device=DEV).chunk_indices
+    got = {}
+    for fused in (True, False):
+        launches = delta_launches(q, k, v, g, beta, fused=fused, **ROW, scale=0.1, use_qk_l2norm_in_kernel=True,
+                                  cu_seqlens=cu, chunk_indices_dp=ci, state=cache0, state_indices=slots)
+        assert any(s.kernel is gluon_fused_prefill_kernel for s in launches.steps) == fused
+        cache = cache0.clone()
+        o, _ = run_delta_launches(launches, DeltaInputs(q, k, v, g, beta, None, cache, slots, cu, ci))
+        got[fused] = o, cache
+    (o_f, c_f), (o_t, c_t) = got[True], got[False]
+    live = [n for n in range(len(lengths)) if slots[n] >= 0]
+    h0 = torch.stack([cache0[int(slots[n])].float() if slots[n] >= 0 else torch.zeros(32, 128, 128, device=DEV)
+                      for n in range(len(lengths))])
+    o_w, s_w = oracle(x, h0, cu)
+    bounds = cu.tolist()
+    assert bool((o_f[0, bounds[2]:bounds[3]] == 0).all())  # the padding request
+    for slot in (1, 3, 5, 7):  # slots no request names
+        assert torch.equal(bits(c_f[slot]), bits(cache0[slot]))
+    for n in live:
+        rows, s = slice(bounds[n], bounds[n + 1]), int(slots[n])
+        heads = slice(0, 16) if n == 0 else slice(0, 32)  # request 0's heads 16..31 see the NaN key
+        err = relative_rms(o_f[0, rows, heads], o_w[0, rows, heads])
+        assert err <= 1.25 * relative_rms(o_t[0, rows, heads], o_w[0, rows, heads]) + 1e-4, (n, err)
+        err = relative_rms(c_f[s, heads].float(), s_w[n, heads])
+        assert err <= 1.25 * relative_rms(c_t[s, heads].float(), s_w[n, heads]) + 1e-4, (n, err)
+    assert not bool(torch.isfinite(c_f[6, 16:].float()).all()) and bool(torch.isfinite(c_f[6, :16].float()).all())
+    assert bool(torch.isfinite(o_f[0, :100, 16:]).all()) and not bool(torch.isfinite(o_f[0, 100, 16:]).all())
+
+
 def test_flagged_pairs_run_the_token_loop_and_leave_the_others_bits():
     """A NaN key in sequence 1 (q/k head 2: value heads 8..11), and beta < 0 for value head 5 of
     sequence 2 (no contraction): those pairs come from the token loop, every other pair's outputs

@@ -183,11 +183,13 @@ def case_launches(case: str, shape: str, key_dim: int = 128, value_dim: int | No
         [(s, NAMES, stage_values) for s in launches.steps]
 
 
-def compile_delta_forward(case: str, shape: DeltaShape, describe=None, serving: bool = False) -> list[str]:
+def compile_delta_forward(case: str, shape: DeltaShape, describe=None, serving: bool = False,
+                          chunk_states: bool = True) -> list[str]:
     """The delta-rule forward's launches (launch/delta.py: the prep, the sweep, a segmented
     sweep's fix-up) for a case of :data:`CASES` in ``shape``, bf16, K = V = 128, one line each
     (``describe``: as :func:`compile_gla`'s). ``serving``: with a bf16 state cache in the
-    transposed ``[S, HV, V, K]`` layout and float32 chunk states, in place of h0 and the final state."""
+    transposed ``[S, HV, V, K]`` layout and float32 chunk states (``chunk_states``), in place of h0 and
+    the final state."""
     from recurscan.launch.delta import build_delta_launches
     M, cu, (q, k, v, g, beta, h0) = _delta_case(case)
     K = q.shape[3]
@@ -200,8 +202,8 @@ def compile_delta_forward(case: str, shape: DeltaShape, describe=None, serving: 
     if serving:
         state = torch.zeros(8, h0.shape[1], K, K, dtype=torch.bfloat16).transpose(-1, -2)
         slots, h0 = torch.zeros(h0.shape[0], dtype=torch.int32), None
-        serve = dict(state=state, state_indices=slots, return_chunk_states=True, chunk_offsets=offsets,
-                     num_chunk_rows=40 if cu is not None else None)
+        serve = dict(state=state, state_indices=slots, return_chunk_states=chunk_states, chunk_offsets=offsets,
+                     num_chunk_rows=40 if cu is not None and chunk_states else None)
     launches = build_delta_launches(q, k, v, g, beta, shape, scale=K ** -0.5, initial_state=h0,
                                     output_final_state=not serving, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_t,
                                     chunk_indices_dp=indices, num_householder=M, **serve)
@@ -578,8 +580,9 @@ def compile_fused_prefill() -> list[str]:
     from benchmarks.sm90_resources import resources
     from recurscan.plan.delta import DELTA_LAUNCH
     shape = dataclasses.replace(DELTA_LAUNCH[0][1], fused=True)
-    return [f"fused, {case}: {line}" for case in ("GDN dense, H = HV", "GDN varlen, GVA")
-            for line in compile_delta_forward(case, shape, describe=resources)]
+    return [f"fused{form}, {case}: {line}" for case in ("GDN dense, H = HV", "GDN varlen, GVA")
+            for form, serving in (("", False), (" serving", True))
+            for line in compile_delta_forward(case, shape, describe=resources, serving=serving, chunk_states=False)]
 
 
 def gluon_prep_proto_sass() -> list[str]:

@@ -38,8 +38,8 @@ def chunk_vectors_kernel(q, k, g, beta, vec, cu_seqlens, chunk_indices, T, n_seq
                          IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr):
     """Grid (chunks of the stream, H): program -> (chunk, query/key head), writing the vectors of
     the chunk's HV / H value heads (the module docstring). q, k ``[B, T, H, K]``, g, beta ``[B, T,
-    HV]`` contiguous (HAS_G False: no decay, g unread; varlen: B = 1, ``chunk_indices [NT_pad, 2]`` (sequence, chunk), padding rows
-    skipped); K a power of two."""
+    HV]`` contiguous (HAS_G False: no decay, g unread; varlen: B = 1, ``chunk_indices [NT_pad, 2]``
+    (sequence, chunk), padding rows skipped); K a power of two."""
     i_c = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1)
     valid, i_n, i_t, bos, eos = _prep_chunk(cu_seqlens, chunk_indices, cu_seqlens, i_c, i_h < 0, T, n_seq, 0,

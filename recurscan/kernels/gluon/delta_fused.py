@@ -58,17 +58,27 @@ MAXNREG = 128
 
 
 @gluon.jit
+def _chunks_to_run(n_chunks, state_indices, n_slots, USE_CACHE: gl.constexpr, HV: gl.constexpr):
+    """The chunks the loads and the prep run: none for a padding slot's program (formed in each
+    partition: passed in, the count went through local memory to reach the load warp)."""
+    if USE_CACHE:
+        slot = gl.load(state_indices + gl.program_id(0) // HV)
+        n_chunks = gl.where((slot < 0) | (slot >= n_slots), 0, n_chunks)
+    return n_chunks
+
+
+@gluon.jit
 def _loads(k_desc, q_desc, v_desc, gv_desc, k_s, q_s, v_s, gv_s, ready, empty, h0_read, col_qk, col_v, vec0,
-           n_chunks, HV: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NUM_STAGES: gl.constexpr,
-           HAS_H0: gl.constexpr):
+           state_indices, n_slots, n_chunks, USE_CACHE: gl.constexpr, HV: gl.constexpr, BT: gl.constexpr,
+           BV: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr):
     """The load warp: chunk j's k, q, both value blocks of v and its vectors (at ``vec0 + j HV 4
     BT`` floats) into stage j % NUM_STAGES, once both chains freed it (HAS_H0: the first once both
-    chains read their initial state out of the k and q stages)."""
+    chains read their initial state, or the cache slot's, out of the k and q stages)."""
     nbytes: gl.constexpr = (k_desc.block_type.nbytes + q_desc.block_type.nbytes + gv_desc.block_type.nbytes
                             + 2 * v_desc.block_type.nbytes)
     if HAS_H0:
         mbarrier.wait(h0_read.index(0), 0)
-    for j in range(n_chunks):
+    for j in range(_chunks_to_run(n_chunks, state_indices, n_slots, USE_CACHE, HV)):
         s = j % NUM_STAGES
         bar = ready.index(s)
         mbarrier.wait(empty.index(s), ((j // NUM_STAGES) & 1) ^ 1)
@@ -82,7 +92,8 @@ def _loads(k_desc, q_desc, v_desc, gv_desc, k_s, q_s, v_s, gv_s, ready, empty, h
 
 
 @gluon.jit
-def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, n_chunks, scale, HV: gl.constexpr, BT: gl.constexpr, NUM_STAGES: gl.constexpr):
+def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, state_indices, n_slots,
+          n_chunks, scale, USE_CACHE: gl.constexpr, HV: gl.constexpr, BT: gl.constexpr, NUM_STAGES: gl.constexpr):
     """The prep warpgroup: chunk j's wy, aqk and row coefficients (lam rk, lam rq, gam rk, and
     lam_last in 64 copies) into stage j % NUM_STAGES's buffers, then ``prepped``. The vectors are
     read from the stage along the rows and along the columns where each is used."""
@@ -99,7 +110,7 @@ def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, pre
     zero = gl.zeros([BT, BT], gl.float32, mma)
     # Tinv's blocks above the diagonal, never written: zeroed once (the loop's first barrier orders it)
     t_s.store(gl.zeros([BT, BT], gl.float16, mma))
-    for j in range(n_chunks):
+    for j in range(_chunks_to_run(n_chunks, state_indices, n_slots, USE_CACHE, HV)):
         s = j % NUM_STAGES
         mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
         ks = k_s.index(s)
@@ -137,7 +148,7 @@ def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, pre
 def _staged_initial_state(stage, h0_pair, s0_k, s0_v, layout: gl.constexpr, PART: gl.constexpr, BV: gl.constexpr,
                           K: gl.constexpr):
     """S^T [BV, K] float32 in ``layout`` of value block PART of the pair's initial state (``h0_pair``,
-    strides ``s0_k``, ``s0_v``), through ``stage`` (a k or q ring stage pair, 32 KB, not yet loaded):
+    strides ``s0_k``, ``s0_v``, any float dtype), through ``stage`` (a k or q ring stage pair, 32 KB, not yet loaded):
     read in halves of K in a layout of whole value runs, stored, and read back in ``layout``. Read
     straight into the products' layout its offsets take 64 registers a thread beside it, which the
     chain's 160 do not hold."""
@@ -147,11 +158,21 @@ def _staged_initial_state(stage, h0_pair, s0_k, s0_v, layout: gl.constexpr, PART
     o_v = PART * BV + gl.arange(0, BV, layout=gl.SliceLayout(1, runs))
     for half in gl.static_range(2):
         o_k = half * (K // 2) + gl.arange(0, K // 2, layout=gl.SliceLayout(0, runs))
-        buf.slice(half * (K // 2), K // 2, 1).store(gl.load(h0_pair + o_v[:, None] * s0_v + o_k[None, :] * s0_k))
+        tile = gl.load(h0_pair + o_v[:, None] * s0_v + o_k[None, :] * s0_k)
+        buf.slice(half * (K // 2), K // 2, 1).store(tile.to(gl.float32))
     gl.thread_barrier()
     S_t = buf.load(layout)
     gl.thread_barrier()  # every warp has read it before the loads may overwrite the stage
     return S_t
+
+
+@gluon.jit
+def _cache_slot(cache, state_indices, n_slots, pid, s0_n, s0_h, HV: gl.constexpr):
+    """(pad, the pair's state in its slot) for program ``pid``: a slot outside [0, n_slots) is
+    padding (its pointer unused)."""
+    slot = gl.load(state_indices + pid // HV).to(gl.int64)
+    pad = (slot < 0) | (slot >= n_slots)
+    return pad, cache + gl.where(pad, 0, slot) * s0_n + (pid % HV) * s0_h
 
 
 @gluon.jit
@@ -164,12 +185,15 @@ def _program_id_again():
 
 @gluon.jit
 def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, h0_read, o_desc, h0, ht, flags,
-           n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h,
+           state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h,
            HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
-           NUM_STAGES: gl.constexpr, PART: gl.constexpr, HAS_H0: gl.constexpr, STORE_FINAL: gl.constexpr):
+           NUM_STAGES: gl.constexpr, PART: gl.constexpr, HAS_H0: gl.constexpr, STORE_FINAL: gl.constexpr,
+           USE_CACHE: gl.constexpr):
     """A chain warpgroup: value columns [PART BV, (PART + 1) BV) of the state over the sequence's
     chunks (the Gluon sweep twin's products and their order), its outputs by bulk stores, then its
-    block of the final state and its rows' flags."""
+    block of the final state and its rows' flags. USE_CACHE: the state is the cache slot's (``h0``
+    the cache); a padding slot's program writes zero outputs and touches no state, and a row whose
+    state came out non-finite is left in the slot for the token loop."""
     DT: gl.constexpr = k_s.dtype
     mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     mmaK: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
@@ -180,13 +204,24 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, h
     sa = sa_s.index(PART)
     o_b = o_s.index(PART)
     zero64 = gl.zeros([BV, BT], gl.float32, layout=mma64)
-    if HAS_H0:
+    S_t = gl.zeros([BV, K], gl.float32, layout=mmaK)
+    pad = False
+    if HAS_H0 or USE_CACHE:
         pid = gl.program_id(0)
-        h0_pair = h0 + (pid // HV).to(gl.int64) * s0_n + (pid % HV) * s0_h
-        S_t = _staged_initial_state(k_s if PART == 0 else q_s, h0_pair, s0_k, s0_v, mmaK, PART, BV, K)
+        if USE_CACHE:
+            pad, h0_pair = _cache_slot(h0, state_indices, n_slots, pid, s0_n, s0_h, HV)
+        else:
+            h0_pair = h0 + (pid // HV).to(gl.int64) * s0_n + (pid % HV) * s0_h
+        if not pad:
+            S_t = _staged_initial_state(k_s if PART == 0 else q_s, h0_pair, s0_k, s0_v, mmaK, PART, BV, K)
         mbarrier.arrive(h0_read.index(0), count=1)
-    else:
-        S_t = gl.zeros([BV, K], gl.float32, layout=mmaK)
+    if pad:  # zero outputs over the sequence, no state access (the loads and the prep run no chunk)
+        o_b.store(gl.zeros([BT, BV], DT, layout=mma64))
+        fence_async_shared()
+        gl.thread_barrier()
+        for j in range(n_chunks):
+            tma.async_copy_shared_to_global(o_desc, [j * BT, PART * BV], o_b)
+        n_chunks = 0
     for j in range(n_chunks):
         s = j % NUM_STAGES
         ph = (j // NUM_STAGES) & 1
@@ -227,19 +262,25 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, h
     pid = _program_id_again()
     i_hv = pid % HV
     i_n = (pid // HV).to(gl.int64)
-    if STORE_FINAL:
-        gl.store(ht + i_n * ht_n + i_hv * ht_h + _state_offsets(PART, V, 1, mmaK, BV, K), S_t)
     bad = gl.max(gl.where(S_t * 0.0 == 0.0, 0, 1), axis=1)  # [BV] along the state's value rows
+    if USE_CACHE:
+        pad, slot_pair = _cache_slot(h0, state_indices, n_slots, pid, s0_n, s0_h, HV)
+        o_s0 = _state_offsets(PART, s0_k, s0_v, mmaK, BV, K)
+        gl.store(slot_pair + o_s0, S_t.to(h0.dtype.element_ty), mask=(bad == 0)[:, None] & (o_s0 >= 0) & (not pad))
+        bad = gl.where(pad, 0, bad)
+    elif STORE_FINAL:
+        gl.store(ht + i_n * ht_n + i_hv * ht_h + _state_offsets(PART, V, 1, mmaK, BV, K), S_t)
     o_v = PART * BV + gl.arange(0, BV, layout=rowK)
     gl.store(flags + (i_n * HV + i_hv) * V + o_v, bad)
 
 
 @gluon.jit
-def gluon_fused_prefill_kernel(q, k, v, vec, o, h0, ht, flags, cu_seqlens, scale, T, n_vec,
+def gluon_fused_prefill_kernel(q, k, v, vec, o, h0, ht, flags, cu_seqlens, state_indices, scale, T, n_vec, n_slots,
                                s0_n, s0_h, s0_k, s0_v, o_st, o_sh, ht_n, ht_h,
                                H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                                BT: gl.constexpr, BV: gl.constexpr, NUM_STAGES: gl.constexpr,
                                IS_VARLEN: gl.constexpr, HAS_H0: gl.constexpr, STORE_FINAL: gl.constexpr,
+                               USE_CACHE: gl.constexpr,
                                CHAIN_REGS: gl.constexpr, PREP_REGS: gl.constexpr, LOAD_REGS: gl.constexpr):
     """Grid (N * HV,): program -> (sequence, value head), the head fastest. ``q, k [B, T, H, K]``,
     ``v [B, T, HV, V]`` contiguous (varlen: B = 1 and ``cu_seqlens [N + 1]``, each sequence's
@@ -248,7 +289,9 @@ def gluon_fused_prefill_kernel(q, k, v, vec, o, h0, ht, flags, cu_seqlens, scale
     ``o`` like v through its strides (token ``o_st``, head ``o_sh``, the batch's T token strides);
     ``h0`` (HAS_H0) read through strides ``s0_*``; ``ht`` float32 (STORE_FINAL) with rows of V,
     sequence and head strides ``ht_n``, ``ht_h``; ``flags [N * HV, V]`` int32, each value row's
-    flag (1: its state came out non-finite)."""
+    flag (1: its state came out non-finite). USE_CACHE: ``h0`` is the state cache ``[n_slots, HV,
+    K, V]`` (any float dtype, strides ``s0_*``), read and written at ``state_indices[n]``; a slot
+    outside [0, n_slots) is padding: zero outputs, the cache untouched, no flag."""
     gl.static_assert(BT == 64 and BV == 64 and V == 2 * BV, "chunks of 64 rows, two chains of 64 value columns")
     gl.static_assert(K == 128, "K = 128")
     pid = gl.program_id(0)
@@ -312,13 +355,16 @@ def gluon_fused_prefill_kernel(q, k, v, vec, o, h0, ht, flags, cu_seqlens, scale
 
     gl.warp_specialize([
         (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, h0_read, o_desc, h0, ht,
-                  flags, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, HV, K, V, BT, BV, NUM_STAGES, 0, HAS_H0,
-                  STORE_FINAL)),
+                  flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, HV, K, V, BT, BV,
+                  NUM_STAGES, 0, HAS_H0,
+                  STORE_FINAL, USE_CACHE)),
         (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, prepped, empty, h0_read, o_desc, h0, ht,
-                  flags, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, HV, K, V, BT, BV, NUM_STAGES, 1, HAS_H0,
-                  STORE_FINAL)),
-        (_prep, (k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, n_chunks, scale, HV,
+                  flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, HV, K, V, BT, BV,
+                  NUM_STAGES, 1, HAS_H0,
+                  STORE_FINAL, USE_CACHE)),
+        (_prep, (k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, state_indices, n_slots,
+                 n_chunks, scale, USE_CACHE, HV,
                  BT, NUM_STAGES)),
         (_loads, (k_desc, q_desc, v_desc, gv_desc, k_s, q_s, v_s, gv_s, ready, empty, h0_read, i_h * K, i_hv * V,
-                  vec0, n_chunks, HV, BT, BV, NUM_STAGES, HAS_H0)),
+                  vec0, state_indices, n_slots, n_chunks, USE_CACHE, HV, BT, BV, NUM_STAGES, HAS_H0 or USE_CACHE)),
     ], [4, 4, 1], [CHAIN_REGS, PREP_REGS, LOAD_REGS])

@@ -52,9 +52,10 @@ are stored at the request's slot every ``STEPS`` steps, from registers (one stor
 no re-read); ``accepted [N]`` starts a request from its snapshot ``accepted[n] - 1`` (0: from the
 cache row). Any state dtype is accumulated in float32.
 
-FLAGGED (the fused prefill's fallback, launch/delta_fused.py): only the (sequence, value head)
-pairs with a nonzero entry in their row of ``flags [N * HV, V]`` run; the others' programs return
-at once, writing nothing.
+FLAGGED (the fused prefill's fallback, launch/delta_fused.py): only the programs whose value
+columns have a nonzero entry in their pair's row of ``flags [N * HV, V]`` run; the others return
+at once, writing nothing (the value columns of the delta rule's state evolve apart: a column's
+state and outputs read no other column).
 """
 from __future__ import annotations
 
@@ -142,8 +143,9 @@ def streaming_recurrence_kernel(
     pid = tl.program_id(0).to(tl.int64)
     i_v = pid % NV
     i_nh = pid // NV
-    if FLAGGED:  # only the (sequence, head) pairs with a flagged value row (``flags [N * HV, V]``, V a power of two)
-        if tl.max(tl.load(flags + i_nh * V + tl.arange(0, V)), axis=0) == 0:
+    if FLAGGED:  # only the value columns flagged in their pair's row of ``flags [N * HV, V]``
+        o_f = i_v * BV + tl.arange(0, BV)
+        if tl.max(tl.load(flags + i_nh * V + o_f, mask=o_f < V, other=0), axis=0) == 0:
             return
     i_n = i_nh // HV
     i_hv = i_nh % HV
