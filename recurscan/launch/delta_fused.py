@@ -76,9 +76,11 @@ def fused_launch_steps(step_type, q, v, *, H, HV, K, V, N, T, scale, varlen, n_p
                  H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, NUM_STAGES=NUM_STAGES, IS_VARLEN=varlen, HAS_H0=has_h0,
                  STORE_FINAL=store_final, USE_CACHE=cache, CHAIN_REGS=CHAIN_REGS, PREP_REGS=PREP_REGS,
                  LOAD_REGS=LOAD_REGS)
-    steps = [step_type(chunk_vectors_kernel, (n_prep, H), vectors, dict(num_warps=4)),
-             step_type(gluon_fused_prefill_kernel, (N * HV,), fused, dict(num_warps=4, maxnreg=MAXNREG))]
+    steps = []
+    if n_prep > 0:  # no launch of an empty grid
+        steps.append(step_type(chunk_vectors_kernel, (n_prep, H), vectors, dict(num_warps=4)))
     if N * HV > 0:
+        steps.append(step_type(gluon_fused_prefill_kernel, (N * HV,), fused, dict(num_warps=4, maxnreg=MAXNREG)))
         steps.append(flagged_token_loop(step_type, q, v, H=H, HV=HV, K=K, V=V, N=N, T=T, varlen=varlen,
                                         scale=scale, has_g=has_g, has_h0=has_h0, store_final=store_final, s0=s0,
                                         o_strides=o_strides, ht_strides=ht_strides, beta_name=beta_name,
