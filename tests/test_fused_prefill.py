@@ -215,8 +215,12 @@ def test_the_planner_takes_the_fused_prefill_where_pairs_fill_the_sms(monkeypatc
     assert not planned(2, 64, gluon=False)  # backend="triton"
     assert not planned(2, 64, K=64)
     assert not planned(2, 64, dtype=torch.float32)
-    cache = torch.zeros(4, 64, 128, 128)
-    assert planned(2, 64, state=cache, state_indices=torch.arange(2, dtype=torch.int32))  # serving, in place
+    cache = dict(state=torch.zeros(4, 64, 128, 128), state_indices=torch.arange(2, dtype=torch.int32))
+    assert planned(2, 64, **cache) == plan_delta.FUSED_PREFILL_CACHE.on  # serving in place: where proven
+    monkeypatch.setattr(plan_delta, "FUSED_PREFILL_CACHE", plan_delta.GluonTwinRow(True, "test"))
+    assert planned(2, 64, **cache)
+    monkeypatch.setattr(plan_delta, "FUSED_PREFILL_CACHE", plan_delta.GluonTwinRow(False, "test"))
+    assert not planned(2, 64, **cache)
 
 
 def test_a_fused_shape_the_interpreter_cannot_run_is_the_rows_launch():

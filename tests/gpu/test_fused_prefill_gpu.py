@@ -97,6 +97,7 @@ def test_fused_prefill_varlen_with_empty_and_one_token_sequences():
     assert torch.equal(s_f[0], h0[0]) and torch.equal(s_f[6], h0[6])  # empty sequences keep their state
 
 
+@pytest.mark.unproven  # not yet run on a GPU (plan.delta.FUSED_PREFILL_CACHE off until it passes)
 @pytest.mark.parametrize("layout", ["kv", "vk"])
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
 def test_fused_prefill_serves_a_state_cache(state_dtype, layout):
