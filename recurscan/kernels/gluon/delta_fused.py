@@ -25,15 +25,18 @@ between layouts. Then one program, four partitions:
 
    S^T and U^T reach the products through shared memory (from registers the chains spill at their
    160 registers), the outputs leave by bulk stores (clipped at the sequence's end), and at the
-   end the final state and each value row's flag: 1 where the state came out non-finite.
+   end the final state (or the cache slot's) and a flag for each row of S^T (a value column of the
+   state): 1 where it came out non-finite.
 
-A flagged row's sequence and head is computed again by the token loop (launch/delta.py): a
-non-finite input, growth past float32, or a chunk the pre-pass marked (a reset, beta < 0, a step
-that is no contraction) leaves the state non-finite here.
+A flagged value column is computed again by the token loop (launch/delta_fused.py; a column's
+state and outputs read no other column): a non-finite input, growth past float32, or a chunk the
+pre-pass marked (a reset, beta < 0, a step that is no contraction) leaves it non-finite here. With
+a cache, such a column's slot entry is left for the token loop to read and write.
 
 Scope (``plan.delta.fused_prefill_scope``; the launch layer checks the call): GDN (M = 1), l2norm in
 the kernel, 16-bit q, k, v, K = V = 128, dense or varlen, an initial state or none, the final state
-or none; no state cache, chunk states or kept prep (training).
+or none, or a state cache in place (USE_CACHE; planned once its GPU test has passed); no chunk
+states or kept prep (training).
 """
 from __future__ import annotations
 
