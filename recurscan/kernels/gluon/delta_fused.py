@@ -45,7 +45,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .delta_sweep import _state_offsets
+from .delta_sweep import _sequence_bounds, _state_offsets
 from .wy_inverse import inverse_on_blocks
 
 BT = 64
@@ -301,12 +301,7 @@ def gluon_fused_prefill_kernel(q, k, v, vec, o, h0, ht, flags, cu_seqlens, state
     i_hv = pid % HV
     i_n = (pid // HV).to(gl.int64)
     i_h = i_hv // (HV // H)
-    if IS_VARLEN:  # clamped to [0, T]: no descriptor reaches outside the inputs
-        bos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n).to(gl.int64), 0), T)
-        eos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n + 1).to(gl.int64), bos), T)
-    else:
-        bos = i_n * T
-        eos = bos + T
+    bos, eos = _sequence_bounds(cu_seqlens, i_n, T, IS_VARLEN)
     L = eos - bos
     n_chunks = ((L + BT - 1) // BT).to(gl.int32)
     # The sequence's chunk j has the pre-pass's slot (bos + j BT) // BT + i_n = slot0 + j

@@ -92,6 +92,19 @@ def _row_coefficients(coef, bos, L, c, c_hi, i_n, i_hv, o_t, HV: gl.constexpr, B
 
 
 @gluon.jit
+def _sequence_bounds(cu_seqlens, i_n, T, IS_VARLEN: gl.constexpr):
+    """(bos, eos) int64 of sequence i_n's rows: from ``cu_seqlens`` clamped to [0, T] (no
+    descriptor over them reaches outside the inputs), or the dense batch's n T."""
+    if IS_VARLEN:
+        bos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n).to(gl.int64), 0), T)
+        eos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n + 1).to(gl.int64), bos), T)
+    else:
+        bos = i_n * T
+        eos = bos + T
+    return bos, eos
+
+
+@gluon.jit
 def _state_offsets(i_v, stride_k, stride_v, layout: gl.constexpr, BV: gl.constexpr, K: gl.constexpr):
     """Offsets of a [BV, K] tile S^T (value block i_v) of a state with strides (stride_k, stride_v),
     in 32 bits (a [BV, K] tile of 64-bit offsets is 128 registers a thread; the launch layer
@@ -223,12 +236,7 @@ def gluon_sweep_kernel(
         if IS_VARLEN:  # longest sequences first (ranked by the prep)
             i_n = gl.load(sequence_order + i_n).to(gl.int64)
     i_h = i_hv // (HV // H)
-    if IS_VARLEN:  # clamped to [0, T]: no descriptor reaches outside the inputs
-        bos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n).to(gl.int64), 0), T)
-        eos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n + 1).to(gl.int64), bos), T)
-    else:
-        bos = i_n * T
-        eos = bos + T
+    bos, eos = _sequence_bounds(cu_seqlens, i_n, T, IS_VARLEN)
     L = eos - bos
     n_total = (L + BT - 1) // BT
     # Chunks [c_lo, c_hi) of the sequence; ``first_phase``: from the sequence's initial state;

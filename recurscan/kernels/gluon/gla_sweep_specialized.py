@@ -43,7 +43,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .delta_sweep import _end_state, _entering_state
+from .delta_sweep import _end_state, _entering_state, _sequence_bounds
 
 #: Registers a thread of each outputs warpgroup and of the load warp's (setmaxnreg); the chain,
 #: the default partition, takes what the kernel's cap leaves (launch.delta.SPECIALIZED_MAXNREG:
@@ -358,12 +358,7 @@ def gluon_gla_sweep_specialized_kernel(
     if IS_VARLEN:  # longest sequences first (ranked by the prep)
         i_n = gl.load(sequence_order + i_n).to(gl.int64)
     i_h = i_hv // (HV // H)
-    if IS_VARLEN:  # clamped to [0, T]: no descriptor reaches outside the inputs
-        bos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n).to(gl.int64), 0), T)
-        eos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n + 1).to(gl.int64), bos), T)
-    else:
-        bos = i_n * T
-        eos = bos + T
+    bos, eos = _sequence_bounds(cu_seqlens, i_n, T, IS_VARLEN)
     L = eos - bos
     n_total = ((L + BT - 1) // BT).to(gl.int32)
     # Chunks [c_lo, c_hi) of the sequence; ``first_phase``: from its initial state; ``ends``: the
