@@ -144,6 +144,23 @@ def test_fused_prefill_serves_a_state_cache(state_dtype, layout):
     assert bool(torch.isfinite(o_f[0, :100, 16:]).all()) and not bool(torch.isfinite(o_f[0, 100, 16:]).all())
 
 
+@pytest.mark.unproven  # added without a GPU (no machine came at 183ab8a)
+def test_fused_prefill_writes_through_out_views():
+    """As the traced scan's packed result (ops/scan.py) takes them: o written through a view whose
+    token rows are strided past its heads, the final state into a view of a larger buffer; the same
+    bits as into the launch's own buffers."""
+    x, h0 = inputs(2, 700, 4, 64, h0=True)
+    q, k, v, g, beta = x
+    o_view = torch.full((2, 700, 65, 128), float("nan"), device=DEV, dtype=torch.bfloat16)[:, :, :64]
+    final_view = torch.full((3, 64, 128, 128), float("nan"), device=DEV)[1:]
+    views = delta_launches(q, k, v, g, beta, fused=True, **ROW, scale=0.1, initial_state=h0, output_final_state=True,
+                           use_qk_l2norm_in_kernel=True, out_views=(o_view, final_view))
+    assert any(s.kernel is gluon_fused_prefill_kernel for s in views.steps)
+    run_delta_launches(views, DeltaInputs(q, k, v, g, beta, h0), given={"o": o_view, "final": final_view})
+    (o, s_), _ = run(x, h0, True)
+    assert torch.equal(bits(o_view), bits(o)) and torch.equal(bits(final_view), bits(s_))
+
+
 def test_flagged_pairs_run_the_token_loop_and_leave_the_others_bits():
     """A NaN key in sequence 1 (q/k head 2: value heads 8..11), and beta < 0 for value head 5 of
     sequence 2 (no contraction): those pairs come from the token loop, every other pair's outputs
