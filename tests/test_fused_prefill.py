@@ -204,22 +204,22 @@ def test_the_fused_kernel_takes_only_the_calls_it_can():
     from recurscan.launch.delta_fused import fused_call_ok
     q, k, g, beta = inputs(2, 64, 1, 2, K=128)
     v = torch.zeros(2, 64, 2, 128, dtype=torch.bfloat16)
-    assert fused_call_ok(q, k, v, g, beta, None, None)
-    assert fused_call_ok(q, k, v, None, None, None, None)
-    assert fused_call_ok(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, g, beta, None, None)
-    assert not fused_call_ok(q.float(), k.float(), v.float(), g, beta, None, None)
-    assert not fused_call_ok(q[..., :64], k[..., :64], v, g, beta, None, None)
-    assert not fused_call_ok(q, k, v[..., :64], g, beta, None, None)
-    assert not fused_call_ok(q, k, v, g[..., None].expand(2, 64, 2, 128), beta, None, None)
-    assert not fused_call_ok(q, k, v, g, beta[..., None].expand(2, 64, 2, 128), None, None)
+    assert fused_call_ok(q, k, v, g, beta, None, None, 2)
+    assert fused_call_ok(q, k, v, None, None, None, None, 2)
+    assert fused_call_ok(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, g, beta, None, None, 2)
+    assert not fused_call_ok(q.float(), k.float(), v.float(), g, beta, None, None, 2)
+    assert not fused_call_ok(q[..., :64], k[..., :64], v, g, beta, None, None, 2)
+    assert not fused_call_ok(q, k, v[..., :64], g, beta, None, None, 2)
+    assert not fused_call_ok(q, k, v, g[..., None].expand(2, 64, 2, 128), beta, None, None, 2)
+    assert not fused_call_ok(q, k, v, g, beta[..., None].expand(2, 64, 2, 128), None, None, 2)
     final = torch.zeros(2, 2, 128, 128)
-    assert fused_call_ok(q, k, v, g, beta, None, (torch.zeros(2, 64, 3, 128, dtype=torch.bfloat16)[:, :, :2], final))
+    assert fused_call_ok(q, k, v, g, beta, None, (torch.zeros(2, 64, 3, 128, dtype=torch.bfloat16)[:, :, :2], final), 2)
     odd = torch.zeros(2 * 64 * 2 * 128 + 1, dtype=torch.bfloat16)[1:].view(2, 64, 2, 128)  # base 2 bytes off
-    assert not fused_call_ok(q, k, v, g, beta, None, (odd, final))
-    assert fused_call_ok(q, k, v, g, beta, torch.zeros(4, 2, 128, 128), None)
+    assert not fused_call_ok(q, k, v, g, beta, None, (odd, final), 2)
+    assert fused_call_ok(q, k, v, g, beta, torch.zeros(4, 2, 128, 128), None, 2)
     # 127 key rows 2^25 elements apart: a slot's offsets past int32
     huge = torch.empty(4, 2, 128, 128, device="meta").as_strided((4, 2, 128, 128), (0, 0, 2 ** 25, 1))
-    assert not fused_call_ok(q, k, v, g, beta, huge, None)
+    assert not fused_call_ok(q, k, v, g, beta, huge, None, 2)
 
 
 def test_the_planner_takes_the_fused_prefill_where_pairs_fill_the_sms(monkeypatch):

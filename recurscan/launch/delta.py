@@ -256,7 +256,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     store_final = not use_cache and output_final_state
     if shape.fused and not INTERPRET and wy and M == 1 and ssd is None and use_qk_l2norm_in_kernel \
             and not (key_decay or group or return_chunk_states or keep_prep or checkpoint_chunks or states_only) \
-            and fused_call_ok(q, k, v, g, beta, state, out_views):
+            and fused_call_ok(q, k, v, g, beta, state, out_views, N):
         return _fused_launches(q, v, g, beta, scale, initial_state, state, store_final, out_views, N, n_prep, varlen)
 
     buffers = {"o": ((B, T, HV, V), v.dtype if ssd is not None else q.dtype, None)}

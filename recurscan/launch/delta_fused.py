@@ -1,13 +1,14 @@
 """The launches of the fused prefill (``DeltaShape.fused``; kernels/gluon/delta_fused.py), built for
 launch/delta.py's ``build_delta_launches``: the chunk vectors' pass, the fused kernel, and the
-token loop over the (sequence, value head) pairs the fused kernel flagged. No decisions here: the
+token loop over the value columns the fused kernel flagged. No decisions here: the
 planner chose the shape, and ``fused_call_ok`` says whether this call's tensors can take it.
 
     1. chunk_vectors_kernel     (chunks x H)   each chunk's gc, beta, rk, rq; NaN gc for a chunk
                                                the fused kernel must not compute
-    2. gluon_fused_prefill      (N x HV)       o, the final state, a flag a value row
-    3. streaming_recurrence     (N x HV x V/BV, FLAGGED)  the flagged pairs again, token by token
-                                               (the others' programs exit at once)
+    2. gluon_fused_prefill      (N x HV)       o, the final state (or the cache slot's), a flag
+                                               a value column of the state
+    3. streaming_recurrence     (N x HV x V/BV, FLAGGED)  the flagged columns again, token by
+                                               token (the others' programs exit at once)
 
 The third step's outputs are the token loop's, within the oracle's tolerance of the chunked ones;
 under non-finite input they are the reference's (outputs before a bad token finite).
@@ -24,11 +25,12 @@ from ..plan.stream import StreamSizes, stream_shape
 from ..runtime.launcher import CallArg
 
 
-def fused_call_ok(q, k, v, g, beta, state, out_views) -> bool:
+def fused_call_ok(q, k, v, g, beta, state, out_views, N) -> bool:
     """Whether the fused kernel takes this call (the planner checked the problem's scope; this, the
     tensors): 16-bit q, k, v with K = V = 128, a decay and beta per head; q, k, v and the outputs'
     base 16-byte aligned and their row strides multiples of 16 bytes (the launch layer's own
-    buffers always are); the vectors' coordinates and a cache slot's offsets within int32."""
+    buffers always are); the vectors' coordinates (N sequences) and a cache slot's offsets within
+    int32."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     if q.dtype not in (torch.bfloat16, torch.float16) or K != 128 or V != 128 or \
@@ -39,7 +41,7 @@ def fused_call_ok(q, k, v, g, beta, state, out_views) -> bool:
         o = out_views[0]
         aligned = aligned and o.data_ptr() % 16 == 0 and all(x * o.element_size() % 16 == 0 for x in o.stride()[1:3])
     in_slot = 0 if state is None else (K - 1) * abs(state.stride(2)) + (V - 1) * abs(state.stride(3))
-    slots = (B * T) // CHUNK_SIZE + B
+    slots = (B * T) // CHUNK_SIZE + N
     return aligned and slots * HV * VECTOR_ROWS * CHUNK_SIZE < 2 ** 31 and in_slot < 2 ** 31
 
 
