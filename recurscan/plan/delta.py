@@ -465,11 +465,12 @@ def gluon_forward_sweep(shape: DeltaShape, *, householder: int, dtype: torch.dty
 #: where one sequence holds most tokens its pairs' chain is the fused kernel's critical path, 11%
 #: longer than the twin's (below); batches of even lengths gain as dense ones.
 FUSED_PREFILL = GluonTwinRow(True, "the fused prefill against the planned prep and sweep in one process, graph replay, "
-                                   "bf16, l2norm, H100 (gpu_fused_prefill_h100_*.json): B2 T8192 H16 HV64 (128 pairs) "
-                                   "0.616 ms against 0.788, B3 (192) 1.154 against 1.296, B4 (256) 1.229 against "
-                                   "1.575, B8 HV32 (256) 1.351 against 1.618, B8 T4096 HV64 (512) 1.246 against 1.588, "
-                                   "varlen 16 x 2048 HV32 0.695 against 0.836; slower at B4 T4096 HV16 (64 pairs: "
-                                   "0.315 against 0.244) and varlen 24576 + 16 x 512 HV32 (1.629 against 1.451)")
+                                   "bf16, l2norm, H100 at 56f617b (gpu_fused_prefill_h100_56f617b.json): B2 T8192 H16 "
+                                   "HV64 (128 pairs) 0.612 ms against 0.784, B3 (192) 1.147 against 1.289, B4 (256) "
+                                   "1.211 against 1.559, B8 HV32 (256) 1.338 against 1.608, B8 T4096 HV64 (512) 1.231 "
+                                   "against 1.578, varlen 16 x 2048 HV32 0.688 against 0.829; slower at B4 T4096 HV16 "
+                                   "(64 pairs: 0.311 against 0.241) and varlen 24576 + 16 x 512 HV32 (1.633 against "
+                                   "1.447)")
 FUSED_MIN_PAIRS_PER_SM = 0.95
 #: The fused prefill serving a state cache in place (its slots read and written by the kernel):
 #: built and compiled without spills offline, off until its GPU test passes on a GPU.
