@@ -252,7 +252,8 @@ step 27 && timeout 200 env PYTHONPATH=$PWD python benchmarks/gluon_prep_proto.py
     --out "$OUT/gluon_prep_proto_parts_$C.json" 2>&1 | grep -v Warning | tail -8
 step 28 && timeout 200 env PYTHONPATH=$PWD python benchmarks/gluon_prep_proto.py --parts --maxnreg 168 --maxnreg 0 \
     --vectors 0 --vectors 1 --vectors 2 --out "$OUT/gluon_prep_parts_vectors_$C.json" 2>&1 | grep -v Warning | tail -12
-step 31 && { timeout 240 python -m pytest -m gpu tests/gpu/test_fused_prefill_gpu.py -q -p no:cacheprovider 2>&1 | tail -3;
+step 31 && { timeout 240 python -m pytest -m gpu tests/gpu/test_fused_prefill_gpu.py -q -rfE -p no:cacheprovider 2>&1 \
+    | grep -v Warning | tail -25;
     timeout 240 env PYTHONPATH=$PWD python benchmarks/gpu_fused_prefill.py --out "$OUT/gpu_fused_prefill_$C.json" 2>&1 \
     | grep -v Warning | tail -10; }
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \
