@@ -7,8 +7,8 @@
 #   0. The GPU suite but the tests marked unproven (kernels not yet run on a GPU, or whose planner
 #      row is off), and a loss reading one output alone (the other's cotangent None): 218 passed on
 #      the H200 at 60291e3 (results/gpu_tests_60291e3.log); 244 passed, 2 skipped on an H100 at e05461d
-#      (git show c94269e:benchmarks/results/gpu_tests_h100_e05461d.log); 246 passed, 2 skipped on an H100 at
-#      fd40a6d (results/gpu_tests_h100_fd40a6d.log); four workers on cards under 100 GB (cold: ~270 s).
+#      (git show c94269e:benchmarks/results/gpu_tests_h100_e05461d.log); 253 passed, 2 skipped on an H100 at
+#      1d915c3 (results/gpu_tests_h100_1d915c3.log); four workers on cards under 100 GB (cold: ~270 s).
 #   7. The forward rows as planned (the record), and the group prep on 8 warps for simple GLA and
 #      SSD (results/gpu_gla_sweep_h100_4981221.json on the H100; the H200's last at d529156).
 #   3. SSD's cold first forward + backward in a fresh process (target 10 s): 7.2 and 8.9 s on the
@@ -104,12 +104,11 @@
 #  29, 30. (Ran on an H200 at da76e4d and an H100 at 12b07d8.) The fused prefill's prototype and its DEEP form
 #      (perf-history, 2026-12-06): the prototype became kernels/gluon/delta_fused.py (0d2edaf).
 #  31. Issue 21: the fused prefill (kernels/gluon/delta_fused.py): its GPU tests (against the twin, the oracle and
-#      the flagged token loop), then `benchmarks/gpu_fused_prefill.py` (fused against the twin in one process over
-#      the pairs around the planner's bound, two varlen batches). On an H100 at 0d2edaf's tree: 7 passed; 1.20-1.28x
-#      at 128 to 512 pairs, 0.77x at 64, 0.89x for a batch whose one sequence holds 3/4 of the tokens
-#      (results/gpu_fused_prefill_h100_56f617b.json). Due: the kernel since 9c124cb (a state cache, a flag a value
-#      column; the non-cache path's schedule changed, not its arithmetic) and its cache test (marked unproven;
-#      plan.delta.FUSED_PREFILL_CACHE off until it passes); then the GPU suite (step 0). No machine came for them.
+#      the flagged token loop, a state cache), then `benchmarks/gpu_fused_prefill.py` (fused against the twin in one
+#      process over the pairs around the planner's bound, two varlen batches, a serving batch). On an H100 at
+#      1d915c3: the cache tests failed on the test's own NaN (an empty request's RMS); fixed, all 12 passed and the GPU
+#      suite with the cache form planned (243 passed); 1.13-1.29x at 128 to 512 pairs, 0.79x at 64, 0.89x for a
+#      batch whose one sequence holds 3/4 of the tokens (results/gpu_fused_prefill_h100_1d915c3.json).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}

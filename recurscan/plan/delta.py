@@ -465,18 +465,17 @@ def gluon_forward_sweep(shape: DeltaShape, *, householder: int, dtype: torch.dty
 #: where one sequence holds most tokens its pairs' chain is the fused kernel's critical path, 11%
 #: longer than the twin's (below); batches of even lengths gain as dense ones.
 FUSED_PREFILL = GluonTwinRow(True, "the fused prefill against the planned prep and sweep in one process, graph replay, "
-                                   "bf16, l2norm, H100 at 56f617b (gpu_fused_prefill_h100_56f617b.json): B2 T8192 H16 "
-                                   "HV64 (128 pairs) 0.612 ms against 0.784, B3 (192) 1.147 against 1.289, B4 (256) "
-                                   "1.211 against 1.559, B8 HV32 (256) 1.338 against 1.608, B8 T4096 HV64 (512) 1.231 "
-                                   "against 1.578, varlen 16 x 2048 HV32 0.688 against 0.829; slower at B4 T4096 HV16 "
-                                   "(64 pairs: 0.311 against 0.241) and varlen 24576 + 16 x 512 HV32 (1.633 against "
-                                   "1.447)")
+                                   "bf16, l2norm, H100 at 1d915c3 (gpu_fused_prefill_h100_1d915c3.json): B2 T8192 H16 "
+                                   "HV64 (128 pairs) 0.617 ms against 0.794, B3 (192) 1.156 against 1.302, B4 (256) "
+                                   "1.226 against 1.585, B8 HV32 (256) 1.359 against 1.637, B8 T4096 HV64 (512) 1.254 "
+                                   "against 1.609, varlen 16 x 2048 HV32 0.696 against 0.847; slower at B4 T4096 HV16 "
+                                   "(64 pairs: 0.313 against 0.246) and varlen 24576 + 16 x 512 HV32 (1.634 against "
+                                   "1.452)")
 FUSED_MIN_PAIRS_PER_SM = 0.95
-#: The fused prefill serving a state cache in place (its slots read and written by the kernel):
-#: built and compiled without spills offline, off until its GPU test passes on a GPU.
-FUSED_PREFILL_CACHE = GluonTwinRow(False, "the fused prefill with a state cache (9c124cb): its GPU test "
-                                          "(test_fused_prefill_gpu.py::test_fused_prefill_serves_a_state_cache, "
-                                          "marked unproven) not yet run; a cache call runs the planned row")
+#: The fused prefill serving a state cache in place (its slots read and written by the kernel).
+FUSED_PREFILL_CACHE = GluonTwinRow(True, "the fused prefill with a state cache: its GPU tests (float32 and bf16 "
+                                         "caches, both layouts, a padding request, an empty one, a NaN key) and "
+                                         "the GPU suite with it planned passed on an H100 at 1d915c3")
 
 
 def fused_prefill_scope(problem) -> bool:
