@@ -197,6 +197,22 @@ def test_every_fused_launch_names_every_kernel_argument():
             assert not missing, f"{step.kernel}: {missing}"
 
 
+def test_the_gluon_prep_launches_name_every_kernel_argument():
+    """The warp-specialised Gluon prep's two launches (launch/delta_prep.py), as the direct launcher
+    reads them; its grid covers every (sequence, run of chunks, value head)."""
+    from recurscan.kernels.gluon.delta_prep import CHUNKS
+    from recurscan.launch import delta as launch_delta
+    from recurscan.launch.delta_prep import gluon_prep_steps
+    for T in (70, 64 * CHUNKS, 64 * CHUNKS + 1):
+        _, steps = gluon_prep_steps(launch_delta.Step, B=3, T=T, H=1, HV=2, K=128, scale=0.1, has_g=True,
+                                    beta_name="beta")
+        assert len(steps) == 2
+        for step in steps:
+            missing = [a for a in step.kernel.arg_names if a not in step.kwargs]
+            assert not missing, f"{step.kernel}: {missing}"
+        assert steps[1].grid == (3 * -(-(-(-T // 64)) // CHUNKS) * 2,)
+
+
 def test_the_fused_kernel_takes_only_the_calls_it_can():
     """fused_call_ok (launch/delta_fused.py): the row runs for 32-bit inputs, K or V other than 128,
     a decay per key, beta per value column, an output view its bulk stores cannot take, or a cache
