@@ -206,19 +206,6 @@ def test_the_fused_prefill_compiles_for_sm90_without_spills():
         assert "STACK:0 " in line and spills and set(spills) == {"0"}, line
 
 
-def test_the_gluon_prep_compiles_for_sm90_without_spills():
-    """The warp-specialised Gluon prep (kernels/gluon/delta_prep.py) at one and two value heads a
-    q/k head: two programs an SM (shared memory under half the H200's, 256 threads at 128
-    registers), no stack and no local loads or stores in its loops."""
-    run = compile_offline("gluon-prep")
-    assert run.returncode == 0, run.stderr[-3000:]
-    for hv in (16, 32):
-        line = next(x for x in run.stdout.splitlines() if x.startswith(f"gluon_prep_kernel HV{hv}:"))
-        shared = int(re.search(r"shared (\d+) B", line).group(1))
-        spills = re.findall(r"(\d+) local ld/st", line)
-        assert "STACK:0 " in line and spills and set(spills) == {"0"} and 2 * shared <= 232448, line
-
-
 def test_the_gluon_forward_sweep_compiles_for_sm90():
     """The forward sweep's Gluon twin in every pass and form it takes (the single pass, phases, a
     segmented sweep's second pass; dense and varlen; a cache with float32 chunk states; the WY step

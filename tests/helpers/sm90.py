@@ -585,23 +585,6 @@ def compile_fused_prefill() -> list[str]:
             for line in compile_delta_forward(case, shape, describe=resources, serving=serving, chunk_states=False)]
 
 
-def compile_gluon_prep() -> list[str]:
-    """The warp-specialised Gluon prep (kernels/gluon/delta_prep.py) as its launch compiles it, H16
-    with HV16 and HV32, bf16: a line each with its registers, stack and loops."""
-    from benchmarks.sm90_resources import resources
-    from recurscan.kernels.gluon import delta_prep as gp
-    sig = dict(q="*bf16", k="*bf16", vec="*fp32", wy="*bf16", aqk="*bf16", coef="*fp32", scale="fp32", T="i32",
-               n_vec="i32")
-    lines = []
-    for HV in (16, 32):
-        compiled = _compile_gluon_benchmark_kernel(
-            gp.gluon_prep_kernel, sig, dict(H=16, HV=HV, K=128, BT=gp.BT, NUM_STAGES=gp.NUM_STAGES, CHUNKS=gp.CHUNKS,
-                                            LOAD_REGS=gp.LOAD_REGS),
-            dict(num_warps=4, maxnreg=gp.MAXNREG))
-        lines.append(f"gluon_prep_kernel HV{HV}: {resources(compiled)}")
-    return lines
-
-
 def gluon_prep_proto_sass() -> list[str]:
     """Where the prototype's instructions go, by PART (2 the loads and three products, 1 with the
     gates to aqk, 0 the whole prep) and VECTORS form, at 168 registers: static SASS counts of the
@@ -635,8 +618,6 @@ def lines_for(argv: list[str]) -> list[str]:
         return compile_gluon_prep_proto()
     if argv[0] == "fused-prefill":
         return compile_fused_prefill()
-    if argv[0] == "gluon-prep":
-        return compile_gluon_prep()
     if argv[0] == "gluon-prep-proto-sass":
         return gluon_prep_proto_sass()
     if argv[0] == "ssd-gate":
