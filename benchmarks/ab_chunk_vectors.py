@@ -1,0 +1,55 @@
+"""Same-process A/B of the chunk vectors' pre-pass (kernels/delta/chunk_vectors.py) against an older
+package's, imported as ``recurscan_prev`` from ``--prev`` (benchmarks/ab_prev.py says how to make
+it): graph replay of the kernel alone at the fused prefill's rows, and the largest difference of
+their vectors (NaN where both are NaN counts as equal).
+
+    python benchmarks/ab_chunk_vectors.py --prev build/prev --out benchmarks/results/ab_chunk_vectors_<card>_<commit>.json
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+import torch
+
+ROWS = [("B1 T16384 H16 HV32", 1, 16384, 16, 32), ("B4 T8192 H16 HV64", 4, 8192, 16, 64),
+        ("B8 T4096 H16 HV64", 8, 4096, 16, 64), ("B4 T4096 H16 HV16", 4, 4096, 16, 16)]
+
+
+def main():
+    import triton.testing as tt
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prev", required=True)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    sys.path.insert(0, args.prev)
+    forms = {"prev": importlib.import_module("recurscan_prev.kernels.delta.chunk_vectors"),
+             "now": importlib.import_module("recurscan.kernels.delta.chunk_vectors")}
+    rows = []
+    for name, B, T, H, HV in ROWS:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q, k = (torch.randn(B, T, H, 128, device="cuda", generator=gen).bfloat16() for _ in range(2))
+        g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, device="cuda", generator=gen) + 3)
+        beta = torch.sigmoid(torch.randn(B, T, HV, device="cuda", generator=gen)).bfloat16()
+        out = {}
+        for form, mod in forms.items():
+            vec = torch.full(((B * T) // 64 + B, HV, 4, 64), -7.0, device="cuda")
+            run = lambda: mod.chunk_vectors_kernel[(B * T // 64, H)](  # noqa: E731
+                q, k, g, beta, vec, q, q, T, 0, H=H, HV=HV, K=128, BT=64, IS_VARLEN=False, HAS_G=True, num_warps=4)
+            run()
+            torch.cuda.synchronize()
+            out[form] = vec
+            ms = tt.do_bench_cudagraph(run, rep=200)
+            moved = 2 * B * T * H * 128 * 2 + vec.numel() * 4
+            rows.append(dict(workload=name, form=form, ms=ms, gb_per_s=moved / ms / 1e6))
+        diff = (out["prev"] - out["now"]).nan_to_num(0.0).abs().max().item()
+        rows[-1]["max_abs_diff_vs_prev"] = diff
+        print(name, {r["form"]: round(r["ms"], 4) for r in rows[-2:]}, "max |now - prev|", diff, flush=True)
+    if args.out:
+        json.dump(rows, open(args.out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
