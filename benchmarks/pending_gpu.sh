@@ -113,8 +113,8 @@
 #      applied to the device's copy only): (a) the chunk vectors' pass with every load issued first (0.167 ms at
 #      HV64 before, ~0.09 the bytes' bound); (b) the fused prep's coefficient rows in four buffers (its loop 12
 #      barriers a chunk against 15); (c) the Gluon forward sweep (WY on) and reverse sweep with a barrier a tile, all
-#      armed before the copies, and the forward sweep's gam rk and lam rq moved to the products' layout together
-#      (their loops 7 and 13 barriers a chunk against 13 and 17). With build/prev carried
+#      armed before the copies, and each chunk's row coefficients moved to the products' layout by one conversion
+#      (their loops 7 and 7 barriers a chunk against 13 and 17). With build/prev carried
 #      (this tree's package before the patch: `rm -rf build/prev && mkdir -p build/prev && git archive HEAD recurscan
 #      | tar -x -C build/prev && mv build/prev/recurscan build/prev/recurscan_prev`): the patch applied, the
 #      vectors' A/B, the GPU tests of the kernels changed (the sweep twins' same-bits tests among them), then the op
