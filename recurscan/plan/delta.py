@@ -475,7 +475,8 @@ FUSED_MIN_PAIRS_PER_SM = 0.95
 #: The fused prefill serving a state cache in place (its slots read and written by the kernel).
 FUSED_PREFILL_CACHE = GluonTwinRow(True, "the fused prefill with a state cache: its GPU tests (float32 and bf16 "
                                          "caches, both layouts, a padding request, an empty one, a NaN key) and "
-                                         "the GPU suite with it planned passed on an H100 at 1d915c3")
+                                         "the GPU suite with it planned passed on an H100 (1d915c3 with f5d1a88's "
+                                         "test fix)")
 
 
 def fused_prefill_scope(problem) -> bool:

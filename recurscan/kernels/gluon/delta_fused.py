@@ -35,7 +35,7 @@ a cache, such a column's slot entry is left for the token loop to read and write
 
 Scope (``plan.delta.fused_prefill_scope``; the launch layer checks the call): GDN (M = 1), l2norm in
 the kernel, 16-bit q, k, v, K = V = 128, dense or varlen, an initial state or none, the final state
-or none, or a state cache in place (USE_CACHE; planned once its GPU test has passed); no chunk
+or none, or a state cache in place (USE_CACHE; ``plan.delta.FUSED_PREFILL_CACHE``); no chunk
 states or kept prep (training).
 """
 from __future__ import annotations
