@@ -288,12 +288,15 @@ t, x = leaves(w)
 do = torch.randn(w.batch, w.seqlen, w.value_heads, w.head_v, device="cuda", dtype=t["v"].dtype)
 torch.cuda.synchronize(); t0 = time.perf_counter()
 o = recurscan_step(w, x, t)
-torch.autograd.grad(o.reshape(do.shape), list(t.values()), do)
+if {scalar_loss}:  # a training step's backward: a scalar loss, gradients into the leaves' .grad
+    (o.reshape(do.shape).float() * do).sum().backward()
+else:
+    torch.autograd.grad(o.reshape(do.shape), list(t.values()), do)
 torch.cuda.synchronize(); print(time.perf_counter() - t0)
 """
 
 
-def cold(name, checkpoints=True, torch_import_first=False):
+def cold(name, checkpoints=True, torch_import_first=False, scalar_loss=False):
     """Seconds of the first forward + backward of workload ``name`` in a fresh process with an
     empty Triton cache; ``checkpoints=False``: with the planner's checkpoints switched off.
 
@@ -301,9 +304,11 @@ def cold(name, checkpoints=True, torch_import_first=False):
     torch.fx's symbolic shapes, and with them sympy (2.0-2.5 s on an H100 machine lent,
     results/cold_sympy_ab_h100_94411ab.txt): torch's cost, not the op's, and one that
     ``loss.backward()`` on a scalar does not pay there. ``torch_import_first``: that import done
-    before the clock starts, so the time is the op's first call alone."""
+    before the clock starts, so the time is the op's first call alone. ``scalar_loss``: the backward
+    as a training step takes it, ``(o * dO).sum().backward()`` (the same gradients, into ``.grad``)."""
     with tempfile.TemporaryDirectory() as cache:
-        code = COLD.format(name=name, checkpoints=checkpoints, torch_import_first=torch_import_first)
+        code = COLD.format(name=name, checkpoints=checkpoints, torch_import_first=torch_import_first,
+                           scalar_loss=scalar_loss)
         out = subprocess.run([sys.executable, "-c", code],
                              capture_output=True, text=True, env=dict(os.environ, TRITON_CACHE_DIR=cache), check=True)
     return float(out.stdout.split()[-1])

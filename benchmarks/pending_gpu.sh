@@ -121,6 +121,9 @@
 #      against build/prev in one process at the B1, HV64 and varlen rows. Step 33 (same call or a warm machine's
 #      next: the patch stays applied there): GDN B4 and GDP forward + backward against it. Apply and commit
 #      what is faster and passes; drop the rest from the patch.
+#  34. Issue 19's cold row with the backward as a training step takes it (`loss.backward()` on a scalar loss, which
+#      does not pay torch's sympy import that `autograd.grad` given grad_outputs pays, ~2 s), two fresh processes a
+#      checkpoint mode: `benchmarks/gpu_delta_cold.py --scalar-loss`.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -267,6 +270,8 @@ step 31 && { timeout 240 python -m pytest -m gpu tests/gpu/test_fused_prefill_gp
     | grep -v Warning | tail -25;
     timeout 240 env PYTHONPATH=$PWD python benchmarks/gpu_fused_prefill.py --out "$OUT/gpu_fused_prefill_$C.json" 2>&1 \
     | grep -v Warning | tail -10; }
+step 34 && timeout 150 env PYTHONPATH=$PWD python benchmarks/gpu_delta_cold.py --runs 2 --scalar-loss \
+    --out "$OUT/gpu_delta_cold_scalar_loss_$C.json" 2>&1 | grep -E "cold first call"
 { step 32 || step 33; } && { patch -p1 -s -N < benchmarks/pending/gluon-barriers-and-vectors.patch > /dev/null
     grep -q _tile_barriers recurscan/kernels/gluon/delta_sweep.py && echo "patch applied" || echo "PATCH NOT APPLIED"; }
 step 32 && { timeout 80 env PYTHONPATH=$PWD python benchmarks/ab_chunk_vectors.py --prev build/prev \
