@@ -109,21 +109,12 @@
 #      1d915c3: the cache tests failed on the test's own NaN (an empty request's RMS); fixed, all 12 passed and the GPU
 #      suite with the cache form planned (243 passed); 1.13-1.29x at 128 to 512 pairs, 0.79x at 64, 0.89x for a
 #      batch whose one sequence holds 3/4 of the tokens (results/gpu_fused_prefill_h100_1d915c3.json).
-#  32. Changes built offline and kept as a patch until measured (benchmarks/pending/gluon-barriers-and-vectors.patch,
-#      applied to the device's copy only): (a) the chunk vectors' pass with every load issued first (0.167 ms at
-#      HV64 before, ~0.09 the bytes' bound); (b) the fused prep's coefficient rows in four buffers (its loop 12
-#      barriers a chunk against 15); (c) the Gluon forward sweep (WY on) and reverse sweep with a barrier a tile, all
-#      armed before the copies, and each chunk's row coefficients moved to the products' layout by one conversion
-#      (their loops 7 and 7 barriers a chunk against 13 and 17). With build/prev carried
-#      (this tree's package before the patch: `rm -rf build/prev && mkdir -p build/prev && git archive HEAD recurscan
-#      | tar -x -C build/prev && mv build/prev/recurscan build/prev/recurscan_prev`): the patch applied, the
-#      vectors' A/B, the GPU tests of the kernels changed (the sweep twins' same-bits tests among them), then the op
-#      against build/prev in one process at the B1, HV64 and varlen rows. Step 33 (same call or a warm machine's
-#      next: the patch stays applied there): GDN B4 and GDP forward + backward against it. Apply and commit
-#      what is faster and passes; drop the rest from the patch.
+#  32, 33. (Ran on an H100 at f8e58fa.) The barrier patch (ff31439's benchmarks/pending/): its GPU tests passed;
+#      the chunk vectors' pass with every load first kept (HV64 0.117 ms against 0.170), the sweeps' tile barriers
+#      and the fused prep's four buffers dropped (slower; within noise). Perf-history, 2026-12-06, f8e58fa.
 #  34. Issue 19's cold row with the backward as a training step takes it (`loss.backward()` on a scalar loss, which
 #      does not pay torch's sympy import that `autograd.grad` given grad_outputs pays, ~2 s), two fresh processes a
-#      checkpoint mode: `benchmarks/gpu_delta_cold.py --scalar-loss`.
+#      checkpoint mode: `benchmarks/gpu_delta_cold.py --scalar-loss`. On an H100 at f8e58fa: 4.9-5.8 s.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -272,18 +263,6 @@ step 31 && { timeout 240 python -m pytest -m gpu tests/gpu/test_fused_prefill_gp
     | grep -v Warning | tail -10; }
 step 34 && timeout 150 env PYTHONPATH=$PWD python benchmarks/gpu_delta_cold.py --runs 2 --scalar-loss \
     --out "$OUT/gpu_delta_cold_scalar_loss_$C.json" 2>&1 | grep -E "cold first call"
-{ step 32 || step 33; } && { patch -p1 -s -N < benchmarks/pending/gluon-barriers-and-vectors.patch > /dev/null
-    grep -q _tile_barriers recurscan/kernels/gluon/delta_sweep.py && echo "patch applied" || echo "PATCH NOT APPLIED"; }
-step 32 && { timeout 80 env PYTHONPATH=$PWD python benchmarks/ab_chunk_vectors.py --prev build/prev \
-    --out "$OUT/ab_chunk_vectors_$C.json" 2>&1 | grep -v Warning | tail -6; timeout 220 python -m pytest \
-    -m "gpu and not unproven" -n "$WORKERS" -q -rfE -p no:cacheprovider tests/gpu/test_fused_prefill_gpu.py \
-    tests/gpu/test_gluon_sweep_gpu.py tests/gpu/test_delta_grad_gpu.py 2>&1 | grep -v Warning | tail -6
-    timeout 240 env PYTHONPATH=$PWD python -m benchmarks.ab_prev --prev build/prev --label "$C" \
-    --workload gdn_b1_t16384_h16_hv32 --workload gdn_b1_t65536_h16_hv32 --workload gdn_b4_t8192_h16_hv64 \
-    --workload gdn_varlen16_32976_hv32 --out "$OUT/ab_forward_patched_$C.json" 2>&1 | grep -v Warning | tail -10; }
-step 33 && timeout 400 env PYTHONPATH=$PWD python benchmarks/gpu_delta_train.py --impl recurscan --impl prev \
-    --prev build/prev --workload gdn_b4_t4096_h16 --workload gdp_m2_b4_t4096_h16 --profile \
-    --out "$OUT/gpu_delta_train_patched_$C.json" 2>&1 | grep -v Warning | tail -14
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \
     | grep -v Warning | tail -6
 step 23 && timeout 150 env PYTHONPATH=$PWD python benchmarks/inverse_forms.py --items 132 --items 8192 --items 32768 \
