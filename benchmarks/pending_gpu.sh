@@ -115,6 +115,13 @@
 #  34. Issue 19's cold row with the backward as a training step takes it (`loss.backward()` on a scalar loss, which
 #      does not pay torch's sympy import that `autograd.grad` given grad_outputs pays, ~2 s), two fresh processes a
 #      checkpoint mode: `benchmarks/gpu_delta_cold.py --scalar-loss`. On an H100 at f8e58fa: 4.9-5.8 s.
+#  35. Issue 21's B1 rows: the forward sweep warp-specialised with the WY step (kernels/gluon/gla_sweep_specialized.py
+#      with WY: the chain's three products a chunk on one warpgroup, handing S^T and U^T to two outputs warpgroups
+#      that form Q S and the outputs; a load warp; built without a GPU, its row plan.delta.GLUON_FORWARD_SPECIALIZED
+#      off). Its GPU tests first (the Triton sweep's bits: one pass under GVA, six phases at B1 T16384 with the
+#      oracle, varlen with a cache, padding and bf16 chunk states, a NaN through the replay); where they pass, the
+#      phased B1 rows with the row on against the package with it off (build/prev as in 32), at the phases' ratio
+#      as planned and at 0.7.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -263,6 +270,12 @@ step 31 && { timeout 240 python -m pytest -m gpu tests/gpu/test_fused_prefill_gp
     | grep -v Warning | tail -10; }
 step 34 && timeout 150 env PYTHONPATH=$PWD python benchmarks/gpu_delta_cold.py --runs 2 --scalar-loss \
     --out "$OUT/gpu_delta_cold_scalar_loss_$C.json" 2>&1 | grep -E "cold first call"
+step 35 && unproven_tests wy_specialised "warp_specialised_sweep_with_the_wy_step" 200 && for ratio in "" 0.7; do
+    timeout 150 env PYTHONPATH=$PWD python -m benchmarks.ab_prev --prev build/prev --label "$C, row off" \
+    --plan GLUON_FORWARD_SPECIALIZED.on=True ${ratio:+--plan GLUON_SWEEP_PHASE_RATIO=$ratio} \
+    --workload gdn_b1_t16384_h16_hv32 --workload gdn_b1_t65536_h16_hv32 \
+    --out "$OUT/ab_forward_specialised${ratio:+_ratio$ratio}_$C.json" 2>&1 | grep -v Warning | grep " ms" | tail -4
+    done
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \
     | grep -v Warning | tail -6
 step 23 && timeout 150 env PYTHONPATH=$PWD python benchmarks/inverse_forms.py --items 132 --items 8192 --items 32768 \

@@ -575,15 +575,21 @@ def save(records: list[dict[str, Any]], path: str | os.PathLike) -> None:
 
 
 def set_plan(assignments: list[str]) -> None:
-    """``NAME=VALUE`` assignments to ``recurscan.plan.delta`` (each NAME one it has)."""
+    """``NAME=VALUE`` assignments to ``recurscan.plan.delta`` (each NAME one it has), or
+    ``NAME.FIELD=VALUE`` to a field of a dataclass row there (``GLUON_FORWARD_SPECIALIZED.on=True``)."""
     import ast
+    import dataclasses
 
     from recurscan.plan import delta as plan_delta
     for text in assignments:
         name, _, value = text.partition("=")
+        name, _, field = name.partition(".")
         if not hasattr(plan_delta, name):
             raise SystemExit(f"--plan: recurscan.plan.delta has no {name!r}")
-        setattr(plan_delta, name, ast.literal_eval(value))
+        new = ast.literal_eval(value)
+        if field:
+            new = dataclasses.replace(getattr(plan_delta, name), **{field: new})
+        setattr(plan_delta, name, new)
         print(f"recurscan.plan.delta.{name} = {getattr(plan_delta, name)!r}", flush=True)
 
 

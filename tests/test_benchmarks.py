@@ -247,10 +247,16 @@ def test_the_sweep_variants_parse_into_the_shapes_they_name():
 
 def test_plan_assignments_set_a_planner_constant_and_refuse_an_unknown_name(monkeypatch):
     """``--plan NAME=VALUE`` (ab_prev, gpu_delta_train): a literal into recurscan.plan.delta before the
-    first call; a name the planner does not have stops the benchmark rather than timing the default."""
+    first call (``NAME.FIELD=VALUE`` into a row's field); a name the planner does not have stops the
+    benchmark rather than timing the default."""
     from recurscan.plan import delta as plan_delta
     monkeypatch.setattr(plan_delta, "PREP_SPLIT_INVERSE", plan_delta.PREP_SPLIT_INVERSE)
     runner.set_plan(["PREP_SPLIT_INVERSE=0"])
     assert plan_delta.PREP_SPLIT_INVERSE == 0
     with pytest.raises(SystemExit, match="no 'PREP_SPLIT_INVERS'"):
         runner.set_plan(["PREP_SPLIT_INVERS=16"])
+    # NAME.FIELD=VALUE: a field of a planner row (a Gluon twin's switch), its other fields kept
+    monkeypatch.setattr(plan_delta, "GLUON_FORWARD_SPECIALIZED", plan_delta.GLUON_FORWARD_SPECIALIZED)
+    reason = plan_delta.GLUON_FORWARD_SPECIALIZED.reason
+    runner.set_plan(["GLUON_FORWARD_SPECIALIZED.on=True"])
+    assert plan_delta.GLUON_FORWARD_SPECIALIZED.on and plan_delta.GLUON_FORWARD_SPECIALIZED.reason == reason

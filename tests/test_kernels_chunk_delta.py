@@ -722,11 +722,12 @@ def _twin_steps(launches):
     ("bf16 GDN, BV 64 on one warpgroup", True), ("fp16, K = V = 64", True), ("row off", False),
     ("no usable Gluon", False), ('backend="triton"', False), ("GDP M = 2", False), ("float32", False),
     ("K = 96", False), ("V = 96", False), ("BV 128 on two warpgroups", False), ("BV 32", False),
-    ("V in registers", False), ("group prep", False), ("one pass", False)])
+    ("V in registers", False), ("group prep", False), ("one pass", False), ("warp-specialised", True)])
 def test_the_planner_gives_the_sweep_to_its_gluon_twin_only_in_scope(monkeypatch, case, planned):
     """plan.delta.gluon_forward_sweep (the Gluon rules, docs/kernels-gluon.md): a phased row of the
     twin's kind (64 value columns, one warpgroup, V a product operand), GDN, 16-bit inputs, K 64 or
-    128, V a multiple of 64, Gluon usable here, its row on, the caller not forcing Triton."""
+    128, V a multiple of 64, Gluon usable here, its row on, the caller not forcing Triton; its
+    warp-specialised form where that row is on too."""
     import dataclasses
     from recurscan.plan import delta as plan_delta
     monkeypatch.setattr(plan_delta, "gluon_usable", lambda device: case != "no usable Gluon")
@@ -736,14 +737,49 @@ def test_the_planner_gives_the_sweep_to_its_gluon_twin_only_in_scope(monkeypatch
     given = plan_delta.DeltaShape(128 if "BV 128" in case else 32 if case == "BV 32" else 64,
                                   8 if "two warpgroups" in case else 4, 3, 4, "test", phases=1 if case == "one pass" else 6,
                                   v_product=case != "V in registers", group_prep=case == "group prep")
+    monkeypatch.setattr(plan_delta, "GLUON_FORWARD_SPECIALIZED",
+                        dataclasses.replace(plan_delta.GLUON_FORWARD_SPECIALIZED, on=case == "warp-specialised"))
     got = plan_delta.gluon_forward_sweep(
         given, householder=2 if case.startswith("GDP") else 1,
         dtype=torch.float32 if case == "float32" else torch.float16 if fp16 else torch.bfloat16,
         key_dim=96 if case == "K = 96" else 64 if fp16 else 128, value_dim=96 if case == "V = 96" else 64 if fp16 else 128,
         device=torch.device("cuda"), twin_only=case == 'backend="triton"')
     assert got.gluon_sweep is planned
-    assert got == (dataclasses.replace(given, gluon_sweep=True, phase_ratio=plan_delta.GLUON_SWEEP_PHASE_RATIO)
-                   if planned else given)
+    assert got == (dataclasses.replace(given, gluon_sweep=True, phase_ratio=plan_delta.GLUON_SWEEP_PHASE_RATIO,
+                                       specialized=case == "warp-specialised") if planned else given)
+
+
+def test_the_warp_specialised_sweep_with_the_wy_step_takes_calls_with_outputs_and_the_twin_the_rest():
+    """DeltaShape.specialized with the WY step (kernels/gluon/gla_sweep_specialized.py): the single
+    pass and every phase launch it under its register cap, the replay the Triton kernel; chunk
+    states in the inputs' dtype too, float32 ones, the training forward's checkpoints and the
+    backward's recompute (no outputs, U stored) the twin; in segments, a ValueError naming the field."""
+    import dataclasses
+    from recurscan.launch.delta_backward import build_delta_backward
+    from recurscan.plan.delta import DELTA_BACKWARD_LAUNCH, DeltaShape
+    q, k, v = (torch.zeros(1, 256, 2, 128, dtype=torch.bfloat16) for _ in range(3))
+    g, beta = torch.zeros(1, 256, 2), torch.ones(1, 256, 2, dtype=torch.bfloat16)
+    ws = dict(block_v=64, num_warps=4, num_stages=3, tma_store=True, gluon_sweep=True, specialized=True)
+    W, G, J = "gluon_gla_sweep_specialized_kernel", "gluon_sweep_kernel", "chunk_delta_sweep_kernel"
+    cap = launch_delta.SPECIALIZED_MAXNREG
+
+    def sweeps(launches):
+        return [(getattr(s.kernel, "fn", s.kernel).__name__, s.kwargs["PASS"], s.options.get("maxnreg"))
+                for s in launches.steps if launch_delta.is_sweep_step(s)]
+    assert sweeps(delta_launches(q, k, v, g, beta, **ws)) == [(W, 0, cap), (J, 0, None)]
+    assert sweeps(delta_launches(q, k, v, g, beta, phases=3, **ws)) == [(W, 3, cap)] * 3 + [(J, 0, None)]
+    assert sweeps(delta_launches(q, k, v, g, beta, return_chunk_states=True, chunk_states_dtype=torch.bfloat16,
+                                 **ws))[0] == (W, 0, cap)
+    assert sweeps(delta_launches(q, k, v, g, beta, return_chunk_states=True, **ws))[0] == (G, 0, None)
+    assert sweeps(delta_launches(q, k, v, g, beta, checkpoint_chunks=2, **ws))[0] == (G, 0, None)
+    backward_shape = dataclasses.replace(DELTA_BACKWARD_LAUNCH[1][1], recompute_twin=True)
+    backward = build_delta_backward(q, k, v, g, beta, torch.zeros_like(v), None, scale=1.0, initial_state=None,
+                                    use_qk_l2norm_in_kernel=True, cu_seqlens=None, chunk_indices=None,
+                                    chunk_offsets=None, backward_shape=backward_shape,
+                                    shape=DeltaShape(64, 4, 3, 4, "test", gluon_sweep=True, specialized=True))
+    assert [name for name, *_ in sweeps(backward.forward)] == [G]
+    with pytest.raises(ValueError, match="specialized"):
+        delta_launches(q, k, v, g, beta, segments=2, **ws)
 
 
 def test_the_gluon_sweep_runs_its_passes_and_the_triton_kernel_the_rest():

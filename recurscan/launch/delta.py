@@ -226,9 +226,9 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         raise ValueError("DeltaShape.sweep_scores: the scores formed in the sweep need group_prep=True and "
                          f"calm_gates=False (got group_prep={group}, calm_gates={shape.calm_gates})")
     # specialized refines gluon_sweep (the twin warp-specialised) and means nothing without it
-    if shape.specialized and shape.gluon_sweep and not (group and shape.segments == 1):
-        raise ValueError("DeltaShape.specialized: the warp-specialised sweep needs group_prep and one pass or phases "
-                         f"(got group_prep={group}, segments={shape.segments})")
+    if shape.specialized and shape.gluon_sweep and not ((group or wy) and shape.segments == 1):
+        raise ValueError("DeltaShape.specialized: the warp-specialised sweep needs the WY step or group_prep, and one "
+                         f"pass or phases (got wy={wy}, group_prep={group}, segments={shape.segments})")
     heads = 1 if group else shape.prep_heads
     if heads > 1 and (wy or (v.shape[2] // q.shape[2]) % heads != 0):
         raise ValueError(f"DeltaShape.prep_heads: {heads} value heads a prep program needs wy=False and a divisor "
@@ -406,7 +406,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     sweep_kernel, sweep_options = _sweep_kernel(
         shape, q, k, v, BV, tma_ok, wy=wy, ssd=ssd, key_decay=key_decay, M=M,
         chunk_state_rows=buffers["chunk_states"][0][0] if return_chunk_states else 0, state_strides=s0,
-        states_only=states_only, chunk_states_dtype=chunk_states_dtype)
+        states_only=states_only, chunk_states_dtype=chunk_states_dtype, checkpoints=checkpoint_chunks > 0)
     options = dict(num_warps=num_warps, **sweep_options)
     if phased:
         # prep 0, sweep 0, prep 1, sweep 1, ...: each prep after the first is the programmatic
@@ -489,7 +489,7 @@ def is_sweep_step(step: Step) -> bool:
 
 
 def _sweep_kernel(shape: DeltaShape, q, k, v, BV: int, tma_ok: bool, *, wy, ssd, key_decay, M, chunk_state_rows,
-                  state_strides, states_only=False, chunk_states_dtype=torch.float32):
+                  state_strides, states_only=False, chunk_states_dtype=torch.float32, checkpoints=False):
     """The kernel of the sweep's single pass, phases and second passes: the Triton kernel, or with
     ``shape.gluon_sweep`` its Gluon twin (kernels/gluon/delta_sweep.py; a pass 1 and the replay stay
     Triton's, the same arithmetic). A shape the twin cannot take is a ValueError (the planner's
@@ -499,7 +499,7 @@ def _sweep_kernel(shape: DeltaShape, q, k, v, BV: int, tma_ok: bool, *, wy, ssd,
     (no outputs, so nothing of theirs is read); ``shape.sweep_scores`` (the scores formed in the
     sweep) on the warp-specialised kernel or the Triton kernel, not the twin; chunk states on the
     warp-specialised kernel only in the inputs' dtype (its hand-over buffer's), else on the twin or,
-    with ``sweep_scores``, the Triton kernel. Returns ``(kernel,
+    with ``sweep_scores``, the Triton kernel; ``checkpoints`` (the training forward's) on the twin. Returns ``(kernel,
     launch options beyond num_warps)``: the warp-specialised sweep's partitions share the register
     file under one cap."""
     if not shape.gluon_sweep:
@@ -522,7 +522,8 @@ def _sweep_kernel(shape: DeltaShape, q, k, v, BV: int, tma_ok: bool, *, wy, ssd,
     if not (aligned and tma_ok and (chunk_state_rows + 1) * v.shape[2] * K < 2 ** 31 and in_slot < 2 ** 31) or \
             (ssd is not None and ssd.z is not None):
         return chunk_delta_sweep_kernel, {}
-    if shape.specialized and not states_only and (chunk_state_rows == 0 or chunk_states_dtype == q.dtype):
+    if shape.specialized and not states_only and not checkpoints and \
+            (chunk_state_rows == 0 or chunk_states_dtype == q.dtype):
         from ..kernels.gluon.gla_sweep_specialized import gluon_gla_sweep_specialized_kernel
         return gluon_gla_sweep_specialized_kernel, {"maxnreg": SPECIALIZED_MAXNREG}
     if shape.sweep_scores and not states_only:  # the twin reads the prep's scores

@@ -94,7 +94,8 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
     BT = CHUNK_SIZE
     varlen = cu_seqlens is not None
     N = cu_seqlens.shape[0] - 1 if varlen else B
-    shape = backward_shape.recompute or dataclasses.replace(shape, segments=1)
+    # the recompute stores U and lam o K S, which only the twin's kernel does (not its warp-specialised form)
+    shape = dataclasses.replace(backward_shape.recompute or dataclasses.replace(shape, segments=1), specialized=False)
     if shape.gluon_sweep and not backward_shape.recompute_twin:  # the recompute on the Triton sweep
         shape = dataclasses.replace(shape, gluon_sweep=False, phase_ratio=None)
     if checkpoint_chunks:  # one prep (unless kept), then one sweep launch over every segment

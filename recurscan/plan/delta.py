@@ -67,10 +67,10 @@ class DeltaShape:
     # (kernels/gluon/delta_sweep.py; block_v 64 on one warpgroup, num_stages its ring of tile
     # stages): :func:`gluon_forward_sweep` decides.
     gluon_sweep: bool = False
-    # With gluon_sweep, the group prep and the single pass: the twin warp-specialised
-    # (kernels/gluon/gla_sweep_specialized.py: the state's chain, the outputs and the loads on
-    # partitions of their own), where the call has outputs and no chunk states; unread without
-    # gluon_sweep (the Triton sweep).
+    # With gluon_sweep, the group prep or the WY step, and the single pass or phases: the twin
+    # warp-specialised (kernels/gluon/gla_sweep_specialized.py: the state's chain, the outputs and
+    # the loads on partitions of their own), where the call has outputs, no checkpoints and no
+    # float32 chunk states; unread without gluon_sweep (the Triton sweep).
     specialized: bool = False
     # Each phase's length as a fraction of the one before (launch/delta.py's phase_bounds); None:
     # launch.delta.PHASE_RATIO. A faster sweep covers more chunks while the next phase's prep runs
@@ -442,20 +442,29 @@ GLUON_FORWARD_SWEEP = GluonTwinRow(True, "the forward sweep (kernels/gluon/delta
                                          "rows take it. The Triton sweep's bits (tests/gpu/test_gluon_sweep_gpu.py)")
 
 
+#: The forward sweep's warp-specialised form with the WY step (kernels/gluon/gla_sweep_specialized.py:
+#: the chain on one warpgroup, the outputs on two, the loads on a warp), where the twin is planned.
+#: Off: built without a GPU (2026-12-06); its GPU tests and A/B are `benchmarks/pending_gpu.sh 35`.
+GLUON_FORWARD_SPECIALIZED = GluonTwinRow(False, "not yet run on a GPU")
+
+
 def gluon_forward_sweep(shape: DeltaShape, *, householder: int, dtype: torch.dtype, key_dim: int, value_dim: int,
                         device: torch.device, twin_only: bool = False) -> DeltaShape:
     """``shape`` with its sweep given to the Gluon twin, its phases falling off by
     :data:`GLUON_SWEEP_PHASE_RATIO`, where the twin runs here (``plan.device.gluon_usable``), the row
     is phased and of the twin's kind (64 value columns on one warpgroup, V as a product operand), the
-    problem is within :func:`gluon_sweep_scope` and :data:`GLUON_FORWARD_SWEEP` is on; ``shape`` as
-    it is otherwise, and where the caller forced the Triton kernels (``twin_only``). A call the twin
-    cannot take (unaligned inputs, strided outputs; launch/delta.py checks) runs the Triton sweep."""
+    problem is within :func:`gluon_sweep_scope` and :data:`GLUON_FORWARD_SWEEP` is on; warp-specialised
+    (``specialized``) where :data:`GLUON_FORWARD_SPECIALIZED` is on too; ``shape`` as it is otherwise,
+    and where the caller forced the Triton kernels (``twin_only``). A call the twin cannot take
+    (unaligned inputs, strided outputs; launch/delta.py checks) runs the Triton sweep, one the
+    warp-specialised form cannot (float32 chunk states, checkpoints, no outputs) the twin."""
     if twin_only or not GLUON_FORWARD_SWEEP.on or not gluon_usable(device):
         return shape
     if shape.phases > 1 and shape.block_v == 64 and shape.num_warps == 4 and shape.v_product and \
             not shape.group_prep and \
             gluon_sweep_scope(householder=householder, dtype=dtype, key_dim=key_dim, value_dim=value_dim):
-        return replace(shape, gluon_sweep=True, phase_ratio=GLUON_SWEEP_PHASE_RATIO)
+        return replace(shape, gluon_sweep=True, phase_ratio=GLUON_SWEEP_PHASE_RATIO,
+                       specialized=GLUON_FORWARD_SPECIALIZED.on)
     return shape
 
 

@@ -3,7 +3,9 @@
 states in every pass it takes (the single pass, phases, a segmented sweep's second pass), dense
 and varlen, with padding slots and non-finite input (the replay is the Triton kernel's, on the
 flags the twin raises); the backward's recompute on it gives the same gradients; and the float64
-oracle at a real size. Run: ``python -m pytest -m gpu tests/gpu/test_gluon_sweep_gpu.py``."""
+oracle at a real size. The same for its warp-specialised form with the WY step
+(kernels/gluon/gla_sweep_specialized.py), in the passes it takes.
+Run: ``python -m pytest -m gpu tests/gpu/test_gluon_sweep_gpu.py``."""
 import dataclasses
 
 import pytest
@@ -45,16 +47,18 @@ def inputs(B, T, H, HV, K=128, V=128, dtype=torch.bfloat16, seed=0):
     return [x.to(dtype) for x in (q, k, v)] + [g, beta.to(dtype)]
 
 
-def both_runs(x, args, calls=2, **kw):
+def both_runs(x, args, calls=2, specialized=False, **kw):
     """The outputs of ``calls`` calls (the first through Triton's JIT, then direct launches) of the
-    launches with the Triton sweep (False) and with its Gluon twin (True). ``args``: DeltaInputs
+    launches with the Triton sweep (False) and with its Gluon twin (True; ``specialized``: its
+    warp-specialised form, kernels/gluon/gla_sweep_specialized.py with WY). ``args``: DeltaInputs
     after beta; a cache in them is cloned per call and returned as the state."""
     q, k, v, g, beta = x
     out = {}
     for twin in (False, True):
-        launches = delta_launches(q, k, v, g, beta, gluon_sweep=twin, **TWIN, **kw)
-        kernels = [type(s.kernel).__name__ for s in launches.steps if launch_delta.is_sweep_step(s)]
-        assert ("GluonJITFunction" in kernels) == twin, kernels
+        launches = delta_launches(q, k, v, g, beta, gluon_sweep=twin, specialized=twin and specialized, **TWIN, **kw)
+        kernels = [getattr(s.kernel, "fn", s.kernel).__name__ for s in launches.steps if launch_delta.is_sweep_step(s)]
+        want = "gluon_gla_sweep_specialized_kernel" if specialized else "gluon_sweep_kernel"
+        assert (want in kernels) == twin, kernels
         for call in range(calls):
             a = list(args)
             if a[1] is not None:  # the cache, written in place
@@ -127,6 +131,46 @@ def test_varlen_with_a_cache_padding_and_chunk_states_gives_its_twins_bits():
                              return_chunk_states=True, use_qk_l2norm_in_kernel=True)
     assert torch.equal(state[1], cache[1])  # a slot no sequence owns: untouched
     assert (o[0, int(cu[2]):int(cu[3])] == 0).all()  # a padding slot's sequence: zero outputs
+
+
+@pytest.mark.unproven  # built without a GPU; its planner row (GLUON_FORWARD_SPECIALIZED) is off
+@pytest.mark.parametrize("form", ["one pass, GVA", "six phases, B1 T16384", "varlen, a cache, bf16 chunk states",
+                                  "non-finite input"])
+def test_the_warp_specialised_sweep_with_the_wy_step_gives_the_triton_sweeps_bits(form):
+    """The chain, two outputs warpgroups and a load warp computing the twin's arithmetic: outputs,
+    final states, cache slots and (in the inputs' dtype) chunk states bit for bit the Triton
+    sweep's; at B1 T16384 also the float64 oracle's."""
+    if form == "one pass, GVA":
+        x = inputs(2, 1000, 4, 8, seed=6)
+        h0 = torch.randn(2, 8, 128, 128, device=DEV)
+        both_runs(x, (h0, None, None, None, None, None), specialized=True, initial_state=h0,
+                  output_final_state=True, use_qk_l2norm_in_kernel=True)
+    elif form == "six phases, B1 T16384":
+        x = inputs(1, 16384, 16, 32, seed=7)
+        h0 = torch.randn(1, 32, 128, 128, device=DEV)
+        o, ht = both_runs(x, (h0, None, None, None, None, None), calls=3, specialized=True, phases=6,
+                          initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True)
+        want_o, want_ht = gated_delta_rule_chunked(*(t.double() for t in x), initial_state=h0.double(),
+                                                   use_qk_l2norm_in_kernel=True)
+        assert relative_rms(o.double(), want_o) < 1e-2, relative_rms(o.double(), want_o)
+        assert relative_rms(ht.double(), want_ht) < 1e-2, relative_rms(ht.double(), want_ht)
+    else:
+        lens = [1, 4000, 1, 63, 64, 65, 1, 2900, 200]
+        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), device=DEV)
+        x = inputs(1, int(cu[-1]), 8, 16, seed=8)
+        if form == "non-finite input":
+            x[2] = x[2].clone()
+            x[2][:, 3000] = float("nan")
+        d = build_chunk_descriptors(cu.cpu(), device=DEV)
+        slots = torch.tensor([5, 0, -1, 7, 2, 9, 3, -1, 11], dtype=torch.int32, device=DEV)
+        cache = torch.randn(13, 16, 128, 128, device=DEV).bfloat16().transpose(-1, -2)
+        o, state, cs = both_runs(x, (None, cache, slots, cu, d.chunk_indices_dp, d.chunk_offsets), specialized=True,
+                                 state=cache, state_indices=slots, cu_seqlens=cu, chunk_indices_dp=d.chunk_indices_dp,
+                                 chunk_offsets=d.chunk_offsets, num_chunk_rows=d.chunk_indices.shape[0],
+                                 return_chunk_states=True, chunk_states_dtype=torch.bfloat16,
+                                 use_qk_l2norm_in_kernel=True)
+        assert torch.equal(state[1], cache[1])  # a slot no sequence owns: untouched
+        assert (o[0, int(cu[2]):int(cu[3])] == 0).all()  # a padding slot's sequence: zero outputs
 
 
 def test_non_finite_input_of_one_sequence_replays_as_the_triton_sweep():

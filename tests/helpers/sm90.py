@@ -184,12 +184,12 @@ def case_launches(case: str, shape: str, key_dim: int = 128, value_dim: int | No
 
 
 def compile_delta_forward(case: str, shape: DeltaShape, describe=None, serving: bool = False,
-                          chunk_states: bool = True) -> list[str]:
+                          chunk_states: bool = True, chunk_states_dtype: torch.dtype = torch.float32) -> list[str]:
     """The delta-rule forward's launches (launch/delta.py: the prep, the sweep, a segmented
     sweep's fix-up) for a case of :data:`CASES` in ``shape``, bf16, K = V = 128, one line each
     (``describe``: as :func:`compile_gla`'s). ``serving``: with a bf16 state cache in the
-    transposed ``[S, HV, V, K]`` layout and float32 chunk states (``chunk_states``), in place of h0 and
-    the final state."""
+    transposed ``[S, HV, V, K]`` layout and chunk states (``chunk_states``, in ``chunk_states_dtype``), in
+    place of h0 and the final state."""
     from recurscan.launch.delta import build_delta_launches
     M, cu, (q, k, v, g, beta, h0) = _delta_case(case)
     K = q.shape[3]
@@ -203,7 +203,8 @@ def compile_delta_forward(case: str, shape: DeltaShape, describe=None, serving: 
         state = torch.zeros(8, h0.shape[1], K, K, dtype=torch.bfloat16).transpose(-1, -2)
         slots, h0 = torch.zeros(h0.shape[0], dtype=torch.int32), None
         serve = dict(state=state, state_indices=slots, return_chunk_states=chunk_states, chunk_offsets=offsets,
-                     num_chunk_rows=40 if cu is not None and chunk_states else None)
+                     num_chunk_rows=40 if cu is not None and chunk_states else None,
+                     chunk_states_dtype=chunk_states_dtype)
     launches = build_delta_launches(q, k, v, g, beta, shape, scale=K ** -0.5, initial_state=h0,
                                     output_final_state=not serving, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_t,
                                     chunk_indices_dp=indices, num_householder=M, **serve)
@@ -301,6 +302,16 @@ def compile_gluon_forward() -> list[str]:
     for case in ("GDN dense, H = HV", "GDN varlen, GVA"):
         lines += [f"serving, {case}: {line}" for line in
                   compile_delta_forward(case, GLUON_SWEEP_SHAPES["one pass"], serving=True)]
+    # warp-specialised with the WY step (the delta rule): one pass, phases, serving a cache with
+    # chunk states in the inputs' dtype
+    for name in ("one pass", "phases"):
+        for case in ("GDN dense, H = HV",) + (() if name == "phases" else ("GDN varlen, GVA",)):
+            lines += [f"WY warp-specialised {name}, {case}: {line}" for line in
+                      compile_delta_forward(case, dataclasses.replace(GLUON_SWEEP_SHAPES[name], specialized=True))]
+    lines += [f"WY warp-specialised serving, GDN varlen, GVA: {line}" for line in
+              compile_delta_forward("GDN varlen, GVA", dataclasses.replace(GLUON_SWEEP_SHAPES["one pass"],
+                                                                           specialized=True),
+                                    serving=True, chunk_states_dtype=torch.bfloat16)]
     # The WY step off: SSD without z (D per head and per channel), simple GLA dense and varlen.
     for name in ("one pass", "phases"):
         for per_channel in (False, True):

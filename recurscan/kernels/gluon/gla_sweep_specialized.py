@@ -1,9 +1,17 @@
-"""The forward sweep of a scalar decay on the group prep's scores (SSD, GLA under GVA), warp-
-specialised: the same arithmetic as the Gluon twin :func:`recurscan.kernels.gluon.delta_sweep.
-gluon_sweep_kernel` with the WY step off and GATE_SCORES (so the Triton sweep's bits, which that
-twin has), on three partitions of one program. With SWEEP_SCORES (simple GLA: a query/key head a
-value head) the outputs form the scores K Q^T from the ring's tiles themselves, the Triton sweep's
-form of the same flag (its bits):
+"""The forward sweep warp-specialised: of a scalar decay on the group prep's scores (SSD, GLA under
+GVA), the same arithmetic as the Gluon twin :func:`recurscan.kernels.gluon.delta_sweep.
+gluon_sweep_kernel` with the WY step off and GATE_SCORES, or with WY of the delta rule on the delta
+prep's wy and aqk (GDN), the twin's arithmetic with the WY step (so the Triton sweep's bits, which
+that twin has), on three partitions of one program. With SWEEP_SCORES (simple GLA: a query/key head
+a value head) the outputs form the scores K Q^T from the ring's tiles themselves, the Triton
+sweep's form of the same flag (its bits). The WY form, per chunk:
+
+    chain:   K S, U^T = V^T wy^T - (lam rk o K S) wy^T, then S^T <- lam_last S^T + (U^T o gam rk) K,
+             handing S^T (at the chunk's start) and U^T (before the state's product) over
+    outputs: O^T = U^T aqk^T + lam rq o (S^T Q^T), U^T read from the outputs' own staging buffer
+
+so the chain's step holds three dependent products and the outputs' two run beside the next
+chunks' chain. The scalar decay's form:
 
 1. the **chain** (the default partition, one warpgroup): S^T [BV, K] float32 in registers; per
    chunk it hands the state entering the chunk to the outputs through a shared-memory buffer (two
@@ -25,7 +33,8 @@ timing probes (:data:`PROBE`) split a chunk's time between the loads, the chain 
 The planner takes it on ``plan.gla.GLA_SWEEP_LAUNCH``'s group prep row and, with SWEEP_SCORES, on
 simple GLA's row (the measurements there and in docs/perf-history.md).
 
-Scope (``plan.delta.gluon_sweep_scope`` and the launch layer's ``_sweep_kernel``): the single pass
+Scope (``plan.delta.gluon_sweep_scope`` and the launch layer's ``_sweep_kernel``; with WY M = 1 and no
+skip D x; its planner row ``plan.delta.GLUON_FORWARD_SPECIALIZED``): the single pass
 (PASS 0) or a phase (PASS 3: chunks [tc_first, tc_first + tc_count), the state between phases in
 ``seg_n``, as the twin's), outputs on, chunk states in the inputs' dtype or none (the chain's hand-over
 buffer is then held as S [K, BV], a chunk-state row's tile, and stored from there by one bulk copy a
@@ -52,12 +61,16 @@ OUTPUT_REGS = gl.constexpr(152)
 #: The same with SWEEP_SCORES, where the scores' product and the state's are in flight together
 #: (fewer spill, offline for sm_90; the chain then has 512 - 2 x 160 - 24 = 168).
 SCORES_OUTPUT_REGS = gl.constexpr(160)
+#: The same with WY (the delta rule): no gate tile, two products and a store a chunk (the chain then
+#: has 512 - 2 x 128 - 24 = 232 for the state, K S, U and their operands).
+WY_OUTPUT_REGS = gl.constexpr(128)
 LOAD_REGS = gl.constexpr(24)
 #: A timing probe (``RECURSCAN_SWEEP_PROBE`` when this module is imported; only
 #: benchmarks/gpu_ssd_sweep_scaling.py's ``--probe`` sets it): 0 the kernel; 1 the ring alone (both
 #: warpgroups wait for each stage and free it, nothing formed or stored); 2 the ring and the chain
 #: (the outputs only hand the state buffers back); 3 the ring and the outputs (the chain hands its
-#: entering state over unchanged). Probes 1-3 write wrong outputs: for timing only.
+#: entering state over unchanged). Probes 1-3 write wrong outputs: for timing only. The scalar
+#: decay's form only (the WY form runs whole).
 _PROBE = os.environ.get("RECURSCAN_SWEEP_PROBE", "0")
 if _PROBE not in ("0", "1", "2", "3"):
     raise ValueError(f"RECURSCAN_SWEEP_PROBE: expected 0, 1, 2 or 3, got {_PROBE!r}")
@@ -107,20 +120,24 @@ def _handover_barriers(NUM_STAGES: gl.constexpr, STAGE_READERS: gl.constexpr = 2
 def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
            PASS: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr, USE_CACHE: gl.constexpr,
            STORE_FINAL: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr,
-           SWEEP_SCORES: gl.constexpr, STORE_CHUNK_STATES: gl.constexpr):
+           SWEEP_SCORES: gl.constexpr, STORE_CHUNK_STATES: gl.constexpr, WY: gl.constexpr):
     """The default partition: the state over the program's chunks, each chunk's entering state
     handed to the outputs (with STORE_CHUNK_STATES also to its chunk-state row, by a bulk store from
-    the same buffer), then the final state (or cache slot) and the replay flag."""
-    (k_s, q_s, v_s, a_s, s_s, g_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
-     cs_desc, coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends, flags, n_run,
-     n_chunks, i_n, i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w, cs0,
-     n_cs_rows) = p
+    the same buffer), with WY also the chunk's U^T (into the outputs warpgroup's staging buffer),
+    then the final state (or cache slot) and the replay flag."""
+    (k_s, q_s, v_s, a_s, s_s, g_s, w_s, ready, empty, s_ready, s_empty, u_empty, k_desc, q_desc, v_desc, a_desc,
+     w_desc, o_desc, cs_desc, coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends,
+     flags, n_run, n_chunks, i_n, i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w,
+     cs0, n_cs_rows) = p
     DT: gl.constexpr = k_s.dtype
     mmaK: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
     mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     aK: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mmaK, k_width=2)
+    a64: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma64, k_width=2)
     col64: gl.constexpr = gl.SliceLayout(0, mma64)
     blk: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
+    CW: gl.constexpr = 4 if WY else 8  # coef's floats a row (the delta prep's, the group prep's)
+    zero64 = gl.zeros([BV, BT], gl.float32, layout=mma64)
     p_h = (i_n * HV + i_hv) * (K * V)  # the program's state between phases in seg_n
     S_b = _entering_state(h0, state, seg_n, slot, pad, first_phase, p_h, i_n, 0, 1, i_hv, i_v, s0_n, s0_h, s0_k, s0_v,
                           blk, HV, K, V, BV, PASS, USE_CACHE, HAS_H0)
@@ -129,12 +146,16 @@ def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
     for j in range(n_run):
         s = j % NUM_STAGES
         b = j % 2
-        # gam c along V^T's columns and lam_last (the group prep's coef columns 2 and 3), in the
-        # layouts they are used in, issued before the waits
+        # gam rk along V^T's (or U^T's) columns, lam_last, with WY lam rk (coef columns 2, 3, 0),
+        # in the layouts they are used in, issued before the waits
         c = c_lo + j
-        p_coef = coef + (((bos + c * BT) // BT + i_n) * HV + i_hv) * (BT * 8)
-        gam_rk = gl.load(p_coef + o_i * 8 + 2, mask=c * BT + o_i < L, other=0.0)
+        p_coef = coef + (((bos + c * BT) // BT + i_n) * HV + i_hv) * (BT * CW)
+        m_i = c * BT + o_i < L
+        gam_rk = gl.load(p_coef + o_i * CW + 2, mask=m_i, other=0.0)
         lam_last = gl.load(p_coef + 3)
+        if WY:
+            lam_rk = gl.load(p_coef + o_i * CW, mask=m_i, other=0.0)
+        S_d = S_t.to(DT)
         if PROBE != 1:
             # The state entering chunk j, to the outputs (the buffer they freed two chunks ago).
             mbarrier.wait(s_empty.index(b), ((j // 2) & 1) ^ 1)
@@ -149,12 +170,33 @@ def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
                 cs = gl.where((cs >= 0) & (cs < n_cs_rows), cs, n_cs_rows)  # past the descriptor: not stored
                 tma.async_copy_shared_to_global(cs_desc, [(cs * HV + i_hv).to(gl.int32) * K, i_v * BV], s_s.index(b))
             else:
-                s_s.index(b).store(S_t.to(DT))
+                s_s.index(b).store(S_d)
                 fence_async_shared()
-            mbarrier.arrive(s_ready.index(b), count=1)
-        # The next state: S^T <- lam_last S^T + (V^T o gam) K.
+            if not WY:  # with WY once U^T is in too (below)
+                mbarrier.arrive(s_ready.index(b), count=1)
         mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
-        if PROBE == 0 or PROBE == 2:
+        if WY:
+            # Group 1: K S and V^T wy^T; group 2: U^T = V^T wy^T - (lam rk o K S) wy^T (the twin's).
+            S_a = gl.convert_layout(S_d, a64)
+            KSt = warpgroup_mma(S_a, k_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
+            Ut = warpgroup_mma(v_s.index(s).permute((1, 0)), w_s.index(s).permute((1, 0)), zero64, use_acc=False,
+                               is_async=True)
+            KSt, Ut = warpgroup_mma_wait(num_outstanding=0, deps=(KSt, Ut))
+            KSt = lam_rk[None, :] * KSt
+            Ut = warpgroup_mma(gl.convert_layout((-KSt).to(DT), a64), w_s.index(s).permute((1, 0)), Ut,
+                               is_async=True)
+            Ut = warpgroup_mma_wait(num_outstanding=0, deps=(Ut,))
+            # U^T to the outputs, into their staging buffer once its last store drained
+            mbarrier.wait(u_empty.index(b), ((j // 2) & 1) ^ 1)
+            g_s.index(b).permute((1, 0)).store(Ut.to(DT))
+            fence_async_shared()
+            mbarrier.arrive(s_ready.index(b), count=1)
+            # Group 3: S^T <- lam_last S^T + (U^T o gam rk) K.
+            U_g = gl.convert_layout((Ut * gam_rk[None, :]).to(DT), aK)
+            S_t = warpgroup_mma(U_g, k_s.index(s), S_t * lam_last, is_async=True)
+            S_t = warpgroup_mma_wait(num_outstanding=0, deps=(S_t,))
+        elif PROBE == 0 or PROBE == 2:
+            # The next state: S^T <- lam_last S^T + (V^T o gam) K.
             Vt = v_s.index(s).permute((1, 0)).load(mma64).to(gl.float32)  # [BV, BT]
             U_g = gl.convert_layout((Vt * gam_rk[None, :]).to(DT), aK)
             S_t = warpgroup_mma(U_g, k_s.index(s), S_t * lam_last, is_async=True)
@@ -193,15 +235,16 @@ def _gate_coefficients(coef, bos, c, i_n, i_hv, o_i, o_j, HV: gl.constexpr, BT: 
 def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
              NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr, USE_CACHE: gl.constexpr,
              STORE_FINAL: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr, SWEEP_SCORES: gl.constexpr,
-             STORE_CHUNK_STATES: gl.constexpr, PART: gl.constexpr):
+             STORE_CHUNK_STATES: gl.constexpr, PART: gl.constexpr, WY: gl.constexpr):
     """A worker warpgroup: the outputs of every other chunk (those with j % 2 == PART; the other
-    warpgroup takes the rest) from the state the chain handed over in buffer PART. Two of them, as
-    one warpgroup's chunk is a chain of dependent steps (two products, the gate tile, the store)
-    that leaves its warps idle most of the time."""
-    (k_s, q_s, v_s, a_s, s_s, g_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
-     cs_desc, coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends, flags, n_run,
-     n_chunks, i_n, i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w, cs0,
-     n_cs_rows) = p
+    warpgroup takes the rest) from the state the chain handed over in buffer PART (with WY also
+    U^T, in the outputs' staging buffer PART). Two of them, as one warpgroup's chunk is a chain of
+    dependent steps (two products, the gate tile, the store) that leaves its warps idle most of the
+    time."""
+    (k_s, q_s, v_s, a_s, s_s, g_s, w_s, ready, empty, s_ready, s_empty, u_empty, k_desc, q_desc, v_desc, a_desc,
+     w_desc, o_desc, cs_desc, coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends,
+     flags, n_run, n_chunks, i_n, i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w,
+     cs0, n_cs_rows) = p
     DT: gl.constexpr = k_s.dtype
     mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     col64: gl.constexpr = gl.SliceLayout(0, mma64)
@@ -216,60 +259,63 @@ def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.const
             d_skip = gl.load(D + i_hv * V + o_vd).to(gl.float32)[:, None]
         else:
             d_skip = gl.load(D + i_hv).to(gl.float32)
-    g_s = g_s.index(PART)  # the gated scores, then the outputs' staging for their bulk store
+    g_s = g_s.index(PART)  # the gated scores (with WY U^T), then the outputs' staging for their bulk store
     b = PART
-    for j in range(PART, n_run, 2):
-        s = j % NUM_STAGES
-        c = c_lo + j
-        # issued before the waits, which cover their latency
-        lam_rq, gc_i, sg_i, gc_j, sg_j, cf_j = _gate_coefficients(coef, bos, c, i_n, i_hv, o_i, o_j, HV, BT,
-                                                                  SWEEP_SCORES)
-        mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
-        if PROBE == 1:
-            mbarrier.arrive(empty.index(s), count=1)
-        elif PROBE == 2:
-            mbarrier.wait(s_ready.index(b), (j // 2) & 1)
-            mbarrier.arrive(s_empty.index(b), count=1)
-            mbarrier.arrive(empty.index(s), count=1)
-        else:
-            if SWEEP_SCORES:  # K Q^T [j, i], which needs no state: issued before the chain's hand-over
-                St = warpgroup_mma(k_s.index(s), q_s.index(s).permute((1, 0)), zero64, use_acc=False,
-                                   is_async=True)
-            mbarrier.wait(s_ready.index(b), (j // 2) & 1)
-            if STORE_CHUNK_STATES:  # the buffer holds S [K, BV]: S^T is its transposed view
-                S_h = s_s.index(b).permute((1, 0))
+    if WY:
+        _outputs_of_wy(p, HV, BT, BV, NUM_STAGES, STORE_CHUNK_STATES, PART)
+    else:
+        for j in range(PART, n_run, 2):
+            s = j % NUM_STAGES
+            c = c_lo + j
+            # issued before the waits, which cover their latency
+            lam_rq, gc_i, sg_i, gc_j, sg_j, cf_j = _gate_coefficients(coef, bos, c, i_n, i_hv, o_i, o_j, HV, BT,
+                                                                      SWEEP_SCORES)
+            mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
+            if PROBE == 1:
+                mbarrier.arrive(empty.index(s), count=1)
+            elif PROBE == 2:
+                mbarrier.wait(s_ready.index(b), (j // 2) & 1)
+                mbarrier.arrive(s_empty.index(b), count=1)
+                mbarrier.arrive(empty.index(s), count=1)
             else:
-                S_h = s_s.index(b)
-            QSt = warpgroup_mma(S_h, q_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
-            # aqk^T [j, i] = G_ij c_j scores_ij while the product runs (the twin's gate tile).
-            if SWEEP_SCORES:
-                St = warpgroup_mma_wait(num_outstanding=1, deps=(St,))
-            else:
-                St = a_s.index(s).permute((1, 0)).load(mma64).to(gl.float32)
-            same = sg_j[:, None] == sg_i[None, :]
-            if SWEEP_SCORES:  # a bad key's score past a reset too (the Triton sweep's _gated_scores)
-                same |= St * 0.0 != 0.0
-            keep = (o_j[:, None] <= o_i[None, :]) & same
-            At = gl.where(keep, gl.exp2(gc_i[None, :] - gc_j[:, None]) * cf_j[:, None] * St, 0.0)
-            tma.store_wait(pendings=0)  # the last chunk's outputs out of g_s
-            g_s.permute((1, 0)).store(At.to(DT))
-            fence_async_shared()
-            gl.thread_barrier()
-            QSt = warpgroup_mma_wait(num_outstanding=0, deps=(QSt,))
-            mbarrier.arrive(s_empty.index(b), count=1)
-            O_t = warpgroup_mma(v_s.index(s).permute((1, 0)), g_s.permute((1, 0)), lam_rq[None, :] * QSt,
-                                is_async=True)
-            if HAS_D:  # Mamba2's skip D x (v holds x)
-                Vt = v_s.index(s).permute((1, 0)).load(mma64).to(gl.float32)
-            O_t = warpgroup_mma_wait(num_outstanding=0, deps=(O_t,))
-            mbarrier.arrive(empty.index(s), count=1)
-            if HAS_D:
-                O_t += d_skip * Vt
-            gl.thread_barrier()  # every warp's reads of g_s by the product done
-            g_s.permute((1, 0)).store(O_t.to(DT))
-            fence_async_shared()
-            gl.thread_barrier()
-            tma.async_copy_shared_to_global(o_desc, [c * BT, i_v * BV], g_s)
+                if SWEEP_SCORES:  # K Q^T [j, i], which needs no state: issued before the chain's hand-over
+                    St = warpgroup_mma(k_s.index(s), q_s.index(s).permute((1, 0)), zero64, use_acc=False,
+                                       is_async=True)
+                mbarrier.wait(s_ready.index(b), (j // 2) & 1)
+                if STORE_CHUNK_STATES:  # the buffer holds S [K, BV]: S^T is its transposed view
+                    S_h = s_s.index(b).permute((1, 0))
+                else:
+                    S_h = s_s.index(b)
+                QSt = warpgroup_mma(S_h, q_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
+                # aqk^T [j, i] = G_ij c_j scores_ij while the product runs (the twin's gate tile).
+                if SWEEP_SCORES:
+                    St = warpgroup_mma_wait(num_outstanding=1, deps=(St,))
+                else:
+                    St = a_s.index(s).permute((1, 0)).load(mma64).to(gl.float32)
+                same = sg_j[:, None] == sg_i[None, :]
+                if SWEEP_SCORES:  # a bad key's score past a reset too (the Triton sweep's _gated_scores)
+                    same |= St * 0.0 != 0.0
+                keep = (o_j[:, None] <= o_i[None, :]) & same
+                At = gl.where(keep, gl.exp2(gc_i[None, :] - gc_j[:, None]) * cf_j[:, None] * St, 0.0)
+                tma.store_wait(pendings=0)  # the last chunk's outputs out of g_s
+                g_s.permute((1, 0)).store(At.to(DT))
+                fence_async_shared()
+                gl.thread_barrier()
+                QSt = warpgroup_mma_wait(num_outstanding=0, deps=(QSt,))
+                mbarrier.arrive(s_empty.index(b), count=1)
+                O_t = warpgroup_mma(v_s.index(s).permute((1, 0)), g_s.permute((1, 0)), lam_rq[None, :] * QSt,
+                                    is_async=True)
+                if HAS_D:  # Mamba2's skip D x (v holds x)
+                    Vt = v_s.index(s).permute((1, 0)).load(mma64).to(gl.float32)
+                O_t = warpgroup_mma_wait(num_outstanding=0, deps=(O_t,))
+                mbarrier.arrive(empty.index(s), count=1)
+                if HAS_D:
+                    O_t += d_skip * Vt
+                gl.thread_barrier()  # every warp's reads of g_s by the product done
+                g_s.permute((1, 0)).store(O_t.to(DT))
+                fence_async_shared()
+                gl.thread_barrier()
+                tma.async_copy_shared_to_global(o_desc, [c * BT, i_v * BV], g_s)
     if pad:  # a padding slot: zero outputs over the program's chunks, half of them here
         g_s.store(gl.zeros([BT, BV], DT, layout=blk))
         fence_async_shared()
@@ -280,20 +326,75 @@ def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.const
 
 
 @gluon.jit
+def _outputs_of_wy(p, HV: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NUM_STAGES: gl.constexpr,
+                   STORE_CHUNK_STATES: gl.constexpr, PART: gl.constexpr):
+    """:func:`_outputs` with WY: per chunk O^T = U^T aqk^T + lam rq o (S^T Q^T) (the twin's), U^T and
+    S^T as the chain handed them over; the staging buffer (U^T's) is given back once the outputs'
+    bulk store from it drained, as the chain writes the next U^T there."""
+    (k_s, q_s, v_s, a_s, s_s, g_s, w_s, ready, empty, s_ready, s_empty, u_empty, k_desc, q_desc, v_desc, a_desc,
+     w_desc, o_desc, cs_desc, coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends,
+     flags, n_run, n_chunks, i_n, i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w,
+     cs0, n_cs_rows) = p
+    DT: gl.constexpr = k_s.dtype
+    mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    col64: gl.constexpr = gl.SliceLayout(0, mma64)
+    o_i = gl.arange(0, BT, layout=col64)
+    zero64 = gl.zeros([BV, BT], gl.float32, layout=mma64)
+    u_s = g_s.index(PART)
+    b = PART
+    for j in range(PART, n_run, 2):
+        s = j % NUM_STAGES
+        c = c_lo + j
+        p_coef = coef + (((bos + c * BT) // BT + i_n) * HV + i_hv) * (BT * 4)
+        lam_rq = gl.load(p_coef + o_i * 4 + 1, mask=c * BT + o_i < L, other=0.0)  # before the waits
+        mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
+        mbarrier.wait(s_ready.index(b), (j // 2) & 1)
+        if STORE_CHUNK_STATES:  # the buffer holds S [K, BV]: S^T is its transposed view
+            S_h = s_s.index(b).permute((1, 0))
+        else:
+            S_h = s_s.index(b)
+        QSt = warpgroup_mma(S_h, q_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
+        QSt = warpgroup_mma_wait(num_outstanding=0, deps=(QSt,))
+        mbarrier.arrive(s_empty.index(b), count=1)
+        O_t = warpgroup_mma(u_s.permute((1, 0)), a_s.index(s).permute((1, 0)), lam_rq[None, :] * QSt,
+                            is_async=True)
+        O_t = warpgroup_mma_wait(num_outstanding=0, deps=(O_t,))
+        mbarrier.arrive(empty.index(s), count=1)
+        gl.thread_barrier()  # every warp's reads of U^T by the product done
+        u_s.permute((1, 0)).store(O_t.to(DT))
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(o_desc, [c * BT, i_v * BV], u_s)
+        tma.store_wait(pendings=0)
+        mbarrier.arrive(u_empty.index(b), count=1)
+
+
+@gluon.jit
+def _prefetch_1kb(ptr):
+    """:func:`_prefetch_2kb` for 1 KB (the delta prep's coef block: BT = 64 rows of 4 float32)."""
+    gl.inline_asm_elementwise(
+        "{ .reg .pred %p; .reg .b32 %l; mov.u32 %l, %laneid; setp.eq.u32 %p, %l, 0; "
+        "@%p cp.async.bulk.prefetch.L2.global [$1], 1024; mov.u32 $0, 0; }",
+        "=r,l", [ptr], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _loads(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
            NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr, USE_CACHE: gl.constexpr,
            STORE_FINAL: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr,
-           SWEEP_SCORES: gl.constexpr):
+           SWEEP_SCORES: gl.constexpr, WY: gl.constexpr):
     """A worker warp: the chunks' tiles by bulk copies, a stage once both warpgroups freed it (the
-    scores' tile only where the prep formed them)."""
-    (k_s, q_s, v_s, a_s, s_s, g_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
-     cs_desc, coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends, flags, n_run,
-     n_chunks, i_n, i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w, cs0,
-     n_cs_rows) = p
+    scores' tile only where the prep formed them; with WY also wy's)."""
+    (k_s, q_s, v_s, a_s, s_s, g_s, w_s, ready, empty, s_ready, s_empty, u_empty, k_desc, q_desc, v_desc, a_desc,
+     w_desc, o_desc, cs_desc, coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends,
+     flags, n_run, n_chunks, i_n, i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w,
+     cs0, n_cs_rows) = p
     nbytes: gl.constexpr = (k_desc.block_type.nbytes + q_desc.block_type.nbytes + v_desc.block_type.nbytes
-                            + (0 if SWEEP_SCORES else a_desc.block_type.nbytes))
-    gl.static_assert(BT * 8 * 4 == 2048, "a chunk's coef block is the 2 KB prefetched")
-    p_coef = coef + ((bos // BT + i_n) * HV + i_hv) * (BT * 8)  # chunk c's block: + c HV BT 8 (its slot)
+                            + (0 if SWEEP_SCORES else a_desc.block_type.nbytes)
+                            + (w_desc.block_type.nbytes if WY else 0))
+    CW: gl.constexpr = 4 if WY else 8
+    gl.static_assert(BT == 64, "a chunk's coef block is the 1 KB (WY) or 2 KB prefetched")
+    p_coef = coef + ((bos // BT + i_n) * HV + i_hv) * (BT * CW)  # chunk c's block: + c HV BT CW (its slot)
     for j in range(n_run):
         s = j % NUM_STAGES
         bar = ready.index(s)
@@ -305,8 +406,13 @@ def _loads(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
         tma.async_copy_global_to_shared(q_desc, [r, col_qk], bar, q_s.index(s))
         if not SWEEP_SCORES:
             tma.async_copy_global_to_shared(a_desc, [r, col_w], bar, a_s.index(s))
+        if WY:
+            tma.async_copy_global_to_shared(w_desc, [r, col_w], bar, w_s.index(s))
         if COEF_PREFETCH:
-            _prefetch_2kb(p_coef + (c_lo + j) * (HV * BT * 8))
+            if WY:
+                _prefetch_1kb(p_coef + (c_lo + j) * (HV * BT * 4))
+            else:
+                _prefetch_2kb(p_coef + (c_lo + j) * (HV * BT * 8))
 
 
 @gluon.jit
@@ -334,6 +440,12 @@ def gluon_gla_sweep_specialized_kernel(
         O^T  = lam rq o (S^T Q^T) + V^T aqk^T  (+ D x^T with HAS_D),  aqk^T[j, i] = G_ij c_j scores_ij
         S^T <- lam_last S^T + (V^T o gam rk) K
 
+    or with WY (the delta prep's wy, aqk and coef rows lam rk, lam rq, gam rk, lam_last)::
+
+        U^T  = V^T wy^T - (lam rk o S^T K^T) wy^T
+        O^T  = lam rq o (S^T Q^T) + U^T aqk^T
+        S^T <- lam_last S^T + (U^T o gam rk) K
+
     SWEEP_SCORES: the outputs form scores = K Q^T from the ring's k and q tiles (``aqk`` unread)
     and gate them with the column factors that carry the scale (the Triton sweep's form). The
     chain, the outputs and the loads on partitions of their own (module docstring); launched with
@@ -341,7 +453,9 @@ def gluon_gla_sweep_specialized_kernel(
     gl.static_assert(BV == 64, "64 value columns a program")
     gl.static_assert(BT == 64, "chunks of 64 rows")
     gl.static_assert(M == 1, "M = 1")
-    gl.static_assert(GATE_SCORES and not WY and OUTPUTS, "the group prep's scores, the WY step off, outputs on")
+    gl.static_assert(OUTPUTS and WY != GATE_SCORES, "outputs on: the delta prep's WY step, or the group prep's scores")
+    gl.static_assert(not (WY and (SWEEP_SCORES or HAS_D or PROBE != 0)),
+                     "the delta rule: no scores formed here, no skip D x, no timing probe")
     gl.static_assert(not (KEY_DECAY or HAS_Z or CALM_GATES or STORE_U or REPLAY), "a scalar decay, no gate z")
     gl.static_assert((PASS == 0 or PASS == 3) and CKPT_CHUNKS == 0, "the single pass or a phase, no checkpoints")
     if STORE_CHUNK_STATES:
@@ -400,12 +514,21 @@ def gluon_gla_sweep_specialized_kernel(
     k_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
     q_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
     v_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], l_tv)
+    # aqk's tiles: a query/key head's scores (the group prep's), or with WY a value head's [BT, BT]
+    # rows of the delta prep's, beside its wy tiles
+    AH: gl.constexpr = HV if WY else H
     if SWEEP_SCORES:  # no scores' ring: k's stands in for it in the partitions' arguments, unread
         a_desc = k_desc
         a_s = k_s
     else:
-        a_desc = tma.make_tensor_descriptor(aqk + bos * (H * BT), [rows, H * BT], [H * BT, 1], [BT, BT], l_at)
+        a_desc = tma.make_tensor_descriptor(aqk + bos * (AH * BT), [rows, AH * BT], [AH * BT, 1], [BT, BT], l_at)
         a_s = gl.allocate_shared_memory(A_DT, [NUM_STAGES, BT, BT], l_at)
+    if WY:
+        w_desc = tma.make_tensor_descriptor(wy + bos * (HV * BT), [rows, HV * BT], [HV * BT, 1], [BT, BT], l_tt)
+        w_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BT], l_tt)
+    else:  # unread
+        w_desc = a_desc
+        w_s = a_s
     # the states handed to the outputs: S^T [BV, K], or with STORE_CHUNK_STATES S [K, BV], a
     # chunk-state row's tile (chunk_states [rows, HV, K, V] seen as [rows * HV * K, V])
     if STORE_CHUNK_STATES:
@@ -421,25 +544,33 @@ def gluon_gla_sweep_specialized_kernel(
         s_s = gl.allocate_shared_memory(DT, [2, BV, K], l_vk)
         cs_desc = o_desc  # unread
         cs0 = i_n * 0
-    # each outputs warpgroup's gated scores (the outputs' operand), then its outputs' staging
+    # each outputs warpgroup's gated scores (with WY the chunk's U^T), the outputs' operand, then its
+    # outputs' staging
     gl.static_assert(BT == BV, "the gated scores' buffer stages the outputs")
     g_s = gl.allocate_shared_memory(DT, [2, BT, BT], l_tt)
     ready, empty, s_ready, s_empty = _handover_barriers(NUM_STAGES)
+    if WY:  # U^T's buffers, each free again once its outputs' store drained
+        u_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(u_empty.index(i), count=1)
+        fence_async_shared()
+    else:  # unread
+        u_empty = s_empty
 
-    p = (k_s, q_s, v_s, a_s, s_s, g_s, ready, empty, s_ready, s_empty, k_desc, q_desc, v_desc, a_desc, o_desc,
-         cs_desc, coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends, flags, n_run,
-         n_chunks, i_n, i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, i_h * K, i_hv * V + i_v * BV,
-         i_h * BT, cs0, n_cs_rows)
-    OUT_REGS: gl.constexpr = SCORES_OUTPUT_REGS if SWEEP_SCORES else OUTPUT_REGS
+    p = (k_s, q_s, v_s, a_s, s_s, g_s, w_s, ready, empty, s_ready, s_empty, u_empty, k_desc, q_desc, v_desc, a_desc,
+         w_desc, o_desc, cs_desc, coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends,
+         flags, n_run, n_chunks, i_n, i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, i_h * K,
+         i_hv * V + i_v * BV, (i_hv if WY else i_h) * BT, cs0, n_cs_rows)
+    OUT_REGS: gl.constexpr = WY_OUTPUT_REGS if WY else (SCORES_OUTPUT_REGS if SWEEP_SCORES else OUTPUT_REGS)
     # Each partition's arguments written out in the call: a tuple named first would carry the
     # constexprs as values (Triton 3.6).
     gl.warp_specialize([
         (_chain, (p, HV, K, V, BT, BV, PASS, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL,
-                  SWEEP_SCORES, STORE_CHUNK_STATES)),
+                  SWEEP_SCORES, STORE_CHUNK_STATES, WY)),
         (_outputs, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL,
-                    SWEEP_SCORES, STORE_CHUNK_STATES, 0)),
+                    SWEEP_SCORES, STORE_CHUNK_STATES, 0, WY)),
         (_outputs, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL,
-                    SWEEP_SCORES, STORE_CHUNK_STATES, 1)),
+                    SWEEP_SCORES, STORE_CHUNK_STATES, 1, WY)),
         (_loads, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL,
-                  SWEEP_SCORES)),
+                  SWEEP_SCORES, WY)),
     ], [4, 4, 1], [OUT_REGS, OUT_REGS, LOAD_REGS])
