@@ -122,6 +122,8 @@
 #      oracle, varlen with a cache, padding and bf16 chunk states, a NaN through the replay); where they pass, the
 #      phased B1 rows with the row on against the package with it off (build/prev as in 32), at the phases' ratio
 #      as planned and at 0.7.
+#  36. The figures of record on an H200 (none since ecf0925; the fused prefill's rows never there): the six prefill
+#      workloads (ours alone; fla's figures of record are 0c5047c's) and issue 19's three training rows.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -276,6 +278,11 @@ step 35 && unproven_tests wy_specialised "warp_specialised_sweep_with_the_wy_ste
     --workload gdn_b1_t16384_h16_hv32 --workload gdn_b1_t65536_h16_hv32 \
     --out "$OUT/ab_forward_specialised${ratio:+_ratio$ratio}_$C.json" 2>&1 | grep -v Warning | grep " ms" | tail -4
     done
+step 36 && { timeout 250 env PYTHONPATH=$PWD python -m benchmarks.gpu_chunk_delta --only workloads --no-fla \
+    --out "$OUT/gpu_chunk_delta_$C.json" 2>&1 | grep -v Warning | tail -8
+    timeout 250 env PYTHONPATH=$PWD python benchmarks/gpu_delta_train.py --impl recurscan --workload gdn_b4_t4096_h16 \
+    --workload gdn_b1_t16384_h16_hv32 --workload gdp_m2_b4_t4096_h16 --profile --out "$OUT/gpu_delta_train_$C.json" \
+    2>&1 | grep -v Warning | grep "fwd+bwd"; }
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \
     | grep -v Warning | tail -6
 step 23 && timeout 150 env PYTHONPATH=$PWD python benchmarks/inverse_forms.py --items 132 --items 8192 --items 32768 \
