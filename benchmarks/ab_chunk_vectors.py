@@ -3,7 +3,8 @@ package's, imported as ``recurscan_prev`` from ``--prev`` (benchmarks/ab_prev.py
 it): graph replay of the kernel alone at the fused prefill's rows, and the largest difference of
 their vectors (NaN where both are NaN counts as equal).
 
-    python benchmarks/ab_chunk_vectors.py --prev build/prev --out benchmarks/results/ab_chunk_vectors_<card>_<commit>.json
+    python benchmarks/ab_chunk_vectors.py --prev build/prev \
+        --out benchmarks/results/ab_chunk_vectors_<card>_<commit>.json
 """
 from __future__ import annotations
 

@@ -36,7 +36,8 @@ def main():
             print(f"{args.workload} checkpoints {mode}: cold first call {seconds[mode][-1]:.2f} s", flush=True)
     if args.out:
         json.dump(dict(workload=args.workload, commit=os.environ.get("RECURSCAN_COMMIT"), seconds=seconds,
-                       torch_import_first=args.torch_import_first, scalar_loss=args.scalar_loss), open(args.out, "w"), indent=1)
+                       torch_import_first=args.torch_import_first, scalar_loss=args.scalar_loss),
+                  open(args.out, "w"), indent=1)
 
 
 if __name__ == "__main__":

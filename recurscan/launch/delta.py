@@ -499,9 +499,9 @@ def _sweep_kernel(shape: DeltaShape, q, k, v, BV: int, tma_ok: bool, *, wy, ssd,
     (no outputs, so nothing of theirs is read); ``shape.sweep_scores`` (the scores formed in the
     sweep) on the warp-specialised kernel or the Triton kernel, not the twin; chunk states on the
     warp-specialised kernel only in the inputs' dtype (its hand-over buffer's), else on the twin or,
-    with ``sweep_scores``, the Triton kernel; ``checkpoints`` (the training forward's) on the twin. Returns ``(kernel,
-    launch options beyond num_warps)``: the warp-specialised sweep's partitions share the register
-    file under one cap."""
+    with ``sweep_scores``, the Triton kernel; ``checkpoints`` (the training forward's) on the twin.
+    Returns ``(kernel, launch options beyond num_warps)``: the warp-specialised sweep's partitions
+    share the register file under one cap."""
     if not shape.gluon_sweep:
         return chunk_delta_sweep_kernel, {}
     from ..plan.delta import gluon_sweep_scope
