@@ -8,7 +8,8 @@
 #      row is off), and a loss reading one output alone (the other's cotangent None): 218 passed on
 #      the H200 at 60291e3 (results/gpu_tests_60291e3.log); 244 passed, 2 skipped on an H100 at e05461d
 #      (git show c94269e:benchmarks/results/gpu_tests_h100_e05461d.log); 253 passed, 2 skipped on an H100 at
-#      1d915c3 (results/gpu_tests_h100_1d915c3.log); four workers on cards under 100 GB (cold: ~270 s).
+#      1d915c3 (results/gpu_tests_h100_1d915c3.log); 258 passed, 2 skipped on an H100 at 2295218 with the
+#      warp-specialised WY sweep planned (results/gpu_tests_ws_on_h100_2295218.log); four workers on cards under 100 GB (cold: ~270 s).
 #   7. The forward rows as planned (the record), and the group prep on 8 warps for simple GLA and
 #      SSD (results/gpu_gla_sweep_h100_4981221.json on the H100; the H200's last at d529156).
 #   3. SSD's cold first forward + backward in a fresh process (target 10 s): 7.2 and 8.9 s on the
@@ -115,13 +116,9 @@
 #  34. Issue 19's cold row with the backward as a training step takes it (`loss.backward()` on a scalar loss, which
 #      does not pay torch's sympy import that `autograd.grad` given grad_outputs pays, ~2 s), two fresh processes a
 #      checkpoint mode: `benchmarks/gpu_delta_cold.py --scalar-loss`. On an H100 at f8e58fa: 4.9-5.8 s.
-#  35. Issue 21's B1 rows: the forward sweep warp-specialised with the WY step (kernels/gluon/gla_sweep_specialized.py
-#      with WY: the chain's three products a chunk on one warpgroup, handing S^T and U^T to two outputs warpgroups
-#      that form Q S and the outputs; a load warp; built without a GPU, its row plan.delta.GLUON_FORWARD_SPECIALIZED
-#      off). Its GPU tests first (the Triton sweep's bits: one pass under GVA, six phases at B1 T16384 with the
-#      oracle, varlen with a cache, padding and bf16 chunk states, a NaN through the replay); where they pass, the
-#      phased B1 rows with the row on against the package with it off (build/prev as in 32), at the phases' ratio
-#      as planned and at 0.7.
+#  35. (Ran at 2295218 on an H100: its 4 tests passed, B1 T16384 0.497 ms against 0.522, T65536 1.806 against
+#      1.854; results/ab_forward_specialised_h100_2295218.json.) The forward sweep warp-specialised with the WY
+#      step against the package with its row off; the row is on since.
 #  36. The figures of record on an H200 (none since ecf0925; the fused prefill's rows never there): the six prefill
 #      workloads (ours alone; fla's figures of record are 0c5047c's) and issue 19's three training rows.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
@@ -272,12 +269,6 @@ step 31 && { timeout 240 python -m pytest -m gpu tests/gpu/test_fused_prefill_gp
     | grep -v Warning | tail -10; }
 step 34 && timeout 150 env PYTHONPATH=$PWD python benchmarks/gpu_delta_cold.py --runs 2 --scalar-loss \
     --out "$OUT/gpu_delta_cold_scalar_loss_$C.json" 2>&1 | grep -E "cold first call"
-step 35 && unproven_tests wy_specialised "warp_specialised_sweep_with_the_wy_step" 200 && for ratio in "" 0.7; do
-    timeout 150 env PYTHONPATH=$PWD python -m benchmarks.ab_prev --prev build/prev --label "$C, row off" \
-    --plan GLUON_FORWARD_SPECIALIZED.on=True ${ratio:+--plan GLUON_SWEEP_PHASE_RATIO=$ratio} \
-    --workload gdn_b1_t16384_h16_hv32 --workload gdn_b1_t65536_h16_hv32 \
-    --out "$OUT/ab_forward_specialised${ratio:+_ratio$ratio}_$C.json" 2>&1 | grep -v Warning | grep " ms" | tail -4
-    done
 step 36 && { timeout 250 env PYTHONPATH=$PWD python -m benchmarks.gpu_chunk_delta --only workloads --no-fla \
     --out "$OUT/gpu_chunk_delta_$C.json" 2>&1 | grep -v Warning | tail -8
     timeout 250 env PYTHONPATH=$PWD python benchmarks/gpu_delta_train.py --impl recurscan --workload gdn_b4_t4096_h16 \

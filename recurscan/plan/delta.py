@@ -444,8 +444,11 @@ GLUON_FORWARD_SWEEP = GluonTwinRow(True, "the forward sweep (kernels/gluon/delta
 
 #: The forward sweep's warp-specialised form with the WY step (kernels/gluon/gla_sweep_specialized.py:
 #: the chain on one warpgroup, the outputs on two, the loads on a warp), where the twin is planned.
-#: Off: built without a GPU (2026-12-06); its GPU tests and A/B are `benchmarks/pending_gpu.sh 35`.
-GLUON_FORWARD_SPECIALIZED = GluonTwinRow(False, "not yet run on a GPU")
+#: At GLUON_SWEEP_PHASE_RATIO 0.7 it gained less (B1 T16384 graph 0.509 against 0.522), so the ratio stays.
+GLUON_FORWARD_SPECIALIZED = GluonTwinRow(True, "the twin's bits, faster on the phased rows (H100, one process, "
+                                               "ab_forward_specialised_h100_2295218.json): B1 T16384 H16 HV32 "
+                                               "graph 0.497 ms against the twin's 0.522 (eager 0.509 against "
+                                               "0.540), B1 T65536 1.806 against 1.854 (eager 1.784 against 1.871)")
 
 
 def gluon_forward_sweep(shape: DeltaShape, *, householder: int, dtype: torch.dtype, key_dim: int, value_dim: int,

@@ -133,7 +133,6 @@ def test_varlen_with_a_cache_padding_and_chunk_states_gives_its_twins_bits():
     assert (o[0, int(cu[2]):int(cu[3])] == 0).all()  # a padding slot's sequence: zero outputs
 
 
-@pytest.mark.unproven  # built without a GPU; its planner row (GLUON_FORWARD_SPECIALIZED) is off
 @pytest.mark.parametrize("form", ["one pass, GVA", "six phases, B1 T16384", "varlen, a cache, bf16 chunk states",
                                   "non-finite input"])
 def test_the_warp_specialised_sweep_with_the_wy_step_gives_the_triton_sweeps_bits(form):
