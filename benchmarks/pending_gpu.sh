@@ -121,6 +121,9 @@
 #      step against the package with its row off; the row is on since.
 #  36. The figures of record on an H200 (none since ecf0925; the fused prefill's rows never there): the six prefill
 #      workloads (ours alone; fla's figures of record are 0c5047c's) and issue 19's three training rows.
+#  37. The warp-specialised WY sweep on the single-pass rows (plan.delta.GLUON_FORWARD_SPECIALIZED_ONE_PASS, off):
+#      B4 T4096 H16 (K 128 and 64) prefill, and B4's forward + backward, with the row on against the package with
+#      it off (build/prev as in 32). Its one-pass test ran at 2295218 (test_gluon_sweep_gpu.py, "one pass, GVA").
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -274,6 +277,12 @@ step 36 && { timeout 250 env PYTHONPATH=$PWD python -m benchmarks.gpu_chunk_delt
     timeout 250 env PYTHONPATH=$PWD python benchmarks/gpu_delta_train.py --impl recurscan --workload gdn_b4_t4096_h16 \
     --workload gdn_b1_t16384_h16_hv32 --workload gdp_m2_b4_t4096_h16 --profile --out "$OUT/gpu_delta_train_$C.json" \
     2>&1 | grep -v Warning | grep "fwd+bwd"; }
+step 37 && { timeout 150 env PYTHONPATH=$PWD python -m benchmarks.ab_prev --prev build/prev --label "$C, row off" \
+    --plan GLUON_FORWARD_SPECIALIZED_ONE_PASS.on=True --workload gdn_b4_t4096_h16 --workload gdn_b4_t4096_h16_k64 \
+    --out "$OUT/ab_forward_specialised_one_pass_$C.json" 2>&1 | grep -v Warning | grep " ms" | tail -4
+    timeout 200 env PYTHONPATH=$PWD python benchmarks/gpu_delta_train.py --impl recurscan --impl prev --prev build/prev \
+    --plan GLUON_FORWARD_SPECIALIZED_ONE_PASS.on=True --workload gdn_b4_t4096_h16 --profile \
+    --out "$OUT/gpu_delta_train_specialised_one_pass_$C.json" 2>&1 | grep -v Warning | grep "fwd+bwd"; }
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \
     | grep -v Warning | tail -6
 step 23 && timeout 150 env PYTHONPATH=$PWD python benchmarks/inverse_forms.py --items 132 --items 8192 --items 32768 \

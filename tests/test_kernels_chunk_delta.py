@@ -722,12 +722,14 @@ def _twin_steps(launches):
     ("bf16 GDN, BV 64 on one warpgroup", True), ("fp16, K = V = 64", True), ("row off", False),
     ("no usable Gluon", False), ('backend="triton"', False), ("GDP M = 2", False), ("float32", False),
     ("K = 96", False), ("V = 96", False), ("BV 128 on two warpgroups", False), ("BV 32", False),
-    ("V in registers", False), ("group prep", False), ("one pass", False), ("warp-specialised", True)])
+    ("V in registers", False), ("group prep", False), ("one pass", False), ("warp-specialised", True),
+    ("one pass, its warp-specialised row on", True), ("segments, the one-pass row on", False)])
 def test_the_planner_gives_the_sweep_to_its_gluon_twin_only_in_scope(monkeypatch, case, planned):
     """plan.delta.gluon_forward_sweep (the Gluon rules, docs/kernels-gluon.md): a phased row of the
     twin's kind (64 value columns, one warpgroup, V a product operand), GDN, 16-bit inputs, K 64 or
     128, V a multiple of 64, Gluon usable here, its row on, the caller not forcing Triton; its
-    warp-specialised form where that row is on too."""
+    warp-specialised form where that row is on too; a single pass (not segments) of that kind in the
+    warp-specialised form where its own row is on."""
     import dataclasses
     from recurscan.plan import delta as plan_delta
     monkeypatch.setattr(plan_delta, "gluon_usable", lambda device: case != "no usable Gluon")
@@ -735,18 +737,25 @@ def test_the_planner_gives_the_sweep_to_its_gluon_twin_only_in_scope(monkeypatch
                         dataclasses.replace(plan_delta.GLUON_FORWARD_SWEEP, on=case != "row off"))
     fp16 = case.startswith("fp16")
     given = plan_delta.DeltaShape(128 if "BV 128" in case else 32 if case == "BV 32" else 64,
-                                  8 if "two warpgroups" in case else 4, 3, 4, "test", phases=1 if case == "one pass" else 6,
+                                  8 if "two warpgroups" in case else 4, 3, 4, "test",
+                                  phases=1 if case.startswith(("one pass", "segments")) else 6,
+                                  segments=4 if case.startswith("segments") else 1,
                                   v_product=case != "V in registers", group_prep=case == "group prep")
     monkeypatch.setattr(plan_delta, "GLUON_FORWARD_SPECIALIZED",
                         dataclasses.replace(plan_delta.GLUON_FORWARD_SPECIALIZED, on=case == "warp-specialised"))
+    monkeypatch.setattr(plan_delta, "GLUON_FORWARD_SPECIALIZED_ONE_PASS",
+                        dataclasses.replace(plan_delta.GLUON_FORWARD_SPECIALIZED_ONE_PASS, on="row on" in case))
     got = plan_delta.gluon_forward_sweep(
         given, householder=2 if case.startswith("GDP") else 1,
         dtype=torch.float32 if case == "float32" else torch.float16 if fp16 else torch.bfloat16,
         key_dim=96 if case == "K = 96" else 64 if fp16 else 128, value_dim=96 if case == "V = 96" else 64 if fp16 else 128,
         device=torch.device("cuda"), twin_only=case == 'backend="triton"')
     assert got.gluon_sweep is planned
-    assert got == (dataclasses.replace(given, gluon_sweep=True, phase_ratio=plan_delta.GLUON_SWEEP_PHASE_RATIO,
-                                       specialized=case == "warp-specialised") if planned else given)
+    if case.startswith("one pass,"):
+        assert got == dataclasses.replace(given, gluon_sweep=True, specialized=True)
+    else:
+        assert got == (dataclasses.replace(given, gluon_sweep=True, phase_ratio=plan_delta.GLUON_SWEEP_PHASE_RATIO,
+                                           specialized=case == "warp-specialised") if planned else given)
 
 
 def test_the_warp_specialised_sweep_with_the_wy_step_takes_calls_with_outputs_and_the_twin_the_rest():

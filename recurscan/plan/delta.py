@@ -451,23 +451,33 @@ GLUON_FORWARD_SPECIALIZED = GluonTwinRow(True, "the twin's bits, faster on the p
                                                "0.540), B1 T65536 1.806 against 1.854 (eager 1.784 against 1.871)")
 
 
+#: The same warp-specialised form on the single-pass rows of the twin's kind (B4 T4096 H16: one
+#: 64-column program an SM), where the twin alone gained within noise (GLUON_FORWARD_SWEEP's reason).
+#: Off: not yet measured there (`benchmarks/pending_gpu.sh 37`).
+GLUON_FORWARD_SPECIALIZED_ONE_PASS = GluonTwinRow(False, "not yet measured on the single-pass rows")
+
+
 def gluon_forward_sweep(shape: DeltaShape, *, householder: int, dtype: torch.dtype, key_dim: int, value_dim: int,
                         device: torch.device, twin_only: bool = False) -> DeltaShape:
     """``shape`` with its sweep given to the Gluon twin, its phases falling off by
     :data:`GLUON_SWEEP_PHASE_RATIO`, where the twin runs here (``plan.device.gluon_usable``), the row
     is phased and of the twin's kind (64 value columns on one warpgroup, V as a product operand), the
     problem is within :func:`gluon_sweep_scope` and :data:`GLUON_FORWARD_SWEEP` is on; warp-specialised
-    (``specialized``) where :data:`GLUON_FORWARD_SPECIALIZED` is on too; ``shape`` as it is otherwise,
+    (``specialized``) where :data:`GLUON_FORWARD_SPECIALIZED` is on too; a single-pass row of that kind
+    warp-specialised where :data:`GLUON_FORWARD_SPECIALIZED_ONE_PASS` is on; ``shape`` as it is otherwise,
     and where the caller forced the Triton kernels (``twin_only``). A call the twin cannot take
     (unaligned inputs, strided outputs; launch/delta.py checks) runs the Triton sweep, one the
     warp-specialised form cannot (float32 chunk states, checkpoints, no outputs) the twin."""
     if twin_only or not GLUON_FORWARD_SWEEP.on or not gluon_usable(device):
         return shape
-    if shape.phases > 1 and shape.block_v == 64 and shape.num_warps == 4 and shape.v_product and \
-            not shape.group_prep and \
-            gluon_sweep_scope(householder=householder, dtype=dtype, key_dim=key_dim, value_dim=value_dim):
+    if not (shape.block_v == 64 and shape.num_warps == 4 and shape.v_product and not shape.group_prep and
+            gluon_sweep_scope(householder=householder, dtype=dtype, key_dim=key_dim, value_dim=value_dim)):
+        return shape
+    if shape.phases > 1:
         return replace(shape, gluon_sweep=True, phase_ratio=GLUON_SWEEP_PHASE_RATIO,
                        specialized=GLUON_FORWARD_SPECIALIZED.on)
+    if shape.segments == 1 and GLUON_FORWARD_SPECIALIZED_ONE_PASS.on:
+        return replace(shape, gluon_sweep=True, specialized=True)
     return shape
 
 
