@@ -124,6 +124,10 @@
 #  37. The warp-specialised WY sweep on the single-pass rows (plan.delta.GLUON_FORWARD_SPECIALIZED_ONE_PASS, off):
 #      B4 T4096 H16 (K 128 and 64) prefill, and B4's forward + backward, with the row on against the package with
 #      it off (build/prev as in 32). Its one-pass test ran at 2295218 (test_gluon_sweep_gpu.py, "one pass, GVA").
+#  38. Issue 19: the backward's recompute on the warp-specialised sweep (GLUON_BACKWARD_TWINS["recompute_specialized"],
+#      off; kernels/gluon/gla_sweep_specialized.py with STORE_U: the chain on one warpgroup, U and lam o K S stored
+#      by two others). Its GPU tests (marked unproven: the same gradients' bits, B4 one pass, B1 phases, varlen GVA),
+#      then B4 and B1 forward + backward as planned and with it (GPU time by kernel).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -283,6 +287,10 @@ step 37 && { timeout 150 env PYTHONPATH=$PWD python -m benchmarks.ab_prev --prev
     timeout 200 env PYTHONPATH=$PWD python benchmarks/gpu_delta_train.py --impl recurscan --impl prev --prev build/prev \
     --plan GLUON_FORWARD_SPECIALIZED_ONE_PASS.on=True --workload gdn_b4_t4096_h16 --profile \
     --out "$OUT/gpu_delta_train_specialised_one_pass_$C.json" 2>&1 | grep -v Warning | grep "fwd+bwd"; }
+step 38 && unproven_tests recompute "recompute_on_the_warp_specialised" 300 && timeout 280 env PYTHONPATH=$PWD \
+    python benchmarks/gpu_delta_train.py --impl recurscan --profile --workload gdn_b4_t4096_h16 \
+    --workload gdn_b1_t16384_h16_hv32 --gluon gluon_sweep+gluon_dqdk+forward_sweep+gluon_scores+recompute_specialized \
+    --out "$OUT/gpu_delta_train_recompute_specialised_$C.json" 2>&1 | grep -v Warning | grep -E "fwd\+bwd|sweep_kernel"
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \
     | grep -v Warning | tail -6
 step 23 && timeout 150 env PYTHONPATH=$PWD python benchmarks/inverse_forms.py --items 132 --items 8192 --items 32768 \

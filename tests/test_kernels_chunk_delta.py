@@ -791,6 +791,40 @@ def test_the_warp_specialised_sweep_with_the_wy_step_takes_calls_with_outputs_an
         delta_launches(q, k, v, g, beta, segments=2, **ws)
 
 
+@pytest.mark.parametrize("case", ["one pass", "phases on the twin", "from checkpoints", "BV 128 on two warpgroups",
+                                  "V in registers", "its row off"])
+def test_the_recompute_takes_the_warp_specialised_sweep_only_from_the_sequences_start(case):
+    """DeltaBackwardShape.recompute_specialized: the backward's recompute on the warp-specialised
+    sweep (no outputs, the chunk states, U and lam o K S stored: OUTPUTS off, STORE_U on), in the
+    forward's passes (one, or its phases), under the kernel's register cap; a forward of another
+    kind (BV 128, V in registers) or checkpoints (a second pass over segments) keep the Triton sweep."""
+    import dataclasses
+    from recurscan.launch.delta_backward import build_delta_backward
+    from recurscan.plan.delta import DELTA_BACKWARD_LAUNCH, DeltaShape
+    q, k, v = (torch.zeros(1, 256, 2, 128, dtype=torch.bfloat16) for _ in range(3))
+    g, beta = torch.zeros(1, 256, 2), torch.ones(1, 256, 2, dtype=torch.bfloat16)
+    shape = {"BV 128 on two warpgroups": DeltaShape(128, 8, 3, 4, "test", tma_store=True),
+             "V in registers": DeltaShape(64, 4, 2, 4, "test", v_product=False),
+             "phases on the twin": DeltaShape(64, 4, 3, 4, "test", tma_store=True, phases=3, gluon_sweep=True,
+                                              specialized=True, phase_ratio=0.8)}.get(
+        case, DeltaShape(64, 4, 3, 4, "test", tma_store=True))
+    backward_shape = dataclasses.replace(DELTA_BACKWARD_LAUNCH[1][1], recompute_specialized=case != "its row off",
+                                         recompute_twin=case == "phases on the twin")
+    backward = build_delta_backward(q, k, v, g, beta, torch.zeros_like(v), None, scale=1.0, initial_state=None,
+                                    use_qk_l2norm_in_kernel=True, cu_seqlens=None, chunk_indices=None,
+                                    chunk_offsets=None, backward_shape=backward_shape, shape=shape,
+                                    checkpoint_chunks=2 if case == "from checkpoints" else 0)
+    sweeps = [s for s in backward.forward.steps if launch_delta.is_sweep_step(s)]
+    names = [getattr(s.kernel, "fn", s.kernel).__name__ for s in sweeps]
+    if case in ("one pass", "phases on the twin"):
+        assert names == ["gluon_gla_sweep_specialized_kernel"] * (3 if case.startswith("phases") else 1)
+        assert all(s.kwargs["STORE_U"] and not s.kwargs["OUTPUTS"] and s.kwargs["STORE_CHUNK_STATES"] and
+                   s.options["maxnreg"] == launch_delta.SPECIALIZED_MAXNREG for s in sweeps)
+        assert [s.kwargs["PASS"] for s in sweeps] == ([3] * 3 if case.startswith("phases") else [0])
+    else:
+        assert names == ["chunk_delta_sweep_kernel"]
+
+
 def test_the_gluon_sweep_runs_its_passes_and_the_triton_kernel_the_rest():
     """With ``gluon_sweep``: the single pass, every phase and a segmented sweep's second pass launch
     the twin; a segmented sweep's first pass and the replay stay the Triton kernel's. Inputs the

@@ -401,6 +401,8 @@ def test_the_planner_gives_backward_stages_to_their_gluon_twins_only_in_scope(mo
     # its form, where a q/k head serves at most two value heads (GDN)
     assert got.gluon_dqdk_specialized == (dqdk and args["householder"] == 1 and
                                           args["value_heads"] <= 2 * args["heads"])
+    # the recompute's sweep warp-specialised: the forward sweep's scope (GDN)
+    assert got.recompute_specialized == (sweep and args["householder"] == 1)
     if sweep:
         assert (got.block_v, got.sweep_warps, got.sweep_stages) == (64, 4, 3)
     if dqdk:  # its ring's stages (GLUON_DQDK_STAGES: four for GDN, three for GDP; no more than V's steps)
@@ -437,7 +439,9 @@ def test_gluon_usable_is_false_off_hopper_and_under_the_interpreter():
 @pytest.mark.parametrize("what", ["sweep, M = 3", "sweep, float32", "sweep, block_v 32", "dq dk, M = 3",
                                   "dq dk, M = 2, GVA in the kernel", "dq dk warp-specialised, M = 2",
                                   "dq dk, float32", "dq dk, GVA", "dq dk, GVA of 8 in the kernel", "dq dk, V = 48",
-                                  "dq dk, V = 64", "scores, M = 3", "scores, float32", "scores, V = 48"])
+                                  "dq dk, V = 64", "scores, M = 3", "scores, float32", "scores, V = 48",
+                                  "recompute warp-specialised, M = 2", "recompute warp-specialised, float32",
+                                  "recompute warp-specialised, V = 48"])
 def test_a_gluon_twin_outside_its_scope_is_refused(what):
     """A hand-made DeltaBackwardShape asking for a Gluon twin where it cannot run: a ValueError naming
     the field, before anything is built or launched."""
@@ -452,7 +456,7 @@ def test_a_gluon_twin_outside_its_scope_is_refused(what):
     k, v = torch.zeros(1, T * M, H, K, dtype=dtype), torch.zeros(1, T * M, HV, V, dtype=dtype)
     beta = torch.ones(1, T * M, HV, dtype=dtype)
     field = {"sweep": "gluon_sweep", "dq dk": "gluon_dqdk", "dq dk warp-specialised": "gluon_dqdk_specialized",
-             "scores": "gluon_scores"}[what.split(",")[0]]
+             "scores": "gluon_scores", "recompute warp-specialised": "recompute_specialized"}[what.split(",")[0]]
     flags = {field: True, "gluon_dqdk": True} if field == "gluon_dqdk_specialized" else {field: True}
     shape = DeltaBackwardShape(32 if "block_v 32" in what else 64, 4, 4, "test",
                                group_in_kernel="in the kernel" in what, **flags)

@@ -60,7 +60,9 @@ GLUON_CASES = {"Gluon reverse sweep": ("GDN dense, H = HV", "GDN varlen, GVA", "
                "Gluon scores": ("GDN dense, H = HV", "GDN varlen, GVA"),
                "Gluon dq and dk, warp-specialised": ("GDN dense, H = HV", "GDN varlen, GVA"),
                "Gluon forward sweep": ("GDN varlen, GVA",),
-               "Gluon forward sweep, checkpoints": ("GDN dense, H = HV",)}
+               "Gluon forward sweep, checkpoints": ("GDN dense, H = HV",),
+               "Gluon recompute, warp-specialised": ("GDN dense, H = HV", "GDN varlen, GVA"),
+               "Gluon recompute, warp-specialised, phases": ("GDN dense, H = HV",)}
 
 
 @pytest.mark.parametrize("case, shape", [(c, s) for c in CASES for s in SHAPES if c in GLUON_CASES.get(s, CASES)])
@@ -72,6 +74,9 @@ def test_every_backward_launch_compiles_for_sm90(case, shape):
     assert sweep in run.stdout, run.stdout
     if shape.startswith("Gluon forward sweep"):  # the recompute on the forward sweep's twin
         assert "gluon_sweep_kernel" in run.stdout and "chunk_delta_sweep_kernel" not in run.stdout, run.stdout
+    if shape.startswith("Gluon recompute"):  # on its warp-specialised form
+        assert "gluon_gla_sweep_specialized_kernel" in run.stdout and "chunk_delta_sweep_kernel" not in run.stdout, \
+            run.stdout
     if shape.startswith("Gluon dq and dk") and "warp-specialised" not in shape:
         assert "gluon_bwd_dqdk_kernel" in run.stdout and "chunk_delta_bwd_dqdk_kernel" not in run.stdout, run.stdout
     if shape == "Gluon dq and dk, warp-specialised":

@@ -500,6 +500,8 @@ def _sweep_kernel(shape: DeltaShape, q, k, v, BV: int, tma_ok: bool, *, wy, ssd,
     sweep) on the warp-specialised kernel or the Triton kernel, not the twin; chunk states on the
     warp-specialised kernel only in the inputs' dtype (its hand-over buffer's), else on the twin or,
     with ``sweep_scores``, the Triton kernel; ``checkpoints`` (the training forward's) on the twin.
+    The backward's recompute (launch/delta_backward.py) builds the forward with outputs and turns
+    them into STORE_U, which the warp-specialised kernel takes with WY.
     Returns ``(kernel, launch options beyond num_warps)``: the warp-specialised sweep's partitions
     share the register file under one cap."""
     if not shape.gluon_sweep:

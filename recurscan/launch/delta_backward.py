@@ -94,10 +94,20 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
     BT = CHUNK_SIZE
     varlen = cu_seqlens is not None
     N = cu_seqlens.shape[0] - 1 if varlen else B
-    # the recompute stores U and lam o K S, which only the twin's kernel does (not its warp-specialised form)
+    # The recompute (its sweep storing U and lam o K S) on the Triton sweep, the forward sweep's twin
+    # (recompute_twin) or its warp-specialised form (recompute_specialized: from the sequence's
+    # start, on a row of the twin's kind, GDN); a sweep's phases kept, in one segment.
     shape = dataclasses.replace(backward_shape.recompute or dataclasses.replace(shape, segments=1), specialized=False)
-    if shape.gluon_sweep and not backward_shape.recompute_twin:  # the recompute on the Triton sweep
+    if shape.gluon_sweep and not backward_shape.recompute_twin:
         shape = dataclasses.replace(shape, gluon_sweep=False, phase_ratio=None)
+    if backward_shape.recompute_specialized:
+        if not _plan.gluon_sweep_scope(householder=M, dtype=q.dtype, key_dim=K, value_dim=V):
+            raise ValueError("DeltaBackwardShape.recompute_specialized: the warp-specialised recompute takes GDN "
+                             f"(M = 1), 16-bit inputs, K 64 or 128 and V a multiple of 64 (got M = {M}, {q.dtype}, "
+                             f"K = {K}, V = {V})")
+        if not checkpoint_chunks and shape.block_v == 64 and shape.num_warps == 4 and shape.v_product and \
+                not shape.group_prep:
+            shape = dataclasses.replace(shape, gluon_sweep=True, specialized=True)
     if checkpoint_chunks:  # one prep (unless kept), then one sweep launch over every segment
         shape = dataclasses.replace(shape, phases=1)
     rows = chunk_indices.shape[0] if varlen else B * triton.cdiv(T * M, BT)  # chunks of the expanded stream

@@ -223,6 +223,11 @@ class DeltaBackwardShape:
     # where the forward's shape has it (DeltaShape.gluon_sweep); False: the Triton sweep, in the
     # Triton sweep's phases (launch.delta.PHASE_RATIO).
     recompute_twin: bool = False
+    # The recompute's sweep warp-specialised (kernels/gluon/gla_sweep_specialized.py with WY and
+    # STORE_U: the chain on one warpgroup, the stores of U and lam o K S on two, the loads on a
+    # warp), from the sequence's start (not from checkpoints), GDN, where the forward's row is of the
+    # twin's kind (64 value columns on one warpgroup, V a product operand): :func:`gluon_twins`.
+    recompute_specialized: bool = False
 
 
 # The parallel stage's rows share their shape: the scores kernel steps 128 value columns on 4 warps
@@ -333,6 +338,9 @@ GLUON_BACKWARD_TWINS = {
                                        "1.271), 380-381 against 474-483 at B1 T16384 H16 HV32 (2.475 ms against "
                                        "2.538; gpu_delta_train_specialised_b{4,1}_h100_4981221.json); its 18 "
                                        "GPU tests passed there (gpu_tests_unproven_{scores,both}_h100_4981221.log)"),
+    "recompute_specialized": GluonTwinRow(False, "the recompute's sweep warp-specialised "
+                                                 "(kernels/gluon/gla_sweep_specialized.py, STORE_U): built without a "
+                                                 "GPU, 2026-12-06; its tests and A/B are pending_gpu.sh 38"),
 }
 
 
@@ -576,7 +584,9 @@ def gluon_twins(shape: DeltaBackwardShape, *, householder: int, heads: int, valu
     (:func:`gluon_reverse_sweep_scope`, :func:`gluon_dqdk_scope`, :func:`gluon_scores_scope`) and is
     on in :data:`GLUON_BACKWARD_TWINS` (measured faster) given to that twin; ``shape`` as it is on other devices
     (``plan.device.gluon_usable``), or when the caller forced the Triton kernels
-    (``backend="triton"``: ``twin_only``). The reverse sweep's twin runs 64 value columns on one
+    (``backend="triton"``: ``twin_only``). The recompute's sweep warp-specialised
+    (``recompute_specialized``) takes GDN in :func:`gluon_sweep_scope`; the launch layer takes it
+    where the forward's row is of the twin's kind and no checkpoints were kept. The reverse sweep's twin runs 64 value columns on one
     warpgroup, :data:`GLUON_SWEEP_STAGES` tile stages; Gated Delta Product's also needs
     :data:`GLUON_GDP_REVERSE_SWEEP` on and K in :data:`GLUON_GDP_REVERSE_SWEEP_KEY_DIMS`, and its dq
     and dk's twin :data:`GLUON_GDP_DQDK` on, its scores kernel's :data:`GLUON_GDP_SCORES`. dq and dk's
@@ -603,6 +613,9 @@ def gluon_twins(shape: DeltaBackwardShape, *, householder: int, heads: int, valu
     if GLUON_BACKWARD_TWINS["gluon_scores"].on and (householder == 1 or GLUON_GDP_SCORES.on) and \
             gluon_scores_scope(householder=householder, dtype=dtype, key_dim=key_dim, value_dim=value_dim):
         shape = replace(shape, gluon_scores=True)
+    if GLUON_BACKWARD_TWINS["recompute_specialized"].on and \
+            gluon_sweep_scope(householder=householder, dtype=dtype, key_dim=key_dim, value_dim=value_dim):
+        shape = replace(shape, recompute_specialized=True)
     return shape
 
 

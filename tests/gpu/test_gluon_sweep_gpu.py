@@ -245,6 +245,42 @@ def test_the_recompute_on_the_twin_gives_the_same_gradients(B, T, H, HV, phases,
         assert torch.equal(bits(a), bits(b)), f"{name}: {int((a != b).sum())} elements differ"
 
 
+@pytest.mark.unproven  # built without a GPU; its planner row (GLUON_BACKWARD_TWINS["recompute_specialized"]) is off
+@pytest.mark.parametrize("form", ["B4 H=HV=16 one pass", "B1 T16384 HV32 phases", "varlen, GVA, an initial state"])
+def test_the_recompute_on_the_warp_specialised_sweep_gives_the_same_gradients(form):
+    """The backward's recompute on the warp-specialised sweep (``recompute_specialized``: the chain
+    on one warpgroup, U and lam o K S stored by two others, the chunk states by the chain; no
+    outputs) gives every gradient of the recompute without it, bit for bit: the single pass after a
+    Triton forward (against the Triton sweep), the phases after the warp-specialised forward
+    (against the twin, as B1's planned row runs it, beside the reverse sweep), and a varlen GVA
+    batch with an initial state and a one-token sequence."""
+    from recurscan.launch.delta_backward import chunk_delta_bwd
+    from recurscan.plan.delta import DELTA_BACKWARD_LAUNCH, DeltaShape
+    kw = dict(use_qk_l2norm_in_kernel=True)
+    if form.startswith("varlen"):
+        x = inputs(1, 3000, 4, 8, seed=11)
+        cu = torch.tensor([0, 1, 700, 3000], dtype=torch.int32, device=DEV)
+        d = build_chunk_descriptors(cu.cpu(), device=DEV)
+        kw.update(initial_state=torch.randn(3, 8, 128, 128, device=DEV), cu_seqlens=cu,
+                  chunk_indices=d.chunk_indices_dp, chunk_offsets=d.chunk_offsets)
+        shape = DeltaShape(64, 4, 3, 4, "test", tma_store=True)
+    elif form.startswith("B1"):
+        x = inputs(1, 16384, 16, 32, seed=12)
+        shape = DeltaShape(64, 4, 3, 4, "test", tma_store=True, phases=6, gluon_sweep=True, specialized=True,
+                           phase_ratio=0.8)
+    else:
+        x = inputs(4, 4096, 16, 16, seed=13)
+        shape = DeltaShape(64, 4, 3, 4, "test", tma_store=True)
+    do = torch.randn(*x[2].shape, device=DEV).bfloat16()
+    backward = DELTA_BACKWARD_LAUNCH[0 if form.startswith("B1") else 1][1]
+    got = {on: chunk_delta_bwd(*x, do, shape=shape, backward_shape=dataclasses.replace(
+        backward, recompute_specialized=on), **kw) for on in (False, True)}
+    names = ("dq", "dk", "dv", "dg", "dbeta") + (("dh0",) if "initial_state" in kw else ())
+    for name, a, b in zip(names, got[False], got[True]):
+        assert torch.isfinite(a).all(), name
+        assert torch.equal(bits(a), bits(b)), f"{name}: {int((a != b).sum())} elements differ"
+
+
 def test_the_planner_gives_the_sweep_to_its_twin_only_where_allowed(monkeypatch):
     """With the row on: the B1 T16384 HV32 problem plans the twin (its phases); B4 T4096 (one
     pass), the HV64 one (128 columns on two warpgroups) and GDP do not, and ``backend="triton"``

@@ -29,7 +29,11 @@ H200_SHARED = 227 * 1024
 PLANNED_FORWARD = DeltaShape(64, 4, 3, 4, "tests: a planner row (BV 64, 4 warps, 3 stages)")
 #: The forward (and the backward's recompute) with its sweep as the Gluon twin, by backward shape.
 GLUON_FORWARD = {"Gluon forward sweep": dataclasses.replace(PLANNED_FORWARD, tma_store=True, gluon_sweep=True),
-                 "Gluon forward sweep, checkpoints": dataclasses.replace(PLANNED_FORWARD, gluon_sweep=True)}
+                 "Gluon forward sweep, checkpoints": dataclasses.replace(PLANNED_FORWARD, gluon_sweep=True),
+                 "Gluon recompute, warp-specialised": dataclasses.replace(PLANNED_FORWARD, tma_store=True),
+                 "Gluon recompute, warp-specialised, phases": dataclasses.replace(
+                     PLANNED_FORWARD, tma_store=True, phases=6, gluon_sweep=True, specialized=True,
+                     phase_ratio=0.8)}
 SHAPES = {
     **{f"planned row {i}": shape for i, (_, shape) in enumerate(DELTA_BACKWARD_LAUNCH)},
     "4 warps": DeltaBackwardShape(32, 8, 4, "tests: the parallel stage on 4 warps"),
@@ -52,6 +56,12 @@ SHAPES = {
     # and from the forward's checkpoints (a second pass over segments of 4 chunks).
     "Gluon forward sweep": dataclasses.replace(DELTA_BACKWARD_LAUNCH[1][1], recompute_twin=True),
     "Gluon forward sweep, checkpoints": dataclasses.replace(DELTA_BACKWARD_LAUNCH[1][1], recompute_twin=True),
+    # The recompute's sweep warp-specialised (STORE_U): after a single-pass Triton forward, and
+    # after a phased forward on the warp-specialised twin (its phases kept).
+    "Gluon recompute, warp-specialised": dataclasses.replace(DELTA_BACKWARD_LAUNCH[1][1],
+                                                              recompute_specialized=True),
+    "Gluon recompute, warp-specialised, phases": dataclasses.replace(DELTA_BACKWARD_LAUNCH[1][1], recompute_twin=True,
+                                                                      recompute_specialized=True),
 }
 #: Token chunks between checkpoints, by backward shape (none where absent).
 CHECKPOINTS = {"Gluon forward sweep, checkpoints": 4}

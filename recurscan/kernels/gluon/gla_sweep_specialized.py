@@ -120,15 +120,17 @@ def _handover_barriers(NUM_STAGES: gl.constexpr, STAGE_READERS: gl.constexpr = 2
 def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
            PASS: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr, USE_CACHE: gl.constexpr,
            STORE_FINAL: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr,
-           SWEEP_SCORES: gl.constexpr, STORE_CHUNK_STATES: gl.constexpr, WY: gl.constexpr):
+           SWEEP_SCORES: gl.constexpr, STORE_CHUNK_STATES: gl.constexpr, WY: gl.constexpr, OUTPUTS: gl.constexpr,
+           STORE_U: gl.constexpr):
     """The default partition: the state over the program's chunks, each chunk's entering state
     handed to the outputs (with STORE_CHUNK_STATES also to its chunk-state row, by a bulk store from
-    the same buffer), with WY also the chunk's U^T (into the outputs warpgroup's staging buffer),
-    then the final state (or cache slot) and the replay flag."""
+    the same buffer), with WY also the chunk's U^T (into the outputs warpgroup's staging buffer) and
+    with STORE_U lam rk o K S (into a buffer beside it), then the final state (or cache slot) and,
+    with outputs, the replay flag."""
     (k_s, q_s, v_s, a_s, s_s, g_s, w_s, ready, empty, s_ready, s_empty, u_empty, k_desc, q_desc, v_desc, a_desc,
      w_desc, o_desc, cs_desc, coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends,
      flags, n_run, n_chunks, i_n, i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w,
-     cs0, n_cs_rows) = p
+     cs0, n_cs_rows, u_desc, ks_desc, ks_s) = p
     DT: gl.constexpr = k_s.dtype
     mmaK: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
     mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
@@ -185,9 +187,12 @@ def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
             KSt = lam_rk[None, :] * KSt
             Ut = warpgroup_mma(gl.convert_layout((-KSt).to(DT), a64), w_s.index(s).permute((1, 0)), Ut,
                                is_async=True)
-            Ut = warpgroup_mma_wait(num_outstanding=0, deps=(Ut,))
-            # U^T to the outputs, into their staging buffer once its last store drained
+            # U^T (and with STORE_U lam rk o K S, while the product runs) to the outputs warpgroup,
+            # into its buffers once their last stores drained
             mbarrier.wait(u_empty.index(b), ((j // 2) & 1) ^ 1)
+            if STORE_U:
+                ks_s.index(b).permute((1, 0)).store(KSt.to(DT))
+            Ut = warpgroup_mma_wait(num_outstanding=0, deps=(Ut,))
             g_s.index(b).permute((1, 0)).store(Ut.to(DT))
             fence_async_shared()
             mbarrier.arrive(s_ready.index(b), count=1)
@@ -208,7 +213,7 @@ def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
     # the replay flag (the last phase's programs, where phased), the final state or cache slot, or
     # the next phase's entering state
     _end_state(S_t, flags, ends, pad, replay_flags, pid, state, slot, s0_n, s0_h, s0_k, s0_v, ht, ht_n, ht_h, seg_n,
-               p_h, i_n, i_hv, i_v, mmaK, V, BV, K, True, USE_CACHE, STORE_FINAL, PASS)
+               p_h, i_n, i_hv, i_v, mmaK, V, BV, K, OUTPUTS, USE_CACHE, STORE_FINAL, PASS)
 
 
 @gluon.jit
@@ -235,16 +240,16 @@ def _gate_coefficients(coef, bos, c, i_n, i_hv, o_i, o_j, HV: gl.constexpr, BT: 
 def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
              NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr, USE_CACHE: gl.constexpr,
              STORE_FINAL: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr, SWEEP_SCORES: gl.constexpr,
-             STORE_CHUNK_STATES: gl.constexpr, PART: gl.constexpr, WY: gl.constexpr):
+             STORE_CHUNK_STATES: gl.constexpr, PART: gl.constexpr, WY: gl.constexpr, OUTPUTS: gl.constexpr):
     """A worker warpgroup: the outputs of every other chunk (those with j % 2 == PART; the other
     warpgroup takes the rest) from the state the chain handed over in buffer PART (with WY also
     U^T, in the outputs' staging buffer PART). Two of them, as one warpgroup's chunk is a chain of
     dependent steps (two products, the gate tile, the store) that leaves its warps idle most of the
-    time."""
+    time. Without outputs (the backward's recompute, STORE_U): the stores of U and lam o K S."""
     (k_s, q_s, v_s, a_s, s_s, g_s, w_s, ready, empty, s_ready, s_empty, u_empty, k_desc, q_desc, v_desc, a_desc,
      w_desc, o_desc, cs_desc, coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends,
      flags, n_run, n_chunks, i_n, i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w,
-     cs0, n_cs_rows) = p
+     cs0, n_cs_rows, u_desc, ks_desc, ks_s) = p
     DT: gl.constexpr = k_s.dtype
     mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     col64: gl.constexpr = gl.SliceLayout(0, mma64)
@@ -261,7 +266,9 @@ def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.const
             d_skip = gl.load(D + i_hv).to(gl.float32)
     g_s = g_s.index(PART)  # the gated scores (with WY U^T), then the outputs' staging for their bulk store
     b = PART
-    if WY:
+    if not OUTPUTS:
+        _stores_of_recompute(p, BT, PART)
+    elif WY:
         _outputs_of_wy(p, HV, BT, BV, NUM_STAGES, STORE_CHUNK_STATES, PART)
     else:
         for j in range(PART, n_run, 2):
@@ -316,12 +323,13 @@ def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.const
                 fence_async_shared()
                 gl.thread_barrier()
                 tma.async_copy_shared_to_global(o_desc, [c * BT, i_v * BV], g_s)
-    if pad:  # a padding slot: zero outputs over the program's chunks, half of them here
-        g_s.store(gl.zeros([BT, BV], DT, layout=blk))
-        fence_async_shared()
-        gl.thread_barrier()
-        for j in range(PART, n_chunks, 2):
-            tma.async_copy_shared_to_global(o_desc, [(c_lo + j) * BT, i_v * BV], g_s)
+    if OUTPUTS:
+        if pad:  # a padding slot: zero outputs over the program's chunks, half of them here
+            g_s.store(gl.zeros([BT, BV], DT, layout=blk))
+            fence_async_shared()
+            gl.thread_barrier()
+            for j in range(PART, n_chunks, 2):
+                tma.async_copy_shared_to_global(o_desc, [(c_lo + j) * BT, i_v * BV], g_s)
     tma.store_wait(pendings=0)
 
 
@@ -334,7 +342,7 @@ def _outputs_of_wy(p, HV: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NUM_
     (k_s, q_s, v_s, a_s, s_s, g_s, w_s, ready, empty, s_ready, s_empty, u_empty, k_desc, q_desc, v_desc, a_desc,
      w_desc, o_desc, cs_desc, coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends,
      flags, n_run, n_chunks, i_n, i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w,
-     cs0, n_cs_rows) = p
+     cs0, n_cs_rows, u_desc, ks_desc, ks_s) = p
     DT: gl.constexpr = k_s.dtype
     mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     col64: gl.constexpr = gl.SliceLayout(0, mma64)
@@ -370,6 +378,29 @@ def _outputs_of_wy(p, HV: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NUM_
 
 
 @gluon.jit
+def _stores_of_recompute(p, BT: gl.constexpr, PART: gl.constexpr):
+    """:func:`_outputs` without outputs (the backward's recompute, STORE_U): a chunk's U and
+    lam o K S, as the chain wrote them into this warpgroup's buffers, to their rows of ``u_out``
+    and ``ks_out`` by bulk stores; the buffers given back once the stores drained. The state's
+    buffer (whose chunk-state store is the chain's) is given back at once."""
+    (k_s, q_s, v_s, a_s, s_s, g_s, w_s, ready, empty, s_ready, s_empty, u_empty, k_desc, q_desc, v_desc, a_desc,
+     w_desc, o_desc, cs_desc, coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends,
+     flags, n_run, n_chunks, i_n, i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w,
+     cs0, n_cs_rows, u_desc, ks_desc, ks_s) = p
+    u_s = g_s.index(PART)
+    k_b = ks_s.index(PART)
+    b = PART
+    for j in range(PART, n_run, 2):
+        c = c_lo + j
+        mbarrier.wait(s_ready.index(b), (j // 2) & 1)
+        mbarrier.arrive(s_empty.index(b), count=1)
+        tma.async_copy_shared_to_global(u_desc, [c * BT, col_v], u_s)
+        tma.async_copy_shared_to_global(ks_desc, [c * BT, col_v], k_b)
+        tma.store_wait(pendings=0)
+        mbarrier.arrive(u_empty.index(b), count=1)
+
+
+@gluon.jit
 def _prefetch_1kb(ptr):
     """:func:`_prefetch_2kb` for 1 KB (the delta prep's coef block: BT = 64 rows of 4 float32)."""
     gl.inline_asm_elementwise(
@@ -382,15 +413,17 @@ def _prefetch_1kb(ptr):
 def _loads(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
            NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr, USE_CACHE: gl.constexpr,
            STORE_FINAL: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr,
-           SWEEP_SCORES: gl.constexpr, WY: gl.constexpr):
-    """A worker warp: the chunks' tiles by bulk copies, a stage once both warpgroups freed it (the
-    scores' tile only where the prep formed them; with WY also wy's)."""
+           SWEEP_SCORES: gl.constexpr, WY: gl.constexpr, OUTPUTS: gl.constexpr):
+    """A worker warp: the chunks' tiles by bulk copies, a stage once its readers freed it (the
+    scores' tile only where the prep formed them; with WY also wy's; q's and the scores' only with
+    outputs)."""
     (k_s, q_s, v_s, a_s, s_s, g_s, w_s, ready, empty, s_ready, s_empty, u_empty, k_desc, q_desc, v_desc, a_desc,
      w_desc, o_desc, cs_desc, coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends,
      flags, n_run, n_chunks, i_n, i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w,
-     cs0, n_cs_rows) = p
-    nbytes: gl.constexpr = (k_desc.block_type.nbytes + q_desc.block_type.nbytes + v_desc.block_type.nbytes
-                            + (0 if SWEEP_SCORES else a_desc.block_type.nbytes)
+     cs0, n_cs_rows, u_desc, ks_desc, ks_s) = p
+    nbytes: gl.constexpr = (k_desc.block_type.nbytes + v_desc.block_type.nbytes
+                            + (q_desc.block_type.nbytes if OUTPUTS else 0)
+                            + (a_desc.block_type.nbytes if OUTPUTS and not SWEEP_SCORES else 0)
                             + (w_desc.block_type.nbytes if WY else 0))
     CW: gl.constexpr = 4 if WY else 8
     gl.static_assert(BT == 64, "a chunk's coef block is the 1 KB (WY) or 2 KB prefetched")
@@ -403,9 +436,10 @@ def _loads(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
         r = (c_lo + j) * BT
         tma.async_copy_global_to_shared(k_desc, [r, col_qk], bar, k_s.index(s))
         tma.async_copy_global_to_shared(v_desc, [r, col_v], bar, v_s.index(s))
-        tma.async_copy_global_to_shared(q_desc, [r, col_qk], bar, q_s.index(s))
-        if not SWEEP_SCORES:
-            tma.async_copy_global_to_shared(a_desc, [r, col_w], bar, a_s.index(s))
+        if OUTPUTS:
+            tma.async_copy_global_to_shared(q_desc, [r, col_qk], bar, q_s.index(s))
+            if not SWEEP_SCORES:
+                tma.async_copy_global_to_shared(a_desc, [r, col_w], bar, a_s.index(s))
         if WY:
             tma.async_copy_global_to_shared(w_desc, [r, col_w], bar, w_s.index(s))
         if COEF_PREFETCH:
@@ -453,10 +487,12 @@ def gluon_gla_sweep_specialized_kernel(
     gl.static_assert(BV == 64, "64 value columns a program")
     gl.static_assert(BT == 64, "chunks of 64 rows")
     gl.static_assert(M == 1, "M = 1")
-    gl.static_assert(OUTPUTS and WY != GATE_SCORES, "outputs on: the delta prep's WY step, or the group prep's scores")
+    gl.static_assert(WY != GATE_SCORES, "the delta prep's WY step, or the group prep's scores")
+    gl.static_assert(OUTPUTS != STORE_U and (WY or OUTPUTS),
+                     "outputs, or with WY instead U and lam o K S stored (STORE_U: the backward's recompute)")
     gl.static_assert(not (WY and (SWEEP_SCORES or HAS_D or PROBE != 0)),
                      "the delta rule: no scores formed here, no skip D x, no timing probe")
-    gl.static_assert(not (KEY_DECAY or HAS_Z or CALM_GATES or STORE_U or REPLAY), "a scalar decay, no gate z")
+    gl.static_assert(not (KEY_DECAY or HAS_Z or CALM_GATES or REPLAY), "a scalar decay, no gate z")
     gl.static_assert((PASS == 0 or PASS == 3) and CKPT_CHUNKS == 0, "the single pass or a phase, no checkpoints")
     if STORE_CHUNK_STATES:
         gl.static_assert(chunk_states.dtype.element_ty == DT, "chunk states in the inputs' dtype (the hand-over's)")
@@ -507,17 +543,25 @@ def gluon_gla_sweep_specialized_kernel(
     A_DT: gl.constexpr = aqk.dtype.element_ty
     l_at: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], A_DT)
     k_desc = tma.make_tensor_descriptor(k + bos * (H * K), [rows, H * K], [H * K, 1], [BT, K], l_qk)
-    q_desc = tma.make_tensor_descriptor(q + bos * (H * K), [rows, H * K], [H * K, 1], [BT, K], l_qk)
     v_desc = tma.make_tensor_descriptor(v + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV], l_tv)
-    o_desc = tma.make_tensor_descriptor(o + bos * o_st + i_hv * o_sh, [rows, V], [o_st, 1], [BT, BV], l_tv)
-
     k_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
-    q_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
     v_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], l_tv)
+    if STORE_U:  # U and lam o K S in v's layout; no outputs, so no query tiles either (k's stand in, unread)
+        u_desc = tma.make_tensor_descriptor(u_out + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV], l_tv)
+        ks_desc = tma.make_tensor_descriptor(ks_out + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV], l_tv)
+        o_desc = u_desc
+        q_desc = k_desc
+        q_s = k_s
+    else:
+        o_desc = tma.make_tensor_descriptor(o + bos * o_st + i_hv * o_sh, [rows, V], [o_st, 1], [BT, BV], l_tv)
+        q_desc = tma.make_tensor_descriptor(q + bos * (H * K), [rows, H * K], [H * K, 1], [BT, K], l_qk)
+        q_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
+        u_desc = o_desc  # unread
+        ks_desc = o_desc
     # aqk's tiles: a query/key head's scores (the group prep's), or with WY a value head's [BT, BT]
     # rows of the delta prep's, beside its wy tiles
     AH: gl.constexpr = HV if WY else H
-    if SWEEP_SCORES:  # no scores' ring: k's stands in for it in the partitions' arguments, unread
+    if SWEEP_SCORES or not OUTPUTS:  # no scores' ring: k's stands in for it in the partitions' arguments, unread
         a_desc = k_desc
         a_s = k_s
     else:
@@ -548,7 +592,12 @@ def gluon_gla_sweep_specialized_kernel(
     # outputs' staging
     gl.static_assert(BT == BV, "the gated scores' buffer stages the outputs")
     g_s = gl.allocate_shared_memory(DT, [2, BT, BT], l_tt)
-    ready, empty, s_ready, s_empty = _handover_barriers(NUM_STAGES)
+    if STORE_U:  # each outputs warpgroup's lam o K S, beside its U^T
+        ks_s = gl.allocate_shared_memory(DT, [2, BT, BV], l_tv)
+    else:  # unread
+        ks_s = g_s
+    # a ring stage is read by the chain and (with outputs) the chunk's outputs warpgroup
+    ready, empty, s_ready, s_empty = _handover_barriers(NUM_STAGES, STAGE_READERS=2 if OUTPUTS else 1)
     if WY:  # U^T's buffers, each free again once its outputs' store drained
         u_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
@@ -560,17 +609,17 @@ def gluon_gla_sweep_specialized_kernel(
     p = (k_s, q_s, v_s, a_s, s_s, g_s, w_s, ready, empty, s_ready, s_empty, u_empty, k_desc, q_desc, v_desc, a_desc,
          w_desc, o_desc, cs_desc, coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends,
          flags, n_run, n_chunks, i_n, i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, i_h * K,
-         i_hv * V + i_v * BV, (i_hv if WY else i_h) * BT, cs0, n_cs_rows)
+         i_hv * V + i_v * BV, (i_hv if WY else i_h) * BT, cs0, n_cs_rows, u_desc, ks_desc, ks_s)
     OUT_REGS: gl.constexpr = WY_OUTPUT_REGS if WY else (SCORES_OUTPUT_REGS if SWEEP_SCORES else OUTPUT_REGS)
     # Each partition's arguments written out in the call: a tuple named first would carry the
     # constexprs as values (Triton 3.6).
     gl.warp_specialize([
         (_chain, (p, HV, K, V, BT, BV, PASS, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL,
-                  SWEEP_SCORES, STORE_CHUNK_STATES, WY)),
+                  SWEEP_SCORES, STORE_CHUNK_STATES, WY, OUTPUTS, STORE_U)),
         (_outputs, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL,
-                    SWEEP_SCORES, STORE_CHUNK_STATES, 0, WY)),
+                    SWEEP_SCORES, STORE_CHUNK_STATES, 0, WY, OUTPUTS)),
         (_outputs, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL,
-                    SWEEP_SCORES, STORE_CHUNK_STATES, 1, WY)),
+                    SWEEP_SCORES, STORE_CHUNK_STATES, 1, WY, OUTPUTS)),
         (_loads, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL,
-                  SWEEP_SCORES, WY)),
+                  SWEEP_SCORES, WY, OUTPUTS)),
     ], [4, 4, 1], [OUT_REGS, OUT_REGS, LOAD_REGS])
