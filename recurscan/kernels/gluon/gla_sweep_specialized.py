@@ -189,10 +189,12 @@ def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
                                is_async=True)
             # U^T (and with STORE_U lam rk o K S, while the product runs) to the outputs warpgroup,
             # into its buffers once their last stores drained
-            mbarrier.wait(u_empty.index(b), ((j // 2) & 1) ^ 1)
             if STORE_U:
+                mbarrier.wait(u_empty.index(b), ((j // 2) & 1) ^ 1)
                 ks_s.index(b).permute((1, 0)).store(KSt.to(DT))
             Ut = warpgroup_mma_wait(num_outstanding=0, deps=(Ut,))
+            if not STORE_U:
+                mbarrier.wait(u_empty.index(b), ((j // 2) & 1) ^ 1)
             g_s.index(b).permute((1, 0)).store(Ut.to(DT))
             fence_async_shared()
             mbarrier.arrive(s_ready.index(b), count=1)
@@ -542,22 +544,28 @@ def gluon_gla_sweep_specialized_kernel(
     l_vk: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BV, K], DT)
     A_DT: gl.constexpr = aqk.dtype.element_ty
     l_at: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], A_DT)
+    # With STORE_U (no outputs): U and lam o K S in v's layout, and no query tiles (k's stand in, unread).
     k_desc = tma.make_tensor_descriptor(k + bos * (H * K), [rows, H * K], [H * K, 1], [BT, K], l_qk)
+    if STORE_U:
+        q_desc = k_desc
+    else:
+        q_desc = tma.make_tensor_descriptor(q + bos * (H * K), [rows, H * K], [H * K, 1], [BT, K], l_qk)
     v_desc = tma.make_tensor_descriptor(v + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV], l_tv)
-    k_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
-    v_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], l_tv)
-    if STORE_U:  # U and lam o K S in v's layout; no outputs, so no query tiles either (k's stand in, unread)
+    if STORE_U:
         u_desc = tma.make_tensor_descriptor(u_out + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV], l_tv)
         ks_desc = tma.make_tensor_descriptor(ks_out + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV], l_tv)
         o_desc = u_desc
-        q_desc = k_desc
-        q_s = k_s
     else:
         o_desc = tma.make_tensor_descriptor(o + bos * o_st + i_hv * o_sh, [rows, V], [o_st, 1], [BT, BV], l_tv)
-        q_desc = tma.make_tensor_descriptor(q + bos * (H * K), [rows, H * K], [H * K, 1], [BT, K], l_qk)
-        q_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
         u_desc = o_desc  # unread
         ks_desc = o_desc
+
+    k_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
+    if STORE_U:
+        q_s = k_s
+    else:
+        q_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
+    v_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BV], l_tv)
     # aqk's tiles: a query/key head's scores (the group prep's), or with WY a value head's [BT, BT]
     # rows of the delta prep's, beside its wy tiles
     AH: gl.constexpr = HV if WY else H
