@@ -128,6 +128,9 @@
 #      off; kernels/gluon/gla_sweep_specialized.py with STORE_U: the chain on one warpgroup, U and lam o K S stored
 #      by two others). Its GPU tests (marked unproven: the same gradients' bits, B4 one pass, B1 phases, varlen GVA),
 #      then B4 and B1 forward + backward as planned and with it (GPU time by kernel).
+#  39. Steps 37 and 38 in one call (build/prev from 94f97a3, where neither row exists): the recompute's tests, then
+#      B4 and B1 forward + backward with the one-pass row on, as planned and with the recompute's row on too, against
+#      the package with neither; then the B4 prefill rows with the one-pass row on against it.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -291,6 +294,16 @@ step 38 && unproven_tests recompute "recompute_on_the_warp_specialised" 300 && t
     python benchmarks/gpu_delta_train.py --impl recurscan --profile --workload gdn_b4_t4096_h16 \
     --workload gdn_b1_t16384_h16_hv32 --gluon gluon_sweep+gluon_dqdk+forward_sweep+gluon_scores+recompute_specialized \
     --out "$OUT/gpu_delta_train_recompute_specialised_$C.json" 2>&1 | grep -v Warning | grep -E "fwd\+bwd|sweep_kernel"
+step 39 && { G=""  # the recompute's variant only where its tests passed (a hang costs their limit alone)
+    unproven_tests recompute "recompute_on_the_warp_specialised" 240 && \
+        G="--gluon gluon_sweep+gluon_dqdk+forward_sweep+gluon_scores+recompute_specialized"
+    timeout 240 env PYTHONPATH=$PWD python benchmarks/gpu_delta_train.py --impl recurscan --impl prev --prev build/prev \
+    --plan GLUON_FORWARD_SPECIALIZED_ONE_PASS.on=True --profile --workload gdn_b4_t4096_h16 \
+    --workload gdn_b1_t16384_h16_hv32 $G \
+    --out "$OUT/gpu_delta_train_specialised_sweeps_$C.json" 2>&1 | grep -v Warning | grep -E "fwd\+bwd"
+    timeout 100 env PYTHONPATH=$PWD python -m benchmarks.ab_prev --prev build/prev --label "94f97a3, row off" \
+    --plan GLUON_FORWARD_SPECIALIZED_ONE_PASS.on=True --workload gdn_b4_t4096_h16 --workload gdn_b4_t4096_h16_k64 \
+    --out "$OUT/ab_forward_specialised_one_pass_$C.json" 2>&1 | grep -v Warning | grep " ms" | tail -4; }
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \
     | grep -v Warning | tail -6
 step 23 && timeout 150 env PYTHONPATH=$PWD python benchmarks/inverse_forms.py --items 132 --items 8192 --items 32768 \
