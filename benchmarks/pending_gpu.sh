@@ -131,6 +131,7 @@
 #  39. Steps 37 and 38 in one call (build/prev from 94f97a3, where neither row exists): the recompute's tests, then
 #      B4 and B1 forward + backward with the one-pass row on, as planned and with the recompute's row on too, against
 #      the package with neither; then the B4 prefill rows with the one-pass row on against it.
+#  40. Step 39 cut to what ~250 s hold: the recompute's tests, then B4 forward + backward alone (the three variants).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -304,6 +305,12 @@ step 39 && { G=""  # the recompute's variant only where its tests passed (a hang
     timeout 100 env PYTHONPATH=$PWD python -m benchmarks.ab_prev --prev build/prev --label "94f97a3, row off" \
     --plan GLUON_FORWARD_SPECIALIZED_ONE_PASS.on=True --workload gdn_b4_t4096_h16 --workload gdn_b4_t4096_h16_k64 \
     --out "$OUT/ab_forward_specialised_one_pass_$C.json" 2>&1 | grep -v Warning | grep " ms" | tail -4; }
+step 40 && { G=""
+    unproven_tests recompute "recompute_on_the_warp_specialised" 150 && \
+        G="--gluon gluon_sweep+gluon_dqdk+forward_sweep+gluon_scores+recompute_specialized"
+    timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_delta_train.py --impl recurscan --impl prev --prev build/prev \
+    --plan GLUON_FORWARD_SPECIALIZED_ONE_PASS.on=True --profile --workload gdn_b4_t4096_h16 $G \
+    --out "$OUT/gpu_delta_train_specialised_sweeps_b4_$C.json" 2>&1 | grep -v Warning | grep -E "fwd\+bwd"; }
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \
     | grep -v Warning | tail -6
 step 23 && timeout 150 env PYTHONPATH=$PWD python benchmarks/inverse_forms.py --items 132 --items 8192 --items 32768 \
