@@ -11,7 +11,9 @@ sweep's form of the same flag (its bits). The WY form, per chunk:
     outputs: O^T = U^T aqk^T + lam rq o (S^T Q^T), U^T read from the outputs' own staging buffer
 
 so the chain's step holds three dependent products and the outputs' two run beside the next
-chunks' chain. The scalar decay's form:
+chunks' chain. With STORE_U and no outputs (the backward's recompute, WY only) the chain also hands
+lam rk o K S over beside U^T and the two warpgroups store both to ``u_out`` and ``ks_out`` (the
+chain stores the chunk states); no q or aqk tile is loaded. The scalar decay's form:
 
 1. the **chain** (the default partition, one warpgroup): S^T [BV, K] float32 in registers; per
    chunk it hands the state entering the chunk to the outputs through a shared-memory buffer (two
@@ -36,7 +38,9 @@ simple GLA's row (the measurements there and in docs/perf-history.md).
 Scope (``plan.delta.gluon_sweep_scope`` and the launch layer's ``_sweep_kernel``; with WY M = 1 and no
 skip D x; its planner row ``plan.delta.GLUON_FORWARD_SPECIALIZED``): the single pass
 (PASS 0) or a phase (PASS 3: chunks [tc_first, tc_first + tc_count), the state between phases in
-``seg_n``, as the twin's), outputs on, chunk states in the inputs' dtype or none (the chain's hand-over
+``seg_n``, as the twin's), outputs on (or with WY STORE_U instead, its row
+``plan.delta.GLUON_BACKWARD_TWINS["recompute_specialized"]``), chunk states in the inputs' dtype
+or none (the chain's hand-over
 buffer is then held as S [K, BV], a chunk-state row's tile, and stored from there by one bulk copy a
 chunk), no checkpoints or segments; dense or varlen, an initial
 state or a cache slot (a padding slot's zero outputs), the final state, SSD's skip D per head or per
