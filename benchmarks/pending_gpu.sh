@@ -132,6 +132,7 @@
 #      B4 and B1 forward + backward with the one-pass row on, as planned and with the recompute's row on too, against
 #      the package with neither; then the B4 prefill rows with the one-pass row on against it.
 #  40. Step 39 cut to what ~250 s hold: the recompute's tests, then B4 forward + backward alone (the three variants).
+#  41. The least of step 40 (for a call of ~150 s): the recompute's tests but B1's, then B4's step as planned and with it.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -311,6 +312,10 @@ step 40 && { G=""
     timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_delta_train.py --impl recurscan --impl prev --prev build/prev \
     --plan GLUON_FORWARD_SPECIALIZED_ONE_PASS.on=True --profile --workload gdn_b4_t4096_h16 $G \
     --out "$OUT/gpu_delta_train_specialised_sweeps_b4_$C.json" 2>&1 | grep -v Warning | grep -E "fwd\+bwd"; }
+step 41 && unproven_tests recompute "recompute_on_the_warp_specialised and not B1" 100 && timeout 90 env \
+    PYTHONPATH=$PWD python benchmarks/gpu_delta_train.py --impl recurscan --profile --workload gdn_b4_t4096_h16 \
+    --gluon gluon_sweep+gluon_dqdk+forward_sweep+gluon_scores+recompute_specialized \
+    --out "$OUT/gpu_delta_train_recompute_specialised_b4_$C.json" 2>&1 | grep -v Warning | grep -E "fwd\+bwd|sweep_kernel"
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \
     | grep -v Warning | tail -6
 step 23 && timeout 150 env PYTHONPATH=$PWD python benchmarks/inverse_forms.py --items 132 --items 8192 --items 32768 \
