@@ -12,8 +12,9 @@ sweep's form of the same flag (its bits). The WY form, per chunk:
 
 so the chain's step holds three dependent products and the outputs' two run beside the next
 chunks' chain. With STORE_U and no outputs (the backward's recompute, WY only) the chain also hands
-lam rk o K S over beside U^T and the two warpgroups store both to ``u_out`` and ``ks_out`` (the
-chain stores the chunk states); no q or aqk tile is loaded. The scalar decay's form:
+lam rk o K S over beside U^T and the state S, and the two warpgroups store all three (the chunk
+state to its row, U and K S to ``u_out`` and ``ks_out``): the chain issues no store; no q or aqk
+tile is loaded. The scalar decay's form:
 
 1. the **chain** (the default partition, one warpgroup): S^T [BV, K] float32 in registers; per
    chunk it hands the state entering the chunk to the outputs through a shared-memory buffer (two
@@ -165,7 +166,12 @@ def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
         if PROBE != 1:
             # The state entering chunk j, to the outputs (the buffer they freed two chunks ago).
             mbarrier.wait(s_empty.index(b), ((j // 2) & 1) ^ 1)
-            if STORE_CHUNK_STATES:
+            if STORE_U:
+                # the recompute: the buffer holds S [K, BV], a chunk-state row's tile, which the
+                # stores' warpgroup stores (and frees once drained) with the chunk's U and K S
+                s_s.index(b).permute((1, 0)).store(S_d)
+                fence_async_shared()
+            elif STORE_CHUNK_STATES:
                 # and to its chunk-state row: the buffer holds S [K, BV], a row's tile; its store
                 # two chunks ago has drained (one bulk store a chunk, so at most one pending)
                 tma.store_wait(pendings=1)
@@ -213,7 +219,7 @@ def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
             S_t = warpgroup_mma(U_g, k_s.index(s), S_t * lam_last, is_async=True)
             S_t = warpgroup_mma_wait(num_outstanding=0, deps=(S_t,))
         mbarrier.arrive(empty.index(s), count=1)
-    if STORE_CHUNK_STATES:
+    if STORE_CHUNK_STATES and not STORE_U:
         tma.store_wait(pendings=0)
 
     # the replay flag (the last phase's programs, where phased), the final state or cache slot, or
@@ -251,7 +257,8 @@ def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.const
     warpgroup takes the rest) from the state the chain handed over in buffer PART (with WY also
     U^T, in the outputs' staging buffer PART). Two of them, as one warpgroup's chunk is a chain of
     dependent steps (two products, the gate tile, the store) that leaves its warps idle most of the
-    time. Without outputs (the backward's recompute, STORE_U): the stores of U and lam o K S."""
+    time. Without outputs (the backward's recompute, STORE_U): the stores of the chunk state, U and
+    lam o K S."""
     (k_s, q_s, v_s, a_s, s_s, g_s, w_s, ready, empty, s_ready, s_empty, u_empty, k_desc, q_desc, v_desc, a_desc,
      w_desc, o_desc, cs_desc, coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends,
      flags, n_run, n_chunks, i_n, i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w,
@@ -273,7 +280,7 @@ def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.const
     g_s = g_s.index(PART)  # the gated scores (with WY U^T), then the outputs' staging for their bulk store
     b = PART
     if not OUTPUTS:
-        _stores_of_recompute(p, BT, PART)
+        _stores_of_recompute(p, HV, BT, PART)
     elif WY:
         _outputs_of_wy(p, HV, BT, BV, NUM_STAGES, STORE_CHUNK_STATES, PART)
     else:
@@ -384,25 +391,30 @@ def _outputs_of_wy(p, HV: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NUM_
 
 
 @gluon.jit
-def _stores_of_recompute(p, BT: gl.constexpr, PART: gl.constexpr):
-    """:func:`_outputs` without outputs (the backward's recompute, STORE_U): a chunk's U and
-    lam o K S, as the chain wrote them into this warpgroup's buffers, to their rows of ``u_out``
-    and ``ks_out`` by bulk stores; the buffers given back once the stores drained. The state's
-    buffer (whose chunk-state store is the chain's) is given back at once."""
+def _stores_of_recompute(p, HV: gl.constexpr, BT: gl.constexpr, PART: gl.constexpr):
+    """:func:`_outputs` without outputs (the backward's recompute, STORE_U): a chunk's entering
+    state, U and lam o K S, as the chain wrote them into this warpgroup's buffers, to its
+    chunk-state row and its rows of ``u_out`` and ``ks_out`` by bulk stores; the buffers given
+    back once the stores drained."""
     (k_s, q_s, v_s, a_s, s_s, g_s, w_s, ready, empty, s_ready, s_empty, u_empty, k_desc, q_desc, v_desc, a_desc,
      w_desc, o_desc, cs_desc, coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends,
      flags, n_run, n_chunks, i_n, i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w,
      cs0, n_cs_rows, u_desc, ks_desc, ks_s) = p
+    K: gl.constexpr = k_s.shape[2]
+    BV: gl.constexpr = v_s.shape[2]
     u_s = g_s.index(PART)
     k_b = ks_s.index(PART)
     b = PART
     for j in range(PART, n_run, 2):
         c = c_lo + j
+        cs = cs0 + c
+        cs = gl.where((cs >= 0) & (cs < n_cs_rows), cs, n_cs_rows)  # past the descriptor: not stored
         mbarrier.wait(s_ready.index(b), (j // 2) & 1)
-        mbarrier.arrive(s_empty.index(b), count=1)
+        tma.async_copy_shared_to_global(cs_desc, [(cs * HV + i_hv).to(gl.int32) * K, i_v * BV], s_s.index(b))
         tma.async_copy_shared_to_global(u_desc, [c * BT, col_v], u_s)
         tma.async_copy_shared_to_global(ks_desc, [c * BT, col_v], k_b)
         tma.store_wait(pendings=0)
+        mbarrier.arrive(s_empty.index(b), count=1)
         mbarrier.arrive(u_empty.index(b), count=1)
 
 
@@ -494,8 +506,9 @@ def gluon_gla_sweep_specialized_kernel(
     gl.static_assert(BT == 64, "chunks of 64 rows")
     gl.static_assert(M == 1, "M = 1")
     gl.static_assert(WY != GATE_SCORES, "the delta prep's WY step, or the group prep's scores")
-    gl.static_assert(OUTPUTS != STORE_U and (WY or OUTPUTS),
-                     "outputs, or with WY instead U and lam o K S stored (STORE_U: the backward's recompute)")
+    gl.static_assert(OUTPUTS != STORE_U and (WY or OUTPUTS) and (STORE_CHUNK_STATES or not STORE_U),
+                     "outputs, or with WY instead the chunk states, U and lam o K S stored (STORE_U: the "
+                     "backward's recompute)")
     gl.static_assert(not (WY and (SWEEP_SCORES or HAS_D or PROBE != 0)),
                      "the delta rule: no scores formed here, no skip D x, no timing probe")
     gl.static_assert(not (KEY_DECAY or HAS_Z or CALM_GATES or REPLAY), "a scalar decay, no gate z")
