@@ -37,15 +37,15 @@ The planner takes it on ``plan.gla.GLA_SWEEP_LAUNCH``'s group prep row and, with
 simple GLA's row (the measurements there and in docs/perf-history.md).
 
 Scope (``plan.delta.gluon_sweep_scope`` and the launch layer's ``_sweep_kernel``; with WY M = 1 and no
-skip D x; its planner row ``plan.delta.GLUON_FORWARD_SPECIALIZED``): the single pass
-(PASS 0) or a phase (PASS 3: chunks [tc_first, tc_first + tc_count), the state between phases in
-``seg_n``, as the twin's), outputs on (or with WY STORE_U instead, its row
-``plan.delta.GLUON_BACKWARD_TWINS["recompute_specialized"]``), chunk states in the inputs' dtype
-or none (the chain's hand-over
-buffer is then held as S [K, BV], a chunk-state row's tile, and stored from there by one bulk copy a
-chunk), no checkpoints or segments; dense or varlen, an initial
-state or a cache slot (a padding slot's zero outputs), the final state, SSD's skip D per head or per
-channel, no gate z. The replay flags are the twin's (the Triton replay launch runs after this one).
+skip D x; its planner rows ``plan.delta.GLUON_FORWARD_SPECIALIZED`` and
+``GLUON_FORWARD_SPECIALIZED_ONE_PASS``): the single pass (PASS 0) or a phase (PASS 3: chunks
+[tc_first, tc_first + tc_count), the state between phases in ``seg_n``, as the twin's), outputs on
+(or with WY STORE_U instead, its row ``plan.delta.GLUON_BACKWARD_TWINS["recompute_specialized"]``),
+chunk states in the inputs' dtype or none (the hand-over buffer is then held as S [K, BV], a
+chunk-state row's tile, and stored from there by one bulk copy a chunk), no checkpoints or
+segments; dense or varlen, an initial state or a cache slot (a padding slot's zero outputs), the
+final state, SSD's skip D per head or per channel, no gate z. The replay flags are the twin's (the
+Triton replay launch runs after this one).
 Takes the twin's arguments, so a launch record names either kernel.
 """
 from __future__ import annotations
