@@ -761,8 +761,9 @@ def test_the_planner_gives_the_sweep_to_its_gluon_twin_only_in_scope(monkeypatch
 def test_the_warp_specialised_sweep_with_the_wy_step_takes_calls_with_outputs_and_the_twin_the_rest():
     """DeltaShape.specialized with the WY step (kernels/gluon/gla_sweep_specialized.py): the single
     pass and every phase launch it under its register cap, the replay the Triton kernel; chunk
-    states in the inputs' dtype too, float32 ones, the training forward's checkpoints and the
-    backward's recompute (no outputs, U stored) the twin; in segments, a ValueError naming the field."""
+    states in the inputs' dtype too, and a training forward keeping its prep; float32 chunk states,
+    the training forward's checkpoints and the backward's recompute (no outputs, U stored; unless
+    ``recompute_specialized``) the twin; in segments, a ValueError naming the field."""
     import dataclasses
     from recurscan.launch.delta_backward import build_delta_backward
     from recurscan.plan.delta import DELTA_BACKWARD_LAUNCH, DeltaShape
@@ -781,6 +782,8 @@ def test_the_warp_specialised_sweep_with_the_wy_step_takes_calls_with_outputs_an
                                  **ws))[0] == (W, 0, cap)
     assert sweeps(delta_launches(q, k, v, g, beta, return_chunk_states=True, **ws))[0] == (G, 0, None)
     assert sweeps(delta_launches(q, k, v, g, beta, checkpoint_chunks=2, **ws))[0] == (G, 0, None)
+    # the training forward that keeps its prep and no checkpoints (B1's planned row) takes it too
+    assert sweeps(delta_launches(q, k, v, g, beta, keep_prep=True, phases=3, **ws))[0] == (W, 3, cap)
     backward_shape = dataclasses.replace(DELTA_BACKWARD_LAUNCH[1][1], recompute_twin=True)
     backward = build_delta_backward(q, k, v, g, beta, torch.zeros_like(v), None, scale=1.0, initial_state=None,
                                     use_qk_l2norm_in_kernel=True, cu_seqlens=None, chunk_indices=None,
