@@ -224,8 +224,8 @@ class DeltaBackwardShape:
     # Triton sweep's phases (launch.delta.PHASE_RATIO).
     recompute_twin: bool = False
     # The recompute's sweep warp-specialised (kernels/gluon/gla_sweep_specialized.py with WY and
-    # STORE_U: the chain on one warpgroup, the stores of U and lam o K S on two, the loads on a
-    # warp), from the sequence's start (not from checkpoints), GDN, where the forward's row is of the
+    # STORE_U: the chain on one warpgroup, the stores of the chunk states, U and lam o K S on two,
+    # the loads on a warp), from the sequence's start (not from checkpoints), GDN, where the forward's row is of the
     # twin's kind (64 value columns on one warpgroup, V a product operand): :func:`gluon_twins`.
     recompute_specialized: bool = False
 
@@ -340,7 +340,7 @@ GLUON_BACKWARD_TWINS = {
                                        "GPU tests passed there (gpu_tests_unproven_{scores,both}_h100_4981221.log)"),
     "recompute_specialized": GluonTwinRow(False, "the recompute's sweep warp-specialised "
                                                  "(kernels/gluon/gla_sweep_specialized.py, STORE_U): built without a "
-                                                 "GPU, 2026-12-06; its tests and A/B are pending_gpu.sh 38"),
+                                                 "GPU, 2026-12-06; its tests and A/B are pending_gpu.sh 39"),
 }
 
 
@@ -461,7 +461,7 @@ GLUON_FORWARD_SPECIALIZED = GluonTwinRow(True, "the twin's bits, faster on the p
 
 #: The same warp-specialised form on the single-pass rows of the twin's kind (B4 T4096 H16: one
 #: 64-column program an SM), where the twin alone gained within noise (GLUON_FORWARD_SWEEP's reason).
-#: Off: not yet measured there (`benchmarks/pending_gpu.sh 37`).
+#: Off: not yet measured there (`benchmarks/pending_gpu.sh 39`, or 37 alone).
 GLUON_FORWARD_SPECIALIZED_ONE_PASS = GluonTwinRow(False, "not yet measured on the single-pass rows")
 
 
@@ -586,11 +586,11 @@ def gluon_twins(shape: DeltaBackwardShape, *, householder: int, heads: int, valu
     (``plan.device.gluon_usable``), or when the caller forced the Triton kernels
     (``backend="triton"``: ``twin_only``). The recompute's sweep warp-specialised
     (``recompute_specialized``) takes GDN in :func:`gluon_sweep_scope`; the launch layer takes it
-    where the forward's row is of the twin's kind and no checkpoints were kept. The reverse sweep's twin runs 64 value columns on one
-    warpgroup, :data:`GLUON_SWEEP_STAGES` tile stages; Gated Delta Product's also needs
-    :data:`GLUON_GDP_REVERSE_SWEEP` on and K in :data:`GLUON_GDP_REVERSE_SWEEP_KEY_DIMS`, and its dq
-    and dk's twin :data:`GLUON_GDP_DQDK` on, its scores kernel's :data:`GLUON_GDP_SCORES`. dq and dk's
-    twin takes K in :data:`GLUON_DQDK_KEY_DIMS`.
+    where the forward's row is of the twin's kind and no checkpoints were kept. The reverse sweep's
+    twin runs 64 value columns on one warpgroup, :data:`GLUON_SWEEP_STAGES` tile stages; Gated Delta
+    Product's also needs :data:`GLUON_GDP_REVERSE_SWEEP` on and K in
+    :data:`GLUON_GDP_REVERSE_SWEEP_KEY_DIMS`, and its dq and dk's twin :data:`GLUON_GDP_DQDK` on, its
+    scores kernel's :data:`GLUON_GDP_SCORES`. dq and dk's twin takes K in :data:`GLUON_DQDK_KEY_DIMS`.
 
     The launch layer also needs q, k and dO 16-byte aligned (the twins' bulk copies) and falls back
     to the Triton kernels otherwise."""
