@@ -121,18 +121,15 @@
 #      step against the package with its row off; the row is on since.
 #  36. The figures of record on an H200 (none since ecf0925; the fused prefill's rows never there): the six prefill
 #      workloads (ours alone; fla's figures of record are 0c5047c's) and issue 19's three training rows.
-#  37. The warp-specialised WY sweep on the single-pass rows (plan.delta.GLUON_FORWARD_SPECIALIZED_ONE_PASS, off):
-#      B4 T4096 H16 (K 128 and 64) prefill, and B4's forward + backward, with the row on against the package with
-#      it off (build/prev as in 32). Its one-pass test ran at 2295218 (test_gluon_sweep_gpu.py, "one pass, GVA").
-#  38. Issue 19: the backward's recompute on the warp-specialised sweep (GLUON_BACKWARD_TWINS["recompute_specialized"],
-#      off; kernels/gluon/gla_sweep_specialized.py with STORE_U: the chain on one warpgroup, U and lam o K S stored
-#      by two others). Its GPU tests (marked unproven: the same gradients' bits, B4 one pass, B1 phases, varlen GVA),
-#      then B4 and B1 forward + backward as planned and with it (GPU time by kernel).
-#  39. Steps 37 and 38 in one call (build/prev from 94f97a3, where neither row exists): the recompute's tests, then
-#      B4 and B1 forward + backward with the one-pass row on, as planned and with the recompute's row on too, against
-#      the package with neither; then the B4 prefill rows with the one-pass row on against it.
+#  39. Two rows built without a GPU, both off: the warp-specialised WY sweep on the single-pass rows
+#      (plan.delta.GLUON_FORWARD_SPECIALIZED_ONE_PASS) and the backward's recompute on it
+#      (GLUON_BACKWARD_TWINS["recompute_specialized"]; its GPU tests marked unproven). build/prev from 94f97a3, where
+#      neither row exists: the recompute's tests, then B4 and B1 forward + backward with the one-pass row on, as
+#      planned and with the recompute's row on too, against the package with neither; then the B4 prefill rows
+#      (K 128 and 64) with the one-pass row on against it.
 #  40. Step 39 cut to what ~250 s hold: the recompute's tests, then B4 forward + backward alone (the three variants).
-#  41. The least of step 40 (for a call of ~150 s): the recompute's tests but B1's, then B4's step as planned and with it.
+#  41. The least of step 40 (for a call of ~150 s): the recompute's tests but B1's, then B4's step as planned and
+#      with it.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -286,16 +283,6 @@ step 36 && { timeout 250 env PYTHONPATH=$PWD python -m benchmarks.gpu_chunk_delt
     timeout 250 env PYTHONPATH=$PWD python benchmarks/gpu_delta_train.py --impl recurscan --workload gdn_b4_t4096_h16 \
     --workload gdn_b1_t16384_h16_hv32 --workload gdp_m2_b4_t4096_h16 --profile --out "$OUT/gpu_delta_train_$C.json" \
     2>&1 | grep -v Warning | grep "fwd+bwd"; }
-step 37 && { timeout 150 env PYTHONPATH=$PWD python -m benchmarks.ab_prev --prev build/prev --label "$C, row off" \
-    --plan GLUON_FORWARD_SPECIALIZED_ONE_PASS.on=True --workload gdn_b4_t4096_h16 --workload gdn_b4_t4096_h16_k64 \
-    --out "$OUT/ab_forward_specialised_one_pass_$C.json" 2>&1 | grep -v Warning | grep " ms" | tail -4
-    timeout 200 env PYTHONPATH=$PWD python benchmarks/gpu_delta_train.py --impl recurscan --impl prev --prev build/prev \
-    --plan GLUON_FORWARD_SPECIALIZED_ONE_PASS.on=True --workload gdn_b4_t4096_h16 --profile \
-    --out "$OUT/gpu_delta_train_specialised_one_pass_$C.json" 2>&1 | grep -v Warning | grep "fwd+bwd"; }
-step 38 && unproven_tests recompute "recompute_on_the_warp_specialised" 300 && timeout 280 env PYTHONPATH=$PWD \
-    python benchmarks/gpu_delta_train.py --impl recurscan --profile --workload gdn_b4_t4096_h16 \
-    --workload gdn_b1_t16384_h16_hv32 --gluon gluon_sweep+gluon_dqdk+forward_sweep+gluon_scores+recompute_specialized \
-    --out "$OUT/gpu_delta_train_recompute_specialised_$C.json" 2>&1 | grep -v Warning | grep -E "fwd\+bwd|sweep_kernel"
 step 39 && { G=""  # the recompute's variant only where its tests passed (a hang costs their limit alone)
     unproven_tests recompute "recompute_on_the_warp_specialised" 240 && \
         G="--gluon gluon_sweep+gluon_dqdk+forward_sweep+gluon_scores+recompute_specialized"

@@ -461,7 +461,7 @@ GLUON_FORWARD_SPECIALIZED = GluonTwinRow(True, "the twin's bits, faster on the p
 
 #: The same warp-specialised form on the single-pass rows of the twin's kind (B4 T4096 H16: one
 #: 64-column program an SM), where the twin alone gained within noise (GLUON_FORWARD_SWEEP's reason).
-#: Off: not yet measured there (`benchmarks/pending_gpu.sh 39`, or 37 alone).
+#: Off: not yet measured there (`benchmarks/pending_gpu.sh 39`).
 GLUON_FORWARD_SPECIALIZED_ONE_PASS = GluonTwinRow(False, "not yet measured on the single-pass rows")
 
 

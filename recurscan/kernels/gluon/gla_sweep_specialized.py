@@ -129,9 +129,9 @@ def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
            STORE_U: gl.constexpr):
     """The default partition: the state over the program's chunks, each chunk's entering state
     handed to the outputs (with STORE_CHUNK_STATES also to its chunk-state row, by a bulk store from
-    the same buffer), with WY also the chunk's U^T (into the outputs warpgroup's staging buffer) and
-    with STORE_U lam rk o K S (into a buffer beside it), then the final state (or cache slot) and,
-    with outputs, the replay flag."""
+    the same buffer; with STORE_U the stores' warpgroup issues that store), with WY also the chunk's
+    U^T (into the outputs warpgroup's staging buffer) and with STORE_U lam rk o K S (into a buffer
+    beside it), then the final state (or cache slot) and, with outputs, the replay flag."""
     (k_s, q_s, v_s, a_s, s_s, g_s, w_s, ready, empty, s_ready, s_empty, u_empty, k_desc, q_desc, v_desc, a_desc,
      w_desc, o_desc, cs_desc, coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends,
      flags, n_run, n_chunks, i_n, i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w,
