@@ -130,6 +130,10 @@
 #  40. Step 39 cut to what ~250 s hold: the recompute's tests, then B4 forward + backward alone (the three variants).
 #  41. The least of step 40 (for a call of ~150 s): the recompute's tests but B1's, then B4's step as planned and
 #      with it.
+#  42. The recompute beside the reverse sweep where both fill the SMs (plan.delta.CORESIDENT_RECOMPUTE, built
+#      without a GPU, off): both at two stages, one program of each an SM (226 KB, 50 K registers offline). Its
+#      two GPU tests (the serial order's bits, GDN B4 and GDP M = 2), then B4 and GDP forward + backward with
+#      the row on against build/prev (94f97a3, which has no such row: the serial order at three stages).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -303,6 +307,10 @@ step 41 && unproven_tests recompute "recompute_on_the_warp_specialised and not B
     PYTHONPATH=$PWD python benchmarks/gpu_delta_train.py --impl recurscan --profile --workload gdn_b4_t4096_h16 \
     --gluon gluon_sweep+gluon_dqdk+forward_sweep+gluon_scores+recompute_specialized \
     --out "$OUT/gpu_delta_train_recompute_specialised_b4_$C.json" 2>&1 | grep -v Warning | grep -E "fwd\+bwd|sweep_kernel"
+step 42 && unproven_tests coresident "coresident_recompute" 200 && timeout 240 env PYTHONPATH=$PWD \
+    python benchmarks/gpu_delta_train.py --impl recurscan --impl prev --prev build/prev \
+    --plan CORESIDENT_RECOMPUTE.on=True --profile --workload gdn_b4_t4096_h16 --workload gdp_m2_b4_t4096_h16 \
+    --out "$OUT/gpu_delta_train_coresident_$C.json" 2>&1 | grep -v Warning | grep -E "fwd\+bwd|sweep"
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \
     | grep -v Warning | tail -6
 step 23 && timeout 150 env PYTHONPATH=$PWD python benchmarks/inverse_forms.py --items 132 --items 8192 --items 32768 \

@@ -228,6 +228,10 @@ class DeltaBackwardShape:
     # the loads on a warp), from the sequence's start (not from checkpoints), GDN, where the forward's row is of the
     # twin's kind (64 value columns on one warpgroup, V a product operand): :func:`gluon_twins`.
     recompute_specialized: bool = False
+    # The recompute on a side stream beside the reverse sweep's Gluon twin where the SMs are full,
+    # one program of each sharing an SM: both at CORESIDENT_STAGES stages, which is what lets them
+    # fit together. The launch layer takes it where the forward kept its prep (as corun): :func:`gluon_twins`.
+    coresident: bool = False
 
 
 # The parallel stage's rows share their shape: the scores kernel steps 128 value columns on 4 warps
@@ -342,6 +346,17 @@ GLUON_BACKWARD_TWINS = {
                                                  "(kernels/gluon/gla_sweep_specialized.py, STORE_U): built without a "
                                                  "GPU, 2026-12-06; its tests and A/B are pending_gpu.sh 39"),
 }
+
+
+#: The recompute beside the reverse sweep where both would fill the SMs alone (B4 T4096 H=HV=16:
+#: 128 programs each): both chains wait on latencies, not on the SM's pipes, so one program of each
+#: on an SM may take less than one after the other. It needs both at CORESIDENT_STAGES: the reverse
+#: sweep's twin then takes 155.7 KB of shared memory (GDP M = 2: 122.9) and 179-183 registers a
+#: thread, the Triton recompute 68.6 KB and 208-220 (offline, sm_90; tests/test_sm90_compile.py
+#: checks that one of each fits an SM), where at three stages they take 213 and 102 KB.
+CORESIDENT_RECOMPUTE = GluonTwinRow(False, "built without a GPU, 2026-12-06; its tests and A/B are "
+                                           "pending_gpu.sh 42")
+CORESIDENT_STAGES = 2
 
 
 def gluon_sweep_scope(*, householder: int, dtype: torch.dtype, key_dim: int, value_dim: int) -> bool:
@@ -616,6 +631,8 @@ def gluon_twins(shape: DeltaBackwardShape, *, householder: int, heads: int, valu
     if GLUON_BACKWARD_TWINS["recompute_specialized"].on and \
             gluon_sweep_scope(householder=householder, dtype=dtype, key_dim=key_dim, value_dim=value_dim):
         shape = replace(shape, recompute_specialized=True)
+    if CORESIDENT_RECOMPUTE.on and shape.gluon_sweep and not shape.corun and not shape.recompute_specialized:
+        shape = replace(shape, coresident=True)
     return shape
 
 
