@@ -121,19 +121,10 @@
 #      step against the package with its row off; the row is on since.
 #  36. The figures of record on an H200 (none since ecf0925; the fused prefill's rows never there): the six prefill
 #      workloads (ours alone; fla's figures of record are 0c5047c's) and issue 19's three training rows.
-#  39. Two rows built without a GPU, both off: the warp-specialised WY sweep on the single-pass rows
-#      (plan.delta.GLUON_FORWARD_SPECIALIZED_ONE_PASS) and the backward's recompute on it
-#      (GLUON_BACKWARD_TWINS["recompute_specialized"]; its GPU tests marked unproven). build/prev from 94f97a3, where
-#      neither row exists: the recompute's tests, then B4 and B1 forward + backward with the one-pass row on, as
-#      planned and with the recompute's row on too, against the package with neither; then the B4 prefill rows
-#      (K 128 and 64) with the one-pass row on against it.
-#  40. Step 39 cut to what ~250 s hold: the recompute's tests, then B4 forward + backward alone (the three variants).
-#  41. The least of step 40 (for a call of ~150 s): the recompute's tests but B1's, then B4's step as planned and
-#      with it.
-#  42. The recompute beside the reverse sweep where both fill the SMs (plan.delta.CORESIDENT_RECOMPUTE, built
-#      without a GPU, off): both at two stages, one program of each an SM (226 KB, 50 K registers offline). Its
-#      two GPU tests (the serial order's bits, GDN B4 and GDP M = 2), then B4 and GDP forward + backward with
-#      the row on against build/prev (94f97a3, which has no such row: the serial order at three stages).
+#  39-41. (Ran at 6e59861 on an H100: both rows' tests passed, both slower, both off; perf-history, 2026-12-06,
+#      6e59861.) The warp-specialised recompute and the one-pass warp-specialised forward.
+#  42. (Ran at 6e59861 on an H100, the same entry.) The recompute beside the reverse sweep on the same SMs: right,
+#      not faster (each chain 1.5-2x slower beside the other); backed out.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -287,30 +278,6 @@ step 36 && { timeout 250 env PYTHONPATH=$PWD python -m benchmarks.gpu_chunk_delt
     timeout 250 env PYTHONPATH=$PWD python benchmarks/gpu_delta_train.py --impl recurscan --workload gdn_b4_t4096_h16 \
     --workload gdn_b1_t16384_h16_hv32 --workload gdp_m2_b4_t4096_h16 --profile --out "$OUT/gpu_delta_train_$C.json" \
     2>&1 | grep -v Warning | grep "fwd+bwd"; }
-step 39 && { G=""  # the recompute's variant only where its tests passed (a hang costs their limit alone)
-    unproven_tests recompute "recompute_on_the_warp_specialised" 240 && \
-        G="--gluon gluon_sweep+gluon_dqdk+forward_sweep+gluon_scores+recompute_specialized"
-    timeout 240 env PYTHONPATH=$PWD python benchmarks/gpu_delta_train.py --impl recurscan --impl prev --prev build/prev \
-    --plan GLUON_FORWARD_SPECIALIZED_ONE_PASS.on=True --profile --workload gdn_b4_t4096_h16 \
-    --workload gdn_b1_t16384_h16_hv32 $G \
-    --out "$OUT/gpu_delta_train_specialised_sweeps_$C.json" 2>&1 | grep -v Warning | grep -E "fwd\+bwd"
-    timeout 100 env PYTHONPATH=$PWD python -m benchmarks.ab_prev --prev build/prev --label "94f97a3, row off" \
-    --plan GLUON_FORWARD_SPECIALIZED_ONE_PASS.on=True --workload gdn_b4_t4096_h16 --workload gdn_b4_t4096_h16_k64 \
-    --out "$OUT/ab_forward_specialised_one_pass_$C.json" 2>&1 | grep -v Warning | grep " ms" | tail -4; }
-step 40 && { G=""
-    unproven_tests recompute "recompute_on_the_warp_specialised" 150 && \
-        G="--gluon gluon_sweep+gluon_dqdk+forward_sweep+gluon_scores+recompute_specialized"
-    timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_delta_train.py --impl recurscan --impl prev --prev build/prev \
-    --plan GLUON_FORWARD_SPECIALIZED_ONE_PASS.on=True --profile --workload gdn_b4_t4096_h16 $G \
-    --out "$OUT/gpu_delta_train_specialised_sweeps_b4_$C.json" 2>&1 | grep -v Warning | grep -E "fwd\+bwd"; }
-step 41 && unproven_tests recompute "recompute_on_the_warp_specialised and not B1" 100 && timeout 90 env \
-    PYTHONPATH=$PWD python benchmarks/gpu_delta_train.py --impl recurscan --profile --workload gdn_b4_t4096_h16 \
-    --gluon gluon_sweep+gluon_dqdk+forward_sweep+gluon_scores+recompute_specialized \
-    --out "$OUT/gpu_delta_train_recompute_specialised_b4_$C.json" 2>&1 | grep -v Warning | grep -E "fwd\+bwd|sweep_kernel"
-step 42 && unproven_tests coresident "coresident_recompute" 200 && timeout 240 env PYTHONPATH=$PWD \
-    python benchmarks/gpu_delta_train.py --impl recurscan --impl prev --prev build/prev \
-    --plan CORESIDENT_RECOMPUTE.on=True --profile --workload gdn_b4_t4096_h16 --workload gdp_m2_b4_t4096_h16 \
-    --out "$OUT/gpu_delta_train_coresident_$C.json" 2>&1 | grep -v Warning | grep -E "fwd\+bwd|sweep"
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \
     | grep -v Warning | tail -6
 step 23 && timeout 150 env PYTHONPATH=$PWD python benchmarks/inverse_forms.py --items 132 --items 8192 --items 32768 \

@@ -430,52 +430,6 @@ def test_each_gluon_twin_is_planned_only_where_its_row_is_on(monkeypatch):
         assert {n: getattr(got, n) for n in plan_delta.GLUON_BACKWARD_TWINS} == want
 
 
-@pytest.mark.parametrize("case", ["SMs full", "beside already (corun)", "recompute warp-specialised",
-                                  "no reverse-sweep twin", "its row off"])
-def test_the_coresident_recompute_is_planned_beside_the_reverse_sweeps_twin(monkeypatch, case):
-    """plan.delta.CORESIDENT_RECOMPUTE: where the reverse sweep is the Gluon twin and the recompute
-    does not run beside it already (the planner's corun row, where SMs are idle) nor on its
-    warp-specialised form (which takes an SM's shared memory alone)."""
-    from recurscan.plan import delta as plan_delta
-    monkeypatch.setattr(plan_delta, "gluon_usable", lambda device: True)
-    monkeypatch.setattr(plan_delta, "CORESIDENT_RECOMPUTE", dataclasses.replace(plan_delta.CORESIDENT_RECOMPUTE,
-                                                                                on=case != "its row off"))
-    monkeypatch.setattr(plan_delta, "GLUON_BACKWARD_TWINS", {
-        name: dataclasses.replace(row, on={"gluon_sweep": case != "no reverse-sweep twin",
-                                           "recompute_specialized": case == "recompute warp-specialised"}.get(name,
-                                                                                                           row.on))
-        for name, row in plan_delta.GLUON_BACKWARD_TWINS.items()})
-    given = dataclasses.replace(plan_delta.DELTA_BACKWARD_LAUNCH[1][1], corun=case == "beside already (corun)")
-    got = plan_delta.gluon_twins(given, householder=1, heads=16, value_heads=16, key_dim=128, value_dim=128,
-                                 dtype=torch.bfloat16, device=torch.device("cuda"))
-    assert got.coresident == (case == "SMs full")
-
-
-@pytest.mark.parametrize("case", ["prep kept", "prep recomputed", "from checkpoints"])
-def test_the_coresident_recompute_runs_beside_the_reverse_sweep_at_fewer_stages(case):
-    """DeltaBackwardShape.coresident, where the forward kept its prep (which the reverse sweep reads):
-    the recompute on a side stream beside the reverse sweep (corun), its Triton sweep and the reverse
-    sweep's twin both at plan.delta.CORESIDENT_STAGES; with the prep recomputed, or from checkpoints,
-    the serial order at their own stages."""
-    from recurscan.launch.delta import TEST_SHAPE, is_sweep_step
-    from recurscan.launch.delta_backward import build_delta_backward
-    from recurscan.plan import delta as plan_delta
-    q, k, v = (torch.zeros(1, 256, 2, 128, dtype=torch.bfloat16) for _ in range(3))
-    g, beta = torch.zeros(1, 256, 2), torch.ones(1, 256, 2, dtype=torch.bfloat16)
-    shape = dataclasses.replace(plan_delta.DELTA_BACKWARD_LAUNCH[1][1], gluon_sweep=True, coresident=True)
-    forward = dataclasses.replace(TEST_SHAPE, block_v=64, num_stages=3)
-    launches = build_delta_backward(q, k, v, g, beta, torch.zeros_like(v), None, scale=1.0, initial_state=None,
-                                    use_qk_l2norm_in_kernel=True, cu_seqlens=None, chunk_indices=None,
-                                    chunk_offsets=None, shape=forward, backward_shape=shape,
-                                    prep_kept=case != "prep recomputed",
-                                    checkpoint_chunks=2 if case == "from checkpoints" else 0)
-    beside = case == "prep kept"
-    (recompute,) = [s for s in launches.forward.steps if is_sweep_step(s)]
-    assert launches.corun == beside
-    assert recompute.kwargs["NUM_STAGES"] == (plan_delta.CORESIDENT_STAGES if beside else 3)
-    assert launches.steps[0].kwargs["NUM_STAGES"] == (plan_delta.CORESIDENT_STAGES if beside else shape.sweep_stages)
-
-
 def test_gluon_usable_is_false_off_hopper_and_under_the_interpreter():
     """No Gluon twin on the CPU, nor under TRITON_INTERPRET=1 (where no Gluon kernel runs)."""
     from recurscan.plan.device import gluon_usable

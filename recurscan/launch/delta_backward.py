@@ -7,8 +7,7 @@ expanded stream, :func:`chunk_delta_product_bwd`):
    writes ``G o Tinv`` beside wy (``aqk``, ``coef`` kept);
 3. the reverse sweep (dS carried last chunk to first; dv, dY, dS per chunk, dh0), which reads none
    of 1's outputs: with ``DeltaBackwardShape.corun`` (the planner's) and the prep kept, it is
-   launched first and 1 runs beside it on a side stream, joined before 4 (``coresident``: where
-   each fills the SMs alone, both at fewer stages so that one program of each shares an SM);
+   launched first and 1 runs beside it on a side stream, joined before 4;
 4. the parallel stage (dq, dk, dg, dbeta): the [BT, BT] side with dbeta and dg's part
    (``scores``, one program per chunk and value head), then dk and dq with dg's state terms (one
    launch each, one program per chunk and value head, or per chunk and q/k head where it sums a
@@ -76,7 +75,7 @@ class DeltaBackwardLaunches:
     steps: list
     buffers: dict
     gva: bool
-    corun: bool = False  # the recompute on a side stream beside the reverse sweep (.corun, .coresident)
+    corun: bool = False  # the recompute on a side stream beside the reverse sweep (DeltaBackwardShape.corun)
     compiled: bool = False  # a call has run (and compiled every kernel)
     pending: object = None  # waits for the compiles a forward started (compile_backward_early), or None
 
@@ -101,12 +100,6 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
     shape = dataclasses.replace(backward_shape.recompute or dataclasses.replace(shape, segments=1), specialized=False)
     if shape.gluon_sweep and not backward_shape.recompute_twin:
         shape = dataclasses.replace(shape, gluon_sweep=False, phase_ratio=None)
-    # Beside the reverse sweep's twin, one program of each an SM (DeltaBackwardShape.coresident): the
-    # Triton recompute's sweep from the kept prep, both at the planner's stages that let them share it.
-    coresident = backward_shape.coresident and prep_kept and backward_shape.gluon_sweep and \
-        not backward_shape.recompute_specialized and not shape.gluon_sweep and not checkpoint_chunks
-    if coresident:
-        shape = dataclasses.replace(shape, num_stages=_plan.CORESIDENT_STAGES)
     if backward_shape.recompute_specialized:
         if not _plan.gluon_sweep_scope(householder=M, dtype=q.dtype, key_dim=K, value_dim=V):
             raise ValueError("DeltaBackwardShape.recompute_specialized: the warp-specialised recompute takes GDN "
@@ -187,7 +180,7 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
         chunk_offsets=arg("chunk_offsets", varlen), T=T, n_cs_rows=rows,
         H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=varlen, HAS_DHT=dht is not None,
         STORE_DH0=initial_state is not None, DOT_PRECISION=dot_precision, DT=dt, M=M,
-        NUM_STAGES=_plan.CORESIDENT_STAGES if coresident else backward_shape.sweep_stages),
+        NUM_STAGES=backward_shape.sweep_stages),
         dict(num_warps=backward_shape.sweep_warps))
     shared = dict(q=arg("q"), k=arg("k"), g=arg("g", g is not None), beta=arg("beta"), do=arg("do"), dy=arg("dy"),
                   u=arg("u"), dg=arg("dg", g is not None), bdyks=arg("bdyks"), scratch=arg("scratch"),
@@ -244,7 +237,7 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
             steps.append(Step(group_sum_kernel, (triton.cdiv(rows_of, GROUP_SUM_ROWS),), dict(
                 x=arg(name), out=arg(name + "_sum"), rows=rows_of, GROUP=HV // H, K=K, BK=BK, BR=GROUP_SUM_ROWS),
                 dict(num_warps=4)))
-    return DeltaBackwardLaunches(forward, steps, buffers, gva, corun=(backward_shape.corun or coresident) and prep_kept)
+    return DeltaBackwardLaunches(forward, steps, buffers, gva, corun=backward_shape.corun and prep_kept)
 
 
 def _from_checkpoints(sweep, N: int, T: int, HV: int, V: int, every: int):

@@ -228,10 +228,6 @@ class DeltaBackwardShape:
     # the loads on a warp), from the sequence's start (not from checkpoints), GDN, where the forward's row is of the
     # twin's kind (64 value columns on one warpgroup, V a product operand): :func:`gluon_twins`.
     recompute_specialized: bool = False
-    # The recompute on a side stream beside the reverse sweep's Gluon twin where the SMs are full,
-    # one program of each sharing an SM: both at CORESIDENT_STAGES stages, which is what lets them
-    # fit together. The launch layer takes it where the forward kept its prep (as corun): :func:`gluon_twins`.
-    coresident: bool = False
 
 
 # The parallel stage's rows share their shape: the scores kernel steps 128 value columns on 4 warps
@@ -343,20 +339,14 @@ GLUON_BACKWARD_TWINS = {
                                        "2.538; gpu_delta_train_specialised_b{4,1}_h100_4981221.json); its 18 "
                                        "GPU tests passed there (gpu_tests_unproven_{scores,both}_h100_4981221.log)"),
     "recompute_specialized": GluonTwinRow(False, "the recompute's sweep warp-specialised "
-                                                 "(kernels/gluon/gla_sweep_specialized.py, STORE_U): built without a "
-                                                 "GPU, 2026-12-06; its tests and A/B are pending_gpu.sh 39"),
+                                                 "(kernels/gluon/gla_sweep_specialized.py, STORE_U): the same "
+                                                 "gradients, bit for bit (its GPU tests, H100, gpu_tests_unproven_"
+                                                 "recompute{,_b1}_h100_6e59861.log), and slower there in one "
+                                                 "process: B4 T4096 H=HV=16 1.259 ms against 1.243, B1 T16384 H16 "
+                                                 "HV32 2.450 against 2.384 (its kernel beside the reverse sweep "
+                                                 "953 us with the forward's, the twin's recompute 608 alone; "
+                                                 "gpu_delta_train_recompute_specialised_b{4,1}_h100_6e59861.json)"),
 }
-
-
-#: The recompute beside the reverse sweep where both would fill the SMs alone (B4 T4096 H=HV=16:
-#: 128 programs each): both chains wait on latencies, not on the SM's pipes, so one program of each
-#: on an SM may take less than one after the other. It needs both at CORESIDENT_STAGES: the reverse
-#: sweep's twin then takes 155.7 KB of shared memory (GDP M = 2: 122.9) and 179-183 registers a
-#: thread, the Triton recompute 68.6 KB and 208-220 (offline, sm_90; tests/test_sm90_compile.py
-#: checks that one of each fits an SM), where at three stages they take 213 and 102 KB.
-CORESIDENT_RECOMPUTE = GluonTwinRow(False, "built without a GPU, 2026-12-06; its tests and A/B are "
-                                           "pending_gpu.sh 42")
-CORESIDENT_STAGES = 2
 
 
 def gluon_sweep_scope(*, householder: int, dtype: torch.dtype, key_dim: int, value_dim: int) -> bool:
@@ -476,8 +466,12 @@ GLUON_FORWARD_SPECIALIZED = GluonTwinRow(True, "the twin's bits, faster on the p
 
 #: The same warp-specialised form on the single-pass rows of the twin's kind (B4 T4096 H16: one
 #: 64-column program an SM), where the twin alone gained within noise (GLUON_FORWARD_SWEEP's reason).
-#: Off: not yet measured there (`benchmarks/pending_gpu.sh 39`).
-GLUON_FORWARD_SPECIALIZED_ONE_PASS = GluonTwinRow(False, "not yet measured on the single-pass rows")
+GLUON_FORWARD_SPECIALIZED_ONE_PASS = GluonTwinRow(False, "slower in one pass (H100, one process, against the "
+                                                         "package without it, ab_forward_specialised_one_pass_h100_"
+                                                         "6e59861.json): B4 T4096 H16 graph 0.253 ms against 0.244, "
+                                                         "K = V = 64 0.209 against 0.208; the B4 training step "
+                                                         "1.248 against 1.246 (gpu_delta_train_one_pass_h100_"
+                                                         "6e59861.json)")
 
 
 def gluon_forward_sweep(shape: DeltaShape, *, householder: int, dtype: torch.dtype, key_dim: int, value_dim: int,
@@ -631,8 +625,6 @@ def gluon_twins(shape: DeltaBackwardShape, *, householder: int, heads: int, valu
     if GLUON_BACKWARD_TWINS["recompute_specialized"].on and \
             gluon_sweep_scope(householder=householder, dtype=dtype, key_dim=key_dim, value_dim=value_dim):
         shape = replace(shape, recompute_specialized=True)
-    if CORESIDENT_RECOMPUTE.on and shape.gluon_sweep and not shape.corun and not shape.recompute_specialized:
-        shape = replace(shape, coresident=True)
     return shape
 
 

@@ -731,37 +731,3 @@ def test_the_planner_gives_backward_stages_to_gluon_only_where_allowed(monkeypat
         err = relative_rms(a.double(), b.double())
         assert err <= bounds[name], f"{name}: {err:.2e}"
     clear_caches()
-
-
-@pytest.mark.unproven  # built without a GPU; its planner row (plan.delta.CORESIDENT_RECOMPUTE) is off
-@pytest.mark.parametrize("M", [1, 2], ids=["GDN B4 T4096 H=HV=16", "GDP M = 2 B4 T2048 H16"])
-def test_the_coresident_recompute_gives_the_serial_bits(monkeypatch, M):
-    """plan.delta.CORESIDENT_RECOMPUTE at the sizes it is for (the reverse sweep's twin fills the
-    SMs): the recompute beside the reverse sweep on a side stream, both at CORESIDENT_STAGES (one
-    program of each an SM), gives every gradient bit for bit as with the row off (the recompute,
-    then the reverse sweep, each at its own stages)."""
-    import dataclasses
-
-    from recurscan.kernels.gluon.delta_backward_sweep import gluon_bwd_sweep_kernel
-    from recurscan.launch.delta_backward import BACKWARD_LAUNCHES
-    from recurscan.plan import delta as plan_delta
-    from recurscan.runtime.cache import clear_caches
-    x = _gdp_batch(M, B=4, T=4096 // M, H=16, HV=16, seed=21)
-    op = (lambda *t: recurscan.chunk_gated_delta_rule(*t, use_qk_l2norm_in_kernel=True)) if M == 1 else \
-        (lambda *t: recurscan.chunk_gated_delta_product(*t, M, use_qk_l2norm_in_kernel=True))
-    do = torch.randn(*x[2].shape[:1], x[0].shape[1], *x[2].shape[2:], device="cuda").bfloat16()
-    grads = {}
-    for on in (False, True):
-        clear_caches()
-        monkeypatch.setattr(plan_delta, "CORESIDENT_RECOMPUTE", dataclasses.replace(plan_delta.CORESIDENT_RECOMPUTE,
-                                                                                    on=on))
-        leaves = [t.clone().requires_grad_() for t in x]
-        o, _ = op(*leaves)
-        grads[on] = torch.autograd.grad(o, leaves, do)
-        (launches,) = BACKWARD_LAUNCHES.values()
-        (sweep,) = [s for s in launches.steps if s.kernel is gluon_bwd_sweep_kernel]
-        assert launches.corun == on
-        assert sweep.kwargs["NUM_STAGES"] == (plan_delta.CORESIDENT_STAGES if on else plan_delta.GLUON_SWEEP_STAGES)
-    for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta"), grads[False], grads[True]):
-        assert torch.isfinite(a).all(), name
-        assert torch.equal(a, b), f"{name}: {int((a != b).sum())} elements differ"

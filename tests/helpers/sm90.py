@@ -9,7 +9,6 @@ compilable objects.
     python -m tests.helpers.sm90 gla "GDN varlen, GVA"
     python -m tests.helpers.sm90 gluon-prep-proto-sass   # benchmarks/gluon_prep_proto.py's SASS by part
     python -m tests.helpers.sm90 fused-prefill   # the fused prefill's launches (kernels/gluon/delta_fused.py)
-    python -m tests.helpers.sm90 coresident "GDN dense, H = HV"   # the recompute and reverse sweep on one SM
 """
 import dataclasses
 import sys
@@ -63,9 +62,6 @@ SHAPES = {
                                                               recompute_specialized=True),
     "Gluon recompute, warp-specialised, phases": dataclasses.replace(DELTA_BACKWARD_LAUNCH[1][1], recompute_twin=True,
                                                                       recompute_specialized=True),
-    # The recompute beside the reverse sweep's twin, one program of each an SM (with the prep kept).
-    "Gluon reverse sweep, recompute co-resident": dataclasses.replace(
-        DELTA_BACKWARD_LAUNCH[1][1], gluon_sweep=True, gluon_dqdk=True, gluon_scores=True, coresident=True),
 }
 #: Token chunks between checkpoints, by backward shape (none where absent).
 CHECKPOINTS = {"Gluon forward sweep, checkpoints": 4}
@@ -104,8 +100,8 @@ def compile_for_sm90(step, names, values):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def _resource_usage(compiled, field: str) -> int:
-    """A field of a compiled kernel's resource usage (``REG``, ``STACK``) by Triton's bundled cuobjdump."""
+def stack_bytes(compiled) -> int:
+    """Bytes of stack (spilled registers) of a compiled kernel, by Triton's bundled cuobjdump."""
     import os
     import re
     import subprocess
@@ -115,12 +111,7 @@ def _resource_usage(compiled, field: str) -> int:
         f.write(compiled.asm["cubin"])
         f.flush()
         usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-    return int(re.search(field + r":(\d+)", usage).group(1))
-
-
-def stack_bytes(compiled) -> int:
-    """Bytes of stack (spilled registers) of a compiled kernel."""
-    return _resource_usage(compiled, "STACK")
+    return int(re.search(r"STACK:(\d+)", usage).group(1))
 
 
 def compiled_line(step, names, values, describe=None) -> str:
@@ -168,12 +159,11 @@ def compile_case(case: str, shape: str, key_dim: int = 128, value_dim: int | Non
                                                                                         value_dim)]
 
 
-def case_launches(case: str, shape: str, key_dim: int = 128, value_dim: int | None = None,
-                  prep_kept: bool = False) -> list:
+def case_launches(case: str, shape: str, key_dim: int = 128, value_dim: int | None = None) -> list:
     """``(launch record, names, values)`` of every launch of the backward (its forward recompute
     first) for a case of :data:`CASES` or :data:`BACKWARD_CASES` in the backward shape
-    :data:`SHAPES` ``[shape]``, K = ``key_dim``, V = ``value_dim`` (None: K), the forward's prep
-    kept or not: what :func:`compile_for_sm90` takes."""
+    :data:`SHAPES` ``[shape]``, K = ``key_dim``, V = ``value_dim`` (None: K): what
+    :func:`compile_for_sm90` takes."""
     M, cu, (q, k, v, g, beta, h0) = _delta_case(case, key_dim, value_dim)
     bf = dict(dtype=torch.bfloat16)
     B, T, HV, K = q.shape[0], q.shape[1], v.shape[2], q.shape[3]
@@ -187,8 +177,7 @@ def case_launches(case: str, shape: str, key_dim: int = 128, value_dim: int | No
     launches = build_delta_backward(q, k, v, g, beta, do, dht, scale=K ** -0.5, initial_state=h0,
                                     use_qk_l2norm_in_kernel=True, cu_seqlens=cu_t,
                                     shape=GLUON_FORWARD.get(shape, PLANNED_FORWARD), backward_shape=SHAPES[shape],
-                                    num_householder=M, checkpoint_chunks=CHECKPOINTS.get(shape, 0),
-                                    prep_kept=prep_kept, **desc)
+                                    num_householder=M, checkpoint_chunks=CHECKPOINTS.get(shape, 0), **desc)
     # The recompute's launches take the forward's call values, the stages NAMES'; only the
     # values' dtypes and alignment matter to a compile.
     inputs = DeltaInputs(q, k, v, g, beta, h0, None, None, cu_t, desc["chunk_indices"], desc["chunk_offsets"])
@@ -202,39 +191,6 @@ def case_launches(case: str, shape: str, key_dim: int = 128, value_dim: int | No
     stage_values = tuple(stage.get(n) if stage.get(n) is not None else torch.zeros(1) for n in NAMES)
     return [(s, CALL_NAMES, forward_values) for s in launches.forward.steps] + \
         [(s, NAMES, stage_values) for s in launches.steps]
-
-
-#: An SM's shared memory (sm_90: 228 KB, of which each resident program reserves 1 KB) and registers.
-SM_SHARED, PROGRAM_RESERVED_SHARED, SM_REGISTERS = 228 * 1024, 1024, 65536
-
-
-def compile_coresident(case: str) -> list[str]:
-    """The backward's recompute sweep and reverse sweep where they share each SM (the planner's
-    "Gluon reverse sweep, recompute co-resident" shape, the forward's prep kept) for a case of
-    :data:`CASES`: a line each (its kernel, shared memory, registers a thread, threads), then their
-    sums; raises unless the backward runs them side by side and one program of each fits an SM."""
-    from recurscan.kernels.gluon.delta_backward_sweep import gluon_bwd_sweep_kernel
-    from recurscan.launch.delta import is_sweep_step
-    launches = case_launches(case, "Gluon reverse sweep, recompute co-resident", prep_kept=True)
-    if not any(step.kernel is gluon_bwd_sweep_kernel for step, *_ in launches):
-        raise AssertionError("the reverse sweep is not the Gluon twin")
-    pair = [(step, names, values) for step, names, values in launches
-            if step.kernel is gluon_bwd_sweep_kernel or (names is CALL_NAMES and is_sweep_step(step))]
-    lines, shared, registers = [], 0, 0
-    for step, names, values in pair:
-        compiled = compile_for_sm90(step, names, values)
-        fn = getattr(step.kernel, "fn", step.kernel).__name__
-        regs, threads = _resource_usage(compiled, "REG"), 32 * compiled.metadata.num_warps
-        shared += compiled.metadata.shared + PROGRAM_RESERVED_SHARED
-        registers += -(-regs // 8) * 8 * threads  # allocated 8 a thread at a time
-        lines.append(f"{fn}: shared {compiled.metadata.shared} B, {regs} registers x {threads} threads, "
-                     f"stages {step.kwargs.get('NUM_STAGES', step.options.get('num_stages'))}")
-    if len(pair) != 2:
-        raise AssertionError(f"expected the recompute's sweep and the reverse sweep, got {lines}")
-    if shared > SM_SHARED or registers > SM_REGISTERS:
-        raise AssertionError(f"one program of each does not fit an SM: {shared} B of shared memory (of "
-                             f"{SM_SHARED}), {registers} registers (of {SM_REGISTERS}): {lines}")
-    return lines + [f"together: {shared} B of shared memory, {registers} registers"]
 
 
 def compile_delta_forward(case: str, shape: DeltaShape, describe=None, serving: bool = False,
@@ -691,8 +647,6 @@ def lines_for(argv: list[str]) -> list[str]:
         return compile_gla_sweep(argv[1], argv[2], ssd=argv[0] == "ssd-sweep", per_key=argv[0] == "gla-per-key-sweep")
     if argv[0] == "descriptors":
         return compile_descriptors()
-    if argv[0] == "coresident":
-        return compile_coresident(argv[1])
     if argv[0] in ("gla-backward", "gla-per-key-backward", "gla-sweep-backward", "gla-group-sweep-backward",
                    "gla-group-sweep-twin-backward", "ssd-group-grads-backward", "ssd-group-grads-sides-backward",
                    "ssd-group-grads-twin-backward"):
