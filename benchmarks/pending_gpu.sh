@@ -125,6 +125,9 @@
 #      6e59861.) The warp-specialised recompute and the one-pass warp-specialised forward.
 #  42. (Ran at 6e59861 on an H100, the same entry.) The recompute beside the reverse sweep on the same SMs: right,
 #      not faster (each chain 1.5-2x slower beside the other); backed out.
+#  43. Issue 21's rows on the GPU's clock (`benchmarks/gpu_forward_timeline.py`, any card): how long the B1 row's first
+#      phase's prep runs alone, the gaps at its phase boundaries (~8-10 us each by an earlier count), and the HV64
+#      row's pass, fused kernel and token loop.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -278,6 +281,9 @@ step 36 && { timeout 250 env PYTHONPATH=$PWD python -m benchmarks.gpu_chunk_delt
     timeout 250 env PYTHONPATH=$PWD python benchmarks/gpu_delta_train.py --impl recurscan --workload gdn_b4_t4096_h16 \
     --workload gdn_b1_t16384_h16_hv32 --workload gdp_m2_b4_t4096_h16 --profile --out "$OUT/gpu_delta_train_$C.json" \
     2>&1 | grep -v Warning | grep "fwd+bwd"; }
+step 43 && timeout 200 python -m benchmarks.gpu_forward_timeline --workload gdn_b1_t16384_h16_hv32 \
+    --workload gdn_b4_t8192_h16_hv64 --workload gdn_b4_t4096_h16 --out "$OUT/gpu_forward_timeline_$C.json" 2>&1 \
+    | grep -v -i warn | head -120
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \
     | grep -v Warning | tail -6
 step 23 && timeout 150 env PYTHONPATH=$PWD python benchmarks/inverse_forms.py --items 132 --items 8192 --items 32768 \
