@@ -128,6 +128,10 @@
 #  43. Issue 21's rows on the GPU's clock (`benchmarks/gpu_forward_timeline.py`, any card): how long the B1 row's first
 #      phase's prep runs alone, the gaps at its phase boundaries (~8-10 us each by an earlier count), and the HV64
 #      row's pass, fused kernel and token loop.
+#  44. Issue 21's HV64 row under Nsight Compute: the fused kernel as planned (its stall reasons per instruction, each
+#      pipe's use), to name what its prep and chains contend for on an SM (each holds the other back: a chunk 4.2 us
+#      against 2.6-2.9 alone; the backward's recompute and reverse sweep on one SM likewise, perf-history 6e59861).
+#      A Gluon kernel under ncu once crashed the profiled process (the dq/dk twin): then the report is empty.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -284,6 +288,13 @@ step 36 && { timeout 250 env PYTHONPATH=$PWD python -m benchmarks.gpu_chunk_delt
 step 43 && timeout 200 python -m benchmarks.gpu_forward_timeline --workload gdn_b1_t16384_h16_hv32 \
     --workload gdn_b4_t8192_h16_hv64 --workload gdn_b4_t4096_h16 --out "$OUT/gpu_forward_timeline_$C.json" 2>&1 \
     | grep -v -i warn | head -120
+step 44 && { timeout 300 ncu --clock-control none --nvtx --nvtx-include "profiled/" --set detailed --import-source yes \
+    -k regex:fused_prefill -o /tmp/prof_fused python -m benchmarks.ncu_chunk_delta gdn_b4_t8192_h16_hv64 planned \
+    > /dev/null 2>&1; echo "ncu rc=$?"
+    ncu -i /tmp/prof_fused.ncu-rep --page details > "$OUT/ncu_details_fused_hv64_$C.txt" 2>&1
+    ncu -i /tmp/prof_fused.ncu-rep --page source --csv --print-source sass > /tmp/sass.csv 2>/dev/null && \
+        python -m benchmarks.ncu_stalls /tmp/sass.csv 25 > "$OUT/ncu_fused_hv64_$C.txt" 2>&1
+    head -40 "$OUT/ncu_fused_hv64_$C.txt"; }
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \
     | grep -v Warning | tail -6
 step 23 && timeout 150 env PYTHONPATH=$PWD python benchmarks/inverse_forms.py --items 132 --items 8192 --items 32768 \
