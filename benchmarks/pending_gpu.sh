@@ -124,13 +124,13 @@
 #  39-41. (Ran at 6e59861 on an H100: both rows' tests passed, both slower, both off; perf-history, 2026-12-06,
 #      6e59861.) The warp-specialised recompute and the one-pass warp-specialised forward.
 #  42. (Ran at 6e59861 on an H100, the same entry.) The recompute beside the reverse sweep on the same SMs: right,
-#      not faster (each chain 1.5-2x slower beside the other); backed out.
+#      not faster (each 1.5-2x slower beside the other: together they are bound by memory bandwidth); backed out.
 #  43. Issue 21's rows on the GPU's clock (`benchmarks/gpu_forward_timeline.py`, any card): how long the B1 row's first
 #      phase's prep runs alone, the gaps at its phase boundaries (~8-10 us each by an earlier count), and the HV64
 #      row's pass, fused kernel and token loop.
 #  44. Issue 21's HV64 row under Nsight Compute: the fused kernel as planned (its stall reasons per instruction, each
 #      pipe's use), to name what its prep and chains contend for on an SM (each holds the other back: a chunk 4.2 us
-#      against 2.6-2.9 alone; the backward's recompute and reverse sweep on one SM likewise, perf-history 6e59861).
+#      against 2.6-2.9 alone, at ~1 TB/s of memory traffic, so not the bandwidth).
 #      A Gluon kernel under ncu once crashed the profiled process (the dq/dk twin): then the report is empty.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
