@@ -225,8 +225,9 @@ class DeltaBackwardShape:
     recompute_twin: bool = False
     # The recompute's sweep warp-specialised (kernels/gluon/gla_sweep_specialized.py with WY and
     # STORE_U: the chain on one warpgroup, the stores of the chunk states, U and lam o K S on two,
-    # the loads on a warp), from the sequence's start (not from checkpoints), GDN, where the forward's row is of the
-    # twin's kind (64 value columns on one warpgroup, V a product operand): :func:`gluon_twins`.
+    # the loads on a warp), from the sequence's start (not from checkpoints), GDN, where the
+    # forward's row is of the twin's kind (64 value columns on one warpgroup, V a product operand):
+    # :func:`gluon_twins`.
     recompute_specialized: bool = False
 
 
