@@ -20,6 +20,7 @@ def chunk_delta_prep_kernel(
     PDL: tl.constexpr = False, STORE_INV: tl.constexpr = False, WY: tl.constexpr = True,
     SSD: tl.constexpr = False, HAS_DT_BIAS: tl.constexpr = False, DT_SOFTPLUS: tl.constexpr = False,
     DT_LIMIT: tl.constexpr = False, HEADS: tl.constexpr = 1, INV_SPLIT: tl.constexpr = 0,
+    QUERY: tl.constexpr = True,
 ):
     """Grid (chunks of the expanded stream x HV,), chunk-major: program -> (chunk pid // HV, value
     head pid % HV), so that the value heads of a GVA group, which share their q/k tiles, run side by
@@ -77,6 +78,7 @@ def chunk_delta_prep_kernel(
     (grid: chunks x HV / HEADS), loading q and k and forming Q K^T once for them (SSD's group
     shares C and B across all its heads); 1 is one program per value head as above.
     """
+    tl.static_assert(QUERY or WY, "QUERY False is the delta rule's form (its aqk formed by the sweep)")
     pid = tl.program_id(0).to(tl.int64)
     i_c = pid // (HV // HEADS)
     i_hv0 = (pid % (HV // HEADS)) * HEADS  # the program's first value head
@@ -98,8 +100,9 @@ def chunk_delta_prep_kernel(
     # warps, which the compiler does not move loads across; issued after it, the tiles' latency
     # was paid a second time (ncu: the top stall sat on the gate load, then on the tiles).
     b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.0)
-    b_q = tl.load(q + ((rows // M) * H + i_h)[:, None] * K + o_k[None, :], mask=m_q[:, None] & m_k[None, :],
-                  other=0.0)
+    if QUERY:
+        b_q = tl.load(q + ((rows // M) * H + i_h)[:, None] * K + o_k[None, :], mask=m_q[:, None] & m_k[None, :],
+                      other=0.0)
     if not WY:  # no norm factors: the raw Q K^T serves every value head of the program
         b_qk_raw = tl.dot(b_q.to(DT), tl.trans(b_k.to(DT)), input_precision=INV_PRECISION)
     for j in tl.static_range(HEADS):  # value heads of one query/key head: q, k and Q K^T shared
@@ -150,7 +153,10 @@ def chunk_delta_prep_kernel(
         k_sq = tl.where(bad, 0.0, k_sq)
         if WY:
             b_beta = tl.where(bad, 0.0, b_beta)
-        if USE_L2NORM:
+        if USE_L2NORM and not QUERY:
+            rk = tl.rsqrt(k_sq + 1e-6)
+            rq = tl.full([BT], 1.0, tl.float32) * scale
+        elif USE_L2NORM:
             rk = tl.rsqrt(k_sq + 1e-6)
             b_qq = tl.dot(b_q.to(DT), tl.trans(b_q.to(DT)), input_precision=INV_PRECISION)
             rq = tl.rsqrt(tl.sum(tl.where(eye, b_qq, 0.0), axis=1) + 1e-6) * scale
@@ -179,16 +185,17 @@ def chunk_delta_prep_kernel(
         # aqk = G o (scale Q K^T) (normalised q, k: the factors scale the product's rows and columns).
         # It and lam rq are stored on the query rows only (every M-th row), the only ones the sweep
         # reads; for GDP that halves the aqk bytes written (M = 2).
-        if WY:
-            b_qk = tl.dot(b_q.to(DT), tl.trans(b_k.to(DT)), input_precision=INV_PRECISION) * rq[:, None] * rk[None, :]
-        else:
-            b_qk = b_qk_raw * rq[:, None] * rk[None, :]
-        if SSD:  # and the outputs take aqk_ij dt_j x_j
-            b_qk = b_qk * b_dt[None, :]
-        if any_bad:  # a non-finite key's column
-            b_qk = tl.where(bad[None, :], 0.0, b_qk)
         b_G = _gate_tile(gc, seg, causal, has_reset)
-        tl.store(aqk + p_out, (b_G * b_qk).to(aqk.dtype.element_ty), mask=m_q[:, None])
+        if QUERY:
+            if WY:
+                b_qk = tl.dot(b_q.to(DT), tl.trans(b_k.to(DT)), input_precision=INV_PRECISION) * rq[:, None] * rk[None, :]
+            else:
+                b_qk = b_qk_raw * rq[:, None] * rk[None, :]
+            if SSD:  # and the outputs take aqk_ij dt_j x_j
+                b_qk = b_qk * b_dt[None, :]
+            if any_bad:  # a non-finite key's column
+                b_qk = tl.where(bad[None, :], 0.0, b_qk)
+            tl.store(aqk + p_out, (b_G * b_qk).to(aqk.dtype.element_ty), mask=m_q[:, None])
         if WY:  # stage 2, the WY inverse
             # G diag(beta), wy's factor besides Tinv, held across the inverse at 16 bits for 16-bit inputs
             # (16 registers a thread, not the 48 of the gate and beta vectors in the product's layout):

@@ -1,0 +1,68 @@
+"""What the query's part of the delta-rule prep costs (issue 21): the prep alone as planned, and with
+QUERY False (no q tile loaded, no Q Q^T for the q norms, no Q K^T, no aqk stored; the lam rq column
+takes the scale alone), under graph replay, at each workload's planned launch shape.
+
+Why: the B1 rows are bound by the prep's SM-time (docs/kernels-chunk-delta.md, "What bounds the
+speed": the targets need it cut by about a third). The warp-specialised sweep's outputs warpgroups
+already form a chunk's scores from the ring's q and k tiles for simple GLA (SWEEP_SCORES); doing so
+for the delta rule would take the query's part out of the prep. This measures that part before it
+is built. QUERY False writes no aqk, so its outputs are not the op's: a timing, not a form.
+
+    python -m benchmarks.gpu_prep_query_share --out benchmarks/results/gpu_prep_query_share.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from . import runner
+from .gpu_chunk_delta import kernel_inputs
+
+WORKLOADS = ["gdn_b1_t16384_h16_hv32", "gdn_b1_t65536_h16_hv32", "gdn_b4_t8192_h16_hv64", "gdn_b4_t4096_h16"]
+
+
+def timing(names, rep_ms):
+    import dataclasses
+
+    import triton.testing as tt
+    from recurscan.launch.delta import run_delta_launches
+    from recurscan.plan import delta_shape
+    from recurscan.problem import delta_problem
+
+    from .delta_variants import variant_launches, with_constants
+    rows = []
+    for name in names:
+        (q, k, v, g, beta), M, cu, kw = kernel_inputs(name)
+        L = delta_shape(delta_problem(q, k, v, g, beta, num_householder=M, cu_seqlens=cu), torch.device("cuda"))
+        # The prep alone as the planner's shape launches it (one launch over every chunk: phases 1).
+        prep = variant_launches(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
+                                output_final_state=True, shape=dataclasses.replace(L, phases=1, fused=False), stage="prep", **kw)
+        inputs = (q, k, v, g, beta, None, None, None, kw.get("cu_seqlens"), kw.get("chunk_indices_dp"), None)
+        for form, launches in (("planned", prep), ("no query", with_constants(prep, "prep", QUERY=False))):
+            with torch.no_grad():
+                run_delta_launches(launches, inputs)
+                ms = tt.do_bench_cudagraph(lambda: run_delta_launches(launches, inputs), rep=rep_ms,
+                                           quantiles=[0.5, 0.2, 0.8])
+            row = dict(workload=name, form=form, prep_maxnreg=L.prep_maxnreg, median_ms=ms[0], p20_ms=ms[1],
+                       p80_ms=ms[2])
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu_prep_query_share")
+    ap.add_argument("--out", default="benchmarks/results/gpu_prep_query_share.json")
+    ap.add_argument("--rep-ms", type=int, default=200)
+    ap.add_argument("--workload", action="append")
+    args = ap.parse_args(argv)
+    res = {"environment": runner.environment(torch.device("cuda")), "timing": timing(args.workload or WORKLOADS,
+                                                                                      args.rep_ms)}
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
