@@ -1,12 +1,12 @@
-"""What the query's part of the delta-rule prep costs (issue 21): the prep alone as planned, and with
-QUERY False (no q tile loaded, no Q Q^T for the q norms, no Q K^T, no aqk stored; the lam rq column
-takes the scale alone), under graph replay, at each workload's planned launch shape.
+"""What the query's part of the delta-rule prep costs (issue 21): the prep alone as planned (QUERY 2),
+with QUERY 1 (the q tile loaded for its norms alone: no Q K^T, no aqk stored) and with QUERY 0 (no q
+tile, no Q Q^T for its norms: the lam rq column takes the scale alone), under graph replay, at each workload's planned launch shape.
 
 Why: the B1 rows are bound by the prep's SM-time (docs/kernels-chunk-delta.md, "What bounds the
 speed": the targets need it cut by about a third). The warp-specialised sweep's outputs warpgroups
 already form a chunk's scores from the ring's q and k tiles for simple GLA (SWEEP_SCORES); doing so
 for the delta rule would take the query's part out of the prep. This measures that part before it
-is built. QUERY False writes no aqk, so its outputs are not the op's: a timing, not a form.
+is built. QUERY below 2 writes no aqk, so its outputs are not the op's: a timing, not a form.
 
     python -m benchmarks.gpu_prep_query_share --out benchmarks/results/gpu_prep_query_share.json
 """
@@ -40,7 +40,8 @@ def timing(names, rep_ms):
         prep = variant_launches(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
                                 output_final_state=True, shape=dataclasses.replace(L, phases=1, fused=False), stage="prep", **kw)
         inputs = (q, k, v, g, beta, None, None, None, kw.get("cu_seqlens"), kw.get("chunk_indices_dp"), None)
-        for form, launches in (("planned", prep), ("no query", with_constants(prep, "prep", QUERY=False))):
+        for form, launches in (("planned", prep), ("q norms only", with_constants(prep, "prep", QUERY=1)),
+                               ("no query", with_constants(prep, "prep", QUERY=0))):
             with torch.no_grad():
                 run_delta_launches(launches, inputs)
                 ms = tt.do_bench_cudagraph(lambda: run_delta_launches(launches, inputs), rep=rep_ms,

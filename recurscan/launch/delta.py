@@ -322,7 +322,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         USE_L2NORM=use_qk_l2norm_in_kernel, IS_VARLEN=varlen, HAS_G=g is not None,
         INV_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DT=dt, INV_FP16=q.dtype != torch.float32,
         INV_SPLIT=plan_delta.PREP_SPLIT_INVERSE if q.dtype != torch.float32 else 0, wait_primary=0, PDL=not INTERPRET,
-        STORE_INV=keep_prep, HEADS=heads, QUERY=True, **ssd_prep)
+        STORE_INV=keep_prep, HEADS=heads, QUERY=2, **ssd_prep)
     prep_kernel, prep_per_chunk = chunk_delta_prep_kernel, HV // heads
     if group:
         # a program per (chunk, query/key head, block of HB value heads)

@@ -20,7 +20,7 @@ def chunk_delta_prep_kernel(
     PDL: tl.constexpr = False, STORE_INV: tl.constexpr = False, WY: tl.constexpr = True,
     SSD: tl.constexpr = False, HAS_DT_BIAS: tl.constexpr = False, DT_SOFTPLUS: tl.constexpr = False,
     DT_LIMIT: tl.constexpr = False, HEADS: tl.constexpr = 1, INV_SPLIT: tl.constexpr = 0,
-    QUERY: tl.constexpr = True,
+    QUERY: tl.constexpr = 2,
 ):
     """Grid (chunks of the expanded stream x HV,), chunk-major: program -> (chunk pid // HV, value
     head pid % HV), so that the value heads of a GVA group, which share their q/k tiles, run side by
@@ -77,8 +77,12 @@ def chunk_delta_prep_kernel(
     HEADS (WY False): a program covers that many consecutive value heads of one query/key head
     (grid: chunks x HV / HEADS), loading q and k and forming Q K^T once for them (SSD's group
     shares C and B across all its heads); 1 is one program per value head as above.
+
+    QUERY (WY; 2, every launch of the package): 1 loads q for its norms alone and 0 not at all (lam
+    rq then the scale alone); neither forms or stores aqk, so a sweep after them gives no output of
+    the op's. Benchmarks only (benchmarks/gpu_prep_query_share.py): what the query's part costs.
     """
-    tl.static_assert(QUERY or WY, "QUERY False is the delta rule's form (its aqk formed by the sweep)")
+    tl.static_assert(QUERY == 2 or WY, "QUERY < 2 is the delta rule's form (its aqk formed by the sweep)")
     pid = tl.program_id(0).to(tl.int64)
     i_c = pid // (HV // HEADS)
     i_hv0 = (pid % (HV // HEADS)) * HEADS  # the program's first value head
@@ -100,7 +104,7 @@ def chunk_delta_prep_kernel(
     # warps, which the compiler does not move loads across; issued after it, the tiles' latency
     # was paid a second time (ncu: the top stall sat on the gate load, then on the tiles).
     b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.0)
-    if QUERY:
+    if QUERY >= 1:
         b_q = tl.load(q + ((rows // M) * H + i_h)[:, None] * K + o_k[None, :], mask=m_q[:, None] & m_k[None, :],
                       other=0.0)
     if not WY:  # no norm factors: the raw Q K^T serves every value head of the program
@@ -153,7 +157,7 @@ def chunk_delta_prep_kernel(
         k_sq = tl.where(bad, 0.0, k_sq)
         if WY:
             b_beta = tl.where(bad, 0.0, b_beta)
-        if USE_L2NORM and not QUERY:
+        if USE_L2NORM and QUERY == 0:
             rk = tl.rsqrt(k_sq + 1e-6)
             rq = tl.full([BT], 1.0, tl.float32) * scale
         elif USE_L2NORM:
@@ -186,7 +190,7 @@ def chunk_delta_prep_kernel(
         # It and lam rq are stored on the query rows only (every M-th row), the only ones the sweep
         # reads; for GDP that halves the aqk bytes written (M = 2).
         b_G = _gate_tile(gc, seg, causal, has_reset)
-        if QUERY:
+        if QUERY == 2:
             if WY:
                 b_qk = tl.dot(b_q.to(DT), tl.trans(b_k.to(DT)), input_precision=INV_PRECISION) * rq[:, None] * rk[None, :]
             else:
