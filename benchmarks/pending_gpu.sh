@@ -132,6 +132,10 @@
 #      pipe's use), to name what its prep and chains contend for on an SM (each holds the other back: a chunk 4.2 us
 #      against 2.6-2.9 alone, at ~1 TB/s of memory traffic, so not the bandwidth).
 #      A Gluon kernel under ncu once crashed the profiled process (the dq/dk twin): then the report is empty.
+#  45. Issue 21: what the query's part of the prep costs (`benchmarks/gpu_prep_query_share.py`, any card): the prep
+#      alone as planned, with the q tile for its norms alone (QUERY 1: no Q K^T, no aqk) and with no q (QUERY 0), at
+#      the B1, HV64 and B4 rows. Whether the sweep's outputs warpgroups forming the delta rule's scores themselves
+#      (as they do for simple GLA) would take enough off the prep to pay.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -295,6 +299,8 @@ step 44 && { timeout 300 ncu --clock-control none --nvtx --nvtx-include "profile
     ncu -i /tmp/prof_fused.ncu-rep --page source --csv --print-source sass > /tmp/sass.csv 2>/dev/null && \
         python -m benchmarks.ncu_stalls /tmp/sass.csv 25 > "$OUT/ncu_fused_hv64_$C.txt" 2>&1
     head -40 "$OUT/ncu_fused_hv64_$C.txt"; }
+step 45 && timeout 240 env PYTHONPATH=$PWD python -m benchmarks.gpu_prep_query_share \
+    --out "$OUT/gpu_prep_query_share_$C.json" 2>&1 | grep -v -i warn | tail -14
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \
     | grep -v Warning | tail -6
 step 23 && timeout 150 env PYTHONPATH=$PWD python benchmarks/inverse_forms.py --items 132 --items 8192 --items 32768 \
