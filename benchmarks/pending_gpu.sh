@@ -136,6 +136,8 @@
 #      alone as planned, with the q tile for its norms alone (QUERY 1: no Q K^T, no aqk) and with no q (QUERY 0), at
 #      the B1, HV64 and B4 rows. Whether the sweep's outputs warpgroups forming the delta rule's scores themselves
 #      (as they do for simple GLA) would take enough off the prep to pay.
+#  46. Issue 21: the B1 rows at other phase counts and ratios under the warp-specialised sweep
+#      (`benchmarks/gpu_phase_counts.py`, any card; each against the planned shape in one process, bits compared).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -301,6 +303,8 @@ step 44 && { timeout 300 ncu --clock-control none --nvtx --nvtx-include "profile
     head -40 "$OUT/ncu_fused_hv64_$C.txt"; }
 step 45 && timeout 240 env PYTHONPATH=$PWD python -m benchmarks.gpu_prep_query_share \
     --out "$OUT/gpu_prep_query_share_$C.json" 2>&1 | grep -v -i warn | tail -14
+step 46 && timeout 200 env PYTHONPATH=$PWD python -m benchmarks.gpu_phase_counts --out "$OUT/gpu_phase_counts_$C.json" \
+    2>&1 | grep -v -i warn | tail -30
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \
     | grep -v Warning | tail -6
 step 23 && timeout 150 env PYTHONPATH=$PWD python benchmarks/inverse_forms.py --items 132 --items 8192 --items 32768 \
