@@ -189,7 +189,6 @@ def chunk_delta_prep_kernel(
         # aqk = G o (scale Q K^T) (normalised q, k: the factors scale the product's rows and columns).
         # It and lam rq are stored on the query rows only (every M-th row), the only ones the sweep
         # reads; for GDP that halves the aqk bytes written (M = 2).
-        b_G = _gate_tile(gc, seg, causal, has_reset)
         if QUERY == 2:
             if WY:
                 b_qk = tl.dot(b_q.to(DT), tl.trans(b_k.to(DT)), input_precision=INV_PRECISION) * rq[:, None] * rk[None, :]
@@ -199,7 +198,10 @@ def chunk_delta_prep_kernel(
                 b_qk = b_qk * b_dt[None, :]
             if any_bad:  # a non-finite key's column
                 b_qk = tl.where(bad[None, :], 0.0, b_qk)
+            b_G = _gate_tile(gc, seg, causal, has_reset)
             tl.store(aqk + p_out, (b_G * b_qk).to(aqk.dtype.element_ty), mask=m_q[:, None])
+        else:
+            b_G = _gate_tile(gc, seg, causal, has_reset)
         if WY:  # stage 2, the WY inverse
             # G diag(beta), wy's factor besides Tinv, held across the inverse at 16 bits for 16-bit inputs
             # (16 registers a thread, not the 48 of the gate and beta vectors in the product's layout):
