@@ -351,6 +351,26 @@ def test_the_inverse_split_into_diagonal_blocks_is_the_whole_tile_inverse(split,
         assert relative_rms(got[0].cpu(), want[0]) <= 1e-2 and relative_rms(got[1].cpu(), want[1]) <= 1e-2
 
 
+@pytest.mark.parametrize("query", [1, 0])
+def test_the_prep_without_its_query_part_leaves_the_state_as_it_was(query):
+    """The prep's QUERY switch, which benchmarks/gpu_prep_query_share.py sets to time what the
+    query's part of the prep costs: 1 (q loaded for its norms alone) and 0 (no q) drop only what
+    the outputs read (aqk, and with 0 the q norms in lam rq), so the final state, which reads
+    neither, is bit for bit the planned prep's (GVA, an initial state, a partial last chunk)."""
+    q, k, v, g, beta, S0 = gdn_inputs(1, 130, 2, 4, 32, 32)
+    q, k, v, beta = (x.bfloat16().to(DEVICE) for x in (q, k, v, beta))
+    args = (q, k, v, g.float().to(DEVICE), beta)
+    h0 = S0[:1].float().to(DEVICE)
+    launches = delta_launches(*args, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    inputs = launch_delta.DeltaInputs(*args, initial_state=h0)
+    planned = run_delta_launches(launches, inputs)
+    without = run_delta_launches(with_constants(launches, "prep", QUERY=query), inputs)
+    assert torch.equal(bits(without[1]), bits(planned[1]))
+    want = gated_delta_rule_naive(*(x.double().cpu() for x in args), initial_state=S0[:1],
+                                  use_qk_l2norm_in_kernel=True)
+    assert relative_rms(planned[1].cpu(), want[1]) <= 1e-2
+
+
 @pytest.mark.parametrize("M, cu", [(1, None), (1, [0, 1, 70, 130]), (2, [0, 40, 90])])
 def test_gradients_through_the_triton_path(M, cu):
     """Inputs that require grad: the Triton forward, the written-out chunkwise backward
