@@ -1,6 +1,8 @@
 """What the query's part of the delta-rule prep costs (issue 21): the prep alone as planned (QUERY 2),
 with QUERY 1 (the q tile loaded for its norms alone: no Q K^T, no aqk stored) and with QUERY 0 (no q
-tile, no Q Q^T for its norms: the lam rq column takes the scale alone), under graph replay, at each workload's planned launch shape.
+tile, no Q Q^T for its norms: the lam rq column takes the scale alone), under graph replay, as each
+workload's planned shape launches it in one launch over every chunk (phases off; where the fused
+prefill is planned, HV64, the prep of the row's unfused form).
 
 Why: the B1 rows are bound by the prep's SM-time (docs/kernels-chunk-delta.md, "What bounds the
 speed": the targets need it cut by about a third). The warp-specialised sweep's outputs warpgroups

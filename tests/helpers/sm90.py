@@ -8,6 +8,7 @@ compilable objects.
     python -m tests.helpers.sm90 "GDN varlen, H = HV" "Gluon dq and dk, warp-specialised" 64 128   # K 64, V 128
     python -m tests.helpers.sm90 gla "GDN varlen, GVA"
     python -m tests.helpers.sm90 gluon-prep-proto-sass   # benchmarks/gluon_prep_proto.py's SASS by part
+    python -m tests.helpers.sm90 prep-query-sass   # the delta prep's SASS with its QUERY switch at 2, 1, 0
     python -m tests.helpers.sm90 fused-prefill   # the fused prefill's launches (kernels/gluon/delta_fused.py)
 """
 import dataclasses
@@ -606,11 +607,9 @@ def compile_fused_prefill() -> list[str]:
             for line in compile_delta_forward(case, shape, describe=resources, serving=serving, chunk_states=False)]
 
 
-def gluon_prep_proto_sass() -> list[str]:
-    """Where the prototype's instructions go, by PART (2 the loads and three products, 1 with the
-    gates to aqk, 0 the whole prep) and VECTORS form, at 168 registers: static SASS counts of the
-    whole kernel (its path is straight-line), barriers, shuffles, shared-memory accesses, tensor-core
-    instructions and MUFU."""
+def sass_counts(compiled) -> str:
+    """Static SASS counts of a compiled kernel (Triton's bundled cuobjdump): its instructions, and of
+    them barriers, shuffles, shared-memory accesses, tensor-core instructions and MUFU."""
     import os
     import re
     import subprocess
@@ -618,16 +617,44 @@ def gluon_prep_proto_sass() -> list[str]:
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     kinds = {"BAR": ("BAR",), "SHFL": ("SHFL",), "LDS/STS": ("LDS", "STS"), "HGMMA/HMMA": ("HGMMA", "HMMA"),
              "MUFU": ("MUFU",)}
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
+    ops = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", sass)]
+    counts = ", ".join(f"{k} {sum(o.startswith(p) for o in ops)}" for k, p in kinds.items())
+    return f"{len(ops)} instructions, {counts}"
+
+
+def gluon_prep_proto_sass() -> list[str]:
+    """Where the prototype's instructions go, by PART (2 the loads and three products, 1 with the
+    gates to aqk, 0 the whole prep) and VECTORS form, at 168 registers: :func:`sass_counts` of the
+    whole kernel (its path is straight-line)."""
+    return [f"gluon_prep_kernel, vectors {vectors}, part {part}: {sass_counts(_gluon_prep_proto(168, vectors, part))}"
+            for vectors in (0, 1, 2) for part in (2, 1, 0)]
+
+
+def prep_query_sass() -> list[str]:
+    """The delta prep as planned (GDN dense, bf16, K = V = 128, l2norm, 4 warps at the planner's
+    register cap) with its QUERY switch at 2 (the package's), 1 and 0
+    (benchmarks/gpu_prep_query_share.py times the same three): :func:`sass_counts` and its stack."""
+    from benchmarks.delta_variants import with_constants
+    from recurscan.kernels.delta.prep import chunk_delta_prep_kernel
+    from recurscan.launch.delta import build_delta_launches
+    M, cu, (q, k, v, g, beta, h0) = _delta_case("GDN dense, H = HV")
+    launches = build_delta_launches(q, k, v, g, beta, PLANNED_FORWARD, scale=q.shape[3] ** -0.5, initial_state=h0,
+                                    output_final_state=True, use_qk_l2norm_in_kernel=True)
+    inputs = DeltaInputs(q, k, v, g, beta, h0, None, None, None, None, None)
+    made = {n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.buffers.items()}
+    values = tuple(x if x is not None else torch.zeros(1) for x in
+                   tuple(inputs) + tuple(made.get(n) for n in CALL_NAMES[len(inputs):]))
     lines = []
-    for vectors in (0, 1, 2):
-        for part in (2, 1, 0):
-            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-                f.write(_gluon_prep_proto(168, vectors, part).asm["cubin"])
-                f.flush()
-                sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
-            ops = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", sass)]
-            counts = ", ".join(f"{k} {sum(o.startswith(p) for o in ops)}" for k, p in kinds.items())
-            lines.append(f"gluon_prep_kernel, vectors {vectors}, part {part}: {len(ops)} instructions, {counts}")
+    for query in (2, 1, 0):
+        (step,) = [s for s in with_constants(launches, "prep", QUERY=query).steps
+                   if s.kernel is chunk_delta_prep_kernel]
+        compiled = compile_for_sm90(step, CALL_NAMES, values)
+        lines.append(f"chunk_delta_prep_kernel, QUERY {query}, maxnreg {step.options.get('maxnreg', '-')}: "
+                     f"{sass_counts(compiled)}, stack {stack_bytes(compiled)} B")
     return lines
 
 
@@ -641,6 +668,8 @@ def lines_for(argv: list[str]) -> list[str]:
         return compile_fused_prefill()
     if argv[0] == "gluon-prep-proto-sass":
         return gluon_prep_proto_sass()
+    if argv[0] == "prep-query-sass":
+        return prep_query_sass()
     if argv[0] == "ssd-gate":
         return compile_ssd_gate()
     if argv[0] in ("gla-sweep", "ssd-sweep", "gla-per-key-sweep"):

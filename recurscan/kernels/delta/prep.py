@@ -82,7 +82,7 @@ def chunk_delta_prep_kernel(
     rq then the scale alone); neither forms or stores aqk, so a sweep after them gives no output of
     the op's. Benchmarks only (benchmarks/gpu_prep_query_share.py): what the query's part costs.
     """
-    tl.static_assert(QUERY == 2 or WY, "QUERY < 2 is the delta rule's form (its aqk formed by the sweep)")
+    tl.static_assert(QUERY == 2 or WY, "QUERY below 2 (benchmarks only) needs the WY step")
     pid = tl.program_id(0).to(tl.int64)
     i_c = pid // (HV // HEADS)
     i_hv0 = (pid % (HV // HEADS)) * HEADS  # the program's first value head
