@@ -11,6 +11,11 @@ for the delta rule would take the query's part out of the prep. This measures th
 is built. QUERY below 2 writes no aqk, so its outputs are not the op's: a timing, not a form.
 
     python -m benchmarks.gpu_prep_query_share --out benchmarks/results/gpu_prep_query_share.json
+
+``--rows`` times the B1 rows whole instead (graph replay, the planned shape and other phase counts
+and ratios, each with the prep at QUERY 2, 1 and 0), and their sweep alone in one pass: how far the
+row would fall with the query's part out of the prep, before the sweep takes it on (an upper bound
+on the gain, since the sweep's outputs then form the scores too).
 """
 from __future__ import annotations
 
@@ -55,14 +60,58 @@ def timing(names, rep_ms):
     return rows
 
 
+#: (workload, (phases, ratio) shapes beside the planned one) for ``--rows``
+ROW_SHAPES = [("gdn_b1_t16384_h16_hv32", [(4, 0.85), (4, 1.0), (6, 0.9), (6, 1.0), (3, 1.0)]),
+              ("gdn_b1_t65536_h16_hv32", [(6, 0.9), (8, 1.0), (6, 1.0), (4, 1.0)])]
+
+
+def row_timing(rep_ms, grid=ROW_SHAPES):
+    import dataclasses
+
+    import triton.testing as tt
+    from recurscan.launch.delta import run_delta_launches
+    from recurscan.plan import delta_shape
+    from recurscan.problem import delta_problem
+
+    from .delta_variants import only_stage, variant_launches, with_constants
+    rows = []
+    for name, others in grid:
+        (q, k, v, g, beta), M, cu, kw = kernel_inputs(name)
+        planned = delta_shape(delta_problem(q, k, v, g, beta, num_householder=M, cu_seqlens=cu), torch.device("cuda"))
+        inputs = (q, k, v, g, beta, None, None, None, kw.get("cu_seqlens"), kw.get("chunk_indices_dp"), None)
+        one_pass = variant_launches(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
+                                    output_final_state=True, shape=dataclasses.replace(planned, phases=1), **kw)
+        forms = [("sweep alone, one pass", 1, None, only_stage(one_pass, "sweep"))]
+        for phases, ratio in [(planned.phases, planned.phase_ratio)] + others:
+            launches = variant_launches(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
+                                        output_final_state=True,
+                                        shape=dataclasses.replace(planned, phases=phases, phase_ratio=ratio), **kw)
+            for query in (2, 1, 0):
+                forms.append((f"QUERY {query}", phases, ratio,
+                              launches if query == 2 else with_constants(launches, "prep", QUERY=query)))
+        for form, phases, ratio, launches in forms:
+            with torch.no_grad():
+                run_delta_launches(launches, inputs)
+                run_delta_launches(launches, inputs)  # the second run launches directly (programmatic dependents)
+                ms = tt.do_bench_cudagraph(lambda: run_delta_launches(launches, inputs), rep=rep_ms,
+                                           quantiles=[0.5, 0.2, 0.8])
+            row = dict(workload=name, form=form, phases=phases, phase_ratio=ratio, specialized=planned.specialized,
+                       planned=(phases, ratio) == (planned.phases, planned.phase_ratio), median_ms=ms[0],
+                       p20_ms=ms[1], p80_ms=ms[2])
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu_prep_query_share")
     ap.add_argument("--out", default="benchmarks/results/gpu_prep_query_share.json")
     ap.add_argument("--rep-ms", type=int, default=200)
     ap.add_argument("--workload", action="append")
+    ap.add_argument("--rows", action="store_true", help="the B1 rows whole, with the prep at each QUERY")
     args = ap.parse_args(argv)
-    res = {"environment": runner.environment(torch.device("cuda")), "timing": timing(args.workload or WORKLOADS,
-                                                                                      args.rep_ms)}
+    rows = row_timing(args.rep_ms) if args.rows else timing(args.workload or WORKLOADS, args.rep_ms)
+    res = {"environment": runner.environment(torch.device("cuda")), "timing": rows}
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
 

@@ -138,6 +138,9 @@
 #      (as they do for simple GLA) would take enough off the prep to pay.
 #  46. Issue 21: the B1 rows at other phase counts and ratios under the warp-specialised sweep
 #      (`benchmarks/gpu_phase_counts.py`, any card; each against the planned shape in one process, bits compared).
+#  47. Issue 21: the B1 rows whole with the prep at QUERY 2, 1 and 0 (`benchmarks/gpu_prep_query_share.py --rows`, any
+#      card), at the planned and other phase shapes, and their sweep alone in one pass: how far the rows fall with the
+#      query's part out of the prep (an upper bound: the sweep would then form the scores too).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -145,7 +148,7 @@ step() { [[ " $STEPS " == *" $1 "* ]]; }
 C=${RECURSCAN_COMMIT:-unknown}
 export RECURSCAN_COMMIT=$C
 pip install -q --no-index --no-deps --target /tmp/site .whl/fla_core-0.6.0-py3-none-any.whl 2>&1 | grep -v WARNING | tail -1
-mkdir -p /tmp/mamba && tar xzf .whl/mamba_ssm-2.3.2.post1.tar.gz -C /tmp/mamba --strip-components=1
+[ -f .whl/mamba_ssm-2.3.2.post1.tar.gz ] && mkdir -p /tmp/mamba && tar xzf .whl/mamba_ssm-2.3.2.post1.tar.gz -C /tmp/mamba --strip-components=1
 WORKERS=$(python -c "import torch; print(6 if torch.cuda.get_device_properties(0).total_memory > 100e9 else 4)")
 step 0 && { timeout 500 python -m pytest -m "gpu and not unproven" -n "$WORKERS" tests/gpu -p no:cacheprovider -o faulthandler_timeout=490 -q \
     tests/test_hardening_gradients.py::test_an_unread_output_is_a_zero_cotangent \
@@ -303,6 +306,8 @@ step 44 && { timeout 300 ncu --clock-control none --nvtx --nvtx-include "profile
     head -40 "$OUT/ncu_fused_hv64_$C.txt"; }
 step 45 && timeout 240 env PYTHONPATH=$PWD python -m benchmarks.gpu_prep_query_share \
     --out "$OUT/gpu_prep_query_share_$C.json" 2>&1 | grep -v -i warn | tail -14
+step 47 && timeout 400 env PYTHONPATH=$PWD python -m benchmarks.gpu_prep_query_share --rows \
+    --out "$OUT/gpu_prep_query_rows_$C.json" 2>&1 | grep -v -i warn | tail -40
 step 46 && timeout 200 env PYTHONPATH=$PWD python -m benchmarks.gpu_phase_counts --out "$OUT/gpu_phase_counts_$C.json" \
     2>&1 | grep -v -i warn | tail -30
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \
