@@ -484,6 +484,7 @@ def gluon_gla_sweep_specialized_kernel(
     CKPT_CHUNKS: gl.constexpr = 0, WY: gl.constexpr = True, HAS_D: gl.constexpr = False,
     D_PER_CHANNEL: gl.constexpr = False, HAS_Z: gl.constexpr = False, KEY_DECAY: gl.constexpr = False,
     GATE_SCORES: gl.constexpr = False, CALM_GATES: gl.constexpr = False, SWEEP_SCORES: gl.constexpr = False,
+    QUERY_NORM: gl.constexpr = False,
 ):
     """Grid (N * HV * V / BV,) as the twin's PASS 0 and 3: program -> (sequence, value head, value
     block of BV = 64), the block fastest; the twin's arguments (those of its other passes and forms
@@ -510,7 +511,9 @@ def gluon_gla_sweep_specialized_kernel(
                      "outputs, or with WY instead the chunk states, U and lam o K S stored (STORE_U: the "
                      "backward's recompute)")
     gl.static_assert(not (WY and (SWEEP_SCORES or HAS_D or PROBE != 0)),
-                     "the delta rule: no scores formed here, no skip D x, no timing probe")
+                     "the delta rule: no scores formed here (the Triton sweep forms them), no skip D x, no "
+                     "timing probe")
+    gl.static_assert(not QUERY_NORM, "the queries' norm factors formed in the sweep: the Triton sweep's form")
     gl.static_assert(not (KEY_DECAY or HAS_Z or CALM_GATES or REPLAY), "a scalar decay, no gate z")
     gl.static_assert((PASS == 0 or PASS == 3) and CKPT_CHUNKS == 0, "the single pass or a phase, no checkpoints")
     if STORE_CHUNK_STATES:
