@@ -138,9 +138,13 @@
 #      (as they do for simple GLA) would take enough off the prep to pay.
 #  46. Issue 21: the B1 rows at other phase counts and ratios under the warp-specialised sweep
 #      (`benchmarks/gpu_phase_counts.py`, any card; each against the planned shape in one process, bits compared).
-#  47. Issue 21: the B1 rows whole with the prep at QUERY 2, 1 and 0 (`benchmarks/gpu_prep_query_share.py --rows`, any
-#      card), at the planned and other phase shapes, and their sweep alone in one pass: how far the rows fall with the
-#      query's part out of the prep (an upper bound: the sweep would then form the scores too).
+#  47. Issue 21: the B1 rows whole (`benchmarks/gpu_prep_query_share.py --rows`, any card), at the planned and other
+#      phase shapes: planned; the prep at QUERY 1; the prep at QUERY 0 before the planned sweep (how far the rows fall
+#      with the query's part out of the prep: an upper bound); the scores formed in the sweep (shape.sweep_scores, the
+#      Triton sweep's form); and the sweep alone in one pass.
+#  48. The same with benchmarks/pending/wy_sweep_scores_specialized.patch applied (the warp-specialised sweep forming
+#      the scores; it spills 80 B of stack offline at 128 registers an outputs thread), patched in a copy
+#      (/tmp/wy48) so that the checkout stays as committed.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -308,6 +312,10 @@ step 45 && timeout 240 env PYTHONPATH=$PWD python -m benchmarks.gpu_prep_query_s
     --out "$OUT/gpu_prep_query_share_$C.json" 2>&1 | grep -v -i warn | tail -14
 step 47 && timeout 400 env PYTHONPATH=$PWD python -m benchmarks.gpu_prep_query_share --rows \
     --out "$OUT/gpu_prep_query_rows_$C.json" 2>&1 | grep -v -i warn | tail -40
+step 48 && { rm -rf /tmp/wy48 && mkdir -p /tmp/wy48 && cp -r recurscan benchmarks tests /tmp/wy48/ && \
+    (cd /tmp/wy48 && patch -p1 -s < benchmarks/pending/wy_sweep_scores_specialized.patch && timeout 400 \
+    env PYTHONPATH=/tmp/wy48 python -m benchmarks.gpu_prep_query_share --rows \
+    --out "$OUT/gpu_prep_query_rows_specialized_$C.json" 2>&1 | grep -v -i warn | tail -40); }
 step 46 && timeout 200 env PYTHONPATH=$PWD python -m benchmarks.gpu_phase_counts --out "$OUT/gpu_phase_counts_$C.json" \
     2>&1 | grep -v -i warn | tail -30
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \
