@@ -143,7 +143,8 @@
 #      with the query's part out of the prep: an upper bound); the scores formed in the sweep (shape.sweep_scores, the
 #      Triton sweep's form); and the sweep alone in one pass.
 #  48. The same with benchmarks/pending/wy_sweep_scores_specialized.patch applied (the warp-specialised sweep forming
-#      the scores; it spills 80 B of stack offline at 128 registers an outputs thread), patched in a copy
+#      the scores and the queries' norms; at 152 registers an outputs thread, 184 the chain's, the outputs spill 6 words
+#      offline, at 128 48), patched in a copy
 #      (/tmp/wy48) so that the checkout stays as committed.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
