@@ -313,7 +313,7 @@ step 45 && timeout 240 env PYTHONPATH=$PWD python -m benchmarks.gpu_prep_query_s
     --out "$OUT/gpu_prep_query_share_$C.json" 2>&1 | grep -v -i warn | tail -14
 step 47 && timeout 400 env PYTHONPATH=$PWD python -m benchmarks.gpu_prep_query_share --rows \
     --out "$OUT/gpu_prep_query_rows_$C.json" 2>&1 | grep -v -i warn | tail -40
-step 48 && { rm -rf /tmp/wy48 && mkdir -p /tmp/wy48 && cp -r recurscan benchmarks tests /tmp/wy48/ && \
+step 48 && { rm -rf /tmp/wy48 && mkdir -p /tmp/wy48 && cp -r recurscan benchmarks tests pyproject.toml /tmp/wy48/ && \
     (cd /tmp/wy48 && patch -p1 -s < benchmarks/pending/wy_sweep_scores_specialized.patch && timeout 400 \
     env PYTHONPATH=/tmp/wy48 python -m benchmarks.gpu_prep_query_share --rows \
     --out "$OUT/gpu_prep_query_rows_specialized_$C.json" 2>&1 | grep -v -i warn | tail -40; \
