@@ -87,6 +87,7 @@ def chunk_delta_prep_kernel(
     with 2 (the outputs not the op's): what the query's product and store cost.
     """
     tl.static_assert(QUERY == 2 or (WY and M == 1), "QUERY below 2 needs the WY step and M = 1")
+    CW: tl.constexpr = 8 if QUERY == 0 else 4  # coef's floats a row
     pid = tl.program_id(0).to(tl.int64)
     i_c = pid // (HV // HEADS)
     i_hv0 = (pid % (HV // HEADS)) * HEADS  # the program's first value head
@@ -180,7 +181,6 @@ def chunk_delta_prep_kernel(
         rq = tl.where(o_t < first_bad, rq, float("nan"))
         # coef by (chunk, head): one contiguous 1 KB tile, whole lines written here and read by the
         # sweep (rather than rows of 16 B at a stride of HV x 16 B).
-        CW: tl.constexpr = 8 if QUERY == 0 else 4
         p_coef = coef + ((_chunk_slot(bos, i_t, i_n, BT) * HV + i_hv) * BT + o_t) * CW
         tl.store(p_coef, lam * rk, mask=m_r)
         tl.store(p_coef + 1, lam * rq, mask=m_q)
