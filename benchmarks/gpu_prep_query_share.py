@@ -79,8 +79,7 @@ def row_timing(rep_ms, grid=ROW_SHAPES):
     aqk; the sweep reads stale aqk); "QUERY 0, planned sweep" (the prep as for the scores formed in
     the sweep, the planned sweep reading stale aqk and the wide coef rows as narrow ones: the upper
     bound); "scores in the sweep" (shape.sweep_scores, the real form; its outputs compared with the
-    planned ones; the warp-specialised sweep's form of it where benchmarks/pending/
-    wy_sweep_scores_specialized.patch is applied, else the Triton sweep's)."""
+    planned ones; on the warp-specialised sweep, as the planned shape asks for it)."""
     import dataclasses
 
     import triton.testing as tt

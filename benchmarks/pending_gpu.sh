@@ -140,12 +140,10 @@
 #      (`benchmarks/gpu_phase_counts.py`, any card; each against the planned shape in one process, bits compared).
 #  47. Issue 21: the B1 rows whole (`benchmarks/gpu_prep_query_share.py --rows`, any card), at the planned and other
 #      phase shapes: planned; the prep at QUERY 1; the prep at QUERY 0 before the planned sweep (how far the rows fall
-#      with the query's part out of the prep: an upper bound); the scores formed in the sweep (shape.sweep_scores, the
-#      Triton sweep's form); and the sweep alone in one pass.
-#  48. The same with benchmarks/pending/wy_sweep_scores_specialized.patch applied (the warp-specialised sweep forming
-#      the scores and the queries' norms; at 152 registers an outputs thread, 184 the chain's, one word of an outputs
-#      partition and one of the chain's prelude spill offline), patched in a copy (/tmp/wy48) so that the checkout
-#      stays as committed; then the patch's GPU test (the form against the Triton sweep's, and the planned form's bits).
+#      with the query's part out of the prep: an upper bound); the delta rule's scores formed in the warp-specialised
+#      sweep (shape.sweep_scores, its outputs compared with the planned ones); and the sweep alone in one pass.
+#  48. The warp-specialised sweep forming the delta rule's scores against the Triton sweep's form, and the planned
+#      warp-specialised sweep's bits (tests/gpu/test_gluon_sweep_gpu.py -k warp_specialised_sweep, any card).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -313,12 +311,8 @@ step 45 && timeout 240 env PYTHONPATH=$PWD python -m benchmarks.gpu_prep_query_s
     --out "$OUT/gpu_prep_query_share_$C.json" 2>&1 | grep -v -i warn | tail -14
 step 47 && timeout 400 env PYTHONPATH=$PWD python -m benchmarks.gpu_prep_query_share --rows \
     --out "$OUT/gpu_prep_query_rows_$C.json" 2>&1 | grep -v -i warn | tail -40
-step 48 && { rm -rf /tmp/wy48 && mkdir -p /tmp/wy48 && cp -r recurscan benchmarks tests pyproject.toml /tmp/wy48/ && \
-    (cd /tmp/wy48 && patch -p1 -s < benchmarks/pending/wy_sweep_scores_specialized.patch && timeout 400 \
-    env PYTHONPATH=/tmp/wy48 python -m benchmarks.gpu_prep_query_share --rows \
-    --out "$OUT/gpu_prep_query_rows_specialized_$C.json" 2>&1 | grep -v -i warn | tail -40; \
-    timeout 200 env PYTHONPATH=/tmp/wy48 python -m pytest -m gpu tests/gpu/test_gluon_sweep_gpu.py -k \
-    warp_specialised_sweep -q -p no:cacheprovider 2>&1 | tail -8); }
+step 48 && timeout 300 python -m pytest -m gpu tests/gpu/test_gluon_sweep_gpu.py -k warp_specialised_sweep -q \
+    -p no:cacheprovider 2>&1 | tail -8
 step 46 && timeout 200 env PYTHONPATH=$PWD python -m benchmarks.gpu_phase_counts --out "$OUT/gpu_phase_counts_$C.json" \
     2>&1 | grep -v -i warn | tail -30
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \

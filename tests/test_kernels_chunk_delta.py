@@ -869,6 +869,12 @@ def test_the_warp_specialised_sweep_with_the_wy_step_takes_calls_with_outputs_an
     assert sweeps(delta_launches(q, k, v, g, beta, checkpoint_chunks=2, **ws))[0] == (G, 0, None)
     # the training forward that keeps its prep and no checkpoints (B1's planned row) takes it too
     assert sweeps(delta_launches(q, k, v, g, beta, keep_prep=True, phases=3, **ws))[0] == (W, 3, cap)
+    # with the delta rule's scores formed in the sweep: the prep at QUERY 0, the flags on every sweep
+    scores = delta_launches(q, k, v, g, beta, phases=3, sweep_scores=True, use_qk_l2norm_in_kernel=True, **ws)
+    assert sweeps(scores) == [(W, 3, cap)] * 3 + [(J, 0, None)]
+    assert {s.kwargs["QUERY"] for s in scores.steps if s.kernel.fn.__name__ == "chunk_delta_prep_kernel"} == {0}
+    assert all(s.kwargs["SWEEP_SCORES"] and s.kwargs["QUERY_NORM"] for s in scores.steps
+               if launch_delta.is_sweep_step(s))
     backward_shape = dataclasses.replace(DELTA_BACKWARD_LAUNCH[1][1], recompute_twin=True)
     backward = build_delta_backward(q, k, v, g, beta, torch.zeros_like(v), None, scale=1.0, initial_state=None,
                                     use_qk_l2norm_in_kernel=True, cu_seqlens=None, chunk_indices=None,

@@ -505,7 +505,7 @@ def _sweep_kernel(shape: DeltaShape, q, k, v, BV: int, tma_ok: bool, *, wy, ssd,
     take, chunk-state rows past int32 coordinates, an initial state or cache whose offsets within a
     slot pass int32, SSD's gate z) runs the Triton kernel. The calm gates only with ``states_only``
     (no outputs, so nothing of theirs is read); ``shape.sweep_scores`` (the scores formed in the
-    sweep) on the warp-specialised kernel (scalar decays) or the Triton kernel, not the twin; chunk states on the
+    sweep) on the warp-specialised kernel or the Triton kernel, not the twin; chunk states on the
     warp-specialised kernel only in the inputs' dtype (its hand-over buffer's), else on the twin or,
     with ``sweep_scores``, the Triton kernel; ``checkpoints`` (the training forward's) on the twin.
     The backward's recompute (launch/delta_backward.py) builds the forward with outputs and turns
@@ -532,10 +532,7 @@ def _sweep_kernel(shape: DeltaShape, q, k, v, BV: int, tma_ok: bool, *, wy, ssd,
     if not (aligned and tma_ok and (chunk_state_rows + 1) * v.shape[2] * K < 2 ** 31 and in_slot < 2 ** 31) or \
             (ssd is not None and ssd.z is not None):
         return chunk_delta_sweep_kernel, {}
-    # The delta rule's scores formed in the sweep: the Triton kernel's form (the warp-specialised
-    # one spills at its registers: benchmarks/pending/wy_sweep_scores_specialized.patch).
-    wy_scores = wy and shape.sweep_scores
-    if shape.specialized and not states_only and not checkpoints and not wy_scores and \
+    if shape.specialized and not states_only and not checkpoints and \
             (chunk_state_rows == 0 or chunk_states_dtype == q.dtype):
         from ..kernels.gluon.gla_sweep_specialized import gluon_gla_sweep_specialized_kernel
         return gluon_gla_sweep_specialized_kernel, {"maxnreg": SPECIALIZED_MAXNREG}

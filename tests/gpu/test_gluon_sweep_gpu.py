@@ -172,6 +172,70 @@ def test_the_warp_specialised_sweep_with_the_wy_step_gives_the_triton_sweeps_bit
         assert (o[0, int(cu[2]):int(cu[3])] == 0).all()  # a padding slot's sequence: zero outputs
 
 
+@pytest.mark.parametrize("form", ["one pass, GVA", "six phases, B1 T16384", "varlen, a cache, bf16 chunk states",
+                                  "non-finite input", "no l2norm"])
+def test_the_warp_specialised_sweep_forming_the_delta_rules_scores_agrees_with_the_triton_sweeps(form):
+    """``sweep_scores`` with the WY step (the prep at QUERY 0; each chunk's aqk and the queries' norm
+    factors formed in the sweep) on the warp-specialised sweep against the Triton sweep's form of it:
+    final states, cache slots and chunk states bit for bit (the state's path is the same arithmetic),
+    outputs within 2e-3 (relative RMS: the squares of q summed in another order), non-finite outputs
+    in the same places; and both the float64 oracle's."""
+    kw = dict(use_qk_l2norm_in_kernel=form != "no l2norm", sweep_scores=True)
+    if form in ("one pass, GVA", "no l2norm"):
+        x = inputs(2, 1000, 4, 8, seed=6)
+        if form == "no l2norm":
+            x[1] = torch.nn.functional.normalize(x[1].float(), dim=-1).to(x[1].dtype)
+        h0 = torch.randn(2, 8, 128, 128, device=DEV)
+        args, kw = (h0, None, None, None, None, None), dict(kw, initial_state=h0, output_final_state=True)
+    elif form == "six phases, B1 T16384":
+        x = inputs(1, 16384, 16, 32, seed=7)
+        h0 = torch.randn(1, 32, 128, 128, device=DEV)
+        args, kw = (h0, None, None, None, None, None), dict(kw, initial_state=h0, output_final_state=True, phases=6)
+    else:
+        lens = [1, 4000, 1, 63, 64, 65, 1, 2900, 200]
+        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), device=DEV)
+        x = inputs(1, int(cu[-1]), 8, 16, seed=8)
+        if form == "non-finite input":
+            x[1] = x[1].clone()
+            x[1][:, 3000, 2] = float("nan")
+        d = build_chunk_descriptors(cu.cpu(), device=DEV)
+        slots = torch.tensor([5, 0, -1, 7, 2, 9, 3, -1, 11], dtype=torch.int32, device=DEV)
+        cache = torch.randn(13, 16, 128, 128, device=DEV).bfloat16().transpose(-1, -2)
+        args = (None, cache, slots, cu, d.chunk_indices_dp, d.chunk_offsets)
+        kw = dict(kw, state=cache, state_indices=slots, cu_seqlens=cu, chunk_indices_dp=d.chunk_indices_dp,
+                  chunk_offsets=d.chunk_offsets, num_chunk_rows=d.chunk_indices.shape[0], return_chunk_states=True,
+                  chunk_states_dtype=torch.bfloat16)
+    q, k, v, g, beta = x
+    out = {}
+    for twin in (False, True):
+        launches = delta_launches(q, k, v, g, beta, gluon_sweep=twin, specialized=twin, **TWIN, **kw)
+        kernels = [getattr(s.kernel, "fn", s.kernel).__name__ for s in launches.steps if launch_delta.is_sweep_step(s)]
+        assert ("gluon_gla_sweep_specialized_kernel" in kernels) == twin, kernels
+        a = list(args)
+        if a[1] is not None:  # the cache, written in place
+            a[1] = a[1].clone()
+        for call in range(2):  # the first through Triton's JIT, then direct launches
+            b = list(a)
+            if b[1] is not None:
+                b[1] = a[1].clone()
+            got = [t.clone() for t in run_delta_launches(launches, (q, k, v, g, beta, *b)) if t is not None]
+        out[twin] = got
+    torch.cuda.synchronize()
+    (o_t, *rest_t), (o_g, *rest_g) = out[False], out[True]
+    for i, (a, b) in enumerate(zip(rest_t, rest_g)):
+        assert torch.equal(bits(a), bits(b)), f"output {i + 1}: {int((a != b).sum())} elements differ"
+    assert torch.equal(o_t.isfinite(), o_g.isfinite())
+    finite = o_t.isfinite()
+    assert relative_rms(o_g[finite].float(), o_t[finite].float()) < 2e-3
+    if form == "six phases, B1 T16384":
+        want_o, want_ht = gated_delta_rule_chunked(*(t.double() for t in x), initial_state=h0.double(),
+                                                   use_qk_l2norm_in_kernel=True)
+        assert relative_rms(o_g.double(), want_o) < 1e-2, relative_rms(o_g.double(), want_o)
+    if form == "non-finite input":  # the bad key's sequence from its row on, and no other
+        assert not o_g[0, 3000:int(cu[2])].isfinite().all()
+        assert o_g[0, :3000].isfinite().all() and o_g[0, int(cu[2]):].isfinite().all()
+
+
 def test_non_finite_input_of_one_sequence_replays_as_the_triton_sweep():
     """NaN in the middle sequence's values: its program raises its replay flag and leaves its cache
     slot; the Triton replay runs it again. Every output, slot and chunk state is the Triton run's
