@@ -70,8 +70,8 @@ def without_query(launches):
 
 
 #: (workload, (phases, ratio) shapes beside the planned one) for ``--rows``
-ROW_SHAPES = [("gdn_b1_t16384_h16_hv32", [(4, 0.85), (4, 1.0), (6, 1.0)]),
-              ("gdn_b1_t65536_h16_hv32", [(6, 0.9), (8, 1.0)])]
+ROW_SHAPES = [("gdn_b1_t16384_h16_hv32", [(4, 0.85), (6, 1.0)]),
+              ("gdn_b1_t65536_h16_hv32", [(6, 0.9)])]
 
 
 def row_timing(rep_ms, grid=ROW_SHAPES):

@@ -309,7 +309,7 @@ step 44 && { timeout 300 ncu --clock-control none --nvtx --nvtx-include "profile
     head -40 "$OUT/ncu_fused_hv64_$C.txt"; }
 step 45 && timeout 240 env PYTHONPATH=$PWD python -m benchmarks.gpu_prep_query_share \
     --out "$OUT/gpu_prep_query_share_$C.json" 2>&1 | grep -v -i warn | tail -14
-step 47 && timeout 400 env PYTHONPATH=$PWD python -m benchmarks.gpu_prep_query_share --rows \
+step 47 && timeout 400 env PYTHONPATH=$PWD python -m benchmarks.gpu_prep_query_share --rows --rep-ms 100 \
     --out "$OUT/gpu_prep_query_rows_$C.json" 2>&1 | grep -v -i warn | tail -40
 step 48 && timeout 300 python -m pytest -m gpu tests/gpu/test_gluon_sweep_gpu.py -k warp_specialised_sweep -q \
     -p no:cacheprovider 2>&1 | tail -8
