@@ -131,7 +131,10 @@ def main(argv=None):
     ap.add_argument("--workload", action="append")
     ap.add_argument("--rows", action="store_true", help="the B1 rows whole, with the prep at each QUERY")
     args = ap.parse_args(argv)
-    rows = row_timing(args.rep_ms) if args.rows else timing(args.workload or WORKLOADS, args.rep_ms)
+    if args.rows:
+        rows = row_timing(args.rep_ms, [r for r in ROW_SHAPES if not args.workload or r[0] in args.workload])
+    else:
+        rows = timing(args.workload or WORKLOADS, args.rep_ms)
     res = {"environment": runner.environment(torch.device("cuda")), "timing": rows}
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
