@@ -1,19 +1,23 @@
 """What the query's part of the delta-rule prep costs (issue 21): the prep alone as planned (QUERY 2),
 with QUERY 1 (the q tile loaded for its norms alone: no Q K^T, no aqk stored) and with QUERY 0 (no q
-tile: the form for a sweep that forms the scores, coef rows of 8), under graph replay, as each
+tile, no Q Q^T for its norms: the lam rq column takes the scale alone), under graph replay, as each
 workload's planned shape launches it in one launch over every chunk (phases off; where the fused
 prefill is planned, HV64, the prep of the row's unfused form).
 
 Why: the B1 rows are bound by the prep's SM-time (docs/kernels-chunk-delta.md, "What bounds the
-speed": the targets need it cut by about a third). With ``sweep_scores`` the sweep forms the delta
-rule's aqk (and the queries' norm factors) from its own q and k tiles, which takes the query's part
-out of the prep. QUERY 1 and the prep at QUERY 0 before a sweep of the planned form write or read no
-aqk, so their outputs are not the op's: timings, not forms.
+speed": the targets need it cut by about a third). The warp-specialised sweep's outputs warpgroups
+already form a chunk's scores from the ring's q and k tiles for simple GLA (SWEEP_SCORES); doing so
+for the delta rule would take the query's part out of the prep. This measures that part (30-33% of
+the prep alone, H100). QUERY below 2 writes no aqk, so its outputs are not the op's: a timing, not a
+form. (That form, built at fae1f7c, made B1 T16384 0.662 ms against 0.491 on an H100: the outputs
+warpgroups could not absorb the scores within the chain's step; docs/perf-history.md, 2026-12-07.)
 
     python -m benchmarks.gpu_prep_query_share --out benchmarks/results/gpu_prep_query_share.json
 
 ``--rows`` times the B1 rows whole instead (graph replay, the planned shape and other phase counts
-and ratios; :func:`row_timing` names the four forms), and their sweep alone in one pass.
+and ratios, each with the prep at QUERY 2, 1 and 0), and their sweep alone in one pass: how far the
+row would fall with the query's part out of the prep, before the sweep takes it on (an upper bound
+on the gain, since the sweep's outputs then form the scores too).
 """
 from __future__ import annotations
 
@@ -46,7 +50,7 @@ def timing(names, rep_ms):
                                 output_final_state=True, shape=dataclasses.replace(L, phases=1, fused=False), stage="prep", **kw)
         inputs = (q, k, v, g, beta, None, None, None, kw.get("cu_seqlens"), kw.get("chunk_indices_dp"), None)
         for form, launches in (("planned", prep), ("q norms only", with_constants(prep, "prep", QUERY=1)),
-                               ("no query", without_query(prep))):
+                               ("no query", with_constants(prep, "prep", QUERY=0))):
             with torch.no_grad():
                 run_delta_launches(launches, inputs)
                 ms = tt.do_bench_cudagraph(lambda: run_delta_launches(launches, inputs), rep=rep_ms,
@@ -58,28 +62,12 @@ def timing(names, rep_ms):
     return rows
 
 
-def without_query(launches):
-    """``launches`` with the prep at QUERY 0 (no q: the form for a sweep that forms the scores) and
-    the coef buffer widened to its rows of 8, which a sweep of the planned form reads as rows of 4
-    (a timing, not the op's outputs)."""
-    from .delta_variants import with_constants
-    launches = with_constants(launches, "prep", QUERY=0)
-    coef_shape, coef_dtype, coef_fill = launches.buffers["coef"]
-    launches.buffers["coef"] = (coef_shape[:-1] + (8,), coef_dtype, coef_fill)
-    return launches
-
-
 #: (workload, (phases, ratio) shapes beside the planned one) for ``--rows``
 ROW_SHAPES = [("gdn_b1_t16384_h16_hv32", [(4, 0.85), (6, 1.0)]),
               ("gdn_b1_t65536_h16_hv32", [(6, 0.9)])]
 
 
 def row_timing(rep_ms, grid=ROW_SHAPES):
-    """The rows whole in four forms a shape: "planned"; "QUERY 1" (the prep without its Q K^T and
-    aqk; the sweep reads stale aqk); "QUERY 0, planned sweep" (the prep as for the scores formed in
-    the sweep, the planned sweep reading stale aqk and the wide coef rows as narrow ones: the upper
-    bound); "scores in the sweep" (shape.sweep_scores, the real form; its outputs compared with the
-    planned ones; on the warp-specialised sweep, as the planned shape asks for it)."""
     import dataclasses
 
     import triton.testing as tt
@@ -93,32 +81,25 @@ def row_timing(rep_ms, grid=ROW_SHAPES):
         (q, k, v, g, beta), M, cu, kw = kernel_inputs(name)
         planned = delta_shape(delta_problem(q, k, v, g, beta, num_householder=M, cu_seqlens=cu), torch.device("cuda"))
         inputs = (q, k, v, g, beta, None, None, None, kw.get("cu_seqlens"), kw.get("chunk_indices_dp"), None)
-
-        def build(**fields):
-            return variant_launches(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
-                                    output_final_state=True, shape=dataclasses.replace(planned, **fields), **kw)
-        forms = [("sweep alone, one pass", 1, None, only_stage(build(phases=1), "sweep"))]
+        one_pass = variant_launches(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
+                                    output_final_state=True, shape=dataclasses.replace(planned, phases=1), **kw)
+        forms = [("sweep alone, one pass", 1, None, only_stage(one_pass, "sweep"))]
         for phases, ratio in [(planned.phases, planned.phase_ratio)] + others:
-            launches = build(phases=phases, phase_ratio=ratio)
-            scores = build(phases=phases, phase_ratio=ratio, sweep_scores=True)
-            forms += [("planned", phases, ratio, launches),
-                      ("QUERY 1", phases, ratio, with_constants(launches, "prep", QUERY=1)),
-                      ("QUERY 0, planned sweep", phases, ratio, without_query(launches)),
-                      ("scores in the sweep", phases, ratio, scores)]
-        ref = None
+            launches = variant_launches(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
+                                        output_final_state=True,
+                                        shape=dataclasses.replace(planned, phases=phases, phase_ratio=ratio), **kw)
+            for query in (2, 1, 0):
+                forms.append((f"QUERY {query}", phases, ratio,
+                              launches if query == 2 else with_constants(launches, "prep", QUERY=query)))
         for form, phases, ratio, launches in forms:
             with torch.no_grad():
-                out = [t.clone() for t in run_delta_launches(launches, inputs)]
+                run_delta_launches(launches, inputs)
                 run_delta_launches(launches, inputs)  # the second run launches directly (programmatic dependents)
                 ms = tt.do_bench_cudagraph(lambda: run_delta_launches(launches, inputs), rep=rep_ms,
                                            quantiles=[0.5, 0.2, 0.8])
-            if form == "planned" and ref is None:
-                ref = out
-            row = dict(workload=name, form=form, phases=phases, phase_ratio=ratio, median_ms=ms[0], p20_ms=ms[1],
-                       p80_ms=ms[2])
-            if form == "scores in the sweep":
-                rms = lambda a, b: float(((a.float() - b.float()).pow(2).mean() / b.float().pow(2).mean()).sqrt())
-                row.update(o_rms_vs_planned=rms(out[0], ref[0]), final_equal=bool(torch.equal(out[1], ref[1])))
+            row = dict(workload=name, form=form, phases=phases, phase_ratio=ratio, specialized=planned.specialized,
+                       planned=(phases, ratio) == (planned.phases, planned.phase_ratio), median_ms=ms[0],
+                       p20_ms=ms[1], p80_ms=ms[2])
             print(json.dumps(row), flush=True)
             rows.append(row)
     return rows

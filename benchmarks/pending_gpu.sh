@@ -138,12 +138,11 @@
 #      (as they do for simple GLA) would take enough off the prep to pay.
 #  46. Issue 21: the B1 rows at other phase counts and ratios under the warp-specialised sweep
 #      (`benchmarks/gpu_phase_counts.py`, any card; each against the planned shape in one process, bits compared).
-#  47. Issue 21: the B1 rows whole (`benchmarks/gpu_prep_query_share.py --rows`, any card), at the planned and other
-#      phase shapes: planned; the prep at QUERY 1; the prep at QUERY 0 before the planned sweep (how far the rows fall
-#      with the query's part out of the prep: an upper bound); the delta rule's scores formed in the warp-specialised
-#      sweep (shape.sweep_scores, its outputs compared with the planned ones); and the sweep alone in one pass.
-#  48. The warp-specialised sweep forming the delta rule's scores against the Triton sweep's form, and the planned
-#      warp-specialised sweep's bits (tests/gpu/test_gluon_sweep_gpu.py -k warp_specialised_sweep, any card).
+#  47. Issue 21: the B1 rows whole with the prep at QUERY 2, 1 and 0 (`benchmarks/gpu_prep_query_share.py --rows`, any
+#      card), at the planned and other phase shapes, and their sweep alone in one pass: how far the rows fall with the
+#      query's part out of the prep, for free (the planned sweep reads stale aqk). B1 T16384 ran on an H100 at 998e499
+#      with a wrong QUERY 0 (coef rows of 8 read as rows of 4: the replay ran; results/gpu_prep_query_rows_h100_998e499
+#      .json, its QUERY 0 rows void); T65536 and QUERY 0 not yet run.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -311,8 +310,6 @@ step 45 && timeout 240 env PYTHONPATH=$PWD python -m benchmarks.gpu_prep_query_s
     --out "$OUT/gpu_prep_query_share_$C.json" 2>&1 | grep -v -i warn | tail -14
 step 47 && timeout 400 env PYTHONPATH=$PWD python -m benchmarks.gpu_prep_query_share --rows --rep-ms 100 \
     --out "$OUT/gpu_prep_query_rows_$C.json" 2>&1 | grep -v -i warn | tail -40
-step 48 && timeout 300 python -m pytest -m gpu tests/gpu/test_gluon_sweep_gpu.py -k warp_specialised_sweep -q \
-    -p no:cacheprovider 2>&1 | tail -8
 step 46 && timeout 200 env PYTHONPATH=$PWD python -m benchmarks.gpu_phase_counts --out "$OUT/gpu_phase_counts_$C.json" \
     2>&1 | grep -v -i warn | tail -30
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \

@@ -351,11 +351,12 @@ def test_the_inverse_split_into_diagonal_blocks_is_the_whole_tile_inverse(split,
         assert relative_rms(got[0].cpu(), want[0]) <= 1e-2 and relative_rms(got[1].cpu(), want[1]) <= 1e-2
 
 
-def test_the_prep_without_its_query_product_leaves_the_state_as_it_was():
-    """The prep's QUERY 1, which benchmarks/gpu_prep_query_share.py sets to time what the query's
-    product costs: q loaded for its norms alone, no aqk; it drops only what the outputs read, so the
-    final state, which reads neither, is bit for bit the planned prep's (GVA, an initial state, a
-    partial last chunk)."""
+@pytest.mark.parametrize("query", [1, 0])
+def test_the_prep_without_its_query_part_leaves_the_state_as_it_was(query):
+    """The prep's QUERY switch, which benchmarks/gpu_prep_query_share.py sets to time what the
+    query's part of the prep costs: 1 (q loaded for its norms alone) and 0 (no q) drop only what
+    the outputs read (aqk, and with 0 the q norms in lam rq), so the final state, which reads
+    neither, is bit for bit the planned prep's (GVA, an initial state, a partial last chunk)."""
     q, k, v, g, beta, S0 = gdn_inputs(1, 130, 2, 4, 32, 32)
     q, k, v, beta = (x.bfloat16().to(DEVICE) for x in (q, k, v, beta))
     args = (q, k, v, g.float().to(DEVICE), beta)
@@ -363,77 +364,11 @@ def test_the_prep_without_its_query_product_leaves_the_state_as_it_was():
     launches = delta_launches(*args, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True)
     inputs = launch_delta.DeltaInputs(*args, initial_state=h0)
     planned = run_delta_launches(launches, inputs)
-    without = run_delta_launches(with_constants(launches, "prep", QUERY=1), inputs)
+    without = run_delta_launches(with_constants(launches, "prep", QUERY=query), inputs)
     assert torch.equal(bits(without[1]), bits(planned[1]))
     want = gated_delta_rule_naive(*(x.double().cpu() for x in args), initial_state=S0[:1],
                                   use_qk_l2norm_in_kernel=True)
     assert relative_rms(planned[1].cpu(), want[1]) <= 1e-2
-
-
-@pytest.mark.parametrize("l2norm", [True, False])
-@pytest.mark.parametrize("T, cu", [(130, None), (64, None), (1, None), (300, [0, 1, 2, 130, 300])],
-                         ids=["dense T130", "dense T64", "dense T1", "varlen, one-token sequences"])
-@pytest.mark.parametrize("phases", [1, 3])
-def test_the_scores_formed_in_the_sweep_are_the_planned_preps(l2norm, T, cu, phases):
-    """``sweep_scores`` with the WY step: the prep loads no q (QUERY 0) and the sweep forms each
-    chunk's aqk from its q and k tiles and, with l2norm, the queries' norm factors. The state's path
-    reads neither, so the final state is the planned form's bit for bit; the outputs (aqk no longer
-    rounded to 16 bits with rq in it) match the float64 oracle at least as closely as the planned
-    form's do. GVA, an initial state, resets and decays of exactly 0 and 1, bf16 (without l2norm the
-    keys come normalised, so that 300 steps stay finite)."""
-    q, k, v, g, beta, S0 = gdn_inputs(1, T, 2, 4, 32, 32)
-    if not l2norm:
-        k = k / k.norm(dim=-1, keepdim=True)
-    q, k, v, beta = (x.bfloat16().to(DEVICE) for x in (q, k, v, beta))
-    args = (q, k, v, g.float().to(DEVICE), beta)
-    N = 1 if cu is None else len(cu) - 1
-    S0 = torch.randn(N, 4, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    h0 = S0.float().to(DEVICE)
-    kw = dict(initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=l2norm, phases=phases)
-    inputs = launch_delta.DeltaInputs(*args, initial_state=h0)
-    if cu is not None:
-        cu_t = torch.tensor(cu, dtype=torch.int32, device=DEVICE)
-        d = build_chunk_descriptors(cu_t)
-        kw.update(cu_seqlens=cu_t, chunk_indices_dp=d.chunk_indices_dp, phases=1)
-        inputs = inputs._replace(cu_seqlens=cu_t, chunk_indices_dp=d.chunk_indices_dp)
-    planned = run_delta_launches(delta_launches(*args, **kw), inputs)
-    scores = delta_launches(*args, sweep_scores=True, **kw)
-    assert "aqk" not in scores.buffers and scores.buffers["coef"][0][-1] == 8
-    got = run_delta_launches(scores, inputs)
-    assert torch.equal(bits(got[1]), bits(planned[1]))
-    want = gated_delta_rule_naive(*(x.double().cpu() for x in args), initial_state=S0,
-                                  use_qk_l2norm_in_kernel=l2norm, cu_seqlens=None if cu is None else torch.tensor(cu))
-    err, planned_err = relative_rms(got[0].cpu(), want[0]), relative_rms(planned[0].cpu(), want[0])
-    assert err <= 1e-2 and err <= 1.1 * planned_err, (err, planned_err)
-
-
-@pytest.mark.parametrize("bad", ["key", "query", "beta"])
-def test_the_scores_formed_in_the_sweep_keep_a_non_finite_input_causal(bad):
-    """A NaN in one row's key, query or beta: the outputs formed from the sweep's scores are
-    non-finite exactly where the planned form's are (a key or beta: its row and every later one; a
-    query: its own row alone), and the final state is the planned form's bit for bit."""
-    q, k, v, g, beta, S0 = gdn_inputs(1, 130, 2, 4, 32, 32)
-    {"key": k, "query": q, "beta": beta}[bad][0, 70, 0] = float("nan")
-    q, k, v, beta = (x.bfloat16().to(DEVICE) for x in (q, k, v, beta))
-    args = (q, k, v, g.float().to(DEVICE), beta)
-    h0 = S0[:1].float().to(DEVICE)
-    kw = dict(initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True)
-    inputs = launch_delta.DeltaInputs(*args, initial_state=h0)
-    planned = run_delta_launches(delta_launches(*args, **kw), inputs)
-    got = run_delta_launches(delta_launches(*args, sweep_scores=True, **kw), inputs)
-    assert torch.equal(got[0].isfinite(), planned[0].isfinite())
-    assert not got[0][0, 70].isfinite().all() and got[0][0, :70].isfinite().all()
-    assert torch.equal(bits(got[1]), bits(planned[1]))
-
-
-@pytest.mark.parametrize("what", ["M = 2", "kept prep"])
-def test_the_scores_formed_in_the_sweep_refuse_what_they_do_not_take(what):
-    """The delta rule's scores in the sweep take M = 1 and a forward that keeps no prep (the
-    backward reads aqk): anything else is a ValueError naming the shape's field."""
-    q, k, v, g, beta, _ = gdn_inputs(1, 64, 2, 2, 32, 32)
-    kw = dict(num_householder=2) if what == "M = 2" else dict(keep_prep=True)
-    with pytest.raises(ValueError, match="sweep_scores"):
-        delta_launches(q.float(), k.float(), v.float(), g.float(), beta.float(), sweep_scores=True, **kw)
 
 
 @pytest.mark.parametrize("M, cu", [(1, None), (1, [0, 1, 70, 130]), (2, [0, 40, 90])])
@@ -869,12 +804,6 @@ def test_the_warp_specialised_sweep_with_the_wy_step_takes_calls_with_outputs_an
     assert sweeps(delta_launches(q, k, v, g, beta, checkpoint_chunks=2, **ws))[0] == (G, 0, None)
     # the training forward that keeps its prep and no checkpoints (B1's planned row) takes it too
     assert sweeps(delta_launches(q, k, v, g, beta, keep_prep=True, phases=3, **ws))[0] == (W, 3, cap)
-    # with the delta rule's scores formed in the sweep: the prep at QUERY 0, the flags on every sweep
-    scores = delta_launches(q, k, v, g, beta, phases=3, sweep_scores=True, use_qk_l2norm_in_kernel=True, **ws)
-    assert sweeps(scores) == [(W, 3, cap)] * 3 + [(J, 0, None)]
-    assert {s.kwargs["QUERY"] for s in scores.steps if s.kernel.fn.__name__ == "chunk_delta_prep_kernel"} == {0}
-    assert all(s.kwargs["SWEEP_SCORES"] and s.kwargs["QUERY_NORM"] for s in scores.steps
-               if launch_delta.is_sweep_step(s))
     backward_shape = dataclasses.replace(DELTA_BACKWARD_LAUNCH[1][1], recompute_twin=True)
     backward = build_delta_backward(q, k, v, g, beta, torch.zeros_like(v), None, scale=1.0, initial_state=None,
                                     use_qk_l2norm_in_kernel=True, cu_seqlens=None, chunk_indices=None,

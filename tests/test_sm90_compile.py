@@ -215,8 +215,8 @@ def test_the_gluon_forward_sweep_compiles_for_sm90():
     """The forward sweep's Gluon twin in every pass and form it takes (the single pass, phases, a
     segmented sweep's second pass; dense and varlen; a cache with float32 chunk states; the WY step
     off for SSD and simple GLA, on the delta prep and on the group prep's scores, there in one pass
-    and in segments; warp-specialised, also keeping the chunk states in bf16, and with the WY step;
-    the delta rule's scores formed in it after the prep at QUERY 0), without spills: the Gluon rules (docs/kernels-gluon.md)."""
+    and in segments; warp-specialised, also keeping the chunk states in bf16, and with the WY step),
+    without spills: the Gluon rules (docs/kernels-gluon.md)."""
     run = compile_offline("gluon-forward")
     assert run.returncode == 0, run.stderr[-3000:]
     for form in ("one pass", "phases", "segments", "serving"):
@@ -243,10 +243,6 @@ def test_the_gluon_forward_sweep_compiles_for_sm90():
     for form in ("one pass, GDN dense, H = HV", "one pass, GDN varlen, GVA", "phases, GDN dense, H = HV",
                  "serving, GDN varlen, GVA"):  # warp-specialised with the WY step; serving with bf16 chunk states
         assert f"WY warp-specialised {form}: gluon_gla_sweep_specialized_kernel" in run.stdout, run.stdout
-    for form in ("one pass, GDN dense, H = HV", "one pass, GDN varlen, GVA", "phases, GDN dense, H = HV"):
-        # the delta rule's scores formed in the warp-specialised sweep; its replay the Triton kernel's
-        for kernel in ("chunk_delta_prep_kernel", "gluon_gla_sweep_specialized_kernel", "chunk_delta_sweep_kernel"):
-            assert f"WY scores in the sweep {form}: {kernel}" in run.stdout, run.stdout
 
 
 def test_the_ssd_training_gate_kernels_compile_for_sm90():

@@ -200,10 +200,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     coef rows of 8, and the sweep gates the scores per value head (GATE_SCORES);
     ``shape.calm_gates`` as well: factored where a chunk is calm (CALM_GATES; 2 stages at most).
     ``shape.sweep_scores`` instead: the sweep forms the scores from its q and k tiles
-    (SWEEP_SCORES), and the group prep writes the coef rows alone. With the WY step (M = 1, no kept
-    prep) ``shape.sweep_scores`` likewise takes the query's part out of the delta prep (QUERY 0: no
-    q, no aqk, coef rows of 8) into the sweep, which forms each chunk's aqk from its tiles and, with
-    l2norm, the queries' norm factors (QUERY_NORM).
+    (SWEEP_SCORES), and the group prep writes the coef rows alone.
     ``out_views``: ``(o, final)`` tensors each call writes into instead of new ones (passed per call as
     :func:`run_delta_launches`' ``given``; their strides are read here): o ``[B, T, HV, V]`` with a
     unit last stride and a batch stride of T token strides, final ``[N, HV, K, V]`` float32 with
@@ -225,13 +222,9 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         raise ValueError("DeltaShape.group_prep: the group prep takes a scalar decay with wy=False and M = 1")
     if shape.calm_gates and not group:
         raise ValueError("DeltaShape.calm_gates: the calm gates need group_prep=True")
-    wy_scores = shape.sweep_scores and wy  # the delta rule's aqk formed in the sweep
-    if shape.sweep_scores and not ((group and not shape.calm_gates) or
-                                   (wy and num_householder == 1 and not keep_prep and ssd is None)):
+    if shape.sweep_scores and not (group and not shape.calm_gates):
         raise ValueError("DeltaShape.sweep_scores: the scores formed in the sweep need group_prep=True and "
-                         "calm_gates=False, or the WY step with M = 1 and no kept prep (got "
-                         f"group_prep={group}, calm_gates={shape.calm_gates}, wy={wy}, M={num_householder}, "
-                         f"keep_prep={keep_prep})")
+                         f"calm_gates=False (got group_prep={group}, calm_gates={shape.calm_gates})")
     # specialized refines gluon_sweep (the twin warp-specialised) and means nothing without it
     if shape.specialized and shape.gluon_sweep and not ((group or wy) and shape.segments == 1):
         raise ValueError("DeltaShape.specialized: the warp-specialised sweep needs the WY step or group_prep, and one "
@@ -269,12 +262,12 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     buffers = {"o": ((B, T, HV, V), v.dtype if ssd is not None else q.dtype, None)}
     if group and not shape.sweep_scores:  # the scores once per query/key head, gated per value head in the sweep
         buffers["scores"] = ((B, T, H, BT), (q.dtype if shape.calm_gates else torch.float32), None)
-    elif not wy_scores:
+    else:
         buffers["aqk"] = ((B, T * M, HV, BT), q.dtype, None)
     if wy:
         buffers["wy"] = ((B, T * M, HV, BT), q.dtype, None)
     # per (chunk slot, head): slots (bos + 64 c) // 64 + n < B*T*M // 64 + N (_chunk_slot)
-    coef_width = GROUP_COEF_WIDTH.value if group or wy_scores else 4
+    coef_width = GROUP_COEF_WIDTH.value if group else 4
     buffers["coef"] = (((B * T * M) // BT + N, HV, BT, coef_width), torch.float32, None)
     if varlen and N > 0:  # the sweep's order of sequences, longest first (written by the prep)
         buffers["sequence_order"] = ((N,), torch.int32, None)
@@ -320,8 +313,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     steps = []
     NTe = triton.cdiv(T * M, BT)  # expanded chunks of a dense sequence
     prep = dict(
-        q=arg("q"), k=arg("k"), g=arg("g", g is not None), beta=beta_arg, wy=arg("wy", wy),
-        aqk=arg("aqk", not wy_scores),
+        q=arg("q"), k=arg("k"), g=arg("g", g is not None), beta=beta_arg, wy=arg("wy", wy), aqk=arg("aqk"),
         coef=arg("coef"), winv=arg("winv", keep_prep),
         cu_seqlens=arg("cu_seqlens", varlen), chunk_indices=arg("chunk_indices_dp", varlen),
         sequence_order=arg("sequence_order", varlen and N > 0), scale=scale, T=T, n_seq=N if varlen else 0,
@@ -330,7 +322,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         USE_L2NORM=use_qk_l2norm_in_kernel, IS_VARLEN=varlen, HAS_G=g is not None,
         INV_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DT=dt, INV_FP16=q.dtype != torch.float32,
         INV_SPLIT=plan_delta.PREP_SPLIT_INVERSE if q.dtype != torch.float32 else 0, wait_primary=0, PDL=not INTERPRET,
-        STORE_INV=keep_prep, HEADS=heads, QUERY=0 if wy_scores else 2, **ssd_prep)
+        STORE_INV=keep_prep, HEADS=heads, QUERY=2, **ssd_prep)
     prep_kernel, prep_per_chunk = chunk_delta_prep_kernel, HV // heads
     if group:
         # a program per (chunk, query/key head, block of HB value heads)
@@ -390,7 +382,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         (out_views is None or out_views[0].data_ptr() % 16 == 0)
     sweep = dict(
         q=arg("qg" if key_decay else "q"), k=arg("kg" if key_decay else "k"), v=arg("v"), wy=arg("wy", wy),
-        aqk=arg("scores" if group else "aqk", not shape.sweep_scores), coef=arg("coef"), o=arg("o"),
+        aqk=arg("scores", not shape.sweep_scores) if group else arg("aqk"), coef=arg("coef"), o=arg("o"),
         h0=arg("initial_state", initial_state is not None), ht=arg("final", store_final),
         state=arg("state", use_cache), state_indices=arg("state_indices", use_cache),
         chunk_states=arg("chunk_states", return_chunk_states), cu_seqlens=arg("cu_seqlens", varlen),
@@ -410,7 +402,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         V_PRODUCT=v_product, TMA_STORE=tma_store and M == 1 and tma_ok and not states_only,
         PDL=not INTERPRET, REPLAY=False, OUTPUTS=not states_only, STORE_U=False, CKPT_CHUNKS=checkpoint_chunks,
         GATE_SCORES=group, CALM_GATES=shape.calm_gates and not states_only, SWEEP_SCORES=shape.sweep_scores,
-        QUERY_NORM=wy_scores and use_qk_l2norm_in_kernel, **ssd_sweep)
+        **ssd_sweep)
     sweep_kernel, sweep_options = _sweep_kernel(
         shape, q, k, v, BV, tma_ok, wy=wy, ssd=ssd, key_decay=key_decay, M=M,
         chunk_state_rows=buffers["chunk_states"][0][0] if return_chunk_states else 0, state_strides=s0,

@@ -319,12 +319,6 @@ def compile_gluon_forward() -> list[str]:
         for case in ("GDN dense, H = HV",) + (() if name == "phases" else ("GDN varlen, GVA",)):
             lines += [f"WY warp-specialised {name}, {case}: {line}" for line in
                       compile_delta_forward(case, dataclasses.replace(GLUON_SWEEP_SHAPES[name], specialized=True))]
-    # the delta rule's scores formed in the warp-specialised sweep (the prep at QUERY 0)
-    for name in ("one pass", "phases"):
-        for case in ("GDN dense, H = HV",) + (() if name == "phases" else ("GDN varlen, GVA",)):
-            lines += [f"WY scores in the sweep {name}, {case}: {line}" for line in
-                      compile_delta_forward(case, dataclasses.replace(GLUON_SWEEP_SHAPES[name], specialized=True,
-                                                                      sweep_scores=True))]
     lines += [f"WY warp-specialised serving, GDN varlen, GVA: {line}" for line in
               compile_delta_forward("GDN varlen, GVA", dataclasses.replace(GLUON_SWEEP_SHAPES["one pass"],
                                                                            specialized=True),

@@ -78,16 +78,11 @@ def chunk_delta_prep_kernel(
     (grid: chunks x HV / HEADS), loading q and k and forming Q K^T once for them (SSD's group
     shares C and B across all its heads); 1 is one program per value head as above.
 
-    QUERY (WY): 2 as above. 0 for a sweep that forms the outputs' scores itself (SWEEP_SCORES with
-    WY, M = 1): no q loaded, no aqk, and coef rows of 8 (``coef[slot, hv, 0:64, 0:8]``):
-    ``(lam rk, lam scale, gam rk, lam_last, gc, segment, rk scale, 0)``, lam scale NaN from the
-    first bad row on, gc and the segment (as a float) those of the gate tile G; the sweep takes the
-    q norm factors rq from its q tile and forms ``aqk = rq o (G o (Q K^T diag(rk scale)))``.
-    1 (benchmarks/gpu_prep_query_share.py only): q loaded for its norms alone, no aqk, coef as
-    with 2 (the outputs not the op's): what the query's product and store cost.
+    QUERY (WY; 2, every launch of the package): 1 loads q for its norms alone and 0 not at all (lam
+    rq then the scale alone); neither forms or stores aqk, so a sweep after them gives no output of
+    the op's. Benchmarks only (benchmarks/gpu_prep_query_share.py): what the query's part costs.
     """
-    tl.static_assert(QUERY == 2 or (WY and M == 1), "QUERY below 2 needs the WY step and M = 1")
-    CW: tl.constexpr = 8 if QUERY == 0 else 4  # coef's floats a row
+    tl.static_assert(QUERY == 2 or WY, "QUERY below 2 (benchmarks only) needs the WY step")
     pid = tl.program_id(0).to(tl.int64)
     i_c = pid // (HV // HEADS)
     i_hv0 = (pid % (HV // HEADS)) * HEADS  # the program's first value head
@@ -162,7 +157,7 @@ def chunk_delta_prep_kernel(
         k_sq = tl.where(bad, 0.0, k_sq)
         if WY:
             b_beta = tl.where(bad, 0.0, b_beta)
-        if USE_L2NORM and QUERY == 0:  # rq is the sweep's
+        if USE_L2NORM and QUERY == 0:
             rk = tl.rsqrt(k_sq + 1e-6)
             rq = tl.full([BT], 1.0, tl.float32) * scale
         elif USE_L2NORM:
@@ -181,7 +176,7 @@ def chunk_delta_prep_kernel(
         rq = tl.where(o_t < first_bad, rq, float("nan"))
         # coef by (chunk, head): one contiguous 1 KB tile, whole lines written here and read by the
         # sweep (rather than rows of 16 B at a stride of HV x 16 B).
-        p_coef = coef + ((_chunk_slot(bos, i_t, i_n, BT) * HV + i_hv) * BT + o_t) * CW
+        p_coef = coef + ((_chunk_slot(bos, i_t, i_n, BT) * HV + i_hv) * BT + o_t) * 4
         tl.store(p_coef, lam * rk, mask=m_r)
         tl.store(p_coef + 1, lam * rq, mask=m_q)
         if SSD:  # V = dt o x: the state takes gam_j dt_j x_j
@@ -189,10 +184,6 @@ def chunk_delta_prep_kernel(
         else:
             tl.store(p_coef + 2, gam * rk, mask=m_r)
         tl.store(p_coef + 3, tl.zeros([BT], dtype=tl.float32) + lam_last, mask=o_t == 0)  # read on row 0 only
-        if QUERY == 0:  # the gate tile's and the key factors, for the sweep's scores
-            tl.store(p_coef + 4, gc, mask=m_r)
-            tl.store(p_coef + 5, seg.to(tl.float32), mask=m_r)
-            tl.store(p_coef + 6, rk * scale, mask=m_r)
         p_out = (rows * HV + i_hv)[:, None] * BT + o_t[None, :]
 
         # aqk = G o (scale Q K^T) (normalised q, k: the factors scale the product's rows and columns).

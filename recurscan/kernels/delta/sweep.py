@@ -50,23 +50,21 @@ def _outputs_causal(b_Sd, b_q, b_Wt, b_At, lam_rk, lam_rq, out_rows, k, v, e, m_
 
 
 @triton.jit
-def _gated_scores(b_st, p_j, p_i, m_r, o_t, SWEEP_SCORES: tl.constexpr = False, WY: tl.constexpr = False):
+def _gated_scores(b_st, p_j, p_i, m_r, o_t, SWEEP_SCORES: tl.constexpr = False):
     """aqk^T [BT (j), BT (i)] = G_ij c_j scores_ij (float32) from the scores ``b_st`` [j, i] and
     the coef rows at ``p_j`` [BT, 1] and ``p_i`` [1, BT]: gc (column 4), the segments (5) and the
     column factors (6) of kernels/gla/group_prep.py; G_ij = 2^(gc_i - gc_j) for j <= i in one segment.
     SWEEP_SCORES: ``b_st`` is K Q^T as the sweep formed it, so the column factor is c scale
     (column 7), and the prep marks no bad key: a non-finite score is kept past a segment's start
     too, so that a bad key reaches every output from its row on, across a reset in its chunk, as the
-    token loop's 0 x NaN carries it (a bad query's own row is non-finite anyway). With WY (the delta
-    prep's QUERY 0 rows of 8) the column factors are rk scale (column 6), and the prep has marked
-    every bad row (lam scale NaN from the first on), so the scores need no such care."""
+    token loop's 0 x NaN carries it (a bad query's own row is non-finite anyway)."""
     gc_j = tl.load(p_j + 4, mask=m_r[:, None], other=0.0)
     gc_i = tl.load(p_i + 4, mask=m_r[None, :], other=0.0)
     seg_j = tl.load(p_j + 5, mask=m_r[:, None], other=0.0)
     seg_i = tl.load(p_i + 5, mask=m_r[None, :], other=0.0)
-    col_j = tl.load(p_j + (7 if SWEEP_SCORES and not WY else 6), mask=m_r[:, None], other=0.0)
+    col_j = tl.load(p_j + (7 if SWEEP_SCORES else 6), mask=m_r[:, None], other=0.0)
     same = seg_j == seg_i
-    if SWEEP_SCORES and not WY:
+    if SWEEP_SCORES:
         same |= b_st * 0.0 != 0.0
     keep = (o_t[:, None] <= o_t[None, :]) & same
     return tl.where(keep, tl.exp2(gc_i - gc_j) * col_j * b_st, 0.0)
@@ -103,8 +101,7 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_s
                  DOT_PRECISION: tl.constexpr, DT: tl.constexpr, FULL: tl.constexpr, CAREFUL: tl.constexpr,
                  OUTPUTS: tl.constexpr, STORE_U: tl.constexpr, WY: tl.constexpr, HAS_D: tl.constexpr,
                  D_PER_CHANNEL: tl.constexpr, HAS_Z: tl.constexpr, KEY_DECAY: tl.constexpr,
-                 GATE_SCORES: tl.constexpr, CALM_GATES: tl.constexpr, SWEEP_SCORES: tl.constexpr,
-                 QUERY_NORM: tl.constexpr):
+                 GATE_SCORES: tl.constexpr, CALM_GATES: tl.constexpr, SWEEP_SCORES: tl.constexpr):
     """One expanded chunk c of :func:`chunk_delta_sweep_kernel` (its docstring has the algebra):
     returns the state S^T leaving the chunk, having written the chunk's outputs (PASS != 1) and,
     when it starts a token chunk, the state entering it (STORE_CHUNK_STATES). FULL: all 64 rows
@@ -114,8 +111,8 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_s
     the state alone (the backward's recompute of the chunk states), no query or output touched.
     STORE_U: the chunk's U and lam o (K S) (rows of ``u_out`` and ``ks_out``, laid out as v), which
     the backward's parallel stage takes instead of recomputing them from the state. WY False and
-    the SSD epilogue (HAS_D, HAS_Z), KEY_DECAY, GATE_SCORES, CALM_GATES, SWEEP_SCORES, QUERY_NORM:
-    see :func:`chunk_delta_sweep_kernel`."""
+    the SSD epilogue (HAS_D, HAS_Z), KEY_DECAY, GATE_SCORES, CALM_GATES, SWEEP_SCORES: see
+    :func:`chunk_delta_sweep_kernel`."""
     r = c * BT + o_t.to(tl.int64)  # [BT] row inside the sequence (expanded stream)
     if FULL:  # every row lies in the sequence: the loads and stores below go unpredicated
         m_r = tl.full([BT], True, tl.int1)
@@ -166,13 +163,13 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_s
         b_Wt = b_vt
     if COMPACT_Q:  # aqk^T on the query rows only: [BT (j), BTQ (i)]
         b_At = tl.load(aqk + (e_q * HV + i_hv)[None, :] * BT + o_t[:, None]).to(DT)
-    elif (PASS != 1) and OUTPUTS and (not GATE_SCORES) and (not SWEEP_SCORES):
+    elif (PASS != 1) and OUTPUTS and (not GATE_SCORES):
         b_At = tl.load(aqk + (e * HV + i_hv)[None, :] * BT + o_t[:, None], mask=m_r[None, :], other=0.0).to(DT)
     # Stage 1, precomputed by the prep kernel: the rows' decays times their norm factors. One
     # [BT, 4] tile (with GATE_SCORES [BT, 8]): one pipelined buffer (four vectors took four, each
     # 1 KB aligned; loaded as separate vectors, each element became its own 4-byte copy: 190 more
     # instructions per chunk, sm_90 SASS).
-    CW: tl.constexpr = _coef_width(GATE_SCORES or SWEEP_SCORES)
+    CW: tl.constexpr = _coef_width(GATE_SCORES)
     o_4 = tl.arange(0, CW)
     p_coef = coef + (_chunk_slot(bos, c, i_n, BT) * HV + i_hv) * BT * CW  # the chunk's [BT, CW] tile
     b_coef = tl.load(p_coef + o_t[:, None] * CW + o_4[None, :], mask=m_r[:, None], other=0.0)
@@ -195,12 +192,6 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_s
             calm = f_0 == f_0  # column 0 is NaN in every row of a chunk that is not calm
         else:
             b_At = _gated_scores(b_st, p_j, p_i, m_r, o_t, SWEEP_SCORES).to(DT)
-    if WY and SWEEP_SCORES and (PASS != 1) and OUTPUTS:
-        # aqk^T [BT (j), BT (i)] = G_ij (rk scale)_j (K Q^T)_ji from the chunk's tiles and the
-        # prep's rows of 8; rq, the query rows' norm factors, scale the outputs' columns (below).
-        b_st = tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PRECISION)
-        b_At = _gated_scores(b_st, p_coef + o_t[:, None] * CW, p_coef + o_t[None, :] * CW, m_r, o_t, True,
-                             True).to(DT)
     # The decay across the chunk, as a scalar load of the chunk's first row (always a row of the
     # sequence): taken from the tile it was a block-wide max (shuffles, three barriers per chunk).
     lam_last = tl.load(p_coef + 3)
@@ -269,9 +260,6 @@ def _sweep_chunk(c, b_St, q, k, v, wy, aqk, coef, o, o_desc, o_st, o_sh, chunk_s
                                        o_v, m_k, m_vt, H, HV, K, V, BT, V_PRODUCT, DOT_PRECISION, DT)
             else:
                 b_ot = tl.where(o_t[None, :] < first_bad[:, None], b_ot, float("nan"))
-        if QUERY_NORM:  # O = rq o (lam scale o (Q S) + aqk' U), rq from the squares of the raw q tile
-            b_qf = b_q.to(tl.float32)
-            b_ot = b_ot * tl.rsqrt(tl.sum(b_qf * b_qf, axis=1) + 1e-6)[None, :]
         if HAS_D:  # Mamba2's skip D x (v holds x), then its gate silu(z)
             if D_PER_CHANNEL:
                 b_ot += tl.load(D + i_hv * V + o_v, mask=m_v, other=0.0).to(tl.float32)[:, None] * b_vt
@@ -316,7 +304,6 @@ def chunk_delta_sweep_kernel(
     CKPT_CHUNKS: tl.constexpr = 0, WY: tl.constexpr = True, HAS_D: tl.constexpr = False,
     D_PER_CHANNEL: tl.constexpr = False, HAS_Z: tl.constexpr = False, KEY_DECAY: tl.constexpr = False,
     GATE_SCORES: tl.constexpr = False, CALM_GATES: tl.constexpr = False, SWEEP_SCORES: tl.constexpr = False,
-    QUERY_NORM: tl.constexpr = False,
 ):
     """Grid (N * HV * ceil(V / BV),): program -> (sequence n, value head hv, value block iv),
     iv fastest so neighbouring programs share the q/k rows in L2.
@@ -431,13 +418,7 @@ def chunk_delta_sweep_kernel(
     f = c / (lam scale) the prep's column factors: no tile of exp2. SWEEP_SCORES (with GATE_SCORES,
     without CALM_GATES): ``aqk`` unread; each chunk forms K Q^T from its q and k tiles (one more
     product) and takes the scale with the column factors (the group prep's coef column 7).
-    SWEEP_SCORES with WY (M = 1; the delta prep at QUERY 0, which loads no q): ``aqk`` unread, coef
-    rows of 8; each chunk forms aqk'^T [j, i] = G_ij (rk scale)_j (K Q^T)_ji from its tiles, and
-    O = rq o (lam scale o (Q S) + aqk' U), with QUERY_NORM (l2norm) rq = rsqrt(|q|^2 + 1e-6) from
-    the chunk's q rows, else 1: the planned prep's aqk and lam rq, factored.
     """
-    tl.static_assert(not (WY and SWEEP_SCORES) or M == 1, "the scores formed in the sweep: M = 1")
-    tl.static_assert(not QUERY_NORM or (WY and SWEEP_SCORES), "QUERY_NORM: with the WY step's SWEEP_SCORES")
     pid = tl.program_id(0).to(tl.int64)
     if REPLAY:  # the replay launch: only the programs the pass before flagged (see the end)
         if PDL:
@@ -581,7 +562,7 @@ def chunk_delta_sweep_kernel(
                             m_vk, o_vk, use_v,
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
                             DOT_PRECISION, DT, True, REPLAY, OUTPUTS, STORE_U, WY, HAS_D, D_PER_CHANNEL,
-                            HAS_Z, KEY_DECAY, GATE_SCORES, CALM_GATES, SWEEP_SCORES, QUERY_NORM)
+                            HAS_Z, KEY_DECAY, GATE_SCORES, CALM_GATES, SWEEP_SCORES)
     c_tail = tl.maximum(c_lo, c_full)
     if c_tail < c_end:
         if STORE_CKPT:
@@ -592,7 +573,7 @@ def chunk_delta_sweep_kernel(
                             m_vk, o_vk, use_v,
                             H, HV, K, V, M, BT, BK, BV, PASS, V_PRODUCT, TMA_STORE, STORE_CHUNK_STATES,
                             DOT_PRECISION, DT, False, REPLAY, OUTPUTS, STORE_U, WY, HAS_D, D_PER_CHANNEL,
-                            HAS_Z, KEY_DECAY, GATE_SCORES, CALM_GATES, SWEEP_SCORES, QUERY_NORM)
+                            HAS_Z, KEY_DECAY, GATE_SCORES, CALM_GATES, SWEEP_SCORES)
     if PASS == 1:
         if not WY:
             if role_m:  # M_i = (the product of the segment's chunk decays) I; NaN after a bad row

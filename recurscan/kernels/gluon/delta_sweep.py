@@ -195,7 +195,6 @@ def gluon_sweep_kernel(
     CKPT_CHUNKS: gl.constexpr = 0, WY: gl.constexpr = True, HAS_D: gl.constexpr = False,
     D_PER_CHANNEL: gl.constexpr = False, HAS_Z: gl.constexpr = False, KEY_DECAY: gl.constexpr = False,
     GATE_SCORES: gl.constexpr = False, CALM_GATES: gl.constexpr = False, SWEEP_SCORES: gl.constexpr = False,
-    QUERY_NORM: gl.constexpr = False,
 ):
     """Grid as the twin's: PASS 0 and 3 (N * HV * V / BV,), PASS 2 (N * n_seg * HV * V / BV,);
     program -> (sequence, [segment,] value head, value block of BV = 64), the block fastest. Per
@@ -217,7 +216,6 @@ def gluon_sweep_kernel(
     gl.static_assert(not (KEY_DECAY or HAS_Z or CALM_GATES), "a scalar decay per head, no gate z, no calm gates")
     gl.static_assert(not GATE_SCORES or not WY, "the group prep's scores: the WY step off")
     gl.static_assert(not (SWEEP_SCORES and OUTPUTS), "the prep's scores (the warp-specialised sweep forms its own)")
-    gl.static_assert(not QUERY_NORM, "the prep's norm factors (the warp-specialised sweep forms the scores)")
     gl.static_assert(WY or not STORE_U, "STORE_U: the delta rule's")
     gl.static_assert(not HAS_D or (OUTPUTS and not WY), "the skip D x: SSD's outputs")
     gl.static_assert(PASS != 1 and not REPLAY, "the single pass, a phase or a second pass; the twin replays")

@@ -11,11 +11,7 @@ sweep's form of the same flag (its bits). The WY form, per chunk:
     outputs: O^T = U^T aqk^T + lam rq o (S^T Q^T), U^T read from the outputs' own staging buffer
 
 so the chain's step holds three dependent products and the outputs' two run beside the next
-chunks' chain. With SWEEP_SCORES as well (the delta prep at QUERY 0: no aqk, coef rows of 8) the
-outputs first form aqk'^T [j, i] = G_ij (rk scale)_j (K Q^T)_ji from the ring's k and q tiles, by
-halves of the queries, into a scores buffer of their own, and with QUERY_NORM the queries' squared
-norms by rows of 16; then O^T = rq o (U^T aqk'^T + lam scale o (S^T Q^T)) (the Triton sweep's form
-of the flags, up to the order of the squares' sum). With STORE_U and no outputs (the backward's recompute, WY only) the chain also hands
+chunks' chain. With STORE_U and no outputs (the backward's recompute, WY only) the chain also hands
 lam rk o K S over beside U^T and the state S, and the two warpgroups store all three (the chunk
 state to its row, U and K S to ``u_out`` and ``ks_out``): the chain issues no store; no q or aqk
 tile is loaded. The scalar decay's form:
@@ -70,9 +66,8 @@ OUTPUT_REGS = gl.constexpr(152)
 #: The same with SWEEP_SCORES, where the scores' product and the state's are in flight together
 #: (fewer spill, offline for sm_90; the chain then has 512 - 2 x 160 - 24 = 168).
 SCORES_OUTPUT_REGS = gl.constexpr(160)
-#: The same with WY (the delta rule): two products and a store a chunk, with SWEEP_SCORES also the
-#: scores' product and gate tile by halves and the queries' squared norms (the chain then has
-#: 512 - 2 x 128 - 24 = 232 for the state, K S, U and their operands; at 216 or less it spilled).
+#: The same with WY (the delta rule): no gate tile, two products and a store a chunk (the chain then
+#: has 512 - 2 x 128 - 24 = 232 for the state, K S, U and their operands).
 WY_OUTPUT_REGS = gl.constexpr(128)
 LOAD_REGS = gl.constexpr(24)
 #: A timing probe (``RECURSCAN_SWEEP_PROBE`` when this module is imported; only
@@ -103,15 +98,6 @@ def _prefetch_2kb(ptr):
         "{ .reg .pred %p; .reg .b32 %l; mov.u32 %l, %laneid; setp.eq.u32 %p, %l, 0; "
         "@%p cp.async.bulk.prefetch.L2.global [$1], 2048; mov.u32 $0, 0; }",
         "=r,l", [ptr], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _opaque(x):
-    """``x`` (an int32 scalar) through a move the compiler cannot see through: a partition's values
-    formed from it stay in that partition, where otherwise (the delta rule's scores in the sweep)
-    they were formed once before the partitions' dispatch and held in local memory across
-    setmaxnreg."""
-    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -157,16 +143,13 @@ def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
     a64: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma64, k_width=2)
     col64: gl.constexpr = gl.SliceLayout(0, mma64)
     blk: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
-    # coef's floats a row: the delta prep's 4, its QUERY 0's 8, the group prep's 8
-    CW: gl.constexpr = 4 if WY and not SWEEP_SCORES else 8
+    CW: gl.constexpr = 4 if WY else 8  # coef's floats a row (the delta prep's, the group prep's)
     zero64 = gl.zeros([BV, BT], gl.float32, layout=mma64)
     p_h = (i_n * HV + i_hv) * (K * V)  # the program's state between phases in seg_n
     S_b = _entering_state(h0, state, seg_n, slot, pad, first_phase, p_h, i_n, 0, 1, i_hv, i_v, s0_n, s0_h, s0_k, s0_v,
                           blk, HV, K, V, BV, PASS, USE_CACHE, HAS_H0)
     S_t = gl.convert_layout(S_b, mmaK)
     o_i = gl.arange(0, BT, layout=col64)
-    if WY and SWEEP_SCORES:
-        c_lo = _opaque(c_lo)
     for j in range(n_run):
         s = j % NUM_STAGES
         b = j % 2
@@ -269,8 +252,7 @@ def _gate_coefficients(coef, bos, c, i_n, i_hv, o_i, o_j, HV: gl.constexpr, BT: 
 def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
              NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr, USE_CACHE: gl.constexpr,
              STORE_FINAL: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr, SWEEP_SCORES: gl.constexpr,
-             STORE_CHUNK_STATES: gl.constexpr, PART: gl.constexpr, WY: gl.constexpr, OUTPUTS: gl.constexpr,
-             QUERY_NORM: gl.constexpr = False):
+             STORE_CHUNK_STATES: gl.constexpr, PART: gl.constexpr, WY: gl.constexpr, OUTPUTS: gl.constexpr):
     """A worker warpgroup: the outputs of every other chunk (those with j % 2 == PART; the other
     warpgroup takes the rest) from the state the chain handed over in buffer PART (with WY also
     U^T, in the outputs' staging buffer PART). Two of them, as one warpgroup's chunk is a chain of
@@ -300,7 +282,7 @@ def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.const
     if not OUTPUTS:
         _stores_of_recompute(p, HV, BT, PART)
     elif WY:
-        _outputs_of_wy(p, HV, BT, BV, NUM_STAGES, STORE_CHUNK_STATES, PART, SWEEP_SCORES, QUERY_NORM)
+        _outputs_of_wy(p, HV, BT, BV, NUM_STAGES, STORE_CHUNK_STATES, PART)
     else:
         for j in range(PART, n_run, 2):
             s = j % NUM_STAGES
@@ -366,16 +348,10 @@ def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.const
 
 @gluon.jit
 def _outputs_of_wy(p, HV: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NUM_STAGES: gl.constexpr,
-                   STORE_CHUNK_STATES: gl.constexpr, PART: gl.constexpr, SWEEP_SCORES: gl.constexpr,
-                   QUERY_NORM: gl.constexpr):
+                   STORE_CHUNK_STATES: gl.constexpr, PART: gl.constexpr):
     """:func:`_outputs` with WY: per chunk O^T = U^T aqk^T + lam rq o (S^T Q^T) (the twin's), U^T and
     S^T as the chain handed them over; the staging buffer (U^T's) is given back once the outputs'
-    bulk store from it drained, as the chain writes the next U^T there. SWEEP_SCORES (the delta
-    prep's QUERY 0 rows of 8): aqk'^T [j, i] = G_ij (rk scale)_j (K Q^T)_ji formed here from the
-    ring's k and q tiles, into this warpgroup's own scores buffer (``a_s`` PART), and with QUERY_NORM
-    the outputs' columns scaled by rq = rsqrt(|q_i|^2 + 1e-6), |q_i|^2 summed by rows of 16 into
-    this warpgroup's buffer in ``ks_s`` (the Triton sweep's form, kernels/delta/sweep.py, up to the
-    order of the squares' sum)."""
+    bulk store from it drained, as the chain writes the next U^T there."""
     (k_s, q_s, v_s, a_s, s_s, g_s, w_s, ready, empty, s_ready, s_empty, u_empty, k_desc, q_desc, v_desc, a_desc,
      w_desc, o_desc, cs_desc, coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends,
      flags, n_run, n_chunks, i_n, i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w,
@@ -385,63 +361,14 @@ def _outputs_of_wy(p, HV: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NUM_
     col64: gl.constexpr = gl.SliceLayout(0, mma64)
     o_i = gl.arange(0, BT, layout=col64)
     zero64 = gl.zeros([BV, BT], gl.float32, layout=mma64)
-    if SWEEP_SCORES:  # the gate tile's halves [BT (j), 32 (i)]
-        mma32: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, 32, 16])
-        o_i32 = gl.arange(0, 32, layout=gl.SliceLayout(0, mma32))
-        o_j32 = gl.arange(0, BT, layout=gl.SliceLayout(1, mma32))
-        zero32 = gl.zeros([BT, 32], gl.float32, layout=mma32)
-    CW: gl.constexpr = 8 if SWEEP_SCORES else 4
     u_s = g_s.index(PART)
     b = PART
-    if SWEEP_SCORES:
-        c_lo = _opaque(c_lo)
-        # the sequence's first coef block, chunk c's HV BT CW floats further: no sequence index held
-        # across the loop (it spilled)
-        coef_n = coef + ((bos // BT + i_n) * HV + i_hv) * (BT * CW)
     for j in range(PART, n_run, 2):
         s = j % NUM_STAGES
         c = c_lo + j
-        if SWEEP_SCORES:
-            p_coef = coef_n + c * (HV * BT * CW)
-        else:
-            p_coef = coef + (((bos + c * BT) // BT + i_n) * HV + i_hv) * (BT * CW)
-        if SWEEP_SCORES:
-            # The gate tile's factors along its rows, unmasked: a row past the sequence's end (stale,
-            # maybe not finite) reaches only the outputs' columns past it (the tile is causal, and
-            # k's rows past the end are zeros), which the bulk store leaves out.
-            gc_j = gl.load(p_coef + o_j32 * CW + 4)
-            sg_j = gl.load(p_coef + o_j32 * CW + 5)
-            cf_j = gl.load(p_coef + o_j32 * CW + 6)
-        else:
-            lam_rq = gl.load(p_coef + o_i * CW + 1, mask=c * BT + o_i < L, other=0.0)  # before the waits
+        p_coef = coef + (((bos + c * BT) // BT + i_n) * HV + i_hv) * (BT * 4)
+        lam_rq = gl.load(p_coef + o_i * 4 + 1, mask=c * BT + o_i < L, other=0.0)  # before the waits
         mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
-        if SWEEP_SCORES:
-            # K Q^T [j, i] and its gate tile by halves of the queries (fewer registers: it spilled
-            # whole), then (QUERY_NORM) the queries' squared norms: no state needed, so all of it
-            # before the chain's hand-over
-            a_t = a_s.index(PART)  # its reads by this warpgroup's last product done (the barrier below)
-            for h in gl.static_range(2):
-                St = warpgroup_mma(k_s.index(s), q_s.index(s).slice(h * 32, 32, dim=0).permute((1, 0)), zero32,
-                                   use_acc=False, is_async=True)
-                gc_i = gl.load(p_coef + (h * 32 + o_i32) * CW + 4)
-                sg_i = gl.load(p_coef + (h * 32 + o_i32) * CW + 5)
-                St = warpgroup_mma_wait(num_outstanding=0, deps=(St,))
-                keep = (o_j32[:, None] <= h * 32 + o_i32[None, :]) & (sg_j[:, None] == sg_i[None, :])
-                At = gl.where(keep, gl.exp2(gc_i[None, :] - gc_j[:, None]) * cf_j[:, None] * St, 0.0)
-                a_t.slice(h * 32, 32, dim=0).permute((1, 0)).store(At.to(DT))
-            fence_async_shared()
-            gl.thread_barrier()
-            if QUERY_NORM:  # |q_i|^2 by rows of 16 (a warp a row, lanes along K), gathered in shared memory
-                K: gl.constexpr = q_s.shape[2]
-                rows16: gl.constexpr = gl.BlockedLayout([1, K // 32], [1, 32], [4, 1], [1, 0])
-                sq = ks_s.index(PART)  # the squared norms' buffer (QUERY_NORM)
-                for r in gl.static_range(BT // 16):
-                    q_r = q_s.index(s).slice(r * 16, 16, dim=0).load(rows16).to(gl.float32)
-                    sq.slice(r * 16, 16, dim=0).store(gl.sum(q_r * q_r, axis=1))
-                gl.thread_barrier()
-                rq = gl.rsqrt(sq.load(col64) + 1e-6)
-            lam_rq = gl.load(p_coef + o_i * CW + 1)  # the hand-over's wait covers its latency
         mbarrier.wait(s_ready.index(b), (j // 2) & 1)
         if STORE_CHUNK_STATES:  # the buffer holds S [K, BV]: S^T is its transposed view
             S_h = s_s.index(b).permute((1, 0))
@@ -450,15 +377,10 @@ def _outputs_of_wy(p, HV: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NUM_
         QSt = warpgroup_mma(S_h, q_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
         QSt = warpgroup_mma_wait(num_outstanding=0, deps=(QSt,))
         mbarrier.arrive(s_empty.index(b), count=1)
-        if SWEEP_SCORES:  # this warpgroup's gate tile
-            a_t = a_s.index(PART)
-        else:  # the prep's aqk tile in the ring
-            a_t = a_s.index(s)
-        O_t = warpgroup_mma(u_s.permute((1, 0)), a_t.permute((1, 0)), lam_rq[None, :] * QSt, is_async=True)
+        O_t = warpgroup_mma(u_s.permute((1, 0)), a_s.index(s).permute((1, 0)), lam_rq[None, :] * QSt,
+                            is_async=True)
         O_t = warpgroup_mma_wait(num_outstanding=0, deps=(O_t,))
         mbarrier.arrive(empty.index(s), count=1)
-        if QUERY_NORM:
-            O_t = O_t * rq[None, :]
         gl.thread_barrier()  # every warp's reads of U^T by the product done
         u_s.permute((1, 0)).store(O_t.to(DT))
         fence_async_shared()
@@ -521,10 +443,8 @@ def _loads(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
                             + (q_desc.block_type.nbytes if OUTPUTS else 0)
                             + (a_desc.block_type.nbytes if OUTPUTS and not SWEEP_SCORES else 0)
                             + (w_desc.block_type.nbytes if WY else 0))
-    CW: gl.constexpr = 4 if WY and not SWEEP_SCORES else 8
+    CW: gl.constexpr = 4 if WY else 8
     gl.static_assert(BT == 64, "a chunk's coef block is the 1 KB (WY) or 2 KB prefetched")
-    if WY and SWEEP_SCORES:
-        c_lo = _opaque(c_lo)
     p_coef = coef + ((bos // BT + i_n) * HV + i_hv) * (BT * CW)  # chunk c's block: + c HV BT CW (its slot)
     for j in range(n_run):
         s = j % NUM_STAGES
@@ -541,7 +461,7 @@ def _loads(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
         if WY:
             tma.async_copy_global_to_shared(w_desc, [r, col_w], bar, w_s.index(s))
         if COEF_PREFETCH:
-            if CW == 4:
+            if WY:
                 _prefetch_1kb(p_coef + (c_lo + j) * (HV * BT * 4))
             else:
                 _prefetch_2kb(p_coef + (c_lo + j) * (HV * BT * 8))
@@ -564,7 +484,6 @@ def gluon_gla_sweep_specialized_kernel(
     CKPT_CHUNKS: gl.constexpr = 0, WY: gl.constexpr = True, HAS_D: gl.constexpr = False,
     D_PER_CHANNEL: gl.constexpr = False, HAS_Z: gl.constexpr = False, KEY_DECAY: gl.constexpr = False,
     GATE_SCORES: gl.constexpr = False, CALM_GATES: gl.constexpr = False, SWEEP_SCORES: gl.constexpr = False,
-    QUERY_NORM: gl.constexpr = False,
 ):
     """Grid (N * HV * V / BV,) as the twin's PASS 0 and 3: program -> (sequence, value head, value
     block of BV = 64), the block fastest; the twin's arguments (those of its other passes and forms
@@ -590,8 +509,8 @@ def gluon_gla_sweep_specialized_kernel(
     gl.static_assert(OUTPUTS != STORE_U and (WY or OUTPUTS) and (STORE_CHUNK_STATES or not STORE_U),
                      "outputs, or with WY instead the chunk states, U and lam o K S stored (STORE_U: the "
                      "backward's recompute)")
-    gl.static_assert(not (WY and (HAS_D or PROBE != 0)), "the delta rule: no skip D x, no timing probe")
-    gl.static_assert(not QUERY_NORM or (WY and SWEEP_SCORES and OUTPUTS), "QUERY_NORM: with WY's SWEEP_SCORES")
+    gl.static_assert(not (WY and (SWEEP_SCORES or HAS_D or PROBE != 0)),
+                     "the delta rule: no scores formed here, no skip D x, no timing probe")
     gl.static_assert(not (KEY_DECAY or HAS_Z or CALM_GATES or REPLAY), "a scalar decay, no gate z")
     gl.static_assert((PASS == 0 or PASS == 3) and CKPT_CHUNKS == 0, "the single pass or a phase, no checkpoints")
     if STORE_CHUNK_STATES:
@@ -667,10 +586,7 @@ def gluon_gla_sweep_specialized_kernel(
     # aqk's tiles: a query/key head's scores (the group prep's), or with WY a value head's [BT, BT]
     # rows of the delta prep's, beside its wy tiles
     AH: gl.constexpr = HV if WY else H
-    if WY and SWEEP_SCORES and OUTPUTS:  # no scores' ring: each outputs warpgroup's own scores buffer
-        a_desc = k_desc
-        a_s = gl.allocate_shared_memory(DT, [2, BT, BT], l_tt)
-    elif SWEEP_SCORES or not OUTPUTS:  # no scores' ring: k's stands in for it in the partitions' arguments, unread
+    if SWEEP_SCORES or not OUTPUTS:  # no scores' ring: k's stands in for it in the partitions' arguments, unread
         a_desc = k_desc
         a_s = k_s
     else:
@@ -703,8 +619,6 @@ def gluon_gla_sweep_specialized_kernel(
     g_s = gl.allocate_shared_memory(DT, [2, BT, BT], l_tt)
     if STORE_U:  # each outputs warpgroup's lam o K S, beside its U^T
         ks_s = gl.allocate_shared_memory(DT, [2, BT, BV], l_tv)
-    elif QUERY_NORM:  # in its place, each outputs warpgroup's squared query norms, gathered by rows of 16
-        ks_s = gl.allocate_shared_memory(gl.float32, [2, BT], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
     else:  # unread
         ks_s = g_s
     # a ring stage is read by the chain and (with outputs) the chunk's outputs warpgroup
@@ -728,9 +642,9 @@ def gluon_gla_sweep_specialized_kernel(
         (_chain, (p, HV, K, V, BT, BV, PASS, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL,
                   SWEEP_SCORES, STORE_CHUNK_STATES, WY, OUTPUTS, STORE_U)),
         (_outputs, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL,
-                    SWEEP_SCORES, STORE_CHUNK_STATES, 0, WY, OUTPUTS, QUERY_NORM)),
+                    SWEEP_SCORES, STORE_CHUNK_STATES, 0, WY, OUTPUTS)),
         (_outputs, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL,
-                    SWEEP_SCORES, STORE_CHUNK_STATES, 1, WY, OUTPUTS, QUERY_NORM)),
+                    SWEEP_SCORES, STORE_CHUNK_STATES, 1, WY, OUTPUTS)),
         (_loads, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL,
                   SWEEP_SCORES, WY, OUTPUTS)),
     ], [4, 4, 1], [OUT_REGS, OUT_REGS, LOAD_REGS])
