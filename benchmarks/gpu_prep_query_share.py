@@ -7,17 +7,16 @@ prefill is planned, HV64, the prep of the row's unfused form).
 Why: the B1 rows are bound by the prep's SM-time (docs/kernels-chunk-delta.md, "What bounds the
 speed": the targets need it cut by about a third). The warp-specialised sweep's outputs warpgroups
 already form a chunk's scores from the ring's q and k tiles for simple GLA (SWEEP_SCORES); doing so
-for the delta rule would take the query's part out of the prep. This measures that part (30-33% of
-the prep alone, H100). QUERY below 2 writes no aqk, so its outputs are not the op's: a timing, not a
-form. (That form, built at fae1f7c, made B1 T16384 0.662 ms against 0.491 on an H100: the outputs
-warpgroups could not absorb the scores within the chain's step; docs/perf-history.md, 2026-12-07.)
+for the delta rule would take the query's part out of the prep. This measures that part. QUERY
+below 2 writes no aqk, so its outputs are not the op's: a timing, not a form (what was measured, and
+the form built from it: docs/perf-history.md, 2026-12-07).
 
     python -m benchmarks.gpu_prep_query_share --out benchmarks/results/gpu_prep_query_share.json
 
 ``--rows`` times the B1 rows whole instead (graph replay, the planned shape and other phase counts
 and ratios, each with the prep at QUERY 2, 1 and 0), and their sweep alone in one pass: how far the
-row would fall with the query's part out of the prep, before the sweep takes it on (an upper bound
-on the gain, since the sweep's outputs then form the scores too).
+row would fall with the query's part out of the prep and costing nothing elsewhere (an upper bound
+on what moving it can gain).
 """
 from __future__ import annotations
 

@@ -198,10 +198,9 @@ def chunk_delta_prep_kernel(
                 b_qk = b_qk * b_dt[None, :]
             if any_bad:  # a non-finite key's column
                 b_qk = tl.where(bad[None, :], 0.0, b_qk)
-            b_G = _gate_tile(gc, seg, causal, has_reset)
+        b_G = _gate_tile(gc, seg, causal, has_reset)
+        if QUERY == 2:
             tl.store(aqk + p_out, (b_G * b_qk).to(aqk.dtype.element_ty), mask=m_q[:, None])
-        else:
-            b_G = _gate_tile(gc, seg, causal, has_reset)
         if WY:  # stage 2, the WY inverse
             # G diag(beta), wy's factor besides Tinv, held across the inverse at 16 bits for 16-bit inputs
             # (16 registers a thread, not the 48 of the gate and beta vectors in the product's layout):
