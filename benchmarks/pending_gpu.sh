@@ -143,6 +143,10 @@
 #      query's part out of the prep, for free (the planned sweep reads stale aqk). B1 T16384 ran on an H100 at 998e499
 #      with a wrong QUERY 0 (coef rows of 8 read as rows of 4: the replay ran; results/gpu_prep_query_rows_h100_998e499
 #      .json, its QUERY 0 rows void); T65536 and QUERY 0 not yet run.
+#  48. Issue 21: the chained schedule (DeltaShape.chained: the prep beside the warp-specialised sweep per chunk,
+#      ready flags): its GPU tests (the bits over JIT, direct and graph launches; a sweep whose prep cannot run
+#      beside it replaying), then only where they passed the B1 rows planned against chained
+#      (`benchmarks/gpu_chained.py`, any card; graph replay and eager, bits compared).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -310,6 +314,11 @@ step 45 && timeout 240 env PYTHONPATH=$PWD python -m benchmarks.gpu_prep_query_s
     --out "$OUT/gpu_prep_query_share_$C.json" 2>&1 | grep -v -i warn | tail -14
 step 47 && timeout 400 env PYTHONPATH=$PWD python -m benchmarks.gpu_prep_query_share --rows --rep-ms 100 \
     --out "$OUT/gpu_prep_query_rows_$C.json" 2>&1 | grep -v -i warn | tail -40
+step 48 && { timeout 200 python -m pytest -m gpu -q -p no:cacheprovider -o faulthandler_timeout=190 \
+    tests/gpu/test_gluon_sweep_gpu.py -k "chained" > "$OUT/gpu_tests_chained_$C.log" 2>&1; rc=$?
+    echo "chained tests rc=$rc"; grep -E "passed|failed|FAILED|Error|Timeout" "$OUT/gpu_tests_chained_$C.log" | tail -12
+    [ $rc -eq 0 ] && timeout 240 env PYTHONPATH=$PWD python -m benchmarks.gpu_chained --rep-ms 100 \
+        --out "$OUT/gpu_chained_$C.json" 2>&1 | grep -v -i warn | tail -12; }
 step 46 && timeout 200 env PYTHONPATH=$PWD python -m benchmarks.gpu_phase_counts --out "$OUT/gpu_phase_counts_$C.json" \
     2>&1 | grep -v -i warn | tail -30
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \

@@ -665,7 +665,96 @@ def test_phases_launch_order():
     assert [s.min_shared for s in plan_.steps[1::2]] == [0] * 3
 
 
-@pytest.mark.parametrize("kw", [{}, {"phases": 3}, {"segments": 3}, {"tma_store": True, "phases": 2}])
+@pytest.mark.parametrize("T,chunk_states", [(300, True), (65, False), (64, True), (1, False)])
+def test_chained_schedule_equals_the_single_pass_bit_for_bit(T, chunk_states):
+    """The chained schedule (DeltaShape.chained: the sweep waiting on each chunk's ready flag, the
+    prep raising them) changes when each chunk's prep runs, not the arithmetic: the single pass's
+    bits for outputs, final and chunk states, with an initial state, a reset and a partial last chunk.
+    Under the interpreter the prep runs first (the GPU's overlap: tests/gpu/test_gluon_sweep_gpu.py)."""
+    q, k, v, g, beta, S0 = gdn_inputs(2, T, 2, 4, 16, 24)
+    g[:, min(87, T - 1), 1] = float("-inf")
+    kw = dict(initial_state=f32(S0[:2])[0], output_final_state=True, use_qk_l2norm_in_kernel=True,
+              return_chunk_states=chunk_states, block_v=16)
+    single = chunk_delta_fwd(*f32(q, k, v, g, beta), **kw)
+    chained = chunk_delta_fwd(*f32(q, k, v, g, beta), chained=True, phases=3, **kw)
+    for a, b, what in zip(chained, single, ("o", "final state", "chunk states")):
+        assert torch.equal(bits(a), bits(b)), f"T={T}: {what} differs from the single pass"
+
+
+def test_chained_schedule_launches_and_ready_flags():
+    """The chained schedule's launches: the sweep (triggering its dependents), then the whole prep
+    raising the ready flags as its programmatic dependent (48 KB reserved a program, its last
+    program waiting for the sweep), then the replay launch; run_delta_launches puts the prep first
+    wherever the prep's launch cannot be programmatic (here: the interpreter). After a call every
+    chunk's flag of every value head is up, and the slots no chunk has are left at zero."""
+    B, T, HV = 2, 300, 4
+    q, k, v, g, beta, _ = gdn_inputs(B, T, 2, HV, 16, 24)
+    plan_ = delta_launches(*f32(q, k, v, g, beta), chained=True, phases=3, output_final_state=True)
+    names = [getattr(s.kernel, "fn", s.kernel).__name__ for s in plan_.steps]
+    assert names == ["chunk_delta_sweep_kernel", "chunk_delta_prep_kernel", "chunk_delta_sweep_kernel"]
+    sweep, prep, replay = plan_.steps
+    assert plan_.chained == 0 and sweep.kwargs["trigger_dependents"] == 1 and sweep.kwargs["PASS"] == 0
+    assert prep.kwargs["READY"] and prep.kwargs["wait_primary"] == 1 and prep.programmatic
+    assert prep.min_shared == 48 * 1024 and prep.kwargs["chunk_span"] == 5
+    assert replay.kwargs["REPLAY"] and replay.programmatic and "CHAINED" not in replay.kwargs
+    assert launch_delta._chained_order(plan_.steps, 0) == [prep, sweep, replay]
+    slots = (B * T) // 64 + B
+    ready = torch.zeros(slots, HV, dtype=torch.int32, device=DEVICE)
+    run_delta_launches(plan_, (*f32(q, k, v, g, beta),), given={"ready": ready})
+    chunk_slots = [(n * T + c * 64) // 64 + n for n in range(B) for c in range(-(-T // 64))]
+    want = torch.zeros(slots, HV, dtype=torch.int32)
+    want[chunk_slots] = 1
+    assert torch.equal(ready.cpu(), want)
+
+
+class _Driven:  # a direct launch through the driver (launches_programmatically's test)
+    driver = object()
+
+
+def test_chained_order_keeps_the_sweep_first_only_for_programmatic_launches(monkeypatch):
+    """The sweep goes first only where both launches go through the driver, so that the prep runs as
+    its programmatic dependent beside it; a missing direct launch (a first call), Triton's launcher
+    (no driver), a profiler's hook or CUDA_LAUNCH_BLOCKING put the prep first, as the sweep would
+    otherwise wait on a prep held until its end."""
+    from recurscan.launch.delta import Step
+    from recurscan.runtime import launcher
+    sweep, prep, replay = (Step(None, (1,), {}, {}) for _ in range(3))
+    steps = [sweep, prep, replay]
+    monkeypatch.setattr(launch_delta, "INTERPRET", False)
+    monkeypatch.setattr(launcher, "_hooked", lambda: False)
+    assert launch_delta._chained_order(steps, 0) == [prep, sweep, replay]  # no direct launches yet
+    sweep.direct, prep.direct = _Driven(), _Driven()
+    assert launch_delta._chained_order(steps, 0) == steps
+    prep.direct = type("Fallback", (), {"driver": None})()
+    assert launch_delta._chained_order(steps, 0) == [prep, sweep, replay]
+    prep.direct = _Driven()
+    monkeypatch.setattr(launcher, "_hooked", lambda: True)
+    assert launch_delta._chained_order(steps, 0) == [prep, sweep, replay]
+    monkeypatch.setattr(launcher, "_hooked", lambda: False)
+    monkeypatch.setattr(launch_delta, "_LAUNCH_BLOCKING", True)
+    assert launch_delta._chained_order(steps, 0) == [prep, sweep, replay]
+
+
+def test_chained_schedule_only_where_it_applies():
+    """Varlen input, segments and the Gated Delta Product (M = 2) are not chained: their launches
+    are those of the same shape without it, and their bits the same."""
+    q, k, v, g, beta, _ = gdn_inputs(1, 200, 2, 4, 16, 24)
+    args = f32(q, k, v, g, beta)
+    assert delta_launches(*args, chained=True, segments=2).chained == -1
+    qp, kp, vp, gp, bp = f32(*gdp_inputs(100, 2, 1, 2, 16, 16))
+    assert delta_launches(qp, kp, vp, gp, bp, num_householder=2, chained=True, phases=2).chained == -1
+    cu = torch.tensor([0, 70, 200], device=DEVICE)
+    d = build_chunk_descriptors(cu.cpu(), 1, device=DEVICE)
+    kw = dict(cu_seqlens=cu, chunk_indices_dp=d.chunk_indices_dp, output_final_state=True)
+    qv, kv, vv, gv, bv = f32(*gdp_inputs(200, 1, 1, 2, 16, 16))
+    assert delta_launches(qv, kv, vv, gv, bv, chained=True, **kw).chained == -1
+    a = chunk_delta_fwd(qv, kv, vv, gv, bv, **kw)
+    b = chunk_delta_fwd(qv, kv, vv, gv, bv, chained=True, **kw)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("kw", [{}, {"phases": 3}, {"segments": 3}, {"tma_store": True, "phases": 2},
+                                {"chained": True}])
 def test_every_planned_launch_names_every_kernel_argument(kw):
     """The direct launcher (runtime/launcher.py) builds its parameter block from the step's
     arguments by the kernel's argument names, defaults included: a step that leaves one to its

@@ -243,6 +243,8 @@ def test_the_gluon_forward_sweep_compiles_for_sm90():
     for form in ("one pass, GDN dense, H = HV", "one pass, GDN varlen, GVA", "phases, GDN dense, H = HV",
                  "serving, GDN varlen, GVA"):  # warp-specialised with the WY step; serving with bf16 chunk states
         assert f"WY warp-specialised {form}: gluon_gla_sweep_specialized_kernel" in run.stdout, run.stdout
+    for kernel in ("gluon_gla_sweep_specialized_kernel", "chunk_delta_prep_kernel"):  # the chained schedule's pair
+        assert f"WY warp-specialised chained, GDN dense, H = HV: {kernel}" in run.stdout, run.stdout
 
 
 def test_the_ssd_training_gate_kernels_compile_for_sm90():

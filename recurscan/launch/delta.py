@@ -27,7 +27,7 @@ from ..kernels.gla.prep import chunk_gla_prep_kernel
 from .delta_fused import fused_call_ok, fused_launch_steps
 from ..plan import delta as plan_delta
 from ..plan.delta import DeltaShape
-from ..runtime.launcher import CallArg, DirectLaunch, compile_together, jit_launch
+from ..runtime.launcher import CallArg, DirectLaunch, compile_together, jit_launch, launches_programmatically
 
 # Tests set this (or RECURSCAN_POISON_BUFFERS=1) so that every buffer the op allocates with
 # torch.empty starts as NaN: an element the kernels forget to write then shows up.
@@ -124,7 +124,7 @@ def check_shape(shape: DeltaShape) -> None:
 INPUT_NAMES = DeltaInputs._fields
 BUFFER_NAMES = ("o", "final", "chunk_states", "beta_ones", "wy", "aqk", "coef", "seg_n", "seg_m",
                 "sequence_order", "replay_flags", "winv", "u", "ks", "checkpoints", "qg", "kg", "dl", "calm_flags",
-                "scores", "vec", "flags")
+                "scores", "vec", "flags", "ready")
 CALL_NAMES = INPUT_NAMES + BUFFER_NAMES
 #: The prep's outputs, which a forward under autograd may keep for the backward (``keep_prep``).
 PREP_NAMES = ("wy", "winv", "aqk", "coef")
@@ -165,6 +165,9 @@ class DeltaLaunches:
     outputs: tuple
     device: torch.device
     launched: bool = False
+    # The chained schedule (DeltaShape.chained): the index of its sweep's step, whose prep is the
+    # next one; -1 without it. run_delta_launches orders the pair.
+    chained: int = -1
 
     def __post_init__(self):  # names -> positions in CALL_NAMES, once rather than per call
         self.outputs = tuple(CALL_NAMES.index(n) if isinstance(n, str) else n for n in self.outputs)
@@ -314,7 +317,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     NTe = triton.cdiv(T * M, BT)  # expanded chunks of a dense sequence
     prep = dict(
         q=arg("q"), k=arg("k"), g=arg("g", g is not None), beta=beta_arg, wy=arg("wy", wy), aqk=arg("aqk"),
-        coef=arg("coef"), winv=arg("winv", keep_prep),
+        coef=arg("coef"), winv=arg("winv", keep_prep), ready_flags=arg("ready", False),
         cu_seqlens=arg("cu_seqlens", varlen), chunk_indices=arg("chunk_indices_dp", varlen),
         sequence_order=arg("sequence_order", varlen and N > 0), scale=scale, T=T, n_seq=N if varlen else 0,
         chunk_lo=0, chunk_span=0 if varlen else NTe,
@@ -322,7 +325,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         USE_L2NORM=use_qk_l2norm_in_kernel, IS_VARLEN=varlen, HAS_G=g is not None,
         INV_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DT=dt, INV_FP16=q.dtype != torch.float32,
         INV_SPLIT=plan_delta.PREP_SPLIT_INVERSE if q.dtype != torch.float32 else 0, wait_primary=0, PDL=not INTERPRET,
-        STORE_INV=keep_prep, HEADS=heads, QUERY=2, **ssd_prep)
+        STORE_INV=keep_prep, HEADS=heads, QUERY=2, READY=False, **ssd_prep)
     prep_kernel, prep_per_chunk = chunk_delta_prep_kernel, HV // heads
     if group:
         # a program per (chunk, query/key head, block of HB value heads)
@@ -335,7 +338,26 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
                                           "DT_LIMIT")},
                     scores=arg("scores"), HB=group_heads, PRECISION=dot_precision,
                     SCORES=not shape.sweep_scores, CALM_GATES=shape.calm_gates)
-    phased = phases > 1 and not varlen and segments <= 1 and T > 0
+    # The initial state's source (the cache, or initial_state) is read and written through its strides.
+    s0 = state.stride() if use_cache else initial_state.stride() if initial_state is not None else (0, 0, 0, 0)
+    o_strides, ht_strides = (HV * V, V), (HV * K * V, K * V)  # the buffers' own layouts
+    if out_views is not None:
+        o_view, final_view = out_views
+        o_strides, ht_strides = check_out_views(o_view, final_view, (B, T, HV, V), (N, HV, K, V),
+                                                buffers["o"][1], store_final)
+    # Bulk stores need 16-byte strides and a 16-byte aligned base (a view's alignment is in the signature's key).
+    tma_ok = all(x * buffers["o"][1].itemsize % 16 == 0 for x in (V,) + o_strides) and \
+        (out_views is None or out_views[0].data_ptr() % 16 == 0)
+    sweep_kernel, sweep_options = _sweep_kernel(
+        shape, q, k, v, BV, tma_ok, wy=wy, ssd=ssd, key_decay=key_decay, M=M,
+        chunk_state_rows=buffers["chunk_states"][0][0] if return_chunk_states else 0, state_strides=s0,
+        states_only=states_only, chunk_states_dtype=chunk_states_dtype, checkpoints=checkpoint_chunks > 0)
+    specialised = sweep_kernel.__name__ == "gluon_gla_sweep_specialized_kernel"
+    # The chained schedule where the warp-specialised sweep runs the call (under the interpreter, the
+    # Triton sweep after the whole prep: the same bits); a call it cannot take runs the phases.
+    chained = shape.chained and not varlen and segments <= 1 and T > 0 and wy and M == 1 and ssd is None \
+        and not (checkpoint_chunks or states_only) and (specialised or INTERPRET)
+    phased = phases > 1 and not varlen and segments <= 1 and T > 0 and not chained
     # A register cap (compile option) sets how many prep programs share a multiprocessor.
     prep_options = dict(num_warps=prep_warps, **({} if prep_maxnreg is None else {"maxnreg": prep_maxnreg}))
     if key_decay:  # the per-key prep in the delta prep's place (phases: refused above)
@@ -356,7 +378,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
             if calm is not None:
                 buffers["calm_flags"] = ((n_prep * HV,), torch.int8, None)
             steps += per_key_prep_steps(prep, (n_prep * HV,), calm, BK, prep_options, arg("calm_flags"))
-    elif n_prep > 0 and not phased:
+    elif n_prep > 0 and not (phased or chained):
         steps.append(Step(prep_kernel, (n_prep * prep_per_chunk,), prep, prep_options))
     outputs = ("o", "state" if use_cache else ("final" if store_final else None)) + \
         (("chunk_states",) if return_chunk_states else ()) + (kept_prep_names(varlen and N > 0) if keep_prep else ()) + \
@@ -364,22 +386,14 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
     if keep_prep:
         buffers["winv"] = buffers["wy"]
     NV = triton.cdiv(V, BV)
+    if chained:  # a (chunk slot, value head)'s prep is done (as coef's slots), zero before each call
+        buffers["ready"] = (buffers["coef"][0][:2], torch.int32, 0)
     P, seg_chunks = 1, 0
     if segments > 1 and varlen and T > 0:  # each sequence cut by its own length (the sweep kernel)
         P = segments
     elif segments > 1 and T > 0:
         seg_chunks = triton.cdiv(triton.cdiv(T, BT), segments)
         P = triton.cdiv(triton.cdiv(T, BT), seg_chunks)  # no empty segment
-    # The initial state's source (the cache, or initial_state) is read and written through its strides.
-    s0 = state.stride() if use_cache else initial_state.stride() if initial_state is not None else (0, 0, 0, 0)
-    o_strides, ht_strides = (HV * V, V), (HV * K * V, K * V)  # the buffers' own layouts
-    if out_views is not None:
-        o_view, final_view = out_views
-        o_strides, ht_strides = check_out_views(o_view, final_view, (B, T, HV, V), (N, HV, K, V),
-                                                buffers["o"][1], store_final)
-    # Bulk stores need 16-byte strides and a 16-byte aligned base (a view's alignment is in the signature's key).
-    tma_ok = all(x * buffers["o"][1].itemsize % 16 == 0 for x in (V,) + o_strides) and \
-        (out_views is None or out_views[0].data_ptr() % 16 == 0)
     sweep = dict(
         q=arg("qg" if key_decay else "q"), k=arg("kg" if key_decay else "k"), v=arg("v"), wy=arg("wy", wy),
         aqk=arg("scores", not shape.sweep_scores) if group else arg("aqk"), coef=arg("coef"), o=arg("o"),
@@ -394,7 +408,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         u_out=arg("u", False), ks_out=arg("ks", False), checkpoints=arg("checkpoints", checkpoint_chunks > 0),
         n_ckpt=buffers["checkpoints"][0][1] if checkpoint_chunks else 0,
         dl=arg("dl", key_decay), KEY_DECAY=key_decay, o_st=o_strides[0], o_sh=o_strides[1], ht_n=ht_strides[0],
-        ht_h=ht_strides[1],
+        ht_h=ht_strides[1], ready_flags=arg("ready", chained),
         H=HV if key_decay else H, HV=HV, K=K, V=V, M=M, BT=BT, BK=BK, BV=BV,
         IS_VARLEN=varlen, HAS_H0=initial_state is not None, USE_CACHE=use_cache, STORE_FINAL=store_final,
         STORE_CHUNK_STATES=(2 if expanded_chunk_states else True) if return_chunk_states else False,
@@ -402,13 +416,22 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         V_PRODUCT=v_product, TMA_STORE=tma_store and M == 1 and tma_ok and not states_only,
         PDL=not INTERPRET, REPLAY=False, OUTPUTS=not states_only, STORE_U=False, CKPT_CHUNKS=checkpoint_chunks,
         GATE_SCORES=group, CALM_GATES=shape.calm_gates and not states_only, SWEEP_SCORES=shape.sweep_scores,
-        **ssd_sweep)
-    sweep_kernel, sweep_options = _sweep_kernel(
-        shape, q, k, v, BV, tma_ok, wy=wy, ssd=ssd, key_decay=key_decay, M=M,
-        chunk_state_rows=buffers["chunk_states"][0][0] if return_chunk_states else 0, state_strides=s0,
-        states_only=states_only, chunk_states_dtype=chunk_states_dtype, checkpoints=checkpoint_chunks > 0)
+        **ssd_sweep, **({"CHAINED": chained} if specialised else {}))
     options = dict(num_warps=num_warps, **sweep_options)
-    if phased:
+    chained_step = -1
+    if chained:
+        # The sweep first, triggering at its start; the prep its programmatic dependent on the SMs the
+        # sweep leaves free (its last program waiting for the sweep, as a phase's prep does), each
+        # program raising its chunk's ready flag, on which the sweep's load warp waits (run_delta_
+        # launches puts the prep first where the launch cannot be programmatic).
+        chained_step = len(steps)
+        steps.append(Step(sweep_kernel, (N * HV * NV,),
+                           dict(sweep, trigger_dependents=1), options))
+        steps.append(Step(prep_kernel, (n_prep * prep_per_chunk,), dict(prep, ready_flags=arg("ready"), READY=True,
+                                                                          wait_primary=1),
+                           prep_options, programmatic=True, min_shared=PREP_SHARED_BESIDE_SWEEP))
+        replay = (N * HV * NV,), sweep
+    elif phased:
         # prep 0, sweep 0, prep 1, sweep 1, ...: each prep after the first is the programmatic
         # dependent of the sweep before it, so it runs on the SMs that sweep leaves free.
         buffers["seg_n"] = ((N, HV, K, V), torch.float32, None)  # the state between phases
@@ -452,9 +475,10 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         if not states_only:
             # Those programs again (their flags, their outputs only): a programmatic dependent of the
             # last sweep, whose programs wait for it and mostly just exit.
+            kwargs = {n: a for n, a in kwargs.items() if n != "CHAINED"}  # the Triton kernel's arguments
             steps.append(Step(chunk_delta_sweep_kernel, grid, dict(kwargs, REPLAY=True, NUM_STAGES=1),
                               dict(num_warps=num_warps), programmatic=True))
-    return DeltaLaunches(buffers, steps, outputs, device)
+    return DeltaLaunches(buffers, steps, outputs, device, chained=chained_step)
 
 
 def _fused_launches(q, v, g, beta, scale, initial_state, state, store_final, out_views, N, n_prep,
@@ -607,6 +631,8 @@ def run_delta_launches(launches: DeltaLaunches, inputs: "DeltaInputs", given: di
     made = allocate_buffers(launches, given)
     values = inputs + tuple(made.get(n) for n in BUFFER_NAMES)
     chosen = launches.steps[steps]
+    if launches.chained >= 0 and steps == slice(None):
+        chosen = _chained_order(chosen, launches.chained)
     if launches.launched or INTERPRET:
         launch_steps(chosen, values)
     else:  # the first call: every kernel compiles at once
@@ -614,6 +640,21 @@ def run_delta_launches(launches: DeltaLaunches, inputs: "DeltaInputs", given: di
             launch_steps(chosen, values)
         launches.launched = steps.stop is None
     return tuple(None if i is None else values[i] for i in launches.outputs)
+
+
+def _chained_order(steps: list, i: int) -> list:
+    """The chained schedule's launches in the order they can run: the sweep (step ``i``) before its
+    prep where both launch directly and the prep as its programmatic dependent, so that the prep runs
+    beside it; otherwise (a first call through the JIT, the interpreter, a profiler's launch hook,
+    CUDA_LAUNCH_BLOCKING) the prep first, as a plain launch would hold it until the sweep, which waits
+    for it, ends (the sweep's waits run out and the replay launch redoes its programs: correct, slow)."""
+    if not INTERPRET and not _LAUNCH_BLOCKING and launches_programmatically(steps[i].direct, steps[i + 1].direct):
+        return steps
+    return steps[:i] + [steps[i + 1], steps[i]] + steps[i + 2:]
+
+
+#: CUDA runs every launch to its end before the next (a debugging setting, read at CUDA's start).
+_LAUNCH_BLOCKING = os.environ.get("CUDA_LAUNCH_BLOCKING", "0") == "1"
 
 
 def allocate_buffers(launches: DeltaLaunches, given: dict | None = None) -> dict:

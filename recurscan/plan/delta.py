@@ -81,6 +81,12 @@ class DeltaShape:
     # launch of a call the fused kernel cannot take (launch/delta_fused.py's fused_call_ok, and no
     # l2norm, chunk states or training). :func:`fused_prefill` decides.
     fused: bool = False
+    # The prep and the sweep chained per chunk instead of per phase (dense, the delta rule, M = 1,
+    # with outputs, on the warp-specialised sweep): the sweep launched first, the whole prep as its
+    # programmatic dependent on the SMs it leaves free, each prep program raising its (chunk, value
+    # head)'s ready flag, on which the sweep's load warp waits before the chunk's copies. A call it
+    # cannot take runs the row's phases. :func:`gluon_forward_sweep` decides.
+    chained: bool = False
 
 
 @dataclass(frozen=True)
@@ -475,6 +481,10 @@ GLUON_FORWARD_SPECIALIZED_ONE_PASS = GluonTwinRow(False, "slower in one pass (H1
                                                          "6e59861.json)")
 
 
+#: The chained schedule (DeltaShape.chained) on the phased rows the warp-specialised sweep takes.
+GLUON_FORWARD_CHAINED = GluonTwinRow(False, "not yet measured on a GPU")
+
+
 def gluon_forward_sweep(shape: DeltaShape, *, householder: int, dtype: torch.dtype, key_dim: int, value_dim: int,
                         device: torch.device, twin_only: bool = False) -> DeltaShape:
     """``shape`` with its sweep given to the Gluon twin, its phases falling off by
@@ -493,7 +503,8 @@ def gluon_forward_sweep(shape: DeltaShape, *, householder: int, dtype: torch.dty
         return shape
     if shape.phases > 1:
         return replace(shape, gluon_sweep=True, phase_ratio=GLUON_SWEEP_PHASE_RATIO,
-                       specialized=GLUON_FORWARD_SPECIALIZED.on)
+                       specialized=GLUON_FORWARD_SPECIALIZED.on,
+                       chained=GLUON_FORWARD_SPECIALIZED.on and GLUON_FORWARD_CHAINED.on)
     if shape.segments == 1 and GLUON_FORWARD_SPECIALIZED_ONE_PASS.on:
         return replace(shape, gluon_sweep=True, specialized=True)
     return shape

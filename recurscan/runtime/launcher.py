@@ -440,6 +440,13 @@ def _load(compiled, device: torch.device) -> None:
             init()
 
 
+def launches_programmatically(*launches) -> bool:
+    """Whether every one of ``launches`` (DirectLaunch or None) goes through the driver's launch,
+    which honours a ``programmatic`` one's attribute: none is missing (a first call), fell back to
+    Triton's launcher or is held by a profiler's launch hook."""
+    return all(d is not None and d.driver is not None for d in launches) and not _hooked()
+
+
 def jit_launch(kernel, grid: tuple, kwargs: dict, options: dict, names: tuple, values: tuple,
                programmatic: bool = False, min_shared: int = 0) -> DirectLaunch | None:
     """Launch ``kernel`` through Triton's JIT (compiling on first use) with ``kwargs`` (every

@@ -172,6 +172,78 @@ def test_the_warp_specialised_sweep_with_the_wy_step_gives_the_triton_sweeps_bit
         assert (o[0, int(cu[2]):int(cu[3])] == 0).all()  # a padding slot's sequence: zero outputs
 
 
+@pytest.mark.parametrize("form", ["B1 T16384 HV32", "a dense cache, a padding slot, GVA"])
+def test_the_chained_schedule_gives_the_triton_sweeps_bits(form):
+    """The chained schedule (the warp-specialised sweep waiting on each chunk's ready flag, the prep
+    beside it as its programmatic dependent) over four calls (JIT with the prep first, then direct
+    launches with the sweep first) and over CUDA-graph replays: the Triton sweep's bits (its phases
+    there), and at B1 T16384 the float64 oracle's values."""
+    if form == "B1 T16384 HV32":
+        x = inputs(1, 16384, 16, 32, seed=9)
+        h0 = torch.randn(1, 32, 128, 128, device=DEV)
+        args, kw = (h0, None, None, None, None, None), dict(initial_state=h0, output_final_state=True)
+    else:
+        x = inputs(3, 3000, 4, 8, seed=10)
+        cache = torch.randn(4, 8, 128, 128, device=DEV)
+        slots = torch.tensor([2, -1, 0], dtype=torch.int32, device=DEV)
+        args, kw = (None, cache, slots, None, None, None), dict(state=cache, state_indices=slots)
+    got = both_runs(x, args, calls=4, specialized=True, chained=True, phases=6, use_qk_l2norm_in_kernel=True, **kw)
+    launches = delta_launches(*x, gluon_sweep=True, specialized=True, chained=True, phases=6, **TWIN,
+                              use_qk_l2norm_in_kernel=True, **kw)
+    assert launches.chained >= 0 and launches.steps[launches.chained].kwargs["CHAINED"]
+    a = list(args)
+    for _ in range(2):  # the first call through the JIT, then direct launches (the sweep first)
+        if a[1] is not None:
+            a[1] = args[1].clone()
+        run_delta_launches(launches, (*x, *a))
+    assert launch_delta._chained_order(launches.steps, launches.chained) == launches.steps
+    if a[1] is not None:
+        a[1] = args[1].clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run_delta_launches(launches, (*x, *a))
+    for _ in range(3):
+        if a[1] is not None:
+            a[1].copy_(args[1])
+        graph.replay()
+        torch.cuda.synchronize()
+        for i, (g, w) in enumerate(zip((t for t in out if t is not None), got)):
+            assert torch.equal(bits(g), bits(w)), f"graph replay, output {i}: {int((g != w).sum())} elements differ"
+    if form == "B1 T16384 HV32":
+        want_o, want_ht = gated_delta_rule_chunked(*(t.double() for t in x), initial_state=h0.double(),
+                                                   use_qk_l2norm_in_kernel=True)
+        assert relative_rms(got[0].double(), want_o) < 1e-2, relative_rms(got[0].double(), want_o)
+        assert relative_rms(got[1].double(), want_ht) < 1e-2, relative_rms(got[1].double(), want_ht)
+    else:
+        assert torch.equal(got[1][[1, 3]], args[1][[1, 3]])  # slots no sequence owns: untouched
+        assert (got[0][1] == 0).all()  # the padding slot's sequence: zero outputs
+
+
+def test_a_chained_sweep_without_its_prep_beside_it_replays(monkeypatch):
+    """The sweep launched first and its prep only after it (plain launches, as where the driver does
+    not run the prep beside it): each sweep program's wait runs out (READY_TIMEOUT_NS), it marks its
+    state, and the replay launch, after the prep, redoes every program: outputs and cache slots
+    right (the replay's causal outputs: within the oracle's tolerance of the planned run), the
+    padding slot's sequence zero and the slots no sequence owns untouched."""
+    x = inputs(3, 3000, 4, 8, seed=11)
+    cache = torch.randn(4, 8, 128, 128, device=DEV)
+    slots = torch.tensor([2, -1, 0], dtype=torch.int32, device=DEV)
+    kw = dict(state=cache, state_indices=slots, use_qk_l2norm_in_kernel=True)
+    planned = delta_launches(*x, gluon_sweep=True, specialized=True, phases=6, **TWIN, **kw)
+    want_cache = cache.clone()
+    want_o = run_delta_launches(planned, (*x, None, want_cache, slots))[0]
+    chained = delta_launches(*x, gluon_sweep=True, specialized=True, chained=True, phases=6, **TWIN, **kw)
+    monkeypatch.setattr(launch_delta, "_chained_order", lambda steps, i: steps)  # the sweep first, plainly
+    got_cache = cache.clone()
+    replay_flags = torch.zeros(3 * 8 * 2, dtype=torch.int32, device=DEV)
+    got_o = run_delta_launches(chained, (*x, None, got_cache, slots), given={"replay_flags": replay_flags})[0]
+    torch.cuda.synchronize()
+    assert replay_flags.view(3, 16)[[0, 2]].eq(1).all() and replay_flags.view(3, 16)[1].eq(0).all()
+    assert relative_rms(got_o.double(), want_o.double()) < 1e-2, relative_rms(got_o.double(), want_o.double())
+    assert relative_rms(got_cache[[0, 2]].double(), want_cache[[0, 2]].double()) < 1e-2
+    assert torch.equal(got_cache[[1, 3]], cache[[1, 3]]) and (got_o[1] == 0).all()
+
+
 def test_non_finite_input_of_one_sequence_replays_as_the_triton_sweep():
     """NaN in the middle sequence's values: its program raises its replay flag and leaves its cache
     slot; the Triton replay runs it again. Every output, slot and chunk state is the Triton run's

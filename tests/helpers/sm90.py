@@ -319,6 +319,10 @@ def compile_gluon_forward() -> list[str]:
         for case in ("GDN dense, H = HV",) + (() if name == "phases" else ("GDN varlen, GVA",)):
             lines += [f"WY warp-specialised {name}, {case}: {line}" for line in
                       compile_delta_forward(case, dataclasses.replace(GLUON_SWEEP_SHAPES[name], specialized=True))]
+    # chained: the sweep waiting on the prep's ready flags, the prep raising them
+    lines += [f"WY warp-specialised chained, GDN dense, H = HV: {line}" for line in
+              compile_delta_forward("GDN dense, H = HV", dataclasses.replace(GLUON_SWEEP_SHAPES["phases"],
+                                                                             specialized=True, chained=True))]
     lines += [f"WY warp-specialised serving, GDN varlen, GVA: {line}" for line in
               compile_delta_forward("GDN varlen, GVA", dataclasses.replace(GLUON_SWEEP_SHAPES["one pass"],
                                                                            specialized=True),

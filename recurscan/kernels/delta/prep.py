@@ -11,7 +11,7 @@ from .common import _chunk_gates, _chunk_slot, _gate_tile, _gates_of, _prep_chun
 
 @triton.jit(do_not_specialize=["n_seq", "chunk_lo", "chunk_span", "wait_primary"])
 def chunk_delta_prep_kernel(
-    q, k, g, beta, wy, aqk, coef, winv, cu_seqlens, chunk_indices, sequence_order, dt, A, dt_bias,
+    q, k, g, beta, wy, aqk, coef, winv, ready_flags, cu_seqlens, chunk_indices, sequence_order, dt, A, dt_bias,
     scale, T, n_seq, chunk_lo, chunk_span, wait_primary, dt_min, dt_max,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr,
@@ -20,7 +20,7 @@ def chunk_delta_prep_kernel(
     PDL: tl.constexpr = False, STORE_INV: tl.constexpr = False, WY: tl.constexpr = True,
     SSD: tl.constexpr = False, HAS_DT_BIAS: tl.constexpr = False, DT_SOFTPLUS: tl.constexpr = False,
     DT_LIMIT: tl.constexpr = False, HEADS: tl.constexpr = 1, INV_SPLIT: tl.constexpr = 0,
-    QUERY: tl.constexpr = 2,
+    QUERY: tl.constexpr = 2, READY: tl.constexpr = False,
 ):
     """Grid (chunks of the expanded stream x HV,), chunk-major: program -> (chunk pid // HV, value
     head pid % HV), so that the value heads of a GVA group, which share their q/k tiles, run side by
@@ -77,6 +77,11 @@ def chunk_delta_prep_kernel(
     HEADS (WY False): a program covers that many consecutive value heads of one query/key head
     (grid: chunks x HV / HEADS), loading q and k and forming Q K^T once for them (SSD's group
     shares C and B across all its heads); 1 is one program per value head as above.
+
+    READY (the chained schedule, launch/delta.py): once the program's stores are issued, its
+    (chunk, value head) flag ``ready_flags[slot, hv]`` (int32, slot as coef's, zero before the launch) is
+    set to 1 by a release at GPU scope after a barrier of the program's threads, so that a sweep
+    reading it with acquire semantics sees everything the program wrote for that chunk.
 
     QUERY (WY; 2, every launch of the package): 1 loads q for its norms alone and 0 not at all (lam
     rq then the scale alone); neither forms or stores aqk, so a sweep after them gives no output of
@@ -237,6 +242,9 @@ def chunk_delta_prep_kernel(
             if STORE_INV:
                 p_winv = winv + (r0 * HV + i_hv) * BT + (o_t * (HV * BT))[:, None] + o_t[None, :]
                 tl.store(p_winv, (b_Gi.to(tl.float32) * b_T).to(winv.dtype.element_ty), mask=(o_t < eos - r0)[:, None])
+        if READY:
+            tl.debug_barrier()  # every thread's stores before the one thread's release
+            tl.atomic_xchg(ready_flags + _chunk_slot(bos, i_t, i_n, BT) * HV + i_hv, 1, sem="release", scope="gpu")
     if PDL:
         if (wait_primary != 0) & (pid == tl.num_programs(0) - 1):
             tl.extra.cuda.gdc_wait()

@@ -293,7 +293,7 @@ def chunk_delta_sweep_kernel(
     h0, ht, state, state_indices, chunk_states, cu_seqlens, chunk_offsets, sequence_order,
     seg_n, seg_m, n_seg, seg_chunks, tc_first, tc_count, trigger_dependents, T,
     s0_n, s0_h, s0_k, s0_v, n_slots, n_cs_rows, replay_flags, u_out, ks_out, checkpoints, n_ckpt, D, z, dl,
-    o_st, o_sh, ht_n, ht_h,
+    o_st, o_sh, ht_n, ht_h, ready_flags,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr,

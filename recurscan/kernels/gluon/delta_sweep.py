@@ -184,7 +184,7 @@ def gluon_sweep_kernel(
     h0, ht, state, state_indices, chunk_states, cu_seqlens, chunk_offsets, sequence_order,
     seg_n, seg_m, n_seg, seg_chunks, tc_first, tc_count, trigger_dependents, T,
     s0_n, s0_h, s0_k, s0_v, n_slots, n_cs_rows, replay_flags, u_out, ks_out, checkpoints, n_ckpt, D, z, dl,
-    o_st, o_sh, ht_n, ht_h,
+    o_st, o_sh, ht_n, ht_h, ready_flags,
     H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, M: gl.constexpr,
     BT: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr,
     IS_VARLEN: gl.constexpr, HAS_H0: gl.constexpr,

@@ -100,6 +100,61 @@ def _prefetch_2kb(ptr):
         "=r,l", [ptr], dtype=gl.int32, is_pure=False, pack=1)
 
 
+#: CHAINED: how long the load warp waits for one chunk's ready flag (ns of the global timer) before
+#: it gives the chunk up: the prep runs beside the sweep only where the driver launches it as the
+#: sweep's programmatic dependent, which CUDA allows but does not promise (a profiler that
+#: serialises kernels, another stream holding the SMs); the program then finishes on whatever it
+#: read, marks its state for the replay launch, which redoes it once the prep is done, and no later
+#: chunk of it waits. A wait in a run that keeps the schedule takes microseconds.
+READY_TIMEOUT_NS = gl.constexpr(100_000_000)
+
+
+@gluon.jit
+def _ready_flag(ptr):
+    """The int32 at ``ptr``, read with acquire semantics at GPU scope: the prep's stores before its
+    release of the flag are visible to this thread's later reads, and (through its arrivals on the
+    ring's barriers) to the other partitions' after their waits."""
+    return gl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr], dtype=gl.int32,
+                                     is_pure=False, pack=1)
+
+
+@gluon.jit
+def _global_ns():
+    return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _await_ready(ptr, late):
+    """Wait (unless ``late``) for the ready flag at ``ptr`` (a chunk's, set by the chained prep), at
+    most READY_TIMEOUT_NS; then a proxy fence, as the bulk copies read through the async proxy what
+    the prep wrote through the generic one. Returns ``late``, 1 once a wait ran out."""
+    if late == 0:
+        t0 = _global_ns()
+        flag = _ready_flag(ptr)
+        while (flag == 0) & (late == 0):
+            flag = _ready_flag(ptr)
+            if _global_ns() - t0 > READY_TIMEOUT_NS:
+                late = late * 0 + 1
+        gl.inline_asm_elementwise("fence.proxy.async.global; // $0", "=r", [], dtype=gl.int32, is_pure=False,
+                                  pack=1)
+    return late
+
+
+@gluon.jit
+def _chain_coefficients(coef, bos, c, i_n, i_hv, o_i, L, HV: gl.constexpr, BT: gl.constexpr, CW: gl.constexpr,
+                        WY: gl.constexpr):
+    """Chunk c's gam rk (along V^T's or U^T's columns), lam_last and, with WY, lam rk (coef columns
+    2, 3, 0) in ``o_i``'s layout; without WY lam rk is gam rk's value, unread."""
+    p_coef = coef + (((bos + c * BT) // BT + i_n) * HV + i_hv) * (BT * CW)
+    m_i = c * BT + o_i < L
+    gam_rk = gl.load(p_coef + o_i * CW + 2, mask=m_i, other=0.0)
+    lam_last = gl.load(p_coef + 3)
+    lam_rk = gam_rk
+    if WY:
+        lam_rk = gl.load(p_coef + o_i * CW, mask=m_i, other=0.0)
+    return gam_rk, lam_last, lam_rk
+
+
 @gluon.jit
 def _handover_barriers(NUM_STAGES: gl.constexpr, STAGE_READERS: gl.constexpr = 2, HANDED_READERS: gl.constexpr = 1):
     """The barriers of a warp-specialised kernel (both sweeps, and the dg launch's form): ``ready``
@@ -126,7 +181,7 @@ def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
            PASS: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr, USE_CACHE: gl.constexpr,
            STORE_FINAL: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr,
            SWEEP_SCORES: gl.constexpr, STORE_CHUNK_STATES: gl.constexpr, WY: gl.constexpr, OUTPUTS: gl.constexpr,
-           STORE_U: gl.constexpr):
+           STORE_U: gl.constexpr, CHAINED: gl.constexpr):
     """The default partition: the state over the program's chunks, each chunk's entering state
     handed to the outputs (with STORE_CHUNK_STATES also to its chunk-state row, by a bulk store from
     the same buffer; with STORE_U the stores' warpgroup issues that store), with WY also the chunk's
@@ -135,7 +190,7 @@ def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
     (k_s, q_s, v_s, a_s, s_s, g_s, w_s, ready, empty, s_ready, s_empty, u_empty, k_desc, q_desc, v_desc, a_desc,
      w_desc, o_desc, cs_desc, coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends,
      flags, n_run, n_chunks, i_n, i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w,
-     cs0, n_cs_rows, u_desc, ks_desc, ks_s) = p
+     cs0, n_cs_rows, u_desc, ks_desc, ks_s, ready_flags, late_s) = p
     DT: gl.constexpr = k_s.dtype
     mmaK: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
     mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
@@ -156,12 +211,8 @@ def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
         # gam rk along V^T's (or U^T's) columns, lam_last, with WY lam rk (coef columns 2, 3, 0),
         # in the layouts they are used in, issued before the waits
         c = c_lo + j
-        p_coef = coef + (((bos + c * BT) // BT + i_n) * HV + i_hv) * (BT * CW)
-        m_i = c * BT + o_i < L
-        gam_rk = gl.load(p_coef + o_i * CW + 2, mask=m_i, other=0.0)
-        lam_last = gl.load(p_coef + 3)
-        if WY:
-            lam_rk = gl.load(p_coef + o_i * CW, mask=m_i, other=0.0)
+        if not CHAINED:  # issued before the waits, which cover their latency
+            gam_rk, lam_last, lam_rk = _chain_coefficients(coef, bos, c, i_n, i_hv, o_i, L, HV, BT, CW, WY)
         S_d = S_t.to(DT)
         if PROBE != 1:
             # The state entering chunk j, to the outputs (the buffer they freed two chunks ago).
@@ -187,6 +238,8 @@ def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
             if not WY:  # with WY once U^T is in too (below)
                 mbarrier.arrive(s_ready.index(b), count=1)
         mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
+        if CHAINED:  # the prep writes them as the sweep runs: read once the load warp saw them ready
+            gam_rk, lam_last, lam_rk = _chain_coefficients(coef, bos, c, i_n, i_hv, o_i, L, HV, BT, CW, WY)
         if WY:
             # Group 1: K S and V^T wy^T; group 2: U^T = V^T wy^T - (lam rk o K S) wy^T (the twin's).
             S_a = gl.convert_layout(S_d, a64)
@@ -221,6 +274,9 @@ def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
         mbarrier.arrive(empty.index(s), count=1)
     if STORE_CHUNK_STATES and not STORE_U:
         tma.store_wait(pendings=0)
+    if CHAINED:  # a wait ran out (the load warp's mark, behind its arrivals): the replay launch redoes it all
+        late = gl.max(late_s.load(gl.BlockedLayout([1], [32], [4], [0])), axis=0)
+        S_t = gl.where(late != 0, float("nan"), S_t)
 
     # the replay flag (the last phase's programs, where phased), the final state or cache slot, or
     # the next phase's entering state
@@ -252,7 +308,8 @@ def _gate_coefficients(coef, bos, c, i_n, i_hv, o_i, o_j, HV: gl.constexpr, BT: 
 def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
              NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr, USE_CACHE: gl.constexpr,
              STORE_FINAL: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr, SWEEP_SCORES: gl.constexpr,
-             STORE_CHUNK_STATES: gl.constexpr, PART: gl.constexpr, WY: gl.constexpr, OUTPUTS: gl.constexpr):
+             STORE_CHUNK_STATES: gl.constexpr, PART: gl.constexpr, WY: gl.constexpr, OUTPUTS: gl.constexpr,
+             CHAINED: gl.constexpr):
     """A worker warpgroup: the outputs of every other chunk (those with j % 2 == PART; the other
     warpgroup takes the rest) from the state the chain handed over in buffer PART (with WY also
     U^T, in the outputs' staging buffer PART). Two of them, as one warpgroup's chunk is a chain of
@@ -262,7 +319,7 @@ def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.const
     (k_s, q_s, v_s, a_s, s_s, g_s, w_s, ready, empty, s_ready, s_empty, u_empty, k_desc, q_desc, v_desc, a_desc,
      w_desc, o_desc, cs_desc, coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends,
      flags, n_run, n_chunks, i_n, i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w,
-     cs0, n_cs_rows, u_desc, ks_desc, ks_s) = p
+     cs0, n_cs_rows, u_desc, ks_desc, ks_s, ready_flags, late_s) = p
     DT: gl.constexpr = k_s.dtype
     mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     col64: gl.constexpr = gl.SliceLayout(0, mma64)
@@ -282,7 +339,7 @@ def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.const
     if not OUTPUTS:
         _stores_of_recompute(p, HV, BT, PART)
     elif WY:
-        _outputs_of_wy(p, HV, BT, BV, NUM_STAGES, STORE_CHUNK_STATES, PART)
+        _outputs_of_wy(p, HV, BT, BV, NUM_STAGES, STORE_CHUNK_STATES, PART, CHAINED)
     else:
         for j in range(PART, n_run, 2):
             s = j % NUM_STAGES
@@ -348,14 +405,14 @@ def _outputs(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.const
 
 @gluon.jit
 def _outputs_of_wy(p, HV: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NUM_STAGES: gl.constexpr,
-                   STORE_CHUNK_STATES: gl.constexpr, PART: gl.constexpr):
+                   STORE_CHUNK_STATES: gl.constexpr, PART: gl.constexpr, CHAINED: gl.constexpr):
     """:func:`_outputs` with WY: per chunk O^T = U^T aqk^T + lam rq o (S^T Q^T) (the twin's), U^T and
     S^T as the chain handed them over; the staging buffer (U^T's) is given back once the outputs'
     bulk store from it drained, as the chain writes the next U^T there."""
     (k_s, q_s, v_s, a_s, s_s, g_s, w_s, ready, empty, s_ready, s_empty, u_empty, k_desc, q_desc, v_desc, a_desc,
      w_desc, o_desc, cs_desc, coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends,
      flags, n_run, n_chunks, i_n, i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w,
-     cs0, n_cs_rows, u_desc, ks_desc, ks_s) = p
+     cs0, n_cs_rows, u_desc, ks_desc, ks_s, ready_flags, late_s) = p
     DT: gl.constexpr = k_s.dtype
     mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     col64: gl.constexpr = gl.SliceLayout(0, mma64)
@@ -367,8 +424,11 @@ def _outputs_of_wy(p, HV: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NUM_
         s = j % NUM_STAGES
         c = c_lo + j
         p_coef = coef + (((bos + c * BT) // BT + i_n) * HV + i_hv) * (BT * 4)
-        lam_rq = gl.load(p_coef + o_i * 4 + 1, mask=c * BT + o_i < L, other=0.0)  # before the waits
+        if not CHAINED:  # before the waits
+            lam_rq = gl.load(p_coef + o_i * 4 + 1, mask=c * BT + o_i < L, other=0.0)
         mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
+        if CHAINED:  # written by the prep as the sweep runs: once the load warp saw the chunk ready
+            lam_rq = gl.load(p_coef + o_i * 4 + 1, mask=c * BT + o_i < L, other=0.0)
         mbarrier.wait(s_ready.index(b), (j // 2) & 1)
         if STORE_CHUNK_STATES:  # the buffer holds S [K, BV]: S^T is its transposed view
             S_h = s_s.index(b).permute((1, 0))
@@ -399,7 +459,7 @@ def _stores_of_recompute(p, HV: gl.constexpr, BT: gl.constexpr, PART: gl.constex
     (k_s, q_s, v_s, a_s, s_s, g_s, w_s, ready, empty, s_ready, s_empty, u_empty, k_desc, q_desc, v_desc, a_desc,
      w_desc, o_desc, cs_desc, coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends,
      flags, n_run, n_chunks, i_n, i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w,
-     cs0, n_cs_rows, u_desc, ks_desc, ks_s) = p
+     cs0, n_cs_rows, u_desc, ks_desc, ks_s, ready_flags, late_s) = p
     K: gl.constexpr = k_s.shape[2]
     BV: gl.constexpr = v_s.shape[2]
     u_s = g_s.index(PART)
@@ -431,14 +491,15 @@ def _prefetch_1kb(ptr):
 def _loads(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
            NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr, USE_CACHE: gl.constexpr,
            STORE_FINAL: gl.constexpr, HAS_D: gl.constexpr, D_PER_CHANNEL: gl.constexpr,
-           SWEEP_SCORES: gl.constexpr, WY: gl.constexpr, OUTPUTS: gl.constexpr):
+           SWEEP_SCORES: gl.constexpr, WY: gl.constexpr, OUTPUTS: gl.constexpr, CHAINED: gl.constexpr):
     """A worker warp: the chunks' tiles by bulk copies, a stage once its readers freed it (the
     scores' tile only where the prep formed them; with WY also wy's; q's and the scores' only with
-    outputs)."""
+    outputs). CHAINED: a chunk's copies once its ready flag is up (:func:`_await_ready`); a wait
+    that ran out is marked in ``late_s`` before the stage's arrival, and no later chunk waits."""
     (k_s, q_s, v_s, a_s, s_s, g_s, w_s, ready, empty, s_ready, s_empty, u_empty, k_desc, q_desc, v_desc, a_desc,
      w_desc, o_desc, cs_desc, coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends,
      flags, n_run, n_chunks, i_n, i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, col_qk, col_v, col_w,
-     cs0, n_cs_rows, u_desc, ks_desc, ks_s) = p
+     cs0, n_cs_rows, u_desc, ks_desc, ks_s, ready_flags, late_s) = p
     nbytes: gl.constexpr = (k_desc.block_type.nbytes + v_desc.block_type.nbytes
                             + (q_desc.block_type.nbytes if OUTPUTS else 0)
                             + (a_desc.block_type.nbytes if OUTPUTS and not SWEEP_SCORES else 0)
@@ -446,10 +507,16 @@ def _loads(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
     CW: gl.constexpr = 4 if WY else 8
     gl.static_assert(BT == 64, "a chunk's coef block is the 1 KB (WY) or 2 KB prefetched")
     p_coef = coef + ((bos // BT + i_n) * HV + i_hv) * (BT * CW)  # chunk c's block: + c HV BT CW (its slot)
+    p_ready = ready_flags + (bos // BT + i_n) * HV + i_hv  # chunk c's flag: + c HV (its slot, as coef's)
+    late = n_run * 0
     for j in range(n_run):
         s = j % NUM_STAGES
         bar = ready.index(s)
         mbarrier.wait(empty.index(s), ((j // NUM_STAGES) & 1) ^ 1)
+        if CHAINED:
+            late = _await_ready(p_ready + (c_lo + j) * HV, late)
+            if late != 0:
+                late_s.store(gl.full([32], 1, gl.int32, layout=gl.BlockedLayout([1], [32], [1], [0])))
         mbarrier.expect(bar, nbytes)
         r = (c_lo + j) * BT
         tma.async_copy_global_to_shared(k_desc, [r, col_qk], bar, k_s.index(s))
@@ -473,7 +540,7 @@ def gluon_gla_sweep_specialized_kernel(
     h0, ht, state, state_indices, chunk_states, cu_seqlens, chunk_offsets, sequence_order,
     seg_n, seg_m, n_seg, seg_chunks, tc_first, tc_count, trigger_dependents, T,
     s0_n, s0_h, s0_k, s0_v, n_slots, n_cs_rows, replay_flags, u_out, ks_out, checkpoints, n_ckpt, D, z, dl,
-    o_st, o_sh, ht_n, ht_h,
+    o_st, o_sh, ht_n, ht_h, ready_flags,
     H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, M: gl.constexpr,
     BT: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr,
     IS_VARLEN: gl.constexpr, HAS_H0: gl.constexpr,
@@ -484,6 +551,7 @@ def gluon_gla_sweep_specialized_kernel(
     CKPT_CHUNKS: gl.constexpr = 0, WY: gl.constexpr = True, HAS_D: gl.constexpr = False,
     D_PER_CHANNEL: gl.constexpr = False, HAS_Z: gl.constexpr = False, KEY_DECAY: gl.constexpr = False,
     GATE_SCORES: gl.constexpr = False, CALM_GATES: gl.constexpr = False, SWEEP_SCORES: gl.constexpr = False,
+    CHAINED: gl.constexpr = False,
 ):
     """Grid (N * HV * V / BV,) as the twin's PASS 0 and 3: program -> (sequence, value head, value
     block of BV = 64), the block fastest; the twin's arguments (those of its other passes and forms
@@ -513,6 +581,8 @@ def gluon_gla_sweep_specialized_kernel(
                      "the delta rule: no scores formed here, no skip D x, no timing probe")
     gl.static_assert(not (KEY_DECAY or HAS_Z or CALM_GATES or REPLAY), "a scalar decay, no gate z")
     gl.static_assert((PASS == 0 or PASS == 3) and CKPT_CHUNKS == 0, "the single pass or a phase, no checkpoints")
+    gl.static_assert(not CHAINED or (WY and PASS == 0 and OUTPUTS and not IS_VARLEN),
+                     "the chained schedule: the delta rule's single pass over a dense batch, with outputs")
     if STORE_CHUNK_STATES:
         gl.static_assert(chunk_states.dtype.element_ty == DT, "chunk states in the inputs' dtype (the hand-over's)")
     if PDL:
@@ -630,21 +700,27 @@ def gluon_gla_sweep_specialized_kernel(
         fence_async_shared()
     else:  # unread
         u_empty = s_empty
+    if CHAINED:  # set by the load warp once a ready flag's wait ran out (zero to begin with)
+        late_s = gl.allocate_shared_memory(gl.int32, [32], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        late_s.store(gl.zeros([32], gl.int32, layout=gl.BlockedLayout([1], [32], [4], [0])))
+        gl.thread_barrier()
+    else:  # unread
+        late_s = s_empty
 
     p = (k_s, q_s, v_s, a_s, s_s, g_s, w_s, ready, empty, s_ready, s_empty, u_empty, k_desc, q_desc, v_desc, a_desc,
          w_desc, o_desc, cs_desc, coef, D, h0, ht, state, seg_n, replay_flags, pid, bos, L, c_lo, first_phase, ends,
          flags, n_run, n_chunks, i_n, i_hv, i_v, slot, pad, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, i_h * K,
-         i_hv * V + i_v * BV, (i_hv if WY else i_h) * BT, cs0, n_cs_rows, u_desc, ks_desc, ks_s)
+         i_hv * V + i_v * BV, (i_hv if WY else i_h) * BT, cs0, n_cs_rows, u_desc, ks_desc, ks_s, ready_flags, late_s)
     OUT_REGS: gl.constexpr = WY_OUTPUT_REGS if WY else (SCORES_OUTPUT_REGS if SWEEP_SCORES else OUTPUT_REGS)
     # Each partition's arguments written out in the call: a tuple named first would carry the
     # constexprs as values (Triton 3.6).
     gl.warp_specialize([
         (_chain, (p, HV, K, V, BT, BV, PASS, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL,
-                  SWEEP_SCORES, STORE_CHUNK_STATES, WY, OUTPUTS, STORE_U)),
+                  SWEEP_SCORES, STORE_CHUNK_STATES, WY, OUTPUTS, STORE_U, CHAINED)),
         (_outputs, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL,
-                    SWEEP_SCORES, STORE_CHUNK_STATES, 0, WY, OUTPUTS)),
+                    SWEEP_SCORES, STORE_CHUNK_STATES, 0, WY, OUTPUTS, CHAINED)),
         (_outputs, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL,
-                    SWEEP_SCORES, STORE_CHUNK_STATES, 1, WY, OUTPUTS)),
+                    SWEEP_SCORES, STORE_CHUNK_STATES, 1, WY, OUTPUTS, CHAINED)),
         (_loads, (p, HV, K, V, BT, BV, NUM_STAGES, HAS_H0, USE_CACHE, STORE_FINAL, HAS_D, D_PER_CHANNEL,
-                  SWEEP_SCORES, WY, OUTPUTS)),
+                  SWEEP_SCORES, WY, OUTPUTS, CHAINED)),
     ], [4, 4, 1], [OUT_REGS, OUT_REGS, LOAD_REGS])
