@@ -20,9 +20,14 @@ from . import runner
 from .gpu_chunk_delta import kernel_inputs
 
 WORKLOADS = ("gdn_b1_t16384_h16_hv32", "gdn_b1_t65536_h16_hv32")
+#: The forms beside the planned shape, as DeltaShape fields: unchained (the phases) and chained, and
+#: chained with the prep capped at 128 registers (four programs an SM instead of three, on the SMs
+#: the sweep leaves the prep, which bounds the chained row).
+FORMS = {"chained": dict(chained=True), "unchained": dict(chained=False),
+         "chained, prep at 128 registers": dict(chained=True, prep_maxnreg=128)}
 
 
-def timing(rep_ms, workloads=WORKLOADS):
+def timing(rep_ms, workloads=WORKLOADS, forms=tuple(FORMS)):
     import triton.testing as tt
     from recurscan.launch.delta import run_delta_launches
     from recurscan.plan import delta_shape
@@ -35,8 +40,8 @@ def timing(rep_ms, workloads=WORKLOADS):
         planned = delta_shape(delta_problem(q, k, v, g, beta, num_householder=M, cu_seqlens=cu), torch.device("cuda"))
         inputs = (q, k, v, g, beta, None, None, None, kw.get("cu_seqlens"), kw.get("chunk_indices_dp"), None)
         ref = None
-        for form, shape in (("planned", planned), ("chained", dataclasses.replace(planned, chained=True)),
-                            ("unchained", dataclasses.replace(planned, chained=False))):
+        for form, shape in (("planned", planned),) + tuple((f, dataclasses.replace(planned, **FORMS[f]))
+                                                           for f in forms):
             launches = variant_launches(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
                                         output_final_state=True, shape=shape, **kw)
             kernels = [getattr(s.kernel, "fn", s.kernel).__name__ for s in launches.steps]
@@ -49,6 +54,7 @@ def timing(rep_ms, workloads=WORKLOADS):
                 again = [t.clone() for t in run_delta_launches(launches, inputs)]
             ref = ref or out
             row = dict(workload=name, form=form, phases=shape.phases, chained=launches.chained >= 0,
+                       prep_maxnreg=shape.prep_maxnreg,
                        kernels=kernels, graph_median_ms=graph[0], graph_p20_ms=graph[1], graph_p80_ms=graph[2],
                        eager_median_ms=eager[0], eager_p20_ms=eager[1], eager_p80_ms=eager[2],
                        same_bits_as_first=all(torch.equal(a, b) for a, b in zip(out, ref)),
@@ -63,9 +69,10 @@ def main(argv=None):
     ap.add_argument("--out", default="benchmarks/results/gpu_chained.json")
     ap.add_argument("--rep-ms", type=int, default=200)
     ap.add_argument("--workload", action="append", help="a workload of WORKLOADS (default: all)")
+    ap.add_argument("--form", action="append", help="a form of FORMS (default: all)")
     args = ap.parse_args(argv)
     res = {"environment": runner.environment(torch.device("cuda")),
-           "timing": timing(args.rep_ms, tuple(args.workload or WORKLOADS))}
+           "timing": timing(args.rep_ms, tuple(args.workload or WORKLOADS), tuple(args.form or FORMS))}
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
 

@@ -398,6 +398,10 @@ def chunk_delta_sweep_kernel(
     HAS_Z (SSD, ``v`` holding x): the outputs become (O + D x) silu(z), D ``[HV]`` or
     ``[HV, V]`` (D_PER_CHANNEL), z laid out as v.
 
+    ``ready_flags``: the chained schedule's per-chunk flags (launch/delta.py), which only the
+    warp-specialised Gluon form waits on (CHAINED); unread here, as this kernel runs after the whole
+    prep wherever the schedule is chained.
+
     Outputs are written through strides: ``o`` at ``tok * o_st + hv * o_sh + v`` (``o_st = HV V``,
     ``o_sh = V`` for a ``[B, T, HV, V]`` tensor; the traced scan's packed result is head-major,
     ops/scan.py), the final state at ``n * ht_n + hv * ht_h + k V + v``.

@@ -47,6 +47,15 @@ segments; dense or varlen, an initial state or a cache slot (a padding slot's ze
 final state, SSD's skip D per head or per channel, no gate z. The replay flags are the twin's (the
 Triton replay launch runs after this one).
 Takes the twin's arguments, so a launch record names either kernel.
+
+CHAINED (the delta rule's single pass over a dense batch; launch/delta.py's chained schedule): the
+prep runs beside this kernel as its programmatic dependent, each program raising its (chunk, value
+head)'s ``ready_flags`` entry once its stores are out; the load warp waits on a chunk's flag (an
+acquire at GPU scope, then a proxy fence, as the bulk copies read through the async proxy what the
+prep wrote through the generic one) before it issues the chunk's copies, and the chain and outputs
+warpgroups read the chunk's coef rows only after the stage's barrier, rather than ahead of it. A
+wait that runs out (:data:`READY_TIMEOUT_NS`) marks the program's state non-finite, so that the
+replay launch, after the prep, redoes it.
 """
 from __future__ import annotations
 
