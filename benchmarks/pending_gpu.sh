@@ -147,6 +147,8 @@
 #      ready flags): its GPU tests (the bits over JIT, direct and graph launches; a sweep whose prep cannot run
 #      beside it replaying), then only where they passed the B1 rows planned against chained
 #      (`benchmarks/gpu_chained.py`, any card; graph replay and eager, bits compared).
+#  49. Issue 21's varlen rows (one sequence, T16384 / T65536, eager, within 5% of dense) with the chained schedule
+#      planned (`benchmarks/gpu_varlen_one_sequence.py`, any card; a sequence alone runs as the dense batch).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -319,6 +321,8 @@ step 48 && { timeout 200 python -m pytest -m gpu -q -p no:cacheprovider -o fault
     echo "chained tests rc=$rc"; grep -E "passed|failed|FAILED|Error|Timeout" "$OUT/gpu_tests_chained_$C.log" | tail -12
     [ $rc -eq 0 ] && timeout 240 env PYTHONPATH=$PWD python -m benchmarks.gpu_chained --rep-ms 100 \
         --out "$OUT/gpu_chained_$C.json" 2>&1 | grep -v -i warn | tail -12; }
+step 49 && timeout 150 env PYTHONPATH=$PWD python benchmarks/gpu_varlen_one_sequence.py \
+    --out "$OUT/gpu_varlen_one_sequence_$C.json" 2>&1 | grep -v -i warn | tail -8
 step 46 && timeout 200 env PYTHONPATH=$PWD python -m benchmarks.gpu_phase_counts --out "$OUT/gpu_phase_counts_$C.json" \
     2>&1 | grep -v -i warn | tail -30
 step 22 && timeout 120 env PYTHONPATH=$PWD python benchmarks/gpu_prep_latency.py --out "$OUT/gpu_prep_latency_$C.json" 2>&1 \
