@@ -646,8 +646,9 @@ def _chained_order(steps: list, i: int) -> list:
     """The chained schedule's launches in the order they can run: the sweep (step ``i``) before its
     prep where both launch directly and the prep as its programmatic dependent, so that the prep runs
     beside it; otherwise (a first call through the JIT, the interpreter, a profiler's launch hook,
-    CUDA_LAUNCH_BLOCKING) the prep first, as a plain launch would hold it until the sweep, which waits
-    for it, ends (the sweep's waits run out and the replay launch redoes its programs: correct, slow)."""
+    CUDA_LAUNCH_BLOCKING) the prep first, one after the other: a plain launch of the prep after the
+    sweep would wait for the sweep's end, and the sweep for the prep's flags (until its waits ran out
+    and the replay launch redid its programs: correct, ~100 ms late)."""
     if not INTERPRET and not _LAUNCH_BLOCKING and launches_programmatically(steps[i].direct, steps[i + 1].direct):
         return steps
     return steps[:i] + [steps[i + 1], steps[i]] + steps[i + 2:]
