@@ -681,6 +681,22 @@ def test_chained_schedule_equals_the_single_pass_bit_for_bit(T, chunk_states):
         assert torch.equal(bits(a), bits(b)), f"T={T}: {what} differs from the single pass"
 
 
+def test_chained_schedule_keeps_the_prep_for_the_backward_as_unchained():
+    """A forward under autograd keeps its prep's outputs (keep_prep: wy, G o Tinv, aqk, coef) for the
+    backward: chained, each is the phased run's, bit for bit (coef's lam_last on each chunk's first
+    row, the only one written), and so are the outputs and the final state."""
+    q, k, v, g, beta, _ = gdn_inputs(2, 200, 2, 4, 16, 24)
+    args = f32(q, k, v, g, beta)
+    runs = [run_delta_launches(delta_launches(*args, chained=chained, phases=2, keep_prep=True, output_final_state=True,
+                                              use_qk_l2norm_in_kernel=True, block_v=16), tuple(args))
+            for chained in (False, True)]
+    for what, a, b in zip(("o", "final", "wy", "winv", "aqk", "coef"), *runs):
+        if what == "coef":
+            a, b = torch.cat([a[..., :3].flatten(), a[:, :, 0, 3].flatten()]), \
+                torch.cat([b[..., :3].flatten(), b[:, :, 0, 3].flatten()])
+        assert torch.equal(bits(a), bits(b)), what
+
+
 def test_chained_schedule_launches_and_ready_flags():
     """The chained schedule's launches: the sweep (triggering its dependents), then the whole prep
     raising the ready flags as its programmatic dependent (48 KB reserved a program, its last

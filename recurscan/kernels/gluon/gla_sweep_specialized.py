@@ -218,7 +218,7 @@ def _chain(p, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constex
         s = j % NUM_STAGES
         b = j % 2
         # gam rk along V^T's (or U^T's) columns, lam_last, with WY lam rk (coef columns 2, 3, 0),
-        # in the layouts they are used in, issued before the waits
+        # in the layouts they are used in
         c = c_lo + j
         if not CHAINED:  # issued before the waits, which cover their latency
             gam_rk, lam_last, lam_rk = _chain_coefficients(coef, bos, c, i_n, i_hv, o_i, L, HV, BT, CW, WY)
