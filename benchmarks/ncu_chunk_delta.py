@@ -12,6 +12,9 @@ and optionally v_product (1, default, or 0); or ``planned``: the public op as th
         -k regex:fused_prefill -o prof python -m benchmarks.ncu_chunk_delta gdn_b4_t8192_h16_hv64 planned
 
 A first call outside the range compiles the kernels, so only the second call's launches are profiled.
+``planned`` leaves the chained schedule (``plan.delta.GLUON_FORWARD_CHAINED``) out: Nsight Compute
+runs each kernel alone, so a chained sweep would spin on ready flags its prep cannot raise until
+its waits ran out, and the replay launch would redo it; the rows then run their phases.
 """
 from __future__ import annotations
 
@@ -24,8 +27,14 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     name = argv[0]
     if argv[1] == "planned":
+        import dataclasses
+
+        from recurscan.plan import delta as plan_delta
+
         from . import registry
         from .gpu_chunk_delta import _ours_loader
+
+        plan_delta.GLUON_FORWARD_CHAINED = dataclasses.replace(plan_delta.GLUON_FORWARD_CHAINED, on=False)
 
         w = registry.get(name)
         x, fn = w.make_inputs("cuda", 0), _ours_loader(w)
