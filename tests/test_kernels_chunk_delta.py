@@ -812,7 +812,7 @@ def test_phases_must_be_a_positive_int(phases):
 
 
 @pytest.mark.parametrize("name,value", [("segments", 0), ("segments", "3"), ("segments", 2.0),
-                                        ("v_product", 1), ("v_product", None), ("tma_store", "yes"),
+                                        ("v_product", 1), ("v_product", None), ("tma_store", "yes"), ("chained", 1),
                                         ("prep_maxnreg", 100), ("prep_maxnreg", "168"), ("prep_maxnreg", 168.0)])
 def test_launch_options_are_checked_and_named(name, value):
     q, k, v, g, beta, _ = gdn_inputs(1, 8, 1, 2, 16, 16)

@@ -96,7 +96,7 @@ def check_shape(shape: DeltaShape) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"DeltaShape.{name}: expected an int >= 1, got {value!r}")
     for name in ("v_product", "tma_store", "key_calm_pass", "group_prep", "calm_gates", "sweep_scores",
-                 "specialized", "fused"):
+                 "specialized", "fused", "chained"):
         if not isinstance(getattr(shape, name), bool):
             raise ValueError(f"DeltaShape.{name}: expected a bool, got {getattr(shape, name)!r}")
     if shape.calm_gates and shape.num_stages > 2:
