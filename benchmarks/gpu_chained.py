@@ -22,9 +22,11 @@ from .gpu_chunk_delta import kernel_inputs
 WORKLOADS = ("gdn_b1_t16384_h16_hv32", "gdn_b1_t65536_h16_hv32")
 #: The forms beside the planned shape, as DeltaShape fields: unchained (the phases) and chained, and
 #: chained with the prep capped at 128 registers (four programs an SM instead of three, on the SMs
-#: the sweep leaves the prep, which bounds the chained row).
-FORMS = {"chained": dict(chained=True), "unchained": dict(chained=False),
-         "chained, prep at 128 registers": dict(chained=True, prep_maxnreg=128)}
+#: the sweep leaves the prep, which bounds the chained row), and chained with a lead (the first
+#: chunks' prep on every SM before the sweep starts: by SM-time ~0.17 at B1 T16384, ~0.15 at T65536).
+FORMS = {"chained": dict(chained=True, chained_lead=0.0), "unchained": dict(chained=False),
+         "chained, prep at 128 registers": dict(chained=True, chained_lead=0.0, prep_maxnreg=128),
+         **{f"chained, lead {x}": dict(chained=True, chained_lead=x) for x in (0.1, 0.15, 0.2, 0.25, 0.3)}}
 
 
 def timing(rep_ms, workloads=WORKLOADS, forms=tuple(FORMS)):
@@ -54,7 +56,7 @@ def timing(rep_ms, workloads=WORKLOADS, forms=tuple(FORMS)):
                 again = [t.clone() for t in run_delta_launches(launches, inputs)]
             ref = ref or out
             row = dict(workload=name, form=form, phases=shape.phases, chained=launches.chained >= 0,
-                       prep_maxnreg=shape.prep_maxnreg,
+                       prep_maxnreg=shape.prep_maxnreg, chained_lead=shape.chained_lead,
                        kernels=kernels, graph_median_ms=graph[0], graph_p20_ms=graph[1], graph_p80_ms=graph[2],
                        eager_median_ms=eager[0], eager_p20_ms=eager[1], eager_p80_ms=eager[2],
                        same_bits_as_first=all(torch.equal(a, b) for a, b in zip(out, ref)),

@@ -665,20 +665,23 @@ def test_phases_launch_order():
     assert [s.min_shared for s in plan_.steps[1::2]] == [0] * 3
 
 
-@pytest.mark.parametrize("T,chunk_states", [(300, True), (65, False), (64, True), (1, False)])
-def test_chained_schedule_equals_the_single_pass_bit_for_bit(T, chunk_states):
+@pytest.mark.parametrize("T,chunk_states,lead", [(300, True, 0.0), (65, False, 0.0), (64, True, 0.0), (1, False, 0.0),
+                                                  (300, True, 0.3), (65, False, 0.5), (64, False, 0.9)])
+def test_chained_schedule_equals_the_single_pass_bit_for_bit(T, chunk_states, lead):
     """The chained schedule (DeltaShape.chained: the sweep waiting on each chunk's ready flag, the
     prep raising them) changes when each chunk's prep runs, not the arithmetic: the single pass's
-    bits for outputs, final and chunk states, with an initial state, a reset and a partial last chunk.
-    Under the interpreter the prep runs first (the GPU's overlap: tests/gpu/test_gluon_sweep_gpu.py)."""
+    bits for outputs, final and chunk states, with an initial state, a reset and a partial last chunk;
+    so does a lead (chained_lead: the first chunks prepared before the sweep starts), down to one
+    chunk left beside it. Under the interpreter the prep runs first (the GPU's overlap:
+    tests/gpu/test_gluon_sweep_gpu.py)."""
     q, k, v, g, beta, S0 = gdn_inputs(2, T, 2, 4, 16, 24)
     g[:, min(87, T - 1), 1] = float("-inf")
     kw = dict(initial_state=f32(S0[:2])[0], output_final_state=True, use_qk_l2norm_in_kernel=True,
               return_chunk_states=chunk_states, block_v=16)
     single = chunk_delta_fwd(*f32(q, k, v, g, beta), **kw)
-    chained = chunk_delta_fwd(*f32(q, k, v, g, beta), chained=True, phases=3, **kw)
+    chained = chunk_delta_fwd(*f32(q, k, v, g, beta), chained=True, chained_lead=lead, phases=3, **kw)
     for a, b, what in zip(chained, single, ("o", "final state", "chunk states")):
-        assert torch.equal(bits(a), bits(b)), f"T={T}: {what} differs from the single pass"
+        assert torch.equal(bits(a), bits(b)), f"T={T}, lead {lead}: {what} differs from the single pass"
 
 
 def test_chained_schedule_keeps_the_prep_for_the_backward_as_unchained():
@@ -718,6 +721,41 @@ def test_chained_schedule_launches_and_ready_flags():
     ready = torch.zeros(slots, HV, dtype=torch.int32, device=DEVICE)
     run_delta_launches(plan_, (*f32(q, k, v, g, beta),), given={"ready": ready})
     chunk_slots = [(n * T + c * 64) // 64 + n for n in range(B) for c in range(-(-T // 64))]
+    want = torch.zeros(slots, HV, dtype=torch.int32)
+    want[chunk_slots] = 1
+    assert torch.equal(ready.cpu(), want)
+
+
+@pytest.mark.parametrize("B,T,lead,lead_chunks", [(2, 300, 0.3, 2), (1, 640, 0.17, 2), (3, 130, 0.99, 2),
+                                                  (1, 300, 0.05, 0)])
+def test_chained_lead_prepares_the_first_chunks_before_the_sweep(B, T, lead, lead_chunks):
+    """With a lead, the first round(chunks x lead) chunks (at most all but one; none where that
+    rounds to 0) of every sequence are prepared by a launch of their own before the sweep, each of
+    its programs letting the sweep (now its programmatic dependent) launch as it starts; the rest
+    beside the sweep as before. Both preps go chunk-major across the sequences (n_seq = B), and
+    together they raise every chunk's flag once."""
+    HV = 4
+    q, k, v, g, beta, _ = gdn_inputs(B, T, 2, HV, 16, 24)
+    plan_ = delta_launches(*f32(q, k, v, g, beta), chained=True, chained_lead=lead, phases=3,
+                           output_final_state=True)
+    chunks = -(-T // 64)
+    *lead_steps, sweep, rest, replay = plan_.steps
+    assert plan_.chained == len(lead_steps) and sweep.kwargs["trigger_dependents"] == 1
+    assert sweep.programmatic == (lead_chunks > 0)
+    assert len(lead_steps) == (lead_chunks > 0)
+    for step in lead_steps:
+        assert step.grid == (B * lead_chunks * HV,) and not step.programmatic and step.min_shared == 0
+        assert (step.kwargs["chunk_lo"], step.kwargs["chunk_span"]) == (0, lead_chunks)
+        assert step.kwargs["trigger_dependents"] == 1 and step.kwargs["wait_primary"] == 0
+        assert step.kwargs["READY"] and step.kwargs["n_seq"] == B
+    assert rest.grid == (B * (chunks - lead_chunks) * HV,) and rest.programmatic and rest.kwargs["n_seq"] == B
+    assert (rest.kwargs["chunk_lo"], rest.kwargs["chunk_span"]) == (lead_chunks, chunks - lead_chunks)
+    assert rest.kwargs["trigger_dependents"] == 0 and rest.kwargs["wait_primary"] == 1
+    assert launch_delta._chained_order(plan_.steps, plan_.chained) == lead_steps + [rest, sweep, replay]
+    slots = (B * T) // 64 + B
+    ready = torch.zeros(slots, HV, dtype=torch.int32, device=DEVICE)
+    run_delta_launches(plan_, (*f32(q, k, v, g, beta),), given={"ready": ready})
+    chunk_slots = [(n * T + c * 64) // 64 + n for n in range(B) for c in range(chunks)]
     want = torch.zeros(slots, HV, dtype=torch.int32)
     want[chunk_slots] = 1
     assert torch.equal(ready.cpu(), want)
@@ -770,7 +808,7 @@ def test_chained_schedule_only_where_it_applies():
 
 
 @pytest.mark.parametrize("kw", [{}, {"phases": 3}, {"segments": 3}, {"tma_store": True, "phases": 2},
-                                {"chained": True}])
+                                {"chained": True}, {"chained": True, "chained_lead": 0.5}])
 def test_every_planned_launch_names_every_kernel_argument(kw):
     """The direct launcher (runtime/launcher.py) builds its parameter block from the step's
     arguments by the kernel's argument names, defaults included: a step that leaves one to its
@@ -813,7 +851,9 @@ def test_phases_must_be_a_positive_int(phases):
 
 @pytest.mark.parametrize("name,value", [("segments", 0), ("segments", "3"), ("segments", 2.0),
                                         ("v_product", 1), ("v_product", None), ("tma_store", "yes"), ("chained", 1),
-                                        ("prep_maxnreg", 100), ("prep_maxnreg", "168"), ("prep_maxnreg", 168.0)])
+                                        ("prep_maxnreg", 100), ("prep_maxnreg", "168"), ("prep_maxnreg", 168.0),
+                                        ("chained_lead", 1.0), ("chained_lead", -0.1), ("chained_lead", True),
+                                        ("chained_lead", "0.2")])
 def test_launch_options_are_checked_and_named(name, value):
     q, k, v, g, beta, _ = gdn_inputs(1, 8, 1, 2, 16, 16)
     with pytest.raises(ValueError, match=name):

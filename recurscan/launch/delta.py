@@ -116,6 +116,9 @@ def check_shape(shape: DeltaShape) -> None:
     m = shape.prep_maxnreg
     if m is not None and (not isinstance(m, int) or isinstance(m, bool) or not 128 <= m <= 255):
         raise ValueError(f"DeltaShape.prep_maxnreg: expected None or an int in [128, 255], got {m!r}")
+    lead = shape.chained_lead
+    if isinstance(lead, bool) or not isinstance(lead, (int, float)) or not 0 <= lead < 1:
+        raise ValueError(f"DeltaShape.chained_lead: expected a number in [0, 1), got {lead!r}")
 
 
 
@@ -324,7 +327,8 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         H=H, HV=HV, K=K, M=M, BT=BT, BK=BK,
         USE_L2NORM=use_qk_l2norm_in_kernel, IS_VARLEN=varlen, HAS_G=g is not None,
         INV_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", DT=dt, INV_FP16=q.dtype != torch.float32,
-        INV_SPLIT=plan_delta.PREP_SPLIT_INVERSE if q.dtype != torch.float32 else 0, wait_primary=0, PDL=not INTERPRET,
+        INV_SPLIT=plan_delta.PREP_SPLIT_INVERSE if q.dtype != torch.float32 else 0, wait_primary=0,
+        trigger_dependents=0, PDL=not INTERPRET,
         STORE_INV=keep_prep, HEADS=heads, QUERY=2, READY=False, **ssd_prep)
     prep_kernel, prep_per_chunk = chunk_delta_prep_kernel, HV // heads
     if group:
@@ -423,13 +427,20 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         # The sweep first, triggering at its start; the prep its programmatic dependent on the SMs the
         # sweep leaves free (its last program waiting for the sweep, as a phase's prep does), each
         # program raising its chunk's ready flag, on which the sweep's load warp waits (run_delta_
-        # launches puts the prep first where the launch cannot be programmatic).
+        # launches puts the prep first where the launch cannot be programmatic). The prep goes
+        # chunk-major across sequences, as the sweeps read it. The lead's chunks (shape.chained_lead)
+        # are prepared before, on every SM, each of its programs letting the sweep launch as it starts.
+        ready = dict(prep, ready_flags=arg("ready"), READY=True, n_seq=N)
+        lead = min(round(NTe * shape.chained_lead), NTe - 1)
+        if lead > 0:
+            steps.append(Step(prep_kernel, (N * lead * prep_per_chunk,),
+                              dict(ready, chunk_span=lead, trigger_dependents=1), prep_options))
         chained_step = len(steps)
-        steps.append(Step(sweep_kernel, (N * HV * NV,),
-                           dict(sweep, trigger_dependents=1), options))
-        steps.append(Step(prep_kernel, (n_prep * prep_per_chunk,), dict(prep, ready_flags=arg("ready"), READY=True,
-                                                                          wait_primary=1),
-                           prep_options, programmatic=True, min_shared=PREP_SHARED_BESIDE_SWEEP))
+        steps.append(Step(sweep_kernel, (N * HV * NV,), dict(sweep, trigger_dependents=1), options,
+                          programmatic=lead > 0))
+        steps.append(Step(prep_kernel, (N * (NTe - lead) * prep_per_chunk,),
+                          dict(ready, chunk_lo=lead, chunk_span=NTe - lead, wait_primary=1),
+                          prep_options, programmatic=True, min_shared=PREP_SHARED_BESIDE_SWEEP))
         replay = (N * HV * NV,), sweep
     elif phased:
         # prep 0, sweep 0, prep 1, sweep 1, ...: each prep after the first is the programmatic

@@ -87,6 +87,11 @@ class DeltaShape:
     # head)'s ready flag, on which the sweep's load warp waits before the chunk's copies. A call it
     # cannot take runs the row's phases. :func:`gluon_forward_sweep` decides.
     chained: bool = False
+    # With chained: the fraction of the chunks whose prep runs before the sweep starts, on every SM
+    # (a launch of its own, the sweep its programmatic dependent), so that the prep, which is slower
+    # on the SMs the sweep leaves it than the chain it feeds, starts ahead. 0: the whole prep beside
+    # the sweep. :data:`CHAINED_LEAD` is the planned value.
+    chained_lead: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -488,6 +493,13 @@ GLUON_FORWARD_CHAINED = GluonTwinRow(True, "the single pass's bits, faster than 
                                            "(eager 1.687 against 1.802)")
 
 
+#: The chained schedule's lead (DeltaShape.chained_lead): the fraction of the chunks prepared on every
+#: SM before the sweep starts. By SM-time (B1 T16384 H16 HV32 on an H100: the prep 27.5 SM-ms, the
+#: sweep's chain 0.334 ms on 64 SMs) a lead of ~0.17 would end the prep beside the chain as the chain
+#: ends, at ~0.37 ms; not yet measured, so none.
+CHAINED_LEAD = 0.0
+
+
 def gluon_forward_sweep(shape: DeltaShape, *, householder: int, dtype: torch.dtype, key_dim: int, value_dim: int,
                         device: torch.device, twin_only: bool = False) -> DeltaShape:
     """``shape`` with its sweep given to the Gluon twin, its phases falling off by
@@ -507,7 +519,8 @@ def gluon_forward_sweep(shape: DeltaShape, *, householder: int, dtype: torch.dty
     if shape.phases > 1:
         return replace(shape, gluon_sweep=True, phase_ratio=GLUON_SWEEP_PHASE_RATIO,
                        specialized=GLUON_FORWARD_SPECIALIZED.on,
-                       chained=GLUON_FORWARD_SPECIALIZED.on and GLUON_FORWARD_CHAINED.on)
+                       chained=GLUON_FORWARD_SPECIALIZED.on and GLUON_FORWARD_CHAINED.on,
+                       chained_lead=CHAINED_LEAD)
     if shape.segments == 1 and GLUON_FORWARD_SPECIALIZED_ONE_PASS.on:
         return replace(shape, gluon_sweep=True, specialized=True)
     return shape

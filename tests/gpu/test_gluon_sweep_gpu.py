@@ -172,10 +172,12 @@ def test_the_warp_specialised_sweep_with_the_wy_step_gives_the_triton_sweeps_bit
         assert (o[0, int(cu[2]):int(cu[3])] == 0).all()  # a padding slot's sequence: zero outputs
 
 
+@pytest.mark.parametrize("lead", [0.0, 0.2])
 @pytest.mark.parametrize("form", ["B1 T16384 HV32", "a dense cache, a padding slot, GVA"])
-def test_the_chained_schedule_gives_the_triton_sweeps_bits(form):
+def test_the_chained_schedule_gives_the_triton_sweeps_bits(form, lead):
     """The chained schedule (the warp-specialised sweep waiting on each chunk's ready flag, the prep
-    beside it as its programmatic dependent) over four calls (JIT with the prep first, then direct
+    beside it as its programmatic dependent; with a lead, the first chunks' prep before it, the
+    sweep that launch's programmatic dependent) over four calls (JIT with the prep first, then direct
     launches with the sweep first) and over CUDA-graph replays: the Triton sweep's bits (its phases
     there), and at B1 T16384 the float64 oracle's values."""
     if form == "B1 T16384 HV32":
@@ -187,10 +189,11 @@ def test_the_chained_schedule_gives_the_triton_sweeps_bits(form):
         cache = torch.randn(4, 8, 128, 128, device=DEV)
         slots = torch.tensor([2, -1, 0], dtype=torch.int32, device=DEV)
         args, kw = (None, cache, slots, None, None, None), dict(state=cache, state_indices=slots)
-    got = both_runs(x, args, calls=4, specialized=True, chained=True, phases=6, use_qk_l2norm_in_kernel=True, **kw)
-    launches = delta_launches(*x, gluon_sweep=True, specialized=True, chained=True, phases=6, **TWIN,
-                              use_qk_l2norm_in_kernel=True, **kw)
-    assert launches.chained >= 0 and launches.steps[launches.chained].kwargs["CHAINED"]
+    got = both_runs(x, args, calls=4, specialized=True, chained=True, chained_lead=lead, phases=6,
+                    use_qk_l2norm_in_kernel=True, **kw)
+    launches = delta_launches(*x, gluon_sweep=True, specialized=True, chained=True, chained_lead=lead, phases=6,
+                              **TWIN, use_qk_l2norm_in_kernel=True, **kw)
+    assert launches.chained == (lead > 0) and launches.steps[launches.chained].kwargs["CHAINED"]
     a = list(args)
     for _ in range(2):  # the first call through the JIT, then direct launches (the sweep first)
         if a[1] is not None:

@@ -151,7 +151,7 @@ def _rank_sequences(cu_seqlens, order, N, i_block, BLOCK: tl.constexpr, BLOCK_J:
 
 @triton.jit
 def _prep_chunk(cu_seqlens, chunk_indices, sequence_order, i_c, rank_here, T, n_seq, chunk_lo, chunk_span,
-                M: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+                M: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr, CHUNK_MAJOR: tl.constexpr = False):
     """(valid, i_n, i_t, bos, eos) of a prep program's chunk i_c: its sequence i_n, its chunk i_t
     within it and the sequence's rows [bos, eos) of the expanded stream; valid is False for a
     padding descriptor row or a chunk past its sequence's end (the program then writes nothing).
@@ -159,7 +159,9 @@ def _prep_chunk(cu_seqlens, chunk_indices, sequence_order, i_c, rank_here, T, n_
     clamped to [0, T], so that a wrong descriptor writes nothing outside; where ``rank_here``, the
     programs of the first ceil(n_seq / RANK_BLOCK) chunks write the sweep's order of sequences,
     longest first (:func:`_rank_sequences`). Dense: chunk ``chunk_lo + i_c % chunk_span`` of
-    sequence ``i_c // chunk_span`` (all chunks, or a phase's range)."""
+    sequence ``i_c // chunk_span`` (all chunks, or a phase's range); CHUNK_MAJOR: chunk ``chunk_lo +
+    i_c // n_seq`` of sequence ``i_c % n_seq``, every sequence's chunk c before any chunk c + 1 (the
+    order in which the chained schedule's sweeps, one per sequence, read them)."""
     if IS_VARLEN:
         if rank_here & (i_c * RANK_BLOCK < n_seq):
             _rank_sequences(cu_seqlens, sequence_order, n_seq, i_c, RANK_BLOCK, 16)
@@ -174,8 +176,12 @@ def _prep_chunk(cu_seqlens, chunk_indices, sequence_order, i_c, rank_here, T, n_
             eos = eos_t * M
             valid = (i_t >= 0) & (i_t * BT < eos - bos)
     else:
-        i_n = i_c // chunk_span
-        i_t = chunk_lo + i_c % chunk_span
+        if CHUNK_MAJOR:
+            i_n = i_c % n_seq
+            i_t = chunk_lo + i_c // n_seq
+        else:
+            i_n = i_c // chunk_span
+            i_t = chunk_lo + i_c % chunk_span
         bos = i_n * T * M
         eos = bos + T * M
         valid = True

@@ -9,10 +9,10 @@ from ..gla.common import _ssd_steps
 from .common import _chunk_gates, _chunk_slot, _gate_tile, _gates_of, _prep_chunk, _wy_inverse
 
 
-@triton.jit(do_not_specialize=["n_seq", "chunk_lo", "chunk_span", "wait_primary"])
+@triton.jit(do_not_specialize=["n_seq", "chunk_lo", "chunk_span", "wait_primary", "trigger_dependents"])
 def chunk_delta_prep_kernel(
     q, k, g, beta, wy, aqk, coef, winv, ready_flags, cu_seqlens, chunk_indices, sequence_order, dt, A, dt_bias,
-    scale, T, n_seq, chunk_lo, chunk_span, wait_primary, dt_min, dt_max,
+    scale, T, n_seq, chunk_lo, chunk_span, wait_primary, trigger_dependents, dt_min, dt_max,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr,
     USE_L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr,
@@ -81,19 +81,26 @@ def chunk_delta_prep_kernel(
     READY (the chained schedule, launch/delta.py): once the program's stores are issued, its
     (chunk, value head) flag ``ready_flags[slot, hv]`` (int32, slot as coef's, zero before the launch) is
     set to 1 by a release at GPU scope after a barrier of the program's threads, so that a sweep
-    reading it with acquire semantics sees everything the program wrote for that chunk.
+    reading it with acquire semantics sees everything the program wrote for that chunk. Dense
+    programs then go chunk-major across the ``n_seq`` sequences (:func:`_prep_chunk`'s CHUNK_MAJOR),
+    as the sweeps read the chunks. ``trigger_dependents`` != 0 (the chained schedule's lead, the
+    chunks prepared before the sweep starts): each program lets the sweep, its programmatic
+    dependent, launch as it starts, so that the sweep takes the SMs the lead's last programs free.
 
     QUERY (WY; 2, every launch of the package): 1 loads q for its norms alone and 0 not at all (lam
     rq then the scale alone); neither forms or stores aqk, so a sweep after them gives no output of
     the op's. Benchmarks only (benchmarks/gpu_prep_query_share.py): what the query's part costs.
     """
     tl.static_assert(QUERY == 2 or WY, "QUERY below 2 (benchmarks only) needs the WY step")
+    if PDL:
+        if trigger_dependents != 0:
+            tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0).to(tl.int64)
     i_c = pid // (HV // HEADS)
     i_hv0 = (pid % (HV // HEADS)) * HEADS  # the program's first value head
     i_h = i_hv0 // (HV // H)
     valid, i_n, i_t, bos, eos = _prep_chunk(cu_seqlens, chunk_indices, sequence_order, i_c, i_hv0 == 0, T, n_seq,
-                                            chunk_lo, chunk_span, M, BT, IS_VARLEN)
+                                            chunk_lo, chunk_span, M, BT, IS_VARLEN, READY)
     if not valid:  # padding, or a chunk outside its sequence: nothing to do
         return
     r0 = bos + i_t * BT
