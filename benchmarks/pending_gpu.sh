@@ -146,7 +146,9 @@
 #  48. Issue 21: the chained schedule (DeltaShape.chained: the prep beside the warp-specialised sweep per chunk,
 #      ready flags): its GPU tests (the bits over JIT, direct and graph launches; a sweep whose prep cannot run
 #      beside it replaying), then only where they passed the B1 rows planned against chained
-#      (`benchmarks/gpu_chained.py`, any card; graph replay and eager, bits compared).
+#      (`benchmarks/gpu_chained.py`, any card; graph replay and eager, bits compared), the prep at 128 registers,
+#      and chained with a lead of 0.1-0.3 (DeltaShape.chained_lead: the first chunks' prep on every SM before the
+#      sweep; planned at 0 until measured, plan.delta.CHAINED_LEAD). The tests run both forms (lead 0 and 0.2).
 #  49. Issue 21's varlen rows (one sequence, T16384 / T65536, eager, within 5% of dense) with the chained schedule
 #      planned (`benchmarks/gpu_varlen_one_sequence.py`, any card; a sequence alone runs as the dense batch).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
