@@ -372,7 +372,10 @@ def main(argv=None):
     ap.add_argument("--rep-ms", type=int, default=300)
     ap.add_argument("--forward-twin", action="store_true",
                     help="also ours with the forward sweep's Gluon twin row the other way, in the same process")
+    ap.add_argument("--plan", action="append", default=[], metavar="NAME=VALUE",
+                    help="set recurscan.plan.delta.NAME (a Python literal) before the first call (runner.set_plan)")
     args = ap.parse_args(argv)
+    runner.set_plan(args.plan)
     from recurscan.launch import delta as launch_delta
     if args.phase_ratio is not None:
         launch_delta.PHASE_RATIO = args.phase_ratio

@@ -71,7 +71,10 @@ def main():
     ap.add_argument("--fla", action="store_true")
     ap.add_argument("--tokens", type=int, action="append", help="default: 16384 and 65536")
     ap.add_argument("--out")
+    ap.add_argument("--plan", action="append", default=[], metavar="NAME=VALUE",
+                    help="set recurscan.plan.delta.NAME (a Python literal) before the first call (runner.set_plan)")
     args = ap.parse_args()
+    runner.set_plan(args.plan)
     packages = packages_with(args.prev)
     rows = []
     for T in args.tokens or [16384, 65536]:

@@ -157,6 +157,9 @@ STEPS=${*:-0 7 3}
 step() { [[ " $STEPS " == *" $1 "* ]]; }
 C=${RECURSCAN_COMMIT:-unknown}
 export RECURSCAN_COMMIT=$C
+# PLAN="NAME=VALUE ...": planner values set for steps 36 and 49 (runner.set_plan; recorded in their files'
+# environment as plan_set), e.g. PLAN=CHAINED_LEAD=0.2 to measure a value before it is planned.
+PLANS=""; for p in ${PLAN:-}; do PLANS="$PLANS --plan $p"; done
 pip install -q --no-index --no-deps --target /tmp/site .whl/fla_core-0.6.0-py3-none-any.whl 2>&1 | grep -v WARNING | tail -1
 [ -f .whl/mamba_ssm-2.3.2.post1.tar.gz ] && mkdir -p /tmp/mamba && tar xzf .whl/mamba_ssm-2.3.2.post1.tar.gz -C /tmp/mamba --strip-components=1
 WORKERS=$(python -c "import torch; print(6 if torch.cuda.get_device_properties(0).total_memory > 100e9 else 4)")
@@ -299,10 +302,10 @@ step 31 && { timeout 240 python -m pytest -m gpu tests/gpu/test_fused_prefill_gp
     | grep -v Warning | tail -10; }
 step 34 && timeout 150 env PYTHONPATH=$PWD python benchmarks/gpu_delta_cold.py --runs 2 --scalar-loss \
     --out "$OUT/gpu_delta_cold_scalar_loss_$C.json" 2>&1 | grep -E "cold first call"
-step 36 && { timeout 250 env PYTHONPATH=$PWD python -m benchmarks.gpu_chunk_delta --only workloads --no-fla \
+step 36 && { timeout 250 env PYTHONPATH=$PWD python -m benchmarks.gpu_chunk_delta --only workloads --no-fla $PLANS \
     --out "$OUT/gpu_chunk_delta_$C.json" 2>&1 | grep -v Warning | tail -8
     timeout 250 env PYTHONPATH=$PWD python benchmarks/gpu_delta_train.py --impl recurscan --workload gdn_b4_t4096_h16 \
-    --workload gdn_b1_t16384_h16_hv32 --workload gdp_m2_b4_t4096_h16 --profile --out "$OUT/gpu_delta_train_$C.json" \
+    --workload gdn_b1_t16384_h16_hv32 --workload gdp_m2_b4_t4096_h16 --profile $PLANS --out "$OUT/gpu_delta_train_$C.json" \
     2>&1 | grep -v Warning | grep "fwd+bwd"; }
 step 43 && timeout 200 python -m benchmarks.gpu_forward_timeline --workload gdn_b1_t16384_h16_hv32 \
     --workload gdn_b4_t8192_h16_hv64 --workload gdn_b4_t4096_h16 --out "$OUT/gpu_forward_timeline_$C.json" 2>&1 \
@@ -323,7 +326,7 @@ step 48 && { timeout 200 python -m pytest -m gpu -q -p no:cacheprovider -o fault
     echo "chained tests rc=$rc"; grep -E "passed|failed|FAILED|Error|Timeout" "$OUT/gpu_tests_chained_$C.log" | tail -12
     [ $rc -eq 0 ] && timeout 240 env PYTHONPATH=$PWD python -m benchmarks.gpu_chained --rep-ms 100 \
         --out "$OUT/gpu_chained_$C.json" 2>&1 | grep -v -i warn | tail -12; }
-step 49 && timeout 150 env PYTHONPATH=$PWD python benchmarks/gpu_varlen_one_sequence.py \
+step 49 && timeout 150 env PYTHONPATH=$PWD python benchmarks/gpu_varlen_one_sequence.py $PLANS \
     --out "$OUT/gpu_varlen_one_sequence_$C.json" 2>&1 | grep -v -i warn | tail -8
 step 46 && timeout 200 env PYTHONPATH=$PWD python -m benchmarks.gpu_phase_counts --out "$OUT/gpu_phase_counts_$C.json" \
     2>&1 | grep -v -i warn | tail -30

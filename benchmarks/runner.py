@@ -336,6 +336,8 @@ def environment(device: torch.device) -> dict[str, Any]:
         env["loadavg_1_5_15min"] = [round(x, 2) for x in os.getloadavg()]
     except OSError:
         pass
+    if PLAN_SET:
+        env["plan_set"] = list(PLAN_SET)
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         env.update(device_name=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1),
@@ -574,6 +576,10 @@ def save(records: list[dict[str, Any]], path: str | os.PathLike) -> None:
     path.write_text(json.dumps({"records": records}, indent=2) + "\n")
 
 
+#: The planner values set_plan changed in this process (recorded by environment()).
+PLAN_SET: list[str] = []
+
+
 def set_plan(assignments: list[str]) -> None:
     """``NAME=VALUE`` assignments to ``recurscan.plan.delta`` (each NAME one it has), or
     ``NAME.FIELD=VALUE`` to a field of a dataclass row there (``GLUON_FORWARD_SPECIALIZED.on=True``)."""
@@ -590,6 +596,7 @@ def set_plan(assignments: list[str]) -> None:
         if field:
             new = dataclasses.replace(getattr(plan_delta, name), **{field: new})
         setattr(plan_delta, name, new)
+        PLAN_SET.append(text)
         print(f"recurscan.plan.delta.{name} = {getattr(plan_delta, name)!r}", flush=True)
 
 
