@@ -26,7 +26,8 @@ WORKLOADS = ("gdn_b1_t16384_h16_hv32", "gdn_b1_t65536_h16_hv32")
 #: chunks' prep on every SM before the sweep starts: by SM-time ~0.17 at B1 T16384, ~0.15 at T65536).
 FORMS = {"chained": dict(chained=True, chained_lead=0.0), "unchained": dict(chained=False),
          "chained, prep at 128 registers": dict(chained=True, chained_lead=0.0, prep_maxnreg=128),
-         **{f"chained, lead {x}": dict(chained=True, chained_lead=x) for x in (0.1, 0.15, 0.2, 0.25, 0.3)}}
+         **{f"chained, lead {x}": dict(chained=True, chained_lead=x) for x in (0.1, 0.15, 0.2, 0.25, 0.3)},
+         "chained, lead 0.2, prep at 128 registers": dict(chained=True, chained_lead=0.2, prep_maxnreg=128)}
 
 
 def timing(rep_ms, workloads=WORKLOADS, forms=tuple(FORMS)):
