@@ -893,9 +893,9 @@ def test_the_planner_gives_the_sweep_to_its_gluon_twin_only_in_scope(monkeypatch
     """plan.delta.gluon_forward_sweep (the Gluon rules, docs/kernels-gluon.md): a phased row of the
     twin's kind (64 value columns, one warpgroup, V a product operand), GDN, 16-bit inputs, K 64 or
     128, V a multiple of 64, Gluon usable here, its row on, the caller not forcing Triton; its
-    warp-specialised form where that row is on too, chained where its row (GLUON_FORWARD_CHAINED) is
-    on as well; a single pass (not segments) of that kind in the warp-specialised form where its own
-    row is on."""
+    warp-specialised form where that row is on too, chained (with the planned lead) where its row
+    (GLUON_FORWARD_CHAINED) is on as well; a single pass (not segments) of that kind in the
+    warp-specialised form where its own row is on."""
     import dataclasses
     from recurscan.plan import delta as plan_delta
     monkeypatch.setattr(plan_delta, "gluon_usable", lambda device: case != "no usable Gluon")
@@ -920,9 +920,10 @@ def test_the_planner_gives_the_sweep_to_its_gluon_twin_only_in_scope(monkeypatch
     if case.startswith("one pass,"):
         assert got == dataclasses.replace(given, gluon_sweep=True, specialized=True)
     else:
+        chained = case == "warp-specialised" and plan_delta.GLUON_FORWARD_CHAINED.on
         assert got == (dataclasses.replace(given, gluon_sweep=True, phase_ratio=plan_delta.GLUON_SWEEP_PHASE_RATIO,
-                                           specialized=case == "warp-specialised",
-                                           chained=case == "warp-specialised" and plan_delta.GLUON_FORWARD_CHAINED.on)
+                                           specialized=case == "warp-specialised", chained=chained,
+                                           chained_lead=plan_delta.CHAINED_LEAD if chained else 0.0)
                        if planned else given)
 
 

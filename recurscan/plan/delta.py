@@ -488,16 +488,20 @@ GLUON_FORWARD_SPECIALIZED_ONE_PASS = GluonTwinRow(False, "slower in one pass (H1
 
 #: The chained schedule (DeltaShape.chained) on the phased rows the warp-specialised sweep takes.
 GLUON_FORWARD_CHAINED = GluonTwinRow(True, "the single pass's bits, faster than the phases (H100, one process, graph "
-                                           "replay, gpu_chained_h100_26bcee4.json): B1 T16384 H16 HV32 0.439 ms "
-                                           "against 0.502 (eager 0.436 against 0.513), B1 T65536 1.691 against 1.771 "
-                                           "(eager 1.687 against 1.802)")
+                                           "replay, gpu_chained_h100_d0c9d6a.json, no lead): B1 T16384 H16 HV32 0.439 "
+                                           "ms against 0.494 (eager 0.438 against 0.514), B1 T65536 1.719 against "
+                                           "1.780 (eager 1.686 against 1.849); the GPU suite with it planned: "
+                                           "gpu_tests_h100_d0c9d6a.log")
 
 
 #: The chained schedule's lead (DeltaShape.chained_lead): the fraction of the chunks prepared on every
-#: SM before the sweep starts. By SM-time (B1 T16384 H16 HV32 on an H100: the prep 27.5 SM-ms, the
-#: sweep's chain 0.334 ms on 64 SMs) a lead of ~0.17 would end the prep beside the chain as the chain
-#: ends, at ~0.37 ms; not yet measured, so none.
-CHAINED_LEAD = 0.0
+#: SM before the sweep starts. H100, one process, same bits (gpu_chained_h100_d0c9d6a.json), graph /
+#: eager ms: B1 T16384 H16 HV32 at 0.1 0.426 / 0.424 against 0.431-0.439 / 0.438-0.453 without one,
+#: 0.15 0.429 / 0.421, 0.2 and over slower (0.440-0.444); T65536 at 0.1 1.686 / 1.637 against
+#: 1.711-1.719 / 1.686-1.753, 0.15 1.694 / 1.684, 0.2 and over slower. By SM-time (the prep's 27.5
+#: SM-ms, the chain's 0.334 ms on 64 SMs) ~0.17 would have ended both together at ~0.37 ms: beside
+#: the sweep the prep runs slower than its SM share (440 us on the GPU's clock against 405).
+CHAINED_LEAD = 0.1
 
 
 def gluon_forward_sweep(shape: DeltaShape, *, householder: int, dtype: torch.dtype, key_dim: int, value_dim: int,
@@ -517,10 +521,10 @@ def gluon_forward_sweep(shape: DeltaShape, *, householder: int, dtype: torch.dty
             gluon_sweep_scope(householder=householder, dtype=dtype, key_dim=key_dim, value_dim=value_dim)):
         return shape
     if shape.phases > 1:
+        chained = GLUON_FORWARD_SPECIALIZED.on and GLUON_FORWARD_CHAINED.on
         return replace(shape, gluon_sweep=True, phase_ratio=GLUON_SWEEP_PHASE_RATIO,
-                       specialized=GLUON_FORWARD_SPECIALIZED.on,
-                       chained=GLUON_FORWARD_SPECIALIZED.on and GLUON_FORWARD_CHAINED.on,
-                       chained_lead=CHAINED_LEAD)
+                       specialized=GLUON_FORWARD_SPECIALIZED.on, chained=chained,
+                       chained_lead=CHAINED_LEAD if chained else 0.0)
     if shape.segments == 1 and GLUON_FORWARD_SPECIALIZED_ONE_PASS.on:
         return replace(shape, gluon_sweep=True, specialized=True)
     return shape
