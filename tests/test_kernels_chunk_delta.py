@@ -684,14 +684,16 @@ def test_chained_schedule_equals_the_single_pass_bit_for_bit(T, chunk_states, le
         assert torch.equal(bits(a), bits(b)), f"T={T}, lead {lead}: {what} differs from the single pass"
 
 
-def test_chained_schedule_keeps_the_prep_for_the_backward_as_unchained():
+@pytest.mark.parametrize("lead", [0.0, 0.5])
+def test_chained_schedule_keeps_the_prep_for_the_backward_as_unchained(lead):
     """A forward under autograd keeps its prep's outputs (keep_prep: wy, G o Tinv, aqk, coef) for the
-    backward: chained, each is the phased run's, bit for bit (coef's lam_last on each chunk's first
-    row, the only one written), and so are the outputs and the final state."""
+    backward: chained, with or without a lead, each is the phased run's, bit for bit (coef's lam_last
+    on each chunk's first row, the only one written), and so are the outputs and the final state."""
     q, k, v, g, beta, _ = gdn_inputs(2, 200, 2, 4, 16, 24)
     args = f32(q, k, v, g, beta)
-    runs = [run_delta_launches(delta_launches(*args, chained=chained, phases=2, keep_prep=True, output_final_state=True,
-                                              use_qk_l2norm_in_kernel=True, block_v=16), tuple(args))
+    runs = [run_delta_launches(delta_launches(*args, chained=chained, chained_lead=lead, phases=2, keep_prep=True,
+                                              output_final_state=True, use_qk_l2norm_in_kernel=True, block_v=16),
+                               tuple(args))
             for chained in (False, True)]
     for what, a, b in zip(("o", "final", "wy", "winv", "aqk", "coef"), *runs):
         if what == "coef":
