@@ -19,7 +19,7 @@ import torch
 from . import runner
 from .gpu_chunk_delta import kernel_inputs
 
-WORKLOADS = ("gdn_b1_t16384_h16_hv32", "gdn_b1_t65536_h16_hv32")
+WORKLOADS = ("gdn_b1_t16384_h16_hv32", "gdn_b1_t65536_h16_hv32", "gdn_b2_t16384_h8_hv16")
 #: The forms beside the planned shape, as DeltaShape fields: unchained (the phases) and chained, and
 #: chained with the prep capped at 128 registers (four programs an SM instead of three, on the SMs
 #: the sweep leaves the prep, which bounds the chained row), and chained with a lead (the first

@@ -289,6 +289,9 @@ register(Workload("gdn_b1_t65536_h16_hv32", "gdn", (65536,), heads=16, value_hea
                   reference={"fla chunk_gated_delta_rule fwd": "4.15 ms", "source": _FLA_H200}))
 register(Workload("gdn_b1_t16384_h8_hv16", "gdn", (16384,), heads=8, value_heads=16,
                   note="half the heads of the headline workload: where the launch rows switch to segments"))
+register(Workload("gdn_b2_t16384_h8_hv16", "gdn", (16384,) * 2, heads=8, value_heads=16,
+                  note="the headline workload's value-head tokens in two sequences of half the heads: a phased, "
+                       "chained row of more than one sequence"))
 register(Workload("gdn_b4_t4096_h16", "gdn", (4096,) * 4, heads=16, value_heads=16,
                   reference={"fla chunk_gated_delta_rule fwd": "1.20 ms", "source": _FLA_H200}))
 register(Workload("gdn_b4_t4096_h16_k64", "gdn", (4096,) * 4, heads=16, value_heads=16, head_k=64, head_v=128,
