@@ -488,19 +488,20 @@ GLUON_FORWARD_SPECIALIZED_ONE_PASS = GluonTwinRow(False, "slower in one pass (H1
 
 #: The chained schedule (DeltaShape.chained) on the phased rows the warp-specialised sweep takes.
 GLUON_FORWARD_CHAINED = GluonTwinRow(True, "the single pass's bits, faster than the phases (H100, one process, graph "
-                                           "replay, gpu_chained_h100_d0c9d6a.json, no lead): B1 T16384 H16 HV32 0.439 "
-                                           "ms against 0.494 (eager 0.438 against 0.514), B1 T65536 1.719 against "
-                                           "1.780 (eager 1.686 against 1.849); the GPU suite with it planned: "
-                                           "gpu_tests_h100_d0c9d6a.log")
+                                           "replay, gpu_chained_h100_0d7116d.json, no lead): B1 T16384 H16 HV32 0.440 "
+                                           "ms against 0.492 (eager 0.437 against 0.509), B1 T65536 1.711 against "
+                                           "1.765 (eager 1.685 against 1.803), B2 T16384 H8 HV16 0.435 against 0.492; "
+                                           "the GPU suite with it planned: gpu_tests_h100_0d7116d.log")
 
 
 #: The chained schedule's lead (DeltaShape.chained_lead): the fraction of the chunks prepared on every
-#: SM before the sweep starts. H100, one process, same bits (gpu_chained_h100_d0c9d6a.json), graph /
-#: eager ms: B1 T16384 H16 HV32 at 0.1 0.426 / 0.424 against 0.431-0.439 / 0.438-0.453 without one,
-#: 0.15 0.429 / 0.421, 0.2 and over slower (0.440-0.444); T65536 at 0.1 1.686 / 1.637 against
-#: 1.711-1.719 / 1.686-1.753, 0.15 1.694 / 1.684, 0.2 and over slower. By SM-time (the prep's 27.5
-#: SM-ms, the chain's 0.334 ms on 64 SMs) ~0.17 would have ended both together at ~0.37 ms: beside
-#: the sweep the prep runs slower than its SM share (440 us on the GPU's clock against 405).
+#: SM before the sweep starts. Two H100 runs, one process each, every form the same bits
+#: (gpu_chained_h100_0d7116d.json; d0c9d6a's in parentheses), graph / eager ms, at 0.1 against none:
+#: B1 T16384 H16 HV32 0.417 / 0.422 (0.426 / 0.424) against 0.440 / 0.437 (0.439 / 0.438); T65536
+#: 1.663 / 1.624 (1.686 / 1.637) against 1.711 / 1.685 (1.719 / 1.686); B2 T16384 H8 HV16 0.416 /
+#: 0.419 against 0.435 / 0.435. 0.15 within noise of 0.1; 0.2 and over slower. By SM-time (the prep's
+#: 27.5 SM-ms, the chain's 0.334 ms on 64 SMs) ~0.17 would have ended both together at ~0.37 ms:
+#: beside the sweep the prep runs slower than its SM share (440 us on the GPU's clock against 405).
 CHAINED_LEAD = 0.1
 
 
