@@ -9,7 +9,9 @@
 #      the H200 at 60291e3 (results/gpu_tests_60291e3.log); 244 passed, 2 skipped on an H100 at e05461d
 #      (git show c94269e:benchmarks/results/gpu_tests_h100_e05461d.log); 253 passed, 2 skipped on an H100 at
 #      1d915c3 (results/gpu_tests_h100_1d915c3.log); 258 passed, 2 skipped on an H100 at 2295218 with the
-#      warp-specialised WY sweep planned (results/gpu_tests_ws_on_h100_2295218.log); four workers on cards under 100 GB (cold: ~270 s).
+#      warp-specialised WY sweep planned (results/gpu_tests_ws_on_h100_2295218.log); 267 passed, 2 skipped on H100s at
+#      d0c9d6a and 0d7116d with the chained schedule planned, without and with its lead (results/gpu_tests_h100_0d7116d.log);
+#      four workers on cards under 100 GB (cold: ~270 s).
 #   7. The forward rows as planned (the record), and the group prep on 8 warps for simple GLA and
 #      SSD (results/gpu_gla_sweep_h100_4981221.json on the H100; the H200's last at d529156).
 #   3. SSD's cold first forward + backward in a fresh process (target 10 s): 7.2 and 8.9 s on the
@@ -120,7 +122,8 @@
 #      1.854; results/ab_forward_specialised_h100_2295218.json.) The forward sweep warp-specialised with the WY
 #      step against the package with its row off; the row is on since.
 #  36. The figures of record on an H200 (none since ecf0925; the fused prefill's rows never there): the six prefill
-#      workloads (ours alone; fla's figures of record are 0c5047c's) and issue 19's three training rows.
+#      workloads (ours alone; fla's figures of record are 0c5047c's) and issue 19's three training rows. On an
+#      H100 at 0d7116d (the lead planned): results/gpu_chunk_delta_h100_0d7116d.json, gpu_delta_train_h100_0d7116d.json.
 #  39-41. (Ran at 6e59861 on an H100: both rows' tests passed, both slower, both off; perf-history, 2026-12-06,
 #      6e59861.) The warp-specialised recompute and the one-pass warp-specialised forward.
 #  42. (Ran at 6e59861 on an H100, the same entry.) The recompute beside the reverse sweep on the same SMs: right,
@@ -148,9 +151,12 @@
 #      beside it replaying), then only where they passed the B1 rows planned against chained
 #      (`benchmarks/gpu_chained.py`, any card; graph replay and eager, bits compared), the prep at 128 registers,
 #      and chained with a lead of 0.1-0.3 (DeltaShape.chained_lead: the first chunks' prep on every SM before the
-#      sweep; planned at 0 until measured, plan.delta.CHAINED_LEAD). The tests run both forms (lead 0 and 0.2).
+#      sweep; plan.delta.CHAINED_LEAD), and a row of two sequences. The tests run both forms (lead 0 and 0.2).
+#      On H100s at d0c9d6a and 0d7116d: the tests passed, lead 0.1 2-5% faster than none (planned since e2e258b),
+#      0.2 and over slower, 128 registers slower (results/gpu_chained_h100_0d7116d.json). Not yet on an H200.
 #  49. Issue 21's varlen rows (one sequence, T16384 / T65536, eager, within 5% of dense) with the chained schedule
-#      planned (`benchmarks/gpu_varlen_one_sequence.py`, any card; a sequence alone runs as the dense batch).
+#      planned (`benchmarks/gpu_varlen_one_sequence.py`, any card; a sequence alone runs as the dense batch). On an
+#      H100 at 0d7116d: 0.97-1.04x, the same bits (results/gpu_varlen_one_sequence_h100_0d7116d.json).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
