@@ -83,14 +83,16 @@ def only_stage(launches: DeltaLaunches, stage: str) -> DeltaLaunches:
       after a launch of :func:`sequence_order_kernel` for a varlen batch (the prep writes the
       ``sequence_order`` buffer the varlen sweep reads).
 
-    The phased schedule interleaves the two stages (each phase's prep beside the previous phase's
-    sweep), so a stage alone is not a part of it: build the launches with ``phases=1``, as
-    ``chunk_delta_fwd(stages=...)`` did (it ignored ``phases``)."""
+    The phased and chained schedules interleave the two stages (each phase's prep beside the
+    previous phase's sweep; the prep beside the sweep chunk by chunk), so a stage alone is not a part
+    of them: build the launches with ``phases=1`` and ``chained=False``, as ``chunk_delta_fwd(stages=...)``
+    did (it ignored ``phases``)."""
     if stage not in ("prep", "sweep"):
         raise ValueError(f"stage: expected 'prep' or 'sweep', got {stage!r}")
     preps = [s for s in launches.steps if s.kernel is chunk_delta_prep_kernel]
-    if len(preps) > 1 or any(s.kwargs.get("PASS") == 3 for s in launches.steps):
-        raise ValueError("only_stage: phased launches run their stages interleaved; build them with phases=1")
+    if len(preps) > 1 or launches.chained >= 0 or any(s.kwargs.get("PASS") == 3 for s in launches.steps):
+        raise ValueError("only_stage: phased or chained launches run their stages interleaved; build them with "
+                         "phases=1 and chained=False")
     if stage == "prep":
         steps = [_fresh(s) for s in preps]
     else:
@@ -130,8 +132,8 @@ def variant_launches(q, k, v, g, beta, *, stage: str = "both", inverse_fp16: boo
                      shape: DeltaShape | None = None, **kw) -> DeltaLaunches:
     """``build_delta_launches`` with the switches the former ``plan_chunk_delta`` took:
 
-    - ``stage``: "both", or "prep" / "sweep" alone (:func:`only_stage` of the unphased launches:
-      ``phases`` applies to "both" only, as before);
+    - ``stage``: "both", or "prep" / "sweep" alone (:func:`only_stage` of the unphased, unchained
+      launches: ``phases`` and ``chained`` apply to "both" only);
     - ``inverse_fp16``: None keeps the launches' choice (fp16 operands for the WY inverse where
       every step contracts, for 16-bit inputs); True / False sets the prep's ``INV_FP16``;
     - ``shape`` (default ``TEST_SHAPE``, chunk_delta_fwd's) with the DeltaShape fields among
@@ -139,7 +141,7 @@ def variant_launches(q, k, v, g, beta, *, stage: str = "both", inverse_fp16: boo
       ``build_delta_launches``."""
     fields = {name: kw.pop(name) for name in list(kw) if name in SHAPE_FIELDS}
     if stage != "both":
-        fields["phases"] = 1
+        fields.update(phases=1, chained=False)
     launches = build_delta_launches(q, k, v, g, beta, dataclasses.replace(shape or TEST_SHAPE, **fields), **kw)
     if inverse_fp16 is not None:
         launches = with_constants(launches, "prep", INV_FP16=bool(inverse_fp16))

@@ -37,8 +37,10 @@ def timing(rep_ms, grid=GRID):
         planned = delta_shape(delta_problem(q, k, v, g, beta, num_householder=M, cu_seqlens=cu), torch.device("cuda"))
         inputs = (q, k, v, g, beta, None, None, None, kw.get("cu_seqlens"), kw.get("chunk_indices_dp"), None)
         ref = None
-        shapes = [planned] + [dataclasses.replace(planned, phases=p, phase_ratio=r) for p in counts for r in ratios
-                              if (p, r) != (planned.phases, planned.phase_ratio)]
+        # The phases unchained (the planned row may be chained, which runs no phases).
+        shapes = [planned] + [dataclasses.replace(planned, phases=p, phase_ratio=r, chained=False)
+                              for p in counts for r in ratios
+                              if (p, r) != (planned.phases, planned.phase_ratio) or planned.chained]
         for shape in shapes:
             launches = variant_launches(q, k, v, g, beta, num_householder=M, use_qk_l2norm_in_kernel=True,
                                         output_final_state=True, shape=shape, **kw)
@@ -48,6 +50,7 @@ def timing(rep_ms, grid=GRID):
                                            quantiles=[0.5, 0.2, 0.8])
             ref = ref or out
             row = dict(workload=name, phases=shape.phases, phase_ratio=shape.phase_ratio, planned=shape is planned,
+                       chained=shape.chained,
                        specialized=shape.specialized, median_ms=ms[0], p20_ms=ms[1], p80_ms=ms[2],
                        same_bits_as_planned=all(torch.equal(a, b) for a, b in zip(out, ref)))
             print(json.dumps(row), flush=True)

@@ -148,6 +148,31 @@ def test_save_rows_keeps_rows_and_environment(tmp_path):
 
 
 
+def test_delta_variants_stage_alone_of_a_chained_or_phased_shape_is_unchained_and_one_pass():
+    """A stage alone of a planned shape that is chained (with a lead: two prep launches) or phased runs
+    as the single pass's stage (phases 1, not chained): the chained sweep alone would wait on ready
+    flags no prep raises. only_stage refuses chained or phased launches by name."""
+    import dataclasses
+
+    from benchmarks.delta_variants import only_stage, variant_launches
+    from recurscan.launch.delta import TEST_SHAPE, build_delta_launches
+    from tests.helpers.inputs import gdn_inputs
+
+    q, k, v, g, beta, _ = gdn_inputs(1, 300, 2, 4, 16, 24)
+    q, k, v, g, beta = (x.float() for x in (q, k, v, g, beta))
+    chained = dataclasses.replace(TEST_SHAPE, block_v=16, phases=3, chained=True, chained_lead=0.4)
+    for stage in ("prep", "sweep"):
+        alone = variant_launches(q, k, v, g, beta, shape=chained, stage=stage, output_final_state=True)
+        kernels = [getattr(s.kernel, "fn", s.kernel).__name__ for s in alone.steps]
+        assert alone.chained == -1 and all(s.kwargs.get("PASS") == 0 for s in alone.steps if "PASS" in s.kwargs)
+        assert kernels == (["chunk_delta_prep_kernel"] if stage == "prep" else
+                           ["chunk_delta_sweep_kernel", "chunk_delta_sweep_kernel"])
+        assert all(not s.kwargs.get("READY", False) for s in alone.steps)
+    for shape in (chained, dataclasses.replace(chained, chained=False)):
+        with pytest.raises(ValueError, match="only_stage: phased or chained"):
+            only_stage(build_delta_launches(q, k, v, g, beta, shape, output_final_state=True), "sweep")
+
+
 @pytest.mark.parametrize("varlen", [False, True])
 def test_delta_variants_stages_alone_make_the_whole(varlen):
     """benchmarks/delta_variants.py: the prep alone, then the sweep alone on the prep's buffers,
@@ -260,3 +285,17 @@ def test_plan_assignments_set_a_planner_constant_and_refuse_an_unknown_name(monk
     reason = plan_delta.GLUON_FORWARD_SPECIALIZED.reason
     runner.set_plan(["GLUON_FORWARD_SPECIALIZED.on=True"])
     assert plan_delta.GLUON_FORWARD_SPECIALIZED.on and plan_delta.GLUON_FORWARD_SPECIALIZED.reason == reason
+
+
+def test_gpu_clocks_summary_drops_the_ramps_and_keeps_every_reason():
+    """benchmarks/gpu_clocks.py: the samples' first and last fifth are dropped (ramp up, drain), the
+    medians and extremes are of the rest, unreadable fields ([N/A]) are skipped, and every distinct
+    clock-event reason seen in the rest is kept."""
+    from benchmarks.gpu_clocks import summary
+    ramp = [["1980", "2619", "100.0", "40", "0x0"]] * 2
+    body = [["1755", "2619", "690.5", "61", "0x4"], ["1785", "2619", "[N/A]", "62", "0x0"],
+            ["1770", "2619", "699.0", "63", "0x4"]] * 2
+    s = summary(ramp + body + ramp)
+    assert s["samples"] == 6 and s["sm_clock_mhz_median"] == 1770 and s["sm_clock_mhz_min"] == 1755
+    assert s["power_w_median"] == 694.75 and s["power_w_max"] == 699 and s["temperature_c_max"] == 63
+    assert s["clock_event_reasons"] == ["0x0", "0x4"]
