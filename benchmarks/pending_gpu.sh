@@ -8,8 +8,8 @@
 #      row is off), and a loss reading one output alone (the other's cotangent None): 218 passed on
 #      the H200 at 60291e3 (results/gpu_tests_60291e3.log); 244 passed, 2 skipped on an H100 at e05461d
 #      (git show c94269e:benchmarks/results/gpu_tests_h100_e05461d.log); 253 passed, 2 skipped on an H100 at
-#      1d915c3 (results/gpu_tests_h100_1d915c3.log); 258 passed, 2 skipped on an H100 at 2295218 with the
-#      warp-specialised WY sweep planned (results/gpu_tests_ws_on_h100_2295218.log); 267 passed, 2 skipped on H100s at
+#      1d915c3 (git show ec30501:benchmarks/results/gpu_tests_h100_1d915c3.log); 258 passed, 2 skipped on an H100 at 2295218 with the
+#      warp-specialised WY sweep planned (git show ec30501:benchmarks/results/gpu_tests_ws_on_h100_2295218.log); 267 passed, 2 skipped on H100s at
 #      d0c9d6a and 0d7116d with the chained schedule planned, without and with its lead (results/gpu_tests_h100_0d7116d.log);
 #      four workers on cards under 100 GB (cold: ~270 s).
 #   7. The forward rows as planned (the record), and the group prep on 8 warps for simple GLA and
