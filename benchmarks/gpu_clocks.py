@@ -7,7 +7,8 @@ Why: on the GPU's clock the chained row's prep runs ~9% slower beside the sweep 
 the SMs says (docs/kernels-chunk-delta.md, Schedules, "Chained": 440 us on 68 SMs against 405 from
 its SM-time alone). If the SM clock falls when both run (a power or thermal cap), no change to
 either kernel's schedule takes that back, and the prep's arithmetic is what to cut; if it does not,
-they contend for something on the chip (memory, L2), which the kernels' bytes decide.
+they contend for something on the chip (memory, L2), which the kernels' bytes decide. ``--train``
+adds issue 19's forward + backward steps (eager), to see whether training runs at the cap too.
 
     python -m benchmarks.gpu_clocks --out benchmarks/results/gpu_clocks.json
 """
@@ -96,6 +97,19 @@ def forms(name):
             ("planned", variant_launches(q, k, v, g, beta, shape=planned, **common), inputs)]
 
 
+def timed(workload: str, form: str, run, seconds: float, per_run: int = 1) -> dict:
+    """A row: ``run()`` (``per_run`` calls of the form) again and again for ``seconds`` while sampled."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    samples, calls = sampled(run, seconds)
+    end.record()
+    torch.cuda.synchronize()
+    row = dict(workload=workload, form=form, ms_per_call=start.elapsed_time(end) / (calls * per_run),
+               **summary(samples))
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def measure(names, seconds: float, per_graph: int = 8):
     from recurscan.launch.delta import run_delta_launches
     rows = []
@@ -111,15 +125,26 @@ def measure(names, seconds: float, per_graph: int = 8):
                         run_delta_launches(launches, inputs)
                 graph.replay()
                 torch.cuda.synchronize()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                samples, calls = sampled(graph.replay, seconds)
-                end.record()
-                torch.cuda.synchronize()
-            row = dict(workload=name, form=form, ms_per_call=start.elapsed_time(end) / (calls * per_graph),
-                       **summary(samples))
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+                rows.append(timed(name, form, graph.replay, seconds, per_graph))
+    return rows
+
+
+#: Issue 19's training rows (``--train``): forward + backward through the op, eager.
+TRAIN_WORKLOADS = ("gdn_b4_t4096_h16", "gdn_b1_t16384_h16_hv32")
+
+
+def measure_training(names, seconds: float):
+    """Forward + backward steps (benchmarks/gpu_delta_train.py's, eager: the host keeps ahead of the
+    GPU at these sizes) run back to back while sampled."""
+    from benchmarks import registry
+    from benchmarks.gpu_delta_train import step_calls
+    rows = []
+    for name in names:
+        fwd_bwd = step_calls(registry.get(name))[0]
+        for _ in range(3):  # compiles, then direct launches
+            fwd_bwd()
+        torch.cuda.synchronize()
+        rows.append(timed(name, "forward + backward", fwd_bwd, seconds))
     return rows
 
 
@@ -128,9 +153,12 @@ def main(argv=None):
     ap.add_argument("--out", default="benchmarks/results/gpu_clocks.json")
     ap.add_argument("--seconds", type=float, default=3.0, help="how long each form runs while sampled")
     ap.add_argument("--workload", action="append", help="a workload of WORKLOADS (default: both)")
+    ap.add_argument("--train", action="store_true", help="also issue 19's training rows (TRAIN_WORKLOADS)")
     args = ap.parse_args(argv)
-    res = {"environment": runner.environment(torch.device("cuda")),
-           "rows": measure(tuple(args.workload or WORKLOADS), args.seconds)}
+    rows = measure(tuple(args.workload or WORKLOADS), args.seconds)
+    if args.train:
+        rows += measure_training(TRAIN_WORKLOADS, args.seconds)
+    res = {"environment": runner.environment(torch.device("cuda")), "rows": rows}
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
 

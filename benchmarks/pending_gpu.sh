@@ -159,7 +159,9 @@
 #      H100 at 0d7116d: 0.97-1.04x, the same bits (results/gpu_varlen_one_sequence_h100_0d7116d.json).
 #  50. Issue 21: the GPU's clocks and power while the B1 rows run (`benchmarks/gpu_clocks.py`, any card; nvidia-smi
 #      sampled every 50 ms): the prep alone, the sweep alone and the planned chained row. Whether the prep's ~9% loss
-#      beside the sweep is a clock (power) cap or contention on the chip.
+#      beside the sweep is a clock (power) cap or contention on the chip; with --train, issue 19's training steps too.
+#      On an H100 at 27479d8 (no --train yet): the prep alone draws the 700 W cap at 1875 MHz, the planned rows hold
+#      the cap throughout (1935 / 1763 MHz median at T16384 / T65536; results/gpu_clocks_h100_27479d8.json).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -335,8 +337,8 @@ step 48 && { timeout 200 python -m pytest -m gpu -q -p no:cacheprovider -o fault
     echo "chained tests rc=$rc"; grep -E "passed|failed|FAILED|Error|Timeout" "$OUT/gpu_tests_chained_$C.log" | tail -12
     [ $rc -eq 0 ] && timeout 240 env PYTHONPATH=$PWD python -m benchmarks.gpu_chained --rep-ms 100 \
         --out "$OUT/gpu_chained_$C.json" 2>&1 | grep -v -i warn | tail -12; }
-step 50 && timeout 120 env PYTHONPATH=$PWD python -m benchmarks.gpu_clocks --out "$OUT/gpu_clocks_$C.json" 2>&1 \
-    | grep -v -i warn | tail -8
+step 50 && timeout 150 env PYTHONPATH=$PWD python -m benchmarks.gpu_clocks --train --out "$OUT/gpu_clocks_$C.json" \
+    2>&1 | grep -v -i warn | tail -8
 step 49 && timeout 150 env PYTHONPATH=$PWD python benchmarks/gpu_varlen_one_sequence.py $PLANS \
     --out "$OUT/gpu_varlen_one_sequence_$C.json" 2>&1 | grep -v -i warn | tail -8
 step 46 && timeout 200 env PYTHONPATH=$PWD python -m benchmarks.gpu_phase_counts --out "$OUT/gpu_phase_counts_$C.json" \
