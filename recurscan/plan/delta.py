@@ -551,14 +551,6 @@ FUSED_PREFILL_CACHE = GluonTwinRow(True, "the fused prefill with a state cache: 
                                          "test fix)")
 
 
-#: The fused prefill's ring (kernels/gluon/delta_fused.py): SPLIT_READY, the prep waiting only for
-#: what it reads (k, q, the vectors), v on a barrier of its own; PREFETCH_NEXT, the load warp
-#: bringing the next chunk's rows of k, q and v into L2 as it issues a chunk's copies. Not yet
-#: measured on a GPU.
-FUSED_SPLIT_READY = True
-FUSED_PREFETCH_NEXT = True
-
-
 def fused_prefill_scope(problem) -> bool:
     """The fused prefill's problems (kernels/gluon/delta_fused.py): GDN (M = 1), 16-bit inputs,
     K = V = 128, beta per head; an initial state and a final state, or a state cache where

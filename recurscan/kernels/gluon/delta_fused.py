@@ -13,7 +13,8 @@ between layouts. Then one program, four partitions:
 
 1. **loads** (one warp): the chunk's k, q and v tiles and its vectors, by bulk copies through
    descriptors over the program's own sequence (a partial last chunk reads zeros past its end),
-   into a two-stage ring, a stage once both chains freed it.
+   into a two-stage ring, a stage once both chains freed it; k, q and the vectors on one barrier
+   (the prep's), v on another (the chains wait on both).
 2. **prep** (one warpgroup): K K^T and Q K^T on wgmma, the gates, the chain's coefficients (lam rk,
    lam rq, gam rk, lam_last), aqk, and the WY inverse (``inverse_on_blocks``), wy = (G o Tinv)
    diag(beta); wy, aqk and the coefficients into the stage's buffers.
@@ -71,33 +72,14 @@ def _chunks_to_run(n_chunks, state_indices, n_slots, USE_CACHE: gl.constexpr, HV
 
 
 @gluon.jit
-def _prefetch_rows(rows_ptr, first, L, ROW_BYTES: gl.constexpr, STRIDE_BYTES: gl.constexpr):
-    """Rows ``first + lane`` and ``first + 32 + lane`` of ``rows_ptr`` (STRIDE_BYTES apart, ROW_BYTES
-    each) into L2, one bulk prefetch a row from each lane of the one-warp partition, rows at or past
-    ``L`` left; the addresses formed in the instruction's own registers (the load warp has 24)."""
-    for half in gl.static_range(2):
-        gl.inline_asm_elementwise(
-            "{ .reg .pred %p; .reg .u32 %l; .reg .s32 %r; .reg .u64 %a; "
-            f"mov.u32 %l, %laneid; add.s32 %r, $2, %l; add.s32 %r, %r, {half * 32}; setp.lt.s32 %p, %r, $3; "
-            f"mul.wide.s32 %a, %r, {STRIDE_BYTES}; add.u64 %a, %a, $1; "
-            f"@%p cp.async.bulk.prefetch.L2.global [%a], {ROW_BYTES}; mov.u32 $0, 0; }}",
-            "=r,l,r,r", [rows_ptr, first, L], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def _loads(k_desc, q_desc, v_desc, gv_desc, k_s, q_s, v_s, gv_s, ready, ready_v, empty, h0_read, col_qk, col_v,
-           vec0, v_rows, L, state_indices, n_slots, n_chunks, USE_CACHE: gl.constexpr,
-           H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
-           BV: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr, SPLIT_READY: gl.constexpr,
-           PREFETCH_NEXT: gl.constexpr):
+           vec0, state_indices, n_slots, n_chunks, USE_CACHE: gl.constexpr, HV: gl.constexpr, BT: gl.constexpr,
+           BV: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr):
     """The load warp: chunk j's k, q, both value blocks of v and its vectors (at ``vec0 + j HV 4
     BT`` floats) into stage j % NUM_STAGES, once both chains freed it (HAS_H0: the first once both
-    chains read their initial state, or the cache slot's, out of the k and q stages). SPLIT_READY:
-    what the prep reads (k, q, the vectors) completes ``ready``, v ``ready_v``, so that the prep
-    starts without waiting for v; else all five complete ``ready``. PREFETCH_NEXT: then chunk j + 1's
-    rows of v (``v_rows``: the program's value head in the sequence's first row) into L2, so that its
-    copies, issued once the chains free a stage, read from L2 (k and q, shared by the value heads of
-    a GVA group, which run side by side, are mostly there already)."""
+    chains read their initial state, or the cache slot's, out of the k and q stages). What the prep
+    reads (k, q, the vectors) completes ``ready`` and v ``ready_v``, so that the prep starts on a
+    chunk without waiting for its v; the chains wait on both."""
     kq_bytes: gl.constexpr = k_desc.block_type.nbytes + q_desc.block_type.nbytes + gv_desc.block_type.nbytes
     v_bytes: gl.constexpr = 2 * v_desc.block_type.nbytes
     if HAS_H0:
@@ -105,21 +87,16 @@ def _loads(k_desc, q_desc, v_desc, gv_desc, k_s, q_s, v_s, gv_s, ready, ready_v,
     for j in range(_chunks_to_run(n_chunks, state_indices, n_slots, USE_CACHE, HV)):
         s = j % NUM_STAGES
         bar = ready.index(s)
-        bar_v = ready_v.index(s) if SPLIT_READY else bar
+        bar_v = ready_v.index(s)
         mbarrier.wait(empty.index(s), ((j // NUM_STAGES) & 1) ^ 1)
-        if SPLIT_READY:
-            mbarrier.expect(bar, kq_bytes)
-            mbarrier.expect(bar_v, v_bytes)
-        else:
-            mbarrier.expect(bar, kq_bytes + v_bytes)
+        mbarrier.expect(bar, kq_bytes)
+        mbarrier.expect(bar_v, v_bytes)
         r = j * BT
         tma.async_copy_global_to_shared(k_desc, [r, col_qk], bar, k_s.index(s))
         tma.async_copy_global_to_shared(q_desc, [r, col_qk], bar, q_s.index(s))
         tma.async_copy_global_to_shared(gv_desc, [vec0 + j * (HV * 4 * BT)], bar, gv_s.index(s))
         tma.async_copy_global_to_shared(v_desc, [r, col_v], bar_v, v_s.index(2 * s))
         tma.async_copy_global_to_shared(v_desc, [r, col_v + BV], bar_v, v_s.index(2 * s + 1))
-        if PREFETCH_NEXT:
-            _prefetch_rows(v_rows, r + BT, L, V * 2, HV * V * 2)
 
 
 @gluon.jit
@@ -216,11 +193,10 @@ def _program_id_again():
 
 @gluon.jit
 def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped, empty, h0_read, o_desc, h0, ht,
-           flags,
-           state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h,
+           flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h,
            HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
            NUM_STAGES: gl.constexpr, PART: gl.constexpr, HAS_H0: gl.constexpr, STORE_FINAL: gl.constexpr,
-           USE_CACHE: gl.constexpr, SPLIT_READY: gl.constexpr):
+           USE_CACHE: gl.constexpr):
     """A chain warpgroup: value columns [PART BV, (PART + 1) BV) of the state over the sequence's
     chunks (the Gluon sweep twin's products and their order), its outputs by bulk stores, then its
     block of the final state and its rows' flags. USE_CACHE: the state is the cache slot's (``h0``
@@ -261,8 +237,7 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped,
         fence_async_shared()
         gl.thread_barrier()
         mbarrier.wait(ready.index(s), ph)
-        if SPLIT_READY:
-            mbarrier.wait(ready_v.index(s), ph)
+        mbarrier.wait(ready_v.index(s), ph)
         mbarrier.wait(prepped.index(s), ph)
         w_t = wy_s.index(s).permute((1, 0))
         # Group 1: K S (the chain) and V^T wy^T.
@@ -315,8 +290,7 @@ def gluon_fused_prefill_kernel(q, k, v, vec, o, h0, ht, flags, cu_seqlens, state
                                BT: gl.constexpr, BV: gl.constexpr, NUM_STAGES: gl.constexpr,
                                IS_VARLEN: gl.constexpr, HAS_H0: gl.constexpr, STORE_FINAL: gl.constexpr,
                                USE_CACHE: gl.constexpr,
-                               CHAIN_REGS: gl.constexpr, PREP_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
-                               SPLIT_READY: gl.constexpr = False, PREFETCH_NEXT: gl.constexpr = False):
+                               CHAIN_REGS: gl.constexpr, PREP_REGS: gl.constexpr, LOAD_REGS: gl.constexpr):
     """Grid (N * HV,): program -> (sequence, value head), the head fastest. ``q, k [B, T, H, K]``,
     ``v [B, T, HV, V]`` contiguous (varlen: B = 1 and ``cu_seqlens [N + 1]``, each sequence's
     bounds clamped to [0, T]); ``vec`` the pre-pass's vectors (kernels/delta/chunk_vectors.py), ``n_vec``
@@ -373,34 +347,31 @@ def gluon_fused_prefill_kernel(q, k, v, vec, o, h0, ht, flags, cu_seqlens, state
     t_s = gl.allocate_shared_memory(gl.float16, [BT, BT], swz2)
     x_s = gl.allocate_shared_memory(gl.float16, [2, 16, 16], swz3)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    ready_v = ready
-    if SPLIT_READY:
-        ready_v = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    ready_v = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     h0_read = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     prepped = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=1)
-        if SPLIT_READY:
-            mbarrier.init(ready_v.index(i), count=1)
+        mbarrier.init(ready_v.index(i), count=1)
         mbarrier.init(prepped.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # both chains
     mbarrier.init(h0_read.index(0), count=2)
     fence_async_shared()
 
     gl.warp_specialize([
-        (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped, empty, h0_read, o_desc, h0, ht,
-                  flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, HV, K, V, BT, BV,
+        (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped, empty, h0_read, o_desc, h0,
+                  ht, flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, HV, K, V, BT, BV,
                   NUM_STAGES, 0, HAS_H0,
-                  STORE_FINAL, USE_CACHE, SPLIT_READY)),
-        (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped, empty, h0_read, o_desc, h0, ht,
-                  flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, HV, K, V, BT, BV,
+                  STORE_FINAL, USE_CACHE)),
+        (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped, empty, h0_read, o_desc, h0,
+                  ht, flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, HV, K, V, BT, BV,
                   NUM_STAGES, 1, HAS_H0,
-                  STORE_FINAL, USE_CACHE, SPLIT_READY)),
+                  STORE_FINAL, USE_CACHE)),
         (_prep, (k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, state_indices, n_slots,
                  n_chunks, scale, USE_CACHE, HV,
                  BT, NUM_STAGES)),
         (_loads, (k_desc, q_desc, v_desc, gv_desc, k_s, q_s, v_s, gv_s, ready, ready_v, empty, h0_read, i_h * K,
-                  i_hv * V, vec0, v + bos * (HV * V) + i_hv * V, L, state_indices, n_slots, n_chunks, USE_CACHE, H, HV, K, V, BT, BV,
-                  NUM_STAGES, HAS_H0 or USE_CACHE, SPLIT_READY, PREFETCH_NEXT)),
+                  i_hv * V, vec0, state_indices, n_slots, n_chunks, USE_CACHE, HV, BT, BV, NUM_STAGES,
+                  HAS_H0 or USE_CACHE)),
     ], [4, 4, 1], [CHAIN_REGS, PREP_REGS, LOAD_REGS])
