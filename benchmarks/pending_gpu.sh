@@ -123,7 +123,7 @@
 #      step against the package with its row off; the row is on since.
 #  36. The figures of record on an H200 (none since ecf0925; the fused prefill's rows never there): the six prefill
 #      workloads (ours alone; fla's figures of record are 0c5047c's) and issue 19's three training rows. On an
-#      H100 at 0d7116d (the lead planned): results/gpu_chunk_delta_h100_0d7116d.json, gpu_delta_train_h100_0d7116d.json.
+#      H100 at 0d7116d (the lead planned) and again at ce5ae1d: results/gpu_chunk_delta_h100_ce5ae1d.json, gpu_delta_train_h100_ce5ae1d.json.
 #  39-41. (Ran at 6e59861 on an H100: both rows' tests passed, both slower, both off; perf-history, 2026-12-06,
 #      6e59861.) The warp-specialised recompute and the one-pass warp-specialised forward.
 #  42. (Ran at 6e59861 on an H100, the same entry.) The recompute beside the reverse sweep on the same SMs: right,
@@ -152,16 +152,17 @@
 #      (`benchmarks/gpu_chained.py`, any card; graph replay and eager, bits compared), the prep at 128 registers,
 #      and chained with a lead of 0.1-0.3 (DeltaShape.chained_lead: the first chunks' prep on every SM before the
 #      sweep; plan.delta.CHAINED_LEAD), and a row of two sequences. The tests run both forms (lead 0 and 0.2).
-#      On H100s at d0c9d6a and 0d7116d: the tests passed, lead 0.1 2-5% faster than none (planned since e2e258b),
-#      0.2 and over slower, 128 registers slower (results/gpu_chained_h100_0d7116d.json). Not yet on an H200.
+#      On H100s at d0c9d6a, 0d7116d and ce5ae1d: the tests passed, lead 0.1 2-5% faster than none (planned since e2e258b),
+#      0.2 and over slower, 128 registers slower (results/gpu_chained_h100_ce5ae1d.json). Not yet on an H200.
 #  49. Issue 21's varlen rows (one sequence, T16384 / T65536, eager, within 5% of dense) with the chained schedule
 #      planned (`benchmarks/gpu_varlen_one_sequence.py`, any card; a sequence alone runs as the dense batch). On an
-#      H100 at 0d7116d: 0.97-1.04x, the same bits (results/gpu_varlen_one_sequence_h100_0d7116d.json).
+#      H100 at 0d7116d and ce5ae1d: 0.97-1.04x, the same bits (results/gpu_varlen_one_sequence_h100_ce5ae1d.json).
 #  50. Issue 21: the GPU's clocks and power while the B1 rows run (`benchmarks/gpu_clocks.py`, any card; nvidia-smi
 #      sampled every 50 ms): the prep alone, the sweep alone and the planned chained row. Whether the prep's ~9% loss
 #      beside the sweep is a clock (power) cap or contention on the chip; with --train, issue 19's training steps too.
-#      On an H100 at 27479d8 (no --train yet): the prep alone draws the 700 W cap at 1875 MHz, the planned rows hold
-#      the cap throughout (1935 / 1763 MHz median at T16384 / T65536; results/gpu_clocks_h100_27479d8.json).
+#      On H100s at 27479d8 and ce5ae1d (with --train): the prep alone draws the 700 W cap at 1860-1890 MHz, the planned
+#      rows hold the cap throughout (1920 / 1725 MHz median at T16384 / T65536), the training steps do not (552-596 W
+#      at 1980 MHz; results/gpu_clocks_h100_ce5ae1d.json).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}

@@ -495,11 +495,13 @@ GLUON_FORWARD_CHAINED = GluonTwinRow(True, "the single pass's bits, faster than 
 
 
 #: The chained schedule's lead (DeltaShape.chained_lead): the fraction of the chunks prepared on every
-#: SM before the sweep starts. Two H100 runs, one process each, every form the same bits
+#: SM before the sweep starts. Three H100 runs, one process each, every form the same bits
 #: (gpu_chained_h100_0d7116d.json; d0c9d6a's in parentheses), graph / eager ms, at 0.1 against none:
 #: B1 T16384 H16 HV32 0.417 / 0.422 (0.426 / 0.424) against 0.440 / 0.437 (0.439 / 0.438); T65536
 #: 1.663 / 1.624 (1.686 / 1.637) against 1.711 / 1.685 (1.719 / 1.686); B2 T16384 H8 HV16 0.416 /
-#: 0.419 against 0.435 / 0.435. 0.15 within noise of 0.1; 0.2 and over slower. By SM-time (the prep's
+#: 0.419 against 0.435 / 0.435; the third (gpu_chained_h100_ce5ae1d.json) 0.421 / 0.424 against
+#: 0.439 / 0.438, 1.670 / 1.605 against 1.717 / 1.687, 0.420 / 0.422 against 0.436 / 0.445. 0.15
+#: within noise of 0.1; 0.2 and over slower. By SM-time (the prep's
 #: 27.5 SM-ms, the chain's 0.334 ms on 64 SMs) ~0.17 would have ended both together at ~0.37 ms:
 #: beside the sweep the prep runs slower than its SM share (440 us on the GPU's clock against 405).
 CHAINED_LEAD = 0.1
