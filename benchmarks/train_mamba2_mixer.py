@@ -22,7 +22,7 @@ if not torch.cuda.is_available():  # the Triton kernels run on CPU tensors under
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import recurscan  # noqa: E402
-from benchmarks.train_qwen3_next_layer import fit_with, report, run_all, training_arguments  # noqa: E402
+from benchmarks.train_qwen3_next_layer import TinyLM, fit_with, report, run_all, training_arguments  # noqa: E402
 
 
 def mixer_module():
@@ -40,27 +40,11 @@ def recurscan_chunk_scan(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias
                                                return_final_states=return_final_states, backend="triton")
 
 
-class TinyLM(torch.nn.Module):
-    """Embedding, one Mamba2 mixer with a residual, RMS norm, LM head."""
-
-    def __init__(self, config, vocab):
-        super().__init__()
-        m = mixer_module()
-        self.embed = torch.nn.Embedding(vocab, config.hidden_size)
-        self.mixer = m.Mamba2Mixer(config, layer_idx=0)
-        self.norm = torch.nn.RMSNorm(config.hidden_size)
-        self.head = torch.nn.Linear(config.hidden_size, vocab, bias=False)
-
-    def forward(self, tokens):
-        h = self.embed(tokens)
-        h = h + self.mixer(h)
-        return self.head(self.norm(h))
-
-
 def train(kind, config, vocab, batches, steps, device, lr, seed):
     m = mixer_module()
     torch.manual_seed(seed)
-    model = TinyLM(config, vocab).to(device=device, dtype=torch.float32 if kind == "torch" else torch.bfloat16)
+    model = TinyLM(lambda: m.Mamba2Mixer(config, layer_idx=0), config.hidden_size, vocab)
+    model = model.to(device=device, dtype=torch.float32 if kind == "torch" else torch.bfloat16)
     model.train()
     return fit_with(m, "mamba2_chunk_scan", recurscan_chunk_scan, kind, model, batches, steps, device, lr, vocab)
 

@@ -41,15 +41,15 @@ def recurscan_chunk(query, key, value, g, beta, initial_state=None, output_final
 
 
 class TinyLM(torch.nn.Module):
-    """Embedding, one Qwen3-Next GatedDeltaNet layer with a residual, RMS norm, LM head."""
+    """Embedding, one mixer layer (``make_mixer()``, made after the embedding so that a seed gives the
+    same weights as before) with a residual, RMS norm, LM head."""
 
-    def __init__(self, config, vocab):
+    def __init__(self, make_mixer, hidden, vocab):
         super().__init__()
-        m = layer_module()
-        self.embed = torch.nn.Embedding(vocab, config.hidden_size)
-        self.mixer = m.Qwen3NextGatedDeltaNet(config, layer_idx=0)
-        self.norm = torch.nn.RMSNorm(config.hidden_size)
-        self.head = torch.nn.Linear(config.hidden_size, vocab, bias=False)
+        self.embed = torch.nn.Embedding(vocab, hidden)
+        self.mixer = make_mixer()
+        self.norm = torch.nn.RMSNorm(hidden)
+        self.head = torch.nn.Linear(hidden, vocab, bias=False)
 
     def forward(self, tokens):
         h = self.embed(tokens)
@@ -159,7 +159,7 @@ def report(runs, record, out, title, recurscan_label):
 def train(kind, config, vocab, batches, steps, device, lr, seed):
     m = layer_module()
     torch.manual_seed(seed)
-    model = TinyLM(config, vocab)
+    model = TinyLM(lambda: m.Qwen3NextGatedDeltaNet(config, layer_idx=0), config.hidden_size, vocab)
     dtype = torch.float32 if kind == "torch" else torch.bfloat16
     model = model.to(device=device, dtype=dtype)
     return fit_with(m, "torch_chunk_gated_delta_rule", recurscan_chunk, kind, model, batches, steps, device, lr, vocab)
