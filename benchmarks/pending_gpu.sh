@@ -10,8 +10,9 @@
 #      (git show c94269e:benchmarks/results/gpu_tests_h100_e05461d.log); 253 passed, 2 skipped on an H100 at
 #      1d915c3 (git show ec30501:benchmarks/results/gpu_tests_h100_1d915c3.log); 258 passed, 2 skipped on an H100 at 2295218 with the
 #      warp-specialised WY sweep planned (git show ec30501:benchmarks/results/gpu_tests_ws_on_h100_2295218.log); 267 passed, 2 skipped on H100s at
-#      d0c9d6a and 0d7116d with the chained schedule planned, without and with its lead (results/gpu_tests_h100_0d7116d.log);
-#      four workers on cards under 100 GB (cold: ~270 s).
+#      d0c9d6a and 0d7116d with the chained schedule planned, without and with its lead (git show b281a51:benchmarks/results/gpu_tests_h100_0d7116d.log),
+#      and at b281a51 with the fused kernel's split barrier (results/gpu_tests_h100_b281a51.log); four workers on cards
+#      under 100 GB (cold: ~270-320 s).
 #   7. The forward rows as planned (the record), and the group prep on 8 warps for simple GLA and
 #      SSD (results/gpu_gla_sweep_h100_4981221.json on the H100; the H200's last at d529156).
 #   3. SSD's cold first forward + backward in a fresh process (target 10 s): 7.2 and 8.9 s on the
@@ -123,7 +124,8 @@
 #      step against the package with its row off; the row is on since.
 #  36. The figures of record on an H200 (none since ecf0925; the fused prefill's rows never there): the six prefill
 #      workloads (ours alone; fla's figures of record are 0c5047c's) and issue 19's three training rows. On an
-#      H100 at 0d7116d (the lead planned) and again at ce5ae1d: results/gpu_chunk_delta_h100_ce5ae1d.json, gpu_delta_train_h100_ce5ae1d.json.
+#      H100 at 0d7116d (the lead planned), at ce5ae1d (gpu_delta_train_h100_ce5ae1d.json) and, the prefill rows, at
+#      b281a51 (results/gpu_chunk_delta_h100_b281a51.json).
 #  39-41. (Ran at 6e59861 on an H100: both rows' tests passed, both slower, both off; perf-history, 2026-12-06,
 #      6e59861.) The warp-specialised recompute and the one-pass warp-specialised forward.
 #  42. (Ran at 6e59861 on an H100, the same entry.) The recompute beside the reverse sweep on the same SMs: right,
