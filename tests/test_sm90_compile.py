@@ -336,6 +336,8 @@ PROBE_COMPILES = {
                "specialized=True)))",
     "reverse": "from tests.helpers import sm90; print(sm90.compile_gla_backward('GDN dense, H = HV', on_sweep=True, "
                "group_prep=True, group_grads=True, recompute_twin=True))",
+    "delta reverse": "from tests.helpers import sm90; print(sm90.compile_case('GDN dense, H = HV', 'Gluon reverse "
+                     "sweep')); print(sm90.compile_case('GDP M 2 varlen', 'Gluon reverse sweep'))",
 }
 
 
@@ -360,7 +362,8 @@ def test_the_warp_specialised_sweeps_prefetch_their_coef_blocks(value, count):
 @pytest.mark.parametrize("variable, value, kernel", [
     ("RECURSCAN_SWEEP_PROBE", "1", "forward"), ("RECURSCAN_SWEEP_PROBE", "2", "forward"),
     ("RECURSCAN_SWEEP_PROBE", "3", "forward"), ("RECURSCAN_REVERSE_PROBE", "1", "reverse"),
-    ("RECURSCAN_REVERSE_PROBE", "2", "reverse"), ("RECURSCAN_SWEEP_COEF_PREFETCH", "0", "forward")])
+    ("RECURSCAN_REVERSE_PROBE", "2", "reverse"), ("RECURSCAN_SWEEP_COEF_PREFETCH", "0", "forward"),
+    ("RECURSCAN_DELTA_REVERSE_PROBE", "1", "delta reverse"), ("RECURSCAN_DELTA_REVERSE_PROBE", "2", "delta reverse")])
 def test_the_timing_probes_compile_for_sm90(variable, value, kernel):
     """The warp-specialised forward sweep's and the reverse sweep's timing probes (the benchmarks'
     --probe, each in a process of its own), and the forward sweep without its coef prefetch (the
@@ -370,11 +373,13 @@ def test_the_timing_probes_compile_for_sm90(variable, value, kernel):
     run = subprocess.run([sys.executable, "-c", PROBE_COMPILES[kernel]], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert ("gluon_gla_sweep_specialized_kernel" if kernel == "forward" else "gluon_gla_bwd_sweep_kernel") in run.stdout
+    assert {"forward": "gluon_gla_sweep_specialized_kernel", "reverse": "gluon_gla_bwd_sweep_kernel",
+            "delta reverse": "gluon_bwd_sweep_kernel"}[kernel] in run.stdout, run.stdout
 
 
 @pytest.mark.parametrize("variable, module", [("RECURSCAN_SWEEP_PROBE", "gla_sweep_specialized"),
                                               ("RECURSCAN_REVERSE_PROBE", "gla_backward_sweep"),
+                                              ("RECURSCAN_DELTA_REVERSE_PROBE", "delta_backward_sweep"),
                                               ("RECURSCAN_SWEEP_COEF_PREFETCH", "gla_sweep_specialized")])
 def test_a_timing_probe_it_does_not_know_is_refused(variable, module):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **{variable: "7"})

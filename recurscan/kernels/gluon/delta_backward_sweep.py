@@ -31,10 +31,26 @@ V a multiple of BV = 64, 16-byte aligned tensors; dense or varlen.
 """
 from __future__ import annotations
 
+import os
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
+
+
+#: A timing probe (``RECURSCAN_DELTA_REVERSE_PROBE`` when this module is imported; only
+#: benchmarks/gpu_delta_reverse_probe.py sets it): 0 the kernel; 1 the ring of loads and the chain
+#: alone (dS^T K^T, dU^T winv, -(lam rk o dv^T) K onto lam_C dS^T), the rest off: dO^T aqk, (lam rq
+#: o dO^T) Q and the dS, dY and dv stores; 2 the ring and that rest alone, the chain's products off
+#: (dO^T aqk taken as dU^T and dY^T, (lam rq o dO^T) Q onto zero as dS^T). Probes 1 and 2 write wrong
+#: gradients: for timing only. What they split is a chunk's time between the chain and the rest,
+#: which decides whether the rest on warpgroups of its own would pay, as it did for the GLA engine's
+#: reverse sweep (kernels/gluon/gla_backward_sweep_specialized.py).
+_PROBE = os.environ.get("RECURSCAN_DELTA_REVERSE_PROBE", "0")
+if _PROBE not in ("0", "1", "2"):
+    raise ValueError(f"RECURSCAN_DELTA_REVERSE_PROBE: expected 0, 1 or 2, got {_PROBE!r}")
+PROBE = gl.constexpr(int(_PROBE))
 
 
 @gluon.jit
@@ -210,40 +226,61 @@ def gluon_bwd_sweep_kernel(
 
         # dS leaving chunk c to its chunk-state row (the previous chunk's dS store has drained).
         S_b = dS_t.to(DT)
-        tma.store_wait(pendings=2)
-        ds_s.permute((1, 0)).store(S_b)
-        fence_async_shared()
-        cs = cs0 + c
-        cs = gl.where((cs >= 0) & (cs < n_cs_rows), cs, n_cs_rows)  # past the descriptor: not stored
-        tma.async_copy_shared_to_global(ds_desc, [(cs * HV + i_hv).to(gl.int32) * K, i_v * BV], ds_s)
+        if PROBE != 1:
+            tma.store_wait(pendings=2)
+            ds_s.permute((1, 0)).store(S_b)
+            fence_async_shared()
+            cs = cs0 + c
+            cs = gl.where((cs >= 0) & (cs < n_cs_rows), cs, n_cs_rows)  # past the descriptor: not stored
+            tma.async_copy_shared_to_global(ds_desc, [(cs * HV + i_hv).to(gl.int32) * K, i_v * BV], ds_s)
 
         # Group 1: dS^T K^T (the chain), then dO^T aqk accumulated onto its scaled result, as the
         # twin's compiler combines the sum (a product added to a tensor becomes its accumulator).
-        KSt = warpgroup_mma(gl.convert_layout(S_b, a64), k_s.index(s).permute((1, 0)), zero64, use_acc=False,
-                            is_async=True)
-        KSt = warpgroup_mma_wait(num_outstanding=0, deps=(KSt,))
-        dUt = warpgroup_mma(do_s.index(s).permute((1, 0)), a_s.index(s),
-                            gl.convert_layout(gam_rk, col64)[None, :] * KSt, is_async=True)
-        dUt = warpgroup_mma_wait(num_outstanding=0, deps=(dUt,))
+        if PROBE == 2:
+            dUt = warpgroup_mma(do_s.index(s).permute((1, 0)), a_s.index(s), zero64, is_async=True)
+            dUt = warpgroup_mma_wait(num_outstanding=0, deps=(dUt,))
+        else:
+            KSt = warpgroup_mma(gl.convert_layout(S_b, a64), k_s.index(s).permute((1, 0)), zero64, use_acc=False,
+                                is_async=True)
+            KSt = warpgroup_mma_wait(num_outstanding=0, deps=(KSt,))
+            if PROBE == 1:
+                dUt = gl.convert_layout(gam_rk, col64)[None, :] * KSt
+            else:
+                dUt = warpgroup_mma(do_s.index(s).permute((1, 0)), a_s.index(s),
+                                    gl.convert_layout(gam_rk, col64)[None, :] * KSt, is_async=True)
+                dUt = warpgroup_mma_wait(num_outstanding=0, deps=(dUt,))
 
         # Group 2: dY^T = dU^T winv; meanwhile the next group's first operand.
-        dYt = warpgroup_mma(gl.convert_layout(dUt.to(DT), a64), w_s.index(s), zero64, use_acc=False, is_async=True)
-        dOt = do_s.index(s).permute((1, 0)).load(mmaQ).to(gl.float32)
-        A3 = gl.convert_layout((gl.convert_layout(lam_rq, colQ)[None, :] * dOt).to(DT), aK)
-        dYt = warpgroup_mma_wait(num_outstanding=0, deps=(dYt,))
+        if PROBE != 2:
+            dYt = warpgroup_mma(gl.convert_layout(dUt.to(DT), a64), w_s.index(s), zero64, use_acc=False,
+                                is_async=True)
+        if PROBE != 1:
+            dOt = do_s.index(s).permute((1, 0)).load(mmaQ).to(gl.float32)
+            A3 = gl.convert_layout((gl.convert_layout(lam_rq, colQ)[None, :] * dOt).to(DT), aK)
+        if PROBE == 2:
+            dYt = dUt
+        else:
+            dYt = warpgroup_mma_wait(num_outstanding=0, deps=(dYt,))
         dvt = gl.convert_layout(b_beta, col64)[None, :] * dYt
 
         # Group 3: dS^T <- lam_C dS^T + (lam rq o dO^T) Q - (lam rk o dv^T) K (the chain).
-        dS_t = warpgroup_mma(A3, q_s.index(s), lam_last * dS_t, is_async=True)
-        A4 = gl.convert_layout((-gl.convert_layout(lam_rk, col64)[None, :] * dvt).to(DT), aK)
-        dS_t = warpgroup_mma(A4, k_s.index(s), dS_t, is_async=True)
+        if PROBE == 0:
+            dS_t = warpgroup_mma(A3, q_s.index(s), lam_last * dS_t, is_async=True)
+        elif PROBE == 2:
+            dS_t = warpgroup_mma(A3, q_s.index(s), gl.zeros([BV, K], gl.float32, layout=mmaK), is_async=True)
+        else:
+            dS_t = lam_last * dS_t
+        if PROBE != 2:
+            A4 = gl.convert_layout((-gl.convert_layout(lam_rk, col64)[None, :] * dvt).to(DT), aK)
+            dS_t = warpgroup_mma(A4, k_s.index(s), dS_t, is_async=True)
         # dY and dv out while the group runs (the previous chunk's have drained).
-        tma.store_wait(pendings=1)
-        dy_s.permute((1, 0)).store(dYt.to(DT))
-        dv_s.permute((1, 0)).store(dvt.to(DT))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(dy_desc, [c * BT, col_v], dy_s)
-        tma.async_copy_shared_to_global(dv_desc, [c * BT, col_v], dv_s)
+        if PROBE != 1:
+            tma.store_wait(pendings=1)
+            dy_s.permute((1, 0)).store(dYt.to(DT))
+            dv_s.permute((1, 0)).store(dvt.to(DT))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(dy_desc, [c * BT, col_v], dy_s)
+            tma.async_copy_shared_to_global(dv_desc, [c * BT, col_v], dv_s)
         dS_t = warpgroup_mma_wait(num_outstanding=0, deps=(dS_t,))
 
         # Stage s is free: refill it with the chunk NUM_STAGES on.
