@@ -2,11 +2,12 @@
 delta_backward_sweep.py): its GPU time in issue 19's three training rows (GDN B4 T4096 H=HV=16, B1
 T16384 H16 HV32, GDP M = 2 B4 T4096 H16; forward + backward as planned), as planned and under its
 timing probes, each in a process of its own (RECURSCAN_DELTA_REVERSE_PROBE: 1 the loads and the
-chain alone; 2 the loads and the rest alone: dO^T aqk, (lam rq o dO^T) Q and the stores). Per row:
+chain alone; 2 the loads and the rest alone: dO^T aqk, (lam rq o dO^T) Q and the stores; 3 all but
+the stores; 4 the chain and the stores). Per row:
 the reverse sweep's microseconds and a chunk's microseconds a program (the sweep over the
 sequence's chunks, on the expanded stream for GDP, and its waves of one program an SM). If the
 chain alone takes much less than the whole, the rest on warpgroups of its own would pay, as it did
-for the GLA engine's reverse sweep (benchmarks/gpu_gla_reverse_probe.py). Probes 1 and 2 compute
+for the GLA engine's reverse sweep (benchmarks/gpu_gla_reverse_probe.py). Probes 1 to 4 compute
 wrong gradients.
 
     PYTHONPATH=$PWD python benchmarks/gpu_delta_reverse_probe.py --out benchmarks/results/gpu_delta_reverse_probe_<commit>.json
@@ -56,7 +57,7 @@ def main():
         json.dump(rows(), open(args.child, "w"))
         return
     results = []
-    for probe in ("0", "1", "2"):  # each in a process of its own: the probe is read at import
+    for probe in ("0", "1", "2", "3", "4"):  # each in a process of its own: the probe is read at import
         with tempfile.NamedTemporaryFile(suffix=".json") as f:
             env = dict(os.environ, RECURSCAN_DELTA_REVERSE_PROBE=probe)
             subprocess.run([sys.executable, __file__, "--child", f.name], env=env, check=True)

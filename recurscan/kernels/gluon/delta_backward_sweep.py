@@ -43,13 +43,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 #: benchmarks/gpu_delta_reverse_probe.py sets it): 0 the kernel; 1 the ring of loads and the chain
 #: alone (dS^T K^T, dU^T winv, -(lam rk o dv^T) K onto lam_C dS^T), the rest off: dO^T aqk, (lam rq
 #: o dO^T) Q and the dS, dY and dv stores; 2 the ring and that rest alone, the chain's products off
-#: (dO^T aqk taken as dU^T and dY^T, (lam rq o dO^T) Q onto zero as dS^T). Probes 1 and 2 write wrong
-#: gradients: for timing only. What they split is a chunk's time between the chain and the rest,
+#: (dO^T aqk taken as dU^T and dY^T, (lam rq o dO^T) Q onto zero as dS^T); 3 the kernel without
+#: the dS, dY and dv stores; 4 the chain and the stores, the two other products off. Probes 1 to 4
+#: write wrong gradients: for timing only. What they split is a chunk's time between the chain and the rest,
 #: which decides whether the rest on warpgroups of its own would pay, as it did for the GLA engine's
 #: reverse sweep (kernels/gluon/gla_backward_sweep_specialized.py).
 _PROBE = os.environ.get("RECURSCAN_DELTA_REVERSE_PROBE", "0")
-if _PROBE not in ("0", "1", "2"):
-    raise ValueError(f"RECURSCAN_DELTA_REVERSE_PROBE: expected 0, 1 or 2, got {_PROBE!r}")
+if _PROBE not in ("0", "1", "2", "3", "4"):
+    raise ValueError(f"RECURSCAN_DELTA_REVERSE_PROBE: expected 0 to 4, got {_PROBE!r}")
 PROBE = gl.constexpr(int(_PROBE))
 
 
@@ -226,7 +227,7 @@ def gluon_bwd_sweep_kernel(
 
         # dS leaving chunk c to its chunk-state row (the previous chunk's dS store has drained).
         S_b = dS_t.to(DT)
-        if PROBE != 1:
+        if PROBE != 1 and PROBE != 3:
             tma.store_wait(pendings=2)
             ds_s.permute((1, 0)).store(S_b)
             fence_async_shared()
@@ -243,7 +244,7 @@ def gluon_bwd_sweep_kernel(
             KSt = warpgroup_mma(gl.convert_layout(S_b, a64), k_s.index(s).permute((1, 0)), zero64, use_acc=False,
                                 is_async=True)
             KSt = warpgroup_mma_wait(num_outstanding=0, deps=(KSt,))
-            if PROBE == 1:
+            if PROBE == 1 or PROBE == 4:
                 dUt = gl.convert_layout(gam_rk, col64)[None, :] * KSt
             else:
                 dUt = warpgroup_mma(do_s.index(s).permute((1, 0)), a_s.index(s),
@@ -254,7 +255,7 @@ def gluon_bwd_sweep_kernel(
         if PROBE != 2:
             dYt = warpgroup_mma(gl.convert_layout(dUt.to(DT), a64), w_s.index(s), zero64, use_acc=False,
                                 is_async=True)
-        if PROBE != 1:
+        if PROBE != 1 and PROBE != 4:
             dOt = do_s.index(s).permute((1, 0)).load(mmaQ).to(gl.float32)
             A3 = gl.convert_layout((gl.convert_layout(lam_rq, colQ)[None, :] * dOt).to(DT), aK)
         if PROBE == 2:
@@ -264,7 +265,7 @@ def gluon_bwd_sweep_kernel(
         dvt = gl.convert_layout(b_beta, col64)[None, :] * dYt
 
         # Group 3: dS^T <- lam_C dS^T + (lam rq o dO^T) Q - (lam rk o dv^T) K (the chain).
-        if PROBE == 0:
+        if PROBE == 0 or PROBE == 3:
             dS_t = warpgroup_mma(A3, q_s.index(s), lam_last * dS_t, is_async=True)
         elif PROBE == 2:
             dS_t = warpgroup_mma(A3, q_s.index(s), gl.zeros([BV, K], gl.float32, layout=mmaK), is_async=True)
@@ -274,7 +275,7 @@ def gluon_bwd_sweep_kernel(
             A4 = gl.convert_layout((-gl.convert_layout(lam_rk, col64)[None, :] * dvt).to(DT), aK)
             dS_t = warpgroup_mma(A4, k_s.index(s), dS_t, is_async=True)
         # dY and dv out while the group runs (the previous chunk's have drained).
-        if PROBE != 1:
+        if PROBE != 1 and PROBE != 3:
             tma.store_wait(pendings=1)
             dy_s.permute((1, 0)).store(dYt.to(DT))
             dv_s.permute((1, 0)).store(dvt.to(DT))
