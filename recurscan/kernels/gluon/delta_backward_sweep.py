@@ -44,13 +44,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 #: alone (dS^T K^T, dU^T winv, -(lam rk o dv^T) K onto lam_C dS^T), the rest off: dO^T aqk, (lam rq
 #: o dO^T) Q and the dS, dY and dv stores; 2 the ring and that rest alone, the chain's products off
 #: (dO^T aqk taken as dU^T and dY^T, (lam rq o dO^T) Q onto zero as dS^T); 3 the kernel without
-#: the dS, dY and dv stores; 4 the chain and the stores, the two other products off. Probes 1 to 4
-#: write wrong gradients: for timing only. What they split is a chunk's time between the chain and the rest,
+#: the dS, dY and dv stores; 4 the chain and the stores, the two other products off; 5 the kernel
+#: without waiting for the stores to have read their staging buffers (races); 6 the kernel with the
+#: staging buffers written but no store issued. Probes 1 to 6 write wrong gradients: for timing only. What they split is a chunk's time between the chain and the rest,
 #: which decides whether the rest on warpgroups of its own would pay, as it did for the GLA engine's
 #: reverse sweep (kernels/gluon/gla_backward_sweep_specialized.py).
 _PROBE = os.environ.get("RECURSCAN_DELTA_REVERSE_PROBE", "0")
-if _PROBE not in ("0", "1", "2", "3", "4"):
-    raise ValueError(f"RECURSCAN_DELTA_REVERSE_PROBE: expected 0 to 4, got {_PROBE!r}")
+if _PROBE not in ("0", "1", "2", "3", "4", "5", "6"):
+    raise ValueError(f"RECURSCAN_DELTA_REVERSE_PROBE: expected 0 to 6, got {_PROBE!r}")
 PROBE = gl.constexpr(int(_PROBE))
 
 
@@ -228,12 +229,14 @@ def gluon_bwd_sweep_kernel(
         # dS leaving chunk c to its chunk-state row (the previous chunk's dS store has drained).
         S_b = dS_t.to(DT)
         if PROBE != 1 and PROBE != 3:
-            tma.store_wait(pendings=2)
+            if PROBE != 5:
+                tma.store_wait(pendings=2)
             ds_s.permute((1, 0)).store(S_b)
             fence_async_shared()
             cs = cs0 + c
             cs = gl.where((cs >= 0) & (cs < n_cs_rows), cs, n_cs_rows)  # past the descriptor: not stored
-            tma.async_copy_shared_to_global(ds_desc, [(cs * HV + i_hv).to(gl.int32) * K, i_v * BV], ds_s)
+            if PROBE != 6:
+                tma.async_copy_shared_to_global(ds_desc, [(cs * HV + i_hv).to(gl.int32) * K, i_v * BV], ds_s)
 
         # Group 1: dS^T K^T (the chain), then dO^T aqk accumulated onto its scaled result, as the
         # twin's compiler combines the sum (a product added to a tensor becomes its accumulator).
@@ -276,12 +279,14 @@ def gluon_bwd_sweep_kernel(
             dS_t = warpgroup_mma(A4, k_s.index(s), dS_t, is_async=True)
         # dY and dv out while the group runs (the previous chunk's have drained).
         if PROBE != 1 and PROBE != 3:
-            tma.store_wait(pendings=1)
+            if PROBE != 5:
+                tma.store_wait(pendings=1)
             dy_s.permute((1, 0)).store(dYt.to(DT))
             dv_s.permute((1, 0)).store(dvt.to(DT))
             fence_async_shared()
-            tma.async_copy_shared_to_global(dy_desc, [c * BT, col_v], dy_s)
-            tma.async_copy_shared_to_global(dv_desc, [c * BT, col_v], dv_s)
+            if PROBE != 6:
+                tma.async_copy_shared_to_global(dy_desc, [c * BT, col_v], dy_s)
+                tma.async_copy_shared_to_global(dv_desc, [c * BT, col_v], dv_s)
         dS_t = warpgroup_mma_wait(num_outstanding=0, deps=(dS_t,))
 
         # Stage s is free: refill it with the chunk NUM_STAGES on.
