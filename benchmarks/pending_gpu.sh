@@ -165,6 +165,9 @@
 #      On H100s at 27479d8 and ce5ae1d (with --train): the prep alone draws the 700 W cap at 1860-1890 MHz, the planned
 #      rows hold the cap throughout (1920 / 1725 MHz median at T16384 / T65536), the training steps do not (552-596 W
 #      at 1980 MHz; results/gpu_clocks_h100_ce5ae1d.json).
+#  51. Issue 19: the delta reverse sweep's timing probes (`benchmarks/gpu_delta_reverse_probe.py`, any card, a process
+#      a probe). On H100s at 22b7bad and 7dfd9cf: the chain alone 1.0-1.6 us a chunk of 2.85-3.2, half the rest the
+#      dS, dY and dv stores (results/gpu_delta_reverse_probe_*_h100_*.json). Not yet on an H200.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -342,6 +345,8 @@ step 48 && { timeout 200 python -m pytest -m gpu -q -p no:cacheprovider -o fault
         --out "$OUT/gpu_chained_$C.json" 2>&1 | grep -v -i warn | tail -12; }
 step 50 && timeout 150 env PYTHONPATH=$PWD python -m benchmarks.gpu_clocks --train --out "$OUT/gpu_clocks_$C.json" \
     2>&1 | grep -v -i warn | tail -8
+step 51 && timeout 300 env PYTHONPATH=$PWD python benchmarks/gpu_delta_reverse_probe.py \
+    --out "$OUT/gpu_delta_reverse_probe_$C.json" 2>&1 | grep "^probe"
 step 49 && timeout 150 env PYTHONPATH=$PWD python benchmarks/gpu_varlen_one_sequence.py $PLANS \
     --out "$OUT/gpu_varlen_one_sequence_$C.json" 2>&1 | grep -v -i warn | tail -8
 step 46 && timeout 200 env PYTHONPATH=$PWD python -m benchmarks.gpu_phase_counts --out "$OUT/gpu_phase_counts_$C.json" \
