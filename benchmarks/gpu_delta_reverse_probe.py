@@ -2,14 +2,13 @@
 delta_backward_sweep.py): its GPU time in issue 19's three training rows (GDN B4 T4096 H=HV=16, B1
 T16384 H16 HV32, GDP M = 2 B4 T4096 H16; forward + backward as planned), as planned and under its
 timing probes, each in a process of its own (RECURSCAN_DELTA_REVERSE_PROBE: 1 the loads and the
-chain alone; 2 the loads and the rest alone: dO^T aqk, (lam rq o dO^T) Q and the stores; 3 all but
-the stores; 4 the chain and the stores; 5 the stores not waited on; 6 the staging buffers written,
-no store issued). Per row:
+chain alone, without dO^T aqk, (lam rq o dO^T) Q or the stores of dS, dY and dv; 3 all but those
+stores; 6 their staging buffers written, no store issued). Per row:
 the reverse sweep's microseconds and a chunk's microseconds a program (the sweep over the
 sequence's chunks, on the expanded stream for GDP, and its waves of one program an SM). If the
 chain alone takes much less than the whole, the rest on warpgroups of its own would pay, as it did
-for the GLA engine's reverse sweep (benchmarks/gpu_gla_reverse_probe.py). Probes 1 to 6 compute
-wrong gradients.
+for the GLA engine's reverse sweep (benchmarks/gpu_gla_reverse_probe.py). Probes 1, 3 and 6
+compute wrong gradients.
 
     PYTHONPATH=$PWD python benchmarks/gpu_delta_reverse_probe.py --out benchmarks/results/gpu_delta_reverse_probe_<commit>.json
 """
@@ -25,6 +24,7 @@ import tempfile
 #: Issue 19's training rows (benchmarks/registry.py).
 WORKLOADS = ("gdn_b4_t4096_h16", "gdn_b1_t16384_h16_hv32", "gdp_m2_b4_t4096_h16")
 KERNEL = "gluon_bwd_sweep_kernel"
+PROBES = ("0", "1", "3", "6")
 
 
 def rows(workloads=WORKLOADS) -> list:
@@ -52,7 +52,7 @@ def rows(workloads=WORKLOADS) -> list:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out")
-    ap.add_argument("--probe", action="append", help="a probe to run (default: 0 to 6)")
+    ap.add_argument("--probe", action="append", choices=PROBES, help="a probe to run (default: all)")
     ap.add_argument("--workload", action="append", help="a workload of WORKLOADS (default: all)")
     ap.add_argument("--child", help=argparse.SUPPRESS)  # a probe's process: its rows to this file
     args = ap.parse_args()
@@ -60,7 +60,7 @@ def main():
         json.dump(rows(tuple(args.workload or WORKLOADS)), open(args.child, "w"))
         return
     results = []
-    for probe in args.probe or [str(p) for p in range(7)]:  # a process each: the probe is read at import
+    for probe in args.probe or PROBES:  # a process each: the probe is read at import
         with tempfile.NamedTemporaryFile(suffix=".json") as f:
             env = dict(os.environ, RECURSCAN_DELTA_REVERSE_PROBE=probe)
             chosen = [a for w in args.workload or () for a in ("--workload", w)]

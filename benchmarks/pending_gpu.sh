@@ -166,8 +166,8 @@
 #      rows hold the cap throughout (1920 / 1725 MHz median at T16384 / T65536), the training steps do not (552-596 W
 #      at 1980 MHz; results/gpu_clocks_h100_ce5ae1d.json).
 #  51. Issue 19: the delta reverse sweep's timing probes (`benchmarks/gpu_delta_reverse_probe.py`, any card, a process
-#      a probe). On H100s at 22b7bad and 7dfd9cf: the chain alone 1.0-1.6 us a chunk of 2.85-3.2, half the rest the
-#      dS, dY and dv stores (results/gpu_delta_reverse_probe_h100_22b7bad.json, _stores_h100_7dfd9cf.json). Not on an H200.
+#      a probe: 0, 1, 3, 6). On H100s at 22b7bad and 7dfd9cf: the chain alone 1.0-1.6 us a chunk of 2.85-3.2, half the
+#      rest the dS, dY and dv stores (results/gpu_delta_reverse_probe_h100_22b7bad.json, _stores_h100_7dfd9cf.json).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}

@@ -41,17 +41,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 #: A timing probe (``RECURSCAN_DELTA_REVERSE_PROBE`` when this module is imported; only
 #: benchmarks/gpu_delta_reverse_probe.py sets it): 0 the kernel; 1 the ring of loads and the chain
-#: alone (dS^T K^T, dU^T winv, -(lam rk o dv^T) K onto lam_C dS^T), the rest off: dO^T aqk, (lam rq
-#: o dO^T) Q and the dS, dY and dv stores; 2 the ring and that rest alone, the chain's products off
-#: (dO^T aqk taken as dU^T and dY^T, (lam rq o dO^T) Q onto zero as dS^T); 3 the kernel without
-#: the dS, dY and dv stores; 4 the chain and the stores, the two other products off; 5 the kernel
-#: without waiting for the stores to have read their staging buffers (races); 6 the kernel with the
-#: staging buffers written but no store issued. Probes 1 to 6 write wrong gradients: for timing only. What they split is a chunk's time between the chain and the rest,
-#: which decides whether the rest on warpgroups of its own would pay, as it did for the GLA engine's
-#: reverse sweep (kernels/gluon/gla_backward_sweep_specialized.py).
+#: alone (dS^T K^T, dU^T winv, -(lam rk o dv^T) K onto lam_C dS^T), without dO^T aqk, (lam rq o
+#: dO^T) Q or the dS, dY and dv stores; 3 the kernel without those stores; 6 the kernel with their
+#: staging buffers written but no store issued. Probes 1, 3 and 6 write wrong gradients: for timing
+#: only. They split a chunk's time between the chain, the rest of its arithmetic and its stores
+#: (docs/kernels-delta-backward.md, "Where the time goes").
 _PROBE = os.environ.get("RECURSCAN_DELTA_REVERSE_PROBE", "0")
-if _PROBE not in ("0", "1", "2", "3", "4", "5", "6"):
-    raise ValueError(f"RECURSCAN_DELTA_REVERSE_PROBE: expected 0 to 6, got {_PROBE!r}")
+if _PROBE not in ("0", "1", "3", "6"):
+    raise ValueError(f"RECURSCAN_DELTA_REVERSE_PROBE: expected 0, 1, 3 or 6, got {_PROBE!r}")
 PROBE = gl.constexpr(int(_PROBE))
 
 
@@ -229,8 +226,7 @@ def gluon_bwd_sweep_kernel(
         # dS leaving chunk c to its chunk-state row (the previous chunk's dS store has drained).
         S_b = dS_t.to(DT)
         if PROBE != 1 and PROBE != 3:
-            if PROBE != 5:
-                tma.store_wait(pendings=2)
+            tma.store_wait(pendings=2)
             ds_s.permute((1, 0)).store(S_b)
             fence_async_shared()
             cs = cs0 + c
@@ -240,47 +236,34 @@ def gluon_bwd_sweep_kernel(
 
         # Group 1: dS^T K^T (the chain), then dO^T aqk accumulated onto its scaled result, as the
         # twin's compiler combines the sum (a product added to a tensor becomes its accumulator).
-        if PROBE == 2:
-            dUt = warpgroup_mma(do_s.index(s).permute((1, 0)), a_s.index(s), zero64, is_async=True)
-            dUt = warpgroup_mma_wait(num_outstanding=0, deps=(dUt,))
+        KSt = warpgroup_mma(gl.convert_layout(S_b, a64), k_s.index(s).permute((1, 0)), zero64, use_acc=False,
+                            is_async=True)
+        KSt = warpgroup_mma_wait(num_outstanding=0, deps=(KSt,))
+        if PROBE == 1:
+            dUt = gl.convert_layout(gam_rk, col64)[None, :] * KSt
         else:
-            KSt = warpgroup_mma(gl.convert_layout(S_b, a64), k_s.index(s).permute((1, 0)), zero64, use_acc=False,
-                                is_async=True)
-            KSt = warpgroup_mma_wait(num_outstanding=0, deps=(KSt,))
-            if PROBE == 1 or PROBE == 4:
-                dUt = gl.convert_layout(gam_rk, col64)[None, :] * KSt
-            else:
-                dUt = warpgroup_mma(do_s.index(s).permute((1, 0)), a_s.index(s),
-                                    gl.convert_layout(gam_rk, col64)[None, :] * KSt, is_async=True)
-                dUt = warpgroup_mma_wait(num_outstanding=0, deps=(dUt,))
+            dUt = warpgroup_mma(do_s.index(s).permute((1, 0)), a_s.index(s),
+                                gl.convert_layout(gam_rk, col64)[None, :] * KSt, is_async=True)
+            dUt = warpgroup_mma_wait(num_outstanding=0, deps=(dUt,))
 
         # Group 2: dY^T = dU^T winv; meanwhile the next group's first operand.
-        if PROBE != 2:
-            dYt = warpgroup_mma(gl.convert_layout(dUt.to(DT), a64), w_s.index(s), zero64, use_acc=False,
-                                is_async=True)
-        if PROBE != 1 and PROBE != 4:
+        dYt = warpgroup_mma(gl.convert_layout(dUt.to(DT), a64), w_s.index(s), zero64, use_acc=False, is_async=True)
+        if PROBE != 1:
             dOt = do_s.index(s).permute((1, 0)).load(mmaQ).to(gl.float32)
             A3 = gl.convert_layout((gl.convert_layout(lam_rq, colQ)[None, :] * dOt).to(DT), aK)
-        if PROBE == 2:
-            dYt = dUt
-        else:
-            dYt = warpgroup_mma_wait(num_outstanding=0, deps=(dYt,))
+        dYt = warpgroup_mma_wait(num_outstanding=0, deps=(dYt,))
         dvt = gl.convert_layout(b_beta, col64)[None, :] * dYt
 
         # Group 3: dS^T <- lam_C dS^T + (lam rq o dO^T) Q - (lam rk o dv^T) K (the chain).
-        if PROBE == 0 or PROBE == 3:
-            dS_t = warpgroup_mma(A3, q_s.index(s), lam_last * dS_t, is_async=True)
-        elif PROBE == 2:
-            dS_t = warpgroup_mma(A3, q_s.index(s), gl.zeros([BV, K], gl.float32, layout=mmaK), is_async=True)
-        else:
+        if PROBE == 1:
             dS_t = lam_last * dS_t
-        if PROBE != 2:
-            A4 = gl.convert_layout((-gl.convert_layout(lam_rk, col64)[None, :] * dvt).to(DT), aK)
-            dS_t = warpgroup_mma(A4, k_s.index(s), dS_t, is_async=True)
+        else:
+            dS_t = warpgroup_mma(A3, q_s.index(s), lam_last * dS_t, is_async=True)
+        A4 = gl.convert_layout((-gl.convert_layout(lam_rk, col64)[None, :] * dvt).to(DT), aK)
+        dS_t = warpgroup_mma(A4, k_s.index(s), dS_t, is_async=True)
         # dY and dv out while the group runs (the previous chunk's have drained).
         if PROBE != 1 and PROBE != 3:
-            if PROBE != 5:
-                tma.store_wait(pendings=1)
+            tma.store_wait(pendings=1)
             dy_s.permute((1, 0)).store(dYt.to(DT))
             dv_s.permute((1, 0)).store(dvt.to(DT))
             fence_async_shared()
