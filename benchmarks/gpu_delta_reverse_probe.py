@@ -17,9 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
-import tempfile
+
+from benchmarks import probe_processes
 
 #: Issue 19's training rows (benchmarks/registry.py).
 WORKLOADS = ("gdn_b4_t4096_h16", "gdn_b1_t16384_h16_hv32", "gdp_m2_b4_t4096_h16")
@@ -59,18 +58,10 @@ def main():
     if args.child:
         json.dump(rows(tuple(args.workload or WORKLOADS)), open(args.child, "w"))
         return
-    results = []
-    for probe in args.probe or PROBES:  # a process each: the probe is read at import
-        with tempfile.NamedTemporaryFile(suffix=".json") as f:
-            env = dict(os.environ, RECURSCAN_DELTA_REVERSE_PROBE=probe)
-            chosen = [a for w in args.workload or () for a in ("--workload", w)]
-            subprocess.run([sys.executable, __file__, "--child", f.name, *chosen], env=env, check=True)
-            results += json.load(open(f.name))
+    chosen = [a for w in args.workload or () for a in ("--workload", w)]
+    results = probe_processes.rows_by_probe(__file__, "RECURSCAN_DELTA_REVERSE_PROBE", args.probe or PROBES, chosen)
     if args.out:
-        import torch
-        json.dump(dict(torch=torch.__version__, device=torch.cuda.get_device_name(),
-                       commit=os.environ.get("RECURSCAN_COMMIT", "unknown"), rows=results),
-                  open(args.out, "w"), indent=1)
+        probe_processes.save(args.out, results)
 
 
 if __name__ == "__main__":

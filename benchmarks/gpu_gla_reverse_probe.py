@@ -15,9 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
-import tempfile
+
+from benchmarks import probe_processes
 
 #: (batch, tokens) of the rows: SSD training's B1 and B4 rows of record.
 SHAPES = ((1, 16384), (4, 4096))
@@ -55,17 +54,9 @@ def main():
     if args.child:
         json.dump(rows(), open(args.child, "w"))
         return
-    results = []
-    for probe in ("0", "1", "2"):  # each in a process of its own: the probe is read at import
-        with tempfile.NamedTemporaryFile(suffix=".json") as f:
-            env = dict(os.environ, RECURSCAN_REVERSE_PROBE=probe)
-            subprocess.run([sys.executable, __file__, "--child", f.name], env=env, check=True)
-            results += json.load(open(f.name))
+    results = probe_processes.rows_by_probe(__file__, "RECURSCAN_REVERSE_PROBE", ("0", "1", "2"), ())
     if args.out:
-        import torch
-        json.dump(dict(torch=torch.__version__, device=torch.cuda.get_device_name(),
-                       commit=os.environ.get("RECURSCAN_COMMIT", "unknown"), rows=results),
-                  open(args.out, "w"), indent=1)
+        probe_processes.save(args.out, results)
 
 
 if __name__ == "__main__":

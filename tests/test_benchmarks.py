@@ -299,3 +299,16 @@ def test_gpu_clocks_summary_drops_the_ramps_and_keeps_every_reason():
     assert s["samples"] == 6 and s["sm_clock_mhz_median"] == 1770 and s["sm_clock_mhz_min"] == 1755
     assert s["power_w_median"] == 694.75 and s["power_w_max"] == 699 and s["temperature_c_max"] == 63
     assert s["clock_event_reasons"] == ["0x0", "0x4"]
+
+
+def test_probe_processes_run_the_script_once_a_probe_with_its_variable_set(tmp_path):
+    """benchmarks/probe_processes.py: each probe in a process of its own (a kernel module reads its
+    probe when imported), the variable set to it, the child's extra arguments passed, the rows
+    joined in the probes' order."""
+    from benchmarks import probe_processes
+    script = tmp_path / "child.py"
+    script.write_text("import json, os, sys\n"
+                      "out = sys.argv[sys.argv.index('--child') + 1]\n"
+                      "json.dump([{'probe': os.environ['SOME_PROBE'], 'args': sys.argv[3:]}], open(out, 'w'))\n")
+    rows = probe_processes.rows_by_probe(str(script), "SOME_PROBE", ("3", "0"), ["--workload", "w"])
+    assert rows == [{"probe": "3", "args": ["--workload", "w"]}, {"probe": "0", "args": ["--workload", "w"]}]
