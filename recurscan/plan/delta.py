@@ -488,15 +488,17 @@ GLUON_FORWARD_SPECIALIZED_ONE_PASS = GluonTwinRow(False, "slower in one pass (H1
 
 #: The chained schedule (DeltaShape.chained) on the phased rows the warp-specialised sweep takes.
 GLUON_FORWARD_CHAINED = GluonTwinRow(True, "the single pass's bits, faster than the phases (H100, one process, graph "
-                                           "replay, gpu_chained_h100_0d7116d.json, no lead): B1 T16384 H16 HV32 0.440 "
-                                           "ms against 0.492 (eager 0.437 against 0.509), B1 T65536 1.711 against "
-                                           "1.765 (eager 1.685 against 1.803), B2 T16384 H8 HV16 0.435 against 0.492; "
-                                           "the GPU suite with it planned: gpu_tests_h100_0d7116d.log")
+                                           "replay, no lead; `git show 71fba68:benchmarks/results/gpu_chained_h100_"
+                                           "0d7116d.json`): B1 T16384 H16 HV32 0.440 ms against 0.492 (eager 0.437 "
+                                           "against 0.509), B1 T65536 1.711 against 1.765 (eager 1.685 against "
+                                           "1.803), B2 T16384 H8 HV16 0.435 against 0.492; the GPU suite with it "
+                                           "planned: `git show b281a51:benchmarks/results/gpu_tests_h100_0d7116d.log`")
 
 
 #: The chained schedule's lead (DeltaShape.chained_lead): the fraction of the chunks prepared on every
 #: SM before the sweep starts. Three H100 runs, one process each, every form the same bits
-#: (gpu_chained_h100_0d7116d.json; d0c9d6a's in parentheses), graph / eager ms, at 0.1 against none:
+#: (`git show 71fba68:benchmarks/results/gpu_chained_h100_0d7116d.json`; d0c9d6a's in parentheses),
+#: graph / eager ms, at 0.1 against none:
 #: B1 T16384 H16 HV32 0.417 / 0.422 (0.426 / 0.424) against 0.440 / 0.437 (0.439 / 0.438); T65536
 #: 1.663 / 1.624 (1.686 / 1.637) against 1.711 / 1.685 (1.719 / 1.686); B2 T16384 H8 HV16 0.416 /
 #: 0.419 against 0.435 / 0.435; the third (gpu_chained_h100_ce5ae1d.json) 0.421 / 0.424 against
