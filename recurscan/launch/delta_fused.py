@@ -78,7 +78,8 @@ def fused_launch_steps(step_type, q, v, *, H, HV, K, V, N, T, scale, varlen, n_p
                  o_st=o_strides[0], o_sh=o_strides[1], ht_n=ht_strides[0], ht_h=ht_strides[1],
                  H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, NUM_STAGES=NUM_STAGES, IS_VARLEN=varlen, HAS_H0=has_h0,
                  STORE_FINAL=store_final, USE_CACHE=cache, CHAIN_REGS=CHAIN_REGS, PREP_REGS=PREP_REGS,
-                 LOAD_REGS=LOAD_REGS, CHAIN_TURNS=plan_delta.FUSED_CHAIN_TURNS)
+                 LOAD_REGS=LOAD_REGS, CHAIN_TURNS=plan_delta.FUSED_CHAIN_TURNS,
+                 U_BUFFER=plan_delta.FUSED_U_BUFFER)
     steps = []
     if n_prep > 0:  # no launch of an empty grid
         steps.append(step_type(chunk_vectors_kernel, (n_prep, H), vectors, dict(num_warps=4)))

@@ -561,6 +561,10 @@ FUSED_PREFILL_CACHE = GluonTwinRow(True, "the fused prefill with a state cache: 
 #: columns alone on an SM (the sweep at B1) takes ~1.4, so in step they share the tensor pipe and
 #: leave it idle together between their waits. Not yet measured on a GPU.
 FUSED_CHAIN_TURNS = 0
+#: U^T staged in a buffer of its own in each fused chain (kernels/gluon/delta_fused.py's U_BUFFER; 16 KB
+#: more shared memory) rather than in the outputs' buffer: a barrier and a wait on the chunk before's
+#: output store off the chain's path. Not yet measured on a GPU.
+FUSED_U_BUFFER = False
 
 
 def fused_prefill_scope(problem) -> bool:

@@ -30,7 +30,9 @@ between layouts. Then one program, four partitions:
    state): 1 where it came out non-finite. CHAIN_TURNS (``plan.delta.FUSED_CHAIN_TURNS``) makes
    the two chains take turns on the tensor pipe, so that one's products run while the other does
    the arithmetic between its waits (FA3's ping-pong): the first CHAIN_TURNS of a chunk's three
-   groups of products are issued alternately, chain 0 first; 0 lets both issue at once.
+   groups of products are issued alternately, chain 0 first; 0 lets both issue at once. U_BUFFER
+   (``plan.delta.FUSED_U_BUFFER``) stages U^T in a buffer of its own rather than the outputs', so
+   that neither waits on the other's use (a barrier and a store wait fewer on the chain's path).
 
 A flagged value column is computed again by the token loop (launch/delta_fused.py; a column's
 state and outputs read no other column): a non-finite input, growth past float32, or a chunk the
@@ -219,7 +221,7 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped,
            ht, flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h,
            HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
            NUM_STAGES: gl.constexpr, PART: gl.constexpr, HAS_H0: gl.constexpr, STORE_FINAL: gl.constexpr,
-           USE_CACHE: gl.constexpr, CHAIN_TURNS: gl.constexpr):
+           USE_CACHE: gl.constexpr, CHAIN_TURNS: gl.constexpr, U_BUFFER: gl.constexpr):
     """A chain warpgroup: value columns [PART BV, (PART + 1) BV) of the state over the sequence's
     chunks (the Gluon sweep twin's products and their order), its outputs by bulk stores, then its
     block of the final state and its rows' flags. USE_CACHE: the state is the cache slot's (``h0``
@@ -234,6 +236,7 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped,
     rowK: gl.constexpr = gl.SliceLayout(1, mmaK)
     sa = sa_s.index(PART)
     o_b = o_s.index(PART)
+    u_b = o_s.index(2 + PART) if U_BUFFER else o_b
     zero64 = gl.zeros([BV, BT], gl.float32, layout=mma64)
     S_t = gl.zeros([BV, K], gl.float32, layout=mmaK)
     pad = False
@@ -282,23 +285,28 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped,
             _pass_turn(turns, PART)
         Ut, QSt = warpgroup_mma_wait(num_outstanding=0, deps=(Ut, QSt))
         # Group 3: the next state (the chain), and the outputs onto lam rq o S^T Q^T; U^T, the
-        # outputs' operand, staged in the outputs' buffer once the chunk before's left it.
+        # outputs' operand, staged in a buffer of its own (U_BUFFER) or in the outputs' once the
+        # chunk before's left it.
         if CHAIN_TURNS == 3:
             _take_turn(turns, j, 2, 3, PART)
-        tma.store_wait(pendings=0)
-        o_b.permute((1, 0)).store(Ut.to(DT))
+        if not U_BUFFER:
+            tma.store_wait(pendings=0)
+        u_b.permute((1, 0)).store(Ut.to(DT))
         U_g = gl.convert_layout((Ut * cf_s.index(4 * s + 2).load(col64)[None, :]).to(DT), aK)  # gam rk
         fence_async_shared()
         gl.thread_barrier()
         lam_last = cf_s.index(4 * s + 3).slice(0, BV).load(rowK)  # BV copies of the chunk's lam_last
         S_t = warpgroup_mma(U_g, k_s.index(s), S_t * lam_last[:, None], is_async=True)
-        O_t = warpgroup_mma(o_b.permute((1, 0)), aqk_s.index(s).permute((1, 0)),
+        O_t = warpgroup_mma(u_b.permute((1, 0)), aqk_s.index(s).permute((1, 0)),
                             cf_s.index(4 * s + 1).load(col64)[None, :] * QSt, is_async=True)  # lam rq
         if CHAIN_TURNS == 3:
             _pass_turn(turns, PART)
         S_t, O_t = warpgroup_mma_wait(num_outstanding=0, deps=(S_t, O_t))
         mbarrier.arrive(empty.index(s), count=1)
-        gl.thread_barrier()  # every warp's products have read U^T
+        if U_BUFFER:  # the chunk before's outputs have left (U^T's buffer is next written after a barrier)
+            tma.store_wait(pendings=0)
+        else:
+            gl.thread_barrier()  # every warp's products have read U^T
         o_b.permute((1, 0)).store(O_t.to(DT))
         fence_async_shared()
         gl.thread_barrier()
@@ -327,7 +335,7 @@ def gluon_fused_prefill_kernel(q, k, v, vec, o, h0, ht, flags, cu_seqlens, state
                                IS_VARLEN: gl.constexpr, HAS_H0: gl.constexpr, STORE_FINAL: gl.constexpr,
                                USE_CACHE: gl.constexpr,
                                CHAIN_REGS: gl.constexpr, PREP_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
-                               CHAIN_TURNS: gl.constexpr = 0):
+                               CHAIN_TURNS: gl.constexpr = 0, U_BUFFER: gl.constexpr = False):
     """Grid (N * HV,): program -> (sequence, value head), the head fastest. ``q, k [B, T, H, K]``,
     ``v [B, T, HV, V]`` contiguous (varlen: B = 1 and ``cu_seqlens [N + 1]``, each sequence's
     bounds clamped to [0, T]); ``vec`` the pre-pass's vectors (kernels/delta/chunk_vectors.py), ``n_vec``
@@ -377,7 +385,7 @@ def gluon_fused_prefill_kernel(q, k, v, vec, o, h0, ht, flags, cu_seqlens, state
     plain1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     cf_s = gl.allocate_shared_memory(gl.float32, [4 * NUM_STAGES, BT], plain1)  # a stage's 4 rows
     sa_s = gl.allocate_shared_memory(DT, [2, BV, K], l_vk)
-    o_s = gl.allocate_shared_memory(DT, [2, BT, BV], l_tv)
+    o_s = gl.allocate_shared_memory(DT, [4 if U_BUFFER else 2, BT, BV], l_tv)  # outputs, then U^T's (U_BUFFER)
     d_s = gl.allocate_shared_memory(gl.float16, [4, 16, 16], swz3)
     b_s = gl.allocate_shared_memory(gl.float16, [4, 16, 16], swz3)
     a_s = gl.allocate_shared_memory(gl.float16, [BT, BT], swz2)
@@ -402,10 +410,12 @@ def gluon_fused_prefill_kernel(q, k, v, vec, o, h0, ht, flags, cu_seqlens, state
     gl.warp_specialize([
         (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped, empty, h0_read, turns, o_desc,
                   h0, ht, flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, HV, K, V, BT, BV,
-                  NUM_STAGES, 0, HAS_H0, STORE_FINAL, USE_CACHE, CHAIN_TURNS)),
+                  NUM_STAGES, 0, HAS_H0, STORE_FINAL, USE_CACHE, CHAIN_TURNS,
+                  U_BUFFER)),
         (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped, empty, h0_read, turns, o_desc,
                   h0, ht, flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, HV, K, V, BT, BV,
-                  NUM_STAGES, 1, HAS_H0, STORE_FINAL, USE_CACHE, CHAIN_TURNS)),
+                  NUM_STAGES, 1, HAS_H0, STORE_FINAL, USE_CACHE, CHAIN_TURNS,
+                  U_BUFFER)),
         (_prep, (k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, state_indices, n_slots,
                  n_chunks, scale, USE_CACHE, HV,
                  BT, NUM_STAGES)),
