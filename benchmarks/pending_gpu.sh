@@ -168,10 +168,10 @@
 #  51. Issue 19: the delta reverse sweep's timing probes (`benchmarks/gpu_delta_reverse_probe.py`, any card, a process
 #      a probe: 0, 1, 3, 6). On H100s at 22b7bad and 7dfd9cf: the chain alone 1.0-1.6 us a chunk of 2.85-3.2, half the
 #      rest the dS, dY and dv stores (results/gpu_delta_reverse_probe_h100_22b7bad.json, _stores_h100_7dfd9cf.json).
-#  52. Issue 21: the fused prefill's chains taking turns on the tensor pipe (plan.delta.FUSED_CHAIN_TURNS 1, 2, 3: the
-#      first 1, 2 or 3 of a chunk's product groups issued alternately): their GPU test (the bits of no turns), then each
-#      against the package before them (build/prev holding 4d7c416's as recurscan_prev: `git archive 4d7c416 recurscan
-#      | tar -x -C build/prev`, renamed) at HV64 and varlen16, graph replay and eager. Not yet run.
+#  52. (Ran at d10dba8 on an H100.) The fused prefill's chains taking turns on the tensor pipe (FA3's ping-pong; slower
+#      in every form, taken out) and U^T staged in a buffer of its own (0.2-1.8% faster, the same bits; the kernel's form
+#      since): results/ab_fused_{turns1,turns2,turns3,u_buffer,u_buffer_repeat}_h100_d10dba8.json. The fused kernel's GPU
+#      tests in that form: step 31's first half.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -351,12 +351,6 @@ step 50 && timeout 150 env PYTHONPATH=$PWD python -m benchmarks.gpu_clocks --tra
     2>&1 | grep -v -i warn | tail -8
 step 51 && timeout 300 env PYTHONPATH=$PWD python benchmarks/gpu_delta_reverse_probe.py \
     --out "$OUT/gpu_delta_reverse_probe_$C.json" 2>&1 | grep "^probe"
-step 52 && { timeout 200 python -m pytest -m gpu -q -p no:cacheprovider -o faulthandler_timeout=190 \
-    tests/gpu/test_fused_prefill_gpu.py -k "turns" > "$OUT/gpu_tests_turns_$C.log" 2>&1
-    echo "turns tests rc=$?"; grep -E "passed|failed|FAILED|Error" "$OUT/gpu_tests_turns_$C.log" | tail -8
-    for t in 1 2 3; do timeout 120 env PYTHONPATH=$PWD python -m benchmarks.ab_prev --prev build/prev --label 4d7c416 \
-        --workload gdn_b4_t8192_h16_hv64 --workload gdn_varlen16_32976_hv32 --rep-ms 300 --plan FUSED_CHAIN_TURNS=$t \
-        --out "$OUT/ab_fused_turns${t}_$C.json" 2>&1 | grep -E "prev/ours" | sed "s/^/turns $t: /"; done; }
 step 49 && timeout 150 env PYTHONPATH=$PWD python benchmarks/gpu_varlen_one_sequence.py $PLANS \
     --out "$OUT/gpu_varlen_one_sequence_$C.json" 2>&1 | grep -v -i warn | tail -8
 step 46 && timeout 200 env PYTHONPATH=$PWD python -m benchmarks.gpu_phase_counts --out "$OUT/gpu_phase_counts_$C.json" \

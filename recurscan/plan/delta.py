@@ -555,18 +555,6 @@ FUSED_PREFILL_CACHE = GluonTwinRow(True, "the fused prefill with a state cache: 
                                          "test fix)")
 
 
-#: The fused prefill's two chains taking turns on the tensor pipe (kernels/gluon/delta_fused.py's
-#: CHAIN_TURNS): the first 1, 2 or 3 of a chunk's three groups of products issued alternately; 0
-#: both chains issue theirs at once. Why: the chains alone take 2.8-2.9 us a chunk at HV64 where one chain of 64
-#: columns alone on an SM (the sweep at B1) takes ~1.4, so in step they share the tensor pipe and
-#: leave it idle together between their waits. Not yet measured on a GPU.
-FUSED_CHAIN_TURNS = 0
-#: U^T staged in a buffer of its own in each fused chain (kernels/gluon/delta_fused.py's U_BUFFER; 16 KB
-#: more shared memory) rather than in the outputs' buffer: a barrier and a wait on the chunk before's
-#: output store off the chain's path. Not yet measured on a GPU.
-FUSED_U_BUFFER = False
-
-
 def fused_prefill_scope(problem) -> bool:
     """The fused prefill's problems (kernels/gluon/delta_fused.py): GDN (M = 1), 16-bit inputs,
     K = V = 128, beta per head; an initial state and a final state, or a state cache where

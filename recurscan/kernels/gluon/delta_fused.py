@@ -27,12 +27,8 @@ between layouts. Then one program, four partitions:
    S^T and U^T reach the products through shared memory (from registers the chains spill at their
    160 registers), the outputs leave by bulk stores (clipped at the sequence's end), and at the
    end the final state (or the cache slot's) and a flag for each row of S^T (a value column of the
-   state): 1 where it came out non-finite. CHAIN_TURNS (``plan.delta.FUSED_CHAIN_TURNS``) makes
-   the two chains take turns on the tensor pipe, so that one's products run while the other does
-   the arithmetic between its waits (FA3's ping-pong): the first CHAIN_TURNS of a chunk's three
-   groups of products are issued alternately, chain 0 first; 0 lets both issue at once. U_BUFFER
-   (``plan.delta.FUSED_U_BUFFER``) stages U^T in a buffer of its own rather than the outputs', so
-   that neither waits on the other's use (a barrier and a store wait fewer on the chain's path).
+   state): 1 where it came out non-finite. U^T is staged in a buffer of its own, not the outputs',
+   so that staging it waits for no output store.
 
 A flagged value column is computed again by the token loop (launch/delta_fused.py; a column's
 state and outputs read no other column): a non-finite input, growth past float32, or a chunk the
@@ -197,31 +193,11 @@ def _program_id_again():
 
 
 @gluon.jit
-def _take_turn(turns, j, GROUP: gl.constexpr, GROUPS: gl.constexpr, PART: gl.constexpr):
-    """Wait for turn n = GROUPS j + GROUP (chunk j's group GROUP of products, GROUPS a chunk) until
-    the other chain has issued its turn n - 1 (chain 0) or n (chain 1): the chains' product groups
-    then reach the tensor pipe alternately, chain 0 first. Each chain arrives on the other's
-    barrier once it has issued a group (:func:`_pass_turn`). The phase is n's parity, taken from
-    j's and GROUP's so that no count is held across the chunk."""
-    parity = ((GROUPS % 2) * j + GROUP) & 1  # n's
-    if PART == 0:
-        if (GROUP > 0) or (j > 0):
-            mbarrier.wait(turns.index(0), parity ^ 1)
-    else:
-        mbarrier.wait(turns.index(1), parity)
-
-
-@gluon.jit
-def _pass_turn(turns, PART: gl.constexpr):
-    mbarrier.arrive(turns.index(1 - PART), count=1)
-
-
-@gluon.jit
-def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped, empty, h0_read, turns, o_desc, h0,
+def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped, empty, h0_read, o_desc, h0,
            ht, flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h,
            HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
            NUM_STAGES: gl.constexpr, PART: gl.constexpr, HAS_H0: gl.constexpr, STORE_FINAL: gl.constexpr,
-           USE_CACHE: gl.constexpr, CHAIN_TURNS: gl.constexpr, U_BUFFER: gl.constexpr):
+           USE_CACHE: gl.constexpr):
     """A chain warpgroup: value columns [PART BV, (PART + 1) BV) of the state over the sequence's
     chunks (the Gluon sweep twin's products and their order), its outputs by bulk stores, then its
     block of the final state and its rows' flags. USE_CACHE: the state is the cache slot's (``h0``
@@ -236,7 +212,7 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped,
     rowK: gl.constexpr = gl.SliceLayout(1, mmaK)
     sa = sa_s.index(PART)
     o_b = o_s.index(PART)
-    u_b = o_s.index(2 + PART) if U_BUFFER else o_b
+    u_b = o_s.index(2 + PART)
     zero64 = gl.zeros([BV, BT], gl.float32, layout=mma64)
     S_t = gl.zeros([BV, K], gl.float32, layout=mmaK)
     pad = False
@@ -267,30 +243,17 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped,
         mbarrier.wait(prepped.index(s), ph)
         w_t = wy_s.index(s).permute((1, 0))
         # Group 1: K S (the chain) and V^T wy^T.
-        if CHAIN_TURNS >= 1:
-            _take_turn(turns, j, 0, CHAIN_TURNS, PART)
         KSt = warpgroup_mma(sa, k_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
         Ut = warpgroup_mma(v_s.index(2 * s + PART).permute((1, 0)), w_t, zero64, use_acc=False, is_async=True)
-        if CHAIN_TURNS >= 1:
-            _pass_turn(turns, PART)
         KSt, Ut = warpgroup_mma_wait(num_outstanding=0, deps=(KSt, Ut))
         # Group 2: -(lam rk o K S) wy^T onto U^T (the chain), and S^T Q^T.
         KSt = cf_s.index(4 * s).load(col64)[None, :] * KSt  # lam rk
-        KSw = gl.convert_layout((-KSt).to(DT), a64)
-        if CHAIN_TURNS >= 2:
-            _take_turn(turns, j, 1, CHAIN_TURNS, PART)
-        Ut = warpgroup_mma(KSw, w_t, Ut, is_async=True)
+        Ut = warpgroup_mma(gl.convert_layout((-KSt).to(DT), a64), w_t, Ut, is_async=True)
         QSt = warpgroup_mma(sa, q_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
-        if CHAIN_TURNS >= 2:
-            _pass_turn(turns, PART)
         Ut, QSt = warpgroup_mma_wait(num_outstanding=0, deps=(Ut, QSt))
         # Group 3: the next state (the chain), and the outputs onto lam rq o S^T Q^T; U^T, the
-        # outputs' operand, staged in a buffer of its own (U_BUFFER) or in the outputs' once the
-        # chunk before's left it.
-        if CHAIN_TURNS == 3:
-            _take_turn(turns, j, 2, 3, PART)
-        if not U_BUFFER:
-            tma.store_wait(pendings=0)
+        # outputs' operand, staged in its own buffer (whose last reader, chunk j - 1's products,
+        # every warp waited on before the barrier after S^T's store).
         u_b.permute((1, 0)).store(Ut.to(DT))
         U_g = gl.convert_layout((Ut * cf_s.index(4 * s + 2).load(col64)[None, :]).to(DT), aK)  # gam rk
         fence_async_shared()
@@ -299,14 +262,9 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped,
         S_t = warpgroup_mma(U_g, k_s.index(s), S_t * lam_last[:, None], is_async=True)
         O_t = warpgroup_mma(u_b.permute((1, 0)), aqk_s.index(s).permute((1, 0)),
                             cf_s.index(4 * s + 1).load(col64)[None, :] * QSt, is_async=True)  # lam rq
-        if CHAIN_TURNS == 3:
-            _pass_turn(turns, PART)
         S_t, O_t = warpgroup_mma_wait(num_outstanding=0, deps=(S_t, O_t))
         mbarrier.arrive(empty.index(s), count=1)
-        if U_BUFFER:  # the chunk before's outputs have left (U^T's buffer is next written after a barrier)
-            tma.store_wait(pendings=0)
-        else:
-            gl.thread_barrier()  # every warp's products have read U^T
+        tma.store_wait(pendings=0)  # the chunk before's outputs have left their buffer (a barrier after)
         o_b.permute((1, 0)).store(O_t.to(DT))
         fence_async_shared()
         gl.thread_barrier()
@@ -334,8 +292,7 @@ def gluon_fused_prefill_kernel(q, k, v, vec, o, h0, ht, flags, cu_seqlens, state
                                BT: gl.constexpr, BV: gl.constexpr, NUM_STAGES: gl.constexpr,
                                IS_VARLEN: gl.constexpr, HAS_H0: gl.constexpr, STORE_FINAL: gl.constexpr,
                                USE_CACHE: gl.constexpr,
-                               CHAIN_REGS: gl.constexpr, PREP_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
-                               CHAIN_TURNS: gl.constexpr = 0, U_BUFFER: gl.constexpr = False):
+                               CHAIN_REGS: gl.constexpr, PREP_REGS: gl.constexpr, LOAD_REGS: gl.constexpr):
     """Grid (N * HV,): program -> (sequence, value head), the head fastest. ``q, k [B, T, H, K]``,
     ``v [B, T, HV, V]`` contiguous (varlen: B = 1 and ``cu_seqlens [N + 1]``, each sequence's
     bounds clamped to [0, T]); ``vec`` the pre-pass's vectors (kernels/delta/chunk_vectors.py), ``n_vec``
@@ -385,7 +342,7 @@ def gluon_fused_prefill_kernel(q, k, v, vec, o, h0, ht, flags, cu_seqlens, state
     plain1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     cf_s = gl.allocate_shared_memory(gl.float32, [4 * NUM_STAGES, BT], plain1)  # a stage's 4 rows
     sa_s = gl.allocate_shared_memory(DT, [2, BV, K], l_vk)
-    o_s = gl.allocate_shared_memory(DT, [4 if U_BUFFER else 2, BT, BV], l_tv)  # outputs, then U^T's (U_BUFFER)
+    o_s = gl.allocate_shared_memory(DT, [4, BT, BV], l_tv)  # each chain's outputs (0, 1), then its U^T (2, 3)
     d_s = gl.allocate_shared_memory(gl.float16, [4, 16, 16], swz3)
     b_s = gl.allocate_shared_memory(gl.float16, [4, 16, 16], swz3)
     a_s = gl.allocate_shared_memory(gl.float16, [BT, BT], swz2)
@@ -396,26 +353,21 @@ def gluon_fused_prefill_kernel(q, k, v, vec, o, h0, ht, flags, cu_seqlens, state
     h0_read = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     prepped = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # each chain's (CHAIN_TURNS)
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(ready_v.index(i), count=1)
         mbarrier.init(prepped.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # both chains
     mbarrier.init(h0_read.index(0), count=2)
-    for i in gl.static_range(2):
-        mbarrier.init(turns.index(i), count=1)
     fence_async_shared()
 
     gl.warp_specialize([
-        (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped, empty, h0_read, turns, o_desc,
+        (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped, empty, h0_read, o_desc,
                   h0, ht, flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, HV, K, V, BT, BV,
-                  NUM_STAGES, 0, HAS_H0, STORE_FINAL, USE_CACHE, CHAIN_TURNS,
-                  U_BUFFER)),
-        (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped, empty, h0_read, turns, o_desc,
+                  NUM_STAGES, 0, HAS_H0, STORE_FINAL, USE_CACHE)),
+        (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped, empty, h0_read, o_desc,
                   h0, ht, flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, HV, K, V, BT, BV,
-                  NUM_STAGES, 1, HAS_H0, STORE_FINAL, USE_CACHE, CHAIN_TURNS,
-                  U_BUFFER)),
+                  NUM_STAGES, 1, HAS_H0, STORE_FINAL, USE_CACHE)),
         (_prep, (k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, state_indices, n_slots,
                  n_chunks, scale, USE_CACHE, HV,
                  BT, NUM_STAGES)),
