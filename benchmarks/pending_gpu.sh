@@ -170,8 +170,8 @@
 #      rest the dS, dY and dv stores (results/gpu_delta_reverse_probe_h100_22b7bad.json, _stores_h100_7dfd9cf.json).
 #  52. (Ran at d10dba8 on an H100.) The fused prefill's chains taking turns on the tensor pipe (FA3's ping-pong; slower
 #      in every form, taken out) and U^T staged in a buffer of its own (0.2-1.8% faster, the same bits; the kernel's form
-#      since): results/ab_fused_{turns1,turns2,turns3,u_buffer,u_buffer_repeat}_h100_d10dba8.json. The fused kernel's GPU
-#      tests in that form: step 31's first half.
+#      since): results/ab_fused_{turns1,turns2,turns3,u_buffer,u_buffer_repeat}_h100_d10dba8.json. The fused kernel's 12
+#      GPU tests passed in that form at 4fd213f on an H100 (results/gpu_tests_fused_h100_4fd213f.log).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
