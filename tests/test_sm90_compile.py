@@ -96,6 +96,15 @@ def test_the_gluon_scores_kernel_compiles_at_k64(case):
     assert "gluon_bwd_scores_specialized_kernel" in run.stdout, run.stdout
 
 
+@pytest.mark.parametrize("case", GLUON_CASES["Gluon reverse sweep"])
+def test_the_gluon_reverse_sweep_compiles_with_two_store_buffers(case):
+    """The reverse sweep's stores staged in two buffers each (plan.delta.GLUON_REVERSE_STORE_BUFFERS,
+    not planned until measured) beside a ring of two stages: within the H200's shared memory, no spills."""
+    run = compile_offline("reverse-sweep-stores", case, "2", "2")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "gluon_bwd_sweep_kernel" in run.stdout, run.stdout
+
+
 def test_the_gluon_reverse_sweep_compiles_for_gdp_at_k64():
     """The reverse sweep's Gluon twin for Gated Delta Product (M = 2: q, dO and aqk's query rows by
     token) at K = 64 too, without spills (the planner takes K = 128 alone until its GPU test runs)."""

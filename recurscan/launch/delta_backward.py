@@ -182,6 +182,9 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
         STORE_DH0=initial_state is not None, DOT_PRECISION=dot_precision, DT=dt, M=M,
         NUM_STAGES=backward_shape.sweep_stages),
         dict(num_warps=backward_shape.sweep_warps))
+    if backward_shape.gluon_sweep:
+        sweep.kwargs.update(STORE_BUFFERS=_plan.GLUON_REVERSE_STORE_BUFFERS,
+                            NUM_STAGES=_plan.GLUON_REVERSE_STAGES or backward_shape.sweep_stages)
     shared = dict(q=arg("q"), k=arg("k"), g=arg("g", g is not None), beta=arg("beta"), do=arg("do"), dy=arg("dy"),
                   u=arg("u"), dg=arg("dg", g is not None), bdyks=arg("bdyks"), scratch=arg("scratch"),
                   cu_seqlens=arg("cu_seqlens", varlen), chunk_indices=arg("chunk_indices", varlen),

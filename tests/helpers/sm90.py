@@ -10,6 +10,7 @@ compilable objects.
     python -m tests.helpers.sm90 gluon-prep-proto-sass   # benchmarks/gluon_prep_proto.py's SASS by part
     python -m tests.helpers.sm90 prep-query-sass   # the delta prep's SASS with its QUERY switch at 2, 1, 0
     python -m tests.helpers.sm90 fused-prefill   # the fused prefill's launches (kernels/gluon/delta_fused.py)
+    python -m tests.helpers.sm90 reverse-sweep-stores "GDN dense, H = HV" 2 2   # store buffers, ring stages
 """
 import dataclasses
 import sys
@@ -662,6 +663,19 @@ def prep_query_sass() -> list[str]:
     return lines
 
 
+def compile_reverse_sweep_stores(case: str, buffers: int, stages: int) -> list[str]:
+    """The backward's launches for ``case`` with the reverse sweep as its Gluon twin, its stores
+    staged in ``buffers`` buffers each and its ring of ``stages`` (``plan.delta``'s
+    GLUON_REVERSE_STORE_BUFFERS and GLUON_REVERSE_STAGES, restored after): a line each."""
+    from recurscan.plan import delta as plan_delta
+    saved = plan_delta.GLUON_REVERSE_STORE_BUFFERS, plan_delta.GLUON_REVERSE_STAGES
+    plan_delta.GLUON_REVERSE_STORE_BUFFERS, plan_delta.GLUON_REVERSE_STAGES = buffers, stages
+    try:
+        return compile_case(case, "Gluon reverse sweep")
+    finally:
+        plan_delta.GLUON_REVERSE_STORE_BUFFERS, plan_delta.GLUON_REVERSE_STAGES = saved
+
+
 def lines_for(argv: list[str]) -> list[str]:
     """The compiled lines of one command line of this module (its docstring's forms)."""
     if argv[0] == "gluon-forward":
@@ -670,6 +684,8 @@ def lines_for(argv: list[str]) -> list[str]:
         return compile_gluon_prep_proto()
     if argv[0] == "fused-prefill":
         return compile_fused_prefill()
+    if argv[0] == "reverse-sweep-stores":
+        return compile_reverse_sweep_stores(argv[1], int(argv[2]), int(argv[3]))
     if argv[0] == "gluon-prep-proto-sass":
         return gluon_prep_proto_sass()
     if argv[0] == "prep-query-sass":
