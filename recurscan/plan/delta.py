@@ -406,8 +406,8 @@ GLUON_GDP_REVERSE_SWEEP_KEY_DIMS = (64, 128)
 #: STORE_BUFFERS): 2 waits on each bulk store two chunks after it was issued instead of one. Why: at B1
 #: T16384 HV32 the sweep's chunk took 2.47 us with its stores not waited on against 2.95 waited on a
 #: chunk later (an H100, results/gpu_delta_reverse_probe_stores_h100_7dfd9cf.json). Two buffers take
-#: 32 KB more shared memory, which fits beside a ring of two stages (GLUON_REVERSE_STAGES: None is the
-#: backward shape's sweep_stages, three), not three. Not yet measured on a GPU.
+#: 32 KB more shared memory: at GDN that fits beside a ring of two stages (GLUON_REVERSE_STAGES: None is
+#: the backward shape's sweep_stages, three), not three (GDP's fits at three). Not yet measured on a GPU.
 GLUON_REVERSE_STORE_BUFFERS = 1
 GLUON_REVERSE_STAGES = None
 
