@@ -178,6 +178,11 @@
 #      (build/prev: `git archive 225a4ec recurscan | tar -x -C build/prev`, renamed recurscan_prev) with two stages
 #      alone and with both, GPU time by kernel. At B1 the sweep's chunk took 2.47 us with its stores not waited on
 #      against 2.95 waited on a chunk later (results/gpu_delta_reverse_probe_stores_h100_7dfd9cf.json). Not yet run.
+#  54. Issue 21: the fused prefill with its chains' S^T and U^T as register operands on 192 registers a thread and
+#      its prep on 104 (plan.delta.FUSED_REGISTER_OPERANDS; compiled offline without spills, 175192 B):
+#      HV64 and varlen16 against the package before (build/prev: `git archive <head> recurscan | tar -x -C build/prev`,
+#      renamed recurscan_prev) with the switch on, graph and eager, bits compared; then its bits test against the
+#      planned form (marked unproven). Not yet run.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -365,6 +370,12 @@ step 53 && { timeout 170 python -m pytest -m gpu -q -p no:cacheprovider -o fault
         timeout 190 env PYTHONPATH=$PWD python benchmarks/gpu_delta_train.py --impl recurscan --impl prev --prev build/prev \
         --profile --workload gdn_b1_t16384_h16_hv32 --workload gdn_b4_t4096_h16 $plans \
         --out "$OUT/gpu_delta_train_${form}_$C.json" 2>&1 | grep -v Warning | grep -E "fwd\+bwd|bwd_sweep" | sed "s/^/$form: /"; done; }
+step 54 && { timeout 200 env PYTHONPATH=$PWD python -m benchmarks.ab_prev --prev build/prev --label prev \
+    --plan FUSED_REGISTER_OPERANDS=True --workload gdn_b4_t8192_h16_hv64 --workload gdn_varlen16_32976_hv32 \
+    --rep-ms 300 --out "$OUT/ab_fused_register_operands_$C.json" 2>&1 | grep -v -i warn | tail -12
+    timeout 200 python -m pytest -m gpu -q -p no:cacheprovider -o faulthandler_timeout=190 \
+    tests/gpu/test_fused_prefill_gpu.py -k "register_operand" > "$OUT/gpu_tests_fused_register_operands_$C.log" 2>&1
+    echo "register operands tests rc=$?"; grep -E "passed|failed|FAILED|Error" "$OUT/gpu_tests_fused_register_operands_$C.log" | tail -8; }
 step 49 && timeout 150 env PYTHONPATH=$PWD python benchmarks/gpu_varlen_one_sequence.py $PLANS \
     --out "$OUT/gpu_varlen_one_sequence_$C.json" 2>&1 | grep -v -i warn | tail -8
 step 46 && timeout 200 env PYTHONPATH=$PWD python -m benchmarks.gpu_phase_counts --out "$OUT/gpu_phase_counts_$C.json" \

@@ -206,13 +206,15 @@ def test_the_gluon_prep_prototype_compiles_for_sm90_without_spills():
 
 def test_the_fused_prefill_compiles_for_sm90_without_spills():
     """The fused prefill's launches (launch/delta_fused.py) as the launch layer builds them, dense and
-    varlen with GVA, with an initial and final state and serving a bf16 cache: the chunk vectors' pass, the warp-specialised Gluon kernel within the H200's
+    varlen with GVA, with an initial and final state and serving a bf16 cache, each also with the
+    chains' register operands (plan.delta.FUSED_REGISTER_OPERANDS: chains on 192 registers a thread,
+    the prep on 104): the chunk vectors' pass, the warp-specialised Gluon kernel within the H200's
     shared memory and 512 threads at 128 registers without spills (compiled_line's Gluon rule), and
     the flagged token loop."""
     run = compile_offline("fused-prefill")
     assert run.returncode == 0, run.stderr[-3000:]
-    for case in ("fused, GDN dense, H = HV", "fused, GDN varlen, GVA", "fused serving, GDN dense, H = HV",
-                 "fused serving, GDN varlen, GVA"):
+    for case in (f"fused{operands}{form}, {layout}" for operands in ("", " register operands")
+                 for form in ("", " serving") for layout in ("GDN dense, H = HV", "GDN varlen, GVA")):
         for kernel in ("chunk_vectors_kernel", "gluon_fused_prefill_kernel", "streaming_recurrence_kernel"):
             assert f"{case}: {kernel}: shared" in run.stdout, run.stdout
         line = next(x for x in run.stdout.splitlines() if f"{case}: gluon_fused_prefill_kernel" in x)

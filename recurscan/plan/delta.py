@@ -557,6 +557,11 @@ FUSED_PREFILL = GluonTwinRow(True, "the fused prefill against the planned prep a
                                    "(64 pairs: 0.313 against 0.246) and varlen 24576 + 16 x 512 HV32 (1.634 against "
                                    "1.452)")
 FUSED_MIN_PAIRS_PER_SM = 0.95
+#: The fused prefill's chains on 192 registers a thread with S^T and U^T as register operands, its
+#: prep on 104 (kernels/gluon/delta_fused.py's REGISTER_OPERANDS; FlashInfer's split): compiled
+#: offline without spills (175192 B of shared memory against 224344), not yet measured on a GPU
+#: (`pending_gpu.sh 54`), so off.
+FUSED_REGISTER_OPERANDS = False
 #: The fused prefill serving a state cache in place (its slots read and written by the kernel).
 FUSED_PREFILL_CACHE = GluonTwinRow(True, "the fused prefill with a state cache: its GPU tests (float32 and bf16 "
                                          "caches, both layouts, a padding request, an empty one, a NaN key) and "

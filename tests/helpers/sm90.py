@@ -602,14 +602,25 @@ def compile_gluon_prep_proto() -> list[str]:
 def compile_fused_prefill() -> list[str]:
     """The fused prefill's launches (launch/delta_fused.py: the chunk vectors' pass, the fused
     kernel, the flagged token loop) as the launch layer builds them for the planner's row with
-    ``fused`` set, dense and varlen with GVA, an initial state and the final state: a line each, the
-    fused kernel's with its registers, stack and loops (no stack: compiled_line's Gluon rule)."""
+    ``fused`` set, dense and varlen with GVA, an initial state and the final state, and serving a
+    cache; each also with ``plan.delta.FUSED_REGISTER_OPERANDS`` (the chains' register operands,
+    restored after): a line each, the fused kernel's with its registers, stack and loops (no stack:
+    compiled_line's Gluon rule)."""
     from benchmarks.sm90_resources import resources
-    from recurscan.plan.delta import DELTA_LAUNCH
-    shape = dataclasses.replace(DELTA_LAUNCH[0][1], fused=True)
-    return [f"fused{form}, {case}: {line}" for case in ("GDN dense, H = HV", "GDN varlen, GVA")
-            for form, serving in (("", False), (" serving", True))
-            for line in compile_delta_forward(case, shape, describe=resources, serving=serving, chunk_states=False)]
+    from recurscan.plan import delta as plan_delta
+    shape = dataclasses.replace(plan_delta.DELTA_LAUNCH[0][1], fused=True)
+    saved = plan_delta.FUSED_REGISTER_OPERANDS
+    lines = []
+    try:
+        for operands, label in ((False, ""), (True, " register operands")):
+            plan_delta.FUSED_REGISTER_OPERANDS = operands
+            lines += [f"fused{label}{form}, {case}: {line}" for case in ("GDN dense, H = HV", "GDN varlen, GVA")
+                      for form, serving in (("", False), (" serving", True))
+                      for line in compile_delta_forward(case, shape, describe=resources, serving=serving,
+                                                        chunk_states=False)]
+    finally:
+        plan_delta.FUSED_REGISTER_OPERANDS = saved
+    return lines
 
 
 def sass_counts(compiled) -> str:
