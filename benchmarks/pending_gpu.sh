@@ -172,17 +172,12 @@
 #      in every form, taken out) and U^T staged in a buffer of its own (0.2-1.8% faster, the same bits; the kernel's form
 #      since): results/ab_fused_{turns1,turns2,turns3,u_buffer,u_buffer_repeat}_h100_d10dba8.json. The fused kernel's 12
 #      GPU tests passed in that form at 4fd213f on an H100 (results/gpu_tests_fused_h100_4fd213f.log).
-#  53. Issue 19: the Gluon reverse sweep's stores staged in two buffers each (plan.delta.GLUON_REVERSE_STORE_BUFFERS; a ring
-#      of two stages beside them, GLUON_REVERSE_STAGES, for the shared memory): its GPU test (the Triton sweep's bits,
-#      marked unproven), then GDN B1 T16384 HV32 and B4 T4096 forward + backward against the package before it
-#      (build/prev: `git archive 225a4ec recurscan | tar -x -C build/prev`, renamed recurscan_prev) with two stages
-#      alone and with both, GPU time by kernel. At B1 the sweep's chunk took 2.47 us with its stores not waited on
-#      against 2.95 waited on a chunk later (results/gpu_delta_reverse_probe_stores_h100_7dfd9cf.json). Not yet run.
-#  54. Issue 21: the fused prefill with its chains' S^T and U^T as register operands on 192 registers a thread and
-#      its prep on 104 (plan.delta.FUSED_REGISTER_OPERANDS; compiled offline without spills, 175192 B):
-#      HV64 and varlen16 against the package before (build/prev: `git archive <head> recurscan | tar -x -C build/prev`,
-#      renamed recurscan_prev) with the switch on, graph and eager, bits compared; then its bits test against the
-#      planned form (marked unproven). Not yet run.
+#  53, 54. (Ran at ef165d9 on an H100; both taken out.) The Gluon reverse sweep's stores staged in two buffers each
+#      beside a ring of two stages: the same bits (3 tests), the sweep 751 us against 754 at B1 T16384 HV32 and 204
+#      against 208 at B4 (two stages alone 203 against 206): results/gpu_delta_train_{buffers2_stages2,stages2}_b{1,4}_
+#      h100_ef165d9.json. The fused prefill's chains with S^T and U^T as register operands on 192 registers, its prep
+#      on 104: the same bits (6 tests), 3-7% slower at HV64 and varlen16 (results/ab_fused_register_operands_h100_
+#      ef165d9.json).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -362,20 +357,6 @@ step 50 && timeout 150 env PYTHONPATH=$PWD python -m benchmarks.gpu_clocks --tra
     2>&1 | grep -v -i warn | tail -8
 step 51 && timeout 300 env PYTHONPATH=$PWD python benchmarks/gpu_delta_reverse_probe.py \
     --out "$OUT/gpu_delta_reverse_probe_$C.json" 2>&1 | grep "^probe"
-step 53 && { timeout 170 python -m pytest -m gpu -q -p no:cacheprovider -o faulthandler_timeout=160 \
-    tests/gpu/test_delta_grad_gpu.py -k "two_store_buffers" > "$OUT/gpu_tests_store_buffers_$C.log" 2>&1; rc=$?
-    echo "store buffers tests rc=$rc"; grep -E "passed|failed|FAILED|Error" "$OUT/gpu_tests_store_buffers_$C.log" | tail -6
-    [ $rc -eq 0 ] && for form in stages2 buffers2_stages2; do
-        plans="--plan GLUON_REVERSE_STAGES=2"; [ $form = buffers2_stages2 ] && plans="$plans --plan GLUON_REVERSE_STORE_BUFFERS=2"
-        timeout 190 env PYTHONPATH=$PWD python benchmarks/gpu_delta_train.py --impl recurscan --impl prev --prev build/prev \
-        --profile --workload gdn_b1_t16384_h16_hv32 --workload gdn_b4_t4096_h16 $plans \
-        --out "$OUT/gpu_delta_train_${form}_$C.json" 2>&1 | grep -v Warning | grep -E "fwd\+bwd|bwd_sweep" | sed "s/^/$form: /"; done; }
-step 54 && { timeout 200 env PYTHONPATH=$PWD python -m benchmarks.ab_prev --prev build/prev --label prev \
-    --plan FUSED_REGISTER_OPERANDS=True --workload gdn_b4_t8192_h16_hv64 --workload gdn_varlen16_32976_hv32 \
-    --rep-ms 300 --out "$OUT/ab_fused_register_operands_$C.json" 2>&1 | grep -v -i warn | tail -12
-    timeout 200 python -m pytest -m gpu -q -p no:cacheprovider -o faulthandler_timeout=190 \
-    tests/gpu/test_fused_prefill_gpu.py -k "register_operand" > "$OUT/gpu_tests_fused_register_operands_$C.log" 2>&1
-    echo "register operands tests rc=$?"; grep -E "passed|failed|FAILED|Error" "$OUT/gpu_tests_fused_register_operands_$C.log" | tail -8; }
 step 49 && timeout 150 env PYTHONPATH=$PWD python benchmarks/gpu_varlen_one_sequence.py $PLANS \
     --out "$OUT/gpu_varlen_one_sequence_$C.json" 2>&1 | grep -v -i warn | tail -8
 step 46 && timeout 200 env PYTHONPATH=$PWD python -m benchmarks.gpu_phase_counts --out "$OUT/gpu_phase_counts_$C.json" \

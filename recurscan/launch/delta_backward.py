@@ -167,15 +167,12 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
         buffers["dh0"] = ((N, HV, K, V), f32)
     arg = lambda name, present=True: CallArg(name if present else "dv")  # noqa: E731 (absent: a placeholder)
     sweep_kernel = chunk_delta_bwd_sweep_kernel
-    ring = dict(NUM_STAGES=backward_shape.sweep_stages)
-    if backward_shape.gluon_sweep:  # its Gluon twin: the same arguments (kernels/gluon), and its stores' staging
+    if backward_shape.gluon_sweep:  # its Gluon twin: the same arguments (kernels/gluon)
         if BV != 64 or not _plan.gluon_reverse_sweep_scope(householder=M, dtype=q.dtype, key_dim=K, value_dim=V):
             raise ValueError("DeltaBackwardShape.gluon_sweep: the Gluon reverse sweep takes M 1 or 2, 16-bit inputs, "
                              f"K 64 or 128 and V a multiple of block_v = 64 (got M = {M}, {q.dtype}, K = {K}, "
                              f"V = {V}, block_v = {backward_shape.block_v})")
         from ..kernels.gluon.delta_backward_sweep import gluon_bwd_sweep_kernel as sweep_kernel
-        ring = dict(NUM_STAGES=_plan.GLUON_REVERSE_STAGES or backward_shape.sweep_stages,
-                    STORE_BUFFERS=_plan.GLUON_REVERSE_STORE_BUFFERS)
     sweep = Step(sweep_kernel, (N * HV * triton.cdiv(V, BV),), dict(
         q=arg("q"), k=arg("k"), beta=arg("beta"), do=arg("do"), winv=arg("winv"), aqk=arg("aqk"), coef=arg("coef"),
         dstates=arg("dstates"), dht=arg("dht", dht is not None), dh0=arg("dh0", initial_state is not None),
@@ -183,7 +180,7 @@ def build_delta_backward(q, k, v, g, beta, do, dht, *, scale, initial_state, use
         chunk_offsets=arg("chunk_offsets", varlen), T=T, n_cs_rows=rows,
         H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=varlen, HAS_DHT=dht is not None,
         STORE_DH0=initial_state is not None, DOT_PRECISION=dot_precision, DT=dt, M=M,
-        **ring),
+        NUM_STAGES=backward_shape.sweep_stages),
         dict(num_warps=backward_shape.sweep_warps))
     shared = dict(q=arg("q"), k=arg("k"), g=arg("g", g is not None), beta=arg("beta"), do=arg("do"), dy=arg("dy"),
                   u=arg("u"), dg=arg("dg", g is not None), bdyks=arg("bdyks"), scratch=arg("scratch"),

@@ -54,14 +54,8 @@ def fused_launch_steps(step_type, q, v, *, H, HV, K, V, N, T, scale, varlen, n_p
     head) and ``ht_strides`` (sequence, head) the outputs'. ``n_slots`` > 0: the call's state is
     the cache ``state [n_slots, HV, K, V]`` at ``state_indices`` (``s0`` its strides; has_h0 and
     store_final unread)."""
-    from ..kernels.gluon import delta_fused as fused_kernel
-    from ..kernels.gluon.delta_fused import BT, BV, LOAD_REGS, MAXNREG, NUM_STAGES, gluon_fused_prefill_kernel
-    from ..plan import delta as plan_delta
-    register_operands = plan_delta.FUSED_REGISTER_OPERANDS
-    if register_operands:
-        chain_regs, prep_regs = fused_kernel.REGISTER_OPERANDS_CHAIN_REGS, fused_kernel.REGISTER_OPERANDS_PREP_REGS
-    else:
-        chain_regs, prep_regs = fused_kernel.CHAIN_REGS, fused_kernel.PREP_REGS
+    from ..kernels.gluon.delta_fused import (BT, BV, CHAIN_REGS, LOAD_REGS, MAXNREG, NUM_STAGES, PREP_REGS,
+                                             gluon_fused_prefill_kernel)
     B = q.shape[0]
     slots = (B * T) // CHUNK_SIZE + N
     buffers = {"vec": ((slots, HV, VECTOR_ROWS, CHUNK_SIZE), torch.float32, None),
@@ -82,8 +76,8 @@ def fused_launch_steps(step_type, q, v, *, H, HV, K, V, N, T, scale, varlen, n_p
                  s0_n=s0[0], s0_h=s0[1], s0_k=s0[2], s0_v=s0[3],
                  o_st=o_strides[0], o_sh=o_strides[1], ht_n=ht_strides[0], ht_h=ht_strides[1],
                  H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, NUM_STAGES=NUM_STAGES, IS_VARLEN=varlen, HAS_H0=has_h0,
-                 STORE_FINAL=store_final, USE_CACHE=cache, CHAIN_REGS=chain_regs, PREP_REGS=prep_regs,
-                 LOAD_REGS=LOAD_REGS, REGISTER_OPERANDS=register_operands)
+                 STORE_FINAL=store_final, USE_CACHE=cache, CHAIN_REGS=CHAIN_REGS, PREP_REGS=PREP_REGS,
+                 LOAD_REGS=LOAD_REGS)
     steps = []
     if n_prep > 0:  # no launch of an empty grid
         steps.append(step_type(chunk_vectors_kernel, (n_prep, H), vectors, dict(num_warps=4)))

@@ -402,15 +402,6 @@ GLUON_GDP_REVERSE_SWEEP = GluonTwinRow(True, "GDP M = 2 B4 T4096 H16 forward + b
 #: gpu_delta_train_gdp_k64_h100_03a6666.json).
 GLUON_GDP_REVERSE_SWEEP_KEY_DIMS = (64, 128)
 
-#: The Gluon reverse sweep's staging of its dS, dY and dv stores (kernels/gluon/delta_backward_sweep.py's
-#: STORE_BUFFERS): 2 waits on each bulk store two chunks after it was issued instead of one. Why: at B1
-#: T16384 HV32 the sweep's chunk took 2.47 us with its stores not waited on against 2.95 waited on a
-#: chunk later (an H100, results/gpu_delta_reverse_probe_stores_h100_7dfd9cf.json). Two buffers take
-#: 32 KB more shared memory: at GDN that fits beside a ring of two stages (GLUON_REVERSE_STAGES: None is
-#: the backward shape's sweep_stages, three), not three (GDP's fits at three). Not yet measured on a GPU.
-GLUON_REVERSE_STORE_BUFFERS = 1
-GLUON_REVERSE_STAGES = None
-
 #: The key sizes at which dq and dk's twin was measured faster than the Triton kernel (GDN and GDP).
 #: At K = 64, V = 128 it was slower: GDN B4 T4096 H=HV=16 on the H200, 284-288 us against 274
 #: (gpu_delta_train_gdn_k64_ecf0925.json; the reverse sweep's and the scores kernel's twins were
@@ -557,11 +548,6 @@ FUSED_PREFILL = GluonTwinRow(True, "the fused prefill against the planned prep a
                                    "(64 pairs: 0.313 against 0.246) and varlen 24576 + 16 x 512 HV32 (1.634 against "
                                    "1.452)")
 FUSED_MIN_PAIRS_PER_SM = 0.95
-#: The fused prefill's chains on 192 registers a thread with S^T and U^T as register operands, its
-#: prep on 104 (kernels/gluon/delta_fused.py's REGISTER_OPERANDS; FlashInfer's split): compiled
-#: offline without spills (175192 B of shared memory against 224344), not yet measured on a GPU
-#: (`pending_gpu.sh 54`), so off.
-FUSED_REGISTER_OPERANDS = False
 #: The fused prefill serving a state cache in place (its slots read and written by the kernel).
 FUSED_PREFILL_CACHE = GluonTwinRow(True, "the fused prefill with a state cache: its GPU tests (float32 and bf16 "
                                          "caches, both layouts, a padding request, an empty one, a NaN key) and "

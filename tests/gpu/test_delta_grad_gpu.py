@@ -397,23 +397,6 @@ def test_the_gluon_reverse_sweep_gives_its_twins_bits(B, T, H, HV, cu):
     _assert_like_the_oracle(x, args, got[True])
 
 
-@pytest.mark.unproven  # not yet run on a GPU; plan.delta.GLUON_REVERSE_STORE_BUFFERS is 1 until measured
-@pytest.mark.parametrize("B, T, H, HV, cu", [(2, 4096, 16, 16, None), (3, 1000, 4, 8, None),
-                                             (1, 8192, 8, 16, [0, 1, 3000, 3064, 8192])],
-                         ids=["B2 T4096 H=HV=16", "a partial last chunk", "varlen, a one-token sequence"])
-def test_the_gluon_reverse_sweep_with_two_store_buffers_gives_its_twins_bits(B, T, H, HV, cu, monkeypatch):
-    """The reverse sweep's Gluon twin with its dS, dY and dv stores staged in two buffers each and a
-    ring of two stages (plan.delta.GLUON_REVERSE_STORE_BUFFERS, GLUON_REVERSE_STAGES): when a store is
-    waited on changes, not what is stored, so every gradient is the Triton sweep's bit for bit."""
-    from recurscan.plan import delta as plan_delta
-    monkeypatch.setattr(plan_delta, "GLUON_REVERSE_STORE_BUFFERS", 2)
-    monkeypatch.setattr(plan_delta, "GLUON_REVERSE_STAGES", 2)
-    x, args = _twin_case(B, T, H, HV, cu, True, seed=21)
-    got = _twin_runs(x, args, gluon_sweep=True)
-    for name, a, b in zip(GRAD_NAMES, got[False], got[True]):
-        assert torch.equal(a, b), f"{name}: {int((a != b).sum())} elements differ"
-
-
 #: How far the Gluon reverse sweep's Gated Delta Product form may be from the Triton sweep's gradients
 #: (relative RMS): its query-side products sum a chunk's 32 query rows where the Triton kernel sums
 #: 64 rows, half of them zero, so dU differs by float32 rounding, and what the chain rounds to 16

@@ -205,35 +205,3 @@ def test_the_planner_takes_the_fused_prefill_where_pairs_fill_the_sms():
     o_t, s_t = recurscan.chunk_gated_delta_rule(*x, use_qk_l2norm_in_kernel=True, output_final_state=True,
                                                 backend="triton")
     assert relative_rms(o, o_t) < 5e-3 and relative_rms(s, s_t) < 5e-3
-
-
-BIT_CASES = {**CASES, "varlen, empty and one-token sequences, initial states": None,
-             "a NaN key and beta < 0 (the token loop's pairs)": None}
-
-
-@pytest.mark.unproven
-@pytest.mark.parametrize("case", list(BIT_CASES))
-def test_the_register_operand_form_gives_the_planned_forms_bits(case, monkeypatch):
-    """plan.delta.FUSED_REGISTER_OPERANDS (the chains' S^T and U^T as register operands on 192
-    registers a thread, the prep on 104 with the inverse's BLOCK_MASKS): the same products of the
-    same values as the planned form, so its outputs and final states are the same bits, the pairs
-    the token loop recomputes included."""
-    from recurscan.plan import delta as plan_delta
-    cu = None
-    if case in CASES:
-        x, h0 = inputs(**CASES[case])
-    elif case.startswith("varlen"):
-        lengths = [0, 1, 63, 64, 65, 700, 0, 129, 1000]
-        cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), device=DEV, dtype=torch.int32)
-        x, _ = inputs(1, int(cu[-1]), 2, 4)
-        h0 = torch.randn(len(lengths), 4, 128, 128, device=DEV) * 0.1
-    else:
-        x, h0 = inputs(4, 700, 4, 16, h0=True)
-        x[1][1, 300, 2, 7] = float("nan")
-        x[4][2, :, 5] = -0.3
-    planned, ran = run(x, h0, True, cu)
-    monkeypatch.setattr(plan_delta, "FUSED_REGISTER_OPERANDS", True)
-    operands, ran_operands = run(x, h0, True, cu)
-    assert ran and ran_operands
-    for got, want, what in zip(operands, planned, ("o", "final state")):
-        assert torch.equal(bits(got), bits(want)), what

@@ -10,7 +10,6 @@ compilable objects.
     python -m tests.helpers.sm90 gluon-prep-proto-sass   # benchmarks/gluon_prep_proto.py's SASS by part
     python -m tests.helpers.sm90 prep-query-sass   # the delta prep's SASS with its QUERY switch at 2, 1, 0
     python -m tests.helpers.sm90 fused-prefill   # the fused prefill's launches (kernels/gluon/delta_fused.py)
-    python -m tests.helpers.sm90 reverse-sweep-stores "GDN dense, H = HV" 2 2   # store buffers, ring stages
 """
 import dataclasses
 import sys
@@ -602,25 +601,14 @@ def compile_gluon_prep_proto() -> list[str]:
 def compile_fused_prefill() -> list[str]:
     """The fused prefill's launches (launch/delta_fused.py: the chunk vectors' pass, the fused
     kernel, the flagged token loop) as the launch layer builds them for the planner's row with
-    ``fused`` set, dense and varlen with GVA, an initial state and the final state, and serving a
-    cache; each also with ``plan.delta.FUSED_REGISTER_OPERANDS`` (the chains' register operands,
-    restored after): a line each, the fused kernel's with its registers, stack and loops (no stack:
-    compiled_line's Gluon rule)."""
+    ``fused`` set, dense and varlen with GVA, an initial state and the final state: a line each, the
+    fused kernel's with its registers, stack and loops (no stack: compiled_line's Gluon rule)."""
     from benchmarks.sm90_resources import resources
-    from recurscan.plan import delta as plan_delta
-    shape = dataclasses.replace(plan_delta.DELTA_LAUNCH[0][1], fused=True)
-    saved = plan_delta.FUSED_REGISTER_OPERANDS
-    lines = []
-    try:
-        for operands, label in ((False, ""), (True, " register operands")):
-            plan_delta.FUSED_REGISTER_OPERANDS = operands
-            lines += [f"fused{label}{form}, {case}: {line}" for case in ("GDN dense, H = HV", "GDN varlen, GVA")
-                      for form, serving in (("", False), (" serving", True))
-                      for line in compile_delta_forward(case, shape, describe=resources, serving=serving,
-                                                        chunk_states=False)]
-    finally:
-        plan_delta.FUSED_REGISTER_OPERANDS = saved
-    return lines
+    from recurscan.plan.delta import DELTA_LAUNCH
+    shape = dataclasses.replace(DELTA_LAUNCH[0][1], fused=True)
+    return [f"fused{form}, {case}: {line}" for case in ("GDN dense, H = HV", "GDN varlen, GVA")
+            for form, serving in (("", False), (" serving", True))
+            for line in compile_delta_forward(case, shape, describe=resources, serving=serving, chunk_states=False)]
 
 
 def sass_counts(compiled) -> str:
@@ -674,19 +662,6 @@ def prep_query_sass() -> list[str]:
     return lines
 
 
-def compile_reverse_sweep_stores(case: str, buffers: int, stages: int) -> list[str]:
-    """The backward's launches for ``case`` with the reverse sweep as its Gluon twin, its stores
-    staged in ``buffers`` buffers each and its ring of ``stages`` (``plan.delta``'s
-    GLUON_REVERSE_STORE_BUFFERS and GLUON_REVERSE_STAGES, restored after): a line each."""
-    from recurscan.plan import delta as plan_delta
-    saved = plan_delta.GLUON_REVERSE_STORE_BUFFERS, plan_delta.GLUON_REVERSE_STAGES
-    plan_delta.GLUON_REVERSE_STORE_BUFFERS, plan_delta.GLUON_REVERSE_STAGES = buffers, stages
-    try:
-        return compile_case(case, "Gluon reverse sweep")
-    finally:
-        plan_delta.GLUON_REVERSE_STORE_BUFFERS, plan_delta.GLUON_REVERSE_STAGES = saved
-
-
 def lines_for(argv: list[str]) -> list[str]:
     """The compiled lines of one command line of this module (its docstring's forms)."""
     if argv[0] == "gluon-forward":
@@ -695,8 +670,6 @@ def lines_for(argv: list[str]) -> list[str]:
         return compile_gluon_prep_proto()
     if argv[0] == "fused-prefill":
         return compile_fused_prefill()
-    if argv[0] == "reverse-sweep-stores":
-        return compile_reverse_sweep_stores(argv[1], int(argv[2]), int(argv[3]))
     if argv[0] == "gluon-prep-proto-sass":
         return gluon_prep_proto_sass()
     if argv[0] == "prep-query-sass":

@@ -15,8 +15,7 @@ What differs from the twin is how a chunk's work is scheduled, per program (one 
    twin's compiler makes the sum an accumulation, so its bits need this order); dU^T winv; and
    {(lam rq o dO^T) Q, -(lam rk o dv^T) K} issued together onto lam_C dS^T.
 3. dS leaving the chunk, dY and dv leave through shared memory by bulk tensor stores that are
-   waited on STORE_BUFFERS chunks later (``plan.delta.GLUON_REVERSE_STORE_BUFFERS``: each output
-   staged in that many buffers), not at once.
+   waited on a chunk later, not at once.
 4. Each chunk's row coefficients are loaded one chunk ahead in a compact layout (one register a
    vector) and moved into the products' layout where used.
 5. Gated Delta Product (M > 1, every stage on the expanded stream of M copies a token): a chunk's
@@ -130,7 +129,6 @@ def gluon_bwd_sweep_kernel(
     H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr,
     BV: gl.constexpr, IS_VARLEN: gl.constexpr, HAS_DHT: gl.constexpr, STORE_DH0: gl.constexpr,
     DOT_PRECISION: gl.constexpr, DT: gl.constexpr, M: gl.constexpr = 1, NUM_STAGES: gl.constexpr = 3,
-    STORE_BUFFERS: gl.constexpr = 1,
 ):
     """Grid (N * HV * V / BV,), as the twin's: one program per (sequence, value head, value block
     of BV = 64), iv fastest. Per chunk, last to first, from raw q, k:
@@ -196,11 +194,9 @@ def gluon_bwd_sweep_kernel(
     do_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BQ, BV], l_qv)
     w_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BT], l_tt)
     a_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BQ, BT], l_qt)
-    # Each output's staging buffers: chunk j's in buffer j % STORE_BUFFERS, so that a buffer's bulk
-    # store is waited on STORE_BUFFERS chunks after it was issued.
-    ds_s = gl.allocate_shared_memory(DT, [STORE_BUFFERS, K, BV], l_kv)
-    dy_s = gl.allocate_shared_memory(DT, [STORE_BUFFERS, BT, BV], l_tv)
-    dv_s = gl.allocate_shared_memory(DT, [STORE_BUFFERS, BT, BV], l_tv)
+    ds_s = gl.allocate_shared_memory(DT, [K, BV], l_kv)
+    dy_s = gl.allocate_shared_memory(DT, [BT, BV], l_tv)
+    dv_s = gl.allocate_shared_memory(DT, [BT, BV], l_tv)
     bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(bars.index(i), count=1)
@@ -227,18 +223,16 @@ def gluon_bwd_sweep_kernel(
         n_rk, n_rq, n_gk, n_beta, n_last = _row_coefficients(coef, beta, bos, L, c - 1, i_n, i_hv, o_t, o_q, HV, BT,
                                                              M)
 
-        # dS leaving chunk c to its chunk-state row, once buffer b's store of STORE_BUFFERS chunks
-        # before has drained (three bulk stores a chunk, in order: dS, dY, dv).
+        # dS leaving chunk c to its chunk-state row (the previous chunk's dS store has drained).
         S_b = dS_t.to(DT)
-        b = j % STORE_BUFFERS
         if PROBE != 1 and PROBE != 3:
-            tma.store_wait(pendings=2 + 3 * (STORE_BUFFERS - 1))
-            ds_s.index(b).permute((1, 0)).store(S_b)
+            tma.store_wait(pendings=2)
+            ds_s.permute((1, 0)).store(S_b)
             fence_async_shared()
             cs = cs0 + c
             cs = gl.where((cs >= 0) & (cs < n_cs_rows), cs, n_cs_rows)  # past the descriptor: not stored
             if PROBE != 6:
-                tma.async_copy_shared_to_global(ds_desc, [(cs * HV + i_hv).to(gl.int32) * K, i_v * BV], ds_s.index(b))
+                tma.async_copy_shared_to_global(ds_desc, [(cs * HV + i_hv).to(gl.int32) * K, i_v * BV], ds_s)
 
         # Group 1: dS^T K^T (the chain), then dO^T aqk accumulated onto its scaled result, as the
         # twin's compiler combines the sum (a product added to a tensor becomes its accumulator).
@@ -267,15 +261,15 @@ def gluon_bwd_sweep_kernel(
             dS_t = warpgroup_mma(A3, q_s.index(s), lam_last * dS_t, is_async=True)
         A4 = gl.convert_layout((-gl.convert_layout(lam_rk, col64)[None, :] * dvt).to(DT), aK)
         dS_t = warpgroup_mma(A4, k_s.index(s), dS_t, is_async=True)
-        # dY and dv out while the group runs (buffer b's of STORE_BUFFERS chunks before have drained).
+        # dY and dv out while the group runs (the previous chunk's have drained).
         if PROBE != 1 and PROBE != 3:
-            tma.store_wait(pendings=1 + 3 * (STORE_BUFFERS - 1))
-            dy_s.index(b).permute((1, 0)).store(dYt.to(DT))
-            dv_s.index(b).permute((1, 0)).store(dvt.to(DT))
+            tma.store_wait(pendings=1)
+            dy_s.permute((1, 0)).store(dYt.to(DT))
+            dv_s.permute((1, 0)).store(dvt.to(DT))
             fence_async_shared()
             if PROBE != 6:
-                tma.async_copy_shared_to_global(dy_desc, [c * BT, col_v], dy_s.index(b))
-                tma.async_copy_shared_to_global(dv_desc, [c * BT, col_v], dv_s.index(b))
+                tma.async_copy_shared_to_global(dy_desc, [c * BT, col_v], dy_s)
+                tma.async_copy_shared_to_global(dv_desc, [c * BT, col_v], dv_s)
         dS_t = warpgroup_mma_wait(num_outstanding=0, deps=(dS_t,))
 
         # Stage s is free: refill it with the chunk NUM_STAGES on.

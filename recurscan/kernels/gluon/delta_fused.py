@@ -30,15 +30,6 @@ between layouts. Then one program, four partitions:
    state): 1 where it came out non-finite. U^T is staged in a buffer of its own, not the outputs',
    so that staging it waits for no output store.
 
-   REGISTER_OPERANDS (``plan.delta.FUSED_REGISTER_OPERANDS``; not yet measured on a GPU, so off): the
-   chains on 192 registers a thread and the prep on 104 (FlashInfer's split), S^T (in bf16, held
-   across K S and Q S) and U^T the left operands of their products from registers, so that a chunk's
-   only barrier is its outputs' staging and S^T's 16 KB and U^T's 8 KB a chunk a chain are not
-   written to shared memory and read back. The prep then takes one product's accumulator at a time
-   (K K^T, the inverse and wy, then Q K^T and aqk) and forms no mask of the [64, 64] tile's columns
-   but the causal one (the inverse's BLOCK_MASKS), so that it fits its 104 registers without spills.
-   The same products of the same values: the same outputs.
-
 A flagged value column is computed again by the token loop (launch/delta_fused.py; a column's
 state and outputs read no other column): a non-finite input, growth past float32, or a chunk the
 pre-pass marked (a reset, beta < 0, a step that is no contraction) leaves it non-finite here. With
@@ -67,10 +58,6 @@ NUM_STAGES = 2
 #: (the load warp padded to its warpgroup) leaves, the same as the second: 512 - 168 - 160 - 24.
 PREP_REGS = 168
 CHAIN_REGS = 160
-#: The same with REGISTER_OPERANDS: 512 - 104 - 192 - 24. Its chains spill below 192 (16 B at 184,
-#: offline), and its prep's 104 are what that leaves.
-REGISTER_OPERANDS_PREP_REGS = 104
-REGISTER_OPERANDS_CHAIN_REGS = 192
 LOAD_REGS = 24
 MAXNREG = 128
 
@@ -115,12 +102,10 @@ def _loads(k_desc, q_desc, v_desc, gv_desc, k_s, q_s, v_s, gv_s, ready, ready_v,
 
 @gluon.jit
 def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, state_indices, n_slots,
-          n_chunks, scale, USE_CACHE: gl.constexpr, HV: gl.constexpr, BT: gl.constexpr, NUM_STAGES: gl.constexpr,
-          REGISTER_OPERANDS: gl.constexpr):
+          n_chunks, scale, USE_CACHE: gl.constexpr, HV: gl.constexpr, BT: gl.constexpr, NUM_STAGES: gl.constexpr):
     """The prep warpgroup: chunk j's wy, aqk and row coefficients (lam rk, lam rq, gam rk, and
     lam_last in 64 copies) into stage j % NUM_STAGES's buffers, then ``prepped``. The vectors are
-    read from the stage along the rows and along the columns where each is used. REGISTER_OPERANDS:
-    in 104 registers (the module's docstring), the same values."""
+    read from the stage along the rows and along the columns where each is used."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
     rowv: gl.constexpr = gl.SliceLayout(1, mma)
     colv: gl.constexpr = gl.SliceLayout(0, mma)
@@ -137,61 +122,32 @@ def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, pre
     for j in range(_chunks_to_run(n_chunks, state_indices, n_slots, USE_CACHE, HV)):
         s = j % NUM_STAGES
         mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
-        if REGISTER_OPERANDS:
-            ks = k_s.index(s)
-            kk = warpgroup_mma(ks, ks.permute((1, 0)), zero, is_async=True)
-            kk = warpgroup_mma_wait(num_outstanding=0, deps=(kk,))
-            gv = gv_s.index(s)
-            b_beta = gv.slice(BT, BT).load(rowv)
-            rk = gv.slice(2 * BT, BT).load(rowv)
-            rk_c = gv.slice(2 * BT, BT).load(colv)
-            # A unmasked: the inverse reads it below its diagonal alone
-            A = kk * (b_beta * rk)[:, None] * rk_c[None, :]
-            Tinv = inverse_on_blocks(A, r, c, d_s, b_s, a_s, t_s, x_s, mma, False, True)
-            gc = gv.slice(0, BT).load(rowv)
-            gc_c = gv.slice(0, BT).load(colv)
-            beta_c = gv.slice(BT, BT).load(colv)
-            G = gl.where(causal, gl.exp2(gc[:, None] - gc_c[None, :]), 0.0)
-            Gb = (G * beta_c[None, :]).to(gl.float16)
-            wy_s.index(s).store((Gb.to(gl.float32) * Tinv.to(gl.float32)).to(DT))
-            qk = warpgroup_mma(q_s.index(s), ks.permute((1, 0)), zero, is_async=True)
-            qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk,))
-            gc_last = gl.sum(gv.slice(BT - 1, 1).load(one), axis=0)  # the decay across the chunk's rows
-            rq = gv.slice(3 * BT, BT).load(rowv) * scale
-            lam = gl.exp2(gc)
-            cf_s.index(4 * s).store(lam * rk)
-            cf_s.index(4 * s + 1).store(lam * rq)
-            cf_s.index(4 * s + 2).store(gl.exp2(gc_last - gc) * rk)
-            cf_s.index(4 * s + 3).store(gl.zeros([BT], gl.float32, rowv) + gl.exp2(gc_last))
-            G = gl.where(causal, gl.exp2(gc[:, None] - gv.slice(0, BT).load(colv)[None, :]), 0.0)
-            aqk_s.index(s).store((G * qk * rq[:, None] * gv.slice(2 * BT, BT).load(colv)[None, :]).to(DT))
-        else:
-            ks = k_s.index(s)
-            kk = warpgroup_mma(ks, ks.permute((1, 0)), zero, is_async=True)
-            qk = warpgroup_mma(q_s.index(s), ks.permute((1, 0)), zero, is_async=True)
-            kk, qk = warpgroup_mma_wait(num_outstanding=0, deps=(kk, qk))
+        ks = k_s.index(s)
+        kk = warpgroup_mma(ks, ks.permute((1, 0)), zero, is_async=True)
+        qk = warpgroup_mma(q_s.index(s), ks.permute((1, 0)), zero, is_async=True)
+        kk, qk = warpgroup_mma_wait(num_outstanding=0, deps=(kk, qk))
 
-            gv = gv_s.index(s)
-            gc_last = gl.sum(gv.slice(BT - 1, 1).load(one), axis=0)  # the decay across the chunk's rows
-            gc = gv.slice(0, BT).load(rowv)
-            gc_c = gv.slice(0, BT).load(colv)
-            b_beta = gv.slice(BT, BT).load(rowv)
-            beta_c = gv.slice(BT, BT).load(colv)
-            rk = gv.slice(2 * BT, BT).load(rowv)
-            rk_c = gv.slice(2 * BT, BT).load(colv)
-            rq = gv.slice(3 * BT, BT).load(rowv) * scale
-            lam = gl.exp2(gc)
-            cf_s.index(4 * s).store(lam * rk)
-            cf_s.index(4 * s + 1).store(lam * rq)
-            cf_s.index(4 * s + 2).store(gl.exp2(gc_last - gc) * rk)
-            cf_s.index(4 * s + 3).store(gl.zeros([BT], gl.float32, rowv) + gl.exp2(gc_last))
-            G = gl.where(causal, gl.exp2(gc[:, None] - gc_c[None, :]), 0.0)
-            aqk_s.index(s).store((G * qk * rq[:, None] * rk_c[None, :]).to(DT))
-            Gb = (G * beta_c[None, :]).to(gl.float16)
-            # the inverse: A = diag(beta) strictLower(K K^T) for normalised keys
-            A = gl.where(r > c, kk * (b_beta * rk)[:, None] * rk_c[None, :], 0.0)
-            Tinv = inverse_on_blocks(A, r, c, d_s, b_s, a_s, t_s, x_s, mma, False)
-            wy_s.index(s).store((Gb.to(gl.float32) * Tinv.to(gl.float32)).to(DT))
+        gv = gv_s.index(s)
+        gc_last = gl.sum(gv.slice(BT - 1, 1).load(one), axis=0)  # the decay across the chunk's rows
+        gc = gv.slice(0, BT).load(rowv)
+        gc_c = gv.slice(0, BT).load(colv)
+        b_beta = gv.slice(BT, BT).load(rowv)
+        beta_c = gv.slice(BT, BT).load(colv)
+        rk = gv.slice(2 * BT, BT).load(rowv)
+        rk_c = gv.slice(2 * BT, BT).load(colv)
+        rq = gv.slice(3 * BT, BT).load(rowv) * scale
+        lam = gl.exp2(gc)
+        cf_s.index(4 * s).store(lam * rk)
+        cf_s.index(4 * s + 1).store(lam * rq)
+        cf_s.index(4 * s + 2).store(gl.exp2(gc_last - gc) * rk)
+        cf_s.index(4 * s + 3).store(gl.zeros([BT], gl.float32, rowv) + gl.exp2(gc_last))
+        G = gl.where(causal, gl.exp2(gc[:, None] - gc_c[None, :]), 0.0)
+        aqk_s.index(s).store((G * qk * rq[:, None] * rk_c[None, :]).to(DT))
+        Gb = (G * beta_c[None, :]).to(gl.float16)
+        # the inverse: A = diag(beta) strictLower(K K^T) for normalised keys
+        A = gl.where(r > c, kk * (b_beta * rk)[:, None] * rk_c[None, :], 0.0)
+        Tinv = inverse_on_blocks(A, r, c, d_s, b_s, a_s, t_s, x_s, mma, False)
+        wy_s.index(s).store((Gb.to(gl.float32) * Tinv.to(gl.float32)).to(DT))
         fence_async_shared()
         gl.thread_barrier()  # every warp's buffers written (and t_s read) before the hand-over
         mbarrier.arrive(prepped.index(s), count=1)
@@ -241,7 +197,7 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped,
            ht, flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h,
            HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
            NUM_STAGES: gl.constexpr, PART: gl.constexpr, HAS_H0: gl.constexpr, STORE_FINAL: gl.constexpr,
-           USE_CACHE: gl.constexpr, REGISTER_OPERANDS: gl.constexpr):
+           USE_CACHE: gl.constexpr):
     """A chain warpgroup: value columns [PART BV, (PART + 1) BV) of the state over the sequence's
     chunks (the Gluon sweep twin's products and their order), its outputs by bulk stores, then its
     block of the final state and its rows' flags. USE_CACHE: the state is the cache slot's (``h0``
@@ -256,7 +212,7 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped,
     rowK: gl.constexpr = gl.SliceLayout(1, mmaK)
     sa = sa_s.index(PART)
     o_b = o_s.index(PART)
-    u_b = o_s.index(2 + PART)  # REGISTER_OPERANDS: o_s holds the outputs' buffers alone (unused)
+    u_b = o_s.index(2 + PART)
     zero64 = gl.zeros([BV, BT], gl.float32, layout=mma64)
     S_t = gl.zeros([BV, K], gl.float32, layout=mmaK)
     pad = False
@@ -279,41 +235,32 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped,
     for j in range(n_chunks):
         s = j % NUM_STAGES
         ph = (j // NUM_STAGES) & 1
-        if REGISTER_OPERANDS:
-            S_a = gl.convert_layout(S_t.to(DT), a64)  # S^T, the left operand of K S and Q S
-        else:
-            sa.store(S_t.to(DT))  # S^T, the operand of K S and Q S
-            fence_async_shared()
-            gl.thread_barrier()
-            S_a = sa
+        sa.store(S_t.to(DT))  # S^T, the operand of K S and Q S
+        fence_async_shared()
+        gl.thread_barrier()
         mbarrier.wait(ready.index(s), ph)
         mbarrier.wait(ready_v.index(s), ph)
         mbarrier.wait(prepped.index(s), ph)
         w_t = wy_s.index(s).permute((1, 0))
         # Group 1: K S (the chain) and V^T wy^T.
-        KSt = warpgroup_mma(S_a, k_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
+        KSt = warpgroup_mma(sa, k_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
         Ut = warpgroup_mma(v_s.index(2 * s + PART).permute((1, 0)), w_t, zero64, use_acc=False, is_async=True)
         KSt, Ut = warpgroup_mma_wait(num_outstanding=0, deps=(KSt, Ut))
         # Group 2: -(lam rk o K S) wy^T onto U^T (the chain), and S^T Q^T.
         KSt = cf_s.index(4 * s).load(col64)[None, :] * KSt  # lam rk
         Ut = warpgroup_mma(gl.convert_layout((-KSt).to(DT), a64), w_t, Ut, is_async=True)
-        QSt = warpgroup_mma(S_a, q_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
+        QSt = warpgroup_mma(sa, q_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
         Ut, QSt = warpgroup_mma_wait(num_outstanding=0, deps=(Ut, QSt))
         # Group 3: the next state (the chain), and the outputs onto lam rq o S^T Q^T; U^T, the
         # outputs' operand, staged in its own buffer (whose last reader, chunk j - 1's products,
         # every warp waited on before the barrier after S^T's store).
-        if REGISTER_OPERANDS:
-            U_a = gl.convert_layout(Ut.to(DT), a64)
-            U_g = gl.convert_layout((Ut * cf_s.index(4 * s + 2).load(col64)[None, :]).to(DT), aK)  # gam rk
-        else:
-            u_b.permute((1, 0)).store(Ut.to(DT))
-            U_g = gl.convert_layout((Ut * cf_s.index(4 * s + 2).load(col64)[None, :]).to(DT), aK)  # gam rk
-            fence_async_shared()
-            gl.thread_barrier()
-            U_a = u_b.permute((1, 0))
+        u_b.permute((1, 0)).store(Ut.to(DT))
+        U_g = gl.convert_layout((Ut * cf_s.index(4 * s + 2).load(col64)[None, :]).to(DT), aK)  # gam rk
+        fence_async_shared()
+        gl.thread_barrier()
         lam_last = cf_s.index(4 * s + 3).slice(0, BV).load(rowK)  # BV copies of the chunk's lam_last
         S_t = warpgroup_mma(U_g, k_s.index(s), S_t * lam_last[:, None], is_async=True)
-        O_t = warpgroup_mma(U_a, aqk_s.index(s).permute((1, 0)),
+        O_t = warpgroup_mma(u_b.permute((1, 0)), aqk_s.index(s).permute((1, 0)),
                             cf_s.index(4 * s + 1).load(col64)[None, :] * QSt, is_async=True)  # lam rq
         S_t, O_t = warpgroup_mma_wait(num_outstanding=0, deps=(S_t, O_t))
         mbarrier.arrive(empty.index(s), count=1)
@@ -345,8 +292,7 @@ def gluon_fused_prefill_kernel(q, k, v, vec, o, h0, ht, flags, cu_seqlens, state
                                BT: gl.constexpr, BV: gl.constexpr, NUM_STAGES: gl.constexpr,
                                IS_VARLEN: gl.constexpr, HAS_H0: gl.constexpr, STORE_FINAL: gl.constexpr,
                                USE_CACHE: gl.constexpr,
-                               CHAIN_REGS: gl.constexpr, PREP_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
-                               REGISTER_OPERANDS: gl.constexpr = False):
+                               CHAIN_REGS: gl.constexpr, PREP_REGS: gl.constexpr, LOAD_REGS: gl.constexpr):
     """Grid (N * HV,): program -> (sequence, value head), the head fastest. ``q, k [B, T, H, K]``,
     ``v [B, T, HV, V]`` contiguous (varlen: B = 1 and ``cu_seqlens [N + 1]``, each sequence's
     bounds clamped to [0, T]); ``vec`` the pre-pass's vectors (kernels/delta/chunk_vectors.py), ``n_vec``
@@ -395,12 +341,8 @@ def gluon_fused_prefill_kernel(q, k, v, vec, o, h0, ht, flags, cu_seqlens, state
     swz3: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=4, max_phase=2, order=[2, 1, 0])
     plain1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     cf_s = gl.allocate_shared_memory(gl.float32, [4 * NUM_STAGES, BT], plain1)  # a stage's 4 rows
-    if REGISTER_OPERANDS:  # S^T and U^T are register operands: no buffers of theirs
-        o_s = gl.allocate_shared_memory(DT, [2, BT, BV], l_tv)  # each chain's outputs
-        sa_s = o_s  # unused
-    else:
-        sa_s = gl.allocate_shared_memory(DT, [2, BV, K], l_vk)
-        o_s = gl.allocate_shared_memory(DT, [4, BT, BV], l_tv)  # each chain's outputs (0, 1), then its U^T (2, 3)
+    sa_s = gl.allocate_shared_memory(DT, [2, BV, K], l_vk)
+    o_s = gl.allocate_shared_memory(DT, [4, BT, BV], l_tv)  # each chain's outputs (0, 1), then its U^T (2, 3)
     d_s = gl.allocate_shared_memory(gl.float16, [4, 16, 16], swz3)
     b_s = gl.allocate_shared_memory(gl.float16, [4, 16, 16], swz3)
     a_s = gl.allocate_shared_memory(gl.float16, [BT, BT], swz2)
@@ -422,13 +364,13 @@ def gluon_fused_prefill_kernel(q, k, v, vec, o, h0, ht, flags, cu_seqlens, state
     gl.warp_specialize([
         (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped, empty, h0_read, o_desc,
                   h0, ht, flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, HV, K, V, BT, BV,
-                  NUM_STAGES, 0, HAS_H0, STORE_FINAL, USE_CACHE, REGISTER_OPERANDS)),
+                  NUM_STAGES, 0, HAS_H0, STORE_FINAL, USE_CACHE)),
         (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped, empty, h0_read, o_desc,
                   h0, ht, flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, HV, K, V, BT, BV,
-                  NUM_STAGES, 1, HAS_H0, STORE_FINAL, USE_CACHE, REGISTER_OPERANDS)),
+                  NUM_STAGES, 1, HAS_H0, STORE_FINAL, USE_CACHE)),
         (_prep, (k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, state_indices, n_slots,
                  n_chunks, scale, USE_CACHE, HV,
-                 BT, NUM_STAGES, REGISTER_OPERANDS)),
+                 BT, NUM_STAGES)),
         (_loads, (k_desc, q_desc, v_desc, gv_desc, k_s, q_s, v_s, gv_s, ready, ready_v, empty, h0_read, i_h * K,
                   i_hv * V, vec0, state_indices, n_slots, n_chunks, USE_CACHE, HV, BT, BV, NUM_STAGES,
                   HAS_H0 or USE_CACHE)),

@@ -27,19 +27,6 @@ def _diagonal_blocks(x):
 
 
 @gluon.jit
-def _block_diagonal(x, OFFSET: gl.constexpr):
-    """Block (w, w - OFFSET) of each block row w of ``x [64, 64]`` as a batch [4, 16, 16] (zero
-    where w - OFFSET < 0), whatever x holds elsewhere: the reshaped tile's blocks selected by their
-    block indices, which are constants of each register in the reshaped layout, then summed over
-    the column blocks (no mask of the tile's columns, so none for a caller's loop to hold)."""
-    x4 = gl.reshape(x, [4, 16, 4, 16])
-    L: gl.constexpr = x4.type.layout
-    w_r = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L))))[:, None, None, None]
-    w_c = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, L))))[None, None, :, None]
-    return gl.sum(gl.where(w_r == w_c + OFFSET, x4, 0.0), axis=2)
-
-
-@gluon.jit
 def _small(a, b, layout: gl.constexpr):
     """a b for square (batches of) tiles in registers, on mma.sync in ``layout`` (NVMMA v2), fp16
     operands, float32 sums."""
@@ -63,8 +50,7 @@ def _small_smem(a_s, b, layout: gl.constexpr, SHAPE: gl.constexpr, B_SHARED: gl.
 
 
 @gluon.jit
-def inverse_on_blocks(A, r, c, d_s, b_s, a_s, t_s, x_s, mma: gl.constexpr, ZERO_UPPER: gl.constexpr,
-                      BLOCK_MASKS: gl.constexpr = False):
+def inverse_on_blocks(A, r, c, d_s, b_s, a_s, t_s, x_s, mma: gl.constexpr, ZERO_UPPER: gl.constexpr):
     """Tinv = (I + A)^-1 [64, 64] in ``mma`` (NVMMA v3, one warpgroup) for a strictly lower ``A`` in
     ``mma`` with rows ``r`` [64, 1] and columns ``c`` [1, 64], fp16 operands and float32 sums (the
     doubling needs every step a contraction): the diagonal blocks D_1..D_4 taken out of A in
@@ -73,40 +59,22 @@ def inverse_on_blocks(A, r, c, d_s, b_s, a_s, t_s, x_s, mma: gl.constexpr, ZERO_
     A_BA D_A ([32, 32]), each block written to ``t_s``, Tinv's [64, 64] tile, whose blocks above the
     diagonal are zeroed here (ZERO_UPPER) or were by the caller once; read back once. Scratch:
     ``d_s``, ``b_s`` [4, 16, 16], ``a_s`` [64, 64], ``x_s`` [2, 16, 16], fp16 (swizzled, or every
-    operand load meets in one bank).
-
-    BLOCK_MASKS: the blocks are taken out of A by their block indices and the levels' masks applied
-    to the batch of diagonal blocks, so that A's entries on and above its diagonal are not read (the
-    caller need not mask them; ``r`` and ``c`` are unused) and no mask of the [64, 64] tile's columns
-    is formed: a caller's loop holds those masks and column indices (16 a thread), and at 104
-    registers a thread (the fused prefill's prep) they spilled. The same values either way."""
+    operand load meets in one bank)."""
     batch4: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
     batch2: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, 1, 2], instr_shape=[1, 16, 8])
     tile32: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, 2], instr_shape=[16, 8])
     blk16: gl.constexpr = gl.BlockedLayout([1, 2], [16, 2], [1, 4], [1, 0])  # a [16, 16] block's copy
-    if BLOCK_MASKS:
-        Ad = gl.convert_layout(_block_diagonal(A, 0), batch4)
-        i = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, batch4)))[None, :, None]
-        j = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, batch4)))[None, None, :]
-        b_s.store(_block_diagonal(A, 1).to(gl.float16))  # block w: A's (w, w - 1)
-        a_s.store(A.to(gl.float16))  # only its block below the diagonal, A_BA, is read
-        Ad = gl.where(i > j, Ad, 0.0)
-        D = gl.where(i == j, 1.0, gl.where((i ^ j) == 1, 0.0 - Ad, 0.0))
-        for lvl in gl.static_range(1, 4):
-            D = D - _small(D, _small(gl.where(((i >> lvl) ^ (j >> lvl)) == 1, Ad, 0.0), D, batch4), batch4)
-    else:
-        eye = r == c
-        same = (r >> 4) == (c >> 4)
-        D = _diagonal_blocks(gl.where(same, gl.where(eye, 1.0, 0.0) - gl.where((r ^ c) == 1, A, 0.0), 0.0))
-        D = gl.convert_layout(D, batch4)
-        for lvl in gl.static_range(1, 4):
-            A_s = _diagonal_blocks(gl.where(((r >> lvl) ^ (c >> lvl)) == 1, A, 0.0))
-            D = D - _small(D, _small(A_s, D, batch4), batch4)
-        below = _diagonal_blocks(gl.where((r >> 4) == (c >> 4) + 1, A, 0.0))  # block w: A's (w, w - 1)
+    eye = r == c
+    same = (r >> 4) == (c >> 4)
+    D = _diagonal_blocks(gl.where(same, gl.where(eye, 1.0, 0.0) - gl.where((r ^ c) == 1, A, 0.0), 0.0))
+    D = gl.convert_layout(D, batch4)
+    for lvl in gl.static_range(1, 4):
+        A_s = _diagonal_blocks(gl.where(((r >> lvl) ^ (c >> lvl)) == 1, A, 0.0))
+        D = D - _small(D, _small(A_s, D, batch4), batch4)
+    below = _diagonal_blocks(gl.where((r >> 4) == (c >> 4) + 1, A, 0.0))  # block w: A's (w, w - 1)
     d_s.store(D.to(gl.float16))
-    if not BLOCK_MASKS:
-        b_s.store(below.to(gl.float16))
-        a_s.store(A.to(gl.float16))
+    b_s.store(below.to(gl.float16))
+    a_s.store(A.to(gl.float16))
     if ZERO_UPPER:
         t_s.store(gl.zeros([64, 64], gl.float16, mma))
     gl.thread_barrier()
