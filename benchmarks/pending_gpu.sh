@@ -180,7 +180,8 @@
 #      ef165d9.json).
 #  55. Issue 21, on the branch exp/fused-deep-ring (2a2484f; not in main): 54's register split on a ring of three
 #      stages, each chain's outputs staged in its chunk's v tile and the stage given back a chunk later (226456 B;
-#      8 B spilled across the partitions' dispatch, outside the loops' arithmetic). Whether the register split lost on
+#      8 B spilled: two shared-memory addresses made before the partitions' dispatch, each reloaded once a chunk
+#      in the chain's and the prep's loops; offline, dense without a cache). Whether the register split lost on
 #      two stages because the prep's longer path is the ring's period. Run from a checkout of the branch, with main's
 #      package as build/prev: `bash benchmarks/pending_gpu.sh 54` (the A/B and the bits test against the planned form).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
