@@ -158,7 +158,7 @@
 #      0.2 and over slower, 128 registers slower (results/gpu_chained_h100_ce5ae1d.json). Not yet on an H200.
 #  49. Issue 21's varlen rows (one sequence, T16384 / T65536, eager, within 5% of dense) with the chained schedule
 #      planned (`benchmarks/gpu_varlen_one_sequence.py`, any card; a sequence alone runs as the dense batch). On an
-#      H100 at 0d7116d and ce5ae1d: 0.97-1.04x, the same bits (results/gpu_varlen_one_sequence_h100_ce5ae1d.json).
+#      H100 at 0d7116d, ce5ae1d and bf6abc9: 0.97-1.04x, the same bits (results/gpu_varlen_one_sequence_h100_bf6abc9.json).
 #  50. Issue 21: the GPU's clocks and power while the B1 rows run (`benchmarks/gpu_clocks.py`, any card; nvidia-smi
 #      sampled every 50 ms): the prep alone, the sweep alone and the planned chained row. Whether the prep's ~9% loss
 #      beside the sweep is a clock (power) cap or contention on the chip; with --train, issue 19's training steps too.
