@@ -37,7 +37,8 @@ def main():
         out = {}
         for form, mod in forms.items():
             vec = torch.full(((B * T) // 64 + B, HV, 4, 64), -7.0, device="cuda")
-            run = lambda: mod.chunk_vectors_kernel[(B * T // 64, H)](  # noqa: E731
+            grid = getattr(mod, "chunk_vectors_grid", lambda n, h: (n, h))(B * T // 64, H)  # older: (chunks, H)
+            run = lambda: mod.chunk_vectors_kernel[grid](  # noqa: E731
                 q, k, g, beta, vec, q, q, T, 0, H=H, HV=HV, K=128, BT=64, IS_VARLEN=False, HAS_G=True, num_warps=4)
             run()
             torch.cuda.synchronize()

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from recurscan.descriptors import CHUNK_SIZE, build_chunk_descriptors
-from recurscan.kernels.delta.chunk_vectors import VECTOR_ROWS, chunk_vectors_kernel
+from recurscan.kernels.delta.chunk_vectors import VECTOR_ROWS, chunk_vectors_grid, chunk_vectors_kernel
 from recurscan.launch.delta import CALL_NAMES, Step, launch_steps
 from recurscan.launch.delta_fused import flagged_token_loop
 from recurscan.reference.delta import gated_delta_rule_naive
@@ -67,9 +67,10 @@ def run_chunk_vectors(q, k, g, beta, cu_seqlens):
     else:
         ci = build_chunk_descriptors(cu_seqlens).chunk_indices
         n_prep = ci.shape[0]
-    chunk_vectors_kernel[(n_prep, H)](q, k, g if g is not None else q, beta, vec, cu_seqlens if cu_seqlens is not None
-                                      else q, ci, T, N if cu_seqlens is not None else 0, H=H, HV=HV, K=K, BT=BT,
-                                      IS_VARLEN=cu_seqlens is not None, HAS_G=g is not None)
+    chunk_vectors_kernel[chunk_vectors_grid(n_prep, H)](q, k, g if g is not None else q, beta, vec,
+                                                        cu_seqlens if cu_seqlens is not None else q, ci, T,
+                                                        N if cu_seqlens is not None else 0, H=H, HV=HV, K=K, BT=BT,
+                                                        IS_VARLEN=cu_seqlens is not None, HAS_G=g is not None)
     return vec
 
 

@@ -19,7 +19,7 @@ import torch
 import triton
 
 from ..descriptors import CHUNK_SIZE
-from ..kernels.delta.chunk_vectors import VECTOR_ROWS, chunk_vectors_kernel
+from ..kernels.delta.chunk_vectors import VECTOR_ROWS, chunk_vectors_grid, chunk_vectors_kernel
 from ..kernels.stream.recurrence import streaming_recurrence_kernel
 from ..plan.stream import StreamSizes, stream_shape
 from ..runtime.launcher import CallArg
@@ -80,7 +80,7 @@ def fused_launch_steps(step_type, q, v, *, H, HV, K, V, N, T, scale, varlen, n_p
                  LOAD_REGS=LOAD_REGS)
     steps = []
     if n_prep > 0:  # no launch of an empty grid
-        steps.append(step_type(chunk_vectors_kernel, (n_prep, H), vectors, dict(num_warps=4)))
+        steps.append(step_type(chunk_vectors_kernel, chunk_vectors_grid(n_prep, H), vectors, dict(num_warps=4)))
     if N * HV > 0:
         steps.append(step_type(gluon_fused_prefill_kernel, (N * HV,), fused, dict(num_warps=4, maxnreg=MAXNREG)))
         steps.append(flagged_token_loop(step_type, q, v, H=H, HV=HV, K=K, V=V, N=N, T=T, varlen=varlen,

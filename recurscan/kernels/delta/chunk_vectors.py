@@ -32,19 +32,28 @@ from .common import _chunk_slot, _prep_chunk
 VECTOR_ROWS = 4
 
 
+def chunk_vectors_grid(n_prep: int, H: int) -> tuple[int]:
+    """The pass's grid: one program a (chunk, query/key head), the head fastest, so that the
+    programs resident together read whole rows of q and k (a token's H heads are adjacent in
+    memory) rather than one head's 256 bytes of every row; one dimension, so that no grid limit
+    binds the chunk count."""
+    return (n_prep * H,)
+
+
 @triton.jit(do_not_specialize=["n_seq"])
 def chunk_vectors_kernel(q, k, g, beta, vec, cu_seqlens, chunk_indices, T, n_seq,
                          H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
                          IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr):
-    """Grid (chunks of the stream, H): program -> (chunk, query/key head), writing the vectors of
+    """Grid :func:`chunk_vectors_grid`: program -> (chunk, query/key head), writing the vectors of
     the chunk's HV / H value heads (the module docstring). q, k ``[B, T, H, K]``, g, beta ``[B, T,
     HV]`` contiguous (HAS_G False: no decay, g unread; varlen: B = 1, ``chunk_indices [NT_pad, 2]``
     (sequence, chunk), padding rows skipped); K a power of two.
 
     Every load is issued before the first reduction: the group's decays and betas as one [BT,
     group] tile each (a scan synchronises the warps, and no load moves across it)."""
-    i_c = tl.program_id(0).to(tl.int64)
-    i_h = tl.program_id(1)
+    pid = tl.program_id(0).to(tl.int64)
+    i_c = pid // H
+    i_h = (pid % H).to(tl.int32)
     valid, i_n, i_t, bos, eos = _prep_chunk(cu_seqlens, chunk_indices, cu_seqlens, i_c, i_h < 0, T, n_seq, 0,
                                             tl.cdiv(T, BT), 1, BT, IS_VARLEN)
     if not valid:
