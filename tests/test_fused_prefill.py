@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from recurscan.descriptors import CHUNK_SIZE, build_chunk_descriptors
-from recurscan.kernels.delta.chunk_vectors import DECAY_ROWS, VECTOR_ROWS, chunk_vectors_grid, chunk_vectors_kernel
+from recurscan.kernels.delta.chunk_vectors import VECTOR_ROWS, chunk_vectors_grid, chunk_vectors_kernel
 from recurscan.launch.delta import CALL_NAMES, Step, launch_steps
 from recurscan.launch.delta_fused import flagged_token_loop
 from recurscan.reference.delta import gated_delta_rule_naive
@@ -25,10 +25,9 @@ BT = CHUNK_SIZE
 LOG2E = 1.4426950408889634
 
 
-def chunk_vectors_reference(q, k, g, beta, cu_seqlens, norms=True):
+def chunk_vectors_reference(q, k, g, beta, cu_seqlens):
     """{slot: [HV, 4, 64]} of every chunk of every sequence, as the module docstring of
-    kernels/delta/chunk_vectors.py defines them (slot = (bos + 64 c) // 64 + n); without ``norms``
-    [HV, 2, 64], the key's part in the marks left to the fused kernel and beta > 2 marked."""
+    kernels/delta/chunk_vectors.py defines them (slot = (bos + 64 c) // 64 + n)."""
     B, T, H, K = q.shape
     HV = beta.shape[2]
     q, k, beta = (x.reshape(B * T, *x.shape[2:]).float() for x in (q, k, beta))
@@ -45,28 +44,24 @@ def chunk_vectors_reference(q, k, g, beta, cu_seqlens, norms=True):
             kt, qt, gt, bt = pad(k), pad(q), pad(g), pad(beta)
             k_sq = kt.square().sum(-1)  # [64, H]
             rk, rq = torch.rsqrt(k_sq + 1e-6), torch.rsqrt(qt.square().sum(-1) + 1e-6)
-            vec = torch.empty(HV, VECTOR_ROWS if norms else DECAY_ROWS, BT)
+            vec = torch.empty(HV, VECTOR_ROWS, BT)
             for hv in range(HV):
                 h = hv // (HV // H)
                 gc = gt[:, hv].cumsum(0) * LOG2E
                 b = bt[:, hv]
-                bad = ~torch.isfinite(gt[:, hv]) | ~torch.isfinite(b) | (b < 0)
-                if norms:
-                    bad |= ~torch.isfinite(k_sq[:, h]) | (b * k_sq[:, h] * rk[:, h] ** 2 > 2)
-                    vec[hv, 2], vec[hv, 3] = rk[:, h], rq[:, h]
-                else:
-                    bad |= b > 2
+                bad = ~torch.isfinite(gt[:, hv]) | ~torch.isfinite(b) | ~torch.isfinite(k_sq[:, h]) | (b < 0) | \
+                    (b * k_sq[:, h] * rk[:, h] ** 2 > 2)
                 vec[hv, 0] = torch.full_like(gc, float("nan")) if bool(bad.any()) else gc
-                vec[hv, 1] = b
+                vec[hv, 1], vec[hv, 2], vec[hv, 3] = b, rk[:, h], rq[:, h]
             out[(bos + c * BT) // BT + n] = vec
     return out
 
 
-def run_chunk_vectors(q, k, g, beta, cu_seqlens, norms=True):
+def run_chunk_vectors(q, k, g, beta, cu_seqlens):
     B, T, H, K = q.shape
     HV = beta.shape[2]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    vec = torch.full(((B * T) // BT + N, HV, VECTOR_ROWS if norms else DECAY_ROWS, BT), -7.0)  # no chunk writes -7
+    vec = torch.full(((B * T) // BT + N, HV, VECTOR_ROWS, BT), -7.0)  # a value no chunk writes
     if cu_seqlens is None:
         ci, n_prep = q, B * -(-T // BT)
     else:
@@ -75,8 +70,7 @@ def run_chunk_vectors(q, k, g, beta, cu_seqlens, norms=True):
     chunk_vectors_kernel[chunk_vectors_grid(n_prep, H)](q, k, g if g is not None else q, beta, vec,
                                                         cu_seqlens if cu_seqlens is not None else q, ci, T,
                                                         N if cu_seqlens is not None else 0, H=H, HV=HV, K=K, BT=BT,
-                                                        IS_VARLEN=cu_seqlens is not None, HAS_G=g is not None,
-                                                        NORMS=norms)
+                                                        IS_VARLEN=cu_seqlens is not None, HAS_G=g is not None)
     return vec
 
 
@@ -99,9 +93,8 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("norms", [True, False], ids=["with the norm factors", "decays and beta alone"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_chunk_vectors_match_their_reference(case, norms):
+def test_chunk_vectors_match_their_reference(case):
     c = CASES[case]
     q, k, g, beta = inputs(c["B"], c["T"], c["H"], c["HV"])
     if c.get("no_g"):
@@ -113,8 +106,8 @@ def test_chunk_vectors_match_their_reference(case, norms):
         k[1, BT + 9, 0] = float("nan")  # a non-finite key: both value heads of its chunk
         g[1, BT + 10, 1] = float("nan")
     cu = None if "cu" not in c else torch.tensor(c["cu"], dtype=torch.int32)
-    got = run_chunk_vectors(q, k, g, beta, cu, norms)
-    want = chunk_vectors_reference(q, k, g, beta, cu, norms)
+    got = run_chunk_vectors(q, k, g, beta, cu)
+    want = chunk_vectors_reference(q, k, g, beta, cu)
     for slot in range(got.shape[0]):
         if slot in want:
             torch.testing.assert_close(got[slot], want[slot], rtol=1e-5, atol=1e-5, equal_nan=True)
@@ -122,8 +115,7 @@ def test_chunk_vectors_match_their_reference(case, norms):
             assert bool((got[slot] == -7.0).all()), slot
     if c.get("hostile"):
         marked = {(s, hv) for s, v in want.items() for hv in range(v.shape[0]) if bool(v[hv, 0].isnan().all())}
-        # slots n T / 64 + c + n; without the norms the NaN key is the fused kernel's to meet
-        assert marked == {(0, 0), (1, 1), (3, 0), (4, 0), (4, 1)} - (set() if norms else {(4, 0)}), marked
+        assert marked == {(0, 0), (1, 1), (3, 0), (4, 0), (4, 1)}, marked  # slots: n T / 64 + c + n
 
 
 def _token_loop_values(q, k, v, g, beta, o, h0, final, cu, flags, state=None, slots=None):

@@ -19,7 +19,7 @@ import torch
 import triton
 
 from ..descriptors import CHUNK_SIZE
-from ..kernels.delta.chunk_vectors import DECAY_ROWS, VECTOR_ROWS, chunk_vectors_grid, chunk_vectors_kernel
+from ..kernels.delta.chunk_vectors import VECTOR_ROWS, chunk_vectors_grid, chunk_vectors_kernel
 from ..kernels.stream.recurrence import streaming_recurrence_kernel
 from ..plan.stream import StreamSizes, stream_shape
 from ..runtime.launcher import CallArg
@@ -56,17 +56,14 @@ def fused_launch_steps(step_type, q, v, *, H, HV, K, V, N, T, scale, varlen, n_p
     store_final unread)."""
     from ..kernels.gluon.delta_fused import (BT, BV, CHAIN_REGS, LOAD_REGS, MAXNREG, NUM_STAGES, PREP_REGS,
                                              gluon_fused_prefill_kernel)
-    from ..plan import delta as plan_delta
-    norms_in_prep = plan_delta.FUSED_NORMS_IN_PREP
-    rows = DECAY_ROWS if norms_in_prep else VECTOR_ROWS
     B = q.shape[0]
     slots = (B * T) // CHUNK_SIZE + N
-    buffers = {"vec": ((slots, HV, rows, CHUNK_SIZE), torch.float32, None),
+    buffers = {"vec": ((slots, HV, VECTOR_ROWS, CHUNK_SIZE), torch.float32, None),
                "flags": ((N * HV, V), torch.int32, None)}
     vectors = dict(q=CallArg("q"), k=CallArg("k"), g=CallArg("g" if has_g else "q"), beta=CallArg(beta_name),
                    vec=CallArg("vec"), cu_seqlens=CallArg("cu_seqlens" if varlen else "q"),
                    chunk_indices=CallArg("chunk_indices_dp" if varlen else "q"), T=T, n_seq=N if varlen else 0,
-                   H=H, HV=HV, K=K, BT=CHUNK_SIZE, IS_VARLEN=varlen, HAS_G=has_g, NORMS=not norms_in_prep)
+                   H=H, HV=HV, K=K, BT=CHUNK_SIZE, IS_VARLEN=varlen, HAS_G=has_g)
     cache = n_slots > 0
     if cache:
         has_h0 = store_final = False
@@ -75,12 +72,12 @@ def fused_launch_steps(step_type, q, v, *, H, HV, K, V, N, T, scale, varlen, n_p
                  h0=CallArg(h0), ht=CallArg("final" if store_final else "o"), flags=CallArg("flags"),
                  cu_seqlens=CallArg("cu_seqlens" if varlen else "flags"),
                  state_indices=CallArg("state_indices" if cache else "flags"), scale=scale, T=T,
-                 n_vec=slots * HV * rows * CHUNK_SIZE, n_slots=n_slots,
+                 n_vec=slots * HV * VECTOR_ROWS * CHUNK_SIZE, n_slots=n_slots,
                  s0_n=s0[0], s0_h=s0[1], s0_k=s0[2], s0_v=s0[3],
                  o_st=o_strides[0], o_sh=o_strides[1], ht_n=ht_strides[0], ht_h=ht_strides[1],
                  H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, NUM_STAGES=NUM_STAGES, IS_VARLEN=varlen, HAS_H0=has_h0,
                  STORE_FINAL=store_final, USE_CACHE=cache, CHAIN_REGS=CHAIN_REGS, PREP_REGS=PREP_REGS,
-                 LOAD_REGS=LOAD_REGS, NORMS_IN_PREP=norms_in_prep, VEC_ROWS=rows)
+                 LOAD_REGS=LOAD_REGS)
     steps = []
     if n_prep > 0:  # no launch of an empty grid
         steps.append(step_type(chunk_vectors_kernel, chunk_vectors_grid(n_prep, H), vectors, dict(num_warps=4)))

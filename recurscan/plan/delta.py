@@ -548,12 +548,6 @@ FUSED_PREFILL = GluonTwinRow(True, "the fused prefill against the planned prep a
                                    "(64 pairs: 0.313 against 0.246) and varlen 24576 + 16 x 512 HV32 (1.634 against "
                                    "1.452)")
 FUSED_MIN_PAIRS_PER_SM = 0.95
-#: The fused prefill's norm factors formed by its prep from the k and q tiles it holds, under K K^T
-#: and Q K^T (kernels/gluon/delta_fused.py's NORMS_IN_PREP), so that the chunk vectors' pass reads
-#: neither q nor k (at HV64 it reads them at ~1.7 TB/s for 0.108 ms of the row's ~1.17 on an H100,
-#: results/ab_chunk_vectors_h100_342fea0.json). Compiled offline without spills; not yet measured on
-#: a GPU, so off.
-FUSED_NORMS_IN_PREP = False
 #: The fused prefill serving a state cache in place (its slots read and written by the kernel).
 FUSED_PREFILL_CACHE = GluonTwinRow(True, "the fused prefill with a state cache: its GPU tests (float32 and bf16 "
                                          "caches, both layouts, a padding request, an empty one, a NaN key) and "

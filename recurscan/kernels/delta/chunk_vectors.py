@@ -13,12 +13,6 @@ prep's ``coef``):
 Rows past the sequence's end hold g = 0 (so gc stays at the last row's: gc[63] is the decay
 across the chunk's rows), beta = 0, and the factors of a zero key and query.
 
-Without NORMS (the fused prep forms rk and rq itself from the tiles it holds: plan.delta's
-FUSED_NORMS_IN_PREP) the pass reads neither q nor k and writes rows 0 and 1 alone,
-``vec[slot, hv, 0:2, 0:64]``; a key's part in the marks below is then the fused kernel's own (a
-non-finite key makes its chunk's products and so the state non-finite), and a step is taken for
-no contraction wherever beta > 2 (a normalised key's |k|^2 is below 1, so that bounds it).
-
 A chunk the fused kernel must not compute gets gc = NaN throughout: any row with a non-finite
 decay (a reset, g = -inf, among them), beta or key, or with a step that is not a contraction
 (beta < 0 or beta |k|^2 > 2 for the normalised key, where its fp16 inverse could overflow). NaN in
@@ -34,9 +28,8 @@ import triton.language as tl
 
 from .common import _chunk_slot, _prep_chunk
 
-#: Rows of a chunk's vectors (gc, beta, rk, rq); without the norm factors (gc, beta).
+#: Rows of a chunk's vectors (gc, beta, rk, rq).
 VECTOR_ROWS = 4
-DECAY_ROWS = 2
 
 
 def chunk_vectors_grid(n_prep: int, H: int) -> tuple[int]:
@@ -50,12 +43,11 @@ def chunk_vectors_grid(n_prep: int, H: int) -> tuple[int]:
 @triton.jit(do_not_specialize=["n_seq"])
 def chunk_vectors_kernel(q, k, g, beta, vec, cu_seqlens, chunk_indices, T, n_seq,
                          H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-                         IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, NORMS: tl.constexpr = True):
+                         IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr):
     """Grid :func:`chunk_vectors_grid`: program -> (chunk, query/key head), writing the vectors of
     the chunk's HV / H value heads (the module docstring). q, k ``[B, T, H, K]``, g, beta ``[B, T,
     HV]`` contiguous (HAS_G False: no decay, g unread; varlen: B = 1, ``chunk_indices [NT_pad, 2]``
-    (sequence, chunk), padding rows skipped); K a power of two. NORMS False: q and k unread, the
-    rows gc and beta alone.
+    (sequence, chunk), padding rows skipped); K a power of two.
 
     Every load is issued before the first reduction: the group's decays and betas as one [BT,
     group] tile each (a scan synchronises the warps, and no load moves across it)."""
@@ -75,31 +67,25 @@ def chunk_vectors_kernel(q, k, g, beta, vec, cu_seqlens, chunk_indices, T, n_seq
     live = rows < eos
     m_g = live[:, None] & (o_g < GROUP)[None, :]
     p_hv = rows[:, None] * HV + i_h * GROUP + o_g[None, :]  # [BT, GP]: the group's value heads
-    if NORMS:
-        b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=live[:, None], other=0.0).to(tl.float32)
-        b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=live[:, None], other=0.0).to(tl.float32)
+    b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=live[:, None], other=0.0).to(tl.float32)
+    b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=live[:, None], other=0.0).to(tl.float32)
     if HAS_G:
         b_g = tl.load(g + p_hv, mask=m_g, other=0.0).to(tl.float32)
     else:
         b_g = tl.zeros([BT, GP], tl.float32)
     b_beta = tl.load(beta + p_hv, mask=m_g, other=0.0).to(tl.float32)
-    bad = (b_g * 0.0 != 0.0) | (b_beta * 0.0 != 0.0) | (b_beta < 0.0)
-    if NORMS:
-        k_sq = tl.sum(b_k * b_k, axis=1)
-        rq = tl.rsqrt(tl.sum(b_q * b_q, axis=1) + 1e-6)
-        rk = tl.rsqrt(k_sq + 1e-6)
-        bad = bad | (k_sq * 0.0 != 0.0)[:, None] | (b_beta * (k_sq * rk * rk)[:, None] > 2.0)
-        ROWS: tl.constexpr = 4
-    else:
-        bad = bad | (b_beta > 2.0)
-        ROWS: tl.constexpr = 2
+    k_sq = tl.sum(b_k * b_k, axis=1)
+    rq = tl.rsqrt(tl.sum(b_q * b_q, axis=1) + 1e-6)
+    rk = tl.rsqrt(k_sq + 1e-6)
+    k_bad = k_sq * 0.0 != 0.0
+    bad = k_bad[:, None] | (b_g * 0.0 != 0.0) | (b_beta * 0.0 != 0.0) | (b_beta < 0.0) | \
+        (b_beta * (k_sq * rk * rk)[:, None] > 2.0)
     gc = tl.cumsum(b_g, axis=0) * 1.4426950408889634
     gc = tl.where((tl.max(bad.to(tl.int32), axis=0) != 0)[None, :], float("nan"), gc)
     slot = _chunk_slot(bos, i_t, i_n, BT)
-    p = vec + ((slot * HV + i_h * GROUP + o_g) * (ROWS * BT))[None, :] + o_t[:, None]  # [BT, GP]
+    p = vec + ((slot * HV + i_h * GROUP + o_g) * (4 * BT))[None, :] + o_t[:, None]  # [BT, GP]
     m_v = (o_g < GROUP)[None, :] & (o_t >= 0)[:, None]
     tl.store(p, gc, mask=m_v)
     tl.store(p + BT, b_beta, mask=m_v)
-    if NORMS:
-        tl.store(p + 2 * BT, tl.zeros([BT, GP], tl.float32) + rk[:, None], mask=m_v)
-        tl.store(p + 3 * BT, tl.zeros([BT, GP], tl.float32) + rq[:, None], mask=m_v)
+    tl.store(p + 2 * BT, tl.zeros([BT, GP], tl.float32) + rk[:, None], mask=m_v)
+    tl.store(p + 3 * BT, tl.zeros([BT, GP], tl.float32) + rq[:, None], mask=m_v)

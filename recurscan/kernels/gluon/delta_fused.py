@@ -75,9 +75,9 @@ def _chunks_to_run(n_chunks, state_indices, n_slots, USE_CACHE: gl.constexpr, HV
 @gluon.jit
 def _loads(k_desc, q_desc, v_desc, gv_desc, k_s, q_s, v_s, gv_s, ready, ready_v, empty, h0_read, col_qk, col_v,
            vec0, state_indices, n_slots, n_chunks, USE_CACHE: gl.constexpr, HV: gl.constexpr, BT: gl.constexpr,
-           BV: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr, VEC_ROWS: gl.constexpr):
-    """The load warp: chunk j's k, q, both value blocks of v and its VEC_ROWS vectors (at ``vec0 + j
-    HV VEC_ROWS BT`` floats) into stage j % NUM_STAGES, once both chains freed it (HAS_H0: the first once both
+           BV: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr):
+    """The load warp: chunk j's k, q, both value blocks of v and its vectors (at ``vec0 + j HV 4
+    BT`` floats) into stage j % NUM_STAGES, once both chains freed it (HAS_H0: the first once both
     chains read their initial state, or the cache slot's, out of the k and q stages). What the prep
     reads (k, q, the vectors) completes ``ready`` and v ``ready_v``, so that the prep starts on a
     chunk without waiting for its v; the chains wait on both."""
@@ -95,35 +95,17 @@ def _loads(k_desc, q_desc, v_desc, gv_desc, k_s, q_s, v_s, gv_s, ready, ready_v,
         r = j * BT
         tma.async_copy_global_to_shared(k_desc, [r, col_qk], bar, k_s.index(s))
         tma.async_copy_global_to_shared(q_desc, [r, col_qk], bar, q_s.index(s))
-        tma.async_copy_global_to_shared(gv_desc, [vec0 + j * (HV * VEC_ROWS * BT)], bar, gv_s.index(s).slice(0, VEC_ROWS * BT))
+        tma.async_copy_global_to_shared(gv_desc, [vec0 + j * (HV * 4 * BT)], bar, gv_s.index(s))
         tma.async_copy_global_to_shared(v_desc, [r, col_v], bar_v, v_s.index(2 * s))
         tma.async_copy_global_to_shared(v_desc, [r, col_v + BV], bar_v, v_s.index(2 * s + 1))
 
 
 @gluon.jit
-def _norm_factors(tile):
-    """1 / sqrt(|x|^2 + 1e-6) for each row x of a 16-bit [BT, K] tile in shared memory (the l2norm
-    factor, as kernels/delta/chunk_vectors.py forms it), summed in float32 over column blocks of 32
-    (a block's 16 values a thread)."""
-    BT: gl.constexpr = tile.shape[0]
-    K: gl.constexpr = tile.shape[1]
-    rows: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
-    sq = gl.zeros([BT], gl.float32, gl.SliceLayout(1, rows))
-    for c in gl.static_range(K // 32):
-        x = tile.slice(32 * c, 32, 1).load(rows).to(gl.float32)
-        sq += gl.sum(x * x, axis=1)
-    return gl.rsqrt(sq + 1e-6)
-
-
-@gluon.jit
 def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, state_indices, n_slots,
-          n_chunks, scale, USE_CACHE: gl.constexpr, HV: gl.constexpr, BT: gl.constexpr, NUM_STAGES: gl.constexpr,
-          NORMS: gl.constexpr):
+          n_chunks, scale, USE_CACHE: gl.constexpr, HV: gl.constexpr, BT: gl.constexpr, NUM_STAGES: gl.constexpr):
     """The prep warpgroup: chunk j's wy, aqk and row coefficients (lam rk, lam rq, gam rk, and
     lam_last in 64 copies) into stage j % NUM_STAGES's buffers, then ``prepped``. The vectors are
-    read from the stage along the rows and along the columns where each is used. NORMS: the norm
-    factors rk and rq are formed here, from the stage's k and q tiles under K K^T and Q K^T, into
-    the stage's vector rows 2 and 3 (the pass brought rows 0 and 1 alone)."""
+    read from the stage along the rows and along the columns where each is used."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
     rowv: gl.constexpr = gl.SliceLayout(1, mma)
     colv: gl.constexpr = gl.SliceLayout(0, mma)
@@ -141,14 +123,10 @@ def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, pre
         s = j % NUM_STAGES
         mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
         ks = k_s.index(s)
-        if NORMS:
-            gv_s.index(s).slice(2 * BT, BT).store(_norm_factors(ks))
-            gv_s.index(s).slice(3 * BT, BT).store(_norm_factors(q_s.index(s)))
         kk = warpgroup_mma(ks, ks.permute((1, 0)), zero, is_async=True)
         qk = warpgroup_mma(q_s.index(s), ks.permute((1, 0)), zero, is_async=True)
         kk, qk = warpgroup_mma_wait(num_outstanding=0, deps=(kk, qk))
-        if NORMS:
-            gl.thread_barrier()  # every warp's rows of rk and rq written before any reads them across
+
         gv = gv_s.index(s)
         gc_last = gl.sum(gv.slice(BT - 1, 1).load(one), axis=0)  # the decay across the chunk's rows
         gc = gv.slice(0, BT).load(rowv)
@@ -314,14 +292,12 @@ def gluon_fused_prefill_kernel(q, k, v, vec, o, h0, ht, flags, cu_seqlens, state
                                BT: gl.constexpr, BV: gl.constexpr, NUM_STAGES: gl.constexpr,
                                IS_VARLEN: gl.constexpr, HAS_H0: gl.constexpr, STORE_FINAL: gl.constexpr,
                                USE_CACHE: gl.constexpr,
-                               CHAIN_REGS: gl.constexpr, PREP_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
-                               NORMS_IN_PREP: gl.constexpr = False, VEC_ROWS: gl.constexpr = 4):
+                               CHAIN_REGS: gl.constexpr, PREP_REGS: gl.constexpr, LOAD_REGS: gl.constexpr):
     """Grid (N * HV,): program -> (sequence, value head), the head fastest. ``q, k [B, T, H, K]``,
     ``v [B, T, HV, V]`` contiguous (varlen: B = 1 and ``cu_seqlens [N + 1]``, each sequence's
     bounds clamped to [0, T]); ``vec`` the pre-pass's vectors (kernels/delta/chunk_vectors.py), ``n_vec``
     floats (< 2^31: the bulk copies' coordinates are int32);
-    NORMS_IN_PREP: the pass laid out VEC_ROWS = 2 rows a chunk (no norm factors) and the prep forms
-    them; ``o`` like v through its strides (token ``o_st``, head ``o_sh``, the batch's T token strides);
+    ``o`` like v through its strides (token ``o_st``, head ``o_sh``, the batch's T token strides);
     ``h0`` (HAS_H0) read through strides ``s0_*``; ``ht`` float32 (STORE_FINAL) with rows of V,
     sequence and head strides ``ht_n``, ``ht_h``; ``flags [N * HV, V]`` int32, each value row's
     flag (1: its state came out non-finite). USE_CACHE: ``h0`` is the state cache ``[n_slots, HV,
@@ -337,8 +313,8 @@ def gluon_fused_prefill_kernel(q, k, v, vec, o, h0, ht, flags, cu_seqlens, state
     L = eos - bos
     n_chunks = ((L + BT - 1) // BT).to(gl.int32)
     # The sequence's chunk j has the pre-pass's slot (bos + j BT) // BT + i_n = slot0 + j
-    # (kernels/delta/common.py's _chunk_slot); its vectors start vec0 + j HV VEC_ROWS BT floats in.
-    vec0 = (((bos // BT + i_n) * HV + i_hv) * (VEC_ROWS * BT)).to(gl.int32)
+    # (kernels/delta/common.py's _chunk_slot); its vectors start vec0 + j HV 4 BT floats in.
+    vec0 = (((bos // BT + i_n) * HV + i_hv) * (4 * BT)).to(gl.int32)
     DT: gl.constexpr = k.dtype.element_ty
     # Descriptors over this sequence's rows: a tile past its end reads zeros, a store stops there.
     rows = gl.maximum(L, 1).to(gl.int32)
@@ -351,7 +327,7 @@ def gluon_fused_prefill_kernel(q, k, v, vec, o, h0, ht, flags, cu_seqlens, state
     q_desc = tma.make_tensor_descriptor(q + bos * (H * K), [rows, H * K], [H * K, 1], [BT, K], l_qk)
     v_desc = tma.make_tensor_descriptor(v + bos * (HV * V), [rows, HV * V], [HV * V, 1], [BT, BV], l_tv)
     o_desc = tma.make_tensor_descriptor(o + bos * o_st + i_hv * o_sh, [rows, V], [o_st, 1], [BT, BV], l_tv)
-    gv_desc = tma.make_tensor_descriptor(vec, [n_vec], [1], [VEC_ROWS * BT], l_gv)
+    gv_desc = tma.make_tensor_descriptor(vec, [n_vec], [1], [4 * BT], l_gv)
 
     k_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
     q_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, K], l_qk)
@@ -394,8 +370,8 @@ def gluon_fused_prefill_kernel(q, k, v, vec, o, h0, ht, flags, cu_seqlens, state
                   NUM_STAGES, 1, HAS_H0, STORE_FINAL, USE_CACHE)),
         (_prep, (k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, state_indices, n_slots,
                  n_chunks, scale, USE_CACHE, HV,
-                 BT, NUM_STAGES, NORMS_IN_PREP)),
+                 BT, NUM_STAGES)),
         (_loads, (k_desc, q_desc, v_desc, gv_desc, k_s, q_s, v_s, gv_s, ready, ready_v, empty, h0_read, i_h * K,
                   i_hv * V, vec0, state_indices, n_slots, n_chunks, USE_CACHE, HV, BT, BV, NUM_STAGES,
-                  HAS_H0 or USE_CACHE, VEC_ROWS)),
+                  HAS_H0 or USE_CACHE)),
     ], [4, 4, 1], [CHAIN_REGS, PREP_REGS, LOAD_REGS])
