@@ -178,12 +178,13 @@
 #      h100_ef165d9.json. The fused prefill's chains with S^T and U^T as register operands on 192 registers, its prep
 #      on 104: the same bits (6 tests), 3-7% slower at HV64 and varlen16 (results/ab_fused_register_operands_h100_
 #      ef165d9.json).
-#  55. Issue 21, on the branch exp/fused-deep-ring (2a2484f; not in main): 54's register split on a ring of three
-#      stages, each chain's outputs staged in its chunk's v tile and the stage given back a chunk later (226456 B;
-#      8 B spilled: two shared-memory addresses made before the partitions' dispatch, each reloaded once a chunk
-#      in the chain's and the prep's loops; offline, dense without a cache). Whether the register split lost on
-#      two stages because the prep's longer path is the ring's period. Run from a checkout of the branch, with main's
-#      package as build/prev: `bash benchmarks/pending_gpu.sh 54` (the A/B and the bits test against the planned form).
+#  55. (Ran at 2a2484f on an H100, the branch exp/fused-deep-ring, not in main.) The register split on a ring of
+#      three stages: the same bits (6 tests), 5-10% slower than the planned form (results/ab_fused_deep_ring_h100_
+#      2a2484f.json).
+#  56. Issue 21: the chunk vectors' pass in other forms (`benchmarks/chunk_vectors_forms.py`, any card, dense): the
+#      package's kernel at 2, 4 and 8 warps, and a looped form whose program takes 2-8 consecutive chunks of one
+#      q/k head with their loads pipelined (cp.async), each against the package's vectors. The pass moves its
+#      ~0.19 GB at ~1.7 TB/s (0.108 ms of the HV64 row's ~1.15 on an H100 at 342fea0).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -363,6 +364,8 @@ step 50 && timeout 150 env PYTHONPATH=$PWD python -m benchmarks.gpu_clocks --tra
     2>&1 | grep -v -i warn | tail -8
 step 51 && timeout 300 env PYTHONPATH=$PWD python benchmarks/gpu_delta_reverse_probe.py \
     --out "$OUT/gpu_delta_reverse_probe_$C.json" 2>&1 | grep "^probe"
+step 56 && timeout 300 env PYTHONPATH=$PWD python -m benchmarks.chunk_vectors_forms \
+    --out "$OUT/chunk_vectors_forms_$C.json" 2>&1 | grep -v -i warn | tail -30
 step 49 && timeout 150 env PYTHONPATH=$PWD python benchmarks/gpu_varlen_one_sequence.py $PLANS \
     --out "$OUT/gpu_varlen_one_sequence_$C.json" 2>&1 | grep -v -i warn | tail -8
 step 46 && timeout 200 env PYTHONPATH=$PWD python -m benchmarks.gpu_phase_counts --out "$OUT/gpu_phase_counts_$C.json" \

@@ -263,3 +263,18 @@ def test_a_fused_shape_the_interpreter_cannot_run_is_the_rows_launch():
                        type(s.kernel).__name__ == "GluonJITFunction" for s in launches.steps)
         runs.append(run_delta_launches(launches, (q, k, v, g, beta)))
     assert all(torch.equal(bits(a), bits(b)) for a, b in zip(*runs))
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_the_looped_chunk_vectors_form_gives_the_packages_vectors(chunks):
+    """benchmarks/chunk_vectors_forms.py's looped form (a program over `chunks` consecutive chunks of
+    one q/k head, the last block partly past the stream's end): the package's vectors, no stray write."""
+    from benchmarks.chunk_vectors_forms import chunk_vectors_looped_kernel
+    B, T, H, HV = 2, 2 * BT + 20, 2, 4
+    q, k, g, beta = inputs(B, T, H, HV)
+    want = run_chunk_vectors(q, k, g, beta, None)
+    got = torch.full_like(want, -7.0)
+    n = B * -(-T // BT)
+    chunk_vectors_looped_kernel[(-(-n // chunks) * H,)](q, k, g, beta, got, T, n, H=H, HV=HV, K=q.shape[-1], BT=BT,
+                                                       CHUNKS=chunks, NUM_STAGES=2)
+    assert torch.equal(bits(got), bits(want))
