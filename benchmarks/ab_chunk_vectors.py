@@ -19,6 +19,15 @@ ROWS = [("B1 T16384 H16 HV32", 1, 16384, 16, 32), ("B4 T8192 H16 HV64", 4, 8192,
         ("B8 T4096 H16 HV64", 8, 4096, 16, 64), ("B4 T4096 H16 HV16", 4, 4096, 16, 16)]
 
 
+def pass_inputs(B, T, H, HV):
+    """q, k [B, T, H, 128] bf16, g (log decays) and beta [B, T, HV] on the GPU, seeded."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k = (torch.randn(B, T, H, 128, device="cuda", generator=gen).bfloat16() for _ in range(2))
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, device="cuda", generator=gen) + 3)
+    beta = torch.sigmoid(torch.randn(B, T, HV, device="cuda", generator=gen)).bfloat16()
+    return q, k, g, beta
+
+
 def main():
     import triton.testing as tt
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -30,10 +39,7 @@ def main():
              "now": importlib.import_module("recurscan.kernels.delta.chunk_vectors")}
     rows = []
     for name, B, T, H, HV in ROWS:
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        q, k = (torch.randn(B, T, H, 128, device="cuda", generator=gen).bfloat16() for _ in range(2))
-        g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, device="cuda", generator=gen) + 3)
-        beta = torch.sigmoid(torch.randn(B, T, HV, device="cuda", generator=gen)).bfloat16()
+        q, k, g, beta = pass_inputs(B, T, H, HV)
         out = {}
         for form, mod in forms.items():
             vec = torch.full(((B * T) // 64 + B, HV, 4, 64), -7.0, device="cuda")

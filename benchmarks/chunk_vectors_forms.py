@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from benchmarks.ab_chunk_vectors import pass_inputs
 from recurscan.kernels.delta.chunk_vectors import chunk_vectors_grid, chunk_vectors_kernel
 
 ROWS = [("B4 T8192 H16 HV64", 4, 8192, 16, 64), ("B1 T32768 H16 HV32", 1, 32768, 16, 32),
@@ -84,10 +85,7 @@ def main():
     args = ap.parse_args()
     rows = []
     for name, B, T, H, HV in ROWS:
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        q, k = (torch.randn(B, T, H, 128, device="cuda", generator=gen).bfloat16() for _ in range(2))
-        g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, device="cuda", generator=gen) + 3)
-        beta = torch.sigmoid(torch.randn(B, T, HV, device="cuda", generator=gen)).bfloat16()
+        q, k, g, beta = pass_inputs(B, T, H, HV)
         want = None
         moved = 2 * B * T * H * 128 * 2 + B * T * HV * (4 + 2) + (B * T // 64 + B) * HV * 4 * 64 * 4
         for form, run in forms(q, k, g, beta, None, B, T, H, HV).items():
