@@ -19,11 +19,6 @@ ROWS = [("B1 T16384 H16 HV32", 1, 16384, 16, 32), ("B4 T8192 H16 HV64", 4, 8192,
         ("B8 T4096 H16 HV64", 8, 4096, 16, 64), ("B4 T4096 H16 HV16", 4, 4096, 16, 16)]
 
 
-def chunk_count(mod, n):
-    """The kernel's chunk-count argument where its form has one (the looped form's ``n_chunks``)."""
-    return (n,) if "n_chunks" in mod.chunk_vectors_kernel.arg_names else ()
-
-
 def pass_inputs(B, T, H, HV):
     """q, k [B, T, H, 128] bf16, g (log decays) and beta [B, T, HV] on the GPU, seeded."""
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -50,8 +45,7 @@ def main():
             vec = torch.full(((B * T) // 64 + B, HV, 4, 64), -7.0, device="cuda")
             grid = getattr(mod, "chunk_vectors_grid", lambda n, h: (n, h))(B * T // 64, H)  # older: (chunks, H)
             run = lambda: mod.chunk_vectors_kernel[grid](  # noqa: E731
-                q, k, g, beta, vec, q, q, T, 0, *chunk_count(mod, B * T // 64), H=H, HV=HV, K=128, BT=64,
-                IS_VARLEN=False, HAS_G=True, num_warps=4)
+                q, k, g, beta, vec, q, q, T, 0, H=H, HV=HV, K=128, BT=64, IS_VARLEN=False, HAS_G=True, num_warps=4)
             run()
             torch.cuda.synchronize()
             out[form] = vec

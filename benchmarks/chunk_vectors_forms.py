@@ -70,7 +70,7 @@ def forms(q, k, g, beta, vec, B, T, H, HV):
     out = {}
     for warps in (2, 4, 8):
         out[f"package, {warps} warps"] = lambda w=warps: chunk_vectors_kernel[chunk_vectors_grid(n, H)](
-            q, k, g, beta, vec, q, q, T, 0, n, H=H, HV=HV, K=128, BT=64, IS_VARLEN=False, HAS_G=True, num_warps=w)
+            q, k, g, beta, vec, q, q, T, 0, H=H, HV=HV, K=128, BT=64, IS_VARLEN=False, HAS_G=True, num_warps=w)
     for chunks, stages, warps in ((2, 2, 4), (4, 2, 4), (4, 3, 4), (8, 2, 4), (4, 2, 8)):
         out[f"looped, {chunks} chunks, {stages} stages, {warps} warps"] = \
             lambda c=chunks, s=stages, w=warps: chunk_vectors_looped_kernel[(triton.cdiv(n, c) * H,)](

@@ -57,7 +57,7 @@ def chunk_vectors_reference(q, k, g, beta, cu_seqlens):
     return out
 
 
-def run_chunk_vectors(q, k, g, beta, cu_seqlens, chunks=1):
+def run_chunk_vectors(q, k, g, beta, cu_seqlens):
     B, T, H, K = q.shape
     HV = beta.shape[2]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
@@ -67,10 +67,10 @@ def run_chunk_vectors(q, k, g, beta, cu_seqlens, chunks=1):
     else:
         ci = build_chunk_descriptors(cu_seqlens).chunk_indices
         n_prep = ci.shape[0]
-    chunk_vectors_kernel[chunk_vectors_grid(n_prep, H, chunks)](
-        q, k, g if g is not None else q, beta, vec, cu_seqlens if cu_seqlens is not None else q, ci, T,
-        N if cu_seqlens is not None else 0, n_prep, H=H, HV=HV, K=K, BT=BT, IS_VARLEN=cu_seqlens is not None,
-        HAS_G=g is not None, CHUNKS=chunks, NUM_STAGES=2 if chunks > 1 else 1)
+    chunk_vectors_kernel[chunk_vectors_grid(n_prep, H)](q, k, g if g is not None else q, beta, vec,
+                                                        cu_seqlens if cu_seqlens is not None else q, ci, T,
+                                                        N if cu_seqlens is not None else 0, H=H, HV=HV, K=K, BT=BT,
+                                                        IS_VARLEN=cu_seqlens is not None, HAS_G=g is not None)
     return vec
 
 
@@ -93,9 +93,8 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("chunks", [1, 3], ids=["a chunk a program", "runs of three chunks"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_chunk_vectors_match_their_reference(case, chunks):
+def test_chunk_vectors_match_their_reference(case):
     c = CASES[case]
     q, k, g, beta = inputs(c["B"], c["T"], c["H"], c["HV"])
     if c.get("no_g"):
@@ -107,7 +106,7 @@ def test_chunk_vectors_match_their_reference(case, chunks):
         k[1, BT + 9, 0] = float("nan")  # a non-finite key: both value heads of its chunk
         g[1, BT + 10, 1] = float("nan")
     cu = None if "cu" not in c else torch.tensor(c["cu"], dtype=torch.int32)
-    got = run_chunk_vectors(q, k, g, beta, cu, chunks)
+    got = run_chunk_vectors(q, k, g, beta, cu)
     want = chunk_vectors_reference(q, k, g, beta, cu)
     for slot in range(got.shape[0]):
         if slot in want:

@@ -56,8 +56,6 @@ def fused_launch_steps(step_type, q, v, *, H, HV, K, V, N, T, scale, varlen, n_p
     store_final unread)."""
     from ..kernels.gluon.delta_fused import (BT, BV, CHAIN_REGS, LOAD_REGS, MAXNREG, NUM_STAGES, PREP_REGS,
                                              gluon_fused_prefill_kernel)
-    from ..plan.delta import CHUNK_VECTORS_LOOP
-    chunks, stages = CHUNK_VECTORS_LOOP
     B = q.shape[0]
     slots = (B * T) // CHUNK_SIZE + N
     buffers = {"vec": ((slots, HV, VECTOR_ROWS, CHUNK_SIZE), torch.float32, None),
@@ -65,7 +63,6 @@ def fused_launch_steps(step_type, q, v, *, H, HV, K, V, N, T, scale, varlen, n_p
     vectors = dict(q=CallArg("q"), k=CallArg("k"), g=CallArg("g" if has_g else "q"), beta=CallArg(beta_name),
                    vec=CallArg("vec"), cu_seqlens=CallArg("cu_seqlens" if varlen else "q"),
                    chunk_indices=CallArg("chunk_indices_dp" if varlen else "q"), T=T, n_seq=N if varlen else 0,
-                   n_chunks=n_prep, CHUNKS=chunks, NUM_STAGES=stages,
                    H=H, HV=HV, K=K, BT=CHUNK_SIZE, IS_VARLEN=varlen, HAS_G=has_g)
     cache = n_slots > 0
     if cache:
@@ -83,7 +80,7 @@ def fused_launch_steps(step_type, q, v, *, H, HV, K, V, N, T, scale, varlen, n_p
                  LOAD_REGS=LOAD_REGS)
     steps = []
     if n_prep > 0:  # no launch of an empty grid
-        steps.append(step_type(chunk_vectors_kernel, chunk_vectors_grid(n_prep, H, chunks), vectors, dict(num_warps=4)))
+        steps.append(step_type(chunk_vectors_kernel, chunk_vectors_grid(n_prep, H), vectors, dict(num_warps=4)))
     if N * HV > 0:
         steps.append(step_type(gluon_fused_prefill_kernel, (N * HV,), fused, dict(num_warps=4, maxnreg=MAXNREG)))
         steps.append(flagged_token_loop(step_type, q, v, H=H, HV=HV, K=K, V=V, N=N, T=T, varlen=varlen,

@@ -548,11 +548,6 @@ FUSED_PREFILL = GluonTwinRow(True, "the fused prefill against the planned prep a
                                    "(64 pairs: 0.313 against 0.246) and varlen 24576 + 16 x 512 HV32 (1.634 against "
                                    "1.452)")
 FUSED_MIN_PAIRS_PER_SM = 0.95
-#: The fused prefill's chunk vectors' pass (kernels/delta/chunk_vectors.py): (chunks a program, load
-#: stages). One chunk a program moves the pass's ~0.19 GB at ~1.7 TB/s at HV64 on an H100 (0.108 ms,
-#: results/ab_chunk_vectors_h100_342fea0.json); runs of chunks with their loads pipelined are not yet
-#: measured (benchmarks/chunk_vectors_forms.py, pending_gpu.sh 56), so one.
-CHUNK_VECTORS_LOOP = (1, 1)
 #: The fused prefill serving a state cache in place (its slots read and written by the kernel).
 FUSED_PREFILL_CACHE = GluonTwinRow(True, "the fused prefill with a state cache: its GPU tests (float32 and bf16 "
                                          "caches, both layouts, a padding request, an empty one, a NaN key) and "

@@ -32,64 +32,60 @@ from .common import _chunk_slot, _prep_chunk
 VECTOR_ROWS = 4
 
 
-def chunk_vectors_grid(n_prep: int, H: int, chunks: int = 1) -> tuple[int]:
-    """The pass's grid: one program a (run of ``chunks`` chunks, query/key head), the head fastest,
-    so that the programs resident together read whole rows of q and k (a token's H heads are
-    adjacent in memory) rather than one head's 256 bytes of every row; one dimension, so that no
-    grid limit binds the chunk count."""
-    return (triton.cdiv(n_prep, chunks) * H,)
+def chunk_vectors_grid(n_prep: int, H: int) -> tuple[int]:
+    """The pass's grid: one program a (chunk, query/key head), the head fastest, so that the
+    programs resident together read whole rows of q and k (a token's H heads are adjacent in
+    memory) rather than one head's 256 bytes of every row; one dimension, so that no grid limit
+    binds the chunk count."""
+    return (n_prep * H,)
 
 
-@triton.jit(do_not_specialize=["n_seq", "n_chunks"])
-def chunk_vectors_kernel(q, k, g, beta, vec, cu_seqlens, chunk_indices, T, n_seq, n_chunks,
+@triton.jit(do_not_specialize=["n_seq"])
+def chunk_vectors_kernel(q, k, g, beta, vec, cu_seqlens, chunk_indices, T, n_seq,
                          H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-                         IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, CHUNKS: tl.constexpr = 1,
-                         NUM_STAGES: tl.constexpr = 1):
-    """Grid :func:`chunk_vectors_grid`: program -> (chunks [b CHUNKS, (b + 1) CHUNKS) of the
-    stream's ``n_chunks``, query/key head), writing the vectors of each chunk's HV / H value heads
-    (the module docstring); with NUM_STAGES > 1 the next chunk's loads are issued while this one's
-    are reduced. q, k ``[B, T, H, K]``, g, beta ``[B, T, HV]`` contiguous (HAS_G False: no decay, g
-    unread; varlen: B = 1, ``chunk_indices [NT_pad, 2]`` (sequence, chunk), padding rows skipped); K
-    a power of two.
+                         IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr):
+    """Grid :func:`chunk_vectors_grid`: program -> (chunk, query/key head), writing the vectors of
+    the chunk's HV / H value heads (the module docstring). q, k ``[B, T, H, K]``, g, beta ``[B, T,
+    HV]`` contiguous (HAS_G False: no decay, g unread; varlen: B = 1, ``chunk_indices [NT_pad, 2]``
+    (sequence, chunk), padding rows skipped); K a power of two.
 
     Every load is issued before the first reduction: the group's decays and betas as one [BT,
     group] tile each (a scan synchronises the warps, and no load moves across it)."""
     pid = tl.program_id(0).to(tl.int64)
+    i_c = pid // H
     i_h = (pid % H).to(tl.int32)
+    valid, i_n, i_t, bos, eos = _prep_chunk(cu_seqlens, chunk_indices, cu_seqlens, i_c, i_h < 0, T, n_seq, 0,
+                                            tl.cdiv(T, BT), 1, BT, IS_VARLEN)
+    if not valid:
+        return
     GROUP: tl.constexpr = HV // H
     GP: tl.constexpr = triton.next_power_of_2(GROUP)
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, K)
     o_g = tl.arange(0, GP)
-    for i in tl.range(0, CHUNKS, num_stages=NUM_STAGES):
-        i_c = (pid // H) * CHUNKS + i
-        valid, i_n, i_t, bos, eos = _prep_chunk(cu_seqlens, chunk_indices, cu_seqlens,
-                                                tl.minimum(i_c, n_chunks - 1), i_h < 0, T, n_seq, 0,
-                                                tl.cdiv(T, BT), 1, BT, IS_VARLEN)
-        valid = valid & (i_c < n_chunks)
-        rows = bos + i_t * BT + o_t
-        live = (rows < eos) & valid
-        m_g = live[:, None] & (o_g < GROUP)[None, :]
-        p_hv = rows[:, None] * HV + i_h * GROUP + o_g[None, :]  # [BT, GP]: the group's value heads
-        b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=live[:, None], other=0.0).to(tl.float32)
-        b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=live[:, None], other=0.0).to(tl.float32)
-        if HAS_G:
-            b_g = tl.load(g + p_hv, mask=m_g, other=0.0).to(tl.float32)
-        else:
-            b_g = tl.zeros([BT, GP], tl.float32)
-        b_beta = tl.load(beta + p_hv, mask=m_g, other=0.0).to(tl.float32)
-        k_sq = tl.sum(b_k * b_k, axis=1)
-        rq = tl.rsqrt(tl.sum(b_q * b_q, axis=1) + 1e-6)
-        rk = tl.rsqrt(k_sq + 1e-6)
-        k_bad = k_sq * 0.0 != 0.0
-        bad = k_bad[:, None] | (b_g * 0.0 != 0.0) | (b_beta * 0.0 != 0.0) | (b_beta < 0.0) | \
-            (b_beta * (k_sq * rk * rk)[:, None] > 2.0)
-        gc = tl.cumsum(b_g, axis=0) * 1.4426950408889634
-        gc = tl.where((tl.max(bad.to(tl.int32), axis=0) != 0)[None, :], float("nan"), gc)
-        slot = _chunk_slot(bos, i_t, i_n, BT)
-        p = vec + ((slot * HV + i_h * GROUP + o_g) * (4 * BT))[None, :] + o_t[:, None]  # [BT, GP]
-        m_v = (o_g < GROUP)[None, :] & (o_t >= 0)[:, None] & valid
-        tl.store(p, gc, mask=m_v)
-        tl.store(p + BT, b_beta, mask=m_v)
-        tl.store(p + 2 * BT, tl.zeros([BT, GP], tl.float32) + rk[:, None], mask=m_v)
-        tl.store(p + 3 * BT, tl.zeros([BT, GP], tl.float32) + rq[:, None], mask=m_v)
+    rows = bos + i_t * BT + o_t
+    live = rows < eos
+    m_g = live[:, None] & (o_g < GROUP)[None, :]
+    p_hv = rows[:, None] * HV + i_h * GROUP + o_g[None, :]  # [BT, GP]: the group's value heads
+    b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=live[:, None], other=0.0).to(tl.float32)
+    b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=live[:, None], other=0.0).to(tl.float32)
+    if HAS_G:
+        b_g = tl.load(g + p_hv, mask=m_g, other=0.0).to(tl.float32)
+    else:
+        b_g = tl.zeros([BT, GP], tl.float32)
+    b_beta = tl.load(beta + p_hv, mask=m_g, other=0.0).to(tl.float32)
+    k_sq = tl.sum(b_k * b_k, axis=1)
+    rq = tl.rsqrt(tl.sum(b_q * b_q, axis=1) + 1e-6)
+    rk = tl.rsqrt(k_sq + 1e-6)
+    k_bad = k_sq * 0.0 != 0.0
+    bad = k_bad[:, None] | (b_g * 0.0 != 0.0) | (b_beta * 0.0 != 0.0) | (b_beta < 0.0) | \
+        (b_beta * (k_sq * rk * rk)[:, None] > 2.0)
+    gc = tl.cumsum(b_g, axis=0) * 1.4426950408889634
+    gc = tl.where((tl.max(bad.to(tl.int32), axis=0) != 0)[None, :], float("nan"), gc)
+    slot = _chunk_slot(bos, i_t, i_n, BT)
+    p = vec + ((slot * HV + i_h * GROUP + o_g) * (4 * BT))[None, :] + o_t[:, None]  # [BT, GP]
+    m_v = (o_g < GROUP)[None, :] & (o_t >= 0)[:, None]
+    tl.store(p, gc, mask=m_v)
+    tl.store(p + BT, b_beta, mask=m_v)
+    tl.store(p + 2 * BT, tl.zeros([BT, GP], tl.float32) + rk[:, None], mask=m_v)
+    tl.store(p + 3 * BT, tl.zeros([BT, GP], tl.float32) + rq[:, None], mask=m_v)
