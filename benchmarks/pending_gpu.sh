@@ -184,7 +184,11 @@
 #  56. Issue 21: the chunk vectors' pass in other forms (`benchmarks/chunk_vectors_forms.py`, any card, dense): the
 #      package's kernel at 2, 4 and 8 warps, and a looped form whose program takes 2-8 consecutive chunks of one
 #      q/k head with their loads pipelined (cp.async), each against the package's vectors. The pass moves its
-#      ~0.19 GB at ~1.7 TB/s (0.108 ms of the HV64 row's ~1.15 on an H100 at 342fea0).
+#      ~0.19 GB at ~1.7 TB/s (0.108 ms of the HV64 row's ~1.15 on an H100 at 342fea0). Where a looped form wins,
+#      500cce2 (taken back out, never run on a GPU) has it in the package behind plan.delta.CHUNK_VECTORS_LOOP:
+#      check it out with main's package as build/prev and run `python -m benchmarks.ab_prev --prev build/prev
+#      --workload gdn_b4_t8192_h16_hv64 --workload gdn_varlen16_32976_hv32 --plan "CHUNK_VECTORS_LOOP=(4,2)"`
+#      (its rows' outputs must agree to the bit: the same arithmetic) and the fused GPU tests with it set.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
