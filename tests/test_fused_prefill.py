@@ -3,7 +3,8 @@ is in test_sm90_compile.py, its comparison with its twin in tests/gpu/test_fused
 
 - the chunk vectors' pass (kernels/delta/chunk_vectors.py) equals its torch reference below, dense
   and varlen (partial and empty sequences), under GVA and without a decay, and marks exactly the
-  chunks the fused kernel must not compute;
+  chunks the fused kernel must not compute (and so does benchmarks/chunk_vectors_forms.py's looped
+  form, a run of chunks a program, to the bit);
 - the flagged token loop (launch/delta_fused.py) recomputes the flagged value columns as the
   oracle does, from and into an initial and final state or a state cache, and leaves every other
   column, pair and slot alone;
