@@ -189,14 +189,6 @@
 #      check it out with main's package as build/prev and run `python -m benchmarks.ab_prev --prev build/prev
 #      --workload gdn_b4_t8192_h16_hv64 --workload gdn_varlen16_32976_hv32 --plan "CHUNK_VECTORS_LOOP=(4,2)"`
 #      (its rows' outputs must agree to the bit: the same arithmetic) and the fused GPU tests with it set.
-#  57. Issue 21, on the branch exp/fused-cf-buffers (not in main): the fused prefill's row coefficients (lam rk, lam
-#      rq, gam rk, lam_last) in four shared-memory allocations rather than four dynamic rows of one, which takes the
-#      three barriers the compiler put between the prep's stores out of its loop (15 a chunk against 12, the same
-#      instructions and arithmetic; offline). Check the branch out with main's package as build/prev and run
-#      `python -m benchmarks.ab_prev --prev build/prev --workload gdn_b4_t8192_h16_hv64 --workload
-#      gdn_varlen16_32976_hv32 --rep-ms 300` (the outputs must agree to the bit) and
-#      `python -m pytest -m gpu tests/gpu/test_fused_prefill_gpu.py`. By the norms-in-prep measurement (the period
-#      follows the prep's path, docs/kernels-chunk-delta.md) a prep path shorter by three barriers is worth trying.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
