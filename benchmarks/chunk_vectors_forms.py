@@ -3,7 +3,9 @@ replay on the GPU: the package's kernel at 2, 4 and 8 warps, and a looped form i
 program takes CHUNKS consecutive chunks of one q/k head (the head still fastest across programs),
 its loads pipelined NUM_STAGES deep by Triton (``tl.range``), so that each program has the next
 chunk's q and k in flight while it reduces this one's. Every form's vectors are compared with the
-package's (NaN where both are NaN counts as equal).
+package's (NaN where both are NaN counts as equal). The looped kernel repeats the package kernel's
+arithmetic so that the package's GPU-tested kernel stays as it is until a looped form is measured
+faster; 500cce2 has the package with the loop folded in (pending_gpu.sh 56).
 
     python -m benchmarks.chunk_vectors_forms --out benchmarks/results/chunk_vectors_forms_<card>_<commit>.json
 """
@@ -18,6 +20,7 @@ import triton.language as tl
 
 from benchmarks.ab_chunk_vectors import pass_inputs
 from recurscan.kernels.delta.chunk_vectors import chunk_vectors_grid, chunk_vectors_kernel
+from recurscan.kernels.delta.common import _chunk_slot
 
 ROWS = [("B4 T8192 H16 HV64", 4, 8192, 16, 64), ("B1 T32768 H16 HV32", 1, 32768, 16, 32),
         ("B4 T4096 H16 HV16", 4, 4096, 16, 16)]
@@ -56,7 +59,7 @@ def chunk_vectors_looped_kernel(q, k, g, beta, vec, T, n_chunks, H: tl.constexpr
             (b_beta * (k_sq * rk * rk)[:, None] > 2.0)
         gc = tl.cumsum(b_g, axis=0) * 1.4426950408889634
         gc = tl.where((tl.max(bad.to(tl.int32), axis=0) != 0)[None, :], float("nan"), gc)
-        slot = (bos + i_t * BT) // BT + i_n
+        slot = _chunk_slot(bos, i_t, i_n, BT)
         p = vec + ((slot * HV + i_h * GROUP + o_g) * (4 * BT))[None, :] + o_t[:, None]
         m_v = (o_g < GROUP)[None, :] & (o_t >= 0)[:, None] & (i_c < n_chunks)
         tl.store(p, gc, mask=m_v)
