@@ -95,6 +95,25 @@ def test_fused_prefill_varlen_with_empty_and_one_token_sequences():
     assert torch.equal(s_f[0], h0[0]) and torch.equal(s_f[6], h0[6])  # empty sequences keep their state
 
 
+def test_aqk_handed_over_after_wy_gives_the_same_bits(monkeypatch):
+    """plan.delta.FUSED_AQK_LATE moves when the prep forms and hands over aqk, not what it computes:
+    the bits of the planned order (dense with a partial last chunk and an initial state, varlen
+    with empty and one-token sequences, GVA, and the real-size row)."""
+    from recurscan.plan import delta as plan_delta
+    lengths = [0, 1, 63, 64, 65, 700, 0, 129, 1000]
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), device=DEV, dtype=torch.int32)
+    cases = ((inputs(3, 1000, 4, 8, h0=True), None), (inputs(1, int(cu[-1]), 2, 4), cu), (inputs(4, 8192, 16, 64), None))
+    for (x, h0), cu_seqlens in cases:
+        if cu_seqlens is not None:
+            h0 = torch.randn(len(lengths), 4, 128, 128, device=DEV) * 0.1
+        monkeypatch.setattr(plan_delta, "FUSED_AQK_LATE", False)
+        (o0, s0), ran0 = run(x, h0, True, cu_seqlens)
+        monkeypatch.setattr(plan_delta, "FUSED_AQK_LATE", True)
+        (o1, s1), ran1 = run(x, h0, True, cu_seqlens)
+        assert ran0 and ran1
+        assert torch.equal(bits(o0), bits(o1)) and torch.equal(bits(s0), bits(s1))
+
+
 @pytest.mark.parametrize("layout", ["kv", "vk"])
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
 def test_fused_prefill_serves_a_state_cache(state_dtype, layout):

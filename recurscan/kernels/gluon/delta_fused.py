@@ -101,11 +101,24 @@ def _loads(k_desc, q_desc, v_desc, gv_desc, k_s, q_s, v_s, gv_s, ready, ready_v,
 
 
 @gluon.jit
-def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, state_indices, n_slots,
-          n_chunks, scale, USE_CACHE: gl.constexpr, HV: gl.constexpr, BT: gl.constexpr, NUM_STAGES: gl.constexpr):
+def _gates(gv, causal, rowv: gl.constexpr, colv: gl.constexpr, BT: gl.constexpr):
+    """G = exp2(gc_i - gc_j) on and below the diagonal, 0 above (no exp2 of an unmasked difference
+    reaches the tile), from the stage's cumulative decays ``gv``."""
+    gc = gv.slice(0, BT).load(rowv)
+    gc_c = gv.slice(0, BT).load(colv)
+    return gl.where(causal, gl.exp2(gc[:, None] - gc_c[None, :]), 0.0)
+
+
+@gluon.jit
+def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, prepped_aqk, state_indices,
+          n_slots, n_chunks, scale, USE_CACHE: gl.constexpr, HV: gl.constexpr, BT: gl.constexpr,
+          NUM_STAGES: gl.constexpr, AQK_LATE: gl.constexpr):
     """The prep warpgroup: chunk j's wy, aqk and row coefficients (lam rk, lam rq, gam rk, and
     lam_last in 64 copies) into stage j % NUM_STAGES's buffers, then ``prepped``. The vectors are
-    read from the stage along the rows and along the columns where each is used."""
+    read from the stage along the rows and along the columns where each is used. AQK_LATE: wy and
+    the coefficients are handed over first (``prepped``), then Q K^T is issued and aqk handed over
+    (``prepped_aqk``; the chains read it only in their chunk's last products), the gates formed
+    again after the inverse rather than held across it."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
     rowv: gl.constexpr = gl.SliceLayout(1, mma)
     colv: gl.constexpr = gl.SliceLayout(0, mma)
@@ -124,13 +137,17 @@ def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, pre
         mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
         ks = k_s.index(s)
         kk = warpgroup_mma(ks, ks.permute((1, 0)), zero, is_async=True)
-        qk = warpgroup_mma(q_s.index(s), ks.permute((1, 0)), zero, is_async=True)
-        kk, qk = warpgroup_mma_wait(num_outstanding=0, deps=(kk, qk))
+        if AQK_LATE:
+            kk = warpgroup_mma_wait(num_outstanding=0, deps=(kk,))
+        else:
+            qk = warpgroup_mma(q_s.index(s), ks.permute((1, 0)), zero, is_async=True)
+            kk, qk = warpgroup_mma_wait(num_outstanding=0, deps=(kk, qk))
 
         gv = gv_s.index(s)
         gc_last = gl.sum(gv.slice(BT - 1, 1).load(one), axis=0)  # the decay across the chunk's rows
         gc = gv.slice(0, BT).load(rowv)
-        gc_c = gv.slice(0, BT).load(colv)
+        if not AQK_LATE:
+            gc_c = gv.slice(0, BT).load(colv)
         b_beta = gv.slice(BT, BT).load(rowv)
         beta_c = gv.slice(BT, BT).load(colv)
         rk = gv.slice(2 * BT, BT).load(rowv)
@@ -141,16 +158,28 @@ def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, pre
         cf_s.index(4 * s + 1).store(lam * rq)
         cf_s.index(4 * s + 2).store(gl.exp2(gc_last - gc) * rk)
         cf_s.index(4 * s + 3).store(gl.zeros([BT], gl.float32, rowv) + gl.exp2(gc_last))
-        G = gl.where(causal, gl.exp2(gc[:, None] - gc_c[None, :]), 0.0)
-        aqk_s.index(s).store((G * qk * rq[:, None] * rk_c[None, :]).to(DT))
-        Gb = (G * beta_c[None, :]).to(gl.float16)
+        if not AQK_LATE:
+            G = gl.where(causal, gl.exp2(gc[:, None] - gc_c[None, :]), 0.0)
+            aqk_s.index(s).store((G * qk * rq[:, None] * rk_c[None, :]).to(DT))
+            Gb = (G * beta_c[None, :]).to(gl.float16)
         # the inverse: A = diag(beta) strictLower(K K^T) for normalised keys
         A = gl.where(r > c, kk * (b_beta * rk)[:, None] * rk_c[None, :], 0.0)
         Tinv = inverse_on_blocks(A, r, c, d_s, b_s, a_s, t_s, x_s, mma, False)
+        if AQK_LATE:  # the stage's vectors are still the chunk's: the chains free it only after aqk
+            G = _gates(gv, causal, rowv, colv, BT)
+            Gb = (G * gv.slice(BT, BT).load(colv)[None, :]).to(gl.float16)
         wy_s.index(s).store((Gb.to(gl.float32) * Tinv.to(gl.float32)).to(DT))
         fence_async_shared()
         gl.thread_barrier()  # every warp's buffers written (and t_s read) before the hand-over
         mbarrier.arrive(prepped.index(s), count=1)
+        if AQK_LATE:
+            qk = warpgroup_mma(q_s.index(s), ks.permute((1, 0)), zero, is_async=True)
+            qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk,))
+            rq = gv.slice(3 * BT, BT).load(rowv) * scale
+            aqk_s.index(s).store((G * qk * rq[:, None] * gv.slice(2 * BT, BT).load(colv)[None, :]).to(DT))
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(prepped_aqk.index(s), count=1)
 
 
 @gluon.jit
@@ -193,11 +222,11 @@ def _program_id_again():
 
 
 @gluon.jit
-def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped, empty, h0_read, o_desc, h0,
-           ht, flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h,
+def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped, prepped_aqk, empty, h0_read,
+           o_desc, h0, ht, flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h,
            HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
            NUM_STAGES: gl.constexpr, PART: gl.constexpr, HAS_H0: gl.constexpr, STORE_FINAL: gl.constexpr,
-           USE_CACHE: gl.constexpr):
+           USE_CACHE: gl.constexpr, AQK_LATE: gl.constexpr):
     """A chain warpgroup: value columns [PART BV, (PART + 1) BV) of the state over the sequence's
     chunks (the Gluon sweep twin's products and their order), its outputs by bulk stores, then its
     block of the final state and its rows' flags. USE_CACHE: the state is the cache slot's (``h0``
@@ -259,6 +288,8 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped,
         fence_async_shared()
         gl.thread_barrier()
         lam_last = cf_s.index(4 * s + 3).slice(0, BV).load(rowK)  # BV copies of the chunk's lam_last
+        if AQK_LATE:  # aqk, which the prep handed over after wy
+            mbarrier.wait(prepped_aqk.index(s), ph)
         S_t = warpgroup_mma(U_g, k_s.index(s), S_t * lam_last[:, None], is_async=True)
         O_t = warpgroup_mma(u_b.permute((1, 0)), aqk_s.index(s).permute((1, 0)),
                             cf_s.index(4 * s + 1).load(col64)[None, :] * QSt, is_async=True)  # lam rq
@@ -292,7 +323,8 @@ def gluon_fused_prefill_kernel(q, k, v, vec, o, h0, ht, flags, cu_seqlens, state
                                BT: gl.constexpr, BV: gl.constexpr, NUM_STAGES: gl.constexpr,
                                IS_VARLEN: gl.constexpr, HAS_H0: gl.constexpr, STORE_FINAL: gl.constexpr,
                                USE_CACHE: gl.constexpr,
-                               CHAIN_REGS: gl.constexpr, PREP_REGS: gl.constexpr, LOAD_REGS: gl.constexpr):
+                               CHAIN_REGS: gl.constexpr, PREP_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
+                               AQK_LATE: gl.constexpr = False):
     """Grid (N * HV,): program -> (sequence, value head), the head fastest. ``q, k [B, T, H, K]``,
     ``v [B, T, HV, V]`` contiguous (varlen: B = 1 and ``cu_seqlens [N + 1]``, each sequence's
     bounds clamped to [0, T]); ``vec`` the pre-pass's vectors (kernels/delta/chunk_vectors.py), ``n_vec``
@@ -352,25 +384,26 @@ def gluon_fused_prefill_kernel(q, k, v, vec, o, h0, ht, flags, cu_seqlens, state
     ready_v = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     h0_read = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     prepped = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    prepped_aqk = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(ready_v.index(i), count=1)
         mbarrier.init(prepped.index(i), count=1)
+        mbarrier.init(prepped_aqk.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # both chains
     mbarrier.init(h0_read.index(0), count=2)
     fence_async_shared()
 
     gl.warp_specialize([
-        (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped, empty, h0_read, o_desc,
-                  h0, ht, flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, HV, K, V, BT, BV,
-                  NUM_STAGES, 0, HAS_H0, STORE_FINAL, USE_CACHE)),
-        (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped, empty, h0_read, o_desc,
-                  h0, ht, flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, HV, K, V, BT, BV,
-                  NUM_STAGES, 1, HAS_H0, STORE_FINAL, USE_CACHE)),
-        (_prep, (k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, state_indices, n_slots,
-                 n_chunks, scale, USE_CACHE, HV,
-                 BT, NUM_STAGES)),
+        (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped, prepped_aqk, empty, h0_read,
+                  o_desc, h0, ht, flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, HV, K, V,
+                  BT, BV, NUM_STAGES, 0, HAS_H0, STORE_FINAL, USE_CACHE, AQK_LATE)),
+        (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped, prepped_aqk, empty, h0_read,
+                  o_desc, h0, ht, flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, HV, K, V,
+                  BT, BV, NUM_STAGES, 1, HAS_H0, STORE_FINAL, USE_CACHE, AQK_LATE)),
+        (_prep, (k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, prepped_aqk,
+                 state_indices, n_slots, n_chunks, scale, USE_CACHE, HV, BT, NUM_STAGES, AQK_LATE)),
         (_loads, (k_desc, q_desc, v_desc, gv_desc, k_s, q_s, v_s, gv_s, ready, ready_v, empty, h0_read, i_h * K,
                   i_hv * V, vec0, state_indices, n_slots, n_chunks, USE_CACHE, HV, BT, BV, NUM_STAGES,
                   HAS_H0 or USE_CACHE)),
