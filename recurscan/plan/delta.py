@@ -555,14 +555,15 @@ FUSED_PREFILL_CACHE = GluonTwinRow(True, "the fused prefill with a state cache: 
                                          "test fix)")
 
 
-#: The fused prefill's prep hands over aqk after wy (kernels/gluon/delta_fused.py's AQK_LATE): wy
-#: and the row coefficients first, then Q K^T issued and aqk formed, which the chains read only in a
-#: chunk's last products; False: both together, Q K^T under K K^T. Why: the ring's cycle is the
+#: When the fused prefill's prep hands over aqk (kernels/gluon/delta_fused.py's AQK_LATE): 0 with wy
+#: and the row coefficients, Q K^T under K K^T; 1 after them (Q K^T issued once wy is handed over,
+#: the chains waiting for aqk before their chunk's last products); 2 as 1 with lam rq, gam rk and
+#: lam_last handed over with aqk (lam rk alone before the inverse). Why: the ring's cycle is the
 #: prep's path to the hand-over, the chains' step and the next chunk's copies, so the query's part
 #: (~19% of the prep, the unfused prep's QUERY measurement) leaves the cycle. Offline (sm_90): the
-#: prep's loop 1270 instructions and 17 barriers against 1280 and 15, no spills in the loops (8 B of
-#: stack in the prep's prologue). Not yet measured on a GPU.
-FUSED_AQK_LATE = False
+#: prep's loop 1270 instructions and 17 barriers (1), 1273 and 16 (2), against 1280 and 15, no
+#: spills in the loops (8 B of stack in the prep's prologue). Not yet measured on a GPU.
+FUSED_AQK_LATE = 0
 
 
 def fused_prefill_scope(problem) -> bool:

@@ -95,7 +95,8 @@ def test_fused_prefill_varlen_with_empty_and_one_token_sequences():
     assert torch.equal(s_f[0], h0[0]) and torch.equal(s_f[6], h0[6])  # empty sequences keep their state
 
 
-def test_aqk_handed_over_after_wy_gives_the_same_bits(monkeypatch):
+@pytest.mark.parametrize("late", [1, 2])
+def test_aqk_handed_over_after_wy_gives_the_same_bits(late, monkeypatch):
     """plan.delta.FUSED_AQK_LATE moves when the prep forms and hands over aqk, not what it computes:
     the bits of the planned order (dense with a partial last chunk and an initial state, varlen
     with empty and one-token sequences, GVA, and the real-size row)."""
@@ -106,9 +107,9 @@ def test_aqk_handed_over_after_wy_gives_the_same_bits(monkeypatch):
     for (x, h0), cu_seqlens in cases:
         if cu_seqlens is not None:
             h0 = torch.randn(len(lengths), 4, 128, 128, device=DEV) * 0.1
-        monkeypatch.setattr(plan_delta, "FUSED_AQK_LATE", False)
+        monkeypatch.setattr(plan_delta, "FUSED_AQK_LATE", 0)
         (o0, s0), ran0 = run(x, h0, True, cu_seqlens)
-        monkeypatch.setattr(plan_delta, "FUSED_AQK_LATE", True)
+        monkeypatch.setattr(plan_delta, "FUSED_AQK_LATE", late)
         (o1, s1), ran1 = run(x, h0, True, cu_seqlens)
         assert ran0 and ran1
         assert torch.equal(bits(o0), bits(o1)) and torch.equal(bits(s0), bits(s1))

@@ -115,10 +115,11 @@ def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, pre
           NUM_STAGES: gl.constexpr, AQK_LATE: gl.constexpr):
     """The prep warpgroup: chunk j's wy, aqk and row coefficients (lam rk, lam rq, gam rk, and
     lam_last in 64 copies) into stage j % NUM_STAGES's buffers, then ``prepped``. The vectors are
-    read from the stage along the rows and along the columns where each is used. AQK_LATE: wy and
-    the coefficients are handed over first (``prepped``), then Q K^T is issued and aqk handed over
-    (``prepped_aqk``; the chains read it only in their chunk's last products), the gates formed
-    again after the inverse rather than held across it."""
+    read from the stage along the rows and along the columns where each is used. AQK_LATE 1: wy
+    and the coefficients are handed over first (``prepped``), then Q K^T is issued and aqk handed
+    over (``prepped_aqk``; the chains read it only in their chunk's last products), the gates formed
+    again after the inverse rather than held across it; 2: lam rq, gam rk and lam_last with aqk
+    (the chains read them in the same products), lam rk alone before the inverse."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
     rowv: gl.constexpr = gl.SliceLayout(1, mma)
     colv: gl.constexpr = gl.SliceLayout(0, mma)
@@ -155,9 +156,10 @@ def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, pre
         rq = gv.slice(3 * BT, BT).load(rowv) * scale
         lam = gl.exp2(gc)
         cf_s.index(4 * s).store(lam * rk)
-        cf_s.index(4 * s + 1).store(lam * rq)
-        cf_s.index(4 * s + 2).store(gl.exp2(gc_last - gc) * rk)
-        cf_s.index(4 * s + 3).store(gl.zeros([BT], gl.float32, rowv) + gl.exp2(gc_last))
+        if AQK_LATE < 2:
+            cf_s.index(4 * s + 1).store(lam * rq)
+            cf_s.index(4 * s + 2).store(gl.exp2(gc_last - gc) * rk)
+            cf_s.index(4 * s + 3).store(gl.zeros([BT], gl.float32, rowv) + gl.exp2(gc_last))
         if not AQK_LATE:
             G = gl.where(causal, gl.exp2(gc[:, None] - gc_c[None, :]), 0.0)
             aqk_s.index(s).store((G * qk * rq[:, None] * rk_c[None, :]).to(DT))
@@ -176,6 +178,13 @@ def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, pre
             qk = warpgroup_mma(q_s.index(s), ks.permute((1, 0)), zero, is_async=True)
             qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk,))
             rq = gv.slice(3 * BT, BT).load(rowv) * scale
+            if AQK_LATE == 2:
+                gc = gv.slice(0, BT).load(rowv)
+                gc_last = gl.sum(gv.slice(BT - 1, 1).load(one), axis=0)
+                rk = gv.slice(2 * BT, BT).load(rowv)
+                cf_s.index(4 * s + 1).store(gl.exp2(gc) * rq)
+                cf_s.index(4 * s + 2).store(gl.exp2(gc_last - gc) * rk)
+                cf_s.index(4 * s + 3).store(gl.zeros([BT], gl.float32, rowv) + gl.exp2(gc_last))
             aqk_s.index(s).store((G * qk * rq[:, None] * gv.slice(2 * BT, BT).load(colv)[None, :]).to(DT))
             fence_async_shared()
             gl.thread_barrier()
@@ -280,6 +289,8 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped,
         Ut = warpgroup_mma(gl.convert_layout((-KSt).to(DT), a64), w_t, Ut, is_async=True)
         QSt = warpgroup_mma(sa, q_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
         Ut, QSt = warpgroup_mma_wait(num_outstanding=0, deps=(Ut, QSt))
+        if AQK_LATE == 2:  # aqk, lam rq, gam rk and lam_last, which the prep hands over after wy
+            mbarrier.wait(prepped_aqk.index(s), ph)
         # Group 3: the next state (the chain), and the outputs onto lam rq o S^T Q^T; U^T, the
         # outputs' operand, staged in its own buffer (whose last reader, chunk j - 1's products,
         # every warp waited on before the barrier after S^T's store).
@@ -288,7 +299,7 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped,
         fence_async_shared()
         gl.thread_barrier()
         lam_last = cf_s.index(4 * s + 3).slice(0, BV).load(rowK)  # BV copies of the chunk's lam_last
-        if AQK_LATE:  # aqk, which the prep handed over after wy
+        if AQK_LATE == 1:  # aqk, which the prep hands over after wy
             mbarrier.wait(prepped_aqk.index(s), ph)
         S_t = warpgroup_mma(U_g, k_s.index(s), S_t * lam_last[:, None], is_async=True)
         O_t = warpgroup_mma(u_b.permute((1, 0)), aqk_s.index(s).permute((1, 0)),
@@ -324,7 +335,7 @@ def gluon_fused_prefill_kernel(q, k, v, vec, o, h0, ht, flags, cu_seqlens, state
                                IS_VARLEN: gl.constexpr, HAS_H0: gl.constexpr, STORE_FINAL: gl.constexpr,
                                USE_CACHE: gl.constexpr,
                                CHAIN_REGS: gl.constexpr, PREP_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
-                               AQK_LATE: gl.constexpr = False):
+                               AQK_LATE: gl.constexpr = 0):
     """Grid (N * HV,): program -> (sequence, value head), the head fastest. ``q, k [B, T, H, K]``,
     ``v [B, T, HV, V]`` contiguous (varlen: B = 1 and ``cu_seqlens [N + 1]``, each sequence's
     bounds clamped to [0, T]); ``vec`` the pre-pass's vectors (kernels/delta/chunk_vectors.py), ``n_vec``
