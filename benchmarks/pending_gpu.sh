@@ -189,6 +189,12 @@
 #      check it out with main's package as build/prev and run `python -m benchmarks.ab_prev --prev build/prev
 #      --workload gdn_b4_t8192_h16_hv64 --workload gdn_varlen16_32976_hv32 --plan "CHUNK_VECTORS_LOOP=(4,2)"`
 #      (its rows' outputs must agree to the bit: the same arithmetic) and the fused GPU tests with it set.
+#  58. Issue 21: the fused prefill's prep handing aqk over after wy (plan.delta.FUSED_AQK_LATE 1: Q K^T issued once
+#      wy is handed over, the chains waiting for aqk before their chunk's last products; 2: lam rq, gam rk and
+#      lam_last with it), any card: the fused tests (the bits of both forms against the planned order's, and the
+#      oracle cases), then each form against the previous commit's package in one process (build/prev as step 56
+#      says; ~2 min a form). Whether the ring's cycle is the prep's path to its hand-over: the query's part is
+#      ~19% of the prep.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -370,6 +376,12 @@ step 51 && timeout 300 env PYTHONPATH=$PWD python benchmarks/gpu_delta_reverse_p
     --out "$OUT/gpu_delta_reverse_probe_$C.json" 2>&1 | grep "^probe"
 step 56 && timeout 300 env PYTHONPATH=$PWD python -m benchmarks.chunk_vectors_forms \
     --out "$OUT/chunk_vectors_forms_$C.json" 2>&1 | grep -v -i warn | tail -30
+step 58 && { timeout 200 python -m pytest -m gpu -q -p no:cacheprovider -o faulthandler_timeout=190 \
+    tests/gpu/test_fused_prefill_gpu.py -k "aqk or oracle" > "$OUT/gpu_tests_fused_aqk_late_$C.log" 2>&1; rc=$?
+    echo "aqk tests rc=$rc"; grep -E "passed|failed|FAILED|Error" "$OUT/gpu_tests_fused_aqk_late_$C.log" | tail -8
+    [ $rc -eq 0 ] && for m in 1 2; do timeout 170 env PYTHONPATH=$PWD python -m benchmarks.ab_prev --prev build/prev \
+        --label prev --workload gdn_b4_t8192_h16_hv64 --workload gdn_varlen16_32976_hv32 --rep-ms 300 \
+        --plan FUSED_AQK_LATE=$m --out "$OUT/ab_fused_aqk_late${m}_$C.json" 2>&1 | grep -v -i warn | tail -6; done; }
 step 49 && timeout 150 env PYTHONPATH=$PWD python benchmarks/gpu_varlen_one_sequence.py $PLANS \
     --out "$OUT/gpu_varlen_one_sequence_$C.json" 2>&1 | grep -v -i warn | tail -8
 step 46 && timeout 200 env PYTHONPATH=$PWD python -m benchmarks.gpu_phase_counts --out "$OUT/gpu_phase_counts_$C.json" \
