@@ -395,13 +395,17 @@ def gluon_fused_prefill_kernel(q, k, v, vec, o, h0, ht, flags, cu_seqlens, state
     ready_v = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     h0_read = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     prepped = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    prepped_aqk = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    if AQK_LATE:
+        prepped_aqk = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    else:
+        prepped_aqk = prepped  # not waited on
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(ready_v.index(i), count=1)
         mbarrier.init(prepped.index(i), count=1)
-        mbarrier.init(prepped_aqk.index(i), count=1)
+        if AQK_LATE:
+            mbarrier.init(prepped_aqk.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # both chains
     mbarrier.init(h0_read.index(0), count=2)
     fence_async_shared()
