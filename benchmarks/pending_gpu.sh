@@ -195,6 +195,11 @@
 #      oracle cases), then each form against the previous commit's package in one process (build/prev as step 56
 #      says; ~2 min a form). Whether the ring's cycle is the prep's path to its hand-over: the query's part is
 #      ~19% of the prep.
+#  59. Issue 21: how the fused kernel's chunk period follows its prep's path (`benchmarks/gpu_fused_probe.py`, any
+#      card; each probe in a process of its own, the fused kernel's GPU time at HV64 and varlen16): as planned, the
+#      inverse's diagonal blocks not inverted (the prep's loop 911 instructions against 1280), no inverse (716), no
+#      aqk (1078), no prep work. If the period falls with the prep's path, the pre-pass giving the prep D^-1 pays;
+#      if not, the chains or the ring set it (the "converse not shown" of docs/kernels-chunk-delta.md).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -382,6 +387,8 @@ step 58 && { timeout 200 python -m pytest -m gpu -q -p no:cacheprovider -o fault
     [ $rc -eq 0 ] && for m in 1 2; do timeout 170 env PYTHONPATH=$PWD python -m benchmarks.ab_prev --prev build/prev \
         --label prev --workload gdn_b4_t8192_h16_hv64 --workload gdn_varlen16_32976_hv32 --rep-ms 300 \
         --plan FUSED_AQK_LATE=$m --out "$OUT/ab_fused_aqk_late${m}_$C.json" 2>&1 | grep -v -i warn | tail -6; done; }
+step 59 && timeout 300 env PYTHONPATH=$PWD python benchmarks/gpu_fused_probe.py --out "$OUT/gpu_fused_probe_$C.json" \
+    2>&1 | grep "^probe"
 step 49 && timeout 150 env PYTHONPATH=$PWD python benchmarks/gpu_varlen_one_sequence.py $PLANS \
     --out "$OUT/gpu_varlen_one_sequence_$C.json" 2>&1 | grep -v -i warn | tail -8
 step 46 && timeout 200 env PYTHONPATH=$PWD python -m benchmarks.gpu_phase_counts --out "$OUT/gpu_phase_counts_$C.json" \

@@ -31,11 +31,12 @@ from recurscan.kernels.delta.backward import (chunk_delta_bwd_dqdk_kernel,
 from recurscan.plan.delta import DeltaShape
 
 
-def loop_profile(sass: str) -> str:
+def loop_profile(sass: str, top: int = 2) -> str:
     """The loops of a compiled sweep that hold wgmma instructions: each conditional backward branch
     (unconditional ones jump back from out-of-line wait loops) whose body holds HGMMA (wgmma) or
     HMMA; per iteration its instruction, barrier, wgmma and local-memory (spill) instruction
-    counts, the biggest loop first (the sweep's chunk loop; a second is the rare replay loop)."""
+    counts, the ``top`` with the most of those first (the sweep's chunk loop; a second is the rare
+    replay loop; a warp-specialised kernel's partitions' loops)."""
     lines = [(int(m.group(1), 16), m.group(2)) for m in
              (re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", l) for l in sass.splitlines()) if m]
     loops = []
@@ -52,7 +53,7 @@ def loop_profile(sass: str) -> str:
         return f"no loop ({len(lines)} instructions)"
     loops.sort(key=lambda x: -x[2])
     return "; ".join(f"loop: {n} instructions, {bars} barriers, {mma} HGMMA or HMMA, {spill} local ld/st"
-                     for n, bars, mma, spill in loops[:2])
+                     for n, bars, mma, spill in loops[:top])
 
 
 def source_lines(cubin: bytes, top: int) -> str:
@@ -89,9 +90,10 @@ def _compile(kernel, sig, const, num_warps, num_stages=2, maxnreg=None, lines=0)
     return resources(ck, lines)
 
 
-def resources(ck, lines=0) -> str:
-    """Registers, stack (spills), shared memory and the chunk loop's profile of a compiled kernel;
-    with ``lines``, the source lines with the most SASS instructions."""
+def resources(ck, lines=0, loops=2) -> str:
+    """Registers, stack (spills), shared memory and the chunk loop's profile of a compiled kernel
+    (its ``loops`` loops with the most tensor instructions); with ``lines``, the source lines with
+    the most SASS instructions."""
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(ck.asm["cubin"])
@@ -101,7 +103,7 @@ def resources(ck, lines=0) -> str:
     line = next(l for l in usage.splitlines() if "REG:" in l).split()
     regs = next(x for x in line if x.startswith("REG:"))
     stack = next(x for x in line if x.startswith("STACK:"))
-    out = f"{regs} {stack} shared {ck.metadata.shared} B; {loop_profile(sass)}"
+    out = f"{regs} {stack} shared {ck.metadata.shared} B; {loop_profile(sass, loops)}"
     return out + ("\n" + source_lines(ck.asm["cubin"], lines) if lines else "")
 
 

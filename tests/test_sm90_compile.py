@@ -211,6 +211,25 @@ def test_the_fused_prefill_compiles_for_sm90_without_spills():
         assert "STACK:0 " in line and spills and set(spills) == {"0"}, line
 
 
+@pytest.mark.parametrize("probe", ["0", "1", "2", "3", "4"])
+def test_the_fused_prefill_forms_and_probes_compile_without_spills_in_their_loops(probe):
+    """The fused prefill's kernel at each plan.delta.FUSED_AQK_LATE form under each timing probe
+    (RECURSCAN_FUSED_PROBE; benchmarks/gpu_fused_probe.py runs each in a process of its own):
+    compiled for sm_90, no local loads or stores in any partition's loop (the chains' two and, but
+    under probe 4 where it holds no product, the prep's), within the H200's shared memory. The
+    planned form's no-stack rule is test_the_fused_prefill_compiles_for_sm90_without_spills's."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update({"PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""), "RECURSCAN_FUSED_PROBE": probe})
+    run = subprocess.run([sys.executable, "-m", "tests.helpers.sm90", "fused-prefill-forms"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for late in (0, 1, 2):
+        line = next(x for x in run.stdout.splitlines() if x.startswith(f"fused AQK_LATE {late}, probe {probe}:"))
+        loops = re.findall(r"loop: (\d+) instructions, \d+ barriers, (\d+) HGMMA or HMMA, (\d+) local ld/st", line)
+        assert len(loops) == (2 if probe == "4" else 3), line
+        assert all(spills == "0" for _, _, spills in loops), line
+
+
 def test_the_gluon_forward_sweep_compiles_for_sm90():
     """The forward sweep's Gluon twin in every pass and form it takes (the single pass, phases, a
     segmented sweep's second pass; dense and varlen; a cache with float32 chunk states; the WY step
@@ -381,7 +400,8 @@ def test_the_timing_probes_compile_for_sm90(variable, value, kernel):
 @pytest.mark.parametrize("variable, module", [("RECURSCAN_SWEEP_PROBE", "gla_sweep_specialized"),
                                               ("RECURSCAN_REVERSE_PROBE", "gla_backward_sweep"),
                                               ("RECURSCAN_DELTA_REVERSE_PROBE", "delta_backward_sweep"),
-                                              ("RECURSCAN_SWEEP_COEF_PREFETCH", "gla_sweep_specialized")])
+                                              ("RECURSCAN_SWEEP_COEF_PREFETCH", "gla_sweep_specialized"),
+                                              ("RECURSCAN_FUSED_PROBE", "delta_fused")])
 def test_a_timing_probe_it_does_not_know_is_refused(variable, module):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **{variable: "7"})
     run = subprocess.run([sys.executable, "-c", f"import recurscan.kernels.gluon.{module}"], cwd=ROOT, env=env,

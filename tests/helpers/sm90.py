@@ -10,6 +10,7 @@ compilable objects.
     python -m tests.helpers.sm90 gluon-prep-proto-sass   # benchmarks/gluon_prep_proto.py's SASS by part
     python -m tests.helpers.sm90 prep-query-sass   # the delta prep's SASS with its QUERY switch at 2, 1, 0
     python -m tests.helpers.sm90 fused-prefill   # the fused prefill's launches (kernels/gluon/delta_fused.py)
+    RECURSCAN_FUSED_PROBE=1 python -m tests.helpers.sm90 fused-prefill-forms   # its AQK_LATE forms, a probe
 """
 import dataclasses
 import sys
@@ -611,6 +612,36 @@ def compile_fused_prefill() -> list[str]:
             for line in compile_delta_forward(case, shape, describe=resources, serving=serving, chunk_states=False)]
 
 
+def compile_fused_prefill_forms() -> list[str]:
+    """The fused prefill's kernel (dense, H = HV, an initial and final state) at each
+    ``plan.delta.FUSED_AQK_LATE`` form, under this process's RECURSCAN_FUSED_PROBE: a line each with
+    its registers, stack and its three partitions' loops, not held to the planned kernel's no-stack rule (the forms not
+    planned and the timing probes; the planned one is :func:`compile_fused_prefill`'s)."""
+    from benchmarks.sm90_resources import resources
+    from recurscan.kernels.gluon.delta_fused import PROBE, gluon_fused_prefill_kernel
+    from recurscan.launch.delta import build_delta_launches
+    from recurscan.plan import delta as plan_delta
+    from recurscan.plan.delta import DELTA_LAUNCH
+    shape = dataclasses.replace(DELTA_LAUNCH[0][1], fused=True)
+    M, cu, (q, k, v, g, beta, h0) = _delta_case("GDN dense, H = HV")
+    planned, lines = plan_delta.FUSED_AQK_LATE, []
+    try:
+        for late in (0, 1, 2):
+            plan_delta.FUSED_AQK_LATE = late
+            launches = build_delta_launches(q, k, v, g, beta, shape, scale=0.1, initial_state=h0,
+                                            output_final_state=True, use_qk_l2norm_in_kernel=True)
+            made = {n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.buffers.items()}
+            inputs = DeltaInputs(q, k, v, g, beta, h0, None, None, None, None, None)
+            values = tuple(x if x is not None else torch.zeros(1) for x in
+                           tuple(inputs) + tuple(made.get(n) for n in CALL_NAMES[len(inputs):]))
+            step = next(st for st in launches.steps if st.kernel is gluon_fused_prefill_kernel)
+            lines.append(f"fused AQK_LATE {late}, probe {PROBE.value}: "
+                         f"{resources(compile_for_sm90(step, CALL_NAMES, values), loops=3)}")
+    finally:
+        plan_delta.FUSED_AQK_LATE = planned
+    return lines
+
+
 def sass_counts(compiled) -> str:
     """Static SASS counts of a compiled kernel (Triton's bundled cuobjdump): its instructions, and of
     them barriers, shuffles, shared-memory accesses, tensor-core instructions and MUFU."""
@@ -670,6 +701,8 @@ def lines_for(argv: list[str]) -> list[str]:
         return compile_gluon_prep_proto()
     if argv[0] == "fused-prefill":
         return compile_fused_prefill()
+    if argv[0] == "fused-prefill-forms":
+        return compile_fused_prefill_forms()
     if argv[0] == "gluon-prep-proto-sass":
         return gluon_prep_proto_sass()
     if argv[0] == "prep-query-sass":

@@ -42,6 +42,8 @@ states or kept prep (training).
 """
 from __future__ import annotations
 
+import os
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
@@ -60,6 +62,19 @@ PREP_REGS = 168
 CHAIN_REGS = 160
 LOAD_REGS = 24
 MAXNREG = 128
+
+#: A timing probe (``RECURSCAN_FUSED_PROBE`` when this module is imported; only
+#: benchmarks/gpu_fused_probe.py sets it): 0 the kernel; 1 the inverse's diagonal blocks not
+#: inverted (the batch's three doubling levels skipped, D read as whatever its buffer holds: what a
+#: prep given D^-1 by copy would do); 2 no inverse at all (Tinv = I); 3 no aqk formed or stored
+#: (Q K^T still issued; the chains read a stale tile); 4 no prep work (the prep waits for a chunk's tiles and hands it over,
+#: the chains read stale wy, aqk and coefficients). Probes 1-4 compute wrong outputs: for timing
+#: only. They say how the ring's period follows the prep's path (docs/kernels-chunk-delta.md, "The
+#: fused kernel").
+_PROBE = os.environ.get("RECURSCAN_FUSED_PROBE", "0")
+if _PROBE not in ("0", "1", "2", "3", "4"):
+    raise ValueError(f"RECURSCAN_FUSED_PROBE: expected 0, 1, 2, 3 or 4, got {_PROBE!r}")
+PROBE = gl.constexpr(int(_PROBE))
 
 
 @gluon.jit
@@ -136,59 +151,70 @@ def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, pre
     for j in range(_chunks_to_run(n_chunks, state_indices, n_slots, USE_CACHE, HV)):
         s = j % NUM_STAGES
         mbarrier.wait(ready.index(s), (j // NUM_STAGES) & 1)
-        ks = k_s.index(s)
-        kk = warpgroup_mma(ks, ks.permute((1, 0)), zero, is_async=True)
-        if AQK_LATE:
-            kk = warpgroup_mma_wait(num_outstanding=0, deps=(kk,))
+        if PROBE == 4:
+            gl.thread_barrier()
+            mbarrier.arrive(prepped.index(s), count=1)
+            if AQK_LATE:
+                mbarrier.arrive(prepped_aqk.index(s), count=1)
         else:
-            qk = warpgroup_mma(q_s.index(s), ks.permute((1, 0)), zero, is_async=True)
-            kk, qk = warpgroup_mma_wait(num_outstanding=0, deps=(kk, qk))
+            ks = k_s.index(s)
+            kk = warpgroup_mma(ks, ks.permute((1, 0)), zero, is_async=True)
+            if AQK_LATE:
+                kk = warpgroup_mma_wait(num_outstanding=0, deps=(kk,))
+            else:
+                qk = warpgroup_mma(q_s.index(s), ks.permute((1, 0)), zero, is_async=True)
+                kk, qk = warpgroup_mma_wait(num_outstanding=0, deps=(kk, qk))
 
-        gv = gv_s.index(s)
-        gc_last = gl.sum(gv.slice(BT - 1, 1).load(one), axis=0)  # the decay across the chunk's rows
-        gc = gv.slice(0, BT).load(rowv)
-        if not AQK_LATE:
-            gc_c = gv.slice(0, BT).load(colv)
-        b_beta = gv.slice(BT, BT).load(rowv)
-        beta_c = gv.slice(BT, BT).load(colv)
-        rk = gv.slice(2 * BT, BT).load(rowv)
-        rk_c = gv.slice(2 * BT, BT).load(colv)
-        rq = gv.slice(3 * BT, BT).load(rowv) * scale
-        lam = gl.exp2(gc)
-        cf_s.index(4 * s).store(lam * rk)
-        if AQK_LATE < 2:
-            cf_s.index(4 * s + 1).store(lam * rq)
-            cf_s.index(4 * s + 2).store(gl.exp2(gc_last - gc) * rk)
-            cf_s.index(4 * s + 3).store(gl.zeros([BT], gl.float32, rowv) + gl.exp2(gc_last))
-        if not AQK_LATE:
-            G = gl.where(causal, gl.exp2(gc[:, None] - gc_c[None, :]), 0.0)
-            aqk_s.index(s).store((G * qk * rq[:, None] * rk_c[None, :]).to(DT))
-            Gb = (G * beta_c[None, :]).to(gl.float16)
-        # the inverse: A = diag(beta) strictLower(K K^T) for normalised keys
-        A = gl.where(r > c, kk * (b_beta * rk)[:, None] * rk_c[None, :], 0.0)
-        Tinv = inverse_on_blocks(A, r, c, d_s, b_s, a_s, t_s, x_s, mma, False)
-        if AQK_LATE:  # the stage's vectors are still the chunk's: the chains free it only after aqk
-            G = _gates(gv, causal, rowv, colv, BT)
-            Gb = (G * gv.slice(BT, BT).load(colv)[None, :]).to(gl.float16)
-        wy_s.index(s).store((Gb.to(gl.float32) * Tinv.to(gl.float32)).to(DT))
-        fence_async_shared()
-        gl.thread_barrier()  # every warp's buffers written (and t_s read) before the hand-over
-        mbarrier.arrive(prepped.index(s), count=1)
-        if AQK_LATE:
-            qk = warpgroup_mma(q_s.index(s), ks.permute((1, 0)), zero, is_async=True)
-            qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk,))
+            gv = gv_s.index(s)
+            gc_last = gl.sum(gv.slice(BT - 1, 1).load(one), axis=0)  # the decay across the chunk's rows
+            gc = gv.slice(0, BT).load(rowv)
+            if not AQK_LATE:
+                gc_c = gv.slice(0, BT).load(colv)
+            b_beta = gv.slice(BT, BT).load(rowv)
+            beta_c = gv.slice(BT, BT).load(colv)
+            rk = gv.slice(2 * BT, BT).load(rowv)
+            rk_c = gv.slice(2 * BT, BT).load(colv)
             rq = gv.slice(3 * BT, BT).load(rowv) * scale
-            if AQK_LATE == 2:
-                gc = gv.slice(0, BT).load(rowv)
-                gc_last = gl.sum(gv.slice(BT - 1, 1).load(one), axis=0)
-                rk = gv.slice(2 * BT, BT).load(rowv)
-                cf_s.index(4 * s + 1).store(gl.exp2(gc) * rq)
+            lam = gl.exp2(gc)
+            cf_s.index(4 * s).store(lam * rk)
+            if AQK_LATE < 2:
+                cf_s.index(4 * s + 1).store(lam * rq)
                 cf_s.index(4 * s + 2).store(gl.exp2(gc_last - gc) * rk)
                 cf_s.index(4 * s + 3).store(gl.zeros([BT], gl.float32, rowv) + gl.exp2(gc_last))
-            aqk_s.index(s).store((G * qk * rq[:, None] * gv.slice(2 * BT, BT).load(colv)[None, :]).to(DT))
+            if not AQK_LATE:
+                G = gl.where(causal, gl.exp2(gc[:, None] - gc_c[None, :]), 0.0)
+                if PROBE != 3:
+                    aqk_s.index(s).store((G * qk * rq[:, None] * rk_c[None, :]).to(DT))
+                Gb = (G * beta_c[None, :]).to(gl.float16)
+            # the inverse: A = diag(beta) strictLower(K K^T) for normalised keys
+            A = gl.where(r > c, kk * (b_beta * rk)[:, None] * rk_c[None, :], 0.0)
+            if PROBE == 2:
+                Tinv = gl.where(r == c, 1.0, 0.0) + A * 0.0
+            else:
+                Tinv = inverse_on_blocks(A, r, c, d_s, b_s, a_s, t_s, x_s, mma, False, PROBE == 1)
+            if AQK_LATE:  # the stage's vectors are still the chunk's: the chains free it only after aqk
+                G = _gates(gv, causal, rowv, colv, BT)
+                Gb = (G * gv.slice(BT, BT).load(colv)[None, :]).to(gl.float16)
+            wy_s.index(s).store((Gb.to(gl.float32) * Tinv.to(gl.float32)).to(DT))
             fence_async_shared()
-            gl.thread_barrier()
-            mbarrier.arrive(prepped_aqk.index(s), count=1)
+            gl.thread_barrier()  # every warp's buffers written (and t_s read) before the hand-over
+            mbarrier.arrive(prepped.index(s), count=1)
+            if AQK_LATE:
+                qk = warpgroup_mma(q_s.index(s), ks.permute((1, 0)), zero, is_async=True)
+                qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk,))
+                rq = gv.slice(3 * BT, BT).load(rowv) * scale
+                if AQK_LATE == 2:
+                    gc = gv.slice(0, BT).load(rowv)
+                    gc_last = gl.sum(gv.slice(BT - 1, 1).load(one), axis=0)
+                    rk = gv.slice(2 * BT, BT).load(rowv)
+                    cf_s.index(4 * s + 1).store(gl.exp2(gc) * rq)
+                    cf_s.index(4 * s + 2).store(gl.exp2(gc_last - gc) * rk)
+                    cf_s.index(4 * s + 3).store(gl.zeros([BT], gl.float32, rowv) + gl.exp2(gc_last))
+                if PROBE != 3:
+                    aqk_s.index(s).store((G * qk * rq[:, None] * gv.slice(2 * BT, BT).load(colv)[None, :]).to(DT))
+                fence_async_shared()
+                gl.thread_barrier()
+                mbarrier.arrive(prepped_aqk.index(s), count=1)
 
 
 @gluon.jit

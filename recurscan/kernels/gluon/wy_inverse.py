@@ -50,7 +50,8 @@ def _small_smem(a_s, b, layout: gl.constexpr, SHAPE: gl.constexpr, B_SHARED: gl.
 
 
 @gluon.jit
-def inverse_on_blocks(A, r, c, d_s, b_s, a_s, t_s, x_s, mma: gl.constexpr, ZERO_UPPER: gl.constexpr):
+def inverse_on_blocks(A, r, c, d_s, b_s, a_s, t_s, x_s, mma: gl.constexpr, ZERO_UPPER: gl.constexpr,
+                      D_GIVEN: gl.constexpr = False):
     """Tinv = (I + A)^-1 [64, 64] in ``mma`` (NVMMA v3, one warpgroup) for a strictly lower ``A`` in
     ``mma`` with rows ``r`` [64, 1] and columns ``c`` [1, 64], fp16 operands and float32 sums (the
     doubling needs every step a contraction): the diagonal blocks D_1..D_4 taken out of A in
@@ -59,20 +60,22 @@ def inverse_on_blocks(A, r, c, d_s, b_s, a_s, t_s, x_s, mma: gl.constexpr, ZERO_
     A_BA D_A ([32, 32]), each block written to ``t_s``, Tinv's [64, 64] tile, whose blocks above the
     diagonal are zeroed here (ZERO_UPPER) or were by the caller once; read back once. Scratch:
     ``d_s``, ``b_s`` [4, 16, 16], ``a_s`` [64, 64], ``x_s`` [2, 16, 16], fp16 (swizzled, or every
-    operand load meets in one bank)."""
+    operand load meets in one bank). D_GIVEN: the diagonal blocks' inverses are already in ``d_s``
+    (the three levels skipped; the fused kernel's timing probe 1)."""
     batch4: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
     batch2: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, 1, 2], instr_shape=[1, 16, 8])
     tile32: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, 2], instr_shape=[16, 8])
     blk16: gl.constexpr = gl.BlockedLayout([1, 2], [16, 2], [1, 4], [1, 0])  # a [16, 16] block's copy
     eye = r == c
     same = (r >> 4) == (c >> 4)
-    D = _diagonal_blocks(gl.where(same, gl.where(eye, 1.0, 0.0) - gl.where((r ^ c) == 1, A, 0.0), 0.0))
-    D = gl.convert_layout(D, batch4)
-    for lvl in gl.static_range(1, 4):
-        A_s = _diagonal_blocks(gl.where(((r >> lvl) ^ (c >> lvl)) == 1, A, 0.0))
-        D = D - _small(D, _small(A_s, D, batch4), batch4)
+    if not D_GIVEN:
+        D = _diagonal_blocks(gl.where(same, gl.where(eye, 1.0, 0.0) - gl.where((r ^ c) == 1, A, 0.0), 0.0))
+        D = gl.convert_layout(D, batch4)
+        for lvl in gl.static_range(1, 4):
+            A_s = _diagonal_blocks(gl.where(((r >> lvl) ^ (c >> lvl)) == 1, A, 0.0))
+            D = D - _small(D, _small(A_s, D, batch4), batch4)
+        d_s.store(D.to(gl.float16))
     below = _diagonal_blocks(gl.where((r >> 4) == (c >> 4) + 1, A, 0.0))  # block w: A's (w, w - 1)
-    d_s.store(D.to(gl.float16))
     b_s.store(below.to(gl.float16))
     a_s.store(A.to(gl.float16))
     if ZERO_UPPER:

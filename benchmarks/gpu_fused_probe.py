@@ -1,0 +1,70 @@
+"""How the fused prefill's chunk period follows its prep's path (kernels/gluon/delta_fused.py):
+the fused kernel's GPU time in issue 21's fused rows (GDN B4 T8192 H16 HV64, the varlen batch of
+16 sequences at HV32; a no-grad forward as planned), as planned and under its timing probes, each in
+a process of its own (RECURSCAN_FUSED_PROBE: 1 the inverse's diagonal blocks not inverted, what a
+prep given D^-1 by copy would leave; 2 no inverse; 3 no Q K^T and no aqk; 4 no prep work). Per
+row: the fused kernel's microseconds and, dense, a chunk's microseconds a program (its waves of one
+program an SM). The prep's loop by probe, offline (sm_90): 1280 instructions (0), 911 (1), 716 (2),
+1075 (3). If the period falls with those about one for one, a shorter prep path pays and the
+design that moves work off it (D^-1 from the pre-pass, for instance) is worth building; if it does
+not, the chains or the ring set it. Probes 1-4 compute wrong outputs.
+
+    PYTHONPATH=$PWD python benchmarks/gpu_fused_probe.py --out benchmarks/results/gpu_fused_probe_<card>_<commit>.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from benchmarks import probe_processes
+
+#: Issue 21's rows that run the fused kernel (benchmarks/registry.py).
+WORKLOADS = ("gdn_b4_t8192_h16_hv64", "gdn_varlen16_32976_hv32")
+KERNEL = "gluon_fused_prefill_kernel"
+PROBES = ("0", "1", "2", "3", "4")
+
+
+def rows(workloads=WORKLOADS) -> list:
+    """This process's rows (its RECURSCAN_FUSED_PROBE as set when it started)."""
+    import torch
+
+    from benchmarks import registry, runner
+    from benchmarks.gpu_delta_train import kernel_times
+    probe = os.environ.get("RECURSCAN_FUSED_PROBE", "0")
+    out = []
+    for name in workloads:
+        w = registry.get(name)
+        op, x = runner._ours_delta(w), w.make_inputs("cuda")
+        us = kernel_times(lambda: op(x))
+        fused = sum(t for kernel, t in us.items() if kernel.startswith(KERNEL))
+        if not fused:
+            raise SystemExit(f"{name}: the fused kernel did not run ({sorted(us)})")
+        row = dict(probe=int(probe), workload=name, fused_us=fused, kernels_us=us)
+        if len(set(w.seqlens)) == 1:  # dense: every program walks the same chunks
+            waves = -(-w.num_sequences * w.value_heads // torch.cuda.get_device_properties(0).multi_processor_count)
+            row["us_a_chunk"] = fused / (-(-w.seqlens[0] // 64)) / waves
+        print(f"probe {probe} {name}: fused kernel {fused:7.1f} us"
+              + (f", {row['us_a_chunk']:.2f} us a chunk a program" if "us_a_chunk" in row else ""), flush=True)
+        out.append(row)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out")
+    ap.add_argument("--probe", action="append", choices=PROBES, help="a probe to run (default: all)")
+    ap.add_argument("--workload", action="append", help="a workload of WORKLOADS (default: all)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)  # a probe's process: its rows to this file
+    args = ap.parse_args()
+    if args.child:
+        json.dump(rows(tuple(args.workload or WORKLOADS)), open(args.child, "w"))
+        return
+    chosen = [a for w in args.workload or () for a in ("--workload", w)]
+    results = probe_processes.rows_by_probe(__file__, "RECURSCAN_FUSED_PROBE", args.probe or PROBES, chosen)
+    if args.out:
+        probe_processes.save(args.out, results)
+
+
+if __name__ == "__main__":
+    main()
