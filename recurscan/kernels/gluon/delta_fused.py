@@ -17,7 +17,9 @@ between layouts. Then one program, four partitions:
    (the prep's), v on another (the chains wait on both).
 2. **prep** (one warpgroup): K K^T and Q K^T on wgmma, the gates, the chain's coefficients (lam rk,
    lam rq, gam rk, lam_last), aqk, and the WY inverse (``inverse_on_blocks``), wy = (G o Tinv)
-   diag(beta); wy, aqk and the coefficients into the stage's buffers.
+   diag(beta); wy, aqk and the coefficients into the stage's buffers. (AQK_LATE, off in the plan
+   until measured: aqk, and at 2 three of the coefficients, handed over after wy on a barrier of
+   their own, the chains waiting for them only before their chunk's last products.)
 3. **two chains** (one warpgroup each, 64 of the 128 value columns each): S^T [64, K] float32 in
    registers, and per chunk, as the sweep twin::
 
