@@ -14,8 +14,6 @@ compute wrong gradients.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 
 from benchmarks import probe_processes
@@ -48,21 +46,5 @@ def rows(workloads=WORKLOADS) -> list:
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out")
-    ap.add_argument("--probe", action="append", choices=PROBES, help="a probe to run (default: all)")
-    ap.add_argument("--workload", action="append", help="a workload of WORKLOADS (default: all)")
-    ap.add_argument("--child", help=argparse.SUPPRESS)  # a probe's process: its rows to this file
-    args = ap.parse_args()
-    if args.child:
-        json.dump(rows(tuple(args.workload or WORKLOADS)), open(args.child, "w"))
-        return
-    chosen = [a for w in args.workload or () for a in ("--workload", w)]
-    results = probe_processes.rows_by_probe(__file__, "RECURSCAN_DELTA_REVERSE_PROBE", args.probe or PROBES, chosen)
-    if args.out:
-        probe_processes.save(args.out, results)
-
-
 if __name__ == "__main__":
-    main()
+    probe_processes.main(__file__, __doc__, "RECURSCAN_DELTA_REVERSE_PROBE", PROBES, WORKLOADS, rows)

@@ -26,5 +26,26 @@ def rows_by_probe(script: str, variable: str, probes, child_args=()) -> list:
 def save(path: str, rows: list) -> None:
     """``rows`` as JSON at ``path``, with the torch version, the GPU's name and RECURSCAN_COMMIT."""
     import torch
-    json.dump(dict(torch=torch.__version__, device=torch.cuda.get_device_name(),
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    json.dump(dict(torch=torch.__version__, device=device,
                    commit=os.environ.get("RECURSCAN_COMMIT", "unknown"), rows=rows), open(path, "w"), indent=1)
+
+
+def main(script: str, doc: str, variable: str, probes, workloads, rows) -> None:
+    """A probe benchmark's command line: ``--probe`` (repeatable; default: every one of ``probes``),
+    ``--workload`` (of ``workloads``; default: all) and ``--out``; each probe in a process of its own
+    (``script --child FILE``), whose ``rows(workloads)`` go to FILE."""
+    import argparse
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--out")
+    ap.add_argument("--probe", action="append", choices=probes, help="a probe to run (default: all)")
+    ap.add_argument("--workload", action="append", help="a workload of WORKLOADS (default: all)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)  # a probe's process: its rows to this file
+    args = ap.parse_args()
+    if args.child:
+        json.dump(rows(tuple(args.workload or workloads)), open(args.child, "w"))
+        return
+    chosen = [a for w in args.workload or () for a in ("--workload", w)]
+    results = rows_by_probe(script, variable, args.probe or probes, chosen)
+    if args.out:
+        save(args.out, results)

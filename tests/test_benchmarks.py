@@ -312,3 +312,25 @@ def test_probe_processes_run_the_script_once_a_probe_with_its_variable_set(tmp_p
                       "json.dump([{'probe': os.environ['SOME_PROBE'], 'args': sys.argv[3:]}], open(out, 'w'))\n")
     rows = probe_processes.rows_by_probe(str(script), "SOME_PROBE", ("3", "0"), ["--workload", "w"])
     assert rows == [{"probe": "3", "args": ["--workload", "w"]}, {"probe": "0", "args": ["--workload", "w"]}]
+
+
+def test_a_probe_benchmarks_command_line_runs_the_chosen_probes_and_workloads(tmp_path):
+    """probe_processes.main (benchmarks/gpu_fused_probe.py's and gpu_delta_reverse_probe.py's
+    command line): --probe picks the probes, in order, --workload the workloads each child measures,
+    --out keeps every child's rows."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = tmp_path / "probe.py"
+    script.write_text("import os, sys\n"
+                      f"sys.path.insert(0, {root!r})\n"
+                      "from benchmarks import probe_processes\n"
+                      "rows = lambda ws: [{'probe': os.environ['SOME_PROBE'], 'workload': w} for w in ws]\n"
+                      "probe_processes.main(__file__, 'doc', 'SOME_PROBE', ('0', '1', '2'), ('a', 'b'), rows)\n")
+    out = tmp_path / "rows.json"
+    subprocess.run([sys.executable, str(script), "--probe", "2", "--probe", "0", "--workload", "b", "--out", str(out)],
+                   check=True, timeout=120)
+    assert json.load(open(out))["rows"] == [{"probe": "2", "workload": "b"}, {"probe": "0", "workload": "b"}]
+    subprocess.run([sys.executable, str(script), "--probe", "1", "--out", str(out)], check=True, timeout=120)
+    assert json.load(open(out))["rows"] == [{"probe": "1", "workload": "a"}, {"probe": "1", "workload": "b"}]
