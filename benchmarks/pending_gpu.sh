@@ -200,6 +200,13 @@
 #      inverse's diagonal blocks not inverted (the prep's loop 911 instructions against 1280), no inverse (716), no
 #      aqk (1078), no prep work. If the period falls with the prep's path, the pre-pass giving the prep D^-1 pays;
 #      if not, the chains or the ring set it (the "converse not shown" of docs/kernels-chunk-delta.md).
+#  60. Issue 21: the fused prep given the WY inverse's diagonal blocks by the chunk vectors' pass
+#      (plan.delta.FUSED_DIAGONAL_FROM_PASS; any card): its GPU tests (within the oracle's tolerance of the twin,
+#      dense at every size and varlen; not the planned form's bits: the pass forms K K^T's diagonal blocks on
+#      their own), then the rows against the previous commit's package (build/prev as step 56 says). Offline
+#      (sm_90): the prep's loop 911 instructions against 1280, the pass at 96-120 registers against 56 (its
+#      reload of the keys and the blocks' products) and 2 KB more a chunk and value head written and read.
+#      Worth it where step 59's probe 1 shows the period falling by more than the pass's added time.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -389,6 +396,12 @@ step 58 && { timeout 200 python -m pytest -m gpu -q -p no:cacheprovider -o fault
         --plan FUSED_AQK_LATE=$m --out "$OUT/ab_fused_aqk_late${m}_$C.json" 2>&1 | grep -v -i warn | tail -6; done; }
 step 59 && timeout 300 env PYTHONPATH=$PWD python benchmarks/gpu_fused_probe.py --out "$OUT/gpu_fused_probe_$C.json" \
     2>&1 | grep "^probe"
+step 60 && { timeout 240 python -m pytest -m gpu -q -p no:cacheprovider -o faulthandler_timeout=230 \
+    tests/gpu/test_fused_prefill_gpu.py -k "diagonal_inverses" > "$OUT/gpu_tests_fused_diagonal_pass_$C.log" 2>&1; rc=$?
+    echo "diagonal-pass tests rc=$rc"; grep -E "passed|failed|FAILED|Error" "$OUT/gpu_tests_fused_diagonal_pass_$C.log" | tail -8
+    [ $rc -eq 0 ] && timeout 170 env PYTHONPATH=$PWD python -m benchmarks.ab_prev --prev build/prev --label prev \
+        --workload gdn_b4_t8192_h16_hv64 --workload gdn_varlen16_32976_hv32 --rep-ms 300 --kernels \
+        --plan FUSED_DIAGONAL_FROM_PASS=True --out "$OUT/ab_fused_diagonal_pass_$C.json" 2>&1 | grep -v -i warn | tail -14; }
 step 49 && timeout 150 env PYTHONPATH=$PWD python benchmarks/gpu_varlen_one_sequence.py $PLANS \
     --out "$OUT/gpu_varlen_one_sequence_$C.json" 2>&1 | grep -v -i warn | tail -8
 step 46 && timeout 200 env PYTHONPATH=$PWD python -m benchmarks.gpu_phase_counts --out "$OUT/gpu_phase_counts_$C.json" \

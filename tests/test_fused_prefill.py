@@ -58,7 +58,7 @@ def chunk_vectors_reference(q, k, g, beta, cu_seqlens):
     return out
 
 
-def run_chunk_vectors(q, k, g, beta, cu_seqlens):
+def run_chunk_vectors(q, k, g, beta, cu_seqlens, dinv=None):
     B, T, H, K = q.shape
     HV = beta.shape[2]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
@@ -71,7 +71,8 @@ def run_chunk_vectors(q, k, g, beta, cu_seqlens):
     chunk_vectors_kernel[chunk_vectors_grid(n_prep, H)](q, k, g if g is not None else q, beta, vec,
                                                         cu_seqlens if cu_seqlens is not None else q, ci, T,
                                                         N if cu_seqlens is not None else 0, H=H, HV=HV, K=K, BT=BT,
-                                                        IS_VARLEN=cu_seqlens is not None, HAS_G=g is not None)
+                                                        IS_VARLEN=cu_seqlens is not None, HAS_G=g is not None,
+                                                        DINV=dinv is not None, dinv=dinv)
     return vec
 
 
@@ -117,6 +118,45 @@ def test_chunk_vectors_match_their_reference(case):
     if c.get("hostile"):
         marked = {(s, hv) for s, v in want.items() for hv in range(v.shape[0]) if bool(v[hv, 0].isnan().all())}
         assert marked == {(0, 0), (1, 1), (3, 0), (4, 0), (4, 1)}, marked  # slots: n T / 64 + c + n
+
+
+@pytest.mark.parametrize("case", ["dense, H = HV", "dense GVA, a partial last chunk",
+                                  "varlen: empty, one-token and partial sequences", "groups of three value heads"])
+def test_the_pass_gives_the_inverses_of_the_wy_matrix_diagonal_blocks(case):
+    """DINV (plan.delta.FUSED_DIAGONAL_FROM_PASS): dinv[slot, hv] holds, row i, row i % 16 of
+    (I + A_ww)^-1 for block w = i // 16 of A = diag(beta) strictLower(K K^T) on the normalised keys,
+    within 1e-3 of the float64 inverse (its products' operands are fp16; 3.1e-4 at most here); the
+    vectors are those of the pass without it; no other slot is written."""
+    c = CASES[case]
+    q, k, g, beta = inputs(c["B"], c["T"], c["H"], c["HV"])
+    cu = None if "cu" not in c else torch.tensor(c["cu"], dtype=torch.int32)
+    B, T, H, K = q.shape
+    HV = beta.shape[2]
+    N = B if cu is None else cu.numel() - 1
+    dinv = torch.full(((B * T) // BT + N, HV, BT, 16), -7.0, dtype=torch.float16)
+    vec_plain = run_chunk_vectors(q, k, g, beta, cu)
+    vec = run_chunk_vectors(q, k, g, beta, cu, dinv=dinv)
+    assert torch.equal(bits(vec), bits(vec_plain))
+    want = chunk_vectors_reference(q, k, g, beta, cu)
+    kf, bf = k.reshape(B * T, H, K).double(), beta.reshape(B * T, HV).double()
+    bounds = [(n * T, (n + 1) * T) for n in range(B)] if cu is None else list(zip(cu[:-1].tolist(), cu[1:].tolist()))
+    for n, (bos, eos) in enumerate(bounds):
+        for ch in range(-(-(eos - bos) // BT)):
+            slot = (bos + ch * BT) // BT + n
+            rows = torch.arange(bos + ch * BT, bos + (ch + 1) * BT)
+            live = rows < eos
+            kt = torch.where(live[:, None, None], kf[rows.clamp(max=B * T - 1)], 0.0)
+            bt = torch.where(live[:, None], bf[rows.clamp(max=B * T - 1)], 0.0)
+            kn = kt * torch.rsqrt(kt.square().sum(-1, keepdim=True) + 1e-6)
+            for hv in range(HV):
+                h = hv // (HV // H)
+                A = torch.tril(bt[:, hv, None] * (kn[:, h] @ kn[:, h].T), -1)
+                for w in range(BT // 16):
+                    blk = slice(16 * w, 16 * (w + 1))
+                    inv = torch.linalg.inv(torch.eye(16, dtype=torch.float64) + A[blk, blk])
+                    torch.testing.assert_close(dinv[slot, hv, blk].double(), inv, rtol=1e-3, atol=1e-3)
+    written = {s_ for s_ in range(dinv.shape[0]) if not bool((dinv[s_] == -7.0).all())}
+    assert written == set(want), (written, set(want))
 
 
 def _token_loop_values(q, k, v, g, beta, o, h0, final, cu, flags, state=None, slots=None):

@@ -123,11 +123,19 @@ def check_shape(shape: DeltaShape) -> None:
 
 
 
+def product_dtype(dtype: torch.dtype):
+    """The Triton dtype of the products' operands for inputs of ``dtype``: the input dtype (bf16 or
+    fp16 operands, float32 accumulation), except bf16 under the interpreter, which multiplies bf16
+    tiles as raw uint16 bits (Triton 3.6): there they run in float32."""
+    dt = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[dtype]
+    return tl.float32 if dt == tl.bfloat16 and INTERPRET else dt
+
+
 #: The per-call values of a call, in order: the inputs, then the buffers the call allocates.
 INPUT_NAMES = DeltaInputs._fields
 BUFFER_NAMES = ("o", "final", "chunk_states", "beta_ones", "wy", "aqk", "coef", "seg_n", "seg_m",
                 "sequence_order", "replay_flags", "winv", "u", "ks", "checkpoints", "qg", "kg", "dl", "calm_flags",
-                "scores", "vec", "flags", "ready")
+                "scores", "vec", "dinv", "flags", "ready")
 CALL_NAMES = INPUT_NAMES + BUFFER_NAMES
 #: The prep's outputs, which a forward under autograd may keep for the backward (``keep_prep``).
 PREP_NAMES = ("wy", "winv", "aqk", "coef")
@@ -301,11 +309,7 @@ def build_delta_launches(q, k, v, g, beta, shape: DeltaShape, *, num_householder
         return CallArg(name if present else "o")
 
     dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    # The products take the input dtype (bf16/fp16 operands, float32 accumulation). Triton 3.6's
-    # interpreter multiplies bf16 tiles as raw uint16 bits, so there bf16 products run in float32.
-    dt = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[q.dtype]
-    if dt == tl.bfloat16 and INTERPRET:
-        dt = tl.float32
+    dt = product_dtype(q.dtype)
     beta_arg = arg("beta") if beta is not None else arg("beta_ones", wy)
     clamps = ssd is not None and tuple(ssd.dt_limit) != (0.0, float("inf"))
     has_d = ssd is not None and ssd.D is not None

@@ -57,19 +57,25 @@ def fused_launch_steps(step_type, q, v, *, H, HV, K, V, N, T, scale, varlen, n_p
     store_final unread)."""
     from ..kernels.gluon.delta_fused import (BT, BV, CHAIN_REGS, LOAD_REGS, MAXNREG, NUM_STAGES, PREP_REGS,
                                              gluon_fused_prefill_kernel)
+    from .delta import product_dtype  # launch/delta.py imports this module
     B = q.shape[0]
     slots = (B * T) // CHUNK_SIZE + N
+    d_pass = plan_delta.FUSED_DIAGONAL_FROM_PASS
     buffers = {"vec": ((slots, HV, VECTOR_ROWS, CHUNK_SIZE), torch.float32, None),
                "flags": ((N * HV, V), torch.int32, None)}
+    if d_pass:  # the WY matrix's diagonal 16 x 16 inverses, a chunk's rows of 16 (kernels/delta/chunk_vectors.py)
+        buffers["dinv"] = ((slots, HV, CHUNK_SIZE, 16), torch.float16, None)
     vectors = dict(q=CallArg("q"), k=CallArg("k"), g=CallArg("g" if has_g else "q"), beta=CallArg(beta_name),
                    vec=CallArg("vec"), cu_seqlens=CallArg("cu_seqlens" if varlen else "q"),
                    chunk_indices=CallArg("chunk_indices_dp" if varlen else "q"), T=T, n_seq=N if varlen else 0,
-                   H=H, HV=HV, K=K, BT=CHUNK_SIZE, IS_VARLEN=varlen, HAS_G=has_g)
+                   H=H, HV=HV, K=K, BT=CHUNK_SIZE, IS_VARLEN=varlen, HAS_G=has_g, DINV=d_pass,
+                   dinv=CallArg("dinv" if d_pass else "vec"), KK_DT=product_dtype(q.dtype))
     cache = n_slots > 0
     if cache:
         has_h0 = store_final = False
     h0 = "state" if cache else "initial_state" if has_h0 else "o"
-    fused = dict(q=CallArg("q"), k=CallArg("k"), v=CallArg("v"), vec=CallArg("vec"), o=CallArg("o"),
+    fused = dict(q=CallArg("q"), k=CallArg("k"), v=CallArg("v"), vec=CallArg("vec"),
+                 dinv=CallArg("dinv" if d_pass else "vec"), o=CallArg("o"),
                  h0=CallArg(h0), ht=CallArg("final" if store_final else "o"), flags=CallArg("flags"),
                  cu_seqlens=CallArg("cu_seqlens" if varlen else "flags"),
                  state_indices=CallArg("state_indices" if cache else "flags"), scale=scale, T=T,
@@ -78,7 +84,7 @@ def fused_launch_steps(step_type, q, v, *, H, HV, K, V, N, T, scale, varlen, n_p
                  o_st=o_strides[0], o_sh=o_strides[1], ht_n=ht_strides[0], ht_h=ht_strides[1],
                  H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, NUM_STAGES=NUM_STAGES, IS_VARLEN=varlen, HAS_H0=has_h0,
                  STORE_FINAL=store_final, USE_CACHE=cache, CHAIN_REGS=CHAIN_REGS, PREP_REGS=PREP_REGS,
-                 LOAD_REGS=LOAD_REGS, AQK_LATE=plan_delta.FUSED_AQK_LATE)
+                 LOAD_REGS=LOAD_REGS, AQK_LATE=plan_delta.FUSED_AQK_LATE, D_FROM_PASS=d_pass)
     steps = []
     if n_prep > 0:  # no launch of an empty grid
         steps.append(step_type(chunk_vectors_kernel, chunk_vectors_grid(n_prep, H), vectors, dict(num_warps=4)))

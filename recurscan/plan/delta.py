@@ -566,6 +566,15 @@ FUSED_PREFILL_CACHE = GluonTwinRow(True, "the fused prefill with a state cache: 
 FUSED_AQK_LATE = 0
 
 
+#: The fused prefill's prep given the WY inverse's four diagonal 16 x 16 blocks by the chunk vectors'
+#: pass (kernels/delta/chunk_vectors.py's DINV, kernels/gluon/delta_fused.py's D_FROM_PASS: 2 KB a
+#: chunk and value head, copied with the chunk's k and q) instead of inverting them: the same
+#: arithmetic, moved off the ring's period (the prep's loop 911 instructions against 1280 by the
+#: fused kernel's probe 1). Not yet measured on a GPU (pending_gpu.sh 59 says whether the period
+#: follows the prep's path; the row's A/B says whether the pass's extra work costs less).
+FUSED_DIAGONAL_FROM_PASS = False
+
+
 def fused_prefill_scope(problem) -> bool:
     """The fused prefill's problems (kernels/gluon/delta_fused.py): GDN (M = 1), 16-bit inputs,
     K = V = 128, beta per head; an initial state and a final state, or a state cache where

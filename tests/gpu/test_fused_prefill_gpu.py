@@ -81,6 +81,24 @@ def test_fused_prefill_is_within_the_oracle_tolerance_of_its_twin(case):
         assert err <= 1.25 * twin_err + 1e-4, f"{what}: {err:.3e} against the twin's {twin_err:.3e}"
 
 
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_diagonal_inverses_from_the_pass_keep_the_oracle_tolerance(case, monkeypatch):
+    """plan.delta.FUSED_DIAGONAL_FROM_PASS: the prep takes the WY inverse's diagonal blocks from the
+    chunk vectors' pass (K K^T's diagonal blocks formed there on their own, so not the planned
+    form's bits): its outputs and final state within the float64 oracle's tolerance of the twin's,
+    as the planned form's are."""
+    from recurscan.plan import delta as plan_delta
+    monkeypatch.setattr(plan_delta, "FUSED_DIAGONAL_FROM_PASS", True)
+    test_fused_prefill_is_within_the_oracle_tolerance_of_its_twin(case)
+
+
+def test_the_diagonal_inverses_from_the_pass_keep_varlen_right(monkeypatch):
+    """The same, varlen with empty and one-token sequences (the pass's slots are the prep's)."""
+    from recurscan.plan import delta as plan_delta
+    monkeypatch.setattr(plan_delta, "FUSED_DIAGONAL_FROM_PASS", True)
+    test_fused_prefill_varlen_with_empty_and_one_token_sequences()
+
+
 def test_fused_prefill_varlen_with_empty_and_one_token_sequences():
     lengths = [0, 1, 63, 64, 65, 700, 0, 129, 1000]
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), device=DEV, dtype=torch.int32)

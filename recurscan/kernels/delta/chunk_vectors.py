@@ -10,6 +10,14 @@ prep's ``coef``):
     row 2  rk    1 / sqrt(|k|^2 + 1e-6), the key's l2norm factor
     row 3  rq    the query's (without the scale)
 
+With DINV (the fused kernel's D_FROM_PASS, ``plan.delta.FUSED_DIAGONAL_FROM_PASS``) the pass also
+writes ``dinv[slot, hv, 0:64, 0:16]`` float16: row i holds row i % 16 of D_w = (I + A_ww)^-1, the
+inverse of diagonal block w = i // 16 of the WY matrix I + A, A = diag(beta) strictLower(K K^T) for
+the normalised keys: the first step of the fused prep's inverse (kernels/gluon/wy_inverse.py's
+three doubling levels on a [4, 16, 16] batch, fp16 operands and float32 sums, the same association;
+K K^T's diagonal blocks formed here on their own, so not bit for bit the prep's), taken off the
+fused kernel's chunk period.
+
 Rows past the sequence's end hold g = 0 (so gc stays at the last row's: gc[63] is the decay
 across the chunk's rows), beta = 0, and the factors of a zero key and query.
 
@@ -40,14 +48,34 @@ def chunk_vectors_grid(n_prep: int, H: int) -> tuple[int]:
     return (n_prep * H,)
 
 
+@triton.jit
+def _small(a, b):
+    """a b for batches of square tiles: fp16 operands, float32 sums (the fused prep's mma.sync)."""
+    return tl.dot(a.to(tl.float16), b.to(tl.float16))
+
+
+@triton.jit
+def _diagonal_inverses(A, i, j):
+    """(I + A_w)^-1 for a batch of strictly lower 16 x 16 blocks ``A [W, 16, 16]`` (rows ``i``,
+    columns ``j`` of a block): 2 x 2 blocks inverted exactly, then three doubling levels
+    D <- D - D A_s D (wy_inverse.py's inverse_on_blocks, the same association)."""
+    D = tl.where(i == j, 1.0, 0.0) - tl.where((i ^ j) == 1, A, 0.0)
+    for lvl in tl.static_range(1, 4):
+        D = D - _small(D, _small(tl.where(((i >> lvl) ^ (j >> lvl)) == 1, A, 0.0), D))
+    return D
+
+
 @triton.jit(do_not_specialize=["n_seq"])
 def chunk_vectors_kernel(q, k, g, beta, vec, cu_seqlens, chunk_indices, T, n_seq,
                          H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-                         IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr):
+                         IS_VARLEN: tl.constexpr, HAS_G: tl.constexpr, DINV: tl.constexpr = False, dinv=None,
+                         KK_DT: tl.constexpr = tl.float32):
     """Grid :func:`chunk_vectors_grid`: program -> (chunk, query/key head), writing the vectors of
     the chunk's HV / H value heads (the module docstring). q, k ``[B, T, H, K]``, g, beta ``[B, T,
     HV]`` contiguous (HAS_G False: no decay, g unread; varlen: B = 1, ``chunk_indices [NT_pad, 2]``
-    (sequence, chunk), padding rows skipped); K a power of two.
+    (sequence, chunk), padding rows skipped); K a power of two. DINV: also ``dinv`` (the module
+    docstring; else unread), K K^T's diagonal blocks from ``KK_DT`` operands (the keys' dtype on the
+    GPU; float32 under the interpreter, whose 16-bit products are not the GPU's).
 
     Every load is issued before the first reduction: the group's decays and betas as one [BT,
     group] tile each (a scan synchronises the warps, and no load moves across it)."""
@@ -89,3 +117,20 @@ def chunk_vectors_kernel(q, k, g, beta, vec, cu_seqlens, chunk_indices, T, n_seq
     tl.store(p + BT, b_beta, mask=m_v)
     tl.store(p + 2 * BT, tl.zeros([BT, GP], tl.float32) + rk[:, None], mask=m_v)
     tl.store(p + 3 * BT, tl.zeros([BT, GP], tl.float32) + rq[:, None], mask=m_v)
+    if DINV:
+        # K K^T's diagonal blocks [W, 16, 16] alone (no [BT, BT] tile), from the keys read again
+        # (from cache) rather than held across the vectors in float32
+        W: tl.constexpr = BT // 16
+        p_k = k + (tl.reshape(rows, [W, 16]) * H + i_h)[:, :, None] * K + o_k[None, None, :]
+        k_w = tl.load(p_k, mask=tl.reshape(live, [W, 16])[:, :, None], other=0.0).to(KK_DT)
+        kk = tl.dot(k_w, tl.trans(k_w, (0, 2, 1)))  # the keys' own 16-bit products, float32 sums
+        i = tl.arange(0, 16)[None, :, None]
+        j = tl.arange(0, 16)[None, None, :]
+        rk_j = tl.reshape(rk, [W, 16])[:, None, :]
+        o_d = tl.arange(0, 16)
+        for i_g in tl.static_range(GROUP):
+            b_beta_g = tl.sum(tl.where((o_g == i_g)[None, :], b_beta, 0.0), axis=1)
+            A = tl.where(i > j, kk * tl.reshape(b_beta_g * rk, [W, 16])[:, :, None] * rk_j, 0.0)
+            D = tl.reshape(_diagonal_inverses(A, i, j), [BT, 16])
+            p_d = dinv + ((slot * HV + i_h * GROUP + i_g) * BT + o_t)[:, None] * 16 + o_d[None, :]
+            tl.store(p_d, D.to(tl.float16))

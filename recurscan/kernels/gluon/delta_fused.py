@@ -90,15 +90,17 @@ def _chunks_to_run(n_chunks, state_indices, n_slots, USE_CACHE: gl.constexpr, HV
 
 
 @gluon.jit
-def _loads(k_desc, q_desc, v_desc, gv_desc, k_s, q_s, v_s, gv_s, ready, ready_v, empty, h0_read, col_qk, col_v,
-           vec0, state_indices, n_slots, n_chunks, USE_CACHE: gl.constexpr, HV: gl.constexpr, BT: gl.constexpr,
-           BV: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr):
+def _loads(k_desc, q_desc, v_desc, gv_desc, d_desc, k_s, q_s, v_s, gv_s, dv_s, ready, ready_v, empty, h0_read, col_qk,
+           col_v, vec0, state_indices, n_slots, n_chunks, USE_CACHE: gl.constexpr, HV: gl.constexpr, BT: gl.constexpr,
+           BV: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr, D_FROM_PASS: gl.constexpr):
     """The load warp: chunk j's k, q, both value blocks of v and its vectors (at ``vec0 + j HV 4
     BT`` floats) into stage j % NUM_STAGES, once both chains freed it (HAS_H0: the first once both
     chains read their initial state, or the cache slot's, out of the k and q stages). What the prep
     reads (k, q, the vectors) completes ``ready`` and v ``ready_v``, so that the prep starts on a
-    chunk without waiting for its v; the chains wait on both."""
-    kq_bytes: gl.constexpr = k_desc.block_type.nbytes + q_desc.block_type.nbytes + gv_desc.block_type.nbytes
+    chunk without waiting for its v; the chains wait on both. D_FROM_PASS: the pass's diagonal
+    inverses too (rows ``vec0 / 4 + j HV BT`` of ``d_desc``), with k and q."""
+    kq_bytes: gl.constexpr = k_desc.block_type.nbytes + q_desc.block_type.nbytes + gv_desc.block_type.nbytes + \
+        (d_desc.block_type.nbytes if D_FROM_PASS else 0)
     v_bytes: gl.constexpr = 2 * v_desc.block_type.nbytes
     if HAS_H0:
         mbarrier.wait(h0_read.index(0), 0)
@@ -113,6 +115,8 @@ def _loads(k_desc, q_desc, v_desc, gv_desc, k_s, q_s, v_s, gv_s, ready, ready_v,
         tma.async_copy_global_to_shared(k_desc, [r, col_qk], bar, k_s.index(s))
         tma.async_copy_global_to_shared(q_desc, [r, col_qk], bar, q_s.index(s))
         tma.async_copy_global_to_shared(gv_desc, [vec0 + j * (HV * 4 * BT)], bar, gv_s.index(s))
+        if D_FROM_PASS:
+            tma.async_copy_global_to_shared(d_desc, [vec0 // 4 + j * (HV * BT), 0], bar, dv_s.index(s))
         tma.async_copy_global_to_shared(v_desc, [r, col_v], bar_v, v_s.index(2 * s))
         tma.async_copy_global_to_shared(v_desc, [r, col_v + BV], bar_v, v_s.index(2 * s + 1))
 
@@ -127,20 +131,22 @@ def _gates(gv, causal, rowv: gl.constexpr, colv: gl.constexpr, BT: gl.constexpr)
 
 
 @gluon.jit
-def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, prepped_aqk, state_indices,
-          n_slots, n_chunks, scale, USE_CACHE: gl.constexpr, HV: gl.constexpr, BT: gl.constexpr,
-          NUM_STAGES: gl.constexpr, AQK_LATE: gl.constexpr):
+def _prep(k_s, q_s, gv_s, dv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, prepped_aqk,
+          state_indices, n_slots, n_chunks, scale, USE_CACHE: gl.constexpr, HV: gl.constexpr, BT: gl.constexpr,
+          NUM_STAGES: gl.constexpr, AQK_LATE: gl.constexpr, D_FROM_PASS: gl.constexpr):
     """The prep warpgroup: chunk j's wy, aqk and row coefficients (lam rk, lam rq, gam rk, and
     lam_last in 64 copies) into stage j % NUM_STAGES's buffers, then ``prepped``. The vectors are
     read from the stage along the rows and along the columns where each is used. AQK_LATE 1: wy
     and the coefficients are handed over first (``prepped``), then Q K^T is issued and aqk handed
     over (``prepped_aqk``; the chains read it only in their chunk's last products), the gates formed
     again after the inverse rather than held across it; 2: lam rq, gam rk and lam_last with aqk
-    (the chains read them in the same products), lam rk alone before the inverse."""
+    (the chains read them in the same products), lam rk alone before the inverse. D_FROM_PASS: the
+    inverse's diagonal blocks are the pass's (``dv_s``), copied into its scratch, not computed."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
     rowv: gl.constexpr = gl.SliceLayout(1, mma)
     colv: gl.constexpr = gl.SliceLayout(0, mma)
     one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    rows16: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [4, 1], [1, 0])  # a [64, 16] fp16 tile's copy
     DT: gl.constexpr = k_s.dtype
     o_t = gl.arange(0, BT, layout=rowv)
     o_c = gl.arange(0, BT, layout=colv)
@@ -193,7 +199,9 @@ def _prep(k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, pre
             if PROBE == 2:
                 Tinv = gl.where(r == c, 1.0, 0.0) + A * 0.0
             else:
-                Tinv = inverse_on_blocks(A, r, c, d_s, b_s, a_s, t_s, x_s, mma, False, PROBE == 1)
+                if D_FROM_PASS:
+                    d_s.reshape([BT, 16]).store(dv_s.index(s).load(rows16))
+                Tinv = inverse_on_blocks(A, r, c, d_s, b_s, a_s, t_s, x_s, mma, False, PROBE == 1 or D_FROM_PASS)
             if AQK_LATE:  # the stage's vectors are still the chunk's: the chains free it only after aqk
                 G = _gates(gv, causal, rowv, colv, BT)
                 Gb = (G * gv.slice(BT, BT).load(colv)[None, :]).to(gl.float16)
@@ -356,14 +364,14 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped,
 
 
 @gluon.jit
-def gluon_fused_prefill_kernel(q, k, v, vec, o, h0, ht, flags, cu_seqlens, state_indices, scale, T, n_vec, n_slots,
+def gluon_fused_prefill_kernel(q, k, v, vec, dinv, o, h0, ht, flags, cu_seqlens, state_indices, scale, T, n_vec, n_slots,
                                s0_n, s0_h, s0_k, s0_v, o_st, o_sh, ht_n, ht_h,
                                H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                                BT: gl.constexpr, BV: gl.constexpr, NUM_STAGES: gl.constexpr,
                                IS_VARLEN: gl.constexpr, HAS_H0: gl.constexpr, STORE_FINAL: gl.constexpr,
                                USE_CACHE: gl.constexpr,
                                CHAIN_REGS: gl.constexpr, PREP_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
-                               AQK_LATE: gl.constexpr = 0):
+                               AQK_LATE: gl.constexpr = 0, D_FROM_PASS: gl.constexpr = False):
     """Grid (N * HV,): program -> (sequence, value head), the head fastest. ``q, k [B, T, H, K]``,
     ``v [B, T, HV, V]`` contiguous (varlen: B = 1 and ``cu_seqlens [N + 1]``, each sequence's
     bounds clamped to [0, T]); ``vec`` the pre-pass's vectors (kernels/delta/chunk_vectors.py), ``n_vec``
@@ -373,7 +381,8 @@ def gluon_fused_prefill_kernel(q, k, v, vec, o, h0, ht, flags, cu_seqlens, state
     sequence and head strides ``ht_n``, ``ht_h``; ``flags [N * HV, V]`` int32, each value row's
     flag (1: its state came out non-finite). USE_CACHE: ``h0`` is the state cache ``[n_slots, HV,
     K, V]`` (any float dtype, strides ``s0_*``), read and written at ``state_indices[n]``; a slot
-    outside [0, n_slots) is padding: zero outputs, the cache untouched, no flag."""
+    outside [0, n_slots) is padding: zero outputs, the cache untouched, no flag. D_FROM_PASS: ``dinv``
+    the pass's diagonal inverses ``[n_vec / 4, 16]`` float16 (else unread)."""
     gl.static_assert(BT == 64 and BV == 64 and V == 2 * BV, "chunks of 64 rows, two chains of 64 value columns")
     gl.static_assert(K == 128, "K = 128")
     pid = gl.program_id(0)
@@ -406,6 +415,13 @@ def gluon_fused_prefill_kernel(q, k, v, vec, o, h0, ht, flags, cu_seqlens, state
     wy_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BT], l_tt)
     gv_s = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, 4 * BT], l_gv)
     aqk_s = gl.allocate_shared_memory(DT, [NUM_STAGES, BT, BT], l_tt)
+    if D_FROM_PASS:
+        l_d: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, 16], gl.float16)
+        d_desc = tma.make_tensor_descriptor(dinv, [n_vec // 4, 16], [16, 1], [BT, 16], l_d)
+        dv_s = gl.allocate_shared_memory(gl.float16, [NUM_STAGES, BT, 16], l_d)
+    else:
+        d_desc = gv_desc  # not read
+        dv_s = gv_s
     # The inverse's scratch, swizzled: unswizzled, its rows of 128 and 32 bytes meet in one bank for
     # the small products' operand loads (perf-history 2026-12-06).
     swz2: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
@@ -445,9 +461,9 @@ def gluon_fused_prefill_kernel(q, k, v, vec, o, h0, ht, flags, cu_seqlens, state
         (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped, prepped_aqk, empty, h0_read,
                   o_desc, h0, ht, flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, HV, K, V,
                   BT, BV, NUM_STAGES, 1, HAS_H0, STORE_FINAL, USE_CACHE, AQK_LATE)),
-        (_prep, (k_s, q_s, gv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, prepped_aqk,
-                 state_indices, n_slots, n_chunks, scale, USE_CACHE, HV, BT, NUM_STAGES, AQK_LATE)),
-        (_loads, (k_desc, q_desc, v_desc, gv_desc, k_s, q_s, v_s, gv_s, ready, ready_v, empty, h0_read, i_h * K,
-                  i_hv * V, vec0, state_indices, n_slots, n_chunks, USE_CACHE, HV, BT, BV, NUM_STAGES,
-                  HAS_H0 or USE_CACHE)),
+        (_prep, (k_s, q_s, gv_s, dv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, prepped_aqk,
+                 state_indices, n_slots, n_chunks, scale, USE_CACHE, HV, BT, NUM_STAGES, AQK_LATE, D_FROM_PASS)),
+        (_loads, (k_desc, q_desc, v_desc, gv_desc, d_desc, k_s, q_s, v_s, gv_s, dv_s, ready, ready_v, empty, h0_read,
+                  i_h * K, i_hv * V, vec0, state_indices, n_slots, n_chunks, USE_CACHE, HV, BT, BV, NUM_STAGES,
+                  HAS_H0 or USE_CACHE, D_FROM_PASS)),
     ], [4, 4, 1], [CHAIN_REGS, PREP_REGS, LOAD_REGS])
