@@ -121,7 +121,8 @@ def test_aqk_handed_over_after_wy_gives_the_same_bits(late, monkeypatch):
     from recurscan.plan import delta as plan_delta
     lengths = [0, 1, 63, 64, 65, 700, 0, 129, 1000]
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), device=DEV, dtype=torch.int32)
-    cases = ((inputs(3, 1000, 4, 8, h0=True), None), (inputs(1, int(cu[-1]), 2, 4), cu), (inputs(4, 8192, 16, 64), None))
+    cases = ((inputs(3, 1000, 4, 8, h0=True), None), (inputs(1, int(cu[-1]), 2, 4), cu),
+             (inputs(4, 8192, 16, 64), None))
     for (x, h0), cu_seqlens in cases:
         if cu_seqlens is not None:
             h0 = torch.randn(len(lengths), 4, 128, 128, device=DEV) * 0.1

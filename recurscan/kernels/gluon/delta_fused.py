@@ -69,9 +69,9 @@ MAXNREG = 128
 #: benchmarks/gpu_fused_probe.py sets it): 0 the kernel; 1 the inverse's diagonal blocks not
 #: inverted (the batch's three doubling levels skipped, D read as whatever its buffer holds: what a
 #: prep given D^-1 by copy would do); 2 no inverse at all (Tinv = I); 3 no aqk formed or stored
-#: (Q K^T still issued; the chains read a stale tile); 4 no prep work (the prep waits for a chunk's tiles and hands it over,
-#: the chains read stale wy, aqk and coefficients). Probes 1-4 compute wrong outputs: for timing
-#: only. They say how the ring's period follows the prep's path (docs/kernels-chunk-delta.md, "The
+#: (Q K^T still issued; the chains read a stale tile); 4 no prep work (the prep waits for a chunk's
+#: tiles and hands it over, the chains read stale wy, aqk and coefficients). Probes 1-4 compute
+#: wrong outputs: for timing only. They say how the ring's period follows the prep's path (docs/kernels-chunk-delta.md, "The
 #: fused kernel").
 _PROBE = os.environ.get("RECURSCAN_FUSED_PROBE", "0")
 if _PROBE not in ("0", "1", "2", "3", "4"):
@@ -364,8 +364,8 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped,
 
 
 @gluon.jit
-def gluon_fused_prefill_kernel(q, k, v, vec, dinv, o, h0, ht, flags, cu_seqlens, state_indices, scale, T, n_vec, n_slots,
-                               s0_n, s0_h, s0_k, s0_v, o_st, o_sh, ht_n, ht_h,
+def gluon_fused_prefill_kernel(q, k, v, vec, dinv, o, h0, ht, flags, cu_seqlens, state_indices, scale, T, n_vec,
+                               n_slots, s0_n, s0_h, s0_k, s0_v, o_st, o_sh, ht_n, ht_h,
                                H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                                BT: gl.constexpr, BV: gl.constexpr, NUM_STAGES: gl.constexpr,
                                IS_VARLEN: gl.constexpr, HAS_H0: gl.constexpr, STORE_FINAL: gl.constexpr,
