@@ -1,13 +1,13 @@
 """How the fused prefill's chunk period follows its prep's path (kernels/gluon/delta_fused.py):
 the fused kernel's GPU time in issue 21's fused rows (GDN B4 T8192 H16 HV64, the varlen batch of
-16 sequences at HV32; a no-grad forward as planned), as planned and under its timing probes, each in
-a process of its own (RECURSCAN_FUSED_PROBE: 1 the inverse's diagonal blocks not inverted, what a
-prep given D^-1 by copy would leave; 2 no inverse; 3 no Q K^T and no aqk; 4 no prep work). Per
-row: the fused kernel's microseconds and, dense, a chunk's microseconds a program (its waves of one
-program an SM). The prep's loop by probe, offline (sm_90): 1280 instructions (0), 911 (1), 716 (2),
-1075 (3). If the period falls with those about one for one, a shorter prep path pays and the
-design that moves work off it (D^-1 from the pre-pass, for instance) is worth building; if it does
-not, the chains or the ring set it. Probes 1-4 compute wrong outputs.
+16 sequences at HV32; a forward as planned), as planned and under its timing probes, each in a
+process of its own (RECURSCAN_FUSED_PROBE: 1 the inverse's diagonal blocks neither inverted nor
+copied; 2 no inverse; 3 no aqk; 4 no prep work). Per row: the fused kernel's microseconds and,
+dense, a chunk's microseconds a program (its waves of one program an SM). The prep's loop by probe,
+offline (sm_90), with the planned diagonal blocks from the pass: 915 instructions (0), 911 (1), 716
+(2), 735 (3); with the prep inverting them itself (1280 at 0) the probes were run on an H100 at
+35f37ce (results/gpu_fused_probe_h100_35f37ce.json): 4.02 us a chunk at HV64 as planned then, 3.44
+(1), 3.17 (2), 3.84 (3), 2.76 (4). Probes 1-4 compute wrong outputs.
 
     PYTHONPATH=$PWD python benchmarks/gpu_fused_probe.py --out benchmarks/results/gpu_fused_probe_<card>_<commit>.json
 """

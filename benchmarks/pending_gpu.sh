@@ -181,32 +181,19 @@
 #  55. (Ran at 2a2484f on an H100, the branch exp/fused-deep-ring, not in main.) The register split on a ring of
 #      three stages: the same bits (6 tests), 5-10% slower than the planned form (results/ab_fused_deep_ring_h100_
 #      2a2484f.json).
-#  56. Issue 21: the chunk vectors' pass in other forms (`benchmarks/chunk_vectors_forms.py`, any card, dense): the
-#      package's kernel at 2, 4 and 8 warps, and a looped form whose program takes 2-8 consecutive chunks of one
-#      q/k head with their loads pipelined (cp.async), each against the package's vectors. The pass moves its
-#      ~0.19 GB at ~1.7 TB/s (0.108 ms of the HV64 row's ~1.15 on an H100 at 342fea0). Where a looped form wins,
-#      500cce2 (taken back out, never run on a GPU) has it in the package behind plan.delta.CHUNK_VECTORS_LOOP:
-#      check it out with main's package as build/prev and run `python -m benchmarks.ab_prev --prev build/prev
-#      --workload gdn_b4_t8192_h16_hv64 --workload gdn_varlen16_32976_hv32 --plan "CHUNK_VECTORS_LOOP=(4,2)"`
-#      (its rows' outputs must agree to the bit: the same arithmetic) and the fused GPU tests with it set.
-#  58. Issue 21: the fused prefill's prep handing aqk over after wy (plan.delta.FUSED_AQK_LATE 1: Q K^T issued once
-#      wy is handed over, the chains waiting for aqk before their chunk's last products; 2: lam rq, gam rk and
-#      lam_last with it), any card: the fused tests (the bits of both forms against the planned order's, and the
-#      oracle cases), then each form against the previous commit's package in one process (build/prev as step 56
-#      says; ~2 min a form). Whether the ring's cycle is the prep's path to its hand-over: the query's part is
-#      ~19% of the prep.
-#  59. Issue 21: how the fused kernel's chunk period follows its prep's path (`benchmarks/gpu_fused_probe.py`, any
-#      card; each probe in a process of its own, the fused kernel's GPU time at HV64 and varlen16): as planned, the
-#      inverse's diagonal blocks not inverted (the prep's loop 911 instructions against 1280), no inverse (716), no
-#      aqk (1078), no prep work. If the period falls with the prep's path, the pre-pass giving the prep D^-1 pays;
-#      if not, the chains or the ring set it (the "converse not shown" of docs/kernels-chunk-delta.md).
+#  56. (Ran at 35f37ce on an H100.) The chunk vectors' pass in other forms (`benchmarks/chunk_vectors_forms.py`):
+#      the package's kernel 104-109 us at HV64 at 2, 4 and 8 warps, the looped forms (a run of chunks a program,
+#      loads pipelined) ~3x slower (results/chunk_vectors_forms_h100_35f37ce.json); 500cce2's package form not pursued.
+#  58. (Ran at 35f37ce on an H100; taken out.) The fused prep handing aqk over after wy (FUSED_AQK_LATE 1 and 2):
+#      the same bits (10 tests), 0.7-2% slower on both rows (results/ab_fused_aqk_late{1,2}_h100_35f37ce.json).
+#  59. Issue 21: the fused kernel's timing probes (`benchmarks/gpu_fused_probe.py`, any card; each probe in a
+#      process of its own). Ran at 35f37ce on an H100 with the prep inverting its own diagonal blocks
+#      (results/gpu_fused_probe_h100_35f37ce.json): the period follows the prep's path, ~1.6 ns an instruction.
 #  60. Issue 21: the fused prep given the WY inverse's diagonal blocks by the chunk vectors' pass
-#      (plan.delta.FUSED_DIAGONAL_FROM_PASS; any card): its GPU tests (within the oracle's tolerance of the twin,
-#      dense at every size and varlen; not the planned form's bits: the pass forms K K^T's diagonal blocks on
-#      their own), then the rows against the previous commit's package (build/prev as step 56 says). Offline
-#      (sm_90): the prep's loop 911 instructions against 1280, the pass at 96-120 registers against 56 (its
-#      reload of the keys and the blocks' products) and 2 KB more a chunk and value head written and read.
-#      Worth it where step 59's probe 1 shows the period falling by more than the pass's added time.
+#      (plan.delta.FUSED_DIAGONAL_FROM_PASS, planned since; any card): its GPU tests, then the rows with the switch
+#      against the previous commit's package (build/prev as step 56 said; with it planned, pass
+#      --plan FUSED_DIAGONAL_FROM_PASS=False to see the other form). Ran at 35f37ce on an H100
+#      (results/ab_fused_diagonal_pass{,_repeat}_h100_35f37ce.json).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
@@ -388,16 +375,10 @@ step 51 && timeout 300 env PYTHONPATH=$PWD python benchmarks/gpu_delta_reverse_p
     --out "$OUT/gpu_delta_reverse_probe_$C.json" 2>&1 | grep "^probe"
 step 56 && timeout 300 env PYTHONPATH=$PWD python -m benchmarks.chunk_vectors_forms \
     --out "$OUT/chunk_vectors_forms_$C.json" 2>&1 | grep -v -i warn | tail -30
-step 58 && { timeout 200 python -m pytest -m gpu -q -p no:cacheprovider -o faulthandler_timeout=190 \
-    tests/gpu/test_fused_prefill_gpu.py -k "aqk or oracle" > "$OUT/gpu_tests_fused_aqk_late_$C.log" 2>&1; rc=$?
-    echo "aqk tests rc=$rc"; grep -E "passed|failed|FAILED|Error" "$OUT/gpu_tests_fused_aqk_late_$C.log" | tail -8
-    [ $rc -eq 0 ] && for m in 1 2; do timeout 170 env PYTHONPATH=$PWD python -m benchmarks.ab_prev --prev build/prev \
-        --label prev --workload gdn_b4_t8192_h16_hv64 --workload gdn_varlen16_32976_hv32 --rep-ms 300 \
-        --plan FUSED_AQK_LATE=$m --out "$OUT/ab_fused_aqk_late${m}_$C.json" 2>&1 | grep -v -i warn | tail -6; done; }
 step 59 && timeout 300 env PYTHONPATH=$PWD python benchmarks/gpu_fused_probe.py --out "$OUT/gpu_fused_probe_$C.json" \
     2>&1 | grep "^probe"
 step 60 && { timeout 240 python -m pytest -m gpu -q -p no:cacheprovider -o faulthandler_timeout=230 \
-    tests/gpu/test_fused_prefill_gpu.py -k "diagonal_inverses" > "$OUT/gpu_tests_fused_diagonal_pass_$C.log" 2>&1; rc=$?
+    tests/gpu/test_fused_prefill_gpu.py -k "diagonal_blocks or oracle or varlen" > "$OUT/gpu_tests_fused_diagonal_pass_$C.log" 2>&1; rc=$?
     echo "diagonal-pass tests rc=$rc"; grep -E "passed|failed|FAILED|Error" "$OUT/gpu_tests_fused_diagonal_pass_$C.log" | tail -8
     [ $rc -eq 0 ] && timeout 170 env PYTHONPATH=$PWD python -m benchmarks.ab_prev --prev build/prev --label prev \
         --workload gdn_b4_t8192_h16_hv64 --workload gdn_varlen16_32976_hv32 --rep-ms 300 --kernels \

@@ -555,24 +555,19 @@ FUSED_PREFILL_CACHE = GluonTwinRow(True, "the fused prefill with a state cache: 
                                          "test fix)")
 
 
-#: When the fused prefill's prep hands over aqk (kernels/gluon/delta_fused.py's AQK_LATE): 0 with wy
-#: and the row coefficients, Q K^T under K K^T; 1 after them (Q K^T issued once wy is handed over,
-#: the chains waiting for aqk before their chunk's last products); 2 as 1 with lam rq, gam rk and
-#: lam_last handed over with aqk (lam rk alone before the inverse). Why: the ring's cycle is the
-#: prep's path to the hand-over, the chains' step and the next chunk's copies, so the query's part
-#: (~19% of the prep, the unfused prep's QUERY measurement) leaves the cycle. Offline (sm_90): the
-#: prep's loop 1270 instructions and 17 barriers (1), 1273 and 16 (2), against 1280 and 15, no
-#: spills in the loops (8 B of stack in the prep's prologue). Not yet measured on a GPU.
-FUSED_AQK_LATE = 0
-
-
 #: The fused prefill's prep given the WY inverse's four diagonal 16 x 16 blocks by the chunk vectors'
 #: pass (kernels/delta/chunk_vectors.py's DINV, kernels/gluon/delta_fused.py's D_FROM_PASS: 2 KB a
-#: chunk and value head, copied with the chunk's k and q) instead of inverting them: the same
-#: arithmetic, moved off the ring's period (the prep's loop 911 instructions against 1280 by the
-#: fused kernel's probe 1). Not yet measured on a GPU (pending_gpu.sh 59 says whether the period
-#: follows the prep's path; the row's A/B says whether the pass's extra work costs less).
-FUSED_DIAGONAL_FROM_PASS = False
+#: chunk and value head, copied with the chunk's k and q) instead of inverting them: the prep's loop
+#: 911 instructions against 1280, the same association (its K K^T blocks formed by the pass's own
+#: products, so not the former bits; the oracle's tolerance of the twin, its GPU tests). On an H100
+#: at 35f37ce, two runs against a872be8's package in one process (benchmarks.ab_prev --kernels): the
+#: fused kernel 886 us against 1007 at B4 T8192 HV64 and 474-499 against 522-547 for the varlen batch
+#: of 16, the pass 177 against 110 and 141-145 against 104 (four warps; two 181, eight 200); the rows
+#: HV64 eager 1.071-1.087 ms against 1.125-1.126, graph 1.123-1.126 against 1.129-1.153, varlen16
+#: eager 0.634-0.635 against 0.646-0.648, graph 0.644-0.649 against 0.645 (results/ab_fused_diagonal_
+#: pass{,_repeat}_h100_35f37ce.json); the 17 fused GPU tests with it planned
+#: (results/gpu_tests_fused_diagonal_pass_planned_h100_35f37ce.log).
+FUSED_DIAGONAL_FROM_PASS = True
 
 
 def fused_prefill_scope(problem) -> bool:

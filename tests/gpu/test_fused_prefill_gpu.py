@@ -82,20 +82,19 @@ def test_fused_prefill_is_within_the_oracle_tolerance_of_its_twin(case):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_the_diagonal_inverses_from_the_pass_keep_the_oracle_tolerance(case, monkeypatch):
-    """plan.delta.FUSED_DIAGONAL_FROM_PASS: the prep takes the WY inverse's diagonal blocks from the
-    chunk vectors' pass (K K^T's diagonal blocks formed there on their own, so not the planned
-    form's bits): its outputs and final state within the float64 oracle's tolerance of the twin's,
-    as the planned form's are."""
+def test_the_prep_inverting_its_own_diagonal_blocks_keeps_the_oracle_tolerance(case, monkeypatch):
+    """plan.delta.FUSED_DIAGONAL_FROM_PASS off: the prep inverts the WY matrix's diagonal blocks
+    itself (the pass writes none): its outputs and final state within the float64 oracle's tolerance
+    of the twin's, as the planned form's are."""
     from recurscan.plan import delta as plan_delta
-    monkeypatch.setattr(plan_delta, "FUSED_DIAGONAL_FROM_PASS", True)
+    monkeypatch.setattr(plan_delta, "FUSED_DIAGONAL_FROM_PASS", False)
     test_fused_prefill_is_within_the_oracle_tolerance_of_its_twin(case)
 
 
-def test_the_diagonal_inverses_from_the_pass_keep_varlen_right(monkeypatch):
-    """The same, varlen with empty and one-token sequences (the pass's slots are the prep's)."""
+def test_the_prep_inverting_its_own_diagonal_blocks_keeps_varlen_right(monkeypatch):
+    """The same, varlen with empty and one-token sequences."""
     from recurscan.plan import delta as plan_delta
-    monkeypatch.setattr(plan_delta, "FUSED_DIAGONAL_FROM_PASS", True)
+    monkeypatch.setattr(plan_delta, "FUSED_DIAGONAL_FROM_PASS", False)
     test_fused_prefill_varlen_with_empty_and_one_token_sequences()
 
 
@@ -111,27 +110,6 @@ def test_fused_prefill_varlen_with_empty_and_one_token_sequences():
     assert relative_rms(o_f, o_w) <= 1.25 * relative_rms(o_t, o_w) + 1e-4
     assert relative_rms(s_f, s_w) <= 1.25 * relative_rms(s_t, s_w) + 1e-4
     assert torch.equal(s_f[0], h0[0]) and torch.equal(s_f[6], h0[6])  # empty sequences keep their state
-
-
-@pytest.mark.parametrize("late", [1, 2])
-def test_aqk_handed_over_after_wy_gives_the_same_bits(late, monkeypatch):
-    """plan.delta.FUSED_AQK_LATE moves when the prep forms and hands over aqk, not what it computes:
-    the bits of the planned order (dense with a partial last chunk and an initial state, varlen
-    with empty and one-token sequences, GVA, and the real-size row)."""
-    from recurscan.plan import delta as plan_delta
-    lengths = [0, 1, 63, 64, 65, 700, 0, 129, 1000]
-    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), device=DEV, dtype=torch.int32)
-    cases = ((inputs(3, 1000, 4, 8, h0=True), None), (inputs(1, int(cu[-1]), 2, 4), cu),
-             (inputs(4, 8192, 16, 64), None))
-    for (x, h0), cu_seqlens in cases:
-        if cu_seqlens is not None:
-            h0 = torch.randn(len(lengths), 4, 128, 128, device=DEV) * 0.1
-        monkeypatch.setattr(plan_delta, "FUSED_AQK_LATE", 0)
-        (o0, s0), ran0 = run(x, h0, True, cu_seqlens)
-        monkeypatch.setattr(plan_delta, "FUSED_AQK_LATE", late)
-        (o1, s1), ran1 = run(x, h0, True, cu_seqlens)
-        assert ran0 and ran1
-        assert torch.equal(bits(o0), bits(o1)) and torch.equal(bits(s0), bits(s1))
 
 
 @pytest.mark.parametrize("layout", ["kv", "vk"])

@@ -10,7 +10,7 @@ compilable objects.
     python -m tests.helpers.sm90 gluon-prep-proto-sass   # benchmarks/gluon_prep_proto.py's SASS by part
     python -m tests.helpers.sm90 prep-query-sass   # the delta prep's SASS with its QUERY switch at 2, 1, 0
     python -m tests.helpers.sm90 fused-prefill   # the fused prefill's launches (kernels/gluon/delta_fused.py)
-    RECURSCAN_FUSED_PROBE=1 python -m tests.helpers.sm90 fused-prefill-forms   # its AQK_LATE forms, a probe
+    RECURSCAN_FUSED_PROBE=2 python -m tests.helpers.sm90 fused-prefill-forms   # its forms under a probe
 """
 import dataclasses
 import sys
@@ -613,11 +613,11 @@ def compile_fused_prefill() -> list[str]:
 
 
 def compile_fused_prefill_forms() -> list[str]:
-    """The fused prefill's kernel (dense, H = HV, an initial and final state) at each
-    ``plan.delta.FUSED_AQK_LATE`` form and with ``FUSED_DIAGONAL_FROM_PASS`` (then the chunk vectors'
-    pass too), under this process's RECURSCAN_FUSED_PROBE: a line each with its registers, stack and
-    its three partitions' loops, not held to the planned kernel's no-stack rule (the forms not
-    planned and the timing probes; the planned one is :func:`compile_fused_prefill`'s)."""
+    """The fused prefill's kernel (dense, H = HV, an initial and final state) with
+    ``plan.delta.FUSED_DIAGONAL_FROM_PASS`` on (then the chunk vectors' pass too) and off, under this
+    process's RECURSCAN_FUSED_PROBE: a line each with its registers, stack and its three partitions'
+    loops, not held to the planned kernel's no-stack rule (the timing probes; the planned form's is
+    :func:`compile_fused_prefill`'s)."""
     from benchmarks.sm90_resources import resources
     from recurscan.kernels.delta.chunk_vectors import chunk_vectors_kernel
     from recurscan.kernels.gluon.delta_fused import PROBE, gluon_fused_prefill_kernel
@@ -626,25 +626,24 @@ def compile_fused_prefill_forms() -> list[str]:
     from recurscan.plan.delta import DELTA_LAUNCH
     shape = dataclasses.replace(DELTA_LAUNCH[0][1], fused=True)
     M, cu, (q, k, v, g, beta, h0) = _delta_case("GDN dense, H = HV")
-    planned = plan_delta.FUSED_AQK_LATE, plan_delta.FUSED_DIAGONAL_FROM_PASS
-    lines = []
+    planned, lines = plan_delta.FUSED_DIAGONAL_FROM_PASS, []
     try:
-        for late, d_pass in ((0, False), (1, False), (2, False), (0, True)):
-            plan_delta.FUSED_AQK_LATE, plan_delta.FUSED_DIAGONAL_FROM_PASS = late, d_pass
+        for d_pass in (True, False):
+            plan_delta.FUSED_DIAGONAL_FROM_PASS = d_pass
             launches = build_delta_launches(q, k, v, g, beta, shape, scale=0.1, initial_state=h0,
                                             output_final_state=True, use_qk_l2norm_in_kernel=True)
             made = {n: torch.zeros(1, dtype=spec[1]) for n, spec in launches.buffers.items()}
             inputs = DeltaInputs(q, k, v, g, beta, h0, None, None, None, None, None)
             values = tuple(x if x is not None else torch.zeros(1) for x in
                            tuple(inputs) + tuple(made.get(n) for n in CALL_NAMES[len(inputs):]))
-            form = f"AQK_LATE {late}{', D_FROM_PASS' if d_pass else ''}, probe {PROBE.value}"
+            form = f"D_FROM_PASS {d_pass}, probe {PROBE.value}"
             for step in launches.steps:
                 if step.kernel is gluon_fused_prefill_kernel or (d_pass and step.kernel is chunk_vectors_kernel):
                     ck = compile_for_sm90(step, CALL_NAMES, values)
                     name = getattr(step.kernel, "fn", step.kernel).__name__
                     lines.append(f"fused {form}: {name}: {resources(ck, loops=3)}")
     finally:
-        plan_delta.FUSED_AQK_LATE, plan_delta.FUSED_DIAGONAL_FROM_PASS = planned
+        plan_delta.FUSED_DIAGONAL_FROM_PASS = planned
     return lines
 
 

@@ -17,9 +17,8 @@ between layouts. Then one program, four partitions:
    (the prep's), v on another (the chains wait on both).
 2. **prep** (one warpgroup): K K^T and Q K^T on wgmma, the gates, the chain's coefficients (lam rk,
    lam rq, gam rk, lam_last), aqk, and the WY inverse (``inverse_on_blocks``), wy = (G o Tinv)
-   diag(beta); wy, aqk and the coefficients into the stage's buffers. (AQK_LATE, off in the plan
-   until measured: aqk, and at 2 three of the coefficients, handed over after wy on a barrier of
-   their own, the chains waiting for them only before their chunk's last products.)
+   diag(beta); wy, aqk and the coefficients into the stage's buffers. The inverse's diagonal 16 x 16
+   blocks come from the pre-pass (D_FROM_PASS, planned), copied with the chunk's k and q.
 3. **two chains** (one warpgroup each, 64 of the 128 value columns each): S^T [64, K] float32 in
    registers, and per chunk, as the sweep twin::
 
@@ -66,13 +65,12 @@ LOAD_REGS = 24
 MAXNREG = 128
 
 #: A timing probe (``RECURSCAN_FUSED_PROBE`` when this module is imported; only
-#: benchmarks/gpu_fused_probe.py sets it): 0 the kernel; 1 the inverse's diagonal blocks not
-#: inverted (the batch's three doubling levels skipped, D read as whatever its buffer holds: what a
-#: prep given D^-1 by copy would do); 2 no inverse at all (Tinv = I); 3 no aqk formed or stored
-#: (Q K^T still issued; the chains read a stale tile); 4 no prep work (the prep waits for a chunk's
-#: tiles and hands it over, the chains read stale wy, aqk and coefficients). Probes 1-4 compute
-#: wrong outputs: for timing only. They say how the ring's period follows the prep's path (docs/kernels-chunk-delta.md, "The
-#: fused kernel").
+#: benchmarks/gpu_fused_probe.py sets it): 0 the kernel; 1 the inverse's diagonal blocks neither
+#: inverted nor copied from the pass (D read as whatever its buffer holds); 2 no inverse at all
+#: (Tinv = I); 3 no aqk formed or stored (the chains read a stale tile); 4 no prep work (the prep
+#: waits for a chunk's tiles and hands it over, the chains read stale wy, aqk and coefficients).
+#: Probes 1-4 compute wrong outputs: for timing only. They say how the ring's period follows the
+#: prep's path (docs/kernels-chunk-delta.md, "The fused kernel").
 _PROBE = os.environ.get("RECURSCAN_FUSED_PROBE", "0")
 if _PROBE not in ("0", "1", "2", "3", "4"):
     raise ValueError(f"RECURSCAN_FUSED_PROBE: expected 0, 1, 2, 3 or 4, got {_PROBE!r}")
@@ -122,25 +120,12 @@ def _loads(k_desc, q_desc, v_desc, gv_desc, d_desc, k_s, q_s, v_s, gv_s, dv_s, r
 
 
 @gluon.jit
-def _gates(gv, causal, rowv: gl.constexpr, colv: gl.constexpr, BT: gl.constexpr):
-    """G = exp2(gc_i - gc_j) on and below the diagonal, 0 above (no exp2 of an unmasked difference
-    reaches the tile), from the stage's cumulative decays ``gv``."""
-    gc = gv.slice(0, BT).load(rowv)
-    gc_c = gv.slice(0, BT).load(colv)
-    return gl.where(causal, gl.exp2(gc[:, None] - gc_c[None, :]), 0.0)
-
-
-@gluon.jit
-def _prep(k_s, q_s, gv_s, dv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, prepped_aqk,
-          state_indices, n_slots, n_chunks, scale, USE_CACHE: gl.constexpr, HV: gl.constexpr, BT: gl.constexpr,
-          NUM_STAGES: gl.constexpr, AQK_LATE: gl.constexpr, D_FROM_PASS: gl.constexpr):
+def _prep(k_s, q_s, gv_s, dv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, state_indices, n_slots,
+          n_chunks, scale, USE_CACHE: gl.constexpr, HV: gl.constexpr, BT: gl.constexpr, NUM_STAGES: gl.constexpr,
+          D_FROM_PASS: gl.constexpr):
     """The prep warpgroup: chunk j's wy, aqk and row coefficients (lam rk, lam rq, gam rk, and
     lam_last in 64 copies) into stage j % NUM_STAGES's buffers, then ``prepped``. The vectors are
-    read from the stage along the rows and along the columns where each is used. AQK_LATE 1: wy
-    and the coefficients are handed over first (``prepped``), then Q K^T is issued and aqk handed
-    over (``prepped_aqk``; the chains read it only in their chunk's last products), the gates formed
-    again after the inverse rather than held across it; 2: lam rq, gam rk and lam_last with aqk
-    (the chains read them in the same products), lam rk alone before the inverse. D_FROM_PASS: the
+    read from the stage along the rows and along the columns where each is used. D_FROM_PASS: the
     inverse's diagonal blocks are the pass's (``dv_s``), copied into its scratch, not computed."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
     rowv: gl.constexpr = gl.SliceLayout(1, mma)
@@ -162,22 +147,16 @@ def _prep(k_s, q_s, gv_s, dv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, read
         if PROBE == 4:
             gl.thread_barrier()
             mbarrier.arrive(prepped.index(s), count=1)
-            if AQK_LATE:
-                mbarrier.arrive(prepped_aqk.index(s), count=1)
         else:
             ks = k_s.index(s)
             kk = warpgroup_mma(ks, ks.permute((1, 0)), zero, is_async=True)
-            if AQK_LATE:
-                kk = warpgroup_mma_wait(num_outstanding=0, deps=(kk,))
-            else:
-                qk = warpgroup_mma(q_s.index(s), ks.permute((1, 0)), zero, is_async=True)
-                kk, qk = warpgroup_mma_wait(num_outstanding=0, deps=(kk, qk))
+            qk = warpgroup_mma(q_s.index(s), ks.permute((1, 0)), zero, is_async=True)
+            kk, qk = warpgroup_mma_wait(num_outstanding=0, deps=(kk, qk))
 
             gv = gv_s.index(s)
             gc_last = gl.sum(gv.slice(BT - 1, 1).load(one), axis=0)  # the decay across the chunk's rows
             gc = gv.slice(0, BT).load(rowv)
-            if not AQK_LATE:
-                gc_c = gv.slice(0, BT).load(colv)
+            gc_c = gv.slice(0, BT).load(colv)
             b_beta = gv.slice(BT, BT).load(rowv)
             beta_c = gv.slice(BT, BT).load(colv)
             rk = gv.slice(2 * BT, BT).load(rowv)
@@ -185,46 +164,25 @@ def _prep(k_s, q_s, gv_s, dv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, read
             rq = gv.slice(3 * BT, BT).load(rowv) * scale
             lam = gl.exp2(gc)
             cf_s.index(4 * s).store(lam * rk)
-            if AQK_LATE < 2:
-                cf_s.index(4 * s + 1).store(lam * rq)
-                cf_s.index(4 * s + 2).store(gl.exp2(gc_last - gc) * rk)
-                cf_s.index(4 * s + 3).store(gl.zeros([BT], gl.float32, rowv) + gl.exp2(gc_last))
-            if not AQK_LATE:
-                G = gl.where(causal, gl.exp2(gc[:, None] - gc_c[None, :]), 0.0)
-                if PROBE != 3:
-                    aqk_s.index(s).store((G * qk * rq[:, None] * rk_c[None, :]).to(DT))
-                Gb = (G * beta_c[None, :]).to(gl.float16)
+            cf_s.index(4 * s + 1).store(lam * rq)
+            cf_s.index(4 * s + 2).store(gl.exp2(gc_last - gc) * rk)
+            cf_s.index(4 * s + 3).store(gl.zeros([BT], gl.float32, rowv) + gl.exp2(gc_last))
+            G = gl.where(causal, gl.exp2(gc[:, None] - gc_c[None, :]), 0.0)
+            if PROBE != 3:
+                aqk_s.index(s).store((G * qk * rq[:, None] * rk_c[None, :]).to(DT))
+            Gb = (G * beta_c[None, :]).to(gl.float16)
             # the inverse: A = diag(beta) strictLower(K K^T) for normalised keys
             A = gl.where(r > c, kk * (b_beta * rk)[:, None] * rk_c[None, :], 0.0)
             if PROBE == 2:
                 Tinv = gl.where(r == c, 1.0, 0.0) + A * 0.0
             else:
-                if D_FROM_PASS:
+                if D_FROM_PASS and PROBE != 1:
                     d_s.reshape([BT, 16]).store(dv_s.index(s).load(rows16))
                 Tinv = inverse_on_blocks(A, r, c, d_s, b_s, a_s, t_s, x_s, mma, False, PROBE == 1 or D_FROM_PASS)
-            if AQK_LATE:  # the stage's vectors are still the chunk's: the chains free it only after aqk
-                G = _gates(gv, causal, rowv, colv, BT)
-                Gb = (G * gv.slice(BT, BT).load(colv)[None, :]).to(gl.float16)
             wy_s.index(s).store((Gb.to(gl.float32) * Tinv.to(gl.float32)).to(DT))
             fence_async_shared()
             gl.thread_barrier()  # every warp's buffers written (and t_s read) before the hand-over
             mbarrier.arrive(prepped.index(s), count=1)
-            if AQK_LATE:
-                qk = warpgroup_mma(q_s.index(s), ks.permute((1, 0)), zero, is_async=True)
-                qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk,))
-                rq = gv.slice(3 * BT, BT).load(rowv) * scale
-                if AQK_LATE == 2:
-                    gc = gv.slice(0, BT).load(rowv)
-                    gc_last = gl.sum(gv.slice(BT - 1, 1).load(one), axis=0)
-                    rk = gv.slice(2 * BT, BT).load(rowv)
-                    cf_s.index(4 * s + 1).store(gl.exp2(gc) * rq)
-                    cf_s.index(4 * s + 2).store(gl.exp2(gc_last - gc) * rk)
-                    cf_s.index(4 * s + 3).store(gl.zeros([BT], gl.float32, rowv) + gl.exp2(gc_last))
-                if PROBE != 3:
-                    aqk_s.index(s).store((G * qk * rq[:, None] * gv.slice(2 * BT, BT).load(colv)[None, :]).to(DT))
-                fence_async_shared()
-                gl.thread_barrier()
-                mbarrier.arrive(prepped_aqk.index(s), count=1)
 
 
 @gluon.jit
@@ -267,11 +225,11 @@ def _program_id_again():
 
 
 @gluon.jit
-def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped, prepped_aqk, empty, h0_read,
-           o_desc, h0, ht, flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h,
+def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped, empty, h0_read, o_desc, h0,
+           ht, flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h,
            HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
            NUM_STAGES: gl.constexpr, PART: gl.constexpr, HAS_H0: gl.constexpr, STORE_FINAL: gl.constexpr,
-           USE_CACHE: gl.constexpr, AQK_LATE: gl.constexpr):
+           USE_CACHE: gl.constexpr):
     """A chain warpgroup: value columns [PART BV, (PART + 1) BV) of the state over the sequence's
     chunks (the Gluon sweep twin's products and their order), its outputs by bulk stores, then its
     block of the final state and its rows' flags. USE_CACHE: the state is the cache slot's (``h0``
@@ -325,8 +283,6 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped,
         Ut = warpgroup_mma(gl.convert_layout((-KSt).to(DT), a64), w_t, Ut, is_async=True)
         QSt = warpgroup_mma(sa, q_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
         Ut, QSt = warpgroup_mma_wait(num_outstanding=0, deps=(Ut, QSt))
-        if AQK_LATE == 2:  # aqk, lam rq, gam rk and lam_last, which the prep hands over after wy
-            mbarrier.wait(prepped_aqk.index(s), ph)
         # Group 3: the next state (the chain), and the outputs onto lam rq o S^T Q^T; U^T, the
         # outputs' operand, staged in its own buffer (whose last reader, chunk j - 1's products,
         # every warp waited on before the barrier after S^T's store).
@@ -335,8 +291,6 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped,
         fence_async_shared()
         gl.thread_barrier()
         lam_last = cf_s.index(4 * s + 3).slice(0, BV).load(rowK)  # BV copies of the chunk's lam_last
-        if AQK_LATE == 1:  # aqk, which the prep hands over after wy
-            mbarrier.wait(prepped_aqk.index(s), ph)
         S_t = warpgroup_mma(U_g, k_s.index(s), S_t * lam_last[:, None], is_async=True)
         O_t = warpgroup_mma(u_b.permute((1, 0)), aqk_s.index(s).permute((1, 0)),
                             cf_s.index(4 * s + 1).load(col64)[None, :] * QSt, is_async=True)  # lam rq
@@ -371,7 +325,7 @@ def gluon_fused_prefill_kernel(q, k, v, vec, dinv, o, h0, ht, flags, cu_seqlens,
                                IS_VARLEN: gl.constexpr, HAS_H0: gl.constexpr, STORE_FINAL: gl.constexpr,
                                USE_CACHE: gl.constexpr,
                                CHAIN_REGS: gl.constexpr, PREP_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
-                               AQK_LATE: gl.constexpr = 0, D_FROM_PASS: gl.constexpr = False):
+                               D_FROM_PASS: gl.constexpr = False):
     """Grid (N * HV,): program -> (sequence, value head), the head fastest. ``q, k [B, T, H, K]``,
     ``v [B, T, HV, V]`` contiguous (varlen: B = 1 and ``cu_seqlens [N + 1]``, each sequence's
     bounds clamped to [0, T]); ``vec`` the pre-pass's vectors (kernels/delta/chunk_vectors.py), ``n_vec``
@@ -439,30 +393,24 @@ def gluon_fused_prefill_kernel(q, k, v, vec, dinv, o, h0, ht, flags, cu_seqlens,
     ready_v = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     h0_read = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     prepped = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    if AQK_LATE:
-        prepped_aqk = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    else:
-        prepped_aqk = prepped  # not waited on
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(ready_v.index(i), count=1)
         mbarrier.init(prepped.index(i), count=1)
-        if AQK_LATE:
-            mbarrier.init(prepped_aqk.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # both chains
     mbarrier.init(h0_read.index(0), count=2)
     fence_async_shared()
 
     gl.warp_specialize([
-        (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped, prepped_aqk, empty, h0_read,
-                  o_desc, h0, ht, flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, HV, K, V,
-                  BT, BV, NUM_STAGES, 0, HAS_H0, STORE_FINAL, USE_CACHE, AQK_LATE)),
-        (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped, prepped_aqk, empty, h0_read,
-                  o_desc, h0, ht, flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, HV, K, V,
-                  BT, BV, NUM_STAGES, 1, HAS_H0, STORE_FINAL, USE_CACHE, AQK_LATE)),
-        (_prep, (k_s, q_s, gv_s, dv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, prepped_aqk,
-                 state_indices, n_slots, n_chunks, scale, USE_CACHE, HV, BT, NUM_STAGES, AQK_LATE, D_FROM_PASS)),
+        (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped, empty, h0_read, o_desc,
+                  h0, ht, flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, HV, K, V, BT, BV,
+                  NUM_STAGES, 0, HAS_H0, STORE_FINAL, USE_CACHE)),
+        (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped, empty, h0_read, o_desc,
+                  h0, ht, flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, HV, K, V, BT, BV,
+                  NUM_STAGES, 1, HAS_H0, STORE_FINAL, USE_CACHE)),
+        (_prep, (k_s, q_s, gv_s, dv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped,
+                 state_indices, n_slots, n_chunks, scale, USE_CACHE, HV, BT, NUM_STAGES, D_FROM_PASS)),
         (_loads, (k_desc, q_desc, v_desc, gv_desc, d_desc, k_s, q_s, v_s, gv_s, dv_s, ready, ready_v, empty, h0_read,
                   i_h * K, i_hv * V, vec0, state_indices, n_slots, n_chunks, USE_CACHE, HV, BT, BV, NUM_STAGES,
                   HAS_H0 or USE_CACHE, D_FROM_PASS)),
