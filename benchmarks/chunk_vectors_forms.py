@@ -4,8 +4,9 @@ program takes CHUNKS consecutive chunks of one q/k head (the head still fastest 
 its loads pipelined NUM_STAGES deep by Triton (``tl.range``), so that each program has the next
 chunk's q and k in flight while it reduces this one's. Every form's vectors are compared with the
 package's (NaN where both are NaN counts as equal). The looped kernel repeats the package kernel's
-arithmetic so that the package's GPU-tested kernel stays as it is until a looped form is measured
-faster; 500cce2 has the package with the loop folded in (pending_gpu.sh 56).
+arithmetic (without its diagonal inverses), so that the package's kernel stays as it is: measured on
+an H100 at 35f37ce, the looped forms took ~3x the package kernel's time
+(results/chunk_vectors_forms_h100_35f37ce.json), so the loop was not folded into the package.
 
     python -m benchmarks.chunk_vectors_forms --out benchmarks/results/chunk_vectors_forms_<card>_<commit>.json
 """

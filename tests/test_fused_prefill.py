@@ -4,7 +4,8 @@ is in test_sm90_compile.py, its comparison with its twin in tests/gpu/test_fused
 - the chunk vectors' pass (kernels/delta/chunk_vectors.py) equals its torch reference below, dense
   and varlen (partial and empty sequences), under GVA and without a decay, and marks exactly the
   chunks the fused kernel must not compute (and so does benchmarks/chunk_vectors_forms.py's looped
-  form, a run of chunks a program, to the bit);
+  form, a run of chunks a program, to the bit); with DINV it also writes the inverses of the WY
+  matrix's diagonal 16 x 16 blocks, each within 1e-3 of the float64 inverse, and the same vectors;
 - the flagged token loop (launch/delta_fused.py) recomputes the flagged value columns as the
   oracle does, from and into an initial and final state or a state cache, and leaves every other
   column, pair and slot alone;

@@ -558,7 +558,7 @@ FUSED_PREFILL_CACHE = GluonTwinRow(True, "the fused prefill with a state cache: 
 #: The fused prefill's prep given the WY inverse's four diagonal 16 x 16 blocks by the chunk vectors'
 #: pass (kernels/delta/chunk_vectors.py's DINV, kernels/gluon/delta_fused.py's D_FROM_PASS: 2 KB a
 #: chunk and value head, copied with the chunk's k and q) instead of inverting them: the prep's loop
-#: 911 instructions against 1280, the same association (its K K^T blocks formed by the pass's own
+#: 915 instructions against 1280 (offline, sm_90), the same association (its K K^T blocks formed by the pass's own
 #: products, so not the former bits; the oracle's tolerance of the twin, its GPU tests). On an H100
 #: at 35f37ce, two runs against a872be8's package in one process (benchmarks.ab_prev --kernels): the
 #: fused kernel 886 us against 1007 at B4 T8192 HV64 and 474-499 against 522-547 for the varlen batch

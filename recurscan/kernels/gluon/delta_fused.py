@@ -9,9 +9,10 @@ planned kernels take their sum (docs/kernels-chunk-delta.md, "The fused kernel")
 
 Before it, ``kernels/delta/chunk_vectors.py`` lays out each chunk's cumulative decays, beta and
 the norm factors (one read of q and k), so that the prep forms no Q Q^T and moves no vector
-between layouts. Then one program, four partitions:
+between layouts, and (D_FROM_PASS) the inverses of the WY matrix's four diagonal 16 x 16 blocks.
+Then one program, four partitions:
 
-1. **loads** (one warp): the chunk's k, q and v tiles and its vectors, by bulk copies through
+1. **loads** (one warp): the chunk's k, q and v tiles, its vectors and diagonal inverses, by bulk copies through
    descriptors over the program's own sequence (a partial last chunk reads zeros past its end),
    into a two-stage ring, a stage once both chains freed it; k, q and the vectors on one barrier
    (the prep's), v on another (the chains wait on both).
