@@ -1,9 +1,11 @@
 """Same-process A/B of the chunk vectors' pre-pass (kernels/delta/chunk_vectors.py) against an older
 package's, imported as ``recurscan_prev`` from ``--prev`` (benchmarks/ab_prev.py says how to make
 it): graph replay of the kernel alone at the fused prefill's rows, and the largest difference of
-their vectors (NaN where both are NaN counts as equal).
+their vectors (NaN where both are NaN counts as equal). ``--dinv``: both with the WY matrix's
+diagonal inverses (DINV, as the fused launch plans them), and the largest difference of those too;
+``--maxnreg N`` (repeatable): this package's kernel again under each register cap.
 
-    python benchmarks/ab_chunk_vectors.py --prev build/prev \
+    python benchmarks/ab_chunk_vectors.py --prev build/prev [--dinv] [--maxnreg 80] \
         --out benchmarks/results/ab_chunk_vectors_<card>_<commit>.json
 """
 from __future__ import annotations
@@ -32,29 +34,39 @@ def main():
     import triton.testing as tt
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prev", required=True)
+    ap.add_argument("--dinv", action="store_true")
+    ap.add_argument("--maxnreg", type=int, action="append", default=[])
     ap.add_argument("--out")
     args = ap.parse_args()
+    import triton.language as tl
     sys.path.insert(0, args.prev)
-    forms = {"prev": importlib.import_module("recurscan_prev.kernels.delta.chunk_vectors"),
-             "now": importlib.import_module("recurscan.kernels.delta.chunk_vectors")}
+    prev = importlib.import_module("recurscan_prev.kernels.delta.chunk_vectors")
+    now = importlib.import_module("recurscan.kernels.delta.chunk_vectors")
+    forms = {"prev": (prev, {}), "now": (now, {}), **{f"now, maxnreg {r}": (now, dict(maxnreg=r)) for r in args.maxnreg}}
+    extra = lambda dinv: dict(DINV=True, dinv=dinv, KK_DT=tl.bfloat16) if args.dinv else {}  # noqa: E731
     rows = []
     for name, B, T, H, HV in ROWS:
         q, k, g, beta = pass_inputs(B, T, H, HV)
         out = {}
-        for form, mod in forms.items():
+        for form, (mod, options) in forms.items():
             vec = torch.full(((B * T) // 64 + B, HV, 4, 64), -7.0, device="cuda")
+            dinv = torch.full(((B * T) // 64 + B, HV, 64, 16), -7.0, device="cuda", dtype=torch.float16)
             grid = getattr(mod, "chunk_vectors_grid", lambda n, h: (n, h))(B * T // 64, H)  # older: (chunks, H)
             run = lambda: mod.chunk_vectors_kernel[grid](  # noqa: E731
-                q, k, g, beta, vec, q, q, T, 0, H=H, HV=HV, K=128, BT=64, IS_VARLEN=False, HAS_G=True, num_warps=4)
+                q, k, g, beta, vec, q, q, T, 0, H=H, HV=HV, K=128, BT=64, IS_VARLEN=False, HAS_G=True, num_warps=4,
+                **extra(dinv), **options)
             run()
             torch.cuda.synchronize()
-            out[form] = vec
+            out[form] = (vec, dinv)
             ms = tt.do_bench_cudagraph(run, rep=200)
-            moved = 2 * B * T * H * 128 * 2 + vec.numel() * 4
-            rows.append(dict(workload=name, form=form, ms=ms, gb_per_s=moved / ms / 1e6))
-        diff = (out["prev"] - out["now"]).nan_to_num(0.0).abs().max().item()
-        rows[-1]["max_abs_diff_vs_prev"] = diff
-        print(name, {r["form"]: round(r["ms"], 4) for r in rows[-2:]}, "max |now - prev|", diff, flush=True)
+            moved = 2 * B * T * H * 128 * 2 + vec.numel() * 4 + (dinv.numel() * 2 if args.dinv else 0)
+            row = dict(workload=name, form=form, dinv=args.dinv, ms=ms, gb_per_s=moved / ms / 1e6)
+            row["max_abs_diff_vs_prev"] = (vec - out["prev"][0]).nan_to_num(0.0).abs().max().item()
+            if args.dinv:
+                row["dinv_max_abs_diff_vs_prev"] = (dinv.float() - out["prev"][1].float()).abs().max().item()
+            rows.append(row)
+        print(name, {r["form"]: (round(r["ms"] * 1e3, 1), r["max_abs_diff_vs_prev"], r.get("dinv_max_abs_diff_vs_prev"))
+                     for r in rows[-len(forms):]}, flush=True)
     if args.out:
         json.dump(rows, open(args.out, "w"), indent=1)
 

@@ -95,14 +95,18 @@ def chunk_vectors_kernel(q, k, g, beta, vec, cu_seqlens, chunk_indices, T, n_seq
     live = rows < eos
     m_g = live[:, None] & (o_g < GROUP)[None, :]
     p_hv = rows[:, None] * HV + i_h * GROUP + o_g[None, :]  # [BT, GP]: the group's value heads
-    b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=live[:, None], other=0.0).to(tl.float32)
+    # the keys as W blocks of 16 rows: their squares' sums here, the diagonal blocks' products below
+    W: tl.constexpr = BT // 16
+    k_w = tl.load(k + (tl.reshape(rows, [W, 16]) * H + i_h)[:, :, None] * K + o_k[None, None, :],
+                  mask=tl.reshape(live, [W, 16])[:, :, None], other=0.0)
     b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=live[:, None], other=0.0).to(tl.float32)
     if HAS_G:
         b_g = tl.load(g + p_hv, mask=m_g, other=0.0).to(tl.float32)
     else:
         b_g = tl.zeros([BT, GP], tl.float32)
     b_beta = tl.load(beta + p_hv, mask=m_g, other=0.0).to(tl.float32)
-    k_sq = tl.sum(b_k * b_k, axis=1)
+    k_f = k_w.to(tl.float32)
+    k_sq = tl.reshape(tl.sum(k_f * k_f, axis=2), [BT])
     rq = tl.rsqrt(tl.sum(b_q * b_q, axis=1) + 1e-6)
     rk = tl.rsqrt(k_sq + 1e-6)
     k_bad = k_sq * 0.0 != 0.0
@@ -118,12 +122,9 @@ def chunk_vectors_kernel(q, k, g, beta, vec, cu_seqlens, chunk_indices, T, n_seq
     tl.store(p + 2 * BT, tl.zeros([BT, GP], tl.float32) + rk[:, None], mask=m_v)
     tl.store(p + 3 * BT, tl.zeros([BT, GP], tl.float32) + rq[:, None], mask=m_v)
     if DINV:
-        # K K^T's diagonal blocks [W, 16, 16] alone (no [BT, BT] tile), from the keys read again
-        # (from cache) rather than held across the vectors in float32
-        W: tl.constexpr = BT // 16
-        p_k = k + (tl.reshape(rows, [W, 16]) * H + i_h)[:, :, None] * K + o_k[None, None, :]
-        k_w = tl.load(p_k, mask=tl.reshape(live, [W, 16])[:, :, None], other=0.0).to(KK_DT)
-        kk = tl.dot(k_w, tl.trans(k_w, (0, 2, 1)))  # the keys' own 16-bit products, float32 sums
+        # K K^T's diagonal blocks [W, 16, 16] alone (no [BT, BT] tile)
+        k_d = k_w.to(KK_DT)
+        kk = tl.dot(k_d, tl.trans(k_d, (0, 2, 1)))  # the keys' own 16-bit products, float32 sums
         i = tl.arange(0, 16)[None, :, None]
         j = tl.arange(0, 16)[None, None, :]
         rk_j = tl.reshape(rk, [W, 16])[:, None, :]
