@@ -3,7 +3,9 @@ package's, imported as ``recurscan_prev`` from ``--prev`` (benchmarks/ab_prev.py
 it): graph replay of the kernel alone at the fused prefill's rows, and the largest difference of
 their vectors (NaN where both are NaN counts as equal). ``--dinv``: both with the WY matrix's
 diagonal inverses (DINV, as the fused launch plans them), and the largest difference of those too;
-``--maxnreg N`` (repeatable): this package's kernel again under each register cap.
+``--maxnreg N``, ``--num-warps N`` (repeatable): this package's kernel again under each register
+cap and at each warp count. Every ``recurscan_*`` package in ``--prev`` is timed (a form each,
+named by the suffix); differences are taken against ``recurscan_prev``.
 
     python benchmarks/ab_chunk_vectors.py --prev build/prev [--dinv] [--maxnreg 80] \
         --out benchmarks/results/ab_chunk_vectors_<card>_<commit>.json
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 
 import torch
@@ -36,13 +39,17 @@ def main():
     ap.add_argument("--prev", required=True)
     ap.add_argument("--dinv", action="store_true")
     ap.add_argument("--maxnreg", type=int, action="append", default=[])
+    ap.add_argument("--num-warps", type=int, action="append", default=[])
     ap.add_argument("--out")
     args = ap.parse_args()
     import triton.language as tl
     sys.path.insert(0, args.prev)
-    prev = importlib.import_module("recurscan_prev.kernels.delta.chunk_vectors")
+    olds = sorted(p for p in os.listdir(args.prev) if p.startswith("recurscan_"))
+    olds.insert(0, olds.pop(olds.index("recurscan_prev")))
     now = importlib.import_module("recurscan.kernels.delta.chunk_vectors")
-    forms = {"prev": (prev, {}), "now": (now, {}), **{f"now, maxnreg {r}": (now, dict(maxnreg=r)) for r in args.maxnreg}}
+    forms = {p[len("recurscan_"):]: (importlib.import_module(f"{p}.kernels.delta.chunk_vectors"), {}) for p in olds}
+    forms.update({"now": (now, {}), **{f"now, maxnreg {r}": (now, dict(maxnreg=r)) for r in args.maxnreg},
+                  **{f"now, {w} warps": (now, dict(num_warps=w)) for w in args.num_warps}})
     extra = lambda dinv: dict(DINV=True, dinv=dinv, KK_DT=tl.bfloat16) if args.dinv else {}  # noqa: E731
     rows = []
     for name, B, T, H, HV in ROWS:
@@ -53,8 +60,8 @@ def main():
             dinv = torch.full(((B * T) // 64 + B, HV, 64, 16), -7.0, device="cuda", dtype=torch.float16)
             grid = getattr(mod, "chunk_vectors_grid", lambda n, h: (n, h))(B * T // 64, H)  # older: (chunks, H)
             run = lambda: mod.chunk_vectors_kernel[grid](  # noqa: E731
-                q, k, g, beta, vec, q, q, T, 0, H=H, HV=HV, K=128, BT=64, IS_VARLEN=False, HAS_G=True, num_warps=4,
-                **extra(dinv), **options)
+                q, k, g, beta, vec, q, q, T, 0, H=H, HV=HV, K=128, BT=64, IS_VARLEN=False, HAS_G=True,
+                **extra(dinv), **(dict(num_warps=4) | options))
             run()
             torch.cuda.synchronize()
             out[form] = (vec, dinv)
