@@ -171,16 +171,23 @@ def _prep(k_s, q_s, gv_s, dv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, read
             G = gl.where(causal, gl.exp2(gc[:, None] - gc_c[None, :]), 0.0)
             if PROBE != 3:
                 aqk_s.index(s).store((G * qk * rq[:, None] * rk_c[None, :]).to(DT))
-            Gb = (G * beta_c[None, :]).to(gl.float16)
-            # the inverse: A = diag(beta) strictLower(K K^T) for normalised keys
-            A = gl.where(r > c, kk * (b_beta * rk)[:, None] * rk_c[None, :], 0.0)
+            if not (D_FROM_PASS and PROBE != 1):
+                Gb = (G * beta_c[None, :]).to(gl.float16)
+            # the inverse: A = diag(beta) strictLower(K K^T) for normalised keys; with the diagonal
+            # blocks' inverses given, only A's blocks below them are read, so it goes unmasked
+            A = kk * (b_beta * rk)[:, None] * rk_c[None, :]
+            if not (D_FROM_PASS and PROBE != 1):
+                A = gl.where(r > c, A, 0.0)
             if PROBE == 2:
                 Tinv = gl.where(r == c, 1.0, 0.0) + A * 0.0
             else:
                 if D_FROM_PASS and PROBE != 1:
                     d_s.reshape([BT, 16]).store(dv_s.index(s).load(rows16))
                 Tinv = inverse_on_blocks(A, r, c, d_s, b_s, a_s, t_s, x_s, mma, False, PROBE == 1 or D_FROM_PASS)
-            wy_s.index(s).store((Gb.to(gl.float32) * Tinv.to(gl.float32)).to(DT))
+            if D_FROM_PASS and PROBE != 1:
+                wy_s.index(s).store((G * beta_c[None, :] * Tinv.to(gl.float32)).to(DT))
+            else:  # G o beta held across the inverse in fp16: the registers of the form inverting its own blocks
+                wy_s.index(s).store((Gb.to(gl.float32) * Tinv.to(gl.float32)).to(DT))
             fence_async_shared()
             gl.thread_barrier()  # every warp's buffers written (and t_s read) before the hand-over
             mbarrier.arrive(prepped.index(s), count=1)

@@ -75,12 +75,18 @@ def inverse_on_blocks(A, r, c, d_s, b_s, a_s, t_s, x_s, mma: gl.constexpr, ZERO_
             A_s = _diagonal_blocks(gl.where(((r >> lvl) ^ (c >> lvl)) == 1, A, 0.0))
             D = D - _small(D, _small(A_s, D, batch4), batch4)
         d_s.store(D.to(gl.float16))
-    below = _diagonal_blocks(gl.where((r >> 4) == (c >> 4) + 1, A, 0.0))  # block w: A's (w, w - 1)
-    b_s.store(below.to(gl.float16))
+    if not D_GIVEN:
+        below = _diagonal_blocks(gl.where((r >> 4) == (c >> 4) + 1, A, 0.0))  # block w: A's (w, w - 1)
+        b_s.store(below.to(gl.float16))
     a_s.store(A.to(gl.float16))
     if ZERO_UPPER:
         t_s.store(gl.zeros([64, 64], gl.float16, mma))
     gl.thread_barrier()
+    if D_GIVEN:  # A_21 and A_43 (b_s's blocks 1 and 3, the pairs' products') copied from a_s: 2 elements a thread each
+        for p in gl.static_range(2):
+            b_s.reshape([64, 16]).slice(16 * (2 * p + 1), 16, 0).store(
+                a_s.slice(32 * p + 16, 16, 0).slice(32 * p, 16, 1).load(blk16))
+        gl.thread_barrier()
     # 16 -> 32: the batch of the pairs (D_2, A_21, D_1) and (D_4, A_43, D_3)
     d_pairs = d_s.reshape([2, 32, 16])
     a_pairs = b_s.reshape([2, 32, 16])
