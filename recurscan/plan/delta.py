@@ -572,12 +572,6 @@ FUSED_PREFILL_CACHE = GluonTwinRow(True, "the fused prefill with a state cache: 
 #: graph 1.126 against 1.143 (results/ab_fused_keys_once_h100_a4ba5b6.json), against 105 for the
 #: pass without the blocks (results/ab_chunk_vectors_pass_forms{,_dinv}_h100_a4ba5b6.json).
 FUSED_DIAGONAL_FROM_PASS = True
-#: The fused prefill's chains decaying S^T by the chunk's lam_last once group 1's products are issued
-#: (kernels/gluon/delta_fused.py's EARLY_DECAY; the same bits) rather than just before group 3's S
-#: update. ptxas places the products after group 1's wait, among group 2's operand work, part of
-#: them under group 2's products (offline, sm_90; after group 2's issue in the source, 8 B of
-#: stack). To be measured.
-FUSED_EARLY_DECAY = False
 
 
 def fused_prefill_scope(problem) -> bool:

@@ -98,20 +98,6 @@ def test_the_prep_inverting_its_own_diagonal_blocks_keeps_varlen_right(monkeypat
     test_fused_prefill_varlen_with_empty_and_one_token_sequences()
 
 
-@pytest.mark.parametrize("case", ["dense, a partial last chunk, initial state", "real size, B4 T8192 H16 HV64"])
-def test_the_chains_decaying_the_state_early_give_the_same_bits(case, monkeypatch):
-    """plan.delta.FUSED_EARLY_DECAY: the chains' lam_last S^T formed after group 1's products are
-    issued, not before group 3's: the same products of the same values, so the same bits."""
-    from recurscan.plan import delta as plan_delta
-    x, h0 = inputs(**CASES[case])
-    monkeypatch.setattr(plan_delta, "FUSED_EARLY_DECAY", False)
-    (o_a, s_a), ran_a = run(x, h0, True)
-    monkeypatch.setattr(plan_delta, "FUSED_EARLY_DECAY", True)
-    (o_b, s_b), ran_b = run(x, h0, True)
-    assert ran_a and ran_b
-    assert torch.equal(bits(o_a), bits(o_b)) and torch.equal(bits(s_a), bits(s_b))
-
-
 def test_fused_prefill_varlen_with_empty_and_one_token_sequences():
     lengths = [0, 1, 63, 64, 65, 700, 0, 129, 1000]
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), device=DEV, dtype=torch.int32)

@@ -237,7 +237,7 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped,
            ht, flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h,
            HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
            NUM_STAGES: gl.constexpr, PART: gl.constexpr, HAS_H0: gl.constexpr, STORE_FINAL: gl.constexpr,
-           USE_CACHE: gl.constexpr, EARLY_DECAY: gl.constexpr = False):
+           USE_CACHE: gl.constexpr):
     """A chain warpgroup: value columns [PART BV, (PART + 1) BV) of the state over the sequence's
     chunks (the Gluon sweep twin's products and their order), its outputs by bulk stores, then its
     block of the final state and its rows' flags. USE_CACHE: the state is the cache slot's (``h0``
@@ -285,8 +285,6 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped,
         # Group 1: K S (the chain) and V^T wy^T.
         KSt = warpgroup_mma(sa, k_s.index(s).permute((1, 0)), zero64, use_acc=False, is_async=True)
         Ut = warpgroup_mma(v_s.index(2 * s + PART).permute((1, 0)), w_t, zero64, use_acc=False, is_async=True)
-        if EARLY_DECAY:  # lam_last S^T after group 1's products are issued rather than before group 3's
-            S_t = S_t * cf_s.index(4 * s + 3).slice(0, BV).load(rowK)[:, None]
         KSt, Ut = warpgroup_mma_wait(num_outstanding=0, deps=(KSt, Ut))
         # Group 2: -(lam rk o K S) wy^T onto U^T (the chain), and S^T Q^T.
         KSt = cf_s.index(4 * s).load(col64)[None, :] * KSt  # lam rk
@@ -300,9 +298,8 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped,
         U_g = gl.convert_layout((Ut * cf_s.index(4 * s + 2).load(col64)[None, :]).to(DT), aK)  # gam rk
         fence_async_shared()
         gl.thread_barrier()
-        if not EARLY_DECAY:
-            S_t = S_t * cf_s.index(4 * s + 3).slice(0, BV).load(rowK)[:, None]  # BV copies of the chunk's lam_last
-        S_t = warpgroup_mma(U_g, k_s.index(s), S_t, is_async=True)
+        lam_last = cf_s.index(4 * s + 3).slice(0, BV).load(rowK)  # BV copies of the chunk's lam_last
+        S_t = warpgroup_mma(U_g, k_s.index(s), S_t * lam_last[:, None], is_async=True)
         O_t = warpgroup_mma(u_b.permute((1, 0)), aqk_s.index(s).permute((1, 0)),
                             cf_s.index(4 * s + 1).load(col64)[None, :] * QSt, is_async=True)  # lam rq
         S_t, O_t = warpgroup_mma_wait(num_outstanding=0, deps=(S_t, O_t))
@@ -336,7 +333,7 @@ def gluon_fused_prefill_kernel(q, k, v, vec, dinv, o, h0, ht, flags, cu_seqlens,
                                IS_VARLEN: gl.constexpr, HAS_H0: gl.constexpr, STORE_FINAL: gl.constexpr,
                                USE_CACHE: gl.constexpr,
                                CHAIN_REGS: gl.constexpr, PREP_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
-                               D_FROM_PASS: gl.constexpr = False, EARLY_DECAY: gl.constexpr = False):
+                               D_FROM_PASS: gl.constexpr = False):
     """Grid (N * HV,): program -> (sequence, value head), the head fastest. ``q, k [B, T, H, K]``,
     ``v [B, T, HV, V]`` contiguous (varlen: B = 1 and ``cu_seqlens [N + 1]``, each sequence's
     bounds clamped to [0, T]); ``vec`` the pre-pass's vectors (kernels/delta/chunk_vectors.py), ``n_vec``
@@ -416,10 +413,10 @@ def gluon_fused_prefill_kernel(q, k, v, vec, dinv, o, h0, ht, flags, cu_seqlens,
     gl.warp_specialize([
         (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped, empty, h0_read, o_desc,
                   h0, ht, flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, HV, K, V, BT, BV,
-                  NUM_STAGES, 0, HAS_H0, STORE_FINAL, USE_CACHE, EARLY_DECAY)),
+                  NUM_STAGES, 0, HAS_H0, STORE_FINAL, USE_CACHE)),
         (_chain, (k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped, empty, h0_read, o_desc,
                   h0, ht, flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, HV, K, V, BT, BV,
-                  NUM_STAGES, 1, HAS_H0, STORE_FINAL, USE_CACHE, EARLY_DECAY)),
+                  NUM_STAGES, 1, HAS_H0, STORE_FINAL, USE_CACHE)),
         (_prep, (k_s, q_s, gv_s, dv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped,
                  state_indices, n_slots, n_chunks, scale, USE_CACHE, HV, BT, NUM_STAGES, D_FROM_PASS)),
         (_loads, (k_desc, q_desc, v_desc, gv_desc, d_desc, k_s, q_s, v_s, gv_s, dv_s, ready, ready_v, empty, h0_read,
