@@ -193,7 +193,13 @@
 #      (plan.delta.FUSED_DIAGONAL_FROM_PASS, planned since; any card): its GPU tests, then the rows with the switch
 #      against the previous commit's package (build/prev as step 56 said; with it planned, pass
 #      --plan FUSED_DIAGONAL_FROM_PASS=False to see the other form). Ran at 35f37ce on an H100
-#      (results/ab_fused_diagonal_pass{,_repeat}_h100_35f37ce.json).
+#      (results/ab_fused_diagonal_pass{,_repeat}_h100_35f37ce.json). Its tests ran again at a4ba5b6 (the pass
+#      reading the keys once) and 55c8293 (the prep's path with the blocks given): 17 and 19 passed on H100s
+#      (results/gpu_tests_fused_keys_once_h100_a4ba5b6.log, gpu_tests_fused_h100_55c8293.log).
+#  61. (Ran at a4ba5b6 on an H100.) The chunk vectors' pass in its forms with the diagonal inverses
+#      (`benchmarks/ab_chunk_vectors.py --prev build/prev --dinv --maxnreg 96 --num-warps 8`, every package in
+#      build/prev a form): the keys read once 133 us against 170 at HV64 (results/ab_chunk_vectors_pass_forms_dinv_
+#      h100_a4ba5b6.json).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}

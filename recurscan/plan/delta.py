@@ -570,7 +570,10 @@ FUSED_PREFILL_CACHE = GluonTwinRow(True, "the fused prefill with a state cache: 
 #: keys once (as blocks of 16 rows, for their norms and the blocks' products): on an H100 the pass
 #: 132 us against 177 at HV64 and 121 against 140 for varlen16, HV64 eager 1.053 ms against 1.103,
 #: graph 1.126 against 1.143 (results/ab_fused_keys_once_h100_a4ba5b6.json), against 105 for the
-#: pass without the blocks (results/ab_chunk_vectors_pass_forms{,_dinv}_h100_a4ba5b6.json).
+#: pass without the blocks (results/ab_chunk_vectors_pass_forms{,_dinv}_h100_a4ba5b6.json). Since
+#: d5f3551 the prep with the blocks given forms no mask of A, copies A_21 and A_43 in shared memory and
+#: wy in float32: its loop 736 instructions, the fused kernel 872 us against 881 at HV64
+#: (results/ab_fused_prep_path_h100_55c8293.json).
 FUSED_DIAGONAL_FROM_PASS = True
 
 
