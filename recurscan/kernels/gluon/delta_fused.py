@@ -134,6 +134,7 @@ def _prep(k_s, q_s, gv_s, dv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, read
     one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     rows16: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [4, 1], [1, 0])  # a [64, 16] fp16 tile's copy
     DT: gl.constexpr = k_s.dtype
+    PASS_BLOCKS: gl.constexpr = D_FROM_PASS and PROBE != 1  # the diagonal blocks' inverses are the pass's
     o_t = gl.arange(0, BT, layout=rowv)
     o_c = gl.arange(0, BT, layout=colv)
     r = o_t[:, None]
@@ -171,20 +172,20 @@ def _prep(k_s, q_s, gv_s, dv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, read
             G = gl.where(causal, gl.exp2(gc[:, None] - gc_c[None, :]), 0.0)
             if PROBE != 3:
                 aqk_s.index(s).store((G * qk * rq[:, None] * rk_c[None, :]).to(DT))
-            if not (D_FROM_PASS and PROBE != 1):
+            if not PASS_BLOCKS:
                 Gb = (G * beta_c[None, :]).to(gl.float16)
             # the inverse: A = diag(beta) strictLower(K K^T) for normalised keys; with the diagonal
             # blocks' inverses given, only A's blocks below them are read, so it goes unmasked
             A = kk * (b_beta * rk)[:, None] * rk_c[None, :]
-            if not (D_FROM_PASS and PROBE != 1):
+            if not PASS_BLOCKS:
                 A = gl.where(r > c, A, 0.0)
             if PROBE == 2:
                 Tinv = gl.where(r == c, 1.0, 0.0) + A * 0.0
             else:
-                if D_FROM_PASS and PROBE != 1:
+                if PASS_BLOCKS:
                     d_s.reshape([BT, 16]).store(dv_s.index(s).load(rows16))
                 Tinv = inverse_on_blocks(A, r, c, d_s, b_s, a_s, t_s, x_s, mma, False, PROBE == 1 or D_FROM_PASS)
-            if D_FROM_PASS and PROBE != 1:
+            if PASS_BLOCKS:
                 wy_s.index(s).store((G * beta_c[None, :] * Tinv.to(gl.float32)).to(DT))
             else:  # G o beta held across the inverse in fp16: the registers of the form inverting its own blocks
                 wy_s.index(s).store((Gb.to(gl.float32) * Tinv.to(gl.float32)).to(DT))
