@@ -2,12 +2,13 @@
 the fused kernel's GPU time in issue 21's fused rows (GDN B4 T8192 H16 HV64, the varlen batch of
 16 sequences at HV32; a forward as planned), as planned and under its timing probes, each in a
 process of its own (RECURSCAN_FUSED_PROBE: 1 the inverse's diagonal blocks neither inverted nor
-copied; 2 no inverse; 3 no aqk; 4 no prep work). Per row: the fused kernel's microseconds and,
-dense, a chunk's microseconds a program (its waves of one program an SM). The prep's loop by probe,
-offline (sm_90), with the planned diagonal blocks from the pass: 915 instructions (0), 911 (1), 716
-(2), 735 (3); with the prep inverting them itself (1280 at 0) the probes were run on an H100 at
+copied; 2 no inverse; 3 no aqk; 4 no prep work; 5 no chain work). Per row: the fused kernel's
+microseconds and, dense, a chunk's microseconds a program (its waves of one program an SM). The
+prep's loop by probe, offline (sm_90), with the planned diagonal blocks from the pass (d5f3551's
+prep): 736 instructions (0 and 5), 854 (1: A masked, G beta's fp16 copy), 607 (2), 555 (3); with
+the prep inverting them itself (1280 at 0) the probes 0-4 were run on an H100 at
 35f37ce (results/gpu_fused_probe_h100_35f37ce.json): 4.02 us a chunk at HV64 as planned then, 3.44
-(1), 3.17 (2), 3.84 (3), 2.76 (4). Probes 1-4 compute wrong outputs.
+(1), 3.17 (2), 3.84 (3), 2.76 (4). Probes 1-5 compute wrong outputs.
 
     PYTHONPATH=$PWD python benchmarks/gpu_fused_probe.py --out benchmarks/results/gpu_fused_probe_<card>_<commit>.json
 """
@@ -20,7 +21,7 @@ from benchmarks import probe_processes
 #: Issue 21's rows that run the fused kernel (benchmarks/registry.py).
 WORKLOADS = ("gdn_b4_t8192_h16_hv64", "gdn_varlen16_32976_hv32")
 KERNEL = "gluon_fused_prefill_kernel"
-PROBES = ("0", "1", "2", "3", "4")
+PROBES = ("0", "1", "2", "3", "4", "5")
 
 
 def rows(workloads=WORKLOADS) -> list:

@@ -69,12 +69,14 @@ MAXNREG = 128
 #: benchmarks/gpu_fused_probe.py sets it): 0 the kernel; 1 the inverse's diagonal blocks neither
 #: inverted nor copied from the pass (D read as whatever its buffer holds); 2 no inverse at all
 #: (Tinv = I); 3 no aqk formed or stored (the chains read a stale tile); 4 no prep work (the prep
-#: waits for a chunk's tiles and hands it over, the chains read stale wy, aqk and coefficients).
-#: Probes 1-4 compute wrong outputs: for timing only. They say how the ring's period follows the
+#: waits for a chunk's tiles and hands it over, the chains read stale wy, aqk and coefficients);
+#: 5 no chain work (each chain waits for a chunk's tiles and its prep and frees the stage: the
+#: period is the prep's and the loads' alone; no outputs written).
+#: Probes 1-5 compute wrong outputs: for timing only. They say how the ring's period follows the
 #: prep's path (docs/kernels-chunk-delta.md, "The fused kernel").
 _PROBE = os.environ.get("RECURSCAN_FUSED_PROBE", "0")
-if _PROBE not in ("0", "1", "2", "3", "4"):
-    raise ValueError(f"RECURSCAN_FUSED_PROBE: expected 0, 1, 2, 3 or 4, got {_PROBE!r}")
+if _PROBE not in ("0", "1", "2", "3", "4", "5"):
+    raise ValueError(f"RECURSCAN_FUSED_PROBE: expected 0, 1, 2, 3, 4 or 5, got {_PROBE!r}")
 PROBE = gl.constexpr(int(_PROBE))
 
 
@@ -272,6 +274,15 @@ def _chain(k_s, q_s, v_s, wy_s, aqk_s, cf_s, sa_s, o_s, ready, ready_v, prepped,
         gl.thread_barrier()
         for j in range(n_chunks):
             tma.async_copy_shared_to_global(o_desc, [j * BT, PART * BV], o_b)
+        n_chunks = 0
+    if PROBE == 5:  # no chain work: each chunk's stage freed once its tiles and prep are in
+        for j in range(n_chunks):
+            s = j % NUM_STAGES
+            ph = (j // NUM_STAGES) & 1
+            mbarrier.wait(ready.index(s), ph)
+            mbarrier.wait(ready_v.index(s), ph)
+            mbarrier.wait(prepped.index(s), ph)
+            mbarrier.arrive(empty.index(s), count=1)
         n_chunks = 0
     for j in range(n_chunks):
         s = j % NUM_STAGES
