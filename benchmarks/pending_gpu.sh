@@ -190,7 +190,7 @@
 #      process of its own). Ran at 35f37ce on an H100 with the prep inverting its own diagonal blocks
 #      (results/gpu_fused_probe_h100_35f37ce.json): the period follows the prep's path, ~1.6 ns an instruction.
 #      Not since d5f3551 (the prep's loop 915 -> 736 instructions took only ~0.04 us off a chunk): run again with
-#      probe 5 (no chain work: the prep's and the loads' period alone, built at b9e72b8's successor, not yet run).
+#      probe 5 (no chain work: the prep's and the loads' period alone, built at 4a68dd1, not yet run).
 #  60. Issue 21: the fused prep given the WY inverse's diagonal blocks by the chunk vectors' pass
 #      (plan.delta.FUSED_DIAGONAL_FROM_PASS, planned since; any card): its GPU tests, then the rows with the switch
 #      against the previous commit's package (build/prev as step 56 said; with it planned, pass
