@@ -558,22 +558,15 @@ FUSED_PREFILL_CACHE = GluonTwinRow(True, "the fused prefill with a state cache: 
 #: The fused prefill's prep given the WY inverse's four diagonal 16 x 16 blocks by the chunk vectors'
 #: pass (kernels/delta/chunk_vectors.py's DINV, kernels/gluon/delta_fused.py's D_FROM_PASS: 2 KB a
 #: chunk and value head, copied with the chunk's k and q) instead of inverting them: the prep's loop
-#: 915 instructions against 1280 (offline, sm_90), the same association (its K K^T blocks formed by the pass's own
-#: products, so not the former bits; the oracle's tolerance of the twin, its GPU tests). On an H100
-#: at 35f37ce, two runs against a872be8's package in one process (benchmarks.ab_prev --kernels): the
-#: fused kernel 886 us against 1007 at B4 T8192 HV64 and 474-499 against 522-547 for the varlen batch
-#: of 16, the pass 177 against 110 and 141-145 against 104 (four warps; two 181, eight 200); the rows
-#: HV64 eager 1.071-1.087 ms against 1.125-1.126, graph 1.123-1.126 against 1.129-1.153, varlen16
-#: eager 0.634-0.635 against 0.646-0.648, graph 0.644-0.649 against 0.645 (results/ab_fused_diagonal_
-#: pass{,_repeat}_h100_35f37ce.json); the 17 fused GPU tests with it planned
-#: (results/gpu_tests_fused_diagonal_pass_planned_h100_35f37ce.log). Since a4ba5b6 the pass reads the
-#: keys once (as blocks of 16 rows, for their norms and the blocks' products): on an H100 the pass
-#: 132 us against 177 at HV64 and 121 against 140 for varlen16, HV64 eager 1.053 ms against 1.103,
-#: graph 1.126 against 1.143 (results/ab_fused_keys_once_h100_a4ba5b6.json), against 105 for the
-#: pass without the blocks (results/ab_chunk_vectors_pass_forms{,_dinv}_h100_a4ba5b6.json). Since
-#: d5f3551 the prep with the blocks given forms no mask of A, copies A_21 and A_43 in shared memory and
-#: wy in float32: its loop 736 instructions, the fused kernel 872 us against 881 at HV64
-#: (results/ab_fused_prep_path_h100_55c8293.json).
+#: 736 instructions against 1280 (offline, sm_90); not the other form's bits (the pass forms K K^T's
+#: blocks with its own products, wy is formed in float32), within the oracle's tolerance of the twin
+#: (the fused GPU tests, both forms: results/gpu_tests_fused_h100_55c8293.log). On an H100, against
+#: the form inverting the blocks (a872be8's package, 35f37ce): the fused kernel 886 us against 1007
+#: at B4 T8192 HV64, the rows HV64 eager 1.071-1.087 ms against 1.125-1.126
+#: (results/ab_fused_diagonal_pass{,_repeat}_h100_35f37ce.json); as the pass and the prep are now,
+#: the pass 132 us and the fused kernel 872 at HV64, eager 1.044 ms, graph 1.099
+#: (results/ab_fused_keys_once_h100_a4ba5b6.json, ab_fused_prep_path_h100_55c8293.json; perf-history
+#: 2026-12-07 and 2026-12-08).
 FUSED_DIAGONAL_FROM_PASS = True
 
 
