@@ -202,9 +202,9 @@
 #      (`benchmarks/ab_chunk_vectors.py --prev build/prev --dinv --maxnreg 96 --num-warps 8`, every package in
 #      build/prev a form): the keys read once 133 us against 170 at HV64 (results/ab_chunk_vectors_pass_forms_dinv_
 #      h100_a4ba5b6.json).
-#  62-64. Issue 19, on the branch exp/dqdk (check it out first; its pending_gpu.sh has the steps): dq and dk's
-#      Gluon twin in three steps built offline (perf-history, 2026-12-08, exp/dqdk), each timed as a package
-#      beside main's, and dq/dk's timing probes. Not yet run.
+#  62-65. Issue 19, on the branch exp/dqdk (check it out first; its pending_gpu.sh has the steps): dq and dk's
+#      Gluon twin in four steps built offline (perf-history, 2026-12-08, exp/dqdk): its GPU tests (62), its
+#      timing probes (63), each step timed as a package beside main's (64 GDN, 65 GDP). Not yet run.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
