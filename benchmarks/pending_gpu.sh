@@ -205,6 +205,9 @@
 #  62-65. Issue 19, on the branch exp/dqdk (check it out first; its pending_gpu.sh has the steps): dq and dk's
 #      Gluon twin in four steps built offline (perf-history, 2026-12-08, exp/dqdk): its GPU tests (62), its
 #      timing probes (63), each step timed as a package beside main's (64 GDN, 65 GDP). Not yet run.
+#  66. Issue 21, on the branch exp/fused-pipelined (check it out first; its pending_gpu.sh has the step): the fused
+#      prefill with its chains at 184 registers and its prep at 120, where ptxas pipelines its wgmmas (main's split
+#      serialises every one, C7512): its GPU tests, the rows against main's package, its probes. Not yet run.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
