@@ -208,6 +208,9 @@
 #  66. Issue 21, on the branch exp/fused-pipelined (check it out first; its pending_gpu.sh has the step): the fused
 #      prefill with its chains at 184 registers and its prep at 120, where ptxas pipelines its wgmmas (main's split
 #      serialises every one, C7512): its GPU tests, the rows against main's package, its probes. Not yet run.
+#      The branch exp/next merges both branches with main: check it out once, carry build/prev (main's package as
+#      recurscan_prev, 1caa89a's as recurscan_rows, exp/next's own as recurscan_off) and build/main (main's alone),
+#      and run `pending_gpu.sh 62`, `64`, `66` (one call each; the rest of the budget: `63`, `65`).
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
 STEPS=${*:-0 7 3}
