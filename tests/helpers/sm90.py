@@ -121,7 +121,7 @@ def stack_bytes(compiled) -> int:
 #: fails :func:`compiled_line`, and so does one of these that no longer is (the entry is stale).
 WGMMA_SERIALIZED = {
     "gluon_fused_prefill_kernel": "insufficient register resources: its chains at 160 registers a thread need 184 "
-                                  "for ptxas to pipeline them, and the prep, given the rest (120), spills 64 B; the "
+                                  "for ptxas to pipeline them, and the prep, given the rest (120), spills 48 B; the "
                                   "branch exp/fused-pipelined measures that split (pending_gpu.sh 66)",
 }
 
