@@ -195,12 +195,14 @@ def test_the_gluon_prep_prototype_compiles_for_sm90_without_spills():
         assert f"gluon_prep_kernel, maxnreg 168, vectors {vectors}:" in run.stdout, run.stdout
 
 
-def test_the_fused_prefill_compiles_for_sm90_without_spills():
+@pytest.mark.parametrize("form", ["fused-prefill", "fused-prefill-pipelined"], ids=["planned", "FUSED_PIPELINED"])
+def test_the_fused_prefill_compiles_for_sm90_without_spills(form):
     """The fused prefill's launches (launch/delta_fused.py) as the launch layer builds them, dense and
-    varlen with GVA, with an initial and final state and serving a bf16 cache: the chunk vectors' pass, the warp-specialised Gluon kernel within the H200's
-    shared memory and 512 threads at 128 registers without spills (compiled_line's Gluon rule), and
-    the flagged token loop."""
-    run = compile_offline("fused-prefill")
+    varlen with GVA, with an initial and final state and serving a bf16 cache: the chunk vectors' pass,
+    the warp-specialised Gluon kernel within the H200's shared memory and 512 threads at 128 registers
+    without spills, its wgmmas serialised as planned and pipelined with plan.delta.FUSED_PIPELINED
+    (compiled_line's Gluon rules, WGMMA_SERIALIZED), and the flagged token loop."""
+    run = compile_offline(form)
     assert run.returncode == 0, run.stderr[-3000:]
     for case in ("fused, GDN dense, H = HV", "fused, GDN varlen, GVA", "fused serving, GDN dense, H = HV",
                  "fused serving, GDN varlen, GVA"):

@@ -55,12 +55,14 @@ def fused_launch_steps(step_type, q, v, *, H, HV, K, V, N, T, scale, varlen, n_p
     head) and ``ht_strides`` (sequence, head) the outputs'. ``n_slots`` > 0: the call's state is
     the cache ``state [n_slots, HV, K, V]`` at ``state_indices`` (``s0`` its strides; has_h0 and
     store_final unread)."""
-    from ..kernels.gluon.delta_fused import (BT, BV, CHAIN_REGS, LOAD_REGS, MAXNREG, NUM_STAGES, PREP_REGS,
+    from ..kernels.gluon.delta_fused import (BT, BV, CHAIN_REGS, LOAD_REGS, MAXNREG, NUM_STAGES,
+                                             PIPELINED_CHAIN_REGS, PIPELINED_PREP_REGS, PREP_REGS,
                                              gluon_fused_prefill_kernel)
     from .delta import product_dtype  # launch/delta.py imports this module
     B = q.shape[0]
     slots = (B * T) // CHUNK_SIZE + N
     d_pass = plan_delta.FUSED_DIAGONAL_FROM_PASS
+    pipelined = plan_delta.FUSED_PIPELINED and d_pass
     buffers = {"vec": ((slots, HV, VECTOR_ROWS, CHUNK_SIZE), torch.float32, None),
                "flags": ((N * HV, V), torch.int32, None)}
     if d_pass:  # the WY matrix's diagonal 16 x 16 inverses, a chunk's rows of 16 (kernels/delta/chunk_vectors.py)
@@ -83,8 +85,10 @@ def fused_launch_steps(step_type, q, v, *, H, HV, K, V, N, T, scale, varlen, n_p
                  s0_n=s0[0], s0_h=s0[1], s0_k=s0[2], s0_v=s0[3],
                  o_st=o_strides[0], o_sh=o_strides[1], ht_n=ht_strides[0], ht_h=ht_strides[1],
                  H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, NUM_STAGES=NUM_STAGES, IS_VARLEN=varlen, HAS_H0=has_h0,
-                 STORE_FINAL=store_final, USE_CACHE=cache, CHAIN_REGS=CHAIN_REGS, PREP_REGS=PREP_REGS,
-                 LOAD_REGS=LOAD_REGS, D_FROM_PASS=d_pass)
+                 STORE_FINAL=store_final, USE_CACHE=cache,
+                 CHAIN_REGS=PIPELINED_CHAIN_REGS if pipelined else CHAIN_REGS,
+                 PREP_REGS=PIPELINED_PREP_REGS if pipelined else PREP_REGS,
+                 LOAD_REGS=LOAD_REGS, D_FROM_PASS=d_pass, PIPELINED=pipelined)
     steps = []
     if n_prep > 0:  # no launch of an empty grid
         steps.append(step_type(chunk_vectors_kernel, chunk_vectors_grid(n_prep, H), vectors, dict(num_warps=4)))

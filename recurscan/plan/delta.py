@@ -569,6 +569,12 @@ FUSED_PREFILL_CACHE = GluonTwinRow(True, "the fused prefill with a state cache: 
 #: 2026-12-07 and 2026-12-08).
 FUSED_DIAGONAL_FROM_PASS = True
 
+#: The fused prefill with its chains at 184 registers a thread and its prep at 120, in the prep's
+#: form that fits them (kernels/gluon/delta_fused.py, PIPELINED; with FUSED_DIAGONAL_FROM_PASS):
+#: there ptxas pipelines the kernel's wgmmas, which at 160 / 168 it serialises, a wait after every
+#: 64x64x16 product (C7512; every fused figure so far was taken so). Off: not yet measured.
+FUSED_PIPELINED = False
+
 
 def fused_prefill_scope(problem) -> bool:
     """The fused prefill's problems (kernels/gluon/delta_fused.py): GDN (M = 1), 16-bit inputs,

@@ -98,6 +98,21 @@ def test_the_prep_inverting_its_own_diagonal_blocks_keeps_varlen_right(monkeypat
     test_fused_prefill_varlen_with_empty_and_one_token_sequences()
 
 
+@pytest.mark.unproven  # plan.delta.FUSED_PIPELINED is off (not yet measured); not yet run on a GPU
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_pipelined_form_keeps_the_oracle_tolerance(case, monkeypatch):
+    """plan.delta.FUSED_PIPELINED on: the chains at 184 registers a thread and the prep at 120 in its
+    PIPELINED form (one [64, 64] product at a time), where ptxas pipelines the kernel's wgmmas: its
+    outputs and final state within the float64 oracle's tolerance of the twin's, as the planned
+    form's are; varlen with empty and one-token sequences, and serving a cache, too."""
+    from recurscan.plan import delta as plan_delta
+    monkeypatch.setattr(plan_delta, "FUSED_PIPELINED", True)
+    test_fused_prefill_is_within_the_oracle_tolerance_of_its_twin(case)
+    if case == "dense, whole chunks":
+        test_fused_prefill_varlen_with_empty_and_one_token_sequences()
+        test_fused_prefill_serves_a_state_cache(torch.bfloat16, "vk")
+
+
 def test_fused_prefill_varlen_with_empty_and_one_token_sequences():
     lengths = [0, 1, 63, 64, 65, 700, 0, 129, 1000]
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), device=DEV, dtype=torch.int32)

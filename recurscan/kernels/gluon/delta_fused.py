@@ -63,6 +63,14 @@ NUM_STAGES = 2
 PREP_REGS = 168
 CHAIN_REGS = 160
 LOAD_REGS = 24
+#: The same for the PIPELINED form (``plan.delta.FUSED_PIPELINED``). With the chains at 160 ptxas
+#: serialises every wgmma of the kernel (C7512, "insufficient register resources": a wait after
+#: each 64x64x16 product, the chains' and the prep's); it pipelines them once both chains have 176
+#: (offline, sm_90). At 176 / 136 the cache form spilled 8 B; at 184 / 120 no form spills once the
+#: prep holds one [64, 64] product at a time and reads wy's column vectors again after the inverse
+#: (PIPELINED).
+PIPELINED_PREP_REGS = 120
+PIPELINED_CHAIN_REGS = 184
 MAXNREG = 128
 
 #: A timing probe (``RECURSCAN_FUSED_PROBE`` when this module is imported; only
@@ -125,11 +133,14 @@ def _loads(k_desc, q_desc, v_desc, gv_desc, d_desc, k_s, q_s, v_s, gv_s, dv_s, r
 @gluon.jit
 def _prep(k_s, q_s, gv_s, dv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped, state_indices, n_slots,
           n_chunks, scale, USE_CACHE: gl.constexpr, HV: gl.constexpr, BT: gl.constexpr, NUM_STAGES: gl.constexpr,
-          D_FROM_PASS: gl.constexpr):
+          D_FROM_PASS: gl.constexpr, PIPELINED: gl.constexpr = False):
     """The prep warpgroup: chunk j's wy, aqk and row coefficients (lam rk, lam rq, gam rk, and
     lam_last in 64 copies) into stage j % NUM_STAGES's buffers, then ``prepped``. The vectors are
     read from the stage along the rows and along the columns where each is used. D_FROM_PASS: the
-    inverse's diagonal blocks are the pass's (``dv_s``), copied into its scratch, not computed."""
+    inverse's diagonal blocks are the pass's (``dv_s``), copied into its scratch, not computed.
+    PIPELINED (with the blocks from the pass): Q K^T and aqk first, then K K^T (one [64, 64]
+    accumulator at a time), and wy's G and beta columns read again from the stage after the
+    inverse, so that the prep fits PIPELINED_PREP_REGS without spills."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
     rowv: gl.constexpr = gl.SliceLayout(1, mma)
     colv: gl.constexpr = gl.SliceLayout(0, mma)
@@ -137,6 +148,7 @@ def _prep(k_s, q_s, gv_s, dv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, read
     rows16: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [4, 1], [1, 0])  # a [64, 16] fp16 tile's copy
     DT: gl.constexpr = k_s.dtype
     PASS_BLOCKS: gl.constexpr = D_FROM_PASS and PROBE != 1  # the diagonal blocks' inverses are the pass's
+    ONE_PRODUCT: gl.constexpr = PIPELINED and PASS_BLOCKS  # one [64, 64] accumulator at a time
     o_t = gl.arange(0, BT, layout=rowv)
     o_c = gl.arange(0, BT, layout=colv)
     r = o_t[:, None]
@@ -153,9 +165,13 @@ def _prep(k_s, q_s, gv_s, dv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, read
             mbarrier.arrive(prepped.index(s), count=1)
         else:
             ks = k_s.index(s)
-            kk = warpgroup_mma(ks, ks.permute((1, 0)), zero, is_async=True)
-            qk = warpgroup_mma(q_s.index(s), ks.permute((1, 0)), zero, is_async=True)
-            kk, qk = warpgroup_mma_wait(num_outstanding=0, deps=(kk, qk))
+            if ONE_PRODUCT:
+                qk = warpgroup_mma(q_s.index(s), ks.permute((1, 0)), zero, is_async=True)
+                qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk,))
+            else:
+                kk = warpgroup_mma(ks, ks.permute((1, 0)), zero, is_async=True)
+                qk = warpgroup_mma(q_s.index(s), ks.permute((1, 0)), zero, is_async=True)
+                kk, qk = warpgroup_mma_wait(num_outstanding=0, deps=(kk, qk))
 
             gv = gv_s.index(s)
             gc_last = gl.sum(gv.slice(BT - 1, 1).load(one), axis=0)  # the decay across the chunk's rows
@@ -176,6 +192,9 @@ def _prep(k_s, q_s, gv_s, dv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, read
                 aqk_s.index(s).store((G * qk * rq[:, None] * rk_c[None, :]).to(DT))
             if not PASS_BLOCKS:
                 Gb = (G * beta_c[None, :]).to(gl.float16)
+            if ONE_PRODUCT:
+                kk = warpgroup_mma(ks, ks.permute((1, 0)), zero, is_async=True)
+                kk = warpgroup_mma_wait(num_outstanding=0, deps=(kk,))
             # the inverse: A = diag(beta) strictLower(K K^T) for normalised keys; with the diagonal
             # blocks' inverses given, only A's blocks below them are read, so it goes unmasked
             A = kk * (b_beta * rk)[:, None] * rk_c[None, :]
@@ -187,7 +206,10 @@ def _prep(k_s, q_s, gv_s, dv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, read
                 if PASS_BLOCKS:
                     d_s.reshape([BT, 16]).store(dv_s.index(s).load(rows16))
                 Tinv = inverse_on_blocks(A, r, c, d_s, b_s, a_s, t_s, x_s, mma, False, PROBE == 1 or D_FROM_PASS)
-            if PASS_BLOCKS:
+            if ONE_PRODUCT:  # G and beta's columns read again from the stage, not held across the inverse
+                G = gl.where(causal, gl.exp2(gc[:, None] - gv.slice(0, BT).load(colv)[None, :]), 0.0)
+                wy_s.index(s).store((G * gv.slice(BT, BT).load(colv)[None, :] * Tinv.to(gl.float32)).to(DT))
+            elif PASS_BLOCKS:
                 wy_s.index(s).store((G * beta_c[None, :] * Tinv.to(gl.float32)).to(DT))
             else:  # G o beta held across the inverse in fp16: the registers of the form inverting its own blocks
                 wy_s.index(s).store((Gb.to(gl.float32) * Tinv.to(gl.float32)).to(DT))
@@ -345,7 +367,7 @@ def gluon_fused_prefill_kernel(q, k, v, vec, dinv, o, h0, ht, flags, cu_seqlens,
                                IS_VARLEN: gl.constexpr, HAS_H0: gl.constexpr, STORE_FINAL: gl.constexpr,
                                USE_CACHE: gl.constexpr,
                                CHAIN_REGS: gl.constexpr, PREP_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
-                               D_FROM_PASS: gl.constexpr = False):
+                               D_FROM_PASS: gl.constexpr = False, PIPELINED: gl.constexpr = False):
     """Grid (N * HV,): program -> (sequence, value head), the head fastest. ``q, k [B, T, H, K]``,
     ``v [B, T, HV, V]`` contiguous (varlen: B = 1 and ``cu_seqlens [N + 1]``, each sequence's
     bounds clamped to [0, T]); ``vec`` the pre-pass's vectors (kernels/delta/chunk_vectors.py), ``n_vec``
@@ -356,7 +378,8 @@ def gluon_fused_prefill_kernel(q, k, v, vec, dinv, o, h0, ht, flags, cu_seqlens,
     flag (1: its state came out non-finite). USE_CACHE: ``h0`` is the state cache ``[n_slots, HV,
     K, V]`` (any float dtype, strides ``s0_*``), read and written at ``state_indices[n]``; a slot
     outside [0, n_slots) is padding: zero outputs, the cache untouched, no flag. D_FROM_PASS: ``dinv``
-    the pass's diagonal inverses ``[n_vec / 4, 16]`` float16 (else unread)."""
+    the pass's diagonal inverses ``[n_vec / 4, 16]`` float16 (else unread). PIPELINED: the prep in
+    the form that fits PIPELINED_PREP_REGS (:func:`_prep`), for the registers given with it."""
     gl.static_assert(BT == 64 and BV == 64 and V == 2 * BV, "chunks of 64 rows, two chains of 64 value columns")
     gl.static_assert(K == 128, "K = 128")
     pid = gl.program_id(0)
@@ -430,7 +453,7 @@ def gluon_fused_prefill_kernel(q, k, v, vec, dinv, o, h0, ht, flags, cu_seqlens,
                   h0, ht, flags, state_indices, n_slots, n_chunks, s0_n, s0_h, s0_k, s0_v, ht_n, ht_h, HV, K, V, BT, BV,
                   NUM_STAGES, 1, HAS_H0, STORE_FINAL, USE_CACHE)),
         (_prep, (k_s, q_s, gv_s, dv_s, wy_s, aqk_s, cf_s, d_s, b_s, a_s, t_s, x_s, ready, prepped,
-                 state_indices, n_slots, n_chunks, scale, USE_CACHE, HV, BT, NUM_STAGES, D_FROM_PASS)),
+                 state_indices, n_slots, n_chunks, scale, USE_CACHE, HV, BT, NUM_STAGES, D_FROM_PASS, PIPELINED)),
         (_loads, (k_desc, q_desc, v_desc, gv_desc, d_desc, k_s, q_s, v_s, gv_s, dv_s, ready, ready_v, empty, h0_read,
                   i_h * K, i_hv * V, vec0, state_indices, n_slots, n_chunks, USE_CACHE, HV, BT, BV, NUM_STAGES,
                   HAS_H0 or USE_CACHE, D_FROM_PASS)),
