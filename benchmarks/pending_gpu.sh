@@ -210,7 +210,8 @@
 #      serialises every one, C7512): its GPU tests, the rows against main's package, its probes. Not yet run.
 #      The branch exp/next merges both branches with main: check it out once, carry build/prev (main's package as
 #      recurscan_prev, 1caa89a's as recurscan_rows, exp/next's own as recurscan_off) and build/main (main's alone),
-#      and run `pending_gpu.sh 62`, `64`, `66` (one call each; the rest of the budget: `63`, `65`).
+#      and run `pending_gpu.sh 62`, `64`, `67` (one call each; the rest of the budget: `63`, `65`; 66 is superseded by
+#      67, and exp/next holds 67 too).
 #  67. Issue 21 (main): plan.delta.FUSED_PIPELINED, the fused prefill's split where ptxas pipelines its wgmmas
 #      (chains 184, the prep 120 in its PIPELINED form: one [64, 64] product at a time; offline no spills in any
 #      form), off until measured. Its GPU tests (unproven), then the HV64 and varlen16 rows with it on against main's
