@@ -215,7 +215,8 @@
 #  67. Issue 21 (main): plan.delta.FUSED_PIPELINED, the fused prefill's split where ptxas pipelines its wgmmas
 #      (chains 184, the prep 120 in its PIPELINED form: one [64, 64] product at a time; offline no spills in any
 #      form), off until measured. Its GPU tests (unproven), then the HV64 and varlen16 rows with it on against main's
-#      package as planned (build/main: main's package as recurscan_prev; the switch is this tree's alone).
+#      package as planned (build/main: main's package as recurscan_prev; the switch is this tree's alone), then its
+#      probes 0, 4 (no prep work: the chains' pipelined period) and 5 (no chain work) with it on.
 #      Supersedes 66 (the branch's split spills 48 B). Not yet run.
 # Arguments: the steps to run (default: 0 7 3), each set fits one 600 s call.
 set -u
@@ -409,7 +410,9 @@ step 60 && { timeout 240 python -m pytest -m gpu -q -p no:cacheprovider -o fault
 step 67 && { unproven_tests fused_pipelined "pipelined_form" 240
     [ $? -eq 0 ] && timeout 170 env PYTHONPATH=$PWD python -m benchmarks.ab_prev --prev build/main --label main \
         --workload gdn_b4_t8192_h16_hv64 --workload gdn_varlen16_32976_hv32 --rep-ms 300 --kernels \
-        --plan FUSED_PIPELINED=True --out "$OUT/ab_fused_pipelined_$C.json" 2>&1 | grep -v -i warn | tail -14; }
+        --plan FUSED_PIPELINED=True --out "$OUT/ab_fused_pipelined_$C.json" 2>&1 | grep -v -i warn | tail -14
+    timeout 240 env PYTHONPATH=$PWD python benchmarks/gpu_fused_probe.py --plan FUSED_PIPELINED=True --probe 0 \
+        --probe 4 --probe 5 --out "$OUT/gpu_fused_probe_pipelined_$C.json" 2>&1 | grep "^probe"; }
 step 49 && timeout 150 env PYTHONPATH=$PWD python benchmarks/gpu_varlen_one_sequence.py $PLANS \
     --out "$OUT/gpu_varlen_one_sequence_$C.json" 2>&1 | grep -v -i warn | tail -8
 step 46 && timeout 200 env PYTHONPATH=$PWD python -m benchmarks.gpu_phase_counts --out "$OUT/gpu_phase_counts_$C.json" \

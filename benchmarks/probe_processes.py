@@ -33,19 +33,26 @@ def save(path: str, rows: list) -> None:
 
 def main(script: str, doc: str, variable: str, probes, workloads, rows) -> None:
     """A probe benchmark's command line: ``--probe`` (repeatable; default: every one of ``probes``),
-    ``--workload`` (of ``workloads``; default: all) and ``--out``; each probe in a process of its own
-    (``script --child FILE``), whose ``rows(workloads)`` go to FILE."""
+    ``--workload`` (of ``workloads``; default: all), ``--plan NAME=VALUE`` (repeatable: planner
+    values set in each probe's process, as benchmarks/runner.py's set_plan) and ``--out``; each
+    probe in a process of its own (``script --child FILE``), whose ``rows(workloads)`` go to FILE."""
     import argparse
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--out")
     ap.add_argument("--probe", action="append", choices=probes, help="a probe to run (default: all)")
     ap.add_argument("--workload", action="append", help="a workload of WORKLOADS (default: all)")
+    ap.add_argument("--plan", action="append", default=[], metavar="NAME=VALUE",
+                    help="set recurscan.plan.delta.NAME in each probe's process, e.g. FUSED_PIPELINED=True")
     ap.add_argument("--child", help=argparse.SUPPRESS)  # a probe's process: its rows to this file
     args = ap.parse_args()
     if args.child:
+        if args.plan:
+            from benchmarks import runner
+            runner.set_plan(args.plan)
         json.dump(rows(tuple(args.workload or workloads)), open(args.child, "w"))
         return
-    chosen = [a for w in args.workload or () for a in ("--workload", w)]
+    chosen = [a for w in args.workload or () for a in ("--workload", w)] + \
+        [a for p in args.plan for a in ("--plan", p)]
     results = rows_by_probe(script, variable, args.probe or probes, chosen)
     if args.out:
         save(args.out, results)

@@ -334,3 +334,27 @@ def test_a_probe_benchmarks_command_line_runs_the_chosen_probes_and_workloads(tm
     assert json.load(open(out))["rows"] == [{"probe": "2", "workload": "b"}, {"probe": "0", "workload": "b"}]
     subprocess.run([sys.executable, str(script), "--probe", "1", "--out", str(out)], check=True, timeout=120)
     assert json.load(open(out))["rows"] == [{"probe": "1", "workload": "a"}, {"probe": "1", "workload": "b"}]
+
+
+def test_a_probe_benchmark_sets_the_plan_in_each_probes_process(tmp_path):
+    """probe_processes.main's --plan: each probe's process sets the planner value before its rows
+    (a form behind a switch timed under every probe: FUSED_PIPELINED)."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = tmp_path / "probe.py"
+    script.write_text("import os, sys\n"
+                      f"sys.path.insert(0, {root!r})\n"
+                      "from benchmarks import probe_processes\n"
+                      "from recurscan.plan import delta\n"
+                      "rows = lambda ws: [{'probe': os.environ['SOME_PROBE'], 'on': delta.FUSED_PIPELINED}\n"
+                      "                   for w in ws]\n"
+                      "probe_processes.main(__file__, 'doc', 'SOME_PROBE', ('0', '1'), ('a',), rows)\n")
+    out = tmp_path / "rows.json"
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    subprocess.run([sys.executable, str(script), "--plan", "FUSED_PIPELINED=True", "--out", str(out)], check=True,
+                   timeout=120, env=env)
+    assert json.load(open(out))["rows"] == [{"probe": "0", "on": True}, {"probe": "1", "on": True}]
+    subprocess.run([sys.executable, str(script), "--probe", "0", "--out", str(out)], check=True, timeout=120, env=env)
+    assert json.load(open(out))["rows"] == [{"probe": "0", "on": False}]
