@@ -407,11 +407,11 @@ step 60 && { timeout 240 python -m pytest -m gpu -q -p no:cacheprovider -o fault
     [ $rc -eq 0 ] && timeout 170 env PYTHONPATH=$PWD python -m benchmarks.ab_prev --prev build/prev --label prev \
         --workload gdn_b4_t8192_h16_hv64 --workload gdn_varlen16_32976_hv32 --rep-ms 300 --kernels \
         --plan FUSED_DIAGONAL_FROM_PASS=True --out "$OUT/ab_fused_diagonal_pass_$C.json" 2>&1 | grep -v -i warn | tail -14; }
-step 67 && { unproven_tests fused_pipelined "pipelined_form" 240
+step 67 && { unproven_tests fused_pipelined "pipelined_form" 200
     [ $? -eq 0 ] && timeout 170 env PYTHONPATH=$PWD python -m benchmarks.ab_prev --prev build/main --label main \
         --workload gdn_b4_t8192_h16_hv64 --workload gdn_varlen16_32976_hv32 --rep-ms 300 --kernels \
         --plan FUSED_PIPELINED=True --out "$OUT/ab_fused_pipelined_$C.json" 2>&1 | grep -v -i warn | tail -14
-    timeout 240 env PYTHONPATH=$PWD python benchmarks/gpu_fused_probe.py --plan FUSED_PIPELINED=True --probe 0 \
+    timeout 180 env PYTHONPATH=$PWD python benchmarks/gpu_fused_probe.py --plan FUSED_PIPELINED=True --probe 0 \
         --probe 4 --probe 5 --out "$OUT/gpu_fused_probe_pipelined_$C.json" 2>&1 | grep "^probe"; }
 step 49 && timeout 150 env PYTHONPATH=$PWD python benchmarks/gpu_varlen_one_sequence.py $PLANS \
     --out "$OUT/gpu_varlen_one_sequence_$C.json" 2>&1 | grep -v -i warn | tail -8
