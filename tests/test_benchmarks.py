@@ -314,10 +314,10 @@ def test_probe_processes_run_the_script_once_a_probe_with_its_variable_set(tmp_p
     assert rows == [{"probe": "3", "args": ["--workload", "w"]}, {"probe": "0", "args": ["--workload", "w"]}]
 
 
-def test_a_probe_benchmarks_command_line_runs_the_chosen_probes_and_workloads(tmp_path):
-    """probe_processes.main (benchmarks/gpu_fused_probe.py's and gpu_delta_reverse_probe.py's
-    command line): --probe picks the probes, in order, --workload the workloads each child measures,
-    --out keeps every child's rows."""
+def _probe_command(tmp_path, row: str, probes, workloads, imports: str = ""):
+    """A probe benchmark's script in ``tmp_path`` on probe_processes.main (variable SOME_PROBE),
+    each child's rows ``row`` (a dict expression of ``w``, a workload) over its workloads: a
+    function running it with the given arguments and returning the rows kept in ``--out``."""
     import os
     import subprocess
     import sys
@@ -325,36 +325,32 @@ def test_a_probe_benchmarks_command_line_runs_the_chosen_probes_and_workloads(tm
     script = tmp_path / "probe.py"
     script.write_text("import os, sys\n"
                       f"sys.path.insert(0, {root!r})\n"
-                      "from benchmarks import probe_processes\n"
-                      "rows = lambda ws: [{'probe': os.environ['SOME_PROBE'], 'workload': w} for w in ws]\n"
-                      "probe_processes.main(__file__, 'doc', 'SOME_PROBE', ('0', '1', '2'), ('a', 'b'), rows)\n")
+                      f"from benchmarks import probe_processes\n{imports}"
+                      f"rows = lambda ws: [{row} for w in ws]\n"
+                      f"probe_processes.main(__file__, 'doc', 'SOME_PROBE', {tuple(probes)!r}, {tuple(workloads)!r}, "
+                      "rows)\n")
     out = tmp_path / "rows.json"
-    subprocess.run([sys.executable, str(script), "--probe", "2", "--probe", "0", "--workload", "b", "--out", str(out)],
-                   check=True, timeout=120)
-    assert json.load(open(out))["rows"] == [{"probe": "2", "workload": "b"}, {"probe": "0", "workload": "b"}]
-    subprocess.run([sys.executable, str(script), "--probe", "1", "--out", str(out)], check=True, timeout=120)
-    assert json.load(open(out))["rows"] == [{"probe": "1", "workload": "a"}, {"probe": "1", "workload": "b"}]
+
+    def run(*args):
+        subprocess.run([sys.executable, str(script), *args, "--out", str(out)], check=True, timeout=120)
+        return json.load(open(out))["rows"]
+    return run
+
+
+def test_a_probe_benchmarks_command_line_runs_the_chosen_probes_and_workloads(tmp_path):
+    """probe_processes.main (benchmarks/gpu_fused_probe.py's and gpu_delta_reverse_probe.py's
+    command line): --probe picks the probes, in order, --workload the workloads each child measures,
+    --out keeps every child's rows."""
+    run = _probe_command(tmp_path, "{'probe': os.environ['SOME_PROBE'], 'workload': w}", ("0", "1", "2"), ("a", "b"))
+    assert run("--probe", "2", "--probe", "0", "--workload", "b") == [{"probe": "2", "workload": "b"},
+                                                                     {"probe": "0", "workload": "b"}]
+    assert run("--probe", "1") == [{"probe": "1", "workload": "a"}, {"probe": "1", "workload": "b"}]
 
 
 def test_a_probe_benchmark_sets_the_plan_in_each_probes_process(tmp_path):
     """probe_processes.main's --plan: each probe's process sets the planner value before its rows
     (a form behind a switch timed under every probe: FUSED_PIPELINED)."""
-    import os
-    import subprocess
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    script = tmp_path / "probe.py"
-    script.write_text("import os, sys\n"
-                      f"sys.path.insert(0, {root!r})\n"
-                      "from benchmarks import probe_processes\n"
-                      "from recurscan.plan import delta\n"
-                      "rows = lambda ws: [{'probe': os.environ['SOME_PROBE'], 'on': delta.FUSED_PIPELINED}\n"
-                      "                   for w in ws]\n"
-                      "probe_processes.main(__file__, 'doc', 'SOME_PROBE', ('0', '1'), ('a',), rows)\n")
-    out = tmp_path / "rows.json"
-    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    subprocess.run([sys.executable, str(script), "--plan", "FUSED_PIPELINED=True", "--out", str(out)], check=True,
-                   timeout=120, env=env)
-    assert json.load(open(out))["rows"] == [{"probe": "0", "on": True}, {"probe": "1", "on": True}]
-    subprocess.run([sys.executable, str(script), "--probe", "0", "--out", str(out)], check=True, timeout=120, env=env)
-    assert json.load(open(out))["rows"] == [{"probe": "0", "on": False}]
+    run = _probe_command(tmp_path, "{'probe': os.environ['SOME_PROBE'], 'on': delta.FUSED_PIPELINED}", ("0", "1"),
+                         ("a",), imports="from recurscan.plan import delta\n")
+    assert run("--plan", "FUSED_PIPELINED=True") == [{"probe": "0", "on": True}, {"probe": "1", "on": True}]
+    assert run("--probe", "0") == [{"probe": "0", "on": False}]
