@@ -66,9 +66,9 @@ LOAD_REGS = 24
 #: The same for the PIPELINED form (``plan.delta.FUSED_PIPELINED``). With the chains at 160 ptxas
 #: serialises every wgmma of the kernel (C7512, "insufficient register resources": a wait after
 #: each 64x64x16 product, the chains' and the prep's); it pipelines them once both chains have 176
-#: (offline, sm_90). At 176 / 136 the cache form spilled 8 B; at 184 / 120 no form spills once the
-#: prep holds one [64, 64] product at a time and reads wy's column vectors again after the inverse
-#: (PIPELINED).
+#: (offline, sm_90), and at 184 / 120 no form spills, the prep holding one [64, 64] product at a
+#: time and reading wy's column vectors again after the inverse (PIPELINED; the splits tried:
+#: docs/perf-history.md, 2026-12-08).
 PIPELINED_PREP_REGS = 120
 PIPELINED_CHAIN_REGS = 184
 MAXNREG = 128
